@@ -1,0 +1,144 @@
+"""The session store interface: event log, history, meta, lease.
+
+Two implementations share it: ``RedisStore`` (many nodes, survives restarts) and
+``MemoryStore`` (the embedded default: one process, nothing to install). The
+gateway is written against this interface only, and the same test suite runs
+against both.
+
+Data model (Redis keys share the hash tag ``{SID}`` so a cluster keeps a session
+on one slot):
+
+- ``rtgw:{SID}:meta``    hash: owner, provider, created, status, …
+- ``rtgw:{SID}:log``     stream of every client event; entry id ``SEQ-0``
+- ``rtgw:{SID}:history`` list of persisted semantic units (context assembly input)
+- ``rtgw:{SID}:lease``   the node driving the session (``SET NX PX``, renewed)
+
+Durability rule: **log, then send**. ``append`` returns only when the entries are
+stored; only then are they sent to clients. ``append`` is fenced by the lease: a
+node that lost its lease cannot write, so two nodes never both write a ``seq``.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Mapping, Sequence
+from typing import NamedTuple
+
+__all__ = [
+    "LeaseLost",
+    "LogEntry",
+    "SeqConflict",
+    "Store",
+    "StoreError",
+    "StoreUnavailable",
+]
+
+
+class LogEntry(NamedTuple):
+    """One logged client event: its ``seq`` and the exact bytes sent to clients."""
+
+    seq: int
+    data: bytes
+
+
+class StoreError(Exception):
+    """Base of the store's errors."""
+
+
+class StoreUnavailable(StoreError):
+    """The backing store cannot be reached (Redis down or restarting). Retry later."""
+
+
+class LeaseLost(StoreError):
+    """This node no longer holds the session's lease: another node drives it now."""
+
+
+class SeqConflict(StoreError):
+    """An append's first ``seq`` does not follow the log's last one (a racing writer)."""
+
+
+class Store(abc.ABC):
+    """Where sessions live. Every method may raise ``StoreUnavailable``."""
+
+    kind: str = "store"
+
+    # --- meta --------------------------------------------------------------
+
+    @abc.abstractmethod
+    async def create_session(self, sid: str, meta: Mapping[str, str]) -> bool:
+        """Create the session with ``meta``; False if it already exists."""
+
+    @abc.abstractmethod
+    async def get_meta(self, sid: str) -> dict[str, str] | None:
+        """The session's meta, or None if it does not exist (or expired)."""
+
+    @abc.abstractmethod
+    async def set_meta(self, sid: str, fields: Mapping[str, str]) -> None:
+        """Update some meta fields of an existing session."""
+
+    # --- log + history -----------------------------------------------------
+
+    @abc.abstractmethod
+    async def append(
+        self,
+        sid: str,
+        node: str,
+        entries: Sequence[LogEntry],
+        history: Sequence[bytes] = (),
+    ) -> None:
+        """Atomically append log entries and history items, fenced by ``node``'s lease.
+
+        ``entries`` must be consecutive and start at the log's last ``seq`` + 1.
+        Raises ``LeaseLost`` if ``node`` does not hold the lease, ``SeqConflict``
+        if the seqs do not follow on. Refreshes the session's idle TTL.
+        """
+
+    @abc.abstractmethod
+    async def read_log(self, sid: str, after: int, limit: int = 1000) -> list[LogEntry]:
+        """Up to ``limit`` entries with ``seq > after``, in order."""
+
+    @abc.abstractmethod
+    async def wait_log(self, sid: str, after: int, timeout: float) -> list[LogEntry]:
+        """Entries with ``seq > after``, waiting up to ``timeout`` s for the first one.
+
+        How a node that does not drive the session follows it live.
+        """
+
+    @abc.abstractmethod
+    async def first_seq(self, sid: str) -> int:
+        """The oldest ``seq`` still in the (trimmed) log; 0 if the log is empty."""
+
+    @abc.abstractmethod
+    async def last_seq(self, sid: str) -> int:
+        """The newest ``seq`` in the log; 0 if the log is empty."""
+
+    @abc.abstractmethod
+    async def read_history(self, sid: str) -> list[bytes]:
+        """Every history item, oldest first."""
+
+    # --- lease ---------------------------------------------------------------
+
+    @abc.abstractmethod
+    async def acquire_lease(self, sid: str, node: str, ttl: float) -> bool:
+        """Take the lease if free (or already ours, then refresh it). True if held now."""
+
+    @abc.abstractmethod
+    async def renew_lease(self, sid: str, node: str, ttl: float) -> bool:
+        """Extend our lease; False if it is no longer ours."""
+
+    @abc.abstractmethod
+    async def release_lease(self, sid: str, node: str) -> None:
+        """Give the lease up if it is ours (no-op otherwise)."""
+
+    @abc.abstractmethod
+    async def lease_owner(self, sid: str) -> str | None:
+        """The node holding the lease, or None."""
+
+    # --- lifecycle -------------------------------------------------------------
+
+    async def ping(self) -> bool:
+        """True when the store answers (for readiness checks)."""
+        return True
+
+    async def close(self) -> None:  # noqa: B027 - optional hook
+        """Release connections."""

@@ -1,0 +1,72 @@
+"""The pure (sans-I/O) core: event types, the streaming parser, context assembly.
+
+Nothing here opens a socket, awaits, or reads a clock: it is fed text and
+returns events, so it is tested without a network and reused by any I/O shell.
+"""
+
+from .assembly import HistoryItem, Message, assemble, results_message
+from .calls import ToolCall, ToolResult, decode_call, encode_call, encode_results, result_payload
+from .events import (
+    Call,
+    Cancel,
+    Cancelled,
+    ClientMessage,
+    End,
+    Error,
+    Event,
+    Execute,
+    Interrupt,
+    Metric,
+    Ping,
+    Respond,
+    Result,
+    ResultPayload,
+    Session,
+    Think,
+    Usage,
+    User,
+    UserMessage,
+    decode_client,
+    decode_event,
+    encode,
+)
+from .parser import Parser
+from .prompt import ToolSpec, system_prompt
+
+__all__ = [
+    "Call",
+    "Cancel",
+    "Cancelled",
+    "ClientMessage",
+    "End",
+    "Error",
+    "Event",
+    "Execute",
+    "HistoryItem",
+    "Interrupt",
+    "Message",
+    "Metric",
+    "Parser",
+    "Ping",
+    "Respond",
+    "Result",
+    "ResultPayload",
+    "Session",
+    "Think",
+    "ToolCall",
+    "ToolResult",
+    "ToolSpec",
+    "Usage",
+    "User",
+    "UserMessage",
+    "assemble",
+    "decode_call",
+    "decode_client",
+    "decode_event",
+    "encode",
+    "encode_call",
+    "encode_results",
+    "result_payload",
+    "results_message",
+    "system_prompt",
+]

@@ -1,0 +1,147 @@
+"""Context assembly: stored history → the messages an upstream model sees.
+
+History holds semantic units *without* markers (the seed's Storage section):
+``user``, ``think``, ``call``, ``result``, ``respond``, ``cancelled``. The markers
+are synthesized here, so the model always sees the protocol written the same
+way, whichever node, upstream connection or provider produced the history. The
+gateway uses this both to open an upstream session and to rebuild one after an
+upstream drop or a node takeover, so both paths give the model the same context.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Final, Literal
+
+import msgspec
+
+from .events import Call, Cancelled, Respond, Result, Think, User
+
+__all__ = [
+    "CANCELLED_NOTE",
+    "HistoryItem",
+    "Message",
+    "assemble",
+    "assistant_text",
+    "decode_history_item",
+    "encode_history_item",
+    "results_message",
+]
+
+HistoryItem = User | Think | Call | Result | Respond | Cancelled
+
+Role = Literal["system", "user", "assistant"]
+
+# What the model is told when the user cancelled its previous response.
+CANCELLED_NOTE: Final = "(The user cancelled your previous response before it finished.)"
+
+
+class Message(msgspec.Struct, frozen=True):
+    """One upstream conversation message."""
+
+    role: Role
+    content: str
+
+
+_history_encoder: Final = msgspec.json.Encoder()
+_history_decoder: Final = msgspec.json.Decoder(HistoryItem)
+
+
+def encode_history_item(item: HistoryItem) -> bytes:
+    return _history_encoder.encode(item)
+
+
+def decode_history_item(data: bytes | str) -> HistoryItem:
+    return _history_decoder.decode(data)
+
+
+def results_message(results_json: str) -> Message:
+    """The user message that hands a batch's results back to the model.
+
+    ``results_json`` is a ``result`` event's content: the JSON array of
+    ``{"tool", "status", "content"}`` objects, in call order.
+    """
+    return Message(role="user", content=f"<results>\n{results_json}\n</results>")
+
+
+def assistant_text(steps: Sequence[Think | Call | Respond], *, ended: bool = False) -> str:
+    """One assistant message's text: thinks, one execute block of the calls, the response.
+
+    Consecutive think (or respond) chunks are joined; all calls of the step go
+    into one ``<execute>`` block, in order, as the model wrote them.
+    """
+    parts: list[str] = []
+    calls: list[str] = []
+    kind = ""
+    buf: list[str] = []
+
+    def flush() -> None:
+        if not buf:
+            return
+        text = "".join(buf)
+        if kind == "think":
+            parts.append(f"<think>{text}</think>")
+        elif text.strip():
+            parts.append(text.strip())
+        buf.clear()
+
+    for item in steps:
+        if isinstance(item, Call):
+            flush()
+            kind = "call"
+            calls.append(item.content)
+            continue
+        if calls:
+            parts.append(_execute_block(calls))
+            calls = []
+        this = "think" if isinstance(item, Think) else "respond"
+        if this != kind:
+            flush()
+            kind = this
+        buf.append(item.content)
+    flush()
+    if calls:
+        parts.append(_execute_block(calls))
+    text = "\n\n".join(parts)
+    if ended and not calls:
+        text = f"{text}\n<end>" if text else "<end>"
+    return text
+
+
+def _execute_block(calls: list[str]) -> str:
+    return "<execute>\n[" + ",\n".join(calls) + "]\n</execute>"
+
+
+def assemble(history: Iterable[HistoryItem]) -> list[Message]:
+    """Turn stored history into upstream messages with synthesized markers.
+
+    - ``user`` → a user message;
+    - a run of ``think``/``call``/``respond`` → one assistant message; a run that
+      is answered by a new ``user`` message (the turn ended) gets ``<end>``;
+    - ``result`` → a user message ``<results>\\n[...]\\n</results>``;
+    - ``cancelled`` → a user message telling the model it was cut off.
+    """
+    messages: list[Message] = []
+    step: list[Think | Call | Respond] = []
+
+    def close_step(*, ended: bool) -> None:
+        if step:
+            text = assistant_text(step, ended=ended)
+            if text:
+                messages.append(Message(role="assistant", content=text))
+            step.clear()
+
+    for item in history:
+        if isinstance(item, Think | Call | Respond):
+            step.append(item)
+        elif isinstance(item, User):
+            close_step(ended=True)
+            messages.append(Message(role="user", content=item.content))
+        elif isinstance(item, Result):
+            close_step(ended=False)
+            messages.append(results_message(item.content))
+        else:  # Cancelled
+            close_step(ended=False)
+            messages.append(Message(role="user", content=CANCELLED_NOTE))
+    close_step(ended=False)
+    return messages

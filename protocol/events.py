@@ -1,0 +1,291 @@
+"""Every message on the client wire, as msgspec Structs tagged on ``type``.
+
+Server → client events follow the seed's event schema (``type``, ``content``,
+``timestamp``, ``payload``, ``step``/``total``) plus ``seq``. Client → server
+messages are ``user`` and ``cancel``.
+
+Who fills what: the parser produces events with ``seq = 0`` and
+``timestamp = 0.0``; the gateway stamps both at the one place where an event is
+logged (see ``gateway.emitter``). That keeps this layer free of clocks and
+counters, so the same model output always parses to equal events.
+"""
+
+from __future__ import annotations
+
+from typing import Final, Literal
+
+import msgspec
+
+__all__ = [
+    "CLIENT_MESSAGE_TYPES",
+    "EVENT_TYPES",
+    "PERSISTED_TYPES",
+    "Call",
+    "Cancel",
+    "Cancelled",
+    "ClientMessage",
+    "End",
+    "Error",
+    "ErrorCode",
+    "Event",
+    "Execute",
+    "Interrupt",
+    "Metric",
+    "Ping",
+    "Respond",
+    "Result",
+    "ResultPayload",
+    "Session",
+    "Think",
+    "Usage",
+    "User",
+    "UserMessage",
+    "decode_client",
+    "decode_event",
+    "encode",
+]
+
+
+class Usage(msgspec.Struct, frozen=True):
+    """Token counts of one model step or of the whole session."""
+
+    input: int = 0
+    output: int = 0
+
+
+class ResultPayload(msgspec.Struct, frozen=True):
+    tools_executed: int
+    success_count: int
+    failure_count: int
+
+
+class _Base(msgspec.Struct, tag_field="type", kw_only=True):
+    """Fields every server event carries. ``seq``/``timestamp`` are stamped when logged."""
+
+    seq: int = 0
+    timestamp: float = 0.0
+
+
+# --- events from the model (produced by protocol.Parser) ---------------------
+
+
+class Think(_Base, tag="think"):
+    """A chunk of the model's reasoning (token mode: one chunk per delta)."""
+
+    content: str
+
+
+class Respond(_Base, tag="respond"):
+    """A chunk of the user-facing response."""
+
+    content: str
+
+
+class Call(_Base, tag="call"):
+    """One tool call; ``content`` is the JSON string ``{"name": ..., "args": {...}}``."""
+
+    content: str
+
+
+class Execute(_Base, tag="execute"):
+    """The execution boundary: the calls before it run now, as one batch."""
+
+
+class End(_Base, tag="end"):
+    """The model said ``<end>``, or its turn finished: the turn is over."""
+
+
+# --- events from the framework (the gateway) --------------------------------
+
+
+class User(_Base, tag="user"):
+    """The user's message, as logged (echoed to every attached client)."""
+
+    content: str
+
+
+class Result(_Base, tag="result"):
+    """Results of one batch; ``content`` is the JSON array string, in call order."""
+
+    content: str
+    payload: ResultPayload
+
+
+class Metric(_Base, tag="metric"):
+    step: Usage
+    total: Usage
+
+
+ErrorCode = Literal[
+    # client's fault: fix the frame and send again
+    "bad_frame",
+    "unknown_type",
+    "turn_active",
+    "no_turn",
+    # the model's fault: the gateway tells the model and the turn goes on
+    "malformed_execute",
+    # the environment: retry later
+    "upstream",
+    "store",
+    "rate_limited",
+    "quota_exceeded",
+    "internal",
+]
+
+
+class Error(_Base, tag="error"):
+    """Something failed. ``content`` says what and what to do; ``code`` names it."""
+
+    content: str
+    code: str = "internal"
+
+
+class Interrupt(_Base, tag="interrupt"):
+    """The turn in flight was broken (node loss, upstream loss) and is rerun."""
+
+    content: str = ""
+
+
+class Cancelled(_Base, tag="cancelled"):
+    """The user cancelled the running turn (persisted: the model sees it later)."""
+
+    content: str = ""
+
+
+class Session(_Base, tag="session"):
+    """First frame of every connection: which session, where its log stands."""
+
+    session_id: str
+    resumed: bool = False
+    provider: str = ""
+    node: str = ""
+
+
+Event = (
+    Session
+    | User
+    | Think
+    | Call
+    | Execute
+    | Result
+    | Respond
+    | End
+    | Metric
+    | Error
+    | Interrupt
+    | Cancelled
+)
+
+EVENT_TYPES: Final[frozenset[str]] = frozenset(
+    {
+        "session",
+        "user",
+        "think",
+        "call",
+        "execute",
+        "result",
+        "respond",
+        "end",
+        "metric",
+        "error",
+        "interrupt",
+        "cancelled",
+    }
+)
+
+# The semantic units kept in history (the input of context assembly), per the seed.
+PERSISTED_TYPES: Final[frozenset[str]] = frozenset(
+    {"user", "think", "call", "result", "respond", "cancelled"}
+)
+
+
+# --- client → server ----------------------------------------------------------
+
+
+class UserMessage(msgspec.Struct, tag_field="type", tag="user"):
+    """Start a turn with this text."""
+
+    content: str
+
+
+class Cancel(msgspec.Struct, tag_field="type", tag="cancel"):
+    """Cancel the running turn."""
+
+
+class Ping(msgspec.Struct, tag_field="type", tag="ping"):
+    """Application-level keepalive for clients that cannot send WebSocket pings.
+
+    Answered by nothing but keeping the connection's idle timer fresh.
+    """
+
+
+ClientMessage = UserMessage | Cancel | Ping
+
+CLIENT_MESSAGE_TYPES: Final[tuple[str, ...]] = ("user", "cancel", "ping")
+
+
+# --- encode / decode ------------------------------------------------------------
+
+_encoder: Final = msgspec.json.Encoder()
+_event_decoder: Final = msgspec.json.Decoder(Event)
+_client_decoder: Final = msgspec.json.Decoder(ClientMessage)
+_probe_decoder: Final = msgspec.json.Decoder(dict[str, object])
+
+
+def encode(event: Event) -> bytes:
+    """The event as one JSON text frame's bytes (seed schema + ``seq``)."""
+    return _encoder.encode(event)
+
+
+def decode_event(data: bytes | str) -> Event:
+    """Parse a server event (used by clients, tests and log replay).
+
+    Raises ``msgspec.ValidationError``/``DecodeError`` on bad input: server events
+    come from the gateway itself, so bad input here is a bug, not user error.
+    """
+    return _event_decoder.decode(data)
+
+
+def decode_client(data: bytes | str) -> ClientMessage | Error:
+    """Decode one client frame. Bad input becomes an ``Error`` event, never an exception.
+
+    The error's ``content`` says what was wrong and what a correct frame looks like.
+    """
+    try:
+        return _client_decoder.decode(data)
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        return _explain_bad_frame(data, exc)
+
+
+_EXPECTED = (
+    'send {"type": "user", "content": "<text>"} to start a turn, '
+    'or {"type": "cancel"} to cancel the running one'
+)
+
+
+def _explain_bad_frame(data: bytes | str, exc: Exception) -> Error:
+    try:
+        obj = _probe_decoder.decode(data)
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        return Error(
+            code="bad_frame",
+            content=f"frame is not a JSON object ({_first_line(exc)}); {_EXPECTED}",
+        )
+    kind = obj.get("type")
+    if not isinstance(kind, str):
+        return Error(code="bad_frame", content=f'frame has no string "type" field; {_EXPECTED}')
+    if kind not in CLIENT_MESSAGE_TYPES:
+        shown = kind if len(kind) <= 40 else kind[:40] + "…"
+        return Error(
+            code="unknown_type",
+            content=f"unknown message type {shown!r}; {_EXPECTED}",
+        )
+    return Error(
+        code="bad_frame",
+        content=f"invalid {kind!r} message: {_first_line(exc)}; {_EXPECTED}",
+    )
+
+
+def _first_line(exc: Exception) -> str:
+    text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return text[:200]

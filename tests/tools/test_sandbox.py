@@ -1,0 +1,170 @@
+"""No path the model sends lets a file tool reach outside the session's workspace.
+
+Each escape is tried through the real tools, and a refusal is only half the
+check: the secret next to the workspace must not appear in any result and
+files outside must not be created or changed.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tools.base import ToolFailure
+from tools.sandbox import resolve, workspace_root
+
+from .helpers import SECRET, Call, failed, ok
+
+OUTSIDE_MSG = "is outside the workspace; use a path relative to the workspace root"
+
+
+def path_args(tool: str, path: str) -> dict[str, Any]:
+    """Minimal valid args for ``tool`` aimed at ``path``."""
+    return {
+        "read": {"path": path},
+        "write": {"path": path, "content": "pwned"},
+        "edit": {"path": path, "old": "secret", "new": "pwned"},
+        "list": {"path": path},
+        "find": {"pattern": "**/*", "path": path},
+        "search": {"pattern": "secret", "path": path},
+    }[tool]
+
+
+ALL_TOOLS = ["read", "write", "edit", "list", "find", "search"]
+
+
+@pytest.mark.parametrize("tool", ALL_TOOLS)
+async def test_absolute_paths_are_refused(
+    tool: str, call: Call, outside: Path, workspace: Path
+) -> None:
+    target = outside / "secret.txt" if tool in ("read", "write", "edit") else outside
+    message = failed(await call(tool, **path_args(tool, str(target))))
+    assert "is absolute; paths are relative to the workspace root" in message
+    assert SECRET not in message
+    assert (outside / "secret.txt").read_text() == SECRET + "\n"
+
+
+@pytest.mark.parametrize("tool", ALL_TOOLS)
+@pytest.mark.parametrize("escape", ["..", "../outside", "sub/../../outside/secret.txt"])
+async def test_dot_dot_out_of_the_workspace_is_refused(
+    tool: str, escape: str, call: Call, outside: Path, workspace: Path
+) -> None:
+    (workspace / "sub").mkdir()
+    message = failed(await call(tool, **path_args(tool, escape)))
+    assert f"path {escape!r} {OUTSIDE_MSG}" in message
+    assert SECRET not in message
+    assert (outside / "secret.txt").read_text() == SECRET + "\n"
+
+
+async def test_dot_dot_that_stays_inside_is_fine(call: Call, workspace: Path) -> None:
+    (workspace / "sub").mkdir()
+    (workspace / "a.txt").write_text("inside\n")
+    assert ok(await call("read", path="sub/../a.txt")) == "inside\n"
+    assert ok(await call("list", path="sub/.."))["path"] == "."
+
+
+@pytest.mark.parametrize("tool", ALL_TOOLS)
+async def test_symlink_to_an_outside_directory_is_refused(
+    tool: str, call: Call, outside: Path, workspace: Path
+) -> None:
+    (workspace / "link").symlink_to(outside, target_is_directory=True)
+    path = "link" if tool in ("list", "find", "search") else "link/secret.txt"
+    message = failed(await call(tool, **path_args(tool, path)))
+    assert OUTSIDE_MSG in message
+    assert SECRET not in message
+    assert (outside / "secret.txt").read_text() == SECRET + "\n"
+
+
+@pytest.mark.parametrize("tool", ["read", "write", "edit", "search"])
+async def test_symlink_to_an_outside_file_is_refused(
+    tool: str, call: Call, outside: Path, workspace: Path
+) -> None:
+    (workspace / "notes.txt").symlink_to(outside / "secret.txt")
+    message = failed(await call(tool, **path_args(tool, "notes.txt")))
+    assert f"path 'notes.txt' {OUTSIDE_MSG}" in message
+    assert (outside / "secret.txt").read_text() == SECRET + "\n"
+
+
+async def test_write_through_a_symlinked_parent_creates_nothing_outside(
+    call: Call, outside: Path, workspace: Path
+) -> None:
+    (workspace / "out").symlink_to(outside, target_is_directory=True)
+    message = failed(await call("write", path="out/deep/new.txt", content="x"))
+    assert OUTSIDE_MSG in message
+    assert os.listdir(outside) == ["secret.txt"]
+
+
+async def test_dangling_symlink_to_outside_is_not_followed_to_create_a_file(
+    call: Call, outside: Path, workspace: Path
+) -> None:
+    (workspace / "new.txt").symlink_to(outside / "planted.txt")  # target does not exist yet
+    message = failed(await call("write", path="new.txt", content="planted"))
+    assert OUTSIDE_MSG in message
+    assert not (outside / "planted.txt").exists()
+
+
+async def test_symlink_that_stays_inside_works(call: Call, workspace: Path) -> None:
+    (workspace / "real").mkdir()
+    (workspace / "real" / "a.txt").write_text("hello\n")
+    (workspace / "alias").symlink_to(workspace / "real", target_is_directory=True)
+    assert ok(await call("read", path="alias/a.txt")) == "hello\n"
+    assert ok(await call("write", path="alias/b.txt", content="hi"))["path"] == "real/b.txt"
+    assert (workspace / "real" / "b.txt").read_text() == "hi"
+
+
+async def test_symlink_loop_is_a_clean_failure(call: Call, workspace: Path) -> None:
+    (workspace / "loop").symlink_to(workspace / "loop")
+    assert "path 'loop' cannot be resolved" in failed(await call("read", path="loop"))
+
+
+async def test_walking_tools_skip_links_that_point_outside(
+    call: Call, outside: Path, workspace: Path
+) -> None:
+    (workspace / "own.txt").write_text("my own secret\n")
+    (workspace / "out_dir").symlink_to(outside, target_is_directory=True)
+    (workspace / "out_file.txt").symlink_to(outside / "secret.txt")
+
+    listed = ok(await call("list"))
+    assert [e["name"] for e in listed["entries"]] == ["own.txt"]
+
+    found = ok(await call("find", pattern="**/*"))
+    assert found["files"] == ["own.txt"]
+
+    searched = ok(await call("search", pattern="secret"))
+    assert searched["matches"] == ["own.txt:1:my own secret"]
+
+
+async def test_walking_tools_do_not_descend_into_symlinked_directories(
+    call: Call, workspace: Path
+) -> None:
+    """A link back up the tree would otherwise loop, or report every file twice."""
+    (workspace / "src").mkdir()
+    (workspace / "src" / "a.py").write_text("x = 1\n")
+    (workspace / "src" / "again").symlink_to(workspace, target_is_directory=True)
+    assert ok(await call("find", pattern="**/*.py"))["files"] == ["src/a.py"]
+    assert ok(await call("search", pattern="x = 1"))["matches"] == ["src/a.py:1:x = 1"]
+
+
+def test_resolve_refuses_nul_bytes_and_returns_resolved_paths(tmp_path: Path) -> None:
+    root = tmp_path.resolve()
+    with pytest.raises(ToolFailure, match="NUL byte"):
+        resolve(root, "a\0b")
+    assert resolve(root, "a/./b/../c") == root / "a" / "c"
+    assert resolve(root, ".") == root
+    assert resolve(root, "") == root
+
+
+def test_missing_workspace_is_an_operator_error(tmp_path: Path) -> None:
+    with pytest.raises(ToolFailure, match="operator must create it"):
+        workspace_root(tmp_path / "nope")
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root ignores file permissions")
+async def test_unreadable_file_is_a_clean_failure(call: Call, workspace: Path) -> None:
+    f = workspace / "locked.txt"
+    f.write_text("x")
+    f.chmod(0)
+    assert "permission denied" in failed(await call("read", path="locked.txt"))

@@ -1,0 +1,116 @@
+"""``shell``: off by default; when on, it runs in the workspace and cleans up after itself."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+from protocol.calls import ToolCall, ToolResult
+from tools.base import ToolContext
+from tools.builtin.shell import ShellTool
+from tools.executor import Executor
+from tools.registry import Registry, default_registry
+
+from .helpers import Call, failed, ok
+
+
+def running(pid: int) -> bool:
+    """Whether ``pid`` is a live process (a zombie awaiting its reaper counts as dead)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+async def run_shell(tool: ShellTool, ctx: ToolContext, command: str) -> ToolResult:
+    return await Executor(Registry([tool])).run_call(ToolCall("shell", {"command": command}), ctx)
+
+
+async def test_shell_is_not_available_by_default(ctx: ToolContext) -> None:
+    [result] = await Executor(default_registry()).run_batch(
+        [ToolCall("shell", {"command": "echo hi"})], ctx
+    )
+    message = failed(result)
+    assert "unknown tool 'shell'" in message
+    assert "available tools: read, write, edit, list, find, search." in message
+
+
+async def test_shell_runs_in_the_workspace_and_reports_exit_code(
+    call: Call, workspace: Path
+) -> None:
+    (workspace / "data.txt").write_text("42\n")
+    result = ok(await call("shell", command="pwd; cat data.txt; echo oops >&2; exit 3"))
+    # A non-zero exit is still a successful call: the command ran and here is what it said.
+    assert result == {
+        "exit_code": 3,
+        "stdout": f"{workspace}\n42\n",  # tmp_path is already resolved
+        "stderr": "oops\n",
+    }
+
+
+async def test_shell_does_not_pass_the_gateways_environment_on(
+    call: Call, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-must-not-leak")
+    result = ok(await call("shell", command="env"))
+    assert "sk-must-not-leak" not in result["stdout"]
+    assert "PATH=" in result["stdout"]
+
+
+async def test_shell_timeout_kills_the_whole_process_group(ctx: ToolContext) -> None:
+    # A background child that would outlive its shell if only the shell were killed.
+    result = await run_shell(ShellTool(timeout=1.0), ctx, "sleep 60 & echo $!; echo started; wait")
+    message = failed(result)
+    assert "timed out after 1s and was killed" in message
+    assert "stdout so far:\n" in message and "started" in message
+    match = re.search(r"stdout so far:\n(\d+)\n", message)
+    assert match, message
+    assert not running(int(match[1])), "the background sleep must be killed with its shell"
+
+
+async def test_cancelling_a_batch_kills_the_running_command(
+    ctx: ToolContext, workspace: Path
+) -> None:
+    fifo = workspace / "started"
+    os.mkfifo(fifo)
+    executor = Executor(Registry([ShellTool(timeout=30)]))
+    batch = asyncio.create_task(
+        executor.run_batch(
+            [ToolCall("shell", {"command": "echo $$ > started; exec sleep 60"})], ctx
+        )
+    )
+    # Opening the FIFO blocks until the command writes its pid: proof it is running.
+    pid = int(await asyncio.to_thread(fifo.read_text))
+    assert running(pid)
+    batch.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await batch
+    assert not running(pid)
+
+
+async def test_shell_output_is_capped_per_stream(ctx: ToolContext) -> None:
+    result = ok(
+        await run_shell(
+            ShellTool(max_output=100), ctx, "head -c 100000 /dev/zero | tr '\\0' a; echo err >&2"
+        )
+    )
+    assert result["stdout"] == "a" * 100 + (
+        "\n[output truncated: 100,000 bytes, showing the first 100]"
+    )
+    assert result["stderr"] == "err\n"
+    assert result["exit_code"] == 0
+
+
+async def test_shell_has_no_stdin(call: Call) -> None:
+    """A command waiting for input gets EOF at once instead of hanging to the timeout."""
+    result = ok(await call("shell", command="cat; echo done"))
+    assert result["stdout"] == "done\n"
+
+
+async def test_shell_description_states_its_timeout() -> None:
+    assert "killed after 5s" in ShellTool(timeout=5).description

@@ -1,0 +1,84 @@
+"""What a tool is: a name, a description, an args Struct and an async ``run``.
+
+The model sees a tool as a name, a description and a JSON Schema for its args
+(rendered by ``tools.registry``); the executor sees an object it can hand a
+validated args Struct and a ``ToolContext``. Keeping the args a msgspec Struct
+means one declaration gives the schema, the validation and the typed value.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Generic, TypeVar
+
+import msgspec
+
+__all__ = ["ArgsT", "Limits", "Tool", "ToolContext", "ToolFailure"]
+
+ArgsT = TypeVar("ArgsT", bound=msgspec.Struct)
+
+
+class ToolFailure(Exception):
+    """A clean, expected failure: the message goes to the model as the result.
+
+    Raise it for anything the model can fix (no such file, text not found,
+    bad pattern); the message must say what was wrong and what to do. Any
+    other exception is treated as a bug in the tool: the model is told the
+    type and message only, and the traceback is logged.
+    """
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Size caps the built-ins apply so one call cannot flood the model's context.
+
+    These bound the work a tool does (bytes read, entries walked); the
+    executor's ``max_output`` separately bounds what any tool returns.
+    """
+
+    max_read_bytes: int = 1_000_000
+    """``read``/``edit``/``search`` refuse (or skip) files larger than this."""
+    max_entries: int = 1_000
+    """``list`` and ``find`` stop after this many entries."""
+    max_matches: int = 500
+    """``search`` stops after this many matching lines."""
+    max_line_chars: int = 500
+    """``search`` shortens each matching line to this many characters."""
+
+
+@dataclass(frozen=True, slots=True)
+class ToolContext:
+    """What a tool knows about the session it runs for.
+
+    ``workspace`` is the only directory file tools may touch (see
+    ``tools.sandbox``); ``session_id`` is for logs.
+    """
+
+    workspace: Path
+    session_id: str
+    limits: Limits = field(default_factory=Limits)
+
+
+class Tool(abc.ABC, Generic[ArgsT]):
+    """One tool the model can call.
+
+    Subclasses set ``name``, ``description`` and ``args_type`` as class
+    attributes and implement ``run``. ``run`` returns any JSON-encodable value
+    (a string reads best for the model), raises ``ToolFailure`` for failures
+    the model can act on, and must let ``asyncio.CancelledError`` propagate:
+    the executor cancels a tool on timeout and on user cancel.
+    """
+
+    name: str
+    description: str
+    args_type: type[ArgsT]
+
+    @abc.abstractmethod
+    async def run(self, args: ArgsT, ctx: ToolContext) -> Any:
+        """Do the work; ``args`` is already validated against ``args_type``."""

@@ -1,0 +1,128 @@
+"""``search``: lines matching a text or regex in the workspace's text files.
+
+The pattern is literal text unless ``regex`` is true: models often search for
+code like ``foo(`` and a regex default would turn that into an error. Binary
+files and files over the read cap are skipped (and counted in a note), so a
+search through a checkout with build artefacts stays useful.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any
+
+import msgspec
+
+from tools.base import Limits, Tool, ToolContext, ToolFailure
+from tools.globs import compile_glob
+from tools.sandbox import display, is_binary, resolve, walk, workspace_root
+
+from ._fs import Stop, in_thread
+
+__all__ = ["SearchArgs", "SearchTool"]
+
+
+class SearchArgs(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    pattern: Annotated[str, msgspec.Meta(min_length=1, description="text to look for")]
+    path: Annotated[
+        str, msgspec.Meta(description="file or directory to search, relative to the workspace root")
+    ] = "."
+    glob: Annotated[
+        str | None,
+        msgspec.Meta(
+            description="only search files matching this glob: '*.py' matches file names at "
+            "any depth; a pattern with '/' matches paths relative to path"
+        ),
+    ] = None
+    regex: Annotated[
+        bool, msgspec.Meta(description="treat pattern as a Python regular expression")
+    ] = False
+    ignore_case: bool = False
+
+
+class SearchTool(Tool[SearchArgs]):
+    name = "search"
+    description = (
+        "Search text files for lines containing a pattern (literal text, or a regex "
+        "with regex=true). Returns matches as 'path:line:text', paths relative to the "
+        "workspace root."
+    )
+    args_type = SearchArgs
+
+    async def run(self, args: SearchArgs, ctx: ToolContext) -> Any:
+        return await in_thread(_search, ctx.workspace, args, ctx.limits)
+
+
+def _search(stop: Stop, workspace: Path, args: SearchArgs, limits: Limits) -> dict[str, Any]:
+    root = workspace_root(workspace)
+    top = resolve(root, args.path)
+    if not top.exists():
+        raise ToolFailure(
+            f"cannot search {args.path!r}: no such file or directory; use list to see what exists"
+        )
+    flags = re.IGNORECASE if args.ignore_case else 0
+    try:
+        needle = re.compile(args.pattern if args.regex else re.escape(args.pattern), flags)
+    except re.error as exc:
+        raise ToolFailure(
+            f"invalid regex {args.pattern!r}: {exc}; fix it, or pass regex=false to search "
+            "for the text as written"
+        ) from None
+    wanted = _file_filter(args.glob)
+
+    matches: list[str] = []
+    skipped = 0
+    truncated = False
+    for path in walk(root, top):
+        if stop.is_set() or truncated:
+            break
+        rel_to_top = path.name if path == top else path.relative_to(top).as_posix()
+        if wanted is not None and not wanted(rel_to_top):
+            continue
+        try:
+            if path.stat().st_size > limits.max_read_bytes:
+                skipped += 1
+                continue
+            if is_binary(path):
+                continue
+            with path.open(encoding="utf-8", errors="replace", newline="") as f:
+                shown = display(root, path)
+                for number, line in enumerate(f, start=1):
+                    if needle.search(line):
+                        if len(matches) == limits.max_matches:
+                            truncated = True
+                            break
+                        text = line.rstrip("\r\n")[: limits.max_line_chars]
+                        matches.append(f"{shown}:{number}:{text}")
+        except OSError:
+            continue  # unreadable or vanished: skip it, as grep -s does
+
+    result: dict[str, Any] = {"matches": matches}
+    notes = []
+    if truncated:
+        notes.append(
+            f"stopped after {limits.max_matches:,} matches; narrow the pattern, path or glob"
+        )
+    if skipped:
+        notes.append(
+            f"skipped {skipped:,} file(s) over {limits.max_read_bytes:,} bytes; "
+            "read them in ranges with read offset/limit"
+        )
+    if notes:
+        result["note"] = "; ".join(notes)
+    return result
+
+
+def _file_filter(glob: str | None) -> Callable[[str], bool] | None:
+    """A predicate on paths relative to the search root, or None for "every file"."""
+    if glob is None or not glob.strip():
+        return None
+    try:
+        matcher = compile_glob(glob)
+    except re.error as exc:
+        raise ToolFailure(f"invalid glob {glob!r}: {exc}; fix the pattern") from None
+    if "/" in glob.strip("/"):
+        return lambda rel: matcher.fullmatch(rel) is not None
+    return lambda rel: matcher.fullmatch(rel.rsplit("/", 1)[-1]) is not None

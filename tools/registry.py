@@ -1,0 +1,133 @@
+"""The set of tools a session offers: their prompt specs and args validation.
+
+The registry is the one place that knows both what the model was told
+(``specs()``, rendered into the system prompt) and how its calls are checked
+(``bind()``), so the schema the model reads and the validation it meets are
+generated from the same Struct and cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Iterator
+from typing import Any, Final
+
+import msgspec
+
+from protocol.calls import ToolCall
+from protocol.prompt import ToolSpec
+
+from .base import Tool
+from .schema import args_schema, describe_args
+
+__all__ = ["InvalidArgs", "Registry", "UnknownTool", "default_registry"]
+
+
+class UnknownTool(LookupError):
+    """The model called a name the registry does not have (message lists the names)."""
+
+
+class InvalidArgs(ValueError):
+    """A call's args do not match the tool's schema (message says what to send)."""
+
+
+_TOOL_NAME: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*")
+_MSGSPEC_ERROR: Final = re.compile(r"^(?P<what>.*?)(?: - at `\$(?P<where>[^`]*)`)?$", re.DOTALL)
+
+
+class Registry:
+    """Tools by name, in registration order (the order the prompt lists them)."""
+
+    def __init__(self, tools: Iterable[Tool[Any]] = ()) -> None:
+        self._tools: dict[str, Tool[Any]] = {}
+        self._schemas: dict[str, dict[str, Any]] = {}
+        for tool in tools:
+            self.register(tool)
+
+    def register(self, tool: Tool[Any]) -> None:
+        """Add ``tool``; a second tool with the same name is a configuration error."""
+        name = getattr(tool, "name", None)
+        if not isinstance(name, str) or not _TOOL_NAME.fullmatch(name):
+            raise ValueError(
+                f"{type(tool).__name__} has no valid name ({name!r}); set a class attribute "
+                "name made of letters, digits, _, . and - (for example name = 'read')"
+            )
+        if tool.name in self._tools:
+            raise ValueError(
+                f"a tool named {tool.name!r} is already registered; give each tool a unique name"
+            )
+        # Build the schema now so a bad args Struct fails at startup, not mid-session.
+        self._schemas[tool.name] = args_schema(tool.args_type)
+        self._tools[tool.name] = tool
+
+    def get(self, name: str) -> Tool[Any] | None:
+        return self._tools.get(name)
+
+    def names(self) -> list[str]:
+        return list(self._tools)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._tools
+
+    def __iter__(self) -> Iterator[Tool[Any]]:
+        return iter(self._tools.values())
+
+    def __len__(self) -> int:
+        return len(self._tools)
+
+    def schema(self, name: str) -> dict[str, Any]:
+        """The flattened args schema of tool ``name`` (a copy is not made: don't mutate)."""
+        return self._schemas[name]
+
+    def specs(self) -> list[ToolSpec]:
+        """What ``protocol.prompt.render_tools`` shows the model, one spec per tool."""
+        return [
+            ToolSpec(name=tool.name, description=tool.description, parameters=self._schemas[name])
+            for name, tool in self._tools.items()
+        ]
+
+    def bind(self, call: ToolCall) -> tuple[Tool[Any], msgspec.Struct]:
+        """The tool for ``call`` and its args converted to the tool's Struct.
+
+        Raises ``UnknownTool`` or ``InvalidArgs`` with a message meant for the
+        model: what was wrong, and what to send instead.
+        """
+        tool = self._tools.get(call.name)
+        if tool is None:
+            available = ", ".join(self._tools) or "(none)"
+            raise UnknownTool(
+                f"unknown tool {call.name!r}; available tools: {available}. "
+                "Call one of these by its exact name."
+            )
+        try:
+            args = msgspec.convert(call.args, tool.args_type)
+        except msgspec.ValidationError as exc:
+            raise InvalidArgs(
+                f"invalid args for {tool.name!r}: {_explain(exc)}. "
+                f"Send args as a JSON object with: {describe_args(self._schemas[tool.name])}."
+            ) from None
+        return tool, args
+
+
+def default_registry(*, enable_shell: bool = False) -> Registry:
+    """A registry of the built-in tools; ``shell`` only with ``enable_shell=True``.
+
+    Defined here, next to ``Registry``, because this is where callers look for
+    it; the import is local because the built-ins themselves import this module.
+    """
+    from .builtin import builtin_tools
+
+    return Registry(builtin_tools(enable_shell=enable_shell))
+
+
+def _explain(exc: msgspec.ValidationError) -> str:
+    """Rewrite msgspec's "Expected `str`, got `int` - at `$.path`" as "args.path: expected str, got int"."""
+    match = _MSGSPEC_ERROR.match(str(exc))
+    what, where = (match["what"], match["where"]) if match else (str(exc), None)
+    what = what.replace("`", "'")
+    what = what.replace("Object missing required field", "missing required field")
+    what = what.replace("Object contains unknown field", "unknown field")
+    what = what[:1].lower() + what[1:]
+    # Types were quoted with backticks; unquote "'str'" but keep quoted field names.
+    what = re.sub(r"(expected|got) '([^']*)'", r"\1 \2", what)
+    return f"args{where or ''}: {what}"

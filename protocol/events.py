@@ -128,6 +128,7 @@ ErrorCode = Literal[
     "upstream",
     "store",
     "rate_limited",
+    "log_trimmed",
     "quota_exceeded",
     "internal",
 ]

@@ -1,0 +1,88 @@
+"""Context assembly: stored history → upstream messages with synthesized markers."""
+
+from __future__ import annotations
+
+from protocol.assembly import (
+    CANCELLED_NOTE,
+    Message,
+    assemble,
+    assistant_text,
+    decode_history_item,
+    encode_history_item,
+    results_message,
+)
+from protocol.calls import ToolCall, ToolResult, encode_call, encode_results, result_payload
+from protocol.events import Call, Cancelled, Respond, Result, Think, User
+from protocol.prompt import ToolSpec, render_tools, system_prompt
+
+CALL = encode_call(ToolCall(name="read", args={"path": "main.py"}))
+RESULTS = encode_results([ToolResult(tool="read", status="success", content="print(1)")])
+
+
+def test_the_seeds_storage_example_assembles_as_the_seed_shows() -> None:
+    history = [
+        User(content="What's in main.py?"),
+        Think(content="analyzing data"),
+        Call(content=CALL),
+        Result(content=RESULTS, payload=result_payload([])),
+    ]
+    assert assemble(history) == [
+        Message("user", "What's in main.py?"),
+        Message("assistant", f"<think>analyzing data</think>\n\n<execute>\n[{CALL}]\n</execute>"),
+        Message("user", f"<results>\n{RESULTS}\n</results>"),
+    ]
+
+
+def test_a_full_turn_then_a_new_user_message() -> None:
+    history = [
+        User(content="hi"),
+        Think(content="greet"),
+        Respond(content="Hello!"),
+        User(content="again"),
+    ]
+    messages = assemble(history)
+    # The finished answer gets the <end> the model wrote; the new message follows.
+    assert messages[1] == Message("assistant", "<think>greet</think>\n\nHello!\n<end>")
+    assert messages[2] == Message("user", "again")
+
+
+def test_calls_of_one_step_share_one_execute_block_in_order() -> None:
+    other = encode_call(ToolCall(name="list", args={}))
+    text = assistant_text([Call(content=CALL), Call(content=other)])
+    assert text == f"<execute>\n[{CALL},\n{other}]\n</execute>"
+
+
+def test_split_chunks_are_joined() -> None:
+    text = assistant_text([Think(content="a"), Think(content="b"), Respond(content="c")])
+    assert text == "<think>ab</think>\n\nc"
+
+
+def test_cancelled_becomes_a_note_to_the_model() -> None:
+    history = [User(content="long task"), Respond(content="Start"), Cancelled(content="x")]
+    messages = assemble(history)
+    assert messages[-2] == Message("assistant", "Start")
+    assert messages[-1] == Message("user", CANCELLED_NOTE)
+
+
+def test_results_message_wraps_the_results_json() -> None:
+    assert results_message("[]").content == "<results>\n[]\n</results>"
+
+
+def test_history_items_round_trip() -> None:
+    for item in (User(content="u"), Call(content=CALL), Cancelled(content="")):
+        assert decode_history_item(encode_history_item(item)) == item
+
+
+def test_system_prompt_teaches_markers_and_lists_tools() -> None:
+    spec = ToolSpec(
+        name="read",
+        description="Read a file.",
+        parameters={"type": "object", "properties": {"path": {"type": "string"}}},
+    )
+    prompt = system_prompt([spec], "Be brief.")
+    for marker in ("<think>", "<execute>", "</execute>", "<results>", "<end>"):
+        assert marker in prompt
+    assert "- read: Read a file." in prompt
+    assert '"path"' in prompt
+    assert prompt.rstrip().endswith("Be brief.")
+    assert "No tools are available" in render_tools([])

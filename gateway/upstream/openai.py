@@ -1,0 +1,349 @@
+"""The OpenAI Realtime (GA) upstream adapter: one WebSocket per session.
+
+It speaks the wire modelled in ``openai_wire`` over a raw ``websockets``
+client (no SDK: the hot path is one ``recv`` and one msgspec decode per text
+delta). Compression is off: per-message deflate costs CPU on every token
+and the frames are small.
+
+What the adapter keeps of the provider's state, and why:
+
+- the id of the *current* response (from ``response.created`` after our
+  ``response.create``). Deltas and ``response.done`` of any other response are
+  stale (a cancelled response still draining) and are dropped, so the session
+  only ever sees the response it asked for;
+- the output item ids of that response, so ``replace_response`` can delete
+  them and put the text the parser accepted in their place.
+
+Client events are pipelined: nothing waits for a per-item acknowledgement.
+An ``error`` the provider sends later comes out of ``recv()`` as an
+``UpstreamError`` (except ``response_cancel_not_active``: a cancel that raced
+with the end of the response is harmless).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+from collections.abc import Sequence
+from typing import Final
+from urllib.parse import quote
+
+import msgspec
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
+from websockets.frames import Close
+
+from protocol.assembly import Message
+from protocol.events import Usage
+
+from . import openai_wire as wire
+from .base import (
+    ResponseDone,
+    TextDelta,
+    Upstream,
+    UpstreamClosed,
+    UpstreamError,
+    UpstreamEvent,
+    UpstreamFactory,
+)
+
+__all__ = ["DEFAULT_BASE_URL", "DEFAULT_MODEL", "OpenAIRealtime", "OpenAIRealtimeFactory"]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_BASE_URL: Final = "wss://api.openai.com/v1"
+DEFAULT_MODEL: Final = "gpt-realtime"
+
+# Incoming frames: a ``response.done`` repeats the whole output, so allow big ones.
+_MAX_FRAME: Final = 64 * 2**20
+
+# Closing waits this long for the provider's close frame, then drops the socket.
+_CLOSE_TIMEOUT: Final = 2.0
+
+# Errors that need no action: a cancel that arrived after the response had ended.
+_HARMLESS_ERRORS: Final = frozenset({"response_cancel_not_active"})
+
+_ACTIVE_RESPONSE: Final = "conversation_already_has_active_response"
+
+
+def _content_type(role: str) -> str:
+    return "output_text" if role == "assistant" else "input_text"
+
+
+def _message_item(message: Message) -> wire.Item:
+    return wire.Item(
+        type="message",
+        role=message.role,
+        content=[wire.ContentPart(type=_content_type(message.role), text=message.content)],
+    )
+
+
+def _describe_close(exc: ConnectionClosed) -> str:
+    close: Close | None = exc.rcvd
+    if close is None:
+        return "OpenAI Realtime connection lost without a close frame (code 1006)"
+    reason = f": {close.reason}" if close.reason else ""
+    return f"OpenAI Realtime closed the connection (code {close.code}{reason})"
+
+
+def _rejection(exc: InvalidStatus) -> str:
+    status = exc.response.status_code
+    body = exc.response.body.decode("utf-8", "replace").strip() if exc.response.body else ""
+    detail = f": {body[:300]}" if body else ""
+    if status == 401:
+        return f"OpenAI rejected the API key (HTTP 401): set OPENAI_API_KEY{detail}"
+    if status == 403:
+        return f"OpenAI refused access (HTTP 403): check the key's project and model access{detail}"
+    if status == 404:
+        return f"OpenAI Realtime endpoint or model not found (HTTP 404): check base_url and model{detail}"
+    if status == 429:
+        return f"OpenAI rate-limited the connection (HTTP 429): retry later{detail}"
+    return f"OpenAI rejected the WebSocket handshake (HTTP {status}){detail}"
+
+
+class OpenAIRealtime(Upstream):
+    """One OpenAI Realtime session (see the module docstring)."""
+
+    provider = "openai"
+
+    def __init__(
+        self,
+        *,
+        base_url: str = DEFAULT_BASE_URL,
+        model: str = DEFAULT_MODEL,
+        api_key: str | None = None,
+        connect_timeout: float = 10.0,
+        open_timeout: float = 10.0,
+    ) -> None:
+        """``connect_timeout`` bounds the TCP + TLS + WebSocket handshake;
+        ``open_timeout`` the wait for ``session.created`` after it."""
+        self.base_url = base_url.rstrip("/")
+        self.model = model
+        self.api_key = os.environ.get("OPENAI_API_KEY", "") if api_key is None else api_key
+        self.connect_timeout = connect_timeout
+        self.open_timeout = open_timeout
+        self._ws: ClientConnection | None = None
+        self._closed = False
+        self._event_ids = itertools.count(1)
+        # The response whose events reach the session, and whether a
+        # ``response.create`` is waiting for its ``response.created``.
+        self._current: str | None = None
+        self._pending_create: str | None = None
+        # Output item ids of the current (or last) response.
+        self._items: list[str] = []
+
+    @property
+    def url(self) -> str:
+        return f"{self.base_url}/realtime?model={quote(self.model, safe='')}"
+
+    # --- lifecycle --------------------------------------------------------------
+
+    async def open(self, instructions: str, history: Sequence[Message]) -> None:
+        if self._ws is not None or self._closed:
+            raise RuntimeError("an OpenAIRealtime is opened once; make a new one to reconnect")
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        try:
+            ws = await connect(
+                self.url,
+                additional_headers=headers,
+                compression=None,
+                max_size=_MAX_FRAME,
+                open_timeout=self.connect_timeout,
+                close_timeout=_CLOSE_TIMEOUT,
+            )
+        except InvalidStatus as exc:
+            raise UpstreamClosed(_rejection(exc)) from exc
+        except InvalidURI as exc:
+            raise UpstreamClosed(f"bad OpenAI Realtime URL {self.url!r}: {exc}") from exc
+        except InvalidHandshake as exc:
+            raise UpstreamClosed(f"WebSocket handshake with {self.url} failed: {exc}") from exc
+        except TimeoutError as exc:
+            raise UpstreamClosed(
+                f"connecting to {self.url} timed out after {self.connect_timeout:g}s"
+            ) from exc
+        except OSError as exc:
+            raise UpstreamClosed(f"cannot connect to {self.url}: {exc}") from exc
+        self._ws = ws
+        try:
+            try:
+                async with asyncio.timeout(self.open_timeout):
+                    await self._await_session_created(ws)
+            except TimeoutError as exc:
+                raise UpstreamClosed(
+                    f"OpenAI Realtime sent no session.created within {self.open_timeout:g}s"
+                ) from exc
+            session = wire.Session(
+                type="realtime", instructions=instructions, output_modalities=["text"]
+            )
+            await self._send(wire.SessionUpdate(session=session, event_id=self._event_id()))
+            for message in history:
+                await self.add_message(message)
+        except BaseException:
+            await self.close()
+            raise
+
+    async def _await_session_created(self, ws: ClientConnection) -> None:
+        while True:
+            try:
+                data = await ws.recv(decode=False)
+            except ConnectionClosed as exc:
+                raise UpstreamClosed(_describe_close(exc)) from exc
+            try:
+                event = wire.decode_upstream(data)
+            except (msgspec.DecodeError, msgspec.ValidationError):
+                continue
+            if isinstance(event, wire.SessionCreated):
+                return
+            if isinstance(event, wire.ErrorEvent):
+                error = event.error
+                raise UpstreamClosed(
+                    f"OpenAI Realtime refused the session ({error.code or error.type}): "
+                    f"{error.message}"
+                )
+
+    async def close(self) -> None:
+        self._closed = True
+        ws, self._ws = self._ws, None
+        if ws is not None:
+            await ws.close()
+
+    # --- requests ---------------------------------------------------------------
+
+    async def add_message(self, message: Message) -> None:
+        await self._send(wire.ConversationItemCreate(item=_message_item(message)))
+
+    async def start_response(self) -> None:
+        event_id = self._event_id()
+        # Until its response.created arrives, events of any earlier response are stale.
+        self._pending_create = event_id
+        await self._send(wire.ResponseCreate(event_id=event_id))
+
+    async def cancel_response(self) -> None:
+        await self._send(wire.ResponseCancel(event_id=self._event_id()))
+
+    async def replace_response(self, text: str) -> None:
+        items, self._items = self._items, []
+        for item_id in items:
+            await self._send(wire.ConversationItemDelete(item_id=item_id))
+        if text:
+            await self.add_message(Message(role="assistant", content=text))
+
+    # --- events -----------------------------------------------------------------
+
+    async def recv(self) -> UpstreamEvent:
+        ws = self._ws
+        if ws is None:
+            raise UpstreamClosed("the OpenAI Realtime connection is closed")
+        while True:
+            try:
+                data = await ws.recv(decode=False)
+            except ConnectionClosed as exc:
+                raise UpstreamClosed(_describe_close(exc)) from exc
+            except OSError as exc:  # pragma: no cover - websockets wraps these
+                raise UpstreamClosed(f"OpenAI Realtime connection failed: {exc}") from exc
+            try:
+                event = wire.decode_upstream(data)
+            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                return UpstreamError(
+                    code="upstream_protocol",
+                    message=f"unreadable OpenAI Realtime frame ({exc}): {bytes(data[:200])!r}",
+                )
+            if event is None:
+                continue
+            # Most frames are deltas: test for them first.
+            if isinstance(event, wire.ResponseOutputTextDelta):
+                if event.response_id == self._current and self._pending_create is None:
+                    return TextDelta(event.delta)
+            elif isinstance(event, wire.ResponseDone):
+                done = self._response_done(event.response)
+                if done is not None:
+                    return done
+            elif isinstance(event, wire.ResponseOutputItemAdded):
+                if event.response_id == self._current and event.item.id:
+                    self._items.append(event.item.id)
+            elif isinstance(event, wire.ResponseCreated):
+                if self._pending_create is not None:
+                    self._pending_create = None
+                    self._current = event.response.id
+                    self._items = []
+            elif isinstance(event, wire.ErrorEvent):
+                error = self._error(event.error)
+                if error is not None:
+                    return error
+            # session.created after open: nothing to do.
+
+    def _response_done(self, response: wire.Response) -> ResponseDone | None:
+        if response.id != self._current or self._pending_create is not None:
+            return None  # a stale response finishing after we asked for a new one
+        for item in response.output:
+            if item.id and item.id not in self._items:
+                self._items.append(item.id)
+        usage = None
+        if response.usage is not None:
+            usage = Usage(input=response.usage.input_tokens, output=response.usage.output_tokens)
+        detail = ""
+        details = response.status_details
+        if details is not None:
+            if details.error is not None and details.error.message:
+                detail = details.error.message
+            elif details.reason:
+                detail = details.reason
+        return ResponseDone(status=response.status, usage=usage, detail=detail)
+
+    def _error(self, error: wire.ErrorDetail) -> UpstreamError | None:
+        code = error.code or error.type
+        if code in _HARMLESS_ERRORS:
+            return None
+        if self._pending_create is not None and (
+            error.event_id == self._pending_create or code == _ACTIVE_RESPONSE
+        ):
+            # Our response.create was refused: the running response (if any)
+            # stays current, and its remaining events reach the session.
+            self._pending_create = None
+        return UpstreamError(code=code, message=error.message)
+
+    # --- plumbing ---------------------------------------------------------------
+
+    def _event_id(self) -> str:
+        return f"gw_{next(self._event_ids)}"
+
+    async def _send(self, event: wire.ClientEvent) -> None:
+        ws = self._ws
+        if ws is None:
+            raise UpstreamClosed("the OpenAI Realtime connection is closed")
+        try:
+            await ws.send(wire.encode(event), text=True)
+        except ConnectionClosed as exc:
+            raise UpstreamClosed(_describe_close(exc)) from exc
+
+
+class OpenAIRealtimeFactory(UpstreamFactory):
+    """Makes ``OpenAIRealtime`` adapters with one configuration."""
+
+    provider = "openai"
+
+    def __init__(
+        self,
+        *,
+        base_url: str = DEFAULT_BASE_URL,
+        model: str = DEFAULT_MODEL,
+        api_key: str | None = None,
+        connect_timeout: float = 10.0,
+        open_timeout: float = 10.0,
+    ) -> None:
+        self.base_url = base_url
+        self.model = model
+        self.api_key = os.environ.get("OPENAI_API_KEY", "") if api_key is None else api_key
+        self.connect_timeout = connect_timeout
+        self.open_timeout = open_timeout
+
+    def create(self) -> OpenAIRealtime:
+        return OpenAIRealtime(
+            base_url=self.base_url,
+            model=self.model,
+            api_key=self.api_key,
+            connect_timeout=self.connect_timeout,
+            open_timeout=self.open_timeout,
+        )

@@ -1,0 +1,124 @@
+"""The ``gateway`` command: ``serve``, ``sim``, ``chat``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from .config import Config, ConfigError, load_config
+from .logs import setup_logging
+
+__all__ = ["main"]
+
+log = logging.getLogger("gateway")
+
+
+def _serve_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--host", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, help="port (default 8765; 0 picks a free one)")
+    p.add_argument(
+        "--provider", choices=["sim", "openai", "gemini"], help="upstream API (default sim)"
+    )
+    p.add_argument("--model", help="upstream model name")
+    p.add_argument("--redis", dest="redis_url", help="Redis URL (default: $REDIS_URL, else memory)")
+    p.add_argument("--node-id", help="this node's id in leases and logs (default host-pid-random)")
+    p.add_argument("--workspace-root", help="directory holding one tool workspace per session")
+    p.add_argument(
+        "--enable-shell",
+        action="store_const",
+        const=True,
+        help="offer the shell tool (off by default)",
+    )
+    p.add_argument("--instructions", help="extra instructions appended to the system prompt")
+    p.add_argument("--lease-ttl", type=float, help="seconds a node's session lease lasts unrenewed")
+    p.add_argument("--drain-timeout", type=float, help="seconds SIGTERM waits for running turns")
+    p.add_argument("--max-frame", type=int, help="largest client frame in bytes (default 1 MiB)")
+    p.add_argument("--sim-tokens-per-second", type=float, help="simulator pacing (0 = unpaced)")
+    p.add_argument("--sim-chunk-size", type=int, help="simulator characters per delta")
+    p.add_argument(
+        "--sim-first-token-delay", type=float, help="simulator delay before the first delta"
+    )
+    p.add_argument(
+        "--sim-drop-after", type=int, help="simulator drops its connection after N deltas"
+    )
+    p.add_argument("--log-level", help="DEBUG, INFO, WARNING (default INFO)")
+    p.add_argument("--log-json", action="store_const", const=True, help="JSON log lines")
+
+
+async def _serve(config: Config) -> int:
+    from .app import running_gateway
+
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    if config.provider == "sim":
+        log.info("upstream: built-in simulator (set --provider openai for the real API)")
+    async with running_gateway(config) as gateway:
+        # One line tools and tests can wait for.
+        print(f"gateway listening on {gateway.url}", flush=True)
+        await stop.wait()
+        log.info("signal received: draining (up to %.0fs)", config.drain_timeout)
+        await gateway.drain()
+    log.info("stopped")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="gateway", description="WebSocket gateway for realtime LLM APIs"
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve_p = sub.add_parser("serve", help="run a gateway node")
+    _serve_args(serve_p)
+
+    from .sim import add_sim_arguments
+
+    sim_p = sub.add_parser("sim", help="run the upstream simulator (OpenAI Realtime wire protocol)")
+    sim_p.add_argument("--host", default="127.0.0.1")
+    sim_p.add_argument("--port", type=int, default=8800)
+    add_sim_arguments(sim_p)
+
+    chat_p = sub.add_parser("chat", help="chat with a gateway from the terminal")
+    chat_p.add_argument("url", nargs="?", default="ws://127.0.0.1:8765/v1/realtime")
+    chat_p.add_argument("--token", help="API key (Bearer)")
+    chat_p.add_argument("--no-color", action="store_true")
+
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "serve":
+            overrides: dict[str, Any] = {
+                k: v for k, v in vars(args).items() if k != "command" and v is not None
+            }
+            config = load_config(overrides)
+            setup_logging(config.log_level, json=config.log_json)
+            return asyncio.run(_serve(config))
+        if args.command == "sim":
+            from .sim import run_sim, sim_config_from_args
+
+            setup_logging("INFO")
+            print(f"simulator listening on ws://{args.host}:{args.port}/v1/realtime", flush=True)
+            asyncio.run(run_sim(sim_config_from_args(args), args.host, args.port))
+            return 0
+        if args.command == "chat":
+            from .chat import run_chat
+
+            return asyncio.run(run_chat(args.url, token=args.token, color=not args.no_color))
+    except ConfigError as exc:
+        print(f"gateway: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

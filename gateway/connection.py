@@ -1,0 +1,276 @@
+"""One client WebSocket: its reader (client messages) and its writer (events).
+
+The writer sends logged events in ``seq`` order with no gap and no duplicate.
+It has two modes. *Live*: events the session hands over are queued and sent.
+*Catch-up*: events are read from the store's log after the last ``seq`` this
+client got. A connection starts in catch-up (that is resume: replay after
+``after``, then live), and falls back to it when the client is too slow and its
+queue passes ``send_queue_frames``: memory stays bounded and the client still
+gets every event, from the log instead of from memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import deque
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from websockets.asyncio.server import ServerConnection
+from websockets.exceptions import ConnectionClosed
+
+from protocol.events import Cancel, Error, Ping, Session, UserMessage, decode_client, encode
+
+from .follower import LogFollower
+from .session import SessionRuntime
+from .store.base import LogEntry, StoreUnavailable
+
+if TYPE_CHECKING:
+    from .node import Node
+
+__all__ = ["ClientConnection", "CloseCode"]
+
+log = logging.getLogger("gateway.connection")
+
+_UNLOGGED = -1  # queue marker: a reply to this client only, sent as is
+_REPLAY_PAGE = 500
+
+
+class CloseCode:
+    """WebSocket close codes the gateway uses (4xxx are application codes)."""
+
+    GOING_AWAY = 1001
+    TOO_BIG = 1009
+    SERVICE_RESTART = 1012  # node draining or session moved: reconnect with after=SEQ
+    TRY_AGAIN_LATER = 1013
+    SESSION_GONE = 4404
+
+
+class ClientConnection:
+    """Serves one client WebSocket attached to one session."""
+
+    def __init__(
+        self,
+        node: Node,
+        ws: ServerConnection,
+        *,
+        sid: str,
+        after: int,
+        resumed: bool,
+    ) -> None:
+        self.node = node
+        self.ws = ws
+        self.sid = sid
+        self.resumed = resumed
+        self.last_sent = after
+        self.source: SessionRuntime | LogFollower | None = None
+        self._queue: deque[LogEntry] = deque()
+        self._limit = node.config.send_queue_frames
+        self._lagging = True  # start by catching up from the log
+        self._wake = asyncio.Event()
+        self._close: tuple[int, str] | None = None
+
+    # ------------------------------------------------------------- Subscriber
+
+    def deliver(self, entries: Sequence[LogEntry]) -> None:
+        if self._lagging:
+            return  # the writer reads these from the log
+        queue = self._queue
+        if len(queue) + len(entries) > self._limit:
+            # Too far behind: stop buffering, catch up from the log instead.
+            queue.clear()
+            self._lagging = True
+            self.node.metrics.client_lagging.inc()
+        else:
+            queue.extend(entries)
+        self._wake.set()
+
+    def notify(self, event: Error) -> None:
+        self._queue.append(LogEntry(_UNLOGGED, encode(event)))
+        self._wake.set()
+
+    def session_lost(self, reason: str) -> None:
+        self._close = (CloseCode.SERVICE_RESTART, f"session moved ({reason}); reconnect with after")
+        self._wake.set()
+
+    def switch_source(self, runtime: SessionRuntime) -> None:
+        """The session is now driven by this node (takeover): follow the runtime."""
+        self.source = runtime
+        self._lagging = True
+        runtime.attach(self)
+        self._wake.set()
+
+    # ------------------------------------------------------------- lifecycle
+
+    async def serve(self) -> None:
+        node = self.node
+        await self._attach()
+        head = self.source.last_seq if isinstance(self.source, SessionRuntime) else None
+        if head is None:
+            head = await node.store.last_seq(self.sid)
+        first = Session(
+            session_id=self.sid,
+            seq=head,
+            resumed=self.resumed,
+            provider=node.upstream_factory.provider,
+            node=node.node_id,
+        )
+        await self.ws.send(encode(first), text=True)
+        writer = asyncio.create_task(self._writer(), name=f"writer:{self.sid}")
+        try:
+            await self._reader(writer)
+        finally:
+            writer.cancel()
+            with contextlib.suppress(BaseException):
+                await writer
+            source = self.source
+            if source is not None:
+                source.detach(self)
+
+    async def _attach(self) -> None:
+        runtime = await self.node.drive(self.sid)
+        if runtime is not None:
+            self.source = runtime
+            runtime.attach(self)
+            return
+        follower = self.node.followers.get(self.sid)
+        if follower is None or follower.done:
+            head = await self.node.store.last_seq(self.sid)
+            follower = LogFollower(self.node, self.sid, head)
+            self.node.followers[self.sid] = follower
+        self.source = follower
+        follower.attach(self)
+
+    async def _reader(self, writer: asyncio.Task[None]) -> None:
+        ws = self.ws
+        while True:
+            recv = asyncio.ensure_future(ws.recv())
+            done, _ = await asyncio.wait({recv, writer}, return_when=asyncio.FIRST_COMPLETED)
+            if recv not in done:
+                recv.cancel()
+                with contextlib.suppress(BaseException):
+                    await recv
+                return  # the writer ended the connection
+            try:
+                frame = recv.result()
+            except ConnectionClosed:
+                return
+            await self._handle(frame)
+
+    async def _handle(self, frame: str | bytes) -> None:
+        if isinstance(frame, bytes):
+            self._reply(
+                Error(
+                    code="bad_frame",
+                    content="binary frames are not accepted; send JSON as a text frame",
+                )
+            )
+            return
+        message = decode_client(frame)
+        if isinstance(message, Error):
+            self._reply(message)
+            return
+        if isinstance(message, Ping):
+            return
+        runtime = await self._runtime_for_command()
+        if runtime is None:
+            self._reply(
+                Error(
+                    code="turn_active",
+                    content="this session is busy on another gateway node; "
+                    "wait for the running turn's end event and send again",
+                )
+            )
+            return
+        if isinstance(message, UserMessage):
+            error = runtime.start_turn(message.content)
+        else:
+            assert isinstance(message, Cancel)
+            error = runtime.cancel_turn()
+        if error is not None:
+            self._reply(error)
+
+    async def _runtime_for_command(self) -> SessionRuntime | None:
+        source = self.source
+        if isinstance(source, SessionRuntime) and not source.closed:
+            return source
+        try:
+            runtime = await self.node.drive(self.sid)
+        except StoreUnavailable:
+            return None
+        if runtime is not None:
+            if isinstance(source, LogFollower):
+                source.detach(self)
+            self.switch_source(runtime)
+        return runtime
+
+    def _reply(self, error: Error) -> None:
+        """An error answering this client's own frame: not logged, sent to it only."""
+        error.seq = self.last_sent
+        self.notify(error)
+
+    # ------------------------------------------------------------- writer
+
+    async def _writer(self) -> None:
+        ws = self.ws
+        queue = self._queue
+        try:
+            while True:
+                if self._close is not None:
+                    await ws.close(*self._close)
+                    return
+                if self._lagging:
+                    await self._catch_up()
+                while queue:
+                    entry = queue.popleft()
+                    seq = entry.seq
+                    if seq == _UNLOGGED:
+                        await ws.send(entry.data, text=True)
+                    elif seq > self.last_sent:
+                        if seq != self.last_sent + 1:
+                            # A gap means entries were skipped: read them from the log.
+                            queue.appendleft(entry)
+                            self._lagging = True
+                            break
+                        await ws.send(entry.data, text=True)
+                        self.last_sent = seq
+                if self._lagging or queue or self._close is not None:
+                    continue
+                self._wake.clear()
+                await self._wake.wait()
+        except ConnectionClosed:
+            return
+
+    async def _catch_up(self) -> None:
+        """Send the log after ``last_sent``, then switch to live delivery.
+
+        Live delivery is switched on *before* reading: whatever is logged from
+        then on is queued, so reading the log to its end leaves no gap; the
+        overlap is dropped by the seq check.
+        """
+        self._lagging = False
+        store = self.node.store
+        while True:
+            try:
+                entries = await store.read_log(self.sid, self.last_sent, _REPLAY_PAGE)
+            except StoreUnavailable:
+                await asyncio.sleep(self.node.store_retry_delay)
+                continue
+            if entries and entries[0].seq > self.last_sent + 1:
+                # Trimmed from the log (older than max_log events): say so, go on.
+                gap = Error(
+                    code="log_trimmed",
+                    content=f"events {self.last_sent + 1}..{entries[0].seq - 1} are no longer "
+                    "in the session log (it keeps the newest events only); "
+                    "the stream continues after them",
+                    seq=self.last_sent,
+                )
+                await self.ws.send(encode(gap), text=True)
+            for entry in entries:
+                if entry.seq > self.last_sent:
+                    await self.ws.send(entry.data, text=True)
+                    self.last_sent = entry.seq
+            if len(entries) < _REPLAY_PAGE:
+                return

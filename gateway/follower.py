@@ -1,0 +1,87 @@
+"""Following a session that another node drives.
+
+A client may reconnect to any node. When the session's lease is held by a
+live node, this node tails the session's log from the store and forwards the
+entries to its local clients. When the lease turns out to be free (the driver
+finished and let go, or died and the lease expired), this node takes the
+session over and its clients move to the new local runtime.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from .store.base import LogEntry, StoreUnavailable
+
+if TYPE_CHECKING:
+    from .node import Node
+    from .session import SessionRuntime, Subscriber
+
+__all__ = ["LogFollower"]
+
+log = logging.getLogger("gateway.follower")
+
+
+class LogFollower:
+    """Tails one session's log for the local clients of a session driven elsewhere."""
+
+    def __init__(self, node: Node, sid: str, after: int) -> None:
+        self.node = node
+        self.sid = sid
+        self.last_seq = after
+        self.subscribers: set[Subscriber] = set()
+        self._task: asyncio.Task[None] | None = None
+        self.done = False
+
+    def attach(self, sub: Subscriber) -> None:
+        self.subscribers.add(sub)
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name=f"follow:{self.sid}")
+
+    def detach(self, sub: Subscriber) -> None:
+        self.subscribers.discard(sub)
+        if not self.subscribers:
+            self.stop()
+
+    def stop(self) -> None:
+        self.done = True
+        self.node.followers.pop(self.sid, None)
+        if self._task is not None and self._task is not asyncio.current_task():
+            self._task.cancel()
+
+    def _deliver(self, entries: Sequence[LogEntry]) -> None:
+        self.last_seq = entries[-1].seq
+        for sub in tuple(self.subscribers):
+            sub.deliver(entries)
+
+    async def _run(self) -> None:
+        store = self.node.store
+        poll = max(0.2, self.node.config.lease_ttl / 3)
+        while not self.done and self.subscribers:
+            try:
+                entries = await store.wait_log(self.sid, self.last_seq, poll)
+                if entries:
+                    self._deliver(entries)
+                    continue
+                if await store.lease_owner(self.sid) is not None:
+                    continue
+                runtime = await self.node.drive(self.sid)
+            except StoreUnavailable as exc:
+                log.warning("following %s: store unavailable: %s", self.sid, exc)
+                await asyncio.sleep(self.node.store_retry_delay)
+                continue
+            if runtime is not None:
+                self._hand_over(runtime)
+                return
+
+    def _hand_over(self, runtime: SessionRuntime) -> None:
+        """This node drives the session now: move the clients to the runtime."""
+        self.stop()
+        for sub in tuple(self.subscribers):
+            with contextlib.suppress(Exception):
+                sub.switch_source(runtime)
+        self.subscribers.clear()

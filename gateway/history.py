@@ -1,0 +1,61 @@
+"""Turning one model step's token-mode events into history items.
+
+The client sees think and respond text in many small chunks; history keeps one
+item per block (the seed's "event mode"), so context assembly and storage stay
+proportional to what the model said, not to how it was chunked. A step's items
+are persisted together when the step completes, so history only ever holds
+whole steps: a crash mid-step leaves the history at the step's start, and the
+step is rerun from there.
+"""
+
+from __future__ import annotations
+
+from protocol.assembly import HistoryItem
+from protocol.events import Call, Event, Respond, Think
+
+__all__ = ["StepRecorder"]
+
+
+class StepRecorder:
+    """Collects the think/call/respond events of one model step into history items."""
+
+    __slots__ = ("_buf", "_items", "_kind", "emitted")
+
+    def __init__(self) -> None:
+        self._items: list[HistoryItem] = []
+        self._kind: type[Think] | type[Respond] | None = None
+        self._buf: list[str] = []
+        # True once the step showed the client anything (a rerun then needs an interrupt).
+        self.emitted = False
+
+    def add(self, event: Event) -> None:
+        kind = type(event)
+        if kind is Think or kind is Respond:
+            self.emitted = True
+            if kind is not self._kind:
+                self._close_block()
+                self._kind = kind
+            self._buf.append(event.content)  # type: ignore[union-attr]
+        elif kind is Call:
+            self.emitted = True
+            self._close_block()
+            self._items.append(Call(content=event.content))  # type: ignore[union-attr]
+
+    def _close_block(self) -> None:
+        if self._kind is not None and self._buf:
+            self._items.append(self._kind(content="".join(self._buf)))
+        self._kind = None
+        self._buf = []
+
+    def peek(self) -> list[HistoryItem]:
+        """The step's items so far, the open block included, without closing it."""
+        items = list(self._items)
+        if self._kind is not None and self._buf:
+            items.append(self._kind(content="".join(self._buf)))
+        return items
+
+    def finish(self) -> list[HistoryItem]:
+        """The step's items, blocks merged; the recorder is empty afterwards."""
+        self._close_block()
+        items, self._items = self._items, []
+        return items

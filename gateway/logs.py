@@ -1,0 +1,50 @@
+"""Logging setup: readable lines for a terminal, JSON lines for a log pipeline.
+
+JSON lines carry the session id when the record has one (``extra={"sid": …}``
+or a ``session_id``-bearing message argument is not parsed: pass it as extra).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+
+import orjson
+
+__all__ = ["JsonFormatter", "setup_logging"]
+
+_STANDARD = set(logging.makeLogRecord({}).__dict__) | {"message", "asctime"}
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: ts, level, logger, msg, extras (sid, node, …), exc."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        out: dict[str, object] = {
+            "ts": round(record.created, 3),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        for key, value in record.__dict__.items():
+            if key not in _STANDARD and not key.startswith("_"):
+                out[key] = value
+        if record.exc_info:
+            out["exc"] = self.formatException(record.exc_info)
+        return orjson.dumps(out, default=str).decode()
+
+
+def setup_logging(level: str = "INFO", *, json: bool = False) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    if json:
+        handler.setFormatter(JsonFormatter())
+    else:
+        fmt = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+        fmt.converter = time.gmtime
+        handler.setFormatter(fmt)
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    # websockets logs every failed handshake at INFO; keep them for DEBUG.
+    logging.getLogger("websockets").setLevel(max(logging.WARNING, root.level))

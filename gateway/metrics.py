@@ -1,0 +1,59 @@
+"""Prometheus metrics of one gateway node, served at ``GET /metrics``.
+
+Each node gets its own ``CollectorRegistry`` so several nodes in one process
+(tests, benchmarks) never share counters. Hot-path counters (events, tokens)
+are incremented once per flushed batch, not per token.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+__all__ = ["Metrics"]
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.connections = Gauge(
+            "rtgw_connections", "Open client WebSocket connections", registry=r
+        )
+        self.connections_total = Counter(
+            "rtgw_connections_accepted", "Client connections accepted", registry=r
+        )
+        self.refused = Counter(
+            "rtgw_connections_refused",
+            "Connections refused at the handshake, by reason",
+            ["reason"],
+            registry=r,
+        )
+        self.sessions = Gauge("rtgw_sessions_driven", "Sessions this node drives", registry=r)
+        self.turns = Counter("rtgw_turns", "Turns started", registry=r)
+        self.events = Counter("rtgw_events", "Events logged and sent to clients", registry=r)
+        self.tool_calls = Counter("rtgw_tool_calls", "Tool calls executed", registry=r)
+        self.tool_failures = Counter("rtgw_tool_failures", "Tool calls that failed", registry=r)
+        self.upstream_errors = Counter(
+            "rtgw_upstream_errors", "Upstream connections lost or refused", registry=r
+        )
+        self.first_delta = Histogram(
+            "rtgw_upstream_first_delta_seconds",
+            "Time from response request to the model's first text delta",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.tokens = Counter(
+            "rtgw_tokens", "Tokens reported by upstream usage", ["direction"], registry=r
+        )
+        self.store_errors = Counter(
+            "rtgw_store_errors", "Times the session store was unreachable", registry=r
+        )
+        self.client_lagging = Counter(
+            "rtgw_client_catchups",
+            "Times a slow client was switched to catch-up from the log",
+            registry=r,
+        )
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

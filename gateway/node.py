@@ -1,0 +1,228 @@
+"""One gateway node: the services its sessions share, and the sessions it drives.
+
+A node drives a session while it holds the session's lease in the store. It
+loads the session from the store when a client attaches (any node can: the
+store has everything), renews the leases of all its sessions from one task,
+and gives a session up when its last client left and no turn runs, so the next
+client may be served by any node.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import time
+from collections.abc import Coroutine
+from pathlib import Path
+from typing import Any
+
+from protocol.assembly import HistoryItem, decode_history_item
+from protocol.events import Usage
+from protocol.prompt import system_prompt
+from tools.base import ToolContext
+from tools.executor import Executor
+from tools.registry import Registry
+
+from .config import Config
+from .follower import LogFollower
+from .metrics import Metrics
+from .session import SessionRuntime
+from .store.base import Store
+from .upstream.base import UpstreamFactory
+
+__all__ = ["Node", "SessionMeta"]
+
+log = logging.getLogger("gateway.node")
+
+SessionMeta = dict[str, str]
+
+
+class Node:
+    def __init__(
+        self,
+        config: Config,
+        store: Store,
+        upstream_factory: UpstreamFactory,
+        registry: Registry,
+        *,
+        metrics: Metrics | None = None,
+    ) -> None:
+        self.config = config
+        self.node_id = config.node_id
+        self.store = store
+        self.upstream_factory = upstream_factory
+        self.registry = registry
+        self.executor = Executor(
+            registry, timeout=config.tool_timeout, max_output=config.tool_max_output
+        )
+        self.metrics = metrics or Metrics()
+        self.system_prompt = system_prompt(registry.specs(), config.instructions)
+        self.runtimes: dict[str, SessionRuntime] = {}
+        self.followers: dict[str, LogFollower] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+        self.store_retry_delay = 0.5
+        self.draining = False
+        self._keeper: asyncio.Task[None] | None = None
+        self._background: set[asyncio.Task[None]] = set()
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        self._keeper = asyncio.create_task(self._keep_leases(), name="lease-keeper")
+
+    async def stop(self) -> None:
+        """Close every session this node drives (their clients are told to reconnect)."""
+        if self._keeper is not None:
+            self._keeper.cancel()
+            with contextlib.suppress(BaseException):
+                await self._keeper
+        for follower in list(self.followers.values()):
+            follower.stop()
+        await asyncio.gather(
+            *(rt.close("node shutting down") for rt in list(self.runtimes.values())),
+            return_exceptions=True,
+        )
+        for task in list(self._background):
+            task.cancel()
+
+    def spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
+        task = asyncio.create_task(coro, name=name)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    # ------------------------------------------------------------------ sessions
+
+    def new_session_id(self) -> str:
+        return secrets.token_urlsafe(18)
+
+    async def create_session(self, owner: str) -> SessionRuntime:
+        """A new session owned by ``owner`` (an API key id), driven by this node."""
+        sid = self.new_session_id()
+        meta = {
+            "owner": owner,
+            "provider": self.upstream_factory.provider,
+            "created": f"{time.time():.3f}",
+            "node": self.node_id,
+        }
+        await self.store.create_session(sid, meta)
+        runtime = await self.drive(sid)
+        if runtime is None:  # pragma: no cover - a fresh random id cannot be leased elsewhere
+            raise RuntimeError(f"new session {sid} is leased by another node")
+        return runtime
+
+    async def drive(self, sid: str) -> SessionRuntime | None:
+        """The runtime of ``sid`` on this node, loading it if its lease is free.
+
+        None when another live node holds the lease (the caller follows the log).
+        A session whose previous driver died mid-turn gets an ``interrupt`` and
+        the turn is rerun from history.
+        """
+        runtime = self.runtimes.get(sid)
+        if runtime is not None and not runtime.closed:
+            return runtime
+        lock = self._locks.setdefault(sid, asyncio.Lock())
+        async with lock:
+            runtime = self.runtimes.get(sid)
+            if runtime is not None and not runtime.closed:
+                return runtime
+            if not await self.store.acquire_lease(sid, self.node_id, self.config.lease_ttl):
+                return None
+            try:
+                runtime = await self._load(sid)
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    await self.store.release_lease(sid, self.node_id)
+                raise
+            self.runtimes[sid] = runtime
+            self.metrics.sessions.set(len(self.runtimes))
+            runtime.rerun_interrupted(
+                "the node running this turn stopped; the turn is being rerun — "
+                "discard its partial output"
+            )
+        if not lock.locked():
+            self._locks.pop(sid, None)
+        return runtime
+
+    async def _load(self, sid: str) -> SessionRuntime:
+        store = self.store
+        meta, last_seq, raw_history = await asyncio.gather(
+            store.get_meta(sid), store.last_seq(sid), store.read_history(sid)
+        )
+        history: list[HistoryItem] = [decode_history_item(b) for b in raw_history]
+        meta = meta or {}
+        usage = Usage(
+            input=int(meta.get("usage_input", "0") or 0),
+            output=int(meta.get("usage_output", "0") or 0),
+        )
+        return SessionRuntime(self, sid, last_seq=last_seq, history=history, usage=usage)
+
+    def maybe_release(self, runtime: SessionRuntime) -> None:
+        """Give the session up once no client is attached and no turn runs."""
+        if runtime.closed or runtime.subscribers or runtime.turn is not None:
+            return
+        self.spawn(self._release_when_flushed(runtime), f"release:{runtime.sid}")
+
+    async def _release_when_flushed(self, runtime: SessionRuntime) -> None:
+        await runtime.flushed()
+        if runtime.closed or runtime.subscribers or runtime.turn is not None:
+            return
+        with contextlib.suppress(Exception):
+            await self.store.set_meta(
+                runtime.sid,
+                {
+                    "usage_input": str(runtime.usage.input),
+                    "usage_output": str(runtime.usage.output),
+                },
+            )
+        await runtime.close("idle")
+
+    def forget(self, runtime: SessionRuntime, *, release: bool) -> None:
+        """Called by a runtime that closed: drop it and (if still ours) free the lease."""
+        if self.runtimes.get(runtime.sid) is runtime:
+            del self.runtimes[runtime.sid]
+        self.metrics.sessions.set(len(self.runtimes))
+        if release:
+            self.spawn(self._release_lease(runtime.sid), f"unlease:{runtime.sid}")
+
+    async def _release_lease(self, sid: str) -> None:
+        lock = self._locks.setdefault(sid, asyncio.Lock())
+        async with lock:
+            # A client may have re-attached while the old runtime was closing:
+            # the lease then belongs to the new runtime.
+            if sid in self.runtimes:
+                return
+            with contextlib.suppress(Exception):
+                await self.store.release_lease(sid, self.node_id)
+        if not lock.locked():
+            self._locks.pop(sid, None)
+
+    async def _keep_leases(self) -> None:
+        """Renew every driven session's lease; a session whose lease is gone is dropped."""
+        interval = self.config.lease_ttl / 3
+        while True:
+            await asyncio.sleep(interval)
+            runtimes = [rt for rt in self.runtimes.values() if not rt.closed]
+            if not runtimes:
+                continue
+            results = await asyncio.gather(
+                *(
+                    self.store.renew_lease(rt.sid, self.node_id, self.config.lease_ttl)
+                    for rt in runtimes
+                ),
+                return_exceptions=True,
+            )
+            for rt, ok in zip(runtimes, results, strict=True):
+                if ok is False:
+                    log.warning("session %s: lease taken by another node", rt.sid)
+                    rt.lose("lease lost to another node")
+                # An exception (store down) is not a loss: the lease may still be
+                # ours; appends are fenced, so a real loss shows up there.
+
+    # ------------------------------------------------------------------ tools
+
+    def tool_context(self, sid: str) -> ToolContext:
+        workspace = Path(self.config.workspace_root) / sid
+        workspace.mkdir(parents=True, exist_ok=True)
+        return ToolContext(workspace=workspace, session_id=sid)

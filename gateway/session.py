@@ -1,0 +1,555 @@
+"""One session driven by this node: the event log writer and the turn loop.
+
+A ``SessionRuntime`` exists on the node that holds the session's lease. It owns
+the upstream connection, numbers every event (``seq``), logs it, and only then
+hands it to the attached client connections (**log, then send**). Appends are
+group-committed: events emitted while an append is in flight go out together in
+the next one, so a token costs a share of a round trip, not a round trip.
+
+The turn loop (``_run_turn``): user message → upstream → text deltas → parser →
+events; on ``execute`` the response is stopped, the tools run, ``<results>`` go
+back as a user message and the model continues; ``end`` or the upstream's
+``response.done`` closes the turn, and ``metric`` reports the usage. Upstream
+loss reruns the step on a fresh connection whose context is rebuilt from
+history, after an ``interrupt`` event when the client had seen part of it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Protocol
+
+from protocol.assembly import (
+    HistoryItem,
+    Message,
+    assemble,
+    assistant_text,
+    encode_history_item,
+    results_message,
+)
+from protocol.calls import ToolCall, ToolResult, decode_call, encode_results, result_payload
+from protocol.events import (
+    Call,
+    Cancelled,
+    End,
+    Error,
+    Event,
+    Execute,
+    Interrupt,
+    Metric,
+    Respond,
+    Result,
+    Think,
+    Usage,
+    User,
+    encode,
+)
+from protocol.parser import Parser
+
+from .history import StepRecorder
+from .store.base import LeaseLost, LogEntry, SeqConflict, StoreUnavailable
+from .upstream.base import ResponseDone, TextDelta, Upstream, UpstreamClosed, UpstreamError
+
+if TYPE_CHECKING:
+    from .node import Node
+
+__all__ = ["SessionRuntime", "Subscriber", "TurnState"]
+
+log = logging.getLogger("gateway.session")
+
+
+class Subscriber(Protocol):
+    """A client connection attached to a session (see ``gateway.connection``)."""
+
+    def deliver(self, entries: Sequence[LogEntry]) -> None:
+        """Logged events, in seq order. Must not block."""
+
+    def notify(self, event: Error) -> None:
+        """An unlogged notice for this client (store outage). Must not block."""
+
+    def session_lost(self, reason: str) -> None:
+        """This node stopped driving the session; the client should reconnect."""
+
+    def switch_source(self, runtime: SessionRuntime) -> None:
+        """This node took the session over: the subscriber follows ``runtime`` now."""
+
+
+class TurnState:
+    IDLE = "idle"
+    RUNNING = "running"
+
+
+class _StepOutcome:
+    """How one model step ended."""
+
+    __slots__ = ("calls", "ended", "error", "malformed", "usage")
+
+    def __init__(self) -> None:
+        self.calls: list[ToolCall] = []
+        self.malformed: str | None = None
+        self.ended = False
+        self.error: str | None = None
+        self.usage: Usage | None = None
+
+
+class SessionRuntime:
+    """The live state of one session on the node that drives it."""
+
+    def __init__(
+        self,
+        node: Node,
+        sid: str,
+        *,
+        last_seq: int,
+        history: list[HistoryItem],
+        usage: Usage,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.node = node
+        self.sid = sid
+        self.history = history
+        self.usage = usage
+        self._clock = clock
+        self._seq = last_seq
+        self.delivered_seq = last_seq
+        self._pending: list[LogEntry] = []
+        self._pending_history: list[bytes] = []
+        self._wake = asyncio.Event()
+        self._flushed = asyncio.Event()
+        self._flushed.set()
+        self.subscribers: set[Subscriber] = set()
+        self.upstream: Upstream | None = None
+        self.turn: asyncio.Task[None] | None = None
+        self._cancel_requested = False
+        self._store_down = False
+        self.closed = False
+        self._flusher = asyncio.create_task(self._flush_loop(), name=f"flush:{sid}")
+
+    # ------------------------------------------------------------------ log
+
+    @property
+    def last_seq(self) -> int:
+        """The seq of the newest event emitted (logged or about to be)."""
+        return self._seq
+
+    def emit(self, event: Event) -> None:
+        """Number, stamp and queue an event for logging, then delivery."""
+        self._seq += 1
+        event.seq = self._seq
+        event.timestamp = self._clock()
+        self._pending.append(LogEntry(self._seq, encode(event)))
+        self._flushed.clear()
+        self._wake.set()
+
+    def persist(self, items: Sequence[HistoryItem]) -> None:
+        """Add history items; they are written with the next log append (atomically)."""
+        for item in items:
+            self.history.append(item)
+            self._pending_history.append(encode_history_item(item))
+        self._flushed.clear()
+        self._wake.set()
+
+    async def flushed(self) -> None:
+        """Wait until everything emitted so far is logged and delivered."""
+        await self._flushed.wait()
+
+    async def _flush_loop(self) -> None:
+        store = self.node.store
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            if not self._pending and not self._pending_history:
+                self._flushed.set()
+                continue
+            entries, history = self._pending, self._pending_history
+            self._pending, self._pending_history = [], []
+            try:
+                await store.append(self.sid, self.node.node_id, entries, history)
+            except StoreUnavailable as exc:
+                # Hold the batch (in order) and retry: nothing reaches a client
+                # before it is logged, and nothing emitted is dropped.
+                self._pending[:0] = entries
+                self._pending_history[:0] = history
+                if not self._store_down:
+                    self._store_down = True
+                    self.node.metrics.store_errors.inc()
+                    log.warning("store unavailable for session %s: %s", self.sid, exc)
+                    self._notify(
+                        Error(
+                            code="store",
+                            content=(
+                                "the session store is unavailable; events are held and "
+                                "will be delivered when it returns — stay connected"
+                            ),
+                            seq=self.delivered_seq,
+                            timestamp=self._clock(),
+                        )
+                    )
+                await asyncio.sleep(self.node.store_retry_delay)
+                self._wake.set()
+                continue
+            except (LeaseLost, SeqConflict) as exc:
+                log.warning("session %s: lost ownership while logging: %s", self.sid, exc)
+                self._pending, self._pending_history = [], []
+                self._flushed.set()
+                asyncio.get_running_loop().call_soon(self.lose, str(exc))
+                return
+            if self._store_down:
+                self._store_down = False
+                log.info("store is back for session %s", self.sid)
+            if entries:
+                self.delivered_seq = entries[-1].seq
+                self.node.metrics.events.inc(len(entries))
+                for sub in tuple(self.subscribers):
+                    sub.deliver(entries)
+            if not self._pending and not self._pending_history:
+                self._flushed.set()
+
+    def _notify(self, event: Error) -> None:
+        for sub in tuple(self.subscribers):
+            sub.notify(event)
+
+    # ------------------------------------------------------------------ subscribers
+
+    def attach(self, sub: Subscriber) -> None:
+        self.subscribers.add(sub)
+
+    def detach(self, sub: Subscriber) -> None:
+        self.subscribers.discard(sub)
+        self.node.maybe_release(self)
+
+    @property
+    def idle(self) -> bool:
+        return self.turn is None
+
+    # ------------------------------------------------------------------ commands
+
+    def start_turn(self, text: str) -> Error | None:
+        """Start a turn with the user's text; an ``Error`` reply if one is running."""
+        if self.closed:
+            return Error(code="internal", content="session is closing; reconnect and resend")
+        if self.turn is not None:
+            return Error(
+                code="turn_active",
+                content="a turn is already running; wait for its end event or send cancel",
+            )
+        self._cancel_requested = False
+        self.turn = asyncio.create_task(self._turn_main(text), name=f"turn:{self.sid}")
+        return None
+
+    def cancel_turn(self) -> Error | None:
+        """Cancel the running turn; an ``Error`` reply if there is none."""
+        if self.turn is None or self.turn.done():
+            return Error(code="no_turn", content="no turn is running; nothing to cancel")
+        if not self._cancel_requested:
+            self._cancel_requested = True
+            self.turn.cancel()
+        return None
+
+    def rerun_interrupted(self, reason: str) -> None:
+        """After a takeover: if the last turn was in flight, mark it and rerun it."""
+        if not self.history or not isinstance(self.history[-1], User | Result):
+            return
+        self.emit(Interrupt(content=reason))
+        self.turn = asyncio.create_task(self._turn_main(None), name=f"turn:{self.sid}")
+
+    # ------------------------------------------------------------------ turn loop
+
+    async def _turn_main(self, text: str | None) -> None:
+        node = self.node
+        node.metrics.turns.inc()
+        recorder = StepRecorder()
+        try:
+            if text is not None:
+                user = User(content=text)
+                self.emit(user)
+                self.persist([User(content=text)])
+                message: Message | None = Message(role="user", content=text)
+            else:
+                message = None  # rerun: the last history item is already the prompt
+            await self._run_steps(message, recorder)
+        except asyncio.CancelledError:
+            if not self._cancel_requested:
+                raise
+            await self._finish_cancelled(recorder)
+        except Exception as exc:
+            log.exception("session %s: turn failed", self.sid)
+            self.emit(
+                Error(
+                    code="internal",
+                    content=f"the turn failed inside the gateway ({type(exc).__name__}); "
+                    "send your message again",
+                )
+            )
+            self.persist(recorder.finish())
+            self.emit(End())
+            await self._drop_upstream()
+        finally:
+            self.turn = None
+            self.node.maybe_release(self)
+
+    async def _finish_cancelled(self, recorder: StepRecorder) -> None:
+        # Cancelling leaves the provider's conversation with a partial response;
+        # closing the upstream and reopening from history next turn keeps the
+        # model's context equal to what the history says happened.
+        upstream = self.upstream
+        if upstream is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(upstream.cancel_response(), 2.0)
+        await self._drop_upstream()
+        self.persist([*recorder.finish(), Cancelled(content="cancelled by the user")])
+        self.emit(Cancelled(content="cancelled by the user"))
+
+    async def _drop_upstream(self) -> None:
+        upstream, self.upstream = self.upstream, None
+        if upstream is not None:
+            with contextlib.suppress(Exception):
+                await upstream.close()
+
+    async def _open_upstream(self) -> Upstream:
+        upstream = self.node.upstream_factory.create()
+        await upstream.open(self.node.system_prompt, assemble(self.history))
+        self.upstream = upstream
+        return upstream
+
+    async def _run_steps(self, message: Message | None, recorder: StepRecorder) -> None:
+        """Run model steps until the turn ends (end, failure, cancel, step limit)."""
+        cfg = self.node.config
+        malformed_in_a_row = 0
+        for _ in range(cfg.max_steps):
+            outcome = await self._run_step_with_retries(message, recorder)
+            if outcome is None:  # upstream unreachable: already reported
+                self.persist(recorder.finish())
+                self.emit(End())
+                return
+            if outcome.usage is not None:
+                self.usage = Usage(
+                    input=self.usage.input + outcome.usage.input,
+                    output=self.usage.output + outcome.usage.output,
+                )
+                self.emit(Metric(step=outcome.usage, total=self.usage))
+                self.node.metrics.tokens.labels("input").inc(outcome.usage.input)
+                self.node.metrics.tokens.labels("output").inc(outcome.usage.output)
+            if outcome.error is not None:
+                self.emit(Error(code="upstream", content=outcome.error))
+                self.persist(recorder.finish())
+                self.emit(End())
+                await self._drop_upstream()
+                return
+            if outcome.calls or outcome.malformed is not None:
+                if outcome.malformed is not None:
+                    malformed_in_a_row += 1
+                    results = [
+                        ToolResult(tool="execute", status="failure", content=outcome.malformed)
+                    ]
+                    if malformed_in_a_row > 2:
+                        self.persist(recorder.finish())
+                        self.emit(
+                            Error(
+                                code="malformed_execute",
+                                content="the model wrote three malformed <execute> blocks in a "
+                                "row; the turn is stopped — rephrase the request and try again",
+                            )
+                        )
+                        self.emit(End())
+                        return
+                else:
+                    malformed_in_a_row = 0
+                    results = await self._run_tools(outcome.calls)
+                content = encode_results(results)
+                result = Result(content=content, payload=result_payload(results))
+                self.emit(result)
+                self.persist([*recorder.finish(), Result(content=content, payload=result.payload)])
+                message = results_message(content)
+                recorder = StepRecorder()
+                continue
+            # The step answered: the turn is over.
+            self.persist(recorder.finish())
+            if not outcome.ended:
+                self.emit(End())
+            return
+        self.persist(recorder.finish())
+        self.emit(
+            Error(
+                code="internal",
+                content=f"the turn reached the limit of {cfg.max_steps} model steps and was "
+                "stopped; ask for a smaller task",
+            )
+        )
+        self.emit(End())
+
+    async def _run_tools(self, calls: list[ToolCall]) -> list[ToolResult]:
+        node = self.node
+        node.metrics.tool_calls.inc(len(calls))
+        results = await node.executor.run_batch(calls, node.tool_context(self.sid))
+        failures = sum(1 for r in results if r.status != "success")
+        if failures:
+            node.metrics.tool_failures.inc(failures)
+        return results
+
+    async def _run_step_with_retries(
+        self, message: Message | None, recorder: StepRecorder
+    ) -> _StepOutcome | None:
+        """One model step; on upstream loss, reconnect from history and rerun it."""
+        retries = self.node.config.upstream_retries
+        attempt = 0
+        while True:
+            try:
+                upstream = self.upstream
+                if upstream is None:
+                    # Fresh connection: history already ends with the prompt message.
+                    upstream = await self._open_upstream()
+                elif message is not None:
+                    await upstream.add_message(message)
+                message = None
+                return await self._stream_step(upstream, recorder)
+            except UpstreamClosed as exc:
+                await self._drop_upstream()
+                attempt += 1
+                self.node.metrics.upstream_errors.inc()
+                log.warning(
+                    "session %s: upstream lost (%s), attempt %d/%d",
+                    self.sid,
+                    exc.reason,
+                    attempt,
+                    retries,
+                )
+                if attempt > retries:
+                    self.emit(
+                        Error(
+                            code="upstream",
+                            content=f"the model's API is unreachable ({exc.reason}); "
+                            "the turn was stopped — send your message again later",
+                        )
+                    )
+                    return None
+                if recorder.emitted:
+                    self.emit(
+                        Interrupt(
+                            content=f"upstream connection lost ({exc.reason}); "
+                            "this step is being rerun — discard its partial output"
+                        )
+                    )
+                recorder.finish()  # the partial step is not history
+                recorder.emitted = False
+                await asyncio.sleep(min(0.1 * 2**attempt, 2.0))
+
+    async def _stream_step(self, upstream: Upstream, recorder: StepRecorder) -> _StepOutcome:
+        """Stream one response through a fresh parser until it is done."""
+        outcome = _StepOutcome()
+        parser = Parser()
+        feed = parser.feed
+        emit = self.emit
+        add = recorder.add
+        metrics = self.node.metrics
+        started = time.perf_counter()
+        first = True
+        await upstream.start_response()
+        while True:
+            ev = await upstream.recv()
+            if type(ev) is TextDelta:
+                if first:
+                    first = False
+                    metrics.first_delta.observe(time.perf_counter() - started)
+                if parser.stopped:
+                    continue  # the overrun after </execute> or <end> is discarded
+                for out in feed(ev.text):
+                    self._route(out, outcome, emit, add)
+                if parser.stopped and not outcome.ended:
+                    # </execute> (or a malformed block): stop the model's turn now.
+                    await upstream.cancel_response()
+            elif type(ev) is ResponseDone:
+                if not parser.stopped:
+                    for out in parser.close():
+                        self._route(out, outcome, emit, add)
+                outcome.usage = ev.usage
+                if (
+                    ev.status in ("failed", "incomplete")
+                    and not outcome.calls
+                    and not outcome.ended
+                ):
+                    outcome.error = f"the model's response {ev.status}" + (
+                        f": {ev.detail}" if ev.detail else ""
+                    )
+                if outcome.calls or outcome.malformed is not None:
+                    try:
+                        await upstream.replace_response(
+                            assistant_text(self._step_text_items(recorder))
+                        )
+                    except UpstreamClosed:
+                        await self._drop_upstream()
+                return outcome
+            elif type(ev) is UpstreamError:
+                assert isinstance(ev, UpstreamError)
+                log.warning("session %s: upstream error %s: %s", self.sid, ev.code, ev.message)
+                outcome.error = f"the model's API reported {ev.code}: {ev.message}"
+                return outcome
+
+    @staticmethod
+    def _step_text_items(recorder: StepRecorder) -> list[Think | Call | Respond]:
+        # What the parser accepted, as history would assemble it (without the
+        # block being closed: the recorder keeps its items for persisting).
+        items = recorder.peek()
+        return [i for i in items if isinstance(i, Think | Call | Respond)]
+
+    @staticmethod
+    def _route(
+        out: Event,
+        outcome: _StepOutcome,
+        emit: Callable[[Event], None],
+        add: Callable[[Event], None],
+    ) -> None:
+        kind = type(out)
+        if kind is Think or kind is Respond:
+            add(out)
+            emit(out)
+        elif kind is Call:
+            add(out)
+            outcome.calls.append(decode_call(out.content))  # type: ignore[union-attr]
+            emit(out)
+        elif kind is Execute:
+            emit(out)
+        elif kind is End:
+            outcome.ended = True
+            emit(out)
+        elif kind is Error:
+            assert isinstance(out, Error)
+            if out.code == "malformed_execute":
+                outcome.malformed = out.content
+            emit(out)
+        else:
+            emit(out)
+
+    # ------------------------------------------------------------------ ownership
+
+    def lose(self, reason: str) -> None:
+        """Another node owns the session now: stop everything, tell the clients."""
+        if self.closed:
+            return
+        self.node.spawn(self.close(reason, lost=True), f"lose:{self.sid}")
+
+    async def close(self, reason: str, *, lost: bool = False) -> None:
+        """Stop driving the session (lease lost, drain, idle release)."""
+        if self.closed:
+            return
+        self.closed = True
+        turn = self.turn
+        if turn is not None and not turn.done():
+            turn.cancel()
+            with contextlib.suppress(BaseException):
+                await turn
+        if not lost:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.flushed(), 5.0)
+        self._flusher.cancel()
+        with contextlib.suppress(BaseException):
+            await self._flusher
+        await self._drop_upstream()
+        for sub in tuple(self.subscribers):
+            sub.session_lost(reason)
+        self.subscribers.clear()
+        self.node.forget(self, release=not lost)

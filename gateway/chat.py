@@ -166,10 +166,13 @@ async def run_chat(url: str, *, token: str | None = None, color: bool = True) ->
 async def _session(
     ws: ClientConnection, view: ChatView, lines: asyncio.Queue[str | None], last: int
 ) -> tuple[str, int, bool]:
+    """Serve one connection; returns (session id, last seq, stdin finished)."""
     first = decode_event(await ws.recv())
     assert isinstance(first, Session), f"expected a session frame, got {first!r}"
     view.show(first)
     sid = first.session_id
+    idle = asyncio.Event()
+    idle.set()
 
     async def pump() -> None:
         nonlocal last
@@ -178,6 +181,8 @@ async def _session(
             if event.seq > last:
                 last = event.seq
             view.show(event)
+            if isinstance(event, End | Cancelled):
+                idle.set()
 
     receiver = asyncio.create_task(pump())
     try:
@@ -186,17 +191,25 @@ async def _session(
             done, _ = await asyncio.wait({get, receiver}, return_when=asyncio.FIRST_COMPLETED)
             if receiver in done:
                 get.cancel()
-                receiver.result()  # raises ConnectionClosed → reconnect
+                receiver.result()  # ConnectionClosed → the caller reconnects
                 raise ConnectionClosed(None, None)
             line = get.result()
+            if line is not None and line.strip() == "/cancel":
+                await ws.send(orjson.dumps({"type": "cancel"}).decode())
+                continue
+            if line is not None and not line.strip():
+                continue
+            # One turn at a time: lines typed (or piped) during a turn wait for its end.
+            waiter = asyncio.create_task(idle.wait())
+            await asyncio.wait({waiter, receiver}, return_when=asyncio.FIRST_COMPLETED)
+            waiter.cancel()
+            if receiver.done():
+                receiver.result()
+                raise ConnectionClosed(None, None)
             if line is None:
                 return sid, last, True
-            if not line.strip():
-                continue
-            if line.strip() == "/cancel":
-                await ws.send(orjson.dumps({"type": "cancel"}).decode())
-            else:
-                await ws.send(orjson.dumps({"type": "user", "content": line}).decode())
+            idle.clear()
+            await ws.send(orjson.dumps({"type": "user", "content": line}).decode())
     finally:
         receiver.cancel()
         with contextlib.suppress(BaseException):

@@ -26,6 +26,7 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
         "--provider", choices=["sim", "openai", "gemini"], help="upstream API (default sim)"
     )
     p.add_argument("--model", help="upstream model name")
+    p.add_argument("--openai-base-url", help="OpenAI Realtime base URL (default wss://api.openai.com/v1)")
     p.add_argument("--redis", dest="redis_url", help="Redis URL (default: $REDIS_URL, else memory)")
     p.add_argument("--node-id", help="this node's id in leases and logs (default host-pid-random)")
     p.add_argument("--workspace-root", help="directory holding one tool workspace per session")

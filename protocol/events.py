@@ -70,15 +70,21 @@ class _Base(msgspec.Struct, tag_field="type", kw_only=True):
 
 
 class Think(_Base, tag="think"):
-    """A chunk of the model's reasoning (token mode: one chunk per delta)."""
+    """A chunk of the model's reasoning (token mode: one chunk per delta).
+
+    ``seq_from`` is set only on a frame that coalesces consecutive chunks for a
+    slow client: it carries the chunks ``seq_from..seq`` (content concatenated).
+    """
 
     content: str
+    seq_from: int | msgspec.UnsetType = msgspec.UNSET
 
 
 class Respond(_Base, tag="respond"):
-    """A chunk of the user-facing response."""
+    """A chunk of the user-facing response (``seq_from``: see ``Think``)."""
 
     content: str
+    seq_from: int | msgspec.UnsetType = msgspec.UNSET
 
 
 class Call(_Base, tag="call"):

@@ -134,6 +134,36 @@ class Store(abc.ABC):
     async def lease_owner(self, sid: str) -> str | None:
         """The node holding the lease, or None."""
 
+    # --- counters and slots (per-key limits, see gateway.limits) ---------------
+    # Not abstract, so a store written for tests need not carry them; both
+    # real stores implement them.
+
+    async def incr_window(self, key: str, amount: int, ttl: float) -> int:
+        """Atomically add ``amount`` to counter ``key``; its new value.
+
+        A new counter starts at 0 and expires ``ttl`` s after it was created
+        (adding does not extend it), so ``key`` names a window: a key per
+        minute or per day is a fixed-window rate counter. ``amount`` 0 reads.
+        """
+        raise NotImplementedError(f"{type(self).__name__} has no counters")
+
+    async def acquire_slot(self, key: str, member: str, limit: int, ttl: float) -> bool:
+        """Hold one of ``limit`` slots of ``key`` as ``member`` for ``ttl`` s.
+
+        False when ``limit`` live members already hold one (``limit`` 0: no
+        limit). Members not renewed within their ``ttl`` stop counting, so the
+        slots of a node that died free themselves.
+        """
+        raise NotImplementedError(f"{type(self).__name__} has no slots")
+
+    async def renew_slots(self, key: str, members: Sequence[str], ttl: float) -> None:
+        """Extend the slots ``members`` still hold in ``key`` by ``ttl`` s (heartbeat)."""
+        raise NotImplementedError(f"{type(self).__name__} has no slots")
+
+    async def release_slot(self, key: str, member: str) -> None:
+        """Give the slot up (no-op if ``member`` holds none)."""
+        raise NotImplementedError(f"{type(self).__name__} has no slots")
+
     # --- lifecycle -------------------------------------------------------------
 
     async def ping(self) -> bool:

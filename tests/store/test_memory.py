@@ -1,0 +1,104 @@
+"""``MemoryStore`` specifics: the injectable clock, sweeping, trimming bounds, close."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from gateway.store import MemoryStore
+from tests.store.conftest import FakeClock, poll_until
+from tests.store.test_store import LEASE, entries
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+async def test_renew_extends_the_lease(clock: FakeClock) -> None:
+    store = MemoryStore(clock=clock)
+    assert await store.acquire_lease("s1", "n1", 1.0)
+    clock.advance(0.9)
+    assert await store.renew_lease("s1", "n1", 1.0)
+    clock.advance(0.9)
+    assert await store.lease_owner("s1") == "n1"
+    clock.advance(0.2)
+    assert await store.lease_owner("s1") is None
+
+
+async def test_appends_and_meta_writes_restart_the_idle_ttl(clock: FakeClock) -> None:
+    store = MemoryStore(clock=clock, ttl=10.0)
+    await store.create_session("s1", {"owner": "n1"})
+    await store.acquire_lease("s1", "n1", 1000.0)
+    clock.advance(9.0)
+    await store.append("s1", "n1", entries(1, 1))
+    clock.advance(9.0)
+    await store.set_meta("s1", {"status": "idle"})
+    clock.advance(9.0)
+    assert await store.get_meta("s1") == {"owner": "n1", "status": "idle"}
+    assert await store.last_seq("s1") == 1
+    clock.advance(1.0)
+    assert await store.get_meta("s1") is None
+    assert await store.read_log("s1", 0) == []
+
+
+async def test_reads_do_not_restart_the_idle_ttl(clock: FakeClock) -> None:
+    store = MemoryStore(clock=clock, ttl=10.0)
+    await store.create_session("s1", {"owner": "n1"})
+    clock.advance(9.0)
+    assert await store.get_meta("s1") is not None
+    clock.advance(1.0)
+    assert await store.get_meta("s1") is None
+
+
+async def test_sweep_drops_sessions_nobody_touches(clock: FakeClock) -> None:
+    store = MemoryStore(clock=clock, ttl=10.0)
+    for i in range(100):
+        await store.create_session(f"s{i}", {"owner": "n1"})
+        await store.acquire_lease(f"s{i}", "n1", 5.0)
+    clock.advance(11.0)
+    await store.create_session("fresh", {"owner": "n1"})  # any write may sweep
+    assert list(store._sessions) == ["fresh"]
+    assert store._leases == {}
+
+
+async def test_trim_keeps_at_least_max_log_and_not_much_more(clock: FakeClock) -> None:
+    store = MemoryStore(clock=clock, max_log=100)
+    await store.acquire_lease("s1", "n1", LEASE)
+    for seq in range(1, 1001):
+        await store.append("s1", "n1", entries(seq, 1))
+        kept = await store.last_seq("s1") - await store.first_seq("s1") + 1
+        assert min(seq, 100) <= kept <= 125
+
+
+async def test_close_ends_waiting_followers(clock: FakeClock) -> None:
+    store = MemoryStore(clock=clock)
+    follower = asyncio.create_task(store.wait_log("s1", 0, timeout=30))
+
+    async def waiting() -> bool:
+        return bool(store._waiters)
+
+    await poll_until(waiting, "the follower waits")
+    await store.close()
+    assert await follower == []
+
+
+async def test_a_cancelled_follower_leaves_no_waiter(clock: FakeClock) -> None:
+    store = MemoryStore(clock=clock)
+    follower = asyncio.create_task(store.wait_log("s1", 0, timeout=30))
+
+    async def waiting() -> bool:
+        return bool(store._waiters)
+
+    await poll_until(waiting, "the follower waits")
+    follower.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await follower
+    assert store._waiters == {}
+
+
+@pytest.mark.parametrize(("option", "value"), [("ttl", 0.0), ("max_log", 0)])
+def test_bad_settings_are_refused(option: str, value: float) -> None:
+    with pytest.raises(ValueError, match=option):
+        MemoryStore(**{option: value})  # type: ignore[arg-type]

@@ -1,0 +1,437 @@
+"""``RedisStore`` specifics: key layout, TTLs, group commit, scripts, outages."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import subprocess
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+
+from gateway.store import LeaseLost, LogEntry, RedisStore, SeqConflict, StoreUnavailable
+from tests.store.conftest import poll_until
+from tests.store.test_store import LEASE, entries
+from tests.support.redis_server import RedisServer, free_port
+
+# Outage tests bound every call: a store that hangs instead of failing is the bug.
+FAIL_FAST = 5.0
+
+
+@pytest.fixture
+async def stores(redis_url: str) -> AsyncIterator[list[RedisStore]]:
+    """Stores made by a test, closed after it."""
+    made: list[RedisStore] = []
+    yield made
+    for store in made:
+        await store.close()
+
+
+@pytest.fixture
+async def raw(redis_url: str) -> AsyncIterator[aioredis.Redis]:
+    client = aioredis.Redis.from_url(redis_url)
+    yield client
+    await client.aclose()
+
+
+def make(stores: list[RedisStore], url: str, **options: Any) -> RedisStore:
+    store = RedisStore.from_url(url, **options)
+    stores.append(store)
+    return store
+
+
+# --- layout --------------------------------------------------------------------
+
+
+async def test_key_layout(redis_url: str, stores: list[RedisStore], raw: aioredis.Redis) -> None:
+    store = make(stores, redis_url)
+    await store.create_session("s1", {"owner": "n1"})
+    await store.acquire_lease("s1", "n1", LEASE)
+    await store.append("s1", "n1", entries(1, 2), [b"h1"])
+
+    assert sorted(await raw.keys("*")) == [
+        b"rtgw:{s1}:history",
+        b"rtgw:{s1}:lease",
+        b"rtgw:{s1}:log",
+        b"rtgw:{s1}:meta",
+    ]
+    assert await raw.hgetall("rtgw:{s1}:meta") == {b"owner": b"n1"}
+    assert await raw.xrange("rtgw:{s1}:log") == [
+        (b"1-0", {b"d": entries(1, 1)[0].data}),
+        (b"2-0", {b"d": entries(2, 1)[0].data}),
+    ]
+    assert await raw.lrange("rtgw:{s1}:history", 0, -1) == [b"h1"]
+    assert await raw.get("rtgw:{s1}:lease") == b"n1"
+
+
+async def test_prefix_separates_deployments(
+    redis_url: str, stores: list[RedisStore], raw: aioredis.Redis
+) -> None:
+    a = make(stores, redis_url, prefix="a")
+    b = make(stores, redis_url, prefix="b")
+    await a.create_session("s1", {"owner": "n1"})
+    assert await b.get_meta("s1") is None
+    assert await raw.keys("*") == [b"a:{s1}:meta"]
+
+
+async def test_append_refreshes_idle_ttl_but_not_the_lease(
+    redis_url: str, stores: list[RedisStore], raw: aioredis.Redis
+) -> None:
+    store = make(stores, redis_url, ttl=100.0)
+    await store.create_session("s1", {"owner": "n1"})
+    await store.acquire_lease("s1", "n1", 5.0)
+    for key in ("meta", "log", "history"):  # push the idle TTL down to see it restored
+        await raw.pexpire(f"rtgw:{{s1}}:{key}", 1000)
+    await store.append("s1", "n1", entries(1, 1), [b"h"])
+
+    for key in ("meta", "log", "history"):
+        assert 90_000 < await raw.pttl(f"rtgw:{{s1}}:{key}") <= 100_000, key
+    # The lease keeps its own, short TTL: an append must never extend it.
+    assert 0 < await raw.pttl("rtgw:{s1}:lease") <= 5000
+
+
+async def test_set_meta_refreshes_idle_ttl(
+    redis_url: str, stores: list[RedisStore], raw: aioredis.Redis
+) -> None:
+    store = make(stores, redis_url, ttl=100.0)
+    await store.create_session("s1", {"owner": "n1"})
+    await raw.pexpire("rtgw:{s1}:meta", 1000)
+    await store.set_meta("s1", {"status": "idle"})
+    assert await raw.pttl("rtgw:{s1}:meta") > 90_000
+
+
+async def test_lease_ttls_are_milliseconds(
+    redis_url: str, stores: list[RedisStore], raw: aioredis.Redis
+) -> None:
+    store = make(stores, redis_url)
+    await store.acquire_lease("s1", "n1", 2.5)
+    assert 0 < await raw.pttl("rtgw:{s1}:lease") <= 2500
+    assert await store.renew_lease("s1", "n1", 30.0)
+    assert 29_000 < await raw.pttl("rtgw:{s1}:lease") <= 30_000
+    assert await store.acquire_lease("s1", "n1", 60.0)  # ours: refreshed
+    assert 59_000 < await raw.pttl("rtgw:{s1}:lease") <= 60_000
+
+
+# --- group commit ------------------------------------------------------------
+
+
+class GatedStore(RedisStore):
+    """Holds every round trip until the test opens the gate: a flush "in flight"."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.gate = asyncio.Event()
+
+    async def _send(self, conn: Any, batch: Any) -> Any:
+        await self.gate.wait()
+        return await super()._send(conn, batch)
+
+
+async def test_appends_made_during_a_flush_go_in_the_next_one(
+    redis_url: str, stores: list[RedisStore]
+) -> None:
+    store = GatedStore(redis_url)
+    stores.append(store)
+    for i in range(100):
+        await store.acquire_lease(f"s{i}", "n1", LEASE)
+
+    first = asyncio.create_task(store.append("s0", "n1", entries(1, 1)))
+
+    async def in_flight() -> bool:
+        return store.stats.flushes == 1
+
+    await poll_until(in_flight, "the first flush starts")
+    later = []
+    for i in range(100):  # one per loop tick, all while the first flush is held
+        later.append(asyncio.create_task(store.append(f"s{i}", "n1", entries(1 + (i == 0), 1))))
+        await asyncio.sleep(0)
+    store.gate.set()
+    await asyncio.gather(first, *later)
+
+    assert store.stats.flushes == 2
+    assert store.stats.max_batch == 100
+    assert await store.read_log("s0", 0) == entries(1, 2)
+
+
+async def test_max_batch_splits_big_queues(redis_url: str, stores: list[RedisStore]) -> None:
+    store = make(stores, redis_url, max_batch=16)
+    await store.acquire_lease("s1", "n1", LEASE)
+    await asyncio.gather(*(store.append("s1", "n1", entries(seq, 1)) for seq in range(1, 101)))
+    assert store.stats.max_batch == 16
+    assert store.stats.flushes == 7
+    assert await store.read_log("s1", 0) == entries(1, 100)
+
+
+async def test_a_cancelled_append_still_lands(redis_url: str, stores: list[RedisStore]) -> None:
+    """Later appends of the session count on it, so cancelling does not withdraw it."""
+    store = make(stores, redis_url)
+    await store.acquire_lease("s1", "n1", LEASE)
+    task = asyncio.create_task(store.append("s1", "n1", entries(1, 1)))
+    await asyncio.sleep(0)  # let it queue
+    task.cancel()
+    await store.append("s1", "n1", entries(2, 1))
+    assert await store.read_log("s1", 0) == entries(1, 2)
+
+
+async def test_close_lets_queued_appends_finish(redis_url: str, raw: aioredis.Redis) -> None:
+    store = RedisStore.from_url(redis_url)
+    await store.acquire_lease("s1", "n1", LEASE)
+    tasks = [asyncio.create_task(store.append("s1", "n1", entries(s, 1))) for s in range(1, 11)]
+    await asyncio.sleep(0)  # queued, not flushed yet
+    await store.close()
+    await asyncio.gather(*tasks)
+    assert await raw.xlen("rtgw:{s1}:log") == 10
+
+
+# --- scripts -------------------------------------------------------------------
+
+
+async def test_noscript_after_script_flush_reloads(
+    redis_url: str, stores: list[RedisStore], raw: aioredis.Redis
+) -> None:
+    store = make(stores, redis_url)
+    await store.acquire_lease("s1", "n1", LEASE)
+    await store.append("s1", "n1", entries(1, 1))
+
+    await raw.script_flush()
+    await asyncio.gather(*(store.append("s1", "n1", entries(s, 1)) for s in range(2, 6)))
+    assert store.stats.noscript_reloads == 1
+    assert await store.read_log("s1", 0) == entries(1, 5)
+
+    await raw.script_flush()
+    assert await store.renew_lease("s1", "n1", LEASE)
+    assert store.stats.noscript_reloads == 2
+    with pytest.raises(LeaseLost):
+        await store.append("s1", "n2", entries(6, 1))
+
+
+async def test_the_portable_reply_parser_gives_the_same_results(
+    redis_url: str, stores: list[RedisStore], raw: aioredis.Redis
+) -> None:
+    """``bulk_replies = False`` reads replies through redis-py's own parser."""
+    store = make(stores, redis_url)
+    store.bulk_replies = False
+    for sid in ("a", "b"):
+        await store.acquire_lease(sid, "n1", LEASE)
+    await store.acquire_lease("taken", "other", LEASE)
+
+    results = await asyncio.gather(
+        *(store.append("a", "n1", entries(seq, 1)) for seq in range(1, 51)),
+        store.append("b", "n1", entries(7, 1)),
+        store.append("taken", "n1", entries(1, 1)),
+        return_exceptions=True,
+    )
+    assert results[:50] == [None] * 50
+    assert isinstance(results[50], SeqConflict)
+    assert isinstance(results[51], LeaseLost)
+    assert await store.read_log("a", 0) == entries(1, 50)
+
+    await raw.script_flush()
+    await store.append("a", "n1", entries(51, 1))
+    assert store.stats.noscript_reloads == 1
+
+
+# --- blocking pool -------------------------------------------------------------
+
+
+async def test_followers_do_not_starve_the_command_pool(
+    redis_url: str, stores: list[RedisStore]
+) -> None:
+    leader = make(stores, redis_url, max_connections=2)
+    await leader.acquire_lease("s1", "n1", LEASE)
+    followers = [asyncio.create_task(leader.wait_log("s1", 0, timeout=30)) for _ in range(8)]
+
+    async def all_blocked() -> bool:
+        info = await leader._r.info("clients")
+        return int(info["blocked_clients"]) == 8
+
+    await poll_until(all_blocked, "8 followers block")
+    async with asyncio.timeout(2):  # the 2 command connections are still free
+        await leader.append("s1", "n1", entries(1, 1))
+        assert await leader.last_seq("s1") == 1
+    assert await asyncio.gather(*followers) == [entries(1, 1)] * 8
+
+
+# --- outages -------------------------------------------------------------------
+
+
+@pytest.fixture
+def own_server(tmp_path: Path) -> Iterator[RedisServer]:
+    """A server of this test's own, to stop, kill and restart."""
+    server = RedisServer(tmp_path / "redis")
+    server.start()
+    yield server
+    if server.proc is not None:
+        os.kill(server.proc.pid, signal.SIGCONT)
+    server.stop()
+
+
+async def expect_unavailable(server: RedisServer, awaitable: Any) -> StoreUnavailable:
+    async with asyncio.timeout(FAIL_FAST):
+        with pytest.raises(StoreUnavailable) as caught:
+            await awaitable
+    message = str(caught.value)
+    assert f"127.0.0.1:{server.port}" in message
+    assert "REDIS_URL" in message
+    return caught.value
+
+
+async def test_outage_fails_fast_and_recovers(own_server: RedisServer) -> None:
+    store = RedisStore.from_url(own_server.url)  # default timeouts: fail fast by default
+    try:
+        await store.create_session("s1", {"owner": "n1"})
+        await store.acquire_lease("s1", "n1", LEASE)
+        await store.append("s1", "n1", entries(1, 2))
+        connects = store.stats.connects
+
+        await asyncio.to_thread(own_server.stop)
+        for call in (
+            store.append("s1", "n1", entries(3, 1)),
+            store.read_log("s1", 0),
+            store.wait_log("s1", 2, timeout=10),
+            store.get_meta("s1"),
+            store.create_session("s2", {"owner": "n1"}),
+            store.acquire_lease("s1", "n1", LEASE),
+            store.lease_owner("s1"),
+            store.last_seq("s1"),
+            store.read_history("s1"),
+        ):
+            await expect_unavailable(own_server, call)
+        appends = [store.append("s1", "n1", entries(3, 1)) for _ in range(5)]
+        results = await asyncio.gather(*appends, return_exceptions=True)
+        assert all(isinstance(r, StoreUnavailable) for r in results)
+        assert not await store.ping()
+
+        await asyncio.to_thread(own_server.start)  # same port, empty: no persistence
+        assert await store.ping()
+        assert await store.get_meta("s1") is None
+        assert await store.acquire_lease("s1", "n1", LEASE)
+        await store.append("s1", "n1", entries(1, 1))  # the scripts are back
+        assert await store.read_log("s1", 0) == entries(1, 1)
+        assert store.stats.connects > connects
+        assert store.stats.noscript_reloads == 0  # loaded on connect, never missed
+    finally:
+        await store.close()
+
+
+async def test_appends_survive_a_restart_while_idle(own_server: RedisServer) -> None:
+    """The group commit keeps its connection; a restart closes it; no append may fail for that."""
+    store = RedisStore.from_url(own_server.url)
+    try:
+        await store.acquire_lease("s1", "n1", LEASE)
+        await store.append("s1", "n1", entries(1, 1))
+        await asyncio.to_thread(own_server.restart)
+        assert await store.acquire_lease("s1", "n1", LEASE)  # the data went with it
+        await store.append("s1", "n1", entries(1, 1))
+        assert await store.read_log("s1", 0) == entries(1, 1)
+    finally:
+        await store.close()
+
+
+async def test_crash_wakes_blocked_followers_with_an_error(own_server: RedisServer) -> None:
+    store = RedisStore.from_url(own_server.url)
+    try:
+        await store.acquire_lease("s1", "n1", LEASE)
+        follower = asyncio.create_task(store.wait_log("s1", 0, timeout=30))
+
+        async def blocked() -> bool:
+            info = await store._r.info("clients")
+            return int(info["blocked_clients"]) == 1
+
+        await poll_until(blocked, "the follower blocks")
+        await asyncio.to_thread(own_server.kill)
+        await expect_unavailable(own_server, follower)
+    finally:
+        await store.close()
+
+
+async def test_a_hung_redis_fails_within_the_socket_timeout(own_server: RedisServer) -> None:
+    """SIGSTOP: the TCP connection stays up but nothing answers (a network partition)."""
+    assert own_server.proc is not None
+    store = RedisStore.from_url(own_server.url, socket_timeout=0.5, connect_timeout=0.5)
+    try:
+        await store.acquire_lease("s1", "n1", LEASE)
+        await store.append("s1", "n1", entries(1, 1))
+
+        os.kill(own_server.proc.pid, signal.SIGSTOP)
+        await expect_unavailable(own_server, store.append("s1", "n1", entries(2, 1)))
+        await expect_unavailable(own_server, store.read_log("s1", 0))
+        await expect_unavailable(own_server, store.wait_log("s1", 5, timeout=0.2))
+        assert not await store.ping()
+        # A new connection's handshake must time out too, not retry inside itself.
+        fresh = RedisStore.from_url(own_server.url, socket_timeout=0.5, connect_timeout=0.5)
+        try:
+            await expect_unavailable(own_server, fresh.get_meta("s1"))
+            await expect_unavailable(own_server, fresh.append("s1", "n1", entries(2, 1)))
+        finally:
+            await fresh.close()
+
+        os.kill(own_server.proc.pid, signal.SIGCONT)
+        # The timed-out append may or may not have landed: the caller re-reads.
+        last = await store.last_seq("s1")
+        assert last in (1, 2)
+        await store.append("s1", "n1", entries(last + 1, 1))
+        assert await store.last_seq("s1") == last + 1
+    finally:
+        await store.close()
+
+
+async def test_construction_needs_no_redis() -> None:
+    port = free_port()  # nothing listens there
+    store = RedisStore.from_url(f"redis://127.0.0.1:{port}/0")
+    try:
+        assert not await store.ping()
+        async with asyncio.timeout(FAIL_FAST):
+            with pytest.raises(StoreUnavailable, match=f"127.0.0.1:{port} is unreachable"):
+                await store.get_meta("s1")
+            with pytest.raises(
+                StoreUnavailable, match=r"may or may not be stored|nothing was stored"
+            ):
+                await store.append("s1", "n1", entries(1, 1))
+    finally:
+        await store.close()
+
+
+# --- URLs ----------------------------------------------------------------------
+
+
+@pytest.fixture
+def unix_socket(tmp_path: Path) -> Iterator[Path]:
+    """A redis-server listening only on a unix socket."""
+    binary = shutil.which("redis-server")
+    assert binary is not None
+    sock = tmp_path / "redis.sock"
+    proc = subprocess.Popen(
+        [binary, "--port", "0", "--unixsocket", str(sock), "--save", "", "--appendonly", "no"],
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    yield sock
+    proc.terminate()
+    proc.wait(5)
+
+
+async def test_unix_socket_url(unix_socket: Path) -> None:
+    store = RedisStore.from_url(f"unix://{unix_socket}")
+    try:
+
+        async def up() -> bool:
+            return await store.ping()
+
+        await poll_until(up, "redis on a unix socket answers")
+        await store.acquire_lease("s1", "n1", LEASE)
+        await store.append("s1", "n1", [LogEntry(1, b"x")])
+        assert await store.read_log("s1", 0) == [LogEntry(1, b"x")]
+    finally:
+        await store.close()
+
+
+def test_resp3_urls_are_refused() -> None:
+    with pytest.raises(ValueError, match="RESP2"):
+        RedisStore.from_url("redis://127.0.0.1:6379/0?protocol=3")

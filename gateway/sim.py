@@ -1,30 +1,27 @@
-"""The simulator: a deterministic "model" behind the OpenAI Realtime (GA) wire protocol.
+"""The simulator: the deterministic model of ``gateway.sim_model`` behind a realtime wire.
 
-It serves ``/v1/realtime`` the way the real API does, so the adapter is tested
-end to end over real sockets and the official ``openai`` SDK can connect to it
-(``AsyncOpenAI(websocket_base_url=sim.url)``). Frames are the Structs of
-``gateway.upstream.openai_wire``: one definition of the wire for both sides.
+Two flavours share one model (``sim_reply``), one pacing (``Pacer``) and one
+set of knobs (``SimConfig``), so a scripted conversation gives the same text
+on either provider:
 
-The model (``sim_reply``) speaks the seed's text protocol, driven by the last
-user message:
+- ``openai`` (this module): serves ``/v1/realtime`` the way the OpenAI
+  Realtime (GA) API does, so the OpenAI adapter is tested end to end over real
+  sockets and the official ``openai`` SDK can connect to it
+  (``AsyncOpenAI(websocket_base_url=sim.url)``). Frames are the Structs of
+  ``gateway.upstream.openai_wire``: one definition of the wire for both sides.
+- ``gemini`` (``gateway.sim_gemini``): serves the Gemini Live
+  ``BidiGenerateContent`` endpoint.
 
-- ``/tool NAME {JSON args}`` → a think, then one call of NAME in an
-  ``<execute>`` block, then (knob ``overrun``) text a real model might write
-  past ``</execute>``, which the gateway must discard. Args are copied
-  verbatim, so tests can make malformed calls.
-- a message starting with ``<results>`` → a think, then ``The tool returned
-  STATUS.`` quoting the first result's status, then ``<end>``.
-- ``/raw TEXT`` → exactly TEXT (scripted output, markers and all).
-- anything else → a think, then ``Echo: MESSAGE``, then ``<end>``.
+``serve_sim(SimConfig(flavor=...))`` runs either; ``gateway sim --flavor``
+on the command line.
 
 Knobs (``SimConfig``) shape timing and faults for load and failure tests:
 tokens per second, chunk size, first-token delay, dropping the TCP connection
-after N deltas, and an API key to enforce.
+after N deltas, an API key to enforce, and (Gemini) a ``goAway``.
 
 Cost per connection is one handler task (the reader) plus, while a response
 runs, one generator task; there is no task or timer per token beyond the one
-sleep that paces it, and pacing is computed from the response's start time so
-it does not drift under load.
+sleep that paces it.
 """
 
 from __future__ import annotations
@@ -34,18 +31,32 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import ssl as ssl_module
 from collections.abc import AsyncIterator, Callable
 from typing import Final
 
 import msgspec
-from websockets.asyncio.server import Server, ServerConnection, serve
+from websockets.asyncio.server import ServerConnection
 from websockets.datastructures import Headers
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
 from gateway.upstream import openai_wire as wire
 
+from .sim_model import (
+    Pacer,
+    Sim,
+    SimConfig,
+    SimConnection,
+    SimConversation,
+    SimItem,
+    SimStats,
+    estimate_tokens,
+    sim_reply,
+)
+
 __all__ = [
+    "OpenAISim",
     "Sim",
     "SimConfig",
     "SimConversation",
@@ -63,123 +74,8 @@ log = logging.getLogger(__name__)
 PATH: Final = "/v1/realtime"
 DEFAULT_MODEL: Final = "gpt-realtime"
 
-_MAX_FRAME: Final = 16 * 2**20
-_BACKLOG: Final = 4096
-# A response that sends without sleeping (unpaced, or behind its schedule)
-# yields to the event loop every this many deltas.
-_YIELD_EVERY: Final = 4
-
-
-class SimConfig(msgspec.Struct, frozen=True, kw_only=True):
-    """The simulator's knobs.
-
-    - ``tokens_per_second``: deltas per second per response; 0 = as fast as
-      possible (still yielding to the event loop every few deltas).
-    - ``chunk_size``: characters per ``response.output_text.delta``.
-    - ``first_token_delay``: seconds between ``response.create`` and the first delta.
-    - ``drop_after``: abort the TCP connection (no close frame) once this many
-      deltas were sent on it; ``None`` never.
-    - ``overrun``: after a tool call, keep writing past ``</execute>`` as real
-      models do.
-    - ``api_key``: when set, handshakes without ``Authorization: Bearer <key>``
-      get HTTP 401.
-    """
-
-    tokens_per_second: float = 0.0
-    chunk_size: int = 4
-    first_token_delay: float = 0.0
-    drop_after: int | None = None
-    overrun: bool = True
-    api_key: str | None = None
-
-    def __post_init__(self) -> None:
-        if self.tokens_per_second < 0:
-            raise ValueError("tokens_per_second must be >= 0 (0 = as fast as possible)")
-        if self.chunk_size < 1:
-            raise ValueError("chunk_size must be >= 1")
-        if self.first_token_delay < 0:
-            raise ValueError("first_token_delay must be >= 0")
-        if self.drop_after is not None and self.drop_after < 0:
-            raise ValueError("drop_after must be >= 0 (or None to never drop)")
-
-
-# --- the model ----------------------------------------------------------------------
-
-
-def sim_reply(message: str, *, overrun: bool = True) -> str:
-    """The simulated model's whole output for the last user ``message``."""
-    if message.startswith("/raw"):
-        rest = message[4:]
-        if not rest or rest[0] == " ":
-            return rest[1:]
-    if message.startswith("/tool"):
-        parts = message[5:].split(None, 1)
-        if parts and message[5:6].isspace():
-            return _tool_reply(parts[0], parts[1].strip() if len(parts) > 1 else "{}", overrun)
-    if message.lstrip().startswith("<results>"):
-        return f"<think>The tool answered.</think>{_results_reply(message)}<end>"
-    return f"<think>The user said something.</think>Echo: {message}<end>"
-
-
-def _tool_reply(name: str, args: str, overrun: bool) -> str:
-    quoted = msgspec.json.encode(name).decode()
-    text = (
-        f"<think>I should call {name}.</think>\n"
-        f'<execute>\n[{{"name": {quoted}, "args": {args}}}]\n</execute>'
-    )
-    if overrun:
-        text += (
-            f'\n\n<results>\n[{{"tool": {quoted}, "status": "success", '
-            f'"content": "hallucinated"}}]\n</results>\n\nThe tool succeeded (I made that up).'
-        )
-    return text
-
-
-def _results_reply(message: str) -> str:
-    start = message.find("<results>") + len("<results>")
-    end = message.rfind("</results>")
-    body = message[start:end] if end >= start else message[start:]
-    try:
-        results = msgspec.json.decode(body.strip())
-    except msgspec.DecodeError:
-        return "The results were unreadable."
-    if isinstance(results, list) and results and isinstance(results[0], dict):
-        status = results[0].get("status")
-        if isinstance(status, str):
-            return f"The tool returned {status}."
-    return "The results were unreadable."
-
 
 # --- state and snapshots --------------------------------------------------------------
-
-
-class SimItem(msgspec.Struct, frozen=True):
-    """One conversation item as the simulator holds it (for tests)."""
-
-    id: str
-    role: str
-    text: str
-    status: str = "completed"
-
-
-class SimConversation(msgspec.Struct, frozen=True):
-    """A snapshot of one connection's conversation (for tests)."""
-
-    instructions: str
-    items: list[SimItem]
-
-    def messages(self) -> list[tuple[str, str]]:
-        """``(role, text)`` of every item, in conversation order."""
-        return [(item.role, item.text) for item in self.items]
-
-
-class SimStats(msgspec.Struct):
-    """Counters over the simulator's lifetime (cheap; for load tests and logs)."""
-
-    connections: int = 0
-    connections_total: int = 0
-    responses_total: int = 0
-    deltas_total: int = 0
 
 
 class _Item:
@@ -230,7 +126,7 @@ _CLIENT_TYPES: Final = frozenset(
 )
 
 
-class _Connection:
+class _Connection(SimConnection):
     """One client connection: its conversation, and at most one running response."""
 
     __slots__ = (
@@ -245,7 +141,7 @@ class _Connection:
         "ws",
     )
 
-    def __init__(self, sim: Sim, ws: ServerConnection, no: int, model: str) -> None:
+    def __init__(self, sim: OpenAISim, ws: ServerConnection, no: int, model: str) -> None:
         self.sim = sim
         self.ws = ws
         self.no = no
@@ -474,7 +370,7 @@ class _Connection:
             self._new_id("resp"),
             item,
             sim_reply(last_user, overrun=config.overrun),
-            max(1, context // 4),
+            estimate_tokens(context),
         )
         self.response = response  # before any await: a second create is refused
         self.sim.stats.responses_total += 1
@@ -541,24 +437,14 @@ class _Connection:
     async def _generate(self, response: _Response) -> None:
         config = self.sim.config
         try:
-            if config.first_token_delay > 0:
-                await asyncio.sleep(config.first_token_delay)
+            pacer = Pacer(config)
+            await pacer.begin()
             if self._drop_due():
                 return
-            loop = asyncio.get_running_loop()
-            interval = 1.0 / config.tokens_per_second if config.tokens_per_second > 0 else 0.0
-            start = loop.time()
             text, size, total = response.text, config.chunk_size, len(response.text)
             stats = self.sim.stats
             while response.sent < total:
-                # Due times count from the start, so a late wake-up does not
-                # push every later delta back; a response running behind (or
-                # unpaced) still yields every few deltas so none starves the rest.
-                delay = start + response.deltas * interval - loop.time() if interval else 0.0
-                if delay > 0:
-                    await asyncio.sleep(delay)
-                elif response.deltas % _YIELD_EVERY == _YIELD_EVERY - 1:
-                    await asyncio.sleep(0)
+                await pacer.wait(response.deltas)
                 chunk = text[response.sent : response.sent + size]
                 # Count before the send: the frame is written before ``send`` can suspend.
                 response.sent += len(chunk)
@@ -583,12 +469,7 @@ class _Connection:
             pass
 
     def _drop_due(self) -> bool:
-        drop_after = self.sim.config.drop_after
-        if drop_after is None or self.deltas_sent < drop_after:
-            return False
-        log.info("sim connection %d: dropping after %d deltas", self.no, self.deltas_sent)
-        self.ws.transport.abort()
-        return True
+        return self.sim.drop_due(self.no, self.ws, self.deltas_sent)
 
     async def _finish(self, response: _Response, status: str) -> None:
         """The closing events of ``response``, ending with ``response.done``."""
@@ -678,47 +559,19 @@ class _Connection:
 # --- the server -----------------------------------------------------------------------
 
 
-class Sim:
-    """A running simulator (from ``serve_sim``): its address, state and counters."""
+class OpenAISim(Sim):
+    """The OpenAI Realtime flavour: ``/v1/realtime``, ``Authorization: Bearer``."""
 
-    def __init__(self, config: SimConfig) -> None:
-        self.config = config
-        self.stats = SimStats()
-        self.host = ""
-        self.port = 0
-        self._server: Server | None = None
-        self._live: dict[int, _Connection] = {}
-        self._numbers = itertools.count(1)
+    flavor = "openai"
 
     @property
     def url(self) -> str:
         """The WebSocket base URL (``ws://HOST:PORT/v1``) for an adapter or the SDK."""
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"ws://{host}:{self.port}/v1"
+        return f"{self.address}/v1"
 
-    def conversations(self) -> list[SimConversation]:
-        """Snapshots of the open connections' conversations, oldest connection first."""
-        return [conn.snapshot() for conn in self._live.values()]
-
-    async def start(self, host: str = "127.0.0.1", port: int = 0) -> None:
-        self._server = await serve(
-            self._handler,
-            host,
-            port,
-            compression=None,
-            process_request=self._process_request,
-            max_size=_MAX_FRAME,
-            backlog=_BACKLOG,
-        )
-        sockname = self._server.sockets[0].getsockname()
-        self.host, self.port = str(sockname[0]), int(sockname[1])
-
-    async def close(self) -> None:
-        """Stop accepting, close every connection (1001) and wait for them (idempotent)."""
-        server, self._server = self._server, None
-        if server is not None:
-            server.close()
-            await server.wait_closed()
+    @property
+    def endpoint(self) -> str:
+        return f"{self.address}{PATH}"
 
     def _process_request(self, connection: ServerConnection, request: Request) -> Response | None:
         path = request.path.partition("?")[0]
@@ -736,33 +589,39 @@ class Sim:
             return Response(401, "Unauthorized", headers, body)
         return None
 
-    async def _handler(self, ws: ServerConnection) -> None:
+    def _connection(self, ws: ServerConnection, no: int) -> _Connection:
         query = ws.request.path.partition("?")[2] if ws.request is not None else ""
         model = DEFAULT_MODEL
         for pair in query.split("&"):
             name, _, value = pair.partition("=")
             if name == "model" and value:
                 model = value
-        no = next(self._numbers)
-        conn = _Connection(self, ws, no, model)
-        self._live[no] = conn
-        self.stats.connections += 1
-        self.stats.connections_total += 1
-        try:
-            await conn.run()
-        finally:
-            del self._live[no]
-            self.stats.connections -= 1
-            await conn.stop()
+        return _Connection(self, ws, no, model)
+
+
+def _make_sim(config: SimConfig) -> Sim:
+    if config.flavor == "gemini":
+        from .sim_gemini import GeminiSim
+
+        return GeminiSim(config)
+    return OpenAISim(config)
 
 
 @contextlib.asynccontextmanager
 async def serve_sim(
-    config: SimConfig | None = None, host: str = "127.0.0.1", port: int = 0
+    config: SimConfig | None = None,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    *,
+    ssl: ssl_module.SSLContext | None = None,
 ) -> AsyncIterator[Sim]:
-    """Run a simulator for the ``async with`` block (``port=0``: any free port)."""
-    sim = Sim(config or SimConfig())
-    await sim.start(host, port)
+    """Run a simulator of ``config.flavor`` for the ``async with`` block.
+
+    ``port=0``: any free port. With ``ssl`` it serves ``wss://`` (the
+    ``google-genai`` SDK always connects with TLS).
+    """
+    sim = _make_sim(config or SimConfig())
+    await sim.start(host, port, ssl=ssl)
     try:
         yield sim
     finally:
@@ -778,7 +637,7 @@ async def run_sim(
 ) -> None:
     """Serve until cancelled (``gateway sim``). ``on_ready`` is called once listening."""
     async with serve_sim(config, host, port) as sim:
-        log.info("simulator listening on %s/realtime", sim.url)
+        log.info("simulator (%s) listening on %s", sim.flavor, sim.endpoint)
         if on_ready is not None:
             on_ready(sim)
         await asyncio.Event().wait()
@@ -815,6 +674,13 @@ def add_sim_arguments(parser: argparse.ArgumentParser, *, prefix: str = "") -> N
     embeds the simulator; destinations are always ``sim_*``, so they never clash.
     """
     group = parser.add_argument_group("simulator")
+    group.add_argument(
+        f"--{prefix}flavor",
+        dest="sim_flavor",
+        choices=("openai", "gemini"),
+        default="openai",
+        help="wire protocol to serve: OpenAI Realtime or Gemini Live (default openai)",
+    )
     group.add_argument(
         f"--{prefix}tokens-per-second",
         dest="sim_tokens_per_second",
@@ -858,17 +724,28 @@ def add_sim_arguments(parser: argparse.ArgumentParser, *, prefix: str = "") -> N
         dest="sim_api_key",
         default=None,
         metavar="KEY",
-        help="require 'Authorization: Bearer KEY' (default: accept any)",
+        help="require KEY: 'Authorization: Bearer KEY' (openai), '?key=KEY' or "
+        "'x-goog-api-key: KEY' (gemini) (default: accept any)",
+    )
+    group.add_argument(
+        f"--{prefix}go-away-after",
+        dest="sim_go_away_after",
+        type=_non_negative_int,
+        default=None,
+        metavar="N",
+        help="gemini: send goAway after N deltas on a connection, close it when the turn ends",
     )
 
 
 def sim_config_from_args(ns: argparse.Namespace) -> SimConfig:
     """The ``SimConfig`` of flags defined by ``add_sim_arguments``."""
     return SimConfig(
+        flavor=ns.sim_flavor,
         tokens_per_second=ns.sim_tokens_per_second,
         chunk_size=ns.sim_chunk_size,
         first_token_delay=ns.sim_first_token_delay,
         drop_after=ns.sim_drop_after,
         overrun=ns.sim_overrun,
         api_key=ns.sim_api_key,
+        go_away_after=ns.sim_go_away_after,
     )

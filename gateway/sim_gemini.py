@@ -1,0 +1,410 @@
+"""The Gemini Live flavour of the simulator: ``BidiGenerateContent`` over a WebSocket.
+
+It serves ``/ws/google.ai.generativelanguage.v1beta.GenerativeService.BidiGenerateContent``
+the way the Gemini API does, with the model, pacing and knobs of
+``gateway.sim_model`` (the same text, in the same chunks, as the OpenAI
+flavour), so the Gemini adapter is tested end to end over real sockets and
+the official ``google-genai`` SDK can connect to it. Frames are the Structs
+of ``gateway.upstream.gemini_wire``.
+
+The protocol as served:
+
+- The key comes as ``?key=KEY`` or the ``x-goog-api-key`` header (the SDK's
+  way). With ``api_key`` set, a missing or wrong key is refused the way the
+  API does it: the WebSocket handshake succeeds and the connection is closed
+  (1007 "API key not valid. …") once the setup message arrives.
+- The first message must be ``setup``: ``model`` ``models/NAME``,
+  ``generationConfig.responseModalities`` ``["TEXT"]`` (the simulator writes
+  text only), optional ``systemInstruction``. Answer: ``{"setupComplete": {}}``.
+- ``clientContent`` appends its turns (roles ``user``/``model``); with
+  ``turnComplete: true`` the model answers the last user turn: ``modelTurn``
+  parts of ``chunk_size`` characters paced by ``tokens_per_second``, then
+  ``generationComplete``, then ``turnComplete`` together with ``usageMetadata``.
+- A ``clientContent`` arriving while the model writes interrupts it: the turn
+  keeps the text sent so far, ``{"serverContent": {"interrupted": true}}`` is
+  sent (no ``turnComplete`` for that turn), then the new content is processed.
+- Invalid frames close the connection with 1007 and a reason in the API's
+  words ("Invalid JSON payload received. Unknown name …"), as the real service
+  does; field names are accepted in camelCase or snake_case (protobuf JSON).
+- Knobs: ``drop_after`` aborts the TCP connection; ``go_away_after`` sends
+  ``goAway`` and closes the connection (1000) when the running turn ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from typing import Final
+from urllib.parse import parse_qs
+
+import msgspec
+from websockets.asyncio.server import ServerConnection
+from websockets.exceptions import ConnectionClosed
+from websockets.http11 import Request, Response
+
+from gateway.upstream import gemini_wire as wire
+
+from .sim_model import (
+    Pacer,
+    Sim,
+    SimConnection,
+    SimConversation,
+    SimItem,
+    estimate_tokens,
+    sim_reply,
+)
+
+__all__ = ["API_VERSIONS", "PATH", "GeminiSim", "endpoint_path"]
+
+log = logging.getLogger("gateway.sim")
+
+API_VERSIONS: Final = ("v1beta", "v1alpha")
+PATH: Final = "/ws/google.ai.generativelanguage.v1beta.GenerativeService.BidiGenerateContent"
+
+# What the simulated session announces in ``goAway`` (it then closes at the end of the turn).
+_GO_AWAY_TIME_LEFT: Final = "10s"
+
+_UNKNOWN_FIELD: Final = re.compile(r"unknown field `([^`]*)`(?: - at `\$\.?([^`]*)`)?")
+
+
+def endpoint_path(api_version: str = "v1beta") -> str:
+    """The ``BidiGenerateContent`` path of an API version."""
+    return f"/ws/google.ai.generativelanguage.{api_version}.GenerativeService.BidiGenerateContent"
+
+
+_PATHS: Final = frozenset(endpoint_path(version) for version in API_VERSIONS)
+
+
+def _reason(text: str) -> str:
+    """``text`` cut to a close frame's 123-byte reason limit (on a character boundary)."""
+    data = text.encode()
+    if len(data) <= 123:
+        return text
+    return data[:120].decode("utf-8", "ignore") + "..."
+
+
+def _invalid_payload(exc: msgspec.ValidationError) -> str:
+    """A msgspec validation error in the API's words."""
+    match = _UNKNOWN_FIELD.search(str(exc))
+    if match is not None:
+        name, path = match.group(1), match.group(2)
+        where = f" at '{path}'" if path else ""
+        return f'Invalid JSON payload received. Unknown name "{name}"{where}: Cannot find field.'
+    return f"Invalid JSON payload received. {exc}"
+
+
+class _Turn:
+    __slots__ = ("role", "status", "text")
+
+    def __init__(self, role: str, text: str, status: str = "completed") -> None:
+        self.role = role
+        self.text = text
+        self.status = status
+
+
+class _Generation:
+    """The model turn being written: its text, progress and task."""
+
+    __slots__ = ("chunks", "finishing", "prompt_tokens", "sent", "task", "text", "turn")
+
+    def __init__(self, turn: _Turn, text: str, prompt_tokens: int) -> None:
+        self.turn = turn
+        self.text = text
+        self.prompt_tokens = prompt_tokens
+        self.sent = 0  # characters of ``text`` sent
+        self.chunks = 0
+        self.finishing = False
+        self.task: asyncio.Task[None] | None = None
+
+
+class _Connection(SimConnection):
+    """One client connection: setup state, its conversation, at most one model turn."""
+
+    __slots__ = (
+        "chunks_sent",
+        "generation",
+        "going_away",
+        "instructions",
+        "key",
+        "model",
+        "no",
+        "sim",
+        "turns",
+        "ws",
+    )
+
+    def __init__(self, sim: GeminiSim, ws: ServerConnection, no: int, key: str | None) -> None:
+        self.sim = sim
+        self.ws = ws
+        self.no = no
+        self.key = key
+        self.model = ""  # set by setup; "" until then
+        self.instructions = ""
+        self.turns: list[_Turn] = []
+        self.generation: _Generation | None = None
+        self.chunks_sent = 0
+        self.going_away = False
+
+    def snapshot(self) -> SimConversation:
+        items = [
+            SimItem(f"turn_{self.no}_{n}", t.role, t.text, t.status)
+            for n, t in enumerate(self.turns, 1)
+        ]
+        return SimConversation(instructions=self.instructions, items=items)
+
+    async def _send(self, message: wire.ServerMessage) -> None:
+        await self.ws.send(wire.encode(message), text=True)
+
+    async def _refuse(self, code: int, reason: str) -> None:
+        log.info("sim connection %d: closing %d: %s", self.no, code, reason)
+        await self.ws.close(code, _reason(reason))
+
+    # --- the connection's life ----------------------------------------------------
+
+    async def run(self) -> None:
+        try:
+            while True:
+                data = await self.ws.recv(decode=False)
+                await self._dispatch(data)
+        except ConnectionClosed:
+            pass
+
+    async def stop(self) -> None:
+        generation, self.generation = self.generation, None
+        if generation is not None and generation.task is not None and not generation.task.done():
+            generation.task.cancel()
+            await asyncio.wait([generation.task])
+
+    async def _dispatch(self, data: bytes) -> None:
+        try:
+            message = wire.decode_client_message(data)
+        except msgspec.ValidationError as exc:  # (a DecodeError subclass: test it first)
+            await self._refuse(1007, _invalid_payload(exc))
+            return
+        except msgspec.DecodeError as exc:
+            await self._refuse(1007, f"Invalid JSON payload received. {exc}")
+            return
+        kinds = [
+            name
+            for name, value in (
+                ("setup", message.setup),
+                ("clientContent", message.client_content),
+                ("realtimeInput", message.realtime_input),
+                ("toolResponse", message.tool_response),
+            )
+            if value is not None
+        ]
+        if len(kinds) != 1:
+            await self._refuse(
+                1007,
+                "Invalid JSON payload received: a message sets exactly one of setup, "
+                f"clientContent, realtimeInput, toolResponse (got {len(kinds)}).",
+            )
+        elif not self.model:
+            if message.setup is None:
+                await self._refuse(1007, f"The first message must be setup, got {kinds[0]}.")
+            else:
+                await self._setup(message.setup)
+        elif message.client_content is not None:
+            await self._client_content(message.client_content)
+        elif message.setup is not None:
+            await self._refuse(1007, "setup is sent once, as the first message.")
+        else:
+            await self._refuse(
+                1007, f"The simulator supports text clientContent only; got {kinds[0]}."
+            )
+
+    # --- client messages ----------------------------------------------------------
+
+    async def _setup(self, setup: wire.Setup) -> None:
+        expected = self.sim.config.api_key
+        if expected is not None and self.key != expected:
+            if not self.key:
+                await self._refuse(
+                    1008,
+                    "Method doesn't allow unregistered callers: pass an API key "
+                    "(?key=KEY or the x-goog-api-key header).",
+                )
+            else:
+                await self._refuse(1007, "API key not valid. Please pass a valid API key.")
+            return
+        name = setup.model.removeprefix("models/")
+        if not setup.model.startswith("models/") or not name or "/" in name:
+            await self._refuse(
+                1008,
+                f"{setup.model} is not found for API version v1beta, or is not supported "
+                "for bidiGenerateContent (use models/NAME).",
+            )
+            return
+        config = setup.generation_config
+        modalities = config.response_modalities if config is not None else None
+        if modalities != ["TEXT"]:
+            got = ", ".join(modalities) if modalities else "AUDIO (the default)"
+            await self._refuse(
+                1007,
+                f"The requested combination of response modalities ({got}) is not supported "
+                'by the simulator: set responseModalities ["TEXT"].',
+            )
+            return
+        instruction = setup.system_instruction
+        if instruction is not None:
+            self.instructions = "".join(part.text or "" for part in instruction.parts)
+        self.model = setup.model
+        await self._send(wire.ServerMessage(setup_complete=wire.SetupComplete()))
+
+    async def _client_content(self, content: wire.ClientContent) -> None:
+        turns = content.turns or []
+        for turn in turns:
+            if turn.role not in ("user", "model"):
+                await self._refuse(1007, "Please use a valid role: user, model.")
+                return
+        if self.generation is not None:
+            await self._interrupt(self.generation)
+        for turn in turns:
+            text = "".join(part.text or "" for part in turn.parts)
+            self.turns.append(_Turn(turn.role or "user", text))
+        if content.turn_complete:
+            self._respond()
+
+    async def _interrupt(self, generation: _Generation) -> None:
+        """Cut the running turn at what was sent, unless it is already finishing."""
+        task = generation.task
+        if generation.finishing:
+            if task is not None:
+                await asyncio.wait([task])
+            return
+        self.generation = None
+        if task is not None and not task.done():
+            task.cancel()
+            await asyncio.wait([task])
+        generation.turn.text = generation.text[: generation.sent]
+        generation.turn.status = "incomplete"
+        await self._send(wire.ServerMessage(server_content=wire.ServerContent(interrupted=True)))
+
+    def _respond(self) -> None:
+        config = self.sim.config
+        last_user = next((t.text for t in reversed(self.turns) if t.role == "user"), "")
+        context = len(self.instructions) + sum(len(t.text) for t in self.turns)
+        turn = _Turn("model", "", "in_progress")
+        self.turns.append(turn)
+        generation = _Generation(
+            turn, sim_reply(last_user, overrun=config.overrun), estimate_tokens(context)
+        )
+        self.generation = generation
+        self.sim.stats.responses_total += 1
+        generation.task = asyncio.create_task(self._generate(generation))
+
+    # --- generation ---------------------------------------------------------------
+
+    async def _generate(self, generation: _Generation) -> None:
+        config = self.sim.config
+        try:
+            pacer = Pacer(config)
+            await pacer.begin()
+            if self._drop_due():
+                return
+            await self._maybe_go_away()
+            text, size, total = generation.text, config.chunk_size, len(generation.text)
+            stats = self.sim.stats
+            while generation.sent < total:
+                await pacer.wait(generation.chunks)
+                chunk = text[generation.sent : generation.sent + size]
+                # Count before the send: the frame is written before ``send`` can suspend.
+                generation.sent += len(chunk)
+                generation.chunks += 1
+                self.chunks_sent += 1
+                stats.deltas_total += 1
+                await self._send(
+                    wire.ServerMessage(
+                        server_content=wire.ServerContent(
+                            model_turn=wire.Content(parts=[wire.Part(text=chunk)], role="model")
+                        )
+                    )
+                )
+                if self._drop_due():
+                    return
+                await self._maybe_go_away()
+            generation.finishing = True
+            await self._finish(generation)
+        except ConnectionClosed:
+            pass
+
+    def _drop_due(self) -> bool:
+        return self.sim.drop_due(self.no, self.ws, self.chunks_sent)
+
+    async def _maybe_go_away(self) -> None:
+        after = self.sim.config.go_away_after
+        if self.going_away or after is None or self.chunks_sent < after:
+            return
+        self.going_away = True
+        log.info("sim connection %d: goAway after %d chunks", self.no, self.chunks_sent)
+        await self._send(wire.ServerMessage(go_away=wire.GoAway(time_left=_GO_AWAY_TIME_LEFT)))
+
+    async def _finish(self, generation: _Generation) -> None:
+        """``generationComplete``, then ``turnComplete`` with the turn's usage."""
+        generation.turn.text = generation.text
+        generation.turn.status = "completed"
+        # The turn stops being interruptible here: content sent by a client that
+        # saw turnComplete starts a new turn.
+        if self.generation is generation:
+            self.generation = None
+        prompt, response = generation.prompt_tokens, generation.chunks
+        usage = wire.UsageMetadata(
+            prompt_token_count=prompt,
+            response_token_count=response,
+            total_token_count=prompt + response,
+            prompt_tokens_details=[wire.ModalityTokenCount(modality="TEXT", token_count=prompt)],
+            response_tokens_details=[
+                wire.ModalityTokenCount(modality="TEXT", token_count=response)
+            ],
+        )
+        await self._send(
+            wire.ServerMessage(server_content=wire.ServerContent(generation_complete=True))
+        )
+        await self._send(
+            wire.ServerMessage(
+                server_content=wire.ServerContent(turn_complete=True), usage_metadata=usage
+            )
+        )
+        if self.going_away:
+            await self.ws.close(1000, "session time limit reached (after goAway)")
+
+
+class GeminiSim(Sim):
+    """The Gemini Live flavour (see the module docstring)."""
+
+    flavor = "gemini"
+
+    @property
+    def url(self) -> str:
+        """The base URL (``ws://HOST:PORT``) for ``GeminiLive(base_url=...)``."""
+        return self.address
+
+    @property
+    def http_url(self) -> str:
+        """The base URL for the SDK (``genai.Client(http_options={"base_url": ...})``).
+
+        The SDK always connects with ``wss://``: serve with ``ssl`` for it.
+        """
+        return self.address.replace("ws", "http", 1)
+
+    @property
+    def endpoint(self) -> str:
+        return f"{self.address}{PATH}"
+
+    def _process_request(self, connection: ServerConnection, request: Request) -> Response | None:
+        path = request.path.partition("?")[0]
+        if path not in _PATHS:
+            return connection.respond(
+                404, f"Not found: the Live endpoint is {PATH} (or its v1alpha version)\n"
+            )
+        return None
+
+    def _connection(self, ws: ServerConnection, no: int) -> _Connection:
+        key: str | None = None
+        if ws.request is not None:
+            query = parse_qs(ws.request.path.partition("?")[2])
+            keys = query.get("key")
+            key = keys[0] if keys else ws.request.headers.get("x-goog-api-key")
+        return _Connection(self, ws, no, key)

@@ -1,0 +1,346 @@
+"""The simulator's model, knobs and server plumbing, shared by both wire flavours.
+
+The simulator exists so the adapters, the gateway and the official SDKs are
+tested end to end over real sockets against a deterministic "model". It
+speaks two wire protocols — OpenAI Realtime (``gateway.sim``) and Gemini Live
+(``gateway.sim_gemini``) — with ONE behaviour, defined here, so the same
+scripted conversation gives the same text on either provider and a
+conformance test can compare them:
+
+- ``sim_reply``: what the model writes for the last user message;
+- ``Pacer``: when each chunk of it goes out (tokens per second, first-token
+  delay), computed from the response's start so it does not drift under load;
+- ``SimConfig``: the knobs, including the faults (drop the TCP connection
+  after N chunks, announce the end of the session);
+- ``Sim``: the server's life (listen, count, snapshot, close), whatever the flavour.
+
+The model (``sim_reply``) speaks the seed's text protocol, driven by the last
+user message:
+
+- ``/tool NAME {JSON args}`` → a think, then one call of NAME in an
+  ``<execute>`` block, then (knob ``overrun``) text a real model might write
+  past ``</execute>``, which the gateway must discard. Args are copied
+  verbatim, so tests can make malformed calls.
+- a message starting with ``<results>`` → a think, then ``The tool returned
+  STATUS.`` quoting the first result's status, then ``<end>``.
+- ``/raw TEXT`` → exactly TEXT (scripted output, markers and all).
+- anything else → a think, then ``Echo: MESSAGE``, then ``<end>``.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import itertools
+import logging
+import ssl as ssl_module
+from typing import Final, Literal
+
+import msgspec
+from websockets.asyncio.server import Server, ServerConnection, serve
+from websockets.http11 import Request, Response
+
+__all__ = [
+    "Pacer",
+    "Sim",
+    "SimConfig",
+    "SimConnection",
+    "SimConversation",
+    "SimItem",
+    "SimStats",
+    "estimate_tokens",
+    "sim_reply",
+]
+
+log = logging.getLogger("gateway.sim")
+
+Flavor = Literal["openai", "gemini"]
+
+_MAX_FRAME: Final = 16 * 2**20
+_BACKLOG: Final = 4096
+# A response that sends without sleeping (unpaced, or behind its schedule)
+# yields to the event loop every this many chunks.
+_YIELD_EVERY: Final = 4
+
+
+class SimConfig(msgspec.Struct, frozen=True, kw_only=True):
+    """The simulator's knobs.
+
+    - ``flavor``: the wire protocol served, ``openai`` (Realtime, ``/v1/realtime``)
+      or ``gemini`` (Live, ``/ws/…BidiGenerateContent``).
+    - ``tokens_per_second``: chunks per second per response; 0 = as fast as
+      possible (still yielding to the event loop every few chunks).
+    - ``chunk_size``: characters per chunk (an OpenAI ``response.output_text.delta``,
+      a Gemini ``serverContent.modelTurn`` part).
+    - ``first_token_delay``: seconds between the request and the first chunk.
+    - ``drop_after``: abort the TCP connection (no close frame) once this many
+      chunks were sent on it; ``None`` never.
+    - ``overrun``: after a tool call, keep writing past ``</execute>`` as real
+      models do.
+    - ``api_key``: when set, a client without it is refused: OpenAI with HTTP
+      401 (``Authorization: Bearer``), Gemini by closing with 1007 after the
+      setup message (``?key=`` or ``x-goog-api-key``), as the real APIs do.
+    - ``go_away_after`` (Gemini): once this many chunks were sent on a
+      connection, send ``goAway`` and close the connection (1000) when the
+      running turn ends, like a Live session reaching its time limit.
+    """
+
+    flavor: Flavor = "openai"
+    tokens_per_second: float = 0.0
+    chunk_size: int = 4
+    first_token_delay: float = 0.0
+    drop_after: int | None = None
+    overrun: bool = True
+    api_key: str | None = None
+    go_away_after: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.flavor not in ("openai", "gemini"):
+            raise ValueError(f"flavor must be 'openai' or 'gemini', got {self.flavor!r}")
+        if self.tokens_per_second < 0:
+            raise ValueError("tokens_per_second must be >= 0 (0 = as fast as possible)")
+        if self.chunk_size < 1:
+            raise ValueError("chunk_size must be >= 1")
+        if self.first_token_delay < 0:
+            raise ValueError("first_token_delay must be >= 0")
+        if self.drop_after is not None and self.drop_after < 0:
+            raise ValueError("drop_after must be >= 0 (or None to never drop)")
+        if self.go_away_after is not None and self.go_away_after < 0:
+            raise ValueError("go_away_after must be >= 0 (or None to never send goAway)")
+
+
+# --- the model ----------------------------------------------------------------------
+
+
+def sim_reply(message: str, *, overrun: bool = True) -> str:
+    """The simulated model's whole output for the last user ``message``."""
+    if message.startswith("/raw"):
+        rest = message[4:]
+        if not rest or rest[0] == " ":
+            return rest[1:]
+    if message.startswith("/tool"):
+        parts = message[5:].split(None, 1)
+        if parts and message[5:6].isspace():
+            return _tool_reply(parts[0], parts[1].strip() if len(parts) > 1 else "{}", overrun)
+    if message.lstrip().startswith("<results>"):
+        return f"<think>The tool answered.</think>{_results_reply(message)}<end>"
+    return f"<think>The user said something.</think>Echo: {message}<end>"
+
+
+def _tool_reply(name: str, args: str, overrun: bool) -> str:
+    quoted = msgspec.json.encode(name).decode()
+    text = (
+        f"<think>I should call {name}.</think>\n"
+        f'<execute>\n[{{"name": {quoted}, "args": {args}}}]\n</execute>'
+    )
+    if overrun:
+        text += (
+            f'\n\n<results>\n[{{"tool": {quoted}, "status": "success", '
+            f'"content": "hallucinated"}}]\n</results>\n\nThe tool succeeded (I made that up).'
+        )
+    return text
+
+
+def _results_reply(message: str) -> str:
+    start = message.find("<results>") + len("<results>")
+    end = message.rfind("</results>")
+    body = message[start:end] if end >= start else message[start:]
+    try:
+        results = msgspec.json.decode(body.strip())
+    except msgspec.DecodeError:
+        return "The results were unreadable."
+    if isinstance(results, list) and results and isinstance(results[0], dict):
+        status = results[0].get("status")
+        if isinstance(status, str):
+            return f"The tool returned {status}."
+    return "The results were unreadable."
+
+
+def estimate_tokens(chars: int) -> int:
+    """The simulated token count of ``chars`` characters of context (at least 1).
+
+    Both flavours report input usage with it, so a conversation costs the
+    same on either.
+    """
+    return max(1, chars // 4)
+
+
+class Pacer:
+    """When each chunk of one response is due.
+
+    Due times count from the first chunk's, so a late wake-up does not push
+    every later chunk back; a response running behind (or unpaced) still
+    yields to the loop every few chunks, so no response starves the others.
+    """
+
+    __slots__ = ("_delay", "_interval", "_loop", "_start")
+
+    def __init__(self, config: SimConfig) -> None:
+        self._interval = 1.0 / config.tokens_per_second if config.tokens_per_second > 0 else 0.0
+        self._delay = config.first_token_delay
+        self._loop = asyncio.get_running_loop()
+        self._start = 0.0
+
+    async def begin(self) -> None:
+        """Wait out the first-token delay; chunk 0 is due right after."""
+        if self._delay > 0:
+            await asyncio.sleep(self._delay)
+        self._start = self._loop.time()
+
+    async def wait(self, index: int) -> None:
+        """Wait until chunk number ``index`` (from 0) is due."""
+        if self._interval:
+            delay = self._start + index * self._interval - self._loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+                return
+        if index % _YIELD_EVERY == _YIELD_EVERY - 1:
+            await asyncio.sleep(0)
+
+
+# --- state and snapshots --------------------------------------------------------------
+
+
+class SimItem(msgspec.Struct, frozen=True):
+    """One conversation item (a turn) as the simulator holds it (for tests).
+
+    ``role`` is the flavour's own: ``user``/``assistant``/``system`` (OpenAI),
+    ``user``/``model`` (Gemini).
+    """
+
+    id: str
+    role: str
+    text: str
+    status: str = "completed"
+
+
+class SimConversation(msgspec.Struct, frozen=True):
+    """A snapshot of one connection's conversation (for tests)."""
+
+    instructions: str
+    items: list[SimItem]
+
+    def messages(self) -> list[tuple[str, str]]:
+        """``(role, text)`` of every item, in conversation order."""
+        return [(item.role, item.text) for item in self.items]
+
+
+class SimStats(msgspec.Struct):
+    """Counters over the simulator's lifetime (cheap; for load tests and logs)."""
+
+    connections: int = 0
+    connections_total: int = 0
+    responses_total: int = 0
+    deltas_total: int = 0
+
+
+# --- the server -----------------------------------------------------------------------
+
+
+class SimConnection(abc.ABC):
+    """One client connection of a flavour's server."""
+
+    @abc.abstractmethod
+    async def run(self) -> None:
+        """Serve the connection until it closes."""
+
+    @abc.abstractmethod
+    async def stop(self) -> None:
+        """Stop any running response (the connection is gone)."""
+
+    @abc.abstractmethod
+    def snapshot(self) -> SimConversation: ...
+
+
+class Sim(abc.ABC):
+    """A running simulator (from ``serve_sim``): its address, state and counters.
+
+    The flavours (``gateway.sim.OpenAISim``, ``gateway.sim_gemini.GeminiSim``)
+    supply the handshake check and the per-connection protocol.
+    """
+
+    flavor: str = ""
+
+    def __init__(self, config: SimConfig) -> None:
+        self.config = config
+        self.stats = SimStats()
+        self.host = ""
+        self.port = 0
+        self.scheme = "ws"
+        self._server: Server | None = None
+        self._live: dict[int, SimConnection] = {}
+        self._numbers = itertools.count(1)
+
+    @property
+    @abc.abstractmethod
+    def url(self) -> str:
+        """The base URL a client of this flavour is configured with."""
+
+    @property
+    @abc.abstractmethod
+    def endpoint(self) -> str:
+        """The WebSocket endpoint's full URL (for logs and humans)."""
+
+    @property
+    def address(self) -> str:
+        """``scheme://host:port`` (IPv6 hosts bracketed)."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{self.scheme}://{host}:{self.port}"
+
+    def conversations(self) -> list[SimConversation]:
+        """Snapshots of the open connections' conversations, oldest connection first."""
+        return [conn.snapshot() for conn in self._live.values()]
+
+    async def start(
+        self, host: str = "127.0.0.1", port: int = 0, *, ssl: ssl_module.SSLContext | None = None
+    ) -> None:
+        """Listen (``port=0``: any free port); with ``ssl`` the URLs are ``wss://``."""
+        self._server = await serve(
+            self._handler,
+            host,
+            port,
+            compression=None,
+            process_request=self._process_request,
+            max_size=_MAX_FRAME,
+            backlog=_BACKLOG,
+            ssl=ssl,
+        )
+        sockname = self._server.sockets[0].getsockname()
+        self.host, self.port = str(sockname[0]), int(sockname[1])
+        self.scheme = "wss" if ssl is not None else "ws"
+
+    async def close(self) -> None:
+        """Stop accepting, close every connection (1001) and wait for them (idempotent)."""
+        server, self._server = self._server, None
+        if server is not None:
+            server.close()
+            await server.wait_closed()
+
+    def drop_due(self, conn_no: int, ws: ServerConnection, chunks_sent: int) -> bool:
+        """Abort ``ws``'s TCP connection if ``drop_after`` chunks were sent on it."""
+        drop_after = self.config.drop_after
+        if drop_after is None or chunks_sent < drop_after:
+            return False
+        log.info("sim connection %d: dropping after %d chunks", conn_no, chunks_sent)
+        ws.transport.abort()
+        return True
+
+    @abc.abstractmethod
+    def _process_request(self, connection: ServerConnection, request: Request) -> Response | None:
+        """Refuse a handshake (wrong path, key) with an HTTP response, or ``None``."""
+
+    @abc.abstractmethod
+    def _connection(self, ws: ServerConnection, no: int) -> SimConnection: ...
+
+    async def _handler(self, ws: ServerConnection) -> None:
+        no = next(self._numbers)
+        conn = self._connection(ws, no)
+        self._live[no] = conn
+        self.stats.connections += 1
+        self.stats.connections_total += 1
+        try:
+            await conn.run()
+        finally:
+            del self._live[no]
+            self.stats.connections -= 1
+            await conn.stop()

@@ -25,21 +25,31 @@ log = logging.getLogger("gateway")
 
 @contextlib.asynccontextmanager
 async def _upstream_factory(config: Config) -> AsyncIterator[UpstreamFactory]:
+    from .upstream.gemini import DEFAULT_MODEL as GEMINI_DEFAULT_MODEL
+    from .upstream.gemini import GeminiLiveFactory
     from .upstream.openai import OpenAIRealtimeFactory
 
     if config.provider == "sim":
         from .sim import SimConfig, serve_sim
 
         sim_config = SimConfig(
+            flavor=config.sim_flavor,
             tokens_per_second=config.sim_tokens_per_second,
             chunk_size=config.sim_chunk_size,
             first_token_delay=config.sim_first_token_delay,
             drop_after=config.sim_drop_after,
         )
         async with serve_sim(sim_config, host="127.0.0.1", port=0) as sim:
-            factory = OpenAIRealtimeFactory(
-                base_url=sim.url, model=config.model or "sim", api_key="sim"
-            )
+            # The simulator speaks the chosen provider's wire: the real adapter drives it.
+            factory: UpstreamFactory
+            if config.sim_flavor == "gemini":
+                factory = GeminiLiveFactory(
+                    base_url=sim.url, model=config.model or "sim", api_key="sim"
+                )
+            else:
+                factory = OpenAIRealtimeFactory(
+                    base_url=sim.url, model=config.model or "sim", api_key="sim"
+                )
             factory.provider = "sim"
             yield factory
         return
@@ -54,7 +64,18 @@ async def _upstream_factory(config: Config) -> AsyncIterator[UpstreamFactory]:
             api_key=config.openai_api_key,
         )
         return
-    raise ConfigError(f"provider {config.provider!r} is not available: use sim or openai")
+    if config.provider == "gemini":
+        if not config.gemini_api_key:
+            raise ConfigError(
+                "provider gemini needs an API key: set GEMINI_API_KEY (or GATEWAY_GEMINI_API_KEY)"
+            )
+        yield GeminiLiveFactory(
+            base_url=config.gemini_base_url,
+            model=config.model or GEMINI_DEFAULT_MODEL,
+            api_key=config.gemini_api_key,
+        )
+        return
+    raise ConfigError(f"provider {config.provider!r} is not available: use sim, openai or gemini")
 
 
 @contextlib.asynccontextmanager

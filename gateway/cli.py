@@ -27,6 +27,15 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--model", help="upstream model name")
     p.add_argument("--openai-base-url", help="OpenAI Realtime base URL (default wss://api.openai.com/v1)")
+    p.add_argument(
+        "--gemini-base-url",
+        help="Gemini Live base URL (default wss://generativelanguage.googleapis.com)",
+    )
+    p.add_argument(
+        "--sim-flavor",
+        choices=["openai", "gemini"],
+        help="wire protocol of the built-in simulator (default openai)",
+    )
     p.add_argument("--redis", dest="redis_url", help="Redis URL (default: $REDIS_URL, else memory)")
     p.add_argument("--node-id", help="this node's id in leases and logs (default host-pid-random)")
     p.add_argument("--workspace-root", help="directory holding one tool workspace per session")
@@ -50,6 +59,9 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--log-level", help="DEBUG, INFO, WARNING (default INFO)")
     p.add_argument("--log-json", action="store_const", const=True, help="JSON log lines")
+    from .edges import add_serve_arguments
+
+    add_serve_arguments(p)  # auth, limits, backpressure
 
 
 async def _serve(config: Config) -> int:
@@ -63,6 +75,8 @@ async def _serve(config: Config) -> int:
     if config.provider == "sim":
         log.info("upstream: built-in simulator (set --provider openai for the real API)")
     async with running_gateway(config) as gateway:
+        with contextlib.suppress(NotImplementedError):  # SIGHUP: re-read the API keys file
+            loop.add_signal_handler(signal.SIGHUP, gateway.edges.reload_keys)
         # One line tools and tests can wait for.
         print(f"gateway listening on {gateway.url}", flush=True)
         await stop.wait()
@@ -83,7 +97,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from .sim import add_sim_arguments
 
-    sim_p = sub.add_parser("sim", help="run the upstream simulator (OpenAI Realtime wire protocol)")
+    sim_p = sub.add_parser("sim", help="run the upstream simulator (OpenAI Realtime or Gemini Live wire protocol)")
     sim_p.add_argument("--host", default="127.0.0.1")
     sim_p.add_argument("--port", type=int, default=8800)
     add_sim_arguments(sim_p)
@@ -93,6 +107,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     chat_p.add_argument("--token", help="API key (Bearer)")
     chat_p.add_argument("--no-color", action="store_true")
 
+    from .keys import add_keys_arguments
+
+    keys_p = sub.add_parser("keys", help="issue, list and revoke API keys (file or Redis)")
+    add_keys_arguments(keys_p)
+
     args = parser.parse_args(argv)
     try:
         if args.command == "serve":
@@ -100,19 +119,32 @@ def main(argv: Sequence[str] | None = None) -> int:
                 k: v for k, v in vars(args).items() if k != "command" and v is not None
             }
             config = load_config(overrides)
-            setup_logging(config.log_level, json=config.log_json)
+            setup_logging(config.log_level, json=config.log_json, node=config.node_id)
             return asyncio.run(_serve(config))
         if args.command == "sim":
             from .sim import run_sim, sim_config_from_args
 
-            setup_logging("INFO")
-            print(f"simulator listening on ws://{args.host}:{args.port}/v1/realtime", flush=True)
-            asyncio.run(run_sim(sim_config_from_args(args), args.host, args.port))
+            setup_logging("WARNING")
+            asyncio.run(
+                run_sim(
+                    sim_config_from_args(args),
+                    args.host,
+                    args.port,
+                    # The actual URL (with --port 0) for people and test harnesses.
+                    on_ready=lambda sim: print(
+                        f"simulator listening on {sim.endpoint}", flush=True
+                    ),
+                )
+            )
             return 0
         if args.command == "chat":
             from .chat import run_chat
 
             return asyncio.run(run_chat(args.url, token=args.token, color=not args.no_color))
+        if args.command == "keys":
+            from .keys import run_keys
+
+            return run_keys(args)
     except ConfigError as exc:
         print(f"gateway: {exc}", file=sys.stderr)
         return 2

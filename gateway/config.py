@@ -55,6 +55,8 @@ class Config(msgspec.Struct, kw_only=True):
     sim_chunk_size: int = 4
     sim_first_token_delay: float = 0.0
     sim_drop_after: int | None = None
+    # The wire protocol the in-process simulator speaks (and so the adapter that drives it).
+    sim_flavor: Literal["openai", "gemini"] = "openai"
 
     # --- store ---
     redis_url: str = ""
@@ -76,6 +78,28 @@ class Config(msgspec.Struct, kw_only=True):
     # Frames queued for one client before it is switched to catch-up from the log.
     send_queue_frames: int = 4096
     drain_timeout: float = 30.0
+
+    # --- production edges (gateway.edges; checked there, see docs/operations.md) ---
+    # API keys as `key_id:sha256hex` lines; reloaded on change and on SIGHUP.
+    api_keys_file: str = ""
+    # Also accept the keys in Redis (hash {key_prefix}:keys, sha256hex → key_id).
+    api_keys_redis: bool = False
+    # Run without API keys on a non-loopback host (refused otherwise).
+    insecure_no_auth: bool = False
+    # Comma-separated Origin values browsers may connect from ("" = any).
+    allowed_origins: str = ""
+    # Open client connections per node (HTTP 503 beyond) and per API key across
+    # nodes (HTTP 429 beyond); turns per minute and tokens per day per key. 0 = no limit.
+    max_connections: int = 10_000
+    max_connections_per_key: int = 0
+    turns_per_minute: int = 0
+    tokens_per_day: int = 0
+    # Queued frames above which a client's consecutive think/respond chunks are
+    # merged into one frame (0 = never); bytes the socket buffers before sends
+    # wait; seconds a client may stop reading before it is closed with 4008 (0 = never).
+    coalesce_after: int = 1024
+    write_limit: int = 32_768
+    slow_client_timeout: float = 15.0
 
     # --- logs ---
     log_level: str = "INFO"

@@ -47,13 +47,6 @@ class StepRecorder:
         self._kind = None
         self._buf = []
 
-    def peek(self) -> list[HistoryItem]:
-        """The step's items so far, the open block included, without closing it."""
-        items = list(self._items)
-        if self._kind is not None and self._buf:
-            items.append(self._kind(content="".join(self._buf)))
-        return items
-
     def finish(self) -> list[HistoryItem]:
         """The step's items, blocks merged; the recorder is empty afterwards."""
         self._close_block()

@@ -27,7 +27,6 @@ from protocol.assembly import (
     HistoryItem,
     Message,
     assemble,
-    assistant_text,
     encode_history_item,
     results_message,
 )
@@ -159,36 +158,30 @@ class SessionRuntime:
 
     async def _flush_loop(self) -> None:
         store = self.node.store
+        # A batch whose append failed with StoreUnavailable may or may not be
+        # stored (Redis may have run it before the connection broke). It is
+        # kept apart until the log tells which: never sent twice, never lost.
+        unsure: tuple[list[LogEntry], list[bytes]] | None = None
         while True:
             await self._wake.wait()
             self._wake.clear()
-            if not self._pending and not self._pending_history:
-                self._flushed.set()
-                continue
             entries, history = self._pending, self._pending_history
             self._pending, self._pending_history = [], []
             try:
-                await store.append(self.sid, self.node.node_id, entries, history)
+                if unsure is not None:
+                    stored = await store.last_seq(self.sid)
+                    if stored >= unsure[0][-1].seq:
+                        self._delivered(unsure[0])  # it landed: just send it
+                    else:
+                        entries = unsure[0] + entries
+                        history = unsure[1] + history
+                    unsure = None
+                if entries or history:
+                    await store.append(self.sid, self.node.node_id, entries, history)
             except StoreUnavailable as exc:
-                # Hold the batch (in order) and retry: nothing reaches a client
-                # before it is logged, and nothing emitted is dropped.
-                self._pending[:0] = entries
-                self._pending_history[:0] = history
-                if not self._store_down:
-                    self._store_down = True
-                    self.node.metrics.store_errors.inc()
-                    log.warning("store unavailable for session %s: %s", self.sid, exc)
-                    self._notify(
-                        Error(
-                            code="store",
-                            content=(
-                                "the session store is unavailable; events are held and "
-                                "will be delivered when it returns — stay connected"
-                            ),
-                            seq=self.delivered_seq,
-                            timestamp=self._clock(),
-                        )
-                    )
+                if entries or history:
+                    unsure = (entries, history) if unsure is None else unsure
+                self._store_unavailable(exc)
                 await asyncio.sleep(self.node.store_retry_delay)
                 self._wake.set()
                 continue
@@ -201,13 +194,36 @@ class SessionRuntime:
             if self._store_down:
                 self._store_down = False
                 log.info("store is back for session %s", self.sid)
-            if entries:
-                self.delivered_seq = entries[-1].seq
-                self.node.metrics.events.inc(len(entries))
-                for sub in tuple(self.subscribers):
-                    sub.deliver(entries)
+            self._delivered(entries)
             if not self._pending and not self._pending_history:
                 self._flushed.set()
+
+    def _delivered(self, entries: list[LogEntry]) -> None:
+        """Entries are in the log: hand them to the attached clients."""
+        if not entries:
+            return
+        self.delivered_seq = entries[-1].seq
+        self.node.metrics.events.inc(len(entries))
+        for sub in tuple(self.subscribers):
+            sub.deliver(entries)
+
+    def _store_unavailable(self, exc: StoreUnavailable) -> None:
+        if self._store_down:
+            return
+        self._store_down = True
+        self.node.metrics.store_errors.inc()
+        log.warning("store unavailable for session %s: %s", self.sid, exc)
+        self._notify(
+            Error(
+                code="store",
+                content=(
+                    "the session store is unavailable; events are held and "
+                    "will be delivered when it returns — stay connected"
+                ),
+                seq=self.delivered_seq,
+                timestamp=self._clock(),
+            )
+        )
 
     def _notify(self, event: Error) -> None:
         for sub in tuple(self.subscribers):
@@ -334,6 +350,7 @@ class SessionRuntime:
                 self.emit(Metric(step=outcome.usage, total=self.usage))
                 self.node.metrics.tokens.labels("input").inc(outcome.usage.input)
                 self.node.metrics.tokens.labels("output").inc(outcome.usage.output)
+                self.node.limits.record_usage(self.sid, outcome.usage)
             if outcome.error is not None:
                 self.emit(Error(code="upstream", content=outcome.error))
                 self.persist(recorder.finish())
@@ -412,11 +429,10 @@ class SessionRuntime:
                 attempt += 1
                 self.node.metrics.upstream_errors.inc()
                 log.warning(
-                    "session %s: upstream lost (%s), attempt %d/%d",
+                    "session %s: upstream lost (%s); %s",
                     self.sid,
                     exc.reason,
-                    attempt,
-                    retries,
+                    f"retry {attempt}/{retries}" if attempt <= retries else "giving up",
                 )
                 if attempt > retries:
                     self.emit(
@@ -476,10 +492,11 @@ class SessionRuntime:
                         f": {ev.detail}" if ev.detail else ""
                     )
                 if outcome.calls or outcome.malformed is not None:
+                    # The model's own words up to </execute>, without the overrun:
+                    # its context keeps its own formatting, and a provider that
+                    # already holds exactly this text has nothing to redo.
                     try:
-                        await upstream.replace_response(
-                            assistant_text(self._step_text_items(recorder))
-                        )
+                        await upstream.replace_response(parser.accepted_text)
                     except UpstreamClosed:
                         await self._drop_upstream()
                 return outcome
@@ -488,13 +505,6 @@ class SessionRuntime:
                 log.warning("session %s: upstream error %s: %s", self.sid, ev.code, ev.message)
                 outcome.error = f"the model's API reported {ev.code}: {ev.message}"
                 return outcome
-
-    @staticmethod
-    def _step_text_items(recorder: StepRecorder) -> list[Think | Call | Respond]:
-        # What the parser accepted, as history would assemble it (without the
-        # block being closed: the recorder keeps its items for persisting).
-        items = recorder.peek()
-        return [i for i in items if isinstance(i, Think | Call | Respond)]
 
     @staticmethod
     def _route(
@@ -548,8 +558,10 @@ class SessionRuntime:
         self._flusher.cancel()
         with contextlib.suppress(BaseException):
             await self._flusher
-        await self._drop_upstream()
+        # Free the lease before the slow part (closing the upstream socket), so
+        # another node can pick the session up at once.
+        self.node.forget(self, release=not lost)
         for sub in tuple(self.subscribers):
             sub.session_lost(reason)
         self.subscribers.clear()
-        self.node.forget(self, release=not lost)
+        await self._drop_upstream()

@@ -21,7 +21,7 @@ node that lost its lease cannot write, so two nodes never both write a ``seq``.
 from __future__ import annotations
 
 import abc
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import NamedTuple
 
 __all__ = [
@@ -163,6 +163,21 @@ class Store(abc.ABC):
     async def release_slot(self, key: str, member: str) -> None:
         """Give the slot up (no-op if ``member`` holds none)."""
         raise NotImplementedError(f"{type(self).__name__} has no slots")
+
+    # --- control messages between nodes -----------------------------------------
+
+    @abc.abstractmethod
+    async def publish(self, channel: str, data: bytes) -> None:
+        """Send ``data`` to whoever listens on ``channel`` now (fire and forget)."""
+
+    @abc.abstractmethod
+    async def listen(self, channel: str, handler: Callable[[bytes], None]) -> None:
+        """Call ``handler`` for each message on ``channel`` until cancelled.
+
+        Survives store outages by itself (reconnects and subscribes again);
+        messages published while it was disconnected are lost, so senders
+        must treat delivery as best effort.
+        """
 
     # --- lifecycle -------------------------------------------------------------
 

@@ -68,6 +68,7 @@ class MemoryStore(Store):
         self._sessions: dict[str, _Session] = {}
         self._leases: dict[str, tuple[str, float]] = {}
         self._waiters: dict[str, list[asyncio.Future[None]]] = {}
+        self._listeners: dict[str, list[Callable[[bytes], None]]] = {}
         self._closed = False
         # Limit counters and slots (gateway.limits): key → [value, deadline] and
         # key → {member: deadline}; expired ones are dropped by _sweep_limits.
@@ -346,6 +347,21 @@ class MemoryStore(Store):
                 del self._slots[key]
 
     # --- lifecycle -------------------------------------------------------------
+
+    async def publish(self, channel: str, data: bytes) -> None:
+        loop = asyncio.get_running_loop()
+        for handler in tuple(self._listeners.get(channel, ())):
+            loop.call_soon(handler, data)
+
+    async def listen(self, channel: str, handler: Callable[[bytes], None]) -> None:
+        handlers = self._listeners.setdefault(channel, [])
+        handlers.append(handler)
+        try:
+            await asyncio.Future()  # until cancelled
+        finally:
+            handlers.remove(handler)
+            if not handlers:
+                del self._listeners[channel]
 
     async def close(self) -> None:
         """Wake every follower (they see an empty result) so none outlives the store."""

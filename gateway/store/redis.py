@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import logging
 import math
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -48,6 +49,8 @@ from gateway.store.base import (
     StoreError,
     StoreUnavailable,
 )
+
+log = logging.getLogger("gateway.store")
 
 __all__ = ["RedisStore", "StoreStats"]
 
@@ -839,6 +842,35 @@ class RedisStore(Store):
             await self._cmd("ZREM", f"{self.prefix}:slots:{key}", member)
         except _ERRORS as exc:
             raise self._error(exc, "releasing a slot") from exc
+
+    # --- control messages -------------------------------------------------------
+
+    def _channel(self, channel: str) -> str:
+        return f"{self.prefix}:ctl:{channel}"
+
+    async def publish(self, channel: str, data: bytes) -> None:
+        try:
+            await self._cmd("PUBLISH", self._channel(channel), data)
+        except _ERRORS as exc:
+            raise self._error(exc, "publishing a control message") from exc
+
+    async def listen(self, channel: str, handler: Callable[[bytes], None]) -> None:
+        """SUBSCRIBE on its own connection; after an outage, subscribe again."""
+        name = self._channel(channel)
+        while True:
+            pubsub = self._blocking.pubsub(ignore_subscribe_messages=True)
+            try:
+                await pubsub.subscribe(name)
+                while True:
+                    message = await pubsub.get_message(timeout=30.0)
+                    if message is not None and message.get("type") == "message":
+                        handler(message["data"])
+            except _ERRORS as exc:
+                log.warning("%s; listening again in 1s", self._error(exc, "listening"))
+                await asyncio.sleep(1.0)
+            finally:
+                with contextlib.suppress(Exception):
+                    await pubsub.aclose()  # type: ignore[no-untyped-call]
 
     # --- lifecycle -------------------------------------------------------------
 

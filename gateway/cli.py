@@ -26,7 +26,9 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
         "--provider", choices=["sim", "openai", "gemini"], help="upstream API (default sim)"
     )
     p.add_argument("--model", help="upstream model name")
-    p.add_argument("--openai-base-url", help="OpenAI Realtime base URL (default wss://api.openai.com/v1)")
+    p.add_argument(
+        "--openai-base-url", help="OpenAI Realtime base URL (default wss://api.openai.com/v1)"
+    )
     p.add_argument(
         "--gemini-base-url",
         help="Gemini Live base URL (default wss://generativelanguage.googleapis.com)",
@@ -97,7 +99,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from .sim import add_sim_arguments
 
-    sim_p = sub.add_parser("sim", help="run the upstream simulator (OpenAI Realtime or Gemini Live wire protocol)")
+    sim_p = sub.add_parser(
+        "sim", help="run the upstream simulator (OpenAI Realtime or Gemini Live wire protocol)"
+    )
     sim_p.add_argument("--host", default="127.0.0.1")
     sim_p.add_argument("--port", type=int, default=8800)
     add_sim_arguments(sim_p)

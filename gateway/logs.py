@@ -12,6 +12,8 @@ import time
 
 import orjson
 
+from .log_context import SessionFilter
+
 __all__ = ["JsonFormatter", "setup_logging"]
 
 _STANDARD = set(logging.makeLogRecord({}).__dict__) | {"message", "asctime"}
@@ -35,8 +37,10 @@ class JsonFormatter(logging.Formatter):
         return orjson.dumps(out, default=str).decode()
 
 
-def setup_logging(level: str = "INFO", *, json: bool = False) -> None:
+def setup_logging(level: str = "INFO", *, json: bool = False, node: str = "") -> None:
     handler = logging.StreamHandler(sys.stderr)
+    # sid (from the session task's name) and node on every record: gateway.log_context.
+    handler.addFilter(SessionFilter(node))
     if json:
         handler.setFormatter(JsonFormatter())
     else:

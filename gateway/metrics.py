@@ -54,6 +54,28 @@ class Metrics:
             "Times a slow client was switched to catch-up from the log",
             registry=r,
         )
+        # --- edges: limits and backpressure (gateway.limits, gateway.backpressure)
+        self.turns_refused = Counter(
+            "rtgw_turns_refused",
+            "Turns refused by a per-key limit, by reason (rate_limited, quota_exceeded)",
+            ["reason"],
+            registry=r,
+        )
+        self.coalesced = Counter(
+            "rtgw_coalesced_chunks",
+            "think/respond chunks merged into coalesced frames for clients that fell behind",
+            registry=r,
+        )
+        self.slow_client_closes = Counter(
+            "rtgw_slow_client_closes",
+            "Connections closed with 4008 because the client stopped reading",
+            registry=r,
+        )
+        self.replies_dropped = Counter(
+            "rtgw_replies_dropped",
+            "Unlogged replies dropped because the client was not reading them",
+            registry=r,
+        )
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

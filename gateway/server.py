@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import http
 import logging
 from urllib.parse import parse_qs, urlsplit
@@ -23,6 +24,7 @@ from websockets.http11 import Request, Response
 from . import web
 from .config import Config
 from .connection import ClientConnection, CloseCode
+from .edges import Edges
 from .node import Node
 from .store.base import StoreUnavailable
 
@@ -50,6 +52,8 @@ class Gateway:
         self.server: Server | None = None
         self._handshakes: dict[int, Handshake] = {}
         self.connections: set[ClientConnection] = set()
+        # Auth, origins, connection limits, slow clients (raises ConfigError if unsafe).
+        self.edges = Edges(self)
 
     @property
     def port(self) -> int:
@@ -74,7 +78,10 @@ class Gateway:
             ping_interval=cfg.ping_interval,
             ping_timeout=cfg.ping_timeout,
             server_header="realtime-gateway",
+            select_subprotocol=self.edges.select_subprotocol,
+            write_limit=cfg.write_limit,  # a send waits for a slow client to drain
         )
+        self.edges.start()
         log.info("listening on %s (node %s)", self.url, self.node.node_id)
 
     # ------------------------------------------------------------------ HTTP
@@ -115,7 +122,13 @@ class Gateway:
                 f"{WS_PATH} is a WebSocket endpoint: send an Upgrade: websocket request\n",
             )
         query = parse_qs(url.query)
-        principal = "anonymous"
+        # Origin, API key (the principal), connection limits; freed when the connection closes.
+        admitted = await self.edges.admit(
+            connection, request, functools.partial(self._handshakes.pop, id(connection), None)
+        )
+        if isinstance(admitted, Response):
+            return admitted
+        principal = admitted
         sid = _one(query, "session_id")
         after_raw = _one(query, "after")
         after: int | None = None
@@ -209,6 +222,7 @@ class Gateway:
         await node.stop()
         if self.server is not None:
             await self.server.wait_closed()
+        await self.edges.close()
 
     async def close(self) -> None:
         """Stop at once (tests, errors): clients get 1001."""
@@ -216,6 +230,7 @@ class Gateway:
         if self.server is not None:
             self.server.close()
             await self.server.wait_closed()
+        await self.edges.close()
         await self.node.stop()
 
 

@@ -259,9 +259,14 @@ def decode_client(data: bytes | str) -> ClientMessage | Error:
     The error's ``content`` says what was wrong and what a correct frame looks like.
     """
     try:
-        return _client_decoder.decode(data)
-    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
-        return _explain_bad_frame(data, exc)
+        try:
+            return _client_decoder.decode(data)
+        except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+            return _explain_bad_frame(data, exc)
+    except RecursionError:
+        # msgspec recurses per nesting level, also to skip unknown fields: a
+        # frame of deeply nested arrays must be an answer, not a crash.
+        return Error(code="bad_frame", content=f"frame is nested too deeply; {_EXPECTED}")
 
 
 _EXPECTED = (

@@ -1,0 +1,344 @@
+"""Who is connecting: API keys, where they are kept, and the checks at the handshake.
+
+A client proves it holds an API key; the gateway knows the key only by its
+SHA-256 digest (hex), so a leaked keys file or Redis dump does not leak keys.
+The key's *id* (``key_id``) is the principal: sessions are owned by it, limits
+count per it, logs name it. The raw key lives only as long as one handshake.
+
+Where keys are kept (either or both):
+
+- a file (``--api-keys-file``), one ``key_id:sha256hex`` per line, ``#``
+  comments; re-read when its mtime/size changes (checked at most once a second,
+  on use) and on SIGHUP, so keys rotate without a restart;
+- Redis (``--api-keys-redis``): the hash ``{key_prefix}:keys`` maps digest →
+  key_id, shared by every node; ``gateway keys add|list|revoke`` manage it.
+
+How a client presents a key, in the order checked: ``Authorization: Bearer
+KEY``; the subprotocol ``rtgw.bearer.KEY`` offered next to ``rtgw.v1`` (browsers
+cannot set headers on a WebSocket, and the subprotocol header stays out of URLs
+and access logs); ``?token=KEY`` (browsers, simplest).
+
+No key source configured means auth is off: every client is ``anonymous``.
+That is allowed on a loopback address only (``check_exposure``), so the
+embedded default keeps working with no setup but cannot be exposed by accident.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import ipaddress
+import logging
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+from urllib.parse import parse_qs, urlsplit
+
+from websockets.datastructures import Headers, MultipleValuesError
+
+from .config import Config, ConfigError
+
+__all__ = [
+    "ANONYMOUS",
+    "BEARER_PREFIX",
+    "SUBPROTOCOL",
+    "Credentials",
+    "KeyFile",
+    "KeyStoreUnavailable",
+    "RedisKeys",
+    "auth_configured",
+    "check_exposure",
+    "credentials_from",
+    "hash_key",
+    "is_loopback",
+    "parse_key_line",
+    "valid_key_id",
+]
+
+log = logging.getLogger("gateway.auth")
+
+ANONYMOUS: Final = "anonymous"
+"""The principal of every client while auth is off."""
+
+SUBPROTOCOL: Final = "rtgw.v1"
+"""The subprotocol the server selects; browsers offer it next to the bearer one."""
+
+BEARER_PREFIX: Final = "rtgw.bearer."
+"""``Sec-WebSocket-Protocol: rtgw.v1, rtgw.bearer.KEY`` carries a key from a browser."""
+
+_KEY_ID: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+_DIGEST: Final = re.compile(r"[0-9a-f]{64}")
+
+HOW_TO_AUTHENTICATE: Final = (
+    "send your API key as the header `Authorization: Bearer KEY`; browsers can add "
+    "`?token=KEY` to the URL or offer the subprotocols `rtgw.v1` and `rtgw.bearer.KEY`. "
+    "The gateway's operator issues keys (`gateway keys add KEY_ID`)"
+)
+
+
+def hash_key(key: str) -> str:
+    """The SHA-256 hex digest of ``key``: the only form in which keys are stored."""
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def valid_key_id(key_id: str) -> bool:
+    """Key ids name principals in meta, Redis keys and logs: 1-64 of ``[A-Za-z0-9._-]``."""
+    return _KEY_ID.fullmatch(key_id) is not None
+
+
+def parse_key_line(line: str) -> tuple[str, str] | None:
+    """``(key_id, digest)`` of one keys-file line, None for blanks and comments.
+
+    Raises ``ValueError`` saying what a good line looks like.
+    """
+    text = line.split("#", 1)[0].strip()
+    if not text:
+        return None
+    key_id, sep, digest = text.partition(":")
+    key_id, digest = key_id.strip(), digest.strip().lower()
+    if not sep or not valid_key_id(key_id) or _DIGEST.fullmatch(digest) is None:
+        raise ValueError(
+            "expected `key_id:sha256hex` (key_id of 1-64 letters, digits, `._-`; the "
+            "64-hex-digit SHA-256 of the key: `gateway keys hash KEY_ID` prints the line)"
+        )
+    return key_id, digest
+
+
+def is_loopback(host: str) -> bool:
+    """True when ``host`` only accepts connections from this machine."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # another name: it may resolve to anything
+
+
+def auth_configured(config: Config) -> bool:
+    return bool(config.api_keys_file) or config.api_keys_redis
+
+
+def check_exposure(config: Config) -> None:
+    """Refuse to serve a non-loopback host without auth unless told to; warn when off.
+
+    Raises ``ConfigError`` telling the operator how to configure keys.
+    """
+    if config.api_keys_redis and not config.redis_url:
+        raise ConfigError(
+            "api_keys_redis needs Redis: set REDIS_URL (or --redis), or use --api-keys-file"
+        )
+    if auth_configured(config):
+        return
+    where = config.host or "every interface"
+    if is_loopback(config.host):
+        log.warning(
+            "auth is OFF: no API keys are configured, so anyone who can reach %s uses this "
+            "gateway (fine on this machine for development; configure --api-keys-file or "
+            "--api-keys-redis before exposing it)",
+            where,
+        )
+        return
+    if config.insecure_no_auth:
+        log.warning(
+            "auth is OFF on %s (--insecure-no-auth): anyone who can reach this address can "
+            "use this gateway and spend its upstream API key",
+            where,
+        )
+        return
+    raise ConfigError(
+        f"refusing to listen on {config.host} without authentication: anyone who can reach "
+        "it could use the gateway. Configure API keys with --api-keys-file PATH "
+        "(`gateway keys add KEY_ID --file PATH` makes one) or --api-keys-redis, "
+        "see docs/operations.md; or pass --insecure-no-auth "
+        "(GATEWAY_INSECURE_NO_AUTH=true) if this network is trusted"
+    )
+
+
+# --------------------------------------------------------------------- credentials
+
+
+@dataclass(frozen=True, slots=True)
+class Credentials:
+    """What a handshake presented: a key (maybe) and how, or why it is unreadable."""
+
+    key: str | None
+    via: str = ""
+    problem: str = ""
+
+
+def _header_values(headers: Headers, name: str) -> list[str]:
+    return [v.strip() for raw in headers.get_all(name) for v in raw.split(",") if v.strip()]
+
+
+def credentials_from(headers: Headers, path: str) -> Credentials:
+    """The API key a handshake request carries (header, subprotocol or query)."""
+    try:
+        authorization = headers.get("Authorization")
+    except MultipleValuesError:
+        return Credentials(None, problem="send one Authorization header, not several")
+    if authorization is not None:
+        scheme, _, key = authorization.strip().partition(" ")
+        if scheme.lower() != "bearer" or not key.strip():
+            return Credentials(
+                None, problem="the Authorization header must be `Bearer KEY` (an API key)"
+            )
+        return Credentials(key.strip(), "header")
+    offered = _header_values(headers, "Sec-WebSocket-Protocol")
+    bearers = [p[len(BEARER_PREFIX) :] for p in offered if p.startswith(BEARER_PREFIX)]
+    if bearers:
+        if SUBPROTOCOL not in offered:
+            return Credentials(
+                None,
+                problem=f"offer the subprotocol `{SUBPROTOCOL}` together with "
+                f"`{BEARER_PREFIX}KEY`; the server selects `{SUBPROTOCOL}`",
+            )
+        return Credentials(bearers[0], "subprotocol")
+    tokens = parse_qs(urlsplit(path).query).get("token")
+    if tokens:
+        return Credentials(tokens[-1], "query")
+    return Credentials(None)
+
+
+# --------------------------------------------------------------------- key sources
+
+
+class KeyStoreUnavailable(Exception):
+    """Keys kept in Redis cannot be read right now: refuse with 503, not 401."""
+
+
+class KeyFile:
+    """API keys from a file of ``key_id:sha256hex`` lines, re-read when it changes.
+
+    Every lookup compares the presented digest with *every* stored digest using
+    ``hmac.compare_digest`` and no early exit, so the time taken does not tell
+    how much of a digest matched, nor which line did.
+    """
+
+    def __init__(self, path: str | Path, *, check_interval: float = 1.0) -> None:
+        self.path = Path(path)
+        self.check_interval = check_interval
+        self._entries: list[tuple[str, str]] = []  # (digest, key_id)
+        self._stamp: tuple[float, int] | None = None
+        self._checked = 0.0
+        try:
+            self._load()
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"api_keys_file: {exc}") from exc
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def key_ids(self) -> list[str]:
+        return sorted({key_id for _, key_id in self._entries})
+
+    def _read(self) -> tuple[list[tuple[str, str]], tuple[float, int]]:
+        try:
+            stat = self.path.stat()
+            text = self.path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise ValueError(
+                f"{self.path} does not exist: create it with `gateway keys add KEY_ID "
+                f"--file {self.path}`"
+            ) from None
+        entries: list[tuple[str, str]] = []
+        for number, line in enumerate(text.splitlines(), 1):
+            try:
+                parsed = parse_key_line(line)
+            except ValueError as exc:
+                raise ValueError(f"{self.path} line {number}: {exc}") from None
+            if parsed is not None:
+                entries.append((parsed[1], parsed[0]))
+        return entries, (stat.st_mtime, stat.st_size)
+
+    def _load(self) -> None:
+        self._entries, self._stamp = self._read()
+        self._checked = time.monotonic()
+        warning = file_mode_warning(self.path)
+        if warning is not None:
+            log.warning("api keys file: %s", warning)
+        if not self._entries:
+            log.warning(
+                "api keys file %s holds no keys: every client is refused until one is added",
+                self.path,
+            )
+
+    def reload(self) -> bool:
+        """Re-read the file now (SIGHUP). A broken file keeps the old keys; False then."""
+        try:
+            self._load()
+        except (OSError, ValueError) as exc:
+            log.error("api keys file not reloaded, keeping the %d keys loaded: %s", len(self), exc)
+            return False
+        log.info("api keys file %s loaded: %d keys", self.path, len(self._entries))
+        return True
+
+    def _maybe_reload(self) -> None:
+        now = time.monotonic()
+        if now - self._checked < self.check_interval:
+            return
+        self._checked = now
+        try:
+            stat = self.path.stat()
+        except OSError as exc:
+            log.error("api keys file %s unreadable, keeping the loaded keys: %s", self.path, exc)
+            return
+        if (stat.st_mtime, stat.st_size) != self._stamp:
+            self.reload()
+
+    def lookup(self, digest: str) -> str | None:
+        """The key id whose stored digest equals ``digest`` (constant-time scan)."""
+        self._maybe_reload()
+        found: str | None = None
+        wanted = digest.encode()
+        for stored, key_id in self._entries:
+            if hmac.compare_digest(stored.encode(), wanted):
+                found = key_id
+        return found
+
+
+class RedisKeys:
+    """API keys in the Redis hash ``{prefix}:keys`` (digest → key_id), shared by nodes.
+
+    The lookup is by digest (``HGET``), so the raw key never leaves the node and
+    what a timing difference could reveal is at most about a SHA-256 digest of a
+    guess, which says nothing about a real key.
+    """
+
+    def __init__(self, url: str, *, prefix: str = "rtgw") -> None:
+        from redis.asyncio import Redis
+
+        self.hash = f"{prefix}:keys"
+        self._redis: Any = Redis.from_url(
+            url, socket_timeout=3.0, socket_connect_timeout=2.0, max_connections=16
+        )
+
+    async def lookup(self, digest: str) -> str | None:
+        from redis.exceptions import RedisError
+
+        try:
+            raw = await self._redis.hget(self.hash, digest)
+        except (RedisError, OSError) as exc:
+            raise KeyStoreUnavailable(str(exc)) from exc
+        return raw.decode() if raw is not None else None
+
+    async def close(self) -> None:
+        await self._redis.aclose()
+
+
+def file_mode_warning(path: Path) -> str | None:
+    """A warning when others may write the keys file (whoever writes it lets anyone in).
+
+    Digests are not secrets, so a world-readable file is fine.
+    """
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return None
+    if mode & 0o022:
+        return (
+            f"{path} is writable by group or others: anyone who can write it can add a key "
+            f"(chmod 600 {path})"
+        )
+    return None

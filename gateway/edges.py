@@ -1,0 +1,363 @@
+"""The gateway's production edges, as one object the server calls at its seams.
+
+``Gateway`` (``gateway.server``) owns an ``Edges`` and calls it in four places:
+``admit`` in the HTTP handshake (origin, auth, connection limits), its
+``select_subprotocol`` for ``serve``, ``start`` and ``close``. Everything the
+edges decide lives here and in ``gateway.auth``, ``gateway.limits`` and
+``gateway.backpressure``, so the server, connection and session code carry
+one-line hooks only.
+
+Handshake checks, in order, each refusal an HTTP status whose body says what
+to do: node at ``max_connections`` → 503 (try another node); ``Origin`` not
+allowed → 403; no or unknown API key → 401 (how to send one); the key at
+``max_connections_per_key`` → 429 (close one). Connection slots are taken once
+a handshake passes those checks and given back when its TCP connection closes,
+however the handshake or the session ended: one watcher per connection awaits
+the close, so no path can leak a slot.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import http
+import logging
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Final
+from urllib.parse import urlsplit
+
+from websockets.asyncio.server import ServerConnection
+from websockets.datastructures import Headers, MultipleValuesError
+from websockets.http11 import Request, Response
+from websockets.typing import Subprotocol
+
+from .auth import (
+    ANONYMOUS,
+    HOW_TO_AUTHENTICATE,
+    SUBPROTOCOL,
+    KeyFile,
+    KeyStoreUnavailable,
+    RedisKeys,
+    auth_configured,
+    check_exposure,
+    credentials_from,
+    hash_key,
+)
+from .backpressure import SlowClientReaper
+from .config import Config, ConfigError
+from .limits import ConnectionSlots
+from .store.base import StoreError
+
+if TYPE_CHECKING:
+    from .server import Gateway
+
+__all__ = ["Edges", "add_serve_arguments", "parse_origins"]
+
+log = logging.getLogger("gateway.edges")
+
+_REALM: Final = 'Bearer realm="realtime-gateway"'
+
+
+def parse_origins(value: str) -> frozenset[str]:
+    """``https://a.example, https://b.example`` → the normalized set (empty: any)."""
+    return frozenset(o.strip().rstrip("/").lower() for o in value.split(",") if o.strip())
+
+
+def validate(config: Config) -> None:
+    """The edge settings' ranges; ``ConfigError`` names the setting and the fix."""
+    for name in (
+        "max_connections",
+        "max_connections_per_key",
+        "turns_per_minute",
+        "tokens_per_day",
+        "coalesce_after",
+    ):
+        if getattr(config, name) < 0:
+            raise ConfigError(f"{name} must be >= 0 (0 = no limit), got {getattr(config, name)}")
+    if config.slow_client_timeout < 0:
+        raise ConfigError("slow_client_timeout must be >= 0 seconds (0 = never close)")
+    if config.write_limit < 1024:
+        raise ConfigError(f"write_limit {config.write_limit} is too small: use at least 1024")
+    if config.send_queue_frames < 16:
+        raise ConfigError(f"send_queue_frames {config.send_queue_frames} is too small: use >= 16")
+    for origin in parse_origins(config.allowed_origins):
+        parts = urlsplit(origin)
+        if parts.scheme not in ("http", "https") or not parts.netloc or parts.path:
+            raise ConfigError(
+                f"allowed_origins: {origin!r} is not an origin: write scheme://host[:port], "
+                "e.g. https://app.example.com"
+            )
+
+
+class _Admitted:
+    """What one admitted handshake holds until its connection closes."""
+
+    __slots__ = ("key", "slot")
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+        self.slot: str | None = None
+
+
+class Edges:
+    """Origin, auth and connection limits at the handshake; slow clients after it.
+
+    Raises ``ConfigError`` when the settings cannot be served safely (see
+    ``gateway.auth.check_exposure``) or a keys file is unreadable.
+    """
+
+    def __init__(self, gateway: Gateway) -> None:
+        config = gateway.config
+        node = gateway.node
+        validate(config)
+        check_exposure(config)
+        self.config = config
+        self.metrics = node.metrics
+        self.auth_on = auth_configured(config)
+        self.key_file = KeyFile(config.api_keys_file) if config.api_keys_file else None
+        self.redis_keys = (
+            RedisKeys(config.redis_url, prefix=config.key_prefix) if config.api_keys_redis else None
+        )
+        self.origins = parse_origins(config.allowed_origins)
+        self.slots = ConnectionSlots(node.store, node.node_id, config.max_connections_per_key)
+        self.reaper = SlowClientReaper(
+            gateway.connections, config.slow_client_timeout, node.metrics
+        )
+        self.limits = node.limits
+        self.open = 0  # admitted connections not yet closed (the per-node limit)
+        self._watchers: set[asyncio.Task[None]] = set()
+        self._closed = False
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        self.reaper.start()
+        if self.key_file is not None:
+            log.info("api keys file %s: %d keys", self.key_file.path, len(self.key_file))
+
+    async def close(self) -> None:
+        """Stop the background work; give back slots of connections still closing.
+
+        Idempotent: a drain closes the edges and the gateway's close does again.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        await self.reaper.close()
+        if self._watchers:
+            await asyncio.wait(set(self._watchers), timeout=5.0)
+        for watcher in list(self._watchers):
+            watcher.cancel()
+        await self.slots.close()
+        await self.limits.close()
+        if self.redis_keys is not None:
+            await self.redis_keys.close()
+
+    def reload_keys(self) -> None:
+        """SIGHUP: re-read the keys file now (Redis keys are always read live)."""
+        if self.key_file is not None:
+            self.key_file.reload()
+
+    # ------------------------------------------------------------------ handshake
+
+    def select_subprotocol(
+        self, connection: ServerConnection, offered: Sequence[Subprotocol]
+    ) -> Subprotocol | None:
+        """Select ``rtgw.v1`` when offered; never a ``rtgw.bearer.KEY`` (that is a key).
+
+        Clients that offer nothing get none, as before.
+        """
+        return Subprotocol(SUBPROTOCOL) if SUBPROTOCOL in offered else None
+
+    async def admit(
+        self,
+        connection: ServerConnection,
+        request: Request,
+        on_close: Callable[[], object] | None = None,
+    ) -> Response | str:
+        """The principal (key id) of an acceptable handshake, or the refusal to send.
+
+        ``on_close`` runs when the connection closes, however it ended (the
+        server forgets its handshake state there).
+        """
+        cfg = self.config
+        if 0 < cfg.max_connections <= self.open:
+            return self._refuse(
+                "node_full",
+                http.HTTPStatus.SERVICE_UNAVAILABLE,
+                f"this node is at its limit of {cfg.max_connections} connections; "
+                "connect to another node, or retry in a few seconds\n",
+            )
+        refusal = self._check_origin(request.headers)
+        if refusal is not None:
+            return refusal
+        principal = await self._authenticate(request)
+        if isinstance(principal, Response):
+            return principal
+        admitted = _Admitted(principal)
+        self.open += 1
+        watcher = asyncio.create_task(self._watch(connection, admitted, on_close))
+        self._watchers.add(watcher)
+        watcher.add_done_callback(self._watchers.discard)
+        if self.slots.active:
+            try:
+                slot = await self.slots.acquire(principal)
+            except StoreError as exc:
+                self.metrics.store_errors.inc()
+                log.warning("connection slots unavailable: %s", exc)
+                return self._refuse(
+                    "store",
+                    http.HTTPStatus.SERVICE_UNAVAILABLE,
+                    "the session store is unavailable; retry in a few seconds\n",
+                )
+            if slot is None:
+                return self._refuse(
+                    "key_full",
+                    http.HTTPStatus.TOO_MANY_REQUESTS,
+                    f"this API key already has {cfg.max_connections_per_key} open connections, "
+                    "its limit; close one (or wait for it to end) and connect again, or ask "
+                    "the operator for a higher limit\n",
+                )
+            admitted.slot = slot
+        return principal
+
+    async def _watch(
+        self,
+        connection: ServerConnection,
+        admitted: _Admitted,
+        on_close: Callable[[], object] | None,
+    ) -> None:
+        try:
+            await connection.wait_closed()
+        finally:
+            self.open -= 1
+            if on_close is not None:
+                on_close()
+            if admitted.slot is not None:
+                await self.slots.release(admitted.key, admitted.slot)
+
+    def _check_origin(self, headers: Headers) -> Response | None:
+        if not self.origins:
+            return None
+        try:
+            origin = headers.get("Origin")
+            host = headers.get("Host")
+        except MultipleValuesError:
+            origin, host = "", None
+        if origin is None:
+            return None  # not a browser: browsers always send Origin on a WebSocket
+        normalized = origin.strip().rstrip("/").lower()
+        if normalized in self.origins:
+            return None
+        # The gateway's own page (same host) may always connect back to it.
+        if host is not None and urlsplit(normalized).netloc == host.strip().lower():
+            return None
+        return self._refuse(
+            "origin",
+            http.HTTPStatus.FORBIDDEN,
+            f"origin {origin[:200]!r} may not connect to this gateway; the page must be served "
+            "from one of the origins the operator allowed (--allowed-origins)\n",
+        )
+
+    async def _authenticate(self, request: Request) -> str | Response:
+        if not self.auth_on:
+            return ANONYMOUS
+        creds = credentials_from(request.headers, request.path)
+        if creds.problem:
+            return self._refuse(
+                "unauthorized",
+                http.HTTPStatus.UNAUTHORIZED,
+                f"{creds.problem}; {HOW_TO_AUTHENTICATE}\n",
+            )
+        if creds.key is None:
+            return self._refuse(
+                "unauthorized",
+                http.HTTPStatus.UNAUTHORIZED,
+                f"an API key is required: {HOW_TO_AUTHENTICATE}\n",
+            )
+        digest = hash_key(creds.key)
+        key_id = self.key_file.lookup(digest) if self.key_file is not None else None
+        if key_id is None and self.redis_keys is not None:
+            try:
+                key_id = await self.redis_keys.lookup(digest)
+            except KeyStoreUnavailable as exc:
+                self.metrics.store_errors.inc()
+                log.warning("cannot check API keys: Redis unavailable: %s", exc)
+                return self._refuse(
+                    "store",
+                    http.HTTPStatus.SERVICE_UNAVAILABLE,
+                    "API keys cannot be checked right now (the key store is unavailable); "
+                    "retry in a few seconds\n",
+                )
+        if key_id is None:
+            return self._refuse(
+                "unauthorized",
+                http.HTTPStatus.UNAUTHORIZED,
+                f"this API key is not valid (mistyped, or revoked): {HOW_TO_AUTHENTICATE}\n",
+            )
+        return key_id
+
+    def _refuse(self, reason: str, status: http.HTTPStatus, body: str) -> Response:
+        self.metrics.refused.labels(reason).inc()
+        headers = Headers([("Content-Type", "text/plain; charset=utf-8")])
+        if status == http.HTTPStatus.UNAUTHORIZED:
+            headers["WWW-Authenticate"] = _REALM
+        elif status in (http.HTTPStatus.TOO_MANY_REQUESTS, http.HTTPStatus.SERVICE_UNAVAILABLE):
+            headers["Retry-After"] = "5"
+        return Response(status.value, status.phrase, headers, body.encode())
+
+
+def add_serve_arguments(p: argparse.ArgumentParser) -> None:
+    """The ``gateway serve`` flags of the edges (dest = the Config field)."""
+    g = p.add_argument_group("auth and limits (docs/operations.md)")
+    g.add_argument(
+        "--api-keys-file", help="file of `key_id:sha256hex` lines (see `gateway keys --help`)"
+    )
+    g.add_argument(
+        "--api-keys-redis",
+        action="store_const",
+        const=True,
+        help="also accept the API keys kept in Redis (`gateway keys add`)",
+    )
+    g.add_argument(
+        "--insecure-no-auth",
+        action="store_const",
+        const=True,
+        help="allow a non-loopback --host without API keys (trusted networks only)",
+    )
+    g.add_argument(
+        "--allowed-origins",
+        help="comma-separated origins browsers may connect from (default: any)",
+    )
+    g.add_argument(
+        "--max-connections", type=int, help="open connections per node (default 10000; 0 = any)"
+    )
+    g.add_argument(
+        "--max-connections-per-key",
+        type=int,
+        help="open connections per API key across nodes (default 0 = any)",
+    )
+    g.add_argument(
+        "--turns-per-minute", type=int, help="turns per API key per minute (default 0 = any)"
+    )
+    g.add_argument(
+        "--tokens-per-day", type=int, help="model tokens per API key per UTC day (default 0 = any)"
+    )
+    g.add_argument(
+        "--send-queue-frames",
+        type=int,
+        help="frames queued per client before it catches up from the log (default 4096)",
+    )
+    g.add_argument(
+        "--coalesce-after",
+        type=int,
+        help="queued frames above which think/respond chunks are merged (default 1024)",
+    )
+    g.add_argument(
+        "--write-limit", type=int, help="socket bytes buffered per client (default 32768)"
+    )
+    g.add_argument(
+        "--slow-client-timeout",
+        type=float,
+        help="seconds a client may read nothing before it is closed with 4008 (default 15)",
+    )

@@ -1,0 +1,235 @@
+"""``gateway keys``: issue, list and revoke API keys, in a keys file or in Redis.
+
+A key is shown once, when it is made; only its SHA-256 digest is stored, next
+to its id. Running gateways pick changes up by themselves: a keys file is
+re-read when it changes (or on SIGHUP), and Redis keys are read per handshake.
+
+    gateway keys add alice --file /etc/rtgw/keys     # prints the new key once
+    gateway keys add alice --redis redis://r:6379/0  # the same, in Redis
+    gateway keys list --file /etc/rtgw/keys
+    gateway keys revoke alice --redis redis://r:6379/0
+    printf %s "$KEY" | gateway keys hash alice        # a line for a key you already have
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import secrets
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, TextIO
+
+from .auth import hash_key, parse_key_line, valid_key_id
+
+__all__ = ["add_keys_arguments", "new_key", "run_keys"]
+
+KEY_PREFIX = "rtgw_"
+
+
+def new_key() -> str:
+    """A fresh API key: 256 random bits, URL- and subprotocol-safe characters only."""
+    return KEY_PREFIX + secrets.token_urlsafe(32)
+
+
+def add_keys_arguments(p: argparse.ArgumentParser) -> None:
+    """The ``gateway keys`` subcommands (wired by ``gateway.cli``)."""
+    sub = p.add_subparsers(dest="keys_command", required=True)
+    for name, help_text in (
+        ("add", "make a key for KEY_ID, store its hash, print the key once"),
+        ("list", "list key ids"),
+        ("revoke", "remove every key of KEY_ID"),
+    ):
+        sp = sub.add_parser(name, help=help_text)
+        if name != "list":
+            sp.add_argument(
+                "key_id", metavar="KEY_ID", help="the key's name (1-64 of A-Za-z0-9._-)"
+            )
+        where = sp.add_mutually_exclusive_group()
+        where.add_argument("--file", help="the keys file (--api-keys-file of gateway serve)")
+        where.add_argument(
+            "--redis", help="Redis URL (default $REDIS_URL) holding the hash PREFIX:keys"
+        )
+        sp.add_argument(
+            "--prefix",
+            default=os.environ.get("GATEWAY_KEY_PREFIX", "rtgw"),
+            help="Redis key prefix (default rtgw, as --key-prefix of gateway serve)",
+        )
+    hp = sub.add_parser("hash", help="read a key on stdin, print its keys-file line")
+    hp.add_argument("key_id", metavar="KEY_ID")
+
+
+def run_keys(args: argparse.Namespace, *, stdin: TextIO | None = None) -> int:
+    """Run a ``gateway keys`` subcommand; the exit status."""
+    out, err = sys.stdout, sys.stderr
+    command: str = args.keys_command
+    key_id: str | None = getattr(args, "key_id", None)
+    if key_id is not None and not valid_key_id(key_id):
+        print(f"gateway keys: {key_id!r} is not a key id: use 1-64 of A-Za-z0-9._-", file=err)
+        return 2
+    if command == "hash":
+        assert key_id is not None
+        key = (stdin or sys.stdin).read().strip()
+        if not key:
+            print("gateway keys hash: pass the key on stdin", file=err)
+            return 2
+        print(f"{key_id}:{hash_key(key)}", file=out)
+        return 0
+    if args.file:
+        backend: _Backend = _FileBackend(Path(args.file))
+    else:
+        url = args.redis or os.environ.get("REDIS_URL", "")
+        if not url:
+            print(
+                "gateway keys: say where keys live: --file PATH, or --redis URL ($REDIS_URL)",
+                file=err,
+            )
+            return 2
+        backend = _RedisBackend(url, args.prefix)
+    try:
+        if command == "add":
+            assert key_id is not None
+            key = new_key()
+            backend.add(key_id, hash_key(key))
+            print(key, file=out)
+            print(
+                f"# key {key_id!r} added to {backend.where}; it is shown only now. Clients send "
+                "it as `Authorization: Bearer KEY` (or ?token=KEY).",
+                file=err,
+            )
+        elif command == "list":
+            for listed_id, digest in backend.list():
+                print(f"{listed_id}\t{digest[:12]}…", file=out)
+        elif command == "revoke":
+            assert key_id is not None
+            removed = backend.revoke(key_id)
+            if not removed:
+                print(f"gateway keys: no key {key_id!r} in {backend.where}", file=err)
+                return 1
+            print(f"# revoked {removed} key(s) of {key_id!r} in {backend.where}", file=err)
+    except (OSError, ValueError) as exc:
+        print(f"gateway keys: {exc}", file=err)
+        return 1
+    return 0
+
+
+class _Backend:
+    where = ""
+
+    def add(self, key_id: str, digest: str) -> None:
+        raise NotImplementedError
+
+    def list(self) -> list[tuple[str, str]]:
+        raise NotImplementedError
+
+    def revoke(self, key_id: str) -> int:
+        raise NotImplementedError
+
+
+class _FileBackend(_Backend):
+    """Lines ``key_id:sha256hex``; rewritten atomically, created mode 0600."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.where = str(path)
+
+    def _text(self) -> str:
+        try:
+            return self.path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return ""
+
+    def _write(self, text: str) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(text)
+            os.chmod(tmp, 0o600)
+            os.replace(tmp, self.path)  # readers see the old file or the new one
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+    def add(self, key_id: str, digest: str) -> None:
+        text = self._text()
+        if text and not text.endswith("\n"):
+            text += "\n"
+        self._write(text + f"{key_id}:{digest}\n")
+
+    def list(self) -> list[tuple[str, str]]:
+        out = []
+        for number, line in enumerate(self._text().splitlines(), 1):
+            try:
+                parsed = parse_key_line(line)
+            except ValueError as exc:
+                raise ValueError(f"{self.path} line {number}: {exc}") from None
+            if parsed is not None:
+                out.append(parsed)
+        return out
+
+    def revoke(self, key_id: str) -> int:
+        kept, removed = [], 0
+        for line in self._text().splitlines():
+            try:
+                parsed = parse_key_line(line)
+            except ValueError:
+                parsed = None  # keep lines we do not understand; the gateway reports them
+            if parsed is not None and parsed[0] == key_id:
+                removed += 1
+            else:
+                kept.append(line)
+        if removed:
+            self._write("".join(f"{line}\n" for line in kept))
+        return removed
+
+
+class _RedisBackend(_Backend):
+    """The hash ``PREFIX:keys``: digest → key_id."""
+
+    def __init__(self, url: str, prefix: str) -> None:
+        self.url = url
+        self.hash = f"{prefix}:keys"
+        self.where = f"Redis {self.hash}"
+
+    def _run(self, work: Any) -> Any:
+        from redis.asyncio import Redis
+        from redis.exceptions import RedisError
+
+        async def main() -> Any:
+            client: Any = Redis.from_url(self.url, socket_timeout=5.0, socket_connect_timeout=3.0)
+            try:
+                return await work(client)
+            except RedisError as exc:
+                raise OSError(f"Redis at {self.url}: {exc}") from exc
+            finally:
+                await client.aclose()
+
+        return asyncio.run(main())
+
+    def add(self, key_id: str, digest: str) -> None:
+        async def work(r: Any) -> None:
+            await r.hset(self.hash, digest, key_id)
+
+        self._run(work)
+
+    def list(self) -> list[tuple[str, str]]:
+        async def work(r: Any) -> list[tuple[str, str]]:
+            raw = await r.hgetall(self.hash)
+            return sorted((v.decode(), k.decode()) for k, v in raw.items())
+
+        result: list[tuple[str, str]] = self._run(work)
+        return result
+
+    def revoke(self, key_id: str) -> int:
+        async def work(r: Any) -> int:
+            raw = await r.hgetall(self.hash)
+            digests = [k for k, v in raw.items() if v.decode() == key_id]
+            if not digests:
+                return 0
+            return int(await r.hdel(self.hash, *digests))
+
+        removed: int = self._run(work)
+        return removed

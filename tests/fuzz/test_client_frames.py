@@ -1,0 +1,188 @@
+"""Random and adversarial client frames against a live gateway.
+
+Whatever a client sends, the gateway answers with an error event or closes
+with a code that says why (1007 invalid UTF-8, 1009 too big), never crashes,
+and the session keeps working for the next connection.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from typing import Any
+
+import orjson
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+from websockets.exceptions import ConnectionClosed
+
+from gateway.server import Gateway
+from protocol.events import Error
+from tests.fuzz.conftest import answers_hello, reconnect_answers_hello
+from tests.support.client import GatewayClient
+
+FUZZ = settings(
+    max_examples=30,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+
+json_scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**70), max_value=2**70)
+    | st.floats(allow_nan=False)
+    | st.text(max_size=50)
+)
+json_values = st.recursive(
+    json_scalars,
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner, max_size=4)
+    ),
+    max_leaves=20,
+)
+message_types = st.sampled_from(
+    ["user", "cancel", "ping", "", "USER", "session", "think"]
+) | st.text(max_size=20)
+
+
+@st.composite
+def json_frames(draw: st.DrawFn) -> str:
+    """Objects shaped like client messages, with wrong and odd field values."""
+    obj: dict[str, Any] = draw(st.dictionaries(st.text(max_size=8), json_values, max_size=3))
+    if draw(st.booleans()):
+        obj["type"] = draw(message_types | json_values)
+    if draw(st.booleans()):
+        obj["content"] = draw(st.text(max_size=200) | json_values)
+    # The stdlib encoder: big integers, and Infinity (not JSON: a bad frame too).
+    return json.dumps(obj, ensure_ascii=draw(st.booleans()))
+
+
+def nested(depth: int, inside_object: bool) -> str:
+    body = "[" * depth + "]" * depth
+    return '{"type": "user", "content": "x", "extra": ' + body + "}" if inside_object else body
+
+
+odd_unicode = st.sampled_from(
+    [
+        "\u0000",
+        "\ufeff",
+        "\u202e\u202d",
+        "\u2028\u2029",
+        "🎉👩‍👩‍👧",
+        "\U0010ffff",
+        "é" * 1000,
+        "\ud7ff\ue000",
+        "🚀" * 500,
+    ]
+)
+
+frames = st.one_of(
+    st.binary(max_size=300),
+    st.text(max_size=300),
+    json_frames(),
+    st.builds(nested, st.integers(1, 60_000), st.booleans()),
+    odd_unicode.map(lambda s: orjson.dumps({"type": "user", "content": s}).decode()),
+    odd_unicode,
+)
+
+
+# Close codes a client's own frames may earn: not UTF-8, too big.
+EXPECTED_CLOSES = {1007, 1009}
+
+
+async def survives(gw: Gateway, client: GatewayClient, batch: list[str | bytes]) -> None:
+    """Send ``batch``; the session must then answer ``hello`` on this connection or,
+    if the server closed it for a reason the frames earned, on a fresh one."""
+    try:
+        for frame in batch:
+            await client.send(frame)
+        await answers_hello(client)
+        replies = [e for e in client.events if isinstance(e, Error)]
+        assert all(e.content for e in replies)  # every error says something
+    except ConnectionClosed:
+        assert client.ws.close_code in EXPECTED_CLOSES, client.ws.close_code
+        client = await reconnect_answers_hello(gw, client)
+    await client.close()
+
+
+@FUZZ
+@given(batch=st.lists(frames, min_size=1, max_size=8))
+@example(batch=[nested(30_000, True)])  # deep, but under max_frame: an error reply
+@example(batch=[nested(30_000, False)])
+@example(batch=['{"type": "user", "content": ' + "[" * 20_000 + "]" * 20_000 + "}"])
+@example(batch=[nested(100_000, True)])  # over max_frame: 1009
+@example(
+    batch=[b"\x00" * 300, "", "null", "[]", '{"type": null}', '{"type": "user", "content": 1}']
+)
+async def test_any_frames_get_answers_and_the_session_keeps_working(
+    fuzz_gateway: Gateway, batch: list[str | bytes]
+) -> None:
+    client = await GatewayClient.connect(fuzz_gateway.url)
+    await survives(fuzz_gateway, client, batch)
+
+
+@FUZZ
+@given(
+    good=st.text(max_size=40),
+    bad=st.binary(min_size=1, max_size=40).filter(lambda b: not _is_utf8(b)),
+)
+async def test_invalid_utf8_in_a_text_frame_closes_1007_and_the_session_survives(
+    fuzz_gateway: Gateway, good: str, bad: bytes
+) -> None:
+    client = await GatewayClient.connect(fuzz_gateway.url)
+    await client.ws.send(good.encode() + bad, text=True)  # a text frame that is not UTF-8
+    with contextlib.suppress(ConnectionClosed):
+        await client.until(lambda e: False, timeout=10)
+    assert client.ws.close_code == 1007
+    again = await reconnect_answers_hello(fuzz_gateway, client)
+    await again.close()
+
+
+def _is_utf8(data: bytes) -> bool:
+    try:
+        data.decode()
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+async def test_over_max_frame_closes_1009_then_a_fresh_connection_works(
+    fuzz_gateway: Gateway,
+) -> None:
+    limit = fuzz_gateway.config.max_frame
+    client = await GatewayClient.connect(fuzz_gateway.url)
+    for size in (limit + 1, limit * 4, 16 * limit):
+        frame = orjson.dumps({"type": "user", "content": "x" * size}).decode()
+        with contextlib.suppress(ConnectionClosed):
+            await client.send(frame)
+            await client.until(lambda e: False, timeout=10)
+        assert client.ws.close_code == 1009
+        client = await reconnect_answers_hello(fuzz_gateway, client)
+    # Just under the limit is a normal message.
+    content = "y" * (limit - 100)
+    events = await client.turn(content)
+    assert events[0].content == content  # type: ignore[union-attr]
+    await client.close()
+
+
+@settings(FUZZ, max_examples=15)
+@given(
+    count=st.integers(50, 400),
+    kinds=st.lists(
+        st.sampled_from(["user", "cancel", "ping", "bad", "binary"]), min_size=1, max_size=5
+    ),
+)
+async def test_floods_of_frames_are_answered_and_the_session_survives(
+    fuzz_gateway: Gateway, count: int, kinds: list[str]
+) -> None:
+    client = await GatewayClient.connect(fuzz_gateway.url)
+    frames_by_kind: dict[str, str | bytes] = {
+        "user": '{"type": "user", "content": "flood"}',
+        "cancel": '{"type": "cancel"}',
+        "ping": '{"type": "ping"}',
+        "bad": "{not json",
+        "binary": b"\x01\x02",
+    }
+    batch = [frames_by_kind[kinds[i % len(kinds)]] for i in range(count)]
+    await survives(fuzz_gateway, client, batch)

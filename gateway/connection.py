@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import uuid
 from collections import deque
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -21,8 +22,18 @@ from typing import TYPE_CHECKING
 from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
 
-from protocol.events import Cancel, Error, Ping, Session, UserMessage, decode_client, encode
+from protocol.events import (
+    Cancel,
+    Error,
+    Ping,
+    Session,
+    UserMessage,
+    decode_client,
+    decode_event,
+    encode,
+)
 
+from .backpressure import SendPressure
 from .follower import LogFollower
 from .session import SessionRuntime
 from .store.base import LogEntry, StoreUnavailable
@@ -71,6 +82,9 @@ class ClientConnection:
         self._lagging = True  # start by catching up from the log
         self._wake = asyncio.Event()
         self._close: tuple[int, str] | None = None
+        self.conn_id = uuid.uuid4().hex
+        self._redispatched = 0
+        self._pressure = SendPressure(node)  # coalescing for a client behind (backpressure)
 
     # ------------------------------------------------------------- Subscriber
 
@@ -82,14 +96,33 @@ class ClientConnection:
             # Too far behind: stop buffering, catch up from the log instead.
             queue.clear()
             self._lagging = True
+            self._pressure.fell_behind()
             self.node.metrics.client_lagging.inc()
         else:
             queue.extend(entries)
         self._wake.set()
 
     def notify(self, event: Error) -> None:
+        if not self._pressure.may_queue_reply(self._queue):
+            return  # the client reads nothing: its replies would pile up without bound
         self._queue.append(LogEntry(_UNLOGGED, encode(event)))
         self._wake.set()
+
+    def reply_frame(self, data: bytes) -> None:
+        """An error from the driving node answering a command forwarded from here."""
+        event = decode_event(data)
+        if isinstance(event, Error):
+            self._reply(event)
+
+    def redispatch(self, frame: bytes) -> None:
+        """Run a forwarded command again: its session stopped being driven elsewhere."""
+        self._redispatched += 1
+        if self._redispatched > 5:  # the session keeps moving: let the client decide
+            self._reply(
+                Error(code="turn_active", content="the session is moving between nodes; send again")
+            )
+            return
+        self.node.spawn(self._handle(frame.decode()), f"redispatch:{self.sid}")
 
     def session_lost(self, reason: str) -> None:
         self._close = (CloseCode.SERVICE_RESTART, f"session moved ({reason}); reconnect with after")
@@ -105,6 +138,14 @@ class ClientConnection:
     # ------------------------------------------------------------- lifecycle
 
     async def serve(self) -> None:
+        node = self.node
+        node.connections[self.conn_id] = self
+        try:
+            await self._serve()
+        finally:
+            node.connections.pop(self.conn_id, None)
+
+    async def _serve(self) -> None:
         node = self.node
         await self._attach()
         head = self.source.last_seq if isinstance(self.source, SessionRuntime) else None
@@ -174,16 +215,33 @@ class ClientConnection:
             return
         if isinstance(message, Ping):
             return
-        runtime = await self._runtime_for_command()
+        if isinstance(message, UserMessage):
+            # Per-key turn limits (gateway.limits), before the turn starts here or is forwarded.
+            refusal = await self.node.limits.admit_turn(self.sid, self.source)
+            if refusal is not None:
+                self._reply(refusal)
+                return
+        runtime = None
+        # The lease can change hands between looking and forwarding: look again.
+        for _ in range(3):
+            runtime = await self._runtime_for_command()
+            if runtime is not None:
+                break
+            try:
+                if await self.node.forward(self.sid, frame.encode(), self.conn_id):
+                    return  # the driving node answers through the log (or a reply)
+            except StoreUnavailable:
+                break
         if runtime is None:
             self._reply(
                 Error(
-                    code="turn_active",
-                    content="this session is busy on another gateway node; "
-                    "wait for the running turn's end event and send again",
+                    code="store",
+                    content="the session store is unavailable, so this message could not "
+                    "reach the session; send it again in a few seconds",
                 )
             )
             return
+        self._redispatched = 0
         if isinstance(message, UserMessage):
             error = runtime.start_turn(message.content)
         else:
@@ -234,8 +292,10 @@ class ClientConnection:
                             queue.appendleft(entry)
                             self._lagging = True
                             break
+                        # A long queue: merge the chunks after it (seq_from..seq).
+                        entry = self._pressure.coalesce(entry, queue)
                         await ws.send(entry.data, text=True)
-                        self.last_sent = seq
+                        self.last_sent = entry.seq
                 if self._lagging or queue or self._close is not None:
                     continue
                 self._wake.clear()
@@ -268,7 +328,7 @@ class ClientConnection:
                     seq=self.last_sent,
                 )
                 await self.ws.send(encode(gap), text=True)
-            for entry in entries:
+            for entry in self._pressure.page(entries):  # merged if the client fell behind
                 if entry.seq > self.last_sent:
                     await self.ws.send(entry.data, text=True)
                     self.last_sent = entry.seq

@@ -16,20 +16,22 @@ import secrets
 import time
 from collections.abc import Coroutine
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from protocol.assembly import HistoryItem, decode_history_item
-from protocol.events import Usage
+from protocol.events import Cancel, Error, Usage, UserMessage, decode_client, encode
 from protocol.prompt import system_prompt
 from tools.base import ToolContext
 from tools.executor import Executor
 from tools.registry import Registry
 
 from .config import Config
+from .control import Forward, Reply, decode_control, encode_control, node_channel
 from .follower import LogFollower
+from .limits import Limits
 from .metrics import Metrics
 from .session import SessionRuntime
-from .store.base import Store
+from .store.base import Store, StoreError
 from .upstream.base import UpstreamFactory
 
 __all__ = ["Node", "SessionMeta"]
@@ -37,6 +39,14 @@ __all__ = ["Node", "SessionMeta"]
 log = logging.getLogger("gateway.node")
 
 SessionMeta = dict[str, str]
+
+
+class ClientConnectionLike(Protocol):
+    def reply_frame(self, data: bytes) -> None:
+        """Send an encoded error event (a reply) to this client."""
+
+    def redispatch(self, frame: bytes) -> None:
+        """Handle this client's command again (the session moved while it travelled)."""
 
 
 class Node:
@@ -58,9 +68,13 @@ class Node:
             registry, timeout=config.tool_timeout, max_output=config.tool_max_output
         )
         self.metrics = metrics or Metrics()
+        # Per-key turn and token limits (gateway.limits); free when they are off.
+        self.limits = Limits(config, store, self.metrics)
         self.system_prompt = system_prompt(registry.specs(), config.instructions)
         self.runtimes: dict[str, SessionRuntime] = {}
         self.followers: dict[str, LogFollower] = {}
+        # Client connections on this node by id, for replies to forwarded commands.
+        self.connections: dict[str, ClientConnectionLike] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self.store_retry_delay = 0.5
         self.draining = False
@@ -71,6 +85,9 @@ class Node:
 
     def start(self) -> None:
         self._keeper = asyncio.create_task(self._keep_leases(), name="lease-keeper")
+        self.spawn(
+            self.store.listen(node_channel(self.node_id), self._on_control), "control-listener"
+        )
 
     async def stop(self) -> None:
         """Close every session this node drives (their clients are told to reconnect)."""
@@ -208,17 +225,66 @@ class Node:
                 continue
             results = await asyncio.gather(
                 *(
-                    self.store.renew_lease(rt.sid, self.node_id, self.config.lease_ttl)
+                    # acquire, not renew: a lease that expired during a store
+                    # outage and that nobody else took is simply ours again.
+                    self.store.acquire_lease(rt.sid, self.node_id, self.config.lease_ttl)
                     for rt in runtimes
                 ),
                 return_exceptions=True,
             )
             for rt, ok in zip(runtimes, results, strict=True):
                 if ok is False:
-                    log.warning("session %s: lease taken by another node", rt.sid)
+                    log.warning(
+                        "session %s: lease taken by another node", rt.sid, extra={"sid": rt.sid}
+                    )
                     rt.lose("lease lost to another node")
                 # An exception (store down) is not a loss: the lease may still be
                 # ours; appends are fenced, so a real loss shows up there.
+
+    # ------------------------------------------------------------------ control
+
+    async def forward(self, sid: str, frame: bytes, conn: str) -> bool:
+        """Send a client's command to the node driving ``sid``; False if none does."""
+        owner = await self.store.lease_owner(sid)
+        if owner is None or owner == self.node_id:
+            return False
+        message = Forward(sid=sid, command=frame, origin=self.node_id, conn=conn)
+        await self.store.publish(node_channel(owner), encode_control(message))
+        return True
+
+    def _on_control(self, data: bytes) -> None:
+        message = decode_control(data)
+        if message is None:
+            log.warning("ignoring an unreadable control message (%d bytes)", len(data))
+        elif isinstance(message, Reply):
+            target = self.connections.get(message.conn)
+            if target is not None and message.retry:
+                target.redispatch(message.retry)
+            elif target is not None:
+                target.reply_frame(message.error)
+        else:
+            self.spawn(self._run_forwarded(message), f"forwarded:{message.sid}")
+
+    async def _run_forwarded(self, message: Forward) -> None:
+        runtime = self.runtimes.get(message.sid)
+        command = decode_client(message.command)
+        if runtime is None or runtime.closed:
+            # Not driven here any more: the origin node can take it over.
+            back = Reply(conn=message.conn, retry=message.command)
+            with contextlib.suppress(StoreError):
+                await self.store.publish(node_channel(message.origin), encode_control(back))
+            return
+        error: Error | None
+        if isinstance(command, UserMessage):
+            error = runtime.start_turn(command.content)
+        elif isinstance(command, Cancel):
+            error = runtime.cancel_turn()
+        else:
+            return
+        if error is not None:
+            reply = Reply(conn=message.conn, error=encode(error))
+            with contextlib.suppress(StoreError):
+                await self.store.publish(node_channel(message.origin), encode_control(reply))
 
     # ------------------------------------------------------------------ tools
 

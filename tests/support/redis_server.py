@@ -25,7 +25,7 @@ def free_port() -> int:
 class RedisServer:
     """Start, stop and restart one redis-server bound to 127.0.0.1."""
 
-    def __init__(self, workdir: Path, port: int | None = None) -> None:
+    def __init__(self, workdir: Path, port: int | None = None, *, durable: bool = False) -> None:
         binary = shutil.which("redis-server")
         if binary is None:
             raise RuntimeError(
@@ -36,6 +36,9 @@ class RedisServer:
         self.workdir = workdir
         self.port = port or free_port()
         self.proc: subprocess.Popen[bytes] | None = None
+        # durable: an append-only file fsynced on every write, so a restart
+        # (or a crash) keeps every acknowledged write, as production should.
+        self.durable = durable
 
     @property
     def url(self) -> str:
@@ -53,7 +56,9 @@ class RedisServer:
                 "--save",
                 "",
                 "--appendonly",
-                "no",
+                "yes" if self.durable else "no",
+                "--appendfsync",
+                "always",
                 "--dir",
                 str(self.workdir),
                 "--protected-mode",

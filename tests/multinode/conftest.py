@@ -1,0 +1,80 @@
+"""Real processes: one redis-server, one slowed simulator, gateway nodes.
+
+Nodes are `gateway serve` subprocesses sharing the Redis and the simulator,
+as they would behind a load balancer; tests kill, drain and restart them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support.procs import NodeProcess
+from tests.support.redis_server import RedisServer
+
+pytestmark = pytest.mark.slow
+
+LEASE_TTL = 2.0
+
+
+@pytest.fixture
+def durable_redis(tmp_path: Path) -> Iterator[RedisServer]:
+    """A redis-server with an append-only file, so a restart keeps the data."""
+    server = RedisServer(tmp_path / "redis", durable=True)
+    server.start()
+    yield server
+    server.stop()
+
+
+SimFactory = Callable[..., NodeProcess]
+NodeFactory = Callable[..., NodeProcess]
+
+
+@pytest.fixture
+def start_sim() -> Iterator[SimFactory]:
+    procs: list[NodeProcess] = []
+
+    def start(*args: str) -> NodeProcess:
+        proc = NodeProcess(["sim", "--port", "0", *args]).start()
+        procs.append(proc)
+        return proc
+
+    yield start
+    for proc in procs:
+        proc.kill()
+
+
+@pytest.fixture
+def start_node(durable_redis: RedisServer, tmp_path: Path) -> Iterator[NodeFactory]:
+    procs: list[NodeProcess] = []
+
+    def start(sim: NodeProcess, name: str, *args: str) -> NodeProcess:
+        proc = NodeProcess(
+            [
+                "serve",
+                "--port",
+                "0",
+                "--provider",
+                "openai",
+                "--openai-base-url",
+                sim.url.removesuffix("/realtime"),
+                "--redis",
+                durable_redis.url,
+                "--node-id",
+                name,
+                "--lease-ttl",
+                str(LEASE_TTL),
+                "--workspace-root",
+                str(tmp_path / "workspaces"),
+                *args,
+            ],
+            env={"OPENAI_API_KEY": "sim-key"},
+        ).start()
+        procs.append(proc)
+        return proc
+
+    yield start
+    for proc in procs:
+        proc.kill()

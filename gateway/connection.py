@@ -215,6 +215,15 @@ class ClientConnection:
             return
         if isinstance(message, Ping):
             return
+        if isinstance(message, UserMessage) and self.node.draining:
+            self._reply(
+                Error(
+                    code="draining",
+                    content="this gateway node is shutting down; reconnect (with session_id and "
+                    "after=SEQ) to reach another node and send the message again",
+                )
+            )
+            return
         if isinstance(message, UserMessage):
             # Per-key turn limits (gateway.limits), before the turn starts here or is forwarded.
             refusal = await self.node.limits.admit_turn(self.sid, self.source)

@@ -209,15 +209,11 @@ class Gateway:
         if turns:
             log.info("draining: waiting up to %.0fs for %d running turns", deadline, len(turns))
             await asyncio.wait(turns, timeout=deadline)
+        flushes = [asyncio.ensure_future(rt.flushed()) for rt in node.runtimes.values()]
+        if flushes:
+            await asyncio.wait(flushes, timeout=5.0)  # a store outage must not hold the exit
         await asyncio.gather(
-            *(rt.flushed() for rt in node.runtimes.values()), return_exceptions=True
-        )
-        await asyncio.gather(
-            *(
-                c.ws.close(CloseCode.SERVICE_RESTART, "node draining; reconnect with after=SEQ")
-                for c in list(self.connections)
-            ),
-            return_exceptions=True,
+            *(_close_or_abort(c.ws) for c in list(self.connections)), return_exceptions=True
         )
         await node.stop()
         if self.server is not None:
@@ -232,6 +228,17 @@ class Gateway:
             await self.server.wait_closed()
         await self.edges.close()
         await self.node.stop()
+
+
+async def _close_or_abort(ws: ServerConnection) -> None:
+    """Close with 1012; a client that stopped reading cannot take the close
+    frame, so after a few seconds its connection is aborted instead."""
+    try:
+        await asyncio.wait_for(
+            ws.close(CloseCode.SERVICE_RESTART, "node draining; reconnect with after=SEQ"), 5.0
+        )
+    except (TimeoutError, OSError):
+        ws.transport.abort()
 
 
 def _one(query: dict[str, list[str]], name: str) -> str | None:

@@ -124,6 +124,7 @@ class SessionRuntime:
         self.upstream: Upstream | None = None
         self.turn: asyncio.Task[None] | None = None
         self._cancel_requested = False
+        self._ending = False  # the running turn emitted end and awaits its usage
         self._store_down = False
         self.closed = False
         self._flusher = asyncio.create_task(self._flush_loop(), name=f"flush:{sid}")
@@ -248,18 +249,37 @@ class SessionRuntime:
         """Start a turn with the user's text; an ``Error`` reply if one is running."""
         if self.closed:
             return Error(code="internal", content="session is closing; reconnect and resend")
-        if self.turn is not None:
+        previous = self.turn
+        if previous is not None and not self._ending:
             return Error(
                 code="turn_active",
                 content="a turn is already running; wait for its end event or send cancel",
             )
+        # After the model's <end> the turn only waits for its usage report: a
+        # message sent on `end` starts right after it instead of being refused.
         self._cancel_requested = False
-        self.turn = asyncio.create_task(self._turn_main(text), name=f"turn:{self.sid}")
+        self._ending = False
+        self.turn = asyncio.create_task(self._turn_after(previous, text), name=f"turn:{self.sid}")
         return None
+
+    async def _turn_after(self, previous: asyncio.Task[None] | None, text: str) -> None:
+        if previous is not None:
+            try:
+                await asyncio.wait({previous})
+            except asyncio.CancelledError:
+                # Cancelled (or the node closing) before it started: nothing to undo.
+                self._turn_done()
+                raise
+        await self._turn_main(text)
+
+    def _turn_done(self) -> None:
+        if self.turn is asyncio.current_task():
+            self.turn = None
+        self.node.maybe_release(self)
 
     def cancel_turn(self) -> Error | None:
         """Cancel the running turn; an ``Error`` reply if there is none."""
-        if self.turn is None or self.turn.done():
+        if self.turn is None or self.turn.done() or self._ending:
             return Error(code="no_turn", content="no turn is running; nothing to cancel")
         if not self._cancel_requested:
             self._cancel_requested = True
@@ -305,20 +325,18 @@ class SessionRuntime:
             self.emit(End())
             await self._drop_upstream()
         finally:
-            self.turn = None
-            self.node.maybe_release(self)
+            self._turn_done()
 
     async def _finish_cancelled(self, recorder: StepRecorder) -> None:
-        # Cancelling leaves the provider's conversation with a partial response;
-        # closing the upstream and reopening from history next turn keeps the
-        # model's context equal to what the history says happened.
-        upstream = self.upstream
-        if upstream is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(upstream.cancel_response(), 2.0)
-        await self._drop_upstream()
         self.persist([*recorder.finish(), Cancelled(content="cancelled by the user")])
         self.emit(Cancelled(content="cancelled by the user"))
+        # Cancelling leaves the provider's conversation with a partial response;
+        # the upstream is dropped and the next turn reopens from history, so the
+        # model's context says what the history says. Stopping the provider's
+        # response and closing can take seconds: the client does not wait.
+        upstream, self.upstream = self.upstream, None
+        if upstream is not None:
+            self.node.spawn(_discard(upstream), f"discard-upstream:{self.sid}")
 
     async def _drop_upstream(self) -> None:
         upstream, self.upstream = self.upstream, None
@@ -342,22 +360,16 @@ class SessionRuntime:
                 self.persist(recorder.finish())
                 self.emit(End())
                 return
-            if outcome.usage is not None:
-                self.usage = Usage(
-                    input=self.usage.input + outcome.usage.input,
-                    output=self.usage.output + outcome.usage.output,
-                )
-                self.emit(Metric(step=outcome.usage, total=self.usage))
-                self.node.metrics.tokens.labels("input").inc(outcome.usage.input)
-                self.node.metrics.tokens.labels("output").inc(outcome.usage.output)
-                self.node.limits.record_usage(self.sid, outcome.usage)
+            metric = self._account(outcome.usage)
             if outcome.error is not None:
                 self.emit(Error(code="upstream", content=outcome.error))
                 self.persist(recorder.finish())
                 self.emit(End())
+                self._emit_metric(metric)
                 await self._drop_upstream()
                 return
             if outcome.calls or outcome.malformed is not None:
+                self._emit_metric(metric)
                 if outcome.malformed is not None:
                     malformed_in_a_row += 1
                     results = [
@@ -384,10 +396,11 @@ class SessionRuntime:
                 message = results_message(content)
                 recorder = StepRecorder()
                 continue
-            # The step answered: the turn is over.
+            # The step answered: the turn is over (end, then the step's metric).
             self.persist(recorder.finish())
             if not outcome.ended:
                 self.emit(End())
+            self._emit_metric(metric)
             return
         self.persist(recorder.finish())
         self.emit(
@@ -398,6 +411,23 @@ class SessionRuntime:
             )
         )
         self.emit(End())
+
+    def _account(self, usage: Usage | None) -> Metric | None:
+        """Add a step's usage to the session's totals; the metric event to emit."""
+        if usage is None:
+            return None
+        self.usage = Usage(
+            input=self.usage.input + usage.input, output=self.usage.output + usage.output
+        )
+        metrics = self.node.metrics
+        metrics.tokens.labels("input").inc(usage.input)
+        metrics.tokens.labels("output").inc(usage.output)
+        self.node.limits.record_usage(self.sid, usage)
+        return Metric(step=usage, total=self.usage)
+
+    def _emit_metric(self, metric: Metric | None) -> None:
+        if metric is not None:
+            self.emit(metric)
 
     async def _run_tools(self, calls: list[ToolCall]) -> list[ToolResult]:
         node = self.node
@@ -475,9 +505,12 @@ class SessionRuntime:
                     continue  # the overrun after </execute> or <end> is discarded
                 for out in feed(ev.text):
                     self._route(out, outcome, emit, add)
-                if parser.stopped and not outcome.ended:
-                    # </execute> (or a malformed block): stop the model's turn now.
-                    await upstream.cancel_response()
+                if parser.stopped:
+                    if outcome.ended:
+                        self._ending = True  # <end>: the next message may queue now
+                    else:
+                        # </execute> (or a malformed block): stop the model's turn now.
+                        await upstream.cancel_response()
             elif type(ev) is ResponseDone:
                 if not parser.stopped:
                     for out in parser.close():
@@ -565,3 +598,11 @@ class SessionRuntime:
             sub.session_lost(reason)
         self.subscribers.clear()
         await self._drop_upstream()
+
+
+async def _discard(upstream: Upstream) -> None:
+    """Stop an abandoned upstream's response (so it stops billing) and close it."""
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(upstream.cancel_response(), 2.0)
+    with contextlib.suppress(Exception):
+        await upstream.close()

@@ -135,6 +135,7 @@ ErrorCode = Literal[
     "store",
     "rate_limited",
     "log_trimmed",
+    "draining",
     "quota_exceeded",
     "internal",
 ]

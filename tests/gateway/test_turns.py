@@ -199,3 +199,33 @@ async def test_the_log_holds_exactly_what_the_client_received(gateway: Gateway) 
     assert [e.seq for e in entries] == [e.seq for e in client.events]
     assert [decode_event(e.data) for e in entries] == client.events
     await client.close()
+
+
+async def test_without_end_marker_the_turn_still_ends_before_its_metric(gateway: Gateway) -> None:
+    client = await GatewayClient.connect(gateway.url)
+    events = await client.turn("/raw <think>short</think>An answer with no end marker")
+    assert text_of(events, "respond") == "An answer with no end marker"
+    assert [type(e) for e in events[-2:]] == [End, Metric]
+    await client.close()
+
+
+async def test_a_message_sent_on_end_is_queued_not_refused(
+    gateway_factory: GatewayFactory,
+) -> None:
+    async with gateway_factory(sim_tokens_per_second=50.0) as gw:
+        client = await GatewayClient.connect(gw.url)
+        # The model keeps writing after <end> (discarded), so its response, and
+        # the turn's usage report, come ~0.5 s after the end event.
+        await client.user("/raw Done.<end>" + " trailing text the parser discards" * 2)
+        await client.until(lambda e: isinstance(e, End))
+        await client.user("second")
+        events = await client.until(lambda e: isinstance(e, End))
+        assert not any(isinstance(e, Error) for e in events)
+        users = [e.content for e in client.events if isinstance(e, User)]
+        assert users[1] == "second"
+        # The first turn's metric comes before the second turn's user event.
+        kinds = [type(e) for e in client.events]
+        assert kinds.index(Metric) < kinds.index(User, 1)
+        assert text_of(events, "respond") == "Echo: second"
+        assert_contiguous(client)
+        await client.close()

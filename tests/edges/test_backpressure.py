@@ -144,10 +144,10 @@ async def test_a_client_that_stops_reading_stays_bounded_and_then_gets_everythin
         # The whole turn is logged; the slow client read none of it, and what the
         # gateway holds for it is bounded (its socket may hold the merged rest).
         conn = server_side(gw)
-        assert len(conn._queue) <= limit  # bounded by send_queue_frames...
+        # Bounded by send_queue_frames (past it the client catches up from the
+        # log) and by merging what is queued into few frames.
+        assert len(conn._queue) <= limit
         assert conn.ws.transport.get_write_buffer_size() <= gw.config.write_limit + 65536
-        _, text = await http_get(gw, "/metrics")
-        assert metric_value(text, "rtgw_client_catchups_total") >= 1  # ...by going to the log
         # Reading again, it gets every event exactly once, some merged.
         await read_rest(slow)
         assert_every_event_once(slow.events, 1)

@@ -229,3 +229,24 @@ async def test_a_client_flooding_frames_without_reading_replies_stays_bounded(
         await poll_until(dropped, "replies beyond the queue limit are dropped")
         assert len(conn._queue) <= limit
         slow.ws.transport.abort()  # it reads nothing, so no close handshake can finish
+
+
+@pytest.mark.parametrize("store_kind", ["memory", "redis"])
+async def test_a_client_too_far_behind_catches_up_from_the_log(
+    gateway_factory: GatewayFactory,
+) -> None:
+    # No merging: the only way to stay bounded is to drop the queue and read
+    # the log later, which is what a client that falls this far behind gets.
+    async with gateway_factory(send_queue_frames=64, coalesce_after=0, slow_client_timeout=0) as gw:
+        small_buffers(gw)
+        slow = await GatewayClient.connect(gw.url, sock=slow_socket(gw), max_queue=2)
+        fast = await GatewayClient.connect(gw.url, session_id=slow.sid, after=0)
+        await fast.turn(LONG)
+        assert len(server_side(gw)._queue) <= 64
+        _, text = await http_get(gw, "/metrics")
+        assert metric_value(text, "rtgw_client_catchups_total") >= 1
+        await read_rest(slow)
+        assert [e.seq for e in slow.events] == list(range(1, fast.last_seq + 1))
+        assert text_of(slow.events, "respond") == "Echo: " + LONG
+        await slow.close()
+        await fast.close()

@@ -77,8 +77,8 @@ from collections.abc import Sequence
 from typing import Final
 
 import msgspec
-from websockets.asyncio.client import ClientConnection, connect
-from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
+from websockets.asyncio.client import ClientConnection
+from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.frames import Close
 
 from protocol.assembly import Message
@@ -94,6 +94,7 @@ from .base import (
     UpstreamEvent,
     UpstreamFactory,
 )
+from .dial import dial
 
 __all__ = [
     "DEFAULT_API_VERSION",
@@ -111,9 +112,6 @@ DEFAULT_API_VERSION: Final = "v1beta"
 # A half-cascade Live model: it can answer in TEXT (audio-native ones cannot).
 DEFAULT_MODEL: Final = "gemini-live-2.5-flash-preview"
 
-_MAX_FRAME: Final = 64 * 2**20
-# Closing waits this long for the provider's close frame, then drops the socket.
-_CLOSE_TIMEOUT: Final = 2.0
 
 # Where the current model turn is.
 _IDLE: Final = 0  # no turn requested, or it ended
@@ -262,27 +260,13 @@ class GeminiLive(Upstream):
     async def _connect(self) -> ClientConnection:
         """A new connection, set up; the server holds none of the transcript yet."""
         headers = {"x-goog-api-key": self.api_key} if self.api_key else {}
-        try:
-            ws = await connect(
-                self.url,
-                additional_headers=headers,
-                compression=None,
-                max_size=_MAX_FRAME,
-                open_timeout=self.connect_timeout,
-                close_timeout=_CLOSE_TIMEOUT,
-            )
-        except InvalidStatus as exc:
-            raise UpstreamClosed(_rejection(exc)) from exc
-        except InvalidURI as exc:
-            raise UpstreamClosed(f"bad Gemini Live URL {self.url!r}: {exc}") from exc
-        except InvalidHandshake as exc:
-            raise UpstreamClosed(f"WebSocket handshake with {self.url} failed: {exc}") from exc
-        except TimeoutError as exc:
-            raise UpstreamClosed(
-                f"connecting to {self.url} timed out after {self.connect_timeout:g}s"
-            ) from exc
-        except OSError as exc:
-            raise UpstreamClosed(f"cannot connect to {self.url}: {exc}") from exc
+        ws = await dial(
+            self.url,
+            headers,
+            label="Gemini Live",
+            connect_timeout=self.connect_timeout,
+            rejection=_rejection,
+        )
         try:
             instruction = (
                 wire.text_content(None, self._instructions) if self._instructions else None

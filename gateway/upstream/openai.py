@@ -31,8 +31,8 @@ from typing import Final
 from urllib.parse import quote
 
 import msgspec
-from websockets.asyncio.client import ClientConnection, connect
-from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
+from websockets.asyncio.client import ClientConnection
+from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.frames import Close
 
 from protocol.assembly import Message
@@ -48,6 +48,7 @@ from .base import (
     UpstreamEvent,
     UpstreamFactory,
 )
+from .dial import dial
 
 __all__ = ["DEFAULT_BASE_URL", "DEFAULT_MODEL", "OpenAIRealtime", "OpenAIRealtimeFactory"]
 
@@ -55,12 +56,6 @@ log = logging.getLogger(__name__)
 
 DEFAULT_BASE_URL: Final = "wss://api.openai.com/v1"
 DEFAULT_MODEL: Final = "gpt-realtime"
-
-# Incoming frames: a ``response.done`` repeats the whole output, so allow big ones.
-_MAX_FRAME: Final = 64 * 2**20
-
-# Closing waits this long for the provider's close frame, then drops the socket.
-_CLOSE_TIMEOUT: Final = 2.0
 
 # Errors that need no action: a cancel that arrived after the response had ended.
 _HARMLESS_ERRORS: Final = frozenset({"response_cancel_not_active"})
@@ -144,27 +139,13 @@ class OpenAIRealtime(Upstream):
         if self._ws is not None or self._closed:
             raise RuntimeError("an OpenAIRealtime is opened once; make a new one to reconnect")
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
-        try:
-            ws = await connect(
-                self.url,
-                additional_headers=headers,
-                compression=None,
-                max_size=_MAX_FRAME,
-                open_timeout=self.connect_timeout,
-                close_timeout=_CLOSE_TIMEOUT,
-            )
-        except InvalidStatus as exc:
-            raise UpstreamClosed(_rejection(exc)) from exc
-        except InvalidURI as exc:
-            raise UpstreamClosed(f"bad OpenAI Realtime URL {self.url!r}: {exc}") from exc
-        except InvalidHandshake as exc:
-            raise UpstreamClosed(f"WebSocket handshake with {self.url} failed: {exc}") from exc
-        except TimeoutError as exc:
-            raise UpstreamClosed(
-                f"connecting to {self.url} timed out after {self.connect_timeout:g}s"
-            ) from exc
-        except OSError as exc:
-            raise UpstreamClosed(f"cannot connect to {self.url}: {exc}") from exc
+        ws = await dial(
+            self.url,
+            headers,
+            label="OpenAI Realtime",
+            connect_timeout=self.connect_timeout,
+            rejection=_rejection,
+        )
         self._ws = ws
         try:
             try:

@@ -1,0 +1,55 @@
+"""Opening an upstream WebSocket, with failures turned into ``UpstreamClosed``.
+
+Every provider adapter connects the same way (no compression: deflate costs
+CPU on every token; a generous frame limit; a short close timeout so closing
+a dead upstream does not block), and every way a connect can fail becomes one
+``UpstreamClosed`` whose reason says what happened. Only the message for an
+HTTP refusal is the provider's: it knows which key or setting to name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Final
+
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import InvalidHandshake, InvalidStatus, InvalidURI
+
+from .base import UpstreamClosed
+
+__all__ = ["CLOSE_TIMEOUT", "MAX_FRAME", "dial"]
+
+# Provider frames are small; this only guards against a runaway peer.
+MAX_FRAME: Final = 64 * 2**20
+# Seconds to wait for a close handshake before dropping the TCP connection.
+CLOSE_TIMEOUT: Final = 2.0
+
+
+async def dial(
+    url: str,
+    headers: Mapping[str, str],
+    *,
+    label: str,
+    connect_timeout: float,
+    rejection: Callable[[InvalidStatus], str],
+) -> ClientConnection:
+    """Connect to ``url``; ``label`` names the API in error messages."""
+    try:
+        return await connect(
+            url,
+            additional_headers=dict(headers),
+            compression=None,
+            max_size=MAX_FRAME,
+            open_timeout=connect_timeout,
+            close_timeout=CLOSE_TIMEOUT,
+        )
+    except InvalidStatus as exc:
+        raise UpstreamClosed(rejection(exc)) from exc
+    except InvalidURI as exc:
+        raise UpstreamClosed(f"bad {label} URL {url!r}: {exc}") from exc
+    except InvalidHandshake as exc:
+        raise UpstreamClosed(f"WebSocket handshake with {url} failed: {exc}") from exc
+    except TimeoutError as exc:
+        raise UpstreamClosed(f"connecting to {url} timed out after {connect_timeout:g}s") from exc
+    except OSError as exc:
+        raise UpstreamClosed(f"cannot connect to {url}: {exc}") from exc

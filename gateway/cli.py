@@ -1,4 +1,4 @@
-"""The ``gateway`` command: ``serve``, ``sim``, ``chat``."""
+"""The ``gateway`` command: ``serve``, ``sim``, ``chat``, ``loadtest``, ``keys``."""
 
 from __future__ import annotations
 
@@ -106,6 +106,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     sim_p.add_argument("--port", type=int, default=8800)
     add_sim_arguments(sim_p)
 
+    from .loadtest import add_loadtest_arguments
+
+    lt_p = sub.add_parser("loadtest", help="many concurrent client sessions against a gateway")
+    add_loadtest_arguments(lt_p)
+
     chat_p = sub.add_parser("chat", help="chat with a gateway from the terminal")
     chat_p.add_argument("url", nargs="?", default="ws://127.0.0.1:8765/v1/realtime")
     chat_p.add_argument("--token", help="API key (Bearer)")
@@ -141,6 +146,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 )
             )
             return 0
+        if args.command == "loadtest":
+            from .loadtest import run_loadtest_cli
+
+            return asyncio.run(run_loadtest_cli(args))
         if args.command == "chat":
             from .chat import run_chat
 

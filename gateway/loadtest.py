@@ -1,0 +1,843 @@
+"""``gateway loadtest URL``: many concurrent client sessions against a gateway.
+
+``N`` sessions are opened over ``ramp`` seconds (session ``i`` starts at
+``i * ramp / N``); each sends ``turns`` user messages, one at a time, waiting
+``think_time`` between them, and optionally stays connected ``hold`` seconds
+after its last turn (to measure idle connections). Everything is bounded: at
+most ``MAX_SESSIONS`` sessions, a per-turn timeout, and a ``duration`` cap on
+the whole run after which whatever still runs is stopped (its turn counted as
+*aborted*, not failed).
+
+The client must not be what limits the test, so the hot path is lean: frames
+are received as bytes (no UTF-8 decode) and decoded by msgspec into a Struct of
+two fields (``type``, ``seq``), skipping the rest; only ``error`` frames are
+decoded again for their ``code``. Per event it does that decode, a ``seq``
+check and one sample.
+
+What is checked: the first frame is ``session``; ``seq`` is contiguous per
+session (a gap or a repeat is an error; an ``error`` reply to the client's own
+frame is not logged and repeats the last ``seq``, which is allowed); a turn
+ends with ``end`` and the ``metric`` after it (``metric`` then ``end`` when the
+model stopped without ``<end>``; ``end`` alone after an ``error``). See
+``gateway.loadtest_report`` for what is measured and how it is reported.
+
+Entry points: ``run_loadtest(config)`` (programmatic), ``LoadTest`` (the same,
+with live ``counters`` and an optional per-event ``observer`` for benchmarks),
+and ``add_loadtest_arguments`` / ``run_loadtest_cli`` for ``gateway loadtest``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import datetime
+import inspect
+import resource
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Final, Literal, NoReturn, Protocol, TextIO
+
+import msgspec
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import (
+    ConnectionClosed,
+    InvalidHandshake,
+    InvalidStatus,
+    InvalidURI,
+)
+
+from .loadtest_report import (
+    DEFAULT_SAMPLE_CAP,
+    LoadTestReport,
+    Reservoir,
+    encode_report,
+    format_report,
+)
+
+__all__ = [
+    "MAX_SESSIONS",
+    "LoadTest",
+    "LoadTestConfig",
+    "LoadTestCounters",
+    "LoadTestObserver",
+    "add_loadtest_arguments",
+    "check_seq",
+    "config_from_args",
+    "raise_nofile_limit",
+    "run_loadtest",
+    "run_loadtest_cli",
+    "sized_message",
+]
+
+MAX_SESSIONS: Final = 10_000
+MAX_DURATION: Final = 24 * 3600.0
+USER_AGENT: Final = "realtime-gateway-loadtest"
+
+# Events that carry model output: the first one of a turn is "first token".
+_CONTENT: Final = frozenset({"think", "respond", "call"})
+# Error codes that warn but do not fail the turn (the stream goes on).
+_NOTICE_CODES: Final = frozenset({"store", "log_trimmed"})
+# Files besides the sessions' sockets (stdio, the event loop, imports, margin).
+_FD_MARGIN: Final = 64
+# websockets >= 15 reads proxy settings from the environment; a load test of a
+# loopback gateway must never go through a proxy.
+_NO_PROXY: Final[dict[str, Any]] = (
+    {"proxy": None} if "proxy" in inspect.signature(connect.__init__).parameters else {}
+)
+
+ProgressMode = Literal["off", "bar", "lines"]
+
+
+class LoadTestConfig(msgspec.Struct, frozen=True, kw_only=True):
+    """One load test. Validated on construction (``ValueError`` names the setting)."""
+
+    url: str
+    sessions: int = 10
+    turns: int = 1
+    ramp: float = 0.0
+    """Seconds over which the sessions are started (evenly spaced)."""
+    message: str = "hello"
+    think_time: float = 0.0
+    """Seconds a session waits after a turn before sending the next message."""
+    hold: float = 0.0
+    """Seconds a session stays connected, idle, after its last turn."""
+    duration: float = 300.0
+    """Hard cap on the whole run (seconds): whatever still runs then is stopped."""
+    turn_timeout: float = 60.0
+    connect_timeout: float = 10.0
+    """Bounds the handshake, and separately the wait for the ``session`` frame."""
+    close_timeout: float = 5.0
+    token: str | None = None
+    """Sent as ``Authorization: Bearer TOKEN``; never written to the report."""
+    progress: ProgressMode = "off"
+    progress_interval: float = 0.0
+    """Seconds between progress updates; 0 = 0.5 s for the bar, 5 s for lines."""
+    sample_cap: int = DEFAULT_SAMPLE_CAP
+    max_frame: int = 16 * 2**20
+
+    def __post_init__(self) -> None:
+        if not self.url.startswith(("ws://", "wss://")):
+            raise ValueError(f"url {self.url!r} is not a WebSocket URL: use ws://HOST:PORT/PATH")
+        if not 1 <= self.sessions <= MAX_SESSIONS:
+            raise ValueError(f"sessions must be 1..{MAX_SESSIONS}, got {self.sessions}")
+        if self.turns < 0:
+            raise ValueError(f"turns must be >= 0, got {self.turns}")
+        for name in ("ramp", "think_time", "hold"):
+            value = getattr(self, name)
+            if not value >= 0:
+                raise ValueError(f"{name} must be >= 0 seconds, got {value}")
+        for name in ("turn_timeout", "connect_timeout", "close_timeout"):
+            value = getattr(self, name)
+            if not value > 0:
+                raise ValueError(f"{name} must be > 0 seconds, got {value}")
+        if not 0 < self.duration <= MAX_DURATION:
+            raise ValueError(
+                f"duration must be in (0, {MAX_DURATION:g}] seconds, got {self.duration}"
+            )
+        if self.progress_interval < 0:
+            raise ValueError(f"progress_interval must be >= 0, got {self.progress_interval}")
+        if self.sample_cap < 1:
+            raise ValueError(f"sample_cap must be >= 1, got {self.sample_cap}")
+
+
+class LoadTestCounters:
+    """Live totals of a running test (read them from another task: benches, progress)."""
+
+    __slots__ = (
+        "bytes",
+        "coalesced_chunks",
+        "coalesced_frames",
+        "errors",
+        "events",
+        "peak_open",
+        "sessions_connected",
+        "sessions_failed",
+        "sessions_open",
+        "turns_aborted",
+        "turns_failed",
+        "turns_ok",
+        "turns_skipped",
+    )
+
+    def __init__(self) -> None:
+        self.events = 0
+        self.coalesced_frames = 0
+        self.coalesced_chunks = 0
+        self.bytes = 0
+        self.errors = 0
+        self.sessions_open = 0
+        self.peak_open = 0
+        self.sessions_connected = 0
+        self.sessions_failed = 0
+        self.turns_ok = 0
+        self.turns_failed = 0
+        self.turns_aborted = 0
+        self.turns_skipped = 0
+
+
+class LoadTestObserver(Protocol):
+    """Per-event hook for benchmarks (e.g. latency against a pacing schedule).
+
+    Called inline on the client's hot path: keep it cheap. ``t`` is
+    ``time.perf_counter()`` at arrival (or at send for ``turn_started``);
+    ``data`` is the raw frame.
+    """
+
+    def turn_started(self, session: int, turn: int, t: float) -> None: ...
+
+    def event(self, session: int, turn: int, kind: str, data: bytes, t: float) -> None: ...
+
+
+class _Probe(msgspec.Struct):
+    """The fields the client reads of every frame (msgspec skips the rest).
+
+    ``seq_from`` is set on a frame that coalesces the chunks ``seq_from..seq``
+    (the gateway merges chunks for a client that falls behind).
+    """
+
+    type: str
+    seq: int = -1
+    seq_from: int = -1
+
+
+class _ErrorProbe(msgspec.Struct):
+    code: str = ""
+    content: str = ""
+
+
+_probe_decoder: Final = msgspec.json.Decoder(_Probe)
+_error_decoder: Final = msgspec.json.Decoder(_ErrorProbe)
+_DECODE_ERRORS: Final = (msgspec.DecodeError, msgspec.ValidationError)
+
+
+def check_seq(kind: str, seq: int, last: int, seq_from: int = -1) -> tuple[int, str | None]:
+    """Check one event's ``seq`` against the last one of the session.
+
+    Returns the new last seq and the problem, if any: ``seq_gap`` (events were
+    skipped; the check resumes after ``seq``) or ``seq_duplicate`` (a seq seen
+    again or going back). An ``error`` event with a seq not above ``last`` is a
+    reply to the client's own frame (not logged: it carries the last seq) and
+    is fine. A coalesced frame (``seq_from`` set) must start right after
+    ``last`` and covers ``seq_from..seq``.
+    """
+    first = seq if seq_from < 0 else seq_from
+    if seq_from > seq:
+        return max(last, seq), "seq_duplicate"
+    if first == last + 1:
+        return seq, None
+    if first > last + 1:
+        return seq, "seq_gap"
+    if kind == "error" and seq_from < 0 and seq <= last:
+        return last, None
+    return max(last, seq), "seq_duplicate"
+
+
+def sized_message(base: str, chars: int) -> str:
+    """``base`` repeated (space-separated) and cut to exactly ``chars`` characters."""
+    if chars <= 0:
+        return ""
+    unit = (base or "x") + " "
+    text = (unit * (chars // len(unit) + 1))[:chars]
+    return text[:-1] + "." if text.endswith(" ") else text
+
+
+def raise_nofile_limit(need: int) -> int:
+    """Raise this process's open-file soft limit towards ``need`` (up to the hard limit).
+
+    Returns the soft limit now in force.
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < need:
+        target = need if hard == resource.RLIM_INFINITY else min(need, hard)
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return int(soft)
+
+
+class _SessionOver(Exception):
+    """This session cannot go on (already counted): close it and skip its remaining turns."""
+
+
+class LoadTest:
+    """One run of a load test. ``await LoadTest(config).run()`` returns the report.
+
+    ``counters`` can be read while it runs; ``observer`` (optional) sees every
+    event of every turn; ``out`` is where progress goes (default stderr).
+    """
+
+    def __init__(
+        self,
+        config: LoadTestConfig,
+        *,
+        observer: LoadTestObserver | None = None,
+        out: TextIO | None = None,
+    ) -> None:
+        self.config = config
+        self.counters = LoadTestCounters()
+        self.observer = observer
+        self.out = out
+        cap = config.sample_cap
+        self.connect = Reservoir(cap, seed=1)
+        self.ttfe = Reservoir(cap, seed=2)
+        self.ttft = Reservoir(cap, seed=3)
+        self.gap = Reservoir(cap, seed=4)
+        self.turn = Reservoir(cap, seed=5)
+        self.events_by_type: dict[str, int] = {}
+        self.errors: dict[str, int] = {}
+        self.error_examples: dict[str, str] = {}
+        self._payload = msgspec.json.encode({"type": "user", "content": config.message})
+        headers = {"User-Agent": USER_AGENT}
+        if config.token:
+            headers["Authorization"] = f"Bearer {config.token}"
+        self._headers = headers
+        self._t0 = 0.0
+        self._done = asyncio.Event()
+        self._stop = asyncio.Event()
+
+    # ------------------------------------------------------------------ run
+
+    async def run(self) -> LoadTestReport:
+        cfg = self.config
+        raise_nofile_limit(cfg.sessions + _FD_MARGIN)
+        started_at = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+        self._t0 = t0 = time.perf_counter()
+        step = cfg.ramp / cfg.sessions
+        tasks = [
+            asyncio.create_task(self._session(i, t0 + i * step), name=f"loadtest:{i}")
+            for i in range(cfg.sessions)
+        ]
+        progress = (
+            asyncio.create_task(self._progress(), name="loadtest:progress")
+            if cfg.progress != "off"
+            else None
+        )
+        everything = asyncio.ensure_future(asyncio.wait(tasks))
+        stop = asyncio.ensure_future(self._stop.wait())
+        try:
+            await asyncio.wait(
+                (everything, stop), timeout=cfg.duration, return_when=asyncio.FIRST_COMPLETED
+            )
+            pending = [task for task in tasks if not task.done()]
+            by_request = bool(pending) and self._stop.is_set()
+            by_duration = bool(pending) and not by_request
+            for task in pending:
+                task.cancel()
+            if pending:
+                await asyncio.wait(pending)
+        finally:
+            everything.cancel()
+            stop.cancel()
+            for task in tasks:
+                task.cancel()
+            self._done.set()
+            if progress is not None:
+                with contextlib.suppress(BaseException):
+                    await progress
+        elapsed = time.perf_counter() - t0
+        for task in tasks:
+            if not task.cancelled() and task.exception() is not None:
+                exc = task.exception()
+                self._error("client_bug", f"{type(exc).__name__}: {exc}")
+        return self._report(started_at, elapsed, by_duration, by_request)
+
+    def stop(self) -> None:
+        """End the run now: what still runs is stopped as by the ``duration`` cap."""
+        self._stop.set()
+
+    def _report(
+        self, started_at: str, elapsed: float, by_duration: bool, by_request: bool
+    ) -> LoadTestReport:
+        cfg, c = self.config, self.counters
+        return LoadTestReport(
+            url=cfg.url,
+            sessions=cfg.sessions,
+            turns_per_session=cfg.turns,
+            ramp_s=cfg.ramp,
+            think_time_s=cfg.think_time,
+            hold_s=cfg.hold,
+            message_chars=len(cfg.message),
+            duration_cap_s=cfg.duration,
+            turn_timeout_s=cfg.turn_timeout,
+            started_at=started_at,
+            elapsed_s=elapsed,
+            stopped_by_duration=by_duration,
+            stopped_by_request=by_request,
+            sessions_connected=c.sessions_connected,
+            sessions_failed=c.sessions_failed,
+            sessions_peak_open=c.peak_open,
+            turns_planned=cfg.sessions * cfg.turns,
+            turns_ok=c.turns_ok,
+            turns_failed=c.turns_failed,
+            turns_aborted=c.turns_aborted,
+            turns_skipped=c.turns_skipped,
+            events=c.events,
+            events_per_s=c.events / elapsed if elapsed > 0 else 0.0,
+            coalesced_frames=c.coalesced_frames,
+            coalesced_chunks=c.coalesced_chunks,
+            events_by_type=dict(self.events_by_type),
+            bytes_received=c.bytes,
+            connect=self.connect.summary(),
+            ttfe=self.ttfe.summary(),
+            ttft=self.ttft.summary(),
+            gap=self.gap.summary(),
+            turn=self.turn.summary(),
+            errors=dict(self.errors),
+            error_examples=dict(self.error_examples),
+            sample_cap=cfg.sample_cap,
+        )
+
+    def _error(self, kind: str, example: str = "") -> None:
+        self.counters.errors += 1
+        self.errors[kind] = self.errors.get(kind, 0) + 1
+        if kind not in self.error_examples:
+            self.error_examples[kind] = example
+
+    def _closed(self, exc: ConnectionClosed) -> None:
+        close = exc.rcvd
+        if close is None:
+            self._error("close_1006", "connection lost without a close frame")
+        else:
+            self._error(f"close_{close.code}", close.reason)
+
+    # ------------------------------------------------------------------ one session
+
+    async def _session(self, index: int, start_at: float) -> None:
+        cfg, c = self.config, self.counters
+        delay = start_at - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        ws: ClientConnection | None = None
+        unsent = cfg.turns
+        in_turn = opened = cancelled = False
+        try:
+            t0 = time.perf_counter()
+            ws, last = await self._open()
+            self.connect.add(time.perf_counter() - t0)
+            opened = True
+            c.sessions_connected += 1
+            c.sessions_open += 1
+            if c.sessions_open > c.peak_open:
+                c.peak_open = c.sessions_open
+            for turn in range(cfg.turns):
+                if turn and cfg.think_time:
+                    await asyncio.sleep(cfg.think_time)
+                unsent -= 1
+                in_turn = True
+                last = await self._turn(ws, index, turn, last)
+                in_turn = False
+            if cfg.hold:
+                await self._hold(ws)
+        except _SessionOver:
+            in_turn = False
+        except asyncio.CancelledError:
+            cancelled = True
+            if in_turn:
+                c.turns_aborted += 1
+            raise
+        except Exception as exc:  # a client-side bug must not stop the other sessions
+            if in_turn:
+                c.turns_failed += 1
+            self._error("client_bug", f"{type(exc).__name__}: {exc}")
+        finally:
+            c.turns_skipped += unsent
+            if opened:
+                c.sessions_open -= 1
+            elif not cancelled:  # stopped before it connected: not a failure
+                c.sessions_failed += 1
+            if ws is not None:
+                with contextlib.suppress(Exception):
+                    await ws.close()
+
+    async def _open(self) -> tuple[ClientConnection, int]:
+        cfg = self.config
+        try:
+            ws = await connect(
+                cfg.url,
+                additional_headers=self._headers,
+                user_agent_header=None,
+                compression=None,
+                open_timeout=cfg.connect_timeout,
+                ping_interval=None,
+                close_timeout=cfg.close_timeout,
+                max_size=cfg.max_frame,
+                **_NO_PROXY,
+            )
+        except InvalidStatus as exc:
+            response = exc.response
+            body = response.body.decode("utf-8", "replace").strip() if response.body else ""
+            self._fail(f"http_{response.status_code}", body or response.reason_phrase)
+        except TimeoutError:
+            self._fail("connect_timeout", f"no WebSocket handshake within {cfg.connect_timeout:g}s")
+        except ConnectionRefusedError as exc:
+            self._fail("connect_refused", str(exc))
+        except InvalidURI as exc:
+            self._fail("bad_url", str(exc))
+        except InvalidHandshake as exc:
+            self._fail("handshake_failed", f"{type(exc).__name__}: {exc}")
+        except OSError as exc:
+            self._fail("connect_error", f"{type(exc).__name__}: {exc}")
+        try:
+            async with asyncio.timeout(cfg.connect_timeout):
+                data = await ws.recv(decode=False)
+        except TimeoutError:
+            await _abort(ws)
+            self._fail("session_frame_timeout", f"no session frame within {cfg.connect_timeout:g}s")
+        except ConnectionClosed as exc:
+            self._closed(exc)
+            raise _SessionOver from exc
+        self.counters.bytes += len(data)
+        try:
+            probe = _probe_decoder.decode(data)
+        except _DECODE_ERRORS:
+            probe = _Probe(type="")
+        if probe.type != "session" or probe.seq < 0:
+            await _abort(ws)
+            self._fail("bad_first_frame", f"expected a session frame, got {bytes(data[:120])!r}")
+        return ws, probe.seq
+
+    def _fail(self, kind: str, example: str) -> NoReturn:
+        self._error(kind, example)
+        raise _SessionOver
+
+    async def _turn(self, ws: ClientConnection, index: int, turn: int, last: int) -> int:
+        """Send one user message and read its events; the new last seq."""
+        c = self.counters
+        observer = self.observer
+        by_type = self.events_by_type
+        gap = self.gap.add
+        decode = _probe_decoder.decode
+        now = time.perf_counter
+        failed = had_error = saw_end = False
+        first = first_token = True
+        prev = ""
+        t = prev_t = t_send = now()
+        try:
+            recv = ws.recv
+            async with asyncio.timeout(self.config.turn_timeout):
+                await ws.send(self._payload, text=True)
+                if observer is not None:
+                    observer.turn_started(index, turn, t_send)
+                while True:
+                    data = await recv(decode=False)
+                    t = now()
+                    c.events += 1
+                    c.bytes += len(data)
+                    try:
+                        probe = decode(data)
+                    except _DECODE_ERRORS as exc:
+                        self._error("bad_frame", f"{exc}: {bytes(data[:120])!r}")
+                        failed = True
+                        continue
+                    kind = probe.type
+                    seq = probe.seq
+                    if seq == last + 1 and probe.seq_from < 0:
+                        last = seq
+                    else:
+                        if probe.seq_from >= 0:
+                            c.coalesced_frames += 1
+                            c.coalesced_chunks += seq - probe.seq_from + 1
+                        last, problem = check_seq(kind, seq, last, probe.seq_from)
+                        if problem is not None:
+                            self._error(problem, f"{kind} event with seq {seq} after seq {last}")
+                            failed = True
+                    by_type[kind] = by_type.get(kind, 0) + 1
+                    if first:
+                        first = False
+                        self.ttfe.add(t - t_send)
+                    else:
+                        gap(t - prev_t)
+                    prev_t = t
+                    if observer is not None:
+                        observer.event(index, turn, kind, data, t)
+                    if kind in _CONTENT:
+                        if first_token:
+                            first_token = False
+                            self.ttft.add(t - t_send)
+                    elif kind == "metric":
+                        if saw_end:
+                            break
+                    elif kind == "end":
+                        if had_error or prev == "metric":
+                            break
+                        saw_end = True
+                    elif kind == "error":
+                        try:
+                            err = _error_decoder.decode(data)
+                        except _DECODE_ERRORS:
+                            err = _ErrorProbe()
+                        self._error(f"error_{err.code or 'unknown'}", err.content)
+                        if err.code not in _NOTICE_CODES:
+                            had_error = failed = True
+                    elif kind == "cancelled":
+                        self._error("cancelled", "the turn was cancelled (by another client?)")
+                        failed = True
+                        break
+                    elif kind == "interrupt":
+                        self._error("interrupt", "the turn was interrupted and is being rerun")
+                    prev = kind
+        except TimeoutError:
+            c.turns_failed += 1
+            self._error("turn_timeout", f"turn not finished within {self.config.turn_timeout:g}s")
+            raise _SessionOver from None
+        except ConnectionClosed as exc:
+            c.turns_failed += 1
+            self._closed(exc)
+            raise _SessionOver from exc
+        self.turn.add(t - t_send)
+        if failed:
+            c.turns_failed += 1
+        else:
+            c.turns_ok += 1
+        return last
+
+    async def _hold(self, ws: ClientConnection) -> None:
+        """Stay connected, idle, for ``hold`` seconds; a close by the server is an error."""
+        try:
+            async with asyncio.timeout(self.config.hold):
+                while True:
+                    data = await ws.recv(decode=False)
+                    self.counters.events += 1
+                    self.counters.bytes += len(data)
+                    self._error("unexpected_event", f"while idle: {bytes(data[:120])!r}")
+        except TimeoutError:
+            return
+        except ConnectionClosed as exc:
+            self._closed(exc)
+            raise _SessionOver from exc
+
+    # ------------------------------------------------------------------ progress
+
+    async def _progress(self) -> None:
+        cfg = self.config
+        out = self.out or sys.stderr
+        bar = cfg.progress == "bar"
+        interval = cfg.progress_interval or (0.5 if bar else 5.0)
+        last_events, last_t = 0, self._t0
+        while not self._done.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._done.wait(), interval)
+            t = time.perf_counter()
+            events = self.counters.events
+            rate = (events - last_events) / (t - last_t) if t > last_t else 0.0
+            last_events, last_t = events, t
+            line = self.progress_line(t - self._t0, rate, bar=bar)
+            if bar:
+                out.write("\r" + line + "\x1b[K")
+                if self._done.is_set():
+                    out.write("\n")
+            else:  # periodic lines, and a last one when the run ends
+                out.write(line + "\n")
+            out.flush()
+
+    def progress_line(self, elapsed: float, rate: float, *, bar: bool) -> str:
+        """One line of progress: elapsed, sessions open, turns done, events/s, errors."""
+        cfg, c = self.config, self.counters
+        planned = cfg.sessions * cfg.turns
+        done = c.turns_ok + c.turns_failed + c.turns_aborted + c.turns_skipped
+        text = (
+            f"{elapsed:7.1f}s  open {c.sessions_open:>5}/{cfg.sessions}"
+            f"  turns {c.turns_ok + c.turns_failed:>7,}/{planned:,}"
+            f"  {rate:>9,.0f} ev/s  errors {c.errors:,}"
+        )
+        if not bar:
+            return "loadtest " + text
+        frac = done / planned if planned else 0.0
+        filled = min(20, int(frac * 20))
+        return f"[{'#' * filled}{'.' * (20 - filled)}] {text}"
+
+
+async def _abort(ws: ClientConnection) -> None:
+    with contextlib.suppress(Exception):
+        ws.transport.abort()
+    with contextlib.suppress(Exception):
+        await ws.wait_closed()
+
+
+async def run_loadtest(
+    config: LoadTestConfig, *, observer: LoadTestObserver | None = None
+) -> LoadTestReport:
+    """Run one load test and return its report (progress per ``config.progress``)."""
+    return await LoadTest(config, observer=observer).run()
+
+
+# ---------------------------------------------------------------------- command line
+
+
+def _bounded_int(low: int, high: int | None = None) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        if value < low or (high is not None and value > high):
+            limit = f"{low}..{high}" if high is not None else f">= {low}"
+            raise argparse.ArgumentTypeError(f"must be {limit}, got {value}")
+        return value
+
+    return parse
+
+
+def _seconds(*, positive: bool) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+        if not (value > 0 if positive else value >= 0) or value > MAX_DURATION:
+            raise argparse.ArgumentTypeError(
+                f"must be {'>' if positive else '>='} 0 and at most {MAX_DURATION:g}, got {text}"
+            )
+        return value
+
+    return parse
+
+
+def add_loadtest_arguments(parser: argparse.ArgumentParser) -> None:
+    """Define ``gateway loadtest``'s arguments (see ``config_from_args``)."""
+    parser.add_argument("url", help="gateway endpoint, e.g. ws://127.0.0.1:8765/v1/realtime")
+    parser.add_argument(
+        "--sessions",
+        type=_bounded_int(1, MAX_SESSIONS),
+        default=10,
+        metavar="N",
+        help=f"concurrent client sessions (1..{MAX_SESSIONS:,}; default 10)",
+    )
+    parser.add_argument(
+        "--turns",
+        type=_bounded_int(0),
+        default=1,
+        metavar="K",
+        help="user messages each session sends, one at a time (default 1)",
+    )
+    parser.add_argument(
+        "--ramp",
+        type=_seconds(positive=False),
+        default=0.0,
+        metavar="S",
+        help="start the sessions evenly over S seconds (default 0: all at once)",
+    )
+    parser.add_argument(
+        "--message", default="hello", help='the user message each turn sends (default "hello")'
+    )
+    parser.add_argument(
+        "--message-chars",
+        type=_bounded_int(1, 1 << 20),
+        default=None,
+        metavar="N",
+        help="repeat --message to exactly N characters (long messages make long responses "
+        "from the simulator, which echoes them)",
+    )
+    parser.add_argument(
+        "--think-time",
+        type=_seconds(positive=False),
+        default=0.0,
+        metavar="S",
+        help="seconds between the end of a turn and the next message (default 0)",
+    )
+    parser.add_argument(
+        "--hold",
+        type=_seconds(positive=False),
+        default=0.0,
+        metavar="S",
+        help="stay connected, idle, S seconds after the last turn (default 0)",
+    )
+    parser.add_argument(
+        "--duration",
+        type=_seconds(positive=True),
+        default=300.0,
+        metavar="S",
+        help="hard cap on the whole run; what still runs then is stopped (default 300)",
+    )
+    parser.add_argument(
+        "--turn-timeout",
+        type=_seconds(positive=True),
+        default=60.0,
+        metavar="S",
+        help="a turn not finished after S seconds fails and its session closes (default 60)",
+    )
+    parser.add_argument(
+        "--connect-timeout",
+        type=_seconds(positive=True),
+        default=10.0,
+        metavar="S",
+        help="bound on the handshake and on the session frame after it (default 10)",
+    )
+    parser.add_argument("--token", default=None, help="API key, sent as Authorization: Bearer")
+    parser.add_argument(
+        "--json",
+        dest="json_path",
+        default=None,
+        metavar="FILE",
+        help="write the full report as JSON",
+    )
+    shown = parser.add_mutually_exclusive_group()
+    shown.add_argument(
+        "--progress",
+        action="store_true",
+        help="show the progress bar even when stderr is not a terminal",
+    )
+    shown.add_argument("--quiet", action="store_true", help="no progress output on stderr")
+
+
+def config_from_args(ns: argparse.Namespace, *, stderr: TextIO | None = None) -> LoadTestConfig:
+    """The ``LoadTestConfig`` of parsed ``add_loadtest_arguments`` flags (``ValueError`` if bad)."""
+    err = stderr or sys.stderr
+    progress: ProgressMode
+    if ns.quiet:
+        progress = "off"
+    elif ns.progress or err.isatty():
+        progress = "bar"
+    else:
+        progress = "lines"
+    message = ns.message
+    if ns.message_chars is not None:
+        message = sized_message(message, ns.message_chars)
+    return LoadTestConfig(
+        url=ns.url,
+        sessions=ns.sessions,
+        turns=ns.turns,
+        ramp=ns.ramp,
+        message=message,
+        think_time=ns.think_time,
+        hold=ns.hold,
+        duration=ns.duration,
+        turn_timeout=ns.turn_timeout,
+        connect_timeout=ns.connect_timeout,
+        token=ns.token,
+        progress=progress,
+    )
+
+
+async def run_loadtest_cli(ns: argparse.Namespace) -> int:
+    """``gateway loadtest``: run, print the table, write ``--json``.
+
+    Exit status: 0 every turn succeeded with no error; 1 something failed;
+    2 bad arguments (or the JSON file cannot be written).
+    """
+    try:
+        config = config_from_args(ns)
+    except ValueError as exc:
+        print(f"gateway loadtest: {exc}", file=sys.stderr)
+        return 2
+    need = config.sessions + _FD_MARGIN
+    if raise_nofile_limit(need) < need:
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        print(
+            f"gateway loadtest: {config.sessions} sessions need about {need} open files but "
+            f"the limit is {soft}: raise it (ulimit -n {need}) or use fewer sessions",
+            file=sys.stderr,
+        )
+        return 2
+    report = await LoadTest(config).run()
+    print(format_report(report), flush=True)
+    if ns.json_path:
+        try:
+            await asyncio.to_thread(Path(ns.json_path).write_bytes, encode_report(report))
+        except OSError as exc:
+            print(f"gateway loadtest: cannot write {ns.json_path}: {exc}", file=sys.stderr)
+            return 2
+    return 0 if report.ok else 1

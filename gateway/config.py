@@ -65,6 +65,8 @@ class Config(msgspec.Struct, kw_only=True):
     max_log: int = 10_000
     node_id: str = ""
     lease_ttl: float = 10.0
+    # Seconds a log append waits for more events to join its round trip.
+    log_linger: float = 0.0
 
     # --- tools ---
     workspace_root: str = ""

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
+from websockets.protocol import State
 
 from protocol.events import (
     Cancel,
@@ -81,6 +82,7 @@ class ClientConnection:
         self._limit = node.config.send_queue_frames
         self._lagging = True  # start by catching up from the log
         self._wake = asyncio.Event()
+        self._idle = False  # the writer is parked on _wake with nothing to send
         self._close: tuple[int, str] | None = None
         self.conn_id = uuid.uuid4().hex
         self._redispatched = 0
@@ -92,6 +94,8 @@ class ClientConnection:
         if self._lagging:
             return  # the writer reads these from the log
         queue = self._queue
+        if self._idle and not queue and self._send_now(entries):
+            return
         if len(queue) + len(entries) > self._limit:
             # Too far behind: stop buffering, catch up from the log instead.
             queue.clear()
@@ -101,6 +105,31 @@ class ClientConnection:
         else:
             queue.extend(entries)
         self._wake.set()
+
+    def _send_now(self, entries: Sequence[LogEntry]) -> bool:
+        """Write the frames from here when the writer has nothing to do.
+
+        The common case of a client that keeps up: no writer wake-up, no task
+        switch, one socket write for the batch. False leaves them to the
+        writer (socket buffer full, connection closing, not the next seq).
+        """
+        ws = self.ws
+        if self._close is not None or ws.paused or ws.protocol.state is not State.OPEN:
+            return False
+        last = self.last_sent
+        for entry in entries:
+            if entry.seq != last + 1:
+                return False
+            last = entry.seq
+        protocol = ws.protocol
+        try:
+            for entry in entries:
+                protocol.send_text(entry.data)
+            ws.send_data()
+        except Exception:  # the connection broke: the writer's next send ends it
+            self._wake.set()
+        self.last_sent = last
+        return True
 
     def notify(self, event: Error) -> None:
         if not self._pressure.may_queue_reply(self._queue):
@@ -290,27 +319,44 @@ class ClientConnection:
                     return
                 if self._lagging:
                     await self._catch_up()
-                while queue:
-                    entry = queue.popleft()
-                    seq = entry.seq
-                    if seq == _UNLOGGED:
-                        await ws.send(entry.data, text=True)
-                    elif seq > self.last_sent:
-                        if seq != self.last_sent + 1:
-                            # A gap means entries were skipped: read them from the log.
-                            queue.appendleft(entry)
-                            self._lagging = True
-                            break
-                        # A long queue: merge the chunks after it (seq_from..seq).
-                        entry = self._pressure.coalesce(entry, queue)
-                        await ws.send(entry.data, text=True)
-                        self.last_sent = entry.seq
+                if queue:
+                    await self._send_queued(ws, queue)
                 if self._lagging or queue or self._close is not None:
                     continue
                 self._wake.clear()
-                await self._wake.wait()
+                self._idle = True
+                try:
+                    await self._wake.wait()
+                finally:
+                    self._idle = False
         except ConnectionClosed:
             return
+
+    async def _send_queued(self, ws: ServerConnection, queue: deque[LogEntry]) -> None:
+        """Everything queued, in order, as one write (merged if the client is behind)."""
+        batch: list[bytes] = []
+        while queue:
+            entry = queue.popleft()
+            seq = entry.seq
+            if seq == _UNLOGGED:
+                batch.append(entry.data)
+            elif seq > self.last_sent:
+                if seq != self.last_sent + 1:
+                    # A gap means entries were skipped: read them from the log.
+                    queue.appendleft(entry)
+                    self._lagging = True
+                    break
+                # A long queue: merge the chunks after it (seq_from..seq).
+                entry = self._pressure.coalesce(entry, queue)
+                batch.append(entry.data)
+                self.last_sent = entry.seq
+        if len(batch) == 1:
+            await ws.send(batch[0], text=True)
+        elif batch:
+            # One send context: the frames leave in one write, then drain is awaited.
+            async with ws.send_context():
+                for data in batch:
+                    ws.protocol.send_text(data)
 
     async def _catch_up(self) -> None:
         """Send the log after ``last_sent``, then switch to live delivery.

@@ -29,6 +29,7 @@ from .config import Config
 from .control import Forward, Reply, decode_control, encode_control, node_channel
 from .follower import LogFollower
 from .limits import Limits
+from .logwriter import LogWriter
 from .metrics import Metrics
 from .session import SessionRuntime
 from .store.base import Store, StoreError
@@ -72,6 +73,7 @@ class Node:
         self.limits = Limits(config, store, self.metrics)
         self.system_prompt = system_prompt(registry.specs(), config.instructions)
         self.runtimes: dict[str, SessionRuntime] = {}
+        self.log_writer = LogWriter(store, self.node_id, linger=config.log_linger)
         self.followers: dict[str, LogFollower] = {}
         # Client connections on this node by id, for replies to forwarded commands.
         self.connections: dict[str, ClientConnectionLike] = {}
@@ -101,6 +103,7 @@ class Node:
             *(rt.close("node shutting down") for rt in list(self.runtimes.values())),
             return_exceptions=True,
         )
+        await self.log_writer.close()
         for task in list(self._background):
             task.cancel()
 
@@ -223,23 +226,23 @@ class Node:
             runtimes = [rt for rt in self.runtimes.values() if not rt.closed]
             if not runtimes:
                 continue
-            results = await asyncio.gather(
-                *(
-                    # acquire, not renew: a lease that expired during a store
-                    # outage and that nobody else took is simply ours again.
-                    self.store.acquire_lease(rt.sid, self.node_id, self.config.lease_ttl)
-                    for rt in runtimes
-                ),
-                return_exceptions=True,
-            )
-            for rt, ok in zip(runtimes, results, strict=True):
-                if ok is False:
+            try:
+                # acquire, not renew: a lease that expired during a store outage
+                # and that nobody else took is simply ours again.
+                held = await self.store.keep_leases(
+                    [rt.sid for rt in runtimes], self.node_id, self.config.lease_ttl
+                )
+            except StoreError as exc:
+                # Not a loss: the leases may still be ours, and appends are
+                # fenced, so a real loss shows up there.
+                log.warning("could not renew leases: %s", exc)
+                continue
+            for rt, ok in zip(runtimes, held, strict=True):
+                if not ok:
                     log.warning(
                         "session %s: lease taken by another node", rt.sid, extra={"sid": rt.sid}
                     )
                     rt.lose("lease lost to another node")
-                # An exception (store down) is not a loss: the lease may still be
-                # ours; appends are fenced, so a real loss shows up there.
 
     # ------------------------------------------------------------------ control
 

@@ -77,6 +77,10 @@ class Subscriber(Protocol):
         """This node took the session over: the subscriber follows ``runtime`` now."""
 
 
+# One append: log entries and the history items written with them.
+Batch = tuple[list[LogEntry], list[bytes]]
+
+
 class TurnState:
     IDLE = "idle"
     RUNNING = "running"
@@ -117,7 +121,10 @@ class SessionRuntime:
         self.delivered_seq = last_seq
         self._pending: list[LogEntry] = []
         self._pending_history: list[bytes] = []
-        self._wake = asyncio.Event()
+        self._marked = False  # waiting in the node's LogWriter for its turn
+        self._lost = False  # another node owns the session: write nothing more
+        # A batch whose append failed with StoreUnavailable (may have landed).
+        self.unsure: Batch | None = None
         self._flushed = asyncio.Event()
         self._flushed.set()
         self.subscribers: set[Subscriber] = set()
@@ -127,7 +134,6 @@ class SessionRuntime:
         self._ending = False  # the running turn emitted end and awaits its usage
         self._store_down = False
         self.closed = False
-        self._flusher = asyncio.create_task(self._flush_loop(), name=f"flush:{sid}")
 
     # ------------------------------------------------------------------ log
 
@@ -142,62 +148,100 @@ class SessionRuntime:
         event.seq = self._seq
         event.timestamp = self._clock()
         self._pending.append(LogEntry(self._seq, encode(event)))
-        self._flushed.clear()
-        self._wake.set()
+        if not self._marked:
+            self._mark()
 
     def persist(self, items: Sequence[HistoryItem]) -> None:
         """Add history items; they are written with the next log append (atomically)."""
         for item in items:
             self.history.append(item)
             self._pending_history.append(encode_history_item(item))
+        if not self._marked:
+            self._mark()
+
+    def _mark(self) -> None:
+        self._marked = True
         self._flushed.clear()
-        self._wake.set()
+        self.node.log_writer.mark(self)
 
     async def flushed(self) -> None:
         """Wait until everything emitted so far is logged and delivered."""
         await self._flushed.wait()
 
-    async def _flush_loop(self) -> None:
-        store = self.node.store
-        # A batch whose append failed with StoreUnavailable may or may not be
-        # stored (Redis may have run it before the connection broke). It is
-        # kept apart until the log tells which: never sent twice, never lost.
-        unsure: tuple[list[LogEntry], list[bytes]] | None = None
-        while True:
-            await self._wake.wait()
-            self._wake.clear()
-            entries, history = self._pending, self._pending_history
-            self._pending, self._pending_history = [], []
-            try:
-                if unsure is not None:
-                    stored = await store.last_seq(self.sid)
-                    if stored >= unsure[0][-1].seq:
-                        self._delivered(unsure[0])  # it landed: just send it
-                    else:
-                        entries = unsure[0] + entries
-                        history = unsure[1] + history
-                    unsure = None
-                if entries or history:
-                    await store.append(self.sid, self.node.node_id, entries, history)
-            except StoreUnavailable as exc:
-                if entries or history:
-                    unsure = (entries, history) if unsure is None else unsure
-                self._store_unavailable(exc)
-                await asyncio.sleep(self.node.store_retry_delay)
-                self._wake.set()
-                continue
-            except (LeaseLost, SeqConflict) as exc:
-                log.warning("session %s: lost ownership while logging: %s", self.sid, exc)
-                self._pending, self._pending_history = [], []
-                self._flushed.set()
-                asyncio.get_running_loop().call_soon(self.lose, str(exc))
-                return
+    # The LogWriter's side: it takes a batch, writes it, and reports back.
+
+    def take_batch(self) -> Batch | None:
+        """What to append now (None: nothing). Called by the node's LogWriter."""
+        self._marked = False
+        if self._lost:
+            return None
+        entries, history = self._pending, self._pending_history
+        self._pending, self._pending_history = [], []
+        if not entries and not history and self.unsure is None:
+            self._check_flushed()
+            return None
+        return entries, history
+
+    def settle_unsure(self, stored_last: int, batch: Batch) -> Batch | None:
+        """After a failed append: ``stored_last`` tells whether it landed after all.
+
+        A batch whose append failed in flight may or may not be stored (Redis
+        may have run it before the connection broke): never sent twice, never lost.
+        """
+        unsure, self.unsure = self.unsure, None
+        assert unsure is not None
+        if unsure[0] and stored_last >= unsure[0][-1].seq:
+            self._delivered(unsure[0])  # it landed: just send it
+        else:
+            batch = (unsure[0] + batch[0], unsure[1] + batch[1])
+        if not batch[0] and not batch[1]:
+            self._check_flushed()
+            return None
+        return batch
+
+    def appended(self, batch: Batch, result: BaseException | None) -> None:
+        """The LogWriter's report on ``batch``: stored (None) or why not."""
+        if result is None:
             if self._store_down:
                 self._store_down = False
                 log.info("store is back for session %s", self.sid)
-            self._delivered(entries)
-            if not self._pending and not self._pending_history:
-                self._flushed.set()
+            self._delivered(batch[0])
+            self._check_flushed()
+        elif isinstance(result, LeaseLost | SeqConflict):
+            log.warning("session %s: lost ownership while logging: %s", self.sid, result)
+            self._lost = True
+            self._pending, self._pending_history = [], []
+            self._flushed.set()
+            self.lose(str(result))
+        else:
+            # StoreUnavailable (or an unexpected error): hold the batch, in
+            # order, and retry; nothing reaches a client before it is logged.
+            held = self.unsure  # still unsettled if the log could not be read
+            self.unsure = batch if held is None else (held[0] + batch[0], held[1] + batch[1])
+            if isinstance(result, StoreUnavailable):
+                self._store_unavailable(result)
+            else:
+                log.error("session %s: appending failed: %r", self.sid, result)
+            asyncio.get_running_loop().call_later(self.node.store_retry_delay, self._retry)
+
+    def write_failed(self) -> None:
+        """The LogWriter broke on this session's batch (a bug): reload it elsewhere."""
+        self._lost = True
+        self._flushed.set()
+        self.lose("internal error while logging")
+
+    def _retry(self) -> None:
+        if not self._marked and not self._lost:
+            self._mark()
+
+    def _check_flushed(self) -> None:
+        if (
+            not self._marked
+            and self.unsure is None
+            and not self._pending
+            and not self._pending_history
+        ):
+            self._flushed.set()
 
     def _delivered(self, entries: list[LogEntry]) -> None:
         """Entries are in the log: hand them to the attached clients."""
@@ -588,9 +632,7 @@ class SessionRuntime:
         if not lost:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.flushed(), 5.0)
-        self._flusher.cancel()
-        with contextlib.suppress(BaseException):
-            await self._flusher
+        self._lost = True  # whatever could not be written by now is dropped
         # Free the lease before the slow part (closing the upstream socket), so
         # another node can pick the session up at once.
         self.node.forget(self, release=not lost)

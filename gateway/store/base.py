@@ -93,6 +93,25 @@ class Store(abc.ABC):
         if the seqs do not follow on. Refreshes the session's idle TTL.
         """
 
+    async def append_many(
+        self, batches: Sequence[tuple[str, str, Sequence[LogEntry], Sequence[bytes]]]
+    ) -> list[BaseException | None]:
+        """``append`` for several sessions: ``(sid, node, entries, history)`` each.
+
+        Each batch succeeds or fails on its own; the result for each is None or
+        the exception ``append`` would have raised. Stores override it to write
+        all of them in one round trip.
+        """
+        results: list[BaseException | None] = []
+        for sid, node, entries, history in batches:
+            try:
+                await self.append(sid, node, entries, history)
+            except StoreError as exc:
+                results.append(exc)
+            else:
+                results.append(None)
+        return results
+
     @abc.abstractmethod
     async def read_log(self, sid: str, after: int, limit: int = 1000) -> list[LogEntry]:
         """Up to ``limit`` entries with ``seq > after``, in order."""
@@ -125,6 +144,14 @@ class Store(abc.ABC):
     @abc.abstractmethod
     async def renew_lease(self, sid: str, node: str, ttl: float) -> bool:
         """Extend our lease; False if it is no longer ours."""
+
+    async def keep_leases(self, sids: Sequence[str], node: str, ttl: float) -> list[bool]:
+        """``acquire_lease`` for many sessions at once: whether each is held now.
+
+        How a node keeps all its leases alive; stores override it to do it in
+        few round trips. Raises ``StoreUnavailable`` if the store is down.
+        """
+        return [await self.acquire_lease(sid, node, ttl) for sid in sids]
 
     @abc.abstractmethod
     async def release_lease(self, sid: str, node: str) -> None:

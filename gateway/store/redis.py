@@ -514,6 +514,34 @@ class RedisStore(Store):
         ``StoreUnavailable`` the append may or may not be stored: read
         ``last_seq`` before writing again.
         """
+        await self._enqueue(sid, node, entries, history)
+
+    async def append_many(
+        self, batches: Sequence[tuple[str, str, Sequence[LogEntry], Sequence[bytes]]]
+    ) -> list[BaseException | None]:
+        """All the appends go into the same group commit; one wait for all of them."""
+        futures: list[asyncio.Future[None]] = []
+        early: dict[int, BaseException] = {}
+        for i, (sid, node, entries, history) in enumerate(batches):
+            try:
+                futures.append(self._enqueue(sid, node, entries, history))
+            except ValueError as exc:
+                early[i] = exc
+        results: list[BaseException | None] = list(
+            await asyncio.gather(*futures, return_exceptions=True)
+        )
+        for i in sorted(early):
+            results.insert(i, early[i])
+        return results
+
+    def _enqueue(
+        self,
+        sid: str,
+        node: str,
+        entries: Sequence[LogEntry],
+        history: Sequence[bytes],
+    ) -> asyncio.Future[None]:
+        """Pack one append, queue it for the group commit; its future settles with it."""
         # The command is packed here, as RESP bytes, once: redis-py's generic
         # packer costs several times more per command than the whole script
         # takes to run on the server, and the flush just concatenates.
@@ -553,7 +581,7 @@ class RedisStore(Store):
             # Started, not run: it first runs after every task that is ready in
             # this tick has had its turn to queue, which is the coalescing.
             self._flusher = loop.create_task(self._flush_loop())
-        await future
+        return future
 
     async def _flush_loop(self) -> None:
         """Send queued appends, one batch in flight at a time, until the queue is empty."""
@@ -806,6 +834,33 @@ class RedisStore(Store):
     async def acquire_lease(self, sid: str, node: str, ttl: float) -> bool:
         ms = _ms(ttl, "lease ttl")
         return bool(await self._eval(_ACQUIRE, [self._key(sid, "lease")], node, ms))
+
+    async def keep_leases(self, sids: Sequence[str], node: str, ttl: float) -> list[bool]:
+        """One pipelined round trip per 500 sessions instead of one per session.
+
+        A node with thousands of sessions renews them all every lease_ttl/3:
+        one call each would hold pool connections and stall the event loop
+        for a millisecond per few sessions.
+        """
+        ms = _ms(ttl, "lease ttl")
+        held: list[bool] = []
+        for start in range(0, len(sids), 500):
+            chunk = sids[start : start + 500]
+            try:
+                async with self._r.pipeline(transaction=False) as pipe:
+                    for sid in chunk:
+                        pipe.evalsha(_ACQUIRE.sha, 1, self._key(sid, "lease"), node, ms)
+                    replies = await pipe.execute(raise_on_error=False)
+            except _ERRORS as exc:
+                raise self._error(exc, "renewing leases") from exc
+            if any(isinstance(r, NoScriptError) for r in replies):
+                # A flushed script cache: the single-call path reloads it.
+                replies = [await self.acquire_lease(sid, node, ttl) for sid in chunk]
+            for reply in replies:
+                if isinstance(reply, Exception):
+                    raise self._error(reply, "renewing leases")
+                held.append(bool(reply))
+        return held
 
     async def renew_lease(self, sid: str, node: str, ttl: float) -> bool:
         ms = _ms(ttl, "lease ttl")

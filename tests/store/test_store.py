@@ -167,6 +167,18 @@ async def test_lease_acquire_renew_release(store: Store) -> None:
     assert await store.lease_owner("s1") == "n2"
 
 
+async def test_keep_leases_renews_ours_takes_free_ones_and_reports_lost_ones(
+    store: Store,
+) -> None:
+    assert await store.acquire_lease("mine", "n1", LEASE)
+    assert await store.acquire_lease("theirs", "n2", LEASE)
+    held = await store.keep_leases(["mine", "theirs", "free"], "n1", LEASE)
+    assert held == [True, False, True]
+    assert [await store.lease_owner(s) for s in ("mine", "theirs", "free")] == ["n1", "n2", "n1"]
+    many = [f"s{i}" for i in range(1200)]  # more than one pipelined chunk
+    assert await store.keep_leases(many, "n1", LEASE) == [True] * 1200
+
+
 async def test_lease_expires(harness: Harness) -> None:
     store = harness.make()
     assert await store.acquire_lease("s1", "n1", SHORT)
@@ -192,6 +204,27 @@ async def test_append_without_lease_is_refused(store: Store) -> None:
         await store.append("s1", "n1", [], [b"h"])  # history alone is fenced too
     assert await store.read_log("s1", 0) == []
     assert await store.read_history("s1") == []
+
+
+async def test_append_many_settles_each_session_on_its_own(store: Store) -> None:
+    await owned(store, "a", "n1")
+    await owned(store, "b", "n2")
+    await owned(store, "c", "n1")
+    await store.append("c", "n1", entries(1, 2))
+    results = await store.append_many(
+        [
+            ("a", "n1", entries(1, 3), [b"ha"]),
+            ("b", "n1", entries(1, 1), []),  # not n1's lease
+            ("c", "n1", entries(5, 1), []),  # a gap after seq 2
+        ]
+    )
+    assert results[0] is None
+    assert isinstance(results[1], LeaseLost)
+    assert isinstance(results[2], SeqConflict)
+    assert [e.seq for e in await store.read_log("a", 0)] == [1, 2, 3]
+    assert await store.read_history("a") == [b"ha"]
+    assert await store.read_log("b", 0) == []
+    assert [e.seq for e in await store.read_log("c", 0)] == [1, 2]
 
 
 async def test_append_after_release_is_refused(store: Store) -> None:

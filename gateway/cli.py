@@ -60,6 +60,17 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--sim-drop-after", type=int, help="simulator drops its connection after N deltas"
     )
+    p.add_argument(
+        "--workers",
+        type=int,
+        help="worker processes sharing the port, one node each (needs REDIS_URL)",
+    )
+    p.add_argument(
+        "--reuse-port",
+        action="store_const",
+        const=True,
+        help="bind with SO_REUSEPORT (set for --workers; for several nodes on one port)",
+    )
     p.add_argument("--log-level", help="DEBUG, INFO, WARNING (default INFO)")
     p.add_argument("--log-json", action="store_const", const=True, help="JSON log lines")
     from .edges import add_serve_arguments
@@ -144,6 +155,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             }
             config = load_config(overrides)
             setup_logging(config.log_level, json=config.log_json, node=config.node_id)
+            from .workers import check_workers, supervise
+
+            check_workers(config)
+            if config.workers > 1:
+                return supervise(config, list(argv if argv is not None else sys.argv[1:]))
             return asyncio.run(_serve(config))
         if args.command == "sim":
             from .sim import run_sim, sim_config_from_args

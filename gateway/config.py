@@ -39,6 +39,10 @@ class Config(msgspec.Struct, kw_only=True):
     ping_interval: float = 20.0
     ping_timeout: float = 20.0
 
+    # Worker processes sharing the port (SO_REUSEPORT), each one node.
+    workers: int = 1
+    reuse_port: bool = False
+
     # --- upstream ---
     provider: Provider = "sim"
     model: str = ""

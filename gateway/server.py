@@ -97,6 +97,7 @@ class Gateway:
             # Connection bursts (a load balancer moving many clients at once)
             # must queue in the kernel, not be refused.
             backlog=4096,
+            reuse_port=cfg.reuse_port or None,
             select_subprotocol=self.edges.select_subprotocol,
             write_limit=cfg.write_limit,  # a send waits for a slow client to drain
         )

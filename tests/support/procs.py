@@ -33,6 +33,7 @@ class NodeProcess:
         self.url = ""
         self.output: list[str] = []
         self._ready = threading.Event()
+        self._lines = threading.Condition()
         self._reader: threading.Thread | None = None
 
     def start(self, timeout: float = 30.0) -> NodeProcess:
@@ -56,12 +57,25 @@ class NodeProcess:
     def _read(self) -> None:
         assert self.proc is not None and self.proc.stdout is not None
         for line in self.proc.stdout:
-            self.output.append(line)
+            with self._lines:
+                self.output.append(line)
+                self._lines.notify_all()
             m = _LISTENING.search(line)
             if m and not self.url:
                 self.url = m.group(1)
                 self._ready.set()
         self._ready.set()
+
+    def wait_for_lines(self, pattern: str, count: int = 1, timeout: float = 30.0) -> None:
+        """Block until ``count`` output lines matched ``pattern`` (woken per line)."""
+        regex = re.compile(pattern)
+
+        def enough() -> bool:
+            return sum(1 for line in self.output if regex.search(line)) >= count
+
+        with self._lines:
+            if not self._lines.wait_for(enough, timeout):
+                raise TimeoutError(f"{count} lines matching {pattern!r} not seen:\n{self.log}")
 
     @property
     def log(self) -> str:

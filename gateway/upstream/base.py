@@ -11,7 +11,8 @@ inside the adapter.
 from __future__ import annotations
 
 import abc
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import msgspec
 
@@ -19,6 +20,7 @@ from protocol.assembly import Message
 from protocol.events import Usage
 
 __all__ = [
+    "AdapterFactory",
     "ResponseDone",
     "TextDelta",
     "Upstream",
@@ -117,3 +119,15 @@ class UpstreamFactory(abc.ABC):
 
     @abc.abstractmethod
     def create(self) -> Upstream: ...
+
+
+class AdapterFactory(UpstreamFactory):
+    """Makes adapters of one class, all with the same settings (keyword arguments)."""
+
+    def __init__(self, adapter: Callable[..., Upstream], provider: str, **settings: Any) -> None:
+        self._adapter = adapter
+        self.provider = provider
+        self._settings = settings
+
+    def create(self) -> Upstream:
+        return self._adapter(**self._settings)

@@ -74,7 +74,7 @@ import contextlib
 import logging
 import os
 from collections.abc import Sequence
-from typing import Final
+from typing import Any, Final
 
 import msgspec
 from websockets.asyncio.client import ClientConnection
@@ -86,13 +86,13 @@ from protocol.events import Usage
 
 from . import gemini_wire as wire
 from .base import (
+    AdapterFactory,
     ResponseDone,
     TextDelta,
     Upstream,
     UpstreamClosed,
     UpstreamError,
     UpstreamEvent,
-    UpstreamFactory,
 )
 from .dial import dial
 
@@ -561,37 +561,8 @@ class GeminiLive(Upstream):
             raise UpstreamClosed(self._describe_close(exc)) from exc
 
 
-class GeminiLiveFactory(UpstreamFactory):
-    """Makes ``GeminiLive`` adapters with one configuration."""
+class GeminiLiveFactory(AdapterFactory):
+    """Makes ``GeminiLive`` adapters, all with the same settings (its keyword arguments)."""
 
-    provider = "gemini"
-
-    def __init__(
-        self,
-        *,
-        base_url: str = DEFAULT_BASE_URL,
-        model: str = DEFAULT_MODEL,
-        api_key: str | None = None,
-        api_version: str = DEFAULT_API_VERSION,
-        connect_timeout: float = 10.0,
-        open_timeout: float = 10.0,
-        cancel_grace: float = 0.5,
-    ) -> None:
-        self.base_url = base_url
-        self.model = model
-        self.api_key = os.environ.get("GEMINI_API_KEY", "") if api_key is None else api_key
-        self.api_version = api_version
-        self.connect_timeout = connect_timeout
-        self.open_timeout = open_timeout
-        self.cancel_grace = cancel_grace
-
-    def create(self) -> GeminiLive:
-        return GeminiLive(
-            base_url=self.base_url,
-            model=self.model,
-            api_key=self.api_key,
-            api_version=self.api_version,
-            connect_timeout=self.connect_timeout,
-            open_timeout=self.open_timeout,
-            cancel_grace=self.cancel_grace,
-        )
+    def __init__(self, **settings: Any) -> None:
+        super().__init__(GeminiLive, "gemini", **settings)

@@ -27,7 +27,7 @@ import itertools
 import logging
 import os
 from collections.abc import Sequence
-from typing import Final
+from typing import Any, Final
 from urllib.parse import quote
 
 import msgspec
@@ -40,13 +40,13 @@ from protocol.events import Usage
 
 from . import openai_wire as wire
 from .base import (
+    AdapterFactory,
     ResponseDone,
     TextDelta,
     Upstream,
     UpstreamClosed,
     UpstreamError,
     UpstreamEvent,
-    UpstreamFactory,
 )
 from .dial import dial
 
@@ -300,31 +300,8 @@ class OpenAIRealtime(Upstream):
             raise UpstreamClosed(_describe_close(exc)) from exc
 
 
-class OpenAIRealtimeFactory(UpstreamFactory):
-    """Makes ``OpenAIRealtime`` adapters with one configuration."""
+class OpenAIRealtimeFactory(AdapterFactory):
+    """Makes ``OpenAIRealtime`` adapters, all with the same settings (its keyword arguments)."""
 
-    provider = "openai"
-
-    def __init__(
-        self,
-        *,
-        base_url: str = DEFAULT_BASE_URL,
-        model: str = DEFAULT_MODEL,
-        api_key: str | None = None,
-        connect_timeout: float = 10.0,
-        open_timeout: float = 10.0,
-    ) -> None:
-        self.base_url = base_url
-        self.model = model
-        self.api_key = os.environ.get("OPENAI_API_KEY", "") if api_key is None else api_key
-        self.connect_timeout = connect_timeout
-        self.open_timeout = open_timeout
-
-    def create(self) -> OpenAIRealtime:
-        return OpenAIRealtime(
-            base_url=self.base_url,
-            model=self.model,
-            api_key=self.api_key,
-            connect_timeout=self.connect_timeout,
-            open_timeout=self.open_timeout,
-        )
+    def __init__(self, **settings: Any) -> None:
+        super().__init__(OpenAIRealtime, "openai", **settings)

@@ -93,12 +93,19 @@ async def _serve(config: Config) -> int:
             loop.add_signal_handler(signal.SIGHUP, gateway.edges.reload_keys)
         _tune_gc()
         # One line tools and tests can wait for.
-        print(f"gateway listening on {gateway.url}", flush=True)
+        _announce(f"gateway listening on {gateway.url}")
         await stop.wait()
         log.info("signal received: draining (up to %.0fs)", config.drain_timeout)
         await gateway.drain()
     log.info("stopped")
     return 0
+
+
+def _announce(line: str) -> None:
+    """One stdout line in one write: workers share the supervisor's stdout, and
+    print() writes the text and its newline separately, so lines interleave."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
 
 
 def _tune_gc() -> None:
@@ -171,9 +178,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     args.host,
                     args.port,
                     # The actual URL (with --port 0) for people and test harnesses.
-                    on_ready=lambda sim: print(
-                        f"simulator listening on {sim.endpoint}", flush=True
-                    ),
+                    on_ready=lambda sim: _announce(f"simulator listening on {sim.endpoint}"),
                 )
             )
             return 0

@@ -53,11 +53,8 @@ _REPLAY_PAGE = 500
 class CloseCode:
     """WebSocket close codes the gateway uses (4xxx are application codes)."""
 
-    GOING_AWAY = 1001
-    TOO_BIG = 1009
     SERVICE_RESTART = 1012  # node draining or session moved: reconnect with after=SEQ
     TRY_AGAIN_LATER = 1013
-    SESSION_GONE = 4404
 
 
 class ClientConnection:

@@ -35,11 +35,9 @@ from .session import SessionRuntime
 from .store.base import Store, StoreError
 from .upstream.base import UpstreamFactory
 
-__all__ = ["Node", "SessionMeta"]
+__all__ = ["Node"]
 
 log = logging.getLogger("gateway.node")
-
-SessionMeta = dict[str, str]
 
 
 class ClientConnectionLike(Protocol):

@@ -56,7 +56,7 @@ from .upstream.base import ResponseDone, TextDelta, Upstream, UpstreamClosed, Up
 if TYPE_CHECKING:
     from .node import Node
 
-__all__ = ["SessionRuntime", "Subscriber", "TurnState"]
+__all__ = ["Batch", "SessionRuntime", "Subscriber"]
 
 log = logging.getLogger("gateway.session")
 
@@ -79,11 +79,6 @@ class Subscriber(Protocol):
 
 # One append: log entries and the history items written with them.
 Batch = tuple[list[LogEntry], list[bytes]]
-
-
-class TurnState:
-    IDLE = "idle"
-    RUNNING = "running"
 
 
 class _StepOutcome:
@@ -282,10 +277,6 @@ class SessionRuntime:
     def detach(self, sub: Subscriber) -> None:
         self.subscribers.discard(sub)
         self.node.maybe_release(self)
-
-    @property
-    def idle(self) -> bool:
-        return self.turn is None
 
     # ------------------------------------------------------------------ commands
 

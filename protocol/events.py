@@ -18,8 +18,6 @@ import msgspec
 
 __all__ = [
     "CLIENT_MESSAGE_TYPES",
-    "EVENT_TYPES",
-    "PERSISTED_TYPES",
     "Call",
     "Cancel",
     "Cancelled",
@@ -182,28 +180,6 @@ Event = (
     | Error
     | Interrupt
     | Cancelled
-)
-
-EVENT_TYPES: Final[frozenset[str]] = frozenset(
-    {
-        "session",
-        "user",
-        "think",
-        "call",
-        "execute",
-        "result",
-        "respond",
-        "end",
-        "metric",
-        "error",
-        "interrupt",
-        "cancelled",
-    }
-)
-
-# The semantic units kept in history (the input of context assembly), per the seed.
-PERSISTED_TYPES: Final[frozenset[str]] = frozenset(
-    {"user", "think", "call", "result", "respond", "cancelled"}
 )
 
 

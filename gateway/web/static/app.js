@@ -14,7 +14,6 @@
   const BACKOFF_MS = [250, 500, 1000, 2000, 4000, 8000];
   const CLOSE_DROPPED = 4000; // we closed to resync (seq gap, test hook): reconnect
   const CLOSE_SERVICE_RESTART = 1012; // node draining or session moved
-  const CLOSE_SESSION_GONE = 4404;
   const REFUSALS_BEFORE_NOTICE = 3;
 
   const $ = (id) => document.getElementById(id);
@@ -98,10 +97,7 @@
       setState("disconnected");
       return;
     }
-    if (ev.code === CLOSE_SESSION_GONE) {
-      forgetSession("The session no longer exists; a new one is started.");
-      reconnectIn(0);
-    } else if (ev.code === CLOSE_SERVICE_RESTART) {
+    if (ev.code === CLOSE_SERVICE_RESTART) {
       // Every client of a draining node comes back at once: spread them a little.
       reconnectIn(Math.random() * 500);
     } else if (!opened) {

@@ -183,8 +183,11 @@ class Node:
         self.spawn(self._release_when_flushed(runtime), f"release:{runtime.sid}")
 
     async def _release_when_flushed(self, runtime: SessionRuntime) -> None:
+        def still_idle() -> bool:
+            return not (runtime.closed or runtime.subscribers or runtime.turn is not None)
+
         await runtime.flushed()
-        if runtime.closed or runtime.subscribers or runtime.turn is not None:
+        if not still_idle():
             return
         with contextlib.suppress(Exception):
             await self.store.set_meta(
@@ -194,7 +197,11 @@ class Node:
                     "usage_output": str(runtime.usage.output),
                 },
             )
-        await runtime.close("idle")
+        # A client may have attached during that write: look again, with no
+        # await between the look and close(), which marks the runtime closed
+        # before it awaits anything.
+        if still_idle():
+            await runtime.close("idle")
 
     def forget(self, runtime: SessionRuntime, *, release: bool) -> None:
         """Called by a runtime that closed: drop it and (if still ours) free the lease."""

@@ -10,13 +10,12 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator
 
+from gateway.config import Config, ConfigError
+from gateway.edge.server import Gateway
+from gateway.sessions.node import Node
+from gateway.store import open_store
+from gateway.upstream.base import UpstreamFactory
 from tools.registry import default_registry
-
-from .config import Config, ConfigError
-from .node import Node
-from .server import Gateway
-from .store import open_store
-from .upstream.base import UpstreamFactory
 
 __all__ = ["running_gateway"]
 
@@ -25,12 +24,13 @@ log = logging.getLogger("gateway")
 
 @contextlib.asynccontextmanager
 async def _upstream_factory(config: Config) -> AsyncIterator[UpstreamFactory]:
-    from .upstream.gemini import DEFAULT_MODEL as GEMINI_DEFAULT_MODEL
-    from .upstream.gemini import GeminiLiveFactory
-    from .upstream.openai import OpenAIRealtimeFactory
+    from gateway.upstream.gemini import DEFAULT_MODEL as GEMINI_DEFAULT_MODEL
+    from gateway.upstream.gemini import GeminiLiveFactory
+    from gateway.upstream.openai import OpenAIRealtimeFactory
 
     if config.provider == "sim":
-        from .sim import SimConfig, serve_sim
+        from gateway.sim.model import SimConfig
+        from gateway.sim.server import serve_sim
 
         sim_config = SimConfig(
             flavor=config.sim_flavor,

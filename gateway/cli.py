@@ -12,8 +12,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from .config import Config, ConfigError, load_config
-from .logs import setup_logging
+from gateway.config import Config, ConfigError, load_config
+from gateway.logs import setup_logging
 
 __all__ = ["main"]
 
@@ -73,13 +73,13 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--log-level", help="DEBUG, INFO, WARNING (default INFO)")
     p.add_argument("--log-json", action="store_const", const=True, help="JSON log lines")
-    from .edges import add_serve_arguments
+    from gateway.edge.admission import add_serve_arguments
 
     add_serve_arguments(p)  # auth, limits, backpressure
 
 
 async def _serve(config: Config) -> int:
-    from .app import running_gateway
+    from gateway.app import running_gateway
 
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
@@ -130,7 +130,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     serve_p = sub.add_parser("serve", help="run a gateway node")
     _serve_args(serve_p)
 
-    from .sim import add_sim_arguments
+    from gateway.sim.cli import add_sim_arguments
 
     sim_p = sub.add_parser(
         "sim", help="run the upstream simulator (OpenAI Realtime or Gemini Live wire protocol)"
@@ -139,7 +139,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     sim_p.add_argument("--port", type=int, default=8800)
     add_sim_arguments(sim_p)
 
-    from .loadtest import add_loadtest_arguments
+    from gateway.client.loadtest import add_loadtest_arguments
 
     lt_p = sub.add_parser("loadtest", help="many concurrent client sessions against a gateway")
     add_loadtest_arguments(lt_p)
@@ -149,7 +149,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     chat_p.add_argument("--token", help="API key (Bearer)")
     chat_p.add_argument("--no-color", action="store_true")
 
-    from .keys import add_keys_arguments
+    from gateway.keys import add_keys_arguments
 
     keys_p = sub.add_parser("keys", help="issue, list and revoke API keys (file or Redis)")
     add_keys_arguments(keys_p)
@@ -162,14 +162,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             }
             config = load_config(overrides)
             setup_logging(config.log_level, json=config.log_json, node=config.node_id)
-            from .workers import check_workers, supervise
+            from gateway.workers import check_workers, supervise
 
             check_workers(config)
             if config.workers > 1:
                 return supervise(config, list(argv if argv is not None else sys.argv[1:]))
             return asyncio.run(_serve(config))
         if args.command == "sim":
-            from .sim import run_sim, sim_config_from_args
+            from gateway.sim.cli import sim_config_from_args
+            from gateway.sim.server import run_sim
 
             setup_logging("WARNING")
             asyncio.run(
@@ -183,15 +184,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
             return 0
         if args.command == "loadtest":
-            from .loadtest import run_loadtest_cli
+            from gateway.client.loadtest import run_loadtest_cli
 
             return asyncio.run(run_loadtest_cli(args))
         if args.command == "chat":
-            from .chat import run_chat
+            from gateway.client.chat import run_chat
 
             return asyncio.run(run_chat(args.url, token=args.token, color=not args.no_color))
         if args.command == "keys":
-            from .keys import run_keys
+            from gateway.keys import run_keys
 
             return run_keys(args)
     except ConfigError as exc:

@@ -85,7 +85,7 @@ class Config(msgspec.Struct, kw_only=True):
     send_queue_frames: int = 4096
     drain_timeout: float = 30.0
 
-    # --- production edges (gateway.edges; checked there, see docs/operations.md) ---
+    # --- production edges (gateway.edge.admission; checked there, see docs/operations.md) ---
     # API keys as `key_id:sha256hex` lines; reloaded on change and on SIGHUP.
     api_keys_file: str = ""
     # Also accept the keys in Redis (hash {key_prefix}:keys, sha256hex → key_id).

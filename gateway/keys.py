@@ -22,7 +22,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, TextIO
 
-from .auth import hash_key, parse_key_line, valid_key_id
+from gateway.edge.auth import hash_key, parse_key_line, valid_key_id
 
 __all__ = ["add_keys_arguments", "new_key", "run_keys"]
 

@@ -12,7 +12,7 @@ import time
 
 import orjson
 
-from .log_context import SessionFilter
+from gateway.log_context import SessionFilter
 
 __all__ = ["JsonFormatter", "setup_logging"]
 

@@ -54,7 +54,7 @@ class Metrics:
             "Times a slow client was switched to catch-up from the log",
             registry=r,
         )
-        # --- edges: limits and backpressure (gateway.limits, gateway.backpressure)
+        # --- edges: limits and backpressure (gateway.sessions.limits, gateway.edge.backpressure)
         self.turns_refused = Counter(
             "rtgw_turns_refused",
             "Turns refused by a per-key limit, by reason (rate_limited, quota_exceeded)",

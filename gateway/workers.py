@@ -19,7 +19,7 @@ import time
 from collections.abc import Sequence
 from types import FrameType
 
-from .config import Config, ConfigError
+from gateway.config import Config, ConfigError
 
 __all__ = ["check_workers", "supervise"]
 

@@ -4,9 +4,16 @@ Nothing here opens a socket, awaits, or reads a clock: it is fed text and
 returns events, so it is tested without a network and reused by any I/O shell.
 """
 
-from .assembly import HistoryItem, Message, assemble, results_message
-from .calls import ToolCall, ToolResult, decode_call, encode_call, encode_results, result_payload
-from .events import (
+from protocol.assembly import HistoryItem, Message, assemble, results_message
+from protocol.calls import (
+    ToolCall,
+    ToolResult,
+    decode_call,
+    encode_call,
+    encode_results,
+    result_payload,
+)
+from protocol.events import (
     Call,
     Cancel,
     Cancelled,
@@ -30,8 +37,8 @@ from .events import (
     decode_event,
     encode,
 )
-from .parser import Parser
-from .prompt import ToolSpec, system_prompt
+from protocol.parser import Parser
+from protocol.prompt import ToolSpec, system_prompt
 
 __all__ = [
     "Call",

@@ -15,7 +15,7 @@ from typing import Final, Literal
 
 import msgspec
 
-from .events import Call, Cancelled, Respond, Result, Think, User
+from protocol.events import Call, Cancelled, Respond, Result, Think, User
 
 __all__ = [
     "CANCELLED_NOTE",

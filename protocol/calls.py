@@ -13,7 +13,7 @@ from typing import Any, Final, Literal
 
 import msgspec
 
-from .events import ResultPayload
+from protocol.events import ResultPayload
 
 __all__ = [
     "ToolCall",

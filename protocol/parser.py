@@ -29,8 +29,8 @@ from typing import Any, Final
 
 import orjson
 
-from .calls import ToolCall, encode_call
-from .events import Call, End, Error, Event, Execute, Respond, Think
+from protocol.calls import ToolCall, encode_call
+from protocol.events import Call, End, Error, Event, Execute, Respond, Think
 
 __all__ = ["Parser", "State"]
 

@@ -161,7 +161,7 @@ class Store(abc.ABC):
     async def lease_owner(self, sid: str) -> str | None:
         """The node holding the lease, or None."""
 
-    # --- counters and slots (per-key limits, see gateway.limits) ---------------
+    # --- counters and slots (per-key limits, see gateway.sessions.limits) ---------------
     # Not abstract, so a store written for tests need not carry them; both
     # real stores implement them.
 

@@ -70,7 +70,7 @@ class MemoryStore(Store):
         self._waiters: dict[str, list[asyncio.Future[None]]] = {}
         self._listeners: dict[str, list[Callable[[bytes], None]]] = {}
         self._closed = False
-        # Limit counters and slots (gateway.limits): key → [value, deadline] and
+        # Limit counters and slots (gateway.sessions.limits): key → [value, deadline] and
         # key → {member: deadline}; expired ones are dropped by _sweep_limits.
         self._counters: dict[str, list[float]] = {}
         self._slots: dict[str, dict[str, float]] = {}

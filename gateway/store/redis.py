@@ -190,7 +190,7 @@ return 0
 """
 )
 
-# Limits (gateway.limits). KEYS: counter. ARGV: amount, ttl_ms. The TTL is set
+# Limits (gateway.sessions.limits). KEYS: counter. ARGV: amount, ttl_ms. The TTL is set
 # once, when the window's counter is created: adding never extends a window.
 _INCR_WINDOW = _Script(
     """

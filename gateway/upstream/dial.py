@@ -15,7 +15,7 @@ from typing import Final
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import InvalidHandshake, InvalidStatus, InvalidURI
 
-from .base import UpstreamClosed
+from gateway.upstream.base import UpstreamClosed
 
 __all__ = ["CLOSE_TIMEOUT", "MAX_FRAME", "dial"]
 

@@ -2,7 +2,7 @@
 
 One definition of the wire for both sides we own: the adapter
 (``gateway.upstream.gemini``) encodes client messages and decodes server
-messages; the simulator (``gateway.sim_gemini``) decodes client messages and
+messages; the simulator (``gateway.sim.gemini``) decodes client messages and
 encodes server messages. Field names follow the Gemini API's JSON (camelCase,
 ``rename="camel"``) as the official ``google-genai`` SDK reads and writes them
 (``google.genai.types``: ``LiveClientSetup``, ``LiveClientContent``,

@@ -35,11 +35,8 @@ from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.frames import Close
 
-from protocol.assembly import Message
-from protocol.events import Usage
-
-from . import openai_wire as wire
-from .base import (
+from gateway.upstream import openai_wire as wire
+from gateway.upstream.base import (
     AdapterFactory,
     ResponseDone,
     TextDelta,
@@ -48,7 +45,9 @@ from .base import (
     UpstreamError,
     UpstreamEvent,
 )
-from .dial import dial
+from gateway.upstream.dial import dial
+from protocol.assembly import Message
+from protocol.events import Usage
 
 __all__ = ["DEFAULT_BASE_URL", "DEFAULT_MODEL", "OpenAIRealtime", "OpenAIRealtimeFactory"]
 

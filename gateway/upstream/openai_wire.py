@@ -2,7 +2,7 @@
 
 One definition of the wire, used by both sides we own: the adapter
 (``gateway.upstream.openai``) encodes client events and decodes server events;
-the simulator (``gateway.sim``) decodes client events and encodes server
+the simulator (``gateway.sim.openai``) decodes client events and encodes server
 events. Field names and required fields follow the official SDK's models
 (``openai.types.realtime``): the simulator's frames must parse there.
 

@@ -3,7 +3,7 @@
 Every server a benchmark measures (gateway, relay, simulator, redis) runs as
 its own process, bound to 127.0.0.1, so its CPU time and RSS can be read from
 ``/proc`` without counting the load generator. The load generator is the
-``gateway.loadtest`` engine running in the benchmark's own process.
+``gateway.client.loadtest`` engine running in the benchmark's own process.
 """
 
 from __future__ import annotations

@@ -49,9 +49,9 @@ import benchlib as B
 import msgspec
 from profile_summary import summarize
 
-from gateway.loadtest import LoadTest, LoadTestConfig, sized_message
-from gateway.loadtest_report import percentile
-from gateway.sim import sim_reply
+from gateway.client.loadtest import LoadTest, LoadTestConfig, sized_message
+from gateway.client.report import percentile
+from gateway.sim.model import sim_reply
 
 
 class _Content(msgspec.Struct):

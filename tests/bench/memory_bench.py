@@ -28,8 +28,8 @@ from pathlib import Path
 
 import benchlib as B
 
-from gateway.loadtest import LoadTest, LoadTestConfig
-from gateway.loadtest_report import LoadTestReport, format_report
+from gateway.client.loadtest import LoadTest, LoadTestConfig
+from gateway.client.report import LoadTestReport, format_report
 
 KIB = 1024
 

@@ -64,7 +64,7 @@ def load(path: Path) -> tuple[Counter[str], Counter[str], int]:
 CATEGORIES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("Redis store (group commit, leases)", ("gateway/store/", "redis/")),
     ("upstream: adapter recv + wire decode", ("OpenAIRealtime.recv", "openai_wire.py")),
-    ("parser + session loop", ("protocol/", "gateway/session.py", "gateway/history.py")),
+    ("parser + session loop", ("protocol/", "gateway/sessions/", "protocol/steps.py")),
     ("client writer: websockets send + socket write", ("gateway/connection.py",)),
     ("socket reads + websockets frame parsing", ("_read_ready", "websockets/")),
     ("event loop: select, scheduling, timers", ("asyncio/", "selectors.py")),

@@ -6,7 +6,7 @@ Processes (all on 127.0.0.1): a ``redis-server``; the simulator (``gateway
 sim``, unpaced, 4-character deltas); the gateway (``gateway serve --provider
 openai`` pointed at the simulator, Redis store on); the baseline relay
 (``relay_baseline.py``, pointed at the same simulator); and this process, which
-runs the ``gateway.loadtest`` client: ``--sessions`` sessions, each sending
+runs the ``gateway.client.loadtest`` client: ``--sessions`` sessions, each sending
 turn after turn of a ``--message-chars`` message (the simulator echoes it, so
 every response is about that many characters: ~500 deltas at the defaults).
 
@@ -37,7 +37,7 @@ from pathlib import Path
 import benchlib as B
 from profile_summary import summarize
 
-from gateway.loadtest import LoadTest, LoadTestConfig, sized_message
+from gateway.client.loadtest import LoadTest, LoadTestConfig, sized_message
 
 
 @dataclass

@@ -216,7 +216,7 @@ def test_an_interrupt_discards_the_partial_step(page: Page, start_gateway: Start
 
 
 def _keys_file(tmp_path: Path, key: str) -> Path:
-    auth = pytest.importorskip("gateway.auth", reason="API keys are not in this tree yet")
+    auth = pytest.importorskip("gateway.edge.auth", reason="API keys are not in this tree yet")
     keys = tmp_path / "keys"
     keys.write_text(f"page-test:{auth.hash_key(key)}\n")
     return keys

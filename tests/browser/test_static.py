@@ -1,4 +1,4 @@
-"""``gateway.web.static_response`` and the page's HTTP face on a real node (no browser)."""
+"""``gateway.edge.web.static_response`` and the page's HTTP face on a real node (no browser)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from gateway.web import CONTENT_SECURITY_POLICY, static_response
+from gateway.edge.web import CONTENT_SECURITY_POLICY, static_response
 from tests.browser.conftest import StartGateway
 
 
@@ -75,5 +75,5 @@ def test_a_node_serves_the_page_and_404s_the_rest(start_gateway: StartGateway) -
         200,
         "text/javascript; charset=utf-8",
     )
-    assert _get(node.http, "/static/../gateway/web/__init__.py").status == 404
+    assert _get(node.http, "/static/../gateway/edge/web/__init__.py").status == 404
     assert _get(node.http, "/healthz").status == 200  # the page did not shadow the API

@@ -29,7 +29,8 @@ import pytest
 
 from gateway.app import running_gateway
 from gateway.config import ConfigError, load_config
-from gateway.sim import SimConfig, serve_sim
+from gateway.sim.model import SimConfig
+from gateway.sim.server import serve_sim
 from protocol.events import Event, Metric
 from tests.support.client import GatewayClient
 

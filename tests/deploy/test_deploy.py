@@ -307,7 +307,7 @@ def test_dockerfile_copies_what_the_package_build_needs() -> None:
     }
     assert {"pyproject.toml", pyproject["project"]["readme"], *packages} <= copied
     # The page is package data: the image serves it only if the wheel carries it.
-    assert "static/*" in pyproject["tool"]["setuptools"]["package-data"]["gateway.web"]
+    assert "static/*" in pyproject["tool"]["setuptools"]["package-data"]["gateway.edge.web"]
     ignore = (DEPLOY / "Dockerfile.dockerignore").read_text().split()
     assert all(f"!{p}/" in ignore for p in packages)
 
@@ -391,7 +391,7 @@ def test_every_setting_names_a_config_field_and_loads(target: str) -> None:
 @pytest.mark.parametrize("target", sorted(set(deployed_envs()) - {"Dockerfile"}))
 def test_every_exposed_node_has_api_keys(target: str) -> None:
     # A node on a non-loopback address without API keys refuses to start.
-    auth = pytest.importorskip("gateway.auth")
+    auth = pytest.importorskip("gateway.edge.auth")
     config = load_config(env=deployed_envs()[target])
     assert auth.auth_configured(config)
     auth.check_exposure(config)

@@ -18,8 +18,8 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
-from gateway.auth import hash_key
-from gateway.server import Gateway
+from gateway.edge.auth import hash_key
+from gateway.edge.server import Gateway
 from tests.gateway.conftest import GatewayFactory, gateway_factory, store_kind
 
 __all__ = ["GatewayFactory", "gateway_factory", "store_kind"]

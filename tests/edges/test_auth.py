@@ -13,7 +13,9 @@ from pathlib import Path
 import pytest
 from websockets.asyncio.client import connect
 
-from gateway.auth import (
+from gateway.cli import main
+from gateway.config import ConfigError, load_config
+from gateway.edge.auth import (
     KeyFile,
     KeyStoreUnavailable,
     RedisKeys,
@@ -22,8 +24,6 @@ from gateway.auth import (
     is_loopback,
     parse_key_line,
 )
-from gateway.cli import main
-from gateway.config import ConfigError, load_config
 from protocol.events import Session, decode_event
 from tests.edges.conftest import GatewayFactory, Keys, http_get, metric_value, refusal
 from tests.support.client import GatewayClient, text_of
@@ -159,7 +159,7 @@ async def test_origins_outside_the_allow_list_are_403(gateway_factory: GatewayFa
 
 
 def test_allowed_origins_must_be_origins() -> None:
-    from gateway.edges import validate
+    from gateway.edge.admission import validate
 
     with pytest.raises(ConfigError, match="scheme://host"):
         validate(load_config({"allowed_origins": "a.example"}, env={}))

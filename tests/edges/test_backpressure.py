@@ -11,9 +11,9 @@ import msgspec
 import pytest
 from websockets.exceptions import ConnectionClosed
 
-from gateway.backpressure import MAX_MERGED_BYTES, coalesce_entries
-from gateway.connection import ClientConnection
-from gateway.server import Gateway
+from gateway.edge.backpressure import MAX_MERGED_BYTES, coalesce_entries
+from gateway.edge.connection import ClientConnection
+from gateway.edge.server import Gateway
 from gateway.store.base import LogEntry
 from protocol.events import Call, End, Error, Event, Metric, Respond, Think, encode
 from tests.edges.conftest import GatewayFactory, http_get, metric_value, poll_until

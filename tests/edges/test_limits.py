@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from gateway.server import Gateway
+from gateway.edge.server import Gateway
 from protocol.events import Error, User
 from tests.edges.conftest import GatewayFactory, Keys, http_get, metric_value, poll_until, refusal
 from tests.support.client import GatewayClient, text_of
@@ -185,7 +185,7 @@ async def test_limits_off_touch_nothing(gateway_factory: GatewayFactory) -> None
 )
 def test_out_of_range_edge_settings_name_the_setting(name: str, value: float) -> None:
     from gateway.config import ConfigError, load_config
-    from gateway.edges import validate
+    from gateway.edge.admission import validate
 
     with pytest.raises(ConfigError, match=name):
         validate(load_config({name: value}, env={}))
@@ -195,7 +195,7 @@ def test_serve_flags_and_environment_reach_the_config() -> None:
     import argparse
 
     from gateway.config import load_config
-    from gateway.edges import add_serve_arguments
+    from gateway.edge.admission import add_serve_arguments
 
     parser = argparse.ArgumentParser()
     add_serve_arguments(parser)

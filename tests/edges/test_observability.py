@@ -117,7 +117,7 @@ async def test_json_logs_of_a_session_carry_its_sid_and_the_node(
             logger.removeHandler(handler)
             logger.setLevel(old_level)
     records = [orjson.loads(line) for line in stream.getvalue().splitlines()]
-    session_records = [r for r in records if r["logger"] == "gateway.session"]
+    session_records = [r for r in records if r["logger"] == "gateway.sessions.runtime"]
     assert session_records, records
     for record in session_records:
         assert record["sid"] == client.sid, record

@@ -22,7 +22,7 @@ from websockets.exceptions import ConnectionClosed
 
 from gateway.app import running_gateway
 from gateway.config import load_config
-from gateway.server import Gateway
+from gateway.edge.server import Gateway
 from protocol.events import Cancelled, End, Error, Metric, Respond, User
 from tests.support.client import GatewayClient
 

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from websockets.exceptions import ConnectionClosed
 
-from gateway.server import Gateway
+from gateway.edge.server import Gateway
 from protocol.events import Error
 from tests.fuzz.conftest import answers_hello, reconnect_answers_hello
 from tests.support.client import GatewayClient

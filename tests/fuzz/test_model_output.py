@@ -13,7 +13,7 @@ import json
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from gateway.server import Gateway
+from gateway.edge.server import Gateway
 from protocol.events import End, Error
 from tests.fuzz.conftest import answers_hello
 from tests.support.client import GatewayClient

@@ -11,7 +11,7 @@ import pytest
 
 from gateway.app import running_gateway
 from gateway.config import load_config
-from gateway.server import Gateway
+from gateway.edge.server import Gateway
 
 GatewayFactory = Callable[..., AbstractAsyncContextManager[Gateway]]
 

@@ -6,7 +6,7 @@ import asyncio
 import sys
 import urllib.request
 
-from gateway.server import Gateway
+from gateway.edge.server import Gateway
 from tests.support.procs import NodeProcess
 
 

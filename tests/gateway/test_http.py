@@ -9,7 +9,7 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
-from gateway.server import Gateway
+from gateway.edge.server import Gateway
 
 
 def _get(url: str) -> tuple[int, str]:

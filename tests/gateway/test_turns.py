@@ -7,7 +7,7 @@ import contextlib
 import orjson
 from websockets.exceptions import ConnectionClosed
 
-from gateway.server import Gateway
+from gateway.edge.server import Gateway
 from protocol.events import (
     Call,
     Cancelled,

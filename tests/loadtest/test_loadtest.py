@@ -19,8 +19,7 @@ import pytest
 from websockets.asyncio.server import ServerConnection, serve
 
 from gateway.app import running_gateway
-from gateway.config import load_config
-from gateway.loadtest import (
+from gateway.client.loadtest import (
     MAX_SESSIONS,
     LoadTest,
     LoadTestConfig,
@@ -31,7 +30,7 @@ from gateway.loadtest import (
     run_loadtest_cli,
     sized_message,
 )
-from gateway.loadtest_report import (
+from gateway.client.report import (
     LatencySummary,
     LoadTestReport,
     Reservoir,
@@ -39,6 +38,7 @@ from gateway.loadtest_report import (
     format_report,
     percentile,
 )
+from gateway.config import load_config
 from tests.support.redis_server import free_port
 
 Handler = Callable[[ServerConnection], Awaitable[None]]

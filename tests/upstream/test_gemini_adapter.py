@@ -10,8 +10,8 @@ from collections.abc import AsyncIterator, Sequence
 import pytest
 from websockets.asyncio.server import ServerConnection, serve
 
-from gateway.sim import SimConfig, serve_sim, sim_reply
-from gateway.sim_model import estimate_tokens
+from gateway.sim.model import SimConfig, estimate_tokens, sim_reply
+from gateway.sim.server import serve_sim
 from gateway.upstream.base import ResponseDone, TextDelta, UpstreamClosed, UpstreamError
 from gateway.upstream.gemini import DEFAULT_MODEL, GeminiLive, GeminiLiveFactory
 from protocol.assembly import Message, results_message

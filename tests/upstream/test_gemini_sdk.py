@@ -28,8 +28,9 @@ from cryptography.x509.oid import NameOID
 from google import genai
 from google.genai import errors, live, types
 
-from gateway.sim import SimConfig, serve_sim
-from gateway.sim_gemini import GeminiSim
+from gateway.sim.gemini import GeminiSim
+from gateway.sim.model import SimConfig
+from gateway.sim.server import serve_sim
 
 from .helpers import STEP_TIMEOUT
 

@@ -12,8 +12,10 @@ import pytest
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from gateway.sim import SimConfig, add_sim_arguments, serve_sim, sim_config_from_args
-from gateway.sim_gemini import PATH, GeminiSim, endpoint_path
+from gateway.sim.cli import add_sim_arguments, sim_config_from_args
+from gateway.sim.gemini import PATH, GeminiSim, endpoint_path
+from gateway.sim.model import SimConfig
+from gateway.sim.server import serve_sim
 
 from .helpers import STEP_TIMEOUT
 

@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from gateway.sim import SimConfig, serve_sim, sim_reply
+from gateway.sim.model import SimConfig, sim_reply
+from gateway.sim.server import serve_sim
 from gateway.upstream.base import ResponseDone, TextDelta, UpstreamClosed, UpstreamError
 from gateway.upstream.openai import OpenAIRealtime, OpenAIRealtimeFactory
 from protocol.assembly import Message, results_message

@@ -18,7 +18,8 @@ import pytest
 from openai import AsyncOpenAI
 from openai.types.realtime import RealtimeServerEvent
 
-from gateway.sim import Sim, SimConfig, serve_sim
+from gateway.sim.model import Sim, SimConfig
+from gateway.sim.server import serve_sim
 
 from .helpers import STEP_TIMEOUT
 

@@ -6,7 +6,8 @@ import argparse
 
 import pytest
 
-from gateway.sim import SimConfig, add_sim_arguments, sim_config_from_args, sim_reply
+from gateway.sim.cli import add_sim_arguments, sim_config_from_args
+from gateway.sim.model import SimConfig, sim_reply
 from protocol.assembly import results_message
 
 

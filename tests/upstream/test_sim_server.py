@@ -11,7 +11,8 @@ import pytest
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import InvalidStatus
 
-from gateway.sim import Sim, SimConfig, serve_sim
+from gateway.sim.model import Sim, SimConfig
+from gateway.sim.server import serve_sim
 
 from .helpers import STEP_TIMEOUT
 

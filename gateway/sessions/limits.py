@@ -27,20 +27,16 @@ import math
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Final
+from typing import Final
 
+from gateway.config import Config
+from gateway.metrics import Metrics
+from gateway.store.base import Store, StoreError
 from protocol.events import Error, Usage
-
-from .store.base import StoreError
-
-if TYPE_CHECKING:
-    from .config import Config
-    from .metrics import Metrics
-    from .store.base import Store
 
 __all__ = ["SLOT_TTL", "ConnectionSlots", "Limits"]
 
-log = logging.getLogger("gateway.limits")
+log = logging.getLogger("gateway.sessions.limits")
 
 SLOT_TTL: Final = 30.0
 """Seconds a per-key connection slot lives unless renewed: how long a dead node's

@@ -1,6 +1,6 @@
 """The browser client page: ``/`` and its assets under ``/static/``.
 
-The page is three static files shipped as package data (``gateway/web/static``),
+The page is three static files shipped as package data (``gateway/edge/web/static``),
 so any node serves it with no build step and no CDN. Only the files named in
 ``_ASSETS`` are served: a request path is looked up in that table, never joined
 onto a filesystem path, so no path can reach another file.

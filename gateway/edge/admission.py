@@ -1,10 +1,10 @@
 """The gateway's production edges, as one object the server calls at its seams.
 
-``Gateway`` (``gateway.server``) owns an ``Edges`` and calls it in four places:
+``Gateway`` (``gateway.edge.server``) owns an ``Edges`` and calls it in four places:
 ``admit`` in the HTTP handshake (origin, auth, connection limits), its
 ``select_subprotocol`` for ``serve``, ``start`` and ``close``. Everything the
-edges decide lives here and in ``gateway.auth``, ``gateway.limits`` and
-``gateway.backpressure``, so the server, connection and session code carry
+edges decide lives here and in ``gateway.edge.auth``, ``gateway.sessions.limits`` and
+``gateway.edge.backpressure``, so the server, connection and session code carry
 one-line hooks only.
 
 Handshake checks, in order, each refusal an HTTP status whose body says what
@@ -22,8 +22,8 @@ import argparse
 import asyncio
 import http
 import logging
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Final
+from collections.abc import Callable, Collection, Sequence
+from typing import Final
 from urllib.parse import urlsplit
 
 from websockets.asyncio.server import ServerConnection
@@ -31,7 +31,8 @@ from websockets.datastructures import Headers, MultipleValuesError
 from websockets.http11 import Request, Response
 from websockets.typing import Subprotocol
 
-from .auth import (
+from gateway.config import Config, ConfigError
+from gateway.edge.auth import (
     ANONYMOUS,
     HOW_TO_AUTHENTICATE,
     SUBPROTOCOL,
@@ -43,17 +44,14 @@ from .auth import (
     credentials_from,
     hash_key,
 )
-from .backpressure import SlowClientReaper
-from .config import Config, ConfigError
-from .limits import ConnectionSlots
-from .store.base import StoreError
-
-if TYPE_CHECKING:
-    from .server import Gateway
+from gateway.edge.reaper import Reapable, SlowClientReaper
+from gateway.sessions.limits import ConnectionSlots
+from gateway.sessions.node import Node
+from gateway.store.base import StoreError
 
 __all__ = ["Edges", "add_serve_arguments", "parse_origins"]
 
-log = logging.getLogger("gateway.edges")
+log = logging.getLogger("gateway.edge.admission")
 
 _REALM: Final = 'Bearer realm="realtime-gateway"'
 
@@ -103,12 +101,10 @@ class Edges:
     """Origin, auth and connection limits at the handshake; slow clients after it.
 
     Raises ``ConfigError`` when the settings cannot be served safely (see
-    ``gateway.auth.check_exposure``) or a keys file is unreadable.
+    ``gateway.edge.auth.check_exposure``) or a keys file is unreadable.
     """
 
-    def __init__(self, gateway: Gateway) -> None:
-        config = gateway.config
-        node = gateway.node
+    def __init__(self, config: Config, node: Node, connections: Collection[Reapable]) -> None:
         validate(config)
         check_exposure(config)
         self.config = config
@@ -120,9 +116,7 @@ class Edges:
         )
         self.origins = parse_origins(config.allowed_origins)
         self.slots = ConnectionSlots(node.store, node.node_id, config.max_connections_per_key)
-        self.reaper = SlowClientReaper(
-            gateway.connections, config.slow_client_timeout, node.metrics
-        )
+        self.reaper = SlowClientReaper(connections, config.slow_client_timeout, node.metrics)
         self.limits = node.limits
         self.open = 0  # admitted connections not yet closed (the per-node limit)
         self._watchers: set[asyncio.Task[None]] = set()

@@ -20,9 +20,24 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Protocol
+from collections.abc import Callable, Coroutine, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
 
+from gateway.config import Config
+from gateway.metrics import Metrics
+from gateway.sessions.limits import Limits
+from gateway.sessions.logwriter import Batch, LogWriter
+from gateway.sessions.subscriber import Subscriber
+from gateway.store.base import LeaseLost, LogEntry, SeqConflict, StoreUnavailable
+from gateway.upstream.base import (
+    ResponseDone,
+    TextDelta,
+    Upstream,
+    UpstreamClosed,
+    UpstreamError,
+    UpstreamFactory,
+)
 from protocol.assembly import (
     HistoryItem,
     Message,
@@ -48,37 +63,41 @@ from protocol.events import (
     encode,
 )
 from protocol.parser import Parser
+from protocol.steps import StepRecorder
+from tools.base import ToolContext
+from tools.executor import Executor
 
-from .history import StepRecorder
-from .store.base import LeaseLost, LogEntry, SeqConflict, StoreUnavailable
-from .upstream.base import ResponseDone, TextDelta, Upstream, UpstreamClosed, UpstreamError
+__all__ = ["SessionHost", "SessionRuntime", "SessionServices"]
 
-if TYPE_CHECKING:
-    from .node import Node
-
-__all__ = ["Batch", "SessionRuntime", "Subscriber"]
-
-log = logging.getLogger("gateway.session")
+log = logging.getLogger("gateway.sessions.runtime")
 
 
-class Subscriber(Protocol):
-    """A client connection attached to a session (see ``gateway.connection``)."""
+@dataclass(frozen=True, slots=True)
+class SessionServices:
+    """What every session on a node shares: settings, metrics and the node's workers."""
 
-    def deliver(self, entries: Sequence[LogEntry]) -> None:
-        """Logged events, in seq order. Must not block."""
-
-    def notify(self, event: Error) -> None:
-        """An unlogged notice for this client (store outage). Must not block."""
-
-    def session_lost(self, reason: str) -> None:
-        """This node stopped driving the session; the client should reconnect."""
-
-    def switch_source(self, runtime: SessionRuntime) -> None:
-        """This node took the session over: the subscriber follows ``runtime`` now."""
+    config: Config
+    metrics: Metrics
+    log_writer: LogWriter
+    limits: Limits
+    executor: Executor
+    upstream_factory: UpstreamFactory
+    system_prompt: str
+    tool_context: Callable[[str], ToolContext]
+    store_retry_delay: float = 0.5
 
 
-# One append: log entries and the history items written with them.
-Batch = tuple[list[LogEntry], list[bytes]]
+class SessionHost(Protocol):
+    """How a runtime calls up to the node that drives it: three calls, no node object."""
+
+    def spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
+        """Run ``coro`` in the background, owned (and cancelled on stop) by the node."""
+
+    def runtime_idle(self, runtime: SessionRuntime) -> None:
+        """The runtime may have no client and no turn left: the node may let it go."""
+
+    def runtime_closed(self, runtime: SessionRuntime, *, release: bool) -> None:
+        """The runtime stopped: forget it and, if ``release``, free its lease."""
 
 
 class _StepOutcome:
@@ -99,7 +118,8 @@ class SessionRuntime:
 
     def __init__(
         self,
-        node: Node,
+        host: SessionHost,
+        services: SessionServices,
         sid: str,
         *,
         last_seq: int,
@@ -107,7 +127,8 @@ class SessionRuntime:
         usage: Usage,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        self.node = node
+        self.host = host
+        self.services = services
         self.sid = sid
         self.history = history
         self.usage = usage
@@ -157,7 +178,7 @@ class SessionRuntime:
     def _mark(self) -> None:
         self._marked = True
         self._flushed.clear()
-        self.node.log_writer.mark(self)
+        self.services.log_writer.mark(self)
 
     async def flushed(self) -> None:
         """Wait until everything emitted so far is logged and delivered."""
@@ -217,7 +238,7 @@ class SessionRuntime:
                 self._store_unavailable(result)
             else:
                 log.error("session %s: appending failed: %r", self.sid, result)
-            asyncio.get_running_loop().call_later(self.node.store_retry_delay, self._retry)
+            asyncio.get_running_loop().call_later(self.services.store_retry_delay, self._retry)
 
     def write_failed(self) -> None:
         """The LogWriter broke on this session's batch (a bug): reload it elsewhere."""
@@ -243,7 +264,7 @@ class SessionRuntime:
         if not entries:
             return
         self.delivered_seq = entries[-1].seq
-        self.node.metrics.events.inc(len(entries))
+        self.services.metrics.events.inc(len(entries))
         for sub in tuple(self.subscribers):
             sub.deliver(entries)
 
@@ -251,7 +272,7 @@ class SessionRuntime:
         if self._store_down:
             return
         self._store_down = True
-        self.node.metrics.store_errors.inc()
+        self.services.metrics.store_errors.inc()
         log.warning("store unavailable for session %s: %s", self.sid, exc)
         self._notify(
             Error(
@@ -276,7 +297,7 @@ class SessionRuntime:
 
     def detach(self, sub: Subscriber) -> None:
         self.subscribers.discard(sub)
-        self.node.maybe_release(self)
+        self.host.runtime_idle(self)
 
     # ------------------------------------------------------------------ commands
 
@@ -310,7 +331,7 @@ class SessionRuntime:
     def _turn_done(self) -> None:
         if self.turn is asyncio.current_task():
             self.turn = None
-        self.node.maybe_release(self)
+        self.host.runtime_idle(self)
 
     def cancel_turn(self) -> Error | None:
         """Cancel the running turn; an ``Error`` reply if there is none."""
@@ -331,8 +352,7 @@ class SessionRuntime:
     # ------------------------------------------------------------------ turn loop
 
     async def _turn_main(self, text: str | None) -> None:
-        node = self.node
-        node.metrics.turns.inc()
+        self.services.metrics.turns.inc()
         recorder = StepRecorder()
         try:
             if text is not None:
@@ -371,7 +391,7 @@ class SessionRuntime:
         # response and closing can take seconds: the client does not wait.
         upstream, self.upstream = self.upstream, None
         if upstream is not None:
-            self.node.spawn(_discard(upstream), f"discard-upstream:{self.sid}")
+            self.host.spawn(_discard(upstream), f"discard-upstream:{self.sid}")
 
     async def _drop_upstream(self) -> None:
         upstream, self.upstream = self.upstream, None
@@ -380,14 +400,14 @@ class SessionRuntime:
                 await upstream.close()
 
     async def _open_upstream(self) -> Upstream:
-        upstream = self.node.upstream_factory.create()
-        await upstream.open(self.node.system_prompt, assemble(self.history))
+        upstream = self.services.upstream_factory.create()
+        await upstream.open(self.services.system_prompt, assemble(self.history))
         self.upstream = upstream
         return upstream
 
     async def _run_steps(self, message: Message | None, recorder: StepRecorder) -> None:
         """Run model steps until the turn ends (end, failure, cancel, step limit)."""
-        cfg = self.node.config
+        cfg = self.services.config
         malformed_in_a_row = 0
         for _ in range(cfg.max_steps):
             outcome = await self._run_step_with_retries(message, recorder)
@@ -454,10 +474,10 @@ class SessionRuntime:
         self.usage = Usage(
             input=self.usage.input + usage.input, output=self.usage.output + usage.output
         )
-        metrics = self.node.metrics
+        metrics = self.services.metrics
         metrics.tokens.labels("input").inc(usage.input)
         metrics.tokens.labels("output").inc(usage.output)
-        self.node.limits.record_usage(self.sid, usage)
+        self.services.limits.record_usage(self.sid, usage)
         return Metric(step=usage, total=self.usage)
 
     def _emit_metric(self, metric: Metric | None) -> None:
@@ -465,19 +485,19 @@ class SessionRuntime:
             self.emit(metric)
 
     async def _run_tools(self, calls: list[ToolCall]) -> list[ToolResult]:
-        node = self.node
-        node.metrics.tool_calls.inc(len(calls))
-        results = await node.executor.run_batch(calls, node.tool_context(self.sid))
+        services = self.services
+        services.metrics.tool_calls.inc(len(calls))
+        results = await services.executor.run_batch(calls, services.tool_context(self.sid))
         failures = sum(1 for r in results if r.status != "success")
         if failures:
-            node.metrics.tool_failures.inc(failures)
+            services.metrics.tool_failures.inc(failures)
         return results
 
     async def _run_step_with_retries(
         self, message: Message | None, recorder: StepRecorder
     ) -> _StepOutcome | None:
         """One model step; on upstream loss, reconnect from history and rerun it."""
-        retries = self.node.config.upstream_retries
+        retries = self.services.config.upstream_retries
         attempt = 0
         while True:
             try:
@@ -492,7 +512,7 @@ class SessionRuntime:
             except UpstreamClosed as exc:
                 await self._drop_upstream()
                 attempt += 1
-                self.node.metrics.upstream_errors.inc()
+                self.services.metrics.upstream_errors.inc()
                 log.warning(
                     "session %s: upstream lost (%s); %s",
                     self.sid,
@@ -526,7 +546,7 @@ class SessionRuntime:
         feed = parser.feed
         emit = self.emit
         add = recorder.add
-        metrics = self.node.metrics
+        metrics = self.services.metrics
         started = time.perf_counter()
         first = True
         await upstream.start_response()
@@ -608,7 +628,7 @@ class SessionRuntime:
         """Another node owns the session now: stop everything, tell the clients."""
         if self.closed:
             return
-        self.node.spawn(self.close(reason, lost=True), f"lose:{self.sid}")
+        self.host.spawn(self.close(reason, lost=True), f"lose:{self.sid}")
 
     async def close(self, reason: str, *, lost: bool = False) -> None:
         """Stop driving the session (lease lost, drain, idle release)."""
@@ -626,7 +646,7 @@ class SessionRuntime:
         self._lost = True  # whatever could not be written by now is dropped
         # Free the lease before the slow part (closing the upstream socket), so
         # another node can pick the session up at once.
-        self.node.forget(self, release=not lost)
+        self.host.runtime_closed(self, release=not lost)
         for sub in tuple(self.subscribers):
             sub.session_lost(reason)
         self.subscribers.clear()

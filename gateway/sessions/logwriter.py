@@ -16,17 +16,44 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from .store.base import StoreError
+from gateway.store.base import LogEntry, Store, StoreError
 
-if TYPE_CHECKING:
-    from .session import Batch, SessionRuntime
-    from .store.base import Store
+__all__ = ["Batch", "LogSource", "LogWriter"]
 
-__all__ = ["LogWriter"]
+# One append: log entries and the history items written with them.
+Batch = tuple[list[LogEntry], list[bytes]]
 
-log = logging.getLogger("gateway.logwriter")
+
+class LogSource(Protocol):
+    """A session whose events the writer logs (``gateway.sessions.runtime``).
+
+    The writer takes a batch, writes it, and reports back; the session decides
+    what an outcome means (deliver, hold and retry, or give up the session).
+    """
+
+    @property
+    def sid(self) -> str: ...
+
+    @property
+    def unsure(self) -> Batch | None:
+        """A batch whose append failed in flight and may have landed."""
+
+    def take_batch(self) -> Batch | None:
+        """What to append now (None: nothing)."""
+
+    def settle_unsure(self, stored_last: int, batch: Batch) -> Batch | None:
+        """After a failed append: ``stored_last`` tells whether it landed after all."""
+
+    def appended(self, batch: Batch, result: BaseException | None) -> None:
+        """The outcome of appending ``batch``: stored (None) or why not."""
+
+    def write_failed(self) -> None:
+        """The writer broke on this session's batch (a bug)."""
+
+
+log = logging.getLogger("gateway.sessions.logwriter")
 
 
 class LogWriter:
@@ -36,13 +63,13 @@ class LogWriter:
         # Seconds to wait after the first event of a round for more to join it:
         # under load, fewer and bigger round trips for a bounded extra latency.
         self.linger = linger
-        self._dirty: list[SessionRuntime] = []
+        self._dirty: list[LogSource] = []
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
-    def mark(self, runtime: SessionRuntime) -> None:
-        """``runtime`` has something to write (called once until it is taken)."""
-        self._dirty.append(runtime)
+    def mark(self, source: LogSource) -> None:
+        """``source`` has something to write (called once until it is taken)."""
+        self._dirty.append(source)
         self._wake.set()
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._run(), name="log-writer")
@@ -65,32 +92,32 @@ class LogWriter:
                 await self._round(dirty)
             except Exception:  # a bug here must not stop every session's log
                 log.exception("log writer round failed")
-                for runtime in dirty:
-                    runtime.write_failed()
+                for source in dirty:
+                    source.write_failed()
 
-    async def _round(self, dirty: list[SessionRuntime]) -> None:
+    async def _round(self, dirty: list[LogSource]) -> None:
         store = self.store
         jobs = []
-        for runtime in dirty:
-            taken = runtime.take_batch()
+        for source in dirty:
+            taken = source.take_batch()
             if taken is None:
                 continue
             job: Batch | None = taken
-            if runtime.unsure is not None:
+            if source.unsure is not None:
                 # The previous append failed in flight and may have landed:
                 # the log says which, before anything is written again.
                 try:
-                    stored_last = await store.last_seq(runtime.sid)
+                    stored_last = await store.last_seq(source.sid)
                 except StoreError as exc:
-                    runtime.appended(taken, exc)
+                    source.appended(taken, exc)
                     continue
-                job = runtime.settle_unsure(stored_last, taken)
+                job = source.settle_unsure(stored_last, taken)
             if job is not None:
-                jobs.append((runtime, job))
+                jobs.append((source, job))
         if not jobs:
             return
         results = await store.append_many(
-            [(runtime.sid, self.node_id, job[0], job[1]) for runtime, job in jobs]
+            [(source.sid, self.node_id, job[0], job[1]) for source, job in jobs]
         )
-        for (runtime, job), result in zip(jobs, results, strict=True):
-            runtime.appended(job, result)
+        for (source, job), result in zip(jobs, results, strict=True):
+            source.appended(job, result)

@@ -10,7 +10,7 @@ Three layers, from cheapest to last resort:
    with ``seq_from``; a token frame is ~60 bytes of envelope around ~4
    characters, so a merged frame carries the same text in a fraction of the
    bytes and the client catches up faster.
-2. **Catch-up from the log** (``gateway.connection``): past
+2. **Catch-up from the log** (``gateway.edge.connection``): past
    ``send_queue_frames`` the queue is dropped and the client is fed from the
    store's log. The socket's own buffer is bounded by ``write_limit``: a send
    waits for the client to drain it.
@@ -21,37 +21,20 @@ Three layers, from cheapest to last resort:
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 from collections import deque
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Final
+from typing import Final
 
 import msgspec
-from websockets.protocol import State
 
+from gateway.metrics import Metrics
+from gateway.store.base import LogEntry
 from protocol.events import Respond, Think, encode
 
-from .store.base import LogEntry
+__all__ = ["SendPressure", "coalesce_entries", "merge_run"]
 
-if TYPE_CHECKING:
-    from .connection import ClientConnection
-    from .metrics import Metrics
-    from .node import Node
-
-__all__ = [
-    "SLOW_CLIENT_CLOSE",
-    "SendPressure",
-    "SlowClientReaper",
-    "coalesce_entries",
-    "merge_run",
-]
-
-log = logging.getLogger("gateway.backpressure")
-
-SLOW_CLIENT_CLOSE: Final = 4008
-SLOW_CLIENT_REASON: Final = "client too slow: reconnect with session_id and after=<last seq>"
+log = logging.getLogger("gateway.edge.backpressure")
 
 MAX_MERGED_BYTES: Final = 32_768
 """A merged frame stops growing at this many bytes: browsers' and libraries'
@@ -127,11 +110,10 @@ class SendPressure:
 
     __slots__ = ("_metrics", "behind", "coalesce_after", "limit")
 
-    def __init__(self, node: Node) -> None:
-        config = node.config
-        self.coalesce_after = config.coalesce_after
-        self.limit = config.send_queue_frames
-        self._metrics: Metrics = node.metrics
+    def __init__(self, coalesce_after: int, limit: int, metrics: Metrics) -> None:
+        self.coalesce_after = coalesce_after
+        self.limit = limit
+        self._metrics = metrics
         # Set once the client fell out of live delivery (see ``page``).
         self.behind = False
 
@@ -170,107 +152,3 @@ class SendPressure:
             return True
         self._metrics.replies_dropped.inc()
         return False
-
-
-class SlowClientReaper:
-    """Closes connections whose client stopped reading for ``timeout`` seconds.
-
-    One task per node looks at every connection each ``timeout / 4`` s: a
-    connection is stalled while its socket buffer stays above the low-water mark
-    and neither shrinks (the client takes nothing) nor moves on to a new frame
-    (``last_sent``). Per frame it costs nothing.
-    """
-
-    def __init__(
-        self, connections: set[ClientConnection], timeout: float, metrics: Metrics
-    ) -> None:
-        self.connections = connections
-        self.timeout = timeout
-        self.metrics = metrics
-        self._task: asyncio.Task[None] | None = None
-        self._closing: set[asyncio.Task[None]] = set()
-
-    def start(self) -> None:
-        if self.timeout > 0 and self._task is None:
-            self._task = asyncio.create_task(self._run(), name="slow-client-reaper")
-
-    async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
-        # conn → (last_sent, unsent bytes, stalled since) when last looked at.
-        stalled: dict[ClientConnection, tuple[int, int, float]] = {}
-        interval = max(0.02, self.timeout / 4)
-        while True:
-            await asyncio.sleep(interval)
-            now = loop.time()
-            for conn in list(stalled):
-                if conn not in self.connections:
-                    del stalled[conn]
-            for conn in list(self.connections):
-                unsent = _backed_up(conn)
-                if unsent is None:
-                    stalled.pop(conn, None)
-                    continue
-                seen = stalled.get(conn)
-                # Progress: a frame went out, or the client took some bytes (one
-                # big frame on a slow link drains for a while).
-                if seen is None or seen[0] != conn.last_sent or unsent < seen[1]:
-                    stalled[conn] = (conn.last_sent, unsent, now)
-                elif now - seen[2] >= self.timeout:
-                    del stalled[conn]
-                    self._close(conn)
-
-    def _close(self, conn: ClientConnection) -> None:
-        if conn.ws.state is not State.OPEN:
-            # Already closing (a drain's close frame stuck behind unread data):
-            # nothing more can reach this client; free the connection.
-            conn.ws.transport.abort()
-            return
-        self.metrics.slow_client_closes.inc()
-        log.warning(
-            "closing a client that read nothing for %.0f s (session %s, last sent seq %d); "
-            "its events stay in the log",
-            self.timeout,
-            conn.sid,
-            conn.last_sent,
-            extra={"sid": conn.sid},
-        )
-        task = asyncio.create_task(_close_or_abort(conn), name=f"slow-close:{conn.sid}")
-        self._closing.add(task)
-        task.add_done_callback(self._closing.discard)
-
-    async def close(self) -> None:
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(BaseException):
-                await task
-        for closing in list(self._closing):
-            closing.cancel()
-
-
-async def _close_or_abort(conn: ClientConnection) -> None:
-    """Close with 4008; abort the TCP connection if the client still reads nothing.
-
-    The close frame queues behind the unread data, and websockets' ``close()``
-    (like its keepalive ping) first waits for the socket buffer to drain, with
-    no deadline: a client that never reads again would hold the connection
-    forever. A client that resumes reading within ``close_timeout`` gets the
-    buffered events and then the close frame with its reason.
-    """
-    ws = conn.ws
-    grace = ws.close_timeout if ws.close_timeout is not None else 10.0
-    try:
-        async with asyncio.timeout(grace):
-            await ws.close(SLOW_CLIENT_CLOSE, SLOW_CLIENT_REASON)
-    except TimeoutError:
-        ws.transport.abort()
-
-
-def _backed_up(conn: ClientConnection) -> int | None:
-    """Unsent bytes while the socket holds more than its low-water mark, else None."""
-    transport = conn.ws.transport
-    if transport is None or transport.is_closing():
-        return None
-    low, _high = transport.get_write_buffer_limits()
-    unsent = transport.get_write_buffer_size()
-    return unsent if unsent > max(low, 0) else None

@@ -2,7 +2,7 @@
 
 It serves ``/ws/google.ai.generativelanguage.v1beta.GenerativeService.BidiGenerateContent``
 the way the Gemini API does, with the model, pacing and knobs of
-``gateway.sim_model`` (the same text, in the same chunks, as the OpenAI
+``gateway.sim.model`` (the same text, in the same chunks, as the OpenAI
 flavour), so the Gemini adapter is tested end to end over real sockets and
 the official ``google-genai`` SDK can connect to it. Frames are the Structs
 of ``gateway.upstream.gemini_wire``.
@@ -43,9 +43,7 @@ from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
-from gateway.upstream import gemini_wire as wire
-
-from .sim_model import (
+from gateway.sim.model import (
     Pacer,
     Sim,
     SimConnection,
@@ -54,10 +52,11 @@ from .sim_model import (
     estimate_tokens,
     sim_reply,
 )
+from gateway.upstream import gemini_wire as wire
 
 __all__ = ["API_VERSIONS", "PATH", "GeminiSim", "endpoint_path"]
 
-log = logging.getLogger("gateway.sim")
+log = logging.getLogger("gateway.sim.openai")
 
 API_VERSIONS: Final = ("v1beta", "v1alpha")
 PATH: Final = "/ws/google.ai.generativelanguage.v1beta.GenerativeService.BidiGenerateContent"

@@ -2,8 +2,8 @@
 
 The simulator exists so the adapters, the gateway and the official SDKs are
 tested end to end over real sockets against a deterministic "model". It
-speaks two wire protocols — OpenAI Realtime (``gateway.sim``) and Gemini Live
-(``gateway.sim_gemini``) — with ONE behaviour, defined here, so the same
+speaks two wire protocols — OpenAI Realtime (``gateway.sim.openai``) and Gemini Live
+(``gateway.sim.gemini``) — with ONE behaviour, defined here, so the same
 scripted conversation gives the same text on either provider and a
 conformance test can compare them:
 
@@ -52,7 +52,7 @@ __all__ = [
     "sim_reply",
 ]
 
-log = logging.getLogger("gateway.sim")
+log = logging.getLogger("gateway.sim.openai")
 
 Flavor = Literal["openai", "gemini"]
 
@@ -255,7 +255,7 @@ class SimConnection(abc.ABC):
 class Sim(abc.ABC):
     """A running simulator (from ``serve_sim``): its address, state and counters.
 
-    The flavours (``gateway.sim.OpenAISim``, ``gateway.sim_gemini.GeminiSim``)
+    The flavours (``gateway.sim.openai.OpenAISim``, ``gateway.sim.gemini.GeminiSim``)
     supply the handshake check and the per-connection protocol.
     """
 

@@ -1,4 +1,4 @@
-"""The simulator: the deterministic model of ``gateway.sim_model`` behind a realtime wire.
+"""The simulator: the deterministic model of ``gateway.sim.model`` behind a realtime wire.
 
 Two flavours share one model (``sim_reply``), one pacing (``Pacer``) and one
 set of knobs (``SimConfig``), so a scripted conversation gives the same text
@@ -9,7 +9,7 @@ on either provider:
   sockets and the official ``openai`` SDK can connect to it
   (``AsyncOpenAI(websocket_base_url=sim.url)``). Frames are the Structs of
   ``gateway.upstream.openai_wire``: one definition of the wire for both sides.
-- ``gemini`` (``gateway.sim_gemini``): serves the Gemini Live
+- ``gemini`` (``gateway.sim.gemini``): serves the Gemini Live
   ``BidiGenerateContent`` endpoint.
 
 ``serve_sim(SimConfig(flavor=...))`` runs either; ``gateway sim --flavor``
@@ -26,13 +26,9 @@ sleep that paces it.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import contextlib
 import itertools
 import logging
-import ssl as ssl_module
-from collections.abc import AsyncIterator, Callable
 from typing import Final
 
 import msgspec
@@ -41,33 +37,18 @@ from websockets.datastructures import Headers
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
-from gateway.upstream import openai_wire as wire
-
-from .sim_model import (
+from gateway.sim.model import (
     Pacer,
     Sim,
-    SimConfig,
     SimConnection,
     SimConversation,
     SimItem,
-    SimStats,
     estimate_tokens,
     sim_reply,
 )
+from gateway.upstream import openai_wire as wire
 
-__all__ = [
-    "OpenAISim",
-    "Sim",
-    "SimConfig",
-    "SimConversation",
-    "SimItem",
-    "SimStats",
-    "add_sim_arguments",
-    "run_sim",
-    "serve_sim",
-    "sim_config_from_args",
-    "sim_reply",
-]
+__all__ = ["DEFAULT_MODEL", "PATH", "OpenAISim"]
 
 log = logging.getLogger(__name__)
 
@@ -597,155 +578,3 @@ class OpenAISim(Sim):
             if name == "model" and value:
                 model = value
         return _Connection(self, ws, no, model)
-
-
-def _make_sim(config: SimConfig) -> Sim:
-    if config.flavor == "gemini":
-        from .sim_gemini import GeminiSim
-
-        return GeminiSim(config)
-    return OpenAISim(config)
-
-
-@contextlib.asynccontextmanager
-async def serve_sim(
-    config: SimConfig | None = None,
-    host: str = "127.0.0.1",
-    port: int = 0,
-    *,
-    ssl: ssl_module.SSLContext | None = None,
-) -> AsyncIterator[Sim]:
-    """Run a simulator of ``config.flavor`` for the ``async with`` block.
-
-    ``port=0``: any free port. With ``ssl`` it serves ``wss://`` (the
-    ``google-genai`` SDK always connects with TLS).
-    """
-    sim = _make_sim(config or SimConfig())
-    await sim.start(host, port, ssl=ssl)
-    try:
-        yield sim
-    finally:
-        await sim.close()
-
-
-async def run_sim(
-    config: SimConfig | None = None,
-    host: str = "127.0.0.1",
-    port: int = 8001,
-    *,
-    on_ready: Callable[[Sim], None] | None = None,
-) -> None:
-    """Serve until cancelled (``gateway sim``). ``on_ready`` is called once listening."""
-    async with serve_sim(config, host, port) as sim:
-        log.info("simulator (%s) listening on %s", sim.flavor, sim.endpoint)
-        if on_ready is not None:
-            on_ready(sim)
-        await asyncio.Event().wait()
-
-
-# --- command-line knobs -------------------------------------------------------------
-
-
-def _non_negative_float(text: str) -> float:
-    value = float(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
-    return value
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {text}")
-    return value
-
-
-def _non_negative_int(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
-    return value
-
-
-def add_sim_arguments(parser: argparse.ArgumentParser, *, prefix: str = "") -> None:
-    """Define the simulator's knobs as flags (``--tokens-per-second`` …).
-
-    ``prefix`` (e.g. ``"sim-"``) namespaces the flags when another command
-    embeds the simulator; destinations are always ``sim_*``, so they never clash.
-    """
-    group = parser.add_argument_group("simulator")
-    group.add_argument(
-        f"--{prefix}flavor",
-        dest="sim_flavor",
-        choices=("openai", "gemini"),
-        default="openai",
-        help="wire protocol to serve: OpenAI Realtime or Gemini Live (default openai)",
-    )
-    group.add_argument(
-        f"--{prefix}tokens-per-second",
-        dest="sim_tokens_per_second",
-        type=_non_negative_float,
-        default=0.0,
-        metavar="N",
-        help="text deltas per second per response (0 = as fast as possible; default 0)",
-    )
-    group.add_argument(
-        f"--{prefix}chunk-size",
-        dest="sim_chunk_size",
-        type=_positive_int,
-        default=4,
-        metavar="CHARS",
-        help="characters per text delta (default 4)",
-    )
-    group.add_argument(
-        f"--{prefix}first-token-delay",
-        dest="sim_first_token_delay",
-        type=_non_negative_float,
-        default=0.0,
-        metavar="SECONDS",
-        help="delay before the first delta of each response (default 0)",
-    )
-    group.add_argument(
-        f"--{prefix}drop-after",
-        dest="sim_drop_after",
-        type=_non_negative_int,
-        default=None,
-        metavar="N",
-        help="abort each connection's TCP socket after N deltas (fault injection)",
-    )
-    group.add_argument(
-        f"--{prefix}no-overrun",
-        dest="sim_overrun",
-        action="store_false",
-        help="stop tool-call responses at </execute> (default: write past it, as models do)",
-    )
-    group.add_argument(
-        f"--{prefix}api-key",
-        dest="sim_api_key",
-        default=None,
-        metavar="KEY",
-        help="require KEY: 'Authorization: Bearer KEY' (openai), '?key=KEY' or "
-        "'x-goog-api-key: KEY' (gemini) (default: accept any)",
-    )
-    group.add_argument(
-        f"--{prefix}go-away-after",
-        dest="sim_go_away_after",
-        type=_non_negative_int,
-        default=None,
-        metavar="N",
-        help="gemini: send goAway after N deltas on a connection, close it when the turn ends",
-    )
-
-
-def sim_config_from_args(ns: argparse.Namespace) -> SimConfig:
-    """The ``SimConfig`` of flags defined by ``add_sim_arguments``."""
-    return SimConfig(
-        flavor=ns.sim_flavor,
-        tokens_per_second=ns.sim_tokens_per_second,
-        chunk_size=ns.sim_chunk_size,
-        first_token_delay=ns.sim_first_token_delay,
-        drop_after=ns.sim_drop_after,
-        overrun=ns.sim_overrun,
-        api_key=ns.sim_api_key,
-        go_away_after=ns.sim_go_away_after,
-    )

@@ -18,6 +18,15 @@ from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any, Protocol
 
+from gateway.config import Config
+from gateway.metrics import Metrics
+from gateway.sessions.control import Forward, Reply, decode_control, encode_control, node_channel
+from gateway.sessions.follower import LogFollower
+from gateway.sessions.limits import Limits
+from gateway.sessions.logwriter import LogWriter
+from gateway.sessions.runtime import SessionRuntime, SessionServices
+from gateway.store.base import Store, StoreError
+from gateway.upstream.base import UpstreamFactory
 from protocol.assembly import HistoryItem, decode_history_item
 from protocol.events import Cancel, Error, Usage, UserMessage, decode_client, encode
 from protocol.prompt import system_prompt
@@ -25,19 +34,9 @@ from tools.base import ToolContext
 from tools.executor import Executor
 from tools.registry import Registry
 
-from .config import Config
-from .control import Forward, Reply, decode_control, encode_control, node_channel
-from .follower import LogFollower
-from .limits import Limits
-from .logwriter import LogWriter
-from .metrics import Metrics
-from .session import SessionRuntime
-from .store.base import Store, StoreError
-from .upstream.base import UpstreamFactory
-
 __all__ = ["Node"]
 
-log = logging.getLogger("gateway.node")
+log = logging.getLogger("gateway.sessions.node")
 
 
 class ClientConnectionLike(Protocol):
@@ -67,16 +66,25 @@ class Node:
             registry, timeout=config.tool_timeout, max_output=config.tool_max_output
         )
         self.metrics = metrics or Metrics()
-        # Per-key turn and token limits (gateway.limits); free when they are off.
+        # Per-key turn and token limits (gateway.sessions.limits); free when they are off.
         self.limits = Limits(config, store, self.metrics)
         self.system_prompt = system_prompt(registry.specs(), config.instructions)
         self.runtimes: dict[str, SessionRuntime] = {}
         self.log_writer = LogWriter(store, self.node_id, linger=config.log_linger)
+        self.services = SessionServices(
+            config=config,
+            metrics=self.metrics,
+            log_writer=self.log_writer,
+            limits=self.limits,
+            executor=self.executor,
+            upstream_factory=upstream_factory,
+            system_prompt=self.system_prompt,
+            tool_context=self.tool_context,
+        )
         self.followers: dict[str, LogFollower] = {}
         # Client connections on this node by id, for replies to forwarded commands.
         self.connections: dict[str, ClientConnectionLike] = {}
         self._locks: dict[str, asyncio.Lock] = {}
-        self.store_retry_delay = 0.5
         self.draining = False
         self._keeper: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[None]] = set()
@@ -174,9 +182,44 @@ class Node:
             input=int(meta.get("usage_input", "0") or 0),
             output=int(meta.get("usage_output", "0") or 0),
         )
-        return SessionRuntime(self, sid, last_seq=last_seq, history=history, usage=usage)
+        return SessionRuntime(
+            self, self.services, sid, last_seq=last_seq, history=history, usage=usage
+        )
 
-    def maybe_release(self, runtime: SessionRuntime) -> None:
+    async def follow(self, sid: str) -> LogFollower:
+        """The follower of ``sid`` on this node (one per session), made if need be.
+
+        A new follower tails the log from its current end: a client's replay
+        up to there comes from its own catch-up read.
+        """
+        follower = self.followers.get(sid)
+        if follower is not None and not follower.done:
+            return follower
+        head = await self.store.last_seq(sid)
+        follower = self.followers.get(sid)  # another client may have made one meanwhile
+        if follower is None or follower.done:
+            follower = LogFollower(
+                self.store,
+                sid,
+                head,
+                drive=self.drive,
+                on_stop=self._follower_stopped,
+                poll=max(0.2, self.config.lease_ttl / 3),
+                retry_delay=self.store_retry_delay,
+            )
+            self.followers[sid] = follower
+        return follower
+
+    def _follower_stopped(self, follower: LogFollower) -> None:
+        if self.followers.get(follower.sid) is follower:
+            del self.followers[follower.sid]
+
+    @property
+    def store_retry_delay(self) -> float:
+        """Seconds between attempts while the store is unreachable."""
+        return self.services.store_retry_delay
+
+    def runtime_idle(self, runtime: SessionRuntime) -> None:
         """Give the session up once no client is attached and no turn runs."""
         if runtime.closed or runtime.subscribers or runtime.turn is not None:
             return
@@ -203,7 +246,7 @@ class Node:
         if still_idle():
             await runtime.close("idle")
 
-    def forget(self, runtime: SessionRuntime, *, release: bool) -> None:
+    def runtime_closed(self, runtime: SessionRuntime, *, release: bool) -> None:
         """Called by a runtime that closed: drop it and (if still ours) free the lease."""
         if self.runtimes.get(runtime.sid) is runtime:
             del self.runtimes[runtime.sid]

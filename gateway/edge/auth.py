@@ -38,7 +38,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from websockets.datastructures import Headers, MultipleValuesError
 
-from .config import Config, ConfigError
+from gateway.config import Config, ConfigError
 
 __all__ = [
     "ANONYMOUS",
@@ -57,7 +57,7 @@ __all__ = [
     "valid_key_id",
 ]
 
-log = logging.getLogger("gateway.auth")
+log = logging.getLogger("gateway.edge.auth")
 
 ANONYMOUS: Final = "anonymous"
 """The principal of every client while auth is off."""

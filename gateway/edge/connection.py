@@ -17,12 +17,17 @@ import logging
 import uuid
 from collections import deque
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
 from websockets.protocol import State
 
+from gateway.edge.backpressure import SendPressure
+from gateway.sessions.follower import LogFollower
+from gateway.sessions.node import Node
+from gateway.sessions.runtime import SessionRuntime
+from gateway.sessions.subscriber import EventSource
+from gateway.store.base import LogEntry, StoreUnavailable
 from protocol.events import (
     Cancel,
     Error,
@@ -34,17 +39,9 @@ from protocol.events import (
     encode,
 )
 
-from .backpressure import SendPressure
-from .follower import LogFollower
-from .session import SessionRuntime
-from .store.base import LogEntry, StoreUnavailable
-
-if TYPE_CHECKING:
-    from .node import Node
-
 __all__ = ["ClientConnection", "CloseCode"]
 
-log = logging.getLogger("gateway.connection")
+log = logging.getLogger("gateway.edge.connection")
 
 _UNLOGGED = -1  # queue marker: a reply to this client only, sent as is
 _REPLAY_PAGE = 500
@@ -83,7 +80,9 @@ class ClientConnection:
         self._close: tuple[int, str] | None = None
         self.conn_id = uuid.uuid4().hex
         self._redispatched = 0
-        self._pressure = SendPressure(node)  # coalescing for a client behind (backpressure)
+        self._pressure = SendPressure(
+            node.config.coalesce_after, node.config.send_queue_frames, node.metrics
+        )  # coalescing for a client behind (backpressure)
 
     # ------------------------------------------------------------- Subscriber
 
@@ -154,11 +153,12 @@ class ClientConnection:
         self._close = (CloseCode.SERVICE_RESTART, f"session moved ({reason}); reconnect with after")
         self._wake.set()
 
-    def switch_source(self, runtime: SessionRuntime) -> None:
+    def switch_source(self, source: EventSource) -> None:
         """The session is now driven by this node (takeover): follow the runtime."""
-        self.source = runtime
+        assert isinstance(source, SessionRuntime)
+        self.source = source
         self._lagging = True
-        runtime.attach(self)
+        source.attach(self)
         self._wake.set()
 
     # ------------------------------------------------------------- lifecycle
@@ -202,11 +202,7 @@ class ClientConnection:
             self.source = runtime
             runtime.attach(self)
             return
-        follower = self.node.followers.get(self.sid)
-        if follower is None or follower.done:
-            head = await self.node.store.last_seq(self.sid)
-            follower = LogFollower(self.node, self.sid, head)
-            self.node.followers[self.sid] = follower
+        follower = await self.node.follow(self.sid)
         self.source = follower
         follower.attach(self)
 
@@ -251,7 +247,7 @@ class ClientConnection:
             )
             return
         if isinstance(message, UserMessage):
-            # Per-key turn limits (gateway.limits), before the turn starts here or is forwarded.
+            # Per-key turn limits (gateway.sessions.limits), before the turn starts here or is forwarded.
             refusal = await self.node.limits.admit_turn(self.sid, self.source)
             if refusal is not None:
                 self._reply(refusal)

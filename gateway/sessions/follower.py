@@ -12,26 +12,38 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable, Sequence
 
-from .store.base import LogEntry, StoreUnavailable
-
-if TYPE_CHECKING:
-    from .node import Node
-    from .session import SessionRuntime, Subscriber
+from gateway.sessions.subscriber import EventSource, Subscriber
+from gateway.store.base import LogEntry, Store, StoreUnavailable
 
 __all__ = ["LogFollower"]
 
-log = logging.getLogger("gateway.follower")
+log = logging.getLogger("gateway.sessions.follower")
 
 
 class LogFollower:
     """Tails one session's log for the local clients of a session driven elsewhere."""
 
-    def __init__(self, node: Node, sid: str, after: int) -> None:
-        self.node = node
+    def __init__(
+        self,
+        store: Store,
+        sid: str,
+        after: int,
+        *,
+        drive: Callable[[str], Awaitable[EventSource | None]],
+        on_stop: Callable[[LogFollower], None],
+        poll: float,
+        retry_delay: float,
+    ) -> None:
+        """``drive(sid)`` takes the session over when its lease is free (None: it
+        is not); ``on_stop`` is told when this follower ends, for the node's index."""
+        self.store = store
         self.sid = sid
+        self._drive = drive
+        self._on_stop = on_stop
+        self._poll = poll
+        self._retry_delay = retry_delay
         self.last_seq = after
         self.subscribers: set[Subscriber] = set()
         self._task: asyncio.Task[None] | None = None
@@ -49,7 +61,7 @@ class LogFollower:
 
     def stop(self) -> None:
         self.done = True
-        self.node.followers.pop(self.sid, None)
+        self._on_stop(self)
         if self._task is not None and self._task is not asyncio.current_task():
             self._task.cancel()
 
@@ -59,8 +71,8 @@ class LogFollower:
             sub.deliver(entries)
 
     async def _run(self) -> None:
-        store = self.node.store
-        poll = max(0.2, self.node.config.lease_ttl / 3)
+        store = self.store
+        poll = self._poll
         while not self.done and self.subscribers:
             try:
                 entries = await store.wait_log(self.sid, self.last_seq, poll)
@@ -69,16 +81,16 @@ class LogFollower:
                     continue
                 if await store.lease_owner(self.sid) is not None:
                     continue
-                runtime = await self.node.drive(self.sid)
+                runtime = await self._drive(self.sid)
             except StoreUnavailable as exc:
                 log.warning("following %s: store unavailable: %s", self.sid, exc)
-                await asyncio.sleep(self.node.store_retry_delay)
+                await asyncio.sleep(self._retry_delay)
                 continue
             if runtime is not None:
                 self._hand_over(runtime)
                 return
 
-    def _hand_over(self, runtime: SessionRuntime) -> None:
+    def _hand_over(self, runtime: EventSource) -> None:
         """This node drives the session now: move the clients to the runtime."""
         self.stop()
         for sub in tuple(self.subscribers):

@@ -21,16 +21,16 @@ from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
 
-from . import web
-from .config import Config
-from .connection import ClientConnection, CloseCode
-from .edges import Edges
-from .node import Node
-from .store.base import StoreUnavailable
+from gateway.config import Config
+from gateway.edge import web
+from gateway.edge.admission import Edges
+from gateway.edge.connection import ClientConnection, CloseCode
+from gateway.sessions.node import Node
+from gateway.store.base import StoreUnavailable
 
 __all__ = ["Gateway", "Handshake"]
 
-log = logging.getLogger("gateway.server")
+log = logging.getLogger("gateway.edge.server")
 
 WS_PATH = "/v1/realtime"
 
@@ -68,7 +68,7 @@ class Gateway:
         self._handshakes: dict[int, Handshake] = {}
         self.connections: set[ClientConnection] = set()
         # Auth, origins, connection limits, slow clients (raises ConfigError if unsafe).
-        self.edges = Edges(self)
+        self.edges = Edges(self.config, node, self.connections)
 
     @property
     def port(self) -> int:

@@ -19,7 +19,7 @@ session (a gap or a repeat is an error; an ``error`` reply to the client's own
 frame is not logged and repeats the last ``seq``, which is allowed); a turn
 ends with ``end`` and the ``metric`` after it (``metric`` then ``end`` when the
 model stopped without ``<end>``; ``end`` alone after an ``error``). See
-``gateway.loadtest_report`` for what is measured and how it is reported.
+``gateway.client.report`` for what is measured and how it is reported.
 
 Entry points: ``run_loadtest(config)`` (programmatic), ``LoadTest`` (the same,
 with live ``counters`` and an optional per-event ``observer`` for benchmarks),
@@ -49,7 +49,7 @@ from websockets.exceptions import (
     InvalidURI,
 )
 
-from .loadtest_report import (
+from gateway.client.report import (
     DEFAULT_SAMPLE_CAP,
     LoadTestReport,
     Reservoir,

@@ -16,8 +16,7 @@ from gateway.sim.cli import add_sim_arguments, sim_config_from_args
 from gateway.sim.gemini import PATH, GeminiSim, endpoint_path
 from gateway.sim.model import SimConfig
 from gateway.sim.server import serve_sim
-
-from .helpers import STEP_TIMEOUT
+from tests.upstream.helpers import STEP_TIMEOUT
 
 SETUP = {
     "setup": {

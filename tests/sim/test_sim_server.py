@@ -13,8 +13,7 @@ from websockets.exceptions import InvalidStatus
 
 from gateway.sim.model import Sim, SimConfig
 from gateway.sim.server import serve_sim
-
-from .helpers import STEP_TIMEOUT
+from tests.upstream.helpers import STEP_TIMEOUT
 
 
 @pytest.fixture

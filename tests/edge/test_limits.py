@@ -8,7 +8,7 @@ import pytest
 
 from gateway.edge.server import Gateway
 from protocol.events import Error, User
-from tests.edges.conftest import GatewayFactory, Keys, http_get, metric_value, poll_until, refusal
+from tests.edge.conftest import GatewayFactory, Keys, http_get, metric_value, poll_until, refusal
 from tests.support.client import GatewayClient, text_of
 
 # A fixed wall clock for the limiter: 20 s into a minute, 12h into a UTC day.

@@ -25,7 +25,7 @@ from gateway.edge.auth import (
     parse_key_line,
 )
 from protocol.events import Session, decode_event
-from tests.edges.conftest import GatewayFactory, Keys, http_get, metric_value, refusal
+from tests.edge.conftest import GatewayFactory, Keys, http_get, metric_value, refusal
 from tests.support.client import GatewayClient, text_of
 from tests.support.redis_server import free_port
 

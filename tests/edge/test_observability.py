@@ -11,7 +11,7 @@ import pytest
 
 from gateway.log_context import SessionFilter, sid_of_current_task
 from gateway.logs import JsonFormatter
-from tests.edges.conftest import GatewayFactory, http_get, metric_value, refusal
+from tests.edge.conftest import GatewayFactory, http_get, metric_value, refusal
 from tests.support.client import GatewayClient
 
 memory_only = pytest.mark.parametrize("store_kind", ["memory"])

@@ -16,7 +16,7 @@ from gateway.edge.connection import ClientConnection
 from gateway.edge.server import Gateway
 from gateway.store.base import LogEntry
 from protocol.events import Call, End, Error, Event, Metric, Respond, Think, encode
-from tests.edges.conftest import GatewayFactory, http_get, metric_value, poll_until
+from tests.edge.conftest import GatewayFactory, http_get, metric_value, poll_until
 from tests.support.client import GatewayClient, text_of
 
 # --------------------------------------------------------------------- coalescing

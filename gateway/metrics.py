@@ -3,13 +3,25 @@
 Each node gets its own ``CollectorRegistry`` so several nodes in one process
 (tests, benchmarks) never share counters. Hot-path counters (events, tokens)
 are incremented once per flushed batch, not per token.
+
+``serve --workers N`` runs N processes behind one port, and a scrape reaches
+whichever worker the kernel picks. So the supervisor gives its workers
+prometheus-client's multiprocess mode (``PROMETHEUS_MULTIPROC_DIR``, set
+before the library is imported): every worker's values live in files in that
+directory, and any worker answers a scrape with the sum over all of them.
+Gauges that count live things (connections, sessions) sum over live workers.
 """
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+import os
 
-__all__ = ["Metrics"]
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.multiprocess import MultiProcessCollector
+
+__all__ = ["MULTIPROC_ENV", "Metrics"]
+
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
@@ -18,7 +30,10 @@ class Metrics:
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
         self.connections = Gauge(
-            "rtgw_connections", "Open client WebSocket connections", registry=r
+            "rtgw_connections",
+            "Open client WebSocket connections",
+            registry=r,
+            multiprocess_mode="livesum",
         )
         self.connections_total = Counter(
             "rtgw_connections_accepted", "Client connections accepted", registry=r
@@ -29,7 +44,12 @@ class Metrics:
             ["reason"],
             registry=r,
         )
-        self.sessions = Gauge("rtgw_sessions_driven", "Sessions this node drives", registry=r)
+        self.sessions = Gauge(
+            "rtgw_sessions_driven",
+            "Sessions this node drives",
+            registry=r,
+            multiprocess_mode="livesum",
+        )
         self.turns = Counter("rtgw_turns", "Turns started", registry=r)
         self.events = Counter("rtgw_events", "Events logged and sent to clients", registry=r)
         self.tool_calls = Counter("rtgw_tool_calls", "Tool calls executed", registry=r)
@@ -78,4 +98,10 @@ class Metrics:
         )
 
     def render(self) -> bytes:
+        """The exposition text: this node's, or every worker's summed (``--workers``)."""
+        directory = os.environ.get(MULTIPROC_ENV)
+        if directory:
+            merged = CollectorRegistry()
+            MultiProcessCollector(merged, path=directory)  # type: ignore[no-untyped-call]
+            return generate_latest(merged)
         return generate_latest(self.registry)

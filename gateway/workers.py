@@ -5,21 +5,27 @@ processes bind the same port with ``SO_REUSEPORT`` (the kernel spreads new
 connections between them) and share sessions through Redis exactly as nodes
 on different machines do: each is a node with its own id (``ID-w0``,
 ``ID-w1``, …). The supervisor forwards SIGTERM/SIGINT (each worker drains),
-and restarts a worker that crashed.
+and restarts a worker that crashed. It also gives the workers one metrics
+directory, so ``/metrics`` on any worker reports them all (``gateway.metrics``).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from types import FrameType
 
+from prometheus_client import multiprocess
+
 from gateway.config import Config, ConfigError
+from gateway.metrics import MULTIPROC_ENV
 
 __all__ = ["check_workers", "supervise"]
 
@@ -45,8 +51,17 @@ def check_workers(config: Config) -> None:
 
 def supervise(config: Config, argv: Sequence[str]) -> int:
     """Run ``config.workers`` worker processes until a signal; returns the exit code."""
+    metrics_dir = tempfile.mkdtemp(prefix="rtgw-metrics-")
+    try:
+        return _supervise(config, argv, metrics_dir)
+    finally:
+        shutil.rmtree(metrics_dir, ignore_errors=True)
+
+
+def _supervise(config: Config, argv: Sequence[str], metrics_dir: str) -> int:
     stopping = False
     procs: dict[int, subprocess.Popen[bytes]] = {}
+    env = {**os.environ, MULTIPROC_ENV: metrics_dir}
 
     def command(index: int) -> list[str]:
         # The same flags; later ones win: one worker, this id, a shared port.
@@ -63,7 +78,7 @@ def supervise(config: Config, argv: Sequence[str]) -> int:
         ]
 
     def start(index: int) -> None:
-        procs[index] = subprocess.Popen(command(index))
+        procs[index] = subprocess.Popen(command(index), env=env)
 
     def forward(signum: int, _frame: FrameType | None) -> None:
         nonlocal stopping
@@ -89,6 +104,8 @@ def supervise(config: Config, argv: Sequence[str]) -> int:
             if proc.pid != pid:
                 continue
             proc.returncode = code = os.waitstatus_to_exitcode(status)
+            # Its live gauges (connections, sessions) stop counting; its counters stay.
+            multiprocess.mark_process_dead(pid, metrics_dir)  # type: ignore[no-untyped-call]
             recent = time.monotonic() - restarts.get(index, -10.0) < 5.0
             if not stopping and code != 0 and not recent:
                 # A crash: start it again (at most once every 5 s per worker).

@@ -6,6 +6,7 @@ import asyncio
 import os
 import subprocess
 import sys
+import urllib.request
 
 from tests.support.client import GatewayClient, text_of
 from tests.support.procs import NodeProcess
@@ -33,6 +34,42 @@ async def test_workers_share_the_port_and_the_sessions(durable_redis: RedisServe
             events = await again.turn("more")
             assert text_of(events, "respond") == "Echo: more"
             await again.close()
+    finally:
+        node.terminate()
+        assert node.wait(30) == 0, node.log
+
+
+def _scrape(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        return response.read().decode()
+
+
+def _series(text: str, name: str) -> float:
+    for line in text.splitlines():
+        series, _, value = line.rpartition(" ")
+        if series == name:
+            return float(value)
+    return 0.0
+
+
+async def test_metrics_of_every_worker_on_any_scrape(durable_redis: RedisServer) -> None:
+    """Whichever worker answers /metrics, it reports the turns and connections of all."""
+    port = free_port()
+    args = ["serve", "--port", str(port), "--workers", "2", "--redis", durable_redis.url]
+    node = NodeProcess(args).start()
+    try:
+        await asyncio.to_thread(node.wait_for_lines, "gateway listening on", 2)
+        url = f"ws://127.0.0.1:{port}/v1/realtime"
+        clients = [await GatewayClient.connect(url) for _ in range(16)]
+        assert len({c.session.node for c in clients}) == 2  # both workers serve some
+        await asyncio.gather(*(c.turn(f"hi {i}") for i, c in enumerate(clients)))
+        # Each scrape is a new connection, so the kernel spreads them too.
+        scrapes = [await asyncio.to_thread(_scrape, port) for _ in range(6)]
+        for text in scrapes:
+            assert _series(text, "rtgw_turns_total") == 16
+            assert _series(text, "rtgw_connections") == 16
+        for c in clients:
+            await c.close()
     finally:
         node.terminate()
         assert node.wait(30) == 0, node.log

@@ -1,0 +1,126 @@
+"""Client tokens: a short-lived credential that opens one session and nothing else.
+
+An app's backend holds the API key and makes a session over the HTTP API; the
+browser gets a *client token* for that session (the pattern of OpenAI's client
+secrets and LiveKit's access tokens). A token is
+
+    rtgw_ct.<payload>.<signature>
+
+with ``payload`` the base64url of a small JSON object (the session id, the
+owning key id, the expiry) and ``signature`` the base64url HMAC-SHA256 of the
+payload under a secret every node shares. So any node verifies a token with no
+store round trip, and a token can neither be forged nor stretched to another
+session, another key or a later time.
+
+What a token may do is decided where it is checked, not in it: it opens a
+WebSocket to *its* session (``?token=`` or the ``rtgw.bearer.`` subprotocol)
+until it expires; it never mints sessions, reads the HTTP API or opens another
+session. Deleting a session revokes its tokens, because the session is gone.
+
+Pure: no I/O, no clock that is not passed in.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+import secrets
+from typing import Final
+
+import msgspec
+
+__all__ = [
+    "TOKEN_PREFIX",
+    "ClientToken",
+    "TokenRefused",
+    "is_client_token",
+    "mint_token",
+    "new_secret",
+    "verify_token",
+]
+
+TOKEN_PREFIX: Final = "rtgw_ct."
+_VERSION: Final = 1
+
+
+class ClientToken(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """What a token says: which session, whose, until when (unix seconds)."""
+
+    sid: str
+    key: str
+    exp: float
+    v: int = _VERSION
+
+
+class TokenRefused(msgspec.Struct, frozen=True):
+    """Why a token does not open anything; ``message`` says what the client should do."""
+
+    message: str
+
+
+_encode = msgspec.json.Encoder().encode
+_decode = msgspec.json.Decoder(ClientToken).decode
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
+
+
+def _unb64(text: str) -> bytes:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+def _sign(secret: bytes, payload: str) -> str:
+    return _b64(hmac.new(secret, payload.encode("ascii"), hashlib.sha256).digest())
+
+
+def new_secret() -> bytes:
+    """A fresh signing secret (32 random bytes)."""
+    return secrets.token_bytes(32)
+
+
+def is_client_token(credential: str) -> bool:
+    """Whether a presented credential is a client token (else it is an API key)."""
+    return credential.startswith(TOKEN_PREFIX)
+
+
+def mint_token(secret: bytes, sid: str, key: str, expires_at: float) -> str:
+    """A token that opens ``sid`` (owned by ``key``) until ``expires_at``."""
+    payload = _b64(_encode(ClientToken(sid=sid, key=key, exp=expires_at)))
+    return f"{TOKEN_PREFIX}{payload}.{_sign(secret, payload)}"
+
+
+_EXPIRED: Final = (
+    "this client token has expired; ask the app's backend for a new one "
+    "(POST /v1/sessions, or its own endpoint that makes one)"
+)
+_BAD: Final = (
+    "this client token is not valid (truncated, altered, or from another gateway); "
+    "use the client_token exactly as the app's backend received it"
+)
+
+
+def verify_token(secrets_: tuple[bytes, ...], token: str, now: float) -> ClientToken | TokenRefused:
+    """The token's claims if one of ``secrets_`` signed it and it has not expired.
+
+    Several secrets let an operator rotate: new tokens are signed with the
+    first, tokens signed with the others stay valid until they expire.
+    """
+    if not token.startswith(TOKEN_PREFIX) or not token.isascii():
+        return TokenRefused(_BAD)
+    payload, dot, signature = token[len(TOKEN_PREFIX) :].partition(".")
+    if not dot or not payload or not signature:
+        return TokenRefused(_BAD)
+    if not any(hmac.compare_digest(_sign(s, payload), signature) for s in secrets_):
+        return TokenRefused(_BAD)
+    try:
+        claims = _decode(_unb64(payload))
+    except (binascii.Error, ValueError, msgspec.DecodeError):
+        return TokenRefused(_BAD)
+    if claims.v != _VERSION:
+        return TokenRefused(_BAD)
+    if now >= claims.exp:
+        return TokenRefused(_EXPIRED)
+    return claims

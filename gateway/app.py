@@ -15,7 +15,7 @@ from gateway.edge.server import Gateway
 from gateway.sessions.node import Node
 from gateway.store import open_store
 from gateway.upstream.base import UpstreamFactory
-from tools.registry import default_registry
+from tools.builtin import default_registry
 
 __all__ = ["running_gateway"]
 

@@ -20,7 +20,7 @@ from protocol.prompt import ToolSpec
 from .base import Tool
 from .schema import args_schema, describe_args
 
-__all__ = ["InvalidArgs", "Registry", "UnknownTool", "default_registry"]
+__all__ = ["InvalidArgs", "Registry", "UnknownTool"]
 
 
 class UnknownTool(LookupError):
@@ -107,17 +107,6 @@ class Registry:
                 f"Send args as a JSON object with: {describe_args(self._schemas[tool.name])}."
             ) from None
         return tool, args
-
-
-def default_registry(*, enable_shell: bool = False) -> Registry:
-    """A registry of the built-in tools; ``shell`` only with ``enable_shell=True``.
-
-    Defined here, next to ``Registry``, because this is where callers look for
-    it; the import is local because the built-ins themselves import this module.
-    """
-    from .builtin import builtin_tools
-
-    return Registry(builtin_tools(enable_shell=enable_shell))
 
 
 def _explain(exc: msgspec.ValidationError) -> str:

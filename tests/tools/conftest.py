@@ -14,8 +14,8 @@ import pytest
 
 from protocol.calls import ToolCall, ToolResult
 from tools.base import ToolContext
+from tools.builtin import default_registry
 from tools.executor import Executor
-from tools.registry import default_registry
 
 from .helpers import SECRET, Call
 

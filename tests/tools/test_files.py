@@ -8,8 +8,8 @@ import pytest
 
 from protocol.calls import ToolCall
 from tools.base import Limits, ToolContext
+from tools.builtin import default_registry
 from tools.executor import Executor
-from tools.registry import default_registry
 
 from .helpers import Call, failed, ok
 

@@ -11,9 +11,9 @@ import tools
 from protocol.calls import ToolCall
 from protocol.prompt import render_tools, system_prompt
 from tools.base import Tool, ToolContext
-from tools.builtin import builtin_tools
+from tools.builtin import builtin_tools, default_registry
 from tools.builtin.files import ReadArgs
-from tools.registry import InvalidArgs, Registry, UnknownTool, default_registry
+from tools.registry import InvalidArgs, Registry, UnknownTool
 
 BUILTIN_NAMES = ["read", "write", "edit", "list", "find", "search"]
 

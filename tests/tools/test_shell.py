@@ -11,9 +11,10 @@ import pytest
 
 from protocol.calls import ToolCall, ToolResult
 from tools.base import ToolContext
+from tools.builtin import default_registry
 from tools.builtin.shell import ShellTool
 from tools.executor import Executor
-from tools.registry import Registry, default_registry
+from tools.registry import Registry
 
 from .helpers import Call, failed, ok
 

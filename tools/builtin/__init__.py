@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from tools.base import Tool
-from tools.registry import default_registry
+from tools.registry import Registry
 
 from .files import EditTool, ReadTool, WriteTool
 from .listing import FindTool, ListTool
@@ -43,3 +43,12 @@ def builtin_tools(*, enable_shell: bool = False) -> list[Tool[Any]]:
     if enable_shell:
         tools.append(ShellTool())
     return tools
+
+
+def default_registry(*, enable_shell: bool = False) -> Registry:
+    """A registry of the built-in tools; ``shell`` only with ``enable_shell=True``.
+
+    It lives here, not in ``tools.registry``, so imports point one way: the
+    built-ins use the registry's module, the registry knows nothing of them.
+    """
+    return Registry(builtin_tools(enable_shell=enable_shell))

@@ -108,7 +108,7 @@ def _find(stop: Stop, workspace: Path, args: FindArgs, limits: Limits) -> dict[s
     for path in walk(root, top):
         if stop.is_set():
             break
-        if matcher.fullmatch(path.relative_to(top).as_posix()):
+        if matcher.matches(path.relative_to(top).as_posix()):
             if len(files) == limits.max_entries:
                 truncated = True
                 break

@@ -6,6 +6,12 @@ never blocks the others. So each call runs in its own task and every way a
 call can go wrong (unknown tool, bad args, ``ToolFailure``, timeout, a bug in
 the tool, output that is not JSON) becomes a ``failure`` result that says what
 to do; ``run_batch`` itself only raises when the batch is cancelled.
+
+A batch is bounded as a whole, not only per call: one ``<execute>`` of 9,000
+``read`` calls once produced a 567 MB result (issue 13). So at most
+``max_calls`` calls run (the rest get a failure saying to send them again),
+and the results together are cut to ``max_batch_output`` bytes, each call
+keeping a fair share (small results whole, the big ones truncated with a note).
 """
 
 from __future__ import annotations
@@ -17,19 +23,24 @@ from collections.abc import Mapping, Sequence
 from protocol.calls import ToolCall, ToolResult
 
 from .base import ToolContext, ToolFailure
-from .output import NotJSON, cap_output
+from .output import NotJSON, cap_output, output_size
 from .registry import InvalidArgs, Registry, UnknownTool
 
 __all__ = ["Executor"]
 
 log = logging.getLogger(__name__)
 
+_YIELD_EVERY = 16
+"""Results measured or cut between two yields to the event loop."""
+
 
 class Executor:
     """Runs tool calls against a registry with a timeout and an output cap per tool.
 
     ``timeout`` and ``max_output`` (bytes) apply to every tool unless
-    ``per_tool_timeout`` / ``per_tool_max_output`` name it.
+    ``per_tool_timeout`` / ``per_tool_max_output`` name it. ``max_calls`` is
+    how many calls of one batch run; ``max_batch_output`` bounds the bytes of
+    all of one batch's results together.
     """
 
     def __init__(
@@ -40,14 +51,18 @@ class Executor:
         max_output: int = 64_000,
         per_tool_timeout: Mapping[str, float] | None = None,
         per_tool_max_output: Mapping[str, int] | None = None,
+        max_calls: int = 64,
+        max_batch_output: int = 1_048_576,
     ) -> None:
-        if timeout <= 0 or max_output <= 0:
-            raise ValueError("timeout and max_output must be positive")
+        if timeout <= 0 or max_output <= 0 or max_calls <= 0 or max_batch_output <= 0:
+            raise ValueError("timeout, max_output, max_calls and max_batch_output must be positive")
         self.registry = registry
         self.timeout = timeout
         self.max_output = max_output
         self.per_tool_timeout = dict(per_tool_timeout or {})
         self.per_tool_max_output = dict(per_tool_max_output or {})
+        self.max_calls = max_calls
+        self.max_batch_output = max_batch_output
 
     def timeout_for(self, name: str) -> float:
         return self.per_tool_timeout.get(name, self.timeout)
@@ -58,21 +73,69 @@ class Executor:
     async def run_batch(self, calls: Sequence[ToolCall], ctx: ToolContext) -> list[ToolResult]:
         """Run ``calls`` concurrently; one result per call, in call order.
 
-        If the caller is cancelled (the user cancelled the turn), every running
-        tool is cancelled and awaited, so a tool's cleanup (killing a
+        Calls past ``max_calls`` do not run: each gets a failure naming the
+        limit. If the caller is cancelled (the user cancelled the turn), every
+        running tool is cancelled and awaited, so a tool's cleanup (killing a
         subprocess) has finished when ``CancelledError`` reaches the caller.
         """
+        admitted, refused = calls[: self.max_calls], calls[self.max_calls :]
         tasks = [
             asyncio.create_task(self.run_call(call, ctx), name=f"tool {call.name}")
-            for call in calls
+            for call in admitted
         ]
         try:
-            return await asyncio.gather(*tasks)
+            results: list[ToolResult] = await asyncio.gather(*tasks)
         except BaseException:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             raise
+        results += [
+            _failure(
+                call,
+                f"not run: one <execute> block may hold at most {self.max_calls} calls and "
+                f"this one held {len(calls)}; the first {self.max_calls} ran. Send the rest "
+                "in a later <execute> block",
+            )
+            for call in refused
+        ]
+        return await self._fit_batch(results)
+
+    async def _fit_batch(self, results: list[ToolResult]) -> list[ToolResult]:
+        """``results`` cut to ``max_batch_output`` bytes in all, by fair shares.
+
+        Water-filling: results at or under an equal share of what is left stay
+        whole, so one huge read does not erase twenty small answers; the big
+        ones share the rest equally. Yields to the loop every few results:
+        measuring and cutting a large batch is CPU work other sessions wait for.
+        """
+        sizes: list[int] = []
+        for i, result in enumerate(results):
+            sizes.append(output_size(result.content))
+            if i % _YIELD_EVERY == _YIELD_EVERY - 1:
+                await asyncio.sleep(0)
+        if sum(sizes) <= self.max_batch_output:
+            return results
+        left, share = self.max_batch_output, 0
+        order = sorted(range(len(results)), key=sizes.__getitem__)
+        for done, i in enumerate(order):
+            share = left // (len(order) - done)
+            if sizes[i] > share:
+                break
+            left -= sizes[i]
+        fitted = list(results)
+        for n, i in enumerate(i for i in order if sizes[i] > share):
+            content = cap_output(results[i].content, max(share, 1))
+            note = (
+                f"\n[this <execute> block's results are limited to {self.max_batch_output:,} "
+                "bytes in all; ask for less per call or use fewer calls]"
+            )
+            fitted[i] = ToolResult(
+                tool=results[i].tool, status=results[i].status, content=content + note
+            )
+            if n % _YIELD_EVERY == _YIELD_EVERY - 1:
+                await asyncio.sleep(0)
+        return fitted
 
     async def run_call(self, call: ToolCall, ctx: ToolContext) -> ToolResult:
         """Run one call; never raises except ``CancelledError`` when cancelled."""

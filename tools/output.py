@@ -13,7 +13,7 @@ from typing import Any, Final
 
 import msgspec
 
-__all__ = ["NotJSON", "cap_output", "truncation_note"]
+__all__ = ["NotJSON", "cap_output", "output_size", "truncation_note"]
 
 _encoder: Final = msgspec.json.Encoder()
 
@@ -26,6 +26,20 @@ def truncation_note(total: int, shown: int) -> str:
     return f"\n[output truncated: {total:,} bytes, showing the first {shown:,}]"
 
 
+def output_size(content: Any) -> int:
+    """Bytes ``content`` counts as: a string's UTF-8, anything else's JSON (``cap_output``'s measure)."""
+    return len(_as_bytes(content))
+
+
+def _as_bytes(content: Any) -> bytes:
+    if isinstance(content, str):
+        return content.encode("utf-8", errors="surrogatepass")
+    try:
+        return _encoder.encode(content)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise NotJSON(f"{type(exc).__name__}: {exc}") from exc
+
+
 def cap_output(content: Any, max_bytes: int) -> Any:
     """``content`` unchanged if it fits in ``max_bytes``, else a truncated string.
 
@@ -34,13 +48,7 @@ def cap_output(content: Any, max_bytes: int) -> Any:
     encoded, so the caller can report that instead of failing later when the
     whole batch is encoded.
     """
-    if isinstance(content, str):
-        data = content.encode("utf-8", errors="surrogatepass")
-    else:
-        try:
-            data = _encoder.encode(content)
-        except (TypeError, ValueError, OverflowError) as exc:
-            raise NotJSON(f"{type(exc).__name__}: {exc}") from exc
+    data = _as_bytes(content)
     if len(data) <= max_bytes:
         return content
     shown = data[:max_bytes].decode("utf-8", errors="ignore")

@@ -18,6 +18,7 @@ import pytest
 
 from protocol.calls import ToolCall, encode_results
 from tools.base import Tool, ToolContext, ToolFailure
+from tools.builtin import default_registry
 from tools.executor import Executor
 from tools.registry import Registry
 
@@ -376,3 +377,60 @@ def test_executor_rejects_nonsense_limits(registry: Registry) -> None:
         Executor(registry, timeout=0)
     with pytest.raises(ValueError, match="positive"):
         Executor(registry, max_output=-1)
+    with pytest.raises(ValueError, match="positive"):
+        Executor(registry, max_calls=0)
+    with pytest.raises(ValueError, match="positive"):
+        Executor(registry, max_batch_output=0)
+
+
+# --- the batch as a whole is bounded (issue 13) --------------------------------
+
+
+async def test_calls_past_the_batch_limit_do_not_run_and_say_how_to_proceed(
+    registry: Registry, probe: Probe, ctx: ToolContext
+) -> None:
+    batch = calls(*(("fast", {"key": str(i)}) for i in range(7)))
+    results = await Executor(registry, max_calls=5).run_batch(batch, ctx)
+    assert [ok(r) for r in results[:5]] == [f"fast {i} done" for i in range(5)]
+    for result in results[5:]:
+        message = failed(result)
+        assert "at most 5 calls" in message and "held 7" in message
+        assert "later <execute> block" in message
+    assert probe.finished == [str(i) for i in range(5)]
+
+
+async def test_a_400_read_batch_stays_within_a_few_mib(workspace_with_text: Path) -> None:
+    """9,000 reads once made a 567 MB result; now the count and the total are capped."""
+    ctx = ToolContext(workspace=workspace_with_text, session_id="s1")
+    batch = [ToolCall(name="read", args={"path": "big.txt"}) for _ in range(400)]
+    results = await Executor(default_registry()).run_batch(batch, ctx)
+    assert len(results) == 400
+    assert sum(r.status == "success" for r in results) == 64
+    assert "at most 64 calls" in failed(results[64])
+    encoded = encode_results(results)
+    assert len(encoded.encode()) < 2 * 1_048_576
+    assert "limited to 1,048,576 bytes in all" in ok(results[0])
+
+
+@pytest.fixture
+def workspace_with_text(tmp_path: Path) -> Path:
+    (tmp_path / "big.txt").write_text("a line of text that is fairly ordinary\n" * 20_000)
+    return tmp_path
+
+
+async def test_batch_budget_keeps_small_results_whole_and_cuts_the_big_ones(
+    registry: Registry, ctx: ToolContext
+) -> None:
+    executor = Executor(registry, max_output=1_000_000, max_batch_output=10_000)
+    batch = calls(
+        ("big", {"size": 50_000}),
+        *(("fast", {"key": str(i)}) for i in range(10)),
+        ("big", {"size": 50_000}),
+    )
+    results = await executor.run_batch(batch, ctx)
+    assert [ok(r) for r in results[1:11]] == [f"fast {i} done" for i in range(10)]
+    for big in (ok(results[0]), ok(results[-1])):
+        shown = big.split("\n", 1)[0]
+        assert 4_000 < len(shown) <= 5_000  # an equal share of what the small ones left
+        assert "limited to 10,000 bytes in all" in big
+    assert len(encode_results(results)) < 12_000

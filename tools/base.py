@@ -43,7 +43,16 @@ class Limits:
     """
 
     max_read_bytes: int = 1_000_000
-    """``read``/``edit``/``search`` refuse (or skip) files larger than this."""
+    """``read``/``edit``/``search`` refuse (or skip) files larger than this; a
+    ranged ``read`` returns at most this many characters (a longer line is cut)."""
+    max_write_bytes: int = 10_000_000
+    """``write`` and ``edit`` refuse to produce a file larger than this (checked
+    from the sizes before the new content is built)."""
+    max_workspace_bytes: int = 100 * 1024 * 1024
+    """Quota on the bytes of all files in a session's workspace: ``write`` and
+    ``edit`` refuse to exceed it; ``shell`` children may not grow a file past
+    what is left (RLIMIT_FSIZE), and a command that leaves the workspace over
+    it fails."""
     max_entries: int = 1_000
     """``list`` and ``find`` stop after this many entries."""
     max_matches: int = 500

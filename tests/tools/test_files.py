@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
-from protocol.calls import ToolCall
+from protocol.calls import ToolCall, ToolResult
 from tools.base import Limits, ToolContext
 from tools.builtin import default_registry
 from tools.executor import Executor
+from tools.quota import workspace_usage
 
 from .helpers import Call, failed, ok
 
@@ -174,3 +176,84 @@ async def test_edit_refuses_missing_binary_and_non_utf8_files(call: Call, worksp
     (workspace / "l.txt").write_bytes(latin)
     assert "not valid UTF-8" in failed(await call("edit", path="l.txt", old="caf", new="x"))
     assert (workspace / "l.txt").read_bytes() == latin  # not rewritten with U+FFFD
+
+
+# --- bounds (issue 13) ---------------------------------------------------------
+
+
+def _rss_bytes() -> int:
+    """This process's resident set size, from /proc/self/statm (pages → bytes)."""
+    resident_pages = int(Path("/proc/self/statm").read_text().split()[1])
+    return resident_pages * os.sysconf("SC_PAGE_SIZE")
+
+
+async def test_edit_that_would_amplify_to_300_mb_is_refused_before_building_it(
+    call: Call, workspace: Path
+) -> None:
+    """110 kB of model output once became a 1 GB file and 1.95 GB of RSS."""
+    (workspace / "small.txt").write_text("a" * 3_000)
+    before = _rss_bytes()
+    message = failed(
+        await call("edit", path="small.txt", old="a", new="b" * 100_000, replace_all=True)
+    )
+    grown = _rss_bytes() - before
+    assert "would make it 300,000,000 bytes, over the 10,000,000-byte limit" in message
+    assert "replace fewer occurrences" in message
+    assert grown < 40 * 1024 * 1024, f"RSS grew by {grown:,} bytes"
+    assert (workspace / "small.txt").read_text() == "a" * 3_000
+
+
+async def test_write_over_the_file_size_limit_is_refused(workspace: Path) -> None:
+    ctx = ToolContext(workspace, "s", Limits(max_write_bytes=1_000))
+    executor = Executor(default_registry())
+    result = await executor.run_call(ToolCall("write", {"path": "a", "content": "é" * 600}), ctx)
+    assert "over the 1,000-byte limit for one file; split it" in failed(result)
+    assert not (workspace / "a").exists()
+
+
+async def test_a_50_mb_single_line_file_is_read_as_a_bounded_slice(workspace: Path) -> None:
+    (workspace / "one-line.txt").write_bytes(b"x" * 50_000_000 + b"\nsecond line\n")
+    ctx = ToolContext(workspace, "s", Limits())
+    executor = Executor(default_registry(), max_output=2_000_000)
+    before = _rss_bytes()
+    result = await executor.run_call(
+        ToolCall("read", {"path": "one-line.txt", "offset": 1, "limit": 2}), ctx
+    )
+    grown = _rss_bytes() - before
+    text = ok(result)
+    assert text.startswith("x" * 1_000_000 + "\n[line 1 is cut after 1,000,000 characters")
+    assert "pass offset=2 to read on" in text
+    assert len(text) < 1_001_000
+    assert grown < 40 * 1024 * 1024, f"RSS grew by {grown:,} bytes"
+    after = await executor.run_call(
+        ToolCall("read", {"path": "one-line.txt", "offset": 2, "limit": 5}), ctx
+    )
+    assert ok(after) == "second line\n[lines 2-2 of 2]"
+
+
+async def test_write_and_edit_refuse_to_take_the_workspace_over_its_quota(
+    workspace: Path,
+) -> None:
+    ctx = ToolContext(workspace, "s", Limits(max_workspace_bytes=1_000))
+    executor = Executor(default_registry())
+
+    async def run(name: str, **args: object) -> ToolResult:
+        return await executor.run_call(ToolCall(name, dict(args)), ctx)
+
+    ok(await run("write", path="a.txt", content="a" * 600))
+    message = failed(await run("write", path="b.txt", content="b" * 600))
+    assert "would hold 1,200 bytes, over its 1,000-byte quota" in message
+    assert "delete files" in message
+    assert not (workspace / "b.txt").exists()
+    message = failed(await run("edit", path="a.txt", old="a", new="aa", replace_all=True))
+    assert "over its 1,000-byte quota" in message
+    ok(await run("write", path="a.txt", content="a" * 900))  # overwriting counts the old size
+    ok(await run("edit", path="a.txt", old="a" * 900, new="short"))
+
+
+async def test_parallel_writes_in_one_batch_cannot_all_pass_the_quota(workspace: Path) -> None:
+    ctx = ToolContext(workspace, "s", Limits(max_workspace_bytes=10_000))
+    batch = [ToolCall("write", {"path": f"f{i}", "content": "x" * 3_000}) for i in range(10)]
+    results = await Executor(default_registry()).run_batch(batch, ctx)
+    assert sum(r.status == "success" for r in results) == 3
+    assert workspace_usage(workspace) <= 10_000

@@ -7,13 +7,20 @@ files outside must not be created or changed.
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import os
+import shutil
+import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tools.base import ToolFailure
+from protocol.calls import ToolCall
+from tools.base import ToolContext, ToolFailure
+from tools.builtin import default_registry
+from tools.executor import Executor
 from tools.sandbox import resolve, workspace_root
 
 from .helpers import SECRET, Call, failed, ok
@@ -168,3 +175,85 @@ async def test_unreadable_file_is_a_clean_failure(call: Call, workspace: Path) -
     f.write_text("x")
     f.chmod(0)
     assert "permission denied" in failed(await call("read", path="locked.txt"))
+
+
+# --- hard links and races (issue 13) -------------------------------------------
+
+
+@pytest.mark.parametrize("tool", ["write", "edit"])
+async def test_a_hard_link_to_an_outside_file_is_never_written(
+    tool: str, call: Call, outside: Path, workspace: Path
+) -> None:
+    os.link(outside / "secret.txt", workspace / "notes.txt")
+    message = failed(await call(tool, **path_args(tool, "notes.txt")))
+    assert "has 2 hard links" in message and "write a new file instead" in message
+    assert (outside / "secret.txt").read_text() == SECRET + "\n"
+
+
+async def test_fifos_and_devices_are_refused_without_hanging(call: Call, workspace: Path) -> None:
+    os.mkfifo(workspace / "pipe")
+    for tool in ("read", "write", "edit"):
+        assert "not a regular file" in failed(await call(tool, **path_args(tool, "pipe")))
+
+
+def _swap_between_dir_and_symlink(workspace: Path, outside: Path, stop: threading.Event) -> int:
+    """Flip ``d`` between a real directory and a symlink to ``outside`` until ``stop``."""
+    d, parked, link = workspace / "d", workspace / "d.real", workspace / "d.link"
+    flips = 0
+    while not stop.is_set():
+        with contextlib.suppress(OSError):
+            os.symlink(outside, link)
+        with contextlib.suppress(OSError):
+            os.rename(d, parked)  # fails if d.real is still parked (d was recreated)
+        with contextlib.suppress(OSError):
+            os.rename(link, d)  # d is now the symlink out
+            flips += 1
+        if d.is_symlink():
+            os.unlink(d)
+        elif d.is_dir() and parked.is_dir():
+            shutil.rmtree(d, ignore_errors=True)  # a write re-created d while parked: drop it
+        with contextlib.suppress(OSError):
+            os.rename(parked, d)  # d is the directory again
+    return flips
+
+
+async def test_racing_symlink_swaps_never_lead_a_write_or_read_outside(
+    outside: Path, workspace: Path
+) -> None:
+    """A probe escaped in 6-31 of 3,000 attempts when the checked path was reopened by name."""
+    (workspace / "d").mkdir()
+    (workspace / "d" / "secret.txt").write_text("the inside file\n")
+    ctx = ToolContext(workspace=workspace, session_id="race")
+    executor = Executor(default_registry())
+    stop = threading.Event()
+    flips: list[int] = []
+    flipper = threading.Thread(
+        target=lambda: flips.append(_swap_between_dir_and_symlink(workspace, outside, stop)),
+        daemon=True,
+    )
+    flipper.start()
+    leaked: list[str] = []
+    statuses: collections.Counter[tuple[str, str]] = collections.Counter()
+    try:
+        for i in range(100):  # 3,000 attempts, as the probe made
+            batch = [
+                call
+                for j in range(10)
+                for call in (
+                    ToolCall("write", {"path": f"d/planted{i}-{j}.txt", "content": "pwned"}),
+                    ToolCall("edit", {"path": "d/secret.txt", "old": "secret", "new": "pwned"}),
+                    ToolCall("read", {"path": "d/secret.txt"}),
+                )
+            ]
+            for result in await executor.run_batch(batch, ctx):
+                statuses[result.tool, result.status] += 1
+                if SECRET in str(result.content):
+                    leaked.append(str(result.content))
+    finally:
+        stop.set()
+        flipper.join(10)
+    assert flips and flips[0] > 100, "the race did not run"
+    assert statuses["read", "success"] and statuses["read", "failure"], statuses
+    assert sorted(os.listdir(outside)) == ["secret.txt"]
+    assert (outside / "secret.txt").read_text() == SECRET + "\n"
+    assert leaked == []

@@ -10,11 +10,12 @@ from pathlib import Path
 import pytest
 
 from protocol.calls import ToolCall, ToolResult
-from tools.base import ToolContext
+from tools.base import Limits, ToolContext
 from tools.builtin import default_registry
 from tools.builtin.shell import ShellTool
 from tools.executor import Executor
 from tools.registry import Registry
+from tools.sandbox import workspace_root
 
 from .helpers import Call, failed, ok
 
@@ -115,3 +116,56 @@ async def test_shell_has_no_stdin(call: Call) -> None:
 
 async def test_shell_description_states_its_timeout() -> None:
     assert "killed after 5s" in ShellTool(timeout=5).description
+
+
+# --- guarantees added for issue 13 ----------------------------------------------
+
+
+async def test_background_processes_are_killed_when_the_command_succeeds(call: Call) -> None:
+    result = ok(await call("shell", command="sleep 60 >/dev/null 2>&1 & echo $!"))
+    assert result["exit_code"] == 0
+    pid = int(result["stdout"].strip())
+    for _ in range(100):  # SIGKILL is delivered asynchronously; reaping takes a moment
+        if not running(pid):
+            break
+        await asyncio.sleep(0.02)
+    assert not running(pid), "a background process outlived its shell call"
+
+
+async def test_shell_environment_is_an_allow_list(
+    call: Call, monkeypatch: pytest.MonkeyPatch, workspace: Path
+) -> None:
+    monkeypatch.setenv("GEMINI_API_KEY", "g-must-not-leak")
+    monkeypatch.setenv("REDIS_URL", "redis://user:pw@host/0")
+    monkeypatch.setenv("RTGW_SOMETHING", "node-setting")
+    result = ok(await call("shell", command="env"))
+    names = {line.split("=", 1)[0] for line in result["stdout"].splitlines() if "=" in line}
+    assert names <= {"PATH", "HOME", "PWD", "LANG", "TERM", "SHLVL", "_", "OLDPWD"}, names
+    assert f"HOME={workspace_root(workspace)}" in result["stdout"]
+
+
+async def test_a_file_the_command_writes_cannot_pass_the_workspace_quota(
+    workspace: Path,
+) -> None:
+    ctx = ToolContext(workspace, "s", Limits(max_workspace_bytes=100_000))
+    (workspace / "existing").write_bytes(b"x" * 40_000)
+    result = ok(await run_shell(ShellTool(), ctx, "head -c 1000000 /dev/zero > big; echo $?"))
+    # head was stopped by SIGXFSZ at the 60,000 bytes left: the workspace is at its quota.
+    assert (workspace / "big").stat().st_size == 60_000
+    assert "workspace quota of 100,000 bytes" in result["note"]
+
+
+async def test_a_command_that_leaves_the_workspace_over_quota_fails_and_says_what_to_do(
+    workspace: Path,
+) -> None:
+    ctx = ToolContext(workspace, "s", Limits(max_workspace_bytes=10_000))
+    command = "for i in 1 2 3 4; do head -c 9000 /dev/zero > f$i; done; echo wrote"
+    message = failed(await run_shell(ShellTool(), ctx, command))
+    assert "over its 10,000-byte quota; delete files" in message
+    assert "wrote" in message
+    # Over quota, write refuses to grow the workspace, and deleting makes room again.
+    executor = Executor(default_registry(enable_shell=True))
+    refused = await executor.run_call(ToolCall("write", {"path": "g", "content": "x"}), ctx)
+    assert "quota" in failed(refused)
+    await executor.run_call(ToolCall("shell", {"command": "rm f1 f2 f3"}), ctx)
+    ok(await executor.run_call(ToolCall("write", {"path": "g", "content": "x"}), ctx))

@@ -11,15 +11,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
+import os
 import threading
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Concatenate, ParamSpec, TypeVar
 
-from tools.base import Limits, ToolFailure
-from tools.sandbox import is_binary
+from tools.base import ToolFailure
 
-__all__ = ["Stop", "in_thread", "os_errors", "read_text_file", "require_file"]
+__all__ = ["Stop", "decode_text", "in_thread", "os_errors", "read_whole", "write_whole"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -60,37 +60,52 @@ def os_errors(action: str, raw: str) -> Iterator[None]:
             f"cannot {action} {raw!r}: permission denied; choose another path"
         ) from None
     except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise ToolFailure(
+                f"cannot {action} {raw!r}: a part of the path became a symlink while it was "
+                "being opened (file tools never follow one there); check it with list"
+            ) from None
+        if exc.errno == errno.ENXIO:  # a FIFO with no reader, opened O_NONBLOCK
+            raise ToolFailure(
+                f"cannot {action} {raw!r}: it is not a regular file (a device, socket or FIFO); "
+                "file tools only open regular files"
+            ) from None
+        if exc.errno == errno.EFBIG:
+            raise ToolFailure(
+                f"cannot {action} {raw!r}: the file would be too large for this system"
+            ) from None
         raise ToolFailure(f"cannot {action} {raw!r}: {exc.strerror or exc}") from None
 
 
-def require_file(path: Path, raw: str, action: str) -> int:
-    """The size of ``path``, which must be an existing regular file."""
-    with os_errors(action, raw):
-        st = path.stat()
-    if path.is_dir():
-        raise ToolFailure(
-            f"cannot {action} {raw!r}: it is a directory; use list to see what it contains"
-        )
-    if not path.is_file():
-        raise ToolFailure(f"cannot {action} {raw!r}: it is not a regular file")
-    return st.st_size
+def read_whole(fd: int, size: int) -> bytes:
+    """All ``size`` bytes of an open file (fewer if it shrank meanwhile)."""
+    chunks: list[bytes] = []
+    offset = 0
+    while offset < size and (chunk := os.pread(fd, min(size - offset, 1 << 20), offset)):
+        chunks.append(chunk)
+        offset += len(chunk)
+    return b"".join(chunks)
 
 
-def read_text_file(path: Path, raw: str, action: str, limits: Limits) -> str:
-    """The whole text of a UTF-8 file, refusing binary files and files over the size cap."""
-    size = require_file(path, raw, action)
-    if size > limits.max_read_bytes:
+def write_whole(fd: int, data: bytes) -> None:
+    """Make the open file hold exactly ``data``: write it from the start, then cut the tail.
+
+    Writing before truncating means the file is never seen empty in between.
+    """
+    view = memoryview(data)
+    offset = 0
+    while offset < len(view):
+        offset += os.pwrite(fd, view[offset:], offset)
+    os.ftruncate(fd, len(data))
+
+
+def decode_text(data: bytes, raw: str, action: str) -> str:
+    """``data`` as UTF-8, or a failure saying the tool only works on UTF-8 text."""
+    if b"\0" in data[:8192]:
         raise ToolFailure(
-            f"cannot {action} {raw!r}: it is {size:,} bytes, over the "
-            f"{limits.max_read_bytes:,}-byte limit for this tool"
+            f"cannot {action} {raw!r}: it is a binary file ({len(data):,} bytes); "
+            "this tool works on text files only"
         )
-    with os_errors(action, raw):
-        if is_binary(path):
-            raise ToolFailure(
-                f"cannot {action} {raw!r}: it is a binary file ({size:,} bytes); "
-                "this tool works on text files only"
-            )
-        data = path.read_bytes()
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:

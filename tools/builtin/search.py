@@ -21,6 +21,7 @@ cannot backtrack).
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -31,7 +32,7 @@ import re2
 
 from tools.base import Limits, Tool, ToolContext, ToolFailure
 from tools.globs import compile_glob
-from tools.sandbox import display, is_binary, resolve, walk, workspace_root
+from tools.sandbox import display, is_binary, open_regular, resolve, walk, workspace_root
 
 from ._fs import Stop, in_thread
 
@@ -93,12 +94,19 @@ def _search(stop: Stop, workspace: Path, args: SearchArgs, limits: Limits) -> di
         if wanted is not None and not wanted(rel_to_top):
             continue
         try:
-            if path.stat().st_size > limits.max_read_bytes:
-                skipped += 1
-                continue
-            if is_binary(path):
-                continue
-            with path.open(encoding="utf-8", errors="replace", newline="") as f:
+            # Through the link's resolved target (checked inside by walk), opened
+            # component by component, so a link swapped meanwhile is not followed.
+            real = path.resolve() if path.is_symlink() else path
+            fd, st = open_regular(root, real, os.O_RDONLY)
+        except (OSError, ValueError, ToolFailure):
+            continue  # unreadable, vanished, not a regular file or raced outside: skip it
+        try:
+            with os.fdopen(fd, encoding="utf-8", errors="replace", newline="") as f:
+                if st.st_size > limits.max_read_bytes:
+                    skipped += 1
+                    continue
+                if is_binary(fd):
+                    continue
                 shown = display(root, path)
                 for number, line in enumerate(f, start=1):
                     # Without its line ending, so "$" means end of line in RE2 as in grep.

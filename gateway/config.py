@@ -100,6 +100,10 @@ class Config(msgspec.Struct, kw_only=True):
     max_connections_per_key: int = 0
     turns_per_minute: int = 0
     tokens_per_day: int = 0
+    # Dollars per key per UTC day (the model steps' cost, see gateway/pricing.py); 0 = no limit.
+    usd_per_day: float = 0.0
+    # TOML file of model prices (USD per million tokens) on top of the built-in table.
+    prices_file: str = ""
     # Queued frames above which a client's consecutive think/respond chunks are
     # merged into one frame (0 = never); bytes the socket buffers before sends
     # wait; seconds a client may stop reading before it is closed with 4008 (0 = never).

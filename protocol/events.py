@@ -22,6 +22,7 @@ __all__ = [
     "Cancel",
     "Cancelled",
     "ClientMessage",
+    "Cost",
     "End",
     "Error",
     "ErrorCode",
@@ -44,11 +45,35 @@ __all__ = [
 ]
 
 
-class Usage(msgspec.Struct, frozen=True):
-    """Token counts of one model step or of the whole session."""
+class Usage(msgspec.Struct, frozen=True, omit_defaults=True):
+    """Token counts of one model step or of the whole session.
 
-    input: int = 0
-    output: int = 0
+    ``cached`` and ``input_audio`` are parts of ``input``, ``output_audio`` a
+    part of ``output``: providers price them differently. ``input`` and
+    ``output`` are always on the wire; the parts only when not zero.
+    """
+
+    input: int
+    output: int
+    cached: int = 0
+    input_audio: int = 0
+    output_audio: int = 0
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(
+            input=self.input + other.input,
+            output=self.output + other.output,
+            cached=self.cached + other.cached,
+            input_audio=self.input_audio + other.input_audio,
+            output_audio=self.output_audio + other.output_audio,
+        )
+
+
+class Cost(msgspec.Struct, frozen=True):
+    """US dollars of one model step and of the whole session so far."""
+
+    step: float = 0.0
+    total: float = 0.0
 
 
 class ResultPayload(msgspec.Struct, frozen=True):
@@ -118,6 +143,7 @@ class Result(_Base, tag="result"):
 class Metric(_Base, tag="metric"):
     step: Usage
     total: Usage
+    cost: Cost = msgspec.field(default_factory=Cost)
 
 
 ErrorCode = Literal[

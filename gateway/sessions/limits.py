@@ -1,4 +1,4 @@
-"""Per-key limits: connections at the handshake, turns per minute, tokens per day.
+"""Per-key limits: connections at the handshake, turns per minute, tokens and dollars per day.
 
 Counters that must hold across nodes live in the store (``Store.incr_window``,
 ``Store.acquire_slot``): a fixed window per minute / per UTC day for rates and
@@ -63,6 +63,8 @@ class Limits:
     ) -> None:
         self.turns_per_minute = config.turns_per_minute
         self.tokens_per_day = config.tokens_per_day
+        # Counted in micro-dollars: store counters are integers.
+        self.micro_usd_per_day = round(config.usd_per_day * 1e6)
         self.store = store
         self.metrics = metrics
         self.clock = clock
@@ -75,7 +77,7 @@ class Limits:
 
     @property
     def active(self) -> bool:
-        return self.turns_per_minute > 0 or self.tokens_per_day > 0
+        return self.turns_per_minute > 0 or self.tokens_per_day > 0 or self.micro_usd_per_day > 0
 
     # ----------------------------------------------------------------- owners
 
@@ -126,6 +128,16 @@ class Limits:
                         f"{_until(now, (day + 1) * _DAY)} s — ask the operator for a "
                         "larger quota",
                     )
+            if self.micro_usd_per_day > 0:
+                day = int(now // _DAY)
+                spent = await self.store.incr_window(f"usd:{owner}:{day}", 0, 2 * _DAY)
+                if spent >= self.micro_usd_per_day:
+                    return self._refuse(
+                        "quota_exceeded",
+                        f"this API key spent ${spent / 1e6:.4f} of its ${self.micro_usd_per_day / 1e6:.2f} "
+                        f"budget for today; new turns are refused until 00:00 UTC, in "
+                        f"{_until(now, (day + 1) * _DAY)} s — ask the operator for a larger budget",
+                    )
             if self.turns_per_minute > 0:
                 minute = int(now // _MINUTE)
                 count = await self.store.incr_window(f"turns:{owner}:{minute}", 1, 2 * _MINUTE)
@@ -154,14 +166,13 @@ class Limits:
 
     # ----------------------------------------------------------------- tokens
 
-    def record_usage(self, sid: str, usage: Usage) -> None:
-        """Charge a model step's tokens to the session's owner (called from the turn loop)."""
-        if self.tokens_per_day <= 0:
+    def record_usage(self, sid: str, usage: Usage, cost: float = 0.0) -> None:
+        """Charge a model step's tokens and dollars to the session's owner (from the turn loop)."""
+        tokens = usage.input + usage.output if self.tokens_per_day > 0 else 0
+        micro_usd = round(cost * 1e6) if self.micro_usd_per_day > 0 else 0
+        if tokens <= 0 and micro_usd <= 0:
             return
-        amount = usage.input + usage.output
-        if amount <= 0:
-            return
-        task = asyncio.create_task(self._charge(sid, amount), name=f"usage:{sid}")
+        task = asyncio.create_task(self._charge(sid, tokens, micro_usd), name=f"usage:{sid}")
         pending = self._pending.setdefault(sid, set())
         pending.add(task)
 
@@ -172,12 +183,15 @@ class Limits:
 
         task.add_done_callback(done)
 
-    async def _charge(self, sid: str, amount: int) -> None:
+    async def _charge(self, sid: str, tokens: int, micro_usd: int) -> None:
         try:
             owner = await self.owner_of(sid)
             if owner:
                 day = int(self.clock() // _DAY)
-                await self.store.incr_window(f"tokens:{owner}:{day}", amount, 2 * _DAY)
+                if tokens > 0:
+                    await self.store.incr_window(f"tokens:{owner}:{day}", tokens, 2 * _DAY)
+                if micro_usd > 0:
+                    await self.store.incr_window(f"usd:{owner}:{day}", micro_usd, 2 * _DAY)
         except StoreError as exc:
             self._store_failed(exc)
 

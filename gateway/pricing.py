@@ -1,0 +1,146 @@
+"""What a model step costs, in US dollars, from the provider's token usage.
+
+Realtime APIs price text and audio tokens differently, and cached input far
+below fresh input, so cost is computed per kind of token from the usage the
+provider reports (``protocol.events.Usage``: ``cached``, ``input_audio`` and
+``output_audio`` are parts of ``input`` and ``output``).
+
+The built-in table holds list prices in USD per million tokens for the models
+this gateway supports; providers change them, so an operator overrides or
+extends it with a TOML file (``--prices FILE``)::
+
+    [openai."gpt-realtime"]
+    input = 4.0           # text input
+    cached_input = 0.4
+    output = 16.0         # text output
+    audio_input = 32.0
+    audio_output = 64.0
+
+    [gemini."*"]          # any other Gemini model
+    input = 0.5
+    output = 2.0
+
+A model missing from the table costs 0 and is logged once, so a bill is never
+invented. Figures are as published by the providers on 2026-11-01; check
+your contract.
+"""
+
+from __future__ import annotations
+
+import logging
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Final
+
+import msgspec
+
+from protocol.events import Usage
+
+__all__ = ["DEFAULT_PRICES", "Price", "PriceTable", "PricesError", "load_prices"]
+
+log = logging.getLogger("gateway.pricing")
+
+_PER_TOKEN: Final = 1e-6  # prices are per million tokens
+
+USDPerMillion = Annotated[float, msgspec.Meta(ge=0)]
+
+
+class PricesError(ValueError):
+    """A prices file the gateway cannot use; the message names the file, the entry and the fix."""
+
+
+class Price(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """USD per million tokens; audio and cached prices default to the text ones."""
+
+    input: USDPerMillion = 0.0
+    output: USDPerMillion = 0.0
+    cached_input: USDPerMillion | None = None
+    audio_input: USDPerMillion | None = None
+    audio_output: USDPerMillion | None = None
+
+    def cost(self, usage: Usage) -> float:
+        """USD for ``usage`` (cached and audio tokens at their own rates)."""
+        cached = min(max(usage.cached, 0), usage.input)
+        audio_in = min(max(usage.input_audio, 0), usage.input - cached)
+        text_in = usage.input - cached - audio_in
+        audio_out = min(max(usage.output_audio, 0), usage.output)
+        text_out = usage.output - audio_out
+        dollars = (
+            text_in * self.input
+            + cached * (self.input if self.cached_input is None else self.cached_input)
+            + audio_in * (self.input if self.audio_input is None else self.audio_input)
+            + text_out * self.output
+            + audio_out * (self.output if self.audio_output is None else self.audio_output)
+        )
+        return dollars * _PER_TOKEN
+
+
+DEFAULT_PRICES: Final[Mapping[str, Mapping[str, Price]]] = {
+    "openai": {
+        "gpt-realtime": Price(
+            input=4.0, cached_input=0.4, output=16.0, audio_input=32.0, audio_output=64.0
+        ),
+        "gpt-realtime-mini": Price(
+            input=0.6, cached_input=0.06, output=2.4, audio_input=10.0, audio_output=20.0
+        ),
+    },
+    "gemini": {
+        "*": Price(input=0.5, output=2.0, audio_input=3.0, audio_output=12.0),
+    },
+    # The simulator is free: its tokens are counted, never billed.
+    "sim": {"*": Price()},
+}
+
+
+class PriceTable:
+    """Prices by provider and model, with ``"*"`` as a provider's fallback model."""
+
+    def __init__(self, prices: Mapping[str, Mapping[str, Price]] = DEFAULT_PRICES) -> None:
+        self._prices = {provider: dict(models) for provider, models in prices.items()}
+        self._unpriced: set[tuple[str, str]] = set()
+
+    def price(self, provider: str, model: str) -> Price | None:
+        models = self._prices.get(provider, {})
+        found = models.get(model) or models.get("*")
+        if found is None and (provider, model) not in self._unpriced:
+            self._unpriced.add((provider, model))
+            log.warning(
+                "no price for %s model %r: its steps cost 0 in metrics and budgets; add it "
+                "to the prices file (--prices)",
+                provider,
+                model,
+            )
+        return found
+
+    def cost(self, provider: str, model: str, usage: Usage) -> float:
+        price = self.price(provider, model)
+        return 0.0 if price is None else price.cost(usage)
+
+
+def load_prices(path: str | Path) -> PriceTable:
+    """The built-in table with the file's entries on top (see the module docstring)."""
+    path = Path(path)
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise PricesError(f"cannot read the prices file {path}: {exc.strerror}") from exc
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise PricesError(f"the prices file {path} is not valid TOML: {exc}") from exc
+    merged = {provider: dict(models) for provider, models in DEFAULT_PRICES.items()}
+    for provider, models in raw.items():
+        if not isinstance(models, dict):
+            raise PricesError(
+                f"{path}: [{provider}] must be a table of models, e.g. "
+                f'[{provider}."MODEL"] with input = … and output = …'
+            )
+        for model, entry in models.items():
+            try:
+                price = msgspec.convert(entry, Price)
+            except msgspec.ValidationError as exc:
+                raise PricesError(
+                    f"{path}: [{provider}.{model!r}] {exc}; prices are USD per million "
+                    "tokens: input, output, cached_input, audio_input, audio_output"
+                ) from exc
+            merged.setdefault(provider, {})[model] = price
+    return PriceTable(merged)

@@ -1,0 +1,30 @@
+"""The gateway's Python client library, and the programs built on it.
+
+``Client`` (``gateway.client.client``) keeps one session alive across dropped
+connections and yields each turn's events exactly once; ``gateway chat`` and
+``gateway loadtest`` are built on it. This package imports ``protocol`` only:
+it is a program of its own, never server code.
+"""
+
+from gateway.client.client import Client, ToolHandler, ToolResultMessage, event_kind
+from gateway.client.dial import (
+    BadUrl,
+    ClientError,
+    ConnectionLost,
+    Refused,
+    Unreachable,
+    normalize_url,
+)
+
+__all__ = [
+    "BadUrl",
+    "Client",
+    "ClientError",
+    "ConnectionLost",
+    "Refused",
+    "ToolHandler",
+    "ToolResultMessage",
+    "Unreachable",
+    "event_kind",
+    "normalize_url",
+]

@@ -1,0 +1,500 @@
+"""``Client``: the gateway's Python client library (asyncio, typed).
+
+```python
+async with Client("ws://127.0.0.1:8765/v1/realtime", token=KEY) as c:
+    async for event in c.send("hello"):
+        ...  # protocol.events Structs: User, Think, Respond, Call, Result, End, Metric, ...
+```
+
+Why it is more than a WebSocket: connections drop (networks, node drains,
+slow-client cutoffs), and the gateway keeps every session's events in a log so
+nothing has to be lost. The client holds the last ``seq`` it delivered and,
+whenever its connection ends for a reason a retry can fix, reconnects with
+``session_id`` and ``after`` (backoff with jitter), drops what it already
+holds, refills gaps by resuming again, and unpacks nothing: a merged frame
+(``seq_from``) is delivered as one event. So ``send()`` yields every event of
+the turn exactly once, in order, across any number of dropped connections.
+
+Decisions (the rules themselves are in ``gateway.client.stream``):
+
+- **A turn's iterator starts at the echo of its own ``user`` message** and
+  ends after the closing event and the metric that follows it, or after
+  ``end``/``cancelled`` when the next event is not a metric or no metric comes
+  within ``metric_grace`` seconds. Events outside a turn (another client's
+  turn on the same session, a late metric) are counted in ``last_seq`` but not
+  yielded.
+- **A ``user`` message that the connection lost is sent again** only when the
+  session's log did not grow while the client was away (the ``session``
+  frame's seq equals ``after``): then the server never logged it, so sending
+  it again cannot start a second turn.
+- **Final vs. retried.** Handshake 400/401/403/404 raise ``Refused`` with the
+  server's text; 429/503, lost connections and close codes 1006/1011/1012/
+  1013/4008 are retried until ``reconnect_timeout`` seconds pass without a
+  connection (``ConnectionLost``). The first connection fails fast with
+  ``Unreachable`` when nothing listens: a mistyped URL should say so at once.
+- **Client tools.** ``@client.tool`` registers a handler for ``call`` events
+  whose JSON has ``"runs_on": "client"``; the client answers with
+  ``{"type": "tool_result", "id", "status", "content"}`` (a handler that
+  raises answers ``failure`` with the exception's text).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+import random
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, Final, Literal, TypeVar, overload
+
+import msgspec
+import orjson
+from websockets.asyncio.client import ClientConnection
+from websockets.exceptions import ConnectionClosed
+
+from gateway.client.dial import (
+    FINAL_CLOSE_CODES,
+    ClientError,
+    ConnectionLost,
+    Refused,
+    Unreachable,
+    normalize_url,
+    open_connection,
+)
+from gateway.client.stream import REFUSAL_CODES, SeqVerdict, TurnTracker, classify_seq
+from protocol.events import (
+    Call,
+    Cancel,
+    Error,
+    Event,
+    Session,
+    User,
+    UserMessage,
+    decode_event,
+)
+
+__all__ = ["Client", "ToolHandler", "ToolResultMessage", "event_kind"]
+
+log = logging.getLogger(__name__)
+
+ToolHandler = Callable[[dict[str, Any]], Awaitable[Any] | Any]
+"""A client tool: called with the call's ``args``; returns the result's content."""
+
+H = TypeVar("H", bound=ToolHandler)
+
+_encoder: Final = msgspec.json.Encoder()
+_KIND: Final[dict[type, str]] = {cls: str(cls.__struct_config__.tag) for cls in Event.__args__}
+
+
+def event_kind(event: Event) -> str:
+    """The wire ``type`` of an event (``"respond"`` for a ``Respond``)."""
+    return _KIND[type(event)]
+
+
+class ToolResultMessage(msgspec.Struct, tag_field="type", tag="tool_result"):
+    """The client's answer to a ``call`` that runs on the client."""
+
+    id: str
+    status: Literal["success", "failure"]
+    content: Any
+
+
+class _Reconnected(msgspec.Struct, frozen=True):
+    """Queued when a new connection starts: its session frame and the ``after`` it asked for."""
+
+    session: Session
+    after: int
+    generation: int
+
+
+class _Failed(msgspec.Struct, frozen=True):
+    error: BaseException
+
+
+_Item = Event | _Reconnected | _Failed
+
+
+class Client:
+    """One gateway session, kept alive across connections (see the module docstring).
+
+    Settings: ``token`` (API key, sent as ``Authorization: Bearer``),
+    ``session_id``/``after`` (resume an existing session), ``metric_grace``
+    (seconds to wait for the metric after ``end``/``cancelled``),
+    ``reconnect_timeout`` (seconds of failed reconnecting before
+    ``ConnectionLost``), ``backoff_initial``/``backoff_max`` (reconnect delays,
+    doubled per attempt, with jitter), ``open_timeout`` (per handshake).
+    ``on_connect``/``on_disconnect`` are told about each connection (for a UI).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        token: str | None = None,
+        session_id: str | None = None,
+        after: int | None = None,
+        metric_grace: float = 0.5,
+        reconnect_timeout: float = 60.0,
+        backoff_initial: float = 0.1,
+        backoff_max: float = 5.0,
+        open_timeout: float = 10.0,
+        on_connect: Callable[[Session], None] | None = None,
+        on_disconnect: Callable[[str], None] | None = None,
+    ) -> None:
+        self.url, _ = normalize_url(url)
+        self.token = token
+        self.metric_grace = metric_grace
+        self.reconnect_timeout = reconnect_timeout
+        self.backoff_initial = backoff_initial
+        self.backoff_max = backoff_max
+        self.open_timeout = open_timeout
+        self.on_connect = on_connect
+        self.on_disconnect = on_disconnect
+        self._session_id = session_id
+        self._last = after if after is not None else -1
+        self._ws: ClientConnection | None = None
+        self._generation = 0
+        self._connected = asyncio.Event()
+        self._queue: asyncio.Queue[_Item] = asyncio.Queue()
+        self._supervisor: asyncio.Task[None] | None = None
+        self._tools: dict[str, ToolHandler] = {}
+        self._tool_tasks: set[asyncio.Task[None]] = set()
+        self._closing = False
+        self._failure: BaseException | None = None
+        self._in_turn = False
+        self.session: Session | None = None
+        """The last ``session`` frame (provider, node, resumed)."""
+        self.reconnects = 0
+        """Connections opened after the first one."""
+
+    # ------------------------------------------------------------------ public
+
+    @property
+    def session_id(self) -> str:
+        """The session's id (known once connected)."""
+        if self._session_id is None:
+            raise RuntimeError(
+                "not connected yet: use `async with Client(...)` or `await connect()`"
+            )
+        return self._session_id
+
+    @property
+    def last_seq(self) -> int:
+        """The seq of the last logged event delivered (what a resume asks ``after``)."""
+        return self._last
+
+    @property
+    def connected(self) -> bool:
+        return self._connected.is_set()
+
+    async def __aenter__(self) -> Client:
+        await self.connect()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def connect(self) -> None:
+        """Open the first connection (``Refused``/``Unreachable`` if that fails)."""
+        if self._supervisor is not None:
+            return
+        await self._dial(first=True)
+        self._supervisor = asyncio.create_task(self._run(), name="gateway-client")
+
+    async def close(self) -> None:
+        """Close the connection and stop reconnecting; running tool handlers are cancelled."""
+        self._closing = True
+        tasks = [t for t in (self._supervisor, *self._tool_tasks) if t is not None]
+        for task in tasks:
+            task.cancel()
+        ws, self._ws = self._ws, None
+        if ws is not None:
+            with contextlib.suppress(Exception):
+                await ws.close()
+        for task in tasks:
+            with contextlib.suppress(BaseException):
+                await task
+        self._connected.clear()
+
+    async def send(self, text: str) -> AsyncIterator[Event]:
+        """Start a turn with ``text`` and yield its events, from its ``user`` echo to its end.
+
+        An ``error`` refusing the turn (``turn_active``, ``rate_limited``, …) is
+        yielded and ends the iteration. Raises ``ClientError`` if the session
+        cannot be reached any more. One turn at a time per client.
+        """
+        if self._in_turn:
+            raise RuntimeError("a turn is running: finish iterating it (or cancel()) first")
+        self._in_turn = True
+        try:
+            async for event in self._turn(text):
+                yield event
+        finally:
+            self._in_turn = False
+
+    async def cancel(self) -> None:
+        """Ask the gateway to cancel the running turn (its ``cancelled`` ends the iteration)."""
+        await self._send_frame(_encoder.encode(Cancel()))
+
+    @overload
+    def tool(self, handler: H) -> H: ...
+
+    @overload
+    def tool(self, handler: None = None, *, name: str) -> Callable[[H], H]: ...
+
+    def tool(self, handler: H | None = None, *, name: str | None = None) -> H | Callable[[H], H]:
+        """Register a client tool (decorator): ``@c.tool`` or ``@c.tool(name="read")``.
+
+        The handler gets the call's ``args`` dict and returns the result's
+        content (anything JSON-encodable); sync or async.
+        """
+
+        def register(fn: H) -> H:
+            self._tools[name or fn.__name__] = fn
+            return fn
+
+        return register(handler) if handler is not None else register
+
+    # ------------------------------------------------------------------ a turn
+
+    async def _turn(self, text: str) -> AsyncIterator[Event]:
+        self._raise_if_failed()
+        while not self._queue.empty():  # what came before this turn is not part of it
+            item = self._queue.get_nowait()
+            if isinstance(item, _Failed):
+                raise item.error
+        payload = _encoder.encode(UserMessage(content=text))
+        sent_on = await self._send_frame(payload)
+        sent_after = self._last
+        started = False
+        tracker = TurnTracker()
+        while True:
+            try:
+                if tracker.closing:
+                    async with asyncio.timeout(self.metric_grace):
+                        item = await self._queue.get()
+                else:
+                    item = await self._queue.get()
+            except TimeoutError:
+                tracker.expire()
+                return
+            if isinstance(item, _Failed):
+                raise item.error
+            if isinstance(item, _Reconnected):
+                lost = item.session.seq == item.after and item.generation > sent_on
+                if not started and lost:
+                    sent_on = await self._send_frame(payload)
+                continue
+            if not started:
+                if isinstance(item, User) and item.seq > sent_after and item.content == text:
+                    started = True
+                    tracker.feed("user")
+                    yield item
+                elif (
+                    isinstance(item, Error)
+                    and item.code in REFUSAL_CODES
+                    and item.seq <= self._last  # an unlogged reply to our frame
+                ):
+                    yield item
+                    return
+                continue
+            kind = event_kind(item)
+            if tracker.ends_before(kind):
+                return
+            yield item
+            if tracker.feed(kind, item.code if isinstance(item, Error) else ""):
+                return
+
+    # ------------------------------------------------------------------ the connection
+
+    async def _send_frame(self, payload: bytes) -> int:
+        """Send one frame on a live connection (waiting for one); its generation."""
+        while True:
+            self._raise_if_failed()
+            await self._wait_connected()
+            ws, generation = self._ws, self._generation
+            if ws is None:
+                continue
+            try:
+                await ws.send(payload.decode())
+                return generation
+            except ConnectionClosed:
+                # The supervisor sees the same close and reconnects.
+                await asyncio.sleep(0)
+                if self._connected.is_set() and self._generation == generation:
+                    self._connected.clear()
+
+    async def _wait_connected(self) -> None:
+        if self._connected.is_set():
+            return
+        waiter = asyncio.ensure_future(self._connected.wait())
+        supervisor = self._supervisor
+        try:
+            if supervisor is None:
+                await waiter
+            else:
+                await asyncio.wait({waiter, supervisor}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiter.cancel()
+        self._raise_if_failed()
+
+    def _raise_if_failed(self) -> None:
+        if self._failure is not None:
+            raise self._failure
+        if self._closing:
+            raise ClientError("the client is closed")
+
+    async def _dial(self, *, first: bool, close_code: int | None = None) -> None:
+        """Open a connection, retrying what a retry can fix; queue the reconnect marker."""
+        deadline = time.monotonic() + self.reconnect_timeout
+        attempt = 0
+        while True:
+            resume = self._session_id is not None and self._last >= 0
+            after = self._last
+            try:
+                ws, session = await open_connection(
+                    self.url,
+                    token=self.token,
+                    session_id=self._session_id,
+                    after=after if resume else None,
+                    open_timeout=self.open_timeout,
+                    max_size=None,
+                )
+                break
+            except Refused as exc:
+                if exc.final:
+                    raise
+                problem: ClientError = exc
+            except Unreachable as exc:
+                if first:
+                    raise
+                problem = exc
+            except ConnectionClosed as exc:
+                problem = ConnectionLost(f"connection closed during the handshake ({exc})")
+            if time.monotonic() >= deadline:
+                raise ConnectionLost(
+                    f"could not reconnect for {self.reconnect_timeout:g}s: {problem}"
+                ) from problem
+            await asyncio.sleep(self._backoff(attempt, close_code))
+            attempt += 1
+        if self._session_id is None or self._last < 0:
+            self._last = session.seq  # a new session: nothing before it is ours
+        self._session_id = session.session_id
+        self.session = session
+        self._ws = ws
+        self._generation += 1
+        if not first:
+            self.reconnects += 1
+        self._queue.put_nowait(_Reconnected(session, after, self._generation))
+        self._connected.set()
+        if self.on_connect is not None:
+            self.on_connect(session)
+
+    def _backoff(self, attempt: int, close_code: int | None) -> float:
+        floor = 1.0 if close_code == 1013 and attempt == 0 else 0.0  # store down: give it time
+        delay = min(self.backoff_max, self.backoff_initial * 2.0**attempt)
+        return max(floor, delay * random.uniform(0.5, 1.0))
+
+    async def _run(self) -> None:
+        """Read every connection; reconnect until closed or something final happens."""
+        try:
+            while True:
+                ws = self._ws
+                assert ws is not None
+                reason = await self._read(ws)
+                self._connected.clear()
+                close = ws.protocol.close_rcvd
+                code = close.code if close is not None else None
+                if self._closing:
+                    return
+                if close is not None and code in FINAL_CLOSE_CODES:
+                    reason_text = close.reason or "no reason given"
+                    raise ConnectionLost(
+                        f"the gateway closed the connection ({code} {reason_text})"
+                    )
+                if self.on_disconnect is not None:
+                    self.on_disconnect(reason)
+                # A close the server asked for (1012 drain, 4008 slow) reconnects at
+                # once; a lost connection or a busy server waits a little first.
+                if code not in (1012, 4008):
+                    await asyncio.sleep(self._backoff(0, code))
+                await self._dial(first=False, close_code=code)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:
+            self._failure = exc
+            self._queue.put_nowait(_Failed(exc))
+
+    async def _read(self, ws: ClientConnection) -> str:
+        """Deliver this connection's frames until it ends; why it ended."""
+        try:
+            while True:
+                data = await ws.recv(decode=False)
+                try:
+                    event = decode_event(data)
+                except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                    log.warning("gateway client: skipping a frame that is not an event (%s)", exc)
+                    continue
+                kind = event_kind(event)
+                seq_from = getattr(event, "seq_from", msgspec.UNSET)
+                verdict = classify_seq(
+                    kind, event.seq, self._last, -1 if seq_from is msgspec.UNSET else seq_from
+                )
+                if verdict is SeqVerdict.DUPLICATE:
+                    continue
+                if verdict is SeqVerdict.GAP:
+                    ws.transport.abort()  # resume from the log with after=last
+                    return f"events after seq {self._last} missing; resuming"
+                if verdict is SeqVerdict.NEW:
+                    self._last = event.seq
+                if isinstance(event, Call) and self._tools:
+                    self._maybe_run_tool(event)
+                self._queue.put_nowait(event)
+        except ConnectionClosed as exc:
+            close = exc.rcvd
+            return "connection lost" if close is None else f"closed {close.code} {close.reason}"
+
+    # ------------------------------------------------------------------ client tools
+
+    def _maybe_run_tool(self, call: Call) -> None:
+        try:
+            spec = orjson.loads(call.content)
+        except orjson.JSONDecodeError:
+            return
+        if not isinstance(spec, dict) or spec.get("runs_on") != "client":
+            return
+        task = asyncio.create_task(self._run_tool(spec), name=f"client-tool:{spec.get('name')}")
+        self._tool_tasks.add(task)
+        task.add_done_callback(self._tool_tasks.discard)
+
+    async def _run_tool(self, spec: dict[str, Any]) -> None:
+        name = str(spec.get("name", ""))
+        call_id = str(spec.get("id", ""))
+        args = spec.get("args")
+        handler = self._tools.get(name)
+        answer: ToolResultMessage
+        if handler is None:
+            known = ", ".join(sorted(self._tools)) or "none"
+            answer = ToolResultMessage(
+                call_id, "failure", f"this client has no tool {name!r} (it has: {known})"
+            )
+        else:
+            try:
+                value = handler(args if isinstance(args, dict) else {})
+                if inspect.isawaitable(value):
+                    value = await value
+                answer = ToolResultMessage(call_id, "success", value)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                answer = ToolResultMessage(call_id, "failure", f"{type(exc).__name__}: {exc}")
+        try:
+            payload = _encoder.encode(answer)
+        except (TypeError, msgspec.EncodeError) as exc:
+            payload = _encoder.encode(
+                ToolResultMessage(call_id, "failure", f"the result is not JSON: {exc}")
+            )
+        with contextlib.suppress(ClientError):
+            await self._send_frame(payload)

@@ -1,0 +1,103 @@
+"""The Python client library against a real gateway, through connections that die."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from gateway.client import Client, Refused, Unreachable
+from gateway.client.loadtest import sized_message
+from protocol.events import Cancelled, End, Event, Metric, Respond, User
+from tests.client.proxy import TcpProxy
+from tests.gateway.conftest import GatewayFactory
+from tests.support.redis_server import free_port
+
+
+def assert_contiguous(events: list[Event], first: int) -> None:
+    """Each event starts right after the one before (a merged frame covers seq_from..seq)."""
+    expected = first
+    for event in events:
+        start = getattr(event, "seq_from", None)
+        start = event.seq if not isinstance(start, int) else start
+        assert start == expected, f"{type(event).__name__} seq {start}, expected {expected}"
+        expected = event.seq + 1
+
+
+async def test_a_turn_completes_through_two_cuts_mid_stream(
+    gateway_factory: GatewayFactory,
+) -> None:
+    message = sized_message("resume me", 400)  # ~100 respond chunks at 4 characters each
+    async with (
+        gateway_factory(sim_tokens_per_second=150.0) as gw,
+        TcpProxy(gw.port) as proxy,
+        Client(proxy.url(), backoff_initial=0.01) as client,
+    ):
+        before = client.last_seq
+        events: list[Event] = []
+        responds = 0
+        cuts_at = {5, 40}
+        async for event in client.send(message):
+            events.append(event)
+            if isinstance(event, Respond):
+                responds += 1
+                if responds in cuts_at:
+                    assert proxy.cut() == 1
+        assert client.reconnects == 2
+        assert proxy.accepted == 3
+
+    assert isinstance(events[0], User)
+    assert_contiguous(events, before + 1)
+    answer = "".join(e.content for e in events if isinstance(e, Respond))
+    assert answer == f"Echo: {message}"
+    assert [type(e) for e in events[-2:]] == [End, Metric]
+    assert client.last_seq == events[-1].seq
+
+
+async def test_consecutive_turns_and_cancel(gateway_factory: GatewayFactory) -> None:
+    async with (
+        gateway_factory(sim_tokens_per_second=50.0) as gw,
+        Client(gw.url) as client,
+    ):
+        first = [e async for e in client.send("hello")]
+        assert "".join(e.content for e in first if isinstance(e, Respond)) == "Echo: hello"
+        events: list[Event] = []
+        async for event in client.send(sized_message("long", 2000)):
+            events.append(event)
+            if isinstance(event, Respond):
+                await client.cancel()
+        assert isinstance(events[-1], Cancelled)
+        assert_contiguous(first + events, first[0].seq)
+        third = [e async for e in client.send("again")]
+        assert isinstance(third[0], User) and third[0].content == "again"
+        assert isinstance(third[-1], Metric)
+
+
+async def test_nothing_listening_fails_at_once() -> None:
+    with pytest.raises(Unreachable, match="nothing is listening"):
+        async with Client(f"ws://127.0.0.1:{free_port()}/v1/realtime"):
+            pass
+
+
+async def test_an_unknown_session_is_a_final_refusal(gateway_factory: GatewayFactory) -> None:
+    async with gateway_factory() as gw:
+        with pytest.raises(Refused) as info:
+            async with Client(gw.url, session_id="nope", after=0):
+                pass
+    assert info.value.status == 404
+    assert info.value.message
+
+
+async def test_a_resumed_client_gets_the_rest_of_the_session(
+    gateway_factory: GatewayFactory,
+) -> None:
+    async with gateway_factory() as gw:
+        async with Client(gw.url) as one:
+            events = [e async for e in one.send("hello")]
+            sid, middle = one.session_id, events[2].seq
+        async with Client(gw.url, session_id=sid, after=middle) as two:
+            await asyncio.sleep(0)  # the replay is queued before the next turn's echo
+            assert two.session is not None and two.session.resumed
+            nxt = [e async for e in two.send("next")]
+            assert isinstance(nxt[0], User)
+            assert two.last_seq == nxt[-1].seq

@@ -1,22 +1,31 @@
-"""``gateway chat URL``: a terminal client for the gateway.
+"""``gateway chat URL``: a terminal client for the gateway, built on ``Client``.
 
 Shows think text dimmed, tool calls and results, and the response as it
-streams. When the connection drops it reconnects with ``session_id`` and
-``after`` (the last seq it printed), so nothing is missed or printed twice.
+streams. ``Client`` reconnects with ``session_id`` and ``after`` when the
+connection drops, so nothing is missed or printed twice.
+
+What a first hour needs: Ctrl-C cancels the running turn (a second one, or
+one at the prompt, exits); ``/help`` lists the commands; an ``http://`` URL or
+one without ``/v1/realtime`` is corrected in one line; a gateway that is not
+running, or refuses the key, is one line and an exit — not endless retries.
+
+Input is read by a daemon thread, so exiting never waits for a line that the
+user has not typed (a thread blocked in ``readline`` cannot be cancelled).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
 import sys
-from typing import TextIO
-from urllib.parse import urlencode, urlsplit, urlunsplit
+import threading
+from typing import Final, TextIO
 
 import orjson
-from websockets.asyncio.client import ClientConnection, connect
-from websockets.exceptions import ConnectionClosed, InvalidStatus
 
+from gateway.client.client import Client
+from gateway.client.dial import BadUrl, ClientError, normalize_url
 from protocol.events import (
     Call,
     Cancelled,
@@ -30,10 +39,9 @@ from protocol.events import (
     Session,
     Think,
     User,
-    decode_event,
 )
 
-__all__ = ["ChatView", "run_chat"]
+__all__ = ["COMMANDS", "ChatView", "run_chat"]
 
 DIM = "\x1b[2m"
 BOLD = "\x1b[1m"
@@ -115,102 +123,150 @@ class ChatView:
         self.out.flush()
 
 
-def _with_query(url: str, **params: str) -> str:
-    parts = urlsplit(url)
-    query = "&".join(p for p in (parts.query, urlencode(params)) if p)
-    return urlunsplit((parts.scheme, parts.netloc, parts.path, query, parts.fragment))
+COMMANDS: Final[dict[str, str]] = {
+    "/help": "list these commands",
+    "/cancel": "cancel the running turn (Ctrl-C does the same)",
+    "/session": "show the session id and the last seq received",
+    "/quit": "leave (Ctrl-D or Ctrl-C at the prompt do the same)",
+}
+HINT: Final = (
+    'type a message and press Enter; try "hello", or /tool list {"path": "."} '
+    "to make the simulator call a tool; /help lists commands"
+)
 
 
-async def _read_lines(queue: asyncio.Queue[str | None]) -> None:
-    loop = asyncio.get_running_loop()
-    while True:
-        line = await loop.run_in_executor(None, sys.stdin.readline)
-        if not line:
-            await queue.put(None)
-            return
-        await queue.put(line.rstrip("\n"))
+class _Interrupt:
+    """Ctrl-C, delivered through the same queue as typed lines."""
+
+
+_INTERRUPT: Final = _Interrupt()
+_Input = str | None | _Interrupt  # a line, end of input, or Ctrl-C
+
+
+def _read_lines(loop: asyncio.AbstractEventLoop, queue: asyncio.Queue[_Input]) -> None:
+    """Thread body: forward stdin lines to the loop; None at end of input."""
+    try:
+        for line in sys.stdin:
+            loop.call_soon_threadsafe(queue.put_nowait, line.rstrip("\n"))
+    except (OSError, ValueError):
+        pass
+    with contextlib.suppress(RuntimeError):  # the loop may be gone already
+        loop.call_soon_threadsafe(queue.put_nowait, None)
 
 
 async def run_chat(url: str, *, token: str | None = None, color: bool = True) -> int:
-    """Chat until stdin ends. ``/cancel`` cancels the running turn."""
+    """Chat until input ends, ``/quit`` or Ctrl-C at the prompt. Exit status 0, or 1/2 on errors."""
+    err = sys.stderr
+    try:
+        url, note = normalize_url(url)
+    except BadUrl as exc:
+        print(f"gateway chat: {exc}", file=err)
+        return 2
+    if note:
+        print(f"gateway chat: {note}", file=err)
     view = ChatView(sys.stdout, color=color)
-    lines: asyncio.Queue[str | None] = asyncio.Queue()
-    reader = asyncio.create_task(_read_lines(lines))
-    sid: str | None = None
-    last = 0
-    headers = {"Authorization": f"Bearer {token}"} if token else None
+    red, reset = (RED, RESET) if color else ("", "")
+
+    def connected(session: Session) -> None:
+        view.show(session)
+
+    def disconnected(reason: str) -> None:
+        print(f"{red}{reason}; reconnecting…{reset}", file=err, flush=True)
+
+    client = Client(url, token=token, on_connect=connected, on_disconnect=disconnected)
     try:
-        while True:
-            target = url if sid is None else _with_query(url, session_id=sid, after=str(last))
-            try:
-                async with connect(target, additional_headers=headers, max_size=None) as ws:
-                    sid, last, finished = await _session(ws, view, lines, last)
-                    if finished:
-                        return 0
-            except InvalidStatus as exc:
-                body = (
-                    exc.response.body.decode(errors="replace").strip() if exc.response.body else ""
-                )
-                print(f"refused: HTTP {exc.response.status_code} {body}", file=sys.stderr)
-                return 1
-            except (OSError, ConnectionClosed) as exc:
-                print(
-                    f"{RED if color else ''}connection lost ({exc}); reconnecting…{RESET if color else ''}",
-                    file=sys.stderr,
-                )
-                await asyncio.sleep(1.0)
+        await client.connect()
+    except ClientError as exc:
+        print(f"gateway chat: {exc}", file=err)
+        return 1
+    loop = asyncio.get_running_loop()
+    inputs: asyncio.Queue[_Input] = asyncio.Queue()
+    threading.Thread(target=_read_lines, args=(loop, inputs), daemon=True).start()
+    with contextlib.suppress(NotImplementedError, RuntimeError):
+        loop.add_signal_handler(signal.SIGINT, inputs.put_nowait, _INTERRUPT)
+    if sys.stdin.isatty():
+        print(f"{DIM if color else ''}{HINT}{reset}", flush=True)
+    try:
+        return await _converse(client, view, inputs)
+    except ClientError as exc:
+        print(f"gateway chat: {exc}", file=err)
+        return 1
     finally:
-        reader.cancel()
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.remove_signal_handler(signal.SIGINT)
+        await client.close()
 
 
-async def _session(
-    ws: ClientConnection, view: ChatView, lines: asyncio.Queue[str | None], last: int
-) -> tuple[str, int, bool]:
-    """Serve one connection; returns (session id, last seq, stdin finished)."""
-    first = decode_event(await ws.recv())
-    assert isinstance(first, Session), f"expected a session frame, got {first!r}"
-    view.show(first)
-    sid = first.session_id
-    idle = asyncio.Event()
-    idle.set()
+async def _converse(client: Client, view: ChatView, inputs: asyncio.Queue[_Input]) -> int:
+    """The prompt loop: commands, and one turn at a time."""
+    waiting: list[_Input] = []  # typed during a turn: handled after it
+    while True:
+        item = waiting.pop(0) if waiting else await inputs.get()
+        if item is None or isinstance(item, _Interrupt):
+            return 0
+        line = item.strip()
+        if not line:
+            continue
+        if line in ("/quit", "/exit"):
+            return 0
+        if line == "/help":
+            for name, meaning in COMMANDS.items():
+                view.out.write(f"  {name:<9} {meaning}\n")
+            view.out.write("  anything else is sent to the model\n")
+            view.out.flush()
+            continue
+        if line == "/session":
+            view.out.write(f"session {client.session_id}, last seq {client.last_seq}\n")
+            view.out.flush()
+            continue
+        if line == "/cancel":
+            view.out.write("no turn is running\n")
+            view.out.flush()
+            continue
+        if await _turn(client, view, item, inputs, waiting):
+            return 0
 
-    async def pump() -> None:
-        nonlocal last
-        async for frame in ws:
-            event = decode_event(frame)
-            if event.seq > last:
-                last = event.seq
+
+async def _turn(
+    client: Client,
+    view: ChatView,
+    text: str,
+    inputs: asyncio.Queue[_Input],
+    waiting: list[_Input],
+) -> bool:
+    """Run one turn, handling input meanwhile; True if the user asked to leave."""
+
+    async def show() -> None:
+        async for event in client.send(text):
             view.show(event)
-            if isinstance(event, End | Cancelled):
-                idle.set()
 
-    receiver = asyncio.create_task(pump())
+    turn = asyncio.create_task(show())
+    cancelling = leave = False
     try:
-        while True:
-            get = asyncio.create_task(lines.get())
-            done, _ = await asyncio.wait({get, receiver}, return_when=asyncio.FIRST_COMPLETED)
-            if receiver in done:
+        while not turn.done():
+            get = asyncio.ensure_future(inputs.get())
+            await asyncio.wait({turn, get}, return_when=asyncio.FIRST_COMPLETED)
+            if not get.done():
                 get.cancel()
-                receiver.result()  # ConnectionClosed → the caller reconnects
-                raise ConnectionClosed(None, None)
-            line = get.result()
-            if line is not None and line.strip() == "/cancel":
-                await ws.send(orjson.dumps({"type": "cancel"}).decode())
-                continue
-            if line is not None and not line.strip():
-                continue
-            # One turn at a time: lines typed (or piped) during a turn wait for its end.
-            waiter = asyncio.create_task(idle.wait())
-            await asyncio.wait({waiter, receiver}, return_when=asyncio.FIRST_COMPLETED)
-            waiter.cancel()
-            if receiver.done():
-                receiver.result()
-                raise ConnectionClosed(None, None)
-            if line is None:
-                return sid, last, True
-            idle.clear()
-            await ws.send(orjson.dumps({"type": "user", "content": line}).decode())
+                break
+            item = get.result()
+            if isinstance(item, _Interrupt) or item in ("/cancel", "/quit", "/exit"):
+                if cancelling and isinstance(item, _Interrupt):
+                    return True  # a second Ctrl-C: leave now
+                leave = leave or item in ("/quit", "/exit")
+                if not cancelling:
+                    cancelling = True
+                    view.out.write("\ncancelling…\n")
+                    view.out.flush()
+                    await client.cancel()
+            elif item is None:
+                waiting.append(None)  # input ended: leave once the turn is over
+            else:
+                waiting.append(item)
+        turn.result()
+        return leave
     finally:
-        receiver.cancel()
-        with contextlib.suppress(BaseException):
-            await receiver
+        if not turn.done():
+            turn.cancel()
+            with contextlib.suppress(BaseException):
+                await turn

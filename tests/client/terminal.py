@@ -1,0 +1,89 @@
+"""A command in a real pseudo-terminal, driven like a user at a keyboard.
+
+The child gets the pty as its controlling terminal, so writing ``\\x03`` is a
+real Ctrl-C: the terminal's line discipline sends SIGINT to the process, as it
+would for a person. Output is read without blocking the event loop, so the
+gateway under test can run in the same process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import pty
+import signal
+import sys
+
+__all__ = ["Terminal"]
+
+
+class Terminal:
+    """``await Terminal.start("chat", url)``: ``gateway chat`` on a pty."""
+
+    def __init__(self, pid: int, fd: int) -> None:
+        self.pid = pid
+        self.fd = fd
+        self.output = ""
+        self._data = asyncio.Event()
+        self._eof = False
+        asyncio.get_running_loop().add_reader(fd, self._on_readable)
+
+    @classmethod
+    async def start(cls, *args: str) -> Terminal:
+        argv = [sys.executable, "-m", "gateway.cli", *args]
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "TERM": "dumb"}
+        pid, fd = pty.fork()
+        if pid == 0:  # the child: become the command
+            try:
+                os.execvpe(argv[0], argv, env)
+            finally:
+                os._exit(127)
+        return cls(pid, fd)
+
+    def _on_readable(self) -> None:
+        try:
+            data = os.read(self.fd, 65536)
+        except OSError:
+            data = b""
+        if not data:
+            self._eof = True
+            asyncio.get_running_loop().remove_reader(self.fd)
+        self.output += data.decode(errors="replace").replace("\r\n", "\n")
+        self._data.set()
+
+    async def expect(self, text: str, timeout: float = 20.0) -> None:
+        """Wait until ``text`` has been printed (from the start of the session)."""
+        async with asyncio.timeout(timeout):
+            while text not in self.output:
+                if self._eof:
+                    raise AssertionError(f"exited before printing {text!r}:\n{self.output}")
+                self._data.clear()
+                await self._data.wait()
+
+    def type(self, text: str) -> None:
+        os.write(self.fd, text.encode())
+
+    async def wait(self, timeout: float = 20.0) -> int:
+        """The exit status (waits for it without blocking the loop)."""
+        async with asyncio.timeout(timeout):
+            while True:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+                if pid:
+                    self.close()
+                    return os.waitstatus_to_exitcode(status)
+                await asyncio.sleep(0.05)  # polling a child's exit: no event to await
+
+    def close(self) -> None:
+        loop = asyncio.get_running_loop()
+        if not self._eof:
+            loop.remove_reader(self.fd)
+            self._eof = True
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+            os.waitpid(self.pid, 0)
+        except (ProcessLookupError, ChildProcessError):
+            pass
+        try:
+            os.close(self.fd)
+        except OSError:
+            pass

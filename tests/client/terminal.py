@@ -9,6 +9,7 @@ gateway under test can run in the same process.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import pty
 import signal
@@ -66,12 +67,9 @@ class Terminal:
     async def wait(self, timeout: float = 20.0) -> int:
         """The exit status (waits for it without blocking the loop)."""
         async with asyncio.timeout(timeout):
-            while True:
-                pid, status = os.waitpid(self.pid, os.WNOHANG)
-                if pid:
-                    self.close()
-                    return os.waitstatus_to_exitcode(status)
-                await asyncio.sleep(0.05)  # polling a child's exit: no event to await
+            _, status = await asyncio.to_thread(os.waitpid, self.pid, 0)
+        self.close()
+        return os.waitstatus_to_exitcode(status)
 
     def close(self) -> None:
         loop = asyncio.get_running_loop()
@@ -83,7 +81,5 @@ class Terminal:
             os.waitpid(self.pid, 0)
         except (ProcessLookupError, ChildProcessError):
             pass
-        try:
+        with contextlib.suppress(OSError):
             os.close(self.fd)
-        except OSError:
-            pass

@@ -63,7 +63,7 @@ from gateway.client.dial import (
     normalize_url,
     open_connection,
 )
-from gateway.client.stream import REFUSAL_CODES, SeqVerdict, TurnTracker, classify_seq
+from gateway.client.stream import METRIC_GRACE, REFUSAL_CODES, SeqVerdict, TurnTracker, classify_seq
 from protocol.events import (
     Call,
     Cancel,
@@ -135,7 +135,7 @@ class Client:
         token: str | None = None,
         session_id: str | None = None,
         after: int | None = None,
-        metric_grace: float = 0.5,
+        metric_grace: float = METRIC_GRACE,
         reconnect_timeout: float = 60.0,
         backoff_initial: float = 0.1,
         backoff_max: float = 5.0,

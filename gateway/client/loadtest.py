@@ -15,10 +15,10 @@ decoded again for their ``code``. Per event it does that decode, a ``seq``
 check and one sample.
 
 What is checked: the first frame is ``session``; ``seq`` is contiguous per
-session (a gap or a repeat is an error; an ``error`` reply to the client's own
-frame is not logged and repeats the last ``seq``, which is allowed); a turn
-ends with ``end`` and the ``metric`` after it (``metric`` then ``end`` when the
-model stopped without ``<end>``; ``end`` alone after an ``error``). See
+session and a turn ends by the rules every client of this package shares
+(``gateway.client.stream``: ``check_seq`` and ``TurnTracker``). Unlike
+``Client``, the load test reports faults instead of repairing them: a gap, a
+repeat or a dropped connection is counted, never resumed. See
 ``gateway.client.report`` for what is measured and how it is reported.
 
 Entry points: ``run_loadtest(config)`` (programmatic), ``LoadTest`` (the same,
@@ -32,13 +32,13 @@ import argparse
 import asyncio
 import contextlib
 import datetime
-import inspect
+import os
 import resource
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Final, Literal, NoReturn, Protocol, TextIO
+from typing import Final, Literal, NoReturn, Protocol, TextIO
 
 import msgspec
 from websockets.asyncio.client import ClientConnection, connect
@@ -49,6 +49,7 @@ from websockets.exceptions import (
     InvalidURI,
 )
 
+from gateway.client.dial import NO_PROXY
 from gateway.client.report import (
     DEFAULT_SAMPLE_CAP,
     LoadTestReport,
@@ -56,6 +57,7 @@ from gateway.client.report import (
     encode_report,
     format_report,
 )
+from gateway.client.stream import METRIC_GRACE, TurnTracker, check_seq
 
 __all__ = [
     "MAX_SESSIONS",
@@ -82,11 +84,6 @@ _CONTENT: Final = frozenset({"think", "respond", "call"})
 _NOTICE_CODES: Final = frozenset({"store", "log_trimmed"})
 # Files besides the sessions' sockets (stdio, the event loop, imports, margin).
 _FD_MARGIN: Final = 64
-# websockets >= 15 reads proxy settings from the environment; a load test of a
-# loopback gateway must never go through a proxy.
-_NO_PROXY: Final[dict[str, Any]] = (
-    {"proxy": None} if "proxy" in inspect.signature(connect.__init__).parameters else {}
-)
 
 ProgressMode = Literal["off", "bar", "lines"]
 
@@ -211,28 +208,6 @@ class _ErrorProbe(msgspec.Struct):
 _probe_decoder: Final = msgspec.json.Decoder(_Probe)
 _error_decoder: Final = msgspec.json.Decoder(_ErrorProbe)
 _DECODE_ERRORS: Final = (msgspec.DecodeError, msgspec.ValidationError)
-
-
-def check_seq(kind: str, seq: int, last: int, seq_from: int = -1) -> tuple[int, str | None]:
-    """Check one event's ``seq`` against the last one of the session.
-
-    Returns the new last seq and the problem, if any: ``seq_gap`` (events were
-    skipped; the check resumes after ``seq``) or ``seq_duplicate`` (a seq seen
-    again or going back). An ``error`` event with a seq not above ``last`` is a
-    reply to the client's own frame (not logged: it carries the last seq) and
-    is fine. A coalesced frame (``seq_from`` set) must start right after
-    ``last`` and covers ``seq_from..seq``.
-    """
-    first = seq if seq_from < 0 else seq_from
-    if seq_from > seq:
-        return max(last, seq), "seq_duplicate"
-    if first == last + 1:
-        return seq, None
-    if first > last + 1:
-        return seq, "seq_gap"
-    if kind == "error" and seq_from < 0 and seq <= last:
-        return last, None
-    return max(last, seq), "seq_duplicate"
 
 
 def sized_message(base: str, chars: int) -> str:
@@ -464,7 +439,7 @@ class LoadTest:
                 ping_interval=None,
                 close_timeout=cfg.close_timeout,
                 max_size=cfg.max_frame,
-                **_NO_PROXY,
+                **NO_PROXY,
             )
         except InvalidStatus as exc:
             response = exc.response
@@ -511,9 +486,9 @@ class LoadTest:
         gap = self.gap.add
         decode = _probe_decoder.decode
         now = time.perf_counter
-        failed = had_error = saw_end = False
+        failed = False
         first = first_token = True
-        prev = ""
+        tracker = TurnTracker()
         t = prev_t = t_send = now()
         try:
             recv = ws.recv
@@ -522,7 +497,14 @@ class LoadTest:
                 if observer is not None:
                     observer.turn_started(index, turn, t_send)
                 while True:
-                    data = await recv(decode=False)
+                    if tracker.closing:  # a metric may follow the closing event, or not
+                        try:
+                            async with asyncio.timeout(METRIC_GRACE):
+                                data = await recv(decode=False)
+                        except TimeoutError:
+                            break
+                    else:
+                        data = await recv(decode=False)
                     t = now()
                     c.events += 1
                     c.bytes += len(data)
@@ -553,32 +535,27 @@ class LoadTest:
                     prev_t = t
                     if observer is not None:
                         observer.event(index, turn, kind, data, t)
+                    code = ""
                     if kind in _CONTENT:
                         if first_token:
                             first_token = False
                             self.ttft.add(t - t_send)
-                    elif kind == "metric":
-                        if saw_end:
-                            break
-                    elif kind == "end":
-                        if had_error or prev == "metric":
-                            break
-                        saw_end = True
                     elif kind == "error":
                         try:
                             err = _error_decoder.decode(data)
                         except _DECODE_ERRORS:
                             err = _ErrorProbe()
-                        self._error(f"error_{err.code or 'unknown'}", err.content)
-                        if err.code not in _NOTICE_CODES:
-                            had_error = failed = True
+                        code = err.code
+                        self._error(f"error_{code or 'unknown'}", err.content)
+                        if code not in _NOTICE_CODES:
+                            failed = True
                     elif kind == "cancelled":
                         self._error("cancelled", "the turn was cancelled (by another client?)")
                         failed = True
-                        break
                     elif kind == "interrupt":
                         self._error("interrupt", "the turn was interrupted and is being rerun")
-                    prev = kind
+                    if tracker.ends_before(kind) or tracker.feed(kind, code):
+                        break
         except TimeoutError:
             c.turns_failed += 1
             self._error("turn_timeout", f"turn not finished within {self.config.turn_timeout:g}s")
@@ -833,7 +810,14 @@ async def run_loadtest_cli(ns: argparse.Namespace) -> int:
         )
         return 2
     report = await LoadTest(config).run()
-    print(format_report(report), flush=True)
+    try:
+        print(format_report(report), flush=True)
+    except BrokenPipeError:
+        # `gateway loadtest | head`: the reader left. Point stdout at /dev/null so
+        # the interpreter's final flush does not raise (and print a traceback).
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
     if ns.json_path:
         try:
             await asyncio.to_thread(Path(ns.json_path).write_bytes, encode_report(report))

@@ -35,6 +35,7 @@ from enum import Enum
 from typing import Final
 
 __all__ = [
+    "METRIC_GRACE",
     "REFUSAL_CODES",
     "TURN_ENDING_ERROR_CODES",
     "SeqVerdict",
@@ -42,6 +43,9 @@ __all__ = [
     "check_seq",
     "classify_seq",
 ]
+
+METRIC_GRACE: Final = 0.5
+"""Seconds a client waits for the metric after a closing event before calling the turn over."""
 
 TURN_ENDING_ERROR_CODES: Final = frozenset({"upstream", "internal", "malformed_execute"})
 """Logged ``error`` codes that stop the running turn (``store``/``log_trimmed`` do not)."""

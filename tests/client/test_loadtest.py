@@ -11,6 +11,7 @@ import argparse
 import asyncio
 import contextlib
 import io
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
@@ -567,3 +568,16 @@ def test_the_report_table_lists_errors() -> None:
     text = format_report(asyncio.run(go()))
     assert "connect_refused" in text
     assert "connected 0/1" in text
+
+
+async def test_a_closed_pipe_gives_no_traceback(gateway_url: str) -> None:
+    # `gateway loadtest URL | true`: the reader is gone before the report is written.
+    proc = await asyncio.create_subprocess_shell(
+        f"{sys.executable} -m gateway.cli loadtest {gateway_url} --quiet --sessions 2 | true",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 30)
+    assert out == b""
+    assert "Traceback" not in err.decode()
+    assert "BrokenPipe" not in err.decode()

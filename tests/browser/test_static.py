@@ -17,6 +17,8 @@ from tests.browser.conftest import StartGateway
         ("/", "text/html; charset=utf-8", b"<!doctype html>"),
         ("/static/app.js", "text/javascript; charset=utf-8", b"window.rtgw"),
         ("/static/style.css", "text/css; charset=utf-8", b":root"),
+        ("/client.js", "text/javascript; charset=utf-8", b"export class Client"),
+        ("/client.d.ts", "text/plain; charset=utf-8", b"export class Client"),
     ],
 )
 def test_known_paths_are_served(path: str, content_type: str, marker: bytes) -> None:

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
+import orjson
 import pytest
 
 from gateway.client import Client, Refused, Unreachable
 from gateway.client.loadtest import sized_message
 from protocol.events import Cancelled, End, Event, Metric, Respond, User
 from tests.client.proxy import TcpProxy
+from tests.client.scripted import tool_server
 from tests.gateway.conftest import GatewayFactory
 from tests.support.redis_server import free_port
 
@@ -101,3 +104,34 @@ async def test_a_resumed_client_gets_the_rest_of_the_session(
             nxt = [e async for e in two.send("next")]
             assert isinstance(nxt[0], User)
             assert two.last_seq == nxt[-1].seq
+
+
+async def test_client_tools_answer_calls_that_run_on_the_client() -> None:
+    async with tool_server() as url, Client(url) as client:
+
+        @client.tool
+        async def shout(args: dict[str, Any]) -> str:
+            return str(args["text"]).upper()
+
+        events = [e async for e in client.send("use the tool")]
+    answer = "".join(e.content for e in events if isinstance(e, Respond))
+    # The scripted server answers with the exact frame the client sent it.
+    assert orjson.loads(answer) == {
+        "type": "tool_result",
+        "id": "c1",
+        "status": "success",
+        "content": "HI",
+    }
+
+
+async def test_a_failing_or_unknown_client_tool_answers_failure() -> None:
+    async with tool_server() as url, Client(url) as client:
+
+        @client.tool(name="shout")
+        def broken(args: dict[str, Any]) -> str:
+            raise ValueError("no shouting here")
+
+        events = [e async for e in client.send("use the tool")]
+    answer = orjson.loads("".join(e.content for e in events if isinstance(e, Respond)))
+    assert answer["status"] == "failure"
+    assert answer["content"] == "ValueError: no shouting here"

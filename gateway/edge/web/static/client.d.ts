@@ -1,0 +1,97 @@
+// Types of realtime-gateway's JavaScript client (client.js). Events follow the
+// gateway's client protocol (README "Client protocol").
+
+interface EventBase {
+  seq: number;
+  timestamp: number;
+}
+export interface SessionEvent extends EventBase {
+  type: "session";
+  session_id: string;
+  resumed: boolean;
+  provider: string;
+  node: string;
+}
+export interface UserEvent extends EventBase { type: "user"; content: string }
+export interface ThinkEvent extends EventBase { type: "think"; content: string; seq_from?: number }
+export interface RespondEvent extends EventBase { type: "respond"; content: string; seq_from?: number }
+export interface CallEvent extends EventBase { type: "call"; content: string }
+export interface ExecuteEvent extends EventBase { type: "execute" }
+export interface ResultEvent extends EventBase {
+  type: "result";
+  content: string;
+  payload: { tools_executed: number; success_count: number; failure_count: number };
+}
+export interface EndEvent extends EventBase { type: "end" }
+export interface Usage { input: number; output: number }
+export interface MetricEvent extends EventBase { type: "metric"; step: Usage; total: Usage }
+export interface ErrorEvent extends EventBase { type: "error"; code: string; content: string }
+export interface InterruptEvent extends EventBase { type: "interrupt"; content: string }
+export interface CancelledEvent extends EventBase { type: "cancelled"; content: string }
+
+export type GatewayEvent =
+  | UserEvent | ThinkEvent | CallEvent | ExecuteEvent | ResultEvent | RespondEvent
+  | EndEvent | MetricEvent | ErrorEvent | InterruptEvent | CancelledEvent;
+
+/** A client tool: gets the call's args, returns the result's content (JSON-encodable). */
+export type ToolHandler = (args: Record<string, unknown>) => unknown | Promise<unknown>;
+
+export interface ClientOptions {
+  /** API key: a Bearer header in Node, ?token= in browsers. */
+  token?: string;
+  /** Resume this session after seq `after`. */
+  sessionId?: string;
+  after?: number;
+  /** ms to wait for the metric after end/cancelled (default 500). */
+  metricGrace?: number;
+  /** ms of failed reconnecting before ConnectionLostError (default 60000). */
+  reconnectTimeout?: number;
+  /** Reconnect delays in ms, doubled per attempt, with jitter (defaults 100, 5000). */
+  backoffInitial?: number;
+  backoffMax?: number;
+  /** ms for a handshake and its session frame (default 10000). */
+  openTimeout?: number;
+  /** A WebSocket constructor to use instead of the built-in transport. */
+  WebSocket?: new (url: string) => WebSocket;
+  onConnect?: (session: SessionEvent) => void;
+  onDisconnect?: (reason: string) => void;
+}
+
+export class ClientError extends Error {}
+/** status 0: a browser, which cannot read a refused handshake's status. */
+export class RefusedError extends ClientError {
+  status: number;
+  serverMessage: string;
+}
+export class UnreachableError extends ClientError {}
+export class ConnectionLostError extends ClientError {}
+
+export class Client {
+  constructor(url: string, options?: ClientOptions);
+  readonly url: string;
+  readonly sessionId: string | null;
+  /** The seq of the last logged event received (what a resume asks `after`). */
+  readonly lastSeq: number;
+  readonly session: SessionEvent | null;
+  readonly connected: boolean;
+  readonly reconnects: number;
+  connect(): Promise<void>;
+  /** A turn's events, from the echo of `text` to the turn's end; each exactly once. */
+  send(text: string): AsyncGenerator<GatewayEvent, void, undefined>;
+  cancel(): Promise<void>;
+  tool(name: string, handler: ToolHandler): this;
+  close(): void;
+  /** Test hook: drop the connection as a network failure would. */
+  dropConnection(): void;
+}
+
+export class TurnTracker {
+  closing: boolean;
+  done: boolean;
+  endsBefore(type: string): boolean;
+  feed(type: string, code?: string): boolean;
+}
+export function classifySeq(
+  type: string, seq: number, last: number, seqFrom?: number,
+): "new" | "reply" | "duplicate" | "gap";
+export function normalizeUrl(url: string): string;

@@ -1,0 +1,139 @@
+// The JavaScript client against a live gateway (started by tests/client/test_js_client.py).
+// GATEWAY_URL: a gateway with a paced simulator; TOOL_SERVER_URL: a scripted server
+// that asks for a client tool; FREE_PORT: nothing listens there.
+import assert from "node:assert/strict";
+import { test } from "node:test";
+
+import {
+  Client,
+  RefusedError,
+  TurnTracker,
+  UnreachableError,
+  classifySeq,
+  normalizeUrl,
+} from "../../../gateway/edge/web/static/client.js";
+
+const URL = process.env.GATEWAY_URL;
+
+function assertContiguous(events, first) {
+  let expected = first;
+  for (const ev of events) {
+    const start = ev.seq_from ?? ev.seq;
+    assert.equal(start, expected, `${ev.type} starts at ${start}, expected ${expected}`);
+    expected = ev.seq + 1;
+  }
+}
+
+const answerOf = (events) => events.filter((e) => e.type === "respond").map((e) => e.content).join("");
+
+function sized(base, chars) {
+  return `${base} `.repeat(Math.ceil(chars / (base.length + 1))).slice(0, chars);
+}
+
+test("a turn yields its events from the user echo to the metric", async () => {
+  const c = new Client(URL);
+  await c.connect();
+  try {
+    const events = [];
+    for await (const ev of c.send("hello")) events.push(ev);
+    assert.equal(events[0].type, "user");
+    assert.equal(answerOf(events), "Echo: hello");
+    assert.deepEqual(events.slice(-2).map((e) => e.type), ["end", "metric"]);
+    assert.equal(c.lastSeq, events.at(-1).seq);
+  } finally {
+    c.close();
+  }
+});
+
+test("a turn completes through two dropped connections, every event once", async () => {
+  const c = new Client(URL, { backoffInitial: 10 });
+  await c.connect();
+  try {
+    const message = sized("resume me", 400);
+    const before = c.lastSeq;
+    const events = [];
+    let responds = 0;
+    for await (const ev of c.send(message)) {
+      events.push(ev);
+      if (ev.type === "respond" && [5, 40].includes(++responds)) c.dropConnection();
+    }
+    assert.equal(c.reconnects, 2);
+    assertContiguous(events, before + 1);
+    assert.equal(answerOf(events), `Echo: ${message}`);
+    assert.equal(events.at(-1).type, "metric");
+  } finally {
+    c.close();
+  }
+});
+
+test("cancel ends the turn with cancelled, and the next turn runs", async () => {
+  const c = new Client(URL);
+  await c.connect();
+  try {
+    const events = [];
+    for await (const ev of c.send(sized("long", 2000))) {
+      events.push(ev);
+      if (ev.type === "respond" && events.filter((e) => e.type === "respond").length === 1) {
+        await c.cancel();
+      }
+    }
+    assert.equal(events.at(-1).type, "cancelled");
+    const next = [];
+    for await (const ev of c.send("again")) next.push(ev);
+    assert.equal(answerOf(next), "Echo: again");
+  } finally {
+    c.close();
+  }
+});
+
+test("nothing listening fails at once with a clear message", async () => {
+  const c = new Client(`ws://127.0.0.1:${process.env.FREE_PORT}/v1/realtime`);
+  await assert.rejects(c.connect(), (err) => err instanceof UnreachableError && /gateway serve/.test(err.message));
+});
+
+test("an unknown session is a final refusal with the server's text", async () => {
+  const c = new Client(URL, { sessionId: "nope", after: 0 });
+  await assert.rejects(c.connect(), (err) => err instanceof RefusedError && err.status === 404 && err.serverMessage.length > 0);
+});
+
+test("client tools answer calls that run on the client", async () => {
+  const c = new Client(process.env.TOOL_SERVER_URL);
+  c.tool("shout", ({ text }) => String(text).toUpperCase());
+  await c.connect();
+  try {
+    const events = [];
+    for await (const ev of c.send("use the tool")) events.push(ev);
+    // The scripted server echoes the tool_result it received as the answer.
+    const answer = JSON.parse(answerOf(events));
+    assert.deepEqual(answer, { type: "tool_result", id: "c1", status: "success", content: "HI" });
+  } finally {
+    c.close();
+  }
+});
+
+test("pure rules: seq verdicts, turn ends, URLs", () => {
+  assert.equal(classifySeq("think", 5, 4), "new");
+  assert.equal(classifySeq("respond", 9, 4, 5), "new");
+  assert.equal(classifySeq("respond", 9, 6, 5), "gap");
+  assert.equal(classifySeq("think", 4, 4), "duplicate");
+  assert.equal(classifySeq("error", 4, 4), "reply");
+  assert.equal(classifySeq("think", 7, 4), "gap");
+  const shapes = [
+    [["user", "respond", "end", "metric"], 3],
+    [["user", "respond", "metric", "end"], 3],
+    [["user", "error:upstream", "end"], 2],
+    [["user", "error:upstream", "metric"], 2],
+  ];
+  for (const [kinds, at] of shapes) {
+    const t = new TurnTracker();
+    const ends = kinds.map((k) => t.feed(...k.split(":")));
+    assert.equal(ends.indexOf(true), at, kinds.join(","));
+  }
+  const t = new TurnTracker();
+  t.feed("user");
+  t.feed("cancelled");
+  assert.ok(t.closing && !t.done);
+  assert.ok(t.endsBefore("user"));
+  assert.equal(normalizeUrl("http://h:1"), "ws://h:1/v1/realtime");
+  assert.equal(normalizeUrl("h:1/x"), "ws://h:1/x");
+});

@@ -73,9 +73,12 @@ def page(browser: Browser, console_allowed: list[str]) -> Iterator[Page]:
 
 
 def open_page(page: Page, node: NodeProcess, token: str = "") -> None:
+    """Load the page: it connects by itself, or asks for the key when one is needed."""
     page.goto(f"{node.http}/")
-    page.get_by_label("API key").fill(token)
-    page.get_by_role("button", name="Connect", exact=True).click()
+    if token:
+        expect(page.locator(".marker").last).to_contain_text("API key required")
+        page.get_by_label("API key").fill(token)
+        page.get_by_role("button", name="Connect", exact=True).click()
     page.wait_for_function("() => window.rtgw.state === 'connected'")
     expect(page.locator("#state")).to_have_text("connected")
 
@@ -223,8 +226,9 @@ def _keys_file(tmp_path: Path, key: str) -> Path:
 
 
 def test_the_api_key_field_authenticates(
-    page: Page, start_gateway: StartGateway, tmp_path: Path
+    page: Page, start_gateway: StartGateway, tmp_path: Path, console_allowed: list[str]
 ) -> None:
+    console_allowed.append(r"WebSocket connection to .* failed")  # before the key is typed
     key = "rtgw_page-test-key"
     node = start_gateway("--api-keys-file", str(_keys_file(tmp_path, key)))
     open_page(page, node, token=key)
@@ -242,7 +246,49 @@ def test_a_refused_connection_is_explained(
     console_allowed.append(r"WebSocket connection to .* failed")  # the browser logs each refusal
     node = start_gateway("--api-keys-file", str(_keys_file(tmp_path, "rtgw_right-key")))
     page.goto(f"{node.http}/")
+    expect(page.locator(".marker").last).to_contain_text("API key required")
     page.get_by_label("API key").fill("rtgw_wrong-key")
     page.get_by_role("button", name="Connect", exact=True).click()
-    expect(page.locator(".marker")).to_contain_text("refuses")
+    expect(page.locator(".marker").last).to_contain_text("refuses")
     assert page.evaluate("window.rtgw.connections") == 0
+
+
+def test_a_key_is_asked_for_once_and_retries_stop(
+    page: Page, start_gateway: StartGateway, tmp_path: Path, console_allowed: list[str]
+) -> None:
+    console_allowed.append(r"WebSocket connection to .* failed")
+    node = start_gateway("--api-keys-file", str(_keys_file(tmp_path, "rtgw_right-key")))
+    page.goto(f"{node.http}/")
+    expect(page.locator(".marker").last).to_have_text(
+        "API key required: enter it above and press Connect."
+    )
+    expect(page.locator("#state")).to_have_text("disconnected")
+    expect(page.get_by_role("button", name="Connect", exact=True)).to_be_enabled()
+    assert page.evaluate("window.rtgw.connections") == 0
+
+
+def test_first_hour_view(page: Page, start_gateway: StartGateway) -> None:
+    node = start_gateway()
+    page.goto(f"{node.http}/")
+    # A welcome hint says what to type, and the page connected by itself.
+    expect(page.locator(".welcome")).to_contain_text('/tool list {"path": "."}')
+    page.wait_for_function("() => window.rtgw.state === 'connected'")
+    # Markdown in answers, safely: markup becomes elements, HTML stays text.
+    send(page, "**bold** and `code` <img src=x onerror=alert(1)>")
+    respond = page.locator(".respond")
+    expect(respond.locator("strong")).to_have_text("bold")
+    expect(respond.locator("code")).to_have_text("code")
+    expect(respond).to_contain_text("<img src=x onerror=alert(1)>")
+    assert page.locator(".respond img").count() == 0
+    expect(page.locator(".welcome")).to_have_count(0)
+    # Per-turn tokens and time to first token.
+    expect(page.locator(".turn-stats")).to_contain_text("first token")
+    expect(page.locator(".turn-stats")).to_contain_text("tokens")
+    # Tool results are collapsed to a line and expand to the whole result.
+    send(page, '/tool list {"path": "."}')
+    item = page.locator(".result .tool-item")
+    expect(item).to_have_count(1)
+    assert item.evaluate("(d) => d.open") is False
+    item.locator("summary").click()
+    assert item.evaluate("(d) => d.open") is True
+    expect(item.locator(".tool-output")).to_be_visible()

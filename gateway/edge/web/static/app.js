@@ -1,20 +1,18 @@
-// realtime-gateway browser client: plain JS, no dependencies, no build step.
+// realtime-gateway browser page, built on the JavaScript client (/client.js).
 //
-// The page keeps the last seq it applied. Every (re)connection after the first
-// passes ?session_id=&after=LASTSEQ, the gateway replays the log after it, and
-// events with a seq already applied are dropped, so a dropped socket, a node
-// drain (close 1012) or a page reload never loses or doubles text.
-"use strict";
+// The client keeps the session alive: it reconnects with session_id and
+// after=lastSeq, drops what it already delivered and refills gaps, so a
+// dropped socket, a node drain (close 1012) or a page reload (the tab keeps its
+// session id and replays from seq 0) never loses or doubles text. This file
+// only renders: every delivered event arrives once, in order, via onEvent.
+import { Client, ClientError, RefusedError } from "/client.js";
 
 (() => {
   const WS_PATH = "/v1/realtime";
   const KEY_SESSION = "rtgw.sessionId";
   const KEY_TOKEN = "rtgw.token"; // sessionStorage: per tab, gone when the tab closes
-  const SHOW_CHARS = 400; // tool args/results longer than this are truncated
-  const BACKOFF_MS = [250, 500, 1000, 2000, 4000, 8000];
-  const CLOSE_DROPPED = 4000; // we closed to resync (seq gap, test hook): reconnect
-  const CLOSE_SERVICE_RESTART = 1012; // node draining or session moved
-  const REFUSALS_BEFORE_NOTICE = 3;
+  const SHOW_CHARS = 400; // tool args longer than this are truncated
+  const RESULT_CHARS = 20000; // an expanded tool result shows at most this much
 
   const $ = (id) => document.getElementById(id);
   const ui = {
@@ -37,115 +35,90 @@
   // ------------------------------------------------------------ state
 
   const conn = {
-    ws: null,
+    client: null,
     state: "disconnected", // connecting | connected | reconnecting | disconnected
     wanted: false, // the user asked for a connection (Connect, not Disconnect)
     sessionId: sessionStorage.getItem(KEY_SESSION),
     lastSeq: 0, // last logged seq applied to the view
     seqs: [], // every logged seq applied, in order (tests check it is contiguous)
     connections: 0, // session frames received: > 1 means we reconnected
-    attempt: 0,
-    refusals: 0,
-    timer: 0,
     turnRunning: false,
     awaitingEcho: false, // a user message was sent and its logged echo has not come
   };
 
   // The current turn's DOM, and the nodes of the model step in progress: an
   // interrupt means that step is rerun, so exactly those nodes are removed.
-  const view = { turn: null, step: [], kind: "", text: null };
+  const view = { turn: null, step: [], kind: "", text: null, respond: null, stats: null };
 
   // ------------------------------------------------------------ connection
 
   function socketUrl() {
-    const params = new URLSearchParams();
-    if (conn.sessionId) {
-      params.set("session_id", conn.sessionId);
-      params.set("after", String(conn.lastSeq));
-    }
-    const token = ui.token.value.trim();
-    if (token) params.set("token", token);
     const scheme = location.protocol === "https:" ? "wss:" : "ws:";
-    const query = params.toString();
-    return `${scheme}//${location.host}${WS_PATH}${query ? `?${query}` : ""}`;
+    return `${scheme}//${location.host}${WS_PATH}`;
   }
 
-  function connect() {
-    clearTimeout(conn.timer);
-    conn.timer = 0;
+  async function connect() {
+    if (conn.client) return;
     conn.wanted = true;
-    const ws = new WebSocket(socketUrl());
-    let opened = false;
-    conn.ws = ws;
+    const token = ui.token.value.trim();
+    const client = new Client(socketUrl(), {
+      token: token || undefined,
+      sessionId: conn.sessionId ?? undefined,
+      after: conn.sessionId ? conn.lastSeq : undefined,
+      onEvent: (ev, logged) => {
+        if (client === conn.client) receive(ev, logged);
+      },
+      onConnect: (session) => {
+        if (client !== conn.client) return;
+        if (conn.sessionId && session.session_id !== conn.sessionId) resetView();
+        conn.sessionId = session.session_id;
+        sessionStorage.setItem(KEY_SESSION, session.session_id);
+        conn.connections += 1;
+        setState("connected");
+      },
+      onDisconnect: () => {
+        if (client !== conn.client) return;
+        conn.awaitingEcho = false; // the message may or may not be logged: the replay tells
+        setState("reconnecting");
+      },
+      onError: (err) => {
+        if (client === conn.client) failed(err);
+      },
+    });
+    conn.client = client;
     setState(conn.connections ? "reconnecting" : "connecting");
-    // Handlers check `ws === conn.ws`: a replaced socket's late events are ignored.
-    ws.onopen = () => {
-      opened = true;
-    };
-    ws.onmessage = (msg) => {
-      if (ws === conn.ws) receive(msg.data);
-    };
-    ws.onclose = (ev) => {
-      if (ws === conn.ws) closed(ev, opened);
-    };
+    try {
+      await client.connect();
+    } catch (err) {
+      if (client === conn.client) failed(err);
+    }
   }
 
-  function closed(ev, opened) {
-    conn.ws = null;
-    conn.awaitingEcho = false; // the message may or may not be logged: the replay tells
-    if (!conn.wanted) {
-      setState("disconnected");
-      return;
-    }
-    if (ev.code === CLOSE_SERVICE_RESTART) {
-      // Every client of a draining node comes back at once: spread them a little.
-      reconnectIn(Math.random() * 500);
-    } else if (!opened) {
-      checkRefusal();
+  // The client gave up: say why in one line and stop (the user decides what to change).
+  function failed(err) {
+    const client = conn.client;
+    conn.client = null;
+    conn.wanted = false;
+    client?.close();
+    if (err instanceof RefusedError && err.status === 0 && !ui.token.value.trim()) {
+      addNote("marker", "API key required: enter it above and press Connect.");
+      ui.token.focus();
+    } else if (err instanceof RefusedError) {
+      const hint = conn.sessionId
+        ? "check the API key, or press New session if this session expired"
+        : "check the API key";
+      addNote("marker", `The gateway refuses the connection: ${hint}.`);
     } else {
-      reconnectIn(backoff());
+      addNote("marker", `Disconnected: ${err instanceof ClientError ? err.message : String(err)}`);
     }
-  }
-
-  // A browser cannot read the HTTP status of a refused handshake. If the node
-  // answers /healthz but keeps refusing us, the API key is wrong (401/403) or
-  // the session expired (404) — or the store is briefly down (503), so the
-  // view is kept and retries go on; the user decides what to change.
-  function checkRefusal() {
-    fetch("/healthz", { cache: "no-store" })
-      .then((r) => {
-        if (r.ok && ++conn.refusals === REFUSALS_BEFORE_NOTICE) {
-          const hint = conn.sessionId
-            ? "check the API key, or press New session if this session expired"
-            : "check the API key";
-          addNote("marker", `The gateway refuses the connection: ${hint}. Still retrying.`);
-        }
-      })
-      .catch(() => {})
-      .finally(() => {
-        if (conn.wanted && !conn.ws) reconnectIn(backoff());
-      });
-  }
-
-  function backoff() {
-    const base = BACKOFF_MS[Math.min(conn.attempt, BACKOFF_MS.length - 1)];
-    conn.attempt += 1;
-    return base * (0.8 + Math.random() * 0.4); // jitter: no reconnect herd
-  }
-
-  function reconnectIn(ms) {
-    clearTimeout(conn.timer);
-    setState("reconnecting", `in ${(ms / 1000).toFixed(1)} s`);
-    conn.timer = setTimeout(connect, ms);
+    setState("disconnected");
   }
 
   function disconnect() {
     conn.wanted = false;
-    clearTimeout(conn.timer);
-    conn.timer = 0;
-    const ws = conn.ws;
-    conn.ws = null;
-    if (ws) ws.close(1000, "closed by the user");
+    const client = conn.client;
+    conn.client = null;
+    client?.close();
     setState("disconnected");
   }
 
@@ -163,61 +136,54 @@
     if (wanted) connect();
   }
 
-  function sendFrame(frame) {
-    if (!conn.ws || conn.state !== "connected") return false;
-    conn.ws.send(JSON.stringify(frame));
+  function sendTurn(content) {
+    const client = conn.client;
+    if (!client || conn.state !== "connected") return false;
+    // Rendering happens in onEvent; iterating drives the turn and ends with it.
+    (async () => {
+      try {
+        for await (const _ev of client.send(content)) {
+          // rendered by receive()
+        }
+      } catch {
+        // onError reports it
+      } finally {
+        conn.awaitingEcho = false;
+        updateControls();
+      }
+    })();
     return true;
   }
 
   // ------------------------------------------------------------ events
 
-  function receive(data) {
-    let ev;
-    try {
-      ev = JSON.parse(data);
-    } catch {
-      return;
-    }
-    if (ev.type === "session") {
-      onSession(ev);
-    } else if (ev.seq === conn.lastSeq + 1) {
+  function receive(ev, logged) {
+    if (logged) {
       conn.lastSeq = ev.seq;
       conn.seqs.push(ev.seq);
       render(ev);
-    } else if (ev.seq > conn.lastSeq) {
-      // A gap: never render past it. Reconnecting replays from lastSeq.
-      conn.ws.close(CLOSE_DROPPED, "seq gap");
-      return;
     } else if (ev.type === "error") {
       // Not logged: a reply to one of our frames, stamped with the last seq.
       conn.awaitingEcho = false;
       addError(ev);
-    } // else: a duplicate of something already shown
+    }
     updateStatus();
-  }
-
-  function onSession(ev) {
-    if (conn.sessionId && ev.session_id !== conn.sessionId) resetView();
-    conn.sessionId = ev.session_id;
-    sessionStorage.setItem(KEY_SESSION, ev.session_id);
-    conn.connections += 1;
-    conn.attempt = 0;
-    conn.refusals = 0;
-    setState("connected");
   }
 
   function render(ev) {
     switch (ev.type) {
       case "user":
-        startTurn(ev.content);
+        startTurn(ev);
         conn.awaitingEcho = false;
         setRunning(true);
         break;
       case "think":
       case "respond":
+        firstToken(ev);
         appendText(ev.type, ev.content);
         break;
       case "call":
+        firstToken(ev);
         addCall(ev.content);
         break;
       case "result":
@@ -225,9 +191,11 @@
         break;
       case "end":
         view.kind = "";
+        renderMarkdown();
         setRunning(false);
         break;
       case "cancelled":
+        renderMarkdown();
         addNote("marker cancelled", "Cancelled.");
         setRunning(false);
         break;
@@ -241,10 +209,34 @@
         break;
       case "metric":
         ui.tokens.textContent = `${ev.total.input} in / ${ev.total.output} out`;
+        turnTokens(ev);
         break;
       default: // execute, and types a newer gateway may add
         break;
     }
+  }
+
+  // Per-turn figures, from the server's timestamps (so a replayed turn shows the same).
+  function firstToken(ev) {
+    const stats = view.stats;
+    if (!stats || stats.ttftMs !== null) return;
+    stats.ttftMs = Math.max(0, Math.round((ev.timestamp - stats.start) * 1000));
+    showStats();
+  }
+
+  function turnTokens(ev) {
+    const stats = view.stats;
+    if (!stats) return;
+    stats.input += ev.step.input;
+    stats.output += ev.step.output;
+    showStats();
+  }
+
+  function showStats() {
+    const stats = view.stats;
+    const parts = [`${stats.input} in / ${stats.output} out tokens`];
+    if (stats.ttftMs !== null) parts.push(`first token ${stats.ttftMs} ms`);
+    stats.node.textContent = parts.join(" · ");
   }
 
   // ------------------------------------------------------------ view
@@ -261,9 +253,21 @@
     return `${text.slice(0, SHOW_CHARS)}… (${text.length - SHOW_CHARS} more characters)`;
   }
 
+  function welcome() {
+    const hint = h("p", "marker welcome");
+    hint.append(
+      "Type a message below and press Enter. Try ",
+      h("code", "", "hello"),
+      ", or ",
+      h("code", "", '/tool list {"path": "."}'),
+      " to see the model call a tool.",
+    );
+    return hint;
+  }
+
   function resetView() {
-    ui.log.replaceChildren();
-    Object.assign(view, { turn: null, step: [], kind: "", text: null });
+    ui.log.replaceChildren(welcome());
+    Object.assign(view, { turn: null, step: [], kind: "", text: null, respond: null, stats: null });
     conn.lastSeq = 0;
     conn.seqs = [];
     setRunning(false);
@@ -284,7 +288,9 @@
   }
 
   function append(node, { partOfStep = false } = {}) {
-    following(() => currentTurn().appendChild(node));
+    const turn = currentTurn();
+    const stats = view.stats && view.stats.node.parentNode === turn ? view.stats.node : null;
+    following(() => turn.insertBefore(node, stats));
     if (partOfStep) view.step.push(node);
   }
 
@@ -293,9 +299,14 @@
     view.kind = "";
   }
 
-  function startTurn(content) {
+  function startTurn(ev) {
+    ui.log.querySelector(".welcome")?.remove();
     view.turn = ui.log.appendChild(h("article", "turn"));
-    append(h("p", "user", content));
+    append(h("p", "user", ev.content));
+    const node = h("p", "turn-stats");
+    view.turn.appendChild(node);
+    view.stats = { start: ev.timestamp, ttftMs: null, input: 0, output: 0, node };
+    showStats();
     boundary();
   }
 
@@ -312,6 +323,7 @@
       } else {
         const block = h("div", "respond");
         block.append(view.text);
+        view.respond = block;
         append(block, { partOfStep: true });
       }
     }
@@ -344,19 +356,102 @@
     const node = h("div", "result");
     for (const item of items) {
       const status = item.status === "success" ? "success" : "failure";
-      const raw = typeof item.content === "string" ? item.content : JSON.stringify(item.content);
-      const row = h("div", "tool-item");
-      row.append(
+      const raw = typeof item.content === "string" ? item.content : JSON.stringify(item.content, null, 2);
+      const text = raw ?? "";
+      // Collapsed to one line; expanding shows the whole result (up to RESULT_CHARS).
+      const row = h("details", "tool-item");
+      const summary = h("summary");
+      const preview = text.replace(/\s+/g, " ");
+      summary.append(
         "Result ",
         h("span", "tool-name", String(item.tool)),
         " ",
         h("span", `tool-status ${status}`, status),
-        h("pre", "tool-output", truncate(raw ?? "")),
+        " ",
+        h("span", "tool-preview", preview.length > 80 ? `${preview.slice(0, 80)}…` : preview),
       );
+      const shown = text.length > RESULT_CHARS
+        ? `${text.slice(0, RESULT_CHARS)}… (${text.length - RESULT_CHARS} more characters)`
+        : text;
+      row.append(summary, h("pre", "tool-output", shown));
       node.append(row);
     }
     append(node);
     boundary(); // the next step starts after the results
+  }
+
+  // Markdown for the finished answer, built from DOM nodes (textContent only):
+  // the model's text can never inject HTML. Streaming shows plain text; the
+  // block is re-rendered once when the turn ends.
+  function renderMarkdown() {
+    const block = view.respond;
+    view.respond = null;
+    if (!block || !block.isConnected) return;
+    const source = block.textContent;
+    const rendered = markdown(source);
+    if (rendered.textContent.replace(/\s/g, "") === "") return;
+    block.replaceChildren(...rendered.childNodes);
+  }
+
+  function markdown(source) {
+    const out = document.createDocumentFragment();
+    const lines = source.split("\n");
+    let i = 0;
+    while (i < lines.length) {
+      const line = lines[i];
+      if (line.startsWith("```")) {
+        const code = [];
+        for (i += 1; i < lines.length && !lines[i].startsWith("```"); i += 1) code.push(lines[i]);
+        i += 1;
+        const pre = h("pre");
+        pre.append(h("code", "", code.join("\n")));
+        out.append(pre);
+      } else if (/^#{1,6} /.test(line)) {
+        const level = line.match(/^#+/)[0].length;
+        out.append(inline(h(`h${Math.min(level + 2, 6)}`), line.slice(level + 1)));
+        i += 1;
+      } else if (/^\s*([-*]|\d+\.) /.test(line)) {
+        const ordered = /^\s*\d+\./.test(line);
+        const list = h(ordered ? "ol" : "ul");
+        while (i < lines.length && /^\s*([-*]|\d+\.) /.test(lines[i])) {
+          list.append(inline(h("li"), lines[i].replace(/^\s*([-*]|\d+\.) /, "")));
+          i += 1;
+        }
+        out.append(list);
+      } else if (line.trim() === "") {
+        i += 1;
+      } else {
+        const para = [];
+        while (i < lines.length && lines[i].trim() !== "" && !/^(```|#{1,6} |\s*([-*]|\d+\.) )/.test(lines[i])) {
+          para.push(lines[i]);
+          i += 1;
+        }
+        out.append(inline(h("p"), para.join("\n")));
+      }
+    }
+    return out;
+  }
+
+  // `code`, **bold**, *italic*, [text](http(s) URL) — anything else stays text.
+  function inline(parent, text) {
+    const pattern = /`([^`]+)`|\*\*([^*]+)\*\*|\*([^*\s][^*]*)\*|\[([^\]]+)\]\((https?:\/\/[^\s)]+)\)/g;
+    let last = 0;
+    for (const m of text.matchAll(pattern)) {
+      parent.append(text.slice(last, m.index));
+      if (m[1] !== undefined) parent.append(h("code", "", m[1]));
+      else if (m[2] !== undefined) parent.append(h("strong", "", m[2]));
+      else if (m[3] !== undefined) parent.append(h("em", "", m[3]));
+      else {
+        const a = h("a", "", m[4]);
+        a.href = m[5];
+        a.rel = "noopener noreferrer";
+        a.target = "_blank";
+        parent.append(a);
+      }
+      last = m.index + m[0].length;
+    }
+    parent.append(text.slice(last));
+    return parent;
   }
 
   function discardStep() {
@@ -410,7 +505,6 @@
     e.preventDefault();
     if (conn.wanted) return;
     sessionStorage.setItem(KEY_TOKEN, ui.token.value.trim());
-    conn.attempt = 0;
     connect();
   });
   ui.disconnect.addEventListener("click", disconnect);
@@ -420,7 +514,7 @@
     e.preventDefault();
     const content = ui.message.value;
     if (!content.trim() || ui.send.disabled) return;
-    if (sendFrame({ type: "user", content })) {
+    if (sendTurn(content)) {
       ui.message.value = "";
       conn.awaitingEcho = true;
       updateControls();
@@ -432,17 +526,14 @@
       ui.messageForm.requestSubmit();
     }
   });
-  ui.cancel.addEventListener("click", () => sendFrame({ type: "cancel" }));
-
-  // Back online: retry now instead of waiting out the backoff.
-  window.addEventListener("online", () => {
-    if (conn.wanted && !conn.ws) connect();
-  });
+  ui.cancel.addEventListener("click", () => conn.client?.cancel().catch(() => {}));
 
   ui.token.value = sessionStorage.getItem(KEY_TOKEN) || "";
-  updateStatus();
-  // A reload resumes the tab's session, replaying it from the start into the empty view.
-  if (conn.sessionId) connect();
+  resetView();
+  // Connect on load: a node that needs no key just works; one that does says
+  // "API key required" once and waits for the key. A reload resumes the tab's
+  // session, replaying it from the start into the empty view.
+  connect();
 
   // Test hook: read-only state, plus drop() to break the socket as a network would.
   window.rtgw = Object.freeze({
@@ -464,11 +555,8 @@
     get turnRunning() {
       return conn.turnRunning;
     },
-    get ws() {
-      return conn.ws;
-    },
     drop() {
-      if (conn.ws) conn.ws.close(CLOSE_DROPPED, "dropped by the test hook");
+      conn.client?.dropConnection();
     },
   });
 })();

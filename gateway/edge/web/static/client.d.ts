@@ -55,6 +55,10 @@ export interface ClientOptions {
   WebSocket?: new (url: string) => WebSocket;
   onConnect?: (session: SessionEvent) => void;
   onDisconnect?: (reason: string) => void;
+  /** Every event delivered (replays and other clients' turns too), once, in order; logged=false for an unlogged error reply. */
+  onEvent?: (event: GatewayEvent, logged: boolean) => void;
+  /** The client gave up (ConnectionLostError, or RefusedError on a resume). */
+  onError?: (error: ClientError) => void;
 }
 
 export class ClientError extends Error {}

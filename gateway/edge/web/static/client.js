@@ -413,6 +413,8 @@ export class Client {
     this.openTimeout = options.openTimeout ?? 10000;
     this.onConnect = options.onConnect ?? null;
     this.onDisconnect = options.onDisconnect ?? null;
+    this.onEvent = options.onEvent ?? null;
+    this.onError = options.onError ?? null;
     this.WebSocketImpl = options.WebSocket ?? null;
     this.sessionId = options.sessionId ?? null;
     this.lastSeq = options.after ?? -1;
@@ -641,6 +643,7 @@ export class Client {
     if (verdict === "new") this.lastSeq = ev.seq;
     if (ev.type === "call" && this._tools.size) this._maybeRunTool(ev);
     this._inbox.put({ kind: "event", event: ev });
+    this.onEvent?.(ev, verdict === "new");
   }
 
   async _lost(ev) {
@@ -667,6 +670,7 @@ export class Client {
     this._failure = err;
     this._inbox.put({ kind: "failed", error: err });
     this._wake();
+    this.onError?.(err);
   }
 
   _maybeRunTool(ev) {

@@ -50,12 +50,15 @@ from websockets.exceptions import (
 )
 
 from gateway.client.dial import NO_PROXY
+from gateway.client.judge import compare_reports, parse_threshold
 from gateway.client.report import (
     DEFAULT_SAMPLE_CAP,
     LoadTestReport,
     Reservoir,
+    decode_report,
     encode_report,
     format_report,
+    histogram,
 )
 from gateway.client.stream import METRIC_GRACE, TurnTracker, check_seq
 
@@ -363,6 +366,8 @@ class LoadTest:
             errors=dict(self.errors),
             error_examples=dict(self.error_examples),
             sample_cap=cfg.sample_cap,
+            ttft_histogram=histogram(self.ttft),
+            turn_histogram=histogram(self.turn),
         )
 
     def _error(self, kind: str, example: str = "") -> None:
@@ -751,6 +756,20 @@ def add_loadtest_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="write the full report as JSON",
     )
+    parser.add_argument(
+        "--fail-if",
+        action="append",
+        default=[],
+        metavar="COND",
+        help="exit 1 when COND holds, e.g. p99_ttft_ms>200 or errors>0 (repeatable; "
+        "names: {p50,p95,p99,max,mean}_{connect,ttfe,ttft,gap,turn}_ms, errors, report fields)",
+    )
+    parser.add_argument(
+        "--compare",
+        default=None,
+        metavar="FILE",
+        help="a previous run's --json report: print how this run differs from it",
+    )
     shown = parser.add_mutually_exclusive_group()
     shown.add_argument(
         "--progress",
@@ -809,9 +828,21 @@ async def run_loadtest_cli(ns: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    report = await LoadTest(config).run()
     try:
-        print(format_report(report), flush=True)
+        thresholds = [parse_threshold(text) for text in getattr(ns, "fail_if", [])]
+        before = _read_report(ns.compare) if getattr(ns, "compare", None) else None
+    except ValueError as exc:
+        print(f"gateway loadtest: {exc}", file=sys.stderr)
+        return 2
+    report = await LoadTest(config).run()
+    broken = [t for t in thresholds if t.broken(report)]
+    text = format_report(report)
+    if before is not None:
+        text += f"\n\n{compare_reports(before, report)}"
+    for t in broken:
+        text += f"\nthreshold failed: {t} ({t.name} = {t.value(report):g})"
+    try:
+        print(text, flush=True)
     except BrokenPipeError:
         # `gateway loadtest | head`: the reader left. Point stdout at /dev/null so
         # the interpreter's final flush does not raise (and print a traceback).
@@ -824,4 +855,13 @@ async def run_loadtest_cli(ns: argparse.Namespace) -> int:
         except OSError as exc:
             print(f"gateway loadtest: cannot write {ns.json_path}: {exc}", file=sys.stderr)
             return 2
-    return 0 if report.ok else 1
+    return 0 if report.ok and not broken else 1
+
+
+def _read_report(path: str) -> LoadTestReport:
+    try:
+        return decode_report(Path(path).read_bytes())
+    except OSError as exc:
+        raise ValueError(f"--compare: cannot read {path}: {exc.strerror or exc}") from None
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise ValueError(f"--compare: {path} is not a loadtest --json report ({exc})") from None

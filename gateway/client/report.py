@@ -15,6 +15,7 @@ renders as a compact text table for the terminal.
 
 from __future__ import annotations
 
+import bisect
 import math
 import random
 from array import array
@@ -24,6 +25,8 @@ import msgspec
 
 __all__ = [
     "DEFAULT_SAMPLE_CAP",
+    "HISTOGRAM_EDGES_MS",
+    "Histogram",
     "LatencySummary",
     "LoadTestReport",
     "Reservoir",
@@ -108,6 +111,42 @@ class Reservoir:
         )
 
 
+HISTOGRAM_EDGES_MS: Final = (
+    1.0,
+    2.0,
+    5.0,
+    10.0,
+    20.0,
+    50.0,
+    100.0,
+    200.0,
+    500.0,
+    1000.0,
+    2000.0,
+    5000.0,
+)
+"""Upper bounds of the histogram buckets (ms); a last bucket holds everything above."""
+
+
+class Histogram(msgspec.Struct, kw_only=True):
+    """Counts of samples per latency bucket: ``counts[i]`` is ``<= edges_ms[i]``, the last ``>``.
+
+    Built from the kept samples (all of them up to the reservoir's cap), so the
+    shape is exact below the cap and a uniform sample's shape above it.
+    """
+
+    edges_ms: list[float] = msgspec.field(default_factory=lambda: list(HISTOGRAM_EDGES_MS))
+    counts: list[int] = msgspec.field(default_factory=list)
+
+
+def histogram(reservoir: Reservoir) -> Histogram:
+    """The bucket counts of a reservoir's samples."""
+    counts = [0] * (len(HISTOGRAM_EDGES_MS) + 1)
+    for value in reservoir.samples:
+        counts[bisect.bisect_left(HISTOGRAM_EDGES_MS, value * 1000.0)] += 1
+    return Histogram(counts=counts)
+
+
 class LatencySummary(msgspec.Struct, kw_only=True):
     """One latency metric over a run, in milliseconds (all zero when ``count`` is 0)."""
 
@@ -180,6 +219,9 @@ class LoadTestReport(msgspec.Struct, kw_only=True):
     error_examples: dict[str, str]
     """The first message seen of each error kind."""
     sample_cap: int
+    ttft_histogram: Histogram = msgspec.field(default_factory=Histogram)
+    """Time to first token per bucket (empty in reports of older versions)."""
+    turn_histogram: Histogram = msgspec.field(default_factory=Histogram)
 
     @property
     def ok(self) -> bool:
@@ -257,6 +299,10 @@ def format_report(r: LoadTestReport) -> str:
     if any(s.sampled for _, s in rows):
         lines.append(f"  ~ percentiles from a uniform sample of {r.sample_cap:,} per metric")
     lines.append("")
+    for title, hist in (("first token", r.ttft_histogram), ("turn", r.turn_histogram)):
+        if sum(hist.counts):
+            lines.extend(format_histogram(title, hist))
+            lines.append("")
     if r.coalesced_frames:
         lines.append(
             f"  coalesced: {r.coalesced_frames:,} frames carried {r.coalesced_chunks:,} chunks "
@@ -273,3 +319,18 @@ def format_report(r: LoadTestReport) -> str:
     else:
         lines.append("  errors: none")
     return "\n".join(lines)
+
+
+def format_histogram(title: str, hist: Histogram, width: int = 40) -> list[str]:
+    """Text bars of the non-empty span of buckets."""
+    counts = hist.counts
+    used = [i for i, n in enumerate(counts) if n]
+    if not used:
+        return []
+    top = max(counts)
+    lines = [f"  {title} (ms)"]
+    for i in range(used[0], used[-1] + 1):
+        label = f"<= {hist.edges_ms[i]:g}" if i < len(hist.edges_ms) else f"> {hist.edges_ms[-1]:g}"
+        bar = "#" * max(1 if counts[i] else 0, round(counts[i] / top * width))
+        lines.append(f"    {label:>9} {counts[i]:>9,} {bar}")
+    return lines

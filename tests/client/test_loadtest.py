@@ -581,3 +581,44 @@ async def test_a_closed_pipe_gives_no_traceback(gateway_url: str) -> None:
     assert out == b""
     assert "Traceback" not in err.decode()
     assert "BrokenPipe" not in err.decode()
+
+
+async def test_thresholds_fail_the_run_and_say_which(
+    gateway_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    first = tmp_path / "first.json"
+    ns = parse(gateway_url, "--sessions", "3", "--quiet", "--json", str(first))
+    assert await run_loadtest_cli(ns) == 0
+    printed = capsys.readouterr().out
+    assert "first token (ms)" in printed  # the histogram
+    assert sum(decode_report(first.read_bytes()).ttft_histogram.counts) == 3
+
+    ns = parse(
+        gateway_url,
+        "--sessions",
+        "3",
+        "--quiet",
+        "--fail-if",
+        "p99_ttft_ms>0",
+        "--fail-if",
+        "errors>0",
+        "--compare",
+        str(first),
+    )
+    assert await run_loadtest_cli(ns) == 1
+    printed = capsys.readouterr().out
+    assert "threshold failed: p99_ttft_ms>0 (p99_ttft_ms = " in printed
+    assert "errors>0" not in printed  # it held: no errors
+    assert "compared with" in printed and "p99_ttft_ms" in printed
+
+
+async def test_a_bad_threshold_or_compare_file_is_a_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = "ws://127.0.0.1:1/v1/realtime"
+    assert await run_loadtest_cli(parse(url, "--fail-if", "p99_nope_ms>1")) == 2
+    assert "unknown figure" in capsys.readouterr().err
+    bad = tmp_path / "bad.json"
+    bad.write_text("{}")
+    assert await run_loadtest_cli(parse(url, "--compare", str(bad))) == 2
+    assert "not a loadtest --json report" in capsys.readouterr().err

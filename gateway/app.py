@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 from gateway.config import Config, ConfigError
 from gateway.edge.server import Gateway
 from gateway.sessions.node import Node
+from gateway.settings import declared
 from gateway.store import open_store
 from gateway.upstream.base import UpstreamFactory
 from tools.builtin import default_registry
@@ -26,56 +27,44 @@ log = logging.getLogger("gateway")
 async def _upstream_factory(config: Config) -> AsyncIterator[UpstreamFactory]:
     from gateway.upstream.gemini import DEFAULT_MODEL as GEMINI_DEFAULT_MODEL
     from gateway.upstream.gemini import GeminiLiveFactory
+    from gateway.upstream.openai import DEFAULT_MODEL as OPENAI_DEFAULT_MODEL
     from gateway.upstream.openai import OpenAIRealtimeFactory
 
     if config.provider == "sim":
-        from gateway.sim.model import SimConfig
         from gateway.sim.server import serve_sim
 
-        sim_config = SimConfig(
-            flavor=config.sim_flavor,
-            tokens_per_second=config.sim_tokens_per_second,
-            chunk_size=config.sim_chunk_size,
-            first_token_delay=config.sim_first_token_delay,
-            drop_after=config.sim_drop_after,
-        )
-        async with serve_sim(sim_config, host="127.0.0.1", port=0) as sim:
+        async with serve_sim(config.sim, host="127.0.0.1", port=0) as sim:
             # The simulator speaks the chosen provider's wire: the real adapter drives it.
             factory: UpstreamFactory
-            if config.sim_flavor == "gemini":
-                factory = GeminiLiveFactory(
-                    base_url=sim.url, model=config.model or "sim", api_key="sim"
-                )
-            else:
-                factory = OpenAIRealtimeFactory(
-                    base_url=sim.url, model=config.model or "sim", api_key="sim"
-                )
+            adapter = GeminiLiveFactory if config.sim.flavor == "gemini" else OpenAIRealtimeFactory
+            factory = adapter(
+                base_url=sim.url, model=config.model or "sim", api_key=config.sim.api_key or "sim"
+            )
             factory.provider = "sim"
             yield factory
         return
     if config.provider == "openai":
-        if not config.openai_api_key:
-            raise ConfigError(
-                "provider openai needs an API key: set OPENAI_API_KEY (or GATEWAY_OPENAI_API_KEY)"
-            )
         yield OpenAIRealtimeFactory(
             base_url=config.openai_base_url,
-            model=config.model or "gpt-realtime",
-            api_key=config.openai_api_key,
+            model=config.model or OPENAI_DEFAULT_MODEL,
+            api_key=_api_key(config, config.openai_api_key),
         )
-        return
-    if config.provider == "gemini":
-        if not config.gemini_api_key:
-            raise ConfigError(
-                "provider gemini needs an API key: set GEMINI_API_KEY (or GATEWAY_GEMINI_API_KEY)"
-            )
+    else:
         yield GeminiLiveFactory(
             base_url=config.gemini_base_url,
             model=config.model or GEMINI_DEFAULT_MODEL,
-            api_key=config.gemini_api_key,
+            api_key=_api_key(config, config.gemini_api_key),
         )
-        return
-    raise ConfigError(f"provider {config.provider!r} is not available: use sim, openai or gemini")
+
+
+def _api_key(config: Config, key: str) -> str:
+    """``key``, or a ``ConfigError`` naming the variables that set the provider's key."""
+    if key:
+        return key
+    setting = next(d for d in declared(Config) if d.name == f"{config.provider}_api_key")
+    raise ConfigError(
+        f"provider {config.provider} needs an API key: set {' or '.join(reversed(setting.env))}"
+    )
 
 
 @contextlib.asynccontextmanager

@@ -1,4 +1,4 @@
-"""The ``gateway`` command: ``serve``, ``sim``, ``chat``, ``loadtest``, ``keys``."""
+"""The ``gateway`` command: ``serve``, ``sim``, ``settings``, ``chat``, ``loadtest``, ``keys``."""
 
 from __future__ import annotations
 
@@ -10,72 +10,24 @@ import logging
 import signal
 import sys
 from collections.abc import Sequence
-from typing import Any
+from pathlib import Path
+from typing import NoReturn
 
 from gateway.config import Config, ConfigError, load_config
 from gateway.logs import setup_logging
+from gateway.settings import add_flags, declared, flag_values, load, markdown_table, with_table
+from gateway.sim.model import SimConfig
 
 __all__ = ["main"]
 
 log = logging.getLogger("gateway")
 
 
-def _serve_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--host", help="address to bind (default 127.0.0.1)")
-    p.add_argument("--port", type=int, help="port (default 8765; 0 picks a free one)")
-    p.add_argument(
-        "--provider", choices=["sim", "openai", "gemini"], help="upstream API (default sim)"
-    )
-    p.add_argument("--model", help="upstream model name")
-    p.add_argument(
-        "--openai-base-url", help="OpenAI Realtime base URL (default wss://api.openai.com/v1)"
-    )
-    p.add_argument(
-        "--gemini-base-url",
-        help="Gemini Live base URL (default wss://generativelanguage.googleapis.com)",
-    )
-    p.add_argument(
-        "--sim-flavor",
-        choices=["openai", "gemini"],
-        help="wire protocol of the built-in simulator (default openai)",
-    )
-    p.add_argument("--redis", dest="redis_url", help="Redis URL (default: $REDIS_URL, else memory)")
-    p.add_argument("--node-id", help="this node's id in leases and logs (default host-pid-random)")
-    p.add_argument("--workspace-root", help="directory holding one tool workspace per session")
-    p.add_argument(
-        "--enable-shell",
-        action="store_const",
-        const=True,
-        help="offer the shell tool (off by default)",
-    )
-    p.add_argument("--instructions", help="extra instructions appended to the system prompt")
-    p.add_argument("--lease-ttl", type=float, help="seconds a node's session lease lasts unrenewed")
-    p.add_argument("--drain-timeout", type=float, help="seconds SIGTERM waits for running turns")
-    p.add_argument("--max-frame", type=int, help="largest client frame in bytes (default 1 MiB)")
-    p.add_argument("--sim-tokens-per-second", type=float, help="simulator pacing (0 = unpaced)")
-    p.add_argument("--sim-chunk-size", type=int, help="simulator characters per delta")
-    p.add_argument(
-        "--sim-first-token-delay", type=float, help="simulator delay before the first delta"
-    )
-    p.add_argument(
-        "--sim-drop-after", type=int, help="simulator drops its connection after N deltas"
-    )
-    p.add_argument(
-        "--workers",
-        type=int,
-        help="worker processes sharing the port, one node each (needs REDIS_URL)",
-    )
-    p.add_argument(
-        "--reuse-port",
-        action="store_const",
-        const=True,
-        help="bind with SO_REUSEPORT (set for --workers; for several nodes on one port)",
-    )
-    p.add_argument("--log-level", help="DEBUG, INFO, WARNING (default INFO)")
-    p.add_argument("--log-json", action="store_const", const=True, help="JSON log lines")
-    from gateway.edge.admission import add_serve_arguments
+class _Parser(argparse.ArgumentParser):
+    """Usage errors as one line that says what to do, not a usage dump and an error."""
 
-    add_serve_arguments(p)  # auth, limits, backpressure
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message.removeprefix('argument ')}; see {self.prog} --help\n")
 
 
 async def _serve(config: Config) -> int:
@@ -121,23 +73,35 @@ def _tune_gc() -> None:
     gc.set_threshold(20_000, 50, 50)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="gateway", description="WebSocket gateway for realtime LLM APIs"
-    )
+def build_parser() -> argparse.ArgumentParser:
+    """Every command and its flags; the settings' flags come from their declarations."""
+    parser = _Parser(prog="gateway", description="WebSocket gateway for realtime LLM APIs")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    serve_p = sub.add_parser("serve", help="run a gateway node")
-    _serve_args(serve_p)
-
-    from gateway.sim.cli import add_sim_arguments
+    serve_p = sub.add_parser(
+        "serve",
+        help="run a gateway node",
+        description="Run a gateway node. Every setting is also a GATEWAY_<NAME> variable "
+        "(flags win); API keys of the upstream are variables only (see `gateway settings`).",
+    )
+    add_flags(serve_p, Config)
 
     sim_p = sub.add_parser(
         "sim", help="run the upstream simulator (OpenAI Realtime or Gemini Live wire protocol)"
     )
-    sim_p.add_argument("--host", default="127.0.0.1")
-    sim_p.add_argument("--port", type=int, default=8800)
-    add_sim_arguments(sim_p)
+    sim_p.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    sim_p.add_argument("--port", type=int, default=8800, help="port (0 picks a free one)")
+    add_flags(sim_p, SimConfig)
+
+    settings_p = sub.add_parser(
+        "settings", help="the settings serve would use now, or the docs' table of them"
+    )
+    settings_p.add_argument(
+        "--markdown", action="store_true", help="print README's configuration table"
+    )
+    settings_p.add_argument(
+        "--write", metavar="FILE", help="with --markdown: replace the table in FILE (README.md)"
+    )
 
     from gateway.client.loadtest import add_loadtest_arguments
 
@@ -153,14 +117,34 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     keys_p = sub.add_parser("keys", help="issue, list and revoke API keys (file or Redis)")
     add_keys_arguments(keys_p)
+    return parser
 
-    args = parser.parse_args(argv)
+
+def _settings(args: argparse.Namespace) -> int:
+    """``gateway settings``: the docs' table, or what each setting is here and now."""
+    if args.markdown:
+        table = markdown_table(Config)
+        if args.write is None:
+            sys.stdout.write(table)
+            return 0
+        path = Path(args.write)
+        path.write_text(with_table(path.read_text(), table))
+        return 0
+    config = load_config()
+    for d in declared(Config):
+        value: object = config
+        for part in d.path:
+            value = getattr(value, part)
+        shown = ("(set)" if value else "(unset)") if d.setting.secret else repr(value)
+        print(f"{d.name} = {shown}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     try:
         if args.command == "serve":
-            overrides: dict[str, Any] = {
-                k: v for k, v in vars(args).items() if k != "command" and v is not None
-            }
-            config = load_config(overrides)
+            config = load_config(flag_values(args, Config))
             setup_logging(config.log_level, json=config.log_json, node=config.node_id)
             from gateway.workers import check_workers, supervise
 
@@ -169,13 +153,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return supervise(config, list(argv if argv is not None else sys.argv[1:]))
             return asyncio.run(_serve(config))
         if args.command == "sim":
-            from gateway.sim.cli import sim_config_from_args
             from gateway.sim.server import run_sim
 
             setup_logging("WARNING")
             asyncio.run(
                 run_sim(
-                    sim_config_from_args(args),
+                    load(SimConfig, flag_values(args, SimConfig)),
                     args.host,
                     args.port,
                     # The actual URL (with --port 0) for people and test harnesses.
@@ -183,6 +166,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 )
             )
             return 0
+        if args.command == "settings":
+            return _settings(args)
         if args.command == "loadtest":
             from gateway.client.loadtest import run_loadtest_cli
 

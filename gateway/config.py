@@ -1,9 +1,21 @@
 """One ``Config`` for a gateway node, built from defaults, environment and flags.
 
-Precedence: command-line flag > environment variable (``GATEWAY_<FIELD>``, plus
-the conventional ``REDIS_URL``, ``OPENAI_API_KEY``, ``GEMINI_API_KEY``) > default.
-The defaults run a complete gateway on one machine with nothing else installed:
-the built-in simulator upstream and the in-process store.
+Every setting is declared once, here: its field's type (with its range as
+``msgspec.Meta``), default and ``Setting`` (help, group, flag, variable,
+secret) give its ``gateway serve`` flag, its ``GATEWAY_<NAME>`` variable, its
+row in README.md's table and its check; ``gateway.settings`` derives them.
+The simulator's knobs are ``SimConfig``'s, lent to ``Config.sim`` as the
+``sim_*`` settings.
+
+Precedence: flag > environment (``GATEWAY_<NAME>``, then the conventional
+``REDIS_URL``, ``OPENAI_API_KEY``, ``GEMINI_API_KEY``) > default. The defaults
+run a complete gateway on one machine with nothing else installed: the
+built-in simulator upstream and the in-process store.
+
+To add a setting: add a field next to related ones, with its range in the type
+and a ``Setting`` saying what it does and its unit; then run
+``gateway settings --markdown --write README.md`` (tests/house/test_settings.py
+fails until the README's table matches).
 """
 
 from __future__ import annotations
@@ -13,155 +25,261 @@ import socket
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
+from msgspec import Meta
+
+from gateway.settings import ConfigError, Nested, Setting, check_ranges, load
+from gateway.sim.model import SimConfig
 
 __all__ = ["Config", "ConfigError", "load_config"]
 
 Provider = Literal["sim", "openai", "gemini"]
+LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
 
+# Ranges shared by several settings.
+Port = Annotated[int, Meta(ge=0, le=65535)]
+Count = Annotated[int, Meta(ge=0)]  # 0 usually means "no limit"
+AtLeastOne = Annotated[int, Meta(ge=1)]
+Seconds = Annotated[float, Meta(ge=0)]
+PositiveSeconds = Annotated[float, Meta(gt=0)]
+Dollars = Annotated[float, Meta(ge=0)]
 
-class ConfigError(ValueError):
-    """A setting has a value the gateway cannot use; the message names it and the fix."""
+NETWORK = "network"
+UPSTREAM = "upstream"
+STORE = "store"
+TOOLS = "tools"
+EDGES = "auth and limits (docs/operations.md)"
+BACKPRESSURE = "slow clients (docs/operations.md)"
+LOGS = "logs"
 
 
 class Config(msgspec.Struct, kw_only=True):
-    # --- network ---
-    host: str = "127.0.0.1"
-    port: int = 8765
-    # Largest client frame accepted; larger closes the connection with 1009.
-    max_frame: int = 1 << 20
-    # Compress client frames (permessage-deflate). Off by default: it costs CPU
-    # on every token frame and token frames are tiny.
-    compression: bool = False
-    # Close a connection whose client sends nothing (not even a WebSocket pong) for this long.
-    ping_interval: float = 20.0
-    ping_timeout: float = 20.0
+    """A node's settings; build it with ``load_config`` (or in code: it checks itself)."""
 
-    # Worker processes sharing the port (SO_REUSEPORT), each one node.
-    workers: int = 1
-    reuse_port: bool = False
+    # --- network ---
+    host: Annotated[str, Setting("address to listen on (0.0.0.0 in containers)", NETWORK)] = (
+        "127.0.0.1"
+    )
+    port: Annotated[Port, Setting("port to listen on (0 picks a free one)", NETWORK)] = 8765
+    max_frame: Annotated[
+        int,
+        Meta(ge=1024),
+        Setting("largest client frame in bytes; a larger one closes with 1009", NETWORK),
+    ] = 1 << 20
+    compression: Annotated[
+        bool,
+        Setting(
+            "compress client frames (permessage-deflate): costs CPU on every tiny token frame",
+            NETWORK,
+        ),
+    ] = False
+    ping_interval: Annotated[
+        PositiveSeconds, Setting("seconds between WebSocket pings to each client", NETWORK)
+    ] = 20.0
+    ping_timeout: Annotated[
+        PositiveSeconds,
+        Setting("seconds a client may take to answer a ping before it is closed", NETWORK),
+    ] = 20.0
+    workers: Annotated[
+        AtLeastOne,
+        Setting(
+            "worker processes sharing the port (SO_REUSEPORT), one node each; needs REDIS_URL",
+            NETWORK,
+        ),
+    ] = 1
+    reuse_port: Annotated[
+        bool,
+        Setting(
+            "bind with SO_REUSEPORT (set by --workers; for several nodes on one port)", NETWORK
+        ),
+    ] = False
+    drain_timeout: Annotated[
+        Seconds, Setting("seconds SIGTERM waits for running turns before closing clients", NETWORK)
+    ] = 30.0
 
     # --- upstream ---
-    provider: Provider = "sim"
-    model: str = ""
-    openai_base_url: str = "wss://api.openai.com/v1"
-    openai_api_key: str = ""
-    gemini_base_url: str = "wss://generativelanguage.googleapis.com"
-    gemini_api_key: str = ""
-    # Extra operator instructions appended to the protocol system prompt.
-    instructions: str = ""
-    # Upstream (re)connect attempts for one step before the turn fails.
-    upstream_retries: int = 3
-    # Simulator knobs (provider "sim" runs the simulator in-process).
-    sim_tokens_per_second: float = 0.0
-    sim_chunk_size: int = 4
-    sim_first_token_delay: float = 0.0
-    sim_drop_after: int | None = None
-    # The wire protocol the in-process simulator speaks (and so the adapter that drives it).
-    sim_flavor: Literal["openai", "gemini"] = "openai"
+    provider: Annotated[
+        Provider, Setting("upstream API (sim: the built-in simulator)", UPSTREAM)
+    ] = "sim"
+    model: Annotated[
+        str,
+        Setting(
+            "upstream model name",
+            UPSTREAM,
+            shown_default="gpt-realtime (openai), gemini-live-2.5-flash-preview (gemini)",
+        ),
+    ] = ""
+    openai_base_url: Annotated[str, Setting("OpenAI Realtime base URL", UPSTREAM)] = (
+        "wss://api.openai.com/v1"
+    )
+    openai_api_key: Annotated[
+        str, Setting("OpenAI API key", UPSTREAM, env="OPENAI_API_KEY", secret=True)
+    ] = ""
+    gemini_base_url: Annotated[str, Setting("Gemini Live base URL", UPSTREAM)] = (
+        "wss://generativelanguage.googleapis.com"
+    )
+    gemini_api_key: Annotated[
+        str, Setting("Gemini API key", UPSTREAM, env="GEMINI_API_KEY", secret=True)
+    ] = ""
+    instructions: Annotated[
+        str, Setting("operator instructions appended to the protocol system prompt", UPSTREAM)
+    ] = ""
+    upstream_retries: Annotated[
+        Count, Setting("upstream (re)connect attempts for one step before the turn fails", UPSTREAM)
+    ] = 3
+    # provider "sim" runs the simulator in-process with these knobs (--sim-*, GATEWAY_SIM_*).
+    sim: Annotated[SimConfig, Nested("sim")] = msgspec.field(default_factory=SimConfig)
 
     # --- store ---
-    redis_url: str = ""
-    key_prefix: str = "rtgw"
-    session_ttl: float = 24 * 3600.0
-    max_log: int = 10_000
-    node_id: str = ""
-    lease_ttl: float = 10.0
-    # Seconds a log append waits for more events to join its round trip.
-    log_linger: float = 0.0
+    redis_url: Annotated[
+        str,
+        Setting(
+            "Redis URL of the session store",
+            STORE,
+            flag="redis",
+            env="REDIS_URL",
+            shown_default="in-process memory (one node)",
+        ),
+    ] = ""
+    key_prefix: Annotated[str, Setting("prefix of every Redis key", STORE)] = "rtgw"
+    session_ttl: Annotated[PositiveSeconds, Setting("seconds an idle session is kept", STORE)] = (
+        24 * 3600.0
+    )
+    max_log: Annotated[
+        AtLeastOne, Setting("events kept per session log (older ones are trimmed)", STORE)
+    ] = 10_000
+    node_id: Annotated[
+        str, Setting("this node's name in leases and logs", STORE, shown_default="host-pid-random")
+    ] = ""
+    lease_ttl: Annotated[
+        float,
+        Meta(gt=0.5),
+        Setting("seconds a dead node's sessions wait before another node takes them", STORE),
+    ] = 10.0
+    log_linger: Annotated[
+        Seconds,
+        Setting("seconds a log append waits for more events to share its round trip", STORE),
+    ] = 0.0
 
     # --- tools ---
-    workspace_root: str = ""
-    enable_shell: bool = False
-    tool_timeout: float = 30.0
-    tool_max_output: int = 64_000
-    # A turn is stopped after this many model steps (tool round trips).
-    max_steps: int = 25
+    workspace_root: Annotated[
+        str,
+        Setting(
+            "directory holding one tool workspace per session",
+            TOOLS,
+            shown_default="$TMPDIR/rtgw-workspaces",
+        ),
+    ] = ""
+    enable_shell: Annotated[
+        bool, Setting("offer the shell tool (not sandboxed beyond the workspace cwd)", TOOLS)
+    ] = False
+    tool_timeout: Annotated[PositiveSeconds, Setting("seconds one tool call may run", TOOLS)] = 30.0
+    tool_max_output: Annotated[
+        AtLeastOne, Setting("characters of one tool result kept (the rest is cut)", TOOLS)
+    ] = 64_000
+    max_steps: Annotated[
+        AtLeastOne, Setting("model steps (tool round trips) per turn before it is stopped", TOOLS)
+    ] = 25
 
-    # --- connections ---
-    # Frames queued for one client before it is switched to catch-up from the log.
-    send_queue_frames: int = 4096
-    drain_timeout: float = 30.0
+    # --- production edges (gateway.edge.admission; see docs/operations.md) ---
+    api_keys_file: Annotated[
+        str,
+        Setting(
+            "file of `key_id:sha256hex` lines, reloaded on change and on SIGHUP (`gateway keys`)",
+            EDGES,
+        ),
+    ] = ""
+    api_keys_redis: Annotated[
+        bool,
+        Setting("also accept the API keys kept in Redis (hash {key_prefix}:keys)", EDGES),
+    ] = False
+    insecure_no_auth: Annotated[
+        bool,
+        Setting("run without API keys on a non-loopback host (refused otherwise)", EDGES),
+    ] = False
+    allowed_origins: Annotated[
+        str,
+        Setting("comma-separated origins browsers may connect from", EDGES, shown_default="any"),
+    ] = ""
+    max_connections: Annotated[
+        Count, Setting("open client connections per node, HTTP 503 beyond; 0 = no limit", EDGES)
+    ] = 10_000
+    max_connections_per_key: Annotated[
+        Count,
+        Setting("open connections per API key across nodes, HTTP 429 beyond; 0 = no limit", EDGES),
+    ] = 0
+    turns_per_minute: Annotated[
+        Count, Setting("turns per API key per minute; 0 = no limit", EDGES)
+    ] = 0
+    tokens_per_day: Annotated[
+        Count, Setting("model tokens per API key per UTC day; 0 = no limit", EDGES)
+    ] = 0
+    usd_per_day: Annotated[
+        Dollars,
+        Setting(
+            "US dollars of model cost per API key per UTC day (gateway/pricing.py); 0 = no limit",
+            EDGES,
+        ),
+    ] = 0.0
+    prices_file: Annotated[
+        str,
+        Setting(
+            "TOML file of model prices (USD per million tokens) on top of the built-in table",
+            EDGES,
+        ),
+    ] = ""
 
-    # --- production edges (gateway.edge.admission; checked there, see docs/operations.md) ---
-    # API keys as `key_id:sha256hex` lines; reloaded on change and on SIGHUP.
-    api_keys_file: str = ""
-    # Also accept the keys in Redis (hash {key_prefix}:keys, sha256hex → key_id).
-    api_keys_redis: bool = False
-    # Run without API keys on a non-loopback host (refused otherwise).
-    insecure_no_auth: bool = False
-    # Comma-separated Origin values browsers may connect from ("" = any).
-    allowed_origins: str = ""
-    # Open client connections per node (HTTP 503 beyond) and per API key across
-    # nodes (HTTP 429 beyond); turns per minute and tokens per day per key. 0 = no limit.
-    max_connections: int = 10_000
-    max_connections_per_key: int = 0
-    turns_per_minute: int = 0
-    tokens_per_day: int = 0
-    # Dollars per key per UTC day (the model steps' cost, see gateway/pricing.py); 0 = no limit.
-    usd_per_day: float = 0.0
-    # TOML file of model prices (USD per million tokens) on top of the built-in table.
-    prices_file: str = ""
-    # Queued frames above which a client's consecutive think/respond chunks are
-    # merged into one frame (0 = never); bytes the socket buffers before sends
-    # wait; seconds a client may stop reading before it is closed with 4008 (0 = never).
-    coalesce_after: int = 1024
-    write_limit: int = 32_768
-    slow_client_timeout: float = 15.0
+    # --- slow clients (gateway.edge.backpressure, gateway.edge.reaper) ---
+    send_queue_frames: Annotated[
+        int,
+        Meta(ge=16),
+        Setting(
+            "frames queued for one client before it is switched to catch-up from the log",
+            BACKPRESSURE,
+        ),
+    ] = 4096
+    coalesce_after: Annotated[
+        Count,
+        Setting(
+            "queued frames above which a client's think/respond chunks are merged; 0 = never",
+            BACKPRESSURE,
+        ),
+    ] = 1024
+    write_limit: Annotated[
+        int,
+        Meta(ge=1024),
+        Setting("bytes the socket buffers per client before sends wait", BACKPRESSURE),
+    ] = 32_768
+    slow_client_timeout: Annotated[
+        Seconds,
+        Setting(
+            "seconds a client may stop reading before it is closed with 4008; 0 = never",
+            BACKPRESSURE,
+        ),
+    ] = 15.0
 
     # --- logs ---
-    log_level: str = "INFO"
-    log_json: bool = False
+    log_level: Annotated[LogLevel, Setting("lowest level logged", LOGS)] = "INFO"
+    log_json: Annotated[
+        bool, Setting("JSON log lines (with sid and node) instead of text", LOGS)
+    ] = False
 
     def __post_init__(self) -> None:
+        check_ranges(self)
         if not self.node_id:
             self.node_id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         if not self.workspace_root:
             self.workspace_root = str(Path(os.environ.get("TMPDIR", "/tmp")) / "rtgw-workspaces")
-        if self.port < 0 or self.port > 65535:
-            raise ConfigError(
-                f"port {self.port} is out of range: use 0-65535 (0 picks a free port)"
-            )
-        if self.max_frame < 1024:
-            raise ConfigError(f"max_frame {self.max_frame} is too small: use at least 1024 bytes")
-        if self.lease_ttl <= 0.5:
-            raise ConfigError(f"lease_ttl {self.lease_ttl} is too short: use more than 0.5 s")
-
-
-# Environment variables read besides GATEWAY_<FIELD>.
-_CONVENTIONAL_ENV = {
-    "REDIS_URL": "redis_url",
-    "OPENAI_API_KEY": "openai_api_key",
-    "GEMINI_API_KEY": "gemini_api_key",
-}
 
 
 def load_config(
     overrides: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None
 ) -> Config:
-    """Defaults, then environment, then ``overrides`` (flags); validated by msgspec.
+    """Defaults, then environment (``os.environ`` unless given), then ``overrides`` (flags).
 
-    Raises ``ConfigError`` naming the setting when a value has the wrong type.
+    ``overrides`` are keyed by setting name (``port``, ``sim_chunk_size``).
+    Raises ``ConfigError`` naming the variable, flag or setting and the fix.
     """
-    environ = os.environ if env is None else env
-    fields = {f.name for f in msgspec.structs.fields(Config)}
-    raw: dict[str, Any] = {}
-    for var, name in _CONVENTIONAL_ENV.items():
-        if environ.get(var):
-            raw[name] = environ[var]
-    for name in fields:
-        value = environ.get(f"GATEWAY_{name.upper()}")
-        if value is not None and value != "":
-            raw[name] = value
-    for name, value in (overrides or {}).items():
-        if name not in fields:
-            raise ConfigError(f"unknown setting {name!r}")
-        if value is not None:
-            raw[name] = value
-    try:
-        # str_values: environment values are strings; msgspec parses "8765" as int etc.
-        return msgspec.convert(raw, Config, strict=False)
-    except msgspec.ValidationError as exc:
-        raise ConfigError(f"bad setting: {exc}") from exc
+    return load(Config, overrides, os.environ if env is None else env)

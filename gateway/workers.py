@@ -34,8 +34,6 @@ log = logging.getLogger("gateway.workers")
 
 def check_workers(config: Config) -> None:
     """Refuse settings that cannot work with several workers, saying what to set."""
-    if config.workers < 1:
-        raise ConfigError(f"--workers {config.workers}: use 1 or more")
     if config.workers == 1:
         return
     if not config.redis_url:

@@ -18,7 +18,6 @@ the close, so no path can leak a slot.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import http
 import logging
@@ -49,7 +48,7 @@ from gateway.sessions.limits import ConnectionSlots
 from gateway.sessions.node import Node
 from gateway.store.base import StoreError
 
-__all__ = ["Edges", "add_serve_arguments", "parse_origins"]
+__all__ = ["Edges", "parse_origins"]
 
 log = logging.getLogger("gateway.edge.admission")
 
@@ -62,22 +61,11 @@ def parse_origins(value: str) -> frozenset[str]:
 
 
 def validate(config: Config) -> None:
-    """The edge settings' ranges; ``ConfigError`` names the setting and the fix."""
-    for name in (
-        "max_connections",
-        "max_connections_per_key",
-        "turns_per_minute",
-        "tokens_per_day",
-        "coalesce_after",
-    ):
-        if getattr(config, name) < 0:
-            raise ConfigError(f"{name} must be >= 0 (0 = no limit), got {getattr(config, name)}")
-    if config.slow_client_timeout < 0:
-        raise ConfigError("slow_client_timeout must be >= 0 seconds (0 = never close)")
-    if config.write_limit < 1024:
-        raise ConfigError(f"write_limit {config.write_limit} is too small: use at least 1024")
-    if config.send_queue_frames < 16:
-        raise ConfigError(f"send_queue_frames {config.send_queue_frames} is too small: use >= 16")
+    """What the declared ranges cannot say; ``ConfigError`` names the setting and the fix.
+
+    The edge settings' ranges are declared on their ``Config`` fields (and
+    checked when a ``Config`` is built); the origins need parsing.
+    """
     for origin in parse_origins(config.allowed_origins):
         parts = urlsplit(origin)
         if parts.scheme not in ("http", "https") or not parts.netloc or parts.path:
@@ -299,59 +287,3 @@ class Edges:
         elif status in (http.HTTPStatus.TOO_MANY_REQUESTS, http.HTTPStatus.SERVICE_UNAVAILABLE):
             headers["Retry-After"] = "5"
         return Response(status.value, status.phrase, headers, body.encode())
-
-
-def add_serve_arguments(p: argparse.ArgumentParser) -> None:
-    """The ``gateway serve`` flags of the edges (dest = the Config field)."""
-    g = p.add_argument_group("auth and limits (docs/operations.md)")
-    g.add_argument(
-        "--api-keys-file", help="file of `key_id:sha256hex` lines (see `gateway keys --help`)"
-    )
-    g.add_argument(
-        "--api-keys-redis",
-        action="store_const",
-        const=True,
-        help="also accept the API keys kept in Redis (`gateway keys add`)",
-    )
-    g.add_argument(
-        "--insecure-no-auth",
-        action="store_const",
-        const=True,
-        help="allow a non-loopback --host without API keys (trusted networks only)",
-    )
-    g.add_argument(
-        "--allowed-origins",
-        help="comma-separated origins browsers may connect from (default: any)",
-    )
-    g.add_argument(
-        "--max-connections", type=int, help="open connections per node (default 10000; 0 = any)"
-    )
-    g.add_argument(
-        "--max-connections-per-key",
-        type=int,
-        help="open connections per API key across nodes (default 0 = any)",
-    )
-    g.add_argument(
-        "--turns-per-minute", type=int, help="turns per API key per minute (default 0 = any)"
-    )
-    g.add_argument(
-        "--tokens-per-day", type=int, help="model tokens per API key per UTC day (default 0 = any)"
-    )
-    g.add_argument(
-        "--send-queue-frames",
-        type=int,
-        help="frames queued per client before it catches up from the log (default 4096)",
-    )
-    g.add_argument(
-        "--coalesce-after",
-        type=int,
-        help="queued frames above which think/respond chunks are merged (default 1024)",
-    )
-    g.add_argument(
-        "--write-limit", type=int, help="socket bytes buffered per client (default 32768)"
-    )
-    g.add_argument(
-        "--slow-client-timeout",
-        type=float,
-        help="seconds a client may read nothing before it is closed with 4008 (default 15)",
-    )

@@ -34,11 +34,14 @@ import asyncio
 import itertools
 import logging
 import ssl as ssl_module
-from typing import Final, Literal
+from typing import Annotated, Final, Literal
 
 import msgspec
+from msgspec import Meta
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.http11 import Request, Response
+
+from gateway.settings import Setting, check_ranges
 
 __all__ = [
     "Pacer",
@@ -63,50 +66,65 @@ _BACKLOG: Final = 4096
 _YIELD_EVERY: Final = 4
 
 
-class SimConfig(msgspec.Struct, frozen=True, kw_only=True):
-    """The simulator's knobs.
+NonNegativeInt = Annotated[int, Meta(ge=0)]
+NonNegativeFloat = Annotated[float, Meta(ge=0)]
+SIM = "simulator (provider sim)"
 
-    - ``flavor``: the wire protocol served, ``openai`` (Realtime, ``/v1/realtime``)
-      or ``gemini`` (Live, ``/ws/…BidiGenerateContent``).
-    - ``tokens_per_second``: chunks per second per response; 0 = as fast as
-      possible (still yielding to the event loop every few chunks).
-    - ``chunk_size``: characters per chunk (an OpenAI ``response.output_text.delta``,
-      a Gemini ``serverContent.modelTurn`` part).
-    - ``first_token_delay``: seconds between the request and the first chunk.
-    - ``drop_after``: abort the TCP connection (no close frame) once this many
-      chunks were sent on it; ``None`` never.
-    - ``overrun``: after a tool call, keep writing past ``</execute>`` as real
-      models do.
-    - ``api_key``: when set, a client without it is refused: OpenAI with HTTP
-      401 (``Authorization: Bearer``), Gemini by closing with 1007 after the
-      setup message (``?key=`` or ``x-goog-api-key``), as the real APIs do.
-    - ``go_away_after`` (Gemini): once this many chunks were sent on a
-      connection, send ``goAway`` and close the connection (1000) when the
-      running turn ends, like a Live session reaching its time limit.
+
+class SimConfig(msgspec.Struct, frozen=True, kw_only=True):
+    """The simulator's knobs, declared once (``gateway.settings``).
+
+    ``gateway sim`` takes them as flags (``--chunk-size``); ``gateway serve``
+    as ``--sim-chunk-size`` and ``GATEWAY_SIM_CHUNK_SIZE`` (``Config.sim``).
+    ``drop_after`` and ``go_away_after`` are faults to inject; ``api_key``
+    makes the simulator refuse clients without it as the real APIs do (OpenAI
+    with HTTP 401, Gemini by closing with 1007 after the setup message).
     """
 
-    flavor: Flavor = "openai"
-    tokens_per_second: float = 0.0
-    chunk_size: int = 4
-    first_token_delay: float = 0.0
-    drop_after: int | None = None
-    overrun: bool = True
-    api_key: str | None = None
-    go_away_after: int | None = None
+    flavor: Annotated[
+        Flavor,
+        Setting(
+            "wire protocol served: openai (Realtime, /v1/realtime) or gemini "
+            "(Live, /ws/…BidiGenerateContent)",
+            SIM,
+        ),
+    ] = "openai"
+    tokens_per_second: Annotated[
+        NonNegativeFloat,
+        Setting("text chunks per second per response; 0 = as fast as possible", SIM),
+    ] = 0.0
+    chunk_size: Annotated[
+        int, Meta(ge=1), Setting("characters per text chunk (delta or modelTurn part)", SIM)
+    ] = 4
+    first_token_delay: Annotated[
+        NonNegativeFloat, Setting("seconds between a request and its first chunk", SIM)
+    ] = 0.0
+    drop_after: Annotated[
+        NonNegativeInt | None,
+        Setting("abort each connection's TCP socket after N chunks (fault injection)", SIM),
+    ] = None
+    overrun: Annotated[
+        bool,
+        Setting(
+            "after a tool call, write past `</execute>` as real models do",
+            SIM,
+            flag="no-overrun",
+        ),
+    ] = True
+    api_key: Annotated[
+        str | None,
+        Setting("API key the simulator requires (Bearer, ?key= or x-goog-api-key)", SIM),
+    ] = None
+    go_away_after: Annotated[
+        NonNegativeInt | None,
+        Setting(
+            "gemini: send goAway after N chunks on a connection, close it when the turn ends",
+            SIM,
+        ),
+    ] = None
 
     def __post_init__(self) -> None:
-        if self.flavor not in ("openai", "gemini"):
-            raise ValueError(f"flavor must be 'openai' or 'gemini', got {self.flavor!r}")
-        if self.tokens_per_second < 0:
-            raise ValueError("tokens_per_second must be >= 0 (0 = as fast as possible)")
-        if self.chunk_size < 1:
-            raise ValueError("chunk_size must be >= 1")
-        if self.first_token_delay < 0:
-            raise ValueError("first_token_delay must be >= 0")
-        if self.drop_after is not None and self.drop_after < 0:
-            raise ValueError("drop_after must be >= 0 (or None to never drop)")
-        if self.go_away_after is not None and self.go_away_after < 0:
-            raise ValueError("go_away_after must be >= 0 (or None to never send goAway)")
+        check_ranges(self)
 
 
 # --- the model ----------------------------------------------------------------------

@@ -192,15 +192,13 @@ def test_out_of_range_edge_settings_name_the_setting(name: str, value: float) ->
 
 
 def test_serve_flags_and_environment_reach_the_config() -> None:
-    import argparse
+    from gateway.cli import build_parser
+    from gateway.config import Config, load_config
+    from gateway.settings import flag_values
 
-    from gateway.config import load_config
-    from gateway.edge.admission import add_serve_arguments
-
-    parser = argparse.ArgumentParser()
-    add_serve_arguments(parser)
-    args = parser.parse_args(
+    args = build_parser().parse_args(
         [
+            "serve",
             "--api-keys-file=/k",
             "--api-keys-redis",
             "--insecure-no-auth",
@@ -215,8 +213,7 @@ def test_serve_flags_and_environment_reach_the_config() -> None:
             "--slow-client-timeout=2.5",
         ]
     )
-    overrides = {k: v for k, v in vars(args).items() if v is not None}
-    config = load_config(overrides, env={"GATEWAY_TOKENS_PER_DAY": "7"})
+    config = load_config(flag_values(args, Config), env={"GATEWAY_TOKENS_PER_DAY": "7"})
     assert (config.api_keys_file, config.api_keys_redis, config.insecure_no_auth) == (
         "/k",
         True,

@@ -1,11 +1,16 @@
-"""The command line a user types: `gateway serve`, `gateway chat`."""
+"""The command line a user types: `gateway serve`, `gateway chat`, `gateway settings`."""
 
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
 import sys
 import urllib.request
 
+import pytest
+
+from gateway.cli import main
 from gateway.edge.server import Gateway
 from tests.support.procs import NodeProcess
 
@@ -43,3 +48,44 @@ def test_serve_with_embedded_defaults_answers_health_checks() -> None:
             assert resp.status == 200
         assert "in-process memory" in node.log
         assert "simulator" in node.log
+
+
+def _gateway(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gateway.cli", *argv],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def test_a_bad_flag_value_is_one_line_that_says_what_to_do() -> None:
+    done = _gateway("serve", "--tool-timeout", "soon")
+    assert done.returncode == 2
+    assert done.stderr == (
+        "gateway serve: --tool-timeout: 'soon' is not valid: use a number > 0 (default 30); "
+        "see gateway serve --help\n"
+    )
+
+
+def test_a_bad_variable_is_one_line_that_names_it() -> None:
+    done = _gateway("serve", env={"GATEWAY_PORT": "abc"})
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == [
+        "gateway: GATEWAY_PORT='abc' is not valid: use a whole number from 0 to 65535; "
+        "set GATEWAY_PORT to that, or unset it to use the default (8765)"
+    ]
+
+
+def test_settings_shows_each_value_and_hides_secrets(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-very-secret")
+    monkeypatch.setenv("GATEWAY_MAX_STEPS", "7")
+    assert main(["settings"]) == 0
+    out = capsys.readouterr().out
+    assert "sk-very-secret" not in out
+    assert "openai_api_key = (set)" in out.splitlines()
+    assert "max_steps = 7" in out.splitlines()
+    assert "sim_chunk_size = 4" in out.splitlines()

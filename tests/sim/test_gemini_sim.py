@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 from collections.abc import AsyncIterator
@@ -12,10 +11,11 @@ import pytest
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from gateway.sim.cli import add_sim_arguments, sim_config_from_args
+from gateway.cli import build_parser
 from gateway.sim.gemini import PATH, GeminiSim, endpoint_path
 from gateway.sim.model import SimConfig
 from gateway.sim.server import serve_sim
+from tests.sim.test_sim_model import sim_flags
 from tests.upstream.helpers import STEP_TIMEOUT
 
 SETUP = {
@@ -271,16 +271,14 @@ async def test_drop_after_aborts_the_connection() -> None:
 
 
 def test_command_line_flavor_and_go_away() -> None:
-    parser = argparse.ArgumentParser()
-    add_sim_arguments(parser)
-    assert sim_config_from_args(parser.parse_args([])).flavor == "openai"
-    args = parser.parse_args(["--flavor", "gemini", "--go-away-after", "3"])
-    assert sim_config_from_args(args) == SimConfig(flavor="gemini", go_away_after=3)
-    embedded = argparse.ArgumentParser()
-    add_sim_arguments(embedded, prefix="sim-")
-    assert embedded.parse_args(["--sim-flavor", "gemini"]).sim_flavor == "gemini"
+    assert sim_flags().flavor == "openai"
+    assert sim_flags("--flavor", "gemini", "--go-away-after", "3") == SimConfig(
+        flavor="gemini", go_away_after=3
+    )
+    serve = build_parser().parse_args(["serve", "--sim-flavor", "gemini"])
+    assert serve.sim_flavor == "gemini"
     with pytest.raises(SystemExit):
-        parser.parse_args(["--flavor", "claude"])
+        sim_flags("--flavor", "claude")
 
 
 def test_config_validation() -> None:

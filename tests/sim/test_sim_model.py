@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import argparse
-
 import pytest
 
-from gateway.sim.cli import add_sim_arguments, sim_config_from_args
+from gateway.cli import build_parser
+from gateway.config import Config, load_config
+from gateway.settings import flag_values, load
 from gateway.sim.model import SimConfig, sim_reply
 from protocol.assembly import results_message
 
@@ -62,26 +62,27 @@ def test_config_validation() -> None:
         SimConfig(drop_after=-1)
 
 
+def sim_flags(*argv: str) -> SimConfig:
+    """The ``SimConfig`` of ``gateway sim ARGV``, as the command builds it."""
+    return load(SimConfig, flag_values(build_parser().parse_args(["sim", *argv]), SimConfig))
+
+
 def test_command_line_flags() -> None:
-    parser = argparse.ArgumentParser()
-    add_sim_arguments(parser)
-    assert sim_config_from_args(parser.parse_args([])) == SimConfig()
-    args = parser.parse_args(
-        [
-            "--tokens-per-second",
-            "25",
-            "--chunk-size",
-            "2",
-            "--first-token-delay",
-            "0.5",
-            "--drop-after",
-            "10",
-            "--no-overrun",
-            "--api-key",
-            "k",
-        ]
-    )
-    assert sim_config_from_args(args) == SimConfig(
+    assert sim_flags() == SimConfig()
+    args = [
+        "--tokens-per-second",
+        "25",
+        "--chunk-size",
+        "2",
+        "--first-token-delay",
+        "0.5",
+        "--drop-after",
+        "10",
+        "--no-overrun",
+        "--api-key",
+        "k",
+    ]
+    assert sim_flags(*args) == SimConfig(
         tokens_per_second=25,
         chunk_size=2,
         first_token_delay=0.5,
@@ -90,13 +91,10 @@ def test_command_line_flags() -> None:
         api_key="k",
     )
     with pytest.raises(SystemExit):
-        parser.parse_args(["--chunk-size", "0"])
+        sim_flags("--chunk-size", "0")
 
 
-def test_prefixed_flags_do_not_clash() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--api-key")
-    add_sim_arguments(parser, prefix="sim-")
-    args = parser.parse_args(["--api-key", "gw", "--sim-api-key", "sim", "--sim-no-overrun"])
-    assert args.api_key == "gw"
-    assert sim_config_from_args(args) == SimConfig(api_key="sim", overrun=False)
+def test_serve_takes_the_same_knobs_prefixed_and_from_the_environment() -> None:
+    args = build_parser().parse_args(["serve", "--sim-api-key", "sim", "--sim-no-overrun"])
+    config = load_config(flag_values(args, Config), env={"GATEWAY_SIM_CHUNK_SIZE": "3"})
+    assert config.sim == SimConfig(api_key="sim", overrun=False, chunk_size=3)

@@ -141,9 +141,18 @@ class Result(_Base, tag="result"):
 
 
 class Metric(_Base, tag="metric"):
+    """Usage: ``step`` since the turn's previous metric, ``total`` of the session.
+
+    Every turn's closing ``end`` or ``cancelled`` is followed by one; a tool
+    step gets one after its ``execute``. ``estimated`` is ``true`` (and only
+    then present) when some of ``step`` was estimated from characters because
+    the provider reported no usage (a lost connection, a provider with no cancel).
+    """
+
     step: Usage
     total: Usage
     cost: Cost = msgspec.field(default_factory=Cost)
+    estimated: bool | msgspec.UnsetType = msgspec.UNSET
 
 
 ErrorCode = Literal[

@@ -20,9 +20,10 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import deque
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 from gateway.config import Config
 from gateway.metrics import Metrics
@@ -38,14 +39,8 @@ from gateway.upstream.base import (
     UpstreamError,
     UpstreamFactory,
 )
-from protocol.assembly import (
-    HistoryItem,
-    Message,
-    assemble,
-    encode_history_item,
-    results_message,
-)
-from protocol.calls import ToolCall, ToolResult, decode_call, encode_results, result_payload
+from protocol.assembly import HistoryItem, Message, assemble, encode_history_item
+from protocol.calls import ToolCall, ToolResult
 from protocol.events import (
     Call,
     Cancelled,
@@ -62,14 +57,51 @@ from protocol.events import (
     User,
     encode,
 )
-from protocol.parser import Parser
-from protocol.steps import StepRecorder
+from protocol.turn import (
+    Account,
+    Action,
+    Backoff,
+    Cancel,
+    DropUpstream,
+    Persist,
+    Refuse,
+    ReplaceResponse,
+    Request,
+    Rerun,
+    RetryNow,
+    RunTools,
+    ShellFailed,
+    Shutdown,
+    StopResponse,
+    ToolsDone,
+    TurnMachine,
+    TurnStarted,
+    TurnState,
+    UpstreamFailed,
+    UpstreamLost,
+    UserMessage,
+    turn_in_flight,
+)
+from protocol.turn import ResponseDone as _Done
 from tools.base import ToolContext
 from tools.executor import Executor
 
 __all__ = ["SessionHost", "SessionRuntime", "SessionServices"]
 
 log = logging.getLogger("gateway.sessions.runtime")
+
+# Every event type the machine may hand over as "log it, then send it".
+_EVENT_TYPES: Final = frozenset(
+    {User, Think, Call, Execute, Result, Respond, End, Metric, Error, Interrupt, Cancelled}
+)
+# The actions the driver awaits; a cancel supersedes those not yet performed.
+_AWAITED: Final = frozenset({Request, StopResponse, ReplaceResponse, RunTools, Backoff})
+_CANCEL: Final = Cancel()
+_RETRY_NOW: Final = RetryNow()
+# How long a cancelled response may take to report its end (and usage) before
+# the turn closes with an estimate: OpenAI answers a response.cancel within a
+# round trip; the Gemini adapter bounds its own wait by its cancel_grace.
+_CANCEL_REPORT_WAIT: Final = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,19 +132,6 @@ class SessionHost(Protocol):
         """The runtime stopped: forget it and, if ``release``, free its lease."""
 
 
-class _StepOutcome:
-    """How one model step ended."""
-
-    __slots__ = ("calls", "ended", "error", "malformed", "usage")
-
-    def __init__(self) -> None:
-        self.calls: list[ToolCall] = []
-        self.malformed: str | None = None
-        self.ended = False
-        self.error: str | None = None
-        self.usage: Usage | None = None
-
-
 class SessionRuntime:
     """The live state of one session on the node that drives it."""
 
@@ -131,7 +150,10 @@ class SessionRuntime:
         self.services = services
         self.sid = sid
         self.history = history
-        self.usage = usage
+        cfg = services.config
+        self.machine = TurnMachine(
+            total=usage, max_steps=cfg.max_steps, upstream_retries=cfg.upstream_retries
+        )
         self._clock = clock
         self._seq = last_seq
         self.delivered_seq = last_seq
@@ -145,9 +167,13 @@ class SessionRuntime:
         self._flushed.set()
         self.subscribers: set[Subscriber] = set()
         self.upstream: Upstream | None = None
+        # The turn driver: performs the machine's actions while a turn runs.
         self.turn: asyncio.Task[None] | None = None
-        self._cancel_requested = False
-        self._ending = False  # the running turn emitted end and awaits its usage
+        self._todo: deque[Action] = deque()  # actions the driver performs next, in order
+        self._driving = False  # the driver task has started running
+        self._interrupted = False  # a cancel interrupted the driver's await
+        self._in_upstream_call = False  # the driver awaits a request to the upstream
+        self._requested_at: float | None = None  # when the last response was requested
         self._store_down = False
         self.closed = False
 
@@ -301,326 +327,235 @@ class SessionRuntime:
 
     # ------------------------------------------------------------------ commands
 
+    @property
+    def usage(self) -> Usage:
+        """The session's token usage so far (the turn machine's total)."""
+        return self.machine.total
+
     def start_turn(self, text: str) -> Error | None:
-        """Start a turn with the user's text; an ``Error`` reply if one is running."""
+        """Start a turn with the user's text; an ``Error`` reply if one is running.
+
+        After the model's ``<end>`` or a cancel, the turn only waits for its
+        usage report: a message sent then starts right after it (the machine
+        queues it) instead of being refused.
+        """
         if self.closed:
             return Error(code="internal", content="session is closing; reconnect and resend")
-        previous = self.turn
-        if previous is not None and not self._ending:
-            return Error(
-                code="turn_active",
-                content="a turn is already running; wait for its end event or send cancel",
-            )
-        # After the model's <end> the turn only waits for its usage report: a
-        # message sent on `end` starts right after it instead of being refused.
-        self._cancel_requested = False
-        self._ending = False
-        self.turn = asyncio.create_task(self._turn_after(previous, text), name=f"turn:{self.sid}")
-        return None
-
-    async def _turn_after(self, previous: asyncio.Task[None] | None, text: str) -> None:
-        if previous is not None:
-            try:
-                await asyncio.wait({previous})
-            except asyncio.CancelledError:
-                # Cancelled (or the node closing) before it started: nothing to undo.
-                self._turn_done()
-                raise
-        await self._turn_main(text)
-
-    def _turn_done(self) -> None:
-        if self.turn is asyncio.current_task():
-            self.turn = None
-        self.host.runtime_idle(self)
+        return self._command(self.machine.feed(UserMessage(text)), interrupt=False)
 
     def cancel_turn(self) -> Error | None:
         """Cancel the running turn; an ``Error`` reply if there is none."""
-        if self.turn is None or self.turn.done() or self._ending:
-            return Error(code="no_turn", content="no turn is running; nothing to cancel")
-        if not self._cancel_requested:
-            self._cancel_requested = True
-            self.turn.cancel()
-        return None
+        return self._command(self.machine.feed(_CANCEL), interrupt=True)
 
     def rerun_interrupted(self, reason: str) -> None:
         """After a takeover: if the last turn was in flight, mark it and rerun it."""
-        if not self.history or not isinstance(self.history[-1], User | Result):
-            return
-        self.emit(Interrupt(content=reason))
-        self.turn = asyncio.create_task(self._turn_main(None), name=f"turn:{self.sid}")
+        if turn_in_flight(self.history):
+            self._command(self.machine.feed(Rerun(reason)), interrupt=False)
 
-    # ------------------------------------------------------------------ turn loop
+    def _command(self, actions: Sequence[Action], *, interrupt: bool) -> Error | None:
+        """Hand a command's actions to the driver (starting it if no turn runs)."""
+        if not actions:
+            return None  # queued behind the closing turn
+        first = actions[0]
+        if type(first) is Refuse:
+            return first.error
+        driver = self.turn
+        if driver is None or driver.done():
+            self._todo = deque(actions)
+            self.turn = asyncio.create_task(self._drive(), name=f"turn:{self.sid}")
+        elif interrupt:
+            # The awaits the driver had not performed yet are superseded (its
+            # events and history items stay: they are decided); its current
+            # await is interrupted and it performs these actions next.
+            kept = [action for action in self._todo if type(action) not in _AWAITED]
+            self._todo = deque([*kept, *actions])
+            if self._driving and not self._interrupted:
+                self._interrupted = True
+                driver.cancel()
+        else:
+            self._todo.extend(actions)
+        return None
 
-    async def _turn_main(self, text: str | None) -> None:
-        self.services.metrics.turns.inc()
-        recorder = StepRecorder()
+    # ------------------------------------------------------------------ the turn driver
+
+    async def _drive(self) -> None:
+        """Perform the machine's actions and feed it what the I/O brings, until no turn runs."""
+        machine = self.machine
+        task = asyncio.current_task()
+        assert task is not None
+        self._driving = True
         try:
-            if text is not None:
-                user = User(content=text)
-                self.emit(user)
-                self.persist([User(content=text)])
-                message: Message | None = Message(role="user", content=text)
-            else:
-                message = None  # rerun: the last history item is already the prompt
-            await self._run_steps(message, recorder)
-        except asyncio.CancelledError:
-            if not self._cancel_requested:
-                raise
-            await self._finish_cancelled(recorder)
-        except Exception as exc:
-            log.exception("session %s: turn failed", self.sid)
-            self.emit(
-                Error(
-                    code="internal",
-                    content=f"the turn failed inside the gateway ({type(exc).__name__}); "
-                    "send your message again",
-                )
-            )
-            self.persist(recorder.finish())
-            self.emit(End())
-            await self._drop_upstream()
-        finally:
-            self._turn_done()
-
-    async def _finish_cancelled(self, recorder: StepRecorder) -> None:
-        self.persist([*recorder.finish(), Cancelled(content="cancelled by the user")])
-        self.emit(Cancelled(content="cancelled by the user"))
-        # Cancelling leaves the provider's conversation with a partial response;
-        # the upstream is dropped and the next turn reopens from history, so the
-        # model's context says what the history says. Stopping the provider's
-        # response and closing can take seconds: the client does not wait.
-        upstream, self.upstream = self.upstream, None
-        if upstream is not None:
-            self.host.spawn(_discard(upstream), f"discard-upstream:{self.sid}")
-
-    async def _drop_upstream(self) -> None:
-        upstream, self.upstream = self.upstream, None
-        if upstream is not None:
-            with contextlib.suppress(Exception):
-                await upstream.close()
-
-    async def _open_upstream(self) -> Upstream:
-        upstream = self.services.upstream_factory.create()
-        await upstream.open(self.services.system_prompt, assemble(self.history))
-        self.upstream = upstream
-        return upstream
-
-    async def _run_steps(self, message: Message | None, recorder: StepRecorder) -> None:
-        """Run model steps until the turn ends (end, failure, cancel, step limit)."""
-        cfg = self.services.config
-        malformed_in_a_row = 0
-        for _ in range(cfg.max_steps):
-            outcome = await self._run_step_with_retries(message, recorder)
-            if outcome is None:  # upstream unreachable: already reported
-                self.persist(recorder.finish())
-                self.emit(End())
-                return
-            metric = self._account(outcome.usage)
-            if outcome.error is not None:
-                self.emit(Error(code="upstream", content=outcome.error))
-                self.persist(recorder.finish())
-                self.emit(End())
-                self._emit_metric(metric)
-                await self._drop_upstream()
-                return
-            if outcome.calls or outcome.malformed is not None:
-                self._emit_metric(metric)
-                if outcome.malformed is not None:
-                    malformed_in_a_row += 1
-                    results = [
-                        ToolResult(tool="execute", status="failure", content=outcome.malformed)
-                    ]
-                    if malformed_in_a_row > 2:
-                        self.persist(recorder.finish())
-                        self.emit(
-                            Error(
-                                code="malformed_execute",
-                                content="the model wrote three malformed <execute> blocks in a "
-                                "row; the turn is stopped — rephrase the request and try again",
-                            )
-                        )
-                        self.emit(End())
+            while True:
+                try:
+                    await self._perform_pending()
+                    if machine.idle and not self._todo:
                         return
-                else:
-                    malformed_in_a_row = 0
-                    results = await self._run_tools(outcome.calls)
-                content = encode_results(results)
-                result = Result(content=content, payload=result_payload(results))
-                self.emit(result)
-                self.persist([*recorder.finish(), Result(content=content, payload=result.payload)])
-                message = results_message(content)
-                recorder = StepRecorder()
-                continue
-            # The step answered: the turn is over (end, then the step's metric).
-            self.persist(recorder.finish())
-            if not outcome.ended:
-                self.emit(End())
-            self._emit_metric(metric)
-            return
-        self.persist(recorder.finish())
-        self.emit(
-            Error(
-                code="internal",
-                content=f"the turn reached the limit of {cfg.max_steps} model steps and was "
-                "stopped; ask for a smaller task",
-            )
-        )
-        self.emit(End())
+                    if machine.awaits_upstream:
+                        await self._pump_upstream()
+                except asyncio.CancelledError:
+                    if not self._interrupted or self.closed:
+                        raise
+                    # A cancel: the superseded action may have left the upstream
+                    # mid-request, in a state nobody knows: let it go.
+                    self._interrupted = False
+                    task.uncancel()
+                    if self._in_upstream_call:
+                        self._in_upstream_call = False
+                        self._drop_upstream(stop=True)
+                except UpstreamClosed as exc:
+                    self._upstream_gone(exc.reason)
+                except Exception as exc:
+                    log.exception("session %s: turn failed", self.sid)
+                    self._todo = deque(machine.feed(ShellFailed(type(exc).__name__)))
+        finally:
+            self._driving = False
+            self._interrupted = False
+            if self.turn is task:
+                self.turn = None
+            self.host.runtime_idle(self)
 
-    def _account(self, usage: Usage | None) -> Metric | None:
-        """Add a step's usage to the session's totals; the metric event to emit."""
-        if usage is None:
-            return None
-        self.usage = Usage(
-            input=self.usage.input + usage.input, output=self.usage.output + usage.output
-        )
+    def _upstream_gone(self, reason: str) -> None:
+        self._drop_upstream(stop=False)
+        self.services.metrics.upstream_errors.inc()
+        log.warning("session %s: upstream lost (%s)", self.sid, reason)
+        self._todo = deque(self.machine.feed(UpstreamLost(reason)))
+
+    async def _perform_pending(self) -> None:
+        """Perform queued actions in order; events and history first, awaits last."""
+        todo = self._todo
+        while todo:
+            action = todo.popleft()
+            kind = type(action)
+            if kind in _EVENT_TYPES:
+                self.emit(action)  # type: ignore[arg-type]
+            elif kind is Persist:
+                self.persist(action.items)  # type: ignore[union-attr]
+            elif kind is Account:
+                self._account(action.usage)  # type: ignore[union-attr]
+            elif kind is TurnStarted:
+                self.services.metrics.turns.inc()
+            elif kind is DropUpstream:
+                self._drop_upstream(stop=action.stop)  # type: ignore[union-attr]
+            elif kind is Request:
+                await self._request(action.message)  # type: ignore[union-attr]
+            elif kind is StopResponse:
+                upstream = self.upstream
+                if upstream is None:
+                    raise UpstreamClosed("no upstream connection to stop a response on")
+                self._in_upstream_call = True
+                await upstream.cancel_response()
+                self._in_upstream_call = False
+            elif kind is ReplaceResponse:
+                await self._replace(action.text)  # type: ignore[union-attr]
+            elif kind is RunTools:
+                results = await self._run_tools(action.calls)  # type: ignore[union-attr]
+                todo.extend(self.machine.feed(ToolsDone(tuple(results))))
+            elif kind is Backoff:
+                log.info(
+                    "session %s: retrying the step (%d/%d)",
+                    self.sid,
+                    action.attempt,  # type: ignore[union-attr]
+                    self.services.config.upstream_retries,
+                )
+                await asyncio.sleep(action.delay)  # type: ignore[union-attr]
+                todo.extend(self.machine.feed(_RETRY_NOW))
+            else:  # Refuse: only commands get it, and they answer it themselves
+                log.warning("session %s: unexpected action %r", self.sid, action)
+
+    async def _request(self, message: Message | None) -> None:
+        self._in_upstream_call = True
+        upstream = self.upstream
+        if upstream is None:
+            # Fresh connection: history already ends with the prompt message.
+            upstream = self.services.upstream_factory.create()
+            await upstream.open(self.services.system_prompt, assemble(self.history))
+            self.upstream = upstream
+        elif message is not None:
+            await upstream.add_message(message)
+        self._requested_at = time.perf_counter()
+        await upstream.start_response()
+        self._in_upstream_call = False
+
+    async def _replace(self, text: str) -> None:
+        upstream = self.upstream
+        if upstream is None:
+            return  # the next request reopens from history, which says the same
+        self._in_upstream_call = True
+        try:
+            await upstream.replace_response(text)
+        except UpstreamClosed:
+            self._drop_upstream(stop=False)
+        self._in_upstream_call = False
+
+    async def _pump_upstream(self) -> None:
+        """Feed the upstream's events to the machine until one calls for an action."""
+        upstream = self.upstream
+        if upstream is None:
+            raise UpstreamClosed("no upstream connection")
+        machine = self.machine
+        text = machine.text
+        emit = self.emit
+        todo = self._todo
+        first = self._requested_at is not None
+        while machine.awaits_upstream:
+            if machine.state is TurnState.CANCELLING:
+                try:
+                    async with asyncio.timeout(_CANCEL_REPORT_WAIT):
+                        ev = await upstream.recv()
+                except TimeoutError:
+                    raise UpstreamClosed(
+                        f"no end of the cancelled response within {_CANCEL_REPORT_WAIT:g}s"
+                    ) from None
+            else:
+                ev = await upstream.recv()
+            if type(ev) is TextDelta:
+                if first:
+                    first = False
+                    self._first_delta()
+                for action in text(ev.text):
+                    if type(action) is StopResponse:
+                        todo.append(action)
+                    else:
+                        emit(action)  # type: ignore[arg-type]
+                if todo:
+                    return
+            elif type(ev) is ResponseDone:
+                assert isinstance(ev, ResponseDone)
+                todo.extend(machine.feed(_Done(ev.status, ev.usage, ev.detail, ev.estimated)))
+                return
+            elif type(ev) is UpstreamError:
+                assert isinstance(ev, UpstreamError)
+                log.warning("session %s: upstream error %s: %s", self.sid, ev.code, ev.message)
+                todo.extend(machine.feed(UpstreamFailed(ev.code, ev.message)))
+                if todo:
+                    return
+
+    def _first_delta(self) -> None:
+        started, self._requested_at = self._requested_at, None
+        if started is not None:
+            self.services.metrics.first_delta.observe(time.perf_counter() - started)
+
+    def _account(self, usage: Usage) -> None:
+        """Charge a step's usage: the token counters and the owner's quota (``metric`` follows)."""
         metrics = self.services.metrics
         metrics.tokens.labels("input").inc(usage.input)
         metrics.tokens.labels("output").inc(usage.output)
         self.services.limits.record_usage(self.sid, usage)
-        return Metric(step=usage, total=self.usage)
 
-    def _emit_metric(self, metric: Metric | None) -> None:
-        if metric is not None:
-            self.emit(metric)
-
-    async def _run_tools(self, calls: list[ToolCall]) -> list[ToolResult]:
+    async def _run_tools(self, calls: Sequence[ToolCall]) -> list[ToolResult]:
         services = self.services
         services.metrics.tool_calls.inc(len(calls))
-        results = await services.executor.run_batch(calls, services.tool_context(self.sid))
+        results = await services.executor.run_batch(list(calls), services.tool_context(self.sid))
         failures = sum(1 for r in results if r.status != "success")
         if failures:
             services.metrics.tool_failures.inc(failures)
         return results
 
-    async def _run_step_with_retries(
-        self, message: Message | None, recorder: StepRecorder
-    ) -> _StepOutcome | None:
-        """One model step; on upstream loss, reconnect from history and rerun it."""
-        retries = self.services.config.upstream_retries
-        attempt = 0
-        while True:
-            try:
-                upstream = self.upstream
-                if upstream is None:
-                    # Fresh connection: history already ends with the prompt message.
-                    upstream = await self._open_upstream()
-                elif message is not None:
-                    await upstream.add_message(message)
-                message = None
-                return await self._stream_step(upstream, recorder)
-            except UpstreamClosed as exc:
-                await self._drop_upstream()
-                attempt += 1
-                self.services.metrics.upstream_errors.inc()
-                log.warning(
-                    "session %s: upstream lost (%s); %s",
-                    self.sid,
-                    exc.reason,
-                    f"retry {attempt}/{retries}" if attempt <= retries else "giving up",
-                )
-                if attempt > retries:
-                    self.emit(
-                        Error(
-                            code="upstream",
-                            content=f"the model's API is unreachable ({exc.reason}); "
-                            "the turn was stopped — send your message again later",
-                        )
-                    )
-                    return None
-                if recorder.emitted:
-                    self.emit(
-                        Interrupt(
-                            content=f"upstream connection lost ({exc.reason}); "
-                            "this step is being rerun — discard its partial output"
-                        )
-                    )
-                recorder.finish()  # the partial step is not history
-                recorder.emitted = False
-                await asyncio.sleep(min(0.1 * 2**attempt, 2.0))
-
-    async def _stream_step(self, upstream: Upstream, recorder: StepRecorder) -> _StepOutcome:
-        """Stream one response through a fresh parser until it is done."""
-        outcome = _StepOutcome()
-        parser = Parser()
-        feed = parser.feed
-        emit = self.emit
-        add = recorder.add
-        metrics = self.services.metrics
-        started = time.perf_counter()
-        first = True
-        await upstream.start_response()
-        while True:
-            ev = await upstream.recv()
-            if type(ev) is TextDelta:
-                if first:
-                    first = False
-                    metrics.first_delta.observe(time.perf_counter() - started)
-                if parser.stopped:
-                    continue  # the overrun after </execute> or <end> is discarded
-                for out in feed(ev.text):
-                    self._route(out, outcome, emit, add)
-                if parser.stopped:
-                    if outcome.ended:
-                        self._ending = True  # <end>: the next message may queue now
-                    else:
-                        # </execute> (or a malformed block): stop the model's turn now.
-                        await upstream.cancel_response()
-            elif type(ev) is ResponseDone:
-                if not parser.stopped:
-                    for out in parser.close():
-                        self._route(out, outcome, emit, add)
-                outcome.usage = ev.usage
-                if (
-                    ev.status in ("failed", "incomplete")
-                    and not outcome.calls
-                    and not outcome.ended
-                ):
-                    outcome.error = f"the model's response {ev.status}" + (
-                        f": {ev.detail}" if ev.detail else ""
-                    )
-                if outcome.calls or outcome.malformed is not None:
-                    # The model's own words up to </execute>, without the overrun:
-                    # its context keeps its own formatting, and a provider that
-                    # already holds exactly this text has nothing to redo.
-                    try:
-                        await upstream.replace_response(parser.accepted_text)
-                    except UpstreamClosed:
-                        await self._drop_upstream()
-                return outcome
-            elif type(ev) is UpstreamError:
-                assert isinstance(ev, UpstreamError)
-                log.warning("session %s: upstream error %s: %s", self.sid, ev.code, ev.message)
-                outcome.error = f"the model's API reported {ev.code}: {ev.message}"
-                return outcome
-
-    @staticmethod
-    def _route(
-        out: Event,
-        outcome: _StepOutcome,
-        emit: Callable[[Event], None],
-        add: Callable[[Event], None],
-    ) -> None:
-        kind = type(out)
-        if kind is Think or kind is Respond:
-            add(out)
-            emit(out)
-        elif kind is Call:
-            add(out)
-            outcome.calls.append(decode_call(out.content))  # type: ignore[union-attr]
-            emit(out)
-        elif kind is Execute:
-            emit(out)
-        elif kind is End:
-            outcome.ended = True
-            emit(out)
-        elif kind is Error:
-            assert isinstance(out, Error)
-            if out.code == "malformed_execute":
-                outcome.malformed = out.content
-            emit(out)
-        else:
-            emit(out)
+    def _drop_upstream(self, *, stop: bool) -> None:
+        """Let the upstream go; it is closed in the background, so the turn does not wait."""
+        upstream, self.upstream = self.upstream, None
+        if upstream is not None:
+            self.host.spawn(_discard(upstream, stop=stop), f"discard-upstream:{self.sid}")
 
     # ------------------------------------------------------------------ ownership
 
@@ -650,12 +585,17 @@ class SessionRuntime:
         for sub in tuple(self.subscribers):
             sub.session_lost(reason)
         self.subscribers.clear()
-        await self._drop_upstream()
+        self.machine.feed(Shutdown())
+        self._todo.clear()
+        upstream, self.upstream = self.upstream, None
+        if upstream is not None:
+            await _discard(upstream, stop=True)
 
 
-async def _discard(upstream: Upstream) -> None:
-    """Stop an abandoned upstream's response (so it stops billing) and close it."""
-    with contextlib.suppress(Exception):
-        await asyncio.wait_for(upstream.cancel_response(), 2.0)
+async def _discard(upstream: Upstream, *, stop: bool) -> None:
+    """Close an upstream we let go; ``stop``: first stop its response (so it stops billing)."""
+    if stop:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(upstream.cancel_response(), 2.0)
     with contextlib.suppress(Exception):
         await upstream.close()

@@ -41,12 +41,15 @@ class ResponseDone(msgspec.Struct, frozen=True):
     """The running response finished.
 
     ``status`` is ``completed``, ``cancelled``, ``failed`` or ``incomplete``;
-    ``usage`` the response's token counts when the provider reports them.
+    ``usage`` the response's token counts when the provider reports them, or
+    the adapter's estimate (then ``estimated``) when it stopped waiting for
+    them: every response's usage is counted, also of a cancelled one.
     """
 
     status: str
     usage: Usage | None = None
     detail: str = ""
+    estimated: bool = False
 
 
 class UpstreamError(msgspec.Struct, frozen=True):

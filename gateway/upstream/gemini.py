@@ -34,8 +34,9 @@ seconds) for the model's turn to end by itself:
   ``ResponseDone("completed")`` with the turn's usage; the server's copy of the
   turn is exactly the text the session saw, and the connection stays;
 - more text arrives (the model writes past the stop) or the grace expires:
-  ``ResponseDone("cancelled")`` at once, without usage (Gemini reports usage
-  only at the end of a turn, so that step gets no ``metric`` event); the turn
+  ``ResponseDone("cancelled")`` at once, with usage estimated from characters
+  (Gemini reports usage only at the end of a turn; the step's ``metric`` says
+  ``estimated``); the turn
   still running on the server makes the connection *stale*: the next request
   reconnects with the transcript (which holds the text the session saw)
   rather than interrupt it, because what Gemini keeps of an interrupted turn
@@ -94,6 +95,7 @@ from gateway.upstream.base import (
 from gateway.upstream.dial import dial
 from protocol.assembly import Message
 from protocol.events import Usage
+from protocol.turn import estimate_tokens
 
 __all__ = [
     "DEFAULT_API_VERSION",
@@ -511,16 +513,23 @@ class GeminiLive(Upstream):
                     events.append(self._abandon("the model wrote past the point it was stopped at"))
         if content.interrupted:
             if self._state in (_RUNNING, _CANCELLING):
+                usage, estimated = self._turn_usage()
                 self._end_turn(clean=False)
                 events.append(
-                    ResponseDone(status="cancelled", detail="Gemini Live interrupted the turn")
+                    ResponseDone(
+                        status="cancelled",
+                        usage=usage,
+                        detail="Gemini Live interrupted the turn",
+                        estimated=estimated,
+                    )
                 )
             self._state = _IDLE
             self._dirty = True
         elif content.turn_complete:
             if self._state in (_RUNNING, _CANCELLING):
+                usage, estimated = self._turn_usage()
                 self._end_turn(clean=True)
-                events.append(ResponseDone(status="completed", usage=self._usage))
+                events.append(ResponseDone(status="completed", usage=usage, estimated=estimated))
             self._state = _IDLE  # a stale turn is over: the connection stays dirty
 
     def _end_turn(self, *, clean: bool) -> None:
@@ -538,9 +547,31 @@ class GeminiLive(Upstream):
 
     def _abandon(self, why: str) -> ResponseDone:
         """End a cancelled turn for the session while it still runs on the server."""
+        usage, estimated = self._turn_usage()
         self._end_turn(clean=False)
         self._state = _STALE
-        return ResponseDone(status="cancelled", detail=f"{why} (Gemini Live has no cancel)")
+        return ResponseDone(
+            status="cancelled",
+            usage=usage,
+            detail=f"{why} (Gemini Live has no cancel)",
+            estimated=estimated,
+        )
+
+    def _turn_usage(self) -> tuple[Usage, bool]:
+        """The running turn's usage: as reported, or estimated (then True) from characters.
+
+        Gemini reports usage only at the end of a turn; a turn the adapter stops
+        waiting for (no cancel on Gemini) or that the server interrupted is still
+        billed, so it is counted at about 4 characters a token: the context up to
+        the request (instructions and transcript) in, the text received out.
+        """
+        if self._usage is not None:
+            return self._usage, False
+        context = len(self._instructions) + sum(
+            len(_turn_text(turn)) for turn in self._transcript[: self._reply_at]
+        )
+        output = sum(len(text) for text in self._text)
+        return Usage(input=estimate_tokens(context), output=estimate_tokens(output)), True
 
     # --- plumbing ---------------------------------------------------------------
 

@@ -9,12 +9,12 @@ events, in the same order, with the same merged think/respond/call/result
 contents (seq, timestamps and chunking aside) — checked against the expected
 sequences and against each other.
 
-The one difference the suite allows is documented in
-``gateway.upstream.gemini``: Gemini Live has no cancel, so a step stopped at
-``</execute>`` while the model keeps writing ends without usage (no ``metric``
-for that step). The scripted model therefore stops at ``</execute>``
-(``overrun=False``) wherever sequences are compared with their metrics;
-``test_overrun_is_discarded`` covers the overrunning model without them.
+Every turn ends with one closing event (``end`` or ``cancelled``) and then
+one ``metric``, on every provider, and every model step is counted: Gemini
+Live has no cancel, so a step stopped at ``</execute>`` while the model keeps
+writing (or a cancelled one) gets a ``metric`` whose usage is estimated from
+characters (``estimated: true``). The metric *count* is the same on both
+flavours; exact token counts differ, so sequences compare metrics by place.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from gateway.app import running_gateway
 from gateway.config import ConfigError, load_config
 from gateway.sim.model import SimConfig
 from gateway.sim.server import serve_sim
-from protocol.events import Event, Metric
+from protocol.events import Event, Metric, Usage
 from tests.support.client import GatewayClient
 
 PROVIDERS = ["openai", "gemini"]
@@ -211,13 +211,19 @@ async def test_cancel_mid_stream_then_the_next_turn_works(provider: str, tmp_pat
         await client.until_type("respond")
         await client.send({"type": "cancel"})
         cancelled = await client.until_type("cancelled")
+        closing = await client.until_type("metric")
         after = await client.turn("/raw done<end>")
         check_seqs(client)
     seen = shape(client.events[: len(client.events) - len(after)])
-    assert [name for name, _ in seen] == ["user", "respond", "cancelled"]
+    assert [name for name, _ in seen] == ["user", "respond", "cancelled", "metric"]
     assert set(seen[1][1]) == {"y"}
     assert seen[2] == ("cancelled", "cancelled by the user")
     assert kind(cancelled[-1]) == "cancelled"
+    # The cancelled step's usage is counted: one metric, right after cancelled.
+    assert closing == [closing[-1]]
+    metric = closing[-1]
+    assert isinstance(metric, Metric) and metric.step.output > 0
+    assert metric.total == metric.step
     assert shape(after) == [
         ("user", "/raw done<end>"),
         ("respond", "done"),
@@ -269,3 +275,39 @@ async def test_the_gemini_provider_needs_a_key(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="GEMINI_API_KEY"):
         async with running_gateway(load_config(settings, env={})):
             pass
+
+
+@pytest.mark.parametrize("overrun", [False, True])
+async def test_a_tool_turn_gives_the_same_metrics_on_both_flavours(
+    overrun: bool, tmp_path: Path
+) -> None:
+    counts = []
+    for provider in PROVIDERS:
+        async with gateway_client(provider, tmp_path, overrun=overrun) as client:
+            events = await client.turn(TOOL)
+            check_seqs(client)
+        assert shape(events) == TOOL_TURN
+        metrics = [e for e in events if isinstance(e, Metric)]
+        check_usage(events)
+        assert metrics[-1].total == Usage(
+            input=sum(m.step.input for m in metrics), output=sum(m.step.output for m in metrics)
+        )
+        counts.append(len(metrics))
+    assert counts == [2, 2]
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_a_failed_turn_ends_with_error_end_and_metric(
+    provider: str, tmp_path: Path
+) -> None:
+    # Every connection is dropped after 3 deltas: the step is retried, then given up.
+    async with gateway_client(provider, tmp_path, drop_after=3, chunk_size=1) as client:
+        events = await client.turn("hi")
+        check_seqs(client)
+    names = [name for name, _ in shape(events)]
+    assert names[-3:] == ["error:upstream", "end", "metric"]
+    assert names.count("end") == 1 and names.count("metric") == 1
+    metric = events[-1]
+    assert isinstance(metric, Metric)
+    # What the lost attempts wrote was billed: it is counted, as an estimate.
+    assert metric.step.output > 0 and metric.estimated is True

@@ -1,0 +1,726 @@
+"""The turn as a pure state machine. Nothing else holds the state of a session's turns.
+
+``TurnMachine`` decides everything about a turn: which events the client
+sees and in what order, what goes into history, when the model is asked,
+stopped or handed tool results, when a lost upstream is retried, and how the
+turn ends. It is sans-I/O in the style of h11's ``_state.py``: no asyncio, no
+socket, no clock. The session runtime (``gateway.sessions.runtime``) is the
+I/O shell that feeds it *inputs* and performs the *actions* it returns; the
+shell holds no turn state of its own (no flags, no counters), so a new
+capability — client-side tools, barge-in, native tool calls, provider
+fallback — is a new input or action and new transitions here.
+
+**Inputs** (``TurnInput``, frozen and tagged): ``UserMessage``, ``Rerun``,
+``TextDelta``, ``ResponseDone``, ``UpstreamFailed``, ``UpstreamLost``,
+``ToolsDone``, ``RetryNow``, ``Cancel``, ``ShellFailed``, ``Shutdown``. Feed
+them with ``feed``; a text delta also has the fast path ``text``.
+
+**Actions** (``Action``): a protocol ``Event`` means "log it, then send it"
+(the shell stamps ``seq``/``timestamp``); the rest are the frozen Structs
+below (``Persist``, ``Account``, ``TurnStarted``, ``Request``,
+``StopResponse``, ``ReplaceResponse``, ``RunTools``, ``DropUpstream``,
+``Backoff``, ``Refuse``). Every action list puts the ones the shell performs
+at once (events, ``Persist``, ``Account``, ``TurnStarted``, ``DropUpstream``,
+``Refuse``) before the ones it awaits (``Request``, ``StopResponse``,
+``ReplaceResponse``, ``RunTools``, ``Backoff``). A ``Cancel`` supersedes
+whatever the shell had not performed yet, so it can interrupt an await and
+drop the rest.
+
+**Inputs that make no sense in a state** (a delta while no response runs, a
+cancel with no turn, tool results nobody asked for) return ``()`` or a
+``Refuse`` — never an exception: they come from the network and from
+timing, not from a bug.
+
+**The end of a turn** (issue 18): every turn ends with exactly one closing
+event, ``end`` or ``cancelled``, followed by exactly one ``metric``. An error
+that stops the turn comes just before its ``end``. A ``metric``'s ``step`` is
+the usage since the turn's previous ``metric`` (zero when no model step ran
+since), its ``total`` the session's; a tool step also gets a ``metric`` right
+after its ``execute``. Usage the provider did not report (a lost connection,
+a provider without a cancel) is estimated from characters and the metric says
+``estimated: true``. ``Account`` precedes the metric that reports the same
+usage, so the token counters and quotas always agree with the client's view.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from typing import Final
+
+import msgspec
+
+from protocol.assembly import HistoryItem, Message, results_message
+from protocol.calls import ToolCall, ToolResult, decode_call, encode_results, result_payload
+from protocol.events import (
+    Call,
+    Cancelled,
+    End,
+    Error,
+    Event,
+    Interrupt,
+    Metric,
+    Respond,
+    Result,
+    Think,
+    Usage,
+    User,
+)
+from protocol.parser import Parser
+from protocol.steps import StepRecorder
+
+__all__ = [
+    "Account",
+    "Action",
+    "Backoff",
+    "Cancel",
+    "DropUpstream",
+    "Persist",
+    "Refuse",
+    "ReplaceResponse",
+    "Request",
+    "Rerun",
+    "ResponseDone",
+    "RetryNow",
+    "RunTools",
+    "ShellFailed",
+    "Shutdown",
+    "StopResponse",
+    "TextDelta",
+    "ToolsDone",
+    "TurnInput",
+    "TurnMachine",
+    "TurnStarted",
+    "TurnState",
+    "UpstreamFailed",
+    "UpstreamLost",
+    "UserMessage",
+    "estimate_tokens",
+    "turn_in_flight",
+]
+
+
+# --- inputs -----------------------------------------------------------------------
+
+
+class _Input(msgspec.Struct, frozen=True, tag_field="input"):
+    pass
+
+
+class UserMessage(_Input, frozen=True, tag="user_message"):
+    """The user sent a message: start a turn (or queue it behind a closing one)."""
+
+    text: str
+
+
+class Rerun(_Input, frozen=True, tag="rerun"):
+    """After a takeover, rerun the turn history shows in flight (see ``turn_in_flight``)."""
+
+    reason: str
+
+
+class TextDelta(_Input, frozen=True, tag="text_delta"):
+    """A piece of the running response's text (hot path: prefer ``TurnMachine.text``)."""
+
+    text: str
+
+
+class ResponseDone(_Input, frozen=True, tag="response_done"):
+    """The running response finished; ``usage`` as the provider reported it, if it did.
+
+    ``status``: ``completed``, ``cancelled``, ``failed`` or ``incomplete``;
+    ``estimated``: the adapter estimated ``usage`` (the provider gave none).
+    """
+
+    status: str
+    usage: Usage | None = None
+    detail: str = ""
+    estimated: bool = False
+
+
+class UpstreamFailed(_Input, frozen=True, tag="upstream_failed"):
+    """The provider reported an error; the connection is still up."""
+
+    code: str
+    message: str
+
+
+class UpstreamLost(_Input, frozen=True, tag="upstream_lost"):
+    """The upstream connection is gone, or could not be opened or used (``reason``: for logs)."""
+
+    reason: str
+
+
+class ToolsDone(_Input, frozen=True, tag="tools_done"):
+    """The batch asked for by ``RunTools`` finished; results in call order."""
+
+    results: tuple[ToolResult, ...]
+
+
+class RetryNow(_Input, frozen=True, tag="retry_now"):
+    """The ``Backoff`` delay is over."""
+
+
+class Cancel(_Input, frozen=True, tag="cancel"):
+    """The user cancelled the running turn."""
+
+
+class ShellFailed(_Input, frozen=True, tag="shell_failed"):
+    """The shell hit an unexpected error performing an action (a bug): end the turn."""
+
+    what: str
+
+
+class Shutdown(_Input, frozen=True, tag="shutdown"):
+    """The session stops on this node (lease lost, drain): forget the turn, write nothing."""
+
+
+TurnInput = (
+    UserMessage
+    | Rerun
+    | TextDelta
+    | ResponseDone
+    | UpstreamFailed
+    | UpstreamLost
+    | ToolsDone
+    | RetryNow
+    | Cancel
+    | ShellFailed
+    | Shutdown
+)
+
+
+# --- actions ----------------------------------------------------------------------
+
+
+class _Action(msgspec.Struct, frozen=True, tag_field="action"):
+    pass
+
+
+class Persist(_Action, frozen=True, tag="persist"):
+    """Add these items to history (written atomically with the next log append)."""
+
+    items: tuple[HistoryItem, ...]
+
+
+class Account(_Action, frozen=True, tag="account"):
+    """Charge ``usage`` (token counters, per-key quota); the next ``Metric`` reports it."""
+
+    usage: Usage
+
+
+class TurnStarted(_Action, frozen=True, tag="turn_started"):
+    """A turn begins (count it)."""
+
+
+class Request(_Action, frozen=True, tag="request"):
+    """Ask the model for a response.
+
+    With an open upstream: add ``message`` (if any) and start a response. With
+    none: open a fresh one whose context is rebuilt from history — which
+    already ends with ``message``, persisted before — and start a response.
+    If this fails, feed ``UpstreamLost``.
+    """
+
+    message: Message | None = None
+
+
+class StopResponse(_Action, frozen=True, tag="stop_response"):
+    """Ask the provider to stop the running response (a ``ResponseDone`` follows).
+
+    If this fails, feed ``UpstreamLost``.
+    """
+
+
+class ReplaceResponse(_Action, frozen=True, tag="replace_response"):
+    """Make the upstream conversation hold ``text`` as the stopped response's output.
+
+    Best effort: if the upstream is gone, drop it; the next ``Request`` reopens
+    from history, which says the same thing. Nothing is fed back.
+    """
+
+    text: str
+
+
+class RunTools(_Action, frozen=True, tag="run_tools"):
+    """Run the batch; feed ``ToolsDone`` with the results."""
+
+    calls: tuple[ToolCall, ...]
+
+
+class DropUpstream(_Action, frozen=True, tag="drop_upstream"):
+    """Let the upstream go (closed in the background); the next ``Request`` opens a fresh one.
+
+    ``stop``: a response may still run there: stop it first, so it stops billing.
+    """
+
+    stop: bool = False
+
+
+class Backoff(_Action, frozen=True, tag="backoff"):
+    """Wait ``delay`` seconds before retry ``attempt``, then feed ``RetryNow``."""
+
+    attempt: int
+    delay: float
+
+
+class Refuse(_Action, frozen=True, tag="refuse"):
+    """The command is refused: send ``error`` back to whoever sent it (not logged)."""
+
+    error: Error
+
+
+Action = (
+    Event
+    | Persist
+    | Account
+    | TurnStarted
+    | Request
+    | StopResponse
+    | ReplaceResponse
+    | RunTools
+    | DropUpstream
+    | Backoff
+    | Refuse
+)
+
+# The constant actions, made once: the machine returns them without allocating.
+_STOP: Final = StopResponse()
+_STARTED: Final = TurnStarted()
+_RETRY: Final = Request()
+_NOTHING: Final[tuple[()]] = ()
+_ZERO: Final = Usage(input=0, output=0)
+
+
+# --- states -----------------------------------------------------------------------
+
+
+class TurnState(enum.Enum):
+    """Where the session's turn is."""
+
+    IDLE = "idle"
+    """No turn runs; a user message starts one."""
+    STREAMING = "streaming"
+    """A response was requested; its deltas go through the parser to the client."""
+    STOPPING = "stopping"
+    """The parser stopped at ``</execute>`` (or a malformed block): waiting for the response's end."""
+    ENDING = "ending"
+    """The model wrote ``<end>`` (``end`` is sent): waiting for the usage. A message queues."""
+    TOOLS = "tools"
+    """The batch runs; waiting for ``ToolsDone``."""
+    BACKOFF = "backoff"
+    """The upstream was lost mid-step; waiting for ``RetryNow`` to rerun the step."""
+    CANCELLING = "cancelling"
+    """``cancelled`` is sent; waiting for the stopped response's usage. A message queues."""
+
+
+_IDLE: Final = TurnState.IDLE
+_STREAMING: Final = TurnState.STREAMING
+_STOPPING: Final = TurnState.STOPPING
+_ENDING: Final = TurnState.ENDING
+_TOOLS: Final = TurnState.TOOLS
+_BACKOFF: Final = TurnState.BACKOFF
+_CANCELLING: Final = TurnState.CANCELLING
+
+CANCELLED_BY_USER: Final = "cancelled by the user"
+MALFORMED_LIMIT: Final = 3  # malformed <execute> blocks in a row that stop the turn
+
+
+def estimate_tokens(chars: int) -> int:
+    """Tokens for ``chars`` characters of text when the provider reported none (~4 per token)."""
+    return (chars + 3) // 4
+
+
+def turn_in_flight(history: Sequence[HistoryItem]) -> bool:
+    """Whether history shows a turn that did not finish (it ends with the prompt or results)."""
+    return bool(history) and isinstance(history[-1], User | Result)
+
+
+class TurnMachine:
+    """The turns of one session (see the module docstring).
+
+    ``total`` is the session's usage so far (it grows with every ``Account``);
+    ``max_steps`` bounds the model steps of a turn; ``upstream_retries`` the
+    reconnects of one step before the turn fails.
+    """
+
+    __slots__ = (
+        "_attempt",
+        "_calls",
+        "_chars",
+        "_ended",
+        "_estimated",
+        "_feed",
+        "_malformed",
+        "_malformed_in_a_row",
+        "_parser",
+        "_queued",
+        "_recorder",
+        "_steps",
+        "_unreported",
+        "max_steps",
+        "state",
+        "total",
+        "upstream_retries",
+    )
+
+    def __init__(
+        self, *, total: Usage = _ZERO, max_steps: int = 25, upstream_retries: int = 3
+    ) -> None:
+        self.state = _IDLE
+        self.total = total
+        self.max_steps = max_steps
+        self.upstream_retries = upstream_retries
+        self._queued: str | None = None  # a message sent while the turn was closing
+        self._recorder = StepRecorder()
+        self._parser = Parser()
+        self._feed = self._parser.feed
+        self._calls: list[ToolCall] = []
+        self._malformed: str | None = None
+        self._ended = False  # the parser saw <end> in this step
+        self._chars = 0  # characters of this attempt's response (for estimates)
+        self._steps = 0
+        self._attempt = 0
+        self._malformed_in_a_row = 0
+        self._unreported = _ZERO  # usage since the turn's last metric
+        self._estimated = False
+
+    @property
+    def idle(self) -> bool:
+        """No turn runs (the shell's driver may stop)."""
+        return self.state is _IDLE
+
+    @property
+    def awaits_upstream(self) -> bool:
+        """The next input comes from the upstream connection (a delta or a response's end)."""
+        state = self.state
+        return state is _STREAMING or state is _STOPPING or state is _ENDING or state is _CANCELLING
+
+    # --- the hot path ---------------------------------------------------------------
+
+    def text(self, text: str) -> Sequence[Action]:
+        """A text delta. The actions are the parser's list of events (plus ``StopResponse``).
+
+        A delta with no marker costs one parser fast path and one recorder
+        append: no action list of its own, nothing else allocated.
+        """
+        if self.state is not _STREAMING:
+            return _NOTHING  # the overrun after a stop marker, or leftovers of a cancel
+        self._chars += len(text)
+        out: list[Event] = self._feed(text)
+        add = self._recorder.add
+        for event in out:
+            kind = type(event)
+            if kind is Think or kind is Respond:
+                add(event)
+            else:
+                self._marker(event)
+        if self._parser.stopped:
+            if self._ended:
+                self.state = _ENDING  # the next message may queue now
+            else:
+                self.state = _STOPPING  # </execute> or a malformed block: stop the model now
+                out.append(_STOP)  # type: ignore[arg-type]
+        return out
+
+    def _marker(self, event: Event) -> None:
+        kind = type(event)
+        if kind is Call:
+            self._recorder.add(event)
+            self._calls.append(decode_call(event.content))  # type: ignore[union-attr]
+        elif kind is End:
+            self._ended = True
+        elif kind is Error and event.code == "malformed_execute":  # type: ignore[union-attr]
+            self._malformed = event.content  # type: ignore[union-attr]
+
+    # --- everything else ---------------------------------------------------------------
+
+    def feed(self, given: TurnInput) -> Sequence[Action]:
+        """Everything but the hot path: the actions ``given`` calls for in this state."""
+        kind = type(given)
+        if kind is TextDelta:
+            return self.text(given.text)  # type: ignore[union-attr]
+        if kind is UserMessage:
+            return self._user(given.text)  # type: ignore[union-attr]
+        if kind is ResponseDone:
+            return self._response_done(given)  # type: ignore[arg-type]
+        if kind is ToolsDone:
+            return self._tools_done(given.results)  # type: ignore[union-attr]
+        if kind is UpstreamLost:
+            return self._upstream_lost(given.reason)  # type: ignore[union-attr]
+        if kind is UpstreamFailed:
+            return self._upstream_failed(given)  # type: ignore[arg-type]
+        if kind is RetryNow:
+            if self.state is not _BACKOFF:
+                return _NOTHING
+            self.state = _STREAMING
+            return [_RETRY]
+        if kind is Cancel:
+            return self._cancel()
+        if kind is Rerun:
+            if self.state is not _IDLE:
+                return _NOTHING
+            return self._begin([Interrupt(content=given.reason)], None)  # type: ignore[union-attr]
+        if kind is ShellFailed:
+            return self._shell_failed(given.what)  # type: ignore[union-attr]
+        if kind is Shutdown:
+            was = self.state
+            self.state = _IDLE
+            self._queued = None
+            return _NOTHING if was is _IDLE else [DropUpstream(stop=True)]
+        return _NOTHING
+
+    def _user(self, text: str) -> Sequence[Action]:
+        state = self.state
+        if state is _IDLE:
+            return self._begin(
+                [User(content=text), Persist((User(content=text),))],
+                Message(role="user", content=text),
+            )
+        if (state is _ENDING or state is _CANCELLING) and self._queued is None:
+            # The turn only waits for its usage: the message starts right after it.
+            self._queued = text
+            return _NOTHING
+        return [
+            Refuse(
+                Error(
+                    code="turn_active",
+                    content="a turn is already running; wait for its end event or send cancel",
+                )
+            )
+        ]
+
+    def _begin(self, first: list[Action], message: Message | None) -> list[Action]:
+        """Start a turn: ``first`` (its opening events), then the first model step."""
+        self._unreported = _ZERO
+        self._estimated = False
+        self._steps = 0
+        self._malformed_in_a_row = 0
+        self._recorder = StepRecorder()
+        return [_STARTED, *first, self._step(message)]
+
+    def _step(self, message: Message | None) -> Request:
+        """A new model step: a fresh parser, then ask the model."""
+        self._steps += 1
+        self._attempt = 0
+        self._new_attempt()
+        self.state = _STREAMING
+        return _RETRY if message is None else Request(message)
+
+    def _new_attempt(self) -> None:
+        self._parser = Parser()
+        self._feed = self._parser.feed
+        self._calls = []
+        self._malformed = None
+        self._ended = False
+        self._chars = 0
+
+    def _response_done(self, done: ResponseDone) -> Sequence[Action]:
+        state = self.state
+        if state is _CANCELLING:
+            self._count(done.usage, done.estimated)
+            return self._close([DropUpstream()])
+        if state is _ENDING:
+            self._count(done.usage, done.estimated)
+            return self._close([Persist(tuple(self._recorder.finish()))])
+        if state is not _STREAMING and state is not _STOPPING:
+            return _NOTHING
+        out: list[Action] = []
+        if state is _STREAMING:
+            for event in self._parser.close():
+                kind = type(event)
+                if kind is Think or kind is Respond:
+                    self._recorder.add(event)
+                else:
+                    self._marker(event)
+                out.append(event)
+        self._count(done.usage, done.estimated)
+        if self._calls or self._malformed is not None:
+            return self._tool_step(out)
+        if done.status in ("failed", "incomplete"):
+            detail = f": {done.detail}" if done.detail else ""
+            return self._fail(out, f"the model's response {done.status}{detail}")
+        # The step answered without <end>: the turn is over all the same.
+        out += [Persist(tuple(self._recorder.finish())), End()]
+        return self._close(out)
+
+    def _tool_step(self, out: list[Action]) -> list[Action]:
+        """The step stopped at ``</execute>``: report it, then run its batch (or hand back the error)."""
+        # The model's own words up to </execute>, without the overrun: its
+        # context keeps its own formatting, and a provider that already holds
+        # exactly this text has nothing to redo.
+        replace = ReplaceResponse(self._parser.accepted_text)
+        if self._malformed is not None:
+            self._malformed_in_a_row += 1
+            if self._malformed_in_a_row >= MALFORMED_LIMIT:
+                out += [
+                    Persist(tuple(self._recorder.finish())),
+                    Error(
+                        code="malformed_execute",
+                        content="the model wrote three malformed <execute> blocks in a row; "
+                        "the turn is stopped — rephrase the request and try again",
+                    ),
+                    End(),
+                ]
+                out = self._close(out)
+                out.append(replace)
+                return out
+            out += self._metric()
+            failure = ToolResult(tool="execute", status="failure", content=self._malformed)
+            out += self._tools_done((failure,), running=False)
+            # After the result is logged, before the next request (if the turn goes on).
+            out.insert(len(out) - 1 if type(out[-1]) is Request else len(out), replace)
+            return out
+        self._malformed_in_a_row = 0
+        out += self._metric()
+        out += [replace, RunTools(tuple(self._calls))]
+        self.state = _TOOLS
+        return out
+
+    def _tools_done(self, results: tuple[ToolResult, ...], *, running: bool = True) -> list[Action]:
+        if running and self.state is not _TOOLS:
+            return []  # results of a batch the machine no longer waits for (cancelled)
+        content = encode_results(results)
+        payload = result_payload(results)
+        out: list[Action] = [
+            Result(content=content, payload=payload),
+            Persist((*self._recorder.finish(), Result(content=content, payload=payload))),
+        ]
+        if self._steps >= self.max_steps:
+            out += [
+                Error(
+                    code="internal",
+                    content=f"the turn reached the limit of {self.max_steps} model steps and "
+                    "was stopped; ask for a smaller task",
+                ),
+                End(),
+            ]
+            return self._close(out)
+        out.append(self._step(results_message(content)))
+        return out
+
+    def _upstream_lost(self, reason: str) -> Sequence[Action]:
+        state = self.state
+        if state is _CANCELLING:
+            self._count(None, True)
+            return self._close([DropUpstream()])
+        if state is _ENDING:
+            # The answer is complete (end was sent); only its usage report is lost.
+            self._count(None, True)
+            return self._close([Persist(tuple(self._recorder.finish())), DropUpstream()])
+        if state is _STOPPING:
+            # The calls are complete: run them; the next request reopens from history.
+            self._count(None, True)
+            return [DropUpstream(), *self._tool_step([])]
+        if state is not _STREAMING:
+            return _NOTHING  # a best-effort action failed while nothing was asked of the model
+        self._count(None, True)
+        self._attempt += 1
+        attempt = self._attempt
+        out: list[Action] = [DropUpstream()]
+        if attempt > self.upstream_retries:
+            out += [
+                Error(
+                    code="upstream",
+                    content=f"the model's API is unreachable ({reason}); "
+                    "the turn was stopped — send your message again later",
+                ),
+                Persist(tuple(self._recorder.finish())),
+                End(),
+            ]
+            return self._close(out)
+        if self._recorder.emitted:
+            out.append(
+                Interrupt(
+                    content=f"upstream connection lost ({reason}); "
+                    "this step is being rerun — discard its partial output"
+                )
+            )
+        self._recorder = StepRecorder()  # the partial step is not history
+        self._new_attempt()
+        self.state = _BACKOFF
+        out.append(Backoff(attempt=attempt, delay=min(0.1 * 2**attempt, 2.0)))
+        return out
+
+    def _upstream_failed(self, failed: UpstreamFailed) -> Sequence[Action]:
+        state = self.state
+        if state is _CANCELLING or state is _ENDING:
+            # The closing event is out: end the wait for a usage report that may not come.
+            return self._upstream_lost(f"{failed.code}: {failed.message}")
+        if state is not _STREAMING and state is not _STOPPING:
+            return _NOTHING
+        self._count(None, True)
+        return self._fail([], f"the model's API reported {failed.code}: {failed.message}")
+
+    def _cancel(self) -> Sequence[Action]:
+        state = self.state
+        if state is _IDLE or state is _ENDING or state is _CANCELLING:
+            return [Refuse(Error(code="no_turn", content="no turn is running; nothing to cancel"))]
+        out: list[Action] = [
+            Persist((*self._recorder.finish(), Cancelled(content=CANCELLED_BY_USER))),
+            Cancelled(content=CANCELLED_BY_USER),
+        ]
+        if state is _STREAMING or state is _STOPPING:
+            # Wait for the stopped response's usage. Cancelling leaves the
+            # provider's conversation with a partial response: the upstream is
+            # dropped afterwards and the next turn reopens from history.
+            self.state = _CANCELLING
+            out.append(_STOP)
+            return out
+        # Tools or a backoff: no response runs, nothing more to report.
+        return self._close(out)
+
+    def _shell_failed(self, what: str) -> Sequence[Action]:
+        state = self.state
+        if state is _IDLE:
+            return _NOTHING
+        if state is _ENDING or state is _CANCELLING:
+            self._count(None, True)
+            return self._close([Persist(tuple(self._recorder.finish())), DropUpstream(stop=True)])
+        return self._fail(
+            [],
+            f"the turn failed inside the gateway ({what}); send your message again",
+            code="internal",
+        )
+
+    # --- endings and usage --------------------------------------------------------------
+
+    def _fail(self, out: list[Action], content: str, *, code: str = "upstream") -> list[Action]:
+        out += [Error(code=code, content=content), Persist(tuple(self._recorder.finish())), End()]
+        out = self._close(out)
+        out.insert(0, DropUpstream(stop=True))
+        return out
+
+    def _close(self, out: list[Action]) -> list[Action]:
+        """The closing event is in ``out``: add the turn's last metric, then any queued turn."""
+        out += self._metric()
+        self.state = _IDLE
+        queued, self._queued = self._queued, None
+        if queued is not None:
+            out += self._user(queued)
+        return out
+
+    def _count(self, usage: Usage | None, estimated: bool) -> None:
+        """Add a response's usage (or, without one, an estimate of its output) to the unreported."""
+        if usage is None:
+            if not self._chars:
+                return
+            usage = Usage(input=0, output=estimate_tokens(self._chars))
+            estimated = True
+        self._chars = 0  # counted once, whatever reports it
+        self._unreported = self._unreported + usage
+        self._estimated = self._estimated or estimated
+
+    def _metric(self) -> list[Action]:
+        """``Account`` and ``Metric`` for the usage since the last metric (zero: no ``Account``)."""
+        step, self._unreported = self._unreported, _ZERO
+        estimated, self._estimated = self._estimated, False
+        out: list[Action] = []
+        if step.input or step.output:
+            out.append(Account(step))
+            self.total = self.total + step
+        metric = Metric(step=step, total=self.total)
+        if estimated:
+            metric.estimated = True
+        out.append(metric)
+        return out

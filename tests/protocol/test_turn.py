@@ -188,11 +188,12 @@ def test_a_good_batch_resets_the_malformed_count() -> None:
 
 def test_the_step_limit_stops_the_turn_after_its_last_results() -> None:
     machine = started(max_steps=2)
-    for step in (1, 2):
-        stream(machine, CALL)
-        machine.feed(ResponseDone("cancelled", USAGE))
-        results = machine.feed(ToolsDone(OK))
-    assert step == 2
+    stream(machine, CALL)
+    machine.feed(ResponseDone("cancelled", USAGE))
+    assert kinds(machine.feed(ToolsDone(OK)))[-1] == "Request"
+    stream(machine, CALL)
+    machine.feed(ResponseDone("cancelled", USAGE))
+    results = machine.feed(ToolsDone(OK))
     assert kinds(results) == ["Result", "Persist", "Error", "End", "Metric"]
     assert "limit of 2 model steps" in only(results, Error).content
     # Both steps were reported after their execute: nothing is left to report.

@@ -297,9 +297,7 @@ async def test_a_tool_turn_gives_the_same_metrics_on_both_flavours(
 
 
 @pytest.mark.parametrize("provider", PROVIDERS)
-async def test_a_failed_turn_ends_with_error_end_and_metric(
-    provider: str, tmp_path: Path
-) -> None:
+async def test_a_failed_turn_ends_with_error_end_and_metric(provider: str, tmp_path: Path) -> None:
     # Every connection is dropped after 3 deltas: the step is retried, then given up.
     async with gateway_client(provider, tmp_path, drop_after=3, chunk_size=1) as client:
         events = await client.turn("hi")

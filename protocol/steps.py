@@ -28,6 +28,15 @@ class StepRecorder:
         # True once the step showed the client anything (a rerun then needs an interrupt).
         self.emitted = False
 
+    def chunk(self, event: Think | Respond) -> None:
+        """A think or respond chunk (the hot path: one append unless the block kind changes)."""
+        kind = type(event)
+        if kind is not self._kind:
+            self.emitted = True
+            self._close_block()
+            self._kind = kind
+        self._buf.append(event.content)
+
     def add(self, event: Event) -> None:
         kind = type(event)
         if kind is Think or kind is Respond:

@@ -347,7 +347,8 @@ class TurnMachine:
     __slots__ = (
         "_attempt",
         "_calls",
-        "_chars",
+        "_chunk",
+        "_counted",
         "_ended",
         "_estimated",
         "_feed",
@@ -373,12 +374,13 @@ class TurnMachine:
         self.upstream_retries = upstream_retries
         self._queued: str | None = None  # a message sent while the turn was closing
         self._recorder = StepRecorder()
+        self._chunk = self._recorder.chunk
         self._parser = Parser()
         self._feed = self._parser.feed
         self._calls: list[ToolCall] = []
         self._malformed: str | None = None
         self._ended = False  # the parser saw <end> in this step
-        self._chars = 0  # characters of this attempt's response (for estimates)
+        self._counted = False  # this attempt's usage was counted (reported or estimated)
         self._steps = 0
         self._attempt = 0
         self._malformed_in_a_row = 0
@@ -401,21 +403,23 @@ class TurnMachine:
     def text(self, text: str) -> Sequence[Action]:
         """A text delta. The actions are the parser's list of events (plus ``StopResponse``).
 
-        A delta with no marker costs one parser fast path and one recorder
-        append: no action list of its own, nothing else allocated.
+        A delta with no marker costs the parser's fast path and one recorder
+        append: no action list of its own, nothing else allocated, and the
+        stop check only runs when the parser returned a marker event.
         """
         if self.state is not _STREAMING:
             return _NOTHING  # the overrun after a stop marker, or leftovers of a cancel
-        self._chars += len(text)
-        out: list[Event] = self._feed(text)
-        add = self._recorder.add
+        out = self._feed(text)
+        chunk = self._chunk
+        marker = False
         for event in out:
             kind = type(event)
             if kind is Think or kind is Respond:
-                add(event)
+                chunk(event)  # type: ignore[arg-type]
             else:
+                marker = True
                 self._marker(event)
-        if self._parser.stopped:
+        if marker and self._parser.stopped:
             if self._ended:
                 self.state = _ENDING  # the next message may queue now
             else:
@@ -496,7 +500,7 @@ class TurnMachine:
         self._estimated = False
         self._steps = 0
         self._malformed_in_a_row = 0
-        self._recorder = StepRecorder()
+        self._new_recorder()
         return [_STARTED, *first, self._step(message)]
 
     def _step(self, message: Message | None) -> Request:
@@ -507,13 +511,17 @@ class TurnMachine:
         self.state = _STREAMING
         return _RETRY if message is None else Request(message)
 
+    def _new_recorder(self) -> None:
+        self._recorder = StepRecorder()
+        self._chunk = self._recorder.chunk
+
     def _new_attempt(self) -> None:
         self._parser = Parser()
         self._feed = self._parser.feed
         self._calls = []
         self._malformed = None
         self._ended = False
-        self._chars = 0
+        self._counted = False
 
     def _response_done(self, done: ResponseDone) -> Sequence[Action]:
         state = self.state
@@ -636,7 +644,7 @@ class TurnMachine:
                     "this step is being rerun — discard its partial output"
                 )
             )
-        self._recorder = StepRecorder()  # the partial step is not history
+        self._new_recorder()  # the partial step is not history
         self._new_attempt()
         self.state = _BACKOFF
         out.append(Backoff(attempt=attempt, delay=min(0.1 * 2**attempt, 2.0)))
@@ -701,13 +709,20 @@ class TurnMachine:
         return out
 
     def _count(self, usage: Usage | None, estimated: bool) -> None:
-        """Add a response's usage (or, without one, an estimate of its output) to the unreported."""
+        """Add an attempt's usage (without one: an estimate of its output) to the unreported.
+
+        The estimate counts the text the parser accepted (an overrun past a stop
+        marker is not seen); no per-delta counter is kept on the hot path.
+        """
+        if self._counted:
+            return
+        self._counted = True
         if usage is None:
-            if not self._chars:
+            chars = len(self._parser.accepted_text)
+            if not chars:
                 return
-            usage = Usage(input=0, output=estimate_tokens(self._chars))
+            usage = Usage(input=0, output=estimate_tokens(chars))
             estimated = True
-        self._chars = 0  # counted once, whatever reports it
         self._unreported = self._unreported + usage
         self._estimated = self._estimated or estimated
 

@@ -6,12 +6,13 @@ hands it to the attached client connections (**log, then send**). Appends are
 group-committed: events emitted while an append is in flight go out together in
 the next one, so a token costs a share of a round trip, not a round trip.
 
-The turn loop (``_run_turn``): user message → upstream → text deltas → parser →
-events; on ``execute`` the response is stopped, the tools run, ``<results>`` go
-back as a user message and the model continues; ``end`` or the upstream's
-``response.done`` closes the turn, and ``metric`` reports the usage. Upstream
-loss reruns the step on a fresh connection whose context is rebuilt from
-history, after an ``interrupt`` event when the client had seen part of it.
+The turn itself is decided by ``protocol.turn.TurnMachine``; this module is
+its I/O shell. Commands (``start_turn``, ``cancel_turn``, ``rerun_interrupted``)
+feed the machine and hand its actions to the turn driver (``_drive``), one
+task per running turn, which performs them in order — events and history at
+once, upstream requests, tools and backoffs awaited — and feeds the machine
+what the upstream, the tools and the timers bring. A cancel interrupts the
+driver's current await; the actions it had not performed yet are superseded.
 """
 
 from __future__ import annotations

@@ -59,6 +59,7 @@ MALFORMED = "<execute>[{bad</execute>"
 OK = (ToolResult(tool="list", status="success", content=[]),)
 OK_PAYLOAD = result_payload(OK)
 USAGE = Usage(input=10, output=5)
+ZERO = Usage(input=0, output=0)
 
 _SYNC = (Persist, Account, TurnStarted, DropUpstream, Refuse)
 _AWAITED = (Request, StopResponse, ReplaceResponse, RunTools, Backoff)
@@ -197,7 +198,7 @@ def test_the_step_limit_stops_the_turn_after_its_last_results() -> None:
     assert kinds(results) == ["Result", "Persist", "Error", "End", "Metric"]
     assert "limit of 2 model steps" in only(results, Error).content
     # Both steps were reported after their execute: nothing is left to report.
-    assert only(results, Metric).step == Usage()
+    assert only(results, Metric).step == ZERO
     assert machine.idle
 
 
@@ -312,7 +313,7 @@ def test_cancel_while_tools_run_closes_at_once() -> None:
     machine.feed(ResponseDone("cancelled", USAGE))
     cancel = machine.feed(Cancel())
     assert kinds(cancel) == ["Persist", "Cancelled", "Metric"]
-    assert only(cancel, Metric).step == Usage()  # the step was reported after execute
+    assert only(cancel, Metric).step == ZERO  # the step was reported after execute
     assert machine.idle
     assert machine.feed(ToolsDone(OK)) == []  # the interrupted batch's late results
 
@@ -398,7 +399,7 @@ def test_inputs_that_make_no_sense_are_ignored() -> None:
         Shutdown(),
     ):
         assert not machine.feed(stray), stray
-    assert machine.idle and machine.total == Usage()
+    assert machine.idle and machine.total == ZERO
 
 
 def test_a_shell_failure_ends_the_turn_with_internal_error() -> None:
@@ -464,7 +465,7 @@ def test_any_order_of_inputs_keeps_the_end_of_turn_rule(
     machine = TurnMachine(max_steps=max_steps, upstream_retries=retries)
     open_turn = False  # a turn started and has not had its closing metric
     closing = False  # its closing event was emitted; the next event must be the metric
-    accounted = Usage()
+    accounted = ZERO
     for _ in range(data.draw(st.integers(0, 80))):
         likely = data.draw(st.integers(0, 9)) > 0
         given_input = data.draw(st.sampled_from(_LIKELY[machine.state] if likely else _INPUTS))
@@ -481,10 +482,7 @@ def test_any_order_of_inputs_keeps_the_end_of_turn_rule(
             else:
                 assert not awaited or isinstance(action, Refuse), kinds(actions)
             if isinstance(action, Account):
-                accounted = Usage(
-                    input=accounted.input + action.usage.input,
-                    output=accounted.output + action.usage.output,
-                )
+                accounted = accounted + action.usage
             if isinstance(action, _SYNC + _AWAITED):
                 continue
             event: Event = action  # type: ignore[assignment]

@@ -66,7 +66,7 @@ test("a turn completes through two dropped connections, every event once", async
   }
 });
 
-test("cancel ends the turn with cancelled, and the next turn runs", async () => {
+test("cancel ends the turn with cancelled and its metric, and the next turn runs", async () => {
   const c = new Client(URL);
   await c.connect();
   try {
@@ -77,7 +77,9 @@ test("cancel ends the turn with cancelled, and the next turn runs", async () => 
         await c.cancel();
       }
     }
-    assert.equal(events.at(-1).type, "cancelled");
+    assert.equal(events.at(-2).type, "cancelled");
+    assert.equal(events.at(-1).type, "metric");
+    assert.ok(events.at(-1).step.output > 0);
     const next = [];
     for await (const ev of c.send("again")) next.push(ev);
     assert.equal(answerOf(next), "Echo: again");

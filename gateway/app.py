@@ -16,7 +16,9 @@ from gateway.sessions.node import Node
 from gateway.settings import declared
 from gateway.store import open_store
 from gateway.upstream.base import UpstreamFactory
-from tools.builtin import default_registry
+from tools.registry import Registry
+from tools.toolset import builtin_names, open_registry
+from tools.toolsfile import ToolsFileError, load_tools_file
 
 __all__ = ["running_gateway"]
 
@@ -68,6 +70,24 @@ def _api_key(config: Config, key: str) -> str:
 
 
 @contextlib.asynccontextmanager
+async def _open_tools(config: Config) -> AsyncIterator[Registry]:
+    """The node's tools: built-ins, plus the tools file's MCP servers and HTTP tools."""
+    # A tools file is checked and its servers started before anything listens;
+    # its mistakes are configuration errors (one line, exit 2), not tracebacks.
+    try:
+        tools_file = (
+            load_tools_file(config.tools_file, builtin_names=builtin_names())
+            if config.tools_file
+            else None
+        )
+        async with open_registry(tools_file, enable_shell=config.enable_shell) as registry:
+            log.info("tools: %s", ", ".join(registry.names()) or "(none)")
+            yield registry
+    except ToolsFileError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+@contextlib.asynccontextmanager
 async def running_gateway(config: Config) -> AsyncIterator[Gateway]:
     """A started gateway node; stopped (clients get 1001) when the block exits."""
     store = open_store(
@@ -84,8 +104,8 @@ async def running_gateway(config: Config) -> AsyncIterator[Gateway]:
     else:
         log.info("store: %s", store.kind)
     try:
-        async with _upstream_factory(config) as factory:
-            node = Node(config, store, factory, default_registry(enable_shell=config.enable_shell))
+        async with _open_tools(config) as registry, _upstream_factory(config) as factory:
+            node = Node(config, store, factory, registry)
             gateway = Gateway(node)
             await gateway.start()
             try:

@@ -175,6 +175,16 @@ class Config(msgspec.Struct, kw_only=True):
     enable_shell: Annotated[
         bool, Setting("offer the shell tool (not sandboxed beyond the workspace cwd)", TOOLS)
     ] = False
+    tools_file: Annotated[
+        str,
+        Setting(
+            "TOML file of app tools: MCP servers, HTTP tools, which built-ins (README 'Your own tools')",
+            TOOLS,
+            flag="tools",
+            env="GATEWAY_TOOLS",
+            shown_default="the built-ins only",
+        ),
+    ] = ""
     tool_timeout: Annotated[PositiveSeconds, Setting("seconds one tool call may run", TOOLS)] = 30.0
     tool_max_output: Annotated[
         AtLeastOne, Setting("characters of one tool result kept (the rest is cut)", TOOLS)

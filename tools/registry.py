@@ -18,9 +18,13 @@ from protocol.calls import ToolCall
 from protocol.prompt import ToolSpec
 
 from .base import Tool
+from .described import DescribedTool
 from .schema import args_schema, describe_args
 
-__all__ = ["InvalidArgs", "Registry", "UnknownTool"]
+__all__ = ["AnyTool", "InvalidArgs", "Registry", "UnknownTool"]
+
+# A built-in (args declared as a Struct) or an app tool (args declared as a JSON Schema).
+AnyTool = Tool[Any] | DescribedTool
 
 
 class UnknownTool(LookupError):
@@ -38,13 +42,13 @@ _MSGSPEC_ERROR: Final = re.compile(r"^(?P<what>.*?)(?: - at `\$(?P<where>[^`]*)`
 class Registry:
     """Tools by name, in registration order (the order the prompt lists them)."""
 
-    def __init__(self, tools: Iterable[Tool[Any]] = ()) -> None:
-        self._tools: dict[str, Tool[Any]] = {}
+    def __init__(self, tools: Iterable[AnyTool] = ()) -> None:
+        self._tools: dict[str, AnyTool] = {}
         self._schemas: dict[str, dict[str, Any]] = {}
         for tool in tools:
             self.register(tool)
 
-    def register(self, tool: Tool[Any]) -> None:
+    def register(self, tool: AnyTool) -> None:
         """Add ``tool``; a second tool with the same name is a configuration error."""
         name = getattr(tool, "name", None)
         if not isinstance(name, str) or not _TOOL_NAME.fullmatch(name):
@@ -57,10 +61,13 @@ class Registry:
                 f"a tool named {tool.name!r} is already registered; give each tool a unique name"
             )
         # Build the schema now so a bad args Struct fails at startup, not mid-session.
-        self._schemas[tool.name] = args_schema(tool.args_type)
+        if isinstance(tool, DescribedTool):
+            self._schemas[tool.name] = tool.parameters
+        else:
+            self._schemas[tool.name] = args_schema(tool.args_type)
         self._tools[tool.name] = tool
 
-    def get(self, name: str) -> Tool[Any] | None:
+    def get(self, name: str) -> AnyTool | None:
         return self._tools.get(name)
 
     def names(self) -> list[str]:
@@ -69,7 +76,7 @@ class Registry:
     def __contains__(self, name: object) -> bool:
         return name in self._tools
 
-    def __iter__(self) -> Iterator[Tool[Any]]:
+    def __iter__(self) -> Iterator[AnyTool]:
         return iter(self._tools.values())
 
     def __len__(self) -> int:
@@ -86,7 +93,7 @@ class Registry:
             for name, tool in self._tools.items()
         ]
 
-    def bind(self, call: ToolCall) -> tuple[Tool[Any], msgspec.Struct]:
+    def bind(self, call: ToolCall) -> tuple[AnyTool, Any]:
         """The tool for ``call`` and its args converted to the tool's Struct.
 
         Raises ``UnknownTool`` or ``InvalidArgs`` with a message meant for the
@@ -99,6 +106,14 @@ class Registry:
                 f"unknown tool {call.name!r}; available tools: {available}. "
                 "Call one of these by its exact name."
             )
+        if isinstance(tool, DescribedTool):
+            problem = tool.validator.explain(call.args)
+            if problem is not None:
+                raise InvalidArgs(
+                    f"invalid args for {tool.name!r}: {problem}. "
+                    f"Send args as a JSON object with: {describe_args(tool.parameters)}."
+                )
+            return tool, call.args
         try:
             args = msgspec.convert(call.args, tool.args_type)
         except msgspec.ValidationError as exc:

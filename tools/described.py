@@ -1,0 +1,40 @@
+"""Tools described by a JSON Schema instead of a msgspec Struct.
+
+Built-ins declare their args as a Struct, so one declaration gives the schema
+and the typed value. Tools that live outside the gateway (an MCP server, an
+HTTP endpoint) arrive with a JSON Schema written by someone else, so their
+args stay a plain ``dict`` and are checked against that schema by
+``tools.validation`` before the call leaves the gateway: the model learns
+which field is wrong from us, not from a remote stack trace.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import Any
+
+from .base import ToolContext
+from .validation import ArgsValidator
+
+__all__ = ["DescribedTool"]
+
+
+class DescribedTool(abc.ABC):
+    """One tool whose args are a JSON object checked against ``parameters``.
+
+    Subclasses set ``name``, ``description`` and ``parameters`` (a JSON Schema
+    object) in ``__init__`` via ``super().__init__`` and implement ``run``,
+    which follows the same contract as ``Tool.run``: return a JSON value, raise
+    ``ToolFailure`` with a message for the model, let ``CancelledError`` through.
+    """
+
+    def __init__(self, name: str, description: str, parameters: dict[str, Any]) -> None:
+        self.name = name
+        self.description = description
+        # Raises ValueError for a schema that is not valid JSON Schema: at startup.
+        self.validator = ArgsValidator(parameters)
+        self.parameters = self.validator.schema
+
+    @abc.abstractmethod
+    async def run(self, args: dict[str, Any], ctx: ToolContext) -> Any:
+        """Do the work; ``args`` already matches ``parameters``."""

@@ -1,0 +1,286 @@
+"""MCP tools: each configured server is connected once per node and its tools offered.
+
+Through the official ``mcp`` SDK (2.x) as a client. A ``[mcp.NAME]`` server is
+either a command (stdio: the gateway starts it as a child process) or a URL
+(streamable HTTP). Its tools appear as ``NAME.TOOL`` with the JSON Schema the
+server lists, and every call carries the session id in the request's ``_meta``
+(``{"session_id": ...}``) so a server can keep per-session state.
+
+One ``McpServer`` owns one connection and a supervisor task that keeps it up:
+the SDK's client is entered and left in that task (anyio task groups must be),
+a failed call or a failed periodic ping marks the connection broken, and the
+supervisor reconnects (for stdio: starts a new child) with exponential backoff.
+A call made while the server is down waits for it at most the server's
+``timeout`` and then fails with a result that says the server is down, so a
+dead server costs the model one failed call, never a hung turn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import mcp_types
+from mcp import Client
+from mcp.client.stdio import StdioServerParameters
+from mcp.shared.exceptions import MCPError
+
+from tools.base import ToolContext, ToolFailure
+from tools.described import DescribedTool
+
+__all__ = ["McpServer", "McpServerSpec", "McpTool", "result_content"]
+
+log = logging.getLogger("tools.providers.mcp")
+
+_PING_INTERVAL: Final = 10.0
+_BACKOFF_FIRST: Final = 0.2
+_BACKOFF_MAX: Final = 30.0
+_IMAGE_NOTE: Final = (
+    "[{kind} ({mime}, {size:,} bytes) not shown: this text protocol carries no media]"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class McpServerSpec:
+    """One ``[mcp.NAME]`` section of a tools file: exactly one of ``command`` or ``url``."""
+
+    name: str
+    command: Sequence[str] = ()
+    url: str = ""
+    env: Mapping[str, str] = field(default_factory=dict)
+    timeout: float = 30.0
+    cwd: str | None = None
+    """Working directory of a stdio server (the tools file's directory)."""
+
+    def describe(self) -> str:
+        return " ".join(self.command) if self.command else self.url
+
+
+class McpServer:
+    """A supervised connection to one MCP server, shared by every session of the node."""
+
+    def __init__(
+        self,
+        spec: McpServerSpec,
+        *,
+        backoff_first: float = _BACKOFF_FIRST,
+        backoff_max: float = _BACKOFF_MAX,
+        ping_interval: float = _PING_INTERVAL,
+    ) -> None:
+        self.spec = spec
+        self._backoff_first = backoff_first
+        self._backoff_max = backoff_max
+        self._ping_interval = ping_interval
+        self._client: Client | None = None
+        self._ready = asyncio.Event()
+        self._broken = asyncio.Event()
+        self._listed: asyncio.Future[list[mcp_types.Tool]] | None = None
+        self._supervisor: asyncio.Task[None] | None = None
+        self.last_error = "not connected yet"
+        self.connects = 0
+        """How many times a connection was made (1 + restarts); for tests and logs."""
+
+    # ------------------------------------------------------------------ life
+
+    async def start(self) -> list[McpTool]:
+        """Connect, list the server's tools, keep the connection up in the background.
+
+        Raises ``ConnectionError`` (message says what failed) if the first
+        connection does not succeed within the server's timeout: the tools
+        must be known to write the system prompt.
+        """
+        self._listed = asyncio.get_running_loop().create_future()
+        self._supervisor = asyncio.create_task(self._supervise(), name=f"mcp:{self.spec.name}")
+        try:
+            async with asyncio.timeout(self.spec.timeout):
+                listing = await asyncio.shield(self._listed)
+        except TimeoutError:
+            await self.close()
+            raise ConnectionError(
+                f"did not connect within {self.spec.timeout:g}s (last error: {self.last_error})"
+            ) from None
+        return [McpTool(self, tool) for tool in listing]
+
+    async def close(self) -> None:
+        if self._supervisor is not None:
+            self._supervisor.cancel()
+            with contextlib.suppress(BaseException):
+                await self._supervisor
+            self._supervisor = None
+
+    async def _supervise(self) -> None:
+        delay = self._backoff_first
+        while True:
+            try:
+                async with self._new_client() as client:
+                    listing = await _list_all(client)
+                    self.connects += 1
+                    self._client = client
+                    self._broken.clear()
+                    self._ready.set()
+                    if self._listed is not None and not self._listed.done():
+                        self._listed.set_result(listing)
+                    log.info(
+                        "mcp server %s connected (%s): %d tools",
+                        self.spec.name,
+                        self.spec.describe(),
+                        len(listing),
+                    )
+                    delay = self._backoff_first
+                    await self._watch(client)
+            except asyncio.CancelledError:
+                raise
+            except BaseException as exc:  # anyio wraps failures in ExceptionGroups
+                self.last_error = _describe(exc)
+                log.warning(
+                    "mcp server %s lost (%s); reconnecting in %.1fs",
+                    self.spec.name,
+                    self.last_error,
+                    delay,
+                )
+            finally:
+                self._ready.clear()
+                self._client = None
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, self._backoff_max)
+
+    async def _watch(self, client: Client) -> None:
+        """Return when the connection is broken: a failed call, or a ping not answered."""
+        while True:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self._ping_interval):
+                    await self._broken.wait()
+                    self.last_error = "a call found the connection broken"
+                    return
+            try:
+                async with asyncio.timeout(self.spec.timeout):
+                    await client.send_ping()
+            except Exception as exc:
+                self.last_error = f"ping failed: {_describe(exc)}"
+                return
+
+    def _new_client(self) -> Client:
+        spec = self.spec
+        server: StdioServerParameters | str
+        if spec.command:
+            server = StdioServerParameters(
+                command=spec.command[0],
+                args=list(spec.command[1:]),
+                env=dict(spec.env) or None,
+                cwd=spec.cwd,
+            )
+        else:
+            server = spec.url
+        return Client(server, read_timeout_seconds=spec.timeout, cache=None)
+
+    # ------------------------------------------------------------------ calls
+
+    async def call(self, tool: str, args: dict[str, Any], session_id: str) -> Any:
+        """Call ``tool``; its output, or ``ToolFailure`` saying what went wrong."""
+        spec = self.spec
+        try:
+            async with asyncio.timeout(spec.timeout):
+                await self._ready.wait()
+                client = self._client
+                assert client is not None
+                meta = mcp_types.RequestParamsMeta(session_id=session_id)  # type: ignore[typeddict-unknown-key]
+                result = await client.call_tool(tool, args, meta=meta)
+        except TimeoutError:
+            if self._client is None:
+                raise ToolFailure(
+                    f"the MCP server {spec.name!r} is down ({self.last_error}); the gateway "
+                    "keeps restarting it: try again later or do without this tool"
+                ) from None
+            raise ToolFailure(
+                f"'{spec.name}.{tool}' did not answer within {spec.timeout:g}s; "
+                "try again later or ask for less at once"
+            ) from None
+        except MCPError as exc:
+            raise ToolFailure(
+                f"'{spec.name}.{tool}' was refused by its MCP server: {exc}"
+            ) from None
+        except Exception as exc:
+            # The transport failed under the call (server crashed, connection lost).
+            self._broken.set()
+            raise ToolFailure(
+                f"the MCP server {spec.name!r} failed during the call ({_describe(exc)}); "
+                "it is being restarted: try again in a moment"
+            ) from None
+        content = result_content(result)
+        if result.is_error:
+            raise ToolFailure(
+                content if isinstance(content, str) else f"'{spec.name}.{tool}' failed: {content}"
+            )
+        return content
+
+
+class McpTool(DescribedTool):
+    """One tool of an MCP server, named ``SERVER.TOOL``."""
+
+    def __init__(self, server: McpServer, tool: mcp_types.Tool) -> None:
+        schema = {k: v for k, v in tool.input_schema.items() if k != "title"}
+        super().__init__(
+            f"{server.spec.name}.{tool.name}",
+            tool.description or tool.title or tool.name,
+            schema,
+        )
+        self.server = server
+        self.remote_name = tool.name
+
+    async def run(self, args: dict[str, Any], ctx: ToolContext) -> Any:
+        return await self.server.call(self.remote_name, args, ctx.session_id)
+
+
+def result_content(result: mcp_types.CallToolResult) -> Any:
+    """What the model reads of an MCP result.
+
+    Structured content when the server gave it (the SDK wraps a tool's plain
+    return value as ``{"result": value}``; the wrapper is removed), else the
+    content blocks: text as it is, media as a short note (this protocol is
+    text), resources as their text or URI. One block gives a string, several
+    are joined by blank lines.
+    """
+    structured = result.structured_content
+    if structured is not None and not result.is_error:
+        if isinstance(structured, dict) and list(structured) == ["result"]:
+            return structured["result"]
+        return structured
+    parts = [_block_text(block) for block in result.content]
+    return "\n\n".join(parts) if parts else ""
+
+
+def _block_text(block: mcp_types.ContentBlock) -> str:
+    if isinstance(block, mcp_types.TextContent):
+        return block.text
+    if isinstance(block, mcp_types.ImageContent | mcp_types.AudioContent):
+        kind = "image" if isinstance(block, mcp_types.ImageContent) else "audio"
+        return _IMAGE_NOTE.format(kind=kind, mime=block.mime_type, size=len(block.data) * 3 // 4)
+    if isinstance(block, mcp_types.ResourceLink):
+        return f"[resource: {block.uri}]"
+    resource = block.resource
+    if isinstance(resource, mcp_types.TextResourceContents):
+        return resource.text
+    return f"[resource {resource.uri} ({resource.mime_type or 'binary'}) not shown]"
+
+
+async def _list_all(client: Client) -> list[mcp_types.Tool]:
+    tools: list[mcp_types.Tool] = []
+    cursor: str | None = None
+    while True:
+        page = await client.list_tools(cursor=cursor)
+        tools.extend(page.tools)
+        cursor = page.next_cursor
+        if cursor is None:
+            return tools
+
+
+def _describe(exc: BaseException) -> str:
+    """One line for an exception, unwrapping anyio's exception groups."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    text = str(exc) or "no detail"
+    return f"{type(exc).__name__}: {text}"

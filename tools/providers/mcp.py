@@ -28,6 +28,7 @@ import mcp_types
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 from mcp.shared.exceptions import MCPError
+from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT
 
 from tools.base import ToolContext, ToolFailure
 from tools.described import DescribedTool
@@ -39,6 +40,7 @@ log = logging.getLogger("tools.providers.mcp")
 _PING_INTERVAL: Final = 10.0
 _BACKOFF_FIRST: Final = 0.2
 _BACKOFF_MAX: Final = 30.0
+_CONNECT_TIMEOUT_MIN: Final = 20.0
 _IMAGE_NOTE: Final = (
     "[{kind} ({mime}, {size:,} bytes) not shown: this text protocol carries no media]"
 )
@@ -70,8 +72,12 @@ class McpServer:
         backoff_first: float = _BACKOFF_FIRST,
         backoff_max: float = _BACKOFF_MAX,
         ping_interval: float = _PING_INTERVAL,
+        connect_timeout: float | None = None,
     ) -> None:
         self.spec = spec
+        # Starting a child interpreter and its SDK can take seconds on a busy
+        # machine: the first connection may take longer than one call.
+        self.connect_timeout = connect_timeout or max(spec.timeout, _CONNECT_TIMEOUT_MIN)
         self._backoff_first = backoff_first
         self._backoff_max = backoff_max
         self._ping_interval = ping_interval
@@ -96,12 +102,12 @@ class McpServer:
         self._listed = asyncio.get_running_loop().create_future()
         self._supervisor = asyncio.create_task(self._supervise(), name=f"mcp:{self.spec.name}")
         try:
-            async with asyncio.timeout(self.spec.timeout):
+            async with asyncio.timeout(self.connect_timeout):
                 listing = await asyncio.shield(self._listed)
         except TimeoutError:
             await self.close()
             raise ConnectionError(
-                f"did not connect within {self.spec.timeout:g}s (last error: {self.last_error})"
+                f"did not connect within {self.connect_timeout:g}s (last error: {self.last_error})"
             ) from None
         return [McpTool(self, tool) for tool in listing]
 
@@ -149,7 +155,11 @@ class McpServer:
             delay = min(delay * 2, self._backoff_max)
 
     async def _watch(self, client: Client) -> None:
-        """Return when the connection is broken: a failed call, or a ping not answered."""
+        """Return when the connection is broken: a failed call, or a heartbeat not answered.
+
+        The heartbeat is a fresh ``tools/list``: ``ping`` is gone from the
+        2026-07-28 protocol the SDK negotiates, and listing works in every version.
+        """
         while True:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self._ping_interval):
@@ -158,9 +168,9 @@ class McpServer:
                     return
             try:
                 async with asyncio.timeout(self.spec.timeout):
-                    await client.send_ping()
+                    await client.list_tools(cache_mode="refresh")
             except Exception as exc:
-                self.last_error = f"ping failed: {_describe(exc)}"
+                self.last_error = f"heartbeat failed: {_describe(exc)}"
                 return
 
     def _new_client(self) -> Client:
@@ -182,6 +192,7 @@ class McpServer:
     async def call(self, tool: str, args: dict[str, Any], session_id: str) -> Any:
         """Call ``tool``; its output, or ``ToolFailure`` saying what went wrong."""
         spec = self.spec
+        client: Client | None = None
         try:
             async with asyncio.timeout(spec.timeout):
                 await self._ready.wait()
@@ -200,12 +211,23 @@ class McpServer:
                 "try again later or ask for less at once"
             ) from None
         except MCPError as exc:
+            if exc.code == REQUEST_TIMEOUT:
+                raise ToolFailure(
+                    f"'{spec.name}.{tool}' did not answer within {spec.timeout:g}s; "
+                    "try again later or ask for less at once"
+                ) from None
+            if exc.code != CONNECTION_CLOSED:
+                raise ToolFailure(
+                    f"'{spec.name}.{tool}' was refused by its MCP server: {exc}"
+                ) from None
+            self._lost(client)
             raise ToolFailure(
-                f"'{spec.name}.{tool}' was refused by its MCP server: {exc}"
+                f"the MCP server {spec.name!r} closed the connection during the call; "
+                "it is being restarted: try again in a moment"
             ) from None
         except Exception as exc:
             # The transport failed under the call (server crashed, connection lost).
-            self._broken.set()
+            self._lost(client)
             raise ToolFailure(
                 f"the MCP server {spec.name!r} failed during the call ({_describe(exc)}); "
                 "it is being restarted: try again in a moment"
@@ -216,6 +238,13 @@ class McpServer:
                 content if isinstance(content, str) else f"'{spec.name}.{tool}' failed: {content}"
             )
         return content
+
+    def _lost(self, client: Client | None) -> None:
+        """A call found ``client`` broken: later calls wait for the next connection."""
+        if client is not None and client is self._client:
+            self._client = None
+            self._ready.clear()
+            self._broken.set()
 
 
 class McpTool(DescribedTool):

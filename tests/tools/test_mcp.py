@@ -1,0 +1,157 @@
+"""MCP tools against a real MCP server (the SDK's MCPServer) over stdio and streamable HTTP."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from protocol.calls import ToolCall, ToolResult
+from tools.base import ToolContext
+from tools.executor import Executor
+from tools.providers.mcp import McpServer, McpServerSpec
+from tools.registry import Registry
+
+from .servers.mcp_http import SERVER, McpHttpProcess, mcp_http_server
+
+
+def stdio_spec(timeout: float = 10.0) -> McpServerSpec:
+    return McpServerSpec(name="calc", command=(sys.executable, str(SERVER)), timeout=timeout)
+
+
+class Harness:
+    def __init__(self, server: McpServer, registry: Registry, ctx: ToolContext) -> None:
+        self.server = server
+        self.registry = registry
+        self.executor = Executor(registry, timeout=30.0)
+        self.ctx = ctx
+
+    async def call(self, tool: str, /, **args: Any) -> ToolResult:
+        return await self.executor.run_call(ToolCall(name=tool, args=args), self.ctx)
+
+
+@pytest.fixture
+def ctx(tmp_path: Path) -> ToolContext:
+    return ToolContext(workspace=tmp_path, session_id="sess-42")
+
+
+async def _harness(spec: McpServerSpec, ctx: ToolContext) -> AsyncIterator[Harness]:
+    server = McpServer(spec, backoff_first=0.05, backoff_max=0.2, ping_interval=0.5)
+    tools = await server.start()
+    try:
+        yield Harness(server, Registry(tools), ctx)
+    finally:
+        await server.close()
+
+
+@pytest.fixture
+async def stdio(ctx: ToolContext) -> AsyncIterator[Harness]:
+    async for harness in _harness(stdio_spec(timeout=3.0), ctx):
+        yield harness
+
+
+@pytest.fixture
+def http_server() -> Any:
+    with mcp_http_server() as server:
+        yield server
+
+
+@pytest.fixture
+async def http(http_server: McpHttpProcess, ctx: ToolContext) -> AsyncIterator[Harness]:
+    spec = McpServerSpec(name="calc", url=http_server.url, timeout=3.0)
+    async for harness in _harness(spec, ctx):
+        yield harness
+
+
+@pytest.fixture(params=["stdio", "http"])
+def mcp(request: pytest.FixtureRequest) -> Harness:
+    harness: Harness = request.getfixturevalue(str(request.param))
+    return harness
+
+
+async def test_the_servers_tools_are_listed_with_their_schemas(mcp: Harness) -> None:
+    names = mcp.registry.names()
+    assert {"calc.add", "calc.secret", "calc.slow"} <= set(names)
+    spec = next(s for s in mcp.registry.specs() if s.name == "calc.add")
+    assert spec.description == "Add two integers."
+    assert spec.parameters["properties"]["a"]["type"] == "integer"
+    assert spec.parameters["required"] == ["a", "b"]
+
+
+async def test_a_call_returns_the_tools_answer_and_carries_the_session_id(mcp: Harness) -> None:
+    assert await mcp.call("calc.add", a=2, b=40) == ToolResult("calc.add", "success", 42)
+    result = await mcp.call("calc.secret", name="x")
+    assert result == ToolResult("calc.secret", "success", "hello x, session sess-42")
+
+
+async def test_args_that_do_not_match_the_schema_never_reach_the_server(mcp: Harness) -> None:
+    result = await mcp.call("calc.add", a=1, b="two")
+    assert result.status == "failure"
+    assert "args.b: 'two' is not of type 'integer'" in result.content
+    missing = await mcp.call("calc.add", a=1)
+    assert "'b' is a required property" in missing.content
+
+
+async def test_an_error_reported_by_the_tool_is_a_failure_with_its_text(mcp: Harness) -> None:
+    result = await mcp.call("calc.refuse", reason="no budget left")
+    assert result.status == "failure" and "no budget left" in result.content
+
+
+async def test_images_become_a_short_note(mcp: Harness) -> None:
+    result = await mcp.call("calc.picture")
+    assert result.status == "success"
+    assert result.content.startswith("a tiny picture\n\n[image (image/png, ")
+    assert "not shown" in result.content
+
+
+async def test_a_call_that_takes_too_long_fails_within_the_timeout(mcp: Harness) -> None:
+    started = time.monotonic()
+    result = await mcp.call("calc.slow", seconds=30)
+    assert result.status == "failure" and "did not answer within 3s" in result.content
+    assert time.monotonic() - started < 10  # liveness: answered, not hung
+    assert (await mcp.call("calc.add", a=1, b=1)).content == 2
+
+
+async def test_a_crash_mid_call_is_a_failure_and_the_server_is_restarted(stdio: Harness) -> None:
+    first_pid = (await stdio.call("calc.pid")).content
+    result = await stdio.call("calc.crash")
+    assert result.status == "failure"
+    assert "calc" in result.content
+    # The supervisor starts a new child; the next call reaches it.
+    after = await stdio.call("calc.pid")
+    assert after.status == "success", after
+    assert after.content != first_pid
+    assert stdio.server.connects == 2
+
+
+async def test_an_http_server_that_goes_away_is_reported_down_then_reconnected(
+    http_server: McpHttpProcess, http: Harness
+) -> None:
+    http_server.stop()
+    started = time.monotonic()
+    result = await http.call("calc.add", a=1, b=2)
+    assert result.status == "failure"
+    assert "calc" in result.content
+    assert time.monotonic() - started < 10
+    down = await http.call("calc.add", a=1, b=2)
+    assert down.status == "failure" and "down" in down.content
+    # Back on the same port: the session is reconnected.
+    with mcp_http_server(port=http_server.port):
+        for _ in range(50):
+            again = await http.call("calc.add", a=1, b=2)
+            if again.status == "success":
+                break
+        assert again == ToolResult("calc.add", "success", 3)
+
+
+async def test_a_server_that_cannot_start_is_a_clear_error() -> None:
+    spec = McpServerSpec(
+        name="calc", command=(sys.executable, "-c", "raise SystemExit(1)"), timeout=1.0
+    )
+    server = McpServer(spec, backoff_first=0.05, backoff_max=0.1, connect_timeout=1.0)
+    with pytest.raises(ConnectionError, match="did not connect within 1s"):
+        await server.start()

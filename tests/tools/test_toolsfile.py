@@ -79,7 +79,7 @@ def test_each_mistake_names_file_section_and_key(text: str, message: str) -> Non
 
 
 def test_an_unreadable_file_says_so(tmp_path: Path) -> None:
-    with pytest.raises(ToolsFileError, match="cannot be read .* --tools / GATEWAY_TOOLS"):
+    with pytest.raises(ToolsFileError, match=r"cannot be read .* --tools / GATEWAY_TOOLS"):
         load_tools_file(tmp_path / "nope.toml", builtin_names=NAMES)
 
 

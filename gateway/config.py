@@ -211,7 +211,12 @@ class Config(msgspec.Struct, kw_only=True):
     ] = False
     allowed_origins: Annotated[
         str,
-        Setting("comma-separated origins browsers may connect from", EDGES, shown_default="any"),
+        Setting(
+            "comma-separated origins browsers may connect from, or * for any; unset: the "
+            "node's own page, plus loopback pages without API keys or any page with keys",
+            EDGES,
+            shown_default="own page, loopback pages (no keys) or any (keys)",
+        ),
     ] = ""
     max_connections: Annotated[
         Count, Setting("open client connections per node, HTTP 503 beyond; 0 = no limit", EDGES)
@@ -269,6 +274,22 @@ class Config(msgspec.Struct, kw_only=True):
             BACKPRESSURE,
         ),
     ] = 15.0
+    client_frames_per_second: Annotated[
+        Annotated[float, Meta(ge=0)],
+        Setting(
+            "frames one connection may send per second, sustained; over it frames are "
+            "dropped with a rate_limited error; 0 = no limit",
+            EDGES,
+        ),
+    ] = 50.0
+    client_frame_burst: Annotated[
+        AtLeastOne,
+        Setting(
+            "frames one connection may send at once; another burst's worth sent over the "
+            "limit closes the connection with 4029",
+            EDGES,
+        ),
+    ] = 200
 
     # --- logs ---
     log_level: Annotated[LogLevel, Setting("lowest level logged", LOGS)] = "INFO"

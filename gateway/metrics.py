@@ -91,6 +91,11 @@ class Metrics:
             "Connections closed with 4008 because the client stopped reading",
             registry=r,
         )
+        self.frames_dropped = Counter(
+            "rtgw_client_frames_dropped",
+            "Client frames dropped unread: the connection was over its frame-rate limit",
+            registry=r,
+        )
         self.replies_dropped = Counter(
             "rtgw_replies_dropped",
             "Unlogged replies dropped because the client was not reading them",

@@ -2,7 +2,7 @@
 
 Server → client events follow the seed's event schema (``type``, ``content``,
 ``timestamp``, ``payload``, ``step``/``total``) plus ``seq``. Client → server
-messages are ``user`` and ``cancel``.
+messages are ``user``, ``cancel`` and ``ping``.
 
 Who fills what: the parser produces events with ``seq = 0`` and
 ``timestamp = 0.0``; the gateway stamps both at the one place where an event is
@@ -31,6 +31,7 @@ __all__ = [
     "Interrupt",
     "Metric",
     "Ping",
+    "Pong",
     "Respond",
     "Result",
     "ResultPayload",
@@ -193,6 +194,10 @@ class Cancelled(_Base, tag="cancelled"):
     content: str = ""
 
 
+class Pong(_Base, tag="pong"):
+    """The answer to a client's ``ping`` (unlogged: ``seq`` is the last one sent)."""
+
+
 class Session(_Base, tag="session"):
     """First frame of every connection: which session, where its log stands."""
 
@@ -215,6 +220,7 @@ Event = (
     | Error
     | Interrupt
     | Cancelled
+    | Pong
 )
 
 
@@ -234,7 +240,7 @@ class Cancel(msgspec.Struct, tag_field="type", tag="cancel"):
 class Ping(msgspec.Struct, tag_field="type", tag="ping"):
     """Application-level keepalive for clients that cannot send WebSocket pings.
 
-    Answered by nothing but keeping the connection's idle timer fresh.
+    Answered with a ``pong`` event, so a client can also measure the round trip.
     """
 
 
@@ -272,13 +278,21 @@ def decode_client(data: bytes | str) -> ClientMessage | Error:
     """
     try:
         try:
-            return _client_decoder.decode(data)
+            message = _client_decoder.decode(data)
         except (msgspec.ValidationError, msgspec.DecodeError) as exc:
             return _explain_bad_frame(data, exc)
     except RecursionError:
         # msgspec recurses per nesting level, also to skip unknown fields: a
         # frame of deeply nested arrays must be an answer, not a crash.
         return Error(code="bad_frame", content=f"frame is nested too deeply; {_EXPECTED}")
+    if type(message) is UserMessage and (not message.content or message.content.isspace()):
+        # A turn about nothing would cost a model call and teach the model to
+        # answer blanks; refuse it here, where the client learns why.
+        return Error(
+            code="bad_frame",
+            content='the "user" message is empty; put the text of your message in "content"',
+        )
+    return message
 
 
 _EXPECTED = (

@@ -9,7 +9,7 @@ one-line hooks only.
 
 Handshake checks, in order, each refusal an HTTP status whose body says what
 to do: node at ``max_connections`` → 503 (try another node); ``Origin`` not
-allowed → 403; no or unknown API key → 401 (how to send one); the key at
+allowed → 403 (see ``origin_allowed``); no or unknown API key → 401 (how to send one); the key at
 ``max_connections_per_key`` → 429 (close one). Connection slots are taken once
 a handshake passes those checks and given back when its TCP connection closes,
 however the handshake or the session ended: one watcher per connection awaits
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import http
+import ipaddress
 import logging
 from collections.abc import Callable, Collection, Sequence
 from typing import Final
@@ -42,6 +43,7 @@ from gateway.edge.auth import (
     check_exposure,
     credentials_from,
     hash_key,
+    is_loopback,
 )
 from gateway.edge.reaper import Reapable, SlowClientReaper
 from gateway.sessions.limits import ConnectionSlots
@@ -55,9 +57,65 @@ log = logging.getLogger("gateway.edge.admission")
 _REALM: Final = 'Bearer realm="realtime-gateway"'
 
 
+ANY_ORIGIN: Final = "*"
+
+
 def parse_origins(value: str) -> frozenset[str]:
-    """``https://a.example, https://b.example`` → the normalized set (empty: any)."""
+    """``https://a.example, https://b.example`` → the normalized set (``*``: any)."""
     return frozenset(o.strip().rstrip("/").lower() for o in value.split(",") if o.strip())
+
+
+def _host_port(origin: str) -> tuple[str, int] | None:
+    """An ``http(s)://host[:port]`` origin's host (brackets stripped) and port."""
+    try:
+        parts = urlsplit(origin)
+        port = parts.port
+    except ValueError:
+        return None
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.path:
+        return None
+    return parts.hostname, port or (443 if parts.scheme == "https" else 80)
+
+
+def origin_allowed(
+    origin: str,
+    allowed: frozenset[str],
+    *,
+    auth_on: bool,
+    local_address: tuple[str, int] | None,
+) -> bool:
+    """Whether a browser page of ``origin`` (normalized) may open a WebSocket here.
+
+    Browsers attach no credential to a WebSocket by themselves, but a node
+    that runs open (no keys) has none to check: any page the developer visits
+    could drive it (cross-site WebSocket hijacking). So:
+
+    - the allow-list decides when set (``*`` accepts any origin);
+    - without one, an open node accepts loopback origins only
+      (``http(s)://localhost|127.x|[::1]``, any port: the developer's own
+      pages), and a node with keys any origin (the page must present a key);
+    - the node's own page is always accepted: an origin whose host is the IP
+      address the connection arrived on (or a loopback name, when it arrived
+      on loopback) and whose port is that connection's port.
+
+    Never compared with the request's ``Host`` header: under DNS rebinding a
+    page of ``http://evil.example`` whose name now points at 127.0.0.1 sends a
+    matching ``Host``. Its origin is a name, not the address, so it fails every
+    rule above.
+    """
+    if ANY_ORIGIN in allowed or origin in allowed:
+        return True
+    parsed = _host_port(origin)
+    if parsed is None:
+        return False  # "null" (sandboxed frames, file: pages) or not an origin
+    host, port = parsed
+    if local_address is not None and port == local_address[1]:
+        local_ip = local_address[0]
+        if host == local_ip or (is_loopback(host) and is_loopback(local_ip)):
+            return True
+    if allowed:
+        return False
+    return auth_on or is_loopback(host)
 
 
 def validate(config: Config) -> None:
@@ -67,6 +125,8 @@ def validate(config: Config) -> None:
     checked when a ``Config`` is built); the origins need parsing.
     """
     for origin in parse_origins(config.allowed_origins):
+        if origin == ANY_ORIGIN:
+            continue
         parts = urlsplit(origin)
         if parts.scheme not in ("http", "https") or not parts.netloc or parts.path:
             raise ConfigError(
@@ -170,7 +230,7 @@ class Edges:
                 f"this node is at its limit of {cfg.max_connections} connections; "
                 "connect to another node, or retry in a few seconds\n",
             )
-        refusal = self._check_origin(request.headers)
+        refusal = self._check_origin(connection, request.headers)
         if refusal is not None:
             return refusal
         principal = await self._authenticate(request)
@@ -218,27 +278,33 @@ class Edges:
             if admitted.slot is not None:
                 await self.slots.release(admitted.key, admitted.slot)
 
-    def _check_origin(self, headers: Headers) -> Response | None:
-        if not self.origins:
-            return None
+    def _check_origin(self, connection: ServerConnection, headers: Headers) -> Response | None:
         try:
             origin = headers.get("Origin")
-            host = headers.get("Host")
         except MultipleValuesError:
-            origin, host = "", None
+            origin = ""  # a browser sends one: refuse whatever sent several
         if origin is None:
             return None  # not a browser: browsers always send Origin on a WebSocket
         normalized = origin.strip().rstrip("/").lower()
-        if normalized in self.origins:
+        if origin_allowed(
+            normalized,
+            self.origins,
+            auth_on=self.auth_on,
+            local_address=_local_address(connection),
+        ):
             return None
-        # The gateway's own page (same host) may always connect back to it.
-        if host is not None and urlsplit(normalized).netloc == host.strip().lower():
-            return None
+        if self.origins:
+            how = "the page must be served from one of the origins the operator allowed"
+        else:
+            how = (
+                "this node runs without API keys, so only pages from this machine "
+                "(http://localhost, 127.0.0.1, [::1]) may connect"
+            )
         return self._refuse(
             "origin",
             http.HTTPStatus.FORBIDDEN,
-            f"origin {origin[:200]!r} may not connect to this gateway; the page must be served "
-            "from one of the origins the operator allowed (--allowed-origins)\n",
+            f"origin {origin[:200]!r} may not connect to this gateway; {how} "
+            "(the operator can allow it with --allowed-origins)\n",
         )
 
     async def _authenticate(self, request: Request) -> str | Response:
@@ -287,3 +353,17 @@ class Edges:
         elif status in (http.HTTPStatus.TOO_MANY_REQUESTS, http.HTTPStatus.SERVICE_UNAVAILABLE):
             headers["Retry-After"] = "5"
         return Response(status.value, status.phrase, headers, body.encode())
+
+
+def _local_address(connection: ServerConnection) -> tuple[str, int] | None:
+    """The IP address and port this TCP connection arrived on (not the Host header)."""
+    sockname = connection.transport.get_extra_info("sockname")
+    if not isinstance(sockname, tuple) or len(sockname) < 2:
+        return None
+    try:
+        ip = ipaddress.ip_address(str(sockname[0]).split("%")[0])
+    except ValueError:
+        return None
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return str(ip), int(sockname[1])

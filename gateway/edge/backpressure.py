@@ -32,7 +32,7 @@ from gateway.metrics import Metrics
 from gateway.store.base import LogEntry
 from protocol.events import Respond, Think, encode
 
-__all__ = ["SendPressure", "coalesce_entries", "merge_run"]
+__all__ = ["SegmentJoiner", "SendPressure", "coalesce_entries", "merge_run"]
 
 log = logging.getLogger("gateway.edge.backpressure")
 
@@ -40,6 +40,11 @@ MAX_MERGED_BYTES: Final = 32_768
 """A merged frame stops growing at this many bytes: browsers' and libraries'
 default frame limits (1 MiB) stay far away, and one frame never delays the next
 event for long."""
+
+MAX_SEGMENT_BYTES: Final = 512 * 1024
+"""In event mode (``SegmentJoiner``) a segment is one frame up to this size; a
+longer one comes as several, each with its ``seq_from..seq``. Half of the 1 MiB
+frame limit of browsers and common libraries."""
 
 _decode_chunk: Final = msgspec.json.Decoder(Think | Respond)
 
@@ -152,3 +157,45 @@ class SendPressure:
             return True
         self._metrics.replies_dropped.inc()
         return False
+
+
+class SegmentJoiner:
+    """Event mode (``?stream=event``): one ``think`` and one ``respond`` per segment.
+
+    For clients that show whole units rather than tokens. A segment is a run of
+    consecutive chunks of one kind; its frames are held until the first event
+    that is not one of them (the next kind, ``call``, ``end``, ``interrupt`` …)
+    and then sent as one frame merged by ``merge_run`` (``seq_from..seq``), so
+    contiguity checks hold as in token mode. Live delivery and replay go through
+    the same joiner, so both join the same way. Held chunks are not sent, so a
+    client that reconnects resumes from before them and loses nothing.
+    """
+
+    __slots__ = ("_held", "_held_bytes", "_kind")
+
+    def __init__(self) -> None:
+        self._held: list[LogEntry] = []
+        self._held_bytes = 0
+        self._kind: type[Think] | type[Respond] | None = None
+
+    @property
+    def held_from(self) -> int | None:
+        """The seq of the first chunk held back (None: nothing is held)."""
+        return self._held[0].seq if self._held else None
+
+    def feed(self, entry: LogEntry, out: list[LogEntry]) -> None:
+        """Take the next entry in seq order; append to ``out`` what may be sent now."""
+        kind = _chunk_kind(entry.data)
+        held = self._held
+        if held and (
+            kind is not self._kind or self._held_bytes + len(entry.data) > MAX_SEGMENT_BYTES
+        ):
+            out.append(merge_run(held))
+            self._held = held = []
+            self._held_bytes = 0
+        if kind is None:
+            out.append(entry)
+            return
+        self._kind = kind
+        held.append(entry)
+        self._held_bytes += len(entry.data)

@@ -7,6 +7,11 @@ client got. A connection starts in catch-up (that is resume: replay after
 ``after``, then live), and falls back to it when the client is too slow and its
 queue passes ``send_queue_frames``: memory stays bounded and the client still
 gets every event, from the log instead of from memory.
+
+In event mode (``?stream=event``) think and respond chunks are joined into one
+frame per segment (``gateway.edge.backpressure.SegmentJoiner``), live and in
+replay alike. The reader limits how fast a client may send frames
+(``gateway.edge.frame_rate``): one client cannot take a core.
 """
 
 from __future__ import annotations
@@ -14,15 +19,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 import uuid
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import MutableMapping, Sequence
 
 from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
 from websockets.protocol import State
 
-from gateway.edge.backpressure import SendPressure
+from gateway.edge.backpressure import SegmentJoiner, SendPressure
+from gateway.edge.closes import CloseCode, close_reason
+from gateway.edge.frame_rate import FrameRate, Verdict
 from gateway.sessions.follower import LogFollower
 from gateway.sessions.node import Node
 from gateway.sessions.runtime import SessionRuntime
@@ -32,6 +40,7 @@ from protocol.events import (
     Cancel,
     Error,
     Ping,
+    Pong,
     Session,
     UserMessage,
     decode_client,
@@ -39,19 +48,12 @@ from protocol.events import (
     encode,
 )
 
-__all__ = ["ClientConnection", "CloseCode"]
+__all__ = ["ClientConnection"]
 
 log = logging.getLogger("gateway.edge.connection")
 
 _UNLOGGED = -1  # queue marker: a reply to this client only, sent as is
 _REPLAY_PAGE = 500
-
-
-class CloseCode:
-    """WebSocket close codes the gateway uses (4xxx are application codes)."""
-
-    SERVICE_RESTART = 1012  # node draining or session moved: reconnect with after=SEQ
-    TRY_AGAIN_LATER = 1013
 
 
 class ClientConnection:
@@ -65,7 +67,11 @@ class ClientConnection:
         sid: str,
         after: int,
         resumed: bool,
+        event_mode: bool = False,
+        unrecorded: MutableMapping[str, str] | None = None,
     ) -> None:
+        """``unrecorded``: the node's new sessions not stored yet (sid → owner);
+        one is stored when its first turn starts (``Node.record_session``)."""
         self.node = node
         self.ws = ws
         self.sid = sid
@@ -83,6 +89,11 @@ class ClientConnection:
         self._pressure = SendPressure(
             node.config.coalesce_after, node.config.send_queue_frames, node.metrics
         )  # coalescing for a client behind (backpressure)
+        self._joiner = SegmentJoiner() if event_mode else None
+        self._unrecorded: MutableMapping[str, str] = unrecorded if unrecorded is not None else {}
+        self._frame_rate = FrameRate(
+            node.config.client_frames_per_second, node.config.client_frame_burst, time.monotonic()
+        )
 
     # ------------------------------------------------------------- Subscriber
 
@@ -90,7 +101,7 @@ class ClientConnection:
         if self._lagging:
             return  # the writer reads these from the log
         queue = self._queue
-        if self._idle and not queue and self._send_now(entries):
+        if self._idle and not queue and self._joiner is None and self._send_now(entries):
             return
         if len(queue) + len(entries) > self._limit:
             # Too far behind: stop buffering, catch up from the log instead.
@@ -127,7 +138,7 @@ class ClientConnection:
         self.last_sent = last
         return True
 
-    def notify(self, event: Error) -> None:
+    def notify(self, event: Error | Pong) -> None:
         if not self._pressure.may_queue_reply(self._queue):
             return  # the client reads nothing: its replies would pile up without bound
         self._queue.append(LogEntry(_UNLOGGED, encode(event)))
@@ -150,7 +161,13 @@ class ClientConnection:
         self.node.spawn(self._handle(frame.decode()), f"redispatch:{self.sid}")
 
     def session_lost(self, reason: str) -> None:
-        self._close = (CloseCode.SERVICE_RESTART, f"session moved ({reason}); reconnect with after")
+        # The reason is for the log: it may name nodes and runs past a close
+        # frame's 123 bytes. The client only needs to know what to do.
+        log.info("session %s: closing client (1012): %s", self.sid, reason, extra={"sid": self.sid})
+        self._close = (
+            CloseCode.SERVICE_RESTART,
+            "session moved to another node; reconnect with session_id and after=<last seq>",
+        )
         self._wake.set()
 
     def switch_source(self, source: EventSource) -> None:
@@ -180,6 +197,7 @@ class ClientConnection:
         first = Session(
             session_id=self.sid,
             seq=head,
+            timestamp=time.time(),
             resumed=self.resumed,
             provider=node.upstream_factory.provider,
             node=node.node_id,
@@ -208,6 +226,8 @@ class ClientConnection:
 
     async def _reader(self, writer: asyncio.Task[None]) -> None:
         ws = self.ws
+        check = self._frame_rate.check
+        clock = time.monotonic
         while True:
             recv = asyncio.ensure_future(ws.recv())
             done, _ = await asyncio.wait({recv, writer}, return_when=asyncio.FIRST_COMPLETED)
@@ -220,7 +240,52 @@ class ClientConnection:
                 frame = recv.result()
             except ConnectionClosed:
                 return
-            await self._handle(frame)
+            if self._close is not None:
+                return  # closing: its frames are not processed any more
+            verdict = check(clock())
+            if verdict is Verdict.ACCEPT:
+                await self._handle(frame)
+            elif verdict is Verdict.REFUSE:
+                self._refuse_flood()
+            elif verdict is Verdict.CLOSE:
+                await self._close_flooding(writer)
+                return
+            else:
+                self.node.metrics.frames_dropped.inc()
+
+    def _refuse_flood(self) -> None:
+        self.node.metrics.frames_dropped.inc()
+        cfg = self.node.config
+        self._reply(
+            Error(
+                code="rate_limited",
+                content=f"too many frames: a connection may send {cfg.client_frames_per_second:g} "
+                f"frames/s (bursts of {cfg.client_frame_burst}); frames sent over it are dropped "
+                f"unread — wait {self._frame_rate.wait():.1f}s, send again, and slow down; "
+                f"a client that keeps sending is disconnected ({CloseCode.RATE_LIMITED})",
+            )
+        )
+
+    async def _close_flooding(self, writer: asyncio.Task[None]) -> None:
+        """Close a client that kept flooding; abort the TCP connection if it
+        does not answer the close soon (it may not be reading at all)."""
+        log.warning(
+            "session %s: closing a client that keeps sending over its frame limit",
+            self.sid,
+            extra={"sid": self.sid},
+        )
+        self._close = (
+            CloseCode.RATE_LIMITED,
+            close_reason("too many frames; slow down, then reconnect with session_id and after"),
+        )
+        writer.cancel()
+        with contextlib.suppress(BaseException):
+            await writer
+        try:
+            async with asyncio.timeout(2.0):
+                await self.ws.close(*self._close)
+        except TimeoutError:
+            self.ws.transport.abort()
 
     async def _handle(self, frame: str | bytes) -> None:
         if isinstance(frame, bytes):
@@ -236,6 +301,7 @@ class ClientConnection:
             self._reply(message)
             return
         if isinstance(message, Ping):
+            self.notify(Pong(seq=self.client_seq, timestamp=time.time()))
             return
         if isinstance(message, UserMessage) and self.node.draining:
             self._reply(
@@ -247,6 +313,22 @@ class ClientConnection:
             )
             return
         if isinstance(message, UserMessage):
+            owner = self._unrecorded.get(self.sid)
+            if owner is not None:
+                # Stored at its first turn: a connection that never sends a
+                # message leaves no session behind.
+                try:
+                    await self.node.record_session(self.sid, owner)
+                except StoreUnavailable:
+                    self._reply(
+                        Error(
+                            code="store",
+                            content="the session store is unavailable, so the session could "
+                            "not be saved; send your message again in a few seconds",
+                        )
+                    )
+                    return
+                self._unrecorded.pop(self.sid, None)
             # Per-key turn limits (gateway.sessions.limits), before the turn starts here or is forwarded.
             refusal = await self.node.limits.admit_turn(self.sid, self.source)
             if refusal is not None:
@@ -295,9 +377,17 @@ class ClientConnection:
             self.switch_source(runtime)
         return runtime
 
+    @property
+    def client_seq(self) -> int:
+        """The seq of the last logged event the client has been sent (held
+        chunks of an event-mode segment are not sent yet)."""
+        held = self._joiner.held_from if self._joiner is not None else None
+        return self.last_sent if held is None else held - 1
+
     def _reply(self, error: Error) -> None:
         """An error answering this client's own frame: not logged, sent to it only."""
-        error.seq = self.last_sent
+        error.seq = self.client_seq
+        error.timestamp = time.time()
         self.notify(error)
 
     # ------------------------------------------------------------- writer
@@ -308,7 +398,7 @@ class ClientConnection:
         try:
             while True:
                 if self._close is not None:
-                    await ws.close(*self._close)
+                    await ws.close(self._close[0], close_reason(self._close[1]))
                     return
                 if self._lagging:
                     await self._catch_up()
@@ -328,6 +418,8 @@ class ClientConnection:
     async def _send_queued(self, ws: ServerConnection, queue: deque[LogEntry]) -> None:
         """Everything queued, in order, as one write (merged if the client is behind)."""
         batch: list[bytes] = []
+        joiner = self._joiner
+        joined: list[LogEntry] = []
         while queue:
             entry = queue.popleft()
             seq = entry.seq
@@ -339,6 +431,12 @@ class ClientConnection:
                     queue.appendleft(entry)
                     self._lagging = True
                     break
+                if joiner is not None:  # event mode: whole segments only
+                    joiner.feed(entry, joined)
+                    batch.extend(e.data for e in joined)
+                    joined.clear()
+                    self.last_sent = seq
+                    continue
                 # A long queue: merge the chunks after it (seq_from..seq).
                 entry = self._pressure.coalesce(entry, queue)
                 batch.append(entry.data)
@@ -376,9 +474,19 @@ class ClientConnection:
                     seq=self.last_sent,
                 )
                 await self.ws.send(encode(gap), text=True)
-            for entry in self._pressure.page(entries):  # merged if the client fell behind
-                if entry.seq > self.last_sent:
+            joiner = self._joiner
+            if joiner is not None:  # event mode: replay joins as live delivery does
+                joined: list[LogEntry] = []
+                for entry in entries:
+                    if entry.seq > self.last_sent:
+                        joiner.feed(entry, joined)
+                        self.last_sent = entry.seq
+                for entry in joined:
                     await self.ws.send(entry.data, text=True)
-                    self.last_sent = entry.seq
+            else:
+                for entry in self._pressure.page(entries):  # merged if the client fell behind
+                    if entry.seq > self.last_sent:
+                        await self.ws.send(entry.data, text=True)
+                        self.last_sent = entry.seq
             if len(entries) < _REPLAY_PAGE:
                 return

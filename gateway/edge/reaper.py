@@ -17,14 +17,17 @@ from typing import Final, Protocol
 from websockets.asyncio.server import ServerConnection
 from websockets.protocol import State
 
+from gateway.edge.closes import CloseCode, close_reason
 from gateway.metrics import Metrics
 
 __all__ = ["SLOW_CLIENT_CLOSE", "Reapable", "SlowClientReaper"]
 
 log = logging.getLogger("gateway.edge.reaper")
 
-SLOW_CLIENT_CLOSE: Final = 4008
-SLOW_CLIENT_REASON: Final = "client too slow: reconnect with session_id and after=<last seq>"
+SLOW_CLIENT_CLOSE: Final = CloseCode.SLOW_CLIENT
+SLOW_CLIENT_REASON: Final = close_reason(
+    "client too slow: reconnect with session_id and after=<last seq>"
+)
 
 
 class Reapable(Protocol):

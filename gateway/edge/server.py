@@ -1,7 +1,9 @@
 """The gateway's network face: one port for the WebSocket endpoint and HTTP.
 
-``ws://HOST:PORT/v1/realtime`` is the client protocol; ``GET /healthz`` answers
-load balancers (503 while draining) and ``GET /metrics`` serves Prometheus.
+``ws://HOST:PORT/v1/realtime`` is the client protocol; ``GET /healthz`` says the
+process is alive, ``GET /readyz`` whether it would serve a new client (503 while
+draining, full, or its store is unreachable: ``gateway.edge.health``), and
+``GET /metrics`` serves Prometheus.
 Everything a handshake can refuse (unknown path, bad query, unknown or foreign
 session) is refused with an HTTP status before the WebSocket opens, so a
 client learns what was wrong without parsing a close frame.
@@ -14,6 +16,10 @@ import contextlib
 import functools
 import http
 import logging
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, MutableMapping
+from typing import Final, Literal
 from urllib.parse import parse_qs, urlsplit
 
 import msgspec
@@ -24,7 +30,9 @@ from websockets.http11 import Request, Response
 from gateway.config import Config
 from gateway.edge import web
 from gateway.edge.admission import Edges
-from gateway.edge.connection import ClientConnection, CloseCode
+from gateway.edge.closes import CloseCode, close_reason
+from gateway.edge.connection import ClientConnection
+from gateway.edge.health import StoreProbe
 from gateway.sessions.node import Node
 from gateway.store.base import StoreUnavailable
 
@@ -33,6 +41,9 @@ __all__ = ["Gateway", "Handshake"]
 log = logging.getLogger("gateway.edge.server")
 
 WS_PATH = "/v1/realtime"
+
+StreamMode = Literal["token", "event"]
+STREAM_MODES: Final[tuple[str, ...]] = ("token", "event")
 
 
 class _Connection(ServerConnection):
@@ -56,6 +67,69 @@ class Handshake(msgspec.Struct):
     principal: str
     session_id: str | None
     after: int | None
+    stream: StreamMode = "token"
+    # The owner of a session of this node not stored yet (see ``Gateway.unrecorded``).
+    unrecorded_owner: str | None = None
+
+
+class NewSessions(MutableMapping[str, str]):
+    """New sessions of this node that are not stored yet: sid → owner.
+
+    Until its first turn a session exists only here (and in the runtime that
+    drives it), so only this node can attach to it. When its last connection
+    leaves, it stays attachable for ``grace`` seconds, long enough for a
+    client that was disconnected (a bad frame's close, a network blip) to come
+    back with ``session_id``; then it is forgotten. Memory stays bounded by
+    the connections of the last ``grace`` seconds.
+    """
+
+    def __init__(self, grace: float = 60.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.grace = grace
+        self._clock = clock
+        self._owners: dict[str, str] = {}
+        self._left: OrderedDict[str, float] = OrderedDict()  # sid → when, oldest first
+
+    def add(self, sid: str, owner: str) -> None:
+        self._expire()
+        self._owners[sid] = owner
+        self._left.pop(sid, None)
+
+    def owner(self, sid: str) -> str | None:
+        self._expire()
+        return self._owners.get(sid)
+
+    def left(self, sid: str) -> None:
+        """The session's last connection closed: forget it after ``grace``."""
+        if sid in self._owners:
+            self._left[sid] = self._clock()
+            self._left.move_to_end(sid)
+
+    def _expire(self) -> None:
+        deadline = self._clock() - self.grace
+        left = self._left
+        while left:
+            sid, when = next(iter(left.items()))
+            if when > deadline:
+                break
+            del left[sid]
+            self._owners.pop(sid, None)
+
+    # The mapping interface (the connection reads and pops owners).
+    def __getitem__(self, sid: str) -> str:
+        return self._owners[sid]
+
+    def __setitem__(self, sid: str, owner: str) -> None:
+        self.add(sid, owner)
+
+    def __delitem__(self, sid: str) -> None:
+        del self._owners[sid]
+        self._left.pop(sid, None)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._owners)
+
+    def __len__(self) -> int:
+        return len(self._owners)
 
 
 class Gateway:
@@ -67,8 +141,12 @@ class Gateway:
         self.server: Server | None = None
         self._handshakes: dict[int, Handshake] = {}
         self.connections: set[ClientConnection] = set()
+        # New sessions of this node not stored yet: a session is stored at its
+        # first turn, so a connection that sends nothing leaves nothing behind.
+        self.unrecorded = NewSessions()
         # Auth, origins, connection limits, slow clients (raises ConfigError if unsafe).
         self.edges = Edges(self.config, node, self.connections)
+        self.store_probe = StoreProbe(node.store)
 
     @property
     def port(self) -> int:
@@ -112,9 +190,9 @@ class Gateway:
         url = urlsplit(request.path)
         path = url.path
         if path == "/healthz":
-            if self.node.draining:
-                return _text(http.HTTPStatus.SERVICE_UNAVAILABLE, "draining\n")
-            return _text(http.HTTPStatus.OK, "ok\n")
+            return _text(http.HTTPStatus.OK, "ok\n")  # liveness: the process answers
+        if path == "/readyz":
+            return await self._readiness()
         if path == "/metrics":
             return Response(
                 200,
@@ -150,16 +228,15 @@ class Gateway:
             return admitted
         principal = admitted
         sid = _one(query, "session_id")
+        unrecorded_owner: str | None = None
+        stream = _one(query, "stream") or "token"
+        if stream not in STREAM_MODES:
+            return _text(
+                http.HTTPStatus.BAD_REQUEST,
+                f"stream={stream[:40]!r} is not a stream mode: use stream=token (a frame per "
+                "model chunk, the default) or stream=event (one frame per think/respond segment)\n",
+            )
         after_raw = _one(query, "after")
-        after: int | None = None
-        if after_raw is not None:
-            if not after_raw.isdigit():
-                return _text(
-                    http.HTTPStatus.BAD_REQUEST,
-                    f"after={after_raw!r} is not a seq: pass the last seq you received "
-                    "(an integer >= 0)\n",
-                )
-            after = int(after_raw)
         if sid is not None:
             try:
                 meta = await self.node.store.get_meta(sid)
@@ -169,6 +246,10 @@ class Gateway:
                     http.HTTPStatus.SERVICE_UNAVAILABLE,
                     "the session store is unavailable; retry in a few seconds\n",
                 )
+            if meta is None:
+                unrecorded_owner = self.unrecorded.owner(sid)
+                if unrecorded_owner is not None:
+                    meta = {"owner": unrecorded_owner}
             if meta is None:
                 self.node.metrics.refused.labels("unknown_session").inc()
                 return _text(
@@ -182,10 +263,72 @@ class Gateway:
                     http.HTTPStatus.FORBIDDEN,
                     "this session belongs to another API key\n",
                 )
+        after: int | None = None
+        if after_raw is not None:
+            checked = await self._check_after(after_raw, sid)
+            if isinstance(checked, Response):
+                return checked
+            after = checked
         self._handshakes[id(connection)] = Handshake(
-            principal=principal, session_id=sid, after=after
+            principal=principal,
+            session_id=sid,
+            after=after,
+            stream="event" if stream == "event" else "token",
+            unrecorded_owner=unrecorded_owner,
         )
         return None
+
+    async def _check_after(self, raw: str, sid: str | None) -> int | Response:
+        """``after`` as a seq the session has: a plain ASCII decimal <= its last seq.
+
+        ``str.isdigit`` alone took "²" (then ``int`` raised: HTTP 500); a
+        40-digit value opened and closed silently; a value past the log's end
+        made the client drop the next turn's events as already seen.
+        """
+        if sid is None:
+            last = 0  # a new session: nothing has been logged yet
+        else:
+            try:
+                last = await self.node.store.last_seq(sid)
+            except StoreUnavailable:
+                self.node.metrics.refused.labels("store").inc()
+                return _text(
+                    http.HTTPStatus.SERVICE_UNAVAILABLE,
+                    "the session store is unavailable; retry in a few seconds\n",
+                )
+        if raw.isascii() and raw.isdecimal() and len(raw) <= 20:
+            after = int(raw)
+            if after <= last:
+                return after
+        self.node.metrics.refused.labels("bad_after").inc()
+        shown = raw if len(raw) <= 40 else raw[:40] + "…"
+        where = (
+            f"this session's last seq is {last}"
+            if sid is not None
+            else ("a new session has no events yet (last seq 0); pass session_id to resume one")
+        )
+        return _text(
+            http.HTTPStatus.BAD_REQUEST,
+            f"after={shown!r} is not a seq of this session: pass the seq of the last event "
+            f"you received, a decimal number from 0 to the last seq; {where}\n",
+        )
+
+    async def _readiness(self) -> Response:
+        """200 when a new client would be served now; 503 naming why not."""
+        node = self.node
+        cfg = self.config
+        if node.draining:
+            return _text(http.HTTPStatus.SERVICE_UNAVAILABLE, "not ready: draining\n")
+        if 0 < cfg.max_connections <= self.edges.open:
+            return _text(
+                http.HTTPStatus.SERVICE_UNAVAILABLE,
+                f"not ready: full ({cfg.max_connections} connections)\n",
+            )
+        if not await self.store_probe.reachable():
+            return _text(
+                http.HTTPStatus.SERVICE_UNAVAILABLE, "not ready: the session store is unreachable\n"
+            )
+        return _text(http.HTTPStatus.OK, "ready\n")
 
     # ------------------------------------------------------------------ WebSocket
 
@@ -199,20 +342,35 @@ class Gateway:
         node.metrics.connections_total.inc()
         try:
             if hs.session_id is None:
-                runtime = await node.create_session(hs.principal)
+                runtime = await node.create_session()
                 sid, after, resumed = runtime.sid, 0, False
+                self.unrecorded.add(sid, hs.principal)  # stored at its first turn
             else:
                 sid, after, resumed = hs.session_id, hs.after or 0, True
-            conn = ClientConnection(node, ws, sid=sid, after=after, resumed=resumed)
+                if hs.unrecorded_owner is not None:  # its last connection may have left since
+                    self.unrecorded.add(sid, hs.unrecorded_owner)
+            conn = ClientConnection(
+                node,
+                ws,
+                sid=sid,
+                after=after,
+                resumed=resumed,
+                event_mode=hs.stream == "event",
+                unrecorded=self.unrecorded,
+            )
             self.connections.add(conn)
             try:
                 await conn.serve()
             finally:
                 self.connections.discard(conn)
+                if sid in self.unrecorded and not any(c.sid == sid for c in self.connections):
+                    self.unrecorded.left(sid)
         except StoreUnavailable as exc:
             log.warning("connection refused: store unavailable: %s", exc)
             with contextlib.suppress(Exception):
-                await ws.close(CloseCode.TRY_AGAIN_LATER, "session store unavailable; retry")
+                await ws.close(
+                    CloseCode.TRY_AGAIN_LATER, close_reason("session store unavailable; retry")
+                )
         finally:
             node.metrics.connections.dec()
 
@@ -255,7 +413,11 @@ async def _close_or_abort(ws: ServerConnection) -> None:
     frame, so after a few seconds its connection is aborted instead."""
     try:
         await asyncio.wait_for(
-            ws.close(CloseCode.SERVICE_RESTART, "node draining; reconnect with after=SEQ"), 5.0
+            ws.close(
+                CloseCode.SERVICE_RESTART,
+                close_reason("node draining; reconnect with session_id and after=<last seq>"),
+            ),
+            5.0,
         )
     except (TimeoutError, OSError):
         ws.transport.abort()

@@ -123,9 +123,21 @@ class Node:
     def new_session_id(self) -> str:
         return secrets.token_urlsafe(18)
 
-    async def create_session(self, owner: str) -> SessionRuntime:
-        """A new session owned by ``owner`` (an API key id), driven by this node."""
+    async def create_session(self) -> SessionRuntime:
+        """A new session driven by this node, not stored until ``record_session``.
+
+        The edge stores it at its first turn: a connection that never sends a
+        message leaves no 24-hour session record behind.
+        """
         sid = self.new_session_id()
+        runtime = await self.drive(sid)
+        if runtime is None:  # pragma: no cover - a fresh random id cannot be leased elsewhere
+            raise RuntimeError(f"new session {sid} is leased by another node")
+        return runtime
+
+    async def record_session(self, sid: str, owner: str) -> None:
+        """Store the session ``sid`` as owned by ``owner`` (an API key id); then it
+        can be resumed, from any node, until it idles out (``session_ttl``)."""
         meta = {
             "owner": owner,
             "provider": self.upstream_factory.provider,
@@ -133,10 +145,6 @@ class Node:
             "node": self.node_id,
         }
         await self.store.create_session(sid, meta)
-        runtime = await self.drive(sid)
-        if runtime is None:  # pragma: no cover - a fresh random id cannot be leased elsewhere
-            raise RuntimeError(f"new session {sid} is leased by another node")
-        return runtime
 
     async def drive(self, sid: str) -> SessionRuntime | None:
         """The runtime of ``sid`` on this node, loading it if its lease is free.

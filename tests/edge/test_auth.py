@@ -343,6 +343,7 @@ async def test_gateway_keys_in_redis(gateway_factory: GatewayFactory, redis_url:
     assert listing.startswith("alice\t")
     async with gateway_factory(api_keys_redis=True) as gw:
         client = await GatewayClient.connect(f"{gw.url}?token={key}")
+        await client.turn("hello")  # a session is stored at its first turn
         meta = await gw.node.store.get_meta(client.sid)
         assert meta is not None and meta["owner"] == "alice"
         await client.close()

@@ -269,6 +269,7 @@ class ClientConnection:
     async def _close_flooding(self, writer: asyncio.Task[None]) -> None:
         """Close a client that kept flooding; abort the TCP connection if it
         does not answer the close soon (it may not be reading at all)."""
+        self.node.metrics.frames_dropped.inc()
         log.warning(
             "session %s: closing a client that keeps sending over its frame limit",
             self.sid,

@@ -214,6 +214,13 @@ class Gateway:
                 http.HTTPStatus.SERVICE_UNAVAILABLE,
                 "this node is draining; connect to another node\n",
             )
+        if not await self.store_probe.reachable():  # cached: one store ping a second at most
+            self.node.metrics.refused.labels("store").inc()
+            return _text(
+                http.HTTPStatus.SERVICE_UNAVAILABLE,
+                "the session store is unreachable; connect to another node or retry in a few "
+                "seconds\n",
+            )
         if request.headers.get("Upgrade", "").lower() != "websocket":
             return _text(
                 http.HTTPStatus.UPGRADE_REQUIRED,

@@ -133,13 +133,14 @@ def port_matches(ref: str | int, container: dict[str, Any]) -> bool:
     return any(ref in (p["containerPort"], p.get("name")) for p in container["ports"])
 
 
-def test_k8s_probes_hit_healthz_on_the_container_port() -> None:
+def test_k8s_probes_hit_readyz_and_healthz_on_the_container_port() -> None:
     container = gateway_container()
     env = env_of(container)
     assert container["ports"][0]["containerPort"] == int(env["GATEWAY_PORT"]) == GATEWAY_PORT
-    for probe in ("readinessProbe", "livenessProbe"):
+    # Readiness is /readyz (draining, full, store down); liveness /healthz (the process answers).
+    for probe, path in (("readinessProbe", "/readyz"), ("livenessProbe", "/healthz")):
         get = container[probe]["httpGet"]
-        assert get["path"] == "/healthz"
+        assert get["path"] == path, probe
         assert port_matches(get["port"], container), f"{probe} port {get['port']}"
     assert env["GATEWAY_HOST"] == "0.0.0.0"
 
@@ -153,7 +154,7 @@ def test_k8s_termination_outlasts_prestop_plus_drain() -> None:
     command = pre_stop.get("exec", {}).get("command", [])
     delay = float(command[-1]) if command[:1] == ["sleep"] else pre_stop["sleep"]["seconds"]
     assert pod["terminationGracePeriodSeconds"] > drain + delay
-    # A draining pod stops answering /healthz; liveness must not kill it mid-drain.
+    # Liveness must not kill a draining pod mid-drain.
     liveness = container["livenessProbe"]
     assert liveness["periodSeconds"] * liveness["failureThreshold"] > drain
 
@@ -224,7 +225,7 @@ def test_haproxy_config_is_valid() -> None:
     assert out.returncode == 0, out.stdout + out.stderr
     text = cfg.read_text()
     assert re.search(r"^\s*timeout tunnel\s+\S+", text, re.M)
-    assert re.search(r"http-check send meth GET uri /healthz", text)
+    assert re.search(r"http-check send meth GET uri /readyz", text)
     assert re.search(r"^\s*balance\s+(leastconn|roundrobin)", text, re.M)
 
 

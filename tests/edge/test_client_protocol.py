@@ -1,0 +1,128 @@
+"""The client protocol's edges: ping/pong, timestamps, empty messages, event mode, ``after``.
+
+Issues 13.7 and 19 (first-hour server bits and event mode).
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from urllib.parse import quote
+
+import pytest
+from websockets.asyncio.client import connect
+
+from protocol.events import Error, Event, Pong, Respond, Think, decode_event
+from tests.edge.conftest import GatewayFactory, refusal
+from tests.support.client import GatewayClient, text_of
+
+memory_only = pytest.mark.parametrize("store_kind", ["memory"])
+
+
+def _recent(timestamp: float) -> bool:
+    return abs(time.time() - timestamp) < 60
+
+
+@memory_only
+async def test_ping_gets_pong_and_unlogged_frames_carry_real_timestamps(
+    gateway_factory: GatewayFactory,
+) -> None:
+    async with gateway_factory() as gw:
+        client = await GatewayClient.connect(gw.url)
+        assert _recent(client.session.timestamp)
+        await client.turn("hello")
+        last = client.last_seq
+        await client.send({"type": "ping"})
+        pong = await client.next()
+        assert isinstance(pong, Pong) and pong.seq == last and _recent(pong.timestamp)
+        await client.send("{not json")
+        error = await client.next()
+        assert isinstance(error, Error) and error.seq == last and _recent(error.timestamp)
+        await client.close()
+
+
+@memory_only
+async def test_an_empty_or_blank_user_message_is_a_bad_frame(
+    gateway_factory: GatewayFactory,
+) -> None:
+    async with gateway_factory() as gw:
+        client = await GatewayClient.connect(gw.url)
+        for content in ("", "   \n\t"):
+            await client.user(content)
+            error = await client.next()
+            assert isinstance(error, Error) and error.code == "bad_frame", error
+            assert "empty" in error.content
+        # Nothing was logged and the session still works.
+        assert error.seq == 0
+        assert text_of(await client.turn("hello"), "respond") == "Echo: hello"
+        await client.close()
+
+
+def _chunks(events: list[Event]) -> list[Think | Respond]:
+    return [e for e in events if isinstance(e, Think | Respond)]
+
+
+async def test_event_mode_sends_one_think_and_one_respond_per_segment(
+    gateway_factory: GatewayFactory,
+) -> None:
+    async with gateway_factory() as gw:
+        tokens = await GatewayClient.connect(gw.url)
+        token_chunks = _chunks(await tokens.turn("hello"))
+        assert len(token_chunks) > 2  # token mode: a frame per model chunk
+        await tokens.close()
+
+        client = await GatewayClient.connect(f"{gw.url}?stream=event")
+        events = await client.turn("hello")
+        chunks = _chunks(events)
+        assert [type(c) for c in chunks] == [Think, Respond], chunks
+        think, respond = chunks
+        assert respond.content == "Echo: hello" and think.content
+        # seq_from..seq covers the joined chunks, and the stream stays contiguous.
+        seqs: list[tuple[int, int]] = []
+        for e in events:
+            first = e.seq_from if isinstance(e, Think | Respond) and e.seq_from else e.seq
+            seqs.append((int(first), e.seq))
+        for (_, prev), (first, _) in itertools.pairwise(seqs):
+            assert first == prev + 1, seqs
+        sid, last = client.sid, client.last_seq
+        await client.close()
+
+        # Replay in event mode joins the same way.
+        async with connect(f"{gw.url}?stream=event&session_id={sid}&after=0") as ws:
+            decode_event(await ws.recv())  # session
+            replayed: list[Event] = []
+            while not replayed or replayed[-1].seq < last:
+                replayed.append(decode_event(await ws.recv()))
+        assert [type(c) for c in _chunks(replayed)] == [Think, Respond]
+        assert [e.seq for e in replayed] == [e.seq for e in events]
+
+
+@memory_only
+async def test_an_unknown_stream_mode_is_refused(gateway_factory: GatewayFactory) -> None:
+    async with gateway_factory() as gw:
+        status, body, _ = await refusal(f"{gw.url}?stream=words")
+        assert status == 400 and "stream=event" in body
+
+
+async def test_bad_after_values_are_refused_naming_the_last_seq(
+    gateway_factory: GatewayFactory,
+) -> None:
+    async with gateway_factory() as gw:
+        client = await GatewayClient.connect(gw.url)
+        await client.turn("hello")
+        sid, last = client.sid, client.last_seq
+        await client.close()
+        # "²" is a digit to str.isdigit (was HTTP 500); 40 digits opened then
+        # closed silently; past the end dropped the next turn's events.
+        for after in ("²", "١٢", "4" * 40, str(last + 1), "-1", "+3", " 3", "1e3"):
+            status, body, _ = await refusal(f"{gw.url}?session_id={sid}&after={quote(after)}")
+            assert status == 400, after
+            assert f"last seq is {last}" in body, body
+        # A new session has nothing after 0.
+        status, body, _ = await refusal(f"{gw.url}?after=5")
+        assert status == 400 and "last seq 0" in body
+        # Every seq from 0 to the last one resumes.
+        for after in (0, last):
+            again = await GatewayClient.connect(gw.url, session_id=sid, after=after)
+            assert again.session.seq == last
+            await again.close()

@@ -282,11 +282,19 @@ class ClientConnection:
         writer.cancel()
         with contextlib.suppress(BaseException):
             await writer
+        # Frames keep arriving until the client reads the close: take them off
+        # the socket unread, or its full receive queue would stop reading and
+        # the client's answering close frame would never be seen.
+        discard = asyncio.create_task(_discard_frames(self.ws), name=f"discard:{self.sid}")
         try:
             async with asyncio.timeout(2.0):
                 await self.ws.close(*self._close)
         except TimeoutError:
             self.ws.transport.abort()
+        finally:
+            discard.cancel()
+            with contextlib.suppress(BaseException):
+                await discard
 
     async def _handle(self, frame: str | bytes) -> None:
         if isinstance(frame, bytes):
@@ -491,3 +499,9 @@ class ClientConnection:
                         self.last_sent = entry.seq
             if len(entries) < _REPLAY_PAGE:
                 return
+
+
+async def _discard_frames(ws: ServerConnection) -> None:
+    with contextlib.suppress(ConnectionClosed):
+        while True:
+            await ws.recv()

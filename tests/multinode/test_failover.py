@@ -171,7 +171,10 @@ async def test_commands_from_a_second_node_reach_the_driving_node(
     a = start_node(sim, "node-a")
     b = start_node(sim, "node-b")
     on_a = await GatewayClient.connect(a.url)
+    # A session is stored at its first turn; from then on any node can join it.
+    await on_a.turn("hello", timeout=60)
     on_b = await GatewayClient.connect(b.url, session_id=on_a.sid, after=0)
+    await on_b.until(lambda e: e.seq == on_a.last_seq)  # the replay of that turn
     # A user message sent on B starts the turn on A; both clients see it.
     await on_b.user(MESSAGE)
     await on_a.until(lambda e: isinstance(e, Respond))

@@ -2,7 +2,10 @@
 
 No URL (or ``memory://``) gives the in-process ``MemoryStore``, so a single
 gateway runs with nothing to install; a ``redis://``, ``rediss://`` or
-``unix://`` URL gives ``RedisStore``, which many nodes share.
+``unix://`` URL gives ``RedisStore`` on one server, which many nodes share;
+``redis+sentinel://H:P[,H:P…]/MASTER`` follows a Sentinel-managed primary
+across failovers; ``redis+cluster://H:P[,H:P…]`` spreads sessions over a
+Redis Cluster (``rediss+…`` for TLS).
 """
 
 from __future__ import annotations
@@ -16,9 +19,10 @@ from gateway.store.base import (
     StoreUnavailable,
 )
 from gateway.store.memory import MemoryStore
-from gateway.store.redis import RedisStore, StoreStats
+from gateway.store.redis import REDIS_SCHEMES, Durability, RedisStore, StoreStats
 
 __all__ = [
+    "Durability",
     "LeaseLost",
     "LogEntry",
     "MemoryStore",
@@ -31,8 +35,6 @@ __all__ = [
     "open_store",
 ]
 
-_REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
-
 
 def open_store(
     url: str | None,
@@ -40,17 +42,34 @@ def open_store(
     prefix: str = "rtgw",
     ttl: float = 86400.0,
     max_log: int = 10_000,
+    durability: Durability = "local",
+    replica_timeout: float = 1.0,
+    retry_window: float = 2.0,
 ) -> Store:
     """The store for ``url``; does not connect (Redis may still be starting).
 
     ``ttl`` is the idle time (s) after which a session expires, ``max_log`` how
     many log entries a session keeps at least, ``prefix`` the Redis key prefix.
+    The rest are ``RedisStore``'s (ignored by the memory store):
+    ``durability`` "replicated" reports an append stored only once a replica
+    has it (waiting up to ``replica_timeout`` s); ``retry_window`` is how long
+    appends are sent again through a Cluster redirect or a failover.
     """
     if not url or url == "memory://":
         return MemoryStore(ttl=ttl, max_log=max_log)
-    if url.startswith(_REDIS_SCHEMES):
-        return RedisStore.from_url(url, prefix=prefix, ttl=ttl, max_log=max_log)
+    if url.startswith(REDIS_SCHEMES):
+        return RedisStore.from_url(
+            url,
+            prefix=prefix,
+            ttl=ttl,
+            max_log=max_log,
+            durability=durability,
+            replica_timeout=replica_timeout,
+            retry_window=retry_window,
+        )
     raise ValueError(
         f"unsupported store URL {url!r}: use memory:// (or nothing) for the in-process "
-        "store, or redis://HOST:PORT/DB, rediss://… or unix:///path/redis.sock for Redis"
+        "store, or redis://HOST:PORT/DB, rediss://… or unix:///path/redis.sock for Redis, "
+        "redis+sentinel://HOST:PORT[,…]/MASTER_NAME for Sentinel, "
+        "redis+cluster://HOST:PORT[,…] for a Redis Cluster"
     )

@@ -1,22 +1,17 @@
 """``RedisStore``: the session store shared by many gateway nodes.
 
 Every write that needs a check (the lease fence, "create if absent", compare-and-
-delete) is one Lua script, so it is atomic on the server with no WATCH/MULTI
-round trips. Scripts are called by SHA (``EVALSHA``); each new connection loads
-them first (so a restarted, empty Redis never answers ``NOSCRIPT`` to a fresh
-connection), and a ``NOSCRIPT`` that still happens (``SCRIPT FLUSH``) is handled
-by loading and retrying.
+delete) is one Lua script (``gateway.store.redis_scripts``), so it is atomic on
+the server with no WATCH/MULTI round trips. Scripts are called by SHA
+(``EVALSHA``); each new connection to a single Redis loads them first (so a
+restarted, empty Redis never answers ``NOSCRIPT`` to a fresh connection), and a
+``NOSCRIPT`` that still happens (``SCRIPT FLUSH``, a new cluster node) is
+handled by loading and retrying.
 
-**Group commit.** The gateway logs every small batch of token events before
-sending it ("log, then send"), for many sessions at once. ``append`` only queues
-its ``EVALSHA`` and awaits a future; one flusher task sends everything queued in
-the same event-loop tick, and everything queued while a flush is in flight, as
-one pipelined write and one read of the replies. Throughput grows with load
-while latency stays about one round trip, and each caller still gets its own
-result or error. The queue is FIFO and one connection runs the scripts in order,
-so one session's appends land in call order. The flusher keeps that connection
-(a pool checkout per flush costs more CPU than a small flush), packs each
-command once in ``append`` and reads the one-line replies in bulk.
+Appends go through the group commit (``gateway.store.redis_commit``): one
+pipelined round trip per node carries every append queued meanwhile. Where the
+servers are (one Redis, Sentinel, Cluster) is ``gateway.store.redis_topology``'s
+job; this module only says which keys and commands each operation uses.
 
 Blocking reads (``XREAD BLOCK`` in ``wait_log``) use a separate pool, so
 followers never take connections from the command pool that appends need.
@@ -25,38 +20,49 @@ followers never take connections from the command pool that appends need.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import hashlib
 import logging
 import math
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, Final
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, Final, Literal
 
-from redis.asyncio import BlockingConnectionPool, ConnectionPool, Redis
 from redis.asyncio.connection import AbstractConnection
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from gateway.store.base import (
-    LeaseLost,
-    LogEntry,
-    SeqConflict,
-    Store,
-    StoreError,
-    StoreUnavailable,
+from gateway.store.base import LogEntry, Store, StoreError, StoreUnavailable
+from gateway.store.redis_commit import CommitStats, GroupCommit
+from gateway.store.redis_scripts import (
+    ACQUIRE,
+    CREATE,
+    INCR_WINDOW,
+    RELEASE,
+    RENEW,
+    SCRIPTS,
+    SET_META,
+    SLOT_ACQUIRE,
+    SLOT_RENEW,
+    LuaScript,
+)
+from gateway.store.redis_topology import (
+    CLUSTER_SCHEMES,
+    SENTINEL_SCHEMES,
+    SINGLE_SCHEMES,
+    ClusterTopology,
+    open_topology,
 )
 
 log = logging.getLogger("gateway.store")
 
-__all__ = ["RedisStore", "StoreStats"]
+__all__ = ["REDIS_SCHEMES", "Durability", "RedisStore", "StoreStats"]
 
 DEFAULT_URL: Final = "redis://127.0.0.1:6379/0"
+REDIS_SCHEMES: Final = SINGLE_SCHEMES + CLUSTER_SCHEMES + SENTINEL_SCHEMES
 WAIT_LIMIT: Final = 1000
 """The most entries one ``wait_log`` call returns (a follower simply calls again)."""
+
+Durability = Literal["local", "replicated"]
+StoreStats = CommitStats
 
 _ERRORS: Final = (RedisError, OSError)
 # Server replies that mean "not now" rather than "wrong": the store is unavailable.
@@ -69,216 +75,9 @@ _TRANSIENT_REPLIES: Final = (
     "CLUSTERDOWN",
     "NOREPLICAS",
     "OOM",
+    "MOVED",
+    "ASK",
 )
-
-
-class _Script:
-    """A Lua script and its SHA1, computed locally: no round trip to learn it."""
-
-    __slots__ = ("sha", "src")
-
-    def __init__(self, src: str) -> None:
-        self.src = src
-        self.sha = hashlib.sha1(src.encode()).hexdigest()
-
-
-# KEYS: meta, log, history, lease.
-# ARGV: node, ttl_ms, max_log, first_seq, n_entries, data_1..data_n, history...
-# Seqs are first_seq + i: the caller checked they are consecutive, so only the
-# bytes travel. The log's last seq comes from XREVRANGE COUNT 1 (O(log N), no
-# extra write); a meta ``last_seq`` field would cost an HSET per append and
-# could disagree with the stream. Only the last XADD trims: once per call.
-_APPEND = _Script(
-    """
-local owner = redis.call('GET', KEYS[4])
-if owner ~= ARGV[1] then
-  return redis.error_reply('LEASELOST ' .. (owner or ''))
-end
-local n = tonumber(ARGV[5])
-if n > 0 then
-  local first = tonumber(ARGV[4])
-  local last = 0
-  local top = redis.call('XREVRANGE', KEYS[2], '+', '-', 'COUNT', 1)
-  if top[1] then
-    last = tonumber(string.match(top[1][1], '^%d+'))
-  end
-  if first ~= last + 1 then
-    return redis.error_reply('SEQCONFLICT ' .. string.format('%d', last))
-  end
-  for i = 1, n - 1 do
-    redis.call('XADD', KEYS[2], string.format('%d-0', first + i - 1), 'd', ARGV[5 + i])
-  end
-  redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[3],
-    string.format('%d-0', first + n - 1), 'd', ARGV[5 + n])
-end
-local h = 6 + n
-while h <= #ARGV do
-  local stop = math.min(h + 999, #ARGV)
-  redis.call('RPUSH', KEYS[3], unpack(ARGV, h, stop))
-  h = stop + 1
-end
-redis.call('PEXPIRE', KEYS[1], ARGV[2])
-redis.call('PEXPIRE', KEYS[2], ARGV[2])
-redis.call('PEXPIRE', KEYS[3], ARGV[2])
-return 1
-"""
-)
-
-# KEYS: meta, log, history. ARGV: ttl_ms, field, value, ...
-_CREATE = _Script(
-    """
-if redis.call('EXISTS', KEYS[1]) == 1 then
-  return 0
-end
-redis.call('HSET', KEYS[1], unpack(ARGV, 2))
-redis.call('PEXPIRE', KEYS[1], ARGV[1])
-redis.call('PEXPIRE', KEYS[2], ARGV[1])
-redis.call('PEXPIRE', KEYS[3], ARGV[1])
-return 1
-"""
-)
-
-# Same keys and args as _CREATE; only touches a session that exists, so a late
-# write cannot resurrect an expired session as a partial meta hash.
-_SET_META = _Script(
-    """
-if redis.call('EXISTS', KEYS[1]) == 0 then
-  return 0
-end
-redis.call('HSET', KEYS[1], unpack(ARGV, 2))
-redis.call('PEXPIRE', KEYS[1], ARGV[1])
-redis.call('PEXPIRE', KEYS[2], ARGV[1])
-redis.call('PEXPIRE', KEYS[3], ARGV[1])
-return 1
-"""
-)
-
-# KEYS: lease. ARGV: node, ttl_ms.
-_ACQUIRE = _Script(
-    """
-local owner = redis.call('GET', KEYS[1])
-if not owner then
-  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-  return 1
-end
-if owner == ARGV[1] then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return 1
-end
-return 0
-"""
-)
-
-_RENEW = _Script(
-    """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return 1
-end
-return 0
-"""
-)
-
-# KEYS: lease. ARGV: node.
-_RELEASE = _Script(
-    """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  redis.call('DEL', KEYS[1])
-  return 1
-end
-return 0
-"""
-)
-
-# Limits (gateway.sessions.limits). KEYS: counter. ARGV: amount, ttl_ms. The TTL is set
-# once, when the window's counter is created: adding never extends a window.
-_INCR_WINDOW = _Script(
-    """
-local v = redis.call('INCRBY', KEYS[1], ARGV[1])
-if redis.call('PTTL', KEYS[1]) < 0 then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-end
-return v
-"""
-)
-
-# KEYS: slots (sorted set member → deadline in ms of the server's clock, so
-# nodes with skewed clocks agree). ARGV: member, limit, ttl_ms. Expired members
-# (a dead node's connections) are dropped before counting.
-_SLOT_ACQUIRE = _Script(
-    """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-local limit = tonumber(ARGV[2])
-if limit > 0 and not redis.call('ZSCORE', KEYS[1], ARGV[1])
-    and redis.call('ZCARD', KEYS[1]) >= limit then
-  return 0
-end
-redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), ARGV[1])
-redis.call('PEXPIRE', KEYS[1], ARGV[3])
-return 1
-"""
-)
-
-# KEYS: slots. ARGV: ttl_ms, member... Only members still live are extended.
-_SLOT_RENEW = _Script(
-    """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local deadline = now + tonumber(ARGV[1])
-for i = 2, #ARGV do
-  local score = redis.call('ZSCORE', KEYS[1], ARGV[i])
-  if score and tonumber(score) > now then
-    redis.call('ZADD', KEYS[1], 'XX', deadline, ARGV[i])
-  end
-end
-if redis.call('EXISTS', KEYS[1]) == 1 then
-  redis.call('PEXPIRE', KEYS[1], ARGV[1])
-end
-return 1
-"""
-)
-
-_SCRIPTS: Final = (
-    _APPEND,
-    _CREATE,
-    _SET_META,
-    _ACQUIRE,
-    _RENEW,
-    _RELEASE,
-    _INCR_WINDOW,
-    _SLOT_ACQUIRE,
-    _SLOT_RENEW,
-)
-
-
-@dataclass(slots=True)
-class StoreStats:
-    """Counters for the group commit and reconnects (for tests, metrics and benches)."""
-
-    appends: int = 0
-    """``append`` calls queued."""
-    flushes: int = 0
-    """Pipelined round trips that carried appends (``appends / flushes`` = batch size)."""
-    max_batch: int = 0
-    """The most appends one flush carried."""
-    connects: int = 0
-    """Command connections opened (each loads the scripts)."""
-    noscript_reloads: int = 0
-    """Times a ``NOSCRIPT`` reply made the store load its scripts and retry."""
-
-
-# One queued append: (packed EVALSHA command, caller's future, sid, node, first seq).
-_Pending = tuple[bytes, "asyncio.Future[None]", str, str, int]
-
-
-def _bulk(value: bytes) -> bytes:
-    return b"$%d\r\n%b\r\n" % (len(value), value)
-
-
-# EVALSHA <sha> 4: the constant start of every packed append.
-_APPEND_HEAD: Final = _bulk(b"EVALSHA") + _bulk(_APPEND.sha.encode()) + _bulk(b"4")
 
 
 def _ms(seconds: float, what: str) -> int:
@@ -297,24 +96,28 @@ class RedisStore(Store):
     Construction does not connect: pools connect on first use and reconnect by
     themselves after an outage (which callers see as ``StoreUnavailable``).
 
+    ``url`` is ``redis://``, ``rediss://`` or ``unix://`` for one server,
+    ``redis+sentinel://H:P[,H:P…]/MASTER`` for the primary Sentinel names, or
+    ``redis+cluster://H:P[,H:P…]`` for a Redis Cluster (see
+    ``gateway.store.redis_topology``).
+
     ``prefix`` starts every key (``{prefix}:{SID}:log``). ``ttl`` is the idle time
     (s) after which a session's keys expire; each append or meta write restarts
     it. ``max_log`` bounds the log (``MAXLEN ~``: at least that many are kept).
     ``socket_timeout`` / ``connect_timeout`` bound how long a dead Redis can hold
     a call; ``health_check_interval`` pings connections idle longer than that.
-    ``max_connections`` caps the command pool (a caller waits up to
-    ``socket_timeout`` for a free connection; the group commit keeps one of
-    them); ``max_blocking_connections`` caps the pool of ``wait_log`` followers
-    (None: one connection per follower).
-    ``max_batch`` caps the appends one flush carries.
+    ``max_connections`` caps the command pool (per node on a Cluster; a caller
+    waits up to ``socket_timeout`` for a free connection);
+    ``max_blocking_connections`` caps the pool of ``wait_log`` followers
+    (None: one connection per follower). ``max_batch`` caps the appends one
+    flush carries. ``retry_window`` is how long an append keeps being sent
+    again while a Cluster redirects it or a node refuses connections (a
+    failover) before it fails with ``StoreUnavailable``.
+    ``durability="replicated"`` reports an append stored only once a replica
+    has it too (``WAIT 1 replica_timeout``); see ``gateway.store.redis_commit``.
     """
 
     kind = "redis"
-    bulk_replies: bool = True
-    """Read append replies straight from the connection's stream (see ``_replies``).
-
-    False uses redis-py's reply parser: slower, but touches no redis-py internals.
-    """
 
     def __init__(
         self,
@@ -329,62 +132,53 @@ class RedisStore(Store):
         max_connections: int = 64,
         max_blocking_connections: int | None = None,
         max_batch: int = 2000,
+        retry_window: float = 2.0,
+        durability: Durability = "local",
+        replica_timeout: float = 1.0,
     ) -> None:
         if max_log < 1:
             raise ValueError(f"max_log must be >= 1, got {max_log!r}")
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch!r}")
+        if durability not in ("local", "replicated"):
+            raise ValueError(f"durability must be 'local' or 'replicated', got {durability!r}")
+        if retry_window < 0:
+            raise ValueError(f"retry_window must be >= 0 seconds, got {retry_window!r}")
         self.prefix = prefix
         self.ttl = ttl
         self.max_log = max_log
+        self.durability = durability
         self.stats = StoreStats()
         self._ttl_ms = _ms(ttl, "ttl")
-        self._append_limits = _bulk(b"%d" % self._ttl_ms) + _bulk(b"%d" % max_log)
         self._socket_timeout = socket_timeout
-        self._max_batch = max_batch
-        common: dict[str, Any] = {
-            "protocol": 2,  # replies are parsed in their RESP2 shapes
-            "socket_connect_timeout": connect_timeout,
-            "health_check_interval": health_check_interval,
-        }
-        # Fail fast and let the caller decide: one immediate retry covers a
-        # pooled connection that died idle; anything longer is an outage to
-        # report, not to wait out inside a call.
-        self._pool = BlockingConnectionPool.from_url(
+        self._topology = open_topology(
             url,
-            max_connections=max_connections,
-            timeout=socket_timeout,
             socket_timeout=socket_timeout,
-            retry=Retry(NoBackoff(), 1),
-            redis_connect_func=self._on_connect,
-            **common,
+            connect_timeout=connect_timeout,
+            health_check_interval=health_check_interval,
+            max_connections=max_connections,
+            max_blocking_connections=max_blocking_connections,
+            retry_window=retry_window,
+            on_connect=self._on_connect,
         )
-        # No socket timeout: a blocking read legitimately waits, and wait_log
-        # bounds it with its own deadline. No retry: a retried XREAD BLOCK would
-        # wait its full time again, past that deadline; the follower retries.
-        self._blocking_pool = ConnectionPool.from_url(
-            url,
-            max_connections=max_blocking_connections,
-            socket_timeout=None,
-            retry=Retry(NoBackoff(), 0),
-            **common,
-        )
-        if str(self._pool.connection_kwargs.get("protocol")) != "2":
-            raise ValueError(
-                f"RedisStore speaks RESP2; remove protocol= from the Redis URL {url!r}"
-            )
-        self._r = Redis.from_pool(self._pool)
-        self._blocking = Redis.from_pool(self._blocking_pool)
-        # redis-py leaves execute_command untyped; these give it a type once.
+        self.kind = self._topology.kind
+        self._where = self._topology.where
+        self._r = self._topology.client
+        # redis-py leaves execute_command untyped; this gives it a type once.
         self._cmd: Callable[..., Awaitable[Any]] = self._r.execute_command
-        self._blocking_cmd: Callable[..., Awaitable[Any]] = self._blocking.execute_command
-        self._get_connection: Callable[[], Awaitable[AbstractConnection]] = (
-            self._pool.get_connection
+        self._commit = GroupCommit(
+            self._topology,
+            prefix=prefix,
+            ttl_ms=self._ttl_ms,
+            max_log=max_log,
+            max_batch=max_batch,
+            socket_timeout=socket_timeout,
+            retry_window=retry_window,
+            replicas=1 if durability == "replicated" else 0,
+            replica_timeout_ms=_ms(replica_timeout, "replica_timeout"),
+            error=self._error,
+            stats=self.stats,
         )
-        self._where = self._describe(self._pool)
-        self._queue: list[_Pending] = []
-        self._flusher: asyncio.Task[None] | None = None
-        self._conn: AbstractConnection | None = None  # the group commit's own connection
 
     @classmethod
     def from_url(
@@ -396,17 +190,10 @@ class RedisStore(Store):
         max_log: int = 10_000,
         **options: Any,
     ) -> RedisStore:
-        """A store for ``redis://``, ``rediss://`` or ``unix://`` ``url`` (see the class)."""
+        """A store for a Redis ``url`` of any scheme in ``REDIS_SCHEMES`` (see the class)."""
         return cls(url, prefix=prefix, ttl=ttl, max_log=max_log, **options)
 
     # --- internals -----------------------------------------------------------
-
-    @staticmethod
-    def _describe(pool: ConnectionPool) -> str:
-        kw = pool.connection_kwargs
-        if "path" in kw:
-            return f"unix:{kw['path']}"
-        return f"{kw.get('host', 'localhost')}:{kw.get('port', 6379)}"
 
     def _key(self, sid: str, kind: str) -> str:
         return f"{self.prefix}:{{{sid}}}:{kind}"
@@ -445,14 +232,14 @@ class RedisStore(Store):
         else:  # redis-py < 6
             await conn.on_connect()
         await conn.send_packed_command(
-            conn.pack_commands([("SCRIPT", "LOAD", s.src) for s in _SCRIPTS]),
+            conn.pack_commands([("SCRIPT", "LOAD", s.src) for s in SCRIPTS]),
             check_health=False,
         )
-        for _ in _SCRIPTS:
+        for _ in SCRIPTS:
             await conn.read_response()
         self.stats.connects += 1
 
-    async def _eval(self, script: _Script, keys: Sequence[str], *args: Any) -> Any:
+    async def _eval(self, script: LuaScript, keys: Sequence[str], *args: Any) -> Any:
         """EVALSHA for the calls outside the group commit, loading on NOSCRIPT."""
         try:
             try:
@@ -477,7 +264,7 @@ class RedisStore(Store):
         if not meta:
             raise ValueError("create_session needs at least one meta field")
         keys, args = self._meta_args(sid, meta)
-        return bool(await self._eval(_CREATE, keys, *args))
+        return bool(await self._eval(CREATE, keys, *args))
 
     async def get_meta(self, sid: str) -> dict[str, str] | None:
         try:
@@ -496,7 +283,7 @@ class RedisStore(Store):
         if not fields:
             return
         keys, args = self._meta_args(sid, fields)
-        await self._eval(_SET_META, keys, *args)
+        await self._eval(SET_META, keys, *args)
 
     # --- log + history -----------------------------------------------------
 
@@ -514,7 +301,7 @@ class RedisStore(Store):
         ``StoreUnavailable`` the append may or may not be stored: read
         ``last_seq`` before writing again.
         """
-        await self._enqueue(sid, node, entries, history)
+        await self._commit.enqueue(sid, node, entries, history)
 
     async def append_many(
         self, batches: Sequence[tuple[str, str, Sequence[LogEntry], Sequence[bytes]]]
@@ -524,7 +311,7 @@ class RedisStore(Store):
         early: dict[int, BaseException] = {}
         for i, (sid, node, entries, history) in enumerate(batches):
             try:
-                futures.append(self._enqueue(sid, node, entries, history))
+                futures.append(self._commit.enqueue(sid, node, entries, history))
             except ValueError as exc:
                 early[i] = exc
         results: list[BaseException | None] = list(
@@ -533,235 +320,6 @@ class RedisStore(Store):
         for i in sorted(early):
             results.insert(i, early[i])
         return results
-
-    def _enqueue(
-        self,
-        sid: str,
-        node: str,
-        entries: Sequence[LogEntry],
-        history: Sequence[bytes],
-    ) -> asyncio.Future[None]:
-        """Pack one append, queue it for the group commit; its future settles with it."""
-        # The command is packed here, as RESP bytes, once: redis-py's generic
-        # packer costs several times more per command than the whole script
-        # takes to run on the server, and the flush just concatenates.
-        n = len(entries)
-        first = entries[0].seq if n else 0
-        key = f"{self.prefix}:{{{sid}}}:".encode()
-        node_b = node.encode()
-        first_b = b"%d" % first
-        n_b = b"%d" % n
-        parts = [
-            b"*%d\r\n" % (12 + n + len(history)),
-            _APPEND_HEAD,
-            b"$%d\r\n%bmeta\r\n" % (len(key) + 4, key),
-            b"$%d\r\n%blog\r\n" % (len(key) + 3, key),
-            b"$%d\r\n%bhistory\r\n" % (len(key) + 7, key),
-            b"$%d\r\n%blease\r\n" % (len(key) + 5, key),
-            b"$%d\r\n%b\r\n" % (len(node_b), node_b),
-            self._append_limits,
-            b"$%d\r\n%b\r\n$%d\r\n%b\r\n" % (len(first_b), first_b, len(n_b), n_b),
-        ]
-        expect = first
-        for seq, data in entries:
-            if seq != expect:
-                raise ValueError(
-                    f"append to {sid}: entries must have consecutive seqs, "
-                    f"got {seq} after {expect - 1}"
-                )
-            parts.append(b"$%d\r\n%b\r\n" % (len(data), data))
-            expect += 1
-        for item in history:
-            parts.append(b"$%d\r\n%b\r\n" % (len(item), item))
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[None] = loop.create_future()
-        self._queue.append((b"".join(parts), future, sid, node, first))
-        self.stats.appends += 1
-        if self._flusher is None:
-            # Started, not run: it first runs after every task that is ready in
-            # this tick has had its turn to queue, which is the coalescing.
-            self._flusher = loop.create_task(self._flush_loop())
-        return future
-
-    async def _flush_loop(self) -> None:
-        """Send queued appends, one batch in flight at a time, until the queue is empty."""
-        try:
-            while self._queue:
-                batch = self._queue
-                if len(batch) > self._max_batch:
-                    self._queue = batch[self._max_batch :]
-                    batch = batch[: self._max_batch]
-                else:
-                    self._queue = []
-                try:
-                    await self._flush(batch)
-                except BaseException as exc:
-                    # Cancelled (the loop is closing) or a bug: no caller may hang.
-                    self._fail(batch, StoreUnavailable(f"append not completed: {exc!r}; retry"))
-                    raise
-        finally:
-            # Normally empty; non-empty only if this task was cancelled (close).
-            pending, self._queue = self._queue, []
-            self._flusher = None
-            for _, future, sid, *_ in pending:
-                if not future.done():
-                    future.set_exception(
-                        StoreUnavailable(
-                            f"append to {sid} not sent: the store was closed; "
-                            "open a new store and retry"
-                        )
-                    )
-
-    async def _flush(self, batch: list[_Pending]) -> None:
-        stats = self.stats
-        stats.flushes += 1
-        if len(batch) > stats.max_batch:
-            stats.max_batch = len(batch)
-        conn = self._conn
-        if conn is None:
-            # Taken once and kept: checking a connection out of the pool and back
-            # costs more CPU than a small flush itself.
-            try:
-                conn = self._conn = await self._get_connection()
-            except _ERRORS as exc:
-                self._fail(batch, self._error(exc, "appending", "; nothing was stored"))
-                return
-        else:
-            reader = getattr(conn, "_reader", None)
-            if isinstance(reader, asyncio.StreamReader) and reader.at_eof():
-                # Redis closed it while idle (a restart): reconnect, as the pool
-                # would on checkout, rather than fail a flush on a dead socket.
-                await self._drop(conn)
-        retry = await self._send(conn, batch)
-        if retry:
-            # The script cache was flushed under us: load once, resend those.
-            stats.noscript_reloads += 1
-            try:
-                await conn.send_command("SCRIPT", "LOAD", _APPEND.src)
-                await conn.read_response()
-            except _ERRORS as exc:
-                self._fail(retry, self._error(exc, "loading the append script"))
-                return
-            for item in await self._send(conn, retry):
-                self._fail([item], StoreError("NOSCRIPT right after SCRIPT LOAD; retry"))
-
-    async def _send(self, conn: AbstractConnection, batch: list[_Pending]) -> list[_Pending]:
-        """One pipelined round trip; settles each future; returns the NOSCRIPT ones.
-
-        One deadline covers the whole batch, not one per reply. On any failure
-        the connection is dropped (replies may be half read) and every append
-        not yet answered fails with ``StoreUnavailable``.
-        """
-        noscript: list[_Pending] = []
-        settled = 0
-        try:
-            async with asyncio.timeout(self._socket_timeout):
-                await conn.send_packed_command([item[0] for item in batch])
-                reader = getattr(conn, "_reader", None)
-                if self.bulk_replies and isinstance(reader, asyncio.StreamReader):
-                    replies = self._replies(reader, len(batch))
-                else:  # no asyncio stream to read from: redis-py's parser
-                    replies = self._parsed_replies(conn, len(batch))
-                async for lines in replies:
-                    for line in lines:
-                        item = batch[settled]
-                        settled += 1
-                        if line == b":1":
-                            future = item[1]
-                            if not future.done():
-                                future.set_result(None)
-                        elif line.startswith(b"-NOSCRIPT"):
-                            noscript.append(item)
-                        else:
-                            self._reject(item, line)
-        except _ERRORS as exc:  # also the deadline: TimeoutError is an OSError
-            self._fail(
-                noscript + batch[settled:],
-                self._error(
-                    exc,
-                    "appending",
-                    "; the append may or may not be stored: read last_seq before writing again",
-                ),
-            )
-            await self._drop(conn)
-            return []
-        except BaseException:
-            self._fail(
-                noscript + batch[settled:],
-                StoreUnavailable("append interrupted (the store is closing); retry"),
-            )
-            await self._drop(conn)
-            raise
-        return noscript
-
-    @staticmethod
-    async def _drop(conn: AbstractConnection) -> None:
-        """Close a connection whose replies may be half read; it reconnects on next use."""
-        with contextlib.suppress(Exception):
-            await conn.disconnect(nowait=True)
-
-    @staticmethod
-    async def _replies(reader: asyncio.StreamReader, count: int) -> AsyncIterator[list[bytes]]:
-        """The next ``count`` reply lines, read in bulk from the connection's stream.
-
-        The append script only answers ``:1`` or one error line, so a reply is
-        a line. Parsing each through redis-py's parser instead costs about half
-        again the client CPU of an append (measured at 1,000 sessions: ~6-9 µs
-        per append this way, ~9-11 µs through the parser). Safe because the
-        connection is ours for the round trip and idle before it (RESP2, no
-        push messages): the stream holds nothing but these replies.
-        """
-        rest = b""
-        while count > 0:
-            chunk = await reader.read(65536)
-            if not chunk:
-                raise RedisConnectionError("Redis closed the connection")
-            *lines, rest = (rest + chunk).split(b"\r\n")
-            count -= len(lines)
-            if count < 0:
-                raise RedisConnectionError("more replies than appends: protocol out of sync")
-            if lines:
-                yield lines
-
-    @staticmethod
-    async def _parsed_replies(conn: AbstractConnection, count: int) -> AsyncIterator[list[bytes]]:
-        """The same lines, through redis-py's parser (the portable, slower way)."""
-        for _ in range(count):
-            try:
-                reply = await conn.read_response(timeout=math.inf)
-            except NoScriptError:  # redis-py strips the error code of this one
-                yield [b"-NOSCRIPT"]
-            except ResponseError as exc:
-                yield [b"-" + str(exc).encode()]
-            else:
-                yield [b":%d" % reply]
-
-    def _reject(self, item: _Pending, reply: bytes) -> None:
-        """Turn the append script's reply line (``-LEASELOST owner``, …) into an exception."""
-        _, future, sid, node, first = item
-        message = reply[1:].decode(errors="replace")
-        error: StoreError
-        if message.startswith("LEASELOST"):
-            holder = message[10:] or "nobody"
-            error = LeaseLost(
-                f"session {sid}: node {node!r} does not hold the lease "
-                f"(held by {holder}); stop driving this session"
-            )
-        elif message.startswith("SEQCONFLICT"):
-            error = SeqConflict(
-                f"session {sid}: append starts at seq {first} but the log ends "
-                f"at {message[12:]}; another writer raced: reload last_seq before writing"
-            )
-        else:
-            error = self._error(ResponseError(message), "appending")
-        if not future.done():
-            future.set_exception(error)
-
-    @staticmethod
-    def _fail(items: Sequence[_Pending], error: StoreError) -> None:
-        for _, future, *_ in items:
-            if not future.done():
-                future.set_exception(error)
 
     async def read_log(self, sid: str, after: int, limit: int = 1000) -> list[LogEntry]:
         if limit <= 0:
@@ -793,8 +351,16 @@ class RedisStore(Store):
         key = self._key(sid, "log")
         try:
             async with asyncio.timeout(timeout + self._socket_timeout):
-                raw = await self._blocking_cmd(
-                    "XREAD", "COUNT", limit, "BLOCK", block_ms, "STREAMS", key, f"{max(after, 0)}-0"
+                raw = await self._topology.blocking(
+                    key,
+                    "XREAD",
+                    "COUNT",
+                    limit,
+                    "BLOCK",
+                    block_ms,
+                    "STREAMS",
+                    key,
+                    f"{max(after, 0)}-0",
                 )
         except TimeoutError as exc:
             raise StoreUnavailable(
@@ -833,7 +399,7 @@ class RedisStore(Store):
 
     async def acquire_lease(self, sid: str, node: str, ttl: float) -> bool:
         ms = _ms(ttl, "lease ttl")
-        return bool(await self._eval(_ACQUIRE, [self._key(sid, "lease")], node, ms))
+        return bool(await self._eval(ACQUIRE, [self._key(sid, "lease")], node, ms))
 
     async def keep_leases(self, sids: Sequence[str], node: str, ttl: float) -> list[bool]:
         """One pipelined round trip per 500 sessions instead of one per session.
@@ -849,7 +415,7 @@ class RedisStore(Store):
             try:
                 async with self._r.pipeline(transaction=False) as pipe:
                     for sid in chunk:
-                        pipe.evalsha(_ACQUIRE.sha, 1, self._key(sid, "lease"), node, ms)
+                        pipe.evalsha(ACQUIRE.sha, 1, self._key(sid, "lease"), node, ms)
                     replies = await pipe.execute(raise_on_error=False)
             except _ERRORS as exc:
                 raise self._error(exc, "renewing leases") from exc
@@ -864,10 +430,10 @@ class RedisStore(Store):
 
     async def renew_lease(self, sid: str, node: str, ttl: float) -> bool:
         ms = _ms(ttl, "lease ttl")
-        return bool(await self._eval(_RENEW, [self._key(sid, "lease")], node, ms))
+        return bool(await self._eval(RENEW, [self._key(sid, "lease")], node, ms))
 
     async def release_lease(self, sid: str, node: str) -> None:
-        await self._eval(_RELEASE, [self._key(sid, "lease")], node)
+        await self._eval(RELEASE, [self._key(sid, "lease")], node)
 
     async def lease_owner(self, sid: str) -> str | None:
         try:
@@ -880,17 +446,17 @@ class RedisStore(Store):
 
     async def incr_window(self, key: str, amount: int, ttl: float) -> int:
         ms = _ms(ttl, "counter ttl")
-        return int(await self._eval(_INCR_WINDOW, [f"{self.prefix}:limit:{key}"], amount, ms))
+        return int(await self._eval(INCR_WINDOW, [f"{self.prefix}:limit:{key}"], amount, ms))
 
     async def acquire_slot(self, key: str, member: str, limit: int, ttl: float) -> bool:
         ms = _ms(ttl, "slot ttl")
         keys = [f"{self.prefix}:slots:{key}"]
-        return bool(await self._eval(_SLOT_ACQUIRE, keys, member, limit, ms))
+        return bool(await self._eval(SLOT_ACQUIRE, keys, member, limit, ms))
 
     async def renew_slots(self, key: str, members: Sequence[str], ttl: float) -> None:
         if members:
             ms = _ms(ttl, "slot ttl")
-            await self._eval(_SLOT_RENEW, [f"{self.prefix}:slots:{key}"], ms, *members)
+            await self._eval(SLOT_RENEW, [f"{self.prefix}:slots:{key}"], ms, *members)
 
     async def release_slot(self, key: str, member: str) -> None:
         try:
@@ -904,46 +470,36 @@ class RedisStore(Store):
         return f"{self.prefix}:ctl:{channel}"
 
     async def publish(self, channel: str, data: bytes) -> None:
+        """``PUBLISH``; on a Cluster ``SPUBLISH``, which only the channel's shard carries."""
         try:
-            await self._cmd("PUBLISH", self._channel(channel), data)
+            await self._topology.publish(self._channel(channel), data)
         except _ERRORS as exc:
             raise self._error(exc, "publishing a control message") from exc
 
     async def listen(self, channel: str, handler: Callable[[bytes], None]) -> None:
-        """SUBSCRIBE on its own connection; after an outage, subscribe again."""
+        """Subscribe on a connection of its own; after an outage or a failover, again."""
         name = self._channel(channel)
         while True:
-            pubsub = self._blocking.pubsub(ignore_subscribe_messages=True)
             try:
-                await pubsub.subscribe(name)
-                while True:
-                    message = await pubsub.get_message(timeout=30.0)
-                    if message is not None and message.get("type") == "message":
-                        handler(message["data"])
+                async with self._topology.messages(name) as messages:
+                    async for data in messages:
+                        handler(data)
             except _ERRORS as exc:
                 log.warning("%s; listening again in 1s", self._error(exc, "listening"))
                 await asyncio.sleep(1.0)
-            finally:
-                with contextlib.suppress(Exception):
-                    await pubsub.aclose()  # type: ignore[no-untyped-call]
 
     # --- lifecycle -------------------------------------------------------------
 
     async def ping(self) -> bool:
         """True when Redis answers; False (not an exception) when it does not."""
         try:
+            if isinstance(self._topology, ClusterTopology):
+                await self._topology.prepare()
             return bool(await self._cmd("PING"))
         except _ERRORS:
             return False
 
     async def close(self) -> None:
-        """Let the in-flight and queued appends finish, then close both pools."""
-        flusher = self._flusher
-        if flusher is not None:
-            # asyncio.wait does not cancel the flusher if close() itself is cancelled.
-            await asyncio.wait({flusher})
-        if self._conn is not None:
-            await self._pool.release(self._conn)
-            self._conn = None
-        await self._r.aclose()
-        await self._blocking.aclose()
+        """Let the in-flight and queued appends finish, then close every connection."""
+        await self._commit.close()
+        await self._topology.close()

@@ -120,23 +120,24 @@ async def test_lease_ttls_are_milliseconds(
 # --- group commit ------------------------------------------------------------
 
 
-class GatedStore(RedisStore):
-    """Holds every round trip until the test opens the gate: a flush "in flight"."""
+def gate_round_trips(store: RedisStore) -> asyncio.Event:
+    """Hold every round trip until the test sets the event: a flush "in flight"."""
+    gate = asyncio.Event()
+    send = store._commit._send
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.gate = asyncio.Event()
+    async def held(route: Any, items: Any) -> Any:
+        await gate.wait()
+        return await send(route, items)
 
-    async def _send(self, conn: Any, batch: Any) -> Any:
-        await self.gate.wait()
-        return await super()._send(conn, batch)
+    store._commit._send = held  # type: ignore[method-assign]
+    return gate
 
 
 async def test_appends_made_during_a_flush_go_in_the_next_one(
     redis_url: str, stores: list[RedisStore]
 ) -> None:
-    store = GatedStore(redis_url)
-    stores.append(store)
+    store = make(stores, redis_url)
+    gate = gate_round_trips(store)
     for i in range(100):
         await store.acquire_lease(f"s{i}", "n1", LEASE)
 
@@ -150,7 +151,7 @@ async def test_appends_made_during_a_flush_go_in_the_next_one(
     for i in range(100):  # one per loop tick, all while the first flush is held
         later.append(asyncio.create_task(store.append(f"s{i}", "n1", entries(1 + (i == 0), 1))))
         await asyncio.sleep(0)
-    store.gate.set()
+    gate.set()
     await asyncio.gather(first, *later)
 
     assert store.stats.flushes == 2
@@ -210,12 +211,13 @@ async def test_noscript_after_script_flush_reloads(
         await store.append("s1", "n2", entries(6, 1))
 
 
-async def test_the_portable_reply_parser_gives_the_same_results(
-    redis_url: str, stores: list[RedisStore], raw: aioredis.Redis
+@pytest.mark.parametrize("bulk_replies", [True, False], ids=["fast-path", "redis-py-parser"])
+async def test_one_batch_settles_each_append_with_its_own_result(
+    redis_url: str, stores: list[RedisStore], raw: aioredis.Redis, bulk_replies: bool
 ) -> None:
-    """``bulk_replies = False`` reads replies through redis-py's own parser."""
+    """Both reply readers (see gateway.store.redis_fastpath) give the same results."""
     store = make(stores, redis_url)
-    store.bulk_replies = False
+    store._commit.bulk_replies = bulk_replies
     for sid in ("a", "b"):
         await store.acquire_lease(sid, "n1", LEASE)
     await store.acquire_lease("taken", "other", LEASE)

@@ -1,0 +1,125 @@
+"""Appends per second and client CPU per append of ``RedisStore``'s group commit.
+
+Run: ``python tests/bench/store_bench.py [--sessions 1000] [--seconds 3] [--repeats 5]
+[--url redis://…] [--durability local|replicated] [--replica]``
+
+Load: ``--sessions`` tasks, each appending one ~60-byte event at a time to its
+own session as fast as the store answers (the shape of a node streaming tokens
+for that many sessions at once). Measured for ``--seconds`` after a warm-up;
+``--repeats`` runs, the median printed. CPU is this process's (the client's)
+user+system time divided by the appends made, so it is the store client's cost
+per append (the server's CPU is not counted). Latency is each append's own
+round trip (queued → stored), p50 and p99.
+
+Without ``--url`` it starts its own redis-server (and with ``--replica`` one
+replica of it, for ``--durability replicated``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from gateway.store import LogEntry, open_store  # noqa: E402
+from tests.support.redis_server import RedisServer  # noqa: E402
+
+EVENT = b'{"type":"respond","session":"s","seq":0,"text":"some token"}'
+
+
+async def one_run(
+    url: str, sessions: int, seconds: float, options: dict[str, object]
+) -> dict[str, float]:
+    store = open_store(url, **options)  # type: ignore[arg-type]
+    try:
+        sids = [f"b{time.monotonic_ns()}-{i}" for i in range(sessions)]
+        await store.keep_leases(sids, "n1", 600.0)
+        counts = [0] * sessions
+        latencies: list[float] = []
+        measuring = False
+        stop = False
+
+        async def writer(i: int) -> None:
+            seq = 0
+            while not stop:
+                seq += 1
+                started = time.perf_counter()
+                await store.append(sids[i], "n1", [LogEntry(seq, EVENT)])
+                if measuring:
+                    counts[i] += 1
+                    latencies.append(time.perf_counter() - started)
+
+        tasks = [asyncio.create_task(writer(i)) for i in range(sessions)]
+        await asyncio.sleep(min(1.0, seconds / 2))  # warm-up
+        measuring = True
+        cpu0, t0 = time.process_time(), time.perf_counter()
+        await asyncio.sleep(seconds)
+        cpu1, t1 = time.process_time(), time.perf_counter()
+        measuring = False
+        stop = True
+        await asyncio.gather(*tasks)
+        total = sum(counts)
+        latencies.sort()
+        return {
+            "appends_per_s": total / (t1 - t0),
+            "cpu_us_per_append": (cpu1 - cpu0) / max(total, 1) * 1e6,
+            "p50_ms": latencies[len(latencies) // 2] * 1e3,
+            "p99_ms": latencies[int(len(latencies) * 0.99)] * 1e3,
+        }
+    finally:
+        await store.close()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--url", default="")
+    p.add_argument("--sessions", type=int, default=1000)
+    p.add_argument("--seconds", type=float, default=3.0)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--durability", default="local")
+    p.add_argument("--replica", action="store_true", help="start a replica of the own server")
+    args = p.parse_args()
+    options: dict[str, object] = {}
+    if args.durability != "local":
+        options["durability"] = args.durability
+    with tempfile.TemporaryDirectory() as tmp:
+        servers: list[RedisServer] = []
+        url = args.url
+        if not url:
+            primary = RedisServer(Path(tmp) / "primary")
+            primary.start()
+            servers.append(primary)
+            url = primary.url
+            if args.replica:
+                replica = RedisServer(Path(tmp) / "replica", replica_of=primary.port)
+                replica.start()
+                servers.append(replica)
+                replica.wait_in_sync()
+        try:
+            runs = [
+                asyncio.run(one_run(url, args.sessions, args.seconds, options))
+                for _ in range(args.repeats)
+            ]
+        finally:
+            for server in servers:
+                server.stop()
+    print(
+        f"{args.sessions} sessions, {args.seconds:g} s x {args.repeats}, durability={args.durability}"
+    )
+    for name in runs[0]:
+        values = [run[name] for run in runs]
+        print(
+            f"  {name:20s} median {statistics.median(values):10.1f}   runs {', '.join(f'{v:.1f}' for v in values)}"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -27,7 +27,7 @@ from typing import Any, Final, Literal
 
 from redis.asyncio.connection import AbstractConnection
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError, RedisError, ResponseError
+from redis.exceptions import NoScriptError, RedisClusterException, RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from gateway.store.base import LogEntry, Store, StoreError, StoreUnavailable
@@ -48,7 +48,6 @@ from gateway.store.redis_topology import (
     CLUSTER_SCHEMES,
     SENTINEL_SCHEMES,
     SINGLE_SCHEMES,
-    ClusterTopology,
     open_topology,
 )
 
@@ -64,7 +63,8 @@ WAIT_LIMIT: Final = 1000
 Durability = Literal["local", "replicated"]
 StoreStats = CommitStats
 
-_ERRORS: Final = (RedisError, OSError)
+# RedisClusterException (no slot known, no node answers) is not a RedisError.
+_ERRORS: Final = (RedisError, RedisClusterException, OSError)
 # Server replies that mean "not now" rather than "wrong": the store is unavailable.
 _TRANSIENT_REPLIES: Final = (
     "LOADING",
@@ -200,9 +200,9 @@ class RedisStore(Store):
 
     def _error(self, exc: BaseException, doing: str, after: str = "") -> StoreError:
         """The store error for a redis-py exception, saying what to do about it."""
-        transient = isinstance(exc, RedisConnectionError | RedisTimeoutError | OSError) or (
-            isinstance(exc, ResponseError) and str(exc).startswith(_TRANSIENT_REPLIES)
-        )
+        transient = isinstance(
+            exc, RedisConnectionError | RedisTimeoutError | OSError | RedisClusterException
+        ) or (isinstance(exc, ResponseError) and str(exc).startswith(_TRANSIENT_REPLIES))
         detail = str(exc).rstrip(".") or (
             f"no reply in {self._socket_timeout:g}s"
             if isinstance(exc, TimeoutError)
@@ -246,7 +246,7 @@ class RedisStore(Store):
                 return await self._cmd("EVALSHA", script.sha, len(keys), *keys, *args)
             except NoScriptError:
                 self.stats.noscript_reloads += 1
-                await self._cmd("SCRIPT", "LOAD", script.src)
+                await self._r.script_load(script.src)  # on every primary of a Cluster
                 return await self._cmd("EVALSHA", script.sha, len(keys), *keys, *args)
         except _ERRORS as exc:
             raise self._error(exc, "running a script") from exc
@@ -415,7 +415,9 @@ class RedisStore(Store):
             try:
                 async with self._r.pipeline(transaction=False) as pipe:
                     for sid in chunk:
-                        pipe.evalsha(ACQUIRE.sha, 1, self._key(sid, "lease"), node, ms)
+                        pipe.execute_command(
+                            "EVALSHA", ACQUIRE.sha, 1, self._key(sid, "lease"), node, ms
+                        )
                     replies = await pipe.execute(raise_on_error=False)
             except _ERRORS as exc:
                 raise self._error(exc, "renewing leases") from exc
@@ -493,8 +495,7 @@ class RedisStore(Store):
     async def ping(self) -> bool:
         """True when Redis answers; False (not an exception) when it does not."""
         try:
-            if isinstance(self._topology, ClusterTopology):
-                await self._topology.prepare()
+            await self._topology.prepare()
             return bool(await self._cmd("PING"))
         except _ERRORS:
             return False

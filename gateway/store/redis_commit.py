@@ -52,6 +52,7 @@ from redis.exceptions import (
     MovedError,
     NoScriptError,
     ReadOnlyError,
+    RedisClusterException,
     RedisError,
     ResponseError,
     TryAgainError,
@@ -70,7 +71,7 @@ from gateway.store.redis_topology import Route, Topology
 
 __all__ = ["CommitStats", "GroupCommit"]
 
-_ERRORS: Final = (RedisError, OSError)
+_ERRORS: Final = (RedisError, RedisClusterException, OSError)
 # Replies that mean "not written, not here or not now": send again after a refresh.
 _REDIRECT_REPLIES: Final = (
     b"-MOVED",
@@ -230,6 +231,8 @@ class GroupCommit:
         if len(batch) > stats.max_batch:
             stats.max_batch = len(batch)
         pending = batch
+        with contextlib.suppress(*_ERRORS):  # if the cluster is down, routing says so below
+            await self._topology.prepare()
         deadline = time.monotonic() + self._retry_window
         delay = 0.05
         while True:

@@ -35,6 +35,8 @@ from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel
 from redis.backoff import ExponentialBackoff, NoBackoff
 
+from gateway.store.redis_scripts import SCRIPTS
+
 __all__ = [
     "CLUSTER_SCHEMES",
     "SENTINEL_SCHEMES",
@@ -167,6 +169,9 @@ class Topology(abc.ABC):
     def route(self, key: str) -> Route:
         """The node that holds ``key`` now (as far as this client knows)."""
 
+    async def prepare(self) -> None:  # noqa: B027 - a single server has nothing to learn
+        """Learn the topology once, before the first ``route`` (which does not connect)."""
+
     async def refresh(self) -> None:  # noqa: B027 - a single server has nothing to learn
         """Learn the topology again (after MOVED, or a node that refused connections)."""
 
@@ -270,6 +275,8 @@ class ClusterTopology(Topology):
         if not self._ready:
             await self.client.initialize()
             await self._blocking.initialize()
+            for script in SCRIPTS:  # on every primary: appends rarely meet NOSCRIPT
+                await self.client.script_load(script.src)
             self._ready = True
 
     def route(self, key: str) -> Route:
@@ -281,7 +288,6 @@ class ClusterTopology(Topology):
         return route
 
     async def prepare(self) -> None:
-        """Learn the slots once before the first ``route`` (which does not connect)."""
         await self._initialized()
 
     async def refresh(self) -> None:
@@ -357,7 +363,7 @@ def open_topology(
             url, common, socket_timeout, max_connections, max_blocking_connections, retry_window
         )
     if url.startswith(SENTINEL_SCHEMES):
-        return _open_sentinel(url, common, socket_timeout, max_connections)
+        return _open_sentinel(url, common, socket_timeout, max_connections, on_connect)
     if not url.startswith(SINGLE_SCHEMES):
         raise ValueError(f"unsupported Redis URL {url!r}")
     # Fail fast and let the caller decide: one immediate retry covers a pooled
@@ -446,7 +452,11 @@ def _open_cluster(
 
 
 def _open_sentinel(
-    url: str, common: dict[str, Any], socket_timeout: float, max_connections: int
+    url: str,
+    common: dict[str, Any],
+    socket_timeout: float,
+    max_connections: int,
+    on_connect: Callable[[AbstractConnection], Awaitable[None]] | None,
 ) -> SingleTopology:
     parsed = parse_hosts(url)
     name, _, db = parsed.path.partition("/")
@@ -466,6 +476,7 @@ def _open_sentinel(
         socket_timeout=socket_timeout,
         max_connections=max_connections,
         retry=Retry(NoBackoff(), 1),
+        redis_connect_func=on_connect,
         **options,
     )
     blocking = sentinel.master_for(

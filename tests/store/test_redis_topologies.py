@@ -1,0 +1,399 @@
+"""``RedisStore`` on a real Redis Cluster (3 masters, 3 replicas), on Sentinel, and replicated.
+
+The same store operations as on one Redis (appends, fencing, resume reads,
+control messages, counters), then what only these setups have: sessions spread
+over masters, sharded pub/sub, a primary ``kill -9``-ed mid-appends with its
+replica promoted, and ``durability="replicated"`` keeping every append that was
+reported stored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from redis.crc import key_slot
+
+from gateway.store import (
+    LeaseLost,
+    LogEntry,
+    RedisStore,
+    SeqConflict,
+    StoreUnavailable,
+    open_store,
+)
+from gateway.store.redis_topology import parse_hosts
+from tests.store.conftest import poll_until
+from tests.support.redis_topologies import (
+    ClusterRedis,
+    RedisProcess,
+    ReplicatedRedis,
+    SentinelRedis,
+    wait_until,
+)
+
+LEASE = 30.0
+
+
+def event(sid: str, seq: int) -> LogEntry:
+    return LogEntry(seq, f'{{"sid":"{sid}","seq":{seq}}}'.encode())
+
+
+# --- no server -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("sid", ["s1", "a-b_c.9", "x}y", "{odd}", "日本"])
+def test_a_sessions_keys_share_one_slot(sid: str) -> None:
+    store = RedisStore.from_url("redis+cluster://127.0.0.1:1")
+    slots = {key_slot(store._key(sid, kind).encode()) for kind in ("meta", "log", "history", "lease")}
+    assert len(slots) == 1
+
+
+def test_cluster_and_sentinel_urls_are_parsed() -> None:
+    url = parse_hosts("rediss+cluster://user:p%40ss@10.0.0.1:7000,[::1]:7001?x=1")
+    assert url.tls and url.hosts == [("10.0.0.1", 7000), ("::1", 7001)]
+    assert (url.username, url.password, url.query) == ("user", "p@ss", {"x": "1"})
+    url = parse_hosts("redis+sentinel://a:26379,b:26380/mymaster")
+    assert not url.tls and url.hosts == [("a", 26379), ("b", 26380)] and url.path == "mymaster"
+
+
+@pytest.mark.parametrize(
+    "url, fix",
+    [
+        ("redis+cluster://127.0.0.1", "bad host:port"),
+        ("redis+cluster://127.0.0.1:7000/3", "only database 0"),
+        ("redis+sentinel://127.0.0.1:26379", "no master name"),
+    ],
+)
+def test_bad_urls_say_how_to_fix_them(url: str, fix: str) -> None:
+    with pytest.raises(ValueError, match=fix):
+        open_store(url)
+
+
+async def test_factory_opens_cluster_and_sentinel_stores_without_connecting() -> None:
+    for url, kind in [
+        ("redis+cluster://127.0.0.1:1,127.0.0.1:2", "redis-cluster"),
+        ("redis+sentinel://127.0.0.1:1/m", "redis-sentinel"),
+    ]:
+        store = open_store(url, durability="replicated")
+        try:
+            assert isinstance(store, RedisStore)
+            assert (store.kind, store.durability) == (kind, "replicated")
+            assert not await store.ping()
+        finally:
+            await store.close()
+
+
+# --- shared setups ------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterRedis]:
+    setup = ClusterRedis(Path(tmp_path_factory.mktemp("cluster")))
+    setup.start()
+    yield setup
+    setup.stop()
+
+
+@pytest.fixture(scope="module")
+def sentinel(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SentinelRedis]:
+    setup = SentinelRedis(Path(tmp_path_factory.mktemp("sentinel")))
+    setup.start()
+    yield setup
+    setup.stop()
+
+
+@pytest.fixture
+async def cluster_store(cluster: ClusterRedis) -> AsyncIterator[RedisStore]:
+    store = RedisStore.from_url(cluster.url, prefix=f"t{os.urandom(3).hex()}")
+    yield store
+    await store.close()
+
+
+@pytest.fixture
+async def sentinel_store(sentinel: SentinelRedis) -> AsyncIterator[RedisStore]:
+    store = RedisStore.from_url(sentinel.url, prefix=f"t{os.urandom(3).hex()}")
+    yield store
+    await store.close()
+
+
+async def exercise(store: RedisStore, peer: RedisStore) -> None:
+    """What a node does with its store, on any topology; ``peer`` is another node."""
+    assert await store.ping()
+    sids = [f"s{i}" for i in range(40)]
+    assert await store.create_session("s0", {"owner": "n1"})
+    assert not await store.create_session("s0", {"owner": "n2"})
+    assert await store.keep_leases(sids, "n1", LEASE) == [True] * 40
+    # One group commit for sessions on every master; each settles on its own.
+    results = await store.append_many(
+        [(sid, "n1", [event(sid, 1), event(sid, 2)], [b"h-" + sid.encode()]) for sid in sids]
+    )
+    assert results == [None] * 40
+    # Fencing: another node cannot write, and seqs must follow on.
+    with pytest.raises(LeaseLost):
+        await peer.append("s1", "n2", [event("s1", 3)])
+    with pytest.raises(SeqConflict):
+        await store.append("s1", "n1", [event("s1", 5)])
+    # Resume reads, as a reconnecting client's node does.
+    assert await peer.read_log("s7", 1) == [event("s7", 2)]
+    assert (await peer.first_seq("s7"), await peer.last_seq("s7")) == (1, 2)
+    assert await peer.read_history("s7") == [b"h-s7"]
+    assert await peer.get_meta("s0") == {"owner": "n1"}
+    # A follower on the peer wakes on the owner's append.
+    follower = asyncio.create_task(peer.wait_log("s9", 2, timeout=10))
+    await asyncio.sleep(0.2)  # let it block; if it has not, it reads the entry anyway
+    await store.append("s9", "n1", [event("s9", 3)])
+    async with asyncio.timeout(5):
+        assert await follower == [event("s9", 3)]
+    # Counters and slots of the per-key limits.
+    assert await store.incr_window("turns:k1:m", 2, 60) == 2
+    assert await peer.incr_window("turns:k1:m", 1, 60) == 3
+    assert await store.acquire_slot("conns:k1", "a", 1, 30)
+    assert not await peer.acquire_slot("conns:k1", "b", 1, 30)
+    await store.release_slot("conns:k1", "a")
+    assert await peer.acquire_slot("conns:k1", "b", 1, 30)
+    # Control messages between nodes.
+    received: list[bytes] = []
+    got = asyncio.Event()
+
+    def on_message(data: bytes) -> None:
+        received.append(data)
+        got.set()
+
+    listener = asyncio.create_task(peer.listen("node-b", on_message))
+    try:
+        async with asyncio.timeout(10):
+            while not got.is_set():  # published before the subscription is lost: send again
+                await store.publish("node-b", b"stop s1")
+                with_timeout = asyncio.create_task(got.wait())
+                await asyncio.wait({with_timeout}, timeout=0.2)
+                with_timeout.cancel()
+        assert received[0] == b"stop s1"
+    finally:
+        listener.cancel()
+        await asyncio.gather(listener, return_exceptions=True)
+    await store.release_lease("s1", "n1")
+    assert await peer.lease_owner("s1") is None
+
+
+async def test_cluster_store(cluster: ClusterRedis, cluster_store: RedisStore) -> None:
+    peer = RedisStore.from_url(cluster.url, prefix=cluster_store.prefix)
+    try:
+        await exercise(cluster_store, peer)
+    finally:
+        await peer.close()
+    # The sessions really are spread over the three masters, and the 40
+    # appends went in one batch (one pipeline per master).
+    masters = {cluster.master_of(cluster_store._key(f"s{i}", "log")).port for i in range(40)}
+    assert len(masters) == 3
+    assert cluster_store.stats.max_batch == 40
+
+
+async def test_cluster_control_messages_are_sharded(
+    cluster: ClusterRedis, cluster_store: RedisStore
+) -> None:
+    """SSUBSCRIBE on the channel's shard: only that master carries the subscription."""
+    listener = asyncio.create_task(cluster_store.listen("node-x", lambda data: None))
+    channel = f"{cluster_store.prefix}:ctl:node-x"
+    owner = cluster.master_of(channel)
+    try:
+
+        async def subscribed() -> bool:
+            with owner.client() as c:
+                return channel.encode() in c.execute_command("PUBSUB", "SHARDCHANNELS")
+
+        await poll_until(subscribed, "the shard channel is subscribed")
+        for node in cluster.nodes:
+            if node.port != owner.port and cluster.role(node) == "master":
+                with node.client() as c:
+                    assert channel.encode() not in c.execute_command("PUBSUB", "SHARDCHANNELS")
+    finally:
+        listener.cancel()
+        await asyncio.gather(listener, return_exceptions=True)
+
+
+async def test_sentinel_store(sentinel: SentinelRedis, sentinel_store: RedisStore) -> None:
+    peer = RedisStore.from_url(sentinel.url, prefix=sentinel_store.prefix)
+    try:
+        await exercise(sentinel_store, peer)
+    finally:
+        await peer.close()
+    assert sentinel_store.kind == "redis-sentinel"
+
+
+# --- replicated durability -------------------------------------------------------------
+
+
+@pytest.fixture
+def replicated(tmp_path: Path) -> Iterator[ReplicatedRedis]:
+    setup = ReplicatedRedis(tmp_path)
+    setup.start()
+    yield setup
+    if setup.replica is not None and setup.replica.proc is not None:
+        os.kill(setup.replica.proc.pid, signal.SIGCONT)
+    setup.stop()
+
+
+@pytest.mark.slow
+async def test_replicated_appends_are_on_the_replica_when_reported_stored(
+    replicated: ReplicatedRedis,
+) -> None:
+    assert replicated.replica is not None and replicated.replica.proc is not None
+    store = RedisStore.from_url(
+        replicated.primary.url, durability="replicated", replica_timeout=0.5
+    )
+    try:
+        await store.acquire_lease("s1", "n1", LEASE)
+        await store.append("s1", "n1", [event("s1", 1), event("s1", 2)])
+        # Reported stored: the replica already has it (no waiting here).
+        with replicated.replica.client() as c:
+            assert len(c.xrange("rtgw:{s1}:log")) == 2
+
+        os.kill(replicated.replica.proc.pid, signal.SIGSTOP)  # the replica stops acking
+        async with asyncio.timeout(5):
+            with pytest.raises(StoreUnavailable, match="replica"):
+                await store.append("s1", "n1", [event("s1", 3)])
+        assert store.stats.unreplicated == 1
+        # "Maybe stored": it is on the primary; the caller learns that from last_seq.
+        assert await store.last_seq("s1") == 3
+        os.kill(replicated.replica.proc.pid, signal.SIGCONT)
+        await store.append("s1", "n1", [event("s1", 4)])
+    finally:
+        await store.close()
+
+
+# --- failovers ------------------------------------------------------------------------
+
+
+class Writers:
+    """Sessions appending as fast as the store answers, as a node's sessions do.
+
+    ``stored[sid]`` is the last seq an append reported stored. After a
+    ``StoreUnavailable`` ("maybe stored") a writer reads ``last_seq`` to learn
+    what landed and goes on from there, as the gateway's unsure-batch logic does.
+    """
+
+    def __init__(self, store: RedisStore, sids: list[str]) -> None:
+        self.store = store
+        self.sids = sids
+        self.stored = dict.fromkeys(sids, 0)
+        self.failures = 0
+        self._stop = False
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def start(self) -> None:
+        assert await self.store.keep_leases(self.sids, "n1", 120.0) == [True] * len(self.sids)
+        self._tasks = [asyncio.create_task(self._write(sid)) for sid in self.sids]
+
+    async def _write(self, sid: str) -> None:
+        seq = 0
+        while not self._stop:
+            try:
+                await self.store.append(sid, "n1", [event(sid, seq + 1)])
+            except StoreUnavailable:
+                self.failures += 1
+                seq = await self._last_seq(sid)
+            else:
+                seq += 1
+                self.stored[sid] = seq
+
+    async def _last_seq(self, sid: str) -> int:
+        while True:
+            try:
+                return await self.store.last_seq(sid)
+            except StoreUnavailable:
+                await asyncio.sleep(0.1)  # the store is failing over: no event to await
+
+    async def progressed(self, by: int) -> None:
+        """Return once every session has had ``by`` more appends reported stored."""
+        base = dict(self.stored)
+
+        async def moved() -> bool:
+            return all(self.stored[sid] >= base[sid] + by for sid in self.sids)
+
+        async with asyncio.timeout(30):
+            while not await moved():  # noqa: ASYNC110 - progress has no single event
+                await asyncio.sleep(0.05)
+
+    async def stop(self) -> None:
+        self._stop = True
+        await asyncio.gather(*self._tasks)
+
+    async def check_nothing_reported_stored_was_lost(self) -> None:
+        for sid in self.sids:
+            log = await self.store.read_log(sid, 0, limit=1_000_000)
+            assert len(log) >= self.stored[sid], f"{sid}: appends reported stored were lost"
+            assert log == [event(sid, seq) for seq in range(1, len(log) + 1)], sid
+
+
+def failover_store(url: str, **options: Any) -> RedisStore:
+    return RedisStore.from_url(
+        url, socket_timeout=1.0, connect_timeout=0.5, retry_window=2.0, **options
+    )
+
+
+async def restart(node: RedisProcess) -> None:
+    await asyncio.to_thread(node.start)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(90)
+async def test_cluster_master_killed_mid_appends(tmp_path: Path) -> None:
+    """kill -9 a master: its replica takes over; with durability=replicated nothing is lost."""
+    cluster = ClusterRedis(tmp_path)
+    await asyncio.to_thread(cluster.start)
+    store = failover_store(cluster.url, durability="replicated", replica_timeout=1.0)
+    try:
+        writers = Writers(store, [f"f{i}" for i in range(24)])
+        await writers.start()
+        await writers.progressed(5)
+
+        victim = cluster.master_of(store._key("f0", "log"))
+        victim.kill()
+        # The replica is promoted by the cluster itself (node timeout 1 s);
+        # the killed node comes back as its replica, so WAIT 1 is met again.
+        await asyncio.to_thread(
+            wait_until, lambda: cluster.master_of(store._key("f0", "log")) is not victim, "failover"
+        )
+        await restart(victim)
+        await asyncio.to_thread(wait_until, cluster.healthy, "the cluster is whole again", 30.0)
+        await writers.progressed(20)  # the store keeps working for every session
+        await writers.stop()
+        await writers.check_nothing_reported_stored_was_lost()
+        assert writers.failures > 0  # the kill was felt, and survived
+    finally:
+        await store.close()
+        await asyncio.to_thread(cluster.stop)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(90)
+async def test_sentinel_master_killed_mid_appends(tmp_path: Path) -> None:
+    """kill -9 the primary: Sentinel promotes the replica; the store follows it."""
+    setup = SentinelRedis(tmp_path)
+    await asyncio.to_thread(setup.start)
+    store = failover_store(setup.url, durability="replicated", replica_timeout=1.0)
+    try:
+        writers = Writers(store, [f"f{i}" for i in range(8)])
+        await writers.start()
+        await writers.progressed(5)
+
+        old_port = setup.master_port()
+        victim = setup.by_port(old_port)
+        victim.kill()
+        await asyncio.to_thread(
+            wait_until, lambda: setup.master_port() != old_port, "sentinel failover"
+        )
+        # Back as a replica of the new primary (Sentinel reconfigures it).
+        await restart(victim)
+        await writers.progressed(20)
+        await writers.stop()
+        await writers.check_nothing_reported_stored_was_lost()
+    finally:
+        await store.close()
+        await asyncio.to_thread(setup.stop)

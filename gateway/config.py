@@ -162,6 +162,30 @@ class Config(msgspec.Struct, kw_only=True):
         Seconds,
         Setting("seconds a log append waits for more events to share its round trip", STORE),
     ] = 0.0
+    durability: Annotated[
+        Literal["local", "replicated"],
+        Setting(
+            "replicated: an event is sent to clients only once a Redis replica has it too "
+            "(WAIT 1), so a failover loses nothing a client saw; local: once the primary has it",
+            STORE,
+        ),
+    ] = "local"
+    replica_timeout: Annotated[
+        PositiveSeconds,
+        Setting(
+            "seconds durability=replicated waits for a replica before an append is held as "
+            "maybe-stored and re-checked",
+            STORE,
+        ),
+    ] = 1.0
+    store_retry_window: Annotated[
+        Seconds,
+        Setting(
+            "seconds appends are retried through Redis Cluster redirects or a failover before "
+            "the store counts as unavailable",
+            STORE,
+        ),
+    ] = 2.0
 
     # --- tools ---
     workspace_root: Annotated[

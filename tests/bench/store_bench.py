@@ -31,6 +31,7 @@ if str(ROOT) not in sys.path:
 
 from gateway.store import LogEntry, open_store  # noqa: E402
 from tests.support.redis_server import RedisServer  # noqa: E402
+from tests.support.redis_topologies import ReplicatedRedis  # noqa: E402
 
 EVENT = b'{"type":"respond","session":"s","seq":0,"text":"some token"}'
 
@@ -85,24 +86,24 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=3.0)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--durability", default="local")
-    p.add_argument("--replica", action="store_true", help="start a replica of the own server")
+    p.add_argument("--replica", action="store_true", help="give the own server a replica")
     args = p.parse_args()
     options: dict[str, object] = {}
     if args.durability != "local":
         options["durability"] = args.durability
     with tempfile.TemporaryDirectory() as tmp:
-        servers: list[RedisServer] = []
+        servers: list[RedisServer | ReplicatedRedis] = []
         url = args.url
-        if not url:
+        if not url and args.replica:
+            pair = ReplicatedRedis(Path(tmp))
+            pair.start()
+            servers.append(pair)
+            url = pair.primary.url
+        elif not url:
             primary = RedisServer(Path(tmp) / "primary")
             primary.start()
             servers.append(primary)
             url = primary.url
-            if args.replica:
-                replica = RedisServer(Path(tmp) / "replica", replica_of=primary.port)
-                replica.start()
-                servers.append(replica)
-                replica.wait_in_sync()
         try:
             runs = [
                 asyncio.run(one_run(url, args.sessions, args.seconds, options))

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +50,9 @@ def event(sid: str, seq: int) -> LogEntry:
 @pytest.mark.parametrize("sid", ["s1", "a-b_c.9", "x}y", "{odd}", "日本"])
 def test_a_sessions_keys_share_one_slot(sid: str) -> None:
     store = RedisStore.from_url("redis+cluster://127.0.0.1:1")
-    slots = {key_slot(store._key(sid, kind).encode()) for kind in ("meta", "log", "history", "lease")}
+    slots = {
+        key_slot(store._key(sid, kind).encode()) for kind in ("meta", "log", "history", "lease")
+    }
     assert len(slots) == 1
 
 
@@ -122,8 +124,13 @@ async def sentinel_store(sentinel: SentinelRedis) -> AsyncIterator[RedisStore]:
     await store.close()
 
 
-async def exercise(store: RedisStore, peer: RedisStore) -> None:
-    """What a node does with its store, on any topology; ``peer`` is another node."""
+async def exercise(
+    store: RedisStore, peer: RedisStore, server_of: Callable[[str], RedisProcess]
+) -> None:
+    """What a node does with its store, on any topology; ``peer`` is another node.
+
+    ``server_of(key)`` is the server that holds ``key`` now.
+    """
     assert await store.ping()
     sids = [f"s{i}" for i in range(40)]
     assert await store.create_session("s0", {"owner": "n1"})
@@ -146,7 +153,13 @@ async def exercise(store: RedisStore, peer: RedisStore) -> None:
     assert await peer.get_meta("s0") == {"owner": "n1"}
     # A follower on the peer wakes on the owner's append.
     follower = asyncio.create_task(peer.wait_log("s9", 2, timeout=10))
-    await asyncio.sleep(0.2)  # let it block; if it has not, it reads the entry anyway
+    holder = server_of(store._key("s9", "log"))
+
+    async def blocked() -> bool:
+        with holder.client() as c:
+            return int(c.info("clients")["blocked_clients"]) > 0
+
+    await poll_until(blocked, "the follower blocks in XREAD")
     await store.append("s9", "n1", [event("s9", 3)])
     async with asyncio.timeout(5):
         assert await follower == [event("s9", 3)]
@@ -184,7 +197,7 @@ async def exercise(store: RedisStore, peer: RedisStore) -> None:
 async def test_cluster_store(cluster: ClusterRedis, cluster_store: RedisStore) -> None:
     peer = RedisStore.from_url(cluster.url, prefix=cluster_store.prefix)
     try:
-        await exercise(cluster_store, peer)
+        await exercise(cluster_store, peer, cluster.master_of)
     finally:
         await peer.close()
     # The sessions really are spread over the three masters, and the 40
@@ -220,7 +233,7 @@ async def test_cluster_control_messages_are_sharded(
 async def test_sentinel_store(sentinel: SentinelRedis, sentinel_store: RedisStore) -> None:
     peer = RedisStore.from_url(sentinel.url, prefix=sentinel_store.prefix)
     try:
-        await exercise(sentinel_store, peer)
+        await exercise(sentinel_store, peer, lambda key: sentinel.by_port(sentinel.master_port()))
     finally:
         await peer.close()
     assert sentinel_store.kind == "redis-sentinel"

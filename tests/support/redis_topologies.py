@@ -43,17 +43,22 @@ def wait_until(check: Callable[[], bool], what: str, timeout: float = 20.0) -> N
     raise TimeoutError(f"{what}: not within {timeout:g}s")
 
 
-def cluster_port() -> int:
-    """A free port P whose cluster bus port P + 10000 is free (and below 65536) too."""
+def cluster_port(taken: set[int]) -> int:
+    """A free port P whose cluster bus port P + 10000 is free (and below 65536) too.
+
+    ``taken`` holds the ports (and bus ports) already given to nodes not yet
+    started, which still look free; the new pair is added to it.
+    """
     for _ in range(200):
         port = free_port()
-        if port + 10000 > 65535:
+        if port + 10000 > 65535 or {port, port + 10000} & taken:
             continue
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             try:
                 s.bind(("127.0.0.1", port + 10000))
             except OSError:
                 continue
+        taken.update((port, port + 10000))
         return port
     raise RuntimeError("no free port pair for a cluster node")
 
@@ -114,6 +119,9 @@ class RedisProcess:
                 str(self.workdir),
                 "--loglevel",
                 "warning",
+                # Replicas sync at once (the default waits 5 s for more replicas).
+                "--repl-diskless-sync-delay",
+                "0",
                 *self.args,
             ]
         with (self.workdir / "server.log").open("ab") as out:
@@ -237,6 +245,7 @@ class ClusterRedis:
     """Three masters with one replica each, slots spread by ``redis-cli --cluster create``."""
 
     def __init__(self, workdir: Path) -> None:
+        taken: set[int] = set()
         self.nodes = [
             RedisProcess(
                 workdir / f"node{i}",
@@ -248,7 +257,7 @@ class ClusterRedis:
                     "--cluster-node-timeout",
                     str(NODE_TIMEOUT_MS),
                 ],
-                port=cluster_port(),
+                port=cluster_port(taken),
             )
             for i in range(6)
         ]

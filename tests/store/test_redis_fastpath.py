@@ -1,0 +1,101 @@
+"""Canaries for ``gateway.store.redis_fastpath``: fail loudly if redis-py changes under it.
+
+The shortcuts rely on a connected redis-py asyncio ``Connection`` reading from
+an ``asyncio.StreamReader`` at ``_reader``, and on RESP packing equal to
+redis-py's own. If one of these fails after a redis-py upgrade, set
+``GroupCommit.bulk_replies = False`` (redis-py's parser) until the fast path is
+adapted, and re-measure with ``tests/bench/store_bench.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+from redis.asyncio import Redis
+from redis.asyncio.connection import Connection
+
+from gateway.store.redis_fastpath import (
+    bulk,
+    closed_by_server,
+    fast_replies,
+    pack_append,
+    reply_lines,
+)
+from gateway.store.redis_scripts import APPEND
+
+
+@pytest.fixture
+async def conn(redis_url: str) -> AsyncIterator[Connection]:
+    client = Redis.from_url(redis_url, protocol=2)
+    connection = await client.connection_pool.get_connection()
+    assert isinstance(connection, Connection)
+    await connection.connect()
+    yield connection
+    await client.connection_pool.release(connection)
+    await client.aclose()
+
+
+async def test_a_connected_connection_reads_from_a_stream_reader(conn: Connection) -> None:
+    assert fast_replies(conn), (
+        "redis-py no longer keeps an asyncio.StreamReader at Connection._reader: "
+        "the bulk reply reads of gateway.store.redis_fastpath cannot work"
+    )
+    assert not closed_by_server(conn)
+
+
+async def test_replies_read_in_bulk_are_redis_pys_replies(conn: Connection) -> None:
+    await conn.send_packed_command(
+        conn.pack_commands([("PING",), ("INCRBY", "n", 5), ("GET", "missing-but-ok")])
+    )
+    lines = [line async for chunk in reply_lines(conn, 3) for line in chunk]
+    # GET of a missing key is a one-line reply ($-1); the append script's
+    # replies are one line each by construction.
+    assert lines == [b"+PONG", b":5", b"$-1"]
+
+
+async def test_packing_matches_redis_py(conn: Connection) -> None:
+    key, node = b"rtgw:{s1}:", b"n1"
+    ours = pack_append(key, node, bulk(b"1000") + bulk(b"50"), 7, [b"a", b"\r\n"], [b"h"])
+    theirs = b"".join(
+        conn.pack_commands(
+            [
+                (
+                    "EVALSHA",
+                    APPEND.sha,
+                    4,
+                    key + b"meta",
+                    key + b"log",
+                    key + b"history",
+                    key + b"lease",
+                    node,
+                    1000,
+                    50,
+                    7,
+                    2,
+                    b"a",
+                    b"\r\n",
+                    b"h",
+                )
+            ]
+        )
+    )
+    assert ours == theirs
+
+
+async def test_a_connection_closed_by_the_server_is_seen(conn: Connection, redis_url: str) -> None:
+    admin = Redis.from_url(redis_url)
+    try:
+        await conn.send_command("CLIENT", "ID")
+        client_id = await conn.read_response()
+        await admin.client_kill_filter(_id=client_id)
+
+        async def seen() -> bool:
+            return closed_by_server(conn)
+
+        async with asyncio.timeout(5):
+            while not await seen():  # noqa: ASYNC110 - the EOF has no event of ours
+                await asyncio.sleep(0.01)
+    finally:
+        await admin.aclose()

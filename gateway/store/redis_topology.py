@@ -306,9 +306,21 @@ class ClusterTopology(Topology):
             raise
 
     async def publish(self, channel: str, data: bytes) -> None:
+        """``SPUBLISH`` at the channel's shard; once more after a refresh if nobody heard it.
+
+        A replica (a master demoted by a failover this client has not noticed)
+        takes ``SPUBLISH`` without ``MOVED``, so no error would ever correct a
+        stale slot map here: nobody listening is the hint. Control messages
+        are rare, so the extra ``CLUSTER SLOTS`` costs nothing that matters.
+        """
         await self._initialized()
         node = self.client.get_node_from_key(channel)
-        await self.client.execute_command("SPUBLISH", channel, data, target_nodes=node)
+        heard = await self.client.execute_command("SPUBLISH", channel, data, target_nodes=node)
+        if not heard:
+            await self.client.nodes_manager.initialize()
+            fresh = self.client.get_node_from_key(channel)
+            if fresh.name != node.name:
+                await self.client.execute_command("SPUBLISH", channel, data, target_nodes=fresh)
 
     @contextlib.asynccontextmanager
     async def messages(self, channel: str) -> AsyncIterator[AsyncIterator[bytes]]:
@@ -322,7 +334,9 @@ class ClusterTopology(Topology):
         await self._initialized()
         node = self.client.get_node_from_key(channel)
         client = Redis(host=node.host, port=node.port, **self._node_options)
-        pubsub = client.pubsub(ignore_subscribe_messages=True)
+        # Subscribe messages are not ignored: Redis says ``sunsubscribe`` when
+        # the slot moves away from this node, and that must end the loop.
+        pubsub = client.pubsub()
         try:
             await pubsub.ssubscribe(channel)
             yield _pubsub_messages(pubsub, "smessage")
@@ -466,10 +480,15 @@ def _open_sentinel(
     if db:
         options["db"] = int(db)
     # The sentinels themselves: no password, no TLS (as sentinels usually run).
+    # Asking the sentinels fails over to the next one at once: redis-py's
+    # default retry would back off for seconds per sentinel first.
     sentinel = Sentinel(  # type: ignore[no-untyped-call]
         parsed.hosts,
-        socket_timeout=socket_timeout,
-        socket_connect_timeout=common["socket_connect_timeout"],
+        sentinel_kwargs={
+            "socket_timeout": socket_timeout,
+            "socket_connect_timeout": common["socket_connect_timeout"],
+            "retry": Retry(NoBackoff(), 0),
+        },
     )
     client = sentinel.master_for(
         name,

@@ -410,3 +410,46 @@ async def test_sentinel_master_killed_mid_appends(tmp_path: Path) -> None:
     finally:
         await store.close()
         await asyncio.to_thread(setup.stop)
+
+
+@pytest.mark.slow
+async def test_cluster_redirects_after_a_manual_failover_are_followed(
+    cluster: ClusterRedis, cluster_store: RedisStore
+) -> None:
+    """The store's slot map goes stale (MOVED); appends and listeners follow on their own."""
+    store = cluster_store
+    await store.acquire_lease("m1", "n1", LEASE)
+    await store.append("m1", "n1", [event("m1", 1)])
+    old = cluster.master_of(store._key("m1", "log"))
+    channel = f"{store.prefix}:ctl:"
+    received: list[bytes] = []
+    # A listener on a channel that lives on the same master.
+    name = next(f"n{i}" for i in range(10_000) if cluster.master_of(channel + f"n{i}") is old)
+    listener = asyncio.create_task(store.listen(name, received.append))
+    try:
+        replica = next(
+            n
+            for n in cluster.nodes
+            if n.alive
+            and cluster.role(n) == "slave"
+            and n.client().info("replication")["master_port"] == old.port
+        )
+        with replica.client() as c:
+            c.execute_command("CLUSTER", "FAILOVER")  # graceful: the old master becomes a replica
+        await asyncio.to_thread(
+            wait_until,
+            lambda: cluster.master_of(store._key("m1", "log")) is replica,
+            "manual failover",
+        )
+        await store.append("m1", "n1", [event("m1", 2)])  # routed to the old master: MOVED
+        assert await store.read_log("m1", 0) == [event("m1", 1), event("m1", 2)]
+        assert store.stats.redirects >= 1
+
+        async def delivered() -> bool:
+            await store.publish(name, b"ping")
+            return bool(received)
+
+        await poll_until(delivered, "the listener subscribes again at the new master")
+    finally:
+        listener.cancel()
+        await asyncio.gather(listener, return_exceptions=True)

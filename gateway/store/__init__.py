@@ -20,6 +20,7 @@ from gateway.store.base import (
 )
 from gateway.store.memory import MemoryStore
 from gateway.store.redis import REDIS_SCHEMES, Durability, RedisStore, StoreStats
+from gateway.store.redis_connect import open_redis_client
 
 __all__ = [
     "Durability",
@@ -32,6 +33,7 @@ __all__ = [
     "StoreError",
     "StoreStats",
     "StoreUnavailable",
+    "open_redis_client",
     "open_store",
 ]
 

@@ -32,6 +32,12 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from gateway.store.base import LogEntry, Store, StoreError, StoreUnavailable
 from gateway.store.redis_commit import CommitStats, GroupCommit
+from gateway.store.redis_connect import (
+    CLUSTER_SCHEMES,
+    SENTINEL_SCHEMES,
+    SINGLE_SCHEMES,
+    open_topology,
+)
 from gateway.store.redis_scripts import (
     ACQUIRE,
     CREATE,
@@ -43,12 +49,6 @@ from gateway.store.redis_scripts import (
     SLOT_ACQUIRE,
     SLOT_RENEW,
     LuaScript,
-)
-from gateway.store.redis_topology import (
-    CLUSTER_SCHEMES,
-    SENTINEL_SCHEMES,
-    SINGLE_SCHEMES,
-    open_topology,
 )
 
 log = logging.getLogger("gateway.store")

@@ -3,20 +3,19 @@
 ``RedisStore`` is written against ``Topology``: a client for ordinary commands
 (redis-py routes each by its key), a client for blocking reads, a ``Route`` per
 key for the group commit's pipelines, ``refresh`` after a redirect or a
-refused connection, and control messages between nodes. The URL picks it:
+refused connection, and control messages between nodes. The URL picks it
+(``gateway.store.redis_connect``):
 
-- ``redis://``, ``rediss://``, ``unix://``: one server (``SingleTopology``);
-- ``redis+sentinel://H:P[,H:P…]/MASTER`` (``rediss+sentinel://`` for TLS to
-  the primary): the primary Sentinel names now, followed across a failover;
-- ``redis+cluster://H:P[,H:P…]`` (``rediss+cluster://``): a Redis Cluster.
-  Every session's keys carry the hash tag ``{SID}``, so one session lives in
+- one server, or the primary Sentinel names now, followed across a failover
+  (``SingleTopology``);
+- a Redis Cluster (``ClusterTopology``). Every session's keys carry the hash tag ``{SID}``, so one session lives in
   one slot and its scripts and pipelines go to one node; control messages
   use sharded pub/sub (``SSUBSCRIBE``/``SPUBLISH``, Redis ≥ 7), so each goes
   to one shard instead of being broadcast to every node of the cluster.
 
-Only public redis-py API is used: ``get_connection``/``release`` of a pool,
-``acquire_connection``/``release`` of a ``ClusterNode``, ``get_node_from_key``
-and ``nodes_manager.initialize`` of ``RedisCluster``.
+Only public redis-py API is used here: ``get_connection``/``release`` of a
+pool, ``acquire_connection``/``release`` of a ``ClusterNode``,
+``get_node_from_key`` and ``nodes_manager.initialize`` of ``RedisCluster``.
 """
 
 from __future__ import annotations
@@ -24,80 +23,16 @@ from __future__ import annotations
 import abc
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
-from typing import Any, Final
-from urllib.parse import parse_qsl, unquote
+from typing import Any
 
-from redis.asyncio import BlockingConnectionPool, ConnectionPool, Redis, RedisCluster
+from redis.asyncio import ConnectionPool, Redis, RedisCluster
 from redis.asyncio.cluster import ClusterNode
 from redis.asyncio.connection import AbstractConnection, Connection
-from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel
-from redis.backoff import ExponentialBackoff, NoBackoff
 
 from gateway.store.redis_scripts import SCRIPTS
 
-__all__ = [
-    "CLUSTER_SCHEMES",
-    "SENTINEL_SCHEMES",
-    "SINGLE_SCHEMES",
-    "ClusterTopology",
-    "Route",
-    "SingleTopology",
-    "Topology",
-    "open_topology",
-    "parse_hosts",
-]
-
-SINGLE_SCHEMES: Final = ("redis://", "rediss://", "unix://")
-CLUSTER_SCHEMES: Final = ("redis+cluster://", "rediss+cluster://")
-SENTINEL_SCHEMES: Final = ("redis+sentinel://", "rediss+sentinel://")
-
-_USAGE: Final = (
-    "use redis+cluster://HOST:PORT[,HOST:PORT…] or "
-    "redis+sentinel://HOST:PORT[,HOST:PORT…]/MASTER_NAME"
-)
-
-
-@dataclass(frozen=True, slots=True)
-class _MultiHostUrl:
-    """``SCHEME://[USER[:PASSWORD]@]HOST:PORT[,HOST:PORT…][/PATH][?QUERY]``, taken apart."""
-
-    tls: bool
-    hosts: list[tuple[str, int]]
-    path: str
-    username: str | None
-    password: str | None
-    query: dict[str, str]
-
-
-def parse_hosts(url: str) -> _MultiHostUrl:
-    """Split a ``redis+cluster://`` or ``redis+sentinel://`` URL (``ValueError`` says how to fix it)."""
-    scheme, sep, rest = url.partition("://")
-    if not sep or not scheme.endswith(("+cluster", "+sentinel")):
-        raise ValueError(f"not a cluster or sentinel URL: {url!r}; {_USAGE}")
-    rest, _, query = rest.partition("?")
-    netloc, _, path = rest.partition("/")
-    userinfo, at, hostlist = netloc.rpartition("@")
-    username = password = None
-    if at:
-        user, colon, secret = userinfo.partition(":")
-        username = unquote(user) or None
-        password = unquote(secret) if colon else None
-    hosts: list[tuple[str, int]] = []
-    for item in hostlist.split(","):
-        host, colon, port = item.strip().rpartition(":")
-        if not colon or not host or not port.isdigit():
-            raise ValueError(f"bad host:port {item!r} in {url!r}; {_USAGE}")
-        hosts.append((host.strip("[]"), int(port)))
-    return _MultiHostUrl(
-        tls=scheme.startswith("rediss"),
-        hosts=hosts,
-        path=unquote(path),
-        username=username,
-        password=password,
-        query=dict(parse_qsl(query)),
-    )
+__all__ = ["ClusterTopology", "Route", "SingleTopology", "Topology"]
 
 
 class Route(abc.ABC):
@@ -293,6 +228,11 @@ class ClusterTopology(Topology):
     async def refresh(self) -> None:
         await self._initialized()
         await self.client.nodes_manager.initialize()
+        for name, route in list(self._routes.items()):
+            if self.client.get_node(node_name=name) is not route.node:
+                del self._routes[name]  # a node that left (or was re-learnt)
+                with contextlib.suppress(Exception):
+                    await route.close()
 
     async def blocking(self, key: str, *args: Any) -> Any:
         await self._initialized()
@@ -353,153 +293,3 @@ class ClusterTopology(Topology):
             await route.close()
         await self.client.aclose()
         await self._blocking.aclose()
-
-
-def open_topology(
-    url: str,
-    *,
-    socket_timeout: float,
-    connect_timeout: float,
-    health_check_interval: float,
-    max_connections: int,
-    max_blocking_connections: int | None,
-    retry_window: float,
-    on_connect: Callable[[AbstractConnection], Awaitable[None]] | None,
-) -> Topology:
-    """The topology for ``url``; connects to nothing yet."""
-    common: dict[str, Any] = {
-        "protocol": 2,  # replies are parsed in their RESP2 shapes
-        "socket_connect_timeout": connect_timeout,
-        "health_check_interval": health_check_interval,
-    }
-    if url.startswith(CLUSTER_SCHEMES):
-        return _open_cluster(
-            url, common, socket_timeout, max_connections, max_blocking_connections, retry_window
-        )
-    if url.startswith(SENTINEL_SCHEMES):
-        return _open_sentinel(url, common, socket_timeout, max_connections, on_connect)
-    if not url.startswith(SINGLE_SCHEMES):
-        raise ValueError(f"unsupported Redis URL {url!r}")
-    # Fail fast and let the caller decide: one immediate retry covers a pooled
-    # connection that died idle; anything longer is an outage to report.
-    pool = BlockingConnectionPool.from_url(
-        url,
-        max_connections=max_connections,
-        timeout=socket_timeout,
-        socket_timeout=socket_timeout,
-        retry=Retry(NoBackoff(), 1),
-        redis_connect_func=on_connect,
-        **common,
-    )
-    if str(pool.connection_kwargs.get("protocol")) != "2":
-        raise ValueError(f"RedisStore speaks RESP2; remove protocol= from the Redis URL {url!r}")
-    # No socket timeout: a blocking read legitimately waits, and wait_log
-    # bounds it with its own deadline. No retry: a retried XREAD BLOCK would
-    # wait its full time again, past that deadline; the follower retries.
-    blocking_pool = ConnectionPool.from_url(
-        url,
-        max_connections=max_blocking_connections,
-        socket_timeout=None,
-        retry=Retry(NoBackoff(), 0),
-        **common,
-    )
-    kw = pool.connection_kwargs
-    where = (
-        f"unix:{kw['path']}"
-        if "path" in kw
-        else f"{kw.get('host', 'localhost')}:{kw.get('port', 6379)}"
-    )
-    return SingleTopology(Redis.from_pool(pool), Redis.from_pool(blocking_pool), where)
-
-
-def _auth(parsed: _MultiHostUrl) -> dict[str, Any]:
-    auth: dict[str, Any] = {}
-    if parsed.username:
-        auth["username"] = parsed.username
-    if parsed.password is not None:
-        auth["password"] = parsed.password
-    if parsed.tls:
-        auth["ssl"] = True
-    return auth
-
-
-def _retries(window: float) -> Retry:
-    """Backoff 50 ms doubling to 500 ms, as many tries as fit in ``window`` seconds."""
-    tries, spent, delay = 0, 0.0, 0.05
-    while spent < window:
-        spent += delay
-        delay = min(delay * 2, 0.5)
-        tries += 1
-    return Retry(ExponentialBackoff(cap=0.5, base=0.05), max(tries, 1))
-
-
-def _open_cluster(
-    url: str,
-    common: dict[str, Any],
-    socket_timeout: float,
-    max_connections: int,
-    max_blocking_connections: int | None,
-    retry_window: float,
-) -> ClusterTopology:
-    parsed = parse_hosts(url)
-    if parsed.path not in ("", "0"):
-        raise ValueError(f"a Redis Cluster has only database 0; remove /{parsed.path} from {url!r}")
-    options = {**common, **_auth(parsed)}
-    nodes = [ClusterNode(host, port) for host, port in parsed.hosts]
-    client = RedisCluster(
-        startup_nodes=nodes,
-        socket_timeout=socket_timeout,
-        max_connections=max_connections,
-        retry=_retries(retry_window),
-        **options,
-    )
-    blocking = RedisCluster(
-        startup_nodes=[ClusterNode(host, port) for host, port in parsed.hosts],
-        socket_timeout=None,
-        max_connections=max_blocking_connections or 100_000,
-        retry=Retry(NoBackoff(), 0),
-        **options,
-    )
-    where = "cluster " + ",".join(f"{h}:{p}" for h, p in parsed.hosts)
-    node_options = {**options, "socket_timeout": None}
-    return ClusterTopology(client, blocking, where, node_options)
-
-
-def _open_sentinel(
-    url: str,
-    common: dict[str, Any],
-    socket_timeout: float,
-    max_connections: int,
-    on_connect: Callable[[AbstractConnection], Awaitable[None]] | None,
-) -> SingleTopology:
-    parsed = parse_hosts(url)
-    name, _, db = parsed.path.partition("/")
-    if not name:
-        raise ValueError(f"no master name in {url!r}; {_USAGE}")
-    options = {**common, **_auth(parsed)}
-    if db:
-        options["db"] = int(db)
-    # The sentinels themselves: no password, no TLS (as sentinels usually run).
-    # Asking the sentinels fails over to the next one at once: redis-py's
-    # default retry would back off for seconds per sentinel first.
-    sentinel = Sentinel(  # type: ignore[no-untyped-call]
-        parsed.hosts,
-        sentinel_kwargs={
-            "socket_timeout": socket_timeout,
-            "socket_connect_timeout": common["socket_connect_timeout"],
-            "retry": Retry(NoBackoff(), 0),
-        },
-    )
-    client = sentinel.master_for(
-        name,
-        socket_timeout=socket_timeout,
-        max_connections=max_connections,
-        retry=Retry(NoBackoff(), 1),
-        redis_connect_func=on_connect,
-        **options,
-    )
-    blocking = sentinel.master_for(
-        name, socket_timeout=None, retry=Retry(NoBackoff(), 0), **options
-    )
-    where = f"sentinel master {name!r} via " + ",".join(f"{h}:{p}" for h, p in parsed.hosts)
-    return SingleTopology(client, blocking, where, kind="redis-sentinel", sentinel=sentinel)

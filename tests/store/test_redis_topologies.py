@@ -25,9 +25,10 @@ from gateway.store import (
     RedisStore,
     SeqConflict,
     StoreUnavailable,
+    open_redis_client,
     open_store,
 )
-from gateway.store.redis_topology import parse_hosts
+from gateway.store.redis_connect import parse_hosts
 from tests.store.conftest import poll_until
 from tests.support.redis_topologies import (
     ClusterRedis,
@@ -205,6 +206,18 @@ async def test_cluster_store(cluster: ClusterRedis, cluster_store: RedisStore) -
     masters = {cluster.master_of(cluster_store._key(f"s{i}", "log")).port for i in range(40)}
     assert len(masters) == 3
     assert cluster_store.stats.max_batch == 40
+
+
+async def test_the_plain_client_for_other_redis_users_takes_cluster_urls(
+    cluster: ClusterRedis,
+) -> None:
+    """``gateway.auth``'s API keys hash needs a client for the same URL as the store."""
+    client = open_redis_client(cluster.url)
+    try:
+        await client.hset("rtgw:keys", "digest1", "key-a")
+        assert await client.hget("rtgw:keys", "digest1") == b"key-a"
+    finally:
+        await client.aclose()
 
 
 async def test_cluster_control_messages_are_sharded(

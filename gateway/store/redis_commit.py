@@ -232,7 +232,8 @@ class GroupCommit:
             stats.max_batch = len(batch)
         pending = batch
         with contextlib.suppress(*_ERRORS):  # if the cluster is down, routing says so below
-            await self._topology.prepare()
+            async with asyncio.timeout(self._socket_timeout):
+                await self._topology.prepare()
         deadline = time.monotonic() + self._retry_window
         delay = 0.05
         while True:
@@ -269,8 +270,9 @@ class GroupCommit:
             stats.redirects += len(again)
             await asyncio.sleep(delay)
             delay = min(delay * 2, 0.5)
-            with contextlib.suppress(*_ERRORS):
-                await self._topology.refresh()
+            with contextlib.suppress(*_ERRORS):  # TimeoutError is an OSError
+                async with asyncio.timeout(self._socket_timeout):
+                    await self._topology.refresh()
             pending = again
 
     async def _send(

@@ -21,6 +21,7 @@ pool, ``acquire_connection``/``release`` of a ``ClusterNode``,
 from __future__ import annotations
 
 import abc
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -286,7 +287,8 @@ class ClusterTopology(Topology):
             with contextlib.suppress(Exception):
                 await client.aclose()
             with contextlib.suppress(Exception):
-                await self.client.nodes_manager.initialize()
+                async with asyncio.timeout(10.0):  # a hung node must not hold the listener
+                    await self.client.nodes_manager.initialize()
 
     async def close(self) -> None:
         for route in self._routes.values():

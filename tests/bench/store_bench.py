@@ -1,7 +1,7 @@
 """Appends per second and client CPU per append of ``RedisStore``'s group commit.
 
 Run: ``python tests/bench/store_bench.py [--sessions 1000] [--seconds 3] [--repeats 5]
-[--url redis://…] [--durability local|replicated] [--replica]``
+[--url redis://…] [--durability local|replicated] [--replica] [--parser-replies]``
 
 Load: ``--sessions`` tasks, each appending one ~60-byte event at a time to its
 own session as fast as the store answers (the shape of a node streaming tokens
@@ -37,9 +37,15 @@ EVENT = b'{"type":"respond","session":"s","seq":0,"text":"some token"}'
 
 
 async def one_run(
-    url: str, sessions: int, seconds: float, options: dict[str, object]
+    url: str,
+    sessions: int,
+    seconds: float,
+    options: dict[str, object],
+    parser_replies: bool = False,
 ) -> dict[str, float]:
     store = open_store(url, **options)  # type: ignore[arg-type]
+    if parser_replies:
+        store._commit.bulk_replies = False  # type: ignore[attr-defined]
     try:
         sids = [f"b{time.monotonic_ns()}-{i}" for i in range(sessions)]
         await store.keep_leases(sids, "n1", 600.0)
@@ -87,6 +93,11 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--durability", default="local")
     p.add_argument("--replica", action="store_true", help="give the own server a replica")
+    p.add_argument(
+        "--parser-replies",
+        action="store_true",
+        help="read append replies through redis-py's parser, not in bulk (redis_fastpath)",
+    )
     args = p.parse_args()
     options: dict[str, object] = {}
     if args.durability != "local":
@@ -106,7 +117,7 @@ def main() -> None:
             url = primary.url
         try:
             runs = [
-                asyncio.run(one_run(url, args.sessions, args.seconds, options))
+                asyncio.run(one_run(url, args.sessions, args.seconds, options, args.parser_replies))
                 for _ in range(args.repeats)
             ]
         finally:

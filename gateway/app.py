@@ -95,6 +95,9 @@ async def running_gateway(config: Config) -> AsyncIterator[Gateway]:
         prefix=config.key_prefix,
         ttl=config.session_ttl,
         max_log=config.max_log,
+        durability=config.durability,
+        replica_timeout=config.replica_timeout,
+        retry_window=config.store_retry_window,
     )
     if store.kind == "memory":
         log.info(
@@ -102,7 +105,7 @@ async def running_gateway(config: Config) -> AsyncIterator[Gateway]:
             "set REDIS_URL to share them between nodes)"
         )
     else:
-        log.info("store: %s", store.kind)
+        log.info("store: %s (durability %s)", store.kind, config.durability)
     try:
         async with _open_tools(config) as registry, _upstream_factory(config) as factory:
             node = Node(config, store, factory, registry)

@@ -195,11 +195,12 @@ class _RedisBackend(_Backend):
         self.where = f"Redis {self.hash}"
 
     def _run(self, work: Any) -> Any:
-        from redis.asyncio import Redis
         from redis.exceptions import RedisError
 
+        from gateway.store import open_redis_client
+
         async def main() -> Any:
-            client: Any = Redis.from_url(self.url, socket_timeout=5.0, socket_connect_timeout=3.0)
+            client: Any = open_redis_client(self.url, socket_timeout=5.0, connect_timeout=3.0)
             try:
                 return await work(client)
             except RedisError as exc:

@@ -39,6 +39,7 @@ from urllib.parse import parse_qs, urlsplit
 from websockets.datastructures import Headers, MultipleValuesError
 
 from gateway.config import Config, ConfigError
+from gateway.store import open_redis_client
 
 __all__ = [
     "ANONYMOUS",
@@ -307,11 +308,10 @@ class RedisKeys:
     """
 
     def __init__(self, url: str, *, prefix: str = "rtgw") -> None:
-        from redis.asyncio import Redis
-
+        # Any store URL: one server, Sentinel or Cluster (the hash is one key).
         self.hash = f"{prefix}:keys"
-        self._redis: Any = Redis.from_url(
-            url, socket_timeout=3.0, socket_connect_timeout=2.0, max_connections=16
+        self._redis: Any = open_redis_client(
+            url, socket_timeout=3.0, connect_timeout=2.0, max_connections=16
         )
 
     async def lookup(self, digest: str) -> str | None:

@@ -28,11 +28,32 @@ The protocol as served:
   does; field names are accepted in camelCase or snake_case (protobuf JSON).
 - Knobs: ``drop_after`` aborts the TCP connection; ``go_away_after`` sends
   ``goAway`` and closes the connection (1000) when the running turn ends.
+
+Voice (what the model hears and says: ``gateway.sim.model``):
+
+- ``realtimeInput.audio`` is PCM16 at the rate its ``mimeType`` names
+  (``audio/pcm;rate=16000``). With automatic activity detection (the
+  default) the simulated VAD hears speech; its start interrupts a running
+  turn (``interrupted``), and with ``explicitVadSignal`` it is announced as
+  ``voiceActivity`` ``ACTIVITY_START``/``ACTIVITY_END`` (``audioOffset``).
+  Its end makes the speech a user turn (``inputTranscription`` when
+  ``inputAudioTranscription`` is set) and the model answers. With
+  ``realtimeInputConfig.automaticActivityDetection.disabled`` the client
+  brackets speech with ``activityStart`` (which interrupts, too) and
+  ``activityEnd`` (the model answers).
+- ``responseModalities`` ``["AUDIO"]``: ``modelTurn`` parts are
+  ``inlineData`` (``audio/pcm;rate=24000``), each with its
+  ``outputTranscription`` when ``outputAudioTranscription`` is set; a
+  function declared in ``tools`` is called with ``toolCall`` and the turn
+  goes on once ``toolResponse`` brings its output.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
+import itertools
 import logging
 import re
 from typing import Final
@@ -46,12 +67,18 @@ from websockets.http11 import Request, Response
 from gateway.sim.model import (
     Pacer,
     Sim,
+    SimCall,
     SimConnection,
     SimConversation,
     SimItem,
     estimate_tokens,
     sim_reply,
+    speech_transcript,
+    spoken_reply,
+    tool_answer,
+    voice_audio,
 )
+from gateway.sim.vad import Vad, VadStart, speech_ms
 from gateway.upstream import gemini_wire as wire
 
 __all__ = ["API_VERSIONS", "PATH", "GeminiSim", "endpoint_path"]
@@ -63,6 +90,11 @@ PATH: Final = "/ws/google.ai.generativelanguage.v1beta.GenerativeService.BidiGen
 
 # What the simulated session announces in ``goAway`` (it then closes at the end of the turn).
 _GO_AWAY_TIME_LEFT: Final = "10s"
+
+# The input rate when a mimeType names none, and the rate of the voice.
+_INPUT_RATE: Final = 16000
+_VOICE_MIME: Final = "audio/pcm;rate=24000"
+_RATE: Final = re.compile(r"rate=(\d+)")
 
 _UNKNOWN_FIELD: Final = re.compile(r"unknown field `([^`]*)`(?: - at `\$\.?([^`]*)`)?")
 
@@ -103,14 +135,34 @@ class _Turn:
 
 
 class _Generation:
-    """The model turn being written: its text, progress and task."""
+    """The model turn being written: its text (or ``call``), progress and task."""
 
-    __slots__ = ("chunks", "finishing", "prompt_tokens", "sent", "task", "text", "turn")
+    __slots__ = (
+        "audio",
+        "call",
+        "chunks",
+        "finishing",
+        "prompt_tokens",
+        "sent",
+        "task",
+        "text",
+        "turn",
+    )
 
-    def __init__(self, turn: _Turn, text: str, prompt_tokens: int) -> None:
+    def __init__(
+        self,
+        turn: _Turn,
+        text: str,
+        prompt_tokens: int,
+        *,
+        audio: bool = False,
+        call: SimCall | None = None,
+    ) -> None:
         self.turn = turn
         self.text = text
         self.prompt_tokens = prompt_tokens
+        self.audio = audio
+        self.call = call
         self.sent = 0  # characters of ``text`` sent
         self.chunks = 0
         self.finishing = False
@@ -121,15 +173,25 @@ class _Connection(SimConnection):
     """One client connection: setup state, its conversation, at most one model turn."""
 
     __slots__ = (
+        "_call_ids",
+        "activity",
+        "audio_out",
+        "auto_vad",
         "chunks_sent",
+        "explicit_vad",
+        "functions",
         "generation",
         "going_away",
+        "input_transcription",
         "instructions",
         "key",
         "model",
         "no",
+        "output_transcription",
+        "pending_calls",
         "sim",
         "turns",
+        "vad",
         "ws",
     )
 
@@ -144,6 +206,17 @@ class _Connection(SimConnection):
         self.generation: _Generation | None = None
         self.chunks_sent = 0
         self.going_away = False
+        # Voice, as set up.
+        self.audio_out = False
+        self.auto_vad = True
+        self.explicit_vad = False
+        self.input_transcription = False
+        self.output_transcription = False
+        self.functions: frozenset[str] = frozenset()
+        self.vad: Vad | None = None  # made for the rate of the first audio chunk
+        self.activity: bytearray | None = None  # audio since activityStart (manual)
+        self.pending_calls: dict[str, str] = {}  # call id -> function name
+        self._call_ids = itertools.count(1)
 
     def snapshot(self) -> SimConversation:
         items = [
@@ -205,14 +278,14 @@ class _Connection(SimConnection):
                 await self._refuse(1007, f"The first message must be setup, got {kinds[0]}.")
             else:
                 await self._setup(message.setup)
+        elif message.realtime_input is not None:
+            await self._realtime_input(message.realtime_input)
         elif message.client_content is not None:
             await self._client_content(message.client_content)
-        elif message.setup is not None:
-            await self._refuse(1007, "setup is sent once, as the first message.")
+        elif message.tool_response is not None:
+            await self._tool_response(message.tool_response)
         else:
-            await self._refuse(
-                1007, f"The simulator supports text clientContent only; got {kinds[0]}."
-            )
+            await self._refuse(1007, "setup is sent once, as the first message.")
 
     # --- client messages ----------------------------------------------------------
 
@@ -238,14 +311,29 @@ class _Connection(SimConnection):
             return
         config = setup.generation_config
         modalities = config.response_modalities if config is not None else None
-        if modalities != ["TEXT"]:
-            got = ", ".join(modalities) if modalities else "AUDIO (the default)"
+        if modalities not in (["TEXT"], ["AUDIO"], None):
             await self._refuse(
                 1007,
-                f"The requested combination of response modalities ({got}) is not supported "
-                'by the simulator: set responseModalities ["TEXT"].',
+                f"The requested combination of response modalities ({', '.join(modalities)}) "
+                'is not supported: set responseModalities ["TEXT"] or ["AUDIO"].',
             )
             return
+        self.audio_out = modalities != ["TEXT"]
+        detection = (
+            setup.realtime_input_config.automatic_activity_detection
+            if setup.realtime_input_config is not None
+            else None
+        )
+        self.auto_vad = not (detection is not None and detection.disabled)
+        self.explicit_vad = bool(setup.explicit_vad_signal)
+        self.input_transcription = setup.input_audio_transcription is not None
+        self.output_transcription = setup.output_audio_transcription is not None
+        self.functions = frozenset(
+            declaration.name
+            for tool in setup.tools or ()
+            for declaration in tool.function_declarations or ()
+            if declaration.name
+        )
         instruction = setup.system_instruction
         if instruction is not None:
             self.instructions = "".join(part.text or "" for part in instruction.parts)
@@ -281,15 +369,26 @@ class _Connection(SimConnection):
         generation.turn.status = "incomplete"
         await self._send(wire.ServerMessage(server_content=wire.ServerContent(interrupted=True)))
 
-    def _respond(self) -> None:
+    def _respond(self, answer: str | None = None) -> None:
+        """Start the model's turn: ``answer``, or the reply to the last user turn."""
         config = self.sim.config
-        last_user = next((t.text for t in reversed(self.turns) if t.role == "user"), "")
+        reply: str | SimCall
+        if answer is not None:
+            reply = answer
+        else:
+            last_user = next((t.text for t in reversed(self.turns) if t.role == "user"), "")
+            if self.audio_out:
+                reply = spoken_reply(last_user, self.functions)
+            else:
+                reply = sim_reply(last_user, overrun=config.overrun)
         context = len(self.instructions) + sum(len(t.text) for t in self.turns)
         turn = _Turn("model", "", "in_progress")
         self.turns.append(turn)
-        generation = _Generation(
-            turn, sim_reply(last_user, overrun=config.overrun), estimate_tokens(context)
-        )
+        if isinstance(reply, SimCall):
+            turn.role = "function_call"
+            generation = _Generation(turn, "", estimate_tokens(context), call=reply)
+        else:
+            generation = _Generation(turn, reply, estimate_tokens(context), audio=self.audio_out)
         self.generation = generation
         self.sim.stats.responses_total += 1
         generation.task = asyncio.create_task(self._generate(generation))
@@ -304,6 +403,10 @@ class _Connection(SimConnection):
             if self._drop_due():
                 return
             await self._maybe_go_away()
+            if generation.call is not None:
+                generation.finishing = True
+                await self._call(generation, generation.call)
+                return
             text, size, total = generation.text, config.chunk_size, len(generation.text)
             stats = self.sim.stats
             while generation.sent < total:
@@ -314,13 +417,7 @@ class _Connection(SimConnection):
                 generation.chunks += 1
                 self.chunks_sent += 1
                 stats.deltas_total += 1
-                await self._send(
-                    wire.ServerMessage(
-                        server_content=wire.ServerContent(
-                            model_turn=wire.Content(parts=[wire.Part(text=chunk)], role="model")
-                        )
-                    )
-                )
+                await self._send(self._chunk(generation, chunk))
                 if self._drop_due():
                     return
                 await self._maybe_go_away()
@@ -328,6 +425,146 @@ class _Connection(SimConnection):
             await self._finish(generation)
         except ConnectionClosed:
             pass
+
+    def _chunk(self, generation: _Generation, chunk: str) -> wire.ServerMessage:
+        if not generation.audio:
+            return wire.ServerMessage(
+                server_content=wire.ServerContent(
+                    model_turn=wire.Content(parts=[wire.Part(text=chunk)], role="model")
+                )
+            )
+        audio = base64.b64encode(voice_audio(len(chunk), self.sim.config)).decode()
+        part = wire.Part(inline_data=wire.Blob(mime_type=_VOICE_MIME, data=audio))
+        transcription = wire.Transcription(text=chunk) if self.output_transcription else None
+        return wire.ServerMessage(
+            server_content=wire.ServerContent(
+                model_turn=wire.Content(parts=[part], role="model"),
+                output_transcription=transcription,
+            )
+        )
+
+    async def _call(self, generation: _Generation, call: SimCall) -> None:
+        """Call a function; the turn goes on when its ``toolResponse`` comes."""
+        try:
+            args = msgspec.json.decode(call.arguments)
+        except msgspec.DecodeError:
+            args = None
+        if not isinstance(args, dict):
+            args = {"arguments": call.arguments}
+        call_id = f"call_sim{self.no}_{next(self._call_ids)}"
+        generation.turn.text = call.arguments
+        generation.turn.status = "completed"
+        if self.generation is generation:
+            self.generation = None
+        self.pending_calls[call_id] = call.name
+        function_call = wire.FunctionCall(id=call_id, name=call.name, args=args)
+        await self._send(
+            wire.ServerMessage(tool_call=wire.ToolCall(function_calls=[function_call]))
+        )
+
+    async def _tool_response(self, response: wire.ToolResponse) -> None:
+        answers = []
+        for function_response in response.function_responses or ():
+            name = self.pending_calls.pop(function_response.id or "", None)
+            if name is None:
+                await self._refuse(
+                    1007,
+                    f"toolResponse for unknown function call id {function_response.id!r}.",
+                )
+                return
+            body = function_response.response or {}
+            output = body.get("output")
+            text = output if isinstance(output, str) else msgspec.json.encode(body).decode()
+            self.turns.append(_Turn("function_response", text))
+            answers.append(tool_answer(name, text))
+        if answers and not self.pending_calls:
+            self._respond(" ".join(answers))
+
+    # --- audio in -----------------------------------------------------------------
+
+    async def _realtime_input(self, given: wire.RealtimeInput) -> None:
+        marks = given.activity_start is not None or given.activity_end is not None
+        if marks and self.auto_vad:
+            await self._refuse(
+                1007,
+                "activityStart/activityEnd need automatic activity detection disabled "
+                "(realtimeInputConfig.automaticActivityDetection.disabled).",
+            )
+            return
+        if given.activity_start is not None:
+            if self.generation is not None:
+                await self._interrupt(self.generation)
+            self.activity = bytearray()
+        if given.audio is not None and not await self._audio(given.audio):
+            return
+        if given.activity_end is not None and self.activity is not None:
+            pcm, self.activity = bytes(self.activity), None
+            rate = self.vad_rate
+            await self._heard(speech_ms(pcm, rate, threshold=self.sim.config.vad_threshold))
+        if given.text:
+            if self.generation is not None:
+                await self._interrupt(self.generation)
+            self.turns.append(_Turn("user", given.text))
+            self._respond()
+
+    @property
+    def vad_rate(self) -> int:
+        return self.vad.rate if self.vad is not None else _INPUT_RATE
+
+    async def _audio(self, blob: wire.Blob) -> bool:
+        match = _RATE.search(blob.mime_type or "")
+        rate = int(match.group(1)) if match else _INPUT_RATE
+        try:
+            pcm = base64.b64decode(blob.data or "", validate=True)
+        except (binascii.Error, ValueError):
+            await self._refuse(
+                1007, "Invalid value at 'realtime_input.audio.data': invalid base64."
+            )
+            return False
+        if self.vad is None or self.vad.rate != rate:
+            config = self.sim.config
+            self.vad = Vad(
+                rate,
+                threshold=config.vad_threshold,
+                min_speech_ms=config.vad_min_speech_ms,
+                silence_ms=config.vad_silence_ms,
+            )
+        if not self.auto_vad:
+            if self.activity is not None:
+                self.activity += pcm
+            return True
+        for found in self.vad.feed(pcm):
+            if isinstance(found, VadStart):
+                await self._voice_activity("ACTIVITY_START", found.offset_ms)
+                if self.generation is not None:
+                    await self._interrupt(self.generation)
+            else:
+                await self._voice_activity("ACTIVITY_END", found.offset_ms)
+                await self._heard(found.speech_ms)
+        return True
+
+    async def _voice_activity(self, kind: str, offset_ms: int) -> None:
+        if self.explicit_vad:
+            activity = wire.VoiceActivity(
+                voice_activity_type=kind, audio_offset=f"{offset_ms / 1000:.3f}s"
+            )
+            await self._send(wire.ServerMessage(voice_activity=activity))
+
+    async def _heard(self, speech: int) -> None:
+        """The user's speech ended: it becomes a user turn, and the model answers."""
+        transcript = speech_transcript(speech)
+        if self.input_transcription:
+            await self._send(
+                wire.ServerMessage(
+                    server_content=wire.ServerContent(
+                        input_transcription=wire.Transcription(text=transcript, finished=True)
+                    )
+                )
+            )
+        if self.generation is not None:
+            await self._interrupt(self.generation)
+        self.turns.append(_Turn("user", transcript))
+        self._respond()
 
     def _drop_due(self) -> bool:
         return self.sim.drop_due(self.no, self.ws, self.chunks_sent)
@@ -355,7 +592,9 @@ class _Connection(SimConnection):
             total_token_count=prompt + response,
             prompt_tokens_details=[wire.ModalityTokenCount(modality="TEXT", token_count=prompt)],
             response_tokens_details=[
-                wire.ModalityTokenCount(modality="TEXT", token_count=response)
+                wire.ModalityTokenCount(
+                    modality="AUDIO" if generation.audio else "TEXT", token_count=response
+                )
             ],
         )
         await self._send(

@@ -25,6 +25,26 @@ user message:
   STATUS.`` quoting the first result's status, then ``<end>``.
 - ``/raw TEXT`` → exactly TEXT (scripted output, markers and all).
 - anything else → a think, then ``Echo: MESSAGE``, then ``<end>``.
+
+Voice (``gateway.sim.vad`` hears, ``spoken_reply`` speaks):
+
+- Audio in is PCM16 mono (OpenAI 24 kHz, Gemini at the rate its ``mimeType``
+  names, 16 kHz normally). Server VAD is energy-based: speech is RMS above
+  ``vad_threshold`` for ``vad_min_speech_ms``; it ends after ``vad_silence_ms``
+  of silence. Speech starting while the model answers interrupts it (barge-in).
+- What the model "hears" is deterministic: the transcript of a speech segment
+  is ``(speech 1.2 s)`` — its duration (first to last loud 20 ms frame),
+  rounded to 0.1 s (``speech_transcript``). It becomes a user turn, answered
+  exactly as if that text had been typed.
+- Text output answers as above. Audio output (OpenAI ``output_modalities``
+  ``["audio"]``, Gemini ``responseModalities`` ``["AUDIO"]``) speaks a reply
+  without protocol markers (``spoken_reply``): ``Echo: MESSAGE``, or ``/raw``
+  TEXT; each chunk of it goes out as a transcript piece plus a 440 Hz tone of
+  ``audio_ms_per_char`` ms per character (PCM16 24 kHz), paced like text.
+- In audio output, ``/tool NAME {JSON args}`` is a native function call
+  (``SimCall``) when the session declared a function NAME (otherwise the model
+  says it has none); once the client returns the call's output the model says
+  ``The tool NAME returned OUTPUT.`` (``tool_answer``).
 """
 
 from __future__ import annotations
@@ -42,10 +62,13 @@ from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.http11 import Request, Response
 
 from gateway.settings import Setting, check_ranges
+from gateway.upstream.audio import tone
 
 __all__ = [
+    "VOICE_RATE",
     "Pacer",
     "Sim",
+    "SimCall",
     "SimConfig",
     "SimConnection",
     "SimConversation",
@@ -53,6 +76,10 @@ __all__ = [
     "SimStats",
     "estimate_tokens",
     "sim_reply",
+    "speech_transcript",
+    "spoken_reply",
+    "tool_answer",
+    "voice_audio",
 ]
 
 log = logging.getLogger("gateway.sim.openai")
@@ -64,6 +91,9 @@ _BACKLOG: Final = 4096
 # A response that sends without sleeping (unpaced, or behind its schedule)
 # yields to the event loop every this many chunks.
 _YIELD_EVERY: Final = 4
+
+# The rate of the simulated voice (both providers speak PCM16 at 24 kHz).
+VOICE_RATE: Final = 24000
 
 
 NonNegativeInt = Annotated[int, Meta(ge=0)]
@@ -122,6 +152,25 @@ class SimConfig(msgspec.Struct, frozen=True, kw_only=True):
             SIM,
         ),
     ] = None
+    vad_threshold: Annotated[
+        NonNegativeFloat,
+        Setting(
+            "server VAD: a 20 ms frame of input louder than this RMS (PCM16, 0-32767) "
+            "is speech",
+            SIM,
+        ),
+    ] = 500.0
+    vad_min_speech_ms: Annotated[
+        int, Meta(ge=1), Setting("server VAD: loud audio this long (ms) starts speech", SIM)
+    ] = 100
+    vad_silence_ms: Annotated[
+        int, Meta(ge=1), Setting("server VAD: quiet audio this long (ms) ends speech", SIM)
+    ] = 500
+    audio_ms_per_char: Annotated[
+        float,
+        Meta(gt=0),
+        Setting("audio output: milliseconds of spoken audio per character of a reply", SIM),
+    ] = 60.0
 
     def __post_init__(self) -> None:
         check_ranges(self)
@@ -172,6 +221,48 @@ def _results_reply(message: str) -> str:
         if isinstance(status, str):
             return f"The tool returned {status}."
     return "The results were unreadable."
+
+
+class SimCall(msgspec.Struct, frozen=True):
+    """A native function call the model makes in audio output (``arguments``: JSON text)."""
+
+    name: str
+    arguments: str
+
+
+def speech_transcript(speech_ms: int) -> str:
+    """What the model hears for ``speech_ms`` of speech: ``(speech 1.2 s)``."""
+    return f"(speech {round(speech_ms / 100) / 10:.1f} s)"
+
+
+def spoken_reply(message: str, functions: frozenset[str] = frozenset()) -> str | SimCall:
+    """The model's answer in audio output: words without markers, or a function call.
+
+    ``functions`` are the names the session declared; ``/tool NAME`` calls NAME
+    only if it is one of them.
+    """
+    if message.startswith("/raw"):
+        rest = message[4:]
+        if not rest or rest[0] == " ":
+            return rest[1:]
+    if message.startswith("/tool") and message[5:6].isspace():
+        parts = message[5:].split(None, 1)
+        if parts:
+            name = parts[0]
+            if name not in functions:
+                return f"I have no tool named {name}."
+            return SimCall(name, parts[1].strip() if len(parts) > 1 else "{}")
+    return f"Echo: {message}"
+
+
+def tool_answer(name: str, output: str) -> str:
+    """The model's answer once a function call's ``output`` came back."""
+    return f"The tool {name} returned {output}."
+
+
+def voice_audio(chars: int, config: SimConfig) -> bytes:
+    """The spoken audio of ``chars`` characters: a tone, PCM16 at ``VOICE_RATE``."""
+    return tone(chars * config.audio_ms_per_char / 1000.0, VOICE_RATE)
 
 
 def estimate_tokens(chars: int) -> int:

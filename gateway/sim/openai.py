@@ -19,6 +19,24 @@ Knobs (``SimConfig``) shape timing and faults for load and failure tests:
 tokens per second, chunk size, first-token delay, dropping the TCP connection
 after N deltas, an API key to enforce, and (Gemini) a ``goAway``.
 
+Voice (see ``gateway.sim.model`` for what the model hears and says):
+``input_audio_buffer.append`` (base64 PCM16 24 kHz), ``.commit``, ``.clear``;
+with ``session.audio.input.turn_detection`` ``server_vad`` (the default, as
+on the API) the simulated VAD sends ``input_audio_buffer.speech_started`` /
+``speech_stopped``, commits the speech as a user item (``committed``, the
+item, and ``conversation.item.input_audio_transcription.completed`` when
+``audio.input.transcription`` is set), answers it (``create_response``) and
+cancels a running response when speech starts (``interrupt_response``;
+``response.done`` ``cancelled``, reason ``turn_detected``). With
+``turn_detection: null`` the client commits and asks for the response.
+Audio output (a ``session.update`` with ``output_modalities: ["audio"]``;
+the sim answers in text until a client asks for audio, unlike the API)
+streams ``response.output_audio.delta`` and
+``response.output_audio_transcript.delta``; a function declared in
+``session.tools`` is called natively (a ``function_call`` item,
+``response.function_call_arguments.delta``/``done``), and a
+``function_call_output`` item plus ``response.create`` gets the answer.
+
 Cost per connection is one handler task (the reader) plus, while a response
 runs, one generator task; there is no task or timer per token beyond the one
 sleep that paces it.
@@ -27,6 +45,8 @@ sleep that paces it.
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import itertools
 import logging
 from typing import Final
@@ -40,12 +60,18 @@ from websockets.http11 import Request, Response
 from gateway.sim.model import (
     Pacer,
     Sim,
+    SimCall,
     SimConnection,
     SimConversation,
     SimItem,
     estimate_tokens,
     sim_reply,
+    speech_transcript,
+    spoken_reply,
+    tool_answer,
+    voice_audio,
 )
+from gateway.sim.vad import Vad, VadStart, speech_ms
 from gateway.upstream import openai_wire as wire
 
 __all__ = ["DEFAULT_MODEL", "PATH", "OpenAISim"]
@@ -55,28 +81,84 @@ log = logging.getLogger(__name__)
 PATH: Final = "/v1/realtime"
 DEFAULT_MODEL: Final = "gpt-realtime"
 
+# The input audio rate of the API (PCM16 mono).
+INPUT_RATE: Final = 24000
+# A commit needs at least this much audio in the buffer.
+_MIN_COMMIT_MS: Final = 100
+_DEFAULT_TURN_DETECTION: Final = wire.TurnDetection(
+    type="server_vad",
+    threshold=0.5,
+    prefix_padding_ms=300,
+    silence_duration_ms=500,
+    create_response=True,
+    interrupt_response=True,
+    idle_timeout_ms=None,
+)
+
 
 # --- state and snapshots --------------------------------------------------------------
 
 
 class _Item:
-    __slots__ = ("id", "role", "status", "text")
+    """A conversation item. ``kind`` is the item type; ``text`` a message's text,
+    a call's arguments or a call output's output; ``part`` a message's content type."""
 
-    def __init__(self, item_id: str, role: str, text: str, status: str) -> None:
+    __slots__ = ("call_id", "id", "kind", "name", "part", "role", "status", "text")
+
+    def __init__(
+        self,
+        item_id: str,
+        role: str,
+        text: str,
+        status: str,
+        *,
+        kind: str = "message",
+        part: str = "",
+        call_id: str = "",
+        name: str = "",
+    ) -> None:
         self.id = item_id
         self.role = role
         self.text = text
         self.status = status
+        self.kind = kind
+        self.part = part or ("output_text" if role == "assistant" else "input_text")
+        self.call_id = call_id
+        self.name = name
 
 
 class _Response:
-    __slots__ = ("deltas", "finishing", "id", "input_tokens", "item", "sent", "task", "text")
+    """A running response: a text or spoken message, or (``call``) a function call."""
 
-    def __init__(self, response_id: str, item: _Item, text: str, input_tokens: int) -> None:
+    __slots__ = (
+        "audio",
+        "call",
+        "deltas",
+        "finishing",
+        "id",
+        "input_tokens",
+        "item",
+        "sent",
+        "task",
+        "text",
+    )
+
+    def __init__(
+        self,
+        response_id: str,
+        item: _Item,
+        text: str,
+        input_tokens: int,
+        *,
+        audio: bool = False,
+        call: bool = False,
+    ) -> None:
         self.id = response_id
         self.item = item
         self.text = text
         self.input_tokens = input_tokens
+        self.audio = audio
+        self.call = call
         self.sent = 0  # characters of ``text`` sent as deltas
         self.deltas = 0
         self.finishing = False
@@ -103,6 +185,9 @@ _CLIENT_TYPES: Final = frozenset(
         "conversation.item.delete",
         "response.create",
         "response.cancel",
+        "input_audio_buffer.append",
+        "input_audio_buffer.commit",
+        "input_audio_buffer.clear",
     }
 )
 
@@ -113,12 +198,16 @@ class _Connection(SimConnection):
     __slots__ = (
         "_event_ids",
         "_ids",
+        "audio_out",
+        "buffer",
         "deltas_sent",
         "items",
         "no",
         "response",
         "session",
         "sim",
+        "speech_item",
+        "vad",
         "ws",
     )
 
@@ -135,9 +224,33 @@ class _Connection(SimConnection):
             instructions="",
             output_modalities=["audio"],
             max_output_tokens="inf",
+            audio=wire.AudioConfig(
+                input=wire.AudioInput(
+                    format=wire.AudioFormat(rate=INPUT_RATE),
+                    transcription=None,
+                    turn_detection=_DEFAULT_TURN_DETECTION,
+                ),
+                output=wire.AudioOutput(
+                    format=wire.AudioFormat(rate=INPUT_RATE), voice="alloy", speed=1.0
+                ),
+            ),
+            tools=[],
+            tool_choice="auto",
         )
         self.response: _Response | None = None
         self.deltas_sent = 0
+        # Until a client asks for audio output the sim answers in text (see the docstring).
+        self.audio_out = False
+        config = sim.config
+        self.vad = Vad(
+            INPUT_RATE,
+            threshold=config.vad_threshold,
+            min_speech_ms=config.vad_min_speech_ms,
+            silence_ms=config.vad_silence_ms,
+        )
+        # Audio appended since the last commit (kept only without server VAD).
+        self.buffer = bytearray()
+        self.speech_item: str | None = None  # the item id of the speech being heard
         self._event_ids = itertools.count(1)
         self._ids = itertools.count(1)
 
@@ -167,7 +280,10 @@ class _Connection(SimConnection):
         await self._send(wire.ErrorEvent(event_id=self._eid(), error=detail))
 
     def snapshot(self) -> SimConversation:
-        items = [SimItem(i.id, i.role, i.text, i.status) for i in self.items.values()]
+        items = [
+            SimItem(i.id, i.role if i.kind == "message" else i.kind, i.text, i.status)
+            for i in self.items.values()
+        ]
         return SimConversation(instructions=self.session.instructions or "", items=items)
 
     # --- the connection's life ----------------------------------------------------
@@ -193,7 +309,9 @@ class _Connection(SimConnection):
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             await self._bad_frame(data, exc)
             return
-        if isinstance(event, wire.ConversationItemCreate):
+        if isinstance(event, wire.InputAudioBufferAppend):
+            await self._audio_append(event)
+        elif isinstance(event, wire.ConversationItemCreate):
             await self._item_create(event)
         elif isinstance(event, wire.ResponseCreate):
             await self._response_create(event)
@@ -201,6 +319,13 @@ class _Connection(SimConnection):
             await self._response_cancel(event)
         elif isinstance(event, wire.ConversationItemDelete):
             await self._item_delete(event)
+        elif isinstance(event, wire.InputAudioBufferCommit):
+            await self._audio_commit(event)
+        elif isinstance(event, wire.InputAudioBufferClear):
+            self.buffer.clear()
+            self.vad.reset()
+            self.speech_item = None
+            await self._send(wire.InputAudioBufferCleared(event_id=self._eid()))
         else:
             await self._session_update(event)
 
@@ -218,7 +343,7 @@ class _Connection(SimConnection):
             await self._error(
                 f"Invalid value: {probe.type!r}. Supported values are: "
                 + ", ".join(sorted(_CLIENT_TYPES))
-                + " (the simulator supports text conversations only).",
+                + ".",
                 code="invalid_value",
                 param="type",
                 event_id=event_id,
@@ -243,15 +368,29 @@ class _Connection(SimConnection):
             )
             return
         changes: dict[str, object] = {}
-        for name in ("model", "instructions", "output_modalities", "max_output_tokens"):
+        for name in (
+            "model",
+            "instructions",
+            "output_modalities",
+            "max_output_tokens",
+            "tools",
+            "tool_choice",
+        ):
             value = getattr(update, name)
             if value is not None:
                 changes[name] = value
+        if update.output_modalities is not None:
+            self.audio_out = "audio" in update.output_modalities
+        if update.audio is not None:
+            changes["audio"] = _merge_audio(self.session.audio, update.audio)
         self.session = msgspec.structs.replace(self.session, **changes)
         await self._send(wire.SessionUpdated(event_id=self._eid(), session=self.session))
 
     async def _item_create(self, event: wire.ConversationItemCreate) -> None:
         item = event.item
+        if item.type in ("function_call", "function_call_output"):
+            await self._call_item_create(event)
+            return
         if item.type != "message" or item.role not in _CONTENT_TYPES:
             await self._error(
                 f"The simulator supports message items with role user, assistant or system; "
@@ -294,6 +433,49 @@ class _Connection(SimConnection):
             )
             return
         new = _Item(item_id, item.role, "".join(texts), "completed")
+        await self._add_item(new, previous)
+
+    async def _call_item_create(self, event: wire.ConversationItemCreate) -> None:
+        """A ``function_call`` (history) or ``function_call_output`` (a call's result)."""
+        item = event.item
+        if not item.call_id:
+            await self._error(
+                f"Missing required parameter: 'item.call_id' (a {item.type} item needs it).",
+                code="missing_required_parameter",
+                param="item.call_id",
+                event_id=event.event_id,
+            )
+            return
+        if item.type == "function_call":
+            new = _Item(
+                item.id or self._new_id("item"),
+                "assistant",
+                item.arguments or "",
+                "completed",
+                kind="function_call",
+                call_id=item.call_id,
+                name=item.name or "",
+            )
+        else:
+            new = _Item(
+                item.id or self._new_id("item"),
+                "user",
+                item.output or "",
+                "completed",
+                kind="function_call_output",
+                call_id=item.call_id,
+            )
+        if new.id in self.items:
+            await self._error(
+                f"Item with id {new.id!r} already exists.",
+                code="item_already_exists",
+                param="item.id",
+                event_id=event.event_id,
+            )
+            return
+        await self._add_item(new, event.previous_item_id)
+
+    async def _add_item(self, new: _Item, previous: str | None) -> None:
         previous = self._insert(new, previous)
         out = self._wire_item(new)
         await self._send(
@@ -339,19 +521,59 @@ class _Connection(SimConnection):
                 event_id=event.event_id,
             )
             return
+        await self._start_response()
+
+    def _reply(self) -> str | SimCall:
+        """What the model answers: the last user message, or the output of its last call."""
         config = self.sim.config
-        last_user = next((i.text for i in reversed(self.items.values()) if i.role == "user"), "")
+        for item in reversed(self.items.values()):
+            if item.kind == "function_call_output":
+                name = next(
+                    (
+                        i.name
+                        for i in self.items.values()
+                        if i.kind == "function_call" and i.call_id == item.call_id
+                    ),
+                    "unknown",
+                )
+                return tool_answer(name, item.text)
+            if item.kind == "message" and item.role == "user":
+                if not self.audio_out:
+                    return sim_reply(item.text, overrun=config.overrun)
+                functions = frozenset(t.name for t in self.session.tools or () if t.name)
+                return spoken_reply(item.text, functions)
+        return sim_reply("", overrun=config.overrun) if not self.audio_out else spoken_reply("")
+
+    async def _start_response(self) -> None:
+        reply = self._reply()
         context = len(self.session.instructions or "") + sum(
             len(i.text) for i in self.items.values()
         )
         previous = next(reversed(self.items), None)
-        item = _Item(self._new_id("item"), "assistant", "", "in_progress")
+        modalities = ["audio"] if self.audio_out else ["text"]
+        if isinstance(reply, SimCall):
+            item = _Item(
+                self._new_id("item"),
+                "assistant",
+                "",
+                "in_progress",
+                kind="function_call",
+                call_id=self._new_id("call"),
+                name=reply.name,
+            )
+            text = reply.arguments
+        else:
+            part = "output_audio" if self.audio_out else "output_text"
+            item = _Item(self._new_id("item"), "assistant", "", "in_progress", part=part)
+            text = reply
         self.items[item.id] = item
         response = _Response(
             self._new_id("resp"),
             item,
-            sim_reply(last_user, overrun=config.overrun),
+            text,
             estimate_tokens(context),
+            audio=self.audio_out,
+            call=isinstance(reply, SimCall),
         )
         self.response = response  # before any await: a second create is refused
         self.sim.stats.responses_total += 1
@@ -359,17 +581,12 @@ class _Connection(SimConnection):
             id=response.id,
             status="in_progress",
             conversation_id=f"conv_sim{self.no}",
-            output_modalities=["text"],
+            output_modalities=modalities,
             max_output_tokens="inf",
         )
-        added = wire.Item(
-            type="message",
-            id=item.id,
-            object="realtime.item",
-            status="in_progress",
-            role="assistant",
-            content=[],
-        )
+        added = self._wire_item(item)
+        if item.kind == "message":
+            added.content = []
         await self._send(wire.ResponseCreated(event_id=self._eid(), response=created))
         await self._send(
             wire.ResponseOutputItemAdded(
@@ -379,16 +596,22 @@ class _Connection(SimConnection):
         await self._send(
             wire.ConversationItemAdded(event_id=self._eid(), item=added, previous_item_id=previous)
         )
-        await self._send(
-            wire.ResponseContentPartAdded(
-                event_id=self._eid(),
-                response_id=response.id,
-                item_id=item.id,
-                output_index=0,
-                content_index=0,
-                part=wire.ContentPart(type="text", text=""),
+        if not response.call:
+            empty = (
+                wire.ContentPart(type="audio", transcript="")
+                if response.audio
+                else wire.ContentPart(type="text", text="")
             )
-        )
+            await self._send(
+                wire.ResponseContentPartAdded(
+                    event_id=self._eid(),
+                    response_id=response.id,
+                    item_id=item.id,
+                    output_index=0,
+                    content_index=0,
+                    part=empty,
+                )
+            )
         if self.response is response:
             response.task = asyncio.create_task(self._generate(response))
 
@@ -405,13 +628,16 @@ class _Connection(SimConnection):
                 event_id=event.event_id,
             )
             return
+        await self._cancel(response, "client_cancelled")
+
+    async def _cancel(self, response: _Response, reason: str) -> None:
         task = response.task
         if task is not None and not task.done():
             task.cancel()
             await asyncio.wait([task])
         if self.response is response and not response.finishing:
             response.finishing = True
-            await self._finish(response, "cancelled")
+            await self._finish(response, "cancelled", reason)
 
     # --- generation ---------------------------------------------------------------
 
@@ -432,16 +658,7 @@ class _Connection(SimConnection):
                 response.deltas += 1
                 self.deltas_sent += 1
                 stats.deltas_total += 1
-                await self._send(
-                    wire.ResponseOutputTextDelta(
-                        event_id=self._eid(),
-                        response_id=response.id,
-                        item_id=response.item.id,
-                        output_index=0,
-                        content_index=0,
-                        delta=chunk,
-                    )
-                )
+                await self._send_delta(response, chunk)
                 if self._drop_due():
                     return
             response.finishing = True
@@ -449,10 +666,60 @@ class _Connection(SimConnection):
         except ConnectionClosed:
             pass
 
+    async def _send_delta(self, response: _Response, chunk: str) -> None:
+        rid, iid = response.id, response.item.id
+        if response.call:
+            await self._send(
+                wire.ResponseFunctionCallArgumentsDelta(
+                    event_id=self._eid(),
+                    response_id=rid,
+                    item_id=iid,
+                    output_index=0,
+                    call_id=response.item.call_id,
+                    delta=chunk,
+                )
+            )
+            return
+        if response.audio:
+            audio = base64.b64encode(voice_audio(len(chunk), self.sim.config)).decode()
+            await self._send(
+                wire.ResponseOutputAudioDelta(
+                    event_id=self._eid(),
+                    response_id=rid,
+                    item_id=iid,
+                    output_index=0,
+                    content_index=0,
+                    delta=audio,
+                )
+            )
+            await self._send(
+                wire.ResponseOutputAudioTranscriptDelta(
+                    event_id=self._eid(),
+                    response_id=rid,
+                    item_id=iid,
+                    output_index=0,
+                    content_index=0,
+                    delta=chunk,
+                )
+            )
+            return
+        await self._send(
+            wire.ResponseOutputTextDelta(
+                event_id=self._eid(),
+                response_id=rid,
+                item_id=iid,
+                output_index=0,
+                content_index=0,
+                delta=chunk,
+            )
+        )
+
     def _drop_due(self) -> bool:
         return self.sim.drop_due(self.no, self.ws, self.deltas_sent)
 
-    async def _finish(self, response: _Response, status: str) -> None:
+    async def _finish(
+        self, response: _Response, status: str, reason: str = "client_cancelled"
+    ) -> None:
         """The closing events of ``response``, ending with ``response.done``."""
         item = response.item
         text = response.text[: response.sent]
@@ -460,26 +727,65 @@ class _Connection(SimConnection):
         item.status = "completed" if status == "completed" else "incomplete"
         rid, iid = response.id, item.id
         done_item = self._wire_item(item)
-        await self._send(
-            wire.ResponseOutputTextDone(
-                event_id=self._eid(),
-                response_id=rid,
-                item_id=iid,
-                output_index=0,
-                content_index=0,
-                text=text,
+        if response.call:
+            await self._send(
+                wire.ResponseFunctionCallArgumentsDone(
+                    event_id=self._eid(),
+                    response_id=rid,
+                    item_id=iid,
+                    output_index=0,
+                    call_id=item.call_id,
+                    name=item.name,
+                    arguments=text,
+                )
             )
-        )
-        await self._send(
-            wire.ResponseContentPartDone(
-                event_id=self._eid(),
-                response_id=rid,
-                item_id=iid,
-                output_index=0,
-                content_index=0,
-                part=wire.ContentPart(type="text", text=text),
+        elif response.audio:
+            await self._send(
+                wire.ResponseOutputAudioDone(
+                    event_id=self._eid(),
+                    response_id=rid,
+                    item_id=iid,
+                    output_index=0,
+                    content_index=0,
+                )
             )
-        )
+            await self._send(
+                wire.ResponseOutputAudioTranscriptDone(
+                    event_id=self._eid(),
+                    response_id=rid,
+                    item_id=iid,
+                    output_index=0,
+                    content_index=0,
+                    transcript=text,
+                )
+            )
+        else:
+            await self._send(
+                wire.ResponseOutputTextDone(
+                    event_id=self._eid(),
+                    response_id=rid,
+                    item_id=iid,
+                    output_index=0,
+                    content_index=0,
+                    text=text,
+                )
+            )
+        if not response.call:
+            part = (
+                wire.ContentPart(type="audio", transcript=text)
+                if response.audio
+                else wire.ContentPart(type="text", text=text)
+            )
+            await self._send(
+                wire.ResponseContentPartDone(
+                    event_id=self._eid(),
+                    response_id=rid,
+                    item_id=iid,
+                    output_index=0,
+                    content_index=0,
+                    part=part,
+                )
+            )
         await self._send(
             wire.ResponseOutputItemDone(
                 event_id=self._eid(), response_id=rid, output_index=0, item=done_item
@@ -492,12 +798,14 @@ class _Connection(SimConnection):
             input_tokens=response.input_tokens,
             output_tokens=response.deltas,
             input_token_details=wire.InputTokenDetails(text_tokens=response.input_tokens),
-            output_token_details=wire.OutputTokenDetails(text_tokens=response.deltas),
+            output_token_details=(
+                wire.OutputTokenDetails(audio_tokens=response.deltas)
+                if response.audio
+                else wire.OutputTokenDetails(text_tokens=response.deltas)
+            ),
         )
         details = (
-            None
-            if status == "completed"
-            else wire.StatusDetails(type="cancelled", reason="client_cancelled")
+            None if status == "completed" else wire.StatusDetails(type="cancelled", reason=reason)
         )
         done = wire.Response(
             id=rid,
@@ -505,7 +813,7 @@ class _Connection(SimConnection):
             status_details=details,
             output=[done_item],
             conversation_id=f"conv_sim{self.no}",
-            output_modalities=["text"],
+            output_modalities=["audio"] if response.audio else ["text"],
             max_output_tokens="inf",
             usage=usage,
         )
@@ -526,15 +834,173 @@ class _Connection(SimConnection):
 
     @staticmethod
     def _wire_item(item: _Item) -> wire.Item:
-        kind = "output_text" if item.role == "assistant" else "input_text"
+        if item.kind == "function_call":
+            return wire.Item(
+                type="function_call",
+                id=item.id,
+                object="realtime.item",
+                status=item.status,
+                call_id=item.call_id,
+                name=item.name,
+                arguments=item.text,
+            )
+        if item.kind == "function_call_output":
+            return wire.Item(
+                type="function_call_output",
+                id=item.id,
+                object="realtime.item",
+                status=item.status,
+                call_id=item.call_id,
+                output=item.text,
+            )
+        if item.part in ("input_audio", "output_audio"):
+            part = wire.ContentPart(type=item.part, transcript=item.text)
+        else:
+            part = wire.ContentPart(type=item.part, text=item.text)
         return wire.Item(
             type="message",
             id=item.id,
             object="realtime.item",
             status=item.status,
             role=item.role,
-            content=[wire.ContentPart(type=kind, text=item.text)],
+            content=[part],
         )
+
+    # --- audio in -----------------------------------------------------------------
+
+    def _turn_detection(self) -> wire.TurnDetection | None:
+        audio = self.session.audio
+        detection = audio.input.turn_detection if audio and audio.input else None
+        return None if isinstance(detection, msgspec.UnsetType) else detection
+
+    async def _audio_append(self, event: wire.InputAudioBufferAppend) -> None:
+        try:
+            pcm = base64.b64decode(event.audio, validate=True)
+        except (binascii.Error, ValueError):
+            await self._error(
+                "Invalid 'audio'. Expected base64-encoded PCM16 audio (24 kHz mono).",
+                code="invalid_value",
+                param="audio",
+                event_id=event.event_id,
+            )
+            return
+        detection = self._turn_detection()
+        if detection is None:
+            self.buffer += pcm
+            return
+        for found in self.vad.feed(pcm):
+            if isinstance(found, VadStart):
+                await self._speech_started(found.offset_ms, detection)
+            else:
+                await self._speech_stopped(found.offset_ms, found.speech_ms, detection)
+
+    async def _speech_started(self, offset_ms: int, detection: wire.TurnDetection) -> None:
+        item_id = self.speech_item = self._new_id("item")
+        await self._send(
+            wire.InputAudioBufferSpeechStarted(
+                event_id=self._eid(), audio_start_ms=offset_ms, item_id=item_id
+            )
+        )
+        response = self.response
+        if response is not None and detection.interrupt_response is not False:
+            await self._cancel(response, "turn_detected")
+
+    async def _speech_stopped(
+        self, offset_ms: int, speech: int, detection: wire.TurnDetection
+    ) -> None:
+        item_id = self.speech_item or self._new_id("item")
+        self.speech_item = None
+        await self._send(
+            wire.InputAudioBufferSpeechStopped(
+                event_id=self._eid(), audio_end_ms=offset_ms, item_id=item_id
+            )
+        )
+        await self._commit(item_id, speech)
+        if detection.create_response is not False and self.response is None:
+            await self._start_response()
+
+    async def _audio_commit(self, event: wire.InputAudioBufferCommit) -> None:
+        rate_ms = INPUT_RATE / 1000
+        if self._turn_detection() is None:
+            buffered_ms = len(self.buffer) // 2 / rate_ms
+            speech = speech_ms(bytes(self.buffer), INPUT_RATE, threshold=self.vad.threshold)
+        else:
+            vad = self.vad
+            buffered_ms = (vad.frames - vad.start_frame) * 20 if vad.speaking else 0
+            speech = (vad.last_loud_end - vad.start_frame) * 20 if vad.speaking else 0
+        if buffered_ms < _MIN_COMMIT_MS:
+            await self._error(
+                "Error committing input audio buffer: buffer too small. Expected at least "
+                f"{_MIN_COMMIT_MS}ms of audio, but buffer only has {buffered_ms:.2f}ms of audio.",
+                code="input_audio_buffer_commit_empty",
+                event_id=event.event_id,
+            )
+            return
+        self.buffer.clear()
+        self.vad.reset()
+        item_id = self.speech_item or self._new_id("item")
+        self.speech_item = None
+        await self._commit(item_id, speech)
+
+    async def _commit(self, item_id: str, speech: int) -> None:
+        """The heard speech becomes a user item: committed, the item, its transcript."""
+        transcript = speech_transcript(speech)
+        previous = next(reversed(self.items), None)
+        await self._send(
+            wire.InputAudioBufferCommitted(
+                event_id=self._eid(), item_id=item_id, previous_item_id=previous
+            )
+        )
+        await self._add_item(
+            _Item(item_id, "user", transcript, "completed", part="input_audio"), None
+        )
+        audio = self.session.audio
+        if audio is not None and audio.input is not None and audio.input.transcription:
+            await self._send(
+                wire.InputAudioTranscriptionCompleted(
+                    event_id=self._eid(),
+                    item_id=item_id,
+                    content_index=0,
+                    transcript=transcript,
+                    usage=wire.TranscriptionUsage(type="duration", seconds=speech / 1000),
+                )
+            )
+
+
+def _merge_audio(current: wire.AudioConfig | None, update: wire.AudioConfig) -> wire.AudioConfig:
+    """``session.audio`` after an update: fields the update sets replace the current ones."""
+    current = current or wire.AudioConfig()
+    inp, out = current.input or wire.AudioInput(), current.output or wire.AudioOutput()
+    if update.input is not None:
+        changes: dict[str, object] = {
+            name: getattr(update.input, name)
+            for name in ("format", "transcription", "noise_reduction")
+            if getattr(update.input, name) is not None
+        }
+        if not isinstance(update.input.turn_detection, msgspec.UnsetType):
+            detection = update.input.turn_detection
+            if detection is not None:
+                # Unset knobs take the API's defaults.
+                detection = wire.TurnDetection(
+                    **{
+                        name: getattr(detection, name)
+                        if getattr(detection, name) is not None
+                        else getattr(_DEFAULT_TURN_DETECTION, name)
+                        for name in detection.__struct_fields__
+                    }
+                )
+            changes["turn_detection"] = detection
+        inp = msgspec.structs.replace(inp, **changes)
+    if update.output is not None:
+        out = msgspec.structs.replace(
+            out,
+            **{
+                name: getattr(update.output, name)
+                for name in ("format", "voice", "speed")
+                if getattr(update.output, name) is not None
+            },
+        )
+    return wire.AudioConfig(input=inp, output=out)
 
 
 # --- the server -----------------------------------------------------------------------

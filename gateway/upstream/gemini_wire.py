@@ -37,20 +37,37 @@ from typing import Any, Final
 import msgspec
 
 __all__ = [
+    "ActivityMarker",
+    "AutomaticActivityDetection",
+    "Blob",
     "ClientContent",
     "ClientMessage",
     "Content",
     "ErrorBody",
+    "FunctionCall",
+    "FunctionDeclaration",
+    "FunctionResponse",
     "GenerationConfig",
     "GoAway",
     "ModalityTokenCount",
     "Part",
+    "PrebuiltVoiceConfig",
+    "RealtimeInput",
+    "RealtimeInputConfig",
     "ServerContent",
     "ServerMessage",
     "SessionResumptionUpdate",
     "Setup",
     "SetupComplete",
+    "SpeechConfig",
+    "Tool",
+    "ToolCall",
+    "ToolCallCancellation",
+    "ToolResponse",
+    "Transcription",
     "UsageMetadata",
+    "VoiceActivity",
+    "VoiceConfig",
     "camelize",
     "decode_client_message",
     "decode_server_message",
@@ -62,12 +79,21 @@ __all__ = [
 # --- content: shared by setup, clientContent and serverContent -------------------
 
 
+class Blob(msgspec.Struct, omit_defaults=True, rename="camel"):
+    """Inline media: ``data`` base64, ``mimeType`` e.g. ``audio/pcm;rate=16000``."""
+
+    mime_type: str | None = None
+    data: str | None = None
+
+
 class Part(msgspec.Struct, omit_defaults=True, rename="camel"):
-    """One part of a turn. We only use text; ``thought`` marks a thinking model's
-    reasoning summary, which is not output (the adapter skips such parts)."""
+    """One part of a turn: ``text`` or ``inlineData`` (audio output); ``thought``
+    marks a thinking model's reasoning summary, which is not output (the
+    adapter skips such parts)."""
 
     text: str | None = None
     thought: bool | None = None
+    inline_data: Blob | None = None
 
 
 class Content(msgspec.Struct, omit_defaults=True, rename="camel"):
@@ -86,6 +112,90 @@ def text_content(role: str | None, text: str) -> Content:
 # --- client messages (we send them; the simulator decodes them) ----------------------
 
 
+class PrebuiltVoiceConfig(msgspec.Struct, omit_defaults=True, rename="camel"):
+    voice_name: str | None = None
+
+
+class VoiceConfig(msgspec.Struct, omit_defaults=True, rename="camel"):
+    prebuilt_voice_config: PrebuiltVoiceConfig | None = None
+
+
+class SpeechConfig(msgspec.Struct, omit_defaults=True, rename="camel"):
+    """``generationConfig.speechConfig``: the voice of AUDIO output (e.g. ``Puck``)."""
+
+    voice_config: VoiceConfig | None = None
+    language_code: str | None = None
+    multi_speaker_voice_config: object | None = None
+
+
+class FunctionDeclaration(msgspec.Struct, omit_defaults=True, rename="camel"):
+    """A function the model may call; ``parametersJsonSchema`` is plain JSON Schema."""
+
+    name: str | None = None
+    description: str | None = None
+    parameters: object | None = None
+    parameters_json_schema: object | None = None
+    response: object | None = None
+    response_json_schema: object | None = None
+    behavior: str | None = None
+
+
+class Tool(msgspec.Struct, omit_defaults=True, rename="camel"):
+    """One entry of ``setup.tools``; we declare functions, other kinds pass through."""
+
+    function_declarations: list[FunctionDeclaration] | None = None
+    google_search: object | None = None
+    code_execution: object | None = None
+
+
+class AutomaticActivityDetection(msgspec.Struct, omit_defaults=True, rename="camel"):
+    """Server-side VAD; ``disabled``: the client marks speech with activityStart/End."""
+
+    disabled: bool | None = None
+    start_of_speech_sensitivity: str | None = None
+    end_of_speech_sensitivity: str | None = None
+    prefix_padding_ms: int | None = None
+    silence_duration_ms: int | None = None
+
+
+class RealtimeInputConfig(msgspec.Struct, omit_defaults=True, rename="camel"):
+    automatic_activity_detection: AutomaticActivityDetection | None = None
+    activity_handling: str | None = None
+    turn_coverage: str | None = None
+
+
+class ActivityMarker(msgspec.Struct, omit_defaults=True):
+    """``activityStart`` / ``activityEnd``: an empty object."""
+
+
+class RealtimeInput(msgspec.Struct, omit_defaults=True, rename="camel"):
+    """Streamed input: ``audio`` chunks, and (manual activity detection) the
+    ``activityStart``/``activityEnd`` around the user's speech."""
+
+    audio: Blob | None = None
+    audio_stream_end: bool | None = None
+    activity_start: ActivityMarker | None = None
+    activity_end: ActivityMarker | None = None
+    text: str | None = None
+    video: object | None = None
+    media_chunks: object | None = None
+
+
+class FunctionResponse(msgspec.Struct, omit_defaults=True, rename="camel"):
+    """The output of one call (``id`` from the ``toolCall``); ``response`` a JSON object."""
+
+    id: str | None = None
+    name: str | None = None
+    response: dict[str, Any] | None = None
+    will_continue: bool | None = None
+    scheduling: str | None = None
+    parts: object | None = None
+
+
+class ToolResponse(msgspec.Struct, omit_defaults=True, rename="camel"):
+    function_responses: list[FunctionResponse] | None = None
+
+
 class GenerationConfig(msgspec.Struct, omit_defaults=True, rename="camel"):
     """``setup.generationConfig``: we set only ``responseModalities`` (``["TEXT"]``)."""
 
@@ -98,7 +208,7 @@ class GenerationConfig(msgspec.Struct, omit_defaults=True, rename="camel"):
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     seed: int | None = None
-    speech_config: object | None = None
+    speech_config: SpeechConfig | None = None
     media_resolution: str | None = None
     thinking_config: object | None = None
     enable_affective_dialog: bool | None = None
@@ -110,15 +220,17 @@ class Setup(msgspec.Struct, omit_defaults=True, rename="camel", forbid_unknown_f
     model: str
     generation_config: GenerationConfig | None = None
     system_instruction: Content | None = None
-    # Declared so the simulator accepts any real setup; the adapter never sets them.
-    tools: object | None = None
-    realtime_input_config: object | None = None
-    session_resumption: object | None = None
-    context_window_compression: object | None = None
+    tools: list[Tool] | None = None
+    realtime_input_config: RealtimeInputConfig | None = None
+    # Transcription configs: ``{}`` turns a transcription on.
     input_audio_transcription: object | None = None
     output_audio_transcription: object | None = None
-    proactivity: object | None = None
+    # Ask for ``voiceActivity`` messages (speech start/end) from the server's VAD.
     explicit_vad_signal: bool | None = None
+    # Declared so the simulator accepts any real setup; the adapter never sets them.
+    session_resumption: object | None = None
+    context_window_compression: object | None = None
+    proactivity: object | None = None
     history_config: object | None = None
     avatar_config: object | None = None
     safety_settings: object | None = None
@@ -138,9 +250,8 @@ class ClientMessage(msgspec.Struct, omit_defaults=True, rename="camel", forbid_u
 
     setup: Setup | None = None
     client_content: ClientContent | None = None
-    # Audio/video input and tool responses: the simulator refuses them (text only).
-    realtime_input: object | None = None
-    tool_response: object | None = None
+    realtime_input: RealtimeInput | None = None
+    tool_response: ToolResponse | None = None
 
 
 # --- server messages (the simulator sends them; the adapter decodes them) ------------
@@ -160,6 +271,39 @@ class ServerContent(msgspec.Struct, omit_defaults=True, rename="camel"):
     generation_complete: bool | None = None
     turn_complete: bool | None = None
     interrupted: bool | None = None
+    input_transcription: Transcription | None = None
+    output_transcription: Transcription | None = None
+
+
+class Transcription(msgspec.Struct, omit_defaults=True, rename="camel"):
+    """A piece of the user's (input) or the model's (output) speech as text."""
+
+    text: str | None = None
+    finished: bool | None = None
+
+
+class FunctionCall(msgspec.Struct, omit_defaults=True, rename="camel"):
+    id: str | None = None
+    name: str | None = None
+    args: dict[str, Any] | None = None
+
+
+class ToolCall(msgspec.Struct, omit_defaults=True, rename="camel"):
+    """The model calls functions; it waits for a ``toolResponse`` to go on."""
+
+    function_calls: list[FunctionCall] | None = None
+
+
+class ToolCallCancellation(msgspec.Struct, omit_defaults=True, rename="camel"):
+    ids: list[str] | None = None
+
+
+class VoiceActivity(msgspec.Struct, omit_defaults=True, rename="camel"):
+    """The server's VAD (with ``explicitVadSignal``): ``ACTIVITY_START``/``ACTIVITY_END``
+    at ``audioOffset`` (a protobuf Duration such as ``"1.200s"``) into the input audio."""
+
+    voice_activity_type: str | None = None
+    audio_offset: str | None = None
 
 
 class ModalityTokenCount(msgspec.Struct, omit_defaults=True, rename="camel"):
@@ -212,6 +356,9 @@ class ServerMessage(msgspec.Struct, omit_defaults=True, rename="camel"):
     go_away: GoAway | None = None
     session_resumption_update: SessionResumptionUpdate | None = None
     error: ErrorBody | None = None
+    tool_call: ToolCall | None = None
+    tool_call_cancellation: ToolCallCancellation | None = None
+    voice_activity: VoiceActivity | None = None
 
 
 # --- codecs (module-level, reused) ----------------------------------------------------

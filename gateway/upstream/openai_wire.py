@@ -31,6 +31,10 @@ import msgspec
 
 __all__ = [
     "UPSTREAM_EVENT_TYPES",
+    "AudioConfig",
+    "AudioFormat",
+    "AudioInput",
+    "AudioOutput",
     "ClientEvent",
     "ContentPart",
     "ConversationItemAdded",
@@ -41,6 +45,15 @@ __all__ = [
     "ConversationItemDone",
     "ErrorDetail",
     "ErrorEvent",
+    "FunctionTool",
+    "InputAudioBufferAppend",
+    "InputAudioBufferClear",
+    "InputAudioBufferCleared",
+    "InputAudioBufferCommit",
+    "InputAudioBufferCommitted",
+    "InputAudioBufferSpeechStarted",
+    "InputAudioBufferSpeechStopped",
+    "InputAudioTranscriptionCompleted",
     "InputTokenDetails",
     "Item",
     "OutputTokenDetails",
@@ -53,6 +66,12 @@ __all__ = [
     "ResponseCreate",
     "ResponseCreated",
     "ResponseDone",
+    "ResponseFunctionCallArgumentsDelta",
+    "ResponseFunctionCallArgumentsDone",
+    "ResponseOutputAudioDelta",
+    "ResponseOutputAudioDone",
+    "ResponseOutputAudioTranscriptDelta",
+    "ResponseOutputAudioTranscriptDone",
     "ResponseOutputItemAdded",
     "ResponseOutputItemDone",
     "ResponseOutputTextDelta",
@@ -66,6 +85,9 @@ __all__ = [
     "SessionUpdated",
     "StatusDetails",
     "StatusError",
+    "Transcription",
+    "TranscriptionUsage",
+    "TurnDetection",
     "UnknownEvent",
     "UpstreamServerEvent",
     "decode_client_event",
@@ -80,18 +102,21 @@ __all__ = [
 
 
 class ContentPart(msgspec.Struct, omit_defaults=True):
-    """One content part of a message item (``input_text``/``output_text``), or the
-    ``part`` of ``response.content_part.*`` (type ``text``)."""
+    """One content part of a message item (``input_text``/``output_text``,
+    ``input_audio``/``output_audio`` with a ``transcript``), or the ``part`` of
+    ``response.content_part.*`` (type ``text`` or ``audio``)."""
 
     type: str
     text: str | None = None
     transcript: str | None = None
+    audio: str | None = None
 
 
 class Item(msgspec.Struct, omit_defaults=True):
-    """A conversation item. We only create ``message`` items (give them a
-    ``content`` list, even an empty one: the API requires it); items of other
-    types (function calls, MCP) decode with ``role`` and ``content`` unset."""
+    """A conversation item: a ``message`` (give it a ``content`` list, even an
+    empty one: the API requires it), a ``function_call`` (``call_id``, ``name``,
+    ``arguments`` JSON text) or a ``function_call_output`` (``call_id``,
+    ``output``); other types (MCP) decode with what they share."""
 
     type: str
     id: str | None = None
@@ -99,6 +124,72 @@ class Item(msgspec.Struct, omit_defaults=True):
     status: str | None = None
     role: str | None = None
     content: list[ContentPart] | None = None
+    call_id: str | None = None
+    name: str | None = None
+    arguments: str | None = None
+    output: str | None = None
+
+
+class AudioFormat(msgspec.Struct, omit_defaults=True):
+    """``audio/pcm`` (PCM16, ``rate`` 24000 — the only rate), ``audio/pcmu``, ``audio/pcma``."""
+
+    type: str = "audio/pcm"
+    rate: int | None = None
+
+
+class TurnDetection(msgspec.Struct, omit_defaults=True):
+    """``server_vad`` (or ``semantic_vad``): the server detects speech, commits the
+    buffer when it ends and (``create_response``) answers; speech during a
+    response cancels it (``interrupt_response``). Send ``null`` to turn it off."""
+
+    type: str
+    threshold: float | None = None
+    prefix_padding_ms: int | None = None
+    silence_duration_ms: int | None = None
+    create_response: bool | None = None
+    interrupt_response: bool | None = None
+    idle_timeout_ms: int | None = None
+    eagerness: str | None = None
+
+
+class Transcription(msgspec.Struct, omit_defaults=True):
+    """Input transcription (off unless set): the ASR ``model`` and hints."""
+
+    model: str | None = None
+    language: str | None = None
+    prompt: str | None = None
+
+
+class AudioInput(msgspec.Struct, omit_defaults=True):
+    """``session.audio.input``. ``turn_detection`` UNSET keeps the server's
+    setting; ``None`` (sent as ``null``) turns detection off."""
+
+    format: AudioFormat | None = None
+    transcription: Transcription | None = None
+    turn_detection: TurnDetection | msgspec.UnsetType | None = msgspec.UNSET
+    noise_reduction: object | None = None
+
+
+class AudioOutput(msgspec.Struct, omit_defaults=True):
+    """``session.audio.output``: the ``voice`` (a name such as ``alloy``, ``marin``)."""
+
+    format: AudioFormat | None = None
+    voice: str | None = None
+    speed: float | None = None
+
+
+class AudioConfig(msgspec.Struct, omit_defaults=True):
+    input: AudioInput | None = None
+    output: AudioOutput | None = None
+
+
+class FunctionTool(msgspec.Struct, omit_defaults=True):
+    """A function the model may call (``session.tools``): JSON Schema ``parameters``."""
+
+    type: str = "function"
+    name: str | None = None
+    description: str | None = None
+    parameters: object | None = None
 
 
 class Session(msgspec.Struct, omit_defaults=True):
@@ -113,6 +204,9 @@ class Session(msgspec.Struct, omit_defaults=True):
     output_modalities: list[str] | None = None
     max_output_tokens: int | str | None = None
     expires_at: int | None = None
+    audio: AudioConfig | None = None
+    tools: list[FunctionTool] | None = None
+    tool_choice: str | None = None
 
 
 class ResponseParams(msgspec.Struct, omit_defaults=True):
@@ -219,12 +313,29 @@ class ResponseCancel(_ClientEvent, tag="response.cancel"):
     response_id: str | None = None
 
 
+class InputAudioBufferAppend(_ClientEvent, tag="input_audio_buffer.append"):
+    """``audio``: base64 PCM16 at the session's input rate (24 kHz)."""
+
+    audio: str
+
+
+class InputAudioBufferCommit(_ClientEvent, tag="input_audio_buffer.commit"):
+    pass
+
+
+class InputAudioBufferClear(_ClientEvent, tag="input_audio_buffer.clear"):
+    pass
+
+
 ClientEvent = (
     SessionUpdate
     | ConversationItemCreate
     | ConversationItemDelete
     | ResponseCreate
     | ResponseCancel
+    | InputAudioBufferAppend
+    | InputAudioBufferCommit
+    | InputAudioBufferClear
 )
 
 
@@ -317,6 +428,99 @@ class ResponseDone(_ServerEvent, tag="response.done"):
     response: Response
 
 
+class InputAudioBufferSpeechStarted(_ServerEvent, tag="input_audio_buffer.speech_started"):
+    """Server VAD heard speech begin ``audio_start_ms`` into the session's input audio."""
+
+    audio_start_ms: int
+    item_id: str
+
+
+class InputAudioBufferSpeechStopped(_ServerEvent, tag="input_audio_buffer.speech_stopped"):
+    audio_end_ms: int
+    item_id: str
+
+
+class InputAudioBufferCommitted(_ServerEvent, tag="input_audio_buffer.committed"):
+    item_id: str
+    previous_item_id: str | None = None
+
+
+class InputAudioBufferCleared(_ServerEvent, tag="input_audio_buffer.cleared"):
+    pass
+
+
+class TranscriptionUsage(msgspec.Struct):
+    """The usage of an input transcription (``duration``: ``seconds`` of audio)."""
+
+    type: str
+    seconds: float
+
+
+class InputAudioTranscriptionCompleted(
+    _ServerEvent, tag="conversation.item.input_audio_transcription.completed"
+):
+    item_id: str
+    content_index: int
+    transcript: str
+    usage: TranscriptionUsage | None = None
+
+
+class ResponseOutputAudioDelta(_ServerEvent, tag="response.output_audio.delta"):
+    """``delta``: base64 PCM16 at 24 kHz."""
+
+    response_id: str
+    delta: str
+    item_id: str = ""
+    output_index: int = 0
+    content_index: int = 0
+
+
+class ResponseOutputAudioDone(_ServerEvent, tag="response.output_audio.done"):
+    response_id: str
+    item_id: str
+    output_index: int
+    content_index: int
+
+
+class ResponseOutputAudioTranscriptDelta(
+    _ServerEvent, tag="response.output_audio_transcript.delta"
+):
+    response_id: str
+    delta: str
+    item_id: str = ""
+    output_index: int = 0
+    content_index: int = 0
+
+
+class ResponseOutputAudioTranscriptDone(_ServerEvent, tag="response.output_audio_transcript.done"):
+    response_id: str
+    item_id: str
+    output_index: int
+    content_index: int
+    transcript: str
+
+
+class ResponseFunctionCallArgumentsDelta(
+    _ServerEvent, tag="response.function_call_arguments.delta"
+):
+    response_id: str
+    item_id: str
+    output_index: int
+    call_id: str
+    delta: str
+
+
+class ResponseFunctionCallArgumentsDone(_ServerEvent, tag="response.function_call_arguments.done"):
+    """The whole call: the adapter reads ``call_id``, ``name`` and ``arguments``."""
+
+    response_id: str
+    item_id: str
+    output_index: int
+    call_id: str
+    name: str
+    arguments: str
+
+
 class ErrorEvent(_ServerEvent, tag="error"):
     error: ErrorDetail
 
@@ -342,9 +546,22 @@ ServerEvent = (
     | ResponseDone
     | ErrorEvent
     | RateLimitsUpdated
+    | InputAudioBufferSpeechStarted
+    | InputAudioBufferSpeechStopped
+    | InputAudioBufferCommitted
+    | InputAudioBufferCleared
+    | InputAudioTranscriptionCompleted
+    | ResponseOutputAudioDelta
+    | ResponseOutputAudioDone
+    | ResponseOutputAudioTranscriptDelta
+    | ResponseOutputAudioTranscriptDone
+    | ResponseFunctionCallArgumentsDelta
+    | ResponseFunctionCallArgumentsDone
 )
 
-# The server events the adapter acts on; every other type is skipped.
+# The server events the adapter acts on; every other type is skipped. The
+# voice events are in the same union: a tagged union costs one lookup
+# whatever its size, so the text deltas pay nothing for them.
 UpstreamServerEvent = (
     ResponseOutputTextDelta
     | ResponseCreated
@@ -352,6 +569,12 @@ UpstreamServerEvent = (
     | ResponseDone
     | ErrorEvent
     | SessionCreated
+    | ResponseOutputAudioDelta
+    | ResponseOutputAudioTranscriptDelta
+    | InputAudioBufferSpeechStarted
+    | InputAudioBufferSpeechStopped
+    | InputAudioTranscriptionCompleted
+    | ResponseFunctionCallArgumentsDone
 )
 
 UPSTREAM_EVENT_TYPES: Final[frozenset[str]] = frozenset(
@@ -362,6 +585,12 @@ UPSTREAM_EVENT_TYPES: Final[frozenset[str]] = frozenset(
         "response.done",
         "error",
         "session.created",
+        "response.output_audio.delta",
+        "response.output_audio_transcript.delta",
+        "input_audio_buffer.speech_started",
+        "input_audio_buffer.speech_stopped",
+        "conversation.item.input_audio_transcription.completed",
+        "response.function_call_arguments.done",
     }
 )
 

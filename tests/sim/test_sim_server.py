@@ -63,7 +63,7 @@ async def test_bad_frames_get_errors_and_the_connection_stays(ws: ClientConnecti
     assert error["error"]["type"] == "invalid_request_error"
     assert error["error"]["code"] == "invalid_json"
 
-    await send(ws, {"type": "input_audio_buffer.append", "event_id": "c1", "audio": ""})
+    await send(ws, {"type": "output_audio_buffer.clear", "event_id": "c1"})
     error = await receive(ws)
     assert error["error"]["param"] == "type"
     assert error["error"]["event_id"] == "c1"

@@ -1,0 +1,126 @@
+"""The simulator's voice activity detector: loudness over time, nothing cleverer.
+
+Speech starts when 20 ms frames stay louder than a threshold (RMS of the
+PCM16 samples) for ``min_speech_ms``; it stops after ``silence_ms`` of quieter
+frames. Deterministic and sans-I/O: ``Vad.feed`` takes audio in any chunking
+and returns what it detected, with offsets in milliseconds of all audio fed
+(so a test that streams a 1.2 s tone between silences gets the same events
+however it cuts the stream). Both providers' simulated server VAD run it.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import msgspec
+
+from gateway.upstream.audio import SAMPLE_WIDTH, rms
+
+__all__ = ["FRAME_MS", "Vad", "VadStart", "VadStop", "speech_ms"]
+
+FRAME_MS: Final = 20
+
+
+class VadStart(msgspec.Struct, frozen=True):
+    """Speech began ``offset_ms`` into the audio (the start of its first loud frame)."""
+
+    offset_ms: int
+
+
+class VadStop(msgspec.Struct, frozen=True):
+    """Speech ended: detected at ``offset_ms`` (after the silence), ``speech_ms`` long."""
+
+    offset_ms: int
+    speech_ms: int
+
+
+class Vad:
+    """Energy-based speech detection over one PCM16 stream at ``rate``."""
+
+    __slots__ = (
+        "_frame_bytes",
+        "_loud_run",
+        "_min_speech",
+        "_pending",
+        "_quiet_run",
+        "_silence",
+        "frames",
+        "last_loud_end",
+        "rate",
+        "speaking",
+        "start_frame",
+        "threshold",
+    )
+
+    def __init__(
+        self, rate: int, *, threshold: float, min_speech_ms: int = 100, silence_ms: int = 500
+    ) -> None:
+        self.rate = rate
+        self._frame_bytes = rate * FRAME_MS // 1000 * SAMPLE_WIDTH
+        self.threshold = threshold
+        self._min_speech = max(1, -(-min_speech_ms // FRAME_MS))
+        self._silence = max(1, -(-silence_ms // FRAME_MS))
+        self._pending = bytearray()
+        self.frames = 0  # frames analysed so far
+        self.speaking = False
+        self._loud_run = 0
+        self._quiet_run = 0
+        self.start_frame = 0
+        self.last_loud_end = 0  # frame number after the last loud frame
+
+    def feed(self, pcm16: bytes) -> list[VadStart | VadStop]:
+        """Analyse ``pcm16`` (any length); the events it completed, in order."""
+        self._pending += pcm16
+        size = self._frame_bytes
+        events: list[VadStart | VadStop] = []
+        view = memoryview(self._pending)
+        at = 0
+        while len(view) - at >= size:
+            loud = rms(view[at : at + size]) > self.threshold
+            at += size
+            self._frame(loud, events)
+        view.release()
+        del self._pending[:at]
+        return events
+
+    def _frame(self, loud: bool, events: list[VadStart | VadStop]) -> None:
+        self.frames += 1
+        if loud:
+            self._loud_run += 1
+            self._quiet_run = 0
+            self.last_loud_end = self.frames
+            if not self.speaking and self._loud_run >= self._min_speech:
+                self.speaking = True
+                self.start_frame = self.frames - self._loud_run
+                events.append(VadStart(self.start_frame * FRAME_MS))
+            return
+        self._loud_run = 0
+        if self.speaking:
+            self._quiet_run += 1
+            if self._quiet_run >= self._silence:
+                self.speaking = False
+                self._quiet_run = 0
+                speech = (self.last_loud_end - self.start_frame) * FRAME_MS
+                events.append(VadStop(self.frames * FRAME_MS, speech))
+
+    def reset(self) -> None:
+        """Forget any speech in progress (the buffer was committed or cleared); offsets go on."""
+        self._pending.clear()
+        self.speaking = False
+        self._loud_run = 0
+        self._quiet_run = 0
+
+
+def speech_ms(pcm16: bytes, rate: int, *, threshold: float) -> int:
+    """Milliseconds from the first loud frame of ``pcm16`` to the end of its last one.
+
+    What a manually committed buffer (no server VAD) is heard as; 0 if it holds no speech.
+    """
+    size = rate * FRAME_MS // 1000 * SAMPLE_WIDTH
+    first = last = -1
+    for index in range(len(pcm16) // size):
+        if rms(pcm16[index * size : (index + 1) * size]) > threshold:
+            if first < 0:
+                first = index
+            last = index
+    return 0 if first < 0 else (last + 1 - first) * FRAME_MS

@@ -1,0 +1,123 @@
+"""PCM16 helpers for voice: resampling, loudness, test signals, WAV files.
+
+Every audio buffer in the gateway is raw PCM16: signed 16-bit little-endian
+samples, mono, at a rate carried beside it (the providers' wire format: OpenAI
+Realtime takes and gives 24 kHz, Gemini Live takes 16 kHz and gives 24 kHz).
+``bytes`` rather than arrays at the seams, so a frame can go from a client
+socket to a provider (base64) with no conversion when the rates agree.
+
+Resampling is ``soxr`` (libsoxr, the SoX resampler): a ``Resampler`` keeps the
+filter state between chunks, so a stream resampled chunk by chunk equals the
+stream resampled whole (no clicks at chunk edges), and one 20 ms chunk costs a
+few microseconds (``tests/bench/voice_bench.py`` prints the figure).
+"""
+
+from __future__ import annotations
+
+import wave
+from pathlib import Path
+from typing import Final
+
+import numpy as np
+import soxr
+
+__all__ = [
+    "SAMPLE_WIDTH",
+    "Resampler",
+    "duration_ms",
+    "read_wav",
+    "rms",
+    "silence",
+    "tone",
+]
+
+SAMPLE_WIDTH: Final = 2  # bytes per PCM16 sample
+
+_INT16: Final = np.dtype("<i2")
+
+
+def duration_ms(pcm16: bytes | bytearray | memoryview, rate: int) -> float:
+    """How long ``pcm16`` plays at ``rate`` samples per second, in milliseconds."""
+    return len(pcm16) // SAMPLE_WIDTH * 1000.0 / rate
+
+
+def rms(pcm16: bytes | bytearray | memoryview) -> float:
+    """Root mean square of the samples (0 for silence, 32767 at most): the loudness a VAD uses."""
+    samples = np.frombuffer(pcm16, dtype=_INT16, count=len(pcm16) // SAMPLE_WIDTH)
+    if not samples.size:
+        return 0.0
+    values = samples.astype(np.float64)
+    return float(np.sqrt(np.dot(values, values) / samples.size))
+
+
+def tone(duration_s: float, rate: int, *, frequency: float = 440.0, amplitude: int = 8000) -> bytes:
+    """A sine tone: the simulator's "voice", and the tests' "speech"."""
+    count = round(duration_s * rate)
+    phase = 2.0 * np.pi * frequency * np.arange(count) / rate
+    return (np.sin(phase) * amplitude).astype(_INT16).tobytes()
+
+
+def silence(duration_s: float, rate: int) -> bytes:
+    """``duration_s`` seconds of zero samples."""
+    return bytes(round(duration_s * rate) * SAMPLE_WIDTH)
+
+
+class Resampler:
+    """Streaming PCM16 rate conversion (one per audio stream: it keeps filter state).
+
+    ``Resampler(48000, 24000).push(chunk)`` returns the chunk at the new rate;
+    ``flush()`` returns what the filter still holds at the end of a stream.
+    The same rate in and out is a pass-through that copies nothing.
+    """
+
+    __slots__ = ("_stream", "in_rate", "out_rate")
+
+    def __init__(self, in_rate: int, out_rate: int, *, quality: str = "HQ") -> None:
+        if in_rate <= 0 or out_rate <= 0:
+            raise ValueError(f"sample rates must be positive, got {in_rate} -> {out_rate}")
+        self.in_rate = in_rate
+        self.out_rate = out_rate
+        self._stream = (
+            None
+            if in_rate == out_rate
+            else soxr.ResampleStream(in_rate, out_rate, 1, dtype="int16", quality=quality)
+        )
+
+    def push(self, pcm16: bytes) -> bytes:
+        """``pcm16`` at ``out_rate`` (possibly a few samples short: the filter's delay)."""
+        stream = self._stream
+        if stream is None:
+            return pcm16
+        if len(pcm16) % SAMPLE_WIDTH:
+            raise ValueError("PCM16 audio has an even number of bytes; got an odd chunk")
+        samples = np.frombuffer(pcm16, dtype=_INT16)
+        out: np.ndarray = stream.resample_chunk(samples, last=False)
+        return out.tobytes()
+
+    def flush(self) -> bytes:
+        """The samples the filter still holds (call once, at the end of the stream)."""
+        stream = self._stream
+        if stream is None:
+            return b""
+        out: np.ndarray = stream.resample_chunk(np.zeros(0, dtype=_INT16), last=True)
+        return out.tobytes()
+
+
+def read_wav(path: str | Path) -> tuple[bytes, int]:
+    """A WAV file's audio as mono PCM16 and its rate.
+
+    Stereo (or more) is mixed down to mono; only 16-bit PCM files are read —
+    convert others first (e.g. ``sox in.wav -b 16 out.wav``).
+    """
+    with wave.open(str(path), "rb") as wav:
+        width, channels, rate = wav.getsampwidth(), wav.getnchannels(), wav.getframerate()
+        if width != SAMPLE_WIDTH or wav.getcomptype() != "NONE":
+            raise ValueError(
+                f"{path}: only 16-bit PCM WAV files are read (this one has {8 * width}-bit "
+                f"samples, compression {wav.getcomptype()!r}); convert it to 16-bit PCM first"
+            )
+        data = wav.readframes(wav.getnframes())
+    if channels > 1:
+        frames = np.frombuffer(data, dtype=_INT16).reshape(-1, channels)
+        data = frames.mean(axis=1).round().astype(_INT16).tobytes()
+    return data, rate

@@ -45,8 +45,6 @@ sleep that paces it.
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import itertools
 import logging
 from typing import Final
@@ -681,7 +679,7 @@ class _Connection(SimConnection):
             )
             return
         if response.audio:
-            audio = base64.b64encode(voice_audio(len(chunk), self.sim.config)).decode()
+            audio = voice_audio(len(chunk), self.sim.config)
             await self._send(
                 wire.ResponseOutputAudioDelta(
                     event_id=self._eid(),
@@ -874,16 +872,7 @@ class _Connection(SimConnection):
         return None if isinstance(detection, msgspec.UnsetType) else detection
 
     async def _audio_append(self, event: wire.InputAudioBufferAppend) -> None:
-        try:
-            pcm = base64.b64decode(event.audio, validate=True)
-        except (binascii.Error, ValueError):
-            await self._error(
-                "Invalid 'audio'. Expected base64-encoded PCM16 audio (24 kHz mono).",
-                code="invalid_value",
-                param="audio",
-                event_id=event.event_id,
-            )
-            return
+        pcm = event.audio
         detection = self._turn_detection()
         if detection is None:
             self.buffer += pcm

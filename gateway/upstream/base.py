@@ -3,16 +3,25 @@
 The session loop drives one adapter per session and reads its events with
 ``recv()`` from a single task: no reader task, no queue between the socket and
 the parser, so a token costs one decode and one parser feed. Adapters translate
-their provider's wire events into the four ``UpstreamEvent`` kinds below and
+their provider's wire events into the ``UpstreamEvent`` kinds below and
 nothing else; provider details (item ids, event ids, setup handshakes) stay
 inside the adapter.
+
+Voice is opt-in per session: ``open(..., voice=VoiceConfig(...))``. Only then
+do the voice events appear (a text session sees exactly the three kinds it
+always did: ``TextDelta``, ``ResponseDone``, ``UpstreamError``), and only then
+may ``send_audio``, ``commit_audio`` and ``send_function_output`` be called.
+In a voice session a response may start without ``start_response`` (the
+provider's VAD heard the user stop): ``ResponseStarted`` announces it. Audio
+crosses this seam as PCM16 bytes (mono, little-endian) with its rate; base64
+and resampling stay inside the adapters.
 """
 
 from __future__ import annotations
 
 import abc
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 
@@ -21,13 +30,24 @@ from protocol.events import Usage
 
 __all__ = [
     "AdapterFactory",
+    "AudioDelta",
+    "AudioIn",
+    "AudioOut",
+    "FunctionCall",
+    "FunctionTool",
+    "InputTranscript",
+    "OutputTranscriptDelta",
     "ResponseDone",
+    "ResponseStarted",
+    "SpeechStarted",
+    "SpeechStopped",
     "TextDelta",
     "Upstream",
     "UpstreamClosed",
     "UpstreamError",
     "UpstreamEvent",
     "UpstreamFactory",
+    "VoiceConfig",
 ]
 
 
@@ -59,7 +79,124 @@ class UpstreamError(msgspec.Struct, frozen=True):
     message: str
 
 
-UpstreamEvent = TextDelta | ResponseDone | UpstreamError
+class SpeechStarted(msgspec.Struct, frozen=True):
+    """The provider's VAD heard the user start speaking, ``offset_ms`` into the
+    audio sent on this connection. With ``AudioIn.interrupt_response`` a
+    running response is being cancelled (barge-in): its ``ResponseDone``
+    (``cancelled``) follows. A client playing the answer should stop now."""
+
+    offset_ms: int
+
+
+class SpeechStopped(msgspec.Struct, frozen=True):
+    """The provider's VAD heard the user stop, ``offset_ms`` into the audio sent.
+    The speech is a user turn now; an ``InputTranscript`` and (server VAD) a
+    ``ResponseStarted`` follow."""
+
+    offset_ms: int
+
+
+class InputTranscript(msgspec.Struct, frozen=True):
+    """What the user said, as text: once per spoken turn (with ``AudioIn.transcription``).
+
+    OpenAI transcribes asynchronously, so it may come after ``ResponseStarted``.
+    """
+
+    text: str
+
+
+class ResponseStarted(msgspec.Struct, frozen=True):
+    """A response began that the session did not ask for (server VAD answers the user)."""
+
+
+class AudioDelta(msgspec.Struct, frozen=True):
+    """A piece of the model's spoken answer: PCM16 mono at ``rate`` Hz."""
+
+    pcm16: bytes
+    rate: int
+
+
+class OutputTranscriptDelta(msgspec.Struct, frozen=True):
+    """A piece of the text of the model's spoken answer (it comes with the ``AudioDelta``s)."""
+
+    text: str
+
+
+class FunctionCall(msgspec.Struct, frozen=True):
+    """The model calls a declared function; ``arguments`` is JSON text (an object).
+
+    Its response then ends (``ResponseDone``); answer every call with
+    ``send_function_output(call_id, output)``, then call ``start_response()``.
+    """
+
+    call_id: str
+    name: str
+    arguments: str
+
+
+UpstreamEvent = (
+    TextDelta
+    | ResponseDone
+    | UpstreamError
+    | SpeechStarted
+    | SpeechStopped
+    | InputTranscript
+    | ResponseStarted
+    | AudioDelta
+    | OutputTranscriptDelta
+    | FunctionCall
+)
+
+
+class AudioIn(msgspec.Struct, frozen=True, kw_only=True):
+    """Audio from the user.
+
+    - ``rate``: Hz of the PCM16 given to ``send_audio``; the adapter resamples
+      to the provider's (OpenAI 24 kHz, Gemini 16 kHz) when it differs.
+    - ``turn_detection``: ``server_vad`` (the provider hears when the user
+      stops and answers by itself) or ``none`` (the session ends the user's
+      turn with ``commit_audio``).
+    - ``transcription``: send ``InputTranscript`` events.
+    - ``interrupt_response``: speech cancels a running response (barge-in;
+      Gemini always does).
+    """
+
+    rate: int = 24000
+    turn_detection: Literal["server_vad", "none"] = "server_vad"
+    transcription: bool = True
+    interrupt_response: bool = True
+
+
+class AudioOut(msgspec.Struct, frozen=True, kw_only=True):
+    """Spoken answers: ``AudioDelta`` + ``OutputTranscriptDelta`` instead of ``TextDelta``.
+
+    ``voice``: the provider's voice name (OpenAI ``alloy``, ``marin``…; Gemini
+    ``Puck``, ``Kore``…); ``""`` keeps the provider's default.
+    """
+
+    voice: str = ""
+
+
+class FunctionTool(msgspec.Struct, frozen=True, kw_only=True):
+    """A function the model may call natively; ``parameters`` is a JSON Schema object."""
+
+    name: str
+    description: str = ""
+    parameters: dict[str, Any] = msgspec.field(default_factory=dict)
+
+
+class VoiceConfig(msgspec.Struct, frozen=True, kw_only=True):
+    """A voice session's configuration, given to ``Upstream.open``.
+
+    ``audio_in`` ``None``: the user types; ``audio_out`` ``None``: the model
+    writes text (the text protocol, parsed as ever). ``tools`` are declared
+    natively (``FunctionCall`` events): meant for ``audio_out``, where the
+    model cannot speak the text protocol's markers.
+    """
+
+    audio_in: AudioIn | None = None
+    audio_out: AudioOut | None = None
+    tools: tuple[FunctionTool, ...] = ()
 
 
 class UpstreamClosed(Exception):
@@ -79,9 +216,16 @@ class Upstream(abc.ABC):
     provider: str = "upstream"
 
     @abc.abstractmethod
-    async def open(self, instructions: str, history: Sequence[Message]) -> None:
-        """Connect, configure text output with ``instructions``, and load ``history``.
+    async def open(
+        self,
+        instructions: str,
+        history: Sequence[Message],
+        *,
+        voice: VoiceConfig | None = None,
+    ) -> None:
+        """Connect, configure output with ``instructions``, and load ``history``.
 
+        Text in and out unless ``voice`` says otherwise (see ``VoiceConfig``).
         Raises ``UpstreamClosed`` when the provider cannot be reached or refuses.
         """
 
@@ -105,6 +249,22 @@ class Upstream(abc.ABC):
         past the marker before the cancel arrived, and that overrun must not stay
         in its context. ``text`` is what the parser accepted, re-assembled.
         """
+
+    @abc.abstractmethod
+    async def send_audio(self, pcm16: bytes) -> None:
+        """Stream the user's audio: PCM16 mono at ``AudioIn.rate``, chunks of any
+        size (20–100 ms is typical). Needs ``VoiceConfig.audio_in``."""
+
+    @abc.abstractmethod
+    async def commit_audio(self) -> None:
+        """End the user's spoken turn (turn detection ``none``) and ask for the answer.
+
+        The response follows as after ``start_response`` (call one of them, not both).
+        """
+
+    @abc.abstractmethod
+    async def send_function_output(self, call_id: str, output: str) -> None:
+        """Answer a ``FunctionCall``; after the last answer ``start_response()`` goes on."""
 
     @abc.abstractmethod
     async def recv(self) -> UpstreamEvent:

@@ -61,6 +61,24 @@ sees the close. If the server closes mid-turn, ``recv`` raises
 ``UpstreamClosed`` (its reason names the ``goAway``), and the session reruns
 the step from history.
 
+**Voice** (``open(..., voice=VoiceConfig(...))``). ``setup`` asks for
+``AUDIO`` output with the voice in ``speechConfig``, input and output
+transcription, ``functionDeclarations`` for the tools, and either the
+server's VAD with ``explicitVadSignal`` (so ``voiceActivity`` gives
+``SpeechStarted``/``SpeechStopped``) or ``automaticActivityDetection``
+disabled, where ``send_audio`` opens the user's turn with ``activityStart``
+and ``commit_audio`` closes it with ``activityEnd`` (the model then
+answers). Audio goes out as ``realtimeInput.audio`` at 16 kHz (resampled
+with soxr when the client's rate differs). A model turn that begins
+without a request (the server heard the user stop) is announced with
+``ResponseStarted``. ``toolCall`` ends the response with a ``FunctionCall``
+per call and ``ResponseDone``; ``send_function_output`` collects the
+outputs and ``start_response`` sends them as one ``toolResponse``, after
+which the model goes on by itself. In a voice session an ``interrupted``
+turn (barge-in) is normal and costs no reconnect: the audio the server
+heard cannot be replayed anyway, so the transcript (input transcripts as
+user turns, the model's words) is only a fallback for a lost connection.
+
 **Errors.** Gemini reports errors by closing the WebSocket with a code and
 the error text as reason (1007 "API key not valid…", 1008 "models/… is not
 found…"); ``UpstreamClosed`` carries that text plus what to do. A frame that
@@ -74,6 +92,7 @@ import collections
 import contextlib
 import logging
 import os
+import re
 from collections.abc import Sequence
 from typing import Any, Final
 
@@ -83,14 +102,23 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.frames import Close
 
 from gateway.upstream import gemini_wire as wire
+from gateway.upstream.audio import Resampler
 from gateway.upstream.base import (
     AdapterFactory,
+    AudioDelta,
+    FunctionCall,
+    InputTranscript,
+    OutputTranscriptDelta,
     ResponseDone,
+    ResponseStarted,
+    SpeechStarted,
+    SpeechStopped,
     TextDelta,
     Upstream,
     UpstreamClosed,
     UpstreamError,
     UpstreamEvent,
+    VoiceConfig,
 )
 from gateway.upstream.dial import dial
 from protocol.assembly import Message
@@ -112,6 +140,26 @@ DEFAULT_BASE_URL: Final = "wss://generativelanguage.googleapis.com"
 DEFAULT_API_VERSION: Final = "v1beta"
 # A half-cascade Live model: it can answer in TEXT (audio-native ones cannot).
 DEFAULT_MODEL: Final = "gemini-live-2.5-flash-preview"
+
+
+# The Live API's audio rates (PCM16 mono): what it hears and how it speaks.
+INPUT_RATE: Final = 16000
+OUTPUT_RATE: Final = 24000
+_INPUT_MIME: Final = f"audio/pcm;rate={INPUT_RATE}"
+_RATE: Final = re.compile(r"rate=(\d+)")
+
+
+def _offset_ms(duration: str | None) -> int:
+    """A protobuf Duration (``"1.200s"``) in milliseconds (0 if absent or unreadable)."""
+    try:
+        return round(float((duration or "0s").removesuffix("s")) * 1000)
+    except ValueError:
+        return 0
+
+
+def _rate(mime_type: str | None) -> int:
+    match = _RATE.search(mime_type or "")
+    return int(match.group(1)) if match else OUTPUT_RATE
 
 
 # Where the current model turn is.
@@ -217,6 +265,14 @@ class GeminiLive(Upstream):
         self._reply_at = 0
         self._reply_index: int | None = None
         self._reply_on_server = False
+        # Voice (see the module docstring).
+        self._voice: VoiceConfig | None = None
+        self._resampler: Resampler | None = None
+        self._manual_activity = False  # activityStart/End bracket the user's speech
+        self._activity_open = False
+        self._heard: list[str] = []  # input transcription pieces of the current user turn
+        self._calls: dict[str, str] = {}  # call id -> function name, until answered
+        self._outputs: list[wire.FunctionResponse] = []
 
     @property
     def url(self) -> str:
@@ -232,10 +288,20 @@ class GeminiLive(Upstream):
 
     # --- lifecycle --------------------------------------------------------------
 
-    async def open(self, instructions: str, history: Sequence[Message]) -> None:
+    async def open(
+        self,
+        instructions: str,
+        history: Sequence[Message],
+        *,
+        voice: VoiceConfig | None = None,
+    ) -> None:
         if self._opened or self._closed:
             raise RuntimeError("a GeminiLive is opened once; make a new one to reconnect")
         self._opened = True
+        self._voice = voice
+        if voice is not None and voice.audio_in is not None:
+            self._resampler = Resampler(voice.audio_in.rate, INPUT_RATE)
+            self._manual_activity = voice.audio_in.turn_detection == "none"
         self._instructions = instructions
         # Empty messages are left out: the API refuses an empty text part.
         self._transcript = [_turn(message) for message in history if message.content]
@@ -272,11 +338,7 @@ class GeminiLive(Upstream):
             instruction = (
                 wire.text_content(None, self._instructions) if self._instructions else None
             )
-            setup = wire.Setup(
-                model=self.model_name,
-                generation_config=wire.GenerationConfig(response_modalities=["TEXT"]),
-                system_instruction=instruction,
-            )
+            setup = self._setup(instruction)
             await self._send(ws, wire.ClientMessage(setup=setup))
             try:
                 async with asyncio.timeout(self.open_timeout):
@@ -295,6 +357,54 @@ class GeminiLive(Upstream):
         self._queued.clear()
         self._reply_on_server = False
         return ws
+
+    def _setup(self, instruction: wire.Content | None) -> wire.Setup:
+        voice = self._voice
+        if voice is None:
+            return wire.Setup(
+                model=self.model_name,
+                generation_config=wire.GenerationConfig(response_modalities=["TEXT"]),
+                system_instruction=instruction,
+            )
+        audio_in, audio_out = voice.audio_in, voice.audio_out
+        speech = None
+        if audio_out is not None and audio_out.voice:
+            speech = wire.SpeechConfig(
+                voice_config=wire.VoiceConfig(
+                    prebuilt_voice_config=wire.PrebuiltVoiceConfig(voice_name=audio_out.voice)
+                )
+            )
+        declarations = [
+            wire.FunctionDeclaration(
+                name=tool.name,
+                description=tool.description or None,
+                parameters_json_schema=tool.parameters or {"type": "object"},
+            )
+            for tool in voice.tools
+        ]
+        return wire.Setup(
+            model=self.model_name,
+            generation_config=wire.GenerationConfig(
+                response_modalities=["AUDIO" if audio_out is not None else "TEXT"],
+                speech_config=speech,
+            ),
+            system_instruction=instruction,
+            tools=[wire.Tool(function_declarations=declarations)] if declarations else None,
+            realtime_input_config=(
+                wire.RealtimeInputConfig(
+                    automatic_activity_detection=wire.AutomaticActivityDetection(disabled=True)
+                )
+                if self._manual_activity
+                else None
+            ),
+            input_audio_transcription=(
+                {} if audio_in is not None and audio_in.transcription else None
+            ),
+            output_audio_transcription={} if audio_out is not None else None,
+            explicit_vad_signal=True
+            if audio_in is not None and not self._manual_activity
+            else None,
+        )
 
     async def _await_setup_complete(self, ws: ClientConnection) -> None:
         while True:
@@ -371,15 +481,56 @@ class GeminiLive(Upstream):
             )
             return
         ws = await self._ready()
+        if self._outputs:
+            outputs, self._outputs = self._outputs, []
+            self._begin_turn()
+            response = wire.ToolResponse(function_responses=outputs)
+            await self._send(ws, wire.ClientMessage(tool_response=response))
+            return
         pending = self._transcript[self._sent :]
+        self._begin_turn()
+        content = wire.ClientContent(turns=pending or None, turn_complete=True)
+        await self._send(ws, wire.ClientMessage(client_content=content))
+        self._sent = self._reply_at = len(self._transcript)
+
+    def _begin_turn(self) -> None:
+        """A model turn starts: its text and usage are collected from here."""
         self._state = _RUNNING
         self._text = []
         self._usage = None
         self._reply_index = None
         self._reply_on_server = False
-        content = wire.ClientContent(turns=pending or None, turn_complete=True)
-        await self._send(ws, wire.ClientMessage(client_content=content))
-        self._sent = self._reply_at = len(self._transcript)
+        self._reply_at = len(self._transcript)
+
+    async def send_audio(self, pcm16: bytes) -> None:
+        resampler = self._resampler
+        if resampler is None:
+            raise RuntimeError(
+                "send_audio needs a voice session: open(..., voice=VoiceConfig(audio_in=...))"
+            )
+        ws = await self._ready()
+        if self._manual_activity and not self._activity_open:
+            self._activity_open = True
+            start = wire.RealtimeInput(activity_start=wire.ActivityMarker())
+            await self._send(ws, wire.ClientMessage(realtime_input=start))
+        blob = wire.Blob(mime_type=_INPUT_MIME, data=resampler.push(pcm16))
+        await self._send(ws, wire.ClientMessage(realtime_input=wire.RealtimeInput(audio=blob)))
+
+    async def commit_audio(self) -> None:
+        ws = await self._ready()
+        if not self._activity_open:
+            start = wire.RealtimeInput(activity_start=wire.ActivityMarker())
+            await self._send(ws, wire.ClientMessage(realtime_input=start))
+        self._activity_open = False
+        self._begin_turn()
+        end = wire.RealtimeInput(activity_end=wire.ActivityMarker())
+        await self._send(ws, wire.ClientMessage(realtime_input=end))
+
+    async def send_function_output(self, call_id: str, output: str) -> None:
+        name = self._calls.pop(call_id, None)
+        self._outputs.append(
+            wire.FunctionResponse(id=call_id, name=name, response={"output": output})
+        )
 
     async def cancel_response(self) -> None:
         if self._state != _RUNNING:
@@ -474,8 +625,12 @@ class GeminiLive(Upstream):
             if part.text and not part.thought:
                 self._text.append(part.text)
                 return TextDelta(part.text)
-            return None
+            if part.inline_data is None and content.output_transcription is None:
+                return None
+            # Spoken output: the general path below.
         events: list[UpstreamEvent] = []
+        if self._voice is not None:
+            self._voice_events(message, events)
         usage = message.usage_metadata
         if usage is not None and self._state in (_RUNNING, _CANCELLING):
             prompt = usage.prompt_token_count or 0
@@ -499,9 +654,62 @@ class GeminiLive(Upstream):
         self._queued.extend(events[1:])
         return events[0]
 
+    def _voice_events(self, message: wire.ServerMessage, events: list[UpstreamEvent]) -> None:
+        """What a voice session hears besides model text: VAD, transcripts, turns, calls."""
+        activity = message.voice_activity
+        if activity is not None:
+            offset = _offset_ms(activity.audio_offset)
+            if activity.voice_activity_type == "ACTIVITY_START":
+                events.append(SpeechStarted(offset))
+            elif activity.voice_activity_type == "ACTIVITY_END":
+                events.append(SpeechStopped(offset))
+        content = message.server_content
+        if content is not None and content.input_transcription is not None:
+            piece = content.input_transcription
+            if piece.text:
+                self._heard.append(piece.text)
+            if piece.finished:
+                self._flush_heard(events)
+        model_output = content is not None and (
+            content.model_turn is not None or content.output_transcription is not None
+        )
+        if (model_output or message.tool_call is not None) and self._state == _IDLE:
+            # The server answers the user by itself (its VAD heard the end of speech).
+            self._flush_heard(events)
+            self._begin_turn()
+            events.append(ResponseStarted())
+        if content is not None and content.output_transcription is not None:
+            text = content.output_transcription.text
+            if text and self._state == _RUNNING:
+                self._text.append(text)
+                events.append(OutputTranscriptDelta(text))
+        if message.tool_call is not None and self._state == _RUNNING:
+            for call in message.tool_call.function_calls or ():
+                call_id = call.id or ""
+                self._calls[call_id] = call.name or ""
+                arguments = msgspec.json.encode(call.args or {}).decode()
+                events.append(FunctionCall(call_id, call.name or "", arguments))
+            self._end_turn(clean=True)
+            events.append(ResponseDone(status="completed", usage=self._usage))
+
+    def _flush_heard(self, events: list[UpstreamEvent]) -> None:
+        """The user's spoken turn, heard whole: an ``InputTranscript``, a transcript turn."""
+        if not self._heard:
+            return
+        text, self._heard = "".join(self._heard), []
+        events.append(InputTranscript(text))
+        held = self._sent == len(self._transcript)
+        self._transcript.append(wire.text_content("user", text))
+        if held:
+            self._sent += 1  # the server heard it: it holds this turn
+
     def _content(self, content: wire.ServerContent, events: list[UpstreamEvent]) -> None:
         if content.model_turn is not None:
             for part in content.model_turn.parts:
+                blob = part.inline_data
+                if blob is not None and blob.data and self._state == _RUNNING:
+                    events.append(AudioDelta(blob.data, _rate(blob.mime_type)))
+                    continue
                 text = part.text
                 if not text or part.thought:
                     continue  # non-text parts and thought summaries are not output
@@ -512,9 +720,11 @@ class GeminiLive(Upstream):
                     # The rest of the frame's parts are ignored: the turn is stale now.
                     events.append(self._abandon("the model wrote past the point it was stopped at"))
         if content.interrupted:
+            # In a voice session interruptions are barge-in: no reconnect (see the docstring).
+            voice = self._voice is not None
             if self._state in (_RUNNING, _CANCELLING):
                 usage, estimated = self._turn_usage()
-                self._end_turn(clean=False)
+                self._end_turn(clean=voice)
                 events.append(
                     ResponseDone(
                         status="cancelled",
@@ -524,7 +734,7 @@ class GeminiLive(Upstream):
                     )
                 )
             self._state = _IDLE
-            self._dirty = True
+            self._dirty = self._dirty or not voice
         elif content.turn_complete:
             if self._state in (_RUNNING, _CANCELLING):
                 usage, estimated = self._turn_usage()

@@ -83,7 +83,7 @@ class Blob(msgspec.Struct, omit_defaults=True, rename="camel"):
     """Inline media: ``data`` base64, ``mimeType`` e.g. ``audio/pcm;rate=16000``."""
 
     mime_type: str | None = None
-    data: str | None = None
+    data: bytes | None = None  # base64 on the wire
 
 
 class Part(msgspec.Struct, omit_defaults=True, rename="camel"):

@@ -14,6 +14,16 @@ What the adapter keeps of the provider's state, and why:
 - the output item ids of that response, so ``replace_response`` can delete
   them and put the text the parser accepted in their place.
 
+Voice (``open(..., voice=VoiceConfig(...))``): the session is configured
+with ``audio.input`` (PCM16 24 kHz, ``server_vad`` or ``turn_detection:
+null``, transcription), ``audio.output.voice`` and ``output_modalities:
+["audio"]``, and ``tools``. ``send_audio`` resamples to 24 kHz when the
+client's rate differs and appends to the input buffer (base64 by msgspec);
+``commit_audio`` commits it and asks for the response. With server VAD the
+API starts responses itself: a ``response.created`` nobody asked for
+becomes the current response (``ResponseStarted``), and a barge-in ends it
+with ``response.done`` ``cancelled`` (``turn_detected``).
+
 Client events are pipelined: nothing waits for a per-item acknowledgement.
 An ``error`` the provider sends later comes out of ``recv()`` as an
 ``UpstreamError`` (except ``response_cancel_not_active``: a cancel that raced
@@ -36,14 +46,23 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.frames import Close
 
 from gateway.upstream import openai_wire as wire
+from gateway.upstream.audio import Resampler
 from gateway.upstream.base import (
     AdapterFactory,
+    AudioDelta,
+    FunctionCall,
+    InputTranscript,
+    OutputTranscriptDelta,
     ResponseDone,
+    ResponseStarted,
+    SpeechStarted,
+    SpeechStopped,
     TextDelta,
     Upstream,
     UpstreamClosed,
     UpstreamError,
     UpstreamEvent,
+    VoiceConfig,
 )
 from gateway.upstream.dial import dial
 from protocol.assembly import Message
@@ -61,6 +80,10 @@ _HARMLESS_ERRORS: Final = frozenset({"response_cancel_not_active"})
 
 _ACTIVE_RESPONSE: Final = "conversation_already_has_active_response"
 
+# The API's audio rate, in and out (PCM16 mono).
+AUDIO_RATE: Final = 24000
+DEFAULT_TRANSCRIPTION_MODEL: Final = "gpt-4o-mini-transcribe"
+
 
 def _content_type(role: str) -> str:
     return "output_text" if role == "assistant" else "input_text"
@@ -71,6 +94,48 @@ def _message_item(message: Message) -> wire.Item:
         type="message",
         role=message.role,
         content=[wire.ContentPart(type=_content_type(message.role), text=message.content)],
+    )
+
+
+def _voice_session(
+    instructions: str, voice: VoiceConfig | None, transcription_model: str
+) -> wire.Session:
+    """The ``session.update`` of a session (text unless ``voice`` says otherwise)."""
+    if voice is None:
+        return wire.Session(type="realtime", instructions=instructions, output_modalities=["text"])
+    audio_in = audio_out = None
+    if voice.audio_in is not None:
+        given = voice.audio_in
+        audio_in = wire.AudioInput(
+            format=wire.AudioFormat(type="audio/pcm", rate=AUDIO_RATE),
+            transcription=(
+                wire.Transcription(model=transcription_model) if given.transcription else None
+            ),
+            turn_detection=(
+                wire.TurnDetection(
+                    type="server_vad",
+                    create_response=True,
+                    interrupt_response=given.interrupt_response,
+                )
+                if given.turn_detection == "server_vad"
+                else None
+            ),
+        )
+    if voice.audio_out is not None:
+        audio_out = wire.AudioOutput(
+            format=wire.AudioFormat(type="audio/pcm", rate=AUDIO_RATE),
+            voice=voice.audio_out.voice or None,
+        )
+    tools = [
+        wire.FunctionTool(name=t.name, description=t.description or None, parameters=t.parameters)
+        for t in voice.tools
+    ]
+    return wire.Session(
+        type="realtime",
+        instructions=instructions,
+        output_modalities=["audio"] if voice.audio_out is not None else ["text"],
+        audio=wire.AudioConfig(input=audio_in, output=audio_out),
+        tools=tools or None,
     )
 
 
@@ -110,14 +175,17 @@ class OpenAIRealtime(Upstream):
         api_key: str | None = None,
         connect_timeout: float = 10.0,
         open_timeout: float = 10.0,
+        transcription_model: str = DEFAULT_TRANSCRIPTION_MODEL,
     ) -> None:
         """``connect_timeout`` bounds the TCP + TLS + WebSocket handshake;
-        ``open_timeout`` the wait for ``session.created`` after it."""
+        ``open_timeout`` the wait for ``session.created`` after it;
+        ``transcription_model`` transcribes a voice session's input."""
         self.base_url = base_url.rstrip("/")
         self.model = model
         self.api_key = os.environ.get("OPENAI_API_KEY", "") if api_key is None else api_key
         self.connect_timeout = connect_timeout
         self.open_timeout = open_timeout
+        self.transcription_model = transcription_model
         self._ws: ClientConnection | None = None
         self._closed = False
         self._event_ids = itertools.count(1)
@@ -127,6 +195,9 @@ class OpenAIRealtime(Upstream):
         self._pending_create: str | None = None
         # Output item ids of the current (or last) response.
         self._items: list[str] = []
+        # Voice: the server starts responses (server VAD); the input resampler.
+        self._server_responses = False
+        self._resampler: Resampler | None = None
 
     @property
     def url(self) -> str:
@@ -134,7 +205,13 @@ class OpenAIRealtime(Upstream):
 
     # --- lifecycle --------------------------------------------------------------
 
-    async def open(self, instructions: str, history: Sequence[Message]) -> None:
+    async def open(
+        self,
+        instructions: str,
+        history: Sequence[Message],
+        *,
+        voice: VoiceConfig | None = None,
+    ) -> None:
         if self._ws is not None or self._closed:
             raise RuntimeError("an OpenAIRealtime is opened once; make a new one to reconnect")
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
@@ -154,9 +231,10 @@ class OpenAIRealtime(Upstream):
                 raise UpstreamClosed(
                     f"OpenAI Realtime sent no session.created within {self.open_timeout:g}s"
                 ) from exc
-            session = wire.Session(
-                type="realtime", instructions=instructions, output_modalities=["text"]
-            )
+            session = _voice_session(instructions, voice, self.transcription_model)
+            if voice is not None and voice.audio_in is not None:
+                self._server_responses = voice.audio_in.turn_detection == "server_vad"
+                self._resampler = Resampler(voice.audio_in.rate, AUDIO_RATE)
             await self._send(wire.SessionUpdate(session=session, event_id=self._event_id()))
             for message in history:
                 await self.add_message(message)
@@ -199,6 +277,22 @@ class OpenAIRealtime(Upstream):
         # Until its response.created arrives, events of any earlier response are stale.
         self._pending_create = event_id
         await self._send(wire.ResponseCreate(event_id=event_id))
+
+    async def send_audio(self, pcm16: bytes) -> None:
+        resampler = self._resampler
+        if resampler is None:
+            raise RuntimeError(
+                "send_audio needs a voice session: open(..., voice=VoiceConfig(audio_in=...))"
+            )
+        await self._send(wire.InputAudioBufferAppend(audio=resampler.push(pcm16)))
+
+    async def commit_audio(self) -> None:
+        await self._send(wire.InputAudioBufferCommit(event_id=self._event_id()))
+        await self.start_response()
+
+    async def send_function_output(self, call_id: str, output: str) -> None:
+        item = wire.Item(type="function_call_output", call_id=call_id, output=output)
+        await self._send(wire.ConversationItemCreate(item=item))
 
     async def cancel_response(self) -> None:
         await self._send(wire.ResponseCancel(event_id=self._event_id()))
@@ -248,10 +342,33 @@ class OpenAIRealtime(Upstream):
                     self._pending_create = None
                     self._current = event.response.id
                     self._items = []
+                elif self._server_responses:
+                    # Server VAD answered the user: this response is the session's now.
+                    self._current = event.response.id
+                    self._items = []
+                    return ResponseStarted()
             elif isinstance(event, wire.ErrorEvent):
                 error = self._error(event.error)
                 if error is not None:
                     return error
+            elif isinstance(event, wire.ResponseOutputAudioDelta):
+                if event.response_id == self._current and self._pending_create is None:
+                    return AudioDelta(event.delta, AUDIO_RATE)
+            elif isinstance(event, wire.ResponseOutputAudioTranscriptDelta):
+                if event.response_id == self._current and self._pending_create is None:
+                    return OutputTranscriptDelta(event.delta)
+            elif isinstance(event, wire.InputAudioBufferSpeechStarted):
+                return SpeechStarted(event.audio_start_ms)
+            elif isinstance(event, wire.InputAudioBufferSpeechStopped):
+                return SpeechStopped(event.audio_end_ms)
+            elif isinstance(event, wire.InputAudioTranscriptionCompleted):
+                return InputTranscript(event.transcript)
+            elif (
+                isinstance(event, wire.ResponseFunctionCallArgumentsDone)
+                and event.response_id == self._current
+                and self._pending_create is None
+            ):
+                return FunctionCall(event.call_id, event.name, event.arguments)
             # session.created after open: nothing to do.
 
     def _response_done(self, response: wire.Response) -> ResponseDone | None:

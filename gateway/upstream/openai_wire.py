@@ -314,9 +314,10 @@ class ResponseCancel(_ClientEvent, tag="response.cancel"):
 
 
 class InputAudioBufferAppend(_ClientEvent, tag="input_audio_buffer.append"):
-    """``audio``: base64 PCM16 at the session's input rate (24 kHz)."""
+    """``audio``: PCM16 at the session's input rate (24 kHz), base64 on the wire
+    (msgspec encodes and decodes ``bytes`` as base64 in C)."""
 
-    audio: str
+    audio: bytes
 
 
 class InputAudioBufferCommit(_ClientEvent, tag="input_audio_buffer.commit"):
@@ -466,10 +467,10 @@ class InputAudioTranscriptionCompleted(
 
 
 class ResponseOutputAudioDelta(_ServerEvent, tag="response.output_audio.delta"):
-    """``delta``: base64 PCM16 at 24 kHz."""
+    """``delta``: PCM16 at 24 kHz (base64 on the wire)."""
 
     response_id: str
-    delta: str
+    delta: bytes
     item_id: str = ""
     output_index: int = 0
     content_index: int = 0

@@ -409,4 +409,19 @@ def decode_client_message(data: bytes | str) -> ClientMessage:
     Raises ``msgspec.DecodeError`` on bad JSON, ``msgspec.ValidationError`` on
     unknown fields or wrong types (the message names the path, e.g. ``$.setup``).
     """
-    return msgspec.convert(camelize(_any_decoder.decode(data)), ClientMessage)
+    message = camelize(_any_decoder.decode(data))
+    _standard_base64(message)
+    return msgspec.convert(message, ClientMessage)
+
+
+def _standard_base64(message: Any) -> None:
+    """Rewrite URL-safe base64 audio (the SDK's pydantic encoding) to the standard alphabet.
+
+    The API parses bytes the protobuf way, accepting either; msgspec reads the
+    standard one only.
+    """
+    realtime = message.get("realtimeInput") if isinstance(message, dict) else None
+    audio = realtime.get("audio") if isinstance(realtime, dict) else None
+    if isinstance(audio, dict) and isinstance(audio.get("data"), str):
+        data: str = audio["data"].replace("-", "+").replace("_", "/")
+        audio["data"] = data + "=" * (-len(data) % 4)

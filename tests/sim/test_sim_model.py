@@ -98,3 +98,12 @@ def test_serve_takes_the_same_knobs_prefixed_and_from_the_environment() -> None:
     args = build_parser().parse_args(["serve", "--sim-api-key", "sim", "--sim-no-overrun"])
     config = load_config(flag_values(args, Config), env={"GATEWAY_SIM_CHUNK_SIZE": "3"})
     assert config.sim == SimConfig(api_key="sim", overrun=False, chunk_size=3)
+
+
+def test_vad_flags() -> None:
+    args = ["--vad-threshold", "1200", "--vad-silence-ms", "300", "--vad-min-speech-ms", "60"]
+    assert sim_flags(*args) == SimConfig(
+        vad_threshold=1200, vad_silence_ms=300, vad_min_speech_ms=60
+    )
+    with pytest.raises(SystemExit):
+        sim_flags("--vad-silence-ms", "0")

@@ -155,8 +155,7 @@ class SimConfig(msgspec.Struct, frozen=True, kw_only=True):
     vad_threshold: Annotated[
         NonNegativeFloat,
         Setting(
-            "server VAD: a 20 ms frame of input louder than this RMS (PCM16, 0-32767) "
-            "is speech",
+            "server VAD: a 20 ms frame of input louder than this RMS (PCM16, 0-32767) is speech",
             SIM,
         ),
     ] = 500.0

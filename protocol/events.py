@@ -16,12 +16,16 @@ from typing import Final, Literal
 
 import msgspec
 
+from protocol.configuration import ConfigChange, SessionConfig
+
 __all__ = [
     "CLIENT_MESSAGE_TYPES",
     "Call",
     "Cancel",
     "Cancelled",
     "ClientMessage",
+    "Configure",
+    "Configured",
     "Cost",
     "End",
     "Error",
@@ -194,6 +198,13 @@ class Cancelled(_Base, tag="cancelled"):
     content: str = ""
 
 
+class Configured(_Base, tag="configured"):
+    """The session's effective configuration after a change (logged: every node and
+    every client of the session sees the same one)."""
+
+    config: SessionConfig
+
+
 class Pong(_Base, tag="pong"):
     """The answer to a client's ``ping`` (unlogged: ``seq`` is the last one sent)."""
 
@@ -210,6 +221,7 @@ class Session(_Base, tag="session"):
 Event = (
     Session
     | User
+    | Configured
     | Think
     | Call
     | Execute
@@ -244,9 +256,13 @@ class Ping(msgspec.Struct, tag_field="type", tag="ping"):
     """
 
 
-ClientMessage = UserMessage | Cancel | Ping
+class Configure(ConfigChange, frozen=True, tag_field="type", tag="configure"):
+    """Change this session's configuration (only the fields given); see ``protocol.configuration``."""
 
-CLIENT_MESSAGE_TYPES: Final[tuple[str, ...]] = ("user", "cancel", "ping")
+
+ClientMessage = UserMessage | Cancel | Ping | Configure
+
+CLIENT_MESSAGE_TYPES: Final[tuple[str, ...]] = ("user", "cancel", "ping", "configure")
 
 
 # --- encode / decode ------------------------------------------------------------
@@ -301,6 +317,15 @@ _EXPECTED = (
 )
 
 
+_HOW: Final = {
+    "configure": (
+        "a configure frame sets any of instructions, tools "
+        '([{"name", "description", "parameters"}]), server_tools, provider, model, '
+        "metadata, input_audio, output, voice (see the README's client protocol)"
+    ),
+}
+
+
 def _explain_bad_frame(data: bytes | str, exc: Exception) -> Error:
     try:
         obj = _probe_decoder.decode(data)
@@ -318,10 +343,8 @@ def _explain_bad_frame(data: bytes | str, exc: Exception) -> Error:
             code="unknown_type",
             content=f"unknown message type {shown!r}; {_EXPECTED}",
         )
-    return Error(
-        code="bad_frame",
-        content=f"invalid {kind!r} message: {_first_line(exc)}; {_EXPECTED}",
-    )
+    how = _HOW.get(kind, _EXPECTED)
+    return Error(code="bad_frame", content=f"invalid {kind!r} message: {_first_line(exc)}; {how}")
 
 
 def _first_line(exc: Exception) -> str:

@@ -38,6 +38,7 @@ from gateway.sessions.subscriber import EventSource
 from gateway.store.base import LogEntry, StoreUnavailable
 from protocol.events import (
     Cancel,
+    Configure,
     Error,
     Ping,
     Pong,
@@ -311,6 +312,15 @@ class ClientConnection:
             return
         if isinstance(message, Ping):
             self.notify(Pong(seq=self.client_seq, timestamp=time.time()))
+            return
+        if isinstance(message, Configure):
+            # Session configuration is being built (issue 15); until then say so.
+            self._reply(
+                Error(
+                    code="unknown_type",
+                    content="configure is not supported by this gateway version yet",
+                )
+            )
             return
         if isinstance(message, UserMessage) and self.node.draining:
             self._reply(

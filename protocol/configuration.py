@@ -1,0 +1,126 @@
+"""A session's own configuration: what the app wants of this one session.
+
+Set when the app's backend makes the session (``POST /v1/sessions``) and
+changed by a trusted client with a ``configure`` frame; stored with the
+session, so every node that drives it (after a reconnect, a takeover or a
+drain) gives the model the same instructions, tools and provider. The
+gateway's key policy decides what a tenant may set; this module only says
+what a configuration *is* and how a change applies to it.
+
+Pure: Structs, their limits (as msgspec constraints, so a bad value is a
+``bad_frame`` that says which field), and ``apply``.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Final, Literal
+
+import msgspec
+
+__all__ = [
+    "ClientToolSpec",
+    "ConfigChange",
+    "InputAudio",
+    "SessionConfig",
+    "apply_change",
+    "decode_config",
+    "encode_config",
+]
+
+ToolName = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$")]
+ShortText = Annotated[str, msgspec.Meta(max_length=512)]
+
+MAX_INSTRUCTIONS: Final = 32_768
+MAX_CLIENT_TOOLS: Final = 64
+MAX_METADATA: Final = 32
+
+
+class ClientToolSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """A tool the client runs itself: the model calls it, the client answers.
+
+    ``parameters`` is the JSON Schema of its arguments (an object schema).
+    """
+
+    name: ToolName
+    description: Annotated[str, msgspec.Meta(max_length=4096)] = ""
+    parameters: dict[str, Any] = msgspec.field(default_factory=lambda: {"type": "object"})
+
+
+class InputAudio(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """Audio the client sends: PCM16 little-endian mono at ``rate`` Hz."""
+
+    format: Literal["pcm16"] = "pcm16"
+    rate: Annotated[int, msgspec.Meta(ge=8000, le=48000)] = 24000
+    turn_detection: Literal["server_vad", "none"] = "server_vad"
+
+
+class SessionConfig(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_fields=True):
+    """The effective configuration of one session ("" / None / empty = the node's default)."""
+
+    instructions: Annotated[str, msgspec.Meta(max_length=MAX_INSTRUCTIONS)] = ""
+    tools: Annotated[tuple[ClientToolSpec, ...], msgspec.Meta(max_length=MAX_CLIENT_TOOLS)] = ()
+    server_tools: tuple[ToolName, ...] | None = None
+    provider: ShortText = ""
+    model: ShortText = ""
+    metadata: Annotated[dict[ShortText, ShortText], msgspec.Meta(max_length=MAX_METADATA)] = (
+        msgspec.field(default_factory=dict)
+    )
+    input_audio: InputAudio | None = None
+    output: Literal["text", "audio"] = "text"
+    voice: ShortText = ""
+
+
+class ConfigChange(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """The fields a ``configure`` frame (or a session's creation) sets; the rest stay."""
+
+    instructions: Annotated[str, msgspec.Meta(max_length=MAX_INSTRUCTIONS)] | msgspec.UnsetType = (
+        msgspec.UNSET
+    )
+    tools: (
+        Annotated[tuple[ClientToolSpec, ...], msgspec.Meta(max_length=MAX_CLIENT_TOOLS)]
+        | msgspec.UnsetType
+    ) = msgspec.UNSET
+    server_tools: tuple[ToolName, ...] | msgspec.UnsetType | None = msgspec.UNSET
+    provider: ShortText | msgspec.UnsetType = msgspec.UNSET
+    model: ShortText | msgspec.UnsetType = msgspec.UNSET
+    metadata: (
+        Annotated[dict[ShortText, ShortText], msgspec.Meta(max_length=MAX_METADATA)]
+        | msgspec.UnsetType
+    ) = msgspec.UNSET
+    input_audio: InputAudio | msgspec.UnsetType | None = msgspec.UNSET
+    output: Literal["text", "audio"] | msgspec.UnsetType = msgspec.UNSET
+    voice: ShortText | msgspec.UnsetType = msgspec.UNSET
+
+
+def apply_change(config: SessionConfig, change: ConfigChange) -> SessionConfig | str:
+    """``config`` with ``change`` applied, or why the result is not a valid configuration."""
+    fields = {
+        name: value
+        for name in ConfigChange.__struct_fields__
+        if (value := getattr(change, name)) is not msgspec.UNSET
+    }
+    updated = msgspec.structs.replace(config, **fields)
+    names = [tool.name for tool in updated.tools]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        return f"tools: the name {duplicates[0]!r} is declared twice; give each tool its own name"
+    for tool in updated.tools:
+        if tool.parameters.get("type", "object") != "object":
+            return (
+                f"tools: {tool.name!r} parameters must be a JSON Schema of type object, "
+                'e.g. {"type": "object", "properties": {…}}'
+            )
+    return updated
+
+
+_encoder: Final = msgspec.json.Encoder()
+_decoder: Final = msgspec.json.Decoder(SessionConfig)
+
+
+def encode_config(config: SessionConfig) -> bytes:
+    return _encoder.encode(config)
+
+
+def decode_config(data: bytes | str) -> SessionConfig:
+    """A stored configuration ("" or ``{}``: the defaults)."""
+    return _decoder.decode(data) if data else SessionConfig()

@@ -47,7 +47,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from typing import Final
+from collections.abc import Callable
+from typing import Any, Final, TypeVar
 
 import msgspec
 from websockets.asyncio.server import ServerConnection
@@ -75,6 +76,8 @@ from gateway.upstream import openai_wire as wire
 __all__ = ["DEFAULT_MODEL", "PATH", "OpenAISim"]
 
 log = logging.getLogger(__name__)
+
+_PartEvent = TypeVar("_PartEvent", bound=msgspec.Struct)
 
 PATH: Final = "/v1/realtime"
 DEFAULT_MODEL: Final = "gpt-realtime"
@@ -259,6 +262,19 @@ class _Connection(SimConnection):
 
     def _new_id(self, prefix: str) -> str:
         return f"{prefix}_sim{self.no}_{next(self._ids)}"
+
+    def _part_event(
+        self, make: Callable[..., _PartEvent], response: _Response, **fields: Any
+    ) -> _PartEvent:
+        """One of the response's per-part events: the ids and indexes every one of them repeats."""
+        return make(
+            event_id=self._eid(),
+            response_id=response.id,
+            item_id=response.item.id,
+            output_index=0,
+            content_index=0,
+            **fields,
+        )
 
     async def _send(self, event: wire.ServerEvent) -> None:
         await self.ws.send(wire.encode(event), text=True)
@@ -600,16 +616,7 @@ class _Connection(SimConnection):
                 if response.audio
                 else wire.ContentPart(type="text", text="")
             )
-            await self._send(
-                wire.ResponseContentPartAdded(
-                    event_id=self._eid(),
-                    response_id=response.id,
-                    item_id=item.id,
-                    output_index=0,
-                    content_index=0,
-                    part=empty,
-                )
-            )
+            await self._send(self._part_event(wire.ResponseContentPartAdded, response, part=empty))
         if self.response is response:
             response.task = asyncio.create_task(self._generate(response))
 
@@ -680,37 +687,12 @@ class _Connection(SimConnection):
             return
         if response.audio:
             audio = voice_audio(len(chunk), self.sim.config)
+            await self._send(self._part_event(wire.ResponseOutputAudioDelta, response, delta=audio))
             await self._send(
-                wire.ResponseOutputAudioDelta(
-                    event_id=self._eid(),
-                    response_id=rid,
-                    item_id=iid,
-                    output_index=0,
-                    content_index=0,
-                    delta=audio,
-                )
-            )
-            await self._send(
-                wire.ResponseOutputAudioTranscriptDelta(
-                    event_id=self._eid(),
-                    response_id=rid,
-                    item_id=iid,
-                    output_index=0,
-                    content_index=0,
-                    delta=chunk,
-                )
+                self._part_event(wire.ResponseOutputAudioTranscriptDelta, response, delta=chunk)
             )
             return
-        await self._send(
-            wire.ResponseOutputTextDelta(
-                event_id=self._eid(),
-                response_id=rid,
-                item_id=iid,
-                output_index=0,
-                content_index=0,
-                delta=chunk,
-            )
-        )
+        await self._send(self._part_event(wire.ResponseOutputTextDelta, response, delta=chunk))
 
     def _drop_due(self) -> bool:
         return self.sim.drop_due(self.no, self.ws, self.deltas_sent)
@@ -738,52 +720,19 @@ class _Connection(SimConnection):
                 )
             )
         elif response.audio:
+            await self._send(self._part_event(wire.ResponseOutputAudioDone, response))
             await self._send(
-                wire.ResponseOutputAudioDone(
-                    event_id=self._eid(),
-                    response_id=rid,
-                    item_id=iid,
-                    output_index=0,
-                    content_index=0,
-                )
-            )
-            await self._send(
-                wire.ResponseOutputAudioTranscriptDone(
-                    event_id=self._eid(),
-                    response_id=rid,
-                    item_id=iid,
-                    output_index=0,
-                    content_index=0,
-                    transcript=text,
-                )
+                self._part_event(wire.ResponseOutputAudioTranscriptDone, response, transcript=text)
             )
         else:
-            await self._send(
-                wire.ResponseOutputTextDone(
-                    event_id=self._eid(),
-                    response_id=rid,
-                    item_id=iid,
-                    output_index=0,
-                    content_index=0,
-                    text=text,
-                )
-            )
+            await self._send(self._part_event(wire.ResponseOutputTextDone, response, text=text))
         if not response.call:
             part = (
                 wire.ContentPart(type="audio", transcript=text)
                 if response.audio
                 else wire.ContentPart(type="text", text=text)
             )
-            await self._send(
-                wire.ResponseContentPartDone(
-                    event_id=self._eid(),
-                    response_id=rid,
-                    item_id=iid,
-                    output_index=0,
-                    content_index=0,
-                    part=part,
-                )
-            )
+            await self._send(self._part_event(wire.ResponseContentPartDone, response, part=part))
         await self._send(
             wire.ResponseOutputItemDone(
                 event_id=self._eid(), response_id=rid, output_index=0, item=done_item

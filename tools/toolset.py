@@ -15,8 +15,6 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from tools.builtin import builtin_tools
-from tools.providers.http import HttpTool, http_client
-from tools.providers.mcp import McpServer, McpTool
 from tools.registry import AnyTool, Registry
 from tools.toolsfile import ToolsFile, ToolsFileError
 
@@ -45,6 +43,12 @@ async def open_registry(
     if tools_file is None:
         yield Registry(tools)
         return
+    # The MCP SDK and the HTTP client load only for a tools file that uses them:
+    # the mcp package alone costs ~2 s of import time (python -X importtime),
+    # paid by every node start otherwise.
+    from tools.providers.http import HttpTool, http_client
+    from tools.providers.mcp import McpServer
+
     servers = [McpServer(spec) for spec in tools_file.mcp]
     async with contextlib.AsyncExitStack() as stack:
         for server in servers:
@@ -78,6 +82,8 @@ async def open_registry(
 
 
 def _section_of(tool: Any, tools_file: ToolsFile) -> str:
+    from tools.providers.mcp import McpTool
+
     if isinstance(tool, McpTool):
         return tools_file.sections.get(tool.server.spec.name, "[mcp]")
     return tools_file.sections.get(getattr(tool, "name", ""), "[builtin]")

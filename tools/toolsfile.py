@@ -35,8 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-from .providers.http import HttpToolSpec
-from .providers.mcp import McpServerSpec
+from .providers.specs import HttpToolSpec, McpServerSpec
 from .validation import ArgsValidator
 
 __all__ = ["ToolsFile", "ToolsFileError", "load_tools_file", "parse_tools_file"]

@@ -10,16 +10,18 @@ Resampling is ``soxr`` (libsoxr, the SoX resampler): a ``Resampler`` keeps the
 filter state between chunks, so a stream resampled chunk by chunk equals the
 stream resampled whole (no clicks at chunk edges), and one 20 ms chunk costs a
 few microseconds (``tests/bench/voice_bench.py`` prints the figure).
+
+numpy and soxr are imported on first use, not with this module: together
+they cost ~0.3 s of import time (measured with ``python -X importtime``), and
+every node, simulator and test subprocess imports the adapters while most
+never touch audio.
 """
 
 from __future__ import annotations
 
 import wave
 from pathlib import Path
-from typing import Final
-
-import numpy as np
-import soxr
+from typing import Any, Final
 
 __all__ = [
     "SAMPLE_WIDTH",
@@ -33,7 +35,7 @@ __all__ = [
 
 SAMPLE_WIDTH: Final = 2  # bytes per PCM16 sample
 
-_INT16: Final = np.dtype("<i2")
+_INT16: Final = "<i2"  # PCM16 little-endian, as a numpy dtype
 
 
 def duration_ms(pcm16: bytes | bytearray | memoryview, rate: int) -> float:
@@ -43,6 +45,8 @@ def duration_ms(pcm16: bytes | bytearray | memoryview, rate: int) -> float:
 
 def rms(pcm16: bytes | bytearray | memoryview) -> float:
     """Root mean square of the samples (0 for silence, 32767 at most): the loudness a VAD uses."""
+    import numpy as np
+
     samples = np.frombuffer(pcm16, dtype=_INT16, count=len(pcm16) // SAMPLE_WIDTH)
     if not samples.size:
         return 0.0
@@ -52,6 +56,8 @@ def rms(pcm16: bytes | bytearray | memoryview) -> float:
 
 def tone(duration_s: float, rate: int, *, frequency: float = 440.0, amplitude: int = 8000) -> bytes:
     """A sine tone: the simulator's "voice", and the tests' "speech"."""
+    import numpy as np
+
     count = round(duration_s * rate)
     phase = 2.0 * np.pi * frequency * np.arange(count) / rate
     return (np.sin(phase) * amplitude).astype(_INT16).tobytes()
@@ -77,11 +83,11 @@ class Resampler:
             raise ValueError(f"sample rates must be positive, got {in_rate} -> {out_rate}")
         self.in_rate = in_rate
         self.out_rate = out_rate
-        self._stream = (
-            None
-            if in_rate == out_rate
-            else soxr.ResampleStream(in_rate, out_rate, 1, dtype="int16", quality=quality)
-        )
+        self._stream: Any = None
+        if in_rate != out_rate:
+            import soxr
+
+            self._stream = soxr.ResampleStream(in_rate, out_rate, 1, dtype="int16", quality=quality)
 
     def push(self, pcm16: bytes) -> bytes:
         """``pcm16`` at ``out_rate`` (possibly a few samples short: the filter's delay)."""
@@ -90,17 +96,21 @@ class Resampler:
             return pcm16
         if len(pcm16) % SAMPLE_WIDTH:
             raise ValueError("PCM16 audio has an even number of bytes; got an odd chunk")
+        import numpy as np
+
         samples = np.frombuffer(pcm16, dtype=_INT16)
-        out: np.ndarray = stream.resample_chunk(samples, last=False)
-        return out.tobytes()
+        out: Any = stream.resample_chunk(samples, last=False)
+        return bytes(out.tobytes())
 
     def flush(self) -> bytes:
         """The samples the filter still holds (call once, at the end of the stream)."""
         stream = self._stream
         if stream is None:
             return b""
-        out: np.ndarray = stream.resample_chunk(np.zeros(0, dtype=_INT16), last=True)
-        return out.tobytes()
+        import numpy as np
+
+        out: Any = stream.resample_chunk(np.zeros(0, dtype=_INT16), last=True)
+        return bytes(out.tobytes())
 
 
 def read_wav(path: str | Path) -> tuple[bytes, int]:
@@ -118,6 +128,8 @@ def read_wav(path: str | Path) -> tuple[bytes, int]:
             )
         data = wav.readframes(wav.getnframes())
     if channels > 1:
+        import numpy as np
+
         frames = np.frombuffer(data, dtype=_INT16).reshape(-1, channels)
         data = frames.mean(axis=1).round().astype(_INT16).tobytes()
     return data, rate

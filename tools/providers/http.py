@@ -16,30 +16,17 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any, Final
 
 import httpx2
 
 from tools.base import ToolContext, ToolFailure
 from tools.described import DescribedTool
+from tools.providers.specs import HttpToolSpec
 
 __all__ = ["HttpTool", "HttpToolSpec", "http_client"]
 
 _BODY_SHOWN: Final = 300
-
-
-@dataclass(frozen=True, slots=True)
-class HttpToolSpec:
-    """One ``[http.NAME]`` section of a tools file, environment already substituted."""
-
-    name: str
-    url: str
-    description: str
-    parameters: dict[str, Any]
-    headers: Mapping[str, str] = field(default_factory=dict)
-    timeout: float = 10.0
 
 
 def http_client() -> httpx2.AsyncClient:

@@ -20,8 +20,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any, Final
 
 import mcp_types
@@ -32,6 +30,7 @@ from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT
 
 from tools.base import ToolContext, ToolFailure
 from tools.described import DescribedTool
+from tools.providers.specs import McpServerSpec
 
 __all__ = ["McpServer", "McpServerSpec", "McpTool", "result_content"]
 
@@ -44,22 +43,6 @@ _CONNECT_TIMEOUT_MIN: Final = 20.0
 _IMAGE_NOTE: Final = (
     "[{kind} ({mime}, {size:,} bytes) not shown: this text protocol carries no media]"
 )
-
-
-@dataclass(frozen=True, slots=True)
-class McpServerSpec:
-    """One ``[mcp.NAME]`` section of a tools file: exactly one of ``command`` or ``url``."""
-
-    name: str
-    command: Sequence[str] = ()
-    url: str = ""
-    env: Mapping[str, str] = field(default_factory=dict)
-    timeout: float = 30.0
-    cwd: str | None = None
-    """Working directory of a stdio server (the tools file's directory)."""
-
-    def describe(self) -> str:
-        return " ".join(self.command) if self.command else self.url
 
 
 class McpServer:

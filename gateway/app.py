@@ -12,9 +12,11 @@ from collections.abc import AsyncIterator
 
 from gateway.config import Config, ConfigError
 from gateway.edge.server import Gateway
+from gateway.pricing import PricesError, PriceTable, load_prices
 from gateway.sessions.node import Node
 from gateway.settings import declared
 from gateway.store import open_store
+from gateway.tracing import Tracing, TracingError
 from gateway.upstream.base import UpstreamFactory
 from tools.registry import Registry
 from tools.toolset import builtin_names, open_registry
@@ -87,9 +89,29 @@ async def _open_tools(config: Config) -> AsyncIterator[Registry]:
         raise ConfigError(str(exc)) from None
 
 
+def _prices(config: Config) -> PriceTable:
+    """The built-in price table, with the prices file on top when one is set."""
+    if not config.prices_file:
+        return PriceTable()
+    try:
+        return load_prices(config.prices_file)
+    except PricesError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def _tracing(config: Config) -> Tracing:
+    """Tracing as the OTEL_* environment asks (off without it), built once per node."""
+    try:
+        return Tracing.from_env(node_id=config.node_id)
+    except TracingError as exc:
+        raise ConfigError(str(exc)) from None
+
+
 @contextlib.asynccontextmanager
 async def running_gateway(config: Config) -> AsyncIterator[Gateway]:
     """A started gateway node; stopped (clients get 1001) when the block exits."""
+    prices = _prices(config)
+    tracing = _tracing(config)
     store = open_store(
         config.redis_url or None,
         prefix=config.key_prefix,
@@ -108,7 +130,7 @@ async def running_gateway(config: Config) -> AsyncIterator[Gateway]:
         log.info("store: %s (durability %s)", store.kind, config.durability)
     try:
         async with _open_tools(config) as registry, _upstream_factory(config) as factory:
-            node = Node(config, store, factory, registry)
+            node = Node(config, store, factory, registry, prices=prices, tracing=tracing)
             gateway = Gateway(node)
             await gateway.start()
             try:
@@ -117,3 +139,5 @@ async def running_gateway(config: Config) -> AsyncIterator[Gateway]:
                 await gateway.close()
     finally:
         await store.close()
+        # After the node stopped: its last spans (turns cut by the stop) are flushed.
+        tracing.close()

@@ -66,6 +66,19 @@ class Metrics:
         self.tokens = Counter(
             "rtgw_tokens", "Tokens reported by upstream usage", ["direction"], registry=r
         )
+        # Per API key (the session's owner; "-" without auth): what each key costs.
+        self.key_tokens = Counter(
+            "rtgw_key_tokens",
+            "Model tokens charged to each API key, by direction (input, output)",
+            ["key", "direction"],
+            registry=r,
+        )
+        self.key_cost = Counter(
+            "rtgw_cost_usd",
+            "US dollars of model usage charged to each API key (gateway/pricing.py prices)",
+            ["key"],
+            registry=r,
+        )
         self.store_errors = Counter(
             "rtgw_store_errors", "Times the session store was unreachable", registry=r
         )

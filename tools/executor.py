@@ -12,13 +12,18 @@ A batch is bounded as a whole, not only per call: one ``<execute>`` of 9,000
 ``max_calls`` calls run (the rest get a failure saying to send them again),
 and the results together are cut to ``max_batch_output`` bytes, each call
 keeping a fair share (small results whole, the big ones truncated with a note).
+
+The gateway watches each call (a tracing span per tool call) through
+``CallObserver``, a plain context-manager factory, so ``tools`` knows nothing
+of how calls are observed.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 
 from protocol.calls import ToolCall, ToolResult
 
@@ -26,9 +31,14 @@ from .base import ToolContext, ToolFailure
 from .output import NotJSON, cap_output, output_size
 from .registry import InvalidArgs, Registry, UnknownTool
 
-__all__ = ["Executor"]
+__all__ = ["CallObserver", "Executor"]
 
 log = logging.getLogger(__name__)
+
+CallObserver = Callable[[ToolCall], AbstractContextManager[Callable[[ToolResult], None]]]
+"""Entered around each call that runs; the block gets a callable that is handed the call's
+result (before truncation to the batch's share). An exception escaping the call (a cancel)
+leaves the block with it."""
 
 _YIELD_EVERY = 16
 """Results measured or cut between two yields to the event loop."""
@@ -70,8 +80,16 @@ class Executor:
     def max_output_for(self, name: str) -> int:
         return self.per_tool_max_output.get(name, self.max_output)
 
-    async def run_batch(self, calls: Sequence[ToolCall], ctx: ToolContext) -> list[ToolResult]:
+    async def run_batch(
+        self,
+        calls: Sequence[ToolCall],
+        ctx: ToolContext,
+        *,
+        observe: CallObserver | None = None,
+    ) -> list[ToolResult]:
         """Run ``calls`` concurrently; one result per call, in call order.
+
+        ``observe`` (optional) is entered around each call that runs.
 
         Calls past ``max_calls`` do not run: each gets a failure naming the
         limit. If the caller is cancelled (the user cancelled the turn), every
@@ -80,7 +98,12 @@ class Executor:
         """
         admitted, refused = calls[: self.max_calls], calls[self.max_calls :]
         tasks = [
-            asyncio.create_task(self.run_call(call, ctx), name=f"tool {call.name}")
+            asyncio.create_task(
+                self.run_call(call, ctx)
+                if observe is None
+                else self._run_observed(call, ctx, observe),
+                name=f"tool {call.name}",
+            )
             for call in admitted
         ]
         try:
@@ -136,6 +159,14 @@ class Executor:
             if n % _YIELD_EVERY == _YIELD_EVERY - 1:
                 await asyncio.sleep(0)
         return fitted
+
+    async def _run_observed(
+        self, call: ToolCall, ctx: ToolContext, observe: CallObserver
+    ) -> ToolResult:
+        with observe(call) as seen:
+            result = await self.run_call(call, ctx)
+            seen(result)
+        return result
 
     async def run_call(self, call: ToolCall, ctx: ToolContext) -> ToolResult:
         """Run one call; never raises except ``CancelledError`` when cancelled."""

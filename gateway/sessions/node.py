@@ -20,12 +20,15 @@ from typing import Any, Protocol
 
 from gateway.config import Config
 from gateway.metrics import Metrics
+from gateway.pricing import PriceTable
 from gateway.sessions.control import Forward, Reply, decode_control, encode_control, node_channel
 from gateway.sessions.follower import LogFollower
 from gateway.sessions.limits import Limits
 from gateway.sessions.logwriter import LogWriter
 from gateway.sessions.runtime import SessionRuntime, SessionServices
+from gateway.sessions.workspaces import WorkspaceSweeper
 from gateway.store.base import Store, StoreError
+from gateway.tracing import Tracing
 from gateway.upstream.base import UpstreamFactory
 from protocol.assembly import HistoryItem, decode_history_item
 from protocol.events import Cancel, Error, Usage, UserMessage, decode_client, encode
@@ -33,6 +36,7 @@ from protocol.prompt import system_prompt
 from tools.base import ToolContext
 from tools.executor import Executor
 from tools.registry import Registry
+from tools.workspaces import workspace_dir
 
 __all__ = ["Node"]
 
@@ -56,6 +60,8 @@ class Node:
         registry: Registry,
         *,
         metrics: Metrics | None = None,
+        prices: PriceTable | None = None,
+        tracing: Tracing | None = None,
     ) -> None:
         self.config = config
         self.node_id = config.node_id
@@ -80,6 +86,16 @@ class Node:
             upstream_factory=upstream_factory,
             system_prompt=self.system_prompt,
             tool_context=self.tool_context,
+            store=store,
+            prices=prices or PriceTable(),
+            tracing=tracing or Tracing.off(),
+        )
+        # Removes the workspaces of sessions that ended (expired in the store).
+        self.workspaces = WorkspaceSweeper(
+            Path(config.workspace_root),
+            store,
+            driven=self.runtimes.__contains__,
+            session_ttl=config.session_ttl,
         )
         self.followers: dict[str, LogFollower] = {}
         # Client connections on this node by id, for replies to forwarded commands.
@@ -93,6 +109,7 @@ class Node:
 
     def start(self) -> None:
         self._keeper = asyncio.create_task(self._keep_leases(), name="lease-keeper")
+        self.spawn(self.workspaces.run(), "workspace-sweeper")
         self.spawn(
             self.store.listen(node_channel(self.node_id), self._on_control), "control-listener"
         )
@@ -145,6 +162,9 @@ class Node:
             "node": self.node_id,
         }
         await self.store.create_session(sid, meta)
+        runtime = self.runtimes.get(sid)
+        if runtime is not None:
+            runtime.observer.owner = owner
 
     async def drive(self, sid: str) -> SessionRuntime | None:
         """The runtime of ``sid`` on this node, loading it if its lease is free.
@@ -190,9 +210,19 @@ class Node:
             input=int(meta.get("usage_input", "0") or 0),
             output=int(meta.get("usage_output", "0") or 0),
         )
-        return SessionRuntime(
-            self, self.services, sid, last_seq=last_seq, history=history, usage=usage
+        runtime = SessionRuntime(
+            self,
+            self.services,
+            sid,
+            last_seq=last_seq,
+            history=history,
+            usage=usage,
+            cost=_float(meta.get("cost_usd", "")),
+            owner=meta.get("owner", ""),
         )
+        # The last turn's trace: a rerun of it (rerun_interrupted) links there.
+        runtime.observer.follows = meta.get("traceparent", "")
+        return runtime
 
     async def follow(self, sid: str) -> LogFollower:
         """The follower of ``sid`` on this node (one per session), made if need be.
@@ -246,6 +276,7 @@ class Node:
                 {
                     "usage_input": str(runtime.usage.input),
                     "usage_output": str(runtime.usage.output),
+                    "cost_usd": repr(runtime.observer.cost_total),
                 },
             )
         # A client may have attached during that write: look again, with no
@@ -348,6 +379,14 @@ class Node:
     # ------------------------------------------------------------------ tools
 
     def tool_context(self, sid: str) -> ToolContext:
-        workspace = Path(self.config.workspace_root) / sid
+        workspace = workspace_dir(Path(self.config.workspace_root), sid)
         workspace.mkdir(parents=True, exist_ok=True)
         return ToolContext(workspace=workspace, session_id=sid)
+
+
+def _float(text: str) -> float:
+    """A meta number ("" or garbage: 0, so a bad field never stops a session loading)."""
+    try:
+        return float(text or 0)
+    except ValueError:
+        return 0.0

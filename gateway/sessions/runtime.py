@@ -28,10 +28,13 @@ from typing import Any, Final, Protocol
 
 from gateway.config import Config
 from gateway.metrics import Metrics
+from gateway.pricing import PriceTable
 from gateway.sessions.limits import Limits
 from gateway.sessions.logwriter import Batch, LogWriter
+from gateway.sessions.observer import TurnObserver
 from gateway.sessions.subscriber import Subscriber
-from gateway.store.base import LeaseLost, LogEntry, SeqConflict, StoreUnavailable
+from gateway.store.base import LeaseLost, LogEntry, SeqConflict, Store, StoreError, StoreUnavailable
+from gateway.tracing import Tracing
 from gateway.upstream.base import (
     ResponseDone,
     TextDelta,
@@ -117,6 +120,9 @@ class SessionServices:
     upstream_factory: UpstreamFactory
     system_prompt: str
     tool_context: Callable[[str], ToolContext]
+    store: Store
+    prices: PriceTable
+    tracing: Tracing
     store_retry_delay: float = 0.5
 
 
@@ -145,6 +151,8 @@ class SessionRuntime:
         last_seq: int,
         history: list[HistoryItem],
         usage: Usage,
+        cost: float = 0.0,
+        owner: str = "",
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.host = host
@@ -154,6 +162,18 @@ class SessionRuntime:
         cfg = services.config
         self.machine = TurnMachine(
             total=usage, max_steps=cfg.max_steps, upstream_retries=cfg.upstream_retries
+        )
+        factory = services.upstream_factory
+        # Cost and spans of the turns: what each Account costs, and the traces.
+        self.observer = TurnObserver(
+            services.tracing,
+            services.prices,
+            services.metrics,
+            sid=sid,
+            provider=factory.provider,
+            model=factory.model,
+            owner=owner,
+            cost_total=cost,
         )
         self._clock = clock
         self._seq = last_seq
@@ -349,9 +369,14 @@ class SessionRuntime:
         return self._command(self.machine.feed(_CANCEL), interrupt=True)
 
     def rerun_interrupted(self, reason: str) -> None:
-        """After a takeover: if the last turn was in flight, mark it and rerun it."""
+        """After a takeover: if the last turn was in flight, mark it and rerun it.
+
+        The rerun's span links to the cut turn's (``observer.follows``, from the meta).
+        """
         if turn_in_flight(self.history):
             self._command(self.machine.feed(Rerun(reason)), interrupt=False)
+        else:
+            self.observer.follows = ""
 
     def _command(self, actions: Sequence[Action], *, interrupt: bool) -> Error | None:
         """Hand a command's actions to the driver (starting it if no turn runs)."""
@@ -409,6 +434,7 @@ class SessionRuntime:
                     log.exception("session %s: turn failed", self.sid)
                     self._todo = deque(machine.feed(ShellFailed(type(exc).__name__)))
         finally:
+            self.observer.turn_ended()
             self._driving = False
             self._interrupted = False
             if self.turn is task:
@@ -416,6 +442,7 @@ class SessionRuntime:
             self.host.runtime_idle(self)
 
     def _upstream_gone(self, reason: str) -> None:
+        self.observer.step_done(None, error=reason)
         self._drop_upstream(stop=False)
         self.services.metrics.upstream_errors.inc()
         log.warning("session %s: upstream lost (%s)", self.sid, reason)
@@ -428,6 +455,10 @@ class SessionRuntime:
             action = todo.popleft()
             kind = type(action)
             if kind in _EVENT_TYPES:
+                if kind is Metric:
+                    self.observer.fill(action)  # type: ignore[arg-type]
+                elif kind is Error:
+                    self.observer.turn_failed(action.code)  # type: ignore[union-attr]
                 self.emit(action)  # type: ignore[arg-type]
             elif kind is Persist:
                 self.persist(action.items)  # type: ignore[union-attr]
@@ -435,6 +466,7 @@ class SessionRuntime:
                 self._account(action.usage)  # type: ignore[union-attr]
             elif kind is TurnStarted:
                 self.services.metrics.turns.inc()
+                self._turn_started()
             elif kind is DropUpstream:
                 self._drop_upstream(stop=action.stop)  # type: ignore[union-attr]
             elif kind is Request:
@@ -463,13 +495,27 @@ class SessionRuntime:
             else:  # Refuse: only commands get it, and they answer it themselves
                 log.warning("session %s: unexpected action %r", self.sid, action)
 
+    def _turn_started(self) -> None:
+        traceparent = self.observer.turn_started()
+        if traceparent:
+            # Kept with the session so a node that takes it over links its rerun here.
+            self.host.spawn(self._remember({"traceparent": traceparent}), f"meta:{self.sid}")
+
+    async def _remember(self, fields: dict[str, str]) -> None:
+        try:
+            await self.services.store.set_meta(self.sid, fields)
+        except StoreError as exc:
+            log.info("session %s: could not store %s: %s", self.sid, ", ".join(fields), exc)
+
     async def _request(self, message: Message | None) -> None:
         self._in_upstream_call = True
+        self.observer.step_started()
         upstream = self.upstream
         if upstream is None:
             # Fresh connection: history already ends with the prompt message.
             upstream = self.services.upstream_factory.create()
-            await upstream.open(self.services.system_prompt, assemble(self.history))
+            with self.observer.connect():
+                await upstream.open(self.services.system_prompt, assemble(self.history))
             self.upstream = upstream
         elif message is not None:
             await upstream.add_message(message)
@@ -522,6 +568,7 @@ class SessionRuntime:
                     return
             elif type(ev) is ResponseDone:
                 assert isinstance(ev, ResponseDone)
+                self.observer.step_done(ev.usage)
                 todo.extend(machine.feed(_Done(ev.status, ev.usage, ev.detail, ev.estimated)))
                 return
             elif type(ev) is UpstreamError:
@@ -534,19 +581,27 @@ class SessionRuntime:
     def _first_delta(self) -> None:
         started, self._requested_at = self._requested_at, None
         if started is not None:
-            self.services.metrics.first_delta.observe(time.perf_counter() - started)
+            seconds = time.perf_counter() - started
+            self.services.metrics.first_delta.observe(seconds)
+            self.observer.first_token(seconds)
 
     def _account(self, usage: Usage) -> None:
-        """Charge a step's usage: the token counters and the owner's quota (``metric`` follows)."""
+        """Charge a step's usage: counters, its price and the owner's quotas (``metric`` follows)."""
         metrics = self.services.metrics
         metrics.tokens.labels("input").inc(usage.input)
         metrics.tokens.labels("output").inc(usage.output)
-        self.services.limits.record_usage(self.sid, usage)
+        cost = self.observer.charge(usage)
+        self.services.limits.record_usage(self.sid, usage, cost)
 
     async def _run_tools(self, calls: Sequence[ToolCall]) -> list[ToolResult]:
         services = self.services
         services.metrics.tool_calls.inc(len(calls))
-        results = await services.executor.run_batch(list(calls), services.tool_context(self.sid))
+        observer = self.observer
+        results = await services.executor.run_batch(
+            list(calls),
+            services.tool_context(self.sid),
+            observe=observer.tool if observer.tracing else None,
+        )
         failures = sum(1 for r in results if r.status != "success")
         if failures:
             services.metrics.tool_failures.inc(failures)

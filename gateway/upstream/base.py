@@ -279,6 +279,8 @@ class UpstreamFactory(abc.ABC):
     """Makes a fresh, unopened ``Upstream`` for a session (one per connection attempt)."""
 
     provider: str = "upstream"
+    # The model its upstreams use, as the price table and traces name it.
+    model: str = ""
 
     @abc.abstractmethod
     def create(self) -> Upstream: ...
@@ -290,6 +292,7 @@ class AdapterFactory(UpstreamFactory):
     def __init__(self, adapter: Callable[..., Upstream], provider: str, **settings: Any) -> None:
         self._adapter = adapter
         self.provider = provider
+        self.model = str(settings.get("model", ""))
         self._settings = settings
 
     def create(self) -> Upstream:

@@ -637,7 +637,13 @@ class GeminiLive(Upstream):
             output = usage.response_token_count or usage.candidates_token_count
             if output is None:
                 output = max(0, (usage.total_token_count or 0) - prompt)
-            self._usage = Usage(input=prompt, output=output)
+            self._usage = Usage(
+                input=prompt,
+                output=output,
+                cached=usage.cached_content_token_count or 0,
+                input_audio=_audio_tokens(usage.prompt_tokens_details),
+                output_audio=_audio_tokens(usage.response_tokens_details),
+            )
         if message.go_away is not None:
             self._go_away = message.go_away.time_left or "unknown"
             log.info(
@@ -799,6 +805,13 @@ class GeminiLive(Upstream):
             await ws.send(wire.encode(message), text=True)
         except ConnectionClosed as exc:
             raise UpstreamClosed(self._describe_close(exc)) from exc
+
+
+def _audio_tokens(details: list[wire.ModalityTokenCount] | None) -> int:
+    """The AUDIO entry of a usage breakdown by modality (0 when there is none)."""
+    if not details:
+        return 0
+    return sum(d.token_count or 0 for d in details if d.modality == "AUDIO")
 
 
 class GeminiLiveFactory(AdapterFactory):

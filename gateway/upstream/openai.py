@@ -377,9 +377,7 @@ class OpenAIRealtime(Upstream):
         for item in response.output:
             if item.id and item.id not in self._items:
                 self._items.append(item.id)
-        usage = None
-        if response.usage is not None:
-            usage = Usage(input=response.usage.input_tokens, output=response.usage.output_tokens)
+        usage = None if response.usage is None else _usage(response.usage)
         detail = ""
         details = response.status_details
         if details is not None:
@@ -414,6 +412,32 @@ class OpenAIRealtime(Upstream):
             await ws.send(wire.encode(event), text=True)
         except ConnectionClosed as exc:
             raise UpstreamClosed(_describe_close(exc)) from exc
+
+
+def _usage(reported: wire.ResponseUsage) -> Usage:
+    """The response's usage with its priced parts: cached input, fresh audio in, audio out.
+
+    ``Usage.cached`` and ``Usage.input_audio`` are disjoint parts of ``input``
+    (``gateway.pricing``); OpenAI's ``audio_tokens`` includes cached audio, so
+    that is taken out (it is priced as cached).
+    """
+    cached = input_audio = output_audio = 0
+    details = reported.input_token_details
+    if details is not None:
+        cached = details.cached_tokens
+        cached_audio = (
+            details.cached_tokens_details.audio_tokens if details.cached_tokens_details else 0
+        )
+        input_audio = max(0, details.audio_tokens - cached_audio)
+    if reported.output_token_details is not None:
+        output_audio = reported.output_token_details.audio_tokens
+    return Usage(
+        input=reported.input_tokens,
+        output=reported.output_tokens,
+        cached=cached,
+        input_audio=input_audio,
+        output_audio=output_audio,
+    )
 
 
 class OpenAIRealtimeFactory(AdapterFactory):

@@ -218,11 +218,22 @@ class ResponseParams(msgspec.Struct, omit_defaults=True):
     metadata: dict[str, str] | None = None
 
 
+class CachedTokenDetails(msgspec.Struct):
+    """Of ``cached_tokens``, how many were text, audio or image tokens."""
+
+    text_tokens: int = 0
+    audio_tokens: int = 0
+    image_tokens: int = 0
+
+
 class InputTokenDetails(msgspec.Struct):
+    """``audio_tokens`` counts cached audio too (``cached_tokens_details`` says how much)."""
+
     text_tokens: int = 0
     audio_tokens: int = 0
     image_tokens: int = 0
     cached_tokens: int = 0
+    cached_tokens_details: CachedTokenDetails | None = None
 
 
 class OutputTokenDetails(msgspec.Struct):

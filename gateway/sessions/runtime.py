@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import time
 from collections import deque
 from collections.abc import Callable, Coroutine, Sequence
@@ -106,6 +107,17 @@ _RETRY_NOW: Final = RetryNow()
 # the turn closes with an estimate: OpenAI answers a response.cancel within a
 # round trip; the Gemini adapter bounds its own wait by its cancel_grace.
 _CANCEL_REPORT_WAIT: Final = 5.0
+# What clients are told of upstream failures. The real reason goes to the log
+# only: it may carry the upstream URL (with a key in its query string) or the
+# provider's own text (account ids, internal hosts).
+_LOST_REASON: Final = "connection failed"
+_FAILED_MESSAGE: Final = (
+    "the request failed at the provider; send your message again, and if it keeps "
+    "failing tell the operator (the gateway's log has the details)"
+)
+# Provider codes and reasons that are plain identifiers (rate_limit_exceeded,
+# max_output_tokens) help the client and are passed on; other text is not.
+_IDENTIFIER: Final = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -446,7 +458,7 @@ class SessionRuntime:
         self._drop_upstream(stop=False)
         self.services.metrics.upstream_errors.inc()
         log.warning("session %s: upstream lost (%s)", self.sid, reason)
-        self._todo = deque(self.machine.feed(UpstreamLost(reason)))
+        self._todo = deque(self.machine.feed(UpstreamLost(_LOST_REASON)))
 
     async def _perform_pending(self) -> None:
         """Perform queued actions in order; events and history first, awaits last."""
@@ -569,12 +581,18 @@ class SessionRuntime:
             elif type(ev) is ResponseDone:
                 assert isinstance(ev, ResponseDone)
                 self.observer.step_done(ev.usage)
-                todo.extend(machine.feed(_Done(ev.status, ev.usage, ev.detail, ev.estimated)))
+                detail = ev.detail
+                if detail and not _IDENTIFIER.fullmatch(detail):
+                    log.warning("session %s: response %s: %s", self.sid, ev.status, detail)
+                    detail = "see the gateway's log"
+                todo.extend(machine.feed(_Done(ev.status, ev.usage, detail, ev.estimated)))
                 return
             elif type(ev) is UpstreamError:
                 assert isinstance(ev, UpstreamError)
                 log.warning("session %s: upstream error %s: %s", self.sid, ev.code, ev.message)
-                todo.extend(machine.feed(UpstreamFailed(ev.code, ev.message)))
+                self.observer.step_done(None, error=ev.code)
+                code = ev.code if _IDENTIFIER.fullmatch(ev.code) else "error"
+                todo.extend(machine.feed(UpstreamFailed(code, _FAILED_MESSAGE)))
                 if todo:
                     return
 

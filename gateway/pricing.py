@@ -7,7 +7,7 @@ provider reports (``protocol.events.Usage``: ``cached``, ``input_audio`` and
 
 The built-in table holds list prices in USD per million tokens for the models
 this gateway supports; providers change them, so an operator overrides or
-extends it with a TOML file (``--prices FILE``)::
+extends it with a TOML file (``--prices-file FILE``)::
 
     [openai."gpt-realtime"]
     input = 4.0           # text input
@@ -107,7 +107,7 @@ class PriceTable:
             self._unpriced.add((provider, model))
             log.warning(
                 "no price for %s model %r: its steps cost 0 in metrics and budgets; add it "
-                "to the prices file (--prices)",
+                "to the prices file (--prices-file)",
                 provider,
                 model,
             )

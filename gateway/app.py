@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 from gateway.config import Config, ConfigError
 from gateway.edge.server import Gateway
 from gateway.pricing import PricesError, PriceTable, load_prices
-from gateway.sessions.node import Node
+from gateway.sessions.node import Node, UpstreamFactories
 from gateway.settings import declared
 from gateway.store import open_store
 from gateway.tracing import Tracing, TracingError
@@ -28,37 +28,63 @@ log = logging.getLogger("gateway")
 
 
 @contextlib.asynccontextmanager
-async def _upstream_factory(config: Config) -> AsyncIterator[UpstreamFactory]:
+async def _upstream_factories(config: Config) -> AsyncIterator[UpstreamFactories]:
+    """``(provider, model)`` → its factory: the node's own, and those sessions pick.
+
+    A provider needs its API key (or, for ``sim``, the in-process simulator,
+    which runs when the node's own provider is ``sim``); one that cannot be
+    served raises ``ValueError`` saying what is missing.
+    """
     from gateway.upstream.gemini import DEFAULT_MODEL as GEMINI_DEFAULT_MODEL
     from gateway.upstream.gemini import GeminiLiveFactory
     from gateway.upstream.openai import DEFAULT_MODEL as OPENAI_DEFAULT_MODEL
     from gateway.upstream.openai import OpenAIRealtimeFactory
 
-    if config.provider == "sim":
-        from gateway.sim.server import serve_sim
+    async with contextlib.AsyncExitStack() as stack:
+        sim_url = ""
+        if config.provider == "sim":
+            from gateway.sim.server import serve_sim
 
-        async with serve_sim(config.sim, host="127.0.0.1", port=0) as sim:
-            # The simulator speaks the chosen provider's wire: the real adapter drives it.
+            sim = await stack.enter_async_context(serve_sim(config.sim, host="127.0.0.1", port=0))
+            sim_url = sim.url
+
+        def make(provider: str, model: str) -> UpstreamFactory:
             factory: UpstreamFactory
-            adapter = GeminiLiveFactory if config.sim.flavor == "gemini" else OpenAIRealtimeFactory
-            factory = adapter(
-                base_url=sim.url, model=config.model or "sim", api_key=config.sim.api_key or "sim"
-            )
-            factory.provider = "sim"
-            yield factory
-        return
-    if config.provider == "openai":
-        yield OpenAIRealtimeFactory(
-            base_url=config.openai_base_url,
-            model=config.model or OPENAI_DEFAULT_MODEL,
-            api_key=_api_key(config, config.openai_api_key),
-        )
-    else:
-        yield GeminiLiveFactory(
-            base_url=config.gemini_base_url,
-            model=config.model or GEMINI_DEFAULT_MODEL,
-            api_key=_api_key(config, config.gemini_api_key),
-        )
+            if provider == "sim":
+                if not sim_url:
+                    raise ValueError("'sim' is served only by gateways whose own provider is sim")
+                # The simulator speaks the chosen provider's wire: the real adapter drives it.
+                adapter = (
+                    GeminiLiveFactory if config.sim.flavor == "gemini" else OpenAIRealtimeFactory
+                )
+                factory = adapter(
+                    base_url=sim_url, model=model or "sim", api_key=config.sim.api_key or "sim"
+                )
+                factory.provider = "sim"
+                return factory
+            if provider == "openai":
+                return OpenAIRealtimeFactory(
+                    base_url=config.openai_base_url,
+                    model=model or OPENAI_DEFAULT_MODEL,
+                    api_key=_provider_key(config, "openai", config.openai_api_key),
+                )
+            if provider == "gemini":
+                return GeminiLiveFactory(
+                    base_url=config.gemini_base_url,
+                    model=model or GEMINI_DEFAULT_MODEL,
+                    api_key=_provider_key(config, "gemini", config.gemini_api_key),
+                )
+            raise ValueError(f"no provider {provider!r}: use sim, openai or gemini")
+
+        yield make
+
+
+def _provider_key(config: Config, provider: str, key: str) -> str:
+    if key:
+        return key
+    if provider == config.provider:
+        return _api_key(config, key)  # the node's own: a configuration error at start
+    raise ValueError(f"{provider!r} has no API key configured on this gateway")
 
 
 def _api_key(config: Config, key: str) -> str:
@@ -129,8 +155,17 @@ async def running_gateway(config: Config) -> AsyncIterator[Gateway]:
     else:
         log.info("store: %s (durability %s)", store.kind, config.durability)
     try:
-        async with _open_tools(config) as registry, _upstream_factory(config) as factory:
-            node = Node(config, store, factory, registry, prices=prices, tracing=tracing)
+        async with _open_tools(config) as registry, _upstream_factories(config) as factories:
+            factory = factories(config.provider, config.model)
+            node = Node(
+                config,
+                store,
+                factory,
+                registry,
+                factories=factories,
+                prices=prices,
+                tracing=tracing,
+            )
             gateway = Gateway(node)
             await gateway.start()
             try:

@@ -270,6 +270,44 @@ class Config(msgspec.Struct, kw_only=True):
         ),
     ] = ""
 
+    # --- the HTTP API and client tokens (gateway.edge.api, gateway.edge.tokens) ---
+    api_port: Annotated[
+        Port | None,
+        Setting(
+            "port of the HTTP API (POST/GET/DELETE /v1/sessions…) on host; 0 picks a free one; "
+            "none = no API",
+            EDGES,
+        ),
+    ] = None
+    token_ttl: Annotated[
+        Annotated[float, Meta(ge=1, le=86400)],
+        Setting("seconds a client token minted by the HTTP API opens its session", EDGES),
+    ] = 600.0
+    token_secret: Annotated[
+        str,
+        Setting(
+            "secret(s) signing client tokens, comma-separated (the first signs, all verify); "
+            "unset: shared through Redis, or random per process with the memory store",
+            EDGES,
+            secret=True,
+        ),
+    ] = ""
+    allow_keys_in_urls: Annotated[
+        bool,
+        Setting(
+            "accept API keys in WebSocket URLs (?token=KEY); client tokens are always accepted",
+            EDGES,
+        ),
+    ] = True
+    key_policy_file: Annotated[
+        str,
+        Setting(
+            "TOML file of per-key policies ([key_id] providers, models, server_tools, "
+            "instructions), reloaded on change",
+            EDGES,
+        ),
+    ] = ""
+
     # --- slow clients (gateway.edge.backpressure, gateway.edge.reaper) ---
     send_queue_frames: Annotated[
         int,

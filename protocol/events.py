@@ -166,6 +166,7 @@ ErrorCode = Literal[
     "unknown_type",
     "turn_active",
     "no_turn",
+    "forbidden",  # the credential or the key's policy does not allow it
     # the model's fault: the gateway tells the model and the turn goes on
     "malformed_execute",
     # the environment: retry later

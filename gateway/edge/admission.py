@@ -23,6 +23,7 @@ import http
 import ipaddress
 import logging
 from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
 from typing import Final
 from urllib.parse import urlsplit
 
@@ -45,12 +46,14 @@ from gateway.edge.auth import (
     hash_key,
     is_loopback,
 )
+from gateway.edge.client_tokens import ClientTokens
 from gateway.edge.reaper import Reapable, SlowClientReaper
+from gateway.edge.tokens import TokenRefused, is_client_token
 from gateway.sessions.limits import ConnectionSlots
 from gateway.sessions.node import Node
-from gateway.store.base import StoreError
+from gateway.store.base import StoreError, StoreUnavailable
 
-__all__ = ["Edges", "parse_origins"]
+__all__ = ["Edges", "Principal", "parse_origins"]
 
 log = logging.getLogger("gateway.edge.admission")
 
@@ -135,6 +138,18 @@ def validate(config: Config) -> None:
             )
 
 
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """Who a handshake is: the key id that owns what it does, and what it may open.
+
+    ``session`` is set for a client token: it opens that session and no
+    other, and it may not change the session's configuration.
+    """
+
+    key: str
+    session: str | None = None
+
+
 class _Admitted:
     """What one admitted handshake holds until its connection closes."""
 
@@ -166,6 +181,7 @@ class Edges:
         self.slots = ConnectionSlots(node.store, node.node_id, config.max_connections_per_key)
         self.reaper = SlowClientReaper(connections, config.slow_client_timeout, node.metrics)
         self.limits = node.limits
+        self.tokens = ClientTokens(config, node.store)
         self.open = 0  # admitted connections not yet closed (the per-node limit)
         self._watchers: set[asyncio.Task[None]] = set()
         self._closed = False
@@ -216,8 +232,8 @@ class Edges:
         connection: ServerConnection,
         request: Request,
         on_close: Callable[[], object] | None = None,
-    ) -> Response | str:
-        """The principal (key id) of an acceptable handshake, or the refusal to send.
+    ) -> Response | Principal:
+        """The principal of an acceptable handshake, or the refusal to send.
 
         ``on_close`` runs when the connection closes, however it ended (the
         server forgets its handshake state there).
@@ -236,14 +252,14 @@ class Edges:
         principal = await self._authenticate(request)
         if isinstance(principal, Response):
             return principal
-        admitted = _Admitted(principal)
+        admitted = _Admitted(principal.key)
         self.open += 1
         watcher = asyncio.create_task(self._watch(connection, admitted, on_close))
         self._watchers.add(watcher)
         watcher.add_done_callback(self._watchers.discard)
         if self.slots.active:
             try:
-                slot = await self.slots.acquire(principal)
+                slot = await self.slots.acquire(principal.key)
             except StoreError as exc:
                 self.metrics.store_errors.inc()
                 log.warning("connection slots unavailable: %s", exc)
@@ -307,10 +323,20 @@ class Edges:
             "(the operator can allow it with --allowed-origins)\n",
         )
 
-    async def _authenticate(self, request: Request) -> str | Response:
-        if not self.auth_on:
-            return ANONYMOUS
+    async def key_id(self, key: str) -> str | None:
+        """The key id of an API key, None if it is not one (``KeyStoreUnavailable``: ask later)."""
+        digest = hash_key(key)
+        key_id = self.key_file.lookup(digest) if self.key_file is not None else None
+        if key_id is None and self.redis_keys is not None:
+            key_id = await self.redis_keys.lookup(digest)
+        return key_id
+
+    async def _authenticate(self, request: Request) -> Principal | Response:
         creds = credentials_from(request.headers, request.path)
+        if creds.key is not None and is_client_token(creds.key):
+            return await self._check_token(creds.key)
+        if not self.auth_on:
+            return Principal(ANONYMOUS)
         if creds.problem:
             return self._refuse(
                 "unauthorized",
@@ -323,27 +349,48 @@ class Edges:
                 http.HTTPStatus.UNAUTHORIZED,
                 f"an API key is required: {HOW_TO_AUTHENTICATE}\n",
             )
-        digest = hash_key(creds.key)
-        key_id = self.key_file.lookup(digest) if self.key_file is not None else None
-        if key_id is None and self.redis_keys is not None:
-            try:
-                key_id = await self.redis_keys.lookup(digest)
-            except KeyStoreUnavailable as exc:
-                self.metrics.store_errors.inc()
-                log.warning("cannot check API keys: Redis unavailable: %s", exc)
-                return self._refuse(
-                    "store",
-                    http.HTTPStatus.SERVICE_UNAVAILABLE,
-                    "API keys cannot be checked right now (the key store is unavailable); "
-                    "retry in a few seconds\n",
-                )
+        if creds.via == "query" and not self.config.allow_keys_in_urls:
+            return self._refuse(
+                "unauthorized",
+                http.HTTPStatus.UNAUTHORIZED,
+                "this gateway does not accept API keys in URLs (?token=KEY): a URL ends up in "
+                "browser history and access logs. Let the app's backend make the session "
+                "(POST /v1/sessions) and connect with its client_token (?token=CLIENT_TOKEN), "
+                "or send the key in the Authorization header\n",
+            )
+        try:
+            key_id = await self.key_id(creds.key)
+        except KeyStoreUnavailable as exc:
+            self.metrics.store_errors.inc()
+            log.warning("cannot check API keys: Redis unavailable: %s", exc)
+            return self._refuse(
+                "store",
+                http.HTTPStatus.SERVICE_UNAVAILABLE,
+                "API keys cannot be checked right now (the key store is unavailable); "
+                "retry in a few seconds\n",
+            )
         if key_id is None:
             return self._refuse(
                 "unauthorized",
                 http.HTTPStatus.UNAUTHORIZED,
                 f"this API key is not valid (mistyped, or revoked): {HOW_TO_AUTHENTICATE}\n",
             )
-        return key_id
+        return Principal(key_id)
+
+    async def _check_token(self, token: str) -> Principal | Response:
+        try:
+            claims = await self.tokens.verify(token)
+        except StoreUnavailable:
+            self.metrics.store_errors.inc()
+            return self._refuse(
+                "store",
+                http.HTTPStatus.SERVICE_UNAVAILABLE,
+                "client tokens cannot be checked right now (the session store is unavailable); "
+                "retry in a few seconds\n",
+            )
+        if isinstance(claims, TokenRefused):
+            return self._refuse("unauthorized", http.HTTPStatus.UNAUTHORIZED, claims.message + "\n")
+        return Principal(claims.key, claims.sid)
 
     def _refuse(self, reason: str, status: http.HTTPStatus, body: str) -> Response:
         self.metrics.refused.labels(reason).inc()

@@ -16,7 +16,10 @@ Where keys are kept (either or both):
 How a client presents a key, in the order checked: ``Authorization: Bearer
 KEY``; the subprotocol ``rtgw.bearer.KEY`` offered next to ``rtgw.v1`` (browsers
 cannot set headers on a WebSocket, and the subprotocol header stays out of URLs
-and access logs); ``?token=KEY`` (browsers, simplest).
+and access logs); ``?token=KEY`` (browsers, simplest; refused with
+``--no-allow-keys-in-urls``). Each place also takes a *client token*
+(``gateway.edge.tokens``), which is how browsers should connect: it opens
+one session for a few minutes and is worth nothing else.
 
 No key source configured means auth is off: every client is ``anonymous``.
 That is allowed on a loopback address only (``check_exposure``), so the
@@ -73,8 +76,9 @@ _KEY_ID: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _DIGEST: Final = re.compile(r"[0-9a-f]{64}")
 
 HOW_TO_AUTHENTICATE: Final = (
-    "send your API key as the header `Authorization: Bearer KEY`; browsers can add "
-    "`?token=KEY` to the URL or offer the subprotocols `rtgw.v1` and `rtgw.bearer.KEY`. "
+    "send your API key as the header `Authorization: Bearer KEY`; browsers add `?token=KEY` "
+    "to the URL or offer the subprotocols `rtgw.v1` and `rtgw.bearer.KEY`, with as KEY a "
+    "client token their app's backend got from POST /v1/sessions. "
     "The gateway's operator issues keys (`gateway keys add KEY_ID`)"
 )
 

@@ -70,12 +70,16 @@ class ClientConnection:
         resumed: bool,
         event_mode: bool = False,
         unrecorded: MutableMapping[str, str] | None = None,
+        trusted: bool = True,
     ) -> None:
         """``unrecorded``: the node's new sessions not stored yet (sid → owner);
-        one is stored when its first turn starts (``Node.record_session``)."""
+        one is stored when its first turn starts (``Node.record_session``).
+        ``trusted``: the client presented an API key (not a client token), so
+        it may change the session's configuration."""
         self.node = node
         self.ws = ws
-        self.sid = sid
+        self._sid = sid
+        self.trusted = trusted
         self.resumed = resumed
         self.last_sent = after
         self.source: SessionRuntime | LogFollower | None = None
@@ -95,6 +99,10 @@ class ClientConnection:
         self._frame_rate = FrameRate(
             node.config.client_frames_per_second, node.config.client_frame_burst, time.monotonic()
         )
+
+    @property
+    def sid(self) -> str:
+        return self._sid
 
     # ------------------------------------------------------------- Subscriber
 
@@ -165,10 +173,17 @@ class ClientConnection:
         # The reason is for the log: it may name nodes and runs past a close
         # frame's 123 bytes. The client only needs to know what to do.
         log.info("session %s: closing client (1012): %s", self.sid, reason, extra={"sid": self.sid})
+        if self._close is not None:
+            return  # already closing for a reason of its own (a deletion)
         self._close = (
             CloseCode.SERVICE_RESTART,
             "session moved to another node; reconnect with session_id and after=<last seq>",
         )
+        self._wake.set()
+
+    def session_deleted(self) -> None:
+        """The session was deleted: close with 4404; resuming it answers 404."""
+        self._close = (CloseCode.SESSION_DELETED, "session deleted")
         self._wake.set()
 
     def switch_source(self, source: EventSource) -> None:
@@ -313,12 +328,12 @@ class ClientConnection:
         if isinstance(message, Ping):
             self.notify(Pong(seq=self.client_seq, timestamp=time.time()))
             return
-        if isinstance(message, Configure):
-            # Session configuration is being built (issue 15); until then say so.
+        if isinstance(message, Configure) and not self.trusted:
             self._reply(
                 Error(
-                    code="unknown_type",
-                    content="configure is not supported by this gateway version yet",
+                    code="forbidden",
+                    content="a client token cannot change the session's configuration; the "
+                    "app's backend sets it (POST /v1/sessions) or connects with its API key",
                 )
             )
             return
@@ -376,6 +391,8 @@ class ClientConnection:
         self._redispatched = 0
         if isinstance(message, UserMessage):
             error = runtime.start_turn(message.content)
+        elif isinstance(message, Configure):
+            error = runtime.configure(message)
         else:
             assert isinstance(message, Cancel)
             error = runtime.cancel_turn()

@@ -3,7 +3,9 @@
 ``ws://HOST:PORT/v1/realtime`` is the client protocol; ``GET /healthz`` says the
 process is alive, ``GET /readyz`` whether it would serve a new client (503 while
 draining, full, or its store is unreachable: ``gateway.edge.health``), and
-``GET /metrics`` serves Prometheus.
+``GET /metrics`` serves Prometheus. The HTTP API (``POST``/``GET``/``DELETE``
+``/v1/sessions``: ``gateway.edge.api``) listens on ``--api-port``: websockets
+serves GET handshakes only.
 Everything a handshake can refuse (unknown path, bad query, unknown or foreign
 session) is refused with an HTTP status before the WebSocket opens, so a
 client learns what was wrong without parsing a close frame.
@@ -30,6 +32,7 @@ from websockets.http11 import Request, Response
 from gateway.config import Config
 from gateway.edge import web
 from gateway.edge.admission import Edges
+from gateway.edge.api import HttpApi
 from gateway.edge.closes import CloseCode, close_reason
 from gateway.edge.connection import ClientConnection
 from gateway.edge.health import StoreProbe
@@ -70,6 +73,8 @@ class Handshake(msgspec.Struct):
     stream: StreamMode = "token"
     # The owner of a session of this node not stored yet (see ``Gateway.unrecorded``).
     unrecorded_owner: str | None = None
+    # An API key (not a client token): may change the session's configuration.
+    trusted: bool = True
 
 
 class NewSessions(MutableMapping[str, str]):
@@ -147,6 +152,8 @@ class Gateway:
         # Auth, origins, connection limits, slow clients (raises ConfigError if unsafe).
         self.edges = Edges(self.config, node, self.connections)
         self.store_probe = StoreProbe(node.store)
+        # The HTTP API (POST/GET/DELETE /v1/sessions) on its own port, if configured.
+        self.api = HttpApi(node, self.edges) if self.config.api_port is not None else None
 
     @property
     def port(self) -> int:
@@ -157,6 +164,12 @@ class Gateway:
     @property
     def url(self) -> str:
         return f"ws://{self.config.host}:{self.port}{WS_PATH}"
+
+    @property
+    def api_url(self) -> str:
+        """``http://HOST:API_PORT`` (the API's paths start with ``/v1/sessions``)."""
+        assert self.api is not None, "the HTTP API is off: set api_port"
+        return f"http://{self.config.host}:{self.api.port}"
 
     async def start(self) -> None:
         cfg = self.config
@@ -180,6 +193,8 @@ class Gateway:
             write_limit=cfg.write_limit,  # a send waits for a slow client to drain
         )
         self.edges.start()
+        if self.api is not None:
+            await self.api.start()
         log.info("listening on %s (node %s)", self.url, self.node.node_id)
 
     # ------------------------------------------------------------------ HTTP
@@ -233,8 +248,18 @@ class Gateway:
         )
         if isinstance(admitted, Response):
             return admitted
-        principal = admitted
+        principal = admitted.key
         sid = _one(query, "session_id")
+        if admitted.session is not None:  # a client token: its session, and no other
+            if sid is None:
+                sid = admitted.session
+            elif sid != admitted.session:
+                self.node.metrics.refused.labels("forbidden").inc()
+                return _text(
+                    http.HTTPStatus.FORBIDDEN,
+                    "this client token opens its own session only: connect without "
+                    "session_id (or with the session_id it was minted for)\n",
+                )
         unrecorded_owner: str | None = None
         stream = _one(query, "stream") or "token"
         if stream not in STREAM_MODES:
@@ -282,6 +307,7 @@ class Gateway:
             after=after,
             stream="event" if stream == "event" else "token",
             unrecorded_owner=unrecorded_owner,
+            trusted=admitted.session is None,
         )
         return None
 
@@ -349,7 +375,7 @@ class Gateway:
         node.metrics.connections_total.inc()
         try:
             if hs.session_id is None:
-                runtime = await node.create_session()
+                runtime = await node.create_session(hs.principal)
                 sid, after, resumed = runtime.sid, 0, False
                 self.unrecorded.add(sid, hs.principal)  # stored at its first turn
             else:
@@ -364,6 +390,7 @@ class Gateway:
                 resumed=resumed,
                 event_mode=hs.stream == "event",
                 unrecorded=self.unrecorded,
+                trusted=hs.trusted,
             )
             self.connections.add(conn)
             try:
@@ -403,6 +430,8 @@ class Gateway:
         await node.stop()
         if self.server is not None:
             await self.server.wait_closed()
+        if self.api is not None:
+            await self.api.close()
         await self.edges.close()
 
     async def close(self) -> None:
@@ -411,6 +440,8 @@ class Gateway:
         if self.server is not None:
             self.server.close()
             await self.server.wait_closed()
+        if self.api is not None:
+            await self.api.close()
         await self.edges.close()
         await self.node.stop()
 

@@ -16,7 +16,16 @@ from typing import Final
 
 import msgspec
 
-__all__ = ["ControlMessage", "Forward", "Reply", "decode_control", "encode_control", "node_channel"]
+__all__ = [
+    "BROADCAST_CHANNEL",
+    "ControlMessage",
+    "Deleted",
+    "Forward",
+    "Reply",
+    "decode_control",
+    "encode_control",
+    "node_channel",
+]
 
 
 class Forward(msgspec.Struct, tag_field="kind", tag="forward", frozen=True):
@@ -42,7 +51,16 @@ class Reply(msgspec.Struct, tag_field="kind", tag="reply", frozen=True):
     retry: bytes = b""
 
 
-ControlMessage = Forward | Reply
+class Deleted(msgspec.Struct, tag_field="kind", tag="deleted", frozen=True):
+    """The session ``sid`` was deleted: every node lets go of it (on ``BROADCAST_CHANNEL``)."""
+
+    sid: str
+
+
+ControlMessage = Forward | Reply | Deleted
+
+BROADCAST_CHANNEL: Final = "nodes"
+"""The channel every node listens on, for what concerns all of them (a deletion)."""
 
 _encoder: Final = msgspec.msgpack.Encoder()
 _decoder: Final = msgspec.msgpack.Decoder(ControlMessage)

@@ -13,32 +13,57 @@ import asyncio
 import contextlib
 import logging
 import secrets
+import shutil
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any, Protocol
+
+import msgspec
 
 from gateway.config import Config
 from gateway.metrics import Metrics
 from gateway.pricing import PriceTable
-from gateway.sessions.control import Forward, Reply, decode_control, encode_control, node_channel
+from gateway.sessions.control import (
+    BROADCAST_CHANNEL,
+    Deleted,
+    Forward,
+    Reply,
+    decode_control,
+    encode_control,
+    node_channel,
+)
 from gateway.sessions.follower import LogFollower
 from gateway.sessions.limits import Limits
 from gateway.sessions.logwriter import LogWriter
-from gateway.sessions.runtime import SessionRuntime, SessionServices
+from gateway.sessions.policy import KeyPolicies, refusal
+from gateway.sessions.runtime import SessionRuntime, SessionServices, SessionSetup
 from gateway.sessions.workspaces import WorkspaceSweeper
 from gateway.store.base import Store, StoreError
 from gateway.tracing import Tracing
 from gateway.upstream.base import UpstreamFactory
 from protocol.assembly import HistoryItem, decode_history_item
-from protocol.events import Cancel, Error, Usage, UserMessage, decode_client, encode
-from protocol.prompt import system_prompt
+from protocol.configuration import SessionConfig, decode_config, encode_config
+from protocol.events import (
+    Cancel,
+    Configure,
+    Error,
+    Usage,
+    UserMessage,
+    decode_client,
+    encode,
+)
+from protocol.prompt import ToolSpec, system_prompt
 from tools.base import ToolContext
 from tools.executor import Executor
 from tools.registry import Registry
 from tools.workspaces import workspace_dir
 
-__all__ = ["Node"]
+__all__ = ["Node", "UpstreamFactories"]
+
+UpstreamFactories = Callable[[str, str], UpstreamFactory]
+"""``(provider, model)`` → a factory for them; raises ``ValueError`` saying why not
+(a provider with no API key configured, an unknown provider)."""
 
 log = logging.getLogger("gateway.sessions.node")
 
@@ -49,6 +74,13 @@ class ClientConnectionLike(Protocol):
 
     def redispatch(self, frame: bytes) -> None:
         """Handle this client's command again (the session moved while it travelled)."""
+
+    @property
+    def sid(self) -> str:
+        """The session this client is attached to."""
+
+    def session_deleted(self) -> None:
+        """The session was deleted (``DELETE /v1/sessions/ID``): close this client."""
 
 
 class Node:
@@ -62,7 +94,10 @@ class Node:
         metrics: Metrics | None = None,
         prices: PriceTable | None = None,
         tracing: Tracing | None = None,
+        factories: UpstreamFactories | None = None,
     ) -> None:
+        """``factories`` makes upstream factories for sessions that pick another
+        provider or model; without it they get only ``upstream_factory``'s."""
         self.config = config
         self.node_id = config.node_id
         self.store = store
@@ -75,6 +110,12 @@ class Node:
         # Per-key turn and token limits (gateway.sessions.limits); free when they are off.
         self.limits = Limits(config, store, self.metrics)
         self.system_prompt = system_prompt(registry.specs(), config.instructions)
+        # What each key may set in its sessions (--key-policy-file).
+        self.policies = KeyPolicies(config.key_policy_file or None)
+        self._factories = factories
+        # Per-session upstream factories, by (provider, model); "" = the node's.
+        self._factory_cache: dict[tuple[str, str], UpstreamFactory] = {}
+        self.default_setup = SessionSetup(SessionConfig(), self.system_prompt, upstream_factory)
         self.runtimes: dict[str, SessionRuntime] = {}
         self.log_writer = LogWriter(store, self.node_id, linger=config.log_linger)
         self.services = SessionServices(
@@ -89,6 +130,7 @@ class Node:
             store=store,
             prices=prices or PriceTable(),
             tracing=tracing or Tracing.off(),
+            session_setup=self.setup,
         )
         # Removes the workspaces of sessions that ended (expired in the store).
         self.workspaces = WorkspaceSweeper(
@@ -113,6 +155,7 @@ class Node:
         self.spawn(
             self.store.listen(node_channel(self.node_id), self._on_control), "control-listener"
         )
+        self.spawn(self.store.listen(BROADCAST_CHANNEL, self._on_control), "broadcast-listener")
 
     async def stop(self) -> None:
         """Close every session this node drives (their clients are told to reconnect)."""
@@ -140,33 +183,135 @@ class Node:
     def new_session_id(self) -> str:
         return secrets.token_urlsafe(18)
 
-    async def create_session(self) -> SessionRuntime:
+    async def create_session(self, owner: str = "") -> SessionRuntime:
         """A new session driven by this node, not stored until ``record_session``.
 
         The edge stores it at its first turn: a connection that never sends a
         message leaves no 24-hour session record behind.
         """
         sid = self.new_session_id()
-        runtime = await self.drive(sid)
+        runtime = await self.drive(sid, owner=owner)
         if runtime is None:  # pragma: no cover - a fresh random id cannot be leased elsewhere
             raise RuntimeError(f"new session {sid} is leased by another node")
         return runtime
 
+    def session_meta(self, owner: str, setup: SessionSetup) -> dict[str, str]:
+        """The meta a new session is stored with: its owner and configuration."""
+        return {
+            "owner": owner,
+            "provider": setup.upstream_factory.provider,
+            "created": f"{time.time():.3f}",
+            "node": self.node_id,
+            "config": encode_config(setup.config).decode(),
+        }
+
     async def record_session(self, sid: str, owner: str) -> None:
         """Store the session ``sid`` as owned by ``owner`` (an API key id); then it
         can be resumed, from any node, until it idles out (``session_ttl``)."""
-        meta = {
-            "owner": owner,
-            "provider": self.upstream_factory.provider,
-            "created": f"{time.time():.3f}",
-            "node": self.node_id,
-        }
-        await self.store.create_session(sid, meta)
         runtime = self.runtimes.get(sid)
+        setup = runtime.setup if runtime is not None else self.default_setup
+        await self.store.create_session(sid, self.session_meta(owner, setup))
         if runtime is not None:
             runtime.observer.owner = owner
 
-    async def drive(self, sid: str) -> SessionRuntime | None:
+    # ------------------------------------------------------------------ configuration
+
+    def setup(self, owner: str, config: SessionConfig) -> SessionSetup | str:
+        """What ``config`` makes of this node for a session of ``owner``, or why it cannot be.
+
+        The system prompt is the protocol's, then the operator's instructions,
+        the owner's key-policy instructions and the session's own (appended:
+        a session cannot replace what the operator set), over the tools it
+        may use; the upstream is the session's provider and model.
+        """
+        policy = self.policies.get(owner)
+        refused = refusal(policy, config)
+        if refused is not None:
+            return refused
+        names = set(self.registry.names())
+        allowed: frozenset[str] | None = None
+        limits = [t for t in (config.server_tools, policy.server_tools) if t is not None]
+        if limits:
+            unknown = [n for n in limits[0] if n not in names]
+            if unknown:
+                return (
+                    f"server_tools: this gateway has no tool {unknown[0]!r}; "
+                    f"its tools: {', '.join(sorted(names)) or 'none'}"
+                )
+            allowed = frozenset.intersection(*(frozenset(t) for t in limits))
+        factory = self._factory(config.provider, config.model)
+        if isinstance(factory, str):
+            return factory
+        if (
+            allowed is None
+            and not config.tools
+            and not config.instructions
+            and not (policy.instructions)
+        ):
+            prompt = self.system_prompt
+        else:
+            specs = [s for s in self.registry.specs() if allowed is None or s.name in allowed]
+            specs += [ToolSpec(t.name, t.description, t.parameters) for t in config.tools]
+            parts = [self.config.instructions, policy.instructions, config.instructions]
+            prompt = system_prompt(specs, "\n\n".join(p.strip() for p in parts if p.strip()))
+        return SessionSetup(config, prompt, factory, allowed)
+
+    def _factory(self, provider: str, model: str) -> UpstreamFactory | str:
+        default = self.upstream_factory
+        if (not provider or provider == default.provider) and not model:
+            return default
+        key = (provider or default.provider, model)
+        cached = self._factory_cache.get(key)
+        if cached is not None:
+            return cached
+        if self._factories is None:
+            return (
+                f"provider: this gateway serves only its default upstream ({default.provider}); "
+                "leave provider and model unset"
+            )
+        try:
+            factory = self._factories(*key)
+        except ValueError as exc:
+            return f"provider: {exc}"
+        self._factory_cache[key] = factory
+        return factory
+
+    def runtime_configured(self, runtime: SessionRuntime) -> None:
+        """Store the session's new configuration (a no-op until it is stored itself)."""
+        fields = {
+            "config": encode_config(runtime.setup.config).decode(),
+            "provider": runtime.setup.upstream_factory.provider,
+        }
+        self.spawn(self._save_meta(runtime.sid, fields), f"configure:{runtime.sid}")
+
+    async def _save_meta(self, sid: str, fields: dict[str, str]) -> None:
+        try:
+            await self.store.set_meta(sid, fields)
+        except StoreError as exc:
+            log.warning("session %s: configuration not stored: %s", sid, exc, extra={"sid": sid})
+
+    def _stored_setup(self, sid: str, meta: dict[str, str]) -> SessionSetup:
+        """The setup of a stored session; its configuration as far as this node can serve it."""
+        owner = meta.get("owner", "")
+        try:
+            config = decode_config(meta.get("config", ""))
+        except (ValueError, TypeError) as exc:  # msgspec's errors are ValueErrors
+            log.error("session %s: unreadable stored configuration: %s", sid, exc)
+            return self.default_setup
+        setup = self.setup(owner, config)
+        if isinstance(setup, str):
+            log.warning(
+                "session %s: its configuration cannot be served here (%s); using the "
+                "gateway's provider",
+                sid,
+                setup,
+                extra={"sid": sid},
+            )
+            fallback = self.setup(owner, msgspec.structs.replace(config, provider="", model=""))
+            return fallback if not isinstance(fallback, str) else self.default_setup
+        return setup
+
+    async def drive(self, sid: str, *, owner: str = "") -> SessionRuntime | None:
         """The runtime of ``sid`` on this node, loading it if its lease is free.
 
         None when another live node holds the lease (the caller follows the log).
@@ -184,7 +329,7 @@ class Node:
             if not await self.store.acquire_lease(sid, self.node_id, self.config.lease_ttl):
                 return None
             try:
-                runtime = await self._load(sid)
+                runtime = await self._load(sid, owner)
             except BaseException:
                 with contextlib.suppress(Exception):
                     await self.store.release_lease(sid, self.node_id)
@@ -199,13 +344,18 @@ class Node:
             self._locks.pop(sid, None)
         return runtime
 
-    async def _load(self, sid: str) -> SessionRuntime:
+    async def _load(self, sid: str, owner: str = "") -> SessionRuntime:
+        """``owner``: of a new session (not stored yet); a stored one says its own."""
         store = self.store
         meta, last_seq, raw_history = await asyncio.gather(
             store.get_meta(sid), store.last_seq(sid), store.read_history(sid)
         )
         history: list[HistoryItem] = [decode_history_item(b) for b in raw_history]
-        meta = meta or {}
+        if meta is None:
+            meta = {}
+            setup = self._stored_setup(sid, {"owner": owner}) if owner else self.default_setup
+        else:
+            setup = self._stored_setup(sid, meta)
         usage = Usage(
             input=int(meta.get("usage_input", "0") or 0),
             output=int(meta.get("usage_output", "0") or 0),
@@ -218,7 +368,8 @@ class Node:
             history=history,
             usage=usage,
             cost=_float(meta.get("cost_usd", "")),
-            owner=meta.get("owner", ""),
+            setup=setup,
+            owner=meta.get("owner", owner),
         )
         # The last turn's trace: a rerun of it (rerun_interrupted) links there.
         runtime.observer.follows = meta.get("traceparent", "")
@@ -346,6 +497,8 @@ class Node:
         message = decode_control(data)
         if message is None:
             log.warning("ignoring an unreadable control message (%d bytes)", len(data))
+        elif isinstance(message, Deleted):
+            self.spawn(self.session_deleted(message.sid), f"delete:{message.sid}")
         elif isinstance(message, Reply):
             target = self.connections.get(message.conn)
             if target is not None and message.retry:
@@ -369,12 +522,43 @@ class Node:
             error = runtime.start_turn(command.content)
         elif isinstance(command, Cancel):
             error = runtime.cancel_turn()
+        elif isinstance(command, Configure):
+            error = runtime.configure(command)  # the origin checked the client may configure
         else:
             return
         if error is not None:
             reply = Reply(conn=message.conn, error=encode(error))
             with contextlib.suppress(StoreError):
                 await self.store.publish(node_channel(message.origin), encode_control(reply))
+
+    # ------------------------------------------------------------------ deletion
+
+    async def delete_session(self, sid: str) -> bool:
+        """Delete ``sid`` everywhere: the store's records, then every node's live state.
+
+        False if the store had no such session. Every node (this one
+        included) hears ``Deleted`` on the broadcast channel and closes its
+        clients of the session, its runtime or follower, and its workspace.
+        """
+        existed = await self.store.delete_session(sid)
+        await self.store.publish(BROADCAST_CHANNEL, encode_control(Deleted(sid=sid)))
+        return existed
+
+    async def session_deleted(self, sid: str) -> None:
+        """The session is gone from the store: let go of everything of it on this node."""
+        for conn in list(self.connections.values()):
+            if conn.sid == sid:
+                conn.session_deleted()
+        follower = self.followers.pop(sid, None)
+        if follower is not None:
+            follower.stop()
+        runtime = self.runtimes.get(sid)
+        if runtime is not None:
+            # lost=True: nothing more is written (the lease is gone, appends would fail).
+            await runtime.close("session deleted", lost=True)
+        workspace = Path(self.config.workspace_root) / sid
+        if workspace.is_dir():
+            await asyncio.to_thread(shutil.rmtree, workspace, True)
 
     # ------------------------------------------------------------------ tools
 

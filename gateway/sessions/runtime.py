@@ -46,9 +46,11 @@ from gateway.upstream.base import (
 )
 from protocol.assembly import HistoryItem, Message, assemble, encode_history_item
 from protocol.calls import ToolCall, ToolResult
+from protocol.configuration import ConfigChange, SessionConfig, apply_change
 from protocol.events import (
     Call,
     Cancelled,
+    Configured,
     End,
     Error,
     Event,
@@ -89,9 +91,9 @@ from protocol.turn import (
 )
 from protocol.turn import ResponseDone as _Done
 from tools.base import ToolContext
-from tools.executor import Executor
+from tools.executor import CallObserver, Executor
 
-__all__ = ["SessionHost", "SessionRuntime", "SessionServices"]
+__all__ = ["SessionHost", "SessionRuntime", "SessionServices", "SessionSetup"]
 
 log = logging.getLogger("gateway.sessions.runtime")
 
@@ -121,6 +123,21 @@ _IDENTIFIER: Final = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
 
 @dataclass(frozen=True, slots=True)
+class SessionSetup:
+    """What one session's own configuration makes of the node's services.
+
+    Built by the node (``Node.setup``) from the session's ``SessionConfig``
+    and its owner's key policy, on every node that drives it, so a reconnect
+    or a takeover gives the model the same prompt and provider.
+    """
+
+    config: SessionConfig
+    system_prompt: str  # protocol + operator + key policy + session instructions, with tools
+    upstream_factory: UpstreamFactory  # the session's provider and model
+    server_tools: frozenset[str] | None = None  # the server tools it may run; None: all
+
+
+@dataclass(frozen=True, slots=True)
 class SessionServices:
     """What every session on a node shares: settings, metrics and the node's workers."""
 
@@ -135,11 +152,13 @@ class SessionServices:
     store: Store
     prices: PriceTable
     tracing: Tracing
+    # The setup of a configuration for an owner (key id), or why it is refused.
+    session_setup: Callable[[str, SessionConfig], SessionSetup | str]
     store_retry_delay: float = 0.5
 
 
 class SessionHost(Protocol):
-    """How a runtime calls up to the node that drives it: three calls, no node object."""
+    """How a runtime calls up to the node that drives it: four calls, no node object."""
 
     def spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
         """Run ``coro`` in the background, owned (and cancelled on stop) by the node."""
@@ -149,6 +168,9 @@ class SessionHost(Protocol):
 
     def runtime_closed(self, runtime: SessionRuntime, *, release: bool) -> None:
         """The runtime stopped: forget it and, if ``release``, free its lease."""
+
+    def runtime_configured(self, runtime: SessionRuntime) -> None:
+        """The session's configuration changed: store it with the session."""
 
 
 class SessionRuntime:
@@ -164,18 +186,22 @@ class SessionRuntime:
         history: list[HistoryItem],
         usage: Usage,
         cost: float = 0.0,
+        setup: SessionSetup,
         owner: str = "",
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.host = host
         self.services = services
         self.sid = sid
+        self.owner = owner  # the key id that owns the session (its policy applies)
+        self.setup = setup
+        self._opened_with: SessionSetup | None = None  # the setup the upstream was opened with
         self.history = history
         cfg = services.config
         self.machine = TurnMachine(
             total=usage, max_steps=cfg.max_steps, upstream_retries=cfg.upstream_retries
         )
-        factory = services.upstream_factory
+        factory = setup.upstream_factory
         # Cost and spans of the turns: what each Account costs, and the traces.
         self.observer = TurnObserver(
             services.tracing,
@@ -380,6 +406,28 @@ class SessionRuntime:
         """Cancel the running turn; an ``Error`` reply if there is none."""
         return self._command(self.machine.feed(_CANCEL), interrupt=True)
 
+    def configure(self, change: ConfigChange) -> Error | None:
+        """Apply a ``configure``: checked, logged (``configured``), stored; an ``Error`` if refused.
+
+        Takes effect at the next model step: the upstream is reopened from
+        history with the new prompt (and provider) then.
+        """
+        if self.closed:
+            return Error(code="internal", content="session is closing; reconnect and resend")
+        updated = apply_change(self.setup.config, change)
+        if isinstance(updated, str):
+            return Error(code="bad_frame", content=updated)
+        setup = self.services.session_setup(self.owner, updated)
+        if isinstance(setup, str):
+            return Error(code="forbidden", content=setup)
+        self.setup = setup
+        # Priced and traced as the provider and model it now uses.
+        self.observer.provider = setup.upstream_factory.provider
+        self.observer.model = setup.upstream_factory.model
+        self.emit(Configured(config=updated))
+        self.host.runtime_configured(self)
+        return None
+
     def rerun_interrupted(self, reason: str) -> None:
         """After a takeover: if the last turn was in flight, mark it and rerun it.
 
@@ -523,12 +571,18 @@ class SessionRuntime:
         self._in_upstream_call = True
         self.observer.step_started()
         upstream = self.upstream
+        setup = self.setup
+        if upstream is not None and self._opened_with is not setup:
+            # Configured since it was opened: reopen with the new prompt and provider.
+            self._drop_upstream(stop=False)
+            upstream = None
         if upstream is None:
             # Fresh connection: history already ends with the prompt message.
-            upstream = self.services.upstream_factory.create()
+            upstream = setup.upstream_factory.create()
             with self.observer.connect():
-                await upstream.open(self.services.system_prompt, assemble(self.history))
+                await upstream.open(setup.system_prompt, assemble(self.history))
             self.upstream = upstream
+            self._opened_with = setup
         elif message is not None:
             await upstream.add_message(message)
         self._requested_at = time.perf_counter()
@@ -614,16 +668,44 @@ class SessionRuntime:
     async def _run_tools(self, calls: Sequence[ToolCall]) -> list[ToolResult]:
         services = self.services
         services.metrics.tool_calls.inc(len(calls))
-        observer = self.observer
-        results = await services.executor.run_batch(
-            list(calls),
-            services.tool_context(self.sid),
-            observe=observer.tool if observer.tracing else None,
-        )
+        observe = self.observer.tool if self.observer.tracing else None
+        allowed = self.setup.server_tools
+        if allowed is None or all(call.name in allowed for call in calls):
+            results = await services.executor.run_batch(
+                list(calls), services.tool_context(self.sid), observe=observe
+            )
+        else:
+            results = await self._run_allowed(calls, allowed, observe)
         failures = sum(1 for r in results if r.status != "success")
         if failures:
             services.metrics.tool_failures.inc(failures)
         return results
+
+    async def _run_allowed(
+        self, calls: Sequence[ToolCall], allowed: frozenset[str], observe: CallObserver | None
+    ) -> list[ToolResult]:
+        """Run the calls of tools this session may use; the others fail, in place."""
+        services = self.services
+        runnable = [call for call in calls if call.name in allowed]
+        ran = iter(
+            await services.executor.run_batch(
+                runnable, services.tool_context(self.sid), observe=observe
+            )
+            if runnable
+            else []
+        )
+        names = ", ".join(sorted(allowed)) or "none"
+        return [
+            next(ran)
+            if call.name in allowed
+            else ToolResult(
+                tool=call.name,
+                status="failure",
+                content=f"the tool {call.name!r} is not available in this session; "
+                f"its tools are: {names}",
+            )
+            for call in calls
+        ]
 
     def _drop_upstream(self, *, stop: bool) -> None:
         """Let the upstream go; it is closed in the background, so the turn does not wait."""

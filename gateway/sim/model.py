@@ -24,6 +24,10 @@ user message:
 - a message starting with ``<results>`` → a think, then ``The tool returned
   STATUS.`` quoting the first result's status, then ``<end>``.
 - ``/raw TEXT`` → exactly TEXT (scripted output, markers and all).
+- ``/instructions`` → ``Instructions: `` and the system instructions the
+  session was opened with, every ``<`` written ``‹`` (so the protocol
+  prompt's example markers stay text), then ``<end>``: tests see what
+  reached the model.
 - anything else → a think, then ``Echo: MESSAGE``, then ``<end>``.
 
 Voice (``gateway.sim.vad`` hears, ``spoken_reply`` speaks):
@@ -75,6 +79,7 @@ __all__ = [
     "SimItem",
     "SimStats",
     "estimate_tokens",
+    "quote_instructions",
     "sim_reply",
     "speech_transcript",
     "spoken_reply",
@@ -178,8 +183,14 @@ class SimConfig(msgspec.Struct, frozen=True, kw_only=True):
 # --- the model ----------------------------------------------------------------------
 
 
-def sim_reply(message: str, *, overrun: bool = True) -> str:
-    """The simulated model's whole output for the last user ``message``."""
+def sim_reply(message: str, *, overrun: bool = True, instructions: str = "") -> str:
+    """The simulated model's whole output for the last user ``message``.
+
+    ``instructions`` are the system instructions the session was opened with
+    (quoted by ``/instructions``).
+    """
+    if message.strip() == "/instructions":
+        return f"Instructions: {quote_instructions(instructions)}<end>"
     if message.startswith("/raw"):
         rest = message[4:]
         if not rest or rest[0] == " ":
@@ -191,6 +202,15 @@ def sim_reply(message: str, *, overrun: bool = True) -> str:
     if message.lstrip().startswith("<results>"):
         return f"<think>The tool answered.</think>{_results_reply(message)}<end>"
     return f"<think>The user said something.</think>Echo: {message}<end>"
+
+
+def quote_instructions(instructions: str) -> str:
+    """``instructions`` as the simulator quotes them: every ``<`` written ``‹``.
+
+    The instructions hold the protocol prompt, whose example markers
+    (``<execute>``, ``<end>``) would otherwise be parsed as the model's own.
+    """
+    return instructions.replace("<", "\u2039")
 
 
 def _tool_reply(name: str, args: str, overrun: bool) -> str:

@@ -553,7 +553,11 @@ class _Connection(SimConnection):
                 return tool_answer(name, item.text)
             if item.kind == "message" and item.role == "user":
                 if not self.audio_out:
-                    return sim_reply(item.text, overrun=config.overrun)
+                    return sim_reply(
+                        item.text,
+                        overrun=config.overrun,
+                        instructions=self.session.instructions or "",
+                    )
                 functions = frozenset(t.name for t in self.session.tools or () if t.name)
                 return spoken_reply(item.text, functions)
         return sim_reply("", overrun=config.overrun) if not self.audio_out else spoken_reply("")

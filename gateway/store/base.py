@@ -12,6 +12,7 @@ on one slot):
 - ``rtgw:{SID}:log``     stream of every client event; entry id ``SEQ-0``
 - ``rtgw:{SID}:history`` list of persisted semantic units (context assembly input)
 - ``rtgw:{SID}:lease``   the node driving the session (``SET NX PX``, renewed)
+- ``rtgw:{SID}:gone``    set by ``delete_session``: the session may not be leased again
 
 Durability rule: **log, then send**. ``append`` returns only when the entries are
 stored; only then are they sent to clients. ``append`` is fenced by the lease: a
@@ -75,6 +76,23 @@ class Store(abc.ABC):
     @abc.abstractmethod
     async def set_meta(self, sid: str, fields: Mapping[str, str]) -> None:
         """Update some meta fields of an existing session."""
+
+    @abc.abstractmethod
+    async def delete_session(self, sid: str) -> bool:
+        """Remove the session's meta, log, history and lease; False if it did not exist.
+
+        The session is fenced for its idle TTL afterwards: no node can take its
+        lease, so a driver that has not heard of the delete yet cannot write
+        it back (its appends and lease renewals fail, ``LeaseLost``).
+        """
+
+    @abc.abstractmethod
+    async def shared_secret(self, name: str, candidate: bytes) -> bytes:
+        """The secret stored as ``name``, storing ``candidate`` if none is yet.
+
+        How nodes sharing a store agree on a secret (the client tokens'
+        signing key) with no setup: the first node's candidate wins.
+        """
 
     # --- log + history -----------------------------------------------------
 

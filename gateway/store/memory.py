@@ -67,6 +67,8 @@ class MemoryStore(Store):
         self._trim_at = max_log + max(1, max_log // 4)
         self._sessions: dict[str, _Session] = {}
         self._leases: dict[str, tuple[str, float]] = {}
+        self._gone: dict[str, float] = {}  # deleted sessions → until when they stay fenced
+        self._secrets: dict[str, bytes] = {}
         self._waiters: dict[str, list[asyncio.Future[None]]] = {}
         self._listeners: dict[str, list[Callable[[bytes], None]]] = {}
         self._closed = False
@@ -109,6 +111,8 @@ class MemoryStore(Store):
             del self._sessions[sid]
         for sid in [s for s, v in self._leases.items() if now >= v[1]]:
             del self._leases[sid]
+        for sid in [s for s, deadline in self._gone.items() if now >= deadline]:
+            del self._gone[sid]
 
     def _slice(self, session: _Session | None, after: int, limit: int) -> list[LogEntry]:
         if session is None or not session.log or limit <= 0:
@@ -155,6 +159,19 @@ class MemoryStore(Store):
             return
         session.meta.update(fields)
         session.deadline = now + self.ttl
+
+    async def delete_session(self, sid: str) -> bool:
+        now = self._clock()
+        session = self._session(sid, now)
+        existed = self._sessions.pop(sid, None) is not None and session is not None
+        self._leases.pop(sid, None)
+        self._gone[sid] = now + self.ttl
+        if sid in self._waiters:
+            self._wake(sid)  # followers see an empty log and look again
+        return existed
+
+    async def shared_secret(self, name: str, candidate: bytes) -> bytes:
+        return self._secrets.setdefault(name, candidate)
 
     # --- log + history -----------------------------------------------------
 
@@ -264,6 +281,9 @@ class MemoryStore(Store):
             raise ValueError(f"lease ttl must be > 0 seconds, got {ttl!r}")
         now = self._clock()
         self._maybe_sweep(now)
+        gone = self._gone.get(sid)
+        if gone is not None and now < gone:
+            return False  # deleted: fenced (see delete_session)
         holder = self._holder(sid, now)
         if holder is not None and holder != node:
             return False

@@ -41,6 +41,7 @@ from gateway.store.redis_connect import (
 from gateway.store.redis_scripts import (
     ACQUIRE,
     CREATE,
+    DELETE,
     INCR_WINDOW,
     RELEASE,
     RENEW,
@@ -285,6 +286,26 @@ class RedisStore(Store):
         keys, args = self._meta_args(sid, fields)
         await self._eval(SET_META, keys, *args)
 
+    async def delete_session(self, sid: str) -> bool:
+        keys = [
+            self._key(sid, "meta"),
+            self._key(sid, "log"),
+            self._key(sid, "history"),
+            self._key(sid, "lease"),
+            self._key(sid, "gone"),
+        ]
+        return bool(await self._eval(DELETE, keys, self._ttl_ms))
+
+    async def shared_secret(self, name: str, candidate: bytes) -> bytes:
+        """``SET NX`` then ``GET``: the first node's candidate wins, every node reads it."""
+        key = f"{self.prefix}:secret:{name}"
+        try:
+            await self._cmd("SET", key, candidate, "NX")
+            stored = await self._cmd("GET", key)
+        except _ERRORS as exc:
+            raise self._error(exc, "reading a shared secret") from exc
+        return bytes(stored) if stored is not None else candidate
+
     # --- log + history -----------------------------------------------------
 
     async def append(
@@ -399,7 +420,8 @@ class RedisStore(Store):
 
     async def acquire_lease(self, sid: str, node: str, ttl: float) -> bool:
         ms = _ms(ttl, "lease ttl")
-        return bool(await self._eval(ACQUIRE, [self._key(sid, "lease")], node, ms))
+        keys = [self._key(sid, "lease"), self._key(sid, "gone")]
+        return bool(await self._eval(ACQUIRE, keys, node, ms))
 
     async def keep_leases(self, sids: Sequence[str], node: str, ttl: float) -> list[bool]:
         """One pipelined round trip per 500 sessions instead of one per session.
@@ -416,7 +438,13 @@ class RedisStore(Store):
                 async with self._r.pipeline(transaction=False) as pipe:
                     for sid in chunk:
                         pipe.execute_command(
-                            "EVALSHA", ACQUIRE.sha, 1, self._key(sid, "lease"), node, ms
+                            "EVALSHA",
+                            ACQUIRE.sha,
+                            2,
+                            self._key(sid, "lease"),
+                            self._key(sid, "gone"),
+                            node,
+                            ms,
                         )
                     replies = await pipe.execute(raise_on_error=False)
             except _ERRORS as exc:

@@ -18,6 +18,7 @@ __all__ = [
     "ACQUIRE",
     "APPEND",
     "CREATE",
+    "DELETE",
     "INCR_WINDOW",
     "RELEASE",
     "RENEW",
@@ -110,9 +111,14 @@ return 1
 """
 )
 
-# KEYS: lease. ARGV: node, ttl_ms.
+# KEYS: lease, gone. ARGV: node, ttl_ms. A deleted session (``gone`` set by
+# DELETE) cannot be leased again: a node that has not heard of the delete yet
+# cannot write the session back (its appends are fenced by the lease).
 ACQUIRE = LuaScript(
     """
+if redis.call('EXISTS', KEYS[2]) == 1 then
+  return 0
+end
 local owner = redis.call('GET', KEYS[1])
 if not owner then
   redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
@@ -144,6 +150,18 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
   return 1
 end
 return 0
+"""
+)
+
+# KEYS: meta, log, history, lease, gone. ARGV: ttl_ms. Everything of the
+# session goes at once, and ``gone`` fences it for ttl_ms (see ACQUIRE).
+# Returns how many of meta/log/history existed (0: no such session).
+DELETE = LuaScript(
+    """
+local existed = redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
+redis.call('DEL', KEYS[4])
+redis.call('SET', KEYS[5], '1', 'PX', ARGV[1])
+return existed
 """
 )
 
@@ -201,6 +219,7 @@ SCRIPTS: Final = (
     APPEND,
     CREATE,
     SET_META,
+    DELETE,
     ACQUIRE,
     RENEW,
     RELEASE,

@@ -1,0 +1,420 @@
+"""The HTTP API: an app's backend makes, reads, exports and deletes sessions.
+
+    POST   /v1/sessions                 make a session → 201 {session_id, client_token, expires_at}
+    GET    /v1/sessions/{id}            its configuration, status, usage, created
+    GET    /v1/sessions/{id}/events     its logged events (?after=SEQ&limit=N): the transcript
+    POST   /v1/sessions/{id}/tokens     a fresh client token for it
+    DELETE /v1/sessions/{id}            delete it everywhere (clients closed with 4404)
+
+Every call needs an API key (``Authorization: Bearer API_KEY``) and works on
+the key's own sessions only; a client token is refused (403): it opens one
+session's WebSocket and nothing else. Bodies and answers are JSON; every
+refusal is ``{"error": {"code", "message"}}`` with a 4xx status and a message
+naming the field and what to do.
+
+Why a second port (``--api-port``): websockets serves only ``GET`` handshakes
+(its request parser refuses other methods before any hook runs), so ``POST``
+and ``DELETE`` cannot reach the WebSocket port. aiohttp's server runs in the
+node's own event loop, next to the sessions it reads; a load balancer routes
+``/v1/sessions`` to this port and everything else to the WebSocket port, so
+browsers still see one origin (deploy/haproxy-api.cfg, deploy/nginx-api.conf).
+CORS is answered for the allowed origins (``--allowed-origins``), preflights
+included.
+"""
+
+from __future__ import annotations
+
+import http
+import logging
+import socket
+from collections.abc import Awaitable, Callable
+from typing import Annotated, Any, Final, Literal
+
+import msgspec
+from aiohttp import web
+
+from gateway.config import Config
+from gateway.edge.admission import ANY_ORIGIN, Edges
+from gateway.edge.auth import ANONYMOUS, KeyStoreUnavailable
+from gateway.edge.tokens import is_client_token
+from gateway.sessions.node import Node
+from gateway.store.base import StoreUnavailable
+from protocol.configuration import ConfigChange, SessionConfig, apply_change, decode_config
+from protocol.events import Usage
+
+__all__ = ["API_PREFIX", "CreateSession", "HttpApi", "MintToken", "SessionInfo"]
+
+log = logging.getLogger("gateway.edge.api")
+
+API_PREFIX: Final = "/v1/sessions"
+MAX_BODY: Final = 1 << 20  # bytes; a configuration is at most ~300 KB (64 tools of 4 KB)
+MAX_PAGE: Final = 1000
+DEFAULT_PAGE: Final = 500
+
+TokenTtl = Annotated[float, msgspec.Meta(ge=1, le=86400)]
+
+
+class CreateSession(ConfigChange, frozen=True, forbid_unknown_fields=True):
+    """``POST /v1/sessions``: the session's configuration, and its client token's lifetime (s)."""
+
+    ttl: TokenTtl | msgspec.UnsetType = msgspec.UNSET
+
+
+class MintToken(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """``POST /v1/sessions/{id}/tokens``."""
+
+    ttl: TokenTtl | msgspec.UnsetType = msgspec.UNSET
+
+
+class Minted(msgspec.Struct, frozen=True):
+    session_id: str
+    client_token: str
+    expires_at: float  # unix seconds
+
+
+class SessionInfo(msgspec.Struct, frozen=True):
+    """``GET /v1/sessions/{id}``."""
+
+    session_id: str
+    status: Literal["active", "idle"]  # active: a node drives it now
+    config: SessionConfig
+    usage: Usage
+    created: float  # unix seconds
+    last_seq: int
+    node: str | None = None  # the node driving it
+
+
+class ApiError(msgspec.Struct, frozen=True):
+    code: str
+    message: str
+
+
+class ErrorBody(msgspec.Struct, frozen=True):
+    error: ApiError
+
+
+_encode: Final = msgspec.json.Encoder().encode
+_create_decoder: Final = msgspec.json.Decoder(CreateSession)
+_mint_decoder: Final = msgspec.json.Decoder(MintToken)
+
+_CODES: Final = {
+    400: "bad_request",
+    401: "unauthorized",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    413: "too_large",
+    415: "unsupported_media_type",
+    503: "unavailable",
+}
+
+
+class Refusal(Exception):
+    """A 4xx/5xx answer; raised inside a handler, turned into JSON by the middleware."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def _json(status: int, body: msgspec.Struct | bytes) -> web.Response:
+    data = body if isinstance(body, bytes) else _encode(body)
+    return web.Response(status=status, body=data, content_type="application/json")
+
+
+def _error(status: int, message: str) -> web.Response:
+    code = _CODES.get(status, "error")
+    response = _json(status, ErrorBody(ApiError(code, message)))
+    if status == 401:
+        response.headers["WWW-Authenticate"] = 'Bearer realm="realtime-gateway"'
+    elif status == 503:
+        response.headers["Retry-After"] = "5"
+    return response
+
+
+_HOW: Final = (
+    "send your API key as `Authorization: Bearer API_KEY` (the gateway's operator issues "
+    "keys: `gateway keys add KEY_ID`)"
+)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class HttpApi:
+    """The HTTP API of one node, served by aiohttp in the node's event loop."""
+
+    def __init__(self, node: Node, edges: Edges) -> None:
+        self.node = node
+        self.edges = edges
+        self.config: Config = node.config
+        app = web.Application(client_max_size=MAX_BODY, middlewares=[self._errors, self._cors])
+        app.router.add_post(API_PREFIX, self.create)
+        app.router.add_get(API_PREFIX + "/{sid}", self.describe)
+        app.router.add_get(API_PREFIX + "/{sid}/events", self.events)
+        app.router.add_post(API_PREFIX + "/{sid}/tokens", self.mint)
+        app.router.add_delete(API_PREFIX + "/{sid}", self.delete)
+        self.app = app
+        self._runner: web.AppRunner | None = None
+        self._socket: socket.socket | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        """Listen on ``host:api_port`` (with ``reuse_port``, workers share it)."""
+        cfg = self.config
+        # A socket of our own: its address is known (api_port 0) with no private API.
+        host = cfg.host or "0.0.0.0"
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if cfg.reuse_port:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            sock.bind((host, cfg.api_port or 0))
+            sock.setblocking(False)
+        except OSError:
+            sock.close()
+            raise
+        runner = web.AppRunner(self.app, access_log=None, handle_signals=False)
+        await runner.setup()
+        await web.SockSite(runner, sock, backlog=1024).start()
+        self._runner, self._socket = runner, sock
+        log.info("HTTP API on http://%s:%d%s", host, self.port, API_PREFIX)
+
+    @property
+    def port(self) -> int:
+        assert self._socket is not None, "start() first"
+        return int(self._socket.getsockname()[1])
+
+    async def close(self) -> None:
+        if self._runner is not None:
+            runner, self._runner = self._runner, None
+            await runner.cleanup()
+        if self._socket is not None:
+            self._socket.close()
+
+    # ------------------------------------------------------------------ middleware
+
+    @web.middleware
+    async def _errors(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """Every refusal as JSON that says what to do; nothing a client sends is a 500."""
+        try:
+            return await handler(request)
+        except Refusal as exc:
+            return _error(exc.status, exc.message)
+        except web.HTTPRequestEntityTooLarge:
+            return _error(413, f"the body is larger than {MAX_BODY} bytes; send a smaller one")
+        except web.HTTPMethodNotAllowed as exc:
+            allowed = ", ".join(sorted(exc.allowed_methods))
+            return _error(405, f"{request.method} is not allowed on {request.path}; use {allowed}")
+        except web.HTTPNotFound:
+            return _error(
+                404,
+                f"no such endpoint {request.path[:200]!r}: the API is POST {API_PREFIX}, "
+                f"GET|DELETE {API_PREFIX}/ID, GET {API_PREFIX}/ID/events, "
+                f"POST {API_PREFIX}/ID/tokens",
+            )
+        except StoreUnavailable:
+            self.node.metrics.store_errors.inc()
+            return _error(503, "the session store is unavailable; retry in a few seconds")
+        except web.HTTPException:
+            raise
+        except Exception:
+            log.exception("HTTP API: %s %s failed", request.method, request.path)
+            return _error(500, "internal error; retry, and report it if it persists")
+
+    def _origin_allowed(self, origin: str) -> bool:
+        origins = self.edges.origins
+        return ANY_ORIGIN in origins or origin.rstrip("/").lower() in origins
+
+    @web.middleware
+    async def _cors(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """CORS for the allowed origins (``--allowed-origins``): preflights and answers."""
+        origin = request.headers.get("Origin")
+        if request.method == "OPTIONS" and "Access-Control-Request-Method" in request.headers:
+            if origin is None or not self._origin_allowed(origin):
+                return _error(
+                    403,
+                    f"origin {str(origin)[:200]!r} may not call this API from a browser; the "
+                    "operator can allow it with --allowed-origins",
+                )
+            response: web.StreamResponse = web.Response(status=204)
+            response.headers["Access-Control-Allow-Methods"] = "GET, POST, DELETE, OPTIONS"
+            response.headers["Access-Control-Allow-Headers"] = "Authorization, Content-Type"
+            response.headers["Access-Control-Max-Age"] = "600"
+        else:
+            response = await handler(request)
+        if origin is not None and self._origin_allowed(origin):
+            response.headers["Access-Control-Allow-Origin"] = origin
+            response.headers["Vary"] = "Origin"
+        return response
+
+    # ------------------------------------------------------------------ checks
+
+    async def _key_id(self, request: web.Request) -> str:
+        """The key id of the request's API key; ``Refusal`` (401/403/503) otherwise."""
+        try:
+            authorization = request.headers.getone("Authorization", None)
+        except KeyError:  # pragma: no cover - getone with a default does not raise
+            authorization = None
+        if len(request.headers.getall("Authorization", [])) > 1:
+            raise Refusal(401, "send one Authorization header, not several")
+        if authorization is None:
+            if not self.edges.auth_on:
+                return ANONYMOUS
+            raise Refusal(401, f"an API key is required: {_HOW}")
+        scheme, _, key = authorization.strip().partition(" ")
+        key = key.strip()
+        if scheme.lower() != "bearer" or not key:
+            raise Refusal(401, f"the Authorization header must be `Bearer API_KEY`: {_HOW}")
+        if is_client_token(key):
+            raise Refusal(
+                403,
+                "a client token opens one session's WebSocket and nothing else; the HTTP API "
+                "needs an API key, kept on the app's backend",
+            )
+        if not self.edges.auth_on:
+            return ANONYMOUS
+        try:
+            key_id = await self.edges.key_id(key)
+        except KeyStoreUnavailable as exc:
+            self.node.metrics.store_errors.inc()
+            log.warning("cannot check API keys: Redis unavailable: %s", exc)
+            raise Refusal(
+                503, "API keys cannot be checked right now; retry in a few seconds"
+            ) from exc
+        if key_id is None:
+            raise Refusal(401, f"this API key is not valid (mistyped, or revoked): {_HOW}")
+        return key_id
+
+    async def _owned(self, request: web.Request) -> tuple[str, str, dict[str, str]]:
+        """``(key_id, sid, meta)`` of a session of the caller's; ``Refusal`` otherwise."""
+        key_id = await self._key_id(request)
+        sid = request.match_info["sid"]
+        meta = await self.node.store.get_meta(sid)
+        if meta is None:
+            raise Refusal(404, f"session {sid[:100]!r} does not exist (deleted, or expired)")
+        if meta.get("owner", "") != key_id:
+            raise Refusal(403, "this session belongs to another API key")
+        return key_id, sid, meta
+
+    async def _body(self, request: web.Request, decode: Callable[[bytes], Any]) -> Any:
+        data = await request.read()
+        if not data.strip():
+            data = b"{}"  # no body: every field's default
+        elif "json" not in request.headers.get("Content-Type", "application/json").lower():
+            raise Refusal(415, "send the body as JSON (Content-Type: application/json)")
+        try:
+            return decode(data)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            raise Refusal(400, f"invalid body: {exc}; see the README's HTTP API reference") from exc
+        except (RecursionError, ValueError) as exc:
+            raise Refusal(400, f"invalid body: {exc}") from exc
+
+    # ------------------------------------------------------------------ handlers
+
+    async def create(self, request: web.Request) -> web.Response:
+        key_id = await self._key_id(request)
+        body: CreateSession = await self._body(request, _create_decoder.decode)
+        config = apply_change(SessionConfig(), body)
+        if isinstance(config, str):
+            raise Refusal(400, config)
+        setup = self.node.setup(key_id, config)
+        if isinstance(setup, str):
+            raise Refusal(403, setup)
+        sid = self.node.new_session_id()
+        await self.node.store.create_session(sid, self.node.session_meta(key_id, setup))
+        ttl = None if body.ttl is msgspec.UNSET else body.ttl
+        token, expires_at = await self.edges.tokens.mint(sid, key_id, ttl)
+        return _json(201, Minted(sid, token, expires_at))
+
+    async def mint(self, request: web.Request) -> web.Response:
+        key_id, sid, _ = await self._owned(request)
+        body: MintToken = await self._body(request, _mint_decoder.decode)
+        ttl = None if body.ttl is msgspec.UNSET else body.ttl
+        token, expires_at = await self.edges.tokens.mint(sid, key_id, ttl)
+        return _json(201, Minted(sid, token, expires_at))
+
+    async def describe(self, request: web.Request) -> web.Response:
+        _, sid, meta = await self._owned(request)
+        store = self.node.store
+        driver = await store.lease_owner(sid)
+        last_seq = await store.last_seq(sid)
+        runtime = self.node.runtimes.get(sid)
+        if runtime is not None and not runtime.closed:
+            usage = runtime.usage
+            config = runtime.setup.config
+        else:
+            usage = Usage(
+                input=_int(meta.get("usage_input")), output=_int(meta.get("usage_output"))
+            )
+            try:
+                config = decode_config(meta.get("config", ""))
+            except (ValueError, TypeError):
+                config = SessionConfig()
+        info = SessionInfo(
+            session_id=sid,
+            status="active" if driver is not None else "idle",
+            config=config,
+            usage=usage,
+            created=_float(meta.get("created")),
+            last_seq=last_seq,
+            node=driver,
+        )
+        return _json(200, info)
+
+    async def events(self, request: web.Request) -> web.Response:
+        _, sid, _ = await self._owned(request)
+        after = _query_int(request, "after", 0, 0, 10**18)
+        limit = _query_int(request, "limit", DEFAULT_PAGE, 1, MAX_PAGE)
+        entries = await self.node.store.read_log(sid, after, limit + 1)
+        more = len(entries) > limit
+        entries = entries[:limit]
+        next_after = entries[-1].seq if entries else after
+        # The events exactly as logged (and sent on the WebSocket), spliced in.
+        body = b"".join(
+            [
+                b'{"session_id":',
+                _encode(sid),
+                b',"events":[',
+                b",".join(e.data for e in entries),
+                b'],"next_after":',
+                str(next_after).encode(),
+                b',"has_more":',
+                b"true" if more else b"false",
+                b"}",
+            ]
+        )
+        return _json(200, body)
+
+    async def delete(self, request: web.Request) -> web.Response:
+        _, sid, _ = await self._owned(request)
+        await self.node.delete_session(sid)
+        log.info("session %s deleted through the HTTP API", sid, extra={"sid": sid})
+        return web.Response(status=http.HTTPStatus.NO_CONTENT)
+
+
+def _int(value: str | None) -> int:
+    try:
+        return int(value or 0)
+    except ValueError:
+        return 0
+
+
+def _float(value: str | None) -> float:
+    try:
+        return float(value or 0)
+    except ValueError:
+        return 0.0
+
+
+def _query_int(request: web.Request, name: str, default: int, low: int, high: int) -> int:
+    raw = request.query.get(name)
+    if raw is None:
+        return default
+    if raw.isascii() and raw.isdecimal() and len(raw) <= 19 and low <= int(raw) <= high:
+        return int(raw)
+    raise Refusal(
+        400, f"{name}={raw[:40]!r} is not valid: give a whole number from {low} to {high}"
+    )

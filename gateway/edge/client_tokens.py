@@ -1,0 +1,64 @@
+"""The node's client-token keys: which secrets sign and verify (``gateway.edge.tokens``).
+
+Every node must agree on the secret, or a token minted on node A is refused
+on node B. Where it comes from, first that applies:
+
+- ``token_secret`` (environment only), comma-separated for rotation: the
+  first signs, every one verifies;
+- the store: the first node stores a random secret (``SET NX``) and every
+  node reads that one, so a Redis-backed cluster needs no setup; with the
+  memory store that is a random secret of this process.
+
+The store is asked once (then cached); if it is down then, it is asked
+again at the next mint or verify.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+from gateway.config import Config
+from gateway.edge.tokens import ClientToken, TokenRefused, mint_token, new_secret, verify_token
+from gateway.store.base import Store
+
+__all__ = ["ClientTokens"]
+
+_STORE_NAME = "client-tokens"
+
+
+class ClientTokens:
+    """Mints and verifies client tokens with the secrets every node shares.
+
+    Raises ``StoreUnavailable`` while the secret has to come from a store
+    that does not answer.
+    """
+
+    def __init__(
+        self, config: Config, store: Store, clock: Callable[[], float] = time.time
+    ) -> None:
+        self.ttl = config.token_ttl
+        self._store = store
+        self._clock = clock
+        configured = tuple(s.strip().encode() for s in config.token_secret.split(",") if s.strip())
+        self._secrets: tuple[bytes, ...] | None = configured or None
+        self._lock = asyncio.Lock()
+
+    async def secrets(self) -> tuple[bytes, ...]:
+        if self._secrets is not None:
+            return self._secrets
+        async with self._lock:
+            if self._secrets is None:
+                shared = await self._store.shared_secret(_STORE_NAME, new_secret().hex().encode())
+                self._secrets = (shared,)
+        return self._secrets
+
+    async def mint(self, sid: str, key_id: str, ttl: float | None = None) -> tuple[str, float]:
+        """A token for ``sid`` owned by ``key_id`` and when it expires (unix seconds)."""
+        expires_at = round(self._clock() + (self.ttl if ttl is None else ttl), 3)
+        secrets = await self.secrets()
+        return mint_token(secrets[0], sid, key_id, expires_at), expires_at
+
+    async def verify(self, token: str) -> ClientToken | TokenRefused:
+        return verify_token(await self.secrets(), token, self._clock())

@@ -35,6 +35,7 @@ FIELDS = [
     "unknown",
 ]
 
+
 def _dumps(value: Any) -> bytes:
     """Python's encoder: big integers and infinities (invalid JSON) go through too."""
     return json.dumps(value).encode()
@@ -46,7 +47,9 @@ json_values = st.recursive(
     | st.integers(min_value=-(2**70), max_value=2**70)
     | st.floats(allow_nan=False)
     | st.text(max_size=50),
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner, max_size=4),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner, max_size=4)
+    ),
     max_leaves=20,
 )
 bodies = st.one_of(
@@ -101,7 +104,10 @@ async def test_known_bad_bodies(
         async def post(body: Any) -> tuple[int, str]:
             data = body if isinstance(body, bytes) else orjson.dumps(body)
             status, answer = await api.call(
-                "POST", "/v1/sessions", key=alice, data=data,
+                "POST",
+                "/v1/sessions",
+                key=alice,
+                data=data,
                 headers={"Content-Type": "application/json"},
             )
             return status, answer["error"]["message"] if status >= 400 else ""

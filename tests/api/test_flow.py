@@ -7,6 +7,7 @@ node A and the page connects to node B, the export and the delete go to A.
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -16,7 +17,7 @@ from websockets.exceptions import ConnectionClosed
 
 from protocol.events import Configured, Error, Respond
 from tests.api.conftest import Api, Keys, NodesFactory
-from tests.edge.conftest import refusal
+from tests.edge.conftest import poll_until, refusal
 from tests.support.client import GatewayClient, text_of
 
 pytestmark = pytest.mark.timeout(60)
@@ -91,6 +92,10 @@ async def test_mint_connect_turn_export_delete_across_nodes(
         assert info["created"] > 0
 
         # Delete while the page is connected: closed with 4404, then gone everywhere.
+        workspaces = [Path(n.config.workspace_root) / sid for n in (a, b)]
+        for workspace in workspaces:  # as if tools had run on both nodes
+            workspace.mkdir(parents=True, exist_ok=True)
+            (workspace / "notes.txt").write_text("x")
         status, _ = await api_a.call("DELETE", f"/v1/sessions/{sid}", key=alice)
         assert status == 204
         with pytest.raises(ConnectionClosed) as closed:
@@ -107,6 +112,7 @@ async def test_mint_connect_turn_export_delete_across_nodes(
             status, body, _ = await refusal(ws_url(node.url, token))
             assert status == 404, body
         assert (await api_a.call("DELETE", f"/v1/sessions/{sid}", key=alice))[0] == 404
+        await poll_until(lambda: not any(w.exists() for w in workspaces), "workspaces removed")
 
 
 async def test_subprotocol_token_and_expired_token(

@@ -207,15 +207,21 @@ class ClientConnection:
     async def _serve(self) -> None:
         node = self.node
         await self._attach()
-        head = self.source.last_seq if isinstance(self.source, SessionRuntime) else None
+        source = self.source
+        head = source.last_seq if isinstance(source, SessionRuntime) else None
         if head is None:
             head = await node.store.last_seq(self.sid)
+        provider = (
+            source.setup.upstream_factory.provider
+            if isinstance(source, SessionRuntime)
+            else node.upstream_factory.provider
+        )
         first = Session(
             session_id=self.sid,
             seq=head,
             timestamp=time.time(),
             resumed=self.resumed,
-            provider=node.upstream_factory.provider,
+            provider=provider,
             node=node.node_id,
         )
         await self.ws.send(encode(first), text=True)

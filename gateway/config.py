@@ -297,6 +297,7 @@ class Config(msgspec.Struct, kw_only=True):
         Setting(
             "accept API keys in WebSocket URLs (?token=KEY); client tokens are always accepted",
             EDGES,
+            flag="no-allow-keys-in-urls",
         ),
     ] = True
     key_policy_file: Annotated[

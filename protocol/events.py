@@ -2,7 +2,8 @@
 
 Server → client events follow the seed's event schema (``type``, ``content``,
 ``timestamp``, ``payload``, ``step``/``total``) plus ``seq``. Client → server
-messages are ``user``, ``cancel`` and ``ping``.
+messages are ``user``, ``cancel``, ``ping``, ``configure``, and for voice
+``audio`` (base64 PCM16; binary frames carry the same bytes) and ``commit``.
 
 Who fills what: the parser produces events with ``seq = 0`` and
 ``timestamp = 0.0``; the gateway stamps both at the one place where an event is
@@ -20,10 +21,12 @@ from protocol.configuration import ConfigChange, SessionConfig
 
 __all__ = [
     "CLIENT_MESSAGE_TYPES",
+    "AudioChunk",
     "Call",
     "Cancel",
     "Cancelled",
     "ClientMessage",
+    "Commit",
     "Configure",
     "Configured",
     "Cost",
@@ -40,6 +43,8 @@ __all__ = [
     "Result",
     "ResultPayload",
     "Session",
+    "SpeechStarted",
+    "SpeechStopped",
     "Think",
     "Usage",
     "User",
@@ -133,9 +138,30 @@ class End(_Base, tag="end"):
 
 
 class User(_Base, tag="user"):
-    """The user's message, as logged (echoed to every attached client)."""
+    """The user's message, as logged (echoed to every attached client).
+
+    ``source`` is ``"audio"`` (and only then present) when the user spoke:
+    ``content`` is then the provider's transcript of the speech, so history,
+    resumes and the other provider work from text; the audio is not logged.
+    """
 
     content: str
+    source: Literal["audio"] | msgspec.UnsetType = msgspec.UNSET
+
+
+class SpeechStarted(_Base, tag="speech_started"):
+    """The provider's voice activity detection heard the user start speaking,
+    ``offset_ms`` into the audio this session's upstream connection received.
+    A client playing an answer should stop it now (barge-in)."""
+
+    offset_ms: int
+
+
+class SpeechStopped(_Base, tag="speech_stopped"):
+    """The user stopped speaking (``offset_ms`` as in ``speech_started``): the
+    speech is a user turn; its ``user`` event (``source: audio``) follows."""
+
+    offset_ms: int
 
 
 class Result(_Base, tag="result"):
@@ -194,9 +220,14 @@ class Interrupt(_Base, tag="interrupt"):
 
 
 class Cancelled(_Base, tag="cancelled"):
-    """The user cancelled the running turn (persisted: the model sees it later)."""
+    """The user cancelled the running turn (persisted: the model sees it later).
+
+    ``reason`` is ``"barge_in"`` (and only then present) when the user's speech
+    cancelled it rather than a ``cancel`` frame.
+    """
 
     content: str = ""
+    reason: Literal["barge_in"] | msgspec.UnsetType = msgspec.UNSET
 
 
 class Configured(_Base, tag="configured"):
@@ -233,6 +264,8 @@ Event = (
     | Error
     | Interrupt
     | Cancelled
+    | SpeechStarted
+    | SpeechStopped
     | Pong
 )
 
@@ -257,13 +290,32 @@ class Ping(msgspec.Struct, tag_field="type", tag="ping"):
     """
 
 
+class AudioChunk(msgspec.Struct, tag_field="type", tag="audio"):
+    """User audio for a client that cannot send binary frames: PCM16 LE mono at
+    the configured ``input_audio.rate``, base64 in JSON (a binary frame is the
+    same bytes without the base64)."""
+
+    audio: bytes
+
+
+class Commit(msgspec.Struct, tag_field="type", tag="commit"):
+    """End the user's spoken turn (``input_audio.turn_detection: "none"``) and get the answer."""
+
+
 class Configure(ConfigChange, frozen=True, tag_field="type", tag="configure"):
     """Change this session's configuration (only the fields given); see ``protocol.configuration``."""
 
 
-ClientMessage = UserMessage | Cancel | Ping | Configure
+ClientMessage = UserMessage | Cancel | Ping | Configure | AudioChunk | Commit
 
-CLIENT_MESSAGE_TYPES: Final[tuple[str, ...]] = ("user", "cancel", "ping", "configure")
+CLIENT_MESSAGE_TYPES: Final[tuple[str, ...]] = (
+    "user",
+    "cancel",
+    "ping",
+    "configure",
+    "audio",
+    "commit",
+)
 
 
 # --- encode / decode ------------------------------------------------------------

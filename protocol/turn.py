@@ -51,17 +51,27 @@ from typing import Final
 import msgspec
 
 from protocol.assembly import HistoryItem, Message, results_message
-from protocol.calls import ToolCall, ToolResult, decode_call, encode_results, result_payload
+from protocol.calls import (
+    ToolCall,
+    ToolResult,
+    decode_call,
+    encode_call,
+    encode_results,
+    result_payload,
+)
 from protocol.events import (
     Call,
     Cancelled,
     End,
     Error,
     Event,
+    Execute,
     Interrupt,
     Metric,
     Respond,
     Result,
+    SpeechStarted,
+    SpeechStopped,
     Think,
     Usage,
     User,
@@ -74,20 +84,28 @@ __all__ = [
     "Action",
     "Backoff",
     "Cancel",
+    "CommitAudio",
+    "CommitSpeech",
     "DropUpstream",
+    "NativeCall",
     "Persist",
     "Refuse",
     "ReplaceResponse",
     "Request",
     "Rerun",
+    "ResponseBegan",
     "ResponseDone",
     "RetryNow",
     "RunTools",
     "ShellFailed",
     "Shutdown",
+    "SpeechBegan",
+    "SpeechEnded",
+    "Spoken",
     "StopResponse",
     "TextDelta",
     "ToolsDone",
+    "Transcript",
     "TurnInput",
     "TurnMachine",
     "TurnStarted",
@@ -175,6 +193,50 @@ class Shutdown(_Input, frozen=True, tag="shutdown"):
     """The session stops on this node (lease lost, drain): forget the turn, write nothing."""
 
 
+# Voice (issue 16): what the provider's VAD, transcription and native tools report.
+
+
+class SpeechBegan(_Input, frozen=True, tag="speech_began"):
+    """The user started speaking (``offset_ms`` into the audio sent): barge-in if a turn runs."""
+
+    offset_ms: int
+
+
+class SpeechEnded(_Input, frozen=True, tag="speech_ended"):
+    """The user stopped speaking: a spoken turn begins (the provider answers by itself)."""
+
+    offset_ms: int
+
+
+class CommitSpeech(_Input, frozen=True, tag="commit_speech"):
+    """The client ended its spoken turn itself (turn detection ``none``)."""
+
+
+class Transcript(_Input, frozen=True, tag="transcript"):
+    """What the user said in the spoken turn, as text (the turn's ``user`` event)."""
+
+    text: str
+
+
+class ResponseBegan(_Input, frozen=True, tag="response_began"):
+    """A response started that the session did not ask for (server VAD answered the user)."""
+
+
+class Spoken(_Input, frozen=True, tag="spoken"):
+    """A piece of the transcript of the model's spoken answer: a ``respond`` chunk as is
+    (audio output has no text protocol to parse)."""
+
+    text: str
+
+
+class NativeCall(_Input, frozen=True, tag="native_call"):
+    """The model called a declared function (audio output); ``arguments`` is JSON text."""
+
+    call_id: str
+    name: str
+    arguments: str
+
+
 TurnInput = (
     UserMessage
     | Rerun
@@ -187,6 +249,13 @@ TurnInput = (
     | Cancel
     | ShellFailed
     | Shutdown
+    | SpeechBegan
+    | SpeechEnded
+    | CommitSpeech
+    | Transcript
+    | ResponseBegan
+    | Spoken
+    | NativeCall
 )
 
 
@@ -220,9 +289,19 @@ class Request(_Action, frozen=True, tag="request"):
     none: open a fresh one whose context is rebuilt from history — which
     already ends with ``message``, persisted before — and start a response.
     If this fails, feed ``UpstreamLost``.
+
+    ``outputs`` (native function calls): answer each ``(call_id, output)``
+    before starting the response; a fresh connection needs none (history
+    holds the results).
     """
 
     message: Message | None = None
+    outputs: tuple[tuple[str, str], ...] = ()
+
+
+class CommitAudio(_Action, frozen=True, tag="commit_audio"):
+    """End the user's spoken turn at the provider; the response follows. If this
+    fails, feed ``UpstreamLost``."""
 
 
 class StopResponse(_Action, frozen=True, tag="stop_response"):
@@ -276,6 +355,7 @@ Action = (
     | Account
     | TurnStarted
     | Request
+    | CommitAudio
     | StopResponse
     | ReplaceResponse
     | RunTools
@@ -288,6 +368,7 @@ Action = (
 _STOP: Final = StopResponse()
 _STARTED: Final = TurnStarted()
 _RETRY: Final = Request()
+_COMMIT: Final = CommitAudio()
 _NOTHING: Final[tuple[()]] = ()
 _ZERO: Final = Usage(input=0, output=0)
 
@@ -323,6 +404,9 @@ _BACKOFF: Final = TurnState.BACKOFF
 _CANCELLING: Final = TurnState.CANCELLING
 
 CANCELLED_BY_USER: Final = "cancelled by the user"
+BARGED_IN: Final = "interrupted by the user's speech"
+UNHEARD: Final = "(speech without a transcript)"  # a spoken turn whose transcript never came
+_RESULT_ENCODER: Final = msgspec.json.Encoder()
 MALFORMED_LIMIT: Final = 3  # malformed <execute> blocks in a row that stop the turn
 
 
@@ -342,27 +426,36 @@ class TurnMachine:
     ``total`` is the session's usage so far (it grows with every ``Account``);
     ``max_steps`` bounds the model steps of a turn; ``upstream_retries`` the
     reconnects of one step before the turn fails.
+
+    ``voice`` (set by the shell while the session streams audio): the upstream
+    connection carries the user's audio, so a cancelled answer is truncated
+    there (``ReplaceResponse``) instead of the connection being dropped.
     """
 
     __slots__ = (
         "_attempt",
+        "_call_ids",
         "_calls",
         "_chunk",
         "_counted",
         "_ended",
         "_estimated",
         "_feed",
+        "_held",
         "_malformed",
         "_malformed_in_a_row",
         "_parser",
         "_queued",
         "_recorder",
+        "_speech_queued",
+        "_spoken",
         "_steps",
         "_unreported",
         "max_steps",
         "state",
         "total",
         "upstream_retries",
+        "voice",
     )
 
     def __init__(
@@ -386,6 +479,12 @@ class TurnMachine:
         self._malformed_in_a_row = 0
         self._unreported = _ZERO  # usage since the turn's last metric
         self._estimated = False
+        self.voice = False
+        self._call_ids: list[str] = []  # native calls' ids, parallel to _calls
+        self._spoken: list[str] = []  # the spoken answer's transcript so far
+        # A spoken turn's events waiting for its transcript (the user event comes first).
+        self._held: list[Action] | None = None
+        self._speech_queued = False  # the user spoke while the turn was closing
 
     @property
     def idle(self) -> bool:
@@ -425,6 +524,9 @@ class TurnMachine:
             else:
                 self.state = _STOPPING  # </execute> or a malformed block: stop the model now
                 out.append(_STOP)  # type: ignore[arg-type]
+        if self._held is not None:
+            self._held += out
+            return _NOTHING
         return out
 
     def _marker(self, event: Event) -> None:
@@ -471,8 +573,112 @@ class TurnMachine:
             was = self.state
             self.state = _IDLE
             self._queued = None
+            self._held = None
+            self._speech_queued = False
             return _NOTHING if was is _IDLE else [DropUpstream(stop=True)]
+        if kind is Spoken:
+            return self._spoken_text(given.text)  # type: ignore[union-attr]
+        if kind is SpeechBegan:
+            return self._speech_began(given.offset_ms)  # type: ignore[union-attr]
+        if kind is SpeechEnded:
+            return self._speech_ended(given.offset_ms)  # type: ignore[union-attr]
+        if kind is Transcript:
+            return self._transcript(given.text)  # type: ignore[union-attr]
+        if kind is ResponseBegan:
+            return self._begin_spoken([]) if self.state is _IDLE else _NOTHING
+        if kind is CommitSpeech:
+            if self.state is not _IDLE:
+                return [
+                    Refuse(
+                        Error(
+                            code="turn_active",
+                            content="a turn is already running; wait for its end event "
+                            "(or send cancel) before committing speech",
+                        )
+                    )
+                ]
+            out = self._begin_spoken([])
+            out.append(_COMMIT)
+            return out
+        if kind is NativeCall:
+            return self._native_call(given)  # type: ignore[arg-type]
         return _NOTHING
+
+    # --- voice --------------------------------------------------------------------------
+
+    def _speech_began(self, offset_ms: int) -> Sequence[Action]:
+        out: list[Action] = [SpeechStarted(offset_ms=offset_ms)]
+        state = self.state
+        if state is _STREAMING or state is _STOPPING or state is _TOOLS or state is _BACKOFF:
+            out += self._cancel(barge_in=True)
+        return out
+
+    def _speech_ended(self, offset_ms: int) -> Sequence[Action]:
+        out: list[Action] = [SpeechStopped(offset_ms=offset_ms)]
+        state = self.state
+        if state is _IDLE:
+            out += self._begin_spoken([])
+        elif state is _ENDING or state is _CANCELLING:
+            self._speech_queued = True  # answered once the closing turn is over
+        return out
+
+    def _begin_spoken(self, first: list[Action]) -> list[Action]:
+        """A spoken turn: the provider has the speech and answers it; its transcript
+        (the ``user`` event) comes first, so what the answer brings is held till then."""
+        out = self._begin(first, None)
+        out.pop()  # no request: the provider answers by itself (or on CommitAudio)
+        self._held = []
+        return out
+
+    def _transcript(self, text: str) -> Sequence[Action]:
+        if self._held is None:
+            return _NOTHING  # late (the turn went on without it) or not ours
+        return self._release_held(text)
+
+    def _release_held(self, text: str) -> list[Action]:
+        """The spoken turn's ``user`` event (persisted), then what waited for it."""
+        held, self._held = self._held, None
+        if held is None:
+            return []
+        return [
+            User(content=text, source="audio"),
+            Persist((User(content=text, source="audio"),)),
+            *held,
+        ]
+
+    def _spoken_text(self, text: str) -> Sequence[Action]:
+        if self.state is not _STREAMING:
+            return _NOTHING  # leftovers of a cancelled answer
+        event = Respond(content=text)
+        self._chunk(event)
+        self._spoken.append(text)
+        if self._held is not None:
+            self._held.append(event)
+            return _NOTHING
+        return [event]
+
+    def _native_call(self, given: NativeCall) -> Sequence[Action]:
+        if self.state is not _STREAMING:
+            return _NOTHING
+        try:
+            args = msgspec.json.decode(given.arguments or "{}", type=dict[str, object])
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            args = {}  # the tool's argument check says what is missing
+        call = ToolCall(name=given.name, args=args)
+        event = Call(content=encode_call(call))
+        self._recorder.add(event)
+        self._calls.append(call)
+        self._call_ids.append(given.call_id)
+        if self._held is not None:
+            self._held.append(event)
+            return _NOTHING
+        return [event]
+
+    def _truncate(self) -> ReplaceResponse:
+        """What the stopped answer's history says (what clients were sent), for the provider."""
+        if self._spoken:
+            return ReplaceResponse("".join(self._spoken))
+        return ReplaceResponse(self._parser.accepted_text)
 
     def _user(self, text: str) -> Sequence[Action]:
         state = self.state
@@ -519,6 +725,8 @@ class TurnMachine:
         self._parser = Parser()
         self._feed = self._parser.feed
         self._calls = []
+        self._call_ids = []
+        self._spoken = []
         self._malformed = None
         self._ended = False
         self._counted = False
@@ -527,13 +735,21 @@ class TurnMachine:
         state = self.state
         if state is _CANCELLING:
             self._count(done.usage, done.estimated)
+            if self.voice:
+                # Keep the connection (it carries the user's audio); make its
+                # conversation hold only what was sent before the cut.
+                replace = self._truncate()
+                closing = self._close([])
+                metric = next(i for i, a in enumerate(closing) if type(a) is Metric)
+                closing.insert(metric + 1, replace)  # before a queued turn's request
+                return closing
             return self._close([DropUpstream()])
         if state is _ENDING:
             self._count(done.usage, done.estimated)
             return self._close([Persist(tuple(self._recorder.finish()))])
         if state is not _STREAMING and state is not _STOPPING:
             return _NOTHING
-        out: list[Action] = []
+        out: list[Action] = self._release_held(UNHEARD)
         if state is _STREAMING:
             for event in self._parser.close():
                 kind = type(event)
@@ -557,6 +773,13 @@ class TurnMachine:
         # The model's own words up to </execute>, without the overrun: its
         # context keeps its own formatting, and a provider that already holds
         # exactly this text has nothing to redo.
+        if self._call_ids:
+            # Native function calls: the provider holds them as calls already.
+            out.append(Execute())
+            out += self._metric()
+            out.append(RunTools(tuple(self._calls)))
+            self.state = _TOOLS
+            return out
         replace = ReplaceResponse(self._parser.accepted_text)
         if self._malformed is not None:
             self._malformed_in_a_row += 1
@@ -604,6 +827,14 @@ class TurnMachine:
                 End(),
             ]
             return self._close(out)
+        if self._call_ids and len(self._call_ids) == len(results):
+            outputs = tuple(
+                (call_id, _RESULT_ENCODER.encode(result).decode())
+                for call_id, result in zip(self._call_ids, results, strict=True)
+            )
+            request = self._step(None)
+            out.append(Request(outputs=outputs) if request is _RETRY else request)
+            return out
         out.append(self._step(results_message(content)))
         return out
 
@@ -625,7 +856,7 @@ class TurnMachine:
         self._count(None, True)
         self._attempt += 1
         attempt = self._attempt
-        out: list[Action] = [DropUpstream()]
+        out: list[Action] = [DropUpstream(), *self._release_held(UNHEARD)]
         if attempt > self.upstream_retries:
             out += [
                 Error(
@@ -660,20 +891,27 @@ class TurnMachine:
         self._count(None, True)
         return self._fail([], f"the model's API reported {failed.code}: {failed.message}")
 
-    def _cancel(self) -> Sequence[Action]:
+    def _cancel(self, *, barge_in: bool = False) -> list[Action]:
         state = self.state
         if state is _IDLE or state is _ENDING or state is _CANCELLING:
             return [Refuse(Error(code="no_turn", content="no turn is running; nothing to cancel"))]
-        out: list[Action] = [
-            Persist((*self._recorder.finish(), Cancelled(content=CANCELLED_BY_USER))),
-            Cancelled(content=CANCELLED_BY_USER),
-        ]
+        out: list[Action] = self._release_held(UNHEARD)
+        if barge_in:
+            cancelled = Cancelled(content=BARGED_IN, reason="barge_in")
+            note = Cancelled(content=BARGED_IN, reason="barge_in")
+        else:
+            cancelled = Cancelled(content=CANCELLED_BY_USER)
+            note = Cancelled(content=CANCELLED_BY_USER)
+        out += [Persist((*self._recorder.finish(), note)), cancelled]
         if state is _STREAMING or state is _STOPPING:
             # Wait for the stopped response's usage. Cancelling leaves the
             # provider's conversation with a partial response: the upstream is
-            # dropped afterwards and the next turn reopens from history.
+            # dropped afterwards and the next turn reopens from history (in a
+            # voice session it is truncated instead). Speech stops the
+            # provider's response by itself (its VAD heard it first).
             self.state = _CANCELLING
-            out.append(_STOP)
+            if not barge_in:
+                out.append(_STOP)
             return out
         # Tools or a backoff: no response runs, nothing more to report.
         return self._close(out)
@@ -694,6 +932,7 @@ class TurnMachine:
     # --- endings and usage --------------------------------------------------------------
 
     def _fail(self, out: list[Action], content: str, *, code: str = "upstream") -> list[Action]:
+        out += self._release_held(UNHEARD)
         out += [Error(code=code, content=content), Persist(tuple(self._recorder.finish())), End()]
         out = self._close(out)
         out.insert(0, DropUpstream(stop=True))
@@ -706,6 +945,9 @@ class TurnMachine:
         queued, self._queued = self._queued, None
         if queued is not None:
             out += self._user(queued)
+        elif self._speech_queued:
+            self._speech_queued = False
+            out += self._begin_spoken([])
         return out
 
     def _count(self, usage: Usage | None, estimated: bool) -> None:
@@ -718,7 +960,7 @@ class TurnMachine:
             return
         self._counted = True
         if usage is None:
-            chars = len(self._parser.accepted_text)
+            chars = len(self._parser.accepted_text) + sum(map(len, self._spoken))
             if not chars:
                 return
             usage = Usage(input=0, output=estimate_tokens(chars))

@@ -12,6 +12,12 @@ In event mode (``?stream=event``) think and respond chunks are joined into one
 frame per segment (``gateway.edge.backpressure.SegmentJoiner``), live and in
 replay alike. The reader limits how fast a client may send frames
 (``gateway.edge.frame_rate``): one client cannot take a core.
+
+Voice (``protocol.audio``): binary frames from the client are user audio,
+handed to the session's upstream as they come (they are not counted by the
+frame limit: a microphone sends 50 a second, and each waits for the upstream
+socket); binary frames to the client are the model's speech, sent as soon as
+they arrive — a client whose writer is behind misses them (it has the text).
 """
 
 from __future__ import annotations
@@ -37,7 +43,9 @@ from gateway.sessions.runtime import SessionRuntime
 from gateway.sessions.subscriber import EventSource
 from gateway.store.base import LogEntry, StoreUnavailable
 from protocol.events import (
+    AudioChunk,
     Cancel,
+    Commit,
     Configure,
     Error,
     Ping,
@@ -54,6 +62,7 @@ __all__ = ["ClientConnection"]
 log = logging.getLogger("gateway.edge.connection")
 
 _UNLOGGED = -1  # queue marker: a reply to this client only, sent as is
+_AUDIO = -2  # queue marker: a binary frame of the model's speech
 _REPLAY_PAGE = 500
 
 
@@ -146,6 +155,22 @@ class ClientConnection:
             self._wake.set()
         self.last_sent = last
         return True
+
+    def deliver_audio(self, frame: bytes) -> None:
+        if self._lagging or self._close is not None:
+            return  # catching up from the log: audio is not there, the transcript is
+        queue = self._queue
+        ws = self.ws
+        if self._idle and not queue and not ws.paused and ws.protocol.state is State.OPEN:
+            try:
+                ws.protocol.send_binary(frame)
+                ws.send_data()
+            except Exception:  # the connection broke: the writer's next send ends it
+                self._wake.set()
+            return
+        if len(queue) < self._limit:
+            queue.append(LogEntry(_AUDIO, frame))
+            self._wake.set()
 
     def notify(self, event: Error | Pong) -> None:
         if not self._pressure.may_queue_reply(self._queue):
@@ -264,6 +289,9 @@ class ClientConnection:
                 return
             if self._close is not None:
                 return  # closing: its frames are not processed any more
+            if isinstance(frame, bytes):
+                await self._audio(frame)
+                continue
             verdict = check(clock())
             if verdict is Verdict.ACCEPT:
                 await self._handle(frame)
@@ -318,14 +346,50 @@ class ClientConnection:
             with contextlib.suppress(BaseException):
                 await discard
 
-    async def _handle(self, frame: str | bytes) -> None:
-        if isinstance(frame, bytes):
+    async def _audio(self, pcm16: bytes) -> None:
+        """User audio (a binary frame, or an ``audio`` frame's bytes) for the session."""
+        runtime = self.source
+        if not isinstance(runtime, SessionRuntime) or runtime.closed or runtime.voice is None:
+            runtime = await self._voice_runtime()
+            if runtime is None:
+                return
+        voice = runtime.voice
+        if voice is None or voice.audio_in is None:
             self._reply(
                 Error(
                     code="bad_frame",
-                    content="binary frames are not accepted; send JSON as a text frame",
+                    content="audio needs input audio configured first: send "
+                    '{"type": "configure", "input_audio": {"format": "pcm16", "rate": 24000}}',
                 )
             )
+            return
+        await runtime.send_audio(pcm16)
+
+    async def _voice_runtime(self) -> SessionRuntime | None:
+        """The session's runtime on this node (voice is driven where its client is)."""
+        runtime = await self._runtime_for_command()
+        if runtime is None:
+            self._reply(
+                Error(
+                    code="turn_active",
+                    content="audio and configure need the session driven by the node this "
+                    "connection is on, and another node drives it; reconnect (with "
+                    "session_id and after) and send again",
+                )
+            )
+        return runtime
+
+    async def _voice_command(self, message: Commit) -> None:
+        runtime = await self._voice_runtime()
+        if runtime is None:
+            return
+        error = runtime.commit_audio()
+        if error is not None:
+            self._reply(error)
+
+    async def _handle(self, frame: str | bytes) -> None:
+        if isinstance(frame, bytes):
+            await self._audio(frame)
             return
         message = decode_client(frame)
         if isinstance(message, Error):
@@ -333,6 +397,12 @@ class ClientConnection:
             return
         if isinstance(message, Ping):
             self.notify(Pong(seq=self.client_seq, timestamp=time.time()))
+            return
+        if isinstance(message, AudioChunk):
+            await self._audio(message.audio)
+            return
+        if isinstance(message, Commit):
+            await self._voice_command(message)
             return
         if isinstance(message, Configure) and not self.trusted:
             self._reply(
@@ -467,6 +537,10 @@ class ClientConnection:
             seq = entry.seq
             if seq == _UNLOGGED:
                 batch.append(entry.data)
+            elif seq == _AUDIO:
+                await self._send_text(ws, batch)
+                batch.clear()
+                await ws.send(entry.data, text=False)
             elif seq > self.last_sent:
                 if seq != self.last_sent + 1:
                     # A gap means entries were skipped: read them from the log.
@@ -483,6 +557,10 @@ class ClientConnection:
                 entry = self._pressure.coalesce(entry, queue)
                 batch.append(entry.data)
                 self.last_sent = entry.seq
+        await self._send_text(ws, batch)
+
+    @staticmethod
+    async def _send_text(ws: ServerConnection, batch: list[bytes]) -> None:
         if len(batch) == 1:
             await ws.send(batch[0], text=True)
         elif batch:

@@ -13,6 +13,13 @@ task per running turn, which performs them in order — events and history at
 once, upstream requests, tools and backoffs awaited — and feeds the machine
 what the upstream, the tools and the timers bring. A cancel interrupts the
 driver's current await; the actions it had not performed yet are superseded.
+
+**Voice** (``set_voice``): a session that streams audio keeps its upstream
+connection open between turns, and the driver keeps running while a client
+is attached, reading the upstream's voice events when no turn runs too: the
+provider's VAD starts turns by itself. User audio goes straight from the
+client's connection to the upstream (``send_audio``); the model's audio goes
+straight to the attached clients, unlogged (``protocol.audio``).
 """
 
 from __future__ import annotations
@@ -34,17 +41,27 @@ from gateway.sessions.limits import Limits
 from gateway.sessions.logwriter import Batch, LogWriter
 from gateway.sessions.observer import TurnObserver
 from gateway.sessions.subscriber import Subscriber
+from gateway.sessions.voice import voice_config
 from gateway.store.base import LeaseLost, LogEntry, SeqConflict, Store, StoreError, StoreUnavailable
 from gateway.tracing import Tracing
 from gateway.upstream.base import (
+    AudioDelta,
+    FunctionCall,
+    InputTranscript,
+    OutputTranscriptDelta,
     ResponseDone,
+    ResponseStarted,
+    SpeechStarted,
+    SpeechStopped,
     TextDelta,
     Upstream,
     UpstreamClosed,
     UpstreamError,
     UpstreamFactory,
+    VoiceConfig,
 )
 from protocol.assembly import HistoryItem, Message, assemble, encode_history_item
+from protocol.audio import audio_frame
 from protocol.calls import ToolCall, ToolResult
 from protocol.configuration import ConfigChange, SessionConfig, apply_change
 from protocol.events import (
@@ -64,23 +81,33 @@ from protocol.events import (
     User,
     encode,
 )
+from protocol.events import SpeechStarted as SpeechStartedEvent
+from protocol.events import SpeechStopped as SpeechStoppedEvent
 from protocol.turn import (
     Account,
     Action,
     Backoff,
     Cancel,
+    CommitAudio,
+    CommitSpeech,
     DropUpstream,
+    NativeCall,
     Persist,
     Refuse,
     ReplaceResponse,
     Request,
     Rerun,
+    ResponseBegan,
     RetryNow,
     RunTools,
     ShellFailed,
     Shutdown,
+    SpeechBegan,
+    SpeechEnded,
+    Spoken,
     StopResponse,
     ToolsDone,
+    Transcript,
     TurnMachine,
     TurnStarted,
     TurnState,
@@ -99,10 +126,28 @@ log = logging.getLogger("gateway.sessions.runtime")
 
 # Every event type the machine may hand over as "log it, then send it".
 _EVENT_TYPES: Final = frozenset(
-    {User, Think, Call, Execute, Result, Respond, End, Metric, Error, Interrupt, Cancelled}
+    {
+        User,
+        Think,
+        Call,
+        Execute,
+        Result,
+        Respond,
+        End,
+        Metric,
+        Error,
+        Interrupt,
+        Cancelled,
+        SpeechStartedEvent,
+        SpeechStoppedEvent,
+    }
 )
 # The actions the driver awaits; a cancel supersedes those not yet performed.
-_AWAITED: Final = frozenset({Request, StopResponse, ReplaceResponse, RunTools, Backoff})
+_AWAITED: Final = frozenset(
+    {Request, CommitAudio, StopResponse, ReplaceResponse, RunTools, Backoff}
+)
+_RESPONSE_BEGAN: Final = ResponseBegan()
+_COMMIT_SPEECH: Final = CommitSpeech()
 _CANCEL: Final = Cancel()
 _RETRY_NOW: Final = RetryNow()
 # How long a cancelled response may take to report its end (and usage) before
@@ -235,6 +280,10 @@ class SessionRuntime:
         self._requested_at: float | None = None  # when the last response was requested
         self._store_down = False
         self.closed = False
+        # Audio in and/or out, from the stored configuration (set_voice changes it).
+        self.voice: VoiceConfig | None = self._voice_of(setup)
+        self.machine.voice = self.voice is not None
+        self._listening_idle = False  # the driver reads voice events with no turn running
 
     # ------------------------------------------------------------------ log
 
@@ -379,9 +428,12 @@ class SessionRuntime:
 
     def attach(self, sub: Subscriber) -> None:
         self.subscribers.add(sub)
+        self._listen()  # a voice session with a client reads its provider between turns
 
     def detach(self, sub: Subscriber) -> None:
         self.subscribers.discard(sub)
+        if not self.subscribers:
+            self._wake_driver()  # a voice driver with nobody to listen to stops
         self.host.runtime_idle(self)
 
     # ------------------------------------------------------------------ commands
@@ -426,7 +478,91 @@ class SessionRuntime:
         self.observer.model = setup.upstream_factory.model
         self.emit(Configured(config=updated))
         self.host.runtime_configured(self)
+        self.set_voice(self._voice_of(setup))
         return None
+
+    def _voice_of(self, setup: SessionSetup) -> VoiceConfig | None:
+        """The audio a configuration asks for, with the tools this session may call."""
+        allowed = setup.server_tools
+        specs = [
+            s
+            for s in self.services.executor.registry.specs()
+            if allowed is None or s.name in allowed
+        ]
+        return voice_config(setup.config, specs)
+
+    # ------------------------------------------------------------------ voice
+
+    @property
+    def listening(self) -> bool:
+        """The driver keeps reading the upstream between turns (a voice session with a client)."""
+        return self.voice is not None and bool(self.subscribers) and not self.closed
+
+    def set_voice(self, voice: VoiceConfig | None) -> None:
+        """Switch the session's audio (``None``: text only). The upstream is reopened
+        with the new configuration (its context rebuilt from history) when next needed."""
+        if voice == self.voice:
+            return
+        self.voice = voice
+        self.machine.voice = voice is not None
+        if self.machine.idle:
+            self._drop_upstream(stop=False)
+        self._listen()
+
+    def _listen(self) -> None:
+        """Start (or wake) the driver that reads the provider between turns, if listening."""
+        if self.listening:
+            driver = self.turn
+            if driver is None or driver.done():
+                self._todo = deque()
+                self.turn = asyncio.create_task(self._drive(), name=f"turn:{self.sid}")
+            else:
+                self._wake_driver()
+
+    async def send_audio(self, pcm16: bytes) -> None:
+        """User audio (PCM16 at ``AudioIn.rate``) to the provider. Audio that arrives
+        while no connection is open (being reopened) is dropped: the provider's VAD
+        hears the speech that follows."""
+        upstream = self.upstream
+        if upstream is None or self.voice is None or self.voice.audio_in is None:
+            return
+        try:
+            await upstream.send_audio(pcm16)
+        except UpstreamClosed:
+            return  # the driver's recv sees the loss and reopens
+
+    def commit_audio(self) -> Error | None:
+        """End the user's spoken turn (turn detection ``none``); an ``Error`` reply if
+        the session takes no audio or a turn runs."""
+        voice = self.voice
+        if voice is None or voice.audio_in is None or voice.audio_in.turn_detection != "none":
+            return Error(
+                code="bad_frame",
+                content='commit ends a spoken turn when input_audio.turn_detection is "none"; '
+                'configure that first (with "server_vad" the gateway commits by itself)',
+            )
+        return self._command(self.machine.feed(_COMMIT_SPEECH), interrupt=False)
+
+    def _wake_driver(self) -> None:
+        """Interrupt the driver's between-turns read, so it looks at its work again."""
+        driver = self.turn
+        if (
+            self._listening_idle
+            and driver is not None
+            and self._driving
+            and not self._interrupted
+            and not driver.done()
+        ):
+            self._interrupted = True
+            driver.cancel()
+
+    def _audio_out(self, pcm16: bytes) -> None:
+        """The model's audio to the attached clients, tagged with the newest seq."""
+        if self.machine.state is not TurnState.STREAMING:
+            return  # the rest of a cancelled answer
+        frame = audio_frame(self._seq, pcm16)
+        for sub in tuple(self.subscribers):
+            sub.deliver_audio(frame)
 
     def rerun_interrupted(self, reason: str) -> None:
         """After a takeover: if the last turn was in flight, mark it and rerun it.
@@ -460,6 +596,7 @@ class SessionRuntime:
                 driver.cancel()
         else:
             self._todo.extend(actions)
+            self._wake_driver()
         return None
 
     # ------------------------------------------------------------------ the turn driver
@@ -474,9 +611,9 @@ class SessionRuntime:
             while True:
                 try:
                     await self._perform_pending()
-                    if machine.idle and not self._todo:
+                    if machine.idle and not self._todo and not self.listening:
                         return
-                    if machine.awaits_upstream:
+                    if machine.awaits_upstream or (self.listening and not self._todo):
                         await self._pump_upstream()
                 except asyncio.CancelledError:
                     if not self._interrupted or self.closed:
@@ -497,6 +634,7 @@ class SessionRuntime:
             self.observer.turn_ended()
             self._driving = False
             self._interrupted = False
+            self._listening_idle = False
             if self.turn is task:
                 self.turn = None
             self.host.runtime_idle(self)
@@ -530,7 +668,15 @@ class SessionRuntime:
             elif kind is DropUpstream:
                 self._drop_upstream(stop=action.stop)  # type: ignore[union-attr]
             elif kind is Request:
-                await self._request(action.message)  # type: ignore[union-attr]
+                await self._request(action.message, action.outputs)  # type: ignore[union-attr]
+            elif kind is CommitAudio:
+                upstream = self.upstream
+                if upstream is None:
+                    raise UpstreamClosed("the connection that heard the speech is gone")
+                self._in_upstream_call = True
+                self._requested_at = time.perf_counter()
+                await upstream.commit_audio()
+                self._in_upstream_call = False
             elif kind is StopResponse:
                 upstream = self.upstream
                 if upstream is None:
@@ -567,7 +713,9 @@ class SessionRuntime:
         except StoreError as exc:
             log.info("session %s: could not store %s: %s", self.sid, ", ".join(fields), exc)
 
-    async def _request(self, message: Message | None) -> None:
+    async def _request(
+        self, message: Message | None, outputs: Sequence[tuple[str, str]] = ()
+    ) -> None:
         self._in_upstream_call = True
         self.observer.step_started()
         upstream = self.upstream
@@ -578,16 +726,30 @@ class SessionRuntime:
             upstream = None
         if upstream is None:
             # Fresh connection: history already ends with the prompt message.
-            upstream = setup.upstream_factory.create()
-            with self.observer.connect():
-                await upstream.open(setup.system_prompt, assemble(self.history))
-            self.upstream = upstream
-            self._opened_with = setup
+            upstream = await self._open_upstream()
         elif message is not None:
             await upstream.add_message(message)
+        else:
+            for call_id, output in outputs:
+                await upstream.send_function_output(call_id, output)
         self._requested_at = time.perf_counter()
         await upstream.start_response()
         self._in_upstream_call = False
+
+    async def _open_upstream(self) -> Upstream:
+        """The open upstream, or a fresh one whose context is rebuilt from history."""
+        upstream = self.upstream
+        if upstream is not None:
+            return upstream
+        self._in_upstream_call = True
+        setup = self.setup
+        upstream = setup.upstream_factory.create()
+        with self.observer.connect():
+            await upstream.open(setup.system_prompt, assemble(self.history), voice=self.voice)
+        self.upstream = upstream
+        self._opened_with = setup
+        self._in_upstream_call = False
+        return upstream
 
     async def _replace(self, text: str) -> None:
         upstream = self.upstream
@@ -604,14 +766,22 @@ class SessionRuntime:
         """Feed the upstream's events to the machine until one calls for an action."""
         upstream = self.upstream
         if upstream is None:
-            raise UpstreamClosed("no upstream connection")
+            if not self.listening:
+                raise UpstreamClosed("no upstream connection")
+            upstream = await self._open_upstream()
         machine = self.machine
         text = machine.text
         emit = self.emit
         todo = self._todo
         first = self._requested_at is not None
-        while machine.awaits_upstream:
-            if machine.state is TurnState.CANCELLING:
+        while machine.awaits_upstream or self.listening:
+            if machine.idle:
+                self._listening_idle = True
+                try:
+                    ev = await upstream.recv()
+                finally:
+                    self._listening_idle = False
+            elif machine.state is TurnState.CANCELLING:
                 try:
                     async with asyncio.timeout(_CANCEL_REPORT_WAIT):
                         ev = await upstream.recv()
@@ -649,6 +819,40 @@ class SessionRuntime:
                 todo.extend(machine.feed(UpstreamFailed(code, _FAILED_MESSAGE)))
                 if todo:
                     return
+            elif type(ev) is AudioDelta:
+                self._audio_out(ev.pcm16)
+            elif type(ev) is OutputTranscriptDelta:
+                if first:
+                    first = False
+                    self._first_delta()
+                for action in machine.feed(Spoken(ev.text)):
+                    emit(action)  # type: ignore[arg-type]
+            else:
+                todo.extend(self._voice_input(ev))
+                first = self._requested_at is not None
+                if todo:
+                    return
+
+    def _voice_input(self, ev: object) -> Sequence[Action]:
+        """The machine's actions for an upstream voice event (VAD, transcripts, calls)."""
+        machine = self.machine
+        kind = type(ev)
+        if kind is SpeechStarted:
+            assert isinstance(ev, SpeechStarted)
+            return machine.feed(SpeechBegan(ev.offset_ms))
+        if kind is SpeechStopped:
+            assert isinstance(ev, SpeechStopped)
+            self._requested_at = time.perf_counter()  # speech end → first chunk
+            return machine.feed(SpeechEnded(ev.offset_ms))
+        if kind is InputTranscript:
+            assert isinstance(ev, InputTranscript)
+            return machine.feed(Transcript(ev.text))
+        if kind is ResponseStarted:
+            return machine.feed(_RESPONSE_BEGAN)
+        if kind is FunctionCall:
+            assert isinstance(ev, FunctionCall)
+            return machine.feed(NativeCall(ev.call_id, ev.name, ev.arguments))
+        return ()
 
     def _first_delta(self) -> None:
         started, self._requested_at = self._requested_at, None

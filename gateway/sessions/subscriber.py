@@ -35,6 +35,10 @@ class Subscriber(Protocol):
     def notify(self, event: Error) -> None:
         """An unlogged notice for this client (store outage). Must not block."""
 
+    def deliver_audio(self, frame: bytes) -> None:
+        """A binary frame of the model's speech (``protocol.audio``), unlogged. Must not
+        block; a client that is behind may miss it (it has the transcript)."""
+
     def session_lost(self, reason: str) -> None:
         """This node stopped driving the session; the client should reconnect."""
 

@@ -775,6 +775,8 @@ class SessionRuntime:
         todo = self._todo
         first = self._requested_at is not None
         while machine.awaits_upstream or self.listening:
+            if todo:
+                return  # a command came while the connection was opening
             if machine.idle:
                 self._listening_idle = True
                 try:

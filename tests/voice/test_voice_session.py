@@ -1,0 +1,144 @@
+"""Voice through a real gateway: spoken turns, barge-in, manual commit, audio out.
+
+Each test runs against both simulator flavours (OpenAI Realtime and Gemini
+Live) over real sockets: the client streams PCM16 at real-time pace (a tone
+is "speech" to the simulator's VAD, and its transcript is ``(speech N s)``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+
+from gateway.upstream.audio import silence, tone
+from protocol.events import Cancelled, Configured, User
+from tests.voice.conftest import VoiceClient, kind, shape, utterance, voice_gateway
+
+PROVIDERS = ["openai", "gemini"]
+RATE = 24000
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_speech_is_a_turn_with_vad_events_and_a_transcript(
+    provider: str, tmp_path: Path
+) -> None:
+    async with voice_gateway(provider, tmp_path) as gw:
+        client = await VoiceClient.connect(gw.url)
+        configured = await client.configure(
+            input_audio={"format": "pcm16", "rate": RATE, "turn_detection": "server_vad"}
+        )
+        assert isinstance(configured, Configured)
+        assert configured.config.input_audio is not None
+        await client.stream(utterance(1.2, RATE), RATE)
+        events = await client.turn_end()
+        await client.close()
+    got = shape(events)
+    assert got[:2] == [("speech_started", ""), ("speech_stopped", "")]
+    assert got[2:] == [
+        ("user", "(speech 1.2 s)"),
+        ("think", "The user said something."),
+        ("respond", "Echo: (speech 1.2 s)"),
+        ("end", ""),
+        ("metric", ""),
+    ]
+    user = next(e for e in events if isinstance(e, User))
+    assert user.source == "audio"
+    started = events[0]
+    assert 250 <= started.offset_ms <= 350  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_audio_as_json_frames_at_another_rate(provider: str, tmp_path: Path) -> None:
+    rate = 16000
+    async with voice_gateway(provider, tmp_path) as gw:
+        client = await VoiceClient.connect(gw.url)
+        await client.configure(input_audio={"rate": rate})
+        await client.stream(utterance(0.8, rate), rate, as_json=True)
+        events = await client.turn_end()
+        await client.close()
+    assert ("user", "(speech 0.8 s)") in shape(events)
+    assert kind(events[-2]) == "end"
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_speech_during_an_answer_cancels_it(provider: str, tmp_path: Path) -> None:
+    async with voice_gateway(provider, tmp_path, tokens_per_second=20, chunk_size=2) as gw:
+        client = await VoiceClient.connect(gw.url)
+        await client.configure(input_audio={"rate": RATE})
+        await client.send({"type": "user", "content": "/raw " + "z" * 400})
+        await client.until("respond")  # the answer is running
+        sender = asyncio.create_task(client.stream(utterance(0.5, RATE), RATE))
+        began = time.monotonic()
+        cut = await client.until("cancelled")
+        cancelled_after = time.monotonic() - began
+        answered = await client.turn_end()
+        await sender
+        await client.close()
+    cancelled = cut[-1]
+    assert isinstance(cancelled, Cancelled) and cancelled.reason == "barge_in"
+    assert any(kind(e) == "speech_started" for e in cut)
+    assert cancelled_after < 1.5  # 0.3 s of silence, then 0.1 s of speech
+    got = shape(answered)
+    assert ("user", "(speech 0.5 s)") in got
+    assert ("respond", "Echo: (speech 0.5 s)") in got
+    assert got[-2:] == [("end", ""), ("metric", "")]
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_manual_commit_ends_the_spoken_turn(provider: str, tmp_path: Path) -> None:
+    async with voice_gateway(provider, tmp_path) as gw:
+        client = await VoiceClient.connect(gw.url)
+        await client.configure(input_audio={"rate": RATE, "turn_detection": "none"})
+        await client.stream(silence(0.1, RATE) + tone(0.7, RATE), RATE)
+        await client.send({"type": "commit"})
+        events = await client.turn_end()
+        await client.close()
+    got = shape(events)
+    assert not any(name.startswith("speech_") for name, _ in got)
+    assert got[0] == ("user", "(speech 0.7 s)")
+    assert ("respond", "Echo: (speech 0.7 s)") in got
+    assert got[-2:] == [("end", ""), ("metric", "")]
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_audio_output_with_a_native_tool_call(provider: str, tmp_path: Path) -> None:
+    async with voice_gateway(provider, tmp_path, chunk_size=4, audio_ms_per_char=5) as gw:
+        client = await VoiceClient.connect(gw.url)
+        await client.configure(input_audio={"rate": RATE}, output="audio", voice="alloy")
+        await client.send({"type": "user", "content": '/tool list {"path": "."}'})
+        events = await client.turn_end()
+        await client.close()
+    got = shape(events)
+    assert got == [
+        ("user", '/tool list {"path": "."}'),
+        ("call", '{"name":"list","args":{"path":"."}}'),
+        ("execute", ""),
+        ("metric", ""),
+        ("result", '[{"tool":"list","status":"success","content":{"path":".","entries":[]}}]'),
+        ("respond", got[5][1]),
+        ("end", ""),
+        ("metric", ""),
+    ]
+    assert got[5][1].startswith("The tool list returned")
+    assert client.audio, "no binary audio frames"
+    respond_seqs = {e.seq for e in events if kind(e) == "respond"}
+    assert {seq for seq, _ in client.audio} <= respond_seqs | {e.seq for e in events}
+    assert all(len(pcm) % 2 == 0 for _, pcm in client.audio)
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_a_spoken_answer_with_audio_output(provider: str, tmp_path: Path) -> None:
+    async with voice_gateway(provider, tmp_path, audio_ms_per_char=10) as gw:
+        client = await VoiceClient.connect(gw.url)
+        await client.configure(input_audio={"rate": RATE}, output="audio")
+        await client.stream(utterance(0.6, RATE), RATE)
+        events = await client.turn_end()
+        await client.close()
+    got = shape(events)
+    transcript = "Echo: (speech 0.6 s)"
+    assert ("respond", transcript) in got
+    played_ms = sum(len(pcm) // 2 for _, pcm in client.audio) * 1000 / 24000
+    assert played_ms == pytest.approx(len(transcript) * 10, abs=25)

@@ -1,0 +1,133 @@
+"""The turn machine's voice transitions, without sockets."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from protocol.calls import ToolResult
+from protocol.events import Call, Cancelled, End, Execute, Metric, Respond, SpeechStarted, User
+from protocol.turn import (
+    Action,
+    Cancel,
+    CommitAudio,
+    CommitSpeech,
+    DropUpstream,
+    NativeCall,
+    Persist,
+    Refuse,
+    ReplaceResponse,
+    Request,
+    ResponseDone,
+    RunTools,
+    SpeechBegan,
+    SpeechEnded,
+    Spoken,
+    StopResponse,
+    ToolsDone,
+    Transcript,
+    TurnMachine,
+    TurnState,
+    UserMessage,
+)
+
+
+def kinds(actions: Sequence[Action]) -> list[str]:
+    return [type(a).__name__ for a in actions]
+
+
+def voice_machine() -> TurnMachine:
+    machine = TurnMachine()
+    machine.voice = True
+    return machine
+
+
+def test_speech_end_starts_a_turn_whose_output_waits_for_the_transcript() -> None:
+    machine = voice_machine()
+    assert kinds(machine.feed(SpeechBegan(300))) == ["SpeechStarted"]
+    assert kinds(machine.feed(SpeechEnded(1500))) == ["SpeechStopped", "TurnStarted"]
+    assert machine.state is TurnState.STREAMING
+    assert machine.text("<think>hm</think>") == ()  # held until the user event
+    out = machine.feed(Transcript("hello"))
+    assert isinstance(out[0], User) and out[0].source == "audio" and out[0].content == "hello"
+    assert isinstance(out[1], Persist)
+    assert [type(a) for a in out[2:]] == [type(a) for a in out[2:] if not isinstance(a, User)]
+    done = machine.feed(ResponseDone("completed"))
+    assert "End" in kinds(done) and machine.idle
+
+
+def test_a_missing_transcript_still_gives_a_user_event_before_the_answer() -> None:
+    machine = voice_machine()
+    machine.feed(SpeechEnded(100))
+    machine.feed(Spoken("Hi"))
+    out = machine.feed(ResponseDone("completed"))
+    assert kinds(out)[:3] == ["User", "Persist", "Respond"]
+
+
+def test_speech_during_an_answer_barges_in_and_truncates() -> None:
+    machine = voice_machine()
+    machine.feed(UserMessage("talk"))
+    assert [type(e) for e in machine.feed(Spoken("Once upon"))] == [Respond]
+    out = machine.feed(SpeechBegan(4000))
+    assert isinstance(out[0], SpeechStarted)
+    cancelled = [a for a in out if isinstance(a, Cancelled)]
+    assert cancelled and cancelled[0].reason == "barge_in"
+    assert not any(isinstance(a, StopResponse) for a in out)  # the provider stops by itself
+    assert machine.feed(Spoken(" a time")) == ()
+    closing = machine.feed(ResponseDone("cancelled"))
+    assert any(isinstance(a, Metric) for a in closing)
+    assert ReplaceResponse("Once upon") in closing
+    assert not any(isinstance(a, DropUpstream) for a in closing)
+
+
+def test_speech_ending_while_a_cancelled_turn_closes_is_answered_after_it() -> None:
+    machine = voice_machine()
+    machine.feed(UserMessage("talk"))
+    machine.feed(SpeechBegan(10))
+    assert kinds(machine.feed(SpeechEnded(900))) == ["SpeechStopped"]
+    out = machine.feed(ResponseDone("cancelled"))
+    assert kinds(out)[-1] == "TurnStarted"
+    assert machine.state is TurnState.STREAMING
+
+
+def test_a_client_cancel_in_voice_keeps_the_connection() -> None:
+    machine = voice_machine()
+    machine.feed(UserMessage("talk"))
+    machine.text("Hello")
+    out = machine.feed(Cancel())
+    assert StopResponse() in out
+    closing = machine.feed(ResponseDone("cancelled"))
+    assert not any(isinstance(a, DropUpstream) for a in closing)
+    assert any(isinstance(a, ReplaceResponse) for a in closing)
+
+
+def test_commit_starts_a_turn_and_asks_the_provider() -> None:
+    machine = voice_machine()
+    out = machine.feed(CommitSpeech())
+    assert kinds(out) == ["TurnStarted", "CommitAudio"] and isinstance(out[-1], CommitAudio)
+    again = machine.feed(CommitSpeech())
+    assert isinstance(again[0], Refuse)
+
+
+def test_native_calls_run_the_tools_and_answer_with_function_outputs() -> None:
+    machine = voice_machine()
+    machine.feed(UserMessage("weather?"))
+    [call] = machine.feed(NativeCall("c1", "weather", '{"city": "Oslo"}'))
+    assert isinstance(call, Call) and call.content == '{"name":"weather","args":{"city":"Oslo"}}'
+    out = machine.feed(ResponseDone("completed"))
+    assert [type(a) for a in out][:1] == [Execute]
+    run = out[-1]
+    assert isinstance(run, RunTools) and run.calls[0].name == "weather"
+    after = machine.feed(ToolsDone((ToolResult("weather", "success", "sunny"),)))
+    request = after[-1]
+    assert isinstance(request, Request) and request.message is None
+    assert request.outputs == (("c1", '{"tool":"weather","status":"success","content":"sunny"}'),)
+    machine.feed(Spoken("It is sunny."))
+    assert any(isinstance(a, End) for a in machine.feed(ResponseDone("completed")))
+    assert machine.idle
+
+
+def test_bad_native_arguments_become_an_empty_object() -> None:
+    machine = voice_machine()
+    machine.feed(UserMessage("x"))
+    [call] = machine.feed(NativeCall("c1", "list", "{not json"))
+    assert isinstance(call, Call) and call.content == '{"name":"list","args":{}}'

@@ -428,7 +428,8 @@ class SessionRuntime:
 
     def attach(self, sub: Subscriber) -> None:
         self.subscribers.add(sub)
-        self._listen()  # a voice session with a client reads its provider between turns
+        if self.voice is not None:
+            self._listen()
 
     def detach(self, sub: Subscriber) -> None:
         self.subscribers.discard(sub)
@@ -510,14 +511,15 @@ class SessionRuntime:
         self._listen()
 
     def _listen(self) -> None:
-        """Start (or wake) the driver that reads the provider between turns, if listening."""
-        if self.listening:
-            driver = self.turn
-            if driver is None or driver.done():
-                self._todo = deque()
-                self.turn = asyncio.create_task(self._drive(), name=f"turn:{self.sid}")
-            else:
-                self._wake_driver()
+        """Make sure the driver runs (and reads the upstream between turns) if it should."""
+        if not self.listening:
+            return
+        driver = self.turn
+        if driver is None or driver.done():
+            self._todo = deque()
+            self.turn = asyncio.create_task(self._drive(), name=f"turn:{self.sid}")
+        else:
+            self._wake_driver()
 
     async def send_audio(self, pcm16: bytes) -> None:
         """User audio (PCM16 at ``AudioIn.rate``) to the provider. Audio that arrives

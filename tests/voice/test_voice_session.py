@@ -142,3 +142,28 @@ async def test_a_spoken_answer_with_audio_output(provider: str, tmp_path: Path) 
     assert ("respond", transcript) in got
     played_ms = sum(len(pcm) // 2 for _, pcm in client.audio) * 1000 / 24000
     assert played_ms == pytest.approx(len(transcript) * 10, abs=25)
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_reconnect_mid_answer_replays_the_transcript_without_a_gap(
+    provider: str, tmp_path: Path
+) -> None:
+    async with voice_gateway(
+        provider, tmp_path, tokens_per_second=40, chunk_size=2, audio_ms_per_char=10
+    ) as gw:
+        first = await VoiceClient.connect(gw.url)
+        await first.configure(input_audio={"rate": RATE}, output="audio")
+        await first.send({"type": "user", "content": "tell me a story " + "x" * 60})
+        await first.until("respond")
+        await first.until("respond")
+        sid, last = first.session.session_id, first.events[-1].seq
+        before = shape(first.events)
+        await first.close()
+        second = await VoiceClient.connect(gw.url, session_id=sid, after=str(last))
+        rest = await second.turn_end()
+        await second.close()
+    seqs = [e.seq for e in rest]
+    assert seqs == list(range(last + 1, last + 1 + len(seqs)))  # no gap, no duplicate
+    told = before[-1][1] + "".join(c for n, c in shape(rest) if n == "respond")
+    assert told == "Echo: tell me a story " + "x" * 60
+    assert shape(rest)[-2:] == [("end", ""), ("metric", "")]

@@ -112,6 +112,12 @@ def build_parser() -> argparse.ArgumentParser:
     chat_p.add_argument("url", nargs="?", default="ws://127.0.0.1:8765/v1/realtime")
     chat_p.add_argument("--token", help="API key (Bearer)")
     chat_p.add_argument("--no-color", action="store_true")
+    chat_p.add_argument(
+        "--audio",
+        type=Path,
+        metavar="FILE.wav",
+        help="speak this 16-bit PCM WAV file first (streamed at real-time pace)",
+    )
 
     from gateway.keys import add_keys_arguments
 
@@ -175,7 +181,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "chat":
             from gateway.client.chat import run_chat
 
-            return asyncio.run(run_chat(args.url, token=args.token, color=not args.no_color))
+            return asyncio.run(
+                run_chat(args.url, token=args.token, color=not args.no_color, audio=args.audio)
+            )
         if args.command == "keys":
             from gateway.keys import run_keys
 

@@ -20,12 +20,14 @@ import contextlib
 import signal
 import sys
 import threading
+from pathlib import Path
 from typing import Final, TextIO
 
 import orjson
 
 from gateway.client.client import Client
 from gateway.client.dial import BadUrl, ClientError, normalize_url
+from gateway.upstream.audio import read_wav, silence
 from protocol.events import (
     Call,
     Cancelled,
@@ -37,6 +39,8 @@ from protocol.events import (
     Respond,
     Result,
     Session,
+    SpeechStarted,
+    SpeechStopped,
     Think,
     User,
 )
@@ -110,10 +114,16 @@ class ChatView:
             w(f"{self._c(RED)}interrupted: {event.content}{self._c(RESET)}\n")
         elif isinstance(event, Cancelled):
             self._switch("")
-            w(f"{self._c(RED)}cancelled{self._c(RESET)}\n")
+            why = " (you spoke)" if event.reason == "barge_in" else ""
+            w(f"{self._c(RED)}cancelled{why}{self._c(RESET)}\n")
         elif isinstance(event, User):
             self._switch("")
-            w(f"{self._c(BOLD)}you: {event.content}{self._c(RESET)}\n")
+            said = "you (spoken)" if event.source == "audio" else "you"
+            w(f"{self._c(BOLD)}{said}: {event.content}{self._c(RESET)}\n")
+        elif isinstance(event, SpeechStarted | SpeechStopped):
+            self._switch("")
+            what = "speech started" if isinstance(event, SpeechStarted) else "speech stopped"
+            w(f"{self._c(DIM)}[{what} at {event.offset_ms} ms]{self._c(RESET)}\n")
         elif isinstance(event, Session):
             self._switch("")
             state = "resumed" if event.resumed else "new"
@@ -154,8 +164,14 @@ def _read_lines(loop: asyncio.AbstractEventLoop, queue: asyncio.Queue[_Input]) -
         loop.call_soon_threadsafe(queue.put_nowait, None)
 
 
-async def run_chat(url: str, *, token: str | None = None, color: bool = True) -> int:
-    """Chat until input ends, ``/quit`` or Ctrl-C at the prompt. Exit status 0, or 1/2 on errors."""
+async def run_chat(
+    url: str, *, token: str | None = None, color: bool = True, audio: Path | None = None
+) -> int:
+    """Chat until input ends, ``/quit`` or Ctrl-C at the prompt. Exit status 0, or 1/2 on errors.
+
+    ``audio``: a 16-bit PCM WAV file spoken first (streamed at real-time pace,
+    the gateway's voice activity detection ends the turn), then the chat goes on.
+    """
     err = sys.stderr
     try:
         url, note = normalize_url(url)
@@ -187,6 +203,8 @@ async def run_chat(url: str, *, token: str | None = None, color: bool = True) ->
     if sys.stdin.isatty():
         print(f"{DIM if color else ''}{HINT}{reset}", flush=True)
     try:
+        if audio is not None:
+            await _speak(client, view, audio)
         return await _converse(client, view, inputs)
     except ClientError as exc:
         print(f"gateway chat: {exc}", file=err)
@@ -195,6 +213,15 @@ async def run_chat(url: str, *, token: str | None = None, color: bool = True) ->
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.remove_signal_handler(signal.SIGINT)
         await client.close()
+
+
+async def _speak(client: Client, view: ChatView, path: Path) -> None:
+    """Stream a WAV file as the user's speech and show its turn."""
+    pcm, rate = read_wav(path)
+    pcm += silence(1.0, rate)  # the end of speech is heard as silence
+    await client.configure(input_audio={"format": "pcm16", "rate": rate})
+    async for event in client.speak(pcm, rate):
+        view.show(event)
 
 
 async def _converse(client: Client, view: ChatView, inputs: asyncio.Queue[_Input]) -> int:

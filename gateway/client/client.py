@@ -36,6 +36,11 @@ Decisions (the rules themselves are in ``gateway.client.stream``):
   whose JSON has ``"runs_on": "client"``; the client answers with
   ``{"type": "tool_result", "id", "status", "content"}`` (a handler that
   raises answers ``failure`` with the exception's text).
+- **Voice.** ``configure(...)`` sends a ``configure`` frame; ``speak(pcm, rate)``
+  streams PCM16 as binary frames at real-time pace and yields the spoken
+  turn's events (from its ``speech_started``, through its closing event and
+  metric); ``on_audio(seq, pcm)`` gets the model's speech (``protocol.audio``).
+  Audio sent over a connection that drops is not resent: speak again.
 """
 
 from __future__ import annotations
@@ -64,9 +69,11 @@ from gateway.client.dial import (
     open_connection,
 )
 from gateway.client.stream import METRIC_GRACE, REFUSAL_CODES, SeqVerdict, TurnTracker, classify_seq
+from protocol.audio import split_audio_frame
 from protocol.events import (
     Call,
     Cancel,
+    Commit,
     Error,
     Event,
     Session,
@@ -142,6 +149,7 @@ class Client:
         open_timeout: float = 10.0,
         on_connect: Callable[[Session], None] | None = None,
         on_disconnect: Callable[[str], None] | None = None,
+        on_audio: Callable[[int, bytes], None] | None = None,
     ) -> None:
         self.url, _ = normalize_url(url)
         self.token = token
@@ -152,6 +160,7 @@ class Client:
         self.open_timeout = open_timeout
         self.on_connect = on_connect
         self.on_disconnect = on_disconnect
+        self.on_audio = on_audio
         self._session_id = session_id
         self._last = after if after is not None else -1
         self._ws: ClientConnection | None = None
@@ -259,6 +268,85 @@ class Client:
 
     # ------------------------------------------------------------------ a turn
 
+    async def configure(self, **fields: Any) -> None:
+        """Send a ``configure`` frame (e.g. ``input_audio={"rate": 24000}``,
+        ``output="audio"``); the logged ``configured`` event confirms it."""
+        await self._send_frame(orjson.dumps({"type": "configure", **fields}))
+
+    async def send_audio(self, pcm16: bytes) -> None:
+        """One binary frame of user audio (PCM16 LE mono at the configured rate)."""
+        await self._send_frame(pcm16, binary=True)
+
+    async def commit(self) -> None:
+        """End a spoken turn yourself (``input_audio.turn_detection: "none"``)."""
+        await self._send_frame(_encoder.encode(Commit()))
+
+    async def speak(
+        self, pcm16: bytes, rate: int, *, frame_ms: int = 20, commit: bool = False
+    ) -> AsyncIterator[Event]:
+        """Stream ``pcm16`` at real-time pace and yield the spoken turn's events.
+
+        They start at the turn's ``speech_started`` (or, with ``commit``, its
+        audio-sourced ``user`` event) and end as ``send``'s do. With ``commit``
+        a ``commit`` frame follows the audio (turn detection ``none``).
+        """
+        if self._in_turn:
+            raise RuntimeError("a turn is running: finish iterating it (or cancel()) first")
+        self._in_turn = True
+        while not self._queue.empty():
+            self._queue.get_nowait()
+        sender = asyncio.create_task(self._stream(pcm16, rate, frame_ms, commit), name="speak")
+        tracker = TurnTracker()
+        started = False
+        try:
+            while True:
+                getter = asyncio.ensure_future(self._queue.get())
+                try:
+                    if tracker.closing:
+                        async with asyncio.timeout(self.metric_grace):
+                            item = await getter
+                    else:
+                        item = await getter
+                except TimeoutError:
+                    return
+                if isinstance(item, _Failed):
+                    raise item.error
+                if isinstance(item, _Reconnected):
+                    continue
+                kind = event_kind(item)
+                if not started:
+                    if kind == "speech_started" or (
+                        isinstance(item, User) and item.source == "audio"
+                    ):
+                        started = True
+                    elif isinstance(item, Error) and item.seq <= self._last:
+                        yield item  # a refusal of our frames
+                        return
+                    else:
+                        continue
+                if tracker.ends_before(kind):
+                    return
+                yield item
+                if tracker.feed(kind, item.code if isinstance(item, Error) else ""):
+                    return
+        finally:
+            self._in_turn = False
+            sender.cancel()
+            with contextlib.suppress(BaseException):
+                await sender
+
+    async def _stream(self, pcm16: bytes, rate: int, frame_ms: int, commit: bool) -> None:
+        """Send ``pcm16`` in ``frame_ms`` frames, each at its due time (no drift)."""
+        size = rate * frame_ms // 1000 * 2
+        start = time.monotonic()
+        for index, at in enumerate(range(0, len(pcm16), size)):
+            delay = start + index * frame_ms / 1000 - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            await self.send_audio(pcm16[at : at + size])
+        if commit:
+            await self.commit()
+
     async def _turn(self, text: str) -> AsyncIterator[Event]:
         self._raise_if_failed()
         while not self._queue.empty():  # what came before this turn is not part of it
@@ -309,7 +397,7 @@ class Client:
 
     # ------------------------------------------------------------------ the connection
 
-    async def _send_frame(self, payload: bytes) -> int:
+    async def _send_frame(self, payload: bytes, *, binary: bool = False) -> int:
         """Send one frame on a live connection (waiting for one); its generation."""
         while True:
             self._raise_if_failed()
@@ -318,7 +406,10 @@ class Client:
             if ws is None:
                 continue
             try:
-                await ws.send(payload.decode())
+                if binary:
+                    await ws.send(payload, text=False)
+                else:
+                    await ws.send(payload.decode())
                 return generation
             except ConnectionClosed:
                 # The supervisor sees the same close and reconnects.
@@ -431,7 +522,11 @@ class Client:
         """Deliver this connection's frames until it ends; why it ended."""
         try:
             while True:
-                data = await ws.recv(decode=False)
+                data = await ws.recv()
+                if isinstance(data, bytes):  # the model's speech (protocol.audio)
+                    if self.on_audio is not None:
+                        self.on_audio(*split_audio_frame(data))
+                    continue
                 try:
                     event = decode_event(data)
                 except (msgspec.DecodeError, msgspec.ValidationError) as exc:

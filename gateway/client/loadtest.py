@@ -36,6 +36,7 @@ import os
 import resource
 import sys
 import time
+import wave
 from collections.abc import Callable
 from pathlib import Path
 from typing import Final, Literal, NoReturn, Protocol, TextIO
@@ -61,6 +62,7 @@ from gateway.client.report import (
     histogram,
 )
 from gateway.client.stream import METRIC_GRACE, TurnTracker, check_seq
+from gateway.upstream.audio import read_wav
 
 __all__ = [
     "MAX_SESSIONS",
@@ -117,6 +119,9 @@ class LoadTestConfig(msgspec.Struct, frozen=True, kw_only=True):
     """Seconds between progress updates; 0 = 0.5 s for the bar, 5 s for lines."""
     sample_cap: int = DEFAULT_SAMPLE_CAP
     max_frame: int = 16 * 2**20
+    audio: bytes = b""
+    """PCM16 mono speech each turn streams (at real-time pace) instead of ``message``."""
+    audio_rate: int = 24000
 
     def __post_init__(self) -> None:
         if not self.url.startswith(("ws://", "wss://")):
@@ -264,6 +269,7 @@ class LoadTest:
         self.ttft = Reservoir(cap, seed=3)
         self.gap = Reservoir(cap, seed=4)
         self.turn = Reservoir(cap, seed=5)
+        self.speech_to_respond = Reservoir(cap, seed=6)
         self.events_by_type: dict[str, int] = {}
         self.errors: dict[str, int] = {}
         self.error_examples: dict[str, str] = {}
@@ -368,6 +374,7 @@ class LoadTest:
             sample_cap=cfg.sample_cap,
             ttft_histogram=histogram(self.ttft),
             turn_histogram=histogram(self.turn),
+            speech_to_respond=self.speech_to_respond.summary(),
         )
 
     def _error(self, kind: str, example: str = "") -> None:
@@ -399,6 +406,9 @@ class LoadTest:
             self.connect.add(time.perf_counter() - t0)
             opened = True
             c.sessions_connected += 1
+            if cfg.audio:
+                configure = {"type": "configure", "input_audio": {"rate": cfg.audio_rate}}
+                await ws.send(msgspec.json.encode(configure), text=True)
             c.sessions_open += 1
             if c.sessions_open > c.peak_open:
                 c.peak_open = c.sessions_open
@@ -495,10 +505,18 @@ class LoadTest:
         first = first_token = True
         tracker = TurnTracker()
         t = prev_t = t_send = now()
+        speaker: asyncio.Task[None] | None = None
+        speech_end: list[float] = []  # when the speech's last frame went out
+        spoken = True  # the first respond after speech is still to come
         try:
             recv = ws.recv
             async with asyncio.timeout(self.config.turn_timeout):
-                await ws.send(self._payload, text=True)
+                if self.config.audio:
+                    speaker = asyncio.create_task(
+                        self._speak(ws, speech_end), name=f"speak:{index}"
+                    )
+                else:
+                    await ws.send(self._payload, text=True)
                 if observer is not None:
                     observer.turn_started(index, turn, t_send)
                 while True:
@@ -545,6 +563,10 @@ class LoadTest:
                         if first_token:
                             first_token = False
                             self.ttft.add(t - t_send)
+                        if spoken and kind == "respond" and speaker is not None:
+                            spoken = False
+                            if speech_end:
+                                self.speech_to_respond.add(t - speech_end[0])
                     elif kind == "error":
                         try:
                             err = _error_decoder.decode(data)
@@ -569,12 +591,34 @@ class LoadTest:
             c.turns_failed += 1
             self._closed(exc)
             raise _SessionOver from exc
+        finally:
+            if speaker is not None and not speaker.done():
+                speaker.cancel()
         self.turn.add(t - t_send)
         if failed:
             c.turns_failed += 1
         else:
             c.turns_ok += 1
         return last
+
+    async def _speak(self, ws: ClientConnection, speech_end: list[float]) -> None:
+        """Stream the speech at real-time pace in 20 ms frames, then 1 s of silence (for
+        the VAD to hear its end); ``speech_end`` gets when its last frame went out."""
+        cfg = self.config
+        size = cfg.audio_rate // 50 * 2
+        speech = cfg.audio
+        quiet = bytes(cfg.audio_rate * 2)
+        start = time.monotonic()
+        index = 0
+        for pcm, spoken in ((speech, True), (quiet, False)):
+            for at in range(0, len(pcm), size):
+                delay = start + index * 0.02 - time.monotonic()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                await ws.send(pcm[at : at + size], text=False)
+                index += 1
+            if spoken:
+                speech_end.append(time.perf_counter())
 
     async def _hold(self, ws: ClientConnection) -> None:
         """Stay connected, idle, for ``hold`` seconds; a close by the server is an error."""
@@ -748,6 +792,13 @@ def add_loadtest_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="S",
         help="bound on the handshake and on the session frame after it (default 10)",
     )
+    parser.add_argument(
+        "--audio",
+        default=None,
+        metavar="FILE.wav",
+        help="each turn speaks this 16-bit PCM WAV file at real-time pace (server VAD) "
+        "instead of sending --message; reports speech end → first respond",
+    )
     parser.add_argument("--token", default=None, help="API key, sent as Authorization: Bearer")
     parser.add_argument(
         "--json",
@@ -792,6 +843,12 @@ def config_from_args(ns: argparse.Namespace, *, stderr: TextIO | None = None) ->
     message = ns.message
     if ns.message_chars is not None:
         message = sized_message(message, ns.message_chars)
+    audio, audio_rate = b"", 24000
+    if getattr(ns, "audio", None):
+        try:
+            audio, audio_rate = read_wav(ns.audio)
+        except (OSError, EOFError, wave.Error) as exc:
+            raise ValueError(f"--audio {ns.audio}: {exc}") from exc
     return LoadTestConfig(
         url=ns.url,
         sessions=ns.sessions,
@@ -805,6 +862,8 @@ def config_from_args(ns: argparse.Namespace, *, stderr: TextIO | None = None) ->
         connect_timeout=ns.connect_timeout,
         token=ns.token,
         progress=progress,
+        audio=audio,
+        audio_rate=audio_rate,
     )
 
 

@@ -220,6 +220,9 @@ class LoadTestReport(msgspec.Struct, kw_only=True):
     """The first message seen of each error kind."""
     sample_cap: int
     ttft_histogram: Histogram = msgspec.field(default_factory=Histogram)
+    speech_to_respond: LatencySummary = msgspec.field(default_factory=LatencySummary)
+    """``--audio`` runs: from the last frame of the spoken file sent to the first
+    ``respond`` (includes the VAD's silence wait, the simulator's 500 ms by default)."""
     """Time to first token per bucket (empty in reports of older versions)."""
     turn_histogram: Histogram = msgspec.field(default_factory=Histogram)
 
@@ -283,13 +286,15 @@ def format_report(r: LoadTestReport) -> str:
         "",
         f"  {'latency (ms)':<14}{'count':>9}{'p50':>10}{'p95':>10}{'p99':>10}{'max':>10}{'mean':>10}",
     ]
-    rows = (
+    rows: tuple[tuple[str, LatencySummary], ...] = (
         ("connect", r.connect),
         ("first event", r.ttfe),
         ("first token", r.ttft),
         ("event gap", r.gap),
         ("turn", r.turn),
     )
+    if r.speech_to_respond.count:
+        rows = (*rows, ("speech→respond", r.speech_to_respond))
     for name, s in rows:
         mark = "~" if s.sampled else " "
         lines.append(

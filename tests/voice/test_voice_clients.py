@@ -1,0 +1,42 @@
+"""The Python client's voice API and ``loadtest --audio`` against a real gateway."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gateway.client.client import Client, event_kind
+from gateway.client.loadtest import LoadTest, LoadTestConfig
+from gateway.upstream.audio import silence, tone
+from protocol.events import User
+from tests.voice.conftest import voice_gateway
+
+RATE = 16000
+
+
+async def test_client_speak_yields_the_spoken_turn(tmp_path: Path) -> None:
+    heard: list[tuple[int, int]] = []
+    async with voice_gateway("openai", tmp_path, audio_ms_per_char=5) as gw:
+        async with Client(gw.url, on_audio=lambda seq, pcm: heard.append((seq, len(pcm)))) as c:
+            await c.configure(input_audio={"rate": RATE}, output="audio")
+            speech = silence(0.2, RATE) + tone(0.6, RATE) + silence(0.8, RATE)
+            events = [e async for e in c.speak(speech, RATE)]
+    kinds = [event_kind(e) for e in events]
+    assert kinds[:3] == ["speech_started", "speech_stopped", "user"]
+    assert kinds[-2:] == ["end", "metric"]
+    user = events[2]
+    assert isinstance(user, User) and user.source == "audio"
+    assert heard and all(size > 0 for _, size in heard)
+
+
+@pytest.mark.parametrize("provider", ["openai", "gemini"])
+async def test_loadtest_audio_reports_speech_to_respond(provider: str, tmp_path: Path) -> None:
+    async with voice_gateway(provider, tmp_path) as gw:
+        config = LoadTestConfig(
+            url=gw.url, sessions=3, audio=silence(0.1, RATE) + tone(0.5, RATE), audio_rate=RATE
+        )
+        report = await LoadTest(config).run()
+    assert report.turns_ok == 3 and not report.errors
+    assert report.speech_to_respond.count == 3
+    assert report.events_by_type["speech_stopped"] == 3

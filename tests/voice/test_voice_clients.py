@@ -17,10 +17,11 @@ RATE = 16000
 
 async def test_client_speak_yields_the_spoken_turn(tmp_path: Path) -> None:
     heard: list[tuple[int, int]] = []
+    speech = silence(0.2, RATE) + tone(0.6, RATE) + silence(0.8, RATE)
     async with voice_gateway("openai", tmp_path, audio_ms_per_char=5) as gw:
-        async with Client(gw.url, on_audio=lambda seq, pcm: heard.append((seq, len(pcm)))) as c:
+        client = Client(gw.url, on_audio=lambda seq, pcm: heard.append((seq, len(pcm))))
+        async with client as c:
             await c.configure(input_audio={"rate": RATE}, output="audio")
-            speech = silence(0.2, RATE) + tone(0.6, RATE) + silence(0.8, RATE)
             events = [e async for e in c.speak(speech, RATE)]
     kinds = [event_kind(e) for e in events]
     assert kinds[:3] == ["speech_started", "speech_stopped", "user"]

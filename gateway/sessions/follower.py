@@ -31,6 +31,7 @@ class LogFollower:
         sid: str,
         after: int,
         *,
+        node_id: str,
         drive: Callable[[str], Awaitable[EventSource | None]],
         on_stop: Callable[[LogFollower], None],
         poll: float,
@@ -40,6 +41,7 @@ class LogFollower:
         is not); ``on_stop`` is told when this follower ends, for the node's index."""
         self.store = store
         self.sid = sid
+        self.node_id = node_id
         self._drive = drive
         self._on_stop = on_stop
         self._poll = poll
@@ -79,7 +81,9 @@ class LogFollower:
                 if entries:
                     self._deliver(entries)
                     continue
-                if await store.lease_owner(self.sid) is not None:
+                # Ours already: a command from a client here took the session
+                # over (its driver died); move the other clients to it too.
+                if await store.lease_owner(self.sid) not in (None, self.node_id):
                     continue
                 runtime = await self._drive(self.sid)
             except StoreUnavailable as exc:

@@ -17,7 +17,7 @@ import shutil
 import time
 from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import msgspec
 
@@ -26,9 +26,9 @@ from gateway.metrics import Metrics
 from gateway.pricing import PriceTable
 from gateway.sessions.control import (
     BROADCAST_CHANNEL,
+    ClientConnectionLike,
+    CommandRelay,
     Deleted,
-    Forward,
-    Reply,
     decode_control,
     encode_control,
     node_channel,
@@ -45,13 +45,7 @@ from gateway.upstream.base import UpstreamFactory
 from protocol.assembly import HistoryItem, decode_history_item
 from protocol.configuration import SessionConfig, decode_config, encode_config
 from protocol.events import (
-    Cancel,
-    Configure,
-    Error,
     Usage,
-    UserMessage,
-    decode_client,
-    encode,
 )
 from protocol.prompt import ToolSpec, system_prompt
 from tools.base import ToolContext
@@ -66,21 +60,6 @@ UpstreamFactories = Callable[[str, str], UpstreamFactory]
 (a provider with no API key configured, an unknown provider)."""
 
 log = logging.getLogger("gateway.sessions.node")
-
-
-class ClientConnectionLike(Protocol):
-    def reply_frame(self, data: bytes) -> None:
-        """Send an encoded error event (a reply) to this client."""
-
-    def redispatch(self, frame: bytes) -> None:
-        """Handle this client's command again (the session moved while it travelled)."""
-
-    @property
-    def sid(self) -> str:
-        """The session this client is attached to."""
-
-    def session_deleted(self) -> None:
-        """The session was deleted (``DELETE /v1/sessions/ID``): close this client."""
 
 
 class Node:
@@ -143,6 +122,16 @@ class Node:
         # Client connections on this node by id, for replies to forwarded commands.
         self.connections: dict[str, ClientConnectionLike] = {}
         self._locks: dict[str, asyncio.Lock] = {}
+        # Commands between this node and the others (both directions).
+        self.relay = CommandRelay(
+            store,
+            self.node_id,
+            lease_ttl=config.lease_ttl,
+            runtimes=self.runtimes,
+            connections=self.connections,
+            spawn=self.spawn,
+            drive=self.drive,
+        )
         self.draining = False
         self._keeper: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[None]] = set()
@@ -153,7 +142,8 @@ class Node:
         self._keeper = asyncio.create_task(self._keep_leases(), name="lease-keeper")
         self.spawn(self.workspaces.run(), "workspace-sweeper")
         self.spawn(
-            self.store.listen(node_channel(self.node_id), self._on_control), "control-listener"
+            self.store.listen(node_channel(self.node_id), self.relay.on_message),
+            "control-listener",
         )
         self.spawn(self.store.listen(BROADCAST_CHANNEL, self._on_control), "broadcast-listener")
 
@@ -391,6 +381,7 @@ class Node:
                 self.store,
                 sid,
                 head,
+                node_id=self.node_id,
                 drive=self.drive,
                 on_stop=self._follower_stopped,
                 poll=max(0.2, self.config.lease_ttl / 3),
@@ -485,51 +476,20 @@ class Node:
     # ------------------------------------------------------------------ control
 
     async def forward(self, sid: str, frame: bytes, conn: str) -> bool:
-        """Send a client's command to the node driving ``sid``; False if none does."""
-        owner = await self.store.lease_owner(sid)
-        if owner is None or owner == self.node_id:
-            return False
-        message = Forward(sid=sid, command=frame, origin=self.node_id, conn=conn)
-        await self.store.publish(node_channel(owner), encode_control(message))
-        return True
+        """Send a client's command to the node driving ``sid``; False: run it here.
+
+        Returns once the command's fate is known (see ``gateway.sessions.control``):
+        up to the lease's TTL and a few seconds when the driver just died.
+        """
+        return await self.relay.forward(sid, frame, conn)
 
     def _on_control(self, data: bytes) -> None:
+        """The broadcast channel: what concerns every node (a deletion)."""
         message = decode_control(data)
-        if message is None:
-            log.warning("ignoring an unreadable control message (%d bytes)", len(data))
-        elif isinstance(message, Deleted):
+        if isinstance(message, Deleted):
             self.spawn(self.session_deleted(message.sid), f"delete:{message.sid}")
-        elif isinstance(message, Reply):
-            target = self.connections.get(message.conn)
-            if target is not None and message.retry:
-                target.redispatch(message.retry)
-            elif target is not None:
-                target.reply_frame(message.error)
         else:
-            self.spawn(self._run_forwarded(message), f"forwarded:{message.sid}")
-
-    async def _run_forwarded(self, message: Forward) -> None:
-        runtime = self.runtimes.get(message.sid)
-        command = decode_client(message.command)
-        if runtime is None or runtime.closed:
-            # Not driven here any more: the origin node can take it over.
-            back = Reply(conn=message.conn, retry=message.command)
-            with contextlib.suppress(StoreError):
-                await self.store.publish(node_channel(message.origin), encode_control(back))
-            return
-        error: Error | None
-        if isinstance(command, UserMessage):
-            error = runtime.start_turn(command.content)
-        elif isinstance(command, Cancel):
-            error = runtime.cancel_turn()
-        elif isinstance(command, Configure):
-            error = runtime.configure(command)  # the origin checked the client may configure
-        else:
-            return
-        if error is not None:
-            reply = Reply(conn=message.conn, error=encode(error))
-            with contextlib.suppress(StoreError):
-                await self.store.publish(node_channel(message.origin), encode_control(reply))
+            log.warning("ignoring an unexpected broadcast message (%d bytes)", len(data))
 
     # ------------------------------------------------------------------ deletion
 

@@ -212,8 +212,15 @@ class Store(abc.ABC):
     # --- control messages between nodes -----------------------------------------
 
     @abc.abstractmethod
-    async def publish(self, channel: str, data: bytes) -> None:
-        """Send ``data`` to whoever listens on ``channel`` now (fire and forget)."""
+    async def publish(self, channel: str, data: bytes) -> int:
+        """Send ``data`` to whoever listens on ``channel`` now; how many listeners got it.
+
+        0 must mean that certainly nobody did (the listener's node is dead, or
+        its subscription is between connections): a node forwarding a command
+        then keeps it instead of counting on an answer. A store that cannot
+        count every listener (a cluster that counts one shard's clients) must
+        return at least 1 when it is unsure.
+        """
 
     @abc.abstractmethod
     async def listen(self, channel: str, handler: Callable[[bytes], None]) -> None:

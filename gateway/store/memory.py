@@ -368,10 +368,12 @@ class MemoryStore(Store):
 
     # --- lifecycle -------------------------------------------------------------
 
-    async def publish(self, channel: str, data: bytes) -> None:
+    async def publish(self, channel: str, data: bytes) -> int:
         loop = asyncio.get_running_loop()
-        for handler in tuple(self._listeners.get(channel, ())):
+        handlers = tuple(self._listeners.get(channel, ()))
+        for handler in handlers:
             loop.call_soon(handler, data)
+        return len(handlers)
 
     async def listen(self, channel: str, handler: Callable[[bytes], None]) -> None:
         handlers = self._listeners.setdefault(channel, [])

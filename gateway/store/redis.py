@@ -499,10 +499,10 @@ class RedisStore(Store):
     def _channel(self, channel: str) -> str:
         return f"{self.prefix}:ctl:{channel}"
 
-    async def publish(self, channel: str, data: bytes) -> None:
+    async def publish(self, channel: str, data: bytes) -> int:
         """``PUBLISH``; on a Cluster ``SPUBLISH``, which only the channel's shard carries."""
         try:
-            await self._topology.publish(self._channel(channel), data)
+            return await self._topology.publish(self._channel(channel), data)
         except _ERRORS as exc:
             raise self._error(exc, "publishing a control message") from exc
 

@@ -116,8 +116,8 @@ class Topology(abc.ABC):
         """A command that may block (``XREAD BLOCK``) on ``key``'s node, on its own pool."""
 
     @abc.abstractmethod
-    async def publish(self, channel: str, data: bytes) -> None:
-        """Send ``data`` to the listeners of ``channel`` (fire and forget)."""
+    async def publish(self, channel: str, data: bytes) -> int:
+        """Send ``data`` to the listeners of ``channel``; how many got it (see ``Store.publish``)."""
 
     @abc.abstractmethod
     def messages(
@@ -155,8 +155,8 @@ class SingleTopology(Topology):
     async def blocking(self, key: str, *args: Any) -> Any:
         return await self._blocking_cmd(*args)
 
-    async def publish(self, channel: str, data: bytes) -> None:
-        await self.client.execute_command("PUBLISH", channel, data)
+    async def publish(self, channel: str, data: bytes) -> int:
+        return int(await self.client.execute_command("PUBLISH", channel, data))
 
     @contextlib.asynccontextmanager
     async def messages(self, channel: str) -> AsyncIterator[AsyncIterator[bytes]]:
@@ -246,7 +246,7 @@ class ClusterTopology(Topology):
                 await self._blocking.nodes_manager.initialize()
             raise
 
-    async def publish(self, channel: str, data: bytes) -> None:
+    async def publish(self, channel: str, data: bytes) -> int:
         """``SPUBLISH`` at the channel's shard; once more after a refresh if nobody heard it.
 
         A replica (a master demoted by a failover this client has not noticed)
@@ -256,12 +256,15 @@ class ClusterTopology(Topology):
         """
         await self._initialized()
         node = self.client.get_node_from_key(channel)
-        heard = await self.client.execute_command("SPUBLISH", channel, data, target_nodes=node)
+        heard = int(await self.client.execute_command("SPUBLISH", channel, data, target_nodes=node))
         if not heard:
             await self.client.nodes_manager.initialize()
             fresh = self.client.get_node_from_key(channel)
             if fresh.name != node.name:
-                await self.client.execute_command("SPUBLISH", channel, data, target_nodes=fresh)
+                heard = int(
+                    await self.client.execute_command("SPUBLISH", channel, data, target_nodes=fresh)
+                )
+        return heard
 
     @contextlib.asynccontextmanager
     async def messages(self, channel: str) -> AsyncIterator[AsyncIterator[bytes]]:

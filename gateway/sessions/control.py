@@ -271,21 +271,21 @@ class CommandRelay:
                 if maybe_ran_on is not None and owner != maybe_ran_on:
                     # It lost the lease. Once another node holds it, the silent
                     # one can write no more (appends are fenced): the log is final.
-                    if owner is None:
-                        if await self._drive(sid) is None:
-                            owner = await store.lease_owner(sid)
-                            continue
+                    if owner is None and await self._drive(sid) is not None:
                         owner = self.node_id
-                    if await self._ran_since(sid, since, command):
-                        return True
-                    maybe_ran_on = None
-                if owner is None or owner == self.node_id:
-                    log.info("session %s: running a command its dead driver never got", sid)
+                    if owner is not None:
+                        if await self._ran_since(sid, since, command):
+                            return True
+                        maybe_ran_on = None
+                if maybe_ran_on is None and owner in (None, self.node_id):
+                    log.info("session %s: no other node drives it now: running a command here", sid)
                     return False
                 if loop.time() >= deadline:
                     break
                 answer = self._answers[ref] = loop.create_future()
-                if await store.publish(node_channel(owner), data):
+                if owner is None:
+                    await asyncio.sleep(LOOK_AGAIN)  # freed and taken again meanwhile: look again
+                elif await store.publish(node_channel(owner), data):
                     await asyncio.wait({answer}, timeout=ACK_WAIT)
                     if not answer.done():
                         maybe_ran_on = owner
@@ -306,7 +306,7 @@ class CommandRelay:
                 error=encode(
                     Error(
                         code="store",
-                        content=f"node {owner} drives this session but did not confirm your "
+                        content=f"node {owner or '?'} drives this session but did not confirm your "
                         f"{'message' if isinstance(command, UserMessage) else 'cancel'} within "
                         f"{self.lease_ttl + GIVE_UP_AFTER:g}s; it may still take effect — if no "
                         "event for it arrives, send it again",
@@ -389,11 +389,13 @@ class CommandRelay:
             while len(self._handled) > _REMEMBERED:
                 self._handled.popitem(last=False)
         reply = await self._run(runtime, command, message)
-        if ref:
-            if reply is None or reply.retry:
+        if ref and reply is not None:
+            if reply.retry:
                 self._handled.pop(ref, None)  # nothing was done: a copy is run afresh
             else:
                 self._handled[ref] = reply
+        # None: the command runs but its event is not logged yet; copies stay
+        # unanswered (and unrun) and the sender tells its client in the end.
         if reply is not None and (ref or reply.error or reply.retry):
             await self._send(message.origin, reply)
 

@@ -8,6 +8,7 @@ test_memory.py.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import pytest
 
@@ -396,3 +397,25 @@ async def test_a_refused_append_fails_the_later_ones_of_its_session(store: Store
     )
     assert [type(r) for r in results] == [SeqConflict, SeqConflict]
     assert await store.read_log("s1", 0) == []
+
+
+# --- control messages --------------------------------------------------------
+
+
+async def test_publish_counts_who_got_it(harness: Harness) -> None:
+    """0 means nobody listened: a node forwarding a command then keeps it."""
+    sender = harness.make()
+    receiver = harness.peer(sender)
+    assert await sender.publish("node:gone", b"lost") == 0
+    got: asyncio.Queue[bytes] = asyncio.Queue()
+    listening = asyncio.create_task(receiver.listen("node:here", got.put_nowait))
+    try:
+        async with asyncio.timeout(5):
+            # Subscribing takes a round trip on Redis; there is no event for it.
+            while await sender.publish("node:here", b"hello") == 0:  # noqa: ASYNC110
+                await asyncio.sleep(0.01)
+            assert await got.get() == b"hello"
+    finally:
+        listening.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await listening

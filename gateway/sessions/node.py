@@ -332,12 +332,6 @@ class Node:
             )
         if not lock.locked():
             self._locks.pop(sid, None)
-        if runtime.turn is not None:
-            # Let the rerun start before anyone can cancel it: a turn task
-            # cancelled before its first step never reaches its own cancel
-            # handling, so a cancel forwarded to the dead driver and run right
-            # after this takeover would stop the rerun without a `cancelled`.
-            await asyncio.sleep(0)
         return runtime
 
     async def _load(self, sid: str, owner: str = "") -> SessionRuntime:

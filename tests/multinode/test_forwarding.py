@@ -49,9 +49,13 @@ async def idle_session_driven_by(
     node: NodeProcess, follower: NodeProcess
 ) -> tuple[GatewayClient, GatewayClient]:
     """A session driven by ``node`` (its client stays attached, so it stays
-    there) and a second client attached through ``follower``, which follows it."""
+    there) after one turn ("first"), and a second client attached through
+    ``follower``, which follows it."""
     on_driver = await GatewayClient.connect(node.url)
-    on_follower = await GatewayClient.connect(follower.url, session_id=on_driver.sid, after=0)
+    await on_driver.turn("first")  # a session is stored at its first turn
+    on_follower = await GatewayClient.connect(
+        follower.url, session_id=on_driver.sid, after=on_driver.last_seq
+    )
     return on_driver, on_follower
 
 
@@ -77,7 +81,7 @@ async def test_a_message_sent_right_after_the_idle_driver_is_killed_gets_its_tur
         events = await turn_of(on_b, text, TAKEOVER_WITHIN)
         assert text_of(events, "respond") == f"Echo: {text}"
         assert not any(isinstance(e, Error) for e in on_b.events), on_b.events
-        assert logged_users(durable_redis.url, on_b.sid) == [text]
+        assert logged_users(durable_redis.url, on_b.sid) == ["first", text]
         # The session goes on from node B.
         again = await on_b.turn("and then?")
         assert text_of(again, "respond") == "Echo: and then?"
@@ -97,7 +101,7 @@ async def test_a_message_forwarded_to_a_live_driver_runs_once(
     seen_on_b = await turn_of(on_b, "hello from b", 20)
     seen_on_a = await turn_of(on_a, "hello from b", 20)
     assert users(seen_on_a) == users(seen_on_b) == ["hello from b"]
-    assert logged_users(durable_redis.url, on_a.sid) == ["hello from b"]
+    assert logged_users(durable_redis.url, on_a.sid) == ["first", "hello from b"]
     await on_a.close()
     await on_b.close()
 
@@ -123,7 +127,7 @@ async def test_a_frozen_driver_that_wakes_up_runs_the_message_once(
     assert text_of(events, "respond") == "Echo: wake up"
     again = await on_b.turn("next")  # a second turn proves no rerun or copy is pending
     assert users(again) == ["next"]
-    assert logged_users(durable_redis.url, on_a.sid) == ["wake up", "next"]
+    assert logged_users(durable_redis.url, on_a.sid) == ["first", "wake up", "next"]
     assert not any(isinstance(e, Error) for e in on_b.events), on_b.events
     await on_a.close()
     await on_b.close()
@@ -154,7 +158,7 @@ async def test_a_driver_frozen_past_its_lease_loses_the_session_and_the_message_
     assert on_a.ws.close_code == 1012
     again = await on_b.turn("one more")
     assert users(again) == ["one more"]
-    assert logged_users(durable_redis.url, on_b.sid) == ["still there?", "one more"]
+    assert logged_users(durable_redis.url, on_b.sid) == ["first", "still there?", "one more"]
     await on_b.close()
 
 

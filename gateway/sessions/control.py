@@ -347,8 +347,10 @@ class CommandRelay:
             log.warning("ignoring an unreadable control message (%d bytes)", len(data))
         elif isinstance(message, Reply):
             self._on_reply(message)
-        else:
+        elif isinstance(message, Forward):
             self._spawn(self._run_forwarded(message), f"forwarded:{message.sid}")
+        else:  # Deleted travels on the broadcast channel, never here
+            log.warning("ignoring a %s message on a node channel", type(message).__name__)
 
     def _on_reply(self, reply: Reply) -> None:
         if reply.ref:

@@ -137,13 +137,28 @@ def wait_for_quiet_machine(limit: float = 0.25, timeout: float = 600.0) -> float
 
 
 class Proc:
-    """A server subprocess that prints ``… listening on ws://…`` once ready."""
+    """A server subprocess that prints ``… listening on ws://…`` once ready.
 
-    def __init__(self, name: str, args: Sequence[str], env: dict[str, str] | None = None) -> None:
+    A server that prints something else (LiteLLM's uvicorn) passes the line
+    that says it is ready as ``ready_line`` and its ``url``; with only ``url``
+    it is ready once that port accepts connections.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        args: Sequence[str],
+        env: dict[str, str] | None = None,
+        *,
+        ready_line: str | None = None,
+        url: str = "",
+    ) -> None:
         self.name = name
         self.args = list(args)
         self.env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         self.url = ""
+        self._ready_line = ready_line
+        self._known_url = url
         self.output: list[str] = []
         self._ready = threading.Event()
         self.proc: subprocess.Popen[str] | None = None
@@ -158,6 +173,9 @@ class Proc:
             cwd=ROOT,
         )
         threading.Thread(target=self._read, daemon=True).start()
+        if self._known_url and self._ready_line is None:
+            self.url = self._known_url
+            self._ready.set()
         if not self._ready.wait(timeout) or not self.url:
             self.stop()
             raise RuntimeError(f"{self.name} did not start:\n{''.join(self.output)}")
@@ -181,6 +199,11 @@ class Proc:
         for line in self.proc.stdout:
             if len(self.output) < 2000:
                 self.output.append(line)
+            if self._ready_line is not None:
+                if self._ready_line in line and not self.url:
+                    self.url = self._known_url
+                    self._ready.set()
+                continue
             m = _LISTENING.search(line)
             if m and not self.url:
                 self.url = m.group(1)
@@ -309,7 +332,7 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
         return str(v)
 
     cells = [[cell(v) for v in row] for row in rows]
-    widths = [max(len(h), *(len(r[i]) for r in cells)) for i, h in enumerate(headers)]
+    widths = [max([len(h), *(len(r[i]) for r in cells)]) for i, h in enumerate(headers)]
     lines = [
         "  ".join(
             h.rjust(w) if i else h.ljust(w)

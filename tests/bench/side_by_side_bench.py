@@ -1,0 +1,556 @@
+"""Side by side, one run: simulator alone, raw relay, gateway (3 stores), LiteLLM's proxy.
+
+Run: ``/work/venv/bin/python tests/bench/side_by_side_bench.py [--sessions 10,50,200,800]
+[--repeats 3] [--targets sim,relay,gw-memory,gw-redis,gw-replicated,litellm] [--quick]``
+
+Every target streams the same paced load from one simulator (``gateway sim``,
+``--rate`` deltas/s of ``--chunk-size`` characters), on 127.0.0.1:
+
+- ``sim``: the client on the simulator's OpenAI Realtime wire directly (no server
+  in between: the floor every latency is measured against);
+- ``relay``: ``relay_baseline.py`` (websockets, forwards deltas unparsed);
+- ``gw-memory`` / ``gw-redis`` / ``gw-replicated``: ``gateway serve`` with the
+  memory store, a local Redis, and a Redis primary + a real replica with
+  ``--durability replicated`` (an event is sent once the replica has it);
+- ``litellm``: LiteLLM's realtime proxy (``litellm --config``) in its own
+  virtualenv (``--litellm-venv``, created with ``python -m venv`` and
+  ``pip install 'litellm[proxy]'`` on first use; never a dependency of the
+  project), its model ``sim`` routed to the simulator
+  (``api_base: http://127.0.0.1:PORT/v1``: LiteLLM dials ``ws://…/v1/realtime?model=sim``).
+
+Clients of ``sim`` and ``litellm`` speak the OpenAI Realtime wire
+(``conversation.item.create`` + ``response.create``, deltas until
+``response.done``); clients of the relay and the gateway speak the gateway's
+protocol (``gateway.client.loadtest``).
+
+Per load level (``--sessions``), each target is measured ``--repeats`` times,
+*interleaved*: repeat 1 of every target, then repeat 2 (in rotated order)…,
+so a burst of other work on the shared machine hits all targets alike; the
+medians are printed. One measurement: N sessions ramped, one warm-up turn each
+(opens the upstream connection), then ``--turns`` measured turns of a
+``--message-chars`` message; over the middle of the run the *server* process's
+CPU time (``/proc/PID/stat`` utime + stime, with its child processes) and the
+content events the client received are counted. Reported:
+
+- server CPU µs per event (the simulator's own for ``sim``), events/s;
+- delivery delay p50/p99 against the simulator's schedule (see
+  ``latency_bench.py``) and the *added* p50/p99: target − simulator alone
+  (a difference of percentiles of two runs of the same load);
+- ratios gateway ÷ LiteLLM and gateway ÷ relay of CPU per event;
+- the load average and the CPU other processes took meanwhile (``other``):
+  the machine is shared, the figures are medians of interleaved runs.
+
+Servers are not pinned to a core: LiteLLM and the relay would not be either.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import secrets
+import subprocess
+import sys
+import tempfile
+import time
+from array import array
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Final
+
+import benchlib as B
+import msgspec
+from latency_bench import PacingObserver
+from websockets.asyncio.client import connect
+
+from gateway.client.loadtest import LoadTest, LoadTestConfig, sized_message
+from gateway.client.report import percentile
+from gateway.sim.model import sim_reply
+from tests.support.redis_topologies import ReplicatedRedis
+
+TARGETS: Final = ("sim", "relay", "gw-memory", "gw-redis", "gw-replicated", "litellm")
+OPENAI_WIRE: Final = frozenset({"sim", "litellm"})
+GATEWAYS: Final = ("gw-memory", "gw-redis", "gw-replicated")
+# LiteLLM's proxy refuses to start without a master key; its clients send it.
+LITELLM_KEY: Final = "sk-bench-" + secrets.token_hex(16)
+
+
+# ------------------------------------------------------------------ processes
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """CPU time of a process and its live descendants (LiteLLM may fork workers)."""
+    total = B.cpu_seconds(pid)
+    children: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                ppid = int(f.read().rpartition(")")[2].split()[1])
+        except OSError:
+            continue
+        children.setdefault(ppid, []).append(int(name))
+    todo = list(children.get(pid, []))
+    while todo:
+        child = todo.pop()
+        with contextlib.suppress(OSError, ValueError):
+            total += B.cpu_seconds(child)
+        todo.extend(children.get(child, []))
+    return total
+
+
+def ensure_litellm(venv: Path) -> Path:
+    """LiteLLM's proxy in its own virtualenv (created on first use)."""
+    exe = venv / "bin" / "litellm"
+    if not exe.exists():
+        print(f"  installing litellm[proxy] into {venv} (once)", file=sys.stderr)
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        subprocess.run(
+            [str(venv / "bin" / "pip"), "install", "-q", "litellm[proxy]"],
+            check=True,
+        )
+    return exe
+
+
+def litellm_proc(exe: Path, sim_url: str, workdir: Path) -> B.Proc:
+    """``litellm --config``: model ``sim`` → the simulator's realtime endpoint."""
+    base = sim_url.removesuffix("/realtime").replace("ws://", "http://")
+    config = workdir / "litellm.yaml"
+    config.write_text(
+        "model_list:\n"
+        "  - model_name: sim\n"
+        "    litellm_params:\n"
+        "      model: openai/sim\n"
+        f"      api_base: {base}\n"
+        "      api_key: sim\n"
+        "litellm_settings:\n"
+        "  drop_params: true\n"
+        "  set_verbose: false\n"
+        "general_settings:\n"
+        f"  master_key: {LITELLM_KEY}\n"
+        "  disable_spend_logs: true\n"
+    )
+    port = B.free_port()
+    return B.Proc(
+        "litellm",
+        [str(exe), "--config", str(config), "--host", "127.0.0.1", "--port", str(port)],
+        env={"LITELLM_LOG": "ERROR", "LITELLM_MODE": "PRODUCTION", "OPENAI_API_KEY": "sim"},
+        url=f"ws://127.0.0.1:{port}/v1/realtime",
+    )
+
+
+def gateway_args(sim_url: str, store: list[str]) -> B.Proc:
+    proc = B.gateway_proc(sim_url, None)
+    proc.args += store
+    return proc
+
+
+@dataclass
+class Servers:
+    sim: B.Proc
+    procs: dict[str, B.Proc] = field(default_factory=dict)
+    redis_pids: dict[str, list[int]] = field(default_factory=dict)
+
+
+@contextmanager
+def start_servers(args: argparse.Namespace) -> Iterator[Servers]:
+    with ExitStack() as stack:
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
+        sim = stack.enter_context(
+            B.sim_proc(tokens_per_second=args.rate, chunk_size=args.chunk_size)
+        )
+        srv = Servers(sim)
+        targets = args.targets
+        if "relay" in targets:
+            srv.procs["relay"] = stack.enter_context(B.relay_proc(sim.url))
+        if "gw-memory" in targets:
+            srv.procs["gw-memory"] = stack.enter_context(gateway_args(sim.url, []))
+        if "gw-redis" in targets:
+            redis = stack.enter_context(B.redis_server(tmp / "redis"))
+            srv.procs["gw-redis"] = stack.enter_context(
+                gateway_args(sim.url, ["--redis", redis.url])
+            )
+            assert redis.proc is not None
+            srv.redis_pids["gw-redis"] = [redis.proc.pid]
+        if "gw-replicated" in targets:
+            replicated = ReplicatedRedis(tmp / "replicated")
+            replicated.start()
+            stack.callback(replicated.stop)
+            primary = replicated.primary
+            url = f"redis://127.0.0.1:{primary.port}/0"
+            srv.procs["gw-replicated"] = stack.enter_context(
+                gateway_args(sim.url, ["--redis", url, "--durability", "replicated"])
+            )
+            assert replicated.replica is not None
+            srv.redis_pids["gw-replicated"] = [
+                p.pid for p in (primary.proc, replicated.replica.proc) if p is not None
+            ]
+        if "litellm" in targets:
+            exe = ensure_litellm(args.litellm_venv)
+            litellm = litellm_proc(exe, sim.url, tmp)
+            stack.callback(litellm.stop)
+            srv.procs["litellm"] = litellm.start(timeout=180)  # its imports take a while
+        yield srv
+
+
+# ------------------------------------------------------------------ the OpenAI-wire client
+
+
+class _Frame(msgspec.Struct):
+    type: str = ""
+    delta: str = ""
+
+
+_decode_frame: Final = msgspec.json.Decoder(_Frame).decode
+_encode: Final = msgspec.json.Encoder().encode
+
+
+async def openai_wire_load(
+    url: str,
+    sessions: int,
+    turns: int,
+    ramp: float,
+    message: str,
+    observer: Observer,
+    key: str,
+) -> dict[str, int]:
+    """``sessions`` clients on the OpenAI Realtime wire; every delta goes to ``observer``."""
+    errors: dict[str, int] = {}
+    item = _encode(
+        {
+            "type": "conversation.item.create",
+            "item": {
+                "type": "message",
+                "role": "user",
+                "content": [{"type": "input_text", "text": message}],
+            },
+        }
+    )
+    create = b'{"type":"response.create"}'
+    clock = time.perf_counter
+
+    async def one(index: int) -> None:
+        await asyncio.sleep(ramp * index / sessions)
+        try:
+            async with connect(
+                url + "?model=sim",
+                additional_headers={"Authorization": f"Bearer {key}"},
+                compression=None,
+                ping_interval=None,
+                max_size=2**24,
+                open_timeout=30,
+            ) as ws:
+                for turn in range(turns):
+                    observer.turn_started(index, turn, clock())
+                    await ws.send(item, text=True)
+                    await ws.send(create, text=True)
+                    async with asyncio.timeout(60):
+                        while True:
+                            data = await ws.recv(decode=False)
+                            t = clock()
+                            frame = _decode_frame(data)
+                            if frame.type == "response.output_text.delta":
+                                observer.openai_delta(index, turn, frame.delta, t)
+                            elif frame.type == "response.done":
+                                break
+                            elif frame.type == "error":
+                                errors["error"] = errors.get("error", 0) + 1
+                                return
+        except Exception as exc:  # a benchmark reports what went wrong, and goes on
+            kind = type(exc).__name__
+            errors[kind] = errors.get(kind, 0) + 1
+
+    await asyncio.gather(*(one(i) for i in range(sessions)))
+    return errors
+
+
+class Observer(PacingObserver):
+    """``PacingObserver`` plus the OpenAI wire, and a count of content events."""
+
+    def __init__(self, *, relay: bool, message: str, rate: float, chunk: int) -> None:
+        super().__init__(relay=relay, message=message, rate=rate, chunk=chunk, warmup=1)
+        self.events = 0
+
+    def event(self, session: int, turn: int, kind: str, data: bytes, t: float) -> None:
+        if kind in ("think", "respond"):
+            self.events += 1
+        super().event(session, turn, kind, data, t)
+
+    def openai_delta(self, session: int, turn: int, delta: str, t: float) -> None:
+        """A raw delta: its offset is the characters received so far (as for the relay)."""
+        self.events += 1
+        if turn < self.warmup:
+            return
+        n = self._respond[session] + len(delta)
+        self._respond[session] = n
+        delay = t - self._send[session] - ((n - 1) // self.chunk) * self.interval
+        self.delays.append(delay)
+
+
+# ------------------------------------------------------------------ one measurement
+
+
+@dataclass
+class Run:
+    target: str
+    sessions: int
+    events_per_s: float
+    cpu_us_per_event: float
+    server_cores: float
+    redis_cores: float
+    other_cores: float
+    p50: float
+    p99: float
+    errors: dict[str, int]
+
+
+def ms(values: array[float], p: float) -> float:
+    return percentile(sorted(values), p) * 1000 if values else float("nan")
+
+
+async def measure(target: str, sessions: int, srv: Servers, args: argparse.Namespace) -> Run:
+    message = sized_message("hello", args.message_chars)
+    server = srv.sim if target == "sim" else srv.procs[target]
+    observer = Observer(
+        relay=target == "relay" or target in OPENAI_WIRE,
+        message=message,
+        rate=args.rate,
+        chunk=args.chunk_size,
+    )
+    ramp = min(args.ramp, 0.5 + sessions / 200)
+    turns = 1 + args.turns
+    if target in OPENAI_WIRE:
+        task = asyncio.create_task(
+            openai_wire_load(
+                server.url,
+                sessions,
+                turns,
+                ramp,
+                message,
+                observer,
+                LITELLM_KEY if target == "litellm" else "sim",
+            )
+        )
+    else:
+        config = LoadTestConfig(
+            url=server.url,
+            sessions=sessions,
+            turns=turns,
+            ramp=ramp,
+            message=message,
+            duration=args.duration,
+            turn_timeout=60,
+            connect_timeout=30,
+        )
+        lt = LoadTest(config, observer=observer)
+        task = asyncio.create_task(lt.run())  # type: ignore[arg-type]
+    turn_s = len(sim_reply(message)) / args.chunk_size / args.rate
+    await asyncio.sleep(ramp + turn_s + 0.5)
+    window = max(1.0, (args.turns - 1.2) * turn_s)
+    redis_pids = srv.redis_pids.get(target, [])
+
+    def sample() -> tuple[float, float, float, float, float, int]:
+        return (
+            time.perf_counter(),
+            tree_cpu_seconds(server.pid),
+            sum(B.cpu_seconds(p) for p in redis_pids),
+            B.cpu_seconds(srv.sim.pid),
+            B.machine_busy_seconds(),
+            observer.events,
+        )
+
+    spy = None
+    if args.profile is not None and target == args.profile_target:
+        out = args.profile.with_name(
+            f"{args.profile.stem}-{target}-{sessions}{args.profile.suffix}"
+        )
+        spy = await B.start_py_spy(server.pid, window, out)
+    t1, cpu1, r1, s1, m1, e1 = sample()
+    own1 = time.process_time()
+    await asyncio.sleep(window)
+    t2, cpu2, r2, s2, m2, e2 = sample()
+    own2 = time.process_time()
+    result = await task
+    if spy is not None:
+        await spy.wait()
+    errors = result if isinstance(result, dict) else dict(result.errors)
+    await asyncio.sleep(args.settle)
+    observer.finish()
+    wall = t2 - t1
+    rate = (e2 - e1) / wall
+    server_cores = (cpu2 - cpu1) / wall
+    redis_cores = (r2 - r1) / wall
+    client = (own2 - own1) / wall
+    sim_cores = 0.0 if target == "sim" else (s2 - s1) / wall
+    other = (m2 - m1) / wall - server_cores - redis_cores - client - sim_cores
+    return Run(
+        target,
+        sessions,
+        rate,
+        server_cores / rate * 1e6 if rate else float("nan"),
+        server_cores,
+        redis_cores,
+        max(0.0, other),
+        ms(observer.delays, 50),
+        ms(observer.delays, 99),
+        errors,
+    )
+
+
+def load_average() -> str:
+    with open("/proc/loadavg") as f:
+        return " ".join(f.read().split()[:3])
+
+
+# ------------------------------------------------------------------ main
+
+
+async def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--sessions", default="10,50,200,800", help="load levels, comma-separated")
+    parser.add_argument("--targets", default=",".join(TARGETS))
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--rate", type=float, default=20.0, help="deltas/s per session")
+    parser.add_argument("--chunk-size", type=int, default=4)
+    parser.add_argument("--message-chars", type=int, default=120)
+    parser.add_argument("--turns", type=int, default=3, help="measured turns per session")
+    parser.add_argument("--ramp", type=float, default=4.0, help="at most, seconds")
+    parser.add_argument("--duration", type=float, default=120.0)
+    parser.add_argument("--settle", type=float, default=1.0)
+    parser.add_argument("--litellm-venv", type=Path, default=Path("/tmp/litellm-venv"))
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="py-spy the --profile-target during its windows (FILE-TARGET-N.raw per level)",
+    )
+    parser.add_argument("--profile-target", default="gw-redis")
+    parser.add_argument("--quick", action="store_true", help="1 repeat")
+    args = parser.parse_args()
+    if args.quick:
+        args.repeats = 1
+    args.targets = [t for t in args.targets.split(",") if t]
+    unknown = set(args.targets) - set(TARGETS)
+    if unknown:
+        parser.error(f"unknown targets {sorted(unknown)}: choose from {', '.join(TARGETS)}")
+    levels = [int(s) for s in args.sessions.split(",")]
+    B.raise_nofile()
+    runs: list[Run] = []
+    print(f"  load average before: {load_average()}", file=sys.stderr)
+    with start_servers(args) as srv:
+        for sessions in levels:
+            for repeat in range(args.repeats):
+                order = args.targets[repeat % len(args.targets) :]
+                order += args.targets[: repeat % len(args.targets)]
+                for target in order:
+                    run = await measure(target, sessions, srv, args)
+                    runs.append(run)
+                    print(
+                        f"  {sessions:4} sessions {target:<13} {run.events_per_s:8,.0f} ev/s  "
+                        f"{run.cpu_us_per_event:6.1f} µs/ev  p50 {run.p50:6.2f}  "
+                        f"p99 {run.p99:7.2f} ms  other {run.other_cores:.2f}  "
+                        f"load {load_average()}  errors {run.errors or 'none'}",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+    print_results(args, levels, runs)
+    return 0 if all(not r.errors for r in runs) else 1
+
+
+def print_results(args: argparse.Namespace, levels: list[int], runs: list[Run]) -> None:
+    print(
+        f"\nside by side: {args.rate:g} deltas/s of {args.chunk_size} chars per session, "
+        f"{args.message_chars}-char messages, 1 warm-up + {args.turns} measured turns; "
+        f"medians of {args.repeats} interleaved repeats; load average now {load_average()}"
+    )
+    print(
+        "µs/ev: server CPU (utime+stime) per content event; added: delay − the simulator "
+        "alone's at that percentile (ms)"
+    )
+    rows: list[list[object]] = []
+    ratio_rows: list[list[object]] = []
+    for sessions in levels:
+        med: dict[str, dict[str, float]] = {}
+        for target in args.targets:
+            mine = [r for r in runs if r.sessions == sessions and r.target == target]
+            if not mine:
+                continue
+            med[target] = {
+                k: B.median([getattr(r, k) for r in mine])
+                for k in (
+                    "events_per_s",
+                    "cpu_us_per_event",
+                    "server_cores",
+                    "redis_cores",
+                    "other_cores",
+                    "p50",
+                    "p99",
+                )
+            }
+            med[target]["errors"] = sum(sum(r.errors.values()) for r in mine)
+        floor = med.get("sim", {})
+        for target, m in med.items():
+            rows.append(
+                [
+                    sessions,
+                    target,
+                    m["events_per_s"],
+                    m["cpu_us_per_event"],
+                    m["server_cores"],
+                    m["redis_cores"],
+                    m["p50"],
+                    m["p99"],
+                    m["p50"] - floor.get("p50", float("nan")),
+                    m["p99"] - floor.get("p99", float("nan")),
+                    m["other_cores"],
+                    int(m["errors"]),
+                ]
+            )
+        for gw in GATEWAYS:
+            if gw not in med:
+                continue
+            cpu = med[gw]["cpu_us_per_event"]
+            ratio_rows.append(
+                [
+                    sessions,
+                    gw,
+                    cpu / med["litellm"]["cpu_us_per_event"] if "litellm" in med else float("nan"),
+                    cpu / med["relay"]["cpu_us_per_event"] if "relay" in med else float("nan"),
+                    med[gw]["p99"] - floor.get("p99", float("nan")),
+                ]
+            )
+    print(
+        B.table(
+            [
+                "sessions",
+                "target",
+                "ev/s",
+                "µs/ev",
+                "srv cores",
+                "redis",
+                "p50",
+                "p99",
+                "added p50",
+                "added p99",
+                "other",
+                "err",
+            ],
+            rows,
+        )
+    )
+    print("\nratios of server CPU per event (medians)")
+    print(
+        B.table(
+            ["sessions", "gateway", "÷ LiteLLM", "÷ relay", "added p99 ms"],
+            ratio_rows,
+        )
+    )
+
+
+if __name__ == "__main__":
+    raise SystemExit(asyncio.run(main()))

@@ -9,7 +9,7 @@ import gc
 import logging
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NoReturn
 
@@ -51,6 +51,29 @@ async def _serve(config: Config) -> int:
         await gateway.drain()
     log.info("stopped")
     return 0
+
+
+def _loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """The event loop ``serve`` runs on (None: asyncio's own).
+
+    uvloop's loop and transports are C: measured with
+    ``tests/bench/side_by_side_bench.py`` it cuts the node's CPU per event
+    (docs/performance.md), where epoll, scheduling and socket writes are a
+    third of the cost on the paced path.
+    """
+    if choice == "asyncio":
+        return None
+    try:
+        import uvloop
+    except ImportError:
+        if choice == "uvloop":
+            raise ConfigError(
+                "event_loop=uvloop but uvloop is not installed: pip install "
+                "'realtime-gateway[uvloop]', or set GATEWAY_EVENT_LOOP=auto"
+            ) from None
+        return None
+    factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
+    return factory
 
 
 def _announce(line: str) -> None:
@@ -157,7 +180,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             check_workers(config)
             if config.workers > 1:
                 return supervise(config, list(argv if argv is not None else sys.argv[1:]))
-            return asyncio.run(_serve(config))
+            with asyncio.Runner(loop_factory=_loop_factory(config.event_loop)) as runner:
+                return runner.run(_serve(config))
         if args.command == "sim":
             from gateway.sim.server import run_sim
 

@@ -89,6 +89,14 @@ class Config(msgspec.Struct, kw_only=True):
             NETWORK,
         ),
     ] = 1
+    event_loop: Annotated[
+        Literal["auto", "asyncio", "uvloop"],
+        Setting(
+            "event loop of `gateway serve`: uvloop (install the uvloop extra) cuts the server "
+            "CPU per event; auto uses it when installed, else asyncio's own",
+            NETWORK,
+        ),
+    ] = "auto"
     reuse_port: Annotated[
         bool,
         Setting(

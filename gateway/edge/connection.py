@@ -32,8 +32,8 @@ from collections.abc import MutableMapping, Sequence
 
 from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
-from websockets.protocol import State
 
+from gateway.edge import wsframes
 from gateway.edge.backpressure import SegmentJoiner, SendPressure
 from gateway.edge.closes import CloseCode, close_reason
 from gateway.edge.frame_rate import FrameRate, Verdict
@@ -139,18 +139,15 @@ class ClientConnection:
         writer (socket buffer full, connection closing, not the next seq).
         """
         ws = self.ws
-        if self._close is not None or ws.paused or ws.protocol.state is not State.OPEN:
+        if self._close is not None or not wsframes.can_write_now(ws):
             return False
         last = self.last_sent
         for entry in entries:
             if entry.seq != last + 1:
                 return False
             last = entry.seq
-        protocol = ws.protocol
         try:
-            for entry in entries:
-                protocol.send_text(entry.data)
-            ws.send_data()
+            wsframes.write_now(ws, [entry.data for entry in entries])
         except Exception:  # the connection broke: the writer's next send ends it
             self._wake.set()
         self.last_sent = last
@@ -161,10 +158,9 @@ class ClientConnection:
             return  # catching up from the log: audio is not there, the transcript is
         queue = self._queue
         ws = self.ws
-        if self._idle and not queue and not ws.paused and ws.protocol.state is State.OPEN:
+        if self._idle and not queue and wsframes.can_write_now(ws):
             try:
-                ws.protocol.send_binary(frame)
-                ws.send_data()
+                wsframes.write_binary_now(ws, frame)
             except Exception:  # the connection broke: the writer's next send ends it
                 self._wake.set()
             return
@@ -561,13 +557,8 @@ class ClientConnection:
 
     @staticmethod
     async def _send_text(ws: ServerConnection, batch: list[bytes]) -> None:
-        if len(batch) == 1:
-            await ws.send(batch[0], text=True)
-        elif batch:
-            # One send context: the frames leave in one write, then drain is awaited.
-            async with ws.send_context():
-                for data in batch:
-                    ws.protocol.send_text(data)
+        if batch:
+            await wsframes.send_batch(ws, batch)  # one write, then drain is awaited
 
     async def _catch_up(self) -> None:
         """Send the log after ``last_sent``, then switch to live delivery.
@@ -584,6 +575,7 @@ class ClientConnection:
             except StoreUnavailable:
                 await asyncio.sleep(self.node.store_retry_delay)
                 continue
+            batch: list[bytes] = []  # the page, sent as one write
             if entries and entries[0].seq > self.last_sent + 1:
                 # Trimmed from the log (older than max_log events): say so, go on.
                 gap = Error(
@@ -593,7 +585,7 @@ class ClientConnection:
                     "the stream continues after them",
                     seq=self.last_sent,
                 )
-                await self.ws.send(encode(gap), text=True)
+                batch.append(encode(gap))
             joiner = self._joiner
             if joiner is not None:  # event mode: replay joins as live delivery does
                 joined: list[LogEntry] = []
@@ -601,13 +593,14 @@ class ClientConnection:
                     if entry.seq > self.last_sent:
                         joiner.feed(entry, joined)
                         self.last_sent = entry.seq
-                for entry in joined:
-                    await self.ws.send(entry.data, text=True)
+                batch.extend(entry.data for entry in joined)
             else:
                 for entry in self._pressure.page(entries):  # merged if the client fell behind
                     if entry.seq > self.last_sent:
-                        await self.ws.send(entry.data, text=True)
+                        batch.append(entry.data)
                         self.last_sent = entry.seq
+            if batch:
+                await wsframes.send_batch(self.ws, batch)
             if len(entries) < _REPLAY_PAGE:
                 return
 

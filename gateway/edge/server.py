@@ -36,6 +36,7 @@ from gateway.edge.api import HttpApi
 from gateway.edge.closes import CloseCode, close_reason
 from gateway.edge.connection import ClientConnection
 from gateway.edge.health import StoreProbe
+from gateway.edge.wsframes import BatchingConnection
 from gateway.sessions.node import Node
 from gateway.store.base import StoreUnavailable
 
@@ -47,21 +48,6 @@ WS_PATH = "/v1/realtime"
 
 StreamMode = Literal["token", "event"]
 STREAM_MODES: Final[tuple[str, ...]] = ("token", "event")
-
-
-class _Connection(ServerConnection):
-    """A server connection that hands the socket one write per send.
-
-    websockets writes each frame's header and payload, and each frame of a
-    batch, as separate ``transport.write`` calls; joined, a batch of events
-    costs one syscall instead of several.
-    """
-
-    def send_data(self) -> None:
-        writes = self.protocol.writes
-        if len(writes) > 1 and all(writes):  # an empty write means EOF: keep it apart
-            self.protocol.writes = [b"".join(writes)]
-        super().send_data()
 
 
 class Handshake(msgspec.Struct):
@@ -184,7 +170,7 @@ class Gateway:
             ping_interval=cfg.ping_interval,
             ping_timeout=cfg.ping_timeout,
             server_header="realtime-gateway",
-            create_connection=_Connection,
+            create_connection=BatchingConnection,  # one socket write per batch
             # Connection bursts (a load balancer moving many clients at once)
             # must queue in the kernel, not be refused.
             backlog=4096,

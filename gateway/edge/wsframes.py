@@ -14,7 +14,7 @@ median of 5, 2-core machine, websockets 15–16):
 | 16 | 13.8 µs/frame | 5.8 µs/frame | 0.42 |
 
 So the internals are used, here only: ``ServerConnection.protocol`` (the
-sans-I/O ``Protocol``: ``send_text``, ``writes``, ``state``),
+sans-I/O ``Protocol``: ``send_text``, ``send_binary``, ``writes``, ``state``),
 ``ServerConnection.send_data`` and ``send_context`` and ``paused``.
 ``tests/edge/test_wsframes.py`` fails loudly when a websockets release
 changes any of them; the version bound in pyproject.toml keeps an untested
@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from websockets.asyncio.server import ServerConnection
 from websockets.protocol import State
 
-__all__ = ["BatchingConnection", "can_write_now", "send_batch", "write_now"]
+__all__ = ["BatchingConnection", "can_write_now", "send_batch", "write_binary_now", "write_now"]
 
 
 class BatchingConnection(ServerConnection):
@@ -55,6 +55,12 @@ def write_now(ws: ServerConnection, frames: Sequence[bytes]) -> None:
     protocol = ws.protocol
     for data in frames:
         protocol.send_text(data)
+    ws.send_data()
+
+
+def write_binary_now(ws: ServerConnection, frame: bytes) -> None:
+    """One binary frame (the model's speech), written now; as ``write_now``."""
+    ws.protocol.send_binary(frame)
     ws.send_data()
 
 

@@ -19,6 +19,7 @@ def test_the_internals_exist() -> None:
     assert callable(getattr(ServerConnection, "send_data", None))
     assert callable(getattr(ServerConnection, "send_context", None))
     assert callable(getattr(Protocol, "send_text", None))
+    assert callable(getattr(Protocol, "send_binary", None))
     assert "writes" in inspect.getsource(Protocol.__init__)
     assert isinstance(inspect.getattr_static(ServerConnection, "paused", None), property) or (
         "paused" in inspect.getsource(ServerConnection.__mro__[1].__init__)

@@ -327,17 +327,26 @@ class RedisStore(Store):
     async def append_many(
         self, batches: Sequence[tuple[str, str, Sequence[LogEntry], Sequence[bytes]]]
     ) -> list[BaseException | None]:
-        """All the appends go into the same group commit; one wait for all of them."""
+        """All the appends go into the same group commit, sent from this task.
+
+        No flusher task and no gather when the flush settles them all here
+        (the usual case): see ``GroupCommit.flush_queued``.
+        """
         futures: list[asyncio.Future[None]] = []
         early: dict[int, BaseException] = {}
         for i, (sid, node, entries, history) in enumerate(batches):
             try:
-                futures.append(self._commit.enqueue(sid, node, entries, history))
+                futures.append(self._commit.enqueue(sid, node, entries, history, start=False))
             except ValueError as exc:
                 early[i] = exc
-        results: list[BaseException | None] = list(
-            await asyncio.gather(*futures, return_exceptions=True)
-        )
+        await self._commit.flush_queued()
+        results: list[BaseException | None]
+        if all(f.done() for f in futures):
+            results = [
+                asyncio.CancelledError() if f.cancelled() else f.exception() for f in futures
+            ]
+        else:  # another flush holds some of them
+            results = list(await asyncio.gather(*futures, return_exceptions=True))
         for i in sorted(early):
             results.insert(i, early[i])
         return results

@@ -12,6 +12,8 @@ Every target streams the same paced load from one simulator (``gateway sim``,
 - ``gw-memory`` / ``gw-redis`` / ``gw-replicated``: ``gateway serve`` with the
   memory store, a local Redis, and a Redis primary + a real replica with
   ``--durability replicated`` (an event is sent once the replica has it);
+- ``gw-redis-asyncio`` (not by default): ``gw-redis`` on asyncio's own loop
+  instead of uvloop, to measure what uvloop is worth;
 - ``litellm``: LiteLLM's realtime proxy (``litellm --config``) in its own
   virtualenv (``--litellm-venv``, created with ``python -m venv`` and
   ``pip install 'litellm[proxy]'`` on first use; never a dependency of the
@@ -71,9 +73,18 @@ from gateway.client.report import percentile
 from gateway.sim.model import sim_reply
 from tests.support.redis_topologies import ReplicatedRedis
 
-TARGETS: Final = ("sim", "relay", "gw-memory", "gw-redis", "gw-replicated", "litellm")
+TARGETS: Final = (
+    "sim",
+    "relay",
+    "gw-memory",
+    "gw-redis",
+    "gw-replicated",
+    "litellm",
+    "gw-redis-asyncio",
+)
 OPENAI_WIRE: Final = frozenset({"sim", "litellm"})
-GATEWAYS: Final = ("gw-memory", "gw-redis", "gw-replicated")
+GATEWAYS: Final = ("gw-memory", "gw-redis", "gw-replicated", "gw-redis-asyncio")
+DEFAULT_TARGETS: Final = TARGETS[:6]
 # LiteLLM's proxy refuses to start without a master key; its clients send it.
 LITELLM_KEY: Final = "sk-bench-" + secrets.token_hex(16)
 
@@ -176,6 +187,12 @@ def start_servers(args: argparse.Namespace) -> Iterator[Servers]:
             )
             assert redis.proc is not None
             srv.redis_pids["gw-redis"] = [redis.proc.pid]
+            if "gw-redis-asyncio" in targets:  # the same, on asyncio's own loop (not uvloop)
+                asyncio_gw = gateway_args(
+                    sim.url, ["--redis", redis.url, "--event-loop", "asyncio"]
+                )
+                srv.procs["gw-redis-asyncio"] = stack.enter_context(asyncio_gw)
+                srv.redis_pids["gw-redis-asyncio"] = [redis.proc.pid]
         if "gw-replicated" in targets:
             replicated = ReplicatedRedis(tmp / "replicated")
             replicated.start()
@@ -412,7 +429,11 @@ def load_average() -> str:
 async def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sessions", default="10,50,200,800", help="load levels, comma-separated")
-    parser.add_argument("--targets", default=",".join(TARGETS))
+    parser.add_argument(
+        "--targets",
+        default=",".join(DEFAULT_TARGETS),
+        help=f"from {', '.join(TARGETS)} (gw-redis-asyncio needs gw-redis)",
+    )
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--rate", type=float, default=20.0, help="deltas/s per session")
     parser.add_argument("--chunk-size", type=int, default=4)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import itertools
 import socket
@@ -190,7 +191,10 @@ async def test_a_client_that_reads_nothing_is_closed_4008_and_resumes_losslessly
         small_buffers(gw)
         slow = await GatewayClient.connect(gw.url, sock=slow_socket(gw), max_queue=2)
         fast = await GatewayClient.connect(gw.url, session_id=slow.sid, after=0)
-        await fast.turn(LONG)
+        # The turn runs on while the slow client is reaped: the slow client must
+        # start reading within the close grace of the reap, however long the
+        # turn takes on a busy machine, or it sees an abort instead of the 4008.
+        turn = asyncio.create_task(fast.turn(LONG))
 
         async def reaped() -> bool:
             _, text = await http_get(gw, "/metrics")
@@ -198,6 +202,7 @@ async def test_a_client_that_reads_nothing_is_closed_4008_and_resumes_losslessly
 
         await poll_until(reaped, "the gateway gives up on the slow client")
         await read_rest(slow)  # what was buffered, then the close frame
+        await turn
         assert slow.ws.close_code == 4008
         assert slow.ws.close_reason is not None and "after=" in slow.ws.close_reason
         # Its events stayed in the log: resume after the last seq it got.

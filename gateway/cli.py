@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import errno
 import gc
 import logging
 import signal
@@ -44,8 +45,8 @@ async def _serve(config: Config) -> int:
         with contextlib.suppress(NotImplementedError):  # SIGHUP: re-read the API keys file
             loop.add_signal_handler(signal.SIGHUP, gateway.edges.reload_keys)
         _tune_gc()
-        # One line tools and tests can wait for.
-        _announce(f"gateway listening on {gateway.url}")
+        # One write: the line tools and tests wait for, then what to do next.
+        _announce(_next_steps(gateway.url, gateway.api_url if gateway.api is not None else ""))
         await stop.wait()
         log.info("signal received: draining (up to %.0fs)", config.drain_timeout)
         await gateway.drain()
@@ -74,6 +75,35 @@ def _loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] | None
         return None
     factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
     return factory
+
+
+def _next_steps(ws_url: str, api_url: str) -> str:
+    """The listening line, then where a person goes from here."""
+    page = ws_url.replace("ws://", "http://", 1).replace("wss://", "https://", 1)
+    page = page.removesuffix("/v1/realtime") + "/"
+    lines = [
+        f"gateway listening on {ws_url}",
+        f"  web page:  {page}",
+        f"  terminal:  gateway chat {ws_url}",
+    ]
+    if api_url:
+        lines.append(f"  HTTP API:  {api_url}/v1/sessions")
+    return "\n".join(lines)
+
+
+def _listen_error(exc: OSError, config: Config) -> str:
+    """A failure to listen, as one line that says what to do."""
+    where = f"{config.host}:{config.port}"
+    if exc.errno == errno.EADDRINUSE:
+        return (
+            f"gateway serve: {where} is already in use (another gateway?); stop it, or "
+            "choose another port with --port (0 picks a free one)"
+        )
+    if exc.errno == errno.EACCES:
+        return f"gateway serve: not allowed to listen on {where}; use a port above 1023"
+    if exc.errno == errno.EADDRNOTAVAIL:
+        return f"gateway serve: {config.host} is not an address of this machine; check --host"
+    return f"gateway serve: cannot listen on {where}: {exc.strerror or exc}"
 
 
 def _announce(line: str) -> None:
@@ -181,7 +211,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             if config.workers > 1:
                 return supervise(config, list(argv if argv is not None else sys.argv[1:]))
             with asyncio.Runner(loop_factory=_loop_factory(config.event_loop)) as runner:
-                return runner.run(_serve(config))
+                try:
+                    return runner.run(_serve(config))
+                except OSError as exc:
+                    if exc.errno not in (errno.EADDRINUSE, errno.EACCES, errno.EADDRNOTAVAIL):
+                        raise
+                    print(_listen_error(exc, config), file=sys.stderr)
+                    return 2
         if args.command == "sim":
             from gateway.sim.server import run_sim
 

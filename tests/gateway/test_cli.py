@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 import subprocess
 import sys
 import urllib.request
@@ -48,6 +49,24 @@ def test_serve_with_embedded_defaults_answers_health_checks() -> None:
             assert resp.status == 200
         assert "in-process memory" in node.log
         assert "simulator" in node.log
+        # It says where a person goes next: the page and the chat command.
+        ws_url = node.url
+        assert f"web page:  {node.http}/" in node.log
+        assert f"terminal:  gateway chat {ws_url}" in node.log
+
+
+def test_a_port_in_use_is_one_line_that_says_what_to_do() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = _gateway("serve", "--port", str(port), env={"REDIS_URL": ""})
+    assert done.returncode == 2
+    assert "Traceback" not in done.stderr
+    assert done.stderr.splitlines()[-1] == (
+        f"gateway serve: 127.0.0.1:{port} is already in use (another gateway?); stop it, "
+        "or choose another port with --port (0 picks a free one)"
+    )
 
 
 def _gateway(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

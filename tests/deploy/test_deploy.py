@@ -292,7 +292,8 @@ def test_dockerfile_image_port_health_and_signal() -> None:
     assert "/healthz" in health and f'"{GATEWAY_PORT}"' in health
     assert args["STOPSIGNAL"] == "SIGTERM"
     assert args["CMD"] == '["gateway", "serve", "--host", "0.0.0.0"]'
-    assert any(word == "RUN" and "pip install ." in rest for word, rest in steps)
+    # The package itself, with the uvloop extra the image runs on.
+    assert any(word == "RUN" and "pip install '.[uvloop]'" in rest for word, rest in steps)
 
 
 def test_dockerfile_copies_what_the_package_build_needs() -> None:

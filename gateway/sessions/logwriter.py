@@ -18,7 +18,7 @@ import contextlib
 import logging
 from typing import Protocol
 
-from gateway.store.base import LogEntry, Store, StoreError
+from gateway.store.base import LeaseLost, LogEntry, Store, StoreError
 
 __all__ = ["Batch", "LogSource", "LogWriter"]
 
@@ -57,9 +57,13 @@ log = logging.getLogger("gateway.sessions.logwriter")
 
 
 class LogWriter:
-    def __init__(self, store: Store, node_id: str, *, linger: float = 0.0) -> None:
+    def __init__(
+        self, store: Store, node_id: str, *, linger: float = 0.0, lease_ttl: float | None = None
+    ) -> None:
         self.store = store
         self.node_id = node_id
+        # The lease to take back when an append finds nobody holding it (None: never).
+        self.lease_ttl = lease_ttl
         # Seconds to wait after the first event of a round for more to join it:
         # under load, fewer and bigger round trips for a bounded extra latency.
         self.linger = linger
@@ -120,4 +124,35 @@ class LogWriter:
             [(source.sid, self.node_id, job[0], job[1]) for source, job in jobs]
         )
         for (source, job), result in zip(jobs, results, strict=True):
+            if _lease_expired(result, job) and self.lease_ttl is not None:
+                result = await self._retake_and_append(source.sid, job, self.lease_ttl)
             source.appended(job, result)
+
+    async def _retake_and_append(
+        self, sid: str, job: Batch, lease_ttl: float
+    ) -> BaseException | None:
+        """The lease expired with nobody taking it (a store outage longer than the lease).
+
+        After such an outage the held batch is retried (every 0.5 s) before the
+        node's lease keeper runs again (every lease_ttl/3), so the append finds
+        no lease. That is no takeover: take the lease back and append. The
+        append's seq check still fences a node that drove the session in
+        between and let it go again (``SeqConflict``: then it is lost after all).
+        """
+        try:
+            if not await self.store.acquire_lease(sid, self.node_id, lease_ttl):
+                return LeaseLost(f"session {sid}: another node took the lease; stop driving it")
+            log.info("session %s: took back a lease that expired unclaimed", sid)
+            await self.store.append(sid, self.node_id, job[0], job[1])
+        except StoreError as exc:
+            return exc
+        return None
+
+
+def _lease_expired(result: BaseException | None, job: Batch) -> bool:
+    """An append refused because nobody holds the lease, with entries whose seqs fence it.
+
+    A batch of history items alone has no seq to fence a writer in between, so
+    it is not retried on a retaken lease.
+    """
+    return isinstance(result, LeaseLost) and result.holder is None and bool(job[0])

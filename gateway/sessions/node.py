@@ -96,7 +96,9 @@ class Node:
         self._factory_cache: dict[tuple[str, str], UpstreamFactory] = {}
         self.default_setup = SessionSetup(SessionConfig(), self.system_prompt, upstream_factory)
         self.runtimes: dict[str, SessionRuntime] = {}
-        self.log_writer = LogWriter(store, self.node_id, linger=config.log_linger)
+        self.log_writer = LogWriter(
+            store, self.node_id, linger=config.log_linger, lease_ttl=config.lease_ttl
+        )
         self.services = SessionServices(
             config=config,
             metrics=self.metrics,

@@ -51,7 +51,16 @@ class StoreUnavailable(StoreError):
 
 
 class LeaseLost(StoreError):
-    """This node no longer holds the session's lease: another node drives it now."""
+    """This node no longer holds the session's lease: another node drives it now.
+
+    ``holder`` is the node that holds it, or None when nobody does (it expired,
+    e.g. during a store outage longer than the lease): then the writer may take
+    it back and write again, the seq check fencing any writer in between.
+    """
+
+    def __init__(self, message: str, holder: str | None = None) -> None:
+        super().__init__(message)
+        self.holder = holder
 
 
 class SeqConflict(StoreError):

@@ -196,7 +196,8 @@ class MemoryStore(Store):
         if holder != node:
             raise LeaseLost(
                 f"session {sid}: node {node!r} does not hold the lease "
-                f"(held by {holder or 'nobody'}); stop driving this session"
+                f"(held by {holder or 'nobody'}); stop driving this session",
+                holder,
             )
         session = self._session(sid, now)
         if entries:

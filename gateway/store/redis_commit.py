@@ -425,10 +425,11 @@ class GroupCommit:
         """Turn the append script's error (``LEASELOST owner``, …) into an exception."""
         error: StoreError
         if message.startswith("LEASELOST"):
-            holder = message[10:] or "nobody"
+            holder = message[10:] or None
             error = LeaseLost(
                 f"session {item.sid}: node {item.node!r} does not hold the lease "
-                f"(held by {holder}); stop driving this session"
+                f"(held by {holder or 'nobody'}); stop driving this session",
+                holder,
             )
         elif message.startswith("SEQCONFLICT"):
             error = SeqConflict(

@@ -134,6 +134,14 @@ class Config(msgspec.Struct, kw_only=True):
     instructions: Annotated[
         str, Setting("operator instructions appended to the protocol system prompt", UPSTREAM)
     ] = ""
+    context_tokens: Annotated[
+        Count,
+        Setting(
+            "token budget of the history a provider is given when a connection opens "
+            "(reconnect, takeover): older tool results shortened, then old turns cut; 0: all",
+            UPSTREAM,
+        ),
+    ] = 28_000
     upstream_retries: Annotated[
         Count, Setting("upstream (re)connect attempts for one step before the turn fails", UPSTREAM)
     ] = 3

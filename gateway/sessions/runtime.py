@@ -62,6 +62,7 @@ from gateway.upstream.base import (
 )
 from protocol.assembly import HistoryItem, Message, assemble, encode_history_item
 from protocol.audio import audio_frame
+from protocol.budget import estimate_tokens, fit
 from protocol.calls import ToolCall, ToolResult
 from protocol.configuration import ConfigChange, SessionConfig, apply_change
 from protocol.events import (
@@ -747,11 +748,35 @@ class SessionRuntime:
         setup = self.setup
         upstream = setup.upstream_factory.create()
         with self.observer.connect():
-            await upstream.open(setup.system_prompt, assemble(self.history), voice=self.voice)
+            await upstream.open(
+                setup.system_prompt, self._context(setup.system_prompt), voice=self.voice
+            )
         self.upstream = upstream
         self._opened_with = setup
         self._in_upstream_call = False
         return upstream
+
+    def _context(self, system_prompt: str) -> list[Message]:
+        """The history a new upstream connection is given, cut to ``context_tokens``.
+
+        A long session replayed whole on every reconnect or takeover costs time
+        and tokens and may not fit the model's context at all (``protocol.budget``).
+        """
+        messages = assemble(self.history)
+        budget = self.services.config.context_tokens
+        if not budget:
+            return messages
+        prompt = estimate_tokens(system_prompt)
+        kept = fit(messages, max(0, budget - prompt))
+        if len(kept) < len(messages):
+            log.info(
+                "session %s: replaying %d of %d messages (context budget %d tokens)",
+                self.sid,
+                len(kept),
+                len(messages),
+                budget,
+            )
+        return kept
 
     async def _replace(self, text: str) -> None:
         upstream = self.upstream

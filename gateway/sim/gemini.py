@@ -378,7 +378,12 @@ class _Connection(SimConnection):
             if self.audio_out:
                 reply = spoken_reply(last_user, self.functions)
             else:
-                reply = sim_reply(last_user, overrun=config.overrun, instructions=self.instructions)
+                reply = sim_reply(
+                    last_user,
+                    overrun=config.overrun,
+                    instructions=self.instructions,
+                    items=len(self.turns),
+                )
         context = len(self.instructions) + sum(len(t.text) for t in self.turns)
         turn = _Turn("model", "", "in_progress")
         self.turns.append(turn)

@@ -183,14 +183,20 @@ class SimConfig(msgspec.Struct, frozen=True, kw_only=True):
 # --- the model ----------------------------------------------------------------------
 
 
-def sim_reply(message: str, *, overrun: bool = True, instructions: str = "") -> str:
+def sim_reply(message: str, *, overrun: bool = True, instructions: str = "", items: int = 0) -> str:
     """The simulated model's whole output for the last user ``message``.
 
     ``instructions`` are the system instructions the session was opened with
-    (quoted by ``/instructions``).
+    (quoted by ``/instructions``). ``/context`` answers with ``items``, the
+    number of conversation items the connection holds (the probe message
+    itself included): how a test sees what history a provider was given. The
+    probe is its message's last line (a gateway's note that earlier
+    conversation was cut may lead it).
     """
     if message.strip() == "/instructions":
         return f"Instructions: {quote_instructions(instructions)}<end>"
+    if message.rsplit("\n", 1)[-1].strip() == "/context":
+        return f"<think>Counting.</think>Context: {items} items<end>"
     if message.startswith("/raw"):
         rest = message[4:]
         if not rest or rest[0] == " ":

@@ -553,10 +553,12 @@ class _Connection(SimConnection):
                 return tool_answer(name, item.text)
             if item.kind == "message" and item.role == "user":
                 if not self.audio_out:
+                    held = sum(1 for i in self.items.values() if i.kind == "message")
                     return sim_reply(
                         item.text,
                         overrun=config.overrun,
                         instructions=self.session.instructions or "",
+                        items=held,
                     )
                 functions = frozenset(t.name for t in self.session.tools or () if t.name)
                 return spoken_reply(item.text, functions)

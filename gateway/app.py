@@ -17,7 +17,8 @@ from gateway.sessions.node import Node, UpstreamFactories
 from gateway.settings import declared
 from gateway.store import open_store
 from gateway.tracing import Tracing, TracingError
-from gateway.upstream.base import UpstreamFactory
+from gateway.upstream.base import ProviderChain, UpstreamFactory
+from protocol.fallback import ProviderBreaker
 from tools.registry import Registry
 from tools.toolset import builtin_names, open_registry
 from tools.toolsfile import ToolsFileError, load_tools_file
@@ -42,7 +43,7 @@ async def _upstream_factories(config: Config) -> AsyncIterator[UpstreamFactories
 
     async with contextlib.AsyncExitStack() as stack:
         sim_url = ""
-        if config.provider == "sim":
+        if "sim" in config.providers:
             from gateway.sim.server import serve_sim
 
             sim = await stack.enter_async_context(serve_sim(config.sim, host="127.0.0.1", port=0))
@@ -82,19 +83,32 @@ async def _upstream_factories(config: Config) -> AsyncIterator[UpstreamFactories
 def _provider_key(config: Config, provider: str, key: str) -> str:
     if key:
         return key
-    if provider == config.provider:
-        return _api_key(config, key)  # the node's own: a configuration error at start
+    if provider in config.providers:
+        return _api_key(provider, key)  # the node's own: a configuration error at start
     raise ValueError(f"{provider!r} has no API key configured on this gateway")
 
 
-def _api_key(config: Config, key: str) -> str:
+def _api_key(provider: str, key: str) -> str:
     """``key``, or a ``ConfigError`` naming the variables that set the provider's key."""
     if key:
         return key
-    setting = next(d for d in declared(Config) if d.name == f"{config.provider}_api_key")
+    setting = next(d for d in declared(Config) if d.name == f"{provider}_api_key")
     raise ConfigError(
-        f"provider {config.provider} needs an API key: set {' or '.join(reversed(setting.env))}"
+        f"provider {provider} needs an API key: set {' or '.join(reversed(setting.env))}"
     )
+
+
+def _node_factory(config: Config, factories: UpstreamFactories) -> UpstreamFactory:
+    """The node's own upstream: one provider's factory, or a ``ProviderChain`` of several.
+
+    A model name set for a list of providers would be wrong for all but one,
+    so each provider of a list uses its default model.
+    """
+    if len(config.providers) == 1:
+        return factories(config.provider, config.model)
+    chain = [factories(provider, "") for provider in config.providers]
+    breaker = ProviderBreaker(config.providers, cooldown=config.fallback_cooldown)
+    return ProviderChain(chain, breaker)
 
 
 @contextlib.asynccontextmanager
@@ -156,7 +170,7 @@ async def running_gateway(config: Config) -> AsyncIterator[Gateway]:
         log.info("store: %s (durability %s)", store.kind, config.durability)
     try:
         async with _open_tools(config) as registry, _upstream_factories(config) as factories:
-            factory = factories(config.provider, config.model)
+            factory = _node_factory(config, factories)
             node = Node(
                 config,
                 store,

@@ -39,7 +39,7 @@ async def _serve(config: Config) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
-    if config.provider == "sim":
+    if config.providers[0] == "sim":
         log.info("upstream: built-in simulator (set --provider openai for the real API)")
     async with running_gateway(config) as gateway:
         with contextlib.suppress(NotImplementedError):  # SIGHUP: re-read the API keys file

@@ -35,7 +35,8 @@ from gateway.sim.model import SimConfig
 
 __all__ = ["Config", "ConfigError", "load_config"]
 
-Provider = Literal["sim", "openai", "gemini"]
+# One provider, or several in order of preference ("openai,gemini": fallback).
+Providers = Annotated[str, Meta(pattern=r"^(sim|openai|gemini)(,(sim|openai|gemini))*$")]
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
 
 # Ranges shared by several settings.
@@ -109,8 +110,18 @@ class Config(msgspec.Struct, kw_only=True):
 
     # --- upstream ---
     provider: Annotated[
-        Provider, Setting("upstream API (sim: the built-in simulator)", UPSTREAM)
+        Providers,
+        Setting(
+            "upstream API: sim (the built-in simulator), openai or gemini; a comma list "
+            "(openai,gemini) falls back in that order when one fails in a way a retry won't fix",
+            UPSTREAM,
+            example="openai,gemini",
+        ),
     ] = "sim"
+    fallback_cooldown: Annotated[
+        PositiveSeconds,
+        Setting("seconds a failed provider is avoided before it is tried again", UPSTREAM),
+    ] = 60.0
     model: Annotated[
         str,
         Setting(
@@ -378,10 +389,21 @@ class Config(msgspec.Struct, kw_only=True):
 
     def __post_init__(self) -> None:
         check_ranges(self)
+        self.provider = self.provider.lower()
+        if len(set(self.providers)) != len(self.providers):
+            raise ConfigError(
+                f"provider {self.provider!r} names a provider twice: list each once, "
+                "in order of preference (e.g. openai,gemini)"
+            )
         if not self.node_id:
             self.node_id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         if not self.workspace_root:
             self.workspace_root = str(Path(os.environ.get("TMPDIR", "/tmp")) / "rtgw-workspaces")
+
+    @property
+    def providers(self) -> tuple[str, ...]:
+        """The upstream providers in order of preference (the first is the primary)."""
+        return tuple(self.provider.split(","))
 
 
 def load_config(

@@ -73,6 +73,8 @@ class Setting:
     - ``secret``: environment only — a flag would show in ``ps`` and in shell
       history — and never printed.
     - ``shown_default``: the docs' words for a default worked out at start.
+    - ``example``: a valid value other than the default, for a text setting
+      whose form is constrained (a pattern); shown in the help.
     """
 
     help: str
@@ -81,6 +83,7 @@ class Setting:
     env: str = ""
     secret: bool = False
     shown_default: str = ""
+    example: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -157,16 +157,32 @@ class ResponseDone(_Input, frozen=True, tag="response_done"):
 
 
 class UpstreamFailed(_Input, frozen=True, tag="upstream_failed"):
-    """The provider reported an error; the connection is still up."""
+    """The provider reported an error; the connection is still up.
+
+    ``fallback``: the provider the shell will use next, when the error is one
+    a retry will not fix and another provider is configured (see ``UpstreamLost``).
+    """
 
     code: str
     message: str
+    fallback: str = ""
 
 
 class UpstreamLost(_Input, frozen=True, tag="upstream_lost"):
-    """The upstream connection is gone, or could not be opened or used (``reason``: for logs)."""
+    """The upstream connection is gone, or could not be opened or used (``reason``: for logs).
+
+    ``fatal``: reconnecting to the same provider will not help (auth, quota,
+    model refused), so without a fallback the turn fails at once.
+    ``fallback``: the provider the next connection goes to (the shell's
+    breaker decided; "" when it is the same one). The step is rerun there at
+    once, from history, with an ``interrupt`` naming it if the client saw part
+    of the step. A fallback counts as an attempt, so the turn still ends when
+    every provider keeps failing.
+    """
 
     reason: str
+    fatal: bool = False
+    fallback: str = ""
 
 
 class ToolsDone(_Input, frozen=True, tag="tools_done"):
@@ -553,7 +569,8 @@ class TurnMachine:
         if kind is ToolsDone:
             return self._tools_done(given.results)  # type: ignore[union-attr]
         if kind is UpstreamLost:
-            return self._upstream_lost(given.reason)  # type: ignore[union-attr]
+            lost: UpstreamLost = given  # type: ignore[assignment]
+            return self._upstream_lost(lost.reason, fatal=lost.fatal, fallback=lost.fallback)
         if kind is UpstreamFailed:
             return self._upstream_failed(given)  # type: ignore[arg-type]
         if kind is RetryNow:
@@ -838,7 +855,9 @@ class TurnMachine:
         out.append(self._step(results_message(content)))
         return out
 
-    def _upstream_lost(self, reason: str) -> Sequence[Action]:
+    def _upstream_lost(
+        self, reason: str, *, fatal: bool = False, fallback: str = ""
+    ) -> Sequence[Action]:
         state = self.state
         if state is _CANCELLING:
             self._count(None, True)
@@ -857,17 +876,31 @@ class TurnMachine:
         self._attempt += 1
         attempt = self._attempt
         out: list[Action] = [DropUpstream(), *self._release_held(UNHEARD)]
-        if attempt > self.upstream_retries:
+        if attempt > self.upstream_retries or (fatal and not fallback):
+            problem = "refused the request" if fatal and not fallback else "is unreachable"
             out += [
                 Error(
                     code="upstream",
-                    content=f"the model's API is unreachable ({reason}); "
+                    content=f"the model's API {problem} ({reason}); "
                     "the turn was stopped — send your message again later",
                 ),
                 Persist(tuple(self._recorder.finish())),
                 End(),
             ]
             return self._close(out)
+        if fallback:
+            if self._recorder.emitted:
+                out.append(
+                    Interrupt(
+                        content=f"the model's API failed ({reason}); continuing with "
+                        f"{fallback} — discard this step's partial output"
+                    )
+                )
+            self._new_recorder()
+            self._new_attempt()
+            self.state = _BACKOFF
+            out.append(Backoff(attempt=attempt, delay=0.0))
+            return out
         if self._recorder.emitted:
             out.append(
                 Interrupt(
@@ -888,6 +921,8 @@ class TurnMachine:
             return self._upstream_lost(f"{failed.code}: {failed.message}")
         if state is not _STREAMING and state is not _STOPPING:
             return _NOTHING
+        if failed.fallback:
+            return self._upstream_lost(failed.code, fatal=True, fallback=failed.fallback)
         self._count(None, True)
         return self._fail([], f"the model's API reported {failed.code}: {failed.message}")
 

@@ -272,6 +272,7 @@ class SessionRuntime:
         self._flushed.set()
         self.subscribers: set[Subscriber] = set()
         self.upstream: Upstream | None = None
+        self._provider = ""  # the provider of the upstream connection opened last
         # The turn driver: performs the machine's actions while a turn runs.
         self.turn: asyncio.Task[None] | None = None
         self._todo: deque[Action] = deque()  # actions the driver performs next, in order
@@ -629,7 +630,7 @@ class SessionRuntime:
                         self._in_upstream_call = False
                         self._drop_upstream(stop=True)
                 except UpstreamClosed as exc:
-                    self._upstream_gone(exc.reason)
+                    self._upstream_gone(exc.reason, retryable=exc.retryable)
                 except Exception as exc:
                     log.exception("session %s: turn failed", self.sid)
                     self._todo = deque(machine.feed(ShellFailed(type(exc).__name__)))
@@ -642,12 +643,25 @@ class SessionRuntime:
                 self.turn = None
             self.host.runtime_idle(self)
 
-    def _upstream_gone(self, reason: str) -> None:
+    def _upstream_gone(self, reason: str, *, retryable: bool = True) -> None:
         self.observer.step_done(None, error=reason)
         self._drop_upstream(stop=False)
         self.services.metrics.upstream_errors.inc()
         log.warning("session %s: upstream lost (%s)", self.sid, reason)
-        self._todo = deque(self.machine.feed(UpstreamLost(_LOST_REASON)))
+        fatal = not retryable
+        fallback = self._fallback(fatal=fatal)
+        lost = UpstreamLost(_LOST_REASON, fatal=fatal, fallback=fallback)
+        self._todo = deque(self.machine.feed(lost))
+
+    def _fallback(self, *, fatal: bool) -> str:
+        """Report the failure to the session's providers; the one to use next if it changes."""
+        factory = self.setup.upstream_factory
+        provider = self._provider or factory.provider
+        chosen = factory.failed(provider, fatal=fatal)
+        if chosen == provider:
+            return ""
+        log.warning("session %s: falling back from %s to %s", self.sid, provider, chosen)
+        return chosen
 
     async def _perform_pending(self) -> None:
         """Perform queued actions in order; events and history first, awaits last."""
@@ -746,7 +760,9 @@ class SessionRuntime:
             return upstream
         self._in_upstream_call = True
         setup = self.setup
-        upstream = setup.upstream_factory.create()
+        chosen = setup.upstream_factory.choose()
+        self._provider = chosen.provider
+        upstream = chosen.create()
         with self.observer.connect():
             await upstream.open(
                 setup.system_prompt, self._context(setup.system_prompt), voice=self.voice
@@ -834,6 +850,8 @@ class SessionRuntime:
             elif type(ev) is ResponseDone:
                 assert isinstance(ev, ResponseDone)
                 self.observer.step_done(ev.usage)
+                if ev.status == "completed":
+                    self.setup.upstream_factory.succeeded(self._provider)
                 detail = ev.detail
                 if detail and not _IDENTIFIER.fullmatch(detail):
                     log.warning("session %s: response %s: %s", self.sid, ev.status, detail)
@@ -845,7 +863,8 @@ class SessionRuntime:
                 log.warning("session %s: upstream error %s: %s", self.sid, ev.code, ev.message)
                 self.observer.step_done(None, error=ev.code)
                 code = ev.code if _IDENTIFIER.fullmatch(ev.code) else "error"
-                todo.extend(machine.feed(UpstreamFailed(code, _FAILED_MESSAGE)))
+                fallback = "" if ev.retryable else self._fallback(fatal=True)
+                todo.extend(machine.feed(UpstreamFailed(code, _FAILED_MESSAGE, fallback)))
                 if todo:
                     return
             elif type(ev) is AudioDelta:

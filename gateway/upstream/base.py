@@ -20,6 +20,7 @@ and resampling stay inside the adapters.
 from __future__ import annotations
 
 import abc
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
@@ -27,6 +28,7 @@ import msgspec
 
 from protocol.assembly import Message
 from protocol.events import Usage
+from protocol.fallback import ProviderBreaker
 
 __all__ = [
     "AdapterFactory",
@@ -73,10 +75,15 @@ class ResponseDone(msgspec.Struct, frozen=True):
 
 
 class UpstreamError(msgspec.Struct, frozen=True):
-    """The provider reported an error that did not end the connection."""
+    """The provider reported an error that did not end the connection.
+
+    ``retryable``: False when asking again will not help (auth, quota, model
+    refused): a session with another provider configured falls back to it.
+    """
 
     code: str
     message: str
+    retryable: bool = True
 
 
 class SpeechStarted(msgspec.Struct, frozen=True):
@@ -203,11 +210,15 @@ class UpstreamClosed(Exception):
     """The upstream connection is gone (dropped, closed by the provider, time limit).
 
     The session reconnects with context rebuilt from history; ``reason`` is for logs.
+    ``retryable``: False when reconnecting will not help (the provider refused
+    the key, the quota or the model): the session falls back to the next
+    provider configured, or its turn fails at once.
     """
 
-    def __init__(self, reason: str) -> None:
+    def __init__(self, reason: str, *, retryable: bool = True) -> None:
         super().__init__(reason)
         self.reason = reason
+        self.retryable = retryable
 
 
 class Upstream(abc.ABC):
@@ -276,7 +287,11 @@ class Upstream(abc.ABC):
 
 
 class UpstreamFactory(abc.ABC):
-    """Makes a fresh, unopened ``Upstream`` for a session (one per connection attempt)."""
+    """Makes a fresh, unopened ``Upstream`` for a session (one per connection attempt).
+
+    A factory of one provider is its own choice and ignores failures; a
+    ``ProviderChain`` picks among several and learns from failures.
+    """
 
     provider: str = "upstream"
     # The model its upstreams use, as the price table and traces name it.
@@ -284,6 +299,61 @@ class UpstreamFactory(abc.ABC):
 
     @abc.abstractmethod
     def create(self) -> Upstream: ...
+
+    def choose(self) -> UpstreamFactory:
+        """The factory (of one provider) the next connection should use."""
+        return self
+
+    def failed(self, provider: str, *, fatal: bool) -> str:
+        """A connection to ``provider`` failed (``fatal``: retrying will not help).
+
+        Returns the provider the next connection uses: another one is a fallback.
+        """
+        return provider
+
+    def succeeded(self, provider: str) -> None:  # noqa: B027 (one provider: nothing to learn)
+        """A response from ``provider`` completed."""
+
+
+class ProviderChain(UpstreamFactory):
+    """Several providers in order of preference, switched by a shared ``ProviderBreaker``.
+
+    One per node, so a provider failing for one session is avoided by the
+    node's other sessions too (the breaker decides; this only reads the clock).
+    """
+
+    def __init__(
+        self,
+        factories: Sequence[UpstreamFactory],
+        breaker: ProviderBreaker,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.factories = {f.provider: f for f in factories}
+        if tuple(self.factories) != breaker.providers:
+            raise ValueError(
+                f"the chain's providers {list(self.factories)} must be the breaker's "
+                f"{list(breaker.providers)}, in order"
+            )
+        self.breaker = breaker
+        self.provider = breaker.providers[0]
+        self.model = self.factories[self.provider].model
+        self._clock = clock
+
+    def choose(self) -> UpstreamFactory:
+        return self.factories[self.breaker.choose(self._clock())]
+
+    def create(self) -> Upstream:
+        return self.choose().create()
+
+    def failed(self, provider: str, *, fatal: bool) -> str:
+        if provider not in self.factories:
+            return self.breaker.choose(self._clock())
+        return self.breaker.failed(provider, self._clock(), fatal=fatal)
+
+    def succeeded(self, provider: str) -> None:
+        if provider in self.factories:
+            self.breaker.succeeded(provider)
 
 
 class AdapterFactory(UpstreamFactory):

@@ -23,6 +23,10 @@ __all__ = ["CLOSE_TIMEOUT", "MAX_FRAME", "dial"]
 MAX_FRAME: Final = 64 * 2**20
 # Seconds to wait for a close handshake before dropping the TCP connection.
 CLOSE_TIMEOUT: Final = 2.0
+# Handshake refusals that connecting again will not fix: key, access, model or
+# endpoint, quota (a provider's 429 at the handshake is its quota or its limit
+# on connections; a fallback provider serves better than a retry 0.2 s later).
+_REFUSALS: Final = frozenset({401, 403, 404, 429})
 
 
 async def dial(
@@ -44,7 +48,8 @@ async def dial(
             close_timeout=CLOSE_TIMEOUT,
         )
     except InvalidStatus as exc:
-        raise UpstreamClosed(rejection(exc)) from exc
+        status = exc.response.status_code
+        raise UpstreamClosed(rejection(exc), retryable=status not in _REFUSALS) from exc
     except InvalidURI as exc:
         raise UpstreamClosed(f"bad {label} URL {url!r}: {exc}") from exc
     except InvalidHandshake as exc:

@@ -198,6 +198,12 @@ def _close_hint(code: int, reason: str) -> str:
     return ""
 
 
+# Google API statuses a retry will not fix: a session falls back (if it can).
+_NOT_RETRYABLE: Final = frozenset(
+    {"PERMISSION_DENIED", "UNAUTHENTICATED", "RESOURCE_EXHAUSTED", "NOT_FOUND"}
+)
+
+
 def _rejection(exc: InvalidStatus) -> str:
     status = exc.response.status_code
     body = exc.response.body.decode("utf-8", "replace").strip() if exc.response.body else ""
@@ -652,7 +658,11 @@ class GeminiLive(Upstream):
         if message.error is not None:
             error = message.error
             code = error.status or str(error.code or "error")
-            events.append(UpstreamError(code=code, message=error.message))
+            events.append(
+                UpstreamError(
+                    code=code, message=error.message, retryable=code not in _NOT_RETRYABLE
+                )
+            )
         if content is not None:
             self._content(content, events)
         if not events:

@@ -147,6 +147,12 @@ def _describe_close(exc: ConnectionClosed) -> str:
     return f"OpenAI Realtime closed the connection (code {close.code}{reason})"
 
 
+# Error codes a retry on OpenAI will not fix: a session falls back (if it can).
+_NOT_RETRYABLE: Final = frozenset(
+    {"invalid_api_key", "insufficient_quota", "model_not_found", "billing_hard_limit_reached"}
+)
+
+
 def _rejection(exc: InvalidStatus) -> str:
     status = exc.response.status_code
     body = exc.response.body.decode("utf-8", "replace").strip() if exc.response.body else ""
@@ -397,7 +403,7 @@ class OpenAIRealtime(Upstream):
             # Our response.create was refused: the running response (if any)
             # stays current, and its remaining events reach the session.
             self._pending_create = None
-        return UpstreamError(code=code, message=error.message)
+        return UpstreamError(code=code, message=error.message, retryable=code not in _NOT_RETRYABLE)
 
     # --- plumbing ---------------------------------------------------------------
 

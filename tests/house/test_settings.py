@@ -48,7 +48,7 @@ def _other_value(d: Declared) -> str:
     if d.base is bool:
         return "false" if d.default else "true"
     if d.base is str:
-        return "/some/value"
+        return d.setting.example or "/some/value"
     low = d.bounds.ge if d.bounds is not None and d.bounds.ge is not None else 0
     start = d.default if isinstance(d.default, int | float) else low
     value = max(start, low) + (2 if d.base is int else 1.5)

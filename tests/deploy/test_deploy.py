@@ -397,3 +397,48 @@ def test_every_exposed_node_has_api_keys(target: str) -> None:
     config = load_config(env=deployed_envs()[target])
     assert auth.auth_configured(config)
     auth.check_exposure(config)
+
+
+# --------------------------------------------------------------------- compose on a Redis Cluster
+
+
+def compose_cluster() -> dict[str, Any]:
+    (doc,) = load_all(DEPLOY / "compose.cluster.yaml")
+    return doc
+
+
+def test_compose_cluster_runs_three_masters_with_a_replica_each() -> None:
+    services = compose_cluster()["services"]
+    nodes = {n: s for n, s in services.items() if "--cluster-enabled" in (s.get("command") or [])}
+    assert len(nodes) == 6
+    for svc in nodes.values():
+        command = svc["command"]
+        assert command[command.index("--cluster-enabled") + 1] == "yes"
+        assert command[command.index("--appendonly") + 1] == "yes"
+        assert svc["volumes"], "a node without a volume forgets the cluster on restart"
+    init = services["redis-cluster-init"]
+    script = " ".join(init["command"])
+    assert "--cluster-replicas 1" in script
+    assert all(f"{name}:6379" in script for name in nodes)
+    assert set(init["depends_on"]) == set(nodes)
+
+
+def test_compose_cluster_gateways_use_the_cluster_with_replicated_durability() -> None:
+    services = compose_cluster()["services"]
+    haproxy = dict(lb_backends((DEPLOY / "haproxy.cfg").read_text()))
+    gateways = {n: s for n, s in services.items() if "GATEWAY_PORT" in (s.get("environment") or {})}
+    assert len(gateways) >= 2
+    for name, svc in gateways.items():
+        env = {k: str(v) for k, v in svc["environment"].items()}
+        url = urlsplit(env["REDIS_URL"])
+        assert url.scheme == "redis+cluster"
+        hosts = [h.split(":")[0] for h in url.netloc.split(",")]
+        assert hosts and all(h in services for h in hosts)
+        # The gateway itself accepts these settings (URL form, durability).
+        config = load_config(env={k: v for k, v in env.items() if "${" not in v})
+        assert config.durability == "replicated"
+        assert config.redis_url == env["REDIS_URL"]
+        condition = svc["depends_on"]["redis-cluster-init"]["condition"]
+        assert condition == "service_completed_successfully"
+        assert haproxy.get(name) == int(env["GATEWAY_PORT"])
+        assert env.get("GATEWAY_NODE_ID") == name

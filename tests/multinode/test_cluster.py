@@ -12,8 +12,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from websockets.exceptions import InvalidStatus
 
 from protocol.events import Event, Interrupt, Metric, Respond, User
 from tests.multinode.conftest import LEASE_TTL, SimFactory
@@ -66,6 +68,18 @@ def _node(sim: NodeProcess, name: str, url: str, workspaces: Path) -> NodeProces
         ],
         env={"OPENAI_API_KEY": "sim-key"},
     ).start()
+
+
+async def _connect_when_ready(node: NodeProcess, **resume: Any) -> GatewayClient:
+    """Connect as a client would: a node answers 503 until it sees the new primary."""
+    for _ in range(100):
+        try:
+            return await GatewayClient.connect(node.url, **resume)
+        except InvalidStatus as exc:
+            if exc.response.status_code != 503:
+                raise
+            await asyncio.sleep(0.2)  # a client's retry delay, not synchronisation
+    raise TimeoutError(f"{node.url} still answers 503 after 20 s:\n{node.log}")
 
 
 async def _replay(node: NodeProcess, client: GatewayClient) -> list[Event]:
@@ -149,7 +163,7 @@ async def test_two_nodes_on_sentinel_run_a_turn_across_a_primary_failover(
             wait_until, lambda: sentinel.master_port() != old, "a sentinel promotes the replica"
         )
         await client.close()
-        moved = await GatewayClient.connect(b.url, session_id=client.sid, after=client.last_seq)
+        moved = await _connect_when_ready(b, session_id=client.sid, after=client.last_seq)
         moved.events[:0] = client.events
         events = await moved.turn("after the failover", 60)
         assert text_of(events, "respond") == "Echo: after the failover"

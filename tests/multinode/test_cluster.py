@@ -144,6 +144,10 @@ async def test_two_nodes_on_a_cluster_survive_a_master_killed_mid_turn(
             assert await _replay(nodes[i % 2], c) == logged(c.events)
         for c in clients:
             await c.close()
+    except BaseException:
+        for node in nodes:  # what the nodes saw, for the failure report
+            print(f"--- {node.args[-1]} log ---\n{node.log}")
+        raise
     finally:
         for node in nodes:
             node.kill()

@@ -18,7 +18,7 @@ import pytest
 from websockets.exceptions import InvalidStatus
 
 from protocol.events import Event, Interrupt, Metric, Respond, User
-from tests.multinode.conftest import LEASE_TTL, SimFactory
+from tests.multinode.conftest import SimFactory
 from tests.multinode.test_failover import MESSAGE, assert_contiguous, logged
 from tests.support.client import GatewayClient, text_of
 from tests.support.procs import NodeProcess
@@ -27,6 +27,10 @@ from tests.support.redis_topologies import ClusterRedis, SentinelRedis, wait_unt
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
 SESSIONS_PER_NODE = 4
+# Longer than a failover takes here (node timeout 1 s, then an election; more on
+# a busy machine), as in production: a lease that expires while no primary
+# answers moves sessions between nodes (their clients get 1012 and reconnect).
+LEASE_TTL = 6.0
 
 
 @pytest.fixture

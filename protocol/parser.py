@@ -374,12 +374,36 @@ def _calls(body: str) -> list[Event]:
         if not isinstance(name, str):
             return [_malformed(f'{where} has no string "name"')]
         args = item.get("args")
+        shown = name if len(name) <= 40 else name[:40] + "…"
         if not isinstance(args, dict):
-            shown = name if len(name) <= 40 else name[:40] + "…"
             return [_malformed(f'{where} ("{shown}") has no "args" object')]
+        if _too_deep(args):
+            return [
+                _malformed(
+                    f'{where} ("{shown}") has arguments nested more than '
+                    f"{MAX_ARGS_DEPTH} levels deep; pass them flatter"
+                )
+            ]
         events.append(Call(content=encode_call(ToolCall(name=name, args=args))))
     events.append(Execute())
     return events
+
+
+MAX_ARGS_DEPTH: Final = 64
+"""Nesting a call's arguments may have. No tool needs more, and encoding far
+deeper values (a model's runaway ``[[[[…``) exhausts the interpreter's stack."""
+
+
+def _too_deep(args: dict[str, Any]) -> bool:
+    """Whether ``args`` nests deeper than ``MAX_ARGS_DEPTH`` (walked without recursion)."""
+    stack: list[tuple[Any, int]] = [(args, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if depth > MAX_ARGS_DEPTH:
+            return True
+        children = value.values() if isinstance(value, dict) else value
+        stack.extend((c, depth + 1) for c in children if isinstance(c, dict | list))
+    return False
 
 
 _JSON_KINDS: Final[dict[type, str]] = {

@@ -105,6 +105,9 @@ async def run_raw(gw: Gateway, text: str) -> None:
 @example(text="<execute>" + "[" * 20_000)
 @example(text="<execute>" + "[" * 5_000 + "]" * 5_000 + "</execute>")
 @example(text='<execute>[{"name": "list", "args": ' + "{" * 3000 + "</execute>")
+@example(
+    text='<execute>[{"name": "list", "args": {"x": ' + "[" * 1000 + "]" * 1000 + "}}]</execute>"
+)
 @example(text="</think></execute><end><end>")
 @example(text="<execute></execute>" * 4)
 async def test_any_model_output_ends_the_turn_and_the_session_goes_on(

@@ -628,3 +628,13 @@ def test_msgspec_round_trip_of_parser_events() -> None:
     for event in parse([DOC]) + parse([call_block(("t", {"a": "</execute>"}))]):
         assert decode_event(encode(event)) == event
     assert msgspec.json.decode(encode(End())) == {"type": "end", "seq": 0, "timestamp": 0.0}
+
+
+@pytest.mark.parametrize("depth", [100, 1000, 5000])
+def test_arguments_nested_absurdly_deep_are_a_malformed_block_not_a_crash(depth: int) -> None:
+    """A model's runaway ``[[[[…`` is answered like any bad block (issue 13.8)."""
+    nested = "[" * depth + "]" * depth
+    out = Parser().feed(f'<execute>[{{"name": "read", "args": {{"x": {nested}}}}}]</execute>')
+    (error,) = out
+    assert isinstance(error, Error) and error.code == "malformed_execute"
+    assert "no tool was run" in error.content

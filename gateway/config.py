@@ -237,6 +237,10 @@ class Config(msgspec.Struct, kw_only=True):
         ),
     ] = ""
     tool_timeout: Annotated[PositiveSeconds, Setting("seconds one tool call may run", TOOLS)] = 30.0
+    client_tool_timeout: Annotated[
+        PositiveSeconds,
+        Setting("seconds the gateway waits for a client to answer a client-side tool call", TOOLS),
+    ] = 60.0
     tool_max_output: Annotated[
         AtLeastOne, Setting("characters of one tool result kept (the rest is cut)", TOOLS)
     ] = 64_000

@@ -22,7 +22,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, TextIO
 
-from gateway.edge.auth import hash_key, parse_key_line, valid_key_id
+from gateway.edge.auth import hash_key, parse_key_line, split_key_value, valid_key_id
 
 __all__ = ["add_keys_arguments", "new_key", "run_keys"]
 
@@ -219,7 +219,7 @@ class _RedisBackend(_Backend):
     def list(self) -> list[tuple[str, str]]:
         async def work(r: Any) -> list[tuple[str, str]]:
             raw = await r.hgetall(self.hash)
-            return sorted((v.decode(), k.decode()) for k, v in raw.items())
+            return sorted((split_key_value(v.decode())[0], k.decode()) for k, v in raw.items())
 
         result: list[tuple[str, str]] = self._run(work)
         return result
@@ -227,7 +227,7 @@ class _RedisBackend(_Backend):
     def revoke(self, key_id: str) -> int:
         async def work(r: Any) -> int:
             raw = await r.hgetall(self.hash)
-            digests = [k for k, v in raw.items() if v.decode() == key_id]
+            digests = [k for k, v in raw.items() if split_key_value(v.decode())[0] == key_id]
             if not digests:
                 return 0
             return int(await r.hdel(self.hash, *digests))

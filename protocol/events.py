@@ -2,8 +2,9 @@
 
 Server → client events follow the seed's event schema (``type``, ``content``,
 ``timestamp``, ``payload``, ``step``/``total``) plus ``seq``. Client → server
-messages are ``user``, ``cancel``, ``ping``, ``configure``, and for voice
-``audio`` (base64 PCM16; binary frames carry the same bytes) and ``commit``.
+messages are ``user``, ``cancel``, ``ping``, ``configure``, ``tool_result``
+(a client-side tool's answer), and for voice ``audio`` (base64 PCM16; binary
+frames carry the same bytes) and ``commit``.
 
 Who fills what: the parser produces events with ``seq = 0`` and
 ``timestamp = 0.0``; the gateway stamps both at the one place where an event is
@@ -13,7 +14,7 @@ counters, so the same model output always parses to equal events.
 
 from __future__ import annotations
 
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
 import msgspec
 
@@ -46,6 +47,7 @@ __all__ = [
     "SpeechStarted",
     "SpeechStopped",
     "Think",
+    "ToolResultMessage",
     "Usage",
     "User",
     "UserMessage",
@@ -121,9 +123,18 @@ class Respond(_Base, tag="respond"):
 
 
 class Call(_Base, tag="call"):
-    """One tool call; ``content`` is the JSON string ``{"name": ..., "args": {...}}``."""
+    """One tool call; ``content`` is the JSON string ``{"name": ..., "args": {...}}``.
+
+    ``id`` names the call within its session (``call_N``); ``runs_on`` says who
+    runs it: ``"gateway"`` (a server tool, or a call the gateway answers itself,
+    e.g. with a failure) or ``"client"`` (a tool the session's client declared
+    with ``configure``: some connection of the session answers it with a
+    ``tool_result`` frame carrying this ``id``).
+    """
 
     content: str
+    id: str = ""
+    runs_on: Literal["gateway", "client"] = "gateway"
 
 
 class Execute(_Base, tag="execute"):
@@ -192,6 +203,7 @@ ErrorCode = Literal[
     "unknown_type",
     "turn_active",
     "no_turn",
+    "unknown_call",
     "forbidden",  # the credential or the key's policy does not allow it
     # the model's fault: the gateway tells the model and the turn goes on
     "malformed_execute",
@@ -290,6 +302,17 @@ class Ping(msgspec.Struct, tag_field="type", tag="ping"):
     """
 
 
+class ToolResultMessage(msgspec.Struct, tag_field="type", tag="tool_result", frozen=True):
+    """The client's answer to a ``call`` with ``"runs_on": "client"`` (matched by ``id``).
+
+    ``content``: any JSON value on success; on failure, a message for the model.
+    """
+
+    id: str
+    status: Literal["success", "failure"]
+    content: Any = None
+
+
 class AudioChunk(msgspec.Struct, tag_field="type", tag="audio"):
     """User audio for a client that cannot send binary frames: PCM16 LE mono at
     the configured ``input_audio.rate``, base64 in JSON (a binary frame is the
@@ -306,13 +329,14 @@ class Configure(ConfigChange, frozen=True, tag_field="type", tag="configure"):
     """Change this session's configuration (only the fields given); see ``protocol.configuration``."""
 
 
-ClientMessage = UserMessage | Cancel | Ping | Configure | AudioChunk | Commit
+ClientMessage = UserMessage | Cancel | Ping | Configure | ToolResultMessage | AudioChunk | Commit
 
 CLIENT_MESSAGE_TYPES: Final[tuple[str, ...]] = (
     "user",
     "cancel",
     "ping",
     "configure",
+    "tool_result",
     "audio",
     "commit",
 )
@@ -375,6 +399,10 @@ _HOW: Final = {
         "a configure frame sets any of instructions, tools "
         '([{"name", "description", "parameters"}]), server_tools, provider, model, '
         "metadata, input_audio, output, voice (see the README's client protocol)"
+    ),
+    "tool_result": (
+        'answer a call with "runs_on": "client" with {"type": "tool_result", "id": "<the '
+        'call\'s id>", "status": "success" or "failure", "content": <any JSON>}'
     ),
 }
 

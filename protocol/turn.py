@@ -12,16 +12,20 @@ fallback — is a new input or action and new transitions here.
 
 **Inputs** (``TurnInput``, frozen and tagged): ``UserMessage``, ``Rerun``,
 ``TextDelta``, ``ResponseDone``, ``UpstreamFailed``, ``UpstreamLost``,
-``ToolsDone``, ``RetryNow``, ``Cancel``, ``ShellFailed``, ``Shutdown``. Feed
-them with ``feed``; a text delta also has the fast path ``text``.
+``ToolsDone``, ``ClientResult``, ``ClientTimeout``, ``RetryNow``, ``Cancel``,
+``ShellFailed``, ``Shutdown``, and for voice ``SpeechBegan``, ``SpeechEnded``,
+``CommitSpeech``, ``Transcript``, ``ResponseBegan``, ``Spoken``,
+``NativeCall``. Feed them with ``feed``; a text delta also has the fast path
+``text``.
 
 **Actions** (``Action``): a protocol ``Event`` means "log it, then send it"
 (the shell stamps ``seq``/``timestamp``); the rest are the frozen Structs
 below (``Persist``, ``Account``, ``TurnStarted``, ``Request``,
-``StopResponse``, ``ReplaceResponse``, ``RunTools``, ``DropUpstream``,
-``Backoff``, ``Refuse``). Every action list puts the ones the shell performs
-at once (events, ``Persist``, ``Account``, ``TurnStarted``, ``DropUpstream``,
-``Refuse``) before the ones it awaits (``Request``, ``StopResponse``,
+``CommitAudio``, ``StopResponse``, ``ReplaceResponse``, ``AwaitClient``,
+``RunTools``, ``DropUpstream``, ``Backoff``, ``Refuse``). Every action list
+puts the ones the shell performs at once (events, ``Persist``, ``Account``,
+``TurnStarted``, ``DropUpstream``, ``Refuse``) before the ones that start or
+await a wait (``AwaitClient``, ``Request``, ``CommitAudio``, ``StopResponse``,
 ``ReplaceResponse``, ``RunTools``, ``Backoff``). A ``Cancel`` supersedes
 whatever the shell had not performed yet, so it can interrupt an await and
 drop the rest.
@@ -40,13 +44,27 @@ after its ``execute``. Usage the provider did not report (a lost connection,
 a provider without a cancel) is estimated from characters and the metric says
 ``estimated: true``. ``Account`` precedes the metric that reports the same
 usage, so the token counters and quotas always agree with the client's view.
+
+**Client tools** (issue 14): a call to a tool the session's client declared
+(``client_tools``, a ``ClientToolRouter``) is sent with ``runs_on: "client"``
+and an ``id``; its arguments are checked first, and a call that fails the
+check is answered by the gateway at once with a failure (``runs_on:
+"gateway"``). Native function calls of a voice session (``NativeCall``) are
+routed the same way. At ``</execute>`` (or a native response's end) the batch splits: server calls go out as
+``RunTools`` (they run while the client works), client calls as
+``AwaitClient``; the machine stays in ``tools`` until every call has a
+result — ``ToolsDone`` for the server ones, ``ClientResult`` per client call,
+``ClientTimeout`` for those the client left unanswered — and the ``result``
+event keeps call order. A ``ClientResult`` nobody waits for is refused with
+``unknown_call`` (saying whether it was already answered, timed out or
+cancelled), never an exception.
 """
 
 from __future__ import annotations
 
 import enum
 from collections.abc import Sequence
-from typing import Final
+from typing import Any, Final, Literal, Protocol
 
 import msgspec
 
@@ -82,8 +100,12 @@ from protocol.steps import StepRecorder
 __all__ = [
     "Account",
     "Action",
+    "AwaitClient",
     "Backoff",
     "Cancel",
+    "ClientResult",
+    "ClientTimeout",
+    "ClientToolRouter",
     "CommitAudio",
     "CommitSpeech",
     "DropUpstream",
@@ -191,6 +213,20 @@ class ToolsDone(_Input, frozen=True, tag="tools_done"):
     results: tuple[ToolResult, ...]
 
 
+class ClientResult(_Input, frozen=True, tag="client_result"):
+    """A client answered the client-side call ``id`` (a ``tool_result`` frame)."""
+
+    id: str
+    status: Literal["success", "failure"]
+    content: Any = None
+
+
+class ClientTimeout(_Input, frozen=True, tag="client_timeout"):
+    """``seconds`` passed since ``AwaitClient``: the calls still unanswered fail."""
+
+    seconds: float
+
+
 class RetryNow(_Input, frozen=True, tag="retry_now"):
     """The ``Backoff`` delay is over."""
 
@@ -261,6 +297,8 @@ TurnInput = (
     | UpstreamFailed
     | UpstreamLost
     | ToolsDone
+    | ClientResult
+    | ClientTimeout
     | RetryNow
     | Cancel
     | ShellFailed
@@ -338,9 +376,19 @@ class ReplaceResponse(_Action, frozen=True, tag="replace_response"):
 
 
 class RunTools(_Action, frozen=True, tag="run_tools"):
-    """Run the batch; feed ``ToolsDone`` with the results."""
+    """Run the batch's server calls; feed ``ToolsDone`` with their results, in order."""
 
     calls: tuple[ToolCall, ...]
+
+
+class AwaitClient(_Action, frozen=True, tag="await_client"):
+    """The client-side calls ``ids`` are out: start their timer (performed at once).
+
+    Feed ``ClientResult`` as answers arrive, and ``ClientTimeout`` when the
+    session's client tool timeout passes while ``TurnMachine.awaits_client``.
+    """
+
+    ids: tuple[str, ...]
 
 
 class DropUpstream(_Action, frozen=True, tag="drop_upstream"):
@@ -375,6 +423,7 @@ Action = (
     | StopResponse
     | ReplaceResponse
     | RunTools
+    | AwaitClient
     | DropUpstream
     | Backoff
     | Refuse
@@ -404,7 +453,7 @@ class TurnState(enum.Enum):
     ENDING = "ending"
     """The model wrote ``<end>`` (``end`` is sent): waiting for the usage. A message queues."""
     TOOLS = "tools"
-    """The batch runs; waiting for ``ToolsDone``."""
+    """The batch runs; waiting for ``ToolsDone`` and for every client-side call's result."""
     BACKOFF = "backoff"
     """The upstream was lost mid-step; waiting for ``RetryNow`` to rerun the step."""
     CANCELLING = "cancelling"
@@ -431,6 +480,20 @@ def estimate_tokens(chars: int) -> int:
     return (chars + 3) // 4
 
 
+class ClientToolRouter(Protocol):
+    """Which calls the session's client runs, and whether their args are right.
+
+    Implemented by ``tools.client.ClientTools`` (it holds the JSON Schemas);
+    the machine only asks, so this layer stays free of schema code.
+    """
+
+    def runs_on_client(self, name: str) -> bool:
+        """``name`` is a client tool this session declared (and may call)."""
+
+    def check_args(self, call: ToolCall) -> str | None:
+        """None if the args fit the tool's schema, else a failure message for the model."""
+
+
 def turn_in_flight(history: Sequence[HistoryItem]) -> bool:
     """Whether history shows a turn that did not finish (it ends with the prompt or results)."""
     return bool(history) and isinstance(history[-1], User | Result)
@@ -441,7 +504,10 @@ class TurnMachine:
 
     ``total`` is the session's usage so far (it grows with every ``Account``);
     ``max_steps`` bounds the model steps of a turn; ``upstream_retries`` the
-    reconnects of one step before the turn fails.
+    reconnects of one step before the turn fails. ``client_tools`` routes calls
+    to the client (None: every call runs on the gateway); ``call_number`` is
+    where call ids start (``call_<n+1>``): the shell passes the log's last seq,
+    which grows by at least one per call, so ids never repeat in a session.
 
     ``voice`` (set by the shell while the session streams audio): the upstream
     connection carries the user's audio, so a cancelled answer is truncated
@@ -450,7 +516,9 @@ class TurnMachine:
 
     __slots__ = (
         "_attempt",
+        "_call_events",
         "_call_ids",
+        "_call_number",
         "_calls",
         "_chunk",
         "_counted",
@@ -463,10 +531,16 @@ class TurnMachine:
         "_parser",
         "_queued",
         "_recorder",
+        "_refused",
+        "_server_running",
+        "_settled",
+        "_slots",
         "_speech_queued",
         "_spoken",
         "_steps",
         "_unreported",
+        "_waiting",
+        "client_tools",
         "max_steps",
         "state",
         "total",
@@ -475,9 +549,25 @@ class TurnMachine:
     )
 
     def __init__(
-        self, *, total: Usage = _ZERO, max_steps: int = 25, upstream_retries: int = 3
+        self,
+        *,
+        total: Usage = _ZERO,
+        max_steps: int = 25,
+        upstream_retries: int = 3,
+        client_tools: ClientToolRouter | None = None,
+        call_number: int = 0,
     ) -> None:
         self.state = _IDLE
+        self.client_tools = client_tools
+        self._call_number = call_number
+        self._call_events: list[Call] = []
+        self._refused: dict[int, str] = {}  # client calls with bad args → the failure
+        # The batch in TOOLS: one slot per call, filled by whoever answers it.
+        self._slots: list[ToolResult | None] = []
+        self._waiting: dict[str, int] = {}  # client call id → slot
+        self._server_running = False
+        # Client call ids of the last batch no longer waited for → why (for unknown_call).
+        self._settled: dict[str, str] = {}
         self.total = total
         self.max_steps = max_steps
         self.upstream_retries = upstream_retries
@@ -506,6 +596,16 @@ class TurnMachine:
     def idle(self) -> bool:
         """No turn runs (the shell's driver may stop)."""
         return self.state is _IDLE
+
+    @property
+    def awaits_client(self) -> bool:
+        """The batch waits for client-side results (the shell runs their timer)."""
+        return self.state is _TOOLS and bool(self._waiting)
+
+    @property
+    def waiting_for(self) -> tuple[str, ...]:
+        """Ids of the client-side calls still unanswered."""
+        return tuple(self._waiting) if self.state is _TOOLS else ()
 
     @property
     def awaits_upstream(self) -> bool:
@@ -549,11 +649,26 @@ class TurnMachine:
         kind = type(event)
         if kind is Call:
             self._recorder.add(event)
-            self._calls.append(decode_call(event.content))  # type: ignore[union-attr]
+            self._add_call(decode_call(event.content), event)  # type: ignore[union-attr, arg-type]
         elif kind is End:
             self._ended = True
         elif kind is Error and event.code == "malformed_execute":  # type: ignore[union-attr]
             self._malformed = event.content  # type: ignore[union-attr]
+
+    def _add_call(self, call: ToolCall, event: Call) -> None:
+        """A call of this step (text or native): its ``id``, and who runs it."""
+        self._call_number += 1
+        event.id = f"call_{self._call_number}"
+        router = self.client_tools
+        if router is not None and router.runs_on_client(call.name):
+            # Checked before the client sees it: a bad call is answered here.
+            problem = router.check_args(call)
+            if problem is None:
+                event.runs_on = "client"
+            else:
+                self._refused[len(self._calls)] = problem
+        self._calls.append(call)
+        self._call_events.append(event)
 
     # --- everything else ---------------------------------------------------------------
 
@@ -568,6 +683,10 @@ class TurnMachine:
             return self._response_done(given)  # type: ignore[arg-type]
         if kind is ToolsDone:
             return self._tools_done(given.results)  # type: ignore[union-attr]
+        if kind is ClientResult:
+            return self._client_result(given)  # type: ignore[arg-type]
+        if kind is ClientTimeout:
+            return self._client_timeout(given.seconds)  # type: ignore[union-attr]
         if kind is UpstreamLost:
             lost: UpstreamLost = given  # type: ignore[assignment]
             return self._upstream_lost(lost.reason, fatal=lost.fatal, fallback=lost.fallback)
@@ -590,6 +709,7 @@ class TurnMachine:
             was = self.state
             self.state = _IDLE
             self._queued = None
+            self._settle_waiting("the session stopped on this node")
             self._held = None
             self._speech_queued = False
             return _NOTHING if was is _IDLE else [DropUpstream(stop=True)]
@@ -684,7 +804,7 @@ class TurnMachine:
         call = ToolCall(name=given.name, args=args)
         event = Call(content=encode_call(call))
         self._recorder.add(event)
-        self._calls.append(call)
+        self._add_call(call, event)
         self._call_ids.append(given.call_id)
         if self._held is not None:
             self._held.append(event)
@@ -742,6 +862,8 @@ class TurnMachine:
         self._parser = Parser()
         self._feed = self._parser.feed
         self._calls = []
+        self._call_events = []
+        self._refused = {}
         self._call_ids = []
         self._spoken = []
         self._malformed = None
@@ -794,9 +916,7 @@ class TurnMachine:
             # Native function calls: the provider holds them as calls already.
             out.append(Execute())
             out += self._metric()
-            out.append(RunTools(tuple(self._calls)))
-            self.state = _TOOLS
-            return out
+            return self._run_batch(out)
         replace = ReplaceResponse(self._parser.accepted_text)
         if self._malformed is not None:
             self._malformed_in_a_row += 1
@@ -815,19 +935,104 @@ class TurnMachine:
                 return out
             out += self._metric()
             failure = ToolResult(tool="execute", status="failure", content=self._malformed)
-            out += self._tools_done((failure,), running=False)
+            out += self._batch_done((failure,))
             # After the result is logged, before the next request (if the turn goes on).
             out.insert(len(out) - 1 if type(out[-1]) is Request else len(out), replace)
             return out
         self._malformed_in_a_row = 0
         out += self._metric()
-        out += [replace, RunTools(tuple(self._calls))]
+        out.append(replace)
+        return self._run_batch(out)
+
+    def _run_batch(self, out: list[Action]) -> list[Action]:
+        """Split the batch: server calls run (``RunTools``), client calls wait (``AwaitClient``)."""
+        self._settled = {}
+        self._slots = [None] * len(self._calls)
+        self._waiting = {}
+        server: list[ToolCall] = []
+        refused = self._refused
+        for index, (call, event) in enumerate(zip(self._calls, self._call_events, strict=True)):
+            if event.runs_on == "client":
+                self._waiting[event.id] = index
+            elif index in refused:
+                # A client tool called with bad args: answered here, the client never runs it.
+                failure = ToolResult(tool=call.name, status="failure", content=refused[index])
+                self._slots[index] = failure
+            else:
+                server.append(call)
         self.state = _TOOLS
+        if self._waiting:
+            out.append(AwaitClient(tuple(self._waiting)))
+        self._server_running = bool(server)
+        if server:
+            out.append(RunTools(tuple(server)))
+        elif not self._waiting:
+            out += self._batch_done(tuple(self._filled()))
         return out
 
-    def _tools_done(self, results: tuple[ToolResult, ...], *, running: bool = True) -> list[Action]:
-        if running and self.state is not _TOOLS:
+    def _filled(self) -> list[ToolResult]:
+        return [slot for slot in self._slots if slot is not None]
+
+    def _tools_done(self, results: tuple[ToolResult, ...]) -> list[Action]:
+        """The server calls' results, in the order of ``RunTools``'s calls."""
+        if self.state is not _TOOLS or not self._server_running:
             return []  # results of a batch the machine no longer waits for (cancelled)
+        self._server_running = False
+        given = iter(results)
+        slots = self._slots
+        for index, slot in enumerate(slots):
+            if slot is None and index not in self._waiting.values():
+                slots[index] = next(given, None) or ToolResult(
+                    tool=self._calls[index].name,
+                    status="failure",
+                    content="the tool gave no result; try the call again",
+                )
+        return self._maybe_batch_done()
+
+    def _client_result(self, answer: ClientResult) -> Sequence[Action]:
+        index = self._waiting.pop(answer.id, None) if self.state is _TOOLS else None
+        if index is None:
+            why = self._settled.get(answer.id)
+            if why is None:
+                content = (
+                    f"no call with id {answer.id[:80]!r} is waiting for a result; answer only "
+                    'calls with "runs_on": "client" of the running turn, once each'
+                )
+            else:
+                content = f"call {answer.id!r} {why}; this tool_result was ignored"
+            return [Refuse(Error(code="unknown_call", content=content))]
+        self._settled[answer.id] = "was already answered"
+        name = self._calls[index].name
+        self._slots[index] = ToolResult(tool=name, status=answer.status, content=answer.content)
+        return self._maybe_batch_done()
+
+    def _client_timeout(self, seconds: float) -> Sequence[Action]:
+        if not self.awaits_client:
+            return _NOTHING
+        for call_id, index in self._waiting.items():
+            self._settled[call_id] = f"timed out after {seconds:g}s"
+            self._slots[index] = ToolResult(
+                tool=self._calls[index].name,
+                status="failure",
+                content=f"the client did not answer this call within {seconds:g}s, so it was "
+                "given up; the client may be gone or busy — go on without it, or ask the "
+                "user whether to try again",
+            )
+        self._waiting = {}
+        return self._maybe_batch_done()
+
+    def _maybe_batch_done(self) -> list[Action]:
+        if self._server_running or self._waiting:
+            return []
+        return self._batch_done(tuple(self._filled()))
+
+    def _settle_waiting(self, why: str) -> None:
+        for call_id in self._waiting:
+            self._settled[call_id] = why
+        self._waiting = {}
+        self._server_running = False
+
+    def _batch_done(self, results: tuple[ToolResult, ...]) -> list[Action]:
         content = encode_results(results)
         payload = result_payload(results)
         out: list[Action] = [
@@ -949,6 +1154,7 @@ class TurnMachine:
                 out.append(_STOP)
             return out
         # Tools or a backoff: no response runs, nothing more to report.
+        self._settle_waiting("was cancelled with its turn")
         return self._close(out)
 
     def _shell_failed(self, what: str) -> Sequence[Action]:
@@ -977,6 +1183,7 @@ class TurnMachine:
         """The closing event is in ``out``: add the turn's last metric, then any queued turn."""
         out += self._metric()
         self.state = _IDLE
+        self._settle_waiting("ended with its turn")
         queued, self._queued = self._queued, None
         if queued is not None:
             out += self._user(queued)

@@ -33,9 +33,11 @@ Decisions (the rules themselves are in ``gateway.client.stream``):
   connection (``ConnectionLost``). The first connection fails fast with
   ``Unreachable`` when nothing listens: a mistyped URL should say so at once.
 - **Client tools.** ``@client.tool`` registers a handler for ``call`` events
-  whose JSON has ``"runs_on": "client"``; the client answers with
-  ``{"type": "tool_result", "id", "status", "content"}`` (a handler that
-  raises answers ``failure`` with the exception's text).
+  with ``"runs_on": "client"``; the client answers with ``{"type":
+  "tool_result", "id", "status", "content"}`` (a handler that raises answers
+  ``failure`` with the exception's text). ``configure(tools=[...])`` declares
+  the tools to the session (name, description, JSON Schema), so the model
+  sees them.
 - **Voice.** ``configure(...)`` sends a ``configure`` frame; ``speak(pcm, rate)``
   streams PCM16 as binary frames at real-time pace and yields the spoken
   turn's events (from its ``speech_started``, through its closing event and
@@ -52,7 +54,7 @@ import logging
 import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, Final, Literal, TypeVar, overload
+from typing import Any, Final, TypeVar, overload
 
 import msgspec
 import orjson
@@ -77,6 +79,7 @@ from protocol.events import (
     Error,
     Event,
     Session,
+    ToolResultMessage,
     User,
     UserMessage,
     decode_event,
@@ -98,14 +101,6 @@ _KIND: Final[dict[type, str]] = {cls: str(cls.__struct_config__.tag) for cls in 
 def event_kind(event: Event) -> str:
     """The wire ``type`` of an event (``"respond"`` for a ``Respond``)."""
     return _KIND[type(event)]
-
-
-class ToolResultMessage(msgspec.Struct, tag_field="type", tag="tool_result"):
-    """The client's answer to a ``call`` that runs on the client."""
-
-    id: str
-    status: Literal["success", "failure"]
-    content: Any
 
 
 class _Reconnected(msgspec.Struct, frozen=True):
@@ -269,8 +264,12 @@ class Client:
     # ------------------------------------------------------------------ a turn
 
     async def configure(self, **fields: Any) -> None:
-        """Send a ``configure`` frame (e.g. ``input_audio={"rate": 24000}``,
-        ``output="audio"``); the logged ``configured`` event confirms it."""
+        """Send a ``configure`` frame (e.g. ``tools=[{"name", "description", "parameters"}]``,
+        ``input_audio={"rate": 24000}``, ``output="audio"``).
+
+        The session answers with a logged ``configured`` event before the next
+        turn's ``user`` echo (a refusal is an ``error`` reply).
+        """
         await self._send_frame(orjson.dumps({"type": "configure", **fields}))
 
     async def send_audio(self, pcm16: bytes) -> None:
@@ -554,12 +553,15 @@ class Client:
     # ------------------------------------------------------------------ client tools
 
     def _maybe_run_tool(self, call: Call) -> None:
+        if call.runs_on != "client":
+            return
         try:
             spec = orjson.loads(call.content)
         except orjson.JSONDecodeError:
             return
-        if not isinstance(spec, dict) or spec.get("runs_on") != "client":
+        if not isinstance(spec, dict):
             return
+        spec["id"] = call.id
         task = asyncio.create_task(self._run_tool(spec), name=f"client-tool:{spec.get('name')}")
         self._tool_tasks.add(task)
         task.add_done_callback(self._tool_tasks.discard)

@@ -181,6 +181,7 @@ class Edges:
         self.slots = ConnectionSlots(node.store, node.node_id, config.max_connections_per_key)
         self.reaper = SlowClientReaper(connections, config.slow_client_timeout, node.metrics)
         self.limits = node.limits
+        self.key_tools = node.key_tools  # per-key allow-lists, stored with new sessions
         self.tokens = ClientTokens(config, node.store)
         self.open = 0  # admitted connections not yet closed (the per-node limit)
         self._watchers: set[asyncio.Task[None]] = set()
@@ -324,11 +325,20 @@ class Edges:
         )
 
     async def key_id(self, key: str) -> str | None:
-        """The key id of an API key, None if it is not one (``KeyStoreUnavailable``: ask later)."""
+        """The key id of an API key, None if it is not one (``KeyStoreUnavailable``: ask later).
+
+        The key's allow-list of tools (``tools=``) is noted in ``key_tools``,
+        where the node takes it for the sessions this key makes.
+        """
         digest = hash_key(key)
         key_id = self.key_file.lookup(digest) if self.key_file is not None else None
+        allowed = self.key_file.tools_for(key_id) if self.key_file and key_id else None
         if key_id is None and self.redis_keys is not None:
-            key_id = await self.redis_keys.lookup(digest)
+            found = await self.redis_keys.lookup(digest)
+            if found is not None:
+                key_id, allowed = found
+        if key_id is not None:
+            self.key_tools.see(key_id, allowed)
         return key_id
 
     async def _authenticate(self, request: Request) -> Principal | Response:

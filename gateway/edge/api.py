@@ -41,6 +41,7 @@ from gateway.sessions.node import Node
 from gateway.store.base import StoreUnavailable
 from protocol.configuration import ConfigChange, SessionConfig, apply_change, decode_config
 from protocol.events import Usage
+from tools.client import schema_problem
 
 __all__ = ["API_PREFIX", "CreateSession", "HttpApi", "MintToken", "SessionInfo"]
 
@@ -320,7 +321,10 @@ class HttpApi:
         config = apply_change(SessionConfig(), body)
         if isinstance(config, str):
             raise Refusal(400, config)
-        setup = self.node.setup(key_id, config)
+        problem = schema_problem(config.tools)
+        if problem is not None:
+            raise Refusal(400, problem)
+        setup = self.node.setup(key_id, config, self.node.key_tools.get(key_id))
         if isinstance(setup, str):
             raise Refusal(403, setup)
         sid = self.node.new_session_id()

@@ -8,10 +8,11 @@ count per it, logs name it. The raw key lives only as long as one handshake.
 Where keys are kept (either or both):
 
 - a file (``--api-keys-file``), one ``key_id:sha256hex`` per line, ``#``
-  comments; re-read when its mtime/size changes (checked at most once a second,
+  comments, optionally followed by ``tools=read,calc.*`` (the key's allow-list
+  of tools, ``tools.allowlist``); re-read when its mtime/size changes (checked at most once a second,
   on use) and on SIGHUP, so keys rotate without a restart;
 - Redis (``--api-keys-redis``): the hash ``{key_prefix}:keys`` maps digest →
-  key_id, shared by every node; ``gateway keys add|list|revoke`` manage it.
+  key_id (or ``key_id tools=read,calc.*``), shared by every node; ``gateway keys add|list|revoke`` manage it.
 
 How a client presents a key, in the order checked: ``Authorization: Bearer
 KEY``; the subprotocol ``rtgw.bearer.KEY`` offered next to ``rtgw.v1`` (browsers
@@ -43,6 +44,7 @@ from websockets.datastructures import Headers, MultipleValuesError
 
 from gateway.config import Config, ConfigError
 from gateway.store import open_redis_client
+from tools.allowlist import AllowList, parse_allow_list
 
 __all__ = [
     "ANONYMOUS",
@@ -58,6 +60,8 @@ __all__ = [
     "hash_key",
     "is_loopback",
     "parse_key_line",
+    "parse_key_options",
+    "split_key_value",
     "valid_key_id",
 ]
 
@@ -98,17 +102,54 @@ def parse_key_line(line: str) -> tuple[str, str] | None:
 
     Raises ``ValueError`` saying what a good line looks like.
     """
+    parsed = _parse_key_entry(line)
+    return None if parsed is None else (parsed[0], parsed[1])
+
+
+def parse_key_options(text: str) -> AllowList | None:
+    """The options after a key's digest (``tools=read,calc.*``): its allow-list, if any.
+
+    Raises ``ValueError`` saying what a good option looks like.
+    """
+    allowed: AllowList | None = None
+    for option in text.split():
+        name, sep, value = option.partition("=")
+        if name != "tools" or not sep:
+            raise ValueError(
+                f"unknown key option {option[:40]!r}; the only option is tools=NAME,NAME,… "
+                "(the tools this key's sessions may call; globs like calc.* allowed)"
+            )
+        allowed = parse_allow_list(value)
+    return allowed
+
+
+def split_key_value(value: str) -> tuple[str, AllowList | None]:
+    """A Redis keys-hash value, ``key_id`` or ``key_id tools=…``: the id and its allow-list.
+
+    A value whose options do not parse allows no tool (logged): failing closed.
+    """
+    key_id, _, options = value.strip().partition(" ")
+    try:
+        return key_id, parse_key_options(options)
+    except ValueError as exc:
+        log.error("api key %s in Redis: %s; its sessions may call no tool", key_id, exc)
+        return key_id, AllowList(())
+
+
+def _parse_key_entry(line: str) -> tuple[str, str, AllowList | None] | None:
     text = line.split("#", 1)[0].strip()
     if not text:
         return None
-    key_id, sep, digest = text.partition(":")
+    key_id, sep, rest = text.partition(":")
+    digest, _, options = rest.strip().partition(" ")
     key_id, digest = key_id.strip(), digest.strip().lower()
     if not sep or not valid_key_id(key_id) or _DIGEST.fullmatch(digest) is None:
         raise ValueError(
             "expected `key_id:sha256hex` (key_id of 1-64 letters, digits, `._-`; the "
-            "64-hex-digit SHA-256 of the key: `gateway keys hash KEY_ID` prints the line)"
+            "64-hex-digit SHA-256 of the key: `gateway keys hash KEY_ID` prints the line), "
+            "optionally followed by tools=NAME,NAME,…"
         )
-    return key_id, digest
+    return key_id, digest, parse_key_options(options)
 
 
 def is_loopback(host: str) -> bool:
@@ -225,6 +266,7 @@ class KeyFile:
         self.path = Path(path)
         self.check_interval = check_interval
         self._entries: list[tuple[str, str]] = []  # (digest, key_id)
+        self._tools: dict[str, AllowList] = {}  # key_id → allow-list (keys that have one)
         self._stamp: tuple[float, int] | None = None
         self._checked = 0.0
         try:
@@ -238,7 +280,11 @@ class KeyFile:
     def key_ids(self) -> list[str]:
         return sorted({key_id for _, key_id in self._entries})
 
-    def _read(self) -> tuple[list[tuple[str, str]], tuple[float, int]]:
+    def tools_for(self, key_id: str) -> AllowList | None:
+        """The tools ``key_id``'s sessions may call (None: every tool)."""
+        return self._tools.get(key_id)
+
+    def _read(self) -> tuple[list[tuple[str, str]], dict[str, AllowList], tuple[float, int]]:
         try:
             stat = self.path.stat()
             text = self.path.read_text(encoding="utf-8")
@@ -248,17 +294,20 @@ class KeyFile:
                 f"--file {self.path}`"
             ) from None
         entries: list[tuple[str, str]] = []
+        tools: dict[str, AllowList] = {}
         for number, line in enumerate(text.splitlines(), 1):
             try:
-                parsed = parse_key_line(line)
+                parsed = _parse_key_entry(line)
             except ValueError as exc:
                 raise ValueError(f"{self.path} line {number}: {exc}") from None
             if parsed is not None:
                 entries.append((parsed[1], parsed[0]))
-        return entries, (stat.st_mtime, stat.st_size)
+                if parsed[2] is not None:
+                    tools[parsed[0]] = parsed[2]
+        return entries, tools, (stat.st_mtime, stat.st_size)
 
     def _load(self) -> None:
-        self._entries, self._stamp = self._read()
+        self._entries, self._tools, self._stamp = self._read()
         self._checked = time.monotonic()
         warning = file_mode_warning(self.path)
         if warning is not None:
@@ -318,14 +367,15 @@ class RedisKeys:
             url, socket_timeout=3.0, connect_timeout=2.0, max_connections=16
         )
 
-    async def lookup(self, digest: str) -> str | None:
+    async def lookup(self, digest: str) -> tuple[str, AllowList | None] | None:
+        """The key id of ``digest`` and its allow-list of tools (None: every tool)."""
         from redis.exceptions import RedisError
 
         try:
             raw = await self._redis.hget(self.hash, digest)
         except (RedisError, OSError) as exc:
             raise KeyStoreUnavailable(str(exc)) from exc
-        return raw.decode() if raw is not None else None
+        return split_key_value(raw.decode()) if raw is not None else None
 
     async def close(self) -> None:
         await self._redis.aclose()

@@ -51,6 +51,7 @@ from protocol.events import (
     Ping,
     Pong,
     Session,
+    ToolResultMessage,
     UserMessage,
     decode_client,
     decode_event,
@@ -82,7 +83,7 @@ class ClientConnection:
         trusted: bool = True,
     ) -> None:
         """``unrecorded``: the node's new sessions not stored yet (sid → owner);
-        one is stored when its first turn starts (``Node.record_session``).
+        one is stored at its first turn or configure (``Node.record_session``).
         ``trusted``: the client presented an API key (not a client token), so
         it may change the session's configuration."""
         self.node = node
@@ -418,23 +419,9 @@ class ClientConnection:
                 )
             )
             return
+        if isinstance(message, UserMessage | Configure) and not await self._record_if_new():
+            return
         if isinstance(message, UserMessage):
-            owner = self._unrecorded.get(self.sid)
-            if owner is not None:
-                # Stored at its first turn: a connection that never sends a
-                # message leaves no session behind.
-                try:
-                    await self.node.record_session(self.sid, owner)
-                except StoreUnavailable:
-                    self._reply(
-                        Error(
-                            code="store",
-                            content="the session store is unavailable, so the session could "
-                            "not be saved; send your message again in a few seconds",
-                        )
-                    )
-                    return
-                self._unrecorded.pop(self.sid, None)
             # Per-key turn limits (gateway.sessions.limits), before the turn starts here or is forwarded.
             refusal = await self.node.limits.admit_turn(self.sid, self.source)
             if refusal is not None:
@@ -461,15 +448,45 @@ class ClientConnection:
             )
             return
         self._redispatched = 0
-        if isinstance(message, UserMessage):
-            error = runtime.start_turn(message.content)
-        elif isinstance(message, Configure):
-            error = runtime.configure(message)
-        else:
-            assert isinstance(message, Cancel)
-            error = runtime.cancel_turn()
+        error = self._dispatch(runtime, message)
         if error is not None:
             self._reply(error)
+
+    def _dispatch(
+        self,
+        runtime: SessionRuntime,
+        message: UserMessage | Cancel | Configure | ToolResultMessage,
+    ) -> Error | None:
+        """Hand a command to the runtime driving the session here; its refusal, if any."""
+        if isinstance(message, UserMessage):
+            return runtime.start_turn(message.content)
+        if isinstance(message, Cancel):
+            return runtime.cancel_turn()
+        if isinstance(message, ToolResultMessage):
+            return runtime.tool_result(message)
+        return runtime.configure(message)
+
+    async def _record_if_new(self) -> bool:
+        """Store a new session at its first turn or configuration; False (replied) if that failed.
+
+        A connection that never sends a message leaves no session behind.
+        """
+        owner = self._unrecorded.get(self.sid)
+        if owner is None:
+            return True
+        try:
+            await self.node.record_session(self.sid, owner)
+        except StoreUnavailable:
+            self._reply(
+                Error(
+                    code="store",
+                    content="the session store is unavailable, so the session could "
+                    "not be saved; send your message again in a few seconds",
+                )
+            )
+            return False
+        self._unrecorded.pop(self.sid, None)
+        return True
 
     async def _runtime_for_command(self) -> SessionRuntime | None:
         source = self.source

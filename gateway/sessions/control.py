@@ -2,9 +2,9 @@
 
 A client may be attached to a node that only follows the session's log (the
 lease is held elsewhere, e.g. by the node a second browser tab is on, or by
-the node still finishing a turn after this client reconnected). Its ``user``
-and ``cancel`` messages are forwarded to the driving node over the store's
-publish/subscribe channel ``node:<node_id>``.
+the node still finishing a turn after this client reconnected). Its ``user``,
+``cancel``, ``configure`` and ``tool_result`` messages are forwarded to the
+driving node over the store's publish/subscribe channel ``node:<node_id>``.
 
 Pub/sub delivers to whoever listens *now*, so a command sent to a node that
 just died would vanish (issue 13.3). Hence a forward is not done until the
@@ -13,10 +13,12 @@ command's fate is known, and the sending node keeps it until then:
 - ``PUBLISH`` counts its receivers. 0 means nobody got it (the driver is
   dead, or its subscription is reconnecting): the sender holds the command
   and looks again shortly.
-- The driver answers every command: an error (``turn_active``, ``no_turn``),
-  "run it yourself" (it no longer drives the session), or "taken" — sent only
-  once the command's ``user`` or ``cancelled`` event is in the log, so a taken
-  command survives the driver: whoever takes over reruns a logged turn.
+- The driver answers every command: an error (``turn_active``, ``no_turn``,
+  ``unknown_call``), "run it yourself" (it no longer drives the session), or
+  "taken" — sent only once the command's ``user``, ``cancelled`` or
+  ``configured`` event is in the log, so a taken command survives the driver:
+  whoever takes over reruns a logged turn. (A ``tool_result`` is taken once
+  the turn machine accepted it: a takeover reruns its step anyway.)
 - No answer within ``ACK_WAIT``: the sender resends under the same ``ref``;
   the driver remembers the refs it handled and answers a copy without running
   it again, so a slow driver runs a command once.
@@ -50,6 +52,7 @@ from protocol.events import (
     Configure,
     Configured,
     Error,
+    ToolResultMessage,
     User,
     UserMessage,
     decode_client,
@@ -170,15 +173,33 @@ class ClientConnectionLike(Protocol):
         """The session was deleted (``DELETE /v1/sessions/ID``): close this client."""
 
 
-Command = UserMessage | Cancel | Configure
+Command = UserMessage | Cancel | Configure | ToolResultMessage
+_COMMANDS: Final = (UserMessage, Cancel, Configure, ToolResultMessage)
 _Landmark = type[User] | type[Cancelled] | type[Configured]
 
 
-def _landmark(command: Command) -> _Landmark:
-    """The logged event that shows ``command`` took effect."""
+def _landmark(command: Command) -> _Landmark | None:
+    """The logged event that shows ``command`` took effect (None: none does).
+
+    A ``tool_result`` has none (its ``result`` may wait for other calls): it is
+    taken once the driver's turn machine accepts it. Its answer need not
+    survive the driver: a takeover reruns the step and the client is asked
+    again under a new call id.
+    """
     if isinstance(command, UserMessage):
         return User
+    if isinstance(command, ToolResultMessage):
+        return None
     return Cancelled if isinstance(command, Cancel) else Configured
+
+
+def _what(command: Command) -> str:
+    """The command as the client would name it, for messages."""
+    if isinstance(command, UserMessage):
+        return "message"
+    if isinstance(command, ToolResultMessage):
+        return "tool_result"
+    return "cancel" if isinstance(command, Cancel) else "configure"
 
 
 class _Logged:
@@ -256,7 +277,7 @@ class CommandRelay:
         if owner is None or owner == self.node_id:
             return False
         command = decode_client(frame)
-        if not isinstance(command, UserMessage | Cancel | Configure):
+        if not isinstance(command, _COMMANDS):
             return False  # the connection forwards nothing else
         since = await store.last_seq(sid)  # the command's event, if it runs, comes after
         ref = uuid.uuid4().hex
@@ -307,7 +328,7 @@ class CommandRelay:
                     Error(
                         code="store",
                         content=f"node {owner or '?'} drives this session but did not confirm your "
-                        f"{'message' if isinstance(command, UserMessage) else 'cancel'} within "
+                        f"{_what(command)} within "
                         f"{self.lease_ttl + GIVE_UP_AFTER:g}s; it may still take effect — if no "
                         "event for it arrives, send it again",
                     )
@@ -324,6 +345,8 @@ class CommandRelay:
         but then that message's turn ran and this one would have been refused.
         """
         kind = _landmark(command)
+        if kind is None:
+            return False  # run here: the new driver answers it (unknown_call after a rerun)
         for entry in await self.store.read_log(sid, since):
             event = decode_event(entry.data)
             if isinstance(event, kind) and (
@@ -384,7 +407,7 @@ class CommandRelay:
             )
             return
         command = decode_client(message.command)
-        if not isinstance(command, UserMessage | Cancel | Configure):
+        if not isinstance(command, _COMMANDS):
             return
         if ref:
             self._handled[ref] = None
@@ -406,7 +429,14 @@ class CommandRelay:
     ) -> Reply | None:
         """Run ``command``; the answer, or None when its event did not show up in time."""
         conn, ref = message.conn, message.ref
-        watch = _Logged(_landmark(command))
+        if isinstance(command, ToolResultMessage):
+            error = runtime.tool_result(command)
+            if error is not None:
+                return Reply(conn=conn, ref=ref, error=encode(error))
+            return Reply(conn=conn, ref=ref)  # taken: the machine holds the answer
+        landmark = _landmark(command)
+        assert landmark is not None
+        watch = _Logged(landmark)
         runtime.attach(watch)
         try:
             if isinstance(command, UserMessage):

@@ -47,8 +47,10 @@ from protocol.configuration import SessionConfig, decode_config, encode_config
 from protocol.events import (
     Usage,
 )
-from protocol.prompt import ToolSpec, system_prompt
+from protocol.prompt import system_prompt
+from tools.allowlist import AllowList, KeyAllowLists, parse_allow_list
 from tools.base import ToolContext
+from tools.client import ClientTools
 from tools.executor import Executor
 from tools.registry import Registry
 from tools.workspaces import workspace_dir
@@ -91,6 +93,8 @@ class Node:
         self.system_prompt = system_prompt(registry.specs(), config.instructions)
         # What each key may set in its sessions (--key-policy-file).
         self.policies = KeyPolicies(config.key_policy_file or None)
+        # Per-key allow-lists of tools, as the edge read them at handshakes (keys file `tools=`).
+        self.key_tools = KeyAllowLists()
         self._factories = factories
         # Per-session upstream factories, by (provider, model); "" = the node's.
         self._factory_cache: dict[tuple[str, str], UpstreamFactory] = {}
@@ -188,14 +192,18 @@ class Node:
         return runtime
 
     def session_meta(self, owner: str, setup: SessionSetup) -> dict[str, str]:
-        """The meta a new session is stored with: its owner and configuration."""
-        return {
+        """The meta a new session is stored with: its owner, configuration and allow-list."""
+        meta = {
             "owner": owner,
             "provider": setup.upstream_factory.provider,
             "created": f"{time.time():.3f}",
             "node": self.node_id,
             "config": encode_config(setup.config).decode(),
         }
+        if setup.key_tools is not None:
+            # Stored with the session: any node that drives it enforces the same list.
+            meta["tools_allowed"] = str(setup.key_tools)
+        return meta
 
     async def record_session(self, sid: str, owner: str) -> None:
         """Store the session ``sid`` as owned by ``owner`` (an API key id); then it
@@ -208,13 +216,18 @@ class Node:
 
     # ------------------------------------------------------------------ configuration
 
-    def setup(self, owner: str, config: SessionConfig) -> SessionSetup | str:
+    def setup(
+        self, owner: str, config: SessionConfig, key_tools: AllowList | None = None
+    ) -> SessionSetup | str:
         """What ``config`` makes of this node for a session of ``owner``, or why it cannot be.
 
         The system prompt is the protocol's, then the operator's instructions,
         the owner's key-policy instructions and the session's own (appended:
         a session cannot replace what the operator set), over the tools it
-        may use; the upstream is the session's provider and model.
+        may use: the server tools that the session's ``server_tools``, the key
+        policy's and the key's allow-list (``key_tools``) all allow, then the
+        client tools the allow-list allows. The upstream is the session's
+        provider and model.
         """
         policy = self.policies.get(owner)
         refused = refusal(policy, config)
@@ -231,6 +244,12 @@ class Node:
                     f"its tools: {', '.join(sorted(names)) or 'none'}"
                 )
             allowed = frozenset.intersection(*(frozenset(t) for t in limits))
+        if key_tools is not None:
+            allowed = frozenset(key_tools.filter(names if allowed is None else allowed))
+        try:
+            client_tools = ClientTools(config.tools, key_tools)
+        except ValueError as exc:  # checked by configure and the API before they get here
+            return str(exc)
         factory = self._factory(config.provider, config.model)
         if isinstance(factory, str):
             return factory
@@ -243,10 +262,10 @@ class Node:
             prompt = self.system_prompt
         else:
             specs = [s for s in self.registry.specs() if allowed is None or s.name in allowed]
-            specs += [ToolSpec(t.name, t.description, t.parameters) for t in config.tools]
+            specs += client_tools.specs()
             parts = [self.config.instructions, policy.instructions, config.instructions]
             prompt = system_prompt(specs, "\n\n".join(p.strip() for p in parts if p.strip()))
-        return SessionSetup(config, prompt, factory, allowed)
+        return SessionSetup(config, prompt, factory, allowed, client_tools, key_tools)
 
     def _factory(self, provider: str, model: str) -> UpstreamFactory | str:
         default = self.upstream_factory
@@ -282,15 +301,26 @@ class Node:
         except StoreError as exc:
             log.warning("session %s: configuration not stored: %s", sid, exc, extra={"sid": sid})
 
-    def _stored_setup(self, sid: str, meta: dict[str, str]) -> SessionSetup:
-        """The setup of a stored session; its configuration as far as this node can serve it."""
+    def _stored_setup(
+        self, sid: str, meta: dict[str, str], key_tools: AllowList | None = None
+    ) -> SessionSetup:
+        """The setup of a stored session; its configuration as far as this node can serve it.
+
+        ``key_tools``: the allow-list of a session not stored yet (a stored one has its own).
+        """
         owner = meta.get("owner", "")
+        if "tools_allowed" in meta:
+            try:
+                key_tools = parse_allow_list(meta["tools_allowed"])
+            except ValueError as exc:  # the key's list was checked when it was read
+                log.warning("session %s: %s; no tool is allowed", sid, exc, extra={"sid": sid})
+                key_tools = AllowList(())
         try:
             config = decode_config(meta.get("config", ""))
         except (ValueError, TypeError) as exc:  # msgspec's errors are ValueErrors
             log.error("session %s: unreadable stored configuration: %s", sid, exc)
-            return self.default_setup
-        setup = self.setup(owner, config)
+            config = SessionConfig()
+        setup = self.setup(owner, config, key_tools)
         if isinstance(setup, str):
             log.warning(
                 "session %s: its configuration cannot be served here (%s); using the "
@@ -299,7 +329,12 @@ class Node:
                 setup,
                 extra={"sid": sid},
             )
-            fallback = self.setup(owner, msgspec.structs.replace(config, provider="", model=""))
+            fallback = self.setup(
+                owner, msgspec.structs.replace(config, provider="", model=""), key_tools
+            )
+            if isinstance(fallback, str):
+                # Fails closed: a session with an allow-list keeps it even on the defaults.
+                fallback = self.setup(owner, SessionConfig(), key_tools)
             return fallback if not isinstance(fallback, str) else self.default_setup
         return setup
 
@@ -345,7 +380,11 @@ class Node:
         history: list[HistoryItem] = [decode_history_item(b) for b in raw_history]
         if meta is None:
             meta = {}
-            setup = self._stored_setup(sid, {"owner": owner}) if owner else self.default_setup
+            key_tools = self.key_tools.get(owner) if owner else None
+            if owner:
+                setup = self._stored_setup(sid, {"owner": owner}, key_tools)
+            else:
+                setup = self.default_setup
         else:
             setup = self._stored_setup(sid, meta)
         usage = Usage(

@@ -7,12 +7,19 @@ group-committed: events emitted while an append is in flight go out together in
 the next one, so a token costs a share of a round trip, not a round trip.
 
 The turn itself is decided by ``protocol.turn.TurnMachine``; this module is
-its I/O shell. Commands (``start_turn``, ``cancel_turn``, ``rerun_interrupted``)
-feed the machine and hand its actions to the turn driver (``_drive``), one
-task per running turn, which performs them in order — events and history at
-once, upstream requests, tools and backoffs awaited — and feeds the machine
-what the upstream, the tools and the timers bring. A cancel interrupts the
-driver's current await; the actions it had not performed yet are superseded.
+its I/O shell. Commands (``start_turn``, ``cancel_turn``, ``tool_result``,
+``rerun_interrupted``, ``configure``) feed the machine and hand its actions to
+the turn driver (``_drive``), one task per running turn, which performs them
+in order — events and history at once, upstream requests, tools and backoffs
+awaited — and feeds the machine what the upstream, the tools and the timers
+bring. A cancel interrupts the driver's current await; the actions it had not
+performed yet are superseded.
+
+**Client-side tools**: while the machine waits for a client's ``tool_result``
+(``awaits_client``), the driver waits for a command to bring one, up to
+``client_tool_timeout`` seconds after the batch began (server calls of the
+same batch run meanwhile), then feeds ``ClientTimeout``. A voice session keeps
+reading its upstream meanwhile, so the user's speech still barges in.
 
 **Voice** (``set_voice``): a session that streams audio keeps its upstream
 connection open between turns, and the driver keeps running while a client
@@ -31,7 +38,7 @@ import re
 import time
 from collections import deque
 from collections.abc import Callable, Coroutine, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
 
 from gateway.config import Config
@@ -78,6 +85,7 @@ from protocol.events import (
     Respond,
     Result,
     Think,
+    ToolResultMessage,
     Usage,
     User,
     encode,
@@ -87,8 +95,11 @@ from protocol.events import SpeechStopped as SpeechStoppedEvent
 from protocol.turn import (
     Account,
     Action,
+    AwaitClient,
     Backoff,
     Cancel,
+    ClientResult,
+    ClientTimeout,
     CommitAudio,
     CommitSpeech,
     DropUpstream,
@@ -118,8 +129,11 @@ from protocol.turn import (
     turn_in_flight,
 )
 from protocol.turn import ResponseDone as _Done
+from tools.allowlist import AllowList
 from tools.base import ToolContext
+from tools.client import ClientTools, schema_problem
 from tools.executor import CallObserver, Executor
+from tools.output import cap_output
 
 __all__ = ["SessionHost", "SessionRuntime", "SessionServices", "SessionSetup"]
 
@@ -145,7 +159,7 @@ _EVENT_TYPES: Final = frozenset(
 )
 # The actions the driver awaits; a cancel supersedes those not yet performed.
 _AWAITED: Final = frozenset(
-    {Request, CommitAudio, StopResponse, ReplaceResponse, RunTools, Backoff}
+    {Request, CommitAudio, StopResponse, ReplaceResponse, RunTools, AwaitClient, Backoff}
 )
 _RESPONSE_BEGAN: Final = ResponseBegan()
 _COMMIT_SPEECH: Final = CommitSpeech()
@@ -172,15 +186,21 @@ _IDENTIFIER: Final = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 class SessionSetup:
     """What one session's own configuration makes of the node's services.
 
-    Built by the node (``Node.setup``) from the session's ``SessionConfig``
-    and its owner's key policy, on every node that drives it, so a reconnect
-    or a takeover gives the model the same prompt and provider.
+    Built by the node (``Node.setup``) from the session's ``SessionConfig``,
+    its owner's key policy and its key's allow-list of tools, on every node
+    that drives it, so a reconnect or a takeover gives the model the same
+    prompt, tools and provider.
     """
 
     config: SessionConfig
     system_prompt: str  # protocol + operator + key policy + session instructions, with tools
     upstream_factory: UpstreamFactory  # the session's provider and model
     server_tools: frozenset[str] | None = None  # the server tools it may run; None: all
+    # The client tools it declared (those its key allows): the turn machine's router.
+    client_tools: ClientTools = field(default_factory=lambda: ClientTools(()))
+    # Its API key's allow-list of tools (``tools=`` in the keys file), stored with the
+    # session so every node applies the same one; None: every tool.
+    key_tools: AllowList | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,8 +218,9 @@ class SessionServices:
     store: Store
     prices: PriceTable
     tracing: Tracing
-    # The setup of a configuration for an owner (key id), or why it is refused.
-    session_setup: Callable[[str, SessionConfig], SessionSetup | str]
+    # The setup of a configuration for an owner (key id) and its key's allow-list of
+    # tools, or why it is refused.
+    session_setup: Callable[[str, SessionConfig, AllowList | None], SessionSetup | str]
     store_retry_delay: float = 0.5
 
 
@@ -245,8 +266,14 @@ class SessionRuntime:
         self.history = history
         cfg = services.config
         self.machine = TurnMachine(
-            total=usage, max_steps=cfg.max_steps, upstream_retries=cfg.upstream_retries
+            total=usage,
+            max_steps=cfg.max_steps,
+            upstream_retries=cfg.upstream_retries,
+            client_tools=setup.client_tools,
+            call_number=last_seq,
         )
+        self._wake = asyncio.Event()  # a command queued actions for the driver
+        self._client_deadline = 0.0  # loop time when the client-side calls time out
         factory = setup.upstream_factory
         # Cost and spans of the turns: what each Account costs, and the traces.
         self.observer = TurnObserver(
@@ -285,7 +312,9 @@ class SessionRuntime:
         # Audio in and/or out, from the stored configuration (set_voice changes it).
         self.voice: VoiceConfig | None = self._voice_of(setup)
         self.machine.voice = self.voice is not None
-        self._listening_idle = False  # the driver reads voice events with no turn running
+        # The driver reads the upstream with nothing else to do (no turn, or a wait for
+        # client results): a command interrupts that read (_wake_driver).
+        self._listening_idle = False
 
     # ------------------------------------------------------------------ log
 
@@ -461,21 +490,37 @@ class SessionRuntime:
         """Cancel the running turn; an ``Error`` reply if there is none."""
         return self._command(self.machine.feed(_CANCEL), interrupt=True)
 
+    def tool_result(self, answer: ToolResultMessage) -> Error | None:
+        """A client answered a client-side call; an ``unknown_call`` error if none waits for it.
+
+        Its content is cut to the node's ``tool_max_output`` like a server tool's.
+        """
+        content = cap_output(answer.content, self.services.config.tool_max_output)
+        given = ClientResult(answer.id, answer.status, content)
+        return self._command(self.machine.feed(given), interrupt=False)
+
     def configure(self, change: ConfigChange) -> Error | None:
         """Apply a ``configure``: checked, logged (``configured``), stored; an ``Error`` if refused.
 
-        Takes effect at the next model step: the upstream is reopened from
-        history with the new prompt (and provider) then.
+        The one place a session's configuration changes. Takes effect at the
+        next model step: the upstream is reopened from history with the new
+        prompt (and provider) then. Client tools change at once for calls the
+        model makes from then on; calls already sent to the client still wait
+        for their results.
         """
         if self.closed:
             return Error(code="internal", content="session is closing; reconnect and resend")
         updated = apply_change(self.setup.config, change)
         if isinstance(updated, str):
             return Error(code="bad_frame", content=updated)
-        setup = self.services.session_setup(self.owner, updated)
+        problem = schema_problem(updated.tools)
+        if problem is not None:
+            return Error(code="bad_frame", content=problem)
+        setup = self.services.session_setup(self.owner, updated, self.setup.key_tools)
         if isinstance(setup, str):
             return Error(code="forbidden", content=setup)
         self.setup = setup
+        self.machine.client_tools = setup.client_tools
         # Priced and traced as the provider and model it now uses.
         self.observer.provider = setup.upstream_factory.provider
         self.observer.model = setup.upstream_factory.model
@@ -485,14 +530,15 @@ class SessionRuntime:
         return None
 
     def _voice_of(self, setup: SessionSetup) -> VoiceConfig | None:
-        """The audio a configuration asks for, with the tools this session may call."""
+        """The audio a configuration asks for, with the tools this session may call
+        (server tools, then its client tools: both are declared natively)."""
         allowed = setup.server_tools
         specs = [
             s
             for s in self.services.executor.registry.specs()
             if allowed is None or s.name in allowed
         ]
-        return voice_config(setup.config, specs)
+        return voice_config(setup.config, [*specs, *setup.client_tools.specs()])
 
     # ------------------------------------------------------------------ voice
 
@@ -600,6 +646,7 @@ class SessionRuntime:
                 driver.cancel()
         else:
             self._todo.extend(actions)
+            self._wake.set()
             self._wake_driver()
         return None
 
@@ -619,6 +666,8 @@ class SessionRuntime:
                         return
                     if machine.awaits_upstream or (self.listening and not self._todo):
                         await self._pump_upstream()
+                    elif machine.awaits_client:
+                        await self._await_client()
                 except asyncio.CancelledError:
                     if not self._interrupted or self.closed:
                         raise
@@ -642,6 +691,26 @@ class SessionRuntime:
             if self.turn is task:
                 self.turn = None
             self.host.runtime_idle(self)
+
+    async def _await_client(self) -> None:
+        """Wait for a command (a client's result, a cancel) or the client-side calls' timeout."""
+        self._wake.clear()
+        if self._todo:
+            return
+        remaining = self._client_deadline - asyncio.get_running_loop().time()
+        if remaining > 0:
+            try:
+                async with asyncio.timeout(remaining):
+                    await self._wake.wait()
+                return
+            except TimeoutError:
+                pass
+        self._client_timed_out()
+
+    def _client_timed_out(self) -> None:
+        seconds = self.services.config.client_tool_timeout
+        log.info("session %s: client-side calls unanswered after %gs", self.sid, seconds)
+        self._todo.extend(self.machine.feed(ClientTimeout(seconds)))
 
     def _upstream_gone(self, reason: str, *, retryable: bool = True) -> None:
         self.observer.step_done(None, error=reason)
@@ -684,6 +753,10 @@ class SessionRuntime:
                 self._turn_started()
             elif kind is DropUpstream:
                 self._drop_upstream(stop=action.stop)  # type: ignore[union-attr]
+            elif kind is AwaitClient:
+                loop_time = asyncio.get_running_loop().time()
+                self._client_deadline = loop_time + self.services.config.client_tool_timeout
+                self.services.metrics.tool_calls.inc(len(action.ids))  # type: ignore[union-attr]
             elif kind is Request:
                 await self._request(action.message, action.outputs)  # type: ignore[union-attr]
             elif kind is CommitAudio:
@@ -824,6 +897,18 @@ class SessionRuntime:
                 self._listening_idle = True
                 try:
                     ev = await upstream.recv()
+                finally:
+                    self._listening_idle = False
+            elif machine.awaits_client:
+                # Listening while the client works: its result (a command) interrupts.
+                remaining = self._client_deadline - asyncio.get_running_loop().time()
+                self._listening_idle = True
+                try:
+                    async with asyncio.timeout(max(remaining, 0.0)):
+                        ev = await upstream.recv()
+                except TimeoutError:
+                    self._client_timed_out()
+                    return
                 finally:
                     self._listening_idle = False
             elif machine.state is TurnState.CANCELLING:

@@ -292,3 +292,24 @@ def test_first_hour_view(page: Page, start_gateway: StartGateway) -> None:
     item.locator("summary").click()
     assert item.evaluate("(d) => d.open") is True
     expect(item.locator(".tool-output")).to_be_visible()
+
+
+def test_the_page_answers_its_confirm_tool_with_yes_or_no(
+    page: Page, start_gateway: StartGateway
+) -> None:
+    node = start_gateway()
+    open_page(page, node)
+    expect(page.get_by_role("button", name="Send", exact=True)).to_be_enabled()
+    send(page, '/tool confirm {"question": "Delete the draft?"}')
+    call = page.locator(".client-call")
+    expect(call.locator(".tool-name")).to_have_text("confirm")
+    expect(call.locator(".question-text")).to_have_text("Delete the draft?")
+    call.get_by_role("button", name="Yes", exact=True).click()
+    result = page.locator(".result .tool-item")
+    expect(result.locator(".tool-status")).to_have_text("success")
+    expect(page.locator(".respond")).to_have_text("The tool returned success.")
+    wait_turn_over(page)
+    expect(call.get_by_role("button", name="No", exact=True)).to_be_disabled()
+    result.locator("summary").click()
+    expect(result).to_contain_text("true")
+    assert_contiguous(page)

@@ -1,9 +1,11 @@
-"""A scripted gateway that asks for a client tool (that server feature lands later).
+"""A scripted gateway that asks for a client tool, to check the exact frame a client sends.
 
-It sends the documented shape: a ``call`` whose JSON carries ``"runs_on":
-"client"`` and an ``id``; the client answers ``{"type": "tool_result", "id",
-"status", "content"}``. The server then answers with that frame's JSON as the
-``respond`` text, so a client test can check exactly what was sent.
+It sends the shape the real gateway sends: a ``call`` event with ``"id"`` and
+``"runs_on": "client"`` next to its ``content``; the client answers ``{"type":
+"tool_result", "id", "status", "content"}``. The server then answers with that
+frame's JSON as the ``respond`` text, so a client test can check exactly what
+was sent. (``tests/gateway/test_client_tools.py`` runs the client against a
+real gateway.)
 """
 
 from __future__ import annotations
@@ -24,9 +26,10 @@ def frame(kind: str, seq: int, **fields: object) -> str:
 async def _handler(ws: ServerConnection) -> None:
     await ws.send(frame("session", 0, session_id="s1"))
     user = msgspec.json.decode(await ws.recv())
-    call = {"name": "shout", "args": {"text": "hi"}, "id": "c1", "runs_on": "client"}
+    call = {"name": "shout", "args": {"text": "hi"}}
     await ws.send(frame("user", 1, content=user["content"]))
-    await ws.send(frame("call", 2, content=msgspec.json.encode(call).decode()))
+    content = msgspec.json.encode(call).decode()
+    await ws.send(frame("call", 2, content=content, id="c1", runs_on="client"))
     await ws.send(frame("execute", 3))
     answer = await ws.recv()
     await ws.send(frame("respond", 4, content=answer))

@@ -10,7 +10,7 @@ import pytest
 
 from gateway.client import Client, Refused, Unreachable
 from gateway.client.loadtest import sized_message
-from protocol.events import Cancelled, End, Event, Metric, Respond, User
+from protocol.events import Cancelled, End, Event, Metric, Respond, Result, User
 from tests.client.proxy import TcpProxy
 from tests.client.scripted import tool_server
 from tests.gateway.conftest import GatewayFactory
@@ -137,3 +137,23 @@ async def test_a_failing_or_unknown_client_tool_answers_failure() -> None:
     answer = orjson.loads("".join(e.content for e in events if isinstance(e, Respond)))
     assert answer["status"] == "failure"
     assert answer["content"] == "ValueError: no shouting here"
+
+
+async def test_client_tools_answer_a_real_gateway(gateway_factory: GatewayFactory) -> None:
+    confirm = {
+        "name": "confirm",
+        "description": "yes or no",
+        "parameters": {"type": "object", "properties": {"question": {"type": "string"}}},
+    }
+    async with gateway_factory() as gw, Client(gw.url) as client:
+
+        @client.tool(name="confirm")
+        async def ask(args: dict[str, Any]) -> str:
+            return f"yes to {args['question']}"
+
+        await client.configure(tools=[confirm])
+        events = [e async for e in client.send('/tool confirm {"question": "tea"}')]
+    [result] = [e for e in events if isinstance(e, Result)]
+    assert orjson.loads(result.content) == [
+        {"tool": "confirm", "status": "success", "content": "yes to tea"}
+    ]

@@ -13,6 +13,16 @@ import { Client, ClientError, RefusedError } from "/client.js";
   const KEY_TOKEN = "rtgw.token"; // sessionStorage: per tab, gone when the tab closes
   const SHOW_CHARS = 400; // tool args longer than this are truncated
   const RESULT_CHARS = 20000; // an expanded tool result shows at most this much
+  // The page's own client-side tool: the model may ask the user a yes/no question.
+  const CONFIRM_TOOL = {
+    name: "confirm",
+    description: "Ask the user a yes/no question in the page; the result is true (yes) or false (no).",
+    parameters: {
+      type: "object",
+      properties: { question: { type: "string", description: "the question to show" } },
+      required: ["question"],
+    },
+  };
 
   const $ = (id) => document.getElementById(id);
   const ui = {
@@ -73,6 +83,12 @@ import { Client, ClientError, RefusedError } from "/client.js";
         if (conn.sessionId && session.session_id !== conn.sessionId) resetView();
         conn.sessionId = session.session_id;
         sessionStorage.setItem(KEY_SESSION, session.session_id);
+        // A new session learns the page's tools once; a resumed one has them stored.
+        // A client token (rtgw_ct.…) may not configure: its backend set the session up.
+        const clientToken = token.startsWith("rtgw_ct.");
+        if (!session.resumed && !clientToken) {
+          client.configure({ tools: [CONFIRM_TOOL] }).catch(() => {});
+        }
         conn.connections += 1;
         setState("connected");
       },
@@ -184,9 +200,10 @@ import { Client, ClientError, RefusedError } from "/client.js";
         break;
       case "call":
         firstToken(ev);
-        addCall(ev.content);
+        addCall(ev);
         break;
       case "result":
+        settleQuestions();
         addResult(ev);
         break;
       case "end":
@@ -195,11 +212,13 @@ import { Client, ClientError, RefusedError } from "/client.js";
         setRunning(false);
         break;
       case "cancelled":
+        settleQuestions();
         renderMarkdown();
         addNote("marker cancelled", "Cancelled.");
         setRunning(false);
         break;
       case "interrupt":
+        settleQuestions();
         discardStep();
         addNote("marker interrupt", `Interrupted: ${ev.content || "the step is rerun"}`);
         setRunning(true);
@@ -330,20 +349,58 @@ import { Client, ClientError, RefusedError } from "/client.js";
     following(() => view.text.appendData(chunk)); // one growing text node: no O(n²) re-render
   }
 
-  function addCall(content) {
+  function addCall(ev) {
     let name = "?";
-    let args = content;
+    let args = ev.content;
+    let parsed = null;
     try {
-      const call = JSON.parse(content);
-      name = String(call.name);
-      args = JSON.stringify(call.args ?? {});
+      parsed = JSON.parse(ev.content);
+      name = String(parsed.name);
+      args = JSON.stringify(parsed.args ?? {});
     } catch {
       // show the raw content
     }
     view.kind = "";
-    const node = h("div", "call");
-    node.append("Tool call ", h("code", "tool-name", name), " ", h("code", "tool-args", truncate(args)));
+    const onClient = ev.runs_on === "client";
+    const node = h("div", onClient ? "call client-call" : "call");
+    node.append(
+      onClient ? "Client tool call " : "Tool call ",
+      h("code", "tool-name", name),
+      " ",
+      h("code", "tool-args", truncate(args)),
+    );
+    if (onClient && name === "confirm" && parsed) node.append(confirmQuestion(ev.id, parsed.args ?? {}));
     append(node, { partOfStep: true });
+  }
+
+  // The confirm tool: the question with Yes/No; the answer goes back as the call's result.
+  function confirmQuestion(id, args) {
+    const box = h("div", "question");
+    box.dataset.callId = id;
+    box.append(h("span", "question-text", String(args.question ?? "")));
+    for (const [label, value] of [["Yes", true], ["No", false]]) {
+      const button = h("button", "answer", label);
+      button.type = "button";
+      button.addEventListener("click", () => {
+        const client = conn.client;
+        if (!client) return;
+        settleQuestion(box, label);
+        client.toolResult(id, "success", value).catch(() => {});
+      });
+      box.append(button);
+    }
+    return box;
+  }
+
+  function settleQuestion(box, answer) {
+    for (const b of box.querySelectorAll("button")) b.disabled = true;
+    if (answer) box.append(h("span", "question-answer", `you answered ${answer}`));
+    box.classList.add("settled");
+  }
+
+  // A result ends its batch: questions still open there can no longer be answered.
+  function settleQuestions() {
+    for (const box of ui.log.querySelectorAll(".question:not(.settled)")) settleQuestion(box, "");
   }
 
   function addResult(ev) {

@@ -15,7 +15,14 @@ export interface SessionEvent extends EventBase {
 export interface UserEvent extends EventBase { type: "user"; content: string }
 export interface ThinkEvent extends EventBase { type: "think"; content: string; seq_from?: number }
 export interface RespondEvent extends EventBase { type: "respond"; content: string; seq_from?: number }
-export interface CallEvent extends EventBase { type: "call"; content: string }
+export interface CallEvent extends EventBase {
+  type: "call";
+  content: string;
+  /** The call's id within the session; answer a client call with it. */
+  id: string;
+  /** "client": a tool this client declared (answer with a tool_result); "gateway": a server tool. */
+  runs_on: "gateway" | "client";
+}
 export interface ExecuteEvent extends EventBase { type: "execute" }
 export interface ResultEvent extends EventBase {
   type: "result";
@@ -84,6 +91,10 @@ export class Client {
   send(text: string): AsyncGenerator<GatewayEvent, void, undefined>;
   cancel(): Promise<void>;
   tool(name: string, handler: ToolHandler): this;
+  /** Answer a client-side call yourself: {type: "tool_result", id, status, content}. */
+  toolResult(id: string, status: "success" | "failure", content: unknown): Promise<void>;
+  /** Send a configure frame, e.g. {tools: [{name, description, parameters}]}. */
+  configure(fields: Record<string, unknown>): Promise<void>;
   close(): void;
   /** Test hook: drop the connection as a network failure would. */
   dropConnection(): void;

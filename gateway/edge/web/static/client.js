@@ -18,8 +18,9 @@
 //   stops the turn) and the metric that follows it; at once after metric→end or
 //   error→end; or when the next event is not a metric, or none comes within
 //   metricGrace ms (servers before issue 19 send no metric after cancelled).
-// - Client tools: client.tool(name, handler) answers call events whose JSON has
-//   "runs_on": "client" with {type: "tool_result", id, status, content}.
+// - Client tools: client.tool(name, handler) answers call events with
+//   "runs_on": "client" with {type: "tool_result", id, status, content};
+//   client.configure({tools: [{name, description, parameters}]}) declares them.
 //
 // Refusals: Node sees the handshake's HTTP status (401/403/404/400 are final
 // RefusedError with the server's text; 429/503 are retried). A browser cannot
@@ -458,6 +459,17 @@ export class Client {
     await this._sendFrame({ type: "cancel" });
   }
 
+  /** Answer a call with runs_on "client" yourself (instead of a tool() handler). */
+  async toolResult(id, status, content) {
+    await this._sendFrame({ type: "tool_result", id, status, content: content ?? null });
+  }
+
+  /** Change the session's configuration, e.g. {tools: [{name, description, parameters}]}.
+   * The session answers with a logged `configured` event (a refusal: an error reply). */
+  async configure(fields) {
+    await this._sendFrame({ ...fields, type: "configure" });
+  }
+
   /** Start a turn; an async iterator of its events, from its user echo to its end. */
   async *send(text) {
     if (this._inTurn) throw new ClientError("a turn is running: finish iterating it (or cancel()) first");
@@ -674,14 +686,15 @@ export class Client {
   }
 
   _maybeRunTool(ev) {
+    if (ev.runs_on !== "client") return;
     let spec;
     try {
       spec = JSON.parse(ev.content);
     } catch {
       return;
     }
-    if (!spec || spec.runs_on !== "client") return;
-    this._runTool(spec);
+    if (!spec || typeof spec !== "object") return;
+    this._runTool({ ...spec, id: ev.id });
   }
 
   async _runTool(spec) {

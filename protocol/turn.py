@@ -467,6 +467,8 @@ _ENDING: Final = TurnState.ENDING
 _TOOLS: Final = TurnState.TOOLS
 _BACKOFF: Final = TurnState.BACKOFF
 _CANCELLING: Final = TurnState.CANCELLING
+# Where a client may already answer a call it was sent: the batch has not run yet.
+_BEFORE_BATCH: Final = frozenset((TurnState.STREAMING, TurnState.STOPPING))
 
 CANCELLED_BY_USER: Final = "cancelled by the user"
 BARGED_IN: Final = "interrupted by the user's speech"
@@ -522,6 +524,7 @@ class TurnMachine:
         "_calls",
         "_chunk",
         "_counted",
+        "_early",
         "_ended",
         "_estimated",
         "_feed",
@@ -561,6 +564,8 @@ class TurnMachine:
         self.client_tools = client_tools
         self._call_number = call_number
         self._call_events: list[Call] = []
+        # Client answers that came before the batch ran (a client may answer on `call`).
+        self._early: dict[str, ClientResult] = {}
         self._refused: dict[int, str] = {}  # client calls with bad args → the failure
         # The batch in TOOLS: one slot per call, filled by whoever answers it.
         self._slots: list[ToolResult | None] = []
@@ -863,6 +868,7 @@ class TurnMachine:
         self._feed = self._parser.feed
         self._calls = []
         self._call_events = []
+        self._early = {}
         self._refused = {}
         self._call_ids = []
         self._spoken = []
@@ -961,13 +967,28 @@ class TurnMachine:
             else:
                 server.append(call)
         self.state = _TOOLS
+        for call_id, answer in self._early.items():
+            early = self._waiting.pop(call_id, None)
+            if early is not None:
+                self._settled[call_id] = "was already answered"
+                name = self._calls[early].name
+                self._slots[early] = ToolResult(
+                    tool=name, status=answer.status, content=answer.content
+                )
+        self._early = {}
         if self._waiting:
             out.append(AwaitClient(tuple(self._waiting)))
         self._server_running = bool(server)
         if server:
             out.append(RunTools(tuple(server)))
         elif not self._waiting:
-            out += self._batch_done(tuple(self._filled()))
+            # Every call is answered already (refused, or answered on its `call`):
+            # the result goes out before the awaited replacement of the response.
+            done = self._batch_done(tuple(self._filled()))
+            split = next((i for i, a in enumerate(done) if type(a) is Request), len(done))
+            at = next((i for i, a in enumerate(out) if type(a) is ReplaceResponse), len(out))
+            out[at:at] = done[:split]
+            out += done[split:]
         return out
 
     def _filled(self) -> list[ToolResult]:
@@ -991,6 +1012,11 @@ class TurnMachine:
 
     def _client_result(self, answer: ClientResult) -> Sequence[Action]:
         index = self._waiting.pop(answer.id, None) if self.state is _TOOLS else None
+        if index is None and self.state in _BEFORE_BATCH and answer.id not in self._early:
+            # Answered on its `call`, before `execute`: kept for when the batch runs.
+            if any(e.id == answer.id and e.runs_on == "client" for e in self._call_events):
+                self._early[answer.id] = answer
+                return _NOTHING
         if index is None:
             why = self._settled.get(answer.id)
             if why is None:

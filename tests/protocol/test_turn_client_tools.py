@@ -79,6 +79,36 @@ LIST = ("list", {"path": "."})
 LISTED = ToolResult(tool="list", status="success", content=["a"])
 
 
+def test_a_client_may_answer_on_the_call_before_the_batch_runs() -> None:
+    """Clients react to `call`; its answer may arrive while the model's response stops."""
+    machine = TurnMachine(client_tools=Router(), call_number=100)
+    machine.feed(UserMessage("hi"))
+    out = stream(machine, block(ASK, LIST))
+    (ask, _listed) = [a for a in out if isinstance(a, Call)]
+    assert machine.state is TurnState.STOPPING
+    assert machine.feed(ClientResult(ask.id, "success", True)) == ()  # kept, no refusal
+    batch = machine.feed(ResponseDone("cancelled", USAGE))
+    assert not [a for a in batch if isinstance(a, AwaitClient)]  # nothing left to wait for
+    done = machine.feed(ToolsDone((LISTED,)))
+    assert results(done) == [
+        {"tool": "confirm", "status": "success", "content": True},
+        {"tool": "list", "status": "success", "content": ["a"]},
+    ]
+    # Answered once: a second answer to it is refused.
+    assert only(machine.feed(ClientResult(ask.id, "success", False)), Refuse)
+
+
+def test_a_batch_of_only_early_answers_closes_at_once_in_order() -> None:
+    machine = TurnMachine(client_tools=Router(), call_number=100)
+    machine.feed(UserMessage("hi"))
+    (ask,) = [a for a in stream(machine, block(ASK)) if isinstance(a, Call)]
+    machine.feed(ClientResult(ask.id, "success", "yes"))
+    batch = machine.feed(ResponseDone("cancelled", USAGE))
+    names = kinds(batch)
+    assert names.index("Result") < names.index("ReplaceResponse") < names.index("Request")
+    assert results(batch) == [{"tool": "confirm", "status": "success", "content": "yes"}]
+
+
 def test_a_client_call_carries_an_id_and_runs_on_client_and_the_turn_waits() -> None:
     machine, [call], out = at_tools(ASK)
     assert (call.id, call.runs_on) == ("call_101", "client")

@@ -1012,11 +1012,15 @@ class TurnMachine:
 
     def _client_result(self, answer: ClientResult) -> Sequence[Action]:
         index = self._waiting.pop(answer.id, None) if self.state is _TOOLS else None
-        if index is None and self.state in _BEFORE_BATCH and answer.id not in self._early:
+        if (
+            index is None
+            and self.state in _BEFORE_BATCH
+            and answer.id not in self._early
+            and any(e.id == answer.id and e.runs_on == "client" for e in self._call_events)
+        ):
             # Answered on its `call`, before `execute`: kept for when the batch runs.
-            if any(e.id == answer.id and e.runs_on == "client" for e in self._call_events):
-                self._early[answer.id] = answer
-                return _NOTHING
+            self._early[answer.id] = answer
+            return _NOTHING
         if index is None:
             why = self._settled.get(answer.id)
             if why is None:

@@ -232,14 +232,6 @@ class _Connection(SimConnection):
 
     # --- the connection's life ----------------------------------------------------
 
-    async def run(self) -> None:
-        try:
-            while True:
-                data = await self.ws.recv(decode=False)
-                await self._dispatch(data)
-        except ConnectionClosed:
-            pass
-
     async def stop(self) -> None:
         generation, self.generation = self.generation, None
         if generation is not None and generation.task is not None and not generation.task.done():

@@ -63,6 +63,7 @@ from typing import Annotated, Final, Literal
 import msgspec
 from msgspec import Meta
 from websockets.asyncio.server import Server, ServerConnection, serve
+from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
 from gateway.settings import Setting, check_ranges
@@ -372,11 +373,25 @@ class SimStats(msgspec.Struct):
 
 
 class SimConnection(abc.ABC):
-    """One client connection of a flavour's server."""
+    """One client connection of a flavour's server: a greeting, then one frame at a time."""
 
-    @abc.abstractmethod
+    ws: ServerConnection
+
     async def run(self) -> None:
         """Serve the connection until it closes."""
+        try:
+            await self.greet()
+            while True:
+                await self._dispatch(await self.ws.recv(decode=False))
+        except ConnectionClosed:
+            pass
+
+    async def greet(self) -> None:  # noqa: B027 - optional hook
+        """What the server sends first, before any client frame (nothing by default)."""
+
+    @abc.abstractmethod
+    async def _dispatch(self, data: bytes) -> None:
+        """Handle one client frame."""
 
     @abc.abstractmethod
     async def stop(self) -> None:

@@ -302,14 +302,8 @@ class _Connection(SimConnection):
 
     # --- the connection's life ----------------------------------------------------
 
-    async def run(self) -> None:
-        try:
-            await self._send(wire.SessionCreated(event_id=self._eid(), session=self.session))
-            while True:
-                data = await self.ws.recv(decode=False)
-                await self._dispatch(data)
-        except ConnectionClosed:
-            pass
+    async def greet(self) -> None:
+        await self._send(wire.SessionCreated(event_id=self._eid(), session=self.session))
 
     async def stop(self) -> None:
         response, self.response = self.response, None

@@ -165,7 +165,7 @@ return existed
 """
 )
 
-# Limits (gateway.limits). KEYS: counter. ARGV: amount, ttl_ms. The TTL is set
+# Limits (gateway.sessions.limits). KEYS: counter. ARGV: amount, ttl_ms. The TTL is set
 # once, when the window's counter is created: adding never extends a window.
 INCR_WINDOW = LuaScript(
     """

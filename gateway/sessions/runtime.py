@@ -581,6 +581,15 @@ class SessionRuntime:
         except UpstreamClosed:
             return  # the driver's recv sees the loss and reopens
 
+    def send_audio_now(self, pcm16: bytes) -> bool:
+        """``send_audio`` without awaiting when the upstream socket takes it at once;
+        False: nothing was sent, await ``send_audio``."""
+        upstream = self.upstream
+        voice = self.voice
+        if upstream is None or voice is None or voice.audio_in is None:
+            return False
+        return upstream.send_audio_now(pcm16)
+
     def commit_audio(self) -> Error | None:
         """End the user's spoken turn (turn detection ``none``); an ``Error`` reply if
         the session takes no audio or a turn runs."""

@@ -121,6 +121,7 @@ from gateway.upstream.base import (
     VoiceConfig,
 )
 from gateway.upstream.dial import dial
+from gateway.upstream.wsnow import can_write_now, write_text_now
 from protocol.assembly import Message
 from protocol.events import Usage
 from protocol.turn import estimate_tokens
@@ -521,6 +522,26 @@ class GeminiLive(Upstream):
             await self._send(ws, wire.ClientMessage(realtime_input=start))
         blob = wire.Blob(mime_type=_INPUT_MIME, data=resampler.push(pcm16))
         await self._send(ws, wire.ClientMessage(realtime_input=wire.RealtimeInput(audio=blob)))
+
+    def send_audio_now(self, pcm16: bytes) -> bool:
+        ws = self._ws
+        resampler = self._resampler
+        if (
+            ws is None
+            or resampler is None
+            or self._closed
+            or self._reopen is not None
+            or self._dirty
+            or self._go_away is not None
+            or (self._manual_activity and not self._activity_open)
+            or not can_write_now(ws)
+        ):
+            return False  # something to await first: send_audio does it
+        blob = wire.Blob(mime_type=_INPUT_MIME, data=resampler.push(pcm16))
+        data = wire.encode(wire.ClientMessage(realtime_input=wire.RealtimeInput(audio=blob)))
+        with contextlib.suppress(Exception):  # broke: recv raises UpstreamClosed
+            write_text_now(ws, data)
+        return True
 
     async def commit_audio(self) -> None:
         ws = await self._ready()

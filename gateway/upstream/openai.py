@@ -33,6 +33,7 @@ with the end of the response is harmless).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import os
@@ -65,6 +66,7 @@ from gateway.upstream.base import (
     VoiceConfig,
 )
 from gateway.upstream.dial import dial
+from gateway.upstream.wsnow import can_write_now, write_text_now
 from protocol.assembly import Message
 from protocol.events import Usage
 
@@ -291,6 +293,16 @@ class OpenAIRealtime(Upstream):
                 "send_audio needs a voice session: open(..., voice=VoiceConfig(audio_in=...))"
             )
         await self._send(wire.InputAudioBufferAppend(audio=resampler.push(pcm16)))
+
+    def send_audio_now(self, pcm16: bytes) -> bool:
+        ws = self._ws
+        resampler = self._resampler
+        if ws is None or resampler is None or not can_write_now(ws):
+            return False
+        data = wire.encode(wire.InputAudioBufferAppend(audio=resampler.push(pcm16)))
+        with contextlib.suppress(Exception):  # broke: recv raises UpstreamClosed
+            write_text_now(ws, data)
+        return True
 
     async def commit_audio(self) -> None:
         await self._send(wire.InputAudioBufferCommit(event_id=self._event_id()))

@@ -70,6 +70,29 @@ async def process(*args: str, env: dict[str, str] | None = None) -> AsyncIterato
         drain.cancel()
 
 
+def gateway_args(base: str) -> tuple[str, ...]:
+    """``gateway serve`` with the OpenAI adapter on the separate simulator at ``base``.
+
+    ``--provider openai`` matters: the default provider ``sim`` would run a
+    second simulator inside the gateway process, so its figures would carry
+    the simulator's VAD and framing too, and the direct run's simulator is
+    not the one the gateway talks to.
+    """
+    return (
+        "serve",
+        "--port",
+        "0",
+        "--provider",
+        "openai",
+        "--model",
+        "sim",
+        "--openai-base-url",
+        base,
+        "--log-level",
+        "WARNING",
+    )
+
+
 async def paced(send: object, pcm: bytes, start: float, first: int) -> int:
     """Send ``pcm`` in 20 ms frames from frame index ``first`` at real-time pace."""
     index = first
@@ -133,10 +156,7 @@ def cpu_seconds(pid: int) -> float:
 async def relay_cpu(sim_url: str, sessions: int, seconds: float) -> float:
     """Gateway frames per CPU-second while ``sessions`` stream ``seconds`` of quiet speech."""
     env = {"OPENAI_API_KEY": "k"}
-    async with process("serve", "--port", "0", "--openai-base-url", sim_url, env=env) as (
-        url,
-        pid,
-    ):
+    async with process(*gateway_args(sim_url), env=env) as (url, pid):
         frames = tone(seconds, RATE, amplitude=300)  # under the VAD threshold: never answered
 
         async def one() -> int:
@@ -161,10 +181,7 @@ async def main() -> None:
         base = sim_ws.split("/v1/")[0] + "/v1"
         direct = await asyncio.gather(*(direct_session(base) for _ in range(n)))
         env = {"OPENAI_API_KEY": "k"}
-        async with process("serve", "--port", "0", "--openai-base-url", base, env=env) as (
-            url,
-            _,
-        ):
+        async with process(*gateway_args(base), env=env) as (url, _):
             through = await asyncio.gather(*(gateway_session(url) for _ in range(n)))
         print(f"speech end -> first chunk, {n} concurrent voice sessions (ms)")
         print(f"  {'':10}{'p50':>10}{'p99':>10}")

@@ -37,6 +37,8 @@ _ASSETS: Final[dict[str, tuple[str, str]]] = {
     "/": ("index.html", "text/html; charset=utf-8"),
     "/static/app.js": ("app.js", "text/javascript; charset=utf-8"),
     "/static/style.css": ("style.css", "text/css; charset=utf-8"),
+    # The microphone's AudioWorklet (PCM16 frames from the page's mic button).
+    "/static/mic-worklet.js": ("mic-worklet.js", "text/javascript; charset=utf-8"),
     # The JavaScript client library (an ES module; the page imports it too).
     "/client.js": ("client.js", "text/javascript; charset=utf-8"),
     "/client.d.ts": ("client.d.ts", "text/plain; charset=utf-8"),

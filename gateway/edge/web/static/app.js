@@ -40,7 +40,10 @@ import { Client, ClientError, RefusedError } from "/client.js";
     message: $("message"),
     send: $("send"),
     cancel: $("cancel"),
+    mic: $("mic"),
+    speaker: $("speaker"),
   };
+  const AUDIO_RATE = 24000; // Hz, both ways (protocol/audio.py)
 
   // ------------------------------------------------------------ state
 
@@ -59,6 +62,19 @@ import { Client, ClientError, RefusedError } from "/client.js";
   // The current turn's DOM, and the nodes of the model step in progress: an
   // interrupt means that step is rerun, so exactly those nodes are removed.
   const view = { turn: null, step: [], kind: "", text: null, respond: null, stats: null };
+
+  // Voice: the microphone (getUserMedia → AudioWorklet → PCM16 binary frames)
+  // and the speaker (the model's speech, played in order as it arrives).
+  const voice = {
+    mic: null, // {context, stream, node} while the microphone is on
+    inputConfigured: false, // input_audio was configured in this session
+    speaker: false, // output audio asked for
+    playback: null, // AudioContext playing the model's speech
+    playAt: 0, // context time the next chunk starts
+    playing: new Set(), // chunks scheduled and not yet ended
+    framesSent: 0,
+    chunksPlayed: 0,
+  };
 
   // ------------------------------------------------------------ connection
 
@@ -100,6 +116,9 @@ import { Client, ClientError, RefusedError } from "/client.js";
       onError: (err) => {
         if (client === conn.client) failed(err);
       },
+      onAudio: (pcm16) => {
+        if (client === conn.client) play(pcm16);
+      },
     });
     conn.client = client;
     setState(conn.connections ? "reconnecting" : "connecting");
@@ -131,6 +150,7 @@ import { Client, ClientError, RefusedError } from "/client.js";
   }
 
   function disconnect() {
+    stopMic();
     conn.wanted = false;
     const client = conn.client;
     conn.client = null;
@@ -139,6 +159,8 @@ import { Client, ClientError, RefusedError } from "/client.js";
   }
 
   function forgetSession(notice) {
+    voice.inputConfigured = false;
+    voice.speaker = false;
     conn.sessionId = null;
     sessionStorage.removeItem(KEY_SESSION);
     resetView();
@@ -169,6 +191,86 @@ import { Client, ClientError, RefusedError } from "/client.js";
       }
     })();
     return true;
+  }
+
+  // ------------------------------------------------------------ voice
+
+  async function toggleMic() {
+    if (voice.mic) {
+      stopMic();
+      return;
+    }
+    const client = conn.client;
+    if (!client || conn.state !== "connected") return;
+    let stream;
+    try {
+      stream = await navigator.mediaDevices.getUserMedia({
+        audio: { channelCount: 1, echoCancellation: true, noiseSuppression: true },
+      });
+    } catch (err) {
+      addNote("marker", `The microphone is not available: ${err?.message ?? err}`);
+      return;
+    }
+    // A context at the session's rate: the browser resamples the microphone.
+    const context = new AudioContext({ sampleRate: AUDIO_RATE });
+    await context.audioWorklet.addModule("/static/mic-worklet.js");
+    const node = new AudioWorkletNode(context, "mic-frames");
+    if (!voice.inputConfigured) {
+      voice.inputConfigured = true;
+      await client.configure({ input_audio: { format: "pcm16", rate: AUDIO_RATE } });
+    }
+    node.port.onmessage = (msg) => {
+      if (conn.client?.sendAudio(msg.data)) voice.framesSent += 1;
+    };
+    context.createMediaStreamSource(stream).connect(node);
+    voice.mic = { context, stream, node };
+    updateControls();
+  }
+
+  function stopMic() {
+    const mic = voice.mic;
+    if (!mic) return;
+    voice.mic = null;
+    mic.node.port.onmessage = null;
+    for (const track of mic.stream.getTracks()) track.stop();
+    mic.context.close();
+    updateControls();
+  }
+
+  function toggleSpeaker() {
+    const client = conn.client;
+    if (!client || conn.state !== "connected") return;
+    voice.speaker = !voice.speaker;
+    if (voice.speaker && !voice.playback) {
+      voice.playback = new AudioContext({ sampleRate: AUDIO_RATE }); // a click: may start
+    }
+    if (!voice.speaker) stopPlayback();
+    client.configure({ output: voice.speaker ? "audio" : "text" }).catch(() => {});
+    updateControls();
+  }
+
+  // The model's speech, scheduled back to back; a barge-in stops it.
+  function play(pcm16) {
+    const context = voice.playback;
+    if (!voice.speaker || !context) return;
+    const buffer = context.createBuffer(1, pcm16.length, AUDIO_RATE);
+    const samples = buffer.getChannelData(0);
+    for (let i = 0; i < pcm16.length; i++) samples[i] = pcm16[i] / 0x8000;
+    const source = context.createBufferSource();
+    source.buffer = buffer;
+    source.connect(context.destination);
+    const at = Math.max(voice.playAt, context.currentTime + 0.05);
+    source.onended = () => voice.playing.delete(source);
+    voice.playing.add(source);
+    source.start(at);
+    voice.playAt = at + buffer.duration;
+    voice.chunksPlayed += 1;
+  }
+
+  function stopPlayback() {
+    for (const source of voice.playing) source.stop();
+    voice.playing.clear();
+    voice.playAt = 0;
   }
 
   // ------------------------------------------------------------ events
@@ -225,6 +327,18 @@ import { Client, ClientError, RefusedError } from "/client.js";
         break;
       case "error":
         addError(ev);
+        break;
+      case "speech_started":
+        stopPlayback(); // barge-in: the user speaks over the answer
+        addNote("marker speech", "Listening…");
+        break;
+      case "speech_stopped":
+        addNote("marker speech", "Heard you.");
+        break;
+      case "configured":
+        voice.speaker = ev.config?.output === "audio";
+        voice.inputConfigured = Boolean(ev.config?.input_audio);
+        updateControls();
         break;
       case "metric":
         ui.tokens.textContent = `${ev.total.input} in / ${ev.total.output} out`;
@@ -321,7 +435,7 @@ import { Client, ClientError, RefusedError } from "/client.js";
   function startTurn(ev) {
     ui.log.querySelector(".welcome")?.remove();
     view.turn = ui.log.appendChild(h("article", "turn"));
-    append(h("p", "user", ev.content));
+    append(h("p", ev.source === "audio" ? "user spoken" : "user", ev.content));
     const node = h("p", "turn-stats");
     view.turn.appendChild(node);
     view.stats = { start: ev.timestamp, ttftMs: null, input: 0, output: 0, node };
@@ -554,6 +668,12 @@ import { Client, ClientError, RefusedError } from "/client.js";
     ui.disconnect.disabled = !conn.wanted;
     ui.send.disabled = !online || conn.turnRunning || conn.awaitingEcho;
     ui.cancel.disabled = !online || !conn.turnRunning;
+    ui.mic.disabled = !online && !voice.mic;
+    ui.mic.setAttribute("aria-pressed", String(Boolean(voice.mic)));
+    ui.mic.textContent = voice.mic ? "Mic on" : "Mic";
+    ui.speaker.disabled = !online;
+    ui.speaker.setAttribute("aria-pressed", String(voice.speaker));
+    ui.speaker.textContent = voice.speaker ? "Speaker on" : "Speaker";
   }
 
   // ------------------------------------------------------------ wiring
@@ -584,6 +704,10 @@ import { Client, ClientError, RefusedError } from "/client.js";
     }
   });
   ui.cancel.addEventListener("click", () => conn.client?.cancel().catch(() => {}));
+  ui.mic.addEventListener("click", () => {
+    toggleMic().catch((err) => addNote("marker", `Microphone: ${err?.message ?? err}`));
+  });
+  ui.speaker.addEventListener("click", toggleSpeaker);
 
   ui.token.value = sessionStorage.getItem(KEY_TOKEN) || "";
   resetView();
@@ -611,6 +735,15 @@ import { Client, ClientError, RefusedError } from "/client.js";
     },
     get turnRunning() {
       return conn.turnRunning;
+    },
+    get mic() {
+      return Boolean(voice.mic);
+    },
+    get framesSent() {
+      return voice.framesSent;
+    },
+    get chunksPlayed() {
+      return voice.chunksPlayed;
     },
     drop() {
       conn.client?.dropConnection();

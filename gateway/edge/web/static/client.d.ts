@@ -66,6 +66,8 @@ export interface ClientOptions {
   onEvent?: (event: GatewayEvent, logged: boolean) => void;
   /** The client gave up (ConnectionLostError, or RefusedError on a resume). */
   onError?: (error: ClientError) => void;
+  /** The model's speech: PCM16 mono at 24 kHz, tagged with the seq of the newest event. */
+  onAudio?: (pcm16: Int16Array, seq: number) => void;
 }
 
 export class ClientError extends Error {}
@@ -90,10 +92,12 @@ export class Client {
   /** A turn's events, from the echo of `text` to the turn's end; each exactly once. */
   send(text: string): AsyncGenerator<GatewayEvent, void, undefined>;
   cancel(): Promise<void>;
+  /** User audio (PCM16 mono at input_audio.rate) as one binary frame; false while disconnected. */
+  sendAudio(pcm16: Int16Array | ArrayBuffer): boolean;
   tool(name: string, handler: ToolHandler): this;
   /** Answer a client-side call yourself: {type: "tool_result", id, status, content}. */
   toolResult(id: string, status: "success" | "failure", content: unknown): Promise<void>;
-  /** Send a configure frame, e.g. {tools: [{name, description, parameters}]}. */
+  /** Send a configure frame (only the fields given), e.g. {tools: [...]}, {output: "audio"}. */
   configure(fields: Record<string, unknown>): Promise<void>;
   close(): void;
   /** Test hook: drop the connection as a network failure would. */

@@ -158,6 +158,7 @@ function openSocket(url, { token, WebSocketImpl, openTimeout }) {
       : new (WebSocketImpl ?? globalThis.WebSocket)(
           token ? withQuery(url, { token }) : url,
         );
+    socket.binaryType = "arraybuffer"; // the model's speech (protocol/audio.py)
     const timer = setTimeout(() => {
       fail({ unreachable: `no session frame from ${url} within ${openTimeout} ms` });
       socket.close();
@@ -309,9 +310,13 @@ class NodeSocket {
         continue;
       }
       if (opcode === 0xa) continue;
+      if (opcode !== 0x0) this._opcode = opcode;
       this._fragments.push(Buffer.from(payload));
       if (fin) {
-        const data = Buffer.concat(this._fragments).toString("utf8");
+        const whole = Buffer.concat(this._fragments);
+        const data = this._opcode === 0x2
+          ? whole.buffer.slice(whole.byteOffset, whole.byteOffset + whole.length)
+          : whole.toString("utf8");
         this._fragments = [];
         this.onmessage?.({ data });
       }
@@ -337,9 +342,10 @@ class NodeSocket {
     this._socket.write(Buffer.concat([head, mask, masked]));
   }
 
-  send(text) {
+  send(data) {
     if (this.readyState !== 1) throw new ClientError("the connection is closed");
-    this._frame(0x1, Buffer.from(text, "utf8"));
+    if (typeof data === "string") this._frame(0x1, Buffer.from(data, "utf8"));
+    else this._frame(0x2, Buffer.from(data.buffer ?? data, data.byteOffset ?? 0, data.byteLength));
   }
 
   close(code = 1000, reason = "") {
@@ -416,6 +422,7 @@ export class Client {
     this.onDisconnect = options.onDisconnect ?? null;
     this.onEvent = options.onEvent ?? null;
     this.onError = options.onError ?? null;
+    this.onAudio = options.onAudio ?? null;
     this.WebSocketImpl = options.WebSocket ?? null;
     this.sessionId = options.sessionId ?? null;
     this.lastSeq = options.after ?? -1;
@@ -464,10 +471,27 @@ export class Client {
     await this._sendFrame({ type: "tool_result", id, status, content: content ?? null });
   }
 
-  /** Change the session's configuration, e.g. {tools: [{name, description, parameters}]}.
-   * The session answers with a logged `configured` event (a refusal: an error reply). */
+  /** Change the session's configuration (only the fields given), e.g.
+   * {tools: [{name, description, parameters}]}, {input_audio: {format: "pcm16", rate: 24000}}
+   * or {output: "audio"}. The session answers with a logged `configured` event
+   * (a refusal: an error reply). */
   async configure(fields) {
     await this._sendFrame({ ...fields, type: "configure" });
+  }
+
+  /**
+   * User audio: PCM16 little-endian mono at input_audio.rate (an Int16Array
+   * or ArrayBuffer, 20–100 ms), sent as one binary frame. Audio is live: while
+   * the connection is down it is dropped (returns false), not queued.
+   */
+  sendAudio(pcm16) {
+    if (!this.connected || !this._socket) return false;
+    try {
+      this._socket.send(pcm16);
+      return true;
+    } catch {
+      return false;
+    }
   }
 
   /** Start a turn; an async iterator of its events, from its user echo to its end. */
@@ -637,6 +661,13 @@ export class Client {
   }
 
   _receive(socket, data) {
+    if (typeof data !== "string") {
+      // The model's speech: an 8-byte little-endian seq, then PCM16 at 24 kHz.
+      if (data.byteLength < 8 || !this.onAudio) return;
+      const seq = Number(new DataView(data).getBigUint64(0, true));
+      this.onAudio(new Int16Array(data.slice(8)), seq);
+      return;
+    }
     let ev;
     try {
       ev = JSON.parse(data);

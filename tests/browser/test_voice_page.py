@@ -1,0 +1,110 @@
+"""The page's microphone and speaker in a real Chromium against a real gateway subprocess.
+
+Chromium's fake capture device plays a WAV made here (silence, a tone, a long
+silence: the simulator's VAD hears one spoken turn per loop of the file) in
+place of a microphone, and grants the permission without a prompt. The page
+sends the microphone as PCM16 binary frames; the simulator transcribes a
+speech segment as ``(speech N s)`` and answers it.
+"""
+
+from __future__ import annotations
+
+import re
+import wave
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import Browser, ConsoleMessage, Page, expect, sync_playwright
+
+from gateway.upstream.audio import silence, tone
+from tests.browser.conftest import CHROMIUM, CHROMIUM_ARGS, StartGateway
+from tests.browser.test_page import RESPOND_TEXT, open_page
+
+pytestmark = pytest.mark.skipif(
+    not CHROMIUM.exists(), reason=f"{CHROMIUM} is not installed (apt-get install chromium)"
+)
+
+TIMEOUT_MS = 20_000
+RATE = 24000
+
+
+def write_speech_wav(path: Path) -> None:
+    """0.3 s of silence, 0.8 s of "speech" (a tone), then 6 s of silence, as 16-bit PCM."""
+    pcm = silence(0.3, RATE) + tone(0.8, RATE) + silence(6.0, RATE)
+    with wave.open(str(path), "wb") as out:
+        out.setnchannels(1)
+        out.setsampwidth(2)
+        out.setframerate(RATE)
+        out.writeframes(pcm)
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Browser]:
+    wav = tmp_path_factory.mktemp("mic") / "speech.wav"
+    write_speech_wav(wav)
+    fake_mic = [
+        "--use-fake-device-for-media-stream",
+        "--use-fake-ui-for-media-stream",
+        f"--use-file-for-fake-audio-capture={wav}",
+        "--autoplay-policy=no-user-gesture-required",
+    ]
+    with sync_playwright() as p:
+        browser = p.chromium.launch(
+            executable_path=str(CHROMIUM), headless=True, args=[*CHROMIUM_ARGS, *fake_mic]
+        )
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
+def page(browser: Browser) -> Iterator[Page]:
+    """A fresh context; fails the test on any console error (script errors, CSP)."""
+    context = browser.new_context()
+    page = context.new_page()
+    page.set_default_timeout(TIMEOUT_MS)
+    expect.set_options(timeout=TIMEOUT_MS)
+    problems: list[str] = []
+
+    def on_console(msg: ConsoleMessage) -> None:
+        if msg.type == "error":
+            problems.append(f"console: {msg.text}")
+
+    page.on("console", on_console)
+    page.on("pageerror", lambda exc: problems.append(f"page error: {exc}"))
+    yield page
+    context.close()
+    assert not problems, problems
+
+
+@pytest.mark.timeout(90)
+def test_speaking_into_the_microphone_starts_a_turn_that_is_answered(
+    page: Page, start_gateway: StartGateway
+) -> None:
+    node = start_gateway()
+    open_page(page, node)
+    mic = page.get_by_role("button", name="Mic", exact=True)
+    mic.click()
+    expect(page.get_by_role("button", name="Mic on")).to_have_attribute("aria-pressed", "true")
+
+    expect(page.locator(".marker.speech").first).to_have_text("Listening…")
+    expect(page.locator(".marker.speech", has_text="Heard you.").first).to_be_visible()
+    spoken = page.locator(".user.spoken").first
+    expect(spoken).to_have_text(re.compile(r"\(speech \d+(\.\d)? s\)"))
+    page.wait_for_function(f"() => ({RESPOND_TEXT})()?.length > 0")
+    assert page.evaluate("window.rtgw.framesSent") > 10
+
+    page.get_by_role("button", name="Mic on").click()  # off: the microphone is released
+    page.wait_for_function("() => !window.rtgw.mic")
+
+
+@pytest.mark.timeout(90)
+def test_the_speaker_plays_the_spoken_answer(page: Page, start_gateway: StartGateway) -> None:
+    node = start_gateway()
+    open_page(page, node)
+    page.get_by_role("button", name="Speaker", exact=True).click()
+    expect(page.get_by_role("button", name="Speaker on")).to_have_attribute("aria-pressed", "true")
+    page.get_by_role("button", name="Mic", exact=True).click()
+    expect(page.locator(".user.spoken").first).to_be_visible()
+    page.wait_for_function("() => window.rtgw.chunksPlayed > 0")
+    page.wait_for_function(f"() => ({RESPOND_TEXT})()?.length > 0")

@@ -290,10 +290,17 @@ class ClientConnection:
         """
         check = self._frame_rate.check
         clock = time.monotonic
+        queue = self._queue
         try:
             async for frame in self.ws:
                 if self._close is not None:
                     return  # closing: its frames are not processed any more
+                if queue:
+                    # Frames already received are returned without a pause:
+                    # let the writer send the replies queued so far, or a
+                    # client that sends a burst before reading would find
+                    # them dropped (``SendPressure.may_queue_reply``).
+                    await asyncio.sleep(0)
                 if type(frame) is bytes:
                     if not self._audio_now(frame):
                         await self._audio(frame)

@@ -304,6 +304,9 @@ class ClientConnection:
                 if type(frame) is bytes:
                     if not self._audio_now(frame):
                         await self._audio(frame)
+                    # Buffered frames come back without a pause: give the other
+                    # sessions their turn, as a task per frame once did.
+                    await asyncio.sleep(0)
                     continue
                 assert isinstance(frame, str)
                 verdict = check(clock())

@@ -14,6 +14,9 @@ Every target streams the same paced load from one simulator (``gateway sim``,
   ``--durability replicated`` (an event is sent once the replica has it);
 - ``gw-redis-asyncio`` (not by default): ``gw-redis`` on asyncio's own loop
   instead of uvloop, to measure what uvloop is worth;
+- ``gw-redis@SECONDS`` (not by default; any number of them): ``gw-redis`` with
+  ``--log-linger SECONDS`` on the same Redis, to weigh the log writer's linger
+  (CPU per event against added latency) in one interleaved run;
 - ``litellm``: LiteLLM's realtime proxy (``litellm --config``) in its own
   virtualenv (``--litellm-venv``, created with ``python -m venv`` and
   ``pip install 'litellm[proxy]'`` on first use; never a dependency of the
@@ -187,6 +190,13 @@ def start_servers(args: argparse.Namespace) -> Iterator[Servers]:
             )
             assert redis.proc is not None
             srv.redis_pids["gw-redis"] = [redis.proc.pid]
+            for target in targets:
+                if target.startswith("gw-redis@"):  # the same, with another log linger
+                    lingering = gateway_args(
+                        sim.url, ["--redis", redis.url, "--log-linger", target.partition("@")[2]]
+                    )
+                    srv.procs[target] = stack.enter_context(lingering)
+                    srv.redis_pids[target] = [redis.proc.pid]
             if "gw-redis-asyncio" in targets:  # the same, on asyncio's own loop (not uvloop)
                 asyncio_gw = gateway_args(
                     sim.url, ["--redis", redis.url, "--event-loop", "asyncio"]
@@ -432,7 +442,8 @@ async def main() -> int:
     parser.add_argument(
         "--targets",
         default=",".join(DEFAULT_TARGETS),
-        help=f"from {', '.join(TARGETS)} (gw-redis-asyncio needs gw-redis)",
+        help=f"from {', '.join(TARGETS)}, gw-redis@SECONDS (log linger; these and "
+        "gw-redis-asyncio need gw-redis)",
     )
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--rate", type=float, default=20.0, help="deltas/s per session")
@@ -456,7 +467,7 @@ async def main() -> int:
     if args.quick:
         args.repeats = 1
     args.targets = [t for t in args.targets.split(",") if t]
-    unknown = set(args.targets) - set(TARGETS)
+    unknown = {t for t in args.targets if not t.startswith("gw-redis@")} - set(TARGETS)
     if unknown:
         parser.error(f"unknown targets {sorted(unknown)}: choose from {', '.join(TARGETS)}")
     levels = [int(s) for s in args.sessions.split(",")]
@@ -532,8 +543,8 @@ def print_results(args: argparse.Namespace, levels: list[int], runs: list[Run]) 
                     int(m["errors"]),
                 ]
             )
-        for gw in GATEWAYS:
-            if gw not in med:
+        for gw in med:
+            if gw not in GATEWAYS and not gw.startswith("gw-redis@"):
                 continue
             cpu = med[gw]["cpu_us_per_event"]
             ratio_rows.append(

@@ -179,6 +179,15 @@ _FAILED_MESSAGE: Final = (
 )
 # Provider codes and reasons that are plain identifiers (rate_limit_exceeded,
 # max_output_tokens) help the client and are passed on; other text is not.
+# A voice session listening between turns whose upstream cannot be opened
+# retries after these many seconds (doubling from the first, up to the cap):
+# at once in a loop it held a core at 100% and told the client nothing.
+_LISTEN_RETRY_FIRST: Final = 0.5
+_LISTEN_RETRY_CAP: Final = 10.0
+_LISTEN_UNREACHABLE: Final = (
+    "the model's API cannot be reached: audio sent now is not heard; "
+    "the gateway keeps trying and the session goes on when it answers"
+)
 _IDENTIFIER: Final = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
 
@@ -315,6 +324,8 @@ class SessionRuntime:
         # The driver reads the upstream with nothing else to do (no turn, or a wait for
         # client results): a command interrupts that read (_wake_driver).
         self._listening_idle = False
+        # Opens of a listening voice session's upstream that failed in a row.
+        self._listen_failures = 0
 
     # ------------------------------------------------------------------ log
 
@@ -688,7 +699,10 @@ class SessionRuntime:
                         self._in_upstream_call = False
                         self._drop_upstream(stop=True)
                 except UpstreamClosed as exc:
+                    idle = machine.idle
                     self._upstream_gone(exc.reason, retryable=exc.retryable)
+                    if idle and self.listening and not self._todo:
+                        await self._listen_later()
                 except Exception as exc:
                     log.exception("session %s: turn failed", self.sid)
                     self._todo = deque(machine.feed(ShellFailed(type(exc).__name__)))
@@ -730,6 +744,23 @@ class SessionRuntime:
         fallback = self._fallback(fatal=fatal)
         lost = UpstreamLost(_LOST_REASON, fatal=fatal, fallback=fallback)
         self._todo = deque(self.machine.feed(lost))
+
+    async def _listen_later(self) -> None:
+        """Wait before a listening voice session opens its upstream again.
+
+        The first failure in a row is told to the client (``error`` code
+        ``upstream``); the wait doubles up to ``_LISTEN_RETRY_CAP`` and ends
+        early when a command comes (``_wake_driver`` cancels it)."""
+        self._listen_failures += 1
+        failures = self._listen_failures
+        if failures == 1:
+            self.emit(Error(code="upstream", content=_LISTEN_UNREACHABLE))
+        delay = min(_LISTEN_RETRY_FIRST * 2 ** (failures - 1), _LISTEN_RETRY_CAP)
+        self._listening_idle = True
+        try:
+            await asyncio.sleep(delay)
+        finally:
+            self._listening_idle = False
 
     def _fallback(self, *, fatal: bool) -> str:
         """Report the failure to the session's providers; the one to use next if it changes."""
@@ -852,6 +883,7 @@ class SessionRuntime:
         self.upstream = upstream
         self._opened_with = setup
         self._in_upstream_call = False
+        self._listen_failures = 0
         return upstream
 
     def _context(self, system_prompt: str) -> list[Message]:

@@ -17,7 +17,7 @@ from websockets.exceptions import InvalidHandshake, InvalidStatus, InvalidURI
 
 from gateway.upstream.base import UpstreamClosed
 
-__all__ = ["CLOSE_TIMEOUT", "MAX_FRAME", "dial"]
+__all__ = ["CLOSE_TIMEOUT", "MAX_FRAME", "dial", "websocket_url"]
 
 # Provider frames are small; this only guards against a runaway peer.
 MAX_FRAME: Final = 64 * 2**20
@@ -29,6 +29,19 @@ CLOSE_TIMEOUT: Final = 2.0
 _REFUSALS: Final = frozenset({401, 403, 404, 429})
 
 
+def websocket_url(url: str) -> str:
+    """``url`` with an ``http``/``https`` scheme made ``ws``/``wss``.
+
+    Provider documentation and SDKs give base URLs as ``https://…/v1`` (the
+    official ``openai`` SDK swaps the scheme itself), so an operator pasting
+    one must not get a gateway that cannot dial."""
+    scheme, sep, rest = url.partition("://")
+    lowered = scheme.lower()
+    if sep and lowered in ("http", "https"):
+        return ("ws" if lowered == "http" else "wss") + "://" + rest
+    return url
+
+
 async def dial(
     url: str,
     headers: Mapping[str, str],
@@ -37,7 +50,9 @@ async def dial(
     connect_timeout: float,
     rejection: Callable[[InvalidStatus], str],
 ) -> ClientConnection:
-    """Connect to ``url``; ``label`` names the API in error messages."""
+    """Connect to ``url`` (``http(s)`` taken as ``ws(s)``); ``label`` names the
+    API in error messages."""
+    url = websocket_url(url)
     try:
         return await connect(
             url,
@@ -51,7 +66,11 @@ async def dial(
         status = exc.response.status_code
         raise UpstreamClosed(rejection(exc), retryable=status not in _REFUSALS) from exc
     except InvalidURI as exc:
-        raise UpstreamClosed(f"bad {label} URL {url!r}: {exc}") from exc
+        # Connecting again cannot fix a malformed URL: fail over or fail the turn.
+        raise UpstreamClosed(
+            f"bad {label} URL {url!r}: {exc}; give a ws://, wss://, http:// or https:// URL",
+            retryable=False,
+        ) from exc
     except InvalidHandshake as exc:
         raise UpstreamClosed(f"WebSocket handshake with {url} failed: {exc}") from exc
     except TimeoutError as exc:

@@ -6,6 +6,7 @@ re-read when it changes (or on SIGHUP), and Redis keys are read per handshake.
 
     gateway keys add alice --file /etc/rtgw/keys     # prints the new key once
     gateway keys add alice --redis redis://r:6379/0  # the same, in Redis
+    gateway keys add bob --file /etc/rtgw/keys --tools read,calc.*  # bob's sessions: these tools only
     gateway keys list --file /etc/rtgw/keys
     gateway keys revoke alice --redis redis://r:6379/0
     printf %s "$KEY" | gateway keys hash alice        # a line for a key you already have
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from gateway.edge.auth import hash_key, parse_key_line, split_key_value, valid_key_id
+from tools.allowlist import parse_allow_list
 
 __all__ = ["add_keys_arguments", "new_key", "run_keys"]
 
@@ -57,6 +59,13 @@ def add_keys_arguments(p: argparse.ArgumentParser) -> None:
             default=os.environ.get("GATEWAY_KEY_PREFIX", "rtgw"),
             help="Redis key prefix (default rtgw, as --key-prefix of gateway serve)",
         )
+        if name == "add":
+            sp.add_argument(
+                "--tools",
+                metavar="NAME,NAME,…",
+                help="the only tools this key's sessions may call (globs like calc.* allowed; "
+                "empty: none); default every tool",
+            )
     hp = sub.add_parser("hash", help="read a key on stdin, print its keys-file line")
     hp.add_argument("key_id", metavar="KEY_ID")
 
@@ -77,6 +86,15 @@ def run_keys(args: argparse.Namespace, *, stdin: TextIO | None = None) -> int:
             return 2
         print(f"{key_id}:{hash_key(key)}", file=out)
         return 0
+    options = ""
+    tools: str | None = getattr(args, "tools", None)
+    if tools is not None:
+        try:
+            parse_allow_list(tools)
+        except ValueError as exc:
+            print(f"gateway keys add: {exc}", file=err)
+            return 2
+        options = f" tools={','.join(p.strip() for p in tools.split(',') if p.strip())}"
     if args.file:
         backend: _Backend = _FileBackend(Path(args.file))
     else:
@@ -92,7 +110,7 @@ def run_keys(args: argparse.Namespace, *, stdin: TextIO | None = None) -> int:
         if command == "add":
             assert key_id is not None
             key = new_key()
-            backend.add(key_id, hash_key(key))
+            backend.add(key_id, hash_key(key), options)
             print(key, file=out)
             print(
                 f"# key {key_id!r} added to {backend.where}; it is shown only now. Clients send "
@@ -118,7 +136,8 @@ def run_keys(args: argparse.Namespace, *, stdin: TextIO | None = None) -> int:
 class _Backend:
     where = ""
 
-    def add(self, key_id: str, digest: str) -> None:
+    def add(self, key_id: str, digest: str, options: str = "") -> None:
+        """Store ``digest`` for ``key_id``; ``options`` (`` tools=…``) follow it."""
         raise NotImplementedError
 
     def list(self) -> list[tuple[str, str]]:
@@ -153,11 +172,11 @@ class _FileBackend(_Backend):
             Path(tmp).unlink(missing_ok=True)
             raise
 
-    def add(self, key_id: str, digest: str) -> None:
+    def add(self, key_id: str, digest: str, options: str = "") -> None:
         text = self._text()
         if text and not text.endswith("\n"):
             text += "\n"
-        self._write(text + f"{key_id}:{digest}\n")
+        self._write(text + f"{key_id}:{digest}{options}\n")
 
     def list(self) -> list[tuple[str, str]]:
         out = []
@@ -210,9 +229,9 @@ class _RedisBackend(_Backend):
 
         return asyncio.run(main())
 
-    def add(self, key_id: str, digest: str) -> None:
+    def add(self, key_id: str, digest: str, options: str = "") -> None:
         async def work(r: Any) -> None:
-            await r.hset(self.hash, digest, key_id)
+            await r.hset(self.hash, digest, key_id + options)
 
         self._run(work)
 

@@ -333,6 +333,24 @@ async def test_gateway_keys_with_a_file(gateway_factory: GatewayFactory, tmp_pat
     assert code == 2 and "key id" in err
 
 
+def test_gateway_keys_add_with_tools_writes_the_keys_allow_list(tmp_path: Path) -> None:
+    path = tmp_path / "keys"
+    code, out, _ = run_cli(["keys", "add", "bob", "--file", str(path), "--tools", "read, calc.*"])
+    assert code == 0
+    line = path.read_text().strip()
+    assert line == f"bob:{hash_key(out.strip())} tools=read,calc.*"
+    allowed = KeyFile(path).tools_for("bob")
+    assert allowed is not None
+    assert allowed.allows("read") and allowed.allows("calc.add") and not allowed.allows("shell")
+    # An empty list is a key whose sessions may call no tool at all.
+    code, _, _ = run_cli(["keys", "add", "carol", "--file", str(path), "--tools", ""])
+    none = KeyFile(path).tools_for("carol")
+    assert code == 0 and none is not None and not none.allows("read")
+    code, _, err = run_cli(["keys", "add", "dave", "--file", str(path), "--tools", "re ad"])
+    assert code == 2 and "not a tool name pattern" in err
+    assert "dave" not in path.read_text()  # nothing written for a refused list
+
+
 @pytest.mark.parametrize("store_kind", ["redis"])
 async def test_gateway_keys_in_redis(gateway_factory: GatewayFactory, redis_url: str) -> None:
     # The CLI runs its own event loop, as it does from a shell: call it from a thread.

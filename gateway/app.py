@@ -101,12 +101,13 @@ def _api_key(provider: str, key: str) -> str:
 def _node_factory(config: Config, factories: UpstreamFactories) -> UpstreamFactory:
     """The node's own upstream: one provider's factory, or a ``ProviderChain`` of several.
 
-    A model name set for a list of providers would be wrong for all but one,
-    so each provider of a list uses its default model.
+    A list of providers takes a list of models, one each (``Config.models``):
+    one model name would be wrong for all providers but one.
     """
+    models = config.models or ("",) * len(config.providers)
     if len(config.providers) == 1:
-        return factories(config.provider, config.model)
-    chain = [factories(provider, "") for provider in config.providers]
+        return factories(config.provider, models[0])
+    chain = [factories(p, m) for p, m in zip(config.providers, models, strict=True)]
     breaker = ProviderBreaker(config.providers, cooldown=config.fallback_cooldown)
     return ProviderChain(chain, breaker)
 

@@ -125,7 +125,8 @@ class Config(msgspec.Struct, kw_only=True):
     model: Annotated[
         str,
         Setting(
-            "upstream model name",
+            "upstream model name; with several providers, one per provider in the same "
+            "order (an empty entry: that provider's default)",
             UPSTREAM,
             shown_default="gpt-realtime (openai), gemini-live-2.5-flash-preview (gemini)",
         ),
@@ -399,6 +400,13 @@ class Config(msgspec.Struct, kw_only=True):
                 f"provider {self.provider!r} names a provider twice: list each once, "
                 "in order of preference (e.g. openai,gemini)"
             )
+        models, providers = self.models, self.providers
+        if models and len(models) != len(providers):
+            raise ConfigError(
+                f"model {self.model!r} names {len(models)} model(s) for {len(providers)} "
+                f"providers ({self.provider}): give one per provider in the same order, "
+                "empty for a provider's default (e.g. --model gpt-realtime, for openai,gemini)"
+            )
         if not self.node_id:
             self.node_id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         if not self.workspace_root:
@@ -408,6 +416,12 @@ class Config(msgspec.Struct, kw_only=True):
     def providers(self) -> tuple[str, ...]:
         """The upstream providers in order of preference (the first is the primary)."""
         return tuple(self.provider.split(","))
+
+    @property
+    def models(self) -> tuple[str, ...]:
+        """The model of each provider, in the order of ``providers`` ("": its default);
+        empty when no model is set."""
+        return tuple(m.strip() for m in self.model.split(",")) if self.model.strip() else ()
 
 
 def load_config(

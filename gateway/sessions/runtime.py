@@ -875,6 +875,9 @@ class SessionRuntime:
         setup = self.setup
         chosen = setup.upstream_factory.choose()
         self._provider = chosen.provider
+        # Priced and traced as the provider that answers (after a fallback: not the primary).
+        self.observer.provider = chosen.provider
+        self.observer.model = chosen.model
         upstream = chosen.create()
         with self.observer.connect():
             await upstream.open(

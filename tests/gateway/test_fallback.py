@@ -14,9 +14,11 @@ from typing import Any
 
 import pytest
 
+from gateway.pricing import PriceTable
 from gateway.sim.model import SimConfig
 from gateway.sim.server import serve_sim
-from protocol.events import Error, Interrupt
+from gateway.upstream.gemini import DEFAULT_MODEL as GEMINI_MODEL
+from protocol.events import Error, Interrupt, Metric
 from tests.gateway.conftest import GatewayFactory
 from tests.gateway.test_turns import assert_contiguous
 from tests.support.client import GatewayClient, text_of
@@ -68,6 +70,11 @@ async def test_a_refused_key_moves_the_session_to_the_next_provider(
             "and again",
         ]
         assert primary.stats.responses_total == 0
+        # Priced as the provider that answered, not as the primary.
+        metric = next(e for e in two if isinstance(e, Metric))
+        gemini_cost = PriceTable().cost("gemini", GEMINI_MODEL, metric.step)
+        assert gemini_cost > 0
+        assert metric.cost.step == pytest.approx(gemini_cost)
         assert_contiguous(client)
         await client.close()
 

@@ -52,8 +52,15 @@ def console_allowed() -> list[str]:
 
 
 @pytest.fixture
-def page(browser: Browser, console_allowed: list[str]) -> Iterator[Page]:
-    """A fresh context (its own sessionStorage); fails the test on any other console error."""
+def page(
+    browser: Browser, console_allowed: list[str], start_gateway: StartGateway
+) -> Iterator[Page]:
+    """A fresh context (its own sessionStorage); fails the test on any other console error.
+
+    It asks for ``start_gateway`` so the test's nodes are killed after the page
+    closes: killed first, a page still open reconnects to a closed port and
+    logs a refused connection that is no fault of the page.
+    """
     context = browser.new_context()
     page = context.new_page()
     page.set_default_timeout(TIMEOUT_MS)

@@ -4,11 +4,18 @@
 writer task per session, each token cost two task wake-ups (the writer woken
 by the event, then by the store's answer) on top of the store call itself;
 at a thousand sessions streaming, those wake-ups were a large share of the
-node's CPU. Here sessions only mark themselves dirty; one task takes every
-dirty session's batch, writes them all with one ``Store.append_many`` (one
+node's CPU. Here sessions only mark themselves dirty; one round takes every
+dirty session's batch, writes them all with one ``Store.submit_appends`` (one
 round trip for Redis), and hands each session its result. A round in flight
 is the group commit: what is emitted meanwhile goes out in the next round,
 so a session never has two appends in flight and its order holds.
+
+**Callbacks, not a task.** A round is started by ``call_soon`` (after every
+session ready in this tick has marked) and finished by the store's callback:
+no task wake-up for the round and none for the store's answer, which at low
+load (a round per event) were a measured share of an event's CPU. The rare
+rounds that must await (a previous append failed in flight and the log is read
+first; a lease to take back) run in a task of their own.
 
 **Linger.** At low load a round carries one event: each token costs its own
 Redis write, read and wake-ups (measured: most of the node's CPU per event at
@@ -29,7 +36,9 @@ import asyncio
 import contextlib
 import logging
 import math
-from typing import Final, Protocol
+from collections.abc import Coroutine
+from functools import partial
+from typing import Any, Final, Protocol
 
 from gateway.store.base import LeaseLost, LogEntry, Store, StoreError
 
@@ -91,12 +100,14 @@ class LogWriter:
         self.lingered = 0
         """Rounds that waited for more sessions to join."""
         self._dirty: list[LogSource] = []
-        self._wake = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
+        # A round is scheduled, lingering or in flight: marks only join ``_dirty``.
+        self._busy = False
+        self._closed = False
         self._first_mark = 0.0  # loop time of the first mark of the next round
         self._last_round = -math.inf  # loop time the previous round started
         self._last_size = 0  # sessions in the previous round
-        self._lingering: asyncio.Future[None] | None = None
+        self._lingering: asyncio.TimerHandle | None = None
+        self._task: asyncio.Task[None] | None = None  # a round that needs awaits
 
     def mark(self, source: LogSource) -> None:
         """``source`` has something to write (called once until it is taken)."""
@@ -104,73 +115,137 @@ class LogWriter:
         if not dirty and self.linger > 0:
             self._first_mark = asyncio.get_running_loop().time()
         dirty.append(source)
-        self._wake.set()
-        lingering = self._lingering
-        if lingering is not None and len(dirty) >= LINGER_FULL and not lingering.done():
-            lingering.set_result(None)
-        if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._run(), name="log-writer")
+        if not self._busy:
+            self._busy = True
+            self._schedule()
+        elif self._lingering is not None and len(dirty) >= LINGER_FULL:
+            self._lingering.cancel()
+            self._lingering = None
+            asyncio.get_running_loop().call_soon(self._start_round)
 
     async def close(self) -> None:
+        self._closed = True
+        if self._lingering is not None:
+            self._lingering.cancel()
+            self._lingering = None
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
             with contextlib.suppress(BaseException):
                 await task
 
-    async def _run(self) -> None:
-        while True:
-            await self._wake.wait()
-            if self.linger > 0:
-                await self._linger()
-            self._wake.clear()
-            dirty, self._dirty = self._dirty, []
-            self.rounds += 1
-            try:
-                await self._round(dirty)
-            except Exception:  # a bug here must not stop every session's log
-                log.exception("log writer round failed")
-                for source in dirty:
-                    source.write_failed()
-
-    async def _linger(self) -> None:
-        """Wait for more sessions to join a light round (see the module docstring)."""
+    def _schedule(self) -> None:
+        """Start the next round: after this tick, or once the linger is over."""
         loop = asyncio.get_running_loop()
-        now = loop.time()
+        if self._closed:
+            return
+        delay = self._linger_delay(loop.time()) if self.linger > 0 else 0.0
+        if delay > 0:
+            self.lingered += 1
+            self._lingering = loop.call_later(delay, self._start_round)
+        else:
+            # Not run now: every session that is ready in this tick marks first.
+            loop.call_soon(self._start_round)
+
+    def _linger_delay(self, now: float) -> float:
+        """How long a light round waits for more sessions (see the module docstring)."""
         linger = self.linger
         recent = now - self._last_round < LINGER_RECENT * linger
         if recent and self._last_size < LINGER_FULL and len(self._dirty) < LINGER_FULL:
-            delay = self._first_mark + linger - now
-            if delay > 0:
-                self.lingered += 1
-                waiter = self._lingering = loop.create_future()
-                timer = loop.call_later(delay, _wake_up, waiter)
-                try:
-                    await waiter
-                finally:
-                    timer.cancel()
-                    self._lingering = None
-                now = loop.time()
-        self._last_round = now
-        self._last_size = len(self._dirty)
+            return self._first_mark + linger - now
+        return 0.0
 
-    async def _round(self, dirty: list[LogSource]) -> None:
+    def _start_round(self) -> None:
+        self._lingering = None
+        if self._closed:
+            return
+        dirty, self._dirty = self._dirty, []
+        self._last_round = asyncio.get_running_loop().time()
+        self._last_size = len(dirty)
+        self.rounds += 1
+        try:
+            jobs: list[tuple[LogSource, Batch]] = []
+            unsure = False
+            for source in dirty:
+                taken = source.take_batch()
+                if taken is not None:
+                    jobs.append((source, taken))
+                    unsure = unsure or source.unsure is not None
+            if not jobs:
+                self._round_done()
+            elif unsure:
+                # A previous append failed in flight: read the log first (awaits).
+                self._await_round(self._settle_then_append(jobs), jobs)
+            else:
+                self.store.submit_appends(
+                    [(source.sid, self.node_id, job[0], job[1]) for source, job in jobs],
+                    partial(self._appended, jobs),
+                )
+        except Exception:  # a bug here must not stop every session's log
+            self._broke(list(dirty))
+
+    def _appended(
+        self, jobs: list[tuple[LogSource, Batch]], results: list[BaseException | None]
+    ) -> None:
+        """The store's answer for a round: report each session's outcome."""
+        try:
+            retake = []
+            for (source, job), result in zip(jobs, results, strict=True):
+                if _lease_expired(result, job) and self.lease_ttl is not None:
+                    retake.append((source, job))
+                else:
+                    source.appended(job, result)
+            if retake:
+                self._await_round(self._retake_all(retake), retake)
+                return
+        except Exception:
+            self._broke([source for source, _ in jobs])
+            return
+        self._round_done()
+
+    def _round_done(self) -> None:
+        if self._dirty and not self._closed:
+            self._schedule()
+        else:
+            self._busy = False
+
+    def _broke(self, sources: list[LogSource]) -> None:
+        log.exception("log writer round failed")
+        for source in sources:
+            source.write_failed()
+        self._round_done()
+
+    def _await_round(
+        self, work: Coroutine[Any, Any, None], jobs: list[tuple[LogSource, Batch]]
+    ) -> None:
+        """Finish this round in a task (rare paths that read or retake before writing)."""
+
+        async def run() -> None:
+            try:
+                await work
+            except Exception:
+                self._task = None
+                self._broke([source for source, _ in jobs])
+            else:
+                self._task = None
+                self._round_done()
+
+        self._task = asyncio.get_running_loop().create_task(run(), name="log-writer-round")
+
+    async def _settle_then_append(self, taken: list[tuple[LogSource, Batch]]) -> None:
         store = self.store
         jobs = []
-        for source in dirty:
-            taken = source.take_batch()
-            if taken is None:
-                continue
-            job: Batch | None = taken
+        for source, batch in taken:
+            job: Batch | None = batch
             if source.unsure is not None:
                 # The previous append failed in flight and may have landed:
                 # the log says which, before anything is written again.
                 try:
                     stored_last = await store.last_seq(source.sid)
                 except StoreError as exc:
-                    source.appended(taken, exc)
+                    source.appended(batch, exc)
                     continue
-                job = source.settle_unsure(stored_last, taken)
+                job = source.settle_unsure(stored_last, batch)
             if job is not None:
                 jobs.append((source, job))
         if not jobs:
@@ -178,9 +253,18 @@ class LogWriter:
         results = await store.append_many(
             [(source.sid, self.node_id, job[0], job[1]) for source, job in jobs]
         )
+        retake = []
         for (source, job), result in zip(jobs, results, strict=True):
             if _lease_expired(result, job) and self.lease_ttl is not None:
-                result = await self._retake_and_append(source.sid, job, self.lease_ttl)
+                retake.append((source, job))
+            else:
+                source.appended(job, result)
+        await self._retake_all(retake)
+
+    async def _retake_all(self, jobs: list[tuple[LogSource, Batch]]) -> None:
+        assert self.lease_ttl is not None
+        for source, job in jobs:
+            result = await self._retake_and_append(source.sid, job, self.lease_ttl)
             source.appended(job, result)
 
     async def _retake_and_append(
@@ -202,11 +286,6 @@ class LogWriter:
         except StoreError as exc:
             return exc
         return None
-
-
-def _wake_up(waiter: asyncio.Future[None]) -> None:
-    if not waiter.done():
-        waiter.set_result(None)
 
 
 def _lease_expired(result: BaseException | None, job: Batch) -> bool:

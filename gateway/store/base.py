@@ -22,6 +22,7 @@ node that lost its lease cannot write, so two nodes never both write a ``seq``.
 from __future__ import annotations
 
 import abc
+import asyncio
 from collections.abc import Callable, Mapping, Sequence
 from typing import NamedTuple
 
@@ -139,6 +140,37 @@ class Store(abc.ABC):
                 results.append(None)
         return results
 
+    def submit_appends(
+        self,
+        batches: Sequence[tuple[str, str, Sequence[LogEntry], Sequence[bytes]]],
+        on_done: Callable[[list[BaseException | None]], None],
+    ) -> None:
+        """``append_many``, answered by calling ``on_done(results)`` (on the event loop).
+
+        The node's log writer runs one round per event at low load; a callback
+        saves it a task wake-up per round and another for the store's answer.
+        This default runs ``append_many`` in a task; stores that can answer
+        without one override it (the memory store at once, Redis from the
+        connection's ``data_received``). ``on_done`` is called exactly once,
+        never from inside this call.
+        """
+        loop = asyncio.get_running_loop()
+        task = loop.create_task(self.append_many(batches))
+        _submitted.add(task)
+
+        def done(task: asyncio.Task[list[BaseException | None]]) -> None:
+            _submitted.discard(task)
+            if task.cancelled():
+                failed: BaseException = StoreUnavailable("append cancelled (closing); retry")
+            elif (error := task.exception()) is not None:
+                failed = error
+            else:
+                on_done(task.result())
+                return
+            on_done([failed] * len(batches))
+
+        task.add_done_callback(done)
+
     @abc.abstractmethod
     async def read_log(self, sid: str, after: int, limit: int = 1000) -> list[LogEntry]:
         """Up to ``limit`` entries with ``seq > after``, in order."""
@@ -248,3 +280,7 @@ class Store(abc.ABC):
 
     async def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections."""
+
+
+# Tasks of ``Store.submit_appends`` (the loop keeps only weak references).
+_submitted: set[asyncio.Task[list[BaseException | None]]] = set()

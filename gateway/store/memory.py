@@ -16,7 +16,7 @@ import asyncio
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-from gateway.store.base import LeaseLost, LogEntry, SeqConflict, Store
+from gateway.store.base import LeaseLost, LogEntry, SeqConflict, Store, StoreError
 
 __all__ = ["MemoryStore"]
 
@@ -181,6 +181,31 @@ class MemoryStore(Store):
         node: str,
         entries: Sequence[LogEntry],
         history: Sequence[bytes] = (),
+    ) -> None:
+        self._append_now(sid, node, entries, history)
+
+    def submit_appends(
+        self,
+        batches: Sequence[tuple[str, str, Sequence[LogEntry], Sequence[bytes]]],
+        on_done: Callable[[list[BaseException | None]], None],
+    ) -> None:
+        """Every append at once; ``on_done`` on the next loop pass (no task)."""
+        results: list[BaseException | None] = []
+        for sid, node, entries, history in batches:
+            try:
+                self._append_now(sid, node, entries, history)
+            except (StoreError, ValueError) as exc:
+                results.append(exc)
+            else:
+                results.append(None)
+        asyncio.get_running_loop().call_soon(on_done, results)
+
+    def _append_now(
+        self,
+        sid: str,
+        node: str,
+        entries: Sequence[LogEntry],
+        history: Sequence[bytes],
     ) -> None:
         if entries:
             first = entries[0].seq

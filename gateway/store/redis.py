@@ -38,6 +38,7 @@ from gateway.store.redis_connect import (
     SINGLE_SCHEMES,
     open_topology,
 )
+from gateway.store.redis_pipe import AppendPipe
 from gateway.store.redis_scripts import (
     ACQUIRE,
     CREATE,
@@ -179,6 +180,7 @@ class RedisStore(Store):
             replica_timeout_ms=_ms(replica_timeout, "replica_timeout"),
             error=self._error,
             stats=self.stats,
+            pipe=self._append_pipe(connect_timeout),
         )
 
     @classmethod
@@ -195,6 +197,18 @@ class RedisStore(Store):
         return cls(url, prefix=prefix, ttl=ttl, max_log=max_log, **options)
 
     # --- internals -----------------------------------------------------------
+
+    def _append_pipe(self, connect_timeout: float) -> AppendPipe | None:
+        """The log writer's callback path, on one server (``gateway.store.redis_pipe``)."""
+        make = self._topology.single_server_connection()
+        if make is None:
+            return None
+        return AppendPipe(
+            make,
+            connect_timeout=connect_timeout,
+            budget=self._socket_timeout,
+            where=self._where,
+        )
 
     def _key(self, sid: str, kind: str) -> str:
         return f"{self.prefix}:{{{sid}}}:{kind}"
@@ -323,6 +337,15 @@ class RedisStore(Store):
         ``last_seq`` before writing again.
         """
         await self._commit.enqueue(sid, node, entries, history)
+
+    def submit_appends(
+        self,
+        batches: Sequence[tuple[str, str, Sequence[LogEntry], Sequence[bytes]]],
+        on_done: Callable[[list[BaseException | None]], None],
+    ) -> None:
+        """On the append pipe when it is connected, else ``append_many`` in a task."""
+        if not self._commit.send_on_pipe(batches, on_done):
+            super().submit_appends(batches, on_done)
 
     async def append_many(
         self, batches: Sequence[tuple[str, str, Sequence[LogEntry], Sequence[bytes]]]

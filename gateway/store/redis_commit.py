@@ -42,6 +42,7 @@ import math
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Final
 
 from redis.asyncio.connection import AbstractConnection
@@ -66,6 +67,7 @@ from gateway.store.redis_fastpath import (
     pack_append,
     reply_lines,
 )
+from gateway.store.redis_pipe import AppendPipe, Replies
 from gateway.store.redis_scripts import APPEND
 from gateway.store.redis_topology import Route, Topology
 
@@ -102,6 +104,8 @@ class CommitStats:
     """Appends sent again after a redirect or a refused connection (failover, resharding)."""
     unreplicated: int = 0
     """Appends reported "maybe stored" because no replica confirmed them in time."""
+    pipe_rounds: int = 0
+    """Log writer rounds sent on the append pipe (``gateway.store.redis_pipe``)."""
 
 
 @dataclass(slots=True)
@@ -134,6 +138,7 @@ class GroupCommit:
         replica_timeout_ms: int,
         error: Callable[[BaseException, str, str], StoreError],
         stats: CommitStats,
+        pipe: AppendPipe | None = None,
     ) -> None:
         self._topology = topology
         self._prefix = prefix
@@ -156,6 +161,9 @@ class GroupCommit:
         self._flusher: asyncio.Task[None] | None = None
         self._inline = False  # a caller is flushing in its own task (``flush_queued``)
         self._prepared = False  # the topology was learnt once (``prepare``)
+        # Rounds answered by callback, where the topology allows (``send_on_pipe``).
+        self._pipe = pipe if replicas == 0 else None
+        self._again: set[asyncio.Task[None]] = set()  # rounds resent the awaited way
 
     def enqueue(
         self,
@@ -170,16 +178,7 @@ class GroupCommit:
 
         ``start=False``: the caller flushes it with ``flush_queued`` (no task).
         """
-        n = len(entries)
-        first = entries[0].seq if n else 0
-        expect = first
-        for seq, _ in entries:
-            if seq != expect:
-                raise ValueError(
-                    f"append to {sid}: entries must have consecutive seqs, "
-                    f"got {seq} after {expect - 1}"
-                )
-            expect += 1
+        first = _consecutive(sid, entries)
         # Packed here, once, as RESP bytes (see gateway.store.redis_fastpath).
         key = f"{self._prefix}:{{{sid}}}:"
         command = pack_append(
@@ -220,6 +219,10 @@ class GroupCommit:
 
     async def close(self) -> None:
         """Let the in-flight and queued appends finish."""
+        if self._pipe is not None:
+            await self._pipe.close()
+        if self._again:
+            await asyncio.wait(set(self._again))
         flusher = self._flusher
         if flusher is not None:
             # asyncio.wait does not cancel the flusher if close() itself is cancelled.
@@ -423,23 +426,149 @@ class GroupCommit:
 
     def _reject(self, item: _Pending, message: str) -> None:
         """Turn the append script's error (``LEASELOST owner``, …) into an exception."""
-        error: StoreError
+        error = self._rejection(item.sid, item.node, item.first, message)
+        if not item.future.done():
+            item.future.set_exception(error)
+
+    def _rejection(self, sid: str, node: str, first: int, message: str) -> StoreError:
         if message.startswith("LEASELOST"):
             holder = message[10:] or None
-            error = LeaseLost(
-                f"session {item.sid}: node {item.node!r} does not hold the lease "
+            return LeaseLost(
+                f"session {sid}: node {node!r} does not hold the lease "
                 f"(held by {holder or 'nobody'}); stop driving this session",
                 holder,
             )
-        elif message.startswith("SEQCONFLICT"):
-            error = SeqConflict(
-                f"session {item.sid}: append starts at seq {item.first} but the log ends "
+        if message.startswith("SEQCONFLICT"):
+            return SeqConflict(
+                f"session {sid}: append starts at seq {first} but the log ends "
                 f"at {message[12:]}; another writer raced: reload last_seq before writing"
             )
-        else:
-            error = self._error(ResponseError(message), "appending", "")
-        if not item.future.done():
-            item.future.set_exception(error)
+        return self._error(ResponseError(message), "appending", "")
+
+    # --- the pipe: rounds answered by callback (gateway.store.redis_pipe) ------
+
+    def send_on_pipe(
+        self,
+        batches: Sequence[tuple[str, str, Sequence[LogEntry], Sequence[bytes]]],
+        on_done: Callable[[list[BaseException | None]], None],
+    ) -> bool:
+        """Send a round on the pipe if it is connected; False: take the awaited path.
+
+        ``on_done(results)`` is called once, from the pipe's ``data_received``
+        (or when the connection ends or the round overruns its budget).
+        """
+        pipe = self._pipe
+        if pipe is None:
+            return False
+        if not pipe.ready:
+            pipe.warm()
+            return False
+        commands: list[bytes] = []
+        sent: list[tuple[int, str, str, int]] = []  # (index, sid, node, first) per command
+        results: list[BaseException | None] = [None] * len(batches)
+        limits = self._limits
+        prefix = self._prefix
+        for i, (sid, node, entries, history) in enumerate(batches):
+            try:
+                first = _consecutive(sid, entries)
+            except ValueError as exc:
+                results[i] = exc
+                continue
+            commands.append(
+                pack_append(
+                    f"{prefix}:{{{sid}}}:".encode(),
+                    node.encode(),
+                    limits,
+                    first,
+                    [data for _, data in entries],
+                    history,
+                )
+            )
+            sent.append((i, sid, node, first))
+        if not commands:
+            asyncio.get_running_loop().call_soon(on_done, results)
+            return True
+        stats = self.stats
+        stats.appends += len(commands)
+        stats.flushes += 1
+        stats.pipe_rounds += 1
+        if len(commands) > stats.max_batch:
+            stats.max_batch = len(commands)
+        pipe.send(
+            b"".join(commands),
+            len(commands),
+            partial(self._pipe_replies, batches, sent, results, on_done),
+        )
+        return True
+
+    def _pipe_replies(
+        self,
+        batches: Sequence[tuple[str, str, Sequence[LogEntry], Sequence[bytes]]],
+        sent: list[tuple[int, str, str, int]],
+        results: list[BaseException | None],
+        on_done: Callable[[list[BaseException | None]], None],
+        replies: Replies,
+    ) -> None:
+        if isinstance(replies, BaseException):
+            error = self._error(
+                replies,
+                "appending",
+                "; the append may or may not be stored: read last_seq before writing again",
+            )
+            for i, *_ in sent:
+                results[i] = error
+            on_done(results)
+            return
+        again: list[int] = []
+        for (i, sid, node, first), line in zip(sent, replies, strict=True):
+            if line == b":1":
+                continue
+            if line.startswith(b"-NOSCRIPT") or line.startswith(_REDIRECT_REPLIES):
+                again.append(i)  # not run: send it again the awaited way (loads, retries)
+            else:
+                results[i] = self._rejection(sid, node, first, line[1:].decode(errors="replace"))
+        if not again:
+            on_done(results)
+            return
+        if self._pipe is not None:
+            self._pipe.reset()  # READONLY and the like: the next connect finds the primary
+        task = asyncio.get_running_loop().create_task(
+            self._append_again(batches, again, results, on_done)
+        )
+        self._again.add(task)
+        task.add_done_callback(self._again.discard)
+
+    async def _append_again(
+        self,
+        batches: Sequence[tuple[str, str, Sequence[LogEntry], Sequence[bytes]]],
+        again: list[int],
+        results: list[BaseException | None],
+        on_done: Callable[[list[BaseException | None]], None],
+    ) -> None:
+        futures = [self.enqueue(*batches[i], start=False) for i in again]
+        try:
+            await self.flush_queued()
+            outcomes = await asyncio.gather(*futures, return_exceptions=True)
+        except BaseException as exc:
+            outcomes = [exc] * len(again)
+            raise
+        finally:
+            for i, outcome in zip(again, outcomes, strict=True):
+                results[i] = outcome
+            on_done(results)
+
+
+def _consecutive(sid: str, entries: Sequence[LogEntry]) -> int:
+    """The first seq of ``entries`` (0: none); ValueError unless they are consecutive."""
+    first = entries[0].seq if entries else 0
+    expect = first
+    for seq, _ in entries:
+        if seq != expect:
+            raise ValueError(
+                f"append to {sid}: entries must have consecutive seqs, got {seq} after {expect - 1}"
+            )
+        expect += 1
+    return first
 
 
 async def _parsed_lines(conn: AbstractConnection, count: int) -> AsyncIterator[list[bytes]]:

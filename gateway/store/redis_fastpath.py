@@ -1,4 +1,4 @@
-"""The append hot path's two shortcuts past redis-py, isolated and measured.
+"""The append hot path's shortcuts past redis-py, isolated and measured.
 
 1. ``pack_append``: the append's ``EVALSHA`` packed as RESP bytes once, in
    ``append``, instead of by redis-py's generic ``pack_commands`` at flush
@@ -9,6 +9,9 @@
    script only answers ``:1`` or one error line, and ``WAIT`` an integer, so
    a reply is a line. Safe because the connection is the group commit's for
    the round trip and idle before it (RESP2, no push messages).
+3. ``take_transport``: a connected connection's transport, which
+   ``gateway.store.redis_pipe`` then reads with a protocol of its own (the log
+   writer's rounds answered from ``data_received``, no await per round).
 
 Measured with ``tests/bench/store_bench.py`` (1,000 sessions each appending one
 60-byte event as fast as the store answers, one local redis-server 7.0, redis-py
@@ -38,7 +41,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Sequence
-from typing import Final
+from typing import Final, cast
 
 from redis.asyncio.connection import AbstractConnection
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -52,6 +55,7 @@ __all__ = [
     "fast_replies",
     "pack_append",
     "reply_lines",
+    "take_transport",
 ]
 
 
@@ -127,3 +131,20 @@ async def reply_lines(conn: AbstractConnection, count: int) -> AsyncIterator[lis
             raise RedisConnectionError("more replies than commands: protocol out of sync")
         if lines:
             yield lines
+
+
+def take_transport(conn: AbstractConnection) -> asyncio.Transport | None:
+    """The connected ``conn``'s transport, for a protocol of our own (``redis_pipe``).
+
+    redis-py reads through an ``asyncio.StreamReader`` fed by the transport;
+    once the caller sets another protocol on it, ``conn`` must not be used again.
+    None: a connection that does not read through a stream transport.
+    """
+    writer = getattr(conn, "_writer", None)
+    if not isinstance(writer, asyncio.StreamWriter) or not fast_replies(conn):
+        return None
+    transport = writer.transport
+    # uvloop's transports are not asyncio.Transport subclasses: check what is used.
+    if all(callable(getattr(transport, name, None)) for name in ("set_protocol", "write", "abort")):
+        return cast(asyncio.Transport, transport)
+    return None

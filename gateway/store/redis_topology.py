@@ -111,6 +111,13 @@ class Topology(abc.ABC):
     async def refresh(self) -> None:  # noqa: B027 - a single server has nothing to learn
         """Learn the topology again (after MOVED, or a node that refused connections)."""
 
+    def single_server_connection(self) -> Callable[[], AbstractConnection] | None:
+        """Makes a new connection to the one server every key lives on (None: several).
+
+        For ``gateway.store.redis_pipe``, which needs every append on one connection.
+        """
+        return None
+
     @abc.abstractmethod
     async def blocking(self, key: str, *args: Any) -> Any:
         """A command that may block (``XREAD BLOCK``) on ``key``'s node, on its own pool."""
@@ -151,6 +158,10 @@ class SingleTopology(Topology):
 
     def route(self, key: str) -> Route:
         return self._route
+
+    def single_server_connection(self) -> Callable[[], AbstractConnection]:
+        make: Callable[[], AbstractConnection] = self.client.connection_pool.make_connection
+        return make
 
     async def blocking(self, key: str, *args: Any) -> Any:
         return await self._blocking_cmd(*args)

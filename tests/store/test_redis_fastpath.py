@@ -22,6 +22,7 @@ from gateway.store.redis_fastpath import (
     fast_replies,
     pack_append,
     reply_lines,
+    take_transport,
 )
 from gateway.store.redis_scripts import APPEND
 
@@ -99,3 +100,30 @@ async def test_a_connection_closed_by_the_server_is_seen(conn: Connection, redis
                 await asyncio.sleep(0.01)
     finally:
         await admin.aclose()
+
+
+async def test_a_connections_transport_can_be_read_by_another_protocol(redis_url: str) -> None:
+    """What ``redis_pipe`` relies on: take the transport, set a protocol, get the replies."""
+    client = Redis.from_url(redis_url, protocol=2)
+    connection = client.connection_pool.make_connection()
+    await connection.connect()
+    try:
+        transport = take_transport(connection)
+        assert transport is not None, (
+            "redis-py no longer writes through an asyncio.StreamWriter at Connection._writer: "
+            "gateway.store.redis_pipe cannot take its transport"
+        )
+        got: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+
+        class Replies(asyncio.Protocol):
+            def data_received(self, data: bytes) -> None:
+                if not got.done():
+                    got.set_result(data)
+
+        transport.set_protocol(Replies())
+        transport.write(b"*1\r\n$4\r\nPING\r\n")
+        async with asyncio.timeout(5):
+            assert await got == b"+PONG\r\n"
+        transport.abort()
+    finally:
+        await client.aclose()

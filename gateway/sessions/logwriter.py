@@ -18,16 +18,17 @@ rounds that must await (a previous append failed in flight and the log is read
 first; a lease to take back) run in a task of their own.
 
 **Linger.** At low load a round carries one event: each token costs its own
-Redis write, read and wake-ups (measured: most of the node's CPU per event at
-50 sessions, docs/performance.md). With ``linger`` > 0 a round whose first
-event is marked waits until ``linger`` seconds after that mark for more
-sessions to join, but only while traffic is steady and light: the previous
-round started within ``LINGER_RECENT`` lingers and carried fewer than
-``LINGER_FULL`` sessions. A lone event after a quiet spell goes at once; a
-round trip already in flight counts towards the wait (the deadline is from the
-mark, not from the end of the previous round); and as soon as ``LINGER_FULL``
-sessions are waiting the round goes. "Log, then send" is unchanged: events
-still reach clients only after their append is stored.
+Redis write and read, and on a VM each of those wakes another process
+(measured: most of the Redis gateway's extra CPU per event at 50 sessions,
+docs/performance.md). With ``linger`` > 0 a round waits for company, but only
+while traffic is steady and light: the previous round started within
+``LINGER_RECENT`` lingers and carried fewer than ``LINGER_FULL`` sessions.
+It goes as soon as an event arrives in a later loop pass than the one it
+started waiting in (so two sessions' tokens share a round trip and no timer
+has to wake the loop), when ``LINGER_FULL`` sessions are waiting, or
+``linger`` seconds after its first event was marked, whichever is first. A
+lone event after a quiet spell goes at once. "Log, then send" is unchanged:
+events still reach clients only after their append is stored.
 """
 
 from __future__ import annotations
@@ -107,6 +108,7 @@ class LogWriter:
         self._last_round = -math.inf  # loop time the previous round started
         self._last_size = 0  # sessions in the previous round
         self._lingering: asyncio.TimerHandle | None = None
+        self._same_tick = False  # still in the loop pass that started the linger
         self._task: asyncio.Task[None] | None = None  # a round that needs awaits
 
     def mark(self, source: LogSource) -> None:
@@ -118,7 +120,7 @@ class LogWriter:
         if not self._busy:
             self._busy = True
             self._schedule()
-        elif self._lingering is not None and len(dirty) >= LINGER_FULL:
+        elif self._lingering is not None and (len(dirty) >= LINGER_FULL or not self._same_tick):
             self._lingering.cancel()
             self._lingering = None
             asyncio.get_running_loop().call_soon(self._start_round)
@@ -143,9 +145,14 @@ class LogWriter:
         if delay > 0:
             self.lingered += 1
             self._lingering = loop.call_later(delay, self._start_round)
+            self._same_tick = True
+            loop.call_soon(self._tick_over)
         else:
             # Not run now: every session that is ready in this tick marks first.
             loop.call_soon(self._start_round)
+
+    def _tick_over(self) -> None:
+        self._same_tick = False
 
     def _linger_delay(self, now: float) -> float:
         """How long a light round waits for more sessions (see the module docstring)."""

@@ -16,6 +16,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import InvalidHandshake, InvalidStatus, InvalidURI
 
 from gateway.upstream.base import UpstreamClosed
+from gateway.upstream.wsread import FastReadConnection
 
 __all__ = ["CLOSE_TIMEOUT", "MAX_FRAME", "dial", "websocket_url"]
 
@@ -61,6 +62,7 @@ async def dial(
             max_size=MAX_FRAME,
             open_timeout=connect_timeout,
             close_timeout=CLOSE_TIMEOUT,
+            create_connection=FastReadConnection,
         )
     except InvalidStatus as exc:
         status = exc.response.status_code

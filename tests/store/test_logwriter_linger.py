@@ -114,3 +114,24 @@ async def test_no_linger_by_setting_writes_every_round_at_once() -> None:
         assert [e.seq for e in await store.read_log(session.sid, 0)] == [1, 2, 3]
     finally:
         await writer.close()
+
+
+async def test_an_event_in_a_later_loop_pass_ends_the_wait() -> None:
+    store = MemoryStore()
+    writer = LogWriter(store, NODE, linger=LONG)
+    first, second, third = await sessions(store, 3)
+    try:
+        first.emit()
+        writer.mark(first)
+        await first.stored.wait()
+        second.emit()
+        writer.mark(second)  # recent and light: it lingers
+        assert writer.lingered == 1
+        await asyncio.sleep(0)  # a later loop pass brings another session's event
+        await asyncio.sleep(0)
+        third.emit()
+        writer.mark(third)
+        await asyncio.gather(second.stored.wait(), third.stored.wait())  # not LONG
+        assert (writer.rounds, writer.lingered) == (2, 1)
+    finally:
+        await writer.close()

@@ -1,0 +1,142 @@
+"""``gateway.upstream.wsread``: the provider's frames read as websockets would, only cheaper.
+
+A real websockets server on loopback sends every kind of frame a provider may
+send; the client (``FastReadConnection``) must receive exactly what a plain
+websockets client receives, answer pings, and close with the same codes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+import pytest
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.asyncio.server import ServerConnection, serve
+from websockets.exceptions import ConnectionClosed
+from websockets.frames import Frame, Opcode
+
+from gateway.upstream.wsread import FastReadConnection, _at_frame_boundary
+
+pytestmark = pytest.mark.timeout(20)
+
+MESSAGES: list[str | bytes] = [
+    '{"type":"response.text.delta","delta":"Hel"}',
+    "é" * 200,  # 16-bit length, multi-byte UTF-8
+    "x" * 70_000,  # 64-bit length: arrives in several reads
+    b"\x00\x01binary",
+    "",
+]
+
+
+async def exchange(
+    server_script: Callable[[ServerConnection], Awaitable[None]],
+    client_script: Callable[[ClientConnection], Awaitable[None]],
+    *,
+    max_size: int = 1 << 20,
+) -> None:
+    async with serve(server_script, "127.0.0.1", 0, compression=None) as server:
+        port = server.sockets[0].getsockname()[1]
+        async with connect(
+            f"ws://127.0.0.1:{port}",
+            compression=None,
+            max_size=max_size,
+            create_connection=FastReadConnection,
+        ) as client:
+            await client_script(client)
+
+
+async def test_messages_pings_fragments_and_close_are_as_websockets_gives_them() -> None:
+    ponged = asyncio.Event()
+
+    async def server(ws: ServerConnection) -> None:
+        for message in MESSAGES:
+            await ws.send(message)
+        await ws.send(["frag", "mented"])  # a fragmented text message
+        pong = await ws.ping(b"are you there")
+        await pong
+        ponged.set()
+        for i in range(300):  # many small frames, coalesced into reads by TCP
+            await ws.send(f'{{"n":{i}}}')
+        await ws.close(4000, "bye")
+
+    async def client(ws: ClientConnection) -> None:
+        assert isinstance(ws, FastReadConnection)
+        got = [await ws.recv() for _ in MESSAGES]
+        assert got == MESSAGES
+        assert await ws.recv() == "fragmented"
+        assert [await ws.recv() for _ in range(300)] == [f'{{"n":{i}}}' for i in range(300)]
+        with pytest.raises(ConnectionClosed) as closed:
+            await ws.recv()
+        assert closed.value.rcvd is not None and closed.value.rcvd.code == 4000
+        assert ponged.is_set()
+        assert ws.frames_read_fast >= 300  # the fast path did read them
+
+    await exchange(server, client)
+
+
+async def test_frames_split_at_every_byte_arrive_whole() -> None:
+    async def server(ws: ServerConnection) -> None:
+        await ws.send("ready")
+        await ws.wait_closed()
+
+    async def client(ws: ClientConnection) -> None:
+        assert isinstance(ws, FastReadConnection)
+        assert await ws.recv() == "ready"
+        wire = b"".join(
+            Frame(Opcode.TEXT, text.encode()).serialize(mask=False)
+            for text in ("a", "b" * 300, "c" * 70_000)
+        )
+        for cut in (1, 2, 3, 4, 9, 10, 11, 305, len(wire) - 1):
+            ws.data_received(wire[:cut])
+            ws.data_received(wire[cut:])
+            assert [await ws.recv() for _ in range(3)] == ["a", "b" * 300, "c" * 70_000]
+        assert ws.frames_read_fast == 27  # all of them by the fast path
+
+    await exchange(server, client)
+
+
+async def test_an_oversized_frame_closes_with_1009_as_before() -> None:
+    async def server(ws: ServerConnection) -> None:
+        await ws.send("small")
+        await ws.send("y" * 5000)
+        await ws.wait_closed()
+
+    async def client(ws: ClientConnection) -> None:
+        assert await ws.recv() == "small"
+        with pytest.raises(ConnectionClosed) as closed:
+            await ws.recv()
+        assert closed.value.sent is not None and closed.value.sent.code == 1009
+
+    await exchange(server, client, max_size=1000)
+
+
+async def test_a_masked_frame_from_the_server_is_a_protocol_error() -> None:
+    async def server(ws: ServerConnection) -> None:
+        await ws.send("ready")
+        await ws.wait_closed()
+
+    async def client(ws: ClientConnection) -> None:
+        assert await ws.recv() == "ready"
+        ws.data_received(Frame(Opcode.TEXT, b"masked").serialize(mask=True))
+        with pytest.raises(ConnectionClosed) as closed:
+            await ws.recv()
+        assert closed.value.sent is not None and closed.value.sent.code == 1002
+
+    await exchange(server, client)
+
+
+async def test_the_parser_introspection_still_finds_the_frame_boundary() -> None:
+    """Fails if websockets changes how its parser waits (the fast path would never start)."""
+
+    async def server(ws: ServerConnection) -> None:
+        await ws.send("one")
+        await ws.wait_closed()
+
+    async with serve(server, "127.0.0.1", 0, compression=None) as srv:
+        port = srv.sockets[0].getsockname()[1]
+        async with connect(f"ws://127.0.0.1:{port}", compression=None) as plain:
+            assert await plain.recv() == "one"
+            assert _at_frame_boundary(plain.protocol)
+            plain.protocol.receive_data(b"\x81")  # half a frame header: not a boundary
+            assert not _at_frame_boundary(plain.protocol)

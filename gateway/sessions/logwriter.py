@@ -79,7 +79,7 @@ class LogSource(Protocol):
 log = logging.getLogger("gateway.sessions.logwriter")
 
 # Linger only if the previous round started less than this many lingers ago.
-LINGER_RECENT: Final = 10
+LINGER_RECENT: Final = 2
 # Linger only for rounds of fewer sessions than this; a round waits no longer once
 # this many sessions are waiting (under load the round trip in flight batches).
 LINGER_FULL: Final = 32

@@ -16,7 +16,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import InvalidHandshake, InvalidStatus, InvalidURI
 
 from gateway.upstream.base import UpstreamClosed
-from gateway.upstream.wsread import FastReadConnection
+from gateway.wsread import FastReadClientConnection
 
 __all__ = ["CLOSE_TIMEOUT", "MAX_FRAME", "dial", "websocket_url"]
 
@@ -62,7 +62,7 @@ async def dial(
             max_size=MAX_FRAME,
             open_timeout=connect_timeout,
             close_timeout=CLOSE_TIMEOUT,
-            create_connection=FastReadConnection,
+            create_connection=FastReadClientConnection,
         )
     except InvalidStatus as exc:
         status = exc.response.status_code

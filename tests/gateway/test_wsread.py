@@ -1,8 +1,10 @@
-"""``gateway.upstream.wsread``: the provider's frames read as websockets would, only cheaper.
+"""``gateway.wsread``: plain frames read as websockets would, only cheaper, on both sides.
 
 A real websockets server on loopback sends every kind of frame a provider may
-send; the client (``FastReadConnection``) must receive exactly what a plain
-websockets client receives, answer pings, and close with the same codes.
+send; the client (``FastReadClientConnection``) must receive exactly what a plain
+websockets client receives, answer pings, and close with the same codes. And
+the other way: the gateway's server connection (``BatchingConnection``) reads
+what a plain websockets client (a voice client, say) sends, masked.
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ from websockets.asyncio.server import ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 from websockets.frames import Frame, Opcode
 
-from gateway.upstream.wsread import FastReadConnection, _at_frame_boundary
+from gateway.edge.wsframes import BatchingConnection
+from gateway.wsread import FastReadClientConnection, at_frame_boundary
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -41,7 +44,7 @@ async def exchange(
             f"ws://127.0.0.1:{port}",
             compression=None,
             max_size=max_size,
-            create_connection=FastReadConnection,
+            create_connection=FastReadClientConnection,
         ) as client:
             await client_script(client)
 
@@ -61,7 +64,7 @@ async def test_messages_pings_fragments_and_close_are_as_websockets_gives_them()
         await ws.close(4000, "bye")
 
     async def client(ws: ClientConnection) -> None:
-        assert isinstance(ws, FastReadConnection)
+        assert isinstance(ws, FastReadClientConnection)
         got = [await ws.recv() for _ in MESSAGES]
         assert got == MESSAGES
         assert await ws.recv() == "fragmented"
@@ -81,7 +84,7 @@ async def test_frames_split_at_every_byte_arrive_whole() -> None:
         await ws.wait_closed()
 
     async def client(ws: ClientConnection) -> None:
-        assert isinstance(ws, FastReadConnection)
+        assert isinstance(ws, FastReadClientConnection)
         assert await ws.recv() == "ready"
         wire = b"".join(
             Frame(Opcode.TEXT, text.encode()).serialize(mask=False)
@@ -137,6 +140,57 @@ async def test_the_parser_introspection_still_finds_the_frame_boundary() -> None
         port = srv.sockets[0].getsockname()[1]
         async with connect(f"ws://127.0.0.1:{port}", compression=None) as plain:
             assert await plain.recv() == "one"
-            assert _at_frame_boundary(plain.protocol)
+            assert at_frame_boundary(plain.protocol)
             plain.protocol.receive_data(b"\x81")  # half a frame header: not a boundary
-            assert not _at_frame_boundary(plain.protocol)
+            assert not at_frame_boundary(plain.protocol)
+
+
+# --- the server side: a client's masked frames ------------------------------------
+
+
+async def test_the_gateways_server_connection_reads_what_a_client_sends() -> None:
+    got: list[str | bytes] = []
+    fast: list[int] = []
+    audio = [bytes([i % 256]) * 960 for i in range(300)]  # 20 ms of PCM16 at 24 kHz each
+
+    async def server(ws: ServerConnection) -> None:
+        assert isinstance(ws, BatchingConnection)
+        try:
+            async for message in ws:
+                got.append(message)
+        finally:
+            fast.append(ws.frames_read_fast)
+
+    async with serve(
+        server, "127.0.0.1", 0, compression=None, create_connection=BatchingConnection
+    ) as srv:
+        port = srv.sockets[0].getsockname()[1]
+        async with connect(f"ws://127.0.0.1:{port}", compression=None) as client:
+            for message in MESSAGES:
+                await client.send(message)
+            await client.send(["frag", "mented"])
+            await (await client.ping(b"still there?"))  # the server answers while reading fast
+            for frame in audio:
+                await client.send(frame)
+        srv.close()
+        await srv.wait_closed()  # the handler has read everything
+    assert got == [*MESSAGES, "fragmented", *audio]
+    assert fast and fast[0] >= 300
+
+
+async def test_an_unmasked_frame_from_a_client_is_a_protocol_error() -> None:
+    async def server(ws: ServerConnection) -> None:
+        await ws.send("ready")
+        async for _ in ws:
+            pass
+
+    async with serve(
+        server, "127.0.0.1", 0, compression=None, create_connection=BatchingConnection
+    ) as srv:
+        port = srv.sockets[0].getsockname()[1]
+        async with connect(f"ws://127.0.0.1:{port}", compression=None) as client:
+            assert await client.recv() == "ready"
+            client.transport.write(Frame(Opcode.TEXT, b"unmasked").serialize(mask=False))
+            with pytest.raises(ConnectionClosed) as closed:
+                await client.recv()
+            assert closed.value.rcvd is not None and closed.value.rcvd.code == 1002

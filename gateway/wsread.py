@@ -1,0 +1,137 @@
+"""Reading plain WebSocket data frames without websockets' generator parser: websockets internals, here only.
+
+Every token the model streams is one small text frame from the provider, and
+every 20 ms of a voice client's speech one binary frame to the gateway.
+websockets parses each through a chain of generator-based coroutines
+(``Protocol.parse`` → ``Frame.parse`` → ``StreamReader.read_exact``), a
+measured share of the gateway's CPU per event at low load, where every frame
+is its own ``data_received`` (docs/performance.md). ``FastReader`` reads the
+common frame itself: final, no RSV bits (no extension is negotiated: both
+sides run with ``compression=None``), text or binary, outside a fragmented
+message, within ``max_size``, masked exactly when the peer must mask (a
+client's frames to a server). It hands that frame to the same queue
+``recv()`` reads (``recv_messages.put``). Every other frame (ping, pong,
+close, fragments, anything odd) is handed whole to websockets' own parser,
+which is always at a frame boundary when it gets one, so pings are answered,
+closes handshaken and protocol errors reported exactly as before.
+
+It starts reading only once the handshake is over and websockets' parser is
+waiting for a new frame with nothing buffered (``at_frame_boundary``), and
+stops for good when the connection leaves the OPEN state.
+
+Internals used: ``Connection.protocol`` (``state``, ``side``, ``extensions``,
+``current_size``, ``max_message_size``, ``parser``, ``reader``),
+``Connection.recv_messages.put``, ``StreamReader.at_eof``, ``apply_mask``.
+``tests/gateway/test_wsread.py`` fails when a websockets release changes
+them; pyproject.toml bounds the major.
+"""
+
+from __future__ import annotations
+
+from websockets.asyncio.client import ClientConnection
+from websockets.asyncio.connection import Connection
+from websockets.frames import Frame, Opcode
+from websockets.protocol import SERVER, Protocol, State
+from websockets.streams import StreamReader
+
+try:  # websockets' C unmasking, as its own parser uses
+    from websockets.speedups import apply_mask
+except ImportError:  # pragma: no cover - a build without the C extension
+    from websockets.utils import apply_mask
+
+__all__ = ["FastReadClientConnection", "FastReader", "at_frame_boundary"]
+
+# First byte of a final, unfragmented text / binary frame with no RSV bit.
+_TEXT = 0x81
+_BINARY = 0x82
+_AT_EOF = StreamReader.at_eof.__code__
+
+
+def at_frame_boundary(protocol: Protocol) -> bool:
+    """websockets' parser is waiting for the first byte of a frame, with nothing buffered."""
+    if protocol.reader.buffer:
+        return False
+    gen = protocol.parser
+    while (inner := getattr(gen, "gi_yieldfrom", None)) is not None:
+        gen = inner
+    return getattr(gen, "gi_code", None) is _AT_EOF
+
+
+class FastReader(Connection):
+    """Mixed into a websockets connection class: reads its peer's plain data frames (see the module)."""
+
+    _fast = False
+    _rest = b""
+    frames_read_fast = 0
+    """Data frames this class read itself (the rest went through websockets)."""
+
+    def data_received(self, data: bytes) -> None:
+        if not self._fast:
+            super().data_received(data)
+            protocol = self.protocol
+            if (
+                protocol.state is State.OPEN
+                and not protocol.extensions
+                and at_frame_boundary(protocol)
+            ):
+                self._fast = True
+            return
+        buf = self._rest + data if self._rest else data
+        self._rest = b""
+        protocol = self.protocol
+        masked = protocol.side is SERVER  # a client masks every frame; a server never does
+        mask_bit = 0x80 if masked else 0
+        limit = protocol.max_message_size
+        put = self.recv_messages.put
+        pos = 0
+        end_of_data = len(buf)
+        while end_of_data - pos >= 2:
+            first = buf[pos]
+            second = buf[pos + 1]
+            if second & 0x80 != mask_bit:
+                self._slow(buf[pos:])  # websockets refuses it (1002), as before
+                return
+            length = second & 0x7F
+            head = 2
+            if length == 126:
+                if end_of_data - pos < 4:
+                    break
+                length = int.from_bytes(buf[pos + 2 : pos + 4])
+                head = 4
+            elif length == 127:
+                if end_of_data - pos < 10:
+                    break
+                length = int.from_bytes(buf[pos + 2 : pos + 10])
+                head = 10
+            if limit is not None and length > limit:
+                self._slow(buf[pos:])  # websockets closes with 1009, as before
+                return
+            start = pos + head + (4 if masked else 0)
+            end = start + length
+            if end > end_of_data:
+                break
+            if first in (_TEXT, _BINARY) and protocol.current_size is None:
+                payload = buf[start:end]
+                if masked:
+                    payload = apply_mask(payload, buf[start - 4 : start])
+                put(Frame(Opcode.TEXT if first == _TEXT else Opcode.BINARY, payload))
+                self.frames_read_fast += 1
+            else:
+                super().data_received(buf[pos:end])  # exactly one frame: a boundary after it
+                if protocol.state is not State.OPEN:
+                    self._slow(buf[end:])
+                    return
+            pos = end
+        if pos < end_of_data:
+            self._rest = buf[pos:]
+
+    def _slow(self, data: bytes) -> None:
+        """From here on websockets parses everything (closing, or a frame it must refuse)."""
+        self._fast = False
+        self._rest = b""
+        if data:
+            super().data_received(data)
+
+
+class FastReadClientConnection(FastReader, ClientConnection):
+    """The gateway's connection to a provider."""

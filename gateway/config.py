@@ -188,8 +188,12 @@ class Config(msgspec.Struct, kw_only=True):
     ] = 10.0
     log_linger: Annotated[
         Seconds,
-        Setting("seconds a log append waits for more events to share its round trip", STORE),
-    ] = 0.0
+        Setting(
+            "at most, seconds a log append waits for more events to share its round trip, "
+            "and only while events come faster than that; 0: never",
+            STORE,
+        ),
+    ] = 0.002
     durability: Annotated[
         Literal["local", "replicated"],
         Setting(

@@ -21,8 +21,10 @@ first; a lease to take back) run in a task of their own.
 Redis write and read, and on a VM each of those wakes another process
 (measured: most of the Redis gateway's extra CPU per event at 50 sessions,
 docs/performance.md). With ``linger`` > 0 a round waits for company, but only
-while traffic is steady and light: the previous round started within
-``LINGER_RECENT`` lingers and carried fewer than ``LINGER_FULL`` sessions.
+while traffic is steady enough to bring some: the mean gap between marks is
+below ``linger`` and the previous round carried fewer than
+``LINGER_FULL`` sessions (at 10 paced sessions, a mark every ~5 ms, a 2 ms
+linger would mostly wait alone and then be woken by its timer).
 It goes as soon as an event arrives in a later loop pass than the one it
 started waiting in (so two sessions' tokens share a round trip and no timer
 has to wake the loop), when ``LINGER_FULL`` sessions are waiting, or
@@ -78,8 +80,10 @@ class LogSource(Protocol):
 
 log = logging.getLogger("gateway.sessions.logwriter")
 
-# Linger only if the previous round started less than this many lingers ago.
-LINGER_RECENT: Final = 2
+# Linger only while the mean gap between marks (an exponentially weighted
+# average, weight LINGER_WEIGHT per new gap) is below the linger: company is
+# then likely to come within it.
+LINGER_WEIGHT: Final = 0.125
 # Linger only for rounds of fewer sessions than this; a round waits no longer once
 # this many sessions are waiting (under load the round trip in flight batches).
 LINGER_FULL: Final = 32
@@ -105,8 +109,9 @@ class LogWriter:
         self._busy = False
         self._closed = False
         self._first_mark = 0.0  # loop time of the first mark of the next round
-        self._last_round = -math.inf  # loop time the previous round started
         self._last_size = 0  # sessions in the previous round
+        self._last_mark = -math.inf  # loop time of the previous mark
+        self._gap = math.inf  # mean seconds between marks (see LINGER_COMPANY)
         self._lingering: asyncio.TimerHandle | None = None
         self._same_tick = False  # still in the loop pass that started the linger
         self._task: asyncio.Task[None] | None = None  # a round that needs awaits
@@ -114,8 +119,15 @@ class LogWriter:
     def mark(self, source: LogSource) -> None:
         """``source`` has something to write (called once until it is taken)."""
         dirty = self._dirty
-        if not dirty and self.linger > 0:
-            self._first_mark = asyncio.get_running_loop().time()
+        if self.linger > 0:
+            now = asyncio.get_running_loop().time()
+            gap = min(now - self._last_mark, 10 * self.linger)
+            self._last_mark = now
+            self._gap = (
+                gap if self._gap == math.inf else self._gap + (gap - self._gap) * LINGER_WEIGHT
+            )
+            if not dirty:
+                self._first_mark = now
         dirty.append(source)
         if not self._busy:
             self._busy = True
@@ -157,8 +169,8 @@ class LogWriter:
     def _linger_delay(self, now: float) -> float:
         """How long a light round waits for more sessions (see the module docstring)."""
         linger = self.linger
-        recent = now - self._last_round < LINGER_RECENT * linger
-        if recent and self._last_size < LINGER_FULL and len(self._dirty) < LINGER_FULL:
+        steady = self._gap < linger
+        if steady and self._last_size < LINGER_FULL and len(self._dirty) < LINGER_FULL:
             return self._first_mark + linger - now
         return 0.0
 
@@ -167,7 +179,6 @@ class LogWriter:
         if self._closed:
             return
         dirty, self._dirty = self._dirty, []
-        self._last_round = asyncio.get_running_loop().time()
         self._last_size = len(dirty)
         self.rounds += 1
         try:

@@ -54,3 +54,23 @@ async def test_a_batch_arrives_as_separate_frames_in_one_write() -> None:
             await sent.wait()
     assert got == [f.decode() for f in FRAMES]
     assert len(writes) == 2, f"expected one write per batch, saw {writes}"
+
+
+@pytest.mark.timeout(20)
+async def test_frames_built_without_websockets_arrive_whole_at_every_length() -> None:
+    """Uncompressed, ``write_now`` frames text itself: every header size must be right."""
+    texts = ["", "a" * 125, "b" * 126, "é" * 300, "c" * 65535, "d" * 65536, "e" * 70_000]
+
+    async def handler(ws: ServerConnection) -> None:
+        assert not ws.protocol.extensions  # the direct path, not websockets' framing
+        write_now(ws, [t.encode() for t in texts[:3]])
+        for text in texts[3:]:
+            write_now(ws, [text.encode()])
+        await ws.wait_closed()
+
+    async with serve(
+        handler, "127.0.0.1", 0, compression=None, create_connection=BatchingConnection
+    ) as server:
+        port = server.sockets[0].getsockname()[1]
+        async with connect(f"ws://127.0.0.1:{port}", compression=None, max_size=None) as client:
+            assert [await client.recv() for _ in texts] == texts

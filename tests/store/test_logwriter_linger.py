@@ -52,8 +52,8 @@ class Session:
         raise AssertionError("the writer broke")
 
 
-async def sessions(store: MemoryStore, count: int) -> list[Session]:
-    made = [Session(f"s{i}") for i in range(count)]
+async def sessions(store: MemoryStore, count: int, prefix: str = "s") -> list[Session]:
+    made = [Session(f"{prefix}{i}") for i in range(count)]
     for session in made:
         assert await store.acquire_lease(session.sid, NODE, 60)
     return made
@@ -74,14 +74,21 @@ async def test_a_lone_event_after_a_quiet_spell_is_written_at_once() -> None:
         await writer.close()
 
 
+async def steady(writer: LogWriter, store: MemoryStore) -> None:
+    """Marks coming faster than the linger (a round of them): traffic the writer calls steady."""
+    made = await sessions(store, 20, prefix="warm")
+    for session in made:
+        session.emit()
+        writer.mark(session)
+    await asyncio.gather(*(session.stored.wait() for session in made))
+
+
 async def test_steady_light_traffic_shares_one_round_until_it_is_full() -> None:
     store = MemoryStore()
     writer = LogWriter(store, NODE, linger=LONG)
-    first, *others = await sessions(store, LINGER_FULL + 1)  # LINGER_FULL in round two
+    others = await sessions(store, LINGER_FULL)  # LINGER_FULL in round two
     try:
-        first.emit()
-        writer.mark(first)
-        await first.stored.wait()
+        await steady(writer, store)
         # The previous round was recent and small: the next one lingers for
         # company, and goes as soon as LINGER_FULL sessions are waiting.
         second, *rest = others
@@ -119,11 +126,9 @@ async def test_no_linger_by_setting_writes_every_round_at_once() -> None:
 async def test_an_event_in_a_later_loop_pass_ends_the_wait() -> None:
     store = MemoryStore()
     writer = LogWriter(store, NODE, linger=LONG)
-    first, second, third = await sessions(store, 3)
+    second, third = await sessions(store, 2)
     try:
-        first.emit()
-        writer.mark(first)
-        await first.stored.wait()
+        await steady(writer, store)
         second.emit()
         writer.mark(second)  # recent and light: it lingers
         assert writer.lingered == 1

@@ -306,9 +306,12 @@ class Writers:
     what landed and goes on from there, as the gateway's unsure-batch logic does.
     """
 
-    def __init__(self, store: RedisStore, sids: list[str]) -> None:
+    def __init__(self, store: RedisStore, sids: list[str], *, rounds: bool = False) -> None:
         self.store = store
         self.sids = sids
+        # rounds: append as the node's log writer does (``submit_appends``,
+        # the append pipe on one server) rather than with ``append``.
+        self.rounds = rounds
         self.stored = dict.fromkeys(sids, 0)
         self.failures = 0
         self._stop = False
@@ -322,13 +325,25 @@ class Writers:
         seq = 0
         while not self._stop:
             try:
-                await self.store.append(sid, "n1", [event(sid, seq + 1)])
+                if self.rounds:
+                    await self._round(sid, seq + 1)
+                else:
+                    await self.store.append(sid, "n1", [event(sid, seq + 1)])
             except StoreUnavailable:
                 self.failures += 1
                 seq = await self._last_seq(sid)
             else:
                 seq += 1
                 self.stored[sid] = seq
+
+    async def _round(self, sid: str, seq: int) -> None:
+        answered: asyncio.Future[list[BaseException | None]] = (
+            asyncio.get_running_loop().create_future()
+        )
+        self.store.submit_appends([(sid, "n1", [event(sid, seq)], [])], answered.set_result)
+        (result,) = await answered
+        if result is not None:
+            raise result
 
     async def _last_seq(self, sid: str) -> int:
         while True:
@@ -431,6 +446,44 @@ async def test_sentinel_master_killed_mid_appends(tmp_path: Path) -> None:
         await writers.progressed(20)
         await writers.stop()
         await writers.check_nothing_reported_stored_was_lost()
+    finally:
+        await store.close()
+        await asyncio.to_thread(setup.stop)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(90)
+async def test_the_append_pipe_follows_a_sentinel_failover(tmp_path: Path) -> None:
+    """The log writer's rounds ride the append pipe; a failover moves it to the new primary.
+
+    The demoted primary answers READONLY or drops the connection: either way
+    the round is sent again or reported "maybe stored", the pipe reconnects
+    through Sentinel, and every session's log stays one gapless sequence.
+    """
+    setup = SentinelRedis(tmp_path)
+    await asyncio.to_thread(setup.start)
+    store = failover_store(setup.url)
+    try:
+        writers = Writers(store, [f"p{i}" for i in range(8)], rounds=True)
+        await writers.start()
+        await writers.progressed(5)
+        assert store.stats.pipe_rounds > 0
+
+        old_port = setup.master_port()
+        with setup.sentinels[0].client() as sentinel:
+            sentinel.execute_command("SENTINEL", "FAILOVER", setup.name)
+        await asyncio.to_thread(
+            wait_until, lambda: setup.master_port() != old_port, "sentinel failover"
+        )
+        await writers.progressed(5)  # the new primary takes appends
+        before = store.stats.pipe_rounds
+        await writers.progressed(5)
+        assert store.stats.pipe_rounds > before  # and they ride the pipe again
+        await writers.stop()
+        for sid in writers.sids:  # one gapless sequence (durability=local may drop a tail)
+            log = await store.read_log(sid, 0, limit=1_000_000)
+            assert log == [event(sid, seq) for seq in range(1, len(log) + 1)], sid
+            assert len(log) >= 10
     finally:
         await store.close()
         await asyncio.to_thread(setup.stop)

@@ -439,7 +439,9 @@ async def test_sentinel_master_killed_mid_appends(tmp_path: Path) -> None:
         victim = setup.by_port(old_port)
         victim.kill()
         await asyncio.to_thread(
-            wait_until, lambda: setup.master_port() != old_port, "sentinel failover"
+            wait_until,
+            lambda: setup.failed_over_from(old_port),
+            "every sentinel knows the failover",
         )
         # Back as a replica of the new primary (Sentinel reconfigures it).
         await restart(victim)

@@ -231,6 +231,23 @@ class SentinelRedis:
             _host, port = c.sentinel_get_master_addr_by_name(self.name)
         return int(port)
 
+    def failed_over_from(self, port: int) -> bool:
+        """Every sentinel names a primary other than ``port``.
+
+        Only the leader performs a failover; the others learn of it from its
+        hello messages (every 2 s). A primary restarted before they all know
+        is, for a stale sentinel, the master again (it is up and says
+        ``role:master``), and a client asking that sentinel writes to it until
+        Sentinel demotes it: Redis Sentinel's documented window, not the
+        store's to close.
+        """
+        for sentinel in self.sentinels:
+            with sentinel.client() as c:
+                _host, reported = c.sentinel_get_master_addr_by_name(self.name)
+            if int(reported) == port:
+                return False
+        return True
+
     def by_port(self, port: int) -> RedisProcess:
         servers = [self.servers.primary, self.servers.replica]
         return next(s for s in servers if s is not None and s.port == port)

@@ -66,7 +66,7 @@ class _RelayFrame(msgspec.Struct):
     upstream: _Delta = msgspec.field(default_factory=_Delta)
 
 
-_content: Final = msgspec.json.Decoder(_Content).decode
+decode_content: Final = msgspec.json.Decoder(_Content).decode
 _relay: Final = msgspec.json.Decoder(_RelayFrame).decode
 
 
@@ -105,11 +105,11 @@ class PacingObserver:
             self._respond[session] = n
             last_char = n - 1
         elif kind == "think":
-            n = self._think[session] + len(_content(data).content)
+            n = self._think[session] + len(decode_content(data).content)
             self._think[session] = n
             last_char = self.think_start + n - 1
         else:
-            n = self._respond[session] + len(_content(data).content)
+            n = self._respond[session] + len(decode_content(data).content)
             self._respond[session] = n
             last_char = self.respond_start + n - 1
         delta_index = last_char // self.chunk

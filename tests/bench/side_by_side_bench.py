@@ -37,7 +37,8 @@ medians are printed. One measurement: N sessions ramped, one warm-up turn each
 CPU time (``/proc/PID/stat`` utime + stime, with its child processes) and the
 content events the client received are counted. Reported:
 
-- server CPU µs per event (the simulator's own for ``sim``), events/s;
+- server CPU µs per upstream delta handled (the simulator's own for ``sim``)
+  and per content event delivered (``Observer`` says why both), events/s;
 - delivery delay p50/p99 against the simulator's schedule (see
   ``latency_bench.py``) and the *added* p50/p99: target − simulator alone
   (a difference of percentiles of two runs of the same load);
@@ -68,7 +69,7 @@ from typing import Final
 
 import benchlib as B
 import msgspec
-from latency_bench import PacingObserver
+from latency_bench import PacingObserver, decode_content
 from websockets.asyncio.client import connect
 
 from gateway.client.loadtest import LoadTest, LoadTestConfig, sized_message
@@ -296,20 +297,59 @@ async def openai_wire_load(
 
 
 class Observer(PacingObserver):
-    """``PacingObserver`` plus the OpenAI wire, and a count of content events."""
+    """``PacingObserver`` plus the OpenAI wire, and counts of events.
+
+    ``events``: content events the client received. ``upstream``: the
+    simulator's deltas the target handled to deliver them, the load every
+    target is given alike. A passthrough forwards each delta as one event; the
+    gateway parses the protocol markers out (``<think>``, ``</think>``,
+    ``<end>``: 3 of the 43 deltas of a turn here carry nothing else), so it
+    delivers fewer events for the same deltas. CPU is compared per upstream
+    delta: per delivered event would charge the gateway for the markers it
+    strips as if it had been handed less work.
+    """
 
     def __init__(self, *, relay: bool, message: str, rate: float, chunk: int) -> None:
         super().__init__(relay=relay, message=message, rate=rate, chunk=chunk, warmup=1)
         self.events = 0
+        self.upstream = 0
+        self._deltas_per_turn = -(-len(sim_reply(message)) // chunk)
+        self._covered: dict[int, int] = {}  # per session: deltas of this turn counted
+        self._chars: dict[int, list[int]] = {}  # per session: think, respond chars this turn
+
+    def turn_started(self, session: int, turn: int, t: float) -> None:
+        # The deltas after the last content event (``<end>``) were handled too.
+        covered = self._covered.pop(session, None)
+        if covered is not None:
+            self.upstream += self._deltas_per_turn - covered
+        self._covered[session] = 0
+        self._chars[session] = [0, 0]
+        super().turn_started(session, turn, t)
 
     def event(self, session: int, turn: int, kind: str, data: bytes, t: float) -> None:
         if kind in ("think", "respond"):
             self.events += 1
+            if self.relay:  # the relay forwards every delta as one event
+                self._cover(session, self._covered.get(session, 0) + 1)
+            else:
+                chars = self._chars.setdefault(session, [0, 0])
+                index = kind == "respond"
+                chars[index] += len(decode_content(data).content)
+                start = self.respond_start if index else self.think_start
+                self._cover(session, (start + chars[index] - 1) // self.chunk + 1)
         super().event(session, turn, kind, data, t)
+
+    def _cover(self, session: int, through: int) -> None:
+        """Deltas 1..``through`` of this turn reached the client (at least in part)."""
+        covered = self._covered.get(session, 0)
+        if through > covered:
+            self.upstream += through - covered
+            self._covered[session] = through
 
     def openai_delta(self, session: int, turn: int, delta: str, t: float) -> None:
         """A raw delta: its offset is the characters received so far (as for the relay)."""
         self.events += 1
+        self._cover(session, self._covered.get(session, 0) + 1)
         if turn < self.warmup:
             return
         n = self._respond[session] + len(delta)
@@ -326,7 +366,8 @@ class Run:
     target: str
     sessions: int
     events_per_s: float
-    cpu_us_per_event: float
+    cpu_us_per_event: float  # per upstream delta handled (see ``Observer``)
+    cpu_us_per_delivered: float  # per content event the client received
     server_cores: float
     redis_cores: float
     other_cores: float
@@ -380,7 +421,7 @@ async def measure(target: str, sessions: int, srv: Servers, args: argparse.Names
     window = max(1.0, (args.turns - 1.2) * turn_s)
     redis_pids = srv.redis_pids.get(target, [])
 
-    def sample() -> tuple[float, float, float, float, float, int]:
+    def sample() -> tuple[float, float, float, float, float, int, int]:
         return (
             time.perf_counter(),
             tree_cpu_seconds(server.pid),
@@ -388,6 +429,7 @@ async def measure(target: str, sessions: int, srv: Servers, args: argparse.Names
             B.cpu_seconds(srv.sim.pid),
             B.machine_busy_seconds(),
             observer.events,
+            observer.upstream,
         )
 
     spy = None
@@ -396,10 +438,10 @@ async def measure(target: str, sessions: int, srv: Servers, args: argparse.Names
             f"{args.profile.stem}-{target}-{sessions}{args.profile.suffix}"
         )
         spy = await B.start_py_spy(server.pid, window, out)
-    t1, cpu1, r1, s1, m1, e1 = sample()
+    t1, cpu1, r1, s1, m1, e1, u1 = sample()
     own1 = time.process_time()
     await asyncio.sleep(window)
-    t2, cpu2, r2, s2, m2, e2 = sample()
+    t2, cpu2, r2, s2, m2, e2, u2 = sample()
     own2 = time.process_time()
     result = await task
     if spy is not None:
@@ -409,6 +451,7 @@ async def measure(target: str, sessions: int, srv: Servers, args: argparse.Names
     observer.finish()
     wall = t2 - t1
     rate = (e2 - e1) / wall
+    handled = (u2 - u1) / wall
     server_cores = (cpu2 - cpu1) / wall
     redis_cores = (r2 - r1) / wall
     client = (own2 - own1) / wall
@@ -418,6 +461,7 @@ async def measure(target: str, sessions: int, srv: Servers, args: argparse.Names
         target,
         sessions,
         rate,
+        server_cores / handled * 1e6 if handled else float("nan"),
         server_cores / rate * 1e6 if rate else float("nan"),
         server_cores,
         redis_cores,
@@ -484,7 +528,7 @@ async def main() -> int:
                     runs.append(run)
                     print(
                         f"  {sessions:4} sessions {target:<13} {run.events_per_s:8,.0f} ev/s  "
-                        f"{run.cpu_us_per_event:6.1f} µs/ev  p50 {run.p50:6.2f}  "
+                        f"{run.cpu_us_per_event:6.1f} µs/ev ({run.cpu_us_per_delivered:6.1f} deliv)  p50 {run.p50:6.2f}  "
                         f"p99 {run.p99:7.2f} ms  other {run.other_cores:.2f}  "
                         f"load {load_average()}  errors {run.errors or 'none'}",
                         file=sys.stderr,
@@ -501,8 +545,10 @@ def print_results(args: argparse.Namespace, levels: list[int], runs: list[Run]) 
         f"medians of {args.repeats} interleaved repeats; load average now {load_average()}"
     )
     print(
-        "µs/ev: server CPU (utime+stime) per content event; added: delay − the simulator "
-        "alone's at that percentile (ms)"
+        "µs/ev: server CPU (utime+stime) per upstream delta handled (the same load for "
+        "every target); µs/deliv: per content event the client received (the gateway "
+        "strips the protocol markers, so it delivers ~7% fewer); added: delay − the "
+        "simulator alone's at that percentile (ms)"
     )
     rows: list[list[object]] = []
     ratio_rows: list[list[object]] = []
@@ -517,6 +563,7 @@ def print_results(args: argparse.Namespace, levels: list[int], runs: list[Run]) 
                 for k in (
                     "events_per_s",
                     "cpu_us_per_event",
+                    "cpu_us_per_delivered",
                     "server_cores",
                     "redis_cores",
                     "other_cores",
@@ -533,6 +580,7 @@ def print_results(args: argparse.Namespace, levels: list[int], runs: list[Run]) 
                     target,
                     m["events_per_s"],
                     m["cpu_us_per_event"],
+                    m["cpu_us_per_delivered"],
                     m["server_cores"],
                     m["redis_cores"],
                     m["p50"],
@@ -563,6 +611,7 @@ def print_results(args: argparse.Namespace, levels: list[int], runs: list[Run]) 
                 "target",
                 "ev/s",
                 "µs/ev",
+                "µs/deliv",
                 "srv cores",
                 "redis",
                 "p50",

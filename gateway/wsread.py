@@ -19,17 +19,36 @@ It starts reading only once the handshake is over and websockets' parser is
 waiting for a new frame with nothing buffered (``at_frame_boundary``), and
 stops for good when the connection leaves the OPEN state.
 
+**Messages queue.** What ``recv()`` reads is a ``MessageQueue`` in place of
+websockets' ``Assembler``: the fast path appends a whole message (no
+``Frame`` object), and ``recv()`` returns a queued message without awaiting.
+The ``Assembler`` took a frame through three coroutine layers and a future
+per message (``Assembler.get`` → ``SimpleQueue.get``, then ``maybe_resume``
+and a join): about 9% of the node's CPU at 50 streaming sessions, measured
+with py-spy (docs/performance.md). The queue keeps what the ``Assembler``
+gave: fragmented messages (from websockets' parser) are joined in order,
+reading pauses above ``max_queue`` messages and resumes below its low mark,
+messages queued before the close are still returned, then ``recv()`` raises
+``ConnectionClosed`` as before, and two concurrent ``recv()`` calls are refused.
+
 Internals used: ``Connection.protocol`` (``state``, ``side``, ``extensions``,
 ``current_size``, ``max_message_size``, ``parser``, ``reader``),
-``Connection.recv_messages.put``, ``StreamReader.at_eof``, ``apply_mask``.
-``tests/gateway/test_wsread.py`` fails when a websockets release changes
-them; pyproject.toml bounds the major.
+``Connection.recv_messages`` (its ``put``, ``get``, ``get_iter`` and ``close``,
+as ``Connection`` calls them), ``Connection.max_queue_high``/``max_queue_low``,
+``StreamReader.at_eof``, ``apply_mask``. ``tests/gateway/test_wsread.py``
+fails when a websockets release changes them; pyproject.toml bounds the major.
 """
 
 from __future__ import annotations
 
+import asyncio
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
 from websockets.asyncio.client import ClientConnection
 from websockets.asyncio.connection import Connection
+from websockets.exceptions import ConcurrencyError
 from websockets.frames import Frame, Opcode
 from websockets.protocol import SERVER, Protocol, State
 from websockets.streams import StreamReader
@@ -39,7 +58,7 @@ try:  # websockets' C unmasking, as its own parser uses
 except ImportError:  # pragma: no cover - a build without the C extension
     from websockets.utils import apply_mask
 
-__all__ = ["FastReadClientConnection", "FastReader", "at_frame_boundary"]
+__all__ = ["FastReadClientConnection", "FastReader", "MessageQueue", "at_frame_boundary"]
 
 # First byte of a final, unfragmented text / binary frame with no RSV bit.
 _TEXT = 0x81
@@ -57,6 +76,98 @@ def at_frame_boundary(protocol: Protocol) -> bool:
     return getattr(gen, "gi_code", None) is _AT_EOF
 
 
+class MessageQueue:
+    """Whole messages for ``recv()``, in place of websockets' ``Assembler`` (see the module)."""
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        high: int | None,
+        low: int | None,
+        pause: Callable[[], Any],
+        resume: Callable[[], Any],
+    ) -> None:
+        self._loop = loop
+        if high is not None and low is None:
+            low = high // 4
+        self._high = high
+        self._low = low or 0
+        self._pause = pause
+        self._resume = resume
+        self._paused = False
+        # (payload, is_text) of every whole message not yet returned.
+        self._messages: deque[tuple[bytes, bool]] = deque()
+        self._fragments: list[Frame] = []  # a fragmented message being joined
+        self._waiter: asyncio.Future[None] | None = None
+        self._getting = False
+        self.closed = False
+
+    def put(self, frame: Frame) -> None:
+        """A data frame from websockets' parser (``Connection.process_event``)."""
+        if self.closed:
+            raise EOFError("stream of frames ended")
+        if frame.fin and not self._fragments:
+            self.put_message(bytes(frame.data), frame.opcode is Opcode.TEXT)
+            return
+        self._fragments.append(frame)
+        if frame.fin:
+            frames, self._fragments = self._fragments, []
+            data = b"".join(f.data for f in frames)
+            self.put_message(data, frames[0].opcode is Opcode.TEXT)
+
+    def put_message(self, data: bytes, text: bool) -> None:
+        """A whole message (the fast path's frames come straight here)."""
+        messages = self._messages
+        messages.append((data, text))
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
+        if self._high is not None and len(messages) > self._high and not self._paused:
+            self._paused = True
+            self._pause()
+
+    async def get(self, decode: bool | None = None) -> Any:
+        """The next message: ``str`` for text (unless ``decode`` is False), else ``bytes``."""
+        if self._getting:
+            raise ConcurrencyError("get() is already running")
+        messages = self._messages
+        if not messages:
+            if self.closed:
+                raise EOFError("stream of frames ended")
+            self._getting = True
+            try:
+                while not messages:
+                    if self.closed:
+                        raise EOFError("stream of frames ended")
+                    waiter = self._waiter = self._loop.create_future()
+                    await waiter
+            finally:
+                self._getting = False
+                self._waiter = None
+        data, text = messages.popleft()
+        if self._paused and len(messages) <= self._low:
+            self._paused = False
+            self._resume()
+        if decode is None:
+            decode = text
+        return data.decode() if decode else data
+
+    async def get_iter(self, decode: bool | None = None) -> AsyncIterator[Any]:
+        """``recv_streaming()``: the whole message, as one piece."""
+        yield await self.get(decode)
+
+    def close(self) -> None:
+        """The connection is gone: queued messages are still returned, then EOFError."""
+        if self.closed:
+            return
+        self.closed = True
+        waiter, self._waiter = self._waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+
 class FastReader(Connection):
     """Mixed into a websockets connection class: reads its peer's plain data frames (see the module)."""
 
@@ -64,6 +175,18 @@ class FastReader(Connection):
     _rest = b""
     frames_read_fast = 0
     """Data frames this class read itself (the rest went through websockets)."""
+
+    recv_messages: MessageQueue  # type: ignore[assignment]
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        self.recv_messages = MessageQueue(
+            asyncio.get_running_loop(),
+            self.max_queue_high,
+            self.max_queue_low,
+            self.transport.pause_reading,
+            self.transport.resume_reading,
+        )
 
     def data_received(self, data: bytes) -> None:
         if not self._fast:
@@ -82,7 +205,7 @@ class FastReader(Connection):
         masked = protocol.side is SERVER  # a client masks every frame; a server never does
         mask_bit = 0x80 if masked else 0
         limit = protocol.max_message_size
-        put = self.recv_messages.put
+        put = self.recv_messages.put_message
         pos = 0
         end_of_data = len(buf)
         while end_of_data - pos >= 2:
@@ -114,7 +237,7 @@ class FastReader(Connection):
                 payload = buf[start:end]
                 if masked:
                     payload = apply_mask(payload, buf[start - 4 : start])
-                put(Frame(Opcode.TEXT if first == _TEXT else Opcode.BINARY, payload))
+                put(payload, first == _TEXT)
                 self.frames_read_fast += 1
             else:
                 super().data_received(buf[pos:end])  # exactly one frame: a boundary after it

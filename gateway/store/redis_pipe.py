@@ -75,6 +75,7 @@ class AppendPipe(asyncio.Protocol):
         self._where = where
         self._conn: AbstractConnection | None = None
         self._transport: asyncio.Transport | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # the transport's
         self._connecting: asyncio.Task[None] | None = None
         self._retry_at = 0.0
         self._closed = False
@@ -107,7 +108,8 @@ class AppendPipe(asyncio.Protocol):
         """
         transport = self._transport
         assert transport is not None, "send() before ready"
-        loop = asyncio.get_running_loop()
+        loop = self._loop
+        assert loop is not None, "a transport comes with its loop"
         self._rounds.append(_Round(count, done, loop.time(), []))
         transport.write(data)
         if self._watchdog is None:
@@ -185,6 +187,9 @@ class AppendPipe(asyncio.Protocol):
                 await conn.disconnect()
                 return
             transport.set_protocol(self)
+            # The transport's loop, kept for send(): get_running_loop() costs
+            # a getpid() syscall per call on Python 3.11.
+            self._loop = asyncio.get_running_loop()
             self._conn, self._transport, self._rest = conn, transport, b""
             self.connects += 1
         except (RedisError, OSError) as exc:  # also the deadline: TimeoutError is an OSError

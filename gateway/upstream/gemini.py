@@ -832,8 +832,15 @@ class GeminiLive(Upstream):
         return f"Gemini Live closed the connection (code {close.code}{reason}){after}{hint}"
 
     async def _send(self, ws: ClientConnection, message: wire.ClientMessage) -> None:
+        data = wire.encode(message)
+        if can_write_now(ws):  # nothing to wait for: no await, no send context (wsnow)
+            try:
+                write_text_now(ws, data)
+            except Exception as exc:  # the socket broke under the write
+                raise UpstreamClosed(f"Gemini Live connection failed: {exc!r}") from exc
+            return
         try:
-            await ws.send(wire.encode(message), text=True)
+            await ws.send(data, text=True)
         except ConnectionClosed as exc:
             raise UpstreamClosed(self._describe_close(exc)) from exc
 

@@ -426,8 +426,15 @@ class OpenAIRealtime(Upstream):
         ws = self._ws
         if ws is None:
             raise UpstreamClosed("the OpenAI Realtime connection is closed")
+        data = wire.encode(event)
+        if can_write_now(ws):  # nothing to wait for: no await, no send context (wsnow)
+            try:
+                write_text_now(ws, data)
+            except Exception as exc:  # the socket broke under the write
+                raise UpstreamClosed(f"OpenAI Realtime connection failed: {exc!r}") from exc
+            return
         try:
-            await ws.send(wire.encode(event), text=True)
+            await ws.send(data, text=True)
         except ConnectionClosed as exc:
             raise UpstreamClosed(_describe_close(exc)) from exc
 

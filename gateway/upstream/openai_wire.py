@@ -617,6 +617,8 @@ class UnknownEvent(msgspec.Struct):
 
 _encoder: Final = msgspec.json.Encoder()
 _upstream_decoder: Final = msgspec.json.Decoder(UpstreamServerEvent)
+_TYPE_FIRST: Final = b'{"type":"'
+_UPSTREAM_TYPE_BYTES: Final = frozenset(kind.encode() for kind in UPSTREAM_EVENT_TYPES)
 _server_decoder: Final = msgspec.json.Decoder(ServerEvent)
 _client_decoder: Final = msgspec.json.Decoder(ClientEvent)
 _type_decoder: Final = msgspec.json.Decoder(UnknownEvent)
@@ -633,6 +635,15 @@ def decode_upstream(data: bytes | str) -> UpstreamServerEvent | None:
     Raises ``msgspec.DecodeError``/``ValidationError`` when the frame is not JSON,
     has no string ``type``, or is a type the adapter needs but is malformed.
     """
+    if type(data) is bytes and data.startswith(_TYPE_FIRST):
+        # The type comes first (OpenAI's frames and msgspec's tagged encoding
+        # alike): a frame the adapter skips is skipped unparsed. Decoding it
+        # against the union failed with a ValidationError, whose message is
+        # built on every raise: a measured 2% of the node's CPU at 50
+        # streaming sessions, for the ~10 skipped frames of every response.
+        end = data.find(b'"', 9)
+        if end > 0 and data[9:end] not in _UPSTREAM_TYPE_BYTES and b"\\" not in data[9:end]:
+            return None
     try:
         return _upstream_decoder.decode(data)
     except msgspec.ValidationError:

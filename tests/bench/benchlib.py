@@ -152,8 +152,10 @@ class Proc:
         *,
         ready_line: str | None = None,
         url: str = "",
+        cwd: Path | None = None,
     ) -> None:
         self.name = name
+        self.cwd = cwd or ROOT
         self.args = list(args)
         self.env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         self.url = ""
@@ -170,7 +172,7 @@ class Proc:
             stderr=subprocess.STDOUT,
             text=True,
             env=self.env,
-            cwd=ROOT,
+            cwd=self.cwd,
         )
         threading.Thread(target=self._read, daemon=True).start()
         if self._known_url and self._ready_line is None:

@@ -14,6 +14,9 @@ Every target streams the same paced load from one simulator (``gateway sim``,
   ``--durability replicated`` (an event is sent once the replica has it);
 - ``gw-redis-asyncio`` (not by default): ``gw-redis`` on asyncio's own loop
   instead of uvloop, to measure what uvloop is worth;
+- ``gw-base`` (not by default; needs ``--base-src DIR``): ``gw-redis`` run from
+  another checkout (``git worktree add DIR COMMIT``), to weigh a change against
+  its parent in one interleaved run;
 - ``gw-redis@SECONDS`` (not by default; any number of them): ``gw-redis`` with
   ``--log-linger SECONDS`` on the same Redis, to weigh the log writer's linger
   (CPU per event against added latency) in one interleaved run;
@@ -85,9 +88,10 @@ TARGETS: Final = (
     "gw-replicated",
     "litellm",
     "gw-redis-asyncio",
+    "gw-base",
 )
 OPENAI_WIRE: Final = frozenset({"sim", "litellm"})
-GATEWAYS: Final = ("gw-memory", "gw-redis", "gw-replicated", "gw-redis-asyncio")
+GATEWAYS: Final = ("gw-memory", "gw-redis", "gw-replicated", "gw-redis-asyncio", "gw-base")
 DEFAULT_TARGETS: Final = TARGETS[:6]
 # LiteLLM's proxy refuses to start without a master key; its clients send it.
 LITELLM_KEY: Final = "sk-bench-" + secrets.token_hex(16)
@@ -198,6 +202,11 @@ def start_servers(args: argparse.Namespace) -> Iterator[Servers]:
                     )
                     srv.procs[target] = stack.enter_context(lingering)
                     srv.redis_pids[target] = [redis.proc.pid]
+            if "gw-base" in targets:  # the same, run from another source tree (A/B)
+                base = gateway_args(sim.url, ["--redis", redis.url])
+                base.cwd = args.base_src  # ``python -m gateway.cli`` imports from its cwd
+                srv.procs["gw-base"] = stack.enter_context(base)
+                srv.redis_pids["gw-base"] = [redis.proc.pid]
             if "gw-redis-asyncio" in targets:  # the same, on asyncio's own loop (not uvloop)
                 asyncio_gw = gateway_args(
                     sim.url, ["--redis", redis.url, "--event-loop", "asyncio"]
@@ -486,8 +495,15 @@ async def main() -> int:
     parser.add_argument(
         "--targets",
         default=",".join(DEFAULT_TARGETS),
-        help=f"from {', '.join(TARGETS)}, gw-redis@SECONDS (log linger; these and "
-        "gw-redis-asyncio need gw-redis)",
+        help=f"from {', '.join(TARGETS)}, gw-redis@SECONDS (log linger; these, "
+        "gw-base and gw-redis-asyncio need gw-redis)",
+    )
+    parser.add_argument(
+        "--base-src",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="the checkout gw-base runs from (e.g. git worktree add /tmp/base HEAD~1)",
     )
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--rate", type=float, default=20.0, help="deltas/s per session")
@@ -514,6 +530,8 @@ async def main() -> int:
     unknown = {t for t in args.targets if not t.startswith("gw-redis@")} - set(TARGETS)
     if unknown:
         parser.error(f"unknown targets {sorted(unknown)}: choose from {', '.join(TARGETS)}")
+    if "gw-base" in args.targets and (args.base_src is None or "gw-redis" not in args.targets):
+        parser.error("gw-base needs --base-src DIR and the gw-redis target")
     levels = [int(s) for s in args.sessions.split(",")]
     B.raise_nofile()
     runs: list[Run] = []

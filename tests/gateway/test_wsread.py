@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 import pytest
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.asyncio.server import ServerConnection, serve
-from websockets.exceptions import ConnectionClosed
+from websockets.exceptions import ConcurrencyError, ConnectionClosed
 from websockets.frames import Frame, Opcode
 
 from gateway.edge.wsframes import BatchingConnection
@@ -125,6 +125,70 @@ async def test_a_masked_frame_from_the_server_is_a_protocol_error() -> None:
         with pytest.raises(ConnectionClosed) as closed:
             await ws.recv()
         assert closed.value.sent is not None and closed.value.sent.code == 1002
+
+    await exchange(server, client)
+
+
+async def test_a_reader_that_falls_behind_pauses_the_sender_and_loses_nothing() -> None:
+    """Above ``max_queue`` unread messages the socket stops being read, as websockets does."""
+    count = 200
+    sent = asyncio.Event()
+
+    async def server(ws: ServerConnection) -> None:
+        for i in range(count):
+            await ws.send(f"m{i}" + "p" * 2000)
+        sent.set()
+        await ws.wait_closed()
+
+    async with serve(server, "127.0.0.1", 0, compression=None) as srv:
+        port = srv.sockets[0].getsockname()[1]
+        async with connect(
+            f"ws://127.0.0.1:{port}",
+            compression=None,
+            max_queue=4,
+            create_connection=FastReadClientConnection,
+        ) as ws:
+            assert await ws.recv() == "m0" + "p" * 2000
+            # Nothing is read: the queue passes 4 messages and reading stops,
+            # so the server's sends back up in the socket buffers.
+            while ws.transport.is_reading():  # noqa: ASYNC110 - the transport has no event for it
+                await asyncio.sleep(0.01)
+            got = [await ws.recv() for _ in range(count - 1)]
+            assert got == [f"m{i}" + "p" * 2000 for i in range(1, count)]
+            assert ws.transport.is_reading()
+            await asyncio.wait_for(sent.wait(), 5)
+
+
+async def test_messages_queued_before_the_close_are_still_received() -> None:
+    async def server(ws: ServerConnection) -> None:
+        for text in ("one", "two", "three"):
+            await ws.send(text)
+        await ws.close(4001, "done")
+
+    async def client(ws: ClientConnection) -> None:
+        await ws.wait_closed()  # the close came after the three messages
+        assert [await ws.recv() for _ in range(3)] == ["one", "two", "three"]
+        with pytest.raises(ConnectionClosed) as closed:
+            await ws.recv()
+        assert closed.value.rcvd is not None and closed.value.rcvd.code == 4001
+
+    await exchange(server, client)
+
+
+async def test_two_readers_at_once_are_refused_as_websockets_refuses_them() -> None:
+    async def server(ws: ServerConnection) -> None:
+        await ws.wait_closed()
+
+    async def client(ws: ClientConnection) -> None:
+        first = asyncio.create_task(ws.recv())
+        await asyncio.sleep(0)  # the first reader is waiting
+        with pytest.raises(ConcurrencyError):
+            await ws.recv()
+        first.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await first
+        ws.recv_messages.put_message(b"after", True)  # a reader may come again
+        assert await ws.recv() == "after"
 
     await exchange(server, client)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 
-from gateway.sessions.logwriter import LINGER_FULL, Batch, LogWriter
+from gateway.sessions.logwriter import LINGER_FULL, LINGER_MIN, Batch, LogWriter
 from gateway.store import MemoryStore
 from gateway.store.base import LogEntry
 
@@ -123,20 +123,33 @@ async def test_no_linger_by_setting_writes_every_round_at_once() -> None:
         await writer.close()
 
 
-async def test_an_event_in_a_later_loop_pass_ends_the_wait() -> None:
+async def test_an_event_a_quarter_linger_later_ends_the_wait_at_once() -> None:
+    """Marks right after the first wait with it; the first one LINGER_MIN later starts the round.
+
+    The round starts inside that ``mark`` call (no loop pass in between), so
+    it is counted the moment ``mark`` returns: nothing here is timed but the
+    gap the rule itself is about.
+    """
+    linger = 0.2
     store = MemoryStore()
-    writer = LogWriter(store, NODE, linger=LONG)
-    second, third = await sessions(store, 2)
+    writer = LogWriter(store, NODE, linger=linger)
+    second, third, fourth = await sessions(store, 3)
     try:
         await steady(writer, store)
+        assert writer.rounds == 1
         second.emit()
         writer.mark(second)  # recent and light: it lingers
         assert writer.lingered == 1
-        await asyncio.sleep(0)  # a later loop pass brings another session's event
-        await asyncio.sleep(0)
         third.emit()
-        writer.mark(third)
-        await asyncio.gather(second.stored.wait(), third.stored.wait())  # not LONG
-        assert (writer.rounds, writer.lingered) == (2, 1)
+        writer.mark(third)  # at once: no company from a later read yet, it keeps waiting
+        assert writer.rounds == 1
+        await asyncio.sleep(linger * LINGER_MIN)  # the gap under test, not a synchronisation
+        fourth.emit()
+        writer.mark(fourth)
+        assert writer.rounds == 2  # started inside mark(), with all three
+        await asyncio.gather(*(s.stored.wait() for s in (second, third, fourth)))
+        assert writer.lingered == 1
+        for session in (second, third, fourth):
+            assert [e.seq for e in await store.read_log(session.sid, 0)] == [1]
     finally:
         await writer.close()

@@ -39,3 +39,28 @@ async def test_frames_written_now_arrive_in_order_and_a_closed_socket_is_refused
             await done.wait()
         assert not can_write_now(client)  # closed: the caller must await send (and see why)
     assert got == ['{"n":0}', '{"n":1}', '{"n":2}']
+
+
+@pytest.mark.timeout(20)
+async def test_frames_of_every_length_class_arrive_whole_through_a_real_server() -> None:
+    """The client frames (masked) written by ``write_text_now`` are valid RFC 6455 frames."""
+    sizes = [0, 1, 125, 126, 127, 65_535, 65_536, 70_000]
+    texts = ["é" * (n // 2) + "x" * (n % 2) for n in sizes]  # n bytes of UTF-8 each
+    got: list[str] = []
+    done = asyncio.Event()
+
+    async def handler(ws: ServerConnection) -> None:
+        async for frame in ws:  # websockets checks the mask bit and the UTF-8
+            assert isinstance(frame, str)
+            got.append(frame)
+            if len(got) == len(texts):
+                done.set()
+
+    async with serve(handler, "127.0.0.1", 0, compression=None, max_size=None) as server:
+        port = server.sockets[0].getsockname()[1]
+        async with connect(f"ws://127.0.0.1:{port}", compression=None) as client:
+            for text in texts:
+                assert can_write_now(client)
+                write_text_now(client, text.encode())
+            await done.wait()
+    assert got == texts

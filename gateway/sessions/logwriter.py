@@ -117,10 +117,10 @@ class LogWriter:
         # A round is scheduled, lingering or in flight: marks only join ``_dirty``.
         self._busy = False
         self._closed = False
-        self._first_mark = 0.0  # loop time of the first mark of the next round
+        self._first_mark = 0.0  # perf_counter() of the first mark of the next round
         self._last_size = 0  # sessions in the previous round
-        self._last_mark = -math.inf  # loop time of the previous mark
-        self._gap = math.inf  # mean seconds between marks (see LINGER_COMPANY)
+        self._last_mark = -math.inf  # perf_counter() of the previous mark
+        self._gap = math.inf  # mean seconds between marks (see LINGER_WEIGHT)
         self._lingering: asyncio.TimerHandle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task[None] | None = None  # a round that needs awaits

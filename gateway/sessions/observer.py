@@ -98,12 +98,11 @@ class TurnObserver:
         cost = self._prices.cost(self.provider, self.model, usage)
         self.cost_total += cost
         self._step_cost += cost
-        key = self.owner or _NO_KEY
-        metrics = self.metrics
-        metrics.key_tokens.labels(key, "input").inc(usage.input)
-        metrics.key_tokens.labels(key, "output").inc(usage.output)
+        tokens_in, tokens_out, dollars = self.metrics.for_key(self.owner or _NO_KEY)
+        tokens_in.inc(usage.input)
+        tokens_out.inc(usage.output)
         if cost > 0:
-            metrics.key_cost.labels(key).inc(cost)
+            dollars.inc(cost)
         self._turn_usage = self._turn_usage + usage
         return cost
 

@@ -1041,8 +1041,8 @@ class SessionRuntime:
     def _account(self, usage: Usage) -> None:
         """Charge a step's usage: counters, its price and the owner's quotas (``metric`` follows)."""
         metrics = self.services.metrics
-        metrics.tokens.labels("input").inc(usage.input)
-        metrics.tokens.labels("output").inc(usage.output)
+        metrics.tokens_input.inc(usage.input)
+        metrics.tokens_output.inc(usage.output)
         cost = self.observer.charge(usage)
         self.services.limits.record_usage(self.sid, usage, cost)
 

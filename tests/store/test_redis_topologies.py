@@ -443,8 +443,11 @@ async def test_sentinel_master_killed_mid_appends(tmp_path: Path) -> None:
             lambda: setup.failed_over_from(old_port),
             "every sentinel knows the failover",
         )
-        # Back as a replica of the new primary (Sentinel reconfigures it).
-        await restart(victim)
+        # Back as a replica of the new primary, as a node restarted by an
+        # operator that asks Sentinel for the primary first. Started empty and
+        # as a primary it would be one until Sentinel demotes it (~8 s), and a
+        # candidate for promotion meanwhile: with no persistence, an empty one.
+        await asyncio.to_thread(victim.start, replica_of=setup.master_port())
         await writers.progressed(20)
         await writers.stop()
         await writers.check_nothing_reported_stored_was_lost()

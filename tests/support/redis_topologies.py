@@ -5,8 +5,8 @@
 - ``ClusterRedis``: a 3-master / 3-replica Redis Cluster made by
   ``redis-cli --cluster create … --cluster-replicas 1``.
 
-Failure detection is tuned for tests (cluster-node-timeout and sentinel
-down-after 1,000 ms), so a ``kill -9`` of a primary is followed by a promoted
+Failure detection is tuned for tests (cluster-node-timeout 1,000 ms, sentinel
+down-after 3,000 ms), so a ``kill -9`` of a primary is followed by a promoted
 replica within a few seconds. Every wait is bounded; readiness polls the real
 server state (``INFO replication``, ``CLUSTER INFO``), as there is no event to
 await across processes.
@@ -28,6 +28,11 @@ from tests.support.redis_server import free_port
 __all__ = ["ClusterRedis", "RedisProcess", "ReplicatedRedis", "SentinelRedis", "wait_until"]
 
 NODE_TIMEOUT_MS = 1000
+# Not lower: a sentinel pings once a second, and right after a switch-master its
+# link to the new primary is fresh. With down-after at 1,000 ms a PING answered
+# a little late marked the new primary down and made a second failover (seen
+# in about 1 run in 8 on this 2-core machine).
+SENTINEL_DOWN_AFTER_MS = 3000
 
 
 def wait_until(check: Callable[[], bool], what: str, timeout: float = 20.0) -> None:
@@ -94,7 +99,8 @@ class RedisProcess:
     def client(self) -> redis.Redis:
         return redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=2.0)
 
-    def start(self) -> None:
+    def start(self, *, replica_of: int | None = None) -> None:
+        """Start (or start again); ``replica_of``: as a replica of that port on 127.0.0.1."""
         self.workdir.mkdir(parents=True, exist_ok=True)
         if self.sentinel:
             conf = self.workdir / "sentinel.conf"
@@ -124,6 +130,8 @@ class RedisProcess:
                 "0",
                 *self.args,
             ]
+            if replica_of is not None:
+                command += ["--replicaof", "127.0.0.1", str(replica_of)]
         with (self.workdir / "server.log").open("ab") as out:
             self.proc = subprocess.Popen(command, stdout=out, stderr=out, cwd=self.workdir)
         wait_until(self._answers, f"redis on port {self.port} answers", 10.0)
@@ -175,10 +183,8 @@ class ReplicatedRedis:
 
     def start(self) -> None:
         self.primary.start()
-        self.replica = RedisProcess(
-            self.workdir / "replica", ["--replicaof", "127.0.0.1", str(self.primary.port)]
-        )
-        self.replica.start()
+        self.replica = RedisProcess(self.workdir / "replica")
+        self.replica.start(replica_of=self.primary.port)
         wait_until(lambda: _replica_in_sync(self.primary), "the replica syncs")
 
     def stop(self) -> None:
@@ -208,7 +214,7 @@ class SentinelRedis:
                 self.workdir / f"sentinel{i}",
                 [
                     f"sentinel monitor {self.name} 127.0.0.1 {self.servers.primary.port} 2",
-                    f"sentinel down-after-milliseconds {self.name} {NODE_TIMEOUT_MS}",
+                    f"sentinel down-after-milliseconds {self.name} {SENTINEL_DOWN_AFTER_MS}",
                     f"sentinel failover-timeout {self.name} 5000",
                     f"sentinel parallel-syncs {self.name} 1",
                 ],

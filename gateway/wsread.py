@@ -31,6 +31,14 @@ reading pauses above ``max_queue`` messages and resumes below its low mark,
 messages queued before the close are still returned, then ``recv()`` raises
 ``ConnectionClosed`` as before, and two concurrent ``recv()`` calls are refused.
 
+**Intercept.** A message that arrives while a reader waits on an empty queue
+is first offered to ``intercept`` (when set), in the read callback: the
+upstream adapters hand the running response's text deltas to the session
+there (``Upstream.stream_text_to``), with no task resumed per token. An
+intercept that took a message may ``nudge()`` the reader, whose ``recv()``
+then returns ``None``. Only an empty queue is intercepted, so the order of
+messages is kept.
+
 Internals used: ``Connection.protocol`` (``state``, ``side``, ``extensions``,
 ``current_size``, ``max_message_size``, ``parser``, ``reader``),
 ``Connection.recv_messages`` (its ``put``, ``get``, ``get_iter`` and ``close``,
@@ -100,7 +108,11 @@ class MessageQueue:
         self._fragments: list[Frame] = []  # a fragmented message being joined
         self._waiter: asyncio.Future[None] | None = None
         self._getting = False
+        self._nudged = False
         self.closed = False
+        self.intercept: Callable[[bytes, bool], bool] | None = None
+        """Offered each message that arrives while a reader waits on an empty
+        queue; True: it took the message (the reader keeps waiting). See ``nudge``."""
 
     def put(self, frame: Frame) -> None:
         """A data frame from websockets' parser (``Connection.process_event``)."""
@@ -117,9 +129,11 @@ class MessageQueue:
 
     def put_message(self, data: bytes, text: bool) -> None:
         """A whole message (the fast path's frames come straight here)."""
+        waiter = self._waiter
+        if waiter is not None and self.intercept is not None and self.intercept(data, text):
+            return
         messages = self._messages
         messages.append((data, text))
-        waiter = self._waiter
         if waiter is not None:
             self._waiter = None
             if not waiter.done():
@@ -141,11 +155,14 @@ class MessageQueue:
                 while not messages:
                     if self.closed:
                         raise EOFError("stream of frames ended")
+                    if self._nudged:
+                        return None
                     waiter = self._waiter = self._loop.create_future()
                     await waiter
             finally:
                 self._getting = False
                 self._waiter = None
+                self._nudged = False  # a message that came meanwhile wakes the reader as well
         data, text = messages.popleft()
         if self._paused and len(messages) <= self._low:
             self._paused = False
@@ -153,6 +170,16 @@ class MessageQueue:
         if decode is None:
             decode = text
         return data.decode() if decode else data
+
+    def nudge(self) -> None:
+        """Make the waiting ``get()`` return ``None`` (no message): what an
+        ``intercept`` that took a message calls when the reader must look at
+        its work now. Nothing happens when no reader waits."""
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            self._nudged = True
+            self._waiter = None
+            waiter.set_result(None)
 
     async def get_iter(self, decode: bool | None = None) -> AsyncIterator[Any]:
         """``recv_streaming()``: the whole message, as one piece."""

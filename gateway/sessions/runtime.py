@@ -66,6 +66,7 @@ from gateway.upstream.base import (
     UpstreamError,
     UpstreamFactory,
     VoiceConfig,
+    Woken,
 )
 from protocol.assembly import HistoryItem, Message, assemble, encode_history_item
 from protocol.audio import audio_frame
@@ -316,6 +317,9 @@ class SessionRuntime:
         self._interrupted = False  # a cancel interrupted the driver's await
         self._in_upstream_call = False  # the driver awaits a request to the upstream
         self._requested_at: float | None = None  # when the last response was requested
+        # The upstream handing deltas to ``_text_now``, and what that failed with.
+        self._streaming_to: Upstream | None = None
+        self._text_failure: Exception | None = None
         self._store_down = False
         self.closed = False
         # Audio in and/or out, from the stored configuration (set_voice changes it).
@@ -624,6 +628,7 @@ class SessionRuntime:
             and not driver.done()
         ):
             self._interrupted = True
+            self._stop_text_now()
             driver.cancel()
 
     def _audio_out(self, pcm16: bytes) -> None:
@@ -663,6 +668,7 @@ class SessionRuntime:
             self._todo = deque([*kept, *actions])
             if self._driving and not self._interrupted:
                 self._interrupted = True
+                self._stop_text_now()
                 driver.cancel()
         else:
             self._todo.extend(actions)
@@ -934,6 +940,7 @@ class SessionRuntime:
         emit = self.emit
         todo = self._todo
         first = self._requested_at is not None
+        inline = upstream.stream_text_to(None)
         while machine.awaits_upstream or self.listening:
             if todo:
                 return  # a command came while the connection was opening
@@ -963,6 +970,15 @@ class SessionRuntime:
                     raise UpstreamClosed(
                         f"no end of the cancelled response within {_CANCEL_REPORT_WAIT:g}s"
                     ) from None
+            elif inline:
+                # Deltas that arrive while this waits are handled in the read
+                # callback (``_text_now``): no task resume per token.
+                upstream.stream_text_to(self._text_now)
+                self._streaming_to = upstream
+                try:
+                    ev = await upstream.recv()
+                finally:
+                    self._stop_text_now()
             else:
                 ev = await upstream.recv()
             if type(ev) is TextDelta:
@@ -976,6 +992,13 @@ class SessionRuntime:
                         emit(action)  # type: ignore[arg-type]
                 if todo:
                     return
+            elif type(ev) is Woken:
+                failure, self._text_failure = self._text_failure, None
+                if failure is not None:
+                    raise failure
+                if todo:
+                    return
+                first = self._requested_at is not None
             elif type(ev) is ResponseDone:
                 assert isinstance(ev, ResponseDone)
                 self.observer.step_done(ev.usage)
@@ -1009,6 +1032,33 @@ class SessionRuntime:
                 first = self._requested_at is not None
                 if todo:
                     return
+
+    def _stop_text_now(self) -> None:
+        """No more deltas to ``_text_now``: before the driver is cancelled, so
+        none is handled between the cancel and the driver's next step."""
+        upstream, self._streaming_to = self._streaming_to, None
+        if upstream is not None:
+            upstream.stream_text_to(None)
+
+    def _text_now(self, text: str) -> bool:
+        """A delta handed over by the read callback while ``_pump_upstream``
+        waits (``Upstream.stream_text_to``): parsed and emitted here, as the
+        pump would. True: the driver must wake (a marker asked to stop, or
+        this failed: the pump raises it as its own)."""
+        try:
+            if self._requested_at is not None:
+                self._first_delta()
+            todo = self._todo
+            emit = self.emit
+            for action in self.machine.text(text):
+                if type(action) is StopResponse:
+                    todo.append(action)
+                else:
+                    emit(action)  # type: ignore[arg-type]
+            return bool(todo)
+        except Exception as exc:  # the driver's handler reports it, as for its own
+            self._text_failure = exc
+            return True
 
     def _voice_input(self, ev: object) -> Sequence[Action]:
         """The machine's actions for an upstream voice event (VAD, transcripts, calls)."""
@@ -1109,6 +1159,7 @@ class SessionRuntime:
         self.closed = True
         turn = self.turn
         if turn is not None and not turn.done():
+            self._stop_text_now()
             turn.cancel()
             with contextlib.suppress(BaseException):
                 await turn

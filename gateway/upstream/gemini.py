@@ -90,10 +90,11 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import functools
 import logging
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 import msgspec
@@ -119,9 +120,11 @@ from gateway.upstream.base import (
     UpstreamError,
     UpstreamEvent,
     VoiceConfig,
+    Woken,
 )
 from gateway.upstream.dial import dial
 from gateway.upstream.wsnow import can_write_now, write_text_now
+from gateway.wsread import MessageQueue
 from protocol.assembly import Message
 from protocol.events import Usage
 from protocol.turn import estimate_tokens
@@ -267,6 +270,10 @@ class GeminiLive(Upstream):
         self._usage: Usage | None = None
         self._deadline = 0.0
         self._queued: collections.deque[UpstreamEvent] = collections.deque()
+        # ``stream_text_to``: where deltas go while recv() waits, and a frame the
+        # read callback decoded but did not take (recv() uses it, not decoding again).
+        self._text_sink: Callable[[str], bool] | None = None
+        self._decoded: tuple[bytes, wire.ServerMessage] | None = None
         # Where the last response's text goes in the transcript (right after the
         # turns of its request), where it is, and whether the server holds exactly it.
         self._reply_at = 0
@@ -341,6 +348,9 @@ class GeminiLive(Upstream):
             connect_timeout=self.connect_timeout,
             rejection=_rejection,
         )
+        queue = ws.recv_messages
+        if isinstance(queue, MessageQueue):
+            queue.intercept = functools.partial(self._intercept, queue)
         try:
             instruction = (
                 wire.text_content(None, self._instructions) if self._instructions else None
@@ -623,21 +633,49 @@ class GeminiLive(Upstream):
                 raise UpstreamClosed(self._describe_close(exc)) from exc
             except OSError as exc:  # pragma: no cover - websockets wraps these
                 raise UpstreamClosed(f"Gemini Live connection failed: {exc}") from exc
-            try:
-                message = wire.decode_server_message(data)
-            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-                return UpstreamError(
-                    code="upstream_protocol",
-                    message=f"unreadable Gemini Live frame ({exc}): {bytes(data[:200])!r}",
-                )
+            if data is None:
+                return Woken()
+            decoded, self._decoded = self._decoded, None
+            if decoded is not None and decoded[0] is data:
+                message = decoded[1]
+            else:
+                try:
+                    message = wire.decode_server_message(data)
+                except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                    return UpstreamError(
+                        code="upstream_protocol",
+                        message=f"unreadable Gemini Live frame ({exc}): {bytes(data[:200])!r}",
+                    )
             event = self._handle(message)
             if event is not None:
                 return event
 
-    def _handle(self, message: wire.ServerMessage) -> UpstreamEvent | None:
-        """The frame's first event for the session; any further ones are queued."""
+    def stream_text_to(self, sink: Callable[[str], bool] | None) -> bool:
+        self._text_sink = sink
+        return True
+
+    def _intercept(self, queue: MessageQueue, data: bytes, text: bool) -> bool:
+        """The read callback's offer of a frame while ``recv()`` waits: take a
+        text part of the running turn to the sink; leave anything else to ``recv()``."""
+        sink = self._text_sink
+        if sink is None or self._queued or self._reopen is not None:
+            return False
+        try:
+            message = wire.decode_server_message(data)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            return False  # recv() reports it
+        part = self._hot_part(message)
+        if part is None or not part.text or part.thought:
+            self._decoded = (data, message)
+            return False
+        self._text.append(part.text)
+        if sink(part.text):
+            queue.nudge()
+        return True
+
+    def _hot_part(self, message: wire.ServerMessage) -> wire.Part | None:
+        """The frame's one part when it is the running turn's and nothing else."""
         content = message.server_content
-        # The hot path: one text part of the running turn, and nothing else.
         if (
             content is not None
             and self._state == _RUNNING
@@ -648,7 +686,15 @@ class GeminiLive(Upstream):
             and message.go_away is None
             and message.error is None
         ):
-            part = content.model_turn.parts[0]
+            return content.model_turn.parts[0]
+        return None
+
+    def _handle(self, message: wire.ServerMessage) -> UpstreamEvent | None:
+        """The frame's first event for the session; any further ones are queued."""
+        content = message.server_content
+        # The hot path: one text part of the running turn, and nothing else.
+        part = self._hot_part(message)
+        if part is not None and content is not None:
             if part.text and not part.thought:
                 self._text.append(part.text)
                 return TextDelta(part.text)

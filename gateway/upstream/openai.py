@@ -37,7 +37,7 @@ import contextlib
 import itertools
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Final
 from urllib.parse import quote
 
@@ -64,9 +64,11 @@ from gateway.upstream.base import (
     UpstreamError,
     UpstreamEvent,
     VoiceConfig,
+    Woken,
 )
 from gateway.upstream.dial import dial
 from gateway.upstream.wsnow import can_write_now, write_text_now
+from gateway.wsread import MessageQueue
 from protocol.assembly import Message
 from protocol.events import Usage
 
@@ -206,6 +208,11 @@ class OpenAIRealtime(Upstream):
         # Voice: the server starts responses (server VAD); the input resampler.
         self._server_responses = False
         self._resampler: Resampler | None = None
+        # ``stream_text_to``: where deltas go while recv() waits, and a frame the
+        # read callback decoded but did not take (recv() uses it, not decoding again).
+        self._text_sink: Callable[[str], bool] | None = None
+        self._decoded: tuple[bytes, wire.UpstreamServerEvent | None] | None = None
+        self._queue: MessageQueue | None = None
 
     @property
     def url(self) -> str:
@@ -231,6 +238,10 @@ class OpenAIRealtime(Upstream):
             rejection=_rejection,
         )
         self._ws = ws
+        queue = ws.recv_messages
+        if isinstance(queue, MessageQueue):
+            self._queue = queue
+            queue.intercept = self._intercept
         try:
             try:
                 async with asyncio.timeout(self.open_timeout):
@@ -324,6 +335,33 @@ class OpenAIRealtime(Upstream):
 
     # --- events -----------------------------------------------------------------
 
+    def stream_text_to(self, sink: Callable[[str], bool] | None) -> bool:
+        if self._queue is None:
+            return False
+        self._text_sink = sink
+        return True
+
+    def _intercept(self, data: bytes, text: bool) -> bool:
+        """The read callback's offer of a frame while ``recv()`` waits: take a
+        delta of the current response to the sink; leave anything else to ``recv()``."""
+        sink = self._text_sink
+        if sink is None:
+            return False
+        try:
+            event = wire.decode_upstream(data)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            return False  # recv() reports it
+        if (
+            type(event) is not wire.ResponseOutputTextDelta
+            or event.response_id != self._current
+            or self._pending_create is not None
+        ):
+            self._decoded = (data, event)
+            return False
+        if sink(event.delta) and self._queue is not None:
+            self._queue.nudge()
+        return True
+
     async def recv(self) -> UpstreamEvent:
         ws = self._ws
         if ws is None:
@@ -335,13 +373,19 @@ class OpenAIRealtime(Upstream):
                 raise UpstreamClosed(_describe_close(exc)) from exc
             except OSError as exc:  # pragma: no cover - websockets wraps these
                 raise UpstreamClosed(f"OpenAI Realtime connection failed: {exc}") from exc
-            try:
-                event = wire.decode_upstream(data)
-            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-                return UpstreamError(
-                    code="upstream_protocol",
-                    message=f"unreadable OpenAI Realtime frame ({exc}): {bytes(data[:200])!r}",
-                )
+            if data is None:
+                return Woken()
+            decoded, self._decoded = self._decoded, None
+            if decoded is not None and decoded[0] is data:
+                event = decoded[1]
+            else:
+                try:
+                    event = wire.decode_upstream(data)
+                except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                    return UpstreamError(
+                        code="upstream_protocol",
+                        message=f"unreadable OpenAI Realtime frame ({exc}): {bytes(data[:200])!r}",
+                    )
             if event is None:
                 continue
             # Most frames are deltas: test for them first.

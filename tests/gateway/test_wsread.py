@@ -19,7 +19,7 @@ from websockets.exceptions import ConcurrencyError, ConnectionClosed
 from websockets.frames import Frame, Opcode
 
 from gateway.edge.wsframes import BatchingConnection
-from gateway.wsread import FastReadClientConnection, at_frame_boundary
+from gateway.wsread import FastReadClientConnection, MessageQueue, at_frame_boundary
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -189,6 +189,55 @@ async def test_two_readers_at_once_are_refused_as_websockets_refuses_them() -> N
             await first
         ws.recv_messages.put_message(b"after", True)  # a reader may come again
         assert await ws.recv() == "after"
+
+    await exchange(server, client)
+
+
+async def test_an_intercept_takes_what_comes_while_a_reader_waits_and_can_wake_it() -> None:
+    """Only an empty queue with a reader waiting is intercepted; a nudge makes
+    ``recv()`` return ``None``; anything the intercept leaves arrives in order.
+
+    The server sends one message per ack, and the client acks only once its
+    reader waits again, so each message arrives while ``recv()`` waits."""
+    go = asyncio.Event()
+
+    async def server(ws: ServerConnection) -> None:
+        await ws.recv()  # the client's reader waits
+        for text in ("a1", "a2", "keep", "wake"):
+            await ws.send(text)
+            await ws.recv()
+        await go.wait()
+        for text in ("q1", "q2"):
+            await ws.send(text)
+        await ws.close()
+
+    async def client(ws: ClientConnection) -> None:
+        queue = ws.recv_messages
+        assert isinstance(queue, MessageQueue)
+        taken: list[bytes] = []
+
+        def intercept(data: bytes, text: bool) -> bool:
+            if data == b"keep":
+                return False
+            taken.append(data)
+            if data == b"wake":
+                queue.nudge()
+            else:  # the reader goes on waiting: the next may come
+                asyncio.get_running_loop().create_task(ws.send("ack"))
+            return True
+
+        queue.intercept = intercept
+        await ws.send("ready")
+        assert await ws.recv() == "keep"  # a1, a2 were taken; "keep" was left
+        await ws.send("ack")
+        assert await ws.recv() is None  # "wake" was taken, with a nudge
+        assert taken == [b"a1", b"a2", b"wake"]
+        await ws.send("ack")
+        go.set()
+        await ws.wait_closed()  # nobody read meanwhile: q1 and q2 queued, unintercepted
+        assert await ws.recv() == "q1"
+        assert await ws.recv() == "q2"
+        assert taken == [b"a1", b"a2", b"wake"]
 
     await exchange(server, client)
 

@@ -12,7 +12,13 @@ from websockets.asyncio.server import ServerConnection, serve
 
 from gateway.sim.model import SimConfig, estimate_tokens, sim_reply
 from gateway.sim.server import serve_sim
-from gateway.upstream.base import ResponseDone, TextDelta, UpstreamClosed, UpstreamError
+from gateway.upstream.base import (
+    ResponseDone,
+    TextDelta,
+    UpstreamClosed,
+    UpstreamError,
+    Woken,
+)
 from gateway.upstream.gemini import DEFAULT_MODEL, GeminiLive, GeminiLiveFactory
 from protocol.assembly import Message, results_message
 from protocol.events import Usage
@@ -257,6 +263,39 @@ async def test_replace_response_with_the_same_text_changes_nothing() -> None:
         await turn(up, RESULTS)
         await up.close()
         assert sim.stats.connections_total == 1
+
+
+async def test_text_sink_takes_the_turn_and_the_transcript_still_holds_it() -> None:
+    """``stream_text_to``: the running turn's text goes to the sink in order;
+    the adapter's copy of the turn includes it, so replacing it with the same
+    text needs no reconnect, and a sink asking to act wakes ``recv()``."""
+    async with serve_sim(gemini(overrun=False, tokens_per_second=200, chunk_size=3)) as sim:
+        up = adapter(sim.url)
+        await up.open("", [])
+        text: list[str] = []  # in arrival order, from the sink and from recv()
+        taken = 0
+
+        def sink(delta: str) -> bool:
+            nonlocal taken
+            taken += 1
+            text.append(delta)
+            return "<execute>" in "".join(text)  # mid-turn: the rest comes from recv()
+
+        assert up.stream_text_to(sink)
+        await up.add_message(Message(role="user", content=TOOL))
+        await up.start_response()
+        while not isinstance(event := await recv(up), Woken):
+            assert isinstance(event, TextDelta)
+            text.append(event.text)
+        up.stream_text_to(None)
+        rest = await read_turn(up)
+        await up.replace_response(TOOL_CALL)
+        answer = await turn(up, RESULTS)
+        await up.close()
+        assert sim.stats.connections_total == 1
+    assert "".join(text) + rest.text == TOOL_CALL
+    assert taken > 5
+    assert answer.text == ANSWER
 
 
 async def test_replace_response_without_output_just_adds_the_text() -> None:

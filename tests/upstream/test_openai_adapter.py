@@ -9,7 +9,13 @@ import pytest
 
 from gateway.sim.model import SimConfig, sim_reply
 from gateway.sim.server import serve_sim
-from gateway.upstream.base import ResponseDone, TextDelta, UpstreamClosed, UpstreamError
+from gateway.upstream.base import (
+    ResponseDone,
+    TextDelta,
+    UpstreamClosed,
+    UpstreamError,
+    Woken,
+)
 from gateway.upstream.openai import OpenAIRealtime, OpenAIRealtimeFactory
 from protocol.assembly import Message, results_message
 from protocol.events import Usage
@@ -217,6 +223,58 @@ async def test_stale_deltas_of_a_cancelled_response_are_dropped() -> None:
     assert result.done is not None
     assert result.done.status == "completed"
     assert result.errors == []
+
+
+async def test_text_sink_takes_the_deltas_that_arrive_while_recv_waits() -> None:
+    """``stream_text_to``: the running response's text goes to the sink, in
+    order and whole, and ``recv()`` returns what the sink does not take."""
+    async with serve_sim(SimConfig(tokens_per_second=200, chunk_size=3)) as sim:
+        up = adapter(sim.url)
+        await up.open("", [])
+        text: list[str] = []  # in arrival order, from the sink and from recv()
+        taken = 0
+
+        def sink(delta: str) -> bool:
+            nonlocal taken
+            taken += 1
+            text.append(delta)
+            return False
+
+        assert up.stream_text_to(sink)
+        await up.add_message(Message(role="user", content="hi"))
+        await up.start_response()
+        while not isinstance(event := await recv(up), ResponseDone):
+            assert isinstance(event, TextDelta)
+            text.append(event.text)
+        up.stream_text_to(None)
+        await up.close()
+    assert "".join(text) == ECHO_HI
+    assert taken > 5  # paced deltas arrive while recv() waits: the sink has them
+    assert event.status == "completed"
+
+
+async def test_text_sink_asking_to_act_makes_recv_return_woken() -> None:
+    async with serve_sim(SimConfig(tokens_per_second=200, chunk_size=3)) as sim:
+        up = adapter(sim.url)
+        await up.open("", [])
+        taken: list[str] = []
+
+        def sink(text: str) -> bool:
+            taken.append(text)
+            return "Echo" in "".join(taken)  # act once the answer begins
+
+        up.stream_text_to(sink)
+        await up.add_message(Message(role="user", content="hi"))
+        await up.start_response()
+        while not isinstance(event := await recv(up), Woken):
+            assert isinstance(event, TextDelta)  # one that came while recv() was not waiting
+            taken.append(event.text)
+        assert "Echo" in "".join(taken)
+        # Stopped: the rest comes from recv() again, nothing lost or repeated.
+        up.stream_text_to(None)
+        rest = await read_turn(up)
+        await up.close()
+    assert "".join(taken) + rest.text == ECHO_HI
 
 
 async def test_cancel_without_active_response_is_harmless() -> None:

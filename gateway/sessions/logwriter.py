@@ -6,9 +6,19 @@ by the event, then by the store's answer) on top of the store call itself;
 at a thousand sessions streaming, those wake-ups were a large share of the
 node's CPU. Here sessions only mark themselves dirty; one round takes every
 dirty session's batch, writes them all with one ``Store.submit_appends`` (one
-round trip for Redis), and hands each session its result. A round in flight
-is the group commit: what is emitted meanwhile goes out in the next round,
-so a session never has two appends in flight and its order holds.
+round trip for Redis), and hands each session its result. Rounds in flight
+are the group commit: what is emitted meanwhile goes out in a later round.
+
+**Two rounds in flight** (``ROUNDS_IN_FLIGHT``). With one, a session that
+marked just after a round was sent waited for that round's answer and then
+its own: two round trips in the tail of the latency, and on a busy machine a
+round trip is the time Redis takes to be scheduled. A second round takes the
+sessions that marked meanwhile. A session whose append is in flight is held
+back (``_deferred``) until its answer, so a session never has two appends in
+flight: its order holds, and a failed append ("maybe stored") is settled
+before anything of that session is written again. On one connection Redis
+answers rounds in order; with the awaited group commit (Cluster, replicated)
+the second round queues behind the first there.
 
 **Callbacks, not a task.** A round is started by ``call_soon`` (after every
 session ready in this tick has marked) and finished by the store's callback:
@@ -96,6 +106,11 @@ LINGER_FULL: Final = 32
 # linger after its first one: sooner, and the sessions ready in the same loop
 # pass as the first would end it before any company from later passes came.
 LINGER_MIN: Final = 0.25
+# Rounds in flight at once. A second round takes the sessions that marked
+# while the first is out, so their events do not wait for its answer too (one
+# round trip less in the tail of the latency); a session never has two
+# appends in flight (see ``mark``).
+ROUNDS_IN_FLIGHT: Final = 2
 
 
 class LogWriter:
@@ -114,8 +129,13 @@ class LogWriter:
         self.lingered = 0
         """Rounds that waited for more sessions to join."""
         self._dirty: list[LogSource] = []
-        # A round is scheduled, lingering or in flight: marks only join ``_dirty``.
-        self._busy = False
+        # A round is scheduled or lingering: marks only join ``_dirty``.
+        self._scheduled = False
+        self._in_flight = 0  # rounds sent and not answered yet
+        # Sessions with an append in flight, and those of them that marked
+        # meanwhile (their next batch waits for that answer).
+        self._writing: set[LogSource] = set()
+        self._deferred: list[LogSource] = []
         self._closed = False
         self._first_mark = 0.0  # perf_counter() of the first mark of the next round
         self._last_size = 0  # sessions in the previous round
@@ -123,11 +143,10 @@ class LogWriter:
         self._gap = math.inf  # mean seconds between marks (see LINGER_WEIGHT)
         self._lingering: asyncio.TimerHandle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._task: asyncio.Task[None] | None = None  # a round that needs awaits
+        self._tasks: set[asyncio.Task[None]] = set()  # rounds that need awaits
 
     def mark(self, source: LogSource) -> None:
         """``source`` has something to write (called once until it is taken)."""
-        dirty = self._dirty
         if self.linger > 0:
             now = perf_counter()
             gap = min(now - self._last_mark, 10 * self.linger)
@@ -135,12 +154,21 @@ class LogWriter:
             self._gap = (
                 gap if self._gap == math.inf else self._gap + (gap - self._gap) * LINGER_WEIGHT
             )
+        if source in self._writing:
+            # Its previous append is in flight: this batch goes after its answer
+            # (one append in flight per session keeps its order and the
+            # "maybe stored" rule).
+            self._deferred.append(source)
+            return
+        dirty = self._dirty
+        if self.linger > 0:
             if not dirty:
                 self._first_mark = now
             dirty.append(source)
-            if not self._busy:
-                self._busy = True
-                self._schedule()
+            if not self._scheduled:
+                if self._in_flight < ROUNDS_IN_FLIGHT:
+                    self._scheduled = True
+                    self._schedule()
             elif self._lingering is not None and (
                 len(dirty) >= LINGER_FULL or now - self._first_mark >= self.linger * LINGER_MIN
             ):
@@ -151,8 +179,8 @@ class LogWriter:
                 self._start_round()
             return
         dirty.append(source)
-        if not self._busy:
-            self._busy = True
+        if not self._scheduled and self._in_flight < ROUNDS_IN_FLIGHT:
+            self._scheduled = True
             self._schedule()
 
     async def close(self) -> None:
@@ -160,9 +188,10 @@ class LogWriter:
         if self._lingering is not None:
             self._lingering.cancel()
             self._lingering = None
-        task, self._task = self._task, None
-        if task is not None:
+        tasks, self._tasks = self._tasks, set()
+        for task in tasks:
             task.cancel()
+        for task in tasks:
             with contextlib.suppress(BaseException):
                 await task
 
@@ -193,11 +222,15 @@ class LogWriter:
 
     def _start_round(self) -> None:
         self._lingering = None
+        self._scheduled = False
         if self._closed:
             return
         dirty, self._dirty = self._dirty, []
         self._last_size = len(dirty)
         self.rounds += 1
+        self._in_flight += 1
+        self._writing.update(dirty)
+        writing = _Round(dirty)
         try:
             jobs: list[tuple[LogSource, Batch]] = []
             unsure = False
@@ -207,20 +240,23 @@ class LogWriter:
                     jobs.append((source, taken))
                     unsure = unsure or source.unsure is not None
             if not jobs:
-                self._round_done()
+                self._round_done(writing)
             elif unsure:
                 # A previous append failed in flight: read the log first (awaits).
-                self._await_round(self._settle_then_append(jobs), jobs)
+                self._await_round(self._settle_then_append(jobs), writing)
             else:
                 self.store.submit_appends(
                     [(source.sid, self.node_id, job[0], job[1]) for source, job in jobs],
-                    partial(self._appended, jobs),
+                    partial(self._appended, jobs, writing),
                 )
         except Exception:  # a bug here must not stop every session's log
-            self._broke(list(dirty))
+            self._broke(writing)
 
     def _appended(
-        self, jobs: list[tuple[LogSource, Batch]], results: list[BaseException | None]
+        self,
+        jobs: list[tuple[LogSource, Batch]],
+        writing: _Round,
+        results: list[BaseException | None],
     ) -> None:
         """The store's answer for a round: report each session's outcome."""
         try:
@@ -231,41 +267,59 @@ class LogWriter:
                 else:
                     source.appended(job, result)
             if retake:
-                self._await_round(self._retake_all(retake), retake)
+                self._await_round(self._retake_all(retake), writing)
                 return
         except Exception:
-            self._broke([source for source, _ in jobs])
+            self._broke(writing)
             return
-        self._round_done()
+        self._round_done(writing)
 
-    def _round_done(self) -> None:
-        if self._dirty and not self._closed:
+    def _round_done(self, writing: _Round) -> None:
+        """A round is answered: its sessions may write again, the next round may go."""
+        if writing.done:
+            return
+        writing.done = True
+        self._in_flight -= 1
+        self._writing.difference_update(writing.sources)
+        if self._deferred:
+            deferred, self._deferred = self._deferred, []
+            dirty = self._dirty
+            for source in deferred:
+                if source in self._writing:  # in another round still in flight
+                    self._deferred.append(source)
+                else:
+                    if not dirty:
+                        self._first_mark = perf_counter()
+                    dirty.append(source)
+        if (
+            self._dirty
+            and not self._scheduled
+            and self._in_flight < ROUNDS_IN_FLIGHT
+            and not self._closed
+        ):
+            self._scheduled = True
             self._schedule()
-        else:
-            self._busy = False
 
-    def _broke(self, sources: list[LogSource]) -> None:
+    def _broke(self, writing: _Round) -> None:
         log.exception("log writer round failed")
-        for source in sources:
+        for source in writing.sources:
             source.write_failed()
-        self._round_done()
+        self._round_done(writing)
 
-    def _await_round(
-        self, work: Coroutine[Any, Any, None], jobs: list[tuple[LogSource, Batch]]
-    ) -> None:
+    def _await_round(self, work: Coroutine[Any, Any, None], writing: _Round) -> None:
         """Finish this round in a task (rare paths that read or retake before writing)."""
 
         async def run() -> None:
             try:
                 await work
             except Exception:
-                self._task = None
-                self._broke([source for source, _ in jobs])
+                self._broke(writing)
             else:
-                self._task = None
-                self._round_done()
+                self._round_done(writing)
 
-        self._task = asyncio.get_running_loop().create_task(run(), name="log-writer-round")
+        task = asyncio.get_running_loop().create_task(run(), name="log-writer-round")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def _settle_then_append(self, taken: list[tuple[LogSource, Batch]]) -> None:
         store = self.store
@@ -321,6 +375,16 @@ class LogWriter:
         except StoreError as exc:
             return exc
         return None
+
+
+class _Round:
+    """The sessions of one round, until its answer (``_round_done`` runs once per round)."""
+
+    __slots__ = ("done", "sources")
+
+    def __init__(self, sources: list[LogSource]) -> None:
+        self.sources = sources
+        self.done = False
 
 
 def _lease_expired(result: BaseException | None, job: Batch) -> bool:

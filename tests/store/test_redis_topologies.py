@@ -359,9 +359,23 @@ class Writers:
         async def moved() -> bool:
             return all(self.stored[sid] >= base[sid] + by for sid in self.sids)
 
-        async with asyncio.timeout(30):
-            while not await moved():  # noqa: ASYNC110 - progress has no single event
-                await asyncio.sleep(0.05)
+        try:
+            async with asyncio.timeout(30):
+                while not await moved():  # noqa: ASYNC110 - progress has no single event
+                    await asyncio.sleep(0.05)
+        except TimeoutError:
+            raise AssertionError(self.report(base, by)) from None
+
+    def report(self, base: dict[str, int], by: int) -> str:
+        """What a stalled run needs for a diagnosis: who moved, and where each writer waits."""
+        lines = [
+            f"not every session had {by} more appends stored within 30 s "
+            f"(failures so far: {self.failures}; store: {self.store.stats})"
+        ]
+        for sid, task in zip(self.sids, self._tasks, strict=True):
+            where = " -> ".join(_await_chain(task.get_coro())) if not task.done() else "done"
+            lines.append(f"  {sid}: {base[sid]} -> {self.stored[sid]}; waits in {where}")
+        return "\n".join(lines)
 
     async def stop(self) -> None:
         self._stop = True
@@ -375,10 +389,30 @@ class Writers:
             assert log == [event(sid, seq) for seq in range(1, len(log) + 1)], sid
 
 
+def _await_chain(awaitable: object) -> list[str]:
+    """Where a suspended coroutine waits: each frame down its chain of awaits."""
+    chain = []
+    while awaitable is not None:
+        frame = getattr(awaitable, "cr_frame", None) or getattr(awaitable, "gi_frame", None)
+        if frame is None:
+            chain.append(type(awaitable).__name__)
+            break
+        chain.append(f"{frame.f_code.co_name}:{frame.f_lineno}")
+        awaitable = getattr(awaitable, "cr_await", None) or getattr(awaitable, "gi_yieldfrom", None)
+    return chain
+
+
 def failover_store(url: str, **options: Any) -> RedisStore:
     return RedisStore.from_url(
         url, socket_timeout=1.0, connect_timeout=0.5, retry_window=2.0, **options
     )
+
+
+async def close_within(store: RedisStore, seconds: float) -> None:
+    """Close, bounded: a store that cannot close fails the test here, with the
+    test's own failure (if any) chained, rather than at the test's timeout."""
+    async with asyncio.timeout(seconds):
+        await store.close()
 
 
 async def restart(node: RedisProcess) -> None:
@@ -419,7 +453,7 @@ async def test_cluster_master_killed_mid_appends(tmp_path: Path, durability: Dur
         if durability == "replicated":
             await writers.check_nothing_reported_stored_was_lost()
     finally:
-        await store.close()
+        await close_within(store, 15)
         await asyncio.to_thread(cluster.stop)
 
 
@@ -452,7 +486,7 @@ async def test_sentinel_master_killed_mid_appends(tmp_path: Path) -> None:
         await writers.stop()
         await writers.check_nothing_reported_stored_was_lost()
     finally:
-        await store.close()
+        await close_within(store, 15)
         await asyncio.to_thread(setup.stop)
 
 
@@ -490,7 +524,7 @@ async def test_the_append_pipe_follows_a_sentinel_failover(tmp_path: Path) -> No
             assert log == [event(sid, seq) for seq in range(1, len(log) + 1)], sid
             assert len(log) >= 10
     finally:
-        await store.close()
+        await close_within(store, 15)
         await asyncio.to_thread(setup.stop)
 
 

@@ -48,7 +48,7 @@ from gateway.sessions.limits import Limits
 from gateway.sessions.logwriter import Batch, LogWriter
 from gateway.sessions.observer import TurnObserver
 from gateway.sessions.subscriber import Subscriber
-from gateway.sessions.voice import voice_config
+from gateway.sessions.voice import HELD_AUDIO_SECONDS, HeldAudio, voice_config
 from gateway.store.base import LeaseLost, LogEntry, SeqConflict, Store, StoreError, StoreUnavailable
 from gateway.tracing import Tracing
 from gateway.upstream.base import (
@@ -330,6 +330,10 @@ class SessionRuntime:
         self._listening_idle = False
         # Opens of a listening voice session's upstream that failed in a row.
         self._listen_failures = 0
+        # The user's audio that came while no upstream was open; not while an
+        # open that failed is waited out (``_listen_later``): that audio is lost.
+        self._held_audio = self._held_audio_for(self.voice)
+        self._holding_audio = True
 
     # ------------------------------------------------------------------ log
 
@@ -567,6 +571,10 @@ class SessionRuntime:
         with the new configuration (its context rebuilt from history) when next needed."""
         if voice == self.voice:
             return
+        before = self.voice.audio_in if self.voice is not None else None
+        after = voice.audio_in if voice is not None else None
+        if after is None or before is None or after.rate != before.rate:
+            self._held_audio = self._held_audio_for(voice)  # held audio at another rate: gone
         self.voice = voice
         self.machine.voice = voice is not None
         if self.machine.idle:
@@ -586,10 +594,14 @@ class SessionRuntime:
 
     async def send_audio(self, pcm16: bytes) -> None:
         """User audio (PCM16 at ``AudioIn.rate``) to the provider. Audio that arrives
-        while no connection is open (being reopened) is dropped: the provider's VAD
-        hears the speech that follows."""
+        while the connection is being opened is held and sent first once it is
+        open (``HeldAudio``); audio that arrives while a failed open is waited
+        out is dropped (the client was told: ``error`` code ``upstream``)."""
+        if self.voice is None or self.voice.audio_in is None:
+            return
         upstream = self.upstream
-        if upstream is None or self.voice is None or self.voice.audio_in is None:
+        if upstream is None:
+            self._hold_audio(pcm16)
             return
         try:
             await upstream.send_audio(pcm16)
@@ -597,13 +609,47 @@ class SessionRuntime:
             return  # the driver's recv sees the loss and reopens
 
     def send_audio_now(self, pcm16: bytes) -> bool:
-        """``send_audio`` without awaiting when the upstream socket takes it at once;
-        False: nothing was sent, await ``send_audio``."""
-        upstream = self.upstream
+        """``send_audio`` without awaiting when the upstream socket takes it at once
+        (or the audio is held); False: nothing was sent, await ``send_audio``."""
         voice = self.voice
-        if upstream is None or voice is None or voice.audio_in is None:
+        if voice is None or voice.audio_in is None:
             return False
+        upstream = self.upstream
+        if upstream is None:
+            self._hold_audio(pcm16)
+            return True
         return upstream.send_audio_now(pcm16)
+
+    def _hold_audio(self, pcm16: bytes) -> None:
+        held = self._held_audio
+        if held is None or not self._holding_audio or self.closed:
+            return
+        was_full = held.dropped
+        held.hold(pcm16)
+        if held.dropped and not was_full:
+            log.warning(
+                "session %s: the upstream is still opening; only the newest %gs of the "
+                "user's audio is held for it",
+                self.sid,
+                HELD_AUDIO_SECONDS,
+                extra={"sid": self.sid},
+            )
+
+    @staticmethod
+    def _held_audio_for(voice: VoiceConfig | None) -> HeldAudio | None:
+        audio_in = voice.audio_in if voice is not None else None
+        return HeldAudio.for_rate(audio_in.rate) if audio_in is not None else None
+
+    async def _send_held_audio(self, upstream: Upstream) -> None:
+        """The audio held while ``upstream`` was opened, oldest first; audio that
+        comes meanwhile is held behind it, so the order holds."""
+        held = self._held_audio
+        if held is None:
+            return
+        while (chunk := held.take()) is not None:
+            if not upstream.send_audio_now(chunk):
+                await upstream.send_audio(chunk)
+        held.clear()
 
     def commit_audio(self) -> Error | None:
         """End the user's spoken turn (turn detection ``none``); an ``Error`` reply if
@@ -763,10 +809,15 @@ class SessionRuntime:
             self.emit(Error(code="upstream", content=_LISTEN_UNREACHABLE))
         delay = min(_LISTEN_RETRY_FIRST * 2 ** (failures - 1), _LISTEN_RETRY_CAP)
         self._listening_idle = True
+        # Not heard, as the client was told: audio of the wait is not held for later.
+        if self._held_audio is not None:
+            self._held_audio.clear()
+        self._holding_audio = False
         try:
             await asyncio.sleep(delay)
         finally:
             self._listening_idle = False
+            self._holding_audio = True
 
     def _fallback(self, *, fatal: bool) -> str:
         """Report the failure to the session's providers; the one to use next if it changes."""
@@ -889,6 +940,11 @@ class SessionRuntime:
             await upstream.open(
                 setup.system_prompt, self._context(setup.system_prompt), voice=self.voice
             )
+        try:
+            await self._send_held_audio(upstream)
+        except BaseException:
+            self.host.spawn(_discard(upstream, stop=False), f"discard-upstream:{self.sid}")
+            raise
         self.upstream = upstream
         self._opened_with = setup
         self._in_upstream_call = False

@@ -63,6 +63,44 @@ async def test_audio_as_json_frames_at_another_rate(provider: str, tmp_path: Pat
     assert kind(events[-2]) == "end"
 
 
+async def burst(client: VoiceClient, pcm: bytes, rate: int) -> None:
+    """``pcm`` in 20 ms binary frames sent at once: it arrives before any upstream can open."""
+    size = rate // 50 * 2
+    for at in range(0, len(pcm), size):
+        await client.ws.send(pcm[at : at + size])
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_speech_sent_while_the_upstream_opens_is_heard_whole(
+    provider: str, tmp_path: Path
+) -> None:
+    """A client talks as soon as it has configured, and again right after a
+    configure that reopens the upstream (another rate): none of it is lost."""
+    async with voice_gateway(provider, tmp_path) as gw:
+        client = await VoiceClient.connect(gw.url)
+        await client.send({"type": "configure", "input_audio": {"rate": RATE}})
+        await burst(client, tone(0.6, RATE) + silence(0.8, RATE), RATE)
+        first = await client.turn_end()
+        await client.send({"type": "configure", "input_audio": {"rate": 16000}})
+        await burst(client, tone(0.9, 16000) + silence(0.8, 16000), 16000)
+        second = await client.turn_end()
+        await client.close()
+    assert shape(first)[:4] == [
+        ("configured", ""),
+        ("speech_started", ""),
+        ("speech_stopped", ""),
+        ("user", "(speech 0.6 s)"),
+    ]
+    assert first[1].offset_ms == 0  # type: ignore[union-attr]
+    assert shape(second)[:4] == [
+        ("configured", ""),
+        ("speech_started", ""),
+        ("speech_stopped", ""),
+        ("user", "(speech 0.9 s)"),
+    ]
+    assert shape(second)[-2:] == [("end", ""), ("metric", "")]
+
+
 @pytest.mark.parametrize("provider", PROVIDERS)
 async def test_speech_during_an_answer_cancels_it(provider: str, tmp_path: Path) -> None:
     async with voice_gateway(provider, tmp_path, tokens_per_second=20, chunk_size=2) as gw:

@@ -1,23 +1,42 @@
 """Benchmark of voice through the gateway: latency it adds, and audio relay CPU.
 
 Run: ``PYTHONPATH=. /work/venv/bin/python tests/bench/voice_session_bench.py [--sessions 100]
-[--repeats 5] [--pin]``
+[--repeats 5] [--pin] [--spread 2] [--probes 25] [--stages]``
 
-1. **Speech end → first chunk**, at N concurrent voice sessions, each
-   streaming 0.3 s of silence, 0.6 s of speech (a tone) and 1 s of silence at
-   real-time pace in 20 ms frames. *Direct*: the OpenAI adapter talks to the
-   simulator itself, and the time runs from the last speech frame sent to the
-   first ``TextDelta``. *Gateway*: a ``gateway serve`` subprocess in between,
-   from the last speech frame sent to the first ``think``/``respond`` event.
-   Both include the simulator's VAD silence wait (500 ms), so the difference
-   of the two is what the gateway adds (its own process, its own core share).
-   ``--repeats K`` runs direct and gateway K times each, interleaved
-   (direct, gateway, direct, …) so a burst of other work hits both alike, and
-   prints the median of each percentile. ``--pin`` puts the gateway alone on
-   CPU 1 and the simulator and this client on CPU 0 (``sched_setaffinity``),
-   in both runs: the gateway then has a core of its own, as on its own
-   machine, and the added latency is its processing and the extra hop rather
-   than three busy processes queueing for two cores.
+1. **Speech end → first chunk**, at N concurrent voice sessions. Each streams
+   audio at real-time pace in 20 ms frames: silence, 0.6 s of speech (a
+   tone), then silence until every session of the run has its answer, so all
+   N stream the whole time. The time runs from the last speech frame sent to
+   the first chunk of the answer's content (``think``/``respond``). Both
+   include the simulator's VAD silence wait (500 ms), so the difference of
+   the two groups below is what the gateway adds.
+
+   - *Gateway*: N sessions through a ``gateway serve`` subprocess, which
+     talks to the simulator (a subprocess too) with its OpenAI adapter.
+   - *Direct* (``--probes P``, default 25): P sessions that talk to the same
+     simulator at the same time, through the same adapter in this process,
+     and read the model's markers with ``protocol.parser`` as any client of
+     the raw provider must (the first raw delta is ``<thi``, not content).
+     Run alongside, they meet the same simulator load and the same CPU: runs
+     measured apart (``--probes 0``: N direct sessions, then N through the
+     gateway) shifted by ±30 ms from run to run on this 2-vCPU machine, six
+     times the 5 ms being measured.
+   - *Spread* (``--spread S``, default 2 s): the sessions' speech ends are
+     spaced evenly over S seconds, as independent speakers' are. With
+     ``--spread 0`` all N stop speaking in the same 20 ms: then the
+     simulator answers N turns at once on its shared core, and which session
+     lands where in that burst decides its latency more than any hop does
+     (a trace of each hop, 100 sessions in step: the gateway held the last
+     frame 0.02 ms and the client-to-gateway hop took 0.15 ms, while the
+     frame waited 14–22 ms in the busy simulator, direct or not).
+
+   ``--repeats K`` runs K times and pools the samples. ``--pin`` puts the
+   gateway alone on CPU 1 and the simulator and this client on CPU 0
+   (``sched_setaffinity``): the gateway then has a core of its own, as on
+   its own machine, rather than three busy processes queueing for two cores.
+   ``--stages`` prints when each kind of event first arrived.
+   ``--tokens-per-second`` paces the simulator's answers (default 50 chunks
+   a second, a voice model's pace; 0: all at once).
 2. **Audio frames relayed per CPU-second** of the gateway process (its
    ``utime + stime`` from ``/proc``) while N sessions stream audio the
    simulator never answers (VAD threshold out of reach), against the adapter
@@ -41,8 +60,11 @@ import orjson
 from websockets.asyncio.client import connect
 
 from gateway.upstream.audio import silence, tone
-from gateway.upstream.base import AudioIn, TextDelta, VoiceConfig
+from gateway.upstream.base import AudioIn, ResponseDone, TextDelta, VoiceConfig
 from gateway.upstream.openai import OpenAIRealtime
+from gateway.wsread import FastReadClientConnection
+from protocol.events import Respond, Think
+from protocol.parser import Parser
 
 RATE = 24000
 FRAME = RATE // 50 * 2
@@ -120,42 +142,120 @@ async def paced(send: object, pcm: bytes, start: float, first: int) -> int:
     return index
 
 
-async def direct_session(base: str) -> float:
+async def quiet_until(send: object, done: asyncio.Event, start: float, first: int) -> None:
+    """Silence in 20 ms frames at real-time pace from frame ``first`` until ``done``."""
+    frame = silence(0.02, RATE)
+    index = first
+    while not done.is_set():
+        delay = start + index * 0.02 - time.monotonic()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        await send(frame)  # type: ignore[operator]
+        index += 1
+
+
+class Run:
+    """One run's sessions: one clock for all, when each stops speaking, and when
+    all have their answer."""
+
+    def __init__(self, sessions: int, spread: float) -> None:
+        self.sessions = sessions
+        self.spread = spread
+        self.waiting = sessions
+        self.ready = asyncio.Event()
+        self.start = 0.0
+        self.measuring = sessions
+        self.done = asyncio.Event()
+
+    async def go(self) -> float:
+        """Wait until every session is connected and configured; the run's start time.
+
+        One start for all: a session's place in the simulator's queue then
+        follows its speech end alone, not how long its own setup took (a
+        gateway session's and a direct one's differ).
+        """
+        self.waiting -= 1
+        if not self.waiting:
+            self.start = time.monotonic() + 0.05
+            self.ready.set()
+        await self.ready.wait()
+        return self.start
+
+    def lead(self, k: int) -> bytes:
+        """Session ``k``'s audio up to its speech end: silence (longer for later
+        sessions, by ``spread / sessions`` each, in whole 20 ms frames), then
+        speech.
+
+        Whole frames: the simulator's VAD cuts the audio into 20 ms frames of
+        its own, and speech that ended mid-frame was heard to end up to a
+        frame later (up to 20 ms added to some sessions and not others).
+        """
+        frames = round(self.spread * k / self.sessions / 0.02)
+        return silence(0.3 + frames * 0.02, RATE) + SPEECH
+
+    def measured(self) -> None:
+        self.measuring -= 1
+        if not self.measuring:
+            self.done.set()
+
+
+Stages = dict[str, float]
+"""When a session first saw each kind of event, in seconds from its last speech frame
+sent; ``FIRST`` is the first think/respond chunk, the figure measured."""
+
+FIRST = "first chunk"
+
+
+async def direct_session(base: str, run: Run, k: int) -> Stages:
     upstream = OpenAIRealtime(base_url=base, api_key="k")
     await upstream.open("", [], voice=VoiceConfig(audio_in=AudioIn(rate=RATE)))
     try:
-        start = time.monotonic()
-        index = await paced(upstream.send_audio, LEAD + SPEECH, start, 0)
+        start = await run.go()
+        index = await paced(upstream.send_audio, run.lead(k), start, 0)
         ended = time.perf_counter()
-        tail = asyncio.create_task(paced(upstream.send_audio, TAIL, start, index))
+        tail = asyncio.create_task(quiet_until(upstream.send_audio, run.done, start, index))
+        parser = Parser()  # the model's markers, as any client of the raw provider must read them
+        seen: Stages = {}
         while True:
             event = await upstream.recv()
-            if isinstance(event, TextDelta):
-                got = time.perf_counter() - ended
-                break
-        tail.cancel()
-        return got
+            seen.setdefault(type(event).__name__, time.perf_counter() - ended)
+            if isinstance(event, TextDelta) and FIRST not in seen:
+                if any(isinstance(out, (Think, Respond)) for out in parser.feed(event.text)):
+                    seen[FIRST] = time.perf_counter() - ended
+            elif isinstance(event, ResponseDone) and FIRST in seen:
+                break  # the whole answer read, as the gateway reads it
+        run.measured()
+        await tail
+        return seen
     finally:
         await upstream.close()
 
 
-async def gateway_session(url: str) -> float:
-    async with connect(url, max_size=None, compression=None) as ws:
+async def gateway_session(url: str, run: Run, k: int) -> Stages:
+    async with connect(
+        url, max_size=None, compression=None, create_connection=FastReadClientConnection
+    ) as ws:
         await ws.recv()  # session
         await ws.send(orjson.dumps({"type": "configure", "input_audio": {"rate": RATE}}).decode())
-        start = time.monotonic()
-        index = await paced(ws.send, LEAD + SPEECH, start, 0)
+        await ws.recv()  # configured
+        start = await run.go()
+        index = await paced(ws.send, run.lead(k), start, 0)
         ended = time.perf_counter()
-        tail = asyncio.create_task(paced(ws.send, TAIL, start, index))
+        tail = asyncio.create_task(quiet_until(ws.send, run.done, start, index))
+        seen: Stages = {}
         while True:
             frame = await ws.recv()
-            if isinstance(frame, str) and (
-                '"type":"think"' in frame or '"type":"respond"' in frame
-            ):
-                got = time.perf_counter() - ended
-                break
-        tail.cancel()
-        return got
+            if not isinstance(frame, str):
+                continue
+            kind = orjson.loads(frame)["type"]
+            seen.setdefault(kind, time.perf_counter() - ended)
+            if kind in ("think", "respond"):
+                seen.setdefault(FIRST, seen[kind])
+            elif kind == "end" and FIRST in seen:
+                break  # the whole answer read, as the direct run reads it
+        run.measured()
+        await tail
+        return seen
 
 
 def pct(values: list[float], p: float) -> float:
@@ -197,36 +297,100 @@ async def main() -> None:
     parser.add_argument("--sessions", type=int, default=100)
     parser.add_argument("--repeats", type=int, default=1, help="interleaved runs of each")
     parser.add_argument("--pin", action="store_true", help="gateway on CPU 1, the rest on CPU 0")
+    parser.add_argument(
+        "--probes",
+        type=int,
+        default=25,
+        help="direct sessions run alongside the gateway's (0: separate direct runs instead)",
+    )
+    parser.add_argument(
+        "--spread",
+        type=float,
+        default=2.0,
+        help="seconds over which the sessions' speech ends are spaced (0: all in step)",
+    )
+    parser.add_argument("--stages", action="store_true", help="print when each event arrived")
+    parser.add_argument(
+        "--tokens-per-second",
+        type=float,
+        default=50.0,
+        help="the simulator's text chunks per second per answer (0: unpaced)",
+    )
     ns = parser.parse_args()
     n = ns.sessions
     if ns.pin:
         PINS.update(gateway={1}, others={0})
         os.sched_setaffinity(0, {0})
     runs: dict[str, list[tuple[float, float]]] = {"direct": [], "gateway": []}
-    async with process("sim", "--port", "0") as (sim_ws, _):
+    stages: dict[str, dict[str, list[float]]] = {"direct": {}, "gateway": {}}
+    pooled: dict[str, list[float]] = {"direct": [], "gateway": []}
+    pace = ("--tokens-per-second", f"{ns.tokens_per_second:g}")
+    async with process("sim", "--port", "0", *pace) as (sim_ws, _):
         base = sim_ws.split("/v1/")[0] + "/v1"
         env = {"OPENAI_API_KEY": "k"}
         for _ in range(ns.repeats):
-            direct = await asyncio.gather(*(direct_session(base) for _ in range(n)))
-            runs["direct"].append((pct(direct, 50), pct(direct, 99)))
-            async with process(*gateway_args(base), env=env) as (url, _):
-                through = await asyncio.gather(*(gateway_session(url) for _ in range(n)))
-            runs["gateway"].append((pct(through, 50), pct(through, 99)))
+            if ns.probes:
+                # Together: the probes meet the same simulator load and CPU as
+                # the gateway's sessions; their speech ends interleave.
+                total = n + ns.probes
+                run = Run(total, ns.spread)
+                every = total / ns.probes
+                probes = {int(j * every + every / 2) for j in range(ns.probes)}
+                async with process(*gateway_args(base), env=env) as (url, _):
+                    seen_all = await asyncio.gather(
+                        *(
+                            direct_session(base, run, k)
+                            if k in probes
+                            else gateway_session(url, run, k)
+                            for k in range(total)
+                        )
+                    )
+                direct = [seen for k, seen in enumerate(seen_all) if k in probes]
+                through = [seen for k, seen in enumerate(seen_all) if k not in probes]
+            else:
+                run = Run(n, ns.spread)
+                direct = await asyncio.gather(*(direct_session(base, run, k) for k in range(n)))
+                run = Run(n, ns.spread)
+                async with process(*gateway_args(base), env=env) as (url, _):
+                    through = await asyncio.gather(
+                        *(gateway_session(url, run, k) for k in range(n))
+                    )
+            for name, group in (("direct", direct), ("gateway", through)):
+                firsts = [seen[FIRST] for seen in group]
+                pooled[name] += firsts
+                runs[name].append((pct(firsts, 50), pct(firsts, 99)))
+                for seen in group:
+                    for kind, at in seen.items():
+                        stages[name].setdefault(kind, []).append(at)
         pinned = ", gateway pinned to CPU 1, the rest to CPU 0" if ns.pin else ""
-        print(
-            f"speech end -> first chunk, {n} concurrent voice sessions (ms), "
-            f"median of {ns.repeats} interleaved run(s){pinned}"
+        how = (
+            f"{ns.probes} direct alongside"
+            if ns.probes
+            else f"{n} direct in separate runs, interleaved"
         )
-        print(f"  {'':10}{'p50':>10}{'p99':>10}   runs (p50/p99)")
-        medians = {}
+        how += f", speech ends spread over {ns.spread:g} s, {ns.repeats} run(s) pooled"
+        print(
+            f"speech end -> first chunk, {n} concurrent voice sessions through the gateway, "
+            f"{how}{pinned} (ms)"
+        )
+        print(f"  {'':10}{'p50':>10}{'p99':>10}   {'samples':>8}   each run (p50/p99)")
+        figures = {}
         for name, got in runs.items():
-            medians[name] = (median([a for a, _ in got]), median([b for _, b in got]))
+            figures[name] = (pct(pooled[name], 50), pct(pooled[name], 99))
             each = "  ".join(f"{a:.0f}/{b:.0f}" for a, b in got)
-            print(f"  {name:10}{medians[name][0]:>10.1f}{medians[name][1]:>10.1f}   {each}")
+            print(
+                f"  {name:10}{figures[name][0]:>10.1f}{figures[name][1]:>10.1f}"
+                f"   {len(pooled[name]):>8}   {each}"
+            )
         print(
-            f"  added     {medians['gateway'][0] - medians['direct'][0]:>10.1f}"
-            f"{medians['gateway'][1] - medians['direct'][1]:>10.1f}"
+            f"  added     {figures['gateway'][0] - figures['direct'][0]:>10.1f}"
+            f"{figures['gateway'][1] - figures['direct'][1]:>10.1f}"
         )
+        if ns.stages:
+            print("when each kind of event first arrived, ms from the last speech frame (all runs)")
+            for name, kinds in stages.items():
+                for kind, ats in sorted(kinds.items(), key=lambda item: median(item[1])):
+                    print(f"  {name:8} {kind:24}{pct(ats, 50):>10.1f}{pct(ats, 99):>10.1f}")
         rate = await relay_cpu(base, n, 5.0)
         print(f"gateway: {rate:,.0f} audio frames relayed per CPU-second ({n} sessions, 5 s)")
 

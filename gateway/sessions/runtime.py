@@ -64,6 +64,7 @@ from gateway.upstream.base import (
     Upstream,
     UpstreamClosed,
     UpstreamError,
+    UpstreamEvent,
     UpstreamFactory,
     VoiceConfig,
     Woken,
@@ -334,6 +335,9 @@ class SessionRuntime:
         # open that failed is waited out (``_listen_later``): that audio is lost.
         self._held_audio = self._held_audio_for(self.voice)
         self._holding_audio = True
+        # Upstream events read while tools ran (``_hear_during_tools``), for the
+        # driver's next reads, in order.
+        self._heard: deque[UpstreamEvent | _Gone] = deque()
 
     # ------------------------------------------------------------------ log
 
@@ -874,7 +878,7 @@ class SessionRuntime:
             elif kind is ReplaceResponse:
                 await self._replace(action.text)  # type: ignore[union-attr]
             elif kind is RunTools:
-                results = await self._run_tools(action.calls)  # type: ignore[union-attr]
+                results = await self._run_tools_hearing(action.calls)  # type: ignore[union-attr]
                 todo.extend(self.machine.feed(ToolsDone(tuple(results))))
             elif kind is Backoff:
                 log.info(
@@ -997,10 +1001,16 @@ class SessionRuntime:
         todo = self._todo
         first = self._requested_at is not None
         inline = upstream.stream_text_to(None)
+        heard = self._heard
         while machine.awaits_upstream or self.listening:
             if todo:
                 return  # a command came while the connection was opening
-            if machine.idle:
+            if heard:
+                read = heard.popleft()
+                if isinstance(read, _Gone):
+                    raise read.error
+                ev = read
+            elif machine.idle:
                 self._listening_idle = True
                 try:
                     ev = await upstream.recv()
@@ -1152,6 +1162,39 @@ class SessionRuntime:
         cost = self.observer.charge(usage)
         self.services.limits.record_usage(self.sid, usage, cost)
 
+    async def _run_tools_hearing(self, calls: Sequence[ToolCall]) -> list[ToolResult]:
+        """Run a step's tools; a voice session hears its user meanwhile.
+
+        The driver awaits the tools, so nothing read the upstream while they
+        ran, and speech could not barge in until a slow tool returned. Here a
+        watcher reads it: speech cancels the turn (and the tools) as a client
+        ``cancel`` does; anything else waits in ``_heard`` for the driver.
+        """
+        upstream = self.upstream
+        voice = self.voice
+        if upstream is None or voice is None or voice.audio_in is None or not self.listening:
+            return await self._run_tools(calls)
+        watcher = asyncio.create_task(self._hear_during_tools(upstream), name=f"hear:{self.sid}")
+        try:
+            return await self._run_tools(calls)
+        finally:
+            watcher.cancel()
+            with contextlib.suppress(BaseException):
+                await watcher
+
+    async def _hear_during_tools(self, upstream: Upstream) -> None:
+        heard = self._heard
+        try:
+            while True:
+                ev = await upstream.recv()
+                if type(ev) is SpeechStarted:
+                    assert isinstance(ev, SpeechStarted)
+                    self._command(self.machine.feed(SpeechBegan(ev.offset_ms)), interrupt=True)
+                    return
+                heard.append(ev)
+        except UpstreamClosed as exc:
+            heard.append(_Gone(exc))  # the driver's next read raises it
+
     async def _run_tools(self, calls: Sequence[ToolCall]) -> list[ToolResult]:
         services = self.services
         services.metrics.tool_calls.inc(len(calls))
@@ -1197,6 +1240,7 @@ class SessionRuntime:
     def _drop_upstream(self, *, stop: bool) -> None:
         """Let the upstream go; it is closed in the background, so the turn does not wait."""
         upstream, self.upstream = self.upstream, None
+        self._heard.clear()  # that connection's events
         if upstream is not None:
             self.host.spawn(_discard(upstream, stop=stop), f"discard-upstream:{self.sid}")
 
@@ -1234,6 +1278,15 @@ class SessionRuntime:
         upstream, self.upstream = self.upstream, None
         if upstream is not None:
             await _discard(upstream, stop=True)
+
+
+class _Gone:
+    """The upstream's loss as the tools' watcher read it: the driver's next read raises it."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: UpstreamClosed) -> None:
+        self.error = error
 
 
 async def _discard(upstream: Upstream, *, stop: bool) -> None:

@@ -139,9 +139,14 @@ class VoiceGateway:
 
 @contextlib.asynccontextmanager
 async def voice_gateway(
-    provider: str, workspace: Path, redis_url: str | None = None, **knobs: Any
+    provider: str,
+    workspace: Path,
+    redis_url: str | None = None,
+    gateway_settings: dict[str, Any] | None = None,
+    **knobs: Any,
 ) -> AsyncIterator[VoiceGateway]:
-    """A gateway whose ``provider`` upstream is a simulator of that flavour."""
+    """A gateway whose ``provider`` upstream is a simulator of that flavour
+    (``knobs``: the simulator's; ``gateway_settings``: more of the gateway's)."""
     sim_config = SimConfig(flavor=provider, api_key=KEY, **knobs)
     async with serve_sim(sim_config) as sim:
         settings: dict[str, Any] = {
@@ -153,5 +158,6 @@ async def voice_gateway(
         }
         if redis_url is not None:
             settings["redis_url"] = redis_url
+        settings.update(gateway_settings or {})
         async with running_gateway(load_config(settings, env={})) as gateway:
             yield VoiceGateway(gateway.url, sim)

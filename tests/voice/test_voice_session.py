@@ -125,6 +125,38 @@ async def test_speech_during_an_answer_cancels_it(provider: str, tmp_path: Path)
     assert got[-2:] == [("end", ""), ("metric", "")]
 
 
+@pytest.mark.parametrize("output", ["text", "audio"])
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_speech_while_tools_run_cancels_the_turn_and_its_tools(
+    provider: str, output: str, tmp_path: Path
+) -> None:
+    """A slow tool does not make the user wait: speech barges in while it runs
+    (text protocol tools, and native function calls in audio output)."""
+    shell = {"enable_shell": True}
+    async with voice_gateway(
+        provider, tmp_path, gateway_settings=shell, audio_ms_per_char=2
+    ) as gw:
+        client = await VoiceClient.connect(gw.url)
+        await client.configure(input_audio={"rate": RATE}, output=output)
+        await client.send({"type": "user", "content": '/tool shell {"command": "sleep 20"}'})
+        await client.until("execute")  # the tool runs
+        sender = asyncio.create_task(client.stream(utterance(0.5, RATE), RATE))
+        began = time.monotonic()
+        cut = await client.until("cancelled")
+        cancelled_after = time.monotonic() - began
+        answered = await client.turn_end()
+        await sender
+        await client.close()
+    cancelled = cut[-1]
+    assert isinstance(cancelled, Cancelled) and cancelled.reason == "barge_in"
+    assert cancelled_after < 1.5  # 0.3 s of silence, then 0.1 s of speech
+    assert [kind(e) for e in cut][-2:] == ["speech_started", "cancelled"]
+    got = shape(answered)
+    assert ("user", "(speech 0.5 s)") in got
+    assert ("respond", "Echo: (speech 0.5 s)") in got
+    assert got[-2:] == [("end", ""), ("metric", "")]
+
+
 @pytest.mark.parametrize("provider", PROVIDERS)
 async def test_manual_commit_ends_the_spoken_turn(provider: str, tmp_path: Path) -> None:
     async with voice_gateway(provider, tmp_path) as gw:

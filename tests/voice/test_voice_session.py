@@ -133,9 +133,7 @@ async def test_speech_while_tools_run_cancels_the_turn_and_its_tools(
     """A slow tool does not make the user wait: speech barges in while it runs
     (text protocol tools, and native function calls in audio output)."""
     shell = {"enable_shell": True}
-    async with voice_gateway(
-        provider, tmp_path, gateway_settings=shell, audio_ms_per_char=2
-    ) as gw:
+    async with voice_gateway(provider, tmp_path, gateway_settings=shell, audio_ms_per_char=2) as gw:
         client = await VoiceClient.connect(gw.url)
         await client.configure(input_audio={"rate": RATE}, output=output)
         await client.send({"type": "user", "content": '/tool shell {"command": "sleep 20"}'})

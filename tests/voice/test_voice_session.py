@@ -102,6 +102,26 @@ async def test_speech_sent_while_the_upstream_opens_is_heard_whole(
 
 
 @pytest.mark.parametrize("provider", PROVIDERS)
+async def test_a_commit_right_after_held_audio_commits_all_of_it(
+    provider: str, tmp_path: Path
+) -> None:
+    """Configure, speech and commit sent at once: the commit follows the held audio."""
+    async with voice_gateway(provider, tmp_path) as gw:
+        client = await VoiceClient.connect(gw.url)
+        await client.send(
+            {"type": "configure", "input_audio": {"rate": RATE, "turn_detection": "none"}}
+        )
+        await burst(client, tone(0.7, RATE), RATE)
+        await client.send({"type": "commit"})
+        events = await client.turn_end()
+        await client.close()
+    got = shape(events)
+    assert got[:2] == [("configured", ""), ("user", "(speech 0.7 s)")]
+    assert ("respond", "Echo: (speech 0.7 s)") in got
+    assert got[-2:] == [("end", ""), ("metric", "")]
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
 async def test_speech_during_an_answer_cancels_it(provider: str, tmp_path: Path) -> None:
     async with voice_gateway(provider, tmp_path, tokens_per_second=20, chunk_size=2) as gw:
         client = await VoiceClient.connect(gw.url)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 import uuid
 from collections import deque
@@ -65,6 +66,15 @@ log = logging.getLogger("gateway.edge.connection")
 _UNLOGGED = -1  # queue marker: a reply to this client only, sent as is
 _AUDIO = -2  # queue marker: a binary frame of the model's speech
 _REPLAY_PAGE = 500
+# Audio comes 50 frames a second: a refused frame's error is sent at most this
+# often (the frames between are dropped without one), and a connection whose
+# session is driven elsewhere asks to drive it at most this often.
+AUDIO_REFUSAL_EVERY = 2.0
+AUDIO_RETRY_EVERY = 0.25
+_DRIVEN_ELSEWHERE = (
+    "audio and configure need the session driven by the node this connection is on, and "
+    "another node drives it; reconnect (with session_id and after) and send again"
+)
 
 
 class ClientConnection:
@@ -101,6 +111,8 @@ class ClientConnection:
         self._close: tuple[int, str] | None = None
         self.conn_id = uuid.uuid4().hex
         self._redispatched = 0
+        self._audio_refused_at = -math.inf  # monotonic time of the last audio refusal sent
+        self._audio_retry_at = -math.inf  # no drive attempt for audio before this
         self._pressure = SendPressure(
             node.config.coalesce_after, node.config.send_queue_frames, node.metrics
         )  # coalescing for a client behind (backpressure)
@@ -380,12 +392,16 @@ class ClientConnection:
         """User audio (a binary frame, or an ``audio`` frame's bytes) for the session."""
         runtime = self.source
         if not isinstance(runtime, SessionRuntime) or runtime.closed or runtime.voice is None:
-            runtime = await self._voice_runtime()
+            if time.monotonic() < self._audio_retry_at:
+                return  # refused a moment ago: not a store round trip per frame
+            runtime = await self._runtime_for_command()
             if runtime is None:
+                self._audio_retry_at = time.monotonic() + AUDIO_RETRY_EVERY
+                self._refuse_audio(Error(code="turn_active", content=_DRIVEN_ELSEWHERE))
                 return
         voice = runtime.voice
         if voice is None or voice.audio_in is None:
-            self._reply(
+            self._refuse_audio(
                 Error(
                     code="bad_frame",
                     content="audio needs input audio configured first: send "
@@ -395,18 +411,19 @@ class ClientConnection:
             return
         await runtime.send_audio(pcm16)
 
+    def _refuse_audio(self, error: Error) -> None:
+        """Answer refused audio once per ``AUDIO_REFUSAL_EVERY``, not once per frame
+        (a microphone's 50 errors a second say nothing more than the first)."""
+        now = time.monotonic()
+        if now - self._audio_refused_at >= AUDIO_REFUSAL_EVERY:
+            self._audio_refused_at = now
+            self._reply(error)
+
     async def _voice_runtime(self) -> SessionRuntime | None:
         """The session's runtime on this node (voice is driven where its client is)."""
         runtime = await self._runtime_for_command()
         if runtime is None:
-            self._reply(
-                Error(
-                    code="turn_active",
-                    content="audio and configure need the session driven by the node this "
-                    "connection is on, and another node drives it; reconnect (with "
-                    "session_id and after) and send again",
-                )
-            )
+            self._reply(Error(code="turn_active", content=_DRIVEN_ELSEWHERE))
         return runtime
 
     async def _voice_command(self, message: Commit) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from gateway.upstream.audio import silence, tone
-from protocol.events import Cancelled, Configured, User
+from protocol.events import Cancelled, Configured, Error, User
 from tests.voice.conftest import VoiceClient, kind, shape, utterance, voice_gateway
 
 PROVIDERS = ["openai", "gemini"]
@@ -119,6 +119,24 @@ async def test_a_commit_right_after_held_audio_commits_all_of_it(
     assert got[:2] == [("configured", ""), ("user", "(speech 0.7 s)")]
     assert ("respond", "Echo: (speech 0.7 s)") in got
     assert got[-2:] == [("end", ""), ("metric", "")]
+
+
+async def test_audio_before_configure_is_refused_once_not_per_frame(tmp_path: Path) -> None:
+    """A microphone started too early gets one error, not fifty a second."""
+    async with voice_gateway("openai", tmp_path) as gw:
+        client = await VoiceClient.connect(gw.url)
+        await burst(client, tone(1.0, RATE), RATE)  # 50 frames, no input audio configured
+        await client.send({"type": "ping"})
+        before = await client.until("pong")
+        await client.configure(input_audio={"rate": RATE})
+        await client.stream(utterance(0.6, RATE), RATE)
+        turn = await client.turn_end()
+        await client.close()
+    errors = [e for e in before if isinstance(e, Error)]
+    assert len(errors) == 1
+    assert errors[0].code == "bad_frame" and "configure" in errors[0].content
+    assert ("user", "(speech 0.6 s)") in shape(turn)
+    assert not any(isinstance(e, Error) for e in turn)
 
 
 @pytest.mark.parametrize("provider", PROVIDERS)

@@ -62,7 +62,7 @@ from gateway.client.report import (
     histogram,
 )
 from gateway.client.stream import METRIC_GRACE, TurnTracker, check_seq
-from gateway.upstream.audio import read_wav
+from gateway.upstream.audio import last_loud_frame, read_wav
 
 __all__ = [
     "MAX_SESSIONS",
@@ -270,6 +270,10 @@ class LoadTest:
         self.gap = Reservoir(cap, seed=4)
         self.turn = Reservoir(cap, seed=5)
         self.speech_to_respond = Reservoir(cap, seed=6)
+        # The 20 ms frame of the recording where its speech ends (-1: none).
+        self._last_loud_frame = (
+            last_loud_frame(self.config.audio, self.config.audio_rate) if self.config.audio else -1
+        )
         self.events_by_type: dict[str, int] = {}
         self.errors: dict[str, int] = {}
         self.error_examples: dict[str, str] = {}
@@ -602,22 +606,21 @@ class LoadTest:
         return last
 
     async def _speak(self, ws: ClientConnection, speech_end: list[float]) -> None:
-        """Stream the speech at real-time pace in 20 ms frames, then 1 s of silence (for
-        the VAD to hear its end); ``speech_end`` gets when its last frame went out."""
+        """Stream the recording at real-time pace in 20 ms frames, then 1 s of silence
+        (for the VAD to hear its end); ``speech_end`` gets when the last frame with
+        speech in it went out (``last_loud_frame``: a recording's trailing silence
+        is not speech, and the answer may come before the file has been sent)."""
         cfg = self.config
         size = cfg.audio_rate // 50 * 2
-        speech = cfg.audio
-        quiet = bytes(cfg.audio_rate * 2)
+        pcm = cfg.audio + bytes(cfg.audio_rate * 2)
+        last_loud = self._last_loud_frame
         start = time.monotonic()
-        index = 0
-        for pcm, spoken in ((speech, True), (quiet, False)):
-            for at in range(0, len(pcm), size):
-                delay = start + index * 0.02 - time.monotonic()
-                if delay > 0:
-                    await asyncio.sleep(delay)
-                await ws.send(pcm[at : at + size], text=False)
-                index += 1
-            if spoken:
+        for index, at in enumerate(range(0, len(pcm), size)):
+            delay = start + index * 0.02 - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            await ws.send(pcm[at : at + size], text=False)
+            if index == last_loud:
                 speech_end.append(time.perf_counter())
 
     async def _hold(self, ws: ClientConnection) -> None:

@@ -27,6 +27,7 @@ __all__ = [
     "SAMPLE_WIDTH",
     "Resampler",
     "duration_ms",
+    "last_loud_frame",
     "read_wav",
     "rms",
     "silence",
@@ -52,6 +53,31 @@ def rms(pcm16: bytes | bytearray | memoryview) -> float:
         return 0.0
     values = samples.astype(np.float64)
     return float(np.sqrt(np.dot(values, values) / samples.size))
+
+
+def last_loud_frame(pcm16: bytes, rate: int, *, frame_ms: int = 20, floor: float = 0.1) -> int:
+    """The index of the last ``frame_ms`` frame louder than ``floor`` × the loudest
+    frame's RMS (−20 dB by default): where a recording's speech ends, whatever
+    silence or room noise follows it; -1 when every frame is silent.
+
+    Relative to the recording's own loudness, not to a provider's VAD
+    threshold, which the client does not know.
+    """
+    import numpy as np
+
+    size = rate * frame_ms // 1000
+    samples = np.frombuffer(pcm16, dtype=_INT16, count=len(pcm16) // SAMPLE_WIDTH)
+    count = -(-samples.size // size) if size else 0
+    if not count:
+        return -1
+    padded = np.zeros(count * size, dtype=np.float64)
+    padded[: samples.size] = samples
+    frames = padded.reshape(count, size)
+    loudness = np.sqrt((frames * frames).mean(axis=1))
+    peak = float(loudness.max())
+    if peak <= 0.0:
+        return -1
+    return int(np.flatnonzero(loudness > peak * floor)[-1])
 
 
 def tone(duration_s: float, rate: int, *, frequency: float = 440.0, amplitude: int = 8000) -> bytes:

@@ -8,7 +8,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gateway.upstream.audio import Resampler, duration_ms, read_wav, rms, silence, tone
+from gateway.upstream.audio import (
+    Resampler,
+    duration_ms,
+    last_loud_frame,
+    read_wav,
+    rms,
+    silence,
+    tone,
+)
 
 
 def peak_hz(pcm: bytes, rate: int) -> float:
@@ -64,3 +72,13 @@ def test_read_wav_refuses_8_bit(tmp_path: Path) -> None:
         wav.writeframes(bytes(800))
     with pytest.raises(ValueError, match="16-bit"):
         read_wav(path)
+
+
+def test_the_speech_of_a_recording_ends_at_its_last_loud_frame() -> None:
+    rate = 16000
+    noise = (np.random.default_rng(1).normal(0, 30, rate).astype("<i2")).tobytes()  # 1 s of room
+    speech = silence(0.3, rate) + tone(0.5, rate) + noise
+    assert last_loud_frame(speech, rate) == (300 + 500) // 20 - 1
+    assert last_loud_frame(tone(0.1, rate), rate) == 4
+    assert last_loud_frame(silence(1.0, rate), rate) == -1
+    assert last_loud_frame(b"", rate) == -1

@@ -31,13 +31,19 @@ async def test_client_speak_yields_the_spoken_turn(tmp_path: Path) -> None:
     assert heard and all(size > 0 for _, size in heard)
 
 
+@pytest.mark.parametrize("trailing", [0.0, 1.5], ids=["cut", "with-silence"])
 @pytest.mark.parametrize("provider", ["openai", "gemini"])
-async def test_loadtest_audio_reports_speech_to_respond(provider: str, tmp_path: Path) -> None:
+async def test_loadtest_audio_reports_speech_to_respond(
+    provider: str, trailing: float, tmp_path: Path
+) -> None:
+    """Timed from the end of the speech, also in a recording whose silence after
+    it outlasts the VAD's (the answer then comes before the file is sent)."""
+    speech = silence(0.1, RATE) + tone(0.5, RATE) + silence(trailing, RATE)
     async with voice_gateway(provider, tmp_path) as gw:
-        config = LoadTestConfig(
-            url=gw.url, sessions=3, audio=silence(0.1, RATE) + tone(0.5, RATE), audio_rate=RATE
-        )
+        config = LoadTestConfig(url=gw.url, sessions=3, audio=speech, audio_rate=RATE)
         report = await LoadTest(config).run()
     assert report.turns_ok == 3 and not report.errors
     assert report.speech_to_respond.count == 3
     assert report.events_by_type["speech_stopped"] == 3
+    # The simulator's VAD waits 500 ms of silence: the time counts from the speech.
+    assert report.speech_to_respond.p50_ms >= 500

@@ -1,0 +1,73 @@
+"""Voice sessions across nodes: a takeover mid-answer, and speech after it.
+
+Real processes (see conftest): a simulator paced at 20 chunks a second, two
+`gateway serve` nodes on one Redis. The voice configuration is stored with
+the session, so the node that takes it over listens with it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from gateway.upstream.audio import silence, tone
+from protocol.events import Interrupt, Respond, SpeechStopped, User
+from tests.multinode.conftest import NodeFactory, SimFactory
+from tests.multinode.test_failover import assert_contiguous, drain_connection, final_answer
+from tests.support.client import GatewayClient, text_of
+
+RATE = 24000
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
+
+
+async def speak(client: GatewayClient, seconds: float) -> None:
+    """0.3 s of silence, ``seconds`` of speech (a tone), 0.8 s of silence, at
+    real-time pace in 20 ms binary frames."""
+    pcm = silence(0.3, RATE) + tone(seconds, RATE) + silence(0.8, RATE)
+    size = RATE // 50 * 2
+    start = time.monotonic()
+    for index, at in enumerate(range(0, len(pcm), size)):
+        delay = start + index * 0.02 - time.monotonic()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        await client.send(pcm[at : at + size])
+
+
+async def test_kill_9_mid_spoken_answer_then_speech_on_the_new_node(
+    start_sim: SimFactory, start_node: NodeFactory
+) -> None:
+    sim = start_sim("--tokens-per-second", "20")
+    a = start_node(sim, "node-a")
+    b = start_node(sim, "node-b")
+    first = await GatewayClient.connect(a.url)
+    await first.send({"type": "configure", "input_audio": {"rate": RATE}})
+    await first.until_type("configured")
+    speaker = asyncio.create_task(speak(first, 0.6))
+    await first.until(lambda e: isinstance(e, Respond))  # the spoken turn's answer runs
+    a.kill()
+    await drain_connection(first)
+    speaker.cancel()
+
+    second = await GatewayClient.connect(b.url, session_id=first.sid, after=first.last_seq)
+    assert second.session.resumed
+    await second.until_type("end")
+    await second.until_type("metric")
+    events = first.events + second.events
+    assert_contiguous(events)
+    # Node B reran the interrupted turn from the transcript in the history.
+    assert any(isinstance(e, Interrupt) for e in second.events)
+    assert [e.content for e in events if isinstance(e, User)] == ["(speech 0.6 s)"]
+    assert final_answer(events) == "Echo: (speech 0.6 s)"
+
+    # Node B listens with the stored voice configuration: the user speaks again.
+    await speak(second, 0.9)
+    again = await second.until_type("end")
+    again += await second.until_type("metric")
+    assert any(isinstance(e, SpeechStopped) for e in again)
+    assert [e.content for e in again if isinstance(e, User)] == ["(speech 0.9 s)"]
+    assert text_of(again, "respond") == "Echo: (speech 0.9 s)"
+    assert_contiguous(first.events + second.events)
+    await second.close()

@@ -42,7 +42,7 @@ from gateway.sessions.follower import LogFollower
 from gateway.sessions.node import Node
 from gateway.sessions.runtime import SessionRuntime
 from gateway.sessions.subscriber import EventSource
-from gateway.store.base import LogEntry, StoreUnavailable
+from gateway.store.base import LogEntry, StoreError, StoreUnavailable
 from protocol.events import (
     AudioChunk,
     Cancel,
@@ -397,6 +397,9 @@ class ClientConnection:
             runtime = await self._runtime_for_command()
             if runtime is None:
                 self._audio_retry_at = time.monotonic() + AUDIO_RETRY_EVERY
+                with contextlib.suppress(StoreError):
+                    # Voice is driven where the microphone is: ask for the session.
+                    await self.node.ask_to_hand_over(self.sid)
                 self._refuse_audio(Error(code="turn_active", content=_DRIVEN_ELSEWHERE))
                 return
         voice = runtime.voice

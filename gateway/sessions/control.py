@@ -64,11 +64,13 @@ __all__ = [
     "ACK_WAIT",
     "BROADCAST_CHANNEL",
     "GIVE_UP_AFTER",
+    "HANDOFF_QUIET",
     "ClientConnectionLike",
     "CommandRelay",
     "ControlMessage",
     "Deleted",
     "Forward",
+    "Handoff",
     "Reply",
     "decode_control",
     "encode_control",
@@ -92,6 +94,20 @@ GIVE_UP_AFTER: Final = 5.0
 A dead driver's lease frees within its TTL, and then this node runs the
 command; past that, the driver is alive (it renews its lease) but does not
 answer: the client is told rather than left waiting.
+"""
+
+HANDOFF_QUIET: Final = 1.0
+"""Seconds without audio from the driver's clients before it hands a voice session
+to a node whose client sends audio.
+
+Voice is driven where the microphone is (audio is not forwarded between
+nodes). A client whose network moved reconnects through another node while
+the old node may not see its dead connection for tens of seconds (ping
+timeouts): its new microphone would be refused all that time. A live
+microphone sends a frame every 20-100 ms, so a second of silence on the
+driver's side means no microphone there, and its clients (told 1012, "the
+session moved") reconnect and follow. Two live microphones on two nodes: the
+first keeps the session.
 """
 
 LOOK_AGAIN: Final = 0.25
@@ -127,13 +143,21 @@ class Reply(msgspec.Struct, tag_field="kind", tag="reply", frozen=True):
     ref: str = ""
 
 
+class Handoff(msgspec.Struct, tag_field="kind", tag="handoff", frozen=True):
+    """A voice client on node ``origin`` sends audio for ``sid``: the driver hands the
+    session over if its own clients' microphones are quiet (see ``HANDOFF_QUIET``)."""
+
+    sid: str
+    origin: str
+
+
 class Deleted(msgspec.Struct, tag_field="kind", tag="deleted", frozen=True):
     """The session ``sid`` was deleted: every node lets go of it (on ``BROADCAST_CHANNEL``)."""
 
     sid: str
 
 
-ControlMessage = Forward | Reply | Deleted
+ControlMessage = Forward | Reply | Handoff | Deleted
 
 BROADCAST_CHANNEL: Final = "nodes"
 """The channel every node listens on, for what concerns all of them (a deletion)."""
@@ -356,6 +380,16 @@ class CommandRelay:
                 return True
         return False
 
+    async def ask_to_hand_over(self, sid: str) -> None:
+        """A client here sends audio for ``sid``, driven elsewhere: ask its driver
+        to hand it over (it does if its own clients are quiet). Raises ``StoreError``."""
+        owner = await self.store.lease_owner(sid)
+        if owner is None or owner == self.node_id:
+            return
+        await self.store.publish(
+            node_channel(owner), encode_control(Handoff(sid=sid, origin=self.node_id))
+        )
+
     def _pass_on(self, reply: Reply) -> None:
         target = self._connections.get(reply.conn)
         if target is not None and reply.error:
@@ -372,6 +406,8 @@ class CommandRelay:
             self._on_reply(message)
         elif isinstance(message, Forward):
             self._spawn(self._run_forwarded(message), f"forwarded:{message.sid}")
+        elif isinstance(message, Handoff):
+            self._spawn(self._hand_over(message), f"handoff:{message.sid}")
         else:  # Deleted travels on the broadcast channel, never here
             log.warning("ignoring a %s message on a node channel", type(message).__name__)
 
@@ -458,6 +494,18 @@ class CommandRelay:
             return Reply(conn=conn, ref=ref, retry=message.command)
         finally:
             runtime.detach(watch)
+
+    async def _hand_over(self, message: Handoff) -> None:
+        runtime = self._runtimes.get(message.sid)
+        if runtime is None or runtime.closed or not runtime.quiet_for(HANDOFF_QUIET):
+            return  # not ours, or a microphone here is live: it keeps the session
+        log.info(
+            "session %s: handing it to node %s, where its user's audio comes from",
+            message.sid,
+            message.origin,
+            extra={"sid": message.sid},
+        )
+        await runtime.close(f"voice moved to node {message.origin}")
 
     async def _send(self, node: str, reply: Reply) -> None:
         with contextlib.suppress(StoreError):

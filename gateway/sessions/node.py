@@ -524,6 +524,11 @@ class Node:
         """
         return await self.relay.forward(sid, frame, conn)
 
+    async def ask_to_hand_over(self, sid: str) -> None:
+        """A client here sends audio for ``sid``, driven by another node: ask that
+        node to hand it over (``control.HANDOFF_QUIET``). Raises ``StoreError``."""
+        await self.relay.ask_to_hand_over(sid)
+
     def _on_control(self, data: bytes) -> None:
         """The broadcast channel: what concerns every node (a deletion)."""
         message = decode_control(data)

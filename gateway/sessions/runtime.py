@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import re
 import time
 from collections import deque
@@ -335,6 +336,7 @@ class SessionRuntime:
         # open that failed is waited out (``_listen_later``): that audio is lost.
         self._held_audio = self._held_audio_for(self.voice)
         self._holding_audio = True
+        self._heard_at = -math.inf  # time.monotonic() of the user's last audio
         # Upstream events read while tools ran (``_hear_during_tools``), for the
         # driver's next reads, in order.
         self._heard: deque[UpstreamEvent | _Gone] = deque()
@@ -603,6 +605,7 @@ class SessionRuntime:
         out is dropped (the client was told: ``error`` code ``upstream``)."""
         if self.voice is None or self.voice.audio_in is None:
             return
+        self._heard_at = time.monotonic()
         upstream = self.upstream
         if upstream is None:
             self._hold_audio(pcm16)
@@ -618,11 +621,16 @@ class SessionRuntime:
         voice = self.voice
         if voice is None or voice.audio_in is None:
             return False
+        self._heard_at = time.monotonic()
         upstream = self.upstream
         if upstream is None:
             self._hold_audio(pcm16)
             return True
         return upstream.send_audio_now(pcm16)
+
+    def quiet_for(self, seconds: float) -> bool:
+        """No audio from this node's clients for ``seconds`` (no live microphone here)."""
+        return time.monotonic() - self._heard_at >= seconds
 
     def _hold_audio(self, pcm16: bytes) -> None:
         held = self._held_audio

@@ -50,16 +50,18 @@ def start_sim() -> Iterator[SimFactory]:
 def start_node(durable_redis: RedisServer, tmp_path: Path) -> Iterator[NodeFactory]:
     procs: list[NodeProcess] = []
 
-    def start(sim: NodeProcess, name: str, *args: str) -> NodeProcess:
+    def start(sim: NodeProcess, name: str, *args: str, provider: str = "openai") -> NodeProcess:
+        """A node on ``sim``, whose flavour ``provider`` names (openai or gemini)."""
+        base = sim.url.removesuffix("/realtime") if provider == "openai" else sim.base
         proc = NodeProcess(
             [
                 "serve",
                 "--port",
                 "0",
                 "--provider",
-                "openai",
-                "--openai-base-url",
-                sim.url.removesuffix("/realtime"),
+                provider,
+                f"--{provider}-base-url",
+                base,
                 "--redis",
                 durable_redis.url,
                 "--node-id",
@@ -70,7 +72,7 @@ def start_node(durable_redis: RedisServer, tmp_path: Path) -> Iterator[NodeFacto
                 str(tmp_path / "workspaces"),
                 *args,
             ],
-            env={"OPENAI_API_KEY": "sim-key"},
+            env={"OPENAI_API_KEY": "sim-key", "GEMINI_API_KEY": "sim-key"},
         ).start()
         procs.append(proc)
         return proc

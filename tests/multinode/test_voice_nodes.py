@@ -37,12 +37,13 @@ async def speak(client: GatewayClient, seconds: float, lead: float = 0.3) -> Non
         await client.send(pcm[at : at + size])
 
 
+@pytest.mark.parametrize("provider", ["openai", "gemini"])
 async def test_kill_9_mid_spoken_answer_then_speech_on_the_new_node(
-    start_sim: SimFactory, start_node: NodeFactory
+    provider: str, start_sim: SimFactory, start_node: NodeFactory
 ) -> None:
-    sim = start_sim("--tokens-per-second", "20")
-    a = start_node(sim, "node-a")
-    b = start_node(sim, "node-b")
+    sim = start_sim("--tokens-per-second", "20", "--flavor", provider)
+    a = start_node(sim, "node-a", provider=provider)
+    b = start_node(sim, "node-b", provider=provider)
     first = await GatewayClient.connect(a.url)
     await first.send({"type": "configure", "input_audio": {"rate": RATE}})
     await first.until_type("configured")
@@ -81,14 +82,15 @@ async def configured_on(node_url: str) -> GatewayClient:
     return client
 
 
+@pytest.mark.parametrize("provider", ["openai", "gemini"])
 async def test_speech_through_another_node_moves_a_quiet_session_there(
-    start_sim: SimFactory, start_node: NodeFactory
+    provider: str, start_sim: SimFactory, start_node: NodeFactory
 ) -> None:
     """The client's network moved: its old connection on node A sends nothing
     (and A may not notice for a while); its new one on node B speaks."""
-    sim = start_sim("--tokens-per-second", "20")
-    a = start_node(sim, "node-a")
-    b = start_node(sim, "node-b")
+    sim = start_sim("--tokens-per-second", "20", "--flavor", provider)
+    a = start_node(sim, "node-a", provider=provider)
+    b = start_node(sim, "node-b", provider=provider)
     first = await configured_on(a.url)
     resumed_after = first.last_seq
     second = await GatewayClient.connect(b.url, session_id=first.sid, after=resumed_after)

@@ -167,19 +167,22 @@ class Run:
         self.measuring = sessions
         self.done = asyncio.Event()
 
-    async def go(self) -> float:
-        """Wait until every session is connected and configured; the run's start time.
+    async def go(self, k: int) -> float:
+        """Wait until every session is connected and configured; session ``k``'s start.
 
-        One start for all: a session's place in the simulator's queue then
+        One clock for all: a session's place in the simulator's queue then
         follows its speech end alone, not how long its own setup took (a
-        gateway session's and a direct one's differ).
+        gateway session's and a direct one's differ). Each session is offset
+        by its share of one 20 ms frame, as independent microphones are: in
+        step, all sessions' frames arrived in one burst every 20 ms, and an
+        answer's event waited behind a hundred frames.
         """
         self.waiting -= 1
         if not self.waiting:
             self.start = time.monotonic() + 0.05
             self.ready.set()
         await self.ready.wait()
-        return self.start
+        return self.start + 0.02 * k / self.sessions
 
     def lead(self, k: int) -> bytes:
         """Session ``k``'s audio up to its speech end: silence (longer for later
@@ -210,7 +213,7 @@ async def direct_session(base: str, run: Run, k: int) -> Stages:
     upstream = OpenAIRealtime(base_url=base, api_key="k")
     await upstream.open("", [], voice=VoiceConfig(audio_in=AudioIn(rate=RATE)))
     try:
-        start = await run.go()
+        start = await run.go(k)
         index = await paced(upstream.send_audio, run.lead(k), start, 0)
         ended = time.perf_counter()
         tail = asyncio.create_task(quiet_until(upstream.send_audio, run.done, start, index))
@@ -238,7 +241,7 @@ async def gateway_session(url: str, run: Run, k: int) -> Stages:
         await ws.recv()  # session
         await ws.send(orjson.dumps({"type": "configure", "input_audio": {"rate": RATE}}).decode())
         await ws.recv()  # configured
-        start = await run.go()
+        start = await run.go(k)
         index = await paced(ws.send, run.lead(k), start, 0)
         ended = time.perf_counter()
         tail = asyncio.create_task(quiet_until(ws.send, run.done, start, index))

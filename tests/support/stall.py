@@ -1,0 +1,176 @@
+"""Is a node still answering everyone while one tenant's input is processed?
+
+``StallProbe`` watches a running node (a real ``gateway serve`` process) from
+two threads of the test process while a test feeds the node something
+hostile:
+
+- **health**: ``GET /healthz`` on a fresh connection every ``interval``
+  seconds; the figure is the slowest answer (a connection that could not be
+  made or answered counts as the time until it failed);
+- **another tenant**: one WebSocket session of its own that runs ``hello``
+  turns back to back; the figure is the longest wait for any event of a turn
+  (from the message to its first event, and between two events), so a turn
+  that was paused mid-stream is seen, not only a slow start.
+
+Use it as a context manager: the readings are taken until the block ends,
+and the final reading includes a stall that is still going on when it ends
+(each watcher measures the request it has in flight at exit, instead of
+dropping it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http.client
+import threading
+import time
+from types import TracebackType
+from urllib.parse import urlsplit
+
+import orjson
+from websockets.asyncio.client import connect
+
+__all__ = ["StallProbe"]
+
+
+class StallProbe:
+    """Slowest ``/healthz`` answer and longest wait in another tenant's turn, in seconds."""
+
+    def __init__(
+        self,
+        http_base: str,
+        ws_url: str | None = None,
+        *,
+        headers: dict[str, str] | None = None,
+        interval: float = 0.02,
+        timeout: float = 30.0,
+    ) -> None:
+        self._http = urlsplit(http_base)
+        self._ws_url = ws_url
+        self._headers = headers or {}
+        self._interval = interval
+        self._timeout = timeout
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._lock = threading.Lock()
+        self.health_max = 0.0
+        self.health_checks = 0
+        self.health_failures: list[str] = []
+        self.turn_max_wait = 0.0
+        self.turns = 0
+        self.turn_failures: list[str] = []
+        self._health_started: float | None = None
+        self._turn_waiting_since: float | None = None
+
+    # ------------------------------------------------------------------ life
+
+    def __enter__(self) -> StallProbe:
+        self._threads.append(threading.Thread(target=self._poll_health, daemon=True))
+        if self._ws_url is not None:
+            self._threads.append(threading.Thread(target=self._run_turns, daemon=True))
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        """End the watch; what is in flight now counts as far as it got."""
+        now = time.monotonic()
+        with self._lock:
+            if self._health_started is not None:
+                self.health_max = max(self.health_max, now - self._health_started)
+            if self._turn_waiting_since is not None:
+                self.turn_max_wait = max(self.turn_max_wait, now - self._turn_waiting_since)
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(self._timeout + 5)
+
+    def summary(self) -> str:
+        return (
+            f"healthz max {self.health_max * 1000:.0f} ms over {self.health_checks} checks"
+            f" (failures: {self.health_failures[:3]}); other tenant max wait "
+            f"{self.turn_max_wait * 1000:.0f} ms over {self.turns} turns"
+            f" (failures: {self.turn_failures[:3]})"
+        )
+
+    # ------------------------------------------------------------------ health
+
+    def _poll_health(self) -> None:
+        host = self._http.hostname or "127.0.0.1"
+        port = self._http.port or 80
+        while not self._stop.is_set():
+            started = time.monotonic()
+            with self._lock:
+                self._health_started = started
+            try:
+                conn = http.client.HTTPConnection(host, port, timeout=self._timeout)
+                try:
+                    conn.request("GET", "/healthz")
+                    conn.getresponse().read()
+                finally:
+                    conn.close()
+            except OSError as exc:
+                self.health_failures.append(f"{type(exc).__name__}: {exc}")
+            elapsed = time.monotonic() - started
+            with self._lock:
+                self._health_started = None
+                self.health_max = max(self.health_max, elapsed)
+                self.health_checks += 1
+            self._stop.wait(self._interval)
+
+    # ------------------------------------------------------------------ another tenant
+
+    def _run_turns(self) -> None:
+        try:
+            asyncio.run(self._turns())
+        except Exception as exc:  # reported through turn_failures, read by the test
+            self.turn_failures.append(f"{type(exc).__name__}: {exc}")
+
+    async def _turns(self) -> None:
+        assert self._ws_url is not None
+        async with connect(
+            self._ws_url, additional_headers=self._headers, open_timeout=self._timeout
+        ) as ws:
+            await asyncio.wait_for(ws.recv(), self._timeout)  # the session frame
+            while not self._stop.is_set():
+                await self._one_turn(ws)
+                await asyncio.sleep(self._interval)
+
+    async def _one_turn(self, ws: object) -> None:
+        send = ws.send  # type: ignore[attr-defined]
+        recv = ws.recv  # type: ignore[attr-defined]
+        self._mark_waiting()
+        await send(orjson.dumps({"type": "user", "content": "hello"}).decode())
+        ended = False
+        while True:
+            frame = await asyncio.wait_for(recv(), self._timeout)
+            self._mark_event()
+            kind = orjson.loads(frame).get("type")
+            if kind == "error" and not ended:
+                self.turn_failures.append(frame if isinstance(frame, str) else repr(frame))
+            if kind == "end" or kind == "cancelled":
+                ended = True
+            elif kind == "metric" and ended:
+                break
+            self._mark_waiting()
+        with self._lock:
+            self._turn_waiting_since = None
+            self.turns += 1
+
+    def _mark_waiting(self) -> None:
+        with self._lock:
+            self._turn_waiting_since = time.monotonic()
+
+    def _mark_event(self) -> None:
+        now = time.monotonic()
+        with self._lock:
+            if self._turn_waiting_since is not None:
+                self.turn_max_wait = max(self.turn_max_wait, now - self._turn_waiting_since)
+            self._turn_waiting_since = None

@@ -102,7 +102,7 @@ class Resampler:
     The same rate in and out is a pass-through that copies nothing.
     """
 
-    __slots__ = ("_stream", "in_rate", "out_rate")
+    __slots__ = ("_carry", "_stream", "in_rate", "out_rate")
 
     def __init__(self, in_rate: int, out_rate: int, *, quality: str = "HQ") -> None:
         if in_rate <= 0 or out_rate <= 0:
@@ -110,18 +110,29 @@ class Resampler:
         self.in_rate = in_rate
         self.out_rate = out_rate
         self._stream: Any = None
+        # A client's frame may end mid-sample (a JSON frame cut at an odd byte
+        # count): that byte waits for the next frame instead of failing the stream.
+        self._carry = b""
         if in_rate != out_rate:
             import soxr
 
             self._stream = soxr.ResampleStream(in_rate, out_rate, 1, dtype="int16", quality=quality)
 
     def push(self, pcm16: bytes) -> bytes:
-        """``pcm16`` at ``out_rate`` (possibly a few samples short: the filter's delay)."""
+        """``pcm16`` at ``out_rate`` (possibly a few samples short: the filter's delay).
+
+        Whole samples only: an odd byte at the end is kept and goes in front
+        of the next chunk, so the provider always gets 16-bit samples in step.
+        """
+        if self._carry:
+            pcm16 = self._carry + pcm16
+            self._carry = b""
+        if len(pcm16) & 1:
+            self._carry = pcm16[-1:]
+            pcm16 = pcm16[:-1]
         stream = self._stream
         if stream is None:
             return pcm16
-        if len(pcm16) % SAMPLE_WIDTH:
-            raise ValueError("PCM16 audio has an even number of bytes; got an odd chunk")
         import numpy as np
 
         samples = np.frombuffer(pcm16, dtype=_INT16)

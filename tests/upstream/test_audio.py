@@ -42,6 +42,19 @@ def test_same_rate_is_a_pass_through() -> None:
     assert Resampler(16000, 16000).push(pcm) is pcm
 
 
+@pytest.mark.parametrize(("src", "dst"), [(16000, 24000), (24000, 24000)])
+def test_frames_cut_mid_sample_keep_the_samples_in_step(src: int, dst: int) -> None:
+    """A client frame of an odd byte count: the stray byte joins the next frame."""
+    pcm = tone(1.0, src, frequency=440)
+    resampler = Resampler(src, dst)
+    size = src // 50 * 2 + 1  # 20 ms and one byte: every other frame ends mid-sample
+    pieces = [resampler.push(pcm[at : at + size]) for at in range(0, len(pcm), size)]
+    assert all(len(piece) % 2 == 0 for piece in pieces)
+    out = b"".join(pieces) + resampler.flush()
+    assert duration_ms(out, dst) == pytest.approx(1000, abs=1)
+    assert peak_hz(out, dst) == pytest.approx(440, abs=2)  # misaligned samples would be noise
+
+
 def test_rms() -> None:
     assert rms(silence(0.1, 16000)) == 0
     assert rms(tone(0.1, 16000, amplitude=1000)) == pytest.approx(1000 / 2**0.5, rel=0.01)

@@ -63,6 +63,26 @@ async def test_audio_as_json_frames_at_another_rate(provider: str, tmp_path: Pat
     assert kind(events[-2]) == "end"
 
 
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_frames_of_an_odd_byte_count_are_heard_not_refused(
+    provider: str, tmp_path: Path
+) -> None:
+    """PCM16 cut at odd byte counts (16 kHz, resampled): the connection stays, speech is heard."""
+    rate = 16000
+    pcm = utterance(0.8, rate)
+    async with voice_gateway(provider, tmp_path) as gw:
+        client = await VoiceClient.connect(gw.url)
+        await client.configure(input_audio={"rate": rate})
+        size = rate // 50 * 2 + 1
+        for at in range(0, len(pcm), size):
+            await client.ws.send(pcm[at : at + size])
+            await asyncio.sleep(0.02)
+        events = await client.turn_end()
+        await client.close()
+    assert ("user", "(speech 0.8 s)") in shape(events)
+    assert not [e for e in events if isinstance(e, Error)], events
+
+
 async def burst(client: VoiceClient, pcm: bytes, rate: int) -> None:
     """``pcm`` in 20 ms binary frames sent at once: it arrives before any upstream can open."""
     size = rate // 50 * 2

@@ -18,7 +18,7 @@ is always kept whole, even when it alone exceeds the budget: the model must
 see what it is answering. The system prompt is not in the messages: the
 caller subtracts its size from the budget.
 
-Tokens are estimated from characters (``estimate_tokens``), which is what a
+Tokens are estimated from characters (``context_tokens_estimate``), which is what a
 gateway that serves several providers without their tokenizers can do; the
 estimate errs high for English text.
 """
@@ -30,7 +30,7 @@ from typing import Final
 
 from protocol.assembly import CANCELLED_NOTE, Message
 
-__all__ = ["CUT_NOTE", "RESULT_HEAD", "estimate_tokens", "fit"]
+__all__ = ["CUT_NOTE", "RESULT_HEAD", "context_tokens_estimate", "fit"]
 
 RESULT_HEAD: Final = 400
 """Characters of an old tool result's content kept when results are shortened."""
@@ -42,7 +42,7 @@ CUT_NOTE: Final = (
 _RESULT_START: Final = "<results>\n"
 
 
-def estimate_tokens(text: str) -> int:
+def context_tokens_estimate(text: str) -> int:
     """About one token per 3.5 characters, rounded up (errs high, never zero for text)."""
     return (len(text) * 2 + 6) // 7
 
@@ -73,7 +73,7 @@ def fit(
     messages: Sequence[Message],
     budget: int,
     *,
-    estimate: Callable[[str], int] = estimate_tokens,
+    estimate: Callable[[str], int] = context_tokens_estimate,
 ) -> list[Message]:
     """``messages`` cut to ``budget`` tokens (see the module docstring); never reordered."""
     sizes = [estimate(m.content) for m in messages]

@@ -14,6 +14,7 @@ counters, so the same model output always parses to equal events.
 
 from __future__ import annotations
 
+import typing
 from typing import Any, Final, Literal
 
 import msgspec
@@ -331,15 +332,10 @@ class Configure(ConfigChange, frozen=True, tag_field="type", tag="configure"):
 
 ClientMessage = UserMessage | Cancel | Ping | Configure | ToolResultMessage | AudioChunk | Commit
 
-CLIENT_MESSAGE_TYPES: Final[tuple[str, ...]] = (
-    "user",
-    "cancel",
-    "ping",
-    "configure",
-    "tool_result",
-    "audio",
-    "commit",
+CLIENT_MESSAGE_TYPES: Final[tuple[str, ...]] = tuple(
+    str(kind.__struct_config__.tag) for kind in typing.get_args(ClientMessage)
 )
+"""The ``type`` of every client message, derived from the union (a new member is in it)."""
 
 
 # --- encode / decode ------------------------------------------------------------

@@ -42,6 +42,8 @@ from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
 
+import msgspec
+
 from gateway.config import Config
 from gateway.metrics import Metrics
 from gateway.pricing import PriceTable
@@ -54,14 +56,6 @@ from gateway.store.base import LeaseLost, LogEntry, SeqConflict, Store, StoreErr
 from gateway.tracing import Tracing
 from gateway.upstream.base import (
     AudioDelta,
-    FunctionCall,
-    InputTranscript,
-    OutputTranscriptDelta,
-    ResponseDone,
-    ResponseStarted,
-    SpeechStarted,
-    SpeechStopped,
-    TextDelta,
     Upstream,
     UpstreamClosed,
     UpstreamError,
@@ -72,47 +66,36 @@ from gateway.upstream.base import (
 )
 from protocol.assembly import HistoryItem, Message, assemble, encode_history_item
 from protocol.audio import audio_frame
-from protocol.budget import estimate_tokens, fit
+from protocol.budget import context_tokens_estimate, fit
 from protocol.calls import ToolCall, ToolResult
 from protocol.configuration import ConfigChange, SessionConfig, apply_change
 from protocol.events import (
-    Call,
-    Cancelled,
     Configured,
-    End,
     Error,
     Event,
-    Execute,
-    Interrupt,
     Metric,
-    Respond,
-    Result,
-    Think,
     ToolResultMessage,
     Usage,
-    User,
     encode,
 )
-from protocol.events import SpeechStarted as SpeechStartedEvent
-from protocol.events import SpeechStopped as SpeechStoppedEvent
-from protocol.turn import (
+from protocol.turn import TurnMachine, TurnState, turn_in_flight
+from protocol.turn_events import (
+    EVENT_TYPES,
     Account,
     Action,
     AwaitClient,
     Backoff,
     Cancel,
-    ClientResult,
     ClientTimeout,
+    Commit,
     CommitAudio,
-    CommitSpeech,
     DropUpstream,
-    NativeCall,
     Persist,
     Refuse,
     ReplaceResponse,
     Request,
     Rerun,
-    ResponseBegan,
+    ResponseDone,
     RetryNow,
     RunTools,
     ShellFailed,
@@ -121,17 +104,13 @@ from protocol.turn import (
     SpeechEnded,
     Spoken,
     StopResponse,
+    TextDelta,
     ToolsDone,
-    Transcript,
-    TurnMachine,
     TurnStarted,
-    TurnState,
     UpstreamFailed,
     UpstreamLost,
     UserMessage,
-    turn_in_flight,
 )
-from protocol.turn import ResponseDone as _Done
 from tools.allowlist import AllowList
 from tools.base import ToolContext
 from tools.client import ClientTools, schema_problem
@@ -142,30 +121,11 @@ __all__ = ["SessionHost", "SessionRuntime", "SessionServices", "SessionSetup"]
 
 log = logging.getLogger("gateway.sessions.runtime")
 
-# Every event type the machine may hand over as "log it, then send it".
-_EVENT_TYPES: Final = frozenset(
-    {
-        User,
-        Think,
-        Call,
-        Execute,
-        Result,
-        Respond,
-        End,
-        Metric,
-        Error,
-        Interrupt,
-        Cancelled,
-        SpeechStartedEvent,
-        SpeechStoppedEvent,
-    }
-)
 # The actions the driver awaits; a cancel supersedes those not yet performed.
 _AWAITED: Final = frozenset(
     {Request, CommitAudio, StopResponse, ReplaceResponse, RunTools, AwaitClient, Backoff}
 )
-_RESPONSE_BEGAN: Final = ResponseBegan()
-_COMMIT_SPEECH: Final = CommitSpeech()
+_COMMIT: Final = Commit()
 _CANCEL: Final = Cancel()
 _RETRY_NOW: Final = RetryNow()
 # How long a cancelled response may take to report its end (and usage) before
@@ -498,7 +458,7 @@ class SessionRuntime:
     @property
     def usage(self) -> Usage:
         """The session's token usage so far (the turn machine's total)."""
-        return self.machine.total
+        return self.machine.meter.total
 
     def start_turn(self, text: str) -> Error | None:
         """Start a turn with the user's text; an ``Error`` reply if one is running.
@@ -509,7 +469,7 @@ class SessionRuntime:
         """
         if self.closed:
             return Error(code="internal", content="session is closing; reconnect and resend")
-        return self._command(self.machine.feed(UserMessage(text)), interrupt=False)
+        return self._command(self.machine.feed(UserMessage(content=text)), interrupt=False)
 
     def cancel_turn(self) -> Error | None:
         """Cancel the running turn; an ``Error`` reply if there is none."""
@@ -521,7 +481,7 @@ class SessionRuntime:
         Its content is cut to the node's ``tool_max_output`` like a server tool's.
         """
         content = cap_output(answer.content, self.services.config.tool_max_output)
-        given = ClientResult(answer.id, answer.status, content)
+        given = msgspec.structs.replace(answer, content=content)
         return self._command(self.machine.feed(given), interrupt=False)
 
     def configure(self, change: ConfigChange) -> Error | None:
@@ -545,7 +505,7 @@ class SessionRuntime:
         if isinstance(setup, str):
             return Error(code="forbidden", content=setup)
         self.setup = setup
-        self.machine.client_tools = setup.client_tools
+        self.machine.batch.router = setup.client_tools
         # Priced and traced as the provider and model it now uses.
         self.observer.provider = setup.upstream_factory.provider
         self.observer.model = setup.upstream_factory.model
@@ -673,7 +633,7 @@ class SessionRuntime:
                 content='commit ends a spoken turn when input_audio.turn_detection is "none"; '
                 'configure that first (with "server_vad" the gateway commits by itself)',
             )
-        return self._command(self.machine.feed(_COMMIT_SPEECH), interrupt=False)
+        return self._command(self.machine.feed(_COMMIT), interrupt=False)
 
     def _wake_driver(self) -> None:
         """Interrupt the driver's between-turns read, so it looks at its work again."""
@@ -847,7 +807,7 @@ class SessionRuntime:
         while todo:
             action = todo.popleft()
             kind = type(action)
-            if kind in _EVENT_TYPES:
+            if kind in EVENT_TYPES:
                 if kind is Metric:
                     self.observer.fill(action)  # type: ignore[arg-type]
                 elif kind is Error:
@@ -973,7 +933,7 @@ class SessionRuntime:
         budget = self.services.config.context_tokens
         if not budget:
             return messages
-        prompt = estimate_tokens(system_prompt)
+        prompt = context_tokens_estimate(system_prompt)
         kept = fit(messages, max(0, budget - prompt))
         if len(kept) < len(messages):
             log.info(
@@ -1082,7 +1042,9 @@ class SessionRuntime:
                 if detail and not _IDENTIFIER.fullmatch(detail):
                     log.warning("session %s: response %s: %s", self.sid, ev.status, detail)
                     detail = "see the gateway's log"
-                todo.extend(machine.feed(_Done(ev.status, ev.usage, detail, ev.estimated)))
+                if detail != ev.detail:
+                    ev = msgspec.structs.replace(ev, detail=detail)
+                todo.extend(machine.feed(ev))
                 return
             elif type(ev) is UpstreamError:
                 assert isinstance(ev, UpstreamError)
@@ -1095,11 +1057,11 @@ class SessionRuntime:
                     return
             elif type(ev) is AudioDelta:
                 self._audio_out(ev.pcm16)
-            elif type(ev) is OutputTranscriptDelta:
+            elif type(ev) is Spoken:
                 if first:
                     first = False
                     self._first_delta()
-                for action in machine.feed(Spoken(ev.text)):
+                for action in machine.feed(ev):
                     emit(action)  # type: ignore[arg-type]
             else:
                 todo.extend(self._voice_input(ev))
@@ -1134,26 +1096,11 @@ class SessionRuntime:
             self._text_failure = exc
             return True
 
-    def _voice_input(self, ev: object) -> Sequence[Action]:
+    def _voice_input(self, ev: UpstreamEvent) -> Sequence[Action]:
         """The machine's actions for an upstream voice event (VAD, transcripts, calls)."""
-        machine = self.machine
-        kind = type(ev)
-        if kind is SpeechStarted:
-            assert isinstance(ev, SpeechStarted)
-            return machine.feed(SpeechBegan(ev.offset_ms))
-        if kind is SpeechStopped:
-            assert isinstance(ev, SpeechStopped)
+        if type(ev) is SpeechEnded:
             self._requested_at = time.perf_counter()  # speech end → first chunk
-            return machine.feed(SpeechEnded(ev.offset_ms))
-        if kind is InputTranscript:
-            assert isinstance(ev, InputTranscript)
-            return machine.feed(Transcript(ev.text))
-        if kind is ResponseStarted:
-            return machine.feed(_RESPONSE_BEGAN)
-        if kind is FunctionCall:
-            assert isinstance(ev, FunctionCall)
-            return machine.feed(NativeCall(ev.call_id, ev.name, ev.arguments))
-        return ()
+        return self.machine.feed(ev)  # type: ignore[arg-type]
 
     def _first_delta(self) -> None:
         started, self._requested_at = self._requested_at, None
@@ -1195,9 +1142,8 @@ class SessionRuntime:
         try:
             while True:
                 ev = await upstream.recv()
-                if type(ev) is SpeechStarted:
-                    assert isinstance(ev, SpeechStarted)
-                    self._command(self.machine.feed(SpeechBegan(ev.offset_ms)), interrupt=True)
+                if type(ev) is SpeechBegan:
+                    self._command(self.machine.feed(ev), interrupt=True)
                     return
                 heard.append(ev)
         except UpstreamClosed as exc:

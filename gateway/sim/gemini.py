@@ -69,8 +69,8 @@ from gateway.sim.model import (
     SimConnection,
     SimConversation,
     SimItem,
-    estimate_tokens,
     sim_reply,
+    simulated_usage_tokens,
     speech_transcript,
     spoken_reply,
     tool_answer,
@@ -381,9 +381,11 @@ class _Connection(SimConnection):
         self.turns.append(turn)
         if isinstance(reply, SimCall):
             turn.role = "function_call"
-            generation = _Generation(turn, "", estimate_tokens(context), call=reply)
+            generation = _Generation(turn, "", simulated_usage_tokens(context), call=reply)
         else:
-            generation = _Generation(turn, reply, estimate_tokens(context), audio=self.audio_out)
+            generation = _Generation(
+                turn, reply, simulated_usage_tokens(context), audio=self.audio_out
+            )
         self.generation = generation
         self.sim.stats.responses_total += 1
         generation.task = asyncio.create_task(self._generate(generation))

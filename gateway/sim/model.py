@@ -79,9 +79,9 @@ __all__ = [
     "SimConversation",
     "SimItem",
     "SimStats",
-    "estimate_tokens",
     "quote_instructions",
     "sim_reply",
+    "simulated_usage_tokens",
     "speech_transcript",
     "spoken_reply",
     "tool_answer",
@@ -291,7 +291,7 @@ def voice_audio(chars: int, config: SimConfig) -> bytes:
     return tone(chars * config.audio_ms_per_char / 1000.0, VOICE_RATE)
 
 
-def estimate_tokens(chars: int) -> int:
+def simulated_usage_tokens(chars: int) -> int:
     """The simulated token count of ``chars`` characters of context (at least 1).
 
     Both flavours report input usage with it, so a conversation costs the

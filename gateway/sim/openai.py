@@ -63,8 +63,8 @@ from gateway.sim.model import (
     SimConnection,
     SimConversation,
     SimItem,
-    estimate_tokens,
     sim_reply,
+    simulated_usage_tokens,
     speech_transcript,
     spoken_reply,
     tool_answer,
@@ -585,7 +585,7 @@ class _Connection(SimConnection):
             self._new_id("resp"),
             item,
             text,
-            estimate_tokens(context),
+            simulated_usage_tokens(context),
             audio=self.audio_out,
             call=isinstance(reply, SimCall),
         )

@@ -7,12 +7,15 @@ their provider's wire events into the ``UpstreamEvent`` kinds below and
 nothing else; provider details (item ids, event ids, setup handshakes) stay
 inside the adapter.
 
-Voice is opt-in per session: ``open(..., voice=VoiceConfig(...))``. Only then
-do the voice events appear (a text session sees exactly the three kinds it
-always did: ``TextDelta``, ``ResponseDone``, ``UpstreamError``), and only then
-may ``send_audio``, ``commit_audio`` and ``send_function_output`` be called.
-In a voice session a response may start without ``start_response`` (the
-provider's VAD heard the user stop): ``ResponseStarted`` announces it. Audio
+The events an adapter returns are, for the most part, the turn machine's own
+inputs (``protocol.turn_events``: ``TextDelta``, ``ResponseDone``,
+``SpeechBegan``…): the session feeds them to the machine as they are, with no
+second vocabulary to translate. Voice is opt-in per session: ``open(...,
+voice=VoiceConfig(...))``. Only then do the voice events appear (a text
+session sees ``TextDelta``, ``ResponseDone`` and ``UpstreamError``), and only
+then may ``send_audio``, ``commit_audio`` and ``send_function_output`` be
+called. In a voice session a response may start without ``start_response``
+(the provider's VAD heard the user stop): ``ResponseBegan`` announces it. Audio
 crosses this seam as PCM16 bytes (mono, little-endian) with its rate; base64
 and resampling stay inside the adapters.
 """
@@ -27,23 +30,32 @@ from typing import Any, Literal
 import msgspec
 
 from protocol.assembly import Message
-from protocol.events import Usage
 from protocol.fallback import ProviderBreaker
+from protocol.turn_events import (
+    NativeCall,
+    ResponseBegan,
+    ResponseDone,
+    SpeechBegan,
+    SpeechEnded,
+    Spoken,
+    TextDelta,
+    Transcript,
+)
 
 __all__ = [
     "AdapterFactory",
     "AudioDelta",
     "AudioIn",
     "AudioOut",
-    "FunctionCall",
     "FunctionTool",
-    "InputTranscript",
-    "OutputTranscriptDelta",
+    "NativeCall",
+    "ResponseBegan",
     "ResponseDone",
-    "ResponseStarted",
-    "SpeechStarted",
-    "SpeechStopped",
+    "SpeechBegan",
+    "SpeechEnded",
+    "Spoken",
     "TextDelta",
+    "Transcript",
     "Upstream",
     "UpstreamClosed",
     "UpstreamError",
@@ -54,32 +66,12 @@ __all__ = [
 ]
 
 
-class TextDelta(msgspec.Struct, frozen=True):
-    """A piece of the model's text for the running response."""
-
-    text: str
-
-
-class ResponseDone(msgspec.Struct, frozen=True):
-    """The running response finished.
-
-    ``status`` is ``completed``, ``cancelled``, ``failed`` or ``incomplete``;
-    ``usage`` the response's token counts when the provider reports them, or
-    the adapter's estimate (then ``estimated``) when it stopped waiting for
-    them: every response's usage is counted, also of a cancelled one.
-    """
-
-    status: str
-    usage: Usage | None = None
-    detail: str = ""
-    estimated: bool = False
-
-
 class UpstreamError(msgspec.Struct, frozen=True):
     """The provider reported an error that did not end the connection.
 
     ``retryable``: False when asking again will not help (auth, quota, model
-    refused): a session with another provider configured falls back to it.
+    refused): a session with another provider configured falls back to it
+    (the shell decides which, then feeds the machine ``UpstreamFailed``).
     """
 
     code: str
@@ -87,59 +79,11 @@ class UpstreamError(msgspec.Struct, frozen=True):
     retryable: bool = True
 
 
-class SpeechStarted(msgspec.Struct, frozen=True):
-    """The provider's VAD heard the user start speaking, ``offset_ms`` into the
-    audio sent on this connection. With ``AudioIn.interrupt_response`` a
-    running response is being cancelled (barge-in): its ``ResponseDone``
-    (``cancelled``) follows. A client playing the answer should stop now."""
-
-    offset_ms: int
-
-
-class SpeechStopped(msgspec.Struct, frozen=True):
-    """The provider's VAD heard the user stop, ``offset_ms`` into the audio sent.
-    The speech is a user turn now; an ``InputTranscript`` and (server VAD) a
-    ``ResponseStarted`` follow."""
-
-    offset_ms: int
-
-
-class InputTranscript(msgspec.Struct, frozen=True):
-    """What the user said, as text: once per spoken turn (with ``AudioIn.transcription``).
-
-    OpenAI transcribes asynchronously, so it may come after ``ResponseStarted``.
-    """
-
-    text: str
-
-
-class ResponseStarted(msgspec.Struct, frozen=True):
-    """A response began that the session did not ask for (server VAD answers the user)."""
-
-
 class AudioDelta(msgspec.Struct, frozen=True):
-    """A piece of the model's spoken answer: PCM16 mono at ``rate`` Hz."""
+    """A piece of the model's spoken answer: PCM16 mono at ``rate`` Hz (to the clients, unlogged)."""
 
     pcm16: bytes
     rate: int
-
-
-class OutputTranscriptDelta(msgspec.Struct, frozen=True):
-    """A piece of the text of the model's spoken answer (it comes with the ``AudioDelta``s)."""
-
-    text: str
-
-
-class FunctionCall(msgspec.Struct, frozen=True):
-    """The model calls a declared function; ``arguments`` is JSON text (an object).
-
-    Its response then ends (``ResponseDone``); answer every call with
-    ``send_function_output(call_id, output)``, then call ``start_response()``.
-    """
-
-    call_id: str
-    name: str
-    arguments: str
 
 
 class Woken(msgspec.Struct, frozen=True):
@@ -150,16 +94,18 @@ class Woken(msgspec.Struct, frozen=True):
 UpstreamEvent = (
     TextDelta
     | ResponseDone
+    | SpeechBegan
+    | SpeechEnded
+    | Transcript
+    | ResponseBegan
+    | Spoken
+    | NativeCall
     | UpstreamError
-    | SpeechStarted
-    | SpeechStopped
-    | InputTranscript
-    | ResponseStarted
     | AudioDelta
-    | OutputTranscriptDelta
-    | FunctionCall
     | Woken
 )
+"""What ``Upstream.recv()`` returns: the turn machine's inputs (fed to it as they
+are), plus what only the shell handles: errors, audio and wake-ups."""
 
 
 class AudioIn(msgspec.Struct, frozen=True, kw_only=True):
@@ -170,7 +116,7 @@ class AudioIn(msgspec.Struct, frozen=True, kw_only=True):
     - ``turn_detection``: ``server_vad`` (the provider hears when the user
       stops and answers by itself) or ``none`` (the session ends the user's
       turn with ``commit_audio``).
-    - ``transcription``: send ``InputTranscript`` events.
+    - ``transcription``: send ``Transcript`` events.
     - ``interrupt_response``: speech cancels a running response (barge-in;
       Gemini always does).
     """
@@ -204,7 +150,7 @@ class VoiceConfig(msgspec.Struct, frozen=True, kw_only=True):
 
     ``audio_in`` ``None``: the user types; ``audio_out`` ``None``: the model
     writes text (the text protocol, parsed as ever). ``tools`` are declared
-    natively (``FunctionCall`` events): meant for ``audio_out``, where the
+    natively (``NativeCall`` events): meant for ``audio_out``, where the
     model cannot speak the text protocol's markers.
     """
 
@@ -306,7 +252,7 @@ class Upstream(abc.ABC):
 
     @abc.abstractmethod
     async def send_function_output(self, call_id: str, output: str) -> None:
-        """Answer a ``FunctionCall``; after the last answer ``start_response()`` goes on."""
+        """Answer a ``NativeCall``; after the last answer ``start_response()`` goes on."""
 
     @abc.abstractmethod
     async def recv(self) -> UpstreamEvent:

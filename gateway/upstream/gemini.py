@@ -65,13 +65,13 @@ the step from history.
 ``AUDIO`` output with the voice in ``speechConfig``, input and output
 transcription, ``functionDeclarations`` for the tools, and either the
 server's VAD with ``explicitVadSignal`` (so ``voiceActivity`` gives
-``SpeechStarted``/``SpeechStopped``) or ``automaticActivityDetection``
+``SpeechBegan``/``SpeechEnded``) or ``automaticActivityDetection``
 disabled, where ``send_audio`` opens the user's turn with ``activityStart``
 and ``commit_audio`` closes it with ``activityEnd`` (the model then
 answers). Audio goes out as ``realtimeInput.audio`` at 16 kHz (resampled
 with soxr when the client's rate differs). A model turn that begins
 without a request (the server heard the user stop) is announced with
-``ResponseStarted``. ``toolCall`` ends the response with a ``FunctionCall``
+``ResponseBegan``. ``toolCall`` ends the response with a ``NativeCall``
 per call and ``ResponseDone``; ``send_function_output`` collects the
 outputs and ``start_response`` sends them as one ``toolResponse``, after
 which the model goes on by itself. In a voice session an ``interrupted``
@@ -107,14 +107,14 @@ from gateway.upstream.audio import Resampler
 from gateway.upstream.base import (
     AdapterFactory,
     AudioDelta,
-    FunctionCall,
-    InputTranscript,
-    OutputTranscriptDelta,
+    NativeCall,
+    ResponseBegan,
     ResponseDone,
-    ResponseStarted,
-    SpeechStarted,
-    SpeechStopped,
+    SpeechBegan,
+    SpeechEnded,
+    Spoken,
     TextDelta,
+    Transcript,
     Upstream,
     UpstreamClosed,
     UpstreamError,
@@ -127,7 +127,7 @@ from gateway.upstream.wsnow import can_write_now, write_text_now
 from gateway.wsread import MessageQueue
 from protocol.assembly import Message
 from protocol.events import Usage
-from protocol.turn import estimate_tokens
+from protocol.metering import billed_tokens_estimate
 
 __all__ = [
     "DEFAULT_API_VERSION",
@@ -743,9 +743,9 @@ class GeminiLive(Upstream):
         if activity is not None:
             offset = _offset_ms(activity.audio_offset)
             if activity.voice_activity_type == "ACTIVITY_START":
-                events.append(SpeechStarted(offset))
+                events.append(SpeechBegan(offset))
             elif activity.voice_activity_type == "ACTIVITY_END":
-                events.append(SpeechStopped(offset))
+                events.append(SpeechEnded(offset))
         content = message.server_content
         if content is not None and content.input_transcription is not None:
             piece = content.input_transcription
@@ -760,27 +760,27 @@ class GeminiLive(Upstream):
             # The server answers the user by itself (its VAD heard the end of speech).
             self._flush_heard(events)
             self._begin_turn()
-            events.append(ResponseStarted())
+            events.append(ResponseBegan())
         if content is not None and content.output_transcription is not None:
             text = content.output_transcription.text
             if text and self._state == _RUNNING:
                 self._text.append(text)
-                events.append(OutputTranscriptDelta(text))
+                events.append(Spoken(text))
         if message.tool_call is not None and self._state == _RUNNING:
             for call in message.tool_call.function_calls or ():
                 call_id = call.id or ""
                 self._calls[call_id] = call.name or ""
                 arguments = msgspec.json.encode(call.args or {}).decode()
-                events.append(FunctionCall(call_id, call.name or "", arguments))
+                events.append(NativeCall(call_id, call.name or "", arguments))
             self._end_turn(clean=True)
             events.append(ResponseDone(status="completed", usage=self._usage))
 
     def _flush_heard(self, events: list[UpstreamEvent]) -> None:
-        """The user's spoken turn, heard whole: an ``InputTranscript``, a transcript turn."""
+        """The user's spoken turn, heard whole: an ``Transcript``, a transcript turn."""
         if not self._heard:
             return
         text, self._heard = "".join(self._heard), []
-        events.append(InputTranscript(text))
+        events.append(Transcript(text))
         held = self._sent == len(self._transcript)
         self._transcript.append(wire.text_content("user", text))
         if held:
@@ -864,7 +864,9 @@ class GeminiLive(Upstream):
             len(_turn_text(turn)) for turn in self._transcript[: self._reply_at]
         )
         output = sum(len(text) for text in self._text)
-        return Usage(input=estimate_tokens(context), output=estimate_tokens(output)), True
+        return Usage(
+            input=billed_tokens_estimate(context), output=billed_tokens_estimate(output)
+        ), True
 
     # --- plumbing ---------------------------------------------------------------
 

@@ -21,7 +21,7 @@ null``, transcription), ``audio.output.voice`` and ``output_modalities:
 client's rate differs and appends to the input buffer (base64 by msgspec);
 ``commit_audio`` commits it and asks for the response. With server VAD the
 API starts responses itself: a ``response.created`` nobody asked for
-becomes the current response (``ResponseStarted``), and a barge-in ends it
+becomes the current response (``ResponseBegan``), and a barge-in ends it
 with ``response.done`` ``cancelled`` (``turn_detected``).
 
 Client events are pipelined: nothing waits for a per-item acknowledgement.
@@ -51,14 +51,14 @@ from gateway.upstream.audio import Resampler
 from gateway.upstream.base import (
     AdapterFactory,
     AudioDelta,
-    FunctionCall,
-    InputTranscript,
-    OutputTranscriptDelta,
+    NativeCall,
+    ResponseBegan,
     ResponseDone,
-    ResponseStarted,
-    SpeechStarted,
-    SpeechStopped,
+    SpeechBegan,
+    SpeechEnded,
+    Spoken,
     TextDelta,
+    Transcript,
     Upstream,
     UpstreamClosed,
     UpstreamError,
@@ -408,7 +408,7 @@ class OpenAIRealtime(Upstream):
                     # Server VAD answered the user: this response is the session's now.
                     self._current = event.response.id
                     self._items = []
-                    return ResponseStarted()
+                    return ResponseBegan()
             elif isinstance(event, wire.ErrorEvent):
                 error = self._error(event.error)
                 if error is not None:
@@ -418,19 +418,19 @@ class OpenAIRealtime(Upstream):
                     return AudioDelta(event.delta, AUDIO_RATE)
             elif isinstance(event, wire.ResponseOutputAudioTranscriptDelta):
                 if event.response_id == self._current and self._pending_create is None:
-                    return OutputTranscriptDelta(event.delta)
+                    return Spoken(event.delta)
             elif isinstance(event, wire.InputAudioBufferSpeechStarted):
-                return SpeechStarted(event.audio_start_ms)
+                return SpeechBegan(event.audio_start_ms)
             elif isinstance(event, wire.InputAudioBufferSpeechStopped):
-                return SpeechStopped(event.audio_end_ms)
+                return SpeechEnded(event.audio_end_ms)
             elif isinstance(event, wire.InputAudioTranscriptionCompleted):
-                return InputTranscript(event.transcript)
+                return Transcript(event.transcript)
             elif (
                 isinstance(event, wire.ResponseFunctionCallArgumentsDone)
                 and event.response_id == self._current
                 and self._pending_create is None
             ):
-                return FunctionCall(event.call_id, event.name, event.arguments)
+                return NativeCall(event.call_id, event.name, event.arguments)
             # session.created after open: nothing to do.
 
     def _response_done(self, response: wire.Response) -> ResponseDone | None:

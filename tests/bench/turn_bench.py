@@ -22,7 +22,13 @@ from protocol.calls import ToolCall, decode_call
 from protocol.events import Call, End, Error, Event, Execute, Respond, Think
 from protocol.parser import Parser
 from protocol.steps import StepRecorder
-from protocol.turn import StopResponse, TurnMachine, UserMessage
+from protocol.turn import (
+    TurnMachine,
+)
+from protocol.turn_events import (
+    StopResponse,
+    UserMessage,
+)
 
 REPEATS = 7
 
@@ -88,7 +94,7 @@ def new_loop(deltas: list[str]) -> float:
     emit = sink.append
     todo: list[object] = []
     machine = TurnMachine()
-    machine.feed(UserMessage("hi"))
+    machine.feed(UserMessage(content="hi"))
     text = machine.text
     start = time.perf_counter()
     for delta in deltas:

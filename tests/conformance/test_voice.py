@@ -21,15 +21,15 @@ from gateway.upstream.base import (
     AudioDelta,
     AudioIn,
     AudioOut,
-    FunctionCall,
     FunctionTool,
-    InputTranscript,
-    OutputTranscriptDelta,
+    NativeCall,
+    ResponseBegan,
     ResponseDone,
-    ResponseStarted,
-    SpeechStarted,
-    SpeechStopped,
+    SpeechBegan,
+    SpeechEnded,
+    Spoken,
     TextDelta,
+    Transcript,
     Upstream,
     UpstreamEvent,
     VoiceConfig,
@@ -109,14 +109,14 @@ async def test_speech_gives_vad_events_a_transcript_and_an_answer(provider: str,
         sender = asyncio.create_task(stream(upstream, utterance(1.2, rate), rate))
         events = await events_until(upstream, ResponseDone)
         await sender
-    started = next(e for e in events if isinstance(e, SpeechStarted))
-    stopped = next(e for e in events if isinstance(e, SpeechStopped))
-    transcripts = [e.text for e in events if isinstance(e, InputTranscript)]
+    started = next(e for e in events if isinstance(e, SpeechBegan))
+    stopped = next(e for e in events if isinstance(e, SpeechEnded))
+    transcripts = [e.text for e in events if isinstance(e, Transcript)]
     assert transcripts == ["(speech 1.2 s)"]
     assert 250 <= started.offset_ms <= 350  # the tone starts 0.3 s in
     assert stopped.offset_ms >= started.offset_ms + 1200
-    assert kinds(events)[:2] == ["SpeechStarted", "SpeechStopped"]
-    assert "ResponseStarted" in kinds(events)
+    assert kinds(events)[:2] == ["SpeechBegan", "SpeechEnded"]
+    assert "ResponseBegan" in kinds(events)
     text = "".join(e.text for e in events if isinstance(e, TextDelta))
     assert text == "<think>The user said something.</think>Echo: (speech 1.2 s)<end>"
     done = events[-1]
@@ -131,7 +131,7 @@ async def test_manual_turn_commit_gets_an_answer(provider: str) -> None:
         await stream(upstream, silence(0.1, rate) + tone(0.7, rate), rate)
         await upstream.commit_audio()
         events = await events_until(upstream, ResponseDone)
-    assert not any(isinstance(e, (SpeechStarted, SpeechStopped, ResponseStarted)) for e in events)
+    assert not any(isinstance(e, (SpeechBegan, SpeechEnded, ResponseBegan)) for e in events)
     text = "".join(e.text for e in events if isinstance(e, TextDelta))
     assert text.endswith("Echo: (speech 0.7 s)<end>")
     assert isinstance(events[-1], ResponseDone) and events[-1].status == "completed"
@@ -151,12 +151,12 @@ async def test_speech_during_an_answer_cancels_it(provider: str) -> None:
         cancelled_after = time.monotonic() - began
         assert isinstance(events[-1], ResponseDone)
         assert events[-1].status == "cancelled"
-        assert any(isinstance(e, SpeechStarted) for e in events)
+        assert any(isinstance(e, SpeechBegan) for e in events)
         assert cancelled_after < 1.5  # 0.3 s of silence, then 0.1 s of speech
         # The user's speech is answered next.
         answer = await events_until(upstream, ResponseDone)
         await sender
-    assert any(isinstance(e, InputTranscript) for e in answer)
+    assert any(isinstance(e, Transcript) for e in answer)
     text = "".join(e.text for e in answer if isinstance(e, TextDelta))
     assert text.endswith("Echo: (speech 0.5 s)<end>")
 
@@ -169,7 +169,7 @@ async def test_audio_output_gives_audio_and_its_transcript(provider: str) -> Non
         await upstream.start_response()
         events = await events_until(upstream, ResponseDone)
     audio = [e for e in events if isinstance(e, AudioDelta)]
-    transcript = "".join(e.text for e in events if isinstance(e, OutputTranscriptDelta))
+    transcript = "".join(e.text for e in events if isinstance(e, Spoken))
     assert transcript == "Echo: hello voice"
     assert not any(isinstance(e, TextDelta) for e in events)
     assert {e.rate for e in audio} == {24000}
@@ -185,14 +185,14 @@ async def test_function_call_round_trip_in_audio_output(provider: str) -> None:
         await upstream.add_message(Message(role="user", content='/tool weather {"city": "Oslo"}'))
         await upstream.start_response()
         called = await events_until(upstream, ResponseDone)
-        [call] = [e for e in called if isinstance(e, FunctionCall)]
+        [call] = [e for e in called if isinstance(e, NativeCall)]
         assert call.name == "weather"
         assert call.call_id
         assert call.arguments.replace(" ", "") == '{"city":"Oslo"}'
         await upstream.send_function_output(call.call_id, "sunny")
         await upstream.start_response()
         answer = await events_until(upstream, ResponseDone)
-    transcript = "".join(e.text for e in answer if isinstance(e, OutputTranscriptDelta))
+    transcript = "".join(e.text for e in answer if isinstance(e, Spoken))
     assert transcript == "The tool weather returned sunny."
     assert any(isinstance(e, AudioDelta) for e in answer)
     assert isinstance(answer[-1], ResponseDone) and answer[-1].status == "completed"
@@ -205,8 +205,8 @@ async def test_an_undeclared_tool_is_not_called(provider: str) -> None:
         await upstream.add_message(Message(role="user", content="/tool weather {}"))
         await upstream.start_response()
         events = await events_until(upstream, ResponseDone)
-    assert not any(isinstance(e, FunctionCall) for e in events)
-    transcript = "".join(e.text for e in events if isinstance(e, OutputTranscriptDelta))
+    assert not any(isinstance(e, NativeCall) for e in events)
+    transcript = "".join(e.text for e in events if isinstance(e, Spoken))
     assert transcript == "I have no tool named weather."
 
 

@@ -6,11 +6,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from protocol.assembly import CANCELLED_NOTE, Message, results_message
-from protocol.budget import CUT_NOTE, estimate_tokens, fit
+from protocol.budget import CUT_NOTE, context_tokens_estimate, fit
 
 
 def _size(messages: list[Message]) -> int:
-    return sum(estimate_tokens(m.content) for m in messages)
+    return sum(context_tokens_estimate(m.content) for m in messages)
 
 
 def _turn(i: int, result_chars: int = 0) -> list[Message]:

@@ -7,11 +7,13 @@ import pytest
 from protocol.events import End, Error, Interrupt, Respond
 from protocol.fallback import ProviderBreaker
 from protocol.turn import (
+    TurnState,
+)
+from protocol.turn_events import (
     Backoff,
     Request,
     ResponseDone,
     RetryNow,
-    TurnState,
     UpstreamFailed,
     UpstreamLost,
 )

@@ -26,6 +26,11 @@ from protocol.events import (
     User,
 )
 from protocol.turn import (
+    TurnMachine,
+    TurnState,
+    turn_in_flight,
+)
+from protocol.turn_events import (
     Account,
     Action,
     Backoff,
@@ -45,13 +50,10 @@ from protocol.turn import (
     TextDelta,
     ToolsDone,
     TurnInput,
-    TurnMachine,
     TurnStarted,
-    TurnState,
     UpstreamFailed,
     UpstreamLost,
     UserMessage,
-    turn_in_flight,
 )
 
 CALL = '<think>I list.</think><execute>[{"name": "list", "args": {"path": "."}}]</execute>'
@@ -90,7 +92,7 @@ def stream(machine: TurnMachine, text: str, size: int = 3) -> list[Action]:
 
 def started(**settings: int) -> TurnMachine:
     machine = TurnMachine(**settings)  # type: ignore[arg-type]
-    machine.feed(UserMessage("hi"))
+    machine.feed(UserMessage(content="hi"))
     return machine
 
 
@@ -99,7 +101,7 @@ def started(**settings: int) -> TurnMachine:
 
 def test_a_user_message_starts_a_turn_and_asks_the_model() -> None:
     machine = TurnMachine()
-    actions = machine.feed(UserMessage("hi"))
+    actions = machine.feed(UserMessage(content="hi"))
     assert kinds(actions) == ["TurnStarted", "User", "Persist", "Request"]
     assert only(actions, Persist).items == (User(content="hi"),)
     assert only(actions, Request).message == Message(role="user", content="hi")
@@ -116,7 +118,7 @@ def test_an_answer_with_end_closes_with_end_then_its_metric() -> None:
     assert kinds(done) == ["Persist", "Account", "Metric"]
     assert only(done, Persist).items == (Think(content="Hm."), Respond(content="Hello there."))
     assert only(done, Metric) == Metric(step=USAGE, total=USAGE)
-    assert machine.idle and machine.total == USAGE
+    assert machine.idle and machine.meter.total == USAGE
 
 
 def test_an_answer_without_end_still_ends_before_its_metric() -> None:
@@ -353,7 +355,7 @@ def test_a_cancelled_response_that_never_reports_closes_on_loss() -> None:
 
 def test_a_message_during_a_turn_is_refused() -> None:
     machine = started()
-    [refusal] = machine.feed(UserMessage("again"))
+    [refusal] = machine.feed(UserMessage(content="again"))
     assert isinstance(refusal, Refuse) and refusal.error.code == "turn_active"
 
 
@@ -364,8 +366,8 @@ def test_a_message_sent_on_end_or_cancelled_queues_behind_the_metric() -> None:
             machine.feed(Cancel())
         else:
             stream(machine, closing)
-        assert machine.feed(UserMessage("next")) == ()
-        [refusal] = machine.feed(UserMessage("and another"))
+        assert machine.feed(UserMessage(content="next")) == ()
+        [refusal] = machine.feed(UserMessage(content="and another"))
         assert isinstance(refusal, Refuse)
         done = machine.feed(ResponseDone("completed", USAGE))
         names = kinds(done)
@@ -399,7 +401,7 @@ def test_inputs_that_make_no_sense_are_ignored() -> None:
         Shutdown(),
     ):
         assert not machine.feed(stray), stray
-    assert machine.idle and machine.total == ZERO
+    assert machine.idle and machine.meter.total == ZERO
 
 
 def test_a_shell_failure_ends_the_turn_with_internal_error() -> None:
@@ -411,7 +413,7 @@ def test_a_shell_failure_ends_the_turn_with_internal_error() -> None:
 
 def test_shutdown_forgets_the_turn_and_writes_nothing() -> None:
     machine = started()
-    machine.feed(UserMessage("queued?"))
+    machine.feed(UserMessage(content="queued?"))
     assert machine.feed(Shutdown()) == [DropUpstream(stop=True)]
     assert machine.idle
 
@@ -419,7 +421,7 @@ def test_shutdown_forgets_the_turn_and_writes_nothing() -> None:
 # --- any order of inputs --------------------------------------------------------------
 
 _INPUTS: list[TurnInput] = [
-    UserMessage("u"),
+    UserMessage(content="u"),
     Rerun("r"),
     TextDelta("Hi "),
     TextDelta("<think>t</think>"),
@@ -446,11 +448,11 @@ _DELTAS = [i for i in _INPUTS if isinstance(i, TextDelta)]
 _ENDS = [i for i in _INPUTS if isinstance(i, ResponseDone | UpstreamLost | UpstreamFailed)]
 # Inputs the shell would really feed in each state (the rest are strays).
 _LIKELY: dict[TurnState, list[TurnInput]] = {
-    TurnState.IDLE: [UserMessage("u"), Rerun("r")],
+    TurnState.IDLE: [UserMessage(content="u"), Rerun("r")],
     TurnState.STREAMING: [*_DELTAS, *_DELTAS, *_ENDS, Cancel()],
     TurnState.STOPPING: [*_ENDS, Cancel(), TextDelta("x")],
-    TurnState.ENDING: [*_ENDS, UserMessage("u"), Cancel()],
-    TurnState.CANCELLING: [*_ENDS, UserMessage("u"), TextDelta("x")],
+    TurnState.ENDING: [*_ENDS, UserMessage(content="u"), Cancel()],
+    TurnState.CANCELLING: [*_ENDS, UserMessage(content="u"), TextDelta("x")],
     TurnState.TOOLS: [ToolsDone(OK), ToolsDone(OK), Cancel(), ShellFailed("x")],
     TurnState.BACKOFF: [RetryNow(), RetryNow(), Cancel()],
 }
@@ -488,7 +490,7 @@ def test_any_order_of_inputs_keeps_the_end_of_turn_rule(
             event: Event = action  # type: ignore[assignment]
             if closing:
                 assert isinstance(event, Metric), f"{type(event).__name__} after the closing event"
-                assert event.total == accounted == machine.total
+                assert event.total == accounted == machine.meter.total
                 open_turn = closing = False
                 continue
             assert open_turn, f"{type(event).__name__} outside a turn"

@@ -18,10 +18,13 @@ from hypothesis import strategies as st
 from protocol.calls import ToolCall, ToolResult
 from protocol.events import Call, Cancelled, End, Error, Event, Interrupt, Metric, Result, Usage
 from protocol.turn import (
+    TurnMachine,
+    TurnState,
+)
+from protocol.turn_events import (
     Action,
     AwaitClient,
     Cancel,
-    ClientResult,
     ClientTimeout,
     NativeCall,
     Refuse,
@@ -32,11 +35,10 @@ from protocol.turn import (
     Shutdown,
     SpeechBegan,
     TextDelta,
+    ToolResultMessage,
     ToolsDone,
     TurnInput,
-    TurnMachine,
     TurnStarted,
-    TurnState,
     UpstreamLost,
     UserMessage,
 )
@@ -64,7 +66,7 @@ def block(*calls: tuple[str, dict[str, Any]]) -> str:
 def at_tools(*calls: tuple[str, dict[str, Any]]) -> tuple[TurnMachine, list[Call], list[Action]]:
     """A machine whose model just wrote ``calls``: the batch's actions, and its call events."""
     machine = TurnMachine(client_tools=Router(), call_number=100)
-    machine.feed(UserMessage("hi"))
+    machine.feed(UserMessage(content="hi"))
     out = stream(machine, block(*calls))
     out += machine.feed(ResponseDone("cancelled", USAGE))
     return machine, [a for a in out if isinstance(a, Call)], out
@@ -82,11 +84,11 @@ LISTED = ToolResult(tool="list", status="success", content=["a"])
 def test_a_client_may_answer_on_the_call_before_the_batch_runs() -> None:
     """Clients react to `call`; its answer may arrive while the model's response stops."""
     machine = TurnMachine(client_tools=Router(), call_number=100)
-    machine.feed(UserMessage("hi"))
+    machine.feed(UserMessage(content="hi"))
     out = stream(machine, block(ASK, LIST))
     (ask, _listed) = [a for a in out if isinstance(a, Call)]
     assert machine.state is TurnState.STOPPING
-    assert machine.feed(ClientResult(ask.id, "success", True)) == ()  # kept, no refusal
+    assert machine.feed(ToolResultMessage(ask.id, "success", True)) == ()  # kept, no refusal
     batch = machine.feed(ResponseDone("cancelled", USAGE))
     assert not [a for a in batch if isinstance(a, AwaitClient)]  # nothing left to wait for
     done = machine.feed(ToolsDone((LISTED,)))
@@ -95,14 +97,14 @@ def test_a_client_may_answer_on_the_call_before_the_batch_runs() -> None:
         {"tool": "list", "status": "success", "content": ["a"]},
     ]
     # Answered once: a second answer to it is refused.
-    assert only(machine.feed(ClientResult(ask.id, "success", False)), Refuse)
+    assert only(machine.feed(ToolResultMessage(ask.id, "success", False)), Refuse)
 
 
 def test_a_batch_of_only_early_answers_closes_at_once_in_order() -> None:
     machine = TurnMachine(client_tools=Router(), call_number=100)
-    machine.feed(UserMessage("hi"))
+    machine.feed(UserMessage(content="hi"))
     (ask,) = [a for a in stream(machine, block(ASK)) if isinstance(a, Call)]
-    machine.feed(ClientResult(ask.id, "success", "yes"))
+    machine.feed(ToolResultMessage(ask.id, "success", "yes"))
     batch = machine.feed(ResponseDone("cancelled", USAGE))
     names = kinds(batch)
     assert names.index("Result") < names.index("ReplaceResponse") < names.index("Request")
@@ -114,8 +116,8 @@ def test_a_client_call_carries_an_id_and_runs_on_client_and_the_turn_waits() -> 
     assert (call.id, call.runs_on) == ("call_101", "client")
     assert only(out, AwaitClient).ids == ("call_101",)
     assert not [a for a in out if isinstance(a, RunTools)]
-    assert machine.awaits_client and machine.waiting_for == ("call_101",)
-    done = machine.feed(ClientResult("call_101", "success", True))
+    assert machine.awaits_client and machine.batch.waiting == ("call_101",)
+    done = machine.feed(ToolResultMessage("call_101", "success", True))
     assert kinds(done) == ["Result", "Persist", "Request"]
     assert results(done) == [{"tool": "confirm", "status": "success", "content": True}]
     assert not machine.awaits_client and machine.state is TurnState.STREAMING
@@ -129,7 +131,7 @@ def test_a_mixed_batch_runs_server_calls_meanwhile_and_keeps_call_order(
     assert [c.runs_on for c in calls] == ["gateway", "client", "gateway"]
     assert only(out, RunTools).calls == (ToolCall("list", {"path": "."}),) * 2
     assert kinds(out)[-2:] == ["AwaitClient", "RunTools"]
-    answer = ClientResult(calls[1].id, "failure", "the user said no")
+    answer = ToolResultMessage(calls[1].id, "failure", "the user said no")
     if client_first:
         assert machine.feed(answer) == []
         done = machine.feed(ToolsDone((LISTED, LISTED)))
@@ -154,23 +156,23 @@ def test_args_that_break_the_schema_are_answered_without_the_client() -> None:
 
 def test_unanswered_calls_fail_at_the_timeout_and_late_answers_are_refused() -> None:
     machine, calls, _ = at_tools(ASK, ("pick", {}))
-    machine.feed(ClientResult(calls[1].id, "success", "b"))
+    machine.feed(ToolResultMessage(calls[1].id, "success", "b"))
     done = machine.feed(ClientTimeout(60.0))
     first, second = results(done)
     assert first["status"] == "failure" and "within 60s" in first["content"]
     assert second == {"tool": "pick", "status": "success", "content": "b"}
-    late = only(machine.feed(ClientResult(calls[0].id, "success", True)), Refuse)
+    late = only(machine.feed(ToolResultMessage(calls[0].id, "success", True)), Refuse)
     assert late.error.code == "unknown_call" and "timed out after 60s" in late.error.content
-    twice = only(machine.feed(ClientResult(calls[1].id, "success", "b")), Refuse)
+    twice = only(machine.feed(ToolResultMessage(calls[1].id, "success", "b")), Refuse)
     assert "already answered" in twice.error.content
 
 
 def test_an_unknown_id_is_refused_and_the_wait_goes_on() -> None:
     machine, [call], _ = at_tools(ASK)
-    refusal = only(machine.feed(ClientResult("call_1", "success", 1)), Refuse)
+    refusal = only(machine.feed(ToolResultMessage("call_1", "success", 1)), Refuse)
     assert refusal.error.code == "unknown_call" and "call_1" in refusal.error.content
     assert machine.awaits_client
-    assert only(machine.feed(ClientResult(call.id, "success", 1)), Result)
+    assert only(machine.feed(ToolResultMessage(call.id, "success", 1)), Result)
 
 
 def test_a_timeout_with_nothing_waited_for_does_nothing() -> None:
@@ -195,8 +197,8 @@ def test_cancel_at_any_point_of_the_wait_closes_the_turn_once(before: list[str])
     machine, calls, _ = at_tools(ASK, LIST, ("pick", {}))
     feeds = {
         "tools": ToolsDone((LISTED,)),
-        "ask": ClientResult(calls[0].id, "success", True),
-        "pick": ClientResult(calls[2].id, "success", "x"),
+        "ask": ToolResultMessage(calls[0].id, "success", True),
+        "pick": ToolResultMessage(calls[2].id, "success", "x"),
     }
     for step in before:
         assert machine.feed(feeds[step]) == []
@@ -206,7 +208,7 @@ def test_cancel_at_any_point_of_the_wait_closes_the_turn_once(before: list[str])
     # Whatever arrives after the cancel changes nothing and says why.
     assert machine.feed(ToolsDone((LISTED,))) == []
     for call in (calls[0], calls[2]):
-        late = machine.feed(ClientResult(call.id, "success", 1))
+        late = machine.feed(ToolResultMessage(call.id, "success", 1))
         assert only(late, Refuse).error.code == "unknown_call"
     assert machine.feed(ClientTimeout(1.0)) == ()
 
@@ -215,12 +217,12 @@ def test_shutdown_while_waiting_forgets_the_calls() -> None:
     machine, [call], _ = at_tools(ASK)
     machine.feed(Shutdown())
     assert machine.idle
-    assert only(machine.feed(ClientResult(call.id, "success", 1)), Refuse)
+    assert only(machine.feed(ToolResultMessage(call.id, "success", 1)), Refuse)
 
 
 def test_ids_never_repeat_across_steps() -> None:
     machine, [first], _out = at_tools(ASK)
-    machine.feed(ClientResult(first.id, "success", 1))
+    machine.feed(ToolResultMessage(first.id, "success", 1))
     second = [a for a in stream(machine, block(ASK)) if isinstance(a, Call)]
     assert second[0].id == "call_102"
 
@@ -228,9 +230,9 @@ def test_ids_never_repeat_across_steps() -> None:
 # --- any order of inputs ----------------------------------------------------------
 
 _IDS = ("call_1", "call_2", "call_3", "call_9")
-_ANSWERS: list[TurnInput] = [ClientResult(i, "success", i) for i in _IDS]
+_ANSWERS: list[TurnInput] = [ToolResultMessage(i, "success", i) for i in _IDS]
 _INPUTS: list[TurnInput] = [
-    UserMessage("u"),
+    UserMessage(content="u"),
     TextDelta(block(ASK)),
     TextDelta(block(ASK, LIST, ("pick", {}))),
     TextDelta(block(("confirm", {"question": 42}), LIST)),
@@ -245,7 +247,7 @@ _INPUTS: list[TurnInput] = [
     ShellFailed("x"),
 ]
 _LIKELY: dict[TurnState, list[TurnInput]] = {
-    TurnState.IDLE: [UserMessage("u")],
+    TurnState.IDLE: [UserMessage(content="u")],
     TurnState.STREAMING: [_INPUTS[1], _INPUTS[2], _INPUTS[3], _INPUTS[4], _INPUTS[5], Cancel()],
     TurnState.STOPPING: [ResponseDone("cancelled", USAGE), UpstreamLost("l"), Cancel()],
     TurnState.ENDING: [ResponseDone("completed", USAGE), Cancel()],
@@ -297,7 +299,7 @@ def test_any_order_of_client_answers_and_cancels_keeps_the_rules(data: st.DataOb
             ):
                 expected = []  # the step is rerun, or the turn stops
         if not machine.awaits_client:
-            assert machine.waiting_for == () or machine.state is TurnState.TOOLS
+            assert machine.batch.waiting == () or machine.state is TurnState.TOOLS
         assert machine.idle == (not open_turn), (machine.state, open_turn)
 
 
@@ -306,7 +308,7 @@ def test_native_calls_of_a_voice_session_wait_for_the_client_too() -> None:
     server call's result go back to the provider as function outputs, in call order."""
     machine = TurnMachine(client_tools=Router(), call_number=7)
     machine.voice = True
-    machine.feed(UserMessage("delete it?"))
+    machine.feed(UserMessage(content="delete it?"))
     [asked] = machine.feed(NativeCall("fc_1", "confirm", '{"question": "Delete it?"}'))
     [listed] = machine.feed(NativeCall("fc_2", "list", '{"path": "."}'))
     assert isinstance(asked, Call) and asked.runs_on == "client" and asked.id == "call_8"
@@ -317,7 +319,7 @@ def test_native_calls_of_a_voice_session_wait_for_the_client_too() -> None:
     assert wait.ids == ("call_8",) and [c.name for c in run.calls] == ["list"]
     assert machine.awaits_client
     assert machine.feed(ToolsDone((ToolResult("list", "success", ["a.txt"]),))) == []
-    after = machine.feed(ClientResult("call_8", "success", True))
+    after = machine.feed(ToolResultMessage("call_8", "success", True))
     request = after[-1]
     assert isinstance(request, Request) and request.message is None
     assert [call_id for call_id, _ in request.outputs] == ["fc_1", "fc_2"]
@@ -331,12 +333,12 @@ def test_native_calls_of_a_voice_session_wait_for_the_client_too() -> None:
 def test_speech_while_the_client_works_cancels_the_wait() -> None:
     machine = TurnMachine(client_tools=Router())
     machine.voice = True
-    machine.feed(UserMessage("delete it?"))
+    machine.feed(UserMessage(content="delete it?"))
     machine.feed(NativeCall("fc_1", "confirm", '{"question": "Delete it?"}'))
     machine.feed(ResponseDone("completed", USAGE))
     assert machine.awaits_client
     out = machine.feed(SpeechBegan(120))
     assert any(isinstance(a, Cancelled) and a.reason == "barge_in" for a in out)
     assert machine.idle and not machine.awaits_client
-    [refused] = machine.feed(ClientResult("call_1", "success", True))
+    [refused] = machine.feed(ToolResultMessage("call_1", "success", True))
     assert isinstance(refused, Refuse) and "cancelled" in refused.error.content

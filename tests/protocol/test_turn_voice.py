@@ -7,10 +7,14 @@ from collections.abc import Sequence
 from protocol.calls import ToolResult
 from protocol.events import Call, Cancelled, End, Execute, Metric, Respond, SpeechStarted, User
 from protocol.turn import (
+    TurnMachine,
+    TurnState,
+)
+from protocol.turn_events import (
     Action,
     Cancel,
+    Commit,
     CommitAudio,
-    CommitSpeech,
     DropUpstream,
     NativeCall,
     Persist,
@@ -25,8 +29,6 @@ from protocol.turn import (
     StopResponse,
     ToolsDone,
     Transcript,
-    TurnMachine,
-    TurnState,
     UserMessage,
 )
 
@@ -65,7 +67,7 @@ def test_a_missing_transcript_still_gives_a_user_event_before_the_answer() -> No
 
 def test_speech_during_an_answer_barges_in_and_truncates() -> None:
     machine = voice_machine()
-    machine.feed(UserMessage("talk"))
+    machine.feed(UserMessage(content="talk"))
     assert [type(e) for e in machine.feed(Spoken("Once upon"))] == [Respond]
     out = machine.feed(SpeechBegan(4000))
     assert isinstance(out[0], SpeechStarted)
@@ -81,7 +83,7 @@ def test_speech_during_an_answer_barges_in_and_truncates() -> None:
 
 def test_speech_ending_while_a_cancelled_turn_closes_is_answered_after_it() -> None:
     machine = voice_machine()
-    machine.feed(UserMessage("talk"))
+    machine.feed(UserMessage(content="talk"))
     machine.feed(SpeechBegan(10))
     assert kinds(machine.feed(SpeechEnded(900))) == ["SpeechStopped"]
     out = machine.feed(ResponseDone("cancelled"))
@@ -91,7 +93,7 @@ def test_speech_ending_while_a_cancelled_turn_closes_is_answered_after_it() -> N
 
 def test_a_client_cancel_in_voice_keeps_the_connection() -> None:
     machine = voice_machine()
-    machine.feed(UserMessage("talk"))
+    machine.feed(UserMessage(content="talk"))
     machine.text("Hello")
     out = machine.feed(Cancel())
     assert StopResponse() in out
@@ -102,15 +104,15 @@ def test_a_client_cancel_in_voice_keeps_the_connection() -> None:
 
 def test_commit_starts_a_turn_and_asks_the_provider() -> None:
     machine = voice_machine()
-    out = machine.feed(CommitSpeech())
+    out = machine.feed(Commit())
     assert kinds(out) == ["TurnStarted", "CommitAudio"] and isinstance(out[-1], CommitAudio)
-    again = machine.feed(CommitSpeech())
+    again = machine.feed(Commit())
     assert isinstance(again[0], Refuse)
 
 
 def test_native_calls_run_the_tools_and_answer_with_function_outputs() -> None:
     machine = voice_machine()
-    machine.feed(UserMessage("weather?"))
+    machine.feed(UserMessage(content="weather?"))
     [call] = machine.feed(NativeCall("c1", "weather", '{"city": "Oslo"}'))
     assert isinstance(call, Call) and call.content == '{"name":"weather","args":{"city":"Oslo"}}'
     out = machine.feed(ResponseDone("completed"))
@@ -128,6 +130,6 @@ def test_native_calls_run_the_tools_and_answer_with_function_outputs() -> None:
 
 def test_bad_native_arguments_become_an_empty_object() -> None:
     machine = voice_machine()
-    machine.feed(UserMessage("x"))
+    machine.feed(UserMessage(content="x"))
     [call] = machine.feed(NativeCall("c1", "list", "{not json"))
     assert isinstance(call, Call) and call.content == '{"name":"list","args":{}}'

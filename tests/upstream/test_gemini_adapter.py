@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator, Sequence
 import pytest
 from websockets.asyncio.server import ServerConnection, serve
 
-from gateway.sim.model import SimConfig, estimate_tokens, sim_reply
+from gateway.sim.model import SimConfig, sim_reply, simulated_usage_tokens
 from gateway.sim.server import serve_sim
 from gateway.upstream.base import (
     ResponseDone,
@@ -68,7 +68,8 @@ async def test_text_turn_with_usage() -> None:
     assert result.done == ResponseDone(
         status="completed",
         usage=Usage(
-            input=estimate_tokens(len("You are a test.") + len("hi")), output=len(result.deltas)
+            input=simulated_usage_tokens(len("You are a test.") + len("hi")),
+            output=len(result.deltas),
         ),
     )
 
@@ -100,7 +101,9 @@ async def test_history_and_instructions_reach_the_sim_in_one_request() -> None:
     ]
     chars = len("Be brief.") + sum(len(m.content) for m in history)
     assert result.done is not None
-    assert result.done.usage == Usage(input=estimate_tokens(chars), output=len(result.deltas))
+    assert result.done.usage == Usage(
+        input=simulated_usage_tokens(chars), output=len(result.deltas)
+    )
 
 
 async def test_tool_turn_with_and_without_overrun() -> None:

@@ -1,0 +1,361 @@
+"""The turn machine's vocabulary: its inputs and its actions (as h11's ``_events.py``).
+
+``protocol.turn.TurnMachine`` takes these inputs and returns these actions;
+nothing here holds state. The inputs come from three places, and each feeds
+its own kind without translation:
+
+- **the client** (``protocol.events``): ``UserMessage``, ``Cancel``,
+  ``ToolResultMessage`` (a client tool's answer) and ``Commit`` (end of a
+  spoken turn) are the client's frames themselves;
+- **the upstream adapters** (``gateway.upstream``): ``TextDelta``,
+  ``ResponseDone``, ``SpeechBegan``, ``SpeechEnded``, ``Transcript``,
+  ``ResponseBegan``, ``Spoken`` and ``NativeCall`` are what an adapter's
+  ``recv()`` returns;
+- **the shell** (``gateway.sessions``): ``Rerun``, ``UpstreamFailed``,
+  ``UpstreamLost``, ``ToolsDone``, ``ClientTimeout``, ``RetryNow``,
+  ``ShellFailed`` and ``Shutdown`` report what its I/O and timers found.
+
+An action is a protocol ``Event`` ("log it, then send it") or one of the
+Structs below, which the shell performs. ``TurnInput`` and ``Action`` are
+the unions; ``INPUT_TYPES`` and ``ACTION_TYPES`` are derived from them, so a
+table keyed by them that misses a member fails a test instead of dropping it.
+"""
+
+from __future__ import annotations
+
+import typing
+from typing import Any, Final
+
+import msgspec
+
+from protocol.assembly import HistoryItem, Message
+from protocol.calls import ToolCall, ToolResult
+from protocol.events import (
+    Cancel,
+    Commit,
+    Error,
+    Event,
+    ToolResultMessage,
+    Usage,
+    UserMessage,
+)
+
+__all__ = [
+    "ACTION_TYPES",
+    "EVENT_TYPES",
+    "INPUT_TYPES",
+    "Account",
+    "Action",
+    "AwaitClient",
+    "Backoff",
+    "Cancel",
+    "ClientTimeout",
+    "Commit",
+    "CommitAudio",
+    "DropUpstream",
+    "NativeCall",
+    "Persist",
+    "Refuse",
+    "ReplaceResponse",
+    "Request",
+    "Rerun",
+    "ResponseBegan",
+    "ResponseDone",
+    "RetryNow",
+    "RunTools",
+    "ShellFailed",
+    "Shutdown",
+    "SpeechBegan",
+    "SpeechEnded",
+    "Spoken",
+    "StopResponse",
+    "TextDelta",
+    "ToolResultMessage",
+    "ToolsDone",
+    "Transcript",
+    "TurnInput",
+    "TurnStarted",
+    "UpstreamFailed",
+    "UpstreamLost",
+    "UserMessage",
+]
+
+
+# --- inputs -----------------------------------------------------------------------
+
+
+class _Input(msgspec.Struct, frozen=True, tag_field="input"):
+    pass
+
+
+class Rerun(_Input, frozen=True, tag="rerun"):
+    """After a takeover, rerun the turn history shows in flight (see ``turn_in_flight``)."""
+
+    reason: str
+
+
+class TextDelta(_Input, frozen=True, tag="text_delta"):
+    """A piece of the running response's text (hot path: prefer ``TurnMachine.text``)."""
+
+    text: str
+
+
+class ResponseDone(_Input, frozen=True, tag="response_done"):
+    """The running response finished; ``usage`` as the provider reported it, if it did.
+
+    ``status``: ``completed``, ``cancelled``, ``failed`` or ``incomplete``;
+    ``estimated``: the adapter estimated ``usage`` (the provider gave none).
+    """
+
+    status: str
+    usage: Usage | None = None
+    detail: str = ""
+    estimated: bool = False
+
+
+class UpstreamFailed(_Input, frozen=True, tag="upstream_failed"):
+    """The provider reported an error; the connection is still up.
+
+    ``fallback``: the provider the shell will use next, when the error is one
+    a retry will not fix and another provider is configured (see ``UpstreamLost``).
+    """
+
+    code: str
+    message: str
+    fallback: str = ""
+
+
+class UpstreamLost(_Input, frozen=True, tag="upstream_lost"):
+    """The upstream connection is gone, or could not be opened or used (``reason``: for logs).
+
+    ``fatal``: reconnecting to the same provider will not help (auth, quota,
+    model refused), so without a fallback the turn fails at once.
+    ``fallback``: the provider the next connection goes to (the shell's
+    breaker decided; "" when it is the same one). The step is rerun there at
+    once, from history, with an ``interrupt`` naming it if the client saw part
+    of the step. A fallback counts as an attempt, so the turn still ends when
+    every provider keeps failing.
+    """
+
+    reason: str
+    fatal: bool = False
+    fallback: str = ""
+
+
+class ToolsDone(_Input, frozen=True, tag="tools_done"):
+    """The batch asked for by ``RunTools`` finished; results in call order."""
+
+    results: tuple[ToolResult, ...]
+
+
+class ClientTimeout(_Input, frozen=True, tag="client_timeout"):
+    """``seconds`` passed since ``AwaitClient``: the calls still unanswered fail."""
+
+    seconds: float
+
+
+class RetryNow(_Input, frozen=True, tag="retry_now"):
+    """The ``Backoff`` delay is over."""
+
+
+class ShellFailed(_Input, frozen=True, tag="shell_failed"):
+    """The shell hit an unexpected error performing an action (a bug): end the turn."""
+
+    what: str
+
+
+class Shutdown(_Input, frozen=True, tag="shutdown"):
+    """The session stops on this node (lease lost, drain): forget the turn, write nothing."""
+
+
+# Voice (issue 16): what the provider's VAD, transcription and native tools report.
+
+
+class SpeechBegan(_Input, frozen=True, tag="speech_began"):
+    """The user started speaking (``offset_ms`` into the audio sent): barge-in if a turn runs."""
+
+    offset_ms: int
+
+
+class SpeechEnded(_Input, frozen=True, tag="speech_ended"):
+    """The user stopped speaking: a spoken turn begins (the provider answers by itself)."""
+
+    offset_ms: int
+
+
+class Transcript(_Input, frozen=True, tag="transcript"):
+    """What the user said in the spoken turn, as text (the turn's ``user`` event)."""
+
+    text: str
+
+
+class ResponseBegan(_Input, frozen=True, tag="response_began"):
+    """A response started that the session did not ask for (server VAD answered the user)."""
+
+
+class Spoken(_Input, frozen=True, tag="spoken"):
+    """A piece of the transcript of the model's spoken answer: a ``respond`` chunk as is
+    (audio output has no text protocol to parse)."""
+
+    text: str
+
+
+class NativeCall(_Input, frozen=True, tag="native_call"):
+    """The model called a declared function (audio output); ``arguments`` is JSON text."""
+
+    call_id: str
+    name: str
+    arguments: str
+
+
+TurnInput = (
+    UserMessage
+    | Rerun
+    | TextDelta
+    | ResponseDone
+    | UpstreamFailed
+    | UpstreamLost
+    | ToolsDone
+    | ToolResultMessage
+    | ClientTimeout
+    | RetryNow
+    | Cancel
+    | ShellFailed
+    | Shutdown
+    | SpeechBegan
+    | SpeechEnded
+    | Commit
+    | Transcript
+    | ResponseBegan
+    | Spoken
+    | NativeCall
+)
+
+
+# --- actions ----------------------------------------------------------------------
+
+
+class _Action(msgspec.Struct, frozen=True, tag_field="action"):
+    pass
+
+
+class Persist(_Action, frozen=True, tag="persist"):
+    """Add these items to history (written atomically with the next log append)."""
+
+    items: tuple[HistoryItem, ...]
+
+
+class Account(_Action, frozen=True, tag="account"):
+    """Charge ``usage`` (token counters, per-key quota); the next ``Metric`` reports it."""
+
+    usage: Usage
+
+
+class TurnStarted(_Action, frozen=True, tag="turn_started"):
+    """A turn begins (count it)."""
+
+
+class Request(_Action, frozen=True, tag="request"):
+    """Ask the model for a response.
+
+    With an open upstream: add ``message`` (if any) and start a response. With
+    none: open a fresh one whose context is rebuilt from history — which
+    already ends with ``message``, persisted before — and start a response.
+    If this fails, feed ``UpstreamLost``.
+
+    ``outputs`` (native function calls): answer each ``(call_id, output)``
+    before starting the response; a fresh connection needs none (history
+    holds the results).
+    """
+
+    message: Message | None = None
+    outputs: tuple[tuple[str, str], ...] = ()
+
+
+class CommitAudio(_Action, frozen=True, tag="commit_audio"):
+    """End the user's spoken turn at the provider; the response follows. If this
+    fails, feed ``UpstreamLost``."""
+
+
+class StopResponse(_Action, frozen=True, tag="stop_response"):
+    """Ask the provider to stop the running response (a ``ResponseDone`` follows).
+
+    If this fails, feed ``UpstreamLost``.
+    """
+
+
+class ReplaceResponse(_Action, frozen=True, tag="replace_response"):
+    """Make the upstream conversation hold ``text`` as the stopped response's output.
+
+    Best effort: if the upstream is gone, drop it; the next ``Request`` reopens
+    from history, which says the same thing. Nothing is fed back.
+    """
+
+    text: str
+
+
+class RunTools(_Action, frozen=True, tag="run_tools"):
+    """Run the batch's server calls; feed ``ToolsDone`` with their results, in order."""
+
+    calls: tuple[ToolCall, ...]
+
+
+class AwaitClient(_Action, frozen=True, tag="await_client"):
+    """The client-side calls ``ids`` are out: start their timer (performed at once).
+
+    Feed ``ToolResultMessage`` as answers arrive, and ``ClientTimeout`` when the
+    session's client tool timeout passes while ``TurnMachine.awaits_client``.
+    """
+
+    ids: tuple[str, ...]
+
+
+class DropUpstream(_Action, frozen=True, tag="drop_upstream"):
+    """Let the upstream go (closed in the background); the next ``Request`` opens a fresh one.
+
+    ``stop``: a response may still run there: stop it first, so it stops billing.
+    """
+
+    stop: bool = False
+
+
+class Backoff(_Action, frozen=True, tag="backoff"):
+    """Wait ``delay`` seconds before retry ``attempt``, then feed ``RetryNow``."""
+
+    attempt: int
+    delay: float
+
+
+class Refuse(_Action, frozen=True, tag="refuse"):
+    """The command is refused: send ``error`` back to whoever sent it (not logged)."""
+
+    error: Error
+
+
+Action = (
+    Event
+    | Persist
+    | Account
+    | TurnStarted
+    | Request
+    | CommitAudio
+    | StopResponse
+    | ReplaceResponse
+    | RunTools
+    | AwaitClient
+    | DropUpstream
+    | Backoff
+    | Refuse
+)
+
+
+def _members(union: Any) -> frozenset[type]:
+    return frozenset(typing.get_args(union))
+
+
+INPUT_TYPES: Final = _members(TurnInput)
+"""Every kind of input ``TurnMachine.feed`` takes."""
+EVENT_TYPES: Final = _members(Event)
+"""The actions that mean "log it, then send it"."""
+ACTION_TYPES: Final = _members(Action) - EVENT_TYPES
+"""The actions the shell performs (every action that is not an event)."""

@@ -7,6 +7,7 @@ CLI, the tests and the benchmarks alike, so what is tested is what is run.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 from collections.abc import AsyncIterator
 
@@ -14,9 +15,9 @@ from gateway.config import Config, ConfigError
 from gateway.edge.server import Gateway
 from gateway.pricing import PricesError, PriceTable, load_prices
 from gateway.sessions.node import Node, UpstreamFactories
-from gateway.settings import declared
 from gateway.store import open_store
 from gateway.tracing import Tracing, TracingError
+from gateway.upstream import providers
 from gateway.upstream.base import ProviderChain, UpstreamFactory
 from protocol.fallback import ProviderBreaker
 from tools.registry import Registry
@@ -32,70 +33,46 @@ log = logging.getLogger("gateway")
 async def _upstream_factories(config: Config) -> AsyncIterator[UpstreamFactories]:
     """``(provider, model)`` → its factory: the node's own, and those sessions pick.
 
-    A provider needs its API key (or, for ``sim``, the in-process simulator,
-    which runs when the node's own provider is ``sim``); one that cannot be
-    served raises ``ValueError`` saying what is missing.
+    Every provider of the table (``gateway.upstream.providers``) is served
+    with its settings; one without an API key raises ``ValueError`` saying
+    which variable sets it. ``sim`` is the in-process simulator, which runs
+    when the node's own provider is ``sim``, driven by the adapter of the
+    provider whose wire it speaks (``--sim-flavor``).
     """
-    from gateway.upstream.gemini import DEFAULT_MODEL as GEMINI_DEFAULT_MODEL
-    from gateway.upstream.gemini import GeminiLiveFactory
-    from gateway.upstream.openai import DEFAULT_MODEL as OPENAI_DEFAULT_MODEL
-    from gateway.upstream.openai import OpenAIRealtimeFactory
-
     async with contextlib.AsyncExitStack() as stack:
         sim_url = ""
-        if "sim" in config.providers:
+        if providers.SIM in config.providers:
             from gateway.sim.server import serve_sim
 
             sim = await stack.enter_async_context(serve_sim(config.sim, host="127.0.0.1", port=0))
             sim_url = sim.url
 
         def make(provider: str, model: str) -> UpstreamFactory:
-            factory: UpstreamFactory
-            if provider == "sim":
+            if provider == providers.SIM:
                 if not sim_url:
                     raise ValueError("'sim' is served only by gateways whose own provider is sim")
                 # The simulator speaks the chosen provider's wire: the real adapter drives it.
-                adapter = (
-                    GeminiLiveFactory if config.sim.flavor == "gemini" else OpenAIRealtimeFactory
+                flavour = providers.by_name(config.sim.flavor)
+                sim_row = dataclasses.replace(
+                    flavour,
+                    name=providers.SIM,
+                    label=f"the simulator ({flavour.label} flavour)",
+                    key_variable="GATEWAY_SIM_API_KEY",
                 )
-                factory = adapter(
-                    base_url=sim_url, model=model or "sim", api_key=config.sim.api_key or "sim"
-                )
-                factory.provider = "sim"
-                return factory
-            if provider == "openai":
-                return OpenAIRealtimeFactory(
-                    base_url=config.openai_base_url,
-                    model=model or OPENAI_DEFAULT_MODEL,
-                    api_key=_provider_key(config, "openai", config.openai_api_key),
-                )
-            if provider == "gemini":
-                return GeminiLiveFactory(
-                    base_url=config.gemini_base_url,
-                    model=model or GEMINI_DEFAULT_MODEL,
-                    api_key=_provider_key(config, "gemini", config.gemini_api_key),
-                )
-            raise ValueError(f"no provider {provider!r}: use sim, openai or gemini")
+                settings = flavour.settings(base_url=sim_url, api_key=config.sim.api_key or "sim")
+                return sim_row.factory(settings, model or "sim")
+            row = providers.by_name(provider)
+            settings = config.upstream(provider)
+            if not settings.api_key:
+                if provider in config.providers:  # the node's own: a configuration error at start
+                    raise ConfigError(
+                        f"provider {provider} needs an API key: set {row.key_variable} "
+                        f"(or GATEWAY_{provider.upper()}_API_KEY)"
+                    )
+                raise ValueError(f"{provider!r} has no API key configured on this gateway")
+            return row.factory(settings, model)
 
         yield make
-
-
-def _provider_key(config: Config, provider: str, key: str) -> str:
-    if key:
-        return key
-    if provider in config.providers:
-        return _api_key(provider, key)  # the node's own: a configuration error at start
-    raise ValueError(f"{provider!r} has no API key configured on this gateway")
-
-
-def _api_key(provider: str, key: str) -> str:
-    """``key``, or a ``ConfigError`` naming the variables that set the provider's key."""
-    if key:
-        return key
-    setting = next(d for d in declared(Config) if d.name == f"{provider}_api_key")
-    raise ConfigError(
-        f"provider {provider} needs an API key: set {' or '.join(reversed(setting.env))}"
-    )
 
 
 def _node_factory(config: Config, factories: UpstreamFactories) -> UpstreamFactory:

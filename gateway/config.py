@@ -8,7 +8,8 @@ The simulator's knobs are ``SimConfig``'s, lent to ``Config.sim`` as the
 ``sim_*`` settings.
 
 Precedence: flag > environment (``GATEWAY_<NAME>``, then the conventional
-``REDIS_URL``, ``OPENAI_API_KEY``, ``GEMINI_API_KEY``) > default. The defaults
+``REDIS_URL`` and each provider's key variable, ``OPENAI_API_KEY``…) > default.
+The providers' settings come from their rows (``gateway.upstream.providers``). The defaults
 run a complete gateway on one machine with nothing else installed: the
 built-in simulator upstream and the in-process store.
 
@@ -32,11 +33,14 @@ from msgspec import Meta
 
 from gateway.settings import ConfigError, Nested, Setting, check_ranges, load
 from gateway.sim.model import SimConfig
+from gateway.upstream import providers
+from gateway.upstream.provider import ProviderSettings
 
 __all__ = ["Config", "ConfigError", "load_config"]
 
 # One provider, or several in order of preference ("openai,gemini": fallback).
-Providers = Annotated[str, Meta(pattern=r"^(sim|openai|gemini)(,(sim|openai|gemini))*$")]
+_PROVIDER = "(" + "|".join(providers.NAMES) + ")"
+Providers = Annotated[str, Meta(pattern=f"^{_PROVIDER}(,{_PROVIDER})*$")]
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
 
 # Ranges shared by several settings.
@@ -112,8 +116,8 @@ class Config(msgspec.Struct, kw_only=True):
     provider: Annotated[
         Providers,
         Setting(
-            "upstream API: sim (the built-in simulator), openai or gemini; a comma list "
-            "(openai,gemini) falls back in that order when one fails in a way a retry won't fix",
+            f"upstream API: {', '.join(providers.NAMES)} (sim: the built-in simulator); a comma "
+            "list (openai,gemini) falls back in that order when one fails in a way a retry won't fix",
             UPSTREAM,
             example="openai,gemini",
         ),
@@ -128,21 +132,13 @@ class Config(msgspec.Struct, kw_only=True):
             "upstream model name; with several providers, one per provider in the same "
             "order (an empty entry: that provider's default)",
             UPSTREAM,
-            shown_default="gpt-realtime (openai), gemini-live-2.5-flash-preview (gemini)",
+            shown_default=providers.default_models(),
         ),
     ] = ""
-    openai_base_url: Annotated[str, Setting("OpenAI Realtime base URL", UPSTREAM)] = (
-        "wss://api.openai.com/v1"
+    # Each provider's base URL and key (--openai-base-url, OPENAI_API_KEY, …): from its row.
+    upstreams: Annotated[Any, Nested("", providers.UpstreamSettings)] = msgspec.field(
+        default_factory=providers.UpstreamSettings
     )
-    openai_api_key: Annotated[
-        str, Setting("OpenAI API key", UPSTREAM, env="OPENAI_API_KEY", secret=True)
-    ] = ""
-    gemini_base_url: Annotated[str, Setting("Gemini Live base URL", UPSTREAM)] = (
-        "wss://generativelanguage.googleapis.com"
-    )
-    gemini_api_key: Annotated[
-        str, Setting("Gemini API key", UPSTREAM, env="GEMINI_API_KEY", secret=True)
-    ] = ""
     instructions: Annotated[
         str, Setting("operator instructions appended to the protocol system prompt", UPSTREAM)
     ] = ""
@@ -415,6 +411,10 @@ class Config(msgspec.Struct, kw_only=True):
             self.node_id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         if not self.workspace_root:
             self.workspace_root = str(Path(os.environ.get("TMPDIR", "/tmp")) / "rtgw-workspaces")
+
+    def upstream(self, provider: str) -> ProviderSettings:
+        """The settings of ``provider`` (its base URL, key and own settings)."""
+        return providers.settings_of(self.upstreams, provider)
 
     @property
     def providers(self) -> tuple[str, ...]:

@@ -75,6 +75,8 @@ class Setting:
     - ``shown_default``: the docs' words for a default worked out at start.
     - ``example``: a valid value other than the default, for a text setting
       whose form is constrained (a pattern); shown in the help.
+    - ``choices``: the values a text setting takes when they come from data
+      (a table) rather than a ``Literal``.
     """
 
     help: str
@@ -84,13 +86,20 @@ class Setting:
     secret: bool = False
     shown_default: str = ""
     example: str = ""
+    choices: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
 class Nested:
-    """Marks a field holding another settings Struct; its settings are named ``PREFIX_<name>``."""
+    """Marks a field holding another settings Struct; its settings are named ``PREFIX_<name>``.
+
+    ``prefix`` "" adds none (a group of Structs each with its own prefix);
+    ``struct`` names the Struct when the field's annotation cannot (one made
+    at run time, from a table: ``gateway.upstream.providers.UpstreamSettings``).
+    """
 
     prefix: str
+    struct: type[msgspec.Struct] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,7 +161,8 @@ def declared(struct: type[msgspec.Struct], prefix: str = "") -> tuple[Declared, 
         name = f"{prefix}_{field.name}" if prefix else field.name
         nested = next((m for m in meta if isinstance(m, Nested)), None)
         if nested is not None:
-            for inner in declared(tp, f"{prefix}_{nested.prefix}" if prefix else nested.prefix):
+            inner_prefix = "_".join(p for p in (prefix, nested.prefix) if p)
+            for inner in declared(nested.struct or tp, inner_prefix):
                 out.append(dataclasses.replace(inner, path=(field.name, *inner.path)))
             continue
         setting = next((m for m in meta if isinstance(m, Setting)), None)
@@ -161,7 +171,9 @@ def declared(struct: type[msgspec.Struct], prefix: str = "") -> tuple[Declared, 
         arm, optional = _non_none(tp)
         arm, arm_meta = _unwrap(arm)
         bounds = next((m for m in [*meta, *arm_meta] if isinstance(m, msgspec.Meta)), None)
-        choices = tuple(typing.get_args(arm)) if typing.get_origin(arm) is Literal else ()
+        choices = setting.choices or (
+            tuple(typing.get_args(arm)) if typing.get_origin(arm) is Literal else ()
+        )
         flag_name = setting.flag or field.name.replace("_", "-")
         if prefix:
             flag_name = f"{prefix.replace('_', '-')}-{flag_name}"
@@ -234,9 +246,12 @@ def parse(d: Declared, value: object, source: str, fix: str) -> Any:
         # Case does not matter to a person typing INFO or Gemini.
         value = next((c for c in d.choices if c.lower() == value.lower()), value)
     try:
-        return msgspec.convert(value, d.type, strict=False)
+        converted = msgspec.convert(value, d.type, strict=False)
     except msgspec.ValidationError:
         pass
+    else:
+        if not d.choices or str(converted) in d.choices or (converted is None and d.optional):
+            return converted
     none = " (or none)" if d.optional else ""
     raise ConfigError(f"{source} is not valid: use {describe(d)}{none}{fix}")
 
@@ -303,17 +318,23 @@ def load(
 
 
 def _build(struct: type[S], values: Mapping[str, Any], decls: Mapping[str, Declared]) -> S:
+    return _build_at(struct, [(decls[name].path, value) for name, value in values.items()])
+
+
+def _build_at(struct: type[S], values: list[tuple[tuple[str, ...], Any]]) -> S:
+    """``struct`` from ``(path, value)`` pairs; a longer path fills a nested Struct."""
     top: dict[str, Any] = {}
-    nested: dict[str, dict[str, Any]] = {}
-    for name, value in values.items():
-        path = decls[name].path
+    nested: dict[str, list[tuple[tuple[str, ...], Any]]] = {}
+    for path, value in values:
         if len(path) == 1:
             top[path[0]] = value
         else:
-            nested.setdefault(path[0], {})[path[1]] = value
+            nested.setdefault(path[0], []).append((path[1:], value))
     hints = typing.get_type_hints(struct, include_extras=True)
-    for field_name, kwargs in nested.items():
-        top[field_name] = _unwrap(hints[field_name])[0](**kwargs)
+    for field_name, inner in nested.items():
+        tp, meta = _unwrap(hints[field_name])
+        marker = next((m for m in meta if isinstance(m, Nested)), None)
+        top[field_name] = _build_at((marker.struct if marker else None) or tp, inner)
     return struct(**top)
 
 

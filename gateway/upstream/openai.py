@@ -33,23 +33,17 @@ with the end of the response is harmless).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import logging
-import os
 from collections.abc import Callable, Sequence
-from typing import Any, Final
+from typing import Final
 from urllib.parse import quote
 
 import msgspec
-from websockets.asyncio.client import ClientConnection
-from websockets.exceptions import ConnectionClosed, InvalidStatus
-from websockets.frames import Close
 
 from gateway.upstream import openai_wire as wire
 from gateway.upstream.audio import Resampler
 from gateway.upstream.base import (
-    AdapterFactory,
     AudioDelta,
     NativeCall,
     ResponseBegan,
@@ -66,13 +60,12 @@ from gateway.upstream.base import (
     VoiceConfig,
     Woken,
 )
-from gateway.upstream.dial import dial
-from gateway.upstream.wsnow import can_write_now, write_text_now
-from gateway.wsread import MessageQueue
+from gateway.upstream.provider import Provider, ProviderSettings
+from gateway.upstream.provider_socket import ProviderSocket
 from protocol.assembly import Message
 from protocol.events import Usage
 
-__all__ = ["DEFAULT_BASE_URL", "DEFAULT_MODEL", "OpenAIRealtime", "OpenAIRealtimeFactory"]
+__all__ = ["DEFAULT_BASE_URL", "DEFAULT_MODEL", "PROVIDER", "OpenAIRealtime"]
 
 log = logging.getLogger(__name__)
 
@@ -143,33 +136,10 @@ def _voice_session(
     )
 
 
-def _describe_close(exc: ConnectionClosed) -> str:
-    close: Close | None = exc.rcvd
-    if close is None:
-        return "OpenAI Realtime connection lost without a close frame (code 1006)"
-    reason = f": {close.reason}" if close.reason else ""
-    return f"OpenAI Realtime closed the connection (code {close.code}{reason})"
-
-
 # Error codes a retry on OpenAI will not fix: a session falls back (if it can).
 _NOT_RETRYABLE: Final = frozenset(
     {"invalid_api_key", "insufficient_quota", "model_not_found", "billing_hard_limit_reached"}
 )
-
-
-def _rejection(exc: InvalidStatus) -> str:
-    status = exc.response.status_code
-    body = exc.response.body.decode("utf-8", "replace").strip() if exc.response.body else ""
-    detail = f": {body[:300]}" if body else ""
-    if status == 401:
-        return f"OpenAI rejected the API key (HTTP 401): set OPENAI_API_KEY{detail}"
-    if status == 403:
-        return f"OpenAI refused access (HTTP 403): check the key's project and model access{detail}"
-    if status == 404:
-        return f"OpenAI Realtime endpoint or model not found (HTTP 404): check base_url and model{detail}"
-    if status == 429:
-        return f"OpenAI rate-limited the connection (HTTP 429): retry later{detail}"
-    return f"OpenAI rejected the WebSocket handshake (HTTP {status}){detail}"
 
 
 class OpenAIRealtime(Upstream):
@@ -182,21 +152,24 @@ class OpenAIRealtime(Upstream):
         *,
         base_url: str = DEFAULT_BASE_URL,
         model: str = DEFAULT_MODEL,
-        api_key: str | None = None,
+        api_key: str = "",
         connect_timeout: float = 10.0,
         open_timeout: float = 10.0,
         transcription_model: str = DEFAULT_TRANSCRIPTION_MODEL,
+        label: str = "OpenAI Realtime",
+        key_variable: str = "OPENAI_API_KEY",
     ) -> None:
         """``connect_timeout`` bounds the TCP + TLS + WebSocket handshake;
         ``open_timeout`` the wait for ``session.created`` after it;
-        ``transcription_model`` transcribes a voice session's input."""
+        ``transcription_model`` transcribes a voice session's input;
+        ``label`` and ``key_variable`` name the API and its key in messages."""
         self.base_url = base_url.rstrip("/")
         self.model = model
-        self.api_key = os.environ.get("OPENAI_API_KEY", "") if api_key is None else api_key
+        self.api_key = api_key
         self.connect_timeout = connect_timeout
         self.open_timeout = open_timeout
         self.transcription_model = transcription_model
-        self._ws: ClientConnection | None = None
+        self._socket = ProviderSocket(label, key_variable)
         self._closed = False
         self._event_ids = itertools.count(1)
         # The response whose events reach the session, and whether a
@@ -212,11 +185,15 @@ class OpenAIRealtime(Upstream):
         # read callback decoded but did not take (recv() uses it, not decoding again).
         self._text_sink: Callable[[str], bool] | None = None
         self._decoded: tuple[bytes, wire.UpstreamServerEvent | None] | None = None
-        self._queue: MessageQueue | None = None
+        self._intercepting = False
 
     @property
     def url(self) -> str:
         return f"{self.base_url}/realtime?model={quote(self.model, safe='')}"
+
+    def headers(self) -> dict[str, str]:
+        """The handshake's headers: the key as a bearer token."""
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
 
     # --- lifecycle --------------------------------------------------------------
 
@@ -227,28 +204,18 @@ class OpenAIRealtime(Upstream):
         *,
         voice: VoiceConfig | None = None,
     ) -> None:
-        if self._ws is not None or self._closed:
+        if self._socket.open or self._closed:
             raise RuntimeError("an OpenAIRealtime is opened once; make a new one to reconnect")
-        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
-        ws = await dial(
-            self.url,
-            headers,
-            label="OpenAI Realtime",
-            connect_timeout=self.connect_timeout,
-            rejection=_rejection,
-        )
-        self._ws = ws
-        queue = ws.recv_messages
-        if isinstance(queue, MessageQueue):
-            self._queue = queue
-            queue.intercept = self._intercept
+        socket = self._socket
+        await socket.connect(self.url, self.headers(), connect_timeout=self.connect_timeout)
+        self._intercepting = socket.intercept(self._intercept)
         try:
             try:
                 async with asyncio.timeout(self.open_timeout):
-                    await self._await_session_created(ws)
+                    await self._await_session_created()
             except TimeoutError as exc:
                 raise UpstreamClosed(
-                    f"OpenAI Realtime sent no session.created within {self.open_timeout:g}s"
+                    f"{self._socket.label} sent no session.created within {self.open_timeout:g}s"
                 ) from exc
             session = _voice_session(instructions, voice, self.transcription_model)
             if voice is not None and voice.audio_in is not None:
@@ -261,12 +228,11 @@ class OpenAIRealtime(Upstream):
             await self.close()
             raise
 
-    async def _await_session_created(self, ws: ClientConnection) -> None:
+    async def _await_session_created(self) -> None:
         while True:
-            try:
-                data = await ws.recv(decode=False)
-            except ConnectionClosed as exc:
-                raise UpstreamClosed(_describe_close(exc)) from exc
+            data = await self._socket.recv()
+            if data is None:
+                continue
             try:
                 event = wire.decode_upstream(data)
             except (msgspec.DecodeError, msgspec.ValidationError):
@@ -276,15 +242,13 @@ class OpenAIRealtime(Upstream):
             if isinstance(event, wire.ErrorEvent):
                 error = event.error
                 raise UpstreamClosed(
-                    f"OpenAI Realtime refused the session ({error.code or error.type}): "
+                    f"{self._socket.label} refused the session ({error.code or error.type}): "
                     f"{error.message}"
                 )
 
     async def close(self) -> None:
         self._closed = True
-        ws, self._ws = self._ws, None
-        if ws is not None:
-            await ws.close()
+        await self._socket.close()
 
     # --- requests ---------------------------------------------------------------
 
@@ -306,14 +270,13 @@ class OpenAIRealtime(Upstream):
         await self._send(wire.InputAudioBufferAppend(audio=resampler.push(pcm16)))
 
     def send_audio_now(self, pcm16: bytes) -> bool:
-        ws = self._ws
         resampler = self._resampler
-        if ws is None or resampler is None or not can_write_now(ws):
+        socket = self._socket
+        if resampler is None or not socket.can_send_now():
             return False
-        data = wire.encode(wire.InputAudioBufferAppend(audio=resampler.push(pcm16)))
-        with contextlib.suppress(Exception):  # broke: recv raises UpstreamClosed
-            write_text_now(ws, data)
-        return True
+        return socket.send_now(
+            wire.encode(wire.InputAudioBufferAppend(audio=resampler.push(pcm16)))
+        )
 
     async def commit_audio(self) -> None:
         await self._send(wire.InputAudioBufferCommit(event_id=self._event_id()))
@@ -336,7 +299,7 @@ class OpenAIRealtime(Upstream):
     # --- events -----------------------------------------------------------------
 
     def stream_text_to(self, sink: Callable[[str], bool] | None) -> bool:
-        if self._queue is None:
+        if not self._intercepting:
             return False
         self._text_sink = sink
         return True
@@ -358,21 +321,14 @@ class OpenAIRealtime(Upstream):
         ):
             self._decoded = (data, event)
             return False
-        if sink(event.delta) and self._queue is not None:
-            self._queue.nudge()
+        if sink(event.delta):
+            self._socket.nudge()
         return True
 
     async def recv(self) -> UpstreamEvent:
-        ws = self._ws
-        if ws is None:
-            raise UpstreamClosed("the OpenAI Realtime connection is closed")
+        socket = self._socket
         while True:
-            try:
-                data = await ws.recv(decode=False)
-            except ConnectionClosed as exc:
-                raise UpstreamClosed(_describe_close(exc)) from exc
-            except OSError as exc:  # pragma: no cover - websockets wraps these
-                raise UpstreamClosed(f"OpenAI Realtime connection failed: {exc}") from exc
+            data = await socket.recv()
             if data is None:
                 return Woken()
             decoded, self._decoded = self._decoded, None
@@ -384,7 +340,7 @@ class OpenAIRealtime(Upstream):
                 except (msgspec.DecodeError, msgspec.ValidationError) as exc:
                     return UpstreamError(
                         code="upstream_protocol",
-                        message=f"unreadable OpenAI Realtime frame ({exc}): {bytes(data[:200])!r}",
+                        message=f"unreadable {socket.label} frame ({exc}): {bytes(data[:200])!r}",
                     )
             if event is None:
                 continue
@@ -467,20 +423,7 @@ class OpenAIRealtime(Upstream):
         return f"gw_{next(self._event_ids)}"
 
     async def _send(self, event: wire.ClientEvent) -> None:
-        ws = self._ws
-        if ws is None:
-            raise UpstreamClosed("the OpenAI Realtime connection is closed")
-        data = wire.encode(event)
-        if can_write_now(ws):  # nothing to wait for: no await, no send context (wsnow)
-            try:
-                write_text_now(ws, data)
-            except Exception as exc:  # the socket broke under the write
-                raise UpstreamClosed(f"OpenAI Realtime connection failed: {exc!r}") from exc
-            return
-        try:
-            await ws.send(data, text=True)
-        except ConnectionClosed as exc:
-            raise UpstreamClosed(_describe_close(exc)) from exc
+        await self._socket.send(wire.encode(event))
 
 
 def _usage(reported: wire.ResponseUsage) -> Usage:
@@ -509,8 +452,23 @@ def _usage(reported: wire.ResponseUsage) -> Usage:
     )
 
 
-class OpenAIRealtimeFactory(AdapterFactory):
-    """Makes ``OpenAIRealtime`` adapters, all with the same settings (its keyword arguments)."""
+def connect(row: Provider, settings: ProviderSettings, model: str) -> OpenAIRealtime:
+    """An adapter of a provider on OpenAI's wire (its row names it and its key)."""
+    return OpenAIRealtime(
+        base_url=settings.base_url,
+        api_key=settings.api_key,
+        model=model,
+        label=row.label,
+        key_variable=row.key_variable,
+    )
 
-    def __init__(self, **settings: Any) -> None:
-        super().__init__(OpenAIRealtime, "openai", **settings)
+
+PROVIDER: Final = Provider(
+    name="openai",
+    label="OpenAI Realtime",
+    wire="openai",
+    connect=connect,
+    default_model=DEFAULT_MODEL,
+    base_url=DEFAULT_BASE_URL,
+    key_variable="OPENAI_API_KEY",
+)

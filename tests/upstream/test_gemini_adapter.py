@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Sequence
 import pytest
 from websockets.asyncio.server import ServerConnection, serve
 
+from gateway.config import load_config
 from gateway.sim.model import SimConfig, sim_reply, simulated_usage_tokens
 from gateway.sim.server import serve_sim
 from gateway.upstream.base import (
@@ -19,7 +20,7 @@ from gateway.upstream.base import (
     UpstreamError,
     Woken,
 )
-from gateway.upstream.gemini import DEFAULT_MODEL, GeminiLive, GeminiLiveFactory
+from gateway.upstream.gemini import DEFAULT_MODEL, PROVIDER, GeminiLive
 from protocol.assembly import Message, results_message
 from protocol.events import Usage
 
@@ -434,10 +435,14 @@ async def test_api_key_is_checked() -> None:
     assert "sekret" not in up.url  # the key travels in a header, never in the URL
 
 
-async def test_api_key_defaults_to_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_the_key_reaches_the_adapter_through_the_settings(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.setenv("GEMINI_API_KEY", "from-env")
+    assert GeminiLive(base_url="ws://unused").api_key == ""  # adapters read no environment
     async with serve_sim(gemini(api_key="from-env")) as sim:
-        factory = GeminiLiveFactory(base_url=sim.url)
+        config = load_config({"gemini_base_url": sim.url}, env={"GEMINI_API_KEY": "from-env"})
+        factory = PROVIDER.factory(config.upstream("gemini"))
         up = factory.create()
         assert isinstance(up, GeminiLive)
         assert up.model == DEFAULT_MODEL

@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from gateway.config import load_config
 from gateway.sim.model import SimConfig, sim_reply
 from gateway.sim.server import serve_sim
 from gateway.upstream.base import (
@@ -16,7 +17,7 @@ from gateway.upstream.base import (
     UpstreamError,
     Woken,
 )
-from gateway.upstream.openai import OpenAIRealtime, OpenAIRealtimeFactory
+from gateway.upstream.openai import PROVIDER, OpenAIRealtime
 from protocol.assembly import Message, results_message
 from protocol.events import Usage
 
@@ -351,10 +352,14 @@ async def test_api_key_is_checked() -> None:
     assert result.text == ECHO_HI
 
 
-async def test_api_key_defaults_to_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_the_key_reaches_the_adapter_through_the_settings(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.setenv("OPENAI_API_KEY", "from-env")
+    assert OpenAIRealtime(base_url="ws://unused/v1").api_key == ""  # adapters read no environment
     async with serve_sim(SimConfig(api_key="from-env")) as sim:
-        factory = OpenAIRealtimeFactory(base_url=sim.url, model="gpt-realtime")
+        config = load_config({"openai_base_url": sim.url}, env={"OPENAI_API_KEY": "from-env"})
+        factory = PROVIDER.factory(config.upstream("openai"), "gpt-realtime")
         up = factory.create()
         assert isinstance(up, OpenAIRealtime)
         await up.open("", [])

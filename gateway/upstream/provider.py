@@ -1,0 +1,138 @@
+"""A provider as data: the row that says everything the gateway needs to serve it.
+
+Each adapter module declares its row (``PROVIDER``) and ``gateway.upstream.
+providers`` lists them; from the rows derive the ``--provider`` choices, the
+settings (``--NAME-base-url``, ``NAME_API_KEY``… with the row's defaults and
+words), the factories the node makes sessions' upstreams with, the
+simulator's flavours and the price table's keys. A provider that speaks
+another's wire with its own URL, headers and key variable is a new row whose
+adapter is a small subclass.
+
+Adapters receive their settings (``ProviderSettings``) and read no
+environment: the node's settings are the one place a key comes from.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Literal, cast
+
+import msgspec
+
+from gateway.settings import Setting
+from gateway.upstream.base import Upstream, UpstreamFactory
+
+__all__ = [
+    "UPSTREAM_GROUP",
+    "Connect",
+    "ExtraSetting",
+    "Provider",
+    "ProviderFactory",
+    "ProviderSettings",
+    "Wire",
+]
+
+UPSTREAM_GROUP = "upstream"
+"""The heading the providers' settings are listed under (``gateway settings``)."""
+
+Wire = Literal["openai", "gemini"]
+"""The wire protocols the gateway speaks: OpenAI Realtime's events, Gemini Live's."""
+
+
+class ProviderSettings(msgspec.Struct, kw_only=True, frozen=True):
+    """What every provider is given: where it is and the key it takes.
+
+    A row's own Struct (``Provider.settings``) has these fields with the
+    row's defaults and words, plus the row's ``extra`` settings.
+    """
+
+    base_url: str = ""
+    api_key: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ExtraSetting:
+    """A setting of one provider beyond its URL and key (``--NAME-FIELD``)."""
+
+    field: str
+    type: Any
+    default: Any
+    help: str
+
+
+Connect = Callable[["Provider", ProviderSettings, str], Upstream]
+"""``(row, settings, model)`` → an unopened adapter for one connection."""
+
+
+@dataclass(frozen=True, slots=True)
+class Provider:
+    """One provider: its name, wire, adapter and the facts its settings default to.
+
+    - ``name``: the ``--provider`` value, the prefix of its settings, its
+      label in metrics, traces and the price table;
+    - ``label``: how messages name its API ("OpenAI Realtime");
+    - ``wire``: the protocol its adapter speaks, and the simulator flavour
+      family that stands in for it;
+    - ``connect``: makes its adapter for one connection;
+    - ``default_model``, ``base_url``: used when none is configured;
+    - ``key_variable``: the conventional variable of its key (also read as
+      its setting), named in every message about a refused key;
+    - ``extra``: settings of its own beyond URL and key.
+    """
+
+    name: str
+    label: str
+    wire: Wire
+    connect: Connect
+    default_model: str
+    base_url: str
+    key_variable: str
+    extra: tuple[ExtraSetting, ...] = ()
+    settings: type[ProviderSettings] = field(init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "settings", _settings_struct(self))
+
+    def factory(self, settings: ProviderSettings, model: str = "") -> ProviderFactory:
+        """A factory of this provider's upstreams with ``settings`` and ``model``."""
+        return ProviderFactory(self, settings, model or self.default_model)
+
+
+def _settings_struct(row: Provider) -> type[ProviderSettings]:
+    """The row's settings Struct: URL and key with the row's defaults, then its extras."""
+    fields: list[tuple[str, Any, Any]] = [
+        (
+            "base_url",
+            Annotated[str, Setting(f"{row.label} base URL", UPSTREAM_GROUP)],
+            row.base_url,
+        ),
+        (
+            "api_key",
+            Annotated[
+                str,
+                Setting(f"{row.label} API key", UPSTREAM_GROUP, env=row.key_variable, secret=True),
+            ],
+            "",
+        ),
+    ]
+    for extra in row.extra:
+        fields.append(
+            (extra.field, Annotated[extra.type, Setting(extra.help, UPSTREAM_GROUP)], extra.default)
+        )
+    name = "".join(part.title() for part in row.name.split("_")) + "Settings"
+    struct = msgspec.defstruct(name, fields, bases=(ProviderSettings,), kw_only=True, frozen=True)
+    return cast(type[ProviderSettings], struct)
+
+
+class ProviderFactory(UpstreamFactory):
+    """Makes one provider's adapters, all with the same settings and model."""
+
+    def __init__(self, row: Provider, settings: ProviderSettings, model: str) -> None:
+        self.row = row
+        self.settings = settings
+        self.provider = row.name
+        self.model = model
+
+    def create(self) -> Upstream:
+        return self.row.connect(self.row, self.settings, self.model)

@@ -1,0 +1,187 @@
+"""One WebSocket to a provider: the socket shell every adapter shares.
+
+An adapter is its provider's codec plus the state of its conversation; what
+it does with the socket is the same for every provider, and lives here once:
+
+- **dial** (``gateway.upstream.dial``: no compression, a frame limit, every
+  failure an ``UpstreamClosed``) with a refusal text that names the API and
+  the variable of its key;
+- **frames in**: ``recv`` returns a frame's bytes (or ``None``: the read
+  callback took a frame the session must act on), and a closed connection
+  becomes ``UpstreamClosed`` whose reason says who closed it, with what code
+  and reason, and what to do (``hint``);
+- **the read callback**: ``intercept`` lets an adapter take frames in the
+  connection's read callback while ``recv`` waits (the session's text fast
+  path, ``Upstream.stream_text_to``);
+- **frames out**: ``send`` writes a frame without awaiting when the socket
+  takes it at once (``gateway.upstream.wsnow``) and awaits ``ws.send``
+  otherwise; ``send_now`` only ever writes at once (the audio relay's path).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Mapping
+
+from websockets.asyncio.client import ClientConnection
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+from websockets.frames import Close
+
+from gateway.upstream.base import UpstreamClosed
+from gateway.upstream.dial import dial
+from gateway.upstream.wsnow import can_write_now, write_text_now
+from gateway.wsread import MessageQueue
+
+__all__ = ["CloseHint", "Intercept", "ProviderSocket"]
+
+CloseHint = Callable[[int, str], str]
+"""``(close code, reason)`` → what to do about it (``""``: nothing to add)."""
+
+Intercept = Callable[[bytes, bool], bool]
+"""``(frame, is_text)`` → True when the read callback took the frame (see ``intercept``)."""
+
+
+def _no_hint(code: int, reason: str) -> str:
+    return ""
+
+
+class ProviderSocket:
+    """The WebSocket of one upstream connection (see the module docstring).
+
+    ``label`` names the API in messages ("OpenAI Realtime"); ``key_variable``
+    is the variable of the key it was given, named when the key is refused;
+    ``hint`` adds what to do about a close the provider is known to send.
+    """
+
+    __slots__ = ("_queue", "_ws", "hint", "key_variable", "label", "suffix")
+
+    def __init__(self, label: str, key_variable: str, *, hint: CloseHint = _no_hint) -> None:
+        self.label = label
+        self.key_variable = key_variable
+        self.hint = hint
+        self.suffix = ""  # appended to every close description (e.g. "after goAway")
+        self._ws: ClientConnection | None = None
+        self._queue: MessageQueue | None = None
+
+    @property
+    def open(self) -> bool:
+        return self._ws is not None
+
+    async def connect(
+        self,
+        url: str,
+        headers: Mapping[str, str],
+        *,
+        connect_timeout: float,
+        not_found: str = "check its base URL and the model",
+    ) -> None:
+        """Dial ``url``; ``not_found`` is what to check when the handshake gets HTTP 404."""
+
+        def refused(exc: InvalidStatus) -> str:
+            return self._refusal(exc, not_found)
+
+        ws = await dial(
+            url, headers, label=self.label, connect_timeout=connect_timeout, rejection=refused
+        )
+        self._ws = ws
+        queue = ws.recv_messages
+        self._queue = queue if isinstance(queue, MessageQueue) else None
+
+    def intercept(self, take: Intercept | None) -> bool:
+        """Offer frames to ``take`` in the read callback while ``recv`` waits; False: this
+        connection cannot (every frame comes from ``recv``)."""
+        queue = self._queue
+        if queue is None:
+            return False
+        queue.intercept = take
+        return True
+
+    def nudge(self) -> None:
+        """Make the waiting ``recv`` return ``None`` (a taken frame asks the session to act)."""
+        if self._queue is not None:
+            self._queue.nudge()
+
+    async def recv(self) -> bytes | None:
+        """The next frame's bytes; ``None`` after a ``nudge``. Raises ``UpstreamClosed``."""
+        ws = self._ws
+        if ws is None:
+            raise UpstreamClosed(f"the {self.label} connection is closed")
+        try:
+            data = await ws.recv(decode=False)
+        except ConnectionClosed as exc:
+            raise UpstreamClosed(self.describe_close(exc)) from exc
+        except OSError as exc:  # pragma: no cover - websockets wraps these
+            raise UpstreamClosed(f"{self.label} connection failed: {exc}") from exc
+        return data
+
+    def can_send_now(self) -> bool:
+        ws = self._ws
+        return ws is not None and can_write_now(ws)
+
+    async def send(self, data: bytes) -> None:
+        """Write one text frame (UTF-8 ``data``). Raises ``UpstreamClosed``."""
+        ws = self._ws
+        if ws is None:
+            raise UpstreamClosed(f"the {self.label} connection is closed")
+        if can_write_now(ws):  # nothing to wait for: no await, no send context (wsnow)
+            try:
+                write_text_now(ws, data)
+            except Exception as exc:  # the socket broke under the write
+                raise UpstreamClosed(f"{self.label} connection failed: {exc!r}") from exc
+            return
+        try:
+            await ws.send(data, text=True)
+        except ConnectionClosed as exc:
+            raise UpstreamClosed(self.describe_close(exc)) from exc
+
+    def send_now(self, data: bytes) -> bool:
+        """Write ``data`` now if the socket takes it at once; False: nothing was written.
+
+        A connection that broke under the write counts as written: ``recv`` reports the loss.
+        """
+        ws = self._ws
+        if ws is None or not can_write_now(ws):
+            return False
+        with contextlib.suppress(Exception):
+            write_text_now(ws, data)
+        return True
+
+    async def close(self) -> None:
+        ws, self._ws = self._ws, None
+        self._queue = None
+        if ws is not None:
+            await ws.close()
+
+    def detach(self) -> ClientConnection | None:
+        """Hand over the WebSocket (to be closed by the caller) and forget it."""
+        ws, self._ws = self._ws, None
+        self._queue = None
+        return ws
+
+    # --- words --------------------------------------------------------------------------
+
+    def describe_close(self, exc: ConnectionClosed) -> str:
+        close: Close | None = exc.rcvd
+        if close is None:
+            return f"{self.label} connection lost without a close frame (code 1006){self.suffix}"
+        reason = f": {close.reason}" if close.reason else ""
+        hint = self.hint(close.code, close.reason)
+        return f"{self.label} closed the connection (code {close.code}{reason}){self.suffix}{hint}"
+
+    def _refusal(self, exc: InvalidStatus, not_found: str) -> str:
+        status = exc.response.status_code
+        body = exc.response.body.decode("utf-8", "replace").strip() if exc.response.body else ""
+        detail = f": {body[:300]}" if body else ""
+        label = self.label
+        if status == 401:
+            return f"{label} rejected the API key (HTTP 401): set {self.key_variable}{detail}"
+        if status == 403:
+            return (
+                f"{label} refused access (HTTP 403): check that the key ({self.key_variable}) "
+                f"may use this model{detail}"
+            )
+        if status == 404:
+            return f"{label} endpoint or model not found (HTTP 404): {not_found}{detail}"
+        if status == 429:
+            return f"{label} rate-limited the connection (HTTP 429): retry later{detail}"
+        return f"{label} rejected the WebSocket handshake (HTTP {status}){detail}"

@@ -1,0 +1,74 @@
+"""The providers the gateway speaks: one row each (``gateway.upstream.provider``).
+
+Everything about a provider derives from this table: the ``--provider``
+choices, its settings (``UpstreamSettings``: ``--openai-base-url``,
+``OPENAI_API_KEY``…), the factories of sessions' upstreams, the simulator's
+flavours, the defaults the docs show. To add a provider, give its adapter
+module a ``PROVIDER`` row and list it here (docs/architecture.md, "Add a
+provider").
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Final
+
+import msgspec
+
+from gateway.settings import Nested
+from gateway.upstream import gemini, openai
+from gateway.upstream.provider import Provider, ProviderSettings
+
+__all__ = [
+    "NAMES",
+    "PROVIDERS",
+    "SIM",
+    "UpstreamSettings",
+    "by_name",
+    "default_models",
+    "settings_of",
+]
+
+PROVIDERS: Final[tuple[Provider, ...]] = (openai.PROVIDER, gemini.PROVIDER)
+
+SIM: Final = "sim"
+"""The built-in simulator: speaks the wire of one provider (its flavour), in-process."""
+
+NAMES: Final[tuple[str, ...]] = (SIM, *(row.name for row in PROVIDERS))
+"""What ``--provider`` takes."""
+
+_BY_NAME: Final = {row.name: row for row in PROVIDERS}
+
+
+def by_name(name: str) -> Provider:
+    """The row of ``name``; ``ValueError`` naming the choices if there is none."""
+    row = _BY_NAME.get(name)
+    if row is None:
+        raise ValueError(f"no provider {name!r}: use {', '.join(NAMES)}")
+    return row
+
+
+def default_models() -> str:
+    """Each provider's default model, as the docs show them."""
+    return ", ".join(f"{row.default_model} ({row.name})" for row in PROVIDERS)
+
+
+UpstreamSettings: Final[type[msgspec.Struct]] = msgspec.defstruct(
+    "UpstreamSettings",
+    [
+        (
+            row.name,
+            Annotated[row.settings, Nested(row.name)],
+            msgspec.field(default_factory=row.settings),
+        )
+        for row in PROVIDERS
+    ],
+    kw_only=True,
+)
+"""Every provider's settings, one nested Struct each (``Config.upstreams``)."""
+
+
+def settings_of(upstreams: Any, name: str) -> ProviderSettings:
+    """The settings of provider ``name`` in an ``UpstreamSettings``."""
+    settings = getattr(upstreams, name)
+    assert isinstance(settings, ProviderSettings)
+    return settings

@@ -79,6 +79,7 @@ def mcp(request: pytest.FixtureRequest) -> Harness:
     return harness
 
 
+@pytest.mark.slow
 async def test_a_100mb_answer_fails_the_call_and_the_server_stays_up(mcp: Harness) -> None:
     async with footprint() as cost:
         message = failed(await mcp.call("calc.big", megabytes=100))

@@ -15,9 +15,12 @@ from typing import Any, Generic, TypeVar
 
 import msgspec
 
-__all__ = ["ArgsT", "Limits", "Tool", "ToolContext", "ToolFailure"]
+__all__ = ["DEFAULT_MAX_OUTPUT", "ArgsT", "Limits", "Tool", "ToolContext", "ToolFailure"]
 
 ArgsT = TypeVar("ArgsT", bound=msgspec.Struct)
+
+DEFAULT_MAX_OUTPUT = 64_000
+"""Bytes of one tool result kept when nothing else is configured (``Executor(max_output=)``)."""
 
 
 class ToolFailure(Exception):
@@ -66,12 +69,16 @@ class ToolContext:
     """What a tool knows about the session it runs for.
 
     ``workspace`` is the only directory file tools may touch (see
-    ``tools.sandbox``); ``session_id`` is for logs.
+    ``tools.sandbox``); ``session_id`` is for logs. ``max_output`` is the
+    bytes of this call's result the executor keeps (it sets it per call): a
+    tool that reads from the outside world (an HTTP body) reads little more
+    than that, instead of holding what it would be cut to anyway.
     """
 
     workspace: Path
     session_id: str
     limits: Limits = field(default_factory=Limits)
+    max_output: int = DEFAULT_MAX_OUTPUT
 
 
 class Tool(abc.ABC, Generic[ArgsT]):

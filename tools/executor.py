@@ -21,13 +21,14 @@ of how calls are observed.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 
 from protocol.calls import ToolCall, ToolResult
 
-from .base import ToolContext, ToolFailure
+from .base import DEFAULT_MAX_OUTPUT, ToolContext, ToolFailure
 from .output import NotJSON, cap_output, output_size
 from .registry import InvalidArgs, Registry, UnknownTool
 
@@ -58,7 +59,7 @@ class Executor:
         registry: Registry,
         *,
         timeout: float = 30.0,
-        max_output: int = 64_000,
+        max_output: int = DEFAULT_MAX_OUTPUT,
         per_tool_timeout: Mapping[str, float] | None = None,
         per_tool_max_output: Mapping[str, int] | None = None,
         max_calls: int = 64,
@@ -176,6 +177,9 @@ class Executor:
             return _failure(call, str(exc))
 
         timeout = self.timeout_for(tool.name)
+        max_output = self.max_output_for(tool.name)
+        if ctx.max_output != max_output:
+            ctx = dataclasses.replace(ctx, max_output=max_output)
         try:
             async with asyncio.timeout(timeout):
                 content = await tool.run(args, ctx)
@@ -207,7 +211,7 @@ class Executor:
             )
 
         try:
-            capped = cap_output(content, self.max_output_for(tool.name))
+            capped = cap_output(content, max_output)
         except NotJSON as exc:
             log.error("tool %r returned a value that is not JSON: %s", tool.name, exc)
             return _failure(

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import asyncio
+import contextlib
+import re
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from protocol.calls import ToolResult
@@ -23,3 +29,103 @@ def failed(result: ToolResult) -> str:
     assert result.status == "failure", f"expected a failure, got {result.content!r}"
     assert isinstance(result.content, str)
     return result.content
+
+
+# ---------------------------------------------------------------------- is the node held?
+
+_TICK = 0.02
+
+
+class LoopWatch:
+    """Ticks every 20 ms and records the largest gap between ticks.
+
+    ``finish()`` takes a last reading: a stall still going on when the
+    watched block ends (the loop held until the call returned) counts too.
+    """
+
+    def __init__(self) -> None:
+        self.max_gap = 0.0
+        self.ticks = 0
+        self._last = time.monotonic()
+
+    async def run(self) -> None:
+        self._last = time.monotonic()
+        while True:
+            await asyncio.sleep(_TICK)
+            self._reading()
+            self.ticks += 1
+
+    def finish(self) -> None:
+        self._reading()
+
+    def _reading(self) -> None:
+        now = time.monotonic()
+        self.max_gap = max(self.max_gap, now - self._last)
+        self._last = now
+
+
+@contextlib.asynccontextmanager
+async def watching_the_loop() -> AsyncIterator[LoopWatch]:
+    watch = LoopWatch()
+    task = asyncio.create_task(watch.run())
+    await asyncio.sleep(0)
+    try:
+        yield watch
+    finally:
+        watch.finish()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+def _status_kib(field: str, pid: int | str = "self") -> int:
+    text = Path(f"/proc/{pid}/status").read_text()
+    match = re.search(rf"^{field}:\s+(\d+) kB", text, re.MULTILINE)
+    assert match, f"no {field} in /proc/{pid}/status"
+    return int(match[1])
+
+
+class PeakRss:
+    """How far a process's resident memory rose above where it was, at its peak.
+
+    The kernel's high-water mark (``VmHWM``) is reset first (``clear_refs``
+    5), so a transient peak that was freed again still counts.
+    """
+
+    def __init__(self, pid: int | str = "self") -> None:
+        self.pid = pid
+        with contextlib.suppress(OSError):
+            Path(f"/proc/{pid}/clear_refs").write_text("5")
+        self.start_kib = _status_kib("VmRSS", pid)
+
+    @property
+    def growth_mb(self) -> float:
+        return (_status_kib("VmHWM", self.pid) - self.start_kib) / 1024
+
+
+@dataclass
+class Footprint:
+    """What one call cost the process: wall time, the longest loop stall, peak RSS growth."""
+
+    seconds: float = 0.0
+    max_gap: float = 0.0
+    rss_growth_mb: float = 0.0
+
+    def __str__(self) -> str:
+        return (
+            f"{self.seconds:.2f} s, loop stall max {self.max_gap * 1000:.0f} ms, "
+            f"peak RSS +{self.rss_growth_mb:.1f} MB"
+        )
+
+
+@contextlib.asynccontextmanager
+async def footprint() -> AsyncIterator[Footprint]:
+    """Measure the block: ``async with footprint() as cost: ...; print(cost)``."""
+    cost = Footprint()
+    rss = PeakRss()
+    started = time.monotonic()
+    async with watching_the_loop() as watch:
+        yield cost
+    cost.seconds = time.monotonic() - started
+    cost.max_gap = watch.max_gap
+    cost.rss_growth_mb = rss.growth_mb

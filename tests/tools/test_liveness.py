@@ -10,12 +10,10 @@ the same through a real ``gateway serve`` process, polling ``/healthz``.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import threading
 import time
 import urllib.request
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 from websockets.asyncio.client import connect
@@ -28,44 +26,13 @@ from tools.builtin import default_registry
 from tools.executor import Executor
 
 from .helpers import Call as CallFn
-from .helpers import failed, ok
+from .helpers import failed, ok, watching_the_loop
 
-_TICK = 0.02
 _MAX_GAP = 1.0
 """Generous: a tick normally comes within milliseconds; a held loop misses it by tens of seconds."""
 
 _EVIL_LINE = "a" * 30 + "!"
 _EVIL_REGEX = "(a+)+$"
-
-
-class LoopWatch:
-    """Ticks every ``_TICK`` s and records the largest gap between ticks."""
-
-    def __init__(self) -> None:
-        self.max_gap = 0.0
-        self.ticks = 0
-
-    async def run(self) -> None:
-        last = time.monotonic()
-        while True:
-            await asyncio.sleep(_TICK)
-            now = time.monotonic()
-            self.max_gap = max(self.max_gap, now - last)
-            self.ticks += 1
-            last = now
-
-
-@contextlib.asynccontextmanager
-async def watching_the_loop() -> AsyncIterator[LoopWatch]:
-    watch = LoopWatch()
-    task = asyncio.create_task(watch.run())
-    await asyncio.sleep(0)
-    try:
-        yield watch
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
 
 
 def _deep_tree(root: Path, depth: int) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -40,7 +42,11 @@ def ctx(tmp_path: Path) -> ToolContext:
 
 
 async def _harness(spec: McpServerSpec, ctx: ToolContext) -> AsyncIterator[Harness]:
-    server = McpServer(spec, backoff_first=0.05, backoff_max=0.2, ping_interval=0.5)
+    # The short call timeouts below are what the tests are about; starting a
+    # Python with the SDK may take longer than them on a busy machine.
+    server = McpServer(
+        spec, backoff_first=0.05, backoff_max=0.2, ping_interval=0.5, connect_timeout=30.0
+    )
     tools = await server.start()
     try:
         yield Harness(server, Registry(tools), ctx)
@@ -148,10 +154,60 @@ async def test_an_http_server_that_goes_away_is_reported_down_then_reconnected(
         assert again == ToolResult("calc.add", "success", 3)
 
 
-async def test_a_server_that_cannot_start_is_a_clear_error() -> None:
-    spec = McpServerSpec(
-        name="calc", command=(sys.executable, "-c", "raise SystemExit(1)"), timeout=1.0
+async def test_a_command_that_does_not_exist_fails_the_start_at_once() -> None:
+    spec = McpServerSpec(name="calc", command=("no-such-mcp-server", "--stdio"), timeout=30.0)
+    started = time.monotonic()
+    with pytest.raises(ConnectionError) as info:
+        await McpServer(spec).start()
+    assert str(info.value) == (
+        "could not be started (FileNotFoundError: [Errno 2] No such file or directory: "
+        "'no-such-mcp-server')"
     )
-    server = McpServer(spec, backoff_first=0.05, backoff_max=0.1, connect_timeout=1.0)
+    assert time.monotonic() - started < 2  # not retried until the 30 s timeout
+
+
+async def test_a_server_that_exits_at_once_fails_the_start_with_its_last_words() -> None:
+    code = "import sys; print('Traceback (most recent call last):\\nRuntimeError: no config', file=sys.stderr); sys.exit(3)"
+    spec = McpServerSpec(name="calc", command=(sys.executable, "-c", code), timeout=30.0)
+    started = time.monotonic()
+    with pytest.raises(ConnectionError) as info:
+        await McpServer(spec).start()
+    assert str(info.value) == (
+        "exited with status 3 before it answered (last stderr line: RuntimeError: no config)"
+    )
+    assert time.monotonic() - started < 5
+
+
+async def test_a_server_that_never_answers_fails_the_start_after_the_sections_timeout() -> None:
+    spec = McpServerSpec(
+        name="calc", command=(sys.executable, "-c", "import sys; sys.stdin.read()"), timeout=1.0
+    )
+    started = time.monotonic()
     with pytest.raises(ConnectionError, match="did not connect within 1s"):
-        await server.start()
+        await McpServer(spec).start()
+    assert time.monotonic() - started < 5  # 1 s, then the child is stopped
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+def test_gateway_serve_stops_at_once_with_one_line_naming_the_server(tmp_path: Path) -> None:
+    tools = tmp_path / "tools.toml"
+    tools.write_text('[mcp.broken]\ncommand = ["python3", "-c", "import no_such_module"]\n')
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "gateway.cli", "serve", "--port", "0", "--tools", str(tools)],
+        capture_output=True,
+        text=True,
+        timeout=50,
+        env={**os.environ, "REDIS_URL": "", "PYTHONUNBUFFERED": "1"},
+        cwd=tmp_path,
+    )
+    elapsed = time.monotonic() - started
+    output = done.stdout + done.stderr
+    print(f"\n{elapsed:.1f} s to exit {done.returncode}:\n{output}")
+    assert done.returncode == 2, output
+    assert "Traceback" not in output
+    [line] = [line for line in output.splitlines() if "[mcp.broken]" in line]
+    assert "exited with status 1 before it answered" in line
+    assert "ModuleNotFoundError: No module named 'no_such_module'" in line
+    assert elapsed < 15  # mostly the gateway's own imports; it was 20-30 s of retries

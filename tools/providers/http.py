@@ -10,10 +10,28 @@ A 2xx answer with a JSON body is the tool's output; any other status, a body
 that is not JSON, a refused connection or a timeout is a ``failure`` result
 that says which, with the status and the start of the body, so the model (and
 whoever reads the log) sees what the endpoint said.
+
+An endpoint is someone else's server, so a call is bounded in bytes and in
+time. Reading whole bodies, a 1 GB answer or a ~1 MB gzip bomb held the
+node's loop for 10–19 s and grew its RSS by 2.5–4.1 GB, and a body dripped a
+byte a second ran 30 s past a ``timeout = 3`` (httpx's timeouts are per read).
+So:
+
+- the body is streamed and counted *after* decompression; at most
+  ``body_limit(max_output)`` bytes are kept (the executor's cap on one result,
+  plus a margin for whitespace and escapes its re-encoding drops) and a body
+  past that fails the call. httpx2 inflates gzip and deflate in pieces of at
+  most 1 MiB, so a bomb is cut after its first piece (the gzip-bomb test in
+  ``tests/tools/test_http_bounds.py`` is the canary for that). Encodings are
+  pinned to those two, which are the ones inflated in bounded pieces;
+- the section's ``timeout`` is a deadline for the whole call: connect, send,
+  headers and body;
+- the body is decoded as JSON once, when it is whole and capped.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from typing import Any, Final
@@ -24,14 +42,34 @@ from tools.base import ToolContext, ToolFailure
 from tools.described import DescribedTool
 from tools.providers.specs import HttpToolSpec
 
-__all__ = ["HttpTool", "HttpToolSpec", "http_client"]
+__all__ = ["HttpTool", "HttpToolSpec", "body_limit", "http_client"]
 
 _BODY_SHOWN: Final = 300
+_ERROR_BODY: Final = 4 * _BODY_SHOWN
+"""Bytes read of a non-2xx body: enough for the start shown in the failure."""
+_MIN_MARGIN: Final = 16 * 1024
+_ENCODINGS: Final = ("gzip", "deflate")
+"""What the gateway accepts: httpx2 inflates these in bounded pieces. With
+``brotli`` or ``zstandard`` installed it would offer those too, unbounded."""
+
+
+def body_limit(max_output: int) -> int:
+    """Bytes of a 2xx body read when a result is cut to ``max_output``.
+
+    The margin is as much again (at least 16 KiB): a pretty-printed or
+    ``\\u``-escaped JSON body is longer than the compact JSON the executor
+    measures, and should still arrive whole when its value fits.
+    """
+    return max_output + max(max_output, _MIN_MARGIN)
 
 
 def http_client() -> httpx2.AsyncClient:
     """The shared client: no redirects (a tool URL is configured, not discovered), no proxies from the environment."""
-    return httpx2.AsyncClient(follow_redirects=False, trust_env=False)
+    return httpx2.AsyncClient(
+        follow_redirects=False,
+        trust_env=False,
+        headers={"Accept-Encoding": ", ".join(_ENCODINGS)},
+    )
 
 
 class HttpTool(DescribedTool):
@@ -45,30 +83,109 @@ class HttpTool(DescribedTool):
     async def run(self, args: dict[str, Any], ctx: ToolContext) -> Any:
         spec = self.spec
         body = {"args": args, "session_id": ctx.session_id, "call_id": uuid.uuid4().hex}
+        limit = body_limit(ctx.max_output)
+        read = _Read()
         try:
-            response = await self._client.post(
-                spec.url, json=body, headers=dict(spec.headers), timeout=spec.timeout
-            )
-        except httpx2.TimeoutException:
+            async with asyncio.timeout(spec.timeout):
+                async with self._client.stream(
+                    "POST", spec.url, json=body, headers=dict(spec.headers), timeout=spec.timeout
+                ) as response:
+                    await read.body(response, limit)
+        except (TimeoutError, httpx2.TimeoutException):
+            got = f" (it had sent {read.size:,} bytes of its body by then)" if read.status else ""
             raise ToolFailure(
-                f"{spec.name!r} did not answer within {spec.timeout:g}s; "
+                f"{spec.name!r} did not answer within {spec.timeout:g}s{got}; "
                 "try again later or ask for less at once"
             ) from None
-        except httpx2.HTTPError as exc:
+        except httpx2.DecodingError as exc:
             raise ToolFailure(
-                f"{spec.name!r} could not be reached ({type(exc).__name__}: {exc or 'no detail'}); "
+                f"{spec.name!r} answered a body that could not be decompressed ({exc}). "
+                "This is a fault in the tool's service, not in your call"
+            ) from None
+        except httpx2.HTTPError as exc:
+            what = "broke off its answer" if read.status else "could not be reached"
+            raise ToolFailure(
+                f"{spec.name!r} {what} ({type(exc).__name__}: {exc or 'no detail'}); "
                 "the service may be down: try again later or do without it"
             ) from None
-        text = response.text
-        if not 200 <= response.status_code < 300:
-            raise ToolFailure(f"{spec.name!r} answered HTTP {response.status_code}: {_start(text)}")
+        if read.refused:
+            raise ToolFailure(f"{spec.name!r} {read.refused}")
+        status = read.status
+        text = read.data.decode(read.charset, errors="replace")
+        if not read.ok:
+            raise ToolFailure(f"{spec.name!r} answered HTTP {status}: {_start(text)}")
+        if read.over:
+            raise ToolFailure(f"{spec.name!r} {_too_large(read, limit, ctx.max_output)}")
         try:
             return json.loads(text)
         except ValueError:
             raise ToolFailure(
-                f"{spec.name!r} answered HTTP {response.status_code} but its body is not JSON: "
+                f"{spec.name!r} answered HTTP {status} but its body is not JSON: "
                 f"{_start(text)}. This is a fault in the tool's service, not in your call"
             ) from None
+
+
+class _Read:
+    """What was read of one answer: the kept bytes, and whether more was left behind."""
+
+    def __init__(self) -> None:
+        self.status = 0
+        """The answer's HTTP status; 0 until its headers arrived."""
+        self.charset = "utf-8"
+        self.data = b""
+        self.size = 0
+        """Decoded bytes read (only those up to the limit are kept)."""
+        self.over = False
+        self.raw = 0
+        """Bytes as they came over the wire (compressed)."""
+        self.encoding = ""
+        self.refused = ""
+        """Why the body was not read at all ("" if it was)."""
+
+    @property
+    def ok(self) -> bool:
+        return 200 <= self.status < 300
+
+    async def body(self, response: httpx2.Response, limit: int) -> None:
+        """Read at most ``limit`` decoded bytes of a 2xx ``response`` (of another, its start)."""
+        self.status = response.status_code
+        if not self.ok:
+            limit = _ERROR_BODY
+        self.charset = response.encoding or "utf-8"
+        self.encoding = response.headers.get("Content-Encoding", "").strip().lower()
+        if self.encoding not in ("", "identity", *_ENCODINGS):
+            self.refused = (
+                f"answered with Content-Encoding {self.encoding!r}, which the gateway did not "
+                f"ask for (it accepts {', '.join(_ENCODINGS)}). This is a fault in the tool's "
+                "service, not in your call"
+            )
+            return
+        kept = bytearray()
+        async for piece in response.aiter_bytes():
+            self.size += len(piece)
+            room = limit - len(kept)
+            if len(piece) > room:
+                kept += piece[:room]
+                self.over = True
+                break
+            kept += piece
+        self.raw = response.num_bytes_downloaded
+        self.data = bytes(kept)
+
+
+def _too_large(read: _Read, limit: int, max_output: int) -> str:
+    if read.encoding in _ENCODINGS and read.size > read.raw:
+        what = (
+            f"answered a {read.encoding}-compressed body that expands past {limit:,} bytes "
+            f"(from its first {read.raw:,} compressed bytes)"
+        )
+    else:
+        what = f"answered more than {limit:,} bytes"
+    return (
+        f"{what}, more than one tool result keeps ({max_output:,} bytes); the gateway "
+        "stopped reading it. Ask for less at once (narrower arguments, a smaller page), "
+        "or have the service answer with less"
+    )
 
 
 def _start(text: str) -> str:

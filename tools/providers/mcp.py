@@ -13,6 +13,21 @@ supervisor reconnects (for stdio: starts a new child) with exponential backoff.
 A call made while the server is down waits for it at most the server's
 ``timeout`` and then fails with a result that says the server is down, so a
 dead server costs the model one failed call, never a hung turn.
+
+Starting is different: the tools must be known to write the system prompt,
+so ``start`` waits at most the section's ``timeout``, and a stdio server
+whose command cannot be run or that exits before answering fails it at once,
+with the reason (``exited with status 1 before it answered (last stderr
+line: ModuleNotFoundError: …)``), rather
+than being retried until the timeout. A URL server is retried until then: it
+may be starting beside the gateway.
+
+What a server can make the node hold is bounded: one MCP message is at most
+``max_message`` bytes (1 MiB, the SDK's own limit on an event of an HTTP
+event stream). stdio servers are read through ``tools.providers.mcp_stdio``,
+HTTP ones through ``tools.providers.mcp_http``; a call whose answer was over
+the limit fails saying so, and the connection stays up. What reaches the
+model is then cut to the node's ``tool_max_output`` like any tool's result.
 """
 
 from __future__ import annotations
@@ -24,22 +39,26 @@ from typing import Any, Final
 
 import mcp_types
 from mcp import Client
-from mcp.client.stdio import StdioServerParameters
 from mcp.shared.exceptions import MCPError
 from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT
 
 from tools.base import ToolContext, ToolFailure
 from tools.described import DescribedTool
+from tools.providers.mcp_http import TOO_LARGE_NOTE, streamable_http
+from tools.providers.mcp_stdio import MESSAGE_TOO_LARGE, StdioChild
 from tools.providers.specs import McpServerSpec
 
-__all__ = ["McpServer", "McpServerSpec", "McpTool", "result_content"]
+__all__ = ["MAX_MESSAGE", "McpServer", "McpServerSpec", "McpTool", "result_content"]
 
 log = logging.getLogger("tools.providers.mcp")
 
 _PING_INTERVAL: Final = 10.0
 _BACKOFF_FIRST: Final = 0.2
 _BACKOFF_MAX: Final = 30.0
-_CONNECT_TIMEOUT_MIN: Final = 20.0
+MAX_MESSAGE: Final = 1024 * 1024
+"""Bytes of one MCP message the node reads (the SDK's default for one event of an event stream)."""
+_SSE_TOO_LARGE: Final = "byte limit"
+"""How the SDK's event stream reports an event over ``max_sse_event_size``."""
 _IMAGE_NOTE: Final = (
     "[{kind} ({mime}, {size:,} bytes) not shown: this text protocol carries no media]"
 )
@@ -56,11 +75,13 @@ class McpServer:
         backoff_max: float = _BACKOFF_MAX,
         ping_interval: float = _PING_INTERVAL,
         connect_timeout: float | None = None,
+        max_message: int = MAX_MESSAGE,
     ) -> None:
+        """``connect_timeout`` (default: the section's ``timeout``) bounds ``start``."""
         self.spec = spec
-        # Starting a child interpreter and its SDK can take seconds on a busy
-        # machine: the first connection may take longer than one call.
-        self.connect_timeout = connect_timeout or max(spec.timeout, _CONNECT_TIMEOUT_MIN)
+        self.connect_timeout = connect_timeout or spec.timeout
+        self.max_message = max_message
+        self._child: StdioChild | None = None
         self._backoff_first = backoff_first
         self._backoff_max = backoff_max
         self._ping_interval = ping_interval
@@ -79,7 +100,8 @@ class McpServer:
         """Connect, list the server's tools, keep the connection up in the background.
 
         Raises ``ConnectionError`` (message says what failed) if the first
-        connection does not succeed within the server's timeout: the tools
+        connection does not succeed within ``connect_timeout``, or at once if
+        a stdio server cannot be started or ends before it answers: the tools
         must be known to write the system prompt.
         """
         self._listed = asyncio.get_running_loop().create_future()
@@ -92,6 +114,9 @@ class McpServer:
             raise ConnectionError(
                 f"did not connect within {self.connect_timeout:g}s (last error: {self.last_error})"
             ) from None
+        except ConnectionError:
+            await self.close()
+            raise
         return [McpTool(self, tool) for tool in listing]
 
     async def close(self) -> None:
@@ -111,6 +136,8 @@ class McpServer:
                     self._client = client
                     self._broken.clear()
                     self._ready.set()
+                    if self._child is not None:
+                        self._child.connected()
                     if self._listed is not None and not self._listed.done():
                         self._listed.set_result(listing)
                     log.info(
@@ -124,7 +151,13 @@ class McpServer:
             except asyncio.CancelledError:
                 raise
             except BaseException as exc:  # anyio wraps failures in ExceptionGroups
-                self.last_error = _describe(exc)
+                self.last_error = self._why(exc)
+                listed = self._listed
+                if self._child is not None and listed is not None and not listed.done():
+                    # A command that cannot run, or ends before it answers, will
+                    # not do better in a second: fail the node's start now.
+                    listed.set_exception(ConnectionError(self._start_failure(exc)))
+                    return
                 log.warning(
                     "mcp server %s lost (%s); reconnecting in %.1fs",
                     self.spec.name,
@@ -158,17 +191,27 @@ class McpServer:
 
     def _new_client(self) -> Client:
         spec = self.spec
-        server: StdioServerParameters | str
         if spec.command:
-            server = StdioServerParameters(
-                command=spec.command[0],
-                args=list(spec.command[1:]),
-                env=dict(spec.env) or None,
-                cwd=spec.cwd,
+            self._child = StdioChild(
+                spec.name, spec.command, env=spec.env, cwd=spec.cwd, max_line=self.max_message
             )
+            transport = self._child.connect()
         else:
-            server = spec.url
-        return Client(server, read_timeout_seconds=spec.timeout, cache=None)
+            transport = streamable_http(spec.url, max_message=self.max_message)
+        return Client(transport, read_timeout_seconds=spec.timeout, cache=None)
+
+    def _why(self, exc: BaseException) -> str:
+        """Why a connection failed or ended: the child's fate when it has one."""
+        fate = self._child.fate() if self._child is not None else ""
+        return fate or _describe(exc)
+
+    def _start_failure(self, exc: BaseException) -> str:
+        fate = self._child.fate("before it answered") if self._child is not None else ""
+        if fate:
+            return fate
+        if isinstance(_innermost(exc), OSError):
+            return f"could not be started ({self.last_error})"
+        return f"failed before it answered ({self.last_error})"
 
     # ------------------------------------------------------------------ calls
 
@@ -199,20 +242,25 @@ class McpServer:
                     f"'{spec.name}.{tool}' did not answer within {spec.timeout:g}s; "
                     "try again later or ask for less at once"
                 ) from None
+            too_large = self._too_large(f"'{spec.name}.{tool}'", exc)
+            if too_large:
+                raise ToolFailure(too_large) from None
             if exc.code != CONNECTION_CLOSED:
                 raise ToolFailure(
                     f"'{spec.name}.{tool}' was refused by its MCP server: {exc}"
                 ) from None
             self._lost(client)
+            fate = self._child.fate() if self._child is not None else ""
+            why = f" ({fate})" if fate else ""
             raise ToolFailure(
-                f"the MCP server {spec.name!r} closed the connection during the call; "
+                f"the MCP server {spec.name!r} closed the connection during the call{why}; "
                 "it is being restarted: try again in a moment"
             ) from None
         except Exception as exc:
             # The transport failed under the call (server crashed, connection lost).
             self._lost(client)
             raise ToolFailure(
-                f"the MCP server {spec.name!r} failed during the call ({_describe(exc)}); "
+                f"the MCP server {spec.name!r} failed during the call ({self._why(exc)}); "
                 "it is being restarted: try again in a moment"
             ) from None
         content = result_content(result)
@@ -221,6 +269,32 @@ class McpServer:
                 content if isinstance(content, str) else f"'{spec.name}.{tool}' failed: {content}"
             )
         return content
+
+    def _too_large(self, what: str, exc: MCPError) -> str:
+        """The failure for an answer refused for its size ("" if ``exc`` is something else).
+
+        Each transport says it its own way: the stdio one with its own code,
+        the HTTP one inside the SDK's "Failed to parse JSON response", the
+        SDK's event stream as a closed stream "exceeded the N byte limit".
+        """
+        text = exc.message
+        if "compressed" in text and TOO_LARGE_NOTE in text:
+            return (
+                f"{what} was answered with a compressed body, which the gateway refuses from "
+                "MCP servers (it asks for none, as it could not bound what it expands to). "
+                "This is a fault in the server, not in your call"
+            )
+        if not (
+            exc.code == MESSAGE_TOO_LARGE
+            or TOO_LARGE_NOTE in text
+            or (exc.code == CONNECTION_CLOSED and _SSE_TOO_LARGE in text)
+        ):
+            return ""
+        return (
+            f"{what} answered with more than {self.max_message:,} bytes, the most the gateway "
+            "reads of one MCP message, so the answer was dropped. Ask for less at once "
+            "(narrower arguments, a smaller page); the server itself is still up"
+        )
 
     def _lost(self, client: Client | None) -> None:
         """A call found ``client`` broken: later calls wait for the next connection."""
@@ -290,9 +364,15 @@ async def _list_all(client: Client) -> list[mcp_types.Tool]:
             return tools
 
 
-def _describe(exc: BaseException) -> str:
-    """One line for an exception, unwrapping anyio's exception groups."""
+def _innermost(exc: BaseException) -> BaseException:
+    """The first exception inside anyio's exception groups."""
     while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
         exc = exc.exceptions[0]
+    return exc
+
+
+def _describe(exc: BaseException) -> str:
+    """One line for an exception, unwrapping anyio's exception groups."""
+    exc = _innermost(exc)
     text = str(exc) or "no detail"
     return f"{type(exc).__name__}: {text}"

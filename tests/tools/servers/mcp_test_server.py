@@ -4,7 +4,7 @@
 serves streamable HTTP on 127.0.0.1:PORT/mcp. Besides ordinary tools it has
 the faults the gateway must survive: a tool that never answers in time, one
 that kills the server mid-call, one that reports an error, one that returns
-an image.
+an image, one that answers as many megabytes as asked.
 """
 
 from __future__ import annotations
@@ -58,6 +58,12 @@ def picture() -> list[TextContent | ImageContent]:
     """A caption and a small image."""
     data = base64.b64encode(b"\x89PNG" + b"\0" * 96).decode()
     return [TextContent(text="a tiny picture"), ImageContent(data=data, mime_type="image/png")]
+
+
+@calc.tool()
+def big(megabytes: int) -> str:
+    """A text of MEGABYTES MB (a hostile answer)."""
+    return "x" * (megabytes * 1_000_000)
 
 
 @calc.tool()

@@ -1,0 +1,99 @@
+"""A stdio MCP server without the SDK, to write what an SDK server never would.
+
+The SDK's servers put ``id`` before ``result`` and keep a tool's stray
+output off the protocol stream, so the other shapes an overlong line can take
+need a server that writes its own JSON-RPC lines. It speaks the legacy
+handshake (``server/discover`` is refused, so the client falls back to
+``initialize``) and has one tool, ``emit``, whose ``shape`` says what it
+writes for ``megabytes`` MB of text:
+
+- ``id_last``: the answer with ``id`` as its last member (the TypeScript
+  SDK's order: ``{"result": …, "jsonrpc": "2.0", "id": N}``);
+- ``anonymous``: first a stray answer that names no request, then the answer;
+- ``notice``: first a huge notification, then the answer;
+- anything else: a short answer.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+_TOOL = {
+    "name": "emit",
+    "description": "Write an answer of a given shape and size.",
+    "inputSchema": {
+        "type": "object",
+        "properties": {"shape": {"type": "string"}, "megabytes": {"type": "integer"}},
+        "required": ["shape", "megabytes"],
+    },
+}
+
+
+def send(message: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(message) + "\n")
+    sys.stdout.flush()
+
+
+def text_result(text: str) -> dict[str, Any]:
+    return {"content": [{"type": "text", "text": text}], "isError": False}
+
+
+def emit(rid: Any, shape: str, megabytes: int) -> None:
+    filler = "z" * (megabytes * 1_000_000)
+    if shape == "id_last":
+        sys.stdout.write(
+            json.dumps({"result": text_result(filler)})[:-1]
+            + f', "jsonrpc": "2.0", "id": {json.dumps(rid)}}}\n'
+        )
+        sys.stdout.flush()
+        return
+    if shape == "anonymous":
+        send({"jsonrpc": "2.0", "result": text_result(filler)})
+    elif shape == "notice":
+        send(
+            {
+                "jsonrpc": "2.0",
+                "method": "notifications/message",
+                "params": {"level": "info", "data": filler},
+            }
+        )
+    send({"jsonrpc": "2.0", "id": rid, "result": text_result(f"emitted {shape}")})
+
+
+def main() -> None:
+    for line in sys.stdin:
+        message = json.loads(line)
+        method, rid = message.get("method"), message.get("id")
+        if rid is None:
+            continue  # a notification
+        if method == "initialize":
+            send(
+                {
+                    "jsonrpc": "2.0",
+                    "id": rid,
+                    "result": {
+                        "protocolVersion": message["params"]["protocolVersion"],
+                        "capabilities": {"tools": {}},
+                        "serverInfo": {"name": "raw", "version": "0"},
+                    },
+                }
+            )
+        elif method == "tools/list":
+            send({"jsonrpc": "2.0", "id": rid, "result": {"tools": [_TOOL]}})
+        elif method == "tools/call":
+            args = message["params"]["arguments"]
+            emit(rid, args["shape"], args["megabytes"])
+        else:
+            send(
+                {
+                    "jsonrpc": "2.0",
+                    "id": rid,
+                    "error": {"code": -32601, "message": "Method not found"},
+                }
+            )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,154 @@
+"""What an MCP server can make the node hold is bounded (issue 29).
+
+A 100 MB answer kept a core busy for the whole tool timeout: the SDK's stdio
+reader re-joins its buffer for every chunk of a long line. Over stdio the
+gateway now frames lines itself (``tools.providers.lines``), over HTTP it
+caps the bodies it reads (``tools.providers.mcp_http``). The answers come from
+a real server written with the SDK (``servers/mcp_test_server.py``); each
+call is watched (loop ticks every 20 ms, with a last reading at the end; peak
+RSS) and the figures are printed.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx2
+import pytest
+
+from protocol.calls import ToolCall, ToolResult
+from tools.base import ToolContext
+from tools.executor import Executor
+from tools.providers.mcp import _SSE_TOO_LARGE, MAX_MESSAGE, McpServer, McpServerSpec, McpTool
+from tools.registry import Registry
+
+from .helpers import failed, footprint, ok
+from .servers.mcp_http import SERVER, mcp_http_server
+
+RAW_SERVER = Path(__file__).parent / "servers" / "raw_mcp_server.py"
+
+pytestmark = pytest.mark.timeout(60)
+
+TIMEOUT = 10.0
+_MAX_GAP = 0.5
+"""Generous: ticks come within milliseconds; the SDK's reader held a core for the whole timeout."""
+_MAX_RSS_MB = 100.0
+
+
+class Harness:
+    def __init__(self, server: McpServer, tools: list[McpTool], tmp_path: Path) -> None:
+        self.server = server
+        self.executor = Executor(Registry(tools), timeout=30.0)
+        self.ctx = ToolContext(workspace=tmp_path, session_id="sess-b")
+
+    async def call(self, tool: str, /, **args: Any) -> ToolResult:
+        return await self.executor.run_call(ToolCall(name=tool, args=args), self.ctx)
+
+
+async def _started(spec: McpServerSpec, tmp_path: Path) -> AsyncIterator[Harness]:
+    server = McpServer(spec, backoff_first=0.05, connect_timeout=30.0)
+    tools = await server.start()
+    try:
+        yield Harness(server, tools, tmp_path)
+    finally:
+        await server.close()
+
+
+@pytest.fixture
+async def stdio(tmp_path: Path) -> AsyncIterator[Harness]:
+    spec = McpServerSpec(name="calc", command=(sys.executable, str(SERVER)), timeout=TIMEOUT)
+    async for harness in _started(spec, tmp_path):
+        yield harness
+
+
+@pytest.fixture
+async def http(tmp_path: Path) -> AsyncIterator[Harness]:
+    with mcp_http_server() as process:
+        spec = McpServerSpec(name="calc", url=process.url, timeout=TIMEOUT)
+        async for harness in _started(spec, tmp_path):
+            yield harness
+
+
+@pytest.fixture(params=["stdio", "http"])
+def mcp(request: pytest.FixtureRequest) -> Harness:
+    harness: Harness = request.getfixturevalue(str(request.param))
+    return harness
+
+
+@pytest.mark.slow
+async def test_a_100mb_answer_fails_the_call_and_the_server_stays_up(mcp: Harness) -> None:
+    async with footprint() as cost:
+        message = failed(await mcp.call("calc.big", megabytes=100))
+    print(f"\n100 MB MCP answer ({mcp.server.spec.describe()}): {cost}")
+    assert f"'calc.big' answered with more than {MAX_MESSAGE:,} bytes" in message
+    assert "Ask for less at once" in message
+    assert cost.seconds < TIMEOUT
+    assert cost.max_gap < _MAX_GAP, cost
+    assert cost.rss_growth_mb < _MAX_RSS_MB, cost
+    # The rest of the line is dropped as it streams past; the connection is kept.
+    started = time.monotonic()
+    assert ok(await mcp.call("calc.add", a=2, b=3)) == 5
+    print(f"next call answered after {time.monotonic() - started:.2f} s")
+    assert mcp.server.connects == 1
+
+
+async def test_an_answer_under_the_limit_is_read_and_cut_to_the_result_cap(mcp: Harness) -> None:
+    """300 kB of text travels twice (content and structured content), inside 1 MiB."""
+    content = ok(await mcp.call("calc.secret", name="y" * 300_000))
+    assert content.startswith("hello yyy")
+    assert content.endswith("bytes, showing the first 64,000]")
+
+
+@pytest.fixture
+async def raw(tmp_path: Path) -> AsyncIterator[Harness]:
+    spec = McpServerSpec(name="raw", command=(sys.executable, str(RAW_SERVER)), timeout=TIMEOUT)
+    async for harness in _started(spec, tmp_path):
+        yield harness
+
+
+async def test_an_overlong_answer_with_its_id_last_fails_its_call(raw: Harness) -> None:
+    """The TypeScript SDK's order: the id is found in the line's last bytes."""
+    async with footprint() as cost:
+        message = failed(await raw.call("raw.emit", shape="id_last", megabytes=20))
+    print(f"\n20 MB answer, id last: {cost}")
+    assert f"'raw.emit' answered with more than {MAX_MESSAGE:,} bytes" in message
+    assert cost.max_gap < _MAX_GAP, cost
+    assert ok(await raw.call("raw.emit", shape="small", megabytes=0)) == "emitted small"
+    assert raw.server.connects == 1
+
+
+async def test_a_stray_overlong_notification_is_dropped(raw: Harness) -> None:
+    assert ok(await raw.call("raw.emit", shape="notice", megabytes=5)) == "emitted notice"
+    assert raw.server.connects == 1
+
+
+async def test_an_overlong_answer_naming_no_request_ends_the_connection_with_the_reason(
+    raw: Harness,
+) -> None:
+    message = failed(await raw.call("raw.emit", shape="anonymous", megabytes=5))
+    assert "the MCP server 'raw' closed the connection during the call" in message
+    assert "that names no pending request" in message
+    # A new child is started, as after a crash.
+    for _ in range(100):
+        again = await raw.call("raw.emit", shape="small", megabytes=0)
+        if again.status == "success":
+            break
+    assert again.content == "emitted small" and raw.server.connects == 2
+
+
+def test_the_sdks_event_stream_limit_still_reads_as_a_size_limit() -> None:
+    """Canary: an answer over ``max_sse_event_size`` is recognised by its SDK message."""
+    body = b"data: " + b"x" * (2 * 1024 * 1024) + b"\n\n"
+    response = httpx2.Response(
+        200,
+        headers={"Content-Type": "text/event-stream"},
+        content=body,
+        request=httpx2.Request("POST", "http://127.0.0.1/mcp"),
+    )
+    with pytest.raises(httpx2.SSEError) as info:
+        list(httpx2.EventSource(response, max_event_size=MAX_MESSAGE))
+    assert _SSE_TOO_LARGE in str(info.value)

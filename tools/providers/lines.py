@@ -1,0 +1,198 @@
+"""Newline-delimited JSON-RPC from an MCP server, in lines of bounded length.
+
+A pure core (no I/O) for ``tools.providers.mcp_stdio``: ``LineFramer`` is fed
+the child's stdout as it arrives and returns whole lines of at most
+``max_line`` bytes. A longer line is never held: the framer keeps its first
+and last few hundred bytes, reports ``Overlong`` once it passes the limit and
+``OverlongEnd`` at its newline, and drops everything between, so a 100 MB line
+costs one pass over its bytes and a few KiB of memory. (The SDK's own stdio
+reader re-joins its whole buffer for every chunk, which is quadratic in the
+length of a line: a 100 MB answer kept a core busy for the whole tool timeout.)
+
+``overlong_answer`` then decides from those two ends which pending request
+an overlong line answers, so that one call fails at once with a message
+instead of waiting out its timeout.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Collection
+from dataclasses import dataclass
+from typing import Final
+
+__all__ = [
+    "KEPT",
+    "Line",
+    "LineFramer",
+    "Overlong",
+    "OverlongEnd",
+    "overlong_answer",
+    "overlong_kind",
+]
+
+KEPT: Final = 512
+"""Bytes kept of each end of an overlong line: enough for JSON-RPC's scalar members."""
+
+RequestId = int | str
+
+
+@dataclass(frozen=True, slots=True)
+class Line:
+    """One whole line (without its newline), at most ``max_line`` bytes."""
+
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Overlong:
+    """The current line just passed ``max_line`` bytes; ``head`` is its start."""
+
+    head: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class OverlongEnd:
+    """The overlong line ended: its last bytes and its full length."""
+
+    head: bytes
+    tail: bytes
+    size: int
+
+
+Frame = Line | Overlong | OverlongEnd
+
+
+class LineFramer:
+    """Splits bytes into lines of at most ``max_line`` bytes, in time linear in the bytes fed."""
+
+    def __init__(self, max_line: int) -> None:
+        if max_line < KEPT:
+            raise ValueError(f"max_line must be at least {KEPT} bytes")
+        self.max_line = max_line
+        self._line = bytearray()
+        self._head = b""
+        self._tail = b""
+        self._size = 0  # > 0: inside an overlong line, this many bytes so far
+
+    def feed(self, data: bytes) -> list[Frame]:
+        """The frames ``data`` completes (an incomplete last line is kept for the next call)."""
+        frames: list[Frame] = []
+        view = memoryview(data)
+        start = 0
+        while True:
+            end = data.find(b"\n", start)
+            piece = view[start:] if end < 0 else view[start:end]
+            if self._size:
+                self._skip(piece)
+            elif len(self._line) + len(piece) <= self.max_line:
+                self._line += piece
+            else:
+                self._begin_overlong(piece, frames)
+            if end < 0:
+                return frames
+            self._end_line(frames)
+            start = end + 1
+
+    def _begin_overlong(self, piece: memoryview, frames: list[Frame]) -> None:
+        self._size = len(self._line)
+        self._head = bytes(self._line[:KEPT])
+        if len(self._head) < KEPT:
+            self._head += bytes(piece[: KEPT - len(self._head)])
+        self._tail = bytes(self._line[-KEPT:])
+        self._line = bytearray()  # release the buffer, not only empty it
+        self._skip(piece)
+        frames.append(Overlong(self._head))
+
+    def _skip(self, piece: memoryview) -> None:
+        self._size += len(piece)
+        if len(piece) >= KEPT:
+            self._tail = bytes(piece[-KEPT:])
+        elif piece:
+            self._tail = (self._tail + bytes(piece))[-KEPT:]
+
+    def _end_line(self, frames: list[Frame]) -> None:
+        if self._size:
+            frames.append(OverlongEnd(self._head, self._tail, self._size))
+            self._size = 0
+            self._head = self._tail = b""
+        elif self._line.strip():
+            frames.append(Line(bytes(self._line)))
+            self._line.clear()
+        else:
+            self._line.clear()
+
+
+# ---------------------------------------------------------------------- which request
+
+_KEY: Final = re.compile(rb'\s*"((?:[^"\\]|\\.)*)"\s*:\s*')
+_SCALAR: Final = re.compile(
+    rb'("(?:[^"\\]|\\.)*"|-?\d+(?:\.\d+)?(?:[eE][+-]?\d+)?|true|false|null)\s*([,}])\s*'
+)
+_LAST_MEMBER: Final = re.compile(
+    rb'[{,]\s*"((?:[^"\\]|\\.)*)"\s*:\s*("(?:[^"\\]|\\.)*"|-?\d+)\s*\}\s*$'
+)
+
+
+def _leading(head: bytes) -> tuple[dict[bytes, bytes], bytes | None]:
+    """The scalar members an object starts with, and the key of the first other one.
+
+    ``{"jsonrpc":"2.0","id":7,"result":{…`` gives ``({jsonrpc: "2.0", id: 7}, result)``.
+    """
+    opening = re.match(rb"\s*\{", head)
+    if opening is None:
+        return {}, None
+    scalars: dict[bytes, bytes] = {}
+    pos = opening.end()
+    while True:
+        key = _KEY.match(head, pos)
+        if key is None:
+            return scalars, None
+        value = _SCALAR.match(head, key.end())
+        if value is None:
+            return scalars, key[1]
+        scalars[key[1]] = value[1]
+        if value[2] == b"}":
+            return scalars, None
+        pos = value.end()
+
+
+def overlong_kind(head: bytes) -> str:
+    """``"answer"``, ``"message"`` (a request or notification) or ``"unknown"``, from a line's start."""
+    scalars, first_big = _leading(head)
+    if b"method" in scalars or first_big in (b"params", b"method"):
+        return "message"
+    if first_big in (b"result", b"error") or b"error" in scalars or b"result" in scalars:
+        return "answer"
+    return "unknown"
+
+
+def overlong_answer(
+    head: bytes, tail: bytes | None, pending: Collection[RequestId]
+) -> RequestId | None:
+    """The id of the pending request an overlong line answers, if its ends tell.
+
+    Servers put ``id`` near the start (the Python SDK: ``{"jsonrpc","id","result"}``)
+    or last (the TypeScript SDK: ``{"result",…,"jsonrpc","id"}``); only an
+    id among ``pending`` counts, so a stray ``"id"`` inside a result cannot
+    fail somebody else's call.
+    """
+    if overlong_kind(head) != "answer":
+        return None
+    scalars, _ = _leading(head)
+    candidates = [scalars.get(b"id")]
+    if tail is not None:
+        last = _LAST_MEMBER.search(tail)
+        if last is not None and last[1] == b"id":
+            candidates.append(last[2])
+    for raw in candidates:
+        if raw is None:
+            continue
+        try:
+            value = json.loads(raw)
+        except ValueError:
+            continue
+        if isinstance(value, int | str) and not isinstance(value, bool) and value in pending:
+            return value
+    return None

@@ -1,0 +1,111 @@
+"""The streamable HTTP transport for MCP servers, with answers of bounded size.
+
+The SDK's ``streamable_http_client`` reads a server's answer in one of two
+ways. An ``text/event-stream`` answer goes through httpx2's ``EventSource``,
+which the SDK bounds per event (``max_sse_event_size``, counted after
+decompression); it is given the gateway's limit. An ``application/json``
+answer is read whole with ``response.aread()``, with no bound at all. The SDK
+takes an ``httpx2.AsyncClient`` of ours, so ours caps those bodies: a response
+hook wraps every body that is not an event stream in ``_Capped``, which stops
+after ``max_message`` bytes. It asks for no compression (``Accept-Encoding:
+identity``) and refuses a compressed body outright, since the bytes it counts
+are the ones on the wire and a compressed body could expand past them.
+
+``_Capped`` fails with ``MessageTooLarge``, an ``httpx2.StreamError``: that is
+the exception the SDK's JSON path catches and turns into an error for the
+one request (``Failed to parse JSON response: …``), keeping the connection;
+another exception would end it. ``tests/tools/test_mcp_bounds.py`` holds the
+canary for that. The SDK logs that with a traceback; for this exception a
+filter on its logger makes it one line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from typing import Any, Final
+
+import httpx2
+from mcp.client import Transport
+from mcp.client.streamable_http import streamable_http_client
+
+__all__ = ["TOO_LARGE_NOTE", "MessageTooLarge", "streamable_http"]
+
+TOO_LARGE_NOTE: Final = "the most the gateway reads of one MCP message"
+"""In the message of every refusal, so the call's error can be recognised in the SDK's wrapping."""
+
+_TIMEOUT: Final = httpx2.Timeout(30.0, read=300.0)
+"""The SDK's own client's timeouts: a server may hold an event stream open for minutes."""
+
+
+class MessageTooLarge(httpx2.StreamError):
+    """An MCP server's answer was over the limit (or compressed, so it could be)."""
+
+
+class _OneLine(logging.Filter):
+    """A refused answer is logged by the SDK as an error with a traceback; one line says it all."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, MessageTooLarge):
+            record.msg, record.args = f"{record.getMessage()}: {exc}", ()
+            record.exc_info = record.exc_text = None
+        return True
+
+
+logging.getLogger("mcp.client.streamable_http").addFilter(_OneLine())
+
+
+def streamable_http(url: str, *, max_message: int) -> Transport:
+    """The SDK's streamable HTTP transport to ``url`` over a client that caps answers."""
+    return _streamable_http(url, max_message)
+
+
+@contextlib.asynccontextmanager
+async def _streamable_http(url: str, max_message: int) -> AsyncIterator[Any]:
+    # Any: the SDK's stream pair (its alias, TransportStreams, is in a private module).
+    async def cap(response: httpx2.Response) -> None:
+        kind = response.headers.get("Content-Type", "").lower()
+        if not kind.startswith("text/event-stream"):
+            response.stream = _Capped(response, max_message)
+
+    async with (
+        httpx2.AsyncClient(
+            timeout=_TIMEOUT,
+            headers={"Accept-Encoding": "identity"},
+            event_hooks={"response": [cap]},
+        ) as client,
+        streamable_http_client(url, http_client=client, max_sse_event_size=max_message) as streams,
+    ):
+        yield streams
+
+
+class _Capped(httpx2.AsyncByteStream):
+    """A response body that raises ``MessageTooLarge`` past ``limit`` bytes."""
+
+    def __init__(self, response: httpx2.Response, limit: int) -> None:
+        stream = response.stream
+        assert isinstance(stream, httpx2.AsyncByteStream)
+        self._stream = stream
+        self._limit = limit
+        self._encoding = response.headers.get("Content-Encoding", "").strip().lower()
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        if self._encoding not in ("", "identity"):
+            raise MessageTooLarge(
+                f"the server sent a {self._encoding}-compressed answer, though the gateway "
+                f"asked for none; it is refused unread, since it could expand past "
+                f"{self._limit:,} bytes, {TOO_LARGE_NOTE}"
+            )
+        size = 0
+        async for chunk in self._stream:
+            size += len(chunk)
+            if size > self._limit:
+                raise MessageTooLarge(
+                    f"the answer was larger than {self._limit:,} bytes, {TOO_LARGE_NOTE}"
+                )
+            yield chunk
+
+    async def aclose(self) -> None:
+        await self._stream.aclose()

@@ -15,6 +15,7 @@ import re
 import subprocess
 import sys
 import time
+from typing import Any
 
 import aiohttp
 import pytest
@@ -61,10 +62,10 @@ async def closed(client: GatewayClient) -> tuple[int | None, float]:
         return (exc.rcvd.code if exc.rcvd is not None else None), time.monotonic()
 
 
-async def refused(url: str, **kwargs: object) -> int:
+async def refused(url: str, **kwargs: Any) -> int:
     """The HTTP status a handshake is refused with (0: it was accepted)."""
     try:
-        async with connect(url, **kwargs):  # type: ignore[arg-type]
+        async with connect(url, **kwargs):
             return 0
     except InvalidStatus as exc:
         return exc.response.status_code

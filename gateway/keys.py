@@ -3,6 +3,10 @@
 A key is shown once, when it is made; only its SHA-256 digest is stored, next
 to its id. Running gateways pick changes up by themselves: a keys file is
 re-read when it changes (or on SIGHUP), and Redis keys are read per handshake.
+Revoking takes effect at once: within a second every node refuses the key and
+the client tokens it minted, and closes their connections with 4401 (a
+revocation in Redis is also announced on the nodes' control bus, so they act
+on it in milliseconds; ``gateway.edge.rights``).
 
     gateway keys add alice --file /etc/rtgw/keys     # prints the new key once
     gateway keys add alice --redis redis://r:6379/0  # the same, in Redis
@@ -210,6 +214,7 @@ class _RedisBackend(_Backend):
 
     def __init__(self, url: str, prefix: str) -> None:
         self.url = url
+        self.prefix = prefix
         self.hash = f"{prefix}:keys"
         self.where = f"Redis {self.hash}"
 
@@ -249,7 +254,29 @@ class _RedisBackend(_Backend):
             digests = [k for k, v in raw.items() if split_key_value(v.decode())[0] == key_id]
             if not digests:
                 return 0
-            return int(await r.hdel(self.hash, *digests))
+            removed = int(await r.hdel(self.hash, *digests))
+            await self._announce(tuple(d.decode() for d in digests))
+            return removed
 
         removed: int = self._run(work)
         return removed
+
+    async def _announce(self, digests: tuple[str, ...]) -> None:
+        """Tell every node to look at these keys now (``control.KeysChanged``).
+
+        Only a hint: nodes also look by themselves every half second, so a
+        failure here delays the effect a little and is not an error.
+        """
+        from gateway.sessions.control import RIGHTS_CHANNEL, KeysChanged, encode_control
+        from gateway.store import StoreError, open_store
+
+        store = open_store(self.url, prefix=self.prefix)
+        try:
+            await store.publish(RIGHTS_CHANNEL, encode_control(KeysChanged(digests)))
+        except StoreError as exc:
+            print(
+                f"# could not tell the nodes at once ({exc}); they notice within a second",
+                file=sys.stderr,
+            )
+        finally:
+            await store.close()

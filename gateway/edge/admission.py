@@ -14,6 +14,11 @@ allowed → 403 (see ``origin_allowed``); no or unknown API key → 401 (how to 
 a handshake passes those checks and given back when its TCP connection closes,
 however the handshake or the session ended: one watcher per connection awaits
 the close, so no path can leak a slot.
+
+After the handshake, the rights watch (``gateway.edge.rights``) keeps each
+connection's key under watch: a connection whose key is revoked is closed
+with 4401 within ``RIGHTS_CHECK`` seconds, and a key policy that changed is
+applied to the sessions this node drives (``Node.policies_changed``).
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ from gateway.edge.auth import (
     HOW_TO_AUTHENTICATE,
     SUBPROTOCOL,
     KeyFile,
+    KeyId,
     KeyStoreUnavailable,
     RedisKeys,
     auth_configured,
@@ -47,7 +53,8 @@ from gateway.edge.auth import (
     is_loopback,
 )
 from gateway.edge.client_tokens import ClientTokens
-from gateway.edge.reaper import Reapable, SlowClientReaper
+from gateway.edge.reaper import SlowClientReaper
+from gateway.edge.rights import Credential, KeyRights, Revocable, RightsWatch
 from gateway.edge.tokens import TokenRefused, is_client_token
 from gateway.sessions.limits import ConnectionSlots
 from gateway.sessions.node import Node
@@ -143,11 +150,14 @@ class Principal:
     """Who a handshake is: the key id that owns what it does, and what it may open.
 
     ``session`` is set for a client token: it opens that session and no
-    other, and it may not change the session's configuration.
+    other, and it may not change the session's configuration. ``digest`` is
+    the SHA-256 of the API key behind it (presented, or named by the token;
+    "" with auth off): the connection lives as long as that key.
     """
 
     key: str
     session: str | None = None
+    digest: str = ""
 
 
 class _Admitted:
@@ -167,10 +177,11 @@ class Edges:
     ``gateway.edge.auth.check_exposure``) or a keys file is unreadable.
     """
 
-    def __init__(self, config: Config, node: Node, connections: Collection[Reapable]) -> None:
+    def __init__(self, config: Config, node: Node, connections: Collection[Revocable]) -> None:
         validate(config)
         check_exposure(config)
         self.config = config
+        self.node = node
         self.metrics = node.metrics
         self.auth_on = auth_configured(config)
         self.key_file = KeyFile(config.api_keys_file) if config.api_keys_file else None
@@ -183,6 +194,10 @@ class Edges:
         self.limits = node.limits
         self.key_tools = node.key_tools  # per-key allow-lists, stored with new sessions
         self.tokens = ClientTokens(config, node.store)
+        # Whether keys are still issued; closes the connections of revoked ones.
+        self.rights = KeyRights(self.key_file, self.redis_keys)
+        self.watch = RightsWatch(self.rights, node.store, connections, on_tick=self._reread)
+        self._policies_seen = node.policies.version
         self.open = 0  # admitted connections not yet closed (the per-node limit)
         self._watchers: set[asyncio.Task[None]] = set()
         self._closed = False
@@ -193,6 +208,8 @@ class Edges:
         self.reaper.start()
         if self.key_file is not None:
             log.info("api keys file %s: %d keys", self.key_file.path, len(self.key_file))
+        if self.auth_on or self.node.policies.path is not None:
+            self.watch.start()
 
     async def close(self) -> None:
         """Stop the background work; give back slots of connections still closing.
@@ -202,6 +219,7 @@ class Edges:
         if self._closed:
             return
         self._closed = True
+        await self.watch.close()
         await self.reaper.close()
         if self._watchers:
             await asyncio.wait(set(self._watchers), timeout=5.0)
@@ -213,9 +231,20 @@ class Edges:
             await self.redis_keys.close()
 
     def reload_keys(self) -> None:
-        """SIGHUP: re-read the keys file now (Redis keys are always read live)."""
+        """SIGHUP: re-read the keys file now and close the connections of keys it
+        no longer holds (Redis keys are always read live)."""
         if self.key_file is not None:
             self.key_file.reload()
+        self.watch.look_now()
+
+    def _reread(self) -> None:
+        """Before each look of the rights watch: the files, if they changed."""
+        if self.key_file is not None:
+            self.key_file.poll()
+        policies = self.node.policies
+        if policies.poll() != self._policies_seen:
+            self._policies_seen = policies.version
+            self.node.policies_changed()
 
     # ------------------------------------------------------------------ handshake
 
@@ -255,6 +284,8 @@ class Edges:
             return principal
         admitted = _Admitted(principal.key)
         self.open += 1
+        if self.auth_on:
+            self.watch.track(connection, Credential(principal.key, principal.digest))
         watcher = asyncio.create_task(self._watch(connection, admitted, on_close))
         self._watchers.add(watcher)
         watcher.add_done_callback(self._watchers.discard)
@@ -289,6 +320,7 @@ class Edges:
         try:
             await connection.wait_closed()
         finally:
+            self.watch.untrack(connection)
             self.open -= 1
             if on_close is not None:
                 on_close()
@@ -324,11 +356,12 @@ class Edges:
             "(the operator can allow it with --allowed-origins)\n",
         )
 
-    async def key_id(self, key: str) -> str | None:
+    async def key_id(self, key: str) -> KeyId | None:
         """The key id of an API key, None if it is not one (``KeyStoreUnavailable``: ask later).
 
         The key's allow-list of tools (``tools=``) is noted in ``key_tools``,
-        where the node takes it for the sessions this key makes.
+        where the node takes it for the sessions this key makes. The id
+        carries the key's digest, so a client token minted for it names the key.
         """
         digest = hash_key(key)
         key_id = self.key_file.lookup(digest) if self.key_file is not None else None
@@ -337,9 +370,10 @@ class Edges:
             found = await self.redis_keys.lookup(digest)
             if found is not None:
                 key_id, allowed = found
-        if key_id is not None:
-            self.key_tools.see(key_id, allowed)
-        return key_id
+        if key_id is None:
+            return None
+        self.key_tools.see(key_id, allowed)
+        return KeyId(key_id, digest)
 
     async def _authenticate(self, request: Request) -> Principal | Response:
         creds = credentials_from(request.headers, request.path)
@@ -385,7 +419,7 @@ class Edges:
                 http.HTTPStatus.UNAUTHORIZED,
                 f"this API key is not valid (mistyped, or revoked): {HOW_TO_AUTHENTICATE}\n",
             )
-        return Principal(key_id)
+        return Principal(key_id, digest=key_id.digest)
 
     async def _check_token(self, token: str) -> Principal | Response:
         try:
@@ -400,7 +434,27 @@ class Edges:
             )
         if isinstance(claims, TokenRefused):
             return self._refuse("unauthorized", http.HTTPStatus.UNAUTHORIZED, claims.message + "\n")
-        return Principal(claims.key, claims.sid)
+        if self.auth_on:
+            try:
+                issued = await self.rights.alive(Credential(claims.key, claims.kd))
+            except KeyStoreUnavailable as exc:
+                self.metrics.store_errors.inc()
+                log.warning("cannot check a client token's API key: Redis unavailable: %s", exc)
+                return self._refuse(
+                    "store",
+                    http.HTTPStatus.SERVICE_UNAVAILABLE,
+                    "client tokens cannot be checked right now (the key store is unavailable); "
+                    "retry in a few seconds\n",
+                )
+            if not issued:
+                return self._refuse(
+                    "unauthorized",
+                    http.HTTPStatus.UNAUTHORIZED,
+                    "the API key that minted this client token has been revoked, so the token "
+                    "opens nothing any more; the app's backend needs a valid API key to mint a "
+                    "new one\n",
+                )
+        return Principal(claims.key, claims.sid, digest=claims.kd)
 
     def _refuse(self, reason: str, status: http.HTTPStatus, body: str) -> Response:
         self.metrics.refused.labels(reason).inc()

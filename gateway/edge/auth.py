@@ -9,8 +9,10 @@ Where keys are kept (either or both):
 
 - a file (``--api-keys-file``), one ``key_id:sha256hex`` per line, ``#``
   comments, optionally followed by ``tools=read,calc.*`` (the key's allow-list
-  of tools, ``tools.allowlist``); re-read when its mtime/size changes (checked at most once a second,
-  on use) and on SIGHUP, so keys rotate without a restart;
+  of tools, ``tools.allowlist``); re-read when it changes (looked at every
+  ``RIGHTS_CHECK`` s by the node's rights watch, ``gateway.edge.rights``) and
+  on SIGHUP, so keys rotate without a restart, and a key removed from it is
+  revoked at once;
 - Redis (``--api-keys-redis``): the hash ``{key_prefix}:keys`` maps digest →
   key_id (or ``key_id tools=read,calc.*``), shared by every node; ``gateway keys add|list|revoke`` manage it.
 
@@ -33,8 +35,10 @@ import hashlib
 import hmac
 import ipaddress
 import logging
+import os
 import re
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -52,6 +56,7 @@ __all__ = [
     "SUBPROTOCOL",
     "Credentials",
     "KeyFile",
+    "KeyId",
     "KeyStoreUnavailable",
     "RedisKeys",
     "auth_configured",
@@ -90,6 +95,22 @@ HOW_TO_AUTHENTICATE: Final = (
 def hash_key(key: str) -> str:
     """The SHA-256 hex digest of ``key``: the only form in which keys are stored."""
     return hashlib.sha256(key.encode()).hexdigest()
+
+
+class KeyId(str):
+    """A key id as an API key proved it, with that key's digest.
+
+    Wherever the id travels (the HTTP API's handlers take it as a plain
+    ``str``), a client token minted for it names the key that minted it
+    (``ClientTokens.mint``), so revoking that key revokes the token.
+    """
+
+    digest: str
+
+    def __new__(cls, key_id: str, digest: str) -> KeyId:
+        made = super().__new__(cls, key_id)
+        made.digest = digest
+        return made
 
 
 def valid_key_id(key_id: str) -> bool:
@@ -262,13 +283,15 @@ class KeyFile:
     how much of a digest matched, nor which line did.
     """
 
-    def __init__(self, path: str | Path, *, check_interval: float = 1.0) -> None:
+    def __init__(self, path: str | Path, *, check_interval: float = 0.25) -> None:
         self.path = Path(path)
         self.check_interval = check_interval
         self._entries: list[tuple[str, str]] = []  # (digest, key_id)
+        self._issued: dict[str, str] = {}  # digest → key_id, for digests the gateway recorded
         self._tools: dict[str, AllowList] = {}  # key_id → allow-list (keys that have one)
-        self._stamp: tuple[float, int] | None = None
+        self._stamp: tuple[float, int, int] | None = None
         self._checked = 0.0
+        self.version = 0  # +1 each time other keys are loaded
         try:
             self._load()
         except (OSError, ValueError) as exc:
@@ -284,7 +307,22 @@ class KeyFile:
         """The tools ``key_id``'s sessions may call (None: every tool)."""
         return self._tools.get(key_id)
 
-    def _read(self) -> tuple[list[tuple[str, str]], dict[str, AllowList], tuple[float, int]]:
+    def issued(self, digest: str) -> str | None:
+        """The key id of ``digest`` if the file holds it, as loaded now.
+
+        A dict lookup, for digests the gateway recorded itself (a live
+        connection's key, a client token's signed ``kd``): never for a
+        presented key, which ``lookup`` compares in constant time.
+        """
+        return self._issued.get(digest)
+
+    def has_key_id(self, key_id: str) -> bool:
+        """Whether ``key_id`` holds a key in the file, as loaded now."""
+        return key_id in self._issued.values()
+
+    def _read(
+        self,
+    ) -> tuple[list[tuple[str, str]], dict[str, AllowList], tuple[float, int, int]]:
         try:
             stat = self.path.stat()
             text = self.path.read_text(encoding="utf-8")
@@ -304,10 +342,14 @@ class KeyFile:
                 entries.append((parsed[1], parsed[0]))
                 if parsed[2] is not None:
                     tools[parsed[0]] = parsed[2]
-        return entries, tools, (stat.st_mtime, stat.st_size)
+        return entries, tools, _stamp(stat)
 
     def _load(self) -> None:
-        self._entries, self._tools, self._stamp = self._read()
+        entries, self._tools, self._stamp = self._read()
+        if entries != self._entries:
+            self.version += 1
+        self._entries = entries
+        self._issued = {digest: key_id for digest, key_id in entries}
         self._checked = time.monotonic()
         warning = file_mode_warning(self.path)
         if warning is not None:
@@ -328,7 +370,9 @@ class KeyFile:
         log.info("api keys file %s loaded: %d keys", self.path, len(self._entries))
         return True
 
-    def _maybe_reload(self) -> None:
+    def poll(self) -> None:
+        """Re-read the file if it changed since it was read: one ``stat``, at most
+        every ``check_interval`` seconds (on use, and by the node's rights watch)."""
         now = time.monotonic()
         if now - self._checked < self.check_interval:
             return
@@ -338,12 +382,12 @@ class KeyFile:
         except OSError as exc:
             log.error("api keys file %s unreadable, keeping the loaded keys: %s", self.path, exc)
             return
-        if (stat.st_mtime, stat.st_size) != self._stamp:
+        if _stamp(stat) != self._stamp:
             self.reload()
 
     def lookup(self, digest: str) -> str | None:
         """The key id whose stored digest equals ``digest`` (constant-time scan)."""
-        self._maybe_reload()
+        self.poll()
         found: str | None = None
         wanted = digest.encode()
         for stored, key_id in self._entries:
@@ -377,8 +421,40 @@ class RedisKeys:
             raise KeyStoreUnavailable(str(exc)) from exc
         return split_key_value(raw.decode()) if raw is not None else None
 
+    async def issued(self, digests: Sequence[str]) -> dict[str, str]:
+        """digest → key id of those of ``digests`` the hash holds now (one ``HMGET``)."""
+        from redis.exceptions import RedisError
+
+        if not digests:
+            return {}
+        try:
+            raw = await self._redis.hmget(self.hash, list(digests))
+        except (RedisError, OSError) as exc:
+            raise KeyStoreUnavailable(str(exc)) from exc
+        return {
+            digest: value.decode().strip().partition(" ")[0]
+            for digest, value in zip(digests, raw, strict=True)
+            if value is not None
+        }
+
+    async def key_ids(self) -> set[str]:
+        """Every key id the hash holds a key for (``HGETALL``: for tokens that name
+        no key, minted before tokens did)."""
+        from redis.exceptions import RedisError
+
+        try:
+            raw = await self._redis.hgetall(self.hash)
+        except (RedisError, OSError) as exc:
+            raise KeyStoreUnavailable(str(exc)) from exc
+        return {value.decode().strip().partition(" ")[0] for value in raw.values()}
+
     async def close(self) -> None:
         await self._redis.aclose()
+
+
+def _stamp(stat: os.stat_result) -> tuple[float, int, int]:
+    """What tells a changed keys file: mtime, size and inode (``gateway keys`` replaces it)."""
+    return stat.st_mtime, stat.st_size, stat.st_ino
 
 
 def file_mode_warning(path: Path) -> str | None:

@@ -11,6 +11,11 @@ on node B. Where it comes from, first that applies:
 
 The store is asked once (then cached); if it is down then, it is asked
 again at the next mint or verify.
+
+A token names the API key that minted it (``kd``): the key id handed to
+``mint`` carries it when an API key proved it (``gateway.edge.auth.KeyId``).
+Whether that key is still issued is the edge's question, asked where the
+token opens a connection (``gateway.edge.rights``), not here.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import time
 from collections.abc import Callable
 
 from gateway.config import Config
+from gateway.edge.auth import KeyId
 from gateway.edge.tokens import ClientToken, TokenRefused, mint_token, new_secret, verify_token
 from gateway.store.base import Store
 
@@ -55,10 +61,15 @@ class ClientTokens:
         return self._secrets
 
     async def mint(self, sid: str, key_id: str, ttl: float | None = None) -> tuple[str, float]:
-        """A token for ``sid`` owned by ``key_id`` and when it expires (unix seconds)."""
+        """A token for ``sid`` owned by ``key_id`` and when it expires (unix seconds).
+
+        A ``KeyId`` (an API key proved it) makes a token that dies with that key;
+        a plain id (auth is off) one that names no key.
+        """
         expires_at = round(self._clock() + (self.ttl if ttl is None else ttl), 3)
         secrets = await self.secrets()
-        return mint_token(secrets[0], sid, key_id, expires_at), expires_at
+        digest = key_id.digest if isinstance(key_id, KeyId) else ""
+        return mint_token(secrets[0], sid, str(key_id), expires_at, digest), expires_at
 
     async def verify(self, token: str) -> ClientToken | TokenRefused:
         return verify_token(await self.secrets(), token, self._clock())

@@ -26,6 +26,7 @@ class CloseCode:
     SERVICE_RESTART = 1012  # node draining or session moved: reconnect with after=SEQ
     TRY_AGAIN_LATER = 1013  # store unavailable: retry later
     SLOW_CLIENT = 4008  # the client read nothing for slow_client_timeout
+    KEY_REVOKED = 4401  # its API key (or the key that minted its client token) was revoked
     SESSION_DELETED = 4404  # DELETE /v1/sessions/ID: the session is gone, do not reconnect
     RATE_LIMITED = 4029  # the client kept sending frames faster than its limit
 

@@ -220,6 +220,13 @@ class ClientConnection:
         self._close = (CloseCode.SESSION_DELETED, "session deleted")
         self._wake.set()
 
+    def revoked(self) -> None:
+        """Its API key was revoked (the key it presented, or the one that minted its
+        client token): close with 4401; the reader takes no frame from now on."""
+        if self._close is None:
+            self._close = (CloseCode.KEY_REVOKED, "API key revoked: this credential opens nothing")
+            self._wake.set()
+
     def switch_source(self, source: EventSource) -> None:
         """The session is now driven by this node (takeover): follow the runtime."""
         assert isinstance(source, SessionRuntime)

@@ -7,15 +7,19 @@ secrets and LiveKit's access tokens). A token is
     rtgw_ct.<payload>.<signature>
 
 with ``payload`` the base64url of a small JSON object (the session id, the
-owning key id, the expiry) and ``signature`` the base64url HMAC-SHA256 of the
-payload under a secret every node shares. So any node verifies a token with no
-store round trip, and a token can neither be forged nor stretched to another
-session, another key or a later time.
+owning key id, the digest of the API key that minted it, the expiry) and
+``signature`` the base64url HMAC-SHA256 of the payload under a secret every
+node shares. So any node checks the signature with no store round trip, and a
+token can neither be forged nor stretched to another session, another key or
+a later time.
 
 What a token may do is decided where it is checked, not in it: it opens a
 WebSocket to *its* session (``?token=`` or the ``rtgw.bearer.`` subprotocol)
 until it expires; it never mints sessions, reads the HTTP API or opens another
-session. Deleting a session revokes its tokens, because the session is gone.
+session. Deleting a session revokes its tokens, because the session is gone;
+revoking the API key that minted a token revokes the token, because the node
+that checks it asks whether that key (``kd``, its SHA-256 digest, which is no
+secret) is still issued (``gateway.edge.rights``).
 
 Pure: no I/O, no clock that is not passed in.
 """
@@ -45,13 +49,20 @@ TOKEN_PREFIX: Final = "rtgw_ct."
 _VERSION: Final = 1
 
 
-class ClientToken(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """What a token says: which session, whose, until when (unix seconds)."""
+class ClientToken(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_fields=True):
+    """What a token says: which session, whose, until when (unix seconds), minted by which key.
+
+    ``kd`` is the SHA-256 digest of the API key that minted it: the token lives
+    only as long as that key (a key id may hold several keys, and one of them
+    can be revoked alone). "" for a token minted while auth was off, or by a
+    gateway from before tokens named their key (checked by key id then).
+    """
 
     sid: str
     key: str
     exp: float
     v: int = _VERSION
+    kd: str = ""
 
 
 class TokenRefused(msgspec.Struct, frozen=True):
@@ -86,9 +97,10 @@ def is_client_token(credential: str) -> bool:
     return credential.startswith(TOKEN_PREFIX)
 
 
-def mint_token(secret: bytes, sid: str, key: str, expires_at: float) -> str:
-    """A token that opens ``sid`` (owned by ``key``) until ``expires_at``."""
-    payload = _b64(_encode(ClientToken(sid=sid, key=key, exp=expires_at)))
+def mint_token(secret: bytes, sid: str, key: str, expires_at: float, key_digest: str = "") -> str:
+    """A token that opens ``sid`` (owned by ``key``) until ``expires_at``, while the
+    API key of digest ``key_digest`` is issued ("": no key, auth is off)."""
+    payload = _b64(_encode(ClientToken(sid=sid, key=key, exp=expires_at, kd=key_digest)))
     return f"{TOKEN_PREFIX}{payload}.{_sign(secret, payload)}"
 
 

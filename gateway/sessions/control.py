@@ -65,12 +65,14 @@ __all__ = [
     "BROADCAST_CHANNEL",
     "GIVE_UP_AFTER",
     "HANDOFF_QUIET",
+    "RIGHTS_CHANNEL",
     "ClientConnectionLike",
     "CommandRelay",
     "ControlMessage",
     "Deleted",
     "Forward",
     "Handoff",
+    "KeysChanged",
     "Reply",
     "decode_control",
     "encode_control",
@@ -157,10 +159,26 @@ class Deleted(msgspec.Struct, tag_field="kind", tag="deleted", frozen=True):
     sid: str
 
 
-ControlMessage = Forward | Reply | Handoff | Deleted
+class KeysChanged(msgspec.Struct, tag_field="kind", tag="keys", frozen=True):
+    """API keys in the shared store changed (``gateway keys revoke``): every node looks
+    again, now, at the keys its connections use (on ``RIGHTS_CHANNEL``).
+
+    It carries no authority: a node asks the store what is issued
+    (``gateway.edge.rights``), so a lost or forged message changes nothing that
+    the next periodic look would not. ``digests``: the keys that changed
+    (their SHA-256 digests); empty: any.
+    """
+
+    digests: tuple[str, ...] = ()
+
+
+ControlMessage = Forward | Reply | Handoff | Deleted | KeysChanged
 
 BROADCAST_CHANNEL: Final = "nodes"
 """The channel every node listens on, for what concerns all of them (a deletion)."""
+
+RIGHTS_CHANNEL: Final = "rights"
+"""The channel every node's edge listens on for changes of API keys (``KeysChanged``)."""
 
 _encoder: Final = msgspec.msgpack.Encoder()
 _decoder: Final = msgspec.msgpack.Decoder(ControlMessage)
@@ -408,7 +426,7 @@ class CommandRelay:
             self._spawn(self._run_forwarded(message), f"forwarded:{message.sid}")
         elif isinstance(message, Handoff):
             self._spawn(self._hand_over(message), f"handoff:{message.sid}")
-        else:  # Deleted travels on the broadcast channel, never here
+        else:  # Deleted and KeysChanged travel on channels of their own, never here
             log.warning("ignoring a %s message on a node channel", type(message).__name__)
 
     def _on_reply(self, reply: Reply) -> None:

@@ -36,7 +36,7 @@ from gateway.sessions.control import (
 from gateway.sessions.follower import LogFollower
 from gateway.sessions.limits import Limits
 from gateway.sessions.logwriter import LogWriter
-from gateway.sessions.policy import KeyPolicies, refusal
+from gateway.sessions.policy import KeyPolicies, refusal, within
 from gateway.sessions.runtime import SessionRuntime, SessionServices, SessionSetup
 from gateway.sessions.workspaces import WorkspaceSweeper
 from gateway.store.base import Store, StoreError
@@ -287,6 +287,48 @@ class Node:
         self._factory_cache[key] = factory
         return factory
 
+    def policies_changed(self) -> None:
+        """The key policy file changed: set every session driven here up again under it.
+
+        Rights take effect at once: a session whose setup changes (tools
+        withdrawn, instructions, a provider no longer allowed) uses the new one
+        from its next model step, and its clients see ``configured``. Sessions
+        driven elsewhere are their drivers' (every node watches its own file);
+        sessions driven nowhere get it when they are loaded.
+        """
+        for runtime in list(self.runtimes.values()):
+            if runtime.closed:
+                continue
+            owner, before = runtime.owner, runtime.setup
+            setup = self.setup(
+                owner, within(self.policies.get(owner), before.config), before.key_tools
+            )
+            if isinstance(setup, str):
+                log.warning(
+                    "session %s: the new key policy cannot be applied (%s); it keeps its setup",
+                    runtime.sid,
+                    setup,
+                    extra={"sid": runtime.sid},
+                )
+            elif (
+                setup.config,
+                setup.system_prompt,
+                setup.server_tools,
+                setup.upstream_factory,
+            ) != (
+                before.config,
+                before.system_prompt,
+                before.server_tools,
+                before.upstream_factory,
+            ):
+                log.info(
+                    "session %s: key policy of %s changed: set up again",
+                    runtime.sid,
+                    owner,
+                    extra={"sid": runtime.sid},
+                )
+                runtime.rights_changed(setup)
+
     def runtime_configured(self, runtime: SessionRuntime) -> None:
         """Store the session's new configuration (a no-op until it is stored itself)."""
         fields = {
@@ -320,6 +362,8 @@ class Node:
         except (ValueError, TypeError) as exc:  # msgspec's errors are ValueErrors
             log.error("session %s: unreadable stored configuration: %s", sid, exc)
             config = SessionConfig()
+        # Stored before its owner's policy was tightened: cut to it, not refused.
+        config = within(self.policies.get(owner), config)
         setup = self.setup(owner, config, key_tools)
         if isinstance(setup, str):
             log.warning(

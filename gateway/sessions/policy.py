@@ -14,11 +14,16 @@ The operator writes one TOML table per key id (``--key-policy-file``)::
 A key with no table (and no ``"*"``) may set anything the node serves. The
 policy is keyed by key id, so it holds for keys from a file and from Redis
 alike, and the keys file keeps its one format. The file is re-read when it
-changes (checked at most once a second, on use); a broken file keeps the
-policies loaded before (logged).
+changes (looked at every half second by the node's rights watch, and on use);
+a broken file keeps the policies loaded before (logged).
 
-The checks are pure (``refusal``): they name the field and say what is
-allowed, and the HTTP API answers them with 403, ``configure`` with a
+A change applies to live sessions too, from their next model step: the node
+sets each session it drives up again under the new policy (``within`` cuts
+the session's own configuration to it) and logs ``configured`` where that
+changed anything (``Node.policies_changed``).
+
+The checks are pure (``refusal``, ``within``): they name the field and say
+what is allowed, and the HTTP API answers them with 403, ``configure`` with a
 ``forbidden`` error.
 """
 
@@ -35,7 +40,7 @@ import msgspec
 from gateway.settings import ConfigError
 from protocol.configuration import SessionConfig
 
-__all__ = ["ANY_KEY", "KeyPolicies", "KeyPolicy", "refusal"]
+__all__ = ["ANY_KEY", "KeyPolicies", "KeyPolicy", "refusal", "within"]
 
 log = logging.getLogger("gateway.sessions.policy")
 
@@ -81,6 +86,27 @@ def refusal(policy: KeyPolicy, config: SessionConfig) -> str | None:
     return None
 
 
+def within(policy: KeyPolicy, config: SessionConfig) -> SessionConfig:
+    """``config`` cut to what ``policy`` allows (``config`` itself when it is within).
+
+    For a session whose owner's policy was tightened after it was configured:
+    server tools the policy no longer allows are withdrawn, and a provider or
+    model it no longer allows gives way to the gateway's default (the
+    provider's model goes with it). ``refusal`` of the result is None.
+    """
+    changes: dict[str, object] = {}
+    if config.provider and policy.providers is not None and config.provider not in policy.providers:
+        changes["provider"] = ""
+        changes["model"] = ""
+    elif config.model and policy.models is not None and config.model not in policy.models:
+        changes["model"] = ""
+    if config.server_tools is not None and policy.server_tools is not None:
+        kept = tuple(t for t in config.server_tools if t in policy.server_tools)
+        if kept != config.server_tools:
+            changes["server_tools"] = kept
+    return msgspec.structs.replace(config, **changes) if changes else config
+
+
 class KeyPolicies:
     """The policies of a ``--key-policy-file``, re-read when the file changes.
 
@@ -88,12 +114,13 @@ class KeyPolicies:
     unreadable at start.
     """
 
-    def __init__(self, path: str | Path | None, *, check_interval: float = 1.0) -> None:
+    def __init__(self, path: str | Path | None, *, check_interval: float = 0.25) -> None:
         self.path = Path(path) if path else None
         self.check_interval = check_interval
         self._policies: dict[str, KeyPolicy] = {}
         self._stamp: tuple[float, int] | None = None
         self._checked = 0.0
+        self.version = 0  # +1 each time other policies are loaded
         if self.path is not None:
             try:
                 self._load()
@@ -120,16 +147,18 @@ class KeyPolicies:
                     f"{self.path} [{key_id}]: {exc}; fields are providers, models, "
                     "server_tools (lists of strings) and instructions (a string)"
                 ) from None
+        if policies != self._policies:
+            self.version += 1
         self._policies = policies
         self._stamp = (stat.st_mtime, stat.st_size)
         self._checked = time.monotonic()
 
-    def _maybe_reload(self) -> None:
-        if self.path is None:
-            return
+    def poll(self) -> int:
+        """Re-read the file if it changed (one ``stat``, at most every ``check_interval``
+        seconds: on use, and by the node's rights watch); the policies' ``version``."""
         now = time.monotonic()
-        if now - self._checked < self.check_interval:
-            return
+        if self.path is None or now - self._checked < self.check_interval:
+            return self.version
         self._checked = now
         try:
             stat = self.path.stat()
@@ -138,9 +167,10 @@ class KeyPolicies:
                 log.info("key policy file %s loaded: %d tables", self.path, len(self._policies))
         except (OSError, ValueError) as exc:
             log.error("key policy file not reloaded, keeping the loaded policies: %s", exc)
+        return self.version
 
     def get(self, key_id: str) -> KeyPolicy:
         """The policy of ``key_id`` (its table, else ``"*"``, else no limits)."""
-        self._maybe_reload()
+        self.poll()
         policies = self._policies
         return policies.get(key_id) or policies.get(ANY_KEY) or OPEN

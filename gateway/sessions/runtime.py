@@ -514,6 +514,21 @@ class SessionRuntime:
         self.set_voice(self._voice_of(setup))
         return None
 
+    def rights_changed(self, setup: SessionSetup) -> None:
+        """The owner's rights changed (the operator's key policy): ``setup`` from the
+        next model step, as ``configure`` applies a change, told to every client
+        as ``configured`` and stored. Calls already sent to a client still wait;
+        a server tool no longer allowed fails when it would run."""
+        if self.closed:
+            return
+        self.setup = setup
+        self.machine.client_tools = setup.client_tools
+        self.observer.provider = setup.upstream_factory.provider
+        self.observer.model = setup.upstream_factory.model
+        self.emit(Configured(config=setup.config))
+        self.host.runtime_configured(self)
+        self.set_voice(self._voice_of(setup))
+
     def _voice_of(self, setup: SessionSetup) -> VoiceConfig | None:
         """The audio a configuration asks for, with the tools this session may call
         (server tools, then its client tools: both are declared natively)."""

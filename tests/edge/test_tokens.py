@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import base64
+import hashlib
+import hmac
 
 from hypothesis import given
 from hypothesis import strategies as st
@@ -50,3 +52,17 @@ def test_any_garbage_is_refused_with_a_message(garbage: str) -> None:
     for candidate in (garbage, "rtgw_ct." + garbage, "rtgw_ct.x." + garbage):
         result = verify_token((SECRET,), candidate, now=0.0)
         assert isinstance(result, TokenRefused) and result.message
+
+
+def test_a_token_names_the_key_that_minted_it_and_older_tokens_still_verify() -> None:
+    digest = "ab" * 32
+    token = mint_token(SECRET, "sid-1", "tenant-a", expires_at=50.0, key_digest=digest)
+    claims = verify_token((SECRET,), token, now=1.0)
+    assert isinstance(claims, ClientToken) and claims.kd == digest
+    # A token minted before tokens named their key: no kd (checked by key id).
+    payload = base64.urlsafe_b64encode(b'{"sid":"sid-1","key":"k","exp":50.0,"v":1}')
+    text = payload.rstrip(b"=").decode()
+    mac = hmac.new(SECRET, text.encode(), hashlib.sha256).digest()
+    older = f"rtgw_ct.{text}.{base64.urlsafe_b64encode(mac).rstrip(b'=').decode()}"
+    claims = verify_token((SECRET,), older, now=1.0)
+    assert isinstance(claims, ClientToken) and (claims.key, claims.kd) == ("k", "")

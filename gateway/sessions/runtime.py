@@ -504,14 +504,7 @@ class SessionRuntime:
         setup = self.services.session_setup(self.owner, updated, self.setup.key_tools)
         if isinstance(setup, str):
             return Error(code="forbidden", content=setup)
-        self.setup = setup
-        self.machine.batch.router = setup.client_tools
-        # Priced and traced as the provider and model it now uses.
-        self.observer.provider = setup.upstream_factory.provider
-        self.observer.model = setup.upstream_factory.model
-        self.emit(Configured(config=updated))
-        self.host.runtime_configured(self)
-        self.set_voice(self._voice_of(setup))
+        self._apply_setup(setup)
         return None
 
     def rights_changed(self, setup: SessionSetup) -> None:
@@ -521,8 +514,13 @@ class SessionRuntime:
         a server tool no longer allowed fails when it would run."""
         if self.closed:
             return
+        self._apply_setup(setup)
+
+    def _apply_setup(self, setup: SessionSetup) -> None:
+        """A new setup from the next model step: logged as ``configured``, stored."""
         self.setup = setup
-        self.machine.client_tools = setup.client_tools
+        self.machine.batch.router = setup.client_tools
+        # Priced and traced as the provider and model it now uses.
         self.observer.provider = setup.upstream_factory.provider
         self.observer.model = setup.upstream_factory.model
         self.emit(Configured(config=setup.config))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import datetime
 import logging
 from collections.abc import AsyncIterator
 
@@ -19,6 +20,7 @@ from gateway.store import open_store
 from gateway.tracing import Tracing, TracingError
 from gateway.upstream import providers
 from gateway.upstream.base import ProviderChain, UpstreamFactory
+from gateway.upstream.models import model_refusal, model_warning
 from protocol.fallback import ProviderBreaker
 from tools.registry import Registry
 from tools.toolset import builtin_names, open_registry
@@ -63,16 +65,35 @@ async def _upstream_factories(config: Config) -> AsyncIterator[UpstreamFactories
                 return sim_row.factory(settings, model or "sim")
             row = providers.by_name(provider)
             settings = config.upstream(provider)
+            own = provider in config.providers  # the node's own: its errors stop the start
             if not settings.api_key:
-                if provider in config.providers:  # the node's own: a configuration error at start
+                if own:
                     raise ConfigError(
                         f"provider {provider} needs an API key: set {row.key_variable} "
                         f"(or GATEWAY_{provider.upper()}_API_KEY)"
                     )
                 raise ValueError(f"{provider!r} has no API key configured on this gateway")
-            return row.factory(settings, model)
+            factory = row.factory(settings, model)
+            _check_model(provider, factory.wire, factory.model, own=own)
+            return factory
 
         yield make
+
+
+_warned: set[tuple[str, str]] = set()
+
+
+def _check_model(provider: str, wire: str, model: str, *, own: bool) -> None:
+    """Refuse a model its provider shut down (naming the replacement); log, once, one
+    that is deprecated or that the model table does not know."""
+    today = datetime.date.today()
+    refused = model_refusal(provider, wire, model, today)
+    if refused is not None:
+        raise ConfigError(refused) if own else ValueError(refused)
+    warning = model_warning(provider, wire, model, today)
+    if warning is not None and (provider, model) not in _warned:
+        _warned.add((provider, model))
+        log.warning("%s", warning)
 
 
 def _node_factory(config: Config, factories: UpstreamFactories) -> UpstreamFactory:

@@ -171,6 +171,16 @@ class MessageQueue:
             decode = text
         return data.decode() if decode else data
 
+    def take_ready(self) -> list[bytes]:
+        """Every whole message received and not read yet, taken now (no wait): what
+        an adapter still reads of a connection it is about to close."""
+        taken = [data for data, _ in self._messages]
+        self._messages.clear()
+        if self._paused:
+            self._paused = False
+            self._resume()
+        return taken
+
     def nudge(self) -> None:
         """Make the waiting ``get()`` return ``None`` (no message): what an
         ``intercept`` that took a message calls when the reader must look at

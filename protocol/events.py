@@ -227,9 +227,17 @@ class Error(_Base, tag="error"):
 
 
 class Interrupt(_Base, tag="interrupt"):
-    """The turn in flight was broken (node loss, upstream loss) and is rerun."""
+    """The turn in flight was broken (node loss, upstream loss) and is rerun.
+
+    ``context`` says what the model kept of the conversation on the new
+    connection: ``resumed`` (the provider continued its own copy, by a
+    resumption handle) or ``rebuilt`` (it was given the session's history
+    again, cut to the node's context budget). Absent when no connection
+    was opened for the rerun yet.
+    """
 
     content: str = ""
+    context: Literal["resumed", "rebuilt"] | msgspec.UnsetType = msgspec.UNSET
 
 
 class Cancelled(_Base, tag="cancelled"):

@@ -14,7 +14,7 @@ from typing import Any
 import msgspec
 import orjson
 
-__all__ = ["ToolSpec", "render_tools", "system_prompt"]
+__all__ = ["ToolSpec", "native_prompt", "render_tools", "system_prompt"]
 
 
 class ToolSpec(msgspec.Struct, frozen=True):
@@ -72,6 +72,20 @@ def render_tools(tools: Sequence[ToolSpec]) -> str:
 def system_prompt(tools: Sequence[ToolSpec], instructions: str = "") -> str:
     """The full system prompt: protocol rules, the tools, then operator instructions."""
     parts = [_PROTOCOL, render_tools(tools)]
+    if instructions.strip():
+        parts.append(instructions.strip())
+    return "\n\n".join(parts) + "\n"
+
+
+_NATIVE = """\
+You are a helpful assistant. Answer the user directly. When one of your
+functions would help, call it; its result comes back to you, then go on."""
+
+
+def native_prompt(instructions: str = "") -> str:
+    """The system prompt of a model that does not write the text protocol (it speaks,
+    and its functions are declared natively): no markers to teach, only the instructions."""
+    parts = [_NATIVE]
     if instructions.strip():
         parts.append(instructions.strip())
     return "\n\n".join(parts) + "\n"

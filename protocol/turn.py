@@ -111,6 +111,7 @@ from protocol.turn_events import (
     Spoken,
     StopResponse,
     TextDelta,
+    Thought,
     ToolResultMessage,
     ToolsDone,
     Transcript,
@@ -363,12 +364,14 @@ class TurnMachine:
             *held,
         ]
 
-    def _spoken_text(self, text: str) -> Sequence[Action]:
+    def _said(self, event: Respond | Think) -> Sequence[Action]:
+        """A chunk the provider gave as answer (``Spoken``) or thinking (``Thought``) as is:
+        no text protocol to parse (audio output, or a model that only speaks)."""
         if self.state is not _STREAMING:
             return _NOTHING  # leftovers of a cancelled answer
-        event = Respond(content=text)
         self._chunk(event)
-        self._spoken.append(text)
+        if type(event) is Respond:
+            self._spoken.append(event.content)
         if self._held is not None:
             self._held.append(event)
             return _NOTHING
@@ -762,7 +765,8 @@ _HANDLERS: Final[dict[type, _Handler]] = {
     Rerun: lambda m, i: m._rerun(i.reason),
     ShellFailed: lambda m, i: m._shell_failed(i.what),
     Shutdown: lambda m, i: m._shutdown(),
-    Spoken: lambda m, i: m._spoken_text(i.text),
+    Spoken: lambda m, i: m._said(Respond(content=i.text)),
+    Thought: lambda m, i: m._said(Think(content=i.text)),
     SpeechBegan: lambda m, i: m._speech_began(i.offset_ms),
     SpeechEnded: lambda m, i: m._speech_ended(i.offset_ms),
     # A late transcript (the turn went on without it) is not ours any more.

@@ -9,7 +9,7 @@ its own kind without translation:
   spoken turn) are the client's frames themselves;
 - **the upstream adapters** (``gateway.upstream``): ``TextDelta``,
   ``ResponseDone``, ``SpeechBegan``, ``SpeechEnded``, ``Transcript``,
-  ``ResponseBegan``, ``Spoken`` and ``NativeCall`` are what an adapter's
+  ``ResponseBegan``, ``Spoken``, ``Thought`` and ``NativeCall`` are what an adapter's
   ``recv()`` returns;
 - **the shell** (``gateway.sessions``): ``Rerun``, ``UpstreamFailed``,
   ``UpstreamLost``, ``ToolsDone``, ``ClientTimeout``, ``RetryNow``,
@@ -70,6 +70,7 @@ __all__ = [
     "Spoken",
     "StopResponse",
     "TextDelta",
+    "Thought",
     "ToolResultMessage",
     "ToolsDone",
     "Transcript",
@@ -193,6 +194,13 @@ class ResponseBegan(_Input, frozen=True, tag="response_began"):
     """A response started that the session did not ask for (server VAD answered the user)."""
 
 
+class Thought(_Input, frozen=True, tag="thought"):
+    """A piece of the model's thinking that the provider reports as such (a model
+    that does not write the text protocol): a ``think`` chunk as is."""
+
+    text: str
+
+
 class Spoken(_Input, frozen=True, tag="spoken"):
     """A piece of the transcript of the model's spoken answer: a ``respond`` chunk as is
     (audio output has no text protocol to parse)."""
@@ -228,6 +236,7 @@ TurnInput = (
     | Transcript
     | ResponseBegan
     | Spoken
+    | Thought
     | NativeCall
 )
 

@@ -37,6 +37,7 @@ from gateway.sessions.follower import LogFollower
 from gateway.sessions.limits import Limits
 from gateway.sessions.logwriter import LogWriter
 from gateway.sessions.policy import KeyPolicies, refusal, within
+from gateway.sessions.resumption import META_KEY, decode_resume_point
 from gateway.sessions.runtime import SessionRuntime, SessionServices, SessionSetup
 from gateway.sessions.workspaces import WorkspaceSweeper
 from gateway.store.base import Store, StoreError
@@ -98,7 +99,9 @@ class Node:
         self._factories = factories
         # Per-session upstream factories, by (provider, model); "" = the node's.
         self._factory_cache: dict[tuple[str, str], UpstreamFactory] = {}
-        self.default_setup = SessionSetup(SessionConfig(), self.system_prompt, upstream_factory)
+        self.default_setup = SessionSetup(
+            SessionConfig(), self.system_prompt, upstream_factory, instructions=config.instructions
+        )
         self.runtimes: dict[str, SessionRuntime] = {}
         self.log_writer = LogWriter(
             store, self.node_id, linger=config.log_linger, lease_ttl=config.lease_ttl
@@ -253,6 +256,8 @@ class Node:
         factory = self._factory(config.provider, config.model)
         if isinstance(factory, str):
             return factory
+        parts = [self.config.instructions, policy.instructions, config.instructions]
+        instructions = "\n\n".join(p.strip() for p in parts if p.strip())
         if (
             allowed is None
             and not config.tools
@@ -263,9 +268,8 @@ class Node:
         else:
             specs = [s for s in self.registry.specs() if allowed is None or s.name in allowed]
             specs += client_tools.specs()
-            parts = [self.config.instructions, policy.instructions, config.instructions]
-            prompt = system_prompt(specs, "\n\n".join(p.strip() for p in parts if p.strip()))
-        return SessionSetup(config, prompt, factory, allowed, client_tools, key_tools)
+            prompt = system_prompt(specs, instructions)
+        return SessionSetup(config, prompt, factory, allowed, client_tools, key_tools, instructions)
 
     def _factory(self, provider: str, model: str) -> UpstreamFactory | str:
         default = self.upstream_factory
@@ -445,6 +449,7 @@ class Node:
             cost=_float(meta.get("cost_usd", "")),
             setup=setup,
             owner=meta.get("owner", owner),
+            resume=decode_resume_point(meta.get(META_KEY, "")),
         )
         # The last turn's trace: a rerun of it (rerun_interrupted) links there.
         runtime.observer.follows = meta.get("traceparent", "")

@@ -50,12 +50,15 @@ from gateway.pricing import PriceTable
 from gateway.sessions.limits import Limits
 from gateway.sessions.logwriter import Batch, LogWriter
 from gateway.sessions.observer import TurnObserver
+from gateway.sessions.resumption import META_KEY, ResumePoint
 from gateway.sessions.subscriber import Subscriber
 from gateway.sessions.voice import HELD_AUDIO_SECONDS, HeldAudio, voice_config
 from gateway.store.base import LeaseLost, LogEntry, SeqConflict, Store, StoreError, StoreUnavailable
 from gateway.tracing import Tracing
 from gateway.upstream.base import (
     AudioDelta,
+    Resumable,
+    Resume,
     Upstream,
     UpstreamClosed,
     UpstreamError,
@@ -64,6 +67,7 @@ from gateway.upstream.base import (
     VoiceConfig,
     Woken,
 )
+from gateway.upstream.models import facts
 from protocol.assembly import HistoryItem, Message, assemble, encode_history_item
 from protocol.audio import audio_frame
 from protocol.budget import context_tokens_estimate, fit
@@ -73,11 +77,13 @@ from protocol.events import (
     Configured,
     Error,
     Event,
+    Interrupt,
     Metric,
     ToolResultMessage,
     Usage,
     encode,
 )
+from protocol.prompt import native_prompt
 from protocol.turn import TurnMachine, TurnState, turn_in_flight
 from protocol.turn_events import (
     EVENT_TYPES,
@@ -105,6 +111,7 @@ from protocol.turn_events import (
     Spoken,
     StopResponse,
     TextDelta,
+    Thought,
     ToolsDone,
     TurnStarted,
     UpstreamFailed,
@@ -173,6 +180,9 @@ class SessionSetup:
     # Its API key's allow-list of tools (``tools=`` in the keys file), stored with the
     # session so every node applies the same one; None: every tool.
     key_tools: AllowList | None = None
+    # Operator + key policy + session instructions: all a model that does not write the
+    # text protocol (it speaks; its tools are declared natively) is told.
+    instructions: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,11 +238,16 @@ class SessionRuntime:
         setup: SessionSetup,
         owner: str = "",
         clock: Callable[[], float] = time.time,
+        resume: ResumePoint | None = None,
     ) -> None:
         self.host = host
         self.services = services
         self.sid = sid
         self.owner = owner  # the key id that owns the session (its policy applies)
+        # The provider's own copy of the conversation, to continue on the next connection,
+        # and where its positions are in the history (position at a turn's end → items).
+        self._resume_point = resume
+        self._positions: dict[int, int] = {}
         self.setup = setup
         self._opened_with: SessionSetup | None = None  # the setup the upstream was opened with
         self.history = history
@@ -527,16 +542,19 @@ class SessionRuntime:
         self.host.runtime_configured(self)
         self.set_voice(self._voice_of(setup))
 
-    def _voice_of(self, setup: SessionSetup) -> VoiceConfig | None:
+    def _voice_of(self, setup: SessionSetup, *, speaks_only: bool = False) -> VoiceConfig | None:
         """The audio a configuration asks for, with the tools this session may call
-        (server tools, then its client tools: both are declared natively)."""
+        (server tools, then its client tools: both are declared natively).
+        ``speaks_only``: the upstream's model answers in audio only (see ``voice_config``)."""
         allowed = setup.server_tools
         specs = [
             s
             for s in self.services.executor.registry.specs()
             if allowed is None or s.name in allowed
         ]
-        return voice_config(setup.config, [*specs, *setup.client_tools.specs()])
+        return voice_config(
+            setup.config, [*specs, *setup.client_tools.specs()], speaks_only=speaks_only
+        )
 
     # ------------------------------------------------------------------ voice
 
@@ -664,6 +682,9 @@ class SessionRuntime:
 
     def _audio_out(self, pcm16: bytes) -> None:
         """The model's audio to the attached clients, tagged with the newest seq."""
+        voice = self.voice
+        if voice is None or voice.audio_out is None:
+            return  # a text session on a model that only speaks: its transcript is the answer
         if self.machine.state is not TurnState.STREAMING:
             return  # the rest of a cancelled answer
         frame = audio_frame(self._seq, pcm16)
@@ -719,6 +740,9 @@ class SessionRuntime:
             while True:
                 try:
                     await self._perform_pending()
+                    if machine.idle and self.upstream is not None:
+                        # A turn's end: the provider's position now holds the whole history.
+                        self._positions[self.upstream.position] = len(self.history)
                     if machine.idle and not self._todo and not self.listening:
                         return
                     if machine.awaits_upstream or (self.listening and not self._todo):
@@ -825,6 +849,9 @@ class SessionRuntime:
                     self.observer.fill(action)  # type: ignore[arg-type]
                 elif kind is Error:
                     self.observer.turn_failed(action.code)  # type: ignore[union-attr]
+                elif kind is Interrupt and self.upstream is None:
+                    await self._reopen_for(action, todo[0] if todo else None)  # type: ignore[arg-type]
+                    continue
                 self.emit(action)  # type: ignore[arg-type]
             elif kind is Persist:
                 self.persist(action.items)  # type: ignore[union-attr]
@@ -872,6 +899,22 @@ class SessionRuntime:
                 todo.extend(self.machine.feed(_RETRY_NOW))
             else:  # Refuse: only commands get it, and they answer it themselves
                 log.warning("session %s: unexpected action %r", self.sid, action)
+
+    async def _reopen_for(self, interrupt: Interrupt, then: Action | None) -> None:
+        """An ``interrupt`` whose rerun opens a new connection says what the model keeps
+        (``context``). Rerun at once (a takeover): the connection is opened first and
+        the event says what happened; after a backoff (a lost connection): what will
+        happen, by the resumption handle the session holds. Sent whether or not the
+        open works (its failure is the rerun's own, reported as ever)."""
+        try:
+            if type(then) is Request:
+                upstream = await self._open_upstream()
+                interrupt.context = "resumed" if upstream.resumed else "rebuilt"
+            else:
+                chosen = self.setup.upstream_factory.choose()
+                interrupt.context = "resumed" if self._resume_for(chosen) else "rebuilt"
+        finally:
+            self.emit(interrupt)
 
     def _turn_started(self) -> None:
         traceparent = self.observer.turn_started()
@@ -921,10 +964,23 @@ class SessionRuntime:
         self.observer.provider = chosen.provider
         self.observer.model = chosen.model
         upstream = chosen.create()
+        # A model that only speaks answers a text session with the transcript of its
+        # speech; it is told no text protocol and calls its tools natively.
+        voice = self.voice
+        if facts(chosen.wire, chosen.model).answers == "audio" and (
+            voice is None or voice.audio_out is None
+        ):
+            voice = self._voice_of(setup, speaks_only=True)
+        speaks = voice is not None and voice.audio_out is not None
+        prompt = native_prompt(setup.instructions) if speaks else setup.system_prompt
+        self.machine.voice = voice is not None
+        resume = self._resume_for(chosen)
         with self.observer.connect():
-            await upstream.open(
-                setup.system_prompt, self._context(setup.system_prompt), voice=self.voice
-            )
+            await upstream.open(prompt, self._context(prompt), voice=voice, resume=resume)
+        point = self._resume_point
+        # What the provider holds now, in history items: its position's anchor.
+        held = point.items if resume is not None and upstream.resumed and point else 0
+        self._positions = {upstream.position: held}
         try:
             await self._send_held_audio(upstream)
         except BaseException:
@@ -935,6 +991,22 @@ class SessionRuntime:
         self._in_upstream_call = False
         self._listen_failures = 0
         return upstream
+
+    def _resume_for(self, chosen: UpstreamFactory) -> Resume | None:
+        point = self._resume_point
+        if point is None:
+            return None
+        return point.resume(chosen.provider, chosen.model, self.history, self._clock())
+
+    def _resumable(self, offer: Resumable) -> None:
+        """The provider offers a handle to its copy of the conversation: kept with the
+        session, if it was given at the end of a turn (its history items are known)."""
+        items = self._positions.get(offer.position)
+        if items is None:
+            return  # given between two steps of a turn: the next turn's end brings another
+        point = ResumePoint(self._provider, self.observer.model, offer.handle, items, self._clock())
+        self._resume_point = point
+        self.host.spawn(self._remember({META_KEY: point.encode()}), f"meta:{self.sid}")
 
     def _context(self, system_prompt: str) -> list[Message]:
         """The history a new upstream connection is given, cut to ``context_tokens``.
@@ -1070,6 +1142,11 @@ class SessionRuntime:
                     return
             elif type(ev) is AudioDelta:
                 self._audio_out(ev.pcm16)
+            elif type(ev) is Thought:
+                for action in machine.feed(ev):
+                    emit(action)  # type: ignore[arg-type]
+            elif type(ev) is Resumable:
+                self._resumable(ev)
             elif type(ev) is Spoken:
                 if first:
                     first = False

@@ -22,22 +22,27 @@ HELD_AUDIO_SECONDS = 5.0
 (a provider answers an open in well under a second)."""
 
 
-def voice_config(config: SessionConfig, tools: Sequence[ToolSpec]) -> VoiceConfig | None:
+def voice_config(
+    config: SessionConfig, tools: Sequence[ToolSpec], *, speaks_only: bool = False
+) -> VoiceConfig | None:
     """The upstream's voice configuration for ``config``; ``None``: no audio either way.
 
     In audio output the text protocol's markers would be spoken, so the
     session's tools are declared natively (``FunctionTool``) and the model's
-    calls come back as function calls.
+    calls come back as function calls. ``speaks_only``: the model answers in
+    audio only (``gateway.upstream.models``), so a text session asks for
+    audio too and takes its transcript as the answer (the audio is dropped).
     """
     audio = config.input_audio
-    speaks = config.output == "audio"
+    client_hears = config.output == "audio"
+    speaks = client_hears or speaks_only
     if audio is None and not speaks:
         return None
     return VoiceConfig(
         audio_in=None
         if audio is None
         else AudioIn(rate=audio.rate, turn_detection=audio.turn_detection),
-        audio_out=AudioOut(voice=config.voice) if speaks else None,
+        audio_out=AudioOut(voice=config.voice, to_client=client_hears) if speaks else None,
         tools=tuple(
             FunctionTool(name=t.name, description=t.description, parameters=t.parameters)
             for t in tools

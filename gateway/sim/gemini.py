@@ -51,9 +51,13 @@ Voice (what the model hears and says: ``gateway.sim.model``):
 from __future__ import annotations
 
 import asyncio
+import datetime
 import itertools
 import logging
 import re
+import secrets
+import time
+from dataclasses import dataclass
 from typing import Final
 from urllib.parse import parse_qs
 
@@ -78,6 +82,7 @@ from gateway.sim.model import (
 )
 from gateway.sim.vad import Vad, VadStart, speech_ms
 from gateway.upstream import gemini_wire as wire
+from gateway.upstream.models import facts
 
 __all__ = ["API_VERSIONS", "PATH", "GeminiSim", "endpoint_path"]
 
@@ -88,6 +93,10 @@ PATH: Final = "/ws/google.ai.generativelanguage.v1beta.GenerativeService.BidiGen
 
 # What the simulated session announces in ``goAway`` (it then closes at the end of the turn).
 _GO_AWAY_TIME_LEFT: Final = "10s"
+# How long a resumption handle stays valid after the session it names ends (the API's 2 h).
+HANDLE_LIFETIME: Final = 2 * 3600.0
+# What a model that thinks reports as its thought before answering (with includeThoughts).
+SIM_THOUGHT: Final = "The user said something."
 
 # The input rate when a mimeType names none, and the rate of the voice.
 _INPUT_RATE: Final = 16000
@@ -121,6 +130,16 @@ def _invalid_payload(exc: msgspec.ValidationError) -> str:
         where = f" at '{path}'" if path else ""
         return f'Invalid JSON payload received. Unknown name "{name}"{where}: Cannot find field.'
     return f"Invalid JSON payload received. {exc}"
+
+
+@dataclass(frozen=True, slots=True)
+class _Resumable:
+    """What a resumption handle continues: the model, the instructions and the turns."""
+
+    model: str
+    instructions: str
+    turns: tuple[tuple[str, str], ...]
+    at: float
 
 
 class _Turn:
@@ -187,7 +206,9 @@ class _Connection(SimConnection):
         "no",
         "output_transcription",
         "pending_calls",
+        "resumption",
         "sim",
+        "thoughts",
         "turns",
         "vad",
         "ws",
@@ -214,6 +235,8 @@ class _Connection(SimConnection):
         self.vad: Vad | None = None  # made for the rate of the first audio chunk
         self.activity: bytearray | None = None  # audio since activityStart (manual)
         self.pending_calls: dict[str, str] = {}  # call id -> function name
+        self.resumption = False  # the setup asked for resumption handles
+        self.thoughts = False  # the setup asked for thoughts, and the model has them
         self._call_ids = itertools.count(1)
 
     def snapshot(self) -> SimConversation:
@@ -292,11 +315,17 @@ class _Connection(SimConnection):
                 await self._refuse(1007, "API key not valid. Please pass a valid API key.")
             return
         name = setup.model.removeprefix("models/")
-        if not setup.model.startswith("models/") or not name or "/" in name:
+        model = facts("gemini", name)
+        if (
+            not setup.model.startswith("models/")
+            or not name
+            or "/" in name
+            or model.shut_down_by(datetime.date.today())
+        ):
             await self._refuse(
                 1008,
                 f"{setup.model} is not found for API version v1beta, or is not supported "
-                "for bidiGenerateContent (use models/NAME).",
+                "for bidiGenerateContent",
             )
             return
         config = setup.generation_config
@@ -308,6 +337,30 @@ class _Connection(SimConnection):
                 'is not supported: set responseModalities ["TEXT"] or ["AUDIO"].',
             )
             return
+        if modalities == ["TEXT"] and model.answers == "audio":
+            # Audio-native models answer in speech only (its transcript is the text).
+            await self._refuse(*model.text_refusal)
+            return
+        thinking = config.thinking_config if config is not None else None
+        if thinking is not None and model.thinking == "none":
+            await self._refuse(1007, f"Thinking is not supported by {name}: remove thinkingConfig.")
+            return
+        self.thoughts = bool(thinking is not None and thinking.include_thoughts)
+        if not await self._resume(setup, name):
+            return
+        window = setup.context_window_compression
+        if window is not None:
+            target = window.sliding_window.target_tokens if window.sliding_window else None
+            trigger = window.trigger_tokens
+            if (trigger is not None and trigger < 0) or (
+                target is not None and trigger is not None and target >= trigger
+            ):
+                await self._refuse(
+                    1007,
+                    "contextWindowCompression.slidingWindow.targetTokens must be below "
+                    "triggerTokens.",
+                )
+                return
         self.audio_out = modalities != ["TEXT"]
         detection = (
             setup.realtime_input_config.automatic_activity_detection
@@ -329,6 +382,46 @@ class _Connection(SimConnection):
             self.instructions = "".join(part.text or "" for part in instruction.parts)
         self.model = setup.model
         await self._send(wire.ServerMessage(setup_complete=wire.SetupComplete()))
+        await self._offer_handle()
+
+    async def _resume(self, setup: wire.Setup, name: str) -> bool:
+        """Take ``setup.sessionResumption``: continue a session by its handle. False: refused."""
+        resumption = setup.session_resumption
+        if resumption is None:
+            return True
+        if resumption.transparent is not None:
+            # The Developer API has no transparent mode (Vertex AI's only; the SDK refuses it).
+            await self._refuse(
+                1007,
+                'Invalid JSON payload received. Unknown name "transparent" at '
+                "'setup.session_resumption': Cannot find field.",
+            )
+            return False
+        self.resumption = True
+        if not resumption.handle:
+            return True
+        saved = self.sim.handles.get(resumption.handle)
+        if saved is None or time.time() - saved.at > HANDLE_LIFETIME or saved.model != name:
+            await self._refuse(1008, "The session resumption handle is not valid or has expired.")
+            return False
+        self.instructions = saved.instructions
+        self.turns = [_Turn(role, text) for role, text in saved.turns]
+        self.sim.stats.resumed_total += 1
+        return True
+
+    async def _offer_handle(self) -> None:
+        """A ``sessionResumptionUpdate`` with a handle to this session as it is now."""
+        if not self.resumption or self.generation is not None:
+            return
+        handle = secrets.token_urlsafe(12)
+        self.sim.handles[handle] = _Resumable(
+            self.model.removeprefix("models/"),
+            self.instructions,
+            tuple((t.role, t.text) for t in self.turns),
+            time.time(),
+        )
+        update = wire.SessionResumptionUpdate(new_handle=handle, resumable=True)
+        await self._send(wire.ServerMessage(session_resumption_update=update))
 
     async def _client_content(self, content: wire.ClientContent) -> None:
         turns = content.turns or []
@@ -341,6 +434,7 @@ class _Connection(SimConnection):
         for turn in turns:
             text = "".join(part.text or "" for part in turn.parts)
             self.turns.append(_Turn(turn.role or "user", text))
+        self.sim.stats.turns_received += len(turns)
         if content.turn_complete:
             self._respond()
 
@@ -404,6 +498,15 @@ class _Connection(SimConnection):
                 generation.finishing = True
                 await self._call(generation, generation.call)
                 return
+            if self.thoughts and generation.audio:
+                thought = wire.Part(text=SIM_THOUGHT, thought=True)
+                await self._send(
+                    wire.ServerMessage(
+                        server_content=wire.ServerContent(
+                            model_turn=wire.Content(parts=[thought], role="model")
+                        )
+                    )
+                )
             text, size, total = generation.text, config.chunk_size, len(generation.text)
             stats = self.sim.stats
             while generation.sent < total:
@@ -596,6 +699,7 @@ class _Connection(SimConnection):
                 server_content=wire.ServerContent(turn_complete=True), usage_metadata=usage
             )
         )
+        await self._offer_handle()
         if self.going_away:
             await self.ws.close(1000, "session time limit reached (after goAway)")
 

@@ -58,7 +58,7 @@ import asyncio
 import itertools
 import logging
 import ssl as ssl_module
-from typing import Annotated, Final, Literal
+from typing import Annotated, Any, Final, Literal
 
 import msgspec
 from msgspec import Meta
@@ -367,6 +367,8 @@ class SimStats(msgspec.Struct):
     connections_total: int = 0
     responses_total: int = 0
     deltas_total: int = 0
+    resumed_total: int = 0  # connections that continued a session by its resumption handle
+    turns_received: int = 0  # conversation turns clients sent (Gemini clientContent)
 
 
 # --- the server -----------------------------------------------------------------------
@@ -413,6 +415,8 @@ class Sim(abc.ABC):
     def __init__(self, config: SimConfig) -> None:
         self.config = config
         self.stats = SimStats()
+        # Sessions a resumption handle continues (Gemini flavour): handle → what it holds.
+        self.handles: dict[str, Any] = {}
         self.host = ""
         self.port = 0
         self.scheme = "ws"

@@ -80,7 +80,7 @@ log = logging.getLogger(__name__)
 _PartEvent = TypeVar("_PartEvent", bound=msgspec.Struct)
 
 PATH: Final = "/v1/realtime"
-DEFAULT_MODEL: Final = "gpt-realtime"
+DEFAULT_MODEL: Final = "gpt-realtime-2.1"
 
 # The input audio rate of the API (PCM16 mono).
 INPUT_RATE: Final = 24000

@@ -39,6 +39,7 @@ from protocol.turn_events import (
     SpeechEnded,
     Spoken,
     TextDelta,
+    Thought,
     Transcript,
 )
 
@@ -51,10 +52,13 @@ __all__ = [
     "NativeCall",
     "ResponseBegan",
     "ResponseDone",
+    "Resumable",
+    "Resume",
     "SpeechBegan",
     "SpeechEnded",
     "Spoken",
     "TextDelta",
+    "Thought",
     "Transcript",
     "Upstream",
     "UpstreamClosed",
@@ -86,6 +90,24 @@ class AudioDelta(msgspec.Struct, frozen=True):
     rate: int
 
 
+class Resumable(msgspec.Struct, frozen=True):
+    """The provider offers ``handle`` to continue this conversation on a new connection
+    (Gemini's session resumption): the session keeps the newest one with its log, so any
+    node can resume it (``Upstream.open(..., resume=Resume(...))``). ``position``: the
+    ``Upstream.position`` the provider's copy was at when it gave the handle."""
+
+    handle: str
+    position: int = 0
+
+
+class Resume(msgspec.Struct, frozen=True):
+    """Continue a provider-side conversation: ``handle`` (from ``Resumable``) and the
+    messages logged after it was given (``pending``), which the provider does not hold yet."""
+
+    handle: str
+    pending: tuple[Message, ...] = ()
+
+
 class Woken(msgspec.Struct, frozen=True):
     """``recv()`` returns this when the text sink (``Upstream.stream_text_to``)
     took a delta that calls for the session to act: its work is in the session."""
@@ -99,9 +121,11 @@ UpstreamEvent = (
     | Transcript
     | ResponseBegan
     | Spoken
+    | Thought
     | NativeCall
     | UpstreamError
     | AudioDelta
+    | Resumable
     | Woken
 )
 """What ``Upstream.recv()`` returns: the turn machine's inputs (fed to it as they
@@ -131,10 +155,13 @@ class AudioOut(msgspec.Struct, frozen=True, kw_only=True):
     """Spoken answers: ``AudioDelta`` + ``OutputTranscriptDelta`` instead of ``TextDelta``.
 
     ``voice``: the provider's voice name (OpenAI ``alloy``, ``marin``…; Gemini
-    ``Puck``, ``Kore``…); ``""`` keeps the provider's default.
+    ``Puck``, ``Kore``…); ``""`` keeps the provider's default. ``to_client``:
+    False when the session asked for text and the model only speaks — its
+    transcript is the answer and the audio is dropped.
     """
 
     voice: str = ""
+    to_client: bool = True
 
 
 class FunctionTool(msgspec.Struct, frozen=True, kw_only=True):
@@ -186,12 +213,28 @@ class Upstream(abc.ABC):
         history: Sequence[Message],
         *,
         voice: VoiceConfig | None = None,
+        resume: Resume | None = None,
     ) -> None:
         """Connect, configure output with ``instructions``, and load ``history``.
 
         Text in and out unless ``voice`` says otherwise (see ``VoiceConfig``).
+        ``resume``: continue the provider's own copy of the conversation
+        instead of loading ``history`` (which stays the fallback if the
+        provider refuses the handle); ``resumed`` says which happened.
         Raises ``UpstreamClosed`` when the provider cannot be reached or refuses.
         """
+
+    @property
+    def position(self) -> int:
+        """How many turns of the conversation the provider holds now (the unit of
+        ``Resumable.position``); 0 for a provider without resumption."""
+        return 0
+
+    @property
+    def resumed(self) -> bool:
+        """The open continued the provider's copy of the conversation (``resume``)
+        rather than loading the history into a new one."""
+        return False
 
     @abc.abstractmethod
     async def add_message(self, message: Message) -> None:
@@ -273,6 +316,9 @@ class UpstreamFactory(abc.ABC):
     provider: str = "upstream"
     # The model its upstreams use, as the price table and traces name it.
     model: str = ""
+    # The wire its upstreams speak (``openai``, ``gemini``): with ``model``, what the
+    # model can do (``gateway.upstream.models``).
+    wire: str = "openai"
 
     @abc.abstractmethod
     def create(self) -> Upstream: ...
@@ -315,6 +361,7 @@ class ProviderChain(UpstreamFactory):
         self.breaker = breaker
         self.provider = breaker.providers[0]
         self.model = self.factories[self.provider].model
+        self.wire = self.factories[self.provider].wire
         self._clock = clock
 
     def choose(self) -> UpstreamFactory:

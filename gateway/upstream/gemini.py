@@ -92,13 +92,14 @@ import collections
 import contextlib
 import logging
 from collections.abc import Callable, Sequence
-from typing import Final
+from typing import Annotated, Final
 
 import msgspec
 
 from gateway.upstream import gemini_wire as wire
 from gateway.upstream.audio import Resampler
 from gateway.upstream.base import (
+    Resume,
     TextDelta,
     Upstream,
     UpstreamClosed,
@@ -112,9 +113,11 @@ from gateway.upstream.gemini_conversation import (
     INPUT_MIME,
     INPUT_RATE,
     RUNNING,
+    Compression,
     GeminiConversation,
 )
-from gateway.upstream.provider import Provider, ProviderSettings
+from gateway.upstream.models import facts
+from gateway.upstream.provider import ExtraSetting, Provider, ProviderSettings
 from gateway.upstream.provider_socket import ProviderSocket
 from protocol.assembly import Message
 
@@ -131,8 +134,9 @@ log = logging.getLogger(__name__)
 DEFAULT_BASE_URL: Final = "wss://generativelanguage.googleapis.com"
 # The Gemini API serves the Live WebSocket on v1beta (v1alpha for ephemeral tokens).
 DEFAULT_API_VERSION: Final = "v1beta"
-# A half-cascade Live model: it can answer in TEXT (audio-native ones cannot).
-DEFAULT_MODEL: Final = "gemini-live-2.5-flash-preview"
+# Today's Live model (2026-09-15): it answers in audio only, so a text session takes the
+# transcript of its speech (gateway/upstream/models.py; docs/providers.md).
+DEFAULT_MODEL: Final = "gemini-3.8-live"
 
 
 def close_hint(key_variable: str) -> Callable[[int, str], str]:
@@ -143,10 +147,10 @@ def close_hint(key_variable: str) -> Callable[[int, str], str]:
         lowered = reason.lower()
         if "api key" in lowered or "unregistered callers" in lowered:
             return f": set {key_variable} to a valid Gemini API key"
-        if "modalit" in lowered:
+        if "modalit" in lowered or "non-audio" in lowered:
             return (
-                ": the model cannot answer in TEXT; choose a half-cascade Live model "
-                f"(e.g. {DEFAULT_MODEL})"
+                ": the model answers only in audio and was asked for TEXT; name a model "
+                f"the gateway knows (e.g. {DEFAULT_MODEL}), so that it asks for audio"
             )
         if "not found" in lowered or "not supported for bidigeneratecontent" in lowered:
             return ": check the model name: it must be a Live model available to this key"
@@ -176,12 +180,14 @@ class GeminiLive(Upstream):
         cancel_grace: float = 0.5,
         label: str = "Gemini Live",
         key_variable: str = "GEMINI_API_KEY",
+        compression: Compression | None = None,
     ) -> None:
         """``connect_timeout`` bounds the TCP + TLS + WebSocket handshake;
         ``open_timeout`` the wait for ``setupComplete`` after it;
         ``cancel_grace`` how long a cancelled turn may take to end by itself
         before it is abandoned (see the module docstring); ``label`` and
-        ``key_variable`` name the API and its key in messages."""
+        ``key_variable`` name the API and its key in messages; ``compression``
+        how the server compresses a long context (None: not at all)."""
         self.base_url = base_url.rstrip("/")
         self.model = model
         self.api_key = api_key
@@ -189,6 +195,8 @@ class GeminiLive(Upstream):
         self.connect_timeout = connect_timeout
         self.open_timeout = open_timeout
         self.cancel_grace = cancel_grace
+        self.compression = compression
+        self._resumed = False
         self._socket = ProviderSocket(label, key_variable, hint=close_hint(key_variable))
         self._conversation = GeminiConversation("", ())
         self._opened = False
@@ -223,18 +231,54 @@ class GeminiLive(Upstream):
         history: Sequence[Message],
         *,
         voice: VoiceConfig | None = None,
+        resume: Resume | None = None,
     ) -> None:
         if self._opened or self._closed:
             raise RuntimeError("a GeminiLive is opened once; make a new one to reconnect")
         self._opened = True
         if voice is not None and voice.audio_in is not None:
             self._resampler = Resampler(voice.audio_in.rate, INPUT_RATE)
-        self._conversation = GeminiConversation(instructions, history, voice)
+        self._conversation = GeminiConversation(
+            instructions,
+            history,
+            voice,
+            model=facts("gemini", self.model),
+            compression=self.compression,
+            resume=resume.handle if resume is not None else "",
+            pending=len([m for m in resume.pending if m.content]) if resume is not None else 0,
+        )
         try:
             await self._connect()
         except BaseException:
             await self.close()
             raise
+
+    @property
+    def resumed(self) -> bool:
+        return self._resumed
+
+    @property
+    def position(self) -> int:
+        return self._conversation.covered
+
+    async def _connect(self) -> None:
+        """A new connection, continuing the server's copy of the conversation when a
+        handle is known; if the server refuses the handle, a fresh one that is sent the
+        transcript instead."""
+        conversation = self._conversation
+        if conversation.resumable:
+            try:
+                await self._connect_once(resume=True)
+            except UpstreamClosed as exc:
+                if not exc.retryable or self._closed:
+                    raise
+                log.info("Gemini Live: resuming refused (%s); sending the transcript", exc.reason)
+                conversation.resume_handle = ""
+            else:
+                self._resumed = True
+                return
+        await self._connect_once(resume=False)
+        self._resumed = False
 
     async def close(self) -> None:
         self._closed = True
@@ -246,8 +290,7 @@ class GeminiLive(Upstream):
                 task.exception()  # retrieved: a failed reconnect needs no report now
         await self._socket.close()
 
-    async def _connect(self) -> None:
-        """A new connection, set up; the server holds none of the transcript yet."""
+    async def _connect_once(self, *, resume: bool) -> None:
         socket = self._socket
         headers = {"x-goog-api-key": self.api_key} if self.api_key else {}
         await socket.connect(
@@ -260,7 +303,7 @@ class GeminiLive(Upstream):
         socket.intercept(self._intercept)
         socket.suffix = ""
         try:
-            setup = self._conversation.setup(self.model_name)
+            setup = self._conversation.setup(self.model_name, resume=resume)
             await socket.send(wire.encode(wire.ClientMessage(setup=setup)))
             try:
                 async with asyncio.timeout(self.open_timeout):
@@ -272,7 +315,7 @@ class GeminiLive(Upstream):
         except BaseException:
             await socket.close()
             raise
-        self._conversation.connected()
+        self._conversation.connected(resumed=resume)
         self._queued.clear()
 
     async def _await_setup_complete(self) -> None:
@@ -294,7 +337,9 @@ class GeminiLive(Upstream):
                 )
 
     async def _reconnect(self, why: str) -> None:
-        """Replace the connection by a new one whose context is the transcript."""
+        """Replace the connection by a new one: continuing the server's copy by its
+        newest handle, or sent the transcript."""
+        self._read_what_is_left()
         old = self._socket.detach()
         log.debug("Gemini Live: reconnecting with the transcript (%s)", why)
         if old is not None:
@@ -304,6 +349,16 @@ class GeminiLive(Upstream):
         if self._closed:
             await self._socket.close()
             raise UpstreamClosed("the Gemini Live adapter was closed while reconnecting")
+
+    def _read_what_is_left(self) -> None:
+        """Take in what the old connection already received (a handle given after the
+        last turn, before a goAway's close): its events wait for ``recv``, in order."""
+        for data in self._socket.take_ready():
+            try:
+                message = wire.decode_server_message(data)
+            except (msgspec.DecodeError, msgspec.ValidationError):
+                continue
+            self._queued.extend(self._conversation.handle(message))
 
     def _begin_reconnect(self, why: str) -> None:
         if self._reopen is None:
@@ -479,12 +534,16 @@ class GeminiLive(Upstream):
 
 def connect(row: Provider, settings: ProviderSettings, model: str) -> GeminiLive:
     """An adapter of a provider on Gemini Live's wire (its row names it and its key)."""
+    trigger = int(getattr(settings, "compression_trigger_tokens", 0))
     return GeminiLive(
         base_url=settings.base_url,
         api_key=settings.api_key,
         model=model,
         label=row.label,
         key_variable=row.key_variable,
+        compression=Compression(trigger_tokens=trigger)
+        if getattr(settings, "compression", True)
+        else None,
     )
 
 
@@ -496,4 +555,19 @@ PROVIDER: Final = Provider(
     default_model=DEFAULT_MODEL,
     base_url=DEFAULT_BASE_URL,
     key_variable="GEMINI_API_KEY",
+    extra=(
+        ExtraSetting(
+            "compression",
+            bool,
+            True,
+            "Gemini Live context window compression (sliding window): sessions are not "
+            "ended by their context's size (15 minutes of audio without it)",
+        ),
+        ExtraSetting(
+            "compression_trigger_tokens",
+            Annotated[int, msgspec.Meta(ge=0)],
+            0,
+            "tokens of context past which Gemini Live compresses it; 0: the server's default",
+        ),
+    ),
 )

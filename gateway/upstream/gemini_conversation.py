@@ -39,20 +39,23 @@ from gateway.upstream.base import (
     NativeCall,
     ResponseBegan,
     ResponseDone,
+    Resumable,
     SpeechBegan,
     SpeechEnded,
     Spoken,
     TextDelta,
+    Thought,
     Transcript,
     UpstreamError,
     UpstreamEvent,
     VoiceConfig,
 )
+from gateway.upstream.models import ModelFacts
 from protocol.assembly import Message
 from protocol.events import Usage
 from protocol.metering import billed_tokens_estimate
 
-__all__ = ["IDLE", "GeminiConversation"]
+__all__ = ["IDLE", "Compression", "GeminiConversation"]
 
 log = logging.getLogger("gateway.upstream.gemini")
 
@@ -104,8 +107,23 @@ def _audio_tokens(details: list[wire.ModalityTokenCount] | None) -> int:
     return sum(d.token_count or 0 for d in details if d.modality == "AUDIO")
 
 
+class Compression(msgspec.Struct, frozen=True):
+    """Context window compression: past ``trigger_tokens`` (0: the server's default) the
+    context is cut to the newest ``target_tokens`` (0: half the trigger), so a session
+    is not ended by the context's size (without it, 15 minutes of audio)."""
+
+    trigger_tokens: int = 0
+    target_tokens: int = 0
+
+
 class GeminiConversation:
-    """One session's conversation with Gemini Live (see the module docstring)."""
+    """One session's conversation with Gemini Live (see the module docstring).
+
+    ``model``: the facts of the model (how it thinks); ``compression``: how
+    the server compresses a long context (None: it does not); ``resume``: a
+    handle to continue the server's own copy of the conversation, with the
+    messages it does not hold yet (``pending``) at the end of ``history``.
+    """
 
     __slots__ = (
         "_activity_open",
@@ -118,9 +136,14 @@ class GeminiConversation:
         "_reply_on_server",
         "_text",
         "_usage",
+        "compression",
+        "covered",
         "dirty",
         "go_away",
         "instructions",
+        "model",
+        "resume_handle",
+        "resume_position",
         "sent",
         "state",
         "transcript",
@@ -132,15 +155,31 @@ class GeminiConversation:
         instructions: str,
         history: Sequence[Message],
         voice: VoiceConfig | None = None,
+        *,
+        model: ModelFacts | None = None,
+        compression: Compression | None = None,
+        resume: str = "",
+        pending: int = 0,
     ) -> None:
         self.instructions = instructions
         self.voice = voice
+        self.model = model
+        self.compression = compression
+        # The newest resumption handle: the server's copy of this conversation, which a
+        # new connection continues (goAway) instead of being sent the transcript.
+        self.resume_handle = resume
         audio_in = voice.audio_in if voice is not None else None
         self._manual_activity = audio_in is not None and audio_in.turn_detection == "none"
         self._activity_open = False
         # Empty messages are left out: the API refuses an empty text part.
         self.transcript: list[wire.Content] = [_turn(m) for m in history if m.content]
-        self.sent = 0  # how many transcript turns the server holds (a prefix)
+        # How many transcript turns the server holds (a prefix): with a handle, all but the
+        # ``pending`` turns logged after it was given; after ``connected(resumed=False)``, none.
+        self.sent = max(0, len(self.transcript) - pending) if resume else 0
+        # What the server held at its last turn end: the position its handles refer to;
+        # and the position of the handle kept (what a connection resuming it holds).
+        self.covered = self.sent
+        self.resume_position = self.sent
         # The server's conversation differs from the transcript, or a stale turn
         # still runs on it: reconnect before the next request.
         self.dirty = False
@@ -160,15 +199,37 @@ class GeminiConversation:
 
     # --- connections --------------------------------------------------------------------
 
-    def setup(self, model_name: str) -> wire.Setup:
-        """The ``setup`` a new connection opens with."""
+    def setup(self, model_name: str, *, resume: bool = True) -> wire.Setup:
+        """The ``setup`` a new connection opens with (continuing ``handle`` if ``resume``)."""
         instruction = wire.text_content(None, self.instructions) if self.instructions else None
         voice = self.voice
+        resumption = wire.SessionResumptionConfig(
+            handle=self.resume_handle if resume and self.resume_handle else None
+        )
+        compression = self.compression
+        window = (
+            None
+            if compression is None
+            else wire.ContextWindowCompression(
+                trigger_tokens=compression.trigger_tokens or None,
+                sliding_window=wire.SlidingWindow(target_tokens=compression.target_tokens or None),
+            )
+        )
+        model = self.model
+        thinking = (
+            wire.ThinkingConfig(include_thoughts=True)
+            if model is not None and model.thinking != "none"
+            else None
+        )
         if voice is None:
             return wire.Setup(
                 model=model_name,
-                generation_config=wire.GenerationConfig(response_modalities=["TEXT"]),
+                generation_config=wire.GenerationConfig(
+                    response_modalities=["TEXT"], thinking_config=thinking
+                ),
                 system_instruction=instruction,
+                session_resumption=resumption,
+                context_window_compression=window,
             )
         audio_in, audio_out = voice.audio_in, voice.audio_out
         speech = None
@@ -191,8 +252,11 @@ class GeminiConversation:
             generation_config=wire.GenerationConfig(
                 response_modalities=["AUDIO" if audio_out is not None else "TEXT"],
                 speech_config=speech,
+                thinking_config=thinking,
             ),
             system_instruction=instruction,
+            session_resumption=resumption,
+            context_window_compression=window,
             tools=[wire.Tool(function_declarations=declarations)] if declarations else None,
             realtime_input_config=(
                 wire.RealtimeInputConfig(
@@ -210,9 +274,21 @@ class GeminiConversation:
             else None,
         )
 
-    def connected(self) -> None:
-        """A new connection is set up: the server holds none of the transcript yet."""
-        self.sent = 0
+    @property
+    def resumable(self) -> bool:
+        """A new connection may continue the server's copy: there is a handle, and the
+        copy is what the transcript says (not ``dirty``)."""
+        return bool(self.resume_handle) and not self.dirty
+
+    def connected(self, *, resumed: bool) -> None:
+        """A new connection is set up. ``resumed``: it continues the server's copy (which
+        holds what it held); otherwise it holds none of the transcript yet."""
+        if resumed:
+            self.sent = self.resume_position
+        else:
+            self.sent = 0
+            self.resume_handle = ""  # a new copy on the server: the old handle names another
+        self.covered = self.resume_position = self.sent
         self.dirty = False
         self.go_away = None
         self.state = IDLE
@@ -341,9 +417,9 @@ class GeminiConversation:
             if part.text and not part.thought:
                 self._text.append(part.text)
                 return [TextDelta(part.text)]
-            if part.inline_data is None and content.output_transcription is None:
+            if not part.text and part.inline_data is None and content.output_transcription is None:
                 return []
-            # Spoken output: the general path below.
+            # Spoken output or a thought: the general path below.
         events: list[UpstreamEvent] = []
         if self.voice is not None:
             self._voice_events(message, events)
@@ -360,6 +436,11 @@ class GeminiConversation:
                 input_audio=_audio_tokens(usage.prompt_tokens_details),
                 output_audio=_audio_tokens(usage.response_tokens_details),
             )
+        update = message.session_resumption_update
+        if update is not None and update.resumable and update.new_handle and not self.dirty:
+            self.resume_handle = update.new_handle
+            self.resume_position = self.covered
+            events.append(Resumable(update.new_handle, self.covered))
         if message.go_away is not None:
             self.go_away = message.go_away.time_left or "unknown"
             log.info(
@@ -434,8 +515,12 @@ class GeminiConversation:
                     events.append(AudioDelta(blob.data, _rate(blob.mime_type)))
                     continue
                 text = part.text
-                if not text or part.thought:
-                    continue  # non-text parts and thought summaries are not output
+                if not text:
+                    continue  # non-text parts are not output
+                if part.thought:
+                    if self.state == RUNNING:
+                        events.append(Thought(text))  # the model's thinking, as it reports it
+                    continue
                 if self.state == RUNNING:
                     self._text.append(text)
                     events.append(TextDelta(text))
@@ -503,7 +588,9 @@ class GeminiConversation:
             if clean:
                 self.sent += 1  # == _reply_at + 1: the server holds it, after its request
                 self._reply_on_server = True
-        if not clean:
+        if clean:
+            self.covered = self.sent
+        else:
             self.dirty = True
 
     def _turn_usage(self) -> tuple[Usage, bool]:

@@ -196,6 +196,37 @@ class ToolResponse(msgspec.Struct, omit_defaults=True, rename="camel"):
     function_responses: list[FunctionResponse] | None = None
 
 
+class ThinkingConfig(msgspec.Struct, omit_defaults=True, rename="camel"):
+    """``generationConfig.thinkingConfig``: thoughts in the output (``includeThoughts``),
+    a budget (2.5 models) or a level (3.x: MINIMAL|LOW|MEDIUM|HIGH|XHIGH)."""
+
+    include_thoughts: bool | None = None
+    thinking_budget: int | None = None
+    thinking_level: str | None = None
+
+
+class SessionResumptionConfig(msgspec.Struct, omit_defaults=True, rename="camel"):
+    """``setup.sessionResumption``: ask for resumption handles (``sessionResumptionUpdate``);
+    with ``handle``, continue that session. ``transparent`` is Vertex AI's only."""
+
+    handle: str | None = None
+    transparent: bool | None = None
+
+
+class SlidingWindow(msgspec.Struct, omit_defaults=True, rename="camel"):
+    """Compression keeps the newest turns up to ``targetTokens`` (default: half the trigger)."""
+
+    target_tokens: int | None = None
+
+
+class ContextWindowCompression(msgspec.Struct, omit_defaults=True, rename="camel"):
+    """``setup.contextWindowCompression``: past ``triggerTokens`` the context is cut
+    (``slidingWindow``), so a session is not limited to the context's length."""
+
+    trigger_tokens: int | None = None
+    sliding_window: SlidingWindow | None = None
+
+
 class GenerationConfig(msgspec.Struct, omit_defaults=True, rename="camel"):
     """``setup.generationConfig``: we set only ``responseModalities`` (``["TEXT"]``)."""
 
@@ -210,7 +241,7 @@ class GenerationConfig(msgspec.Struct, omit_defaults=True, rename="camel"):
     seed: int | None = None
     speech_config: SpeechConfig | None = None
     media_resolution: str | None = None
-    thinking_config: object | None = None
+    thinking_config: ThinkingConfig | None = None
     enable_affective_dialog: bool | None = None
 
 
@@ -227,9 +258,9 @@ class Setup(msgspec.Struct, omit_defaults=True, rename="camel", forbid_unknown_f
     output_audio_transcription: object | None = None
     # Ask for ``voiceActivity`` messages (speech start/end) from the server's VAD.
     explicit_vad_signal: bool | None = None
+    session_resumption: SessionResumptionConfig | None = None
+    context_window_compression: ContextWindowCompression | None = None
     # Declared so the simulator accepts any real setup; the adapter never sets them.
-    session_resumption: object | None = None
-    context_window_compression: object | None = None
     proactivity: object | None = None
     history_config: object | None = None
     avatar_config: object | None = None

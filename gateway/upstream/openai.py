@@ -48,6 +48,7 @@ from gateway.upstream.base import (
     NativeCall,
     ResponseBegan,
     ResponseDone,
+    Resume,
     SpeechBegan,
     SpeechEnded,
     Spoken,
@@ -70,7 +71,7 @@ __all__ = ["DEFAULT_BASE_URL", "DEFAULT_MODEL", "PROVIDER", "OpenAIRealtime"]
 log = logging.getLogger(__name__)
 
 DEFAULT_BASE_URL: Final = "wss://api.openai.com/v1"
-DEFAULT_MODEL: Final = "gpt-realtime"
+DEFAULT_MODEL: Final = "gpt-realtime-2.1"
 
 # Errors that need no action: a cancel that arrived after the response had ended.
 _HARMLESS_ERRORS: Final = frozenset({"response_cancel_not_active"})
@@ -203,7 +204,9 @@ class OpenAIRealtime(Upstream):
         history: Sequence[Message],
         *,
         voice: VoiceConfig | None = None,
+        resume: Resume | None = None,
     ) -> None:
+        # OpenAI Realtime has no resumption: ``resume`` is ignored, the history is loaded.
         if self._socket.open or self._closed:
             raise RuntimeError("an OpenAIRealtime is opened once; make a new one to reconnect")
         socket = self._socket

@@ -133,6 +133,7 @@ class ProviderFactory(UpstreamFactory):
         self.settings = settings
         self.provider = row.name
         self.model = model
+        self.wire = row.wire
 
     def create(self) -> Upstream:
         return self.row.connect(self.row, self.settings, self.model)

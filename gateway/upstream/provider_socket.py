@@ -114,6 +114,11 @@ class ProviderSocket:
             raise UpstreamClosed(f"{self.label} connection failed: {exc}") from exc
         return data
 
+    def take_ready(self) -> list[bytes]:
+        """The frames received and not read yet (none if this connection cannot tell)."""
+        queue = self._queue
+        return queue.take_ready() if queue is not None else []
+
     def can_send_now(self) -> bool:
         ws = self._ws
         return ws is not None and can_write_now(ws)

@@ -36,6 +36,9 @@ from tests.support.client import GatewayClient
 
 PROVIDERS = ["openai", "gemini"]
 KEY = "conformance-key"
+# The text protocol runs where a model writes text: OpenAI's default, and on Gemini's wire
+# the simulator's own model (today's Live models only speak: see test_spoken_models.py).
+TEXT_MODEL = {"openai": "", "gemini": "sim"}
 
 Shape = list[tuple[str, str]]
 
@@ -133,6 +136,7 @@ async def gateway_client(
             "provider": provider,
             f"{provider}_base_url": sim.url,
             f"{provider}_api_key": KEY,
+            "model": TEXT_MODEL[provider],
             "port": 0,
             "workspace_root": str(workspace / provider),
             "upstream_retries": 3,

@@ -56,7 +56,8 @@ async def adapter(provider: str, voice: VoiceConfig, **knobs: float) -> AsyncIte
         if provider == "openai":
             upstream = OpenAIRealtime(base_url=sim.url, api_key="k")
         else:
-            upstream = GeminiLive(base_url=sim.url, api_key="k")
+            # The simulator's own model takes TEXT output too (today's Live models only speak).
+            upstream = GeminiLive(base_url=sim.url, api_key="k", model="sim")
         await upstream.open("Be brief.", [], voice=voice)
         try:
             yield upstream
@@ -92,10 +93,13 @@ async def events_until(upstream: Upstream, last: type) -> list[UpstreamEvent]:
 
 
 def kinds(events: list[UpstreamEvent]) -> list[str]:
-    """Event type names, runs of deltas collapsed to one."""
+    """Event type names, runs of deltas collapsed to one; resumption handles (Gemini's,
+    after each turn) are left out: they are not part of a turn."""
     out: list[str] = []
     for event in events:
         name = type(event).__name__
+        if name == "Resumable":
+            continue
         if not (out and out[-1] == name and name.endswith("Delta")):
             out.append(name)
     return out

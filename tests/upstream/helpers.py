@@ -9,7 +9,14 @@ from collections.abc import AsyncIterator, Sequence
 
 from websockets.asyncio.server import ServerConnection, serve
 
-from gateway.upstream.base import ResponseDone, TextDelta, Upstream, UpstreamError, UpstreamEvent
+from gateway.upstream.base import (
+    ResponseDone,
+    Resumable,
+    TextDelta,
+    Upstream,
+    UpstreamError,
+    UpstreamEvent,
+)
 
 # Fail a test fast (with a clear timeout) instead of waiting for pytest's 60 s.
 STEP_TIMEOUT = 10.0
@@ -29,8 +36,12 @@ class Turn:
 
 
 async def recv(upstream: Upstream) -> UpstreamEvent:
+    """The next event, resumption handles skipped (Gemini gives one after each turn)."""
     async with asyncio.timeout(STEP_TIMEOUT):
-        return await upstream.recv()
+        while True:
+            event = await upstream.recv()
+            if not isinstance(event, Resumable):
+                return event
 
 
 async def read_turn(upstream: Upstream, turn: Turn | None = None) -> Turn:
@@ -38,6 +49,8 @@ async def read_turn(upstream: Upstream, turn: Turn | None = None) -> Turn:
     turn = turn or Turn()
     while True:
         event = await recv(upstream)
+        if isinstance(event, Resumable):
+            continue  # a resumption handle (Gemini's) is not part of the turn
         if isinstance(event, TextDelta):
             turn.deltas.append(event.text)
         elif isinstance(event, UpstreamError):
@@ -52,6 +65,8 @@ async def read_until(upstream: Upstream, needle: str) -> Turn:
     turn = Turn()
     while needle not in turn.text:
         event = await recv(upstream)
+        if isinstance(event, Resumable):
+            continue
         assert isinstance(event, TextDelta), event
         turn.deltas.append(event.text)
     return turn

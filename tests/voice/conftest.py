@@ -153,6 +153,9 @@ async def voice_gateway(
             "provider": provider,
             f"{provider}_base_url": sim.url,
             f"{provider}_api_key": KEY,
+            # The simulator's own model writes text on either wire, as these sessions' text
+            # answers need (today's Live models only speak: tests/voice/test_spoken_models.py).
+            "model": "sim",
             "port": 0,
             "workspace_root": str(workspace / provider),
         }

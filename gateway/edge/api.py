@@ -41,7 +41,7 @@ from gateway.sessions.node import Node
 from gateway.store.base import StoreUnavailable
 from protocol.configuration import ConfigChange, SessionConfig, apply_change, decode_config
 from protocol.events import Usage
-from tools.client import schema_problem
+from tools.client import ClientToolProblem, prepare
 
 __all__ = ["API_PREFIX", "CreateSession", "HttpApi", "MintToken", "SessionInfo"]
 
@@ -321,12 +321,12 @@ class HttpApi:
         config = apply_change(SessionConfig(), body)
         if isinstance(config, str):
             raise Refusal(400, config)
-        problem = schema_problem(config.tools)
+        problem = await prepare(config.tools)  # compiled off the loop, once per schema
         if problem is not None:
             raise Refusal(400, problem)
         setup = self.node.setup(key_id, config, self.node.key_tools.get(key_id))
         if isinstance(setup, str):
-            raise Refusal(403, setup)
+            raise Refusal(400 if isinstance(setup, ClientToolProblem) else 403, setup)
         sid = self.node.new_session_id()
         await self.node.store.create_session(sid, self.node.session_meta(key_id, setup))
         ttl = None if body.ttl is msgspec.UNSET else body.ttl

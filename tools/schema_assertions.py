@@ -22,6 +22,7 @@ from .schema_check import (
     SchemaProblem,
     Walker,
     canonical,
+    canonical_items,
     described,
     failed,
 )
@@ -182,8 +183,7 @@ def _unique(c: Walker, schema: dict[str, Any], pointer: str) -> Check | None:
     def check(value: Any, path: Path, run: Run, out: list[str] | None) -> bool:
         if type(value) is not list:
             return True
-        keys = {canonical(item, run) for item in value}
-        if len(keys) == len(value):
+        if len(canonical_items(value, run)) == len(value):
             return True
         return failed(out, path, "has non-unique elements (uniqueItems)")
 

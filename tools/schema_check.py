@@ -41,6 +41,8 @@ __all__ = [
     "Unchecked",
     "Walker",
     "canonical",
+    "canonical_items",
+    "depth_within",
     "described",
     "escape",
     "failed",
@@ -151,19 +153,55 @@ def described(value: Any, limit: int = 60) -> str:
 def canonical(value: Any, run: Run) -> Hashable:
     """A hashable key equal for equal JSON values (``1 == 1.0``, ``true != 1``, key order ignored).
 
-    A container is paid for before it is walked: one step per two bytes of its
-    JSON (msgspec measures it in C; the walk costs ~0.17 µs a byte, a step
-    ~0.4 µs).
+    Paid for before it is built: a container one step per two bytes of its
+    JSON (msgspec measures it in C; building the key costs ~0.17 µs a byte, a
+    step ~0.4 µs), a string by its length (hashing it).
     """
     kind = type(value)
     if kind is list or kind is dict:
-        try:
-            run.spend(len(_encoder.encode(value)) >> 1)
-        except (TypeError, RecursionError):  # not decoded JSON; args depth is limited first
-            run.spend(BUDGET)
-        return _key(value)
-    run.spend(1)
+        run.spend(_json_size(value) >> 1)
+    elif kind is str:
+        run.spend(1 + (len(value) >> 10))
+    else:
+        run.spend(1)
     return _key(value)
+
+
+def canonical_items(values: list[Any], run: Run) -> set[Hashable]:
+    """The canonical keys of ``values`` (``uniqueItems``), paid for as one container."""
+    run.spend(1 + (_json_size(values) >> 1))
+    return {_key(item) for item in values}
+
+
+def depth_within(value: Any, limit: int, run: Run) -> bool:
+    """Whether ``value`` nests at most ``limit`` levels; the walk pays a step per 4 values.
+
+    Walked before anything recurses into the args, iteratively, so neither
+    deep nor wide args can make it long: wide ones run out of budget.
+    """
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        kind = type(item)
+        if kind is dict:
+            children: Any = item.values()
+        elif kind is list:
+            children = item
+        else:
+            continue
+        if depth > limit:
+            return False
+        run.spend(1 + (len(item) >> 2))
+        below = depth + 1
+        stack += [(c, below) for c in children if type(c) is dict or type(c) is list]
+    return True
+
+
+def _json_size(value: Any) -> int:
+    try:
+        return len(_encoder.encode(value))
+    except (TypeError, RecursionError):  # not decoded JSON (args depth is limited first)
+        return BUDGET << 1
 
 
 def _key(value: Any) -> Hashable:

@@ -32,7 +32,7 @@ from urllib.parse import unquote
 
 import re2
 
-from protocol.configuration import MAX_ARGS_DEPTH, json_depth
+from protocol.configuration import MAX_ARGS_DEPTH
 
 from .schema_applicators import APPLICATORS
 from .schema_assertions import ASSERTIONS
@@ -44,6 +44,7 @@ from .schema_check import (
     Run,
     SchemaProblem,
     Unchecked,
+    depth_within,
     described,
     escape,
     failed,
@@ -119,14 +120,15 @@ class TenantSchema:
     def explain(self, args: Any) -> str | None:
         """None if ``args`` fit, else what is wrong (at most three problems), or why it
         could not be told within the budget. Never raises, whatever the args."""
-        if json_depth(args, MAX_ARGS_DEPTH) > MAX_ARGS_DEPTH:  # before anything recurses
-            return (
-                f"the args nest deeper than {MAX_ARGS_DEPTH} levels, the limit for tool args; "
-                "send flatter args"
-            )
         out: list[str] = []
+        run = Run()
         try:
-            if self._root.ok(args, None, Run(), out):
+            if not depth_within(args, MAX_ARGS_DEPTH, run):  # before anything recurses
+                return (
+                    f"the args nest deeper than {MAX_ARGS_DEPTH} levels, the limit for tool "
+                    "args; send flatter args"
+                )
+            if self._root.ok(args, None, run, out):
                 return None
         except Unchecked as exc:
             return str(exc)

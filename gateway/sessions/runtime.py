@@ -550,7 +550,7 @@ class SessionRuntime:
         setup = self.services.session_setup(self.owner, updated, self.setup.key_tools)
         if isinstance(setup, str):
             code = "bad_frame" if isinstance(setup, ClientToolProblem) else "forbidden"
-            return Error(code=code, content=setup)
+            return Error(code=code, content=str(setup))
         self.setup = setup
         self.machine.client_tools = setup.client_tools
         # Priced and traced as the provider and model it now uses.

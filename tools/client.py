@@ -50,37 +50,48 @@ class ClientToolProblem(str):
 class SchemaCache:
     """Compiled schemas (or why they were refused) by the digest of their JSON, newest kept.
 
-    Touched on the event loop only: ``prepare`` compiles in its worker and
-    stores the results when it is back on the loop.
+    Bounded by the JSON bytes of what it holds (a compiled schema takes ~27
+    times its JSON: 0.8 MB for a 30 kB one), not by count. Touched on the
+    event loop only: ``prepare`` compiles in its worker and stores the results
+    when it is back on the loop.
     """
 
-    def __init__(self, size: int = 1024) -> None:
-        self.size = size
-        self._entries: OrderedDict[bytes, TenantSchema | str] = OrderedDict()
+    def __init__(self, max_bytes: int = 4 << 20) -> None:
+        self.max_bytes = max_bytes
+        self.held = 0
+        self._entries: OrderedDict[bytes, tuple[TenantSchema | str, int]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._entries)
 
     def get(self, key: bytes) -> TenantSchema | str | None:
         found = self._entries.get(key)
-        if found is not None:
-            self._entries.move_to_end(key)
-        return found
-
-    def put(self, key: bytes, compiled: TenantSchema | str) -> None:
-        self._entries[key] = compiled
+        if found is None:
+            return None
         self._entries.move_to_end(key)
-        while len(self._entries) > self.size:
-            self._entries.popitem(last=False)
+        return found[0]
+
+    def put(self, key: bytes, compiled: TenantSchema | str, size: int) -> None:
+        old = self._entries.pop(key, None)
+        if old is not None:
+            self.held -= old[1]
+        self._entries[key] = (compiled, size)
+        self.held += size
+        while self.held > self.max_bytes and len(self._entries) > 1:
+            _, (_, dropped) = self._entries.popitem(last=False)
+            self.held -= dropped
 
 
 CACHE: Final = SchemaCache()
 _worker: ThreadPoolExecutor | None = None
 
 
-def _digest(spec: ClientToolSpec) -> bytes | str:
-    """The cache key of ``spec``'s schema, or why it is past the size and depth limits."""
-    problem = schema_bytes(spec)
-    if isinstance(problem, str):
-        return problem
-    return hashlib.blake2b(_encoder.encode(spec.parameters), digest_size=16).digest()
+def _digest(spec: ClientToolSpec) -> tuple[bytes, int] | str:
+    """The cache key of ``spec``'s schema and its size, or why it is past the limits."""
+    size = schema_bytes(spec)
+    if isinstance(size, str):
+        return size
+    return hashlib.blake2b(_encoder.encode(spec.parameters), digest_size=16).digest(), size
 
 
 def _compile(spec: ClientToolSpec) -> TenantSchema | str:
@@ -92,13 +103,13 @@ def _compile(spec: ClientToolSpec) -> TenantSchema | str:
 
 
 def _compiled(spec: ClientToolSpec, cache: SchemaCache) -> TenantSchema | str:
-    key = _digest(spec)
-    if isinstance(key, str):
-        return key
-    found = cache.get(key)
+    digest = _digest(spec)
+    if isinstance(digest, str):
+        return digest
+    found = cache.get(digest[0])
     if found is None:
         found = _compile(spec)  # not prepared (a direct caller): bounded by the limits
-        cache.put(key, found)
+        cache.put(digest[0], found, digest[1])
     if isinstance(found, str):
         return f"tools: {spec.name!r} parameters: {found}"
     return found
@@ -115,20 +126,20 @@ async def prepare(specs: Sequence[ClientToolSpec], cache: SchemaCache = CACHE) -
     taking every core.
     """
     global _worker
-    missing: list[tuple[bytes, ClientToolSpec]] = []
+    missing: list[tuple[tuple[bytes, int], ClientToolSpec]] = []
     for spec in specs:
-        key = _digest(spec)
-        if isinstance(key, str):
-            return key
-        if cache.get(key) is None:
-            missing.append((key, spec))
+        digest = _digest(spec)
+        if isinstance(digest, str):
+            return digest
+        if cache.get(digest[0]) is None:
+            missing.append((digest, spec))
     if missing:
         if _worker is None:
             _worker = ThreadPoolExecutor(1, thread_name_prefix="schemas")
         loop = asyncio.get_running_loop()
         done = await loop.run_in_executor(_worker, _compile_all, [s for _, s in missing])
-        for (key, _), compiled in zip(missing, done, strict=True):
-            cache.put(key, compiled)
+        for ((key, size), _), compiled in zip(missing, done, strict=True):
+            cache.put(key, compiled, size)
     for spec in specs:
         compiled = _compiled(spec, cache)
         if isinstance(compiled, str):

@@ -58,9 +58,10 @@ MAX_PROGRAM: Final = 1_000
 """RE2 instructions of one compiled pattern. A search costs up to ~4.5 ns per
 character per instruction when RE2 falls back from its DFA (``(.*a){20}``: 224
 instructions, 0.68 µs a character), so the size is both limited and paid for."""
-_RE2_MEMORY: Final = 1 << 18
-"""RE2's memory for one regex. It bounds the compile too (a refused
-``\\p{L}{500}`` takes 2 ms at 256 KiB, 66 ms at RE2's default 8 MiB)."""
+_RE2_MEMORY: Final = 1 << 16
+"""RE2's memory for one regex, its DFA cache included. It bounds the compile
+too (a refused ``\\p{L}{500}`` takes ~1 ms at 64 KiB, 66 ms at RE2's default
+8 MiB) and what a session's patterns can hold (64 KiB each at most)."""
 COMPILE_DEADLINE: Final = 2.0
 """Seconds one schema's compile may take (it runs in a worker thread; a
 schema within the size limits compiles in milliseconds)."""

@@ -311,11 +311,16 @@ async def test_prepare_compiles_once_per_content_and_names_the_tool() -> None:
     same = ClientToolSpec(name="b", parameters={"type": "object", "properties": {"x": {}}})
     assert await prepare([spec, same], cache) is None
     tools = ClientTools([spec, same], cache=cache)
-    assert len(cache._entries) == 1 and len(tools) == 2
+    assert len(cache) == 1 and len(tools) == 2
     bad = ClientToolSpec(name="c", parameters={"type": "object", "required": 5})
     assert "tools: 'c' parameters: at #/required" in str(await prepare([bad], cache))
     call = ToolCall(name="a", args={"x": 1})
     assert tools.check_args(call) is None
+    small = SchemaCache(max_bytes=200)
+    for i in range(5):
+        more = ClientToolSpec(name="m", parameters={"type": "object", "description": "x" * i * 20})
+        assert await prepare([more], small) is None
+    assert small.held <= 200 and len(small) < 5  # the oldest went
 
 
 def test_a_client_tool_may_not_shadow_a_server_tool() -> None:

@@ -88,12 +88,25 @@ class ToolBatch:
         self._early = {}
         self._refused = {}
 
-    def add(self, call: ToolCall, event: Call, native_id: str | None = None) -> None:
-        """A call of this step (text or native): its ``id``, and who runs it."""
+    def add(
+        self,
+        call: ToolCall,
+        event: Call,
+        native_id: str | None = None,
+        *,
+        refused: str | None = None,
+    ) -> None:
+        """A call of this step (text or native): its ``id``, and who runs it.
+
+        ``refused``: the call is answered by the gateway with this failure (its
+        args could not be taken), wherever it would have run.
+        """
         self._number += 1
         event.id = f"call_{self._number}"
         router = self.router
-        if router is not None and router.runs_on_client(call.name):
+        if refused is not None:
+            self._refused[len(self.calls)] = refused
+        elif router is not None and router.runs_on_client(call.name):
             # Checked before the client sees it: a bad call is answered here.
             problem = router.check_args(call)
             if problem is None:

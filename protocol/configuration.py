@@ -25,6 +25,8 @@ __all__ = [
     "apply_change",
     "decode_config",
     "encode_config",
+    "json_depth",
+    "schema_bytes",
 ]
 
 ToolName = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$")]
@@ -33,6 +35,19 @@ ShortText = Annotated[str, msgspec.Meta(max_length=512)]
 MAX_INSTRUCTIONS: Final = 32_768
 MAX_CLIENT_TOOLS: Final = 64
 MAX_METADATA: Final = 32
+
+# What a tenant's tool schemas and a model's tool args may be, checked by
+# linear code before anything compiles or walks them (issue 29): a schema or
+# args past these once froze a node for seconds or crashed it with a
+# RecursionError. docs/architecture.md, "Tenant tool schemas", has the figures.
+MAX_TOOL_SCHEMA_BYTES: Final = 32_768
+"""One client tool's ``parameters`` as compact JSON (a rich form tool is ~5 kB)."""
+MAX_TOOL_SCHEMAS_BYTES: Final = 131_072
+"""All of a session's client tools' ``parameters`` together."""
+MAX_SCHEMA_DEPTH: Final = 32
+"""Nesting levels of one ``parameters`` schema (each object or array is one)."""
+MAX_ARGS_DEPTH: Final = 32
+"""Nesting levels of one tool call's args (each object or array is one)."""
 
 
 class ClientToolSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -104,13 +119,75 @@ def apply_change(config: SessionConfig, change: ConfigChange) -> SessionConfig |
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
         return f"tools: the name {duplicates[0]!r} is declared twice; give each tool its own name"
+    total = 0
     for tool in updated.tools:
         if tool.parameters.get("type", "object") != "object":
             return (
                 f"tools: {tool.name!r} parameters must be a JSON Schema of type object, "
                 'e.g. {"type": "object", "properties": {…}}'
             )
+        size = schema_bytes(tool)
+        if isinstance(size, str):
+            return size
+        total += size
+        if total > MAX_TOOL_SCHEMAS_BYTES:
+            return (
+                f"tools: the parameters of the tools up to {tool.name!r} come to {total:,} "
+                f"bytes of JSON, over the limit of {MAX_TOOL_SCHEMAS_BYTES:,} for a "
+                "session's tools together; declare fewer tools or shorter schemas"
+            )
     return updated
+
+
+def schema_bytes(tool: ClientToolSpec) -> int | str:
+    """The size of ``tool``'s ``parameters`` as compact JSON, or why it is past the limits.
+
+    Size first (msgspec encodes in C: ~1 ms for 1 MB), then depth on what is
+    left (a Python walk, so only over at most ``MAX_TOOL_SCHEMA_BYTES``).
+    """
+    try:
+        size = len(_encoder.encode(tool.parameters))
+    except RecursionError:  # msgspec recurses per level: deeper than ~1,000 is no schema
+        size = -1
+    if size > MAX_TOOL_SCHEMA_BYTES:
+        return (
+            f"tools: {tool.name!r} parameters are {size:,} bytes of JSON, over the limit "
+            f"of {MAX_TOOL_SCHEMA_BYTES:,} for one tool; shorten its descriptions or "
+            "split the tool"
+        )
+    if size < 0 or json_depth(tool.parameters, MAX_SCHEMA_DEPTH) > MAX_SCHEMA_DEPTH:
+        return (
+            f"tools: {tool.name!r} parameters nest deeper than {MAX_SCHEMA_DEPTH} levels, "
+            "the limit for a tool schema; flatten it (a part used in several places can "
+            'live once under "$defs" and be named with "$ref": "#/$defs/NAME")'
+        )
+    return size
+
+
+def json_depth(value: Any, limit: int) -> int:
+    """How deeply decoded JSON ``value`` nests (a scalar 0, ``[]`` or ``{}`` 1).
+
+    Iterative, and it stops as soon as the depth passes ``limit`` (returning
+    ``limit + 1``): deep input cannot make it recurse, and wide input is
+    walked once.
+    """
+    deepest = 0
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            children: Any = item.values()
+        elif isinstance(item, list | tuple):
+            children = item
+        else:
+            continue
+        if depth > deepest:
+            deepest = depth
+            if deepest > limit:
+                return limit + 1
+        below = depth + 1
+        stack.extend((c, below) for c in children if isinstance(c, dict | list | tuple))
+    return deepest
 
 
 _encoder: Final = msgspec.json.Encoder()

@@ -65,6 +65,7 @@ from protocol.calls import (
     encode_results,
     result_payload,
 )
+from protocol.configuration import MAX_ARGS_DEPTH, json_depth
 from protocol.events import (
     Call,
     Cancelled,
@@ -380,18 +381,34 @@ class TurnMachine:
     def _native_call(self, given: NativeCall) -> Sequence[Action]:
         if self.state is not _STREAMING:
             return _NOTHING
+        too_deep = False
         try:
             args = msgspec.json.decode(given.arguments or "{}", type=dict[str, object])
         except (msgspec.DecodeError, msgspec.ValidationError):
             args = {}  # the tool's argument check says what is missing
+        except RecursionError:  # msgspec recurses per level: ~1,000 levels is its end
+            args, too_deep = {}, True
+        if too_deep or json_depth(args, MAX_ARGS_DEPTH) > MAX_ARGS_DEPTH:
+            # Refused before anything walks them (encoding, schemas, the tools):
+            # answered here, and the model reads why.
+            args, too_deep = {}, True
         call = ToolCall(name=given.name, args=args)
         event = Call(content=encode_call(call))
         self._recorder.add(event)
-        self.batch.add(call, event, given.call_id)
+        out: list[Action] = [event]
+        problem = None
+        if too_deep:
+            problem = (
+                f"the arguments of the call to {given.name!r} nest deeper than "
+                f"{MAX_ARGS_DEPTH} levels, the limit for tool args; call it again with "
+                "flatter arguments"
+            )
+            out.insert(0, Error(code="malformed_execute", content=problem))
+        self.batch.add(call, event, given.call_id, refused=problem)
         if self._held is not None:
-            self._held.append(event)
+            self._held += out
             return _NOTHING
-        return [event]
+        return out
 
     def _user(self, text: str) -> Sequence[Action]:
         state = self.state

@@ -8,6 +8,12 @@ is about, which is what the model needs to fix its call. fastjsonschema is
 faster, but it compiles schemas to Python source with ``exec`` and stops at
 the first error with a flat message; args are a few fields, so the speed does
 not matter here.
+
+These schemas are the operator's (MCP and HTTP tools); a tenant's client tool
+schemas go through ``tools.tenant_schema``, which is bounded in time. Either
+way no ``$ref`` is ever fetched: jsonschema's default registry retrieves
+remote references over HTTP (deprecated, but on), so a schema here gets an
+empty registry and a ``$ref`` outside the schema is refused at startup.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from typing import Any, Final
 import jsonschema
 import jsonschema.exceptions
 import jsonschema.validators
+import referencing
 
 __all__ = ["ArgsValidator"]
 
@@ -44,8 +51,15 @@ class ArgsValidator:
         except jsonschema.exceptions.SchemaError as exc:
             where = "/".join(str(p) for p in exc.absolute_path) or "(top level)"
             raise ValueError(f"not a valid JSON Schema at {where}: {exc.message}") from None
+        outside = _outside_ref(schema)
+        if outside is not None:
+            raise ValueError(
+                f"$ref {outside!r} points outside the schema; the gateway never fetches or "
+                'reads other schemas: inline it, or put it under "$defs" and write '
+                '"$ref": "#/$defs/NAME"'
+            )
         self.schema: dict[str, Any] = schema
-        self._validator = cls(schema)
+        self._validator = cls(schema, registry=referencing.Registry())
 
     def explain(self, args: Any) -> str | None:
         """None if ``args`` is valid, else what is wrong, field by field."""
@@ -61,3 +75,23 @@ class ArgsValidator:
         if len(errors) > _MAX_ERRORS:
             parts.append(f"and {len(errors) - _MAX_ERRORS} more")
         return "; ".join(parts)
+
+
+def _outside_ref(schema: Any) -> str | None:
+    """The first ``$ref`` (or ``$dynamicRef``) that is not a fragment of this schema, if any.
+
+    A plain walk over every object, so a property named ``$ref`` is looked at
+    too: a false alarm there costs a clear message, a miss would cost a fetch.
+    """
+    stack = [schema]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            for key in ("$ref", "$dynamicRef", "$recursiveRef"):
+                ref = item.get(key)
+                if isinstance(ref, str) and not ref.startswith("#"):
+                    return ref
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return None

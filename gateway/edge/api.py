@@ -39,9 +39,15 @@ from gateway.edge.auth import ANONYMOUS, KeyStoreUnavailable
 from gateway.edge.tokens import is_client_token
 from gateway.sessions.node import Node
 from gateway.store.base import StoreUnavailable
-from protocol.configuration import ConfigChange, SessionConfig, apply_change, decode_config
+from protocol.configuration import (
+    MAX_SCHEMA_DEPTH,
+    ConfigChange,
+    SessionConfig,
+    apply_change,
+    decode_config,
+)
 from protocol.events import Usage
-from tools.client import schema_problem
+from tools.client import ClientToolProblem, prepare
 
 __all__ = ["API_PREFIX", "CreateSession", "HttpApi", "MintToken", "SessionInfo"]
 
@@ -310,7 +316,13 @@ class HttpApi:
             return decode(data)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             raise Refusal(400, f"invalid body: {exc}; see the README's HTTP API reference") from exc
-        except (RecursionError, ValueError) as exc:
+        except RecursionError as exc:  # msgspec recurses per level: ~1,000 is its end
+            raise Refusal(
+                400,
+                f"invalid body: it nests too deeply to read; a tool schema may nest at most "
+                f"{MAX_SCHEMA_DEPTH} levels",
+            ) from exc
+        except ValueError as exc:
             raise Refusal(400, f"invalid body: {exc}") from exc
 
     # ------------------------------------------------------------------ handlers
@@ -321,12 +333,12 @@ class HttpApi:
         config = apply_change(SessionConfig(), body)
         if isinstance(config, str):
             raise Refusal(400, config)
-        problem = schema_problem(config.tools)
+        problem = await prepare(config.tools)  # compiled off the loop, once per schema
         if problem is not None:
             raise Refusal(400, problem)
         setup = self.node.setup(key_id, config, self.node.key_tools.get(key_id))
         if isinstance(setup, str):
-            raise Refusal(403, setup)
+            raise Refusal(400 if isinstance(setup, ClientToolProblem) else 403, str(setup))
         sid = self.node.new_session_id()
         await self.node.store.create_session(sid, self.node.session_meta(key_id, setup))
         ttl = None if body.ttl is msgspec.UNSET else body.ttl

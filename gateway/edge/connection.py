@@ -508,11 +508,11 @@ class ClientConnection:
             )
             return
         self._redispatched = 0
-        error = self._dispatch(runtime, message)
+        error = await self._dispatch(runtime, message)
         if error is not None:
             self._reply(error)
 
-    def _dispatch(
+    async def _dispatch(
         self,
         runtime: SessionRuntime,
         message: UserMessage | Cancel | Configure | ToolResultMessage,
@@ -524,7 +524,7 @@ class ClientConnection:
             return runtime.cancel_turn()
         if isinstance(message, ToolResultMessage):
             return runtime.tool_result(message)
-        return runtime.configure(message)
+        return await runtime.configure(message)
 
     async def _record_if_new(self) -> bool:
         """Store a new session at its first turn or configuration; False (replied) if that failed.

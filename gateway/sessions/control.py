@@ -498,7 +498,7 @@ class CommandRelay:
             elif isinstance(command, Cancel):
                 error = runtime.cancel_turn()
             else:  # the origin checked that this client may configure
-                error = runtime.configure(command)
+                error = await runtime.configure(command)
             if error is not None:
                 return Reply(conn=conn, ref=ref, error=encode(error))
             if not ref:

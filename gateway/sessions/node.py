@@ -51,7 +51,7 @@ from protocol.events import (
 from protocol.prompt import system_prompt
 from tools.allowlist import AllowList, KeyAllowLists, parse_allow_list
 from tools.base import ToolContext
-from tools.client import ClientTools
+from tools.client import ClientToolProblem, ClientTools, prepare
 from tools.executor import Executor
 from tools.registry import Registry
 from tools.workspaces import workspace_dir
@@ -249,10 +249,11 @@ class Node:
             allowed = frozenset.intersection(*(frozenset(t) for t in limits))
         if key_tools is not None:
             allowed = frozenset(key_tools.filter(names if allowed is None else allowed))
+        has = names if allowed is None else names & allowed
         try:
-            client_tools = ClientTools(config.tools, key_tools)
-        except ValueError as exc:  # checked by configure and the API before they get here
-            return str(exc)
+            client_tools = ClientTools(config.tools, key_tools, has)
+        except ValueError as exc:  # the client's mistake (a bad schema, a taken name): 400
+            return ClientToolProblem(str(exc))
         factory = self._factory(config.provider, config.model)
         if isinstance(factory, str):
             return factory
@@ -434,6 +435,7 @@ class Node:
             else:
                 setup = self.default_setup
         else:
+            await self._prepare_tools(meta)
             setup = self._stored_setup(sid, meta)
         usage = Usage(
             input=int(meta.get("usage_input", "0") or 0),
@@ -454,6 +456,15 @@ class Node:
         # The last turn's trace: a rerun of it (rerun_interrupted) links there.
         runtime.observer.follows = meta.get("traceparent", "")
         return runtime
+
+    async def _prepare_tools(self, meta: dict[str, str]) -> None:
+        """Compile a stored session's client tool schemas off the loop, before the
+        synchronous ``setup`` needs them (cached by content: a reconnect costs nothing)."""
+        try:
+            config = decode_config(meta.get("config", ""))
+        except (ValueError, TypeError):
+            return  # _stored_setup logs it
+        await prepare(config.tools)
 
     async def follow(self, sid: str) -> LogFollower:
         """The follower of ``sid`` on this node (one per session), made if need be.

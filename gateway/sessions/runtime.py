@@ -120,7 +120,7 @@ from protocol.turn_events import (
 )
 from tools.allowlist import AllowList
 from tools.base import ToolContext
-from tools.client import ClientTools, schema_problem
+from tools.client import ClientToolProblem, ClientTools, prepare
 from tools.executor import CallObserver, Executor
 from tools.output import cap_output
 
@@ -499,26 +499,33 @@ class SessionRuntime:
         given = msgspec.structs.replace(answer, content=content)
         return self._command(self.machine.feed(given), interrupt=False)
 
-    def configure(self, change: ConfigChange) -> Error | None:
+    async def configure(self, change: ConfigChange) -> Error | None:
         """Apply a ``configure``: checked, logged (``configured``), stored; an ``Error`` if refused.
 
         The one place a session's configuration changes. Takes effect at the
         next model step: the upstream is reopened from history with the new
         prompt (and provider) then. Client tools change at once for calls the
         model makes from then on; calls already sent to the client still wait
-        for their results.
+        for their results. Their schemas are compiled off the loop (``prepare``)
+        after the size limits passed (``apply_change``).
         """
         if self.closed:
             return Error(code="internal", content="session is closing; reconnect and resend")
         updated = apply_change(self.setup.config, change)
         if isinstance(updated, str):
             return Error(code="bad_frame", content=updated)
-        problem = schema_problem(updated.tools)
+        problem = await prepare(updated.tools)
         if problem is not None:
             return Error(code="bad_frame", content=problem)
+        if self.closed:
+            return Error(code="internal", content="session is closing; reconnect and resend")
+        updated = apply_change(self.setup.config, change)  # as it is now, after the wait
+        if isinstance(updated, str):
+            return Error(code="bad_frame", content=updated)
         setup = self.services.session_setup(self.owner, updated, self.setup.key_tools)
         if isinstance(setup, str):
-            return Error(code="forbidden", content=setup)
+            code = "bad_frame" if isinstance(setup, ClientToolProblem) else "forbidden"
+            return Error(code=code, content=str(setup))
         self._apply_setup(setup)
         return None
 

@@ -107,6 +107,23 @@ class Config(msgspec.Struct, kw_only=True):
     drain_timeout: Annotated[
         Seconds, Setting("seconds SIGTERM waits for running turns before closing clients", NETWORK)
     ] = 30.0
+    header_timeout: Annotated[
+        PositiveSeconds,
+        Setting(
+            "seconds a connection may take to send its request: a WebSocket handshake, or an "
+            "HTTP API request's headers (also how long an idle HTTP API connection is kept); "
+            "the connection is closed beyond",
+            NETWORK,
+        ),
+    ] = 10.0
+    body_timeout: Annotated[
+        PositiveSeconds,
+        Setting(
+            "seconds an HTTP API request's body may take to arrive, and an answer to be taken "
+            "by the client; HTTP 408 or a closed connection beyond",
+            NETWORK,
+        ),
+    ] = 10.0
 
     # --- upstream ---
     provider: Annotated[
@@ -285,6 +302,15 @@ class Config(msgspec.Struct, kw_only=True):
         Count,
         Setting("open connections per API key across nodes, HTTP 429 beyond; 0 = no limit", EDGES),
     ] = 0
+    unauthenticated_per_address: Annotated[
+        Count,
+        Setting(
+            "connections one client address may hold before they authenticate (a WebSocket "
+            "handshake, or an HTTP API request with a key); beyond, its oldest such connection "
+            "is closed; behind a load balancer every client has its address; 0 = no limit",
+            EDGES,
+        ),
+    ] = 256
     turns_per_minute: Annotated[
         Count, Setting("turns per API key per minute; 0 = no limit", EDGES)
     ] = 0

@@ -7,6 +7,10 @@ edges decide lives here and in ``gateway.edge.auth``, ``gateway.sessions.limits`
 ``gateway.edge.backpressure``, so the server, connection and session code carry
 one-line hooks only.
 
+Until a connection authenticates it counts in ``pending``
+(``gateway.edge.pending``), which bounds how many one address, and all of
+them, may hold.
+
 Handshake checks, in order, each refusal an HTTP status whose body says what
 to do: node at ``max_connections`` → 503 (try another node); ``Origin`` not
 allowed → 403 (see ``origin_allowed``); no or unknown API key → 401 (how to send one); the key at
@@ -47,6 +51,8 @@ from gateway.edge.auth import (
     is_loopback,
 )
 from gateway.edge.client_tokens import ClientTokens
+from gateway.edge.health import descriptor_limit
+from gateway.edge.pending import PendingConnections
 from gateway.edge.reaper import Reapable, SlowClientReaper
 from gateway.edge.tokens import TokenRefused, is_client_token
 from gateway.sessions.limits import ConnectionSlots
@@ -183,6 +189,13 @@ class Edges:
         self.limits = node.limits
         self.key_tools = node.key_tools  # per-key allow-lists, stored with new sessions
         self.tokens = ClientTokens(config, node.store)
+        # Connections of both ports that have not authenticated yet (slow or stalled requests).
+        limit = descriptor_limit()
+        self.pending = PendingConnections(
+            config.unauthenticated_per_address,
+            max(64, limit // 2) if limit is not None else 0,
+            on_close=lambda reason: self.metrics.refused.labels(reason).inc(),
+        )
         self.open = 0  # admitted connections not yet closed (the per-node limit)
         self._watchers: set[asyncio.Task[None]] = set()
         self._closed = False
@@ -253,6 +266,7 @@ class Edges:
         principal = await self._authenticate(request)
         if isinstance(principal, Response):
             return principal
+        self.pending.settled(connection.transport)
         admitted = _Admitted(principal.key)
         self.open += 1
         watcher = asyncio.create_task(self._watch(connection, admitted, on_close))

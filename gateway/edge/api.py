@@ -20,10 +20,17 @@ node's own event loop, next to the sessions it reads; a load balancer routes
 browsers still see one origin (deploy/haproxy-api.cfg, deploy/nginx-api.conf).
 CORS is answered for the allowed origins (``--allowed-origins``), preflights
 included.
+
+Nothing one client sends may hold the node's descriptors or memory (issue
+29): a request's headers must arrive within ``header_timeout`` (aiohttp's
+keep-alive timer, which runs from the connection's start), its body within
+``body_timeout`` (408), and its answer be taken within ``body_timeout``; a
+connection counts in ``Edges.pending`` until a request of it authenticates.
 """
 
 from __future__ import annotations
 
+import asyncio
 import http
 import logging
 import socket
@@ -36,6 +43,7 @@ from aiohttp import web
 from gateway.config import Config
 from gateway.edge.admission import ANY_ORIGIN, Edges
 from gateway.edge.auth import ANONYMOUS, KeyStoreUnavailable
+from gateway.edge.pending import WatchedProtocol
 from gateway.edge.tokens import is_client_token
 from gateway.sessions.node import Node
 from gateway.store.base import StoreUnavailable
@@ -104,6 +112,7 @@ _CODES: Final = {
     403: "forbidden",
     404: "not_found",
     405: "method_not_allowed",
+    408: "timeout",
     413: "too_large",
     415: "unsupported_media_type",
     503: "unavailable",
@@ -157,6 +166,7 @@ class HttpApi:
         app.router.add_delete(API_PREFIX + "/{sid}", self.delete)
         self.app = app
         self._runner: web.AppRunner | None = None
+        self._server: asyncio.Server | None = None
         self._socket: socket.socket | None = None
 
     # ------------------------------------------------------------------ lifecycle
@@ -177,9 +187,21 @@ class HttpApi:
         except OSError:
             sock.close()
             raise
-        runner = web.AppRunner(self.app, access_log=None, handle_signals=False)
+        # aiohttp's keep-alive timer runs from the connection's start and from each
+        # answer to the next request's headers: it is the header timeout.
+        runner = web.AppRunner(
+            self.app,
+            access_log=None,
+            handle_signals=False,
+            keepalive_timeout=cfg.header_timeout,
+        )
         await runner.setup()
-        await web.SockSite(runner, sock, backlog=1024).start()
+        make_protocol = runner.server  # aiohttp's web.Server is a protocol factory
+        assert make_protocol is not None
+        pending = self.edges.pending
+        self._server = await asyncio.get_running_loop().create_server(
+            lambda: WatchedProtocol(make_protocol(), pending), sock=sock, backlog=1024
+        )
         self._runner, self._socket = runner, sock
         log.info("HTTP API on http://%s:%d%s", host, self.port, API_PREFIX)
 
@@ -189,9 +211,14 @@ class HttpApi:
         return int(self._socket.getsockname()[1])
 
     async def close(self) -> None:
+        server, self._server = self._server, None
+        if server is not None:
+            server.close()  # no new connections; the runner closes the open ones
         if self._runner is not None:
             runner, self._runner = self._runner, None
             await runner.cleanup()
+        if server is not None:
+            await server.wait_closed()
         if self._socket is not None:
             self._socket.close()
 
@@ -199,7 +226,28 @@ class HttpApi:
 
     @web.middleware
     async def _errors(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        """Every refusal as JSON that says what to do; nothing a client sends is a 500."""
+        """Every refusal as JSON that says what to do; nothing a client sends is a 500.
+
+        The answer is sent here, within ``body_timeout``: a client that does
+        not read it (an export page is up to 1 MiB) is disconnected instead of
+        holding the page in the node's memory for as long as it likes.
+        """
+        response = await self._answer(request, handler)
+        transport = request.transport
+        try:
+            async with asyncio.timeout(self.config.body_timeout):
+                await response.prepare(request)
+                await response.write_eof()
+        except TimeoutError:
+            log.info("HTTP API: a client took no answer in %gs; closed", self.config.body_timeout)
+            if transport is not None:
+                transport.abort()
+        else:
+            if response.status == 408 and transport is not None:
+                transport.close()  # rather than wait for the rest of a body that stalled
+        return response
+
+    async def _answer(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         try:
             return await handler(request)
         except Refusal as exc:
@@ -263,6 +311,7 @@ class HttpApi:
             raise Refusal(401, "send one Authorization header, not several")
         if authorization is None:
             if not self.edges.auth_on:
+                self._authenticated(request)
                 return ANONYMOUS
             raise Refusal(401, f"an API key is required: {_HOW}")
         scheme, _, key = authorization.strip().partition(" ")
@@ -276,6 +325,7 @@ class HttpApi:
                 "needs an API key, kept on the app's backend",
             )
         if not self.edges.auth_on:
+            self._authenticated(request)
             return ANONYMOUS
         try:
             key_id = await self.edges.key_id(key)
@@ -287,7 +337,13 @@ class HttpApi:
             ) from exc
         if key_id is None:
             raise Refusal(401, f"this API key is not valid (mistyped, or revoked): {_HOW}")
+        self._authenticated(request)
         return key_id
+
+    def _authenticated(self, request: web.Request) -> None:
+        """The connection is a client's now: no longer counted as pending."""
+        if request.transport is not None:
+            self.edges.pending.settled(request.transport)
 
     async def _owned(self, request: web.Request) -> tuple[str, str, dict[str, str]]:
         """``(key_id, sid, meta)`` of a session of the caller's; ``Refusal`` otherwise."""
@@ -301,7 +357,15 @@ class HttpApi:
         return key_id, sid, meta
 
     async def _body(self, request: web.Request, decode: Callable[[bytes], Any]) -> Any:
-        data = await request.read()
+        timeout = self.config.body_timeout
+        try:
+            async with asyncio.timeout(timeout):
+                data = await request.read()
+        except TimeoutError:
+            raise Refusal(
+                408,
+                f"the body did not arrive within {timeout:g} s; send the whole request at once",
+            ) from None
         if not data.strip():
             data = b"{}"  # no body: every field's default
         elif "json" not in request.headers.get("Content-Type", "application/json").lower():

@@ -192,6 +192,14 @@ class Config(msgspec.Struct, kw_only=True):
     session_ttl: Annotated[PositiveSeconds, Setting("seconds an idle session is kept", STORE)] = (
         24 * 3600.0
     )
+    unused_session_ttl: Annotated[
+        PositiveSeconds,
+        Setting(
+            "seconds a session made by POST /v1/sessions is kept while no client has "
+            "connected to it; its first connection gives it session_ttl",
+            STORE,
+        ),
+    ] = 600.0
     max_log: Annotated[
         AtLeastOne, Setting("events kept per session log (older ones are trimmed)", STORE)
     ] = 10_000
@@ -341,6 +349,15 @@ class Config(msgspec.Struct, kw_only=True):
             EDGES,
         ),
     ] = None
+    config_bytes_per_key: Annotated[
+        Count,
+        Setting(
+            "bytes of configuration the sessions one API key made with POST /v1/sessions may "
+            "store (each counted until it expires unused, for session_ttl after its first "
+            "connection, or until deleted); HTTP 429 beyond; 0 = no limit",
+            EDGES,
+        ),
+    ] = 64 << 20
     token_ttl: Annotated[
         Annotated[float, Meta(ge=1, le=86400)],
         Setting("seconds a client token minted by the HTTP API opens its session", EDGES),

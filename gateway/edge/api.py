@@ -25,12 +25,16 @@ Nothing one client sends may hold the node's descriptors or memory (issue
 29): a request's headers must arrive within ``header_timeout`` (aiohttp's
 keep-alive timer, which runs from the connection's start), its body within
 ``body_timeout`` (408), and its answer be taken within ``body_timeout``; a
-connection counts in ``Edges.pending`` until a request of it authenticates.
+connection counts in ``Edges.pending`` until a request of it authenticates;
+an export page holds at most ``PAGE_BYTES``; a session made here is kept
+``unused_session_ttl`` until a client connects, and its configuration counts
+against its key's ``config_bytes_per_key``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import http
 import logging
 import socket
@@ -45,7 +49,7 @@ from gateway.edge.admission import ANY_ORIGIN, Edges
 from gateway.edge.auth import ANONYMOUS, KeyStoreUnavailable
 from gateway.edge.pending import WatchedProtocol
 from gateway.edge.tokens import is_client_token
-from gateway.sessions.node import Node
+from gateway.sessions.node import CONFIG_QUOTA, UNUSED, Node, config_bytes
 from gateway.store.base import StoreUnavailable
 from protocol.configuration import ConfigChange, SessionConfig, apply_change, decode_config
 from protocol.events import Usage
@@ -59,6 +63,8 @@ API_PREFIX: Final = "/v1/sessions"
 MAX_BODY: Final = 1 << 20  # bytes; a configuration is at most ~300 KB (64 tools of 4 KB)
 MAX_PAGE: Final = 1000
 DEFAULT_PAGE: Final = 500
+PAGE_BYTES: Final = 1 << 20
+"""An export page holds at most this many bytes of events (one larger event comes alone)."""
 
 TokenTtl = Annotated[float, msgspec.Meta(ge=1, le=86400)]
 
@@ -115,6 +121,7 @@ _CODES: Final = {
     408: "timeout",
     413: "too_large",
     415: "unsupported_media_type",
+    429: "quota_exceeded",
     503: "unavailable",
 }
 
@@ -392,10 +399,47 @@ class HttpApi:
         if isinstance(setup, str):
             raise Refusal(403, setup)
         sid = self.node.new_session_id()
-        await self.node.store.create_session(sid, self.node.session_meta(key_id, setup))
+        meta = self.node.session_meta(key_id, setup)
+        await self._hold_quota(key_id, sid, config_bytes(meta))
+        meta[UNUSED] = "1"  # until a client connects (Node._load): kept unused_session_ttl
+        try:
+            await self.node.store.create_session(sid, meta, ttl=self.config.unused_session_ttl)
+        except Exception:
+            with contextlib.suppress(Exception):
+                await self.node.store.release_bytes(CONFIG_QUOTA.format(key=key_id), sid)
+            raise
         ttl = None if body.ttl is msgspec.UNSET else body.ttl
         token, expires_at = await self.edges.tokens.mint(sid, key_id, ttl)
         return _json(201, Minted(sid, token, expires_at))
+
+    async def _hold_quota(self, key_id: str, sid: str, size: int) -> None:
+        """Count ``size`` bytes of configuration against the key's quota; 413/429 if it is full.
+
+        Held for ``unused_session_ttl`` (the session's own lifetime until a
+        client connects; ``Node._load`` then holds it for ``session_ttl``).
+        """
+        cfg = self.config
+        quota = cfg.config_bytes_per_key
+        if quota and size > quota:
+            raise Refusal(
+                413,
+                f"this session's configuration is {size} bytes, more than this API key may "
+                f"store in all its sessions ({quota} bytes, --config-bytes-per-key); send a "
+                "smaller one",
+            )
+        held, total = await self.node.store.hold_bytes(
+            CONFIG_QUOTA.format(key=key_id), sid, size, quota, cfg.unused_session_ttl
+        )
+        if not held:
+            raise Refusal(
+                429,
+                f"this API key's sessions already store {total} bytes of configuration and "
+                f"this one is {size} more, past its quota of {quota} bytes "
+                "(--config-bytes-per-key): delete the sessions you no longer need "
+                f"(DELETE {API_PREFIX}/ID), or wait for unused ones to expire "
+                f"({cfg.unused_session_ttl:g} s after they were made), or ask the operator "
+                "for a larger quota",
+            )
 
     async def mint(self, request: web.Request) -> web.Response:
         key_id, sid, _ = await self._owned(request)
@@ -436,10 +480,15 @@ class HttpApi:
         _, sid, _ = await self._owned(request)
         after = _query_int(request, "after", 0, 0, 10**18)
         limit = _query_int(request, "limit", DEFAULT_PAGE, 1, MAX_PAGE)
-        entries = await self.node.store.read_log(sid, after, limit + 1)
-        more = len(entries) > limit
-        entries = entries[:limit]
+        store = self.node.store
+        # Paged by count and by bytes, decided by the store as it reads, so a
+        # page of large events is never read whole (a 300-event page was once
+        # 251 MB, and +845 MB in this process).
+        entries, last = await asyncio.gather(
+            store.read_log(sid, after, limit, max_bytes=PAGE_BYTES), store.last_seq(sid)
+        )
         next_after = entries[-1].seq if entries else after
+        more = next_after < last
         # The events exactly as logged (and sent on the WebSocket), spliced in.
         body = b"".join(
             [
@@ -457,8 +506,9 @@ class HttpApi:
         return _json(200, body)
 
     async def delete(self, request: web.Request) -> web.Response:
-        _, sid, _ = await self._owned(request)
+        key_id, sid, _ = await self._owned(request)
         await self.node.delete_session(sid)
+        await self.node.store.release_bytes(CONFIG_QUOTA.format(key=key_id), sid)
         log.info("session %s deleted through the HTTP API", sid, extra={"sid": sid})
         return web.Response(status=http.HTTPStatus.NO_CONTENT)
 

@@ -34,6 +34,7 @@ class _Parser(argparse.ArgumentParser):
 async def _serve(config: Config) -> int:
     from gateway.app import running_gateway
 
+    _raise_descriptor_limit()
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -52,6 +53,19 @@ async def _serve(config: Config) -> int:
         await gateway.drain()
     log.info("stopped")
     return 0
+
+
+def _raise_descriptor_limit() -> None:
+    """Every connection is a file descriptor: take all the process may have, and say so."""
+    from gateway.edge.health import raise_descriptor_limit
+
+    before, now = raise_descriptor_limit()
+    if now != before:
+        log.info(
+            "file descriptors: nofile limit raised from %d to %d (the hard limit)", before, now
+        )
+    else:
+        log.info("file descriptors: nofile limit %d", now)
 
 
 def _loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] | None:

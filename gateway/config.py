@@ -111,6 +111,23 @@ class Config(msgspec.Struct, kw_only=True):
     drain_timeout: Annotated[
         Seconds, Setting("seconds SIGTERM waits for running turns before closing clients", NETWORK)
     ] = 30.0
+    header_timeout: Annotated[
+        PositiveSeconds,
+        Setting(
+            "seconds a connection may take to send its request: a WebSocket handshake, or an "
+            "HTTP API request's headers (also how long an idle HTTP API connection is kept); "
+            "the connection is closed beyond",
+            NETWORK,
+        ),
+    ] = 10.0
+    body_timeout: Annotated[
+        PositiveSeconds,
+        Setting(
+            "seconds an HTTP API request's body may take to arrive, and an answer to be taken "
+            "by the client; HTTP 408 or a closed connection beyond",
+            NETWORK,
+        ),
+    ] = 10.0
 
     # --- upstream ---
     provider: Annotated[
@@ -171,6 +188,14 @@ class Config(msgspec.Struct, kw_only=True):
     session_ttl: Annotated[PositiveSeconds, Setting("seconds an idle session is kept", STORE)] = (
         24 * 3600.0
     )
+    unused_session_ttl: Annotated[
+        PositiveSeconds,
+        Setting(
+            "seconds a session made by POST /v1/sessions is kept while no client has "
+            "connected to it; its first connection gives it session_ttl",
+            STORE,
+        ),
+    ] = 600.0
     max_log: Annotated[
         AtLeastOne, Setting("events kept per session log (older ones are trimmed)", STORE)
     ] = 10_000
@@ -281,6 +306,15 @@ class Config(msgspec.Struct, kw_only=True):
         Count,
         Setting("open connections per API key across nodes, HTTP 429 beyond; 0 = no limit", EDGES),
     ] = 0
+    unauthenticated_per_address: Annotated[
+        Count,
+        Setting(
+            "connections one client address may hold before they authenticate (a WebSocket "
+            "handshake, or an HTTP API request with a key); beyond, its oldest such connection "
+            "is closed; behind a load balancer every client has its address; 0 = no limit",
+            EDGES,
+        ),
+    ] = 256
     turns_per_minute: Annotated[
         Count, Setting("turns per API key per minute; 0 = no limit", EDGES)
     ] = 0
@@ -311,6 +345,15 @@ class Config(msgspec.Struct, kw_only=True):
             EDGES,
         ),
     ] = None
+    config_bytes_per_key: Annotated[
+        Count,
+        Setting(
+            "bytes of configuration the sessions one API key made with POST /v1/sessions may "
+            "store (each counted until it expires unused, for session_ttl after its first "
+            "connection, or until deleted); HTTP 429 beyond; 0 = no limit",
+            EDGES,
+        ),
+    ] = 64 << 20
     token_ttl: Annotated[
         Annotated[float, Meta(ge=1, le=86400)],
         Setting("seconds a client token minted by the HTTP API opens its session", EDGES),

@@ -7,6 +7,10 @@ edges decide lives here and in ``gateway.edge.auth``, ``gateway.sessions.limits`
 ``gateway.edge.backpressure``, so the server, connection and session code carry
 one-line hooks only.
 
+Until a connection authenticates it counts in ``pending``
+(``gateway.edge.pending``), which bounds how many one address, and all of
+them, may hold.
+
 Handshake checks, in order, each refusal an HTTP status whose body says what
 to do: node at ``max_connections`` → 503 (try another node); ``Origin`` not
 allowed → 403 (see ``origin_allowed``); no or unknown API key → 401 (how to send one); the key at
@@ -53,6 +57,8 @@ from gateway.edge.auth import (
     is_loopback,
 )
 from gateway.edge.client_tokens import ClientTokens
+from gateway.edge.health import descriptor_limit
+from gateway.edge.pending import PendingConnections
 from gateway.edge.reaper import SlowClientReaper
 from gateway.edge.rights import Credential, KeyRights, Revocable, RightsWatch
 from gateway.edge.tokens import TokenRefused, is_client_token
@@ -198,6 +204,13 @@ class Edges:
         self.rights = KeyRights(self.key_file, self.redis_keys)
         self.watch = RightsWatch(self.rights, node.store, connections, on_tick=self._reread)
         self._policies_seen = node.policies.version
+        # Connections of both ports that have not authenticated yet (slow or stalled requests).
+        limit = descriptor_limit()
+        self.pending = PendingConnections(
+            config.unauthenticated_per_address,
+            max(64, limit // 2) if limit is not None else 0,
+            on_close=lambda reason: self.metrics.refused.labels(reason).inc(),
+        )
         self.open = 0  # admitted connections not yet closed (the per-node limit)
         self._watchers: set[asyncio.Task[None]] = set()
         self._closed = False
@@ -282,6 +295,7 @@ class Edges:
         principal = await self._authenticate(request)
         if isinstance(principal, Response):
             return principal
+        self.pending.settled(connection.transport)
         admitted = _Admitted(principal.key)
         self.open += 1
         if self.auth_on:

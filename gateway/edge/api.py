@@ -20,10 +20,21 @@ node's own event loop, next to the sessions it reads; a load balancer routes
 browsers still see one origin (deploy/haproxy-api.cfg, deploy/nginx-api.conf).
 CORS is answered for the allowed origins (``--allowed-origins``), preflights
 included.
+
+Nothing one client sends may hold the node's descriptors or memory (issue
+29): a request's headers must arrive within ``header_timeout`` (aiohttp's
+keep-alive timer, which runs from the connection's start), its body within
+``body_timeout`` (408), and its answer be taken within ``body_timeout``; a
+connection counts in ``Edges.pending`` until a request of it authenticates;
+an export page holds at most ``PAGE_BYTES``; a session made here is kept
+``unused_session_ttl`` until a client connects, and its configuration counts
+against its key's ``config_bytes_per_key``.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import http
 import logging
 import socket
@@ -36,8 +47,9 @@ from aiohttp import web
 from gateway.config import Config
 from gateway.edge.admission import ANY_ORIGIN, Edges
 from gateway.edge.auth import ANONYMOUS, KeyStoreUnavailable
+from gateway.edge.pending import WatchedProtocol
 from gateway.edge.tokens import is_client_token
-from gateway.sessions.node import Node
+from gateway.sessions.node import CONFIG_QUOTA, UNUSED, Node, config_bytes
 from gateway.store.base import StoreUnavailable
 from protocol.configuration import (
     MAX_SCHEMA_DEPTH,
@@ -57,6 +69,8 @@ API_PREFIX: Final = "/v1/sessions"
 MAX_BODY: Final = 1 << 20  # bytes; a configuration is at most ~300 KB (64 tools of 4 KB)
 MAX_PAGE: Final = 1000
 DEFAULT_PAGE: Final = 500
+PAGE_BYTES: Final = 1 << 20
+"""An export page holds at most this many bytes of events (one larger event comes alone)."""
 
 TokenTtl = Annotated[float, msgspec.Meta(ge=1, le=86400)]
 
@@ -110,8 +124,10 @@ _CODES: Final = {
     403: "forbidden",
     404: "not_found",
     405: "method_not_allowed",
+    408: "timeout",
     413: "too_large",
     415: "unsupported_media_type",
+    429: "quota_exceeded",
     503: "unavailable",
 }
 
@@ -163,6 +179,7 @@ class HttpApi:
         app.router.add_delete(API_PREFIX + "/{sid}", self.delete)
         self.app = app
         self._runner: web.AppRunner | None = None
+        self._server: asyncio.Server | None = None
         self._socket: socket.socket | None = None
 
     # ------------------------------------------------------------------ lifecycle
@@ -183,9 +200,21 @@ class HttpApi:
         except OSError:
             sock.close()
             raise
-        runner = web.AppRunner(self.app, access_log=None, handle_signals=False)
+        # aiohttp's keep-alive timer runs from the connection's start and from each
+        # answer to the next request's headers: it is the header timeout.
+        runner = web.AppRunner(
+            self.app,
+            access_log=None,
+            handle_signals=False,
+            keepalive_timeout=cfg.header_timeout,
+        )
         await runner.setup()
-        await web.SockSite(runner, sock, backlog=1024).start()
+        make_protocol = runner.server  # aiohttp's web.Server is a protocol factory
+        assert make_protocol is not None
+        pending = self.edges.pending
+        self._server = await asyncio.get_running_loop().create_server(
+            lambda: WatchedProtocol(make_protocol(), pending), sock=sock, backlog=1024
+        )
         self._runner, self._socket = runner, sock
         log.info("HTTP API on http://%s:%d%s", host, self.port, API_PREFIX)
 
@@ -195,9 +224,14 @@ class HttpApi:
         return int(self._socket.getsockname()[1])
 
     async def close(self) -> None:
+        server, self._server = self._server, None
+        if server is not None:
+            server.close()  # no new connections; the runner closes the open ones
         if self._runner is not None:
             runner, self._runner = self._runner, None
             await runner.cleanup()
+        if server is not None:
+            await server.wait_closed()
         if self._socket is not None:
             self._socket.close()
 
@@ -205,7 +239,28 @@ class HttpApi:
 
     @web.middleware
     async def _errors(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        """Every refusal as JSON that says what to do; nothing a client sends is a 500."""
+        """Every refusal as JSON that says what to do; nothing a client sends is a 500.
+
+        The answer is sent here, within ``body_timeout``: a client that does
+        not read it (an export page is up to 1 MiB) is disconnected instead of
+        holding the page in the node's memory for as long as it likes.
+        """
+        response = await self._answer(request, handler)
+        transport = request.transport
+        try:
+            async with asyncio.timeout(self.config.body_timeout):
+                await response.prepare(request)
+                await response.write_eof()
+        except TimeoutError:
+            log.info("HTTP API: a client took no answer in %gs; closed", self.config.body_timeout)
+            if transport is not None:
+                transport.abort()
+        else:
+            if response.status == 408 and transport is not None:
+                transport.close()  # rather than wait for the rest of a body that stalled
+        return response
+
+    async def _answer(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         try:
             return await handler(request)
         except Refusal as exc:
@@ -269,6 +324,7 @@ class HttpApi:
             raise Refusal(401, "send one Authorization header, not several")
         if authorization is None:
             if not self.edges.auth_on:
+                self._authenticated(request)
                 return ANONYMOUS
             raise Refusal(401, f"an API key is required: {_HOW}")
         scheme, _, key = authorization.strip().partition(" ")
@@ -282,6 +338,7 @@ class HttpApi:
                 "needs an API key, kept on the app's backend",
             )
         if not self.edges.auth_on:
+            self._authenticated(request)
             return ANONYMOUS
         try:
             key_id = await self.edges.key_id(key)
@@ -293,7 +350,13 @@ class HttpApi:
             ) from exc
         if key_id is None:
             raise Refusal(401, f"this API key is not valid (mistyped, or revoked): {_HOW}")
+        self._authenticated(request)
         return key_id
+
+    def _authenticated(self, request: web.Request) -> None:
+        """The connection is a client's now: no longer counted as pending."""
+        if request.transport is not None:
+            self.edges.pending.settled(request.transport)
 
     async def _owned(self, request: web.Request) -> tuple[str, str, dict[str, str]]:
         """``(key_id, sid, meta)`` of a session of the caller's; ``Refusal`` otherwise."""
@@ -307,7 +370,15 @@ class HttpApi:
         return key_id, sid, meta
 
     async def _body(self, request: web.Request, decode: Callable[[bytes], Any]) -> Any:
-        data = await request.read()
+        timeout = self.config.body_timeout
+        try:
+            async with asyncio.timeout(timeout):
+                data = await request.read()
+        except TimeoutError:
+            raise Refusal(
+                408,
+                f"the body did not arrive within {timeout:g} s; send the whole request at once",
+            ) from None
         if not data.strip():
             data = b"{}"  # no body: every field's default
         elif "json" not in request.headers.get("Content-Type", "application/json").lower():
@@ -340,10 +411,47 @@ class HttpApi:
         if isinstance(setup, str):
             raise Refusal(400 if isinstance(setup, ClientToolProblem) else 403, str(setup))
         sid = self.node.new_session_id()
-        await self.node.store.create_session(sid, self.node.session_meta(key_id, setup))
+        meta = self.node.session_meta(key_id, setup)
+        await self._hold_quota(key_id, sid, config_bytes(meta))
+        meta[UNUSED] = "1"  # until a client connects (Node._load): kept unused_session_ttl
+        try:
+            await self.node.store.create_session(sid, meta, ttl=self.config.unused_session_ttl)
+        except Exception:
+            with contextlib.suppress(Exception):
+                await self.node.store.release_bytes(CONFIG_QUOTA.format(key=key_id), sid)
+            raise
         ttl = None if body.ttl is msgspec.UNSET else body.ttl
         token, expires_at = await self.edges.tokens.mint(sid, key_id, ttl)
         return _json(201, Minted(sid, token, expires_at))
+
+    async def _hold_quota(self, key_id: str, sid: str, size: int) -> None:
+        """Count ``size`` bytes of configuration against the key's quota; 413/429 if it is full.
+
+        Held for ``unused_session_ttl`` (the session's own lifetime until a
+        client connects; ``Node._load`` then holds it for ``session_ttl``).
+        """
+        cfg = self.config
+        quota = cfg.config_bytes_per_key
+        if quota and size > quota:
+            raise Refusal(
+                413,
+                f"this session's configuration is {size} bytes, more than this API key may "
+                f"store in all its sessions ({quota} bytes, --config-bytes-per-key); send a "
+                "smaller one",
+            )
+        held, total = await self.node.store.hold_bytes(
+            CONFIG_QUOTA.format(key=key_id), sid, size, quota, cfg.unused_session_ttl
+        )
+        if not held:
+            raise Refusal(
+                429,
+                f"this API key's sessions already store {total} bytes of configuration and "
+                f"this one is {size} more, past its quota of {quota} bytes "
+                "(--config-bytes-per-key): delete the sessions you no longer need "
+                f"(DELETE {API_PREFIX}/ID), or wait for unused ones to expire "
+                f"({cfg.unused_session_ttl:g} s after they were made), or ask the operator "
+                "for a larger quota",
+            )
 
     async def mint(self, request: web.Request) -> web.Response:
         key_id, sid, _ = await self._owned(request)
@@ -384,10 +492,15 @@ class HttpApi:
         _, sid, _ = await self._owned(request)
         after = _query_int(request, "after", 0, 0, 10**18)
         limit = _query_int(request, "limit", DEFAULT_PAGE, 1, MAX_PAGE)
-        entries = await self.node.store.read_log(sid, after, limit + 1)
-        more = len(entries) > limit
-        entries = entries[:limit]
+        store = self.node.store
+        # Paged by count and by bytes, decided by the store as it reads, so a
+        # page of large events is never read whole (a 300-event page was once
+        # 251 MB, and +845 MB in this process).
+        entries, last = await asyncio.gather(
+            store.read_log(sid, after, limit, max_bytes=PAGE_BYTES), store.last_seq(sid)
+        )
         next_after = entries[-1].seq if entries else after
+        more = next_after < last
         # The events exactly as logged (and sent on the WebSocket), spliced in.
         body = b"".join(
             [
@@ -405,8 +518,9 @@ class HttpApi:
         return _json(200, body)
 
     async def delete(self, request: web.Request) -> web.Response:
-        _, sid, _ = await self._owned(request)
+        key_id, sid, _ = await self._owned(request)
         await self.node.delete_session(sid)
+        await self.node.store.release_bytes(CONFIG_QUOTA.format(key=key_id), sid)
         log.info("session %s deleted through the HTTP API", sid, extra={"sid": sid})
         return web.Response(status=http.HTTPStatus.NO_CONTENT)
 

@@ -2,7 +2,8 @@
 
 ``ws://HOST:PORT/v1/realtime`` is the client protocol; ``GET /healthz`` says the
 process is alive, ``GET /readyz`` whether it would serve a new client (503 while
-draining, full, or its store is unreachable: ``gateway.edge.health``), and
+draining, full, short of file descriptors, or its store is unreachable:
+``gateway.edge.health``), and
 ``GET /metrics`` serves Prometheus. The HTTP API (``POST``/``GET``/``DELETE``
 ``/v1/sessions``: ``gateway.edge.api``) listens on ``--api-port``: websockets
 serves GET handshakes only.
@@ -35,7 +36,8 @@ from gateway.edge.admission import Edges
 from gateway.edge.api import HttpApi
 from gateway.edge.closes import CloseCode, close_reason
 from gateway.edge.connection import ClientConnection
-from gateway.edge.health import StoreProbe
+from gateway.edge.health import Descriptors, StoreProbe
+from gateway.edge.pending import PendingConnections
 from gateway.edge.wsframes import BatchingConnection
 from gateway.sessions.node import Node
 from gateway.store.base import StoreUnavailable
@@ -123,6 +125,26 @@ class NewSessions(MutableMapping[str, str]):
         return len(self._owners)
 
 
+def watched(pending: PendingConnections) -> type[BatchingConnection]:
+    """The WebSocket port's connection class, counted in ``pending`` from its first byte.
+
+    ``Edges.admit`` settles a connection once its handshake authenticated;
+    one that never does is settled when it closes (at the latest after
+    ``header_timeout``, websockets' ``open_timeout``).
+    """
+
+    class WatchedConnection(BatchingConnection):
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            super().connection_made(transport)
+            pending.opened(transport)
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            pending.settled(self.transport)
+            super().connection_lost(exc)
+
+    return WatchedConnection
+
+
 class Gateway:
     """A running gateway node: its server plus its ``Node``."""
 
@@ -138,6 +160,7 @@ class Gateway:
         # Auth, origins, connection limits, slow clients (raises ConfigError if unsafe).
         self.edges = Edges(self.config, node, self.connections)
         self.store_probe = StoreProbe(node.store)
+        self.descriptors = Descriptors()
         # The HTTP API (POST/GET/DELETE /v1/sessions) on its own port, if configured.
         self.api = HttpApi(node, self.edges) if self.config.api_port is not None else None
 
@@ -170,7 +193,10 @@ class Gateway:
             ping_interval=cfg.ping_interval,
             ping_timeout=cfg.ping_timeout,
             server_header="realtime-gateway",
-            create_connection=BatchingConnection,  # one socket write per batch
+            # One socket write per batch; counted as pending until authenticated.
+            create_connection=watched(self.edges.pending),
+            # The whole handshake, from the first byte: a stalled request is closed.
+            open_timeout=cfg.header_timeout,
             # Connection bursts (a load balancer moving many clients at once)
             # must queue in the kernel, not be refused.
             backlog=4096,
@@ -343,6 +369,9 @@ class Gateway:
                 http.HTTPStatus.SERVICE_UNAVAILABLE,
                 f"not ready: full ({cfg.max_connections} connections)\n",
             )
+        shortage = self.descriptors.shortage()
+        if shortage is not None:
+            return _text(http.HTTPStatus.SERVICE_UNAVAILABLE, f"not ready: {shortage}\n")
         if not await self.store_probe.reachable():
             return _text(
                 http.HTTPStatus.SERVICE_UNAVAILABLE, "not ready: the session store is unreachable\n"

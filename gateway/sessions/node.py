@@ -56,7 +56,18 @@ from tools.executor import Executor
 from tools.registry import Registry
 from tools.workspaces import workspace_dir
 
-__all__ = ["Node", "UpstreamFactories"]
+__all__ = ["CONFIG_QUOTA", "UNUSED", "Node", "UpstreamFactories", "config_bytes"]
+
+UNUSED = "unused"
+"""Meta field: "1" on a session made by the HTTP API that no client has connected to yet."""
+CONFIG_QUOTA = "config:{key}"
+"""The store's byte quota of the configurations of one key's sessions (``Store.hold_bytes``)."""
+
+
+def config_bytes(meta: dict[str, str]) -> int:
+    """What a session's configuration counts against its key's quota: its stored JSON's bytes."""
+    return len(meta.get("config", "").encode())
+
 
 UpstreamFactories = Callable[[str, str], UpstreamFactory]
 """``(provider, model)`` → a factory for them; raises ``ValueError`` saying why not
@@ -437,6 +448,8 @@ class Node:
         else:
             await self._prepare_tools(meta)
             setup = self._stored_setup(sid, meta)
+            if meta.get(UNUSED) == "1":
+                await self._first_use(sid, meta)
         usage = Usage(
             input=int(meta.get("usage_input", "0") or 0),
             output=int(meta.get("usage_output", "0") or 0),
@@ -465,6 +478,21 @@ class Node:
         except (ValueError, TypeError):
             return  # _stored_setup logs it
         await prepare(config.tools)
+
+    async def _first_use(self, sid: str, meta: dict[str, str]) -> None:
+        """A session made by the HTTP API has its first client: keep it ``session_ttl``.
+
+        It was stored for ``unused_session_ttl`` only; any meta write restarts
+        the normal idle TTL, and its configuration counts against its key's
+        quota for as long. A failure is not fatal: the session's first append
+        restarts its TTL too.
+        """
+        try:
+            await self.store.set_meta(sid, {UNUSED: "0"})
+            key = CONFIG_QUOTA.format(key=meta.get("owner", ""))
+            await self.store.hold_bytes(key, sid, config_bytes(meta), 0, self.config.session_ttl)
+        except StoreError as exc:
+            log.warning("session %s: first use not recorded: %s", sid, exc, extra={"sid": sid})
 
     async def follow(self, sid: str) -> LogFollower:
         """The follower of ``sid`` on this node (one per session), made if need be.

@@ -76,8 +76,16 @@ class Store(abc.ABC):
     # --- meta --------------------------------------------------------------
 
     @abc.abstractmethod
-    async def create_session(self, sid: str, meta: Mapping[str, str]) -> bool:
-        """Create the session with ``meta``; False if it already exists."""
+    async def create_session(
+        self, sid: str, meta: Mapping[str, str], ttl: float | None = None
+    ) -> bool:
+        """Create the session with ``meta``; False if it already exists.
+
+        ``ttl`` (s) replaces the store's idle TTL until the session's next
+        write (append or ``set_meta``), which restarts the normal one: a
+        session made for a client that never comes (``POST /v1/sessions``)
+        is kept a short while only.
+        """
 
     @abc.abstractmethod
     async def get_meta(self, sid: str) -> dict[str, str] | None:
@@ -172,8 +180,16 @@ class Store(abc.ABC):
         task.add_done_callback(done)
 
     @abc.abstractmethod
-    async def read_log(self, sid: str, after: int, limit: int = 1000) -> list[LogEntry]:
-        """Up to ``limit`` entries with ``seq > after``, in order."""
+    async def read_log(
+        self, sid: str, after: int, limit: int = 1000, *, max_bytes: int | None = None
+    ) -> list[LogEntry]:
+        """Up to ``limit`` entries with ``seq > after``, in order.
+
+        With ``max_bytes``, no more entries than fit in that many bytes of
+        ``data``, except that the first is returned whatever its size (a
+        reader always moves on). The store decides what fits as it reads, so
+        a page of large events is never materialised whole, here or in Redis.
+        """
 
     @abc.abstractmethod
     async def wait_log(self, sid: str, after: int, timeout: float) -> list[LogEntry]:
@@ -249,6 +265,24 @@ class Store(abc.ABC):
     async def release_slot(self, key: str, member: str) -> None:
         """Give the slot up (no-op if ``member`` holds none)."""
         raise NotImplementedError(f"{type(self).__name__} has no slots")
+
+    async def hold_bytes(
+        self, key: str, member: str, size: int, limit: int, ttl: float
+    ) -> tuple[bool, int]:
+        """Hold ``size`` bytes of quota ``key`` as ``member`` for ``ttl`` s.
+
+        Returns ``(held, total)``: ``total`` is what the key's live members
+        hold now (with this one if it was held). Refused, with nothing
+        changed, when that would pass ``limit`` (0: no limit). A member held
+        already is replaced (its size and its deadline), so the same call
+        moves a deadline. Members past their deadline stop counting: a
+        quota of stored bytes frees itself as what it counts expires.
+        """
+        raise NotImplementedError(f"{type(self).__name__} has no byte quotas")
+
+    async def release_bytes(self, key: str, member: str) -> None:
+        """Give ``member``'s bytes back (no-op if it holds none)."""
+        raise NotImplementedError(f"{type(self).__name__} has no byte quotas")
 
     # --- control messages between nodes -----------------------------------------
 

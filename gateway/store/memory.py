@@ -76,6 +76,8 @@ class MemoryStore(Store):
         # key → {member: deadline}; expired ones are dropped by _sweep_limits.
         self._counters: dict[str, list[float]] = {}
         self._slots: dict[str, dict[str, float]] = {}
+        # Byte quotas: key → {member: (size, deadline)}.
+        self._bytes: dict[str, dict[str, tuple[int, float]]] = {}
         self._next_limit_sweep = clock() + 60.0
         self._sweep_every = min(ttl, 60.0)
         self._next_sweep = clock() + self._sweep_every
@@ -114,12 +116,23 @@ class MemoryStore(Store):
         for sid in [s for s, deadline in self._gone.items() if now >= deadline]:
             del self._gone[sid]
 
-    def _slice(self, session: _Session | None, after: int, limit: int) -> list[LogEntry]:
+    def _slice(
+        self, session: _Session | None, after: int, limit: int, max_bytes: int | None = None
+    ) -> list[LogEntry]:
         if session is None or not session.log or limit <= 0:
             return []
         log = session.log
         start = max(0, after + 1 - log[0].seq)
-        return log[start : start + limit]
+        if max_bytes is None:
+            return log[start : start + limit]
+        page: list[LogEntry] = []
+        size = 0
+        for entry in log[start : start + limit]:
+            size += len(entry.data)
+            if page and size > max_bytes:
+                break
+            page.append(entry)
+        return page
 
     def _wake(self, sid: str) -> None:
         for waiter in self._waiters.pop(sid, ()):
@@ -128,18 +141,23 @@ class MemoryStore(Store):
 
     # --- meta ------------------------------------------------------------------
 
-    async def create_session(self, sid: str, meta: Mapping[str, str]) -> bool:
+    async def create_session(
+        self, sid: str, meta: Mapping[str, str], ttl: float | None = None
+    ) -> bool:
         if not meta:
             raise ValueError("create_session needs at least one meta field")
+        if ttl is not None and ttl <= 0:
+            raise ValueError(f"ttl must be > 0 seconds, got {ttl!r}")
         now = self._clock()
         self._maybe_sweep(now)
         session = self._session(sid, now)
         if session is not None and session.meta is not None:
             return False
+        deadline = now + (self.ttl if ttl is None else ttl)
         if session is None:
-            session = self._sessions[sid] = _Session(now + self.ttl)
+            session = self._sessions[sid] = _Session(deadline)
         session.meta = dict(meta)
-        session.deadline = now + self.ttl
+        session.deadline = deadline
         return True
 
     async def get_meta(self, sid: str) -> dict[str, str] | None:
@@ -245,8 +263,10 @@ class MemoryStore(Store):
         if entries and sid in self._waiters:
             self._wake(sid)
 
-    async def read_log(self, sid: str, after: int, limit: int = 1000) -> list[LogEntry]:
-        return self._slice(self._session(sid, self._clock()), after, limit)
+    async def read_log(
+        self, sid: str, after: int, limit: int = 1000, *, max_bytes: int | None = None
+    ) -> list[LogEntry]:
+        return self._slice(self._session(sid, self._clock()), after, limit, max_bytes)
 
     async def wait_log(
         self,
@@ -350,6 +370,9 @@ class MemoryStore(Store):
                 del members[member]
             if not members:
                 del self._slots[key]
+        for key in list(self._bytes):
+            if not self._live_bytes(key, now):
+                del self._bytes[key]
 
     async def incr_window(self, key: str, amount: int, ttl: float) -> int:
         if ttl <= 0:
@@ -391,6 +414,39 @@ class MemoryStore(Store):
             held.pop(member, None)
             if not held:
                 del self._slots[key]
+
+    def _live_bytes(self, key: str, now: float) -> dict[str, tuple[int, float]]:
+        """``key``'s members still within their deadline: member → (size, deadline)."""
+        held = self._bytes.setdefault(key, {})
+        for expired in [m for m, (_, deadline) in held.items() if now >= deadline]:
+            del held[expired]
+        return held
+
+    async def hold_bytes(
+        self, key: str, member: str, size: int, limit: int, ttl: float
+    ) -> tuple[bool, int]:
+        if ttl <= 0:
+            raise ValueError(f"quota ttl must be > 0 seconds, got {ttl!r}")
+        if size < 0:
+            raise ValueError(f"a quota holds sizes >= 0, got {size!r}")
+        now = self._clock()
+        self._sweep_limits(now)
+        held = self._live_bytes(key, now)
+        total = sum(s for s, _ in held.values())
+        total_then = total - held.get(member, (0, 0.0))[0] + size
+        if limit > 0 and total_then > limit:
+            if not held:
+                del self._bytes[key]
+            return False, total
+        held[member] = (size, now + ttl)
+        return True, total_then
+
+    async def release_bytes(self, key: str, member: str) -> None:
+        held = self._bytes.get(key)
+        if held is not None:
+            held.pop(member, None)
+            if not held:
+                del self._bytes[key]
 
     # --- lifecycle -------------------------------------------------------------
 

@@ -43,8 +43,11 @@ from gateway.store.redis_scripts import (
     ACQUIRE,
     CREATE,
     DELETE,
+    HOLD_BYTES,
     INCR_WINDOW,
+    READ_PAGE,
     RELEASE,
+    RELEASE_BYTES,
     RENEW,
     SCRIPTS,
     SET_META,
@@ -275,10 +278,14 @@ class RedisStore(Store):
             args += (name, value)
         return keys, args
 
-    async def create_session(self, sid: str, meta: Mapping[str, str]) -> bool:
+    async def create_session(
+        self, sid: str, meta: Mapping[str, str], ttl: float | None = None
+    ) -> bool:
         if not meta:
             raise ValueError("create_session needs at least one meta field")
         keys, args = self._meta_args(sid, meta)
+        if ttl is not None:
+            args[0] = _ms(ttl, "ttl")
         return bool(await self._eval(CREATE, keys, *args))
 
     async def get_meta(self, sid: str) -> dict[str, str] | None:
@@ -374,9 +381,15 @@ class RedisStore(Store):
             results.insert(i, early[i])
         return results
 
-    async def read_log(self, sid: str, after: int, limit: int = 1000) -> list[LogEntry]:
+    async def read_log(
+        self, sid: str, after: int, limit: int = 1000, *, max_bytes: int | None = None
+    ) -> list[LogEntry]:
         if limit <= 0:
             return []
+        if max_bytes is not None:
+            key = self._key(sid, "log")
+            raw = await self._eval(READ_PAGE, [key], max(after, 0) + 1, limit, max_bytes)
+            return [LogEntry(_seq(entry_id), fields[1]) for entry_id, fields in raw]
         try:
             raw = await self._cmd(
                 "XRANGE", self._key(sid, "log"), f"{max(after, 0) + 1}-0", "+", "COUNT", limit
@@ -525,6 +538,22 @@ class RedisStore(Store):
             await self._cmd("ZREM", f"{self.prefix}:slots:{key}", member)
         except _ERRORS as exc:
             raise self._error(exc, "releasing a slot") from exc
+
+    def _quota_keys(self, key: str) -> list[str]:
+        # One hash tag: the three keys of a quota are one slot on a Cluster.
+        return [f"{self.prefix}:quota:{{{key}}}:{part}" for part in ("at", "size", "total")]
+
+    async def hold_bytes(
+        self, key: str, member: str, size: int, limit: int, ttl: float
+    ) -> tuple[bool, int]:
+        if size < 0:
+            raise ValueError(f"a quota holds sizes >= 0, got {size!r}")
+        ms = _ms(ttl, "quota ttl")
+        held, total = await self._eval(HOLD_BYTES, self._quota_keys(key), member, size, limit, ms)
+        return bool(held), int(total)
+
+    async def release_bytes(self, key: str, member: str) -> None:
+        await self._eval(RELEASE_BYTES, self._quota_keys(key), member)
 
     # --- control messages -------------------------------------------------------
 

@@ -19,8 +19,11 @@ __all__ = [
     "APPEND",
     "CREATE",
     "DELETE",
+    "HOLD_BYTES",
     "INCR_WINDOW",
+    "READ_PAGE",
     "RELEASE",
+    "RELEASE_BYTES",
     "RENEW",
     "SCRIPTS",
     "SET_META",
@@ -215,6 +218,96 @@ return 1
 """
 )
 
+# KEYS: log. ARGV: first seq to read, limit, max_bytes. The log entries from
+# that seq on, up to ``limit`` of them and no more than fit in ``max_bytes`` of
+# data (the first always comes, whatever its size). Read in batches sized by
+# the largest entry seen so far, starting with one, so neither this script nor
+# the reply holds much more than the page: a plain XRANGE COUNT 500 over
+# ~1 MB events once made a 500 MB reply.
+READ_PAGE = LuaScript(
+    """
+local seq = tonumber(ARGV[1])
+local left = tonumber(ARGV[2])
+local cap = tonumber(ARGV[3])
+local out = {}
+local bytes = 0
+local biggest = 1
+local count = 1
+while left > 0 and bytes < cap do
+  local got = redis.call('XRANGE', KEYS[1], string.format('%d-0', seq), '+',
+    'COUNT', math.min(count, left))
+  if #got == 0 then
+    break
+  end
+  for i = 1, #got do
+    local size = string.len(got[i][2][2])
+    if #out > 0 and bytes + size > cap then
+      return out
+    end
+    out[#out + 1] = got[i]
+    bytes = bytes + size
+    left = left - 1
+    if size > biggest then
+      biggest = size
+    end
+  end
+  seq = tonumber(string.match(got[#got][1], '^%d+')) + 1
+  count = math.max(1, math.min(64, math.floor((cap - bytes) / biggest)))
+end
+return out
+"""
+)
+
+# Byte quotas (the configurations a key's sessions store). KEYS: deadlines
+# (sorted set member → deadline, ms of the server's clock), sizes (hash member
+# → bytes), total (the live members' sum, kept so a call never adds them all
+# up). ARGV: member, size, limit, ttl_ms. Expired members are taken out first,
+# at most 1000 a call (a call never runs long; until the rest go, the total
+# counts them, which only errs towards refusing). Returns {held 0/1, total}.
+HOLD_BYTES = LuaScript(
+    """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local total = tonumber(redis.call('GET', KEYS[3]) or '0')
+local expired = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, 1000)
+for i = 1, #expired do
+  total = total - tonumber(redis.call('HGET', KEYS[2], expired[i]) or '0')
+  redis.call('HDEL', KEYS[2], expired[i])
+  redis.call('ZREM', KEYS[1], expired[i])
+end
+local size = tonumber(ARGV[2])
+local after = total - tonumber(redis.call('HGET', KEYS[2], ARGV[1]) or '0') + size
+local limit = tonumber(ARGV[3])
+if limit > 0 and after > limit then
+  if #expired > 0 then
+    redis.call('SET', KEYS[3], total, 'KEEPTTL')
+  end
+  return {0, total}
+end
+redis.call('HSET', KEYS[2], ARGV[1], size)
+redis.call('ZADD', KEYS[1], now + tonumber(ARGV[4]), ARGV[1])
+redis.call('SET', KEYS[3], after)
+local last = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
+for i = 1, 3 do
+  redis.call('PEXPIREAT', KEYS[i], last[2])
+end
+return {1, after}
+"""
+)
+
+# KEYS: as HOLD_BYTES. ARGV: member.
+RELEASE_BYTES = LuaScript(
+    """
+local size = redis.call('HGET', KEYS[2], ARGV[1])
+if size then
+  redis.call('HDEL', KEYS[2], ARGV[1])
+  redis.call('ZREM', KEYS[1], ARGV[1])
+  redis.call('DECRBY', KEYS[3], size)
+end
+return 1
+"""
+)
+
 SCRIPTS: Final = (
     APPEND,
     CREATE,
@@ -226,4 +319,7 @@ SCRIPTS: Final = (
     INCR_WINDOW,
     SLOT_ACQUIRE,
     SLOT_RENEW,
+    READ_PAGE,
+    HOLD_BYTES,
+    RELEASE_BYTES,
 )

@@ -66,6 +66,10 @@ class Harness:
         """Return once a ``wait_log`` call is waiting (so the append must wake it)."""
         raise NotImplementedError
 
+    async def after(self, seconds: float, check: Callable[[], Awaitable[bool]], what: str) -> None:
+        """Return once ``seconds`` have passed and ``check`` holds (what they made true)."""
+        raise NotImplementedError
+
     async def close(self) -> None:
         for store in self.stores:
             await store.close()
@@ -100,6 +104,10 @@ class MemoryHarness(Harness):
             return bool(store._waiters)
 
         await poll_until(waiting, "a follower waits")
+
+    async def after(self, seconds: float, check: Callable[[], Awaitable[bool]], what: str) -> None:
+        self.clock.advance(seconds + 0.001)
+        assert await check(), what
 
 
 class RedisHarness(Harness):
@@ -138,6 +146,9 @@ class RedisHarness(Harness):
             return int(info["blocked_clients"]) > 0
 
         await poll_until(blocked, "a follower blocks in XREAD")
+
+    async def after(self, seconds: float, check: Callable[[], Awaitable[bool]], what: str) -> None:
+        await poll_until(check, what)  # Redis' clock: real time, no event to await
 
     async def close(self) -> None:
         await super().close()

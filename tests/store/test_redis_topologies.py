@@ -58,6 +58,12 @@ def test_a_sessions_keys_share_one_slot(sid: str) -> None:
     assert len(slots) == 1
 
 
+@pytest.mark.parametrize("key", ["config:alice", "config:a.b_c-9", "config:"])
+def test_a_byte_quotas_keys_share_one_slot(key: str) -> None:
+    store = RedisStore.from_url("redis+cluster://127.0.0.1:1")
+    assert len({key_slot(k.encode()) for k in store._quota_keys(key)}) == 1
+
+
 def test_cluster_and_sentinel_urls_are_parsed() -> None:
     url = parse_hosts("rediss+cluster://user:p%40ss@10.0.0.1:7000,[::1]:7001?x=1")
     assert url.tls and url.hosts == [("10.0.0.1", 7000), ("::1", 7001)]
@@ -172,6 +178,10 @@ async def exercise(
     assert not await peer.acquire_slot("conns:k1", "b", 1, 30)
     await store.release_slot("conns:k1", "a")
     assert await peer.acquire_slot("conns:k1", "b", 1, 30)
+    # A byte quota's keys, and a page cut by bytes (issue 29): one slot each.
+    assert await store.hold_bytes("config:k1", "s1", 10, 15, 30) == (True, 10)
+    assert await peer.hold_bytes("config:k1", "s2", 10, 15, 30) == (False, 10)
+    assert await peer.read_log("s7", 0, 10, max_bytes=1) == [event("s7", 1)]
     # Control messages between nodes.
     received: list[bytes] = []
     got = asyncio.Event()

@@ -36,9 +36,9 @@ from gateway.edge.api import HttpApi
 from gateway.edge.closes import CloseCode, close_reason
 from gateway.edge.connection import ClientConnection
 from gateway.edge.health import StoreProbe
-from gateway.edge.wsframes import BatchingConnection
 from gateway.sessions.node import Node
 from gateway.store.base import StoreUnavailable
+from gateway.wsfast import BatchingConnection
 
 __all__ = ["Gateway", "Handshake"]
 

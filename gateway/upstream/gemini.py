@@ -123,8 +123,7 @@ from gateway.upstream.base import (
     Woken,
 )
 from gateway.upstream.dial import dial
-from gateway.upstream.wsnow import can_write_now, write_text_now
-from gateway.wsread import MessageQueue
+from gateway.wsfast import MessageQueue, can_write_now, write_text_now
 from protocol.assembly import Message
 from protocol.events import Usage
 from protocol.metering import billed_tokens_estimate

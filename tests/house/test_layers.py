@@ -115,6 +115,20 @@ def test_client_and_sim_import_no_server_code() -> None:
 
 
 @pytest.mark.timeout(30)
+def test_wsfast_stands_on_nothing_of_ours() -> None:
+    """websockets' internals sit on the lowest floor: ``edge/`` and ``upstream/``
+    both import ``gateway.wsfast``, so it may import neither (nor anything else of ours)."""
+    wrong = [
+        f"{mod} imports {dep}"
+        for mod, deps in _graph().items()
+        if mod.startswith("gateway.wsfast")
+        for dep in deps
+        if not dep.startswith("gateway.wsfast")
+    ]
+    assert not wrong, "\n".join(wrong)
+
+
+@pytest.mark.timeout(30)
 def test_few_plain_modules_in_gateway() -> None:
     plain = sorted(p.name for p in (ROOT / "gateway").glob("*.py") if p.name != "__init__.py")
     assert len(plain) <= 14, f"{len(plain)} plain modules in gateway/: {plain}"

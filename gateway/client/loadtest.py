@@ -62,7 +62,7 @@ from gateway.client.report import (
     histogram,
 )
 from gateway.client.stream import METRIC_GRACE, TurnTracker, check_seq
-from gateway.upstream.audio import last_loud_frame, read_wav
+from gateway.pcm import last_loud_frame, read_wav
 
 __all__ = [
     "MAX_SESSIONS",

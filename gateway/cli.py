@@ -170,7 +170,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--write", metavar="FILE", help="with --markdown: replace the table in FILE (README.md)"
     )
 
-    from gateway.client.loadtest import add_loadtest_arguments
+    from gateway.client.loadtest_cli import add_loadtest_arguments
 
     lt_p = sub.add_parser("loadtest", help="many concurrent client sessions against a gateway")
     add_loadtest_arguments(lt_p)
@@ -249,7 +249,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "settings":
             return _settings(args)
         if args.command == "loadtest":
-            from gateway.client.loadtest import run_loadtest_cli
+            from gateway.client.loadtest_cli import run_loadtest_cli
 
             return asyncio.run(run_loadtest_cli(args))
         if args.command == "chat":

@@ -109,13 +109,18 @@ class Declared:
     name: str  # the key of load() overrides and of messages: sim_chunk_size
     path: tuple[str, ...]  # where it lives: ("sim", "chunk_size")
     type: Any  # what a value is converted to, constraints included
-    default: Any
+    default: Any  # msgspec.NODEFAULT: required (``gateway loadtest``'s url)
     setting: Setting
     flag: str  # "--sim-chunk-size"; "" for a secret
     env: tuple[str, ...]  # the variables read, the winner first
     choices: tuple[str, ...]  # a Literal's values
     bounds: msgspec.Meta | None  # ge/gt/le/lt
     optional: bool  # None is a value (never, none)
+
+    @property
+    def required(self) -> bool:
+        """No default: a value must be given (as a positional argument on a command line)."""
+        return self.default is msgspec.NODEFAULT
 
     @property
     def base(self) -> type:
@@ -178,7 +183,12 @@ def declared(struct: type[msgspec.Struct], prefix: str = "") -> tuple[Declared, 
         if prefix:
             flag_name = f"{prefix.replace('_', '-')}-{flag_name}"
         env = (f"{ENV_PREFIX}{name.upper()}", *((setting.env,) if setting.env else ()))
-        default = field.default_factory() if field.default is msgspec.NODEFAULT else field.default
+        if field.default is not msgspec.NODEFAULT:
+            default = field.default
+        elif field.default_factory is not msgspec.NODEFAULT:
+            default = field.default_factory()
+        else:
+            default = msgspec.NODEFAULT
         out.append(
             Declared(
                 name=name,
@@ -218,9 +228,12 @@ def describe(d: Declared) -> str:
         if b.ge is not None and b.le is not None:
             text += f" from {_number(b.ge)} to {_number(b.le)}"
         else:
-            for op, bound in ((">=", b.ge), (">", b.gt), ("<=", b.le), ("<", b.lt)):
-                if bound is not None:
-                    text += f" {op} {_number(bound)}"
+            limits = [
+                f"{op} {_number(bound)}"
+                for op, bound in ((">=", b.ge), (">", b.gt), ("<=", b.le), ("<", b.lt))
+                if bound is not None
+            ]
+            text += " " + " and ".join(limits)
     return text
 
 
@@ -228,6 +241,8 @@ def shown_default(d: Declared) -> str:
     """The default as the docs and messages write it."""
     if d.setting.shown_default:
         return d.setting.shown_default
+    if d.required:
+        return "required"
     if d.default is None or d.default == "":
         return "none"
     if isinstance(d.default, bool):
@@ -275,11 +290,11 @@ def check_ranges(obj: msgspec.Struct) -> None:
         b = d.bounds
         if b is None or isinstance(value, bool) or not isinstance(value, int | float):
             continue
-        if (
-            (b.ge is not None and value < b.ge)
-            or (b.gt is not None and value <= b.gt)
-            or (b.le is not None and value > b.le)
-            or (b.lt is not None and value >= b.lt)
+        if (  # written so that NaN is out of every range
+            (b.ge is not None and not value >= b.ge)
+            or (b.gt is not None and not value > b.gt)
+            or (b.le is not None and not value <= b.le)
+            or (b.lt is not None and not value < b.lt)
         ):
             raise ConfigError(f"{d.name} {value!r} is out of range: use {describe(d)}")
 
@@ -352,12 +367,17 @@ def add_flags(
 
     Flags default to ``None`` (unset), so a flag left out never hides a
     variable; ``flag_values`` gives the ones given. A bad value is refused by
-    argparse with the same words as a bad variable.
+    argparse with the same words as a bad variable. A required setting (no
+    default) is a positional argument instead.
     """
     groups: dict[str, argparse._ArgumentGroup] = {}
     skipped = set(skip)
     for d in declared(struct, prefix):
         if not d.flag or d.name in skipped:
+            continue
+        if d.required:
+            help_text = d.setting.help.replace("%", "%%")
+            parser.add_argument(d.name, type=functools.partial(_flag_value, d), help=help_text)
             continue
         group = groups.get(d.setting.group)
         if group is None:

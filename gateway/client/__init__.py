@@ -2,8 +2,9 @@
 
 ``Client`` (``gateway.client.client``) keeps one session alive across dropped
 connections and yields each turn's events exactly once; ``gateway chat`` and
-``gateway loadtest`` are built on it. This package imports ``protocol`` only:
-it is a program of its own, never server code.
+``gateway loadtest`` are built on it. This package imports ``protocol`` and
+the gateway's leaf modules ``pcm`` and ``settings`` only: it is a program of
+its own, never server code (``tests/house/test_layers.py``).
 """
 
 from gateway.client.client import Client, ToolHandler, ToolResultMessage, event_kind

@@ -27,7 +27,7 @@ import orjson
 
 from gateway.client.client import Client
 from gateway.client.dial import BadUrl, ClientError, normalize_url
-from gateway.upstream.audio import read_wav, silence
+from gateway.pcm import read_wav, silence
 from protocol.events import (
     Call,
     Cancelled,

@@ -22,24 +22,21 @@ repeat or a dropped connection is counted, never resumed. See
 ``gateway.client.report`` for what is measured and how it is reported.
 
 Entry points: ``run_loadtest(config)`` (programmatic), ``LoadTest`` (the same,
-with live ``counters`` and an optional per-event ``observer`` for benchmarks),
-and ``add_loadtest_arguments`` / ``run_loadtest_cli`` for ``gateway loadtest``.
+with live ``counters`` and an optional per-event ``observer`` for benchmarks).
+``LoadTestConfig`` declares each setting once (``gateway.settings``): the
+command line of ``gateway loadtest`` (``gateway.client.loadtest_cli``) derives
+its flags from it.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import datetime
-import os
 import resource
 import sys
 import time
-import wave
-from collections.abc import Callable
-from pathlib import Path
-from typing import Final, Literal, NoReturn, Protocol, TextIO
+from typing import Annotated, Final, Literal, NoReturn, Protocol, TextIO
 
 import msgspec
 from websockets.asyncio.client import ClientConnection, connect
@@ -51,31 +48,22 @@ from websockets.exceptions import (
 )
 
 from gateway.client.dial import NO_PROXY
-from gateway.client.judge import compare_reports, parse_threshold
-from gateway.client.report import (
-    DEFAULT_SAMPLE_CAP,
-    LoadTestReport,
-    Reservoir,
-    decode_report,
-    encode_report,
-    format_report,
-    histogram,
-)
+from gateway.client.report import DEFAULT_SAMPLE_CAP, LoadTestReport, Reservoir, histogram
 from gateway.client.stream import METRIC_GRACE, TurnTracker, check_seq
-from gateway.upstream.audio import last_loud_frame, read_wav
+from gateway.pcm import last_loud_frame
+from gateway.settings import ConfigError, Setting, check_ranges
 
 __all__ = [
+    "FD_MARGIN",
     "MAX_SESSIONS",
     "LoadTest",
     "LoadTestConfig",
     "LoadTestCounters",
     "LoadTestObserver",
-    "add_loadtest_arguments",
+    "ProgressMode",
     "check_seq",
-    "config_from_args",
     "raise_nofile_limit",
     "run_loadtest",
-    "run_loadtest_cli",
     "sized_message",
 ]
 
@@ -88,64 +76,84 @@ _CONTENT: Final = frozenset({"think", "respond", "call"})
 # Error codes that warn but do not fail the turn (the stream goes on).
 _NOTICE_CODES: Final = frozenset({"store", "log_trimmed"})
 # Files besides the sessions' sockets (stdio, the event loop, imports, margin).
-_FD_MARGIN: Final = 64
+FD_MARGIN: Final = 64
 
 ProgressMode = Literal["off", "bar", "lines"]
 
 
-class LoadTestConfig(msgspec.Struct, frozen=True, kw_only=True):
-    """One load test. Validated on construction (``ValueError`` names the setting)."""
+Sessions = Annotated[int, msgspec.Meta(ge=1, le=MAX_SESSIONS)]
+Count = Annotated[int, msgspec.Meta(ge=0)]
+AtLeastOne = Annotated[int, msgspec.Meta(ge=1)]
+Seconds = Annotated[float, msgspec.Meta(ge=0, le=MAX_DURATION)]
+PositiveSeconds = Annotated[float, msgspec.Meta(gt=0, le=MAX_DURATION)]
 
-    url: str
-    sessions: int = 10
-    turns: int = 1
-    ramp: float = 0.0
-    """Seconds over which the sessions are started (evenly spaced)."""
-    message: str = "hello"
-    think_time: float = 0.0
-    """Seconds a session waits after a turn before sending the next message."""
-    hold: float = 0.0
-    """Seconds a session stays connected, idle, after its last turn."""
-    duration: float = 300.0
-    """Hard cap on the whole run (seconds): whatever still runs then is stopped."""
-    turn_timeout: float = 60.0
-    connect_timeout: float = 10.0
-    """Bounds the handshake, and separately the wait for the ``session`` frame."""
-    close_timeout: float = 5.0
-    token: str | None = None
-    """Sent as ``Authorization: Bearer TOKEN``; never written to the report."""
-    progress: ProgressMode = "off"
-    progress_interval: float = 0.0
-    """Seconds between progress updates; 0 = 0.5 s for the bar, 5 s for lines."""
-    sample_cap: int = DEFAULT_SAMPLE_CAP
-    max_frame: int = 16 * 2**20
-    audio: bytes = b""
-    """PCM16 mono speech each turn streams (at real-time pace) instead of ``message``."""
-    audio_rate: int = 24000
+LOAD = "load"
+CONNECTION = "connection"
+
+
+class LoadTestConfig(msgspec.Struct, frozen=True, kw_only=True):
+    """One load test: each field declares its setting once (``gateway.settings``).
+
+    Checked on construction: a value out of its range raises ``ConfigError``
+    (a ``ValueError``) naming the setting.
+    """
+
+    url: Annotated[str, Setting("gateway endpoint, e.g. ws://127.0.0.1:8765/v1/realtime")]
+    sessions: Annotated[Sessions, Setting("concurrent client sessions", LOAD)] = 10
+    turns: Annotated[Count, Setting("user messages each session sends, one at a time", LOAD)] = 1
+    ramp: Annotated[
+        Seconds, Setting("seconds over which the sessions start, evenly; 0: all at once", LOAD)
+    ] = 0.0
+    message: Annotated[str, Setting("the user message each turn sends", LOAD)] = "hello"
+    think_time: Annotated[
+        Seconds, Setting("seconds between the end of a turn and the next message", LOAD)
+    ] = 0.0
+    hold: Annotated[
+        Seconds, Setting("seconds a session stays connected, idle, after its last turn", LOAD)
+    ] = 0.0
+    duration: Annotated[
+        PositiveSeconds,
+        Setting("hard cap on the whole run in seconds; what still runs then is stopped", LOAD),
+    ] = 300.0
+    turn_timeout: Annotated[
+        PositiveSeconds,
+        Setting("seconds after which an unfinished turn fails and its session closes", CONNECTION),
+    ] = 60.0
+    connect_timeout: Annotated[
+        PositiveSeconds,
+        Setting(
+            "seconds bounding the handshake, and separately the session frame after it", CONNECTION
+        ),
+    ] = 10.0
+    close_timeout: Annotated[
+        PositiveSeconds, Setting("seconds a close handshake may take", CONNECTION)
+    ] = 5.0
+    token: Annotated[
+        str | None,
+        Setting("API key, sent as Authorization: Bearer; never written to the report", CONNECTION),
+    ] = None
+    progress: Annotated[
+        ProgressMode, Setting("progress on stderr: none, an updating bar, or periodic lines")
+    ] = "off"
+    progress_interval: Annotated[
+        Seconds, Setting("seconds between progress updates; 0: 0.5 for the bar, 5 for lines")
+    ] = 0.0
+    sample_cap: Annotated[
+        AtLeastOne, Setting("latency samples kept per figure (a uniform reservoir past it)")
+    ] = DEFAULT_SAMPLE_CAP
+    max_frame: Annotated[int, Setting("largest frame accepted from the gateway, in bytes")] = (
+        16 * 2**20
+    )
+    audio: Annotated[
+        bytes,
+        Setting("PCM16 mono speech each turn streams at real-time pace instead of the message"),
+    ] = b""
+    audio_rate: Annotated[int, Setting("sample rate of audio, per second")] = 24000
 
     def __post_init__(self) -> None:
+        check_ranges(self)
         if not self.url.startswith(("ws://", "wss://")):
-            raise ValueError(f"url {self.url!r} is not a WebSocket URL: use ws://HOST:PORT/PATH")
-        if not 1 <= self.sessions <= MAX_SESSIONS:
-            raise ValueError(f"sessions must be 1..{MAX_SESSIONS}, got {self.sessions}")
-        if self.turns < 0:
-            raise ValueError(f"turns must be >= 0, got {self.turns}")
-        for name in ("ramp", "think_time", "hold"):
-            value = getattr(self, name)
-            if not value >= 0:
-                raise ValueError(f"{name} must be >= 0 seconds, got {value}")
-        for name in ("turn_timeout", "connect_timeout", "close_timeout"):
-            value = getattr(self, name)
-            if not value > 0:
-                raise ValueError(f"{name} must be > 0 seconds, got {value}")
-        if not 0 < self.duration <= MAX_DURATION:
-            raise ValueError(
-                f"duration must be in (0, {MAX_DURATION:g}] seconds, got {self.duration}"
-            )
-        if self.progress_interval < 0:
-            raise ValueError(f"progress_interval must be >= 0, got {self.progress_interval}")
-        if self.sample_cap < 1:
-            raise ValueError(f"sample_cap must be >= 1, got {self.sample_cap}")
+            raise ConfigError(f"url {self.url!r} is not a WebSocket URL: use ws://HOST:PORT/PATH")
 
 
 class LoadTestCounters:
@@ -290,7 +298,7 @@ class LoadTest:
 
     async def run(self) -> LoadTestReport:
         cfg = self.config
-        raise_nofile_limit(cfg.sessions + _FD_MARGIN)
+        raise_nofile_limit(cfg.sessions + FD_MARGIN)
         started_at = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
         self._t0 = t0 = time.perf_counter()
         step = cfg.ramp / cfg.sessions
@@ -691,239 +699,3 @@ async def run_loadtest(
 ) -> LoadTestReport:
     """Run one load test and return its report (progress per ``config.progress``)."""
     return await LoadTest(config, observer=observer).run()
-
-
-# ---------------------------------------------------------------------- command line
-
-
-def _bounded_int(low: int, high: int | None = None) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-        if value < low or (high is not None and value > high):
-            limit = f"{low}..{high}" if high is not None else f">= {low}"
-            raise argparse.ArgumentTypeError(f"must be {limit}, got {value}")
-        return value
-
-    return parse
-
-
-def _seconds(*, positive: bool) -> Callable[[str], float]:
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-        if not (value > 0 if positive else value >= 0) or value > MAX_DURATION:
-            raise argparse.ArgumentTypeError(
-                f"must be {'>' if positive else '>='} 0 and at most {MAX_DURATION:g}, got {text}"
-            )
-        return value
-
-    return parse
-
-
-def add_loadtest_arguments(parser: argparse.ArgumentParser) -> None:
-    """Define ``gateway loadtest``'s arguments (see ``config_from_args``)."""
-    parser.add_argument("url", help="gateway endpoint, e.g. ws://127.0.0.1:8765/v1/realtime")
-    parser.add_argument(
-        "--sessions",
-        type=_bounded_int(1, MAX_SESSIONS),
-        default=10,
-        metavar="N",
-        help=f"concurrent client sessions (1..{MAX_SESSIONS:,}; default 10)",
-    )
-    parser.add_argument(
-        "--turns",
-        type=_bounded_int(0),
-        default=1,
-        metavar="K",
-        help="user messages each session sends, one at a time (default 1)",
-    )
-    parser.add_argument(
-        "--ramp",
-        type=_seconds(positive=False),
-        default=0.0,
-        metavar="S",
-        help="start the sessions evenly over S seconds (default 0: all at once)",
-    )
-    parser.add_argument(
-        "--message", default="hello", help='the user message each turn sends (default "hello")'
-    )
-    parser.add_argument(
-        "--message-chars",
-        type=_bounded_int(1, 1 << 20),
-        default=None,
-        metavar="N",
-        help="repeat --message to exactly N characters (long messages make long responses "
-        "from the simulator, which echoes them)",
-    )
-    parser.add_argument(
-        "--think-time",
-        type=_seconds(positive=False),
-        default=0.0,
-        metavar="S",
-        help="seconds between the end of a turn and the next message (default 0)",
-    )
-    parser.add_argument(
-        "--hold",
-        type=_seconds(positive=False),
-        default=0.0,
-        metavar="S",
-        help="stay connected, idle, S seconds after the last turn (default 0)",
-    )
-    parser.add_argument(
-        "--duration",
-        type=_seconds(positive=True),
-        default=300.0,
-        metavar="S",
-        help="hard cap on the whole run; what still runs then is stopped (default 300)",
-    )
-    parser.add_argument(
-        "--turn-timeout",
-        type=_seconds(positive=True),
-        default=60.0,
-        metavar="S",
-        help="a turn not finished after S seconds fails and its session closes (default 60)",
-    )
-    parser.add_argument(
-        "--connect-timeout",
-        type=_seconds(positive=True),
-        default=10.0,
-        metavar="S",
-        help="bound on the handshake and on the session frame after it (default 10)",
-    )
-    parser.add_argument(
-        "--audio",
-        default=None,
-        metavar="FILE.wav",
-        help="each turn speaks this 16-bit PCM WAV file at real-time pace (server VAD) "
-        "instead of sending --message; reports speech end → first respond",
-    )
-    parser.add_argument("--token", default=None, help="API key, sent as Authorization: Bearer")
-    parser.add_argument(
-        "--json",
-        dest="json_path",
-        default=None,
-        metavar="FILE",
-        help="write the full report as JSON",
-    )
-    parser.add_argument(
-        "--fail-if",
-        action="append",
-        default=[],
-        metavar="COND",
-        help="exit 1 when COND holds, e.g. p99_ttft_ms>200 or errors>0 (repeatable; "
-        "names: {p50,p95,p99,max,mean}_{connect,ttfe,ttft,gap,turn}_ms, errors, report fields)",
-    )
-    parser.add_argument(
-        "--compare",
-        default=None,
-        metavar="FILE",
-        help="a previous run's --json report: print how this run differs from it",
-    )
-    shown = parser.add_mutually_exclusive_group()
-    shown.add_argument(
-        "--progress",
-        action="store_true",
-        help="show the progress bar even when stderr is not a terminal",
-    )
-    shown.add_argument("--quiet", action="store_true", help="no progress output on stderr")
-
-
-def config_from_args(ns: argparse.Namespace, *, stderr: TextIO | None = None) -> LoadTestConfig:
-    """The ``LoadTestConfig`` of parsed ``add_loadtest_arguments`` flags (``ValueError`` if bad)."""
-    err = stderr or sys.stderr
-    progress: ProgressMode
-    if ns.quiet:
-        progress = "off"
-    elif ns.progress or err.isatty():
-        progress = "bar"
-    else:
-        progress = "lines"
-    message = ns.message
-    if ns.message_chars is not None:
-        message = sized_message(message, ns.message_chars)
-    audio, audio_rate = b"", 24000
-    if getattr(ns, "audio", None):
-        try:
-            audio, audio_rate = read_wav(ns.audio)
-        except (OSError, EOFError, wave.Error) as exc:
-            raise ValueError(f"--audio {ns.audio}: {exc}") from exc
-    return LoadTestConfig(
-        url=ns.url,
-        sessions=ns.sessions,
-        turns=ns.turns,
-        ramp=ns.ramp,
-        message=message,
-        think_time=ns.think_time,
-        hold=ns.hold,
-        duration=ns.duration,
-        turn_timeout=ns.turn_timeout,
-        connect_timeout=ns.connect_timeout,
-        token=ns.token,
-        progress=progress,
-        audio=audio,
-        audio_rate=audio_rate,
-    )
-
-
-async def run_loadtest_cli(ns: argparse.Namespace) -> int:
-    """``gateway loadtest``: run, print the table, write ``--json``.
-
-    Exit status: 0 every turn succeeded with no error; 1 something failed;
-    2 bad arguments (or the JSON file cannot be written).
-    """
-    try:
-        config = config_from_args(ns)
-    except ValueError as exc:
-        print(f"gateway loadtest: {exc}", file=sys.stderr)
-        return 2
-    need = config.sessions + _FD_MARGIN
-    if raise_nofile_limit(need) < need:
-        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-        print(
-            f"gateway loadtest: {config.sessions} sessions need about {need} open files but "
-            f"the limit is {soft}: raise it (ulimit -n {need}) or use fewer sessions",
-            file=sys.stderr,
-        )
-        return 2
-    try:
-        thresholds = [parse_threshold(text) for text in getattr(ns, "fail_if", [])]
-        before = _read_report(ns.compare) if getattr(ns, "compare", None) else None
-    except ValueError as exc:
-        print(f"gateway loadtest: {exc}", file=sys.stderr)
-        return 2
-    report = await LoadTest(config).run()
-    broken = [t for t in thresholds if t.broken(report)]
-    text = format_report(report)
-    if before is not None:
-        text += f"\n\n{compare_reports(before, report)}"
-    for t in broken:
-        text += f"\nthreshold failed: {t} ({t.name} = {t.value(report):g})"
-    try:
-        print(text, flush=True)
-    except BrokenPipeError:
-        # `gateway loadtest | head`: the reader left. Point stdout at /dev/null so
-        # the interpreter's final flush does not raise (and print a traceback).
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        os.close(devnull)
-    if ns.json_path:
-        try:
-            await asyncio.to_thread(Path(ns.json_path).write_bytes, encode_report(report))
-        except OSError as exc:
-            print(f"gateway loadtest: cannot write {ns.json_path}: {exc}", file=sys.stderr)
-            return 2
-    return 0 if report.ok and not broken else 1
-
-
-def _read_report(path: str) -> LoadTestReport:
-    try:
-        return decode_report(Path(path).read_bytes())
-    except OSError as exc:
-        raise ValueError(f"--compare: cannot read {path}: {exc.strerror or exc}") from None
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-        raise ValueError(f"--compare: {path} is not a loadtest --json report ({exc})") from None

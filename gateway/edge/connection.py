@@ -34,7 +34,7 @@ from collections.abc import MutableMapping, Sequence
 from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
 
-from gateway.edge import wsframes
+from gateway import wsfast
 from gateway.edge.backpressure import SegmentJoiner, SendPressure
 from gateway.edge.closes import CloseCode, close_reason
 from gateway.edge.frame_rate import FrameRate, Verdict
@@ -152,7 +152,7 @@ class ClientConnection:
         writer (socket buffer full, connection closing, not the next seq).
         """
         ws = self.ws
-        if self._close is not None or not wsframes.can_write_now(ws):
+        if self._close is not None or not wsfast.can_write_now(ws):
             return False
         last = self.last_sent
         for entry in entries:
@@ -160,7 +160,7 @@ class ClientConnection:
                 return False
             last = entry.seq
         try:
-            wsframes.write_now(ws, [entry.data for entry in entries])
+            wsfast.write_now(ws, [entry.data for entry in entries])
         except Exception:  # the connection broke: the writer's next send ends it
             self._wake.set()
         self.last_sent = last
@@ -171,9 +171,9 @@ class ClientConnection:
             return  # catching up from the log: audio is not there, the transcript is
         queue = self._queue
         ws = self.ws
-        if self._idle and not queue and wsframes.can_write_now(ws):
+        if self._idle and not queue and wsfast.can_write_now(ws):
             try:
-                wsframes.write_binary_now(ws, frame)
+                wsfast.write_binary_now(ws, frame)
             except Exception:  # the connection broke: the writer's next send ends it
                 self._wake.set()
             return
@@ -635,7 +635,7 @@ class ClientConnection:
     @staticmethod
     async def _send_text(ws: ServerConnection, batch: list[bytes]) -> None:
         if batch:
-            await wsframes.send_batch(ws, batch)  # one write, then drain is awaited
+            await wsfast.send_batch(ws, batch)  # one write, then drain is awaited
 
     async def _catch_up(self) -> None:
         """Send the log after ``last_sent``, then switch to live delivery.
@@ -677,7 +677,7 @@ class ClientConnection:
                         batch.append(entry.data)
                         self.last_sent = entry.seq
             if batch:
-                await wsframes.send_batch(self.ws, batch)
+                await wsfast.send_batch(self.ws, batch)
             if len(entries) < _REPLAY_PAGE:
                 return
 

@@ -38,9 +38,9 @@ from gateway.edge.closes import CloseCode, close_reason
 from gateway.edge.connection import ClientConnection
 from gateway.edge.health import Descriptors, StoreProbe
 from gateway.edge.pending import PendingConnections
-from gateway.edge.wsframes import BatchingConnection
 from gateway.sessions.node import Node
 from gateway.store.base import StoreUnavailable
+from gateway.wsfast import BatchingConnection
 
 __all__ = ["Gateway", "Handshake"]
 

@@ -66,8 +66,8 @@ from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
+from gateway.pcm import tone
 from gateway.settings import Setting, check_ranges
-from gateway.upstream.audio import tone
 
 __all__ = [
     "VOICE_RATE",

@@ -16,7 +16,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import InvalidHandshake, InvalidStatus, InvalidURI
 
 from gateway.upstream.base import UpstreamClosed
-from gateway.wsread import FastReadClientConnection
+from gateway.wsfast import FastReadClientConnection
 
 __all__ = ["CLOSE_TIMEOUT", "MAX_FRAME", "dial", "websocket_url"]
 

@@ -14,7 +14,7 @@ it does with the socket is the same for every provider, and lives here once:
   connection's read callback while ``recv`` waits (the session's text fast
   path, ``Upstream.stream_text_to``);
 - **frames out**: ``send`` writes a frame without awaiting when the socket
-  takes it at once (``gateway.upstream.wsnow``) and awaits ``ws.send``
+  takes it at once (``gateway.wsfast``) and awaits ``ws.send``
   otherwise; ``send_now`` only ever writes at once (the audio relay's path).
 """
 
@@ -29,8 +29,7 @@ from websockets.frames import Close
 
 from gateway.upstream.base import UpstreamClosed
 from gateway.upstream.dial import dial
-from gateway.upstream.wsnow import can_write_now, write_text_now
-from gateway.wsread import MessageQueue
+from gateway.wsfast import MessageQueue, can_write_now, write_text_now
 
 __all__ = ["CloseHint", "Intercept", "ProviderSocket"]
 
@@ -128,7 +127,7 @@ class ProviderSocket:
         ws = self._ws
         if ws is None:
             raise UpstreamClosed(f"the {self.label} connection is closed")
-        if can_write_now(ws):  # nothing to wait for: no await, no send context (wsnow)
+        if can_write_now(ws):  # nothing to wait for: no await, no send context (gateway.wsfast)
             try:
                 write_text_now(ws, data)
             except Exception as exc:  # the socket broke under the write

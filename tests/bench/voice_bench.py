@@ -22,7 +22,8 @@ import sys
 import time
 from collections.abc import AsyncIterator
 
-from gateway.upstream.audio import Resampler, tone
+from gateway.pcm import tone
+from gateway.upstream.audio import Resampler
 from gateway.upstream.base import AudioIn, Upstream, VoiceConfig
 from gateway.upstream.gemini import GeminiLive
 from gateway.upstream.openai import OpenAIRealtime

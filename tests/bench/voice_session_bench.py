@@ -59,10 +59,10 @@ from pathlib import Path
 import orjson
 from websockets.asyncio.client import connect
 
-from gateway.upstream.audio import silence, tone
+from gateway.pcm import silence, tone
 from gateway.upstream.base import AudioIn, ResponseDone, TextDelta, VoiceConfig
 from gateway.upstream.openai import OpenAIRealtime
-from gateway.wsread import FastReadClientConnection
+from gateway.wsfast import FastReadClientConnection
 from protocol.events import Respond, Think
 from protocol.parser import Parser
 

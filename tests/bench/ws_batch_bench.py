@@ -1,4 +1,4 @@
-"""Server CPU per text frame: websockets' public ``send()`` vs ``gateway.edge.wsframes``.
+"""Server CPU per text frame: websockets' public ``send()`` vs ``gateway.wsfast.write_now``.
 
 Run: ``python tests/bench/ws_batch_bench.py [--frames N] [--rounds R]``. The
 server runs in its own process (its CPU time is what is measured) and streams
@@ -18,7 +18,7 @@ import time
 from websockets.asyncio.client import connect
 from websockets.asyncio.server import ServerConnection, serve
 
-from gateway.edge.wsframes import BatchingConnection, write_now
+from gateway.wsfast import BatchingConnection, write_now
 
 FRAME = b'{"type":"respond","content":"abcd","seq":123456,"timestamp":1796227216.018}'
 
@@ -36,7 +36,7 @@ async def _server(mode: str, frames: int, batch: int) -> None:
         print(time.process_time() - started, flush=True)
         await ws.close()
 
-    factory = BatchingConnection if mode == "wsframes" else ServerConnection
+    factory = BatchingConnection if mode == "wsfast" else ServerConnection
     async with serve(handler, "127.0.0.1", 0, create_connection=factory) as server:
         print(server.sockets[0].getsockname()[1], flush=True)
         await asyncio.Event().wait()
@@ -74,20 +74,20 @@ def main() -> None:
     parser.add_argument("--frames", type=int, default=40_000)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--batch", type=int, default=0)
-    parser.add_argument("--serve", choices=("public", "wsframes"))
+    parser.add_argument("--serve", choices=("public", "wsfast"))
     ns = parser.parse_args()
     if ns.serve:
         asyncio.run(_server(ns.serve, ns.frames, ns.batch))
         return
     for batch in (1, 4, 16):
-        runs: dict[str, list[float]] = {"public": [], "wsframes": []}
+        runs: dict[str, list[float]] = {"public": [], "wsfast": []}
         for _ in range(ns.rounds):
             for mode, got in runs.items():
                 got.append(_one(mode, ns.frames, batch))
-        public, fast = (statistics.median(runs[m]) for m in ("public", "wsframes"))
+        public, fast = (statistics.median(runs[m]) for m in ("public", "wsfast"))
         print(
             f"batch {batch:2}: public send() {public:6.2f} µs/frame, "
-            f"wsframes {fast:6.2f} µs/frame, ratio {fast / public:.2f}"
+            f"wsfast {fast:6.2f} µs/frame, ratio {fast / public:.2f}"
         )
 
 

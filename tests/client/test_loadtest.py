@@ -24,13 +24,11 @@ from gateway.client.loadtest import (
     MAX_SESSIONS,
     LoadTest,
     LoadTestConfig,
-    add_loadtest_arguments,
     check_seq,
-    config_from_args,
     run_loadtest,
-    run_loadtest_cli,
     sized_message,
 )
+from gateway.client.loadtest_cli import add_loadtest_arguments, config_from_args, run_loadtest_cli
 from gateway.client.report import (
     LatencySummary,
     LoadTestReport,

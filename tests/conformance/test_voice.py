@@ -14,9 +14,9 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from gateway.pcm import duration_ms, silence, tone
 from gateway.sim.model import SimConfig
 from gateway.sim.server import serve_sim
-from gateway.upstream.audio import duration_ms, silence, tone
 from gateway.upstream.base import (
     AudioDelta,
     AudioIn,

@@ -114,6 +114,46 @@ def test_client_and_sim_import_no_server_code() -> None:
     assert not wrong, "\n".join(wrong)
 
 
+# Rooms on the lowest floor: several rooms stand on them (edge/ and upstream/ on
+# wsfast; client/, sim/ and upstream/ on pcm), so they import nothing of ours.
+GROUND_FLOOR = ("gateway.wsfast", "gateway.pcm")
+
+
+def _within(mod: str, room: str) -> bool:
+    return mod == room or mod.startswith(f"{room}.")
+
+
+@pytest.mark.timeout(30)
+def test_the_ground_floor_stands_on_nothing_of_ours() -> None:
+    wrong = [
+        f"{mod} imports {dep}"
+        for room in GROUND_FLOOR
+        for mod, deps in _graph().items()
+        if _within(mod, room)
+        for dep in deps
+        if not _within(dep, room)
+    ]
+    assert not wrong, "\n".join(wrong)
+
+
+# The client library and its programs (chat, loadtest) run on a user's machine
+# against any gateway: they may stand on the protocol and on leaf modules, never
+# on a server room (upstream, sessions, edge, store, sim, the node's assembly).
+CLIENT_MAY_IMPORT = ("protocol", "gateway.client", "gateway.pcm", "gateway.settings")
+
+
+@pytest.mark.timeout(30)
+def test_the_client_imports_no_server_room() -> None:
+    wrong = [
+        f"{mod} imports {dep}"
+        for mod, deps in _graph().items()
+        if _within(mod, "gateway.client")
+        for dep in deps
+        if not any(_within(dep, room) for room in CLIENT_MAY_IMPORT)
+    ]
+    assert not wrong, "\n".join(wrong)
+
+
 @pytest.mark.timeout(30)
 def test_few_plain_modules_in_gateway() -> None:
     plain = sorted(p.name for p in (ROOT / "gateway").glob("*.py") if p.name != "__init__.py")

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from gateway.pcm import silence, tone
 from gateway.sim.model import SimCall, speech_transcript, spoken_reply
 from gateway.sim.vad import Vad, VadStart, VadStop, speech_ms
-from gateway.upstream.audio import silence, tone
 
 RATE = 16000
 

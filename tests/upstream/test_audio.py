@@ -8,15 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gateway.upstream.audio import (
-    Resampler,
-    duration_ms,
-    last_loud_frame,
-    read_wav,
-    rms,
-    silence,
-    tone,
-)
+from gateway.pcm import duration_ms, last_loud_frame, read_wav, rms, silence, tone
+from gateway.upstream.audio import Resampler
 
 
 def peak_hz(pcm: bytes, rate: int) -> float:

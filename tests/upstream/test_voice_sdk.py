@@ -13,9 +13,9 @@ from typing import Any
 
 from google.genai import types
 
+from gateway.pcm import silence, tone
 from gateway.sim.model import SimConfig
 from gateway.sim.server import serve_sim
-from gateway.upstream.audio import silence, tone
 
 from .test_gemini_sdk import MODEL, TLS, bounded, frames, gemini_sim, strict, tls, user
 from .test_gemini_sdk import client as gemini_client

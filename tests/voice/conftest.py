@@ -16,9 +16,9 @@ from websockets.asyncio.client import ClientConnection, connect
 
 from gateway.app import running_gateway
 from gateway.config import load_config
+from gateway.pcm import silence, tone
 from gateway.sim.model import SimConfig
 from gateway.sim.server import serve_sim
-from gateway.upstream.audio import silence, tone
 from protocol.audio import split_audio_frame
 from protocol.events import Event, Session, decode_event
 

@@ -1,4 +1,4 @@
-"""Reading plain WebSocket data frames without websockets' generator parser: websockets internals, here only.
+"""Reading plain WebSocket data frames without websockets' generator parser.
 
 Every token the model streams is one small text frame from the provider, and
 every 20 ms of a voice client's speech one binary frame to the gateway.
@@ -43,7 +43,7 @@ Internals used: ``Connection.protocol`` (``state``, ``side``, ``extensions``,
 ``current_size``, ``max_message_size``, ``parser``, ``reader``),
 ``Connection.recv_messages`` (its ``put``, ``get``, ``get_iter`` and ``close``,
 as ``Connection`` calls them), ``Connection.max_queue_high``/``max_queue_low``,
-``StreamReader.at_eof``, ``apply_mask``. ``tests/gateway/test_wsread.py``
+``StreamReader.at_eof``, ``apply_mask``. ``tests/wsfast/test_canary.py``
 fails when a websockets release changes them; pyproject.toml bounds the major.
 """
 
@@ -54,7 +54,6 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from websockets.asyncio.client import ClientConnection
 from websockets.asyncio.connection import Connection
 from websockets.exceptions import ConcurrencyError
 from websockets.frames import Frame, Opcode
@@ -66,7 +65,7 @@ try:  # websockets' C unmasking, as its own parser uses
 except ImportError:  # pragma: no cover - a build without the C extension
     from websockets.utils import apply_mask
 
-__all__ = ["FastReadClientConnection", "FastReader", "MessageQueue", "at_frame_boundary"]
+__all__ = ["FastReader", "MessageQueue", "at_frame_boundary"]
 
 # First byte of a final, unfragmented text / binary frame with no RSV bit.
 _TEXT = 0x81
@@ -291,7 +290,3 @@ class FastReader(Connection):
         self._rest = b""
         if data:
             super().data_received(data)
-
-
-class FastReadClientConnection(FastReader, ClientConnection):
-    """The gateway's connection to a provider."""

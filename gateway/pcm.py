@@ -1,0 +1,116 @@
+"""PCM16 helpers: loudness, durations, test signals, WAV files.
+
+Every audio buffer in the gateway is raw PCM16: signed 16-bit little-endian
+samples, mono, at a rate carried beside it (the providers' wire format: OpenAI
+Realtime takes and gives 24 kHz, Gemini Live takes 16 kHz and gives 24 kHz).
+``bytes`` rather than arrays at the seams, so a frame can go from a client
+socket to a provider (base64) with no conversion when the rates agree.
+
+The clients (``gateway.client``: chat, loadtest), the simulator and the
+upstream adapters all use these, so they import nothing of ours and sit on
+the lowest floor; resampling, which only the upstream side does, is
+``gateway.upstream.audio.Resampler``.
+
+numpy is imported on first use, not with this module: numpy and soxr
+together cost ~0.3 s of import time (measured with ``python -X importtime``),
+and every node, simulator, client and test subprocess imports this module
+while most never touch audio.
+"""
+
+from __future__ import annotations
+
+import wave
+from pathlib import Path
+from typing import Final
+
+__all__ = [
+    "SAMPLE_DTYPE",
+    "SAMPLE_WIDTH",
+    "duration_ms",
+    "last_loud_frame",
+    "read_wav",
+    "rms",
+    "silence",
+    "tone",
+]
+
+SAMPLE_WIDTH: Final = 2  # bytes per PCM16 sample
+
+SAMPLE_DTYPE: Final = "<i2"  # PCM16 little-endian, as a numpy dtype
+
+
+def duration_ms(pcm16: bytes | bytearray | memoryview, rate: int) -> float:
+    """How long ``pcm16`` plays at ``rate`` samples per second, in milliseconds."""
+    return len(pcm16) // SAMPLE_WIDTH * 1000.0 / rate
+
+
+def rms(pcm16: bytes | bytearray | memoryview) -> float:
+    """Root mean square of the samples (0 for silence, 32767 at most): the loudness a VAD uses."""
+    import numpy as np
+
+    samples = np.frombuffer(pcm16, dtype=SAMPLE_DTYPE, count=len(pcm16) // SAMPLE_WIDTH)
+    if not samples.size:
+        return 0.0
+    values = samples.astype(np.float64)
+    return float(np.sqrt(np.dot(values, values) / samples.size))
+
+
+def last_loud_frame(pcm16: bytes, rate: int, *, frame_ms: int = 20, floor: float = 0.1) -> int:
+    """The index of the last ``frame_ms`` frame louder than ``floor`` × the loudest
+    frame's RMS (−20 dB by default): where a recording's speech ends, whatever
+    silence or room noise follows it; -1 when every frame is silent.
+
+    Relative to the recording's own loudness, not to a provider's VAD
+    threshold, which the client does not know.
+    """
+    import numpy as np
+
+    size = rate * frame_ms // 1000
+    samples = np.frombuffer(pcm16, dtype=SAMPLE_DTYPE, count=len(pcm16) // SAMPLE_WIDTH)
+    count = -(-samples.size // size) if size else 0
+    if not count:
+        return -1
+    padded = np.zeros(count * size, dtype=np.float64)
+    padded[: samples.size] = samples
+    frames = padded.reshape(count, size)
+    loudness = np.sqrt((frames * frames).mean(axis=1))
+    peak = float(loudness.max())
+    if peak <= 0.0:
+        return -1
+    return int(np.flatnonzero(loudness > peak * floor)[-1])
+
+
+def tone(duration_s: float, rate: int, *, frequency: float = 440.0, amplitude: int = 8000) -> bytes:
+    """A sine tone: the simulator's "voice", and the tests' "speech"."""
+    import numpy as np
+
+    count = round(duration_s * rate)
+    phase = 2.0 * np.pi * frequency * np.arange(count) / rate
+    return (np.sin(phase) * amplitude).astype(SAMPLE_DTYPE).tobytes()
+
+
+def silence(duration_s: float, rate: int) -> bytes:
+    """``duration_s`` seconds of zero samples."""
+    return bytes(round(duration_s * rate) * SAMPLE_WIDTH)
+
+
+def read_wav(path: str | Path) -> tuple[bytes, int]:
+    """A WAV file's audio as mono PCM16 and its rate.
+
+    Stereo (or more) is mixed down to mono; only 16-bit PCM files are read —
+    convert others first (e.g. ``sox in.wav -b 16 out.wav``).
+    """
+    with wave.open(str(path), "rb") as wav:
+        width, channels, rate = wav.getsampwidth(), wav.getnchannels(), wav.getframerate()
+        if width != SAMPLE_WIDTH or wav.getcomptype() != "NONE":
+            raise ValueError(
+                f"{path}: only 16-bit PCM WAV files are read (this one has {8 * width}-bit "
+                f"samples, compression {wav.getcomptype()!r}); convert it to 16-bit PCM first"
+            )
+        data = wav.readframes(wav.getnframes())
+    if channels > 1:
+        import numpy as np
+
+        frames = np.frombuffer(data, dtype=SAMPLE_DTYPE).reshape(-1, channels)
+        data = frames.mean(axis=1).round().astype(SAMPLE_DTYPE).tobytes()
+    return data, rate

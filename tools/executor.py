@@ -87,10 +87,13 @@ class Executor:
         ctx: ToolContext,
         *,
         observe: CallObserver | None = None,
+        allowed: frozenset[str] | None = None,
     ) -> list[ToolResult]:
         """Run ``calls`` concurrently; one result per call, in call order.
 
         ``observe`` (optional) is entered around each call that runs.
+        ``allowed``: the tools this session may use (None: all); a call to
+        another fails in its place, naming the ones it may use.
 
         Calls past ``max_calls`` do not run: each gets a failure naming the
         limit. If the caller is cancelled (the user cancelled the turn), every
@@ -105,13 +108,16 @@ class Executor:
                 else self._run_observed(call, ctx, observe),
                 name=f"tool {call.name}",
             )
+            if allowed is None or call.name in allowed
+            else _not_allowed(call, allowed)
             for call in admitted
         ]
         try:
             results: list[ToolResult] = await asyncio.gather(*tasks)
         except BaseException:
             for task in tasks:
-                task.cancel()
+                if isinstance(task, asyncio.Task):
+                    task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             raise
         results += [
@@ -224,3 +230,16 @@ class Executor:
 
 def _failure(call: ToolCall, message: str) -> ToolResult:
     return ToolResult(tool=call.name, status="failure", content=message)
+
+
+def _not_allowed(call: ToolCall, allowed: frozenset[str]) -> asyncio.Future[ToolResult]:
+    """The failure of a call to a tool the session may not use, as a done future."""
+    names = ", ".join(sorted(allowed)) or "none"
+    done: asyncio.Future[ToolResult] = asyncio.get_running_loop().create_future()
+    done.set_result(
+        _failure(
+            call,
+            f"the tool {call.name!r} is not available in this session; its tools are: {names}",
+        )
+    )
+    return done

@@ -407,11 +407,11 @@ class HttpApi:
         problem = await prepare(config.tools)  # compiled off the loop, once per schema
         if problem is not None:
             raise Refusal(400, problem)
-        setup = self.node.setup(key_id, config, self.node.key_tools.get(key_id))
+        setup = self.node.setups.setup(key_id, config, self.node.key_tools.get(key_id))
         if isinstance(setup, str):
             raise Refusal(400 if isinstance(setup, ClientToolProblem) else 403, str(setup))
         sid = self.node.new_session_id()
-        meta = self.node.session_meta(key_id, setup)
+        meta = self.node.setups.session_meta(key_id, setup)
         await self._hold_quota(key_id, sid, config_bytes(meta))
         meta[UNUSED] = "1"  # until a client connects (Node._load): kept unused_session_ttl
         try:

@@ -14,12 +14,9 @@ import contextlib
 import logging
 import secrets
 import shutil
-import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
-
-import msgspec
 
 from gateway.config import Config
 from gateway.metrics import Metrics
@@ -36,22 +33,22 @@ from gateway.sessions.control import (
 from gateway.sessions.follower import LogFollower
 from gateway.sessions.limits import Limits
 from gateway.sessions.logwriter import LogWriter
-from gateway.sessions.policy import KeyPolicies, refusal, within
+from gateway.sessions.policy import KeyPolicies, within
 from gateway.sessions.resumption import META_KEY, decode_resume_point
-from gateway.sessions.runtime import SessionRuntime, SessionServices, SessionSetup
+from gateway.sessions.runtime import SessionRuntime
+from gateway.sessions.setup import SessionServices, SessionSetups, UpstreamFactories
 from gateway.sessions.workspaces import WorkspaceSweeper
 from gateway.store.base import Store, StoreError
 from gateway.tracing import Tracing
 from gateway.upstream.base import UpstreamFactory
 from protocol.assembly import HistoryItem, decode_history_item
-from protocol.configuration import SessionConfig, decode_config, encode_config
+from protocol.configuration import decode_config, encode_config
 from protocol.events import (
     Usage,
 )
-from protocol.prompt import system_prompt
-from tools.allowlist import AllowList, KeyAllowLists, parse_allow_list
+from tools.allowlist import KeyAllowLists
 from tools.base import ToolContext
-from tools.client import ClientToolProblem, ClientTools, prepare
+from tools.client import prepare
 from tools.executor import Executor
 from tools.registry import Registry
 from tools.workspaces import workspace_dir
@@ -68,10 +65,6 @@ def config_bytes(meta: dict[str, str]) -> int:
     """What a session's configuration counts against its key's quota: its stored JSON's bytes."""
     return len(meta.get("config", "").encode())
 
-
-UpstreamFactories = Callable[[str, str], UpstreamFactory]
-"""``(provider, model)`` → a factory for them; raises ``ValueError`` saying why not
-(a provider with no API key configured, an unknown provider)."""
 
 log = logging.getLogger("gateway.sessions.node")
 
@@ -102,17 +95,13 @@ class Node:
         self.metrics = metrics or Metrics()
         # Per-key turn and token limits (gateway.sessions.limits); free when they are off.
         self.limits = Limits(config, store, self.metrics)
-        self.system_prompt = system_prompt(registry.specs(), config.instructions)
         # What each key may set in its sessions (--key-policy-file).
         self.policies = KeyPolicies(config.key_policy_file or None)
         # Per-key allow-lists of tools, as the edge read them at handshakes (keys file `tools=`).
         self.key_tools = KeyAllowLists()
-        self._factories = factories
-        # Per-session upstream factories, by (provider, model); "" = the node's.
-        self._factory_cache: dict[tuple[str, str], UpstreamFactory] = {}
-        self.default_setup = SessionSetup(
-            SessionConfig(), self.system_prompt, upstream_factory, instructions=config.instructions
-        )
+        # What each session's configuration makes of this node (prompt, tools, provider).
+        self.setups = SessionSetups(config, registry, upstream_factory, self.policies, factories)
+        self.system_prompt = self.setups.system_prompt
         self.runtimes: dict[str, SessionRuntime] = {}
         self.log_writer = LogWriter(
             store, self.node_id, linger=config.log_linger, lease_ttl=config.lease_ttl
@@ -129,7 +118,7 @@ class Node:
             store=store,
             prices=prices or PriceTable(),
             tracing=tracing or Tracing.off(),
-            session_setup=self.setup,
+            session_setup=self.setups.setup,
         )
         # Removes the workspaces of sessions that ended (expired in the store).
         self.workspaces = WorkspaceSweeper(
@@ -205,103 +194,16 @@ class Node:
             raise RuntimeError(f"new session {sid} is leased by another node")
         return runtime
 
-    def session_meta(self, owner: str, setup: SessionSetup) -> dict[str, str]:
-        """The meta a new session is stored with: its owner, configuration and allow-list."""
-        meta = {
-            "owner": owner,
-            "provider": setup.upstream_factory.provider,
-            "created": f"{time.time():.3f}",
-            "node": self.node_id,
-            "config": encode_config(setup.config).decode(),
-        }
-        if setup.key_tools is not None:
-            # Stored with the session: any node that drives it enforces the same list.
-            meta["tools_allowed"] = str(setup.key_tools)
-        return meta
-
     async def record_session(self, sid: str, owner: str) -> None:
         """Store the session ``sid`` as owned by ``owner`` (an API key id); then it
         can be resumed, from any node, until it idles out (``session_ttl``)."""
         runtime = self.runtimes.get(sid)
-        setup = runtime.setup if runtime is not None else self.default_setup
-        await self.store.create_session(sid, self.session_meta(owner, setup))
+        setup = runtime.setup if runtime is not None else self.setups.default
+        await self.store.create_session(sid, self.setups.session_meta(owner, setup))
         if runtime is not None:
             runtime.observer.owner = owner
 
     # ------------------------------------------------------------------ configuration
-
-    def setup(
-        self, owner: str, config: SessionConfig, key_tools: AllowList | None = None
-    ) -> SessionSetup | str:
-        """What ``config`` makes of this node for a session of ``owner``, or why it cannot be.
-
-        The system prompt is the protocol's, then the operator's instructions,
-        the owner's key-policy instructions and the session's own (appended:
-        a session cannot replace what the operator set), over the tools it
-        may use: the server tools that the session's ``server_tools``, the key
-        policy's and the key's allow-list (``key_tools``) all allow, then the
-        client tools the allow-list allows. The upstream is the session's
-        provider and model.
-        """
-        policy = self.policies.get(owner)
-        refused = refusal(policy, config)
-        if refused is not None:
-            return refused
-        names = set(self.registry.names())
-        allowed: frozenset[str] | None = None
-        limits = [t for t in (config.server_tools, policy.server_tools) if t is not None]
-        if limits:
-            unknown = [n for n in limits[0] if n not in names]
-            if unknown:
-                return (
-                    f"server_tools: this gateway has no tool {unknown[0]!r}; "
-                    f"its tools: {', '.join(sorted(names)) or 'none'}"
-                )
-            allowed = frozenset.intersection(*(frozenset(t) for t in limits))
-        if key_tools is not None:
-            allowed = frozenset(key_tools.filter(names if allowed is None else allowed))
-        has = names if allowed is None else names & allowed
-        try:
-            client_tools = ClientTools(config.tools, key_tools, has)
-        except ValueError as exc:  # the client's mistake (a bad schema, a taken name): 400
-            return ClientToolProblem(str(exc))
-        factory = self._factory(config.provider, config.model)
-        if isinstance(factory, str):
-            return factory
-        parts = [self.config.instructions, policy.instructions, config.instructions]
-        instructions = "\n\n".join(p.strip() for p in parts if p.strip())
-        if (
-            allowed is None
-            and not config.tools
-            and not config.instructions
-            and not (policy.instructions)
-        ):
-            prompt = self.system_prompt
-        else:
-            specs = [s for s in self.registry.specs() if allowed is None or s.name in allowed]
-            specs += client_tools.specs()
-            prompt = system_prompt(specs, instructions)
-        return SessionSetup(config, prompt, factory, allowed, client_tools, key_tools, instructions)
-
-    def _factory(self, provider: str, model: str) -> UpstreamFactory | str:
-        default = self.upstream_factory
-        if (not provider or provider == default.provider) and not model:
-            return default
-        key = (provider or default.provider, model)
-        cached = self._factory_cache.get(key)
-        if cached is not None:
-            return cached
-        if self._factories is None:
-            return (
-                f"provider: this gateway serves only its default upstream ({default.provider}); "
-                "leave provider and model unset"
-            )
-        try:
-            factory = self._factories(*key)
-        except ValueError as exc:
-            return f"provider: {exc}"
-        self._factory_cache[key] = factory
-        return factory
 
     def policies_changed(self) -> None:
         """The key policy file changed: set every session driven here up again under it.
@@ -316,7 +218,7 @@ class Node:
             if runtime.closed:
                 continue
             owner, before = runtime.owner, runtime.setup
-            setup = self.setup(
+            setup = self.setups.setup(
                 owner, within(self.policies.get(owner), before.config), before.key_tools
             )
             if isinstance(setup, str):
@@ -358,45 +260,6 @@ class Node:
             await self.store.set_meta(sid, fields)
         except StoreError as exc:
             log.warning("session %s: configuration not stored: %s", sid, exc, extra={"sid": sid})
-
-    def _stored_setup(
-        self, sid: str, meta: dict[str, str], key_tools: AllowList | None = None
-    ) -> SessionSetup:
-        """The setup of a stored session; its configuration as far as this node can serve it.
-
-        ``key_tools``: the allow-list of a session not stored yet (a stored one has its own).
-        """
-        owner = meta.get("owner", "")
-        if "tools_allowed" in meta:
-            try:
-                key_tools = parse_allow_list(meta["tools_allowed"])
-            except ValueError as exc:  # the key's list was checked when it was read
-                log.warning("session %s: %s; no tool is allowed", sid, exc, extra={"sid": sid})
-                key_tools = AllowList(())
-        try:
-            config = decode_config(meta.get("config", ""))
-        except (ValueError, TypeError) as exc:  # msgspec's errors are ValueErrors
-            log.error("session %s: unreadable stored configuration: %s", sid, exc)
-            config = SessionConfig()
-        # Stored before its owner's policy was tightened: cut to it, not refused.
-        config = within(self.policies.get(owner), config)
-        setup = self.setup(owner, config, key_tools)
-        if isinstance(setup, str):
-            log.warning(
-                "session %s: its configuration cannot be served here (%s); using the "
-                "gateway's provider",
-                sid,
-                setup,
-                extra={"sid": sid},
-            )
-            fallback = self.setup(
-                owner, msgspec.structs.replace(config, provider="", model=""), key_tools
-            )
-            if isinstance(fallback, str):
-                # Fails closed: a session with an allow-list keeps it even on the defaults.
-                fallback = self.setup(owner, SessionConfig(), key_tools)
-            return fallback if not isinstance(fallback, str) else self.default_setup
-        return setup
 
     async def drive(self, sid: str, *, owner: str = "") -> SessionRuntime | None:
         """The runtime of ``sid`` on this node, loading it if its lease is free.
@@ -442,12 +305,12 @@ class Node:
             meta = {}
             key_tools = self.key_tools.get(owner) if owner else None
             if owner:
-                setup = self._stored_setup(sid, {"owner": owner}, key_tools)
+                setup = self.setups.stored_setup(sid, {"owner": owner}, key_tools)
             else:
-                setup = self.default_setup
+                setup = self.setups.default
         else:
             await self._prepare_tools(meta)
-            setup = self._stored_setup(sid, meta)
+            setup = self.setups.stored_setup(sid, meta)
             if meta.get(UNUSED) == "1":
                 await self._first_use(sid, meta)
         usage = Usage(
@@ -476,7 +339,7 @@ class Node:
         try:
             config = decode_config(meta.get("config", ""))
         except (ValueError, TypeError):
-            return  # _stored_setup logs it
+            return  # stored_setup logs it
         await prepare(config.tools)
 
     async def _first_use(self, sid: str, meta: dict[str, str]) -> None:

@@ -1,21 +1,42 @@
-"""What a session's configuration asks of the upstream connection for voice,
-and the user's audio held while that connection opens.
+"""Voice input: what a session's configuration asks of the upstream for audio, and
+the user's audio on its way there.
 
-Pure: a ``SessionConfig`` (``input_audio``, ``output``, ``voice``) and the
-session's tools become the adapters' ``VoiceConfig``, or ``None`` for a text
-session (whose upstream connection is opened per turn, as ever).
+``voice_config`` (pure): a ``SessionConfig`` (``input_audio``, ``output``,
+``voice``) and the session's tools become the adapters' ``VoiceConfig``, or
+``None`` for a text session. ``VoiceInput``: the user's audio sent to the
+upstream, held while it opens (``HeldAudio``), let go while a failed open
+is waited out.
 """
 
 from __future__ import annotations
 
+import logging
+import math
+import time
 from collections import deque
 from collections.abc import Sequence
+from typing import Final
 
-from gateway.upstream.base import AudioIn, AudioOut, FunctionTool, VoiceConfig
+from gateway.upstream.base import (
+    AudioIn,
+    AudioOut,
+    FunctionTool,
+    Upstream,
+    UpstreamClosed,
+    VoiceConfig,
+)
 from protocol.configuration import SessionConfig
 from protocol.prompt import ToolSpec
 
-__all__ = ["HELD_AUDIO_SECONDS", "HeldAudio", "voice_config"]
+__all__ = ["HELD_AUDIO_SECONDS", "HeldAudio", "VoiceInput", "voice_config"]
+
+log = logging.getLogger("gateway.sessions.runtime")
+
+# A voice session listening between turns whose upstream cannot be opened
+# retries after these many seconds (doubling from the first, up to the cap):
+# at once in a loop it held a core at 100% and told the client nothing.
+LISTEN_RETRY_FIRST: Final = 0.5
+LISTEN_RETRY_CAP: Final = 10.0
 
 HELD_AUDIO_SECONDS = 5.0
 """At most this much of the user's audio is held while the upstream opens
@@ -96,3 +117,105 @@ class HeldAudio:
         self._chunks.clear()
         self.held = 0
         self.dropped = 0
+
+
+class VoiceInput:
+    """The user's audio on its way to the session's upstream: sent, held, or let go.
+
+    Audio goes straight to the provider when a connection is open (without
+    awaiting when the socket takes it at once: the relay's fast path). While
+    one is being opened it is held (``HeldAudio``) and sent first once it is
+    open. While a failed open is waited out (``listen_failed``'s backoff:
+    the one wait a listening voice session keeps outside the turn machine,
+    because no turn runs), audio is not held: the client was told it is not
+    heard. ``audio_in`` is the configuration of the audio taken (None: the
+    session takes none).
+    """
+
+    __slots__ = ("_failures", "_heard_at", "_held", "_holding", "audio_in", "sid")
+
+    def __init__(self, sid: str, audio_in: AudioIn | None) -> None:
+        self.sid = sid
+        self.audio_in = audio_in
+        self._held = HeldAudio.for_rate(audio_in.rate) if audio_in is not None else None
+        self._holding = True
+        self._heard_at = -math.inf  # time.monotonic() of the user's last audio
+        self._failures = 0  # opens of a listening session's upstream that failed in a row
+
+    def reconfigure(self, audio_in: AudioIn | None) -> None:
+        """Another input configuration: audio held at another rate is gone."""
+        before, self.audio_in = self.audio_in, audio_in
+        if audio_in is None or before is None or audio_in.rate != before.rate:
+            self._held = HeldAudio.for_rate(audio_in.rate) if audio_in is not None else None
+
+    def quiet_for(self, seconds: float) -> bool:
+        """No audio from this node's clients for ``seconds`` (no live microphone here)."""
+        return time.monotonic() - self._heard_at >= seconds
+
+    async def send(self, upstream: Upstream | None, pcm16: bytes) -> None:
+        """User audio to ``upstream``, or held while none is open."""
+        if self.audio_in is None:
+            return
+        self._heard_at = time.monotonic()
+        if upstream is None:
+            self._hold(pcm16)
+            return
+        try:
+            await upstream.send_audio(pcm16)
+        except UpstreamClosed:
+            return  # the driver's recv sees the loss and reopens
+
+    def send_now(self, upstream: Upstream | None, pcm16: bytes) -> bool:
+        """``send`` without awaiting when the socket takes it at once (or the audio is
+        held); False: nothing was sent, await ``send``."""
+        if self.audio_in is None:
+            return False
+        self._heard_at = time.monotonic()
+        if upstream is None:
+            self._hold(pcm16)
+            return True
+        return upstream.send_audio_now(pcm16)
+
+    def _hold(self, pcm16: bytes) -> None:
+        held = self._held
+        if held is None or not self._holding:
+            return
+        was_full = held.dropped
+        held.hold(pcm16)
+        if held.dropped and not was_full:
+            log.warning(
+                "session %s: the upstream is still opening; only the newest %gs of the "
+                "user's audio is held for it",
+                self.sid,
+                HELD_AUDIO_SECONDS,
+                extra={"sid": self.sid},
+            )
+
+    async def flush(self, upstream: Upstream) -> None:
+        """The audio held while ``upstream`` was opened, oldest first; audio that comes
+        meanwhile is held behind it, so the order holds."""
+        held = self._held
+        if held is None:
+            return
+        while (chunk := held.take()) is not None:
+            if not upstream.send_audio_now(chunk):
+                await upstream.send_audio(chunk)
+        held.clear()
+        self._failures = 0
+
+    def listen_failed(self) -> tuple[bool, float]:
+        """A listening session's upstream could not be opened: ``(first failure in a
+        row, seconds to wait)``. Audio of the wait is not held (the client is told)."""
+        self._failures += 1
+        failures = self._failures
+        if self._held is not None:
+            self._held.clear()
+        self._holding = False
+        return failures == 1, min(LISTEN_RETRY_FIRST * 2 ** (failures - 1), LISTEN_RETRY_CAP)
+
+    def listen_again(self) -> None:
+        """The wait after a failed open is over: audio is held again."""
+        self._holding = True
+
+    def stop(self) -> None:
+        self._holding = False

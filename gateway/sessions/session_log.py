@@ -1,0 +1,227 @@
+"""A driven session's log: number, stamp, log, then send (the log side of a runtime).
+
+Every event a session emits gets the next ``seq`` and a timestamp here, is
+queued for the node's one ``LogWriter`` (group commit: events emitted while
+an append is in flight go out together in the next one, so a token costs a
+share of a round trip), and reaches the attached clients only once the
+store has it (**log, then send**). History items ride with the next append
+atomically. This object is the writer's ``LogSource``; the runtime's other
+rooms only ``emit`` and ``persist``.
+
+When an append fails the batch is held, in order, and retried: nothing
+reaches a client before it is logged, and a batch whose append may have
+landed (the connection broke in flight) is settled against the log's last
+seq, never sent twice or lost. A lost lease or a seq conflict means another
+node owns the session: nothing more is written and ``on_lost`` is told.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Sequence
+
+from gateway.metrics import Metrics
+from gateway.sessions.logwriter import Batch, LogWriter
+from gateway.sessions.subscriber import Subscriber
+from gateway.store.base import LeaseLost, LogEntry, SeqConflict, StoreUnavailable
+from protocol.assembly import HistoryItem, encode_history_item
+from protocol.events import Error, Event, encode
+
+__all__ = ["SessionLog"]
+
+log = logging.getLogger("gateway.sessions.runtime")
+
+_STORE_DOWN: str = (
+    "the session store is unavailable; events are held and will be delivered when it "
+    "returns — stay connected"
+)
+
+
+class SessionLog:
+    """The events and history of one session on its driving node (see the module docstring).
+
+    ``last_seq`` is where numbering goes on from (the log's last seq when the
+    session was loaded); ``history`` the session's history, appended to by
+    ``persist``; ``on_lost(reason)`` is called once another node owns the session.
+    """
+
+    def __init__(
+        self,
+        sid: str,
+        *,
+        last_seq: int,
+        history: list[HistoryItem],
+        writer: LogWriter,
+        metrics: Metrics,
+        retry_delay: float,
+        clock: Callable[[], float],
+        on_lost: Callable[[str], None],
+    ) -> None:
+        self.sid = sid
+        self.history = history
+        self.subscribers: set[Subscriber] = set()
+        self._writer = writer
+        self._metrics = metrics
+        self._retry_delay = retry_delay
+        self._clock = clock
+        self._on_lost = on_lost
+        self._seq = last_seq
+        self.delivered_seq = last_seq
+        self._pending: list[LogEntry] = []
+        self._pending_history: list[bytes] = []
+        self._marked = False  # waiting in the node's LogWriter for its turn
+        self.lost = False  # another node owns the session: write nothing more
+        # A batch whose append failed with StoreUnavailable (may have landed).
+        self.unsure: Batch | None = None
+        self._flushed = asyncio.Event()
+        self._flushed.set()
+        self._store_down = False
+
+    # ------------------------------------------------------------------ writing
+
+    @property
+    def last_seq(self) -> int:
+        """The seq of the newest event emitted (logged or about to be)."""
+        return self._seq
+
+    def emit(self, event: Event) -> None:
+        """Number, stamp and queue an event for logging, then delivery."""
+        self._seq += 1
+        event.seq = self._seq
+        event.timestamp = self._clock()
+        self._pending.append(LogEntry(self._seq, encode(event)))
+        if not self._marked:
+            self._mark()
+
+    def persist(self, items: Sequence[HistoryItem]) -> None:
+        """Add history items; they are written with the next log append (atomically)."""
+        for item in items:
+            self.history.append(item)
+            self._pending_history.append(encode_history_item(item))
+        if not self._marked:
+            self._mark()
+
+    def _mark(self) -> None:
+        self._marked = True
+        self._flushed.clear()
+        self._writer.mark(self)
+
+    async def flushed(self) -> None:
+        """Wait until everything emitted so far is logged and delivered."""
+        await self._flushed.wait()
+
+    def stop(self) -> None:
+        """Write nothing more (the session closed here): what is not logged is dropped."""
+        self.lost = True
+
+    # ------------------------------------------------------------------ the LogWriter's side
+
+    def take_batch(self) -> Batch | None:
+        """What to append now (None: nothing). Called by the node's LogWriter."""
+        self._marked = False
+        if self.lost:
+            return None
+        entries, history = self._pending, self._pending_history
+        self._pending, self._pending_history = [], []
+        if not entries and not history and self.unsure is None:
+            self._check_flushed()
+            return None
+        return entries, history
+
+    def settle_unsure(self, stored_last: int, batch: Batch) -> Batch | None:
+        """After a failed append: ``stored_last`` tells whether it landed after all.
+
+        A batch whose append failed in flight may or may not be stored (Redis
+        may have run it before the connection broke): never sent twice, never lost.
+        """
+        unsure, self.unsure = self.unsure, None
+        assert unsure is not None
+        if unsure[0] and stored_last >= unsure[0][-1].seq:
+            self._delivered(unsure[0])  # it landed: just send it
+        else:
+            batch = (unsure[0] + batch[0], unsure[1] + batch[1])
+        if not batch[0] and not batch[1]:
+            self._check_flushed()
+            return None
+        return batch
+
+    def appended(self, batch: Batch, result: BaseException | None) -> None:
+        """The LogWriter's report on ``batch``: stored (None) or why not."""
+        if result is None:
+            if self._store_down:
+                self._store_down = False
+                log.info("store is back for session %s", self.sid)
+            self._delivered(batch[0])
+            self._check_flushed()
+        elif isinstance(result, LeaseLost | SeqConflict):
+            log.warning("session %s: lost ownership while logging: %s", self.sid, result)
+            self.lost = True
+            self._pending, self._pending_history = [], []
+            self._flushed.set()
+            self._on_lost(str(result))
+        else:
+            # StoreUnavailable (or an unexpected error): hold the batch, in
+            # order, and retry; nothing reaches a client before it is logged.
+            held = self.unsure  # still unsettled if the log could not be read
+            self.unsure = batch if held is None else (held[0] + batch[0], held[1] + batch[1])
+            if isinstance(result, StoreUnavailable):
+                self._store_unavailable(result)
+            else:
+                log.error("session %s: appending failed: %r", self.sid, result)
+            asyncio.get_running_loop().call_later(self._retry_delay, self._retry)
+
+    def write_failed(self) -> None:
+        """The LogWriter broke on this session's batch (a bug): reload it elsewhere."""
+        self.lost = True
+        self._flushed.set()
+        self._on_lost("internal error while logging")
+
+    def _retry(self) -> None:
+        if not self._marked and not self.lost:
+            self._mark()
+
+    def _check_flushed(self) -> None:
+        if (
+            not self._marked
+            and self.unsure is None
+            and not self._pending
+            and not self._pending_history
+        ):
+            self._flushed.set()
+
+    def _delivered(self, entries: list[LogEntry]) -> None:
+        """Entries are in the log: hand them to the attached clients."""
+        if not entries:
+            return
+        self.delivered_seq = entries[-1].seq
+        self._metrics.events.inc(len(entries))
+        for sub in tuple(self.subscribers):
+            sub.deliver(entries)
+
+    def _store_unavailable(self, exc: StoreUnavailable) -> None:
+        if self._store_down:
+            return
+        self._store_down = True
+        self._metrics.store_errors.inc()
+        log.warning("store unavailable for session %s: %s", self.sid, exc)
+        self.notify(Error(code="store", content=_STORE_DOWN, seq=self.delivered_seq))
+
+    # ------------------------------------------------------------------ clients
+
+    def notify(self, event: Error) -> None:
+        """An unlogged notice to every attached client."""
+        event.timestamp = self._clock()
+        for sub in tuple(self.subscribers):
+            sub.notify(event)
+
+    def deliver_audio(self, frame: bytes) -> None:
+        """A frame of the model's speech to every attached client (unlogged)."""
+        for sub in tuple(self.subscribers):
+            sub.deliver_audio(frame)
+
+    def session_lost(self, reason: str) -> None:
+        """Tell every client the session moved, and let them go."""
+        for sub in tuple(self.subscribers):
+            sub.session_lost(reason)
+        self.subscribers.clear()

@@ -33,6 +33,7 @@ from protocol.events import (
     Error,
     Event,
     Ping,
+    Played,
     ToolResultMessage,
     User,
     UserMessage,
@@ -61,6 +62,8 @@ class SessionCommands(Protocol):
 
     def commit_audio(self) -> Error | None: ...
 
+    def played(self, report: Played) -> Error | None: ...
+
 
 async def _start(target: SessionCommands, message: Any) -> Error | None:
     return target.start_turn(message.content)
@@ -80,6 +83,10 @@ async def _configure(target: SessionCommands, message: Any) -> Error | None:
 
 async def _commit(target: SessionCommands, message: Any) -> Error | None:
     return target.commit_audio()
+
+
+async def _played(target: SessionCommands, message: Any) -> Error | None:
+    return target.played(message)
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +123,7 @@ COMMANDS: Final[dict[type, CommandSpec]] = {
         "configure", _configure, landmark=Configured, trusted=True, records=True
     ),
     Commit: CommandSpec("commit", _commit, forwarded=False),
+    Played: CommandSpec("played", _played),
 }
 """Every command, by its message type."""
 

@@ -12,6 +12,7 @@ from protocol.events import (
     Commit,
     Configure,
     Error,
+    Played,
     ToolResultMessage,
     UserMessage,
 )
@@ -43,6 +44,10 @@ class Recorder:
         self.calls.append(("commit_audio", None))
         return None
 
+    def played(self, report: Played) -> Error | None:
+        self.calls.append(("played", report.ms))
+        return None
+
 
 def test_every_client_message_is_a_command_or_the_connections_own() -> None:
     """A new message type with no row (and not the connection's) fails here."""
@@ -53,7 +58,7 @@ def test_every_client_message_is_a_command_or_the_connections_own() -> None:
 
 def test_voice_commands_run_where_the_microphone_is() -> None:
     assert Commit not in FORWARDED
-    assert set(FORWARDED) == {UserMessage, Cancel, ToolResultMessage, Configure}
+    assert set(FORWARDED) == {UserMessage, Cancel, ToolResultMessage, Configure, Played}
 
 
 async def test_dispatch_runs_each_commands_method_and_returns_its_refusal() -> None:
@@ -64,12 +69,14 @@ async def test_dispatch_runs_each_commands_method_and_returns_its_refusal() -> N
     await dispatch(ToolResultMessage("call_1", "success", 1), target)
     await dispatch(Configure(instructions="Be brief."), target)
     await dispatch(Commit(), target)
+    await dispatch(Played(seq=3, ms=120), target)
     assert target.calls == [
         ("start_turn", "hi"),
         ("cancel_turn", None),
         ("tool_result", "call_1"),
         ("configure", "Be brief."),
         ("commit_audio", None),
+        ("played", 120),
     ]
 
 

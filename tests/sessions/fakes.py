@@ -21,6 +21,7 @@ from gateway.sessions.logwriter import Batch
 from gateway.sessions.session_log import SessionLog
 from gateway.store.base import LogEntry
 from gateway.upstream.base import (
+    ModelOptions,
     Resume,
     Upstream,
     UpstreamClosed,
@@ -144,6 +145,7 @@ class ScriptedUpstream(Upstream):
         *,
         voice: VoiceConfig | None = None,
         resume: Resume | None = None,
+        options: ModelOptions | None = None,
     ) -> None:
         self.calls.append("open")
         self.opened_with = (instructions, list(history), voice, resume)
@@ -175,7 +177,7 @@ class ScriptedUpstream(Upstream):
         self.calls.append("cancel_response")
         self._events.put_nowait(ResponseDone("cancelled"))
 
-    async def replace_response(self, text: str) -> None:
+    async def replace_response(self, text: str, *, heard_ms: int | None = None) -> None:
         self.calls.append("replace_response")
 
     async def send_audio(self, pcm16: bytes) -> None:

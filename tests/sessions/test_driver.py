@@ -246,7 +246,7 @@ async def test_a_cancel_supersedes_the_awaits_the_driver_had_not_performed(
             super().__init__([[TextDelta(CALL_WAIT)]])
             self.replacing = asyncio.Event()
 
-        async def replace_response(self, text: str) -> None:
+        async def replace_response(self, text: str, *, heard_ms: int | None = None) -> None:
             self.calls.append("replace_response")
             self.replacing.set()
             await asyncio.Event().wait()  # the provider does not answer

@@ -10,12 +10,11 @@ import pytest
 
 from gateway.config import load_config
 from gateway.sessions.policy import KeyPolicies
-from gateway.sessions.setup import SessionSetup, SessionSetups
+from gateway.sessions.setup import ConfigProblem, SessionSetup, SessionSetups
 from protocol.configuration import ClientToolSpec, SessionConfig, encode_config
 from tests.sessions.fakes import ScriptedFactory
 from tools.allowlist import parse_allow_list
 from tools.builtin import default_registry
-from tools.client import ClientToolProblem
 
 POLICIES = """
 [alice]
@@ -103,7 +102,7 @@ def test_a_bad_client_tool_is_the_clients_mistake(policies: KeyPolicies) -> None
     made, _ = setups(policies)
     tool = ClientToolSpec(name="read", parameters={"type": "object"})  # a server tool's name
     problem = made.setup("carol", SessionConfig(tools=(tool,)))
-    assert isinstance(problem, ClientToolProblem) and "read" in problem
+    assert isinstance(problem, ConfigProblem) and "read" in problem
 
 
 def test_client_tools_join_the_prompt_within_the_keys_allow_list(policies: KeyPolicies) -> None:

@@ -62,6 +62,9 @@ log = logging.getLogger("gateway.edge.connection")
 _UNLOGGED = -1  # queue marker: a reply to this client only, sent as is
 _AUDIO = -2  # queue marker: a binary frame of the model's speech
 _REPLAY_PAGE = 500
+# A replay page's bytes: a client catching up over large events holds one page
+# in memory at a time, not all of them.
+_REPLAY_BYTES = 1 << 20
 # Audio comes 50 frames a second: a refused frame's error is sent at most this
 # often (the frames between are dropped without one), and a connection whose
 # session is driven elsewhere asks to drive it at most this often.
@@ -98,6 +101,9 @@ class ClientConnection:
         self.trusted = trusted
         self.resumed = resumed
         self.last_sent = after
+        # The newest seq known to be in the log (the head at attach, the newest
+        # delivered since): a catch-up reads at least to it.
+        self._newest = after
         self.source: SessionRuntime | LogFollower | None = None
         self._queue: deque[LogEntry] = deque()
         self._limit = node.config.send_queue_frames
@@ -125,6 +131,8 @@ class ClientConnection:
     # ------------------------------------------------------------- Subscriber
 
     def deliver(self, entries: Sequence[LogEntry]) -> None:
+        if entries and entries[-1].seq > self._newest:
+            self._newest = entries[-1].seq
         if self._lagging:
             return  # the writer reads these from the log
         queue = self._queue
@@ -248,6 +256,7 @@ class ClientConnection:
         head = source.last_seq if isinstance(source, SessionRuntime) else None
         if head is None:
             head = await node.store.last_seq(self.sid)
+        self._newest = max(self._newest, head)
         provider = (
             source.setup.upstream_factory.provider
             if isinstance(source, SessionRuntime)
@@ -618,13 +627,17 @@ class ClientConnection:
 
         Live delivery is switched on *before* reading: whatever is logged from
         then on is queued, so reading the log to its end leaves no gap; the
-        overlap is dropped by the seq check.
+        overlap is dropped by the seq check. Pages are bounded by count and by
+        bytes; a page cut short by its bytes is followed by the next one until
+        the newest seq known to be logged was sent.
         """
         self._lagging = False
         store = self.node.store
         while True:
             try:
-                entries = await store.read_log(self.sid, self.last_sent, _REPLAY_PAGE)
+                entries = await store.read_log(
+                    self.sid, self.last_sent, _REPLAY_PAGE, max_bytes=_REPLAY_BYTES
+                )
             except StoreUnavailable:
                 await asyncio.sleep(self.node.store_retry_delay)
                 continue
@@ -654,7 +667,7 @@ class ClientConnection:
                         self.last_sent = entry.seq
             if batch:
                 await wsfast.send_batch(self.ws, batch)
-            if len(entries) < _REPLAY_PAGE:
+            if not entries or (len(entries) < _REPLAY_PAGE and self.last_sent >= self._newest):
                 return
 
 

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Final
 
-from gateway.store.base import Store, StoreError
+from gateway.store.base import SessionMeta, StoreError
 from tools.workspaces import is_workspace_name
 
 __all__ = ["SWEEP_EVERY", "WorkspaceSweeper"]
@@ -47,7 +47,7 @@ class WorkspaceSweeper:
     def __init__(
         self,
         root: Path,
-        store: Store,
+        store: SessionMeta,
         *,
         driven: Callable[[str], bool],
         session_ttl: float,

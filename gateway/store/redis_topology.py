@@ -23,7 +23,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 from redis.asyncio import ConnectionPool, Redis, RedisCluster
@@ -118,6 +118,32 @@ class Topology(abc.ABC):
         """
         return None
 
+    async def exchange(self, key: str, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
+        """Send ``commands`` to ``key``'s node on one connection, in order; their replies.
+
+        For a command that must follow another on the same connection (``WAIT``
+        after a write). A connection of its own, not a lane's: a lane may be
+        mid-batch. An error reply raises, as redis-py raises it.
+        """
+        conn = await self._checkout(key)
+        try:
+            await conn.send_packed_command(conn.pack_commands(commands))
+            return [await conn.read_response() for _ in commands]
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await conn.disconnect(nowait=True)
+            raise
+        finally:
+            await self._checkin(key, conn)
+
+    @abc.abstractmethod
+    async def _checkout(self, key: str) -> AbstractConnection:
+        """A connection to ``key``'s node, for ``exchange``."""
+
+    @abc.abstractmethod
+    async def _checkin(self, key: str, conn: AbstractConnection) -> None:
+        """Give ``exchange``'s connection back."""
+
     @abc.abstractmethod
     async def blocking(self, key: str, *args: Any) -> Any:
         """A command that may block (``XREAD BLOCK``) on ``key``'s node, on its own pool."""
@@ -162,6 +188,13 @@ class SingleTopology(Topology):
     def single_server_connection(self) -> Callable[[], AbstractConnection]:
         make: Callable[[], AbstractConnection] = self.client.connection_pool.make_connection
         return make
+
+    async def _checkout(self, key: str) -> AbstractConnection:
+        conn: AbstractConnection = await self.client.connection_pool.get_connection()
+        return conn
+
+    async def _checkin(self, key: str, conn: AbstractConnection) -> None:
+        await self.client.connection_pool.release(conn)
 
     async def blocking(self, key: str, *args: Any) -> Any:
         return await self._blocking_cmd(*args)
@@ -236,6 +269,17 @@ class ClusterTopology(Topology):
 
     async def prepare(self) -> None:
         await self._initialized()
+
+    async def _checkout(self, key: str) -> AbstractConnection:
+        await self._initialized()
+        conn: AbstractConnection = self.client.get_node_from_key(key).acquire_connection()
+        return conn
+
+    async def _checkin(self, key: str, conn: AbstractConnection) -> None:
+        assert isinstance(conn, Connection)  # what acquire_connection gives
+        node = self.client.get_node(host=conn.host, port=conn.port)
+        if node is not None:
+            node.release(conn)
 
     async def refresh(self) -> None:
         await self._initialized()

@@ -172,8 +172,15 @@ class SessionLog:
         else:
             # StoreUnavailable (or an unexpected error): hold the batch, in
             # order, and retry; nothing reaches a client before it is logged.
-            held = self.unsure  # still unsettled if the log could not be read
-            self.unsure = batch if held is None else (held[0] + batch[0], held[1] + batch[1])
+            if self.unsure is None:
+                self.unsure = batch  # sent: it may have landed
+            else:
+                # The unsure batch could not be settled, so ``batch`` was never
+                # sent: it goes back in front of what is pending. Merged into
+                # the unsure one, a batch that had landed would look partly
+                # unwritten and be written again (a seq conflict).
+                self._pending = batch[0] + self._pending
+                self._pending_history = batch[1] + self._pending_history
             if isinstance(result, StoreUnavailable):
                 self._store_unavailable(result)
             else:

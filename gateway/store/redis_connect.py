@@ -220,6 +220,16 @@ def _open_cluster(
         retry=_retries(retry_window),
         **options,
     )
+    # The group commit's lanes route and take their connections here, on a
+    # client that runs no command itself: when a command of ``client`` meets a
+    # dead node, redis-py closes every connection of that client, and the
+    # lanes of the healthy masters must not lose theirs mid-batch.
+    lanes = RedisCluster(
+        startup_nodes=[ClusterNode(host, port) for host, port in parsed.hosts],
+        socket_timeout=socket_timeout,
+        max_connections=max_connections,
+        **options,
+    )
     blocking = RedisCluster(
         startup_nodes=[ClusterNode(host, port) for host, port in parsed.hosts],
         socket_timeout=None,
@@ -229,7 +239,7 @@ def _open_cluster(
     )
     where = "cluster " + ",".join(f"{h}:{p}" for h, p in parsed.hosts)
     node_options = {**options, "socket_timeout": None}
-    return ClusterTopology(client, blocking, where, node_options)
+    return ClusterTopology(client, blocking, lanes, where, node_options)
 
 
 def _open_sentinel(

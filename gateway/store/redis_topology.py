@@ -30,6 +30,7 @@ from redis.asyncio import ConnectionPool, Redis, RedisCluster
 from redis.asyncio.cluster import ClusterNode
 from redis.asyncio.connection import AbstractConnection, Connection
 from redis.asyncio.sentinel import Sentinel
+from redis.exceptions import RedisClusterException
 
 from gateway.store.redis_scripts import SCRIPTS
 
@@ -241,12 +242,17 @@ class ClusterTopology(Topology):
         self,
         client: RedisCluster,
         blocking_client: RedisCluster,
+        lanes_client: RedisCluster,
         where: str,
         node_options: dict[str, Any],
     ) -> None:
         self.where = where
         self.client = client
         self._blocking = blocking_client
+        # Routes and connections of the group commit, and ``exchange``'s: a
+        # client that runs no command, so redis-py never closes them all
+        # because a command met a dead node (``_open_cluster``).
+        self._lanes = lanes_client
         self._node_options = node_options
         self._routes: dict[str, _NodeRoute] = {}
         self._ready = False
@@ -255,12 +261,19 @@ class ClusterTopology(Topology):
         if not self._ready:
             await self.client.initialize()
             await self._blocking.initialize()
+            await self._lanes.initialize()
             for script in SCRIPTS:  # on every primary: appends rarely meet NOSCRIPT
                 await self.client.script_load(script.src)
             self._ready = True
 
+    def _lane_node(self, key: str) -> ClusterNode:
+        node = self._lanes.get_node_from_key(key)
+        if node is None:
+            raise RedisClusterException(f"no master known for {key!r} yet")
+        return node
+
     def route(self, key: str) -> Route:
-        node = self.client.get_node_from_key(key)
+        node = self._lane_node(key)
         route = self._routes.get(node.name)
         if route is None or route.node is not node:
             # New (or re-learnt) node: the old one's connection goes with it.
@@ -272,20 +285,20 @@ class ClusterTopology(Topology):
 
     async def _checkout(self, key: str) -> AbstractConnection:
         await self._initialized()
-        conn: AbstractConnection = self.client.get_node_from_key(key).acquire_connection()
+        conn: AbstractConnection = self._lane_node(key).acquire_connection()
         return conn
 
     async def _checkin(self, key: str, conn: AbstractConnection) -> None:
         assert isinstance(conn, Connection)  # what acquire_connection gives
-        node = self.client.get_node(host=conn.host, port=conn.port)
+        node = self._lanes.get_node(host=conn.host, port=conn.port)
         if node is not None:
             node.release(conn)
 
     async def refresh(self) -> None:
         await self._initialized()
-        await self.client.nodes_manager.initialize()
+        await self._lanes.nodes_manager.initialize()
         for name, route in list(self._routes.items()):
-            if self.client.get_node(node_name=name) is not route.node:
+            if self._lanes.get_node(node_name=name) is not route.node:
                 del self._routes[name]  # a node that left (or was re-learnt)
                 with contextlib.suppress(Exception):
                     await route.close()
@@ -353,3 +366,4 @@ class ClusterTopology(Topology):
             await route.close()
         await self.client.aclose()
         await self._blocking.aclose()
+        await self._lanes.aclose()

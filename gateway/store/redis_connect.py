@@ -149,9 +149,10 @@ def open_redis_client(
 ) -> Any:
     """A plain redis-py asyncio client for any store URL, for single-key commands.
 
-    For the gateway's other Redis users (the API keys hash of ``gateway.auth``):
-    one server, the primary Sentinel names, or a Cluster (which routes each
-    command by its key), so they accept every URL the store does.
+    For tools that inspect what the store wrote (tests, benches): one server,
+    the primary Sentinel names, or a Cluster (which routes each command by
+    its key), so they accept every URL the store does. The gateway itself
+    reaches Redis only through the store's interfaces (``gateway.store.base``).
     ``aclose()`` it when done.
     """
     common: dict[str, Any] = {

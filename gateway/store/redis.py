@@ -132,5 +132,7 @@ class RedisStore(RedisSessions, RedisCounters, RedisBus, RedisSecrets):
 
     async def close(self) -> None:
         """Let the in-flight and queued appends finish, then close every connection."""
+        if self._rounds is not None:
+            await self._rounds.close()
         await self._commit.close()
         await self._core.topology.close()

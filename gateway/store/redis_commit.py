@@ -50,7 +50,6 @@ import math
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
-from functools import partial
 from typing import Final
 
 from redis.asyncio.connection import AbstractConnection
@@ -83,16 +82,15 @@ from gateway.store.redis_fastpath import (
     pack_append,
     reply_lines,
 )
-from gateway.store.redis_pipe import AppendPipe, Replies
 from gateway.store.redis_replicas import ReplicaWatch
 from gateway.store.redis_scripts import APPEND
 from gateway.store.redis_topology import Route, Topology
 
-__all__ = ["CommitStats", "GroupCommit"]
+__all__ = ["REDIRECT_REPLIES", "CommitStats", "GroupCommit", "consecutive"]
 
 _ERRORS: Final = (RedisError, RedisClusterException, OSError)
 # Replies that mean "not written, not here or not now": send again after a refresh.
-_REDIRECT_REPLIES: Final = (
+REDIRECT_REPLIES: Final = (
     b"-MOVED",
     b"-ASK",
     b"-TRYAGAIN",
@@ -168,7 +166,6 @@ class GroupCommit:
         replica_timeout_ms: int,
         error: Callable[[BaseException, str, str], StoreError],
         stats: CommitStats,
-        pipe: AppendPipe | None = None,
     ) -> None:
         self._topology = topology
         self._prefix = prefix
@@ -181,7 +178,8 @@ class GroupCommit:
         self._error = error
         self.stats = stats
         self.replicas = ReplicaWatch(durability, replica_timeout_ms, topology.where)
-        self._limits = bulk(b"%d" % ttl_ms) + bulk(b"%d" % max_log)
+        self.limits = bulk(b"%d" % ttl_ms) + bulk(b"%d" % max_log)
+        """The append's TTL and log bound, packed once (``pack_append``)."""
         # One deadline covers a whole round trip (and the replicas' wait).
         self._budget = socket_timeout + (replica_timeout_ms / 1000 if self._wait else 0.0)
         self._intake: list[_Pending] = []  # queued, not yet given to a lane
@@ -191,9 +189,6 @@ class GroupCommit:
         self._held: list[_Pending] = []  # not written; sent again after a backoff
         self._retrier: asyncio.Task[None] | None = None
         self._prepared = False  # the topology was learnt once (``prepare``)
-        # Rounds answered by callback, where the topology allows (``send_on_pipe``).
-        self._pipe = pipe if not self._wait else None
-        self._again: set[asyncio.Task[None]] = set()  # rounds resent the awaited way
 
     def enqueue(
         self,
@@ -208,13 +203,13 @@ class GroupCommit:
 
         ``start=False``: the caller flushes it with ``flush_queued`` (no task).
         """
-        first = _consecutive(sid, entries)
+        first = consecutive(sid, entries)
         # Packed here, once, as RESP bytes (see gateway.store.redis_fastpath).
         key = f"{self._prefix}:{{{sid}}}:"
         command = pack_append(
             key.encode(),
             node.encode(),
-            self._limits,
+            self.limits,
             first,
             [data for _, data in entries],
             history,
@@ -246,13 +241,9 @@ class GroupCommit:
 
     async def close(self) -> None:
         """Let the in-flight, queued and held appends finish (or fail)."""
-        if self._pipe is not None:
-            await self._pipe.close()
         while True:
             busy = {
-                t
-                for t in (*self._again, *self._lane_tasks, self._dispatcher, self._retrier)
-                if t is not None
+                t for t in (*self._lane_tasks, self._dispatcher, self._retrier) if t is not None
             }
             if not busy:
                 return
@@ -457,7 +448,7 @@ class GroupCommit:
                         elif line.startswith(b"-NOSCRIPT"):
                             noscript = True
                             again.append(item)
-                        elif line.startswith(_REDIRECT_REPLIES):
+                        elif line.startswith(REDIRECT_REPLIES):
                             again.append(item)
                             reason = ResponseError(line[1:].decode(errors="replace"))
                         else:
@@ -514,11 +505,12 @@ class GroupCommit:
 
     def _reject(self, item: _Pending, message: str) -> None:
         """Turn the append script's error (``LEASELOST owner``, …) into an exception."""
-        error = self._rejection(item.sid, item.node, item.first, message)
+        error = self.rejection(item.sid, item.node, item.first, message)
         if not item.future.done():
             item.future.set_exception(error)
 
-    def _rejection(self, sid: str, node: str, first: int, message: str) -> StoreError:
+    def rejection(self, sid: str, node: str, first: int, message: str) -> StoreError:
+        """The exception for the append script's error reply ``message``."""
         if message.startswith("LEASELOST"):
             holder = message[10:] or None
             return LeaseLost(
@@ -533,120 +525,8 @@ class GroupCommit:
             )
         return self._error(ResponseError(message), "appending", "")
 
-    # --- the pipe: rounds answered by callback (gateway.store.redis_pipe) ------
 
-    def send_on_pipe(
-        self,
-        batches: Sequence[tuple[str, str, Sequence[LogEntry], Sequence[bytes]]],
-        on_done: Callable[[list[BaseException | None]], None],
-    ) -> bool:
-        """Send a round on the pipe if it is connected; False: take the awaited path.
-
-        ``on_done(results)`` is called once, from the pipe's ``data_received``
-        (or when the connection ends or the round overruns its budget).
-        """
-        pipe = self._pipe
-        if pipe is None:
-            return False
-        if not pipe.ready:
-            pipe.warm()
-            return False
-        commands: list[bytes] = []
-        sent: list[tuple[int, str, str, int]] = []  # (index, sid, node, first) per command
-        results: list[BaseException | None] = [None] * len(batches)
-        limits = self._limits
-        prefix = self._prefix
-        for i, (sid, node, entries, history) in enumerate(batches):
-            try:
-                first = _consecutive(sid, entries)
-            except ValueError as exc:
-                results[i] = exc
-                continue
-            commands.append(
-                pack_append(
-                    f"{prefix}:{{{sid}}}:".encode(),
-                    node.encode(),
-                    limits,
-                    first,
-                    [data for _, data in entries],
-                    history,
-                )
-            )
-            sent.append((i, sid, node, first))
-        if not commands:
-            asyncio.get_running_loop().call_soon(on_done, results)
-            return True
-        stats = self.stats
-        stats.appends += len(commands)
-        stats.flushes += 1
-        stats.pipe_rounds += 1
-        if len(commands) > stats.max_batch:
-            stats.max_batch = len(commands)
-        pipe.send(
-            b"".join(commands),
-            len(commands),
-            partial(self._pipe_replies, batches, sent, results, on_done),
-        )
-        return True
-
-    def _pipe_replies(
-        self,
-        batches: Sequence[tuple[str, str, Sequence[LogEntry], Sequence[bytes]]],
-        sent: list[tuple[int, str, str, int]],
-        results: list[BaseException | None],
-        on_done: Callable[[list[BaseException | None]], None],
-        replies: Replies,
-    ) -> None:
-        if isinstance(replies, BaseException):
-            error = self._error(
-                replies,
-                "appending",
-                "; the append may or may not be stored: read last_seq before writing again",
-            )
-            for i, *_ in sent:
-                results[i] = error
-            on_done(results)
-            return
-        again: list[int] = []
-        for (i, sid, node, first), line in zip(sent, replies, strict=True):
-            if line == b":1":
-                continue
-            if line.startswith(b"-NOSCRIPT") or line.startswith(_REDIRECT_REPLIES):
-                again.append(i)  # not run: send it again the awaited way (loads, retries)
-            else:
-                results[i] = self._rejection(sid, node, first, line[1:].decode(errors="replace"))
-        if not again:
-            on_done(results)
-            return
-        if self._pipe is not None:
-            self._pipe.reset()  # READONLY and the like: the next connect finds the primary
-        task = asyncio.get_running_loop().create_task(
-            self._append_again(batches, again, results, on_done)
-        )
-        self._again.add(task)
-        task.add_done_callback(self._again.discard)
-
-    async def _append_again(
-        self,
-        batches: Sequence[tuple[str, str, Sequence[LogEntry], Sequence[bytes]]],
-        again: list[int],
-        results: list[BaseException | None],
-        on_done: Callable[[list[BaseException | None]], None],
-    ) -> None:
-        futures = [self.enqueue(*batches[i], start=False) for i in again]
-        try:
-            await self.flush_queued()
-            outcomes = await asyncio.gather(*futures, return_exceptions=True)
-        except BaseException as exc:
-            outcomes = [exc] * len(again)
-            raise
-        finally:
-            for i, outcome in zip(again, outcomes, strict=True):
-                results[i] = outcome
-            on_done(results)
-
-
-def _consecutive(sid: str, entries: Sequence[LogEntry]) -> int:
+def consecutive(sid: str, entries: Sequence[LogEntry]) -> int:
     """The first seq of ``entries`` (0: none); ValueError unless they are consecutive."""
     first = entries[0].seq if entries else 0
     expect = first

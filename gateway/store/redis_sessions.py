@@ -28,6 +28,7 @@ from gateway.store.base import (
 from gateway.store.redis_commit import GroupCommit
 from gateway.store.redis_core import ERRORS, RedisCore, ms, seq_of
 from gateway.store.redis_pipe import AppendPipe
+from gateway.store.redis_rounds import PipeRounds
 from gateway.store.redis_scripts import (
     ACQUIRE,
     CONFIRM,
@@ -85,19 +86,20 @@ class RedisSessions:
             replica_timeout_ms=self._replica_timeout_ms,
             error=core.error,
             stats=core.stats,
-            pipe=self._append_pipe(),
         )
+        self._rounds = self._pipe_rounds()
 
-    def _append_pipe(self) -> AppendPipe | None:
-        """The log writer's callback path, on one server (``gateway.store.redis_pipe``)."""
+    def _pipe_rounds(self) -> PipeRounds | None:
+        """The log writer's callback path: one server, no ``WAIT`` (``redis_rounds``)."""
         make = self._core.topology.single_server_connection()
-        if make is None:
+        if make is None or self.durability != "local":
             return None
-        return AppendPipe(
-            make,
-            connect_timeout=self._core.connect_timeout,
-            budget=self._core.socket_timeout,
-            where=self._core.where,
+        core = self._core
+        pipe = AppendPipe(
+            make, connect_timeout=core.connect_timeout, budget=core.socket_timeout, where=core.where
+        )
+        return PipeRounds(
+            pipe, self._commit, prefix=core.prefix, error=core.error, stats=core.stats
         )
 
     def _key(self, sid: str, kind: str) -> str:
@@ -176,7 +178,7 @@ class RedisSessions:
         on_done: Callable[[list[BaseException | None]], None],
     ) -> None:
         """On the append pipe when it is connected, else ``append_many`` in a task."""
-        if not self._commit.send_on_pipe(batches, on_done):
+        if self._rounds is None or not self._rounds.send(batches, on_done):
             submit_in_task(self.append_many, batches, on_done)
 
     async def append_many(self, batches: Sequence[AppendBatch]) -> list[BaseException | None]:

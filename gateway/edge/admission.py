@@ -191,9 +191,7 @@ class Edges:
         self.metrics = node.metrics
         self.auth_on = auth_configured(config)
         self.key_file = KeyFile(config.api_keys_file) if config.api_keys_file else None
-        self.redis_keys = (
-            RedisKeys(config.redis_url, prefix=config.key_prefix) if config.api_keys_redis else None
-        )
+        self.redis_keys = RedisKeys(node.store) if config.api_keys_redis else None
         self.origins = parse_origins(config.allowed_origins)
         self.slots = ConnectionSlots(node.store, node.node_id, config.max_connections_per_key)
         self.reaper = SlowClientReaper(connections, config.slow_client_timeout, node.metrics)

@@ -372,10 +372,8 @@ class Gateway:
         shortage = self.descriptors.shortage()
         if shortage is not None:
             return _text(http.HTTPStatus.SERVICE_UNAVAILABLE, f"not ready: {shortage}\n")
-        if not await self.store_probe.reachable():
-            return _text(
-                http.HTTPStatus.SERVICE_UNAVAILABLE, "not ready: the session store is unreachable\n"
-            )
+        if (problem := await self.store_probe.problem()) is not None:
+            return _text(http.HTTPStatus.SERVICE_UNAVAILABLE, f"not ready: {problem}\n")
         return _text(http.HTTPStatus.OK, "ready\n")
 
     # ------------------------------------------------------------------ WebSocket

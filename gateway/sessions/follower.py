@@ -15,7 +15,7 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 
 from gateway.sessions.subscriber import EventSource, Subscriber
-from gateway.store.base import LogEntry, Store, StoreUnavailable
+from gateway.store.base import LogEntry, Sessions, StoreUnavailable
 
 __all__ = ["LogFollower"]
 
@@ -27,7 +27,7 @@ class LogFollower:
 
     def __init__(
         self,
-        store: Store,
+        store: Sessions,
         sid: str,
         after: int,
         *,

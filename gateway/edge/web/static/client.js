@@ -27,7 +27,8 @@
 // read it: when a handshake fails before opening while the node's /healthz
 // answers, twice in a row, the client gives up with RefusedError(status 0).
 
-const TURN_ENDING_ERROR_CODES = new Set(["upstream", "internal", "malformed_execute"]);
+// malformed_execute is not one: the broken block is handed back and the turn goes on.
+const TURN_ENDING_ERROR_CODES = new Set(["upstream", "internal"]);
 const REFUSAL_CODES = new Set([
   "turn_active",
   "rate_limited",

@@ -15,7 +15,7 @@ counters, so the same model output always parses to equal events.
 from __future__ import annotations
 
 import typing
-from typing import Any, Final, Literal
+from typing import Annotated, Any, Final, Literal
 
 import msgspec
 
@@ -40,6 +40,7 @@ __all__ = [
     "Interrupt",
     "Metric",
     "Ping",
+    "Played",
     "Pong",
     "Respond",
     "Result",
@@ -244,11 +245,13 @@ class Cancelled(_Base, tag="cancelled"):
     """The user cancelled the running turn (persisted: the model sees it later).
 
     ``reason`` is ``"barge_in"`` (and only then present) when the user's speech
-    cancelled it rather than a ``cancel`` frame.
+    cancelled it rather than a ``cancel`` frame; ``heard_ms`` then says how much
+    of the spoken answer the client had played (its newest ``played`` report).
     """
 
     content: str = ""
     reason: Literal["barge_in"] | msgspec.UnsetType = msgspec.UNSET
+    heard_ms: int | msgspec.UnsetType = msgspec.UNSET
 
 
 class Configured(_Base, tag="configured"):
@@ -330,6 +333,15 @@ class AudioChunk(msgspec.Struct, tag_field="type", tag="audio"):
     audio: bytes
 
 
+class Played(msgspec.Struct, tag_field="type", tag="played", frozen=True):
+    """How much of the model's spoken answer the client actually played: ``ms`` of it,
+    up to the audio frame tagged ``seq``. Sent as playback goes on (and when it stops
+    at a barge-in); a barge-in tells the provider (and the log) what the user heard."""
+
+    seq: Annotated[int, msgspec.Meta(ge=0)]
+    ms: Annotated[int, msgspec.Meta(ge=0)]
+
+
 class Commit(msgspec.Struct, tag_field="type", tag="commit"):
     """End the user's spoken turn (``input_audio.turn_detection: "none"``) and get the answer."""
 
@@ -338,7 +350,9 @@ class Configure(ConfigChange, frozen=True, tag_field="type", tag="configure"):
     """Change this session's configuration (only the fields given); see ``protocol.configuration``."""
 
 
-ClientMessage = UserMessage | Cancel | Ping | Configure | ToolResultMessage | AudioChunk | Commit
+ClientMessage = (
+    UserMessage | Cancel | Ping | Configure | ToolResultMessage | AudioChunk | Commit | Played
+)
 
 CLIENT_MESSAGE_TYPES: Final[tuple[str, ...]] = tuple(
     str(kind.__struct_config__.tag) for kind in typing.get_args(ClientMessage)

@@ -85,6 +85,7 @@ from protocol.events import (
 )
 from protocol.metering import ZERO_USAGE, UsageMeter
 from protocol.parser import Parser
+from protocol.spoken import UNHEARD, SpokenAnswer
 from protocol.steps import StepRecorder
 from protocol.turn_events import (
     Action,
@@ -97,6 +98,7 @@ from protocol.turn_events import (
     DropUpstream,
     NativeCall,
     Persist,
+    Played,
     Refuse,
     ReplaceResponse,
     Request,
@@ -174,7 +176,6 @@ _NOTHING: Final[tuple[()]] = ()
 
 CANCELLED_BY_USER: Final = "cancelled by the user"
 BARGED_IN: Final = "interrupted by the user's speech"
-UNHEARD: Final = "(speech without a transcript)"  # a spoken turn whose transcript never came
 MALFORMED_LIMIT: Final = 3  # malformed <execute> blocks in a row that stop the turn
 
 
@@ -202,18 +203,16 @@ class TurnMachine:
         "_chunk",
         "_ended",
         "_feed",
-        "_held",
         "_malformed",
         "_malformed_in_a_row",
         "_parser",
         "_queued",
         "_recorder",
-        "_speech_queued",
-        "_spoken",
         "_steps",
         "batch",
         "max_steps",
         "meter",
+        "spoken",
         "state",
         "upstream_retries",
         "voice",
@@ -244,10 +243,7 @@ class TurnMachine:
         self._attempt = 0
         self._malformed_in_a_row = 0
         self.voice = False
-        self._spoken: list[str] = []  # the spoken answer's transcript so far
-        # A spoken turn's events waiting for its transcript (the user event comes first).
-        self._held: list[Action] | None = None
-        self._speech_queued = False  # the user spoke while the turn was closing
+        self.spoken = SpokenAnswer()  # a spoken turn's held events, transcript, playback
 
     @property
     def idle(self) -> bool:
@@ -292,8 +288,7 @@ class TurnMachine:
             else:
                 self.state = _STOPPING  # </execute> or a malformed block: stop the model now
                 out.append(_STOP)  # type: ignore[arg-type]
-        if self._held is not None:
-            self._held += out
+        if self.spoken.hold(out):
             return _NOTHING
         return out
 
@@ -328,7 +323,7 @@ class TurnMachine:
         if state is _IDLE:
             out += self._begin_spoken([])
         elif state is _ENDING or state is _CANCELLING:
-            self._speech_queued = True  # answered once the closing turn is over
+            self.spoken.queued = True  # answered once the closing turn is over
         return out
 
     def _commit(self) -> Sequence[Action]:
@@ -351,19 +346,8 @@ class TurnMachine:
         (the ``user`` event) comes first, so what the answer brings is held till then."""
         out = self._begin(first, None)
         out.pop()  # no request: the provider answers by itself (or on CommitAudio)
-        self._held = []
+        self.spoken.begin()
         return out
-
-    def _release_held(self, text: str) -> list[Action]:
-        """The spoken turn's ``user`` event (persisted), then what waited for it."""
-        held, self._held = self._held, None
-        if held is None:
-            return []
-        return [
-            User(content=text, source="audio"),
-            Persist((User(content=text, source="audio"),)),
-            *held,
-        ]
 
     def _said(self, event: Respond | Think) -> Sequence[Action]:
         """A chunk the provider gave as answer (``Spoken``) or thinking (``Thought``) as is:
@@ -372,9 +356,8 @@ class TurnMachine:
             return _NOTHING  # leftovers of a cancelled answer
         self._chunk(event)
         if type(event) is Respond:
-            self._spoken.append(event.content)
-        if self._held is not None:
-            self._held.append(event)
+            self.spoken.said(event.content)
+        if self.spoken.hold((event,)):
             return _NOTHING
         return [event]
 
@@ -405,8 +388,7 @@ class TurnMachine:
             )
             out.insert(0, Error(code="malformed_execute", content=problem))
         self.batch.add(call, event, given.call_id, refused=problem)
-        if self._held is not None:
-            self._held += out
+        if self.spoken.hold(out):
             return _NOTHING
         return out
 
@@ -451,7 +433,7 @@ class TurnMachine:
         self._parser = Parser()
         self._feed = self._parser.feed
         self.batch.new_attempt()
-        self._spoken = []
+        self.spoken.new_attempt()
         self._malformed = None
         self._ended = False
         self.meter.new_attempt()
@@ -463,9 +445,11 @@ class TurnMachine:
             if self.voice:
                 # Keep the connection (it carries the user's audio); make its
                 # conversation hold only what was sent before the cut.
-                # What the stopped answer's history says (what clients were sent).
-                spoken = self._spoken
-                replace = ReplaceResponse("".join(spoken) if spoken else self._parser.accepted_text)
+                # What the stopped answer's history says (what clients were sent), and
+                # how much of its audio the client played (the provider keeps only that).
+                spoken = self.spoken
+                text = spoken.text if spoken.chars else self._parser.accepted_text
+                replace = ReplaceResponse(text, heard_ms=spoken.heard_ms)
                 closing = self._close([])
                 metric = next(i for i, a in enumerate(closing) if type(a) is Metric)
                 closing.insert(metric + 1, replace)  # before a queued turn's request
@@ -476,7 +460,7 @@ class TurnMachine:
             return self._close([Persist(tuple(self._recorder.finish()))])
         if state is not _STREAMING and state is not _STOPPING:
             return _NOTHING
-        out: list[Action] = self._release_held(UNHEARD)
+        out: list[Action] = self.spoken.release(UNHEARD)
         if state is _STREAMING:
             for event in self._parser.close():
                 kind = type(event)
@@ -624,7 +608,7 @@ class TurnMachine:
         self._count_usage(None, True)
         self._attempt += 1
         attempt = self._attempt
-        out: list[Action] = [DropUpstream(), *self._release_held(UNHEARD)]
+        out: list[Action] = [DropUpstream(), *self.spoken.release(UNHEARD)]
         if attempt > self.upstream_retries or (fatal and not fallback):
             problem = "refused the request" if fatal and not fallback else "is unreachable"
             out += [
@@ -681,10 +665,13 @@ class TurnMachine:
         state = self.state
         if state is _IDLE or state is _ENDING or state is _CANCELLING:
             return [Refuse(Error(code="no_turn", content="no turn is running; nothing to cancel"))]
-        out: list[Action] = self._release_held(UNHEARD)
+        out: list[Action] = self.spoken.release(UNHEARD)
         if barge_in:
+            heard = self.spoken.heard_ms
             cancelled = Cancelled(content=BARGED_IN, reason="barge_in")
             note = Cancelled(content=BARGED_IN, reason="barge_in")
+            if heard is not None:
+                cancelled.heard_ms = note.heard_ms = heard
         else:
             cancelled = Cancelled(content=CANCELLED_BY_USER)
             note = Cancelled(content=CANCELLED_BY_USER)
@@ -717,7 +704,7 @@ class TurnMachine:
         )
 
     def _fail(self, out: list[Action], content: str, *, code: str = "upstream") -> list[Action]:
-        out += self._release_held(UNHEARD)
+        out += self.spoken.release(UNHEARD)
         out += [Error(code=code, content=content), Persist(tuple(self._recorder.finish())), End()]
         out = self._close(out)
         out.insert(0, DropUpstream(stop=True))
@@ -731,8 +718,8 @@ class TurnMachine:
         queued, self._queued = self._queued, None
         if queued is not None:
             out += self._user(queued)
-        elif self._speech_queued:
-            self._speech_queued = False
+        elif self.spoken.queued:
+            self.spoken.queued = False
             out += self._begin_spoken([])
         return out
 
@@ -741,7 +728,7 @@ class TurnMachine:
         self.meter.count(
             usage,
             estimated,
-            lambda: len(self._parser.accepted_text) + sum(map(len, self._spoken)),
+            lambda: len(self._parser.accepted_text) + self.spoken.chars,
         )
 
     def _retry_now(self) -> Sequence[Action]:
@@ -760,8 +747,7 @@ class TurnMachine:
         self.state = _IDLE
         self._queued = None
         self.batch.settle("the session stopped on this node")
-        self._held = None
-        self._speech_queued = False
+        self.spoken.forget()
         return _NOTHING if was is _IDLE else [DropUpstream(stop=True)]
 
 
@@ -787,7 +773,8 @@ _HANDLERS: Final[dict[type, _Handler]] = {
     SpeechBegan: lambda m, i: m._speech_began(i.offset_ms),
     SpeechEnded: lambda m, i: m._speech_ended(i.offset_ms),
     # A late transcript (the turn went on without it) is not ours any more.
-    Transcript: lambda m, i: m._release_held(i.text) if m._held is not None else _NOTHING,
+    Transcript: lambda m, i: m.spoken.release(i.text) if m.spoken.holding else _NOTHING,
+    Played: lambda m, i: m.spoken.played(i.ms),
     ResponseBegan: lambda m, i: m._begin_spoken([]) if m.state is _IDLE else _NOTHING,
     Commit: lambda m, i: m._commit(),
     NativeCall: lambda m, i: m._native_call(i),

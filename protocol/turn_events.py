@@ -5,8 +5,8 @@ nothing here holds state. The inputs come from three places, and each feeds
 its own kind without translation:
 
 - **the client** (``protocol.events``): ``UserMessage``, ``Cancel``,
-  ``ToolResultMessage`` (a client tool's answer) and ``Commit`` (end of a
-  spoken turn) are the client's frames themselves;
+  ``ToolResultMessage`` (a client tool's answer), ``Commit`` (end of a
+  spoken turn) and ``Played`` (playback reports) are the client's frames themselves;
 - **the upstream adapters** (``gateway.upstream``): ``TextDelta``,
   ``ResponseDone``, ``SpeechBegan``, ``SpeechEnded``, ``Transcript``,
   ``ResponseBegan``, ``Spoken``, ``Thought`` and ``NativeCall`` are what an adapter's
@@ -35,6 +35,7 @@ from protocol.events import (
     Commit,
     Error,
     Event,
+    Played,
     ToolResultMessage,
     Usage,
     UserMessage,
@@ -55,6 +56,7 @@ __all__ = [
     "DropUpstream",
     "NativeCall",
     "Persist",
+    "Played",
     "Refuse",
     "ReplaceResponse",
     "Request",
@@ -233,6 +235,7 @@ TurnInput = (
     | SpeechBegan
     | SpeechEnded
     | Commit
+    | Played
     | Transcript
     | ResponseBegan
     | Spoken
@@ -296,11 +299,14 @@ class StopResponse(_Action, frozen=True, tag="stop_response"):
 class ReplaceResponse(_Action, frozen=True, tag="replace_response"):
     """Make the upstream conversation hold ``text`` as the stopped response's output.
 
-    Best effort: if the upstream is gone, drop it; the next ``Request`` reopens
-    from history, which says the same thing. Nothing is fed back.
+    ``heard_ms``: a spoken answer the client played this much of (a barge-in):
+    the provider keeps what the user heard. Best effort: if the upstream is
+    gone, drop it; the next ``Request`` reopens from history, which says the
+    same thing. Nothing is fed back.
     """
 
     text: str
+    heard_ms: int | None = None
 
 
 class RunTools(_Action, frozen=True, tag="run_tools"):

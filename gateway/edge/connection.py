@@ -38,6 +38,7 @@ from gateway import wsfast
 from gateway.edge.backpressure import SegmentJoiner, SendPressure
 from gateway.edge.closes import CloseCode, close_reason
 from gateway.edge.frame_rate import FrameRate, Verdict
+from gateway.sessions.commands import COMMANDS, dispatch
 from gateway.sessions.follower import LogFollower
 from gateway.sessions.node import Node
 from gateway.sessions.runtime import SessionRuntime
@@ -45,15 +46,10 @@ from gateway.sessions.subscriber import EventSource
 from gateway.store.base import LogEntry, StoreError, StoreUnavailable
 from protocol.events import (
     AudioChunk,
-    Cancel,
-    Commit,
-    Configure,
     Error,
     Ping,
     Pong,
     Session,
-    ToolResultMessage,
-    UserMessage,
     decode_client,
     decode_event,
     encode,
@@ -451,21 +447,6 @@ class ClientConnection:
             self._audio_refused_at = now
             self._reply(error)
 
-    async def _voice_runtime(self) -> SessionRuntime | None:
-        """The session's runtime on this node (voice is driven where its client is)."""
-        runtime = await self._runtime_for_command()
-        if runtime is None:
-            self._reply(Error(code="turn_active", content=_DRIVEN_ELSEWHERE))
-        return runtime
-
-    async def _voice_command(self, message: Commit) -> None:
-        runtime = await self._voice_runtime()
-        if runtime is None:
-            return
-        error = runtime.commit_audio()
-        if error is not None:
-            self._reply(error)
-
     async def _handle(self, frame: str | bytes) -> None:
         if isinstance(frame, bytes):
             await self._audio(frame)
@@ -480,19 +461,18 @@ class ClientConnection:
         if isinstance(message, AudioChunk):
             await self._audio(message.audio)
             return
-        if isinstance(message, Commit):
-            await self._voice_command(message)
-            return
-        if isinstance(message, Configure) and not self.trusted:
+        spec = COMMANDS[type(message)]
+        if spec.trusted and not self.trusted:
             self._reply(
                 Error(
                     code="forbidden",
-                    content="a client token cannot change the session's configuration; the "
-                    "app's backend sets it (POST /v1/sessions) or connects with its API key",
+                    content=f"a client token cannot send {spec.what}: it may not change the "
+                    "session's configuration; the app's backend sets it (POST /v1/sessions) "
+                    "or connects with its API key",
                 )
             )
             return
-        if isinstance(message, UserMessage) and self.node.draining:
+        if spec.turn and self.node.draining:
             self._reply(
                 Error(
                     code="draining",
@@ -501,26 +481,40 @@ class ClientConnection:
                 )
             )
             return
-        if isinstance(message, UserMessage | Configure) and not await self._record_if_new():
+        if spec.records and not await self._record_if_new():
             return
-        if isinstance(message, UserMessage):
+        if spec.turn:
             # Per-key turn limits (gateway.sessions.limits), before the turn starts here or is forwarded.
             refusal = await self.node.limits.admit_turn(self.sid, self.source)
             if refusal is not None:
                 self._reply(refusal)
                 return
+        runtime = await self._runtime_to_run(frame, spec.forwarded)
+        if runtime is None:
+            return  # forwarded (the driving node answers), or refused
+        self._redispatched = 0
+        error = await dispatch(message, runtime)
+        if error is not None:
+            self._reply(error)
+
+    async def _runtime_to_run(self, frame: str, forwarded: bool) -> SessionRuntime | None:
+        """The session's runtime here, to run a command on; None when it went to the
+        node driving the session (``forwarded`` commands) or was refused (replied)."""
         runtime = None
         # The lease can change hands between looking and forwarding: look again.
         for _ in range(3):
             runtime = await self._runtime_for_command()
-            if runtime is not None:
+            if runtime is not None or not forwarded:
                 break
             try:
                 if await self.node.forward(self.sid, frame.encode(), self.conn_id):
-                    return  # the driving node answers through the log (or a reply)
+                    return None  # the driving node answers through the log (or a reply)
             except StoreUnavailable:
                 break
-        if runtime is None:
+        if runtime is None and not forwarded:
+            # Voice is driven where its client is (audio is not forwarded between nodes).
+            self._reply(Error(code="turn_active", content=_DRIVEN_ELSEWHERE))
+        elif runtime is None:
             self._reply(
                 Error(
                     code="store",
@@ -528,25 +522,7 @@ class ClientConnection:
                     "reach the session; send it again in a few seconds",
                 )
             )
-            return
-        self._redispatched = 0
-        error = await self._dispatch(runtime, message)
-        if error is not None:
-            self._reply(error)
-
-    async def _dispatch(
-        self,
-        runtime: SessionRuntime,
-        message: UserMessage | Cancel | Configure | ToolResultMessage,
-    ) -> Error | None:
-        """Hand a command to the runtime driving the session here; its refusal, if any."""
-        if isinstance(message, UserMessage):
-            return runtime.start_turn(message.content)
-        if isinstance(message, Cancel):
-            return runtime.cancel_turn()
-        if isinstance(message, ToolResultMessage):
-            return runtime.tool_result(message)
-        return await runtime.configure(message)
+        return runtime
 
     async def _record_if_new(self) -> bool:
         """Store a new session at its first turn or configuration; False (replied) if that failed.

@@ -43,16 +43,13 @@ from typing import Any, Final, Protocol
 
 import msgspec
 
+from gateway.sessions.commands import COMMANDS, FORWARDED, dispatch
 from gateway.sessions.runtime import SessionRuntime
 from gateway.sessions.subscriber import EventSource
 from gateway.store.base import LogEntry, Store, StoreError
 from protocol.events import (
-    Cancel,
-    Cancelled,
-    Configure,
-    Configured,
     Error,
-    ToolResultMessage,
+    Event,
     User,
     UserMessage,
     decode_client,
@@ -215,12 +212,7 @@ class ClientConnectionLike(Protocol):
         """The session was deleted (``DELETE /v1/sessions/ID``): close this client."""
 
 
-Command = UserMessage | Cancel | Configure | ToolResultMessage
-_COMMANDS: Final = (UserMessage, Cancel, Configure, ToolResultMessage)
-_Landmark = type[User] | type[Cancelled] | type[Configured]
-
-
-def _landmark(command: Command) -> _Landmark | None:
+def _landmark(command: object) -> type[Event] | None:
     """The logged event that shows ``command`` took effect (None: none does).
 
     A ``tool_result`` has none (its ``result`` may wait for other calls): it is
@@ -228,20 +220,12 @@ def _landmark(command: Command) -> _Landmark | None:
     survive the driver: a takeover reruns the step and the client is asked
     again under a new call id.
     """
-    if isinstance(command, UserMessage):
-        return User
-    if isinstance(command, ToolResultMessage):
-        return None
-    return Cancelled if isinstance(command, Cancel) else Configured
+    return COMMANDS[type(command)].landmark
 
 
-def _what(command: Command) -> str:
+def _what(command: object) -> str:
     """The command as the client would name it, for messages."""
-    if isinstance(command, UserMessage):
-        return "message"
-    if isinstance(command, ToolResultMessage):
-        return "tool_result"
-    return "cancel" if isinstance(command, Cancel) else "configure"
+    return COMMANDS[type(command)].what
 
 
 class _Logged:
@@ -251,7 +235,7 @@ class _Logged:
     so a command answered for cannot die with the driver.
     """
 
-    def __init__(self, kind: _Landmark) -> None:
+    def __init__(self, kind: type[Event]) -> None:
         self._kind = kind
         self.seen: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
 
@@ -319,7 +303,7 @@ class CommandRelay:
         if owner is None or owner == self.node_id:
             return False
         command = decode_client(frame)
-        if not isinstance(command, _COMMANDS):
+        if not isinstance(command, FORWARDED):
             return False  # the connection forwards nothing else
         since = await store.last_seq(sid)  # the command's event, if it runs, comes after
         ref = uuid.uuid4().hex
@@ -379,7 +363,7 @@ class CommandRelay:
         )
         return True
 
-    async def _ran_since(self, sid: str, since: int, command: Command) -> bool:
+    async def _ran_since(self, sid: str, since: int, command: object) -> bool:
         """Whether the log after ``since`` shows ``command`` took effect.
 
         A `user` event with the same text (a `cancelled` event for a cancel):
@@ -461,7 +445,7 @@ class CommandRelay:
             )
             return
         command = decode_client(message.command)
-        if not isinstance(command, _COMMANDS):
+        if not isinstance(command, FORWARDED):
             return
         if ref:
             self._handled[ref] = None
@@ -479,26 +463,21 @@ class CommandRelay:
             await self._send(message.origin, reply)
 
     async def _run(
-        self, runtime: SessionRuntime, command: Command, message: Forward
+        self, runtime: SessionRuntime, command: object, message: Forward
     ) -> Reply | None:
         """Run ``command``; the answer, or None when its event did not show up in time."""
         conn, ref = message.conn, message.ref
-        if isinstance(command, ToolResultMessage):
-            error = runtime.tool_result(command)
+        landmark = _landmark(command)
+        if landmark is None:
+            error = await dispatch(command, runtime)
             if error is not None:
                 return Reply(conn=conn, ref=ref, error=encode(error))
-            return Reply(conn=conn, ref=ref)  # taken: the machine holds the answer
-        landmark = _landmark(command)
-        assert landmark is not None
+            return Reply(conn=conn, ref=ref)  # taken: the machine holds it
         watch = _Logged(landmark)
         runtime.attach(watch)
         try:
-            if isinstance(command, UserMessage):
-                error = runtime.start_turn(command.content)
-            elif isinstance(command, Cancel):
-                error = runtime.cancel_turn()
-            else:  # the origin checked that this client may configure
-                error = await runtime.configure(command)
+            # The origin checked that this client may send it (configure: an API key).
+            error = await dispatch(command, runtime)
             if error is not None:
                 return Reply(conn=conn, ref=ref, error=encode(error))
             if not ref:

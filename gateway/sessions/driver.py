@@ -411,7 +411,7 @@ class TurnDriver:
                 await upstream.cancel_response()
                 self._in_upstream_call = False
             elif kind is ReplaceResponse:
-                await self._replace(action.text)  # type: ignore[union-attr]
+                await self._replace(action)  # type: ignore[arg-type]
             elif kind is RunTools:
                 results = await self._run_tools_hearing(action.calls)  # type: ignore[union-attr]
                 todo.extend(self.machine.feed(ToolsDone(tuple(results))))
@@ -498,13 +498,13 @@ class TurnDriver:
         self._in_upstream_call = False
         return upstream
 
-    async def _replace(self, text: str) -> None:
+    async def _replace(self, action: ReplaceResponse) -> None:
         upstream = self.link.upstream
         if upstream is None:
             return  # the next request reopens from history, which says the same
         self._in_upstream_call = True
         try:
-            await upstream.replace_response(text)
+            await upstream.replace_response(action.text, heard_ms=action.heard_ms)
         except UpstreamClosed:
             self.drop_upstream(stop=False)
         self._in_upstream_call = False

@@ -40,7 +40,7 @@ from gateway.store.base import StoreError
 from gateway.upstream.base import Upstream, VoiceConfig
 from protocol.assembly import HistoryItem
 from protocol.configuration import ConfigChange, apply_change
-from protocol.events import Configured, Error, ToolResultMessage, Usage
+from protocol.events import Configured, Error, Played, ToolResultMessage, Usage
 from protocol.turn import TurnMachine, turn_in_flight
 from protocol.turn_events import Cancel, Commit, Rerun, Shutdown, UserMessage
 from tools.client import ClientToolProblem, prepare
@@ -243,6 +243,10 @@ class SessionRuntime:
                 'configure that first (with "server_vad" the gateway commits by itself)',
             )
         return self.driver.command(self.machine.feed(_COMMIT), interrupt=False)
+
+    def played(self, report: Played) -> Error | None:
+        """A client played this much of the spoken answer (kept for a barge-in)."""
+        return self.driver.command(self.machine.feed(report), interrupt=False)
 
     def rerun_interrupted(self, reason: str) -> None:
         """After a takeover: if the last turn was in flight, mark it and rerun it.

@@ -420,6 +420,8 @@ class SimStats(msgspec.Struct):
     deltas_total: int = 0
     resumed_total: int = 0  # connections that continued a session by its resumption handle
     turns_received: int = 0  # conversation turns clients sent (Gemini clientContent)
+    # audio_end_ms of every assistant item cut by a client (OpenAI conversation.item.truncate)
+    truncations: list[int] = msgspec.field(default_factory=list)
 
 
 # --- the server -----------------------------------------------------------------------

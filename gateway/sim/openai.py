@@ -70,6 +70,15 @@ from gateway.sim.model import (
     tool_answer,
     voice_audio,
 )
+from gateway.sim.openai_state import (
+    CONTENT_TYPES,
+    DEFAULT_TURN_DETECTION,
+    INPUT_RATE,
+    Item,
+    RealtimeResponse,
+    merge_audio,
+    wire_item,
+)
 from gateway.sim.vad import Vad, VadStart, speech_ms
 from gateway.upstream import openai_wire as wire
 
@@ -82,95 +91,9 @@ _PartEvent = TypeVar("_PartEvent", bound=msgspec.Struct)
 PATH: Final = "/v1/realtime"
 DEFAULT_MODEL: Final = "gpt-realtime-2.1"
 
-# The input audio rate of the API (PCM16 mono).
-INPUT_RATE: Final = 24000
 # A commit needs at least this much audio in the buffer.
 _MIN_COMMIT_MS: Final = 100
-_DEFAULT_TURN_DETECTION: Final = wire.TurnDetection(
-    type="server_vad",
-    threshold=0.5,
-    prefix_padding_ms=300,
-    silence_duration_ms=500,
-    create_response=True,
-    interrupt_response=True,
-    idle_timeout_ms=None,
-)
-
-
 # --- state and snapshots --------------------------------------------------------------
-
-
-class _Item:
-    """A conversation item. ``kind`` is the item type; ``text`` a message's text,
-    a call's arguments or a call output's output; ``part`` a message's content type."""
-
-    __slots__ = ("call_id", "id", "kind", "name", "part", "role", "status", "text")
-
-    def __init__(
-        self,
-        item_id: str,
-        role: str,
-        text: str,
-        status: str,
-        *,
-        kind: str = "message",
-        part: str = "",
-        call_id: str = "",
-        name: str = "",
-    ) -> None:
-        self.id = item_id
-        self.role = role
-        self.text = text
-        self.status = status
-        self.kind = kind
-        self.part = part or ("output_text" if role == "assistant" else "input_text")
-        self.call_id = call_id
-        self.name = name
-
-
-class _Response:
-    """A running response: a text or spoken message, or (``call``) a function call."""
-
-    __slots__ = (
-        "audio",
-        "call",
-        "deltas",
-        "finishing",
-        "id",
-        "input_tokens",
-        "item",
-        "sent",
-        "task",
-        "text",
-    )
-
-    def __init__(
-        self,
-        response_id: str,
-        item: _Item,
-        text: str,
-        input_tokens: int,
-        *,
-        audio: bool = False,
-        call: bool = False,
-    ) -> None:
-        self.id = response_id
-        self.item = item
-        self.text = text
-        self.input_tokens = input_tokens
-        self.audio = audio
-        self.call = call
-        self.sent = 0  # characters of ``text`` sent as deltas
-        self.deltas = 0
-        self.finishing = False
-        self.task: asyncio.Task[None] | None = None
-
-
-_CONTENT_TYPES: Final[dict[str, frozenset[str]]] = {
-    "user": frozenset({"input_text"}),
-    "system": frozenset({"input_text"}),
-    "assistant": frozenset({"output_text"}),
-}
 
 
 class _Probe(msgspec.Struct):
@@ -189,6 +112,7 @@ _CLIENT_TYPES: Final = frozenset(
         "input_audio_buffer.append",
         "input_audio_buffer.commit",
         "input_audio_buffer.clear",
+        "conversation.item.truncate",
     }
 )
 
@@ -216,7 +140,7 @@ class _Connection(SimConnection):
         self.sim = sim
         self.ws = ws
         self.no = no
-        self.items: dict[str, _Item] = {}
+        self.items: dict[str, Item] = {}
         self.session = wire.Session(
             type="realtime",
             id=f"sess_sim{no}",
@@ -229,7 +153,7 @@ class _Connection(SimConnection):
                 input=wire.AudioInput(
                     format=wire.AudioFormat(rate=INPUT_RATE),
                     transcription=None,
-                    turn_detection=_DEFAULT_TURN_DETECTION,
+                    turn_detection=DEFAULT_TURN_DETECTION,
                 ),
                 output=wire.AudioOutput(
                     format=wire.AudioFormat(rate=INPUT_RATE), voice="alloy", speed=1.0
@@ -238,7 +162,7 @@ class _Connection(SimConnection):
             tools=[],
             tool_choice="auto",
         )
-        self.response: _Response | None = None
+        self.response: RealtimeResponse | None = None
         self.deltas_sent = 0
         # Until a client asks for audio output the sim answers in text (see the docstring).
         self.audio_out = False
@@ -264,7 +188,7 @@ class _Connection(SimConnection):
         return f"{prefix}_sim{self.no}_{next(self._ids)}"
 
     def _part_event(
-        self, make: Callable[..., _PartEvent], response: _Response, **fields: Any
+        self, make: Callable[..., _PartEvent], response: RealtimeResponse, **fields: Any
     ) -> _PartEvent:
         """One of the response's per-part events: the ids and indexes every one of them repeats."""
         return make(
@@ -334,6 +258,8 @@ class _Connection(SimConnection):
             self.vad.reset()
             self.speech_item = None
             await self._send(wire.InputAudioBufferCleared(event_id=self._eid()))
+        elif isinstance(event, wire.ConversationItemTruncate):
+            await self._item_truncate(event)
         else:
             await self._session_update(event)
 
@@ -390,7 +316,7 @@ class _Connection(SimConnection):
         if update.output_modalities is not None:
             self.audio_out = "audio" in update.output_modalities
         if update.audio is not None:
-            changes["audio"] = _merge_audio(self.session.audio, update.audio)
+            changes["audio"] = merge_audio(self.session.audio, update.audio)
         self.session = msgspec.structs.replace(self.session, **changes)
         await self._send(wire.SessionUpdated(event_id=self._eid(), session=self.session))
 
@@ -399,7 +325,7 @@ class _Connection(SimConnection):
         if item.type in ("function_call", "function_call_output"):
             await self._call_item_create(event)
             return
-        if item.type != "message" or item.role not in _CONTENT_TYPES:
+        if item.type != "message" or item.role not in CONTENT_TYPES:
             await self._error(
                 f"The simulator supports message items with role user, assistant or system; "
                 f"got type {item.type!r} role {item.role!r}.",
@@ -408,7 +334,7 @@ class _Connection(SimConnection):
                 event_id=event.event_id,
             )
             return
-        allowed = _CONTENT_TYPES[item.role]
+        allowed = CONTENT_TYPES[item.role]
         texts: list[str] = []
         for index, part in enumerate(item.content or ()):
             if part.type not in allowed:
@@ -440,7 +366,7 @@ class _Connection(SimConnection):
                 event_id=event.event_id,
             )
             return
-        new = _Item(item_id, item.role, "".join(texts), "completed")
+        new = Item(item_id, item.role, "".join(texts), "completed")
         await self._add_item(new, previous)
 
     async def _call_item_create(self, event: wire.ConversationItemCreate) -> None:
@@ -455,7 +381,7 @@ class _Connection(SimConnection):
             )
             return
         if item.type == "function_call":
-            new = _Item(
+            new = Item(
                 item.id or self._new_id("item"),
                 "assistant",
                 item.arguments or "",
@@ -465,7 +391,7 @@ class _Connection(SimConnection):
                 name=item.name or "",
             )
         else:
-            new = _Item(
+            new = Item(
                 item.id or self._new_id("item"),
                 "user",
                 item.output or "",
@@ -483,9 +409,9 @@ class _Connection(SimConnection):
             return
         await self._add_item(new, event.previous_item_id)
 
-    async def _add_item(self, new: _Item, previous: str | None) -> None:
+    async def _add_item(self, new: Item, previous: str | None) -> None:
         previous = self._insert(new, previous)
-        out = self._wire_item(new)
+        out = wire_item(new)
         await self._send(
             wire.ConversationItemAdded(event_id=self._eid(), item=out, previous_item_id=previous)
         )
@@ -493,7 +419,7 @@ class _Connection(SimConnection):
             wire.ConversationItemDone(event_id=self._eid(), item=out, previous_item_id=previous)
         )
 
-    def _insert(self, new: _Item, previous: str | None) -> str | None:
+    def _insert(self, new: Item, previous: str | None) -> str | None:
         """Put ``new`` after ``previous`` (``None``: at the end; ``"root"``: first).
 
         Returns the id of the item now before it.
@@ -507,6 +433,49 @@ class _Connection(SimConnection):
         ordered.insert(at, new)
         self.items = {i.id: i for i in ordered}
         return None if at == 0 else ordered[at - 1].id
+
+    async def _item_truncate(self, event: wire.ConversationItemTruncate) -> None:
+        """Cut an assistant item's audio at ``audio_end_ms``: what the user heard of it.
+
+        As the API does: only an assistant message with audio can be cut, and not
+        past its audio's end; the item's transcript is dropped (the model keeps
+        the audio it said up to there)."""
+        item = self.items.get(event.item_id)
+        if item is None:
+            await self._error(
+                f"Item with id {event.item_id!r} not found.",
+                code="item_not_found",
+                param="item_id",
+                event_id=event.event_id,
+            )
+            return
+        if item.role != "assistant" or item.part != "output_audio":
+            await self._error(
+                "Only assistant messages with audio can be truncated.",
+                code="invalid_value",
+                param="item_id",
+                event_id=event.event_id,
+            )
+            return
+        duration = len(item.text) * self.sim.config.audio_ms_per_char
+        if event.audio_end_ms > duration:
+            await self._error(
+                f"Audio content of {duration:.0f}ms is shorter than {event.audio_end_ms}ms.",
+                code="invalid_value",
+                param="audio_end_ms",
+                event_id=event.event_id,
+            )
+            return
+        item.text = item.text[: int(event.audio_end_ms / self.sim.config.audio_ms_per_char)]
+        self.sim.stats.truncations.append(event.audio_end_ms)
+        await self._send(
+            wire.ConversationItemTruncated(
+                event_id=self._eid(),
+                item_id=item.id,
+                content_index=event.content_index,
+                audio_end_ms=event.audio_end_ms,
+            )
+        )
 
     async def _item_delete(self, event: wire.ConversationItemDelete) -> None:
         if self.items.pop(event.item_id, None) is None:
@@ -566,7 +535,7 @@ class _Connection(SimConnection):
         previous = next(reversed(self.items), None)
         modalities = ["audio"] if self.audio_out else ["text"]
         if isinstance(reply, SimCall):
-            item = _Item(
+            item = Item(
                 self._new_id("item"),
                 "assistant",
                 "",
@@ -578,10 +547,10 @@ class _Connection(SimConnection):
             text = reply.arguments
         else:
             part = "output_audio" if self.audio_out else "output_text"
-            item = _Item(self._new_id("item"), "assistant", "", "in_progress", part=part)
+            item = Item(self._new_id("item"), "assistant", "", "in_progress", part=part)
             text = reply
         self.items[item.id] = item
-        response = _Response(
+        response = RealtimeResponse(
             self._new_id("resp"),
             item,
             text,
@@ -598,7 +567,7 @@ class _Connection(SimConnection):
             output_modalities=modalities,
             max_output_tokens="inf",
         )
-        added = self._wire_item(item)
+        added = wire_item(item)
         if item.kind == "message":
             added.content = []
         await self._send(wire.ResponseCreated(event_id=self._eid(), response=created))
@@ -635,7 +604,7 @@ class _Connection(SimConnection):
             return
         await self._cancel(response, "client_cancelled")
 
-    async def _cancel(self, response: _Response, reason: str) -> None:
+    async def _cancel(self, response: RealtimeResponse, reason: str) -> None:
         task = response.task
         if task is not None and not task.done():
             task.cancel()
@@ -646,7 +615,7 @@ class _Connection(SimConnection):
 
     # --- generation ---------------------------------------------------------------
 
-    async def _generate(self, response: _Response) -> None:
+    async def _generate(self, response: RealtimeResponse) -> None:
         config = self.sim.config
         try:
             pacer = Pacer(config)
@@ -671,7 +640,7 @@ class _Connection(SimConnection):
         except ConnectionClosed:
             pass
 
-    async def _send_delta(self, response: _Response, chunk: str) -> None:
+    async def _send_delta(self, response: RealtimeResponse, chunk: str) -> None:
         rid, iid = response.id, response.item.id
         if response.call:
             await self._send(
@@ -698,7 +667,7 @@ class _Connection(SimConnection):
         return self.sim.drop_due(self.no, self.ws, self.deltas_sent)
 
     async def _finish(
-        self, response: _Response, status: str, reason: str = "client_cancelled"
+        self, response: RealtimeResponse, status: str, reason: str = "client_cancelled"
     ) -> None:
         """The closing events of ``response``, ending with ``response.done``."""
         item = response.item
@@ -706,7 +675,7 @@ class _Connection(SimConnection):
         item.text = text
         item.status = "completed" if status == "completed" else "incomplete"
         rid, iid = response.id, item.id
-        done_item = self._wire_item(item)
+        done_item = wire_item(item)
         if response.call:
             await self._send(
                 wire.ResponseFunctionCallArgumentsDone(
@@ -777,40 +746,6 @@ class _Connection(SimConnection):
                     wire.RateLimit("tokens", 400000, 400000 - usage.total_tokens, 0.5),
                 ],
             )
-        )
-
-    @staticmethod
-    def _wire_item(item: _Item) -> wire.Item:
-        if item.kind == "function_call":
-            return wire.Item(
-                type="function_call",
-                id=item.id,
-                object="realtime.item",
-                status=item.status,
-                call_id=item.call_id,
-                name=item.name,
-                arguments=item.text,
-            )
-        if item.kind == "function_call_output":
-            return wire.Item(
-                type="function_call_output",
-                id=item.id,
-                object="realtime.item",
-                status=item.status,
-                call_id=item.call_id,
-                output=item.text,
-            )
-        if item.part in ("input_audio", "output_audio"):
-            part = wire.ContentPart(type=item.part, transcript=item.text)
-        else:
-            part = wire.ContentPart(type=item.part, text=item.text)
-        return wire.Item(
-            type="message",
-            id=item.id,
-            object="realtime.item",
-            status=item.status,
-            role=item.role,
-            content=[part],
         )
 
     # --- audio in -----------------------------------------------------------------
@@ -890,7 +825,7 @@ class _Connection(SimConnection):
             )
         )
         await self._add_item(
-            _Item(item_id, "user", transcript, "completed", part="input_audio"), None
+            Item(item_id, "user", transcript, "completed", part="input_audio"), None
         )
         audio = self.session.audio
         if audio is not None and audio.input is not None and audio.input.transcription:
@@ -903,42 +838,6 @@ class _Connection(SimConnection):
                     usage=wire.TranscriptionUsage(type="duration", seconds=speech / 1000),
                 )
             )
-
-
-def _merge_audio(current: wire.AudioConfig | None, update: wire.AudioConfig) -> wire.AudioConfig:
-    """``session.audio`` after an update: fields the update sets replace the current ones."""
-    current = current or wire.AudioConfig()
-    inp, out = current.input or wire.AudioInput(), current.output or wire.AudioOutput()
-    if update.input is not None:
-        changes: dict[str, object] = {
-            name: getattr(update.input, name)
-            for name in ("format", "transcription", "noise_reduction")
-            if getattr(update.input, name) is not None
-        }
-        if not isinstance(update.input.turn_detection, msgspec.UnsetType):
-            detection = update.input.turn_detection
-            if detection is not None:
-                # Unset knobs take the API's defaults.
-                detection = wire.TurnDetection(
-                    **{
-                        name: getattr(detection, name)
-                        if getattr(detection, name) is not None
-                        else getattr(_DEFAULT_TURN_DETECTION, name)
-                        for name in detection.__struct_fields__
-                    }
-                )
-            changes["turn_detection"] = detection
-        inp = msgspec.structs.replace(inp, **changes)
-    if update.output is not None:
-        out = msgspec.structs.replace(
-            out,
-            **{
-                name: getattr(update.output, name)
-                for name in ("format", "voice", "speed")
-                if getattr(update.output, name) is not None
-            },
-        )
-    return wire.AudioConfig(input=inp, output=out)
 
 
 # --- the server -----------------------------------------------------------------------

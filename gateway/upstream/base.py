@@ -249,12 +249,14 @@ class Upstream(abc.ABC):
         """Ask the provider to stop the running response; a ``ResponseDone`` follows."""
 
     @abc.abstractmethod
-    async def replace_response(self, text: str) -> None:
+    async def replace_response(self, text: str, *, heard_ms: int | None = None) -> None:
         """After a response ended early, make the conversation hold ``text`` as its output.
 
         Called after ``</execute>`` stopped a response: the model may have written
         past the marker before the cancel arrived, and that overrun must not stay
-        in its context. ``text`` is what the parser accepted, re-assembled.
+        in its context. ``text`` is what the parser accepted, re-assembled. After a
+        barge-in, ``heard_ms`` is how much of a spoken answer the user heard: a
+        provider that can cut the answer's audio there keeps exactly that.
         """
 
     @abc.abstractmethod

@@ -455,7 +455,8 @@ class GeminiLive(Upstream):
             return
         self._deadline = asyncio.get_running_loop().time() + self.cancel_grace
 
-    async def replace_response(self, text: str) -> None:
+    async def replace_response(self, text: str, *, heard_ms: int | None = None) -> None:
+        # Gemini keeps what it keeps of an interrupted spoken turn: ``heard_ms`` has no use here.
         if self._closed:
             raise UpstreamClosed("the Gemini Live connection is closed")
         conversation = self._conversation

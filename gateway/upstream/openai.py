@@ -181,6 +181,7 @@ class OpenAIRealtime(Upstream):
         self._items: list[str] = []
         # Voice: the server starts responses (server VAD); the input resampler.
         self._server_responses = False
+        self._spoken = False  # the model answers in audio (a barge-in truncates its item)
         self._resampler: Resampler | None = None
         # ``stream_text_to``: where deltas go while recv() waits, and a frame the
         # read callback decoded but did not take (recv() uses it, not decoding again).
@@ -221,6 +222,7 @@ class OpenAIRealtime(Upstream):
                     f"{self._socket.label} sent no session.created within {self.open_timeout:g}s"
                 ) from exc
             session = _voice_session(instructions, voice, self.transcription_model)
+            self._spoken = voice is not None and voice.audio_out is not None
             if voice is not None and voice.audio_in is not None:
                 self._server_responses = voice.audio_in.turn_detection == "server_vad"
                 self._resampler = Resampler(voice.audio_in.rate, AUDIO_RATE)
@@ -292,8 +294,17 @@ class OpenAIRealtime(Upstream):
     async def cancel_response(self) -> None:
         await self._send(wire.ResponseCancel(event_id=self._event_id()))
 
-    async def replace_response(self, text: str) -> None:
+    async def replace_response(self, text: str, *, heard_ms: int | None = None) -> None:
         items, self._items = self._items, []
+        if heard_ms is not None and items and self._spoken:
+            # A barge-in: the answer's audio is cut where the user stopped hearing it,
+            # so the model's memory is what was heard (not the whole answer it wrote).
+            await self._send(
+                wire.ConversationItemTruncate(item_id=items[0], audio_end_ms=heard_ms)
+            )
+            for item_id in items[1:]:
+                await self._send(wire.ConversationItemDelete(item_id=item_id))
+            return
         for item_id in items:
             await self._send(wire.ConversationItemDelete(item_id=item_id))
         if text:

@@ -25,6 +25,7 @@ type really is one the adapter ignores.
 
 from __future__ import annotations
 
+import typing
 from typing import Final
 
 import msgspec
@@ -312,6 +313,15 @@ class ConversationItemCreate(_ClientEvent, tag="conversation.item.create"):
     previous_item_id: str | None = None
 
 
+class ConversationItemTruncate(_ClientEvent, tag="conversation.item.truncate"):
+    """Cut an assistant item's audio at ``audio_end_ms`` (what the user heard); the
+    server drops the item's transcript. ``audio_end_ms`` past the audio is an error."""
+
+    item_id: str
+    audio_end_ms: int
+    content_index: int = 0
+
+
 class ConversationItemDelete(_ClientEvent, tag="conversation.item.delete"):
     item_id: str
 
@@ -343,6 +353,7 @@ ClientEvent = (
     SessionUpdate
     | ConversationItemCreate
     | ConversationItemDelete
+    | ConversationItemTruncate
     | ResponseCreate
     | ResponseCancel
     | InputAudioBufferAppend
@@ -383,6 +394,21 @@ class ConversationItemDone(_ServerEvent, tag="conversation.item.done"):
 
 class ConversationItemDeleted(_ServerEvent, tag="conversation.item.deleted"):
     item_id: str
+
+
+class ConversationItemTruncated(_ServerEvent, tag="conversation.item.truncated"):
+    item_id: str
+    content_index: int
+    audio_end_ms: int
+
+
+class InputAudioBufferTimeoutTriggered(_ServerEvent, tag="input_audio_buffer.timeout_triggered"):
+    """Server VAD's ``idle_timeout_ms`` passed with no speech: the (empty) audio is
+    committed as a user item and a response is made."""
+
+    item_id: str
+    audio_start_ms: int
+    audio_end_ms: int
 
 
 class ResponseCreated(_ServerEvent, tag="response.created"):
@@ -548,6 +574,8 @@ ServerEvent = (
     | ConversationItemAdded
     | ConversationItemDone
     | ConversationItemDeleted
+    | ConversationItemTruncated
+    | InputAudioBufferTimeoutTriggered
     | ResponseCreated
     | ResponseOutputItemAdded
     | ResponseOutputItemDone
@@ -587,24 +615,13 @@ UpstreamServerEvent = (
     | InputAudioBufferSpeechStopped
     | InputAudioTranscriptionCompleted
     | ResponseFunctionCallArgumentsDone
+    | InputAudioBufferTimeoutTriggered
 )
 
 UPSTREAM_EVENT_TYPES: Final[frozenset[str]] = frozenset(
-    {
-        "response.output_text.delta",
-        "response.created",
-        "response.output_item.added",
-        "response.done",
-        "error",
-        "session.created",
-        "response.output_audio.delta",
-        "response.output_audio_transcript.delta",
-        "input_audio_buffer.speech_started",
-        "input_audio_buffer.speech_stopped",
-        "conversation.item.input_audio_transcription.completed",
-        "response.function_call_arguments.done",
-    }
+    str(kind.__struct_config__.tag) for kind in typing.get_args(UpstreamServerEvent)
 )
+"""The ``type`` of every event the adapter decodes (derived from the union)."""
 
 
 class UnknownEvent(msgspec.Struct):

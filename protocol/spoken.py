@@ -1,0 +1,84 @@
+"""A spoken turn's own state, for the turn machine (``protocol.turn``).
+
+A turn the provider starts by itself (its VAD heard the user stop) brings
+its answer before the transcript of what the user said: the answer's
+events are held until the ``user`` event can go first. A spoken answer's
+transcript is its text (no protocol to parse), and the client says how much
+of its audio it actually played (``played``), so a barge-in tells the
+provider — and the log — what the user heard.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Final
+
+from protocol.events import User
+from protocol.turn_events import Action, Persist
+
+__all__ = ["UNHEARD", "SpokenAnswer"]
+
+UNHEARD: Final = "(speech without a transcript)"  # a spoken turn whose transcript never came
+
+
+class SpokenAnswer:
+    """What the machine keeps of the current spoken turn (see the module docstring)."""
+
+    __slots__ = ("_held", "_transcript", "heard_ms", "queued")
+
+    def __init__(self) -> None:
+        self._held: list[Action] | None = None  # the turn's events waiting for its transcript
+        self._transcript: list[str] = []  # the spoken answer's transcript so far
+        self.heard_ms: int | None = None  # how much of its audio the client played
+        self.queued = False  # the user spoke while the turn was closing
+
+    @property
+    def holding(self) -> bool:
+        return self._held is not None
+
+    def new_attempt(self) -> None:
+        self._transcript = []
+        self.heard_ms = None
+
+    def begin(self) -> None:
+        """A spoken turn begins: its events wait for the transcript of the user's speech."""
+        self._held = []
+
+    def hold(self, actions: Sequence[Action]) -> bool:
+        """Keep ``actions`` for after the ``user`` event; False: nothing is held now."""
+        if self._held is None:
+            return False
+        self._held += actions
+        return True
+
+    def release(self, text: str) -> list[Action]:
+        """The spoken turn's ``user`` event (persisted), then what waited for it."""
+        held, self._held = self._held, None
+        if held is None:
+            return []
+        return [
+            User(content=text, source="audio"),
+            Persist((User(content=text, source="audio"),)),
+            *held,
+        ]
+
+    def said(self, text: str) -> None:
+        self._transcript.append(text)
+
+    @property
+    def text(self) -> str:
+        return "".join(self._transcript)
+
+    @property
+    def chars(self) -> int:
+        return sum(map(len, self._transcript))
+
+    def played(self, ms: int) -> Sequence[Action]:
+        """The client played ``ms`` of the answer's audio (its newest report wins)."""
+        self.heard_ms = ms
+        return ()
+
+    def forget(self) -> None:
+        """The session stops on this node: nothing is held or queued any more."""
+        self._held = None
+        self.queued = False

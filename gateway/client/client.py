@@ -337,8 +337,8 @@ class Client:
 
     async def played(self, seq: int, ms: int) -> None:
         """Report the model's speech played so far: ``ms`` milliseconds of the
-        audio tagged ``seq`` (the newest audio actually heard), so a barge-in
-        cuts the answer where the user stopped hearing it.
+        spoken answer, up to the audio tagged ``seq`` (the newest audio actually
+        heard), so a barge-in cuts the answer where the user stopped hearing it.
 
         A gateway that does not know the message yet answers ``unknown_type``
         once; the client then stops sending it, silently.

@@ -206,7 +206,9 @@ class Gateway:
                 await self.api.start()
             except OSError as exc:
                 raise ListenFailed(exc, "--api-port", cfg.host, cfg.api_port or 0) from exc
+            # Its actual port (api_port 0 picks one): the console may call it.
             self.offer = msgspec.structs.replace(self.offer, api_port=self.api.port)
+            self.page_policy = web.content_security_policy(self.api.port)
         log.info("listening on %s (node %s)", self.url, self.node.node_id)
 
     async def _listen(self) -> Server:

@@ -339,6 +339,7 @@ function receive(ev, logged) {
     switch (ev.type) {
       case "user":
         conn.awaitingEcho = false;
+        voice.newAnswer();
         setRunning(true);
         break;
       case "end":
@@ -406,6 +407,7 @@ function setView(view) {
     tab.tabIndex = tab.dataset.view === view ? 0 : -1;
   }
   for (const name of ["events", "settings", "session"]) $(`${name}-pane`).hidden = name !== side;
+  if (side === "events") inspector.reveal();
 }
 
 function isWide() {

@@ -48,7 +48,13 @@ export interface MetricEvent extends EventBase {
 }
 export interface ErrorEvent extends EventBase { type: "error"; code: string; content: string }
 export interface InterruptEvent extends EventBase { type: "interrupt"; content: string }
-export interface CancelledEvent extends EventBase { type: "cancelled"; content: string; reason?: "barge_in" }
+export interface CancelledEvent extends EventBase {
+  type: "cancelled";
+  content: string;
+  reason?: "barge_in";
+  /** A barge-in: ms of the spoken answer the client reported played (see played()). */
+  heard_ms?: number;
+}
 /** The session's effective configuration (README "A session's own configuration"). */
 export interface SessionConfig {
   instructions?: string;
@@ -164,7 +170,8 @@ export class Client {
   commit(): Promise<void>;
   /** The round trip of a ping, in ms. */
   ping(): Promise<number>;
-  /** Report playback: `ms` of the audio tagged `seq` was heard (false when not sent). */
+  /** Report playback: `ms` of the spoken answer was heard, up to the audio tagged `seq`
+   * (false when not sent). */
   played(seq: number, ms: number): boolean;
   close(): void;
   /** Test hook: drop the connection as a network failure would. */

@@ -536,9 +536,10 @@ export class Client {
   }
 
   /**
-   * How much of the model's speech was heard: `ms` milliseconds of the audio
-   * tagged `seq` (the newest audio actually played). A gateway that does not
-   * know the message answers unknown_type once; the client then stops, silently.
+   * How much of the model's spoken answer was heard: `ms` milliseconds of it,
+   * up to the audio tagged `seq` (the newest audio actually played). A gateway
+   * that does not know the message answers unknown_type once; the client then
+   * stops sending it, silently.
    */
   played(seq, ms) {
     if (!this._playedSupported || !this.connected) return false;

@@ -130,7 +130,7 @@ export class Conversation {
         this.finishTurn("", ev.timestamp);
         break;
       case "cancelled":
-        this.finishTurn(ev.reason === "barge_in" ? "Cancelled: you spoke over the answer." : "Cancelled.", ev.timestamp);
+        this.finishTurn(this.cancelNote(ev), ev.timestamp);
         break;
       case "interrupt":
         this.discardStep();
@@ -228,6 +228,12 @@ export class Conversation {
     this.kind = "";
     this.setRunning(false);
     this.showStats();
+  }
+
+  cancelNote(ev) {
+    if (ev.reason !== "barge_in") return "Cancelled.";
+    const heard = typeof ev.heard_ms === "number" ? ` (you had heard ${fmtMs(ev.heard_ms)} of it)` : "";
+    return `Cancelled: you spoke over the answer${heard}.`;
   }
 
   setRunning(running) {

@@ -188,6 +188,12 @@ export class Inspector {
     );
   }
 
+  /** Shown again (a tab): rows that came while hidden are in; follow the newest. */
+  reveal() {
+    this.flush();
+    this.scroller.scrollTop = this.scroller.scrollHeight;
+  }
+
   updateAudioRow(run) {
     const preview = run.node?.querySelector(".f-preview");
     if (preview) preview.textContent = this.preview(run);

@@ -24,8 +24,14 @@ export class Settings {
   }
 
   build() {
-    const field = (label, control, hint = "") =>
-      h("label", { class: "field" }, h("span", { class: "field-label" }, label), control, hint ? h("span", { class: "field-hint" }, hint) : null);
+    let fields = 0;
+    const field = (label, control, hint = "") => {
+      fields += 1;
+      control.id = control.id || `setting-${fields}`;
+      const hintNode = hint ? h("span", { class: "field-hint", id: `${control.id}-hint` }, hint) : null;
+      if (hintNode) control.setAttribute("aria-describedby", hintNode.id);
+      return h("div", { class: "field" }, h("label", { class: "field-label", for: control.id }, label), control, hintNode);
+    };
     const changed = () => this.markDirty();
     this.instructions = h("textarea", { rows: "4", placeholder: "e.g. You answer in one short sentence.", oninput: changed });
     this.provider = h("select", { onchange: () => { this.fillModels(); changed(); } });
@@ -48,7 +54,7 @@ export class Settings {
     this.apply = h("button", { type: "submit", class: "primary" }, "Apply");
     this.revert = h("button", { type: "button", onclick: () => this.fromConfig(this.config ?? {}, true) }, "Revert");
     this.status = h("p", { class: "settings-status", role: "status", "aria-live": "polite" });
-    this.readOnly = h("p", { class: "callout", hidden: true }, "This connection uses a client token: only the app's backend (with the API key) can change the session's configuration. The form shows what the session runs with.");
+    this.readOnly = h("p", { class: "callout", hidden: true }, "This connection uses a client token: only the app's backend (with the API key) can change the session's configuration.");
     this.answer = h("pre", { class: "config-json", "aria-label": "The configuration the session runs with" }, "not configured yet: the node's defaults");
 
     const form = h(
@@ -58,7 +64,8 @@ export class Settings {
       h("fieldset", null, h("legend", null, "Model"),
         h("div", { class: "field-row" },
           field("Provider", this.provider),
-          field("Model", h("div", null, this.model, this.modelList), "empty: the provider's default")),
+          field("Model", this.model, "empty: the provider's default")),
+        this.modelList,
       ),
       h("fieldset", null, h("legend", null, "Instructions"),
         field("Session instructions", this.instructions, "Appended to the operator's: a session cannot replace them."),
@@ -74,7 +81,8 @@ export class Settings {
           h("span", { class: "field-label" }, "Answer as"),
           h("label", { class: "check" }, this.outputText, h("span", null, "Text")),
           h("label", { class: "check" }, this.outputAudio, h("span", null, "Speech (text as its transcript)"))),
-        field("Voice", h("div", null, this.voice, this.voiceList)),
+        field("Voice", this.voice),
+        this.voiceList,
       ),
       h("div", { class: "form-actions" }, this.apply, this.revert, this.status),
       h("details", { class: "config-answer", open: true }, h("summary", null, "Configured answer"), this.answer),
@@ -115,6 +123,9 @@ export class Settings {
   setLocked(locked) {
     this.locked = locked;
     this.readOnly.hidden = !locked;
+    if (locked && this.config === null) {
+      this.answer.textContent = "set up by the app's backend (POST /v1/sessions): a client token cannot read it";
+    }
     for (const control of this.form.querySelectorAll("input, select, textarea, button")) control.disabled = locked;
     this.syncVoice();
   }

@@ -4,8 +4,8 @@
 // PCM16 frames of 20 ms, each sent as one binary frame; the worklet measures
 // each frame's loudness for the meter. The speaker schedules the model's
 // speech back to back and reports, every PLAYED_EVERY ms while it plays (and
-// at once when a barge-in stops it), how far the newest audio was heard:
-// `played(seq, ms)`, ms into the audio tagged `seq`.
+// at once when a barge-in stops it), how much of the answer was heard:
+// `played(seq, ms)`: ms of the answer's audio, up to the audio tagged `seq`.
 const AUDIO_RATE = 24000; // Hz, the model's speech (protocol/audio.py)
 const PLAYED_EVERY = 250; // ms
 
@@ -21,7 +21,7 @@ export class Voice {
     this.playback = null; // AudioContext playing the model's speech
     this.playAt = 0; // context time the next chunk starts
     this.chunks = []; // {source, seq, start, end, offset} scheduled and not ended
-    this.seqMs = new Map(); // seq → ms of audio tagged with it so far
+    this.answerMs = 0; // ms of the current answer's audio scheduled so far
     this.timer = null;
     this.framesSent = 0;
     this.chunksPlayed = 0;
@@ -94,8 +94,8 @@ export class Voice {
     source.buffer = buffer;
     source.connect(context.destination);
     const start = Math.max(this.playAt, context.currentTime + 0.05);
-    const offset = this.seqMs.get(seq) ?? 0;
-    this.seqMs.set(seq, offset + buffer.duration * 1000);
+    const offset = this.answerMs;
+    this.answerMs += buffer.duration * 1000;
     const chunk = { source, seq, start, end: start + buffer.duration, offset };
     source.onended = () => {
       this.chunks = this.chunks.filter((c) => c !== chunk);
@@ -111,7 +111,12 @@ export class Voice {
     }
   }
 
-  /** How far the newest audio was heard, as `played(seq, ms)`. */
+  /** A new turn: its answer's audio counts from 0. */
+  newAnswer() {
+    this.answerMs = 0;
+  }
+
+  /** How much of the answer was heard, as `played(seq, ms)`. */
   position() {
     const context = this.playback;
     if (!context) return null;
@@ -154,7 +159,7 @@ export class Voice {
 
   reset() {
     this.stop();
-    this.seqMs.clear();
+    this.answerMs = 0;
     this.lastPlayed = null;
   }
 }

@@ -299,7 +299,9 @@ class OpenAIRealtime(Upstream):
         if heard_ms is not None and items and self._spoken:
             # A barge-in: the answer's audio is cut where the user stopped hearing it,
             # so the model's memory is what was heard (not the whole answer it wrote).
-            await self._send(wire.ConversationItemTruncate(item_id=items[0], audio_end_ms=heard_ms))
+            await self._send(
+                wire.ConversationItemTruncate(item_id=items[0], audio_end_ms=heard_ms)
+            )
             for item_id in items[1:]:
                 await self._send(wire.ConversationItemDelete(item_id=item_id))
             return

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.client import Client, ClientError
+from gateway.client import Client, ClientError, Refused
 from gateway.client.client import ConfigureRefused, event_kind
 from gateway.edge.auth import hash_key
 from gateway.pcm import silence, tone
@@ -89,6 +89,18 @@ async def test_a_client_token_is_refused_configure(
             with pytest.raises(ConfigureRefused) as refused:
                 await c.configure(instructions="x")
             assert refused.value.code == "forbidden"
+        # Deleted, its token's 404 speaks of the token's session, not of a session_id.
+        delete = urllib.request.Request(
+            f"{gw.api_url}/v1/sessions/{made['session_id']}",
+            headers={"Authorization": f"Bearer {key}"},
+            method="DELETE",
+        )
+        await asyncio.to_thread(lambda: urllib.request.urlopen(delete, timeout=10).read())
+        with pytest.raises(Refused) as gone:
+            await Client(gw.url, token=made["client_token"]).connect()
+        assert gone.value.status == 404
+        assert "this client token opens was deleted" in gone.value.message
+        assert "session_id" not in gone.value.message
 
 
 async def test_played_is_sent_and_a_gateway_that_does_not_know_it_is_not_an_error(

@@ -19,6 +19,7 @@ from playwright.sync_api import Browser, ConsoleMessage, Page, expect, sync_play
 
 from gateway.pcm import silence, tone
 from tests.browser.conftest import CHROMIUM, CHROMIUM_ARGS, StartGateway
+from tests.browser.test_console import SHOTS
 from tests.browser.test_page import RESPOND_TEXT, open_page, send
 
 pytestmark = pytest.mark.skipif(
@@ -60,7 +61,7 @@ def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Browser]:
 @pytest.fixture
 def page(browser: Browser) -> Iterator[Page]:
     """A fresh context; fails the test on any console error (script errors, CSP)."""
-    context = browser.new_context()
+    context = browser.new_context(viewport={"width": 1280, "height": 800})
     page = context.new_page()
     page.set_default_timeout(TIMEOUT_MS)
     expect.set_options(timeout=TIMEOUT_MS)
@@ -104,6 +105,8 @@ def test_speaking_into_the_microphone_starts_a_turn_that_is_answered(
     stats = page.locator(".turn").nth(1).locator(".turn-stats")
     expect(stats).to_contain_text("after you stopped")
     expect(stats).not_to_contain_text("to first token")
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SHOTS / "desktop-light-7-voice.png"), animations="disabled")
 
     mic.click()  # off: the microphone is released
     page.wait_for_function("() => !window.rtgw.mic")

@@ -2,7 +2,8 @@
 //
 // Frames come from the client's onFrame hook: the JSON ones parsed, binary
 // audio as a size (runs of audio frames are one row that counts them, or a
-// microphone's 50 frames a second would bury everything else). Rows are added
+// microphone's 50 frames a second would bury everything else; a run ends at a
+// JSON frame the same way, or after AUDIO_RUN_MS). Rows are added
 // once per animation frame; the list keeps the newest MAX_ROWS in the DOM and
 // every frame (up to MAX_FRAMES) in memory for copy and download.
 import { copyText, download, fmtBytes, fmtClock, fmtCount, h, icon, toast } from "/static/dom.js";
@@ -10,6 +11,7 @@ import { copyText, download, fmtBytes, fmtClock, fmtCount, h, icon, toast } from
 const MAX_ROWS = 1500;
 const MAX_FRAMES = 50000;
 const PREVIEW_CHARS = 120;
+const AUDIO_RUN_MS = 5000;
 
 export class Inspector {
   constructor(root, { session }) {
@@ -22,7 +24,7 @@ export class Inspector {
     this.paused = false;
     this.pausedNew = 0;
     this.scheduled = false;
-    this.audioRun = null; // the row counting the current run of audio frames
+    this.audioRuns = { in: null, out: null }; // the rows counting the current runs of audio
     this.build();
   }
 
@@ -60,8 +62,8 @@ export class Inspector {
   add(frame) {
     const now = Date.now();
     if (frame.binary) {
-      const run = this.audioRun;
-      if (run && run.dir === frame.dir && now - run.last < 1500) {
+      const run = this.audioRuns[frame.dir];
+      if (run && now - run.t < AUDIO_RUN_MS && now - run.last < 1500) {
         run.count += 1;
         run.bytes += frame.bytes;
         run.last = now;
@@ -70,11 +72,11 @@ export class Inspector {
         return;
       }
       const entry = { n: this.frames.length + this.dropped + 1, dir: frame.dir, t: now, last: now, type: "audio", binary: true, count: 1, bytes: frame.bytes, seq: frame.seq };
-      this.audioRun = entry;
+      this.audioRuns[frame.dir] = entry;
       this.push(entry);
       return;
     }
-    this.audioRun = null;
+    this.audioRuns[frame.dir] = null;
     const data = frame.data ?? {};
     const entry = {
       n: this.frames.length + this.dropped + 1,
@@ -287,7 +289,7 @@ export class Inspector {
     this.frames = [];
     this.dropped = 0;
     this.queue = [];
-    this.audioRun = null;
+    this.audioRuns = { in: null, out: null };
     this.list.replaceChildren();
     this.emptyHint.hidden = false;
     this.updateCount();

@@ -21,6 +21,7 @@ from gateway.tracing import Tracing, TracingError
 from gateway.upstream import providers
 from gateway.upstream.base import ProviderChain, UpstreamFactory
 from gateway.upstream.models import model_refusal, model_warning
+from gateway.upstream.provider import Provider, ProviderSettings
 from protocol.fallback import ProviderBreaker
 from tools.registry import Registry
 from tools.toolset import builtin_names, open_registry
@@ -73,11 +74,26 @@ async def _upstream_factories(config: Config) -> AsyncIterator[UpstreamFactories
                         f"(or GATEWAY_{provider.upper()}_API_KEY)"
                     )
                 raise ValueError(f"{provider!r} has no API key configured on this gateway")
+            missing = _missing(row, settings, model)
+            if missing is not None:
+                raise ConfigError(missing) if own else ValueError(missing)
             factory = row.factory(settings, model)
             _check_model(provider, factory.wire, factory.model, own=own)
             return factory
 
         yield make
+
+
+def _missing(row: Provider, settings: ProviderSettings, model: str) -> str | None:
+    """What a provider with no default URL or model needs set (Azure: both), or None."""
+    if not settings.base_url:
+        example = f" (e.g. {row.example_base_url})" if row.example_base_url else ""
+        return f"provider {row.name} needs its URL: set --{row.name}-base-url{example}"
+    if not model and not row.default_model:
+        return (
+            f"provider {row.name} needs a {row.model_is}: set --model to your {row.model_is}'s name"
+        )
+    return None
 
 
 _warned: set[tuple[str, str]] = set()

@@ -255,6 +255,14 @@ class Config(msgspec.Struct, kw_only=True):
             shown_default="$TMPDIR/rtgw-workspaces",
         ),
     ] = ""
+    workspace_sweep_every: Annotated[
+        PositiveSeconds,
+        Setting(
+            "seconds between two sweeps of workspace_root for the workspaces of sessions "
+            "that ended (the first runs at start)",
+            TOOLS,
+        ),
+    ] = 600.0
     enable_shell: Annotated[
         bool, Setting("offer the shell tool (not sandboxed beyond the workspace cwd)", TOOLS)
     ] = False

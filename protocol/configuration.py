@@ -61,12 +61,32 @@ class ClientToolSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     parameters: dict[str, Any] = msgspec.field(default_factory=lambda: {"type": "object"})
 
 
-class InputAudio(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """Audio the client sends: PCM16 little-endian mono at ``rate`` Hz."""
+class InputAudio(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_fields=True):
+    """Audio the client sends: PCM16 little-endian mono at ``rate`` Hz, and how the
+    provider hears it.
+
+    - ``turn_detection``: ``server_vad`` (silence ends the user's turn),
+      ``semantic_vad`` (the model judges when the user is done; ``eagerness``
+      says how soon) or ``none`` (the client ends its turn with ``commit``);
+    - ``idle_timeout_ms`` (``server_vad``): after the model's answer, this long
+      without speech makes the model speak again;
+    - ``noise_reduction``: ``near_field`` (headset), ``far_field`` (laptop,
+      room) or ``off``; unset: the provider's default.
+    """
 
     format: Literal["pcm16"] = "pcm16"
     rate: Annotated[int, msgspec.Meta(ge=8000, le=48000)] = 24000
-    turn_detection: Literal["server_vad", "none"] = "server_vad"
+    turn_detection: Literal["server_vad", "semantic_vad", "none"] = "server_vad"
+    eagerness: Literal["low", "medium", "high", "auto"] | None = None
+    idle_timeout_ms: Annotated[int, msgspec.Meta(ge=1000, le=3_600_000)] | None = None
+    noise_reduction: Literal["near_field", "far_field", "off"] | None = None
+
+
+Truncation = Literal["auto", "disabled"] | Annotated[float, msgspec.Meta(ge=0, le=1)]
+"""How the provider cuts a context past the model's window: ``auto``, ``disabled`` (an
+error instead), or the share of the window to keep when it cuts (a retention ratio)."""
+
+ReasoningEffort = Literal["minimal", "low", "medium", "high", "xhigh"]
 
 
 class SessionConfig(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_fields=True):
@@ -83,6 +103,8 @@ class SessionConfig(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unkn
     input_audio: InputAudio | None = None
     output: Literal["text", "audio"] = "text"
     voice: ShortText = ""
+    truncation: Truncation | None = None
+    reasoning_effort: ReasoningEffort | None = None
 
 
 class ConfigChange(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -105,6 +127,8 @@ class ConfigChange(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     input_audio: InputAudio | msgspec.UnsetType | None = msgspec.UNSET
     output: Literal["text", "audio"] | msgspec.UnsetType = msgspec.UNSET
     voice: ShortText | msgspec.UnsetType = msgspec.UNSET
+    truncation: Truncation | msgspec.UnsetType | None = msgspec.UNSET
+    reasoning_effort: ReasoningEffort | msgspec.UnsetType | None = msgspec.UNSET
 
 
 def apply_change(config: SessionConfig, change: ConfigChange) -> SessionConfig | str:
@@ -115,6 +139,18 @@ def apply_change(config: SessionConfig, change: ConfigChange) -> SessionConfig |
         if (value := getattr(change, name)) is not msgspec.UNSET
     }
     updated = msgspec.structs.replace(config, **fields)
+    audio = updated.input_audio
+    if audio is not None:
+        if audio.eagerness is not None and audio.turn_detection != "semantic_vad":
+            return (
+                "input_audio.eagerness applies to turn_detection semantic_vad only; "
+                'set "turn_detection": "semantic_vad" or leave eagerness out'
+            )
+        if audio.idle_timeout_ms is not None and audio.turn_detection != "server_vad":
+            return (
+                "input_audio.idle_timeout_ms applies to turn_detection server_vad only; "
+                'set "turn_detection": "server_vad" or leave idle_timeout_ms out'
+            )
     names = [tool.name for tool in updated.tools]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:

@@ -35,16 +35,9 @@ from .allowlist import AllowList
 from .schema import describe_args
 from .tenant_schema import TenantSchema
 
-__all__ = ["ClientToolProblem", "ClientTools", "SchemaCache", "prepare", "schema_problem"]
+__all__ = ["ClientTools", "SchemaCache", "prepare", "schema_problem"]
 
 _encoder: Final = msgspec.json.Encoder()
-
-
-class ClientToolProblem(str):
-    """A refusal that is the declaring client's mistake (``bad_frame``, HTTP 400),
-    not the key's policy (``forbidden``, 403): a bad schema, or a taken name."""
-
-    __slots__ = ()
 
 
 class SchemaCache:

@@ -50,6 +50,7 @@ from gateway.edge.auth import ANONYMOUS, KeyStoreUnavailable
 from gateway.edge.pending import WatchedProtocol
 from gateway.edge.tokens import is_client_token
 from gateway.sessions.node import CONFIG_QUOTA, UNUSED, Node, config_bytes
+from gateway.sessions.setup import ConfigProblem
 from gateway.store.base import StoreUnavailable
 from protocol.configuration import (
     MAX_SCHEMA_DEPTH,
@@ -59,7 +60,7 @@ from protocol.configuration import (
     decode_config,
 )
 from protocol.events import Usage
-from tools.client import ClientToolProblem, prepare
+from tools.client import prepare
 
 __all__ = ["API_PREFIX", "CreateSession", "HttpApi", "MintToken", "SessionInfo"]
 
@@ -409,7 +410,7 @@ class HttpApi:
             raise Refusal(400, problem)
         setup = self.node.setups.setup(key_id, config, self.node.key_tools.get(key_id))
         if isinstance(setup, str):
-            raise Refusal(400 if isinstance(setup, ClientToolProblem) else 403, str(setup))
+            raise Refusal(400 if isinstance(setup, ConfigProblem) else 403, str(setup))
         sid = self.node.new_session_id()
         meta = self.node.setups.session_meta(key_id, setup)
         await self._hold_quota(key_id, sid, config_bytes(meta))

@@ -45,6 +45,7 @@ from gateway.sessions.upstream_link import OpenRequest, UpstreamLink
 from gateway.sessions.voice import VoiceInput
 from gateway.upstream.base import (
     AudioDelta,
+    ModelOptions,
     Resumable,
     Upstream,
     UpstreamClosed,
@@ -480,12 +481,14 @@ class TurnDriver:
         self._in_upstream_call = True
         session = self.session
         setup = session.setup
+        config = setup.config
         request = OpenRequest(
             setup.upstream_factory,
             setup.system_prompt,
             setup.instructions,
             session.voice,
             session.speaking_voice,
+            ModelOptions(truncation=config.truncation, reasoning_effort=config.reasoning_effort),
         )
         upstream, voiced = await self.link.open(request, setup)
         self.machine.voice = voiced

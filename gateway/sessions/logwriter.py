@@ -351,6 +351,8 @@ class LogWriter:
         await self._retake_all(retake)
 
     async def _retake_all(self, jobs: list[tuple[LogSource, Batch]]) -> None:
+        if not jobs:
+            return  # a writer that never takes leases back (lease_ttl None) has none
         assert self.lease_ttl is not None
         for source, job in jobs:
             result = await self._retake_and_append(source.sid, job, self.lease_ttl)

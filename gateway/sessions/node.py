@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import logging
 import secrets
-import shutil
 from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
@@ -51,7 +50,6 @@ from tools.base import ToolContext
 from tools.client import prepare
 from tools.executor import Executor
 from tools.registry import Registry
-from tools.workspaces import workspace_dir
 
 __all__ = ["CONFIG_QUOTA", "UNUSED", "Node", "UpstreamFactories", "config_bytes"]
 
@@ -126,6 +124,7 @@ class Node:
             store,
             driven=self.runtimes.__contains__,
             session_ttl=config.session_ttl,
+            every=config.workspace_sweep_every,
         )
         self.followers: dict[str, LogFollower] = {}
         # Client connections on this node by id, for replies to forwarded commands.
@@ -513,14 +512,12 @@ class Node:
         if runtime is not None:
             # lost=True: nothing more is written (the lease is gone, appends would fail).
             await runtime.close("session deleted", lost=True)
-        workspace = Path(self.config.workspace_root) / sid
-        if workspace.is_dir():
-            await asyncio.to_thread(shutil.rmtree, workspace, True)
+        await self.workspaces.remove(sid)
 
     # ------------------------------------------------------------------ tools
 
     def tool_context(self, sid: str) -> ToolContext:
-        workspace = workspace_dir(Path(self.config.workspace_root), sid)
+        workspace = self.workspaces.workspace(sid)
         workspace.mkdir(parents=True, exist_ok=True)
         return ToolContext(workspace=workspace, session_id=sid)
 

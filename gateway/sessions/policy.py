@@ -6,6 +6,7 @@ The operator writes one TOML table per key id (``--key-policy-file``)::
     providers = ["sim", "openai"]           # providers its sessions may pick
     models = ["gpt-realtime"]               # models they may pick
     server_tools = ["read", "list"]         # the most server tools a session gets
+    reasoning_efforts = ["minimal", "low"]  # reasoning efforts its sessions may ask for
     instructions = "Answer in French."      # appended to by sessions, never replaced
 
     ["*"]                                    # keys without a table of their own
@@ -54,6 +55,7 @@ class KeyPolicy(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     providers: tuple[str, ...] | None = None
     models: tuple[str, ...] | None = None
     server_tools: tuple[str, ...] | None = None
+    reasoning_efforts: tuple[str, ...] | None = None
     instructions: str = ""
 
 
@@ -83,6 +85,12 @@ def refusal(policy: KeyPolicy, config: SessionConfig) -> str | None:
                 f"server_tools: {extra[0]!r} is not allowed for this API key; "
                 f"allowed: {_listed(policy.server_tools)}"
             )
+    effort, efforts = config.reasoning_effort, policy.reasoning_efforts
+    if effort is not None and efforts is not None and effort not in efforts:
+        return (
+            f"reasoning_effort: {effort!r} is not allowed for this API key; "
+            f"allowed: {_listed(efforts)} (or leave it unset for the model's default)"
+        )
     return None
 
 
@@ -104,6 +112,9 @@ def within(policy: KeyPolicy, config: SessionConfig) -> SessionConfig:
         kept = tuple(t for t in config.server_tools if t in policy.server_tools)
         if kept != config.server_tools:
             changes["server_tools"] = kept
+    effort, efforts = config.reasoning_effort, policy.reasoning_efforts
+    if effort is not None and efforts is not None and effort not in efforts:
+        changes["reasoning_effort"] = None
     return msgspec.structs.replace(config, **changes) if changes else config
 
 

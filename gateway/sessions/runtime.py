@@ -32,7 +32,7 @@ from gateway.sessions.driver import TurnDriver
 from gateway.sessions.observer import TurnObserver
 from gateway.sessions.resumption import ResumePoint
 from gateway.sessions.session_log import SessionLog
-from gateway.sessions.setup import SessionServices, SessionSetup
+from gateway.sessions.setup import ConfigProblem, SessionServices, SessionSetup
 from gateway.sessions.subscriber import Subscriber
 from gateway.sessions.upstream_link import UpstreamLink
 from gateway.sessions.voice import VoiceInput, voice_config
@@ -43,7 +43,7 @@ from protocol.configuration import ConfigChange, apply_change
 from protocol.events import Configured, Error, Played, ToolResultMessage, Usage
 from protocol.turn import TurnMachine, turn_in_flight
 from protocol.turn_events import Cancel, Commit, Rerun, Shutdown, UserMessage
-from tools.client import ClientToolProblem, prepare
+from tools.client import prepare
 from tools.output import cap_output
 
 __all__ = ["SessionHost", "SessionRuntime", "SessionServices", "SessionSetup"]
@@ -285,7 +285,7 @@ class SessionRuntime:
             return Error(code="bad_frame", content=updated)
         setup = self.services.session_setup(self.owner, updated, self.setup.key_tools)
         if isinstance(setup, str):
-            code = "bad_frame" if isinstance(setup, ClientToolProblem) else "forbidden"
+            code = "bad_frame" if isinstance(setup, ConfigProblem) else "forbidden"
             return Error(code=code, content=str(setup))
         self._apply_setup(setup)
         return None

@@ -27,22 +27,60 @@ from gateway.sessions.logwriter import LogWriter
 from gateway.sessions.policy import KeyPolicies, refusal, within
 from gateway.store.base import Store
 from gateway.tracing import Tracing
-from gateway.upstream.base import UpstreamFactory
+from gateway.upstream.base import CONTROLS, UpstreamFactory
 from protocol.configuration import SessionConfig, decode_config, encode_config
 from protocol.prompt import system_prompt
 from tools.allowlist import AllowList, parse_allow_list
 from tools.base import ToolContext
-from tools.client import ClientToolProblem, ClientTools
+from tools.client import ClientTools
 from tools.executor import Executor
 from tools.registry import Registry
 
-__all__ = ["SessionServices", "SessionSetup", "SessionSetups", "UpstreamFactories"]
+__all__ = ["ConfigProblem", "SessionServices", "SessionSetup", "SessionSetups", "UpstreamFactories"]
 
 log = logging.getLogger("gateway.sessions.node")
 
 UpstreamFactories = Callable[[str, str], UpstreamFactory]
 """``(provider, model)`` → a factory for them; raises ``ValueError`` saying why not
 (a provider with no API key configured, an unknown provider)."""
+
+
+class ConfigProblem(str):
+    """A refusal that is the configuring client's mistake (``bad_frame``, HTTP 400),
+    not the key's policy (``forbidden``, 403): a bad tool schema, a taken name, a
+    control its provider lacks."""
+
+    __slots__ = ()
+
+
+def controls_asked(config: SessionConfig) -> list[tuple[str, str]]:
+    """The session controls (``CONTROLS``) ``config`` asks for: ``(control, what it set)``."""
+    asked: list[tuple[str, str]] = []
+    audio = config.input_audio
+    if audio is not None:
+        if audio.turn_detection == "semantic_vad":
+            asked.append(("semantic_vad", 'input_audio.turn_detection "semantic_vad"'))
+        if audio.idle_timeout_ms is not None:
+            asked.append(("idle_timeout_ms", "input_audio.idle_timeout_ms"))
+        if audio.noise_reduction not in (None, "off"):  # "off" is what the others do
+            asked.append(("noise_reduction", "input_audio.noise_reduction"))
+    if config.truncation is not None:
+        asked.append(("truncation", "truncation"))
+    if config.reasoning_effort is not None:
+        asked.append(("reasoning_effort", "reasoning_effort"))
+    assert all(control in CONTROLS for control, _ in asked)
+    return asked
+
+
+def controls_refusal(config: SessionConfig, factory: UpstreamFactory) -> ConfigProblem | None:
+    """Why ``factory``'s provider cannot carry out a control ``config`` asks for, or None."""
+    for control, what in controls_asked(config):
+        if control not in factory.controls:
+            return ConfigProblem(
+                f"{what}: provider {factory.provider} has no such control; leave it out, "
+                'or pick a provider that has it (docs/providers.md, "Session controls")'
+            )
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,7 +180,8 @@ class SessionSetups:
         may use: the server tools that the session's ``server_tools``, the key
         policy's and the key's allow-list (``key_tools``) all allow, then the
         client tools the allow-list allows. The upstream is the session's
-        provider and model.
+        provider and model. Refused: a ``ConfigProblem`` (the client's mistake) or
+        another string (the key's policy, or a provider this node cannot serve).
         """
         policy = self.policies.get(owner)
         refused = refusal(policy, config)
@@ -165,10 +204,13 @@ class SessionSetups:
         try:
             client_tools = ClientTools(config.tools, key_tools, has)
         except ValueError as exc:  # the client's mistake (a bad schema, a taken name): 400
-            return ClientToolProblem(str(exc))
+            return ConfigProblem(str(exc))
         factory = self._factory(config.provider, config.model)
         if isinstance(factory, str):
             return factory
+        problem = controls_refusal(config, factory)
+        if problem is not None:
+            return problem
         parts = [self.config.instructions, policy.instructions, config.instructions]
         instructions = "\n\n".join(p.strip() for p in parts if p.strip())
         if (

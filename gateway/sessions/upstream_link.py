@@ -21,7 +21,14 @@ from typing import Any
 
 from gateway.sessions.observer import TurnObserver
 from gateway.sessions.resumption import META_KEY, ResumePoint
-from gateway.upstream.base import Resumable, Resume, Upstream, UpstreamFactory, VoiceConfig
+from gateway.upstream.base import (
+    ModelOptions,
+    Resumable,
+    Resume,
+    Upstream,
+    UpstreamFactory,
+    VoiceConfig,
+)
 from gateway.upstream.models import facts
 from protocol.assembly import HistoryItem, Message, assemble
 from protocol.budget import context_tokens_estimate, fit
@@ -38,7 +45,7 @@ class OpenRequest:
     """What a connection is opened with: the provider's factory, the prompt of the text
     protocol, the session's instructions, and its voice (with and without speech out)."""
 
-    __slots__ = ("factory", "instructions", "speaking", "system_prompt", "voice")
+    __slots__ = ("factory", "instructions", "options", "speaking", "system_prompt", "voice")
 
     def __init__(
         self,
@@ -47,8 +54,10 @@ class OpenRequest:
         instructions: str,
         voice: VoiceConfig | None,
         speaking: Callable[[], VoiceConfig | None],
+        options: ModelOptions | None = None,
     ) -> None:
         self.factory = factory
+        self.options = options
         self.system_prompt = system_prompt
         self.instructions = instructions
         self.voice = voice
@@ -107,7 +116,9 @@ class UpstreamLink:
         prompt = native_prompt(request.instructions) if speaks else request.system_prompt
         resume = self.resume_for(chosen)
         with self._observer.connect():
-            await upstream.open(prompt, self._context(prompt), voice=voice, resume=resume)
+            await upstream.open(
+                prompt, self._context(prompt), voice=voice, resume=resume, options=request.options
+            )
         point = self._resume_point
         # What the provider holds now, in history items: its position's anchor.
         held = point.items if resume is not None and upstream.resumed and point else 0

@@ -62,7 +62,13 @@ def voice_config(
     return VoiceConfig(
         audio_in=None
         if audio is None
-        else AudioIn(rate=audio.rate, turn_detection=audio.turn_detection),
+        else AudioIn(
+            rate=audio.rate,
+            turn_detection=audio.turn_detection,
+            eagerness=audio.eagerness,
+            idle_timeout_ms=audio.idle_timeout_ms,
+            noise_reduction=audio.noise_reduction,
+        ),
         audio_out=AudioOut(voice=config.voice, to_client=client_hears) if speaks else None,
         tools=tuple(
             FunctionTool(name=t.name, description=t.description, parameters=t.parameters)

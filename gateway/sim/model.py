@@ -63,7 +63,7 @@ import asyncio
 import itertools
 import logging
 import ssl as ssl_module
-from typing import Annotated, Any, Final, Literal
+from typing import Annotated, Any, Final
 
 import msgspec
 from msgspec import Meta
@@ -73,6 +73,7 @@ from websockets.http11 import Request, Response
 
 from gateway.pcm import tone
 from gateway.settings import Setting, check_ranges
+from gateway.upstream.providers import PROVIDERS
 
 __all__ = [
     "VOICE_RATE",
@@ -95,7 +96,6 @@ __all__ = [
 
 log = logging.getLogger("gateway.sim.openai")
 
-Flavor = Literal["openai", "gemini"]
 
 _MAX_FRAME: Final = 16 * 2**20
 _BACKLOG: Final = 4096
@@ -123,11 +123,12 @@ class SimConfig(msgspec.Struct, frozen=True, kw_only=True):
     """
 
     flavor: Annotated[
-        Flavor,
+        str,
         Setting(
-            "wire protocol served: openai (Realtime, /v1/realtime) or gemini "
-            "(Live, /ws/…BidiGenerateContent)",
+            "the provider whose API is served: its wire, path, key and session shape "
+            "(openai: /v1/realtime; gemini: Live's BidiGenerateContent; azure, xai)",
             SIM,
+            choices=tuple(row.name for row in PROVIDERS),
         ),
     ] = "openai"
     tokens_per_second: Annotated[
@@ -496,6 +497,10 @@ class Sim(abc.ABC):
     def conversations(self) -> list[SimConversation]:
         """Snapshots of the open connections' conversations, oldest connection first."""
         return [conn.snapshot() for conn in self._live.values()]
+
+    def live(self) -> list[SimConnection]:
+        """The open connections, oldest first (tests look at what a session asked for)."""
+        return list(self._live.values())
 
     async def start(
         self, host: str = "127.0.0.1", port: int = 0, *, ssl: ssl_module.SSLContext | None = None

@@ -47,14 +47,13 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import typing
 from collections.abc import Callable
 from typing import Any, Final, TypeVar
 
 import msgspec
 from websockets.asyncio.server import ServerConnection
-from websockets.datastructures import Headers
 from websockets.exceptions import ConnectionClosed
-from websockets.http11 import Request, Response
 
 from gateway.sim.model import (
     Pacer,
@@ -77,12 +76,13 @@ from gateway.sim.openai_state import (
     Item,
     RealtimeResponse,
     merge_audio,
+    session_refusal,
     wire_item,
 )
-from gateway.sim.vad import Vad, VadStart, speech_ms
+from gateway.sim.openai_voice import VoiceInput
 from gateway.upstream import openai_wire as wire
 
-__all__ = ["DEFAULT_MODEL", "PATH", "OpenAISim"]
+__all__ = ["DEFAULT_MODEL", "RealtimeConnection"]
 
 log = logging.getLogger(__name__)
 
@@ -103,41 +103,35 @@ class _Probe(msgspec.Struct):
 
 _probe_decoder: Final = msgspec.json.Decoder(_Probe)
 _CLIENT_TYPES: Final = frozenset(
-    {
-        "session.update",
-        "conversation.item.create",
-        "conversation.item.delete",
-        "response.create",
-        "response.cancel",
-        "input_audio_buffer.append",
-        "input_audio_buffer.commit",
-        "input_audio_buffer.clear",
-        "conversation.item.truncate",
-    }
+    str(kind.__struct_config__.tag) for kind in typing.get_args(wire.ClientEvent)
 )
 
 
-class _Connection(SimConnection):
+class RealtimeConnection(SimConnection):
     """One client connection: its conversation, and at most one running response."""
 
     __slots__ = (
         "_event_ids",
         "_ids",
         "audio_out",
-        "buffer",
         "deltas_sent",
+        "flat",
         "items",
         "no",
         "response",
         "session",
         "sim",
-        "speech_item",
-        "vad",
+        "voice_in",
         "ws",
     )
 
-    def __init__(self, sim: OpenAISim, ws: ServerConnection, no: int, model: str) -> None:
+    def __init__(
+        self, sim: Sim, ws: ServerConnection, no: int, model: str, *, flat: bool = False
+    ) -> None:
+        """``flat``: sessions come in xAI's flat shape (no ``type``; ``voice`` and
+        ``turn_detection`` at the top), not OpenAI's GA shape."""
         self.sim = sim
+        self.flat = flat
         self.ws = ws
         self.no = no
         self.items: dict[str, Item] = {}
@@ -166,16 +160,7 @@ class _Connection(SimConnection):
         self.deltas_sent = 0
         # Until a client asks for audio output the sim answers in text (see the docstring).
         self.audio_out = False
-        config = sim.config
-        self.vad = Vad(
-            INPUT_RATE,
-            threshold=config.vad_threshold,
-            min_speech_ms=config.vad_min_speech_ms,
-            silence_ms=config.vad_silence_ms,
-        )
-        # Audio appended since the last commit (kept only without server VAD).
-        self.buffer = bytearray()
-        self.speech_item: str | None = None  # the item id of the speech being heard
+        self.voice_in = VoiceInput(self, sim.config)
         self._event_ids = itertools.count(1)
         self._ids = itertools.count(1)
 
@@ -230,6 +215,7 @@ class _Connection(SimConnection):
         await self._send(wire.SessionCreated(event_id=self._eid(), session=self.session))
 
     async def stop(self) -> None:
+        self.voice_in.stop_idle()
         response, self.response = self.response, None
         if response is not None and response.task is not None and not response.task.done():
             response.task.cancel()
@@ -242,7 +228,7 @@ class _Connection(SimConnection):
             await self._bad_frame(data, exc)
             return
         if isinstance(event, wire.InputAudioBufferAppend):
-            await self._audio_append(event)
+            await self.voice_in.append(event)
         elif isinstance(event, wire.ConversationItemCreate):
             await self._item_create(event)
         elif isinstance(event, wire.ResponseCreate):
@@ -252,11 +238,9 @@ class _Connection(SimConnection):
         elif isinstance(event, wire.ConversationItemDelete):
             await self._item_delete(event)
         elif isinstance(event, wire.InputAudioBufferCommit):
-            await self._audio_commit(event)
+            await self.voice_in.commit(event)
         elif isinstance(event, wire.InputAudioBufferClear):
-            self.buffer.clear()
-            self.vad.reset()
-            self.speech_item = None
+            self.voice_in.clear()
             await self._send(wire.InputAudioBufferCleared(event_id=self._eid()))
         elif isinstance(event, wire.ConversationItemTruncate):
             await self._item_truncate(event)
@@ -293,12 +277,18 @@ class _Connection(SimConnection):
 
     async def _session_update(self, event: wire.SessionUpdate) -> None:
         update = event.session
-        if update.type != "realtime":
+        shape = self._shape_refusal(update)
+        if shape is not None:
             await self._error(
-                f"Invalid value: {update.type!r}. The simulator supports 'realtime' sessions.",
-                code="invalid_value",
-                param="session.type",
-                event_id=event.event_id,
+                shape[0], code="invalid_value", param=shape[1], event_id=event.event_id
+            )
+            return
+        if self.flat:
+            update = _from_flat(update)
+        refused = session_refusal(update)
+        if refused is not None:
+            await self._error(
+                refused[0], code="invalid_value", param=refused[1], event_id=event.event_id
             )
             return
         changes: dict[str, object] = {}
@@ -309,6 +299,8 @@ class _Connection(SimConnection):
             "max_output_tokens",
             "tools",
             "tool_choice",
+            "truncation",
+            "reasoning",
         ):
             value = getattr(update, name)
             if value is not None:
@@ -319,6 +311,21 @@ class _Connection(SimConnection):
             changes["audio"] = merge_audio(self.session.audio, update.audio)
         self.session = msgspec.structs.replace(self.session, **changes)
         await self._send(wire.SessionUpdated(event_id=self._eid(), session=self.session))
+
+    def _shape_refusal(self, update: wire.Session) -> tuple[str, str] | None:
+        """A session in the other provider's shape: the message and the param, or None."""
+        if self.flat:
+            return None  # xAI's: whether it refuses GA fields is not published
+        if update.type != "realtime":
+            return (
+                f"Invalid value: {update.type!r}. The simulator supports 'realtime' sessions "
+                "(session.type is required).",
+                "session.type",
+            )
+        for name in ("voice", "turn_detection"):
+            if getattr(update, name) not in (None, msgspec.UNSET):
+                return (f"Unknown parameter: 'session.{name}'.", f"session.{name}")
+        return None
 
     async def _item_create(self, event: wire.ConversationItemCreate) -> None:
         item = event.item
@@ -738,6 +745,8 @@ class _Connection(SimConnection):
         if self.response is response:
             self.response = None
         await self._send(wire.ResponseDone(event_id=self._eid(), response=done))
+        if status == "completed":
+            self.voice_in.start_idle()
         await self._send(
             wire.RateLimitsUpdated(
                 event_id=self._eid(),
@@ -748,74 +757,25 @@ class _Connection(SimConnection):
             )
         )
 
-    # --- audio in -----------------------------------------------------------------
+    # --- audio in (gateway.sim.openai_voice) -------------------------------------
 
-    def _turn_detection(self) -> wire.TurnDetection | None:
+    def turn_detection(self) -> wire.TurnDetection | None:
         audio = self.session.audio
         detection = audio.input.turn_detection if audio and audio.input else None
         return None if isinstance(detection, msgspec.UnsetType) else detection
 
-    async def _audio_append(self, event: wire.InputAudioBufferAppend) -> None:
-        pcm = event.audio
-        detection = self._turn_detection()
-        if detection is None:
-            self.buffer += pcm
-            return
-        for found in self.vad.feed(pcm):
-            if isinstance(found, VadStart):
-                await self._speech_started(found.offset_ms, detection)
-            else:
-                await self._speech_stopped(found.offset_ms, found.speech_ms, detection)
+    @property
+    def responding(self) -> bool:
+        return self.response is not None
 
-    async def _speech_started(self, offset_ms: int, detection: wire.TurnDetection) -> None:
-        item_id = self.speech_item = self._new_id("item")
-        await self._send(
-            wire.InputAudioBufferSpeechStarted(
-                event_id=self._eid(), audio_start_ms=offset_ms, item_id=item_id
-            )
-        )
-        response = self.response
-        if response is not None and detection.interrupt_response is not False:
-            await self._cancel(response, "turn_detected")
+    async def cancel_response(self, reason: str) -> None:
+        if self.response is not None:
+            await self._cancel(self.response, reason)
 
-    async def _speech_stopped(
-        self, offset_ms: int, speech: int, detection: wire.TurnDetection
-    ) -> None:
-        item_id = self.speech_item or self._new_id("item")
-        self.speech_item = None
-        await self._send(
-            wire.InputAudioBufferSpeechStopped(
-                event_id=self._eid(), audio_end_ms=offset_ms, item_id=item_id
-            )
-        )
-        await self._commit(item_id, speech)
-        if detection.create_response is not False and self.response is None:
-            await self._start_response()
+    async def start_response(self) -> None:
+        await self._start_response()
 
-    async def _audio_commit(self, event: wire.InputAudioBufferCommit) -> None:
-        rate_ms = INPUT_RATE / 1000
-        if self._turn_detection() is None:
-            buffered_ms = len(self.buffer) // 2 / rate_ms
-            speech = speech_ms(bytes(self.buffer), INPUT_RATE, threshold=self.vad.threshold)
-        else:
-            vad = self.vad
-            buffered_ms = (vad.frames - vad.start_frame) * 20 if vad.speaking else 0
-            speech = (vad.last_loud_end - vad.start_frame) * 20 if vad.speaking else 0
-        if buffered_ms < _MIN_COMMIT_MS:
-            await self._error(
-                "Error committing input audio buffer: buffer too small. Expected at least "
-                f"{_MIN_COMMIT_MS}ms of audio, but buffer only has {buffered_ms:.2f}ms of audio.",
-                code="input_audio_buffer_commit_empty",
-                event_id=event.event_id,
-            )
-            return
-        self.buffer.clear()
-        self.vad.reset()
-        item_id = self.speech_item or self._new_id("item")
-        self.speech_item = None
-        await self._commit(item_id, speech)
-
-    async def _commit(self, item_id: str, speech: int) -> None:
+    async def commit_speech(self, item_id: str, speech: int) -> None:
         """The heard speech becomes a user item: committed, the item, its transcript."""
         transcript = speech_transcript(speech)
         previous = next(reversed(self.items), None)
@@ -840,44 +800,20 @@ class _Connection(SimConnection):
             )
 
 
-# --- the server -----------------------------------------------------------------------
-
-
-class OpenAISim(Sim):
-    """The OpenAI Realtime flavour: ``/v1/realtime``, ``Authorization: Bearer``."""
-
-    flavor = "openai"
-
-    @property
-    def url(self) -> str:
-        """The WebSocket base URL (``ws://HOST:PORT/v1``) for an adapter or the SDK."""
-        return f"{self.address}/v1"
-
-    @property
-    def endpoint(self) -> str:
-        return f"{self.address}{PATH}"
-
-    def _process_request(self, connection: ServerConnection, request: Request) -> Response | None:
-        path = request.path.partition("?")[0]
-        if path.rstrip("/") != PATH:
-            return connection.respond(404, f"Not found: the realtime endpoint is {PATH}\n")
-        key = self.config.api_key
-        if key is not None and request.headers.get("Authorization") != f"Bearer {key}":
-            body = (
-                b'{"error": {"type": "invalid_request_error", "code": "invalid_api_key", '
-                b'"message": "Incorrect API key provided.", "param": null}}'
-            )
-            headers = Headers(
-                {"Content-Type": "application/json", "Content-Length": str(len(body))}
-            )
-            return Response(401, "Unauthorized", headers, body)
-        return None
-
-    def _connection(self, ws: ServerConnection, no: int) -> _Connection:
-        query = ws.request.path.partition("?")[2] if ws.request is not None else ""
-        model = DEFAULT_MODEL
-        for pair in query.split("&"):
-            name, _, value = pair.partition("=")
-            if name == "model" and value:
-                model = value
-        return _Connection(self, ws, no, model)
+def _from_flat(update: wire.Session) -> wire.Session:
+    """xAI's flat session as the GA shape the simulator keeps (voice and turn
+    detection under ``audio``)."""
+    audio = update.audio or wire.AudioConfig()
+    if update.voice is not None:
+        output = audio.output or wire.AudioOutput()
+        audio = msgspec.structs.replace(
+            audio, output=msgspec.structs.replace(output, voice=update.voice)
+        )
+    if not isinstance(update.turn_detection, msgspec.UnsetType):
+        given = audio.input or wire.AudioInput()
+        audio = msgspec.structs.replace(
+            audio, input=msgspec.structs.replace(given, turn_detection=update.turn_detection)
+        )
+    return msgspec.structs.replace(
+        update, type="realtime", voice=None, turn_detection=msgspec.UNSET, audio=audio
+    )

@@ -21,6 +21,7 @@ __all__ = [
     "Item",
     "RealtimeResponse",
     "merge_audio",
+    "session_refusal",
     "wire_item",
 ]
 
@@ -149,9 +150,11 @@ def merge_audio(current: wire.AudioConfig | None, update: wire.AudioConfig) -> w
     if update.input is not None:
         changes: dict[str, object] = {
             name: getattr(update.input, name)
-            for name in ("format", "transcription", "noise_reduction")
+            for name in ("format", "transcription")
             if getattr(update.input, name) is not None
         }
+        if not isinstance(update.input.noise_reduction, msgspec.UnsetType):
+            changes["noise_reduction"] = update.input.noise_reduction  # None: off
         if not isinstance(update.input.turn_detection, msgspec.UnsetType):
             detection = update.input.turn_detection
             if detection is not None:
@@ -176,3 +179,87 @@ def merge_audio(current: wire.AudioConfig | None, update: wire.AudioConfig) -> w
             },
         )
     return wire.AudioConfig(input=inp, output=out)
+
+
+_EAGERNESS: Final = frozenset({"low", "medium", "high", "auto"})
+_NOISE_REDUCTION: Final = frozenset({"near_field", "far_field"})
+_TRUNCATION: Final = frozenset({"auto", "disabled"})
+_EFFORTS: Final = frozenset({"minimal", "low", "medium", "high", "xhigh"})
+
+
+def session_refusal(update: wire.Session) -> tuple[str, str] | None:
+    """Why the API refuses this ``session.update`` (its message, the param), or None.
+
+    The rules of the GA session (``openai`` SDK 3.60 types; docs/providers.md):
+    text or audio output, not both; ``server_vad`` or ``semantic_vad``;
+    ``eagerness`` for semantic VAD only and ``idle_timeout_ms`` for server VAD
+    only; near- or far-field noise reduction; ``audio/pcm`` at 24 kHz only;
+    truncation ``auto``/``disabled`` or a retention ratio in 0..1; a known
+    reasoning effort. The error texts are ours: the API's exact words for
+    these are not published.
+    """
+    modalities = update.output_modalities
+    if modalities is not None and sorted(modalities) not in (["text"], ["audio"]):
+        return (
+            f"Invalid modalities: {modalities}. Supported combinations are: ['text'] and ['audio'].",
+            "session.output_modalities",
+        )
+    audio_input = update.audio.input if update.audio is not None else None
+    if audio_input is not None:
+        fmt = audio_input.format
+        if fmt is not None and fmt.type == "audio/pcm" and fmt.rate not in (None, INPUT_RATE):
+            return (
+                f"Invalid rate: {fmt.rate}. audio/pcm is 24000 Hz only.",
+                "session.audio.input.format.rate",
+            )
+        detection = audio_input.turn_detection
+        if isinstance(detection, wire.TurnDetection):
+            where = "session.audio.input.turn_detection"
+            if detection.type not in ("server_vad", "semantic_vad"):
+                return (
+                    f"Invalid value: {detection.type!r}. Supported values are: "
+                    "'server_vad' and 'semantic_vad'.",
+                    f"{where}.type",
+                )
+            if detection.type == "semantic_vad" and detection.idle_timeout_ms is not None:
+                return (
+                    "idle_timeout_ms is only supported for server_vad turn detection.",
+                    f"{where}.idle_timeout_ms",
+                )
+            if detection.type == "server_vad" and detection.eagerness is not None:
+                return (
+                    "Unknown parameter: 'eagerness' (semantic_vad only).",
+                    f"{where}.eagerness",
+                )
+            if detection.eagerness is not None and detection.eagerness not in _EAGERNESS:
+                return (
+                    f"Invalid value: {detection.eagerness!r}. Supported values are: "
+                    "'low', 'medium', 'high' and 'auto'.",
+                    f"{where}.eagerness",
+                )
+        reduction = audio_input.noise_reduction
+        if isinstance(reduction, wire.NoiseReduction) and reduction.type not in _NOISE_REDUCTION:
+            return (
+                f"Invalid value: {reduction.type!r}. Supported values are: 'near_field' and "
+                "'far_field'.",
+                "session.audio.input.noise_reduction.type",
+            )
+    truncation = update.truncation
+    if isinstance(truncation, str) and truncation not in _TRUNCATION:
+        return (
+            f"Invalid value: {truncation!r}. Supported values are: 'auto' and 'disabled'.",
+            "session.truncation",
+        )
+    if isinstance(truncation, wire.RetentionRatio) and not 0 <= truncation.retention_ratio <= 1:
+        return (
+            f"Invalid retention_ratio: {truncation.retention_ratio}. Use a number from 0 to 1.",
+            "session.truncation.retention_ratio",
+        )
+    reasoning = update.reasoning
+    if reasoning is not None and reasoning.effort is not None and reasoning.effort not in _EFFORTS:
+        return (
+            f"Invalid value: {reasoning.effort!r}. Supported values are: 'minimal', 'low', "
+            "'medium', 'high' and 'xhigh'.",
+            "session.reasoning.effort",
+        )
+    return None

@@ -10,7 +10,8 @@ from collections.abc import AsyncIterator, Callable
 
 from gateway.sim.gemini import GeminiSim
 from gateway.sim.model import Sim, SimConfig
-from gateway.sim.openai import OpenAISim
+from gateway.sim.openai_server import OpenAISim
+from gateway.upstream.providers import by_name
 
 __all__ = ["run_sim", "serve_sim"]
 
@@ -18,7 +19,8 @@ log = logging.getLogger("gateway.sim")
 
 
 def _make_sim(config: SimConfig) -> Sim:
-    if config.flavor == "gemini":
+    """The simulator of the wire ``config.flavor``'s provider speaks."""
+    if by_name(config.flavor).wire == "gemini":
         return GeminiSim(config)
     return OpenAISim(config)
 

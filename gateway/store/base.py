@@ -104,6 +104,15 @@ class Store(abc.ABC):
         it back (its appends and lease renewals fail, ``LeaseLost``).
         """
 
+    async def were_deleted(self, sids: Sequence[str]) -> list[bool]:
+        """Whether each session was deleted and is still fenced (its ``gone`` mark).
+
+        The tombstones a node's workspace sweep reads: a workspace written by a
+        turn that raced its session's delete (its node missed the ``Deleted``
+        message) is removed whatever its age. A store without fences: all False.
+        """
+        return [False] * len(sids)
+
     @abc.abstractmethod
     async def shared_secret(self, name: str, candidate: bytes) -> bytes:
         """The secret stored as ``name``, storing ``candidate`` if none is yet.

@@ -191,6 +191,10 @@ class MemoryStore(Store):
     async def shared_secret(self, name: str, candidate: bytes) -> bytes:
         return self._secrets.setdefault(name, candidate)
 
+    async def were_deleted(self, sids: Sequence[str]) -> list[bool]:
+        now = self._clock()
+        return [now < self._gone.get(sid, now) for sid in sids]
+
     # --- log + history -----------------------------------------------------
 
     async def append(

@@ -317,6 +317,21 @@ class RedisStore(Store):
         ]
         return bool(await self._eval(DELETE, keys, self._ttl_ms))
 
+    async def were_deleted(self, sids: Sequence[str]) -> list[bool]:
+        """``EXISTS`` of each ``gone`` key, pipelined 500 at a time (one slot each)."""
+        found: list[bool] = []
+        for start in range(0, len(sids), 500):
+            chunk = sids[start : start + 500]
+            try:
+                async with self._r.pipeline(transaction=False) as pipe:
+                    for sid in chunk:
+                        pipe.exists(self._key(sid, "gone"))
+                    replies = await pipe.execute()
+            except _ERRORS as exc:
+                raise self._error(exc, "reading deleted sessions") from exc
+            found.extend(bool(r) for r in replies)
+        return found
+
     async def shared_secret(self, name: str, candidate: bytes) -> bytes:
         """``SET NX`` then ``GET``: the first node's candidate wins, every node reads it."""
         key = f"{self.prefix}:secret:{name}"

@@ -25,7 +25,7 @@ from __future__ import annotations
 import abc
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 import msgspec
 
@@ -44,11 +44,13 @@ from protocol.turn_events import (
 )
 
 __all__ = [
+    "CONTROLS",
     "AdapterFactory",
     "AudioDelta",
     "AudioIn",
     "AudioOut",
     "FunctionTool",
+    "ModelOptions",
     "NativeCall",
     "ResponseBegan",
     "ResponseDone",
@@ -138,15 +140,21 @@ class AudioIn(msgspec.Struct, frozen=True, kw_only=True):
     - ``rate``: Hz of the PCM16 given to ``send_audio``; the adapter resamples
       to the provider's (OpenAI 24 kHz, Gemini 16 kHz) when it differs.
     - ``turn_detection``: ``server_vad`` (the provider hears when the user
-      stops and answers by itself) or ``none`` (the session ends the user's
-      turn with ``commit_audio``).
+      stops and answers by itself), ``semantic_vad`` (as server VAD, judged by
+      the model; ``eagerness`` says how soon) or ``none`` (the session ends the
+      user's turn with ``commit_audio``).
+    - ``idle_timeout_ms``: server VAD speaks again after this long without speech.
+    - ``noise_reduction``: ``near_field``, ``far_field``, ``off``; None: the provider's default.
     - ``transcription``: send ``Transcript`` events.
     - ``interrupt_response``: speech cancels a running response (barge-in;
       Gemini always does).
     """
 
     rate: int = 24000
-    turn_detection: Literal["server_vad", "none"] = "server_vad"
+    turn_detection: Literal["server_vad", "semantic_vad", "none"] = "server_vad"
+    eagerness: str | None = None
+    idle_timeout_ms: int | None = None
+    noise_reduction: str | None = None
     transcription: bool = True
     interrupt_response: bool = True
 
@@ -186,6 +194,26 @@ class VoiceConfig(msgspec.Struct, frozen=True, kw_only=True):
     tools: tuple[FunctionTool, ...] = ()
 
 
+CONTROLS: Final[frozenset[str]] = frozenset(
+    ("semantic_vad", "idle_timeout_ms", "noise_reduction", "truncation", "reasoning_effort")
+)
+"""The session controls a provider may lack (``Provider.controls``): a session asking
+for one its provider lacks is refused when it is set up, never silently served without."""
+
+
+class ModelOptions(msgspec.Struct, frozen=True, kw_only=True):
+    """How the model works, beyond voice (None: the provider's default).
+
+    - ``truncation``: ``auto``, ``disabled``, or the share of the window kept
+      when a long context is cut (OpenAI's retention ratio);
+    - ``reasoning_effort``: ``minimal``…``xhigh`` for a model that reasons
+      (OpenAI ``reasoning.effort``; Gemini ``thinkingLevel``).
+    """
+
+    truncation: str | float | None = None
+    reasoning_effort: str | None = None
+
+
 class UpstreamClosed(Exception):
     """The upstream connection is gone (dropped, closed by the provider, time limit).
 
@@ -214,6 +242,7 @@ class Upstream(abc.ABC):
         *,
         voice: VoiceConfig | None = None,
         resume: Resume | None = None,
+        options: ModelOptions | None = None,
     ) -> None:
         """Connect, configure output with ``instructions``, and load ``history``.
 
@@ -221,6 +250,7 @@ class Upstream(abc.ABC):
         ``resume``: continue the provider's own copy of the conversation
         instead of loading ``history`` (which stays the fallback if the
         provider refuses the handle); ``resumed`` says which happened.
+        ``options``: how the model works (``ModelOptions``).
         Raises ``UpstreamClosed`` when the provider cannot be reached or refuses.
         """
 
@@ -321,6 +351,8 @@ class UpstreamFactory(abc.ABC):
     # The wire its upstreams speak (``openai``, ``gemini``): with ``model``, what the
     # model can do (``gateway.upstream.models``).
     wire: str = "openai"
+    # The session controls (``CONTROLS``) its upstreams carry out.
+    controls: frozenset[str] = CONTROLS
 
     @abc.abstractmethod
     def create(self) -> Upstream: ...
@@ -364,6 +396,8 @@ class ProviderChain(UpstreamFactory):
         self.provider = breaker.providers[0]
         self.model = self.factories[self.provider].model
         self.wire = self.factories[self.provider].wire
+        # A session may be served by any of them: it gets what they all carry out.
+        self.controls = frozenset.intersection(*(f.controls for f in factories))
         self._clock = clock
 
     def choose(self) -> UpstreamFactory:

@@ -99,6 +99,7 @@ import msgspec
 from gateway.upstream import gemini_wire as wire
 from gateway.upstream.audio import Resampler
 from gateway.upstream.base import (
+    ModelOptions,
     Resume,
     TextDelta,
     Upstream,
@@ -232,6 +233,7 @@ class GeminiLive(Upstream):
         *,
         voice: VoiceConfig | None = None,
         resume: Resume | None = None,
+        options: ModelOptions | None = None,
     ) -> None:
         if self._opened or self._closed:
             raise RuntimeError("a GeminiLive is opened once; make a new one to reconnect")
@@ -245,6 +247,7 @@ class GeminiLive(Upstream):
             model=facts("gemini", self.model),
             compression=self.compression,
             resume=resume.handle if resume is not None else "",
+            reasoning_effort=options.reasoning_effort if options is not None else None,
             pending=len([m for m in resume.pending if m.content]) if resume is not None else 0,
         )
         try:
@@ -556,6 +559,9 @@ PROVIDER: Final = Provider(
     default_model=DEFAULT_MODEL,
     base_url=DEFAULT_BASE_URL,
     key_variable="GEMINI_API_KEY",
+    # Automatic activity detection only (no semantic VAD, idle timeout, noise
+    # reduction); context compression instead of truncation; thinkingLevel.
+    controls=frozenset({"reasoning_effort"}),
     extra=(
         ExtraSetting(
             "compression",

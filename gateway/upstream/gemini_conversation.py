@@ -128,6 +128,7 @@ class GeminiConversation:
     __slots__ = (
         "_activity_open",
         "_calls",
+        "_effort",
         "_heard",
         "_manual_activity",
         "_outputs",
@@ -160,11 +161,13 @@ class GeminiConversation:
         compression: Compression | None = None,
         resume: str = "",
         pending: int = 0,
+        reasoning_effort: str | None = None,
     ) -> None:
         self.instructions = instructions
         self.voice = voice
         self.model = model
         self.compression = compression
+        self._effort = reasoning_effort
         # The newest resumption handle: the server's copy of this conversation, which a
         # new connection continues (goAway) instead of being sent the transcript.
         self.resume_handle = resume
@@ -216,11 +219,11 @@ class GeminiConversation:
             )
         )
         model = self.model
-        thinking = (
-            wire.ThinkingConfig(include_thoughts=True)
-            if model is not None and model.thinking != "none"
-            else None
-        )
+        thinking = None
+        if model is not None and model.thinking != "none":
+            # A session's reasoning effort is the model's thinking level where it has levels.
+            level = self._effort.upper() if self._effort and model.thinking == "level" else None
+            thinking = wire.ThinkingConfig(include_thoughts=True, thinking_level=level)
         if voice is None:
             return wire.Setup(
                 model=model_name,

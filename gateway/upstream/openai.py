@@ -33,10 +33,11 @@ with the end of the response is harmless).
 from __future__ import annotations
 
 import asyncio
+import collections
 import itertools
 import logging
 from collections.abc import Callable, Sequence
-from typing import Final
+from typing import Any, Final
 from urllib.parse import quote
 
 import msgspec
@@ -45,6 +46,8 @@ from gateway.upstream import openai_wire as wire
 from gateway.upstream.audio import Resampler
 from gateway.upstream.base import (
     AudioDelta,
+    AudioIn,
+    ModelOptions,
     NativeCall,
     ResponseBegan,
     ResponseDone,
@@ -95,12 +98,60 @@ def _message_item(message: Message) -> wire.Item:
     )
 
 
-def _voice_session(
-    instructions: str, voice: VoiceConfig | None, transcription_model: str
+def _turn_detection(given: AudioIn) -> wire.TurnDetection | None:
+    """``audio.input.turn_detection`` for the session's choice (None: VAD off)."""
+    if given.turn_detection == "none":
+        return None
+    if given.turn_detection == "semantic_vad":
+        return wire.TurnDetection(
+            type="semantic_vad",
+            eagerness=given.eagerness,
+            create_response=True,
+            interrupt_response=given.interrupt_response,
+        )
+    return wire.TurnDetection(
+        type="server_vad",
+        create_response=True,
+        interrupt_response=given.interrupt_response,
+        idle_timeout_ms=given.idle_timeout_ms,
+    )
+
+
+def _noise_reduction(given: AudioIn) -> wire.NoiseReduction | msgspec.UnsetType | None:
+    if given.noise_reduction is None:
+        return msgspec.UNSET  # the provider's default
+    if given.noise_reduction == "off":
+        return None
+    return wire.NoiseReduction(type=given.noise_reduction)
+
+
+def _model_options(options: ModelOptions | None) -> dict[str, Any]:
+    """``truncation`` and ``reasoning`` of ``session.update``, where the session sets them."""
+    if options is None:
+        return {}
+    fields: dict[str, Any] = {}
+    truncation = options.truncation
+    if isinstance(truncation, str):
+        fields["truncation"] = truncation
+    elif truncation is not None:
+        fields["truncation"] = wire.RetentionRatio(retention_ratio=truncation)
+    if options.reasoning_effort is not None:
+        fields["reasoning"] = wire.Reasoning(effort=options.reasoning_effort)
+    return fields
+
+
+def session_update(
+    instructions: str,
+    voice: VoiceConfig | None,
+    transcription_model: str,
+    options: ModelOptions | None = None,
 ) -> wire.Session:
     """The ``session.update`` of a session (text unless ``voice`` says otherwise)."""
+    more = _model_options(options)
     if voice is None:
-        return wire.Session(type="realtime", instructions=instructions, output_modalities=["text"])
+        return wire.Session(
+            type="realtime", instructions=instructions, output_modalities=["text"], **more
+        )
     audio_in = audio_out = None
     if voice.audio_in is not None:
         given = voice.audio_in
@@ -109,15 +160,8 @@ def _voice_session(
             transcription=(
                 wire.Transcription(model=transcription_model) if given.transcription else None
             ),
-            turn_detection=(
-                wire.TurnDetection(
-                    type="server_vad",
-                    create_response=True,
-                    interrupt_response=given.interrupt_response,
-                )
-                if given.turn_detection == "server_vad"
-                else None
-            ),
+            turn_detection=_turn_detection(given),
+            noise_reduction=_noise_reduction(given),
         )
     if voice.audio_out is not None:
         audio_out = wire.AudioOutput(
@@ -134,6 +178,7 @@ def _voice_session(
         output_modalities=["audio"] if voice.audio_out is not None else ["text"],
         audio=wire.AudioConfig(input=audio_in, output=audio_out),
         tools=tools or None,
+        **more,
     )
 
 
@@ -182,6 +227,7 @@ class OpenAIRealtime(Upstream):
         # Voice: the server starts responses (server VAD); the input resampler.
         self._server_responses = False
         self._spoken = False  # the model answers in audio (a barge-in truncates its item)
+        self._queued_events: collections.deque[UpstreamEvent] = collections.deque()
         self._resampler: Resampler | None = None
         # ``stream_text_to``: where deltas go while recv() waits, and a frame the
         # read callback decoded but did not take (recv() uses it, not decoding again).
@@ -192,6 +238,12 @@ class OpenAIRealtime(Upstream):
     @property
     def url(self) -> str:
         return f"{self.base_url}/realtime?model={quote(self.model, safe='')}"
+
+    def session_update(
+        self, instructions: str, voice: VoiceConfig | None, options: ModelOptions | None
+    ) -> wire.Session:
+        """The session this connection asks for (a provider of another shape overrides it)."""
+        return session_update(instructions, voice, self.transcription_model, options)
 
     def headers(self) -> dict[str, str]:
         """The handshake's headers: the key as a bearer token."""
@@ -206,6 +258,7 @@ class OpenAIRealtime(Upstream):
         *,
         voice: VoiceConfig | None = None,
         resume: Resume | None = None,
+        options: ModelOptions | None = None,
     ) -> None:
         # OpenAI Realtime has no resumption: ``resume`` is ignored, the history is loaded.
         if self._socket.open or self._closed:
@@ -221,10 +274,10 @@ class OpenAIRealtime(Upstream):
                 raise UpstreamClosed(
                     f"{self._socket.label} sent no session.created within {self.open_timeout:g}s"
                 ) from exc
-            session = _voice_session(instructions, voice, self.transcription_model)
+            session = self.session_update(instructions, voice, options)
             self._spoken = voice is not None and voice.audio_out is not None
             if voice is not None and voice.audio_in is not None:
-                self._server_responses = voice.audio_in.turn_detection == "server_vad"
+                self._server_responses = voice.audio_in.turn_detection != "none"
                 self._resampler = Resampler(voice.audio_in.rate, AUDIO_RATE)
             await self._send(wire.SessionUpdate(session=session, event_id=self._event_id()))
             for message in history:
@@ -299,9 +352,7 @@ class OpenAIRealtime(Upstream):
         if heard_ms is not None and items and self._spoken:
             # A barge-in: the answer's audio is cut where the user stopped hearing it,
             # so the model's memory is what was heard (not the whole answer it wrote).
-            await self._send(
-                wire.ConversationItemTruncate(item_id=items[0], audio_end_ms=heard_ms)
-            )
+            await self._send(wire.ConversationItemTruncate(item_id=items[0], audio_end_ms=heard_ms))
             for item_id in items[1:]:
                 await self._send(wire.ConversationItemDelete(item_id=item_id))
             return
@@ -322,7 +373,7 @@ class OpenAIRealtime(Upstream):
         """The read callback's offer of a frame while ``recv()`` waits: take a
         delta of the current response to the sink; leave anything else to ``recv()``."""
         sink = self._text_sink
-        if sink is None:
+        if sink is None or self._queued_events:
             return False
         try:
             event = wire.decode_upstream(data)
@@ -342,6 +393,8 @@ class OpenAIRealtime(Upstream):
     async def recv(self) -> UpstreamEvent:
         socket = self._socket
         while True:
+            if self._queued_events:
+                return self._queued_events.popleft()
             data = await socket.recv()
             if data is None:
                 return Woken()
@@ -395,6 +448,12 @@ class OpenAIRealtime(Upstream):
                 return SpeechEnded(event.audio_end_ms)
             elif isinstance(event, wire.InputAudioTranscriptionCompleted):
                 return Transcript(event.transcript)
+            elif isinstance(event, wire.InputAudioBufferTimeoutTriggered):
+                # Server VAD's idle timeout: the silence is the user's turn, and the
+                # model speaks again (its response follows by itself).
+                seconds = (event.audio_end_ms - event.audio_start_ms) / 1000
+                self._queued_events.append(Transcript(f"(no speech for {seconds:g} s)"))
+                return SpeechEnded(event.audio_end_ms)
             elif (
                 isinstance(event, wire.ResponseFunctionCallArgumentsDone)
                 and event.response_id == self._current

@@ -161,6 +161,23 @@ class Transcription(msgspec.Struct, omit_defaults=True):
     prompt: str | None = None
 
 
+class NoiseReduction(msgspec.Struct, omit_defaults=True):
+    type: str
+    strength: float | None = None
+
+
+class RetentionRatio(msgspec.Struct, omit_defaults=True):
+    """``session.truncation`` as a share of the window kept when a long context is cut."""
+
+    retention_ratio: float
+    type: str = "retention_ratio"
+    token_limits: dict[str, int] | None = None
+
+
+class Reasoning(msgspec.Struct, omit_defaults=True):
+    effort: str | None = None
+
+
 class AudioInput(msgspec.Struct, omit_defaults=True):
     """``session.audio.input``. ``turn_detection`` UNSET keeps the server's
     setting; ``None`` (sent as ``null``) turns detection off."""
@@ -168,7 +185,8 @@ class AudioInput(msgspec.Struct, omit_defaults=True):
     format: AudioFormat | None = None
     transcription: Transcription | None = None
     turn_detection: TurnDetection | msgspec.UnsetType | None = msgspec.UNSET
-    noise_reduction: object | None = None
+    # ``{"type": "near_field" | "far_field", "strength"?}``; null turns it off.
+    noise_reduction: NoiseReduction | msgspec.UnsetType | None = msgspec.UNSET
 
 
 class AudioOutput(msgspec.Struct, omit_defaults=True):
@@ -195,9 +213,14 @@ class FunctionTool(msgspec.Struct, omit_defaults=True):
 
 class Session(msgspec.Struct, omit_defaults=True):
     """The session configuration: sent in ``session.update``, echoed in
-    ``session.created``/``session.updated`` (which also carry ``id``/``object``)."""
+    ``session.created``/``session.updated`` (which also carry ``id``/``object``).
 
-    type: str
+    OpenAI's GA shape sets ``type`` ("realtime") and nests voice and turn
+    detection under ``audio``; xAI's flat shape has no ``type`` and sets
+    ``voice`` and ``turn_detection`` here (docs/providers.md).
+    """
+
+    type: str | None = None
     id: str | None = None
     object: str | None = None
     model: str | None = None
@@ -208,6 +231,11 @@ class Session(msgspec.Struct, omit_defaults=True):
     audio: AudioConfig | None = None
     tools: list[FunctionTool] | None = None
     tool_choice: str | None = None
+    truncation: str | RetentionRatio | None = None
+    reasoning: Reasoning | None = None
+    # xAI's flat session shape.
+    voice: str | None = None
+    turn_detection: TurnDetection | msgspec.UnsetType | None = msgspec.UNSET
 
 
 class ResponseParams(msgspec.Struct, omit_defaults=True):

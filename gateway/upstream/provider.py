@@ -21,7 +21,7 @@ from typing import Annotated, Any, Literal, cast
 import msgspec
 
 from gateway.settings import Setting
-from gateway.upstream.base import Upstream, UpstreamFactory
+from gateway.upstream.base import CONTROLS, Upstream, UpstreamFactory
 
 __all__ = [
     "UPSTREAM_GROUP",
@@ -78,7 +78,11 @@ class Provider:
     - ``default_model``, ``base_url``: used when none is configured;
     - ``key_variable``: the conventional variable of its key (also read as
       its setting), named in every message about a refused key;
-    - ``extra``: settings of its own beyond URL and key.
+    - ``extra``: settings of its own beyond URL and key;
+    - ``example_base_url``: shown when a provider with no default URL has none set;
+    - ``model_is``: what its model setting names ("model", or Azure's "deployment");
+    - ``controls``: the session controls (``CONTROLS``) its API documents; a
+      session asking for another is refused with the provider's name.
     """
 
     name: str
@@ -89,6 +93,9 @@ class Provider:
     base_url: str
     key_variable: str
     extra: tuple[ExtraSetting, ...] = ()
+    example_base_url: str = ""
+    model_is: str = "model"
+    controls: frozenset[str] = CONTROLS
     settings: type[ProviderSettings] = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -134,6 +141,7 @@ class ProviderFactory(UpstreamFactory):
         self.provider = row.name
         self.model = model
         self.wire = row.wire
+        self.controls = row.controls
 
     def create(self) -> Upstream:
         return self.row.connect(self.row, self.settings, self.model)

@@ -15,7 +15,7 @@ from typing import Annotated, Any, Final
 import msgspec
 
 from gateway.settings import Nested
-from gateway.upstream import gemini, openai
+from gateway.upstream import azure, gemini, openai, xai
 from gateway.upstream.provider import Provider, ProviderSettings
 
 __all__ = [
@@ -28,7 +28,12 @@ __all__ = [
     "settings_of",
 ]
 
-PROVIDERS: Final[tuple[Provider, ...]] = (openai.PROVIDER, gemini.PROVIDER)
+PROVIDERS: Final[tuple[Provider, ...]] = (
+    openai.PROVIDER,
+    gemini.PROVIDER,
+    azure.PROVIDER,
+    xai.PROVIDER,
+)
 
 SIM: Final = "sim"
 """The built-in simulator: speaks the wire of one provider (its flavour), in-process."""
@@ -49,7 +54,9 @@ def by_name(name: str) -> Provider:
 
 def default_models() -> str:
     """Each provider's default model, as the docs show them."""
-    return ", ".join(f"{row.default_model} ({row.name})" for row in PROVIDERS)
+    return ", ".join(
+        f"{row.default_model or 'your ' + row.model_is} ({row.name})" for row in PROVIDERS
+    )
 
 
 UpstreamSettings: Final[type[msgspec.Struct]] = msgspec.defstruct(

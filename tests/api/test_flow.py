@@ -7,7 +7,6 @@ node A and the page connects to node B, the export and the delete go to A.
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -92,7 +91,7 @@ async def test_mint_connect_turn_export_delete_across_nodes(
         assert info["created"] > 0
 
         # Delete while the page is connected: closed with 4404, then gone everywhere.
-        workspaces = [Path(n.config.workspace_root) / sid for n in (a, b)]
+        workspaces = [n.node.workspaces.workspace(sid) for n in (a, b)]
         for workspace in workspaces:  # as if tools had run on both nodes
             workspace.mkdir(parents=True, exist_ok=True)
             (workspace / "notes.txt").write_text("x")

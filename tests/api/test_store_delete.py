@@ -45,3 +45,27 @@ async def test_shared_secret_first_writer_wins(store: Store) -> None:
         assert await store.shared_secret("t", b"two") == b"one"
     finally:
         await store.close()
+
+
+async def test_deleted_sessions_are_told_while_fenced_and_forgotten_after() -> None:
+    """The tombstones a workspace sweep reads (``were_deleted``) last as the fence does."""
+    now = [1000.0]
+    store = MemoryStore(ttl=60.0, clock=lambda: now[0])
+    await store.create_session("kept", {"owner": "alice"})
+    await store.create_session("gone", {"owner": "alice"})
+    assert await store.delete_session("gone")
+    assert await store.were_deleted(["gone", "kept", "never-was"]) == [True, False, False]
+    now[0] += 61.0
+    assert await store.were_deleted(["gone"]) == [False]
+
+
+async def test_deleted_sessions_are_told_in_one_call_for_many(store: Store) -> None:
+    try:
+        sids = [f"s{n}" for n in range(1200)]  # more than one pipelined chunk
+        for sid in sids[::300]:
+            await store.delete_session(sid)
+        told = await store.were_deleted(sids)
+        assert [sid for sid, gone in zip(sids, told, strict=True) if gone] == sids[::300]
+        assert await store.were_deleted([]) == []
+    finally:
+        await store.close()

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import os
 import pty
+import re
 import signal
 import sys
 
@@ -25,6 +26,7 @@ class Terminal:
         self.pid = pid
         self.fd = fd
         self.output = ""
+        self._seen = 0  # where the last match ended: later matches start there
         self._data = asyncio.Event()
         self._eof = False
         asyncio.get_running_loop().add_reader(fd, self._on_readable)
@@ -53,13 +55,27 @@ class Terminal:
         self._data.set()
 
     async def expect(self, text: str, timeout: float = 20.0) -> None:
-        """Wait until ``text`` has been printed (from the start of the session)."""
+        """Wait until ``text`` is printed after what the last ``expect`` matched.
+
+        Like pexpect, a match consumes the output up to its end: what was
+        printed earlier (a hint that names a command, the echo of a typed
+        line already matched) cannot satisfy a later expectation.
+        """
+        await self.expect_re(re.escape(text), timeout)
+
+    async def expect_re(self, pattern: str, timeout: float = 20.0) -> re.Match[str]:
+        """``expect`` for a regular expression; returns its match."""
+        regex = re.compile(pattern)
         async with asyncio.timeout(timeout):
-            while text not in self.output:
+            while (match := regex.search(self.output, self._seen)) is None:
                 if self._eof:
-                    raise AssertionError(f"exited before printing {text!r}:\n{self.output}")
+                    raise AssertionError(
+                        f"exited before printing {pattern!r} after:\n{self.output[self._seen :]}"
+                    )
                 self._data.clear()
                 await self._data.wait()
+        self._seen = match.end()
+        return match
 
     def type(self, text: str) -> None:
         os.write(self.fd, text.encode())

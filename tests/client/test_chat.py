@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import sys
 
+from gateway.client.chat import COMMANDS
 from gateway.client.loadtest import sized_message
 from gateway.edge.server import Gateway
 from tests.client.terminal import Terminal
@@ -33,16 +34,22 @@ async def test_help_lists_the_commands_and_cancel_works(gateway_factory: Gateway
     async with gateway_factory(sim_tokens_per_second=20.0) as gw:
         term = await Terminal.start("chat", gw.url, "--no-color")
         try:
+            banner = await term.expect_re(r"\[session ([A-Za-z0-9_-]+) \(new\) at seq 0\]")
+            sid = banner[1]
             await term.expect("/help lists commands")
             term.type("/help\n")
-            for command in ("/help", "/cancel", "/session", "/quit"):
-                await term.expect(command + " ")
+            await term.expect("/help\n")  # the typed line's echo: the answer comes after it
+            for command, meaning in COMMANDS.items():  # each line of the list, in order
+                await term.expect(f"  {command:<9} {meaning}\n")
+            await term.expect("  anything else is sent to the model\n")
             term.type(sized_message("more words", 400) + "\n")
             await term.expect("Echo: more")
             term.type("/cancel\n")
             await term.expect("cancelled")
             term.type("/session\n")
-            await term.expect("last seq")
+            await term.expect("/session\n")
+            answer = await term.expect_re(rf"session {sid}, last seq (\d+)\n")
+            assert int(answer[1]) > 3  # the cancelled turn's events were received
             term.type("/quit\n")
             assert await term.wait() == 0
         finally:

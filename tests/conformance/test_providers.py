@@ -34,11 +34,12 @@ from gateway.sim.server import serve_sim
 from protocol.events import Event, Metric, Usage
 from tests.support.client import GatewayClient
 
-PROVIDERS = ["openai", "gemini"]
+PROVIDERS = ["openai", "gemini", "azure", "xai"]
 KEY = "conformance-key"
-# The text protocol runs where a model writes text: OpenAI's default, and on Gemini's wire
-# the simulator's own model (today's Live models only speak: see test_spoken_models.py).
-TEXT_MODEL = {"openai": "", "gemini": "sim"}
+# The text protocol runs where a model writes text: the providers' defaults, an Azure
+# deployment, and on Gemini's wire the simulator's own model (today's Live models only
+# speak: see tests/gateway/test_spoken_models.py).
+TEXT_MODEL = {"openai": "", "gemini": "sim", "azure": "my-realtime-deployment", "xai": ""}
 
 Shape = list[tuple[str, str]]
 
@@ -186,12 +187,12 @@ async def test_plain_tool_and_malformed_turns(provider: str, tmp_path: Path) -> 
 
 async def test_providers_produce_identical_sequences(tmp_path: Path) -> None:
     texts = ["hi", TOOL, MALFORMED, '/tool read {"path": "missing.txt"}', "bye"]
-    openai, gemini = [
+    first, *others = [
         await script(provider, tmp_path, texts, overrun=False, chunk_size=3)
         for provider in PROVIDERS
     ]
-    assert openai == gemini
-    assert [turn[-1] for turn in openai] == [("metric", "")] * len(texts)
+    assert all(other == first for other in others)
+    assert [turn[-1] for turn in first] == [("metric", "")] * len(texts)
 
 
 @pytest.mark.parametrize("provider", PROVIDERS)
@@ -297,7 +298,7 @@ async def test_a_tool_turn_gives_the_same_metrics_on_both_flavours(
             input=sum(m.step.input for m in metrics), output=sum(m.step.output for m in metrics)
         )
         counts.append(len(metrics))
-    assert counts == [2, 2]
+    assert counts == [2] * len(PROVIDERS)
 
 
 @pytest.mark.parametrize("provider", PROVIDERS)

@@ -126,3 +126,32 @@ async def test_bad_after_values_are_refused_naming_the_last_seq(
             again = await GatewayClient.connect(gw.url, session_id=sid, after=after)
             assert again.session.seq == last
             await again.close()
+
+
+@memory_only
+async def test_a_resume_from_before_the_trimmed_log_is_told_the_gap_then_continues(
+    gateway_factory: GatewayFactory,
+) -> None:
+    """``log_trimmed``: the events no longer kept, named, then every kept one in order."""
+    async with gateway_factory(max_log=10) as gw:
+        client = await GatewayClient.connect(gw.url)
+        for text in ("one", "two", "three"):
+            await client.turn(text)
+        sid, last = client.sid, client.last_seq
+        await client.close()
+        first_kept = await gw.node.store.first_seq(sid)
+        assert first_kept > 3, "the log was not trimmed: the test needs more events"
+
+        again = await GatewayClient.connect(gw.url, session_id=sid, after=1)
+        gap = await again.next()
+        assert isinstance(gap, Error) and gap.code == "log_trimmed", gap
+        assert gap.seq == 1
+        assert f"events 2..{first_kept - 1} are no longer in the session log" in gap.content
+        replay = [await again.next() for _ in range(last - first_kept + 1)]
+        assert [e.seq for e in replay] == list(range(first_kept, last + 1))
+        assert text_of(replay, "respond").endswith("Echo: three")
+        # A resume inside the kept log is not told of any gap.
+        await again.close()
+        inside = await GatewayClient.connect(gw.url, session_id=sid, after=first_kept)
+        assert (await inside.next()).seq == first_kept + 1
+        await inside.close()

@@ -118,17 +118,29 @@ async def test_turns_per_minute_are_limited_with_a_retry_after(
 
 
 async def test_a_message_during_a_turn_is_turn_active_and_not_counted(
-    gateway_factory: GatewayFactory,
+    gateway_factory: GatewayFactory, keys: Keys
 ) -> None:
-    async with gateway_factory(turns_per_minute=1, sim_tokens_per_second=50.0) as gw:
+    # Limits count per API key: a session without one (an open node) has no limits.
+    settings = {"api_keys_file": str(keys.path), "turns_per_minute": 2}
+    async with gateway_factory(**settings, sim_tokens_per_second=50.0) as gw:
         gw.node.limits.clock = lambda: NOW
-        client = await GatewayClient.connect(gw.url)
+        client = await GatewayClient.connect(gw.url, headers=keys.bearer("alice"))
         await client.user("a slow one")
         await client.until(lambda e: isinstance(e, User))
         await client.user("again")
         reply = await client.until(lambda e: isinstance(e, Error))
         assert isinstance(reply[-1], Error) and reply[-1].code == "turn_active"
         await client.until_type("end")
+        await client.until_type("metric")
+        counted = await gw.node.store.incr_window(f"turns:alice:{int(NOW // 60)}", 0, 120)
+        assert counted == 1
+        # The refused message took none of the minute's two turns: the second starts,
+        # and the limit still holds after it.
+        events = await client.turn("the second")
+        assert isinstance(events[0], User) and events[0].content == "the second"
+        await client.user("a third")
+        refused = await client.next()
+        assert isinstance(refused, Error) and refused.code == "rate_limited"
         await client.close()
 
 

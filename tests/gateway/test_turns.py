@@ -51,7 +51,7 @@ async def test_a_plain_turn_streams_think_then_response(gateway: Gateway) -> Non
     await client.close()
 
 
-async def test_a_tool_call_runs_and_the_model_continues(gateway: Gateway, tmp_path) -> None:
+async def test_a_tool_call_runs_and_the_model_continues(gateway: Gateway) -> None:
     client = await GatewayClient.connect(gateway.url)
     args = {"path": "notes/a.txt", "content": "written by a tool"}
     events = await client.turn("/tool write " + orjson.dumps(args).decode())
@@ -66,7 +66,7 @@ async def test_a_tool_call_runs_and_the_model_continues(gateway: Gateway, tmp_pa
     # The overrun the simulator writes after </execute> never reaches the client.
     assert "hallucinated" not in text_of(events, "respond")
     assert text_of(events, "respond") == "The tool returned success."
-    written = tmp_path / "workspaces" / client.sid / "notes" / "a.txt"
+    written = gateway.node.workspaces.workspace(client.sid) / "notes" / "a.txt"
     assert written.read_text() == "written by a tool"
     # Two model steps, two metrics; totals add up.
     metrics = [e for e in events if isinstance(e, Metric)]

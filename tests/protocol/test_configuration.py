@@ -5,6 +5,7 @@ from __future__ import annotations
 from protocol.configuration import (
     ClientToolSpec,
     ConfigChange,
+    InputAudio,
     SessionConfig,
     apply_change,
     decode_config,
@@ -47,3 +48,27 @@ def test_configure_frames_decode_or_say_which_field_is_wrong() -> None:
         and "colour" in unknown.content
         and "instructions" in unknown.content
     )
+
+
+def test_audio_controls_that_belong_to_another_turn_detection_are_refused() -> None:
+    semantic = ConfigChange(input_audio=InputAudio(turn_detection="semantic_vad", eagerness="low"))
+    assert isinstance(apply_change(SessionConfig(), semantic), SessionConfig)
+    eager_server = ConfigChange(input_audio=InputAudio(eagerness="low"))
+    assert "semantic_vad only" in str(apply_change(SessionConfig(), eager_server))
+    idle_semantic = ConfigChange(
+        input_audio=InputAudio(turn_detection="semantic_vad", idle_timeout_ms=5000)
+    )
+    assert "server_vad only" in str(apply_change(SessionConfig(), idle_semantic))
+
+
+def test_truncation_and_reasoning_effort_decode_or_say_what_is_wrong() -> None:
+    ok = decode_client(b'{"type": "configure", "truncation": 0.5, "reasoning_effort": "low"}')
+    assert isinstance(ok, Configure) and ok.truncation == 0.5 and ok.reasoning_effort == "low"
+    ratio = decode_client(b'{"type": "configure", "truncation": 1.5}')
+    assert isinstance(ratio, Error) and "truncation" in ratio.content
+    effort = decode_client(b'{"type": "configure", "reasoning_effort": "max"}')
+    assert isinstance(effort, Error) and "reasoning_effort" in effort.content
+    cleared = apply_change(
+        SessionConfig(reasoning_effort="high"), ConfigChange(reasoning_effort=None)
+    )
+    assert isinstance(cleared, SessionConfig) and cleared.reasoning_effort is None

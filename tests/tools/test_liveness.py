@@ -126,7 +126,9 @@ def test_a_pathological_search_through_the_gateway_leaves_health_checks_answered
             async with connect(node.base + "/v1/realtime") as ws:
                 session = decode_event(await asyncio.wait_for(ws.recv(), 10))
                 assert isinstance(session, Session)
-                workspace = workspaces / session.session_id
+                # The node's memory store claimed its namespace at start.
+                (namespace,) = workspaces.glob("memory.*/")
+                workspace = namespace / session.session_id
                 workspace.mkdir(parents=True, exist_ok=True)
                 (workspace / "evil.txt").write_text((_EVIL_LINE + "\n") * 2_000)
                 args = json.dumps({"pattern": _EVIL_REGEX, "regex": True})

@@ -10,7 +10,11 @@ from __future__ import annotations
 import collections
 import contextlib
 import os
+import pwd
 import shutil
+import subprocess
+import sys
+import tempfile
 import threading
 from pathlib import Path
 from typing import Any
@@ -169,12 +173,60 @@ def test_missing_workspace_is_an_operator_error(tmp_path: Path) -> None:
         workspace_root(tmp_path / "nope")
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root ignores file permissions")
-async def test_unreadable_file_is_a_clean_failure(call: Call, workspace: Path) -> None:
-    f = workspace / "locked.txt"
-    f.write_text("x")
-    f.chmod(0)
-    assert "permission denied" in failed(await call("read", path="locked.txt"))
+# The read tool in a process of its own, as a user file permissions apply to: root
+# drops to the uid and gid given after everything is imported (the interpreter may
+# live where only root can read).
+_READ_LOCKED = """
+import asyncio, concurrent.futures.thread, os, sys
+from pathlib import Path
+from protocol.calls import ToolCall
+from tools.base import ToolContext
+from tools.builtin import default_registry
+from tools.executor import Executor
+
+if len(sys.argv) > 2:
+    os.setgroups([])
+    os.setgid(int(sys.argv[3]))
+    os.setuid(int(sys.argv[2]))
+
+async def main() -> None:
+    context = ToolContext(workspace=Path(sys.argv[1]), session_id="permissions")
+    call = ToolCall(name="read", args={"path": "locked.txt"})
+    result = await Executor(default_registry(), timeout=20.0).run_call(call, context)
+    print(result.status, result.content)
+
+asyncio.run(main())
+"""
+
+
+def test_unreadable_file_is_a_clean_failure() -> None:
+    """Root reads any file, so as root the tool runs as ``nobody`` (its own process)."""
+    workspace = Path(tempfile.mkdtemp(prefix="rtgw-permissions-"))  # /tmp: nobody may enter
+    try:
+        locked = workspace / "locked.txt"
+        locked.write_text("the locked text")
+        run_as: list[str] = []
+        if os.geteuid() == 0:
+            nobody = pwd.getpwnam("nobody")
+            for path in (workspace, locked):
+                os.chown(path, nobody.pw_uid, nobody.pw_gid)
+            run_as = [str(nobody.pw_uid), str(nobody.pw_gid)]
+        locked.chmod(0)
+        done = subprocess.run(
+            [sys.executable, "-c", _READ_LOCKED, str(workspace), *run_as],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            cwd="/",
+            env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        status, _, message = done.stdout.strip().partition(" ")
+        assert status == "failure", done.stdout
+        assert "permission denied" in message and "the locked text" not in message
+    finally:
+        shutil.rmtree(workspace, ignore_errors=True)
 
 
 # --- hard links and races (issue 13) -------------------------------------------

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator, Sequence
 
 import pytest
 from websockets.asyncio.server import ServerConnection, serve
+from websockets.exceptions import ConnectionClosed
 
 from gateway.config import load_config
 from gateway.sim.model import SimConfig, sim_reply, simulated_usage_tokens
@@ -504,13 +505,14 @@ async def scripted(frames: Sequence[str]) -> AsyncIterator[tuple[str, list[int]]
 
     async def handler(ws: ServerConnection) -> None:
         connections[0] += 1
-        await ws.recv()
-        await ws.send(frames[0])
-        await ws.recv()
-        for frame in frames[1:]:
-            await ws.send(frame)
-        async for _ in ws:
-            pass
+        with contextlib.suppress(ConnectionClosed):  # the adapter may leave at any point
+            await ws.recv()
+            await ws.send(frames[0])
+            await ws.recv()
+            for frame in frames[1:]:
+                await ws.send(frame)
+            async for _ in ws:
+                pass
 
     async with serve(handler, "127.0.0.1", 0, compression=None) as server:
         port = server.sockets[0].getsockname()[1]

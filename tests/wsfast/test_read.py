@@ -281,8 +281,9 @@ async def test_the_gateways_server_connection_reads_what_a_client_sends() -> Non
 async def test_an_unmasked_frame_from_a_client_is_a_protocol_error() -> None:
     async def server(ws: ServerConnection) -> None:
         await ws.send("ready")
-        async for _ in ws:
-            pass
+        with pytest.raises(ConnectionClosed):  # the protocol error ends the connection
+            async for _ in ws:
+                pass
 
     async with serve(
         server, "127.0.0.1", 0, compression=None, create_connection=BatchingConnection

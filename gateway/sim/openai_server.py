@@ -1,0 +1,116 @@
+"""The simulator's servers on OpenAI Realtime's wire: one per provider that speaks it.
+
+OpenAI, Azure OpenAI and xAI serve the same events; what differs is the
+path, how the key is given, and (xAI) the shape of the session. Each is a
+``Flavour`` row here, and ``OpenAISim`` serves the flavour it is given, so
+the adapter of each provider is tested against the server it will meet
+(docs/providers.md has the sources):
+
+- ``openai``: ``/v1/realtime?model=M``, ``Authorization: Bearer KEY``, the GA session;
+- ``azure``: ``/openai/v1/realtime?model=DEPLOYMENT``, ``api-key: KEY`` (or an
+  Entra ``Authorization: Bearer TOKEN``); the deployment is required;
+- ``xai``: ``/v1/realtime``, ``Authorization: Bearer KEY``, xAI's flat session.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final, Literal
+
+from websockets.asyncio.server import ServerConnection
+from websockets.datastructures import Headers
+from websockets.http11 import Request, Response
+
+from gateway.sim.model import Sim, SimConfig
+from gateway.sim.openai import DEFAULT_MODEL, RealtimeConnection
+
+__all__ = ["FLAVOURS", "Flavour", "OpenAISim"]
+
+
+@dataclass(frozen=True, slots=True)
+class Flavour:
+    """How one provider serves OpenAI Realtime's wire."""
+
+    name: str
+    base: str  # the base URL's path (an adapter's base_url is ADDRESS + base)
+    auth: Literal["bearer", "api-key"]
+    needs_model: bool = False  # ``?model=`` must name a model (a deployment)
+    flat: bool = False  # sessions in xAI's flat shape
+    label: str = ""
+
+    @property
+    def path(self) -> str:
+        return f"{self.base}/realtime"
+
+
+FLAVOURS: Final = {
+    flavour.name: flavour
+    for flavour in (
+        Flavour("openai", "/v1", "bearer", label="OpenAI Realtime"),
+        Flavour("azure", "/openai/v1", "api-key", needs_model=True, label="Azure OpenAI"),
+        Flavour("xai", "/v1", "bearer", flat=True, label="xAI Grok Voice"),
+    )
+}
+
+
+def _json(status: int, reason: str, body: bytes) -> Response:
+    headers = Headers({"Content-Type": "application/json", "Content-Length": str(len(body))})
+    return Response(status, reason, headers, body)
+
+
+class OpenAISim(Sim):
+    """A simulator on OpenAI Realtime's wire, served as ``config.flavor`` serves it."""
+
+    def __init__(self, config: SimConfig) -> None:
+        super().__init__(config)
+        self.profile = FLAVOURS[config.flavor]
+        self.flavor = config.flavor
+
+    @property
+    def url(self) -> str:
+        """The WebSocket base URL (``ws://HOST:PORT/v1``) for an adapter or the SDK."""
+        return f"{self.address}{self.profile.base}"
+
+    @property
+    def endpoint(self) -> str:
+        return f"{self.address}{self.profile.path}"
+
+    def _process_request(self, connection: ServerConnection, request: Request) -> Response | None:
+        profile = self.profile
+        path, _, query = request.path.partition("?")
+        if path.rstrip("/") != profile.path:
+            return connection.respond(404, f"Not found: the realtime endpoint is {profile.path}\n")
+        if profile.needs_model and not _model(query):
+            return _json(
+                404,
+                "Not Found",
+                b'{"error": {"code": "DeploymentNotFound", "message": "The API deployment '
+                b'for this resource does not exist."}}',
+            )
+        key = self.config.api_key
+        if key is not None and not self._authorized(request, key):
+            return _json(
+                401,
+                "Unauthorized",
+                b'{"error": {"type": "invalid_request_error", "code": "invalid_api_key", '
+                b'"message": "Incorrect API key provided.", "param": null}}',
+            )
+        return None
+
+    def _authorized(self, request: Request, key: str) -> bool:
+        if request.headers.get("Authorization") == f"Bearer {key}":
+            return True  # OpenAI and xAI keys; Azure's Entra tokens
+        return self.profile.auth == "api-key" and request.headers.get("api-key") == key
+
+    def _connection(self, ws: ServerConnection, no: int) -> RealtimeConnection:
+        query = ws.request.path.partition("?")[2] if ws.request is not None else ""
+        model = _model(query) or DEFAULT_MODEL
+        return RealtimeConnection(self, ws, no, model, flat=self.profile.flat)
+
+
+def _model(query: str) -> str:
+    for pair in query.split("&"):
+        name, _, value = pair.partition("=")
+        if name == "model" and value:
+            return value
+    return ""

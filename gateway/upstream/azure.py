@@ -1,0 +1,76 @@
+"""Azure OpenAI's Realtime API: OpenAI's wire at the resource's own URL, with its own key.
+
+Only the connect step differs from OpenAI (docs/providers.md, "Azure OpenAI"):
+the GA endpoint is ``wss://RESOURCE.openai.azure.com/openai/v1/realtime?model=
+DEPLOYMENT`` (the deployment name goes where the model goes; no
+``api-version``), and the key is an ``api-key`` header — or, with ``--azure-auth
+bearer``, a Microsoft Entra token sent as ``Authorization: Bearer``. A
+transcription model is a deployment too (``--azure-transcription-model``).
+"""
+
+from __future__ import annotations
+
+from typing import Final, Literal
+
+from gateway.upstream.openai import OpenAIRealtime
+from gateway.upstream.provider import ExtraSetting, Provider, ProviderSettings
+
+__all__ = ["PROVIDER", "AzureRealtime"]
+
+
+class AzureRealtime(OpenAIRealtime):
+    """An OpenAI Realtime session on an Azure OpenAI resource."""
+
+    provider = "azure"
+
+    def __init__(self, *, auth: str = "api-key", **settings: object) -> None:
+        super().__init__(**settings)  # type: ignore[arg-type]
+        self.auth = auth
+
+    def headers(self) -> dict[str, str]:
+        if not self.api_key:
+            return {}
+        if self.auth == "bearer":
+            return {"Authorization": f"Bearer {self.api_key}"}
+        return {"api-key": self.api_key}
+
+
+def connect(row: Provider, settings: ProviderSettings, model: str) -> AzureRealtime:
+    return AzureRealtime(
+        base_url=settings.base_url,
+        api_key=settings.api_key,
+        model=model,
+        label=row.label,
+        key_variable=row.key_variable,
+        auth=str(getattr(settings, "auth", "api-key")),
+        transcription_model=str(getattr(settings, "transcription_model", "")),
+    )
+
+
+PROVIDER: Final = Provider(
+    name="azure",
+    label="Azure OpenAI Realtime",
+    wire="openai",
+    connect=connect,
+    default_model="",
+    base_url="",
+    key_variable="AZURE_OPENAI_API_KEY",
+    example_base_url="https://RESOURCE.openai.azure.com/openai/v1",
+    model_is="deployment",
+    extra=(
+        ExtraSetting(
+            "auth",
+            Literal["api-key", "bearer"],
+            "api-key",
+            "how the Azure key is sent: api-key (the resource's key) or bearer (a "
+            "Microsoft Entra token, as Authorization: Bearer)",
+        ),
+        ExtraSetting(
+            "transcription_model",
+            str,
+            "gpt-4o-mini-transcribe",
+            "the deployment that transcribes a voice session's input (Azure wants a "
+            "deployment name)",
+        ),
+    ),
+)

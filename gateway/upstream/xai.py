@@ -1,0 +1,77 @@
+"""xAI's Grok Voice API: OpenAI Realtime's events with xAI's own session shape.
+
+The wire is OpenAI's (the same client and server events), the endpoint
+``wss://api.x.ai/v1/realtime`` with ``Authorization: Bearer``; the session
+is flat: no ``session.type``, ``voice`` and ``turn_detection`` at the top of
+``session`` instead of under ``audio`` (docs/providers.md, "xAI Grok
+Voice"). So an adapter is OpenAI's with its own ``session.update``.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import msgspec
+
+from gateway.upstream import openai_wire as wire
+from gateway.upstream.base import ModelOptions, VoiceConfig
+from gateway.upstream.openai import OpenAIRealtime, session_update
+from gateway.upstream.provider import Provider, ProviderSettings
+
+__all__ = ["PROVIDER", "XaiRealtime"]
+
+DEFAULT_MODEL: Final = "grok-voice-latest"
+
+
+class XaiRealtime(OpenAIRealtime):
+    """A Grok Voice session (OpenAI's events, xAI's flat session)."""
+
+    provider = "xai"
+
+    def session_update(
+        self, instructions: str, voice: VoiceConfig | None, options: ModelOptions | None
+    ) -> wire.Session:
+        ga = session_update(instructions, voice, self.transcription_model, options)
+        audio = ga.audio
+        given_in = audio.input if audio is not None else None
+        given_out = audio.output if audio is not None else None
+        detection = given_in.turn_detection if given_in is not None else msgspec.UNSET
+        return msgspec.structs.replace(
+            ga,
+            type=None,
+            voice=given_out.voice if given_out is not None else None,
+            turn_detection=detection,
+            audio=wire.AudioConfig(
+                input=msgspec.structs.replace(given_in, turn_detection=msgspec.UNSET)
+                if given_in is not None
+                else None,
+                output=msgspec.structs.replace(given_out, voice=None)
+                if given_out is not None
+                else None,
+            )
+            if audio is not None
+            else None,
+        )
+
+
+def connect(row: Provider, settings: ProviderSettings, model: str) -> XaiRealtime:
+    return XaiRealtime(
+        base_url=settings.base_url,
+        api_key=settings.api_key,
+        model=model,
+        label=row.label,
+        key_variable=row.key_variable,
+    )
+
+
+PROVIDER: Final = Provider(
+    name="xai",
+    label="xAI Grok Voice",
+    wire="openai",
+    connect=connect,
+    default_model=DEFAULT_MODEL,
+    base_url="wss://api.x.ai/v1",
+    key_variable="XAI_API_KEY",
+    # xAI documents server VAD and reasoning effort; nothing of the rest.
+    controls=frozenset({"reasoning_effort"}),
+)

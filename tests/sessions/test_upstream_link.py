@@ -1,0 +1,179 @@
+"""``UpstreamLink``: how a session's connection is opened, resumed, told and let go."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.metrics import Metrics
+from gateway.pricing import PriceTable
+from gateway.sessions.observer import TurnObserver
+from gateway.sessions.resumption import META_KEY, ResumePoint, decode_resume_point
+from gateway.sessions.upstream_link import OpenRequest, UpstreamLink
+from gateway.tracing import Tracing
+from gateway.upstream.base import AudioOut, Resumable, Resume, VoiceConfig
+from protocol.assembly import HistoryItem, assemble
+from protocol.events import Respond, User
+from protocol.prompt import native_prompt
+from tests.sessions.fakes import ScriptedFactory, ScriptedUpstream, Spawned
+
+pytestmark = pytest.mark.timeout(10)
+
+NOW = 5000.0
+SPEAKING = VoiceConfig(audio_out=AudioOut(voice="", to_client=False))
+
+
+class Remembered:
+    def __init__(self) -> None:
+        self.fields: list[dict[str, str]] = []
+
+    async def __call__(self, fields: dict[str, str]) -> None:
+        self.fields.append(fields)
+
+
+def link(
+    history: list[HistoryItem],
+    *,
+    context_tokens: int = 0,
+    resume: ResumePoint | None = None,
+) -> tuple[UpstreamLink, TurnObserver, Spawned, Remembered]:
+    observer = TurnObserver(
+        Tracing.off(), PriceTable(), Metrics(), sid="sid", provider="node", model="node-model"
+    )
+    spawned, remembered = Spawned(), Remembered()
+    made = UpstreamLink(
+        "sid",
+        history,
+        observer=observer,
+        context_tokens=context_tokens,
+        spawn=spawned,
+        remember=remembered,
+        clock=lambda: NOW,
+        resume=resume,
+    )
+    return made, observer, spawned, remembered
+
+
+def request(factory: ScriptedFactory, voice: VoiceConfig | None = None) -> OpenRequest:
+    return OpenRequest(factory, "THE TEXT PROTOCOL", "be brief", voice, lambda: SPEAKING)
+
+
+async def test_a_text_model_is_told_the_protocol_and_given_the_history() -> None:
+    history: list[HistoryItem] = [User(content="hi"), Respond(content="hello"), User(content="?")]
+    factory = ScriptedFactory(model="gpt-test")
+    made, observer, _, _ = link(history)
+    setup = object()
+    upstream, voiced = await made.open(request(factory), setup)
+    assert isinstance(upstream, ScriptedUpstream) and upstream is made.upstream
+    assert upstream.opened_with == ("THE TEXT PROTOCOL", assemble(history), None, None)
+    assert not voiced and made.opened_with is setup
+    # Priced and traced as the provider that answers.
+    assert (observer.provider, observer.model, made.provider) == (
+        "scripted",
+        "gpt-test",
+        "scripted",
+    )
+
+
+async def test_a_model_that_only_speaks_gets_the_spoken_voice_and_no_text_protocol() -> None:
+    factory = ScriptedFactory(provider="gemini", model="gemini-3.8-live", wire="gemini")
+    made, *_ = link([User(content="hi")])
+    upstream, voiced = await made.open(request(factory), object())
+    assert voiced
+    assert isinstance(upstream, ScriptedUpstream) and upstream.opened_with is not None
+    instructions, _, voice, _ = upstream.opened_with
+    assert voice == SPEAKING and instructions == native_prompt("be brief")
+
+
+async def test_the_history_given_is_cut_to_the_context_budget() -> None:
+    long = "word " * 400  # about 570 tokens each
+    history: list[HistoryItem] = []
+    for n in range(6):
+        history += [User(content=f"question {n} {long}"), Respond(content=f"answer {n}")]
+    history.append(User(content="the last question"))
+    factory = ScriptedFactory()
+    made, *_ = link(history, context_tokens=1500)
+    upstream, _ = await made.open(request(factory), object())
+    assert isinstance(upstream, ScriptedUpstream) and upstream.opened_with is not None
+    given = upstream.opened_with[1]
+    everything = assemble(history)
+    assert 0 < len(given) < len(everything)
+    assert given[-1] == everything[-1]  # the question being answered is always kept
+
+
+async def test_a_handle_of_the_same_model_is_resumed_and_new_handles_map_to_history() -> None:
+    history: list[HistoryItem] = [
+        User(content="one"),
+        Respond(content="first"),
+        User(content="two"),
+    ]
+    point = ResumePoint("scripted", "live", "h-1", items=2, at=NOW - 60)
+    factory = ScriptedFactory(model="live")
+    made, _, spawned, remembered = link(history, resume=point)
+
+    def resuming() -> ScriptedUpstream:
+        upstream = ScriptedUpstream(resumes=True)
+        factory.made.append(upstream)
+        return upstream
+
+    factory.create = resuming  # type: ignore[method-assign]
+    upstream, _ = await made.open(request(factory), object())
+    assert isinstance(upstream, ScriptedUpstream) and upstream.opened_with is not None
+    assert upstream.opened_with[3] == Resume("h-1", tuple(assemble(history[2:])))
+
+    # A handle given at the position the connection opened at covers the handle's items.
+    made.resumable(Resumable(handle="h-2", position=0))
+    await spawned.done()
+    kept = decode_resume_point(remembered.fields[-1][META_KEY])
+    assert kept is not None and (kept.handle, kept.items, kept.at) == ("h-2", 2, NOW)
+
+    # At a turn's end the position holds the whole history; a handle between two
+    # steps of a turn (a position never seen at an end) is not kept.
+    history += [Respond(content="second")]
+    upstream._position = 1
+    made.turn_ended()
+    made.resumable(Resumable(handle="h-3", position=1))
+    made.resumable(Resumable(handle="h-mid-turn", position=7))
+    await spawned.done()
+    kept = decode_resume_point(remembered.fields[-1][META_KEY])
+    assert kept is not None and (kept.handle, kept.items) == ("h-3", 4)
+    assert len(remembered.fields) == 2
+
+
+async def test_a_handle_of_another_model_is_not_offered() -> None:
+    point = ResumePoint("scripted", "old-model", "h-1", items=1, at=NOW)
+    made, *_ = link([User(content="one")], resume=point)
+    factory = ScriptedFactory(model="new-model")
+    assert made.resume_for(factory) is None
+    upstream, _ = await made.open(request(factory), object())
+    assert isinstance(upstream, ScriptedUpstream) and upstream.opened_with is not None
+    assert upstream.opened_with[3] is None
+
+
+async def test_positions_kept_are_bounded() -> None:
+    made, *_ = link([User(content="one")])
+    upstream, _ = await made.open(request(ScriptedFactory()), object())
+    assert isinstance(upstream, ScriptedUpstream)
+    for position in range(40):
+        upstream._position = position
+        made.turn_ended()
+    assert len(made._positions) == 16 and max(made._positions) == 39
+
+
+async def test_a_dropped_connection_is_stopped_and_closed_in_the_background() -> None:
+    made, _, spawned, _ = link([User(content="one")])
+    assert made.drop(stop=True) is None  # nothing to let go
+    upstream, _ = await made.open(request(ScriptedFactory()), object())
+    assert made.drop(stop=True) is upstream and made.upstream is None
+    await spawned.done()
+    assert isinstance(upstream, ScriptedUpstream)
+    assert upstream.calls[-2:] == ["cancel_response", "close"]
+
+    again, _ = await made.open(request(ScriptedFactory()), object())
+    made.drop(stop=False)
+    await spawned.done()
+    assert isinstance(again, ScriptedUpstream) and again.calls[-1] == "close"
+    assert "cancel_response" not in again.calls
+
+    last, _ = await made.open(request(ScriptedFactory()), object())
+    await made.close()
+    assert isinstance(last, ScriptedUpstream) and last.closed and made.upstream is None

@@ -1,0 +1,134 @@
+"""Voice input: a configuration's voice settings, and the user's audio sent, held or let go."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from gateway.sessions.voice import LISTEN_RETRY_CAP, VoiceInput, voice_config
+from gateway.upstream.base import AudioIn, FunctionTool, UpstreamClosed
+from protocol.configuration import InputAudio, SessionConfig
+from protocol.prompt import ToolSpec
+from tests.sessions.fakes import ScriptedUpstream
+
+pytestmark = pytest.mark.timeout(10)
+
+TOOLS = [ToolSpec(name="read", description="read a file", parameters={"type": "object"})]
+RATE = 16000
+
+
+def test_a_text_session_asks_for_no_audio() -> None:
+    assert voice_config(SessionConfig(), TOOLS) is None
+
+
+def test_audio_in_only_keeps_the_text_protocol_and_its_tools_in_the_prompt() -> None:
+    config = SessionConfig(input_audio=InputAudio(rate=RATE, turn_detection="none"))
+    voice = voice_config(config, TOOLS)
+    assert voice is not None
+    assert voice.audio_in == AudioIn(rate=RATE, turn_detection="none")
+    assert voice.audio_out is None and voice.tools == ()
+
+
+def test_spoken_answers_declare_the_tools_natively() -> None:
+    voice = voice_config(SessionConfig(output="audio", voice="alloy"), TOOLS)
+    assert voice is not None and voice.audio_in is None
+    assert voice.audio_out is not None and voice.audio_out.to_client
+    assert voice.audio_out.voice == "alloy"
+    assert voice.tools == (
+        FunctionTool(name="read", description="read a file", parameters={"type": "object"}),
+    )
+
+
+def test_a_model_that_only_speaks_answers_a_text_session_in_audio_it_keeps() -> None:
+    voice = voice_config(SessionConfig(), TOOLS, speaks_only=True)
+    assert voice is not None and voice.audio_out is not None
+    assert not voice.audio_out.to_client  # the transcript is the answer
+    assert [t.name for t in voice.tools] == ["read"]
+
+
+async def test_audio_is_held_while_the_upstream_opens_and_sent_first_in_order() -> None:
+    voice = VoiceInput("sid", AudioIn(rate=RATE))
+    await voice.send(None, b"one")
+    assert voice.send_now(None, b"two")  # held counts as taken
+    upstream = ScriptedUpstream()
+    await voice.flush(upstream)
+    await voice.send(upstream, b"three")
+    assert upstream.audio == [b"one", b"two", b"three"]
+    await voice.flush(upstream)  # nothing held any more
+    assert upstream.audio == [b"one", b"two", b"three"]
+
+
+async def test_a_session_that_takes_no_audio_ignores_it() -> None:
+    voice = VoiceInput("sid", None)
+    upstream = ScriptedUpstream()
+    await voice.send(upstream, b"x")
+    assert not voice.send_now(upstream, b"x")
+    assert upstream.audio == [] and voice.quiet_for(3600)
+
+
+async def test_a_lost_connection_while_sending_is_left_to_the_driver() -> None:
+    class Broken(ScriptedUpstream):
+        async def send_audio(self, pcm16: bytes) -> None:
+            raise UpstreamClosed("gone")
+
+    voice = VoiceInput("sid", AudioIn(rate=RATE))
+    await voice.send(Broken(), b"x")  # no exception: the driver's recv sees the loss
+    assert not voice.quiet_for(60)
+
+
+async def test_a_failed_open_backs_off_and_drops_the_audio_of_the_wait() -> None:
+    voice = VoiceInput("sid", AudioIn(rate=RATE))
+    await voice.send(None, b"before")
+    waits = [voice.listen_failed() for _ in range(8)]
+    assert waits[0] == (True, 0.5)
+    assert [first for first, _ in waits[1:]] == [False] * 7
+    assert [delay for _, delay in waits] == [0.5, 1.0, 2.0, 4.0, 8.0, 10.0, 10.0, 10.0]
+    assert max(delay for _, delay in waits) == LISTEN_RETRY_CAP
+    await voice.send(None, b"during the wait")  # the client was told it is not heard
+    voice.listen_again()
+    await voice.send(None, b"after")
+    upstream = ScriptedUpstream()
+    await voice.flush(upstream)
+    assert upstream.audio == [b"after"]
+    assert voice.listen_failed() == (True, 0.5)  # an open worked: the count starts again
+
+
+async def test_another_rate_drops_the_audio_held_at_the_old_one() -> None:
+    voice = VoiceInput("sid", AudioIn(rate=RATE))
+    await voice.send(None, b"kept")
+    voice.reconfigure(AudioIn(rate=RATE, turn_detection="none"))  # same rate: kept
+    await voice.send(None, b"more")
+    voice.reconfigure(AudioIn(rate=24000))
+    await voice.send(None, b"new rate")
+    upstream = ScriptedUpstream()
+    await voice.flush(upstream)
+    assert upstream.audio == [b"new rate"]
+    voice.reconfigure(None)
+    assert not voice.send_now(None, b"text now")
+
+
+async def test_a_stopped_input_holds_nothing() -> None:
+    voice = VoiceInput("sid", AudioIn(rate=RATE))
+    voice.stop()
+    await voice.send(None, b"late")
+    upstream = ScriptedUpstream()
+    await voice.flush(upstream)
+    assert upstream.audio == []
+
+
+async def test_audio_past_what_can_be_held_is_warned_of_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    voice = VoiceInput("sid", AudioIn(rate=RATE))
+    second = b"\x00" * (RATE * 2)
+    with caplog.at_level(logging.WARNING, "gateway.sessions.runtime"):
+        for _ in range(8):  # 8 s of audio, 5 s are held
+            await voice.send(None, second)
+    assert [r.getMessage() for r in caplog.records].count(
+        "session sid: the upstream is still opening; only the newest 5s of the "
+        "user's audio is held for it"
+    ) == 1
+    upstream = ScriptedUpstream()
+    await voice.flush(upstream)
+    assert len(upstream.audio) == 5

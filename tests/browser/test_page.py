@@ -83,9 +83,10 @@ def open_page(page: Page, node: NodeProcess, token: str = "") -> None:
     """Load the page: it connects by itself, or asks for the key when one is needed."""
     page.goto(f"{node.http}/")
     if token:
-        expect(page.locator(".marker").last).to_contain_text("API key required")
-        page.get_by_label("API key").fill(token)
-        page.get_by_role("button", name="Connect", exact=True).click()
+        card = page.locator(".key-card")  # asked where the conversation will be
+        expect(card).to_contain_text("needs an API key")
+        card.get_by_label("Key for this gateway").fill(token)
+        card.get_by_role("button", name="Connect").click()
     page.wait_for_function("() => window.rtgw.state === 'connected'")
     expect(page.locator("#state")).to_have_text("connected")
 
@@ -253,10 +254,10 @@ def test_a_refused_connection_is_explained(
     console_allowed.append(r"WebSocket connection to .* failed")  # the browser logs each refusal
     node = start_gateway("--api-keys-file", str(_keys_file(tmp_path, "rtgw_right-key")))
     page.goto(f"{node.http}/")
-    expect(page.locator(".marker").last).to_contain_text("API key required")
-    page.get_by_label("API key").fill("rtgw_wrong-key")
-    page.get_by_role("button", name="Connect", exact=True).click()
-    expect(page.locator(".marker").last).to_contain_text("refuses")
+    card = page.locator(".key-card")
+    card.get_by_label("Key for this gateway").fill("rtgw_wrong-key")
+    card.get_by_role("button", name="Connect").click()
+    expect(card.locator(".key-refused")).to_contain_text("not accepted")
     assert page.evaluate("window.rtgw.connections") == 0
 
 
@@ -266,10 +267,10 @@ def test_a_key_is_asked_for_once_and_retries_stop(
     console_allowed.append(r"WebSocket connection to .* failed")
     node = start_gateway("--api-keys-file", str(_keys_file(tmp_path, "rtgw_right-key")))
     page.goto(f"{node.http}/")
-    expect(page.locator(".marker").last).to_have_text(
-        "API key required: enter it in Session → API key and press Connect."
-    )
-    expect(page.get_by_label("API key")).to_be_focused()
+    card = page.locator(".key-card")
+    expect(card.locator("h2")).to_have_text("This gateway needs an API key")
+    expect(card.get_by_label("Key for this gateway")).to_be_focused()
+    expect(page.locator("#token-hint")).to_have_text("(required by this node)")
     expect(page.locator("#state")).to_have_text("disconnected")
     expect(page.get_by_role("button", name="Connect", exact=True)).to_be_enabled()
     assert page.evaluate("window.rtgw.connections") == 0

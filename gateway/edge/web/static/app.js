@@ -179,6 +179,7 @@ async function connect() {
       }
       conn.connections += 1;
       if (offer.auth === null) ui.tokenHint.textContent = token ? "" : "(not needed: this node runs open)";
+      conversation.keyAccepted();
       conversation.setProvider(session.provider);
       settings.setLocked(conn.clientToken);
       setState("connected");
@@ -211,11 +212,19 @@ function failed(err) {
   conn.wanted = false;
   client?.close();
   voice.stopMic();
-  if (err instanceof RefusedError && err.reason === "key" && !ui.token.value.trim()) {
-    conversation.note("API key required: enter it in Session → API key and press Connect.", "bad");
+  if (err instanceof RefusedError && err.reason === "key" && !conn.sessionId) {
+    // Asked where the conversation will be; the Session panel's field is the same key.
+    const typed = ui.token.value.trim();
+    conversation.askKey(
+      (key) => {
+        ui.token.value = key;
+        sessionStorage.setItem(KEY_TOKEN, key);
+        connect();
+      },
+      typed ? "That key is not accepted: check it, or ask for a new client token." : "",
+    );
     ui.tokenHint.textContent = "(required by this node)";
-    setView("session");
-    ui.token.focus();
+    setView("chat");
   } else if (err instanceof RefusedError) {
     const what = {
       key: "the API key is not accepted: check it in Session → API key",

@@ -92,6 +92,31 @@ export class Conversation {
     );
   }
 
+  /** The node needs a key: ask for it where the conversation will be (submit(key)). */
+  askKey(submit, refused = "") {
+    this.root.querySelector(".key-card")?.remove();
+    const input = h("input", { type: "password", autocomplete: "off", spellcheck: "false", "aria-label": "Key for this gateway", placeholder: "rtgw_… or a client token" });
+    const card = h(
+      "form",
+      { class: "key-card", onsubmit: (e) => { e.preventDefault(); if (input.value.trim()) submit(input.value.trim()); } },
+      h("div", { class: "key-mark" }, icon("plug")),
+      h("h2", null, "This gateway needs an API key"),
+      h("p", null, "Paste an API key, or a client token from your app's backend. It stays in this tab."),
+      refused ? h("p", { class: "key-refused", role: "alert" }, refused) : null,
+      h("div", { class: "key-row" }, input, h("button", { type: "submit", class: "primary" }, "Connect")),
+    );
+    const empty = this.root.querySelector(".empty");
+    if (empty) empty.replaceWith(card);
+    else this.root.prepend(card);
+    input.focus();
+    return card;
+  }
+
+  keyAccepted() {
+    const card = this.root.querySelector(".key-card");
+    if (card) card.replaceWith(this.emptyState());
+  }
+
   setProvider(provider) {
     this.provider = provider;
     const empty = this.root.querySelector(".empty");
@@ -164,6 +189,7 @@ export class Conversation {
 
   startTurn(ev) {
     this.root.querySelector(".empty")?.remove();
+    this.root.querySelector(".key-card")?.remove();
     const spoken = ev.source === "audio";
     let article = spoken ? this.pending : null;
     this.pending = null;

@@ -214,8 +214,8 @@ def test_the_inspector_filters_pauses_expands_and_downloads(
     pane.locator('.frame[data-type="session"] summary').click()
     expect(pane.locator(".f-json").first).to_contain_text('"type": "session"')
     # Pause holds new rows back (and counts them); resume shows them.
-    before = pane.locator(".frame").count()
     pane.get_by_role("button", name="Pause").click()
+    before = pane.locator(".frame").count()
     send(page, "while paused")
     wait_turn_over(page)
     expect(pane.locator(".inspector-count")).to_contain_text("new")

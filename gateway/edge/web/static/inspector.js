@@ -236,6 +236,7 @@ export class Inspector {
   }
 
   togglePause() {
+    if (!this.paused) this.flush(); // what came before the pause is shown
     this.paused = !this.paused;
     this.pauseButton.setAttribute("aria-pressed", String(this.paused));
     this.pauseButton.replaceChildren(icon(this.paused ? "play" : "pause"), h("span", null, this.paused ? "Resume" : "Pause"));

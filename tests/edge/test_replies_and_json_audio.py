@@ -48,9 +48,7 @@ async def test_json_audio_frames_do_not_count_against_the_frame_limit(
 ) -> None:
     async with gateway_factory(client_frames_per_second=5.0, client_frame_burst=5) as gw:
         client = await GatewayClient.connect(gw.url)
-        await client.send(
-            {"type": "configure", "input_audio": {"format": "pcm16", "rate": 24000}}
-        )
+        await client.send({"type": "configure", "input_audio": {"format": "pcm16", "rate": 24000}})
         await client.until_type("configured")
         frame = {"type": "audio", "audio": base64.b64encode(silence(0.02, 24000)).decode()}
         for _ in range(60):  # 1.2 s of 20 ms frames at once: far past 5/s with bursts of 5

@@ -41,7 +41,13 @@ __all__ = ["Config", "ConfigError", "load_config"]
 
 # One provider, or several in order of preference ("openai,gemini": fallback).
 _PROVIDER = "(" + "|".join(providers.NAMES) + ")"
-Providers = Annotated[str, Meta(pattern=f"^{_PROVIDER}(,{_PROVIDER})*$")]
+Providers = Annotated[
+    str,
+    Meta(
+        pattern=f"^{_PROVIDER}(,{_PROVIDER})*$",
+        description=f"one of {', '.join(providers.NAMES)}, or several, comma-separated",
+    ),
+]
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
 
 # Ranges shared by several settings.

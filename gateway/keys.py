@@ -131,8 +131,18 @@ def run_keys(args: argparse.Namespace, *, stdin: TextIO | None = None) -> int:
                 file=err,
             )
         elif command == "list":
-            for listed_id, digest in backend.list():
+            if isinstance(backend, _FileBackend) and not backend.path.exists():
+                print(
+                    f"gateway keys: there is no keys file at {backend.path} (yet): "
+                    f"`gateway keys add KEY_ID --file {backend.path}` makes it",
+                    file=err,
+                )
+                return 1
+            listed = backend.list()
+            for listed_id, digest in listed:
                 print(f"{listed_id}\t{digest[:12]}…", file=out)
+            if not listed:
+                print(f"# no keys in {backend.where}", file=err)
         elif command == "revoke":
             assert key_id is not None
             removed = backend.revoke(key_id)

@@ -245,8 +245,8 @@ def describe(d: Declared) -> str:
     base = d.base
     if base is bool:
         return "true or false"
-    if base is str:
-        return "text"
+    if base is str:  # a pattern's Meta may say what it takes (--provider: the choices)
+        return d.bounds.description if d.bounds is not None and d.bounds.description else "text"
     text = "a whole number" if base is int else "a number"
     b = d.bounds
     if b is not None:

@@ -106,6 +106,7 @@ class ClientConnection:
         self._newest = after
         self.source: SessionRuntime | LogFollower | None = None
         self._queue: deque[LogEntry] = deque()
+        self._replies: deque[Error | Pong] = deque()  # one per _UNLOGGED entry queued
         self._limit = node.config.send_queue_frames
         self._lagging = True  # start by catching up from the log
         self._wake = asyncio.Event()
@@ -141,6 +142,7 @@ class ClientConnection:
         if len(queue) + len(entries) > self._limit:
             # Too far behind: stop buffering, catch up from the log instead.
             queue.clear()
+            self._replies.clear()
             self._lagging = True
             self._pressure.fell_behind()
             self.node.metrics.client_lagging.inc()
@@ -188,7 +190,10 @@ class ClientConnection:
     def notify(self, event: Error | Pong) -> None:
         if not self._pressure.may_queue_reply(self._queue):
             return  # the client reads nothing: its replies would pile up without bound
-        self._queue.append(LogEntry(_UNLOGGED, encode(event)))
+        # Encoded when sent (``_send_queued``): its seq is then the last one this
+        # client was sent, also when a replay went out ahead of it.
+        self._replies.append(event)
+        self._queue.append(LogEntry(_UNLOGGED, b""))
         self._wake.set()
 
     def reply_frame(self, data: bytes) -> None:
@@ -333,6 +338,8 @@ class ClientConnection:
                     await asyncio.sleep(0)
                     continue
                 assert isinstance(frame, str)
+                if '"audio"' in frame and await self._json_audio(frame):
+                    continue  # audio does not count against the frame limit, in JSON either
                 verdict = check(clock())
                 if verdict is Verdict.ACCEPT:
                     await self._handle(frame)
@@ -345,6 +352,21 @@ class ClientConnection:
                     self.node.metrics.frames_dropped.inc()
         except ConnectionClosed:
             return
+
+    async def _json_audio(self, frame: str) -> bool:
+        """Handle an ``{"type": "audio"}`` text frame; False for any other frame.
+
+        A 20 ms microphone sends 50 frames a second, exactly the frame limit,
+        so audio is exempt in JSON as in binary. Only frames that name
+        ``"audio"`` are decoded before the limit's check.
+        """
+        message = decode_client(frame)
+        if not isinstance(message, AudioChunk):
+            return False
+        if not self._audio_now(message.audio):
+            await self._audio(message.audio)
+        await asyncio.sleep(0)
+        return True
 
     def _refuse_flood(self) -> None:
         self.node.metrics.frames_dropped.inc()
@@ -443,7 +465,7 @@ class ClientConnection:
             self._reply(message)
             return
         if isinstance(message, Ping):
-            self.notify(Pong(seq=self.client_seq, timestamp=time.time()))
+            self.notify(Pong(timestamp=time.time()))
             return
         if isinstance(message, AudioChunk):
             await self._audio(message.audio)
@@ -594,7 +616,9 @@ class ClientConnection:
             entry = queue.popleft()
             seq = entry.seq
             if seq == _UNLOGGED:
-                batch.append(entry.data)
+                reply = self._replies.popleft()
+                reply.seq = self.client_seq
+                batch.append(encode(reply))
             elif seq == _AUDIO:
                 await self._send_text(ws, batch)
                 batch.clear()

@@ -27,7 +27,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import msgspec
 from websockets.asyncio.server import Server, ServerConnection, serve
-from websockets.datastructures import Headers
+from websockets.datastructures import Headers, MultipleValuesError
 from websockets.http11 import Request, Response
 
 from gateway.config import Config
@@ -42,7 +42,7 @@ from gateway.sessions.node import Node
 from gateway.store.base import StoreUnavailable
 from gateway.wsfast import BatchingConnection
 
-__all__ = ["Gateway", "Handshake"]
+__all__ = ["Gateway", "Handshake", "ListenFailed"]
 
 log = logging.getLogger("gateway.edge.server")
 
@@ -50,6 +50,16 @@ WS_PATH = "/v1/realtime"
 
 StreamMode = Literal["token", "event"]
 STREAM_MODES: Final[tuple[str, ...]] = ("token", "event")
+
+
+class ListenFailed(OSError):
+    """One of the node's ports could not be listened on; ``flag`` names its setting."""
+
+    def __init__(self, exc: OSError, flag: str, host: str, port: int) -> None:
+        super().__init__(exc.errno, exc.strerror or str(exc))
+        self.flag = flag
+        self.host = host
+        self.port = port
 
 
 class Handshake(msgspec.Struct):
@@ -163,6 +173,9 @@ class Gateway:
         self.descriptors = Descriptors()
         # The HTTP API (POST/GET/DELETE /v1/sessions) on its own port, if configured.
         self.api = HttpApi(node, self.edges) if self.config.api_port is not None else None
+        # The console's policy (it may call the HTTP API) and what it may configure.
+        self.page_policy = web.content_security_policy(self.config.api_port)
+        self.offer = web.offer_of(self.config, auth=self.edges.auth_on)
 
     @property
     def port(self) -> int:
@@ -183,7 +196,24 @@ class Gateway:
     async def start(self) -> None:
         cfg = self.config
         self.node.start()
-        self.server = await serve(
+        try:
+            self.server = await self._listen()
+        except OSError as exc:
+            raise ListenFailed(exc, "--port", cfg.host, cfg.port) from exc
+        self.edges.start()
+        if self.api is not None:
+            try:
+                await self.api.start()
+            except OSError as exc:
+                raise ListenFailed(exc, "--api-port", cfg.host, cfg.api_port or 0) from exc
+            # Its actual port (api_port 0 picks one): the console may call it.
+            self.offer = msgspec.structs.replace(self.offer, api_port=self.api.port)
+            self.page_policy = web.content_security_policy(self.api.port)
+        log.info("listening on %s (node %s)", self.url, self.node.node_id)
+
+    async def _listen(self) -> Server:
+        cfg = self.config
+        return await serve(
             self._handler,
             cfg.host,
             cfg.port,
@@ -204,10 +234,6 @@ class Gateway:
             select_subprotocol=self.edges.select_subprotocol,
             write_limit=cfg.write_limit,  # a send waits for a slow client to drain
         )
-        self.edges.start()
-        if self.api is not None:
-            await self.api.start()
-        log.info("listening on %s (node %s)", self.url, self.node.node_id)
 
     # ------------------------------------------------------------------ HTTP
 
@@ -216,8 +242,8 @@ class Gateway:
     ) -> Response | None:
         url = urlsplit(request.path)
         path = url.path
-        if path == "/healthz":
-            return _text(http.HTTPStatus.OK, "ok\n")  # liveness: the process answers
+        if path == "/healthz":  # liveness: the process answers (pages of apps may ask)
+            return self._cors(request, _text(http.HTTPStatus.OK, "ok\n"))
         if path == "/readyz":
             return await self._readiness()
         if path == "/metrics":
@@ -228,9 +254,11 @@ class Gateway:
                 self.node.metrics.render(),
             )
         if path != WS_PATH:
-            page = web.static_response(path)
+            if path == web.NODE_PATH:
+                return web.node_response(self.offer)
+            page = web.static_response(path, self.page_policy)
             if page is not None:
-                return page
+                return self._cors(request, page) if path in web.CORS_PATHS else page
             return _text(
                 http.HTTPStatus.NOT_FOUND,
                 f"no such endpoint {path!r}: connect a WebSocket to {WS_PATH}\n",
@@ -296,6 +324,12 @@ class Gateway:
                     meta = {"owner": unrecorded_owner}
             if meta is None:
                 self.node.metrics.refused.labels("unknown_session").inc()
+                if admitted.session is not None and _one(query, "session_id") is None:
+                    return _text(
+                        http.HTTPStatus.NOT_FOUND,
+                        "the session this client token opens was deleted or has expired; "
+                        "ask the app's backend for a new session\n",
+                    )
                 return _text(
                     http.HTTPStatus.NOT_FOUND,
                     f"session {sid!r} does not exist or has expired; "
@@ -322,6 +356,15 @@ class Gateway:
             trusted=admitted.session is None,
         )
         return None
+
+    def _cors(self, request: Request, response: Response) -> Response:
+        """CORS for the paths pages of other origins may read (``web.CORS_PATHS``)."""
+        try:
+            origin = request.headers.get("Origin")
+        except MultipleValuesError:
+            origin = None
+        allow = web.cors_origin(origin, self.edges.origins, auth_on=self.edges.auth_on)
+        return web.with_cors(response, allow)
 
     async def _check_after(self, raw: str, sid: str | None) -> int | Response:
         """``after`` as a seq the session has: a plain ASCII decimal <= its last seq.

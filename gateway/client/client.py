@@ -66,6 +66,7 @@ import random
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, Final, TypeVar, overload
 
 import msgspec
@@ -101,7 +102,15 @@ from protocol.events import (
     decode_event,
 )
 
-__all__ = ["Client", "ConfigureRefused", "ToolHandler", "ToolResultMessage", "event_kind"]
+__all__ = [
+    "Client",
+    "ConfigureRefused",
+    "Hooks",
+    "Timing",
+    "ToolHandler",
+    "ToolResultMessage",
+    "event_kind",
+]
 
 log = logging.getLogger(__name__)
 
@@ -152,6 +161,29 @@ class _Failed(msgspec.Struct, frozen=True):
 _Item = Event | _Reconnected | _Failed
 
 
+@dataclass(frozen=True, slots=True)
+class Timing:
+    """How long a ``Client`` waits: for the metric after a turn's closing event, for a
+    reconnect in all, between attempts (doubled per attempt, with jitter), per handshake."""
+
+    metric_grace: float = METRIC_GRACE
+    reconnect_timeout: float = 60.0
+    backoff_initial: float = 0.1
+    backoff_max: float = 5.0
+    open_timeout: float = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class Hooks:
+    """What a ``Client`` tells its application as it goes (for a UI): each connection,
+    each disconnect, each audio frame of the model's speech, each retried failure."""
+
+    on_connect: Callable[[Session], None] | None = None
+    on_disconnect: Callable[[str], None] | None = None
+    on_audio: Callable[[int, bytes], None] | None = None
+    on_retry: Callable[[ClientError], None] | None = None
+
+
 class Client:
     """One gateway session, kept alive across connections (see the module docstring).
 
@@ -189,15 +221,10 @@ class Client:
         self.urls = [normalize_url(u)[0] for u in urls]
         self._url_index = 0
         self.token = token
-        self.metric_grace = metric_grace
-        self.reconnect_timeout = reconnect_timeout
-        self.backoff_initial = backoff_initial
-        self.backoff_max = backoff_max
-        self.open_timeout = open_timeout
-        self.on_connect = on_connect
-        self.on_disconnect = on_disconnect
-        self.on_audio = on_audio
-        self.on_retry = on_retry
+        self.timing = Timing(
+            metric_grace, reconnect_timeout, backoff_initial, backoff_max, open_timeout
+        )
+        self.hooks = Hooks(on_connect, on_disconnect, on_audio, on_retry)
         self._session_id = session_id
         self._last = after if after is not None else -1
         self._ws: ClientConnection | None = None
@@ -390,7 +417,7 @@ class Client:
                 getter = asyncio.ensure_future(self._queue.get())
                 try:
                     if tracker.closing:
-                        async with asyncio.timeout(self.metric_grace):
+                        async with asyncio.timeout(self.timing.metric_grace):
                             item = await getter
                     elif not started:
                         item = await self._first_of(getter, sender, end_timeout)
@@ -485,7 +512,7 @@ class Client:
         while True:
             try:
                 if tracker.closing:
-                    async with asyncio.timeout(self.metric_grace):
+                    async with asyncio.timeout(self.timing.metric_grace):
                         item = await self._queue.get()
                 else:
                     item = await self._queue.get()
@@ -567,7 +594,7 @@ class Client:
         With several URLs, every failure a retry can fix moves on to the next
         URL; a first connection raises ``Unreachable`` only when none answered.
         """
-        deadline = time.monotonic() + self.reconnect_timeout
+        deadline = time.monotonic() + self.timing.reconnect_timeout
         attempt = 0
         unreachable = 0
         while True:
@@ -579,7 +606,7 @@ class Client:
                     token=self.token,
                     session_id=self._session_id,
                     after=after if resume else None,
-                    open_timeout=self.open_timeout,
+                    open_timeout=self.timing.open_timeout,
                     max_size=None,
                 )
                 break
@@ -596,10 +623,10 @@ class Client:
                 problem = ConnectionLost(f"connection closed during the handshake ({exc})")
             if time.monotonic() >= deadline:
                 raise ConnectionLost(
-                    f"could not reconnect for {self.reconnect_timeout:g}s: {problem}"
+                    f"could not reconnect for {self.timing.reconnect_timeout:g}s: {problem}"
                 ) from problem
-            if self.on_retry is not None:
-                self.on_retry(problem)
+            if self.hooks.on_retry is not None:
+                self.hooks.on_retry(problem)
             self._url_index = (self._url_index + 1) % len(self.urls)
             if self._url_index == 0:  # every URL tried once: back off
                 await asyncio.sleep(self._backoff(attempt, close_code))
@@ -614,12 +641,12 @@ class Client:
             self.reconnects += 1
         self._queue.put_nowait(_Reconnected(session, after, self._generation))
         self._connected.set()
-        if self.on_connect is not None:
-            self.on_connect(session)
+        if self.hooks.on_connect is not None:
+            self.hooks.on_connect(session)
 
     def _backoff(self, attempt: int, close_code: int | None) -> float:
         floor = 1.0 if close_code == 1013 and attempt == 0 else 0.0  # store down: give it time
-        delay = min(self.backoff_max, self.backoff_initial * 2.0**attempt)
+        delay = min(self.timing.backoff_max, self.timing.backoff_initial * 2.0**attempt)
         return max(floor, delay * random.uniform(0.5, 1.0))
 
     async def _run(self) -> None:
@@ -639,8 +666,8 @@ class Client:
                     raise ConnectionLost(
                         f"the gateway closed the connection ({code} {reason_text})"
                     )
-                if self.on_disconnect is not None:
-                    self.on_disconnect(reason)
+                if self.hooks.on_disconnect is not None:
+                    self.hooks.on_disconnect(reason)
                 # A close the server asked for (1012 drain, 4008 slow) reconnects at
                 # once; a lost connection or a busy server waits a little first.
                 if code not in (1012, 4008):
@@ -658,8 +685,8 @@ class Client:
             while True:
                 data = await ws.recv()
                 if isinstance(data, bytes):  # the model's speech (protocol.audio)
-                    if self.on_audio is not None:
-                        self.on_audio(*split_audio_frame(data))
+                    if self.hooks.on_audio is not None:
+                        self.hooks.on_audio(*split_audio_frame(data))
                     continue
                 try:
                     event = decode_event(data)

@@ -63,7 +63,7 @@ from gateway.edge.reaper import SlowClientReaper
 from gateway.edge.rights import Credential, KeyRights, Revocable, RightsWatch
 from gateway.edge.tokens import TokenRefused, is_client_token
 from gateway.sessions.limits import ConnectionSlots
-from gateway.sessions.node import Node
+from gateway.sessions.port import NodePort
 from gateway.store.base import StoreError, StoreUnavailable
 
 __all__ = ["Edges", "Principal", "parse_origins"]
@@ -183,7 +183,7 @@ class Edges:
     ``gateway.edge.auth.check_exposure``) or a keys file is unreadable.
     """
 
-    def __init__(self, config: Config, node: Node, connections: Collection[Revocable]) -> None:
+    def __init__(self, config: Config, node: NodePort, connections: Collection[Revocable]) -> None:
         validate(config)
         check_exposure(config)
         self.config = config

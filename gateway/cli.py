@@ -19,7 +19,7 @@ from gateway.config import Config, ConfigError, load_config
 from gateway.logs import setup_logging
 from gateway.settings import add_flags, declared, flag_values, load, markdown_table, with_table
 from gateway.sim.model import SimConfig
-from gateway.store.base import Store
+from gateway.store.base import Health
 
 __all__ = ["main"]
 
@@ -59,9 +59,9 @@ async def _serve(config: Config) -> int:
     return 0
 
 
-async def _check_store(store: Store, url: str) -> None:
+async def _check_store(store: Health, url: str) -> None:
     """Say at once, in one line, that the store does not answer (the node waits for it)."""
-    if store.kind == "memory":
+    if not url or url == "memory://":
         return
     try:
         async with asyncio.timeout(3.0):
@@ -73,7 +73,7 @@ async def _check_store(store: Store, url: str) -> None:
         where = f"{parts.hostname or '?'}:{parts.port or 6379}" if parts.hostname else url
         log.warning(
             "the session store does not answer (Redis at %s): start Redis (redis-server), or "
-            "unset REDIS_URL and --redis to keep sessions in this process; until it answers "
+            "unset --store (and REDIS_URL) to keep sessions in this process; until it answers "
             "this node refuses clients (503) and /readyz answers 503",
             where,
         )
@@ -121,7 +121,7 @@ def _check_store_url(url: str) -> None:
     try:
         open_store(url)
     except ValueError as exc:
-        raise ConfigError(f"--redis (or REDIS_URL): {exc}") from None
+        raise ConfigError(f"--store (or --redis, REDIS_URL): {exc}") from None
 
 
 def _raise_descriptor_limit() -> None:

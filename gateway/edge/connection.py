@@ -39,10 +39,8 @@ from gateway.edge.backpressure import SegmentJoiner, SendPressure
 from gateway.edge.closes import CloseCode, close_reason
 from gateway.edge.frame_rate import FrameRate, Verdict
 from gateway.sessions.commands import COMMANDS, dispatch
-from gateway.sessions.follower import LogFollower
-from gateway.sessions.node import Node
-from gateway.sessions.runtime import SessionRuntime
-from gateway.sessions.subscriber import EventSource
+from gateway.sessions.port import NodePort
+from gateway.sessions.subscriber import DrivenSession, EventSource
 from gateway.store.base import LogEntry, StoreError, StoreUnavailable
 from protocol.events import (
     AudioChunk,
@@ -81,7 +79,7 @@ class ClientConnection:
 
     def __init__(
         self,
-        node: Node,
+        node: NodePort,
         ws: ServerConnection,
         *,
         sid: str,
@@ -104,7 +102,10 @@ class ClientConnection:
         # The newest seq known to be in the log (the head at attach, the newest
         # delivered since): a catch-up reads at least to it.
         self._newest = after
-        self.source: SessionRuntime | LogFollower | None = None
+        # What the connection reads: the session driven here (``driven``, which it
+        # also commands), or a follower of another node's log.
+        self.source: EventSource | None = None
+        self.driven: DrivenSession | None = None
         self._queue: deque[LogEntry] = deque()
         self._replies: deque[Error | Pong] = deque()  # one per _UNLOGGED entry queued
         self._limit = node.config.send_queue_frames
@@ -236,12 +237,11 @@ class ClientConnection:
             self._close = (CloseCode.KEY_REVOKED, "API key revoked: this credential opens nothing")
             self._wake.set()
 
-    def switch_source(self, source: EventSource) -> None:
-        """The session is now driven by this node (takeover): follow the runtime."""
-        assert isinstance(source, SessionRuntime)
-        self.source = source
+    def switch_source(self, session: DrivenSession) -> None:
+        """The session is now driven by this node (takeover): read and command it."""
+        self.source = self.driven = session
         self._lagging = True
-        source.attach(self)
+        session.attach(self)
         self._wake.set()
 
     # ------------------------------------------------------------- lifecycle
@@ -257,16 +257,10 @@ class ClientConnection:
     async def _serve(self) -> None:
         node = self.node
         await self._attach()
-        source = self.source
-        head = source.last_seq if isinstance(source, SessionRuntime) else None
-        if head is None:
-            head = await node.store.last_seq(self.sid)
+        driven = self.driven
+        head = driven.last_seq if driven is not None else await node.store.last_seq(self.sid)
         self._newest = max(self._newest, head)
-        provider = (
-            source.setup.upstream_factory.provider
-            if isinstance(source, SessionRuntime)
-            else node.upstream_factory.provider
-        )
+        provider = driven.provider if driven is not None else node.upstream_factory.provider
         first = Session(
             session_id=self.sid,
             seq=head,
@@ -303,7 +297,7 @@ class ClientConnection:
     async def _attach(self) -> None:
         runtime = await self.node.drive(self.sid)
         if runtime is not None:
-            self.source = runtime
+            self.source = self.driven = runtime
             runtime.attach(self)
             return
         follower = await self.node.follow(self.sid)
@@ -415,17 +409,13 @@ class ClientConnection:
         """User audio handed to the session's upstream without awaiting (the
         common case: a runtime here, input audio on, the upstream socket able
         to take it); False leaves it to ``_audio``."""
-        runtime = self.source
-        return (
-            isinstance(runtime, SessionRuntime)
-            and not runtime.closed
-            and runtime.send_audio_now(pcm16)
-        )
+        runtime = self.driven
+        return runtime is not None and not runtime.closed and runtime.send_audio_now(pcm16)
 
     async def _audio(self, pcm16: bytes) -> None:
         """User audio (a binary frame, or an ``audio`` frame's bytes) for the session."""
-        runtime = self.source
-        if not isinstance(runtime, SessionRuntime) or runtime.closed or runtime.voice is None:
+        runtime = self.driven
+        if runtime is None or runtime.closed or runtime.voice is None:
             if time.monotonic() < self._audio_retry_at:
                 return  # refused a moment ago: not a store round trip per frame
             runtime = await self._runtime_for_command()
@@ -494,7 +484,7 @@ class ClientConnection:
             return
         if spec.turn:
             # Per-key turn limits (gateway.sessions.limits), before the turn starts here or is forwarded.
-            refusal = await self.node.limits.admit_turn(self.sid, self.source)
+            refusal = await self.node.limits.admit_turn(self.sid, self.driven)
             if refusal is not None:
                 self._reply(refusal)
                 return
@@ -506,7 +496,7 @@ class ClientConnection:
         if error is not None:
             self._reply(error)
 
-    async def _runtime_to_run(self, frame: str, forwarded: bool) -> SessionRuntime | None:
+    async def _runtime_to_run(self, frame: str, forwarded: bool) -> DrivenSession | None:
         """The session's runtime here, to run a command on; None when it went to the
         node driving the session (``forwarded`` commands) or was refused (replied)."""
         runtime = None
@@ -555,17 +545,17 @@ class ClientConnection:
         self._unrecorded.pop(self.sid, None)
         return True
 
-    async def _runtime_for_command(self) -> SessionRuntime | None:
-        source = self.source
-        if isinstance(source, SessionRuntime) and not source.closed:
-            return source
+    async def _runtime_for_command(self) -> DrivenSession | None:
+        driven = self.driven
+        if driven is not None and not driven.closed:
+            return driven
         try:
             runtime = await self.node.drive(self.sid)
         except StoreUnavailable:
             return None
         if runtime is not None:
-            if isinstance(source, LogFollower):
-                source.detach(self)
+            if self.source is not None and self.source is not driven:
+                self.source.detach(self)  # the follower of another node's log
             self.switch_source(runtime)
         return runtime
 

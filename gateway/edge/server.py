@@ -38,7 +38,7 @@ from gateway.edge.closes import CloseCode, close_reason
 from gateway.edge.connection import ClientConnection
 from gateway.edge.health import Descriptors, StoreProbe
 from gateway.edge.pending import PendingConnections
-from gateway.sessions.node import Node
+from gateway.sessions.port import NodePort
 from gateway.store.base import StoreUnavailable
 from gateway.wsfast import BatchingConnection
 
@@ -158,7 +158,7 @@ def watched(pending: PendingConnections) -> type[BatchingConnection]:
 class Gateway:
     """A running gateway node: its server plus its ``Node``."""
 
-    def __init__(self, node: Node) -> None:
+    def __init__(self, node: NodePort) -> None:
         self.node = node
         self.config: Config = node.config
         self.server: Server | None = None
@@ -473,13 +473,7 @@ class Gateway:
         deadline = self.config.drain_timeout if timeout is None else timeout
         if self.server is not None:
             self.server.close(close_connections=False)
-        turns = [rt.turn for rt in node.runtimes.values() if rt.turn is not None]
-        if turns:
-            log.info("draining: waiting up to %.0fs for %d running turns", deadline, len(turns))
-            await asyncio.wait(turns, timeout=deadline)
-        flushes = [asyncio.ensure_future(rt.flushed()) for rt in node.runtimes.values()]
-        if flushes:
-            await asyncio.wait(flushes, timeout=5.0)  # a store outage must not hold the exit
+        await node.finish_turns(deadline)
         await asyncio.gather(
             *(_close_or_abort(c.ws) for c in list(self.connections)), return_exceptions=True
         )

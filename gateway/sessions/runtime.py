@@ -167,6 +167,11 @@ class SessionRuntime:
         return self.log.last_seq
 
     @property
+    def provider(self) -> str:
+        """The provider its upstream uses now (its configuration's, or the node's)."""
+        return self.setup.upstream_factory.provider
+
+    @property
     def subscribers(self) -> set[Subscriber]:
         return self.log.subscribers
 

@@ -203,6 +203,10 @@ class MemorySessions:
         on_done: Callable[[list[BaseException | None]], None],
     ) -> None:
         """Every append at once; ``on_done`` on the next loop pass (no task)."""
+        asyncio.get_running_loop().call_soon(on_done, self._append_all(batches))
+
+    def _append_all(self, batches: Sequence[AppendBatch]) -> list[BaseException | None]:
+        """Each batch appended now: its error, or None, in order."""
         results: list[BaseException | None] = []
         for sid, node, entries, history in batches:
             try:
@@ -211,7 +215,7 @@ class MemorySessions:
                 results.append(exc)
             else:
                 results.append(None)
-        asyncio.get_running_loop().call_soon(on_done, results)
+        return results
 
     def _append_now(
         self,
@@ -348,15 +352,7 @@ class MemorySessions:
         return self._holder(sid, self._clock())
 
     async def append_many(self, batches: Sequence[AppendBatch]) -> list[BaseException | None]:
-        results: list[BaseException | None] = []
-        for sid, node, entries, history in batches:
-            try:
-                self._append_now(sid, node, entries, history)
-            except (StoreError, ValueError) as exc:
-                results.append(exc)
-            else:
-                results.append(None)
-        return results
+        return self._append_all(batches)
 
     async def confirmed_seq(self, sid: str) -> int:
         """The last seq: one process has no replica to wait for."""

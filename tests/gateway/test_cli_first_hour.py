@@ -48,7 +48,9 @@ def _taken_port() -> Iterator[int]:
 
 def test_a_store_url_of_no_known_scheme() -> None:
     line = _one_line(_gateway("serve", "--port", "0", "--redis", "foo://x"), 2)
-    assert line.startswith("gateway: --redis (or REDIS_URL): unsupported store URL 'foo://x'")
+    assert line.startswith(
+        "gateway: --store (or --redis, REDIS_URL): unsupported store URL 'foo://x'"
+    )
     assert "redis://HOST:PORT" in line
 
 

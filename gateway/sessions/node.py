@@ -158,8 +158,15 @@ class Node:
             return_exceptions=True,
         )
         await self.log_writer.close()
-        for task in list(self._background):
+        # Listeners and the sweeper end before the store closes under them: a
+        # task still unsubscribing on a closed client would outlive the node.
+        background = list(self._background)
+        for task in background:
             task.cancel()
+        if background:
+            _, stuck = await asyncio.wait(background, timeout=5.0)
+            for task in stuck:
+                log.warning("%s did not stop within 5 s of the node's stop", task.get_name())
 
     def spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
         task = asyncio.create_task(coro, name=name)

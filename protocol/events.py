@@ -178,10 +178,18 @@ class SpeechStopped(_Base, tag="speech_stopped"):
 
 
 class Result(_Base, tag="result"):
-    """Results of one batch; ``content`` is the JSON array string, in call order."""
+    """A call's outcome, logged as soon as the call finished: ``id`` names the call.
+
+    ``content`` is the JSON array string of results (here the one call's
+    ``{"tool", "status", "content"}``); ``id`` is absent only on the failure
+    of a malformed ``<execute>`` block, which has no call. History keeps one
+    ``Result`` per batch (all of its results, in call order): that is what
+    the model reads.
+    """
 
     content: str
     payload: ResultPayload
+    id: str | msgspec.UnsetType = msgspec.UNSET
 
 
 class Metric(_Base, tag="metric"):

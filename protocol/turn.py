@@ -53,19 +53,15 @@ import enum
 from collections.abc import Callable, Sequence
 from typing import Any, Final
 
-import msgspec
-
-from protocol.assembly import HistoryItem, Message, results_message
-from protocol.batch import ClientToolRouter, ToolBatch
+from protocol.assembly import Message, results_message
+from protocol.batch import ClientToolRouter, ToolBatch, native_call
 from protocol.calls import (
-    ToolCall,
     ToolResult,
     decode_call,
     encode_call,
     encode_results,
     result_payload,
 )
-from protocol.configuration import MAX_ARGS_DEPTH, json_depth
 from protocol.events import (
     Call,
     Cancelled,
@@ -83,6 +79,7 @@ from protocol.events import (
     Usage,
     User,
 )
+from protocol.journal import batch_in_flight, turn_in_flight
 from protocol.metering import ZERO_USAGE, UsageMeter
 from protocol.parser import Parser
 from protocol.spoken import UNHEARD, SpokenAnswer
@@ -91,6 +88,7 @@ from protocol.turn_events import (
     Action,
     AwaitClient,
     Backoff,
+    CallDone,
     Cancel,
     ClientTimeout,
     Commit,
@@ -105,6 +103,7 @@ from protocol.turn_events import (
     Rerun,
     ResponseBegan,
     ResponseDone,
+    Resume,
     RetryNow,
     RunTools,
     ShellFailed,
@@ -131,6 +130,7 @@ __all__ = [
     "ClientToolRouter",
     "TurnMachine",
     "TurnState",
+    "batch_in_flight",
     "turn_in_flight",
 ]
 
@@ -177,11 +177,6 @@ _NOTHING: Final[tuple[()]] = ()
 CANCELLED_BY_USER: Final = "cancelled by the user"
 BARGED_IN: Final = "interrupted by the user's speech"
 MALFORMED_LIMIT: Final = 3  # malformed <execute> blocks in a row that stop the turn
-
-
-def turn_in_flight(history: Sequence[HistoryItem]) -> bool:
-    """Whether history shows a turn that did not finish (it ends with the prompt or results)."""
-    return bool(history) and isinstance(history[-1], User | Result)
 
 
 class TurnMachine:
@@ -295,8 +290,8 @@ class TurnMachine:
     def _marker(self, event: Event) -> None:
         kind = type(event)
         if kind is Call:
-            self._recorder.add(event)
             self.batch.add(decode_call(event.content), event)  # type: ignore[union-attr, arg-type]
+            self._recorder.add(event)  # with the id the batch gave it
         elif kind is End:
             self._ended = True
         elif kind is Error and event.code == "malformed_execute":  # type: ignore[union-attr]
@@ -364,30 +359,13 @@ class TurnMachine:
     def _native_call(self, given: NativeCall) -> Sequence[Action]:
         if self.state is not _STREAMING:
             return _NOTHING
-        too_deep = False
-        try:
-            args = msgspec.json.decode(given.arguments or "{}", type=dict[str, object])
-        except (msgspec.DecodeError, msgspec.ValidationError):
-            args = {}  # the tool's argument check says what is missing
-        except RecursionError:  # msgspec recurses per level: ~1,000 levels is its end
-            args, too_deep = {}, True
-        if too_deep or json_depth(args, MAX_ARGS_DEPTH) > MAX_ARGS_DEPTH:
-            # Refused before anything walks them (encoding, schemas, the tools):
-            # answered here, and the model reads why.
-            args, too_deep = {}, True
-        call = ToolCall(name=given.name, args=args)
+        call, problem = native_call(given.name, given.arguments)
         event = Call(content=encode_call(call))
-        self._recorder.add(event)
         out: list[Action] = [event]
-        problem = None
-        if too_deep:
-            problem = (
-                f"the arguments of the call to {given.name!r} nest deeper than "
-                f"{MAX_ARGS_DEPTH} levels, the limit for tool args; call it again with "
-                "flatter arguments"
-            )
+        if problem is not None:
             out.insert(0, Error(code="malformed_execute", content=problem))
         self.batch.add(call, event, given.call_id, refused=problem)
+        self._recorder.add(event)
         if self.spoken.hold(out):
             return _NOTHING
         return out
@@ -507,7 +485,7 @@ class TurnMachine:
                 return out
             out += self.meter.metric()
             failure = ToolResult(tool="execute", status="failure", content=self._malformed)
-            out += self._batch_done((failure,))
+            out += self._batch_done((failure,), logged=False)
             # After the result is logged, before the next request (if the turn goes on).
             out.insert(len(out) - 1 if type(out[-1]) is Request else len(out), replace)
             return out
@@ -517,16 +495,30 @@ class TurnMachine:
         return self._run_batch(out)
 
     def _run_batch(self, out: list[Action]) -> list[Action]:
-        """Split the batch: server calls run (``RunTools``), client calls wait (``AwaitClient``)."""
-        server, waiting = self.batch.start()
+        """Split the batch: server calls run (``RunTools``), client calls wait (``AwaitClient``).
+
+        The step goes into history first (its calls with their ids): the
+        shell runs the calls once that is logged, so a node that takes over
+        knows every call that may have run (``Resume``), and none is asked of
+        the model again.
+        """
+        run, waiting, now = self.batch.start()
         self.state = _TOOLS
+        at = next((i for i, a in enumerate(out) if type(a) is ReplaceResponse), len(out))
+        out[at:at] = [Persist(tuple(self._recorder.finish())), *now]
+        return self._wait_batch(out, run, waiting)
+
+    def _wait_batch(
+        self, out: list[Action], run: RunTools | None, waiting: tuple[str, ...]
+    ) -> list[Action]:
         if waiting:
             out.append(AwaitClient(waiting))
-        if server:
-            out.append(RunTools(server))
+        if run is not None:
+            out.append(run)
         elif not waiting:
-            # Every call is answered already (refused, or answered on its `call`):
-            # the result goes out before the awaited replacement of the response.
+            # Every call is answered already (refused, answered on its `call`, or
+            # logged before a takeover): the batch is done before the awaited
+            # replacement of the response.
             done = self._batch_done(self.batch.results())
             split = next((i for i, a in enumerate(done) if type(a) is Request), len(done))
             at = next((i for i, a in enumerate(out) if type(a) is ReplaceResponse), len(out))
@@ -534,19 +526,38 @@ class TurnMachine:
             out += done[split:]
         return out
 
+    def _resume(self, given: Resume) -> Sequence[Action]:
+        """A takeover found a batch in flight: finish it, then the turn goes on as ever."""
+        if self.state is not _IDLE or not given.calls:
+            return _NOTHING
+        out = self._begin([Interrupt(content=given.reason)], None)
+        out.pop()  # no model request: the batch's calls are known (history has them)
+        run, waiting = self.batch.restore(given.calls)
+        self.state = _TOOLS
+        return self._wait_batch(out, run, waiting)
+
     def _tools_done(self, results: tuple[ToolResult, ...]) -> list[Action]:
         """The server calls' results, in the order of ``RunTools``'s calls."""
         batch = self.batch
         if self.state is not _TOOLS or not batch.server_running:
             return []  # results of a batch the machine no longer waits for (cancelled)
-        batch.tools_done(results)
-        return self._maybe_batch_done()
+        out: list[Action] = [*batch.tools_done(results)]
+        out += self._maybe_batch_done()
+        return out
+
+    def _call_done(self, given: CallDone) -> Sequence[Action]:
+        if self.state is not _TOOLS:
+            return _NOTHING
+        logged = self.batch.call_done(given.id, given.result)
+        return _NOTHING if logged is None else (logged,)
 
     def _client_result(self, answer: ToolResultMessage) -> Sequence[Action]:
         batch = self.batch
         if self.state is _TOOLS:
-            refused = batch.answer(answer)
-            return [refused] if refused is not None else self._maybe_batch_done()
+            answered = batch.answer(answer)
+            if type(answered) is Refuse:
+                return [answered]
+            return [answered, *self._maybe_batch_done()]
         if self.state in _BEFORE_BATCH and batch.answer_early(answer):
             return _NOTHING  # answered on its `call`, before `execute`: kept for the batch
         return [batch.refusal(answer)]
@@ -554,8 +565,9 @@ class TurnMachine:
     def _client_timeout(self, seconds: float) -> Sequence[Action]:
         if not self.awaits_client:
             return _NOTHING
-        self.batch.time_out(seconds)
-        return self._maybe_batch_done()
+        out: list[Action] = [*self.batch.time_out(seconds)]
+        out += self._maybe_batch_done()
+        return out
 
     def _maybe_batch_done(self) -> list[Action]:
         batch = self.batch
@@ -563,13 +575,17 @@ class TurnMachine:
             return []
         return self._batch_done(batch.results())
 
-    def _batch_done(self, results: tuple[ToolResult, ...]) -> list[Action]:
+    def _batch_done(self, results: tuple[ToolResult, ...], *, logged: bool = True) -> list[Action]:
+        """Every call has its result: history gets them as one ``Result`` (what the model
+        reads), then the next step. ``logged``: each call's ``result`` event is out
+        already; a malformed block's failure (no call) is logged here."""
         content = encode_results(results)
         payload = result_payload(results)
         out: list[Action] = [
-            Result(content=content, payload=payload),
             Persist((*self._recorder.finish(), Result(content=content, payload=payload))),
         ]
+        if not logged:
+            out.insert(0, Result(content=content, payload=payload))
         if self._steps >= self.max_steps:
             out += [
                 Error(
@@ -766,6 +782,8 @@ _HANDLERS: Final[dict[type, _Handler]] = {
     RetryNow: lambda m, i: m._retry_now(),
     Cancel: lambda m, i: m._cancel(),
     Rerun: lambda m, i: m._rerun(i.reason),
+    Resume: lambda m, i: m._resume(i),
+    CallDone: lambda m, i: m._call_done(i),
     ShellFailed: lambda m, i: m._shell_failed(i.what),
     Shutdown: lambda m, i: m._shutdown(),
     Spoken: lambda m, i: m._said(Respond(content=i.text)),

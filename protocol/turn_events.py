@@ -11,8 +11,8 @@ its own kind without translation:
   ``ResponseDone``, ``SpeechBegan``, ``SpeechEnded``, ``Transcript``,
   ``ResponseBegan``, ``Spoken``, ``Thought`` and ``NativeCall`` are what an adapter's
   ``recv()`` returns;
-- **the shell** (``gateway.sessions``): ``Rerun``, ``UpstreamFailed``,
-  ``UpstreamLost``, ``ToolsDone``, ``ClientTimeout``, ``RetryNow``,
+- **the shell** (``gateway.sessions``): ``Rerun``, ``Resume``, ``UpstreamFailed``,
+  ``UpstreamLost``, ``CallDone``, ``ToolsDone``, ``ClientTimeout``, ``RetryNow``,
   ``ShellFailed`` and ``Shutdown`` report what its I/O and timers found.
 
 An action is a protocol ``Event`` ("log it, then send it") or one of the
@@ -40,6 +40,7 @@ from protocol.events import (
     Usage,
     UserMessage,
 )
+from protocol.journal import JournalCall
 
 __all__ = [
     "ACTION_TYPES",
@@ -49,6 +50,7 @@ __all__ = [
     "Action",
     "AwaitClient",
     "Backoff",
+    "CallDone",
     "Cancel",
     "ClientTimeout",
     "Commit",
@@ -63,6 +65,7 @@ __all__ = [
     "Rerun",
     "ResponseBegan",
     "ResponseDone",
+    "Resume",
     "RetryNow",
     "RunTools",
     "ShellFailed",
@@ -151,6 +154,24 @@ class ToolsDone(_Input, frozen=True, tag="tools_done"):
     results: tuple[ToolResult, ...]
 
 
+class CallDone(_Input, frozen=True, tag="call_done"):
+    """One server call of the running batch finished (before ``ToolsDone``): log its outcome."""
+
+    id: str
+    result: ToolResult
+
+
+class Resume(_Input, frozen=True, tag="resume"):
+    """After a takeover, finish the batch history shows in flight (it ends with its calls).
+
+    ``calls``: the batch as the log shows it, with the outcomes it logged;
+    only the calls without one run again (or are asked of the client again).
+    """
+
+    reason: str
+    calls: tuple[JournalCall, ...]
+
+
 class ClientTimeout(_Input, frozen=True, tag="client_timeout"):
     """``seconds`` passed since ``AwaitClient``: the calls still unanswered fail."""
 
@@ -226,6 +247,8 @@ TurnInput = (
     | UpstreamFailed
     | UpstreamLost
     | ToolsDone
+    | CallDone
+    | Resume
     | ToolResultMessage
     | ClientTimeout
     | RetryNow
@@ -310,9 +333,17 @@ class ReplaceResponse(_Action, frozen=True, tag="replace_response"):
 
 
 class RunTools(_Action, frozen=True, tag="run_tools"):
-    """Run the batch's server calls; feed ``ToolsDone`` with their results, in order."""
+    """Run the batch's server calls; feed ``CallDone`` as each finishes (its outcome is
+    logged at once), then ``ToolsDone`` with all their results, in order.
+
+    ``ids``: the calls' ids, parallel to ``calls``; each call's idempotency key
+    is derived from its id (``protocol.journal.idempotency_key``). Run them
+    only once the events before this action are logged: a node that takes
+    over must know every call that may have run.
+    """
 
     calls: tuple[ToolCall, ...]
+    ids: tuple[str, ...] = ()
 
 
 class AwaitClient(_Action, frozen=True, tag="await_client"):

@@ -56,7 +56,7 @@ from gateway.upstream.base import (
 )
 from protocol.assembly import Message
 from protocol.audio import audio_frame
-from protocol.calls import ToolCall, ToolResult
+from protocol.calls import ToolResult
 from protocol.events import Error, Interrupt, Metric, Usage
 from protocol.turn import TurnMachine, TurnState
 from protocol.turn_events import (
@@ -65,6 +65,7 @@ from protocol.turn_events import (
     Action,
     AwaitClient,
     Backoff,
+    CallDone,
     ClientTimeout,
     CommitAudio,
     DropUpstream,
@@ -414,7 +415,10 @@ class TurnDriver:
             elif kind is ReplaceResponse:
                 await self._replace(action)  # type: ignore[arg-type]
             elif kind is RunTools:
-                results = await self._run_tools_hearing(action.calls)  # type: ignore[union-attr]
+                # The calls are in the log (and history) before any runs: a node
+                # that takes over knows each one that may have run, and its key.
+                await self.log.flushed()
+                results = await self._run_tools_hearing(action)  # type: ignore[arg-type]
                 todo.extend(self.machine.feed(ToolsDone(tuple(results))))
             elif kind is Backoff:
                 log.info(
@@ -693,7 +697,7 @@ class TurnDriver:
 
     # ------------------------------------------------------------------ tools
 
-    async def _run_tools_hearing(self, calls: Sequence[ToolCall]) -> list[ToolResult]:
+    async def _run_tools_hearing(self, run: RunTools) -> list[ToolResult]:
         """Run a step's tools; a voice session hears its user meanwhile.
 
         The driver awaits the tools, so nothing read the upstream while they
@@ -709,10 +713,10 @@ class TurnDriver:
             or voice.audio_in is None
             or not self.session.listening
         ):
-            return await self._run_tools(calls)
+            return await self._run_tools(run)
         watcher = asyncio.create_task(self._hear_during_tools(upstream), name=f"hear:{self.sid}")
         try:
-            return await self._run_tools(calls)
+            return await self._run_tools(run)
         finally:
             watcher.cancel()
             with contextlib.suppress(BaseException):
@@ -730,15 +734,26 @@ class TurnDriver:
         except UpstreamClosed as exc:
             heard.append(_Gone(exc))  # the driver's next read raises it
 
-    async def _run_tools(self, calls: Sequence[ToolCall]) -> list[ToolResult]:
+    async def _run_tools(self, run: RunTools) -> list[ToolResult]:
         services = self.services
+        calls, ids = run.calls, run.ids
         services.metrics.tool_calls.inc(len(calls))
         observe = self.observer.tool if self.observer.tracing else None
+        machine, emit = self.machine, self.log.emit
+
+        def journal(index: int, result: ToolResult) -> None:
+            # Logged as soon as the call finished: a takeover reuses it.
+            if index < len(ids):
+                for action in machine.feed(CallDone(ids[index], result)):
+                    emit(action)  # type: ignore[arg-type]
+
         results = await services.executor.run_batch(
             list(calls),
             services.tool_context(self.sid),
             observe=observe,
             allowed=self.session.setup.server_tools,
+            ids=ids,
+            on_result=journal,
         )
         failures = sum(1 for r in results if r.status != "success")
         if failures:

@@ -29,6 +29,7 @@ from typing import Any, Final, Protocol
 import msgspec
 
 from gateway.sessions.driver import TurnDriver
+from gateway.sessions.journal import read_journal, read_journal_calls
 from gateway.sessions.observer import TurnObserver
 from gateway.sessions.resumption import ResumePoint
 from gateway.sessions.session_log import SessionLog
@@ -41,8 +42,9 @@ from gateway.upstream.base import Upstream, VoiceConfig
 from protocol.assembly import HistoryItem
 from protocol.configuration import ConfigChange, apply_change
 from protocol.events import Configured, Error, Played, ToolResultMessage, Usage
-from protocol.turn import TurnMachine, turn_in_flight
-from protocol.turn_events import Cancel, Commit, Rerun, Shutdown, UserMessage
+from protocol.journal import batch_in_flight, turn_in_flight
+from protocol.turn import TurnMachine
+from protocol.turn_events import Cancel, Commit, Rerun, Resume, Shutdown, UserMessage
 from tools.client import prepare
 from tools.output import cap_output
 
@@ -248,12 +250,24 @@ class SessionRuntime:
         """A client played this much of the spoken answer (kept for a barge-in)."""
         return self.driver.command(self.machine.feed(report), interrupt=False)
 
-    def rerun_interrupted(self, reason: str) -> None:
-        """After a takeover: if the last turn was in flight, mark it and rerun it.
+    async def rerun_interrupted(self, reason: str) -> None:
+        """After a takeover: if the last turn was in flight, mark it and go on with it.
 
+        A batch in flight (history ends with its calls) is finished from the
+        journal: outcomes the log holds are reused, the other calls run again
+        under their own ids and keys (``Resume``). Otherwise the step is rerun.
         The rerun's span links to the cut turn's (``observer.follows``, from the meta).
         """
-        if turn_in_flight(self.history):
+        calls = batch_in_flight(self.history)
+        if calls:
+            try:
+                journal = await read_journal(self.services.store, self.sid, calls, self.last_seq)
+            except StoreError as exc:
+                # Without the outcomes every call runs again, each under its own key.
+                log.warning("session %s: journal not read (%s); rerunning its calls", self.sid, exc)
+                journal = read_journal_calls(calls)
+            self.driver.command(self.machine.feed(Resume(reason, journal)), interrupt=False)
+        elif turn_in_flight(self.history):
             self.driver.command(self.machine.feed(Rerun(reason)), interrupt=False)
         else:
             self.observer.follows = ""

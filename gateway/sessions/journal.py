@@ -1,0 +1,74 @@
+"""What a node taking a session over reads of the batch its last driver left in flight.
+
+History ends with the batch's calls (with their ids) when its driver died
+while they ran; each outcome that driver logged is a ``result`` event with
+the call's ``id``, after the calls in the log. This reads the log backwards
+from its end, a page at a time, until it has passed every call of the batch
+(so every result after them was seen), and hands the turn machine the batch
+as ``JournalCall``s (``protocol.journal``): the outcomes are reused, the
+other calls run again under their own ids and keys.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Final
+
+import msgspec
+
+from gateway.store.base import Store
+from protocol.calls import ToolResult, decode_call
+from protocol.events import Call, Result, decode_event
+from protocol.journal import JournalCall
+
+__all__ = ["read_journal", "read_journal_calls"]
+
+_PAGE: Final = 256
+_results_decoder: Final = msgspec.json.Decoder(list[ToolResult])
+
+
+async def read_journal(
+    store: Store, sid: str, calls: Sequence[Call], last_seq: int
+) -> tuple[JournalCall, ...]:
+    """The batch of ``calls`` (history's trailing calls) with the outcomes the log holds."""
+    wanted = {call.id for call in calls}
+    unseen = set(wanted)  # calls whose own event is not passed yet
+    outcomes: dict[str, ToolResult] = {}
+    first = await store.first_seq(sid)
+    end = last_seq
+    while unseen and end >= max(first, 1):
+        start = max(first - 1, end - _PAGE, 0)
+        entries = await store.read_log(sid, start, limit=end - start)
+        for entry in entries:
+            data = entry.data
+            if b'"type":"result"' not in data[:24] and b'"type":"call"' not in data[:24]:
+                continue  # a delta, a metric…: decoded only when it may be ours
+            event = decode_event(data)
+            if type(event) is Call and event.id in unseen:
+                unseen.discard(event.id)
+            elif type(event) is Result and event.id in wanted and event.id not in outcomes:
+                results = _results_decoder.decode(event.content)
+                if results:
+                    outcomes[event.id] = results[0]
+        end = start
+    return read_journal_calls(calls, outcomes)
+
+
+def read_journal_calls(
+    calls: Sequence[Call], outcomes: dict[str, ToolResult] | None = None
+) -> tuple[JournalCall, ...]:
+    """``calls`` as journal entries, with the ``outcomes`` known (none: all run again)."""
+    known = outcomes or {}
+    out: list[JournalCall] = []
+    for call in calls:
+        request = decode_call(call.content)
+        out.append(
+            JournalCall(
+                id=call.id,
+                name=request.name,
+                args=request.args,
+                runs_on=call.runs_on,
+                outcome=known.get(call.id),
+            )
+        )
+    return tuple(out)

@@ -1,0 +1,123 @@
+"""A call runs once across a takeover (issue 28): real nodes, one Redis, ``kill -9``.
+
+The tool is an HTTP endpoint that counts its executions per
+``Idempotency-Key`` (``tests.support.counting_tool``). The driving node is
+killed while a call runs, and after the calls returned but before the model
+answered; each time the node that takes over finishes the turn, every
+logical call reaches the tool with one key, and the session's replay shows
+one ``call`` and one ``result`` per call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+
+import orjson
+import pytest
+from websockets.exceptions import ConnectionClosed
+
+from protocol.events import Call, End, Event, Interrupt, Result
+from tests.multinode.conftest import NodeFactory, SimFactory
+from tests.support.client import GatewayClient, text_of
+from tests.support.counting_tool import CountingTool, counting_tool
+
+
+@pytest.fixture
+def tool() -> Iterator[CountingTool]:
+    with counting_tool() as server:
+        yield server
+
+
+@pytest.fixture
+def tools_file(tool: CountingTool, tmp_path: Path) -> str:
+    path = tmp_path / "tools.toml"
+    path.write_text(tool.tools_file())
+    return str(path)
+
+
+async def drain(client: GatewayClient) -> None:
+    with contextlib.suppress(ConnectionClosed, asyncio.TimeoutError):
+        while True:
+            await client.next(timeout=10)
+
+
+async def replay(url: str, sid: str) -> list[Event]:
+    """The session's log from its start, through the turn's end."""
+    client = await GatewayClient.connect(url, session_id=sid, after=0)
+    events = await client.until(lambda e: isinstance(e, End), timeout=30)
+    await client.close()
+    return events
+
+
+def one_result_per_call(events: list[Event]) -> dict[str, dict[str, object]]:
+    """Each call's one result (asserting there is exactly one of each), by label."""
+    calls = [e for e in events if isinstance(e, Call)]
+    results = [e for e in events if isinstance(e, Result)]
+    assert sorted(r.id for r in results) == sorted(c.id for c in calls), (calls, results)  # type: ignore[type-var]
+    by_label: dict[str, dict[str, object]] = {}
+    for result in results:
+        [outcome] = orjson.loads(result.content)
+        assert outcome["status"] == "success", outcome
+        by_label[outcome["content"]["label"]] = outcome["content"]
+    return by_label
+
+
+async def test_kill_9_while_a_call_runs_reuses_the_finished_and_reruns_the_other(
+    start_sim: SimFactory, start_node: NodeFactory, tool: CountingTool, tools_file: str
+) -> None:
+    sim = start_sim()
+    a = start_node(sim, "node-a", "--tools", tools_file)
+    b = start_node(sim, "node-b", "--tools", tools_file)
+    first = await GatewayClient.connect(a.url)
+    batch = (
+        '<execute>[{"name": "count", "args": {"label": "quick"}}, '
+        '{"name": "count", "args": {"label": "slow", "seconds": 6}}]</execute>'
+    )
+    await first.user("/raw " + batch)
+    # The quick call's outcome is logged while the slow one still runs: then A dies.
+    await first.until(lambda e: isinstance(e, Result), timeout=30)
+    await asyncio.to_thread(tool.wait_requests, 2)
+    a.kill()
+    await drain(first)
+
+    second = await GatewayClient.connect(b.url, session_id=first.sid, after=first.last_seq)
+    await second.until(lambda e: isinstance(e, End), timeout=60)
+    await second.close()
+
+    # Each logical call reached the tool with one key; the quick one was not rerun.
+    assert len(tool.keys_of("quick")) == 1 and len(tool.keys_of("slow")) == 1
+    assert tool.keys_of("quick") != tool.keys_of("slow")
+    assert [args["label"] for _, args in tool.requests].count("quick") == 1
+    assert set(tool.executions.values()) == {1}  # the tool did each call's work once
+    events = await replay(b.url, first.sid)
+    assert any(isinstance(e, Interrupt) for e in events)
+    by_label = one_result_per_call(events)
+    assert set(by_label) == {"quick", "slow"}
+    assert len([e for e in events if isinstance(e, Call)]) == 2  # not asked of the model again
+
+
+async def test_kill_9_after_the_call_returned_before_the_model_answered(
+    start_sim: SimFactory, start_node: NodeFactory, tool: CountingTool, tools_file: str
+) -> None:
+    # A slow model: the answer after the results takes seconds to stream.
+    sim = start_sim("--tokens-per-second", "4")
+    a = start_node(sim, "node-a", "--tools", tools_file)
+    b = start_node(sim, "node-b", "--tools", tools_file)
+    first = await GatewayClient.connect(a.url)
+    await first.user('/tool count {"label": "once"}')
+    await first.until(lambda e: isinstance(e, Result), timeout=30)
+    a.kill()
+    await drain(first)
+    assert not any(isinstance(e, End) for e in first.events)
+
+    second = await GatewayClient.connect(b.url, session_id=first.sid, after=first.last_seq)
+    got = await second.until(lambda e: isinstance(e, End), timeout=60)
+    await second.close()
+    assert "The tool returned success." in text_of(got, "respond")
+
+    assert len(tool.requests) == 1  # the call was not run again
+    events = await replay(b.url, first.sid)
+    assert set(one_result_per_call(events)) == {"once"}

@@ -16,9 +16,18 @@ from typing import Final, Protocol
 
 import msgspec
 
+from protocol.approvals import PendingApprovals, denied_result
 from protocol.calls import ToolCall, ToolResult, encode_results, result_payload
 from protocol.configuration import MAX_ARGS_DEPTH, json_depth
-from protocol.events import Call, Error, Result, ToolResultMessage
+from protocol.events import (
+    Approval,
+    ApprovalRequired,
+    Approve,
+    Call,
+    Error,
+    Result,
+    ToolResultMessage,
+)
 from protocol.journal import JournalCall
 from protocol.turn_events import Refuse, RunTools
 
@@ -72,7 +81,9 @@ class ToolBatch:
     """
 
     __slots__ = (
+        "_approvals",
         "_early",
+        "_held",
         "_logged",
         "_number",
         "_refused",
@@ -84,6 +95,7 @@ class ToolBatch:
         "calls",
         "events",
         "native_ids",
+        "needs_approval",
         "router",
     )
 
@@ -104,6 +116,11 @@ class ToolBatch:
         self._server_running = False
         # Client call ids of the last batch no longer waited for → why (for unknown_call).
         self._settled: dict[str, str] = {}
+        # Server tools whose calls wait for a user's decision (the session's setup).
+        self.needs_approval: frozenset[str] = frozenset()
+        self._approvals = PendingApprovals()
+        # Server calls held until every approval of the batch is decided (their slots).
+        self._held: list[int] = []
 
     # --- the step's calls -----------------------------------------------------------------
 
@@ -147,7 +164,7 @@ class ToolBatch:
 
     # --- running it --------------------------------------------------------------------
 
-    def start(self) -> tuple[RunTools | None, tuple[str, ...], list[Result]]:
+    def start(self) -> tuple[RunTools | None, tuple[str, ...], list[Result | ApprovalRequired]]:
         """Open the slots: ``(server calls to run, client call ids to wait for, results now)``.
 
         A client call refused for its args is answered here; one the client
@@ -156,7 +173,7 @@ class ToolBatch:
         """
         self._open()
         server: list[int] = []
-        now: list[Result] = []
+        now: list[Result | ApprovalRequired] = []
         refused = self._refused
         for index, event in enumerate(self.events):
             if event.runs_on == "client":
@@ -169,6 +186,10 @@ class ToolBatch:
                 now.append(self._fill(index, result))
             else:
                 server.append(index)
+        needs = self.needs_approval
+        for index in server:
+            if self.calls[index].name in needs:
+                now.append(self._approvals.ask(index, self.events[index].id, self.calls[index]))
         for call_id, answer in self._early.items():
             early = self._waiting.pop(call_id, None)
             if early is not None:
@@ -177,14 +198,18 @@ class ToolBatch:
                 result = ToolResult(tool=name, status=answer.status, content=answer.content)
                 now.append(self._fill(early, result))
         self._early = {}
-        return self._run(server), tuple(self._waiting), now
+        return self._run_or_hold(server), tuple(self._waiting), now
 
-    def restore(self, journal: Sequence[JournalCall]) -> tuple[RunTools | None, tuple[str, ...]]:
+    def restore(
+        self, journal: Sequence[JournalCall]
+    ) -> tuple[RunTools | None, tuple[str, ...], list[ApprovalRequired]]:
         """A batch a takeover found in flight: its calls as logged, their outcomes reused.
 
         Only the calls without a logged outcome run again (server calls, with
         their ids and so their keys) or are asked of the client again (under
         the same ids). Nothing is logged for the reused outcomes: the log has them.
+        A call still waiting for approval waits again (its ``approval_required``
+        is logged; one the log lacks is asked now, the third part).
         """
         self.new_attempt()
         for entry in journal:
@@ -192,6 +217,7 @@ class ToolBatch:
             self.events.append(Call(content="", id=entry.id, runs_on=entry.runs_on))
         self._open()
         server: list[int] = []
+        asked: list[ApprovalRequired] = []
         for index, entry in enumerate(journal):
             if entry.outcome is not None:
                 self._slots[index] = entry.outcome
@@ -200,7 +226,11 @@ class ToolBatch:
                 self._waiting[entry.id] = index
             else:
                 server.append(index)
-        return self._run(server), tuple(self._waiting)
+                if entry.approval == "pending":
+                    self._approvals.wait_again(index, entry.id, entry.call)
+                elif entry.approval == "" and entry.name in self.needs_approval:
+                    asked.append(self._approvals.ask(index, entry.id, entry.call))
+        return self._run_or_hold(server), tuple(self._waiting), asked
 
     def _open(self) -> None:
         count = len(self.calls)
@@ -208,6 +238,54 @@ class ToolBatch:
         self._slots = [None] * count
         self._logged = [False] * count
         self._waiting = {}
+        self._approvals.clear()
+        self._held = []
+
+    def _run_or_hold(self, server: list[int]) -> RunTools | None:
+        """Run the server calls, or hold them all while an approval is pending.
+
+        One ``RunTools`` per batch: calls that need no approval wait for the
+        others' decisions (a batch is one step for the model anyway).
+        """
+        if self._approvals.pending:
+            self._held = server
+            self._server_running = bool(server)  # they count as running: the batch waits
+            return None
+        return self._run(server)
+
+    @property
+    def approvals_pending(self) -> tuple[str, ...]:
+        """Ids of the calls waiting for a user's decision."""
+        return self._approvals.pending
+
+    def decide(self, given: Approve) -> list[Approval | Result] | Refuse:
+        """A user's decision: the ``approval`` (and a denied call's ``result``) to log, or
+        a ``Refuse`` (``unknown_call``, ``wrong_digest``). Once nothing is pending, the
+        held calls run: ``release`` gives their ``RunTools``."""
+        decided = self._approvals.decide(given)
+        if isinstance(decided, Refuse):
+            return decided
+        index, approval = decided
+        out: list[Approval | Result] = [approval]
+        if approval.decision == "deny":
+            out.append(self._fill(index, denied_result(self.calls[index].name)))
+        return out
+
+    def approvals_time_out(self, seconds: float) -> list[Approval | Result]:
+        out: list[Approval | Result] = []
+        for index, approval in self._approvals.time_out(seconds):
+            out.append(approval)
+            out.append(self._fill(index, denied_result(self.calls[index].name, timeout=seconds)))
+        return out
+
+    def release(self) -> RunTools | None:
+        """The held server calls that were not denied, once no approval is pending."""
+        if self._approvals.pending or not self._held:
+            return None
+        run = [i for i in self._held if self._slots[i] is None]
+        self._held = []
+        self._server_running = False
+        return self._run(run)
 
     def _run(self, server: list[int]) -> RunTools | None:
         self._server = server
@@ -335,6 +413,8 @@ class ToolBatch:
         self._waiting = {}
         self._server_running = False
         self._server = []
+        self._held = []
+        self._approvals.settle(why)
 
     def outputs(self, results: Sequence[ToolResult]) -> tuple[tuple[str, str], ...] | None:
         """Native calls' ``(call_id, output)`` pairs for ``results``; None for text calls."""

@@ -23,6 +23,9 @@ from protocol.configuration import ConfigChange, SessionConfig
 
 __all__ = [
     "CLIENT_MESSAGE_TYPES",
+    "Approval",
+    "ApprovalRequired",
+    "Approve",
     "AudioChunk",
     "Call",
     "Cancel",
@@ -214,6 +217,7 @@ ErrorCode = Literal[
     "turn_active",
     "no_turn",
     "unknown_call",
+    "wrong_digest",  # an approve whose digest is not the pending call's
     "forbidden",  # the credential or the key's policy does not allow it
     # the model's fault: the gateway tells the model and the turn goes on
     "malformed_execute",
@@ -269,6 +273,28 @@ class Configured(_Base, tag="configured"):
     config: SessionConfig
 
 
+class ApprovalRequired(_Base, tag="approval_required"):
+    """Call ``id`` waits for a user's decision: it runs only after an ``approve`` with
+    ``decision: "allow"`` and this ``digest`` (the SHA-256 of the call's id, name and
+    args), from a connection allowed to approve. Logged: a client that resumes sees it
+    in its replay; it stays pending until an ``approval`` event answers it."""
+
+    id: str
+    name: str
+    args: dict[str, Any]
+    digest: str
+
+
+class Approval(_Base, tag="approval"):
+    """The decision on call ``id``'s approval (logged, once): ``allow`` or ``deny``;
+    ``reason: "timeout"`` when nobody decided within the approval timeout (a deny)."""
+
+    id: str
+    digest: str
+    decision: Literal["allow", "deny"]
+    reason: Literal["timeout"] | msgspec.UnsetType = msgspec.UNSET
+
+
 class Pong(_Base, tag="pong"):
     """The answer to a client's ``ping`` (unlogged: ``seq`` is the last one sent)."""
 
@@ -298,6 +324,8 @@ Event = (
     | Cancelled
     | SpeechStarted
     | SpeechStopped
+    | ApprovalRequired
+    | Approval
     | Pong
 )
 
@@ -354,12 +382,29 @@ class Commit(msgspec.Struct, tag_field="type", tag="commit"):
     """End the user's spoken turn (``input_audio.turn_detection: "none"``) and get the answer."""
 
 
+class Approve(msgspec.Struct, tag_field="type", tag="approve", frozen=True):
+    """The user's decision on a call that waits for approval (an ``approval_required``):
+    ``digest`` must be that event's, so a decision applies to exactly the call shown."""
+
+    id: str
+    digest: str
+    decision: Literal["allow", "deny"]
+
+
 class Configure(ConfigChange, frozen=True, tag_field="type", tag="configure"):
     """Change this session's configuration (only the fields given); see ``protocol.configuration``."""
 
 
 ClientMessage = (
-    UserMessage | Cancel | Ping | Configure | ToolResultMessage | AudioChunk | Commit | Played
+    UserMessage
+    | Cancel
+    | Ping
+    | Configure
+    | ToolResultMessage
+    | AudioChunk
+    | Commit
+    | Played
+    | Approve
 )
 
 CLIENT_MESSAGE_TYPES: Final[tuple[str, ...]] = tuple(
@@ -425,6 +470,11 @@ _HOW: Final = {
         "a configure frame sets any of instructions, tools "
         '([{"name", "description", "parameters"}]), server_tools, provider, model, '
         "metadata, input_audio, output, voice (see the README's client protocol)"
+    ),
+    "approve": (
+        'decide on a call waiting for approval with {"type": "approve", "id": "<the '
+        'approval_required event\'s id>", "digest": "<its digest>", "decision": "allow" '
+        'or "deny"}'
     ),
     "tool_result": (
         'answer a call with "runs_on": "client" with {"type": "tool_result", "id": "<the '

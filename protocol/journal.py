@@ -28,7 +28,13 @@ from protocol.assembly import HistoryItem
 from protocol.calls import ToolCall, ToolResult
 from protocol.events import Call, Result, User
 
-__all__ = ["JournalCall", "batch_in_flight", "idempotency_key", "turn_in_flight"]
+__all__ = [
+    "JournalCall",
+    "approval_digest",
+    "batch_in_flight",
+    "idempotency_key",
+    "turn_in_flight",
+]
 
 
 def idempotency_key(session_id: str, call_id: str) -> str:
@@ -42,11 +48,21 @@ def idempotency_key(session_id: str, call_id: str) -> str:
     return digest[:32]
 
 
+def approval_digest(call_id: str, name: str, args: dict[str, Any]) -> str:
+    """The digest an ``approve`` must carry for call ``call_id``: SHA-256 (hex) of the
+    call's id, name and args as sorted, compact JSON. An approval is bound to exactly
+    the call the user saw: other args, another call, another id give another digest."""
+    canonical = msgspec.json.encode({"id": call_id, "name": name, "args": args}, order="sorted")
+    return hashlib.sha256(canonical).hexdigest()
+
+
 class JournalCall(msgspec.Struct, frozen=True):
     """One call of the batch a takeover finds in flight, as the log and history show it.
 
     ``outcome``: its logged result (None: it has none, so it is run again, or
-    asked of the client again, under the same id and key).
+    asked of the client again, under the same id and key). ``approval``: the
+    call waits for a user's decision (``"pending"``: none logged yet) or was
+    allowed (``"allowed"``); a denied call has its outcome.
     """
 
     id: str
@@ -54,6 +70,7 @@ class JournalCall(msgspec.Struct, frozen=True):
     args: dict[str, Any]
     runs_on: Literal["gateway", "client"] = "gateway"
     outcome: ToolResult | None = None
+    approval: Literal["", "pending", "allowed"] = ""
 
     @property
     def call(self) -> ToolCall:

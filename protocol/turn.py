@@ -49,18 +49,14 @@ machine stays in ``tools`` until every call has a result, in call order
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Callable, Sequence
 from typing import Any, Final
 
-from protocol.assembly import Message, results_message
+from protocol.assembly import Message
 from protocol.batch import ClientToolRouter, ToolBatch, native_call
 from protocol.calls import (
-    ToolResult,
     decode_call,
     encode_call,
-    encode_results,
-    result_payload,
 )
 from protocol.events import (
     Call,
@@ -68,11 +64,9 @@ from protocol.events import (
     End,
     Error,
     Event,
-    Execute,
     Interrupt,
     Metric,
     Respond,
-    Result,
     SpeechStarted,
     SpeechStopped,
     Think,
@@ -86,7 +80,8 @@ from protocol.spoken import UNHEARD, SpokenAnswer
 from protocol.steps import StepRecorder
 from protocol.turn_events import (
     Action,
-    AwaitClient,
+    ApprovalTimeout,
+    Approve,
     Backoff,
     CallDone,
     Cancel,
@@ -105,7 +100,6 @@ from protocol.turn_events import (
     ResponseDone,
     Resume,
     RetryNow,
-    RunTools,
     ShellFailed,
     Shutdown,
     SpeechBegan,
@@ -123,6 +117,8 @@ from protocol.turn_events import (
     UpstreamLost,
     UserMessage,
 )
+from protocol.turn_state import NOTHING, RETRY, TurnState
+from protocol.turn_tools import ToolSteps
 
 __all__ = [
     "BARGED_IN",
@@ -135,27 +131,7 @@ __all__ = [
 ]
 
 
-# --- states -----------------------------------------------------------------------
-
-
-class TurnState(enum.Enum):
-    """Where the session's turn is."""
-
-    IDLE = "idle"
-    """No turn runs; a user message starts one."""
-    STREAMING = "streaming"
-    """A response was requested; its deltas go through the parser to the client."""
-    STOPPING = "stopping"
-    """The parser stopped at ``</execute>`` (or a malformed block): waiting for the response's end."""
-    ENDING = "ending"
-    """The model wrote ``<end>`` (``end`` is sent): waiting for the usage. A message queues."""
-    TOOLS = "tools"
-    """The batch runs; waiting for ``ToolsDone`` and for every client-side call's result."""
-    BACKOFF = "backoff"
-    """The upstream was lost mid-step; waiting for ``RetryNow`` to rerun the step."""
-    CANCELLING = "cancelling"
-    """``cancelled`` is sent; waiting for the stopped response's usage. A message queues."""
-
+# --- states (``protocol.turn_state``) ---------------------------------------------
 
 _IDLE: Final = TurnState.IDLE
 _STREAMING: Final = TurnState.STREAMING
@@ -164,22 +140,19 @@ _ENDING: Final = TurnState.ENDING
 _TOOLS: Final = TurnState.TOOLS
 _BACKOFF: Final = TurnState.BACKOFF
 _CANCELLING: Final = TurnState.CANCELLING
-# Where a client may already answer a call it was sent: the batch has not run yet.
-_BEFORE_BATCH: Final = frozenset((TurnState.STREAMING, TurnState.STOPPING))
 
 # The constant actions, made once: the machine returns them without allocating.
+_RETRY: Final = RETRY
+_NOTHING: Final = NOTHING
 _STOP: Final = StopResponse()
 _STARTED: Final = TurnStarted()
-_RETRY: Final = Request()
 _COMMIT: Final = CommitAudio()
-_NOTHING: Final[tuple[()]] = ()
 
 CANCELLED_BY_USER: Final = "cancelled by the user"
 BARGED_IN: Final = "interrupted by the user's speech"
-MALFORMED_LIMIT: Final = 3  # malformed <execute> blocks in a row that stop the turn
 
 
-class TurnMachine:
+class TurnMachine(ToolSteps):
     """The turns of one session (see the module docstring).
 
     ``meter.total`` is the session's usage so far (it grows with every ``Account``);
@@ -198,17 +171,8 @@ class TurnMachine:
         "_chunk",
         "_ended",
         "_feed",
-        "_malformed",
-        "_malformed_in_a_row",
-        "_parser",
         "_queued",
-        "_recorder",
-        "_steps",
-        "batch",
-        "max_steps",
-        "meter",
         "spoken",
-        "state",
         "upstream_retries",
         "voice",
     )
@@ -244,11 +208,6 @@ class TurnMachine:
     def idle(self) -> bool:
         """No turn runs (the shell's driver may stop)."""
         return self.state is _IDLE
-
-    @property
-    def awaits_client(self) -> bool:
-        """The batch waits for client-side results (the shell runs their timer)."""
-        return self.state is _TOOLS and bool(self.batch.waiting)
 
     @property
     def awaits_upstream(self) -> bool:
@@ -457,153 +416,6 @@ class TurnMachine:
         out += [Persist(tuple(self._recorder.finish())), End()]
         return self._close(out)
 
-    def _tool_step(self, out: list[Action]) -> list[Action]:
-        """The step stopped at ``</execute>``: report it, then run its batch (or hand back the error)."""
-        # The model's own words up to </execute>, without the overrun: its
-        # context keeps its own formatting, and a provider that already holds
-        # exactly this text has nothing to redo.
-        if self.batch.native_ids:
-            # Native function calls: the provider holds them as calls already.
-            out.append(Execute())
-            out += self.meter.metric()
-            return self._run_batch(out)
-        replace = ReplaceResponse(self._parser.accepted_text)
-        if self._malformed is not None:
-            self._malformed_in_a_row += 1
-            if self._malformed_in_a_row >= MALFORMED_LIMIT:
-                out += [
-                    Persist(tuple(self._recorder.finish())),
-                    Error(
-                        code="malformed_execute",
-                        content="the model wrote three malformed <execute> blocks in a row; "
-                        "the turn is stopped — rephrase the request and try again",
-                    ),
-                    End(),
-                ]
-                out = self._close(out)
-                out.append(replace)
-                return out
-            out += self.meter.metric()
-            failure = ToolResult(tool="execute", status="failure", content=self._malformed)
-            out += self._batch_done((failure,), logged=False)
-            # After the result is logged, before the next request (if the turn goes on).
-            out.insert(len(out) - 1 if type(out[-1]) is Request else len(out), replace)
-            return out
-        self._malformed_in_a_row = 0
-        out += self.meter.metric()
-        out.append(replace)
-        return self._run_batch(out)
-
-    def _run_batch(self, out: list[Action]) -> list[Action]:
-        """Split the batch: server calls run (``RunTools``), client calls wait (``AwaitClient``).
-
-        The step goes into history first (its calls with their ids): the
-        shell runs the calls once that is logged, so a node that takes over
-        knows every call that may have run (``Resume``), and none is asked of
-        the model again.
-        """
-        run, waiting, now = self.batch.start()
-        self.state = _TOOLS
-        at = next((i for i, a in enumerate(out) if type(a) is ReplaceResponse), len(out))
-        out[at:at] = [Persist(tuple(self._recorder.finish())), *now]
-        return self._wait_batch(out, run, waiting)
-
-    def _wait_batch(
-        self, out: list[Action], run: RunTools | None, waiting: tuple[str, ...]
-    ) -> list[Action]:
-        if waiting:
-            out.append(AwaitClient(waiting))
-        if run is not None:
-            out.append(run)
-        elif not waiting:
-            # Every call is answered already (refused, answered on its `call`, or
-            # logged before a takeover): the batch is done before the awaited
-            # replacement of the response.
-            done = self._batch_done(self.batch.results())
-            split = next((i for i, a in enumerate(done) if type(a) is Request), len(done))
-            at = next((i for i, a in enumerate(out) if type(a) is ReplaceResponse), len(out))
-            out[at:at] = done[:split]
-            out += done[split:]
-        return out
-
-    def _resume(self, given: Resume) -> Sequence[Action]:
-        """A takeover found a batch in flight: finish it, then the turn goes on as ever."""
-        if self.state is not _IDLE or not given.calls:
-            return _NOTHING
-        out = self._begin([Interrupt(content=given.reason)], None)
-        out.pop()  # no model request: the batch's calls are known (history has them)
-        run, waiting = self.batch.restore(given.calls)
-        self.state = _TOOLS
-        return self._wait_batch(out, run, waiting)
-
-    def _tools_done(self, results: tuple[ToolResult, ...]) -> list[Action]:
-        """The server calls' results, in the order of ``RunTools``'s calls."""
-        batch = self.batch
-        if self.state is not _TOOLS or not batch.server_running:
-            return []  # results of a batch the machine no longer waits for (cancelled)
-        out: list[Action] = [*batch.tools_done(results)]
-        out += self._maybe_batch_done()
-        return out
-
-    def _call_done(self, given: CallDone) -> Sequence[Action]:
-        if self.state is not _TOOLS:
-            return _NOTHING
-        logged = self.batch.call_done(given.id, given.result)
-        return _NOTHING if logged is None else (logged,)
-
-    def _client_result(self, answer: ToolResultMessage) -> Sequence[Action]:
-        batch = self.batch
-        if self.state is _TOOLS:
-            answered = batch.answer(answer)
-            if type(answered) is Refuse:
-                return [answered]
-            return [answered, *self._maybe_batch_done()]
-        if self.state in _BEFORE_BATCH and batch.answer_early(answer):
-            return _NOTHING  # answered on its `call`, before `execute`: kept for the batch
-        return [batch.refusal(answer)]
-
-    def _client_timeout(self, seconds: float) -> Sequence[Action]:
-        if not self.awaits_client:
-            return _NOTHING
-        out: list[Action] = [*self.batch.time_out(seconds)]
-        out += self._maybe_batch_done()
-        return out
-
-    def _maybe_batch_done(self) -> list[Action]:
-        batch = self.batch
-        if not batch.complete:
-            return []
-        return self._batch_done(batch.results())
-
-    def _batch_done(self, results: tuple[ToolResult, ...], *, logged: bool = True) -> list[Action]:
-        """Every call has its result: history gets them as one ``Result`` (what the model
-        reads), then the next step. ``logged``: each call's ``result`` event is out
-        already; a malformed block's failure (no call) is logged here."""
-        content = encode_results(results)
-        payload = result_payload(results)
-        out: list[Action] = [
-            Persist((*self._recorder.finish(), Result(content=content, payload=payload))),
-        ]
-        if not logged:
-            out.insert(0, Result(content=content, payload=payload))
-        if self._steps >= self.max_steps:
-            out += [
-                Error(
-                    code="internal",
-                    content=f"the turn reached the limit of {self.max_steps} model steps and "
-                    "was stopped; ask for a smaller task",
-                ),
-                End(),
-            ]
-            return self._close(out)
-        outputs = self.batch.outputs(results)
-        if outputs is not None:
-            request = self._step(None)
-            out.append(Request(outputs=outputs) if request is _RETRY else request)
-            return out
-        out.append(self._step(results_message(content)))
-        return out
-
     def _upstream_lost(
         self, reason: str, *, fatal: bool = False, fallback: str = ""
     ) -> Sequence[Action]:
@@ -777,6 +589,8 @@ _HANDLERS: Final[dict[type, _Handler]] = {
     ToolsDone: lambda m, i: m._tools_done(i.results),
     ToolResultMessage: lambda m, i: m._client_result(i),
     ClientTimeout: lambda m, i: m._client_timeout(i.seconds),
+    Approve: lambda m, i: m._approve(i),
+    ApprovalTimeout: lambda m, i: m._approval_timeout(i.seconds),
     UpstreamLost: lambda m, i: m._upstream_lost(i.reason, fatal=i.fatal, fallback=i.fallback),
     UpstreamFailed: lambda m, i: m._upstream_failed(i),
     RetryNow: lambda m, i: m._retry_now(),

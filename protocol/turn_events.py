@@ -5,14 +5,15 @@ nothing here holds state. The inputs come from three places, and each feeds
 its own kind without translation:
 
 - **the client** (``protocol.events``): ``UserMessage``, ``Cancel``,
-  ``ToolResultMessage`` (a client tool's answer), ``Commit`` (end of a
-  spoken turn) and ``Played`` (playback reports) are the client's frames themselves;
+  ``ToolResultMessage`` (a client tool's answer), ``Approve`` (a decision on
+  a call that waits for approval), ``Commit`` (end of a spoken turn) and
+  ``Played`` (playback reports) are the client's frames themselves;
 - **the upstream adapters** (``gateway.upstream``): ``TextDelta``,
   ``ResponseDone``, ``SpeechBegan``, ``SpeechEnded``, ``Transcript``,
   ``ResponseBegan``, ``Spoken``, ``Thought`` and ``NativeCall`` are what an adapter's
   ``recv()`` returns;
 - **the shell** (``gateway.sessions``): ``Rerun``, ``Resume``, ``UpstreamFailed``,
-  ``UpstreamLost``, ``CallDone``, ``ToolsDone``, ``ClientTimeout``, ``RetryNow``,
+  ``UpstreamLost``, ``CallDone``, ``ToolsDone``, ``ClientTimeout``, ``ApprovalTimeout``, ``RetryNow``,
   ``ShellFailed`` and ``Shutdown`` report what its I/O and timers found.
 
 An action is a protocol ``Event`` ("log it, then send it") or one of the
@@ -31,6 +32,7 @@ import msgspec
 from protocol.assembly import HistoryItem, Message
 from protocol.calls import ToolCall, ToolResult
 from protocol.events import (
+    Approve,
     Cancel,
     Commit,
     Error,
@@ -48,6 +50,9 @@ __all__ = [
     "INPUT_TYPES",
     "Account",
     "Action",
+    "ApprovalTimeout",
+    "Approve",
+    "AwaitApproval",
     "AwaitClient",
     "Backoff",
     "CallDone",
@@ -178,6 +183,12 @@ class ClientTimeout(_Input, frozen=True, tag="client_timeout"):
     seconds: float
 
 
+class ApprovalTimeout(_Input, frozen=True, tag="approval_timeout"):
+    """``seconds`` passed since ``AwaitApproval``: the calls still undecided are denied."""
+
+    seconds: float
+
+
 class RetryNow(_Input, frozen=True, tag="retry_now"):
     """The ``Backoff`` delay is over."""
 
@@ -250,6 +261,8 @@ TurnInput = (
     | CallDone
     | Resume
     | ToolResultMessage
+    | Approve
+    | ApprovalTimeout
     | ClientTimeout
     | RetryNow
     | Cancel
@@ -356,6 +369,15 @@ class AwaitClient(_Action, frozen=True, tag="await_client"):
     ids: tuple[str, ...]
 
 
+class AwaitApproval(_Action, frozen=True, tag="await_approval"):
+    """Calls ``ids`` wait for a user's decision (their ``approval_required`` is out):
+    start the approval timer (performed at once). Feed ``Approve`` as decisions come,
+    and ``ApprovalTimeout`` when the approval timeout passes while
+    ``TurnMachine.awaits_approval``."""
+
+    ids: tuple[str, ...]
+
+
 class DropUpstream(_Action, frozen=True, tag="drop_upstream"):
     """Let the upstream go (closed in the background); the next ``Request`` opens a fresh one.
 
@@ -389,6 +411,7 @@ Action = (
     | ReplaceResponse
     | RunTools
     | AwaitClient
+    | AwaitApproval
     | DropUpstream
     | Backoff
     | Refuse

@@ -103,6 +103,8 @@ class Tool(abc.ABC, Generic[ArgsT]):
     journaled: bool = False
     """It changes the world: a rerun of a call that finished returns the first run's
     result instead of running again (``tools.done_markers``)."""
+    require_approval: bool = False
+    """Its calls wait for a user's approve (the tools file's ``[builtin] require_approval``)."""
 
     @abc.abstractmethod
     async def run(self, args: ArgsT, ctx: ToolContext) -> Any:

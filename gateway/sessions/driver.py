@@ -63,6 +63,8 @@ from protocol.turn_events import (
     EVENT_TYPES,
     Account,
     Action,
+    ApprovalTimeout,
+    AwaitApproval,
     AwaitClient,
     Backoff,
     CallDone,
@@ -95,7 +97,16 @@ log = logging.getLogger("gateway.sessions.runtime")
 
 # The actions the driver awaits; a cancel supersedes those not yet performed.
 _AWAITED: Final = frozenset(
-    {Request, CommitAudio, StopResponse, ReplaceResponse, RunTools, AwaitClient, Backoff}
+    {
+        Request,
+        CommitAudio,
+        StopResponse,
+        ReplaceResponse,
+        RunTools,
+        AwaitClient,
+        AwaitApproval,
+        Backoff,
+    }
 )
 _RETRY_NOW: Final = RetryNow()
 # How long a cancelled response may take to report its end (and usage) before
@@ -180,6 +191,7 @@ class TurnDriver:
         self.sid = log_.sid
         self._wake = asyncio.Event()  # a command queued actions for the driver
         self._client_deadline = 0.0  # loop time when the client-side calls time out
+        self._approval_deadline = 0.0  # loop time when undecided approvals are denied
         self.task: asyncio.Task[None] | None = None
         self._todo: deque[Action] = deque()  # actions the driver performs next, in order
         self._driving = False  # the driver task has started running
@@ -279,8 +291,8 @@ class TurnDriver:
                         return
                     if machine.awaits_upstream or (session.listening and not self._todo):
                         await self._pump_upstream()
-                    elif machine.awaits_client:
-                        await self._await_client()
+                    elif machine.awaits_client or machine.awaits_approval:
+                        await self._await_answers()
                 except asyncio.CancelledError:
                     if not self._interrupted or session.closed:
                         raise
@@ -308,12 +320,13 @@ class TurnDriver:
                 self.task = None
             session.driver_stopped()
 
-    async def _await_client(self) -> None:
-        """Wait for a command (a client's result, a cancel) or the client-side calls' timeout."""
+    async def _await_answers(self) -> None:
+        """Wait for a command (a client's result, an approve, a cancel) or the deadline of
+        the client-side calls or of the approvals, whichever comes first."""
         self._wake.clear()
         if self._todo:
             return
-        remaining = self._client_deadline - asyncio.get_running_loop().time()
+        remaining = self._answer_deadline() - asyncio.get_running_loop().time()
         if remaining > 0:
             try:
                 async with asyncio.timeout(remaining):
@@ -321,7 +334,25 @@ class TurnDriver:
                 return
             except TimeoutError:
                 pass
-        self._client_timed_out()
+        self._answers_timed_out()
+
+    def _answer_deadline(self) -> float:
+        machine = self.machine
+        deadlines = []
+        if machine.awaits_client:
+            deadlines.append(self._client_deadline)
+        if machine.awaits_approval:
+            deadlines.append(self._approval_deadline)
+        return min(deadlines, default=0.0)
+
+    def _answers_timed_out(self) -> None:
+        now = asyncio.get_running_loop().time()
+        if self.machine.awaits_client and now >= self._client_deadline:
+            self._client_timed_out()
+        if self.machine.awaits_approval and now >= self._approval_deadline:
+            seconds = self.services.config.approval_timeout
+            log.info("session %s: approvals undecided after %gs: denied", self.sid, seconds)
+            self._todo.extend(self.machine.feed(ApprovalTimeout(seconds)))
 
     def _client_timed_out(self) -> None:
         seconds = self.services.config.client_tool_timeout
@@ -391,6 +422,9 @@ class TurnDriver:
                 self._turn_started()
             elif kind is DropUpstream:
                 self.drop_upstream(stop=action.stop)  # type: ignore[union-attr]
+            elif kind is AwaitApproval:
+                loop_time = asyncio.get_running_loop().time()
+                self._approval_deadline = loop_time + self.services.config.approval_timeout
             elif kind is AwaitClient:
                 loop_time = asyncio.get_running_loop().time()
                 self._client_deadline = loop_time + self.services.config.client_tool_timeout
@@ -552,15 +586,15 @@ class TurnDriver:
                     ev = await upstream.recv()
                 finally:
                     self._listening_idle = False
-            elif machine.awaits_client:
-                # Listening while the client works: its result (a command) interrupts.
-                remaining = self._client_deadline - asyncio.get_running_loop().time()
+            elif machine.awaits_client or machine.awaits_approval:
+                # Listening while the client works or the user decides: a command interrupts.
+                remaining = self._answer_deadline() - asyncio.get_running_loop().time()
                 self._listening_idle = True
                 try:
                     async with asyncio.timeout(max(remaining, 0.0)):
                         ev = await upstream.recv()
                 except TimeoutError:
-                    self._client_timed_out()
+                    self._answers_timed_out()
                     return
                 finally:
                     self._listening_idle = False

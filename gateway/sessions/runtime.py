@@ -12,7 +12,7 @@ is a thin facade over one room per job:
 - ``voice.VoiceInput``: the user's audio on its way to the provider.
 
 This module holds what ties them: clients attach and detach, commands come
-in (``start_turn``, ``cancel_turn``, ``tool_result``, ``configure``,
+in (``start_turn``, ``cancel_turn``, ``tool_result``, ``approve``, ``configure``,
 ``commit_audio``, ``rerun_interrupted``), the configuration changes, and
 the session closes. The node is reached through ``SessionHost`` only.
 """
@@ -41,7 +41,7 @@ from gateway.store.base import StoreError
 from gateway.upstream.base import Upstream, VoiceConfig
 from protocol.assembly import HistoryItem
 from protocol.configuration import ConfigChange, apply_change
-from protocol.events import Configured, Error, Played, ToolResultMessage, Usage
+from protocol.events import Approve, Configured, Error, Played, ToolResultMessage, Usage
 from protocol.journal import batch_in_flight, turn_in_flight
 from protocol.turn import TurnMachine
 from protocol.turn_events import Cancel, Commit, Rerun, Resume, Shutdown, UserMessage
@@ -127,6 +127,7 @@ class SessionRuntime:
             client_tools=setup.client_tools,
             call_number=last_seq,
         )
+        machine.batch.needs_approval = setup.approvals
         # Audio in and/or out, from the stored configuration (set_voice changes it).
         self.voice: VoiceConfig | None = self._voice_of(setup)
         machine.voice = self.voice is not None
@@ -234,6 +235,11 @@ class SessionRuntime:
         given = msgspec.structs.replace(answer, content=content)
         return self.driver.command(self.machine.feed(given), interrupt=False)
 
+    def approve(self, decision: Approve) -> Error | None:
+        """A user's decision on a call waiting for approval; ``unknown_call`` or
+        ``wrong_digest`` if it decides nothing (the connection checked the right to)."""
+        return self.driver.command(self.machine.feed(decision), interrupt=False)
+
     def commit_audio(self) -> Error | None:
         """End the user's spoken turn (turn detection ``none``); an ``Error`` reply if
         the session takes no audio or a turn runs."""
@@ -317,6 +323,7 @@ class SessionRuntime:
         """A new setup from the next model step: logged as ``configured``, stored."""
         self.setup = setup
         self.machine.batch.router = setup.client_tools
+        self.machine.batch.needs_approval = setup.approvals
         # Priced and traced as the provider and model it now uses.
         self.observer.provider = setup.upstream_factory.provider
         self.observer.model = setup.upstream_factory.model

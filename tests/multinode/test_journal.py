@@ -19,7 +19,7 @@ import orjson
 import pytest
 from websockets.exceptions import ConnectionClosed
 
-from protocol.events import Call, End, Event, Interrupt, Result
+from protocol.events import Approval, ApprovalRequired, Call, End, Error, Event, Interrupt, Result
 from tests.multinode.conftest import NodeFactory, SimFactory
 from tests.support.client import GatewayClient, text_of
 from tests.support.counting_tool import CountingTool, counting_tool
@@ -35,6 +35,13 @@ def tool() -> Iterator[CountingTool]:
 def tools_file(tool: CountingTool, tmp_path: Path) -> str:
     path = tmp_path / "tools.toml"
     path.write_text(tool.tools_file())
+    return str(path)
+
+
+@pytest.fixture
+def approval_tools_file(tool: CountingTool, tmp_path: Path) -> str:
+    path = tmp_path / "approval-tools.toml"
+    path.write_text(tool.tools_file() + "require_approval = true\n")
     return str(path)
 
 
@@ -121,3 +128,39 @@ async def test_kill_9_after_the_call_returned_before_the_model_answered(
     assert len(tool.requests) == 1  # the call was not run again
     events = await replay(b.url, first.sid)
     assert set(one_result_per_call(events)) == {"once"}
+
+
+async def test_a_pending_approval_survives_a_kill_9_and_runs_once_when_approved(
+    start_sim: SimFactory,
+    start_node: NodeFactory,
+    tool: CountingTool,
+    approval_tools_file: str,
+) -> None:
+    tools_file = approval_tools_file
+    sim = start_sim()
+    a = start_node(sim, "node-a", "--tools", tools_file)
+    b = start_node(sim, "node-b", "--tools", tools_file)
+    first = await GatewayClient.connect(a.url)
+    await first.user('/tool count {"label": "approved"}')
+    got = await first.until(lambda e: isinstance(e, ApprovalRequired), timeout=30)
+    pending = got[-1]
+    assert isinstance(pending, ApprovalRequired)
+    a.kill()
+    await drain(first)
+
+    # A client that resumes from the start sees the pending approval in its replay.
+    second = await GatewayClient.connect(b.url, session_id=first.sid, after=0)
+    replayed = await second.until(lambda e: isinstance(e, ApprovalRequired), timeout=30)
+    assert replayed[-1] == pending
+    await second.until(lambda e: isinstance(e, Interrupt), timeout=30)  # B took over
+    approve = {"type": "approve", "id": pending.id, "digest": pending.digest}
+    await second.send({**approve, "decision": "allow"})
+    await second.until(lambda e: isinstance(e, End), timeout=30)
+    await second.send({**approve, "decision": "allow"})
+    again = await second.until(lambda e: isinstance(e, Error), timeout=30)
+    assert again[-1].code == "unknown_call"  # type: ignore[union-attr]
+    await second.close()
+    assert len(tool.requests) == 1
+    events = await replay(b.url, first.sid)
+    assert [e.decision for e in events if isinstance(e, Approval)] == ["allow"]
+    assert set(one_result_per_call(events)) == {"approved"}

@@ -83,6 +83,7 @@ class HttpTool(DescribedTool):
     def __init__(self, spec: HttpToolSpec, client: httpx2.AsyncClient) -> None:
         super().__init__(spec.name, spec.description, spec.parameters)
         self.spec = spec
+        self.require_approval = spec.require_approval
         self._client = client
 
     async def run(self, args: dict[str, Any], ctx: ToolContext) -> Any:

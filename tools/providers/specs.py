@@ -25,6 +25,8 @@ class McpServerSpec:
     timeout: float = 30.0
     cwd: str | None = None
     """Working directory of a stdio server (the tools file's directory)."""
+    require_approval: bool = False
+    """Calls of every tool of this server wait for a user's approve."""
 
     def describe(self) -> str:
         return " ".join(self.command) if self.command else self.url
@@ -40,3 +42,5 @@ class HttpToolSpec:
     parameters: dict[str, Any]
     headers: Mapping[str, str] = field(default_factory=dict)
     timeout: float = 10.0
+    require_approval: bool = False
+    """Its calls wait for a user's approve."""

@@ -282,6 +282,13 @@ class Config(msgspec.Struct, kw_only=True):
             TOOLS,
         ),
     ] = 120.0
+    cancel_background: Annotated[
+        bool,
+        Setting(
+            "a cancel or the user's speech also cancels the session's background tool calls",
+            TOOLS,
+        ),
+    ] = True
     tool_max_output: Annotated[
         AtLeastOne, Setting("characters of one tool result kept (the rest is cut)", TOOLS)
     ] = 64_000

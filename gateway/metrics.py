@@ -54,6 +54,27 @@ class Metrics:
         self.events = Counter("rtgw_events", "Events logged and sent to clients", registry=r)
         self.tool_calls = Counter("rtgw_tool_calls", "Tool calls executed", registry=r)
         self.tool_failures = Counter("rtgw_tool_failures", "Tool calls that failed", registry=r)
+        # By server tool ("client" for the session's own tools: their names are tenants')
+        # and outcome (success, failure, cancelled).
+        self.tool_outcomes = Counter(
+            "rtgw_tool_call_outcomes",
+            "Tool calls that finished, by tool and outcome",
+            ["tool", "outcome"],
+            registry=r,
+        )
+        self.approval_wait = Histogram(
+            "rtgw_approval_wait_seconds",
+            "Time a call waited for a user's approval, by decision",
+            ["decision"],
+            buckets=(0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0),
+            registry=r,
+        )
+        self.background_calls = Gauge(
+            "rtgw_background_calls",
+            "Background tool calls running on this node",
+            registry=r,
+            multiprocess_mode="livesum",
+        )
         self.upstream_errors = Counter(
             "rtgw_upstream_errors", "Upstream connections lost or refused", registry=r
         )

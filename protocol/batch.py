@@ -17,6 +17,7 @@ from typing import Final, Protocol
 import msgspec
 
 from protocol.approvals import PendingApprovals, denied_result
+from protocol.background import started_result
 from protocol.calls import ToolCall, ToolResult, encode_results, result_payload
 from protocol.configuration import MAX_ARGS_DEPTH, json_depth
 from protocol.events import (
@@ -92,6 +93,7 @@ class ToolBatch:
         "_settled",
         "_slots",
         "_waiting",
+        "background",
         "calls",
         "events",
         "native_ids",
@@ -118,6 +120,8 @@ class ToolBatch:
         self._settled: dict[str, str] = {}
         # Server tools whose calls wait for a user's decision (the session's setup).
         self.needs_approval: frozenset[str] = frozenset()
+        # Tools (server or client) whose calls do not block the turn (the session's setup).
+        self.background: frozenset[str] = frozenset()
         self._approvals = PendingApprovals()
         # Server calls held until every approval of the batch is decided (their slots).
         self._held: list[int] = []
@@ -157,6 +161,12 @@ class ToolBatch:
                 event.runs_on = "client"
             else:
                 self._refused[len(self.calls)] = problem
+        if (
+            len(self.calls) not in self._refused
+            and call.name in self.background
+            and call.name not in self.needs_approval  # an approved call runs with its batch
+        ):
+            event.background = True
         self.calls.append(call)
         self.events.append(event)
         if native_id is not None:
@@ -164,19 +174,27 @@ class ToolBatch:
 
     # --- running it --------------------------------------------------------------------
 
-    def start(self) -> tuple[RunTools | None, tuple[str, ...], list[Result | ApprovalRequired]]:
-        """Open the slots: ``(server calls to run, client call ids to wait for, results now)``.
+    def start(
+        self,
+    ) -> tuple[RunTools | None, tuple[str, ...], list[Result | ApprovalRequired], list[int]]:
+        """Open the slots: ``(server calls to run, client call ids to wait for, results
+        now, background calls)``.
 
         A client call refused for its args is answered here; one the client
         answered on its ``call`` (before the batch ran) is filled at once.
-        Their ``result`` events are the third part (the journal's entries).
+        Their ``result`` events are the third part (the journal's entries). A
+        background call's slot says it started (the fourth part: their slots).
         """
         self._open()
         server: list[int] = []
         now: list[Result | ApprovalRequired] = []
         refused = self._refused
+        background: list[int] = []
         for index, event in enumerate(self.events):
-            if event.runs_on == "client":
+            if event.background is True:
+                self._slots[index] = started_result(self.calls[index].name)
+                background.append(index)
+            elif event.runs_on == "client":
                 self._waiting[event.id] = index
             elif index in refused:
                 # A client tool called with bad args: answered here, the client never runs it.
@@ -198,11 +216,11 @@ class ToolBatch:
                 result = ToolResult(tool=name, status=answer.status, content=answer.content)
                 now.append(self._fill(early, result))
         self._early = {}
-        return self._run_or_hold(server), tuple(self._waiting), now
+        return self._run_or_hold(server), tuple(self._waiting), now, background
 
     def restore(
         self, journal: Sequence[JournalCall]
-    ) -> tuple[RunTools | None, tuple[str, ...], list[ApprovalRequired]]:
+    ) -> tuple[RunTools | None, tuple[str, ...], list[ApprovalRequired], list[int]]:
         """A batch a takeover found in flight: its calls as logged, their outcomes reused.
 
         Only the calls without a logged outcome run again (server calls, with
@@ -214,14 +232,21 @@ class ToolBatch:
         self.new_attempt()
         for entry in journal:
             self.calls.append(entry.call)
-            self.events.append(Call(content="", id=entry.id, runs_on=entry.runs_on))
+            event = Call(content="", id=entry.id, runs_on=entry.runs_on)
+            if entry.background:
+                event.background = True
+            self.events.append(event)
         self._open()
         server: list[int] = []
         asked: list[ApprovalRequired] = []
+        background: list[int] = []
         for index, entry in enumerate(journal):
             if entry.outcome is not None:
                 self._slots[index] = entry.outcome
                 self._logged[index] = True
+            elif entry.background:
+                self._slots[index] = started_result(entry.name)
+                background.append(index)
             elif entry.runs_on == "client":
                 self._waiting[entry.id] = index
             else:
@@ -230,7 +255,7 @@ class ToolBatch:
                     self._approvals.wait_again(index, entry.id, entry.call)
                 elif entry.approval == "" and entry.name in self.needs_approval:
                     asked.append(self._approvals.ask(index, entry.id, entry.call))
-        return self._run_or_hold(server), tuple(self._waiting), asked
+        return self._run_or_hold(server), tuple(self._waiting), asked, background
 
     def _open(self) -> None:
         count = len(self.calls)

@@ -59,6 +59,8 @@ class ClientToolSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     name: ToolName
     description: Annotated[str, msgspec.Meta(max_length=4096)] = ""
     parameters: dict[str, Any] = msgspec.field(default_factory=lambda: {"type": "object"})
+    # The turn does not wait for it: the model is told it started, the answer comes later.
+    background: bool = False
 
 
 class InputAudio(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_fields=True):

@@ -31,6 +31,7 @@ from protocol.events import Call, Result, User
 __all__ = [
     "JournalCall",
     "approval_digest",
+    "background_in_flight",
     "batch_in_flight",
     "idempotency_key",
     "turn_in_flight",
@@ -62,7 +63,8 @@ class JournalCall(msgspec.Struct, frozen=True):
     ``outcome``: its logged result (None: it has none, so it is run again, or
     asked of the client again, under the same id and key). ``approval``: the
     call waits for a user's decision (``"pending"``: none logged yet) or was
-    allowed (``"allowed"``); a denied call has its outcome.
+    allowed (``"allowed"``); a denied call has its outcome. ``background``:
+    it does not block the turn (``protocol.background``).
     """
 
     id: str
@@ -71,6 +73,7 @@ class JournalCall(msgspec.Struct, frozen=True):
     runs_on: Literal["gateway", "client"] = "gateway"
     outcome: ToolResult | None = None
     approval: Literal["", "pending", "allowed"] = ""
+    background: bool = False
 
     @property
     def call(self) -> ToolCall:
@@ -95,3 +98,17 @@ def batch_in_flight(history: Sequence[HistoryItem]) -> list[Call]:
         calls.append(item)
     calls.reverse()
     return calls if all(call.id for call in calls) else []
+
+
+def background_in_flight(history: Sequence[HistoryItem]) -> list[Call]:
+    """Background calls whose result history does not hold yet (running, or due).
+
+    A background call's result goes into history (a ``Result`` with its
+    ``id``) when the model is given it; until then the call may still run.
+    """
+    delivered = {item.id for item in history if type(item) is Result and isinstance(item.id, str)}
+    return [
+        item
+        for item in history
+        if type(item) is Call and item.background is True and item.id not in delivered
+    ]

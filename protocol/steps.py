@@ -49,7 +49,14 @@ class StepRecorder:
             self.emitted = True
             self._close_block()
             # With its id and who runs it: a takeover finds the batch in flight by them.
-            self._items.append(Call(content=event.content, id=event.id, runs_on=event.runs_on))
+            self._items.append(
+                Call(
+                    content=event.content,
+                    id=event.id,
+                    runs_on=event.runs_on,
+                    background=event.background,
+                )
+            )
 
     def _close_block(self) -> None:
         if self._kind is not None and self._buf:

@@ -52,7 +52,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, Final
 
+import msgspec
+
 from protocol.assembly import Message
+from protocol.background import BackgroundCalls
 from protocol.batch import ClientToolRouter, ToolBatch, native_call
 from protocol.calls import (
     decode_call,
@@ -82,9 +85,11 @@ from protocol.turn_events import (
     Action,
     ApprovalTimeout,
     Approve,
+    BackgroundDone,
     Backoff,
     CallDone,
     Cancel,
+    CancelBackground,
     ClientTimeout,
     Commit,
     CommitAudio,
@@ -99,6 +104,7 @@ from protocol.turn_events import (
     ResponseBegan,
     ResponseDone,
     Resume,
+    ResumeBackground,
     RetryNow,
     ShellFailed,
     Shutdown,
@@ -172,6 +178,7 @@ class TurnMachine(ToolSteps):
         "_ended",
         "_feed",
         "_queued",
+        "cancel_background",
         "spoken",
         "upstream_retries",
         "voice",
@@ -203,6 +210,8 @@ class TurnMachine(ToolSteps):
         self._malformed_in_a_row = 0
         self.voice = False
         self.spoken = SpokenAnswer()  # a spoken turn's held events, transcript, playback
+        self.background = BackgroundCalls()  # calls that do not block the turn
+        self.cancel_background = True  # cancel and barge-in cancel them (the session's setting)
 
     @property
     def idle(self) -> bool:
@@ -503,7 +512,11 @@ class TurnMachine(ToolSteps):
         else:
             cancelled = Cancelled(content=CANCELLED_BY_USER)
             note = Cancelled(content=CANCELLED_BY_USER)
-        out += [Persist((*self._recorder.finish(), note)), cancelled]
+        stopped = self.background.cancel(note.content) if self.cancel_background else []
+        kept = [msgspec.structs.replace(r) for r in stopped]  # history's own copies
+        out += [Persist((*self._recorder.finish(), note, *kept)), *stopped, cancelled]
+        if stopped:
+            out.append(CancelBackground(tuple(str(r.id) for r in stopped)))
         if state is _STREAMING or state is _STOPPING:
             # Wait for the stopped response's usage. Cancelling leaves the
             # provider's conversation with a partial response: the upstream is
@@ -549,6 +562,8 @@ class TurnMachine(ToolSteps):
         elif self.spoken.queued:
             self.spoken.queued = False
             out += self._begin_spoken([])
+        elif self.background.due:
+            out += self._deliver()  # background results as the next step
         return out
 
     def _count_usage(self, usage: Usage | None, estimated: bool) -> None:
@@ -576,6 +591,7 @@ class TurnMachine(ToolSteps):
         self._queued = None
         self.batch.settle("the session stopped on this node")
         self.spoken.forget()
+        self.background.forget()
         return _NOTHING if was is _IDLE else [DropUpstream(stop=True)]
 
 
@@ -597,6 +613,8 @@ _HANDLERS: Final[dict[type, _Handler]] = {
     Cancel: lambda m, i: m._cancel(),
     Rerun: lambda m, i: m._rerun(i.reason),
     Resume: lambda m, i: m._resume(i),
+    BackgroundDone: lambda m, i: m._background_done(i.id, i.result),
+    ResumeBackground: lambda m, i: m._resume_background(i),
     CallDone: lambda m, i: m._call_done(i),
     ShellFailed: lambda m, i: m._shell_failed(i.what),
     Shutdown: lambda m, i: m._shutdown(),

@@ -54,9 +54,11 @@ __all__ = [
     "Approve",
     "AwaitApproval",
     "AwaitClient",
+    "BackgroundDone",
     "Backoff",
     "CallDone",
     "Cancel",
+    "CancelBackground",
     "ClientTimeout",
     "Commit",
     "CommitAudio",
@@ -71,6 +73,7 @@ __all__ = [
     "ResponseBegan",
     "ResponseDone",
     "Resume",
+    "ResumeBackground",
     "RetryNow",
     "RunTools",
     "ShellFailed",
@@ -78,6 +81,7 @@ __all__ = [
     "SpeechBegan",
     "SpeechEnded",
     "Spoken",
+    "StartBackground",
     "StopResponse",
     "TextDelta",
     "Thought",
@@ -177,6 +181,23 @@ class Resume(_Input, frozen=True, tag="resume"):
     calls: tuple[JournalCall, ...]
 
 
+class BackgroundDone(_Input, frozen=True, tag="background_done"):
+    """A background call finished (``StartBackground``): log it; the model gets it next."""
+
+    id: str
+    result: ToolResult
+
+
+class ResumeBackground(_Input, frozen=True, tag="resume_background"):
+    """After a takeover: the background calls history shows without a delivered result.
+
+    Those with a logged outcome are due to the model; the others run again
+    (``StartBackground``, same ids and keys).
+    """
+
+    calls: tuple[JournalCall, ...]
+
+
 class ClientTimeout(_Input, frozen=True, tag="client_timeout"):
     """``seconds`` passed since ``AwaitClient``: the calls still unanswered fail."""
 
@@ -260,6 +281,8 @@ TurnInput = (
     | ToolsDone
     | CallDone
     | Resume
+    | BackgroundDone
+    | ResumeBackground
     | ToolResultMessage
     | Approve
     | ApprovalTimeout
@@ -359,6 +382,21 @@ class RunTools(_Action, frozen=True, tag="run_tools"):
     ids: tuple[str, ...] = ()
 
 
+class StartBackground(_Action, frozen=True, tag="start_background"):
+    """Run these server calls in the background (performed at once, not awaited): once
+    the events before this action are logged, as ``RunTools``; feed ``BackgroundDone``
+    as each finishes."""
+
+    calls: tuple[ToolCall, ...]
+    ids: tuple[str, ...]
+
+
+class CancelBackground(_Action, frozen=True, tag="cancel_background"):
+    """Cancel the background calls ``ids`` (their ``result`` events are out already)."""
+
+    ids: tuple[str, ...]
+
+
 class AwaitClient(_Action, frozen=True, tag="await_client"):
     """The client-side calls ``ids`` are out: start their timer (performed at once).
 
@@ -412,6 +450,8 @@ Action = (
     | RunTools
     | AwaitClient
     | AwaitApproval
+    | StartBackground
+    | CancelBackground
     | DropUpstream
     | Backoff
     | Refuse

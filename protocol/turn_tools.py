@@ -17,8 +17,9 @@ from collections.abc import Sequence
 from typing import Final
 
 from protocol.assembly import Message, results_message
+from protocol.background import BackgroundCalls, result_event
 from protocol.batch import ToolBatch
-from protocol.calls import ToolResult, encode_results, result_payload
+from protocol.calls import ToolCall, ToolResult, encode_results, result_payload
 from protocol.events import End, Error, Execute, Interrupt, Result
 from protocol.metering import UsageMeter
 from protocol.parser import Parser
@@ -34,7 +35,9 @@ from protocol.turn_events import (
     ReplaceResponse,
     Request,
     Resume,
+    ResumeBackground,
     RunTools,
+    StartBackground,
     ToolResultMessage,
 )
 from protocol.turn_state import MALFORMED_LIMIT, NOTHING, RETRY, TurnState
@@ -59,6 +62,7 @@ class ToolSteps:
         "_parser",
         "_recorder",
         "_steps",
+        "background",
         "batch",
         "max_steps",
         "meter",
@@ -67,6 +71,7 @@ class ToolSteps:
 
     state: TurnState
     batch: ToolBatch
+    background: BackgroundCalls
     meter: UsageMeter
     max_steps: int
     _recorder: StepRecorder
@@ -140,11 +145,63 @@ class ToolSteps:
         knows every call that may have run (``Resume``), and none is asked of
         the model again.
         """
-        run, waiting, now = self.batch.start()
+        run, waiting, now, background = self.batch.start()
         self.state = _TOOLS
         at = next((i for i, a in enumerate(out) if type(a) is ReplaceResponse), len(out))
-        out[at:at] = [Persist(tuple(self._recorder.finish())), *now]
+        out[at:at] = [Persist(tuple(self._recorder.finish())), *now, *self._start(background)]
         return self._wait_batch(out, run, waiting)
+
+    def _start(self, slots: list[int]) -> list[Action]:
+        """The batch's background calls: tracked; the server ones start (not awaited)."""
+        batch = self.batch
+        calls: list[ToolCall] = []
+        ids: list[str] = []
+        for index in slots:
+            event, call = batch.events[index], batch.calls[index]
+            self.background.start(event.id, call.name)
+            if event.runs_on != "client":
+                calls.append(call)
+                ids.append(event.id)
+        return [StartBackground(tuple(calls), tuple(ids))] if calls else []
+
+    def _background_done(self, call_id: str, result: ToolResult) -> Sequence[Action]:
+        """A background call's result: logged at once; the model gets it as the next
+        step (at once when no turn runs, else when the running turn ends)."""
+        logged = self.background.done(call_id, result)
+        if logged is None:
+            return _NOTHING
+        out: list[Action] = [logged]
+        if self.state is _IDLE:
+            out += self._deliver()
+        return out
+
+    def _resume_background(self, given: ResumeBackground) -> Sequence[Action]:
+        """After a takeover: background calls with a logged result are due, the others
+        run again (same ids, same keys)."""
+        calls: list[ToolCall] = []
+        ids: list[str] = []
+        for entry in given.calls:
+            if entry.outcome is not None:
+                self.background.due.append((entry.id, entry.outcome))
+            else:
+                self.background.start(entry.id, entry.name)
+                if entry.runs_on != "client":
+                    calls.append(entry.call)
+                    ids.append(entry.id)
+        out: list[Action] = [StartBackground(tuple(calls), tuple(ids))] if calls else []
+        if self.state is _IDLE:
+            out += self._deliver()
+        return out
+
+    def _deliver(self) -> list[Action]:
+        """Due background results as the next step: into history (one ``Result`` per
+        call, with its id), then a turn whose first request hands them to the model."""
+        due = self.background.take_due()
+        if not due:
+            return []
+        items = tuple(result_event(call_id, result) for call_id, result in due)
+        message = results_message(encode_results([result for _, result in due]))
+        return self._begin([Persist(items)], message)
 
     def _wait_batch(
         self, out: list[Action], run: RunTools | None, waiting: tuple[str, ...]
@@ -173,9 +230,10 @@ class ToolSteps:
             return _NOTHING
         out = self._begin([Interrupt(content=given.reason)], None)
         out.pop()  # no model request: the batch's calls are known (history has them)
-        run, waiting, asked = self.batch.restore(given.calls)
+        run, waiting, asked, background = self.batch.restore(given.calls)
         self.state = _TOOLS
         out += asked
+        out += self._start(background)
         return self._wait_batch(out, run, waiting)
 
     def _tools_done(self, results: tuple[ToolResult, ...]) -> list[Action]:
@@ -194,6 +252,10 @@ class ToolSteps:
         return _NOTHING if logged is None else (logged,)
 
     def _client_result(self, answer: ToolResultMessage) -> Sequence[Action]:
+        if answer.id in self.background.running:  # a background client call's answer
+            name = self.background.running[answer.id]
+            result = ToolResult(tool=name, status=answer.status, content=answer.content)
+            return self._background_done(answer.id, result)
         batch = self.batch
         if self.state is _TOOLS:
             answered = batch.answer(answer)

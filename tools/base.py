@@ -105,6 +105,8 @@ class Tool(abc.ABC, Generic[ArgsT]):
     result instead of running again (``tools.done_markers``)."""
     require_approval: bool = False
     """Its calls wait for a user's approve (the tools file's ``[builtin] require_approval``)."""
+    background: bool = False
+    """Its calls do not block the turn (the tools file's ``[builtin] background``)."""
 
     @abc.abstractmethod
     async def run(self, args: ArgsT, ctx: ToolContext) -> Any:

@@ -31,6 +31,8 @@ class DescribedTool(abc.ABC):
     journaled = False
     require_approval = False
     """Its calls wait for a user's approve (``require_approval = true`` in its section)."""
+    background = False
+    """Its calls do not block the turn (``background = true`` in its section)."""
 
     def __init__(self, name: str, description: str, parameters: dict[str, Any]) -> None:
         self.name = name

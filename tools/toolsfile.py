@@ -13,6 +13,7 @@ A TOML file (``gateway serve --tools FILE``)::
     [http.book]
     url = "https://hotel.example/book"
     require_approval = true                          # each call waits for a user's approve
+    background = true                                # the turn goes on while it runs
     ...
 
     [http.weather]
@@ -47,9 +48,10 @@ __all__ = ["ToolsFile", "ToolsFileError", "load_tools_file", "parse_tools_file"]
 
 _NAME: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_-]{0,63}")
 _VAR: Final = re.compile(r"\$\{([^}]*)\}")
-_MCP_KEYS: Final = {"command", "url", "env", "timeout", "require_approval"}
-_HTTP_KEYS: Final = {"url", "description", "parameters", "headers", "timeout", "require_approval"}
-_BUILTIN_KEYS: Final = {"enable", "require_approval"}
+_FLAGS: Final = ("require_approval", "background")
+_MCP_KEYS: Final = {"command", "url", "env", "timeout", *_FLAGS}
+_HTTP_KEYS: Final = {"url", "description", "parameters", "headers", "timeout", *_FLAGS}
+_BUILTIN_KEYS: Final = {"enable", *_FLAGS}
 
 
 class ToolsFileError(ValueError):
@@ -64,6 +66,8 @@ class ToolsFile:
     builtins: tuple[str, ...] | None = None
     builtin_approval: tuple[str, ...] = ()
     """Built-ins whose calls wait for a user's approve (``[builtin] require_approval``)."""
+    builtin_background: tuple[str, ...] = ()
+    """Built-ins whose calls do not block the turn (``[builtin] background``)."""
     mcp: tuple[McpServerSpec, ...] = ()
     http: tuple[HttpToolSpec, ...] = ()
     sections: dict[str, str] = field(default_factory=dict)
@@ -110,7 +114,8 @@ def parse_tools_file(
             )
     where = _Where(path, environ)
     builtins = _builtins(data.get("builtin"), where, builtin_names)
-    builtin_approval = _builtin_approval(data.get("builtin"), where, builtin_names)
+    builtin_approval = _builtin_list(data.get("builtin"), "require_approval", where, builtin_names)
+    builtin_background = _builtin_list(data.get("builtin"), "background", where, builtin_names)
     base = str(Path(path).resolve().parent)
     sections: dict[str, str] = {}
     mcp = tuple(
@@ -130,7 +135,9 @@ def parse_tools_file(
             )
         sections[name] = f"[http.{name}]"
         http.append(http_spec)
-    return ToolsFile(path, builtins, builtin_approval, mcp, tuple(http), sections)
+    return ToolsFile(
+        path, builtins, builtin_approval, builtin_background, mcp, tuple(http), sections
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,19 +237,20 @@ def _builtins(value: Any, where: _Where, builtin_names: frozenset[str]) -> tuple
     return tuple(enable)
 
 
-def _builtin_approval(value: Any, where: _Where, builtin_names: frozenset[str]) -> tuple[str, ...]:
-    if not isinstance(value, dict) or "require_approval" not in value:
+def _builtin_list(
+    value: Any, key: str, where: _Where, builtin_names: frozenset[str]
+) -> tuple[str, ...]:
+    """``[builtin] KEY = ["name", ...]``: built-ins marked so (checked names)."""
+    if not isinstance(value, dict) or key not in value:
         return ()
-    names = value["require_approval"]
+    names = value[key]
     if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
-        raise where.error(
-            "builtin", "require_approval", 'must be a list of names, like ["write", "shell"]'
-        )
+        raise where.error("builtin", key, 'must be a list of names, like ["write", "shell"]')
     for name in names:
         if name not in builtin_names:
             raise where.error(
                 "builtin",
-                "require_approval",
+                key,
                 f"there is no built-in tool {name!r}; choose from "
                 f"{', '.join(sorted(builtin_names))}",
             )
@@ -284,6 +292,7 @@ def _mcp(name: str, body: dict[str, Any], where: _Where, base: str) -> McpServer
         timeout=_timeout(body, 30.0, section, where),
         cwd=base if command is not None else None,
         require_approval=_flag(body, "require_approval", section, where),
+        background=_flag(body, "background", section, where),
     )
 
 
@@ -314,4 +323,5 @@ def _http(name: str, body: dict[str, Any], where: _Where) -> HttpToolSpec:
         headers=_strings(body.get("headers", {}), section, "headers", where),
         timeout=_timeout(body, 10.0, section, where),
         require_approval=_flag(body, "require_approval", section, where),
+        background=_flag(body, "background", section, where),
     )

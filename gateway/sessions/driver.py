@@ -41,6 +41,7 @@ import msgspec
 from gateway.sessions.observer import TurnObserver
 from gateway.sessions.session_log import SessionLog
 from gateway.sessions.setup import SessionServices, SessionSetup
+from gateway.sessions.tool_runs import Gone, ToolRuns, hear
 from gateway.sessions.upstream_link import OpenRequest, UpstreamLink
 from gateway.sessions.voice import VoiceInput
 from gateway.upstream.base import (
@@ -57,7 +58,7 @@ from gateway.upstream.base import (
 from protocol.assembly import Message
 from protocol.audio import audio_frame
 from protocol.calls import ToolResult
-from protocol.events import Error, Interrupt, Metric, Usage
+from protocol.events import Approval, Error, Interrupt, Metric, Usage
 from protocol.turn import TurnMachine, TurnState
 from protocol.turn_events import (
     EVENT_TYPES,
@@ -66,8 +67,10 @@ from protocol.turn_events import (
     ApprovalTimeout,
     AwaitApproval,
     AwaitClient,
+    BackgroundDone,
     Backoff,
     CallDone,
+    CancelBackground,
     ClientTimeout,
     CommitAudio,
     DropUpstream,
@@ -82,6 +85,7 @@ from protocol.turn_events import (
     SpeechBegan,
     SpeechEnded,
     Spoken,
+    StartBackground,
     StopResponse,
     TextDelta,
     Thought,
@@ -154,15 +158,6 @@ class DrivenSession(Protocol):
         """No turn runs any more (the node may let the session go)."""
 
 
-class _Gone:
-    """The upstream's loss as the tools' watcher read it: the driver's next read raises it."""
-
-    __slots__ = ("error",)
-
-    def __init__(self, error: UpstreamClosed) -> None:
-        self.error = error
-
-
 class TurnDriver:
     """Performs one session's turns (see the module docstring)."""
 
@@ -189,6 +184,8 @@ class TurnDriver:
         self._spawn = spawn
         self._remember = remember
         self.sid = log_.sid
+        self.tools = ToolRuns(self.sid, services, log_, observer, lambda: session.setup)
+        self._approval_asked: dict[str, float] = {}  # call id → when it began to wait
         self._wake = asyncio.Event()  # a command queued actions for the driver
         self._client_deadline = 0.0  # loop time when the client-side calls time out
         self._approval_deadline = 0.0  # loop time when undecided approvals are denied
@@ -204,9 +201,9 @@ class TurnDriver:
         # The driver reads the upstream with nothing else to do (no turn, or a wait for
         # client results): a command interrupts that read (``wake``).
         self._listening_idle = False
-        # Upstream events read while tools ran (``_hear_during_tools``), for the
+        # Upstream events read while tools ran (``tool_runs.hear``), for the
         # driver's next reads, in order.
-        self._heard: deque[UpstreamEvent | _Gone] = deque()
+        self._heard: deque[UpstreamEvent | Gone] = deque()
 
     # ------------------------------------------------------------------ commands
 
@@ -263,7 +260,7 @@ class TurnDriver:
             driver.cancel()
 
     async def stop(self) -> None:
-        """Cancel the running turn and wait for the driver to end."""
+        """Cancel the running turn and the background calls, and wait for them to end."""
         driver = self.task
         if driver is not None and not driver.done():
             self._stop_text_now()
@@ -271,6 +268,7 @@ class TurnDriver:
             with contextlib.suppress(BaseException):
                 await driver
         self._todo.clear()
+        await self.tools.stop()
 
     # ------------------------------------------------------------------ the drive loop
 
@@ -409,6 +407,8 @@ class TurnDriver:
                     self.observer.fill(action)  # type: ignore[arg-type]
                 elif kind is Error:
                     self.observer.turn_failed(action.code)  # type: ignore[union-attr]
+                elif kind is Approval:
+                    self._approval_decided(action)  # type: ignore[arg-type]
                 elif kind is Interrupt and self.link.upstream is None:
                     await self._reopen_for(action, todo[0] if todo else None)  # type: ignore[arg-type]
                     continue
@@ -425,6 +425,12 @@ class TurnDriver:
             elif kind is AwaitApproval:
                 loop_time = asyncio.get_running_loop().time()
                 self._approval_deadline = loop_time + self.services.config.approval_timeout
+                for call_id in action.ids:  # type: ignore[union-attr]
+                    self._approval_asked.setdefault(call_id, loop_time)
+            elif kind is StartBackground:
+                self.tools.start(action, self._background_finished)  # type: ignore[arg-type]
+            elif kind is CancelBackground:
+                self.tools.cancel(action.ids)  # type: ignore[union-attr]
             elif kind is AwaitClient:
                 loop_time = asyncio.get_running_loop().time()
                 self._client_deadline = loop_time + self.services.config.client_tool_timeout
@@ -451,7 +457,6 @@ class TurnDriver:
             elif kind is RunTools:
                 # The calls are in the log (and history) before any runs: a node
                 # that takes over knows each one that may have run, and its key.
-                await self.log.flushed()
                 results = await self._run_tools_hearing(action)  # type: ignore[arg-type]
                 todo.extend(self.machine.feed(ToolsDone(tuple(results))))
             elif kind is Backoff:
@@ -577,7 +582,7 @@ class TurnDriver:
                 return  # a command came while the connection was opening
             if heard:
                 read = heard.popleft()
-                if isinstance(read, _Gone):
+                if isinstance(read, Gone):
                     raise read.error
                 ev = read
             elif machine.idle:
@@ -748,7 +753,10 @@ class TurnDriver:
             or not self.session.listening
         ):
             return await self._run_tools(run)
-        watcher = asyncio.create_task(self._hear_during_tools(upstream), name=f"hear:{self.sid}")
+        barge_in = self._barge_in
+        watcher = asyncio.create_task(
+            hear(upstream, self._heard, barge_in), name=f"hear:{self.sid}"
+        )
         try:
             return await self._run_tools(run)
         finally:
@@ -756,40 +764,25 @@ class TurnDriver:
             with contextlib.suppress(BaseException):
                 await watcher
 
-    async def _hear_during_tools(self, upstream: Upstream) -> None:
-        heard = self._heard
-        try:
-            while True:
-                ev = await upstream.recv()
-                if type(ev) is SpeechBegan:
-                    self.command(self.machine.feed(ev), interrupt=True)
-                    return
-                heard.append(ev)
-        except UpstreamClosed as exc:
-            heard.append(_Gone(exc))  # the driver's next read raises it
+    def _barge_in(self, ev: SpeechBegan) -> None:
+        self.command(self.machine.feed(ev), interrupt=True)
 
     async def _run_tools(self, run: RunTools) -> list[ToolResult]:
-        services = self.services
-        calls, ids = run.calls, run.ids
-        services.metrics.tool_calls.inc(len(calls))
-        observe = self.observer.tool if self.observer.tracing else None
         machine, emit = self.machine, self.log.emit
 
-        def journal(index: int, result: ToolResult) -> None:
+        def journal(call_id: str, result: ToolResult) -> None:
             # Logged as soon as the call finished: a takeover reuses it.
-            if index < len(ids):
-                for action in machine.feed(CallDone(ids[index], result)):
-                    emit(action)  # type: ignore[arg-type]
+            for action in machine.feed(CallDone(call_id, result)):
+                emit(action)  # type: ignore[arg-type]
 
-        results = await services.executor.run_batch(
-            list(calls),
-            services.tool_context(self.sid),
-            observe=observe,
-            allowed=self.session.setup.server_tools,
-            ids=ids,
-            on_result=journal,
-        )
-        failures = sum(1 for r in results if r.status != "success")
-        if failures:
-            services.metrics.tool_failures.inc(failures)
-        return results
+        return await self.tools.run(run, journal)
+
+    def _background_finished(self, call_id: str, result: ToolResult) -> None:
+        """A background call's result: a command for the machine, like a client's answer."""
+        self.command(self.machine.feed(BackgroundDone(call_id, result)), interrupt=False)
+
+    def _approval_decided(self, approval: Approval) -> None:
+        asked = self._approval_asked.pop(approval.id, None)
+        if asked is not None:
+            waited = asyncio.get_running_loop().time() - asked
+            self.services.metrics.approval_wait.labels(approval.decision).observe(waited)

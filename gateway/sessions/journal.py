@@ -83,6 +83,7 @@ def read_journal_calls(
                 runs_on=call.runs_on,
                 outcome=known.get(call.id),
                 approval=decided.get(call.id, ""),
+                background=call.background is True,
             )
         )
     return tuple(out)

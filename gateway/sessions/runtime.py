@@ -41,10 +41,23 @@ from gateway.store.base import StoreError
 from gateway.upstream.base import Upstream, VoiceConfig
 from protocol.assembly import HistoryItem
 from protocol.configuration import ConfigChange, apply_change
-from protocol.events import Approve, Configured, Error, Played, ToolResultMessage, Usage
-from protocol.journal import batch_in_flight, turn_in_flight
+from protocol.events import Approve, Call, Configured, Error, Played, ToolResultMessage, Usage
+from protocol.journal import (
+    JournalCall,
+    background_in_flight,
+    batch_in_flight,
+    turn_in_flight,
+)
 from protocol.turn import TurnMachine
-from protocol.turn_events import Cancel, Commit, Rerun, Resume, Shutdown, UserMessage
+from protocol.turn_events import (
+    Cancel,
+    Commit,
+    Rerun,
+    Resume,
+    ResumeBackground,
+    Shutdown,
+    UserMessage,
+)
 from tools.client import prepare
 from tools.output import cap_output
 
@@ -128,6 +141,8 @@ class SessionRuntime:
             call_number=last_seq,
         )
         machine.batch.needs_approval = setup.approvals
+        machine.batch.background = setup.background
+        machine.cancel_background = cfg.cancel_background
         # Audio in and/or out, from the stored configuration (set_voice changes it).
         self.voice: VoiceConfig | None = self._voice_of(setup)
         machine.voice = self.voice is not None
@@ -266,17 +281,27 @@ class SessionRuntime:
         """
         calls = batch_in_flight(self.history)
         if calls:
-            try:
-                journal = await read_journal(self.services.store, self.sid, calls, self.last_seq)
-            except StoreError as exc:
-                # Without the outcomes every call runs again, each under its own key.
-                log.warning("session %s: journal not read (%s); rerunning its calls", self.sid, exc)
-                journal = read_journal_calls(calls)
+            journal = await self._journal(calls)
             self.driver.command(self.machine.feed(Resume(reason, journal)), interrupt=False)
         elif turn_in_flight(self.history):
             self.driver.command(self.machine.feed(Rerun(reason)), interrupt=False)
         else:
             self.observer.follows = ""
+        in_batch = {call.id for call in calls}
+        running = [c for c in background_in_flight(self.history) if c.id not in in_batch]
+        if running:
+            # Background calls whose result the model has not had: reused or run again
+            # (due when the turn above ends, or at once).
+            found = await self._journal(running)
+            self.driver.command(self.machine.feed(ResumeBackground(found)), interrupt=False)
+
+    async def _journal(self, calls: list[Call]) -> tuple[JournalCall, ...]:
+        try:
+            return await read_journal(self.services.store, self.sid, calls, self.last_seq)
+        except StoreError as exc:
+            # Without the outcomes every call runs again, each under its own key.
+            log.warning("session %s: journal not read (%s); rerunning its calls", self.sid, exc)
+            return read_journal_calls(calls)
 
     # ------------------------------------------------------------------ configuration
 
@@ -324,6 +349,7 @@ class SessionRuntime:
         self.setup = setup
         self.machine.batch.router = setup.client_tools
         self.machine.batch.needs_approval = setup.approvals
+        self.machine.batch.background = setup.background
         # Priced and traced as the provider and model it now uses.
         self.observer.provider = setup.upstream_factory.provider
         self.observer.model = setup.upstream_factory.model

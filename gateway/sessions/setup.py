@@ -108,6 +108,8 @@ class SessionSetup:
     # The server tools whose calls wait for a user's approve: the operator's (tools file),
     # the key policy's and the session's own, of the tools it may run.
     approvals: frozenset[str] = frozenset()
+    # The tools (server and client) whose calls do not block the turn.
+    background: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,6 +218,9 @@ class SessionSetups:
             )
         wanted = {*self.registry.approval_required, *policy.require_approval}
         approvals = frozenset(n for n in (*wanted, *config.require_approval) if n in has)
+        background = frozenset(
+            [*(n for n in self.registry.background if n in has), *client_tools.background]
+        )
         factory = self._factory(config.provider, config.model)
         if isinstance(factory, str):
             return factory
@@ -236,7 +241,15 @@ class SessionSetups:
             specs += client_tools.specs()
             prompt = system_prompt(specs, instructions)
         return SessionSetup(
-            config, prompt, factory, allowed, client_tools, key_tools, instructions, approvals
+            config,
+            prompt,
+            factory,
+            allowed,
+            client_tools,
+            key_tools,
+            instructions,
+            approvals,
+            background,
         )
 
     def _factory(self, provider: str, model: str) -> UpstreamFactory | str:

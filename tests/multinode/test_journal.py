@@ -51,10 +51,13 @@ async def drain(client: GatewayClient) -> None:
             await client.next(timeout=10)
 
 
-async def replay(url: str, sid: str) -> list[Event]:
-    """The session's log from its start, through the turn's end."""
+async def replay(url: str, sid: str, through: int = 0) -> list[Event]:
+    """The session's log from its start, through the first turn's end (or seq ``through``)."""
     client = await GatewayClient.connect(url, session_id=sid, after=0)
-    events = await client.until(lambda e: isinstance(e, End), timeout=30)
+    if through:
+        events = await client.until(lambda e: e.seq >= through, timeout=30)
+    else:
+        events = await client.until(lambda e: isinstance(e, End), timeout=30)
     await client.close()
     return events
 
@@ -164,3 +167,59 @@ async def test_a_pending_approval_survives_a_kill_9_and_runs_once_when_approved(
     events = await replay(b.url, first.sid)
     assert [e.decision for e in events if isinstance(e, Approval)] == ["allow"]
     assert set(one_result_per_call(events)) == {"approved"}
+
+
+@pytest.fixture
+def background_tools_file(tool: CountingTool, tmp_path: Path) -> str:
+    path = tmp_path / "background-tools.toml"
+    path.write_text(tool.tools_file() + "background = true\n")
+    return str(path)
+
+
+async def test_a_background_call_lets_the_answer_stream_and_its_result_comes_after(
+    start_sim: SimFactory,
+    start_node: NodeFactory,
+    tool: CountingTool,
+    background_tools_file: str,
+) -> None:
+    sim = start_sim()
+    a = start_node(sim, "node-a", "--tools", background_tools_file)
+    client = await GatewayClient.connect(a.url)
+    await client.user('/tool count {"label": "later", "seconds": 5}')
+    first = await client.until(lambda e: isinstance(e, End), timeout=30)
+    [call] = [e for e in first if isinstance(e, Call)]
+    assert call.background is True
+    assert not any(isinstance(e, Result) for e in first)  # the answer did not wait for it
+    # Then the call's one result, and the model's next step with it, in the same session.
+    later = await client.until(lambda e: isinstance(e, End), timeout=30)
+    [result] = [e for e in later if isinstance(e, Result)]
+    assert result.id == call.id and result.seq > first[-1].seq
+    assert orjson.loads(result.content)[0]["content"]["label"] == "later"
+    assert "The tool returned success." in text_of(later, "respond")
+    await client.close()
+    assert len(tool.requests) == 1
+
+
+async def test_a_background_call_running_at_a_kill_9_runs_on_with_its_key(
+    start_sim: SimFactory,
+    start_node: NodeFactory,
+    tool: CountingTool,
+    background_tools_file: str,
+) -> None:
+    sim = start_sim()
+    a = start_node(sim, "node-a", "--tools", background_tools_file)
+    b = start_node(sim, "node-b", "--tools", background_tools_file)
+    first = await GatewayClient.connect(a.url)
+    await first.user('/tool count {"label": "survives", "seconds": 4}')
+    await first.until(lambda e: isinstance(e, End), timeout=30)
+    await asyncio.to_thread(tool.wait_requests, 1)
+    a.kill()
+    await drain(first)
+    second = await GatewayClient.connect(b.url, session_id=first.sid, after=first.last_seq)
+    got = await second.until(lambda e: isinstance(e, End), timeout=60)
+    await second.close()
+    assert "The tool returned success." in text_of(got, "respond")
+    assert len(tool.keys_of("survives")) == 1  # one logical call, one key
+    assert set(tool.executions.values()) == {1}
+    events = await replay(b.url, first.sid, got[-1].seq)
+    assert set(one_result_per_call(events)) == {"survives"}

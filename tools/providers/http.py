@@ -84,6 +84,7 @@ class HttpTool(DescribedTool):
         super().__init__(spec.name, spec.description, spec.parameters)
         self.spec = spec
         self.require_approval = spec.require_approval
+        self.background = spec.background
         self._client = client
 
     async def run(self, args: dict[str, Any], ctx: ToolContext) -> Any:

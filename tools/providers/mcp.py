@@ -327,6 +327,7 @@ class McpTool(DescribedTool):
         self.server = server
         self.remote_name = tool.name
         self.require_approval = server.spec.require_approval
+        self.background = server.spec.background
 
     async def run(self, args: dict[str, Any], ctx: ToolContext) -> Any:
         return await self.server.call(

@@ -32,15 +32,18 @@ def started_result(name: str) -> ToolResult:
 class BackgroundCalls:
     """The session's background calls: those running, and results due to the model."""
 
-    __slots__ = ("due", "running")
+    __slots__ = ("due", "native", "running")
 
     def __init__(self) -> None:
         self.running: dict[str, str] = {}  # call id → tool name
+        self.native: dict[str, str] = {}  # call id → the provider's id (a native call)
         # Logged, not yet handed to the model (in order): call id → its result.
         self.due: list[tuple[str, ToolResult]] = []
 
-    def start(self, call_id: str, name: str) -> None:
+    def start(self, call_id: str, name: str, native_id: str = "") -> None:
         self.running[call_id] = name
+        if native_id:
+            self.native[call_id] = native_id
 
     def done(self, call_id: str, result: ToolResult) -> Result | None:
         """A running call's result: its ``result`` event (None: not running here)."""
@@ -56,6 +59,8 @@ class BackgroundCalls:
             result_event(call_id, ToolResult(tool=name, status="failure", content=why))
             for call_id, name in self.running.items()
         ]
+        for call_id in self.running:
+            self.native.pop(call_id, None)
         self.running = {}
         return out
 
@@ -67,6 +72,7 @@ class BackgroundCalls:
         """The session stops on this node: the next one finds them in the journal."""
         self.running = {}
         self.due = []
+        self.native = {}
 
 
 def result_event(call_id: str, result: ToolResult) -> Result:

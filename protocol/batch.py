@@ -442,11 +442,19 @@ class ToolBatch:
         self._approvals.settle(why)
 
     def outputs(self, results: Sequence[ToolResult]) -> tuple[tuple[str, str], ...] | None:
-        """Native calls' ``(call_id, output)`` pairs for ``results``; None for text calls."""
+        """Native calls' ``(call_id, output)`` pairs for ``results``; None for text calls.
+
+        A background call has none yet: the provider's own way is to send its
+        output when it is done (the model goes on meanwhile)."""
         ids = self.native_ids
         if not ids or len(ids) != len(results):
             return None
         return tuple(
             (call_id, _RESULT_ENCODER.encode(result).decode())
-            for call_id, result in zip(ids, results, strict=True)
+            for call_id, result, event in zip(ids, results, self.events, strict=True)
+            if event.background is not True
         )
+
+    def native_id(self, index: int) -> str:
+        """The provider's id of native call ``index`` ("" for a text call)."""
+        return self.native_ids[index] if index < len(self.native_ids) else ""

@@ -19,7 +19,7 @@ from typing import Final
 from protocol.assembly import Message, results_message
 from protocol.background import BackgroundCalls, result_event
 from protocol.batch import ToolBatch
-from protocol.calls import ToolCall, ToolResult, encode_results, result_payload
+from protocol.calls import ToolCall, ToolResult, encode_result, encode_results, result_payload
 from protocol.events import End, Error, Execute, Interrupt, Result
 from protocol.metering import UsageMeter
 from protocol.parser import Parser
@@ -158,7 +158,7 @@ class ToolSteps:
         ids: list[str] = []
         for index in slots:
             event, call = batch.events[index], batch.calls[index]
-            self.background.start(event.id, call.name)
+            self.background.start(event.id, call.name, batch.native_id(index))
             if event.runs_on != "client":
                 calls.append(call)
                 ids.append(event.id)
@@ -196,10 +196,22 @@ class ToolSteps:
     def _deliver(self) -> list[Action]:
         """Due background results as the next step: into history (one ``Result`` per
         call, with its id), then a turn whose first request hands them to the model."""
+        native = self.background.native
         due = self.background.take_due()
         if not due:
             return []
         items = tuple(result_event(call_id, result) for call_id, result in due)
+        if all(native.get(call_id) for call_id, _ in due):
+            # Native calls: their outputs, as the provider documents for calls that did
+            # not block (OpenAI: function_call_output, then response.create; Gemini: a
+            # NON_BLOCKING call's response, scheduled WHEN_IDLE). A fresh connection
+            # needs none: history holds them.
+            outputs = tuple((native.pop(call_id), encode_result(result)) for call_id, result in due)
+            out = self._begin([Persist(items)], None)
+            out[-1] = Request(outputs=outputs)
+            return out
+        for call_id, _ in due:
+            native.pop(call_id, None)
         message = results_message(encode_results([result for _, result in due]))
         return self._begin([Persist(items)], message)
 
@@ -322,6 +334,11 @@ class ToolSteps:
             ]
             return self._close(out)
         outputs = self.batch.outputs(results)
+        if outputs == ():
+            # Every native call runs in the background: the model's response was its
+            # answer for now; it speaks again when their outputs come.
+            out.append(End())
+            return self._close(out)
         if outputs is not None:
             request = self._step(None)
             out.append(Request(outputs=outputs) if request is _RETRY else request)

@@ -368,7 +368,10 @@ class SessionRuntime:
             if allowed is None or s.name in allowed
         ]
         return voice_config(
-            setup.config, [*specs, *setup.client_tools.specs()], speaks_only=speaks_only
+            setup.config,
+            [*specs, *setup.client_tools.specs()],
+            speaks_only=speaks_only,
+            background=setup.background,
         )
 
     def speaking_voice(self) -> VoiceConfig | None:

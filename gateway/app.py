@@ -168,7 +168,7 @@ async def running_gateway(config: Config) -> AsyncIterator[Gateway]:
     prices = _prices(config)
     tracing = _tracing(config)
     store = open_store(
-        config.redis_url or None,
+        config.store or None,
         prefix=config.key_prefix,
         ttl=config.session_ttl,
         max_log=config.max_log,
@@ -179,7 +179,7 @@ async def running_gateway(config: Config) -> AsyncIterator[Gateway]:
     if store.kind == "memory":
         log.info(
             "store: in-process memory (sessions live as long as this process; "
-            "set REDIS_URL to share them between nodes)"
+            "set --store (GATEWAY_STORE or REDIS_URL) to a Redis URL to share them between nodes)"
         )
     else:
         log.info("store: %s (durability %s)", store.kind, config.durability)
@@ -195,6 +195,7 @@ async def running_gateway(config: Config) -> AsyncIterator[Gateway]:
                 prices=prices,
                 tracing=tracing,
             )
+            node.metrics.store.watch(store.unconfirmed)
             gateway = Gateway(node)
             await gateway.start()
             try:

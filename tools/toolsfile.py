@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -286,7 +287,7 @@ def _mcp(name: str, body: dict[str, Any], where: _Where, base: str) -> McpServer
         )
     return McpServerSpec(
         name=name,
-        command=tuple(command or ()),
+        command=_own_python(tuple(command or ())),
         url=_url(url, section, where) if url is not None else "",
         env=_strings(body.get("env", {}), section, "env", where),
         timeout=_timeout(body, 30.0, section, where),
@@ -294,6 +295,15 @@ def _mcp(name: str, body: dict[str, Any], where: _Where, base: str) -> McpServer
         require_approval=_flag(body, "require_approval", section, where),
         background=_flag(body, "background", section, where),
     )
+
+
+def _own_python(command: tuple[str, ...]) -> tuple[str, ...]:
+    """``python3 server.py`` runs with the gateway's own interpreter, whose
+    environment has the MCP SDK the gateway was installed with (a system
+    ``python3`` may have no ``mcp`` at all); any other program runs as written."""
+    if command and command[0] in ("python", "python3"):
+        return (sys.executable, *command[1:])
+    return command
 
 
 def _http(name: str, body: dict[str, Any], where: _Where) -> HttpToolSpec:

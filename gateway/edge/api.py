@@ -49,7 +49,7 @@ from gateway.edge.admission import ANY_ORIGIN, Edges
 from gateway.edge.auth import ANONYMOUS, KeyStoreUnavailable
 from gateway.edge.pending import WatchedProtocol
 from gateway.edge.tokens import is_client_token
-from gateway.sessions.node import CONFIG_QUOTA, UNUSED, Node, config_bytes
+from gateway.sessions.port import CONFIG_QUOTA, UNUSED, NodePort, config_bytes
 from gateway.sessions.setup import ConfigProblem
 from gateway.store.base import StoreUnavailable
 from protocol.configuration import (
@@ -176,7 +176,7 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 class HttpApi:
     """The HTTP API of one node, served by aiohttp in the node's event loop."""
 
-    def __init__(self, node: Node, edges: Edges) -> None:
+    def __init__(self, node: NodePort, edges: Edges) -> None:
         self.node = node
         self.edges = edges
         self.config: Config = node.config
@@ -476,10 +476,9 @@ class HttpApi:
         store = self.node.store
         driver = await store.lease_owner(sid)
         last_seq = await store.last_seq(sid)
-        runtime = self.node.runtimes.get(sid)
-        if runtime is not None and not runtime.closed:
-            usage = runtime.usage
-            config = runtime.setup.config
+        live = self.node.live_state(sid)
+        if live is not None:
+            usage, config = live
         else:
             usage = Usage(
                 input=_int(meta.get("usage_input")), output=_int(meta.get("usage_output"))

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from gateway.config import Config
 from gateway.edge.auth import KeyId
 from gateway.edge.tokens import ClientToken, TokenRefused, mint_token, new_secret, verify_token
-from gateway.store.base import Store
+from gateway.store.base import Secrets
 
 __all__ = ["ClientTokens"]
 
@@ -42,7 +42,7 @@ class ClientTokens:
     """
 
     def __init__(
-        self, config: Config, store: Store, clock: Callable[[], float] = time.time
+        self, config: Config, store: Secrets, clock: Callable[[], float] = time.time
     ) -> None:
         self.ttl = config.token_ttl
         self._store = store

@@ -434,7 +434,7 @@ class TurnDriver:
             elif kind is AwaitClient:
                 loop_time = asyncio.get_running_loop().time()
                 self._client_deadline = loop_time + self.services.config.client_tool_timeout
-                self.services.metrics.tool_calls.inc(len(action.ids))  # type: ignore[union-attr]
+                self.services.metrics.tools.calls.inc(len(action.ids))  # type: ignore[union-attr]
             elif kind is Request:
                 await self._request(action.message, action.outputs)  # type: ignore[union-attr]
             elif kind is CommitAudio:
@@ -785,4 +785,4 @@ class TurnDriver:
         asked = self._approval_asked.pop(approval.id, None)
         if asked is not None:
             waited = asyncio.get_running_loop().time() - asked
-            self.services.metrics.approval_wait.labels(approval.decision).observe(waited)
+            self.services.metrics.tools.approval_wait.labels(approval.decision).observe(waited)

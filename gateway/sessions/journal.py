@@ -17,7 +17,7 @@ from typing import Final, Literal
 
 import msgspec
 
-from gateway.store.base import Store
+from gateway.store.base import EventLog
 from protocol.calls import ToolResult, decode_call
 from protocol.events import Approval, ApprovalRequired, Call, Result, decode_event
 from protocol.journal import JournalCall
@@ -30,7 +30,7 @@ _results_decoder: Final = msgspec.json.Decoder(list[ToolResult])
 
 
 async def read_journal(
-    store: Store, sid: str, calls: Sequence[Call], last_seq: int
+    store: EventLog, sid: str, calls: Sequence[Call], last_seq: int
 ) -> tuple[JournalCall, ...]:
     """The batch of ``calls`` (history's trailing calls) with the outcomes the log holds."""
     wanted = {call.id for call in calls}

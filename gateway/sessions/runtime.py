@@ -37,7 +37,7 @@ from gateway.sessions.setup import ConfigProblem, SessionServices, SessionSetup
 from gateway.sessions.subscriber import Subscriber
 from gateway.sessions.upstream_link import UpstreamLink
 from gateway.sessions.voice import VoiceInput, voice_config
-from gateway.store.base import StoreError
+from gateway.store.base import EventLog, StoreError
 from gateway.upstream.base import Upstream, VoiceConfig
 from protocol.assembly import HistoryItem
 from protocol.configuration import ConfigChange, apply_change
@@ -185,6 +185,11 @@ class SessionRuntime:
         return self.log.last_seq
 
     @property
+    def provider(self) -> str:
+        """The provider its upstream uses now (its configuration's, or the node's)."""
+        return self.setup.upstream_factory.provider
+
+    @property
     def subscribers(self) -> set[Subscriber]:
         return self.log.subscribers
 
@@ -271,17 +276,18 @@ class SessionRuntime:
         """A client played this much of the spoken answer (kept for a barge-in)."""
         return self.driver.command(self.machine.feed(report), interrupt=False)
 
-    async def rerun_interrupted(self, reason: str) -> None:
+    async def rerun_interrupted(self, reason: str, events: EventLog) -> None:
         """After a takeover: if the last turn was in flight, mark it and go on with it.
 
         A batch in flight (history ends with its calls) is finished from the
         journal: outcomes the log holds are reused, the other calls run again
         under their own ids and keys (``Resume``). Otherwise the step is rerun.
         The rerun's span links to the cut turn's (``observer.follows``, from the meta).
+        ``events``: the session's log, where the journal is read.
         """
         calls = batch_in_flight(self.history)
         if calls:
-            journal = await self._journal(calls)
+            journal = await self._journal(events, calls)
             self.driver.command(self.machine.feed(Resume(reason, journal)), interrupt=False)
         elif turn_in_flight(self.history):
             self.driver.command(self.machine.feed(Rerun(reason)), interrupt=False)
@@ -292,12 +298,12 @@ class SessionRuntime:
         if running:
             # Background calls whose result the model has not had: reused or run again
             # (due when the turn above ends, or at once).
-            found = await self._journal(running)
+            found = await self._journal(events, running)
             self.driver.command(self.machine.feed(ResumeBackground(found)), interrupt=False)
 
-    async def _journal(self, calls: list[Call]) -> tuple[JournalCall, ...]:
+    async def _journal(self, events: EventLog, calls: list[Call]) -> tuple[JournalCall, ...]:
         try:
-            return await read_journal(self.services.store, self.sid, calls, self.last_seq)
+            return await read_journal(events, self.sid, calls, self.last_seq)
         except StoreError as exc:
             # Without the outcomes every call runs again, each under its own key.
             log.warning("session %s: journal not read (%s); rerunning its calls", self.sid, exc)

@@ -25,7 +25,7 @@ from gateway.pricing import PriceTable
 from gateway.sessions.limits import Limits
 from gateway.sessions.logwriter import LogWriter
 from gateway.sessions.policy import KeyPolicies, refusal, within
-from gateway.store.base import Store
+from gateway.store.base import SessionMeta
 from gateway.tracing import Tracing
 from gateway.upstream.base import CONTROLS, UpstreamFactory
 from protocol.configuration import SessionConfig, decode_config, encode_config
@@ -124,7 +124,7 @@ class SessionServices:
     upstream_factory: UpstreamFactory
     system_prompt: str
     tool_context: Callable[[str], ToolContext]
-    store: Store
+    store: SessionMeta
     prices: PriceTable
     tracing: Tracing
     # The setup of a configuration for an owner (key id) and its key's allow-list of

@@ -59,11 +59,11 @@ class ToolRuns:
         """Run a batch's server calls; their results in order (cut to the batch's share)."""
         await self.log.flushed()
         metrics = self.services.metrics
-        metrics.tool_calls.inc(len(run.calls))
+        metrics.tools.calls.inc(len(run.calls))
         results = await self._run(run.calls, run.ids, journal)
         failures = sum(1 for r in results if r.status != "success")
         if failures:
-            metrics.tool_failures.inc(failures)
+            metrics.tools.failures.inc(failures)
         return results
 
     def start(self, action: StartBackground, finished: Report) -> None:
@@ -75,7 +75,7 @@ class ToolRuns:
                 self._one_in_background(call, call_id, finished), name=f"tool:{self.sid}"
             )
             self._background[call_id] = task
-            self.services.metrics.background_calls.inc()
+            self.services.metrics.tools.background.inc()
 
     def cancel(self, ids: tuple[str, ...]) -> None:
         """Cancel background calls (their results are logged already, as cancelled)."""
@@ -97,10 +97,10 @@ class ToolRuns:
     async def _one_in_background(self, call: ToolCall, call_id: str, finished: Report) -> None:
         try:
             await self.log.flushed()
-            self.services.metrics.tool_calls.inc()
+            self.services.metrics.tools.calls.inc()
             [result] = await self._run((call,), (call_id,), None)
             if result.status != "success":
-                self.services.metrics.tool_failures.inc()
+                self.services.metrics.tools.failures.inc()
             finished(call_id, result)
         except asyncio.CancelledError:
             self._count(call.name, "cancelled")
@@ -117,7 +117,7 @@ class ToolRuns:
             )
         finally:
             self._background.pop(call_id, None)
-            self.services.metrics.background_calls.dec()
+            self.services.metrics.tools.background.dec()
 
     async def _run(
         self, calls: tuple[ToolCall, ...], ids: tuple[str, ...], journal: Report | None
@@ -142,7 +142,7 @@ class ToolRuns:
     def _count(self, name: str, outcome: str) -> None:
         # Label only the node's own tools: a session's client tools are named by tenants.
         tool = name if name in self.services.executor.registry else "other"
-        self.services.metrics.tool_outcomes.labels(tool, outcome).inc()
+        self.services.metrics.tools.outcomes.labels(tool, outcome).inc()
 
 
 class Gone:

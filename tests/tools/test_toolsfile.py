@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -29,7 +30,8 @@ def test_a_good_file_is_read_with_env_substituted(tmp_path: Path) -> None:
     tools = parse(text + WEATHER, {"TOKEN": "abc", "REGION": "eu"})
     assert tools.builtins == ("read", "shell")
     [calc] = tools.mcp
-    assert calc.command == ("python3", "s.py") and calc.timeout == 30.0
+    # python3 is the gateway's own interpreter (its venv has the mcp SDK the server needs).
+    assert calc.command == (sys.executable, "s.py") and calc.timeout == 30.0
     [weather] = tools.http
     assert weather.url == "https://weather.example/eu/tool"
     assert weather.headers == {"Authorization": "Bearer abc"} and weather.timeout == 10.0

@@ -282,9 +282,10 @@ class Node:
                 raise
             self.runtimes[sid] = runtime
             self.metrics.sessions.set(len(self.runtimes))
-            runtime.rerun_interrupted(
+            await runtime.rerun_interrupted(
                 "the node running this turn stopped; the turn is being rerun — "
-                "discard its partial output"
+                "discard its partial output",
+                self.store,
             )
         if not lock.locked():
             self._locks.pop(sid, None)

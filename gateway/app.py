@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 
 from gateway.config import Config, ConfigError
 from gateway.edge.server import Gateway
+from gateway.phone.control import PhoneControl
 from gateway.pricing import PricesError, PriceTable, load_prices
 from gateway.sessions.node import Node, UpstreamFactories
 from gateway.store import open_store
@@ -23,6 +24,7 @@ from gateway.upstream.base import ProviderChain, UpstreamFactory
 from gateway.upstream.models import model_refusal, model_warning
 from gateway.upstream.provider import Provider, ProviderSettings
 from protocol.fallback import ProviderBreaker
+from tools.builtin.phone import phone_tools
 from tools.registry import Registry
 from tools.toolset import builtin_names, open_registry
 from tools.toolsfile import ToolsFileError, load_tools_file
@@ -127,8 +129,9 @@ def _node_factory(config: Config, factories: UpstreamFactories) -> UpstreamFacto
 
 
 @contextlib.asynccontextmanager
-async def _open_tools(config: Config) -> AsyncIterator[Registry]:
-    """The node's tools: built-ins, plus the tools file's MCP servers and HTTP tools."""
+async def _open_tools(config: Config, phone: PhoneControl) -> AsyncIterator[Registry]:
+    """The node's tools: built-ins, plus the tools file's MCP servers and HTTP tools,
+    plus the call tools when they are on (``--phone-tools``: they act through ``phone``)."""
     # A tools file is checked and its servers started before anything listens;
     # its mistakes are configuration errors (one line, exit 2), not tracebacks.
     try:
@@ -138,6 +141,9 @@ async def _open_tools(config: Config) -> AsyncIterator[Registry]:
             else None
         )
         async with open_registry(tools_file, enable_shell=config.enable_shell) as registry:
+            if config.phone.tools:
+                for tool in phone_tools(phone):
+                    registry.register(tool)
             log.info("tools: %s", ", ".join(registry.names()) or "(none)")
             yield registry
     except ToolsFileError as exc:
@@ -184,7 +190,8 @@ async def running_gateway(config: Config) -> AsyncIterator[Gateway]:
     else:
         log.info("store: %s (durability %s)", store.kind, config.durability)
     try:
-        async with _open_tools(config) as registry, _upstream_factories(config) as factories:
+        phone = PhoneControl(config.phone)  # the call tools' side, before the tools
+        async with _open_tools(config, phone) as registry, _upstream_factories(config) as factories:
             factory = _node_factory(config, factories)
             node = Node(
                 config,
@@ -195,7 +202,7 @@ async def running_gateway(config: Config) -> AsyncIterator[Gateway]:
                 prices=prices,
                 tracing=tracing,
             )
-            gateway = Gateway(node)
+            gateway = Gateway(node, phone)
             await gateway.start()
             try:
                 yield gateway

@@ -88,6 +88,10 @@ error instead), or the share of the window to keep when it cuts (a retention rat
 
 ReasoningEffort = Literal["minimal", "low", "medium", "high", "xhigh"]
 
+DtmfHandling = Literal["event", "message"]
+"""A phone caller's key presses: ``event`` (a ``dtmf`` event for the session's
+clients), or ``message`` (that, and a message to the model saying which keys)."""
+
 
 class SessionConfig(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_fields=True):
     """The effective configuration of one session ("" / None / empty = the node's default)."""
@@ -105,6 +109,7 @@ class SessionConfig(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unkn
     voice: ShortText = ""
     truncation: Truncation | None = None
     reasoning_effort: ReasoningEffort | None = None
+    dtmf: DtmfHandling = "event"
 
 
 class ConfigChange(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -129,6 +134,7 @@ class ConfigChange(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     voice: ShortText | msgspec.UnsetType = msgspec.UNSET
     truncation: Truncation | msgspec.UnsetType | None = msgspec.UNSET
     reasoning_effort: ReasoningEffort | msgspec.UnsetType | None = msgspec.UNSET
+    dtmf: DtmfHandling | msgspec.UnsetType = msgspec.UNSET
 
 
 def apply_change(config: SessionConfig, change: ConfigChange) -> SessionConfig | str:

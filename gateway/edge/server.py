@@ -38,6 +38,8 @@ from gateway.edge.closes import CloseCode, close_reason
 from gateway.edge.connection import ClientConnection
 from gateway.edge.health import Descriptors, StoreProbe
 from gateway.edge.pending import PendingConnections
+from gateway.phone.control import PhoneControl
+from gateway.phone.edge import PhoneEdge
 from gateway.sessions.node import Node
 from gateway.store.base import StoreUnavailable
 from gateway.wsfast import BatchingConnection
@@ -148,7 +150,8 @@ def watched(pending: PendingConnections) -> type[BatchingConnection]:
 class Gateway:
     """A running gateway node: its server plus its ``Node``."""
 
-    def __init__(self, node: Node) -> None:
+    def __init__(self, node: Node, phone: PhoneControl | None = None) -> None:
+        """``phone``: the call tools' side (``gateway.app`` makes it before the tools)."""
         self.node = node
         self.config: Config = node.config
         self.server: Server | None = None
@@ -161,8 +164,12 @@ class Gateway:
         self.edges = Edges(self.config, node, self.connections)
         self.store_probe = StoreProbe(node.store)
         self.descriptors = Descriptors()
+        # Carriers' media streams (/v1/phone/CARRIER): phone calls as session clients.
+        self.phone = PhoneEdge(node, self.edges, phone or PhoneControl(self.config.phone))
         # The HTTP API (POST/GET/DELETE /v1/sessions) on its own port, if configured.
-        self.api = HttpApi(node, self.edges) if self.config.api_port is not None else None
+        self.api = (
+            HttpApi(node, self.edges, self.phone) if self.config.api_port is not None else None
+        )
 
     @property
     def port(self) -> int:
@@ -227,7 +234,8 @@ class Gateway:
                 Headers([("Content-Type", "text/plain; version=0.0.4; charset=utf-8")]),
                 self.node.metrics.render(),
             )
-        if path != WS_PATH:
+        phone = self.phone.handles(path)
+        if path != WS_PATH and not phone:
             page = web.static_response(path)
             if page is not None:
                 return page
@@ -253,6 +261,8 @@ class Gateway:
                 http.HTTPStatus.UPGRADE_REQUIRED,
                 f"{WS_PATH} is a WebSocket endpoint: send an Upgrade: websocket request\n",
             )
+        if phone:  # a carrier's media stream: its own checks (gateway.phone.admission)
+            return await self.phone.handshake(connection, request)
         query = parse_qs(url.query)
         # Origin, API key (the principal), connection limits; freed when the connection closes.
         admitted = await self.edges.admit(
@@ -381,6 +391,9 @@ class Gateway:
     # ------------------------------------------------------------------ WebSocket
 
     async def _handler(self, ws: ServerConnection) -> None:
+        if self.phone.owns(ws):
+            await self.phone.serve(ws)
+            return
         hs = self._handshakes.pop(id(ws), None)
         if hs is None:  # pragma: no cover - process_request always records one
             await ws.close(1011, "handshake state missing")
@@ -426,16 +439,21 @@ class Gateway:
     # ------------------------------------------------------------------ shutdown
 
     async def drain(self, timeout: float | None = None) -> None:
-        """Stop accepting, let running turns finish (up to ``timeout``), close clients 1012."""
+        """Stop accepting, let running turns finish (up to ``timeout``) and phone calls end
+        (up to ``drain_phone_timeout``), close clients 1012."""
         node = self.node
         node.draining = True
         deadline = self.config.drain_timeout if timeout is None else timeout
         if self.server is not None:
             self.server.close(close_connections=False)
+        # Phone calls cannot move to another node: they go on until they end (or the
+        # phone drain timeout), while the running turns of other clients finish.
+        calls = asyncio.ensure_future(self.phone.drain(self.config.drain_phone_timeout))
         turns = [rt.turn for rt in node.runtimes.values() if rt.turn is not None]
         if turns:
             log.info("draining: waiting up to %.0fs for %d running turns", deadline, len(turns))
             await asyncio.wait(turns, timeout=deadline)
+        await calls
         flushes = [asyncio.ensure_future(rt.flushed()) for rt in node.runtimes.values()]
         if flushes:
             await asyncio.wait(flushes, timeout=5.0)  # a store outage must not hold the exit
@@ -448,6 +466,7 @@ class Gateway:
         if self.api is not None:
             await self.api.close()
         await self.edges.close()
+        await self.phone.close()
 
     async def close(self) -> None:
         """Stop at once (tests, errors): clients get 1001."""
@@ -459,6 +478,7 @@ class Gateway:
             await self.api.close()
         await self.edges.close()
         await self.node.stop()
+        await self.phone.close()
 
 
 async def _close_or_abort(ws: ServerConnection) -> None:

@@ -44,6 +44,7 @@ from protocol.media_stream import (
     Clear,
     Connected,
     Dtmf,
+    Inbound,
     MarkEcho,
     MarkOut,
     Media,
@@ -161,7 +162,7 @@ class SimulatedCall:
         self._sequence += 1
         return self._sequence
 
-    async def _send_in(self, message: Connected | Started | Media | Stopped | Dtmf) -> None:
+    async def _send_in(self, message: Inbound) -> None:
         assert self.ws is not None
         await self.ws.send(self.wire.encode_inbound(message).decode())
 

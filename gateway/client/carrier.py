@@ -31,6 +31,7 @@ import contextlib
 import secrets
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -84,6 +85,7 @@ class CallSetup:
     account_sid: str = "AC" + "0" * 32
     stream_sid: str = field(default_factory=lambda: "MZ" + secrets.token_hex(16))
     signed_url: str | None = None  # the URL signed, if not ``url`` (a proxy in front)
+    encoding: str = "audio/x-mulaw"  # what start says the media is
     headers: dict[str, str] = field(default_factory=dict)
 
 
@@ -109,12 +111,13 @@ class SimulatedCall:
         self.clears = 0
         self.media_received = 0
         self.audio_received = bytearray()  # every μ-law byte the app sent (for checks)
-        self.played_ms = 0
+        self.played_bytes = 0  # of the app's audio played to the caller (8 a ms)
         self.refusal: str | None = None  # how the gateway refused the stream, if it did
         self.closed: tuple[int, str] | None = None
         self._awaiting_answer = False
         self._barge_started: float | None = None
         self._audio_event = asyncio.Event()
+        self._changed = asyncio.Event()  # something the caller lives through changed
         self._closed = asyncio.Event()
 
     # ------------------------------------------------------------------ dialling
@@ -142,6 +145,7 @@ class SimulatedCall:
                 account=setup.account_sid,
                 tracks=("inbound",),
                 custom=dict(setup.parameters),
+                encoding=setup.encoding,
                 sequence=self._next_sequence(),
             )
         )
@@ -233,6 +237,11 @@ class SimulatedCall:
 
     # ------------------------------------------------------------------ the player
 
+    @property
+    def played_ms(self) -> int:
+        """How much of the app's audio the caller heard, in ms."""
+        return self.played_bytes // 8
+
     def _playing(self) -> bool:
         return any(isinstance(item, bytes) for item in self._queue)
 
@@ -249,6 +258,7 @@ class SimulatedCall:
                         self.first_audio.append(time.monotonic() - self.speech_ended_at)
                     self._queue.append(message.payload)
                     self._audio_event.set()
+                    self._changed.set()
                 elif isinstance(message, MarkOut):
                     self._queue.append(message.name)
                 elif isinstance(message, Clear):
@@ -258,10 +268,14 @@ class SimulatedCall:
                     self._queue.clear()
                     for name in pending:  # a clear echoes every pending mark
                         await self._echo(name)
-        except ConnectionClosed as exc:
-            self.closed = (exc.rcvd.code, exc.rcvd.reason) if exc.rcvd else (1006, "")
+                    self._changed.set()
+        except ConnectionClosed:
+            pass
         finally:
+            ws = self.ws
+            self.closed = (ws.close_code or 1006, ws.close_reason or "")
             self._closed.set()
+            self._changed.set()
 
     def _silenced(self) -> None:
         started, self._barge_started = self._barge_started, None
@@ -294,7 +308,8 @@ class SimulatedCall:
                         continue
                     take = head[:budget]
                     budget -= len(take)
-                    self.played_ms += len(take) // 8
+                    self.played_bytes += len(take)
+                    self._changed.set()
                     if len(take) == len(head):
                         queue.popleft()
                     else:
@@ -303,6 +318,16 @@ class SimulatedCall:
                     self._silenced()  # the answer ran out by itself
 
     # ------------------------------------------------------------------ waiting
+
+    async def wait_for(self, predicate: Callable[[], bool], timeout: float = 30.0) -> None:
+        """Wait until ``predicate()`` holds (looked at whenever the call's state changes:
+        audio received or played, a clear, the stream's end)."""
+        async with asyncio.timeout(timeout):
+            while not predicate():
+                if self._closed.is_set():
+                    raise ConnectionError(f"the stream closed: {self.closed}")
+                self._changed.clear()
+                await self._changed.wait()
 
     async def answered(self, timeout: float = 30.0) -> float:
         """Wait for the answer to the last thing said; its speech end → first audio (s)."""

@@ -87,7 +87,8 @@ _ERROR: Final = 1011
 START_TIMEOUT: Final = 10.0
 """Seconds a stream may take to send ``start`` after its handshake."""
 HANDOVER_WAIT: Final = 3.0
-"""Seconds a call that resumes a session driven elsewhere waits for it to come here."""
+"""Seconds a call that resumes a session driven elsewhere waits for it to come here
+(at least: a dead driver's lease must expire first, ``CallServices.lease_ttl``)."""
 PLAYED_OUT_WAIT: Final = 15.0
 """At most, seconds a hang-up or transfer waits for the caller to hear what was said."""
 MAX_FIRST_AUDIO_SAMPLES: Final = 200
@@ -132,6 +133,7 @@ class CallServices:
     metrics: PhoneMetrics
     calls: dict[str, PhoneCallConnection]  # by session id: the call tools find their call
     settle: Callable[[ServerConnection], None]  # the connection is authenticated now
+    lease_ttl: float = 10.0  # a session of a dead node is free after this
 
 
 class _Refused(Exception):
@@ -332,7 +334,7 @@ class PhoneCallConnection:
     async def _drive_here(self, sid: str) -> SessionRuntime:
         """Voice is driven where its microphone is: ask the driving node to hand over."""
         host = self.services.host
-        deadline = time.monotonic() + HANDOVER_WAIT
+        deadline = time.monotonic() + max(HANDOVER_WAIT, self.services.lease_ttl + 1.0)
         while True:
             runtime = await host.drive(sid)
             if runtime is not None:

@@ -19,6 +19,7 @@ to numbers ``--phone-transfer-to`` allows: a model cannot dial the world.
 from __future__ import annotations
 
 import asyncio
+import base64
 import logging
 from typing import Final
 from xml.sax.saxutils import escape
@@ -70,9 +71,10 @@ class TwilioCalls:
         url = (
             f"{settings.twilio_api_url.rstrip('/')}/2010-04-01/Accounts/{account}/Calls/{call}.json"
         )
-        auth = aiohttp.BasicAuth(account, settings.twilio_auth_token)
+        credentials = f"{account}:{settings.twilio_auth_token}".encode()
+        headers = {"Authorization": "Basic " + base64.b64encode(credentials).decode("ascii")}
         try:
-            async with self._http.post(url, data=fields, auth=auth) as response:
+            async with self._http.post(url, data=fields, headers=headers) as response:
                 if response.status < 300:
                     return None
                 body = (await response.text())[:300]

@@ -66,6 +66,7 @@ class PhoneEdge:
             metrics=self.metrics,
             calls=control.calls,
             settle=lambda ws: edges.pending.settled(ws.transport),
+            lease_ttl=node.config.lease_ttl,
         )
         self.streams: dict[PhoneCallConnection, asyncio.Event] = {}  # set when its call ended
         # Handshakes accepted, waiting for their handler: (carrier, signed, URL token).

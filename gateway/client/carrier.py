@@ -331,18 +331,7 @@ class SimulatedCall:
 
     async def answered(self, timeout: float = 30.0) -> float:
         """Wait for the answer to the last thing said; its speech end → first audio (s)."""
-        async with asyncio.timeout(timeout):
-            while self._awaiting_answer or not self.first_audio:
-                self._audio_event.clear()
-                if self._closed.is_set():
-                    raise ConnectionError(f"the stream closed: {self.closed}")
-                await asyncio.wait(
-                    [
-                        asyncio.ensure_future(self._audio_event.wait()),
-                        asyncio.ensure_future(self._closed.wait()),
-                    ],
-                    return_when=asyncio.FIRST_COMPLETED,
-                )
+        await self.wait_for(lambda: not self._awaiting_answer and bool(self.first_audio), timeout)
         return self.first_audio[-1]
 
     async def heard_all(self, timeout: float = 60.0, quiet: float = 0.6) -> None:

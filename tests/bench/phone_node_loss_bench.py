@@ -13,7 +13,7 @@ set, ``--lease-ttl 2``) on one ``redis-server``; this process is the carrier
    the carrier's socket closed by the node (1001).
 3. **kill -9 during a call**: kill → the carrier sees the socket die; kill →
    the session's events readable through the other node's HTTP API (the
-   transcript of the call up to the kill); kill → a call back into the
+   caller's turn up to the kill); kill → a call back into the
    session (a stream token for it, through the other node) answered
    (the dead node's lease must expire first: ``--lease-ttl``).
 """
@@ -133,13 +133,15 @@ async def death_ends_the_call(redis: str, workdir: Path) -> tuple[float, float, 
         a.proc.proc.kill()  # type: ignore[union-attr]
         await call.wait_closed(30)
         closed = time.monotonic() - killed
-        while True:
-            try:
-                page = await asyncio.to_thread(b.request, f"/v1/sessions/{sid}/events")
-            except urllib.error.URLError:
-                page = {"events": []}
-            if any(e["type"] == "respond" for e in page["events"]):
-                break
+        async with asyncio.timeout(30):
+            while True:  # the caller's turn (the answer's text may have died with the node)
+                try:
+                    page = await asyncio.to_thread(b.request, f"/v1/sessions/{sid}/events")
+                except urllib.error.URLError:
+                    page = {"events": []}
+                if any(e["type"] == "speech_stopped" for e in page["events"]):
+                    break
+                await asyncio.sleep(0.005)
         readable = time.monotonic() - killed
         minted = await asyncio.to_thread(b.request, "/v1/phone/tokens", {"session_id": sid})
         back = b.call(token=minted["stream_token"])

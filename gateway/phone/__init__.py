@@ -14,8 +14,10 @@ tells how to wire a number to it.
 - ``playback``: the marks in flight and what the caller heard (pure);
 - ``plans``: the numbers file: what session a call gets, and whose it is;
 - ``stream_tokens``: one-time tokens an app puts in its TwiML;
-- ``admission``: who may open a stream (signatures, tokens), before a session exists;
-- ``call``: one call's stream, the session's client; ``edge``: the calls of a node;
+- ``admission``: who may open a stream (signatures at the handshake, tokens redeemed);
+- ``opening``: a call's start: token, media format, its plan, its session (``CallHost``);
+- ``call``: one call's stream, the session's client; ``meter``: what a call measured;
+- ``edge``: the calls of a node (handshakes, serve, drain);
 - ``control``: the call tools' side (hang up, transfer, keys) and the carrier's REST API;
 - ``webhook``: the TwiML helper and the token endpoint on the HTTP API's port.
 """

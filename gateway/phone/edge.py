@@ -36,6 +36,7 @@ from gateway.phone.call import CallServices, PhoneCallConnection
 from gateway.phone.carriers import CARRIERS, PHONE_PREFIX, Carrier, by_path
 from gateway.phone.control import PhoneControl
 from gateway.phone.metrics import PhoneMetrics
+from gateway.phone.opening import Opening
 from gateway.phone.plans import CallPlans
 from gateway.sessions.node import Node
 
@@ -59,14 +60,16 @@ class PhoneEdge:
         self.plans = CallPlans(settings.numbers_file, settings.key)
         self.tokens = StreamTokens(edges.tokens.secrets, node.store, settings.token_ttl)
         self.services = CallServices(
-            host=node,
-            settings=settings,
-            plans=self.plans,
-            tokens=self.tokens,
+            opening=Opening(
+                host=node,
+                settings=settings,
+                plans=self.plans,
+                tokens=self.tokens,
+                lease_ttl=node.config.lease_ttl,
+            ),
             metrics=self.metrics,
             calls=control.calls,
             settle=lambda ws: edges.pending.settled(ws.transport),
-            lease_ttl=node.config.lease_ttl,
         )
         self.streams: dict[PhoneCallConnection, asyncio.Event] = {}  # set when its call ended
         # Handshakes accepted, waiting for their handler: (carrier, signed, URL token).

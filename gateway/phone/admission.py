@@ -12,9 +12,9 @@ exists.
 
 The signed URL is the stream's URL as the carrier dialled it: the
 ``--phone-public-url`` base (the TLS terminator's address) and the path, or,
-with none set, ``wss://`` and ``ws://`` with the request's ``Host``.
-Twilio signs a stream's URL with no parameters; like Twilio's own
-validators, the URL is tried with and without its port.
+with none set, the request's ``Host`` under each scheme a carrier may have
+signed (``signed_urls``). Twilio signs a stream's URL with no parameters;
+like Twilio's own validators, the URL is tried with and without its port.
 """
 
 from __future__ import annotations
@@ -52,13 +52,24 @@ class Signed:
 
 def signed_urls(settings: PhoneSettings, path: str, host: str, scheme: str = "ws") -> list[str]:
     """The URLs a carrier may have signed for a request of ``path`` (query included)
-    with ``Host: host``; ``scheme`` ``ws`` (a stream) or ``http`` (a webhook)."""
+    with ``Host: host``; ``scheme`` ``ws`` (a stream's upgrade) or ``http`` (a webhook).
+
+    A webhook's URL is signed as requested, query included. For a stream the
+    URL as written in the TwiML is tried in its ``wss://`` and ``https://`` forms
+    (the signed form is not documented first-hand: docs/phone.md), and without
+    a query string, which Twilio strips from stream URLs.
+    """
+    paths = [path]
+    if scheme == "ws" and "?" in path:
+        paths.append(path.split("?", 1)[0])
     if settings.public_url:
         base = settings.public_url.rstrip("/")
-        if scheme == "http":
-            base = base.replace("wss://", "https://", 1).replace("ws://", "http://", 1)
-        return [base + path]
-    return [f"{scheme}s://{host}{path}", f"{scheme}://{host}{path}"]
+        secure = base.replace("wss://", "https://", 1).replace("ws://", "http://", 1)
+        bases = [secure] if scheme == "http" else [base, secure]
+    else:
+        schemes = ("wss", "ws", "https", "http") if scheme == "ws" else ("https", "http")
+        bases = [f"{s}://{host}" for s in schemes]
+    return [base + p for base in bases for p in paths]
 
 
 def check_signature(

@@ -31,6 +31,7 @@ from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
 
 from gateway.edge.admission import Edges
+from gateway.edge.auth import ANONYMOUS
 from gateway.phone.admission import StreamTokens, check_signature
 from gateway.phone.call import CallServices, PhoneCallConnection
 from gateway.phone.carriers import CARRIERS, PHONE_PREFIX, Carrier, by_path
@@ -57,7 +58,9 @@ class PhoneEdge:
         self.edges = edges
         self.control = control
         self.metrics = PhoneMetrics(node.metrics.registry)
-        self.plans = CallPlans(settings.numbers_file, settings.key)
+        # Without API keys every session is the anonymous key's; calls too, by default.
+        owner = settings.key or (ANONYMOUS if not edges.auth_on else "phone")
+        self.plans = CallPlans(settings.numbers_file, owner)
         self.tokens = StreamTokens(edges.tokens.secrets, node.store, settings.token_ttl)
         self.services = CallServices(
             opening=Opening(

@@ -48,8 +48,9 @@ class PhoneSettings(msgspec.Struct, kw_only=True):
             "the API key id that owns calls whose number, profile or stream token names "
             "none (its key policy applies; the app reads their sessions with that key)",
             PHONE,
+            shown_default="anonymous without API keys (as every session then), else phone",
         ),
-    ] = "phone"
+    ] = ""
     require_token: Annotated[
         bool,
         Setting(

@@ -56,8 +56,6 @@ class Node:
                 name,
                 "--lease-ttl",
                 str(LEASE_TTL),
-                "--phone-key",
-                "anonymous",
                 "--workspace-root",
                 str(workdir / "workspaces"),
                 "--sim-tokens-per-second",

@@ -275,6 +275,21 @@ async def test_a_call_resumes_the_apps_session(tmp_path: Path) -> None:
     assert [e.status for e in events if isinstance(e, PhoneCall)] == ["started", "ended"]
 
 
+async def test_a_signed_stream_may_name_a_session_of_its_owner(tmp_path: Path) -> None:
+    async with phone_gateway(tmp_path) as gw:
+        made = await asyncio.to_thread(http, "POST", f"{gw.api_url}/v1/sessions", {})
+        sid = made["session_id"]
+        call = gw.call(parameters={"session_id": sid})
+        await call.dial()
+        await call.press("3")
+        await call.say(espeak("Hello."))
+        await call.answered()
+        await call.hang_up()
+        events = await export(gw, sid)
+    assert [e.digit for e in events if isinstance(e, Dtmf)] == ["3"]
+    assert any(isinstance(e, User) and e.source == "audio" for e in events)
+
+
 async def test_a_media_format_other_than_mulaw_is_refused(tmp_path: Path) -> None:
     async with phone_gateway(tmp_path) as gw:
         call = gw.call(encoding="audio/x-alaw")

@@ -82,8 +82,6 @@ def nodes(redis_url: str, tmp_path: Path) -> Iterator[list[PhoneNode]]:
                 name,
                 "--lease-ttl",
                 str(LEASE_TTL),
-                "--phone-key",
-                "anonymous",
                 "--workspace-root",
                 str(tmp_path / "workspaces"),
                 "--sim-tokens-per-second",

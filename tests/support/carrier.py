@@ -77,12 +77,11 @@ class PhoneGateway:
 async def phone_gateway(tmp_path: Path, **settings: Any) -> AsyncIterator[PhoneGateway]:
     """A gateway on the in-process simulator with its phone edge (Twilio's auth token
     set: streams are signed) and its HTTP API; ``settings`` override. Auth is off,
-    and calls belong to the key id the HTTP API then uses (``anonymous``)."""
+    so calls belong to the key id the HTTP API then uses (``anonymous``)."""
     values: dict[str, Any] = {
         "port": 0,
         "api_port": 0,
         "phone_twilio_auth_token": AUTH_TOKEN,
-        "phone_key": "anonymous",  # auth is off: the HTTP API's key id, so it exports calls
         "workspace_root": str(tmp_path / "workspaces"),
         "sim_tokens_per_second": 200,
     }

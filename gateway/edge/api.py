@@ -50,11 +50,10 @@ from aiohttp import web
 from gateway.config import Config
 from gateway.edge.admission import ANY_ORIGIN, Edges
 from gateway.edge.auth import ANONYMOUS, KeyStoreUnavailable
+from gateway.edge.media_streams import MediaStreams
 from gateway.edge.pending import WatchedProtocol
 from gateway.edge.tokens import is_client_token
-from gateway.phone.edge import PhoneEdge
-from gateway.phone.webhook import TWIML_PATH, VoiceWebhook
-from gateway.sessions.node import CONFIG_QUOTA, UNUSED, Node, config_bytes
+from gateway.sessions.port import CONFIG_QUOTA, UNUSED, NodePort, config_bytes
 from gateway.sessions.setup import ConfigProblem
 from gateway.store.base import StoreUnavailable
 from protocol.configuration import (
@@ -81,16 +80,24 @@ PAGE_BYTES: Final = 1 << 20
 TokenTtl = Annotated[float, msgspec.Meta(ge=1, le=86400)]
 
 
+TokenRights = Annotated[tuple[Literal["approve"], ...], msgspec.Meta(max_length=4)]
+"""What a client token may do beyond opening its session: ``approve`` calls that wait
+for a user's decision (without it only the API key approves)."""
+
+
 class CreateSession(ConfigChange, frozen=True, forbid_unknown_fields=True):
-    """``POST /v1/sessions``: the session's configuration, and its client token's lifetime (s)."""
+    """``POST /v1/sessions``: the session's configuration, its client token's lifetime (s)
+    and rights."""
 
     ttl: TokenTtl | msgspec.UnsetType = msgspec.UNSET
+    rights: TokenRights = ()
 
 
 class MintToken(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """``POST /v1/sessions/{id}/tokens``."""
 
     ttl: TokenTtl | msgspec.UnsetType = msgspec.UNSET
+    rights: TokenRights = ()
 
 
 class MintStreamToken(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -190,7 +197,7 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 class HttpApi:
     """The HTTP API of one node, served by aiohttp in the node's event loop."""
 
-    def __init__(self, node: Node, edges: Edges, phone: PhoneEdge | None = None) -> None:
+    def __init__(self, node: NodePort, edges: Edges, phone: MediaStreams | None = None) -> None:
         self.node = node
         self.edges = edges
         self.phone = phone
@@ -201,12 +208,12 @@ class HttpApi:
         app.router.add_get(API_PREFIX + "/{sid}/events", self.events)
         app.router.add_post(API_PREFIX + "/{sid}/tokens", self.mint)
         app.router.add_delete(API_PREFIX + "/{sid}", self.delete)
+        self.phone_paths: list[str] = []
         if phone is not None:
             app.router.add_post(PHONE_TOKENS, self.phone_token)
-            webhook = VoiceWebhook(
-                phone.settings, phone.plans, phone.tokens, edges.pending, self.config.body_timeout
-            )
-            app.router.add_post(TWIML_PATH, webhook.voice)
+            for path, handler in phone.webhooks.items():
+                app.router.add_post(path, handler)
+            self.phone_paths = [PHONE_TOKENS, *phone.webhooks]
         self.app = app
         self._runner: web.AppRunner | None = None
         self._server: asyncio.Server | None = None
@@ -305,7 +312,8 @@ class HttpApi:
                 404,
                 f"no such endpoint {request.path[:200]!r}: the API is POST {API_PREFIX}, "
                 f"GET|DELETE {API_PREFIX}/ID, GET {API_PREFIX}/ID/events, "
-                f"POST {API_PREFIX}/ID/tokens, POST {PHONE_TOKENS}, POST {TWIML_PATH}",
+                f"POST {API_PREFIX}/ID/tokens"
+                + "".join(f", POST {path}" for path in self.phone_paths),
             )
         except StoreUnavailable:
             self.node.metrics.store_errors.inc()
@@ -451,7 +459,8 @@ class HttpApi:
                 await self.node.store.release_bytes(CONFIG_QUOTA.format(key=key_id), sid)
             raise
         ttl = None if body.ttl is msgspec.UNSET else body.ttl
-        token, expires_at = await self.edges.tokens.mint(sid, key_id, ttl)
+        approve = "approve" in body.rights
+        token, expires_at = await self.edges.tokens.mint(sid, key_id, ttl, approve=approve)
         return _json(201, Minted(sid, token, expires_at))
 
     async def _hold_quota(self, key_id: str, sid: str, size: int) -> None:
@@ -487,7 +496,8 @@ class HttpApi:
         key_id, sid, _ = await self._owned(request)
         body: MintToken = await self._body(request, _mint_decoder.decode)
         ttl = None if body.ttl is msgspec.UNSET else body.ttl
-        token, expires_at = await self.edges.tokens.mint(sid, key_id, ttl)
+        approve = "approve" in body.rights
+        token, expires_at = await self.edges.tokens.mint(sid, key_id, ttl, approve=approve)
         return _json(201, Minted(sid, token, expires_at))
 
     async def phone_token(self, request: web.Request) -> web.Response:
@@ -504,7 +514,9 @@ class HttpApi:
                 raise Refusal(403, "this session belongs to another API key")
         ttl = None if body.ttl is msgspec.UNSET else body.ttl
         call = "" if body.call is msgspec.UNSET else body.call
-        token, expires_at = await self.phone.tokens.mint(str(key_id), sid=sid, call=call, ttl=ttl)
+        token, expires_at = await self.phone.mint_stream_token(
+            str(key_id), sid=sid, call=call, ttl=ttl
+        )
         return _json(201, StreamTokenMinted(token, expires_at, sid or None))
 
     async def describe(self, request: web.Request) -> web.Response:
@@ -512,10 +524,9 @@ class HttpApi:
         store = self.node.store
         driver = await store.lease_owner(sid)
         last_seq = await store.last_seq(sid)
-        runtime = self.node.runtimes.get(sid)
-        if runtime is not None and not runtime.closed:
-            usage = runtime.usage
-            config = runtime.setup.config
+        live = self.node.live_state(sid)
+        if live is not None:
+            usage, config = live
         else:
             usage = Usage(
                 input=_int(meta.get("usage_input")), output=_int(meta.get("usage_output"))

@@ -23,6 +23,7 @@ import http
 import logging
 import time
 import weakref
+from collections.abc import Mapping
 from typing import Final
 from urllib.parse import parse_qs, urlsplit
 
@@ -32,6 +33,7 @@ from websockets.http11 import Request, Response
 
 from gateway.edge.admission import Edges
 from gateway.edge.auth import ANONYMOUS
+from gateway.edge.media_streams import WebHandler
 from gateway.phone.admission import StreamTokens, check_signature
 from gateway.phone.call import CallServices, PhoneCallConnection
 from gateway.phone.carriers import CARRIERS, PHONE_PREFIX, Carrier, by_path
@@ -39,6 +41,7 @@ from gateway.phone.control import PhoneControl
 from gateway.phone.metrics import PhoneMetrics
 from gateway.phone.opening import Opening
 from gateway.phone.plans import CallPlans
+from gateway.phone.webhook import TWIML_PATH, VoiceWebhook
 from gateway.sessions.node import Node
 
 __all__ = ["PhoneEdge"]
@@ -49,7 +52,8 @@ _GOING_AWAY: Final = 1001
 
 
 class PhoneEdge:
-    """The phone side of one node (see the module docstring)."""
+    """The phone side of one node (see the module docstring): the server's
+    ``gateway.edge.media_streams.MediaStreams``."""
 
     def __init__(self, node: Node, edges: Edges, control: PhoneControl) -> None:
         settings = node.config.phone
@@ -74,6 +78,10 @@ class PhoneEdge:
             calls=control.calls,
             settle=lambda ws: edges.pending.settled(ws.transport),
         )
+        webhook = VoiceWebhook(
+            settings, self.plans, self.tokens, edges.pending, self.config.body_timeout
+        )
+        self.webhooks: Mapping[str, WebHandler] = {TWIML_PATH: webhook.voice}
         self.streams: dict[PhoneCallConnection, asyncio.Event] = {}  # set when its call ended
         # Handshakes accepted, waiting for their handler: (carrier, signed, URL token).
         self._accepted: weakref.WeakKeyDictionary[ServerConnection, tuple[Carrier, bool, str]] = (
@@ -125,6 +133,12 @@ class PhoneEdge:
         finally:
             del self.streams[call]
             ended.set()
+
+    async def mint_stream_token(
+        self, owner: str, *, sid: str, call: str, ttl: float | None
+    ) -> tuple[str, float]:
+        """A one-time stream token for ``owner``'s call (``POST /v1/phone/tokens``)."""
+        return await self.tokens.mint(owner, sid=sid, call=call, ttl=ttl)
 
     async def drain(self, timeout: float) -> None:
         """Let the calls go on until they end or ``timeout`` passes; then end the rest."""

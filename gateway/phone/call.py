@@ -14,7 +14,9 @@ connection is (``gateway.sessions.subscriber.Subscriber``):
 - ``speech_started`` while the caller hears an answer: ``clear`` at once,
   so the caller stops hearing it;
 - ``dtmf`` in: a logged ``dtmf`` event, and with the session's ``dtmf:
-  "message"`` a message to the model;
+  "message"`` a message to the model; with the plan's ``keypad_approval``,
+  ``1`` or ``2`` decides a tool call waiting for approval
+  (``gateway.phone.keypad``);
 - ``stop`` (or the socket's end) ends the call: a ``phone_call`` event
   with the call's figures (``gateway.phone.meter``) goes to the log, and
   the session stays (its transcript, usage and cost read like any session's).
@@ -41,6 +43,7 @@ from gateway import wsfast
 from gateway.edge.closes import close_reason
 from gateway.phone.audio import CALL_RATE, CallAudio
 from gateway.phone.carriers import Carrier
+from gateway.phone.keypad import KeypadApprovals
 from gateway.phone.meter import CallMeter
 from gateway.phone.metrics import PhoneMetrics
 from gateway.phone.opening import CallIdentity, Opened, Opening, Refused, open_call
@@ -130,6 +133,7 @@ class PhoneCallConnection:
         self._ending: tuple[str, int, str] | None = None  # (reason, close code, close text)
         self._answer_over = True  # the next audio begins a new answer
         self._digits = ""  # keys waiting to be told to the model
+        self.keypad: KeypadApprovals | None = None  # the caller's keys approve (the plan's)
         self._played_out = asyncio.Event()  # every mark sent came back
         self._played_out.set()
 
@@ -204,6 +208,8 @@ class PhoneCallConnection:
         runtime = self.runtime = opened.runtime
         identity = self.identity = opened.identity
         self.meter = CallMeter(services.metrics, runtime.usage, runtime.observer.cost_total)
+        if opened.plan.keypad_approval:
+            self.keypad = KeypadApprovals()
         services.calls[runtime.sid] = self
         services.metrics.calls.labels(self.carrier.name).inc()
         services.metrics.open.inc()
@@ -295,6 +301,12 @@ class PhoneCallConnection:
         if runtime is None or not digit:
             return
         runtime.record(Dtmf(digit=digit[:8]))
+        decision = self.keypad.press(digit) if self.keypad is not None else None
+        if decision is not None:
+            refused = runtime.approve(decision)
+            if refused is not None:
+                log.info("phone call %s: the key decided nothing: %s", self.call_id, refused)
+            return
         if runtime.setup.config.dtmf == "message":
             self._digits += digit[:8]
             self._tell_keys()
@@ -322,6 +334,10 @@ class PhoneCallConnection:
                 self._answer_over = True
             elif kind == b"metric" and self._digits:
                 self._tell_keys()
+            elif kind == b"approval_required" and self.keypad is not None:
+                self.keypad.asked(entry.data)
+            elif kind == b"approval" and self.keypad is not None:
+                self.keypad.decided(entry.data)
 
     def _speech_started(self, stamp: float) -> None:
         """The caller spoke: if an answer plays, the carrier drops it now (``clear``)."""

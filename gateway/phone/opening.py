@@ -15,6 +15,7 @@ The node is reached through ``CallHost``: five named calls.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -148,7 +149,7 @@ async def open_call(
     settle()
     plan = opening.plans.plan(identity.called, custom.get("profile", ""))
     if owner:
-        plan = CallPlan(owner=owner, change=plan.change, greeting=plan.greeting)
+        plan = dataclasses.replace(plan, owner=owner)
     runtime = await _session(opening, plan, sid)
     return Opened(identity, plan, runtime)
 

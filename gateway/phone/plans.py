@@ -11,13 +11,15 @@
 
     [profiles.support]              # streams whose "profile" parameter is "support"
     server_tools = ["end_call", "transfer_call"]
+    require_approval = ["transfer_call"]
+    keypad_approval = true          # the caller approves with 1, denies with 2
     dtmf = "message"
 
 A table takes the fields of a session's configuration (``POST
-/v1/sessions``: instructions, server_tools, provider, model, voice,
-metadata, truncation, reasoning_effort, dtmf, tools) plus ``key`` (the
-owner) and ``greeting`` (a message to the model as the call starts, so it
-speaks first). Later tables win field by field: defaults, then the
+/v1/sessions``: instructions, server_tools, require_approval, provider,
+model, voice, metadata, truncation, reasoning_effort, dtmf, tools) plus
+``key`` (the owner), ``greeting`` (a message to the model as the call
+starts, so it speaks first) and ``keypad_approval`` (``gateway.phone.keypad``). Later tables win field by field: defaults, then the
 number's, then the profile's. The owner's key policy applies to the result
 as to any configuration (``Node.setup``): a field it forbids refuses the
 call. The file is read at start (its mistakes stop the node) and again
@@ -51,6 +53,7 @@ class PlanTable(ConfigChange, frozen=True, forbid_unknown_fields=True):
     greeting: Annotated[str, msgspec.Meta(max_length=MAX_GREETING)] | msgspec.UnsetType = (
         msgspec.UNSET
     )
+    keypad_approval: bool | msgspec.UnsetType = msgspec.UNSET
 
 
 class _File(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -69,6 +72,7 @@ class CallPlan:
     owner: str
     change: ConfigChange
     greeting: str = ""
+    keypad_approval: bool = False  # the caller's 1 or 2 decides a call waiting for approval
 
 
 def _merge(tables: list[PlanTable]) -> PlanTable:
@@ -106,7 +110,7 @@ class CallPlans:
             raise ConfigError(
                 f"phone numbers file {self.path}: {exc} (tables: [defaults], "
                 '[numbers."+1555…"], [profiles.NAME]; fields: a session\'s configuration, '
-                "key, greeting)"
+                "key, greeting, keypad_approval)"
             ) from None
         for where, table in [
             ("defaults", parsed.defaults),
@@ -157,4 +161,5 @@ class CallPlans:
                 if getattr(merged, name) is not msgspec.UNSET
             }
         )
-        return CallPlan(owner=owner, change=change, greeting=greeting)
+        keypad = merged.keypad_approval is True
+        return CallPlan(owner=owner, change=change, greeting=greeting, keypad_approval=keypad)

@@ -41,7 +41,17 @@ from gateway.store.base import EventLog, StoreError
 from gateway.upstream.base import Upstream, VoiceConfig
 from protocol.assembly import HistoryItem
 from protocol.configuration import ConfigChange, apply_change
-from protocol.events import Approve, Call, Configured, Error, Played, ToolResultMessage, Usage
+from protocol.events import (
+    Approve,
+    Call,
+    Configured,
+    Dtmf,
+    Error,
+    PhoneCall,
+    Played,
+    ToolResultMessage,
+    Usage,
+)
 from protocol.journal import (
     JournalCall,
     background_in_flight,
@@ -275,6 +285,12 @@ class SessionRuntime:
     def played(self, report: Played) -> Error | None:
         """A client played this much of the spoken answer (kept for a barge-in)."""
         return self.driver.command(self.machine.feed(report), interrupt=False)
+
+    def record(self, event: Dtmf | PhoneCall) -> None:
+        """Something of the session's phone call (a key pressed, the call's start and
+        end): logged and sent to every client of the session, outside any turn."""
+        if not self.closed:
+            self.log.emit(event)
 
     async def rerun_interrupted(self, reason: str, events: EventLog) -> None:
         """After a takeover: if the last turn was in flight, mark it and go on with it.

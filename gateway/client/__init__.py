@@ -7,6 +7,7 @@ the gateway's leaf modules ``pcm`` and ``settings`` only: it is a program of
 its own, never server code (``tests/house/test_layers.py``).
 """
 
+from gateway.client.calls import ApprovalHook, ApprovalRefused
 from gateway.client.client import (
     Client,
     ConfigureRefused,
@@ -24,6 +25,8 @@ from gateway.client.dial import (
 )
 
 __all__ = [
+    "ApprovalHook",
+    "ApprovalRefused",
     "BadUrl",
     "Client",
     "ClientError",

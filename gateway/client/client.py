@@ -38,6 +38,12 @@ Decisions (the rules themselves are in ``gateway.client.stream``):
   ``failure`` with the exception's text). ``configure(tools=[...])`` declares
   the tools to the session (name, description, JSON Schema), so the model
   sees them.
+- **Approvals.** ``approve(id, digest, "allow" | "deny")`` decides on a call
+  that waits for approval (an ``approval_required`` event, yielded in the
+  turn) and returns its ``approval`` event, or raises ``ApprovalRefused``.
+  ``on_approval`` is told each ``approval_required`` as it is read (also in
+  a resumed client's replay) and may decide at once by returning ``"allow"``
+  or ``"deny"`` (``gateway.client.calls``).
 - **Configuration is answered.** ``configure(...)`` returns the session's
   ``configured`` event, or raises ``ConfigureRefused`` with the gateway's
   reply (``forbidden`` for a client token or a policy, ``bad_frame`` for a
@@ -60,12 +66,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import logging
 import random
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, TypeVar, overload
 
@@ -74,6 +79,7 @@ import orjson
 from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed
 
+from gateway.client.calls import ApprovalHook, ApprovalRefused, Calls, Decision, ToolHandler
 from gateway.client.dial import (
     FINAL_CLOSE_CODES,
     ClientError,
@@ -87,7 +93,7 @@ from gateway.client.stream import METRIC_GRACE, REFUSAL_CODES, SeqVerdict, TurnT
 from gateway.pcm import silence
 from protocol.audio import split_audio_frame
 from protocol.events import (
-    Call,
+    Approval,
     Cancel,
     Commit,
     Configured,
@@ -103,6 +109,7 @@ from protocol.events import (
 )
 
 __all__ = [
+    "ApprovalRefused",
     "Client",
     "ConfigureRefused",
     "Hooks",
@@ -113,9 +120,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-ToolHandler = Callable[[dict[str, Any]], Awaitable[Any] | Any]
-"""A client tool: called with the call's ``args``; returns the result's content."""
 
 H = TypeVar("H", bound=ToolHandler)
 
@@ -194,7 +198,8 @@ class Client:
     ``ConnectionLost``), ``backoff_initial``/``backoff_max`` (reconnect delays,
     doubled per attempt, with jitter), ``open_timeout`` (per handshake).
     ``on_connect``/``on_disconnect`` are told about each connection (for a UI),
-    ``on_retry`` about each failed attempt that will be retried (a 503, say).
+    ``on_retry`` about each failed attempt that will be retried (a 503, say),
+    ``on_approval`` about each call that waits for approval (``ApprovalHook``).
     ``url`` may be several URLs (nodes of one gateway) to fail over between.
     """
 
@@ -214,6 +219,7 @@ class Client:
         on_disconnect: Callable[[str], None] | None = None,
         on_audio: Callable[[int, bytes], None] | None = None,
         on_retry: Callable[[ClientError], None] | None = None,
+        on_approval: ApprovalHook | None = None,
     ) -> None:
         urls = [url] if isinstance(url, str) else list(url)
         if not urls:
@@ -232,8 +238,8 @@ class Client:
         self._connected = asyncio.Event()
         self._queue: asyncio.Queue[_Item] = asyncio.Queue()
         self._supervisor: asyncio.Task[None] | None = None
-        self._tools: dict[str, ToolHandler] = {}
-        self._tool_tasks: set[asyncio.Task[None]] = set()
+        self._calls = Calls(self._send_frame)
+        self._calls.on_approval = on_approval
         self._closing = False
         self._failure: BaseException | None = None
         self._in_turn = False
@@ -287,7 +293,7 @@ class Client:
     async def close(self) -> None:
         """Close the connection and stop reconnecting; running tool handlers are cancelled."""
         self._closing = True
-        tasks = [t for t in (self._supervisor, *self._tool_tasks) if t is not None]
+        tasks = [t for t in (self._supervisor, *self._calls.tasks) if t is not None]
         for task in tasks:
             task.cancel()
         ws, self._ws = self._ws, None
@@ -315,6 +321,19 @@ class Client:
         finally:
             self._in_turn = False
 
+    async def approve(
+        self, call_id: str, digest: str, decision: Decision = "allow", *, timeout: float = 10.0
+    ) -> Approval:
+        """Decide on call ``call_id`` that waits for approval (an ``approval_required``
+        event; ``digest`` is that event's): ``"allow"`` runs it, ``"deny"`` answers the
+        model that the user denied it. Returns the logged ``approval`` event.
+
+        Raises ``ApprovalRefused`` with the gateway's reply (``wrong_digest``,
+        ``unknown_call``: decided already or not waiting; ``forbidden``: this
+        connection may not approve), ``ClientError`` without an answer in ``timeout``.
+        """
+        return await self._calls.approve(call_id, digest, decision, timeout)
+
     async def cancel(self) -> None:
         """Ask the gateway to cancel the running turn (its ``cancelled`` ends the iteration)."""
         await self._send_frame(_encoder.encode(Cancel()))
@@ -333,7 +352,7 @@ class Client:
         """
 
         def register(fn: H) -> H:
-            self._tools[name or fn.__name__] = fn
+            self._calls.tools[name or fn.__name__] = fn
             return fn
 
         return register(handler) if handler is not None else register
@@ -706,7 +725,7 @@ class Client:
                 if verdict is SeqVerdict.NEW:
                     self._last = event.seq
                 elif isinstance(event, Error) and self._answers_own_frame(event):
-                    continue  # a reply configure() or played() takes
+                    continue  # a reply configure(), played() or approve() takes
                 if isinstance(event, Configured) and self._configuring:
                     waiter = self._configuring.popleft()
                     if not waiter.done():
@@ -717,8 +736,7 @@ class Client:
                     self._speech_ended.set()
                 elif isinstance(event, SpeechStarted):
                     self._speech_ended.clear()
-                if isinstance(event, Call) and self._tools:
-                    self._maybe_run_tool(event)
+                self._calls.seen(event)
                 self._queue.put_nowait(event)
         except ConnectionClosed as exc:
             close = exc.rcvd
@@ -730,55 +748,11 @@ class Client:
         if error.code == "unknown_type" and "'played'" in error.content:
             self._played_supported = False
             return True
+        if self._calls.refused(error):
+            return True
         if self._configuring and _refuses_configure(error):
             waiter = self._configuring.popleft()
             if not waiter.done():
                 waiter.set_exception(ConfigureRefused(error.code, error.content))
             return True
         return False
-
-    # ------------------------------------------------------------------ client tools
-
-    def _maybe_run_tool(self, call: Call) -> None:
-        if call.runs_on != "client":
-            return
-        try:
-            spec = orjson.loads(call.content)
-        except orjson.JSONDecodeError:
-            return
-        if not isinstance(spec, dict):
-            return
-        spec["id"] = call.id
-        task = asyncio.create_task(self._run_tool(spec), name=f"client-tool:{spec.get('name')}")
-        self._tool_tasks.add(task)
-        task.add_done_callback(self._tool_tasks.discard)
-
-    async def _run_tool(self, spec: dict[str, Any]) -> None:
-        name = str(spec.get("name", ""))
-        call_id = str(spec.get("id", ""))
-        args = spec.get("args")
-        handler = self._tools.get(name)
-        answer: ToolResultMessage
-        if handler is None:
-            known = ", ".join(sorted(self._tools)) or "none"
-            answer = ToolResultMessage(
-                call_id, "failure", f"this client has no tool {name!r} (it has: {known})"
-            )
-        else:
-            try:
-                value = handler(args if isinstance(args, dict) else {})
-                if inspect.isawaitable(value):
-                    value = await value
-                answer = ToolResultMessage(call_id, "success", value)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                answer = ToolResultMessage(call_id, "failure", f"{type(exc).__name__}: {exc}")
-        try:
-            payload = _encoder.encode(answer)
-        except (TypeError, msgspec.EncodeError) as exc:
-            payload = _encoder.encode(
-                ToolResultMessage(call_id, "failure", f"the result is not JSON: {exc}")
-            )
-        with contextlib.suppress(ClientError):
-            await self._send_frame(payload)

@@ -27,6 +27,7 @@ from playwright.sync_api import (
 
 from tests.browser.conftest import CHROMIUM, CHROMIUM_ARGS, StartGateway
 from tests.browser.test_page import _keys_file, open_page, send, wait_turn_over
+from tests.support.counting_tool import counting_tool
 from tests.support.procs import NodeProcess
 from tests.support.redis_server import free_port
 
@@ -356,3 +357,63 @@ def test_session_controls_export_resume_and_delete(
     delete.click()
     expect(page.locator(".marker.note").last).to_contain_text("was deleted")
     expect(page.locator("#state")).to_have_text("disconnected")
+
+
+def test_approvals_show_the_exact_arguments_and_background_calls_their_progress(
+    open_context: OpenContext, start_gateway: StartGateway, tmp_path: Path
+) -> None:
+    with counting_tool() as tool:
+        # ``list`` waits for approval; the counting tool runs in the background.
+        _, counting = tool.tools_file().split("\n\n", 1)
+        tools = tmp_path / "tools.toml"
+        tools.write_text(f'[builtin]\nrequire_approval = ["list"]\n\n{counting}background = true\n')
+        node = start_gateway("--tools", str(tools))
+        page = open_context("desktop")
+        sent: list[dict[str, object]] = []
+        page.on(
+            "websocket",
+            lambda ws: ws.on(
+                "framesent", lambda f: sent.append(json.loads(f)) if isinstance(f, str) else None
+            ),
+        )
+        open_page(page, node)
+
+        # The call waits: its exact arguments, Allow / Deny; Allow sends the digest.
+        send(page, '/tool list {"path": "."}')
+        card = page.locator(".call").first
+        box = card.locator(".question.approval")
+        expect(box.locator(".approval-args")).to_have_text('{\n  "path": "."\n}')
+        expect(card.locator(".call-state")).to_have_text("waiting for your approval")
+        shot(page, "desktop-light-7-approval")
+        box.get_by_role("button", name="Allow").click()
+        expect(box).to_have_attribute("data-decision", "allow")
+        expect(box).to_contain_text("allowed")
+        expect(card.locator(".tool-item .tool-status")).to_have_text("success")
+        wait_turn_over(page)
+        [approve] = [f for f in sent if f.get("type") == "approve"]
+        assert approve == {
+            "type": "approve",
+            "id": card.get_attribute("data-call-id"),
+            "digest": box.get_attribute("data-digest"),
+            "decision": "allow",
+        }
+
+        # Deny: the model hears that the user denied it.
+        send(page, '/tool list {"path": "secret"}')
+        denied = page.locator(".call").nth(1)
+        denied.locator(".question.approval").get_by_role("button", name="Deny").click()
+        expect(denied.locator(".question.approval")).to_contain_text("denied")
+        expect(denied.locator(".tool-item .tool-status")).to_have_text("failure")
+        wait_turn_over(page)
+
+        # A background call: its card says it runs while the answer ends the turn,
+        # and its result fills the card when it comes.
+        send(page, '/tool count {"label": "later", "seconds": 5}')
+        bg = page.locator(".call.background")
+        expect(bg.locator(".badge-background")).to_have_text("background")
+        page.wait_for_function("() => !window.rtgw.turnRunning")
+        expect(bg).to_have_class(re.compile(r"\brunning\b"))
+        assert tool.stored == {}  # the turn ended before the tool answered
+        shot(page, "desktop-light-8-background")
+        expect(bg.locator(".tool-item .tool-status")).to_have_text("success", timeout=30_000)
+        expect(bg).not_to_have_class(re.compile(r"\brunning\b"))

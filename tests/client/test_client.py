@@ -8,9 +8,19 @@ from typing import Any
 import orjson
 import pytest
 
-from gateway.client import Client, Refused, Unreachable
+from gateway.client import ApprovalRefused, Client, Refused, Unreachable
 from gateway.client.loadtest import sized_message
-from protocol.events import Cancelled, End, Event, Metric, Respond, Result, User
+from protocol.events import (
+    Approval,
+    ApprovalRequired,
+    Cancelled,
+    End,
+    Event,
+    Metric,
+    Respond,
+    Result,
+    User,
+)
 from tests.client.proxy import TcpProxy
 from tests.client.scripted import tool_server
 from tests.gateway.conftest import GatewayFactory
@@ -157,3 +167,48 @@ async def test_client_tools_answer_a_real_gateway(gateway_factory: GatewayFactor
     assert orjson.loads(result.content) == [
         {"tool": "confirm", "status": "success", "content": "yes to tea"}
     ]
+
+
+async def test_approve_runs_a_waiting_call_once_and_says_why_a_decision_is_refused(
+    gateway_factory: GatewayFactory,
+) -> None:
+    async with gateway_factory() as gw, Client(gw.url) as client:
+        await client.configure(require_approval=["list"])
+        events: list[Event] = []
+        async for event in client.send('/tool list {"path": "."}'):
+            events.append(event)
+            if isinstance(event, ApprovalRequired):
+                assert (event.name, event.args) == ("list", {"path": "."})
+                with pytest.raises(ApprovalRefused) as wrong:
+                    await client.approve(event.id, "0" * 64, "allow")
+                assert wrong.value.code == "wrong_digest"  # and the call still waits
+                approval = await client.approve(event.id, event.digest, "allow")
+                assert (approval.id, approval.decision) == (event.id, "allow")
+                with pytest.raises(ApprovalRefused) as twice:
+                    await client.approve(event.id, event.digest, "allow")
+                assert twice.value.code == "unknown_call"
+    [pending] = [e for e in events if isinstance(e, ApprovalRequired)]
+    [result] = [e for e in events if isinstance(e, Result)]
+    assert result.id == pending.id
+    assert orjson.loads(result.content)[0]["status"] == "success"
+
+
+async def test_the_approval_hook_decides_as_each_call_asks(
+    gateway_factory: GatewayFactory,
+) -> None:
+    asked: list[ApprovalRequired] = []
+
+    async def deny_deletes(event: ApprovalRequired) -> str:
+        asked.append(event)
+        return "deny" if event.args.get("path") == "secret" else "allow"
+
+    async with gateway_factory() as gw, Client(gw.url, on_approval=deny_deletes) as client:
+        await client.configure(require_approval=["list"])
+        denied = [e async for e in client.send('/tool list {"path": "secret"}')]
+        allowed = [e async for e in client.send('/tool list {"path": "."}')]
+    assert [e.args["path"] for e in asked] == ["secret", "."]
+    [no] = [e for e in denied if isinstance(e, Approval)]
+    [yes] = [e for e in allowed if isinstance(e, Approval)]
+    assert (no.decision, yes.decision) == ("deny", "allow")
+    [refused] = [e for e in denied if isinstance(e, Result)]
+    assert "denied" in orjson.loads(refused.content)[0]["content"]

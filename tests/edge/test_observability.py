@@ -5,14 +5,17 @@ from __future__ import annotations
 import asyncio
 import io
 import logging
+from pathlib import Path
 
 import orjson
 import pytest
 
 from gateway.log_context import SessionFilter, sid_of_current_task
 from gateway.logs import JsonFormatter
+from protocol.events import ApprovalRequired, End, Result
 from tests.edge.conftest import GatewayFactory, http_get, metric_value, refusal
 from tests.support.client import GatewayClient
+from tests.support.counting_tool import counting_tool
 
 memory_only = pytest.mark.parametrize("store_kind", ["memory"])
 
@@ -71,6 +74,39 @@ async def test_metrics_expose_every_series_an_operator_needs(
         assert metric_value(text, "rtgw_tokens_total", 'direction="output"') > 0
         assert metric_value(text, "rtgw_connections") == 1
         await client.close()
+
+
+@memory_only
+async def test_tool_metrics_count_outcomes_per_tool_approval_waits_and_background_calls(
+    gateway_factory: GatewayFactory, tmp_path: Path
+) -> None:
+    with counting_tool() as tool:
+        _, counting = tool.tools_file().split("\n\n", 1)
+        tools = tmp_path / "tools.toml"
+        tools.write_text(f'[builtin]\nrequire_approval = ["list"]\n\n{counting}background = true\n')
+        async with gateway_factory(tools_file=str(tools)) as gw:
+            client = await GatewayClient.connect(gw.url)
+            await client.turn('/tool read {"path": "missing.txt"}')
+            await client.user('/tool list {"path": "."}')
+            [*_, pending] = await client.until(lambda e: isinstance(e, ApprovalRequired))
+            assert isinstance(pending, ApprovalRequired)
+            approve = {"type": "approve", "id": pending.id, "digest": pending.digest}
+            await client.send({**approve, "decision": "allow"})
+            await client.until(lambda e: isinstance(e, End))
+            await client.user('/tool count {"label": "later", "seconds": 3}')
+            await client.until(lambda e: isinstance(e, End))
+            _, running = await http_get(gw, "/metrics")
+            await client.until(lambda e: isinstance(e, Result))
+            await client.until(lambda e: isinstance(e, End))
+            _, done = await http_get(gw, "/metrics")
+            await client.close()
+    outcomes = "rtgw_tool_call_outcomes_total"
+    assert metric_value(done, outcomes, 'outcome="failure",tool="read"') == 1
+    assert metric_value(done, outcomes, 'outcome="success",tool="list"') == 1
+    assert metric_value(done, outcomes, 'outcome="success",tool="count"') == 1
+    assert metric_value(done, "rtgw_approval_wait_seconds_count", 'decision="allow"') == 1
+    assert metric_value(running, "rtgw_background_calls") == 1  # the answer did not wait
+    assert metric_value(done, "rtgw_background_calls") == 0
 
 
 # --------------------------------------------------------------------- logs

@@ -75,6 +75,14 @@ def one_result_per_call(events: list[Event]) -> dict[str, dict[str, object]]:
     return by_label
 
 
+def tool_saw_the_call_ids(tool: CountingTool, events: list[Event]) -> None:
+    """The ``call_id`` the tool received is the id of the ``call`` event clients see,
+    whichever node ran it."""
+    for call in (e for e in events if isinstance(e, Call)):
+        label = orjson.loads(call.content)["args"]["label"]
+        assert tool.call_ids[label] == {call.id}, (label, tool.call_ids)
+
+
 async def test_kill_9_while_a_call_runs_reuses_the_finished_and_reruns_the_other(
     start_sim: SimFactory, start_node: NodeFactory, tool: CountingTool, tools_file: str
 ) -> None:
@@ -107,6 +115,7 @@ async def test_kill_9_while_a_call_runs_reuses_the_finished_and_reruns_the_other
     by_label = one_result_per_call(events)
     assert set(by_label) == {"quick", "slow"}
     assert len([e for e in events if isinstance(e, Call)]) == 2  # not asked of the model again
+    tool_saw_the_call_ids(tool, events)
 
 
 async def test_kill_9_after_the_call_returned_before_the_model_answered(
@@ -131,6 +140,7 @@ async def test_kill_9_after_the_call_returned_before_the_model_answered(
     assert len(tool.requests) == 1  # the call was not run again
     events = await replay(b.url, first.sid)
     assert set(one_result_per_call(events)) == {"once"}
+    tool_saw_the_call_ids(tool, events)
 
 
 async def test_a_pending_approval_survives_a_kill_9_and_runs_once_when_approved(
@@ -223,3 +233,4 @@ async def test_a_background_call_running_at_a_kill_9_runs_on_with_its_key(
     assert set(tool.executions.values()) == {1}
     events = await replay(b.url, first.sid, got[-1].seq)
     assert set(one_result_per_call(events)) == {"survives"}
+    tool_saw_the_call_ids(tool, events)

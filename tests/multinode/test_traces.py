@@ -9,7 +9,8 @@ import pytest
 
 from gateway.config import load_config
 from gateway.store import open_store
-from protocol.events import Respond
+from protocol.events import Call, Respond
+from protocol.journal import idempotency_key
 from tests.multinode.conftest import NodeFactory, SimFactory
 from tests.multinode.test_failover import MESSAGE, drain_connection, final_answer
 from tests.support.client import GatewayClient, text_of
@@ -72,6 +73,10 @@ async def test_a_tool_turn_is_one_trace_with_step_and_tool_spans(
     (tool,) = _named(spans, "tool list")
     assert (tool.trace_id, tool.parent_span_id) == (turn.trace_id, turn.span_id)
     assert tool.attributes["rtgw.tool.status"] == "success"
+    # The call's id as clients see it, and its idempotency key (the same on every run).
+    (call,) = [e for e in events if isinstance(e, Call)]
+    assert tool.attributes["rtgw.tool.call_id"] == call.id
+    assert tool.attributes["rtgw.tool.idempotency_key"] == idempotency_key(client.sid, call.id)
     steps = _named(spans, "model step")
     assert len(steps) == 2  # the step that called the tool and the one that answered
     for step in steps:

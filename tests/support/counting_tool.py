@@ -6,7 +6,8 @@ first request of a key does the work (sleeps ``seconds``, then answers
 with a key already done, or still running, answers the stored result of
 that key without doing the work again — the behaviour the README asks of a
 tool that acts in the world. ``requests`` keeps every request's key and
-args, ``executions`` how often each key's work ran.
+args, ``call_ids`` the ``call_id`` of each (by label), ``executions`` how
+often each key's work ran.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ class CountingTool(ThreadingHTTPServer):
         super().__init__(("127.0.0.1", 0), _Handler)
         self.lock = threading.Condition()
         self.requests: list[tuple[str, dict[str, Any]]] = []
+        self.call_ids: dict[str, set[str]] = {}
         self.executions: dict[str, int] = {}
         self.stored: dict[str, dict[str, Any]] = {}
         self.runs = 0
@@ -72,6 +74,7 @@ class _Handler(BaseHTTPRequestHandler):
         server = self.server
         with server.lock:
             server.requests.append((key, args))
+            server.call_ids.setdefault(str(args.get("label")), set()).add(str(body.get("call_id")))
             server.lock.notify_all()
             first = key not in server.executions
             if first:

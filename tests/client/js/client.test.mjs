@@ -5,6 +5,7 @@ import assert from "node:assert/strict";
 import { test } from "node:test";
 
 import {
+  ApprovalRefusedError,
   Client,
   ConfigureRefusedError,
   RefusedError,
@@ -181,6 +182,57 @@ test("played is sent, and an unknown_type answer to it stays quiet", async () =>
     // An older gateway: the reply is taken, and played() stops sending.
     assert.equal(c._answersOwnFrame({ type: "error", code: "unknown_type", content: "unknown message type 'played'" }), "played");
     assert.equal(c.played(2, 200), false);
+  } finally {
+    c.close();
+  }
+});
+
+test("approve runs a waiting call once; a wrong digest or a second approve is refused", async () => {
+  const c = new Client(URL);
+  await c.connect();
+  try {
+    await c.configure({ require_approval: ["list"] });
+    const events = [];
+    for await (const ev of c.send('/tool list {"path": "."}')) {
+      events.push(ev);
+      if (ev.type !== "approval_required") continue;
+      assert.deepEqual([ev.name, ev.args], ["list", { path: "." }]);
+      await assert.rejects(c.approve(ev.id, "0".repeat(64), "allow"), (err) => {
+        assert.ok(err instanceof ApprovalRefusedError);
+        return err.code === "wrong_digest"; // and the call still waits
+      });
+      const approval = await c.approve(ev.id, ev.digest, "allow");
+      assert.deepEqual([approval.type, approval.id, approval.decision], ["approval", ev.id, "allow"]);
+      await assert.rejects(c.approve(ev.id, ev.digest, "allow"), (err) => err.code === "unknown_call");
+    }
+    const pending = events.find((e) => e.type === "approval_required");
+    const result = events.find((e) => e.type === "result");
+    assert.equal(result.id, pending.id);
+    assert.equal(JSON.parse(result.content)[0].status, "success");
+  } finally {
+    c.close();
+  }
+});
+
+test("onApproval decides as each call asks", async () => {
+  const asked = [];
+  const c = new Client(URL, {
+    onApproval: async (ev) => {
+      asked.push(ev.args.path);
+      return ev.args.path === "secret" ? "deny" : "allow";
+    },
+  });
+  await c.connect();
+  try {
+    await c.configure({ require_approval: ["list"] });
+    const denied = [];
+    for await (const ev of c.send('/tool list {"path": "secret"}')) denied.push(ev);
+    const allowed = [];
+    for await (const ev of c.send('/tool list {"path": "."}')) allowed.push(ev);
+    assert.deepEqual(asked, ["secret", "."]);
+    assert.equal(denied.find((e) => e.type === "approval").decision, "deny");
+    assert.equal(allowed.find((e) => e.type === "approval").decision, "allow");
+    assert.match(JSON.parse(denied.find((e) => e.type === "result").content)[0].content, /denied/);
   } finally {
     c.close();
   }

@@ -104,7 +104,8 @@ const conversation = new Conversation(ui.log, {
   },
   mic: () => toggleMic(),
   answerTool: (id, status, content) => conn.client?.toolResult(id, status, content).catch(() => {}),
-  approve: (id, approved) => conn.client?._sendFrame({ type: "approve", id, approved }).catch(() => {}),
+  // Resolves with the logged approval; a refusal is shown by onEvent (an unlogged error).
+  approve: (id, digest, decision) => conn.client?.approve(id, digest, decision) ?? Promise.reject(new ClientError("not connected")),
   handles: (name) => name === "confirm",
   running: (running) => ui.log.setAttribute("aria-busy", String(running)),
 });

@@ -22,6 +22,8 @@ export interface CallEvent extends EventBase {
   id: string;
   /** "client": a tool this client declared (answer with a tool_result); "gateway": a server tool. */
   runs_on: "gateway" | "client";
+  /** A background call: the model was told "started"; its `result` comes later. */
+  background?: boolean;
 }
 export interface ExecuteEvent extends EventBase { type: "execute" }
 export interface ResultEvent extends EventBase {
@@ -73,6 +75,23 @@ export interface ClientToolSpec {
   /** JSON Schema of the args: an object schema. */
   parameters: Record<string, unknown>;
 }
+/** Call `id` waits for a user's decision: show `name` and the exact `args`, then approve(). */
+export interface ApprovalRequiredEvent extends EventBase {
+  type: "approval_required";
+  id: string;
+  name: string;
+  args: Record<string, unknown>;
+  /** SHA-256 of the call's id, name and args: an approval applies to exactly this call. */
+  digest: string;
+}
+/** The decision on call `id` (logged once); reason "timeout" when nobody decided in time. */
+export interface ApprovalEvent extends EventBase {
+  type: "approval";
+  id: string;
+  digest: string;
+  decision: "allow" | "deny";
+  reason?: "timeout";
+}
 export interface ConfiguredEvent extends EventBase { type: "configured"; config: SessionConfig }
 export interface SpeechStartedEvent extends EventBase { type: "speech_started"; offset_ms: number }
 export interface SpeechStoppedEvent extends EventBase { type: "speech_stopped"; offset_ms: number }
@@ -80,7 +99,8 @@ export interface SpeechStoppedEvent extends EventBase { type: "speech_stopped"; 
 export type GatewayEvent =
   | UserEvent | ThinkEvent | CallEvent | ExecuteEvent | ResultEvent | RespondEvent
   | EndEvent | MetricEvent | ErrorEvent | InterruptEvent | CancelledEvent
-  | ConfiguredEvent | SpeechStartedEvent | SpeechStoppedEvent;
+  | ConfiguredEvent | SpeechStartedEvent | SpeechStoppedEvent
+  | ApprovalRequiredEvent | ApprovalEvent;
 
 /** One frame on the wire, for an inspector: sent ("out") or received ("in"). */
 export interface WireFrame {
@@ -126,6 +146,11 @@ export interface ClientOptions {
   onAudio?: (pcm16: Int16Array, seq: number) => void;
   /** Every frame sent and received, as it goes (the session frame, duplicates and pongs too). */
   onFrame?: (frame: WireFrame) => void;
+  /** Each approval_required read (a resumed client's replay too): return "allow"/true or
+   * "deny"/false to decide at once, nothing to decide later with approve(). */
+  onApproval?: (
+    event: ApprovalRequiredEvent,
+  ) => "allow" | "deny" | boolean | void | Promise<"allow" | "deny" | boolean | void>;
 }
 
 export class ClientError extends Error {}
@@ -139,6 +164,12 @@ export class RefusedError extends ClientError {
 }
 /** The gateway refused a configure: `forbidden` (a client token, or the key's policy) or `bad_frame`. */
 export class ConfigureRefusedError extends ClientError {
+  code: string;
+  content: string;
+}
+/** The gateway refused an approve: `wrong_digest`, `unknown_call` (decided already, or
+ * not waiting) or `forbidden` (this connection may not approve). */
+export class ApprovalRefusedError extends ClientError {
   code: string;
   content: string;
 }
@@ -166,6 +197,11 @@ export class Client {
   /** Change the configuration (only the fields given), e.g. {tools: [...]}, {output: "audio"};
    * resolves with the `configured` answer, rejects with ConfigureRefusedError. */
   configure(fields: SessionConfig, options?: { timeout?: number }): Promise<ConfiguredEvent>;
+  /** Decide on a call that waits for approval (its approval_required's id and digest);
+   * resolves with the logged `approval`, rejects with ApprovalRefusedError. */
+  approve(
+    id: string, digest: string, decision?: "allow" | "deny", options?: { timeout?: number },
+  ): Promise<ApprovalEvent>;
   /** End a spoken turn yourself (input_audio.turn_detection "none"). */
   commit(): Promise<void>;
   /** The round trip of a ping, in ms. */

@@ -21,7 +21,11 @@
 // - Client tools: client.tool(name, handler) answers call events with
 //   "runs_on": "client" with {type: "tool_result", id, status, content};
 //   client.configure({tools: [{name, description, parameters}]}) declares them.
-//
+// - Approvals: approve(id, digest, "allow" | "deny") decides on a call that waits
+//   (an approval_required event) and resolves with its logged approval event, or
+//   rejects with ApprovalRefusedError (wrong_digest, unknown_call, forbidden).
+//   onApproval(event) is told each approval_required as it is read (a resumed
+//   client's replay too); returning "allow"/true or "deny"/false decides at once.
 // - Configuration: configure(fields) resolves with the `configured` event that
 //   answers it, or rejects with ConfigureRefusedError (the gateway's reply:
 //   forbidden for a client token or a policy, bad_frame for a bad value).
@@ -52,6 +56,13 @@ const FINAL_STATUSES = new Set([400, 401, 403, 404]);
 const FINAL_CLOSE_CODES = new Set([1002, 1003, 1007, 1008, 1009, 1010, 4401, 4404]);
 // Unlogged replies that refuse a configure (audio refusals answer audio frames).
 const CONFIGURE_REFUSALS = new Set(["forbidden", "bad_frame", "turn_active", "store"]);
+// An unlogged reply that refuses an approve (the texts are the gateway's).
+function refusesApprove(ev) {
+  const content = String(ev.content);
+  if (ev.code === "wrong_digest") return true;
+  if (ev.code === "unknown_call") return content.includes("approve only");
+  return ev.code === "forbidden" && content.includes("may not approve");
+}
 const CLOSE_RESYNC = 4000; // we closed to resync after a gap
 const DEFAULT_PATH = "/v1/realtime";
 
@@ -73,6 +84,17 @@ export class RefusedError extends ClientError {
     /** "origin" | "key" | "session" | "" (Node: read the status). */
     this.reason = reason || { 401: "key", 403: "forbidden", 404: "session" }[status] || "";
     this.inferred = inferred;
+  }
+}
+
+/** The gateway refused an approve: wrong_digest, unknown_call (decided already, or not
+ * waiting) or forbidden (this connection may not approve), and its text. */
+export class ApprovalRefusedError extends ClientError {
+  constructor(code, content) {
+    super(`the gateway refused the approval (${code}): ${content}`);
+    this.name = "ApprovalRefusedError";
+    this.code = code;
+    this.content = content;
   }
 }
 
@@ -451,6 +473,7 @@ export class Client {
     this.onError = options.onError ?? null;
     this.onAudio = options.onAudio ?? null;
     this.onFrame = options.onFrame ?? null;
+    this.onApproval = options.onApproval ?? null;
     this.WebSocketImpl = options.WebSocket ?? null;
     this.sessionId = options.sessionId ?? null;
     this.lastSeq = options.after ?? -1;
@@ -466,6 +489,7 @@ export class Client {
     this._inTurn = false;
     this._connectedWaiters = [];
     this._configuring = []; // {resolve, reject, timer} per configure sent, oldest first
+    this._approving = []; // {id, resolve, reject, timer} per approve sent, oldest first
     this._pings = []; // {resolve, at} per ping sent
     this._playedSupported = true;
   }
@@ -500,6 +524,32 @@ export class Client {
   /** Answer a call with runs_on "client" yourself (instead of a tool() handler). */
   async toolResult(id, status, content) {
     await this._sendFrame({ type: "tool_result", id, status, content: content ?? null });
+  }
+
+  /**
+   * Decide on call `id` that waits for approval (an approval_required event;
+   * `digest` is that event's): "allow" runs it, "deny" answers the model that the
+   * user denied it. Resolves with the logged `approval` event; rejects with
+   * ApprovalRefusedError when the gateway refuses (the text says what to do).
+   */
+  approve(id, digest, decision = "allow", { timeout = 10000 } = {}) {
+    if (decision !== "allow" && decision !== "deny") {
+      return Promise.reject(new TypeError(`decision must be "allow" or "deny", not ${JSON.stringify(decision)}`));
+    }
+    return new Promise((resolve, reject) => {
+      const waiter = { id, resolve, reject, timer: null };
+      const drop = () => (this._approving = this._approving.filter((w) => w !== waiter));
+      waiter.timer = setTimeout(() => {
+        drop();
+        reject(new ClientError(`the gateway did not answer approve within ${timeout} ms`));
+      }, timeout);
+      this._approving.push(waiter);
+      this._sendFrame({ type: "approve", id, digest, decision }).catch((err) => {
+        clearTimeout(waiter.timer);
+        drop();
+        reject(err);
+      });
+    });
   }
 
   /** Change the session's configuration (only the fields given), e.g.
@@ -803,8 +853,8 @@ export class Client {
     if (verdict === "new") this.lastSeq = ev.seq;
     const own = verdict === "reply" && ev.type === "error" ? this._answersOwnFrame(ev) : "";
     if (own) {
-      if (own === "configure") this.onEvent?.(ev, false);
-      return; // configure() rejects with it; played() goes quiet
+      if (own !== "played") this.onEvent?.(ev, false);
+      return; // configure() or approve() rejects with it; played() goes quiet
     }
     if (ev.type === "configured" && this._configuring.length) {
       const waiter = this._configuring.shift();
@@ -812,16 +862,30 @@ export class Client {
       waiter.resolve(ev);
     }
     if (ev.type === "call" && this._tools.size) this._maybeRunTool(ev);
+    if (ev.type === "approval_required" && this.onApproval) this._ask(ev);
+    if (ev.type === "approval") {
+      for (const waiter of this._approving.filter((w) => w.id === ev.id)) {
+        clearTimeout(waiter.timer);
+        waiter.resolve(ev);
+      }
+      this._approving = this._approving.filter((w) => w.id !== ev.id);
+    }
     this._inbox.put({ kind: "event", event: ev });
     this.onEvent?.(ev, verdict === "new");
   }
 
-  /** "played" or "configure" when an error reply answers one of those frames, else "". */
+  /** "played", "approve" or "configure" when an error reply answers one of those frames, else "". */
   _answersOwnFrame(ev) {
     const content = String(ev.content);
     if (ev.code === "unknown_type" && content.includes("'played'")) {
       this._playedSupported = false;
       return "played";
+    }
+    if (this._approving.length && refusesApprove(ev)) {
+      const waiter = this._approving.shift();
+      clearTimeout(waiter.timer);
+      waiter.reject(new ApprovalRefusedError(ev.code, ev.content));
+      return "approve";
     }
     if (this._configuring.length && CONFIGURE_REFUSALS.has(ev.code) && !content.startsWith("audio needs")) {
       const waiter = this._configuring.shift();
@@ -853,7 +917,7 @@ export class Client {
 
   _fail(err) {
     if (this._closing) return;
-    for (const waiter of this._configuring.splice(0)) {
+    for (const waiter of [...this._configuring.splice(0), ...this._approving.splice(0)]) {
       clearTimeout(waiter.timer);
       waiter.reject(err);
     }
@@ -861,6 +925,30 @@ export class Client {
     this._inbox.put({ kind: "failed", error: err });
     this._wake();
     this.onError?.(err);
+  }
+
+  async _ask(ev) {
+    let answer;
+    try {
+      answer = await this.onApproval(ev);
+    } catch (err) {
+      console.warn(`realtime-gateway: onApproval threw for call ${ev.id}:`, err);
+      return;
+    }
+    if (answer === null || answer === undefined) return; // decided later with approve()
+    const decision = answer === true || answer === "allow" ? "allow" : answer === false || answer === "deny" ? "deny" : null;
+    if (decision === null) {
+      console.warn(`realtime-gateway: onApproval returned ${JSON.stringify(answer)}; return "allow", "deny" or nothing`);
+      return;
+    }
+    try {
+      await this.approve(ev.id, ev.digest, decision);
+    } catch (err) {
+      // unknown_call: a replayed approval_required that was decided already.
+      if (!(err instanceof ApprovalRefusedError && err.code === "unknown_call")) {
+        console.warn(`realtime-gateway: could not approve call ${ev.id}: ${err?.message ?? err}`);
+      }
+    }
   }
 
   _maybeRunTool(ev) {

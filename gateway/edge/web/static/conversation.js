@@ -7,9 +7,12 @@
 // the turn's end; a footer gives its tokens, cost and latency. An interrupt
 // removes exactly the nodes of the step it cut (the step is rerun).
 //
-// Approvals (`approval_required` events, answered with `approve` messages)
-// come later: a call that waits for one shows it in its `.approval-slot`
-// (see `approval`), the one place to fill in when the protocol lands.
+// A call that waits for approval (`approval_required`) shows its exact
+// arguments with Allow / Deny in its card; the decision is sent with the
+// event's digest, and the logged `approval` settles the card. A background
+// call (`"background": true`) shows "running in the background" while the
+// answer goes on; its `result` (matched by the call's id) comes later, maybe
+// turns later, and fills its card then.
 import { fmtCost, fmtMs, h, icon } from "/static/dom.js";
 import { markdown } from "/static/markdown.js";
 
@@ -19,7 +22,7 @@ const RESULT_CHARS = 20000; // an expanded tool result shows at most this much
 export class Conversation {
   /**
    * root: the scrolling log element. hooks: {suggest(text), mic(), answerTool(id, status,
-   * content), approve(id, approved)}.
+   * content), approve(id, digest, decision) → Promise}.
    */
   constructor(root, hooks) {
     this.root = root;
@@ -179,6 +182,9 @@ export class Conversation {
         break;
       case "approval_required":
         this.approval(ev);
+        break;
+      case "approval":
+        this.approved(ev);
         break;
       default:
         break; // types a newer gateway may add
@@ -381,9 +387,11 @@ export class Conversation {
     this.kind = "";
     this.collapseThink();
     const onClient = ev.runs_on === "client";
+    const background = ev.background === true;
+    const classes = ["call", onClient ? "client-call" : "", background ? "background running" : ""];
     const card = h(
       "div",
-      { class: onClient ? "call client-call" : "call", dataset: { callId: ev.id ?? "", ts: ev.timestamp } },
+      { class: classes.join(" ").trim(), dataset: { callId: ev.id ?? "", ts: ev.timestamp } },
       h(
         "div",
         { class: "call-head" },
@@ -391,6 +399,7 @@ export class Conversation {
         h("span", { class: "call-kind" }, onClient ? "Client tool" : "Tool"),
         h("code", { class: "tool-name" }, name),
         h("span", { class: `badge ${onClient ? "badge-client" : ""}`, title: onClient ? "this page answers it" : "the gateway runs it" }, onClient ? "runs here" : "gateway"),
+        background ? h("span", { class: "badge badge-background", title: "the answer goes on; the result comes when the call is done" }, "background") : null,
         h("span", { class: "call-state", "aria-live": "polite" }, ""),
       ),
       h("code", { class: "tool-args" }, args.length > ARGS_CHARS ? `${args.slice(0, ARGS_CHARS)}… (${args.length - ARGS_CHARS} more characters)` : args),
@@ -398,7 +407,7 @@ export class Conversation {
     );
     if (onClient && name === "confirm" && parsed) card.append(this.confirmQuestion(ev.id, parsed.args ?? {}));
     else if (onClient && !this.hooks.handles?.(name)) card.append(this.manualAnswer(ev.id, name));
-    this.calls.push(card);
+    if (!background) this.calls.push(card); // a background call's result comes on its own
     if (ev.id) this.callsById.set(ev.id, card);
     this.add(card, { partOfStep: true });
   }
@@ -462,7 +471,8 @@ export class Conversation {
     } catch {
       items = [{ tool: "?", status: "failure", content: ev.content }];
     }
-    const cards = this.calls.length === items.length ? this.calls : [];
+    const own = ev.id ? this.callsById.get(ev.id) : null; // one call's outcome (the journal)
+    const cards = own && items.length === 1 ? [own] : this.calls.length === items.length ? this.calls : [];
     const loose = h("div", { class: "result", dataset: { ts: ev.timestamp } });
     items.forEach((item, i) => {
       const status = item.status === "success" ? "success" : "failure";
@@ -484,7 +494,7 @@ export class Conversation {
       );
       const card = cards[i];
       if (card) {
-        card.classList.remove("running");
+        card.classList.remove("running", "waiting");
         card.classList.add(status);
         card.querySelector(".call-state").textContent = status === "success" ? "done" : "failed";
         card.append(row);
@@ -493,6 +503,8 @@ export class Conversation {
       }
     });
     if (loose.childElementCount) this.add(loose);
+    if (own) this.calls = this.calls.filter((c) => c !== own);
+    if (own?.classList.contains("background")) return; // not a step of the running turn
     this.boundary(); // the next step starts after the results
   }
 
@@ -548,21 +560,58 @@ export class Conversation {
   }
 
   /**
-   * The place for approvals (another change brings the events): a call that
-   * waits for the user's go-ahead shows Approve / Deny in its card.
+   * A call waits for the user's decision: its exact arguments (all of them, as
+   * the digest covers them) with Allow / Deny. A card the page did not render
+   * (a session resumed past its call) gets a card of its own.
    */
   approval(ev) {
-    const card = this.callsById.get(ev.id);
-    const slot = card?.querySelector(".approval-slot");
-    if (!slot) return;
-    const box = h("div", { class: "question approval" }, h("span", { class: "question-text" }, ev.content || "This call needs your approval."));
-    for (const [label, approved] of [["Approve", true], ["Deny", false]]) {
-      box.append(h("button", { type: "button", class: `answer ${approved ? "primary" : ""}`, onclick: () => {
-        this.settleQuestion(box, label);
-        this.hooks.approve?.(ev.id, approved);
-      } }, label));
+    let card = this.callsById.get(ev.id);
+    if (!card) {
+      card = h("div", { class: "call", dataset: { callId: ev.id, ts: ev.timestamp } },
+        h("div", { class: "call-head" }, icon("tool"), h("span", { class: "call-kind" }, "Tool"), h("code", { class: "tool-name" }, ev.name),
+          h("span", { class: "call-state", "aria-live": "polite" }, "")),
+        h("div", { class: "approval-slot" }));
+      this.callsById.set(ev.id, card);
+      this.add(card);
     }
+    card.classList.add("waiting");
+    card.querySelector(".call-state").textContent = "waiting for your approval";
+    const slot = card.querySelector(".approval-slot");
+    const args = JSON.stringify(ev.args ?? {}, null, 2);
+    const box = h(
+      "div",
+      { class: "question approval", role: "group", "aria-label": `Approve ${ev.name}`, dataset: { callId: ev.id, digest: ev.digest } },
+      h("span", { class: "question-text" }, `Allow ${ev.name} with exactly these arguments?`),
+      h("pre", { class: "approval-args" }, args),
+    );
+    const buttons = [["Allow", "allow"], ["Deny", "deny"]].map(([label, decision]) =>
+      h("button", { type: "button", class: `answer ${decision === "allow" ? "primary" : "danger"}`, onclick: () => decide(decision) }, label),
+    );
+    const decide = async (decision) => {
+      for (const b of buttons) b.disabled = true;
+      try {
+        await this.hooks.approve(ev.id, ev.digest, decision);
+      } catch {
+        // Refused (shown as a note) or not connected: the call still waits, so may the user.
+        if (!box.classList.contains("settled")) for (const b of buttons) b.disabled = false;
+      }
+    };
+    box.append(...buttons);
     slot.replaceChildren(box);
+  }
+
+  /** The logged decision on a call: its approval box says what was decided, and by whom. */
+  approved(ev) {
+    const card = this.callsById.get(ev.id);
+    const box = card?.querySelector(".question.approval");
+    if (!card || !box || box.classList.contains("settled")) return;
+    card.classList.remove("waiting");
+    card.querySelector(".call-state").textContent = "";
+    if (ev.decision === "allow") card.classList.add("running");
+    const what = ev.reason === "timeout" ? "denied: nobody decided in time" : ev.decision === "allow" ? "allowed" : "denied";
+    this.settleQuestion(box, "");
+    box.append(h("span", { class: "question-answer" }, what));
+    box.dataset.decision = ev.decision;
   }
 
   // ------------------------------------------------------------------ scrolling

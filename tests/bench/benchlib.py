@@ -62,9 +62,18 @@ _LISTENING = re.compile(r"listening on (ws://\S+)")
 _TICK = os.sysconf("SC_CLK_TCK")
 
 
-def raise_nofile() -> int:
-    """Soft open-file limit up to the hard limit (children inherit it)."""
+def raise_nofile(need: int = 0) -> int:
+    """Soft open-file limit up to the hard limit (children inherit it), as ``gateway
+    serve`` raises its own; with ``need`` above the hard limit, the hard limit too
+    where this process may (root: ``CAP_SYS_RESOURCE``), as an operator's
+    ``LimitNOFILE=`` would."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if need > hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (need, need))
+            soft, hard = need, need
+        except (ValueError, OSError):
+            pass  # not allowed: the hard limit it is
     if soft < hard:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     return resource.getrlimit(resource.RLIMIT_NOFILE)[0]

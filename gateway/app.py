@@ -6,6 +6,7 @@ CLI, the tests and the benchmarks alike, so what is tested is what is run.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import datetime
@@ -30,6 +31,9 @@ from tools.toolsfile import ToolsFileError, load_tools_file
 __all__ = ["running_gateway"]
 
 log = logging.getLogger("gateway")
+
+STARTUP_PING_SECONDS = 5.0
+"""How long a starting node waits for the store to answer once (it starts either way)."""
 
 
 @contextlib.asynccontextmanager
@@ -168,7 +172,7 @@ async def running_gateway(config: Config) -> AsyncIterator[Gateway]:
     prices = _prices(config)
     tracing = _tracing(config)
     store = open_store(
-        config.redis_url or None,
+        config.store or None,
         prefix=config.key_prefix,
         ttl=config.session_ttl,
         max_log=config.max_log,
@@ -179,7 +183,7 @@ async def running_gateway(config: Config) -> AsyncIterator[Gateway]:
     if store.kind == "memory":
         log.info(
             "store: in-process memory (sessions live as long as this process; "
-            "set REDIS_URL to share them between nodes)"
+            "set --store (GATEWAY_STORE or REDIS_URL) to a Redis URL to share them between nodes)"
         )
     else:
         log.info("store: %s (durability %s)", store.kind, config.durability)
@@ -195,7 +199,13 @@ async def running_gateway(config: Config) -> AsyncIterator[Gateway]:
                 prices=prices,
                 tracing=tracing,
             )
+            node.metrics.store.watch(store.unconfirmed)
             gateway = Gateway(node)
+            # Learn the store's topology (a Cluster's slots, Sentinel's primary)
+            # before listening: the first handshake's half-second store probe
+            # should not pay for it. A store that is down now is not fatal here.
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(store.ping(), STARTUP_PING_SECONDS)
             await gateway.start()
             try:
                 yield gateway

@@ -13,11 +13,13 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NoReturn
+from urllib.parse import urlsplit
 
 from gateway.config import Config, ConfigError, load_config
 from gateway.logs import setup_logging
 from gateway.settings import add_flags, declared, flag_values, load, markdown_table, with_table
 from gateway.sim.model import SimConfig
+from gateway.store.base import Health
 
 __all__ = ["main"]
 
@@ -42,17 +44,84 @@ async def _serve(config: Config) -> int:
             loop.add_signal_handler(sig, stop.set)
     if config.providers[0] == "sim":
         log.info("upstream: built-in simulator (set --provider openai for the real API)")
+    _log_repeats_once()
     async with running_gateway(config) as gateway:
         with contextlib.suppress(NotImplementedError):  # SIGHUP: re-read the API keys file
             loop.add_signal_handler(signal.SIGHUP, gateway.edges.reload_keys)
         _tune_gc()
         # One write: the line tools and tests wait for, then what to do next.
         _announce(_next_steps(gateway.url, gateway.api_url if gateway.api is not None else ""))
+        await _check_store(gateway.node.store, config.redis_url)
         await stop.wait()
         log.info("signal received: draining (up to %.0fs)", config.drain_timeout)
         await gateway.drain()
     log.info("stopped")
     return 0
+
+
+async def _check_store(store: Health, url: str) -> None:
+    """Say at once, in one line, that the store does not answer (the node waits for it)."""
+    if not url or url == "memory://":
+        return
+    try:
+        async with asyncio.timeout(3.0):
+            answers = await store.ping()
+    except TimeoutError:
+        answers = False
+    if not answers:
+        parts = urlsplit(url)
+        where = f"{parts.hostname or '?'}:{parts.port or 6379}" if parts.hostname else url
+        log.warning(
+            "the session store does not answer (Redis at %s): start Redis (redis-server), or "
+            "unset --store (and REDIS_URL) to keep sessions in this process; until it answers "
+            "this node refuses clients (503) and /readyz answers 503",
+            where,
+        )
+
+
+class _RepeatsOnce(logging.Filter):
+    """A warning repeated word for word is logged once (again after ``quiet`` seconds).
+
+    An outage makes every retry loop say the same line each second; one line
+    says it, and the next different line says what changed.
+    """
+
+    def __init__(self, quiet: float = 300.0) -> None:
+        super().__init__()
+        self.quiet = quiet
+        self._seen: dict[str, float] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno != logging.WARNING:
+            return True
+        text = f"{record.name}:{record.getMessage()}"
+        now = record.created
+        last = self._seen.get(text)
+        if last is not None and now - last < self.quiet:
+            return False
+        if len(self._seen) > 1000:
+            self._seen.clear()
+        self._seen[text] = now
+        return True
+
+
+def _log_repeats_once() -> None:
+    repeats = _RepeatsOnce()
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(repeats)
+
+
+def _check_store_url(url: str) -> None:
+    """A store URL ``serve`` cannot use stops it now, in one line (``ConfigError``)."""
+    from gateway.store import open_store
+    from gateway.store.redis import REDIS_SCHEMES
+
+    if not url or url == "memory://" or url.startswith(REDIS_SCHEMES):
+        return
+    try:
+        open_store(url)
+    except ValueError as exc:
+        raise ConfigError(f"--store (or --redis, REDIS_URL): {exc}") from None
 
 
 def _raise_descriptor_limit() -> None:
@@ -105,19 +174,24 @@ def _next_steps(ws_url: str, api_url: str) -> str:
     return "\n".join(lines)
 
 
-def _listen_error(exc: OSError, config: Config) -> str:
-    """A failure to listen, as one line that says what to do."""
-    where = f"{config.host}:{config.port}"
+def _listen_error(exc: OSError, command: str, host: str, port: int, flag: str = "--port") -> str:
+    """A failure to listen on ``host:port`` (set by ``flag``), as one line that says what to do."""
+    where = f"{host}:{port}"
     if exc.errno == errno.EADDRINUSE:
         return (
-            f"gateway serve: {where} is already in use (another gateway?); stop it, or "
-            "choose another port with --port (0 picks a free one)"
+            f"gateway {command}: {where} is already in use (another gateway?); stop it, or "
+            f"choose another port with {flag} (0 picks a free one)"
         )
     if exc.errno == errno.EACCES:
-        return f"gateway serve: not allowed to listen on {where}; use a port above 1023"
+        return (
+            f"gateway {command}: not allowed to listen on {where}; use a port above 1023 ({flag})"
+        )
     if exc.errno == errno.EADDRNOTAVAIL:
-        return f"gateway serve: {config.host} is not an address of this machine; check --host"
-    return f"gateway serve: cannot listen on {where}: {exc.strerror or exc}"
+        return f"gateway {command}: {host} is not an address of this machine; check --host"
+    return f"gateway {command}: cannot listen on {where} ({flag}): {exc.strerror or exc}"
+
+
+_LISTEN_ERRNOS = (errno.EADDRINUSE, errno.EACCES, errno.EADDRNOTAVAIL)
 
 
 def _announce(line: str) -> None:
@@ -218,6 +292,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "serve":
             config = load_config(flag_values(args, Config))
+            _check_store_url(config.redis_url)
             setup_logging(config.log_level, json=config.log_json, node=config.node_id)
             from gateway.workers import check_workers, supervise
 
@@ -228,23 +303,35 @@ def main(argv: Sequence[str] | None = None) -> int:
                 try:
                     return runner.run(_serve(config))
                 except OSError as exc:
-                    if exc.errno not in (errno.EADDRINUSE, errno.EACCES, errno.EADDRNOTAVAIL):
+                    if exc.errno not in _LISTEN_ERRNOS:
                         raise
-                    print(_listen_error(exc, config), file=sys.stderr)
+                    from gateway.edge.server import ListenFailed
+
+                    if isinstance(exc, ListenFailed):
+                        line = _listen_error(exc, "serve", exc.host, exc.port, exc.flag)
+                    else:
+                        line = _listen_error(exc, "serve", config.host, config.port)
+                    print(line, file=sys.stderr)
                     return 2
         if args.command == "sim":
             from gateway.sim.server import run_sim
 
             setup_logging("WARNING")
-            asyncio.run(
-                run_sim(
-                    load(SimConfig, flag_values(args, SimConfig)),
-                    args.host,
-                    args.port,
-                    # The actual URL (with --port 0) for people and test harnesses.
-                    on_ready=lambda sim: _announce(f"simulator listening on {sim.endpoint}"),
+            try:
+                asyncio.run(
+                    run_sim(
+                        load(SimConfig, flag_values(args, SimConfig)),
+                        args.host,
+                        args.port,
+                        # The actual URL (with --port 0) for people and test harnesses.
+                        on_ready=lambda sim: _announce(f"simulator listening on {sim.endpoint}"),
+                    )
                 )
-            )
+            except OSError as exc:
+                if exc.errno not in _LISTEN_ERRNOS:
+                    raise
+                print(_listen_error(exc, "sim", args.host, args.port), file=sys.stderr)
+                return 2
             return 0
         if args.command == "settings":
             return _settings(args)

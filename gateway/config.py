@@ -33,6 +33,7 @@ from msgspec import Meta
 
 from gateway.settings import ConfigError, Nested, Setting, check_ranges, load
 from gateway.sim.model import SimConfig
+from gateway.store.base import Durability
 from gateway.upstream import providers
 from gateway.upstream.provider import ProviderSettings
 
@@ -40,7 +41,13 @@ __all__ = ["Config", "ConfigError", "load_config"]
 
 # One provider, or several in order of preference ("openai,gemini": fallback).
 _PROVIDER = "(" + "|".join(providers.NAMES) + ")"
-Providers = Annotated[str, Meta(pattern=f"^{_PROVIDER}(,{_PROVIDER})*$")]
+Providers = Annotated[
+    str,
+    Meta(
+        pattern=f"^{_PROVIDER}(,{_PROVIDER})*$",
+        description=f"one of {', '.join(providers.NAMES)}, or several, comma-separated",
+    ),
+]
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
 
 # Ranges shared by several settings.
@@ -90,7 +97,7 @@ class Config(msgspec.Struct, kw_only=True):
     workers: Annotated[
         AtLeastOne,
         Setting(
-            "worker processes sharing the port (SO_REUSEPORT), one node each; needs REDIS_URL",
+            "worker processes sharing the port (SO_REUSEPORT), one node each; needs a Redis --store",
             NETWORK,
         ),
     ] = 1
@@ -174,13 +181,14 @@ class Config(msgspec.Struct, kw_only=True):
     sim: Annotated[SimConfig, Nested("sim")] = msgspec.field(default_factory=SimConfig)
 
     # --- store ---
-    redis_url: Annotated[
+    store: Annotated[
         str,
         Setting(
-            "Redis URL of the session store",
+            "URL of the session store: memory://, redis://HOST:PORT/DB, rediss://…, "
+            "unix:///path, redis+sentinel://H:P[,…]/MASTER or redis+cluster://H:P[,…]",
             STORE,
-            flag="redis",
             env="REDIS_URL",
+            aliases=("--redis", "GATEWAY_REDIS_URL", "redis_url"),
             shown_default="in-process memory (one node)",
         ),
     ] = ""
@@ -216,26 +224,30 @@ class Config(msgspec.Struct, kw_only=True):
         ),
     ] = 0.002
     durability: Annotated[
-        Literal["local", "replicated"],
+        Durability,
         Setting(
             "replicated: an event is sent to clients only once a Redis replica has it too "
-            "(WAIT 1), so a failover loses nothing a client saw; local: once the primary has it",
+            "(WAIT 1), so a failover loses nothing a client saw; while no replica confirms, "
+            "sessions hold their events and /readyz says 503; replicated-or-local: the same "
+            "while a replica confirms, else events are sent once the primary has them, and a "
+            "failover then may lose what no replica had (rtgw_store_unconfirmed_masters "
+            "shows it); local: once the primary has it (a failover may lose the last events)",
             STORE,
         ),
     ] = "local"
     replica_timeout: Annotated[
         PositiveSeconds,
         Setting(
-            "seconds durability=replicated waits for a replica before an append is held as "
-            "maybe-stored and re-checked",
+            "seconds durability replicated waits for a replica before an append's events are "
+            "held and the replica asked again",
             STORE,
         ),
     ] = 1.0
     store_retry_window: Annotated[
         Seconds,
         Setting(
-            "seconds appends are retried through Redis Cluster redirects or a failover before "
-            "the store counts as unavailable",
+            "seconds the store's commands (appends, a client's message on its way) are retried "
+            "through Redis Cluster redirects or a failover before the store counts as unavailable",
             STORE,
         ),
     ] = 2.0
@@ -275,6 +287,20 @@ class Config(msgspec.Struct, kw_only=True):
         PositiveSeconds,
         Setting("seconds the gateway waits for a client to answer a client-side tool call", TOOLS),
     ] = 60.0
+    approval_timeout: Annotated[
+        PositiveSeconds,
+        Setting(
+            "seconds a call that needs approval waits for an approve before it is denied",
+            TOOLS,
+        ),
+    ] = 120.0
+    cancel_background: Annotated[
+        bool,
+        Setting(
+            "a cancel or the user's speech also cancels the session's background tool calls",
+            TOOLS,
+        ),
+    ] = True
     tool_max_output: Annotated[
         AtLeastOne, Setting("characters of one tool result kept (the rest is cut)", TOOLS)
     ] = 64_000
@@ -387,7 +413,7 @@ class Config(msgspec.Struct, kw_only=True):
         str,
         Setting(
             "TOML file of per-key policies ([key_id] providers, models, server_tools, "
-            "instructions), reloaded on change",
+            "instructions, require_approval), reloaded on change",
             EDGES,
         ),
     ] = ""
@@ -466,6 +492,11 @@ class Config(msgspec.Struct, kw_only=True):
     def upstream(self, provider: str) -> ProviderSettings:
         """The settings of ``provider`` (its base URL, key and own settings)."""
         return providers.settings_of(self.upstreams, provider)
+
+    @property
+    def redis_url(self) -> str:
+        """``store``, by its former name (``--redis``, ``REDIS_URL`` still set it)."""
+        return self.store
 
     @property
     def providers(self) -> tuple[str, ...]:

@@ -9,10 +9,10 @@ revocation in Redis is also announced on the nodes' control bus, so they act
 on it in milliseconds; ``gateway.edge.rights``).
 
     gateway keys add alice --file /etc/rtgw/keys     # prints the new key once
-    gateway keys add alice --redis redis://r:6379/0  # the same, in Redis
+    gateway keys add alice --store redis://r:6379/0  # the same, in Redis (the store's keys)
     gateway keys add bob --file /etc/rtgw/keys --tools read,calc.*  # bob's sessions: these tools only
     gateway keys list --file /etc/rtgw/keys
-    gateway keys revoke alice --redis redis://r:6379/0
+    gateway keys revoke alice --store redis://r:6379/0
     printf %s "$KEY" | gateway keys hash alice        # a line for a key you already have
 """
 
@@ -24,13 +24,17 @@ import os
 import secrets
 import sys
 import tempfile
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TextIO, TypeVar
 
 from gateway.edge.auth import hash_key, parse_key_line, split_key_value, valid_key_id
+from gateway.store.base import Store, StoreError
 from tools.allowlist import parse_allow_list
 
 __all__ = ["add_keys_arguments", "new_key", "run_keys"]
+
+T = TypeVar("T")
 
 KEY_PREFIX = "rtgw_"
 
@@ -56,7 +60,11 @@ def add_keys_arguments(p: argparse.ArgumentParser) -> None:
         where = sp.add_mutually_exclusive_group()
         where.add_argument("--file", help="the keys file (--api-keys-file of gateway serve)")
         where.add_argument(
-            "--redis", help="Redis URL (default $REDIS_URL) holding the hash PREFIX:keys"
+            "--store",
+            "--redis",
+            dest="store",
+            help="the store's Redis URL, as --store of gateway serve (default $GATEWAY_STORE, "
+            "else $REDIS_URL), holding the hash PREFIX:keys",
         )
         sp.add_argument(
             "--prefix",
@@ -102,14 +110,15 @@ def run_keys(args: argparse.Namespace, *, stdin: TextIO | None = None) -> int:
     if args.file:
         backend: _Backend = _FileBackend(Path(args.file))
     else:
-        url = args.redis or os.environ.get("REDIS_URL", "")
+        url = args.store or os.environ.get("GATEWAY_STORE") or os.environ.get("REDIS_URL", "")
         if not url:
             print(
-                "gateway keys: say where keys live: --file PATH, or --redis URL ($REDIS_URL)",
+                "gateway keys: say where keys live: --file PATH, or --store URL of Redis "
+                "($GATEWAY_STORE or $REDIS_URL)",
                 file=err,
             )
             return 2
-        backend = _RedisBackend(url, args.prefix)
+        backend = _StoreBackend(url, args.prefix)
     try:
         if command == "add":
             assert key_id is not None
@@ -122,8 +131,18 @@ def run_keys(args: argparse.Namespace, *, stdin: TextIO | None = None) -> int:
                 file=err,
             )
         elif command == "list":
-            for listed_id, digest in backend.list():
+            if isinstance(backend, _FileBackend) and not backend.path.exists():
+                print(
+                    f"gateway keys: there is no keys file at {backend.path} (yet): "
+                    f"`gateway keys add KEY_ID --file {backend.path}` makes it",
+                    file=err,
+                )
+                return 1
+            listed = backend.list()
+            for listed_id, digest in listed:
                 print(f"{listed_id}\t{digest[:12]}…", file=out)
+            if not listed:
+                print(f"# no keys in {backend.where}", file=err)
         elif command == "revoke":
             assert key_id is not None
             removed = backend.revoke(key_id)
@@ -209,74 +228,65 @@ class _FileBackend(_Backend):
         return removed
 
 
-class _RedisBackend(_Backend):
-    """The hash ``PREFIX:keys``: digest → key_id."""
+class _StoreBackend(_Backend):
+    """The store's keys hash (``Secrets``): digest → ``key_id [tools=…]``."""
 
     def __init__(self, url: str, prefix: str) -> None:
         self.url = url
         self.prefix = prefix
-        self.hash = f"{prefix}:keys"
-        self.where = f"Redis {self.hash}"
+        self.where = f"Redis {prefix}:keys"
 
-    def _run(self, work: Any) -> Any:
-        from redis.exceptions import RedisError
+    def _run(self, work: Callable[[Store], Awaitable[T]]) -> T:
+        from gateway.store import open_store  # Redis' client, only for this command
 
-        from gateway.store import open_redis_client
-
-        async def main() -> Any:
-            client: Any = open_redis_client(self.url, socket_timeout=5.0, connect_timeout=3.0)
+        async def main() -> T:
+            store = open_store(self.url, prefix=self.prefix)
             try:
-                return await work(client)
-            except RedisError as exc:
-                raise OSError(f"Redis at {self.url}: {exc}") from exc
+                return await work(store)
+            except StoreError as exc:
+                raise OSError(str(exc)) from exc
             finally:
-                await client.aclose()
+                await store.close()
 
         return asyncio.run(main())
 
     def add(self, key_id: str, digest: str, options: str = "") -> None:
-        async def work(r: Any) -> None:
-            await r.hset(self.hash, digest, key_id + options)
+        async def work(store: Store) -> None:
+            await store.put_api_key(digest, key_id + options)
 
         self._run(work)
 
     def list(self) -> list[tuple[str, str]]:
-        async def work(r: Any) -> list[tuple[str, str]]:
-            raw = await r.hgetall(self.hash)
-            return sorted((split_key_value(v.decode())[0], k.decode()) for k, v in raw.items())
+        async def work(store: Store) -> list[tuple[str, str]]:
+            issued = await store.all_api_keys()
+            return sorted((split_key_value(v)[0], d) for d, v in issued.items())
 
-        result: list[tuple[str, str]] = self._run(work)
-        return result
+        return self._run(work)
 
     def revoke(self, key_id: str) -> int:
-        async def work(r: Any) -> int:
-            raw = await r.hgetall(self.hash)
-            digests = [k for k, v in raw.items() if split_key_value(v.decode())[0] == key_id]
-            if not digests:
-                return 0
-            removed = int(await r.hdel(self.hash, *digests))
-            await self._announce(tuple(d.decode() for d in digests))
+        async def work(store: Store) -> int:
+            issued = await store.all_api_keys()
+            digests = [d for d, v in issued.items() if split_key_value(v)[0] == key_id]
+            removed = await store.remove_api_keys(digests)
+            if removed:
+                await _announce(store, tuple(digests))
             return removed
 
-        removed: int = self._run(work)
-        return removed
+        return self._run(work)
 
-    async def _announce(self, digests: tuple[str, ...]) -> None:
-        """Tell every node to look at these keys now (``control.KeysChanged``).
 
-        Only a hint: nodes also look by themselves every half second, so a
-        failure here delays the effect a little and is not an error.
-        """
-        from gateway.sessions.control import RIGHTS_CHANNEL, KeysChanged, encode_control
-        from gateway.store import StoreError, open_store
+async def _announce(store: Store, digests: tuple[str, ...]) -> None:
+    """Tell every node to look at these keys now (``control.KeysChanged``).
 
-        store = open_store(self.url, prefix=self.prefix)
-        try:
-            await store.publish(RIGHTS_CHANNEL, encode_control(KeysChanged(digests)))
-        except StoreError as exc:
-            print(
-                f"# could not tell the nodes at once ({exc}); they notice within a second",
-                file=sys.stderr,
-            )
-        finally:
-            await store.close()
+    Only a hint: nodes also look by themselves every half second, so a
+    failure here delays the effect a little and is not an error.
+    """
+    from gateway.sessions.control import RIGHTS_CHANNEL, KeysChanged, encode_control
+
+    try:
+        await store.publish(RIGHTS_CHANNEL, encode_control(KeysChanged(digests)))
+    except StoreError as exc:
+        print(
+            f"# could not tell the nodes at once ({exc}); they notice within a second",
+            file=sys.stderr,
+        )

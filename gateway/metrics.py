@@ -15,6 +15,7 @@ Gauges that count live things (connections, sessions) sum over live workers.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
@@ -24,6 +25,69 @@ __all__ = ["MULTIPROC_ENV", "Metrics"]
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+class StoreMetrics:
+    """What the session store keeps or cannot keep of its durability promise."""
+
+    def __init__(self, r: CollectorRegistry) -> None:
+        self.holding = Gauge(
+            "rtgw_store_holding_sessions",
+            "Sessions holding their events because the store has not confirmed them "
+            "(unreachable, or under durability replicated no replica confirms)",
+            registry=r,
+            multiprocess_mode="livesum",
+        )
+        self.unreplicated = Counter(
+            "rtgw_store_unreplicated",
+            "Appends no replica confirmed in time under durability replicated (held, not sent)",
+            registry=r,
+        )
+        self.unconfirmed = Gauge(
+            "rtgw_store_unconfirmed_masters",
+            "Redis masters whose replicas did not confirm the last write asked of them "
+            "(durability replicated or replicated-or-local; 0 under local)",
+            registry=r,
+            multiprocess_mode="max",
+        )
+        self._unconfirmed: Callable[[], Sequence[str]] = list
+
+    def watch(self, unconfirmed: Callable[[], Sequence[str]]) -> None:
+        """Read ``rtgw_store_unconfirmed_masters`` from the store (``Health.unconfirmed``)."""
+        self._unconfirmed = unconfirmed
+
+    def update(self) -> None:
+        """At each scrape: the values only the store knows."""
+        self.unconfirmed.set(len(self._unconfirmed()))
+
+
+class ToolMetrics:
+    """What tool calls do (issue 28): outcomes per tool, approval waits, background calls."""
+
+    def __init__(self, r: CollectorRegistry) -> None:
+        self.calls = Counter("rtgw_tool_calls", "Tool calls executed", registry=r)
+        self.failures = Counter("rtgw_tool_failures", "Tool calls that failed", registry=r)
+        # By server tool ("other" for a session's client tools: tenants name them) and
+        # outcome (success, failure, cancelled).
+        self.outcomes = Counter(
+            "rtgw_tool_call_outcomes",
+            "Tool calls that finished, by tool and outcome",
+            ["tool", "outcome"],
+            registry=r,
+        )
+        self.approval_wait = Histogram(
+            "rtgw_approval_wait_seconds",
+            "Time a call waited for a user's approval, by decision",
+            ["decision"],
+            buckets=(0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0),
+            registry=r,
+        )
+        self.background = Gauge(
+            "rtgw_background_calls",
+            "Background tool calls running on this node",
+            registry=r,
+            multiprocess_mode="livesum",
+        )
 
 
 class Metrics:
@@ -52,8 +116,7 @@ class Metrics:
         )
         self.turns = Counter("rtgw_turns", "Turns started", registry=r)
         self.events = Counter("rtgw_events", "Events logged and sent to clients", registry=r)
-        self.tool_calls = Counter("rtgw_tool_calls", "Tool calls executed", registry=r)
-        self.tool_failures = Counter("rtgw_tool_failures", "Tool calls that failed", registry=r)
+        self.tools = ToolMetrics(r)
         self.upstream_errors = Counter(
             "rtgw_upstream_errors", "Upstream connections lost or refused", registry=r
         )
@@ -88,6 +151,7 @@ class Metrics:
         self.store_errors = Counter(
             "rtgw_store_errors", "Times the session store was unreachable", registry=r
         )
+        self.store = StoreMetrics(r)
         self.client_lagging = Counter(
             "rtgw_client_catchups",
             "Times a slow client was switched to catch-up from the log",
@@ -134,6 +198,7 @@ class Metrics:
 
     def render(self) -> bytes:
         """The exposition text: this node's, or every worker's summed (``--workers``)."""
+        self.store.update()
         directory = os.environ.get(MULTIPROC_ENV)
         if directory:
             merged = CollectorRegistry()

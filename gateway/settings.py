@@ -77,6 +77,10 @@ class Setting:
       whose form is constrained (a pattern); shown in the help.
     - ``choices``: the values a text setting takes when they come from data
       (a table) rather than a ``Literal``.
+    - ``aliases``: names the setting had before, still understood, each
+      written as it is used: a flag (``--redis``), a variable in capitals
+      (``GATEWAY_REDIS_URL``, read after ``GATEWAY_<NAME>`` and before ``env``),
+      or a former field name (``redis_url``, a key of ``load``'s overrides).
     """
 
     help: str
@@ -87,6 +91,7 @@ class Setting:
     shown_default: str = ""
     example: str = ""
     choices: tuple[str, ...] = ()
+    aliases: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +123,18 @@ class Declared:
     optional: bool  # None is a value (never, none)
 
     @property
+    def alias_flags(self) -> tuple[str, ...]:
+        """Former flags that still set it (``--redis``); none for a secret."""
+        if not self.flag:
+            return ()
+        return tuple(a for a in self.setting.aliases if a.startswith("--"))
+
+    @property
+    def former_names(self) -> tuple[str, ...]:
+        """Former field names, still keys of ``load``'s overrides (``redis_url``)."""
+        return tuple(a for a in self.setting.aliases if _is_name(a))
+
+    @property
     def required(self) -> bool:
         """No default: a value must be given (as a positional argument on a command line)."""
         return self.default is msgspec.NODEFAULT
@@ -129,6 +146,10 @@ class Declared:
 
 
 # ------------------------------------------------------------------ reading the declaration
+
+
+def _is_name(alias: str) -> bool:
+    return not alias.startswith("--") and not alias.isupper()
 
 
 def _unwrap(tp: Any) -> tuple[Any, list[Any]]:
@@ -182,7 +203,11 @@ def declared(struct: type[msgspec.Struct], prefix: str = "") -> tuple[Declared, 
         flag_name = setting.flag or field.name.replace("_", "-")
         if prefix:
             flag_name = f"{prefix.replace('_', '-')}-{flag_name}"
-        env = (f"{ENV_PREFIX}{name.upper()}", *((setting.env,) if setting.env else ()))
+        env = (
+            f"{ENV_PREFIX}{name.upper()}",
+            *(a for a in setting.aliases if a.isupper() and not a.startswith("--")),
+            *((setting.env,) if setting.env else ()),
+        )
         if field.default is not msgspec.NODEFAULT:
             default = field.default
         elif field.default_factory is not msgspec.NODEFAULT:
@@ -220,8 +245,8 @@ def describe(d: Declared) -> str:
     base = d.base
     if base is bool:
         return "true or false"
-    if base is str:
-        return "text"
+    if base is str:  # a pattern's Meta may say what it takes (--provider: the choices)
+        return d.bounds.description if d.bounds is not None and d.bounds.description else "text"
     text = "a whole number" if base is int else "a number"
     b = d.bounds
     if b is not None:
@@ -309,6 +334,7 @@ def load(
     Unset or empty variables and ``None`` overrides leave a setting alone.
     """
     decls = {d.name: d for d in declared(struct)}
+    former = {old: d for d in decls.values() for old in d.former_names}
     values: dict[str, Any] = {}
     for d in decls.values():
         for var in reversed(d.env):  # the conventional name first, so GATEWAY_… wins
@@ -322,11 +348,11 @@ def load(
                     f"; set {var} to that, or unset it to use the default ({shown_default(d)})",
                 )
     for name, value in (overrides or {}).items():
-        given = decls.get(name)
+        given = decls.get(name) or former.get(name)
         if given is None:
             raise ConfigError(f"unknown setting {name!r}: see `gateway settings --markdown`")
         if value is not None:
-            values[name] = parse(
+            values[given.name] = parse(
                 given, value, f"{name}={value!r}", f" (default {shown_default(given)})"
             )
     return _build(struct, values, decls)
@@ -385,7 +411,12 @@ def add_flags(
         help_text = f"{d.setting.help}; default {shown_default(d)}".replace("%", "%%")
         if d.base is bool and not d.optional:
             group.add_argument(
-                d.flag, dest=d.name, action="store_const", const=not d.default, help=help_text
+                d.flag,
+                *d.alias_flags,
+                dest=d.name,
+                action="store_const",
+                const=not d.default,
+                help=help_text,
             )
             continue
         if d.choices:
@@ -394,6 +425,7 @@ def add_flags(
             metavar = "N" if d.base in (int, float) else d.name.upper()
         group.add_argument(
             d.flag,
+            *d.alias_flags,
             dest=d.name,
             type=functools.partial(_flag_value, d),
             metavar=metavar,
@@ -432,7 +464,11 @@ def markdown_table(struct: type[msgspec.Struct]) -> str:
         if d.setting.group != group:
             group = d.setting.group
             lines.append(f"| **{group}** | | | |")
-        flag = f"`{d.flag}`" if d.flag else "(secret: environment only)"
+        flag = (
+            " or ".join(f"`{f}`" for f in (d.flag, *d.alias_flags))
+            if d.flag
+            else "(secret: environment only)"
+        )
         env = " or ".join(f"`{v}`" for v in d.env)
         values = f"; {describe(d)}" if d.choices or d.bounds else ""
         meaning = f"{d.setting.help}{values}".replace("|", "\\|")

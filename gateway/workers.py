@@ -36,10 +36,10 @@ def check_workers(config: Config) -> None:
     """Refuse settings that cannot work with several workers, saying what to set."""
     if config.workers == 1:
         return
-    if not config.redis_url:
+    if not config.store:
         raise ConfigError(
-            f"--workers {config.workers} needs a shared session store: set REDIS_URL "
-            "(with the in-process store each worker would hold its own sessions)"
+            f"--workers {config.workers} needs a shared session store: set --store "
+            "(GATEWAY_STORE or REDIS_URL) to a Redis URL (with the in-process store each worker would hold its own sessions)"
         )
     if config.port == 0:
         raise ConfigError(

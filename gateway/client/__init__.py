@@ -7,7 +7,13 @@ the gateway's leaf modules ``pcm`` and ``settings`` only: it is a program of
 its own, never server code (``tests/house/test_layers.py``).
 """
 
-from gateway.client.client import Client, ToolHandler, ToolResultMessage, event_kind
+from gateway.client.client import (
+    Client,
+    ConfigureRefused,
+    ToolHandler,
+    ToolResultMessage,
+    event_kind,
+)
 from gateway.client.dial import (
     BadUrl,
     ClientError,
@@ -21,6 +27,7 @@ __all__ = [
     "BadUrl",
     "Client",
     "ClientError",
+    "ConfigureRefused",
     "ConnectionLost",
     "Refused",
     "ToolHandler",

@@ -20,6 +20,7 @@ import contextlib
 import signal
 import sys
 import threading
+import wave
 from pathlib import Path
 from typing import Final, TextIO
 
@@ -27,7 +28,7 @@ import orjson
 
 from gateway.client.client import Client
 from gateway.client.dial import BadUrl, ClientError, normalize_url
-from gateway.pcm import read_wav, silence
+from gateway.pcm import read_wav
 from protocol.events import (
     Call,
     Cancelled,
@@ -180,6 +181,30 @@ async def run_chat(
         return 2
     if note:
         print(f"gateway chat: {note}", file=err)
+    speech: tuple[bytes, int] | None = None
+    if audio is not None:  # checked before a session is made for it
+        try:
+            speech = read_wav(audio)
+        except FileNotFoundError:
+            print(f"gateway chat: --audio {audio}: no such file", file=err)
+            return 2
+        except (OSError, EOFError, ValueError, wave.Error) as exc:
+            why = str(exc) if isinstance(exc, ValueError) else "not a WAV file"
+            if not isinstance(exc, ValueError) and str(exc):
+                why += f" ({exc})"
+            print(
+                f"gateway chat: --audio {audio}: {why}; give a 16-bit PCM WAV file "
+                "(e.g. sox in.mp3 -b 16 -r 24000 -c 1 out.wav)",
+                file=err,
+            )
+            return 2
+        if not 8000 <= speech[1] <= 48000:
+            print(
+                f"gateway chat: --audio {audio}: {speech[1]} Hz is outside 8000-48000 Hz; "
+                "resample it (e.g. sox in.wav -r 24000 out.wav)",
+                file=err,
+            )
+            return 2
     view = ChatView(sys.stdout, color=color)
     red, reset = (RED, RESET) if color else ("", "")
 
@@ -189,7 +214,18 @@ async def run_chat(
     def disconnected(reason: str) -> None:
         print(f"{red}{reason}; reconnecting…{reset}", file=err, flush=True)
 
-    client = Client(url, token=token, on_connect=connected, on_disconnect=disconnected)
+    told: set[str] = set()
+
+    def retrying(problem: ClientError) -> None:
+        # A node answering 503 (draining, full, store down) is said at once, not after
+        # the minute of retries: each different reason once.
+        if str(problem) not in told:
+            told.add(str(problem))
+            print(f"{red}{problem}; retrying (Ctrl-C stops){reset}", file=err, flush=True)
+
+    client = Client(
+        url, token=token, on_connect=connected, on_disconnect=disconnected, on_retry=retrying
+    )
     try:
         await client.connect()
     except ClientError as exc:
@@ -203,8 +239,8 @@ async def run_chat(
     if sys.stdin.isatty():
         print(f"{DIM if color else ''}{HINT}{reset}", flush=True)
     try:
-        if audio is not None:
-            await _speak(client, view, audio)
+        if speech is not None:
+            await _speak(client, view, *speech)
         return await _converse(client, view, inputs)
     except ClientError as exc:
         print(f"gateway chat: {exc}", file=err)
@@ -215,10 +251,8 @@ async def run_chat(
         await client.close()
 
 
-async def _speak(client: Client, view: ChatView, path: Path) -> None:
-    """Stream a WAV file as the user's speech and show its turn."""
-    pcm, rate = read_wav(path)
-    pcm += silence(1.0, rate)  # the end of speech is heard as silence
+async def _speak(client: Client, view: ChatView, pcm: bytes, rate: int) -> None:
+    """Stream a WAV file's audio as the user's speech and show its turn."""
     await client.configure(input_audio={"format": "pcm16", "rate": rate})
     async for event in client.speak(pcm, rate):
         view.show(event)
@@ -241,6 +275,10 @@ async def _converse(client: Client, view: ChatView, inputs: asyncio.Queue[_Input
                 view.out.write(f"  {name:<9} {meaning}\n")
             view.out.write("  anything else is sent to the model\n")
             view.out.flush()
+            if client.session is not None and client.session.provider == "sim":
+                view.out.write("the simulator's scripts:\n")  # it answers /help itself
+                if await _turn(client, view, "/help", inputs, waiting):
+                    return 0
             continue
         if line == "/session":
             view.out.write(f"session {client.session_id}, last seq {client.last_seq}\n")

@@ -38,11 +38,22 @@ Decisions (the rules themselves are in ``gateway.client.stream``):
   ``failure`` with the exception's text). ``configure(tools=[...])`` declares
   the tools to the session (name, description, JSON Schema), so the model
   sees them.
-- **Voice.** ``configure(...)`` sends a ``configure`` frame; ``speak(pcm, rate)``
-  streams PCM16 as binary frames at real-time pace and yields the spoken
-  turn's events (from its ``speech_started``, through its closing event and
-  metric); ``on_audio(seq, pcm)`` gets the model's speech (``protocol.audio``).
-  Audio sent over a connection that drops is not resent: speak again.
+- **Configuration is answered.** ``configure(...)`` returns the session's
+  ``configured`` event, or raises ``ConfigureRefused`` with the gateway's
+  reply (``forbidden`` for a client token or a policy, ``bad_frame`` for a
+  bad value): a refusal is never silent.
+- **Voice.** ``speak(pcm, rate)`` streams PCM16 as binary frames at real-time
+  pace and yields the spoken turn's events (from its ``speech_started``,
+  through its closing event and metric). It ends the spoken turn itself: with
+  server VAD it goes on sending silence until the gateway heard the speech
+  end, with ``commit`` it sends ``commit``; a turn that does not start within
+  ``end_timeout`` raises ``ClientError``. ``on_audio(seq, pcm)`` gets the
+  model's speech (``protocol.audio``); an app that plays it reports how far
+  with ``played(seq, ms)``. Audio sent over a connection that drops is not
+  resent: speak again.
+- **Several nodes.** ``Client([url1, url2])`` dials the next URL whenever one
+  cannot be reached or refuses for now (429/503), on the first connection
+  and on every reconnect.
 """
 
 from __future__ import annotations
@@ -53,7 +64,9 @@ import inspect
 import logging
 import random
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, Final, TypeVar, overload
 
 import msgspec
@@ -71,21 +84,33 @@ from gateway.client.dial import (
     open_connection,
 )
 from gateway.client.stream import METRIC_GRACE, REFUSAL_CODES, SeqVerdict, TurnTracker, classify_seq
+from gateway.pcm import silence
 from protocol.audio import split_audio_frame
 from protocol.events import (
     Call,
     Cancel,
     Commit,
+    Configured,
     Error,
     Event,
     Session,
+    SpeechStarted,
+    SpeechStopped,
     ToolResultMessage,
     User,
     UserMessage,
     decode_event,
 )
 
-__all__ = ["Client", "ToolHandler", "ToolResultMessage", "event_kind"]
+__all__ = [
+    "Client",
+    "ConfigureRefused",
+    "Hooks",
+    "Timing",
+    "ToolHandler",
+    "ToolResultMessage",
+    "event_kind",
+]
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +128,24 @@ def event_kind(event: Event) -> str:
     return _KIND[type(event)]
 
 
+class ConfigureRefused(ClientError):
+    """The gateway refused a ``configure``: ``code`` (``forbidden``, ``bad_frame``…) and its text."""
+
+    def __init__(self, code: str, content: str) -> None:
+        super().__init__(f"the gateway refused the configuration ({code}): {content}")
+        self.code = code
+        self.content = content
+
+
+# Unlogged replies that refuse a ``configure`` (audio refusals aside: they
+# answer audio frames, which may be in flight at the same time).
+_CONFIGURE_REFUSALS: Final = frozenset({"forbidden", "bad_frame", "turn_active", "store"})
+
+
+def _refuses_configure(error: Error) -> bool:
+    return error.code in _CONFIGURE_REFUSALS and not error.content.startswith("audio needs")
+
+
 class _Reconnected(msgspec.Struct, frozen=True):
     """Queued when a new connection starts: its session frame and the ``after`` it asked for."""
 
@@ -118,6 +161,29 @@ class _Failed(msgspec.Struct, frozen=True):
 _Item = Event | _Reconnected | _Failed
 
 
+@dataclass(frozen=True, slots=True)
+class Timing:
+    """How long a ``Client`` waits: for the metric after a turn's closing event, for a
+    reconnect in all, between attempts (doubled per attempt, with jitter), per handshake."""
+
+    metric_grace: float = METRIC_GRACE
+    reconnect_timeout: float = 60.0
+    backoff_initial: float = 0.1
+    backoff_max: float = 5.0
+    open_timeout: float = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class Hooks:
+    """What a ``Client`` tells its application as it goes (for a UI): each connection,
+    each disconnect, each audio frame of the model's speech, each retried failure."""
+
+    on_connect: Callable[[Session], None] | None = None
+    on_disconnect: Callable[[str], None] | None = None
+    on_audio: Callable[[int, bytes], None] | None = None
+    on_retry: Callable[[ClientError], None] | None = None
+
+
 class Client:
     """One gateway session, kept alive across connections (see the module docstring).
 
@@ -127,12 +193,14 @@ class Client:
     ``reconnect_timeout`` (seconds of failed reconnecting before
     ``ConnectionLost``), ``backoff_initial``/``backoff_max`` (reconnect delays,
     doubled per attempt, with jitter), ``open_timeout`` (per handshake).
-    ``on_connect``/``on_disconnect`` are told about each connection (for a UI).
+    ``on_connect``/``on_disconnect`` are told about each connection (for a UI),
+    ``on_retry`` about each failed attempt that will be retried (a 503, say).
+    ``url`` may be several URLs (nodes of one gateway) to fail over between.
     """
 
     def __init__(
         self,
-        url: str,
+        url: str | Sequence[str],
         *,
         token: str | None = None,
         session_id: str | None = None,
@@ -145,17 +213,18 @@ class Client:
         on_connect: Callable[[Session], None] | None = None,
         on_disconnect: Callable[[str], None] | None = None,
         on_audio: Callable[[int, bytes], None] | None = None,
+        on_retry: Callable[[ClientError], None] | None = None,
     ) -> None:
-        self.url, _ = normalize_url(url)
+        urls = [url] if isinstance(url, str) else list(url)
+        if not urls:
+            raise ValueError("give the gateway's URL (or several, to fail over between them)")
+        self.urls = [normalize_url(u)[0] for u in urls]
+        self._url_index = 0
         self.token = token
-        self.metric_grace = metric_grace
-        self.reconnect_timeout = reconnect_timeout
-        self.backoff_initial = backoff_initial
-        self.backoff_max = backoff_max
-        self.open_timeout = open_timeout
-        self.on_connect = on_connect
-        self.on_disconnect = on_disconnect
-        self.on_audio = on_audio
+        self.timing = Timing(
+            metric_grace, reconnect_timeout, backoff_initial, backoff_max, open_timeout
+        )
+        self.hooks = Hooks(on_connect, on_disconnect, on_audio, on_retry)
         self._session_id = session_id
         self._last = after if after is not None else -1
         self._ws: ClientConnection | None = None
@@ -168,12 +237,20 @@ class Client:
         self._closing = False
         self._failure: BaseException | None = None
         self._in_turn = False
+        self._configuring: deque[asyncio.Future[Configured]] = deque()
+        self._speech_ended = asyncio.Event()  # the gateway heard the spoken turn end
+        self._played_supported = True  # False once the gateway answered unknown_type
         self.session: Session | None = None
         """The last ``session`` frame (provider, node, resumed)."""
         self.reconnects = 0
         """Connections opened after the first one."""
 
     # ------------------------------------------------------------------ public
+
+    @property
+    def url(self) -> str:
+        """The URL dialled last (one of ``urls``)."""
+        return self.urls[self._url_index]
 
     @property
     def session_id(self) -> str:
@@ -263,14 +340,39 @@ class Client:
 
     # ------------------------------------------------------------------ a turn
 
-    async def configure(self, **fields: Any) -> None:
-        """Send a ``configure`` frame (e.g. ``tools=[{"name", "description", "parameters"}]``,
-        ``input_audio={"rate": 24000}``, ``output="audio"``).
+    async def configure(self, *, timeout: float = 10.0, **fields: Any) -> Configured:
+        """Change the session's configuration (only the fields given), e.g.
+        ``tools=[{"name", "description", "parameters"}]``, ``input_audio={"rate": 24000}``,
+        ``output="audio"``; the ``configured`` event that answers it.
 
-        The session answers with a logged ``configured`` event before the next
-        turn's ``user`` echo (a refusal is an ``error`` reply).
+        Raises ``ConfigureRefused`` with the gateway's reply when it refuses
+        (``forbidden``: a client token, or a value the key's policy does not
+        allow; ``bad_frame``: a value that is not valid), ``ClientError`` when
+        no answer comes within ``timeout`` seconds.
         """
-        await self._send_frame(orjson.dumps({"type": "configure", **fields}))
+        waiter: asyncio.Future[Configured] = asyncio.get_running_loop().create_future()
+        self._configuring.append(waiter)
+        try:
+            await self._send_frame(orjson.dumps({"type": "configure", **fields}))
+            async with asyncio.timeout(timeout):
+                return await waiter
+        except TimeoutError:
+            raise ClientError(f"the gateway did not answer configure within {timeout:g}s") from None
+        finally:
+            with contextlib.suppress(ValueError):
+                self._configuring.remove(waiter)
+
+    async def played(self, seq: int, ms: int) -> None:
+        """Report the model's speech played so far: ``ms`` milliseconds of the
+        spoken answer, up to the audio tagged ``seq`` (the newest audio actually
+        heard), so a barge-in cuts the answer where the user stopped hearing it.
+
+        A gateway that does not know the message yet answers ``unknown_type``
+        once; the client then stops sending it, silently.
+        """
+        if self._played_supported:
+            frame = orjson.dumps({"type": "played", "seq": seq, "ms": int(ms)})
+            await self._send_frame(frame)
 
     async def send_audio(self, pcm16: bytes) -> None:
         """One binary frame of user audio (PCM16 LE mono at the configured rate)."""
@@ -281,20 +383,33 @@ class Client:
         await self._send_frame(_encoder.encode(Commit()))
 
     async def speak(
-        self, pcm16: bytes, rate: int, *, frame_ms: int = 20, commit: bool = False
+        self,
+        pcm16: bytes,
+        rate: int,
+        *,
+        frame_ms: int = 20,
+        commit: bool = False,
+        end_timeout: float = 5.0,
     ) -> AsyncIterator[Event]:
-        """Stream ``pcm16`` at real-time pace and yield the spoken turn's events.
+        """Stream ``pcm16`` at real-time pace, end the spoken turn, yield its events.
 
-        They start at the turn's ``speech_started`` (or, with ``commit``, its
-        audio-sourced ``user`` event) and end as ``send``'s do. With ``commit``
-        a ``commit`` frame follows the audio (turn detection ``none``).
+        The events start at the turn's ``speech_started`` (or, with ``commit``,
+        its audio-sourced ``user`` event) and end as ``send``'s do. The turn is
+        ended for the caller: with ``commit`` (turn detection ``none``) a
+        ``commit`` frame follows the audio; otherwise silence follows it, at
+        real-time pace, until the gateway's VAD heard the speech end, for at
+        most ``end_timeout`` seconds. Raises ``ClientError`` when the turn has
+        not started ``end_timeout`` seconds after the audio (no speech heard).
         """
         if self._in_turn:
             raise RuntimeError("a turn is running: finish iterating it (or cancel()) first")
         self._in_turn = True
         while not self._queue.empty():
             self._queue.get_nowait()
-        sender = asyncio.create_task(self._stream(pcm16, rate, frame_ms, commit), name="speak")
+        self._speech_ended.clear()
+        sender = asyncio.create_task(
+            self._stream(pcm16, rate, frame_ms, commit, end_timeout), name="speak"
+        )
         tracker = TurnTracker()
         started = False
         try:
@@ -302,8 +417,10 @@ class Client:
                 getter = asyncio.ensure_future(self._queue.get())
                 try:
                     if tracker.closing:
-                        async with asyncio.timeout(self.metric_grace):
+                        async with asyncio.timeout(self.timing.metric_grace):
                             item = await getter
+                    elif not started:
+                        item = await self._first_of(getter, sender, end_timeout)
                     else:
                         item = await getter
                 except TimeoutError:
@@ -334,10 +451,36 @@ class Client:
             with contextlib.suppress(BaseException):
                 await sender
 
-    async def _stream(self, pcm16: bytes, rate: int, frame_ms: int, commit: bool) -> None:
-        """Send ``pcm16`` in ``frame_ms`` frames, each at its due time (no drift)."""
+    async def _first_of(
+        self, getter: asyncio.Future[_Item], sender: asyncio.Task[None], end_timeout: float
+    ) -> _Item:
+        """The next item; once the audio and its end are sent, for ``end_timeout`` at most."""
+        if not sender.done():
+            pending: list[asyncio.Future[Any]] = [getter, sender]
+            await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+        failure = sender.exception() if sender.done() and not sender.cancelled() else None
+        if failure is not None:
+            getter.cancel()
+            raise failure
+        if getter.done():
+            return getter.result()
+        try:
+            async with asyncio.timeout(end_timeout):
+                return await getter
+        except TimeoutError:
+            raise ClientError(
+                f"no spoken turn started within {end_timeout:g}s after the audio: the "
+                "gateway heard no speech in it (too quiet?)"
+            ) from None
+
+    async def _stream(
+        self, pcm16: bytes, rate: int, frame_ms: int, commit: bool, end_timeout: float
+    ) -> None:
+        """Send ``pcm16`` in ``frame_ms`` frames, each at its due time (no drift), then
+        end the turn: ``commit``, or silence until the VAD heard the speech end."""
         size = rate * frame_ms // 1000 * 2
         start = time.monotonic()
+        index = 0
         for index, at in enumerate(range(0, len(pcm16), size)):
             delay = start + index * frame_ms / 1000 - time.monotonic()
             if delay > 0:
@@ -345,6 +488,15 @@ class Client:
             await self.send_audio(pcm16[at : at + size])
         if commit:
             await self.commit()
+            return
+        quiet = silence(frame_ms / 1000, rate)
+        for extra in range(1, int(end_timeout * 1000 / frame_ms) + 1):
+            if self._speech_ended.is_set():
+                return
+            delay = start + (index + extra) * frame_ms / 1000 - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            await self.send_audio(quiet)
 
     async def _turn(self, text: str) -> AsyncIterator[Event]:
         self._raise_if_failed()
@@ -360,7 +512,7 @@ class Client:
         while True:
             try:
                 if tracker.closing:
-                    async with asyncio.timeout(self.metric_grace):
+                    async with asyncio.timeout(self.timing.metric_grace):
                         item = await self._queue.get()
                 else:
                     item = await self._queue.get()
@@ -437,9 +589,14 @@ class Client:
             raise ClientError("the client is closed")
 
     async def _dial(self, *, first: bool, close_code: int | None = None) -> None:
-        """Open a connection, retrying what a retry can fix; queue the reconnect marker."""
-        deadline = time.monotonic() + self.reconnect_timeout
+        """Open a connection, retrying what a retry can fix; queue the reconnect marker.
+
+        With several URLs, every failure a retry can fix moves on to the next
+        URL; a first connection raises ``Unreachable`` only when none answered.
+        """
+        deadline = time.monotonic() + self.timing.reconnect_timeout
         attempt = 0
+        unreachable = 0
         while True:
             resume = self._session_id is not None and self._last >= 0
             after = self._last
@@ -449,7 +606,7 @@ class Client:
                     token=self.token,
                     session_id=self._session_id,
                     after=after if resume else None,
-                    open_timeout=self.open_timeout,
+                    open_timeout=self.timing.open_timeout,
                     max_size=None,
                 )
                 break
@@ -458,17 +615,22 @@ class Client:
                     raise
                 problem: ClientError = exc
             except Unreachable as exc:
-                if first:
+                unreachable += 1
+                if first and unreachable >= len(self.urls):
                     raise
                 problem = exc
             except ConnectionClosed as exc:
                 problem = ConnectionLost(f"connection closed during the handshake ({exc})")
             if time.monotonic() >= deadline:
                 raise ConnectionLost(
-                    f"could not reconnect for {self.reconnect_timeout:g}s: {problem}"
+                    f"could not reconnect for {self.timing.reconnect_timeout:g}s: {problem}"
                 ) from problem
-            await asyncio.sleep(self._backoff(attempt, close_code))
-            attempt += 1
+            if self.hooks.on_retry is not None:
+                self.hooks.on_retry(problem)
+            self._url_index = (self._url_index + 1) % len(self.urls)
+            if self._url_index == 0:  # every URL tried once: back off
+                await asyncio.sleep(self._backoff(attempt, close_code))
+                attempt += 1
         if self._session_id is None or self._last < 0:
             self._last = session.seq  # a new session: nothing before it is ours
         self._session_id = session.session_id
@@ -479,12 +641,12 @@ class Client:
             self.reconnects += 1
         self._queue.put_nowait(_Reconnected(session, after, self._generation))
         self._connected.set()
-        if self.on_connect is not None:
-            self.on_connect(session)
+        if self.hooks.on_connect is not None:
+            self.hooks.on_connect(session)
 
     def _backoff(self, attempt: int, close_code: int | None) -> float:
         floor = 1.0 if close_code == 1013 and attempt == 0 else 0.0  # store down: give it time
-        delay = min(self.backoff_max, self.backoff_initial * 2.0**attempt)
+        delay = min(self.timing.backoff_max, self.timing.backoff_initial * 2.0**attempt)
         return max(floor, delay * random.uniform(0.5, 1.0))
 
     async def _run(self) -> None:
@@ -504,8 +666,8 @@ class Client:
                     raise ConnectionLost(
                         f"the gateway closed the connection ({code} {reason_text})"
                     )
-                if self.on_disconnect is not None:
-                    self.on_disconnect(reason)
+                if self.hooks.on_disconnect is not None:
+                    self.hooks.on_disconnect(reason)
                 # A close the server asked for (1012 drain, 4008 slow) reconnects at
                 # once; a lost connection or a busy server waits a little first.
                 if code not in (1012, 4008):
@@ -523,8 +685,8 @@ class Client:
             while True:
                 data = await ws.recv()
                 if isinstance(data, bytes):  # the model's speech (protocol.audio)
-                    if self.on_audio is not None:
-                        self.on_audio(*split_audio_frame(data))
+                    if self.hooks.on_audio is not None:
+                        self.hooks.on_audio(*split_audio_frame(data))
                     continue
                 try:
                     event = decode_event(data)
@@ -543,12 +705,37 @@ class Client:
                     return f"events after seq {self._last} missing; resuming"
                 if verdict is SeqVerdict.NEW:
                     self._last = event.seq
+                elif isinstance(event, Error) and self._answers_own_frame(event):
+                    continue  # a reply configure() or played() takes
+                if isinstance(event, Configured) and self._configuring:
+                    waiter = self._configuring.popleft()
+                    if not waiter.done():
+                        waiter.set_result(event)
+                elif isinstance(event, SpeechStopped) or (
+                    isinstance(event, User) and event.source == "audio"
+                ):
+                    self._speech_ended.set()
+                elif isinstance(event, SpeechStarted):
+                    self._speech_ended.clear()
                 if isinstance(event, Call) and self._tools:
                     self._maybe_run_tool(event)
                 self._queue.put_nowait(event)
         except ConnectionClosed as exc:
             close = exc.rcvd
             return "connection lost" if close is None else f"closed {close.code} {close.reason}"
+
+    def _answers_own_frame(self, error: Error) -> bool:
+        """Whether an unlogged error reply answers ``played`` (dropped silently: the
+        gateway does not know it yet) or a pending ``configure`` (raised there)."""
+        if error.code == "unknown_type" and "'played'" in error.content:
+            self._played_supported = False
+            return True
+        if self._configuring and _refuses_configure(error):
+            waiter = self._configuring.popleft()
+            if not waiter.done():
+                waiter.set_exception(ConfigureRefused(error.code, error.content))
+            return True
+        return False
 
     # ------------------------------------------------------------------ client tools
 

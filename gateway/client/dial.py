@@ -41,10 +41,11 @@ DEFAULT_PATH: Final = "/v1/realtime"
 FINAL_STATUSES: Final = frozenset({400, 401, 403, 404})
 """Handshake statuses a retry cannot fix (bad ``after``, key, origin, unknown session)."""
 
-FINAL_CLOSE_CODES: Final = frozenset({1002, 1003, 1007, 1008, 1009, 1010})
+FINAL_CLOSE_CODES: Final = frozenset({1002, 1003, 1007, 1008, 1009, 1010, 4401, 4404})
 """Close codes that say the client itself is wrong: reconnecting would repeat it.
 
-Everything else — 1006 (connection lost), 1011, 1012 (node draining, session
+4401 (the key was revoked) and 4404 (the session was deleted) say reconnecting
+is refused. Everything else — 1006 (connection lost), 1011, 1012 (node draining, session
 moved), 1013 (store unavailable: retry later), 4008 (client too slow) — is
 answered by reconnecting with ``session_id`` and ``after``.
 """

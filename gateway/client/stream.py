@@ -47,8 +47,12 @@ __all__ = [
 METRIC_GRACE: Final = 0.5
 """Seconds a client waits for the metric after a closing event before calling the turn over."""
 
-TURN_ENDING_ERROR_CODES: Final = frozenset({"upstream", "internal", "malformed_execute"})
-"""Logged ``error`` codes that stop the running turn (``store``/``log_trimmed`` do not)."""
+TURN_ENDING_ERROR_CODES: Final = frozenset({"upstream", "internal"})
+"""Logged ``error`` codes that stop the running turn (``store``/``log_trimmed`` do not).
+
+``malformed_execute`` is not one: the gateway hands the broken block back to
+the model and the turn goes on (a ``metric``, a ``result``, the model's next
+step); the third in a row comes just before the turn's ``end``, which closes it."""
 
 REFUSAL_CODES: Final = frozenset(
     {"turn_active", "rate_limited", "quota_exceeded", "draining", "bad_frame", "internal"}

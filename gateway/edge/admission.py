@@ -63,7 +63,7 @@ from gateway.edge.reaper import SlowClientReaper
 from gateway.edge.rights import Credential, KeyRights, Revocable, RightsWatch
 from gateway.edge.tokens import TokenRefused, is_client_token
 from gateway.sessions.limits import ConnectionSlots
-from gateway.sessions.node import Node
+from gateway.sessions.port import NodePort
 from gateway.store.base import StoreError, StoreUnavailable
 
 __all__ = ["Edges", "Principal", "parse_origins"]
@@ -164,6 +164,7 @@ class Principal:
     key: str
     session: str | None = None
     digest: str = ""
+    approve: bool = False  # a client token minted with the right to approve calls
 
 
 class _Admitted:
@@ -183,7 +184,7 @@ class Edges:
     ``gateway.edge.auth.check_exposure``) or a keys file is unreadable.
     """
 
-    def __init__(self, config: Config, node: Node, connections: Collection[Revocable]) -> None:
+    def __init__(self, config: Config, node: NodePort, connections: Collection[Revocable]) -> None:
         validate(config)
         check_exposure(config)
         self.config = config
@@ -191,9 +192,7 @@ class Edges:
         self.metrics = node.metrics
         self.auth_on = auth_configured(config)
         self.key_file = KeyFile(config.api_keys_file) if config.api_keys_file else None
-        self.redis_keys = (
-            RedisKeys(config.redis_url, prefix=config.key_prefix) if config.api_keys_redis else None
-        )
+        self.redis_keys = RedisKeys(node.store) if config.api_keys_redis else None
         self.origins = parse_origins(config.allowed_origins)
         self.slots = ConnectionSlots(node.store, node.node_id, config.max_connections_per_key)
         self.reaper = SlowClientReaper(connections, config.slow_client_timeout, node.metrics)
@@ -307,12 +306,9 @@ class Edges:
             try:
                 slot = await self.slots.acquire(principal.key)
             except StoreError as exc:
-                self.metrics.store_errors.inc()
-                log.warning("connection slots unavailable: %s", exc)
-                return self._refuse(
-                    "store",
-                    http.HTTPStatus.SERVICE_UNAVAILABLE,
-                    "the session store is unavailable; retry in a few seconds\n",
+                return self._store_down(
+                    f"connection slots unavailable: {exc}",
+                    "the session store is unavailable; retry in a few seconds",
                 )
             if slot is None:
                 return self._refuse(
@@ -419,13 +415,10 @@ class Edges:
         try:
             key_id = await self.key_id(creds.key)
         except KeyStoreUnavailable as exc:
-            self.metrics.store_errors.inc()
-            log.warning("cannot check API keys: Redis unavailable: %s", exc)
-            return self._refuse(
-                "store",
-                http.HTTPStatus.SERVICE_UNAVAILABLE,
+            return self._store_down(
+                f"cannot check API keys: Redis unavailable: {exc}",
                 "API keys cannot be checked right now (the key store is unavailable); "
-                "retry in a few seconds\n",
+                "retry in a few seconds",
             )
         if key_id is None:
             return self._refuse(
@@ -438,13 +431,11 @@ class Edges:
     async def _check_token(self, token: str) -> Principal | Response:
         try:
             claims = await self.tokens.verify(token)
-        except StoreUnavailable:
-            self.metrics.store_errors.inc()
-            return self._refuse(
-                "store",
-                http.HTTPStatus.SERVICE_UNAVAILABLE,
+        except StoreUnavailable as exc:
+            return self._store_down(
+                f"cannot check a client token: store unavailable: {exc}",
                 "client tokens cannot be checked right now (the session store is unavailable); "
-                "retry in a few seconds\n",
+                "retry in a few seconds",
             )
         if isinstance(claims, TokenRefused):
             return self._refuse("unauthorized", http.HTTPStatus.UNAUTHORIZED, claims.message + "\n")
@@ -452,13 +443,10 @@ class Edges:
             try:
                 issued = await self.rights.alive(Credential(claims.key, claims.kd))
             except KeyStoreUnavailable as exc:
-                self.metrics.store_errors.inc()
-                log.warning("cannot check a client token's API key: Redis unavailable: %s", exc)
-                return self._refuse(
-                    "store",
-                    http.HTTPStatus.SERVICE_UNAVAILABLE,
+                return self._store_down(
+                    f"cannot check a client token's API key: Redis unavailable: {exc}",
                     "client tokens cannot be checked right now (the key store is unavailable); "
-                    "retry in a few seconds\n",
+                    "retry in a few seconds",
                 )
             if not issued:
                 return self._refuse(
@@ -468,7 +456,13 @@ class Edges:
                     "opens nothing any more; the app's backend needs a valid API key to mint a "
                     "new one\n",
                 )
-        return Principal(claims.key, claims.sid, digest=claims.kd)
+        return Principal(claims.key, claims.sid, digest=claims.kd, approve=claims.ap)
+
+    def _store_down(self, logged: str, body: str) -> Response:
+        """A handshake the store's outage refuses: counted, logged, 503 with ``body``."""
+        self.metrics.store_errors.inc()
+        log.warning("%s", logged)
+        return self._refuse("store", http.HTTPStatus.SERVICE_UNAVAILABLE, body + "\n")
 
     def _refuse(self, reason: str, status: http.HTTPStatus, body: str) -> Response:
         self.metrics.refused.labels(reason).inc()

@@ -49,7 +49,7 @@ from gateway.edge.admission import ANY_ORIGIN, Edges
 from gateway.edge.auth import ANONYMOUS, KeyStoreUnavailable
 from gateway.edge.pending import WatchedProtocol
 from gateway.edge.tokens import is_client_token
-from gateway.sessions.node import CONFIG_QUOTA, UNUSED, Node, config_bytes
+from gateway.sessions.port import CONFIG_QUOTA, UNUSED, NodePort, config_bytes
 from gateway.sessions.setup import ConfigProblem
 from gateway.store.base import StoreUnavailable
 from protocol.configuration import (
@@ -76,16 +76,24 @@ PAGE_BYTES: Final = 1 << 20
 TokenTtl = Annotated[float, msgspec.Meta(ge=1, le=86400)]
 
 
+TokenRights = Annotated[tuple[Literal["approve"], ...], msgspec.Meta(max_length=4)]
+"""What a client token may do beyond opening its session: ``approve`` calls that wait
+for a user's decision (without it only the API key approves)."""
+
+
 class CreateSession(ConfigChange, frozen=True, forbid_unknown_fields=True):
-    """``POST /v1/sessions``: the session's configuration, and its client token's lifetime (s)."""
+    """``POST /v1/sessions``: the session's configuration, its client token's lifetime (s)
+    and rights."""
 
     ttl: TokenTtl | msgspec.UnsetType = msgspec.UNSET
+    rights: TokenRights = ()
 
 
 class MintToken(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """``POST /v1/sessions/{id}/tokens``."""
 
     ttl: TokenTtl | msgspec.UnsetType = msgspec.UNSET
+    rights: TokenRights = ()
 
 
 class Minted(msgspec.Struct, frozen=True):
@@ -168,7 +176,7 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 class HttpApi:
     """The HTTP API of one node, served by aiohttp in the node's event loop."""
 
-    def __init__(self, node: Node, edges: Edges) -> None:
+    def __init__(self, node: NodePort, edges: Edges) -> None:
         self.node = node
         self.edges = edges
         self.config: Config = node.config
@@ -422,7 +430,8 @@ class HttpApi:
                 await self.node.store.release_bytes(CONFIG_QUOTA.format(key=key_id), sid)
             raise
         ttl = None if body.ttl is msgspec.UNSET else body.ttl
-        token, expires_at = await self.edges.tokens.mint(sid, key_id, ttl)
+        approve = "approve" in body.rights
+        token, expires_at = await self.edges.tokens.mint(sid, key_id, ttl, approve=approve)
         return _json(201, Minted(sid, token, expires_at))
 
     async def _hold_quota(self, key_id: str, sid: str, size: int) -> None:
@@ -458,7 +467,8 @@ class HttpApi:
         key_id, sid, _ = await self._owned(request)
         body: MintToken = await self._body(request, _mint_decoder.decode)
         ttl = None if body.ttl is msgspec.UNSET else body.ttl
-        token, expires_at = await self.edges.tokens.mint(sid, key_id, ttl)
+        approve = "approve" in body.rights
+        token, expires_at = await self.edges.tokens.mint(sid, key_id, ttl, approve=approve)
         return _json(201, Minted(sid, token, expires_at))
 
     async def describe(self, request: web.Request) -> web.Response:
@@ -466,10 +476,9 @@ class HttpApi:
         store = self.node.store
         driver = await store.lease_owner(sid)
         last_seq = await store.last_seq(sid)
-        runtime = self.node.runtimes.get(sid)
-        if runtime is not None and not runtime.closed:
-            usage = runtime.usage
-            config = runtime.setup.config
+        live = self.node.live_state(sid)
+        if live is not None:
+            usage, config = live
         else:
             usage = Usage(
                 input=_int(meta.get("usage_input")), output=_int(meta.get("usage_output"))

@@ -41,13 +41,13 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import Final
 from urllib.parse import parse_qs, urlsplit
 
 from websockets.datastructures import Headers, MultipleValuesError
 
 from gateway.config import Config, ConfigError
-from gateway.store import open_redis_client
+from gateway.store.base import Secrets, StoreError
 from tools.allowlist import AllowList, parse_allow_list
 
 __all__ = [
@@ -192,9 +192,10 @@ def check_exposure(config: Config) -> None:
 
     Raises ``ConfigError`` telling the operator how to configure keys.
     """
-    if config.api_keys_redis and not config.redis_url:
+    if config.api_keys_redis and not config.store:
         raise ConfigError(
-            "api_keys_redis needs Redis: set REDIS_URL (or --redis), or use --api-keys-file"
+            "api_keys_redis needs a Redis store: set --store (GATEWAY_STORE, or REDIS_URL), "
+            "or use --api-keys-file"
         )
     if auth_configured(config):
         return
@@ -397,59 +398,47 @@ class KeyFile:
 
 
 class RedisKeys:
-    """API keys in the Redis hash ``{prefix}:keys`` (digest → key_id), shared by nodes.
+    """API keys in the store's keys hash (digest → key_id), shared by nodes (``--api-keys-redis``).
 
-    The lookup is by digest (``HGET``), so the raw key never leaves the node and
-    what a timing difference could reveal is at most about a SHA-256 digest of a
-    guess, which says nothing about a real key.
+    Read through the store's ``Secrets`` interface, so every store URL works
+    (one server, Sentinel, Cluster) on the store's own connections and
+    failover handling. The lookup is by digest, so the raw key never leaves
+    the node and what a timing difference could reveal is at most about a
+    SHA-256 digest of a guess, which says nothing about a real key.
     """
 
-    def __init__(self, url: str, *, prefix: str = "rtgw") -> None:
-        # Any store URL: one server, Sentinel or Cluster (the hash is one key).
-        self.hash = f"{prefix}:keys"
-        self._redis: Any = open_redis_client(
-            url, socket_timeout=3.0, connect_timeout=2.0, max_connections=16
-        )
+    def __init__(self, store: Secrets) -> None:
+        self._store = store
 
     async def lookup(self, digest: str) -> tuple[str, AllowList | None] | None:
         """The key id of ``digest`` and its allow-list of tools (None: every tool)."""
-        from redis.exceptions import RedisError
-
         try:
-            raw = await self._redis.hget(self.hash, digest)
-        except (RedisError, OSError) as exc:
+            raw = await self._store.api_key(digest)
+        except StoreError as exc:
             raise KeyStoreUnavailable(str(exc)) from exc
-        return split_key_value(raw.decode()) if raw is not None else None
+        return split_key_value(raw) if raw is not None else None
 
     async def issued(self, digests: Sequence[str]) -> dict[str, str]:
-        """digest → key id of those of ``digests`` the hash holds now (one ``HMGET``)."""
-        from redis.exceptions import RedisError
-
+        """digest → key id of those of ``digests`` that are issued now (one round trip)."""
         if not digests:
             return {}
         try:
-            raw = await self._redis.hmget(self.hash, list(digests))
-        except (RedisError, OSError) as exc:
+            raw = await self._store.api_keys(digests)
+        except StoreError as exc:
             raise KeyStoreUnavailable(str(exc)) from exc
-        return {
-            digest: value.decode().strip().partition(" ")[0]
-            for digest, value in zip(digests, raw, strict=True)
-            if value is not None
-        }
+        return {digest: value.strip().partition(" ")[0] for digest, value in raw.items()}
 
     async def key_ids(self) -> set[str]:
-        """Every key id the hash holds a key for (``HGETALL``: for tokens that name
-        no key, minted before tokens did)."""
-        from redis.exceptions import RedisError
-
+        """Every key id a key is issued for (for tokens that name no key, minted
+        before tokens did)."""
         try:
-            raw = await self._redis.hgetall(self.hash)
-        except (RedisError, OSError) as exc:
+            raw = await self._store.all_api_keys()
+        except StoreError as exc:
             raise KeyStoreUnavailable(str(exc)) from exc
-        return {value.decode().strip().partition(" ")[0] for value in raw.values()}
+        return {value.strip().partition(" ")[0] for value in raw.values()}
 
     async def close(self) -> None:
-        await self._redis.aclose()
+        """Nothing to release: the connections are the store's."""
 
 
 def _stamp(stat: os.stat_result) -> tuple[float, int, int]:

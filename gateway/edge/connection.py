@@ -39,10 +39,8 @@ from gateway.edge.backpressure import SegmentJoiner, SendPressure
 from gateway.edge.closes import CloseCode, close_reason
 from gateway.edge.frame_rate import FrameRate, Verdict
 from gateway.sessions.commands import COMMANDS, dispatch
-from gateway.sessions.follower import LogFollower
-from gateway.sessions.node import Node
-from gateway.sessions.runtime import SessionRuntime
-from gateway.sessions.subscriber import EventSource
+from gateway.sessions.port import NodePort
+from gateway.sessions.subscriber import DrivenSession, EventSource
 from gateway.store.base import LogEntry, StoreError, StoreUnavailable
 from protocol.events import (
     AudioChunk,
@@ -62,6 +60,9 @@ log = logging.getLogger("gateway.edge.connection")
 _UNLOGGED = -1  # queue marker: a reply to this client only, sent as is
 _AUDIO = -2  # queue marker: a binary frame of the model's speech
 _REPLAY_PAGE = 500
+# A replay page's bytes: a client catching up over large events holds one page
+# in memory at a time, not all of them.
+_REPLAY_BYTES = 1 << 20
 # Audio comes 50 frames a second: a refused frame's error is sent at most this
 # often (the frames between are dropped without one), and a connection whose
 # session is driven elsewhere asks to drive it at most this often.
@@ -78,7 +79,7 @@ class ClientConnection:
 
     def __init__(
         self,
-        node: Node,
+        node: NodePort,
         ws: ServerConnection,
         *,
         sid: str,
@@ -87,19 +88,30 @@ class ClientConnection:
         event_mode: bool = False,
         unrecorded: MutableMapping[str, str] | None = None,
         trusted: bool = True,
+        may_approve: bool | None = None,
     ) -> None:
         """``unrecorded``: the node's new sessions not stored yet (sid → owner);
         one is stored at its first turn or configure (``Node.record_session``).
         ``trusted``: the client presented an API key (not a client token), so
-        it may change the session's configuration."""
+        it may change the session's configuration. ``may_approve``: it may
+        decide on calls that wait for approval (default: when ``trusted``; a
+        client token only if minted with the ``approve`` right)."""
         self.node = node
         self.ws = ws
         self._sid = sid
         self.trusted = trusted
+        self.may_approve = trusted if may_approve is None else may_approve
         self.resumed = resumed
         self.last_sent = after
-        self.source: SessionRuntime | LogFollower | None = None
+        # The newest seq known to be in the log (the head at attach, the newest
+        # delivered since): a catch-up reads at least to it.
+        self._newest = after
+        # What the connection reads: the session driven here (``driven``, which it
+        # also commands), or a follower of another node's log.
+        self.source: EventSource | None = None
+        self.driven: DrivenSession | None = None
         self._queue: deque[LogEntry] = deque()
+        self._replies: deque[Error | Pong] = deque()  # one per _UNLOGGED entry queued
         self._limit = node.config.send_queue_frames
         self._lagging = True  # start by catching up from the log
         self._wake = asyncio.Event()
@@ -125,6 +137,8 @@ class ClientConnection:
     # ------------------------------------------------------------- Subscriber
 
     def deliver(self, entries: Sequence[LogEntry]) -> None:
+        if entries and entries[-1].seq > self._newest:
+            self._newest = entries[-1].seq
         if self._lagging:
             return  # the writer reads these from the log
         queue = self._queue
@@ -133,6 +147,7 @@ class ClientConnection:
         if len(queue) + len(entries) > self._limit:
             # Too far behind: stop buffering, catch up from the log instead.
             queue.clear()
+            self._replies.clear()
             self._lagging = True
             self._pressure.fell_behind()
             self.node.metrics.client_lagging.inc()
@@ -180,7 +195,10 @@ class ClientConnection:
     def notify(self, event: Error | Pong) -> None:
         if not self._pressure.may_queue_reply(self._queue):
             return  # the client reads nothing: its replies would pile up without bound
-        self._queue.append(LogEntry(_UNLOGGED, encode(event)))
+        # Encoded when sent (``_send_queued``): its seq is then the last one this
+        # client was sent, also when a replay went out ahead of it.
+        self._replies.append(event)
+        self._queue.append(LogEntry(_UNLOGGED, b""))
         self._wake.set()
 
     def reply_frame(self, data: bytes) -> None:
@@ -223,12 +241,11 @@ class ClientConnection:
             self._close = (CloseCode.KEY_REVOKED, "API key revoked: this credential opens nothing")
             self._wake.set()
 
-    def switch_source(self, source: EventSource) -> None:
-        """The session is now driven by this node (takeover): follow the runtime."""
-        assert isinstance(source, SessionRuntime)
-        self.source = source
+    def switch_source(self, session: DrivenSession) -> None:
+        """The session is now driven by this node (takeover): read and command it."""
+        self.source = self.driven = session
         self._lagging = True
-        source.attach(self)
+        session.attach(self)
         self._wake.set()
 
     # ------------------------------------------------------------- lifecycle
@@ -244,15 +261,10 @@ class ClientConnection:
     async def _serve(self) -> None:
         node = self.node
         await self._attach()
-        source = self.source
-        head = source.last_seq if isinstance(source, SessionRuntime) else None
-        if head is None:
-            head = await node.store.last_seq(self.sid)
-        provider = (
-            source.setup.upstream_factory.provider
-            if isinstance(source, SessionRuntime)
-            else node.upstream_factory.provider
-        )
+        driven = self.driven
+        head = driven.last_seq if driven is not None else await node.store.last_seq(self.sid)
+        self._newest = max(self._newest, head)
+        provider = driven.provider if driven is not None else node.upstream_factory.provider
         first = Session(
             session_id=self.sid,
             seq=head,
@@ -289,7 +301,7 @@ class ClientConnection:
     async def _attach(self) -> None:
         runtime = await self.node.drive(self.sid)
         if runtime is not None:
-            self.source = runtime
+            self.source = self.driven = runtime
             runtime.attach(self)
             return
         follower = await self.node.follow(self.sid)
@@ -324,6 +336,8 @@ class ClientConnection:
                     await asyncio.sleep(0)
                     continue
                 assert isinstance(frame, str)
+                if '"audio"' in frame and await self._json_audio(frame):
+                    continue  # audio does not count against the frame limit, in JSON either
                 verdict = check(clock())
                 if verdict is Verdict.ACCEPT:
                     await self._handle(frame)
@@ -336,6 +350,21 @@ class ClientConnection:
                     self.node.metrics.frames_dropped.inc()
         except ConnectionClosed:
             return
+
+    async def _json_audio(self, frame: str) -> bool:
+        """Handle an ``{"type": "audio"}`` text frame; False for any other frame.
+
+        A 20 ms microphone sends 50 frames a second, exactly the frame limit,
+        so audio is exempt in JSON as in binary. Only frames that name
+        ``"audio"`` are decoded before the limit's check.
+        """
+        message = decode_client(frame)
+        if not isinstance(message, AudioChunk):
+            return False
+        if not self._audio_now(message.audio):
+            await self._audio(message.audio)
+        await asyncio.sleep(0)
+        return True
 
     def _refuse_flood(self) -> None:
         self.node.metrics.frames_dropped.inc()
@@ -384,17 +413,13 @@ class ClientConnection:
         """User audio handed to the session's upstream without awaiting (the
         common case: a runtime here, input audio on, the upstream socket able
         to take it); False leaves it to ``_audio``."""
-        runtime = self.source
-        return (
-            isinstance(runtime, SessionRuntime)
-            and not runtime.closed
-            and runtime.send_audio_now(pcm16)
-        )
+        runtime = self.driven
+        return runtime is not None and not runtime.closed and runtime.send_audio_now(pcm16)
 
     async def _audio(self, pcm16: bytes) -> None:
         """User audio (a binary frame, or an ``audio`` frame's bytes) for the session."""
-        runtime = self.source
-        if not isinstance(runtime, SessionRuntime) or runtime.closed or runtime.voice is None:
+        runtime = self.driven
+        if runtime is None or runtime.closed or runtime.voice is None:
             if time.monotonic() < self._audio_retry_at:
                 return  # refused a moment ago: not a store round trip per frame
             runtime = await self._runtime_for_command()
@@ -434,7 +459,7 @@ class ClientConnection:
             self._reply(message)
             return
         if isinstance(message, Ping):
-            self.notify(Pong(seq=self.client_seq, timestamp=time.time()))
+            self.notify(Pong(timestamp=time.time()))
             return
         if isinstance(message, AudioChunk):
             await self._audio(message.audio)
@@ -447,6 +472,16 @@ class ClientConnection:
                     content=f"a client token cannot send {spec.what}: it may not change the "
                     "session's configuration; the app's backend sets it (POST /v1/sessions) "
                     "or connects with its API key",
+                )
+            )
+            return
+        if spec.approving and not self.may_approve:
+            self._reply(
+                Error(
+                    code="forbidden",
+                    content="this connection may not approve calls: approve with the API key, "
+                    'or with a client token minted with "rights": ["approve"] '
+                    "(POST /v1/sessions/ID/tokens)",
                 )
             )
             return
@@ -463,7 +498,7 @@ class ClientConnection:
             return
         if spec.turn:
             # Per-key turn limits (gateway.sessions.limits), before the turn starts here or is forwarded.
-            refusal = await self.node.limits.admit_turn(self.sid, self.source)
+            refusal = await self.node.limits.admit_turn(self.sid, self.driven)
             if refusal is not None:
                 self._reply(refusal)
                 return
@@ -475,7 +510,7 @@ class ClientConnection:
         if error is not None:
             self._reply(error)
 
-    async def _runtime_to_run(self, frame: str, forwarded: bool) -> SessionRuntime | None:
+    async def _runtime_to_run(self, frame: str, forwarded: bool) -> DrivenSession | None:
         """The session's runtime here, to run a command on; None when it went to the
         node driving the session (``forwarded`` commands) or was refused (replied)."""
         runtime = None
@@ -524,17 +559,17 @@ class ClientConnection:
         self._unrecorded.pop(self.sid, None)
         return True
 
-    async def _runtime_for_command(self) -> SessionRuntime | None:
-        source = self.source
-        if isinstance(source, SessionRuntime) and not source.closed:
-            return source
+    async def _runtime_for_command(self) -> DrivenSession | None:
+        driven = self.driven
+        if driven is not None and not driven.closed:
+            return driven
         try:
             runtime = await self.node.drive(self.sid)
         except StoreUnavailable:
             return None
         if runtime is not None:
-            if isinstance(source, LogFollower):
-                source.detach(self)
+            if self.source is not None and self.source is not driven:
+                self.source.detach(self)  # the follower of another node's log
             self.switch_source(runtime)
         return runtime
 
@@ -585,7 +620,9 @@ class ClientConnection:
             entry = queue.popleft()
             seq = entry.seq
             if seq == _UNLOGGED:
-                batch.append(entry.data)
+                reply = self._replies.popleft()
+                reply.seq = self.client_seq
+                batch.append(encode(reply))
             elif seq == _AUDIO:
                 await self._send_text(ws, batch)
                 batch.clear()
@@ -618,13 +655,17 @@ class ClientConnection:
 
         Live delivery is switched on *before* reading: whatever is logged from
         then on is queued, so reading the log to its end leaves no gap; the
-        overlap is dropped by the seq check.
+        overlap is dropped by the seq check. Pages are bounded by count and by
+        bytes; a page cut short by its bytes is followed by the next one until
+        the newest seq known to be logged was sent.
         """
         self._lagging = False
         store = self.node.store
         while True:
             try:
-                entries = await store.read_log(self.sid, self.last_sent, _REPLAY_PAGE)
+                entries = await store.read_log(
+                    self.sid, self.last_sent, _REPLAY_PAGE, max_bytes=_REPLAY_BYTES
+                )
             except StoreUnavailable:
                 await asyncio.sleep(self.node.store_retry_delay)
                 continue
@@ -654,7 +695,7 @@ class ClientConnection:
                         self.last_sent = entry.seq
             if batch:
                 await wsfast.send_batch(self.ws, batch)
-            if len(entries) < _REPLAY_PAGE:
+            if not entries or (len(entries) < _REPLAY_PAGE and self.last_sent >= self._newest):
                 return
 
 

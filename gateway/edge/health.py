@@ -8,7 +8,10 @@ down and every new client got 1013; load balancers kept sending them.
 
 The store check is one cheap ping with a short timeout, shared by concurrent
 probes and cached for ``CACHE_SECONDS``: a balancer probing every node every
-second costs each store one ping a second, not one per probe.
+second costs each store one ping a second, not one per probe. A store that
+answers but cannot keep its durability promise (``--durability replicated``
+with no replica confirming: sessions hold their events) is not ready either,
+and the probe says so in those words (``Health.degraded``).
 
 Readiness also turns 503 while the process has used ``READY_SHARE`` of the
 file descriptors it may open: a node out of descriptors cannot accept a
@@ -28,7 +31,7 @@ import time
 from collections.abc import Callable
 from typing import Final
 
-from gateway.store.base import Store
+from gateway.store.base import Health
 
 __all__ = [
     "CACHE_SECONDS",
@@ -119,12 +122,18 @@ class Descriptors:
 class StoreProbe:
     """Whether the store answers, asked at most once per ``CACHE_SECONDS``."""
 
-    def __init__(self, store: Store, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, store: Health, clock: Callable[[], float] = time.monotonic) -> None:
         self.store = store
         self._clock = clock
         self._checked_at = -CACHE_SECONDS
         self._ok = False
         self._inflight: asyncio.Future[bool] | None = None
+
+    async def problem(self) -> str | None:
+        """Why the store cannot serve new clients now (for ``/readyz``), or None."""
+        if not await self.reachable():
+            return "the session store is unreachable"
+        return self.store.degraded()
 
     async def reachable(self) -> bool:
         if self._clock() - self._checked_at < CACHE_SECONDS:

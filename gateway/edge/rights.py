@@ -41,7 +41,7 @@ from websockets.protocol import State
 from gateway.edge.auth import KeyFile, KeyStoreUnavailable, RedisKeys
 from gateway.edge.reaper import Reapable
 from gateway.sessions.control import RIGHTS_CHANNEL, KeysChanged, decode_control
-from gateway.store.base import Store
+from gateway.store.base import Bus
 
 __all__ = ["RIGHTS_CHECK", "Credential", "KeyRights", "Revocable", "RightsWatch"]
 
@@ -167,7 +167,7 @@ class RightsWatch:
     def __init__(
         self,
         rights: KeyRights,
-        store: Store,
+        store: Bus,
         connections: Collection[Revocable],
         *,
         on_tick: Callable[[], None] = lambda: None,

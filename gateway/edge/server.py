@@ -27,7 +27,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import msgspec
 from websockets.asyncio.server import Server, ServerConnection, serve
-from websockets.datastructures import Headers
+from websockets.datastructures import Headers, MultipleValuesError
 from websockets.http11 import Request, Response
 
 from gateway.config import Config
@@ -38,11 +38,11 @@ from gateway.edge.closes import CloseCode, close_reason
 from gateway.edge.connection import ClientConnection
 from gateway.edge.health import Descriptors, StoreProbe
 from gateway.edge.pending import PendingConnections
-from gateway.sessions.node import Node
+from gateway.sessions.port import NodePort
 from gateway.store.base import StoreUnavailable
 from gateway.wsfast import BatchingConnection
 
-__all__ = ["Gateway", "Handshake"]
+__all__ = ["Gateway", "Handshake", "ListenFailed"]
 
 log = logging.getLogger("gateway.edge.server")
 
@@ -50,6 +50,16 @@ WS_PATH = "/v1/realtime"
 
 StreamMode = Literal["token", "event"]
 STREAM_MODES: Final[tuple[str, ...]] = ("token", "event")
+
+
+class ListenFailed(OSError):
+    """One of the node's ports could not be listened on; ``flag`` names its setting."""
+
+    def __init__(self, exc: OSError, flag: str, host: str, port: int) -> None:
+        super().__init__(exc.errno, exc.strerror or str(exc))
+        self.flag = flag
+        self.host = host
+        self.port = port
 
 
 class Handshake(msgspec.Struct):
@@ -63,6 +73,8 @@ class Handshake(msgspec.Struct):
     unrecorded_owner: str | None = None
     # An API key (not a client token): may change the session's configuration.
     trusted: bool = True
+    # May decide on calls that wait for approval (an API key, or a token with the right).
+    may_approve: bool = True
 
 
 class NewSessions(MutableMapping[str, str]):
@@ -148,7 +160,7 @@ def watched(pending: PendingConnections) -> type[BatchingConnection]:
 class Gateway:
     """A running gateway node: its server plus its ``Node``."""
 
-    def __init__(self, node: Node) -> None:
+    def __init__(self, node: NodePort) -> None:
         self.node = node
         self.config: Config = node.config
         self.server: Server | None = None
@@ -163,6 +175,9 @@ class Gateway:
         self.descriptors = Descriptors()
         # The HTTP API (POST/GET/DELETE /v1/sessions) on its own port, if configured.
         self.api = HttpApi(node, self.edges) if self.config.api_port is not None else None
+        # The console's policy (it may call the HTTP API) and what it may configure.
+        self.page_policy = web.content_security_policy(self.config.api_port)
+        self.offer = web.offer_of(self.config, auth=self.edges.auth_on)
 
     @property
     def port(self) -> int:
@@ -183,7 +198,24 @@ class Gateway:
     async def start(self) -> None:
         cfg = self.config
         self.node.start()
-        self.server = await serve(
+        try:
+            self.server = await self._listen()
+        except OSError as exc:
+            raise ListenFailed(exc, "--port", cfg.host, cfg.port) from exc
+        self.edges.start()
+        if self.api is not None:
+            try:
+                await self.api.start()
+            except OSError as exc:
+                raise ListenFailed(exc, "--api-port", cfg.host, cfg.api_port or 0) from exc
+            # Its actual port (api_port 0 picks one): the console may call it.
+            self.offer = msgspec.structs.replace(self.offer, api_port=self.api.port)
+            self.page_policy = web.content_security_policy(self.api.port)
+        log.info("listening on %s (node %s)", self.url, self.node.node_id)
+
+    async def _listen(self) -> Server:
+        cfg = self.config
+        return await serve(
             self._handler,
             cfg.host,
             cfg.port,
@@ -204,10 +236,6 @@ class Gateway:
             select_subprotocol=self.edges.select_subprotocol,
             write_limit=cfg.write_limit,  # a send waits for a slow client to drain
         )
-        self.edges.start()
-        if self.api is not None:
-            await self.api.start()
-        log.info("listening on %s (node %s)", self.url, self.node.node_id)
 
     # ------------------------------------------------------------------ HTTP
 
@@ -216,8 +244,8 @@ class Gateway:
     ) -> Response | None:
         url = urlsplit(request.path)
         path = url.path
-        if path == "/healthz":
-            return _text(http.HTTPStatus.OK, "ok\n")  # liveness: the process answers
+        if path == "/healthz":  # liveness: the process answers (pages of apps may ask)
+            return self._cors(request, _text(http.HTTPStatus.OK, "ok\n"))
         if path == "/readyz":
             return await self._readiness()
         if path == "/metrics":
@@ -228,9 +256,11 @@ class Gateway:
                 self.node.metrics.render(),
             )
         if path != WS_PATH:
-            page = web.static_response(path)
+            if path == web.NODE_PATH:
+                return web.node_response(self.offer)
+            page = web.static_response(path, self.page_policy)
             if page is not None:
-                return page
+                return self._cors(request, page) if path in web.CORS_PATHS else page
             return _text(
                 http.HTTPStatus.NOT_FOUND,
                 f"no such endpoint {path!r}: connect a WebSocket to {WS_PATH}\n",
@@ -296,6 +326,12 @@ class Gateway:
                     meta = {"owner": unrecorded_owner}
             if meta is None:
                 self.node.metrics.refused.labels("unknown_session").inc()
+                if admitted.session is not None and _one(query, "session_id") is None:
+                    return _text(
+                        http.HTTPStatus.NOT_FOUND,
+                        "the session this client token opens was deleted or has expired; "
+                        "ask the app's backend for a new session\n",
+                    )
                 return _text(
                     http.HTTPStatus.NOT_FOUND,
                     f"session {sid!r} does not exist or has expired; "
@@ -320,8 +356,18 @@ class Gateway:
             stream="event" if stream == "event" else "token",
             unrecorded_owner=unrecorded_owner,
             trusted=admitted.session is None,
+            may_approve=admitted.session is None or admitted.approve,
         )
         return None
+
+    def _cors(self, request: Request, response: Response) -> Response:
+        """CORS for the paths pages of other origins may read (``web.CORS_PATHS``)."""
+        try:
+            origin = request.headers.get("Origin")
+        except MultipleValuesError:
+            origin = None
+        allow = web.cors_origin(origin, self.edges.origins, auth_on=self.edges.auth_on)
+        return web.with_cors(response, allow)
 
     async def _check_after(self, raw: str, sid: str | None) -> int | Response:
         """``after`` as a seq the session has: a plain ASCII decimal <= its last seq.
@@ -372,10 +418,8 @@ class Gateway:
         shortage = self.descriptors.shortage()
         if shortage is not None:
             return _text(http.HTTPStatus.SERVICE_UNAVAILABLE, f"not ready: {shortage}\n")
-        if not await self.store_probe.reachable():
-            return _text(
-                http.HTTPStatus.SERVICE_UNAVAILABLE, "not ready: the session store is unreachable\n"
-            )
+        if (problem := await self.store_probe.problem()) is not None:
+            return _text(http.HTTPStatus.SERVICE_UNAVAILABLE, f"not ready: {problem}\n")
         return _text(http.HTTPStatus.OK, "ready\n")
 
     # ------------------------------------------------------------------ WebSocket
@@ -406,6 +450,7 @@ class Gateway:
                 event_mode=hs.stream == "event",
                 unrecorded=self.unrecorded,
                 trusted=hs.trusted,
+                may_approve=hs.may_approve,
             )
             self.connections.add(conn)
             try:
@@ -432,13 +477,7 @@ class Gateway:
         deadline = self.config.drain_timeout if timeout is None else timeout
         if self.server is not None:
             self.server.close(close_connections=False)
-        turns = [rt.turn for rt in node.runtimes.values() if rt.turn is not None]
-        if turns:
-            log.info("draining: waiting up to %.0fs for %d running turns", deadline, len(turns))
-            await asyncio.wait(turns, timeout=deadline)
-        flushes = [asyncio.ensure_future(rt.flushed()) for rt in node.runtimes.values()]
-        if flushes:
-            await asyncio.wait(flushes, timeout=5.0)  # a store outage must not hold the exit
+        await node.finish_turns(deadline)
         await asyncio.gather(
             *(_close_or_abort(c.ws) for c in list(self.connections)), return_exceptions=True
         )

@@ -14,8 +14,8 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 
-from gateway.sessions.subscriber import EventSource, Subscriber
-from gateway.store.base import LogEntry, Store, StoreUnavailable
+from gateway.sessions.subscriber import DrivenSession, Subscriber
+from gateway.store.base import LogEntry, Sessions, StoreUnavailable
 
 __all__ = ["LogFollower"]
 
@@ -27,12 +27,12 @@ class LogFollower:
 
     def __init__(
         self,
-        store: Store,
+        store: Sessions,
         sid: str,
         after: int,
         *,
         node_id: str,
-        drive: Callable[[str], Awaitable[EventSource | None]],
+        drive: Callable[[str], Awaitable[DrivenSession | None]],
         on_stop: Callable[[LogFollower], None],
         poll: float,
         retry_delay: float,
@@ -94,7 +94,7 @@ class LogFollower:
                 self._hand_over(runtime)
                 return
 
-    def _hand_over(self, runtime: EventSource) -> None:
+    def _hand_over(self, runtime: DrivenSession) -> None:
         """This node drives the session now: move the clients to the runtime."""
         self.stop()
         for sub in tuple(self.subscribers):

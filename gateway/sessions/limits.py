@@ -27,11 +27,11 @@ import math
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Final
+from typing import Final, Protocol
 
 from gateway.config import Config
 from gateway.metrics import Metrics
-from gateway.store.base import Store, StoreError
+from gateway.store.base import Counters, SessionMeta, StoreError
 from protocol.events import Error, Usage
 
 __all__ = ["SLOT_TTL", "ConnectionSlots", "Limits"]
@@ -47,6 +47,10 @@ _DAY: Final = 86_400
 _OWNERS_KEPT: Final = 65_536
 
 
+class LimitStore(SessionMeta, Counters, Protocol):
+    """What the limits use: a session's owner (its meta) and the shared counters."""
+
+
 class Limits:
     """Turns per minute and tokens per day per API key (the session's owner).
 
@@ -56,7 +60,7 @@ class Limits:
     def __init__(
         self,
         config: Config,
-        store: Store,
+        store: LimitStore,
         metrics: Metrics,
         *,
         clock: Callable[[], float] = time.time,
@@ -214,7 +218,7 @@ class ConnectionSlots:
     stops renewing and its slots expire within ``SLOT_TTL``.
     """
 
-    def __init__(self, store: Store, node_id: str, limit: int, *, ttl: float = SLOT_TTL) -> None:
+    def __init__(self, store: Counters, node_id: str, limit: int, *, ttl: float = SLOT_TTL) -> None:
         self.store = store
         self.node_id = node_id
         self.limit = limit

@@ -58,7 +58,7 @@ from functools import partial
 from time import perf_counter
 from typing import Any, Final, Protocol
 
-from gateway.store.base import LeaseLost, LogEntry, Store, StoreError
+from gateway.store.base import LeaseLost, LogEntry, Sessions, StoreError
 
 __all__ = ["Batch", "LogSource", "LogWriter"]
 
@@ -84,7 +84,8 @@ class LogSource(Protocol):
         """What to append now (None: nothing)."""
 
     def settle_unsure(self, stored_last: int, batch: Batch) -> Batch | None:
-        """After a failed append: ``stored_last`` tells whether it landed after all."""
+        """After a failed append: ``stored_last`` (``confirmed_seq``) tells whether it
+        is stored after all."""
 
     def appended(self, batch: Batch, result: BaseException | None) -> None:
         """The outcome of appending ``batch``: stored (None) or why not."""
@@ -115,7 +116,7 @@ ROUNDS_IN_FLIGHT: Final = 2
 
 class LogWriter:
     def __init__(
-        self, store: Store, node_id: str, *, linger: float = 0.0, lease_ttl: float | None = None
+        self, store: Sessions, node_id: str, *, linger: float = 0.0, lease_ttl: float | None = None
     ) -> None:
         self.store = store
         self.node_id = node_id
@@ -328,9 +329,12 @@ class LogWriter:
             job: Batch | None = batch
             if source.unsure is not None:
                 # The previous append failed in flight and may have landed:
-                # the log says which, before anything is written again.
+                # the log says which, before anything is written again. What
+                # counts is what is stored as durably as promised (a replica
+                # confirms it under durability replicated), not what the
+                # primary happens to have: that is what may be sent.
                 try:
-                    stored_last = await store.last_seq(source.sid)
+                    stored_last = await store.confirmed_seq(source.sid)
                 except StoreError as exc:
                     source.appended(batch, exc)
                     continue

@@ -33,6 +33,7 @@ from gateway.sessions.follower import LogFollower
 from gateway.sessions.limits import Limits
 from gateway.sessions.logwriter import LogWriter
 from gateway.sessions.policy import KeyPolicies, within
+from gateway.sessions.port import CONFIG_QUOTA, UNUSED, config_bytes
 from gateway.sessions.resumption import META_KEY, decode_resume_point
 from gateway.sessions.runtime import SessionRuntime
 from gateway.sessions.setup import SessionServices, SessionSetups, UpstreamFactories
@@ -41,7 +42,7 @@ from gateway.store.base import Store, StoreError
 from gateway.tracing import Tracing
 from gateway.upstream.base import UpstreamFactory
 from protocol.assembly import HistoryItem, decode_history_item
-from protocol.configuration import decode_config, encode_config
+from protocol.configuration import SessionConfig, decode_config, encode_config
 from protocol.events import (
     Usage,
 )
@@ -51,18 +52,7 @@ from tools.client import prepare
 from tools.executor import Executor
 from tools.registry import Registry
 
-__all__ = ["CONFIG_QUOTA", "UNUSED", "Node", "UpstreamFactories", "config_bytes"]
-
-UNUSED = "unused"
-"""Meta field: "1" on a session made by the HTTP API that no client has connected to yet."""
-CONFIG_QUOTA = "config:{key}"
-"""The store's byte quota of the configurations of one key's sessions (``Store.hold_bytes``)."""
-
-
-def config_bytes(meta: dict[str, str]) -> int:
-    """What a session's configuration counts against its key's quota: its stored JSON's bytes."""
-    return len(meta.get("config", "").encode())
-
+__all__ = ["Node", "UpstreamFactories"]
 
 log = logging.getLogger("gateway.sessions.node")
 
@@ -168,8 +158,15 @@ class Node:
             return_exceptions=True,
         )
         await self.log_writer.close()
-        for task in list(self._background):
+        # Listeners and the sweeper end before the store closes under them: a
+        # task still unsubscribing on a closed client would outlive the node.
+        background = list(self._background)
+        for task in background:
             task.cancel()
+        if background:
+            _, stuck = await asyncio.wait(background, timeout=5.0)
+            for task in stuck:
+                log.warning("%s did not stop within 5 s of the node's stop", task.get_name())
 
     def spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
         task = asyncio.create_task(coro, name=name)
@@ -285,9 +282,10 @@ class Node:
                 raise
             self.runtimes[sid] = runtime
             self.metrics.sessions.set(len(self.runtimes))
-            runtime.rerun_interrupted(
+            await runtime.rerun_interrupted(
                 "the node running this turn stopped; the turn is being rerun — "
-                "discard its partial output"
+                "discard its partial output",
+                self.store,
             )
         if not lock.locked():
             self._locks.pop(sid, None)
@@ -488,6 +486,24 @@ class Node:
             log.warning("ignoring an unexpected broadcast message (%d bytes)", len(data))
 
     # ------------------------------------------------------------------ deletion
+
+    def live_state(self, sid: str) -> tuple[Usage, SessionConfig] | None:
+        """A session driven here: its usage and configuration as they are now."""
+        runtime = self.runtimes.get(sid)
+        if runtime is None or runtime.closed:
+            return None
+        return runtime.usage, runtime.setup.config
+
+    async def finish_turns(self, deadline: float) -> None:
+        """Wait for running turns (up to ``deadline`` s), then up to 5 s for their logs
+        to flush (a store outage must not hold a node's exit)."""
+        turns = [rt.turn for rt in self.runtimes.values() if rt.turn is not None]
+        if turns:
+            log.info("draining: waiting up to %.0fs for %d running turns", deadline, len(turns))
+            await asyncio.wait(turns, timeout=deadline)
+        flushes = [asyncio.ensure_future(rt.flushed()) for rt in self.runtimes.values()]
+        if flushes:
+            await asyncio.wait(flushes, timeout=5.0)
 
     async def delete_session(self, sid: str) -> bool:
         """Delete ``sid`` everywhere: the store's records, then every node's live state.

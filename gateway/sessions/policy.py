@@ -57,6 +57,8 @@ class KeyPolicy(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     server_tools: tuple[str, ...] | None = None
     reasoning_efforts: tuple[str, ...] | None = None
     instructions: str = ""
+    require_approval: tuple[str, ...] = ()
+    """Server tools whose calls wait for a user's approve in this key's sessions."""
 
 
 OPEN: Final = KeyPolicy()

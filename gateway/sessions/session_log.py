@@ -10,8 +10,11 @@ rooms only ``emit`` and ``persist``.
 
 When an append fails the batch is held, in order, and retried: nothing
 reaches a client before it is logged, and a batch whose append may have
-landed (the connection broke in flight) is settled against the log's last
-seq, never sent twice or lost. A lost lease or a seq conflict means another
+landed (the connection broke in flight, or under durability replicated no
+replica confirmed it) is settled against the store's ``confirmed_seq``: sent
+once the store says it is stored as durably as promised (a replica confirmed
+it, asked again), never because the primary happens to have it; never sent
+twice or lost. While held, the clients are told once, in words that say why. A lost lease or a seq conflict means another
 node owns the session: nothing more is written and ``on_lost`` is told.
 """
 
@@ -24,7 +27,7 @@ from collections.abc import Callable, Sequence
 from gateway.metrics import Metrics
 from gateway.sessions.logwriter import Batch, LogWriter
 from gateway.sessions.subscriber import Subscriber
-from gateway.store.base import LeaseLost, LogEntry, SeqConflict, StoreUnavailable
+from gateway.store.base import LeaseLost, LogEntry, SeqConflict, StoreUnavailable, Unreplicated
 from protocol.assembly import HistoryItem, encode_history_item
 from protocol.events import Error, Event, encode
 
@@ -35,6 +38,10 @@ log = logging.getLogger("gateway.sessions.runtime")
 _STORE_DOWN: str = (
     "the session store is unavailable; events are held and will be delivered when it "
     "returns — stay connected"
+)
+_UNREPLICATED: str = (
+    "no replica of the session store has confirmed the latest events (durability "
+    "replicated); they are held and will be delivered once one does — stay connected"
 )
 
 
@@ -114,6 +121,7 @@ class SessionLog:
     def stop(self) -> None:
         """Write nothing more (the session closed here): what is not logged is dropped."""
         self.lost = True
+        self._stop_holding()
 
     # ------------------------------------------------------------------ the LogWriter's side
 
@@ -150,21 +158,29 @@ class SessionLog:
         """The LogWriter's report on ``batch``: stored (None) or why not."""
         if result is None:
             if self._store_down:
-                self._store_down = False
+                self._stop_holding()
                 log.info("store is back for session %s", self.sid)
             self._delivered(batch[0])
             self._check_flushed()
         elif isinstance(result, LeaseLost | SeqConflict):
             log.warning("session %s: lost ownership while logging: %s", self.sid, result)
             self.lost = True
+            self._stop_holding()
             self._pending, self._pending_history = [], []
             self._flushed.set()
             self._on_lost(str(result))
         else:
             # StoreUnavailable (or an unexpected error): hold the batch, in
             # order, and retry; nothing reaches a client before it is logged.
-            held = self.unsure  # still unsettled if the log could not be read
-            self.unsure = batch if held is None else (held[0] + batch[0], held[1] + batch[1])
+            if self.unsure is None:
+                self.unsure = batch  # sent: it may have landed
+            else:
+                # The unsure batch could not be settled, so ``batch`` was never
+                # sent: it goes back in front of what is pending. Merged into
+                # the unsure one, a batch that had landed would look partly
+                # unwritten and be written again (a seq conflict).
+                self._pending = batch[0] + self._pending
+                self._pending_history = batch[1] + self._pending_history
             if isinstance(result, StoreUnavailable):
                 self._store_unavailable(result)
             else:
@@ -174,6 +190,7 @@ class SessionLog:
     def write_failed(self) -> None:
         """The LogWriter broke on this session's batch (a bug): reload it elsewhere."""
         self.lost = True
+        self._stop_holding()
         self._flushed.set()
         self._on_lost("internal error while logging")
 
@@ -200,12 +217,23 @@ class SessionLog:
             sub.deliver(entries)
 
     def _store_unavailable(self, exc: StoreUnavailable) -> None:
+        unreplicated = isinstance(exc, Unreplicated)
+        if unreplicated:
+            self._metrics.store.unreplicated.inc()
         if self._store_down:
             return
         self._store_down = True
         self._metrics.store_errors.inc()
+        self._metrics.store.holding.inc()
         log.warning("store unavailable for session %s: %s", self.sid, exc)
-        self.notify(Error(code="store", content=_STORE_DOWN, seq=self.delivered_seq))
+        notice = _UNREPLICATED if unreplicated else _STORE_DOWN
+        self.notify(Error(code="store", content=notice, seq=self.delivered_seq))
+
+    def _stop_holding(self) -> None:
+        """No longer holding events for the store (it is back, or the session ended)."""
+        if self._store_down:
+            self._store_down = False
+            self._metrics.store.holding.dec()
 
     # ------------------------------------------------------------------ clients
 

@@ -25,7 +25,7 @@ from gateway.pricing import PriceTable
 from gateway.sessions.limits import Limits
 from gateway.sessions.logwriter import LogWriter
 from gateway.sessions.policy import KeyPolicies, refusal, within
-from gateway.store.base import Store
+from gateway.store.base import SessionMeta
 from gateway.tracing import Tracing
 from gateway.upstream.base import CONTROLS, UpstreamFactory
 from protocol.configuration import SessionConfig, decode_config, encode_config
@@ -105,6 +105,11 @@ class SessionSetup:
     # Operator + key policy + session instructions: all a model that does not write the
     # text protocol (it speaks; its tools are declared natively) is told.
     instructions: str = ""
+    # The server tools whose calls wait for a user's approve: the operator's (tools file),
+    # the key policy's and the session's own, of the tools it may run.
+    approvals: frozenset[str] = frozenset()
+    # The tools (server and client) whose calls do not block the turn.
+    background: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,7 +124,7 @@ class SessionServices:
     upstream_factory: UpstreamFactory
     system_prompt: str
     tool_context: Callable[[str], ToolContext]
-    store: Store
+    store: SessionMeta
     prices: PriceTable
     tracing: Tracing
     # The setup of a configuration for an owner (key id) and its key's allow-list of
@@ -205,6 +210,17 @@ class SessionSetups:
             client_tools = ClientTools(config.tools, key_tools, has)
         except ValueError as exc:  # the client's mistake (a bad schema, a taken name): 400
             return ConfigProblem(str(exc))
+        unknown = [n for n in config.require_approval if n not in names]
+        if unknown:
+            return ConfigProblem(
+                f"require_approval: this gateway has no server tool {unknown[0]!r}; "
+                f"its tools: {', '.join(sorted(names)) or 'none'}"
+            )
+        wanted = {*self.registry.approval_required, *policy.require_approval}
+        approvals = frozenset(n for n in (*wanted, *config.require_approval) if n in has)
+        background = frozenset(
+            [*(n for n in self.registry.background if n in has), *client_tools.background]
+        )
         factory = self._factory(config.provider, config.model)
         if isinstance(factory, str):
             return factory
@@ -224,7 +240,17 @@ class SessionSetups:
             specs = [s for s in self.registry.specs() if allowed is None or s.name in allowed]
             specs += client_tools.specs()
             prompt = system_prompt(specs, instructions)
-        return SessionSetup(config, prompt, factory, allowed, client_tools, key_tools, instructions)
+        return SessionSetup(
+            config,
+            prompt,
+            factory,
+            allowed,
+            client_tools,
+            key_tools,
+            instructions,
+            approvals,
+            background,
+        )
 
     def _factory(self, provider: str, model: str) -> UpstreamFactory | str:
         default = self.upstream_factory

@@ -28,6 +28,11 @@ user message:
   session was opened with, every ``<`` written ``‹`` (so the protocol
   prompt's example markers stay text), then ``<end>``: tests see what
   reached the model.
+- ``/help`` → the list of these scripts (``SIM_HELP``), for a newcomer.
+- ``/long [N]`` → a think, then a Markdown answer of N sections (default 4):
+  something to watch stream, scroll and render.
+- ``/error`` → a broken ``<execute>`` block: the gateway reports
+  ``malformed_execute``, hands the failure back, and the model answers it.
 - anything else → a think, then ``Echo: MESSAGE``, then ``<end>``.
 
 Voice (``gateway.sim.vad`` hears, ``spoken_reply`` speaks):
@@ -195,6 +200,13 @@ def sim_reply(message: str, *, overrun: bool = True, instructions: str = "", ite
     probe is its message's last line (a gateway's note that earlier
     conversation was cut may lead it).
     """
+    command = message.strip()
+    if command == "/help":
+        return f"{SIM_HELP}<end>"
+    if command == "/error":
+        return '<think>Let me break a tool call.</think><execute>[{"name": </execute>'
+    if command == "/long" or command.startswith("/long "):
+        return f"<think>A long answer, then.</think>{_long_answer(command[5:].strip())}<end>"
     if message.strip() == "/instructions":
         return f"Instructions: {quote_instructions(instructions)}<end>"
     if message.rsplit("\n", 1)[-1].strip() == "/context":
@@ -210,6 +222,45 @@ def sim_reply(message: str, *, overrun: bool = True, instructions: str = "", ite
     if message.lstrip().startswith("<results>"):
         return f"<think>The tool answered.</think>{_results_reply(message)}<end>"
     return f"<think>The user said something.</think>Echo: {message}<end>"
+
+
+SIM_HELP: Final = """The simulator answers these scripts (anything else is echoed):
+
+- `hello`, or any text: a short think, then `Echo: hello`
+- `/tool list {"path": "."}`: calls a gateway tool (`/tool NAME {JSON args}`)
+- `/tool confirm {"question": "Ship it?"}`: calls the web console's own yes/no tool
+- `/long 6`: a long Markdown answer in 6 sections, to watch it stream
+- `/error`: writes a broken tool call; the gateway reports `malformed_execute`
+- `/raw TEXT`: writes TEXT exactly, protocol markers and all
+- `/instructions`: quotes the system instructions it was given
+- `/help`: this list
+
+With the microphone on, any speech is heard as `(speech 1.2 s)` and answered."""
+
+
+_LONG_TOPICS: Final = (
+    ("Streaming", "Every chunk the model writes reaches you as a `respond` event."),
+    ("Resuming", "A dropped connection resumes with `session_id` and `after`: nothing lost."),
+    ("Tools", "Calls run in parallel and their results come back in call order."),
+    ("Voice", "Audio in and out rides the same session, tagged with `seq`."),
+    ("Many nodes", "Any node serves any session; the log lives in Redis."),
+    ("Costs", "Every turn ends with a `metric` event: tokens and dollars."),
+)
+
+
+def _long_answer(count: str) -> str:
+    """``/long N``: N Markdown sections (1-50, default 4), a list and a code block."""
+    sections = min(50, max(1, int(count))) if count.isdecimal() else 4
+    parts = ["Here is a **long answer**, written in Markdown.\n"]
+    for n in range(sections):
+        title, line = _LONG_TOPICS[n % len(_LONG_TOPICS)]
+        parts.append(
+            f"\n## {n + 1}. {title}\n\n{line} This paragraph is here so you can watch the "
+            "text arrive chunk by chunk, and scroll while it does.\n\n"
+            f"- point one of section {n + 1}\n- point two, with `code`\n"
+        )
+    parts.append('\n```json\n{"type": "respond", "content": "…"}\n```\n\nThat is all.')
+    return "".join(parts)
 
 
 def quote_instructions(instructions: str) -> str:

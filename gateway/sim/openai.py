@@ -75,8 +75,10 @@ from gateway.sim.openai_state import (
     INPUT_RATE,
     Item,
     RealtimeResponse,
+    from_flat,
     merge_audio,
     session_refusal,
+    shape_refusal,
     wire_item,
 )
 from gateway.sim.openai_voice import VoiceInput
@@ -277,14 +279,14 @@ class RealtimeConnection(SimConnection):
 
     async def _session_update(self, event: wire.SessionUpdate) -> None:
         update = event.session
-        shape = self._shape_refusal(update)
+        shape = shape_refusal(update, self.flat)
         if shape is not None:
             await self._error(
                 shape[0], code="invalid_value", param=shape[1], event_id=event.event_id
             )
             return
         if self.flat:
-            update = _from_flat(update)
+            update = from_flat(update)
         refused = session_refusal(update)
         if refused is not None:
             await self._error(
@@ -311,21 +313,6 @@ class RealtimeConnection(SimConnection):
             changes["audio"] = merge_audio(self.session.audio, update.audio)
         self.session = msgspec.structs.replace(self.session, **changes)
         await self._send(wire.SessionUpdated(event_id=self._eid(), session=self.session))
-
-    def _shape_refusal(self, update: wire.Session) -> tuple[str, str] | None:
-        """A session in the other provider's shape: the message and the param, or None."""
-        if self.flat:
-            return None  # xAI's: whether it refuses GA fields is not published
-        if update.type != "realtime":
-            return (
-                f"Invalid value: {update.type!r}. The simulator supports 'realtime' sessions "
-                "(session.type is required).",
-                "session.type",
-            )
-        for name in ("voice", "turn_detection"):
-            if getattr(update, name) not in (None, msgspec.UNSET):
-                return (f"Unknown parameter: 'session.{name}'.", f"session.{name}")
-        return None
 
     async def _item_create(self, event: wire.ConversationItemCreate) -> None:
         item = event.item
@@ -798,22 +785,3 @@ class RealtimeConnection(SimConnection):
                     usage=wire.TranscriptionUsage(type="duration", seconds=speech / 1000),
                 )
             )
-
-
-def _from_flat(update: wire.Session) -> wire.Session:
-    """xAI's flat session as the GA shape the simulator keeps (voice and turn
-    detection under ``audio``)."""
-    audio = update.audio or wire.AudioConfig()
-    if update.voice is not None:
-        output = audio.output or wire.AudioOutput()
-        audio = msgspec.structs.replace(
-            audio, output=msgspec.structs.replace(output, voice=update.voice)
-        )
-    if not isinstance(update.turn_detection, msgspec.UnsetType):
-        given = audio.input or wire.AudioInput()
-        audio = msgspec.structs.replace(
-            audio, input=msgspec.structs.replace(given, turn_detection=update.turn_detection)
-        )
-    return msgspec.structs.replace(
-        update, type="realtime", voice=None, turn_detection=msgspec.UNSET, audio=audio
-    )

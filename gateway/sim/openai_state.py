@@ -20,8 +20,10 @@ __all__ = [
     "INPUT_RATE",
     "Item",
     "RealtimeResponse",
+    "from_flat",
     "merge_audio",
     "session_refusal",
+    "shape_refusal",
     "wire_item",
 ]
 
@@ -263,3 +265,42 @@ def session_refusal(update: wire.Session) -> tuple[str, str] | None:
             "session.reasoning.effort",
         )
     return None
+
+
+def shape_refusal(update: wire.Session, flat: bool) -> tuple[str, str] | None:
+    """A session in the other provider's shape: the message and the param, or None.
+
+    ``flat``: the flavour takes xAI's flat session (whether xAI refuses GA fields
+    is not published, so nothing is refused there).
+    """
+    if flat:
+        return None
+    if update.type != "realtime":
+        return (
+            f"Invalid value: {update.type!r}. The simulator supports 'realtime' sessions "
+            "(session.type is required).",
+            "session.type",
+        )
+    for name in ("voice", "turn_detection"):
+        if getattr(update, name) not in (None, msgspec.UNSET):
+            return (f"Unknown parameter: 'session.{name}'.", f"session.{name}")
+    return None
+
+
+def from_flat(update: wire.Session) -> wire.Session:
+    """xAI's flat session as the GA shape the simulator keeps (voice and turn
+    detection under ``audio``)."""
+    audio = update.audio or wire.AudioConfig()
+    if update.voice is not None:
+        output = audio.output or wire.AudioOutput()
+        audio = msgspec.structs.replace(
+            audio, output=msgspec.structs.replace(output, voice=update.voice)
+        )
+    if not isinstance(update.turn_detection, msgspec.UnsetType):
+        given = audio.input or wire.AudioInput()
+        audio = msgspec.structs.replace(
+            audio, input=msgspec.structs.replace(given, turn_detection=update.turn_detection)
+        )
+    return msgspec.structs.replace(
+        update, type="realtime", voice=None, turn_detection=msgspec.UNSET, audio=audio
+    )

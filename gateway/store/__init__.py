@@ -11,28 +11,47 @@ Redis Cluster (``rediss+…`` for TLS).
 from __future__ import annotations
 
 from gateway.store.base import (
+    Bus,
+    Counters,
+    Durability,
+    EventLog,
+    Health,
     LeaseLost,
+    Leases,
     LogEntry,
+    Secrets,
     SeqConflict,
+    SessionMeta,
+    Sessions,
     Store,
     StoreError,
     StoreUnavailable,
+    Unreplicated,
 )
 from gateway.store.memory import MemoryStore
-from gateway.store.redis import REDIS_SCHEMES, Durability, RedisStore, StoreStats
+from gateway.store.redis import REDIS_SCHEMES, RedisStore, StoreStats
 from gateway.store.redis_connect import open_redis_client
 
 __all__ = [
+    "Bus",
+    "Counters",
     "Durability",
+    "EventLog",
+    "Health",
     "LeaseLost",
+    "Leases",
     "LogEntry",
     "MemoryStore",
     "RedisStore",
+    "Secrets",
     "SeqConflict",
+    "SessionMeta",
+    "Sessions",
     "Store",
     "StoreError",
     "StoreStats",
     "StoreUnavailable",
+    "Unreplicated",
     "open_redis_client",
     "open_store",
 ]
@@ -54,8 +73,9 @@ def open_store(
     many log entries a session keeps at least, ``prefix`` the Redis key prefix.
     The rest are ``RedisStore``'s (ignored by the memory store):
     ``durability`` "replicated" reports an append stored only once a replica
-    has it (waiting up to ``replica_timeout`` s); ``retry_window`` is how long
-    appends are sent again through a Cluster redirect or a failover.
+    has it (waiting up to ``replica_timeout`` s), "replicated-or-local" too
+    while a replica confirms, else once the primary has it; ``retry_window`` is
+    how long commands are sent again through a Cluster redirect or a failover.
     """
     if not url or url == "memory://":
         return MemoryStore(ttl=ttl, max_log=max_log)

@@ -1,9 +1,14 @@
-"""The session store interface: event log, history, meta, lease.
+"""The session store's interfaces: narrow Protocols, one per concern.
 
-Two implementations share it: ``RedisStore`` (many nodes, survives restarts) and
-``MemoryStore`` (the embedded default: one process, nothing to install). The
-gateway is written against this interface only, and the same test suite runs
-against both.
+A consumer is typed against the concern it uses, as centrifuge's ``Broker``
+and ``PresenceManager`` are: the log writer against ``Sessions``, the
+connection slots against ``Counters``, the rights watch against ``Bus``, the
+client tokens and API keys against ``Secrets``, readiness against ``Health``.
+``Store`` is all of them, what ``open_store`` returns and the node holds.
+Two implementations share them, side by side: the memory ones
+(``gateway.store.memory``: one process, nothing to install) and the Redis ones
+(``gateway.store.redis_*``: many nodes, survives restarts); one test suite
+runs against both (tests/store/conftest.py).
 
 Data model (Redis keys share the hash tag ``{SID}`` so a cluster keeps a session
 on one slot):
@@ -15,24 +20,36 @@ on one slot):
 - ``rtgw:{SID}:gone``    set by ``delete_session``: the session may not be leased again
 
 Durability rule: **log, then send**. ``append`` returns only when the entries are
-stored; only then are they sent to clients. ``append`` is fenced by the lease: a
+stored as the store's durability promises (on the primary, or on a replica
+too); only then are they sent to clients. ``append`` is fenced by the lease: a
 node that lost its lease cannot write, so two nodes never both write a ``seq``.
 """
 
 from __future__ import annotations
 
-import abc
 import asyncio
-from collections.abc import Callable, Mapping, Sequence
-from typing import NamedTuple
+from collections.abc import Callable, Coroutine, Mapping, Sequence
+from typing import Any, Literal, NamedTuple, Protocol
 
 __all__ = [
+    "AppendBatch",
+    "Bus",
+    "Counters",
+    "Durability",
+    "EventLog",
+    "Health",
     "LeaseLost",
+    "Leases",
     "LogEntry",
+    "Secrets",
     "SeqConflict",
+    "SessionMeta",
+    "Sessions",
     "Store",
     "StoreError",
     "StoreUnavailable",
+    "Unreplicated",
+    "submit_in_task",
 ]
 
 
@@ -43,12 +60,30 @@ class LogEntry(NamedTuple):
     data: bytes
 
 
+Durability = Literal["local", "replicated", "replicated-or-local"]
+"""When an append counts as stored: on the primary ("local"); on a replica too
+("replicated": while none confirms, sessions hold their events); on a replica
+while one confirms, else on the primary ("replicated-or-local": available, but a
+failover may lose what no replica confirmed)."""
+
+AppendBatch = tuple[str, str, Sequence[LogEntry], Sequence[bytes]]
+"""One session's append in a round: ``(sid, node, entries, history)``."""
+
+
 class StoreError(Exception):
     """Base of the store's errors."""
 
 
 class StoreUnavailable(StoreError):
     """The backing store cannot be reached (Redis down or restarting). Retry later."""
+
+
+class Unreplicated(StoreUnavailable):
+    """Stored on the primary, but no replica confirmed it in time (durability replicated).
+
+    Not yet safe to show a client: a failover now would lose it. The writer
+    holds it and asks again (``EventLog.confirmed_seq``) until a replica has it.
+    """
 
 
 class LeaseLost(StoreError):
@@ -68,14 +103,12 @@ class SeqConflict(StoreError):
     """An append's first ``seq`` does not follow the log's last one (a racing writer)."""
 
 
-class Store(abc.ABC):
-    """Where sessions live. Every method may raise ``StoreUnavailable``."""
+# Every method below may raise ``StoreUnavailable``.
 
-    kind: str = "store"
 
-    # --- meta --------------------------------------------------------------
+class SessionMeta(Protocol):
+    """A session's record: created, read, updated, deleted, its tombstone read (5 methods)."""
 
-    @abc.abstractmethod
     async def create_session(
         self, sid: str, meta: Mapping[str, str], ttl: float | None = None
     ) -> bool:
@@ -86,16 +119,16 @@ class Store(abc.ABC):
         session made for a client that never comes (``POST /v1/sessions``)
         is kept a short while only.
         """
+        ...
 
-    @abc.abstractmethod
     async def get_meta(self, sid: str) -> dict[str, str] | None:
         """The session's meta, or None if it does not exist (or expired)."""
+        ...
 
-    @abc.abstractmethod
     async def set_meta(self, sid: str, fields: Mapping[str, str]) -> None:
-        """Update some meta fields of an existing session."""
+        """Update some meta fields of an existing session (a no-op if it is gone)."""
+        ...
 
-    @abc.abstractmethod
     async def delete_session(self, sid: str) -> bool:
         """Remove the session's meta, log, history and lease; False if it did not exist.
 
@@ -103,6 +136,7 @@ class Store(abc.ABC):
         lease, so a driver that has not heard of the delete yet cannot write
         it back (its appends and lease renewals fail, ``LeaseLost``).
         """
+        ...
 
     async def were_deleted(self, sids: Sequence[str]) -> list[bool]:
         """Whether each session was deleted and is still fenced (its ``gone`` mark).
@@ -111,19 +145,12 @@ class Store(abc.ABC):
         turn that raced its session's delete (its node missed the ``Deleted``
         message) is removed whatever its age. A store without fences: all False.
         """
-        return [False] * len(sids)
+        ...
 
-    @abc.abstractmethod
-    async def shared_secret(self, name: str, candidate: bytes) -> bytes:
-        """The secret stored as ``name``, storing ``candidate`` if none is yet.
 
-        How nodes sharing a store agree on a secret (the client tokens'
-        signing key) with no setup: the first node's candidate wins.
-        """
+class EventLog(Protocol):
+    """A session's event log and history: append, read, follow (9 methods)."""
 
-    # --- log + history -----------------------------------------------------
-
-    @abc.abstractmethod
     async def append(
         self,
         sid: str,
@@ -135,60 +162,33 @@ class Store(abc.ABC):
 
         ``entries`` must be consecutive and start at the log's last ``seq`` + 1.
         Raises ``LeaseLost`` if ``node`` does not hold the lease, ``SeqConflict``
-        if the seqs do not follow on. Refreshes the session's idle TTL.
+        if the seqs do not follow on, ``Unreplicated`` if the primary has it but
+        no replica confirmed it (durability replicated). Refreshes the session's
+        idle TTL.
         """
+        ...
 
-    async def append_many(
-        self, batches: Sequence[tuple[str, str, Sequence[LogEntry], Sequence[bytes]]]
-    ) -> list[BaseException | None]:
-        """``append`` for several sessions: ``(sid, node, entries, history)`` each.
+    async def append_many(self, batches: Sequence[AppendBatch]) -> list[BaseException | None]:
+        """``append`` for several sessions, in one round trip where the store can.
 
         Each batch succeeds or fails on its own; the result for each is None or
-        the exception ``append`` would have raised. Stores override it to write
-        all of them in one round trip.
+        the exception ``append`` would have raised.
         """
-        results: list[BaseException | None] = []
-        for sid, node, entries, history in batches:
-            try:
-                await self.append(sid, node, entries, history)
-            except StoreError as exc:
-                results.append(exc)
-            else:
-                results.append(None)
-        return results
+        ...
 
     def submit_appends(
         self,
-        batches: Sequence[tuple[str, str, Sequence[LogEntry], Sequence[bytes]]],
+        batches: Sequence[AppendBatch],
         on_done: Callable[[list[BaseException | None]], None],
     ) -> None:
         """``append_many``, answered by calling ``on_done(results)`` (on the event loop).
 
         The node's log writer runs one round per event at low load; a callback
         saves it a task wake-up per round and another for the store's answer.
-        This default runs ``append_many`` in a task; stores that can answer
-        without one override it (the memory store at once, Redis from the
-        connection's ``data_received``). ``on_done`` is called exactly once,
-        never from inside this call.
+        ``on_done`` is called exactly once, never from inside this call.
         """
-        loop = asyncio.get_running_loop()
-        task = loop.create_task(self.append_many(batches))
-        _submitted.add(task)
+        ...
 
-        def done(task: asyncio.Task[list[BaseException | None]]) -> None:
-            _submitted.discard(task)
-            if task.cancelled():
-                failed: BaseException = StoreUnavailable("append cancelled (closing); retry")
-            elif (error := task.exception()) is not None:
-                failed = error
-            else:
-                on_done(task.result())
-                return
-            on_done([failed] * len(batches))
-
-        task.add_done_callback(done)
-
-    @abc.abstractmethod
     async def read_log(
         self, sid: str, after: int, limit: int = 1000, *, max_bytes: int | None = None
     ) -> list[LogEntry]:
@@ -199,55 +199,69 @@ class Store(abc.ABC):
         reader always moves on). The store decides what fits as it reads, so
         a page of large events is never materialised whole, here or in Redis.
         """
+        ...
 
-    @abc.abstractmethod
     async def wait_log(self, sid: str, after: int, timeout: float) -> list[LogEntry]:
         """Entries with ``seq > after``, waiting up to ``timeout`` s for the first one.
 
         How a node that does not drive the session follows it live.
         """
+        ...
 
-    @abc.abstractmethod
     async def first_seq(self, sid: str) -> int:
         """The oldest ``seq`` still in the (trimmed) log; 0 if the log is empty."""
+        ...
 
-    @abc.abstractmethod
     async def last_seq(self, sid: str) -> int:
         """The newest ``seq`` in the log; 0 if the log is empty."""
+        ...
 
-    @abc.abstractmethod
+    async def confirmed_seq(self, sid: str) -> int:
+        """The newest ``seq`` stored as durably as ``append`` promises; 0 if none.
+
+        How a writer settles an append that failed in flight: what this says
+        is stored may be sent to clients. With durability replicated it is the
+        log's last seq only once a replica has confirmed it (asked again now):
+        having reached the primary is not enough. Raises ``Unreplicated`` when
+        no replica confirms in time.
+        """
+        ...
+
     async def read_history(self, sid: str) -> list[bytes]:
         """Every history item, oldest first."""
+        ...
 
-    # --- lease ---------------------------------------------------------------
 
-    @abc.abstractmethod
+class Leases(Protocol):
+    """Which node drives a session (5 methods)."""
+
     async def acquire_lease(self, sid: str, node: str, ttl: float) -> bool:
         """Take the lease if free (or already ours, then refresh it). True if held now."""
+        ...
 
-    @abc.abstractmethod
     async def renew_lease(self, sid: str, node: str, ttl: float) -> bool:
         """Extend our lease; False if it is no longer ours."""
+        ...
 
     async def keep_leases(self, sids: Sequence[str], node: str, ttl: float) -> list[bool]:
-        """``acquire_lease`` for many sessions at once: whether each is held now.
+        """``acquire_lease`` for many sessions at once, in few round trips: whether each is held."""
+        ...
 
-        How a node keeps all its leases alive; stores override it to do it in
-        few round trips. Raises ``StoreUnavailable`` if the store is down.
-        """
-        return [await self.acquire_lease(sid, node, ttl) for sid in sids]
-
-    @abc.abstractmethod
     async def release_lease(self, sid: str, node: str) -> None:
         """Give the lease up if it is ours (no-op otherwise)."""
+        ...
 
-    @abc.abstractmethod
     async def lease_owner(self, sid: str) -> str | None:
         """The node holding the lease, or None."""
+        ...
 
-    # --- counters and slots (per-key limits, see gateway.sessions.limits) ---------------
-    # Not abstract, so a store written for tests need not carry them; both
-    # real stores implement them.
+
+class Sessions(SessionMeta, EventLog, Leases, Protocol):
+    """The session log: meta, events and history, lease (18 methods)."""
+
+
+class Counters(Protocol):
+    """Counters shared by nodes, for per-key limits (``gateway.sessions.limits``) (6 methods)."""
 
     async def incr_window(self, key: str, amount: int, ttl: float) -> int:
         """Atomically add ``amount`` to counter ``key``; its new value.
@@ -256,7 +270,7 @@ class Store(abc.ABC):
         (adding does not extend it), so ``key`` names a window: a key per
         minute or per day is a fixed-window rate counter. ``amount`` 0 reads.
         """
-        raise NotImplementedError(f"{type(self).__name__} has no counters")
+        ...
 
     async def acquire_slot(self, key: str, member: str, limit: int, ttl: float) -> bool:
         """Hold one of ``limit`` slots of ``key`` as ``member`` for ``ttl`` s.
@@ -265,15 +279,15 @@ class Store(abc.ABC):
         limit). Members not renewed within their ``ttl`` stop counting, so the
         slots of a node that died free themselves.
         """
-        raise NotImplementedError(f"{type(self).__name__} has no slots")
+        ...
 
     async def renew_slots(self, key: str, members: Sequence[str], ttl: float) -> None:
         """Extend the slots ``members`` still hold in ``key`` by ``ttl`` s (heartbeat)."""
-        raise NotImplementedError(f"{type(self).__name__} has no slots")
+        ...
 
     async def release_slot(self, key: str, member: str) -> None:
         """Give the slot up (no-op if ``member`` holds none)."""
-        raise NotImplementedError(f"{type(self).__name__} has no slots")
+        ...
 
     async def hold_bytes(
         self, key: str, member: str, size: int, limit: int, ttl: float
@@ -287,15 +301,16 @@ class Store(abc.ABC):
         moves a deadline. Members past their deadline stop counting: a
         quota of stored bytes frees itself as what it counts expires.
         """
-        raise NotImplementedError(f"{type(self).__name__} has no byte quotas")
+        ...
 
     async def release_bytes(self, key: str, member: str) -> None:
         """Give ``member``'s bytes back (no-op if it holds none)."""
-        raise NotImplementedError(f"{type(self).__name__} has no byte quotas")
+        ...
 
-    # --- control messages between nodes -----------------------------------------
 
-    @abc.abstractmethod
+class Bus(Protocol):
+    """Control messages between nodes, best effort (2 methods)."""
+
     async def publish(self, channel: str, data: bytes) -> int:
         """Send ``data`` to whoever listens on ``channel`` now; how many listeners got it.
 
@@ -305,8 +320,8 @@ class Store(abc.ABC):
         count every listener (a cluster that counts one shard's clients) must
         return at least 1 when it is unsure.
         """
+        ...
 
-    @abc.abstractmethod
     async def listen(self, channel: str, handler: Callable[[bytes], None]) -> None:
         """Call ``handler`` for each message on ``channel`` until cancelled.
 
@@ -314,16 +329,100 @@ class Store(abc.ABC):
         messages published while it was disconnected are lost, so senders
         must treat delivery as best effort.
         """
+        ...
 
-    # --- lifecycle -------------------------------------------------------------
+
+class Secrets(Protocol):
+    """What nodes must agree on to trust each other's clients: a secret, the API keys (6)."""
+
+    async def shared_secret(self, name: str, candidate: bytes) -> bytes:
+        """The secret stored as ``name``, storing ``candidate`` if none is yet.
+
+        How nodes sharing a store agree on a secret (the client tokens'
+        signing key) with no setup: the first node's candidate wins.
+        """
+        ...
+
+    async def api_key(self, digest: str) -> str | None:
+        """The value stored for an API key's SHA-256 ``digest`` (``key_id [options]``), or None."""
+        ...
+
+    async def api_keys(self, digests: Sequence[str]) -> dict[str, str]:
+        """digest → value for those of ``digests`` that are issued now (one round trip)."""
+        ...
+
+    async def all_api_keys(self) -> dict[str, str]:
+        """Every issued key: digest → value."""
+        ...
+
+    async def put_api_key(self, digest: str, value: str) -> None:
+        """Issue a key: store ``value`` (``key_id [tools=…]``) for its ``digest``."""
+        ...
+
+    async def remove_api_keys(self, digests: Sequence[str]) -> int:
+        """Revoke keys by digest; how many were issued."""
+        ...
+
+
+class Health(Protocol):
+    """What readiness and the metrics ask of a store (3 methods)."""
 
     async def ping(self) -> bool:
-        """True when the store answers (for readiness checks)."""
-        return True
+        """True when the store answers; False (not an exception) when it does not."""
+        ...
 
-    async def close(self) -> None:  # noqa: B027 - optional hook
-        """Release connections."""
+    def degraded(self) -> str | None:
+        """Why the store cannot keep its durability promise now, or None while it can.
+
+        With durability replicated: no replica confirms writes, so sessions
+        hold their events (``/readyz`` says so). Cheap: no I/O.
+        """
+        ...
+
+    def unconfirmed(self) -> list[str]:
+        """The servers whose replicas did not confirm the last write asked of them.
+
+        Under "replicated-or-local" these take writes no replica has: what a
+        failover there may lose. Empty under "local". Cheap: no I/O.
+        """
+        ...
 
 
-# Tasks of ``Store.submit_appends`` (the loop keeps only weak references).
+class Store(Sessions, Counters, Bus, Secrets, Health, Protocol):
+    """Every concern at once: what ``open_store`` gives and a node holds."""
+
+    kind: str
+
+    async def close(self) -> None:
+        """Let the writes in flight finish, then release connections."""
+        ...
+
+
+def submit_in_task(
+    append_many: Callable[[Sequence[AppendBatch]], Coroutine[Any, Any, list[BaseException | None]]],
+    batches: Sequence[AppendBatch],
+    on_done: Callable[[list[BaseException | None]], None],
+) -> None:
+    """``submit_appends`` for a store with no callback path: ``append_many`` in a task.
+
+    ``on_done`` is called exactly once, from the task's done callback.
+    """
+    task = asyncio.get_running_loop().create_task(append_many(batches))
+    _submitted.add(task)
+
+    def done(task: asyncio.Task[list[BaseException | None]]) -> None:
+        _submitted.discard(task)
+        if task.cancelled():
+            failed: BaseException = StoreUnavailable("append cancelled (closing); retry")
+        elif (error := task.exception()) is not None:
+            failed = error
+        else:
+            on_done(task.result())
+            return
+        on_done([failed] * len(batches))
+
+    task.add_done_callback(done)
+
+
+# Tasks of ``submit_in_task`` (the loop keeps only weak references).
 _submitted: set[asyncio.Task[list[BaseException | None]]] = set()

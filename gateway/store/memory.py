@@ -1,8 +1,13 @@
-"""``MemoryStore``: the session store in one process, for the embedded default.
+"""The in-process store: each concern's memory implementation, and ``MemoryStore``.
 
-Same semantics as ``RedisStore`` (the shared test suite holds both to them), kept
-in dicts: every method runs without an ``await`` between its check and its write,
-so on one event loop each call is as atomic as the Redis scripts are.
+Same semantics as the Redis implementations (the shared test suite holds both
+to them), kept in dicts: every method runs without an ``await`` between its
+check and its write, so on one event loop each call is as atomic as the Redis
+scripts are.
+
+One class per concern of ``gateway.store.base`` (``MemorySessions``,
+``MemoryCounters``, ``MemoryBus``, ``MemorySecrets``), each usable alone;
+``MemoryStore`` is all four on one clock, the embedded default.
 
 Time comes from an injectable monotonic ``clock`` so lease expiry and the idle
 TTL can be tested without sleeping. Expired sessions and leases disappear lazily
@@ -16,9 +21,9 @@ import asyncio
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-from gateway.store.base import LeaseLost, LogEntry, SeqConflict, Store, StoreError
+from gateway.store.base import AppendBatch, LeaseLost, LogEntry, SeqConflict, StoreError
 
-__all__ = ["MemoryStore"]
+__all__ = ["MemoryBus", "MemoryCounters", "MemorySecrets", "MemorySessions", "MemoryStore"]
 
 WAIT_LIMIT = 1000
 """The most entries one ``wait_log`` call returns (a follower simply calls again)."""
@@ -38,15 +43,13 @@ class _Session:
         self.deadline = deadline
 
 
-class MemoryStore(Store):
-    """The in-process store: one process, nothing to install, nothing survives a restart.
+class MemorySessions:
+    """The session log in one process: meta, events, history, leases (``Sessions``).
 
     ``ttl`` is the idle time (s) after which a session disappears; every append or
     meta write restarts it. ``max_log`` is how many log entries are kept at least
     (like Redis ``MAXLEN ~``, a few more may be kept until the next trim).
     """
-
-    kind = "memory"
 
     def __init__(
         self,
@@ -68,17 +71,8 @@ class MemoryStore(Store):
         self._sessions: dict[str, _Session] = {}
         self._leases: dict[str, tuple[str, float]] = {}
         self._gone: dict[str, float] = {}  # deleted sessions → until when they stay fenced
-        self._secrets: dict[str, bytes] = {}
         self._waiters: dict[str, list[asyncio.Future[None]]] = {}
-        self._listeners: dict[str, list[Callable[[bytes], None]]] = {}
         self._closed = False
-        # Limit counters and slots (gateway.sessions.limits): key → [value, deadline] and
-        # key → {member: deadline}; expired ones are dropped by _sweep_limits.
-        self._counters: dict[str, list[float]] = {}
-        self._slots: dict[str, dict[str, float]] = {}
-        # Byte quotas: key → {member: (size, deadline)}.
-        self._bytes: dict[str, dict[str, tuple[int, float]]] = {}
-        self._next_limit_sweep = clock() + 60.0
         self._sweep_every = min(ttl, 60.0)
         self._next_sweep = clock() + self._sweep_every
 
@@ -188,9 +182,6 @@ class MemoryStore(Store):
             self._wake(sid)  # followers see an empty log and look again
         return existed
 
-    async def shared_secret(self, name: str, candidate: bytes) -> bytes:
-        return self._secrets.setdefault(name, candidate)
-
     async def were_deleted(self, sids: Sequence[str]) -> list[bool]:
         now = self._clock()
         return [now < self._gone.get(sid, now) for sid in sids]
@@ -208,10 +199,14 @@ class MemoryStore(Store):
 
     def submit_appends(
         self,
-        batches: Sequence[tuple[str, str, Sequence[LogEntry], Sequence[bytes]]],
+        batches: Sequence[AppendBatch],
         on_done: Callable[[list[BaseException | None]], None],
     ) -> None:
         """Every append at once; ``on_done`` on the next loop pass (no task)."""
+        asyncio.get_running_loop().call_soon(on_done, self._append_all(batches))
+
+    def _append_all(self, batches: Sequence[AppendBatch]) -> list[BaseException | None]:
+        """Each batch appended now: its error, or None, in order."""
         results: list[BaseException | None] = []
         for sid, node, entries, history in batches:
             try:
@@ -220,7 +215,7 @@ class MemoryStore(Store):
                 results.append(exc)
             else:
                 results.append(None)
-        asyncio.get_running_loop().call_soon(on_done, results)
+        return results
 
     def _append_now(
         self,
@@ -356,7 +351,35 @@ class MemoryStore(Store):
     async def lease_owner(self, sid: str) -> str | None:
         return self._holder(sid, self._clock())
 
-    # --- counters and slots (per-key limits) ----------------------------------
+    async def append_many(self, batches: Sequence[AppendBatch]) -> list[BaseException | None]:
+        return self._append_all(batches)
+
+    async def confirmed_seq(self, sid: str) -> int:
+        """The last seq: one process has no replica to wait for."""
+        return await self.last_seq(sid)
+
+    async def keep_leases(self, sids: Sequence[str], node: str, ttl: float) -> list[bool]:
+        return [await self.acquire_lease(sid, node, ttl) for sid in sids]
+
+    def wake_followers(self) -> None:
+        """Wake every follower (they see an empty result) so none outlives the store."""
+        self._closed = True
+        for sid in list(self._waiters):
+            self._wake(sid)
+
+
+class MemoryCounters:
+    """Counters, slots and byte quotas in one process (``Counters``)."""
+
+    def __init__(self, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        # Limit counters and slots (gateway.sessions.limits): key → [value, deadline] and
+        # key → {member: deadline}; expired ones are dropped by _sweep_limits.
+        self._counters: dict[str, list[float]] = {}
+        self._slots: dict[str, dict[str, float]] = {}
+        # Byte quotas: key → {member: (size, deadline)}.
+        self._bytes: dict[str, dict[str, tuple[int, float]]] = {}
+        self._next_limit_sweep = clock() + 60.0
 
     def _sweep_limits(self, now: float) -> None:
         """Drop expired counters and slots, at most once a minute of clock time.
@@ -452,7 +475,12 @@ class MemoryStore(Store):
             if not held:
                 del self._bytes[key]
 
-    # --- lifecycle -------------------------------------------------------------
+
+class MemoryBus:
+    """Control messages between the tasks of one process (``Bus``)."""
+
+    def __init__(self) -> None:
+        self._listeners: dict[str, list[Callable[[bytes], None]]] = {}
 
     async def publish(self, channel: str, data: bytes) -> int:
         loop = asyncio.get_running_loop()
@@ -471,8 +499,62 @@ class MemoryStore(Store):
             if not handlers:
                 del self._listeners[channel]
 
+
+class MemorySecrets:
+    """The shared secret and the API keys of one process (``Secrets``)."""
+
+    def __init__(self) -> None:
+        self._secrets: dict[str, bytes] = {}
+        self._api_keys: dict[str, str] = {}
+
+    async def shared_secret(self, name: str, candidate: bytes) -> bytes:
+        return self._secrets.setdefault(name, candidate)
+
+    async def api_key(self, digest: str) -> str | None:
+        return self._api_keys.get(digest)
+
+    async def api_keys(self, digests: Sequence[str]) -> dict[str, str]:
+        keys = self._api_keys
+        return {d: keys[d] for d in digests if d in keys}
+
+    async def all_api_keys(self) -> dict[str, str]:
+        return dict(self._api_keys)
+
+    async def put_api_key(self, digest: str, value: str) -> None:
+        self._api_keys[digest] = value
+
+    async def remove_api_keys(self, digests: Sequence[str]) -> int:
+        return sum(self._api_keys.pop(d, None) is not None for d in set(digests))
+
+
+class MemoryStore(MemorySessions, MemoryCounters, MemoryBus, MemorySecrets):
+    """The in-process store: one process, nothing to install, nothing survives a restart.
+
+    Every concern on one ``clock`` (see ``MemorySessions`` for ``ttl`` and ``max_log``).
+    """
+
+    kind = "memory"
+
+    def __init__(
+        self,
+        *,
+        ttl: float = 86400.0,
+        max_log: int = 10_000,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        MemorySessions.__init__(self, ttl=ttl, max_log=max_log, clock=clock)
+        MemoryCounters.__init__(self, clock=clock)
+        MemoryBus.__init__(self)
+        MemorySecrets.__init__(self)
+
+    async def ping(self) -> bool:
+        return True
+
+    def degraded(self) -> str | None:
+        return None
+
+    def unconfirmed(self) -> list[str]:
+        return []
+
     async def close(self) -> None:
-        """Wake every follower (they see an empty result) so none outlives the store."""
-        self._closed = True
-        for sid in list(self._waiters):
-            self._wake(sid)
+        self.wake_followers()

@@ -2,36 +2,44 @@
 
 The gateway logs every small batch of token events before sending it ("log,
 then send"), for many sessions at once. ``enqueue`` only records the append's
-``EVALSHA`` and returns a future; one flusher task sends everything queued in
-the same event-loop tick, and everything queued while a flush is in flight,
-as one pipeline per node (one on a single Redis; one per master that holds a
-slot of the batch on a Cluster, all in flight at once). Throughput grows with
-load while latency stays about one round trip, and each caller still gets its
-own result or error. One batch is in flight at a time and a node's pipeline
-runs on one connection in order, so one session's appends land in call order.
+``EVALSHA`` and returns a future; the appends queued in the same event-loop
+tick go to their master's *lane*, and each lane sends what it holds as one
+pipeline, one batch in flight at a time, on one connection (one lane on a
+single Redis; one per master on a Cluster). Throughput grows with load while
+latency stays about one round trip, and each caller still gets its own result
+or error. A session's appends land in call order: they go to one lane, whose
+pipeline runs in order.
 
-Each round trip borrows a connection from the pool (or the cluster node) and
-uses its public ``send_packed_command``; the append is packed as RESP once in
-``enqueue`` and replies are read in bulk: the two measured shortcuts of
+**Lanes fail alone.** A master that dies holds only its own lane: its batch
+in flight waits out its deadline while every other master's lane goes on
+sending (one batch in flight per node across shards stalled every session for
+seconds during a failover; tests/bench/failover_bench.py measures it).
+
+Each round trip uses the lane's connection and its public
+``send_packed_command``; the append is packed as RESP once in ``enqueue`` and
+replies are read in bulk: the two measured shortcuts of
 ``gateway.store.redis_fastpath`` (2.8x less client CPU per append than
 redis-py's generic packer and parser). ``bulk_replies = False`` reads through
 redis-py's parser instead.
 
 **Redirects and failovers.** ``MOVED``, ``ASK``, ``TRYAGAIN``, ``CLUSTERDOWN``,
 ``READONLY`` and ``LOADING`` replies, and a node that refuses connections,
-mean nothing was written: those appends are sent again, after learning the
-slots again, with backoff (50 ms doubling to 500 ms) for up to
-``retry_window`` seconds; only then do they fail with ``StoreUnavailable``.
-A connection lost after the batch was sent means "maybe stored": those fail
-at once with ``StoreUnavailable`` (the caller reads ``last_seq`` to learn
-which), as a retry could write them twice.
+mean nothing was written: those appends are held, the slots learnt again, and
+sent again to their (new) master's lane with backoff (50 ms doubling to
+500 ms) for up to ``retry_window`` seconds; only then do they fail with
+``StoreUnavailable``. A connection lost after the batch was sent means "maybe
+stored": those fail at once with ``StoreUnavailable`` (the caller reads
+``confirmed_seq`` to learn which), as a retry could write them twice.
 
-**Replicated durability.** With ``replicas`` > 0 each node's pipeline ends with
-``WAIT replicas timeout``: an append is reported stored only once that many
-replicas have it, so a failover (the replica promoted) cannot lose an event a
-client was sent. If fewer replicas confirm in time the appends of that
-pipeline fail with ``StoreUnavailable`` ("maybe stored"): they are on the
-primary and may or may not survive a failover.
+**Replicated durability.** Under "replicated" each lane's pipeline ends with
+``WAIT 1 timeout``: an append is reported stored only once a replica has it,
+so a failover (the replica promoted) cannot lose an event a client was sent.
+If no replica confirms in time, the appends of that pipeline fail with
+``Unreplicated``: they are on the primary, and are not to be sent until
+``confirmed_seq`` finds a replica has them. Under "replicated-or-local" they
+are reported stored anyway (counted in ``stats.unreplicated``), and while no
+replica confirms, that master's pipelines wait only briefly
+(``gateway.store.redis_replicas``).
 """
 
 from __future__ import annotations
@@ -42,7 +50,6 @@ import math
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
-from functools import partial
 from typing import Final
 
 from redis.asyncio.connection import AbstractConnection
@@ -59,7 +66,15 @@ from redis.exceptions import (
     TryAgainError,
 )
 
-from gateway.store.base import LeaseLost, LogEntry, SeqConflict, StoreError, StoreUnavailable
+from gateway.store.base import (
+    Durability,
+    LeaseLost,
+    LogEntry,
+    SeqConflict,
+    StoreError,
+    StoreUnavailable,
+    Unreplicated,
+)
 from gateway.store.redis_fastpath import (
     bulk,
     closed_by_server,
@@ -67,15 +82,15 @@ from gateway.store.redis_fastpath import (
     pack_append,
     reply_lines,
 )
-from gateway.store.redis_pipe import AppendPipe, Replies
+from gateway.store.redis_replicas import ReplicaWatch
 from gateway.store.redis_scripts import APPEND
 from gateway.store.redis_topology import Route, Topology
 
-__all__ = ["CommitStats", "GroupCommit"]
+__all__ = ["REDIRECT_REPLIES", "CommitStats", "GroupCommit", "consecutive"]
 
 _ERRORS: Final = (RedisError, RedisClusterException, OSError)
 # Replies that mean "not written, not here or not now": send again after a refresh.
-_REDIRECT_REPLIES: Final = (
+REDIRECT_REPLIES: Final = (
     b"-MOVED",
     b"-ASK",
     b"-TRYAGAIN",
@@ -103,7 +118,7 @@ class CommitStats:
     redirects: int = 0
     """Appends sent again after a redirect or a refused connection (failover, resharding)."""
     unreplicated: int = 0
-    """Appends reported "maybe stored" because no replica confirmed them in time."""
+    """Appends no replica confirmed in time (held, or under replicated-or-local sent anyway)."""
     pipe_rounds: int = 0
     """Log writer rounds sent on the append pipe (``gateway.store.redis_pipe``)."""
 
@@ -116,10 +131,23 @@ class _Pending:
     node: str
     first: int
     key: str
+    deadline: float = 0.0  # until when it is sent again (set at its first redirect)
+    delay: float = 0.05  # its next backoff
+
+
+class _Lane:
+    """One master's appends: a queue, and at most one batch in flight."""
+
+    __slots__ = ("busy", "queue", "route")
+
+    def __init__(self, route: Route) -> None:
+        self.route = route
+        self.queue: list[_Pending] = []
+        self.busy = False  # a task (or a caller, inline) is sending this lane's batches
 
 
 class GroupCommit:
-    """Queue appends, send them in batches per node; see the module docstring."""
+    """Queue appends, send them in batches per master; see the module docstring."""
 
     bulk_replies: bool = True
     """Read replies in bulk (``gateway.store.redis_fastpath``); False: redis-py's parser."""
@@ -134,11 +162,10 @@ class GroupCommit:
         max_batch: int,
         socket_timeout: float,
         retry_window: float,
-        replicas: int,
+        durability: Durability,
         replica_timeout_ms: int,
         error: Callable[[BaseException, str, str], StoreError],
         stats: CommitStats,
-        pipe: AppendPipe | None = None,
     ) -> None:
         self._topology = topology
         self._prefix = prefix
@@ -147,23 +174,21 @@ class GroupCommit:
         self._max_batch = max_batch
         self._socket_timeout = socket_timeout
         self._retry_window = retry_window
-        self._replicas = replicas
-        self._replica_timeout_ms = replica_timeout_ms
+        self._wait = durability != "local"
         self._error = error
         self.stats = stats
-        self._limits = bulk(b"%d" % ttl_ms) + bulk(b"%d" % max_log)
-        self._wait_command = (
-            b"*3\r\n" + bulk(b"WAIT") + bulk(b"%d" % replicas) + bulk(b"%d" % replica_timeout_ms)
-        )
+        self.replicas = ReplicaWatch(durability, replica_timeout_ms, topology.where)
+        self.limits = bulk(b"%d" % ttl_ms) + bulk(b"%d" % max_log)
+        """The append's TTL and log bound, packed once (``pack_append``)."""
         # One deadline covers a whole round trip (and the replicas' wait).
-        self._budget = socket_timeout + (replica_timeout_ms / 1000 if replicas else 0.0)
-        self._queue: list[_Pending] = []
-        self._flusher: asyncio.Task[None] | None = None
-        self._inline = False  # a caller is flushing in its own task (``flush_queued``)
+        self._budget = socket_timeout + (replica_timeout_ms / 1000 if self._wait else 0.0)
+        self._intake: list[_Pending] = []  # queued, not yet given to a lane
+        self._lanes: dict[str, _Lane] = {}
+        self._dispatcher: asyncio.Task[None] | None = None
+        self._lane_tasks: set[asyncio.Task[None]] = set()
+        self._held: list[_Pending] = []  # not written; sent again after a backoff
+        self._retrier: asyncio.Task[None] | None = None
         self._prepared = False  # the topology was learnt once (``prepare``)
-        # Rounds answered by callback, where the topology allows (``send_on_pipe``).
-        self._pipe = pipe if replicas == 0 else None
-        self._again: set[asyncio.Task[None]] = set()  # rounds resent the awaited way
 
     def enqueue(
         self,
@@ -174,146 +199,193 @@ class GroupCommit:
         *,
         start: bool = True,
     ) -> asyncio.Future[None]:
-        """Queue one append for the next batch; its future settles with it.
+        """Queue one append for the next batch of its master; its future settles with it.
 
         ``start=False``: the caller flushes it with ``flush_queued`` (no task).
         """
-        first = _consecutive(sid, entries)
+        first = consecutive(sid, entries)
         # Packed here, once, as RESP bytes (see gateway.store.redis_fastpath).
         key = f"{self._prefix}:{{{sid}}}:"
         command = pack_append(
             key.encode(),
             node.encode(),
-            self._limits,
+            self.limits,
             first,
             [data for _, data in entries],
             history,
         )
         loop = asyncio.get_running_loop()
         future: asyncio.Future[None] = loop.create_future()
-        self._queue.append(_Pending(command, future, sid, node, first, key + "log"))
+        self._intake.append(_Pending(command, future, sid, node, first, key + "log"))
         self.stats.appends += 1
-        if start and self._flusher is None and not self._inline:
+        if start and self._dispatcher is None:
             # Started, not run: it first runs after every task that is ready in
             # this tick has had its turn to queue, which is the coalescing.
-            self._flusher = loop.create_task(self._flush_loop())
+            self._dispatcher = loop.create_task(self._dispatch_soon())
         return future
 
     async def flush_queued(self) -> None:
-        """Send what is queued from the calling task, unless a flush is already running.
+        """Send what is queued from the calling task, where its lane is free.
 
         The node's log writer queues every dirty session's append at once and
-        then waits for them: flushing in its own task saves a task, its wake-up
-        and the hand-over of results per round, which at low load (a round per
-        event) is a measured share of the CPU per event (docs/performance.md).
-        A flush already running (a flusher task, or another caller's) takes
-        what was queued; the caller then waits for its futures as before.
+        then waits for them: sending from its own task saves a task, its
+        wake-up and the hand-over of results per round (docs/performance.md).
+        A lane already sending takes what was queued for it; the caller then
+        waits for its futures as before.
         """
-        if self._flusher is not None or self._inline:
-            return
-        self._inline = True
-        try:
-            await self._flush_loop()
-        finally:
-            self._inline = False
+        lanes = await self._dispatch()
+        if len(lanes) == 1:
+            await self._run_lane(lanes[0])
+        elif lanes:
+            await asyncio.gather(*(self._run_lane(lane) for lane in lanes))
 
     async def close(self) -> None:
-        """Let the in-flight and queued appends finish."""
-        if self._pipe is not None:
-            await self._pipe.close()
-        if self._again:
-            await asyncio.wait(set(self._again))
-        flusher = self._flusher
-        if flusher is not None:
-            # asyncio.wait does not cancel the flusher if close() itself is cancelled.
-            await asyncio.wait({flusher})
+        """Let the in-flight, queued and held appends finish (or fail)."""
+        while True:
+            busy = {
+                t for t in (*self._lane_tasks, self._dispatcher, self._retrier) if t is not None
+            }
+            if not busy:
+                return
+            # asyncio.wait does not cancel them if close() itself is cancelled.
+            await asyncio.wait(busy)
 
-    async def _flush_loop(self) -> None:
-        """Send queued appends, one batch in flight at a time, until the queue is empty."""
+    # --- dispatch: each append to its master's lane ------------------------------
+
+    async def _dispatch_soon(self) -> None:
         try:
-            while self._queue:
-                batch = self._queue
-                if len(batch) > self._max_batch:
-                    self._queue = batch[self._max_batch :]
-                    batch = batch[: self._max_batch]
-                else:
-                    self._queue = []
-                try:
-                    await self._flush(batch)
-                except BaseException as exc:
-                    # Cancelled (the loop is closing) or a bug: no caller may hang.
-                    _fail(batch, StoreUnavailable(f"append not completed: {exc!r}; retry"))
-                    raise
+            for lane in await self._dispatch():
+                self._start_lane(lane)
         finally:
-            # Normally empty; non-empty only if this task was cancelled (close).
-            pending, self._queue = self._queue, []
-            if not self._inline:
-                self._flusher = None
-            for item in pending:
-                if not item.future.done():
-                    item.future.set_exception(
-                        StoreUnavailable(
-                            f"append to {item.sid} not sent: the store was closed; "
-                            "open a new store and retry"
-                        )
-                    )
+            self._dispatcher = None
+            if self._intake:  # queued while this one awaited the topology
+                loop = asyncio.get_running_loop()
+                self._dispatcher = loop.create_task(self._dispatch_soon())
 
-    async def _flush(self, batch: list[_Pending]) -> None:
-        stats = self.stats
-        stats.flushes += 1
-        if len(batch) > stats.max_batch:
-            stats.max_batch = len(batch)
-        pending = batch
-        if not self._prepared:  # once; after that a failed route refreshes (below)
+    async def _dispatch(self) -> list[_Lane]:
+        """Move the intake into the lanes; the idle lanes that now have work."""
+        if not self._intake:
+            return []
+        if not self._prepared:  # once; after that a failed route refreshes (``_retry``)
             with contextlib.suppress(*_ERRORS):  # if the cluster is down, routing says so below
                 async with asyncio.timeout(self._socket_timeout):
                     await self._topology.prepare()
                     self._prepared = True
-        deadline = time.monotonic() + self._retry_window
-        delay = 0.05
-        while True:
-            groups: dict[str, tuple[Route, list[_Pending]]] = {}
+        items, self._intake = self._intake, []
+        ready: dict[str, _Lane] = {}
+        unroutable: list[_Pending] = []
+        reason: BaseException = RedisError()
+        for item in items:
             try:
-                for item in pending:
-                    route = self._topology.route(item.key)
-                    groups.setdefault(route.name, (route, []))[1].append(item)
+                route = self._topology.route(item.key)
             except _ERRORS as exc:  # no node known for a slot (cluster still failing over)
-                again: list[_Pending] = list(pending)
-                reason: BaseException = exc
-            else:
-                if len(groups) == 1:
-                    route, items = next(iter(groups.values()))
-                    outcomes = [await self._send(route, items)]
+                unroutable.append(item)
+                reason = exc
+                continue
+            lane = self._lanes.get(route.name)
+            if lane is None:
+                lane = self._lanes[route.name] = _Lane(route)
+            lane.route = route  # the newest route object of that master
+            lane.queue.append(item)
+            if not lane.busy:
+                ready[route.name] = lane
+        if unroutable:
+            self._hold(unroutable, reason)
+        for lane in ready.values():
+            lane.busy = True
+        return list(ready.values())
+
+    def _start_lane(self, lane: _Lane) -> None:
+        task = asyncio.get_running_loop().create_task(self._run_lane(lane))
+        self._lane_tasks.add(task)
+        task.add_done_callback(self._lane_tasks.discard)
+
+    async def _run_lane(self, lane: _Lane) -> None:
+        """Send ``lane``'s queue, one batch in flight, until it is empty (``lane.busy`` set)."""
+        try:
+            while lane.queue:
+                batch = lane.queue
+                if len(batch) > self._max_batch:
+                    lane.queue = batch[self._max_batch :]
+                    batch = batch[: self._max_batch]
                 else:
-                    outcomes = await asyncio.gather(
-                        *(self._send(route, items) for route, items in groups.values())
-                    )
-                again = [item for retry, _ in outcomes for item in retry]
-                reason = next((exc for retry, exc in outcomes if exc is not None), RedisError())
-            if not again:
-                return
-            if time.monotonic() + delay > deadline:
+                    lane.queue = []
+                try:
+                    again, reason = await self._send_batch(lane.route, batch)
+                except BaseException as exc:
+                    # Cancelled (the loop is closing) or a bug: no caller may hang.
+                    _fail(batch, StoreUnavailable(f"append not completed: {exc!r}; retry"))
+                    raise
+                if again:
+                    self._hold(again, reason or RedisError())
+        finally:
+            lane.busy = False
+            if lane.queue:  # cancelled with work left: nobody else will send it
+                pending, lane.queue = lane.queue, []
                 _fail(
-                    again,
-                    self._error(
-                        reason,
-                        "appending",
-                        f"; nothing was stored (still failing after {self._retry_window:g}s)",
-                    ),
+                    pending,
+                    StoreUnavailable("append not sent: the store was closed; open a new one"),
                 )
-                return
-            stats.redirects += len(again)
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 0.5)
-            with contextlib.suppress(*_ERRORS):  # TimeoutError is an OSError
-                async with asyncio.timeout(self._socket_timeout):
-                    await self._topology.refresh()
-            pending = again
+
+    async def _send_batch(
+        self, route: Route, batch: list[_Pending]
+    ) -> tuple[list[_Pending], BaseException | None]:
+        stats = self.stats
+        stats.flushes += 1
+        if len(batch) > stats.max_batch:
+            stats.max_batch = len(batch)
+        return await self._send(route, batch)
+
+    # --- redirects and failovers: held, then sent again -----------------------------
+
+    def _hold(self, items: list[_Pending], reason: BaseException) -> None:
+        """Appends that were not written: send them again after a backoff, or fail them."""
+        now = time.monotonic()
+        late: list[_Pending] = []
+        for item in items:
+            if not item.deadline:
+                item.deadline = now + self._retry_window
+            if now + item.delay > item.deadline:
+                late.append(item)
+            else:
+                self._held.append(item)
+        if late:
+            _fail(
+                late,
+                self._error(
+                    reason,
+                    "appending",
+                    f"; nothing was stored (still failing after {self._retry_window:g}s)",
+                ),
+            )
+        self.stats.redirects += len(items) - len(late)
+        if self._held and self._retrier is None:
+            self._retrier = asyncio.get_running_loop().create_task(self._retry())
+
+    async def _retry(self) -> None:
+        """Learn the topology again, then give the held appends back to their lanes."""
+        try:
+            while self._held:
+                await asyncio.sleep(min(item.delay for item in self._held))
+                with contextlib.suppress(*_ERRORS):  # TimeoutError is an OSError
+                    async with asyncio.timeout(self._socket_timeout):
+                        await self._topology.refresh()
+                held, self._held = self._held, []
+                for item in held:
+                    item.delay = min(item.delay * 2, 0.5)
+                self._intake += held
+                for lane in await self._dispatch():
+                    self._start_lane(lane)
+        finally:
+            self._retrier = None
+            if self._held:  # cancelled (closing): nobody will send them again
+                held, self._held = self._held, []
+                _fail(held, StoreUnavailable("append not sent: the store was closed; retry"))
 
     async def _send(
         self, route: Route, items: list[_Pending]
     ) -> tuple[list[_Pending], BaseException | None]:
-        """One pipelined round trip to one node; settles what it can.
+        """One pipelined round trip to one master; settles what it can.
 
         Returns the appends to send again (nothing of them was written) and why.
         """
@@ -330,27 +402,27 @@ class GroupCommit:
             with contextlib.suppress(Exception):
                 await conn.disconnect(nowait=True)
         elif conn.is_connected:
-            return await self._round_trip(conn, items)
+            return await self._round_trip(route.name, conn, items)
         try:
             async with asyncio.timeout(self._socket_timeout):
                 await conn.connect()  # type: ignore[no-untyped-call]
         except _ERRORS as exc:  # also the deadline: TimeoutError is an OSError
             return items, exc  # refused or unreachable: nothing was sent
-        return await self._round_trip(conn, items)
+        return await self._round_trip(route.name, conn, items)
 
     async def _round_trip(
-        self, conn: AbstractConnection, items: list[_Pending]
+        self, master: str, conn: AbstractConnection, items: list[_Pending]
     ) -> tuple[list[_Pending], BaseException | None]:
         again: list[_Pending] = []
         reason: BaseException | None = None
         stored: list[_Pending] = []
         noscript = False
         settled = 0
-        wait = bool(self._replicas)
+        wait = self._wait
         count = len(items) + wait
         packed = [item.command for item in items]
-        if self._replicas:
-            packed.append(self._wait_command)
+        if wait:
+            packed.append(_wait_command(self.replicas.wait_ms(master)))
         acked = -1
         try:
             async with asyncio.timeout(self._budget):
@@ -376,7 +448,7 @@ class GroupCommit:
                         elif line.startswith(b"-NOSCRIPT"):
                             noscript = True
                             again.append(item)
-                        elif line.startswith(_REDIRECT_REPLIES):
+                        elif line.startswith(REDIRECT_REPLIES):
                             again.append(item)
                             reason = ResponseError(line[1:].decode(errors="replace"))
                         else:
@@ -406,31 +478,39 @@ class GroupCommit:
             with contextlib.suppress(Exception):
                 await conn.disconnect(nowait=True)
             raise
-        if self._replicas and acked < self._replicas and stored:
-            self.stats.unreplicated += len(stored)
-            _fail(
-                stored,
-                StoreUnavailable(
-                    f"Redis at {self._topology.where}: {max(acked, 0)} of "
-                    f"{self._replicas} replica(s) confirmed the append within "
-                    f"{self._replica_timeout_ms} ms (durability=replicated); it may or "
-                    "may not survive a failover: read last_seq before writing again; "
-                    "check that the replicas are up and in sync"
-                ),
-            )
-            return again, reason
-        for item in stored:
-            if not item.future.done():
-                item.future.set_result(None)
+        if wait and stored:
+            self._replicated(master, stored, acked)
         return again, reason
+
+    def _replicated(self, master: str, stored: list[_Pending], acked: int) -> None:
+        """Settle appends the primary took, by what its replicas said (the WAIT reply)."""
+        confirmed = acked >= 1
+        self.replicas.confirmed(master, confirmed)
+        if not confirmed:
+            self.stats.unreplicated += len(stored)
+        if confirmed or self.replicas.durability == "replicated-or-local":
+            for item in stored:
+                if not item.future.done():
+                    item.future.set_result(None)
+            return
+        _fail(
+            stored,
+            Unreplicated(
+                f"Redis at {master}: no replica confirmed the append within "
+                f"{self.replicas.replica_timeout_ms} ms (durability replicated); it is "
+                "held, not sent, until one does (confirmed_seq); check that the "
+                "replicas are up and in sync"
+            ),
+        )
 
     def _reject(self, item: _Pending, message: str) -> None:
         """Turn the append script's error (``LEASELOST owner``, …) into an exception."""
-        error = self._rejection(item.sid, item.node, item.first, message)
+        error = self.rejection(item.sid, item.node, item.first, message)
         if not item.future.done():
             item.future.set_exception(error)
 
-    def _rejection(self, sid: str, node: str, first: int, message: str) -> StoreError:
+    def rejection(self, sid: str, node: str, first: int, message: str) -> StoreError:
+        """The exception for the append script's error reply ``message``."""
         if message.startswith("LEASELOST"):
             holder = message[10:] or None
             return LeaseLost(
@@ -445,120 +525,8 @@ class GroupCommit:
             )
         return self._error(ResponseError(message), "appending", "")
 
-    # --- the pipe: rounds answered by callback (gateway.store.redis_pipe) ------
 
-    def send_on_pipe(
-        self,
-        batches: Sequence[tuple[str, str, Sequence[LogEntry], Sequence[bytes]]],
-        on_done: Callable[[list[BaseException | None]], None],
-    ) -> bool:
-        """Send a round on the pipe if it is connected; False: take the awaited path.
-
-        ``on_done(results)`` is called once, from the pipe's ``data_received``
-        (or when the connection ends or the round overruns its budget).
-        """
-        pipe = self._pipe
-        if pipe is None:
-            return False
-        if not pipe.ready:
-            pipe.warm()
-            return False
-        commands: list[bytes] = []
-        sent: list[tuple[int, str, str, int]] = []  # (index, sid, node, first) per command
-        results: list[BaseException | None] = [None] * len(batches)
-        limits = self._limits
-        prefix = self._prefix
-        for i, (sid, node, entries, history) in enumerate(batches):
-            try:
-                first = _consecutive(sid, entries)
-            except ValueError as exc:
-                results[i] = exc
-                continue
-            commands.append(
-                pack_append(
-                    f"{prefix}:{{{sid}}}:".encode(),
-                    node.encode(),
-                    limits,
-                    first,
-                    [data for _, data in entries],
-                    history,
-                )
-            )
-            sent.append((i, sid, node, first))
-        if not commands:
-            asyncio.get_running_loop().call_soon(on_done, results)
-            return True
-        stats = self.stats
-        stats.appends += len(commands)
-        stats.flushes += 1
-        stats.pipe_rounds += 1
-        if len(commands) > stats.max_batch:
-            stats.max_batch = len(commands)
-        pipe.send(
-            b"".join(commands),
-            len(commands),
-            partial(self._pipe_replies, batches, sent, results, on_done),
-        )
-        return True
-
-    def _pipe_replies(
-        self,
-        batches: Sequence[tuple[str, str, Sequence[LogEntry], Sequence[bytes]]],
-        sent: list[tuple[int, str, str, int]],
-        results: list[BaseException | None],
-        on_done: Callable[[list[BaseException | None]], None],
-        replies: Replies,
-    ) -> None:
-        if isinstance(replies, BaseException):
-            error = self._error(
-                replies,
-                "appending",
-                "; the append may or may not be stored: read last_seq before writing again",
-            )
-            for i, *_ in sent:
-                results[i] = error
-            on_done(results)
-            return
-        again: list[int] = []
-        for (i, sid, node, first), line in zip(sent, replies, strict=True):
-            if line == b":1":
-                continue
-            if line.startswith(b"-NOSCRIPT") or line.startswith(_REDIRECT_REPLIES):
-                again.append(i)  # not run: send it again the awaited way (loads, retries)
-            else:
-                results[i] = self._rejection(sid, node, first, line[1:].decode(errors="replace"))
-        if not again:
-            on_done(results)
-            return
-        if self._pipe is not None:
-            self._pipe.reset()  # READONLY and the like: the next connect finds the primary
-        task = asyncio.get_running_loop().create_task(
-            self._append_again(batches, again, results, on_done)
-        )
-        self._again.add(task)
-        task.add_done_callback(self._again.discard)
-
-    async def _append_again(
-        self,
-        batches: Sequence[tuple[str, str, Sequence[LogEntry], Sequence[bytes]]],
-        again: list[int],
-        results: list[BaseException | None],
-        on_done: Callable[[list[BaseException | None]], None],
-    ) -> None:
-        futures = [self.enqueue(*batches[i], start=False) for i in again]
-        try:
-            await self.flush_queued()
-            outcomes = await asyncio.gather(*futures, return_exceptions=True)
-        except BaseException as exc:
-            outcomes = [exc] * len(again)
-            raise
-        finally:
-            for i, outcome in zip(again, outcomes, strict=True):
-                results[i] = outcome
-            on_done(results)
-
-
-def _consecutive(sid: str, entries: Sequence[LogEntry]) -> int:
+def consecutive(sid: str, entries: Sequence[LogEntry]) -> int:
     """The first seq of ``entries`` (0: none); ValueError unless they are consecutive."""
     first = entries[0].seq if entries else 0
     expect = first
@@ -592,6 +560,11 @@ async def _parsed_lines(conn: AbstractConnection, count: int) -> AsyncIterator[l
             yield [b"-" + str(exc).encode()]
         else:
             yield [b":%d" % reply]
+
+
+def _wait_command(timeout_ms: int) -> bytes:
+    """``WAIT 1 timeout_ms``, packed."""
+    return b"*3\r\n" + bulk(b"WAIT") + bulk(b"1") + bulk(b"%d" % timeout_ms)
 
 
 def _fail(items: Sequence[_Pending], error: StoreError) -> None:

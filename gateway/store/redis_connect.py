@@ -149,9 +149,10 @@ def open_redis_client(
 ) -> Any:
     """A plain redis-py asyncio client for any store URL, for single-key commands.
 
-    For the gateway's other Redis users (the API keys hash of ``gateway.auth``):
-    one server, the primary Sentinel names, or a Cluster (which routes each
-    command by its key), so they accept every URL the store does.
+    For tools that inspect what the store wrote (tests, benches): one server,
+    the primary Sentinel names, or a Cluster (which routes each command by
+    its key), so they accept every URL the store does. The gateway itself
+    reaches Redis only through the store's interfaces (``gateway.store.base``).
     ``aclose()`` it when done.
     """
     common: dict[str, Any] = {
@@ -220,6 +221,16 @@ def _open_cluster(
         retry=_retries(retry_window),
         **options,
     )
+    # The group commit's lanes route and take their connections here, on a
+    # client that runs no command itself: when a command of ``client`` meets a
+    # dead node, redis-py closes every connection of that client, and the
+    # lanes of the healthy masters must not lose theirs mid-batch.
+    lanes = RedisCluster(
+        startup_nodes=[ClusterNode(host, port) for host, port in parsed.hosts],
+        socket_timeout=socket_timeout,
+        max_connections=max_connections,
+        **options,
+    )
     blocking = RedisCluster(
         startup_nodes=[ClusterNode(host, port) for host, port in parsed.hosts],
         socket_timeout=None,
@@ -229,7 +240,7 @@ def _open_cluster(
     )
     where = "cluster " + ",".join(f"{h}:{p}" for h, p in parsed.hosts)
     node_options = {**options, "socket_timeout": None}
-    return ClusterTopology(client, blocking, where, node_options)
+    return ClusterTopology(client, blocking, lanes, where, node_options)
 
 
 def _open_sentinel(

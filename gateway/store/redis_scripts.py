@@ -17,6 +17,7 @@ from typing import Final
 __all__ = [
     "ACQUIRE",
     "APPEND",
+    "CONFIRM",
     "CREATE",
     "DELETE",
     "HOLD_BYTES",
@@ -96,6 +97,24 @@ redis.call('PEXPIRE', KEYS[1], ARGV[1])
 redis.call('PEXPIRE', KEYS[2], ARGV[1])
 redis.call('PEXPIRE', KEYS[3], ARGV[1])
 return 1
+"""
+)
+
+# KEYS: meta, log, history. ARGV: ttl_ms. The log's last seq, and a write that
+# replicas must apply after every earlier write of the session (the idle TTL
+# restarted, as an append restarts it): a ``WAIT`` sent after this on the same
+# connection confirms that a replica has the whole log up to that seq. A
+# script that only read would give ``WAIT`` nothing to wait for.
+CONFIRM = LuaScript(
+    """
+local top = redis.call('XREVRANGE', KEYS[2], '+', '-', 'COUNT', 1)
+if not top[1] then
+  return 0
+end
+redis.call('PEXPIRE', KEYS[1], ARGV[1])
+redis.call('PEXPIRE', KEYS[2], ARGV[1])
+redis.call('PEXPIRE', KEYS[3], ARGV[1])
+return tonumber(string.match(top[1][1], '^%d+'))
 """
 )
 
@@ -322,4 +341,5 @@ SCRIPTS: Final = (
     READ_PAGE,
     HOLD_BYTES,
     RELEASE_BYTES,
+    CONFIRM,
 )

@@ -23,15 +23,35 @@ from __future__ import annotations
 import abc
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any, Final
 
 from redis.asyncio import ConnectionPool, Redis, RedisCluster
 from redis.asyncio.cluster import ClusterNode
 from redis.asyncio.connection import AbstractConnection, Connection
 from redis.asyncio.sentinel import Sentinel
+from redis.exceptions import (
+    AskError,
+    BusyLoadingError,
+    ClusterDownError,
+    MasterDownError,
+    ReadOnlyError,
+    RedisClusterException,
+    TryAgainError,
+)
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from gateway.store.redis_scripts import SCRIPTS
+
+# Replies (as redis-py raises them) that mean "not here or not now": MOVED is an AskError.
+_REDIRECTS: Final = (
+    AskError,
+    TryAgainError,
+    ClusterDownError,
+    MasterDownError,
+    ReadOnlyError,
+    BusyLoadingError,
+)
 
 __all__ = ["ClusterTopology", "Route", "SingleTopology", "Topology"]
 
@@ -118,6 +138,46 @@ class Topology(abc.ABC):
         """
         return None
 
+    async def exchange(self, key: str, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
+        """Send ``commands`` to ``key``'s node on one connection, in order; their replies.
+
+        For a command that must follow another on the same connection (``WAIT``
+        after a write). A connection of its own, not a lane's: a lane may be
+        mid-batch. An error reply raises, as redis-py raises it.
+        """
+        try:
+            return await self._exchange_once(key, commands)
+        except _REDIRECTS:
+            # A failover this client has not noticed (nobody else may append
+            # to that shard to learn it, e.g. while every session there waits
+            # on this very call): learn the owner, then ask it.
+            await self.refresh()
+            return await self._exchange_once(key, commands)
+        except (RedisConnectionError, OSError):
+            with contextlib.suppress(Exception):
+                await self.refresh()  # the caller's next try goes to the new owner
+            raise
+
+    async def _exchange_once(self, key: str, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
+        conn = await self._checkout(key)
+        try:
+            await conn.send_packed_command(conn.pack_commands(commands))
+            return [await conn.read_response() for _ in commands]
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await conn.disconnect(nowait=True)
+            raise
+        finally:
+            await self._checkin(key, conn)
+
+    @abc.abstractmethod
+    async def _checkout(self, key: str) -> AbstractConnection:
+        """A connection to ``key``'s node, for ``exchange``."""
+
+    @abc.abstractmethod
+    async def _checkin(self, key: str, conn: AbstractConnection) -> None:
+        """Give ``exchange``'s connection back."""
+
     @abc.abstractmethod
     async def blocking(self, key: str, *args: Any) -> Any:
         """A command that may block (``XREAD BLOCK``) on ``key``'s node, on its own pool."""
@@ -162,6 +222,13 @@ class SingleTopology(Topology):
     def single_server_connection(self) -> Callable[[], AbstractConnection]:
         make: Callable[[], AbstractConnection] = self.client.connection_pool.make_connection
         return make
+
+    async def _checkout(self, key: str) -> AbstractConnection:
+        conn: AbstractConnection = await self.client.connection_pool.get_connection()
+        return conn
+
+    async def _checkin(self, key: str, conn: AbstractConnection) -> None:
+        await self.client.connection_pool.release(conn)
 
     async def blocking(self, key: str, *args: Any) -> Any:
         return await self._blocking_cmd(*args)
@@ -208,12 +275,17 @@ class ClusterTopology(Topology):
         self,
         client: RedisCluster,
         blocking_client: RedisCluster,
+        lanes_client: RedisCluster,
         where: str,
         node_options: dict[str, Any],
     ) -> None:
         self.where = where
         self.client = client
         self._blocking = blocking_client
+        # Routes and connections of the group commit, and ``exchange``'s: a
+        # client that runs no command, so redis-py never closes them all
+        # because a command met a dead node (``_open_cluster``).
+        self._lanes = lanes_client
         self._node_options = node_options
         self._routes: dict[str, _NodeRoute] = {}
         self._ready = False
@@ -222,12 +294,19 @@ class ClusterTopology(Topology):
         if not self._ready:
             await self.client.initialize()
             await self._blocking.initialize()
+            await self._lanes.initialize()
             for script in SCRIPTS:  # on every primary: appends rarely meet NOSCRIPT
                 await self.client.script_load(script.src)
             self._ready = True
 
+    def _lane_node(self, key: str) -> ClusterNode:
+        node = self._lanes.get_node_from_key(key)
+        if node is None:
+            raise RedisClusterException(f"no master known for {key!r} yet")
+        return node
+
     def route(self, key: str) -> Route:
-        node = self.client.get_node_from_key(key)
+        node = self._lane_node(key)
         route = self._routes.get(node.name)
         if route is None or route.node is not node:
             # New (or re-learnt) node: the old one's connection goes with it.
@@ -237,11 +316,22 @@ class ClusterTopology(Topology):
     async def prepare(self) -> None:
         await self._initialized()
 
+    async def _checkout(self, key: str) -> AbstractConnection:
+        await self._initialized()
+        conn: AbstractConnection = self._lane_node(key).acquire_connection()
+        return conn
+
+    async def _checkin(self, key: str, conn: AbstractConnection) -> None:
+        assert isinstance(conn, Connection)  # what acquire_connection gives
+        node = self._lanes.get_node(host=conn.host, port=conn.port)
+        if node is not None:
+            node.release(conn)
+
     async def refresh(self) -> None:
         await self._initialized()
-        await self.client.nodes_manager.initialize()
+        await self._lanes.nodes_manager.initialize()
         for name, route in list(self._routes.items()):
-            if self.client.get_node(node_name=name) is not route.node:
+            if self._lanes.get_node(node_name=name) is not route.node:
                 del self._routes[name]  # a node that left (or was re-learnt)
                 with contextlib.suppress(Exception):
                     await route.close()
@@ -309,3 +399,4 @@ class ClusterTopology(Topology):
             await route.close()
         await self.client.aclose()
         await self._blocking.aclose()
+        await self._lanes.aclose()

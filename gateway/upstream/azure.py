@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Final, Literal
 
 from gateway.upstream.openai import OpenAIRealtime
-from gateway.upstream.provider import ExtraSetting, Provider, ProviderSettings
+from gateway.upstream.provider import ExtraSetting, Provider, connect_with
 
 __all__ = ["PROVIDER", "AzureRealtime"]
 
@@ -35,23 +35,11 @@ class AzureRealtime(OpenAIRealtime):
         return {"api-key": self.api_key}
 
 
-def connect(row: Provider, settings: ProviderSettings, model: str) -> AzureRealtime:
-    return AzureRealtime(
-        base_url=settings.base_url,
-        api_key=settings.api_key,
-        model=model,
-        label=row.label,
-        key_variable=row.key_variable,
-        auth=str(getattr(settings, "auth", "api-key")),
-        transcription_model=str(getattr(settings, "transcription_model", "")),
-    )
-
-
 PROVIDER: Final = Provider(
     name="azure",
     label="Azure OpenAI Realtime",
     wire="openai",
-    connect=connect,
+    connect=connect_with(AzureRealtime),
     default_model="",
     base_url="",
     key_variable="AZURE_OPENAI_API_KEY",

@@ -64,7 +64,7 @@ from gateway.upstream.base import (
     VoiceConfig,
     Woken,
 )
-from gateway.upstream.provider import Provider, ProviderSettings
+from gateway.upstream.provider import Provider, connect_with
 from gateway.upstream.provider_socket import ProviderSocket
 from protocol.assembly import Message
 from protocol.events import Usage
@@ -525,22 +525,11 @@ def _usage(reported: wire.ResponseUsage) -> Usage:
     )
 
 
-def connect(row: Provider, settings: ProviderSettings, model: str) -> OpenAIRealtime:
-    """An adapter of a provider on OpenAI's wire (its row names it and its key)."""
-    return OpenAIRealtime(
-        base_url=settings.base_url,
-        api_key=settings.api_key,
-        model=model,
-        label=row.label,
-        key_variable=row.key_variable,
-    )
-
-
 PROVIDER: Final = Provider(
     name="openai",
     label="OpenAI Realtime",
     wire="openai",
-    connect=connect,
+    connect=connect_with(OpenAIRealtime),
     default_model=DEFAULT_MODEL,
     base_url=DEFAULT_BASE_URL,
     key_variable="OPENAI_API_KEY",

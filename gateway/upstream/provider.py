@@ -31,6 +31,7 @@ __all__ = [
     "ProviderFactory",
     "ProviderSettings",
     "Wire",
+    "connect_with",
 ]
 
 UPSTREAM_GROUP = "upstream"
@@ -63,6 +64,25 @@ class ExtraSetting:
 
 Connect = Callable[["Provider", ProviderSettings, str], Upstream]
 """``(row, settings, model)`` → an unopened adapter for one connection."""
+
+
+def connect_with(adapter: Callable[..., Upstream]) -> Connect:
+    """The ``connect`` of a row whose adapter takes its settings as they are named:
+    URL, key, model, the row's label and key variable (for its messages), and each
+    of the row's ``extra`` settings as the keyword argument of the same name."""
+
+    def connect(row: Provider, settings: ProviderSettings, model: str) -> Upstream:
+        extras = {extra.field: getattr(settings, extra.field) for extra in row.extra}
+        return adapter(
+            base_url=settings.base_url,
+            api_key=settings.api_key,
+            model=model,
+            label=row.label,
+            key_variable=row.key_variable,
+            **extras,
+        )
+
+    return connect
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,7 +16,7 @@ import msgspec
 from gateway.upstream import openai_wire as wire
 from gateway.upstream.base import ModelOptions, VoiceConfig
 from gateway.upstream.openai import OpenAIRealtime, session_update
-from gateway.upstream.provider import Provider, ProviderSettings
+from gateway.upstream.provider import Provider, connect_with
 
 __all__ = ["PROVIDER", "XaiRealtime"]
 
@@ -54,21 +54,11 @@ class XaiRealtime(OpenAIRealtime):
         )
 
 
-def connect(row: Provider, settings: ProviderSettings, model: str) -> XaiRealtime:
-    return XaiRealtime(
-        base_url=settings.base_url,
-        api_key=settings.api_key,
-        model=model,
-        label=row.label,
-        key_variable=row.key_variable,
-    )
-
-
 PROVIDER: Final = Provider(
     name="xai",
     label="xAI Grok Voice",
     wire="openai",
-    connect=connect,
+    connect=connect_with(XaiRealtime),
     default_model=DEFAULT_MODEL,
     base_url="wss://api.x.ai/v1",
     key_variable="XAI_API_KEY",

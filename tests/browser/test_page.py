@@ -7,7 +7,7 @@ rightly forbids.
 
 ``window.rtgw`` is the page's test hook: ``state``, ``sessionId``, ``lastSeq``,
 ``seqs`` (every logged seq applied, in order), ``connections``,
-``turnRunning``, ``ws`` and ``drop()``.
+``turnRunning``, ``frames``, ``played`` and ``drop()``.
 """
 
 from __future__ import annotations
@@ -83,9 +83,10 @@ def open_page(page: Page, node: NodeProcess, token: str = "") -> None:
     """Load the page: it connects by itself, or asks for the key when one is needed."""
     page.goto(f"{node.http}/")
     if token:
-        expect(page.locator(".marker").last).to_contain_text("API key required")
-        page.get_by_label("API key").fill(token)
-        page.get_by_role("button", name="Connect", exact=True).click()
+        card = page.locator(".key-card")  # asked where the conversation will be
+        expect(card).to_contain_text("needs an API key")
+        card.get_by_label("Key for this gateway").fill(token)
+        card.get_by_role("button", name="Connect").click()
     page.wait_for_function("() => window.rtgw.state === 'connected'")
     expect(page.locator("#state")).to_have_text("connected")
 
@@ -120,7 +121,7 @@ def test_a_turn_streams(page: Page, start_gateway: StartGateway) -> None:
     node = start_gateway("--sim-tokens-per-second", "20", "--sim-chunk-size", "2")
     open_page(page, node)
     send(page, "hello")
-    expect(page.locator(".user")).to_have_text("hello")
+    expect(page.locator(".user .user-text")).to_have_text("hello")
     expect(page.get_by_role("button", name="Cancel", exact=True)).to_be_enabled()
     answer = "Echo: hello"
     # Two different partial lengths: the text grows token by token, not at the end.
@@ -141,9 +142,9 @@ def test_a_tool_call_shows_call_result_and_answer(page: Page, start_gateway: Sta
     open_page(page, node)
     send(page, '/tool list {"path": "."}')
     call = page.locator(".call")
-    expect(call.locator(".tool-name")).to_have_text("list")
+    expect(call.locator(".call-head .tool-name")).to_have_text("list")
     expect(call.locator(".tool-args")).to_have_text('{"path":"."}')
-    result = page.locator(".result .tool-item")
+    result = page.locator(".call .tool-item")
     expect(result).to_have_count(1)
     expect(result.locator(".tool-name")).to_have_text("list")
     expect(result.locator(".tool-status")).to_have_text("success")
@@ -188,7 +189,7 @@ def test_a_reload_mid_turn_replays_the_session(page: Page, start_gateway: StartG
     page.wait_for_function("() => window.rtgw.state === 'connected'")
     assert page.evaluate("window.rtgw.sessionId") == sid
     wait_turn_over(page)
-    expect(page.locator(".user")).to_have_text(["first turn", message])
+    expect(page.locator(".user .user-text")).to_have_text(["first turn", message])
     expect(page.locator(".respond")).to_have_text(["Echo: first turn", f"Echo: {message}"])
     assert_contiguous(page)
 
@@ -253,10 +254,10 @@ def test_a_refused_connection_is_explained(
     console_allowed.append(r"WebSocket connection to .* failed")  # the browser logs each refusal
     node = start_gateway("--api-keys-file", str(_keys_file(tmp_path, "rtgw_right-key")))
     page.goto(f"{node.http}/")
-    expect(page.locator(".marker").last).to_contain_text("API key required")
-    page.get_by_label("API key").fill("rtgw_wrong-key")
-    page.get_by_role("button", name="Connect", exact=True).click()
-    expect(page.locator(".marker").last).to_contain_text("refuses")
+    card = page.locator(".key-card")
+    card.get_by_label("Key for this gateway").fill("rtgw_wrong-key")
+    card.get_by_role("button", name="Connect").click()
+    expect(card.locator(".key-refused")).to_contain_text("not accepted")
     assert page.evaluate("window.rtgw.connections") == 0
 
 
@@ -266,9 +267,10 @@ def test_a_key_is_asked_for_once_and_retries_stop(
     console_allowed.append(r"WebSocket connection to .* failed")
     node = start_gateway("--api-keys-file", str(_keys_file(tmp_path, "rtgw_right-key")))
     page.goto(f"{node.http}/")
-    expect(page.locator(".marker").last).to_have_text(
-        "API key required: enter it above and press Connect."
-    )
+    card = page.locator(".key-card")
+    expect(card.locator("h2")).to_have_text("This gateway needs an API key")
+    expect(card.get_by_label("Key for this gateway")).to_be_focused()
+    expect(page.locator("#token-hint")).to_have_text("(required by this node)")
     expect(page.locator("#state")).to_have_text("disconnected")
     expect(page.get_by_role("button", name="Connect", exact=True)).to_be_enabled()
     assert page.evaluate("window.rtgw.connections") == 0
@@ -289,11 +291,11 @@ def test_first_hour_view(page: Page, start_gateway: StartGateway) -> None:
     assert page.locator(".respond img").count() == 0
     expect(page.locator(".welcome")).to_have_count(0)
     # Per-turn tokens and time to first token.
-    expect(page.locator(".turn-stats")).to_contain_text("first token")
-    expect(page.locator(".turn-stats")).to_contain_text("tokens")
+    expect(page.locator(".turn-stats")).to_contain_text("to first token")
+    expect(page.locator(".turn-stats")).to_contain_text(re.compile(r"\d in · \d+ out"))
     # Tool results are collapsed to a line and expand to the whole result.
     send(page, '/tool list {"path": "."}')
-    item = page.locator(".result .tool-item")
+    item = page.locator(".call .tool-item")
     expect(item).to_have_count(1)
     assert item.evaluate("(d) => d.open") is False
     item.locator("summary").click()
@@ -309,10 +311,10 @@ def test_the_page_answers_its_confirm_tool_with_yes_or_no(
     expect(page.get_by_role("button", name="Send", exact=True)).to_be_enabled()
     send(page, '/tool confirm {"question": "Delete the draft?"}')
     call = page.locator(".client-call")
-    expect(call.locator(".tool-name")).to_have_text("confirm")
+    expect(call.locator(".call-head .tool-name")).to_have_text("confirm")
     expect(call.locator(".question-text")).to_have_text("Delete the draft?")
     call.get_by_role("button", name="Yes", exact=True).click()
-    result = page.locator(".result .tool-item")
+    result = page.locator(".call .tool-item")
     expect(result.locator(".tool-status")).to_have_text("success")
     expect(page.locator(".respond")).to_have_text("The tool returned success.")
     wait_turn_over(page)

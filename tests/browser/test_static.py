@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import http.client
+import json
 from urllib.parse import urlsplit
 
 import pytest
 
-from gateway.edge.web import CONTENT_SECURITY_POLICY, static_response
+from gateway.edge.web import CONTENT_SECURITY_POLICY, content_security_policy, static_response
 from tests.browser.conftest import StartGateway
 
 
@@ -17,6 +18,13 @@ from tests.browser.conftest import StartGateway
         ("/", "text/html; charset=utf-8", b"<!doctype html>"),
         ("/static/app.js", "text/javascript; charset=utf-8", b"window.rtgw"),
         ("/static/style.css", "text/css; charset=utf-8", b":root"),
+        ("/static/conversation.js", "text/javascript; charset=utf-8", b"class Conversation"),
+        ("/static/inspector.js", "text/javascript; charset=utf-8", b"class Inspector"),
+        ("/static/settings.js", "text/javascript; charset=utf-8", b"class Settings"),
+        ("/static/voice.js", "text/javascript; charset=utf-8", b"class Voice"),
+        ("/static/markdown.js", "text/javascript; charset=utf-8", b"export function markdown"),
+        ("/static/dom.js", "text/javascript; charset=utf-8", b"export function h"),
+        ("/static/mic-worklet.js", "text/javascript; charset=utf-8", b"registerProcessor"),
         ("/client.js", "text/javascript; charset=utf-8", b"export class Client"),
         ("/client.d.ts", "text/plain; charset=utf-8", b"export class Client"),
     ],
@@ -79,3 +87,25 @@ def test_a_node_serves_the_page_and_404s_the_rest(start_gateway: StartGateway) -
     )
     assert _get(node.http, "/static/../gateway/edge/web/__init__.py").status == 404
     assert _get(node.http, "/healthz").status == 200  # the page did not shadow the API
+
+
+def test_the_page_may_call_the_http_api_on_its_port_only() -> None:
+    assert content_security_policy(None) == CONTENT_SECURITY_POLICY
+    policy = content_security_policy(8766)
+    directives = dict(d.strip().split(" ", 1) for d in policy.split(";"))
+    assert directives["connect-src"] == "'self' ws: wss: http://*:8766 https://*:8766"
+    assert directives["script-src"] == "'self'"
+
+
+def test_node_json_says_what_the_node_offers(start_gateway: StartGateway) -> None:
+    node = start_gateway("--api-port", "0")
+    answer = _get(node.http, "/node.json")
+    assert answer.status == 200 and answer.getheader("Content-Type") == "application/json"
+    offer = json.loads(answer.read())
+    assert offer["provider"] == "sim" and offer["auth"] is False
+    assert [p["name"] for p in offer["providers"]] == ["sim"]
+    assert offer["providers"][0]["default_model"] == "sim"
+    assert isinstance(offer["api_port"], int) and offer["api_port"] > 0
+    # The page's policy names that port, so the console may delete a session there.
+    page = _get(node.http, "/")
+    assert f"http://*:{offer['api_port']}" in (page.getheader("Content-Security-Policy") or "")

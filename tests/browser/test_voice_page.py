@@ -19,7 +19,8 @@ from playwright.sync_api import Browser, ConsoleMessage, Page, expect, sync_play
 
 from gateway.pcm import silence, tone
 from tests.browser.conftest import CHROMIUM, CHROMIUM_ARGS, StartGateway
-from tests.browser.test_page import RESPOND_TEXT, open_page
+from tests.browser.test_console import SHOTS
+from tests.browser.test_page import RESPOND_TEXT, open_page, send
 
 pytestmark = pytest.mark.skipif(
     not CHROMIUM.exists(), reason=f"{CHROMIUM} is not installed (apt-get install chromium)"
@@ -60,7 +61,7 @@ def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Browser]:
 @pytest.fixture
 def page(browser: Browser) -> Iterator[Page]:
     """A fresh context; fails the test on any console error (script errors, CSP)."""
-    context = browser.new_context()
+    context = browser.new_context(viewport={"width": 1280, "height": 800})
     page = context.new_page()
     page.set_default_timeout(TIMEOUT_MS)
     expect.set_options(timeout=TIMEOUT_MS)
@@ -83,28 +84,46 @@ def test_speaking_into_the_microphone_starts_a_turn_that_is_answered(
 ) -> None:
     node = start_gateway()
     open_page(page, node)
+    send(page, "typed first")
+    expect(page.locator(".respond")).to_have_text("Echo: typed first")
     mic = page.get_by_role("button", name="Mic", exact=True)
     mic.click()
-    expect(page.get_by_role("button", name="Mic on")).to_have_attribute("aria-pressed", "true")
+    expect(mic).to_have_attribute("aria-pressed", "true")
+    expect(page.locator("#voice-bar")).to_be_visible()
+    page.wait_for_function("() => document.getElementById('mic-level').value > 0")
 
-    expect(page.locator(".marker.speech").first).to_have_text("Listening…")
-    expect(page.locator(".marker.speech", has_text="Heard you.").first).to_be_visible()
-    spoken = page.locator(".user.spoken").first
+    # The spoken turn is heard in a turn of its own, never inside the previous one.
+    pending = page.locator(".turn.pending .voice-pending")
+    expect(pending).to_contain_text(re.compile("Listening…|Transcribing…"))
+    expect(page.locator(".turn").first.locator(".voice-pending")).to_have_count(0)
+    spoken = page.locator(".user.spoken .user-text").first
     expect(spoken).to_have_text(re.compile(r"\(speech \d+(\.\d)? s\)"))
     page.wait_for_function(f"() => ({RESPOND_TEXT})()?.length > 0")
     assert page.evaluate("window.rtgw.framesSent") > 10
+    # Its latency counts from the end of the speech (speech_stopped), not from the
+    # transcript's user event; no "first token" figure that means nothing here.
+    stats = page.locator(".turn").nth(1).locator(".turn-stats")
+    expect(stats).to_contain_text("after you stopped")
+    expect(stats).not_to_contain_text("to first token")
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SHOTS / "desktop-light-7-voice.png"), animations="disabled")
 
-    page.get_by_role("button", name="Mic on").click()  # off: the microphone is released
+    mic.click()  # off: the microphone is released
     page.wait_for_function("() => !window.rtgw.mic")
+    expect(mic).to_have_attribute("aria-pressed", "false")
 
 
 @pytest.mark.timeout(90)
 def test_the_speaker_plays_the_spoken_answer(page: Page, start_gateway: StartGateway) -> None:
     node = start_gateway()
     open_page(page, node)
-    page.get_by_role("button", name="Speaker", exact=True).click()
-    expect(page.get_by_role("button", name="Speaker on")).to_have_attribute("aria-pressed", "true")
+    speaker = page.get_by_role("button", name="Speaker", exact=True)
+    speaker.click()
+    expect(speaker).to_have_attribute("aria-pressed", "true")
     page.get_by_role("button", name="Mic", exact=True).click()
     expect(page.locator(".user.spoken").first).to_be_visible()
     page.wait_for_function("() => window.rtgw.chunksPlayed > 0")
     page.wait_for_function(f"() => ({RESPOND_TEXT})()?.length > 0")
+    # Playback is reported as `played`, and the inspector shows it going out.
+    page.wait_for_function("() => window.rtgw.played && window.rtgw.played.ms > 0")
+    expect(page.locator('.frame[data-type="played"]').first).to_be_attached()

@@ -24,6 +24,7 @@ from gateway.edge.auth import (
     is_loopback,
     parse_key_line,
 )
+from gateway.store import open_store
 from protocol.events import Session, decode_event
 from tests.edge.conftest import GatewayFactory, Keys, http_get, metric_value, refusal
 from tests.support.client import GatewayClient, text_of
@@ -374,7 +375,9 @@ async def test_gateway_keys_in_redis(gateway_factory: GatewayFactory, redis_url:
 
 
 async def test_an_unreachable_key_store_is_reported_as_unavailable() -> None:
-    keys = RedisKeys(f"redis://127.0.0.1:{free_port()}/0")
+    store = open_store(f"redis://127.0.0.1:{free_port()}/0", retry_window=0.2)
+    keys = RedisKeys(store)
     with pytest.raises(KeyStoreUnavailable):
         await keys.lookup(hash_key("x"))
     await keys.close()
+    await store.close()

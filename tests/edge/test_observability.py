@@ -36,6 +36,9 @@ SERIES = [
     'rtgw_tokens_total{direction="output"}',
     # the store
     "rtgw_store_errors_total",
+    "rtgw_store_holding_sessions",
+    "rtgw_store_unreplicated_total",
+    "rtgw_store_unconfirmed_masters",
     # limits and backpressure
     'rtgw_turns_refused_total{reason="rate_limited"}',
     "rtgw_client_catchups_total",

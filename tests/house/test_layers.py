@@ -154,6 +154,35 @@ def test_the_client_imports_no_server_room() -> None:
     assert not wrong, "\n".join(wrong)
 
 
+# The edge reaches the node through its port (``gateway.sessions.port``) and the
+# seam of connections (``subscriber``): the vocabulary of commands, limits, policy,
+# setup refusals and control messages, never the node, a runtime, a follower or a
+# store class; of the store, only the interfaces (``gateway.store.base``).
+EDGE_MAY_IMPORT_OF_SESSIONS = (
+    "gateway.sessions.port",
+    "gateway.sessions.subscriber",
+    "gateway.sessions.commands",
+    "gateway.sessions.limits",
+    "gateway.sessions.policy",
+    "gateway.sessions.setup",
+    "gateway.sessions.control",
+    "gateway.store.base",
+)
+
+
+@pytest.mark.timeout(30)
+def test_the_edge_reaches_the_node_through_its_port() -> None:
+    wrong = [
+        f"{mod} imports {dep}"
+        for mod, deps in _graph().items()
+        if _within(mod, "gateway.edge")
+        for dep in deps
+        if dep.startswith(("gateway.sessions", "gateway.store"))
+        and not any(_within(dep, room) for room in EDGE_MAY_IMPORT_OF_SESSIONS)
+    ]
+    assert not wrong, "\n".join(wrong)
+
+
 @pytest.mark.timeout(30)
 def test_few_plain_modules_in_gateway() -> None:
     plain = sorted(p.name for p in (ROOT / "gateway").glob("*.py") if p.name != "__init__.py")

@@ -130,8 +130,15 @@ async def test_two_nodes_on_a_cluster_survive_a_master_killed_mid_turn(
         for c in clients:
             await c.user(MESSAGE)
         await asyncio.gather(*(c.until(lambda e: isinstance(e, Respond)) for c in clients))
-        victim = cluster.master_of(f"rtgw:{{{clients[0].sid}}}:log")
+        key = f"rtgw:{{{clients[0].sid}}}:log"
+        victim = cluster.master_of(key)
         victim.kill()
+        # Durability replicated: the promoted replica's sessions wait until it
+        # has a replica again (issue 29); the killed node comes back as one.
+        await asyncio.to_thread(
+            wait_until, lambda: cluster.master_of(key) is not victim, "failover"
+        )
+        await asyncio.to_thread(victim.start)
         await asyncio.gather(*(c.until(lambda e: isinstance(e, Metric), 60) for c in clients))
         await asyncio.to_thread(
             wait_until, lambda: cluster.master_of("x") is not None, "the cluster answers"
@@ -168,8 +175,11 @@ async def test_two_nodes_on_sentinel_run_a_turn_across_a_primary_failover(
         old = sentinel.master_port()
         sentinel.by_port(old).kill()
         await asyncio.to_thread(
-            wait_until, lambda: sentinel.master_port() != old, "a sentinel promotes the replica"
+            wait_until, lambda: sentinel.failed_over_from(old), "a sentinel promotes the replica"
         )
+        # Durability replicated: the new primary's sessions wait until it has a
+        # replica again (issue 29); the killed node comes back as one.
+        await asyncio.to_thread(sentinel.by_port(old).start, replica_of=sentinel.master_port())
         await client.close()
         moved = await _connect_when_ready(b, session_id=client.sid, after=client.last_seq)
         moved.events[:0] = client.events

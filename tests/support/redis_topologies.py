@@ -266,9 +266,16 @@ class SentinelRedis:
 
 
 class ClusterRedis:
-    """Three masters with one replica each, slots spread by ``redis-cli --cluster create``."""
+    """Three masters with one replica each, slots spread by ``redis-cli --cluster create``.
 
-    def __init__(self, workdir: Path) -> None:
+    ``full_coverage`` is Redis' ``cluster-require-full-coverage`` (its default,
+    yes): every master refuses commands (``CLUSTERDOWN``) while any slot has no
+    live master, so one master's failover stalls every shard. With no, the
+    other masters keep serving their slots: what the gateway recommends
+    (docs/operations.md).
+    """
+
+    def __init__(self, workdir: Path, *, full_coverage: bool = True) -> None:
         taken: set[int] = set()
         self.nodes = [
             RedisProcess(
@@ -280,6 +287,8 @@ class ClusterRedis:
                     "nodes.conf",
                     "--cluster-node-timeout",
                     str(NODE_TIMEOUT_MS),
+                    "--cluster-require-full-coverage",
+                    "yes" if full_coverage else "no",
                 ],
                 port=cluster_port(taken),
             )

@@ -6,6 +6,7 @@ import { test } from "node:test";
 
 import {
   Client,
+  ConfigureRefusedError,
   RefusedError,
   TurnTracker,
   UnreachableError,
@@ -125,6 +126,8 @@ test("pure rules: seq verdicts, turn ends, URLs", () => {
     [["user", "respond", "metric", "end"], 3],
     [["user", "error:upstream", "end"], 2],
     [["user", "error:upstream", "metric"], 2],
+    // A malformed block is handed back to the model: the turn goes on to its end.
+    [["user", "error:malformed_execute", "metric", "result", "respond", "end", "metric"], 6],
   ];
   for (const [kinds, at] of shapes) {
     const t = new TurnTracker();
@@ -138,4 +141,47 @@ test("pure rules: seq verdicts, turn ends, URLs", () => {
   assert.ok(t.endsBefore("user"));
   assert.equal(normalizeUrl("http://h:1"), "ws://h:1/v1/realtime");
   assert.equal(normalizeUrl("h:1/x"), "ws://h:1/x");
+});
+
+test("configure resolves with its answer, rejects with the gateway's refusal", async () => {
+  const frames = [];
+  const c = new Client(URL, { onFrame: (f) => frames.push(f) });
+  await c.connect();
+  try {
+    const answer = await c.configure({ instructions: "Be brief." });
+    assert.equal(answer.type, "configured");
+    assert.equal(answer.config.instructions, "Be brief.");
+    await assert.rejects(
+      c.configure({ tools: [{ name: "bad", parameters: { type: "string" } }] }),
+      (err) => err instanceof ConfigureRefusedError && err.code === "bad_frame",
+    );
+    // The refusal was configure's: the next turn starts as usual.
+    const events = [];
+    for await (const ev of c.send("hello")) events.push(ev);
+    assert.equal(answerOf(events), "Echo: hello");
+    assert.ok((await c.ping()) >= 0);
+    // onFrame saw both ways: our frames and the gateway's, the session frame first.
+    assert.equal(frames[0].dir, "in");
+    assert.equal(frames[0].data.type, "session");
+    assert.ok(frames.some((f) => f.dir === "out" && f.data.type === "user"));
+    assert.ok(frames.some((f) => f.dir === "in" && f.data.type === "pong"));
+  } finally {
+    c.close();
+  }
+});
+
+test("played is sent, and an unknown_type answer to it stays quiet", async () => {
+  const c = new Client(URL);
+  await c.connect();
+  try {
+    assert.equal(c.played(1, 120), true);
+    const events = [];
+    for await (const ev of c.send("after played")) events.push(ev);
+    assert.ok(!events.some((e) => e.type === "error"));
+    // An older gateway: the reply is taken, and played() stops sending.
+    assert.equal(c._answersOwnFrame({ type: "error", code: "unknown_type", content: "unknown message type 'played'" }), "played");
+    assert.equal(c.played(2, 200), false);
+  } finally {
+    c.close();
+  }
 });

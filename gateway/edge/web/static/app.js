@@ -1,752 +1,691 @@
-// realtime-gateway browser page, built on the JavaScript client (/client.js).
+// The realtime-gateway console, built on the JavaScript client (/client.js).
 //
 // The client keeps the session alive: it reconnects with session_id and
 // after=lastSeq, drops what it already delivered and refills gaps, so a
-// dropped socket, a node drain (close 1012) or a page reload (the tab keeps its
-// session id and replays from seq 0) never loses or doubles text. This file
-// only renders: every delivered event arrives once, in order, via onEvent.
+// dropped socket, a node drain (close 1012) or a page reload (the tab keeps
+// its session id and replays from seq 0) never loses or doubles text. This
+// file wires the panes: the conversation (conversation.js), the event
+// inspector (inspector.js), the settings panel (settings.js), voice
+// (voice.js), session controls and the status bar.
 import { Client, ClientError, RefusedError } from "/client.js";
+import { Conversation } from "/static/conversation.js";
+import { $, copyText, download, fmtCost, fmtCount, fmtMs, toast } from "/static/dom.js";
+import { Inspector } from "/static/inspector.js";
+import { Settings } from "/static/settings.js";
+import { Voice } from "/static/voice.js";
 
-(() => {
-  const WS_PATH = "/v1/realtime";
-  const KEY_SESSION = "rtgw.sessionId";
-  const KEY_TOKEN = "rtgw.token"; // sessionStorage: per tab, gone when the tab closes
-  const SHOW_CHARS = 400; // tool args longer than this are truncated
-  const RESULT_CHARS = 20000; // an expanded tool result shows at most this much
-  // The page's own client-side tool: the model may ask the user a yes/no question.
-  const CONFIRM_TOOL = {
-    name: "confirm",
-    description: "Ask the user a yes/no question in the page; the result is true (yes) or false (no).",
-    parameters: {
-      type: "object",
-      properties: { question: { type: "string", description: "the question to show" } },
-      required: ["question"],
+const WS_PATH = "/v1/realtime";
+const KEY_SESSION = "rtgw.sessionId";
+const KEY_TOKEN = "rtgw.token"; // sessionStorage: per tab, gone when the tab closes
+const KEY_VIEW = "rtgw.view";
+const AUDIO_RATE = 24000;
+const PING_EVERY = 15000; // ms
+// The page's own client-side tool: the model may ask the user a yes/no question.
+const CONFIRM_TOOL = {
+  name: "confirm",
+  description: "Ask the user a yes/no question in the page; the result is true (yes) or false (no).",
+  parameters: {
+    type: "object",
+    properties: { question: { type: "string", description: "the question to show" } },
+    required: ["question"],
+  },
+};
+
+const ui = {
+  app: $("app"),
+  state: $("state"),
+  pill: $("conn-pill"),
+  token: $("token"),
+  tokenHint: $("token-hint"),
+  connectForm: $("connect-form"),
+  connect: $("connect"),
+  disconnect: $("disconnect"),
+  newSession: $("new-session"),
+  newSession2: $("new-session-2"),
+  sessionId: $("session-id"),
+  sessionOrigin: $("session-origin"),
+  copySession: $("copy-session"),
+  exportButton: $("export"),
+  deleteButton: $("delete-session"),
+  deleteHint: $("delete-hint"),
+  resumeForm: $("resume-form"),
+  resumeId: $("resume-id"),
+  gatewayUrl: $("gateway-url"),
+  log: $("conversation"),
+  announcer: $("announcer"),
+  messageForm: $("message-form"),
+  message: $("message"),
+  send: $("send"),
+  cancel: $("cancel"),
+  mic: $("mic"),
+  speaker: $("speaker"),
+  commit: $("commit"),
+  voiceBar: $("voice-bar"),
+  voiceState: $("voice-state"),
+  levelFill: $("level-fill"),
+  micMeter: $("mic-meter-fill"),
+  micLevel: $("mic-level"),
+  eventsCount: $("events-count"),
+  sbState: $("sb-state"),
+  sbNode: $("sb-node"),
+  sbProvider: $("sb-provider"),
+  sbSession: $("sb-session"),
+  sbRtt: $("sb-rtt"),
+  lastSeq: $("last-seq"),
+  tokens: $("tokens"),
+};
+
+// ------------------------------------------------------------------ state
+
+const conn = {
+  client: null,
+  state: "disconnected", // connecting | connected | reconnecting | disconnected
+  wanted: false, // the user asked for a connection (Connect, not Disconnect)
+  sessionId: sessionStorage.getItem(KEY_SESSION),
+  session: null, // the last session frame
+  lastSeq: 0, // last logged seq applied to the view
+  seqs: [], // every logged seq applied, in order (tests check it is contiguous)
+  events: [], // every logged event, for the transcript export
+  connections: 0, // session frames received: > 1 means we reconnected
+  turnRunning: false,
+  awaitingEcho: false, // a user message was sent and its logged echo has not come
+  config: {}, // the last configured answer
+  totals: { input: 0, output: 0, cost: 0 },
+  rtt: null,
+  clientToken: false,
+};
+
+let offer = { provider: "", providers: [], auth: null, api_port: null };
+
+const conversation = new Conversation(ui.log, {
+  suggest: (text) => {
+    ui.message.value = text;
+    submitMessage();
+  },
+  mic: () => toggleMic(),
+  answerTool: (id, status, content) => conn.client?.toolResult(id, status, content).catch(() => {}),
+  approve: (id, approved) => conn.client?._sendFrame({ type: "approve", id, approved }).catch(() => {}),
+  handles: (name) => name === "confirm",
+  running: (running) => ui.log.setAttribute("aria-busy", String(running)),
+});
+
+const inspector = new Inspector($("events-pane"), {
+  session: () => ({ session_id: conn.sessionId, node: conn.session?.node, provider: conn.session?.provider }),
+});
+
+const settings = new Settings($("settings-pane"), {
+  pageTools: [CONFIRM_TOOL],
+  apply: async (fields) => {
+    const client = conn.client;
+    if (!client || conn.state !== "connected") throw new ClientError("not connected");
+    return client.configure(fields);
+  },
+});
+
+const voice = new Voice({
+  client: () => conn.client,
+  state: (text, kind) => {
+    ui.voiceState.textContent = text || "Microphone off";
+    ui.voiceState.dataset.kind = kind;
+  },
+  level: (rms) => {
+    const level = rms > 0 ? Math.max(0, Math.min(1, (20 * Math.log10(rms) + 60) / 60)) : 0;
+    ui.levelFill.style.transform = `scaleX(${level.toFixed(3)})`;
+    ui.micMeter.style.transform = `scaleY(${level.toFixed(3)})`;
+    ui.micLevel.value = level;
+  },
+  changed: () => updateControls(),
+  problem: (text) => conversation.note(text, "bad"),
+});
+
+// ------------------------------------------------------------------ connection
+
+function socketUrl() {
+  const scheme = location.protocol === "https:" ? "wss:" : "ws:";
+  return `${scheme}//${location.host}${WS_PATH}`;
+}
+
+async function connect() {
+  if (conn.client) return;
+  conn.wanted = true;
+  const token = ui.token.value.trim();
+  conn.clientToken = token.startsWith("rtgw_ct.");
+  const client = new Client(socketUrl(), {
+    token: token || undefined,
+    sessionId: conn.sessionId ?? undefined,
+    after: conn.sessionId ? conn.lastSeq : undefined,
+    onEvent: (ev, logged) => {
+      if (client === conn.client) receive(ev, logged);
     },
-  };
-
-  const $ = (id) => document.getElementById(id);
-  const ui = {
-    connectForm: $("connect-form"),
-    token: $("token"),
-    connect: $("connect"),
-    disconnect: $("disconnect"),
-    newSession: $("new-session"),
-    state: $("state"),
-    sessionId: $("session-id"),
-    lastSeq: $("last-seq"),
-    tokens: $("tokens"),
-    log: $("conversation"),
-    messageForm: $("message-form"),
-    message: $("message"),
-    send: $("send"),
-    cancel: $("cancel"),
-    mic: $("mic"),
-    speaker: $("speaker"),
-  };
-  const AUDIO_RATE = 24000; // Hz, both ways (protocol/audio.py)
-
-  // ------------------------------------------------------------ state
-
-  const conn = {
-    client: null,
-    state: "disconnected", // connecting | connected | reconnecting | disconnected
-    wanted: false, // the user asked for a connection (Connect, not Disconnect)
-    sessionId: sessionStorage.getItem(KEY_SESSION),
-    lastSeq: 0, // last logged seq applied to the view
-    seqs: [], // every logged seq applied, in order (tests check it is contiguous)
-    connections: 0, // session frames received: > 1 means we reconnected
-    turnRunning: false,
-    awaitingEcho: false, // a user message was sent and its logged echo has not come
-  };
-
-  // The current turn's DOM, and the nodes of the model step in progress: an
-  // interrupt means that step is rerun, so exactly those nodes are removed.
-  const view = { turn: null, step: [], kind: "", text: null, respond: null, stats: null };
-
-  // Voice: the microphone (getUserMedia → AudioWorklet → PCM16 binary frames)
-  // and the speaker (the model's speech, played in order as it arrives).
-  const voice = {
-    mic: null, // {context, stream, node} while the microphone is on
-    inputConfigured: false, // input_audio was configured in this session
-    speaker: false, // output audio asked for
-    playback: null, // AudioContext playing the model's speech
-    playAt: 0, // context time the next chunk starts
-    playing: new Set(), // chunks scheduled and not yet ended
-    framesSent: 0,
-    chunksPlayed: 0,
-  };
-
-  // ------------------------------------------------------------ connection
-
-  function socketUrl() {
-    const scheme = location.protocol === "https:" ? "wss:" : "ws:";
-    return `${scheme}//${location.host}${WS_PATH}`;
-  }
-
-  async function connect() {
-    if (conn.client) return;
-    conn.wanted = true;
-    const token = ui.token.value.trim();
-    const client = new Client(socketUrl(), {
-      token: token || undefined,
-      sessionId: conn.sessionId ?? undefined,
-      after: conn.sessionId ? conn.lastSeq : undefined,
-      onEvent: (ev, logged) => {
-        if (client === conn.client) receive(ev, logged);
-      },
-      onConnect: (session) => {
-        if (client !== conn.client) return;
-        if (conn.sessionId && session.session_id !== conn.sessionId) resetView();
-        conn.sessionId = session.session_id;
-        sessionStorage.setItem(KEY_SESSION, session.session_id);
-        // A new session learns the page's tools once; a resumed one has them stored.
-        // A client token (rtgw_ct.…) may not configure: its backend set the session up.
-        const clientToken = token.startsWith("rtgw_ct.");
-        if (!session.resumed && !clientToken) {
-          client.configure({ tools: [CONFIRM_TOOL] }).catch(() => {});
-        }
-        conn.connections += 1;
-        setState("connected");
-      },
-      onDisconnect: () => {
-        if (client !== conn.client) return;
-        conn.awaitingEcho = false; // the message may or may not be logged: the replay tells
-        setState("reconnecting");
-      },
-      onError: (err) => {
-        if (client === conn.client) failed(err);
-      },
-      onAudio: (pcm16) => {
-        if (client === conn.client) play(pcm16);
-      },
-    });
-    conn.client = client;
-    setState(conn.connections ? "reconnecting" : "connecting");
-    try {
-      await client.connect();
-    } catch (err) {
-      if (client === conn.client) failed(err);
-    }
-  }
-
-  // The client gave up: say why in one line and stop (the user decides what to change).
-  function failed(err) {
-    const client = conn.client;
-    conn.client = null;
-    conn.wanted = false;
-    client?.close();
-    if (err instanceof RefusedError && err.status === 0 && !ui.token.value.trim()) {
-      addNote("marker", "API key required: enter it above and press Connect.");
-      ui.token.focus();
-    } else if (err instanceof RefusedError) {
-      const hint = conn.sessionId
-        ? "check the API key, or press New session if this session expired"
-        : "check the API key";
-      addNote("marker", `The gateway refuses the connection: ${hint}.`);
-    } else {
-      addNote("marker", `Disconnected: ${err instanceof ClientError ? err.message : String(err)}`);
-    }
-    setState("disconnected");
-  }
-
-  function disconnect() {
-    stopMic();
-    conn.wanted = false;
-    const client = conn.client;
-    conn.client = null;
-    client?.close();
-    setState("disconnected");
-  }
-
-  function forgetSession(notice) {
-    voice.inputConfigured = false;
-    voice.speaker = false;
-    conn.sessionId = null;
-    sessionStorage.removeItem(KEY_SESSION);
-    resetView();
-    if (notice) addNote("marker", notice);
-  }
-
-  function newSession() {
-    const wanted = conn.wanted;
-    disconnect();
-    forgetSession("");
-    if (wanted) connect();
-  }
-
-  function sendTurn(content) {
-    const client = conn.client;
-    if (!client || conn.state !== "connected") return false;
-    // Rendering happens in onEvent; iterating drives the turn and ends with it.
-    (async () => {
-      try {
-        for await (const _ev of client.send(content)) {
-          // rendered by receive()
-        }
-      } catch {
-        // onError reports it
-      } finally {
-        conn.awaitingEcho = false;
-        updateControls();
+    onFrame: (frame) => {
+      if (client === conn.client) {
+        inspector.add(frame);
+        ui.eventsCount.textContent = fmtCount(inspector.frames.length + inspector.dropped);
       }
-    })();
-    return true;
+    },
+    onConnect: (session) => {
+      if (client !== conn.client) return;
+      if (conn.sessionId && session.session_id !== conn.sessionId) resetView();
+      conn.sessionId = session.session_id;
+      conn.session = session;
+      sessionStorage.setItem(KEY_SESSION, session.session_id);
+      // A new session learns the page's tools once; a resumed one has them stored.
+      // A client token may not configure: its backend set the session up.
+      if (!session.resumed && !conn.clientToken) {
+        client.configure({ tools: [CONFIRM_TOOL] }).catch(() => {});
+      }
+      if (conn.connections === 0) {
+        ui.sessionOrigin.textContent = session.resumed ? `resumed at seq ${session.seq}` : "new in this tab";
+      }
+      conn.connections += 1;
+      if (offer.auth === null) ui.tokenHint.textContent = token ? "" : "(not needed: this node runs open)";
+      conversation.keyAccepted();
+      conversation.setProvider(session.provider);
+      settings.setLocked(conn.clientToken);
+      setState("connected");
+    },
+    onDisconnect: () => {
+      if (client !== conn.client) return;
+      conn.awaitingEcho = false; // the message may or may not be logged: the replay tells
+      setState("reconnecting");
+    },
+    onError: (err) => {
+      if (client === conn.client) failed(err);
+    },
+    onAudio: (pcm16, seq) => {
+      if (client === conn.client) voice.play(pcm16, seq);
+    },
+  });
+  conn.client = client;
+  setState(conn.connections ? "reconnecting" : "connecting");
+  try {
+    await client.connect();
+  } catch (err) {
+    if (client === conn.client) failed(err);
   }
+}
 
-  // ------------------------------------------------------------ voice
+// The client gave up: say why in one line, with what to do, and stop.
+function failed(err) {
+  const client = conn.client;
+  conn.client = null;
+  conn.wanted = false;
+  client?.close();
+  voice.stopMic();
+  if (err instanceof RefusedError && err.reason === "key" && !conn.sessionId) {
+    // Asked where the conversation will be; the Session panel's field is the same key.
+    const typed = ui.token.value.trim();
+    conversation.askKey(
+      (key) => {
+        ui.token.value = key;
+        sessionStorage.setItem(KEY_TOKEN, key);
+        connect();
+      },
+      typed ? "That key is not accepted: check it, or ask for a new client token." : "",
+    );
+    ui.tokenHint.textContent = "(required by this node)";
+    setView("chat");
+  } else if (err instanceof RefusedError) {
+    const what = {
+      key: "the API key is not accepted: check it in Session → API key",
+      session: `session ${conn.sessionId} does not exist any more (expired, deleted, or another key's): press New session`,
+      origin: err.serverMessage,
+    }[err.reason] ?? err.serverMessage;
+    conversation.note(`The gateway refuses the connection: ${what}.`, "bad");
+  } else {
+    conversation.note(`Disconnected: ${err instanceof ClientError ? err.message : String(err)}`, "bad");
+  }
+  setState("disconnected");
+}
 
-  async function toggleMic() {
-    if (voice.mic) {
-      stopMic();
-      return;
-    }
-    const client = conn.client;
-    if (!client || conn.state !== "connected") return;
-    let stream;
+function disconnect() {
+  voice.stopMic();
+  voice.stop();
+  conn.wanted = false;
+  const client = conn.client;
+  conn.client = null;
+  client?.close();
+  setState("disconnected");
+}
+
+function forgetSession() {
+  conn.sessionId = null;
+  conn.session = null;
+  sessionStorage.removeItem(KEY_SESSION);
+  ui.sessionOrigin.textContent = "–";
+  resetView();
+}
+
+function newSession() {
+  const wanted = conn.wanted || conn.state !== "disconnected";
+  disconnect();
+  forgetSession();
+  conn.connections = 0;
+  if (wanted) connect();
+  ui.message.focus();
+}
+
+function resume(id) {
+  disconnect();
+  forgetSession();
+  conn.sessionId = id;
+  conn.connections = 0;
+  sessionStorage.setItem(KEY_SESSION, id);
+  connect();
+}
+
+function sendTurn(content) {
+  const client = conn.client;
+  if (!client || conn.state !== "connected") return false;
+  // Rendering happens in onEvent; iterating drives the turn and ends with it.
+  (async () => {
     try {
-      stream = await navigator.mediaDevices.getUserMedia({
-        audio: { channelCount: 1, echoCancellation: true, noiseSuppression: true },
-      });
+      for await (const _ev of client.send(content)) {
+        // rendered by receive()
+      }
+    } catch {
+      // onError reports it
+    } finally {
+      conn.awaitingEcho = false;
+      updateControls();
+    }
+  })();
+  return true;
+}
+
+function submitMessage() {
+  const content = ui.message.value;
+  if (!content.trim() || ui.send.disabled) return;
+  if (sendTurn(content)) {
+    ui.message.value = "";
+    autosize();
+    conn.awaitingEcho = true;
+    updateControls();
+  }
+}
+
+// ------------------------------------------------------------------ voice
+
+async function toggleMic() {
+  if (voice.micOn) {
+    voice.stopMic();
+    return;
+  }
+  const client = conn.client;
+  if (!client || conn.state !== "connected") return;
+  const wanted = conn.config.input_audio ?? { format: "pcm16", rate: AUDIO_RATE, turn_detection: "server_vad" };
+  if (!conn.config.input_audio) {
+    try {
+      await client.configure({ input_audio: wanted });
     } catch (err) {
-      addNote("marker", `The microphone is not available: ${err?.message ?? err}`);
+      conversation.note(`The microphone needs input audio configured: ${err.content ?? err.message}`, "bad");
       return;
     }
-    // A context at the session's rate: the browser resamples the microphone.
-    const context = new AudioContext({ sampleRate: AUDIO_RATE });
-    await context.audioWorklet.addModule("/static/mic-worklet.js");
-    const node = new AudioWorkletNode(context, "mic-frames");
-    if (!voice.inputConfigured) {
-      voice.inputConfigured = true;
-      await client.configure({ input_audio: { format: "pcm16", rate: AUDIO_RATE } });
-    }
-    node.port.onmessage = (msg) => {
-      if (conn.client?.sendAudio(msg.data)) voice.framesSent += 1;
-    };
-    context.createMediaStreamSource(stream).connect(node);
-    voice.mic = { context, stream, node };
-    updateControls();
   }
+  await voice.startMic(wanted.rate);
+}
 
-  function stopMic() {
-    const mic = voice.mic;
-    if (!mic) return;
-    voice.mic = null;
-    mic.node.port.onmessage = null;
-    for (const track of mic.stream.getTracks()) track.stop();
-    mic.context.close();
-    updateControls();
+async function toggleSpeaker() {
+  const client = conn.client;
+  if (!client || conn.state !== "connected") return;
+  const on = !voice.speaker;
+  voice.enableSpeaker(on); // on a click: the browser lets the context play
+  try {
+    await client.configure({ output: on ? "audio" : "text" });
+  } catch (err) {
+    voice.enableSpeaker(!on);
+    conversation.note(`The speaker needs output audio: ${err.content ?? err.message}`, "bad");
   }
+}
 
-  function toggleSpeaker() {
-    const client = conn.client;
-    if (!client || conn.state !== "connected") return;
-    voice.speaker = !voice.speaker;
-    if (voice.speaker && !voice.playback) {
-      voice.playback = new AudioContext({ sampleRate: AUDIO_RATE }); // a click: may start
-    }
-    if (!voice.speaker) stopPlayback();
-    client.configure({ output: voice.speaker ? "audio" : "text" }).catch(() => {});
-    updateControls();
-  }
+// ------------------------------------------------------------------ events
 
-  // The model's speech, scheduled back to back; a barge-in stops it.
-  function play(pcm16) {
-    const context = voice.playback;
-    if (!voice.speaker || !context) return;
-    const buffer = context.createBuffer(1, pcm16.length, AUDIO_RATE);
-    const samples = buffer.getChannelData(0);
-    for (let i = 0; i < pcm16.length; i++) samples[i] = pcm16[i] / 0x8000;
-    const source = context.createBufferSource();
-    source.buffer = buffer;
-    source.connect(context.destination);
-    const at = Math.max(voice.playAt, context.currentTime + 0.05);
-    source.onended = () => voice.playing.delete(source);
-    voice.playing.add(source);
-    source.start(at);
-    voice.playAt = at + buffer.duration;
-    voice.chunksPlayed += 1;
-  }
-
-  function stopPlayback() {
-    for (const source of voice.playing) source.stop();
-    voice.playing.clear();
-    voice.playAt = 0;
-  }
-
-  // ------------------------------------------------------------ events
-
-  function receive(ev, logged) {
-    if (logged) {
-      conn.lastSeq = ev.seq;
-      conn.seqs.push(ev.seq);
-      render(ev);
-    } else if (ev.type === "error") {
-      // Not logged: a reply to one of our frames, stamped with the last seq.
-      conn.awaitingEcho = false;
-      addError(ev);
-    }
-    updateStatus();
-  }
-
-  function render(ev) {
+function receive(ev, logged) {
+  if (logged) {
+    conn.lastSeq = ev.seq;
+    conn.seqs.push(ev.seq);
+    conn.events.push(ev);
     switch (ev.type) {
       case "user":
-        startTurn(ev);
         conn.awaitingEcho = false;
+        voice.newAnswer();
         setRunning(true);
         break;
-      case "think":
-      case "respond":
-        firstToken(ev);
-        appendText(ev.type, ev.content);
-        break;
-      case "call":
-        firstToken(ev);
-        addCall(ev);
-        break;
-      case "result":
-        settleQuestions();
-        addResult(ev);
-        break;
       case "end":
-        view.kind = "";
-        renderMarkdown();
-        setRunning(false);
-        break;
       case "cancelled":
-        settleQuestions();
-        renderMarkdown();
-        addNote("marker cancelled", "Cancelled.");
         setRunning(false);
         break;
       case "interrupt":
-        settleQuestions();
-        discardStep();
-        addNote("marker interrupt", `Interrupted: ${ev.content || "the step is rerun"}`);
         setRunning(true);
         break;
-      case "error":
-        addError(ev);
-        break;
       case "speech_started":
-        stopPlayback(); // barge-in: the user speaks over the answer
-        addNote("marker speech", "Listening…");
-        break;
-      case "speech_stopped":
-        addNote("marker speech", "Heard you.");
+        voice.stop(); // barge-in: the user speaks over the answer
         break;
       case "configured":
-        voice.speaker = ev.config?.output === "audio";
-        voice.inputConfigured = Boolean(ev.config?.input_audio);
+        conn.config = ev.config ?? {};
+        settings.showConfigured(ev);
+        voice.speaker = conn.config.output === "audio" && Boolean(voice.playback);
+        if (!conn.config.input_audio) voice.stopMic();
         updateControls();
         break;
       case "metric":
-        ui.tokens.textContent = `${ev.total.input} in / ${ev.total.output} out`;
-        turnTokens(ev);
+        conn.totals.input = ev.total.input;
+        conn.totals.output = ev.total.output;
+        conn.totals.cost = ev.cost?.total ?? conn.totals.cost;
         break;
-      default: // execute, and types a newer gateway may add
+      default:
         break;
     }
+    if (ev.type === "speech_started" && voice.micOn) voiceState("Hearing you", "hearing");
+    if (ev.type === "speech_stopped" && voice.micOn) voiceState("Transcribing", "thinking");
+    if (ev.type === "user" && voice.micOn) voiceState("Listening", "listening");
+  } else if (ev.type === "error") {
+    conn.awaitingEcho = false; // not logged: a reply to one of our frames
   }
+  conversation.render(ev, logged);
+  updateStatus();
+}
 
-  // Per-turn figures, from the server's timestamps (so a replayed turn shows the same).
-  function firstToken(ev) {
-    const stats = view.stats;
-    if (!stats || stats.ttftMs !== null) return;
-    stats.ttftMs = Math.max(0, Math.round((ev.timestamp - stats.start) * 1000));
-    showStats();
+function voiceState(text, kind) {
+  ui.voiceState.textContent = text;
+  ui.voiceState.dataset.kind = kind;
+}
+
+// ------------------------------------------------------------------ view
+
+function resetView() {
+  conversation.reset();
+  settings.reset();
+  inspector.clear();
+  voice.reset();
+  ui.eventsCount.textContent = "";
+  Object.assign(conn, { lastSeq: 0, seqs: [], events: [], config: {}, totals: { input: 0, output: 0, cost: 0 } });
+  setRunning(false);
+  updateStatus();
+}
+
+function setView(view) {
+  ui.app.dataset.view = view;
+  sessionStorage.setItem(KEY_VIEW, view);
+  const side = view === "chat" ? ui.app.dataset.side || "events" : view;
+  if (view !== "chat") ui.app.dataset.side = view;
+  for (const tab of document.querySelectorAll('[role="tab"]')) {
+    const selected = tab.dataset.view === view || (view === "chat" && tab.dataset.view === side && isWide());
+    tab.setAttribute("aria-selected", String(tab.dataset.view === view));
+    tab.classList.toggle("side-open", selected && tab.dataset.view !== "chat");
+    tab.tabIndex = tab.dataset.view === view ? 0 : -1;
   }
+  for (const name of ["events", "settings", "session"]) $(`${name}-pane`).hidden = name !== side;
+  if (side === "events") inspector.reveal();
+}
 
-  function turnTokens(ev) {
-    const stats = view.stats;
-    if (!stats) return;
-    stats.input += ev.step.input;
-    stats.output += ev.step.output;
-    showStats();
+function isWide() {
+  return matchMedia("(min-width: 960px)").matches;
+}
+
+function setState(state) {
+  conn.state = state;
+  ui.state.textContent = state;
+  ui.sbState.textContent = conn.client && conn.client.reconnects ? `${state} · ${conn.client.reconnects} reconnect${conn.client.reconnects === 1 ? "" : "s"}` : state;
+  ui.pill.dataset.state = state;
+  ui.app.dataset.state = state;
+  updateStatus();
+}
+
+function setRunning(running) {
+  conn.turnRunning = running;
+  if (!running) ui.announcer.textContent = "";
+  updateControls();
+}
+
+function updateStatus() {
+  ui.sessionId.textContent = conn.sessionId || "none";
+  ui.sbSession.textContent = conn.sessionId ? `${conn.sessionId.slice(0, 10)}…` : "–";
+  ui.sbSession.title = conn.sessionId || "";
+  ui.lastSeq.textContent = String(conn.lastSeq);
+  const session = conn.session;
+  ui.sbNode.textContent = session?.node || "–";
+  const model = conn.config.model || offer.providers.find((p) => p.name === (conn.config.provider || session?.provider))?.default_model;
+  ui.sbProvider.textContent = session ? `${conn.config.provider || session.provider}${model ? ` · ${model}` : ""}` : "–";
+  const t = conn.totals;
+  ui.tokens.textContent = `${t.input.toLocaleString()} in / ${t.output.toLocaleString()} out${t.cost ? ` · ${fmtCost(t.cost)}` : ""}`;
+  ui.sbRtt.textContent = conn.rtt === null ? "–" : fmtMs(conn.rtt);
+  updateControls();
+}
+
+function updateControls() {
+  const online = conn.state === "connected";
+  ui.connect.disabled = conn.wanted;
+  ui.disconnect.disabled = !conn.wanted;
+  ui.send.disabled = !online || conn.turnRunning || conn.awaitingEcho;
+  ui.cancel.disabled = !online || !conn.turnRunning;
+  ui.mic.disabled = !online && !voice.micOn;
+  ui.mic.setAttribute("aria-pressed", String(voice.micOn));
+  ui.mic.classList.toggle("on", voice.micOn);
+  ui.speaker.disabled = !online;
+  ui.speaker.setAttribute("aria-pressed", String(voice.speaker));
+  ui.speaker.classList.toggle("on", voice.speaker);
+  ui.voiceBar.hidden = !voice.micOn;
+  ui.commit.hidden = !(voice.micOn && conn.config.input_audio?.turn_detection === "none");
+  ui.exportButton.disabled = !conn.events.length;
+  ui.copySession.disabled = !conn.sessionId;
+  const api = apiBase();
+  ui.deleteButton.disabled = !api || !conn.sessionId;
+  ui.deleteHint.textContent = api
+    ? `Deletes it on every node through the HTTP API (${api}); its clients are closed with 4404.`
+    : "Delete needs the node's HTTP API: start it with --api-port.";
+  ui.app.classList.toggle("running", conn.turnRunning);
+}
+
+function autosize() {
+  ui.message.style.height = "auto";
+  ui.message.style.height = `${Math.min(ui.message.scrollHeight, 200)}px`;
+}
+
+// ------------------------------------------------------------------ session controls
+
+function apiBase() {
+  if (!offer.api_port) return null;
+  return `${location.protocol}//${location.hostname}:${offer.api_port}`;
+}
+
+let deleteArmed = null;
+
+async function deleteSession() {
+  const api = apiBase();
+  const sid = conn.sessionId;
+  if (!api || !sid) return;
+  if (!deleteArmed) {
+    ui.deleteButton.querySelector("span").textContent = "Click again to delete";
+    deleteArmed = setTimeout(() => {
+      deleteArmed = null;
+      ui.deleteButton.querySelector("span").textContent = "Delete";
+    }, 4000);
+    return;
   }
-
-  function showStats() {
-    const stats = view.stats;
-    const parts = [`${stats.input} in / ${stats.output} out tokens`];
-    if (stats.ttftMs !== null) parts.push(`first token ${stats.ttftMs} ms`);
-    stats.node.textContent = parts.join(" · ");
-  }
-
-  // ------------------------------------------------------------ view
-
-  function h(tag, className, text) {
-    const node = document.createElement(tag);
-    if (className) node.className = className;
-    if (text !== undefined) node.textContent = text; // never innerHTML: content is untrusted
-    return node;
-  }
-
-  function truncate(text) {
-    if (text.length <= SHOW_CHARS) return text;
-    return `${text.slice(0, SHOW_CHARS)}… (${text.length - SHOW_CHARS} more characters)`;
-  }
-
-  function welcome() {
-    const hint = h("p", "marker welcome");
-    hint.append(
-      "Type a message below and press Enter. Try ",
-      h("code", "", "hello"),
-      ", or ",
-      h("code", "", '/tool list {"path": "."}'),
-      " to see the model call a tool.",
+  clearTimeout(deleteArmed);
+  deleteArmed = null;
+  ui.deleteButton.querySelector("span").textContent = "Delete";
+  const token = ui.token.value.trim();
+  let response;
+  try {
+    response = await fetch(`${api}/v1/sessions/${encodeURIComponent(sid)}`, {
+      method: "DELETE",
+      headers: token ? { Authorization: `Bearer ${token}` } : {},
+    });
+  } catch {
+    conversation.note(
+      `The browser could not call ${api}: the HTTP API answers pages of --allowed-origins only (add ${location.origin}).`,
+      "bad",
     );
-    return hint;
+    return;
   }
-
-  function resetView() {
-    ui.log.replaceChildren(welcome());
-    Object.assign(view, { turn: null, step: [], kind: "", text: null, respond: null, stats: null });
-    conn.lastSeq = 0;
-    conn.seqs = [];
-    setRunning(false);
-    updateStatus();
+  if (response.status === 204) {
+    toast("Session deleted");
+    disconnect();
+    forgetSession();
+    conversation.note(`Session ${sid} was deleted on every node.`);
+    return;
   }
-
-  function currentTurn() {
-    if (!view.turn) view.turn = ui.log.appendChild(h("article", "turn"));
-    return view.turn;
+  let message = `HTTP ${response.status}`;
+  try {
+    message = (await response.json()).error?.message ?? message;
+  } catch {
+    // not JSON
   }
+  conversation.note(`Delete refused: ${message}`, "bad");
+}
 
-  // Follow the stream only while the reader is at the bottom: scrolling up to
-  // read stops the jumping.
-  function following(change) {
-    const atBottom = ui.log.scrollHeight - ui.log.scrollTop - ui.log.clientHeight < 60;
-    change();
-    if (atBottom) ui.log.scrollTop = ui.log.scrollHeight;
+function exportTranscript() {
+  download(`rtgw-session-${conn.sessionId ?? "none"}.json`, {
+    session_id: conn.sessionId,
+    node: conn.session?.node,
+    provider: conn.session?.provider,
+    config: conn.config,
+    exported_at: new Date().toISOString(),
+    events: conn.events,
+  });
+}
+
+async function loadOffer() {
+  try {
+    const r = await fetch("/node.json", { cache: "no-store" });
+    if (!r.ok) return;
+    offer = await r.json();
+  } catch {
+    return;
   }
+  settings.setOffer(offer);
+  ui.tokenHint.textContent = offer.auth ? "(required by this node)" : "(not needed: this node runs open)";
+  updateStatus();
+}
 
-  function append(node, { partOfStep = false } = {}) {
-    const turn = currentTurn();
-    const stats = view.stats && view.stats.node.parentNode === turn ? view.stats.node : null;
-    following(() => turn.insertBefore(node, stats));
-    if (partOfStep) view.step.push(node);
-  }
-
-  function boundary() {
-    view.step = [];
-    view.kind = "";
-  }
-
-  function startTurn(ev) {
-    ui.log.querySelector(".welcome")?.remove();
-    view.turn = ui.log.appendChild(h("article", "turn"));
-    append(h("p", ev.source === "audio" ? "user spoken" : "user", ev.content));
-    const node = h("p", "turn-stats");
-    view.turn.appendChild(node);
-    view.stats = { start: ev.timestamp, ttftMs: null, input: 0, output: 0, node };
-    showStats();
-    boundary();
-  }
-
-  function appendText(kind, chunk) {
-    if (view.kind !== kind) {
-      view.kind = kind;
-      view.text = document.createTextNode("");
-      if (kind === "think") {
-        const block = h("details", "think");
-        block.open = true;
-        block.append(h("summary", "", "Thinking"), h("div", "text"));
-        block.lastChild.append(view.text);
-        append(block, { partOfStep: true });
-      } else {
-        const block = h("div", "respond");
-        block.append(view.text);
-        view.respond = block;
-        append(block, { partOfStep: true });
-      }
-    }
-    following(() => view.text.appendData(chunk)); // one growing text node: no O(n²) re-render
-  }
-
-  function addCall(ev) {
-    let name = "?";
-    let args = ev.content;
-    let parsed = null;
+async function pingLoop() {
+  for (;;) {
+    await new Promise((r) => setTimeout(r, conn.rtt === null ? 1000 : PING_EVERY));
+    const client = conn.client;
+    if (!client || conn.state !== "connected") continue;
     try {
-      parsed = JSON.parse(ev.content);
-      name = String(parsed.name);
-      args = JSON.stringify(parsed.args ?? {});
+      conn.rtt = await Promise.race([client.ping(), new Promise((_, no) => setTimeout(no, 10000))]);
+      updateStatus();
     } catch {
-      // show the raw content
+      // the connection is being replaced: the next round asks again
     }
-    view.kind = "";
-    const onClient = ev.runs_on === "client";
-    const node = h("div", onClient ? "call client-call" : "call");
-    node.append(
-      onClient ? "Client tool call " : "Tool call ",
-      h("code", "tool-name", name),
-      " ",
-      h("code", "tool-args", truncate(args)),
-    );
-    if (onClient && name === "confirm" && parsed) node.append(confirmQuestion(ev.id, parsed.args ?? {}));
-    append(node, { partOfStep: true });
   }
+}
 
-  // The confirm tool: the question with Yes/No; the answer goes back as the call's result.
-  function confirmQuestion(id, args) {
-    const box = h("div", "question");
-    box.dataset.callId = id;
-    box.append(h("span", "question-text", String(args.question ?? "")));
-    for (const [label, value] of [["Yes", true], ["No", false]]) {
-      const button = h("button", "answer", label);
-      button.type = "button";
-      button.addEventListener("click", () => {
-        const client = conn.client;
-        if (!client) return;
-        settleQuestion(box, label);
-        client.toolResult(id, "success", value).catch(() => {});
-      });
-      box.append(button);
-    }
-    return box;
-  }
+// ------------------------------------------------------------------ wiring
 
-  function settleQuestion(box, answer) {
-    for (const b of box.querySelectorAll("button")) b.disabled = true;
-    if (answer) box.append(h("span", "question-answer", `you answered ${answer}`));
-    box.classList.add("settled");
-  }
-
-  // A result ends its batch: questions still open there can no longer be answered.
-  function settleQuestions() {
-    for (const box of ui.log.querySelectorAll(".question:not(.settled)")) settleQuestion(box, "");
-  }
-
-  function addResult(ev) {
-    let items = [];
-    try {
-      items = JSON.parse(ev.content);
-    } catch {
-      items = [{ tool: "?", status: "failure", content: ev.content }];
-    }
-    const node = h("div", "result");
-    for (const item of items) {
-      const status = item.status === "success" ? "success" : "failure";
-      const raw = typeof item.content === "string" ? item.content : JSON.stringify(item.content, null, 2);
-      const text = raw ?? "";
-      // Collapsed to one line; expanding shows the whole result (up to RESULT_CHARS).
-      const row = h("details", "tool-item");
-      const summary = h("summary");
-      const preview = text.replace(/\s+/g, " ");
-      summary.append(
-        "Result ",
-        h("span", "tool-name", String(item.tool)),
-        " ",
-        h("span", `tool-status ${status}`, status),
-        " ",
-        h("span", "tool-preview", preview.length > 80 ? `${preview.slice(0, 80)}…` : preview),
-      );
-      const shown = text.length > RESULT_CHARS
-        ? `${text.slice(0, RESULT_CHARS)}… (${text.length - RESULT_CHARS} more characters)`
-        : text;
-      row.append(summary, h("pre", "tool-output", shown));
-      node.append(row);
-    }
-    append(node);
-    boundary(); // the next step starts after the results
-  }
-
-  // Markdown for the finished answer, built from DOM nodes (textContent only):
-  // the model's text can never inject HTML. Streaming shows plain text; the
-  // block is re-rendered once when the turn ends.
-  function renderMarkdown() {
-    const block = view.respond;
-    view.respond = null;
-    if (!block || !block.isConnected) return;
-    const source = block.textContent;
-    const rendered = markdown(source);
-    if (rendered.textContent.replace(/\s/g, "") === "") return;
-    block.replaceChildren(...rendered.childNodes);
-  }
-
-  function markdown(source) {
-    const out = document.createDocumentFragment();
-    const lines = source.split("\n");
-    let i = 0;
-    while (i < lines.length) {
-      const line = lines[i];
-      if (line.startsWith("```")) {
-        const code = [];
-        for (i += 1; i < lines.length && !lines[i].startsWith("```"); i += 1) code.push(lines[i]);
-        i += 1;
-        const pre = h("pre");
-        pre.append(h("code", "", code.join("\n")));
-        out.append(pre);
-      } else if (/^#{1,6} /.test(line)) {
-        const level = line.match(/^#+/)[0].length;
-        out.append(inline(h(`h${Math.min(level + 2, 6)}`), line.slice(level + 1)));
-        i += 1;
-      } else if (/^\s*([-*]|\d+\.) /.test(line)) {
-        const ordered = /^\s*\d+\./.test(line);
-        const list = h(ordered ? "ol" : "ul");
-        while (i < lines.length && /^\s*([-*]|\d+\.) /.test(lines[i])) {
-          list.append(inline(h("li"), lines[i].replace(/^\s*([-*]|\d+\.) /, "")));
-          i += 1;
-        }
-        out.append(list);
-      } else if (line.trim() === "") {
-        i += 1;
-      } else {
-        const para = [];
-        while (i < lines.length && lines[i].trim() !== "" && !/^(```|#{1,6} |\s*([-*]|\d+\.) )/.test(lines[i])) {
-          para.push(lines[i]);
-          i += 1;
-        }
-        out.append(inline(h("p"), para.join("\n")));
-      }
-    }
-    return out;
-  }
-
-  // `code`, **bold**, *italic*, [text](http(s) URL) — anything else stays text.
-  function inline(parent, text) {
-    const pattern = /`([^`]+)`|\*\*([^*]+)\*\*|\*([^*\s][^*]*)\*|\[([^\]]+)\]\((https?:\/\/[^\s)]+)\)/g;
-    let last = 0;
-    for (const m of text.matchAll(pattern)) {
-      parent.append(text.slice(last, m.index));
-      if (m[1] !== undefined) parent.append(h("code", "", m[1]));
-      else if (m[2] !== undefined) parent.append(h("strong", "", m[2]));
-      else if (m[3] !== undefined) parent.append(h("em", "", m[3]));
-      else {
-        const a = h("a", "", m[4]);
-        a.href = m[5];
-        a.rel = "noopener noreferrer";
-        a.target = "_blank";
-        parent.append(a);
-      }
-      last = m.index + m[0].length;
-    }
-    parent.append(text.slice(last));
-    return parent;
-  }
-
-  function discardStep() {
-    for (const node of view.step) node.remove();
-    boundary();
-  }
-
-  function addError(ev) {
-    const node = h("p", "error", `Error (${ev.code || "internal"}): ${ev.content}`);
-    node.setAttribute("role", "alert");
-    append(node);
-  }
-
-  function addNote(className, text) {
-    append(h("p", className, text));
-  }
-
-  // ------------------------------------------------------------ status and controls
-
-  function setState(state, detail = "") {
-    conn.state = state;
-    ui.state.textContent = detail ? `${state} ${detail}` : state;
-    updateStatus();
-  }
-
-  function setRunning(running) {
-    conn.turnRunning = running;
-    // Screen readers hold a busy live region's updates: the streamed answer is
-    // announced once, not token by token.
-    ui.log.setAttribute("aria-busy", String(running));
-    updateControls();
-  }
-
-  function updateStatus() {
-    ui.sessionId.textContent = conn.sessionId || "none";
-    ui.lastSeq.textContent = String(conn.lastSeq);
-    updateControls();
-  }
-
-  function updateControls() {
-    const online = conn.state === "connected";
-    ui.connect.disabled = conn.wanted;
-    ui.disconnect.disabled = !conn.wanted;
-    ui.send.disabled = !online || conn.turnRunning || conn.awaitingEcho;
-    ui.cancel.disabled = !online || !conn.turnRunning;
-    ui.mic.disabled = !online && !voice.mic;
-    ui.mic.setAttribute("aria-pressed", String(Boolean(voice.mic)));
-    ui.mic.textContent = voice.mic ? "Mic on" : "Mic";
-    ui.speaker.disabled = !online;
-    ui.speaker.setAttribute("aria-pressed", String(voice.speaker));
-    ui.speaker.textContent = voice.speaker ? "Speaker on" : "Speaker";
-  }
-
-  // ------------------------------------------------------------ wiring
-
-  ui.connectForm.addEventListener("submit", (e) => {
-    e.preventDefault();
-    if (conn.wanted) return;
-    sessionStorage.setItem(KEY_TOKEN, ui.token.value.trim());
-    connect();
-  });
-  ui.disconnect.addEventListener("click", disconnect);
-  ui.newSession.addEventListener("click", newSession);
-
-  ui.messageForm.addEventListener("submit", (e) => {
-    e.preventDefault();
-    const content = ui.message.value;
-    if (!content.trim() || ui.send.disabled) return;
-    if (sendTurn(content)) {
-      ui.message.value = "";
-      conn.awaitingEcho = true;
-      updateControls();
-    }
-  });
-  ui.message.addEventListener("keydown", (e) => {
-    if (e.key === "Enter" && !e.shiftKey && !e.isComposing) {
-      e.preventDefault();
-      ui.messageForm.requestSubmit();
-    }
-  });
-  ui.cancel.addEventListener("click", () => conn.client?.cancel().catch(() => {}));
-  ui.mic.addEventListener("click", () => {
-    toggleMic().catch((err) => addNote("marker", `Microphone: ${err?.message ?? err}`));
-  });
-  ui.speaker.addEventListener("click", toggleSpeaker);
-
-  ui.token.value = sessionStorage.getItem(KEY_TOKEN) || "";
-  resetView();
-  // Connect on load: a node that needs no key just works; one that does says
-  // "API key required" once and waits for the key. A reload resumes the tab's
-  // session, replaying it from the start into the empty view.
+ui.connectForm.addEventListener("submit", (e) => {
+  e.preventDefault();
+  if (conn.wanted) return;
+  sessionStorage.setItem(KEY_TOKEN, ui.token.value.trim());
   connect();
+});
+ui.disconnect.addEventListener("click", disconnect);
+ui.newSession.addEventListener("click", newSession);
+ui.newSession2.addEventListener("click", newSession);
+ui.copySession.addEventListener("click", async () => {
+  if (conn.sessionId) toast((await copyText(conn.sessionId)) ? "Session id copied" : "Copy failed");
+});
+ui.exportButton.addEventListener("click", exportTranscript);
+ui.deleteButton.addEventListener("click", () => deleteSession());
+ui.resumeForm.addEventListener("submit", (e) => {
+  e.preventDefault();
+  const id = ui.resumeId.value.trim();
+  if (id) resume(id);
+});
 
-  // Test hook: read-only state, plus drop() to break the socket as a network would.
-  window.rtgw = Object.freeze({
-    get state() {
-      return conn.state;
-    },
-    get sessionId() {
-      return conn.sessionId;
-    },
-    get lastSeq() {
-      return conn.lastSeq;
-    },
-    get seqs() {
-      return conn.seqs.slice();
-    },
-    get connections() {
-      return conn.connections;
-    },
-    get turnRunning() {
-      return conn.turnRunning;
-    },
-    get mic() {
-      return Boolean(voice.mic);
-    },
-    get framesSent() {
-      return voice.framesSent;
-    },
-    get chunksPlayed() {
-      return voice.chunksPlayed;
-    },
-    drop() {
-      conn.client?.dropConnection();
-    },
+ui.messageForm.addEventListener("submit", (e) => {
+  e.preventDefault();
+  submitMessage();
+});
+ui.message.addEventListener("keydown", (e) => {
+  if (e.key === "Enter" && !e.shiftKey && !e.isComposing) {
+    e.preventDefault();
+    submitMessage();
+  }
+});
+ui.message.addEventListener("input", autosize);
+ui.cancel.addEventListener("click", () => conn.client?.cancel().catch(() => {}));
+ui.mic.addEventListener("click", () => {
+  toggleMic().catch((err) => conversation.note(`Microphone: ${err?.message ?? err}`, "bad"));
+});
+ui.speaker.addEventListener("click", () => toggleSpeaker());
+ui.commit.addEventListener("click", () => conn.client?.commit().catch(() => {}));
+
+document.addEventListener("keydown", (e) => {
+  if (e.key === "Escape" && conn.turnRunning) {
+    conn.client?.cancel().catch(() => {});
+  } else if (e.altKey && e.key.toLowerCase() === "n") {
+    e.preventDefault();
+    newSession();
+  }
+});
+
+const tabs = [...document.querySelectorAll('[role="tab"]')];
+for (const tab of tabs) {
+  tab.addEventListener("click", () => setView(tab.dataset.view));
+  tab.addEventListener("keydown", (e) => {
+    const visible = tabs.filter((t) => t.offsetParent !== null);
+    const i = visible.indexOf(tab);
+    const next = e.key === "ArrowRight" ? visible[(i + 1) % visible.length] : e.key === "ArrowLeft" ? visible[(i - 1 + visible.length) % visible.length] : null;
+    if (next) {
+      e.preventDefault();
+      setView(next.dataset.view);
+      next.focus();
+    }
   });
-})();
+}
+matchMedia("(min-width: 960px)").addEventListener("change", () => setView(isWide() && ui.app.dataset.view !== "chat" ? ui.app.dataset.view : ui.app.dataset.view));
+
+ui.gatewayUrl.textContent = socketUrl();
+ui.token.value = sessionStorage.getItem(KEY_TOKEN) || "";
+resetView();
+setView(sessionStorage.getItem(KEY_VIEW) || "chat");
+loadOffer();
+pingLoop();
+// Connect on load: a node that needs no key just works; one that does says
+// "API key required" once and waits for the key. A reload resumes the tab's
+// session, replaying it from the start into the empty view.
+connect();
+
+// Test hook: read-only state, plus drop() to break the socket as a network would.
+window.rtgw = Object.freeze({
+  get state() {
+    return conn.state;
+  },
+  get sessionId() {
+    return conn.sessionId;
+  },
+  get lastSeq() {
+    return conn.lastSeq;
+  },
+  get seqs() {
+    return conn.seqs.slice();
+  },
+  get connections() {
+    return conn.connections;
+  },
+  get turnRunning() {
+    return conn.turnRunning;
+  },
+  get mic() {
+    return voice.micOn;
+  },
+  get framesSent() {
+    return voice.framesSent;
+  },
+  get chunksPlayed() {
+    return voice.chunksPlayed;
+  },
+  get played() {
+    return voice.lastPlayed;
+  },
+  get frames() {
+    return inspector.frames.length;
+  },
+  drop() {
+    conn.client?.dropConnection();
+  },
+});

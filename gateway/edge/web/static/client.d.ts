@@ -12,7 +12,7 @@ export interface SessionEvent extends EventBase {
   provider: string;
   node: string;
 }
-export interface UserEvent extends EventBase { type: "user"; content: string }
+export interface UserEvent extends EventBase { type: "user"; content: string; source?: "audio" }
 export interface ThinkEvent extends EventBase { type: "think"; content: string; seq_from?: number }
 export interface RespondEvent extends EventBase { type: "respond"; content: string; seq_from?: number }
 export interface CallEvent extends EventBase {
@@ -30,15 +30,71 @@ export interface ResultEvent extends EventBase {
   payload: { tools_executed: number; success_count: number; failure_count: number };
 }
 export interface EndEvent extends EventBase { type: "end" }
-export interface Usage { input: number; output: number }
-export interface MetricEvent extends EventBase { type: "metric"; step: Usage; total: Usage }
+export interface Usage {
+  input: number;
+  output: number;
+  cached?: number;
+  input_audio?: number;
+  output_audio?: number;
+}
+export interface MetricEvent extends EventBase {
+  type: "metric";
+  step: Usage;
+  total: Usage;
+  /** USD: this step's and the session's. */
+  cost?: { step: number; total: number };
+  /** Part of `step` was estimated from characters (the provider reported no usage). */
+  estimated?: boolean;
+}
 export interface ErrorEvent extends EventBase { type: "error"; code: string; content: string }
 export interface InterruptEvent extends EventBase { type: "interrupt"; content: string }
-export interface CancelledEvent extends EventBase { type: "cancelled"; content: string }
+export interface CancelledEvent extends EventBase {
+  type: "cancelled";
+  content: string;
+  reason?: "barge_in";
+  /** A barge-in: ms of the spoken answer the client reported played (see played()). */
+  heard_ms?: number;
+}
+/** The session's effective configuration (README "A session's own configuration"). */
+export interface SessionConfig {
+  instructions?: string;
+  tools?: ClientToolSpec[];
+  server_tools?: string[] | null;
+  provider?: string;
+  model?: string;
+  metadata?: Record<string, string>;
+  input_audio?: { format: "pcm16"; rate: number; turn_detection: "server_vad" | "none" } | null;
+  output?: "text" | "audio";
+  voice?: string;
+}
+export interface ClientToolSpec {
+  name: string;
+  description?: string;
+  /** JSON Schema of the args: an object schema. */
+  parameters: Record<string, unknown>;
+}
+export interface ConfiguredEvent extends EventBase { type: "configured"; config: SessionConfig }
+export interface SpeechStartedEvent extends EventBase { type: "speech_started"; offset_ms: number }
+export interface SpeechStoppedEvent extends EventBase { type: "speech_stopped"; offset_ms: number }
 
 export type GatewayEvent =
   | UserEvent | ThinkEvent | CallEvent | ExecuteEvent | ResultEvent | RespondEvent
-  | EndEvent | MetricEvent | ErrorEvent | InterruptEvent | CancelledEvent;
+  | EndEvent | MetricEvent | ErrorEvent | InterruptEvent | CancelledEvent
+  | ConfiguredEvent | SpeechStartedEvent | SpeechStoppedEvent;
+
+/** One frame on the wire, for an inspector: sent ("out") or received ("in"). */
+export interface WireFrame {
+  dir: "in" | "out";
+  /** A binary frame: user audio (out) or the model's speech (in, tagged with `seq`). */
+  binary: boolean;
+  bytes: number;
+  /** The JSON frame, parsed (absent for binary frames). */
+  data?: Record<string, unknown>;
+  /** Received audio: its seq tag. */
+  seq?: number;
+  /** Received JSON: "new", "reply", "duplicate" or "gap" (see classifySeq). */
+  verdict?: "new" | "reply" | "duplicate" | "gap";
+}
 
 /** A client tool: gets the call's args, returns the result's content (JSON-encodable). */
 export type ToolHandler = (args: Record<string, unknown>) => unknown | Promise<unknown>;
@@ -68,13 +124,23 @@ export interface ClientOptions {
   onError?: (error: ClientError) => void;
   /** The model's speech: PCM16 mono at 24 kHz, tagged with the seq of the newest event. */
   onAudio?: (pcm16: Int16Array, seq: number) => void;
+  /** Every frame sent and received, as it goes (the session frame, duplicates and pongs too). */
+  onFrame?: (frame: WireFrame) => void;
 }
 
 export class ClientError extends Error {}
-/** status 0: a browser, which cannot read a refused handshake's status. */
+/** The handshake was refused. In a browser, which cannot read the status, it is
+ * inferred (`inferred: true`): 403 origin, 404 session, 401 key. */
 export class RefusedError extends ClientError {
   status: number;
   serverMessage: string;
+  reason: "origin" | "key" | "session" | "forbidden" | "";
+  inferred: boolean;
+}
+/** The gateway refused a configure: `forbidden` (a client token, or the key's policy) or `bad_frame`. */
+export class ConfigureRefusedError extends ClientError {
+  code: string;
+  content: string;
 }
 export class UnreachableError extends ClientError {}
 export class ConnectionLostError extends ClientError {}
@@ -97,8 +163,16 @@ export class Client {
   tool(name: string, handler: ToolHandler): this;
   /** Answer a client-side call yourself: {type: "tool_result", id, status, content}. */
   toolResult(id: string, status: "success" | "failure", content: unknown): Promise<void>;
-  /** Send a configure frame (only the fields given), e.g. {tools: [...]}, {output: "audio"}. */
-  configure(fields: Record<string, unknown>): Promise<void>;
+  /** Change the configuration (only the fields given), e.g. {tools: [...]}, {output: "audio"};
+   * resolves with the `configured` answer, rejects with ConfigureRefusedError. */
+  configure(fields: SessionConfig, options?: { timeout?: number }): Promise<ConfiguredEvent>;
+  /** End a spoken turn yourself (input_audio.turn_detection "none"). */
+  commit(): Promise<void>;
+  /** The round trip of a ping, in ms. */
+  ping(): Promise<number>;
+  /** Report playback: `ms` of the spoken answer was heard, up to the audio tagged `seq`
+   * (false when not sent). */
+  played(seq: number, ms: number): boolean;
   close(): void;
   /** Test hook: drop the connection as a network failure would. */
   dropConnection(): void;

@@ -22,12 +22,24 @@
 //   "runs_on": "client" with {type: "tool_result", id, status, content};
 //   client.configure({tools: [{name, description, parameters}]}) declares them.
 //
+// - Configuration: configure(fields) resolves with the `configured` event that
+//   answers it, or rejects with ConfigureRefusedError (the gateway's reply:
+//   forbidden for a client token or a policy, bad_frame for a bad value).
+// - Playback: played(seq, ms) tells the gateway how much of the model's speech
+//   was heard; a gateway that does not know the message answers unknown_type
+//   once, and the client stops sending it, silently.
+//
 // Refusals: Node sees the handshake's HTTP status (401/403/404/400 are final
 // RefusedError with the server's text; 429/503 are retried). A browser cannot
-// read it: when a handshake fails before opening while the node's /healthz
-// answers, twice in a row, the client gives up with RefusedError(status 0).
+// read it, so when a handshake fails before opening while the node answers
+// (/healthz, fetched without CORS so any page can tell), twice in a row, the
+// client works out which refusal it was and gives up with RefusedError: 403
+// (reason "origin") when the node's CORS does not admit this page's origin,
+// 404 ("session") when the same key opens a new session but not this one, 401
+// ("key") otherwise. `status` is then inferred (`inferred: true`).
 
-const TURN_ENDING_ERROR_CODES = new Set(["upstream", "internal", "malformed_execute"]);
+// malformed_execute is not one: the broken block is handed back and the turn goes on.
+const TURN_ENDING_ERROR_CODES = new Set(["upstream", "internal"]);
 const REFUSAL_CODES = new Set([
   "turn_active",
   "rate_limited",
@@ -37,7 +49,9 @@ const REFUSAL_CODES = new Set([
   "internal",
 ]);
 const FINAL_STATUSES = new Set([400, 401, 403, 404]);
-const FINAL_CLOSE_CODES = new Set([1002, 1003, 1007, 1008, 1009, 1010]);
+const FINAL_CLOSE_CODES = new Set([1002, 1003, 1007, 1008, 1009, 1010, 4401, 4404]);
+// Unlogged replies that refuse a configure (audio refusals answer audio frames).
+const CONFIGURE_REFUSALS = new Set(["forbidden", "bad_frame", "turn_active", "store"]);
 const CLOSE_RESYNC = 4000; // we closed to resync after a gap
 const DEFAULT_PATH = "/v1/realtime";
 
@@ -49,13 +63,26 @@ export class ClientError extends Error {
   }
 }
 
-/** The gateway refused the handshake (status 0: a browser, which cannot see it). */
+/** The gateway refused the handshake: its HTTP status (in a browser, inferred). */
 export class RefusedError extends ClientError {
-  constructor(status, message) {
+  constructor(status, message, { reason = "", inferred = false } = {}) {
     super(`the gateway refused the connection: ${status ? `HTTP ${status} ` : ""}${message}`);
     this.name = "RefusedError";
     this.status = status;
     this.serverMessage = message;
+    /** "origin" | "key" | "session" | "" (Node: read the status). */
+    this.reason = reason || { 401: "key", 403: "forbidden", 404: "session" }[status] || "";
+    this.inferred = inferred;
+  }
+}
+
+/** The gateway refused a configure: its error reply's code and text. */
+export class ConfigureRefusedError extends ClientError {
+  constructor(code, content) {
+    super(`the gateway refused the configuration (${code}): ${content}`);
+    this.name = "ConfigureRefusedError";
+    this.code = code;
+    this.content = content;
   }
 }
 
@@ -423,6 +450,7 @@ export class Client {
     this.onEvent = options.onEvent ?? null;
     this.onError = options.onError ?? null;
     this.onAudio = options.onAudio ?? null;
+    this.onFrame = options.onFrame ?? null;
     this.WebSocketImpl = options.WebSocket ?? null;
     this.sessionId = options.sessionId ?? null;
     this.lastSeq = options.after ?? -1;
@@ -437,6 +465,9 @@ export class Client {
     this._failure = null;
     this._inTurn = false;
     this._connectedWaiters = [];
+    this._configuring = []; // {resolve, reject, timer} per configure sent, oldest first
+    this._pings = []; // {resolve, at} per ping sent
+    this._playedSupported = true;
   }
 
   /** Open the first connection (RefusedError / UnreachableError if that fails). */
@@ -473,10 +504,47 @@ export class Client {
 
   /** Change the session's configuration (only the fields given), e.g.
    * {tools: [{name, description, parameters}]}, {input_audio: {format: "pcm16", rate: 24000}}
-   * or {output: "audio"}. The session answers with a logged `configured` event
-   * (a refusal: an error reply). */
-  async configure(fields) {
-    await this._sendFrame({ ...fields, type: "configure" });
+   * or {output: "audio"}. Resolves with the logged `configured` event that
+   * answers it; rejects with ConfigureRefusedError when the gateway refuses. */
+  configure(fields, { timeout = 10000 } = {}) {
+    return new Promise((resolve, reject) => {
+      const waiter = { resolve, reject, timer: null };
+      waiter.timer = setTimeout(() => {
+        this._configuring = this._configuring.filter((w) => w !== waiter);
+        reject(new ClientError(`the gateway did not answer configure within ${timeout} ms`));
+      }, timeout);
+      this._configuring.push(waiter);
+      this._sendFrame({ ...fields, type: "configure" }).catch((err) => {
+        clearTimeout(waiter.timer);
+        this._configuring = this._configuring.filter((w) => w !== waiter);
+        reject(err);
+      });
+    });
+  }
+
+  /** End a spoken turn yourself (input_audio.turn_detection "none"). */
+  async commit() {
+    await this._sendFrame({ type: "commit" });
+  }
+
+  /** The round trip of an application-level ping, in ms (the gateway's pong). */
+  async ping() {
+    const at = performance.now();
+    const answered = new Promise((resolve) => this._pings.push({ resolve, at }));
+    await this._sendFrame({ type: "ping" });
+    return answered;
+  }
+
+  /**
+   * How much of the model's spoken answer was heard: `ms` milliseconds of it,
+   * up to the audio tagged `seq` (the newest audio actually played). A gateway
+   * that does not know the message answers unknown_type once; the client then
+   * stops sending it, silently.
+   */
+  played(seq, ms) {
+    if (!this._playedSupported || !this.connected) return false;
+    this._sendFrame({ type: "played", seq, ms: Math.round(ms) }).catch(() => {});
+    return true;
   }
 
   /**
@@ -488,6 +556,7 @@ export class Client {
     if (!this.connected || !this._socket) return false;
     try {
       this._socket.send(pcm16);
+      this.onFrame?.({ dir: "out", binary: true, bytes: pcm16.byteLength });
       return true;
     } catch {
       return false;
@@ -557,7 +626,9 @@ export class Client {
         continue;
       }
       try {
-        this._socket.send(JSON.stringify(frame));
+        const text = JSON.stringify(frame);
+        this._socket.send(text);
+        this.onFrame?.({ dir: "out", binary: false, bytes: text.length, data: frame });
         return this._generation;
       } catch {
         this.connected = false;
@@ -571,18 +642,63 @@ export class Client {
     return Math.max(floor, delay * (0.5 + Math.random() * 0.5));
   }
 
+  _healthz() {
+    const u = new URL(this.url);
+    u.protocol = u.protocol === "wss:" ? "https:" : "http:";
+    u.pathname = "/healthz";
+    u.search = "";
+    return u;
+  }
+
+  /** Whether the node answers at all (an opaque no-cors answer counts: any page can ask). */
   async _browserRefused() {
     if (isNode || typeof fetch === "undefined") return false;
     try {
-      const u = new URL(this.url);
-      u.protocol = u.protocol === "wss:" ? "https:" : "http:";
-      u.pathname = "/healthz";
-      u.search = "";
-      const r = await fetch(u, { cache: "no-store" });
-      return r.ok;
+      await fetch(this._healthz(), { cache: "no-store", mode: "no-cors" });
+      return true;
     } catch {
       return false;
     }
+  }
+
+  /**
+   * A browser's refused handshake, told apart: the node's CORS answers the
+   * pages that may open a WebSocket, a new session tells a refused session
+   * from a refused key.
+   */
+  async _browserRefusal() {
+    try {
+      await fetch(this._healthz(), { cache: "no-store", mode: "cors" });
+    } catch {
+      return new RefusedError(
+        403,
+        `this page's origin (${globalThis.location?.origin ?? "?"}) may not connect to the gateway: ` +
+          "the operator can allow it with --allowed-origins",
+        { reason: "origin", inferred: true },
+      );
+    }
+    if (this.sessionId !== null) {
+      try {
+        const { socket } = await openSocket(this.url, {
+          token: this.token,
+          WebSocketImpl: this.WebSocketImpl,
+          openTimeout: this.openTimeout,
+        });
+        socket.close(1000, "probe");
+        return new RefusedError(
+          404,
+          `session ${this.sessionId} does not exist, has expired or belongs to another key: ` +
+            "start a new session",
+          { reason: "session", inferred: true },
+        );
+      } catch {
+        // the key (or token) itself is refused
+      }
+    }
+    const text = this.token
+      ? "the API key (or client token) is not accepted: check it, or ask for a new token"
+      : "API key required";
+    return new RefusedError(401, text, { reason: "key", inferred: true });
   }
 
   async _dial(first, closeCode = null) {
@@ -618,14 +734,7 @@ export class Client {
         } else {
           if (!failure.opened && (await this._browserRefused())) {
             refusedInBrowser += 1;
-            if (refusedInBrowser >= 2) {
-              throw new RefusedError(
-                0,
-                this.token
-                  ? "the API key is not accepted, or the session expired"
-                  : "API key required",
-              );
-            }
+            if (refusedInBrowser >= 2) throw await this._browserRefusal();
           } else if (first && !failure.opened) {
             throw new UnreachableError(`cannot reach ${this.url}: is the gateway running?`);
           }
@@ -655,6 +764,7 @@ export class Client {
       if (socket === this._socket) this._lost(ev);
     };
     this.connected = true;
+    this.onFrame?.({ dir: "in", binary: false, bytes: 0, data: session });
     for (const msg of early) if (socket === this._socket) this._receive(socket, msg.data);
     this._wake();
     this.onConnect?.(session);
@@ -663,9 +773,10 @@ export class Client {
   _receive(socket, data) {
     if (typeof data !== "string") {
       // The model's speech: an 8-byte little-endian seq, then PCM16 at 24 kHz.
-      if (data.byteLength < 8 || !this.onAudio) return;
+      if (data.byteLength < 8) return;
       const seq = Number(new DataView(data).getBigUint64(0, true));
-      this.onAudio(new Int16Array(data.slice(8)), seq);
+      this.onFrame?.({ dir: "in", binary: true, bytes: data.byteLength, seq });
+      this.onAudio?.(new Int16Array(data.slice(8)), seq);
       return;
     }
     let ev;
@@ -675,7 +786,13 @@ export class Client {
       return;
     }
     if (typeof ev?.seq !== "number") return;
-    const verdict = classifySeq(ev.type, ev.seq, this.lastSeq, ev.seq_from ?? -1);
+    const verdict = ev.type === "pong" ? "reply" : classifySeq(ev.type, ev.seq, this.lastSeq, ev.seq_from ?? -1);
+    this.onFrame?.({ dir: "in", binary: false, bytes: data.length, data: ev, verdict });
+    if (ev.type === "pong") {
+      const ping = this._pings.shift();
+      ping?.resolve(performance.now() - ping.at);
+      return;
+    }
     if (verdict === "duplicate") return;
     if (verdict === "gap") {
       socket.close(CLOSE_RESYNC, "seq gap: resuming"); // the close handler reconnects
@@ -684,9 +801,35 @@ export class Client {
       return;
     }
     if (verdict === "new") this.lastSeq = ev.seq;
+    const own = verdict === "reply" && ev.type === "error" ? this._answersOwnFrame(ev) : "";
+    if (own) {
+      if (own === "configure") this.onEvent?.(ev, false);
+      return; // configure() rejects with it; played() goes quiet
+    }
+    if (ev.type === "configured" && this._configuring.length) {
+      const waiter = this._configuring.shift();
+      clearTimeout(waiter.timer);
+      waiter.resolve(ev);
+    }
     if (ev.type === "call" && this._tools.size) this._maybeRunTool(ev);
     this._inbox.put({ kind: "event", event: ev });
     this.onEvent?.(ev, verdict === "new");
+  }
+
+  /** "played" or "configure" when an error reply answers one of those frames, else "". */
+  _answersOwnFrame(ev) {
+    const content = String(ev.content);
+    if (ev.code === "unknown_type" && content.includes("'played'")) {
+      this._playedSupported = false;
+      return "played";
+    }
+    if (this._configuring.length && CONFIGURE_REFUSALS.has(ev.code) && !content.startsWith("audio needs")) {
+      const waiter = this._configuring.shift();
+      clearTimeout(waiter.timer);
+      waiter.reject(new ConfigureRefusedError(ev.code, ev.content));
+      return "configure";
+    }
+    return "";
   }
 
   async _lost(ev) {
@@ -710,6 +853,10 @@ export class Client {
 
   _fail(err) {
     if (this._closing) return;
+    for (const waiter of this._configuring.splice(0)) {
+      clearTimeout(waiter.timer);
+      waiter.reject(err);
+    }
     this._failure = err;
     this._inbox.put({ kind: "failed", error: err });
     this._wake();

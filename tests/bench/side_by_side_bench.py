@@ -175,6 +175,8 @@ class Servers:
     net: SimulatedNetwork
     procs: dict[str, B.Proc] = field(default_factory=dict)
     redis_pids: dict[str, list[int]] = field(default_factory=dict)
+    redis_urls: dict[str, str] = field(default_factory=dict)
+    """The Redis (primary) each gateway logs to, on loopback: its INFO is read directly."""
     urls: dict[str, str] = field(default_factory=dict)
     """Where each target's clients connect (through the client link when simulated)."""
     routes: dict[str, list[str]] = field(default_factory=dict)
@@ -204,6 +206,7 @@ def start_servers(args: argparse.Namespace, net: SimulatedNetwork) -> Iterator[S
             )
             assert redis.proc is not None
             srv.redis_pids["gw-redis"] = [redis.proc.pid]
+            srv.redis_urls["gw-redis"] = redis.url
             for target in targets:
                 if target.startswith("gw-redis@"):  # the same, with another log linger
                     lingering = gateway_args(
@@ -211,17 +214,20 @@ def start_servers(args: argparse.Namespace, net: SimulatedNetwork) -> Iterator[S
                     )
                     srv.procs[target] = stack.enter_context(lingering)
                     srv.redis_pids[target] = [redis.proc.pid]
+                    srv.redis_urls[target] = redis.url
             if "gw-base" in targets:  # the same, run from another source tree (A/B)
                 base = gateway_args(provider, ["--redis", redis_url])
                 base.cwd = args.base_src  # ``python -m gateway.cli`` imports from its cwd
                 srv.procs["gw-base"] = stack.enter_context(base)
                 srv.redis_pids["gw-base"] = [redis.proc.pid]
+                srv.redis_urls["gw-base"] = redis.url
             if "gw-redis-asyncio" in targets:  # the same, on asyncio's own loop (not uvloop)
                 asyncio_gw = gateway_args(
                     provider, ["--redis", redis_url, "--event-loop", "asyncio"]
                 )
                 srv.procs["gw-redis-asyncio"] = stack.enter_context(asyncio_gw)
                 srv.redis_pids["gw-redis-asyncio"] = [redis.proc.pid]
+                srv.redis_urls["gw-redis-asyncio"] = redis.url
         if "gw-replicated" in targets:
             replicated = ReplicatedRedis(tmp / "replicated")
             primary = replicated.primary
@@ -233,6 +239,7 @@ def start_servers(args: argparse.Namespace, net: SimulatedNetwork) -> Iterator[S
                 gateway_args(provider, ["--redis", url, "--durability", "replicated"])
             )
             assert replicated.replica is not None
+            srv.redis_urls["gw-replicated"] = primary.url
             srv.redis_pids["gw-replicated"] = [
                 p.pid for p in (primary.proc, replicated.replica.proc) if p is not None
             ]
@@ -424,6 +431,12 @@ class Run:
     """Median of the target's links' median lateness (how late chunks left the proxies)."""
     late_p99_us: float = float("nan")
     """The worst of the target's links' p99 lateness."""
+    redis_us_per_event: float = float("nan")
+    """Redis's own CPU (``INFO cpu``; the primary's) per upstream delta handled."""
+    redis_cmds_per_event: float = float("nan")
+    """Commands Redis processed (``INFO stats``) per upstream delta handled."""
+    redis_bytes_per_event: float = float("nan")
+    """Bytes Redis read from its clients (the gateway, the replica's acks) per delta."""
 
 
 def ms(values: array[float], p: float) -> float:
@@ -486,6 +499,7 @@ async def measure(target: str, sessions: int, srv: Servers, args: argparse.Names
             B.cpu_seconds(netem_pid) if netem_pid else 0.0,
         )
 
+    redis_url = srv.redis_urls.get(target)
     spy = None
     if args.profile is not None and target == args.profile_target:
         out = args.profile.with_name(
@@ -493,11 +507,13 @@ async def measure(target: str, sessions: int, srv: Servers, args: argparse.Names
         )
         spy = await B.start_py_spy(server.pid, window, out)
     srv.net.window(routes)  # the links' lateness from here
+    info1 = B.redis_counters(redis_url) if redis_url else None
     t1, cpu1, r1, s1, m1, e1, u1, n1 = sample()
     own1 = time.process_time()
     await asyncio.sleep(window)
     t2, cpu2, r2, s2, m2, e2, u2, n2 = sample()
     own2 = time.process_time()
+    info = B.redis_counters(redis_url) - info1 if redis_url and info1 else None
     result = await task
     links = srv.net.window(routes)
     if spy is not None:
@@ -532,6 +548,15 @@ async def measure(target: str, sessions: int, srv: Servers, args: argparse.Names
         netem_cores,
         B.median([link.lateness_p50_us for link in used]) if used else float("nan"),
         max((link.lateness_p99_us for link in used), default=float("nan")),
+        *(
+            (
+                info.cpu_s / (u2 - u1) * 1e6,
+                (info.commands - 1) / (u2 - u1),  # minus the INFO itself
+                info.net_input_bytes / (u2 - u1),
+            )
+            if info is not None and u2 > u1
+            else ()
+        ),
     )
 
 
@@ -650,7 +675,9 @@ def print_results(args: argparse.Namespace, levels: list[int], runs: list[Run]) 
         "µs/ev: server CPU (utime+stime) per upstream delta handled (the same load for "
         "every target); µs/deliv: per content event the client received (the gateway "
         "strips the protocol markers, so it delivers ~7% fewer); added: delay − the "
-        "simulator alone's at that percentile (ms)"
+        "simulator alone's at that percentile (ms); redis: cores of the Redis processes "
+        "(/proc, the replica's too); redis µs/ev: Redis's own CPU per delta (INFO cpu of the "
+        "primary), cmds/ev: its commands per delta, B in/ev: bytes it read per delta"
     )
     rows: list[list[object]] = []
     ratio_rows: list[list[object]] = []
@@ -668,6 +695,9 @@ def print_results(args: argparse.Namespace, levels: list[int], runs: list[Run]) 
                     "cpu_us_per_delivered",
                     "server_cores",
                     "redis_cores",
+                    "redis_us_per_event",
+                    "redis_cmds_per_event",
+                    "redis_bytes_per_event",
                     "other_cores",
                     "p50",
                     "p99",
@@ -685,6 +715,9 @@ def print_results(args: argparse.Namespace, levels: list[int], runs: list[Run]) 
                     m["cpu_us_per_delivered"],
                     m["server_cores"],
                     m["redis_cores"],
+                    m["redis_us_per_event"],
+                    m["redis_cmds_per_event"],
+                    m["redis_bytes_per_event"],
                     m["p50"],
                     m["p99"],
                     m["p50"] - floor.get("p50", float("nan")),
@@ -716,6 +749,9 @@ def print_results(args: argparse.Namespace, levels: list[int], runs: list[Run]) 
                 "µs/deliv",
                 "srv cores",
                 "redis",
+                "redis µs/ev",
+                "cmds/ev",
+                "B in/ev",
                 "p50",
                 "p99",
                 "added p50",

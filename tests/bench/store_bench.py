@@ -108,6 +108,25 @@ async def one_run(
         await store.close()
 
 
+async def renewals_run(url: str, sessions: int, rounds: int, master: str) -> dict[str, float]:
+    """Redis CPU per lease renewal: ``keep_leases`` of ``sessions`` leases, ``rounds`` times
+    (what every node does for its sessions every ``lease_ttl / 3``)."""
+    store = open_store(url)
+    try:
+        sids = [f"r{time.monotonic_ns()}-{i}" for i in range(sessions)]
+        await store.keep_leases(sids, "n1", 600.0)
+        before = B.redis_counters(master)
+        t0 = time.perf_counter()
+        for _ in range(rounds):
+            await store.keep_leases(sids, "n1", 600.0)
+        wall = time.perf_counter() - t0
+        used = B.redis_counters(master) - before
+        n = sessions * rounds
+        return {"renewals_per_s": n / wall, "redis_us_per_renewal": used.cpu_s / n * 1e6}
+    finally:
+        await store.close()
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--url", default="")
@@ -117,6 +136,13 @@ def main() -> None:
     p.add_argument("--durability", default="local")
     p.add_argument("--replica", action="store_true", help="give the own server a replica")
     p.add_argument("--cluster", action="store_true", help="run on an own 3-master Redis Cluster")
+    p.add_argument(
+        "--renewals",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also: Redis CPU per lease renewal, N leases renewed 10 times (one server)",
+    )
     p.add_argument(
         "--parser-replies",
         action="store_true",
@@ -155,6 +181,12 @@ def main() -> None:
                 )
                 for _ in range(args.repeats)
             ]
+            if args.renewals and len(masters) == 1:
+                renewals = [
+                    asyncio.run(renewals_run(url, args.renewals, 10, masters[0]))
+                    for _ in range(args.repeats)
+                ]
+                runs = [run | more for run, more in zip(runs, renewals, strict=True)]
         finally:
             for server in servers:
                 server.stop()

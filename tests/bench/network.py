@@ -18,9 +18,15 @@ passthrough.
 from __future__ import annotations
 
 import argparse
+import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 
-from tests.support.netem import Link, NetemProcess, ProxyStats
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:  # run as a script: ``python tests/bench/…``
+    sys.path.insert(0, str(ROOT))
+
+from tests.support.netem import Link, NetemProcess, ProxyStats  # noqa: E402
 
 __all__ = ["SimulatedNetwork", "add_network_flags"]
 

@@ -62,9 +62,18 @@ _LISTENING = re.compile(r"listening on (ws://\S+)")
 _TICK = os.sysconf("SC_CLK_TCK")
 
 
-def raise_nofile() -> int:
-    """Soft open-file limit up to the hard limit (children inherit it)."""
+def raise_nofile(need: int = 0) -> int:
+    """Soft open-file limit up to the hard limit (children inherit it), as ``gateway
+    serve`` raises its own; with ``need`` above the hard limit, the hard limit too
+    where this process may (root: ``CAP_SYS_RESOURCE``), as an operator's
+    ``LimitNOFILE=`` would."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if need > hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (need, need))
+            soft, hard = need, need
+        except (ValueError, OSError):
+            pass  # not allowed: the hard limit it is
     if soft < hard:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
@@ -76,6 +85,47 @@ def cpu_seconds(pid: int) -> float:
         fields = f.read().rpartition(")")[2].split()
     # After "pid (comm)": state is field 3; utime and stime are fields 14 and 15.
     return (int(fields[11]) + int(fields[12])) / _TICK
+
+
+@dataclass(frozen=True)
+class RedisCounters:
+    """What a Redis server says it did (``INFO``): its own CPU, commands, bytes in.
+
+    Redis's CPU from ``INFO cpu`` (``used_cpu_user`` + ``used_cpu_sys``: every
+    thread of the server, as ``/proc`` would count it, but read from the server
+    that served the gateway even when it runs elsewhere). Subtract two readings
+    and divide by the events of the window for a per-event figure.
+    """
+
+    cpu_s: float
+    commands: int
+    net_input_bytes: int
+    used_memory: int
+
+    def __sub__(self, other: RedisCounters) -> RedisCounters:
+        return RedisCounters(
+            self.cpu_s - other.cpu_s,
+            self.commands - other.commands,
+            self.net_input_bytes - other.net_input_bytes,
+            self.used_memory - other.used_memory,
+        )
+
+
+def redis_counters(url: str) -> RedisCounters:
+    """One ``INFO`` of the Redis at ``url`` (a short-lived connection of its own)."""
+    import redis  # the project's dependency; imported here so benches without Redis skip it
+
+    client = redis.Redis.from_url(url)
+    try:
+        info = client.info("all")
+    finally:
+        client.close()
+    return RedisCounters(
+        float(info["used_cpu_user"]) + float(info["used_cpu_sys"]),
+        int(info["total_commands_processed"]),
+        int(info["total_net_input_bytes"]),
+        int(info["used_memory"]),
+    )
 
 
 def rss_bytes(pid: int) -> int:

@@ -73,6 +73,7 @@ from typing import Final
 import benchlib as B
 import msgspec
 from latency_bench import PacingObserver, decode_content
+from network import SimulatedNetwork, add_network_flags
 from websockets.asyncio.client import connect
 
 from gateway.client.loadtest import LoadTest, LoadTestConfig, sized_message
@@ -171,66 +172,92 @@ def gateway_args(sim_url: str, store: list[str]) -> B.Proc:
 @dataclass
 class Servers:
     sim: B.Proc
+    net: SimulatedNetwork
     procs: dict[str, B.Proc] = field(default_factory=dict)
     redis_pids: dict[str, list[int]] = field(default_factory=dict)
+    redis_urls: dict[str, str] = field(default_factory=dict)
+    """The Redis (primary) each gateway logs to, on loopback: its INFO is read directly."""
+    urls: dict[str, str] = field(default_factory=dict)
+    """Where each target's clients connect (through the client link when simulated)."""
+    routes: dict[str, list[str]] = field(default_factory=dict)
+    """The simulated links each target's events cross (for their lateness figures)."""
 
 
 @contextmanager
-def start_servers(args: argparse.Namespace) -> Iterator[Servers]:
+def start_servers(args: argparse.Namespace, net: SimulatedNetwork) -> Iterator[Servers]:
     with ExitStack() as stack:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
         sim = stack.enter_context(
             B.sim_proc(tokens_per_second=args.rate, chunk_size=args.chunk_size)
         )
-        srv = Servers(sim)
+        srv = Servers(sim, net)
+        # Every server reaches the provider over the same link.
+        provider = net.url("provider", sim.url, net.provider)
         targets = args.targets
         if "relay" in targets:
-            srv.procs["relay"] = stack.enter_context(B.relay_proc(sim.url))
+            srv.procs["relay"] = stack.enter_context(B.relay_proc(provider))
         if "gw-memory" in targets:
-            srv.procs["gw-memory"] = stack.enter_context(gateway_args(sim.url, []))
+            srv.procs["gw-memory"] = stack.enter_context(gateway_args(provider, []))
         if "gw-redis" in targets:
             redis = stack.enter_context(B.redis_server(tmp / "redis"))
+            redis_url = net.url("redis", redis.url, net.redis)
             srv.procs["gw-redis"] = stack.enter_context(
-                gateway_args(sim.url, ["--redis", redis.url])
+                gateway_args(provider, ["--redis", redis_url])
             )
             assert redis.proc is not None
             srv.redis_pids["gw-redis"] = [redis.proc.pid]
+            srv.redis_urls["gw-redis"] = redis.url
             for target in targets:
                 if target.startswith("gw-redis@"):  # the same, with another log linger
                     lingering = gateway_args(
-                        sim.url, ["--redis", redis.url, "--log-linger", target.partition("@")[2]]
+                        provider, ["--redis", redis_url, "--log-linger", target.partition("@")[2]]
                     )
                     srv.procs[target] = stack.enter_context(lingering)
                     srv.redis_pids[target] = [redis.proc.pid]
+                    srv.redis_urls[target] = redis.url
             if "gw-base" in targets:  # the same, run from another source tree (A/B)
-                base = gateway_args(sim.url, ["--redis", redis.url])
+                base = gateway_args(provider, ["--redis", redis_url])
                 base.cwd = args.base_src  # ``python -m gateway.cli`` imports from its cwd
                 srv.procs["gw-base"] = stack.enter_context(base)
                 srv.redis_pids["gw-base"] = [redis.proc.pid]
+                srv.redis_urls["gw-base"] = redis.url
             if "gw-redis-asyncio" in targets:  # the same, on asyncio's own loop (not uvloop)
                 asyncio_gw = gateway_args(
-                    sim.url, ["--redis", redis.url, "--event-loop", "asyncio"]
+                    provider, ["--redis", redis_url, "--event-loop", "asyncio"]
                 )
                 srv.procs["gw-redis-asyncio"] = stack.enter_context(asyncio_gw)
                 srv.redis_pids["gw-redis-asyncio"] = [redis.proc.pid]
+                srv.redis_urls["gw-redis-asyncio"] = redis.url
         if "gw-replicated" in targets:
             replicated = ReplicatedRedis(tmp / "replicated")
-            replicated.start()
-            stack.callback(replicated.stop)
             primary = replicated.primary
-            url = f"redis://127.0.0.1:{primary.port}/0"
+            via = net.route("replica", primary.port, net.replica) if net.enabled else None
+            replicated.start(replica_via=via)
+            stack.callback(replicated.stop)
+            url = net.url("redis-primary", primary.url, net.redis)
             srv.procs["gw-replicated"] = stack.enter_context(
-                gateway_args(sim.url, ["--redis", url, "--durability", "replicated"])
+                gateway_args(provider, ["--redis", url, "--durability", "replicated"])
             )
             assert replicated.replica is not None
+            srv.redis_urls["gw-replicated"] = primary.url
             srv.redis_pids["gw-replicated"] = [
                 p.pid for p in (primary.proc, replicated.replica.proc) if p is not None
             ]
         if "litellm" in targets:
             exe = ensure_litellm(args.litellm_venv)
-            litellm = litellm_proc(exe, sim.url, tmp)
+            litellm = litellm_proc(exe, provider, tmp)
             stack.callback(litellm.stop)
             srv.procs["litellm"] = litellm.start(timeout=180)  # its imports take a while
+        # The floor: the simulator's own wire over the client's and the provider's links.
+        srv.urls["sim"] = net.url("floor", sim.url, net.client + net.provider)
+        srv.routes["sim"] = ["floor"]
+        for target, proc in srv.procs.items():
+            srv.urls[target] = net.url(f"client:{target}", proc.url, net.client)
+            srv.routes[target] = [f"client:{target}", "provider"]
+            if target.startswith(("gw-redis", "gw-base")):
+                srv.routes[target].append("redis")
+            elif target == "gw-replicated":
+                srv.routes[target] += ["redis-primary", "replica"]
         yield srv
 
 
@@ -325,6 +352,9 @@ class Observer(PacingObserver):
         self._deltas_per_turn = -(-len(sim_reply(message)) // chunk)
         self._covered: dict[int, int] = {}  # per session: deltas of this turn counted
         self._chars: dict[int, list[int]] = {}  # per session: think, respond chars this turn
+        self.first = array("d")
+        """Per measured turn: the delay of its first content event (to first chunk)."""
+        self._waiting_first: set[int] = set()  # sessions whose turn has no content yet
 
     def turn_started(self, session: int, turn: int, t: float) -> None:
         # The deltas after the last content event (``<end>``) were handled too.
@@ -333,7 +363,15 @@ class Observer(PacingObserver):
             self.upstream += self._deltas_per_turn - covered
         self._covered[session] = 0
         self._chars[session] = [0, 0]
+        if turn >= self.warmup:
+            self._waiting_first.add(session)
         super().turn_started(session, turn, t)
+
+    def _first_chunk(self, session: int, count: int) -> None:
+        """A delay was recorded (``delays`` grew past ``count``): the turn's first?"""
+        if len(self.delays) > count and session in self._waiting_first:
+            self._waiting_first.discard(session)
+            self.first.append(self.delays[count])
 
     def event(self, session: int, turn: int, kind: str, data: bytes, t: float) -> None:
         if kind in ("think", "respond"):
@@ -346,7 +384,9 @@ class Observer(PacingObserver):
                 chars[index] += len(decode_content(data).content)
                 start = self.respond_start if index else self.think_start
                 self._cover(session, (start + chars[index] - 1) // self.chunk + 1)
+        count = len(self.delays)
         super().event(session, turn, kind, data, t)
+        self._first_chunk(session, count)
 
     def _cover(self, session: int, through: int) -> None:
         """Deltas 1..``through`` of this turn reached the client (at least in part)."""
@@ -365,6 +405,7 @@ class Observer(PacingObserver):
         self._respond[session] = n
         delay = t - self._send[session] - ((n - 1) // self.chunk) * self.interval
         self.delays.append(delay)
+        self._first_chunk(session, len(self.delays) - 1)
 
 
 # ------------------------------------------------------------------ one measurement
@@ -383,6 +424,19 @@ class Run:
     p50: float
     p99: float
     errors: dict[str, int]
+    first_p50: float = float("nan")
+    first_p99: float = float("nan")
+    netem_cores: float = 0.0
+    late_p50_us: float = float("nan")
+    """Median of the target's links' median lateness (how late chunks left the proxies)."""
+    late_p99_us: float = float("nan")
+    """The worst of the target's links' p99 lateness."""
+    redis_us_per_event: float = float("nan")
+    """Redis's own CPU (``INFO cpu``; the primary's) per upstream delta handled."""
+    redis_cmds_per_event: float = float("nan")
+    """Commands Redis processed (``INFO stats``) per upstream delta handled."""
+    redis_bytes_per_event: float = float("nan")
+    """Bytes Redis read from its clients (the gateway, the replica's acks) per delta."""
 
 
 def ms(values: array[float], p: float) -> float:
@@ -392,6 +446,7 @@ def ms(values: array[float], p: float) -> float:
 async def measure(target: str, sessions: int, srv: Servers, args: argparse.Namespace) -> Run:
     message = sized_message("hello", args.message_chars)
     server = srv.sim if target == "sim" else srv.procs[target]
+    url = srv.urls.get(target, server.url)
     observer = Observer(
         relay=target == "relay" or target in OPENAI_WIRE,
         message=message,
@@ -403,7 +458,7 @@ async def measure(target: str, sessions: int, srv: Servers, args: argparse.Names
     if target in OPENAI_WIRE:
         task = asyncio.create_task(
             openai_wire_load(
-                server.url,
+                url,
                 sessions,
                 turns,
                 ramp,
@@ -414,7 +469,7 @@ async def measure(target: str, sessions: int, srv: Servers, args: argparse.Names
         )
     else:
         config = LoadTestConfig(
-            url=server.url,
+            url=url,
             sessions=sessions,
             turns=turns,
             ramp=ramp,
@@ -429,8 +484,10 @@ async def measure(target: str, sessions: int, srv: Servers, args: argparse.Names
     await asyncio.sleep(ramp + turn_s + 0.5)
     window = max(1.0, (args.turns - 1.2) * turn_s)
     redis_pids = srv.redis_pids.get(target, [])
+    netem_pid = srv.net.pid()
+    routes = srv.routes.get(target, [])
 
-    def sample() -> tuple[float, float, float, float, float, int, int]:
+    def sample() -> tuple[float, float, float, float, float, int, int, float]:
         return (
             time.perf_counter(),
             tree_cpu_seconds(server.pid),
@@ -439,20 +496,26 @@ async def measure(target: str, sessions: int, srv: Servers, args: argparse.Names
             B.machine_busy_seconds(),
             observer.events,
             observer.upstream,
+            B.cpu_seconds(netem_pid) if netem_pid else 0.0,
         )
 
+    redis_url = srv.redis_urls.get(target)
     spy = None
     if args.profile is not None and target == args.profile_target:
         out = args.profile.with_name(
             f"{args.profile.stem}-{target}-{sessions}{args.profile.suffix}"
         )
         spy = await B.start_py_spy(server.pid, window, out)
-    t1, cpu1, r1, s1, m1, e1, u1 = sample()
+    srv.net.window(routes)  # the links' lateness from here
+    info1 = B.redis_counters(redis_url) if redis_url else None
+    t1, cpu1, r1, s1, m1, e1, u1, n1 = sample()
     own1 = time.process_time()
     await asyncio.sleep(window)
-    t2, cpu2, r2, s2, m2, e2, u2 = sample()
+    t2, cpu2, r2, s2, m2, e2, u2, n2 = sample()
     own2 = time.process_time()
+    info = B.redis_counters(redis_url) - info1 if redis_url and info1 else None
     result = await task
+    links = srv.net.window(routes)
     if spy is not None:
         await spy.wait()
     errors = result if isinstance(result, dict) else dict(result.errors)
@@ -465,7 +528,9 @@ async def measure(target: str, sessions: int, srv: Servers, args: argparse.Names
     redis_cores = (r2 - r1) / wall
     client = (own2 - own1) / wall
     sim_cores = 0.0 if target == "sim" else (s2 - s1) / wall
-    other = (m2 - m1) / wall - server_cores - redis_cores - client - sim_cores
+    netem_cores = (n2 - n1) / wall
+    other = (m2 - m1) / wall - server_cores - redis_cores - client - sim_cores - netem_cores
+    used = [link for link in links.values() if link.chunks]
     return Run(
         target,
         sessions,
@@ -478,6 +543,20 @@ async def measure(target: str, sessions: int, srv: Servers, args: argparse.Names
         ms(observer.delays, 50),
         ms(observer.delays, 99),
         errors,
+        ms(observer.first, 50),
+        ms(observer.first, 99),
+        netem_cores,
+        B.median([link.lateness_p50_us for link in used]) if used else float("nan"),
+        max((link.lateness_p99_us for link in used), default=float("nan")),
+        *(
+            (
+                info.cpu_s / (u2 - u1) * 1e6,
+                (info.commands - 1) / (u2 - u1),  # minus the INFO itself
+                info.net_input_bytes / (u2 - u1),
+            )
+            if info is not None and u2 > u1
+            else ()
+        ),
     )
 
 
@@ -523,6 +602,21 @@ async def main() -> int:
     )
     parser.add_argument("--profile-target", default="gw-redis")
     parser.add_argument("--quick", action="store_true", help="1 repeat")
+    parser.add_argument(
+        "--attempts",
+        type=int,
+        default=3,
+        help="measure a run again while other processes took more than --other-limit "
+        "cores during it (up to N times; the last one counts)",
+    )
+    parser.add_argument("--other-limit", type=float, default=B.OTHER_LIMIT * 2)
+    parser.add_argument(
+        "--peer",
+        default="relay",
+        help="the passthrough peer whose paths the added latency is taken against "
+        "(relay or litellm; both are printed when both run)",
+    )
+    add_network_flags(parser)
     args = parser.parse_args()
     if args.quick:
         args.repeats = 1
@@ -536,23 +630,38 @@ async def main() -> int:
     B.raise_nofile()
     runs: list[Run] = []
     print(f"  load average before: {load_average()}", file=sys.stderr)
-    with start_servers(args) as srv:
+    net = SimulatedNetwork.from_args(args)
+    print(f"  {net.describe()}", file=sys.stderr)
+    with net, start_servers(args, net) as srv:
         for sessions in levels:
             for repeat in range(args.repeats):
                 order = args.targets[repeat % len(args.targets) :]
                 order += args.targets[: repeat % len(args.targets)]
                 for target in order:
-                    run = await measure(target, sessions, srv, args)
+                    for attempt in range(args.attempts):
+                        busy = B.wait_for_quiet_machine(args.other_limit + 0.15, 300)
+                        run = await measure(target, sessions, srv, args)
+                        if run.other_cores <= args.other_limit:
+                            break
+                        print(
+                            f"  ({target}: other processes took {run.other_cores:.2f} cores "
+                            f"during the run (before: {busy:.2f}); attempt {attempt + 1} "
+                            f"of {args.attempts})",
+                            file=sys.stderr,
+                        )
                     runs.append(run)
                     print(
                         f"  {sessions:4} sessions {target:<13} {run.events_per_s:8,.0f} ev/s  "
                         f"{run.cpu_us_per_event:6.1f} µs/ev ({run.cpu_us_per_delivered:6.1f} deliv)  p50 {run.p50:6.2f}  "
-                        f"p99 {run.p99:7.2f} ms  other {run.other_cores:.2f}  "
+                        f"p99 {run.p99:7.2f} ms  first {run.first_p50:6.2f}/{run.first_p99:6.2f}  "
+                        f"other {run.other_cores:.2f}  netem {run.netem_cores:.2f} "
+                        f"(late {run.late_p50_us:.0f}/{run.late_p99_us:.0f} µs)  "
                         f"load {load_average()}  errors {run.errors or 'none'}",
                         file=sys.stderr,
                         flush=True,
                     )
     print_results(args, levels, runs)
+    print_latency(args, net, levels, runs)
     return 0 if all(not r.errors for r in runs) else 1
 
 
@@ -566,7 +675,9 @@ def print_results(args: argparse.Namespace, levels: list[int], runs: list[Run]) 
         "µs/ev: server CPU (utime+stime) per upstream delta handled (the same load for "
         "every target); µs/deliv: per content event the client received (the gateway "
         "strips the protocol markers, so it delivers ~7% fewer); added: delay − the "
-        "simulator alone's at that percentile (ms)"
+        "simulator alone's at that percentile (ms); redis: cores of the Redis processes "
+        "(/proc, the replica's too); redis µs/ev: Redis's own CPU per delta (INFO cpu of the "
+        "primary), cmds/ev: its commands per delta, B in/ev: bytes it read per delta"
     )
     rows: list[list[object]] = []
     ratio_rows: list[list[object]] = []
@@ -584,6 +695,9 @@ def print_results(args: argparse.Namespace, levels: list[int], runs: list[Run]) 
                     "cpu_us_per_delivered",
                     "server_cores",
                     "redis_cores",
+                    "redis_us_per_event",
+                    "redis_cmds_per_event",
+                    "redis_bytes_per_event",
                     "other_cores",
                     "p50",
                     "p99",
@@ -601,6 +715,9 @@ def print_results(args: argparse.Namespace, levels: list[int], runs: list[Run]) 
                     m["cpu_us_per_delivered"],
                     m["server_cores"],
                     m["redis_cores"],
+                    m["redis_us_per_event"],
+                    m["redis_cmds_per_event"],
+                    m["redis_bytes_per_event"],
                     m["p50"],
                     m["p99"],
                     m["p50"] - floor.get("p50", float("nan")),
@@ -632,6 +749,9 @@ def print_results(args: argparse.Namespace, levels: list[int], runs: list[Run]) 
                 "µs/deliv",
                 "srv cores",
                 "redis",
+                "redis µs/ev",
+                "cmds/ev",
+                "B in/ev",
                 "p50",
                 "p99",
                 "added p50",
@@ -649,6 +769,95 @@ def print_results(args: argparse.Namespace, levels: list[int], runs: list[Run]) 
             ratio_rows,
         )
     )
+
+
+LATENCY_FIELDS: Final = (
+    "first_p50",
+    "first_p99",
+    "p50",
+    "p99",
+    "netem_cores",
+    "late_p50_us",
+    "late_p99_us",
+)
+
+
+def print_latency(
+    args: argparse.Namespace, net: SimulatedNetwork, levels: list[int], runs: list[Run]
+) -> None:
+    """Latency against the passthrough peers over the same network, and the issue's goal.
+
+    *first*: a turn's first content event (to first chunk); *event*: every
+    content event. Both are delays against the simulator's schedule (the
+    request leg included), so "added" is the target's delay − the peer's at
+    that percentile, over the same simulated links (the gateway's Redis link
+    is its own: that is the cost measured).
+    """
+    print(f"\nlatency over the network: {net.describe()}")
+    print(
+        "first: a turn's first content event; event: every content event; delays against "
+        "the simulator's schedule (ms), medians of the repeats; late: how late chunks left "
+        "the proxies (median / worst p99 of the target's links, µs)"
+    )
+    peers = [p for p in ("relay", "litellm") if p in args.targets]
+    rows: list[list[object]] = []
+    goals: list[str] = []
+    for sessions in levels:
+        med: dict[str, dict[str, float]] = {}
+        for target in args.targets:
+            mine = [r for r in runs if r.sessions == sessions and r.target == target]
+            if mine:
+                med[target] = {k: B.median([getattr(r, k) for r in mine]) for k in LATENCY_FIELDS}
+        for target, m in med.items():
+            row: list[object] = [
+                sessions,
+                target,
+                m["first_p50"],
+                m["first_p99"],
+                m["p50"],
+                m["p99"],
+            ]
+            for peer in peers:
+                base = med.get(peer)
+                for k in ("first_p50", "first_p99", "p50", "p99"):
+                    row.append(m[k] - base[k] if base and target != peer else float("nan"))
+            row += [m["late_p50_us"], m["late_p99_us"], m["netem_cores"]]
+            rows.append(row)
+        peer = args.peer if args.peer in med else (peers[0] if peers and peers[0] in med else "")
+        if not peer:
+            continue
+        rtt_ms = net.redis * 1000
+        for gw, budget50, budget99 in (
+            ("gw-redis", rtt_ms + 1, rtt_ms + 5),
+            ("gw-replicated", rtt_ms + net.replica * 1000 + 1, float("nan")),
+        ):
+            if gw not in med:
+                continue
+            base = med[peer]
+            for k, label in (("first_p50", "first p50"), ("p50", "event p50")):
+                added = med[gw][k] - base[k]
+                goals.append(
+                    f"  {sessions:4} sessions {gw:<13} {label:<10} added {added:6.2f} ms vs "
+                    f"{peer}; goal ≤ {budget50:.2f}: {'met' if added <= budget50 else 'NOT met'}"
+                )
+            if budget99 == budget99:
+                for k, label in (("first_p99", "first p99"), ("p99", "event p99")):
+                    added = med[gw][k] - base[k]
+                    goals.append(
+                        f"  {sessions:4} sessions {gw:<13} {label:<10} added {added:6.2f} ms vs "
+                        f"{peer}; goal ≤ {budget99:.2f}: {'met' if added <= budget99 else 'NOT met'}"
+                    )
+    headers = ["sessions", "target", "first p50", "first p99", "event p50", "event p99"]
+    for peer in peers:
+        headers += [f"+{peer} f50", f"+{peer} f99", f"+{peer} e50", f"+{peer} e99"]
+    headers += ["late p50", "late p99", "netem cores"]
+    print(B.table(headers, rows))
+    if goals:
+        print(
+            "\nthe issue's goal (Redis RTT + 1 ms at p50, + 5 ms at p99; replicated: "
+            "Redis + replica RTT + 1 ms at p50), added against the passthrough peer:"
+        )
+        print("\n".join(goals))
 
 
 if __name__ == "__main__":

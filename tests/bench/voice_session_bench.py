@@ -42,6 +42,17 @@ Run: ``PYTHONPATH=. /work/venv/bin/python tests/bench/voice_session_bench.py [--
    simulator never answers (VAD threshold out of reach), against the adapter
    alone relaying in this process (``tests/bench/voice_bench.py``'s figure:
    the relay floor, no session, edge or log).
+
+**Over a simulated network** (``--client-rtt``, ``--provider-rtt``,
+``--redis-rtt`` in ms; ``tests/bench/network.py``): the gateway's clients
+cross a client link, the gateway reaches the simulator over a provider link
+and Redis over a Redis link (any ``--redis-rtt``, or ``--redis``, gives the
+gateway a Redis store; otherwise it keeps the memory store), and the direct
+sessions reach the simulator over one link of client + provider RTT: the
+path a client of the raw provider has. ``--gateway-env "GATEWAY_X=Y …"``
+passes settings to the gateway (to weigh one in the same run as another:
+``--compare-env``, whose gateway runs interleaved with the first and is
+reported as ``gateway-b``).
 """
 
 from __future__ import annotations
@@ -52,11 +63,13 @@ import contextlib
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import orjson
+from network import SimulatedNetwork, add_network_flags
 from websockets.asyncio.client import connect
 
 from gateway.pcm import silence, tone
@@ -65,6 +78,7 @@ from gateway.upstream.openai import OpenAIRealtime
 from gateway.wsfast import FastReadClientConnection
 from protocol.events import Respond, Think
 from protocol.parser import Parser
+from tests.support.redis_server import RedisServer
 
 RATE = 24000
 FRAME = RATE // 50 * 2
@@ -295,6 +309,11 @@ def median(values: list[float]) -> float:
     return ordered[len(ordered) // 2]
 
 
+def env_pairs(text: str) -> dict[str, str]:
+    """``"GATEWAY_X=1 GATEWAY_Y=2"`` as a dict."""
+    return dict(pair.partition("=")[::2] for pair in text.split())
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--sessions", type=int, default=100)
@@ -319,83 +338,132 @@ async def main() -> None:
         default=50.0,
         help="the simulator's text chunks per second per answer (0: unpaced)",
     )
+    parser.add_argument(
+        "--redis", action="store_true", help="the gateway on a Redis store (implied by --redis-rtt)"
+    )
+    parser.add_argument("--gateway-env", default="", help="GATEWAY_X=Y … for the gateway")
+    parser.add_argument(
+        "--compare-env",
+        default=None,
+        help="a second gateway with these settings (GATEWAY_X=Y …), run interleaved and "
+        "reported as gateway-b",
+    )
+    parser.add_argument("--no-relay-cpu", action="store_true", help="skip the audio CPU figure")
+    add_network_flags(parser)
     ns = parser.parse_args()
     n = ns.sessions
     if ns.pin:
         PINS.update(gateway={1}, others={0})
         os.sched_setaffinity(0, {0})
-    runs: dict[str, list[tuple[float, float]]] = {"direct": [], "gateway": []}
-    stages: dict[str, dict[str, list[float]]] = {"direct": {}, "gateway": {}}
-    pooled: dict[str, list[float]] = {"direct": [], "gateway": []}
+    net = SimulatedNetwork.from_args(ns)
+    variants = {"gateway": env_pairs(ns.gateway_env)}
+    if ns.compare_env is not None:
+        variants["gateway-b"] = env_pairs(ns.compare_env)
+    names = ["direct", *variants]
+    runs: dict[str, list[tuple[float, float]]] = {name: [] for name in names}
+    stages: dict[str, dict[str, list[float]]] = {name: {} for name in names}
+    pooled: dict[str, list[float]] = {name: [] for name in names}
     pace = ("--tokens-per-second", f"{ns.tokens_per_second:g}")
-    async with process("sim", "--port", "0", *pace) as (sim_ws, _):
-        base = sim_ws.split("/v1/")[0] + "/v1"
-        env = {"OPENAI_API_KEY": "k"}
-        for _ in range(ns.repeats):
-            if ns.probes:
-                # Together: the probes meet the same simulator load and CPU as
-                # the gateway's sessions; their speech ends interleave.
-                total = n + ns.probes
-                run = Run(total, ns.spread)
-                every = total / ns.probes
-                probes = {int(j * every + every / 2) for j in range(ns.probes)}
-                async with process(*gateway_args(base), env=env) as (url, _):
-                    seen_all = await asyncio.gather(
-                        *(
-                            direct_session(base, run, k)
-                            if k in probes
-                            else gateway_session(url, run, k)
-                            for k in range(total)
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(net)
+        extra: tuple[str, ...] = ()
+        if ns.redis or ns.redis_rtt is not None:
+            tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
+            redis = RedisServer(tmp / "redis")
+            redis.start()
+            stack.callback(redis.stop)
+            extra = ("--redis", net.url("redis", redis.url, net.redis))
+        async with process("sim", "--port", "0", *pace) as (sim_ws, _):
+            sim_base = sim_ws.split("/v1/")[0] + "/v1"
+            base = net.url("provider", sim_base, net.provider)
+            direct_base = net.url("direct", sim_base, net.client + net.provider)
+            routes = 0
+            for _ in range(ns.repeats):
+                for variant, variant_env in variants.items():
+                    env = {"OPENAI_API_KEY": "k", **variant_env}
+                    args = (*gateway_args(base), *extra)
+                    if ns.probes:
+                        # Together: the probes meet the same simulator load and CPU as
+                        # the gateway's sessions; their speech ends interleave.
+                        total = n + ns.probes
+                        run = Run(total, ns.spread)
+                        every = total / ns.probes
+                        probes = {int(j * every + every / 2) for j in range(ns.probes)}
+                        async with process(*args, env=env) as (url, _):
+                            routes += 1
+                            url = net.url(f"client-{routes}", url, net.client)
+                            seen_all = await asyncio.gather(
+                                *(
+                                    direct_session(direct_base, run, k)
+                                    if k in probes
+                                    else gateway_session(url, run, k)
+                                    for k in range(total)
+                                )
+                            )
+                        direct = [seen for k, seen in enumerate(seen_all) if k in probes]
+                        through = [seen for k, seen in enumerate(seen_all) if k not in probes]
+                    else:
+                        run = Run(n, ns.spread)
+                        direct = await asyncio.gather(
+                            *(direct_session(direct_base, run, k) for k in range(n))
                         )
-                    )
-                direct = [seen for k, seen in enumerate(seen_all) if k in probes]
-                through = [seen for k, seen in enumerate(seen_all) if k not in probes]
-            else:
-                run = Run(n, ns.spread)
-                direct = await asyncio.gather(*(direct_session(base, run, k) for k in range(n)))
-                run = Run(n, ns.spread)
-                async with process(*gateway_args(base), env=env) as (url, _):
-                    through = await asyncio.gather(
-                        *(gateway_session(url, run, k) for k in range(n))
-                    )
-            for name, group in (("direct", direct), ("gateway", through)):
-                firsts = [seen[FIRST] for seen in group]
-                pooled[name] += firsts
-                runs[name].append((pct(firsts, 50), pct(firsts, 99)))
-                for seen in group:
-                    for kind, at in seen.items():
-                        stages[name].setdefault(kind, []).append(at)
-        pinned = ", gateway pinned to CPU 1, the rest to CPU 0" if ns.pin else ""
-        how = (
-            f"{ns.probes} direct alongside"
-            if ns.probes
-            else f"{n} direct in separate runs, interleaved"
-        )
-        how += f", speech ends spread over {ns.spread:g} s, {ns.repeats} run(s) pooled"
-        print(
-            f"speech end -> first chunk, {n} concurrent voice sessions through the gateway, "
-            f"{how}{pinned} (ms)"
-        )
-        print(f"  {'':10}{'p50':>10}{'p99':>10}   {'samples':>8}   each run (p50/p99)")
-        figures = {}
-        for name, got in runs.items():
-            figures[name] = (pct(pooled[name], 50), pct(pooled[name], 99))
-            each = "  ".join(f"{a:.0f}/{b:.0f}" for a, b in got)
-            print(
-                f"  {name:10}{figures[name][0]:>10.1f}{figures[name][1]:>10.1f}"
-                f"   {len(pooled[name]):>8}   {each}"
+                        run = Run(n, ns.spread)
+                        async with process(*args, env=env) as (url, _):
+                            routes += 1
+                            url = net.url(f"client-{routes}", url, net.client)
+                            through = await asyncio.gather(
+                                *(gateway_session(url, run, k) for k in range(n))
+                            )
+                    for name, group in (("direct", direct), (variant, through)):
+                        firsts = [seen[FIRST] for seen in group]
+                        pooled[name] += firsts
+                        runs[name].append((pct(firsts, 50), pct(firsts, 99)))
+                        for seen in group:
+                            for kind, at in seen.items():
+                                stages[name].setdefault(kind, []).append(at)
+            pinned = ", gateway pinned to CPU 1, the rest to CPU 0" if ns.pin else ""
+            how = (
+                f"{ns.probes} direct alongside"
+                if ns.probes
+                else f"{n} direct in separate runs, interleaved"
             )
-        print(
-            f"  added     {figures['gateway'][0] - figures['direct'][0]:>10.1f}"
-            f"{figures['gateway'][1] - figures['direct'][1]:>10.1f}"
-        )
-        if ns.stages:
-            print("when each kind of event first arrived, ms from the last speech frame (all runs)")
-            for name, kinds in stages.items():
-                for kind, ats in sorted(kinds.items(), key=lambda item: median(item[1])):
-                    print(f"  {name:8} {kind:24}{pct(ats, 50):>10.1f}{pct(ats, 99):>10.1f}")
-        rate = await relay_cpu(base, n, 5.0)
-        print(f"gateway: {rate:,.0f} audio frames relayed per CPU-second ({n} sessions, 5 s)")
+            how += f", speech ends spread over {ns.spread:g} s, {ns.repeats} run(s) pooled"
+            store = "Redis" if extra else "memory"
+            print(
+                f"speech end -> first chunk, {n} concurrent voice sessions through the gateway "
+                f"({store} store), {how}{pinned} (ms); {net.describe()}"
+            )
+            for variant, variant_env in variants.items():
+                print(
+                    f"  {variant}: {' '.join(f'{k}={v}' for k, v in variant_env.items()) or 'defaults'}"
+                )
+            print(f"  {'':10}{'p50':>10}{'p99':>10}   {'samples':>8}   each run (p50/p99)")
+            figures = {}
+            for name, got in runs.items():
+                figures[name] = (pct(pooled[name], 50), pct(pooled[name], 99))
+                each = "  ".join(f"{a:.0f}/{b:.0f}" for a, b in got)
+                print(
+                    f"  {name:10}{figures[name][0]:>10.1f}{figures[name][1]:>10.1f}"
+                    f"   {len(pooled[name]):>8}   {each}"
+                )
+            for variant in variants:
+                print(
+                    f"  added {variant[7:] or '':4}"
+                    f"{figures[variant][0] - figures['direct'][0]:>10.1f}"
+                    f"{figures[variant][1] - figures['direct'][1]:>10.1f}"
+                )
+            if ns.stages:
+                print(
+                    "when each kind of event first arrived, ms from the last speech frame (all runs)"
+                )
+                for name, kinds in stages.items():
+                    for kind, ats in sorted(kinds.items(), key=lambda item: median(item[1])):
+                        print(f"  {name:8} {kind:24}{pct(ats, 50):>10.1f}{pct(ats, 99):>10.1f}")
+            if not ns.no_relay_cpu:
+                rate = await relay_cpu(base, n, 5.0)
+                print(
+                    f"gateway: {rate:,.0f} audio frames relayed per CPU-second ({n} sessions, 5 s)"
+                )
 
 
 if __name__ == "__main__":

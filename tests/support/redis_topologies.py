@@ -181,10 +181,11 @@ class ReplicatedRedis:
         self.replica: RedisProcess | None = None
         self.workdir = workdir
 
-    def start(self) -> None:
+    def start(self, *, replica_via: int | None = None) -> None:
+        """``replica_via``: the replica dials this port (a ``netem`` proxy to the primary)."""
         self.primary.start()
         self.replica = RedisProcess(self.workdir / "replica")
-        self.replica.start(replica_of=self.primary.port)
+        self.replica.start(replica_of=replica_via or self.primary.port)
         wait_until(lambda: _replica_in_sync(self.primary), "the replica syncs")
 
     def stop(self) -> None:

@@ -204,9 +204,14 @@ class Config(msgspec.Struct, kw_only=True):
         ),
     ] = ""
     key_prefix: Annotated[str, Setting("prefix of every Redis key", STORE)] = "rtgw"
-    session_ttl: Annotated[PositiveSeconds, Setting("seconds an idle session is kept", STORE)] = (
-        24 * 3600.0
-    )
+    session_ttl: Annotated[
+        PositiveSeconds,
+        Setting(
+            "seconds an idle session is kept after its last event (Redis renews it once a "
+            "tenth of this, at most 60 s, has run down: one write fewer per event)",
+            STORE,
+        ),
+    ] = 24 * 3600.0
     unused_session_ttl: Annotated[
         PositiveSeconds,
         Setting(

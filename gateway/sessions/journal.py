@@ -8,6 +8,12 @@ from its end, a page at a time, until it has passed every call of the batch
 (so every result after them was seen), and hands the turn machine the batch
 as ``JournalCall``s (``protocol.journal``): the outcomes are reused, the
 other calls run again under their own ids and keys.
+
+A step's items (its think blocks and calls) go into history with the step's
+usage (``metric``), a moment after its ``execute``: a driver that died in
+between sent the calls to clients (which may already act on them) but left
+history without them. ``unpersisted_step`` rebuilds that step from the log,
+so the takeover finishes the same calls instead of asking the model again.
 """
 
 from __future__ import annotations
@@ -18,11 +24,32 @@ from typing import Final, Literal
 import msgspec
 
 from gateway.store.base import EventLog
+from protocol.assembly import HistoryItem
 from protocol.calls import ToolResult, decode_call
-from protocol.events import Approval, ApprovalRequired, Call, Result, decode_event
+from protocol.events import (
+    Approval,
+    ApprovalRequired,
+    Call,
+    Cancelled,
+    End,
+    Event,
+    Execute,
+    Interrupt,
+    Metric,
+    Result,
+    User,
+    decode_event,
+)
 from protocol.journal import JournalCall
+from protocol.steps import StepRecorder
 
-__all__ = ["read_journal", "read_journal_calls"]
+__all__ = ["read_journal", "read_journal_calls", "unpersisted_step"]
+
+# Where a step's logged events begin (after the last of these): history holds
+# everything before, or the step was ended another way.
+_STEP_BOUNDARIES: Final = (User, Metric, Interrupt, Result, Cancelled, End)
+_STEP_READ_MOST: Final = 1024
+"""Events read back at most to find a cut step (one step's deltas: far fewer)."""
 
 _PAGE: Final = 256
 _KINDS: Final = (b'"type":"result"', b'"type":"call"', b'"type":"approval')
@@ -87,3 +114,31 @@ def read_journal_calls(
             )
         )
     return tuple(out)
+
+
+async def unpersisted_step(store: EventLog, sid: str, last_seq: int) -> list[HistoryItem]:
+    """The history items of the last step, if the log shows its calls complete
+    (``execute``) but not the usage that writes them to history; else [].
+
+    Read back from the log's end to the step's start, ``_STEP_READ_MOST``
+    events at most (a longer tail is not one cut step: [] and the step is rerun).
+    """
+    first = max(await store.first_seq(sid), 1)
+    start = max(first - 1, last_seq - _STEP_READ_MOST, 0)
+    entries = await store.read_log(sid, start, limit=last_seq - start)
+    step: list[Event] = []
+    for entry in reversed(entries):
+        event = decode_event(entry.data)
+        if isinstance(event, _STEP_BOUNDARIES):
+            break
+        step.append(event)
+    else:
+        if start > first - 1:
+            return []  # the step's start is further back than we read
+    if not any(type(event) is Execute for event in step):
+        return []
+    recorder = StepRecorder()
+    for event in reversed(step):
+        recorder.add(event)
+    items = recorder.finish()
+    return items if any(type(item) is Call for item in items) else []

@@ -29,7 +29,7 @@ from typing import Any, Final, Protocol
 import msgspec
 
 from gateway.sessions.driver import TurnDriver
-from gateway.sessions.journal import read_journal, read_journal_calls
+from gateway.sessions.journal import read_journal, read_journal_calls, unpersisted_step
 from gateway.sessions.observer import TurnObserver
 from gateway.sessions.resumption import ResumePoint
 from gateway.sessions.session_log import SessionLog
@@ -302,6 +302,14 @@ class SessionRuntime:
         ``events``: the session's log, where the journal is read.
         """
         calls = batch_in_flight(self.history)
+        if not calls and turn_in_flight(self.history):
+            # Cut between its execute and its usage: the step's calls were sent
+            # (a client may act on them) but history lacks them. The same calls.
+            with contextlib.suppress(StoreError):
+                items = await unpersisted_step(events, self.sid, self.last_seq)
+                if items:
+                    self.log.persist(items)
+                    calls = batch_in_flight(self.history)
         if calls:
             journal = await self._journal(events, calls)
             self.driver.command(self.machine.feed(Resume(reason, journal)), interrupt=False)

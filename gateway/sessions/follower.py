@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Sequence
+from typing import Final
 
 from gateway.sessions.subscriber import DrivenSession, Subscriber
 from gateway.store.base import LogEntry, Sessions, StoreUnavailable
@@ -20,6 +21,9 @@ from gateway.store.base import LogEntry, Sessions, StoreUnavailable
 __all__ = ["LogFollower"]
 
 log = logging.getLogger("gateway.sessions.follower")
+
+_PAST_EXPIRY: Final = 0.02
+"""Seconds after a lease's expiry a follower looks again (a clock's tick of slack)."""
 
 
 class LogFollower:
@@ -74,16 +78,22 @@ class LogFollower:
 
     async def _run(self) -> None:
         store = self.store
-        poll = self._poll
+        poll = wait = self._poll
         while not self.done and self.subscribers:
             try:
-                entries = await store.wait_log(self.sid, self.last_seq, poll)
+                entries = await store.wait_log(self.sid, self.last_seq, wait)
+                wait = poll
                 if entries:
                     self._deliver(entries)
                     continue
                 # Ours already: a command from a client here took the session
                 # over (its driver died); move the other clients to it too.
                 if await store.lease_owner(self.sid) not in (None, self.node_id):
+                    # A live driver renews well before the lease runs out; a dead
+                    # one does not: look again just after it would expire, not
+                    # up to a whole poll later (a takeover waits that much less).
+                    left = await store.lease_expires_in(self.sid)
+                    wait = min(poll, left + _PAST_EXPIRY)
                     continue
                 runtime = await self._drive(self.sid)
             except StoreUnavailable as exc:

@@ -233,7 +233,7 @@ class EventLog(Protocol):
 
 
 class Leases(Protocol):
-    """Which node drives a session (5 methods)."""
+    """Which node drives a session (6 methods)."""
 
     async def acquire_lease(self, sid: str, node: str, ttl: float) -> bool:
         """Take the lease if free (or already ours, then refresh it). True if held now."""
@@ -255,9 +255,17 @@ class Leases(Protocol):
         """The node holding the lease, or None."""
         ...
 
+    async def lease_expires_in(self, sid: str) -> float:
+        """Seconds until the lease expires unless renewed (0: nobody holds it).
+
+        A node following a session waits this long, not a whole poll, to take
+        over from a driver that died.
+        """
+        ...
+
 
 class Sessions(SessionMeta, EventLog, Leases, Protocol):
-    """The session log: meta, events and history, lease (18 methods)."""
+    """The session log: meta, events and history, lease (19 methods)."""
 
 
 class Counters(Protocol):

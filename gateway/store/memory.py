@@ -351,6 +351,12 @@ class MemorySessions:
     async def lease_owner(self, sid: str) -> str | None:
         return self._holder(sid, self._clock())
 
+    async def lease_expires_in(self, sid: str) -> float:
+        now = self._clock()
+        if self._holder(sid, now) is None:
+            return 0.0
+        return max(self._leases[sid][1] - now, 0.0)
+
     async def append_many(self, batches: Sequence[AppendBatch]) -> list[BaseException | None]:
         return self._append_all(batches)
 

@@ -354,6 +354,10 @@ class RedisSessions:
         raw = await self._core.run("reading the lease", "GET", self._core.key(sid, "lease"))
         return raw.decode() if raw is not None else None
 
+    async def lease_expires_in(self, sid: str) -> float:
+        left_ms = await self._core.run("reading the lease", "PTTL", self._core.key(sid, "lease"))
+        return max(int(left_ms), 0) / 1000  # -2: no lease; -1 (no expiry) is never set
+
     async def confirmed_seq(self, sid: str) -> int:
         """The log's last seq, once a replica confirms it (``CONFIRM`` then ``WAIT``).
 

@@ -151,6 +151,14 @@ async def test_many_history_items_in_one_append(store: Store) -> None:
 # --- lease and fencing ---------------------------------------------------------
 
 
+async def test_a_lease_says_how_long_it_has_left(store: Store) -> None:
+    assert await store.lease_expires_in("s1") == 0.0  # nobody holds it
+    assert await store.acquire_lease("s1", "n1", LEASE)
+    assert 0 < await store.lease_expires_in("s1") <= LEASE
+    await store.release_lease("s1", "n1")
+    assert await store.lease_expires_in("s1") == 0.0
+
+
 async def test_lease_acquire_renew_release(store: Store) -> None:
     assert await store.acquire_lease("s1", "n1", LEASE)
     assert await store.lease_owner("s1") == "n1"

@@ -74,7 +74,8 @@ def app_origins(tmp_path: Path) -> Iterator[list[str]]:
         '<!doctype html><script type="module" src="app.mjs"></script>'
     )
     (tmp_path / "app.mjs").write_text(APP)
-    shutil.copy(STATIC / "client.js", tmp_path / "client.js")
+    for module in ("client.js", "errors.js", "socket.js"):  # the client and what it imports
+        shutil.copy(STATIC / module, tmp_path / module)
     servers = []
     for _ in range(2):
         handler = functools.partial(_Quiet, directory=str(tmp_path))
@@ -144,7 +145,7 @@ def test_cors_headers_for_the_admitted_origins_only(
 ) -> None:
     allowed, other = app_origins
     node = start_gateway("--allowed-origins", allowed)
-    for path in ("/client.js", "/client.d.ts", "/healthz"):
+    for path in ("/client.js", "/errors.js", "/socket.js", "/client.d.ts", "/healthz"):
         ok = _get(node.http, path, allowed)
         assert ok.status == 200 and ok.getheader("Access-Control-Allow-Origin") == allowed, path
         assert ok.getheader("Vary") == "Origin"

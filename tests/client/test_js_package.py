@@ -66,7 +66,9 @@ async def test_npm_pack_installs_and_runs_under_node(
     assert sorted(p.name for p in installed.iterdir()) == [
         "client.d.ts",
         "client.js",
+        "errors.js",
         "package.json",
+        "socket.js",
     ]
     (app / "main.mjs").write_text(SCRIPT)
     async with gateway_factory() as gw:

@@ -9,7 +9,8 @@ onto a filesystem path, so no path can reach another file.
 models, whether it needs a key, where its HTTP API listens), so the settings
 panel offers only what a ``configure`` can get.
 
-Cross-origin apps import the client from the gateway (``/client.js``,
+Cross-origin apps import the client from the gateway (``/client.js`` and its
+modules ``/errors.js``, ``/socket.js``;
 ``/client.d.ts``) and check it is up (``/healthz``): those answer with CORS
 headers for the pages that may open a WebSocket here (``cors_origin``), so a
 page learns nothing from them that its handshake would not tell it.
@@ -90,10 +91,15 @@ _ASSETS: Final[dict[str, tuple[str, str]]] = {
     "/static/mic-worklet.js": ("mic-worklet.js", _JS),
     # The JavaScript client library (an ES module; the console imports it too).
     "/client.js": ("client.js", _JS),
+    # Its modules, imported by client.js relative to itself (so also cross-origin).
+    "/errors.js": ("errors.js", _JS),
+    "/socket.js": ("socket.js", _JS),
     "/client.d.ts": ("client.d.ts", "text/plain; charset=utf-8"),
 }
 
-CORS_PATHS: Final = frozenset({"/client.js", "/client.d.ts", "/healthz"})
+CORS_PATHS: Final = frozenset(
+    {"/client.js", "/errors.js", "/socket.js", "/client.d.ts", "/healthz"}
+)
 """What a page of another origin may read: the client library and liveness."""
 
 NODE_PATH: Final = "/node.json"

@@ -1,4 +1,5 @@
-"""The ``gateway`` command: ``serve``, ``sim``, ``settings``, ``chat``, ``loadtest``, ``keys``."""
+"""The ``gateway`` command: ``serve``, ``sim``, ``settings``, ``chat``, ``loadtest``, ``keys``,
+``recording``, ``replay``, ``eval``."""
 
 from __future__ import annotations
 
@@ -264,6 +265,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     keys_p = sub.add_parser("keys", help="issue, list and revoke API keys (file or Redis)")
     add_keys_arguments(keys_p)
+
+    from gateway.client.recording import add_recording_arguments
+
+    recording_p = sub.add_parser(
+        "recording", help="a session's recording (flight recorder), from the HTTP API"
+    )
+    add_recording_arguments(recording_p)
     return parser
 
 
@@ -349,6 +357,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from gateway.keys import run_keys
 
             return run_keys(args)
+        if args.command == "recording":
+            from gateway.client import recording
+
+            return asyncio.run(recording.run(args))
     except ConfigError as exc:
         print(f"gateway: {exc}", file=sys.stderr)
         return 2

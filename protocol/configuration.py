@@ -105,6 +105,7 @@ class SessionConfig(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unkn
     voice: ShortText = ""
     truncation: Truncation | None = None
     reasoning_effort: ReasoningEffort | None = None
+    record: bool = False
 
 
 class ConfigChange(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -129,6 +130,7 @@ class ConfigChange(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     voice: ShortText | msgspec.UnsetType = msgspec.UNSET
     truncation: Truncation | msgspec.UnsetType | None = msgspec.UNSET
     reasoning_effort: ReasoningEffort | msgspec.UnsetType | None = msgspec.UNSET
+    record: bool | msgspec.UnsetType = msgspec.UNSET
 
 
 def apply_change(config: SessionConfig, change: ConfigChange) -> SessionConfig | str:

@@ -39,6 +39,7 @@ from typing import Any, Final, Protocol
 import msgspec
 
 from gateway.sessions.observer import TurnObserver
+from gateway.sessions.recorder import SessionRecorder
 from gateway.sessions.session_log import SessionLog
 from gateway.sessions.setup import SessionServices, SessionSetup
 from gateway.sessions.upstream_link import OpenRequest, UpstreamLink
@@ -87,6 +88,7 @@ from protocol.turn_events import (
     UpstreamFailed,
     UpstreamLost,
 )
+from tools.executor import CallObserver
 
 __all__ = ["DrivenSession", "TurnDriver"]
 
@@ -194,6 +196,7 @@ class TurnDriver:
         # Upstream events read while tools ran (``_hear_during_tools``), for the
         # driver's next reads, in order.
         self._heard: deque[UpstreamEvent | _Gone] = deque()
+        self.recorder: SessionRecorder | None = None  # the session records its tool calls
 
     # ------------------------------------------------------------------ commands
 
@@ -733,7 +736,9 @@ class TurnDriver:
     async def _run_tools(self, calls: Sequence[ToolCall]) -> list[ToolResult]:
         services = self.services
         services.metrics.tool_calls.inc(len(calls))
-        observe = self.observer.tool if self.observer.tracing else None
+        observe: CallObserver | None = self.observer.tool if self.observer.tracing else None
+        if self.recorder is not None:
+            observe = self.recorder.observe_tools(observe)
         results = await services.executor.run_batch(
             list(calls),
             services.tool_context(self.sid),

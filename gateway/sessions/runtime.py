@@ -9,7 +9,9 @@ is a thin facade over one room per job:
   performed, the upstream's events fed back);
 - ``upstream_link.UpstreamLink``: the connection to the provider (opened,
   resumed, let go);
-- ``voice.VoiceInput``: the user's audio on its way to the provider.
+- ``voice.VoiceInput``: the user's audio on its way to the provider;
+- ``recorder.SessionRecorder``: the flight recorder, while the session records
+  (its taps in the log, the link, the driver and here).
 
 This module holds what ties them: clients attach and detach, commands come
 in (``start_turn``, ``cancel_turn``, ``tool_result``, ``configure``,
@@ -30,6 +32,7 @@ import msgspec
 
 from gateway.sessions.driver import TurnDriver
 from gateway.sessions.observer import TurnObserver
+from gateway.sessions.recorder import SessionRecorder
 from gateway.sessions.resumption import ResumePoint
 from gateway.sessions.session_log import SessionLog
 from gateway.sessions.setup import ConfigProblem, SessionServices, SessionSetup
@@ -41,6 +44,7 @@ from gateway.upstream.base import Upstream, VoiceConfig
 from protocol.assembly import HistoryItem
 from protocol.configuration import ConfigChange, apply_change
 from protocol.events import Configured, Error, Played, ToolResultMessage, Usage
+from protocol.recording import Header, NodeJoined
 from protocol.turn import TurnMachine, turn_in_flight
 from protocol.turn_events import Cancel, Commit, Rerun, Shutdown, UserMessage
 from tools.client import prepare
@@ -88,7 +92,10 @@ class SessionRuntime:
         owner: str = "",
         clock: Callable[[], float] = time.time,
         resume: ResumePoint | None = None,
+        recording: str = "",
     ) -> None:
+        """``recording``: the session's recording as the store has it (its meta's
+        ``recording``: "" none yet, "on", "cut" at its limit)."""
         self.host = host
         self.services = services
         self.sid = sid
@@ -150,6 +157,10 @@ class SessionRuntime:
             spawn=host.spawn,
             remember=self._remember,
         )
+        self.recorder: SessionRecorder | None = None
+        self._recording = recording
+        if setup.record:
+            self._record(True)
 
     # ------------------------------------------------------------------ views
 
@@ -253,6 +264,11 @@ class SessionRuntime:
         """A client played this much of the spoken answer (kept for a barge-in)."""
         return self.driver.command(self.machine.feed(report), interrupt=False)
 
+    def heard(self, message: Any, refused: Error | None) -> None:
+        """A client's command ran (``commands.dispatch``): recorded if the session records."""
+        if self.recorder is not None:
+            self.recorder.heard(message, refused, self.log.delivered_seq)
+
     def rerun_interrupted(self, reason: str) -> None:
         """After a takeover: if the last turn was in flight, mark it and rerun it.
 
@@ -314,6 +330,45 @@ class SessionRuntime:
         self.log.emit(Configured(config=setup.config))
         self.host.runtime_configured(self)
         self.set_voice(self._voice_of(setup))
+        if setup.record != (self.recorder is not None):
+            self._record(setup.record)
+
+    # ------------------------------------------------------------------ recording
+
+    def _record(self, on: bool) -> None:
+        """Start the flight recorder (a header, or a node's record when the session was
+        recorded before), or stop it (what it holds is written first)."""
+        recorders = self.services.recorders
+        if recorders is None:
+            return
+        recorder = self.recorder
+        if not on:
+            self.recorder = self.log.recorder = self.link.recorder = self.driver.recorder = None
+            if recorder is not None:
+                self.host.spawn(recorders.finish(recorder), f"recording:{self.sid}")
+            return
+        if self._recording == "cut":
+            return  # nothing more would be kept
+        factory = self.setup.upstream_factory
+        node, config = self.services.config.node_id, self.setup.config
+        first: Header | NodeJoined
+        if self._recording:
+            first = NodeJoined(
+                node=node, provider=factory.provider, model=factory.model, config=config
+            )
+        else:
+            first = Header(
+                session_id=self.sid,
+                node=node,
+                provider=factory.provider,
+                model=factory.model,
+                config=config,
+                audio=recorders.audio,
+                limit=recorders.limit,
+            )
+        self._recording = "on"
+        recorder = recorders.start(self.sid, first)
+        self.recorder = self.log.recorder = self.link.recorder = self.driver.recorder = recorder
 
     def _voice_of(self, setup: SessionSetup, *, speaks_only: bool = False) -> VoiceConfig | None:
         """The audio a configuration asks for, with the tools this session may call
@@ -353,12 +408,21 @@ class SessionRuntime:
         open; audio that arrives while a failed open is waited out is dropped
         (the client was told: ``error`` code ``upstream``)."""
         if not self.closed:
+            self._heard_audio(pcm16)
             await self.voice_in.send(self.link.upstream, pcm16)
 
     def send_audio_now(self, pcm16: bytes) -> bool:
         """``send_audio`` without awaiting when the upstream socket takes it at once
         (or the audio is held); False: nothing was sent, await ``send_audio``."""
-        return not self.closed and self.voice_in.send_now(self.link.upstream, pcm16)
+        if self.closed:
+            return False
+        self._heard_audio(pcm16)  # first: the frame it goes out in refers to it
+        return self.voice_in.send_now(self.link.upstream, pcm16)
+
+    def _heard_audio(self, pcm16: bytes) -> None:
+        recorder, voice = self.recorder, self.voice
+        if recorder is not None and voice is not None and voice.audio_in is not None:
+            recorder.audio_in(pcm16, voice.audio_in.rate, self.log.delivered_seq)
 
     def quiet_for(self, seconds: float) -> bool:
         """No audio from this node's clients for ``seconds`` (no live microphone here)."""
@@ -393,6 +457,12 @@ class SessionRuntime:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.flushed(), 5.0)
         self.log.stop()  # whatever could not be written by now is dropped
+        recorder, self.recorder = self.recorder, None
+        if recorder is not None and self.services.recorders is not None:
+            if lost:
+                recorder.stop()  # another node records it now (or it was deleted)
+            else:
+                await self.services.recorders.finish(recorder)
         # Free the lease before the slow part (closing the upstream socket), so
         # another node can pick the session up at once.
         self.host.runtime_closed(self, release=not lost)

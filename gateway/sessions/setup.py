@@ -25,6 +25,7 @@ from gateway.pricing import PriceTable
 from gateway.sessions.limits import Limits
 from gateway.sessions.logwriter import LogWriter
 from gateway.sessions.policy import KeyPolicies, refusal, within
+from gateway.sessions.recorder import Recorders
 from gateway.store.base import SessionMeta
 from gateway.tracing import Tracing
 from gateway.upstream.base import CONTROLS, UpstreamFactory
@@ -105,6 +106,8 @@ class SessionSetup:
     # Operator + key policy + session instructions: all a model that does not write the
     # text protocol (it speaks; its tools are declared natively) is told.
     instructions: str = ""
+    # The flight recorder records it: its key policy's record, else its own or the node's.
+    record: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +129,7 @@ class SessionServices:
     # tools, or why it is refused.
     session_setup: Callable[[str, SessionConfig, AllowList | None], SessionSetup | str]
     store_retry_delay: float = 0.5
+    recorders: Recorders | None = None  # the flight recorder's writer (None: nothing records)
 
 
 class SessionSetups:
@@ -152,7 +156,11 @@ class SessionSetups:
         self._factory_cache: dict[tuple[str, str], UpstreamFactory] = {}
         self.system_prompt = system_prompt(registry.specs(), config.instructions)
         self.default = SessionSetup(
-            SessionConfig(), self.system_prompt, upstream_factory, instructions=config.instructions
+            SessionConfig(),
+            self.system_prompt,
+            upstream_factory,
+            instructions=config.instructions,
+            record=config.record,
         )
 
     def session_meta(self, owner: str, setup: SessionSetup) -> dict[str, str]:
@@ -224,7 +232,10 @@ class SessionSetups:
             specs = [s for s in self.registry.specs() if allowed is None or s.name in allowed]
             specs += client_tools.specs()
             prompt = system_prompt(specs, instructions)
-        return SessionSetup(config, prompt, factory, allowed, client_tools, key_tools, instructions)
+        record = policy.record if policy.record is not None else config.record or self.config.record
+        return SessionSetup(
+            config, prompt, factory, allowed, client_tools, key_tools, instructions, record
+        )
 
     def _factory(self, provider: str, model: str) -> UpstreamFactory | str:
         default = self.upstream_factory

@@ -23,6 +23,7 @@ class Recorder:
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, object]] = []
+        self.heard_all: list[tuple[str, str]] = []
 
     def start_turn(self, text: str) -> Error | None:
         self.calls.append(("start_turn", text))
@@ -47,6 +48,9 @@ class Recorder:
     def played(self, report: Played) -> Error | None:
         self.calls.append(("played", report.ms))
         return None
+
+    def heard(self, message: object, refused: Error | None) -> None:
+        self.heard_all.append((type(message).__name__, refused.code if refused else ""))
 
 
 def test_every_client_message_is_a_command_or_the_connections_own() -> None:
@@ -77,6 +81,15 @@ async def test_dispatch_runs_each_commands_method_and_returns_its_refusal() -> N
         ("configure", "Be brief."),
         ("commit_audio", None),
         ("played", 120),
+    ]
+    # Every command is heard after it ran, with its refusal (what a recording keeps).
+    assert target.heard_all == [
+        ("UserMessage", ""),
+        ("Cancel", "no_turn"),
+        ("ToolResultMessage", ""),
+        ("Configure", ""),
+        ("Commit", ""),
+        ("Played", ""),
     ]
 
 

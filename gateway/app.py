@@ -6,6 +6,7 @@ CLI, the tests and the benchmarks alike, so what is tested is what is run.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import datetime
@@ -30,6 +31,9 @@ from tools.toolsfile import ToolsFileError, load_tools_file
 __all__ = ["running_gateway"]
 
 log = logging.getLogger("gateway")
+
+STARTUP_PING_SECONDS = 5.0
+"""How long a starting node waits for the store to answer once (it starts either way)."""
 
 
 @contextlib.asynccontextmanager
@@ -197,6 +201,11 @@ async def running_gateway(config: Config) -> AsyncIterator[Gateway]:
             )
             node.metrics.store.watch(store.unconfirmed)
             gateway = Gateway(node)
+            # Learn the store's topology (a Cluster's slots, Sentinel's primary)
+            # before listening: the first handshake's half-second store probe
+            # should not pay for it. A store that is down now is not fatal here.
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(store.ping(), STARTUP_PING_SECONDS)
             await gateway.start()
             try:
                 yield gateway

@@ -288,6 +288,20 @@ class Config(msgspec.Struct, kw_only=True):
         PositiveSeconds,
         Setting("seconds the gateway waits for a client to answer a client-side tool call", TOOLS),
     ] = 60.0
+    approval_timeout: Annotated[
+        PositiveSeconds,
+        Setting(
+            "seconds a call that needs approval waits for an approve before it is denied",
+            TOOLS,
+        ),
+    ] = 120.0
+    cancel_background: Annotated[
+        bool,
+        Setting(
+            "a cancel or the user's speech also cancels the session's background tool calls",
+            TOOLS,
+        ),
+    ] = True
     tool_max_output: Annotated[
         AtLeastOne, Setting("characters of one tool result kept (the rest is cut)", TOOLS)
     ] = 64_000
@@ -400,7 +414,7 @@ class Config(msgspec.Struct, kw_only=True):
         str,
         Setting(
             "TOML file of per-key policies ([key_id] providers, models, server_tools, "
-            "instructions), reloaded on change",
+            "instructions, require_approval), reloaded on change",
             EDGES,
         ),
     ] = ""

@@ -61,6 +61,35 @@ class StoreMetrics:
         self.unconfirmed.set(len(self._unconfirmed()))
 
 
+class ToolMetrics:
+    """What tool calls do (issue 28): outcomes per tool, approval waits, background calls."""
+
+    def __init__(self, r: CollectorRegistry) -> None:
+        self.calls = Counter("rtgw_tool_calls", "Tool calls executed", registry=r)
+        self.failures = Counter("rtgw_tool_failures", "Tool calls that failed", registry=r)
+        # By server tool ("other" for a session's client tools: tenants name them) and
+        # outcome (success, failure, cancelled).
+        self.outcomes = Counter(
+            "rtgw_tool_call_outcomes",
+            "Tool calls that finished, by tool and outcome",
+            ["tool", "outcome"],
+            registry=r,
+        )
+        self.approval_wait = Histogram(
+            "rtgw_approval_wait_seconds",
+            "Time a call waited for a user's approval, by decision",
+            ["decision"],
+            buckets=(0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0),
+            registry=r,
+        )
+        self.background = Gauge(
+            "rtgw_background_calls",
+            "Background tool calls running on this node",
+            registry=r,
+            multiprocess_mode="livesum",
+        )
+
+
 class Metrics:
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
@@ -87,8 +116,7 @@ class Metrics:
         )
         self.turns = Counter("rtgw_turns", "Turns started", registry=r)
         self.events = Counter("rtgw_events", "Events logged and sent to clients", registry=r)
-        self.tool_calls = Counter("rtgw_tool_calls", "Tool calls executed", registry=r)
-        self.tool_failures = Counter("rtgw_tool_failures", "Tool calls that failed", registry=r)
+        self.tools = ToolMetrics(r)
         self.upstream_errors = Counter(
             "rtgw_upstream_errors", "Upstream connections lost or refused", registry=r
         )

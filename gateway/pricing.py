@@ -21,8 +21,9 @@ extends it with a TOML file (``--prices-file FILE``)::
     output = 2.0
 
 A model missing from the table costs 0 and is logged once, so a bill is never
-invented. Figures are as published by the providers on 2026-11-01; check
-your contract.
+invented: Azure prices per region and contract, and xAI prices voice by the
+minute, so their sessions are priced only from a prices file. Figures are as
+published by the providers (OpenAI's read on 2026-12-03); check your contract.
 """
 
 from __future__ import annotations
@@ -78,6 +79,19 @@ class Price(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 DEFAULT_PRICES: Final[Mapping[str, Mapping[str, Price]]] = {
     "openai": {
+        # developers.openai.com/api/docs/models/<model> (read 2026-12-03).
+        "gpt-realtime-2.1": Price(
+            input=4.0, cached_input=0.4, output=24.0, audio_input=32.0, audio_output=64.0
+        ),
+        "gpt-realtime-2.1-mini": Price(
+            input=0.6, cached_input=0.06, output=2.4, audio_input=10.0, audio_output=20.0
+        ),
+        "gpt-realtime-2": Price(
+            input=4.0, cached_input=0.4, output=24.0, audio_input=32.0, audio_output=64.0
+        ),
+        "gpt-realtime-1.5": Price(
+            input=4.0, cached_input=0.4, output=16.0, audio_input=32.0, audio_output=64.0
+        ),
         "gpt-realtime": Price(
             input=4.0, cached_input=0.4, output=16.0, audio_input=32.0, audio_output=64.0
         ),

@@ -16,13 +16,46 @@ from typing import Final, Protocol
 
 import msgspec
 
-from protocol.calls import ToolCall, ToolResult
-from protocol.events import Call, Error, ToolResultMessage
-from protocol.turn_events import Refuse
+from protocol.approvals import PendingApprovals, denied_result
+from protocol.background import started_result
+from protocol.calls import ToolCall, ToolResult, encode_results, result_payload
+from protocol.configuration import MAX_ARGS_DEPTH, json_depth
+from protocol.events import (
+    Approval,
+    ApprovalRequired,
+    Approve,
+    Call,
+    Error,
+    Result,
+    ToolResultMessage,
+)
+from protocol.journal import JournalCall
+from protocol.turn_events import Refuse, RunTools
 
-__all__ = ["ClientToolRouter", "ToolBatch"]
+__all__ = ["ClientToolRouter", "ToolBatch", "native_call"]
 
 _RESULT_ENCODER: Final = msgspec.json.Encoder()
+
+
+def native_call(name: str, arguments: str) -> tuple[ToolCall, str | None]:
+    """A provider's function call (``arguments``: JSON text) as a call, and why it is
+    refused (None: it is not). Args too deep are refused before anything walks
+    them (encoding, schemas, the tools); args that are not an object become
+    ``{}`` (the tool's argument check says what is missing)."""
+    too_deep = False
+    try:
+        args = msgspec.json.decode(arguments or "{}", type=dict[str, object])
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        args = {}
+    except RecursionError:  # msgspec recurses per level: ~1,000 levels is its end
+        args, too_deep = {}, True
+    if too_deep or json_depth(args, MAX_ARGS_DEPTH) > MAX_ARGS_DEPTH:
+        problem = (
+            f"the arguments of the call to {name!r} nest deeper than {MAX_ARGS_DEPTH} "
+            "levels, the limit for tool args; call it again with flatter arguments"
+        )
+        return ToolCall(name=name, args={}), problem
+    return ToolCall(name=name, args=args), None
 
 
 class ClientToolRouter(Protocol):
@@ -49,16 +82,22 @@ class ToolBatch:
     """
 
     __slots__ = (
+        "_approvals",
         "_early",
+        "_held",
+        "_logged",
         "_number",
         "_refused",
+        "_server",
         "_server_running",
         "_settled",
         "_slots",
         "_waiting",
+        "background",
         "calls",
         "events",
         "native_ids",
+        "needs_approval",
         "router",
     )
 
@@ -73,10 +112,19 @@ class ToolBatch:
         self._refused: dict[int, str] = {}  # client calls with bad args → the failure
         # The running batch: one slot per call, filled by whoever answers it.
         self._slots: list[ToolResult | None] = []
+        self._logged: list[bool] = []  # the slot's result event is logged (the journal)
+        self._server: list[int] = []  # the slots of the running server calls, in run order
         self._waiting: dict[str, int] = {}  # client call id → slot
         self._server_running = False
         # Client call ids of the last batch no longer waited for → why (for unknown_call).
         self._settled: dict[str, str] = {}
+        # Server tools whose calls wait for a user's decision (the session's setup).
+        self.needs_approval: frozenset[str] = frozenset()
+        # Tools (server or client) whose calls do not block the turn (the session's setup).
+        self.background: frozenset[str] = frozenset()
+        self._approvals = PendingApprovals()
+        # Server calls held until every approval of the batch is decided (their slots).
+        self._held: list[int] = []
 
     # --- the step's calls -----------------------------------------------------------------
 
@@ -113,6 +161,12 @@ class ToolBatch:
                 event.runs_on = "client"
             else:
                 self._refused[len(self.calls)] = problem
+        if (
+            len(self.calls) not in self._refused
+            and call.name in self.background
+            and call.name not in self.needs_approval  # an approved call runs with its batch
+        ):
+            event.background = True
         self.calls.append(call)
         self.events.append(event)
         if native_id is not None:
@@ -120,38 +174,162 @@ class ToolBatch:
 
     # --- running it --------------------------------------------------------------------
 
-    def start(self) -> tuple[tuple[ToolCall, ...], tuple[str, ...]]:
-        """Open the slots: ``(server calls to run, client call ids to wait for)``.
+    def start(
+        self,
+    ) -> tuple[RunTools | None, tuple[str, ...], list[Result | ApprovalRequired], list[int]]:
+        """Open the slots: ``(server calls to run, client call ids to wait for, results
+        now, background calls)``.
 
         A client call refused for its args is answered here; one the client
         answered on its ``call`` (before the batch ran) is filled at once.
+        Their ``result`` events are the third part (the journal's entries). A
+        background call's slot says it started (the fourth part: their slots).
         """
-        self._settled = {}
-        self._slots = [None] * len(self.calls)
-        self._waiting = {}
-        server: list[ToolCall] = []
+        self._open()
+        server: list[int] = []
+        now: list[Result | ApprovalRequired] = []
         refused = self._refused
-        for index, (call, event) in enumerate(zip(self.calls, self.events, strict=True)):
-            if event.runs_on == "client":
+        background: list[int] = []
+        for index, event in enumerate(self.events):
+            if event.background is True:
+                self._slots[index] = started_result(self.calls[index].name)
+                background.append(index)
+            elif event.runs_on == "client":
                 self._waiting[event.id] = index
             elif index in refused:
                 # A client tool called with bad args: answered here, the client never runs it.
-                self._slots[index] = ToolResult(
-                    tool=call.name, status="failure", content=refused[index]
+                result = ToolResult(
+                    tool=self.calls[index].name, status="failure", content=refused[index]
                 )
+                now.append(self._fill(index, result))
             else:
-                server.append(call)
+                server.append(index)
+        needs = self.needs_approval
+        for index in server:
+            if self.calls[index].name in needs:
+                now.append(self._approvals.ask(index, self.events[index].id, self.calls[index]))
         for call_id, answer in self._early.items():
             early = self._waiting.pop(call_id, None)
             if early is not None:
                 self._settled[call_id] = "was already answered"
                 name = self.calls[early].name
-                self._slots[early] = ToolResult(
-                    tool=name, status=answer.status, content=answer.content
-                )
+                result = ToolResult(tool=name, status=answer.status, content=answer.content)
+                now.append(self._fill(early, result))
         self._early = {}
+        return self._run_or_hold(server), tuple(self._waiting), now, background
+
+    def restore(
+        self, journal: Sequence[JournalCall]
+    ) -> tuple[RunTools | None, tuple[str, ...], list[ApprovalRequired], list[int]]:
+        """A batch a takeover found in flight: its calls as logged, their outcomes reused.
+
+        Only the calls without a logged outcome run again (server calls, with
+        their ids and so their keys) or are asked of the client again (under
+        the same ids). Nothing is logged for the reused outcomes: the log has them.
+        A call still waiting for approval waits again (its ``approval_required``
+        is logged; one the log lacks is asked now, the third part).
+        """
+        self.new_attempt()
+        for entry in journal:
+            self.calls.append(entry.call)
+            event = Call(content="", id=entry.id, runs_on=entry.runs_on)
+            if entry.background:
+                event.background = True
+            self.events.append(event)
+        self._open()
+        server: list[int] = []
+        asked: list[ApprovalRequired] = []
+        background: list[int] = []
+        for index, entry in enumerate(journal):
+            if entry.outcome is not None:
+                self._slots[index] = entry.outcome
+                self._logged[index] = True
+            elif entry.background:
+                self._slots[index] = started_result(entry.name)
+                background.append(index)
+            elif entry.runs_on == "client":
+                self._waiting[entry.id] = index
+            else:
+                server.append(index)
+                if entry.approval == "pending":
+                    self._approvals.wait_again(index, entry.id, entry.call)
+                elif entry.approval == "" and entry.name in self.needs_approval:
+                    asked.append(self._approvals.ask(index, entry.id, entry.call))
+        return self._run_or_hold(server), tuple(self._waiting), asked, background
+
+    def _open(self) -> None:
+        count = len(self.calls)
+        self._settled = {}
+        self._slots = [None] * count
+        self._logged = [False] * count
+        self._waiting = {}
+        self._approvals.clear()
+        self._held = []
+
+    def _run_or_hold(self, server: list[int]) -> RunTools | None:
+        """Run the server calls, or hold them all while an approval is pending.
+
+        One ``RunTools`` per batch: calls that need no approval wait for the
+        others' decisions (a batch is one step for the model anyway).
+        """
+        if self._approvals.pending:
+            self._held = server
+            self._server_running = bool(server)  # they count as running: the batch waits
+            return None
+        return self._run(server)
+
+    @property
+    def approvals_pending(self) -> tuple[str, ...]:
+        """Ids of the calls waiting for a user's decision."""
+        return self._approvals.pending
+
+    def decide(self, given: Approve) -> list[Approval | Result] | Refuse:
+        """A user's decision: the ``approval`` (and a denied call's ``result``) to log, or
+        a ``Refuse`` (``unknown_call``, ``wrong_digest``). Once nothing is pending, the
+        held calls run: ``release`` gives their ``RunTools``."""
+        decided = self._approvals.decide(given)
+        if isinstance(decided, Refuse):
+            return decided
+        index, approval = decided
+        out: list[Approval | Result] = [approval]
+        if approval.decision == "deny":
+            out.append(self._fill(index, denied_result(self.calls[index].name)))
+        return out
+
+    def approvals_time_out(self, seconds: float) -> list[Approval | Result]:
+        out: list[Approval | Result] = []
+        for index, approval in self._approvals.time_out(seconds):
+            out.append(approval)
+            out.append(self._fill(index, denied_result(self.calls[index].name, timeout=seconds)))
+        return out
+
+    def release(self) -> RunTools | None:
+        """The held server calls that were not denied, once no approval is pending."""
+        if self._approvals.pending or not self._held:
+            return None
+        run = [i for i in self._held if self._slots[i] is None]
+        self._held = []
+        self._server_running = False
+        return self._run(run)
+
+    def _run(self, server: list[int]) -> RunTools | None:
+        self._server = server
         self._server_running = bool(server)
-        return tuple(server), tuple(self._waiting)
+        if not server:
+            return None
+        return RunTools(
+            tuple(self.calls[i] for i in server), tuple(self.events[i].id for i in server)
+        )
+
+    def _fill(self, index: int, result: ToolResult) -> Result:
+        """Fill slot ``index``; its ``result`` event (the journal entry of that call)."""
+        self._slots[index] = result
+        self._logged[index] = True
+        return Result(
+            content=encode_results((result,)),
+            payload=result_payload((result,)),
+            id=self.events[index].id,
+        )
 
     @property
     def complete(self) -> bool:
@@ -170,19 +348,39 @@ class ToolBatch:
     def results(self) -> tuple[ToolResult, ...]:
         return tuple(slot for slot in self._slots if slot is not None)
 
-    def tools_done(self, results: Sequence[ToolResult]) -> None:
-        """The server calls' results, in the order ``start`` gave the calls."""
+    def call_done(self, call_id: str, result: ToolResult) -> Result | None:
+        """A server call finished: its ``result`` event, logged at once (None: not ours now)."""
+        if not self._server_running:
+            return None
+        for index in self._server:
+            if self.events[index].id == call_id:
+                if self._logged[index]:
+                    return None
+                return self._fill(index, result)
+        return None
+
+    def tools_done(self, results: Sequence[ToolResult]) -> list[Result]:
+        """The server calls' results, in the order ``start`` gave the calls.
+
+        They fill the slots (the model reads these: the executor may have cut
+        them to the batch's share); calls whose outcome was not logged yet get
+        their ``result`` events now.
+        """
         self._server_running = False
         given = iter(results)
-        waited = set(self._waiting.values())
-        slots = self._slots
-        for index, slot in enumerate(slots):
-            if slot is None and index not in waited:
-                slots[index] = next(given, None) or ToolResult(
-                    tool=self.calls[index].name,
-                    status="failure",
-                    content="the tool gave no result; try the call again",
-                )
+        out: list[Result] = []
+        for index in self._server:
+            result = next(given, None) or ToolResult(
+                tool=self.calls[index].name,
+                status="failure",
+                content="the tool gave no result; try the call again",
+            )
+            if self._logged[index]:
+                self._slots[index] = result
+            else:
+                out.append(self._fill(index, result))
+        self._server = []
+        return out
 
     def answer_early(self, answer: ToolResultMessage) -> bool:
         """Keep a client's answer given before the batch runs; False if it answers no call."""
@@ -193,15 +391,17 @@ class ToolBatch:
         self._early[answer.id] = answer
         return True
 
-    def answer(self, answer: ToolResultMessage) -> Refuse | None:
-        """A client's answer to a waited-for call; a ``Refuse`` (``unknown_call``) if none waits."""
+    def answer(self, answer: ToolResultMessage) -> Refuse | Result:
+        """A client's answer to a waited-for call: its ``result`` event, or a
+        ``Refuse`` (``unknown_call``) if none waits for it."""
         index = self._waiting.pop(answer.id, None)
         if index is None:
             return self.refusal(answer)
         self._settled[answer.id] = "was already answered"
         name = self.calls[index].name
-        self._slots[index] = ToolResult(tool=name, status=answer.status, content=answer.content)
-        return None
+        return self._fill(
+            index, ToolResult(tool=name, status=answer.status, content=answer.content)
+        )
 
     def refusal(self, answer: ToolResultMessage) -> Refuse:
         """``unknown_call`` for an answer nobody waits for, saying why when it is known."""
@@ -215,18 +415,21 @@ class ToolBatch:
             content = f"call {answer.id!r} {why}; this tool_result was ignored"
         return Refuse(Error(code="unknown_call", content=content))
 
-    def time_out(self, seconds: float) -> None:
+    def time_out(self, seconds: float) -> list[Result]:
         """The client calls still waited for fail: the client took ``seconds``."""
+        out: list[Result] = []
         for call_id, index in self._waiting.items():
             self._settled[call_id] = f"timed out after {seconds:g}s"
-            self._slots[index] = ToolResult(
+            result = ToolResult(
                 tool=self.calls[index].name,
                 status="failure",
                 content=f"the client did not answer this call within {seconds:g}s, so it was "
                 "given up; the client may be gone or busy — go on without it, or ask the "
                 "user whether to try again",
             )
+            out.append(self._fill(index, result))
         self._waiting = {}
+        return out
 
     def settle(self, why: str) -> None:
         """Nothing is waited for any more (the turn ended or was cancelled): ``why`` says so."""
@@ -234,13 +437,24 @@ class ToolBatch:
             self._settled[call_id] = why
         self._waiting = {}
         self._server_running = False
+        self._server = []
+        self._held = []
+        self._approvals.settle(why)
 
     def outputs(self, results: Sequence[ToolResult]) -> tuple[tuple[str, str], ...] | None:
-        """Native calls' ``(call_id, output)`` pairs for ``results``; None for text calls."""
+        """Native calls' ``(call_id, output)`` pairs for ``results``; None for text calls.
+
+        A background call has none yet: the provider's own way is to send its
+        output when it is done (the model goes on meanwhile)."""
         ids = self.native_ids
         if not ids or len(ids) != len(results):
             return None
         return tuple(
             (call_id, _RESULT_ENCODER.encode(result).decode())
-            for call_id, result in zip(ids, results, strict=True)
+            for call_id, result, event in zip(ids, results, self.events, strict=True)
+            if event.background is not True
         )
+
+    def native_id(self, index: int) -> str:
+        """The provider's id of native call ``index`` ("" for a text call)."""
+        return self.native_ids[index] if index < len(self.native_ids) else ""

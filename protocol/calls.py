@@ -20,6 +20,7 @@ __all__ = [
     "ToolResult",
     "decode_call",
     "encode_call",
+    "encode_result",
     "encode_results",
     "result_payload",
 ]
@@ -55,6 +56,11 @@ def encode_call(call: ToolCall) -> str:
 def decode_call(content: str | bytes) -> ToolCall:
     """Decode a ``call`` event's content (raises ``msgspec`` errors on bad input)."""
     return _call_decoder.decode(content)
+
+
+def encode_result(result: ToolResult) -> str:
+    """One result as JSON text (a native call's function output)."""
+    return _encoder.encode(result).decode()
 
 
 def encode_results(results: Sequence[ToolResult]) -> str:

@@ -59,6 +59,8 @@ class ClientToolSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     name: ToolName
     description: Annotated[str, msgspec.Meta(max_length=4096)] = ""
     parameters: dict[str, Any] = msgspec.field(default_factory=lambda: {"type": "object"})
+    # The turn does not wait for it: the model is told it started, the answer comes later.
+    background: bool = False
 
 
 class InputAudio(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_fields=True):
@@ -105,6 +107,8 @@ class SessionConfig(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unkn
     voice: ShortText = ""
     truncation: Truncation | None = None
     reasoning_effort: ReasoningEffort | None = None
+    # Server tools whose calls wait for a user's approve (added to the operator's).
+    require_approval: Annotated[tuple[ToolName, ...], msgspec.Meta(max_length=64)] = ()
     record: bool = False
 
 
@@ -130,6 +134,9 @@ class ConfigChange(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     voice: ShortText | msgspec.UnsetType = msgspec.UNSET
     truncation: Truncation | msgspec.UnsetType | None = msgspec.UNSET
     reasoning_effort: ReasoningEffort | msgspec.UnsetType | None = msgspec.UNSET
+    require_approval: (
+        Annotated[tuple[ToolName, ...], msgspec.Meta(max_length=64)] | msgspec.UnsetType
+    ) = msgspec.UNSET
     record: bool | msgspec.UnsetType = msgspec.UNSET
 
 

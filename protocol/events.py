@@ -23,6 +23,9 @@ from protocol.configuration import ConfigChange, SessionConfig
 
 __all__ = [
     "CLIENT_MESSAGE_TYPES",
+    "Approval",
+    "ApprovalRequired",
+    "Approve",
     "AudioChunk",
     "Call",
     "Cancel",
@@ -131,12 +134,15 @@ class Call(_Base, tag="call"):
     runs it: ``"gateway"`` (a server tool, or a call the gateway answers itself,
     e.g. with a failure) or ``"client"`` (a tool the session's client declared
     with ``configure``: some connection of the session answers it with a
-    ``tool_result`` frame carrying this ``id``).
+    ``tool_result`` frame carrying this ``id``). ``background: true`` (only then
+    present): the tool does not block the turn; the model was told it started,
+    and the call's ``result`` comes when it is ready, maybe after the turn.
     """
 
     content: str
     id: str = ""
     runs_on: Literal["gateway", "client"] = "gateway"
+    background: bool | msgspec.UnsetType = msgspec.UNSET
 
 
 class Execute(_Base, tag="execute"):
@@ -178,10 +184,18 @@ class SpeechStopped(_Base, tag="speech_stopped"):
 
 
 class Result(_Base, tag="result"):
-    """Results of one batch; ``content`` is the JSON array string, in call order."""
+    """A call's outcome, logged as soon as the call finished: ``id`` names the call.
+
+    ``content`` is the JSON array string of results (here the one call's
+    ``{"tool", "status", "content"}``); ``id`` is absent only on the failure
+    of a malformed ``<execute>`` block, which has no call. History keeps one
+    ``Result`` per batch (all of its results, in call order): that is what
+    the model reads.
+    """
 
     content: str
     payload: ResultPayload
+    id: str | msgspec.UnsetType = msgspec.UNSET
 
 
 class Metric(_Base, tag="metric"):
@@ -206,6 +220,7 @@ ErrorCode = Literal[
     "turn_active",
     "no_turn",
     "unknown_call",
+    "wrong_digest",  # an approve whose digest is not the pending call's
     "forbidden",  # the credential or the key's policy does not allow it
     # the model's fault: the gateway tells the model and the turn goes on
     "malformed_execute",
@@ -261,6 +276,28 @@ class Configured(_Base, tag="configured"):
     config: SessionConfig
 
 
+class ApprovalRequired(_Base, tag="approval_required"):
+    """Call ``id`` waits for a user's decision: it runs only after an ``approve`` with
+    ``decision: "allow"`` and this ``digest`` (the SHA-256 of the call's id, name and
+    args), from a connection allowed to approve. Logged: a client that resumes sees it
+    in its replay; it stays pending until an ``approval`` event answers it."""
+
+    id: str
+    name: str
+    args: dict[str, Any]
+    digest: str
+
+
+class Approval(_Base, tag="approval"):
+    """The decision on call ``id``'s approval (logged, once): ``allow`` or ``deny``;
+    ``reason: "timeout"`` when nobody decided within the approval timeout (a deny)."""
+
+    id: str
+    digest: str
+    decision: Literal["allow", "deny"]
+    reason: Literal["timeout"] | msgspec.UnsetType = msgspec.UNSET
+
+
 class Pong(_Base, tag="pong"):
     """The answer to a client's ``ping`` (unlogged: ``seq`` is the last one sent)."""
 
@@ -290,6 +327,8 @@ Event = (
     | Cancelled
     | SpeechStarted
     | SpeechStopped
+    | ApprovalRequired
+    | Approval
     | Pong
 )
 
@@ -346,12 +385,29 @@ class Commit(msgspec.Struct, tag_field="type", tag="commit"):
     """End the user's spoken turn (``input_audio.turn_detection: "none"``) and get the answer."""
 
 
+class Approve(msgspec.Struct, tag_field="type", tag="approve", frozen=True):
+    """The user's decision on a call that waits for approval (an ``approval_required``):
+    ``digest`` must be that event's, so a decision applies to exactly the call shown."""
+
+    id: str
+    digest: str
+    decision: Literal["allow", "deny"]
+
+
 class Configure(ConfigChange, frozen=True, tag_field="type", tag="configure"):
     """Change this session's configuration (only the fields given); see ``protocol.configuration``."""
 
 
 ClientMessage = (
-    UserMessage | Cancel | Ping | Configure | ToolResultMessage | AudioChunk | Commit | Played
+    UserMessage
+    | Cancel
+    | Ping
+    | Configure
+    | ToolResultMessage
+    | AudioChunk
+    | Commit
+    | Played
+    | Approve
 )
 
 CLIENT_MESSAGE_TYPES: Final[tuple[str, ...]] = tuple(
@@ -417,6 +473,11 @@ _HOW: Final = {
         "a configure frame sets any of instructions, tools "
         '([{"name", "description", "parameters"}]), server_tools, provider, model, '
         "metadata, input_audio, output, voice (see the README's client protocol)"
+    ),
+    "approve": (
+        'decide on a call waiting for approval with {"type": "approve", "id": "<the '
+        'approval_required event\'s id>", "digest": "<its digest>", "decision": "allow" '
+        'or "deny"}'
     ),
     "tool_result": (
         'answer a call with "runs_on": "client" with {"type": "tool_result", "id": "<the '

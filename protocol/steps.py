@@ -45,10 +45,18 @@ class StepRecorder:
                 self._close_block()
                 self._kind = kind
             self._buf.append(event.content)  # type: ignore[union-attr]
-        elif kind is Call:
+        elif isinstance(event, Call):
             self.emitted = True
             self._close_block()
-            self._items.append(Call(content=event.content))  # type: ignore[union-attr]
+            # With its id and who runs it: a takeover finds the batch in flight by them.
+            self._items.append(
+                Call(
+                    content=event.content,
+                    id=event.id,
+                    runs_on=event.runs_on,
+                    background=event.background,
+                )
+            )
 
     def _close_block(self) -> None:
         if self._kind is not None and self._buf:

@@ -49,49 +49,47 @@ machine stays in ``tools`` until every call has a result, in call order
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 import msgspec
 
-from protocol.assembly import HistoryItem, Message, results_message
-from protocol.batch import ClientToolRouter, ToolBatch
+from protocol.assembly import Message
+from protocol.background import BackgroundCalls
+from protocol.batch import ClientToolRouter, ToolBatch, native_call
 from protocol.calls import (
-    ToolCall,
-    ToolResult,
     decode_call,
     encode_call,
-    encode_results,
-    result_payload,
 )
-from protocol.configuration import MAX_ARGS_DEPTH, json_depth
 from protocol.events import (
     Call,
     Cancelled,
     End,
     Error,
     Event,
-    Execute,
     Interrupt,
     Metric,
     Respond,
-    Result,
     SpeechStarted,
     SpeechStopped,
     Think,
     Usage,
     User,
 )
+from protocol.journal import batch_in_flight, turn_in_flight
 from protocol.metering import ZERO_USAGE, UsageMeter
 from protocol.parser import Parser
 from protocol.spoken import UNHEARD, SpokenAnswer
 from protocol.steps import StepRecorder
 from protocol.turn_events import (
     Action,
-    AwaitClient,
+    ApprovalTimeout,
+    Approve,
+    BackgroundDone,
     Backoff,
+    CallDone,
     Cancel,
+    CancelBackground,
     ClientTimeout,
     Commit,
     CommitAudio,
@@ -105,8 +103,9 @@ from protocol.turn_events import (
     Rerun,
     ResponseBegan,
     ResponseDone,
+    Resume,
+    ResumeBackground,
     RetryNow,
-    RunTools,
     ShellFailed,
     Shutdown,
     SpeechBegan,
@@ -124,6 +123,8 @@ from protocol.turn_events import (
     UpstreamLost,
     UserMessage,
 )
+from protocol.turn_state import NOTHING, RETRY, TurnState
+from protocol.turn_tools import ToolSteps
 
 __all__ = [
     "BARGED_IN",
@@ -131,31 +132,12 @@ __all__ = [
     "ClientToolRouter",
     "TurnMachine",
     "TurnState",
+    "batch_in_flight",
     "turn_in_flight",
 ]
 
 
-# --- states -----------------------------------------------------------------------
-
-
-class TurnState(enum.Enum):
-    """Where the session's turn is."""
-
-    IDLE = "idle"
-    """No turn runs; a user message starts one."""
-    STREAMING = "streaming"
-    """A response was requested; its deltas go through the parser to the client."""
-    STOPPING = "stopping"
-    """The parser stopped at ``</execute>`` (or a malformed block): waiting for the response's end."""
-    ENDING = "ending"
-    """The model wrote ``<end>`` (``end`` is sent): waiting for the usage. A message queues."""
-    TOOLS = "tools"
-    """The batch runs; waiting for ``ToolsDone`` and for every client-side call's result."""
-    BACKOFF = "backoff"
-    """The upstream was lost mid-step; waiting for ``RetryNow`` to rerun the step."""
-    CANCELLING = "cancelling"
-    """``cancelled`` is sent; waiting for the stopped response's usage. A message queues."""
-
+# --- states (``protocol.turn_state``) ---------------------------------------------
 
 _IDLE: Final = TurnState.IDLE
 _STREAMING: Final = TurnState.STREAMING
@@ -164,27 +146,19 @@ _ENDING: Final = TurnState.ENDING
 _TOOLS: Final = TurnState.TOOLS
 _BACKOFF: Final = TurnState.BACKOFF
 _CANCELLING: Final = TurnState.CANCELLING
-# Where a client may already answer a call it was sent: the batch has not run yet.
-_BEFORE_BATCH: Final = frozenset((TurnState.STREAMING, TurnState.STOPPING))
 
 # The constant actions, made once: the machine returns them without allocating.
+_RETRY: Final = RETRY
+_NOTHING: Final = NOTHING
 _STOP: Final = StopResponse()
 _STARTED: Final = TurnStarted()
-_RETRY: Final = Request()
 _COMMIT: Final = CommitAudio()
-_NOTHING: Final[tuple[()]] = ()
 
 CANCELLED_BY_USER: Final = "cancelled by the user"
 BARGED_IN: Final = "interrupted by the user's speech"
-MALFORMED_LIMIT: Final = 3  # malformed <execute> blocks in a row that stop the turn
 
 
-def turn_in_flight(history: Sequence[HistoryItem]) -> bool:
-    """Whether history shows a turn that did not finish (it ends with the prompt or results)."""
-    return bool(history) and isinstance(history[-1], User | Result)
-
-
-class TurnMachine:
+class TurnMachine(ToolSteps):
     """The turns of one session (see the module docstring).
 
     ``meter.total`` is the session's usage so far (it grows with every ``Account``);
@@ -203,17 +177,9 @@ class TurnMachine:
         "_chunk",
         "_ended",
         "_feed",
-        "_malformed",
-        "_malformed_in_a_row",
-        "_parser",
         "_queued",
-        "_recorder",
-        "_steps",
-        "batch",
-        "max_steps",
-        "meter",
+        "cancel_background",
         "spoken",
-        "state",
         "upstream_retries",
         "voice",
     )
@@ -244,16 +210,13 @@ class TurnMachine:
         self._malformed_in_a_row = 0
         self.voice = False
         self.spoken = SpokenAnswer()  # a spoken turn's held events, transcript, playback
+        self.background = BackgroundCalls()  # calls that do not block the turn
+        self.cancel_background = True  # cancel and barge-in cancel them (the session's setting)
 
     @property
     def idle(self) -> bool:
         """No turn runs (the shell's driver may stop)."""
         return self.state is _IDLE
-
-    @property
-    def awaits_client(self) -> bool:
-        """The batch waits for client-side results (the shell runs their timer)."""
-        return self.state is _TOOLS and bool(self.batch.waiting)
 
     @property
     def awaits_upstream(self) -> bool:
@@ -295,8 +258,8 @@ class TurnMachine:
     def _marker(self, event: Event) -> None:
         kind = type(event)
         if kind is Call:
-            self._recorder.add(event)
             self.batch.add(decode_call(event.content), event)  # type: ignore[union-attr, arg-type]
+            self._recorder.add(event)  # with the id the batch gave it
         elif kind is End:
             self._ended = True
         elif kind is Error and event.code == "malformed_execute":  # type: ignore[union-attr]
@@ -364,30 +327,13 @@ class TurnMachine:
     def _native_call(self, given: NativeCall) -> Sequence[Action]:
         if self.state is not _STREAMING:
             return _NOTHING
-        too_deep = False
-        try:
-            args = msgspec.json.decode(given.arguments or "{}", type=dict[str, object])
-        except (msgspec.DecodeError, msgspec.ValidationError):
-            args = {}  # the tool's argument check says what is missing
-        except RecursionError:  # msgspec recurses per level: ~1,000 levels is its end
-            args, too_deep = {}, True
-        if too_deep or json_depth(args, MAX_ARGS_DEPTH) > MAX_ARGS_DEPTH:
-            # Refused before anything walks them (encoding, schemas, the tools):
-            # answered here, and the model reads why.
-            args, too_deep = {}, True
-        call = ToolCall(name=given.name, args=args)
+        call, problem = native_call(given.name, given.arguments)
         event = Call(content=encode_call(call))
-        self._recorder.add(event)
         out: list[Action] = [event]
-        problem = None
-        if too_deep:
-            problem = (
-                f"the arguments of the call to {given.name!r} nest deeper than "
-                f"{MAX_ARGS_DEPTH} levels, the limit for tool args; call it again with "
-                "flatter arguments"
-            )
+        if problem is not None:
             out.insert(0, Error(code="malformed_execute", content=problem))
         self.batch.add(call, event, given.call_id, refused=problem)
+        self._recorder.add(event)
         if self.spoken.hold(out):
             return _NOTHING
         return out
@@ -479,115 +425,6 @@ class TurnMachine:
         out += [Persist(tuple(self._recorder.finish())), End()]
         return self._close(out)
 
-    def _tool_step(self, out: list[Action]) -> list[Action]:
-        """The step stopped at ``</execute>``: report it, then run its batch (or hand back the error)."""
-        # The model's own words up to </execute>, without the overrun: its
-        # context keeps its own formatting, and a provider that already holds
-        # exactly this text has nothing to redo.
-        if self.batch.native_ids:
-            # Native function calls: the provider holds them as calls already.
-            out.append(Execute())
-            out += self.meter.metric()
-            return self._run_batch(out)
-        replace = ReplaceResponse(self._parser.accepted_text)
-        if self._malformed is not None:
-            self._malformed_in_a_row += 1
-            if self._malformed_in_a_row >= MALFORMED_LIMIT:
-                out += [
-                    Persist(tuple(self._recorder.finish())),
-                    Error(
-                        code="malformed_execute",
-                        content="the model wrote three malformed <execute> blocks in a row; "
-                        "the turn is stopped — rephrase the request and try again",
-                    ),
-                    End(),
-                ]
-                out = self._close(out)
-                out.append(replace)
-                return out
-            out += self.meter.metric()
-            failure = ToolResult(tool="execute", status="failure", content=self._malformed)
-            out += self._batch_done((failure,))
-            # After the result is logged, before the next request (if the turn goes on).
-            out.insert(len(out) - 1 if type(out[-1]) is Request else len(out), replace)
-            return out
-        self._malformed_in_a_row = 0
-        out += self.meter.metric()
-        out.append(replace)
-        return self._run_batch(out)
-
-    def _run_batch(self, out: list[Action]) -> list[Action]:
-        """Split the batch: server calls run (``RunTools``), client calls wait (``AwaitClient``)."""
-        server, waiting = self.batch.start()
-        self.state = _TOOLS
-        if waiting:
-            out.append(AwaitClient(waiting))
-        if server:
-            out.append(RunTools(server))
-        elif not waiting:
-            # Every call is answered already (refused, or answered on its `call`):
-            # the result goes out before the awaited replacement of the response.
-            done = self._batch_done(self.batch.results())
-            split = next((i for i, a in enumerate(done) if type(a) is Request), len(done))
-            at = next((i for i, a in enumerate(out) if type(a) is ReplaceResponse), len(out))
-            out[at:at] = done[:split]
-            out += done[split:]
-        return out
-
-    def _tools_done(self, results: tuple[ToolResult, ...]) -> list[Action]:
-        """The server calls' results, in the order of ``RunTools``'s calls."""
-        batch = self.batch
-        if self.state is not _TOOLS or not batch.server_running:
-            return []  # results of a batch the machine no longer waits for (cancelled)
-        batch.tools_done(results)
-        return self._maybe_batch_done()
-
-    def _client_result(self, answer: ToolResultMessage) -> Sequence[Action]:
-        batch = self.batch
-        if self.state is _TOOLS:
-            refused = batch.answer(answer)
-            return [refused] if refused is not None else self._maybe_batch_done()
-        if self.state in _BEFORE_BATCH and batch.answer_early(answer):
-            return _NOTHING  # answered on its `call`, before `execute`: kept for the batch
-        return [batch.refusal(answer)]
-
-    def _client_timeout(self, seconds: float) -> Sequence[Action]:
-        if not self.awaits_client:
-            return _NOTHING
-        self.batch.time_out(seconds)
-        return self._maybe_batch_done()
-
-    def _maybe_batch_done(self) -> list[Action]:
-        batch = self.batch
-        if not batch.complete:
-            return []
-        return self._batch_done(batch.results())
-
-    def _batch_done(self, results: tuple[ToolResult, ...]) -> list[Action]:
-        content = encode_results(results)
-        payload = result_payload(results)
-        out: list[Action] = [
-            Result(content=content, payload=payload),
-            Persist((*self._recorder.finish(), Result(content=content, payload=payload))),
-        ]
-        if self._steps >= self.max_steps:
-            out += [
-                Error(
-                    code="internal",
-                    content=f"the turn reached the limit of {self.max_steps} model steps and "
-                    "was stopped; ask for a smaller task",
-                ),
-                End(),
-            ]
-            return self._close(out)
-        outputs = self.batch.outputs(results)
-        if outputs is not None:
-            request = self._step(None)
-            out.append(Request(outputs=outputs) if request is _RETRY else request)
-            return out
-        out.append(self._step(results_message(content)))
-        return out
-
     def _upstream_lost(
         self, reason: str, *, fatal: bool = False, fallback: str = ""
     ) -> Sequence[Action]:
@@ -675,7 +512,11 @@ class TurnMachine:
         else:
             cancelled = Cancelled(content=CANCELLED_BY_USER)
             note = Cancelled(content=CANCELLED_BY_USER)
-        out += [Persist((*self._recorder.finish(), note)), cancelled]
+        stopped = self.background.cancel(note.content) if self.cancel_background else []
+        kept = [msgspec.structs.replace(r) for r in stopped]  # history's own copies
+        out += [Persist((*self._recorder.finish(), note, *kept)), *stopped, cancelled]
+        if stopped:
+            out.append(CancelBackground(tuple(str(r.id) for r in stopped)))
         if state is _STREAMING or state is _STOPPING:
             # Wait for the stopped response's usage. Cancelling leaves the
             # provider's conversation with a partial response: the upstream is
@@ -721,6 +562,8 @@ class TurnMachine:
         elif self.spoken.queued:
             self.spoken.queued = False
             out += self._begin_spoken([])
+        elif self.background.due:
+            out += self._deliver()  # background results as the next step
         return out
 
     def _count_usage(self, usage: Usage | None, estimated: bool) -> None:
@@ -748,6 +591,7 @@ class TurnMachine:
         self._queued = None
         self.batch.settle("the session stopped on this node")
         self.spoken.forget()
+        self.background.forget()
         return _NOTHING if was is _IDLE else [DropUpstream(stop=True)]
 
 
@@ -761,11 +605,17 @@ _HANDLERS: Final[dict[type, _Handler]] = {
     ToolsDone: lambda m, i: m._tools_done(i.results),
     ToolResultMessage: lambda m, i: m._client_result(i),
     ClientTimeout: lambda m, i: m._client_timeout(i.seconds),
+    Approve: lambda m, i: m._approve(i),
+    ApprovalTimeout: lambda m, i: m._approval_timeout(i.seconds),
     UpstreamLost: lambda m, i: m._upstream_lost(i.reason, fatal=i.fatal, fallback=i.fallback),
     UpstreamFailed: lambda m, i: m._upstream_failed(i),
     RetryNow: lambda m, i: m._retry_now(),
     Cancel: lambda m, i: m._cancel(),
     Rerun: lambda m, i: m._rerun(i.reason),
+    Resume: lambda m, i: m._resume(i),
+    BackgroundDone: lambda m, i: m._background_done(i.id, i.result),
+    ResumeBackground: lambda m, i: m._resume_background(i),
+    CallDone: lambda m, i: m._call_done(i),
     ShellFailed: lambda m, i: m._shell_failed(i.what),
     Shutdown: lambda m, i: m._shutdown(),
     Spoken: lambda m, i: m._said(Respond(content=i.text)),

@@ -5,14 +5,15 @@ nothing here holds state. The inputs come from three places, and each feeds
 its own kind without translation:
 
 - **the client** (``protocol.events``): ``UserMessage``, ``Cancel``,
-  ``ToolResultMessage`` (a client tool's answer), ``Commit`` (end of a
-  spoken turn) and ``Played`` (playback reports) are the client's frames themselves;
+  ``ToolResultMessage`` (a client tool's answer), ``Approve`` (a decision on
+  a call that waits for approval), ``Commit`` (end of a spoken turn) and
+  ``Played`` (playback reports) are the client's frames themselves;
 - **the upstream adapters** (``gateway.upstream``): ``TextDelta``,
   ``ResponseDone``, ``SpeechBegan``, ``SpeechEnded``, ``Transcript``,
   ``ResponseBegan``, ``Spoken``, ``Thought`` and ``NativeCall`` are what an adapter's
   ``recv()`` returns;
-- **the shell** (``gateway.sessions``): ``Rerun``, ``UpstreamFailed``,
-  ``UpstreamLost``, ``ToolsDone``, ``ClientTimeout``, ``RetryNow``,
+- **the shell** (``gateway.sessions``): ``Rerun``, ``Resume``, ``UpstreamFailed``,
+  ``UpstreamLost``, ``CallDone``, ``ToolsDone``, ``ClientTimeout``, ``ApprovalTimeout``, ``RetryNow``,
   ``ShellFailed`` and ``Shutdown`` report what its I/O and timers found.
 
 An action is a protocol ``Event`` ("log it, then send it") or one of the
@@ -31,6 +32,7 @@ import msgspec
 from protocol.assembly import HistoryItem, Message
 from protocol.calls import ToolCall, ToolResult
 from protocol.events import (
+    Approve,
     Cancel,
     Commit,
     Error,
@@ -40,6 +42,7 @@ from protocol.events import (
     Usage,
     UserMessage,
 )
+from protocol.journal import JournalCall
 
 __all__ = [
     "ACTION_TYPES",
@@ -47,9 +50,15 @@ __all__ = [
     "INPUT_TYPES",
     "Account",
     "Action",
+    "ApprovalTimeout",
+    "Approve",
+    "AwaitApproval",
     "AwaitClient",
+    "BackgroundDone",
     "Backoff",
+    "CallDone",
     "Cancel",
+    "CancelBackground",
     "ClientTimeout",
     "Commit",
     "CommitAudio",
@@ -63,6 +72,8 @@ __all__ = [
     "Rerun",
     "ResponseBegan",
     "ResponseDone",
+    "Resume",
+    "ResumeBackground",
     "RetryNow",
     "RunTools",
     "ShellFailed",
@@ -70,6 +81,7 @@ __all__ = [
     "SpeechBegan",
     "SpeechEnded",
     "Spoken",
+    "StartBackground",
     "StopResponse",
     "TextDelta",
     "Thought",
@@ -151,8 +163,49 @@ class ToolsDone(_Input, frozen=True, tag="tools_done"):
     results: tuple[ToolResult, ...]
 
 
+class CallDone(_Input, frozen=True, tag="call_done"):
+    """One server call of the running batch finished (before ``ToolsDone``): log its outcome."""
+
+    id: str
+    result: ToolResult
+
+
+class Resume(_Input, frozen=True, tag="resume"):
+    """After a takeover, finish the batch history shows in flight (it ends with its calls).
+
+    ``calls``: the batch as the log shows it, with the outcomes it logged;
+    only the calls without one run again (or are asked of the client again).
+    """
+
+    reason: str
+    calls: tuple[JournalCall, ...]
+
+
+class BackgroundDone(_Input, frozen=True, tag="background_done"):
+    """A background call finished (``StartBackground``): log it; the model gets it next."""
+
+    id: str
+    result: ToolResult
+
+
+class ResumeBackground(_Input, frozen=True, tag="resume_background"):
+    """After a takeover: the background calls history shows without a delivered result.
+
+    Those with a logged outcome are due to the model; the others run again
+    (``StartBackground``, same ids and keys).
+    """
+
+    calls: tuple[JournalCall, ...]
+
+
 class ClientTimeout(_Input, frozen=True, tag="client_timeout"):
     """``seconds`` passed since ``AwaitClient``: the calls still unanswered fail."""
+
+    seconds: float
+
+
+class ApprovalTimeout(_Input, frozen=True, tag="approval_timeout"):
+    """``seconds`` passed since ``AwaitApproval``: the calls still undecided are denied."""
 
     seconds: float
 
@@ -226,7 +279,13 @@ TurnInput = (
     | UpstreamFailed
     | UpstreamLost
     | ToolsDone
+    | CallDone
+    | Resume
+    | BackgroundDone
+    | ResumeBackground
     | ToolResultMessage
+    | Approve
+    | ApprovalTimeout
     | ClientTimeout
     | RetryNow
     | Cancel
@@ -310,9 +369,32 @@ class ReplaceResponse(_Action, frozen=True, tag="replace_response"):
 
 
 class RunTools(_Action, frozen=True, tag="run_tools"):
-    """Run the batch's server calls; feed ``ToolsDone`` with their results, in order."""
+    """Run the batch's server calls; feed ``CallDone`` as each finishes (its outcome is
+    logged at once), then ``ToolsDone`` with all their results, in order.
+
+    ``ids``: the calls' ids, parallel to ``calls``; each call's idempotency key
+    is derived from its id (``protocol.journal.idempotency_key``). Run them
+    only once the events before this action are logged: a node that takes
+    over must know every call that may have run.
+    """
 
     calls: tuple[ToolCall, ...]
+    ids: tuple[str, ...] = ()
+
+
+class StartBackground(_Action, frozen=True, tag="start_background"):
+    """Run these server calls in the background (performed at once, not awaited): once
+    the events before this action are logged, as ``RunTools``; feed ``BackgroundDone``
+    as each finishes."""
+
+    calls: tuple[ToolCall, ...]
+    ids: tuple[str, ...]
+
+
+class CancelBackground(_Action, frozen=True, tag="cancel_background"):
+    """Cancel the background calls ``ids`` (their ``result`` events are out already)."""
+
+    ids: tuple[str, ...]
 
 
 class AwaitClient(_Action, frozen=True, tag="await_client"):
@@ -321,6 +403,15 @@ class AwaitClient(_Action, frozen=True, tag="await_client"):
     Feed ``ToolResultMessage`` as answers arrive, and ``ClientTimeout`` when the
     session's client tool timeout passes while ``TurnMachine.awaits_client``.
     """
+
+    ids: tuple[str, ...]
+
+
+class AwaitApproval(_Action, frozen=True, tag="await_approval"):
+    """Calls ``ids`` wait for a user's decision (their ``approval_required`` is out):
+    start the approval timer (performed at once). Feed ``Approve`` as decisions come,
+    and ``ApprovalTimeout`` when the approval timeout passes while
+    ``TurnMachine.awaits_approval``."""
 
     ids: tuple[str, ...]
 
@@ -358,6 +449,9 @@ Action = (
     | ReplaceResponse
     | RunTools
     | AwaitClient
+    | AwaitApproval
+    | StartBackground
+    | CancelBackground
     | DropUpstream
     | Backoff
     | Refuse

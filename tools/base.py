@@ -69,7 +69,8 @@ class ToolContext:
     """What a tool knows about the session it runs for.
 
     ``workspace`` is the only directory file tools may touch (see
-    ``tools.sandbox``); ``session_id`` is for logs. ``max_output`` is the
+    ``tools.sandbox``); ``session_id`` is for logs; ``call_id`` and
+    ``idempotency_key`` name the call (set per call). ``max_output`` is the
     bytes of this call's result the executor keeps (it sets it per call): a
     tool that reads from the outside world (an HTTP body) reads little more
     than that, instead of holding what it would be cut to anyway.
@@ -79,6 +80,11 @@ class ToolContext:
     session_id: str
     limits: Limits = field(default_factory=Limits)
     max_output: int = DEFAULT_MAX_OUTPUT
+    call_id: str = ""
+    """The call's id in its session (``call_N``); set per call by the executor."""
+    idempotency_key: str = ""
+    """The same for every run of one call, on any node (``protocol.journal``): a tool
+    that acts in the world does it once per key (the README's "Your own tools")."""
 
 
 class Tool(abc.ABC, Generic[ArgsT]):
@@ -94,6 +100,13 @@ class Tool(abc.ABC, Generic[ArgsT]):
     name: str
     description: str
     args_type: type[ArgsT]
+    journaled: bool = False
+    """It changes the world: a rerun of a call that finished returns the first run's
+    result instead of running again (``tools.done_markers``)."""
+    require_approval: bool = False
+    """Its calls wait for a user's approve (the tools file's ``[builtin] require_approval``)."""
+    background: bool = False
+    """Its calls do not block the turn (the tools file's ``[builtin] background``)."""
 
     @abc.abstractmethod
     async def run(self, args: ArgsT, ctx: ToolContext) -> Any:

@@ -182,6 +182,11 @@ class ClientTools:
     def __len__(self) -> int:
         return len(self._schemas)
 
+    @property
+    def background(self) -> frozenset[str]:
+        """The client tools declared ``background``: the turn does not wait for them."""
+        return frozenset(s.name for s in self.declared if s.background and s.name in self._schemas)
+
     def runs_on_client(self, name: str) -> bool:
         return name in self._schemas
 

@@ -28,6 +28,12 @@ class DescribedTool(abc.ABC):
     ``ToolFailure`` with a message for the model, let ``CancelledError`` through.
     """
 
+    journaled = False
+    require_approval = False
+    """Its calls wait for a user's approve (``require_approval = true`` in its section)."""
+    background = False
+    """Its calls do not block the turn (``background = true`` in its section)."""
+
     def __init__(self, name: str, description: str, parameters: dict[str, Any]) -> None:
         self.name = name
         self.description = description

@@ -25,21 +25,30 @@ import dataclasses
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
+from typing import Any
 
 from protocol.calls import ToolCall, ToolResult
+from protocol.journal import idempotency_key
 
 from .base import DEFAULT_MAX_OUTPUT, ToolContext, ToolFailure
+from .done_markers import recall, record
 from .output import NotJSON, cap_output, output_size
-from .registry import InvalidArgs, Registry, UnknownTool
+from .registry import AnyTool, InvalidArgs, Registry, UnknownTool
 
-__all__ = ["CallObserver", "Executor"]
+__all__ = ["CallObserver", "Executor", "ResultSink"]
 
 log = logging.getLogger(__name__)
 
-CallObserver = Callable[[ToolCall], AbstractContextManager[Callable[[ToolResult], None]]]
-"""Entered around each call that runs; the block gets a callable that is handed the call's
-result (before truncation to the batch's share). An exception escaping the call (a cancel)
-leaves the block with it."""
+CallObserver = Callable[
+    [ToolCall, ToolContext], AbstractContextManager[Callable[[ToolResult], None]]
+]
+"""Entered around each call that runs (with the call's context: its id and idempotency
+key); the block gets a callable that is handed the call's result (before truncation to
+the batch's share). An exception escaping the call (a cancel) leaves the block with it."""
+
+ResultSink = Callable[[int, ToolResult], None]
+"""Told each call's result as soon as it finishes (its index in the batch): the session
+logs it at once, so a node that takes over reruns only the calls without one."""
 
 _YIELD_EVERY = 16
 """Results measured or cut between two yields to the event loop."""
@@ -88,12 +97,17 @@ class Executor:
         *,
         observe: CallObserver | None = None,
         allowed: frozenset[str] | None = None,
+        ids: Sequence[str] = (),
+        on_result: ResultSink | None = None,
     ) -> list[ToolResult]:
         """Run ``calls`` concurrently; one result per call, in call order.
 
         ``observe`` (optional) is entered around each call that runs.
         ``allowed``: the tools this session may use (None: all); a call to
-        another fails in its place, naming the ones it may use.
+        another fails in its place, naming the ones it may use. ``ids``: the
+        calls' ids in their session (parallel to ``calls``), from which each
+        call's idempotency key derives (``ToolContext.idempotency_key``);
+        ``on_result`` is told each call's result as it finishes.
 
         Calls past ``max_calls`` do not run: each gets a failure naming the
         limit. If the caller is cancelled (the user cancelled the turn), every
@@ -103,14 +117,12 @@ class Executor:
         admitted, refused = calls[: self.max_calls], calls[self.max_calls :]
         tasks = [
             asyncio.create_task(
-                self.run_call(call, ctx)
-                if observe is None
-                else self._run_observed(call, ctx, observe),
+                self._run_one(index, call, _call_context(ctx, ids, index), observe, on_result),
                 name=f"tool {call.name}",
             )
             if allowed is None or call.name in allowed
             else _not_allowed(call, allowed)
-            for call in admitted
+            for index, call in enumerate(admitted)
         ]
         try:
             results: list[ToolResult] = await asyncio.gather(*tasks)
@@ -167,12 +179,22 @@ class Executor:
                 await asyncio.sleep(0)
         return fitted
 
-    async def _run_observed(
-        self, call: ToolCall, ctx: ToolContext, observe: CallObserver
+    async def _run_one(
+        self,
+        index: int,
+        call: ToolCall,
+        ctx: ToolContext,
+        observe: CallObserver | None,
+        on_result: ResultSink | None,
     ) -> ToolResult:
-        with observe(call) as seen:
+        if observe is None:
             result = await self.run_call(call, ctx)
-            seen(result)
+        else:
+            with observe(call, ctx) as seen:
+                result = await self.run_call(call, ctx)
+                seen(result)
+        if on_result is not None:
+            on_result(index, result)
         return result
 
     async def run_call(self, call: ToolCall, ctx: ToolContext) -> ToolResult:
@@ -186,6 +208,25 @@ class Executor:
         max_output = self.max_output_for(tool.name)
         if ctx.max_output != max_output:
             ctx = dataclasses.replace(ctx, max_output=max_output)
+        journaled = getattr(tool, "journaled", False) and bool(ctx.idempotency_key)
+        if journaled:
+            done = await asyncio.to_thread(recall, ctx.workspace, ctx.idempotency_key)
+            if done is not None:
+                return done  # a rerun of a call whose first run finished: not done twice
+        result = await self._run_bound(tool, args, call, ctx, timeout, max_output)
+        if journaled and result.status == "success":
+            await asyncio.to_thread(record, ctx.workspace, ctx.idempotency_key, result)
+        return result
+
+    async def _run_bound(
+        self,
+        tool: AnyTool,
+        args: Any,
+        call: ToolCall,
+        ctx: ToolContext,
+        timeout: float,
+        max_output: int,
+    ) -> ToolResult:
         try:
             async with asyncio.timeout(timeout):
                 content = await tool.run(args, ctx)
@@ -226,6 +267,16 @@ class Executor:
                 "This is a fault in the tool; try another way to get the result",
             )
         return ToolResult(tool=call.name, status="success", content=capped)
+
+
+def _call_context(ctx: ToolContext, ids: Sequence[str], index: int) -> ToolContext:
+    """``ctx`` for call ``index``: its id and idempotency key (unchanged without ids)."""
+    if index >= len(ids):
+        return ctx
+    call_id = ids[index]
+    return dataclasses.replace(
+        ctx, call_id=call_id, idempotency_key=idempotency_key(ctx.session_id, call_id)
+    )
 
 
 def _failure(call: ToolCall, message: str) -> ToolResult:

@@ -73,6 +73,17 @@ class Registry:
     def names(self) -> list[str]:
         return list(self._tools)
 
+    @property
+    def approval_required(self) -> frozenset[str]:
+        """The tools whose calls wait for a user's approve (``require_approval`` in the
+        tools file): the operator's part of every session's approvals."""
+        return frozenset(n for n, t in self._tools.items() if getattr(t, "require_approval", False))
+
+    @property
+    def background(self) -> frozenset[str]:
+        """The tools whose calls do not block the turn (``background`` in the tools file)."""
+        return frozenset(n for n, t in self._tools.items() if getattr(t, "background", False))
+
     def __contains__(self, name: object) -> bool:
         return name in self._tools
 

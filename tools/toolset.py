@@ -43,6 +43,9 @@ async def open_registry(
     if tools_file is None:
         yield Registry(tools)
         return
+    for tool in tools:  # fresh instances: this node's own
+        tool.require_approval = tool.name in tools_file.builtin_approval
+        tool.background = tool.name in tools_file.builtin_background
     # The MCP SDK and the HTTP client load only for a tools file that uses them:
     # the mcp package alone costs ~2 s of import time (python -X importtime),
     # paid by every node start otherwise.

@@ -10,6 +10,12 @@ A TOML file (``gateway serve --tools FILE``)::
     env = { CALC_MODE = "exact" }
     timeout = 30
 
+    [http.book]
+    url = "https://hotel.example/book"
+    require_approval = true                          # each call waits for a user's approve
+    background = true                                # the turn goes on while it runs
+    ...
+
     [http.weather]
     url = "https://weather.example/tool"
     description = "Current weather for a city."
@@ -43,9 +49,10 @@ __all__ = ["ToolsFile", "ToolsFileError", "load_tools_file", "parse_tools_file"]
 
 _NAME: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_-]{0,63}")
 _VAR: Final = re.compile(r"\$\{([^}]*)\}")
-_MCP_KEYS: Final = {"command", "url", "env", "timeout"}
-_HTTP_KEYS: Final = {"url", "description", "parameters", "headers", "timeout"}
-_BUILTIN_KEYS: Final = {"enable"}
+_FLAGS: Final = ("require_approval", "background")
+_MCP_KEYS: Final = {"command", "url", "env", "timeout", *_FLAGS}
+_HTTP_KEYS: Final = {"url", "description", "parameters", "headers", "timeout", *_FLAGS}
+_BUILTIN_KEYS: Final = {"enable", *_FLAGS}
 
 
 class ToolsFileError(ValueError):
@@ -58,6 +65,10 @@ class ToolsFile:
 
     path: str
     builtins: tuple[str, ...] | None = None
+    builtin_approval: tuple[str, ...] = ()
+    """Built-ins whose calls wait for a user's approve (``[builtin] require_approval``)."""
+    builtin_background: tuple[str, ...] = ()
+    """Built-ins whose calls do not block the turn (``[builtin] background``)."""
     mcp: tuple[McpServerSpec, ...] = ()
     http: tuple[HttpToolSpec, ...] = ()
     sections: dict[str, str] = field(default_factory=dict)
@@ -104,6 +115,8 @@ def parse_tools_file(
             )
     where = _Where(path, environ)
     builtins = _builtins(data.get("builtin"), where, builtin_names)
+    builtin_approval = _builtin_list(data.get("builtin"), "require_approval", where, builtin_names)
+    builtin_background = _builtin_list(data.get("builtin"), "background", where, builtin_names)
     base = str(Path(path).resolve().parent)
     sections: dict[str, str] = {}
     mcp = tuple(
@@ -123,7 +136,9 @@ def parse_tools_file(
             )
         sections[name] = f"[http.{name}]"
         http.append(http_spec)
-    return ToolsFile(path, builtins, mcp, tuple(http), sections)
+    return ToolsFile(
+        path, builtins, builtin_approval, builtin_background, mcp, tuple(http), sections
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,6 +238,33 @@ def _builtins(value: Any, where: _Where, builtin_names: frozenset[str]) -> tuple
     return tuple(enable)
 
 
+def _builtin_list(
+    value: Any, key: str, where: _Where, builtin_names: frozenset[str]
+) -> tuple[str, ...]:
+    """``[builtin] KEY = ["name", ...]``: built-ins marked so (checked names)."""
+    if not isinstance(value, dict) or key not in value:
+        return ()
+    names = value[key]
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise where.error("builtin", key, 'must be a list of names, like ["write", "shell"]')
+    for name in names:
+        if name not in builtin_names:
+            raise where.error(
+                "builtin",
+                key,
+                f"there is no built-in tool {name!r}; choose from "
+                f"{', '.join(sorted(builtin_names))}",
+            )
+    return tuple(names)
+
+
+def _flag(body: dict[str, Any], key: str, section: str, where: _Where) -> bool:
+    value = body.get(key, False)
+    if not isinstance(value, bool):
+        raise where.error(section, key, f"must be true or false, not {value!r}")
+    return value
+
+
 def _mcp(name: str, body: dict[str, Any], where: _Where, base: str) -> McpServerSpec:
     section = f"mcp.{name}"
     _check_keys(body, set(_MCP_KEYS), section, where)
@@ -250,6 +292,8 @@ def _mcp(name: str, body: dict[str, Any], where: _Where, base: str) -> McpServer
         env=_strings(body.get("env", {}), section, "env", where),
         timeout=_timeout(body, 30.0, section, where),
         cwd=base if command is not None else None,
+        require_approval=_flag(body, "require_approval", section, where),
+        background=_flag(body, "background", section, where),
     )
 
 
@@ -288,4 +332,6 @@ def _http(name: str, body: dict[str, Any], where: _Where) -> HttpToolSpec:
         parameters=body["parameters"],
         headers=_strings(body.get("headers", {}), section, "headers", where),
         timeout=_timeout(body, 10.0, section, where),
+        require_approval=_flag(body, "require_approval", section, where),
+        background=_flag(body, "background", section, where),
     )

@@ -164,6 +164,7 @@ class Principal:
     key: str
     session: str | None = None
     digest: str = ""
+    approve: bool = False  # a client token minted with the right to approve calls
 
 
 class _Admitted:
@@ -455,7 +456,7 @@ class Edges:
                     "opens nothing any more; the app's backend needs a valid API key to mint a "
                     "new one\n",
                 )
-        return Principal(claims.key, claims.sid, digest=claims.kd)
+        return Principal(claims.key, claims.sid, digest=claims.kd, approve=claims.ap)
 
     def _store_down(self, logged: str, body: str) -> Response:
         """A handshake the store's outage refuses: counted, logged, 503 with ``body``."""

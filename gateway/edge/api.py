@@ -77,16 +77,24 @@ PAGE_BYTES: Final = 1 << 20
 TokenTtl = Annotated[float, msgspec.Meta(ge=1, le=86400)]
 
 
+TokenRights = Annotated[tuple[Literal["approve"], ...], msgspec.Meta(max_length=4)]
+"""What a client token may do beyond opening its session: ``approve`` calls that wait
+for a user's decision (without it only the API key approves)."""
+
+
 class CreateSession(ConfigChange, frozen=True, forbid_unknown_fields=True):
-    """``POST /v1/sessions``: the session's configuration, and its client token's lifetime (s)."""
+    """``POST /v1/sessions``: the session's configuration, its client token's lifetime (s)
+    and rights."""
 
     ttl: TokenTtl | msgspec.UnsetType = msgspec.UNSET
+    rights: TokenRights = ()
 
 
 class MintToken(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """``POST /v1/sessions/{id}/tokens``."""
 
     ttl: TokenTtl | msgspec.UnsetType = msgspec.UNSET
+    rights: TokenRights = ()
 
 
 class Minted(msgspec.Struct, frozen=True):
@@ -425,7 +433,8 @@ class HttpApi:
                 await self.node.store.release_bytes(CONFIG_QUOTA.format(key=key_id), sid)
             raise
         ttl = None if body.ttl is msgspec.UNSET else body.ttl
-        token, expires_at = await self.edges.tokens.mint(sid, key_id, ttl)
+        approve = "approve" in body.rights
+        token, expires_at = await self.edges.tokens.mint(sid, key_id, ttl, approve=approve)
         return _json(201, Minted(sid, token, expires_at))
 
     async def _hold_quota(self, key_id: str, sid: str, size: int) -> None:
@@ -461,7 +470,8 @@ class HttpApi:
         key_id, sid, _ = await self._owned(request)
         body: MintToken = await self._body(request, _mint_decoder.decode)
         ttl = None if body.ttl is msgspec.UNSET else body.ttl
-        token, expires_at = await self.edges.tokens.mint(sid, key_id, ttl)
+        approve = "approve" in body.rights
+        token, expires_at = await self.edges.tokens.mint(sid, key_id, ttl, approve=approve)
         return _json(201, Minted(sid, token, expires_at))
 
     async def describe(self, request: web.Request) -> web.Response:

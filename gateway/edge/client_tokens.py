@@ -60,8 +60,11 @@ class ClientTokens:
                 self._secrets = (shared,)
         return self._secrets
 
-    async def mint(self, sid: str, key_id: str, ttl: float | None = None) -> tuple[str, float]:
-        """A token for ``sid`` owned by ``key_id`` and when it expires (unix seconds).
+    async def mint(
+        self, sid: str, key_id: str, ttl: float | None = None, *, approve: bool = False
+    ) -> tuple[str, float]:
+        """A token for ``sid`` owned by ``key_id`` and when it expires (unix seconds);
+        ``approve``: it may decide on calls that wait for approval.
 
         A ``KeyId`` (an API key proved it) makes a token that dies with that key;
         a plain id (auth is off) one that names no key.
@@ -69,7 +72,8 @@ class ClientTokens:
         expires_at = round(self._clock() + (self.ttl if ttl is None else ttl), 3)
         secrets = await self.secrets()
         digest = key_id.digest if isinstance(key_id, KeyId) else ""
-        return mint_token(secrets[0], sid, str(key_id), expires_at, digest), expires_at
+        token = mint_token(secrets[0], sid, str(key_id), expires_at, digest, approve=approve)
+        return token, expires_at
 
     async def verify(self, token: str) -> ClientToken | TokenRefused:
         return verify_token(await self.secrets(), token, self._clock())

@@ -88,15 +88,19 @@ class ClientConnection:
         event_mode: bool = False,
         unrecorded: MutableMapping[str, str] | None = None,
         trusted: bool = True,
+        may_approve: bool | None = None,
     ) -> None:
         """``unrecorded``: the node's new sessions not stored yet (sid → owner);
         one is stored at its first turn or configure (``Node.record_session``).
         ``trusted``: the client presented an API key (not a client token), so
-        it may change the session's configuration."""
+        it may change the session's configuration. ``may_approve``: it may
+        decide on calls that wait for approval (default: when ``trusted``; a
+        client token only if minted with the ``approve`` right)."""
         self.node = node
         self.ws = ws
         self._sid = sid
         self.trusted = trusted
+        self.may_approve = trusted if may_approve is None else may_approve
         self.resumed = resumed
         self.last_sent = after
         # The newest seq known to be in the log (the head at attach, the newest
@@ -468,6 +472,16 @@ class ClientConnection:
                     content=f"a client token cannot send {spec.what}: it may not change the "
                     "session's configuration; the app's backend sets it (POST /v1/sessions) "
                     "or connects with its API key",
+                )
+            )
+            return
+        if spec.approving and not self.may_approve:
+            self._reply(
+                Error(
+                    code="forbidden",
+                    content="this connection may not approve calls: approve with the API key, "
+                    'or with a client token minted with "rights": ["approve"] '
+                    "(POST /v1/sessions/ID/tokens)",
                 )
             )
             return

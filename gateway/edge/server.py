@@ -73,6 +73,8 @@ class Handshake(msgspec.Struct):
     unrecorded_owner: str | None = None
     # An API key (not a client token): may change the session's configuration.
     trusted: bool = True
+    # May decide on calls that wait for approval (an API key, or a token with the right).
+    may_approve: bool = True
 
 
 class NewSessions(MutableMapping[str, str]):
@@ -354,6 +356,7 @@ class Gateway:
             stream="event" if stream == "event" else "token",
             unrecorded_owner=unrecorded_owner,
             trusted=admitted.session is None,
+            may_approve=admitted.session is None or admitted.approve,
         )
         return None
 
@@ -447,6 +450,7 @@ class Gateway:
                 event_mode=hs.stream == "event",
                 unrecorded=self.unrecorded,
                 trusted=hs.trusted,
+                may_approve=hs.may_approve,
             )
             self.connections.add(conn)
             try:

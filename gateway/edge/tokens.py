@@ -63,6 +63,8 @@ class ClientToken(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknow
     exp: float
     v: int = _VERSION
     kd: str = ""
+    ap: bool = False
+    """It may approve calls that wait for a user's decision (minted with ``approve``)."""
 
 
 class TokenRefused(msgspec.Struct, frozen=True):
@@ -97,10 +99,20 @@ def is_client_token(credential: str) -> bool:
     return credential.startswith(TOKEN_PREFIX)
 
 
-def mint_token(secret: bytes, sid: str, key: str, expires_at: float, key_digest: str = "") -> str:
+def mint_token(
+    secret: bytes,
+    sid: str,
+    key: str,
+    expires_at: float,
+    key_digest: str = "",
+    *,
+    approve: bool = False,
+) -> str:
     """A token that opens ``sid`` (owned by ``key``) until ``expires_at``, while the
-    API key of digest ``key_digest`` is issued ("": no key, auth is off)."""
-    payload = _b64(_encode(ClientToken(sid=sid, key=key, exp=expires_at, kd=key_digest)))
+    API key of digest ``key_digest`` is issued ("": no key, auth is off);
+    ``approve``: its connections may decide on calls that wait for approval."""
+    claims = ClientToken(sid=sid, key=key, exp=expires_at, kd=key_digest, ap=approve)
+    payload = _b64(_encode(claims))
     return f"{TOKEN_PREFIX}{payload}.{_sign(secret, payload)}"
 
 

@@ -24,6 +24,7 @@ from typing import Any, Final, Protocol
 
 from protocol.configuration import ConfigChange
 from protocol.events import (
+    Approve,
     AudioChunk,
     Cancel,
     Cancelled,
@@ -62,6 +63,8 @@ class SessionCommands(Protocol):
 
     def commit_audio(self) -> Error | None: ...
 
+    def approve(self, decision: Approve) -> Error | None: ...
+
     def played(self, report: Played) -> Error | None: ...
 
     def heard(self, message: Any, refused: Error | None) -> None:
@@ -82,6 +85,10 @@ async def _tool_result(target: SessionCommands, message: Any) -> Error | None:
 
 async def _configure(target: SessionCommands, message: Any) -> Error | None:
     return await target.configure(message)
+
+
+async def _approve(target: SessionCommands, message: Any) -> Error | None:
+    return target.approve(message)
 
 
 async def _commit(target: SessionCommands, message: Any) -> Error | None:
@@ -105,6 +112,8 @@ class CommandSpec:
       is another one; voice commands run where the microphone is;
     - ``trusted``: only a connection with an API key may send it (a client
       token may not change the session's configuration);
+    - ``approving``: only a connection allowed to approve may send it (an API
+      key, or a client token minted with the ``approve`` right);
     - ``records``: it stores a session made by this connection at its first use;
     - ``turn``: it starts a turn (per-key turn limits and draining apply).
     """
@@ -114,6 +123,7 @@ class CommandSpec:
     landmark: type[Event] | None = None
     forwarded: bool = True
     trusted: bool = False
+    approving: bool = False
     records: bool = False
     turn: bool = False
 
@@ -127,6 +137,7 @@ COMMANDS: Final[dict[type, CommandSpec]] = {
     ),
     Commit: CommandSpec("commit", _commit, forwarded=False),
     Played: CommandSpec("played", _played),
+    Approve: CommandSpec("approve", _approve, approving=True),
 }
 """Every command, by its message type."""
 

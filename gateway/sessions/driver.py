@@ -39,9 +39,9 @@ from typing import Any, Final, Protocol
 import msgspec
 
 from gateway.sessions.observer import TurnObserver
-from gateway.sessions.recorder import SessionRecorder
 from gateway.sessions.session_log import SessionLog
 from gateway.sessions.setup import SessionServices, SessionSetup
+from gateway.sessions.tool_runs import Gone, ToolRuns, hear
 from gateway.sessions.upstream_link import OpenRequest, UpstreamLink
 from gateway.sessions.voice import VoiceInput
 from gateway.upstream.base import (
@@ -57,15 +57,20 @@ from gateway.upstream.base import (
 )
 from protocol.assembly import Message
 from protocol.audio import audio_frame
-from protocol.calls import ToolCall, ToolResult
-from protocol.events import Error, Interrupt, Metric, Usage
+from protocol.calls import ToolResult
+from protocol.events import Approval, Error, Interrupt, Metric, Usage
 from protocol.turn import TurnMachine, TurnState
 from protocol.turn_events import (
     EVENT_TYPES,
     Account,
     Action,
+    ApprovalTimeout,
+    AwaitApproval,
     AwaitClient,
+    BackgroundDone,
     Backoff,
+    CallDone,
+    CancelBackground,
     ClientTimeout,
     CommitAudio,
     DropUpstream,
@@ -80,6 +85,7 @@ from protocol.turn_events import (
     SpeechBegan,
     SpeechEnded,
     Spoken,
+    StartBackground,
     StopResponse,
     TextDelta,
     Thought,
@@ -88,7 +94,6 @@ from protocol.turn_events import (
     UpstreamFailed,
     UpstreamLost,
 )
-from tools.executor import CallObserver
 
 __all__ = ["DrivenSession", "TurnDriver"]
 
@@ -96,7 +101,16 @@ log = logging.getLogger("gateway.sessions.runtime")
 
 # The actions the driver awaits; a cancel supersedes those not yet performed.
 _AWAITED: Final = frozenset(
-    {Request, CommitAudio, StopResponse, ReplaceResponse, RunTools, AwaitClient, Backoff}
+    {
+        Request,
+        CommitAudio,
+        StopResponse,
+        ReplaceResponse,
+        RunTools,
+        AwaitClient,
+        AwaitApproval,
+        Backoff,
+    }
 )
 _RETRY_NOW: Final = RetryNow()
 # How long a cancelled response may take to report its end (and usage) before
@@ -144,15 +158,6 @@ class DrivenSession(Protocol):
         """No turn runs any more (the node may let the session go)."""
 
 
-class _Gone:
-    """The upstream's loss as the tools' watcher read it: the driver's next read raises it."""
-
-    __slots__ = ("error",)
-
-    def __init__(self, error: UpstreamClosed) -> None:
-        self.error = error
-
-
 class TurnDriver:
     """Performs one session's turns (see the module docstring)."""
 
@@ -179,8 +184,11 @@ class TurnDriver:
         self._spawn = spawn
         self._remember = remember
         self.sid = log_.sid
+        self.tools = ToolRuns(self.sid, services, log_, observer, lambda: session.setup)
+        self._approval_asked: dict[str, float] = {}  # call id → when it began to wait
         self._wake = asyncio.Event()  # a command queued actions for the driver
         self._client_deadline = 0.0  # loop time when the client-side calls time out
+        self._approval_deadline = 0.0  # loop time when undecided approvals are denied
         self.task: asyncio.Task[None] | None = None
         self._todo: deque[Action] = deque()  # actions the driver performs next, in order
         self._driving = False  # the driver task has started running
@@ -193,10 +201,9 @@ class TurnDriver:
         # The driver reads the upstream with nothing else to do (no turn, or a wait for
         # client results): a command interrupts that read (``wake``).
         self._listening_idle = False
-        # Upstream events read while tools ran (``_hear_during_tools``), for the
+        # Upstream events read while tools ran (``tool_runs.hear``), for the
         # driver's next reads, in order.
-        self._heard: deque[UpstreamEvent | _Gone] = deque()
-        self.recorder: SessionRecorder | None = None  # the session records its tool calls
+        self._heard: deque[UpstreamEvent | Gone] = deque()
 
     # ------------------------------------------------------------------ commands
 
@@ -253,7 +260,7 @@ class TurnDriver:
             driver.cancel()
 
     async def stop(self) -> None:
-        """Cancel the running turn and wait for the driver to end."""
+        """Cancel the running turn and the background calls, and wait for them to end."""
         driver = self.task
         if driver is not None and not driver.done():
             self._stop_text_now()
@@ -261,6 +268,7 @@ class TurnDriver:
             with contextlib.suppress(BaseException):
                 await driver
         self._todo.clear()
+        await self.tools.stop()
 
     # ------------------------------------------------------------------ the drive loop
 
@@ -281,8 +289,8 @@ class TurnDriver:
                         return
                     if machine.awaits_upstream or (session.listening and not self._todo):
                         await self._pump_upstream()
-                    elif machine.awaits_client:
-                        await self._await_client()
+                    elif machine.awaits_client or machine.awaits_approval:
+                        await self._await_answers()
                 except asyncio.CancelledError:
                     if not self._interrupted or session.closed:
                         raise
@@ -310,12 +318,13 @@ class TurnDriver:
                 self.task = None
             session.driver_stopped()
 
-    async def _await_client(self) -> None:
-        """Wait for a command (a client's result, a cancel) or the client-side calls' timeout."""
+    async def _await_answers(self) -> None:
+        """Wait for a command (a client's result, an approve, a cancel) or the deadline of
+        the client-side calls or of the approvals, whichever comes first."""
         self._wake.clear()
         if self._todo:
             return
-        remaining = self._client_deadline - asyncio.get_running_loop().time()
+        remaining = self._answer_deadline() - asyncio.get_running_loop().time()
         if remaining > 0:
             try:
                 async with asyncio.timeout(remaining):
@@ -323,7 +332,25 @@ class TurnDriver:
                 return
             except TimeoutError:
                 pass
-        self._client_timed_out()
+        self._answers_timed_out()
+
+    def _answer_deadline(self) -> float:
+        machine = self.machine
+        deadlines = []
+        if machine.awaits_client:
+            deadlines.append(self._client_deadline)
+        if machine.awaits_approval:
+            deadlines.append(self._approval_deadline)
+        return min(deadlines, default=0.0)
+
+    def _answers_timed_out(self) -> None:
+        now = asyncio.get_running_loop().time()
+        if self.machine.awaits_client and now >= self._client_deadline:
+            self._client_timed_out()
+        if self.machine.awaits_approval and now >= self._approval_deadline:
+            seconds = self.services.config.approval_timeout
+            log.info("session %s: approvals undecided after %gs: denied", self.sid, seconds)
+            self._todo.extend(self.machine.feed(ApprovalTimeout(seconds)))
 
     def _client_timed_out(self) -> None:
         seconds = self.services.config.client_tool_timeout
@@ -380,6 +407,8 @@ class TurnDriver:
                     self.observer.fill(action)  # type: ignore[arg-type]
                 elif kind is Error:
                     self.observer.turn_failed(action.code)  # type: ignore[union-attr]
+                elif kind is Approval:
+                    self._approval_decided(action)  # type: ignore[arg-type]
                 elif kind is Interrupt and self.link.upstream is None:
                     await self._reopen_for(action, todo[0] if todo else None)  # type: ignore[arg-type]
                     continue
@@ -393,10 +422,19 @@ class TurnDriver:
                 self._turn_started()
             elif kind is DropUpstream:
                 self.drop_upstream(stop=action.stop)  # type: ignore[union-attr]
+            elif kind is AwaitApproval:
+                loop_time = asyncio.get_running_loop().time()
+                self._approval_deadline = loop_time + self.services.config.approval_timeout
+                for call_id in action.ids:  # type: ignore[union-attr]
+                    self._approval_asked.setdefault(call_id, loop_time)
+            elif kind is StartBackground:
+                self.tools.start(action, self._background_finished)  # type: ignore[arg-type]
+            elif kind is CancelBackground:
+                self.tools.cancel(action.ids)  # type: ignore[union-attr]
             elif kind is AwaitClient:
                 loop_time = asyncio.get_running_loop().time()
                 self._client_deadline = loop_time + self.services.config.client_tool_timeout
-                self.services.metrics.tool_calls.inc(len(action.ids))  # type: ignore[union-attr]
+                self.services.metrics.tools.calls.inc(len(action.ids))  # type: ignore[union-attr]
             elif kind is Request:
                 await self._request(action.message, action.outputs)  # type: ignore[union-attr]
             elif kind is CommitAudio:
@@ -417,7 +455,9 @@ class TurnDriver:
             elif kind is ReplaceResponse:
                 await self._replace(action)  # type: ignore[arg-type]
             elif kind is RunTools:
-                results = await self._run_tools_hearing(action.calls)  # type: ignore[union-attr]
+                # The calls are in the log (and history) before any runs: a node
+                # that takes over knows each one that may have run, and its key.
+                results = await self._run_tools_hearing(action)  # type: ignore[arg-type]
                 todo.extend(self.machine.feed(ToolsDone(tuple(results))))
             elif kind is Backoff:
                 log.info(
@@ -542,7 +582,7 @@ class TurnDriver:
                 return  # a command came while the connection was opening
             if heard:
                 read = heard.popleft()
-                if isinstance(read, _Gone):
+                if isinstance(read, Gone):
                     raise read.error
                 ev = read
             elif machine.idle:
@@ -551,15 +591,15 @@ class TurnDriver:
                     ev = await upstream.recv()
                 finally:
                     self._listening_idle = False
-            elif machine.awaits_client:
-                # Listening while the client works: its result (a command) interrupts.
-                remaining = self._client_deadline - asyncio.get_running_loop().time()
+            elif machine.awaits_client or machine.awaits_approval:
+                # Listening while the client works or the user decides: a command interrupts.
+                remaining = self._answer_deadline() - asyncio.get_running_loop().time()
                 self._listening_idle = True
                 try:
                     async with asyncio.timeout(max(remaining, 0.0)):
                         ev = await upstream.recv()
                 except TimeoutError:
-                    self._client_timed_out()
+                    self._answers_timed_out()
                     return
                 finally:
                     self._listening_idle = False
@@ -696,7 +736,7 @@ class TurnDriver:
 
     # ------------------------------------------------------------------ tools
 
-    async def _run_tools_hearing(self, calls: Sequence[ToolCall]) -> list[ToolResult]:
+    async def _run_tools_hearing(self, run: RunTools) -> list[ToolResult]:
         """Run a step's tools; a voice session hears its user meanwhile.
 
         The driver awaits the tools, so nothing read the upstream while they
@@ -712,40 +752,37 @@ class TurnDriver:
             or voice.audio_in is None
             or not self.session.listening
         ):
-            return await self._run_tools(calls)
-        watcher = asyncio.create_task(self._hear_during_tools(upstream), name=f"hear:{self.sid}")
+            return await self._run_tools(run)
+        barge_in = self._barge_in
+        watcher = asyncio.create_task(
+            hear(upstream, self._heard, barge_in), name=f"hear:{self.sid}"
+        )
         try:
-            return await self._run_tools(calls)
+            return await self._run_tools(run)
         finally:
             watcher.cancel()
             with contextlib.suppress(BaseException):
                 await watcher
 
-    async def _hear_during_tools(self, upstream: Upstream) -> None:
-        heard = self._heard
-        try:
-            while True:
-                ev = await upstream.recv()
-                if type(ev) is SpeechBegan:
-                    self.command(self.machine.feed(ev), interrupt=True)
-                    return
-                heard.append(ev)
-        except UpstreamClosed as exc:
-            heard.append(_Gone(exc))  # the driver's next read raises it
+    def _barge_in(self, ev: SpeechBegan) -> None:
+        self.command(self.machine.feed(ev), interrupt=True)
 
-    async def _run_tools(self, calls: Sequence[ToolCall]) -> list[ToolResult]:
-        services = self.services
-        services.metrics.tool_calls.inc(len(calls))
-        observe: CallObserver | None = self.observer.tool if self.observer.tracing else None
-        if self.recorder is not None:
-            observe = self.recorder.observe_tools(observe)
-        results = await services.executor.run_batch(
-            list(calls),
-            services.tool_context(self.sid),
-            observe=observe,
-            allowed=self.session.setup.server_tools,
-        )
-        failures = sum(1 for r in results if r.status != "success")
-        if failures:
-            services.metrics.tool_failures.inc(failures)
-        return results
+    async def _run_tools(self, run: RunTools) -> list[ToolResult]:
+        machine, emit = self.machine, self.log.emit
+
+        def journal(call_id: str, result: ToolResult) -> None:
+            # Logged as soon as the call finished: a takeover reuses it.
+            for action in machine.feed(CallDone(call_id, result)):
+                emit(action)  # type: ignore[arg-type]
+
+        return await self.tools.run(run, journal)
+
+    def _background_finished(self, call_id: str, result: ToolResult) -> None:
+        """A background call's result: a command for the machine, like a client's answer."""
+        self.command(self.machine.feed(BackgroundDone(call_id, result)), interrupt=False)
+
+    def _approval_decided(self, approval: Approval) -> None:
+        asked = self._approval_asked.pop(approval.id, None)
+        if asked is not None:
+            waited = asyncio.get_running_loop().time() - asked
+            self.services.metrics.tools.approval_wait.labels(approval.decision).observe(waited)

@@ -173,8 +173,15 @@ class Node:
         )
         await self.log_writer.close()
         await self.recorders.close()
-        for task in list(self._background):
+        # Listeners and the sweeper end before the store closes under them: a
+        # task still unsubscribing on a closed client would outlive the node.
+        background = list(self._background)
+        for task in background:
             task.cancel()
+        if background:
+            _, stuck = await asyncio.wait(background, timeout=5.0)
+            for task in stuck:
+                log.warning("%s did not stop within 5 s of the node's stop", task.get_name())
 
     def spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
         task = asyncio.create_task(coro, name=name)
@@ -290,9 +297,10 @@ class Node:
                 raise
             self.runtimes[sid] = runtime
             self.metrics.sessions.set(len(self.runtimes))
-            runtime.rerun_interrupted(
+            await runtime.rerun_interrupted(
                 "the node running this turn stopped; the turn is being rerun — "
-                "discard its partial output"
+                "discard its partial output",
+                self.store,
             )
         if not lock.locked():
             self._locks.pop(sid, None)

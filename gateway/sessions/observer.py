@@ -31,6 +31,7 @@ from gateway.pricing import PriceTable
 from gateway.tracing import AttributeValue, Tracing, fail
 from protocol.calls import ToolCall, ToolResult
 from protocol.events import Cost, Metric, Usage
+from tools.base import ToolContext
 
 __all__ = ["TurnObserver"]
 
@@ -196,8 +197,9 @@ class TurnObserver:
             yield
 
     @contextlib.contextmanager
-    def tool(self, call: ToolCall) -> Iterator[Callable[[ToolResult], None]]:
-        """Around one tool call (``tools.executor.CallObserver``): a ``tool NAME`` span."""
+    def tool(self, call: ToolCall, ctx: ToolContext) -> Iterator[Callable[[ToolResult], None]]:
+        """Around one tool call (``tools.executor.CallObserver``): a ``tool NAME`` span
+        carrying the call's id and idempotency key (the same for every run of the call)."""
         turn = self._turn
         if turn is None:
             yield _ignore
@@ -206,6 +208,8 @@ class TurnObserver:
             "rtgw.session_id": self.sid,
             "rtgw.key_id": self.owner,
             "rtgw.tool": call.name,
+            "rtgw.tool.call_id": ctx.call_id,
+            "rtgw.tool.idempotency_key": ctx.idempotency_key,
         }
         with self._tracing.child(turn, f"tool {call.name}", attributes) as span:
 

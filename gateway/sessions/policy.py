@@ -60,6 +60,8 @@ class KeyPolicy(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     reasoning_efforts: tuple[str, ...] | None = None
     instructions: str = ""
     record: bool | None = None  # the flight recorder: always, never, or as asked (None)
+    require_approval: tuple[str, ...] = ()
+    """Server tools whose calls wait for a user's approve in this key's sessions."""
 
 
 OPEN: Final = KeyPolicy()

@@ -59,6 +59,7 @@ from protocol.recording import (
     UpstreamFrame,
     encode_record,
 )
+from tools.base import ToolContext
 from tools.executor import CallObserver
 
 __all__ = ["BACKSTOP", "FLUSH_EVERY", "Recorders", "SessionRecorder"]
@@ -210,10 +211,10 @@ class SessionRecorder:
 
     @contextlib.contextmanager
     def _observe(
-        self, inner: CallObserver | None, call: ToolCall
+        self, inner: CallObserver | None, call: ToolCall, context: ToolContext
     ) -> Iterator[Callable[[ToolResult], None]]:
         started = time.monotonic()
-        around = inner(call) if inner is not None else contextlib.nullcontext(_ignore)
+        around = inner(call, context) if inner is not None else contextlib.nullcontext(_ignore)
         with around as seen:
 
             def both(result: ToolResult) -> None:
@@ -224,6 +225,7 @@ class SessionRecorder:
                         args=msgspec.Raw(_encode(call.args)),
                         status=result.status,
                         duration_ms=round((time.monotonic() - started) * 1000, 3),
+                        id=context.call_id,
                     )
                 )
 

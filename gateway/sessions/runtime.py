@@ -14,7 +14,7 @@ is a thin facade over one room per job:
   (its taps in the log, the link, the driver and here).
 
 This module holds what ties them: clients attach and detach, commands come
-in (``start_turn``, ``cancel_turn``, ``tool_result``, ``configure``,
+in (``start_turn``, ``cancel_turn``, ``tool_result``, ``approve``, ``configure``,
 ``commit_audio``, ``rerun_interrupted``), the configuration changes, and
 the session closes. The node is reached through ``SessionHost`` only.
 """
@@ -31,6 +31,7 @@ from typing import Any, Final, Protocol
 import msgspec
 
 from gateway.sessions.driver import TurnDriver
+from gateway.sessions.journal import read_journal, read_journal_calls
 from gateway.sessions.observer import TurnObserver
 from gateway.sessions.recorder import SessionRecorder
 from gateway.sessions.resumption import ResumePoint
@@ -39,14 +40,28 @@ from gateway.sessions.setup import ConfigProblem, SessionServices, SessionSetup
 from gateway.sessions.subscriber import Subscriber
 from gateway.sessions.upstream_link import UpstreamLink
 from gateway.sessions.voice import VoiceInput, voice_config
-from gateway.store.base import StoreError
+from gateway.store.base import EventLog, StoreError
 from gateway.upstream.base import Upstream, VoiceConfig
 from protocol.assembly import HistoryItem
 from protocol.configuration import ConfigChange, apply_change
-from protocol.events import Configured, Error, Played, ToolResultMessage, Usage
+from protocol.events import Approve, Call, Configured, Error, Played, ToolResultMessage, Usage
+from protocol.journal import (
+    JournalCall,
+    background_in_flight,
+    batch_in_flight,
+    turn_in_flight,
+)
 from protocol.recording import Header, NodeJoined
-from protocol.turn import TurnMachine, turn_in_flight
-from protocol.turn_events import Cancel, Commit, Rerun, Shutdown, UserMessage
+from protocol.turn import TurnMachine
+from protocol.turn_events import (
+    Cancel,
+    Commit,
+    Rerun,
+    Resume,
+    ResumeBackground,
+    Shutdown,
+    UserMessage,
+)
 from tools.client import prepare
 from tools.output import cap_output
 
@@ -132,6 +147,9 @@ class SessionRuntime:
             client_tools=setup.client_tools,
             call_number=last_seq,
         )
+        machine.batch.needs_approval = setup.approvals
+        machine.batch.background = setup.background
+        machine.cancel_background = cfg.cancel_background
         # Audio in and/or out, from the stored configuration (set_voice changes it).
         self.voice: VoiceConfig | None = self._voice_of(setup)
         machine.voice = self.voice is not None
@@ -248,6 +266,11 @@ class SessionRuntime:
         given = msgspec.structs.replace(answer, content=content)
         return self.driver.command(self.machine.feed(given), interrupt=False)
 
+    def approve(self, decision: Approve) -> Error | None:
+        """A user's decision on a call waiting for approval; ``unknown_call`` or
+        ``wrong_digest`` if it decides nothing (the connection checked the right to)."""
+        return self.driver.command(self.machine.feed(decision), interrupt=False)
+
     def commit_audio(self) -> Error | None:
         """End the user's spoken turn (turn detection ``none``); an ``Error`` reply if
         the session takes no audio or a turn runs."""
@@ -269,15 +292,38 @@ class SessionRuntime:
         if self.recorder is not None:
             self.recorder.heard(message, refused, self.log.delivered_seq)
 
-    def rerun_interrupted(self, reason: str) -> None:
-        """After a takeover: if the last turn was in flight, mark it and rerun it.
+    async def rerun_interrupted(self, reason: str, events: EventLog) -> None:
+        """After a takeover: if the last turn was in flight, mark it and go on with it.
 
+        A batch in flight (history ends with its calls) is finished from the
+        journal: outcomes the log holds are reused, the other calls run again
+        under their own ids and keys (``Resume``). Otherwise the step is rerun.
         The rerun's span links to the cut turn's (``observer.follows``, from the meta).
+        ``events``: the session's log, where the journal is read.
         """
-        if turn_in_flight(self.history):
+        calls = batch_in_flight(self.history)
+        if calls:
+            journal = await self._journal(events, calls)
+            self.driver.command(self.machine.feed(Resume(reason, journal)), interrupt=False)
+        elif turn_in_flight(self.history):
             self.driver.command(self.machine.feed(Rerun(reason)), interrupt=False)
         else:
             self.observer.follows = ""
+        in_batch = {call.id for call in calls}
+        running = [c for c in background_in_flight(self.history) if c.id not in in_batch]
+        if running:
+            # Background calls whose result the model has not had: reused or run again
+            # (due when the turn above ends, or at once).
+            found = await self._journal(events, running)
+            self.driver.command(self.machine.feed(ResumeBackground(found)), interrupt=False)
+
+    async def _journal(self, events: EventLog, calls: list[Call]) -> tuple[JournalCall, ...]:
+        try:
+            return await read_journal(events, self.sid, calls, self.last_seq)
+        except StoreError as exc:
+            # Without the outcomes every call runs again, each under its own key.
+            log.warning("session %s: journal not read (%s); rerunning its calls", self.sid, exc)
+            return read_journal_calls(calls)
 
     # ------------------------------------------------------------------ configuration
 
@@ -324,6 +370,8 @@ class SessionRuntime:
         """A new setup from the next model step: logged as ``configured``, stored."""
         self.setup = setup
         self.machine.batch.router = setup.client_tools
+        self.machine.batch.needs_approval = setup.approvals
+        self.machine.batch.background = setup.background
         # Priced and traced as the provider and model it now uses.
         self.observer.provider = setup.upstream_factory.provider
         self.observer.model = setup.upstream_factory.model
@@ -343,7 +391,9 @@ class SessionRuntime:
             return
         recorder = self.recorder
         if not on:
-            self.recorder = self.log.recorder = self.link.recorder = self.driver.recorder = None
+            self.recorder = self.log.recorder = self.link.recorder = self.driver.tools.recorder = (
+                None
+            )
             if recorder is not None:
                 self.host.spawn(recorders.finish(recorder), f"recording:{self.sid}")
             return
@@ -368,7 +418,9 @@ class SessionRuntime:
             )
         self._recording = "on"
         recorder = recorders.start(self.sid, first)
-        self.recorder = self.log.recorder = self.link.recorder = self.driver.recorder = recorder
+        self.recorder = self.log.recorder = self.link.recorder = self.driver.tools.recorder = (
+            recorder
+        )
 
     def _voice_of(self, setup: SessionSetup, *, speaks_only: bool = False) -> VoiceConfig | None:
         """The audio a configuration asks for, with the tools this session may call
@@ -381,7 +433,10 @@ class SessionRuntime:
             if allowed is None or s.name in allowed
         ]
         return voice_config(
-            setup.config, [*specs, *setup.client_tools.specs()], speaks_only=speaks_only
+            setup.config,
+            [*specs, *setup.client_tools.specs()],
+            speaks_only=speaks_only,
+            background=setup.background,
         )
 
     def speaking_voice(self) -> VoiceConfig | None:
@@ -408,7 +463,7 @@ class SessionRuntime:
         open; audio that arrives while a failed open is waited out is dropped
         (the client was told: ``error`` code ``upstream``)."""
         if not self.closed:
-            self._heard_audio(pcm16)
+            _heard_audio(self, pcm16)
             await self.voice_in.send(self.link.upstream, pcm16)
 
     def send_audio_now(self, pcm16: bytes) -> bool:
@@ -416,13 +471,8 @@ class SessionRuntime:
         (or the audio is held); False: nothing was sent, await ``send_audio``."""
         if self.closed:
             return False
-        self._heard_audio(pcm16)  # first: the frame it goes out in refers to it
+        _heard_audio(self, pcm16)  # first: the frame it goes out in refers to it
         return self.voice_in.send_now(self.link.upstream, pcm16)
-
-    def _heard_audio(self, pcm16: bytes) -> None:
-        recorder, voice = self.recorder, self.voice
-        if recorder is not None and voice is not None and voice.audio_in is not None:
-            recorder.audio_in(pcm16, voice.audio_in.rate, self.log.delivered_seq)
 
     def quiet_for(self, seconds: float) -> bool:
         """No audio from this node's clients for ``seconds`` (no live microphone here)."""
@@ -469,3 +519,10 @@ class SessionRuntime:
         self.log.session_lost(reason)
         self.machine.feed(Shutdown())
         await self.link.close()
+
+
+def _heard_audio(runtime: SessionRuntime, pcm16: bytes) -> None:
+    """A chunk of the user's audio, for the flight recorder if the session records."""
+    recorder, voice = runtime.recorder, runtime.voice
+    if recorder is not None and voice is not None and voice.audio_in is not None:
+        recorder.audio_in(pcm16, voice.audio_in.rate, runtime.log.delivered_seq)

@@ -106,6 +106,11 @@ class SessionSetup:
     # Operator + key policy + session instructions: all a model that does not write the
     # text protocol (it speaks; its tools are declared natively) is told.
     instructions: str = ""
+    # The server tools whose calls wait for a user's approve: the operator's (tools file),
+    # the key policy's and the session's own, of the tools it may run.
+    approvals: frozenset[str] = frozenset()
+    # The tools (server and client) whose calls do not block the turn.
+    background: frozenset[str] = frozenset()
     # The flight recorder records it: its key policy's record, else its own or the node's.
     record: bool = False
 
@@ -213,6 +218,17 @@ class SessionSetups:
             client_tools = ClientTools(config.tools, key_tools, has)
         except ValueError as exc:  # the client's mistake (a bad schema, a taken name): 400
             return ConfigProblem(str(exc))
+        unknown = [n for n in config.require_approval if n not in names]
+        if unknown:
+            return ConfigProblem(
+                f"require_approval: this gateway has no server tool {unknown[0]!r}; "
+                f"its tools: {', '.join(sorted(names)) or 'none'}"
+            )
+        wanted = {*self.registry.approval_required, *policy.require_approval}
+        approvals = frozenset(n for n in (*wanted, *config.require_approval) if n in has)
+        background = frozenset(
+            [*(n for n in self.registry.background if n in has), *client_tools.background]
+        )
         factory = self._factory(config.provider, config.model)
         if isinstance(factory, str):
             return factory
@@ -234,7 +250,16 @@ class SessionSetups:
             prompt = system_prompt(specs, instructions)
         record = policy.record if policy.record is not None else config.record or self.config.record
         return SessionSetup(
-            config, prompt, factory, allowed, client_tools, key_tools, instructions, record
+            config,
+            prompt,
+            factory,
+            allowed,
+            client_tools,
+            key_tools,
+            instructions,
+            approvals,
+            background,
+            record,
         )
 
     def _factory(self, provider: str, model: str) -> UpstreamFactory | str:

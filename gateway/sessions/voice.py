@@ -44,7 +44,11 @@ HELD_AUDIO_SECONDS = 5.0
 
 
 def voice_config(
-    config: SessionConfig, tools: Sequence[ToolSpec], *, speaks_only: bool = False
+    config: SessionConfig,
+    tools: Sequence[ToolSpec],
+    *,
+    speaks_only: bool = False,
+    background: frozenset[str] = frozenset(),
 ) -> VoiceConfig | None:
     """The upstream's voice configuration for ``config``; ``None``: no audio either way.
 
@@ -71,7 +75,12 @@ def voice_config(
         ),
         audio_out=AudioOut(voice=config.voice, to_client=client_hears) if speaks else None,
         tools=tuple(
-            FunctionTool(name=t.name, description=t.description, parameters=t.parameters)
+            FunctionTool(
+                name=t.name,
+                description=t.description,
+                parameters=t.parameters,
+                background=t.name in background,
+            )
             for t in tools
         )
         if speaks

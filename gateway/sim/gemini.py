@@ -45,7 +45,13 @@ Voice (what the model hears and says: ``gateway.sim.model``):
   ``inlineData`` (``audio/pcm;rate=24000``), each with its
   ``outputTranscription`` when ``outputAudioTranscription`` is set; a
   function declared in ``tools`` is called with ``toolCall`` and the turn
-  goes on once ``toolResponse`` brings its output.
+  goes on once ``toolResponse`` brings its output. A function declared with
+  ``behavior: NON_BLOCKING`` does not hold the turn: the model ends it
+  (``turnComplete``) and the call's ``toolResponse`` may come any time later;
+  its ``scheduling`` says what the model does then (the SDK's
+  ``FunctionResponseScheduling``): ``WHEN_IDLE`` (the default) speaks about it
+  once no turn runs, ``INTERRUPT`` cuts the running turn to speak about it,
+  ``SILENT`` only keeps it in the context.
 """
 
 from __future__ import annotations
@@ -235,6 +241,8 @@ class _Connection(SimConnection):
         self.vad: Vad | None = None  # made for the rate of the first audio chunk
         self.activity: bytearray | None = None  # audio since activityStart (manual)
         self.pending_calls: dict[str, str] = {}  # call id -> function name
+        self.async_calls: dict[str, str] = {}  # NON_BLOCKING calls without a response yet
+        self.non_blocking: frozenset[str] = frozenset()  # functions declared NON_BLOCKING
         self.resumption = False  # the setup asked for resumption handles
         self.thoughts = False  # the setup asked for thoughts, and the model has them
         self._call_ids = itertools.count(1)
@@ -376,6 +384,12 @@ class _Connection(SimConnection):
             for tool in setup.tools or ()
             for declaration in tool.function_declarations or ()
             if declaration.name
+        )
+        self.non_blocking = frozenset(
+            declaration.name
+            for tool in setup.tools or ()
+            for declaration in tool.function_declarations or ()
+            if declaration.name and declaration.behavior == "NON_BLOCKING"
         )
         instruction = setup.system_instruction
         if instruction is not None:
@@ -556,8 +570,18 @@ class _Connection(SimConnection):
         generation.turn.status = "completed"
         if self.generation is generation:
             self.generation = None
-        self.pending_calls[call_id] = call.name
         function_call = wire.FunctionCall(id=call_id, name=call.name, args=args)
+        if call.name in self.non_blocking:
+            # The model does not wait for it: the turn ends, the response comes later.
+            self.async_calls[call_id] = call.name
+            await self._send(
+                wire.ServerMessage(tool_call=wire.ToolCall(function_calls=[function_call]))
+            )
+            await self._send(
+                wire.ServerMessage(server_content=wire.ServerContent(turn_complete=True))
+            )
+            return
+        self.pending_calls[call_id] = call.name
         await self._send(
             wire.ServerMessage(tool_call=wire.ToolCall(function_calls=[function_call]))
         )
@@ -565,6 +589,10 @@ class _Connection(SimConnection):
     async def _tool_response(self, response: wire.ToolResponse) -> None:
         answers = []
         for function_response in response.function_responses or ():
+            late = self.async_calls.pop(function_response.id or "", None)
+            if late is not None:
+                await self._late_response(late, function_response)
+                continue
             name = self.pending_calls.pop(function_response.id or "", None)
             if name is None:
                 await self._refuse(
@@ -579,6 +607,24 @@ class _Connection(SimConnection):
             answers.append(tool_answer(name, text))
         if answers and not self.pending_calls:
             self._respond(" ".join(answers))
+
+    async def _late_response(self, name: str, response: wire.FunctionResponse) -> None:
+        """A NON_BLOCKING call's response, handled as its ``scheduling`` asks."""
+        body = response.response or {}
+        output = body.get("output")
+        text = output if isinstance(output, str) else msgspec.json.encode(body).decode()
+        self.turns.append(_Turn("function_response", text))
+        scheduling = response.scheduling or "WHEN_IDLE"
+        if scheduling == "SILENT":
+            return
+        running = self.generation
+        if running is not None:
+            if scheduling == "INTERRUPT":
+                await self._interrupt(running)
+            elif running.task is not None:
+                await asyncio.wait([running.task])  # WHEN_IDLE: after the running turn
+        if self.generation is None:
+            self._respond(tool_answer(name, text))
 
     # --- audio in -----------------------------------------------------------------
 

@@ -24,15 +24,34 @@ import abc
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from typing import Any
+from typing import Any, Final
 
 from redis.asyncio import ConnectionPool, Redis, RedisCluster
 from redis.asyncio.cluster import ClusterNode
 from redis.asyncio.connection import AbstractConnection, Connection
 from redis.asyncio.sentinel import Sentinel
-from redis.exceptions import RedisClusterException
+from redis.exceptions import (
+    AskError,
+    BusyLoadingError,
+    ClusterDownError,
+    MasterDownError,
+    ReadOnlyError,
+    RedisClusterException,
+    TryAgainError,
+)
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from gateway.store.redis_scripts import SCRIPTS
+
+# Replies (as redis-py raises them) that mean "not here or not now": MOVED is an AskError.
+_REDIRECTS: Final = (
+    AskError,
+    TryAgainError,
+    ClusterDownError,
+    MasterDownError,
+    ReadOnlyError,
+    BusyLoadingError,
+)
 
 __all__ = ["ClusterTopology", "Route", "SingleTopology", "Topology"]
 
@@ -126,6 +145,20 @@ class Topology(abc.ABC):
         after a write). A connection of its own, not a lane's: a lane may be
         mid-batch. An error reply raises, as redis-py raises it.
         """
+        try:
+            return await self._exchange_once(key, commands)
+        except _REDIRECTS:
+            # A failover this client has not noticed (nobody else may append
+            # to that shard to learn it, e.g. while every session there waits
+            # on this very call): learn the owner, then ask it.
+            await self.refresh()
+            return await self._exchange_once(key, commands)
+        except (RedisConnectionError, OSError):
+            with contextlib.suppress(Exception):
+                await self.refresh()  # the caller's next try goes to the new owner
+            raise
+
+    async def _exchange_once(self, key: str, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
         conn = await self._checkout(key)
         try:
             await conn.send_packed_command(conn.pack_commands(commands))

@@ -190,6 +190,9 @@ class FunctionTool(msgspec.Struct, frozen=True, kw_only=True):
     name: str
     description: str = ""
     parameters: dict[str, Any] = msgspec.field(default_factory=dict)
+    # The turn does not wait for it: declared non-blocking where the provider has that
+    # (Gemini ``behavior: NON_BLOCKING``), its output sent when the call is done.
+    background: bool = False
 
 
 class VoiceConfig(msgspec.Struct, frozen=True, kw_only=True):

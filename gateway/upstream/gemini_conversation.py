@@ -127,6 +127,7 @@ class GeminiConversation:
 
     __slots__ = (
         "_activity_open",
+        "_background",
         "_calls",
         "_effort",
         "_heard",
@@ -198,6 +199,7 @@ class GeminiConversation:
         self._reply_on_server = False
         self._heard: list[str] = []  # input transcription pieces of the current user turn
         self._calls: dict[str, str] = {}  # call id -> function name, until answered
+        self._background: frozenset[str] = frozenset()  # functions declared NON_BLOCKING
         self._outputs: list[wire.FunctionResponse] = []
 
     # --- connections --------------------------------------------------------------------
@@ -247,9 +249,12 @@ class GeminiConversation:
                 name=tool.name,
                 description=tool.description or None,
                 parameters_json_schema=tool.parameters or {"type": "object"},
+                # The model goes on while it runs; its response comes WHEN_IDLE.
+                behavior="NON_BLOCKING" if tool.background else None,
             )
             for tool in voice.tools
         ]
+        self._background = frozenset(tool.name for tool in voice.tools if tool.background)
         return wire.Setup(
             model=model_name,
             generation_config=wire.GenerationConfig(
@@ -366,8 +371,12 @@ class GeminiConversation:
 
     def function_output(self, call_id: str, output: str) -> None:
         name = self._calls.pop(call_id, None)
+        # A NON_BLOCKING call's late response: the model tells it once it is idle.
+        scheduling = "WHEN_IDLE" if name in self._background else None
         self._outputs.append(
-            wire.FunctionResponse(id=call_id, name=name, response={"output": output})
+            wire.FunctionResponse(
+                id=call_id, name=name, response={"output": output}, scheduling=scheduling
+            )
         )
 
     def replace(self, text: str) -> None:
@@ -496,6 +505,9 @@ class GeminiConversation:
                 self._calls[call_id] = call.name or ""
                 arguments = msgspec.json.encode(call.args or {}).decode()
                 events.append(NativeCall(call_id, call.name or "", arguments))
+            calls = message.tool_call.function_calls or ()
+            if calls and all(call.name in self._background for call in calls):
+                return  # NON_BLOCKING: the model goes on; its turnComplete ends the turn
             self._end_turn(clean=True)
             events.append(ResponseDone(status="completed", usage=self._usage))
 

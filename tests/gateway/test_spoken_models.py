@@ -140,3 +140,37 @@ async def test_a_shut_down_model_is_a_one_line_startup_error(tmp_path: Path) -> 
             pass
     assert "shut down on 2025-12-09" in str(info.value)
     assert "gemini-2.5-flash-native-audio-preview-12-2025" in str(info.value)
+
+
+async def test_a_background_native_call_is_non_blocking_and_answered_when_idle(
+    tmp_path: Path,
+) -> None:
+    """A background tool on a model with native calls: declared NON_BLOCKING, the turn
+    ends at once, and the call's output goes as a late function response (WHEN_IDLE)."""
+    tools = tmp_path / "tools.toml"
+    tools.write_text('[builtin]\nenable = ["shell"]\nbackground = ["shell"]\n')
+    async with serve_sim(SimConfig(flavor="gemini", api_key=KEY)) as sim:
+        settings = {
+            "provider": "gemini",
+            "gemini_base_url": sim.url,
+            "gemini_api_key": KEY,
+            "port": 0,
+            "workspace_root": str(tmp_path / "ws"),
+            "tools_file": str(tools),
+            "enable_shell": True,
+        }
+        async with running_gateway(load_config(settings, env={})) as gateway:
+            client = await GatewayClient.connect(gateway.url)
+            first = await client.turn('/tool shell {"command": "sleep 1; echo late"}')
+            later = await client.until(lambda e: kind(e) == "end")
+            await client.close()
+    assert [name for name, _ in merged(first)] == [
+        "user", "call", "execute", "metric", "end", "metric"
+    ]  # fmt: skip
+    call = next(e for e in first if isinstance(e, Call))
+    assert call.background is True
+    result = next(e for e in later if isinstance(e, Result))
+    assert result.id == call.id and "late" in result.content
+    assert "The tool shell returned" in "".join(
+        getattr(e, "content", "") for e in later if kind(e) == "respond"
+    )

@@ -2,8 +2,8 @@
 
 The call is driven on node A; the answer comes through a client on node B
 (forwarded like ``user``/``cancel``). A takeover while the gateway waits
-reruns the step: the new driver asks the model again, so the client gets a
-new call (new id) to answer, and an answer to the old id is ``unknown_call``.
+finishes the batch from the journal: the call keeps its id, and the client's
+answer to it (sent again after the ``interrupt``) is the call's one result.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import contextlib
 import orjson
 from websockets.exceptions import ConnectionClosed
 
-from protocol.events import Call, Configured, Error, Interrupt, Result
+from protocol.events import Call, Configured, End, Error, Execute, Interrupt, Result
 from tests.multinode.conftest import NodeFactory, SimFactory
 from tests.support.client import GatewayClient
 
@@ -60,7 +60,7 @@ async def test_a_call_driven_on_a_is_answered_through_b(
     await asyncio.gather(first.close(), second.close())
 
 
-async def test_a_takeover_while_waiting_reruns_the_step_with_a_new_call(
+async def test_a_takeover_while_waiting_keeps_the_call_and_its_id(
     start_sim: SimFactory, start_node: NodeFactory
 ) -> None:
     sim = start_sim()
@@ -71,19 +71,18 @@ async def test_a_takeover_while_waiting_reruns_the_step_with_a_new_call(
     await first.until(lambda e: isinstance(e, Configured))
     await first.user('/tool confirm {"question": "survive?"}')
     old = await client_call(first)
+    await first.until(lambda e: isinstance(e, Execute))
     a.kill()
     with contextlib.suppress(ConnectionClosed, asyncio.TimeoutError):
         while True:
             await first.next(timeout=10)
     second = await GatewayClient.connect(b.url, session_id=first.sid, after=first.last_seq)
-    # B takes the session over once A's lease expires, and reruns the step.
+    # B takes the session over once A's lease expires, and waits for the same call.
     await second.until(lambda e: isinstance(e, Interrupt), timeout=30)
-    new = await client_call(second)
-    assert new.id != old.id
-    await second.send({"type": "tool_result", "id": old.id, "status": "success", "content": 0})
-    got = await second.until(lambda e: isinstance(e, Error) and e.code == "unknown_call")
-    assert old.id in got[-1].content  # type: ignore[union-attr]
-    await second.send({"type": "tool_result", "id": new.id, "status": "success", "content": 1})
+    await second.send({"type": "tool_result", "id": old.id, "status": "success", "content": 1})
     got = await second.until(lambda e: isinstance(e, Result))
+    assert got[-1].id == old.id  # type: ignore[union-attr]
     assert orjson.loads(got[-1].content)[0]["content"] == 1  # type: ignore[union-attr]
+    await second.until(lambda e: isinstance(e, End))
+    assert not any(isinstance(e, Call) for e in second.events)  # the model was not asked again
     await second.close()

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TypeVar
 
+import msgspec
+import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -34,6 +36,7 @@ from protocol.turn_events import (
     Account,
     Action,
     Backoff,
+    CallDone,
     Cancel,
     DropUpstream,
     Persist,
@@ -136,18 +139,29 @@ def test_a_tool_step_stops_the_model_runs_the_batch_and_continues() -> None:
     assert machine.state is TurnState.STOPPING
     assert machine.text("more") == ()
     done = machine.feed(ResponseDone("cancelled", USAGE))
-    assert kinds(done) == ["Account", "Metric", "ReplaceResponse", "RunTools"]
-    assert only(done, ReplaceResponse).text == CALL
-    assert only(done, RunTools).calls == (ToolCall(name="list", args={"path": "."}),)
-    assert machine.state is TurnState.TOOLS
-    results = machine.feed(ToolsDone(OK))
-    assert kinds(results) == ["Result", "Persist", "Request"]
-    result = only(results, Result)
-    assert only(results, Persist).items == (
+    # The step goes into history (its call with its id) before the call runs.
+    assert kinds(done) == ["Account", "Metric", "Persist", "ReplaceResponse", "RunTools"]
+    assert only(done, Persist).items == (
         Think(content="I list."),
-        Call(content='{"name":"list","args":{"path":"."}}'),
-        Result(content=result.content, payload=result.payload),
+        Call(content='{"name":"list","args":{"path":"."}}', id="call_1"),
     )
+    assert only(done, ReplaceResponse).text == CALL
+    run = only(done, RunTools)
+    assert run.calls == (ToolCall(name="list", args={"path": "."}),)
+    assert run.ids == ("call_1",)
+    assert machine.state is TurnState.TOOLS
+    # The call's outcome is logged as soon as it finished (the journal)…
+    [logged] = machine.feed(CallDone("call_1", OK[0]))
+    assert isinstance(logged, Result)
+    assert logged.id == "call_1"
+    assert orjson.loads(logged.content) == [msgspec.to_builtins(OK[0])]
+    assert machine.feed(CallDone("call_1", OK[0])) == ()  # once
+    # …and the batch's end hands all results to history and the model.
+    results = machine.feed(ToolsDone(OK))
+    assert kinds(results) == ["Persist", "Request"]
+    [result] = only(results, Persist).items
+    assert isinstance(result, Result)
+    assert result.content == logged.content
     assert only(results, Request).message == results_message(result.content)
     stream(machine, "Done.<end>")
     last = machine.feed(ResponseDone("completed", USAGE))
@@ -248,7 +262,14 @@ def test_upstream_loss_after_execute_runs_the_calls_anyway() -> None:
     machine = started()
     stream(machine, CALL)
     lost = machine.feed(UpstreamLost("dropped"))
-    assert kinds(lost) == ["DropUpstream", "Account", "Metric", "ReplaceResponse", "RunTools"]
+    assert kinds(lost) == [
+        "DropUpstream",
+        "Account",
+        "Metric",
+        "Persist",
+        "ReplaceResponse",
+        "RunTools",
+    ]
     assert only(lost, Metric).estimated is True
     assert machine.state is TurnState.TOOLS
 

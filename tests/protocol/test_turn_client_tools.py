@@ -27,6 +27,7 @@ from protocol.turn_events import (
     Cancel,
     ClientTimeout,
     NativeCall,
+    Persist,
     Refuse,
     Request,
     ResponseDone,
@@ -73,7 +74,15 @@ def at_tools(*calls: tuple[str, dict[str, Any]]) -> tuple[TurnMachine, list[Call
 
 
 def results(actions: Sequence[Action]) -> list[dict[str, Any]]:
-    return list(orjson.loads(only(actions, Result).content))
+    """The batch's results as the model reads them (history's one ``Result``, in call order)."""
+    persist = [a for a in actions if isinstance(a, Persist) and isinstance(a.items[-1], Result)]
+    assert len(persist) == 1, kinds(actions)
+    return list(orjson.loads(persist[0].items[-1].content))  # type: ignore[union-attr]
+
+
+def logged(actions: Sequence[Action]) -> dict[str, list[dict[str, Any]]]:
+    """The ``result`` events logged (the journal): call id → its results."""
+    return {str(a.id): list(orjson.loads(a.content)) for a in actions if isinstance(a, Result)}
 
 
 ASK = ("confirm", {"question": "ok?"})
@@ -132,12 +141,18 @@ def test_a_mixed_batch_runs_server_calls_meanwhile_and_keeps_call_order(
     assert only(out, RunTools).calls == (ToolCall("list", {"path": "."}),) * 2
     assert kinds(out)[-2:] == ["AwaitClient", "RunTools"]
     answer = ToolResultMessage(calls[1].id, "failure", "the user said no")
+    # Each call's outcome is logged as it comes (the journal), whoever answers first.
     if client_first:
-        assert machine.feed(answer) == []
+        assert list(logged(machine.feed(answer))) == [calls[1].id]
         done = machine.feed(ToolsDone((LISTED, LISTED)))
+        assert list(logged(done)) == [calls[0].id, calls[2].id]
     else:
-        assert machine.feed(ToolsDone((LISTED, LISTED))) == []
+        assert list(logged(machine.feed(ToolsDone((LISTED, LISTED))))) == [
+            calls[0].id,
+            calls[2].id,
+        ]
         done = machine.feed(answer)
+        assert list(logged(done)) == [calls[1].id]
     assert [(r["tool"], r["status"]) for r in results(done)] == [
         ("list", "success"),
         ("confirm", "failure"),
@@ -201,7 +216,7 @@ def test_cancel_at_any_point_of_the_wait_closes_the_turn_once(before: list[str])
         "pick": ToolResultMessage(calls[2].id, "success", "x"),
     }
     for step in before:
-        assert machine.feed(feeds[step]) == []
+        assert {type(a) for a in machine.feed(feeds[step])} == {Result}
     out = machine.feed(Cancel())
     assert kinds(out) == ["Persist", "Cancelled", "Metric"]
     assert machine.idle and not machine.awaits_client
@@ -260,10 +275,12 @@ _LIKELY: dict[TurnState, list[TurnInput]] = {
 @settings(max_examples=300, deadline=None)
 @given(st.data())
 def test_any_order_of_client_answers_and_cancels_keeps_the_rules(data: st.DataObject) -> None:
-    """One closing event then one metric per turn; one result per batch, in call order."""
+    """One closing event then one metric per turn; one result per call, logged once; the
+    model's results (history) per batch, in call order."""
     machine = TurnMachine(client_tools=Router(), max_steps=3)
     open_turn = closing = False
-    expected: list[str] = []  # the tool names of the batch in flight, in call order
+    expected: dict[str, str] = {}  # the batch in flight: call id → tool name, in call order
+    logged_ids: set[str] = set()
     for _ in range(data.draw(st.integers(0, 60))):
         likely = data.draw(st.integers(0, 9)) > 0
         given_input = data.draw(st.sampled_from(_LIKELY[machine.state] if likely else _INPUTS))
@@ -278,6 +295,16 @@ def test_any_order_of_client_answers_and_cancels_keeps_the_rules(data: st.DataOb
                 assert not open_turn
                 open_turn = True
                 continue
+            if (
+                isinstance(action, Persist)
+                and action.items
+                and isinstance(action.items[-1], Result)
+            ):
+                got = [r["tool"] for r in orjson.loads(action.items[-1].content)]
+                if expected:
+                    assert got == list(expected.values())
+                    assert logged_ids == set(expected)  # every call's result was logged
+                expected, logged_ids = {}, set()
             if isinstance(action, _SYNC):
                 continue
             event: Event = action  # type: ignore[assignment]
@@ -287,17 +314,16 @@ def test_any_order_of_client_answers_and_cancels_keeps_the_rules(data: st.DataOb
                 continue
             assert open_turn
             if isinstance(event, Call):
-                expected.append(orjson.loads(event.content)["name"])
-            if isinstance(event, Result):
-                got = [r["tool"] for r in orjson.loads(event.content)]
-                assert got == expected
-                expected = []
+                expected[event.id] = orjson.loads(event.content)["name"]
+            if isinstance(event, Result) and isinstance(event.id, str):
+                assert event.id in expected and event.id not in logged_ids
+                logged_ids.add(event.id)
             if isinstance(event, End | Cancelled):
-                closing, expected = True, []
+                closing, expected, logged_ids = True, {}, set()
             if isinstance(event, Interrupt) or (
                 isinstance(event, Error) and event.code == "upstream"
             ):
-                expected = []  # the step is rerun, or the turn stops
+                expected, logged_ids = {}, set()  # the step is rerun, or the turn stops
         if not machine.awaits_client:
             assert machine.batch.waiting == () or machine.state is TurnState.TOOLS
         assert machine.idle == (not open_turn), (machine.state, open_turn)
@@ -318,7 +344,9 @@ def test_native_calls_of_a_voice_session_wait_for_the_client_too() -> None:
     run = only(out, RunTools)
     assert wait.ids == ("call_8",) and [c.name for c in run.calls] == ["list"]
     assert machine.awaits_client
-    assert machine.feed(ToolsDone((ToolResult("list", "success", ["a.txt"]),))) == []
+    assert list(logged(machine.feed(ToolsDone((ToolResult("list", "success", ["a.txt"]),))))) == [
+        "call_9"
+    ]
     after = machine.feed(ToolResultMessage("call_8", "success", True))
     request = after[-1]
     assert isinstance(request, Request) and request.message is None

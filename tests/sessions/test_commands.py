@@ -7,6 +7,7 @@ import typing
 from gateway.sessions.commands import COMMANDS, CONNECTION_MESSAGES, FORWARDED, dispatch
 from protocol.configuration import ConfigChange
 from protocol.events import (
+    Approve,
     Cancel,
     ClientMessage,
     Commit,
@@ -52,6 +53,10 @@ class Recorder:
     def heard(self, message: object, refused: Error | None) -> None:
         self.heard_all.append((type(message).__name__, refused.code if refused else ""))
 
+    def approve(self, decision: Approve) -> Error | None:
+        self.calls.append(("approve", decision.id))
+        return None
+
 
 def test_every_client_message_is_a_command_or_the_connections_own() -> None:
     """A new message type with no row (and not the connection's) fails here."""
@@ -62,7 +67,7 @@ def test_every_client_message_is_a_command_or_the_connections_own() -> None:
 
 def test_voice_commands_run_where_the_microphone_is() -> None:
     assert Commit not in FORWARDED
-    assert set(FORWARDED) == {UserMessage, Cancel, ToolResultMessage, Configure, Played}
+    assert set(FORWARDED) == {UserMessage, Cancel, ToolResultMessage, Configure, Played, Approve}
 
 
 async def test_dispatch_runs_each_commands_method_and_returns_its_refusal() -> None:
@@ -74,6 +79,7 @@ async def test_dispatch_runs_each_commands_method_and_returns_its_refusal() -> N
     await dispatch(Configure(instructions="Be brief."), target)
     await dispatch(Commit(), target)
     await dispatch(Played(seq=3, ms=120), target)
+    await dispatch(Approve("call_2", "d" * 64, "allow"), target)
     assert target.calls == [
         ("start_turn", "hi"),
         ("cancel_turn", None),
@@ -81,6 +87,7 @@ async def test_dispatch_runs_each_commands_method_and_returns_its_refusal() -> N
         ("configure", "Be brief."),
         ("commit_audio", None),
         ("played", 120),
+        ("approve", "call_2"),
     ]
     # Every command is heard after it ran, with its refusal (what a recording keeps).
     assert target.heard_all == [
@@ -90,9 +97,14 @@ async def test_dispatch_runs_each_commands_method_and_returns_its_refusal() -> N
         ("Configure", ""),
         ("Commit", ""),
         ("Played", ""),
+        ("Approve", ""),
     ]
 
 
 def test_only_configure_needs_an_api_key_and_only_a_message_starts_a_turn() -> None:
     assert [k for k, spec in COMMANDS.items() if spec.trusted] == [Configure]
     assert [k for k, spec in COMMANDS.items() if spec.turn] == [UserMessage]
+
+
+def test_only_approve_needs_the_right_to_approve() -> None:
+    assert [k for k, spec in COMMANDS.items() if spec.approving] == [Approve]

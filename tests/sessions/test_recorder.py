@@ -10,6 +10,7 @@ lines; a cut recording records nothing more.
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import msgspec
 
@@ -28,6 +29,7 @@ from protocol.recording import (
     read_records,
 )
 from tests.edge.conftest import poll_until
+from tools.base import ToolContext
 
 SECRET = "sk-upstream-secret-42"
 
@@ -161,7 +163,8 @@ async def test_tool_calls_are_recorded_with_outcome_and_duration() -> None:
     recorders = Recorders(store, limit=1 << 20)
     recorder = recorders.start("s1", header())
     observe = recorder.observe_tools(None)
-    with observe(ToolCall("list", {"path": "."})) as seen:
+    context = ToolContext(Path("."), "s1", call_id="call_3")
+    with observe(ToolCall("list", {"path": "."}), context) as seen:
         seen(ToolResult(tool="list", status="success", content=["a"]))
     # A client-side call: from its delivery to the client's answer.
     call = Call(content='{"name": "confirm", "args": {"q": 1}}', id="call_7", runs_on="client")
@@ -176,7 +179,12 @@ async def test_tool_calls_are_recorded_with_outcome_and_duration() -> None:
     await recorders.finish(recorder)
     found = await read(store)
     server, client = [r for r in found if isinstance(r, ToolRun)]
-    assert (server.name, server.runs_on, server.status) == ("list", "gateway", "success")
+    assert (server.name, server.runs_on, server.status, server.id) == (
+        "list",
+        "gateway",
+        "success",
+        "call_3",
+    )
     assert msgspec.json.decode(server.args) == {"path": "."}
     assert (client.name, client.runs_on, client.id) == ("confirm", "client", "call_7")
     assert msgspec.json.decode(client.args) == {"q": 1} and client.duration_ms >= 0

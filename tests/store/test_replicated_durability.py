@@ -65,7 +65,7 @@ async def test_an_unconfirmed_append_is_not_stored_until_a_replica_confirms_it(
     replicated: ReplicatedRedis,
 ) -> None:
     store = RedisStore.from_url(
-        replicated.primary.url, durability="replicated", replica_timeout=0.3
+        replicated.primary.url, durability="replicated", replica_timeout=1.0
     )
     try:
         await store.acquire_lease("s1", "n1", LEASE)
@@ -126,7 +126,7 @@ async def test_an_append_that_failed_in_flight_is_settled_by_a_replica(
 ) -> None:
     """The log writer's settling: last_seq says "landed", confirmed_seq says "not yet"."""
     store = RedisStore.from_url(
-        replicated.primary.url, durability="replicated", replica_timeout=0.3
+        replicated.primary.url, durability="replicated", replica_timeout=1.0
     )
     try:
         await store.acquire_lease("s1", "n1", LEASE)

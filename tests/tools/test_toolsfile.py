@@ -96,3 +96,21 @@ def test_gateway_serve_prints_one_line_and_exits_2(
     last = err.strip().splitlines()[-1]
     assert last.startswith(f"gateway: tools file {bad}, [mcp.calc] retry: unknown key")
     assert "Traceback" not in err
+
+
+def test_require_approval_is_read_per_section_and_checked() -> None:
+    tools = parse(
+        '[builtin]\nrequire_approval = ["write"]\n\n'
+        '[http.pay]\nurl = "http://127.0.0.1:1/pay"\ndescription = "Pay."\n'
+        'parameters = { type = "object" }\nrequire_approval = true\n\n'
+        '[mcp.bank]\ncommand = ["python3", "bank.py"]\nrequire_approval = true\n'
+    )
+    assert tools.builtin_approval == ("write",)
+    assert tools.http[0].require_approval and tools.mcp[0].require_approval
+    with pytest.raises(ToolsFileError, match=r"\[http.pay\] require_approval: must be true"):
+        parse(
+            '[http.pay]\nurl = "http://127.0.0.1:1/pay"\ndescription = "Pay."\n'
+            'parameters = { type = "object" }\nrequire_approval = "yes"\n'
+        )
+    with pytest.raises(ToolsFileError, match="no built-in tool 'pay'"):
+        parse('[builtin]\nrequire_approval = ["pay"]\n')

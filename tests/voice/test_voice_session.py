@@ -293,3 +293,31 @@ async def test_reconnect_mid_answer_replays_the_transcript_without_a_gap(
     told = before[-1][1] + "".join(c for n, c in shape(rest) if n == "respond")
     assert told == "Echo: tell me a story " + "x" * 60
     assert shape(rest)[-2:] == [("end", ""), ("metric", "")]
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_a_background_native_call_is_answered_by_the_provider_when_done(
+    provider: str, tmp_path: Path
+) -> None:
+    """A background tool in audio output: the turn ends at once; its output goes the
+    provider's way when done (OpenAI: function_call_output, then response.create;
+    Gemini: the NON_BLOCKING call's response, WHEN_IDLE) and the model speaks of it."""
+    tools = tmp_path / "tools.toml"
+    tools.write_text('[builtin]\nenable = ["shell"]\nbackground = ["shell"]\n')
+    settings = {"tools_file": str(tools), "enable_shell": True}
+    async with voice_gateway(
+        provider, tmp_path, gateway_settings=settings, chunk_size=4, audio_ms_per_char=5
+    ) as gw:
+        client = await VoiceClient.connect(gw.url)
+        await client.configure(input_audio={"rate": RATE}, output="audio", voice="alloy")
+        command = '/tool shell {"command": "sleep 1; echo late"}'
+        await client.send({"type": "user", "content": command})
+        first = await client.turn_end()
+        later = await client.turn_end()
+        await client.close()
+    assert [name for name, _ in shape(first)] == [
+        "user", "call", "execute", "metric", "end", "metric"
+    ]  # fmt: skip
+    got = shape(later)
+    assert got[0][0] == "result" and "late" in got[0][1]
+    assert any(name == "respond" and "The tool shell returned" in text for name, text in got)

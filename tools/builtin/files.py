@@ -155,6 +155,7 @@ class WriteTool(Tool[WriteArgs]):
         "directories are created. Returns the number of bytes written."
     )
     args_type = WriteArgs
+    journaled = True
 
     async def run(self, args: WriteArgs, ctx: ToolContext) -> Any:
         return await in_thread(_write, ctx.workspace, args, ctx.limits)
@@ -215,6 +216,7 @@ class EditTool(Tool[EditArgs]):
         "replace_all is true. Returns how many replacements were made."
     )
     args_type = EditArgs
+    journaled = True
 
     async def run(self, args: EditArgs, ctx: ToolContext) -> Any:
         return await in_thread(_edit, ctx.workspace, args, ctx.limits)

@@ -58,6 +58,7 @@ class ShellArgs(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 class ShellTool(Tool[ShellArgs]):
     name = "shell"
     args_type = ShellArgs
+    journaled = True
 
     def __init__(self, *, timeout: float = 20.0, max_output: int = 32_000) -> None:
         """``timeout`` in seconds for the whole command; ``max_output`` bytes kept per stream.

@@ -1,4 +1,9 @@
-"""HTTP tools: a call is one POST of ``{"args", "session_id", "call_id"}`` to a URL.
+"""HTTP tools: a call is one POST of ``{"args", "session_id", "call_id", "idempotency_key"}``.
+
+The key is also the ``Idempotency-Key`` header: it is the same for every run of
+one call, on any node (a takeover reruns a call whose outcome was not logged),
+so a service that acts in the world does it once per key, and may answer a
+repeated key with the result it stored (the README's "Your own tools").
 
 The client is ``httpx2``, the fork of httpx the ``mcp`` SDK itself depends on:
 one well-kept async client (connection pooling, HTTP/1.1 keep-alive, per-request
@@ -78,17 +83,26 @@ class HttpTool(DescribedTool):
     def __init__(self, spec: HttpToolSpec, client: httpx2.AsyncClient) -> None:
         super().__init__(spec.name, spec.description, spec.parameters)
         self.spec = spec
+        self.require_approval = spec.require_approval
+        self.background = spec.background
         self._client = client
 
     async def run(self, args: dict[str, Any], ctx: ToolContext) -> Any:
         spec = self.spec
-        body = {"args": args, "session_id": ctx.session_id, "call_id": uuid.uuid4().hex}
+        key = ctx.idempotency_key or uuid.uuid4().hex
+        body = {
+            "args": args,
+            "session_id": ctx.session_id,
+            "call_id": ctx.call_id or key,
+            "idempotency_key": key,
+        }
+        headers = {**spec.headers, "Idempotency-Key": key}
         limit = body_limit(ctx.max_output)
         read = _Read()
         try:
             async with asyncio.timeout(spec.timeout):
                 async with self._client.stream(
-                    "POST", spec.url, json=body, headers=dict(spec.headers), timeout=spec.timeout
+                    "POST", spec.url, json=body, headers=headers, timeout=spec.timeout
                 ) as response:
                     await read.body(response, limit)
         except (TimeoutError, httpx2.TimeoutException):

@@ -4,7 +4,9 @@ Through the official ``mcp`` SDK (2.x) as a client. A ``[mcp.NAME]`` server is
 either a command (stdio: the gateway starts it as a child process) or a URL
 (streamable HTTP). Its tools appear as ``NAME.TOOL`` with the JSON Schema the
 server lists, and every call carries the session id in the request's ``_meta``
-(``{"session_id": ...}``) so a server can keep per-session state.
+(``{"session_id": ..., "call_id": ..., "idempotency_key": ...}``) so a server can keep
+per-session state and do a call's work once per key (a takeover reruns a call
+whose outcome was not logged, under the same key).
 
 One ``McpServer`` owns one connection and a supervisor task that keeps it up:
 the SDK's client is entered and left in that task (anyio task groups must be),
@@ -215,8 +217,12 @@ class McpServer:
 
     # ------------------------------------------------------------------ calls
 
-    async def call(self, tool: str, args: dict[str, Any], session_id: str) -> Any:
-        """Call ``tool``; its output, or ``ToolFailure`` saying what went wrong."""
+    async def call(
+        self, tool: str, args: dict[str, Any], session_id: str, call_id: str = "", key: str = ""
+    ) -> Any:
+        """Call ``tool``; its output, or ``ToolFailure`` saying what went wrong.
+
+        ``call_id`` and ``key`` (the call's idempotency key) go in ``_meta`` when given."""
         spec = self.spec
         client: Client | None = None
         try:
@@ -224,7 +230,11 @@ class McpServer:
                 await self._ready.wait()
                 client = self._client
                 assert client is not None
-                meta = mcp_types.RequestParamsMeta(session_id=session_id)  # type: ignore[typeddict-unknown-key]
+                fields: dict[str, str] = {"session_id": session_id}
+                if key:
+                    fields["call_id"] = call_id
+                    fields["idempotency_key"] = key
+                meta = mcp_types.RequestParamsMeta(**fields)  # type: ignore[typeddict-item]
                 result = await client.call_tool(tool, args, meta=meta)
         except TimeoutError:
             if self._client is None:
@@ -316,9 +326,13 @@ class McpTool(DescribedTool):
         )
         self.server = server
         self.remote_name = tool.name
+        self.require_approval = server.spec.require_approval
+        self.background = server.spec.background
 
     async def run(self, args: dict[str, Any], ctx: ToolContext) -> Any:
-        return await self.server.call(self.remote_name, args, ctx.session_id)
+        return await self.server.call(
+            self.remote_name, args, ctx.session_id, ctx.call_id, ctx.idempotency_key
+        )
 
 
 def result_content(result: mcp_types.CallToolResult) -> Any:

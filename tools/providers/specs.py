@@ -25,6 +25,10 @@ class McpServerSpec:
     timeout: float = 30.0
     cwd: str | None = None
     """Working directory of a stdio server (the tools file's directory)."""
+    require_approval: bool = False
+    """Calls of every tool of this server wait for a user's approve."""
+    background: bool = False
+    """Calls of every tool of this server do not block the turn."""
 
     def describe(self) -> str:
         return " ".join(self.command) if self.command else self.url
@@ -40,3 +44,7 @@ class HttpToolSpec:
     parameters: dict[str, Any]
     headers: Mapping[str, str] = field(default_factory=dict)
     timeout: float = 10.0
+    require_approval: bool = False
+    """Its calls wait for a user's approve."""
+    background: bool = False
+    """Its calls do not block the turn: the model is told it started, the result comes later."""

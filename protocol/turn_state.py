@@ -1,0 +1,49 @@
+"""Where a session's turn is: the states of ``protocol.turn.TurnMachine``.
+
+Its own module so the machine's rooms (``protocol.turn``, ``protocol.turn_tools``)
+share one definition, and the constant actions they return without allocating.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Final
+
+from protocol.turn_events import Request
+
+__all__ = ["MALFORMED_LIMIT", "NOTHING", "RETRY", "TurnState"]
+
+
+class TurnState(enum.Enum):
+    """Where the session's turn is."""
+
+    IDLE = "idle"
+    """No turn runs; a user message starts one."""
+    STREAMING = "streaming"
+    """A response was requested; its deltas go through the parser to the client."""
+    STOPPING = "stopping"
+    """The parser stopped at ``</execute>`` (or a malformed block): waiting for the response's end."""
+    ENDING = "ending"
+    """The model wrote ``<end>`` (``end`` is sent): waiting for the usage. A message queues."""
+    TOOLS = "tools"
+    """The batch runs; waiting for ``ToolsDone`` and for every client-side call's result."""
+    BACKOFF = "backoff"
+    """The upstream was lost mid-step; waiting for ``RetryNow`` to rerun the step."""
+    CANCELLING = "cancelling"
+    """``cancelled`` is sent; waiting for the stopped response's usage. A message queues."""
+
+
+_IDLE: Final = TurnState.IDLE
+_STREAMING: Final = TurnState.STREAMING
+_STOPPING: Final = TurnState.STOPPING
+_ENDING: Final = TurnState.ENDING
+_TOOLS: Final = TurnState.TOOLS
+_BACKOFF: Final = TurnState.BACKOFF
+_CANCELLING: Final = TurnState.CANCELLING
+# Where a client may already answer a call it was sent: the batch has not run yet.
+_BEFORE_BATCH: Final = frozenset((TurnState.STREAMING, TurnState.STOPPING))
+
+# The constant actions, made once: the machine returns them without allocating.
+RETRY: Final = Request()
+NOTHING: Final[tuple[()]] = ()
+MALFORMED_LIMIT: Final = 3  # malformed <execute> blocks in a row that stop the turn

@@ -260,6 +260,9 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="FILE.wav",
         help="speak this 16-bit PCM WAV file first (streamed at real-time pace)",
     )
+    chat_p.add_argument(
+        "--session", metavar="ID", help="go on in this session (a fork gateway replay left open)"
+    )
 
     from gateway.keys import add_keys_arguments
 
@@ -272,6 +275,13 @@ def build_parser() -> argparse.ArgumentParser:
         "recording", help="a session's recording (flight recorder), from the HTTP API"
     )
     add_recording_arguments(recording_p)
+
+    from gateway.client.replay_cli import add_replay_arguments
+
+    replay_p = sub.add_parser(
+        "replay", help="replay a recording's user side against a gateway and compare the turns"
+    )
+    add_replay_arguments(replay_p)
     return parser
 
 
@@ -351,7 +361,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             from gateway.client.chat import run_chat
 
             return asyncio.run(
-                run_chat(args.url, token=args.token, color=not args.no_color, audio=args.audio)
+                run_chat(
+                    args.url,
+                    token=args.token,
+                    color=not args.no_color,
+                    audio=args.audio,
+                    session_id=args.session,
+                )
             )
         if args.command == "keys":
             from gateway.keys import run_keys
@@ -361,6 +377,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from gateway.client import recording
 
             return asyncio.run(recording.run(args))
+        if args.command == "replay":
+            from gateway.client.replay_cli import run_replay_cli
+
+            return asyncio.run(run_replay_cli(args))
     except ConfigError as exc:
         print(f"gateway: {exc}", file=sys.stderr)
         return 2

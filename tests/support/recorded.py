@@ -24,7 +24,7 @@ TOOL_TURN = '/tool list {"path": "."}'
 LONG_TURN = "/long 40"
 
 
-async def record_session(url: str, key: str, *, instructions: str = "") -> str:
+async def record_session(url: str, key: str | None, *, instructions: str = "") -> str:
     """A recorded session on the gateway at ``url`` (a tool call, a cancel); its id."""
     async with Client(url, token=key) as client:
         fields: dict[str, Any] = {"record": True}

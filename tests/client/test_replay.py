@@ -1,0 +1,189 @@
+"""Record → get → replay → report, as the README's "Debugging a session" does it.
+
+Real ``gateway serve`` processes on the built-in simulator: one records a
+session (a tool call, a cancelled answer, a turn that quotes the
+instructions), ``gateway recording get`` exports it, and ``gateway replay``
+drives a fresh gateway with its user side: no change (exit 0, the same
+report twice), a changed answer with other instructions (exit 1), and a fork
+left open for the app to go on in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from gateway.client import Client
+from gateway.client.recording import fetch_recording
+from gateway.client.replay_plan import plan_replay
+from protocol.events import Metric, Respond, User
+from tests.support.procs import NodeProcess
+from tests.support.recorded import record_session
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
+
+_API = re.compile(r"HTTP API:\s+(\S+)/v1/sessions")
+
+
+def serve(tmp_path: Path, *args: str) -> NodeProcess:
+    """``gateway serve`` on free ports with its HTTP API (the README's command, plus ports)."""
+    return NodeProcess(
+        [
+            "serve",
+            "--port",
+            "0",
+            "--api-port",
+            "0",
+            "--sim-tokens-per-second",
+            "400",
+            "--workspace-root",
+            str(tmp_path / "workspaces"),
+            *args,
+        ]
+    )
+
+
+def api_of(node: NodeProcess) -> str:
+    found = _API.search(node.log)
+    assert found, node.log
+    return found.group(1)
+
+
+@pytest.fixture
+def recorded_gateway(tmp_path: Path) -> Iterator[NodeProcess]:
+    with serve(tmp_path, "--record") as node:
+        yield node
+
+
+@pytest.fixture
+def fresh_gateway(tmp_path: Path) -> Iterator[NodeProcess]:
+    with serve(tmp_path) as node:
+        yield node
+
+
+async def gateway_cli(*args: str) -> tuple[int, str, str]:
+    """``gateway ARGS…`` as a user runs it: exit status, stdout, stderr."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "gateway.cli",
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await proc.communicate()
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+async def complete_recording(api: str, sid: str, turns: int) -> None:
+    """Until the node has written the session's last turn (its closing metric)."""
+    async with asyncio.timeout(20):
+        while True:
+            plan = plan_replay(await fetch_recording(api, sid))
+            users = sum(1 for _, e in plan.events if isinstance(e, User))
+            if users == turns and isinstance(plan.events[-1][1], Metric):
+                return
+            await asyncio.sleep(0.05)
+
+
+async def exported(node: NodeProcess, tmp_path: Path) -> Path:
+    """A recorded session (a tool call, a cancel, /instructions), exported to a file."""
+    sid = await record_session(node.url, None)
+    await complete_recording(api_of(node), sid, turns=3)
+    path = tmp_path / "session.jsonl"
+    code, out, err = await gateway_cli(
+        "recording", "get", sid, "-o", str(path), "--api", api_of(node)
+    )
+    assert code == 0, out + err
+    return path
+
+
+def report_turns(path: Path) -> list[tuple[object, ...]]:
+    """What a report says of each turn, latencies aside (they are the clock's)."""
+    report = msgspec.json.decode(path.read_bytes())
+    return [
+        (
+            d["recorded"]["user"],
+            d["replayed"]["outcome"],
+            [(t["name"], t["args"]) for t in d["replayed"]["tools"]],
+            d["similarity"],
+            d["changes"],
+        )
+        for d in report["turns"]
+    ]
+
+
+async def test_a_replay_on_a_fresh_gateway_reports_no_change_and_the_same_report_twice(
+    recorded_gateway: NodeProcess, fresh_gateway: NodeProcess, tmp_path: Path
+) -> None:
+    recording = await exported(recorded_gateway, tmp_path)
+    first, second = tmp_path / "first.json", tmp_path / "second.json"
+    code, out, err = await gateway_cli(
+        "replay", str(recording), "--url", fresh_gateway.url, "--report", str(first)
+    )
+    assert code == 0, out + err
+    assert "no change beyond thresholds" in out
+    rows = out.splitlines()
+    assert any(r.startswith("1 ") and "list" in r and "end" in r for r in rows), out
+    assert any(r.startswith("2 ") and "cancelled" in r for r in rows), out
+    code, out, err = await gateway_cli(
+        "replay", str(recording), "--url", fresh_gateway.url, "--report", str(second)
+    )
+    assert code == 0, out + err
+    # Deterministic on the simulator: the same recording, the same report.
+    assert report_turns(first) == report_turns(second)
+    turns = report_turns(first)
+    assert [t[1] for t in turns] == ["end", "cancelled", "end"]
+    assert turns[0][2] == [("list", {"path": "."})]
+
+
+async def test_other_instructions_report_the_changed_answer_and_exit_1(
+    recorded_gateway: NodeProcess, fresh_gateway: NodeProcess, tmp_path: Path
+) -> None:
+    recording = await exported(recorded_gateway, tmp_path)
+    instructions = tmp_path / "instructions.txt"
+    instructions.write_text("Answer like a pirate, in one short sentence.")
+    code, out, err = await gateway_cli(
+        "replay",
+        str(recording),
+        "--url",
+        fresh_gateway.url,
+        "--instructions-file",
+        str(instructions),
+    )
+    assert code == 1, out + err
+    assert "turn 3 changed: answer" in out, out
+    # Where the answers part: the replayed one quotes the new instructions.
+    (replayed,) = [line for line in out.splitlines() if line.startswith("  replayed: ")]
+    assert replayed.endswith("Answer like a pirate, in one short sentence."), out
+    assert "turn 1 changed" not in out and "turn 2 changed" not in out
+
+
+async def test_a_fork_replays_up_to_its_seq_and_leaves_the_session_open(
+    recorded_gateway: NodeProcess, fresh_gateway: NodeProcess, tmp_path: Path
+) -> None:
+    recording = await exported(recorded_gateway, tmp_path)
+    plan = plan_replay(recording.read_bytes())
+    # The seq before the second turn's user event: its first turn's closing metric.
+    after_first = [e.seq for _, e in plan.events if isinstance(e, User)][1] - 1
+    code, out, err = await gateway_cli(
+        "replay", str(recording), "--url", fresh_gateway.url, "--fork-at", str(after_first)
+    )
+    assert code == 0, out + err
+    found = re.search(r"session (\S+) is open", out)
+    assert found, out
+    # The app goes on in the forked session: it holds the first turn, and answers.
+    async with Client(fresh_gateway.url, session_id=found.group(1)) as client:
+        answer = ""
+        async for event in client.send("hello"):
+            if isinstance(event, Respond):
+                answer += event.content
+    assert answer == "Echo: hello"
+    assert "/tool list" in out and "/long" not in out

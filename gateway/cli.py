@@ -282,6 +282,13 @@ def build_parser() -> argparse.ArgumentParser:
         "replay", help="replay a recording's user side against a gateway and compare the turns"
     )
     add_replay_arguments(replay_p)
+
+    from gateway.client.eval_cli import add_eval_arguments
+
+    eval_p = sub.add_parser(
+        "eval", help="run scenario files against a gateway: a table, JUnit XML, an exit status"
+    )
+    add_eval_arguments(eval_p)
     return parser
 
 
@@ -381,6 +388,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from gateway.client.replay_cli import run_replay_cli
 
             return asyncio.run(run_replay_cli(args))
+        if args.command == "eval":
+            from gateway.client.eval_cli import run_eval_cli
+
+            return asyncio.run(run_eval_cli(args))
     except ConfigError as exc:
         print(f"gateway: {exc}", file=sys.stderr)
         return 2

@@ -228,6 +228,9 @@ class _Replayer:
             return message
         options = self.options
         changed = dict(message)
+        # Whether the replay records is the replaying gateway's (--record, key policy):
+        # a recorded "record": true would be refused under a policy that forbids it.
+        changed.pop("record", None)
         if options.instructions is not None:
             changed["instructions"] = options.instructions
         if options.provider is not None:
@@ -282,6 +285,8 @@ class _Replayer:
             self._spawn(self._speak(action))
             return
         message = self._overridden(dict(action.message or {}))
+        if message == {"type": "configure"}:
+            return  # it only turned recording on or off
         if message.get("type") == "played":
             message["seq"] = progress.last_seq
         await self._send(message)

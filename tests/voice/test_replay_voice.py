@@ -1,0 +1,78 @@
+"""A spoken session recorded and replayed: the user's audio goes again, at its pace.
+
+Two gateways on an OpenAI-flavoured simulator (its transcript of speech is
+its length, ``(speech 1.2 s)``): one records a session whose user speaks,
+then types; ``gateway.client.replay`` sends the recorded audio to the other
+at its recorded offsets, and the spoken turn comes out the same.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gateway.app import running_gateway
+from gateway.client import Client
+from gateway.client.recording import fetch_recording
+from gateway.client.replay import ReplayOptions, replay
+from gateway.client.replay_plan import plan_replay
+from gateway.config import load_config
+from gateway.edge.server import Gateway
+from gateway.sim.model import SimConfig
+from gateway.sim.server import serve_sim
+from tests.support.recorded import recording_of
+from tests.voice.conftest import KEY, utterance
+
+pytestmark = pytest.mark.timeout(60)
+
+RATE = 24000
+
+
+@contextlib.asynccontextmanager
+async def two_gateways(tmp_path: Path) -> AsyncIterator[tuple[Gateway, Gateway]]:
+    """A recording gateway (with its HTTP API) and a fresh one, on one simulator."""
+    async with serve_sim(SimConfig(flavor="openai", api_key=KEY)) as sim:
+        base: dict[str, Any] = {
+            "provider": "openai",
+            "openai_base_url": sim.url,
+            "openai_api_key": KEY,
+            "model": "sim",
+            "port": 0,
+            "workspace_root": str(tmp_path / "ws"),
+        }
+        recording = load_config({**base, "record": True, "api_port": 0}, env={})
+        async with (
+            running_gateway(recording) as recorder,
+            running_gateway(load_config(base, env={})) as fresh,
+        ):
+            yield recorder, fresh
+
+
+async def test_a_spoken_turn_replays_with_its_audio_at_its_recorded_pace(
+    tmp_path: Path,
+) -> None:
+    async with two_gateways(tmp_path) as (recorder, fresh):
+        async with Client(recorder.url) as client:
+            await client.configure(
+                input_audio={"format": "pcm16", "rate": RATE, "turn_detection": "server_vad"}
+            )
+            async for _ in client.speak(utterance(1.2, RATE), RATE):
+                pass
+            async for _ in client.send("hello"):
+                pass
+            sid = client.session_id
+        data = await recording_of(recorder, sid, "")
+        assert data == await fetch_recording(recorder.api_url, sid)
+        plan = plan_replay(data)
+        kinds = [a.kind for a in plan.actions]
+        assert kinds[0] == "configure" and kinds[-1] == "user" and "audio" in kinds, kinds
+        result = await replay(plan, ReplayOptions(url=fresh.url, idle_max=0.2))
+    assert [d.changes for d in result.turns] == [[], []], result.notes
+    spoken, typed = result.turns
+    assert spoken.replayed is not None and spoken.replayed.user == "(speech 1.2 s)"
+    assert spoken.replayed.spoken and spoken.replayed.answer == "Echo: (speech 1.2 s)"
+    assert typed.replayed is not None and typed.replayed.answer == "Echo: hello"

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+import tempfile
 import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -28,6 +29,7 @@ from gateway.client.evals import Scenario, ScenarioError, check, read_scenarios
 from gateway.client.replay import ReplayOptions, ReplayRefused, replay
 from gateway.client.replay_plan import PlanError, plan_replay
 from gateway.client.transcript import Turn, turns_of
+from gateway.pcm import read_wav
 from protocol.events import Event
 
 __all__ = ["TurnResult", "add_eval_arguments", "run_eval_cli", "run_scenario"]
@@ -88,12 +90,22 @@ async def run_scenario(
             }
             if fields:
                 await client.configure(**fields)
+            spoken_rate = 0
             for index, step in enumerate(scenario.turn, start=1):
                 started = time.monotonic()
                 stream: list[tuple[float, Event]] = []
                 try:
                     async with asyncio.timeout(turn_timeout):
-                        async for event in client.send(step.user):
+                        if step.say is not None:
+                            pcm, rate = await speech(step.say, step.voice)
+                            if rate != spoken_rate:
+                                spoken_rate = rate
+                                await client.configure(input_audio=_spoken(rate))
+                            events = client.speak(pcm, rate)
+                        else:
+                            assert step.user is not None
+                            events = client.send(step.user)
+                        async for event in events:
                             stream.append((time.monotonic(), event))
                 except TimeoutError:
                     pass
@@ -107,7 +119,7 @@ async def run_scenario(
                         scenario=scenario.name,
                         run=run,
                         index=index,
-                        user=step.user,
+                        user=step.text,
                         failures=failures,
                         turn=turn,
                         seconds=time.monotonic() - started,
@@ -118,6 +130,38 @@ async def run_scenario(
     except ConfigureRefused as exc:
         raise _ScenarioFailed(f"the gateway refused its configuration: {exc}") from None
     return results
+
+
+def _spoken(rate: int) -> dict[str, Any]:
+    return {"format": "pcm16", "rate": rate, "turn_detection": "server_vad"}
+
+
+async def speech(text: str, voice: str) -> tuple[bytes, int]:
+    """``text`` spoken by espeak-ng in ``voice``: PCM16 and its rate."""
+    with tempfile.TemporaryDirectory(prefix="gateway-eval-") as folder:
+        wav = Path(folder) / "say.wav"
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                "espeak-ng",
+                "-v",
+                voice,
+                "-w",
+                str(wav),
+                "--",
+                text,
+                stdout=asyncio.subprocess.DEVNULL,
+                stderr=asyncio.subprocess.PIPE,
+            )
+        except FileNotFoundError:
+            raise _ScenarioFailed(
+                "a spoken turn (say = ...) needs espeak-ng: install it (apt install espeak-ng) "
+                "or write the turn as user = ..."
+            ) from None
+        _, err = await proc.communicate()
+        if proc.returncode != 0:
+            why = err.decode(errors="replace").strip()[:200]
+            raise _ScenarioFailed(f"espeak-ng could not say it in voice {voice!r}: {why}")
+        return await asyncio.to_thread(read_wav, wav)
 
 
 async def _forked(
@@ -186,7 +230,7 @@ async def run_eval_cli(ns: argparse.Namespace, out: TextIO | None = None) -> int
                     scenario=scenario.name,
                     run=run,
                     index=i,
-                    user=t.user,
+                    user=t.text,
                     failures=["the scenario could not run (see above)"],
                     turn=None,
                     seconds=0.0,

@@ -58,11 +58,19 @@ class Expect(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tr
     ends: Literal["end", "cancelled"] | None = None
 
 
-class ScenarioTurn(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """One thing the user says, and what must hold of the model's turn."""
+class ScenarioTurn(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """One thing the user says — typed (``user``) or spoken (``say``: synthesized by
+    espeak-ng in ``voice``, streamed at real-time pace) — and what must hold of the turn."""
 
-    user: Annotated[str, msgspec.Meta(min_length=1)]
+    user: Annotated[str, msgspec.Meta(min_length=1)] | None = None
+    say: Annotated[str, msgspec.Meta(min_length=1, max_length=2000)] | None = None
+    voice: Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9_+\-]{1,40}$")] = "en-us"
     expect: Expect = msgspec.field(default_factory=Expect)
+
+    @property
+    def text(self) -> str:
+        """What the user says, for reports (a spoken turn's text in quotes)."""
+        return self.user if self.user is not None else f"(says) {self.say}"
 
 
 class Scenario(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -105,7 +113,12 @@ def read_scenarios(text: str, source: str = "scenarios.toml") -> ScenarioFile:
         if not scenario.turn and scenario.from_ is None:
             raise ScenarioError(f"{source}: scenario {scenario.name!r} has no [[scenario.turn]]")
         for turn in scenario.turn:
-            _check_patterns(turn.expect, f"{source}: scenario {scenario.name!r}")
+            where = f"{source}: scenario {scenario.name!r}"
+            if (turn.user is None) == (turn.say is None):
+                raise ScenarioError(
+                    f"{where}: each turn has either user = TEXT (typed) or say = TEXT (spoken)"
+                )
+            _check_patterns(turn.expect, where)
     return found
 
 

@@ -131,3 +131,8 @@ def test_a_bad_pattern_is_refused_before_anything_runs() -> None:
         read_scenarios(
             '[[scenario]]\nname = "x"\n[[scenario.turn]]\nuser = "a"\nexpect = { matches = "(" }\n'
         )
+
+
+def test_a_turn_is_typed_or_spoken_not_both() -> None:
+    with pytest.raises(ScenarioError, match="either user = TEXT"):
+        read_scenarios('[[scenario]]\nname = "x"\n[[scenario.turn]]\nuser = "a"\nsay = "a"\n')

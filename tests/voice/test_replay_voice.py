@@ -24,7 +24,7 @@ from gateway.config import load_config
 from gateway.edge.server import Gateway
 from gateway.sim.model import SimConfig
 from gateway.sim.server import serve_sim
-from tests.support.recorded import recording_of
+from tests.support.recorded import gateway_cli, recording_of
 from tests.voice.conftest import KEY, utterance
 
 pytestmark = pytest.mark.timeout(60)
@@ -76,3 +76,26 @@ async def test_a_spoken_turn_replays_with_its_audio_at_its_recorded_pace(
     assert spoken.replayed is not None and spoken.replayed.user == "(speech 1.2 s)"
     assert spoken.replayed.spoken and spoken.replayed.answer == "Echo: (speech 1.2 s)"
     assert typed.replayed is not None and typed.replayed.answer == "Echo: hello"
+
+
+async def test_an_eval_turn_spoken_by_espeak_ng_is_heard(tmp_path: Path) -> None:
+    scenarios = tmp_path / "spoken.toml"
+    scenarios.write_text(
+        """
+[[scenario]]
+name = "spoken"
+
+[[scenario.turn]]
+say = "Hello, can you hear me?"
+voice = "en-us"
+expect = { matches = "^Echo: \\\\(speech \\\\d\\\\.\\\\d s\\\\)$", ends = "end" }
+
+[[scenario.turn]]
+user = "hello"
+expect = { contains = "Echo: hello" }
+"""
+    )
+    async with two_gateways(tmp_path) as (_, fresh):
+        code, out, err = await gateway_cli("eval", str(scenarios), "--url", fresh.url)
+    assert code == 0, out + err
+    assert "(says) Hello, can you hear me?" in out and "2 of 2 turns passed" in out

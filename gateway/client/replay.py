@@ -33,6 +33,7 @@ from gateway.client.dial import open_connection
 from gateway.client.replay_plan import Action, Anchor, Plan
 from gateway.client.transcript import Thresholds, TurnDiff, compare, turns_of
 from protocol.events import (
+    ApprovalRequired,
     Call,
     Cancelled,
     Configured,
@@ -99,6 +100,7 @@ class Progress:
         self.turn_calls = 0
         self.replies: list[Error] = []
         self.configured = 0
+        self.approvals: dict[str, str] = {}  # call id → the digest its approve must carry
         self.changed = asyncio.Event()
 
     def feed(self, t: float, event: Event) -> None:
@@ -125,6 +127,8 @@ class Progress:
             self.turn_calls += 1
         elif isinstance(event, Configured):
             self.configured += 1
+        elif isinstance(event, ApprovalRequired):
+            self.approvals[event.id] = event.digest
         self._poke()
 
     def _poke(self) -> None:
@@ -268,8 +272,23 @@ class _Replayer:
                     "(the replayed session made no such call)"
                 )
                 return
+            message = {**(action.message or {}), "id": call.id}
+            if message.get("type") == "approve":
+                # The digest covers the call's id: the replayed call's own is asked for.
+                await progress.until(
+                    lambda: call.id in progress.approvals or progress.passed(turn),
+                    options.turn_timeout,
+                )
+                digest = progress.approvals.get(call.id)
+                if digest is None:
+                    self.notes.append(
+                        f"not sent: the approve for call {index + 1} of turn {turn} "
+                        "(the replayed call asked for no approval)"
+                    )
+                    return
+                message["digest"] = digest
             await asyncio.sleep(action.delay)
-            await self._send({**action.message, "id": call.id} if action.message else {})
+            await self._send(message)
             return
         reached = await progress.until(
             lambda: progress.reached(action.anchor), options.turn_timeout

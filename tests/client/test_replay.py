@@ -18,9 +18,16 @@ import pytest
 
 from gateway.client import Client
 from gateway.client.replay_plan import plan_replay
-from protocol.events import Respond, User
+from protocol.events import ApprovalRequired, Metric, Respond, User
+from tests.support.client import GatewayClient
 from tests.support.procs import NodeProcess
-from tests.support.recorded import exported, gateway_cli
+from tests.support.recorded import (
+    TOOL_TURN,
+    api_of,
+    complete_recording,
+    exported,
+    gateway_cli,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
@@ -107,3 +114,33 @@ async def test_a_fork_replays_up_to_its_seq_and_leaves_the_session_open(
                 answer += event.content
     assert answer == "Echo: hello"
     assert "/tool list" in out and "/long" not in out
+
+
+async def test_an_approved_call_is_approved_again_with_the_replayed_calls_digest(
+    recorded_gateway: NodeProcess, fresh_gateway: NodeProcess, tmp_path: Path
+) -> None:
+    client = await GatewayClient.connect(recorded_gateway.url)
+    await client.send({"type": "configure", "record": True, "require_approval": ["list"]})
+    await client.until_type("configured")
+    await client.user(TOOL_TURN)
+    pending = (await client.until_type("approval_required"))[-1]
+    assert isinstance(pending, ApprovalRequired)
+    approve = {"type": "approve", "id": pending.id, "digest": pending.digest}
+    await client.send({**approve, "decision": "allow"})
+    await client.until(lambda e: isinstance(e, Metric) and e.seq > pending.seq + 3)
+    sid = client.sid
+    await client.close()
+    await complete_recording(api_of(recorded_gateway), sid, turns=1)
+    recording = tmp_path / "approved.jsonl"
+    code, out, err = await gateway_cli(
+        "recording", "get", sid, "-o", str(recording), "--api", api_of(recorded_gateway)
+    )
+    assert code == 0, out + err
+    report = tmp_path / "report.json"
+    code, out, err = await gateway_cli(
+        "replay", str(recording), "--url", fresh_gateway.url, "--report", str(report)
+    )
+    assert code == 0, out + err
+    assert "note:" not in out  # the approve was sent, and taken
+    [(_, outcome, tools, _, changes)] = report_turns(report)
+    assert (outcome, tools, changes) == ("end", [("list", {"path": "."})], [])

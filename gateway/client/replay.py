@@ -356,9 +356,18 @@ async def replay(plan: Plan, options: ReplayOptions) -> ReplayResult:
     replayed = turns_of(replayer.progress.events)
     for reply in replayer.progress.replies:
         replayer.notes.append(f"the gateway answered a frame with {reply.code}: {reply.content}")
+    turns = compare(recorded, replayed, options.thresholds)
+    if options.fork_at is not None and recorded and recorded[-1].outcome == "open":
+        # The fork cut the recorded turn: the replayed one went on, which is no change.
+        cut = turns[len(recorded) - 1]
+        cut.changes = []
+        replayer.notes.append(
+            f"turn {cut.index} was cut at seq {options.fork_at} in the recording; "
+            "the replayed session finished it"
+        )
     return ReplayResult(
         session_id=session.session_id,
-        turns=compare(recorded, replayed, options.thresholds),
+        turns=turns,
         notes=replayer.notes,
         events=replayer.progress.events,
     )

@@ -174,7 +174,9 @@ async def run_replay_cli(ns: argparse.Namespace, out: TextIO | None = None) -> i
         if ns.chat:
             from gateway.client.chat import run_chat
 
-            return await run_chat(url, token=ns.token, session_id=result.session_id)
+            return await run_chat(
+                url, token=ns.token, color=sys.stdout.isatty(), session_id=result.session_id
+            )
         return 0
     return 1 if result.changed else 0
 

@@ -8,6 +8,7 @@ at its recorded offsets, and the spoken turn comes out the same.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -25,7 +26,7 @@ from gateway.edge.server import Gateway
 from gateway.sim.model import SimConfig
 from gateway.sim.server import serve_sim
 from tests.support.recorded import gateway_cli, recording_of
-from tests.voice.conftest import KEY, utterance
+from tests.voice.conftest import KEY, VoiceClient, utterance
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -33,9 +34,10 @@ RATE = 24000
 
 
 @contextlib.asynccontextmanager
-async def two_gateways(tmp_path: Path) -> AsyncIterator[tuple[Gateway, Gateway]]:
-    """A recording gateway (with its HTTP API) and a fresh one, on one simulator."""
-    async with serve_sim(SimConfig(flavor="openai", api_key=KEY)) as sim:
+async def two_gateways(tmp_path: Path, **knobs: Any) -> AsyncIterator[tuple[Gateway, Gateway]]:
+    """A recording gateway (with its HTTP API) and a fresh one, on one simulator
+    (``knobs``: the simulator's)."""
+    async with serve_sim(SimConfig(flavor="openai", api_key=KEY, **knobs)) as sim:
         base: dict[str, Any] = {
             "provider": "openai",
             "openai_base_url": sim.url,
@@ -99,3 +101,23 @@ expect = { contains = "Echo: hello" }
         code, out, err = await gateway_cli("eval", str(scenarios), "--url", fresh.url)
     assert code == 0, out + err
     assert "(says) Hello, can you hear me?" in out and "2 of 2 turns passed" in out
+
+
+async def test_a_barge_in_replays_at_its_recorded_offset(tmp_path: Path) -> None:
+    async with two_gateways(tmp_path, tokens_per_second=20, chunk_size=2) as (recorder, fresh):
+        client = await VoiceClient.connect(recorder.url)
+        await client.configure(input_audio={"rate": RATE})
+        await client.send({"type": "user", "content": "/raw " + "z" * 400})
+        await client.until("respond")  # the answer is running: the user speaks over it
+        sender = asyncio.create_task(client.stream(utterance(0.5, RATE), RATE))
+        await client.until("cancelled")
+        await client.turn_end()
+        await sender
+        sid = client.session.session_id
+        await client.close()
+        plan = plan_replay(await recording_of(recorder, sid, ""))
+        result = await replay(plan, ReplayOptions(url=fresh.url, idle_max=0.2))
+    assert [d.changes for d in result.turns] == [[], []], (result.turns, result.notes)
+    cut, spoken = result.turns
+    assert cut.replayed is not None and cut.replayed.outcome == "cancelled"
+    assert spoken.replayed is not None and spoken.replayed.user == "(speech 0.5 s)"

@@ -75,7 +75,11 @@ def add_recording_arguments(parser: argparse.ArgumentParser) -> None:
     """``gateway recording get ID -o FILE [--api URL] [--token KEY]``."""
     sub = parser.add_subparsers(dest="recording_command", required=True)
     get = sub.add_parser("get", help="write a session's recording to a JSON Lines file")
-    get.add_argument("session_id", metavar="ID", help="the session (its session_id)")
+    get.add_argument(
+        "session_id",
+        metavar="ID",
+        help="the session (its session_id); one that starts with '-' goes last, after --",
+    )
     get.add_argument(
         "-o", "--output", required=True, metavar="FILE", help="where to write it ('-': stdout)"
     )

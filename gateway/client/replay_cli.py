@@ -224,7 +224,7 @@ def format_result(plan: Plan, result: ReplayResult, options: ReplayOptions) -> s
     if options.fork_at is not None:
         lines.append(
             f"forked at seq {options.fork_at}: session {result.session_id} is open; resume it with "
-            f"session_id={result.session_id} (gateway chat {options.url} --session {result.session_id})"
+            f"session_id={result.session_id} (gateway chat {options.url} --session={result.session_id})"
         )
     elif not changed:
         lines.append(

@@ -129,7 +129,7 @@ async def test_export_pages_by_bytes_and_the_cli_writes_the_file(
 
         out = tmp_path / "session.jsonl"
         code = await _cli(
-            ["recording", "get", sid, "-o", str(out), "--api", gw.api_url, "--token", alice]
+            ["recording", "get", "-o", str(out), "--api", gw.api_url, "--token", alice, "--", sid]
         )
         assert code == 0 and out.read_bytes() == whole
 

@@ -133,7 +133,7 @@ async def test_an_approved_call_is_approved_again_with_the_replayed_calls_digest
     await complete_recording(api_of(recorded_gateway), sid, turns=1)
     recording = tmp_path / "approved.jsonl"
     code, out, err = await gateway_cli(
-        "recording", "get", sid, "-o", str(recording), "--api", api_of(recorded_gateway)
+        "recording", "get", "-o", str(recording), "--api", api_of(recorded_gateway), "--", sid
     )
     assert code == 0, out + err
     report = tmp_path / "report.json"

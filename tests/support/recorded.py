@@ -131,7 +131,7 @@ async def exported(node: NodeProcess, tmp_path: Path) -> Path:
     await complete_recording(api_of(node), sid, turns=3)
     path = tmp_path / "session.jsonl"
     code, out, err = await gateway_cli(
-        "recording", "get", sid, "-o", str(path), "--api", api_of(node)
+        "recording", "get", "-o", str(path), "--api", api_of(node), "--", sid
     )
     assert code == 0, out + err
     return path

@@ -15,6 +15,8 @@ from collections.abc import AsyncIterator
 
 from gateway.config import Config, ConfigError
 from gateway.edge.server import Gateway
+from gateway.phone.control import PhoneControl
+from gateway.phone.edge import PhoneEdge
 from gateway.pricing import PricesError, PriceTable, load_prices
 from gateway.sessions.node import Node, UpstreamFactories
 from gateway.store import open_store
@@ -24,6 +26,7 @@ from gateway.upstream.base import ProviderChain, UpstreamFactory
 from gateway.upstream.models import model_refusal, model_warning
 from gateway.upstream.provider import Provider, ProviderSettings
 from protocol.fallback import ProviderBreaker
+from tools.builtin.phone import phone_tools
 from tools.registry import Registry
 from tools.toolset import builtin_names, open_registry
 from tools.toolsfile import ToolsFileError, load_tools_file
@@ -131,8 +134,9 @@ def _node_factory(config: Config, factories: UpstreamFactories) -> UpstreamFacto
 
 
 @contextlib.asynccontextmanager
-async def _open_tools(config: Config) -> AsyncIterator[Registry]:
-    """The node's tools: built-ins, plus the tools file's MCP servers and HTTP tools."""
+async def _open_tools(config: Config, phone: PhoneControl) -> AsyncIterator[Registry]:
+    """The node's tools: built-ins, plus the tools file's MCP servers and HTTP tools,
+    plus the call tools when they are on (``--phone-tools``: they act through ``phone``)."""
     # A tools file is checked and its servers started before anything listens;
     # its mistakes are configuration errors (one line, exit 2), not tracebacks.
     try:
@@ -142,6 +146,9 @@ async def _open_tools(config: Config) -> AsyncIterator[Registry]:
             else None
         )
         async with open_registry(tools_file, enable_shell=config.enable_shell) as registry:
+            if config.phone.tools:
+                for tool in phone_tools(phone):
+                    registry.register(tool)
             log.info("tools: %s", ", ".join(registry.names()) or "(none)")
             yield registry
     except ToolsFileError as exc:
@@ -188,7 +195,8 @@ async def running_gateway(config: Config) -> AsyncIterator[Gateway]:
     else:
         log.info("store: %s (durability %s)", store.kind, config.durability)
     try:
-        async with _open_tools(config) as registry, _upstream_factories(config) as factories:
+        phone = PhoneControl(config.phone)  # the call tools' side, before the tools
+        async with _open_tools(config, phone) as registry, _upstream_factories(config) as factories:
             factory = _node_factory(config, factories)
             node = Node(
                 config,
@@ -200,7 +208,7 @@ async def running_gateway(config: Config) -> AsyncIterator[Gateway]:
                 tracing=tracing,
             )
             node.metrics.store.watch(store.unconfirmed)
-            gateway = Gateway(node)
+            gateway = Gateway(node, lambda edges: PhoneEdge(node, edges, phone))
             # Learn the store's topology (a Cluster's slots, Sentinel's primary)
             # before listening: the first handshake's half-second store probe
             # should not pay for it. A store that is down now is not fatal here.

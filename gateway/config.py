@@ -31,6 +31,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import Meta
 
+from gateway.phone.settings import PhoneSettings
 from gateway.settings import ConfigError, Nested, Setting, check_ranges, load
 from gateway.sim.model import SimConfig
 from gateway.store.base import Durability
@@ -119,6 +120,14 @@ class Config(msgspec.Struct, kw_only=True):
     drain_timeout: Annotated[
         Seconds, Setting("seconds SIGTERM waits for running turns before closing clients", NETWORK)
     ] = 30.0
+    drain_phone_timeout: Annotated[
+        Seconds,
+        Setting(
+            "seconds SIGTERM lets phone calls go on (a carrier cannot move a call's media "
+            "stream to another node) before closing them",
+            NETWORK,
+        ),
+    ] = 600.0
     header_timeout: Annotated[
         PositiveSeconds,
         Setting(
@@ -178,6 +187,8 @@ class Config(msgspec.Struct, kw_only=True):
     upstream_retries: Annotated[
         Count, Setting("upstream (re)connect attempts for one step before the turn fails", UPSTREAM)
     ] = 3
+    # phone calls: carriers' media streams (--phone-*, GATEWAY_PHONE_*; docs/phone.md).
+    phone: Annotated[PhoneSettings, Nested("phone")] = msgspec.field(default_factory=PhoneSettings)
     # provider "sim" runs the simulator in-process with these knobs (--sim-*, GATEWAY_SIM_*).
     sim: Annotated[SimConfig, Nested("sim")] = msgspec.field(default_factory=SimConfig)
 

@@ -11,6 +11,15 @@ upstream adapters all use these, so they import nothing of ours and sit on
 the lowest floor; resampling, which only the upstream side does, is
 ``gateway.upstream.audio.Resampler``.
 
+G.711 μ-law (``mulaw_decode``, ``mulaw_encode``) is here too: it is how
+telephone carriers send PCM (8-bit companded samples at 8 kHz), and both the
+gateway's phone edge and the carrier simulator of the client package use it.
+Two lookup tables, built once with numpy on first use: 256 entries to
+decode, 65,536 (one per PCM16 sample) to encode, so a 20 ms frame is one
+numpy ``take`` each way. They equal CPython's ``audioop.ulaw2lin`` /
+``lin2ulaw`` (removed in Python 3.13) on every input
+(``tests/phone/test_audio.py``).
+
 numpy is imported on first use, not with this module: numpy and soxr
 together cost ~0.3 s of import time (measured with ``python -X importtime``),
 and every node, simulator, client and test subprocess imports this module
@@ -21,14 +30,17 @@ from __future__ import annotations
 
 import wave
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 __all__ = [
     "SAMPLE_DTYPE",
     "SAMPLE_WIDTH",
     "duration_ms",
     "last_loud_frame",
+    "mulaw_decode",
+    "mulaw_encode",
     "read_wav",
+    "resample",
     "rms",
     "silence",
     "tone",
@@ -114,3 +126,71 @@ def read_wav(path: str | Path) -> tuple[bytes, int]:
         frames = np.frombuffer(data, dtype=SAMPLE_DTYPE).reshape(-1, channels)
         data = frames.mean(axis=1).round().astype(SAMPLE_DTYPE).tobytes()
     return data, rate
+
+
+# --- G.711 μ-law ---------------------------------------------------------------------
+
+_MULAW_BIAS: Final = 0x84 >> 2  # added to a 14-bit magnitude before the segment search
+_MULAW_CLIP: Final = 8159  # the largest 14-bit magnitude encoded
+_MULAW_SEGMENT_ENDS: Final = (0x3F, 0x7F, 0xFF, 0x1FF, 0x3FF, 0x7FF, 0xFFF, 0x1FFF)
+_mulaw_tables: tuple[Any, Any] | None = None
+
+
+def _tables() -> tuple[Any, Any]:
+    """(decode: 256 int16, encode: 65,536 uint8 indexed by the sample's uint16 bits)."""
+    global _mulaw_tables
+    if _mulaw_tables is None:
+        import numpy as np
+
+        codes = np.arange(256, dtype=np.int32)
+        inverted = ~codes & 0xFF
+        exponent = (inverted >> 4) & 0x07
+        mantissa = inverted & 0x0F
+        magnitude = (((mantissa << 3) + 0x84) << exponent) - 0x84
+        decode = np.where(inverted & 0x80, -magnitude, magnitude).astype(SAMPLE_DTYPE)
+
+        # Encoding works on 14-bit samples, as G.711's reference code (and audioop) does.
+        samples = np.arange(65536, dtype=np.int32)
+        samples = np.where(samples >= 32768, samples - 65536, samples) >> 2
+        negative = samples < 0
+        value = np.minimum(np.where(negative, -samples, samples), _MULAW_CLIP) + _MULAW_BIAS
+        # The segment: the first end (0x3F, 0x7F, … 0x1FFF) at or above the value.
+        segment = np.searchsorted(_MULAW_SEGMENT_ENDS, value, side="left")
+        nibble = (value >> (np.minimum(segment, 7) + 1)) & 0x0F
+        code = np.where(segment >= 8, 0x7F, (segment << 4) | nibble)
+        encode = (code ^ np.where(negative, 0x7F, 0xFF)).astype(np.uint8)
+        _mulaw_tables = (decode, encode)
+    return _mulaw_tables
+
+
+def mulaw_decode(mulaw: bytes | bytearray | memoryview) -> bytes:
+    """G.711 μ-law bytes (one a sample) as PCM16 at the same rate."""
+    import numpy as np
+
+    decode, _ = _tables()
+    return bytes(decode.take(np.frombuffer(mulaw, dtype=np.uint8)).tobytes())
+
+
+def mulaw_encode(pcm16: bytes | bytearray | memoryview) -> bytes:
+    """PCM16 as G.711 μ-law bytes (one a sample; an odd last byte is dropped)."""
+    import numpy as np
+
+    _, encode = _tables()
+    samples = np.frombuffer(pcm16, dtype="<u2", count=len(pcm16) // SAMPLE_WIDTH)
+    return bytes(encode.take(samples).tobytes())
+
+
+def resample(pcm16: bytes, in_rate: int, out_rate: int) -> bytes:
+    """A whole recording at another rate (soxr, one call): for files and test signals.
+
+    A stream cut in chunks needs the filter's state between them:
+    ``gateway.upstream.audio.Resampler`` keeps it.
+    """
+    if in_rate == out_rate:
+        return pcm16
+    import numpy as np
+    import soxr
+
+    samples = np.frombuffer(pcm16, dtype=SAMPLE_DTYPE, count=len(pcm16) // SAMPLE_WIDTH)
+    out: Any = soxr.resample(samples, in_rate, out_rate)
+    return bytes(out.astype(SAMPLE_DTYPE).tobytes())

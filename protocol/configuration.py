@@ -90,6 +90,10 @@ error instead), or the share of the window to keep when it cuts (a retention rat
 
 ReasoningEffort = Literal["minimal", "low", "medium", "high", "xhigh"]
 
+DtmfHandling = Literal["event", "message"]
+"""A phone caller's key presses: ``event`` (a ``dtmf`` event for the session's
+clients), or ``message`` (that, and a message to the model saying which keys)."""
+
 
 class SessionConfig(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_fields=True):
     """The effective configuration of one session ("" / None / empty = the node's default)."""
@@ -107,6 +111,7 @@ class SessionConfig(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unkn
     voice: ShortText = ""
     truncation: Truncation | None = None
     reasoning_effort: ReasoningEffort | None = None
+    dtmf: DtmfHandling = "event"
     # Server tools whose calls wait for a user's approve (added to the operator's).
     require_approval: Annotated[tuple[ToolName, ...], msgspec.Meta(max_length=64)] = ()
     record: bool = False
@@ -134,6 +139,7 @@ class ConfigChange(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     voice: ShortText | msgspec.UnsetType = msgspec.UNSET
     truncation: Truncation | msgspec.UnsetType | None = msgspec.UNSET
     reasoning_effort: ReasoningEffort | msgspec.UnsetType | None = msgspec.UNSET
+    dtmf: DtmfHandling | msgspec.UnsetType = msgspec.UNSET
     require_approval: (
         Annotated[tuple[ToolName, ...], msgspec.Meta(max_length=64)] | msgspec.UnsetType
     ) = msgspec.UNSET

@@ -35,6 +35,7 @@ __all__ = [
     "Configure",
     "Configured",
     "Cost",
+    "Dtmf",
     "End",
     "Error",
     "ErrorCode",
@@ -42,6 +43,8 @@ __all__ = [
     "Execute",
     "Interrupt",
     "Metric",
+    "PhoneCall",
+    "PhoneCallMetrics",
     "Ping",
     "Played",
     "Pong",
@@ -276,6 +279,49 @@ class Configured(_Base, tag="configured"):
     config: SessionConfig
 
 
+class Dtmf(_Base, tag="dtmf"):
+    """A phone caller pressed a key (``digit``: 0-9, ``*``, ``#``, A-D): logged, so
+    every client of the session sees it; the session's ``dtmf`` setting says
+    whether the model is told too."""
+
+    digit: str
+
+
+class PhoneCallMetrics(msgspec.Struct, frozen=True, kw_only=True):
+    """What one phone call was: measured by the gateway's phone edge.
+
+    ``talk_ms``: the model's speech the caller heard (the carrier's playback
+    reports); ``first_audio_ms``: for each answer, the caller's speech end
+    (the provider's ``speech_stopped``) to the answer's first audio sent to
+    the carrier; ``cost``/``usage``: what the session spent during the call.
+    """
+
+    duration_ms: int
+    talk_ms: int
+    barge_ins: int
+    first_audio_ms: list[int]
+    usage: Usage
+    cost: float
+
+
+class PhoneCall(_Base, tag="phone_call"):
+    """A phone call on the session started or ended (the carrier's stream).
+
+    ``ended`` carries ``reason`` (``hangup``: the carrier stopped the stream;
+    ``end_call``/``transfer``: the model's tools; ``lost``: the stream's
+    socket closed without a stop; ``drain``: the node's drain timeout) and
+    the call's ``metrics``.
+    """
+
+    status: Literal["started", "ended"]
+    carrier: str
+    call: str = ""
+    caller: str = ""
+    called: str = ""
+    reason: str | msgspec.UnsetType = msgspec.UNSET
+    metrics: PhoneCallMetrics | msgspec.UnsetType = msgspec.UNSET
+
+
 class ApprovalRequired(_Base, tag="approval_required"):
     """Call ``id`` waits for a user's decision: it runs only after an ``approve`` with
     ``decision: "allow"`` and this ``digest`` (the SHA-256 of the call's id, name and
@@ -327,6 +373,8 @@ Event = (
     | Cancelled
     | SpeechStarted
     | SpeechStopped
+    | Dtmf
+    | PhoneCall
     | ApprovalRequired
     | Approval
     | Pong

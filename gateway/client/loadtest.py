@@ -149,11 +149,35 @@ class LoadTestConfig(msgspec.Struct, frozen=True, kw_only=True):
         Setting("PCM16 mono speech each turn streams at real-time pace instead of the message"),
     ] = b""
     audio_rate: Annotated[int, Setting("sample rate of audio, per second")] = 24000
+    phone: Annotated[
+        bool,
+        Setting(
+            "each session is a phone call dialled as a carrier dials (Twilio Media Streams, "
+            "signed with TWILIO_AUTH_TOKEN from the environment): the URL is a media-stream "
+            "endpoint (ws://HOST:PORT/v1/phone/twilio); reports speech end → first audio",
+            LOAD,
+        ),
+    ] = False
+    phone_barge_in: Annotated[
+        bool,
+        Setting(
+            "with --phone: the caller speaks over each answer 0.3 s into it; reports "
+            "barge-in → silence",
+            LOAD,
+        ),
+    ] = False
 
     def __post_init__(self) -> None:
         check_ranges(self)
         if not self.url.startswith(("ws://", "wss://")):
             raise ConfigError(f"url {self.url!r} is not a WebSocket URL: use ws://HOST:PORT/PATH")
+        if self.phone and "/v1/phone/" not in self.url:
+            raise ConfigError(
+                f"--phone dials a media-stream endpoint, not {self.url!r}: use "
+                "ws://HOST:PORT/v1/phone/twilio"
+            )
+        if self.phone_barge_in and not self.phone:
+            raise ConfigError("--phone-barge-in needs --phone")
 
 
 class LoadTestCounters:

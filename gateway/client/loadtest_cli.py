@@ -35,6 +35,11 @@ from gateway.client.loadtest import (
     raise_nofile_limit,
     sized_message,
 )
+from gateway.client.phone_loadtest import (
+    PhoneLoadTest,
+    encode_phone_report,
+    format_phone_report,
+)
 from gateway.client.report import LoadTestReport, decode_report, encode_report, format_report
 from gateway.pcm import read_wav
 from gateway.settings import add_flags, flag_values
@@ -168,6 +173,8 @@ async def run_loadtest_cli(ns: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"gateway loadtest: {exc}", file=sys.stderr)
         return 2
+    if config.phone:
+        return await _run_phone(config, ns)
     report = await LoadTest(config).run()
     broken = [t for t in thresholds if t.broken(report)]
     text = format_report(report)
@@ -190,6 +197,23 @@ async def run_loadtest_cli(ns: argparse.Namespace) -> int:
             print(f"gateway loadtest: cannot write {ns.json_path}: {exc}", file=sys.stderr)
             return 2
     return 0 if report.ok and not broken else 1
+
+
+async def _run_phone(config: LoadTestConfig, ns: argparse.Namespace) -> int:
+    """``--phone``: calls dialled as a carrier dials (``gateway.client.phone_loadtest``)."""
+    if ns.fail_if or ns.compare:
+        print("gateway loadtest: --fail-if and --compare are not for --phone runs", file=sys.stderr)
+        return 2
+    token = os.environ.get("TWILIO_AUTH_TOKEN") or None
+    report = await PhoneLoadTest(config, auth_token=token, barge_in=config.phone_barge_in).run()
+    print(format_phone_report(report), flush=True)
+    if ns.json_path:
+        try:
+            await asyncio.to_thread(Path(ns.json_path).write_bytes, encode_phone_report(report))
+        except OSError as exc:
+            print(f"gateway loadtest: cannot write {ns.json_path}: {exc}", file=sys.stderr)
+            return 2
+    return 0 if report.ok else 1
 
 
 def _read_report(path: str) -> LoadTestReport:

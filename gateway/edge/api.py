@@ -6,6 +6,9 @@
     GET    /v1/sessions/{id}/recording  its recording, JSON Lines (?offset=BYTES), paged by bytes
     POST   /v1/sessions/{id}/tokens     a fresh client token for it
     DELETE /v1/sessions/{id}            delete it everywhere (clients closed with 4404)
+    POST   /v1/phone/tokens             a one-time stream token for a phone call's TwiML
+    POST   /v1/phone/twilio/voice       the TwiML helper: a Twilio number's voice webhook
+                                        (signed by Twilio, not an API key: gateway.phone.webhook)
 
 Every call needs an API key (``Authorization: Bearer API_KEY``) and works on
 the key's own sessions only; a client token is refused (403): it opens one
@@ -48,6 +51,7 @@ from aiohttp import web
 from gateway.config import Config
 from gateway.edge.admission import ANY_ORIGIN, Edges
 from gateway.edge.auth import ANONYMOUS, KeyStoreUnavailable
+from gateway.edge.media_streams import MediaStreams
 from gateway.edge.pending import WatchedProtocol
 from gateway.edge.tokens import is_client_token
 from gateway.sessions.port import CONFIG_QUOTA, UNUSED, NodePort, config_bytes
@@ -97,6 +101,21 @@ class MintToken(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     rights: TokenRights = ()
 
 
+class MintStreamToken(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """``POST /v1/phone/tokens``: the session the call resumes (none: a new one), the
+    carrier's call id it is for (none: any), the token's lifetime (s)."""
+
+    session_id: str | msgspec.UnsetType = msgspec.UNSET
+    call: Annotated[str, msgspec.Meta(max_length=128)] | msgspec.UnsetType = msgspec.UNSET
+    ttl: TokenTtl | msgspec.UnsetType = msgspec.UNSET
+
+
+class StreamTokenMinted(msgspec.Struct, frozen=True):
+    stream_token: str
+    expires_at: float  # unix seconds
+    session_id: str | None = None
+
+
 class Minted(msgspec.Struct, frozen=True):
     session_id: str
     client_token: str
@@ -127,6 +146,8 @@ class ErrorBody(msgspec.Struct, frozen=True):
 _encode: Final = msgspec.json.Encoder().encode
 _create_decoder: Final = msgspec.json.Decoder(CreateSession)
 _mint_decoder: Final = msgspec.json.Decoder(MintToken)
+_stream_token_decoder: Final = msgspec.json.Decoder(MintStreamToken)
+PHONE_TOKENS: Final = "/v1/phone/tokens"
 
 _CODES: Final = {
     400: "bad_request",
@@ -177,9 +198,10 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 class HttpApi:
     """The HTTP API of one node, served by aiohttp in the node's event loop."""
 
-    def __init__(self, node: NodePort, edges: Edges) -> None:
+    def __init__(self, node: NodePort, edges: Edges, phone: MediaStreams | None = None) -> None:
         self.node = node
         self.edges = edges
+        self.phone = phone
         self.config: Config = node.config
         app = web.Application(client_max_size=MAX_BODY, middlewares=[self._errors, self._cors])
         app.router.add_post(API_PREFIX, self.create)
@@ -188,6 +210,12 @@ class HttpApi:
         app.router.add_get(API_PREFIX + "/{sid}/recording", self.recording)
         app.router.add_post(API_PREFIX + "/{sid}/tokens", self.mint)
         app.router.add_delete(API_PREFIX + "/{sid}", self.delete)
+        self.phone_paths: list[str] = []
+        if phone is not None:
+            app.router.add_post(PHONE_TOKENS, self.phone_token)
+            for path, handler in phone.webhooks.items():
+                app.router.add_post(path, handler)
+            self.phone_paths = [PHONE_TOKENS, *phone.webhooks]
         self.app = app
         self._runner: web.AppRunner | None = None
         self._server: asyncio.Server | None = None
@@ -286,7 +314,8 @@ class HttpApi:
                 404,
                 f"no such endpoint {request.path[:200]!r}: the API is POST {API_PREFIX}, "
                 f"GET|DELETE {API_PREFIX}/ID, GET {API_PREFIX}/ID/events, "
-                f"GET {API_PREFIX}/ID/recording, POST {API_PREFIX}/ID/tokens",
+                f"GET {API_PREFIX}/ID/recording, POST {API_PREFIX}/ID/tokens"
+                + "".join(f", POST {path}" for path in self.phone_paths),
             )
         except StoreUnavailable:
             self.node.metrics.store_errors.inc()
@@ -473,6 +502,25 @@ class HttpApi:
         approve = "approve" in body.rights
         token, expires_at = await self.edges.tokens.mint(sid, key_id, ttl, approve=approve)
         return _json(201, Minted(sid, token, expires_at))
+
+    async def phone_token(self, request: web.Request) -> web.Response:
+        """A one-time stream token: the app puts it in the TwiML of a call it answers."""
+        assert self.phone is not None
+        key_id = await self._key_id(request)
+        body: MintStreamToken = await self._body(request, _stream_token_decoder.decode)
+        sid = "" if body.session_id is msgspec.UNSET else body.session_id
+        if sid:
+            meta = await self.node.store.get_meta(sid)
+            if meta is None:
+                raise Refusal(404, f"session {sid[:100]!r} does not exist (deleted, or expired)")
+            if meta.get("owner", "") != key_id:
+                raise Refusal(403, "this session belongs to another API key")
+        ttl = None if body.ttl is msgspec.UNSET else body.ttl
+        call = "" if body.call is msgspec.UNSET else body.call
+        token, expires_at = await self.phone.mint_stream_token(
+            str(key_id), sid=sid, call=call, ttl=ttl
+        )
+        return _json(201, StreamTokenMinted(token, expires_at, sid or None))
 
     async def describe(self, request: web.Request) -> web.Response:
         _, sid, meta = await self._owned(request)

@@ -37,6 +37,7 @@ from gateway.edge.api import HttpApi
 from gateway.edge.closes import CloseCode, close_reason
 from gateway.edge.connection import ClientConnection
 from gateway.edge.health import Descriptors, StoreProbe
+from gateway.edge.media_streams import MediaStreamsFactory
 from gateway.edge.pending import PendingConnections
 from gateway.sessions.port import NodePort
 from gateway.store.base import StoreUnavailable
@@ -160,7 +161,8 @@ def watched(pending: PendingConnections) -> type[BatchingConnection]:
 class Gateway:
     """A running gateway node: its server plus its ``Node``."""
 
-    def __init__(self, node: NodePort) -> None:
+    def __init__(self, node: NodePort, phone: MediaStreamsFactory | None = None) -> None:
+        """``phone``: makes the node's phone calls (``gateway.app``); none: no phone edge."""
         self.node = node
         self.config: Config = node.config
         self.server: Server | None = None
@@ -173,8 +175,12 @@ class Gateway:
         self.edges = Edges(self.config, node, self.connections)
         self.store_probe = StoreProbe(node.store)
         self.descriptors = Descriptors()
+        # Carriers' media streams (/v1/phone/CARRIER): phone calls as session clients.
+        self.phone = phone(self.edges) if phone is not None else None
         # The HTTP API (POST/GET/DELETE /v1/sessions) on its own port, if configured.
-        self.api = HttpApi(node, self.edges) if self.config.api_port is not None else None
+        self.api = (
+            HttpApi(node, self.edges, self.phone) if self.config.api_port is not None else None
+        )
         # The console's policy (it may call the HTTP API) and what it may configure.
         self.page_policy = web.content_security_policy(self.config.api_port)
         self.offer = web.offer_of(self.config, auth=self.edges.auth_on)
@@ -255,7 +261,8 @@ class Gateway:
                 Headers([("Content-Type", "text/plain; version=0.0.4; charset=utf-8")]),
                 self.node.metrics.render(),
             )
-        if path != WS_PATH:
+        phone = self.phone is not None and self.phone.handles(path)
+        if path != WS_PATH and not phone:
             if path == web.NODE_PATH:
                 return web.node_response(self.offer)
             page = web.static_response(path, self.page_policy)
@@ -283,6 +290,8 @@ class Gateway:
                 http.HTTPStatus.UPGRADE_REQUIRED,
                 f"{WS_PATH} is a WebSocket endpoint: send an Upgrade: websocket request\n",
             )
+        if phone and self.phone is not None:  # a carrier's media stream: its own checks
+            return await self.phone.handshake(connection, request)
         query = parse_qs(url.query)
         # Origin, API key (the principal), connection limits; freed when the connection closes.
         admitted = await self.edges.admit(
@@ -425,6 +434,9 @@ class Gateway:
     # ------------------------------------------------------------------ WebSocket
 
     async def _handler(self, ws: ServerConnection) -> None:
+        if self.phone is not None and self.phone.owns(ws):
+            await self.phone.serve(ws)
+            return
         hs = self._handshakes.pop(id(ws), None)
         if hs is None:  # pragma: no cover - process_request always records one
             await ws.close(1011, "handshake state missing")
@@ -471,13 +483,20 @@ class Gateway:
     # ------------------------------------------------------------------ shutdown
 
     async def drain(self, timeout: float | None = None) -> None:
-        """Stop accepting, let running turns finish (up to ``timeout``), close clients 1012."""
+        """Stop accepting, let running turns finish (up to ``timeout``) and phone calls end
+        (up to ``drain_phone_timeout``), close clients 1012."""
         node = self.node
         node.draining = True
         deadline = self.config.drain_timeout if timeout is None else timeout
         if self.server is not None:
             self.server.close(close_connections=False)
-        await node.finish_turns(deadline)
+        # Phone calls cannot move to another node: they go on until they end (or the
+        # phone drain timeout), while the running turns of other clients finish.
+        if self.phone is not None:
+            calls = self.phone.drain(self.config.drain_phone_timeout)
+            await asyncio.gather(calls, node.finish_turns(deadline))
+        else:
+            await node.finish_turns(deadline)
         await asyncio.gather(
             *(_close_or_abort(c.ws) for c in list(self.connections)), return_exceptions=True
         )
@@ -487,6 +506,8 @@ class Gateway:
         if self.api is not None:
             await self.api.close()
         await self.edges.close()
+        if self.phone is not None:
+            await self.phone.close()
 
     async def close(self) -> None:
         """Stop at once (tests, errors): clients get 1001."""
@@ -498,6 +519,8 @@ class Gateway:
             await self.api.close()
         await self.edges.close()
         await self.node.stop()
+        if self.phone is not None:
+            await self.phone.close()
 
 
 async def _close_or_abort(ws: ServerConnection) -> None:

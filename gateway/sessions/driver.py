@@ -479,7 +479,9 @@ class TurnDriver:
         open works (its failure is the rerun's own, reported as ever)."""
         try:
             if type(then) is Request:
-                upstream = await self._open_upstream()
+                # The rerun's request goes first: audio the user sent meanwhile then
+                # reaches the provider as live speech (it barges in), not before it.
+                upstream = await self._open_upstream(flush=False)
                 interrupt.context = "resumed" if upstream.resumed else "rebuilt"
             else:
                 chosen = self.session.setup.upstream_factory.choose()
@@ -506,7 +508,8 @@ class TurnDriver:
             upstream = None
         if upstream is None:
             # Fresh connection: history already ends with the prompt message.
-            upstream = await self._open_upstream()
+            upstream = await self._open_upstream(flush=False)
+            self._in_upstream_call = True
         elif message is not None:
             await upstream.add_message(message)
         else:
@@ -514,10 +517,12 @@ class TurnDriver:
                 await upstream.send_function_output(call_id, output)
         self._requested_at = time.perf_counter()
         await upstream.start_response()
+        await self.voice_in.flush(upstream)  # speech held meanwhile barges in on it
         self._in_upstream_call = False
 
-    async def _open_upstream(self) -> Upstream:
-        """The open upstream, or a fresh one whose context is rebuilt from history."""
+    async def _open_upstream(self, *, flush: bool = True) -> Upstream:
+        """The open upstream, or a fresh one whose context is rebuilt from history;
+        without ``flush``, audio held while it opened waits for the caller's request."""
         upstream = self.link.upstream
         if upstream is not None:
             return upstream
@@ -535,6 +540,10 @@ class TurnDriver:
         )
         upstream, voiced = await self.link.open(request, setup)
         self.machine.voice = voiced
+        if not flush:
+            self.voice_in.hold_until_flush()
+            self._in_upstream_call = False
+            return upstream  # the request's sender flushes (or the pump, if it was superseded)
         try:
             await self.voice_in.flush(upstream)
         except BaseException:
@@ -570,6 +579,8 @@ class TurnDriver:
             if not session.listening:
                 raise UpstreamClosed("no upstream connection")
             upstream = await self._open_upstream()
+        elif self.voice_in.unflushed:
+            await self.voice_in.flush(upstream)  # the request it waited for was superseded
         machine = self.machine
         text = machine.text
         emit = self.log.emit

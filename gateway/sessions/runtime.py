@@ -44,7 +44,17 @@ from gateway.store.base import EventLog, StoreError
 from gateway.upstream.base import Upstream, VoiceConfig
 from protocol.assembly import HistoryItem
 from protocol.configuration import ConfigChange, apply_change
-from protocol.events import Approve, Call, Configured, Error, Played, ToolResultMessage, Usage
+from protocol.events import (
+    Approve,
+    Call,
+    Configured,
+    Dtmf,
+    Error,
+    PhoneCall,
+    Played,
+    ToolResultMessage,
+    Usage,
+)
 from protocol.journal import (
     JournalCall,
     background_in_flight,
@@ -178,7 +188,7 @@ class SessionRuntime:
         self.recorder: SessionRecorder | None = None
         self._recording = recording
         if setup.record:
-            self._record(True)
+            _switch_recording(self, True)
 
     # ------------------------------------------------------------------ views
 
@@ -292,6 +302,12 @@ class SessionRuntime:
         if self.recorder is not None:
             self.recorder.heard(message, refused, self.log.delivered_seq)
 
+    def record(self, event: Dtmf | PhoneCall) -> None:
+        """Something of the session's phone call (a key pressed, the call's start and
+        end): logged and sent to every client of the session, outside any turn."""
+        if not self.closed:
+            self.log.emit(event)
+
     async def rerun_interrupted(self, reason: str, events: EventLog) -> None:
         """After a takeover: if the last turn was in flight, mark it and go on with it.
 
@@ -379,48 +395,7 @@ class SessionRuntime:
         self.host.runtime_configured(self)
         self.set_voice(self._voice_of(setup))
         if setup.record != (self.recorder is not None):
-            self._record(setup.record)
-
-    # ------------------------------------------------------------------ recording
-
-    def _record(self, on: bool) -> None:
-        """Start the flight recorder (a header, or a node's record when the session was
-        recorded before), or stop it (what it holds is written first)."""
-        recorders = self.services.recorders
-        if recorders is None:
-            return
-        recorder = self.recorder
-        if not on:
-            self.recorder = self.log.recorder = self.link.recorder = self.driver.tools.recorder = (
-                None
-            )
-            if recorder is not None:
-                self.host.spawn(recorders.finish(recorder), f"recording:{self.sid}")
-            return
-        if self._recording == "cut":
-            return  # nothing more would be kept
-        factory = self.setup.upstream_factory
-        node, config = self.services.config.node_id, self.setup.config
-        first: Header | NodeJoined
-        if self._recording:
-            first = NodeJoined(
-                node=node, provider=factory.provider, model=factory.model, config=config
-            )
-        else:
-            first = Header(
-                session_id=self.sid,
-                node=node,
-                provider=factory.provider,
-                model=factory.model,
-                config=config,
-                audio=recorders.audio,
-                limit=recorders.limit,
-            )
-        self._recording = "on"
-        recorder = recorders.start(self.sid, first)
-        self.recorder = self.log.recorder = self.link.recorder = self.driver.tools.recorder = (
-            recorder
-        )
+            _switch_recording(self, setup.record)
 
     def _voice_of(self, setup: SessionSetup, *, speaks_only: bool = False) -> VoiceConfig | None:
         """The audio a configuration asks for, with the tools this session may call
@@ -526,3 +501,41 @@ def _heard_audio(runtime: SessionRuntime, pcm16: bytes) -> None:
     recorder, voice = runtime.recorder, runtime.voice
     if recorder is not None and voice is not None and voice.audio_in is not None:
         recorder.audio_in(pcm16, voice.audio_in.rate, runtime.log.delivered_seq)
+
+
+def _switch_recording(runtime: SessionRuntime, on: bool) -> None:
+    """Start the flight recorder (a header, or a node's record when the session was
+    recorded before), or stop it (what it holds is written first)."""
+    recorders = runtime.services.recorders
+    if recorders is None:
+        return
+    recorder = runtime.recorder
+    if not on:
+        runtime.recorder = runtime.log.recorder = runtime.link.recorder = (
+            runtime.driver.tools.recorder
+        ) = None
+        if recorder is not None:
+            runtime.host.spawn(recorders.finish(recorder), f"recording:{runtime.sid}")
+        return
+    if runtime._recording == "cut":
+        return  # nothing more would be kept
+    factory = runtime.setup.upstream_factory
+    node, config = runtime.services.config.node_id, runtime.setup.config
+    first: Header | NodeJoined
+    if runtime._recording:
+        first = NodeJoined(node=node, provider=factory.provider, model=factory.model, config=config)
+    else:
+        first = Header(
+            session_id=runtime.sid,
+            node=node,
+            provider=factory.provider,
+            model=factory.model,
+            config=config,
+            audio=recorders.audio,
+            limit=recorders.limit,
+        )
+    runtime._recording = "on"
+    recorder = recorders.start(runtime.sid, first)
+    runtime.recorder = runtime.log.recorder = runtime.link.recorder = (
+        runtime.driver.tools.recorder
+    ) = recorder

@@ -147,13 +147,15 @@ class VoiceInput:
     session takes none).
     """
 
-    __slots__ = ("_failures", "_heard_at", "_held", "_holding", "audio_in", "sid")
+    __slots__ = ("_failures", "_heard_at", "_held", "_holding", "_unflushed", "audio_in", "sid")
 
     def __init__(self, sid: str, audio_in: AudioIn | None) -> None:
         self.sid = sid
         self.audio_in = audio_in
         self._held = HeldAudio.for_rate(audio_in.rate) if audio_in is not None else None
         self._holding = True
+        # An open upstream that must not hear the user yet (``hold_until_flush``).
+        self._unflushed = False
         self._heard_at = -math.inf  # time.monotonic() of the user's last audio
         self._failures = 0  # opens of a listening session's upstream that failed in a row
 
@@ -172,7 +174,7 @@ class VoiceInput:
         if self.audio_in is None:
             return
         self._heard_at = time.monotonic()
-        if upstream is None:
+        if upstream is None or self._unflushed:
             self._hold(pcm16)
             return
         try:
@@ -186,7 +188,7 @@ class VoiceInput:
         if self.audio_in is None:
             return False
         self._heard_at = time.monotonic()
-        if upstream is None:
+        if upstream is None or self._unflushed:
             self._hold(pcm16)
             return True
         return upstream.send_audio_now(pcm16)
@@ -206,15 +208,30 @@ class VoiceInput:
                 extra={"sid": self.sid},
             )
 
+    @property
+    def unflushed(self) -> bool:
+        """An open upstream waits for the audio held for it (``hold_until_flush``)."""
+        return self._unflushed
+
+    def hold_until_flush(self) -> None:
+        """An upstream is open but must not hear the user yet (a rerun's request goes
+        first): audio is held for it, as while it opened, until ``flush``."""
+        self._unflushed = True
+
     async def flush(self, upstream: Upstream) -> None:
         """The audio held while ``upstream`` was opened, oldest first; audio that comes
         meanwhile is held behind it, so the order holds."""
         held = self._held
         if held is None:
+            self._unflushed = False
             return
-        while (chunk := held.take()) is not None:
-            if not upstream.send_audio_now(chunk):
-                await upstream.send_audio(chunk)
+        self._unflushed = True  # what comes during an await below queues behind
+        try:
+            while (chunk := held.take()) is not None:
+                if not upstream.send_audio_now(chunk):
+                    await upstream.send_audio(chunk)
+        finally:
+            self._unflushed = False
         held.clear()
         self._failures = 0
 

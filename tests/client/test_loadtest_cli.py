@@ -41,6 +41,8 @@ FLAGS = {
     "--compare",
     "--progress",
     "--quiet",
+    "--phone",
+    "--phone-barge-in",
 }
 
 
@@ -75,7 +77,9 @@ def test_the_settings_left_out_are_settings() -> None:
 
 
 @pytest.mark.parametrize(
-    "d", [d for d in SETTINGS if d.name not in NOT_FLAGS and not d.required], ids=lambda d: d.name
+    "d",
+    [d for d in SETTINGS if d.name not in NOT_FLAGS and not d.required and d.base is not bool],
+    ids=lambda d: d.name,
 )
 def test_every_setting_but_those_left_out_is_a_flag(d: Declared) -> None:
     text = _other_value(d)
@@ -83,6 +87,16 @@ def test_every_setting_but_those_left_out_is_a_flag(d: Declared) -> None:
     config = config_from_args(args)
     assert getattr(config, d.name) == msgspec.convert(text, d.type, strict=False)
     assert getattr(config, d.name) != d.default
+
+
+def test_the_switches_are_flags_without_a_value() -> None:
+    switches = {d.flag for d in SETTINGS if d.base is bool and d.name not in NOT_FLAGS}
+    assert switches == {"--phone", "--phone-barge-in"}
+    phone = "ws://127.0.0.1:1/v1/phone/twilio"
+    config = config_from_args(
+        build_parser().parse_args(["loadtest", phone, "--phone", "--phone-barge-in"])
+    )
+    assert config.phone and config.phone_barge_in
 
 
 def test_the_url_is_the_positional_argument() -> None:

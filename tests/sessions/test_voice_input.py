@@ -47,6 +47,23 @@ def test_a_model_that_only_speaks_answers_a_text_session_in_audio_it_keeps() -> 
     assert [t.name for t in voice.tools] == ["read"]
 
 
+async def test_an_open_upstream_waiting_for_a_request_hears_nothing_until_the_flush() -> None:
+    """A takeover's rerun: its request goes first, then what the user said meanwhile
+    (a provider's VAD would answer held speech itself and refuse the rerun)."""
+    voice = VoiceInput("sid", AudioIn(rate=RATE))
+    await voice.send(None, b"one")
+    upstream = ScriptedUpstream()
+    voice.hold_until_flush()
+    assert voice.unflushed
+    await voice.send(upstream, b"two")
+    assert voice.send_now(upstream, b"three")
+    assert upstream.audio == []
+    await voice.flush(upstream)
+    assert not voice.unflushed
+    await voice.send(upstream, b"four")
+    assert upstream.audio == [b"one", b"two", b"three", b"four"]
+
+
 async def test_audio_is_held_while_the_upstream_opens_and_sent_first_in_order() -> None:
     voice = VoiceInput("sid", AudioIn(rate=RATE))
     await voice.send(None, b"one")

@@ -122,7 +122,18 @@ async def test_a_call_that_takes_too_long_fails_within_the_timeout(mcp: Harness)
     assert (await mcp.call("calc.add", a=1, b=1)).content == 2
 
 
-async def test_a_crash_mid_call_is_a_failure_and_the_server_is_restarted(stdio: Harness) -> None:
+@pytest.fixture
+async def patient_stdio(ctx: ToolContext) -> AsyncIterator[Harness]:
+    """A stdio server whose calls may wait out a restart: a Python with the SDK
+    may take more than the 3 s of ``stdio`` to start on a busy machine."""
+    async for harness in _harness(stdio_spec(timeout=30.0), ctx):
+        yield harness
+
+
+async def test_a_crash_mid_call_is_a_failure_and_the_server_is_restarted(
+    patient_stdio: Harness,
+) -> None:
+    stdio = patient_stdio
     first_pid = (await stdio.call("calc.pid")).content
     result = await stdio.call("calc.crash")
     assert result.status == "failure"

@@ -1,4 +1,5 @@
-"""The ``gateway`` command: ``serve``, ``sim``, ``settings``, ``chat``, ``loadtest``, ``keys``."""
+"""The ``gateway`` command: ``serve``, ``sim``, ``settings``, ``chat``, ``loadtest``, ``keys``,
+``recording``, ``replay``, ``eval``."""
 
 from __future__ import annotations
 
@@ -259,11 +260,35 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="FILE.wav",
         help="speak this 16-bit PCM WAV file first (streamed at real-time pace)",
     )
+    chat_p.add_argument(
+        "--session", metavar="ID", help="go on in this session (a fork gateway replay left open)"
+    )
 
     from gateway.keys import add_keys_arguments
 
     keys_p = sub.add_parser("keys", help="issue, list and revoke API keys (file or Redis)")
     add_keys_arguments(keys_p)
+
+    from gateway.client.recording import add_recording_arguments
+
+    recording_p = sub.add_parser(
+        "recording", help="a session's recording (flight recorder), from the HTTP API"
+    )
+    add_recording_arguments(recording_p)
+
+    from gateway.client.replay_cli import add_replay_arguments
+
+    replay_p = sub.add_parser(
+        "replay", help="replay a recording's user side against a gateway and compare the turns"
+    )
+    add_replay_arguments(replay_p)
+
+    from gateway.client.eval_cli import add_eval_arguments
+
+    eval_p = sub.add_parser(
+        "eval", help="run scenario files against a gateway: a table, JUnit XML, an exit status"
+    )
+    add_eval_arguments(eval_p)
     return parser
 
 
@@ -343,12 +368,30 @@ def main(argv: Sequence[str] | None = None) -> int:
             from gateway.client.chat import run_chat
 
             return asyncio.run(
-                run_chat(args.url, token=args.token, color=not args.no_color, audio=args.audio)
+                run_chat(
+                    args.url,
+                    token=args.token,
+                    color=not args.no_color,
+                    audio=args.audio,
+                    session_id=args.session,
+                )
             )
         if args.command == "keys":
             from gateway.keys import run_keys
 
             return run_keys(args)
+        if args.command == "recording":
+            from gateway.client import recording
+
+            return asyncio.run(recording.run(args))
+        if args.command == "replay":
+            from gateway.client.replay_cli import run_replay_cli
+
+            return asyncio.run(run_replay_cli(args))
+        if args.command == "eval":
+            from gateway.client.eval_cli import run_eval_cli
+
+            return asyncio.run(run_eval_cli(args))
     except ConfigError as exc:
         print(f"gateway: {exc}", file=sys.stderr)
         return 2

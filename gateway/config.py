@@ -66,6 +66,7 @@ TOOLS = "tools"
 EDGES = "auth and limits (docs/operations.md)"
 BACKPRESSURE = "slow clients (docs/operations.md)"
 LOGS = "logs"
+RECORDING = "recording (README 'Debugging a session')"
 
 
 class Config(msgspec.Struct, kw_only=True):
@@ -478,6 +479,31 @@ class Config(msgspec.Struct, kw_only=True):
             EDGES,
         ),
     ] = 200
+
+    # --- the flight recorder (gateway.sessions.recorder) ---
+    record: Annotated[
+        bool,
+        Setting(
+            "record every session (upstream frames, client messages, tools, events) for "
+            "export and replay; a key policy's record, or a session's own, records fewer",
+            RECORDING,
+        ),
+    ] = False
+    record_max_bytes: Annotated[
+        Annotated[int, Meta(ge=4096)],
+        Setting(
+            "bytes one session's recording may take; a `cut` record marks where it stopped",
+            RECORDING,
+        ),
+    ] = 16 << 20
+    record_audio: Annotated[
+        Literal["user", "all", "none"],
+        Setting(
+            "audio in recordings: user (the user's audio, which replay sends again; the "
+            "model's by size only), all (every audio frame whole), none (sizes only)",
+            RECORDING,
+        ),
+    ] = "user"
 
     # --- logs ---
     log_level: Annotated[LogLevel, Setting("lowest level logged", LOGS)] = "INFO"

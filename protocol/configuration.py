@@ -114,6 +114,7 @@ class SessionConfig(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unkn
     dtmf: DtmfHandling = "event"
     # Server tools whose calls wait for a user's approve (added to the operator's).
     require_approval: Annotated[tuple[ToolName, ...], msgspec.Meta(max_length=64)] = ()
+    record: bool = False
 
 
 class ConfigChange(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -142,6 +143,7 @@ class ConfigChange(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     require_approval: (
         Annotated[tuple[ToolName, ...], msgspec.Meta(max_length=64)] | msgspec.UnsetType
     ) = msgspec.UNSET
+    record: bool | msgspec.UnsetType = msgspec.UNSET
 
 
 def apply_change(config: SessionConfig, change: ConfigChange) -> SessionConfig | str:

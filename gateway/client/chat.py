@@ -166,9 +166,16 @@ def _read_lines(loop: asyncio.AbstractEventLoop, queue: asyncio.Queue[_Input]) -
 
 
 async def run_chat(
-    url: str, *, token: str | None = None, color: bool = True, audio: Path | None = None
+    url: str,
+    *,
+    token: str | None = None,
+    color: bool = True,
+    audio: Path | None = None,
+    session_id: str | None = None,
 ) -> int:
     """Chat until input ends, ``/quit`` or Ctrl-C at the prompt. Exit status 0, or 1/2 on errors.
+
+    ``session_id``: go on in that session (what it logged before is not shown again).
 
     ``audio``: a 16-bit PCM WAV file spoken first (streamed at real-time pace,
     the gateway's voice activity detection ends the turn), then the chat goes on.
@@ -224,7 +231,12 @@ async def run_chat(
             print(f"{red}{problem}; retrying (Ctrl-C stops){reset}", file=err, flush=True)
 
     client = Client(
-        url, token=token, on_connect=connected, on_disconnect=disconnected, on_retry=retrying
+        url,
+        token=token,
+        session_id=session_id,
+        on_connect=connected,
+        on_disconnect=disconnected,
+        on_retry=retrying,
     )
     try:
         await client.connect()

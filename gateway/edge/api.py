@@ -3,6 +3,7 @@
     POST   /v1/sessions                 make a session → 201 {session_id, client_token, expires_at}
     GET    /v1/sessions/{id}            its configuration, status, usage, created
     GET    /v1/sessions/{id}/events     its logged events (?after=SEQ&limit=N): the transcript
+    GET    /v1/sessions/{id}/recording  its recording, JSON Lines (?offset=BYTES), paged by bytes
     POST   /v1/sessions/{id}/tokens     a fresh client token for it
     DELETE /v1/sessions/{id}            delete it everywhere (clients closed with 4404)
     POST   /v1/phone/tokens             a one-time stream token for a phone call's TwiML
@@ -55,7 +56,7 @@ from gateway.edge.pending import WatchedProtocol
 from gateway.edge.tokens import is_client_token
 from gateway.sessions.port import CONFIG_QUOTA, UNUSED, NodePort, config_bytes
 from gateway.sessions.setup import ConfigProblem
-from gateway.store.base import StoreUnavailable
+from gateway.store.base import RECORDING, StoreUnavailable
 from protocol.configuration import (
     MAX_SCHEMA_DEPTH,
     ConfigChange,
@@ -206,6 +207,7 @@ class HttpApi:
         app.router.add_post(API_PREFIX, self.create)
         app.router.add_get(API_PREFIX + "/{sid}", self.describe)
         app.router.add_get(API_PREFIX + "/{sid}/events", self.events)
+        app.router.add_get(API_PREFIX + "/{sid}/recording", self.recording)
         app.router.add_post(API_PREFIX + "/{sid}/tokens", self.mint)
         app.router.add_delete(API_PREFIX + "/{sid}", self.delete)
         self.phone_paths: list[str] = []
@@ -312,7 +314,7 @@ class HttpApi:
                 404,
                 f"no such endpoint {request.path[:200]!r}: the API is POST {API_PREFIX}, "
                 f"GET|DELETE {API_PREFIX}/ID, GET {API_PREFIX}/ID/events, "
-                f"POST {API_PREFIX}/ID/tokens"
+                f"GET {API_PREFIX}/ID/recording, POST {API_PREFIX}/ID/tokens"
                 + "".join(f", POST {path}" for path in self.phone_paths),
             )
         except StoreUnavailable:
@@ -347,6 +349,7 @@ class HttpApi:
             response = await handler(request)
         if origin is not None and self._origin_allowed(origin):
             response.headers["Access-Control-Allow-Origin"] = origin
+            response.headers["Access-Control-Expose-Headers"] = "X-Next-Offset, X-Has-More, Link"
             response.headers["Vary"] = "Origin"
         return response
 
@@ -574,6 +577,31 @@ class HttpApi:
             ]
         )
         return _json(200, body)
+
+    async def recording(self, request: web.Request) -> web.Response:
+        """A page of the session's recording: JSON Lines from byte ``offset``, at most
+        ``PAGE_BYTES``, ending on a whole line; ``X-Next-Offset`` and ``X-Has-More``
+        (and a ``Link rel="next"``) say where the next page starts."""
+        _, sid, meta = await self._owned(request)
+        offset = _query_int(request, "offset", 0, 0, 1 << 40)
+        page, size = await self.node.store.read_recording(sid, offset, PAGE_BYTES)
+        if size == 0 and RECORDING not in meta:
+            raise Refusal(
+                404,
+                f"session {sid[:100]!r} is not recorded: record it with configure "
+                '{"record": true} (or "record": true when making it), a key policy\'s '
+                "record = true, or serve --record",
+            )
+        following = offset + len(page)
+        more = following < size
+        response = web.Response(status=200, body=page, content_type="application/x-ndjson")
+        response.headers["X-Next-Offset"] = str(following)
+        response.headers["X-Has-More"] = "true" if more else "false"
+        if more:
+            response.headers["Link"] = (
+                f'<{API_PREFIX}/{sid}/recording?offset={following}>; rel="next"'
+            )
+        return response
 
     async def delete(self, request: web.Request) -> web.Response:
         key_id, sid, _ = await self._owned(request)

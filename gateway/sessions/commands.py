@@ -67,6 +67,9 @@ class SessionCommands(Protocol):
 
     def played(self, report: Played) -> Error | None: ...
 
+    def heard(self, message: Any, refused: Error | None) -> None:
+        """A command was run (``refused``: the error it got): the session may record it."""
+
 
 async def _start(target: SessionCommands, message: Any) -> Error | None:
     return target.start_turn(message.content)
@@ -146,5 +149,12 @@ FORWARDED: Final = tuple(kind for kind, spec in COMMANDS.items() if spec.forward
 
 
 async def dispatch(message: Any, target: SessionCommands) -> Error | None:
-    """Run a command on ``target``; its refusal (an ``error`` for the client), if any."""
-    return await COMMANDS[type(message)].run(target, message)
+    """Run a command on ``target``; its refusal (an ``error`` for the client), if any.
+
+    Every command goes through here, whichever node it came to, so this is where
+    a recording session hears its clients (``heard``): a new command is recorded
+    with no change beyond its row.
+    """
+    refused = await COMMANDS[type(message)].run(target, message)
+    target.heard(message, refused)
+    return refused

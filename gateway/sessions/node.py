@@ -34,12 +34,14 @@ from gateway.sessions.limits import Limits
 from gateway.sessions.logwriter import LogWriter
 from gateway.sessions.policy import KeyPolicies, within
 from gateway.sessions.port import CONFIG_QUOTA, UNUSED, config_bytes
+from gateway.sessions.recorder import Recorders
 from gateway.sessions.resumption import META_KEY, decode_resume_point
 from gateway.sessions.runtime import SessionRuntime
 from gateway.sessions.setup import SessionServices, SessionSetups, UpstreamFactories
 from gateway.sessions.workspaces import WorkspaceSweeper
-from gateway.store.base import Store, StoreError
+from gateway.store.base import RECORDING, Store, StoreError
 from gateway.tracing import Tracing
+from gateway.upstream import providers
 from gateway.upstream.base import UpstreamFactory
 from protocol.assembly import HistoryItem, decode_history_item
 from protocol.configuration import SessionConfig, decode_config, encode_config
@@ -91,8 +93,19 @@ class Node:
         self.setups = SessionSetups(config, registry, upstream_factory, self.policies, factories)
         self.system_prompt = self.setups.system_prompt
         self.runtimes: dict[str, SessionRuntime] = {}
+        # The flight recorder: recordings written on the log writer's rounds.
+        self.recorders = Recorders(
+            store,
+            limit=config.record_max_bytes,
+            audio=config.record_audio,
+            secrets=_secrets(config),
+        )
         self.log_writer = LogWriter(
-            store, self.node_id, linger=config.log_linger, lease_ttl=config.lease_ttl
+            store,
+            self.node_id,
+            linger=config.log_linger,
+            lease_ttl=config.lease_ttl,
+            on_round=self.recorders.ride,
         )
         self.services = SessionServices(
             config=config,
@@ -107,6 +120,7 @@ class Node:
             prices=prices or PriceTable(),
             tracing=tracing or Tracing.off(),
             session_setup=self.setups.setup,
+            recorders=self.recorders,
         )
         # Removes the workspaces of sessions that ended (expired in the store).
         self.workspaces = WorkspaceSweeper(
@@ -158,6 +172,7 @@ class Node:
             return_exceptions=True,
         )
         await self.log_writer.close()
+        await self.recorders.close()
         # Listeners and the sweeper end before the store closes under them: a
         # task still unsubscribing on a closed client would outlive the node.
         background = list(self._background)
@@ -325,6 +340,7 @@ class Node:
             setup=setup,
             owner=meta.get("owner", owner),
             resume=decode_resume_point(meta.get(META_KEY, "")),
+            recording=meta.get(RECORDING, ""),
         )
         # The last turn's trace: a rerun of it (rerun_interrupted) links there.
         runtime.observer.follows = meta.get("traceparent", "")
@@ -536,6 +552,14 @@ class Node:
         workspace = self.workspaces.workspace(sid)
         workspace.mkdir(parents=True, exist_ok=True)
         return ToolContext(workspace=workspace, session_id=sid)
+
+
+def _secrets(config: Config) -> list[str]:
+    """What no recording may carry: every provider's API key, the simulator's, the
+    client tokens' secrets."""
+    found = [config.upstream(name).api_key for name in providers.NAMES if name != providers.SIM]
+    found += [config.sim.api_key or "", *config.token_secret.split(",")]
+    return [s for s in found if s]
 
 
 def _float(text: str) -> float:

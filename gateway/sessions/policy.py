@@ -8,6 +8,8 @@ The operator writes one TOML table per key id (``--key-policy-file``)::
     server_tools = ["read", "list"]         # the most server tools a session gets
     reasoning_efforts = ["minimal", "low"]  # reasoning efforts its sessions may ask for
     instructions = "Answer in French."      # appended to by sessions, never replaced
+    record = true                           # record every session (false: none, whatever
+                                            # the session or the node asks)
 
     ["*"]                                    # keys without a table of their own
     server_tools = []
@@ -57,6 +59,7 @@ class KeyPolicy(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     server_tools: tuple[str, ...] | None = None
     reasoning_efforts: tuple[str, ...] | None = None
     instructions: str = ""
+    record: bool | None = None  # the flight recorder: always, never, or as asked (None)
     require_approval: tuple[str, ...] = ()
     """Server tools whose calls wait for a user's approve in this key's sessions."""
 
@@ -87,6 +90,11 @@ def refusal(policy: KeyPolicy, config: SessionConfig) -> str | None:
                 f"server_tools: {extra[0]!r} is not allowed for this API key; "
                 f"allowed: {_listed(policy.server_tools)}"
             )
+    if config.record and policy.record is False:
+        return (
+            "record: this API key's sessions are not recorded (its key policy says "
+            "record = false); leave record unset"
+        )
     effort, efforts = config.reasoning_effort, policy.reasoning_efforts
     if effort is not None and efforts is not None and effort not in efforts:
         return (
@@ -117,6 +125,8 @@ def within(policy: KeyPolicy, config: SessionConfig) -> SessionConfig:
     effort, efforts = config.reasoning_effort, policy.reasoning_efforts
     if effort is not None and efforts is not None and effort not in efforts:
         changes["reasoning_effort"] = None
+    if config.record and policy.record is False:
+        changes["record"] = False
     return msgspec.structs.replace(config, **changes) if changes else config
 
 
@@ -158,7 +168,8 @@ class KeyPolicies:
             except msgspec.ValidationError as exc:
                 raise ValueError(
                     f"{self.path} [{key_id}]: {exc}; fields are providers, models, "
-                    "server_tools (lists of strings) and instructions (a string)"
+                    "server_tools, reasoning_efforts (lists of strings), instructions (a "
+                    "string) and record (true or false)"
                 ) from None
         if policies != self._policies:
             self.version += 1

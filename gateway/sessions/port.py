@@ -45,8 +45,8 @@ def config_bytes(meta: dict[str, str]) -> int:
 
 
 class EdgeStore(Counters, Secrets, Bus, Health, Protocol):
-    """The store as the edge may use it: a session's record and log read, a minted
-    session created, and the services of keys (``Secrets``), connection slots and
+    """The store as the edge may use it: a session's record, log and recording read, a
+    minted session created, and the services of keys (``Secrets``), connection slots and
     quotas (``Counters``), rights (``Bus``) and readiness (``Health``)."""
 
     async def get_meta(self, sid: str) -> dict[str, str] | None: ...
@@ -62,6 +62,10 @@ class EdgeStore(Counters, Secrets, Bus, Health, Protocol):
     ) -> list[LogEntry]: ...
 
     async def lease_owner(self, sid: str) -> str | None: ...
+
+    async def read_recording(self, sid: str, offset: int, max_bytes: int) -> tuple[bytes, int]:
+        """A page of the session's recording (``Recordings.read_recording``)."""
+        ...
 
 
 class NodePort(Protocol):

@@ -9,7 +9,9 @@ is a thin facade over one room per job:
   performed, the upstream's events fed back);
 - ``upstream_link.UpstreamLink``: the connection to the provider (opened,
   resumed, let go);
-- ``voice.VoiceInput``: the user's audio on its way to the provider.
+- ``voice.VoiceInput``: the user's audio on its way to the provider;
+- ``recorder.SessionRecorder``: the flight recorder, while the session records
+  (its taps in the log, the link, the driver and here).
 
 This module holds what ties them: clients attach and detach, commands come
 in (``start_turn``, ``cancel_turn``, ``tool_result``, ``approve``, ``configure``,
@@ -31,6 +33,7 @@ import msgspec
 from gateway.sessions.driver import TurnDriver
 from gateway.sessions.journal import read_journal, read_journal_calls, unpersisted_step
 from gateway.sessions.observer import TurnObserver
+from gateway.sessions.recorder import SessionRecorder
 from gateway.sessions.resumption import ResumePoint
 from gateway.sessions.session_log import SessionLog
 from gateway.sessions.setup import ConfigProblem, SessionServices, SessionSetup
@@ -58,6 +61,7 @@ from protocol.journal import (
     batch_in_flight,
     turn_in_flight,
 )
+from protocol.recording import Header, NodeJoined
 from protocol.turn import TurnMachine
 from protocol.turn_events import (
     Cancel,
@@ -113,7 +117,10 @@ class SessionRuntime:
         owner: str = "",
         clock: Callable[[], float] = time.time,
         resume: ResumePoint | None = None,
+        recording: str = "",
     ) -> None:
+        """``recording``: the session's recording as the store has it (its meta's
+        ``recording``: "" none yet, "on", "cut" at its limit)."""
         self.host = host
         self.services = services
         self.sid = sid
@@ -178,6 +185,10 @@ class SessionRuntime:
             spawn=host.spawn,
             remember=self._remember,
         )
+        self.recorder: SessionRecorder | None = None
+        self._recording = recording
+        if setup.record:
+            _switch_recording(self, True)
 
     # ------------------------------------------------------------------ views
 
@@ -286,6 +297,11 @@ class SessionRuntime:
         """A client played this much of the spoken answer (kept for a barge-in)."""
         return self.driver.command(self.machine.feed(report), interrupt=False)
 
+    def heard(self, message: Any, refused: Error | None) -> None:
+        """A client's command ran (``commands.dispatch``): recorded if the session records."""
+        if self.recorder is not None:
+            self.recorder.heard(message, refused, self.log.delivered_seq)
+
     def record(self, event: Dtmf | PhoneCall) -> None:
         """Something of the session's phone call (a key pressed, the call's start and
         end): logged and sent to every client of the session, outside any turn."""
@@ -386,6 +402,8 @@ class SessionRuntime:
         self.log.emit(Configured(config=setup.config))
         self.host.runtime_configured(self)
         self.set_voice(self._voice_of(setup))
+        if setup.record != (self.recorder is not None):
+            _switch_recording(self, setup.record)
 
     def _voice_of(self, setup: SessionSetup, *, speaks_only: bool = False) -> VoiceConfig | None:
         """The audio a configuration asks for, with the tools this session may call
@@ -428,12 +446,16 @@ class SessionRuntime:
         open; audio that arrives while a failed open is waited out is dropped
         (the client was told: ``error`` code ``upstream``)."""
         if not self.closed:
+            _heard_audio(self, pcm16)
             await self.voice_in.send(self.link.upstream, pcm16)
 
     def send_audio_now(self, pcm16: bytes) -> bool:
         """``send_audio`` without awaiting when the upstream socket takes it at once
         (or the audio is held); False: nothing was sent, await ``send_audio``."""
-        return not self.closed and self.voice_in.send_now(self.link.upstream, pcm16)
+        if self.closed:
+            return False
+        _heard_audio(self, pcm16)  # first: the frame it goes out in refers to it
+        return self.voice_in.send_now(self.link.upstream, pcm16)
 
     def quiet_for(self, seconds: float) -> bool:
         """No audio from this node's clients for ``seconds`` (no live microphone here)."""
@@ -468,9 +490,60 @@ class SessionRuntime:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.flushed(), 5.0)
         self.log.stop()  # whatever could not be written by now is dropped
+        recorder, self.recorder = self.recorder, None
+        if recorder is not None and self.services.recorders is not None:
+            if lost:
+                recorder.stop()  # another node records it now (or it was deleted)
+            else:
+                await self.services.recorders.finish(recorder)
         # Free the lease before the slow part (closing the upstream socket), so
         # another node can pick the session up at once.
         self.host.runtime_closed(self, release=not lost)
         self.log.session_lost(reason)
         self.machine.feed(Shutdown())
         await self.link.close()
+
+
+def _heard_audio(runtime: SessionRuntime, pcm16: bytes) -> None:
+    """A chunk of the user's audio, for the flight recorder if the session records."""
+    recorder, voice = runtime.recorder, runtime.voice
+    if recorder is not None and voice is not None and voice.audio_in is not None:
+        recorder.audio_in(pcm16, voice.audio_in.rate, runtime.log.delivered_seq)
+
+
+def _switch_recording(runtime: SessionRuntime, on: bool) -> None:
+    """Start the flight recorder (a header, or a node's record when the session was
+    recorded before), or stop it (what it holds is written first)."""
+    recorders = runtime.services.recorders
+    if recorders is None:
+        return
+    recorder = runtime.recorder
+    if not on:
+        runtime.recorder = runtime.log.recorder = runtime.link.recorder = (
+            runtime.driver.tools.recorder
+        ) = None
+        if recorder is not None:
+            runtime.host.spawn(recorders.finish(recorder), f"recording:{runtime.sid}")
+        return
+    if runtime._recording == "cut":
+        return  # nothing more would be kept
+    factory = runtime.setup.upstream_factory
+    node, config = runtime.services.config.node_id, runtime.setup.config
+    first: Header | NodeJoined
+    if runtime._recording:
+        first = NodeJoined(node=node, provider=factory.provider, model=factory.model, config=config)
+    else:
+        first = Header(
+            session_id=runtime.sid,
+            node=node,
+            provider=factory.provider,
+            model=factory.model,
+            config=config,
+            audio=recorders.audio,
+            limit=recorders.limit,
+        )
+    runtime._recording = "on"
+    recorder = recorders.start(runtime.sid, first)
+    runtime.recorder = runtime.log.recorder = runtime.link.recorder = (
+        runtime.driver.tools.recorder
+    ) = recorder

@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 
 from gateway.metrics import Metrics
 from gateway.sessions.logwriter import Batch, LogWriter
+from gateway.sessions.recorder import SessionRecorder
 from gateway.sessions.subscriber import Subscriber
 from gateway.store.base import LeaseLost, LogEntry, SeqConflict, StoreUnavailable, Unreplicated
 from protocol.assembly import HistoryItem, encode_history_item
@@ -84,6 +85,7 @@ class SessionLog:
         self._flushed = asyncio.Event()
         self._flushed.set()
         self._store_down = False
+        self.recorder: SessionRecorder | None = None  # the session records what it delivers
 
     # ------------------------------------------------------------------ writing
 
@@ -213,6 +215,8 @@ class SessionLog:
             return
         self.delivered_seq = entries[-1].seq
         self._metrics.events.inc(len(entries))
+        if self.recorder is not None:
+            self.recorder.delivered(entries)
         for sub in tuple(self.subscribers):
             sub.deliver(entries)
 

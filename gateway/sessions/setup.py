@@ -25,6 +25,7 @@ from gateway.pricing import PriceTable
 from gateway.sessions.limits import Limits
 from gateway.sessions.logwriter import LogWriter
 from gateway.sessions.policy import KeyPolicies, refusal, within
+from gateway.sessions.recorder import Recorders
 from gateway.store.base import SessionMeta
 from gateway.tracing import Tracing
 from gateway.upstream.base import CONTROLS, UpstreamFactory
@@ -110,6 +111,8 @@ class SessionSetup:
     approvals: frozenset[str] = frozenset()
     # The tools (server and client) whose calls do not block the turn.
     background: frozenset[str] = frozenset()
+    # The flight recorder records it: its key policy's record, else its own or the node's.
+    record: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,6 +134,7 @@ class SessionServices:
     # tools, or why it is refused.
     session_setup: Callable[[str, SessionConfig, AllowList | None], SessionSetup | str]
     store_retry_delay: float = 0.5
+    recorders: Recorders | None = None  # the flight recorder's writer (None: nothing records)
 
 
 class SessionSetups:
@@ -157,7 +161,11 @@ class SessionSetups:
         self._factory_cache: dict[tuple[str, str], UpstreamFactory] = {}
         self.system_prompt = system_prompt(registry.specs(), config.instructions)
         self.default = SessionSetup(
-            SessionConfig(), self.system_prompt, upstream_factory, instructions=config.instructions
+            SessionConfig(),
+            self.system_prompt,
+            upstream_factory,
+            instructions=config.instructions,
+            record=config.record,
         )
 
     def session_meta(self, owner: str, setup: SessionSetup) -> dict[str, str]:
@@ -240,6 +248,7 @@ class SessionSetups:
             specs = [s for s in self.registry.specs() if allowed is None or s.name in allowed]
             specs += client_tools.specs()
             prompt = system_prompt(specs, instructions)
+        record = policy.record if policy.record is not None else config.record or self.config.record
         return SessionSetup(
             config,
             prompt,
@@ -250,6 +259,7 @@ class SessionSetups:
             instructions,
             approvals,
             background,
+            record,
         )
 
     def _factory(self, provider: str, model: str) -> UpstreamFactory | str:

@@ -19,11 +19,13 @@ from collections import deque
 from collections.abc import Callable
 
 from gateway.sessions.observer import TurnObserver
+from gateway.sessions.recorder import SessionRecorder
 from gateway.sessions.session_log import SessionLog
 from gateway.sessions.setup import SessionServices, SessionSetup
 from gateway.upstream.base import Upstream, UpstreamClosed, UpstreamEvent
 from protocol.calls import ToolCall, ToolResult
 from protocol.turn_events import RunTools, SpeechBegan, StartBackground
+from tools.executor import CallObserver
 
 __all__ = ["Gone", "ToolRuns", "hear"]
 
@@ -50,6 +52,7 @@ class ToolRuns:
         self.observer = observer
         self._setup = setup
         self._background: dict[str, asyncio.Task[None]] = {}  # call id → its task
+        self.recorder: SessionRecorder | None = None  # the session records its tool calls
 
     @property
     def background_running(self) -> int:
@@ -123,7 +126,9 @@ class ToolRuns:
         self, calls: tuple[ToolCall, ...], ids: tuple[str, ...], journal: Report | None
     ) -> list[ToolResult]:
         services = self.services
-        observe = self.observer.tool if self.observer.tracing else None
+        observe: CallObserver | None = self.observer.tool if self.observer.tracing else None
+        if self.recorder is not None:
+            observe = self.recorder.observe_tools(observe)
 
         def finished(index: int, result: ToolResult) -> None:
             self._count(calls[index].name, result.status)

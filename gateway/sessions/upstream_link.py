@@ -20,6 +20,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from gateway.sessions.observer import TurnObserver
+from gateway.sessions.recorder import SessionRecorder
 from gateway.sessions.resumption import META_KEY, ResumePoint
 from gateway.upstream.base import (
     ModelOptions,
@@ -93,6 +94,7 @@ class UpstreamLink:
         # and where its positions are in the history (position at a turn's end → items).
         self._resume_point = resume
         self._positions: dict[int, int] = {}
+        self.recorder: SessionRecorder | None = None  # the session records its frames
 
     # ------------------------------------------------------------------ opening
 
@@ -105,6 +107,8 @@ class UpstreamLink:
         self._observer.provider = chosen.provider
         self._observer.model = chosen.model
         upstream = chosen.create()
+        if self.recorder is not None:
+            upstream.tap_frames(self.recorder.connected(chosen.provider, chosen.model))
         # A model that only speaks answers a text session with the transcript of its
         # speech; it is told no text protocol and calls its tools natively.
         voice = request.voice

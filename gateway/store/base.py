@@ -18,6 +18,7 @@ on one slot):
 - ``rtgw:{SID}:history`` list of persisted semantic units (context assembly input)
 - ``rtgw:{SID}:lease``   the node driving the session (``SET NX PX``, renewed)
 - ``rtgw:{SID}:gone``    set by ``delete_session``: the session may not be leased again
+- ``rtgw:{SID}:rec``     string: the session's recording (JSON Lines), if it is recorded
 
 Durability rule: **log, then send**. ``append`` returns only when the entries are
 stored as the store's durability promises (on the primary, or on a replica
@@ -29,9 +30,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Coroutine, Mapping, Sequence
-from typing import Any, Literal, NamedTuple, Protocol
+from typing import Any, Final, Literal, NamedTuple, Protocol
 
 __all__ = [
+    "NOT_STORED",
+    "RECORDING",
+    "RECORDING_CUT",
     "AppendBatch",
     "Bus",
     "Counters",
@@ -41,6 +45,8 @@ __all__ = [
     "LeaseLost",
     "Leases",
     "LogEntry",
+    "RecordingChunk",
+    "Recordings",
     "Secrets",
     "SeqConflict",
     "SessionMeta",
@@ -50,6 +56,7 @@ __all__ = [
     "StoreUnavailable",
     "Unreplicated",
     "submit_in_task",
+    "whole_lines",
 ]
 
 
@@ -68,6 +75,18 @@ failover may lose what no replica confirmed)."""
 
 AppendBatch = tuple[str, str, Sequence[LogEntry], Sequence[bytes]]
 """One session's append in a round: ``(sid, node, entries, history)``."""
+
+
+RecordingChunk = tuple[str, bytes, bytes]
+"""One session's lines for its recording in a round: ``(sid, lines, cut)``, where ``cut``
+is the line written instead when ``lines`` would take the recording past its limit."""
+
+RECORDING: Final = "recording"
+"""The meta field that says a session is recorded: ``on``, or ``cut`` at its limit."""
+NOT_STORED: Final = -1
+"""``Recordings.append_recordings``: the session is not stored (yet, or any more)."""
+RECORDING_CUT: Final = -2
+"""``Recordings.append_recordings``: the recording reached its limit (now or before)."""
 
 
 class StoreError(Exception):
@@ -130,7 +149,7 @@ class SessionMeta(Protocol):
         ...
 
     async def delete_session(self, sid: str) -> bool:
-        """Remove the session's meta, log, history and lease; False if it did not exist.
+        """Remove the session's meta, log, history, lease and recording; False if it did not exist.
 
         The session is fenced for its idle TTL afterwards: no node can take its
         lease, so a driver that has not heard of the delete yet cannot write
@@ -396,7 +415,29 @@ class Health(Protocol):
         ...
 
 
-class Store(Sessions, Counters, Bus, Secrets, Health, Protocol):
+class Recordings(Protocol):
+    """Sessions' recordings (the flight recorder): written in rounds, read by bytes (2 methods).
+
+    A recording lives with its session: it is written only while the session
+    is stored, expires the session's idle TTL after its last write, and
+    ``delete_session`` removes it.
+    """
+
+    async def append_recordings(self, chunks: Sequence[RecordingChunk], limit: int) -> list[int]:
+        """Append each session's lines to its recording; per chunk, the recording's size
+        in bytes after it, or ``NOT_STORED`` (the session is not stored: nothing was
+        written), or ``RECORDING_CUT``: the lines would take it past ``limit`` bytes, so
+        the chunk's ``cut`` line was written instead, once, and nothing is written to
+        it any more. Empty lines only keep the recording as long as its session."""
+        ...
+
+    async def read_recording(self, sid: str, offset: int, max_bytes: int) -> tuple[bytes, int]:
+        """The recording's bytes from ``offset``, at most ``max_bytes``, ended after the
+        last whole line they hold (if any); and the recording's size (0: none)."""
+        ...
+
+
+class Store(Sessions, Counters, Bus, Secrets, Health, Recordings, Protocol):
     """Every concern at once: what ``open_store`` gives and a node holds."""
 
     kind: str
@@ -434,3 +475,10 @@ def submit_in_task(
 
 # Tasks of ``submit_in_task`` (the loop keeps only weak references).
 _submitted: set[asyncio.Task[list[BaseException | None]]] = set()
+
+
+def whole_lines(page: bytes) -> bytes:
+    """A recording's page up to its last newline (all of it if it holds none: part of
+    one long line, which the next page goes on with)."""
+    end = page.rfind(b"\n")
+    return page if end < 0 else page[: end + 1]

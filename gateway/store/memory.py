@@ -21,9 +21,27 @@ import asyncio
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-from gateway.store.base import AppendBatch, LeaseLost, LogEntry, SeqConflict, StoreError
+from gateway.store.base import (
+    NOT_STORED,
+    RECORDING,
+    RECORDING_CUT,
+    AppendBatch,
+    LeaseLost,
+    LogEntry,
+    RecordingChunk,
+    SeqConflict,
+    StoreError,
+    whole_lines,
+)
 
-__all__ = ["MemoryBus", "MemoryCounters", "MemorySecrets", "MemorySessions", "MemoryStore"]
+__all__ = [
+    "MemoryBus",
+    "MemoryCounters",
+    "MemoryRecordings",
+    "MemorySecrets",
+    "MemorySessions",
+    "MemoryStore",
+]
 
 WAIT_LIMIT = 1000
 """The most entries one ``wait_log`` call returns (a follower simply calls again)."""
@@ -32,10 +50,12 @@ WAIT_LIMIT = 1000
 class _Session:
     """Everything stored for one session; the Redis keys' common idle deadline."""
 
-    __slots__ = ("deadline", "history", "log", "meta")
+    __slots__ = ("deadline", "history", "log", "meta", "recording")
 
     def __init__(self, deadline: float) -> None:
         self.meta: dict[str, str] | None = None
+        # Its recording (``MemoryRecordings``): it goes with the session, deleted or expired.
+        self.recording = bytearray()
         # Seqs in the log are contiguous (appends are fenced), so the position of
         # seq N is N - log[0].seq: reads slice, they never search.
         self.log: list[LogEntry] = []
@@ -533,6 +553,43 @@ class MemorySecrets:
         return sum(self._api_keys.pop(d, None) is not None for d in set(digests))
 
 
+class MemoryRecordings:
+    """Sessions' recordings in one process (``Recordings``), kept with each session of
+    ``sessions``: a recording expires and is deleted with its session."""
+
+    def __init__(self, sessions: MemorySessions) -> None:
+        self._of = sessions
+
+    async def append_recordings(self, chunks: Sequence[RecordingChunk], limit: int) -> list[int]:
+        now = self._of._clock()
+        sizes: list[int] = []
+        for sid, lines, cut in chunks:
+            session = self._of._session(sid, now)
+            if session is None or session.meta is None:
+                sizes.append(NOT_STORED)
+                continue
+            recording = session.recording
+            if session.meta.get(RECORDING) == "cut":
+                sizes.append(RECORDING_CUT)
+            elif len(recording) + len(lines) > limit:
+                recording += cut
+                session.meta[RECORDING] = "cut"
+                sizes.append(RECORDING_CUT)
+            else:
+                if lines and not recording:
+                    session.meta[RECORDING] = "on"
+                recording += lines
+                sizes.append(len(recording))
+        return sizes
+
+    async def read_recording(self, sid: str, offset: int, max_bytes: int) -> tuple[bytes, int]:
+        session = self._of._session(sid, self._of._clock())
+        if session is None or session.meta is None:
+            return b"", 0
+        recording = session.recording
+        return whole_lines(bytes(recording[offset : offset + max_bytes])), len(recording)
+
+
 class MemoryStore(MemorySessions, MemoryCounters, MemoryBus, MemorySecrets):
     """The in-process store: one process, nothing to install, nothing survives a restart.
 
@@ -552,6 +609,13 @@ class MemoryStore(MemorySessions, MemoryCounters, MemoryBus, MemorySecrets):
         MemoryCounters.__init__(self, clock=clock)
         MemoryBus.__init__(self)
         MemorySecrets.__init__(self)
+        self._recordings = MemoryRecordings(self)
+
+    async def append_recordings(self, chunks: Sequence[RecordingChunk], limit: int) -> list[int]:
+        return await self._recordings.append_recordings(chunks, limit)
+
+    async def read_recording(self, sid: str, offset: int, max_bytes: int) -> tuple[bytes, int]:
+        return await self._recordings.read_recording(sid, offset, max_bytes)
 
     async def ping(self) -> bool:
         return True

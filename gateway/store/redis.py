@@ -1,9 +1,9 @@
 """``RedisStore``: every concern of the store in Redis, for many gateway nodes.
 
-One ``RedisCore`` (the servers and how commands run) shared by the four concern
+One ``RedisCore`` (the servers and how commands run) shared by the concern
 classes, each in its own module beside its memory twin: ``RedisSessions``
-(meta, log, history, lease), ``RedisCounters``, ``RedisBus``, ``RedisSecrets``.
-``RedisStore`` is all four on one set of connections: what ``open_store``
+(meta, log, history, lease), ``RedisCounters``, ``RedisBus``, ``RedisSecrets``,
+``RedisRecordings``. ``RedisStore`` is all of them on one set of connections: what ``open_store``
 gives for a Redis URL.
 """
 
@@ -17,6 +17,7 @@ from gateway.store.redis_commit import CommitStats
 from gateway.store.redis_connect import CLUSTER_SCHEMES, SENTINEL_SCHEMES, SINGLE_SCHEMES
 from gateway.store.redis_core import ERRORS, RedisCore
 from gateway.store.redis_counters import RedisCounters
+from gateway.store.redis_recordings import RedisRecordings
 from gateway.store.redis_secrets import RedisSecrets
 from gateway.store.redis_sessions import RedisSessions
 
@@ -28,7 +29,7 @@ REDIS_SCHEMES: Final = SINGLE_SCHEMES + CLUSTER_SCHEMES + SENTINEL_SCHEMES
 StoreStats = CommitStats
 
 
-class RedisStore(RedisSessions, RedisCounters, RedisBus, RedisSecrets):
+class RedisStore(RedisSessions, RedisCounters, RedisBus, RedisSecrets, RedisRecordings):
     """The store for many nodes: every session in Redis, any node can serve any session.
 
     Construction does not connect: pools connect on first use and reconnect by
@@ -97,6 +98,7 @@ class RedisStore(RedisSessions, RedisCounters, RedisBus, RedisSecrets):
         RedisCounters.__init__(self, core)
         RedisBus.__init__(self, core)
         RedisSecrets.__init__(self, core)
+        RedisRecordings.__init__(self, core)
         self.prefix = prefix
         self.ttl = ttl
         self.kind = core.kind

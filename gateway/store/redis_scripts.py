@@ -23,6 +23,7 @@ __all__ = [
     "HOLD_BYTES",
     "INCR_WINDOW",
     "READ_PAGE",
+    "RECORD",
     "RELEASE",
     "RELEASE_BYTES",
     "RENEW",
@@ -187,15 +188,53 @@ return 0
 """
 )
 
-# KEYS: meta, log, history, lease, gone. ARGV: ttl_ms. Everything of the
-# session goes at once, and ``gone`` fences it for ttl_ms (see ACQUIRE).
-# Returns how many of meta/log/history existed (0: no such session).
+# KEYS: meta, log, history, lease, gone, rec. ARGV: ttl_ms. Everything of the
+# session goes at once, its recording too, and ``gone`` fences it for ttl_ms
+# (see ACQUIRE). Returns how many of meta/log/history existed (0: no such session).
 DELETE = LuaScript(
     """
 local existed = redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
-redis.call('DEL', KEYS[4])
+redis.call('DEL', KEYS[4], KEYS[6])
 redis.call('SET', KEYS[5], '1', 'PX', ARGV[1])
 return existed
+"""
+)
+
+# KEYS: meta, rec. ARGV: ttl_ms, limit, lines, cut. A session's recording
+# (gateway.store.redis_recordings): written only while the session's meta
+# exists (a deleted or expired session is not written back), cut once at
+# ``limit`` bytes (the ``cut`` line instead, and the meta's ``recording`` says
+# so: nothing is written after it, whichever node writes; it is ``on`` from the
+# first write). Each write restarts its idle TTL.
+# Returns its size, -1 (no session) or -2 (cut).
+RECORD = LuaScript(
+    """
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  return -1
+end
+local size = redis.call('STRLEN', KEYS[2])
+if redis.call('HGET', KEYS[1], 'recording') == 'cut' then
+  if size > 0 then
+    redis.call('PEXPIRE', KEYS[2], ARGV[1])
+  end
+  return -2
+end
+if size + string.len(ARGV[3]) > tonumber(ARGV[2]) then
+  redis.call('APPEND', KEYS[2], ARGV[4])
+  redis.call('HSET', KEYS[1], 'recording', 'cut')
+  redis.call('PEXPIRE', KEYS[2], ARGV[1])
+  return -2
+end
+if string.len(ARGV[3]) > 0 then
+  if size == 0 then
+    redis.call('HSET', KEYS[1], 'recording', 'on')
+  end
+  size = redis.call('APPEND', KEYS[2], ARGV[3])
+end
+if size > 0 then
+  redis.call('PEXPIRE', KEYS[2], ARGV[1])
+end
+return size
 """
 )
 
@@ -354,4 +393,5 @@ SCRIPTS: Final = (
     HOLD_BYTES,
     RELEASE_BYTES,
     CONFIRM,
+    RECORD,
 )

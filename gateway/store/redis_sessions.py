@@ -151,6 +151,7 @@ class RedisSessions:
             self._core.key(sid, "history"),
             self._core.key(sid, "lease"),
             self._core.key(sid, "gone"),
+            self._core.key(sid, "rec"),
         ]
         return bool(await self._core.eval(DELETE, keys, self._core.ttl_ms, again=False))
 

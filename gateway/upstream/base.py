@@ -25,7 +25,7 @@ from __future__ import annotations
 import abc
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, Protocol
 
 import msgspec
 
@@ -49,6 +49,7 @@ __all__ = [
     "AudioDelta",
     "AudioIn",
     "AudioOut",
+    "FrameTap",
     "FunctionTool",
     "ModelOptions",
     "NativeCall",
@@ -108,6 +109,17 @@ class Resume(msgspec.Struct, frozen=True):
 
     handle: str
     pending: tuple[Message, ...] = ()
+
+
+class FrameTap(Protocol):
+    """Who sees every frame of an upstream connection, as it goes over the wire (a
+    session's recorder: ``gateway.sessions.recorder``). Must not block."""
+
+    def sent(self, data: bytes, audio: bool) -> None:
+        """A frame written to the provider (``audio``: the audio relay's)."""
+
+    def received(self, data: bytes) -> None:
+        """A frame read from the provider."""
 
 
 class Woken(msgspec.Struct, frozen=True):
@@ -309,6 +321,11 @@ class Upstream(abc.ABC):
         docs/performance.md). Only a delta that arrives while the reader waits
         on an empty queue goes to the sink, so events keep their order.
         """
+        return False
+
+    def tap_frames(self, tap: FrameTap) -> bool:
+        """Hand every frame of this connection, both ways, to ``tap`` (a session's
+        recorder); call before ``open``. False: this adapter has no socket to tap."""
         return False
 
     def send_audio_now(self, pcm16: bytes) -> bool:

@@ -99,6 +99,7 @@ import msgspec
 from gateway.upstream import gemini_wire as wire
 from gateway.upstream.audio import Resampler
 from gateway.upstream.base import (
+    FrameTap,
     ModelOptions,
     Resume,
     TextDelta,
@@ -420,6 +421,10 @@ class GeminiLive(Upstream):
         await socket.send(
             wire.encode(wire.ClientMessage(realtime_input=wire.RealtimeInput(audio=blob)))
         )
+
+    def tap_frames(self, tap: FrameTap) -> bool:
+        self._socket.tap = tap
+        return True
 
     def send_audio_now(self, pcm16: bytes) -> bool:
         resampler = self._resampler

@@ -47,6 +47,7 @@ from gateway.upstream.audio import Resampler
 from gateway.upstream.base import (
     AudioDelta,
     AudioIn,
+    FrameTap,
     ModelOptions,
     NativeCall,
     ResponseBegan,
@@ -326,6 +327,10 @@ class OpenAIRealtime(Upstream):
                 "send_audio needs a voice session: open(..., voice=VoiceConfig(audio_in=...))"
             )
         await self._send(wire.InputAudioBufferAppend(audio=resampler.push(pcm16)))
+
+    def tap_frames(self, tap: FrameTap) -> bool:
+        self._socket.tap = tap
+        return True
 
     def send_audio_now(self, pcm16: bytes) -> bool:
         resampler = self._resampler

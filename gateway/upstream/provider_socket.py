@@ -15,7 +15,10 @@ it does with the socket is the same for every provider, and lives here once:
   path, ``Upstream.stream_text_to``);
 - **frames out**: ``send`` writes a frame without awaiting when the socket
   takes it at once (``gateway.wsfast``) and awaits ``ws.send``
-  otherwise; ``send_now`` only ever writes at once (the audio relay's path).
+  otherwise; ``send_now`` only ever writes at once (the audio relay's path);
+- **the tap**: with a ``FrameTap`` set (a session that records), every frame
+  both ways is handed to it as it goes over the wire (the flight recorder,
+  ``gateway.sessions.recorder``); without one, a frame costs one test.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.frames import Close
 
-from gateway.upstream.base import UpstreamClosed
+from gateway.upstream.base import FrameTap, UpstreamClosed
 from gateway.upstream.dial import dial
 from gateway.wsfast import MessageQueue, can_write_now, write_text_now
 
@@ -44,6 +47,18 @@ def _no_hint(code: int, reason: str) -> str:
     return ""
 
 
+def _tapped(take: Intercept, tap: FrameTap) -> Intercept:
+    """``take``, and a frame it took goes to ``tap`` (``recv`` does not see it)."""
+
+    def taking(data: bytes, text: bool) -> bool:
+        if take(data, text):
+            tap.received(data)
+            return True
+        return False
+
+    return taking
+
+
 class ProviderSocket:
     """The WebSocket of one upstream connection (see the module docstring).
 
@@ -52,13 +67,14 @@ class ProviderSocket:
     ``hint`` adds what to do about a close the provider is known to send.
     """
 
-    __slots__ = ("_queue", "_ws", "hint", "key_variable", "label", "suffix")
+    __slots__ = ("_queue", "_ws", "hint", "key_variable", "label", "suffix", "tap")
 
     def __init__(self, label: str, key_variable: str, *, hint: CloseHint = _no_hint) -> None:
         self.label = label
         self.key_variable = key_variable
         self.hint = hint
         self.suffix = ""  # appended to every close description (e.g. "after goAway")
+        self.tap: FrameTap | None = None  # set before ``connect``
         self._ws: ClientConnection | None = None
         self._queue: MessageQueue | None = None
 
@@ -92,7 +108,8 @@ class ProviderSocket:
         queue = self._queue
         if queue is None:
             return False
-        queue.intercept = take
+        tap = self.tap
+        queue.intercept = take if take is None or tap is None else _tapped(take, tap)
         return True
 
     def nudge(self) -> None:
@@ -111,12 +128,18 @@ class ProviderSocket:
             raise UpstreamClosed(self.describe_close(exc)) from exc
         except OSError as exc:  # pragma: no cover - websockets wraps these
             raise UpstreamClosed(f"{self.label} connection failed: {exc}") from exc
+        if data is not None and self.tap is not None:
+            self.tap.received(data)
         return data
 
     def take_ready(self) -> list[bytes]:
         """The frames received and not read yet (none if this connection cannot tell)."""
         queue = self._queue
-        return queue.take_ready() if queue is not None else []
+        taken = queue.take_ready() if queue is not None else []
+        if self.tap is not None:
+            for data in taken:
+                self.tap.received(data)
+        return taken
 
     def can_send_now(self) -> bool:
         ws = self._ws
@@ -127,6 +150,8 @@ class ProviderSocket:
         ws = self._ws
         if ws is None:
             raise UpstreamClosed(f"the {self.label} connection is closed")
+        if self.tap is not None:
+            self.tap.sent(data, False)
         if can_write_now(ws):  # nothing to wait for: no await, no send context (gateway.wsfast)
             try:
                 write_text_now(ws, data)
@@ -146,6 +171,8 @@ class ProviderSocket:
         ws = self._ws
         if ws is None or not can_write_now(ws):
             return False
+        if self.tap is not None:
+            self.tap.sent(data, True)
         with contextlib.suppress(Exception):
             write_text_now(ws, data)
         return True

@@ -14,6 +14,8 @@ Every target streams the same paced load from one simulator (``gateway sim``,
   ``--durability replicated`` (an event is sent once the replica has it);
 - ``gw-redis-asyncio`` (not by default): ``gw-redis`` on asyncio's own loop
   instead of uvloop, to measure what uvloop is worth;
+- ``gw-redis-record`` (not by default): ``gw-redis`` with ``--record`` (every
+  session recorded by the flight recorder), to measure what recording costs;
 - ``gw-base`` (not by default; needs ``--base-src DIR``): ``gw-redis`` run from
   another checkout (``git worktree add DIR COMMIT``), to weigh a change against
   its parent in one interleaved run;
@@ -90,9 +92,17 @@ TARGETS: Final = (
     "litellm",
     "gw-redis-asyncio",
     "gw-base",
+    "gw-redis-record",
 )
 OPENAI_WIRE: Final = frozenset({"sim", "litellm"})
-GATEWAYS: Final = ("gw-memory", "gw-redis", "gw-replicated", "gw-redis-asyncio", "gw-base")
+GATEWAYS: Final = (
+    "gw-memory",
+    "gw-redis",
+    "gw-replicated",
+    "gw-redis-asyncio",
+    "gw-base",
+    "gw-redis-record",
+)
 DEFAULT_TARGETS: Final = TARGETS[:6]
 # LiteLLM's proxy refuses to start without a master key; its clients send it.
 LITELLM_KEY: Final = "sk-bench-" + secrets.token_hex(16)
@@ -221,6 +231,11 @@ def start_servers(args: argparse.Namespace, net: SimulatedNetwork) -> Iterator[S
                 srv.procs["gw-base"] = stack.enter_context(base)
                 srv.redis_pids["gw-base"] = [redis.proc.pid]
                 srv.redis_urls["gw-base"] = redis.url
+            if "gw-redis-record" in targets:  # the same, every session recorded
+                recording = gateway_args(provider, ["--redis", redis_url, "--record"])
+                srv.procs["gw-redis-record"] = stack.enter_context(recording)
+                srv.redis_pids["gw-redis-record"] = [redis.proc.pid]
+                srv.redis_urls["gw-redis-record"] = redis.url
             if "gw-redis-asyncio" in targets:  # the same, on asyncio's own loop (not uvloop)
                 asyncio_gw = gateway_args(
                     provider, ["--redis", redis_url, "--event-loop", "asyncio"]
@@ -575,7 +590,7 @@ async def main() -> int:
         "--targets",
         default=",".join(DEFAULT_TARGETS),
         help=f"from {', '.join(TARGETS)}, gw-redis@SECONDS (log linger; these, "
-        "gw-base and gw-redis-asyncio need gw-redis)",
+        "gw-base, gw-redis-asyncio and gw-redis-record need gw-redis)",
     )
     parser.add_argument(
         "--base-src",

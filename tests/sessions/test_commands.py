@@ -24,6 +24,7 @@ class Recorder:
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, object]] = []
+        self.heard_all: list[tuple[str, str]] = []
 
     def start_turn(self, text: str) -> Error | None:
         self.calls.append(("start_turn", text))
@@ -48,6 +49,9 @@ class Recorder:
     def played(self, report: Played) -> Error | None:
         self.calls.append(("played", report.ms))
         return None
+
+    def heard(self, message: object, refused: Error | None) -> None:
+        self.heard_all.append((type(message).__name__, refused.code if refused else ""))
 
     def approve(self, decision: Approve) -> Error | None:
         self.calls.append(("approve", decision.id))
@@ -84,6 +88,16 @@ async def test_dispatch_runs_each_commands_method_and_returns_its_refusal() -> N
         ("commit_audio", None),
         ("played", 120),
         ("approve", "call_2"),
+    ]
+    # Every command is heard after it ran, with its refusal (what a recording keeps).
+    assert target.heard_all == [
+        ("UserMessage", ""),
+        ("Cancel", "no_turn"),
+        ("ToolResultMessage", ""),
+        ("Configure", ""),
+        ("Commit", ""),
+        ("Played", ""),
+        ("Approve", ""),
     ]
 
 

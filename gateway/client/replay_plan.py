@@ -1,0 +1,272 @@
+"""What a replay does, read from a recording: the user's side, each action at its anchor.
+
+Pure (no socket, no clock). ``plan_replay`` reads a recording
+(``protocol.recording``) into a ``Plan``: the session's first configuration,
+the events the recorded clients got (the recorded run, for the report), and
+the user's side as ``Action``s in recorded order — messages, cancels,
+configures, commits, playback reports, any other command (approvals), the
+client's answers to its tools, and the user's audio in runs.
+
+**Anchors.** A replayed session does not send its events at the recorded
+times, so an action is tied to where the session was when it was heard: its
+turn (``Anchor.turn``, counted from 1; 0 before the first), how many of that
+turn's events had been delivered (``events``), whether the turn was over
+(``closed``), and how long after that event it came (``delay``). The replay
+sends it once the replayed session is as far (or further: a turn that ended
+sooner, or a later turn begun) and the delay passed. So a cancel lands after
+the same words on a deterministic model, a barge-in's audio starts at the
+same point of the answer, and a message typed after an answer waits for it.
+
+**Client tools.** A recorded ``tool_result`` answers the call the recorded
+session made; the replayed session's calls have other ids. An answer is tied
+to its call's place instead (the turn, and which client call of the turn),
+and sent when the replayed session makes that call, with the recorded delay.
+Another command naming a recorded call's id (an approval) is rewritten the
+same way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any, Final
+
+import msgspec
+
+from protocol.configuration import SessionConfig
+from protocol.events import Call, Cancelled, End, Event, Metric, User, decode_event
+from protocol.recording import (
+    ClientAudio,
+    ClientCommand,
+    Cut,
+    Header,
+    Logged,
+    NodeJoined,
+    Record,
+    read_records,
+)
+
+__all__ = ["Action", "Anchor", "AudioRun", "Plan", "PlanError", "plan_replay"]
+
+AUDIO_GAP: Final = 0.3
+"""Seconds of silence between audio chunks that start a new run of audio."""
+
+
+class PlanError(ValueError):
+    """The file is not a recording a replay can use; the message says why."""
+
+
+class Anchor(msgspec.Struct, frozen=True):
+    """Where the session was when the user acted (see the module docstring)."""
+
+    turn: int
+    events: int
+    closed: bool
+
+
+class AudioRun(msgspec.Struct, frozen=True):
+    """Consecutive chunks of the user's audio: ``(offset s, PCM16)`` each, at ``rate``."""
+
+    rate: int
+    chunks: tuple[tuple[float, bytes], ...]
+
+
+class Action(msgspec.Struct, frozen=True, kw_only=True):
+    """One thing the user did. ``message``: the client frame (JSON) to send, or
+    ``audio``; ``call``: the recorded call it names (turn, which call of the turn),
+    whose replayed id goes in its ``id`` field; ``seq``: where the recorded
+    session was when it was heard."""
+
+    anchor: Anchor
+    delay: float
+    kind: str
+    seq: int
+    message: dict[str, Any] | None = None
+    audio: AudioRun | None = None
+    call: tuple[int, int] | None = None
+    refused: str = ""
+
+
+class Plan(msgspec.Struct, kw_only=True):
+    """A replay's script: the first configuration, the recorded run, the actions."""
+
+    header: Header
+    config: SessionConfig
+    events: list[tuple[float, Event]]
+    actions: list[Action]
+    cut: bool = False
+    problems: list[str] = msgspec.field(default_factory=list)
+
+
+class _Places:
+    """Where each recorded seq falls: its turn, its place in the turn, the turn's end."""
+
+    def __init__(self, events: Sequence[tuple[float, Event]]) -> None:
+        self.seqs: list[int] = []
+        self.times: list[float] = []
+        self.spots: list[Anchor] = []
+        self.calls: dict[str, tuple[int, int, float]] = {}  # call id → turn, index, delivered
+        turn = in_turn = calls = 0
+        closing = closed = False
+        for t, event in events:
+            if isinstance(event, User):
+                turn, in_turn, calls, closing, closed = turn + 1, 0, 0, False, False
+            if turn:
+                in_turn += 1
+            if isinstance(event, End | Cancelled):
+                closing = True
+            elif isinstance(event, Metric) and closing:
+                closed = True
+            if isinstance(event, Call) and turn:
+                self.calls[event.id] = (turn, calls, t)
+                calls += 1
+            self.seqs.append(event.seq)
+            self.times.append(t)
+            self.spots.append(Anchor(turn, in_turn, closed))
+
+    def at(self, seq: int, start: float) -> tuple[Anchor, float]:
+        """The anchor of ``seq`` (the newest event delivered then) and its time."""
+        index = _last_at_most(self.seqs, seq)
+        if index < 0:
+            return Anchor(0, 0, True), start
+        return self.spots[index], self.times[index]
+
+
+def _last_at_most(seqs: list[int], seq: int) -> int:
+    lo, hi = 0, len(seqs)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if seqs[mid] <= seq:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo - 1
+
+
+def plan_replay(data: bytes, *, fork_at: int | None = None) -> Plan:
+    """The replay of a recording's bytes (``PlanError`` if it is not one).
+
+    ``fork_at``: only what the user did before the recorded session passed
+    event ``fork_at``, and the recorded run up to it.
+    """
+    records: list[Record] = []
+    problems: list[str] = []
+    for item in read_records(data):
+        (problems if isinstance(item, str) else records).append(item)  # type: ignore[arg-type]
+    if not records or not isinstance(records[0], Header):
+        first = problems[0] if problems else "it has no header record"
+        raise PlanError(f"not a recording ({first}); export one with `gateway recording get`")
+    header = records[0]
+    records.sort(key=lambda r: r.t)  # nodes that took turns may have written out of order
+    events = _events(records, problems)
+    if fork_at is not None:
+        events = [(t, e) for t, e in events if e.seq <= fork_at]
+    places = _Places(events)
+    actions = _actions(records, places, header.t, problems)
+    if fork_at is not None:
+        actions = [a for a in actions if a.seq < fork_at]
+    if header.audio == "none" and any(
+        isinstance(e, User) and e.source == "audio" for _, e in events
+    ):
+        problems.append(
+            "the recording kept no audio (record_audio none): its spoken turns are not replayed"
+        )
+    return Plan(
+        header=header,
+        config=header.config,
+        events=events,
+        actions=actions,
+        cut=any(isinstance(r, Cut) for r in records),
+        problems=problems,
+    )
+
+
+def _events(records: Iterable[Record], problems: list[str]) -> list[tuple[float, Event]]:
+    events: dict[int, tuple[float, Event]] = {}
+    for record in records:
+        if isinstance(record, Logged):
+            try:
+                event = decode_event(record.event)
+            except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+                problems.append(f"an event that is not one ({exc})")
+                continue
+            events.setdefault(event.seq, (record.t, event))  # a takeover may log it twice
+    return [events[seq] for seq in sorted(events)]
+
+
+def _actions(
+    records: Sequence[Record], places: _Places, start: float, problems: list[str]
+) -> list[Action]:
+    actions: list[Action] = []
+    run: list[ClientAudio] = []
+
+    def end_run() -> None:
+        if run:
+            first = run[0]
+            anchor, at = places.at(first.seq, start)
+            chunks = tuple((c.t - first.t, bytes(c.pcm)) for c in run)
+            actions.append(
+                Action(
+                    anchor=anchor,
+                    delay=max(0.0, first.t - at),
+                    kind="audio",
+                    seq=first.seq,
+                    audio=AudioRun(first.rate, chunks),
+                )
+            )
+            run.clear()
+
+    for record in records:
+        if isinstance(record, ClientAudio):
+            if run:
+                last = run[-1]
+                ends = last.t + len(last.pcm) / 2 / max(last.rate, 1)
+                if record.t - ends > AUDIO_GAP or record.rate != last.rate:
+                    end_run()
+            if record.pcm:
+                run.append(record)
+        elif isinstance(record, ClientCommand):
+            action = _command(record, places, start, problems)
+            if action is not None:
+                actions.append(action)
+        elif isinstance(record, NodeJoined | Header):
+            continue
+    end_run()
+    actions.sort(key=lambda a: a.seq)  # stable: recorded order within a seq
+    return actions
+
+
+def _command(
+    record: ClientCommand, places: _Places, start: float, problems: list[str]
+) -> Action | None:
+    try:
+        message = msgspec.json.decode(record.message)
+    except msgspec.DecodeError as exc:
+        problems.append(f"a command that is not JSON ({exc})")
+        return None
+    if not isinstance(message, dict) or not isinstance(message.get("type"), str):
+        problems.append("a command with no type")
+        return None
+    kind = str(message["type"])
+    named = message.get("id")
+    call = places.calls.get(named) if isinstance(named, str) else None
+    if call is not None:
+        turn, index, delivered = call
+        # Sent when the replayed session makes the same call, as long after it.
+        return Action(
+            anchor=Anchor(turn, 0, False),
+            delay=max(0.0, record.t - delivered),
+            kind=kind,
+            seq=record.seq,
+            message=message,
+            call=(turn, index),
+            refused=record.refused,
+        )
+    anchor, at = places.at(record.seq, start)
+    return Action(
+        anchor=anchor,
+        delay=max(0.0, record.t - at),
+        kind=kind,
+        seq=record.seq,
+        message=message,
+        refused=record.refused,
+    )

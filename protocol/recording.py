@@ -1,0 +1,190 @@
+"""A session's recording (the flight recorder): one JSON object per line, tagged on ``kind``.
+
+What a node records of a session it drives, in the order it happened, each
+record stamped ``t`` (seconds; the Unix time the recording started on that
+node plus the monotonic clock since, so intervals are monotonic):
+
+- ``header`` (first): the session, the node, its provider and model, its
+  configuration when recording began, the audio policy and the size limit;
+- ``node``: another node began recording the session (a takeover, a reload
+  after the session idled), with the configuration it found;
+- ``connect``: an upstream connection opened (its number, provider, model;
+  never its URL or headers: they carry keys);
+- ``upstream``: a frame on that connection, ``out`` to the provider or ``in``
+  from it, as it went over the wire; an audio frame is kept as its size
+  (``elided: "audio"``) and, out, a reference (``ref``) to the ``audio``
+  record it carried, unless the policy keeps all audio;
+- ``client``: a command a client sent (``message``, as the client wire has
+  it), the newest event the session had delivered when it was heard
+  (``seq``), and the error code if it was refused;
+- ``audio``: a chunk of the user's audio (PCM16 mono at ``rate``), numbered;
+- ``tool``: a tool call that ran (server tools, and client tools once the
+  client answered): arguments, outcome and duration;
+- ``event``: an event the session logged, as its clients got it;
+- ``cut``: the recording reached its size limit; nothing after it was kept.
+
+The gateway writes it (``gateway.sessions.recorder``); replay, evals and the
+console read it. Pure: Structs and their codec, no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Final, Literal
+
+import msgspec
+
+from protocol.configuration import SessionConfig
+
+__all__ = [
+    "NO_FRAME",
+    "RECORDING_VERSION",
+    "AudioPolicy",
+    "ClientAudio",
+    "ClientCommand",
+    "Connected",
+    "Cut",
+    "Header",
+    "Logged",
+    "NodeJoined",
+    "Record",
+    "ToolRun",
+    "UpstreamFrame",
+    "decode_record",
+    "encode_record",
+    "read_records",
+]
+
+RECORDING_VERSION: Final = 1
+NO_FRAME: Final = msgspec.Raw(b"null")
+"""``UpstreamFrame.frame`` of an elided frame."""
+
+AudioPolicy = Literal["none", "user", "all"]
+"""What a recording keeps of audio: ``user`` (the user's audio, which a replay sends
+again; the model's audio frames by size only), ``all`` (every audio frame whole),
+``none`` (audio by size only)."""
+
+
+class _Record(msgspec.Struct, tag_field="kind", kw_only=True, omit_defaults=True):
+    t: float = 0.0
+
+
+class Header(_Record, tag="header"):
+    """The first record: which session, where and how it was recorded."""
+
+    session_id: str
+    node: str
+    provider: str
+    model: str
+    version: int = RECORDING_VERSION
+    config: SessionConfig = msgspec.field(default_factory=SessionConfig)
+    audio: AudioPolicy = "user"
+    limit: int = 0  # bytes the recording may take
+
+
+class NodeJoined(_Record, tag="node"):
+    """Another node went on recording the session (a takeover, or a reload)."""
+
+    node: str
+    provider: str
+    model: str
+    config: SessionConfig = msgspec.field(default_factory=SessionConfig)
+
+
+class Connected(_Record, tag="connect"):
+    """An upstream connection opened (numbered per node from 1)."""
+
+    connection: int
+    provider: str
+    model: str
+
+
+class UpstreamFrame(_Record, tag="upstream"):
+    """One frame on an upstream connection: ``frame`` as on the wire (JSON), or, for an
+    audio frame (``elided``), its size and the ``audio`` record it carried (``ref``)."""
+
+    connection: int
+    dir: Literal["out", "in"]
+    frame: msgspec.Raw = NO_FRAME
+    bytes: int = 0
+    elided: str = ""
+    ref: int = 0
+
+
+class ClientCommand(_Record, tag="client"):
+    """A client's command (``message``: its frame as JSON) and what the session had
+    delivered when it was heard (``seq``); ``refused``: the error code it got."""
+
+    seq: int
+    message: msgspec.Raw
+    refused: str = ""
+
+
+class ClientAudio(_Record, tag="audio"):
+    """A chunk of the user's audio: PCM16 mono at ``rate`` (base64 in JSON)."""
+
+    id: int
+    seq: int
+    rate: int
+    pcm: bytes = b""
+
+
+class ToolRun(_Record, tag="tool"):
+    """A tool call that ran: its id (client tools), arguments, outcome and duration."""
+
+    name: str
+    args: msgspec.Raw
+    status: str
+    duration_ms: float
+    runs_on: Literal["gateway", "client"] = "gateway"
+    id: str = ""
+
+
+class Logged(_Record, tag="event"):
+    """An event the session logged and delivered (``event``: as its clients got it)."""
+
+    event: msgspec.Raw
+
+
+class Cut(_Record, tag="cut"):
+    """The recording reached ``limit`` bytes: what happened after it was not kept."""
+
+    limit: int
+
+
+Record = (
+    Header
+    | NodeJoined
+    | Connected
+    | UpstreamFrame
+    | ClientCommand
+    | ClientAudio
+    | ToolRun
+    | Logged
+    | Cut
+)
+
+_encoder: Final = msgspec.json.Encoder()
+_decoder: Final = msgspec.json.Decoder(Record)
+
+
+def encode_record(record: Record) -> bytes:
+    """One line of a recording (with its newline)."""
+    return _encoder.encode(record) + b"\n"
+
+
+def decode_record(line: bytes | str) -> Record:
+    """One line of a recording. Raises ``msgspec.ValidationError``/``DecodeError``."""
+    return _decoder.decode(line)
+
+
+def read_records(data: bytes) -> Iterator[Record | str]:
+    """The records of a recording's bytes, in order; a line that is not one is
+    yielded as a string saying which line and why (a reader reports, never crashes)."""
+    for number, line in enumerate(data.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            yield _decoder.decode(line)
+        except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+            yield f"line {number}: not a recording record ({exc})"

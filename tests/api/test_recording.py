@@ -1,0 +1,191 @@
+"""The flight recorder through the HTTP API: a recorded session exported, paged, deleted.
+
+Real gateways (memory store and Redis), the product's client over real
+WebSockets, the simulator upstream; what a user does: configure
+``record: true``, run a tool call and a cancelled turn, export the recording
+with ``GET /v1/sessions/ID/recording`` (and ``gateway recording get``), delete
+the session.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import aiohttp
+import msgspec
+import pytest
+
+from gateway.cli import main
+from gateway.client import Client, ConfigureRefused
+from gateway.client.recording import RecordingError, fetch_recording
+from protocol.events import Call, Cancelled, Configured, Metric, Result, User, decode_event
+from protocol.recording import (
+    ClientCommand,
+    Connected,
+    Cut,
+    Header,
+    Logged,
+    ToolRun,
+    UpstreamFrame,
+    encode_record,
+)
+from tests.api.conftest import Api, Keys, NodesFactory
+from tests.support.recorded import TOOL_TURN, record_session, recording_of, records
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture(params=["memory", "redis"])
+def store_kind(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+async def test_a_recorded_session_holds_frames_commands_tools_and_events(
+    nodes: NodesFactory, keys: Keys
+) -> None:
+    alice = keys.keys["alice"]
+    async with nodes(1, sim_tokens_per_second=400, sim_api_key="sim-upstream-key-0123") as (gw,):
+        sid = await record_session(gw.url, alice)
+        data = await recording_of(gw, sid, alice)
+    found = records(data)
+    header = found[0]
+    assert isinstance(header, Header) and header.session_id == sid
+    assert header.provider == "sim" and header.audio == "user"
+    stamps = [r.t for r in found]
+    assert stamps == sorted(stamps)  # one node: monotonic
+
+    # The upstream connection and its frames, both ways, as on the wire.
+    assert any(isinstance(r, Connected) and r.provider == "sim" for r in found)
+    frames = [r for r in found if isinstance(r, UpstreamFrame)]
+    sent = [msgspec.json.decode(f.frame)["type"] for f in frames if f.dir == "out"]
+    got = [msgspec.json.decode(f.frame)["type"] for f in frames if f.dir == "in"]
+    assert "session.update" in sent and "response.create" in sent and "response.cancel" in sent
+    assert "response.output_text.delta" in got and "response.done" in got
+    # Each frame once, whether the read callback took it (a delta) or ``recv`` did.
+    ids = [msgspec.json.decode(f.frame).get("event_id") for f in frames if f.dir == "in"]
+    assert len(ids) == len(set(ids))
+
+    # The client's commands, in order, with what they found delivered.
+    commands = [msgspec.json.decode(r.message) for r in found if isinstance(r, ClientCommand)]
+    assert [c["type"] for c in commands] == ["configure", "user", "user", "cancel", "user"]
+    assert commands[1]["content"] == TOOL_TURN
+
+    # The tool call: its arguments, outcome and duration.
+    (tool,) = [r for r in found if isinstance(r, ToolRun)]
+    assert tool.name == "list" and msgspec.json.decode(tool.args) == {"path": "."}
+    assert tool.status == "success" and tool.duration_ms >= 0
+
+    # Every event the clients got, the configuration's change among them.
+    events = [decode_event(r.event) for r in found if isinstance(r, Logged)]
+    assert isinstance(events[0], Configured) and events[0].config.record
+    assert [type(e) for e in events if isinstance(e, User | Call | Result | Cancelled)] == [
+        User,
+        Call,
+        Result,
+        User,
+        Cancelled,
+        User,
+    ]
+    seqs = [e.seq for e in events]
+    assert seqs == list(range(seqs[0], seqs[0] + len(seqs)))  # none missing
+
+    # No secret: not the client's API key, not the upstream's.
+    assert alice.encode() not in data and b"sim-upstream-key-0123" not in data
+    assert b"Authorization" not in data and b"Bearer" not in data
+
+
+async def test_export_pages_by_bytes_and_the_cli_writes_the_file(
+    nodes: NodesFactory, keys: Keys, http: aiohttp.ClientSession, tmp_path: Path
+) -> None:
+    alice = keys.keys["alice"]
+    async with nodes(1) as (gw,):
+        sid = await record_session(gw.url, alice)
+        whole = await recording_of(gw, sid, alice)
+        api = Api(gw, http)
+        # Pages end on whole lines, and follow each other to the end.
+        base = gw.api_url + f"/v1/sessions/{sid}/recording"
+        headers = keys.bearer("alice")
+        async with http.get(base, headers=headers) as r:
+            assert r.status == 200 and r.content_type == "application/x-ndjson"
+            first = await r.read()
+            assert r.headers["X-Has-More"] == "false"
+            assert int(r.headers["X-Next-Offset"]) == len(whole)
+        assert first == whole and first.endswith(b"\n")
+        middle = len(whole) // 2
+        async with http.get(base, params={"offset": str(middle)}, headers=headers) as r:
+            rest = await r.read()
+        assert whole[middle:] == rest
+
+        # Another key's session, and a session that does not record, are refused.
+        assert (await api.call("GET", f"/v1/sessions/{sid}/recording", key=keys.keys["bob"]))[
+            0
+        ] == 403
+        status, plain = await api.call("POST", "/v1/sessions", key=alice)
+        status, body = await api.call(
+            "GET", f"/v1/sessions/{plain['session_id']}/recording", key=alice
+        )
+        assert status == 404 and "record" in body["error"]["message"]
+
+        out = tmp_path / "session.jsonl"
+        code = await _cli(
+            ["recording", "get", "-o", str(out), "--api", gw.api_url, "--token", alice, "--", sid]
+        )
+        assert code == 0 and out.read_bytes() == whole
+
+
+async def _cli(argv: list[str]) -> int:
+    """``gateway`` in this process, off the loop (it runs its own)."""
+    return await asyncio.to_thread(main, argv)
+
+
+async def test_a_deleted_sessions_recording_is_gone(nodes: NodesFactory, keys: Keys) -> None:
+    alice = keys.keys["alice"]
+    async with nodes(1) as (gw,):
+        sid = await record_session(gw.url, alice)
+        assert await recording_of(gw, sid, alice)
+        async with aiohttp.ClientSession() as http:
+            status, _ = await Api(gw, http).call("DELETE", f"/v1/sessions/{sid}", key=alice)
+        assert status == 204
+        with pytest.raises(RecordingError, match="404"):
+            await fetch_recording(gw.api_url, sid, token=alice)
+        assert await gw.node.store.read_recording(sid, 0, 1 << 20) == (b"", 0)
+
+
+async def test_a_recording_stops_at_its_limit_with_a_cut_record(
+    nodes: NodesFactory, keys: Keys
+) -> None:
+    alice = keys.keys["alice"]
+    async with nodes(1, record=True, record_max_bytes=8192) as (gw,):
+        async with Client(gw.url, token=alice) as client:  # --record: no configure needed
+            sid = client.session_id
+            for _ in range(3):
+                answer = [e async for e in client.send("/long 3")]
+                assert isinstance(answer[-1], Metric)  # the session goes on past the cut
+        data = await recording_of(gw, sid, alice)
+    found = records(data)
+    assert isinstance(found[0], Header)
+    assert isinstance(found[-1], Cut) and found[-1].limit == 8192
+    assert len(data) <= 8192 + len(encode_record(found[-1]))
+
+
+async def test_key_policies_record_their_keys_sessions_or_none(
+    nodes: NodesFactory, keys: Keys, tmp_path: Path
+) -> None:
+    policy = tmp_path / "policy.toml"
+    policy.write_text("[alice]\nrecord = true\n\n[bob]\nrecord = false\n")
+    alice, bob = keys.keys["alice"], keys.keys["bob"]
+    async with nodes(1, record=True, key_policy_file=str(policy)) as (gw,):
+        async with Client(gw.url, token=alice) as client:
+            sid = client.session_id
+            async for _ in client.send("hello"):
+                pass
+        assert records(await recording_of(gw, sid, alice))
+        async with Client(gw.url, token=bob) as client:
+            with pytest.raises(ConfigureRefused, match="record = false"):
+                await client.configure(record=True)
+            async for _ in client.send("hello"):
+                pass
+            sid = client.session_id
+        with pytest.raises(RecordingError, match="not recorded"):
+            await recording_of(gw, sid, bob)

@@ -1,0 +1,77 @@
+"""A recording read into a replay's plan: each user action at its anchor (no sockets)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+import pytest
+
+from gateway.client.replay_plan import Anchor, PlanError, plan_replay
+from protocol.recording import ClientAudio, ClientCommand, Header, Logged, Record, encode_record
+
+
+def event(t: float, seq: int, **fields: Any) -> Logged:
+    return Logged(t=t, event=msgspec.Raw(msgspec.json.encode({**fields, "seq": seq})))
+
+
+def command(t: float, seq: int, **message: Any) -> ClientCommand:
+    return ClientCommand(t=t, seq=seq, message=msgspec.Raw(msgspec.json.encode(message)))
+
+
+def recording(*records: Record) -> bytes:
+    head = Header(t=0.0, session_id="s1", node="n1", provider="sim", model="sim")
+    return b"".join(encode_record(r) for r in (head, *records))
+
+
+METRIC = {"type": "metric", "step": {"input": 1, "output": 1}, "total": {"input": 1, "output": 1}}
+CALL = {"type": "call", "content": '{"name": "confirm", "args": {}}', "id": "call_7"}
+
+
+def a_session() -> bytes:
+    """Hello; a turn with a client call answered, cancelled mid-answer; spoken audio."""
+    return recording(
+        command(1.0, 0, type="user", content="hello"),
+        event(1.01, 1, type="user", content="hello"),
+        event(1.02, 2, type="respond", content="Echo: hello"),
+        event(1.03, 3, type="end"),
+        event(1.03, 4, **METRIC),
+        command(3.0, 4, type="user", content="/long 9"),
+        event(3.01, 5, type="user", content="/long 9"),
+        event(3.02, 6, **CALL, runs_on="client"),
+        command(3.5, 6, type="tool_result", id="call_7", status="success", content=True),
+        event(3.6, 7, type="respond", content="Here"),
+        command(3.65, 7, type="cancel"),
+        event(3.7, 8, type="cancelled"),
+        event(3.7, 9, **METRIC),
+        ClientAudio(t=5.0, id=1, seq=9, rate=16000, pcm=b"\x00\x01" * 160),
+        ClientAudio(t=5.01, id=2, seq=9, rate=16000, pcm=b"\x00\x02" * 160),
+        ClientAudio(t=9.0, id=3, seq=9, rate=16000, pcm=b"\x00\x03" * 160),
+    )
+
+
+def test_each_action_is_anchored_where_the_recorded_session_was() -> None:
+    plan = plan_replay(a_session())
+    kinds = [(a.kind, a.anchor, round(a.delay, 2)) for a in plan.actions]
+    assert kinds == [
+        ("user", Anchor(0, 0, True), 1.0),  # before any turn
+        ("user", Anchor(1, 4, True), 1.97),  # after turn 1 closed
+        ("tool_result", Anchor(2, 0, False), 0.48),  # the call's place, as long after it
+        ("cancel", Anchor(2, 3, False), 0.05),  # after the same words
+        ("audio", Anchor(2, 5, True), 1.3),  # one run, then another after a gap
+        ("audio", Anchor(2, 5, True), 5.3),
+    ]
+    answer = plan.actions[2]
+    assert answer.call == (2, 0) and answer.message is not None
+    assert [len(a.audio.chunks) for a in plan.actions if a.audio is not None] == [2, 1]
+
+
+def test_a_fork_keeps_what_the_user_did_before_its_seq() -> None:
+    plan = plan_replay(a_session(), fork_at=4)
+    assert [a.kind for a in plan.actions] == ["user"]
+    assert max(e.seq for _, e in plan.events) == 4
+
+
+def test_a_file_that_is_not_a_recording_says_how_to_get_one() -> None:
+    with pytest.raises(PlanError, match="gateway recording get"):
+        plan_replay(b'{"type": "user"}\n')

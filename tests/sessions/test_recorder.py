@@ -1,0 +1,198 @@
+"""The flight recorder's room (``gateway.sessions.recorder``) without sockets.
+
+Recorders on the memory store: what a session's taps hand over becomes JSON
+Lines of ``protocol.recording`` records, written when a log round starts (at
+most every ``flush_every``) or at the backstop; audio is kept by size and by
+reference; secrets never reach the store; a session not stored yet holds its
+lines; a cut recording records nothing more.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import msgspec
+
+from gateway.sessions.recorder import Recorders, SessionRecorder
+from gateway.store import LogEntry, MemoryStore
+from protocol.calls import ToolCall, ToolResult
+from protocol.events import Call, Error, ToolResultMessage, UserMessage, encode
+from protocol.recording import (
+    ClientAudio,
+    ClientCommand,
+    Cut,
+    Header,
+    Logged,
+    ToolRun,
+    UpstreamFrame,
+    read_records,
+)
+from tests.edge.conftest import poll_until
+from tools.base import ToolContext
+
+SECRET = "sk-upstream-secret-42"
+
+
+def header(sid: str = "s1") -> Header:
+    return Header(session_id=sid, node="n1", provider="sim", model="sim")
+
+
+async def stored(store: MemoryStore, sid: str = "s1") -> MemoryStore:
+    await store.create_session(sid, {"owner": "k"})
+    return store
+
+
+async def written(recorders: Recorders) -> None:
+    """Until the write in flight (if any) is answered."""
+    if recorders._writing is not None:
+        await recorders._writing
+
+
+async def read(store: MemoryStore, sid: str = "s1") -> list[object]:
+    data, _ = await store.read_recording(sid, 0, 1 << 24)
+    found = list(read_records(data))
+    assert not [r for r in found if isinstance(r, str)], found
+    return found
+
+
+async def test_a_round_writes_what_the_taps_handed_over() -> None:
+    store = await stored(MemoryStore())
+    recorders = Recorders(store, limit=1 << 20, secrets=[SECRET], backstop=0.05)
+    recorder = recorders.start("s1", header())
+    tap = recorder.connected("sim", "sim")
+    tap.sent(b'{"type":"response.create"}', False)
+    tap.received(b'{"type":"response.output_text.delta","delta":"hi"}')
+    recorder.delivered([LogEntry(1, encode(Call(content='{"name":"x","args":{}}', seq=1)))])
+    recorder.heard(UserMessage(content="hello"), None, 1)
+    recorders.ride()  # a log round starts: the first write is due
+    await written(recorders)
+    kinds = [type(r).__name__ for r in await read(store)]
+    assert kinds == [
+        "Header",
+        "Connected",
+        "UpstreamFrame",
+        "UpstreamFrame",
+        "Logged",
+        "ClientCommand",
+    ]
+    assert recorders.writes == 1
+    # The next round within flush_every writes nothing; the backstop does.
+    recorder.heard(UserMessage(content="again"), None, 1)
+    recorders.ride()
+    assert recorders._writing is None
+    await poll_until(lambda: recorders.writes == 2, "the backstop writes it")
+    await written(recorders)
+    assert isinstance((await read(store))[-1], ClientCommand)
+
+
+async def test_secrets_never_reach_the_store() -> None:
+    store = await stored(MemoryStore())
+    recorders = Recorders(store, limit=1 << 20, secrets=[SECRET, "short"])
+    recorder = recorders.start("s1", header())
+    tap = recorder.connected("sim", "sim")
+    tap.received(b'{"type":"error","message":"bad key ' + SECRET.encode() + b'"}')
+    recorder.heard(UserMessage(content=f"my key is {SECRET}"), None, 0)
+    await recorders.finish(recorder)
+    data, _ = await store.read_recording("s1", 0, 1 << 20)
+    assert SECRET.encode() not in data and data.count(b"[secret]") == 2
+    assert list(read_records(data))  # still JSON Lines
+
+
+async def test_audio_frames_are_kept_by_size_and_the_users_audio_once() -> None:
+    store = await stored(MemoryStore())
+    recorders = Recorders(store, limit=1 << 20)
+    recorder = recorders.start("s1", header())
+    tap = recorder.connected("sim", "sim")
+    pcm = b"\x01\x00" * 480
+    recorder.audio_in(pcm, 24000, 3)
+    recorder.audio_in(pcm, 24000, 3)  # the same chunk again (the fast path declined it)
+    append = b'{"type":"input_audio_buffer.append","audio":"' + b"A" * 1280 + b'"}'
+    tap.sent(append, True)
+    delta = b'{"type":"response.output_audio.delta","delta":"' + b"B" * 4000 + b'"}'
+    tap.received(delta)
+    await recorders.finish(recorder)
+    found = await read(store)
+    (audio,) = [r for r in found if isinstance(r, ClientAudio)]
+    assert audio.pcm == pcm and audio.rate == 24000 and audio.id == 1
+    out, into = [r for r in found if isinstance(r, UpstreamFrame)]
+    assert (out.elided, out.ref, out.bytes) == ("audio", 1, len(append))
+    assert (into.elided, into.bytes, into.ref) == ("audio", len(delta), 0)
+
+
+async def test_all_audio_keeps_the_frames_whole() -> None:
+    store = await stored(MemoryStore())
+    recorders = Recorders(store, limit=1 << 20, audio="all")
+    recorder = recorders.start("s1", header())
+    delta = b'{"type":"response.output_audio.delta","delta":"' + b"B" * 4000 + b'"}'
+    recorder.connected("sim", "sim").received(delta)
+    await recorders.finish(recorder)
+    (frame,) = [r for r in await read(store) if isinstance(r, UpstreamFrame)]
+    assert frame.elided == "" and bytes(frame.frame) == delta
+
+
+async def test_a_session_not_stored_yet_holds_its_lines() -> None:
+    store = MemoryStore()
+    recorders = Recorders(store, limit=1 << 20)
+    recorder = recorders.start("s1", header())
+    recorders.ride()
+    await written(recorders)
+    assert await store.read_recording("s1", 0, 100) == (b"", 0)
+    await stored(store)  # its first turn stores it
+    recorder.heard(UserMessage(content="hello"), None, 0)
+    await recorders.finish(recorder)
+    kinds = [type(r) for r in await read(store)]
+    assert kinds == [Header, ClientCommand]
+
+
+async def test_a_cut_recording_records_nothing_more() -> None:
+    store = await stored(MemoryStore())
+    recorders = Recorders(store, limit=4096)
+    recorder = recorders.start("s1", header())
+    recorder.connected("sim", "sim").received(b'{"type":"x","pad":"' + b"p" * 5000 + b'"}')
+    recorders.ride()
+    await written(recorders)
+    assert recorder.stopped
+    recorder.heard(UserMessage(content="hello"), None, 0)  # ignored
+    found = await read(store)
+    assert [type(r) for r in found] == [Cut] and found[0].limit == 4096  # type: ignore[union-attr]
+
+
+async def test_tool_calls_are_recorded_with_outcome_and_duration() -> None:
+    store = await stored(MemoryStore())
+    recorders = Recorders(store, limit=1 << 20)
+    recorder = recorders.start("s1", header())
+    observe = recorder.observe_tools(None)
+    context = ToolContext(Path("."), "s1", call_id="call_3")
+    with observe(ToolCall("list", {"path": "."}), context) as seen:
+        seen(ToolResult(tool="list", status="success", content=["a"]))
+    # A client-side call: from its delivery to the client's answer.
+    call = Call(content='{"name": "confirm", "args": {"q": 1}}', id="call_7", runs_on="client")
+    call.seq = 5
+    recorder.delivered([LogEntry(5, encode(call))])
+    recorder.heard(ToolResultMessage("call_7", "success", True), None, 5)
+    recorder.heard(
+        ToolResultMessage("call_9", "success", True),
+        Error(code="unknown_call", content="no such call"),
+        5,
+    )
+    await recorders.finish(recorder)
+    found = await read(store)
+    server, client = [r for r in found if isinstance(r, ToolRun)]
+    assert (server.name, server.runs_on, server.status, server.id) == (
+        "list",
+        "gateway",
+        "success",
+        "call_3",
+    )
+    assert msgspec.json.decode(server.args) == {"path": "."}
+    assert (client.name, client.runs_on, client.id) == ("confirm", "client", "call_7")
+    assert msgspec.json.decode(client.args) == {"q": 1} and client.duration_ms >= 0
+    refused = [r for r in found if isinstance(r, ClientCommand)][-1]
+    assert refused.refused == "unknown_call"
+    assert [r for r in found if isinstance(r, Logged)]
+
+
+async def test_the_recorder_stamps_are_wall_clock_times() -> None:
+    recorder: SessionRecorder = Recorders(MemoryStore(), limit=1 << 20).start("s1", header())
+    assert abs(recorder.now() - time.time()) < 1.0

@@ -191,7 +191,13 @@ class Node:
     # ------------------------------------------------------------------ sessions
 
     def new_session_id(self) -> str:
-        return secrets.token_urlsafe(18)
+        """24 URL-safe characters (144 random bits), never starting with ``-``:
+        an id is typed after command-line flags (``gateway recording get ID``),
+        where a leading dash reads as an option."""
+        while True:
+            sid = secrets.token_urlsafe(18)
+            if not sid.startswith("-"):
+                return sid
 
     async def create_session(self, owner: str = "") -> SessionRuntime:
         """A new session driven by this node, not stored until ``record_session``.

@@ -17,6 +17,7 @@ from protocol.calls import ToolCall, ToolResult
 from protocol.journal import idempotency_key
 from tools.base import ToolContext
 from tools.builtin import default_registry
+from tools.builtin.phone import phone_tools
 from tools.done_markers import MARKER_DIR
 from tools.executor import Executor
 from tools.providers.http import HttpTool, HttpToolSpec, http_client
@@ -100,3 +101,40 @@ async def test_a_failed_run_is_not_recorded(tmp_path: Path) -> None:
     (tmp_path / "a.txt").write_text("x")
     [done] = await executor.run_batch(edit, ctx, ids=("call_1",))
     assert done.status == "success" and (tmp_path / "a.txt").read_text() == "y"
+
+
+class _CountingCall:
+    """A phone edge that counts what the call tools ask of it."""
+
+    def __init__(self) -> None:
+        self.asked: list[tuple[str, str]] = []
+
+    async def end_call(self, session_id: str) -> str:
+        self.asked.append(("end", session_id))
+        return "the call ended"
+
+    async def transfer_call(self, session_id: str, to: str) -> str:
+        self.asked.append(("transfer", to))
+        return f"transferring to {to}"
+
+    async def send_dtmf(self, session_id: str, digits: str) -> str:
+        self.asked.append(("dtmf", digits))
+        return f"pressed {digits}"
+
+
+async def test_a_rerun_of_a_finished_call_tool_does_not_act_on_the_call_again(
+    tmp_path: Path,
+) -> None:
+    control = _CountingCall()
+    executor = Executor(Registry(phone_tools(control)))
+    ctx = ToolContext(workspace=tmp_path, session_id="sess-7")
+    calls = [
+        ToolCall("send_dtmf", {"digits": "12#"}),
+        ToolCall("transfer_call", {"to": "+15551234567"}),
+    ]
+    first = await executor.run_batch(calls, ctx, ids=("call_1", "call_2"))
+    again = await executor.run_batch(calls, ctx, ids=("call_1", "call_2"))  # a takeover's rerun
+    assert again == first and all(r.status == "success" for r in first)
+    assert control.asked == [("dtmf", "12#"), ("transfer", "+15551234567")]
+    await executor.run_batch([ToolCall("end_call", {})], ctx, ids=("call_3",))
+    assert control.asked[-1] == ("end", "sess-7")  # another call acts

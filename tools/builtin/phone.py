@@ -6,6 +6,11 @@ the session they run for through ``CallControl``, which the gateway's phone
 edge implements (``gateway.phone.control``): this package knows nothing of
 carriers. A session with no call on the node that runs the tool gets a
 failure that says so.
+
+Each acts in the world once per call (``journaled``): a node taking the
+session over after the first run finished returns that run's result, so a
+rerun never hangs up, transfers or dials keys on the call a second time (or
+on the call back that took the first one's place).
 """
 
 from __future__ import annotations
@@ -68,6 +73,7 @@ class EndCallTool(Tool[EndCallArgs]):
         "heard what you said."
     )
     args_type = EndCallArgs
+    journaled = True
 
     def __init__(self, control: CallControl) -> None:
         self.control = control
@@ -83,6 +89,7 @@ class TransferCallTool(Tool[TransferCallArgs]):
         "Tell the caller first: the transfer starts once they have heard it."
     )
     args_type = TransferCallArgs
+    journaled = True
 
     def __init__(self, control: CallControl) -> None:
         self.control = control
@@ -97,6 +104,7 @@ class SendDtmfTool(Tool[SendDtmfArgs]):
         "Press telephone keys on the call (touch tones), e.g. to answer an automated menu."
     )
     args_type = SendDtmfArgs
+    journaled = True
 
     def __init__(self, control: CallControl) -> None:
         self.control = control

@@ -285,6 +285,9 @@ class HttpApi:
         holding the page in the node's memory for as long as it likes.
         """
         response = await self._answer(request, handler)
+        # A refusal raised past ``_cors`` carries its CORS headers too: a page of
+        # an allowed origin reads why it was refused (404, 401…), not a network error.
+        self._allow_origin(request, response)
         transport = request.transport
         try:
             async with asyncio.timeout(self.config.body_timeout):
@@ -347,11 +350,16 @@ class HttpApi:
             response.headers["Access-Control-Max-Age"] = "600"
         else:
             response = await handler(request)
+        self._allow_origin(request, response)
+        return response
+
+    def _allow_origin(self, request: web.Request, response: web.StreamResponse) -> None:
+        """The CORS headers of an answer to a page of an allowed origin (else none)."""
+        origin = request.headers.get("Origin")
         if origin is not None and self._origin_allowed(origin):
             response.headers["Access-Control-Allow-Origin"] = origin
             response.headers["Access-Control-Expose-Headers"] = "X-Next-Offset, X-Has-More, Link"
             response.headers["Vary"] = "Origin"
-        return response
 
     # ------------------------------------------------------------------ checks
 

@@ -359,6 +359,72 @@ def test_session_controls_export_resume_and_delete(
     expect(page.locator("#state")).to_have_text("disconnected")
 
 
+def test_the_recording_timeline_shows_tool_runs_and_latencies_and_downloads_for_replay(
+    open_context: OpenContext, start_gateway: StartGateway
+) -> None:
+    port = free_port()
+    start_gateway(
+        "--port",
+        str(port),
+        "--api-port",
+        "0",
+        "--allowed-origins",
+        f"http://127.0.0.1:{port}",
+        "--record",
+    )
+    page = open_context()
+    page.goto(f"http://127.0.0.1:{port}/")
+    page.wait_for_function("() => window.rtgw.state === 'connected'")
+    send(page, '/tool list {"path": "."}')
+    wait_turn_over(page)
+    show(page, "Session", "desktop")
+    pane = page.locator("#session-pane")
+    timeline = pane.get_by_role("list", name="Recording timeline")
+    # The recorder writes within a second of what happened: show it again until
+    # the turn's tool run is there, as a user would.
+    for _ in range(30):
+        pane.get_by_role("button", name="Show recording").click()
+        expect(pane.locator("#recording-hint")).to_contain_text("records")
+        if (
+            timeline.locator(".tl-tool").count()
+            and timeline.locator(".tl-label", has_text="event end").count()
+        ):
+            break
+        page.wait_for_timeout(300)  # a user's pause before showing it again
+    expect(timeline.locator(".tl-tool .tl-label")).to_have_text("tool list (gateway)")
+    expect(timeline.locator(".tl-tool .tl-note")).to_contain_text("ms")
+    expect(timeline.locator(".tl-note", has_text="first output +").first).to_be_visible()
+    expect(timeline.locator(".tl-label", has_text="→ provider").first).to_be_visible()
+    expect(pane.locator("#recording-hint")).to_contain_text("records")
+    shot(page, "desktop-light-9-recording")
+    with page.expect_download() as info:
+        pane.get_by_role("button", name="Download .jsonl").click()
+    lines = Path(info.value.path()).read_text().splitlines()
+    records = [json.loads(line) for line in lines]
+    assert records[0]["kind"] == "header"
+    assert records[0]["session_id"] == page.evaluate("window.rtgw.sessionId")
+    assert any(r["kind"] == "tool" and r["name"] == "list" for r in records)
+
+
+def test_a_session_that_is_not_recorded_says_how_to_record_it(
+    open_context: OpenContext, start_gateway: StartGateway
+) -> None:
+    port = free_port()
+    start_gateway(
+        "--port", str(port), "--api-port", "0", "--allowed-origins", f"http://127.0.0.1:{port}"
+    )
+    page = open_context(allow=(r"status of 404",))
+    page.goto(f"http://127.0.0.1:{port}/")
+    page.wait_for_function("() => window.rtgw.state === 'connected'")
+    send(page, "hello")
+    wait_turn_over(page)
+    show(page, "Session", "desktop")
+    pane = page.locator("#session-pane")
+    pane.get_by_role("button", name="Show recording").click()
+    expect(pane.locator("#recording-hint")).to_contain_text("is not recorded: record it with")
+    expect(pane.get_by_role("button", name="Download .jsonl")).to_be_disabled()
+
+
 def test_approvals_show_the_exact_arguments_and_background_calls_their_progress(
     open_context: OpenContext, start_gateway: StartGateway, tmp_path: Path
 ) -> None:

@@ -25,7 +25,10 @@ from tests.browser.conftest import StartGateway
         ("/static/markdown.js", "text/javascript; charset=utf-8", b"export function markdown"),
         ("/static/dom.js", "text/javascript; charset=utf-8", b"export function h"),
         ("/static/mic-worklet.js", "text/javascript; charset=utf-8", b"registerProcessor"),
+        ("/static/recording.js", "text/javascript; charset=utf-8", b"export function timelineRows"),
         ("/client.js", "text/javascript; charset=utf-8", b"export class Client"),
+        ("/errors.js", "text/javascript; charset=utf-8", b"export class ClientError"),
+        ("/socket.js", "text/javascript; charset=utf-8", b"export function openSocket"),
         ("/client.d.ts", "text/plain; charset=utf-8", b"export class Client"),
     ],
 )

@@ -83,6 +83,7 @@ _ASSETS: Final[dict[str, tuple[str, str]]] = {
     "/static/app.js": ("app.js", _JS),
     "/static/conversation.js": ("conversation.js", _JS),
     "/static/inspector.js": ("inspector.js", _JS),
+    "/static/recording.js": ("recording.js", _JS),
     "/static/settings.js": ("settings.js", _JS),
     "/static/voice.js": ("voice.js", _JS),
     "/static/markdown.js": ("markdown.js", _JS),

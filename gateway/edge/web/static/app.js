@@ -10,6 +10,13 @@
 import { Client, ClientError, RefusedError } from "/client.js";
 import { Conversation } from "/static/conversation.js";
 import { $, copyText, download, fmtCost, fmtCount, fmtMs, toast } from "/static/dom.js";
+import {
+  downloadRecording,
+  fetchRecording,
+  parseRecording,
+  renderTimeline,
+  timelineRows,
+} from "/static/recording.js";
 import { Inspector } from "/static/inspector.js";
 import { Settings } from "/static/settings.js";
 import { Voice } from "/static/voice.js";
@@ -48,6 +55,10 @@ const ui = {
   exportButton: $("export"),
   deleteButton: $("delete-session"),
   deleteHint: $("delete-hint"),
+  loadRecording: $("load-recording"),
+  downloadRecording: $("download-recording"),
+  recordingHint: $("recording-hint"),
+  recordingTimeline: $("recording-timeline"),
   resumeForm: $("resume-form"),
   resumeId: $("resume-id"),
   gatewayUrl: $("gateway-url"),
@@ -74,6 +85,9 @@ const ui = {
   lastSeq: $("last-seq"),
   tokens: $("tokens"),
 };
+
+/** The recording last shown (its session, its JSON Lines), for the download. */
+const recording = { sid: null, text: "", note: "" };
 
 // ------------------------------------------------------------------ state
 
@@ -475,6 +489,17 @@ function updateControls() {
   ui.deleteHint.textContent = api
     ? `Deletes it on every node through the HTTP API (${api}); its clients are closed with 4404.`
     : "Delete needs the node's HTTP API: start it with --api-port.";
+  ui.loadRecording.disabled = !api || !conn.sessionId;
+  if (recording.sid && recording.sid !== conn.sessionId) {
+    Object.assign(recording, { sid: null, text: "", note: "" }); // another session now
+    ui.recordingTimeline.replaceChildren();
+    ui.downloadRecording.disabled = true;
+  }
+  ui.recordingHint.textContent =
+    recording.note ||
+    (api
+      ? "What crossed every wire of this session, if it is recorded (configure record, a key policy, or serve --record)."
+      : "The recording is read through the node's HTTP API: start it with --api-port.");
   ui.app.classList.toggle("running", conn.turnRunning);
 }
 
@@ -537,6 +562,37 @@ async function deleteSession() {
   conversation.note(`Delete refused: ${message}`, "bad");
 }
 
+async function showRecording() {
+  const api = apiBase();
+  const sid = conn.sessionId;
+  if (!api || !sid) return;
+  ui.loadRecording.disabled = true;
+  ui.recordingHint.textContent = "Reading the recording…";
+  try {
+    const { text, truncated } = await fetchRecording(api, sid, ui.token.value.trim());
+    const records = parseRecording(text);
+    renderTimeline(ui.recordingTimeline, timelineRows(records));
+    const note =
+      `${records.length} records` +
+      (truncated ? " (the first 16 MB: download it through the API for the rest)" : "") +
+      " (what happened in the last second is still being written: show it again to see it)." +
+      " Replay it with: gateway replay FILE --url ws://…";
+    Object.assign(recording, { sid, text, note });
+    ui.downloadRecording.disabled = false;
+  } catch (exc) {
+    const note =
+      exc instanceof TypeError
+        ? `The browser could not call ${api}: the HTTP API answers pages of --allowed-origins only (add ${location.origin}).`
+        : `No recording: ${exc.message}`;
+    Object.assign(recording, { sid, text: "", note });
+    ui.recordingTimeline.replaceChildren();
+    ui.downloadRecording.disabled = true;
+  } finally {
+    ui.loadRecording.disabled = false;
+    ui.recordingHint.textContent = recording.note;
+  }
+}
+
 function exportTranscript() {
   download(`rtgw-session-${conn.sessionId ?? "none"}.json`, {
     session_id: conn.sessionId,
@@ -590,6 +646,10 @@ ui.copySession.addEventListener("click", async () => {
   if (conn.sessionId) toast((await copyText(conn.sessionId)) ? "Session id copied" : "Copy failed");
 });
 ui.exportButton.addEventListener("click", exportTranscript);
+ui.loadRecording.addEventListener("click", showRecording);
+ui.downloadRecording.addEventListener("click", () =>
+  downloadRecording(`rtgw-recording-${recording.sid}.jsonl`, recording.text),
+);
 ui.deleteButton.addEventListener("click", () => deleteSession());
 ui.resumeForm.addEventListener("submit", (e) => {
   e.preventDefault();

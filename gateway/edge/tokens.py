@@ -26,14 +26,11 @@ Pure: no I/O, no clock that is not passed in.
 
 from __future__ import annotations
 
-import base64
-import binascii
-import hashlib
-import hmac
-import secrets
 from typing import Final
 
 import msgspec
+
+from gateway.signing import new_secret, seal, unseal
 
 __all__ = [
     "TOKEN_PREFIX",
@@ -77,23 +74,6 @@ _encode = msgspec.json.Encoder().encode
 _decode = msgspec.json.Decoder(ClientToken).decode
 
 
-def _b64(data: bytes) -> str:
-    return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
-
-
-def _unb64(text: str) -> bytes:
-    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
-
-
-def _sign(secret: bytes, payload: str) -> str:
-    return _b64(hmac.new(secret, payload.encode("ascii"), hashlib.sha256).digest())
-
-
-def new_secret() -> bytes:
-    """A fresh signing secret (32 random bytes)."""
-    return secrets.token_bytes(32)
-
-
 def is_client_token(credential: str) -> bool:
     """Whether a presented credential is a client token (else it is an API key)."""
     return credential.startswith(TOKEN_PREFIX)
@@ -112,10 +92,11 @@ def mint_token(
     API key of digest ``key_digest`` is issued ("": no key, auth is off);
     ``approve``: its connections may decide on calls that wait for approval."""
     claims = ClientToken(sid=sid, key=key, exp=expires_at, kd=key_digest, ap=approve)
-    payload = _b64(_encode(claims))
-    return f"{TOKEN_PREFIX}{payload}.{_sign(secret, payload)}"
+    return seal(secret, TOKEN_PREFIX, _encode(claims), bind_prefix=False)
 
 
+_MAX_LEN: Final = 4096
+"""Longer than any token this gateway mints (a session id, a key id, two digests)."""
 _EXPIRED: Final = (
     "this client token has expired; ask the app's backend for a new one "
     "(POST /v1/sessions, or its own endpoint that makes one)"
@@ -132,16 +113,12 @@ def verify_token(secrets_: tuple[bytes, ...], token: str, now: float) -> ClientT
     Several secrets let an operator rotate: new tokens are signed with the
     first, tokens signed with the others stay valid until they expire.
     """
-    if not token.startswith(TOKEN_PREFIX) or not token.isascii():
-        return TokenRefused(_BAD)
-    payload, dot, signature = token[len(TOKEN_PREFIX) :].partition(".")
-    if not dot or not payload or not signature:
-        return TokenRefused(_BAD)
-    if not any(hmac.compare_digest(_sign(s, payload), signature) for s in secrets_):
+    sealed = unseal(secrets_, TOKEN_PREFIX, token, bind_prefix=False, max_len=_MAX_LEN)
+    if sealed is None:
         return TokenRefused(_BAD)
     try:
-        claims = _decode(_unb64(payload))
-    except (binascii.Error, ValueError, msgspec.DecodeError):
+        claims = _decode(sealed)
+    except (ValueError, msgspec.DecodeError):
         return TokenRefused(_BAD)
     if claims.v != _VERSION:
         return TokenRefused(_BAD)

@@ -21,14 +21,12 @@ edge's, ``gateway.phone.admission``).
 
 from __future__ import annotations
 
-import base64
-import binascii
-import hashlib
-import hmac
 import secrets
 from typing import Final
 
 import msgspec
+
+from gateway.signing import seal, unseal
 
 __all__ = ["STREAM_TOKEN_PREFIX", "StreamToken", "mint_stream_token", "verify_stream_token"]
 
@@ -51,22 +49,12 @@ _encode = msgspec.json.Encoder().encode
 _decode = msgspec.json.Decoder(StreamToken).decode
 
 
-def _b64(data: bytes) -> str:
-    return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
-
-
-def _sign(secret: bytes, payload: str) -> str:
-    signed = (STREAM_TOKEN_PREFIX + payload).encode("ascii")
-    return _b64(hmac.new(secret, signed, hashlib.sha256).digest())
-
-
 def mint_stream_token(
     secret: bytes, key: str, expires_at: float, *, sid: str = "", call: str = ""
 ) -> str:
     """A token that opens one media stream for ``key``'s session until ``expires_at``."""
     claims = StreamToken(key=key, exp=expires_at, n=secrets.token_urlsafe(12), sid=sid, call=call)
-    payload = _b64(_encode(claims))
-    return f"{STREAM_TOKEN_PREFIX}{payload}.{_sign(secret, payload)}"
+    return seal(secret, STREAM_TOKEN_PREFIX, _encode(claims), bind_prefix=True)
 
 
 _BAD: Final = (
@@ -82,16 +70,12 @@ _EXPIRED: Final = (
 def verify_stream_token(secrets_: tuple[bytes, ...], token: str, now: float) -> StreamToken | str:
     """The token's claims if one of ``secrets_`` signed it and it has not expired;
     else why not (whether it was used already is the store's to say)."""
-    if not token.startswith(STREAM_TOKEN_PREFIX) or not token.isascii() or len(token) > 2048:
-        return _BAD
-    payload, dot, signature = token[len(STREAM_TOKEN_PREFIX) :].partition(".")
-    if not dot or not payload or not signature:
-        return _BAD
-    if not any(hmac.compare_digest(_sign(s, payload), signature) for s in secrets_):
+    sealed = unseal(secrets_, STREAM_TOKEN_PREFIX, token, bind_prefix=True, max_len=2048)
+    if sealed is None:
         return _BAD
     try:
-        claims = _decode(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
-    except (binascii.Error, ValueError, msgspec.DecodeError):
+        claims = _decode(sealed)
+    except (ValueError, msgspec.DecodeError):
         return _BAD
     if now >= claims.exp:
         return _EXPIRED

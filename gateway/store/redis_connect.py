@@ -23,6 +23,10 @@ from redis.backoff import ExponentialBackoff, NoBackoff
 
 from gateway.store.redis_topology import ClusterTopology, SingleTopology, Topology
 
+# redis-py 8.1 leaves Sentinel's constructor unannotated and 8.2 annotates it:
+# a call through this typed name type-checks on both without a ``type: ignore``.
+_new_sentinel: Callable[..., Sentinel] = Sentinel
+
 __all__ = [
     "CLUSTER_SCHEMES",
     "SENTINEL_SCHEMES",
@@ -172,7 +176,7 @@ def open_redis_client(
         name, _, db = parsed.path.partition("/")
         if not name:
             raise ValueError(f"no master name in {url!r}; {_USAGE}")
-        sentinel = Sentinel(  # type: ignore[no-untyped-call]
+        sentinel = _new_sentinel(
             parsed.hosts, sentinel_kwargs={**common, "retry": Retry(NoBackoff(), 0)}
         )
         options = {**common, **_auth(parsed), **({"db": int(db)} if db else {})}
@@ -260,7 +264,7 @@ def _open_sentinel(
     # The sentinels themselves: no password, no TLS (as sentinels usually run).
     # Asking the sentinels fails over to the next one at once: redis-py's
     # default retry would back off for seconds per sentinel first.
-    sentinel = Sentinel(  # type: ignore[no-untyped-call]
+    sentinel = _new_sentinel(
         parsed.hosts,
         sentinel_kwargs={
             "socket_timeout": socket_timeout,

@@ -16,12 +16,11 @@ session's WebSocket and nothing else. Bodies and answers are JSON; every
 refusal is ``{"error": {"code", "message"}}`` with a 4xx status and a message
 naming the field and what to do.
 
-Why a second port (``--api-port``): websockets serves only ``GET`` handshakes
-(its request parser refuses other methods before any hook runs), so ``POST``
-and ``DELETE`` cannot reach the WebSocket port. aiohttp's server runs in the
-node's own event loop, next to the sessions it reads; a load balancer routes
-``/v1/sessions`` to this port and everything else to the WebSocket port, so
-browsers still see one origin (deploy/haproxy-api.cfg, deploy/nginx-api.conf).
+It is served on the gateway's own port (``gateway.edge.one_port`` hands a
+connection whose first request is not a WebSocket's ``GET`` to aiohttp's
+protocol), and also on ``--api-port`` if set (a listener of its own, for
+deployments that route ``/v1/sessions`` to a port of its own). aiohttp's
+server runs in the node's own event loop, next to the sessions it reads.
 CORS is answered for the allowed origins (``--allowed-origins``), preflights
 included.
 
@@ -216,6 +215,7 @@ class HttpApi:
             for path, handler in phone.webhooks.items():
                 app.router.add_post(path, handler)
             self.phone_paths = [PHONE_TOKENS, *phone.webhooks]
+        app.on_response_prepare.append(self._one_answer)
         self.app = app
         self._runner: web.AppRunner | None = None
         self._server: asyncio.Server | None = None
@@ -224,8 +224,21 @@ class HttpApi:
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
-        """Listen on ``host:api_port`` (with ``reuse_port``, workers share it)."""
+        """Ready to serve the gateway's port (``protocol``); with ``api_port`` set, also
+        listen on ``host:api_port`` (with ``reuse_port``, workers share it)."""
         cfg = self.config
+        # aiohttp's keep-alive timer runs from the connection's start and from each
+        # answer to the next request's headers: it is the header timeout.
+        runner = web.AppRunner(
+            self.app,
+            access_log=None,
+            handle_signals=False,
+            keepalive_timeout=cfg.header_timeout,
+        )
+        await runner.setup()
+        self._runner = runner
+        if cfg.api_port is None:
+            return
         # A socket of our own: its address is known (api_port 0) with no private API.
         host = cfg.host or "0.0.0.0"
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -239,23 +252,32 @@ class HttpApi:
         except OSError:
             sock.close()
             raise
-        # aiohttp's keep-alive timer runs from the connection's start and from each
-        # answer to the next request's headers: it is the header timeout.
-        runner = web.AppRunner(
-            self.app,
-            access_log=None,
-            handle_signals=False,
-            keepalive_timeout=cfg.header_timeout,
-        )
-        await runner.setup()
-        make_protocol = runner.server  # aiohttp's web.Server is a protocol factory
-        assert make_protocol is not None
-        pending = self.edges.pending
         self._server = await asyncio.get_running_loop().create_server(
-            lambda: WatchedProtocol(make_protocol(), pending), sock=sock, backlog=1024
+            self.protocol, sock=sock, backlog=1024
         )
-        self._runner, self._socket = runner, sock
+        self._socket = sock
         log.info("HTTP API on http://%s:%d%s", host, self.port, API_PREFIX)
+
+    def protocol(self) -> asyncio.Protocol:
+        """A connection's protocol (``start`` first), counted as pending until it authenticates."""
+        assert self._runner is not None and self._runner.server is not None, "start() first"
+        # aiohttp's web.Server is a protocol factory.
+        return WatchedProtocol(self._runner.server(), self.edges.pending)
+
+    @property
+    def own_port(self) -> int | None:
+        """The port of ``--api-port``'s listener; none when the API is on the gateway's only."""
+        return self.port if self._socket is not None else None
+
+    async def _one_answer(self, request: web.Request, response: web.StreamResponse) -> None:
+        """On the gateway's port, one answer per connection: a browser may send the next
+        ``GET`` of a page down a kept-alive connection, and pages are websockets'."""
+        transport = request.transport
+        sockname = transport.get_extra_info("sockname") if transport is not None else None
+        own = self.own_port
+        if own is None or not isinstance(sockname, tuple) or sockname[1] != own:
+            response.force_close()  # the connection closes after this answer
+            response.headers["Connection"] = "close"  # (headers are made before this hook)
 
     @property
     def port(self) -> int:

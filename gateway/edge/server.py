@@ -5,8 +5,9 @@ process is alive, ``GET /readyz`` whether it would serve a new client (503 while
 draining, full, short of file descriptors, or its store is unreachable:
 ``gateway.edge.health``), and
 ``GET /metrics`` serves Prometheus. The HTTP API (``POST``/``GET``/``DELETE``
-``/v1/sessions``: ``gateway.edge.api``) listens on ``--api-port``: websockets
-serves GET handshakes only.
+``/v1/sessions``: ``gateway.edge.api``) is served on the same port: websockets
+serves GET handshakes only, so ``gateway.edge.one_port`` reads each
+connection's first request head and hands it to websockets or to aiohttp.
 Everything a handshake can refuse (unknown path, bad query, unknown or foreign
 session) is refused with an HTTP status before the WebSocket opens, so a
 client learns what was wrong without parsing a close frame.
@@ -21,14 +22,16 @@ import http
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, MutableMapping
-from typing import Final, Literal
+from collections.abc import Callable, Iterator, MutableMapping, Sequence
+from typing import Any, Final, Literal, cast
 from urllib.parse import parse_qs, urlsplit
 
 import msgspec
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.datastructures import Headers, MultipleValuesError
 from websockets.http11 import Request, Response
+from websockets.server import ServerProtocol
+from websockets.typing import Subprotocol
 
 from gateway.config import Config
 from gateway.edge import web
@@ -38,6 +41,7 @@ from gateway.edge.closes import CloseCode, close_reason
 from gateway.edge.connection import ClientConnection
 from gateway.edge.health import Descriptors, StoreProbe
 from gateway.edge.media_streams import MediaStreamsFactory
+from gateway.edge.one_port import Sniffer
 from gateway.edge.pending import PendingConnections
 from gateway.sessions.port import NodePort
 from gateway.store.base import StoreUnavailable
@@ -177,10 +181,8 @@ class Gateway:
         self.descriptors = Descriptors()
         # Carriers' media streams (/v1/phone/CARRIER): phone calls as session clients.
         self.phone = phone(self.edges) if phone is not None else None
-        # The HTTP API (POST/GET/DELETE /v1/sessions) on its own port, if configured.
-        self.api = (
-            HttpApi(node, self.edges, self.phone) if self.config.api_port is not None else None
-        )
+        # The HTTP API (POST/GET/DELETE /v1/sessions): on this port, and on --api-port if set.
+        self.api = HttpApi(node, self.edges, self.phone)
         # The console's policy (it may call the HTTP API) and what it may configure.
         self.page_policy = web.content_security_policy(self.config.api_port)
         self.offer = web.offer_of(self.config, auth=self.edges.auth_on)
@@ -197,26 +199,32 @@ class Gateway:
 
     @property
     def api_url(self) -> str:
-        """``http://HOST:API_PORT`` (the API's paths start with ``/v1/sessions``)."""
-        assert self.api is not None, "the HTTP API is off: set api_port"
-        return f"http://{self.config.host}:{self.api.port}"
+        """``http://HOST:PORT`` of the HTTP API (the API's paths start with ``/v1/sessions``):
+        ``--api-port``'s listener if set, else the gateway's own port."""
+        port = self.api.own_port or self.port
+        return f"http://{self.config.host}:{port}"
+
+    @property
+    def http_url(self) -> str:
+        """``http://HOST:PORT``: the gateway's one port, for HTTP."""
+        return f"http://{self.config.host}:{self.port}"
 
     async def start(self) -> None:
         cfg = self.config
         self.node.start()
         try:
+            await self.api.start()
+        except OSError as exc:
+            raise ListenFailed(exc, "--api-port", cfg.host, cfg.api_port or 0) from exc
+        try:
             self.server = await self._listen()
         except OSError as exc:
+            await self.api.close()
             raise ListenFailed(exc, "--port", cfg.host, cfg.port) from exc
         self.edges.start()
-        if self.api is not None:
-            try:
-                await self.api.start()
-            except OSError as exc:
-                raise ListenFailed(exc, "--api-port", cfg.host, cfg.api_port or 0) from exc
-            # Its actual port (api_port 0 picks one): the console may call it.
-            self.offer = msgspec.structs.replace(self.offer, api_port=self.api.port)
-            self.page_policy = web.content_security_policy(self.api.port)
+        if self.api.own_port is not None:  # its actual port (api_port 0 picks one)
+            self.offer = msgspec.structs.replace(self.offer, api_port=self.api.own_port)
+            self.page_policy = web.content_security_policy(self.api.own_port)
         log.info("listening on %s (node %s)", self.url, self.node.node_id)
 
     async def _listen(self) -> Server:
@@ -231,17 +239,43 @@ class Gateway:
             ping_interval=cfg.ping_interval,
             ping_timeout=cfg.ping_timeout,
             server_header="realtime-gateway",
+            # The first request's head decides: websockets (GET) or the HTTP API.
             # One socket write per batch; counted as pending until authenticated.
-            create_connection=watched(self.edges.pending),
+            create_connection=self._shared_port(),
             # The whole handshake, from the first byte: a stalled request is closed.
             open_timeout=cfg.header_timeout,
             # Connection bursts (a load balancer moving many clients at once)
             # must queue in the kernel, not be refused.
             backlog=4096,
             reuse_port=cfg.reuse_port or None,
-            select_subprotocol=self.edges.select_subprotocol,
+            select_subprotocol=self._select_subprotocol,
             write_limit=cfg.write_limit,  # a send waits for a slow client to drain
         )
+
+    def _shared_port(self) -> type[ServerConnection]:
+        """websockets' connection factory, made to sniff first (``gateway.edge.one_port``)."""
+        ws_class = watched(self.edges.pending)
+        pending = self.edges.pending
+        timeout = self.config.header_timeout
+        api = self.api
+
+        def make(protocol: ServerProtocol, server: Server, **kwargs: Any) -> asyncio.Protocol:
+            return Sniffer(
+                ws_class(protocol, server, **kwargs),
+                api.protocol,
+                timeout=timeout,
+                on_open=pending.opened,
+                on_close=pending.settled,
+            )
+
+        # websockets calls it as it would a ServerConnection subclass: with the same arguments.
+        return cast("type[ServerConnection]", make)
+
+    def _select_subprotocol(
+        self, connection: ServerConnection, offered: Sequence[Subprotocol]
+    ) -> Subprotocol | None:
+        real = connection.websocket if isinstance(connection, Sniffer) else connection
+        return self.edges.select_subprotocol(real, offered)
 
     # ------------------------------------------------------------------ HTTP
 
@@ -503,8 +537,7 @@ class Gateway:
         await node.stop()
         if self.server is not None:
             await self.server.wait_closed()
-        if self.api is not None:
-            await self.api.close()
+        await self.api.close()
         await self.edges.close()
         if self.phone is not None:
             await self.phone.close()
@@ -515,8 +548,7 @@ class Gateway:
         if self.server is not None:
             self.server.close()
             await self.server.wait_closed()
-        if self.api is not None:
-            await self.api.close()
+        await self.api.close()
         await self.edges.close()
         await self.node.stop()
         if self.phone is not None:

@@ -42,6 +42,7 @@ from gateway.edge.connection import ClientConnection
 from gateway.edge.health import Descriptors, StoreProbe
 from gateway.edge.media_streams import MediaStreamsFactory
 from gateway.edge.one_port import Sniffer
+from gateway.edge.openai_door import OPENAI_PATH, OpenAIDoor
 from gateway.edge.pending import PendingConnections
 from gateway.sessions.port import NodePort
 from gateway.store.base import StoreUnavailable
@@ -183,6 +184,8 @@ class Gateway:
         self.phone = phone(self.edges) if phone is not None else None
         # The HTTP API (POST/GET/DELETE /v1/sessions): on this port, and on --api-port if set.
         self.api = HttpApi(node, self.edges, self.phone)
+        # The OpenAI Realtime door (/openai/v1/realtime): a codec over this node's own door.
+        self.door = OpenAIDoor(self.config, self.edges.pending)
         # The console's policy (it may call the HTTP API) and what it may configure.
         self.page_policy = web.content_security_policy(self.config.api_port)
         self.offer = web.offer_of(self.config, auth=self.edges.auth_on)
@@ -222,6 +225,7 @@ class Gateway:
             await self.api.close()
             raise ListenFailed(exc, "--port", cfg.host, cfg.port) from exc
         self.edges.start()
+        self.door.gateway_port = self.port
         if self.api.own_port is not None:  # its actual port (api_port 0 picks one)
             self.offer = msgspec.structs.replace(self.offer, api_port=self.api.own_port)
             self.page_policy = web.content_security_policy(self.api.own_port)
@@ -275,6 +279,8 @@ class Gateway:
         self, connection: ServerConnection, offered: Sequence[Subprotocol]
     ) -> Subprotocol | None:
         real = connection.websocket if isinstance(connection, Sniffer) else connection
+        if real.request is not None and urlsplit(real.request.path).path == OPENAI_PATH:
+            return self.door.select_subprotocol(offered)
         return self.edges.select_subprotocol(real, offered)
 
     # ------------------------------------------------------------------ HTTP
@@ -296,7 +302,8 @@ class Gateway:
                 self.node.metrics.render(),
             )
         phone = self.phone is not None and self.phone.handles(path)
-        if path != WS_PATH and not phone:
+        door = path == OPENAI_PATH
+        if path != WS_PATH and not phone and not door:
             if path == web.NODE_PATH:
                 return web.node_response(self.offer)
             page = web.static_response(path, self.page_policy)
@@ -326,6 +333,8 @@ class Gateway:
             )
         if phone and self.phone is not None:  # a carrier's media stream: its own checks
             return await self.phone.handshake(connection, request)
+        if door:  # the OpenAI door: checked by this node's own door, through loopback
+            return await self.door.handshake(connection, request)
         query = parse_qs(url.query)
         # Origin, API key (the principal), connection limits; freed when the connection closes.
         admitted = await self.edges.admit(
@@ -470,6 +479,9 @@ class Gateway:
     async def _handler(self, ws: ServerConnection) -> None:
         if self.phone is not None and self.phone.owns(ws):
             await self.phone.serve(ws)
+            return
+        if self.door.owns(ws):
+            await self.door.serve(ws)
             return
         hs = self._handshakes.pop(id(ws), None)
         if hs is None:  # pragma: no cover - process_request always records one

@@ -275,6 +275,12 @@ class Conversation:
         finally:
             self._seq = seq
 
+    def created(self, config: SessionConfig) -> ServerEvent:
+        """``session.created`` for a session configured before this connection (unlogged)."""
+        self._created = True
+        self.audio_out = config.output == "audio"
+        return self._ev("session.created", session=session_of(config, self.sid, self.model))
+
     # ------------------------------------------------------------ client → session
 
     def client(self, event: ClientEvent | BadEvent, *, model_route: tuple[str, str]) -> Emit:

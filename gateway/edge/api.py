@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import http
 import logging
 import socket
@@ -51,6 +52,7 @@ from gateway.config import Config
 from gateway.edge.admission import ANY_ORIGIN, Edges
 from gateway.edge.auth import ANONYMOUS, KeyStoreUnavailable
 from gateway.edge.media_streams import MediaStreams
+from gateway.edge.openai_secrets import OPENAI_CLIENT_SECRETS, client_secret
 from gateway.edge.pending import WatchedProtocol
 from gateway.edge.tokens import is_client_token
 from gateway.sessions.port import CONFIG_QUOTA, UNUSED, NodePort, config_bytes
@@ -209,6 +211,8 @@ class HttpApi:
         app.router.add_get(API_PREFIX + "/{sid}/recording", self.recording)
         app.router.add_post(API_PREFIX + "/{sid}/tokens", self.mint)
         app.router.add_delete(API_PREFIX + "/{sid}", self.delete)
+        # OpenAI's ephemeral keys (gateway.edge.openai_secrets): a session and its token.
+        app.router.add_post(OPENAI_CLIENT_SECRETS, functools.partial(client_secret, self))
         self.phone_paths: list[str] = []
         if phone is not None:
             app.router.add_post(PHONE_TOKENS, self.phone_token)
@@ -472,7 +476,16 @@ class HttpApi:
     async def create(self, request: web.Request) -> web.Response:
         key_id = await self._key_id(request)
         body: CreateSession = await self._body(request, _create_decoder.decode)
-        config = apply_change(SessionConfig(), body)
+        ttl = None if body.ttl is msgspec.UNSET else body.ttl
+        minted = await self.make_session(key_id, body, ttl, approve="approve" in body.rights)
+        return _json(201, minted)
+
+    async def make_session(
+        self, key_id: str, change: ConfigChange, ttl: float | None, *, approve: bool = False
+    ) -> Minted:
+        """A new session of ``key_id`` configured by ``change``, and its client token;
+        ``Refusal`` (400/403/413/429) if the key may not have it."""
+        config = apply_change(SessionConfig(), change)
         if isinstance(config, str):
             raise Refusal(400, config)
         problem = await prepare(config.tools)  # compiled off the loop, once per schema
@@ -491,10 +504,8 @@ class HttpApi:
             with contextlib.suppress(Exception):
                 await self.node.store.release_bytes(CONFIG_QUOTA.format(key=key_id), sid)
             raise
-        ttl = None if body.ttl is msgspec.UNSET else body.ttl
-        approve = "approve" in body.rights
         token, expires_at = await self.edges.tokens.mint(sid, key_id, ttl, approve=approve)
-        return _json(201, Minted(sid, token, expires_at))
+        return Minted(sid, token, expires_at)
 
     async def _hold_quota(self, key_id: str, sid: str, size: int) -> None:
         """Count ``size`` bytes of configuration against the key's quota; 413/429 if it is full.

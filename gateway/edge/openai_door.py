@@ -27,7 +27,7 @@ import asyncio
 import contextlib
 import http
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Final
 from urllib.parse import parse_qs, quote, urlsplit
 
@@ -41,9 +41,11 @@ from websockets.typing import Subprotocol
 
 from gateway.config import Config
 from gateway.edge.pending import PendingConnections
+from gateway.edge.tokens import is_client_token
 from gateway.upstream import providers
 from gateway.upstream.models import MODELS
-from protocol.events import Session, decode_event
+from protocol.configuration import SessionConfig
+from protocol.events import Configure, Session, decode_event
 from protocol.openai_conversation import Conversation
 from protocol.openai_events import decode_client, encode
 
@@ -97,9 +99,17 @@ class _Pending(msgspec.Struct):
 class OpenAIDoor:
     """The OpenAI door of one node: handshakes, then one pump per client."""
 
-    def __init__(self, config: Config, pending: PendingConnections) -> None:
+    def __init__(
+        self,
+        config: Config,
+        pending: PendingConnections,
+        config_of: Callable[[str], Awaitable[SessionConfig | None]],
+    ) -> None:
+        """``config_of(sid)``: a session's configuration (shown by ``session.created``
+        to a client of a session made elsewhere: ``client_secrets``)."""
         self.config = config
         self.pending = pending
+        self.config_of = config_of
         self.gateway_port = 0  # set once the node listens
         self._handshakes: dict[int, _Pending] = {}
 
@@ -131,10 +141,12 @@ class OpenAIDoor:
             for p in value.split(",")
         ]
         insecure = next((p for p in offered if p.startswith(INSECURE_KEY)), None)
+        if authorization is None and insecure is not None:
+            authorization = "Bearer " + insecure[len(INSECURE_KEY) :]
         if authorization is not None:
             headers.append(("Authorization", authorization))
-        elif insecure is not None:
-            headers.append(("Authorization", "Bearer " + insecure[len(INSECURE_KEY) :]))
+        credential = (authorization or "").partition(" ")[2].strip()
+        token = is_client_token(credential)
         origin = request.headers.get("Origin")
         if origin is not None:
             headers.append(("Origin", origin))
@@ -182,7 +194,13 @@ class OpenAIDoor:
             return _error_response(503, "the gateway cannot serve this session now", "busy")
         self.pending.settled(connection.transport)  # authenticated by the inner handshake
         self._handshakes[id(connection)] = _Pending(
-            inner, first.session_id, model, route, fresh=not first.resumed, after=after
+            inner,
+            first.session_id,
+            model,
+            route,
+            # A new session is configured for ?model=; a token's was, when it was minted.
+            fresh=not sid and not token,
+            after=after,
         )
         return None
 
@@ -216,6 +234,10 @@ class OpenAIDoor:
         async def upstream() -> None:
             if state.fresh:
                 await inner.send(_command_encoder.encode(_configure(state.route)).decode())
+            elif after is None:  # a session made elsewhere (client_secrets): show it
+                config = await self.config_of(state.sid)
+                if config is not None:
+                    await send([conversation.created(config)])
             async for frame in ws:
                 if isinstance(frame, bytes):
                     frame = frame.decode("utf-8", "replace")
@@ -250,7 +272,5 @@ class OpenAIDoor:
         self._handshakes.clear()
 
 
-def _configure(route: tuple[str, str]) -> object:
-    from protocol.events import Configure
-
+def _configure(route: tuple[str, str]) -> Configure:
     return Configure(provider=route[0], model=route[1])

@@ -47,6 +47,7 @@ from gateway.edge.pending import PendingConnections
 from gateway.sessions.port import NodePort
 from gateway.store.base import StoreUnavailable
 from gateway.wsfast import BatchingConnection
+from protocol.configuration import SessionConfig, decode_config
 
 __all__ = ["Gateway", "Handshake", "ListenFailed"]
 
@@ -185,7 +186,7 @@ class Gateway:
         # The HTTP API (POST/GET/DELETE /v1/sessions): on this port, and on --api-port if set.
         self.api = HttpApi(node, self.edges, self.phone)
         # The OpenAI Realtime door (/openai/v1/realtime): a codec over this node's own door.
-        self.door = OpenAIDoor(self.config, self.edges.pending)
+        self.door = OpenAIDoor(self.config, self.edges.pending, self._config_of)
         # The console's policy (it may call the HTTP API) and what it may configure.
         self.page_policy = web.content_security_policy(self.config.api_port)
         self.offer = web.offer_of(self.config, auth=self.edges.auth_on)
@@ -274,6 +275,18 @@ class Gateway:
 
         # websockets calls it as it would a ServerConnection subclass: with the same arguments.
         return cast("type[ServerConnection]", make)
+
+    async def _config_of(self, sid: str) -> SessionConfig | None:
+        live = self.node.live_state(sid)
+        if live is not None:
+            return live[1]
+        meta = await self.node.store.get_meta(sid)
+        if meta is None:
+            return None
+        try:
+            return decode_config(meta.get("config", ""))
+        except (ValueError, TypeError):
+            return SessionConfig()
 
     def _select_subprotocol(
         self, connection: ServerConnection, offered: Sequence[Subprotocol]

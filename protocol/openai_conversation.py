@@ -28,23 +28,29 @@ The mapping (docs/openai-door.md):
 
 from __future__ import annotations
 
-from typing import Any, Final
+import base64
+import binascii
+from typing import Any
 
 import msgspec
 
-from protocol.configuration import ClientToolSpec, SessionConfig
+from protocol.configuration import InputAudio, SessionConfig
 from protocol.events import (
     Call,
     Cancel,
     Cancelled,
+    Commit,
     Configure,
     Configured,
     End,
     Error,
     Event,
     Metric,
+    Played,
     Respond,
     Session,
+    SpeechStarted,
+    SpeechStopped,
     ToolResultMessage,
     Usage,
     User,
@@ -57,21 +63,21 @@ from protocol.openai_events import (
     ConversationItemDelete,
     ConversationItemRetrieve,
     ConversationItemTruncate,
-    FunctionTool,
     InputAudioBufferAppend,
     InputAudioBufferClear,
     InputAudioBufferCommit,
     OutputAudioBufferClear,
     ResponseCancel,
     ResponseCreate,
-    SessionBody,
     SessionUpdate,
 )
+from protocol.openai_session import call_parts, config_change, session_of, usage_of
 
-__all__ = ["Command", "Conversation", "Emit", "config_change"]
+__all__ = ["Command", "Conversation", "Emit"]
 
 ServerEvent = dict[str, Any]
-Command = UserMessage | Cancel | Configure | ToolResultMessage
+Command = UserMessage | Cancel | Configure | ToolResultMessage | Commit | Played | bytes
+"""A gateway command; ``bytes`` is user audio (a binary frame)."""
 
 
 class Emit(msgspec.Struct, frozen=True):
@@ -81,139 +87,14 @@ class Emit(msgspec.Struct, frozen=True):
     events: list[ServerEvent]
 
 
-_NO_DEFAULTS: Final = (
-    ("max_output_tokens", (None, "inf")),
-    ("truncation", (None, "auto")),
-    ("prompt", (None,)),
-    ("reasoning", (None,)),
-)
-
-
-def config_change(body: SessionBody, *, model_route: tuple[str, str] | None) -> Configure | str:
-    """``session.update``'s session as a ``configure``; a refusal (what to change) otherwise."""
-    if body.type != "realtime":
-        return "only realtime sessions are served (session.type 'realtime'); transcription is not"
-    for name, allowed in _NO_DEFAULTS:
-        if getattr(body, name) not in allowed:
-            return f"session.{name} is not supported by this gateway; leave it unset"
-    if body.include:
-        return "session.include is not supported by this gateway; leave it unset"
-    change: dict[str, Any] = {}
-    if model_route is not None:
-        change["provider"], change["model"] = model_route
-    if body.instructions is not None:
-        change["instructions"] = body.instructions
-    if body.tools is not None:
-        tools: list[ClientToolSpec] = []
-        for raw in body.tools:
-            if raw.get("type", "function") != "function":
-                kind = str(raw.get("type"))[:40]
-                return (
-                    f"tools of type {kind!r} are not supported through this door: declare "
-                    "function tools (the gateway's own tools, MCP included, are configured "
-                    "by its operator)"
-                )
-            try:
-                tool = msgspec.convert(raw, FunctionTool)
-            except msgspec.ValidationError as exc:
-                return f"invalid function tool: {exc}"
-            tools.append(
-                ClientToolSpec(
-                    name=tool.name,
-                    description=tool.description,
-                    parameters=tool.parameters or {"type": "object", "properties": {}},
-                )
-            )
-        change["tools"] = tuple(tools)
-    if body.tool_choice not in (None, "auto"):
-        return "session.tool_choice other than 'auto' is not supported by this gateway"
-    if body.output_modalities is not None:
-        modes = set(body.output_modalities)
-        if len(modes) != 1:
-            return "session.output_modalities takes one of ['text'] or ['audio']"
-        change["output"] = "audio" if "audio" in modes else "text"
-    audio = body.audio
-    if audio is not None and audio.output is not None:
-        out = audio.output
-        if out.format is not None and out.format.type != "audio/pcm":
-            return "output audio is PCM 24 kHz (audio/pcm) on this gateway"
-        if out.voice is not None:
-            change["voice"] = out.voice
-    if audio is not None and audio.input is not None:
-        fmt = audio.input.format
-        if fmt is not None and (fmt.type != "audio/pcm" or fmt.rate not in (None, 24000)):
-            return "input audio is PCM 24 kHz (audio/pcm) on this gateway"
-    try:
-        return msgspec.convert(change, Configure)
-    except msgspec.ValidationError as exc:
-        return f"invalid session: {exc}"
-
-
-_call_decoder: Final = msgspec.json.Decoder(dict[str, Any])
-
-
-def _call_parts(content: str) -> tuple[str, str]:
-    """``(name, arguments as JSON text)`` of a ``call`` event's content."""
-    try:
-        raw = _call_decoder.decode(content)
-    except msgspec.DecodeError:
-        return "", "{}"
-    return str(raw.get("name", "")), msgspec.json.encode(raw.get("args", {})).decode()
-
-
-def _usage(usage: Usage) -> dict[str, Any]:
-    return {
-        "total_tokens": usage.input + usage.output,
-        "input_tokens": usage.input,
-        "output_tokens": usage.output,
-        "input_token_details": {
-            "cached_tokens": usage.cached,
-            "audio_tokens": usage.input_audio,
-            "text_tokens": max(0, usage.input - usage.input_audio),
-        },
-        "output_token_details": {
-            "audio_tokens": usage.output_audio,
-            "text_tokens": max(0, usage.output - usage.output_audio),
-        },
-    }
-
-
-def session_of(config: SessionConfig, sid: str, model: str) -> dict[str, Any]:
-    """The session as OpenAI shows it (``session.created``/``updated``)."""
-    return {
-        "type": "realtime",
-        "object": "realtime.session",
-        "id": sid,
-        "model": config.model or model,
-        "instructions": config.instructions,
-        "output_modalities": [config.output],
-        "tools": [
-            {
-                "type": "function",
-                "name": t.name,
-                "description": t.description,
-                "parameters": t.parameters,
-            }
-            for t in config.tools
-        ],
-        "tool_choice": "auto",
-        "audio": {
-            "input": {"format": {"type": "audio/pcm", "rate": 24000}},
-            "output": {
-                "format": {"type": "audio/pcm", "rate": 24000},
-                **({"voice": config.voice} if config.voice else {}),
-            },
-        },
-    }
-
-
 class _Response:
     """The response being streamed: its id, its items so far, its open message."""
 
-    __slots__ = ("id", "message", "output", "text")
+    __slots__ = ("audio", "id", "message", "output", "text")
 
     def __init__(self, rid: str) -> None:
         self.id = rid
+        self.audio = False  # audio of its open message was sent
         self.output: list[dict[str, Any]] = []
         self.message: str | None = None  # the open message item's id
         self.text: list[str] = []
@@ -237,6 +118,11 @@ class Conversation:
         self._unlogged = 0
         self._seq = 0
         self._n = 0
+        self._turn = 0  # seq of the turn's user event: responses' and messages' ids
+        self._responses = 0  # responses of this turn so far
+        self._speech: str | None = None  # the spoken user item being heard
+        self._hearing = False  # input audio configured
+        self._audio_tag = 0  # seq tag of the newest audio frame of the answer
 
     # ------------------------------------------------------------ ids
 
@@ -287,6 +173,12 @@ class Conversation:
         """One client event: the commands to send and the events to answer with now."""
         if isinstance(event, BadEvent):
             return Emit([], [self.error(event.message, event_id=event.event_id, param=event.param)])
+        emit = self._client(event, model_route)
+        if any(not isinstance(c, bytes) for c in emit.commands):
+            self._pending_reply = event.event_id  # an error that answers it names it
+        return emit
+
+    def _client(self, event: ClientEvent, model_route: tuple[str, str]) -> Emit:
         eid = event.event_id
         match event:
             case SessionUpdate(session=body):
@@ -300,6 +192,8 @@ class Conversation:
                 change = config_change(body, model_route=None)  # routed at connect
                 if isinstance(change, str):
                     return self._refuse(change, eid, "session")
+                if change.input_audio is not msgspec.UNSET:
+                    self._hearing = True
                 self._pending_reply = eid
                 return Emit([change], [])
             case ConversationItemCreate(item=item):
@@ -330,19 +224,34 @@ class Conversation:
                 )
             case ResponseCancel():
                 return Emit([Cancel()], [])
-            case ConversationItemTruncate() | OutputAudioBufferClear():
-                return Emit([], [])  # heard-history cut: the gateway keeps what it sent
-            case (
-                ConversationItemRetrieve()
-                | ConversationItemDelete()
-                | InputAudioBufferAppend()
-                | InputAudioBufferCommit()
-                | InputAudioBufferClear()
-            ):
+            case InputAudioBufferAppend(audio=audio):
+                try:
+                    pcm = base64.b64decode(audio, validate=True)
+                except (binascii.Error, ValueError):
+                    return self._refuse("audio is not base64", eid, "audio")
+                commands: list[Command] = []
+                if not self._hearing:  # OpenAI hears with server VAD unless told otherwise
+                    self._hearing = True
+                    commands.append(Configure(input_audio=InputAudio()))
+                commands.append(pcm)
+                return Emit(commands, [])
+            case InputAudioBufferCommit():
+                return Emit([Commit()], [])
+            case ConversationItemTruncate(item_id=item_id, content_index=index, audio_end_ms=ms):
+                # What the listener heard: the gateway cuts the provider's copy there.
+                truncated = self._ev(
+                    "conversation.item.truncated",
+                    item_id=item_id,
+                    content_index=index,
+                    audio_end_ms=ms,
+                )
+                return Emit([Played(seq=self._audio_tag, ms=max(0, ms))], [truncated])
+            case OutputAudioBufferClear():
+                return Emit([], [])  # the client's own playback buffer: nothing is held here
+            case ConversationItemRetrieve() | ConversationItemDelete() | InputAudioBufferClear():
                 kind = type(event).__struct_config__.tag
                 return self._refuse(
-                    f"{kind} is not supported by this gateway's OpenAI door yet; send text "
-                    "messages (conversation.item.create) and response.create",
+                    f"{kind} is not supported by this gateway's OpenAI door yet",
                     eid,
                     "type",
                 )
@@ -398,27 +307,26 @@ class Conversation:
                 return []
             case Configured(config=config):
                 self.audio_out = config.output == "audio"
+                self._hearing = config.input_audio is not None
                 kind = "session.updated" if self._created else "session.created"
                 self._created = True
                 self._pending_reply = None
                 return [self._ev(kind, session=session_of(config, self.sid, self.model))]
-            case User(content=content):
-                self._pending_reply = None
-                iid = f"item_{event.seq}"
-                item = {
-                    "id": iid,
-                    "object": "realtime.item",
-                    "type": "message",
-                    "role": "user",
-                    "status": "completed",
-                    "content": [{"type": "input_text", "text": content}],
-                }
-                prev = self._last_item
-                self._last_item = iid
+            case SpeechStarted(offset_ms=ms):
+                self._speech = f"item_{event.seq}"
+                out = self._done("cancelled", reason="turn_detected") if self._response else []
                 return [
-                    self._ev("conversation.item.added", item=item, previous_item_id=prev),
-                    self._ev("conversation.item.done", item=item, previous_item_id=prev),
+                    *out,
+                    self._ev(
+                        "input_audio_buffer.speech_started", audio_start_ms=ms, item_id=self._speech
+                    ),
                 ]
+            case SpeechStopped(offset_ms=ms):
+                iid = self._speech or f"item_{event.seq}"
+                self._speech = iid
+                return [self._ev("input_audio_buffer.speech_stopped", audio_end_ms=ms, item_id=iid)]
+            case User(content=content, source=source):
+                return self._user(event.seq, content, spoken=source == "audio")
             case Respond(content=content):
                 out = self._open_message()
                 resp = self._response
@@ -441,10 +349,11 @@ class Conversation:
                     self._ending = False
                     return []
                 return self._done("completed", usage=usage)
-            case Cancelled():
+            case Cancelled(reason=why):
                 if self._response is None:
                     return []
-                return self._done("cancelled", reason="client_cancelled")
+                reason = "turn_detected" if why == "barge_in" else "client_cancelled"
+                return self._done("cancelled", reason=reason)
             case Error(code=code, content=content):
                 reply, self._pending_reply = self._pending_reply, None
                 out = [self.error(content, code=code, event_id=reply)]
@@ -452,6 +361,59 @@ class Conversation:
                     out = [*self._done("failed", error=content), *out]
                 return out
         return []
+
+    def _user(self, seq: int, content: str, *, spoken: bool) -> list[ServerEvent]:
+        self._pending_reply = None
+        self._turn, self._responses = seq, 0
+        iid = (self._speech if spoken else None) or f"item_{seq}"
+        self._speech = None
+        part = (
+            {"type": "input_audio", "transcript": content}
+            if spoken
+            else {"type": "input_text", "text": content}
+        )
+        item = {
+            "id": iid,
+            "object": "realtime.item",
+            "type": "message",
+            "role": "user",
+            "status": "completed",
+            "content": [part],
+        }
+        prev = self._last_item
+        self._last_item = iid
+        out: list[ServerEvent] = []
+        if spoken:
+            out.append(self._ev("input_audio_buffer.committed", item_id=iid, previous_item_id=prev))
+        out += [
+            self._ev("conversation.item.added", item=item, previous_item_id=prev),
+            self._ev("conversation.item.done", item=item, previous_item_id=prev),
+        ]
+        if spoken:
+            out.append(
+                self._ev(
+                    "conversation.item.input_audio_transcription.completed",
+                    item_id=iid,
+                    content_index=0,
+                    transcript=content,
+                    usage={"type": "duration", "seconds": 0},
+                )
+            )
+        return out
+
+    def audio(self, tag: int, pcm16: bytes) -> list[ServerEvent]:
+        """A piece of the model's speech (not logged: its events have unlogged ids)."""
+        self._seq, self._n = 0, 0
+        self._audio_tag = max(self._audio_tag, tag)
+        out = self._open_message()
+        resp = self._response
+        assert resp is not None and resp.message is not None
+        resp.audio = True
+        delta = base64.b64encode(pcm16).decode()
+        out.append(
+            self._ev("response.output_audio.delta", **self._where(resp, resp.message), delta=delta)
+        )
+        return out
 
     def _where(self, resp: _Response, item_id: str) -> dict[str, Any]:
         return {
@@ -465,7 +427,8 @@ class Conversation:
         if self._response is not None:
             return []
         self._ending = False
-        resp = self._response = _Response(f"resp_{self._seq}")
+        self._responses += 1
+        resp = self._response = _Response(f"resp_{self._turn}_{self._responses}")
         return [self._ev("response.created", response=self._resp_body(resp, "in_progress"))]
 
     def _resp_body(
@@ -505,7 +468,7 @@ class Conversation:
         assert resp is not None
         if resp.message is not None:
             return out
-        iid = resp.message = f"item_{self._seq}"
+        iid = resp.message = f"msg_{resp.id.removeprefix('resp_')}_{len(resp.output)}"
         resp.text = []
         item = self._message_item(resp, "in_progress")
         resp.output.append(item)
@@ -536,14 +499,17 @@ class Conversation:
         item = self._message_item(resp, "completed")
         resp.output[-1] = item
         resp.message = None
+        done: list[ServerEvent] = []
         if self.audio_out:
-            done = self._ev("response.output_audio_transcript.done", **where, transcript=text)
+            if resp.audio:
+                done.append(self._ev("response.output_audio.done", **where))
+            done.append(self._ev("response.output_audio_transcript.done", **where, transcript=text))
             part = {"type": "audio", "transcript": text}
         else:
-            done = self._ev("response.output_text.done", **where, text=text)
+            done.append(self._ev("response.output_text.done", **where, text=text))
             part = {"type": "text", "text": text}
         return [
-            done,
+            *done,
             self._ev("response.content_part.done", **where, part=part),
             self._ev(
                 "response.output_item.done",
@@ -559,8 +525,8 @@ class Conversation:
         out += self._close_message()
         resp = self._response
         assert resp is not None
-        iid = f"item_{self._seq}"
-        name, arguments = _call_parts(call.content)
+        iid = f"fc_{self._seq}"
+        name, arguments = call_parts(call.content)
         item = {
             "id": iid,
             "object": "realtime.item",
@@ -617,6 +583,6 @@ class Conversation:
             details["error"] = {"type": "server_error", "message": error}
         body = self._resp_body(resp, status, details)
         if usage is not None:
-            body["usage"] = _usage(usage)
+            body["usage"] = usage_of(usage)
         out.append(self._ev("response.done", response=body))
         return out

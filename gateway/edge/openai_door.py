@@ -44,6 +44,7 @@ from gateway.edge.pending import PendingConnections
 from gateway.edge.tokens import is_client_token
 from gateway.upstream import providers
 from gateway.upstream.models import MODELS
+from protocol.audio import split_audio_frame
 from protocol.configuration import SessionConfig
 from protocol.events import Configure, Session, decode_event
 from protocol.openai_conversation import Conversation
@@ -223,8 +224,14 @@ class OpenAIDoor:
             nonlocal after
             last_replayed = 0
             async for frame in inner:
-                if not isinstance(frame, str):
-                    continue  # the model's speech: not carried by this door yet
+                if isinstance(frame, bytes):  # the model's speech (never logged, never replayed)
+                    try:
+                        tag, pcm = split_audio_frame(frame)
+                    except ValueError:
+                        continue
+                    if after is None:
+                        await send(conversation.audio(tag, pcm))
+                    continue
                 event = decode_event(frame)
                 await send(conversation.gateway(event))
                 if after is not None and event.seq > after[0]:
@@ -243,7 +250,10 @@ class OpenAIDoor:
                     frame = frame.decode("utf-8", "replace")
                 emit = conversation.client(decode_client(frame), model_route=state.route)
                 for command in emit.commands:
-                    await inner.send(_command_encoder.encode(command).decode())
+                    if isinstance(command, bytes):
+                        await inner.send(command)  # user audio: a binary frame
+                    else:
+                        await inner.send(_command_encoder.encode(command).decode())
                 await send(emit.events)
 
         tasks = [

@@ -23,8 +23,8 @@ from aiohttp import web
 from gateway.config import Config
 from gateway.edge.openai_door import model_route
 from protocol.configuration import ConfigChange, SessionConfig, apply_change
-from protocol.openai_conversation import config_change, session_of
 from protocol.openai_events import SessionBody
+from protocol.openai_session import config_change, session_of
 
 __all__ = ["OPENAI_CLIENT_SECRETS", "SessionMaker", "client_secret"]
 

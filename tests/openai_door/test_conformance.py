@@ -57,10 +57,14 @@ async def test_every_server_event_validates_and_ids_are_unique(
         assert after[-1]["response"]["usage"]["total_tokens"] > 0
 
         # Refusals are OpenAI's error events, naming the client's event_id.
-        await client.send(type="input_audio_buffer.commit", event_id="c_2")
+        await client.send(type="conversation.item.retrieve", event_id="c_2", item_id="x")
         error = (await client.until("error"))[-1]
         assert error["error"]["event_id"] == "c_2"
         assert "not supported" in error["error"]["message"]
+        # A command the session refuses names the client's event too.
+        await client.send(type="input_audio_buffer.commit", event_id="c_5")
+        error = (await client.until("error"))[-1]
+        assert error["error"]["event_id"] == "c_5"
         await client.send(type="no.such.event", event_id="c_3")
         error = (await client.until("error"))[-1]
         assert error["error"]["event_id"] == "c_3" and error["error"]["param"] == "type"

@@ -45,6 +45,7 @@ from protocol.events import (
     End,
     Error,
     Event,
+    Interrupt,
     Metric,
     Played,
     Respond,
@@ -349,6 +350,12 @@ class Conversation:
                     self._ending = False
                     return []
                 return self._done("completed", usage=usage)
+            case Interrupt(content=content):
+                # The turn broke (a node died, the provider dropped) and is run again: the
+                # partial response fails, and the rerun is a new response, so no text twice.
+                if self._response is None:
+                    return []
+                return self._done("failed", error=content or "interrupted; the turn runs again")
             case Cancelled(reason=why):
                 if self._response is None:
                     return []

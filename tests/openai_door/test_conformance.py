@@ -114,3 +114,18 @@ async def test_a_reconnect_with_the_last_event_id_gets_the_rest_once(node: NodeP
         assert again[-1]["response"]["status"] == "completed"
     finally:
         await resumed.close()
+
+
+async def test_a_gateway_tool_runs_in_the_gateway_unseen_by_the_client(node: NodeProcess) -> None:
+    client = await RawClient.open(f"{node.base}/openai/v1/realtime?model={MODELS[0]}")
+    try:
+        await client.next()  # session.created
+        await client.say('/tool list {"path": "."}')  # a built-in tool of the gateway's
+        events = await client.until("response.done")
+    finally:
+        await client.close()
+    kinds = {e["type"] for e in events}
+    assert not any("function_call" in kind for kind in kinds)  # never the client's to answer
+    text = "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
+    assert "success" in text  # the model answered with the tool's result
+    assert events[-1]["response"]["status"] == "completed"

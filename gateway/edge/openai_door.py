@@ -27,6 +27,7 @@ import asyncio
 import contextlib
 import http
 import logging
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Final
 from urllib.parse import parse_qs, quote, urlsplit
@@ -40,6 +41,8 @@ from websockets.http11 import Request, Response
 from websockets.typing import Subprotocol
 
 from gateway.config import Config
+from gateway.edge.closes import CloseCode
+from gateway.edge.frame_rate import FrameRate, Verdict
 from gateway.edge.pending import PendingConnections
 from gateway.edge.tokens import is_client_token
 from gateway.upstream import providers
@@ -245,9 +248,31 @@ class OpenAIDoor:
                 config = await self.config_of(state.sid)
                 if config is not None:
                     await send([conversation.created(config)])
+            cfg = self.config
+            rate = FrameRate(cfg.client_frames_per_second, cfg.client_frame_burst, time.monotonic())
             async for frame in ws:
                 if isinstance(frame, bytes):
                     frame = frame.decode("utf-8", "replace")
+                # Audio (50 appends a second from a microphone) is not counted, as on the
+                # gateway's own door; every other event is, before any work is done for it.
+                if '"input_audio_buffer.append"' not in frame[:200]:
+                    verdict = rate.check(time.monotonic())
+                    if verdict is Verdict.CLOSE:
+                        await ws.close(CloseCode.RATE_LIMITED, "too many events; slow down")
+                        return
+                    if verdict is not Verdict.ACCEPT:
+                        if verdict is Verdict.REFUSE:
+                            await send(
+                                [
+                                    conversation.error(
+                                        f"too many events: at most {cfg.client_frames_per_second:g}"
+                                        f"/s (bursts of {cfg.client_frame_burst}); events over it "
+                                        "are dropped unread; slow down",
+                                        code="rate_limit_exceeded",
+                                    )
+                                ]
+                            )
+                        continue
                 emit = conversation.client(decode_client(frame), model_route=state.route)
                 for command in emit.commands:
                     if isinstance(command, bytes):

@@ -8,8 +8,9 @@ import json
 from collections import Counter
 
 import pytest
-from websockets.exceptions import InvalidStatus
+from websockets.exceptions import ConnectionClosed, InvalidStatus
 
+from gateway.edge.closes import CloseCode
 from tests.openai_door.conftest import MODELS, RawClient
 from tests.support.procs import NodeProcess
 
@@ -129,3 +130,18 @@ async def test_a_gateway_tool_runs_in_the_gateway_unseen_by_the_client(node: Nod
     text = "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
     assert "success" in text  # the model answered with the tool's result
     assert events[-1]["response"]["status"] == "completed"
+
+
+async def test_a_flood_of_events_is_refused_then_closed(node: NodeProcess) -> None:
+    client = await RawClient.open(f"{node.base}/openai/v1/realtime?model={MODELS[0]}")
+    for n in range(2000):
+        await client.send(type="no.such.event", event_id=f"f{n}")
+    codes: list[str] = []
+    with pytest.raises(ConnectionClosed):
+        while True:
+            event = await client.next(timeout=20)
+            if event["type"] == "error":
+                codes.append(event["error"]["code"])
+    assert "rate_limit_exceeded" in codes
+    assert client.ws.close_code == CloseCode.RATE_LIMITED
+    assert len(codes) < 1000  # events over the limit are dropped unread, not answered

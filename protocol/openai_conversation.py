@@ -184,7 +184,7 @@ class Conversation:
         match event:
             case SessionUpdate(session=body):
                 if body.model not in (None, self.model):
-                    return self._refuse(
+                    return self._refusal(
                         "session.model cannot change on this connection: choose the model "
                         "with ?model= when connecting",
                         eid,
@@ -192,7 +192,7 @@ class Conversation:
                     )
                 change = config_change(body, model_route=None)  # routed at connect
                 if isinstance(change, str):
-                    return self._refuse(change, eid, "session")
+                    return self._refusal(change, eid, "session")
                 if change.input_audio is not msgspec.UNSET:
                     self._hearing = True
                 self._pending_reply = eid
@@ -203,7 +203,7 @@ class Conversation:
                 if overrides:
                     unknown = sorted(set(overrides) - {"metadata", "conversation"})
                     if unknown or overrides.get("conversation") not in (None, "auto"):
-                        return self._refuse(
+                        return self._refusal(
                             "per-response overrides are not supported by this gateway "
                             f"({', '.join(unknown) or 'conversation'}); change the session "
                             "with session.update instead",
@@ -218,7 +218,7 @@ class Conversation:
                 if self._continues:
                     self._continues = False  # the gateway's turn already goes on
                     return Emit([], [])
-                return self._refuse(
+                return self._refusal(
                     "response.create needs a user message first on this gateway "
                     "(conversation.item.create with role 'user'), or a function_call_output",
                     eid,
@@ -229,7 +229,7 @@ class Conversation:
                 try:
                     pcm = base64.b64decode(audio, validate=True)
                 except (binascii.Error, ValueError):
-                    return self._refuse("audio is not base64", eid, "audio")
+                    return self._refusal("audio is not base64", eid, "audio")
                 commands: list[Command] = []
                 if not self._hearing:  # OpenAI hears with server VAD unless told otherwise
                     self._hearing = True
@@ -251,21 +251,21 @@ class Conversation:
                 return Emit([], [])  # the client's own playback buffer: nothing is held here
             case ConversationItemRetrieve() | ConversationItemDelete() | InputAudioBufferClear():
                 kind = type(event).__struct_config__.tag
-                return self._refuse(
+                return self._refusal(
                     f"{kind} is not supported by this gateway's OpenAI door yet",
                     eid,
                     "type",
                 )
-        return self._refuse("unsupported event", eid)  # pragma: no cover - the match is total
+        return self._refusal("unsupported event", eid)  # pragma: no cover - the match is total
 
-    def _refuse(self, message: str, eid: str | None, param: str | None = None) -> Emit:
+    def _refusal(self, message: str, eid: str | None, param: str | None = None) -> Emit:
         return Emit([], [self.error(message, event_id=eid, param=param)])
 
     def _item(self, item: Any, eid: str | None) -> Emit:
         if item.type == "function_call_output":
             call = item.call_id or ""
             if call not in self._client_calls:
-                return self._refuse(
+                return self._refusal(
                     f"no function call {call[:80]!r} is waiting for its output", eid, "item.call_id"
                 )
             self._client_calls.discard(call)
@@ -274,7 +274,7 @@ class Conversation:
                 [ToolResultMessage(id=call, status="success", content=item.output or "")], []
             )
         if item.type != "message" or item.role != "user":
-            return self._refuse(
+            return self._refusal(
                 "this gateway takes user messages and function_call_output items from a "
                 "client (the instructions are set with session.update)",
                 eid,
@@ -283,7 +283,7 @@ class Conversation:
         texts: list[str] = []
         for part in item.content or []:
             if part.type != "input_text" or part.text is None:
-                return self._refuse(
+                return self._refusal(
                     f"content of type {part.type[:40]!r} is not supported: send input_text",
                     eid,
                     "item.content",

@@ -28,7 +28,7 @@ import contextlib
 import http
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Final
 from urllib.parse import parse_qs, quote, urlsplit
 
@@ -49,7 +49,7 @@ from gateway.upstream import providers
 from gateway.upstream.models import MODELS
 from protocol.audio import split_audio_frame
 from protocol.configuration import SessionConfig
-from protocol.events import Configure, Session, decode_event
+from protocol.events import Configure, Configured, Error, Session, decode_event
 from protocol.openai_conversation import Conversation
 from protocol.openai_events import decode_client, encode
 
@@ -96,8 +96,8 @@ class _Pending(msgspec.Struct):
     sid: str
     model: str
     route: tuple[str, str]
-    fresh: bool  # a new session: configure it for the model
     after: tuple[int, int] | None
+    early: list[str]  # frames read during the handshake, for the conversation
 
 
 class OpenAIDoor:
@@ -197,16 +197,41 @@ class OpenAIDoor:
             await inner.close()
             return _error_response(503, "the gateway cannot serve this session now", "busy")
         self.pending.settled(connection.transport)  # authenticated by the inner handshake
+        early: list[str] = []
+        # A new session is configured for ?model= now, before the socket opens: a model
+        # the key's policy (or the node) refuses is refused here, not after a turn ran
+        # on another model. A token's session was configured when it was minted.
+        if not sid and not token:
+            refused = await self._configure(inner, route, early)
+            if refused is not None:
+                await inner.close()
+                return refused
         self._handshakes[id(connection)] = _Pending(
-            inner,
-            first.session_id,
-            model,
-            route,
-            # A new session is configured for ?model=; a token's was, when it was minted.
-            fresh=not sid and not token,
-            after=after,
+            inner, first.session_id, model, route, after=after, early=early
         )
         return None
+
+    async def _configure(
+        self, inner: ClientConnection, route: tuple[str, str], early: list[str]
+    ) -> Response | None:
+        """Configure the new session for its route; the refusal to answer, if any.
+        The frames read meanwhile are kept in ``early`` for the conversation."""
+        await inner.send(_command_encoder.encode(_configure(route)).decode())
+        try:
+            async with asyncio.timeout(_OPEN_TIMEOUT):
+                while True:
+                    frame = await inner.recv()
+                    if not isinstance(frame, str):
+                        continue
+                    event = decode_event(frame)
+                    if isinstance(event, Error) and not event.seq:
+                        status = 403 if event.code == "forbidden" else 400
+                        return _error_response(status, event.content, event.code)
+                    early.append(frame)
+                    if isinstance(event, Configured):
+                        return None
+        except (ConnectionClosed, TimeoutError):
+            return _error_response(503, "the gateway cannot serve this session now", "busy")
 
     async def serve(self, ws: ServerConnection) -> None:
         state = self._handshakes.pop(id(ws))
@@ -223,10 +248,15 @@ class OpenAIDoor:
                         continue
                 await ws.send(encode(event))
 
+        async def frames() -> AsyncIterator[str | bytes]:
+            for early in state.early:
+                yield early
+            async for frame in inner:
+                yield frame
+
         async def downstream() -> None:
             nonlocal after
-            last_replayed = 0
-            async for frame in inner:
+            async for frame in frames():
                 if isinstance(frame, bytes):  # the model's speech (never logged, never replayed)
                     try:
                         tag, pcm = split_audio_frame(frame)
@@ -239,12 +269,9 @@ class OpenAIDoor:
                 await send(conversation.gateway(event))
                 if after is not None and event.seq > after[0]:
                     after = None  # caught up: everything from here is new
-                last_replayed = max(last_replayed, event.seq)
 
         async def upstream() -> None:
-            if state.fresh:
-                await inner.send(_command_encoder.encode(_configure(state.route)).decode())
-            elif after is None:  # a session made elsewhere (client_secrets): show it
+            if not state.early and after is None:  # a session made elsewhere: show it
                 config = await self.config_of(state.sid)
                 if config is not None:
                     await send([conversation.created(config)])

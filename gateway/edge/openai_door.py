@@ -115,10 +115,11 @@ class OpenAIDoor:
         self.pending = pending
         self.config_of = config_of
         self.gateway_port = 0  # set once the node listens
-        self._handshakes: dict[int, _Pending] = {}
+        self._handshakes: dict[ServerConnection, _Pending] = {}
+        self._reapers: set[asyncio.Task[None]] = set()
 
     def owns(self, ws: ServerConnection) -> bool:
-        return id(ws) in self._handshakes
+        return ws in self._handshakes
 
     def select_subprotocol(self, offered: Sequence[Subprotocol]) -> Subprotocol | None:
         return REALTIME if REALTIME in offered else None
@@ -206,10 +207,20 @@ class OpenAIDoor:
             if refused is not None:
                 await inner.close()
                 return refused
-        self._handshakes[id(connection)] = _Pending(
+        self._handshakes[connection] = _Pending(
             inner, first.session_id, model, route, after=after, early=early
         )
+        # A handshake that never completes (the client went away) leaves no inner socket.
+        reaper = asyncio.get_running_loop().create_task(self._forget(connection))
+        self._reapers.add(reaper)
+        reaper.add_done_callback(self._reapers.discard)
         return None
+
+    async def _forget(self, connection: ServerConnection) -> None:
+        await connection.wait_closed()
+        state = self._handshakes.pop(connection, None)
+        if state is not None:
+            await state.inner.close()
 
     async def _configure(
         self, inner: ClientConnection, route: tuple[str, str], early: list[str]
@@ -234,7 +245,7 @@ class OpenAIDoor:
             return _error_response(503, "the gateway cannot serve this session now", "busy")
 
     async def serve(self, ws: ServerConnection) -> None:
-        state = self._handshakes.pop(id(ws))
+        state = self._handshakes.pop(ws)
         inner = state.inner
         conversation = Conversation(state.sid, state.model)
         after = state.after
@@ -323,6 +334,10 @@ class OpenAIDoor:
             reason = inner.close_reason or ""
             with contextlib.suppress(Exception):
                 await inner.close()
+            if code == CloseCode.SERVICE_RESTART:  # say how to resume through this door
+                reason = (
+                    "reconnect with session_id and after_event (node draining or session moved)"
+                )
             if code is not None and code != 1000:
                 with contextlib.suppress(Exception):
                     await ws.close(code, reason)
@@ -332,6 +347,8 @@ class OpenAIDoor:
             with contextlib.suppress(Exception):
                 await state.inner.close()
         self._handshakes.clear()
+        for reaper in list(self._reapers):
+            reaper.cancel()
 
 
 def _configure(route: tuple[str, str]) -> Configure:

@@ -563,6 +563,7 @@ class Gateway:
         if self.server is not None:
             await self.server.wait_closed()
         await self.api.close()
+        await self.door.close()
         await self.edges.close()
         if self.phone is not None:
             await self.phone.close()
@@ -574,6 +575,7 @@ class Gateway:
             self.server.close()
             await self.server.wait_closed()
         await self.api.close()
+        await self.door.close()
         await self.edges.close()
         await self.node.stop()
         if self.phone is not None:

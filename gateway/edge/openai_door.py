@@ -114,7 +114,7 @@ class OpenAIDoor:
         self.config = config
         self.pending = pending
         self.config_of = config_of
-        self.gateway_port = 0  # set once the node listens
+        self.gateway_address = ""  # HOST:PORT of this node's own door, set once it listens
         self._handshakes: dict[ServerConnection, _Pending] = {}
         self._reapers: set[asyncio.Task[None]] = set()
 
@@ -139,7 +139,10 @@ class OpenAIDoor:
         if isinstance(route, str):
             return _error_response(400, route, "model_not_found")
         headers: list[tuple[str, str]] = []
-        authorization = request.headers.get("Authorization")
+        authorizations = request.headers.get_all("Authorization")
+        if len(authorizations) > 1:
+            return _error_response(401, "send one Authorization header, not several", "auth")
+        authorization = authorizations[0] if authorizations else None
         offered = [
             p.strip()
             for value in request.headers.get_all("Sec-WebSocket-Protocol")
@@ -167,7 +170,7 @@ class OpenAIDoor:
                     "(evt_SEQ_N), with session_id",
                     "invalid_after_event",
                 )
-        url = f"ws://127.0.0.1:{self.gateway_port}/v1/realtime"
+        url = f"ws://{self.gateway_address}/v1/realtime"
         if sid:
             url += f"?session_id={quote(sid)}&after=0"
         try:

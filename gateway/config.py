@@ -526,6 +526,11 @@ class Config(msgspec.Struct, kw_only=True):
                 f"providers ({self.provider}): give one per provider in the same order, "
                 "empty for a provider's default (e.g. --model gpt-realtime, for openai,gemini)"
             )
+        if self.api_port is not None and self.api_port == self.port != 0:
+            raise ConfigError(
+                f"api_port {self.api_port} is the gateway's port: the HTTP API is served on "
+                "--port already; leave --api-port unset (or give it a port of its own)"
+            )
         if not self.node_id:
             self.node_id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         if not self.workspace_root:

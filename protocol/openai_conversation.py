@@ -197,7 +197,14 @@ class Conversation:
                     self._hearing = True
                 self._pending_reply = eid
                 return Emit([change], [])
-            case ConversationItemCreate(item=item):
+            case ConversationItemCreate(item=item, previous_item_id=previous):
+                if previous is not None and previous != self._last_item:
+                    return self._refusal(
+                        "items are appended to the end of the conversation on this gateway: "
+                        "leave previous_item_id unset (or the last item's id)",
+                        eid,
+                        "previous_item_id",
+                    )
                 return self._item(item, eid)
             case ResponseCreate(response=overrides):
                 if overrides:

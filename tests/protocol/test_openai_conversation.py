@@ -144,3 +144,16 @@ def test_replayed_events_have_the_same_ids() -> None:
     again = feed(Conversation("s", "m"), *log)
     assert first == again
     assert Conversation.position(first[-1]["event_id"]) is not None
+
+
+def test_an_item_inserted_mid_conversation_is_refused() -> None:
+    conv = Conversation("s1", "m")
+    feed(conv, User(seq=1, content="x"))
+    _, events = client(
+        conv, type="conversation.item.create", previous_item_id="item_0", item=user_item("y")
+    )
+    assert events[0]["error"]["param"] == "previous_item_id"
+    _, events = client(
+        conv, type="conversation.item.create", previous_item_id="item_1", item=user_item("y")
+    )
+    assert events == []

@@ -269,6 +269,13 @@ class Conversation:
         return Emit([], [self.error(message, event_id=eid, param=param)])
 
     def _item(self, item: Any, eid: str | None) -> Emit:
+        if item.id is not None:
+            return self._refusal(
+                "item ids are given by this gateway (they come from its log, so a resumed "
+                "client sees the same ones): leave item.id unset",
+                eid,
+                "item.id",
+            )
         if item.type == "function_call_output":
             call = item.call_id or ""
             if call not in self._client_calls:

@@ -157,3 +157,10 @@ def test_an_item_inserted_mid_conversation_is_refused() -> None:
         conv, type="conversation.item.create", previous_item_id="item_1", item=user_item("y")
     )
     assert events == []
+
+
+def test_an_item_id_from_the_client_is_refused() -> None:
+    conv = Conversation("s1", "m")
+    item = {**user_item("y"), "id": "mine"}
+    _, events = client(conv, type="conversation.item.create", event_id="c", item=item)
+    assert events[0]["error"]["param"] == "item.id" and events[0]["error"]["event_id"] == "c"

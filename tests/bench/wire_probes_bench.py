@@ -1,13 +1,19 @@
-"""Issue 38's wire probes on a real node: what one client's audio costs a recording node.
+"""Issue 38's wire probes on a real node, from outside: what one client costs the node.
 
-Run: ``.venv/bin/python tests/bench/wire_probes_bench.py [--mib 60] [--frame-kb 64]``
+Run: ``.venv/bin/python tests/bench/wire_probes_bench.py [audio|fragments|pings]
+[--mib 60] [--frame-kb 64] [--code DIR]`` (``--code``: run the node from another
+checkout, e.g. main's, for the figures before)
 
 One ``gateway serve --record --record-audio all`` process (memory store, no
-keys, the in-process simulator); one voice client sends ``--mib`` MiB of PCM
-in binary frames of ``--frame-kb`` KB as fast as the node takes them, while
-``StallProbe`` polls ``/healthz``. Reports the node's peak RSS growth, the
-slowest ``/healthz`` and the send time. Before the recorder's bound: 60 MiB
-in ~3 s grew the node 119 MB, /healthz 416 ms.
+keys, the in-process simulator) while ``StallProbe`` polls ``/healthz``;
+reports the node's peak RSS growth, CPU, the slowest ``/healthz`` and what
+the client got:
+
+- ``audio``: a voice client sends ``--mib`` MiB of PCM in binary frames of
+  ``--frame-kb`` KB as fast as the node takes them (before: 60 MiB in 2.8 s,
+  +195 MB, /healthz 335 ms);
+- ``fragments``: a message in 1,048,574 one-byte fragments;
+- ``pings``: 108 MB of 125-byte pings, never reading the pongs.
 """
 
 from __future__ import annotations
@@ -48,22 +54,86 @@ async def flood(url: str, total: int, frame: int) -> tuple[float, int]:
         return time.monotonic() - started, sent
 
 
+HANDSHAKE = (
+    b"GET /v1/realtime HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+    b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+)
+
+
+async def raw(url: str, payload: bytes, block: int) -> str:
+    """Open a WebSocket by hand, write ``payload`` in ``block``-byte writes without
+    reading, then read what the node says: its close frame's code and reason."""
+    host, port = url.removeprefix("ws://").split("/", 1)[0].rsplit(":", 1)
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(HANDSHAKE)
+    await reader.readuntil(b"\r\n\r\n")
+    await reader.readuntil(b"}")  # the session frame's JSON (small)
+    sent = 0
+    try:
+        while sent < len(payload):
+            writer.write(payload[sent : sent + block])
+            sent += block
+            await writer.drain()
+    except ConnectionError as exc:
+        return f"cut off after {sent >> 20} MiB written ({exc.__class__.__name__})"
+    try:
+        async with asyncio.timeout(30):
+            data = await reader.read(1 << 30)  # to the close
+    except (ConnectionError, TimeoutError) as exc:
+        return f"all {sent >> 20} MiB written; then {exc.__class__.__name__}"
+    at = data.rfind(b"\x88")
+    if at < 0:
+        return f"all {sent >> 20} MiB written; closed without a close frame"
+    close = data[at + 2 : at + 2 + data[at + 1]]
+    return f"all {sent >> 20} MiB written; closed {int.from_bytes(close[:2])} {close[2:]!r}"
+
+
+def fragments(count: int) -> bytes:
+    mask = b"\x00\x00\x00\x00"
+    return (
+        b"\x01\x81"
+        + mask
+        + b"a"
+        + (b"\x00\x81" + mask + b"a") * (count - 2)
+        + b"\x80\x81"
+        + mask
+        + b"a"
+    )
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser()
+    parser.add_argument(
+        "probe", nargs="?", default="audio", choices=["audio", "fragments", "pings"]
+    )
     parser.add_argument("--mib", type=int, default=60)
     parser.add_argument("--frame-kb", type=int, default=64)
+    parser.add_argument("--code", default="", help="run the node from this checkout")
     args = parser.parse_args()
+    env = {"REDIS_URL": ""}
+    if args.code:
+        env["PYTHONPATH"] = args.code
     with tempfile.TemporaryDirectory() as root:
         cli = ["serve", "--port", "0", "--record", "--record-audio", "all"]
         cli += ["--client-frames-per-second", "0", "--workspace-root", root]
-        with NodeProcess(cli, env={"REDIS_URL": ""}) as node:
+        cwd = Path(args.code) if args.code else None
+        with NodeProcess(cli, env=env, cwd=cwd) as node:
             assert node.proc is not None
             with StallProbe(node.http) as probe, PeakRss(node.proc.pid) as memory:
-                took, sent = await flood(node.url, args.mib << 20, args.frame_kb * 1000)
-                await asyncio.sleep(2.0)  # the writes after the flood (backstop 1 s)
+                started = time.monotonic()
+                if args.probe == "audio":
+                    took, sent = await flood(node.url, args.mib << 20, args.frame_kb * 1000)
+                    what = f"{sent >> 20} MiB of PCM in {took:.1f} s"
+                elif args.probe == "fragments":
+                    what = await raw(node.url, fragments(1_048_574), 1 << 16)
+                else:
+                    ping = b"\x89\xfd\x00\x00\x00\x00" + b"p" * 125
+                    what = await raw(node.url, ping * 824_427, 1 << 16)  # 108 MB
+                took = time.monotonic() - started
+                await asyncio.sleep(2.0)  # what the node does after (recordings: backstop 1 s)
             print(
-                f"record-audio all: {sent >> 20} MiB of PCM in {took:.1f} s; node RSS "
-                f"+{memory.grew / 1e6:.0f} MB (peak), CPU {memory.cpu:.1f} s; {probe.summary()}"
+                f"{args.probe}: {what}, {took:.1f} s; node RSS +{memory.grew / 1e6:.0f} MB "
+                f"(peak), CPU {memory.cpu:.1f} s; {probe.summary()}"
             )
 
 

@@ -31,7 +31,7 @@ if str(ROOT) not in sys.path:
 
 from websockets.asyncio.client import connect  # noqa: E402
 
-from tests.support.hostile import PeakRss  # noqa: E402
+from tests.support.hostile import PING, PeakRss, fragments, raw_flood  # noqa: E402
 from tests.support.procs import NodeProcess  # noqa: E402
 from tests.support.stall import StallProbe  # noqa: E402
 
@@ -52,53 +52,6 @@ async def flood(url: str, total: int, frame: int) -> tuple[float, int]:
         except Exception as exc:  # the node may close a flooding client
             print(f"  closed after {sent >> 20} MiB: {exc}")
         return time.monotonic() - started, sent
-
-
-HANDSHAKE = (
-    b"GET /v1/realtime HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-    b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
-)
-
-
-async def raw(url: str, payload: bytes, block: int) -> str:
-    """Open a WebSocket by hand, write ``payload`` in ``block``-byte writes without
-    reading, then read what the node says: its close frame's code and reason."""
-    host, port = url.removeprefix("ws://").split("/", 1)[0].rsplit(":", 1)
-    reader, writer = await asyncio.open_connection(host, int(port))
-    writer.write(HANDSHAKE)
-    await reader.readuntil(b"\r\n\r\n")
-    await reader.readuntil(b"}")  # the session frame's JSON (small)
-    sent = 0
-    try:
-        while sent < len(payload):
-            writer.write(payload[sent : sent + block])
-            sent += block
-            await writer.drain()
-    except ConnectionError as exc:
-        return f"cut off after {sent >> 20} MiB written ({exc.__class__.__name__})"
-    try:
-        async with asyncio.timeout(30):
-            data = await reader.read(1 << 30)  # to the close
-    except (ConnectionError, TimeoutError) as exc:
-        return f"all {sent >> 20} MiB written; then {exc.__class__.__name__}"
-    at = data.rfind(b"\x88")
-    if at < 0:
-        return f"all {sent >> 20} MiB written; closed without a close frame"
-    close = data[at + 2 : at + 2 + data[at + 1]]
-    return f"all {sent >> 20} MiB written; closed {int.from_bytes(close[:2])} {close[2:]!r}"
-
-
-def fragments(count: int) -> bytes:
-    mask = b"\x00\x00\x00\x00"
-    return (
-        b"\x01\x81"
-        + mask
-        + b"a"
-        + (b"\x00\x81" + mask + b"a") * (count - 2)
-        + b"\x80\x81"
-        + mask
-        + b"a"
-    )
 
 
 async def main() -> None:
@@ -125,10 +78,9 @@ async def main() -> None:
                     took, sent = await flood(node.url, args.mib << 20, args.frame_kb * 1000)
                     what = f"{sent >> 20} MiB of PCM in {took:.1f} s"
                 elif args.probe == "fragments":
-                    what = await raw(node.url, fragments(1_048_574), 1 << 16)
+                    what = await raw_flood(node.url, fragments(1_048_574), 1 << 16)
                 else:
-                    ping = b"\x89\xfd\x00\x00\x00\x00" + b"p" * 125
-                    what = await raw(node.url, ping * 824_427, 1 << 16)  # 108 MB
+                    what = await raw_flood(node.url, PING * 824_427, 1 << 16)  # 108 MB
                 took = time.monotonic() - started
                 await asyncio.sleep(2.0)  # what the node does after (recordings: backstop 1 s)
             print(

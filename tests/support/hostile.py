@@ -1,17 +1,21 @@
-"""What an attacker sends from outside, and what it costs the node: gzip bombs and RSS.
+"""What an attacker sends from outside, and what it costs the node.
 
 ``gzip_bomb(n)`` is a gzip body that inflates to ``n`` zero bytes (about ``n / 1000``
-bytes as sent); ``PeakRss`` samples a process's resident memory while a block runs.
+bytes as sent); ``raw_flood`` opens a WebSocket by hand and writes frames without
+reading (``fragments``, ``PING``); ``PeakRss`` samples a process's resident memory and
+CPU while a block runs.
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import os
 import threading
 import zlib
+from typing import Final
 
-__all__ = ["PeakRss", "cpu_seconds", "gzip_bomb", "rss"]
+__all__ = ["PING", "PeakRss", "cpu_seconds", "fragments", "gzip_bomb", "raw_flood", "rss"]
 
 _CHUNK = bytes(1 << 20)
 
@@ -79,3 +83,55 @@ class PeakRss:
         self._thread.join()
         self.peak = max(self.peak, rss(self.pid))
         self.cpu = cpu_seconds(self.pid) - self.cpu_before
+
+
+HANDSHAKE = (
+    b"GET /v1/realtime HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+    b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+)
+
+
+async def raw_flood(url: str, payload: bytes, block: int) -> str:
+    """Open a WebSocket by hand, write ``payload`` in ``block``-byte writes without
+    reading, then read what the node says: its close frame's code and reason."""
+    host, port = url.removeprefix("ws://").split("/", 1)[0].rsplit(":", 1)
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(HANDSHAKE)
+    await reader.readuntil(b"\r\n\r\n")
+    await reader.readuntil(b"}")  # the session frame's JSON (small)
+    sent = 0
+    try:
+        while sent < len(payload):
+            writer.write(payload[sent : sent + block])
+            sent += block
+            await writer.drain()
+    except ConnectionError as exc:
+        return f"cut off after {sent >> 20} MiB written ({exc.__class__.__name__})"
+    try:
+        async with asyncio.timeout(30):
+            data = await reader.read(1 << 30)  # to the close
+    except (ConnectionError, TimeoutError) as exc:
+        return f"all {sent >> 20} MiB written; then {exc.__class__.__name__}"
+    at = data.rfind(b"\x88")
+    if at < 0:
+        return f"all {sent >> 20} MiB written; closed without a close frame"
+    close = data[at + 2 : at + 2 + data[at + 1]]
+    return f"all {sent >> 20} MiB written; closed {int.from_bytes(close[:2])} {close[2:]!r}"
+
+
+def fragments(count: int) -> bytes:
+    """One text message from a client in ``count`` one-byte frames (masked with zeros)."""
+    mask = b"\x00\x00\x00\x00"
+    return (
+        b"\x01\x81"
+        + mask
+        + b"a"
+        + (b"\x00\x81" + mask + b"a") * (count - 2)
+        + b"\x80\x81"
+        + mask
+        + b"a"
+    )
+
+
+PING: Final = b"\x89\xfd\x00\x00\x00\x00" + b"p" * 125
+"""A client's ping (masked with zeros) of 125 bytes, the most a control frame holds."""

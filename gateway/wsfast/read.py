@@ -57,7 +57,9 @@ Internals used: ``Connection.protocol`` (``state``, ``side``, ``extensions``,
 ``current_size``, ``max_message_size``, ``parser``, ``reader``),
 ``Connection.recv_messages`` (its ``put``, ``get``, ``get_iter`` and ``close``,
 as ``Connection`` calls them), ``Connection.max_queue_high``/``max_queue_low``,
-``StreamReader.at_eof``, ``apply_mask``. ``tests/wsfast/test_canary.py``
+``StreamReader.at_eof``, ``apply_mask``; to fail a connection from the read
+callback, ``Protocol.fail``, ``Connection.set_connection_exc``, ``send_data``,
+``close_timeout``, ``connection_lost_waiter``. ``tests/wsfast/test_canary.py``
 fails when a websockets release changes them; pyproject.toml bounds the major.
 """
 

@@ -150,6 +150,7 @@ class MessageQueue:
         self._getting = False
         self._nudged = False
         self.closed = False
+        self.failing = False  # the connection was failed: nothing more from it is queued
         self.intercept: Callable[[bytes, bool], bool] | None = None
         """Offered each message that arrives while a reader waits on an empty
         queue; True: it took the message (the reader keeps waiting). See ``nudge``."""
@@ -158,11 +159,12 @@ class MessageQueue:
         """A data frame from websockets' parser (``Connection.process_event``)."""
         if self.closed:
             raise EOFError("stream of frames ended")
+        if self.failing:
+            return
         if frame.fin and not self._fragments:
             self.put_message(bytes(frame.data), frame.opcode is Opcode.TEXT)
             return
         if len(self._fragments) >= MAX_FRAGMENTS:
-            self._fragments = []
             self.failed(
                 _MESSAGE_TOO_BIG,
                 f"a message in more than {MAX_FRAGMENTS} fragments; send it in fewer",
@@ -177,6 +179,8 @@ class MessageQueue:
     def put_message(self, data: bytes, text: bool) -> None:
         """A whole message (the fast path's frames come straight here); a text one that
         is not UTF-8 fails the connection (1007) instead."""
+        if self.failing:
+            return
         if text and not data.isascii():
             try:
                 data.decode()
@@ -230,6 +234,8 @@ class MessageQueue:
 
     def failed(self, code: int, reason: str) -> None:
         """Fail the connection with ``code`` (nothing more is queued from it)."""
+        self.failing = True
+        self._fragments = []
         if self._fail is not None:
             self._fail(code, reason)
 
@@ -297,6 +303,7 @@ class FastReader(Connection):
         is written now and nothing more is read."""
         self._fast = False
         self._rest = None
+        self.recv_messages.failing = True
         protocol = self.protocol
         if protocol.state is not State.OPEN:
             return

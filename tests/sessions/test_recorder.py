@@ -9,6 +9,7 @@ lines; a cut recording records nothing more.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from pathlib import Path
 
@@ -169,13 +170,13 @@ async def test_tool_calls_are_recorded_with_outcome_and_duration() -> None:
     observe = recorder.observe_tools(None)
     context = ToolContext(Path("."), "s1", call_id="call_3")
     with observe(ToolCall("list", {"path": "."}), context) as seen:
-        time.sleep(_TOOK)  # what the duration must cover, not synchronisation
+        await asyncio.sleep(_TOOK)  # what the duration must cover, not synchronisation
         seen(ToolResult(tool="list", status="success", content=["a"]))
     # A client-side call: from its delivery to the client's answer.
     call = Call(content='{"name": "confirm", "args": {"q": 1}}', id="call_7", runs_on="client")
     call.seq = 5
     recorder.delivered([LogEntry(5, encode(call))])
-    time.sleep(_TOOK)
+    await asyncio.sleep(_TOOK)
     recorder.heard(ToolResultMessage("call_7", "success", True), None, 5)
     recorder.heard(
         ToolResultMessage("call_9", "success", True),

@@ -172,7 +172,7 @@ async def test_a_reader_that_falls_behind_pauses_the_sender_and_loses_nothing() 
             assert await ws.recv() == "m0" + "p" * 2000
             # Nothing is read: the queue passes 4 messages and reading stops,
             # so the server's sends back up in the socket buffers.
-            await asyncio.wait_for(ws.reading_paused.wait(), 25)
+            await asyncio.wait_for(ws.reading_paused.wait(), 10)
             assert not ws.transport.is_reading()
             got = [await ws.recv() for _ in range(count - 1)]
             assert got == [f"m{i}" + "p" * 2000 for i in range(1, count)]

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import logging
 import statistics
 import tempfile
@@ -75,7 +76,7 @@ async def retry_gaps(workspace: Path, count: int = 3) -> list[float]:
             await attempted.wait_for(lambda: len(attempts) >= start + 1 + count)
         await client.close()
     times = attempts[start : start + 1 + count]
-    return [b - a for a, b in zip(times, times[1:], strict=False)]
+    return [b - a for a, b in itertools.pairwise(times)]
 
 
 async def main(runs: int) -> None:

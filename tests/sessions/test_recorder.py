@@ -9,6 +9,7 @@ lines; a cut recording records nothing more.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from pathlib import Path
 
@@ -158,6 +159,10 @@ async def test_a_cut_recording_records_nothing_more() -> None:
     assert [type(r) for r in found] == [Cut] and found[0].limit == 4096  # type: ignore[union-attr]
 
 
+_TOOK = 0.05
+"""Seconds each recorded call takes: its duration is at least that (a loaded machine adds)."""
+
+
 async def test_tool_calls_are_recorded_with_outcome_and_duration() -> None:
     store = await stored(MemoryStore())
     recorders = Recorders(store, limit=1 << 20)
@@ -165,11 +170,13 @@ async def test_tool_calls_are_recorded_with_outcome_and_duration() -> None:
     observe = recorder.observe_tools(None)
     context = ToolContext(Path("."), "s1", call_id="call_3")
     with observe(ToolCall("list", {"path": "."}), context) as seen:
+        await asyncio.sleep(_TOOK)  # what the duration must cover, not synchronisation
         seen(ToolResult(tool="list", status="success", content=["a"]))
     # A client-side call: from its delivery to the client's answer.
     call = Call(content='{"name": "confirm", "args": {"q": 1}}', id="call_7", runs_on="client")
     call.seq = 5
     recorder.delivered([LogEntry(5, encode(call))])
+    await asyncio.sleep(_TOOK)
     recorder.heard(ToolResultMessage("call_7", "success", True), None, 5)
     recorder.heard(
         ToolResultMessage("call_9", "success", True),
@@ -186,8 +193,10 @@ async def test_tool_calls_are_recorded_with_outcome_and_duration() -> None:
         "call_3",
     )
     assert msgspec.json.decode(server.args) == {"path": "."}
+    assert server.duration_ms >= _TOOK * 1000, server
     assert (client.name, client.runs_on, client.id) == ("confirm", "client", "call_7")
-    assert msgspec.json.decode(client.args) == {"q": 1} and client.duration_ms >= 0
+    assert msgspec.json.decode(client.args) == {"q": 1}
+    assert client.duration_ms >= _TOOK * 1000, client
     refused = [r for r in found if isinstance(r, ClientCommand)][-1]
     assert refused.refused == "unknown_call"
     assert [r for r in found if isinstance(r, Logged)]

@@ -40,6 +40,10 @@ __all__ = ["TWIML_PATH", "VoiceWebhook", "twiml_stream"]
 TWIML_PATH: Final = "/v1/phone/twilio/voice"
 STREAM_PATH: Final = "/v1/phone/twilio"
 MAX_FIELD: Final = 256
+MAX_BODY: Final = 64 << 10
+"""Bytes of a webhook's form, as sent: Twilio's are ~1-2 KB. Read only once the body is
+known to be uncompressed and announced within this (a chunked one stops at the HTTP
+API's own ``MAX_BODY``)."""
 
 
 def twiml_stream(url: str, parameters: dict[str, str]) -> str:
@@ -82,6 +86,10 @@ class VoiceWebhook:
             )
         if request.content_type != "application/x-www-form-urlencoded":
             return _text(415, "a voice webhook's body is form-encoded (Twilio sends it so)")
+        if request.headers.get("Content-Encoding", "identity").strip().lower() != "identity":
+            return _text(415, "a voice webhook's body is not compressed (Twilio sends it so)")
+        if (request.content_length or 0) > MAX_BODY:
+            return _text(413, f"a voice webhook's body is at most {MAX_BODY} bytes")
         try:
             async with asyncio.timeout(self.body_timeout):
                 form = await request.post()

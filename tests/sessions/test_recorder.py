@@ -205,3 +205,48 @@ async def test_tool_calls_are_recorded_with_outcome_and_duration() -> None:
 async def test_the_recorder_stamps_are_wall_clock_times() -> None:
     recorder: SessionRecorder = Recorders(MemoryStore(), limit=1 << 20).start("s1", header())
     assert abs(recorder.now() - time.time()) < 1.0
+
+
+async def test_a_flood_of_audio_between_two_writes_holds_no_more_than_the_limit() -> None:
+    """60 MiB of a client's PCM in 3 s, recorded whole (``--record-audio all``), once
+    grew the node 119 MB before the store cut the recording: now what a session takes
+    in is kept only while it fits in the room its recording has left."""
+    import tracemalloc
+
+    store = await stored(MemoryStore())
+    limit = 1 << 20
+    recorders = Recorders(store, limit=limit, audio="all")
+    recorder = recorders.start("s1", header())
+    tap = recorder.connected("sim", "sim")
+    chunk = 48_000  # 1 s of 24 kHz PCM16
+    tracemalloc.start()
+    try:
+        for n in range(60 * 2**20 // chunk):
+            pcm = bytes([n % 256]) * chunk  # a new buffer each time, as a socket gives
+            recorder.audio_in(pcm, 24000, n)
+            tap.sent(b'{"type":"input_audio_buffer.append","audio":"' + pcm + b'"}', True)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < limit + 8 * chunk, peak  # 60 MiB and more before
+    started = time.perf_counter()
+    recorders.ride()
+    encoding = time.perf_counter() - started
+    await written(recorders)
+    assert encoding < 1.0  # the lines of ~1 MiB, not of 60 MiB
+    assert recorder.stopped  # that write crossed the limit: the recording is cut there
+    assert isinstance((await read(store))[-1], Cut)
+
+
+async def test_room_comes_back_as_the_store_answers() -> None:
+    store = await stored(MemoryStore())
+    recorders = Recorders(store, limit=64 << 10, audio="all")
+    recorder = recorders.start("s1", header())
+    for n in range(6):  # 6 writes of ~8 KiB each fit in 64 KiB: nothing is dropped
+        recorder.audio_in(bytes([n]) * 6000, 24000, n)
+        recorders._last = -1e9  # the next round is due
+        recorders.ride()
+        await written(recorders)
+    await recorders.finish(recorder)
+    audio = [r for r in await read(store) if isinstance(r, ClientAudio)]
+    assert [r.seq for r in audio] == list(range(6))

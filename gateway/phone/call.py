@@ -369,7 +369,7 @@ class PhoneCallConnection:
         if not mulaw:
             return
         wire, stream = self._wire, self.identity.stream
-        name = self.playback.sent(seq, len(mulaw) * 1000 // CALL_RATE)
+        name = self.playback.sent(seq, len(mulaw) * 1000 / CALL_RATE)
         self._played_out.clear()
         self._send(
             wire.encode_outbound(Play(stream, mulaw)), wire.encode_outbound(MarkOut(stream, name))

@@ -28,14 +28,19 @@ MARK_PREFIX: Final = "rtgw-"
 class Playback:
     """The marks in flight on one call and what their echoes say."""
 
-    __slots__ = ("_answer_ms", "_marks", "_next", "heard_ms")
+    __slots__ = ("_answer_ms", "_heard_ms", "_marks", "_next")
 
     def __init__(self) -> None:
         # name → (seq of the chunk's audio frame, ms of the answer through it, the chunk's ms)
-        self._marks: deque[tuple[str, int, int, int]] = deque()
+        self._marks: deque[tuple[str, int, float, float]] = deque()
         self._next = 0
-        self._answer_ms = 0  # ms of the current answer sent so far
-        self.heard_ms = 0  # ms of all answers the caller heard (the talk time)
+        self._answer_ms = 0.0  # ms of the current answer sent so far (unrounded: chunks add up)
+        self._heard_ms = 0.0
+
+    @property
+    def heard_ms(self) -> int:
+        """ms of all answers the caller heard (the talk time)."""
+        return int(self._heard_ms)
 
     @property
     def playing(self) -> bool:
@@ -44,9 +49,9 @@ class Playback:
 
     def new_answer(self) -> None:
         """The audio sent next belongs to a new answer (its ms count from 0)."""
-        self._answer_ms = 0
+        self._answer_ms = 0.0
 
-    def sent(self, seq: int, ms: int) -> str:
+    def sent(self, seq: int, ms: float) -> str:
         """A chunk of ``ms`` ms tagged ``seq`` went to the carrier: the mark to send after it."""
         self._next += 1
         name = f"{MARK_PREFIX}{self._next}"
@@ -62,9 +67,9 @@ class Playback:
             return None
         while marks:
             mark, seq, answer_ms, chunk_ms = marks.popleft()
-            self.heard_ms += chunk_ms  # marks come back in order: the ones before played too
+            self._heard_ms += chunk_ms  # marks come back in order: the ones before played too
             if mark == name:
-                return Played(seq=seq, ms=answer_ms)
+                return Played(seq=seq, ms=int(answer_ms))
         return None  # pragma: no cover - the look above found it
 
     def clear(self) -> bool:

@@ -32,7 +32,7 @@ from gateway.edge.pending import PendingConnections
 from gateway.phone.admission import StreamTokens, signed_urls
 from gateway.phone.plans import CallPlans
 from gateway.phone.settings import PhoneSettings
-from gateway.store.base import StoreUnavailable
+from gateway.store.base import StoreError
 from protocol.media_stream import twilio_signature_valid
 
 __all__ = ["TWIML_PATH", "VoiceWebhook", "twiml_stream"]
@@ -108,11 +108,23 @@ class VoiceWebhook:
             fields.get("To", ""),
             fields.get("CallSid", ""),
         )
+        if not call:
+            return _text(
+                400,
+                "a voice webhook carries CallSid (Twilio always sends it): the stream token "
+                "is bound to the call",
+            )
         profile = request.query.get("profile", "")[:MAX_FIELD]
         plan = self.plans.plan(called, profile)
         try:
-            stream_token, _ = await self.tokens.mint(plan.owner, call=call)
-        except StoreUnavailable:
+            if not await self.tokens.first_answer(call):
+                return _text(
+                    409,
+                    f"call {call[:64]!r} was answered already: a replayed webhook mints no "
+                    "second stream token",
+                )
+            stream_token, _ = await self.tokens.mint(plan.owner, call=call, to=called)
+        except StoreError:
             return _text(503, "the session store is unavailable; Twilio will retry")
         base = settings.public_url.rstrip("/") if settings.public_url else f"wss://{host}"
         twiml = twiml_stream(

@@ -238,7 +238,7 @@ async def test_a_stream_nobody_signed_is_refused_before_a_session_exists(tmp_pat
     async with phone_gateway(tmp_path) as gw:
         with pytest.raises(InvalidStatus) as unsigned:
             await gw.call(signed=False).dial()
-        bad = gw.call()
+        bad = gw.call(webhook=False)
         bad.setup.auth_token = "not-the-token"
         with pytest.raises(InvalidStatus) as wrong:
             await bad.dial()
@@ -310,12 +310,12 @@ async def test_the_twiml_helper_wires_a_number_with_one_url(tmp_path: Path) -> N
         parameters = {p.get("name"): p.get("value") for p in stream.findall("Parameter")}
         assert parameters["from"] == "+15550001111" and parameters["to"] == "+15550002222"
         # Twilio dials the stream with those parameters; the token is for this call only.
-        call = gw.call(parameters=dict(parameters), call_sid="CA42")  # type: ignore[arg-type]
+        call = gw.call(webhook=False, parameters=dict(parameters), call_sid="CA42")  # type: ignore[arg-type]
         await call.dial()
         await call.say(espeak("Hi."))
         await call.answered()
         await call.hang_up()
-        other = gw.call(parameters=dict(parameters), call_sid="CA43")  # type: ignore[arg-type]
+        other = gw.call(webhook=False, parameters=dict(parameters), call_sid="CA43")  # type: ignore[arg-type]
         await other.dial()
         code, reason = await other.wait_closed()
     assert code == 1008 and "another call" in reason

@@ -166,14 +166,17 @@ class StreamTokens:
         sid: str = "",
         call: str = "",
         to: str = "",
+        profile: str = "",
         ttl: float | None = None,
     ) -> tuple[str, float]:
-        """A token for ``owner``'s call (resuming ``sid``, for ``call`` and the number
-        ``to`` if given) and its expiry (unix seconds). Raises ``StoreUnavailable`` if
-        the secret is out of reach."""
+        """A token for ``owner``'s call (resuming ``sid``, for ``call``, the number ``to``
+        and the ``profile`` if given) and its expiry (unix seconds). Raises
+        ``StoreUnavailable`` if the secret is out of reach."""
         expires_at = round(self._clock() + (self.ttl if ttl is None else ttl), 3)
         keys = await self._keys()
-        token = mint_stream_token(keys[0], owner, expires_at, sid=sid, call=call, to=to)
+        token = mint_stream_token(
+            keys[0], owner, expires_at, sid=sid, call=call, to=to, profile=profile
+        )
         return token, expires_at
 
     async def first_answer(self, call: str) -> bool:

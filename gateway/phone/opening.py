@@ -177,7 +177,10 @@ async def open_call(
         caller=custom.get("from", "") or started.caller,
         called=(claims.to if claims is not None else "") or custom.get("to", "") or started.called,
     )
-    plan = opening.plans.plan(identity.called, custom.get("profile", ""))
+    profile = custom.get("profile", "")
+    if claims is not None and claims.to:
+        profile = claims.profile  # a token that names the number (the webhook's) names it too
+    plan = opening.plans.plan(identity.called, profile)
     # The owner is the token's (signed); without one, the default key's: an unsigned
     # parameter never moves a call to another owner's number.
     plan = dataclasses.replace(

@@ -113,22 +113,24 @@ async def test_ownership_comes_from_the_signed_webhook_not_the_streams_parameter
     the stream moves the call to no other tenant's number."""
     numbers = numbers_file(
         tmp_path,
-        '[numbers."+15550000001"]\nkey = "alice"\n[numbers."+15550000002"]\nkey = "bob"\n',
+        '[numbers."+15550000001"]\nkey = "alice"\n[numbers."+15550000002"]\nkey = "bob"\n'
+        '[profiles.other]\ninstructions = "Another tenant\'s instructions."\n',
     )
     async with phone_gateway(tmp_path, phone_numbers_file=numbers) as gw:
         status, twiml = await asyncio.to_thread(
             post_webhook, gw, {"CallSid": "CA90", "AccountSid": "AC1", "To": "+15550000001"}
         )
-        parameters = stream_parameters(twiml) | {"to": "+15550000002"}  # tampered
+        parameters = stream_parameters(twiml) | {"to": "+15550000002", "profile": "other"}
         call = gw.call(webhook=False, call_sid="CA90", parameters=parameters)
         await call.dial()
         await until(lambda: bool(gw.gateway.phone.control.calls))
         sid = call_sid(gw)
         owner = (await gw.gateway.node.store.get_meta(sid) or {}).get("owner")
         called = gw.gateway.phone.control.calls[sid].identity.called
+        instructions = gw.gateway.node.runtimes[sid].setup.config.instructions
         await call.hang_up()
     assert status == 200
-    assert (owner, called) == ("alice", "+15550000001")
+    assert (owner, called, instructions) == ("alice", "+15550000001", "")
 
 
 async def test_without_require_token_a_signed_stream_belongs_to_the_phone_key(

@@ -347,6 +347,11 @@ class PhoneCallConnection:
                 meter.speech_stopped(_stamp(entry.data).timestamp)
             elif kind in (b"end", b"cancelled"):
                 self._answer_over = True
+            elif kind == b"user":
+                # A new turn: the last answer's marks still echo as it plays out, but
+                # they no longer report on the session's answer (the new one).
+                self._answer_over = True
+                self.playback.new_answer()
             elif kind == b"metric" and self._digits:
                 self._tell_keys()
             elif kind == b"approval_required" and self.keypad is not None:

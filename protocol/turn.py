@@ -287,7 +287,9 @@ class TurnMachine(ToolSteps):
                 note = Cancelled(content=BARGED_IN, reason="barge_in", heard_ms=heard)
                 out.append(Persist((note,)))
                 if self.voice:
-                    out.append(ReplaceResponse(self.spoken.text, heard_ms=heard))
+                    spoken = self.spoken
+                    text = spoken.text if spoken.chars else self._parser.accepted_text
+                    out.append(ReplaceResponse(text, heard_ms=heard))
         return out
 
     def audio_sent(self, ms: float) -> None:

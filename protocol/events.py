@@ -174,9 +174,13 @@ class User(_Base, tag="user"):
 class SpeechStarted(_Base, tag="speech_started"):
     """The provider's voice activity detection heard the user start speaking,
     ``offset_ms`` into the audio this session's upstream connection received.
-    A client playing an answer should stop it now (barge-in)."""
+    A client playing an answer should stop it now (barge-in). ``heard_ms``: the
+    previous answer had finished generating but was still playing (the client's
+    newest ``played`` was behind the audio sent), so it is cut where the client
+    had played to: the provider and history keep that much of it."""
 
     offset_ms: int
+    heard_ms: int | msgspec.UnsetType = msgspec.UNSET
 
 
 class SpeechStopped(_Base, tag="speech_stopped"):

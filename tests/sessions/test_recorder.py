@@ -21,6 +21,7 @@ from protocol.events import Call, Error, ToolResultMessage, UserMessage, encode
 from protocol.recording import (
     ClientAudio,
     ClientCommand,
+    Connected,
     Cut,
     Header,
     Logged,
@@ -155,7 +156,30 @@ async def test_a_cut_recording_records_nothing_more() -> None:
     assert recorder.stopped
     recorder.heard(UserMessage(content="hello"), None, 0)  # ignored
     found = await read(store)
-    assert [type(r) for r in found] == [Cut] and found[0].limit == 4096  # type: ignore[union-attr]
+    # The header and the connection fit before the limit; the frame that crossed it not.
+    assert [type(r) for r in found] == [Header, Connected, Cut]
+    assert found[2].limit == 4096  # type: ignore[attr-defined]
+
+
+async def test_a_recording_capped_at_64_kib_keeps_what_fits_before_the_cap() -> None:
+    """A batch that crosses the cap is cut at it: 64 KiB of 100 frames, not the header only."""
+    store = await stored(MemoryStore())
+    limit = 64 << 10
+    recorders = Recorders(store, limit=limit)
+    recorder = recorders.start("s1", header())
+    tap = recorder.connected("sim", "sim")
+    for i in range(100):
+        tap.received(b'{"type":"delta","n":%d,"pad":"%s"}' % (i, b"p" * 1000))
+    recorders.ride()
+    await written(recorders)
+    assert recorder.stopped
+    _, size = await store.read_recording("s1", 0, 1 << 24)
+    assert limit - 1100 < size <= limit, size
+    found = await read(store)
+    frames = [r for r in found if isinstance(r, UpstreamFrame)]
+    assert isinstance(found[0], Header) and isinstance(found[-1], Cut)
+    assert 55 <= len(frames) < 100
+    assert [msgspec.json.decode(f.frame)["n"] for f in frames] == list(range(len(frames)))
 
 
 async def test_tool_calls_are_recorded_with_outcome_and_duration() -> None:

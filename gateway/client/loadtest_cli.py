@@ -34,6 +34,7 @@ from urllib.parse import urlsplit
 
 import msgspec
 
+from gateway.client.dial import token_from_env
 from gateway.client.judge import compare_reports, parse_threshold
 from gateway.client.loadtest import (
     FD_MARGIN,
@@ -149,9 +150,10 @@ def config_from_args(ns: argparse.Namespace, *, stderr: TextIO | None = None) ->
             audio, audio_rate = read_wav(ns.audio_file)
         except (OSError, EOFError, wave.Error) as exc:
             raise ValueError(f"--audio {ns.audio_file}: {exc}") from exc
-    config = LoadTestConfig(
-        **flag_values(ns, LoadTestConfig), progress=progress, audio=audio, audio_rate=audio_rate
-    )
+    values = flag_values(ns, LoadTestConfig)
+    if not values.get("token"):
+        values["token"] = token_from_env()  # unset: None, as no --token
+    config = LoadTestConfig(**values, progress=progress, audio=audio, audio_rate=audio_rate)
     if ns.message_chars is not None:
         config = msgspec.structs.replace(
             config, message=sized_message(config.message, ns.message_chars)

@@ -146,6 +146,32 @@ async def test_a_session_not_stored_yet_holds_its_lines() -> None:
     assert kinds == [Header, ClientCommand]
 
 
+async def test_a_session_stored_late_keeps_the_held_lines_that_fit_and_is_cut() -> None:
+    """Lines held past the limit (the session not stored yet) are cut at it, not dropped."""
+    store = MemoryStore()
+    recorders = Recorders(store, limit=4096)
+    recorder = recorders.start("s1", header())
+    tap = recorder.connected("sim", "sim")
+    for i in range(10):
+        tap.received(b'{"type":"delta","n":%d,"pad":"%s"}' % (i, b"p" * 1000))
+    recorders.ride()
+    await written(recorders)
+    assert recorder.full and not recorder.stopped  # held, bounded, recording nothing more
+    await stored(store)  # its first turn stores it
+    recorder.heard(UserMessage(content="hello"), None, 0)  # not kept; writes the held lines
+    recorders._last = -1e9
+    recorders.ride()
+    await written(recorders)
+    assert recorder.stopped
+    _, size = await store.read_recording("s1", 0, 1 << 20)
+    assert 4096 - 1100 < size <= 4096
+    found = await read(store)
+    frames = [r for r in found if isinstance(r, UpstreamFrame)]
+    assert [type(r) for r in found] == [Header, Connected, *[UpstreamFrame] * len(frames), Cut]
+    assert len(frames) >= 2
+    assert [msgspec.json.decode(f.frame)["n"] for f in frames] == list(range(len(frames)))
+
+
 async def test_a_cut_recording_records_nothing_more() -> None:
     store = await stored(MemoryStore())
     recorders = Recorders(store, limit=4096)

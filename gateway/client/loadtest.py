@@ -130,7 +130,11 @@ class LoadTestConfig(msgspec.Struct, frozen=True, kw_only=True):
     ] = 5.0
     token: Annotated[
         str | None,
-        Setting("API key, sent as Authorization: Bearer; never written to the report", CONNECTION),
+        Setting(
+            "API key, sent as Authorization: Bearer; never written to the report (default: "
+            "$GATEWAY_TOKEN, unseen by other processes)",
+            CONNECTION,
+        ),
     ] = None
     progress: Annotated[
         ProgressMode, Setting("progress on stderr: none, an updating bar, or periodic lines")

@@ -427,8 +427,8 @@ class Recordings(Protocol):
         """Append each session's lines to its recording; per chunk, the recording's size
         in bytes after it, or ``NOT_STORED`` (the session is not stored: nothing was
         written), or ``RECORDING_CUT``: the lines would take it past ``limit`` bytes, so
-        the chunk's ``cut`` line was written instead, once, and nothing is written to
-        it any more. Empty lines only keep the recording as long as its session."""
+        the whole lines of them that fit (the ``cut`` line included) were written, then
+        the chunk's ``cut`` line, once, and nothing is written to it any more. Empty lines only keep the recording as long as its session."""
         ...
 
     async def read_recording(self, sid: str, offset: int, max_bytes: int) -> tuple[bytes, int]:

@@ -572,6 +572,10 @@ class MemoryRecordings:
             if session.meta.get(RECORDING) == "cut":
                 sizes.append(RECORDING_CUT)
             elif len(recording) + len(lines) > limit:
+                # The whole lines that fit before the limit, then the cut line.
+                room = limit - len(recording) - len(cut)
+                if room > 0:
+                    recording += lines[: lines.rfind(b"\n", 0, room) + 1]
                 recording += cut
                 session.meta[RECORDING] = "cut"
                 sizes.append(RECORDING_CUT)

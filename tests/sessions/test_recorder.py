@@ -22,6 +22,7 @@ from protocol.events import Call, Error, ToolResultMessage, UserMessage, encode
 from protocol.recording import (
     ClientAudio,
     ClientCommand,
+    Connected,
     Cut,
     Header,
     Logged,
@@ -146,6 +147,32 @@ async def test_a_session_not_stored_yet_holds_its_lines() -> None:
     assert kinds == [Header, ClientCommand]
 
 
+async def test_a_session_stored_late_keeps_the_held_lines_that_fit_and_is_cut() -> None:
+    """Lines held past the limit (the session not stored yet) are cut at it, not dropped."""
+    store = MemoryStore()
+    recorders = Recorders(store, limit=4096)
+    recorder = recorders.start("s1", header())
+    tap = recorder.connected("sim", "sim")
+    for i in range(10):
+        tap.received(b'{"type":"delta","n":%d,"pad":"%s"}' % (i, b"p" * 1000))
+    recorders.ride()
+    await written(recorders)
+    assert recorder.full and not recorder.stopped  # held, bounded, recording nothing more
+    await stored(store)  # its first turn stores it
+    recorder.heard(UserMessage(content="hello"), None, 0)  # not kept; writes the held lines
+    recorders._last = -1e9
+    recorders.ride()
+    await written(recorders)
+    assert recorder.stopped
+    _, size = await store.read_recording("s1", 0, 1 << 20)
+    assert 4096 - 1100 < size <= 4096
+    found = await read(store)
+    frames = [r for r in found if isinstance(r, UpstreamFrame)]
+    assert [type(r) for r in found] == [Header, Connected, *[UpstreamFrame] * len(frames), Cut]
+    assert len(frames) >= 2
+    assert [msgspec.json.decode(f.frame)["n"] for f in frames] == list(range(len(frames)))
+
+
 async def test_a_cut_recording_records_nothing_more() -> None:
     store = await stored(MemoryStore())
     recorders = Recorders(store, limit=4096)
@@ -156,7 +183,30 @@ async def test_a_cut_recording_records_nothing_more() -> None:
     assert recorder.stopped
     recorder.heard(UserMessage(content="hello"), None, 0)  # ignored
     found = await read(store)
-    assert [type(r) for r in found] == [Cut] and found[0].limit == 4096  # type: ignore[union-attr]
+    # The header and the connection fit before the limit; the frame that crossed it not.
+    assert [type(r) for r in found] == [Header, Connected, Cut]
+    assert found[2].limit == 4096  # type: ignore[attr-defined]
+
+
+async def test_a_recording_capped_at_64_kib_keeps_what_fits_before_the_cap() -> None:
+    """A batch that crosses the cap is cut at it: 64 KiB of 100 frames, not the header only."""
+    store = await stored(MemoryStore())
+    limit = 64 << 10
+    recorders = Recorders(store, limit=limit)
+    recorder = recorders.start("s1", header())
+    tap = recorder.connected("sim", "sim")
+    for i in range(100):
+        tap.received(b'{"type":"delta","n":%d,"pad":"%s"}' % (i, b"p" * 1000))
+    recorders.ride()
+    await written(recorders)
+    assert recorder.stopped
+    _, size = await store.read_recording("s1", 0, 1 << 24)
+    assert limit - 1100 < size <= limit, size
+    found = await read(store)
+    frames = [r for r in found if isinstance(r, UpstreamFrame)]
+    assert isinstance(found[0], Header) and isinstance(found[-1], Cut)
+    assert 55 <= len(frames) < 100
+    assert [msgspec.json.decode(f.frame)["n"] for f in frames] == list(range(len(frames)))
 
 
 _TOOK = 0.05

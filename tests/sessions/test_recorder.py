@@ -272,7 +272,9 @@ async def test_a_flood_of_audio_between_two_writes_holds_no_more_than_the_limit(
     tracemalloc.start()
     try:
         for n in range(60 * 2**20 // chunk):
-            pcm = bytes([n % 256]) * chunk  # a new buffer each time, as a socket gives
+            # A new buffer each time, as a socket gives; letters, so the frame is the
+            # JSON text a real client sends (raw control bytes would not be).
+            pcm = bytes([97 + n % 26]) * chunk
             recorder.audio_in(pcm, 24000, n)
             tap.sent(b'{"type":"input_audio_buffer.append","audio":"' + pcm + b'"}', True)
         _, peak = tracemalloc.get_traced_memory()

@@ -93,6 +93,7 @@ from protocol.turn_events import (
     TurnStarted,
     UpstreamFailed,
     UpstreamLost,
+    UpstreamStalled,
 )
 
 __all__ = ["DrivenSession", "TurnDriver"]
@@ -195,6 +196,7 @@ class TurnDriver:
         self._interrupted = False  # a cancel interrupted the driver's await
         self._in_upstream_call = False  # the driver awaits a request to the upstream
         self._requested_at: float | None = None  # when the last response was requested
+        self._deltas_now = 0  # deltas ``_text_now`` took: the provider is not silent
         # The upstream handing deltas to ``_text_now``, and what that failed with.
         self._streaming_to: Upstream | None = None
         self._text_failure: Exception | None = None
@@ -628,9 +630,19 @@ class TurnDriver:
                 upstream.stream_text_to(self._text_now)
                 self._streaming_to = upstream
                 try:
-                    ev = await upstream.recv()
+                    got = await self._recv_watched(upstream)
                 finally:
                     self._stop_text_now()
+                if got is None:
+                    todo.extend(self._stalled())
+                    return
+                ev = got
+            elif machine.awaits_upstream:
+                got = await self._recv_watched(upstream)
+                if got is None:
+                    todo.extend(self._stalled())
+                    return
+                ev = got
             else:
                 ev = await upstream.recv()
             kind = type(ev)
@@ -677,6 +689,30 @@ class TurnDriver:
                 if todo:
                     return
 
+    async def _recv_watched(self, upstream: Upstream) -> UpstreamEvent | None:
+        """The upstream's next event while a response runs; None: the provider sent
+        nothing (no event, no delta taken by ``_text_now``) for ``upstream_stall_timeout``
+        seconds. A read cut by the timeout loses nothing (the adapters' reads are
+        cancellation-safe, as the cancelled-response wait relies on too)."""
+        if not self.machine.awaits_upstream:
+            return await upstream.recv()
+        stall = self.services.config.upstream_stall_timeout
+        while True:
+            seen = self._deltas_now
+            try:
+                async with asyncio.timeout(stall):
+                    return await upstream.recv()
+            except TimeoutError:
+                if self._deltas_now == seen:
+                    return None
+
+    def _stalled(self) -> Sequence[Action]:
+        seconds = self.services.config.upstream_stall_timeout
+        log.warning("session %s: nothing from the upstream for %gs", self.sid, seconds)
+        self.observer.step_done(None, error="upstream_timeout")
+        self.services.metrics.upstream_errors.inc()
+        return self.machine.feed(UpstreamStalled(seconds))
+
     def _response_done(self, ev: ResponseDone) -> Sequence[Action]:
         self.observer.step_done(ev.usage)
         if ev.status == "completed":
@@ -706,6 +742,7 @@ class TurnDriver:
         waits (``Upstream.stream_text_to``): parsed and emitted here, as the
         pump would. True: the driver must wake (a marker asked to stop, or
         this failed: the pump raises it as its own)."""
+        self._deltas_now += 1
         try:
             if self._requested_at is not None:
                 self._first_delta()

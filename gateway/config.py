@@ -327,6 +327,14 @@ class Config(msgspec.Struct, kw_only=True):
             TOOLS,
         ),
     ] = True
+    background_max_running: Annotated[
+        AtLeastOne,
+        Setting(
+            "background tool calls one session may have running at once; a call past it is "
+            "not started and its result says so",
+            TOOLS,
+        ),
+    ] = 64
     tool_max_output: Annotated[
         AtLeastOne, Setting("characters of one tool result kept (the rest is cut)", TOOLS)
     ] = 64_000

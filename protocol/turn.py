@@ -533,6 +533,8 @@ class TurnMachine(ToolSteps):
 
     def _cancel(self, *, barge_in: bool = False) -> list[Action]:
         state = self.state
+        if state is _IDLE and self.cancel_background and self.background.running:
+            return self._cancel_background_only()
         if state is _IDLE or state is _ENDING or state is _CANCELLING:
             return [Refuse(Error(code="no_turn", content="no turn is running; nothing to cancel"))]
         out: list[Action] = self.spoken.release(UNHEARD)
@@ -563,6 +565,21 @@ class TurnMachine(ToolSteps):
         # Tools or a backoff: no response runs, nothing more to report.
         self.batch.settle("was cancelled with its turn")
         return self._close(out)
+
+    def _cancel_background_only(self) -> list[Action]:
+        """A cancel between turns: the session's background calls still running are
+        cancelled (each gets its ``result``), and a ``cancelled`` (with its ``metric``,
+        as every ``cancelled``) says how many."""
+        count = len(self.background.running)
+        calls = "call" if count == 1 else "calls"
+        content = f"{CANCELLED_BY_USER}: {count} background {calls} still running"
+        stopped = self.background.cancel(CANCELLED_BY_USER)
+        kept = [msgspec.structs.replace(r) for r in stopped]  # history's own copies
+        note = Cancelled(content=content)
+        out: list[Action] = [Persist((note, *kept)), *stopped, Cancelled(content=content)]
+        out += self.meter.metric()
+        out.append(CancelBackground(tuple(str(r.id) for r in stopped)))
+        return out
 
     def _shell_failed(self, what: str) -> Sequence[Action]:
         state = self.state

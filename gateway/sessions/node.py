@@ -98,7 +98,7 @@ class Node:
             store,
             limit=config.record_max_bytes,
             audio=config.record_audio,
-            secrets=_secrets(config),
+            secrets=[*_secrets(config), *_tool_secrets(registry)],
         )
         self.log_writer = LogWriter(
             store,
@@ -566,6 +566,17 @@ def _secrets(config: Config) -> list[str]:
     found = [config.upstream(name).api_key for name in providers.NAMES if name != providers.SIM]
     found += [config.sim.api_key or "", *config.token_secret.split(",")]
     return [s for s in found if s]
+
+
+def _tool_secrets(registry: Registry) -> list[str]:
+    """What the gateway holds for its tools (headers, environment values): the executor
+    scrubs them from results already; recordings are scrubbed of them too."""
+    found: list[str] = []
+    for tool in registry:
+        secrets = getattr(tool, "secrets", None)
+        if secrets:
+            found += secrets.values
+    return found
 
 
 def _float(text: str) -> float:

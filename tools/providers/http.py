@@ -46,6 +46,7 @@ import httpx2
 from tools.base import ToolContext, ToolFailure
 from tools.described import DescribedTool
 from tools.providers.specs import HttpToolSpec
+from tools.secrets import Secrets
 
 __all__ = ["HttpTool", "HttpToolSpec", "body_limit", "http_client"]
 
@@ -93,6 +94,7 @@ class HttpTool(DescribedTool):
         self.spec = spec
         self.require_approval = spec.require_approval
         self.background = spec.background
+        self.secrets = Secrets(spec.secrets)
         self._client = client
 
     async def run(self, args: dict[str, Any], ctx: ToolContext) -> Any:

@@ -455,14 +455,18 @@ class ToolBatch:
         """Native calls' ``(call_id, output)`` pairs for ``results``; None for text calls.
 
         A background call has none yet: the provider's own way is to send its
-        output when it is done (the model goes on meanwhile)."""
+        output when it is done (the model goes on meanwhile). One that was not
+        started (the session's limit) has its failure now."""
         ids = self.native_ids
         if not ids or len(ids) != len(results):
             return None
+        logged = self._logged
         return tuple(
             (call_id, _RESULT_ENCODER.encode(result).decode())
-            for call_id, result, event in zip(ids, results, self.events, strict=True)
-            if event.background is not True
+            for index, (call_id, result, event) in enumerate(
+                zip(ids, results, self.events, strict=True)
+            )
+            if event.background is not True or (index < len(logged) and logged[index])
         )
 
     def native_id(self, index: int) -> str:

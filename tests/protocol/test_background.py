@@ -20,6 +20,7 @@ from protocol.turn_events import (
     BackgroundDone,
     Cancel,
     CancelBackground,
+    NativeCall,
     Persist,
     Refuse,
     Request,
@@ -200,3 +201,18 @@ def test_a_takeover_reruns_running_background_calls_and_delivers_logged_ones() -
     )
     assert only(out, StartBackground).ids == ("call_1",)
     assert kinds(out)[1:] == ["TurnStarted", "Persist", "Request"]  # call_3's result is due
+
+
+def test_a_native_background_call_past_the_limit_gets_its_failure_as_output() -> None:
+    machine = background_machine()
+    machine.background.limit = 1
+    machine.voice = True
+    machine.feed(UserMessage(content="go"))
+    machine.feed(NativeCall("fc_1", "slow", "{}"))
+    machine.feed(NativeCall("fc_2", "slow", "{}"))
+    out = machine.feed(ResponseDone("completed", USAGE))
+    assert len(only(out, StartBackground).ids) == 1
+    request = out[-1]
+    # The started one answers later (the provider's way); the other one's failure now.
+    assert isinstance(request, Request) and [c for c, _ in request.outputs] == ["fc_2"]
+    assert "at most 1 background calls" in orjson.loads(request.outputs[0][1])["content"]

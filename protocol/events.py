@@ -233,6 +233,7 @@ ErrorCode = Literal[
     "malformed_execute",
     # the environment: retry later
     "upstream",
+    "upstream_timeout",  # the provider went silent mid-response, twice
     "store",
     "rate_limited",
     "log_trimmed",

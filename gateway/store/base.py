@@ -246,8 +246,9 @@ class EventLog(Protocol):
         """
         ...
 
-    async def read_history(self, sid: str) -> list[bytes]:
-        """Every history item, oldest first."""
+    async def read_history(self, sid: str, start: int = 0, count: int = 0) -> list[bytes]:
+        """History items from the ``start``-th (0: the oldest), oldest first: ``count``
+        of them at most (0: every one to the end)."""
         ...
 
 

@@ -225,3 +225,22 @@ def test_gateway_serve_stops_at_once_with_one_line_naming_the_server(tmp_path: P
     assert "exited with status 1 before it answered" in line
     assert "ModuleNotFoundError: No module named 'no_such_module'" in line
     assert elapsed < 15  # mostly the gateway's own imports; it was 20-30 s of retries
+
+
+async def test_values_the_server_was_given_from_the_environment_are_scrubbed(
+    ctx: ToolContext,
+) -> None:
+    spec = McpServerSpec(
+        name="calc",
+        command=(sys.executable, str(SERVER)),
+        env={"CALC_KEY": "mcp-key-0123456789", "CALC_OOPS": "mcp-error-secret!"},
+        timeout=10.0,
+        secrets=(("CALC_KEY", "mcp-key-0123456789"), ("CALC_OOPS", "mcp-error-secret!")),
+    )
+    async for harness in _harness(spec, ctx):
+        said = await harness.call("calc.config", variable="CALC_KEY")
+        assert said == ToolResult("calc.config", "success", "CALC_KEY=[redacted:CALC_KEY]")
+        failed = await harness.call("calc.config", variable="CALC_OOPS")
+        assert failed.status == "failure"
+        assert "refusing with [redacted:CALC_OOPS]" in failed.content
+        assert "mcp-error-secret" not in failed.content

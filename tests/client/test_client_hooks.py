@@ -97,6 +97,9 @@ async def test_a_background_result_after_the_turn_reaches_on_event(
             [call] = [e for e in turn if isinstance(e, Call)]
             assert call.background is True
             assert event_kind(turn[-1]) == "metric"  # the turn ended without the result
+            # The model was told it started, and says so (not that it returned).
+            answer = "".join(e.content for e in turn if isinstance(e, Respond))
+            assert answer == "The tool started in the background; its result comes later."
             assert not [e for e in turn if isinstance(e, Result) and e.id == call.id]
             release.set()
             await answered.wait()

@@ -22,6 +22,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 __all__ = ["closed_at_once", "refusal"]
 
+_HUNG_UP: Final = ("closed by server", "while writing to socket", "while reading from")
 _URL: Final = "in --store (GATEWAY_STORE, REDIS_URL): redis://[USER]:PASSWORD@HOST:PORT/DB"
 
 
@@ -69,8 +70,10 @@ def closed_at_once(exc: BaseException) -> bool:
     """The server took the connection, then hung up without a reply: not Redis, or a
     Redis shutting down this moment, or a proxy whose Redis is down (the caller asks
     again for a while before deciding)."""
+    # redis-py's words for a connection that was made and then lost; not for a failed
+    # connect ("connecting to"), a full server, or Sentinel finding no primary.
     return (
         isinstance(exc, RedisConnectionError)
         and not isinstance(exc, AuthenticationError)
-        and "connecting to" not in str(exc)  # redis-py's words for a failed connect
+        and any(words in str(exc) for words in _HUNG_UP)
     )

@@ -179,6 +179,16 @@ class Timing:
     open_timeout: float = 10.0
 
 
+HOOK_NAMES: Final = (
+    "on_connect",
+    "on_disconnect",
+    "on_audio",
+    "on_retry",
+    "on_approval",
+    "on_event",
+)
+
+
 class Client:
     """One gateway session, kept alive across connections (see the module docstring).
 
@@ -207,6 +217,13 @@ class Client:
     call's ``result`` after its turn ended and the model's answer to it, another
     client's turn on the session, a resumed client's replay, anything ``send()``
     and ``speak()`` do not yield (each event goes to exactly one of them)."""
+
+    def __setattr__(self, name: str, value: object) -> None:
+        if name.startswith("on_") and not isinstance(getattr(type(self), name, None), Hook):
+            raise AttributeError(
+                f"Client has no hook {name!r}: its hooks are {', '.join(HOOK_NAMES)}"
+            )
+        object.__setattr__(self, name, value)
 
     def __init__(
         self,

@@ -4,12 +4,14 @@ told what arrives outside a turn, and enough to make a barge-in say what was hea
 from __future__ import annotations
 
 import asyncio
+import inspect
 from pathlib import Path
 
 import pytest
 
 from gateway.client import Client
-from gateway.client.client import event_kind
+from gateway.client.client import HOOK_NAMES, event_kind
+from gateway.client.hooks import Hook
 from protocol.events import Call, Cancelled, Event, Respond, Result
 from tests.conftest import LoggedTracebacks
 from tests.gateway.conftest import GatewayFactory
@@ -65,6 +67,10 @@ def test_a_hook_that_is_not_a_function_is_refused_at_once() -> None:
         c.on_event = "print"  # type: ignore[assignment]
     c.on_event = None
     assert c.on_event is None
+    with pytest.raises(AttributeError, match="Client has no hook 'on_events': its hooks are"):
+        c.on_events = print  # a typo is not silently ignored either
+    hooks = {n for n in vars(Client) if isinstance(inspect.getattr_static(Client, n), Hook)}
+    assert hooks == set(HOOK_NAMES)
 
 
 async def test_a_background_result_after_the_turn_reaches_on_event(

@@ -113,3 +113,20 @@ def test_a_redis_that_is_down_is_still_waited_for() -> None:
     ) as node:
         node.wait_for_lines(r"the session store does not answer")
         assert node.proc.poll() is None  # listening, and waiting for Redis to start
+
+
+def test_keys_on_a_redis_that_refuses_the_password_say_what_to_change(
+    guarded_redis: RedisServer,
+) -> None:
+    url = f"redis://:wrong-one@127.0.0.1:{guarded_redis.port}/0"
+    done = subprocess.run(
+        [sys.executable, "-m", "gateway.cli", "keys", "list", "--store", url],
+        capture_output=True,
+        text=True,
+        timeout=45,
+        stdin=subprocess.DEVNULL,
+    )
+    assert done.returncode == 1, done.stderr
+    [line] = done.stderr.splitlines()
+    assert "refused the store URL's user or password" in line and "(while listing API keys)" in line
+    assert "is Redis running" not in line and "that Redis is running" not in line

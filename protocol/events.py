@@ -137,15 +137,16 @@ class Call(_Base, tag="call"):
     runs it: ``"gateway"`` (a server tool, or a call the gateway answers itself,
     e.g. with a failure) or ``"client"`` (a tool the session's client declared
     with ``configure``: some connection of the session answers it with a
-    ``tool_result`` frame carrying this ``id``). ``background: true`` (only then
-    present): the tool does not block the turn; the model was told it started,
-    and the call's ``result`` comes when it is ready, maybe after the turn.
+    ``tool_result`` frame carrying this ``id``). ``background: true``: the tool
+    does not block the turn; the model was told it started, and the call's
+    ``result`` comes when it is ready, maybe after the turn (``false`` for a
+    call the turn waits for; older gateways left it out then).
     """
 
     content: str
     id: str = ""
     runs_on: Literal["gateway", "client"] = "gateway"
-    background: bool | msgspec.UnsetType = msgspec.UNSET
+    background: bool = False
 
 
 class Execute(_Base, tag="execute"):

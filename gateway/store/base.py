@@ -393,10 +393,16 @@ class Secrets(Protocol):
 
 
 class Health(Protocol):
-    """What readiness and the metrics ask of a store (3 methods)."""
+    """What readiness, the metrics and a starting node ask of a store (4 methods)."""
 
     async def ping(self) -> bool:
         """True when the store answers; False (not an exception) when it does not."""
+        ...
+
+    async def refusal(self) -> str | None:
+        """What to change when the store refuses this node for good (a wrong password,
+        no such database, not a Redis at all), in one line; None when it answers or is
+        only down (waiting fixes that). A starting node stops on it."""
         ...
 
     def degraded(self) -> str | None:

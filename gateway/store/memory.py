@@ -626,6 +626,9 @@ class MemoryStore(MemorySessions, MemoryCounters, MemoryBus, MemorySecrets):
     async def ping(self) -> bool:
         return True
 
+    async def refusal(self) -> str | None:
+        return None
+
     def degraded(self) -> str | None:
         return None
 

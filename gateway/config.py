@@ -408,8 +408,8 @@ class Config(msgspec.Struct, kw_only=True):
     api_port: Annotated[
         Port | None,
         Setting(
-            "port of the HTTP API (POST/GET/DELETE /v1/sessions…) on host; 0 picks a free one; "
-            "none = no API",
+            "an extra port of the HTTP API (POST/GET/DELETE /v1/sessions…) on host, which is "
+            "always served on --port too; 0 picks a free one; none = --port only",
             EDGES,
         ),
     ] = None

@@ -23,7 +23,8 @@ relies on, with their sources, are in docs/providers.md ("GPT-Live"):
 - **delegation** (``client``): a ``session.delegation.created`` names no tool
   and carries no task text, so it becomes a call of the session's delegation
   tool (one named ``delegate``, else the session's only tool) with
-  ``{"task": <the caller's current turn>}``; its output goes back as
+  ``{"task": <the caller's current turn>}``, given to the session when the
+  turn ends (after the model's spoken acknowledgement); its output goes back as
   ``session.commentary.append`` with the delegation's id, and the model
   speaks it. With no such tool the delegation is answered at once, silently,
   that nothing can do it. (``responses``): the backend's ``response.event``
@@ -90,6 +91,7 @@ TYPED_PREFIX: Final = (
     "without repeating it:\n\n"
 )
 ASK_BARE: Final = "Answer the caller's last message aloud now."
+DROPPED: Final = "The caller interrupted: this task was not done."
 NO_BACKEND: Final = (
     "No backend can do this task in this session. Tell the caller it cannot be done here."
 )
@@ -196,6 +198,10 @@ class LiveConversation:
         self._heard_end = 0
         self._last_user = ""  # the caller's last turn (typed or heard): a delegation's task
         self._delegations: set[str] = set()  # client delegations not answered yet
+        # Calls of the running turn, given to the session when it ends: the model
+        # acknowledges a delegation aloud after making it, and that speech belongs
+        # to the turn before its calls run.
+        self._calls: list[NativeCall] = []
         self._responses_calls: dict[str, str] = {}  # call_id -> delegation (responses mode)
         self._responses_pending = False  # function outputs sent: a response.create is due
         self._answered = False  # outputs went as commentary: the next ``begin`` sends nothing
@@ -311,10 +317,20 @@ class LiveConversation:
         )
         self._answered = True
 
+    def _drop_calls(self) -> None:
+        """The turn ended early: its delegations will not run; the model is told, silently."""
+        calls, self._calls = self._calls, []
+        for call in calls:
+            self._delegations.discard(call.call_id)
+            self._responses_calls.pop(call.call_id, None)
+            if self.delegation == "client":
+                self._append_thinking(DROPPED, call.call_id)
+
     def cancel(self) -> ResponseDone | None:
         """Stop the running turn for the session (GPT-Live has no cancel)."""
         if self.state != RUNNING:
             return None
+        self._drop_calls()
         self.state = STALE
         self.activity += 1
         return ResponseDone(
@@ -342,7 +358,8 @@ class LiveConversation:
         if state == STALE:
             return []
         if state == RUNNING and self._said:
-            return [ResponseDone(status="completed")]
+            calls, self._calls = self._calls, []
+            return [*calls, ResponseDone(status="completed")]
         if state == RUNNING:
             return [ResponseDone(status="incomplete", detail="GPT-Live did not answer in time")]
         return []
@@ -427,6 +444,7 @@ class LiveConversation:
                 events.append(
                     ResponseDone(status="cancelled", detail="the caller spoke over the model")
                 )
+                self._drop_calls()
                 self.state = IDLE
                 self.activity += 1
         self._heard.append(event.delta)
@@ -461,7 +479,7 @@ class LiveConversation:
         self._delegations.add(delegation.id)
         task = "".join(self._heard) if self._speaking else self._last_user
         arguments = msgspec.json.encode({"task": task}).decode()
-        events.append(NativeCall(delegation.id, tool.name, arguments))
+        self._calls.append(NativeCall(delegation.id, tool.name, arguments))
         return events
 
     def _response_event(self, event: wire.ResponseEvent) -> list[UpstreamEvent]:
@@ -480,5 +498,7 @@ class LiveConversation:
         arguments = item.get("arguments")
         events = self._output()
         self._responses_calls[call_id] = event.delegation_id or ""
-        events.append(NativeCall(call_id, name, arguments if isinstance(arguments, str) else "{}"))
+        self._calls.append(
+            NativeCall(call_id, name, arguments if isinstance(arguments, str) else "{}")
+        )
         return events

@@ -344,6 +344,22 @@ class InstructionsAppended(
     pass
 
 
+class SessionUpdated(_Server, frozen=True, tag="session.updated", tag_field="type"):
+    event_id: str
+    session: SessionResource
+    client_event_id: str | None = None
+
+
+class InputAudioMuted(_Server, frozen=True, tag="session.input_audio.muted", tag_field="type"):
+    event_id: str
+    client_event_id: str | None = None
+
+
+class InputAudioUnmuted(_Server, frozen=True, tag="session.input_audio.unmuted", tag_field="type"):
+    event_id: str
+    client_event_id: str | None = None
+
+
 AdapterEvent = (
     SessionStarted
     | OutputAudioDelta
@@ -357,7 +373,15 @@ AdapterEvent = (
 )
 """The server events the adapter acts on; any other type is skipped."""
 
-ServerEvent = AdapterEvent | CommentaryAppended | ThinkingAppended | InstructionsAppended
+ServerEvent = (
+    AdapterEvent
+    | CommentaryAppended
+    | ThinkingAppended
+    | InstructionsAppended
+    | SessionUpdated
+    | InputAudioMuted
+    | InputAudioUnmuted
+)
 
 ADAPTER_EVENT_TYPES: Final[frozenset[str]] = frozenset(
     str(kind.__struct_config__.tag) for kind in typing.get_args(AdapterEvent)

@@ -1,0 +1,130 @@
+"""GPT-Live (``gpt-live-*``) through a real gateway, against the simulator's live flavour.
+
+``--provider openai --model gpt-live-1.1`` opens ``/v1/live/sessions`` with
+``session.start`` (nothing reaches ``/v1/realtime``); a text session's answer
+is the transcript of the model's speech, ended when it falls quiet; a client
+delegation runs the session's delegation tool and the model speaks its result.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from gateway.app import running_gateway
+from gateway.config import load_config
+from gateway.sim.live import LiveConnection
+from gateway.sim.model import Sim, SimConfig
+from gateway.sim.server import serve_sim
+from protocol.events import Call, Configured, Error, Event
+from tests.support.client import GatewayClient
+
+KEY = "live-key"
+MODEL = "gpt-live-1.1"
+DELEGATE = {
+    "name": "delegate",
+    "description": "Do the caller's task; answers what was found.",
+    "parameters": {
+        "type": "object",
+        "properties": {"task": {"type": "string"}},
+        "required": ["task"],
+    },
+}
+
+
+def kind(event: Event) -> str:
+    tag = type(event).__struct_config__.tag
+    assert isinstance(tag, str)
+    return tag
+
+
+def merged(events: list[Event]) -> list[tuple[str, str]]:
+    out: list[tuple[str, str]] = []
+    for event in events:
+        name = kind(event)
+        content = getattr(event, "content", "")
+        if name in ("think", "respond") and out and out[-1][0] == name:
+            out[-1] = (name, out[-1][1] + content)
+        elif name in ("metric", "execute", "end", "call", "result", "interrupt"):
+            out.append((name, ""))
+        else:
+            out.append((name, content))
+    return out
+
+
+@contextlib.asynccontextmanager
+async def live_gateway(
+    tmp_path: Path, **settings: Any
+) -> AsyncIterator[tuple[GatewayClient, Sim]]:
+    async with serve_sim(SimConfig(flavor="openai", api_key=KEY)) as sim:
+        config = {
+            "provider": "openai",
+            "openai_base_url": sim.url,
+            "openai_api_key": KEY,
+            "model": MODEL,
+            "port": 0,
+            "workspace_root": str(tmp_path / "ws"),
+            **settings,
+        }
+        async with running_gateway(load_config(config, env={})) as gateway:
+            client = await GatewayClient.connect(gateway.url)
+            try:
+                yield client, sim
+            finally:
+                await client.close()
+
+
+async def test_a_text_turn_is_answered_from_the_transcript_over_the_live_endpoint(
+    tmp_path: Path,
+) -> None:
+    async with live_gateway(tmp_path) as (client, sim):
+        events = await client.turn("hello")
+        live = [conn for conn in sim.live() if isinstance(conn, LiveConnection)]
+        others = [conn for conn in sim.live() if not isinstance(conn, LiveConnection)]
+        audio = [frame for frame in client.events if isinstance(frame, bytes)]
+    assert merged(events) == [
+        ("user", "hello"),
+        ("respond", "Echo: hello"),
+        ("end", ""),
+        ("metric", ""),
+    ]
+    assert len(live) == 1 and not others  # nothing on /v1/realtime
+    assert live[0].config is not None and live[0].config.model == MODEL
+    assert not audio  # a text client gets the transcript, not the speech
+
+
+async def test_a_client_delegation_runs_the_delegate_tool_and_the_model_speaks_its_result(
+    tmp_path: Path,
+) -> None:
+    async with live_gateway(tmp_path) as (client, _):
+        await client.send({"type": "configure", "tools": [DELEGATE]})
+        got = await client.until(lambda e: isinstance(e, Configured | Error))
+        assert isinstance(got[-1], Configured), got[-1]
+        await client.user("/tool look it up")
+        calls = await client.until(lambda e: isinstance(e, Call))
+        call = calls[-1]
+        assert isinstance(call, Call) and call.runs_on == "client"
+        assert orjson.loads(call.content) == {
+            "name": "delegate",
+            "args": {"task": "/tool look it up"},
+        }
+        await client.send(
+            {"type": "tool_result", "id": call.id, "status": "success", "content": "3 apples"}
+        )
+        rest = await client.until_type("end")
+    shape = merged(calls + rest)
+    # The model's acknowledgement belongs to the turn that delegated, before its call.
+    assert shape[:6] == [
+        ("user", "/tool look it up"),
+        ("respond", "One moment."),
+        ("call", ""),
+        ("execute", ""),
+        ("metric", ""),
+        ("result", ""),
+    ]
+    assert shape[-1] == ("end", "") and shape[-2][0] == "respond"
+    assert "Here is what I found:" in shape[-2][1] and "3 apples" in shape[-2][1]

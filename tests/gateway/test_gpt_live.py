@@ -57,9 +57,7 @@ def merged(events: list[Event]) -> list[tuple[str, str]]:
 
 
 @contextlib.asynccontextmanager
-async def live_gateway(
-    tmp_path: Path, **settings: Any
-) -> AsyncIterator[tuple[GatewayClient, Sim]]:
+async def live_gateway(tmp_path: Path, **settings: Any) -> AsyncIterator[tuple[GatewayClient, Sim]]:
     async with serve_sim(SimConfig(flavor="openai", api_key=KEY)) as sim:
         config = {
             "provider": "openai",

@@ -126,3 +126,25 @@ async def test_a_client_delegation_runs_the_delegate_tool_and_the_model_speaks_i
     ]
     assert shape[-1] == ("end", "") and shape[-2][0] == "respond"
     assert "Here is what I found:" in shape[-2][1] and "3 apples" in shape[-2][1]
+
+
+async def test_an_azure_gpt_live_deployment_opens_the_resources_live_endpoint(
+    tmp_path: Path,
+) -> None:
+    async with serve_sim(SimConfig(flavor="azure", api_key=KEY)) as sim:
+        config = {
+            "provider": "azure",
+            "azure_base_url": sim.url,
+            "azure_api_key": KEY,
+            "model": "gpt-live-1.1",
+            "port": 0,
+            "workspace_root": str(tmp_path),
+        }
+        async with running_gateway(load_config(config, env={})) as gateway:
+            client = await GatewayClient.connect(gateway.url)
+            events = await client.turn("hello")
+            live = [conn for conn in sim.live() if isinstance(conn, LiveConnection)]
+            await client.close()
+    assert ("respond", "Echo: hello") in merged(events)
+    assert len(live) == 1 and live[0].ws.request is not None
+    assert live[0].ws.request.path == "/openai/v1/live/sessions"

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Final, Literal
 
 from gateway.upstream.base import Upstream
-from gateway.upstream.live import GPTLive, is_live_model
+from gateway.upstream.live import GPTLive, is_live_model, live_controls
 from gateway.upstream.openai import OpenAIRealtime
 from gateway.upstream.provider import ExtraSetting, Provider, ProviderSettings, connect_with
 
@@ -61,6 +61,7 @@ PROVIDER: Final = Provider(
     label="Azure OpenAI Realtime",
     wire="openai",
     connect=connect,
+    model_controls=live_controls,
     default_model="",
     base_url="",
     key_variable="AZURE_OPENAI_API_KEY",

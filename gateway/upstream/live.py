@@ -44,7 +44,7 @@ from gateway.upstream.live_conversation import (
 from gateway.upstream.provider_socket import ProviderSocket
 from protocol.assembly import Message
 
-__all__ = ["QUIET_SECONDS", "GPTLive", "is_live_model"]
+__all__ = ["QUIET_SECONDS", "GPTLive", "is_live_model", "live_controls"]
 
 log = logging.getLogger("gateway.upstream.live")
 
@@ -59,6 +59,12 @@ ANSWER_SECONDS: Final = 20.0
 def is_live_model(model: str) -> bool:
     """A model served on GPT-Live's wire, not on Realtime's (``gpt-live-1``, ``gpt-live-1.1``…)."""
     return "gpt-live" in model.removeprefix("openai/")
+
+
+def live_controls(model: str) -> frozenset[str] | None:
+    """A GPT-Live model's session controls: none of ``CONTROLS`` (it decides turns and
+    manages its context itself); None for any other model (its row's)."""
+    return frozenset() if is_live_model(model) else None
 
 
 class GPTLive(Upstream):
@@ -362,7 +368,7 @@ def _refusal(voice: VoiceConfig | None, options: ModelOptions | None) -> str | N
             return "GPT-Live decides turns itself: it has no semantic_vad setting"
         if given.idle_timeout_ms is not None:
             return "GPT-Live has no idle_timeout_ms setting"
-        if given.noise_reduction is not None:
+        if given.noise_reduction not in (None, "off"):
             return "GPT-Live has no noise_reduction setting"
     if options is not None:
         if options.truncation is not None:

@@ -58,6 +58,7 @@ from gateway.upstream.base import (
     VoiceConfig,
 )
 from protocol.assembly import Message
+from protocol.events import Usage
 
 __all__ = [
     "APPEND_CHARS",
@@ -188,6 +189,7 @@ class LiveConversation:
         self.started = False
         self.session_id = ""
         self.seconds = 0.0  # cumulative billable seconds, as last reported
+        self._billed = 0.0  # of which the session was told (``ResponseDone.usage``)
         self.closed_reason = ""
         # The activity counter: bumped on every event that restarts the shell's timer.
         self.activity = 0
@@ -326,6 +328,12 @@ class LiveConversation:
             if self.delegation == "client":
                 self._append_thinking(DROPPED, call.call_id)
 
+    def _usage(self) -> Usage:
+        """The billable seconds reported since the last turn ended (no tokens: GPT-Live
+        is priced by duration)."""
+        seconds, self._billed = self.seconds - self._billed, self.seconds
+        return Usage(input=0, output=0, seconds=max(0.0, seconds))
+
     def cancel(self) -> ResponseDone | None:
         """Stop the running turn for the session (GPT-Live has no cancel)."""
         if self.state != RUNNING:
@@ -335,6 +343,7 @@ class LiveConversation:
         self.activity += 1
         return ResponseDone(
             status="cancelled",
+            usage=self._usage(),
             detail="GPT-Live has no cancel: the rest of its speech is dropped",
         )
 
@@ -359,7 +368,7 @@ class LiveConversation:
             return []
         if state == RUNNING and self._said:
             calls, self._calls = self._calls, []
-            return [*calls, ResponseDone(status="completed")]
+            return [*calls, ResponseDone(status="completed", usage=self._usage())]
         if state == RUNNING:
             return [ResponseDone(status="incomplete", detail="GPT-Live did not answer in time")]
         return []
@@ -442,7 +451,11 @@ class LiveConversation:
                 # The caller speaks over the model: its turn is over (barge-in).
                 events.append(SpeechBegan(event.start_ms))
                 events.append(
-                    ResponseDone(status="cancelled", detail="the caller spoke over the model")
+                    ResponseDone(
+                        status="cancelled",
+                        usage=self._usage(),
+                        detail="the caller spoke over the model",
+                    )
                 )
                 self._drop_calls()
                 self.state = IDLE

@@ -65,7 +65,7 @@ from gateway.upstream.base import (
     VoiceConfig,
     Woken,
 )
-from gateway.upstream.live import GPTLive, is_live_model
+from gateway.upstream.live import GPTLive, is_live_model, live_controls
 from gateway.upstream.provider import ExtraSetting, Provider, ProviderSettings
 from gateway.upstream.provider_socket import ProviderSocket
 from protocol.assembly import Message
@@ -558,6 +558,7 @@ PROVIDER: Final = Provider(
     label="OpenAI Realtime",
     wire="openai",
     connect=connect,
+    model_controls=live_controls,
     default_model=DEFAULT_MODEL,
     base_url=DEFAULT_BASE_URL,
     key_variable="OPENAI_API_KEY",

@@ -148,3 +148,16 @@ async def test_an_azure_gpt_live_deployment_opens_the_resources_live_endpoint(
     assert ("respond", "Echo: hello") in merged(events)
     assert len(live) == 1 and live[0].ws.request is not None
     assert live[0].ws.request.path == "/openai/v1/live/sessions"
+
+
+async def test_a_control_gpt_live_has_not_is_refused_when_the_session_is_set_up(
+    tmp_path: Path,
+) -> None:
+    async with live_gateway(tmp_path) as (client, sim):
+        await client.send({"type": "configure", "truncation": "auto"})
+        got = await client.until(lambda e: isinstance(e, Configured | Error))
+        opened = list(sim.live())
+    error = got[-1]
+    assert isinstance(error, Error), error
+    assert "truncation" in error.content and "provider openai" in error.content
+    assert not opened  # refused before any connection

@@ -29,6 +29,7 @@ from gateway.upstream.live_conversation import (
     LiveConversation,
 )
 from protocol.assembly import Message
+from protocol.events import Usage
 
 SPEAKS = VoiceConfig(audio_out=AudioOut(to_client=False))
 DELEGATE = FunctionTool(name="delegate")
@@ -89,7 +90,7 @@ def test_a_typed_message_is_asked_for_aloud_and_its_transcript_is_the_answer() -
     assert live.handle(said("Hi")) == [Spoken("Hi")]
     assert live.handle(wire.OutputAudioDelta(delta=b"\x00\x01")) == [AudioDelta(b"\x00\x01", 24000)]
     assert live.timer == "quiet"
-    assert live.quiet() == [ResponseDone(status="completed")]
+    assert live.quiet() == [ResponseDone(status="completed", usage=Usage(input=0, output=0))]
     assert live.state == IDLE and live.timer is None
 
 
@@ -152,7 +153,7 @@ def test_a_client_delegation_calls_the_delegate_tool_once_the_turn_ends() -> Non
     assert live.handle(said("One moment.")) == [Spoken("One moment.")]
     call, done = live.quiet()
     assert call == NativeCall("d1", "delegate", '{"task":"find my order"}')
-    assert done == ResponseDone(status="completed")
+    assert isinstance(done, ResponseDone) and done.status == "completed"
     live.function_output("d1", "order 7 ships today")
     (answer,) = live.outbox
     assert answer == wire.CommentaryAppend(
@@ -180,7 +181,8 @@ def test_a_delegation_with_no_tool_to_run_it_is_answered_silently() -> None:
     live.handle(delegated())
     (answer,) = live.outbox
     assert isinstance(answer, wire.ThinkingAppend) and answer.delegation_id == "d1"
-    assert live.quiet() == [ResponseDone(status="completed")]  # no call
+    (done,) = live.quiet()  # no call
+    assert isinstance(done, ResponseDone) and done.status == "completed"
 
 
 def test_a_cancelled_turn_drops_its_speech_and_its_delegations() -> None:
@@ -220,6 +222,22 @@ def test_a_responses_delegations_function_call_runs_as_the_gateways_tool() -> No
     assert isinstance(created, wire.ResponseItemCreate)
     assert created.item == {"type": "function_call_output", "call_id": "c1", "output": "[]"}
     assert isinstance(create, wire.ResponseCreate)
+
+
+def test_each_turn_bills_the_seconds_reported_since_the_last() -> None:
+    live = conversation()
+    live.begin()
+    live.handle(said("a"))
+    live.handle(wire.SessionUsageUpdated(event_id="e", usage=wire.SessionUsage(seconds=7)))
+    (first,) = live.quiet()
+    live.begin()
+    live.handle(said("b"))
+    live.handle(wire.SessionUsageUpdated(event_id="e", usage=wire.SessionUsage(seconds=12)))
+    live.handle(wire.SessionUsageUpdated(event_id="e", usage=wire.SessionUsage(seconds=11)))
+    (second,) = live.quiet()
+    assert isinstance(first, ResponseDone) and isinstance(second, ResponseDone)
+    assert first.usage == Usage(input=0, output=0, seconds=7.0)
+    assert second.usage == Usage(input=0, output=0, seconds=5.0)  # cumulative, never summed
 
 
 def test_errors_say_whether_a_retry_helps_and_usage_is_cumulative() -> None:

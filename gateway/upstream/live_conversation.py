@@ -163,6 +163,22 @@ def delegation_tool(tools: Sequence[FunctionTool]) -> FunctionTool | None:
     return tools[0] if len(tools) == 1 else None
 
 
+class Hearing:
+    """The caller's spoken turn so far: its transcript pieces and where it ends."""
+
+    __slots__ = ("end_ms", "pieces", "speaking")
+
+    def __init__(self) -> None:
+        self.pieces: list[str] = []
+        self.speaking = False
+        self.end_ms = 0
+
+    def take(self) -> str:
+        """The turn, heard whole; the next one starts empty."""
+        text, self.pieces, self.speaking = "".join(self.pieces), [], False
+        return text
+
+
 class LiveConversation:
     """One GPT-Live session's state (see the module docstring)."""
 
@@ -182,8 +198,7 @@ class LiveConversation:
         self.voice = voice
         self.delegation = delegation
         self._backend = backend
-        self.tools = voice.tools if voice is not None else ()
-        self.delegate = delegation_tool(self.tools)
+        self.delegate = delegation_tool(voice.tools if voice is not None else ())
         self.outbox: list[wire.ClientEvent] = []
         self.state = IDLE
         self.started = False
@@ -195,9 +210,7 @@ class LiveConversation:
         self.activity = 0
         self._said = False  # the running turn has output (speech or a delegation)
         self._typed: list[str] = []  # typed messages waiting for the next ``begin``
-        self._heard: list[str] = []  # the caller's current spoken turn
-        self._speaking = False
-        self._heard_end = 0
+        self._hearing = Hearing()  # the caller's current spoken turn
         self._last_user = ""  # the caller's last turn (typed or heard): a delegation's task
         self._delegations: set[str] = set()  # client delegations not answered yet
         # Calls of the running turn, given to the session when it ends: the model
@@ -432,19 +445,20 @@ class LiveConversation:
         return events
 
     def _flush_heard(self, events: list[UpstreamEvent]) -> None:
-        if not self._speaking:
+        hearing = self._hearing
+        if not hearing.speaking:
             return
-        self._speaking = False
-        text, self._heard = "".join(self._heard), []
-        events.append(SpeechEnded(self._heard_end))
+        end, text = hearing.end_ms, hearing.take()
+        events.append(SpeechEnded(end))
         if text:
             self._last_user = text
             events.append(Transcript(text))
 
     def _heard_delta(self, event: wire.InputTranscriptDelta) -> list[UpstreamEvent]:
         events: list[UpstreamEvent] = []
-        if not self._speaking:
-            self._speaking = True
+        hearing = self._hearing
+        if not hearing.speaking:
+            hearing.speaking = True
             if self.state == IDLE:
                 events.append(SpeechBegan(event.start_ms))
             elif self.state == RUNNING and self._said:
@@ -460,8 +474,8 @@ class LiveConversation:
                 self._drop_calls()
                 self.state = IDLE
                 self.activity += 1
-        self._heard.append(event.delta)
-        self._heard_end = max(self._heard_end, event.end_ms)
+        hearing.pieces.append(event.delta)
+        hearing.end_ms = max(hearing.end_ms, event.end_ms)
         return events
 
     def _delegated(self, event: wire.DelegationCreated) -> list[UpstreamEvent]:
@@ -480,17 +494,19 @@ class LiveConversation:
             return events
         tool = self.delegate
         if tool is None:
+            tools = self.voice.tools if self.voice is not None else ()
             log.warning(
                 "GPT-Live delegated work (%s) but the session declares %s: declare one tool, "
                 "or one named %r, to receive delegated tasks",
                 delegation.id,
-                f"{len(self.tools)} tools" if self.tools else "no tools",
+                f"{len(tools)} tools" if tools else "no tools",
                 DELEGATE_TOOL,
             )
             self._append_thinking(NO_BACKEND, delegation.id)
             return events
         self._delegations.add(delegation.id)
-        task = "".join(self._heard) if self._speaking else self._last_user
+        hearing = self._hearing
+        task = "".join(hearing.pieces) if hearing.speaking else self._last_user
         arguments = msgspec.json.encode({"task": task}).decode()
         self._calls.append(NativeCall(delegation.id, tool.name, arguments))
         return events

@@ -161,3 +161,30 @@ async def test_a_control_gpt_live_has_not_is_refused_when_the_session_is_set_up(
     assert isinstance(error, Error), error
     assert "truncation" in error.content and "provider openai" in error.content
     assert not opened  # refused before any connection
+
+
+async def test_a_responses_delegations_function_call_runs_the_gateways_server_tool(
+    tmp_path: Path,
+) -> None:
+    settings = {"openai_live_delegation": "responses", "openai_live_backend_model": "gpt-5.5"}
+    async with live_gateway(tmp_path, **settings) as (client, sim):
+        events = await client.turn('/tool list {"path": "."}')
+        [conn] = [c for c in sim.live() if isinstance(c, LiveConnection)]
+    assert conn.config is not None and conn.config.delegation is not None
+    backend = conn.config.delegation.responses or {}
+    assert backend["model"] == "gpt-5.5"
+    assert "list" in {tool["name"] for tool in backend["tools"]}
+    shape = merged(events)
+    assert shape[:6] == [
+        ("user", '/tool list {"path": "."}'),
+        ("respond", "One moment."),
+        ("call", ""),
+        ("execute", ""),
+        ("metric", ""),
+        ("result", ""),
+    ]
+    call = next(e for e in events if isinstance(e, Call))
+    assert call.runs_on == "gateway"
+    assert orjson.loads(call.content) == {"name": "list", "args": {"path": "."}}
+    assert shape[-2:] == [("end", ""), ("metric", "")]
+    assert shape[-3][0] == "respond" and shape[-3][1].startswith("The tool list returned")

@@ -56,3 +56,21 @@ async def test_speech_over_the_models_speech_ends_its_turn(tmp_path: Path) -> No
     assert ("user", "(speech 0.5 s)") in got
     assert ("respond", "Echo: (speech 0.5 s)") in got
     assert got[-2:] == [("end", ""), ("metric", "")]
+
+
+async def test_a_manual_commit_waits_for_the_model_that_decides_turns_itself(
+    tmp_path: Path,
+) -> None:
+    """GPT-Live has no manual turn mode: with ``turn_detection: none`` the model still
+    answers when it hears the caller stop, and ``commit`` just waits for that answer."""
+    async with voice_gateway("openai", tmp_path, gateway_settings=LIVE) as gw:
+        client = await VoiceClient.connect(gw.url)
+        await client.configure(input_audio={"rate": RATE, "turn_detection": "none"})
+        await client.stream(utterance(0.7, RATE), RATE)
+        await client.send({"type": "commit"})
+        events = await client.turn_end()
+        await client.close()
+    got = shape(events)
+    assert ("user", "(speech 0.7 s)") in got
+    assert ("respond", "Echo: (speech 0.7 s)") in got
+    assert got[-2:] == [("end", ""), ("metric", "")]

@@ -98,6 +98,7 @@ class LiveConnection(SimConnection):
         self.delegations: dict[str, str] = {}  # id -> target, not answered yet
         self.backend_calls: dict[str, str] = {}  # call_id -> function name
         self.outputs: list[tuple[str, str]] = []  # (name, output) returned, not answered yet
+        self.deltas_sent = 0  # for the ``drop_after`` fault
         self._ids = itertools.count(1)
 
     # --- plumbing -----------------------------------------------------------------
@@ -390,6 +391,9 @@ class LiveConnection(SimConnection):
             )
             await self._send(wire.OutputAudioDelta(delta=self._encode(audio)))
             self.sim.stats.deltas_total += 1
+            self.deltas_sent += 1
+            if self.sim.drop_due(self.no, self.ws, self.deltas_sent):
+                return
         self.items.append(SimItem(id=f"item_{len(self.items)}", role="assistant", text=text))
         self.sim.stats.responses_total += 1
         await self._send(wire.SessionUsageUpdated(event_id=self._eid(), usage=self._usage()))

@@ -188,3 +188,34 @@ async def test_a_responses_delegations_function_call_runs_the_gateways_server_to
     assert orjson.loads(call.content) == {"name": "list", "args": {"path": "."}}
     assert shape[-2:] == [("end", ""), ("metric", "")]
     assert shape[-3][0] == "respond" and shape[-3][1].startswith("The tool list returned")
+
+
+async def test_a_lost_connection_reruns_the_turn_with_the_history_in_session_start(
+    tmp_path: Path,
+) -> None:
+    # 4 characters a chunk: the first answer is 6 chunks, the second 4; every connection
+    # drops after 8, so the first is cut 2 chunks into the second answer, the rerun is not.
+    knobs = SimConfig(flavor="openai", api_key=KEY, drop_after=8, chunk_size=4)
+    async with serve_sim(knobs) as sim:
+        config = {
+            "provider": "openai",
+            "openai_base_url": sim.url,
+            "openai_api_key": KEY,
+            "model": MODEL,
+            "port": 0,
+            "workspace_root": str(tmp_path),
+        }
+        async with running_gateway(load_config(config, env={})) as gateway:
+            client = await GatewayClient.connect(gateway.url)
+            await client.turn("hi there my friend")
+            events = await client.turn("a question")
+            histories = [conn.snapshot().messages() for conn in sim.live()]
+            await client.close()
+    shape = merged(events)
+    assert ("interrupt", "") in shape
+    assert shape[-3] == ("respond", "Echo: a question")
+    assert sim.stats.connections_total == 2
+    # The new connection was given the conversation so far in session.start's input.
+    (user, said), (assistant, answer) = histories[-1][:2]
+    assert (user, said) == ("user", "hi there my friend")
+    assert assistant == "assistant" and answer.startswith("Echo: hi there my friend")

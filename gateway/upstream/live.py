@@ -52,6 +52,9 @@ QUIET_SECONDS: Final = 1.0
 """The model's turn is over once it has sent nothing for this long (GPT-Live has no
 turn-done event; its audio comes faster than real time, so this is silence, not playback)."""
 
+CLOSE_SECONDS: Final = 1.0
+"""At most this long spent sending ``session.close`` when the adapter closes."""
+
 ANSWER_SECONDS: Final = 20.0
 """A turn asked for whose model says nothing for this long ends ``incomplete``."""
 
@@ -214,9 +217,12 @@ class GPTLive(Upstream):
     async def close(self) -> None:
         self._closed = True
         socket = self._socket
-        if socket.open and self._conversation.started:
-            with contextlib.suppress(UpstreamClosed):
-                await socket.send(wire.encode(wire.SessionClose()))
+        if socket.open and self._conversation.started and not self._conversation.closed_reason:
+            # Ask the service to finalize (its usage); a congested socket does not hold
+            # the close up for long.
+            with contextlib.suppress(UpstreamClosed, TimeoutError):
+                async with asyncio.timeout(CLOSE_SECONDS):
+                    await socket.send(wire.encode(wire.SessionClose()))
         await socket.close()
 
     # --- requests ---------------------------------------------------------------

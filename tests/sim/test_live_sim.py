@@ -9,6 +9,7 @@ client delegation.
 from __future__ import annotations
 
 import asyncio
+import base64
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -108,3 +109,35 @@ async def test_responses_commands_need_responses_delegation(sim: Sim) -> None:
         await conn.send({"type": "response.create"})
         (error,) = await until(conn, "error")
     assert error.error.message == "response.create requires Responses delegation."
+
+
+async def test_g711_sessions_speak_mulaw_at_8khz_and_other_pcm_rates_are_refused(
+    sim: Sim,
+) -> None:
+    async with client(sim).live.connect(max_retries=0) as conn:
+        audio = {"format": {"type": "audio/pcmu", "rate": 8000}}
+        await conn.send(
+            {"type": "session.start", "session": {"model": "gpt-live-1.1", "audio": audio}}
+        )
+        await until(conn, "session.started")
+        await conn.send(
+            {
+                "type": "session.commentary.append",
+                "content": TYPED_PREFIX + "hi",
+                "delegation_id": None,
+            }
+        )
+        events = await until(conn, "session.usage.updated")
+    said = "".join(e.delta for e in events if e.type == "session.output_transcript.delta")
+    spoken = sum(
+        len(base64.b64decode(e.delta)) for e in events if e.type == "session.output_audio.delta"
+    )
+    # One μ-law byte a sample at 8 kHz: 60 ms of speech a character is 480 bytes.
+    assert spoken == pytest.approx(len(said) * 480, rel=0.05)
+    async with client(sim).live.connect(max_retries=0) as conn:
+        audio = {"format": {"type": "audio/pcm", "rate": 44100}}
+        await conn.send(
+            {"type": "session.start", "session": {"model": "gpt-live-1.1", "audio": audio}}
+        )
+        (error,) = await until(conn, "error")
+    assert error.error.param == "session.audio.format"

@@ -58,7 +58,8 @@ from gateway.upstream.base import (
     VoiceConfig,
 )
 from protocol.assembly import Message
-from protocol.events import Usage
+from protocol.events import Respond, Usage
+from protocol.parser import Parser
 
 __all__ = [
     "APPEND_CHARS",
@@ -124,11 +125,28 @@ def _chunks(text: str, size: int) -> list[str]:
     return [text[at : at + size] for at in range(0, len(text), size)] or [""]
 
 
+def _plain(message: Message) -> Message:
+    """``message`` as a model that speaks reads it: the history the session keeps is
+    written in the text protocol (``<think>``, ``<execute>``, ``<end>``, ``<results>``),
+    which GPT-Live neither writes nor reads. An assistant message keeps what was said;
+    a tool results message becomes a developer note."""
+    content = message.content
+    if message.role == "assistant" and "<" in content:
+        parser = Parser()
+        events = [*parser.feed(content), *parser.close()]
+        said = "".join(e.content for e in events if isinstance(e, Respond)).strip()
+        return Message(role="assistant", content=said)
+    if message.role == "user" and content.startswith("<results>"):
+        body = content.removeprefix("<results>").removesuffix("</results>").strip()
+        return Message(role="system", content=f"Tool results: {body}")
+    return message
+
+
 def _initial_items(history: Sequence[Message]) -> list[wire.InitialItem]:
     """The newest messages of ``history`` that fit the startup limits, in order."""
     kept: list[wire.InitialItem] = []
     budget = HISTORY_CHARS
-    for message in reversed(history):
+    for message in map(_plain, reversed(history)):
         if not message.content:
             continue
         if len(kept) == HISTORY_MESSAGES or len(message.content) > budget:
@@ -145,7 +163,7 @@ def _initial_items(history: Sequence[Message]) -> list[wire.InitialItem]:
             type="output_text" if role == "assistant" else "input_text", text=message.content
         )
         kept.append(wire.InitialItem(role=role, content=[part]))
-    if len(kept) < len([m for m in history if m.content]):
+    if len(kept) < len([m for m in map(_plain, history) if m.content]):
         log.info(
             "GPT-Live: startup history limited to its newest %d messages (%d characters)",
             len(kept),

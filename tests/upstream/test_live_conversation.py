@@ -77,6 +77,24 @@ def test_the_startup_history_keeps_the_newest_messages_within_the_limits() -> No
     assert items[-3].content[0] == wire.TextPart(type="output_text", text="m198")
 
 
+def test_the_startup_history_is_plain_speech_not_the_text_protocol() -> None:
+    history = [
+        Message(role="user", content="list it"),
+        Message(
+            role="assistant",
+            content='<think>Calling.</think>\n\n<execute>\n[{"name":"list","args":{}}]\n</execute>',
+        ),
+        Message(role="user", content='<results>\n[{"tool":"list","status":"success"}]\n</results>'),
+        Message(role="assistant", content="<think>Done.</think>\n\nIt is empty.\n<end>"),
+    ]
+    items = conversation(history=history).start().session.input or []
+    assert [(i.role, i.content[0].text) for i in items] == [
+        ("user", "list it"),
+        ("developer", 'Tool results: [{"tool":"list","status":"success"}]'),
+        ("assistant", "It is empty."),
+    ]
+
+
 def test_a_typed_message_is_asked_for_aloud_and_its_transcript_is_the_answer() -> None:
     live = conversation()
     live.add_message(Message(role="user", content="hello"))

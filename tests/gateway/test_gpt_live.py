@@ -14,13 +14,14 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import pytest
 
 from gateway.app import running_gateway
 from gateway.config import load_config
 from gateway.sim.live import LiveConnection
 from gateway.sim.model import Sim, SimConfig
 from gateway.sim.server import serve_sim
-from protocol.events import Call, Configured, Error, Event
+from protocol.events import Call, Configured, Error, Event, Metric
 from tests.support.client import GatewayClient
 
 KEY = "live-key"
@@ -221,3 +222,20 @@ async def test_a_lost_connection_reruns_the_turn_with_the_history_in_session_sta
         ("user", "hi there my friend"),
         ("assistant", "Echo: hi there my friend"),
     ]
+
+
+async def test_a_sessions_cost_is_its_billable_seconds_at_the_active_minute_rate(
+    tmp_path: Path,
+) -> None:
+    """No tokens: GPT-Live reports cumulative seconds, and each turn's metric carries
+    the seconds since the previous one, priced at $0.05 a minute."""
+    async with live_gateway(tmp_path) as (client, _):
+        metrics: list[Metric] = []
+        for text in ("one", "two", "three"):
+            events = await client.turn(text)
+            metrics += [e for e in events if isinstance(e, Metric)]
+    last = metrics[-1]
+    assert last.total.input == last.total.output == 0
+    assert last.total.seconds >= 1  # three turns, each ended by a second of quiet
+    assert last.total.seconds == sum(m.step.seconds for m in metrics)
+    assert last.cost.total == pytest.approx(last.total.seconds / 60 * 0.05)

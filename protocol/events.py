@@ -71,6 +71,8 @@ class Usage(msgspec.Struct, frozen=True, omit_defaults=True):
     ``cached`` and ``input_audio`` are parts of ``input``, ``output_audio`` a
     part of ``output``: providers price them differently. ``input`` and
     ``output`` are always on the wire; the parts only when not zero.
+    ``seconds``: billable session time of a model priced by duration
+    (GPT-Live), beside its (zero) tokens.
     """
 
     input: int
@@ -78,6 +80,7 @@ class Usage(msgspec.Struct, frozen=True, omit_defaults=True):
     cached: int = 0
     input_audio: int = 0
     output_audio: int = 0
+    seconds: float = 0.0
 
     def __add__(self, other: Usage) -> Usage:
         return Usage(
@@ -86,6 +89,7 @@ class Usage(msgspec.Struct, frozen=True, omit_defaults=True):
             cached=self.cached + other.cached,
             input_audio=self.input_audio + other.input_audio,
             output_audio=self.output_audio + other.output_audio,
+            seconds=self.seconds + other.seconds,
         )
 
 

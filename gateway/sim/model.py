@@ -129,7 +129,8 @@ class SimConfig(msgspec.Struct, frozen=True, kw_only=True):
         str,
         Setting(
             "the provider whose API is served: its wire, path, key and session shape "
-            "(openai: /v1/realtime; gemini: Live's BidiGenerateContent; azure, xai)",
+            "(openai: /v1/realtime and GPT-Live's /v1/live/sessions; gemini: Live's "
+            "BidiGenerateContent; azure, xai)",
             SIM,
             choices=tuple(row.name for row in PROVIDERS),
         ),

@@ -16,12 +16,11 @@ session's WebSocket and nothing else. Bodies and answers are JSON; every
 refusal is ``{"error": {"code", "message"}}`` with a 4xx status and a message
 naming the field and what to do.
 
-Why a second port (``--api-port``): websockets serves only ``GET`` handshakes
-(its request parser refuses other methods before any hook runs), so ``POST``
-and ``DELETE`` cannot reach the WebSocket port. aiohttp's server runs in the
-node's own event loop, next to the sessions it reads; a load balancer routes
-``/v1/sessions`` to this port and everything else to the WebSocket port, so
-browsers still see one origin (deploy/haproxy-api.cfg, deploy/nginx-api.conf).
+It is served on the gateway's own port (``gateway.edge.one_port`` hands a
+connection whose first request is not a WebSocket's ``GET`` to aiohttp's
+protocol), and also on ``--api-port`` if set (a listener of its own, for
+deployments that route ``/v1/sessions`` to a port of its own). aiohttp's
+server runs in the node's own event loop, next to the sessions it reads.
 CORS is answered for the allowed origins (``--allowed-origins``), preflights
 included.
 
@@ -39,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import http
 import logging
 import socket
@@ -53,6 +53,7 @@ from gateway.config import Config
 from gateway.edge.admission import ANY_ORIGIN, Edges
 from gateway.edge.auth import ANONYMOUS, KeyStoreUnavailable
 from gateway.edge.media_streams import MediaStreams
+from gateway.edge.openai_secrets import OPENAI_CLIENT_SECRETS, client_secret
 from gateway.edge.pending import WatchedProtocol
 from gateway.edge.tokens import is_client_token
 from gateway.sessions.port import CONFIG_QUOTA, UNUSED, NodePort, config_bytes
@@ -212,12 +213,15 @@ class HttpApi:
         app.router.add_get(API_PREFIX + "/{sid}/recording", self.recording)
         app.router.add_post(API_PREFIX + "/{sid}/tokens", self.mint)
         app.router.add_delete(API_PREFIX + "/{sid}", self.delete)
+        # OpenAI's ephemeral keys (gateway.edge.openai_secrets): a session and its token.
+        app.router.add_post(OPENAI_CLIENT_SECRETS, functools.partial(client_secret, self))
         self.phone_paths: list[str] = []
         if phone is not None:
             app.router.add_post(PHONE_TOKENS, self.phone_token)
             for path, handler in phone.webhooks.items():
                 app.router.add_post(path, handler)
             self.phone_paths = [PHONE_TOKENS, *phone.webhooks]
+        app.on_response_prepare.append(self._one_answer)
         self.app = app
         self._runner: web.AppRunner | None = None
         self._server: asyncio.Server | None = None
@@ -226,21 +230,9 @@ class HttpApi:
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
-        """Listen on ``host:api_port`` (with ``reuse_port``, workers share it)."""
+        """Ready to serve the gateway's port (``protocol``); with ``api_port`` set, also
+        listen on ``host:api_port`` (with ``reuse_port``, workers share it)."""
         cfg = self.config
-        # A socket of our own: its address is known (api_port 0) with no private API.
-        host = cfg.host or "0.0.0.0"
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            if cfg.reuse_port:
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-            sock.bind((host, cfg.api_port or 0))
-            sock.setblocking(False)
-        except OSError:
-            sock.close()
-            raise
         # aiohttp's keep-alive timer runs from the connection's start and from each
         # answer to the next request's headers: it is the header timeout.
         runner = web.AppRunner(
@@ -254,14 +246,48 @@ class HttpApi:
             auto_decompress=False,
         )
         await runner.setup()
-        make_protocol = runner.server  # aiohttp's web.Server is a protocol factory
-        assert make_protocol is not None
-        pending = self.edges.pending
+        self._runner = runner
+        if cfg.api_port is None:
+            return
+        # A socket of our own: its address is known (api_port 0) with no private API.
+        host = cfg.host or "0.0.0.0"
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if cfg.reuse_port:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            sock.bind((host, cfg.api_port or 0))
+            sock.setblocking(False)
+        except OSError:
+            sock.close()
+            raise
         self._server = await asyncio.get_running_loop().create_server(
-            lambda: WatchedProtocol(make_protocol(), pending), sock=sock, backlog=1024
+            self.protocol, sock=sock, backlog=1024
         )
-        self._runner, self._socket = runner, sock
+        self._socket = sock
         log.info("HTTP API on http://%s:%d%s", host, self.port, API_PREFIX)
+
+    def protocol(self) -> asyncio.Protocol:
+        """A connection's protocol (``start`` first), counted as pending until it authenticates."""
+        assert self._runner is not None and self._runner.server is not None, "start() first"
+        # aiohttp's web.Server is a protocol factory.
+        return WatchedProtocol(self._runner.server(), self.edges.pending)
+
+    @property
+    def own_port(self) -> int | None:
+        """The port of ``--api-port``'s listener; none when the API is on the gateway's only."""
+        return self.port if self._socket is not None else None
+
+    async def _one_answer(self, request: web.Request, response: web.StreamResponse) -> None:
+        """On the gateway's port, one answer per connection: a browser may send the next
+        ``GET`` of a page down a kept-alive connection, and pages are websockets'."""
+        transport = request.transport
+        sockname = transport.get_extra_info("sockname") if transport is not None else None
+        own = self.own_port
+        if own is None or not isinstance(sockname, tuple) or sockname[1] != own:
+            response.force_close()  # the connection closes after this answer
+            response.headers["Connection"] = "close"  # (headers are made before this hook)
 
     @property
     def port(self) -> int:
@@ -463,7 +489,16 @@ class HttpApi:
     async def create(self, request: web.Request) -> web.Response:
         key_id = await self._key_id(request)
         body: CreateSession = await self._body(request, _create_decoder.decode)
-        config = apply_change(SessionConfig(), body)
+        ttl = None if body.ttl is msgspec.UNSET else body.ttl
+        minted = await self.make_session(key_id, body, ttl, approve="approve" in body.rights)
+        return _json(201, minted)
+
+    async def make_session(
+        self, key_id: str, change: ConfigChange, ttl: float | None, *, approve: bool = False
+    ) -> Minted:
+        """A new session of ``key_id`` configured by ``change``, and its client token;
+        ``Refusal`` (400/403/413/429) if the key may not have it."""
+        config = apply_change(SessionConfig(), change)
         if isinstance(config, str):
             raise Refusal(400, config)
         problem = await prepare(config.tools)  # compiled off the loop, once per schema
@@ -482,10 +517,8 @@ class HttpApi:
             with contextlib.suppress(Exception):
                 await self.node.store.release_bytes(CONFIG_QUOTA.format(key=key_id), sid)
             raise
-        ttl = None if body.ttl is msgspec.UNSET else body.ttl
-        approve = "approve" in body.rights
         token, expires_at = await self.edges.tokens.mint(sid, key_id, ttl, approve=approve)
-        return _json(201, Minted(sid, token, expires_at))
+        return Minted(sid, token, expires_at)
 
     async def _hold_quota(self, key_id: str, sid: str, size: int) -> None:
         """Count ``size`` bytes of configuration against the key's quota; 413/429 if it is full.

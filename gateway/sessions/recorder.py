@@ -22,11 +22,14 @@ in a task of its own: no event waits for a recording, and a store outage
 only holds the lines (bounded by the limit) until it answers.
 
 **Bounded.** A recording stops at ``record_max_bytes`` with a ``cut`` record
-(the store decides, so every node driving the session agrees); a session
-not stored yet holds its lines until it is, up to the same limit; and what
-a session takes in between two writes is kept only while it fits in the room
-the recording has left (60 MiB of a client's PCM in 3 s with ``--record-audio
-all`` once grew the node 119 MB and held /healthz 416 ms). Audio
+(the store decides, so every node driving the session agrees), after the
+whole lines of the write that crossed it that fit; a session not stored yet
+(or a store that does not answer) holds its lines until it is, up to the
+same limit: past it the recorder records nothing more, and the store cuts
+what it held at the limit. What a session takes in between two writes is
+kept only while it fits in the room the recording has left (60 MiB of a
+client's PCM in 3 s with ``--record-audio all`` once grew the node 119 MB
+and held /healthz 416 ms). Audio
 frames are kept by size (and the user's audio once, in ``audio`` records)
 unless the audio policy is ``all``.
 
@@ -124,6 +127,7 @@ class SessionRecorder:
         "_room",
         "_writer",
         "audio",
+        "full",
         "limit",
         "sid",
         "stopped",
@@ -136,6 +140,7 @@ class SessionRecorder:
         self.audio = audio
         self.limit = limit
         self.stopped = False
+        self.full = False  # lines past the limit held for a session not stored yet
         self._writer = writer
         # Unix time at monotonic 0: stamps are monotonic, and read as wall-clock times.
         self._base = time.time() - time.monotonic()
@@ -167,7 +172,8 @@ class SessionRecorder:
 
     def frame(self, connection: int, out: bool, data: bytes, audio: bool) -> None:
         """A frame on an upstream connection (``audio``: the socket knows it carries audio)."""
-        if self.stopped or self._pending > self._room:
+        if self.stopped or self.full or self._pending > self._room:
+            self._refuse()
             return
         self._pending += len(data)
         self._items.append(
@@ -178,7 +184,8 @@ class SessionRecorder:
 
     def delivered(self, entries: Sequence[LogEntry]) -> None:
         """Events the session logged and delivered to its clients, in one batch."""
-        if self.stopped or self._pending > self._room:
+        if self.stopped or self.full or self._pending > self._room:
+            self._refuse()
             return
         self._pending += sum(len(entry.data) for entry in entries)
         t = time.monotonic()
@@ -259,11 +266,18 @@ class SessionRecorder:
         calls[event.id] = (t, spec.name, _encode(spec.args))
 
     def _record(self, record: Record) -> None:
-        if self.stopped or self._pending > self._room:
+        if self.stopped or self.full or self._pending > self._room:
+            self._refuse()
             return
         record.t = self.now()
         self._items.append((_RECORD, record))
         if not self._marked:
+            self._mark()
+
+    def _refuse(self) -> None:
+        """Nothing is recorded now. A full recorder's held lines are written again on
+        the session's next activity (once stored, the store cuts them at the limit)."""
+        if self.full and not self.stopped and not self._marked:
             self._mark()
 
     def _mark(self) -> None:
@@ -300,15 +314,19 @@ class SessionRecorder:
 
     def hold(self, lines: bytes) -> None:
         """``lines`` were not stored: written again, first, with the next records. A
-        session that is never stored holds no more than its limit."""
+        session not stored yet holds no more than its limit and one byte: past it the
+        recorder is ``full`` (records nothing more), and the store, once it holds the
+        session, keeps the whole lines that fit and the cut line."""
         if self.stopped:
             return
-        if len(lines) + len(self._held) > self.limit:
-            self._held = b""
-            self.stop()
-            return
-        # Not marked: a session not stored yet is written again with its next record.
-        self._held = lines + self._held
+        held = lines + self._held
+        if len(held) > self.limit:
+            held = held[: self.limit + 1]  # still past the limit: the store cuts it there
+            self.full = True
+            self._items.clear()
+            self._client_calls.clear()
+        # Not marked: a session not stored yet is written again with its next activity.
+        self._held = held
 
     def stop(self) -> None:
         """Record nothing more (the recording is cut, turned off, or the session closed)."""

@@ -58,20 +58,21 @@ Internals used: ``Connection.protocol`` (``state``, ``side``, ``extensions``,
 ``Connection.recv_messages`` (its ``put``, ``get``, ``get_iter`` and ``close``,
 as ``Connection`` calls them), ``Connection.max_queue_high``/``max_queue_low``,
 ``StreamReader.at_eof``, ``apply_mask``; to fail a connection from the read
-callback, ``Protocol.fail``, ``Connection.set_connection_exc``, ``send_data``,
-``close_timeout``, ``connection_lost_waiter``. ``tests/wsfast/test_canary.py``
+callback, ``Protocol.fail``, ``Connection.send_data``, ``close_timeout``,
+``connection_lost_waiter``. ``tests/wsfast/test_canary.py``
 fails when a websockets release changes them; pyproject.toml bounds the major.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from websockets.asyncio.connection import Connection
-from websockets.exceptions import ConcurrencyError, ProtocolError
+from websockets.exceptions import ConcurrencyError
 from websockets.frames import Frame, Opcode
 from websockets.protocol import SERVER, Protocol, State
 from websockets.streams import StreamReader
@@ -307,12 +308,11 @@ class FastReader(Connection):
         protocol = self.protocol
         if protocol.state is not State.OPEN:
             return
-        self.set_connection_exc(ProtocolError(reason))
         protocol.fail(code, reason)
-        try:
+        # A socket that broke under the write is reported by ``connection_lost`` (the
+        # reason travels in the close frame: ``ConnectionClosed.sent``).
+        with contextlib.suppress(Exception):
             self.send_data()
-        except Exception as exc:  # pragma: no cover - the socket broke under the write
-            self.set_connection_exc(exc)
         # Nothing more is read (RFC 6455 §7.1.7): the close frame is flushed, then the
         # socket closed; a peer that never reads it is cut off after ``close_timeout``.
         self.transport.close()

@@ -238,10 +238,10 @@ async def test_send_context_sends_what_the_protocol_queued_inside_it() -> None:
 
 def test_what_fail_connection_calls_exists() -> None:
     """``FastReader.fail_connection`` (1007, 1009, 1008 from the read callback) calls
-    ``Protocol.fail``, ``Connection.set_connection_exc``, ``send_data``, and reads
-    ``close_timeout``, ``connection_lost_waiter`` and ``loop`` (set by ``__init__``)."""
+    ``Protocol.fail``, ``Connection.send_data``, and reads ``close_timeout``,
+    ``connection_lost_waiter`` and ``loop`` (set by ``__init__``)."""
     assert callable(getattr(Protocol, "fail", None))
-    assert callable(getattr(Connection, "set_connection_exc", None))
+    assert callable(getattr(Connection, "send_data", None))
     assigned = Connection.__init__.__code__.co_names
     for name in ("close_timeout", "connection_lost_waiter", "loop"):
         assert name in assigned, name

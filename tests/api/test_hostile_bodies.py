@@ -22,6 +22,7 @@ import aiohttp
 import orjson
 import pytest
 
+from gateway.edge.openai_secrets import OPENAI_CLIENT_SECRETS
 from tests.edge.conftest import Keys
 from tests.support.hostile import PeakRss, gzip_bomb
 from tests.support.procs import NodeProcess
@@ -39,7 +40,7 @@ CPU = 0.25
 0.01-0.02 s after the fix, 0.8-1.0 s before it in the same window. CPU time does not grow
 with the machine's load, so this is the sharp check."""
 WEBHOOK = "/v1/phone/twilio/voice"
-ROUTES = ["/v1/sessions", "/v1/phone/tokens"]
+ROUTES = ["/v1/sessions", "/v1/phone/tokens", OPENAI_CLIENT_SECRETS]
 
 
 class Node:

@@ -298,12 +298,12 @@ class FastReader(Connection):
         protocol = self.protocol
         if protocol.state is not State.OPEN:
             return
-        self.set_connection_exc(ProtocolError(reason))
+        _set_connection_exc(self, ProtocolError(reason))
         protocol.fail(code, reason)
         try:
             self.send_data()
         except Exception as exc:  # pragma: no cover - the socket broke under the write
-            self.set_connection_exc(exc)
+            _set_connection_exc(self, exc)
         # Nothing more is read (RFC 6455 §7.1.7): the close frame is flushed, then the
         # socket closed; a peer that never reads it is cut off after ``close_timeout``.
         self.transport.close()
@@ -425,3 +425,11 @@ class FastReader(Connection):
         self._rest = None
         if data:
             super().data_received(bytes(data))
+
+
+def _set_connection_exc(connection: Any, exc: BaseException) -> None:
+    """Record why the connection failed, so ``recv()`` raises from it: websockets 17
+    calls this ``set_connection_exc``, 16 ``set_recv_exc`` (the lock holds 16.1.1,
+    the gateway's range allows 17; tests/wsfast/test_canary.py checks one exists)."""
+    setter = getattr(connection, "set_connection_exc", None) or connection.set_recv_exc
+    setter(exc)

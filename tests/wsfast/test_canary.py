@@ -233,3 +233,14 @@ async def test_send_context_sends_what_the_protocol_queued_inside_it() -> None:
             server.protocol.send_text(b"one")
             server.protocol.send_text(b"two")
         assert [await client.recv() for _ in range(2)] == ["one", "two"]
+
+
+def test_the_connection_records_why_it_failed_under_one_of_two_names() -> None:
+    """``fail_connection`` records its reason through ``set_connection_exc``
+    (websockets 17) or ``set_recv_exc`` (16): if neither exists, a failed
+    connection's ``recv()`` would raise AttributeError instead of ConnectionClosed."""
+    from websockets.asyncio.connection import Connection
+
+    assert callable(getattr(Connection, "set_connection_exc", None)) or callable(
+        getattr(Connection, "set_recv_exc", None)
+    )

@@ -51,7 +51,7 @@ async def _serve(config: Config) -> int:
             loop.add_signal_handler(signal.SIGHUP, gateway.edges.reload_keys)
         _tune_gc()
         # One write: the line tools and tests wait for, then what to do next.
-        _announce(_next_steps(gateway.url, gateway.api_url if gateway.api is not None else ""))
+        _announce(_next_steps(gateway.url, gateway.api_url))
         await _check_store(gateway.node.store, config.redis_url)
         await stop.wait()
         log.info("signal received: draining (up to %.0fs)", config.drain_timeout)

@@ -187,6 +187,15 @@ class Config(msgspec.Struct, kw_only=True):
     upstream_retries: Annotated[
         Count, Setting("upstream (re)connect attempts for one step before the turn fails", UPSTREAM)
     ] = 3
+    upstream_stall_timeout: Annotated[
+        PositiveSeconds,
+        Setting(
+            "seconds a running response may go without a message from the provider (the "
+            "first included) before the step is rerun once on a new connection; a second "
+            "silence ends the turn with error upstream_timeout",
+            UPSTREAM,
+        ),
+    ] = 30.0
     # phone calls: carriers' media streams (--phone-*, GATEWAY_PHONE_*; docs/phone.md).
     phone: Annotated[PhoneSettings, Nested("phone")] = msgspec.field(default_factory=PhoneSettings)
     # provider "sim" runs the simulator in-process with these knobs (--sim-*, GATEWAY_SIM_*).
@@ -318,6 +327,14 @@ class Config(msgspec.Struct, kw_only=True):
             TOOLS,
         ),
     ] = True
+    background_max_running: Annotated[
+        AtLeastOne,
+        Setting(
+            "background tool calls one session may have running at once; a call past it is "
+            "not started and its result says so",
+            TOOLS,
+        ),
+    ] = 64
     tool_max_output: Annotated[
         AtLeastOne, Setting("characters of one tool result kept (the rest is cut)", TOOLS)
     ] = 64_000
@@ -391,8 +408,8 @@ class Config(msgspec.Struct, kw_only=True):
     api_port: Annotated[
         Port | None,
         Setting(
-            "port of the HTTP API (POST/GET/DELETE /v1/sessions…) on host; 0 picks a free one; "
-            "none = no API",
+            "an extra port of the HTTP API (POST/GET/DELETE /v1/sessions…) on host, which is "
+            "always served on --port too; 0 picks a free one; none = --port only",
             EDGES,
         ),
     ] = None
@@ -525,6 +542,12 @@ class Config(msgspec.Struct, kw_only=True):
                 f"model {self.model!r} names {len(models)} model(s) for {len(providers)} "
                 f"providers ({self.provider}): give one per provider in the same order, "
                 "empty for a provider's default (e.g. --model gpt-realtime, for openai,gemini)"
+            )
+        if self.api_port and self.api_port == self.port:
+            raise ConfigError(
+                f"api_port {self.api_port} is also the WebSocket port: the HTTP API listens "
+                "on a port of its own; give --api-port (GATEWAY_API_PORT) another port "
+                "(0 picks a free one), or leave it unset for no HTTP API"
             )
         if not self.node_id:
             self.node_id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"

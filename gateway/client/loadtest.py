@@ -162,6 +162,15 @@ class LoadTestConfig(msgspec.Struct, frozen=True, kw_only=True):
             LOAD,
         ),
     ] = False
+    phone_webhook: Annotated[
+        str,
+        Setting(
+            "with --phone: the number's voice webhook (http://HOST:API_PORT/v1/phone/twilio/"
+            "voice) each call asks first, signed, as Twilio does, for its one-time stream "
+            "token (a gateway requires one by default); unset: streams alone",
+            LOAD,
+        ),
+    ] = ""
     phone_barge_in: Annotated[
         bool,
         Setting(

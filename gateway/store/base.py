@@ -246,8 +246,9 @@ class EventLog(Protocol):
         """
         ...
 
-    async def read_history(self, sid: str) -> list[bytes]:
-        """Every history item, oldest first."""
+    async def read_history(self, sid: str, start: int = 0, count: int = 0) -> list[bytes]:
+        """History items from the ``start``-th (0: the oldest), oldest first: ``count``
+        of them at most (0: every one to the end)."""
         ...
 
 
@@ -392,10 +393,16 @@ class Secrets(Protocol):
 
 
 class Health(Protocol):
-    """What readiness and the metrics ask of a store (3 methods)."""
+    """What readiness, the metrics and a starting node ask of a store (4 methods)."""
 
     async def ping(self) -> bool:
         """True when the store answers; False (not an exception) when it does not."""
+        ...
+
+    async def refusal(self) -> str | None:
+        """What to change when the store refuses this node for good (a wrong password,
+        no such database, not a Redis at all), in one line; None when it answers or is
+        only down (waiting fixes that). A starting node stops on it."""
         ...
 
     def degraded(self) -> str | None:

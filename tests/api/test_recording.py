@@ -76,7 +76,7 @@ async def test_a_recorded_session_holds_frames_commands_tools_and_events(
     # The tool call: its arguments, outcome and duration.
     (tool,) = [r for r in found if isinstance(r, ToolRun)]
     assert tool.name == "list" and msgspec.json.decode(tool.args) == {"path": "."}
-    assert tool.status == "success" and tool.duration_ms >= 0
+    assert tool.status == "success" and 0 < tool.duration_ms < 60_000, tool
 
     # Every event the clients got, the configuration's change among them.
     events = [decode_event(r.event) for r in found if isinstance(r, Logged)]

@@ -43,6 +43,7 @@ FLAGS = {
     "--quiet",
     "--phone",
     "--phone-barge-in",
+    "--phone-webhook",
 }
 
 

@@ -171,7 +171,7 @@ class _Replayer:
         self._answered = {a.call for a in plan.actions if a.call is not None}
         self._tasks: set[asyncio.Task[None]] = set()
         # The recorded run's turns: the replay is over when as many have closed.
-        self._turns = sum(1 for _, event in plan.events if isinstance(event, User))
+        self._turns = plan.turns
 
     async def read(self) -> None:
         progress = self.progress

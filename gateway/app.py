@@ -12,6 +12,9 @@ import dataclasses
 import datetime
 import logging
 from collections.abc import AsyncIterator
+from typing import Final
+
+import msgspec
 
 from gateway.config import Config, ConfigError
 from gateway.edge.server import Gateway
@@ -23,7 +26,7 @@ from gateway.store import open_store
 from gateway.tracing import Tracing, TracingError
 from gateway.upstream import providers
 from gateway.upstream.base import ProviderChain, UpstreamFactory
-from gateway.upstream.models import model_refusal, model_warning
+from gateway.upstream.models import MODELS, model_refusal, model_warning
 from gateway.upstream.provider import Provider, ProviderSettings
 from protocol.fallback import ProviderBreaker
 from tools.builtin.phone import phone_tools
@@ -50,19 +53,27 @@ async def _upstream_factories(config: Config) -> AsyncIterator[UpstreamFactories
     provider whose wire it speaks (``--sim-flavor``).
     """
     async with contextlib.AsyncExitStack() as stack:
-        sim_url = ""
+        sim_urls: dict[str, str] = {}  # flavour → its simulator's URL
         if providers.SIM in config.providers:
             from gateway.sim.server import serve_sim
 
-            sim = await stack.enter_async_context(serve_sim(config.sim, host="127.0.0.1", port=0))
-            sim_url = sim.url
+            # The node's flavour, and one per wire: a session that names a provider's
+            # model (the OpenAI door's ?model=) is served by that provider's flavour.
+            for flavor in dict.fromkeys((config.sim.flavor, *sorted(SIM_WIRES))):
+                sim_config = msgspec.structs.replace(config.sim, flavor=flavor)
+                sim = await stack.enter_async_context(
+                    serve_sim(sim_config, host="127.0.0.1", port=0)
+                )
+                sim_urls[flavor] = sim.url
 
         def make(provider: str, model: str) -> UpstreamFactory:
             if provider == providers.SIM:
-                if not sim_url:
+                if not sim_urls:
                     raise ValueError("'sim' is served only by gateways whose own provider is sim")
                 # The simulator speaks the chosen provider's wire: the real adapter drives it.
-                flavour = providers.by_name(config.sim.flavor)
+                named = sim_flavor_of(model)
+                flavour = providers.by_name(named or config.sim.flavor)
+                sim_url = sim_urls[flavour.name if named else config.sim.flavor]
                 sim_row = dataclasses.replace(
                     flavour,
                     name=providers.SIM,
@@ -89,6 +100,18 @@ async def _upstream_factories(config: Config) -> AsyncIterator[UpstreamFactories
             return factory
 
         yield make
+
+
+SIM_WIRES: Final = frozenset(m.wire for m in MODELS)
+
+
+def sim_flavor_of(model: str) -> str | None:
+    """The simulator flavour serving ``model`` on a simulator node: the provider whose
+    model it is (by the model table), or None for a model no provider lists."""
+    for facts in MODELS:
+        if facts.name == model:
+            return facts.wire
+    return None
 
 
 def _missing(row: Provider, settings: ProviderSettings, model: str) -> str | None:
@@ -195,6 +218,15 @@ async def running_gateway(config: Config) -> AsyncIterator[Gateway]:
     else:
         log.info("store: %s (durability %s)", store.kind, config.durability)
     try:
+        # Learn the store's topology (a Cluster's slots, Sentinel's primary)
+        # before listening: the first handshake's half-second store probe
+        # should not pay for it. A store that is down now is not fatal here;
+        # one that refuses for good (a wrong password…) is: waiting cannot fix it.
+        refused: str | None = None
+        with contextlib.suppress(TimeoutError):
+            refused = await asyncio.wait_for(store.refusal(), STARTUP_PING_SECONDS)
+        if refused is not None:
+            raise ConfigError(refused)
         phone = PhoneControl(config.phone)  # the call tools' side, before the tools
         async with _open_tools(config, phone) as registry, _upstream_factories(config) as factories:
             factory = _node_factory(config, factories)
@@ -209,11 +241,6 @@ async def running_gateway(config: Config) -> AsyncIterator[Gateway]:
             )
             node.metrics.store.watch(store.unconfirmed)
             gateway = Gateway(node, lambda edges: PhoneEdge(node, edges, phone))
-            # Learn the store's topology (a Cluster's slots, Sentinel's primary)
-            # before listening: the first handshake's half-second store probe
-            # should not pay for it. A store that is down now is not fatal here.
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(store.ping(), STARTUP_PING_SECONDS)
             await gateway.start()
             try:
                 yield gateway

@@ -51,7 +51,7 @@ async def _serve(config: Config) -> int:
             loop.add_signal_handler(signal.SIGHUP, gateway.edges.reload_keys)
         _tune_gc()
         # One write: the line tools and tests wait for, then what to do next.
-        _announce(_next_steps(gateway.url, gateway.api_url if gateway.api is not None else ""))
+        _announce(_next_steps(gateway.url, gateway.api_url))
         await _check_store(gateway.node.store, config.redis_url)
         await stop.wait()
         log.info("signal received: draining (up to %.0fs)", config.drain_timeout)
@@ -252,7 +252,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     chat_p = sub.add_parser("chat", help="chat with a gateway from the terminal")
     chat_p.add_argument("url", nargs="?", default="ws://127.0.0.1:8765/v1/realtime")
-    chat_p.add_argument("--token", help="API key (Bearer)")
+    chat_p.add_argument(
+        "--token", help="API key (Bearer); default: $GATEWAY_TOKEN (unseen by other processes)"
+    )
     chat_p.add_argument("--no-color", action="store_true")
     chat_p.add_argument(
         "--audio",
@@ -366,11 +368,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             return asyncio.run(run_loadtest_cli(args))
         if args.command == "chat":
             from gateway.client.chat import run_chat
+            from gateway.client.dial import token_from_env
 
             return asyncio.run(
                 run_chat(
                     args.url,
-                    token=args.token,
+                    token=args.token or token_from_env(),
                     color=not args.no_color,
                     audio=args.audio,
                     session_id=args.session,

@@ -408,8 +408,8 @@ class Config(msgspec.Struct, kw_only=True):
     api_port: Annotated[
         Port | None,
         Setting(
-            "port of the HTTP API (POST/GET/DELETE /v1/sessions…) on host; 0 picks a free one; "
-            "none = no API",
+            "an extra port of the HTTP API (POST/GET/DELETE /v1/sessions…) on host, which is "
+            "always served on --port too; 0 picks a free one; none = --port only",
             EDGES,
         ),
     ] = None
@@ -542,6 +542,12 @@ class Config(msgspec.Struct, kw_only=True):
                 f"model {self.model!r} names {len(models)} model(s) for {len(providers)} "
                 f"providers ({self.provider}): give one per provider in the same order, "
                 "empty for a provider's default (e.g. --model gpt-realtime, for openai,gemini)"
+            )
+        if self.api_port and self.api_port == self.port:
+            raise ConfigError(
+                f"api_port {self.api_port} is also the WebSocket port: the HTTP API listens "
+                "on a port of its own; give --api-port (GATEWAY_API_PORT) another port "
+                "(0 picks a free one), or leave it unset for no HTTP API"
             )
         if not self.node_id:
             self.node_id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"

@@ -16,7 +16,7 @@ from typing import Final
 from protocol.calls import ToolResult, encode_results, result_payload
 from protocol.events import Result
 
-__all__ = ["BackgroundCalls", "result_event", "started_result"]
+__all__ = ["STARTED", "BackgroundCalls", "result_event", "started_result"]
 
 STARTED: Final = (
     "started in the background; its result comes in a later message (the same tool "

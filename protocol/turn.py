@@ -281,7 +281,25 @@ class TurnMachine(ToolSteps):
         state = self.state
         if state is _STREAMING or state is _STOPPING or state is _TOOLS or state is _BACKOFF:
             out += self._cancel(barge_in=True)
+        elif state is _IDLE:
+            heard = self.spoken.cut()
+            if heard is not None:
+                # The answer is complete but still playing: history and the provider
+                # keep what the listener heard of it, as after a running turn's barge-in.
+                out[0] = SpeechStarted(offset_ms=offset_ms, heard_ms=heard)
+                note = Cancelled(content=BARGED_IN, reason="barge_in", heard_ms=heard)
+                out.append(Persist((note,)))
+                if self.voice:
+                    spoken = self.spoken
+                    text = spoken.text if spoken.chars else self._parser.accepted_text
+                    out.append(ReplaceResponse(text, heard_ms=heard))
         return out
+
+    def audio_sent(self, ms: float) -> None:
+        """The shell sent ``ms`` of the answer's audio to the clients (the hot path:
+        no actions). What the listener has not heard yet can still be cut."""
+        if self.state is _STREAMING:
+            self.spoken.audio_sent(ms)
 
     def _speech_ended(self, offset_ms: int) -> Sequence[Action]:
         out: list[Action] = [SpeechStopped(offset_ms=offset_ms)]

@@ -20,9 +20,11 @@ from typing import Final
 import aiohttp
 import msgspec
 
+from gateway.client.dial import TOKEN_ENV, token_from_env
+
 __all__ = ["DEFAULT_API", "RecordingError", "add_recording_arguments", "fetch_recording", "run"]
 
-DEFAULT_API: Final = os.environ.get("GATEWAY_API_URL", "http://127.0.0.1:8766")
+DEFAULT_API: Final = os.environ.get("GATEWAY_API_URL", "http://127.0.0.1:8765")
 MAX_PAGES: Final = 100_000
 
 
@@ -53,8 +55,8 @@ async def fetch_recording(
                     offset = following
     except aiohttp.ClientError as exc:
         raise RecordingError(
-            f"cannot reach the gateway's HTTP API at {base} ({exc}); is it serving with "
-            "--api-port, and is --api (GATEWAY_API_URL) its URL?"
+            f"cannot reach the gateway's HTTP API at {base} ({exc}); is it serving, and "
+            "is --api (GATEWAY_API_URL) its http:// URL (its --port, or its --api-port)?"
         ) from None
     except TimeoutError:
         raise RecordingError(f"the HTTP API at {base} did not answer within {timeout:g}s") from None
@@ -87,15 +89,19 @@ def add_recording_arguments(parser: argparse.ArgumentParser) -> None:
         "--api",
         default=DEFAULT_API,
         metavar="URL",
-        help=f"the gateway's HTTP API (its --api-port; GATEWAY_API_URL; default {DEFAULT_API})",
+        help=f"the gateway's HTTP API (its --port or --api-port; GATEWAY_API_URL; default {DEFAULT_API})",
     )
-    get.add_argument("--token", help="API key of the session's owner (Bearer)")
+    get.add_argument(
+        "--token",
+        help=f"API key of the session's owner (Bearer; default: ${TOKEN_ENV}, unseen by other "
+        "processes)",
+    )
 
 
 async def run(ns: argparse.Namespace) -> int:
     """``gateway recording get``: 0 written, 1 the API refused or failed, 2 cannot write."""
     try:
-        data = await fetch_recording(ns.api, ns.session_id, token=ns.token)
+        data = await fetch_recording(ns.api, ns.session_id, token=ns.token or token_from_env())
     except RecordingError as exc:
         print(f"gateway recording: {exc}", file=sys.stderr)
         return 1

@@ -16,12 +16,11 @@ session's WebSocket and nothing else. Bodies and answers are JSON; every
 refusal is ``{"error": {"code", "message"}}`` with a 4xx status and a message
 naming the field and what to do.
 
-Why a second port (``--api-port``): websockets serves only ``GET`` handshakes
-(its request parser refuses other methods before any hook runs), so ``POST``
-and ``DELETE`` cannot reach the WebSocket port. aiohttp's server runs in the
-node's own event loop, next to the sessions it reads; a load balancer routes
-``/v1/sessions`` to this port and everything else to the WebSocket port, so
-browsers still see one origin (deploy/haproxy-api.cfg, deploy/nginx-api.conf).
+It is served on the gateway's own port (``gateway.edge.one_port`` hands a
+connection whose first request is not a WebSocket's ``GET`` to aiohttp's
+protocol), and also on ``--api-port`` if set (a listener of its own, for
+deployments that route ``/v1/sessions`` to a port of its own). aiohttp's
+server runs in the node's own event loop, next to the sessions it reads.
 CORS is answered for the allowed origins (``--allowed-origins``), preflights
 included.
 
@@ -39,9 +38,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import http
 import logging
 import socket
+import zlib
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any, Final, Literal
 
@@ -52,6 +53,7 @@ from gateway.config import Config
 from gateway.edge.admission import ANY_ORIGIN, Edges
 from gateway.edge.auth import ANONYMOUS, KeyStoreUnavailable
 from gateway.edge.media_streams import MediaStreams
+from gateway.edge.openai_secrets import OPENAI_CLIENT_SECRETS, client_secret
 from gateway.edge.pending import WatchedProtocol
 from gateway.edge.tokens import is_client_token
 from gateway.sessions.port import CONFIG_QUOTA, UNUSED, NodePort, config_bytes
@@ -77,6 +79,7 @@ MAX_PAGE: Final = 1000
 DEFAULT_PAGE: Final = 500
 PAGE_BYTES: Final = 1 << 20
 """An export page holds at most this many bytes of events (one larger event comes alone)."""
+_ENCODINGS: Final = {"gzip": zlib.MAX_WBITS | 16, "x-gzip": zlib.MAX_WBITS | 16, "deflate": 0}
 
 TokenTtl = Annotated[float, msgspec.Meta(ge=1, le=86400)]
 
@@ -210,12 +213,15 @@ class HttpApi:
         app.router.add_get(API_PREFIX + "/{sid}/recording", self.recording)
         app.router.add_post(API_PREFIX + "/{sid}/tokens", self.mint)
         app.router.add_delete(API_PREFIX + "/{sid}", self.delete)
+        # OpenAI's ephemeral keys (gateway.edge.openai_secrets): a session and its token.
+        app.router.add_post(OPENAI_CLIENT_SECRETS, functools.partial(client_secret, self))
         self.phone_paths: list[str] = []
         if phone is not None:
             app.router.add_post(PHONE_TOKENS, self.phone_token)
             for path, handler in phone.webhooks.items():
                 app.router.add_post(path, handler)
             self.phone_paths = [PHONE_TOKENS, *phone.webhooks]
+        app.on_response_prepare.append(self._one_answer)
         self.app = app
         self._runner: web.AppRunner | None = None
         self._server: asyncio.Server | None = None
@@ -224,8 +230,25 @@ class HttpApi:
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
-        """Listen on ``host:api_port`` (with ``reuse_port``, workers share it)."""
+        """Ready to serve the gateway's port (``protocol``); with ``api_port`` set, also
+        listen on ``host:api_port`` (with ``reuse_port``, workers share it)."""
         cfg = self.config
+        # aiohttp's keep-alive timer runs from the connection's start and from each
+        # answer to the next request's headers: it is the header timeout.
+        runner = web.AppRunner(
+            self.app,
+            access_log=None,
+            handle_signals=False,
+            keepalive_timeout=cfg.header_timeout,
+            # A compressed body arrives as sent: aiohttp would inflate it as it arrives,
+            # before any handler checks the key or the size (a 971 KB gzip body inflating
+            # to 1 GB held a node 3-4 s past its 401); ``_body`` inflates after both.
+            auto_decompress=False,
+        )
+        await runner.setup()
+        self._runner = runner
+        if cfg.api_port is None:
+            return
         # A socket of our own: its address is known (api_port 0) with no private API.
         host = cfg.host or "0.0.0.0"
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -239,23 +262,32 @@ class HttpApi:
         except OSError:
             sock.close()
             raise
-        # aiohttp's keep-alive timer runs from the connection's start and from each
-        # answer to the next request's headers: it is the header timeout.
-        runner = web.AppRunner(
-            self.app,
-            access_log=None,
-            handle_signals=False,
-            keepalive_timeout=cfg.header_timeout,
-        )
-        await runner.setup()
-        make_protocol = runner.server  # aiohttp's web.Server is a protocol factory
-        assert make_protocol is not None
-        pending = self.edges.pending
         self._server = await asyncio.get_running_loop().create_server(
-            lambda: WatchedProtocol(make_protocol(), pending), sock=sock, backlog=1024
+            self.protocol, sock=sock, backlog=1024
         )
-        self._runner, self._socket = runner, sock
+        self._socket = sock
         log.info("HTTP API on http://%s:%d%s", host, self.port, API_PREFIX)
+
+    def protocol(self) -> asyncio.Protocol:
+        """A connection's protocol (``start`` first), counted as pending until it authenticates."""
+        assert self._runner is not None and self._runner.server is not None, "start() first"
+        # aiohttp's web.Server is a protocol factory.
+        return WatchedProtocol(self._runner.server(), self.edges.pending)
+
+    @property
+    def own_port(self) -> int | None:
+        """The port of ``--api-port``'s listener; none when the API is on the gateway's only."""
+        return self.port if self._socket is not None else None
+
+    async def _one_answer(self, request: web.Request, response: web.StreamResponse) -> None:
+        """On the gateway's port, one answer per connection: a browser may send the next
+        ``GET`` of a page down a kept-alive connection, and pages are websockets'."""
+        transport = request.transport
+        sockname = transport.get_extra_info("sockname") if transport is not None else None
+        own = self.own_port
+        if own is None or not isinstance(sockname, tuple) or sockname[1] != own:
+            response.force_close()  # the connection closes after this answer
+            response.headers["Connection"] = "close"  # (headers are made before this hook)
 
     @property
     def port(self) -> int:
@@ -419,6 +451,13 @@ class HttpApi:
         return key_id, sid, meta
 
     async def _body(self, request: web.Request, decode: Callable[[bytes], Any]) -> Any:
+        """The request's JSON body, decoded; called after ``_key_id`` (a caller with no
+        key never gets its body read). Size is checked on the bytes as sent (Content-Length
+        first), then a compressed body is inflated off the loop to at most ``MAX_BODY``."""
+        encoding = _encoding(request)
+        content_type = request.headers.get("Content-Type", "application/json").lower()
+        if request.content_length != 0 and "json" not in content_type:
+            raise Refusal(415, "send the body as JSON (Content-Type: application/json)")
         timeout = self.config.body_timeout
         try:
             async with asyncio.timeout(timeout):
@@ -428,10 +467,10 @@ class HttpApi:
                 408,
                 f"the body did not arrive within {timeout:g} s; send the whole request at once",
             ) from None
+        if encoding and data:
+            data = await asyncio.to_thread(_inflate, data, encoding)
         if not data.strip():
             data = b"{}"  # no body: every field's default
-        elif "json" not in request.headers.get("Content-Type", "application/json").lower():
-            raise Refusal(415, "send the body as JSON (Content-Type: application/json)")
         try:
             return decode(data)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
@@ -450,7 +489,16 @@ class HttpApi:
     async def create(self, request: web.Request) -> web.Response:
         key_id = await self._key_id(request)
         body: CreateSession = await self._body(request, _create_decoder.decode)
-        config = apply_change(SessionConfig(), body)
+        ttl = None if body.ttl is msgspec.UNSET else body.ttl
+        minted = await self.make_session(key_id, body, ttl, approve="approve" in body.rights)
+        return _json(201, minted)
+
+    async def make_session(
+        self, key_id: str, change: ConfigChange, ttl: float | None, *, approve: bool = False
+    ) -> Minted:
+        """A new session of ``key_id`` configured by ``change``, and its client token;
+        ``Refusal`` (400/403/413/429) if the key may not have it."""
+        config = apply_change(SessionConfig(), change)
         if isinstance(config, str):
             raise Refusal(400, config)
         problem = await prepare(config.tools)  # compiled off the loop, once per schema
@@ -469,10 +517,8 @@ class HttpApi:
             with contextlib.suppress(Exception):
                 await self.node.store.release_bytes(CONFIG_QUOTA.format(key=key_id), sid)
             raise
-        ttl = None if body.ttl is msgspec.UNSET else body.ttl
-        approve = "approve" in body.rights
         token, expires_at = await self.edges.tokens.mint(sid, key_id, ttl, approve=approve)
-        return _json(201, Minted(sid, token, expires_at))
+        return Minted(sid, token, expires_at)
 
     async def _hold_quota(self, key_id: str, sid: str, size: int) -> None:
         """Count ``size`` bytes of configuration against the key's quota; 413/429 if it is full.
@@ -631,6 +677,51 @@ def _float(value: str | None) -> float:
         return float(value or 0)
     except ValueError:
         return 0.0
+
+
+def _too_large(request: web.Request) -> None:
+    """413 at once for a body announced larger than ``MAX_BODY`` (none is read)."""
+    length = request.content_length
+    if length is not None and length > MAX_BODY:
+        raise Refusal(413, f"the body is larger than {MAX_BODY} bytes; send a smaller one")
+
+
+def _encoding(request: web.Request) -> str:
+    """The body's Content-Encoding (``""``: none), refused (415) unless gzip or deflate;
+    and a body announced past ``MAX_BODY`` refused (413) before it is read."""
+    _too_large(request)
+    encoding = request.headers.get("Content-Encoding", "").strip().lower()
+    if encoding in ("", "identity"):
+        return ""
+    if encoding not in _ENCODINGS:
+        raise Refusal(
+            415,
+            f"Content-Encoding {encoding[:40]!r} is not accepted: send the body as is, or "
+            "gzip or deflate it (one encoding)",
+        )
+    return encoding
+
+
+def _inflate(data: bytes, encoding: str) -> bytes:
+    """``data`` inflated, at most to ``MAX_BODY`` bytes (the work stops there): run off
+    the loop. ``Refusal`` 413 past it, 400 for a body that is not what it says."""
+    wbits = _ENCODINGS[encoding]
+    attempts = (wbits,) if wbits else (zlib.MAX_WBITS, -zlib.MAX_WBITS)  # deflate: zlib or raw
+    for attempt in attempts:
+        inflater = zlib.decompressobj(attempt)
+        try:
+            out = inflater.decompress(data, MAX_BODY + 1)
+        except zlib.error:
+            continue
+        if len(out) > MAX_BODY:
+            raise Refusal(
+                413,
+                f"the body inflates to more than {MAX_BODY} bytes; send a smaller one",
+            )
+        if not inflater.eof:
+            raise Refusal(400, f"the {encoding} body ends early: send the whole stream")
+        return out
+    raise Refusal(400, f"the body is not valid {encoding}: compress it as its header says")
 
 
 def _query_int(request: web.Request, name: str, default: int, low: int, high: int) -> int:

@@ -5,8 +5,9 @@ process is alive, ``GET /readyz`` whether it would serve a new client (503 while
 draining, full, short of file descriptors, or its store is unreachable:
 ``gateway.edge.health``), and
 ``GET /metrics`` serves Prometheus. The HTTP API (``POST``/``GET``/``DELETE``
-``/v1/sessions``: ``gateway.edge.api``) listens on ``--api-port``: websockets
-serves GET handshakes only.
+``/v1/sessions``: ``gateway.edge.api``) is served on the same port: websockets
+serves GET handshakes only, so ``gateway.edge.one_port`` reads each
+connection's first request head and hands it to websockets or to aiohttp.
 Everything a handshake can refuse (unknown path, bad query, unknown or foreign
 session) is refused with an HTTP status before the WebSocket opens, so a
 client learns what was wrong without parsing a close frame.
@@ -21,14 +22,16 @@ import http
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, MutableMapping
-from typing import Final, Literal
+from collections.abc import Callable, Iterator, MutableMapping, Sequence
+from typing import Any, Final, Literal, cast
 from urllib.parse import parse_qs, urlsplit
 
 import msgspec
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.datastructures import Headers, MultipleValuesError
 from websockets.http11 import Request, Response
+from websockets.server import ServerProtocol
+from websockets.typing import Subprotocol
 
 from gateway.config import Config
 from gateway.edge import web
@@ -38,10 +41,13 @@ from gateway.edge.closes import CloseCode, close_reason
 from gateway.edge.connection import ClientConnection
 from gateway.edge.health import Descriptors, StoreProbe
 from gateway.edge.media_streams import MediaStreamsFactory
+from gateway.edge.one_port import Sniffer
+from gateway.edge.openai_door import OPENAI_PATH, OpenAIDoor
 from gateway.edge.pending import PendingConnections
-from gateway.sessions.port import NodePort
+from gateway.sessions.port import UNUSED, NodePort
 from gateway.store.base import StoreUnavailable
 from gateway.wsfast import BatchingConnection
+from protocol.configuration import SessionConfig, decode_config
 
 __all__ = ["Gateway", "Handshake", "ListenFailed"]
 
@@ -76,6 +82,9 @@ class Handshake(msgspec.Struct):
     trusted: bool = True
     # May decide on calls that wait for approval (an API key, or a token with the right).
     may_approve: bool = True
+    # A session the HTTP API made that no client has opened yet: its first connection
+    # is not a resume (its session frame says ``resumed: false``).
+    fresh: bool = False
 
 
 class NewSessions(MutableMapping[str, str]):
@@ -177,10 +186,10 @@ class Gateway:
         self.descriptors = Descriptors()
         # Carriers' media streams (/v1/phone/CARRIER): phone calls as session clients.
         self.phone = phone(self.edges) if phone is not None else None
-        # The HTTP API (POST/GET/DELETE /v1/sessions) on its own port, if configured.
-        self.api = (
-            HttpApi(node, self.edges, self.phone) if self.config.api_port is not None else None
-        )
+        # The HTTP API (POST/GET/DELETE /v1/sessions): on this port, and on --api-port if set.
+        self.api = HttpApi(node, self.edges, self.phone)
+        # The OpenAI Realtime door (/openai/v1/realtime): a codec over this node's own door.
+        self.door = OpenAIDoor(self.config, self.edges.pending, self._config_of)
         # The console's policy (it may call the HTTP API) and what it may configure.
         self.page_policy = web.content_security_policy(self.config.api_port)
         self.offer = web.offer_of(self.config, auth=self.edges.auth_on)
@@ -197,26 +206,33 @@ class Gateway:
 
     @property
     def api_url(self) -> str:
-        """``http://HOST:API_PORT`` (the API's paths start with ``/v1/sessions``)."""
-        assert self.api is not None, "the HTTP API is off: set api_port"
-        return f"http://{self.config.host}:{self.api.port}"
+        """``http://HOST:PORT`` of the HTTP API (the API's paths start with ``/v1/sessions``):
+        ``--api-port``'s listener if set, else the gateway's own port."""
+        port = self.api.own_port or self.port
+        return f"http://{self.config.host}:{port}"
+
+    @property
+    def http_url(self) -> str:
+        """``http://HOST:PORT``: the gateway's one port, for HTTP."""
+        return f"http://{self.config.host}:{self.port}"
 
     async def start(self) -> None:
         cfg = self.config
         self.node.start()
         try:
+            await self.api.start()
+        except OSError as exc:
+            raise ListenFailed(exc, "--api-port", cfg.host, cfg.api_port or 0) from exc
+        try:
             self.server = await self._listen()
         except OSError as exc:
+            await self.api.close()
             raise ListenFailed(exc, "--port", cfg.host, cfg.port) from exc
         self.edges.start()
-        if self.api is not None:
-            try:
-                await self.api.start()
-            except OSError as exc:
-                raise ListenFailed(exc, "--api-port", cfg.host, cfg.api_port or 0) from exc
-            # Its actual port (api_port 0 picks one): the console may call it.
-            self.offer = msgspec.structs.replace(self.offer, api_port=self.api.port)
-            self.page_policy = web.content_security_policy(self.api.port)
+        self.door.gateway_port = self.port
+        if self.api.own_port is not None:  # its actual port (api_port 0 picks one)
+            self.offer = msgspec.structs.replace(self.offer, api_port=self.api.own_port)
+            self.page_policy = web.content_security_policy(self.api.own_port)
         log.info("listening on %s (node %s)", self.url, self.node.node_id)
 
     async def _listen(self) -> Server:
@@ -231,17 +247,57 @@ class Gateway:
             ping_interval=cfg.ping_interval,
             ping_timeout=cfg.ping_timeout,
             server_header="realtime-gateway",
+            # The first request's head decides: websockets (GET) or the HTTP API.
             # One socket write per batch; counted as pending until authenticated.
-            create_connection=watched(self.edges.pending),
+            create_connection=self._shared_port(),
             # The whole handshake, from the first byte: a stalled request is closed.
             open_timeout=cfg.header_timeout,
             # Connection bursts (a load balancer moving many clients at once)
             # must queue in the kernel, not be refused.
             backlog=4096,
             reuse_port=cfg.reuse_port or None,
-            select_subprotocol=self.edges.select_subprotocol,
+            select_subprotocol=self._select_subprotocol,
             write_limit=cfg.write_limit,  # a send waits for a slow client to drain
         )
+
+    def _shared_port(self) -> type[ServerConnection]:
+        """websockets' connection factory, made to sniff first (``gateway.edge.one_port``)."""
+        ws_class = watched(self.edges.pending)
+        pending = self.edges.pending
+        timeout = self.config.header_timeout
+        api = self.api
+
+        def make(protocol: ServerProtocol, server: Server, **kwargs: Any) -> asyncio.Protocol:
+            return Sniffer(
+                ws_class(protocol, server, **kwargs),
+                api.protocol,
+                timeout=timeout,
+                on_open=pending.opened,
+                on_close=pending.settled,
+            )
+
+        # websockets calls it as it would a ServerConnection subclass: with the same arguments.
+        return cast("type[ServerConnection]", make)
+
+    async def _config_of(self, sid: str) -> SessionConfig | None:
+        live = self.node.live_state(sid)
+        if live is not None:
+            return live[1]
+        meta = await self.node.store.get_meta(sid)
+        if meta is None:
+            return None
+        try:
+            return decode_config(meta.get("config", ""))
+        except (ValueError, TypeError):
+            return SessionConfig()
+
+    def _select_subprotocol(
+        self, connection: ServerConnection, offered: Sequence[Subprotocol]
+    ) -> Subprotocol | None:
+        real = connection.websocket if isinstance(connection, Sniffer) else connection
+        if real.request is not None and urlsplit(real.request.path).path == OPENAI_PATH:
+            return self.door.select_subprotocol(offered)
+        return self.edges.select_subprotocol(real, offered)
 
     # ------------------------------------------------------------------ HTTP
 
@@ -262,7 +318,8 @@ class Gateway:
                 self.node.metrics.render(),
             )
         phone = self.phone is not None and self.phone.handles(path)
-        if path != WS_PATH and not phone:
+        door = path == OPENAI_PATH
+        if path != WS_PATH and not phone and not door:
             if path == web.NODE_PATH:
                 return web.node_response(self.offer)
             page = web.static_response(path, self.page_policy)
@@ -292,6 +349,8 @@ class Gateway:
             )
         if phone and self.phone is not None:  # a carrier's media stream: its own checks
             return await self.phone.handshake(connection, request)
+        if door:  # the OpenAI door: checked by this node's own door, through loopback
+            return await self.door.handshake(connection, request)
         query = parse_qs(url.query)
         # Origin, API key (the principal), connection limits; freed when the connection closes.
         admitted = await self.edges.admit(
@@ -312,6 +371,7 @@ class Gateway:
                     "session_id (or with the session_id it was minted for)\n",
                 )
         unrecorded_owner: str | None = None
+        fresh = False
         stream = _one(query, "stream") or "token"
         if stream not in STREAM_MODES:
             return _text(
@@ -352,6 +412,7 @@ class Gateway:
                     http.HTTPStatus.FORBIDDEN,
                     "this session belongs to another API key\n",
                 )
+            fresh = meta.get(UNUSED) == "1"
         after: int | None = None
         if after_raw is not None:
             checked = await self._check_after(after_raw, sid)
@@ -366,6 +427,7 @@ class Gateway:
             unrecorded_owner=unrecorded_owner,
             trusted=admitted.session is None,
             may_approve=admitted.session is None or admitted.approve,
+            fresh=fresh,
         )
         return None
 
@@ -437,6 +499,9 @@ class Gateway:
         if self.phone is not None and self.phone.owns(ws):
             await self.phone.serve(ws)
             return
+        if self.door.owns(ws):
+            await self.door.serve(ws)
+            return
         hs = self._handshakes.pop(id(ws), None)
         if hs is None:  # pragma: no cover - process_request always records one
             await ws.close(1011, "handshake state missing")
@@ -450,7 +515,7 @@ class Gateway:
                 sid, after, resumed = runtime.sid, 0, False
                 self.unrecorded.add(sid, hs.principal)  # stored at its first turn
             else:
-                sid, after, resumed = hs.session_id, hs.after or 0, True
+                sid, after, resumed = hs.session_id, hs.after or 0, not hs.fresh
                 if hs.unrecorded_owner is not None:  # its last connection may have left since
                     self.unrecorded.add(sid, hs.unrecorded_owner)
             conn = ClientConnection(
@@ -503,8 +568,7 @@ class Gateway:
         await node.stop()
         if self.server is not None:
             await self.server.wait_closed()
-        if self.api is not None:
-            await self.api.close()
+        await self.api.close()
         await self.edges.close()
         if self.phone is not None:
             await self.phone.close()
@@ -515,8 +579,7 @@ class Gateway:
         if self.server is not None:
             self.server.close()
             await self.server.wait_closed()
-        if self.api is not None:
-            await self.api.close()
+        await self.api.close()
         await self.edges.close()
         await self.node.stop()
         if self.phone is not None:

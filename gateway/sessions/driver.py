@@ -56,7 +56,7 @@ from gateway.upstream.base import (
     Woken,
 )
 from protocol.assembly import Message
-from protocol.audio import audio_frame
+from protocol.audio import OUTPUT_RATE, audio_frame
 from protocol.calls import ToolResult
 from protocol.events import Approval, Error, Interrupt, Metric, Usage
 from protocol.turn import TurnMachine, TurnState
@@ -749,6 +749,7 @@ class TurnDriver:
             return  # a text session on a model that only speaks: its transcript is the answer
         if self.machine.state is not TurnState.STREAMING:
             return  # the rest of a cancelled answer
+        self.machine.audio_sent(len(pcm16) * 500 / OUTPUT_RATE)
         self.log.deliver_audio(audio_frame(self.log.last_seq, pcm16))
 
     def _account(self, usage: Usage) -> None:

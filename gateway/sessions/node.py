@@ -90,7 +90,7 @@ class Node:
         # Per-key turn and token limits (gateway.sessions.limits); free when they are off.
         self.limits = Limits(config, store, self.metrics)
         # What each key may set in its sessions (--key-policy-file).
-        self.policies = KeyPolicies(config.key_policy_file or None)
+        self.policies = KeyPolicies(config.key_policy_file or None, known_providers=providers.NAMES)
         # Per-key allow-lists of tools, as the edge read them at handshakes (keys file `tools=`).
         self.key_tools = KeyAllowLists()
         # What each session's configuration makes of this node (prompt, tools, provider).

@@ -574,6 +574,10 @@ class MemoryRecordings:
             if session.meta.get(RECORDING) == "cut":
                 sizes.append(RECORDING_CUT)
             elif len(recording) + len(lines) > limit:
+                # The whole lines that fit before the limit, then the cut line.
+                room = limit - len(recording) - len(cut)
+                if room > 0:
+                    recording += lines[: lines.rfind(b"\n", 0, room) + 1]
                 recording += cut
                 session.meta[RECORDING] = "cut"
                 sizes.append(RECORDING_CUT)
@@ -621,6 +625,9 @@ class MemoryStore(MemorySessions, MemoryCounters, MemoryBus, MemorySecrets):
 
     async def ping(self) -> bool:
         return True
+
+    async def refusal(self) -> str | None:
+        return None
 
     def degraded(self) -> str | None:
         return None

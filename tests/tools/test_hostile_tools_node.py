@@ -29,8 +29,9 @@ from .helpers import PeakRss
 from .servers.hostile_http import hostile_server
 from .servers.mcp_http import SERVER
 
-_MAX_STALL = 0.5
-"""Generous: healthz answers in milliseconds; the unbounded readers held the loop 10+ s."""
+_MAX_STALL = 2.5
+"""A loaded machine's margin: healthz answered within 15-265 ms here (the gzip bomb the
+slowest, 9x under this); the unbounded readers held the loop 10+ s (4x this)."""
 _MAX_RSS_MB = 100.0
 
 # (message to the simulator, what the failure says, seconds the call may take).

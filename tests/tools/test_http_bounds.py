@@ -29,8 +29,9 @@ pytestmark = pytest.mark.timeout(30)
 
 MAX_OUTPUT = 64_000
 TIMEOUT = 2.0
-_MAX_GAP = 0.5
-"""Generous: ticks come within milliseconds; the unbounded reader held the loop 10+ s."""
+_MAX_GAP = 2.5
+"""A loaded machine's margin: ticks came within 11-37 ms here; the unbounded reader held the
+loop 10+ s (4x this)."""
 _MAX_RSS_MB = 100.0
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
@@ -158,11 +159,13 @@ async def test_an_http_server_that_goes_away_is_reported_down_then_reconnected(
     assert down.status == "failure" and "down" in down.content
     # Back on the same port: the session is reconnected.
     with mcp_http_server(port=http_server.port):
-        for _ in range(50):
-            again = await http.call("calc.add", a=1, b=2)
-            if again.status == "success":
-                break
+        # The supervisor reconnects after its backoff: a call until then fails naming it.
+        async with asyncio.timeout(30):
+            while (again := await http.call("calc.add", a=1, b=2)).status != "success":
+                assert "MCP server 'calc'" in again.content, again
+                await asyncio.sleep(0.05)
         assert again == ToolResult("calc.add", "success", 3)
+        assert http.server.connects == 2
 
 
 async def test_a_command_that_does_not_exist_fails_the_start_at_once() -> None:

@@ -488,7 +488,7 @@ function updateControls() {
   ui.deleteButton.disabled = !api || !conn.sessionId;
   ui.deleteHint.textContent = api
     ? `Deletes it on every node through the HTTP API (${api}); its clients are closed with 4404.`
-    : "Delete needs the node's HTTP API: start it with --api-port.";
+    : "Delete needs the node's HTTP API.";
   ui.loadRecording.disabled = !api || !conn.sessionId;
   if (recording.sid && recording.sid !== conn.sessionId) {
     Object.assign(recording, { sid: null, text: "", note: "" }); // another session now
@@ -499,7 +499,7 @@ function updateControls() {
     recording.note ||
     (api
       ? "What crossed every wire of this session, if it is recorded (configure record, a key policy, or serve --record)."
-      : "The recording is read through the node's HTTP API: start it with --api-port.");
+      : "The recording is read through the node's HTTP API.");
   ui.app.classList.toggle("running", conn.turnRunning);
 }
 
@@ -511,8 +511,8 @@ function autosize() {
 // ------------------------------------------------------------------ session controls
 
 function apiBase() {
-  if (!offer.api_port) return null;
-  return `${location.protocol}//${location.hostname}:${offer.api_port}`;
+  // The HTTP API is served on the page's own port (and origin).
+  return location.origin;
 }
 
 let deleteArmed = null;

@@ -1,0 +1,146 @@
+"""One port for the WebSocket endpoint and the HTTP API: the request head decides who serves it.
+
+websockets serves ``GET`` handshakes only (its parser refuses any other
+method), and aiohttp serves the API (``POST``/``DELETE``/``OPTIONS`` and the
+API's ``GET`` routes). ``Sniffer`` is the listening socket's asyncio protocol:
+it reads the first request's head, at most ``max_head`` bytes within
+``timeout`` seconds (a client that sends less in that time is cut: a
+slow-loris holds a descriptor no longer than a stalled handshake would), then
+hands the transport to the protocol that serves it, replaying the bytes read.
+
+What goes where (``route``): a ``GET`` is websockets' (handshakes, ``/healthz``,
+``/readyz``, ``/metrics``, the console's pages) unless it is no WebSocket
+handshake and its path is one of the API's (``/v1/sessions/…``,
+``/openai/v1/…``); every other method is aiohttp's. An HTTP connection kept alive
+by aiohttp is closed after each answer (``Connection: close``), so a
+browser never sends a later ``GET`` of a page down a connection aiohttp holds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Callable
+from typing import Final, Literal, cast
+
+from websockets.asyncio.server import ServerConnection
+
+__all__ = ["MAX_HEAD", "Route", "Sniffer", "route"]
+
+MAX_HEAD: Final = 64 * 1024
+"""Bytes a request head may take on the shared port (websockets allows 128 headers of 8 KiB
+lines, aiohttp 32 KiB of headers; a browser with large cookies sends ~16 KiB)."""
+
+Route = Literal["ws", "http"]
+
+_API_GET_PREFIXES: Final = (b"/v1/sessions", b"/openai/v1/")
+_UPGRADE: Final = re.compile(rb"\r\nupgrade:[ \t]*websocket[ \t]*\r\n", re.IGNORECASE)
+
+
+def route(head: bytes) -> Route:
+    """Who serves a request whose head (request line and headers) is ``head``."""
+    method, _, rest = head.partition(b" ")
+    if method != b"GET":
+        return "http"
+    if _UPGRADE.search(head) is not None:
+        return "ws"
+    target = rest.partition(b" ")[0].partition(b"?")[0]
+    return "http" if target.startswith(_API_GET_PREFIXES) else "ws"
+
+
+class Sniffer(asyncio.Protocol):
+    """The shared port's protocol until the first request's head has arrived.
+
+    ``websocket`` is the connection a WebSocket's request is handed to (made
+    by websockets' server, not yet connected: its handler starts when it is);
+    ``make_http()`` makes the protocol an HTTP request is handed to;
+    ``on_open(transport)`` / ``on_close(transport)`` count the connection
+    while it is read here (the pending, unauthenticated connections).
+    """
+
+    __slots__ = (
+        "_buffer",
+        "_make_http",
+        "_max_head",
+        "_on_close",
+        "_on_open",
+        "_timeout",
+        "_timer",
+        "_transport",
+        "protocol",
+        "websocket",
+    )
+
+    def __init__(
+        self,
+        websocket: ServerConnection,
+        make_http: Callable[[], asyncio.Protocol],
+        *,
+        timeout: float,
+        max_head: int = MAX_HEAD,
+        on_open: Callable[[asyncio.BaseTransport], object] | None = None,
+        on_close: Callable[[asyncio.BaseTransport], object] | None = None,
+    ) -> None:
+        self.websocket = websocket
+        # websockets' server checks that its subprotocol hook runs for this connection's
+        # protocol (``connection.protocol``): the Sniffer is the connection it knows.
+        self.protocol = websocket.protocol
+        self._make_http = make_http
+        self._timeout = timeout
+        self._max_head = max_head
+        self._on_open = on_open
+        self._on_close = on_close
+        self._buffer = bytearray()
+        self._transport: asyncio.Transport | None = None
+        self._timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports are not asyncio.Transport subclasses, but have its methods.
+        self._transport = cast("asyncio.Transport", transport)
+        if self._on_open is not None:
+            self._on_open(transport)
+        self._timer = asyncio.get_running_loop().call_later(self._timeout, self._cut)
+
+    def data_received(self, data: bytes) -> None:
+        buffer = self._buffer
+        start = max(0, len(buffer) - 3)
+        buffer += data
+        end = buffer.find(b"\r\n\r\n", start)
+        if end < 0:
+            if len(buffer) > self._max_head:
+                self._cut()
+            return
+        self._hand_over(route(bytes(buffer[: end + 4])))
+
+    def eof_received(self) -> bool | None:
+        self._cut()
+        return None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._stop_timer()
+        if self._on_close is not None and self._transport is not None:
+            self._on_close(self._transport)
+
+    def _hand_over(self, to: Route) -> None:
+        transport = self._transport
+        assert transport is not None
+        self._stop_timer()
+        if self._on_close is not None:
+            self._on_close(transport)  # the new protocol counts it from here
+        data = bytes(self._buffer)
+        self._buffer = bytearray()
+        protocol = self.websocket if to == "ws" else self._make_http()
+        transport.set_protocol(protocol)
+        protocol.connection_made(transport)
+        if not transport.is_closing():
+            protocol.data_received(data)
+
+    def _cut(self) -> None:
+        self._stop_timer()
+        if self._transport is not None:
+            self._transport.abort()
+
+    def _stop_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None

@@ -1,0 +1,311 @@
+"""The OpenAI door: ``ws://HOST:PORT/openai/v1/realtime?model=…`` (OpenAI's GA Realtime).
+
+A thin I/O shell around ``protocol.openai_conversation.Conversation``. Each
+client of this door is served through a connection to the gateway's own
+WebSocket endpoint on the node's loopback, made during the client's
+handshake with the client's own credentials: every check of the gateway's
+door (API key or client token, origin, connection limits, session
+ownership, resume) is made there, and a refusal is answered to the OpenAI
+client as the same HTTP status with OpenAI's error body. Then frames flow
+both ways through the conversation: OpenAI client events become the
+gateway's commands, the gateway's logged events become OpenAI server events.
+
+Credentials: ``Authorization: Bearer KEY`` (an API key or a client token),
+or a browser's ``openai-insecure-api-key.KEY`` subprotocol (the ``realtime``
+subprotocol is selected, as OpenAI's server does).
+
+Resume (an extension of this gateway): ``?session_id=SID&after_event=EVENT_ID``
+reconnects to the session ``session.created`` named (``session.id``) and
+sends what follows the last ``event_id`` the client saw: the session's log is
+replayed through a fresh conversation, and what it yields up to that event
+is not sent again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import http
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Final
+from urllib.parse import parse_qs, quote, urlsplit
+
+import msgspec
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.asyncio.server import ServerConnection
+from websockets.datastructures import Headers
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+from websockets.http11 import Request, Response
+from websockets.typing import Subprotocol
+
+from gateway.config import Config
+from gateway.edge.closes import CloseCode
+from gateway.edge.frame_rate import FrameRate, Verdict
+from gateway.edge.pending import PendingConnections
+from gateway.edge.tokens import is_client_token
+from gateway.upstream import providers
+from gateway.upstream.models import MODELS
+from protocol.audio import split_audio_frame
+from protocol.configuration import SessionConfig
+from protocol.events import Configure, Session, decode_event
+from protocol.openai_conversation import Conversation
+from protocol.openai_events import decode_client, encode
+
+__all__ = ["OPENAI_PATH", "OpenAIDoor", "model_route"]
+
+log = logging.getLogger("gateway.edge.openai_door")
+
+OPENAI_PATH: Final = "/openai/v1/realtime"
+INSECURE_KEY: Final = "openai-insecure-api-key."
+REALTIME: Final = Subprotocol("realtime")
+_OPEN_TIMEOUT: Final = 10.0
+_command_encoder: Final = msgspec.json.Encoder()
+
+
+def model_route(config: Config, model: str) -> tuple[str, str] | str:
+    """``(provider, model)`` serving ``?model=``; a refusal naming the models otherwise.
+
+    On a simulator node every model a provider lists is served by the
+    simulator flavour of that provider (``gateway.app.sim_flavor_of``).
+    """
+    wire = next((m.wire for m in MODELS if m.name == model and not m.shutdown), None)
+    if wire is None:
+        served = ", ".join(m.name for m in MODELS if not m.shutdown)
+        return f"model {model[:100]!r} is not served by this gateway; choose one of: {served}"
+    if providers.SIM in config.providers:
+        return providers.SIM, model
+    return wire, model
+
+
+def _error_response(status: int, message: str, code: str) -> Response:
+    body = msgspec.json.encode(
+        {"error": {"type": "invalid_request_error", "code": code, "message": message}}
+    )
+    return Response(
+        status,
+        http.HTTPStatus(status).phrase,
+        Headers([("Content-Type", "application/json")]),
+        body,
+    )
+
+
+class _Pending(msgspec.Struct):
+    inner: ClientConnection
+    sid: str
+    model: str
+    route: tuple[str, str]
+    fresh: bool  # a new session: configure it for the model
+    after: tuple[int, int] | None
+
+
+class OpenAIDoor:
+    """The OpenAI door of one node: handshakes, then one pump per client."""
+
+    def __init__(
+        self,
+        config: Config,
+        pending: PendingConnections,
+        config_of: Callable[[str], Awaitable[SessionConfig | None]],
+    ) -> None:
+        """``config_of(sid)``: a session's configuration (shown by ``session.created``
+        to a client of a session made elsewhere: ``client_secrets``)."""
+        self.config = config
+        self.pending = pending
+        self.config_of = config_of
+        self.gateway_port = 0  # set once the node listens
+        self._handshakes: dict[int, _Pending] = {}
+
+    def owns(self, ws: ServerConnection) -> bool:
+        return id(ws) in self._handshakes
+
+    def select_subprotocol(self, offered: Sequence[Subprotocol]) -> Subprotocol | None:
+        return REALTIME if REALTIME in offered else None
+
+    async def handshake(self, connection: ServerConnection, request: Request) -> Response | None:
+        if request.headers.get("Upgrade", "").lower() != "websocket":
+            return _error_response(
+                426, f"{OPENAI_PATH} is a WebSocket endpoint: send a WebSocket handshake", "upgrade"
+            )
+        query = parse_qs(urlsplit(request.path).query)
+        model = (query.get("model") or [""])[-1]
+        if not model:
+            return _error_response(
+                400, "name the model: connect to ?model=MODEL (e.g. gpt-realtime-2.1)", "model"
+            )
+        route = model_route(self.config, model)
+        if isinstance(route, str):
+            return _error_response(400, route, "model_not_found")
+        headers: list[tuple[str, str]] = []
+        authorization = request.headers.get("Authorization")
+        offered = [
+            p.strip()
+            for value in request.headers.get_all("Sec-WebSocket-Protocol")
+            for p in value.split(",")
+        ]
+        insecure = next((p for p in offered if p.startswith(INSECURE_KEY)), None)
+        if authorization is None and insecure is not None:
+            authorization = "Bearer " + insecure[len(INSECURE_KEY) :]
+        if authorization is not None:
+            headers.append(("Authorization", authorization))
+        credential = (authorization or "").partition(" ")[2].strip()
+        token = is_client_token(credential)
+        origin = request.headers.get("Origin")
+        if origin is not None:
+            headers.append(("Origin", origin))
+        sid = (query.get("session_id") or [""])[-1]
+        after_event = (query.get("after_event") or [""])[-1]
+        after: tuple[int, int] | None = None
+        if after_event:
+            after = Conversation.position(after_event)
+            if after is None or not sid:
+                return _error_response(
+                    400,
+                    "after_event takes the event_id of the last event received "
+                    "(evt_SEQ_N), with session_id",
+                    "invalid_after_event",
+                )
+        url = f"ws://127.0.0.1:{self.gateway_port}/v1/realtime"
+        if sid:
+            url += f"?session_id={quote(sid)}&after=0"
+        try:
+            inner = await connect(
+                url,
+                additional_headers=headers,
+                open_timeout=_OPEN_TIMEOUT,
+                max_size=self.config.max_frame,
+                compression=None,
+                user_agent_header=None,
+            )
+        except InvalidStatus as exc:
+            answer = exc.response
+            text = answer.body.decode("utf-8", "replace").strip() if answer.body else ""
+            code = {401: "invalid_api_key", 403: "forbidden", 404: "session_not_found"}
+            return _error_response(
+                answer.status_code, text, code.get(answer.status_code, "refused")
+            )
+        except (OSError, TimeoutError) as exc:
+            log.warning("OpenAI door: cannot reach this node's own endpoint: %s", exc)
+            return _error_response(503, "the gateway cannot serve this session now; retry", "busy")
+        try:
+            first = decode_event(await asyncio.wait_for(inner.recv(), _OPEN_TIMEOUT))
+        except (ConnectionClosed, TimeoutError, msgspec.DecodeError):
+            await inner.close()
+            return _error_response(503, "the gateway cannot serve this session now", "busy")
+        if not isinstance(first, Session):
+            await inner.close()
+            return _error_response(503, "the gateway cannot serve this session now", "busy")
+        self.pending.settled(connection.transport)  # authenticated by the inner handshake
+        self._handshakes[id(connection)] = _Pending(
+            inner,
+            first.session_id,
+            model,
+            route,
+            # A new session is configured for ?model=; a token's was, when it was minted.
+            fresh=not sid and not token,
+            after=after,
+        )
+        return None
+
+    async def serve(self, ws: ServerConnection) -> None:
+        state = self._handshakes.pop(id(ws))
+        inner = state.inner
+        conversation = Conversation(state.sid, state.model)
+        after = state.after
+
+        async def send(events: list[dict[str, object]]) -> None:
+            nonlocal after
+            for event in events:
+                if after is not None:
+                    position = Conversation.position(str(event["event_id"]))
+                    if position is None or position <= after:
+                        continue
+                await ws.send(encode(event))
+
+        async def downstream() -> None:
+            nonlocal after
+            last_replayed = 0
+            async for frame in inner:
+                if isinstance(frame, bytes):  # the model's speech (never logged, never replayed)
+                    try:
+                        tag, pcm = split_audio_frame(frame)
+                    except ValueError:
+                        continue
+                    if after is None:
+                        await send(conversation.audio(tag, pcm))
+                    continue
+                event = decode_event(frame)
+                await send(conversation.gateway(event))
+                if after is not None and event.seq > after[0]:
+                    after = None  # caught up: everything from here is new
+                last_replayed = max(last_replayed, event.seq)
+
+        async def upstream() -> None:
+            if state.fresh:
+                await inner.send(_command_encoder.encode(_configure(state.route)).decode())
+            elif after is None:  # a session made elsewhere (client_secrets): show it
+                config = await self.config_of(state.sid)
+                if config is not None:
+                    await send([conversation.created(config)])
+            cfg = self.config
+            rate = FrameRate(cfg.client_frames_per_second, cfg.client_frame_burst, time.monotonic())
+            async for frame in ws:
+                if isinstance(frame, bytes):
+                    frame = frame.decode("utf-8", "replace")
+                # Audio (50 appends a second from a microphone) is not counted, as on the
+                # gateway's own door; every other event is, before any work is done for it.
+                if '"input_audio_buffer.append"' not in frame[:200]:
+                    verdict = rate.check(time.monotonic())
+                    if verdict is Verdict.CLOSE:
+                        await ws.close(CloseCode.RATE_LIMITED, "too many events; slow down")
+                        return
+                    if verdict is not Verdict.ACCEPT:
+                        if verdict is Verdict.REFUSE:
+                            await send(
+                                [
+                                    conversation.error(
+                                        f"too many events: at most {cfg.client_frames_per_second:g}"
+                                        f"/s (bursts of {cfg.client_frame_burst}); events over it "
+                                        "are dropped unread; slow down",
+                                        code="rate_limit_exceeded",
+                                    )
+                                ]
+                            )
+                        continue
+                emit = conversation.client(decode_client(frame), model_route=state.route)
+                for command in emit.commands:
+                    if isinstance(command, bytes):
+                        await inner.send(command)  # user audio: a binary frame
+                    else:
+                        await inner.send(_command_encoder.encode(command).decode())
+                await send(emit.events)
+
+        tasks = [
+            asyncio.create_task(downstream(), name=f"openai-down:{state.sid}"),
+            asyncio.create_task(upstream(), name=f"openai-up:{state.sid}"),
+        ]
+        try:
+            await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in tasks:
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
+            code = inner.close_code
+            reason = inner.close_reason or ""
+            with contextlib.suppress(Exception):
+                await inner.close()
+            if code is not None and code != 1000:
+                with contextlib.suppress(Exception):
+                    await ws.close(code, reason)
+
+    async def close(self) -> None:
+        for state in list(self._handshakes.values()):
+            with contextlib.suppress(Exception):
+                await state.inner.close()
+        self._handshakes.clear()
+
+
+def _configure(route: tuple[str, str]) -> Configure:
+    return Configure(provider=route[0], model=route[1])

@@ -1,0 +1,245 @@
+"""OpenAI Realtime (GA) events as msgspec Structs: the OpenAI door's vocabulary.
+
+The contract is the ``openai`` SDK's ``openai/types/realtime`` (docs/openai-door.md
+lists the facts relied on, with their sources). Client events the door takes
+are decoded in one call (``decode_client``) into a tagged union; fields the
+door does not support are kept so they can be refused by name, never
+silently dropped. Server events are built from plain Structs whose shapes
+validate against the SDK's ``RealtimeServerEvent`` union (tests/openai_door).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Final, Literal
+
+import msgspec
+
+__all__ = [
+    "ClientEvent",
+    "ConversationItemCreate",
+    "FunctionTool",
+    "Item",
+    "ResponseCreate",
+    "SessionBody",
+    "SessionUpdate",
+    "decode_client",
+    "encode",
+]
+
+ShortId = Annotated[str, msgspec.Meta(max_length=256)]
+
+
+# --- client → server -------------------------------------------------------------
+
+
+class FunctionTool(msgspec.Struct, frozen=True):
+    name: str
+    type: Literal["function"] = "function"
+    description: str = ""
+    parameters: dict[str, Any] | None = None
+
+
+class TurnDetection(msgspec.Struct, frozen=True):
+    type: Literal["server_vad", "semantic_vad"] = "server_vad"
+    create_response: bool | None = None
+    interrupt_response: bool | None = None
+    eagerness: Literal["low", "medium", "high", "auto"] | None = None
+    idle_timeout_ms: int | None = None
+    threshold: float | None = None
+    prefix_padding_ms: int | None = None
+    silence_duration_ms: int | None = None
+
+
+class AudioFormat(msgspec.Struct, frozen=True):
+    type: Literal["audio/pcm", "audio/pcmu", "audio/pcma"] = "audio/pcm"
+    rate: int | None = None
+
+
+class AudioInput(msgspec.Struct, frozen=True):
+    format: AudioFormat | None = None
+    turn_detection: TurnDetection | msgspec.UnsetType | None = msgspec.UNSET
+    transcription: dict[str, Any] | None = None
+    noise_reduction: dict[str, Any] | None = None
+
+
+class AudioOutput(msgspec.Struct, frozen=True):
+    format: AudioFormat | None = None
+    voice: str | None = None
+    speed: float | None = None
+
+
+class AudioConfig(msgspec.Struct, frozen=True):
+    input: AudioInput | None = None
+    output: AudioOutput | None = None
+
+
+class SessionBody(msgspec.Struct, frozen=True):
+    """``session.update``'s ``session`` (and ``client_secrets``' ``session``)."""
+
+    type: Literal["realtime", "transcription"] = "realtime"
+    model: str | None = None
+    instructions: str | None = None
+    tools: list[dict[str, Any]] | None = None  # function tools: ``FunctionTool``
+    tool_choice: Any = None
+    output_modalities: list[Literal["text", "audio"]] | None = None
+    audio: AudioConfig | None = None
+    # Accepted at their default only (the door refuses another value by name).
+    max_output_tokens: int | Literal["inf"] | None = None
+    tracing: Any = None
+    truncation: Any = None
+    include: list[str] | None = None
+    prompt: Any = None
+    parallel_tool_calls: bool | None = None
+    reasoning: Any = None
+
+
+class ContentPart(msgspec.Struct, frozen=True):
+    type: str
+    text: str | None = None
+    transcript: str | None = None
+    audio: str | None = None
+
+
+class Item(msgspec.Struct, frozen=True):
+    """A conversation item a client creates: a message or a function call's output."""
+
+    type: Literal["message", "function_call_output", "function_call"]
+    id: ShortId | None = None
+    role: Literal["user", "system", "assistant"] | None = None
+    content: list[ContentPart] | None = None
+    call_id: ShortId | None = None
+    output: str | None = None
+    name: str | None = None
+    arguments: str | None = None
+    object: str | None = None
+    status: str | None = None
+
+
+class _Client(msgspec.Struct, tag_field="type", frozen=True):
+    event_id: ShortId | None = None
+
+
+class SessionUpdate(_Client, frozen=True, tag="session.update"):
+    session: SessionBody = msgspec.field(default_factory=SessionBody)
+
+
+class ConversationItemCreate(_Client, frozen=True, tag="conversation.item.create"):
+    item: Item = msgspec.field(default_factory=lambda: Item(type="message"))
+    previous_item_id: ShortId | None = None
+
+
+class ConversationItemRetrieve(_Client, frozen=True, tag="conversation.item.retrieve"):
+    item_id: ShortId = ""
+
+
+class ConversationItemDelete(_Client, frozen=True, tag="conversation.item.delete"):
+    item_id: ShortId = ""
+
+
+class ConversationItemTruncate(_Client, frozen=True, tag="conversation.item.truncate"):
+    item_id: ShortId = ""
+    content_index: int = 0
+    audio_end_ms: int = 0
+
+
+class ResponseCreate(_Client, frozen=True, tag="response.create"):
+    response: dict[str, Any] | None = None
+
+
+class ResponseCancel(_Client, frozen=True, tag="response.cancel"):
+    response_id: ShortId | None = None
+
+
+class InputAudioBufferAppend(_Client, frozen=True, tag="input_audio_buffer.append"):
+    audio: str = ""
+
+
+class InputAudioBufferCommit(_Client, frozen=True, tag="input_audio_buffer.commit"):
+    pass
+
+
+class InputAudioBufferClear(_Client, frozen=True, tag="input_audio_buffer.clear"):
+    pass
+
+
+class OutputAudioBufferClear(_Client, frozen=True, tag="output_audio_buffer.clear"):
+    pass
+
+
+ClientEvent = (
+    SessionUpdate
+    | ConversationItemCreate
+    | ConversationItemRetrieve
+    | ConversationItemDelete
+    | ConversationItemTruncate
+    | ResponseCreate
+    | ResponseCancel
+    | InputAudioBufferAppend
+    | InputAudioBufferCommit
+    | InputAudioBufferClear
+    | OutputAudioBufferClear
+)
+
+_decoder: Final = msgspec.json.Decoder(ClientEvent)
+_peek: Final = msgspec.json.Decoder(dict[str, Any])
+
+
+class BadEvent(msgspec.Struct, frozen=True):
+    """A client event the door could not read: what to tell the client."""
+
+    message: str
+    event_id: str | None = None
+    param: str | None = None
+
+
+def decode_client(data: bytes | str) -> ClientEvent | BadEvent:
+    """One client event, or what was wrong with it (never raises)."""
+    try:
+        return _decoder.decode(data)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        event_id: str | None = None
+        kind = ""
+        try:
+            raw = _peek.decode(data)
+            event_id = raw.get("event_id") if isinstance(raw.get("event_id"), str) else None
+            kind = str(raw.get("type", ""))
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            return BadEvent(f"the event is not a JSON object: {exc}")
+        known = kind in _CLIENT_TYPES
+        if not known:
+            return BadEvent(
+                f"event type {kind[:80]!r} is not supported by this gateway's OpenAI door; it "
+                f"takes {', '.join(sorted(_CLIENT_TYPES))}",
+                event_id,
+                "type",
+            )
+        return BadEvent(f"invalid {kind} event: {exc}", event_id)
+    except RecursionError:
+        return BadEvent("the event nests too deeply to read")
+
+
+_CLIENT_TYPES: Final = frozenset(
+    str(kind.__struct_config__.tag)
+    for kind in (
+        SessionUpdate,
+        ConversationItemCreate,
+        ConversationItemRetrieve,
+        ConversationItemDelete,
+        ConversationItemTruncate,
+        ResponseCreate,
+        ResponseCancel,
+        InputAudioBufferAppend,
+        InputAudioBufferCommit,
+        InputAudioBufferClear,
+        OutputAudioBufferClear,
+    )
+)
+
+# --- server → client -------------------------------------------------------------
+
+_encoder: Final = msgspec.json.Encoder()
+
+
+def encode(event: dict[str, Any]) -> str:
+    """A server event as the text frame sent (``None`` fields are left out)."""
+    return _encoder.encode({k: v for k, v in event.items() if v is not None}).decode()

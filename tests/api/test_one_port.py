@@ -1,0 +1,99 @@
+"""One port: the HTTP API, the WebSocket and the pages on the gateway's ``--port``.
+
+A node started as the README says (no ``--api-port``) serves the console's API
+calls (mint, recording, delete) and the WebSocket on the same port; a request
+head that never ends is cut by the port's head timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import aiohttp
+import pytest
+
+from tests.api.conftest import Api, Keys, NodesFactory
+from tests.support.client import GatewayClient, text_of
+
+pytestmark = pytest.mark.timeout(60)
+
+
+async def test_the_api_and_the_websocket_share_the_port(
+    nodes: NodesFactory, keys: Keys, http: aiohttp.ClientSession
+) -> None:
+    async with nodes(1, api_port=None, record=True) as (gw,):
+        assert gw.api_url == gw.http_url  # no second port
+        api = Api(gw, http)
+        alice = keys.keys["alice"]
+        status, minted = await api.call("POST", "/v1/sessions", key=alice, json={})
+        assert status == 201, minted
+        sid, token = minted["session_id"], minted["client_token"]
+
+        client = await GatewayClient.connect(f"{gw.url}?token={token}")
+        try:
+            assert client.sid == sid
+            assert text_of(await client.turn("hello"), "respond")
+        finally:
+            await client.close()
+
+        # The console's calls: its recording and Delete, on the page's own origin.
+        async with http.get(
+            f"{gw.http_url}/v1/sessions/{sid}/recording", headers=keys.bearer("alice")
+        ) as r:
+            assert r.status == 200, await r.text()
+            assert r.headers.get("Connection", "").lower() == "close"
+            assert len(await r.read()) > 0
+        # The pages still answer on the same port.
+        async with http.get(f"{gw.http_url}/healthz") as r:
+            assert r.status == 200 and await r.text() == "ok\n"
+        status, _ = await api.call("DELETE", f"/v1/sessions/{sid}", key=alice)
+        assert status == 204
+        status, body = await api.call("GET", f"/v1/sessions/{sid}", key=alice)
+        assert status == 404, body
+
+
+async def test_the_extra_api_port_still_serves(
+    nodes: NodesFactory, keys: Keys, http: aiohttp.ClientSession
+) -> None:
+    async with nodes(1, api_port=0) as (gw,):
+        assert gw.api_url != gw.http_url
+        for base in (gw.api_url, gw.http_url):
+            async with http.post(f"{base}/v1/sessions", json={}, headers=keys.bearer("alice")) as r:
+                assert r.status == 201, await r.text()
+
+
+async def _cut_after(port: int, head: bytes) -> float:
+    """Seconds until the gateway closes a connection that sent ``head`` and then nothing."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    started = time.monotonic()
+    writer.write(head)
+    await writer.drain()
+    try:
+        rest = await asyncio.wait_for(reader.read(), 30)
+    except ConnectionResetError:
+        rest = b""
+    writer.close()
+    assert rest == b"", rest  # cut, not answered
+    return time.monotonic() - started
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        b"POST /v1/sessions HTTP/1.1\r\nHost: x\r\n",  # a head that never ends
+        b"GET /v1/realtime HTTP/1.1\r\nHost: x\r\nUpgrade: web",
+        b"",  # nothing at all
+    ],
+)
+async def test_a_slow_head_is_cut(nodes: NodesFactory, head: bytes) -> None:
+    async with nodes(1, api_port=None, header_timeout=1.0) as (gw,):
+        took = await _cut_after(gw.port, head)
+        assert 0.9 <= took < 10, took
+
+
+async def test_an_endless_head_is_cut_at_its_size_limit(nodes: NodesFactory) -> None:
+    async with nodes(1, api_port=None, header_timeout=30.0) as (gw,):
+        head = b"POST /v1/sessions HTTP/1.1\r\n" + b"X-Pad: " + b"a" * 70_000
+        took = await _cut_after(gw.port, head)
+        assert took < 10, took

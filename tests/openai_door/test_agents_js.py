@@ -1,0 +1,61 @@
+"""agents-js (``@openai/agents-realtime``, unmodified, under Node) through the OpenAI door
+of a ``gateway serve`` node: a text turn, then a turn whose tool the app declares and
+runs, with an OpenAI and a Gemini model. Its packages are pinned in
+``tests/openai_door/js/package-lock.json`` and installed with ``npm ci`` on first use."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.openai_door.conftest import MODELS
+from tests.support.procs import NodeProcess
+
+pytestmark = pytest.mark.timeout(180)
+
+JS = Path(__file__).parent / "js"
+
+
+@pytest.fixture(scope="module")
+def agents_js() -> Path:
+    if shutil.which("node") is None or shutil.which("npm") is None:
+        pytest.skip("Node.js and npm are needed to run agents-js")
+    if not (JS / "node_modules" / "@openai" / "agents-realtime").is_dir():
+        done = subprocess.run(
+            ["npm", "ci", "--no-audit", "--no-fund"],
+            cwd=JS,
+            capture_output=True,
+            text=True,
+            timeout=150,
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+    return JS
+
+
+@pytest.mark.parametrize("model", MODELS)
+async def test_agents_js_has_a_text_turn_and_runs_its_own_tool(
+    node: NodeProcess, agents_js: Path, model: str
+) -> None:
+    url = f"{node.base}/openai/v1/realtime?model={model}"
+    proc = await asyncio.create_subprocess_exec(
+        "node",
+        "agents_js_turns.mjs",
+        url,
+        model,
+        cwd=agents_js,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 0, (out + err).decode()[-2000:]
+    result = json.loads(out.decode().strip().splitlines()[-1])
+    assert result["errors"] == []
+    assert result["tool_calls"] == ["Paris"]  # run by the app, with the model's arguments
+    first, after_tool = result["texts"][0], result["texts"][-1]
+    assert "hello" in first.lower()
+    assert after_tool  # the model answered with the tool's output

@@ -1,0 +1,84 @@
+"""Auth as OpenAI's: a gateway API key as ``Authorization: Bearer``; an ephemeral key
+from ``POST /openai/v1/realtime/client_secrets`` (this gateway's client token) in the
+browser's ``openai-insecure-api-key.`` subprotocol; refusals in OpenAI's error shape."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from openai import AsyncOpenAI
+from websockets.exceptions import InvalidStatus
+
+from tests.api.conftest import Keys, NodesFactory, keys, nodes, store_kind
+from tests.openai_door.conftest import RawClient
+
+__all__ = ["keys", "nodes", "store_kind"]
+
+pytestmark = pytest.mark.timeout(60)
+MODEL = "gpt-realtime-2.1"
+
+
+async def test_an_api_key_opens_the_door_and_a_wrong_one_is_refused(
+    nodes: NodesFactory, keys: Keys
+) -> None:
+    async with nodes(1, api_port=None) as (gw,):
+        client = AsyncOpenAI(
+            api_key=keys.keys["alice"], websocket_base_url=f"ws://127.0.0.1:{gw.port}/openai/v1"
+        )
+        async with client.realtime.connect(model=MODEL) as conn:
+            assert (await conn.recv()).type == "session.created"
+            await conn.conversation.item.create(
+                item={
+                    "type": "message",
+                    "role": "user",
+                    "content": [{"type": "input_text", "text": "hi"}],
+                }
+            )
+            await conn.response.create()
+            async for event in conn:
+                assert event.type != "error", event
+                if event.type == "response.done":
+                    break
+        with pytest.raises(InvalidStatus) as info:
+            await RawClient.open(
+                f"ws://127.0.0.1:{gw.port}/openai/v1/realtime?model={MODEL}",
+                additional_headers={"Authorization": "Bearer rtgw_wrong"},
+            )
+        assert info.value.response.status_code == 401
+        assert json.loads(info.value.response.body)["error"]["code"] == "invalid_api_key"
+
+
+async def test_a_client_secret_opens_its_session_in_a_browsers_subprotocol(
+    nodes: NodesFactory, keys: Keys
+) -> None:
+    async with nodes(1, api_port=None) as (gw,):
+        client = AsyncOpenAI(api_key=keys.keys["alice"], base_url=f"{gw.http_url}/openai/v1")
+        secret = await client.realtime.client_secrets.create(
+            session={"type": "realtime", "model": MODEL, "instructions": "Answer like a pirate."},
+            expires_after={"anchor": "created_at", "seconds": 600},
+        )
+        assert secret.value.startswith("rtgw_ct.") and secret.expires_at > 0
+        browser = await RawClient.open(
+            f"ws://127.0.0.1:{gw.port}/openai/v1/realtime?model={MODEL}",
+            subprotocols=["realtime", f"openai-insecure-api-key.{secret.value}"],  # type: ignore[list-item]
+        )
+        try:
+            assert browser.ws.subprotocol == "realtime"
+            created = await browser.next()
+            assert created["type"] == "session.created"
+            assert created["session"]["instructions"] == "Answer like a pirate."
+            await browser.say("hello")
+            done = (await browser.until("response.done"))[-1]
+            assert done["response"]["status"] == "completed"
+            # A token does not reconfigure its session: refused, not ignored.
+            await browser.send(type="session.update", event_id="u1", session={"instructions": "x"})
+            error = (await browser.until("error"))[-1]
+            assert error["error"]["event_id"] == "u1"
+        finally:
+            await browser.close()
+        # The ephemeral key opens nothing else: not the HTTP API.
+        other = AsyncOpenAI(api_key=secret.value, base_url=f"{gw.http_url}/openai/v1")
+        with pytest.raises(Exception) as refused:
+            await other.realtime.client_secrets.create(session={"type": "realtime", "model": MODEL})
+        assert "403" in str(refused.value) or "client token" in str(refused.value)

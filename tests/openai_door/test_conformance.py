@@ -1,0 +1,147 @@
+"""Every server event the OpenAI door emits validates against the ``openai`` SDK's
+``RealtimeServerEvent`` union (pydantic), and the door's refusals, auth and resume
+behave as a client of OpenAI's service expects."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import pytest
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+
+from gateway.edge.closes import CloseCode
+from tests.openai_door.conftest import MODELS, RawClient
+from tests.support.procs import NodeProcess
+
+pytestmark = pytest.mark.timeout(60)
+
+TOOL = {
+    "type": "function",
+    "name": "lookup",
+    "description": "Look a word up.",
+    "parameters": {"type": "object", "properties": {"word": {"type": "string"}}},
+}
+
+
+@pytest.mark.parametrize("model", MODELS)
+async def test_every_server_event_validates_and_ids_are_unique(
+    node: NodeProcess, model: str
+) -> None:
+    client = await RawClient.open(f"{node.base}/openai/v1/realtime?model={model}")
+    try:
+        await client.send(
+            type="session.update",
+            event_id="c_1",
+            session={"type": "realtime", "instructions": "Be brief.", "tools": [TOOL]},
+        )
+        created = await client.until("session.updated")
+        assert created[0]["type"] == "session.created"
+        assert created[-1]["session"]["tools"][0]["name"] == "lookup"
+
+        await client.say("hello there")
+        await client.until("response.done")
+
+        await client.say('/tool lookup {"word": "gateway"}')
+        got = await client.until("response.function_call_arguments.done")
+        call = got[-1]
+        assert json.loads(call["arguments"]) == {"word": "gateway"}
+        done = await client.until("response.done")
+        assert done[-1]["response"]["output"][-1]["type"] == "function_call"
+        await client.send(
+            type="conversation.item.create",
+            item={"type": "function_call_output", "call_id": call["call_id"], "output": "a door"},
+        )
+        await client.send(type="response.create")
+        after = await client.until("response.done")
+        assert any(e["type"] == "response.output_text.delta" for e in after)
+        assert after[-1]["response"]["usage"]["total_tokens"] > 0
+
+        # Refusals are OpenAI's error events, naming the client's event_id.
+        await client.send(type="conversation.item.retrieve", event_id="c_2", item_id="x")
+        error = (await client.until("error"))[-1]
+        assert error["error"]["event_id"] == "c_2"
+        assert "not supported" in error["error"]["message"]
+        # A command the session refuses names the client's event too.
+        await client.send(type="input_audio_buffer.commit", event_id="c_5")
+        error = (await client.until("error"))[-1]
+        assert error["error"]["event_id"] == "c_5"
+        await client.send(type="no.such.event", event_id="c_3")
+        error = (await client.until("error"))[-1]
+        assert error["error"]["event_id"] == "c_3" and error["error"]["param"] == "type"
+        await client.send(type="response.create", event_id="c_4", response={"instructions": "x"})
+        error = (await client.until("error"))[-1]
+        assert error["error"]["event_id"] == "c_4" and "instructions" in error["error"]["message"]
+    finally:
+        await client.close()
+    kinds = Counter(e["type"] for e in client.events)
+    assert kinds["response.created"] == kinds["response.done"] == 3
+    ids = [e["event_id"] for e in client.events]
+    assert len(ids) == len(set(ids))
+
+
+async def test_an_unknown_model_is_refused_before_the_socket_opens(node: NodeProcess) -> None:
+    with pytest.raises(InvalidStatus) as info:
+        await RawClient.open(f"{node.base}/openai/v1/realtime?model=gpt-nope")
+    response = info.value.response
+    assert response.status_code == 400
+    body = json.loads(response.body)
+    assert body["error"]["code"] == "model_not_found"
+    assert "gpt-realtime-2.1" in body["error"]["message"]
+
+
+async def test_a_reconnect_with_the_last_event_id_gets_the_rest_once(node: NodeProcess) -> None:
+    model = MODELS[0]
+    client = await RawClient.open(f"{node.base}/openai/v1/realtime?model={model}")
+    try:
+        created = await client.next()
+        sid = created["session"]["id"]
+        await client.say("remember this")
+        events = await client.until("response.done")
+    finally:
+        await client.close()
+    # Cut in the middle of the answer: the rest comes, in order, and nothing twice.
+    middle = next(i for i, e in enumerate(events) if e["type"] == "response.output_text.delta")
+    last_seen = events[middle]["event_id"]
+    resumed = await RawClient.open(
+        f"{node.base}/openai/v1/realtime?model={model}&session_id={sid}&after_event={last_seen}"
+    )
+    try:
+        rest = await resumed.until("response.done")
+        assert [e["event_id"] for e in rest] == [e["event_id"] for e in events[middle + 1 :]]
+        assert rest == events[middle + 1 :]
+        await resumed.say("and now?")
+        again = await resumed.until("response.done")
+        assert again[-1]["response"]["status"] == "completed"
+    finally:
+        await resumed.close()
+
+
+async def test_a_gateway_tool_runs_in_the_gateway_unseen_by_the_client(node: NodeProcess) -> None:
+    client = await RawClient.open(f"{node.base}/openai/v1/realtime?model={MODELS[0]}")
+    try:
+        await client.next()  # session.created
+        await client.say('/tool list {"path": "."}')  # a built-in tool of the gateway's
+        events = await client.until("response.done")
+    finally:
+        await client.close()
+    kinds = {e["type"] for e in events}
+    assert not any("function_call" in kind for kind in kinds)  # never the client's to answer
+    text = "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
+    assert "success" in text  # the model answered with the tool's result
+    assert events[-1]["response"]["status"] == "completed"
+
+
+async def test_a_flood_of_events_is_refused_then_closed(node: NodeProcess) -> None:
+    client = await RawClient.open(f"{node.base}/openai/v1/realtime?model={MODELS[0]}")
+    for n in range(2000):
+        await client.send(type="no.such.event", event_id=f"f{n}")
+    codes: list[str] = []
+    with pytest.raises(ConnectionClosed):
+        while True:
+            event = await client.next(timeout=20)
+            if event["type"] == "error":
+                codes.append(event["error"]["code"])
+    assert "rate_limit_exceeded" in codes
+    assert client.ws.close_code == CloseCode.RATE_LIMITED
+    assert len(codes) < 1000  # events over the limit are dropped unread, not answered

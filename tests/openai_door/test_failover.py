@@ -1,0 +1,66 @@
+"""A ``kill -9`` of the node mid-answer: a client of the OpenAI door that reconnects to
+another node with the session extension (``session_id`` + ``after_event``) gets the rest,
+each event once: the broken response fails, the rerun answers in full."""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+from websockets.exceptions import ConnectionClosed
+
+from tests.multinode.conftest import (
+    NodeFactory,
+    SimFactory,
+    durable_redis,
+    start_node,
+    start_sim,
+)
+from tests.openai_door.conftest import RawClient
+
+__all__ = ["durable_redis", "start_node", "start_sim"]
+
+pytestmark = pytest.mark.timeout(90)
+MESSAGE = "please echo this whole sentence back to me, slowly and carefully"
+MODEL = "gpt-realtime-2.1"
+
+
+async def test_kill_9_mid_answer_then_resume_on_another_node(
+    start_sim: SimFactory, start_node: NodeFactory
+) -> None:
+    sim = start_sim("--tokens-per-second", "20")
+    a = start_node(sim, "node-a")
+    b = start_node(sim, "node-b")
+    first = await RawClient.open(f"{a.base}/openai/v1/realtime?model={MODEL}")
+    sid = (await first.next())["session"]["id"]
+    await first.say(MESSAGE)
+    await first.until("response.output_text.delta")
+    a.kill()
+    with contextlib.suppress(ConnectionClosed, TimeoutError):
+        while True:
+            await first.next(timeout=10)
+    last = first.events[-1]["event_id"]
+
+    second = await RawClient.open(
+        f"{b.base}/openai/v1/realtime?model={MODEL}&session_id={sid}&after_event={last}"
+    )
+    try:
+        rest: list[dict[str, object]] = []
+        while True:  # the broken response's end (failed), then the rerun's, completed
+            rest += await second.until("response.done", timeout=30)
+            done = rest[-1]["response"]
+            assert isinstance(done, dict)
+            if done["status"] == "completed":
+                break
+        await second.say("and once more")
+        again = await second.until("response.done")
+    finally:
+        await second.close()
+    events = first.events + rest
+    ids = [e["event_id"] for e in events]
+    assert len(ids) == len(set(ids))  # nothing twice
+    rerun = [e for e in rest if e["type"] == "response.output_text.done"]
+    assert rerun and rerun[-1]["text"] == f"Echo: {MESSAGE}"
+    statuses = [e["response"]["status"] for e in events if e["type"] == "response.done"]  # type: ignore[index]
+    assert statuses[-2:] == ["failed", "completed"]  # the broken one, then the rerun
+    assert again[-1]["response"]["status"] == "completed"

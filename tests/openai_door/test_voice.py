@@ -1,0 +1,107 @@
+"""Voice through the OpenAI door: an audio turn (``input_audio_buffer.append`` heard by
+the provider's VAD, the answer as ``response.output_audio.delta``) and a barge-in whose
+``conversation.item.truncate`` cuts the provider's copy where the listener stopped."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+from pathlib import Path
+
+import pytest
+
+from tests.openai_door.conftest import RawClient
+from tests.voice.conftest import CHUNK_S, utterance, voice_gateway
+
+pytestmark = pytest.mark.timeout(60)
+RATE = 24000
+MODEL = "gpt-realtime-2.1"
+AUDIO_SESSION = {
+    "type": "realtime",
+    "output_modalities": ["audio"],
+    "audio": {
+        "input": {
+            "format": {"type": "audio/pcm", "rate": RATE},
+            "turn_detection": {"type": "server_vad"},
+        },
+        "output": {"voice": "alloy"},
+    },
+}
+
+
+async def speak(client: RawClient, pcm: bytes) -> None:
+    """Append ``pcm`` in 20 ms pieces at real-time pace, as a microphone does."""
+    size = round(RATE * CHUNK_S) * 2
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    for index, at in enumerate(range(0, len(pcm), size)):
+        delay = start + index * CHUNK_S - loop.time()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        chunk = base64.b64encode(pcm[at : at + size]).decode()
+        await client.send(type="input_audio_buffer.append", audio=chunk)
+
+
+def door(url: str) -> str:
+    return url.replace("/v1/realtime", "/openai/v1/realtime") + f"?model={MODEL}"
+
+
+async def test_an_audio_turn_is_heard_and_answered_in_speech(tmp_path: Path) -> None:
+    async with voice_gateway("openai", tmp_path) as gw:
+        client = await RawClient.open(door(gw.url), max_size=None)
+        try:
+            await client.send(type="session.update", session=AUDIO_SESSION)
+            await client.until("session.updated")
+            await speak(client, utterance(0.5, RATE))
+            events = await client.until("response.done")
+        finally:
+            await client.close()
+    kinds = [e["type"] for e in events]
+    heard = kinds.index("input_audio_buffer.speech_started")
+    assert (
+        heard
+        < kinds.index("input_audio_buffer.speech_stopped")
+        < kinds.index("input_audio_buffer.committed")
+    )
+    started = events[heard]["item_id"]
+    committed = next(e for e in events if e["type"] == "input_audio_buffer.committed")
+    assert committed["item_id"] == started  # one item, from speech start to its transcript
+    assert "conversation.item.input_audio_transcription.completed" in kinds
+    audio = b"".join(
+        base64.b64decode(e["delta"]) for e in events if e["type"] == "response.output_audio.delta"
+    )
+    assert len(audio) > RATE  # more than half a second of speech
+    assert "response.output_audio_transcript.delta" in kinds
+    assert events[-1]["response"]["status"] == "completed"
+
+
+async def test_a_barge_in_truncates_the_answer_where_the_listener_stopped(
+    tmp_path: Path,
+) -> None:
+    # A model that speaks slowly enough to be interrupted while it still generates.
+    async with voice_gateway(
+        "openai", tmp_path, tokens_per_second=20, chunk_size=2, audio_ms_per_char=60
+    ) as gw:
+        client = await RawClient.open(door(gw.url), max_size=None)
+        try:
+            await client.send(type="session.update", session=AUDIO_SESSION)
+            await client.until("session.updated")
+            await client.say("/raw " + "z" * 200)
+            first = (await client.until("response.output_audio.delta"))[-1]
+            # The player stops after 300 ms of it and tells the server, then the user speaks.
+            await client.send(
+                type="conversation.item.truncate",
+                item_id=first["item_id"],
+                content_index=0,
+                audio_end_ms=300,
+            )
+            truncated = (await client.until("conversation.item.truncated"))[-1]
+            assert truncated["item_id"] == first["item_id"] and truncated["audio_end_ms"] == 300
+            await speak(client, utterance(0.5, RATE))
+            cut = await client.until("input_audio_buffer.speech_started")
+            done = next(e for e in cut if e["type"] == "response.done")
+        finally:
+            await client.close()
+    assert done["response"]["status"] == "cancelled"
+    assert done["response"]["status_details"]["reason"] == "turn_detected"
+    assert gw.sim.stats.truncations == [300]  # the provider's copy ends where it was heard

@@ -1,0 +1,146 @@
+"""The OpenAI door's conversation, without sockets: client events in, commands out;
+logged events in, OpenAI server events out (validated against the SDK's union)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from openai.types.realtime import RealtimeServerEvent
+from pydantic import TypeAdapter
+
+from protocol.configuration import ClientToolSpec, SessionConfig
+from protocol.events import (
+    Call,
+    Cancel,
+    Cancelled,
+    Configure,
+    Configured,
+    End,
+    Metric,
+    Respond,
+    ToolResultMessage,
+    Usage,
+    User,
+    UserMessage,
+)
+from protocol.openai_conversation import Conversation
+from protocol.openai_events import decode_client
+
+SERVER: TypeAdapter[Any] = TypeAdapter(RealtimeServerEvent)
+ROUTE = ("sim", "gpt-realtime-2.1")
+
+
+def client(conv: Conversation, **event: Any) -> tuple[list[Any], list[dict[str, Any]]]:
+    emit = conv.client(decode_client(json.dumps(event)), model_route=ROUTE)
+    for e in emit.events:
+        SERVER.validate_python(e)
+    return emit.commands, emit.events
+
+
+def feed(conv: Conversation, *events: Any) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for event in events:
+        out += conv.gateway(event)
+    for e in out:
+        SERVER.validate_python(e)
+    return out
+
+
+def user_item(text: str) -> dict[str, Any]:
+    return {
+        "type": "message",
+        "role": "user",
+        "content": [{"type": "input_text", "text": text}],
+    }
+
+
+def test_session_update_becomes_configure_and_configured_session_events() -> None:
+    conv = Conversation("s1", "gpt-realtime-2.1")
+    tool = {"type": "function", "name": "f", "parameters": {"type": "object"}}
+    commands, events = client(
+        conv,
+        type="session.update",
+        session={"type": "realtime", "instructions": "hi", "tools": [tool]},
+    )
+    assert events == []
+    assert commands == [
+        Configure(
+            instructions="hi", tools=(ClientToolSpec(name="f", parameters={"type": "object"}),)
+        )
+    ]
+    config = SessionConfig(instructions="hi")
+    out = feed(conv, Configured(seq=1, config=config), Configured(seq=2, config=config))
+    assert [e["type"] for e in out] == ["session.created", "session.updated"]
+    assert out[0]["session"]["id"] == "s1"
+
+
+def test_a_user_item_waits_for_response_create() -> None:
+    conv = Conversation("s1", "m")
+    assert client(conv, type="conversation.item.create", item=user_item("a")) == ([], [])
+    commands, _ = client(conv, type="response.create")
+    assert commands == [UserMessage(content="a")]
+    _, events = client(conv, type="response.create", event_id="e9")
+    assert events[0]["type"] == "error" and events[0]["error"]["event_id"] == "e9"
+
+
+def test_a_text_turn_streams_one_message_and_ends_with_usage() -> None:
+    conv = Conversation("s1", "m")
+    out = feed(
+        conv,
+        User(seq=1, content="hi"),
+        Respond(seq=2, content="Hel"),
+        Respond(seq=3, content="lo"),
+        End(seq=4),
+        Metric(seq=5, step=Usage(input=7, output=2), total=Usage(input=7, output=2)),
+    )
+    kinds = [e["type"] for e in out]
+    assert kinds[:2] == ["conversation.item.added", "conversation.item.done"]
+    assert kinds.count("response.output_text.delta") == 2
+    done = out[-1]
+    assert done["type"] == "response.done"
+    assert done["response"]["output"][0]["content"][0]["text"] == "Hello"
+    assert done["response"]["usage"]["total_tokens"] == 9
+    assert [e["event_id"] for e in out][-1] == "evt_5_" + out[-1]["event_id"].split("_")[2]
+
+
+def test_a_client_call_is_a_function_call_item_and_its_output_a_tool_result() -> None:
+    conv = Conversation("s1", "m")
+    call = Call(seq=3, content='{"name": "f", "args": {"x": 1}}', id="call_1", runs_on="client")
+    out = feed(conv, User(seq=1, content="go"), call)
+    args = next(e for e in out if e["type"] == "response.function_call_arguments.done")
+    assert (args["name"], json.loads(args["arguments"]), args["call_id"]) == (
+        "f",
+        {"x": 1},
+        "call_1",
+    )
+    assert out[-1]["type"] == "response.done"
+    commands, _ = client(
+        conv,
+        type="conversation.item.create",
+        item={"type": "function_call_output", "call_id": "call_1", "output": "42"},
+    )
+    assert commands == [ToolResultMessage(id="call_1", status="success", content="42")]
+    assert client(conv, type="response.create") == ([], [])  # the turn goes on by itself
+    # A gateway (server) tool's call is not the client's: nothing is shown.
+    assert feed(conv, Call(seq=9, content='{"name": "g", "args": {}}', id="c2")) == []
+
+
+def test_cancel_and_unsupported_events() -> None:
+    conv = Conversation("s1", "m")
+    commands, _ = client(conv, type="response.cancel")
+    assert commands == [Cancel()]
+    out = feed(conv, User(seq=1, content="x"), Respond(seq=2, content="a"), Cancelled(seq=3))
+    assert out[-1]["response"]["status"] == "cancelled"
+    _, events = client(conv, type="session.update", event_id="u", session={"max_output_tokens": 5})
+    assert "max_output_tokens" in events[0]["error"]["message"]
+    _, events = client(conv, type="session.update", session={"model": "other"})
+    assert events[0]["error"]["param"] == "session.model"
+
+
+def test_replayed_events_have_the_same_ids() -> None:
+    log = [User(seq=1, content="x"), Respond(seq=2, content="a"), End(seq=3)]
+    first = feed(Conversation("s", "m"), *log)
+    again = feed(Conversation("s", "m"), *log)
+    assert first == again
+    assert Conversation.position(first[-1]["event_id"]) is not None

@@ -544,11 +544,7 @@ class Config(msgspec.Struct, kw_only=True):
                 "empty for a provider's default (e.g. --model gpt-realtime, for openai,gemini)"
             )
         if self.api_port and self.api_port == self.port:
-            raise ConfigError(
-                f"api_port {self.api_port} is also the WebSocket port: the HTTP API listens "
-                "on a port of its own; give --api-port (GATEWAY_API_PORT) another port "
-                "(0 picks a free one), or leave it unset for no HTTP API"
-            )
+            self.api_port = None  # the API is served on --port anyway: no second listener
         if not self.node_id:
             self.node_id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         if not self.workspace_root:

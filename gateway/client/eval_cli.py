@@ -58,8 +58,9 @@ __all__ = ["TurnResult", "add_eval_arguments", "run_eval_cli", "run_scenario"]
 DEFAULT_URL: Final = "ws://127.0.0.1:8765/v1/realtime"
 MAX_REPEAT: Final = 1000
 MAX_CONCURRENCY: Final = 256
-MAX_FROM_BYTES: Final = 2 * MAX_RECORDING_BYTES
-"""The recordings a scenario file starts from, together (each is read and planned first)."""
+MAX_FROM_BYTES: Final = MAX_RECORDING_BYTES
+"""The recordings a scenario file starts from, together: each is read and planned first,
+so they take memory as one recording of that size would."""
 
 
 def add_eval_arguments(parser: argparse.ArgumentParser) -> None:

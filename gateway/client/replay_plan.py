@@ -114,6 +114,17 @@ class Plan(msgspec.Struct, kw_only=True):
     cut: bool = False
     problems: list[str] = msgspec.field(default_factory=list)
 
+    @property
+    def turns(self) -> int:
+        """The recorded turns a replay can bring about: a spoken one only when the
+        recording kept the user's audio (a replay waits for as many to end)."""
+        spoken = any(a.audio is not None for a in self.actions)
+        return sum(
+            1
+            for _, event in self.events
+            if isinstance(event, User) and (spoken or event.source != "audio")
+        )
+
 
 class _Places:
     """Where each recorded seq falls: its turn, its place in the turn, the turn's end."""

@@ -33,10 +33,20 @@ from gateway.phone.stream_tokens import StreamToken, mint_stream_token, verify_s
 from gateway.store.base import StoreError
 from protocol.media_stream import fonoster_signature, twilio_signature_valid
 
-__all__ = ["FONOSTER_SKEW", "Signed", "StreamTokens", "check_signature", "signed_urls"]
+__all__ = [
+    "ANSWERED_FOR",
+    "FONOSTER_SKEW",
+    "Signed",
+    "StreamTokens",
+    "check_signature",
+    "signed_urls",
+]
 
 FONOSTER_SKEW: Final = 300.0
 """Seconds a Fonoster signature's timestamp may be off (a replay after that is refused)."""
+ANSWERED_FOR: Final = 86400.0
+"""Seconds the voice webhook remembers a ``CallSid`` it answered (a Twilio signature has
+no timestamp: a replay within this mints nothing; a call lasts far less)."""
 
 
 @dataclass(frozen=True)
@@ -182,7 +192,7 @@ class StreamTokens:
     async def first_answer(self, call: str) -> bool:
         """Whether this is the first time the voice webhook answers ``call`` (a CallSid):
         a replayed webhook mints no second token for the same call. Raises ``StoreError``."""
-        uses = await self._store.incr_window(f"phone-call:{call}", 1, self.ttl + 60.0)
+        uses = await self._store.incr_window(f"phone-call:{call}", 1, ANSWERED_FOR)
         return uses == 1
 
     async def redeem(self, token: str, call: str) -> StreamToken | str:

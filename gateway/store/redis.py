@@ -141,6 +141,8 @@ class RedisStore(RedisSessions, RedisCounters, RedisBus, RedisSecrets, RedisReco
                     await asyncio.sleep(0.5)
                     continue
                 return refusal(exc, self._core.where)
+            except Exception:  # nothing known to be final: start, and wait for it
+                return None
         return None
 
     def degraded(self) -> str | None:

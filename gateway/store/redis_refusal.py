@@ -16,6 +16,7 @@ from redis.exceptions import (
     AuthenticationError,
     InvalidResponse,
     NoPermissionError,
+    RedisClusterException,
     ResponseError,
 )
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -30,6 +31,15 @@ def refusal(exc: BaseException, where: str) -> str | None:
     """What to change when ``exc`` says Redis at ``where`` refuses for good; None when
     a retry may fix it (a refused or timed-out connection, a loading Redis)."""
     text = str(exc).rstrip(".")
+    if isinstance(exc, RedisClusterException):  # each node's reason, in its own words
+        if "Cluster mode is not enabled" in text:
+            return (
+                f"Redis at {where} is not a Redis Cluster (cluster-enabled is off): give "
+                "--store (GATEWAY_STORE, REDIS_URL) as redis://HOST:PORT/DB for one server"
+            )
+        if "username-password" in text or "Authentication required" in text:
+            return f"Redis at {where} refused the store URL's user or password ({text}): correct it {_URL}"
+        return None
     if isinstance(exc, AuthenticationError):
         if "without any password configured" in text:
             return (

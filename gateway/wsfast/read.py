@@ -59,20 +59,19 @@ Internals used: ``Connection.protocol`` (``state``, ``side``, ``extensions``,
 as ``Connection`` calls them), ``Connection.max_queue_high``/``max_queue_low``,
 ``StreamReader.at_eof``, ``apply_mask``; to fail a connection from the read
 callback, ``Protocol.fail``, ``Connection.send_data``, ``close_timeout``,
-``connection_lost_waiter``. ``tests/wsfast/test_canary.py``
+``connection_lost_waiter``, ``set_connection_exc`` (16: ``set_recv_exc``). ``tests/wsfast/test_canary.py``
 fails when a websockets release changes them; pyproject.toml bounds the major.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from websockets.asyncio.connection import Connection
-from websockets.exceptions import ConcurrencyError
+from websockets.exceptions import ConcurrencyError, ProtocolError
 from websockets.frames import Frame, Opcode
 from websockets.protocol import SERVER, Protocol, State
 from websockets.streams import StreamReader
@@ -308,11 +307,12 @@ class FastReader(Connection):
         protocol = self.protocol
         if protocol.state is not State.OPEN:
             return
+        _set_connection_exc(self, ProtocolError(reason))
         protocol.fail(code, reason)
-        # A socket that broke under the write is reported by ``connection_lost`` (the
-        # reason travels in the close frame: ``ConnectionClosed.sent``).
-        with contextlib.suppress(Exception):
+        try:
             self.send_data()
+        except Exception as exc:  # pragma: no cover - the socket broke under the write
+            _set_connection_exc(self, exc)
         # Nothing more is read (RFC 6455 §7.1.7): the close frame is flushed, then the
         # socket closed; a peer that never reads it is cut off after ``close_timeout``.
         self.transport.close()
@@ -427,3 +427,11 @@ class FastReader(Connection):
         self._rest = None
         if data:
             super().data_received(bytes(data))
+
+
+def _set_connection_exc(connection: Any, exc: BaseException) -> None:
+    """Record why the connection failed, so ``recv()`` raises from it: websockets 17
+    calls this ``set_connection_exc``, 16 ``set_recv_exc`` (the lock holds 16.1.1,
+    the gateway's range allows 17; tests/wsfast/test_canary.py checks one exists)."""
+    setter = getattr(connection, "set_connection_exc", None) or connection.set_recv_exc
+    setter(exc)

@@ -118,3 +118,24 @@ def test_events_that_are_not_events_are_noted_up_to_a_bound() -> None:
 def test_a_fork_outside_the_events_is_refused(fork_at: int, says: str) -> None:
     with pytest.raises(PlanError, match=re.escape(says)):
         plan_replay(a_session(), fork_at=fork_at)
+
+
+def test_a_spoken_turn_whose_audio_was_not_kept_is_not_waited_for() -> None:
+    head = Header(t=0.0, session_id="s1", node="n1", provider="sim", model="sim", audio="none")
+    data = b"".join(
+        encode_record(r)
+        for r in (
+            head,
+            command(1.0, 0, type="user", content="hello"),
+            event(1.01, 1, type="user", content="hello"),
+            event(1.03, 2, type="end"),
+            event(1.03, 3, **METRIC),
+            event(2.0, 4, type="user", content="spoken words", source="audio"),
+            event(2.1, 5, type="end"),
+            event(2.1, 6, **METRIC),
+        )
+    )
+    plan = plan_replay(data)
+    assert plan.turns == 1  # the replay waits for the typed turn only
+    assert any("kept no audio" in p for p in plan.problems)
+    assert plan_replay(a_session()).turns == 2

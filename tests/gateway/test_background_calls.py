@@ -142,6 +142,27 @@ async def test_a_batch_past_the_limit_starts_what_it_may_and_cancel_between_turn
 
 
 @MEMORY
+async def test_two_sessions_background_calls_all_reach_the_endpoint(
+    gateway_factory: GatewayFactory, tmp_path: Path
+) -> None:
+    # 128 calls at once from one node: past the HTTP client's former pool of 100.
+    async with HoldingEndpoint().serving() as endpoint:
+        tools = endpoint.tools_file(tmp_path / "tools.toml")
+        async with gateway_factory(tools_file=tools) as gw:
+            clients = [await GatewayClient.connect(gw.url) for _ in range(2)]
+            for client in clients:
+                await client.user(batch(64))
+                await client.until(lambda e: isinstance(e, End), timeout=60)
+            await endpoint.wait(arrived=128, timeout=10)  # at once, none queued
+            for client in clients:
+                await client.send({"type": "cancel"})
+                await client.until(lambda e: isinstance(e, Cancelled), timeout=30)
+            await endpoint.wait(dropped=128)
+            for client in clients:
+                await client.close()
+
+
+@MEMORY
 async def test_cancel_in_a_turn_cancels_its_background_calls(
     gateway_factory: GatewayFactory, tmp_path: Path
 ) -> None:

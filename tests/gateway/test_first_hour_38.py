@@ -3,9 +3,11 @@ says what to do, and values that print as what they mean."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -13,6 +15,8 @@ import pytest
 from gateway.client import Client
 from protocol.events import Call
 from tests.gateway.conftest import GatewayFactory
+from tests.support.procs import NodeProcess
+from tests.support.redis_server import free_port
 
 
 def _gateway(*argv: str) -> subprocess.CompletedProcess[str]:
@@ -57,11 +61,18 @@ def test_keys_add_where_no_file_can_be_made_says_what_to_do() -> None:
     assert "pass --file a path in a folder you may write" in line
 
 
-def test_the_api_port_equal_to_the_port_says_they_must_differ() -> None:
-    line = _one_line(_gateway("serve", "--port", "18765", "--api-port", "18765"), 2)
-    assert "another gateway" not in line
-    assert line.startswith("gateway: api_port 18765 is also the WebSocket port")
-    assert "give --api-port (GATEWAY_API_PORT) another port" in line
+def test_the_api_port_equal_to_the_port_is_one_port() -> None:
+    port = free_port()
+    with NodeProcess(["serve", "--port", str(port), "--api-port", str(port)]) as node:
+        assert "another gateway" not in node.log
+        request = urllib.request.Request(
+            f"{node.http}/v1/sessions",
+            data=b"{}",
+            headers={"Content-Type": "application/json"},
+            method="POST",
+        )
+        with urllib.request.urlopen(request, timeout=10) as answer:  # the API, on that port
+            assert answer.status == 201 and "session_id" in json.loads(answer.read())
 
 
 async def test_a_calls_background_prints_as_a_bool(

@@ -1,7 +1,8 @@
 """Stand-ins for what the session rooms talk to, where the real part cannot be made to.
 
 The driver's turns run on the in-process simulator and the real ``LogWriter`` on
-the memory store (tests/sessions/test_driver.py); what stays here, and why:
+the memory store (tests/sessions/test_driver.py), and ``UpstreamLink`` opens real
+adapters on it (``tests.sessions.sims``); what stays here, and why:
 
 - ``Writer``: ``SessionLog`` is a state machine fed each append's outcome; its tests
   hand it ``StoreUnavailable``, ``LeaseLost`` and ``SeqConflict`` at chosen points,
@@ -9,9 +10,9 @@ the memory store (tests/sessions/test_driver.py); what stays here, and why:
 - ``Subscriber``: a client connection that records what reaches it;
 - ``ScriptedUpstream``: a provider that drops only the first connection mid-answer,
   never answers a request, or has a bug (the simulator's faults hit every
-  connection alike), and a sink that keeps the exact chunks ``VoiceInput`` and
-  ``UpstreamLink`` hand it (resume handles, held audio), which the simulator
-  does not keep;
+  connection alike), and a sink that keeps the exact chunks ``VoiceInput`` hands
+  it and the resume handles and positions ``UpstreamLink`` sets, which the
+  simulator does not keep;
 - ``ScriptedFactory``: makes them, one per connection, and counts them;
 - ``Spawned``: a ``spawn`` that keeps the tasks, so a test can await them.
 """

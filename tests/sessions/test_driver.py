@@ -27,13 +27,11 @@ from gateway.sessions.session_log import SessionLog
 from gateway.sessions.setup import SessionServices, SessionSetup
 from gateway.sessions.upstream_link import UpstreamLink
 from gateway.sessions.voice import VoiceInput
-from gateway.sim.model import Sim, SimConfig
+from gateway.sim.model import SimConfig
 from gateway.sim.server import serve_sim
 from gateway.store.memory import MemoryStore
 from gateway.tracing import Tracing
 from gateway.upstream.base import UpstreamClosed, UpstreamFactory, VoiceConfig
-from gateway.upstream.provider import ProviderFactory
-from gateway.upstream.providers import by_name
 from protocol.assembly import Message
 from protocol.configuration import SessionConfig
 from protocol.events import (
@@ -52,6 +50,7 @@ from protocol.events import (
 from protocol.turn import TurnMachine
 from protocol.turn_events import Cancel, TextDelta, UserMessage
 from tests.sessions.fakes import ScriptedFactory, ScriptedUpstream, Spawned, Subscriber, reply
+from tests.sessions.sims import SimFactory
 from tests.support.client import text_of
 from tools.base import Tool, ToolContext
 from tools.executor import Executor
@@ -105,20 +104,6 @@ class WaitTool(Tool[WaitArgs]):
 
 
 NODE = "node-1"
-
-
-class SimFactory(ProviderFactory):
-    """The OpenAI adapter's factory pointed at a simulator, noting what it is told fails."""
-
-    def __init__(self, sim: Sim, key: str = "sim-key") -> None:
-        row = by_name("openai")
-        base = sim.url.removesuffix("/realtime")
-        super().__init__(row, row.settings(base_url=base, api_key=key), "sim")
-        self.failures: list[tuple[str, bool]] = []
-
-    def failed(self, provider: str, *, fatal: bool) -> str:
-        self.failures.append((provider, fatal))
-        return super().failed(provider, fatal=fatal)
 
 
 async def harness(factory: UpstreamFactory, workspace: Path, *tools: Tool[Any]) -> Harness:

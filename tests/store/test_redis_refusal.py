@@ -11,6 +11,7 @@ from redis.exceptions import (
     InvalidResponse,
     MaxClientsReachedError,
     NoPermissionError,
+    RedisClusterException,
     ResponseError,
 )
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -30,6 +31,10 @@ WHERE = "127.0.0.1:6379"
         MaxClientsReachedError("max number of clients reached"),
         MasterNotFoundError("No master found for 'mymaster'"),
         ResponseError("READONLY You can't write against a read only replica."),
+        RedisClusterException(
+            "Redis Cluster cannot be connected. Please provide at least one reachable node: "
+            "Error 111 connecting to 127.0.0.1:7000. Connection refused."
+        ),
     ],
 )
 def test_what_waiting_may_fix_is_not_a_refusal(exc: Exception) -> None:
@@ -49,6 +54,14 @@ def test_what_waiting_may_fix_is_not_a_refusal(exc: Exception) -> None:
         (ResponseError("DB index is out of range"), "`databases`"),
         (InvalidResponse("Protocol Error: b'SSH-2.0-OpenSSH_9.6'"), "not as Redis does"),
         (RedisConnectionError("Connection closed by server."), "not as Redis does"),
+        (
+            RedisClusterException("… reachable node: Cluster mode is not enabled on this node"),
+            "is not a Redis Cluster",
+        ),
+        (
+            RedisClusterException("… reachable node: invalid username-password pair"),
+            "refused the store URL's user or password",
+        ),
     ],
 )
 def test_what_waiting_cannot_fix_says_what_to_change(exc: Exception, says: str) -> None:

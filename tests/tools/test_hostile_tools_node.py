@@ -41,7 +41,8 @@ _MAX_RSS_MB = 100.0
 _PROBES: list[tuple[str, str, float]] = [
     ("/tool huge {}", "'huge' answered more than 128,000 bytes", 4.0),
     ("/tool bomb {}", "'bomb' answered a gzip-compressed body that expands past", 4.0),
-    ("/tool drip {}", "'drip' did not answer within 2s", 6.0),
+    # At its 2 s deadline (2.03 s measured; 10 s is a loaded machine's 5x): it ran 30 s past.
+    ("/tool drip {}", "'drip' did not answer within 2s", 10.0),
     (
         '/tool calc.big {"megabytes": 100}',
         "'calc.big' answered with more than 1,048,576 bytes",

@@ -105,7 +105,9 @@ async def test_a_drip_fails_at_the_deadline_of_the_whole_call(call: Any) -> None
     print(f"\n1 byte/s drip, timeout {TIMEOUT:g}s: failed after {elapsed:.2f} s; {cost}")
     assert f"'drip' did not answer within {TIMEOUT:g}s" in message
     assert "bytes of its body by then" in message
-    assert TIMEOUT - 0.1 <= elapsed < TIMEOUT + 1.0
+    # Not before the deadline; after it, within a loaded machine's 5x (2.00 s measured),
+    # where the unbounded reader ran 30 s past it.
+    assert TIMEOUT - 0.1 <= elapsed < TIMEOUT * 5
     assert cost.max_gap < _MAX_GAP, cost
 
 

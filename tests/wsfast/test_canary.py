@@ -256,3 +256,14 @@ async def test_a_connection_failed_from_the_read_callback_closes_with_its_code()
             await client.recv()
         assert closed.value.rcvd is not None
         assert (closed.value.rcvd.code, closed.value.rcvd.reason) == (1008, "told why")
+
+
+def test_the_connection_records_why_it_failed_under_one_of_two_names() -> None:
+    """``fail_connection`` records its reason through ``set_connection_exc``
+    (websockets 17) or ``set_recv_exc`` (16): if neither exists, a failed
+    connection's ``recv()`` would raise AttributeError instead of ConnectionClosed."""
+    from websockets.asyncio.connection import Connection
+
+    assert callable(getattr(Connection, "set_connection_exc", None)) or callable(
+        getattr(Connection, "set_recv_exc", None)
+    )

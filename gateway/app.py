@@ -218,6 +218,15 @@ async def running_gateway(config: Config) -> AsyncIterator[Gateway]:
     else:
         log.info("store: %s (durability %s)", store.kind, config.durability)
     try:
+        # Learn the store's topology (a Cluster's slots, Sentinel's primary)
+        # before listening: the first handshake's half-second store probe
+        # should not pay for it. A store that is down now is not fatal here;
+        # one that refuses for good (a wrong password…) is: waiting cannot fix it.
+        refused: str | None = None
+        with contextlib.suppress(TimeoutError):
+            refused = await asyncio.wait_for(store.refusal(), STARTUP_PING_SECONDS)
+        if refused is not None:
+            raise ConfigError(refused)
         phone = PhoneControl(config.phone)  # the call tools' side, before the tools
         async with _open_tools(config, phone) as registry, _upstream_factories(config) as factories:
             factory = _node_factory(config, factories)
@@ -232,11 +241,6 @@ async def running_gateway(config: Config) -> AsyncIterator[Gateway]:
             )
             node.metrics.store.watch(store.unconfirmed)
             gateway = Gateway(node, lambda edges: PhoneEdge(node, edges, phone))
-            # Learn the store's topology (a Cluster's slots, Sentinel's primary)
-            # before listening: the first handshake's half-second store probe
-            # should not pay for it. A store that is down now is not fatal here.
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(store.ping(), STARTUP_PING_SECONDS)
             await gateway.start()
             try:
                 yield gateway

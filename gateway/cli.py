@@ -252,7 +252,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     chat_p = sub.add_parser("chat", help="chat with a gateway from the terminal")
     chat_p.add_argument("url", nargs="?", default="ws://127.0.0.1:8765/v1/realtime")
-    chat_p.add_argument("--token", help="API key (Bearer)")
+    chat_p.add_argument(
+        "--token", help="API key (Bearer); default: $GATEWAY_TOKEN (unseen by other processes)"
+    )
     chat_p.add_argument("--no-color", action="store_true")
     chat_p.add_argument(
         "--audio",
@@ -366,11 +368,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             return asyncio.run(run_loadtest_cli(args))
         if args.command == "chat":
             from gateway.client.chat import run_chat
+            from gateway.client.dial import token_from_env
 
             return asyncio.run(
                 run_chat(
                     args.url,
-                    token=args.token,
+                    token=args.token or token_from_env(),
                     color=not args.no_color,
                     audio=args.audio,
                     session_id=args.session,

@@ -187,6 +187,15 @@ class Config(msgspec.Struct, kw_only=True):
     upstream_retries: Annotated[
         Count, Setting("upstream (re)connect attempts for one step before the turn fails", UPSTREAM)
     ] = 3
+    upstream_stall_timeout: Annotated[
+        PositiveSeconds,
+        Setting(
+            "seconds a running response may go without a message from the provider (the "
+            "first included) before the step is rerun once on a new connection; a second "
+            "silence ends the turn with error upstream_timeout",
+            UPSTREAM,
+        ),
+    ] = 30.0
     # phone calls: carriers' media streams (--phone-*, GATEWAY_PHONE_*; docs/phone.md).
     phone: Annotated[PhoneSettings, Nested("phone")] = msgspec.field(default_factory=PhoneSettings)
     # provider "sim" runs the simulator in-process with these knobs (--sim-*, GATEWAY_SIM_*).
@@ -318,6 +327,14 @@ class Config(msgspec.Struct, kw_only=True):
             TOOLS,
         ),
     ] = True
+    background_max_running: Annotated[
+        AtLeastOne,
+        Setting(
+            "background tool calls one session may have running at once; a call past it is "
+            "not started and its result says so",
+            TOOLS,
+        ),
+    ] = 64
     tool_max_output: Annotated[
         AtLeastOne, Setting("characters of one tool result kept (the rest is cut)", TOOLS)
     ] = 64_000
@@ -526,11 +543,8 @@ class Config(msgspec.Struct, kw_only=True):
                 f"providers ({self.provider}): give one per provider in the same order, "
                 "empty for a provider's default (e.g. --model gpt-realtime, for openai,gemini)"
             )
-        if self.api_port is not None and self.api_port == self.port != 0:
-            raise ConfigError(
-                f"api_port {self.api_port} is the gateway's port: the HTTP API is served on "
-                "--port already; leave --api-port unset (or give it a port of its own)"
-            )
+        if self.api_port and self.api_port == self.port:
+            self.api_port = None  # the API is served on --port anyway: no second listener
         if not self.node_id:
             self.node_id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         if not self.workspace_root:

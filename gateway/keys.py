@@ -182,18 +182,36 @@ class _FileBackend(_Backend):
             return self.path.read_text(encoding="utf-8")
         except FileNotFoundError:
             return ""
+        except OSError as exc:
+            raise OSError(self._problem("read", exc)) from None
 
     def _write(self, text: str) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.")
+        except OSError as exc:
+            raise OSError(self._problem("write", exc)) from None
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as f:
                 f.write(text)
             os.chmod(tmp, 0o600)
             os.replace(tmp, self.path)  # readers see the old file or the new one
-        except BaseException:
+        except BaseException as exc:
             Path(tmp).unlink(missing_ok=True)
+            if isinstance(exc, OSError):  # a full disk, a directory at the path, …
+                raise OSError(self._problem("write", exc)) from None
             raise
+
+    def _problem(self, doing: str, exc: OSError) -> str:
+        """One line for a keys file that cannot be read or written: which, why, what to do."""
+        why = exc.strerror or str(exc)
+        if exc.filename and str(exc.filename) != str(self.path):
+            why += f": {exc.filename}"
+        return (
+            f"cannot {doing} the keys file {self.path} ({why}); pass --file a path in a "
+            "folder you may write (it is made if missing; the file gets mode 0600), "
+            "e.g. --file ./api-keys"
+        )
 
     def add(self, key_id: str, digest: str, options: str = "") -> None:
         text = self._text()

@@ -52,13 +52,18 @@ class PricesError(ValueError):
 
 
 class Price(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """USD per million tokens; audio and cached prices default to the text ones."""
+    """USD per million tokens; audio and cached prices default to the text ones.
+
+    ``per_minute``: USD per minute of session time, for a model priced by duration
+    (GPT-Live's active rate; ``Usage.seconds``).
+    """
 
     input: USDPerMillion = 0.0
     output: USDPerMillion = 0.0
     cached_input: USDPerMillion | None = None
     audio_input: USDPerMillion | None = None
     audio_output: USDPerMillion | None = None
+    per_minute: Annotated[float, msgspec.Meta(ge=0)] = 0.0
 
     def cost(self, usage: Usage) -> float:
         """USD for ``usage`` (cached and audio tokens at their own rates)."""
@@ -74,7 +79,7 @@ class Price(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             + text_out * self.output
             + audio_out * (self.output if self.audio_output is None else self.audio_output)
         )
-        return dollars * _PER_TOKEN
+        return dollars * _PER_TOKEN + usage.seconds / 60.0 * self.per_minute
 
 
 DEFAULT_PRICES: Final[Mapping[str, Mapping[str, Price]]] = {
@@ -98,6 +103,10 @@ DEFAULT_PRICES: Final[Mapping[str, Mapping[str, Price]]] = {
         "gpt-realtime-mini": Price(
             input=0.6, cached_input=0.06, output=2.4, audio_input=10.0, audio_output=20.0
         ),
+        # GPT-Live: $0.05 per minute of active session time, billed per second (model
+        # pages, read 2026-12-05). Standby ($0.02) is WebRTC only: not used here.
+        "gpt-live-1.1": Price(per_minute=0.05),
+        "gpt-live-1": Price(per_minute=0.05),
     },
     "gemini": {
         "*": Price(input=0.5, output=2.0, audio_input=3.0, audio_output=12.0),

@@ -18,6 +18,7 @@ import msgspec
 from protocol.events import Call, Cancelled, Respond, Result, Think, User
 
 __all__ = [
+    "BARGED_IN_NOTE",
     "CANCELLED_NOTE",
     "HistoryItem",
     "Message",
@@ -25,6 +26,7 @@ __all__ = [
     "assistant_text",
     "decode_history_item",
     "encode_history_item",
+    "is_note",
     "results_message",
 ]
 
@@ -34,6 +36,21 @@ Role = Literal["system", "user", "assistant"]
 
 # What the model is told when the user cancelled its previous response.
 CANCELLED_NOTE: Final = "(The user cancelled your previous response before it finished.)"
+# ... and when the user spoke over its spoken answer, having heard ``heard_ms`` of it.
+BARGED_IN_NOTE: Final = (
+    "(The user spoke over your previous response after hearing {seconds:.1f} s of its "
+    "audio; they did not hear the rest.)"
+)
+
+
+def is_note(message: Message) -> bool:
+    """Whether ``message`` is one of the gateway's notes (not the user's own words)."""
+    return message.role == "user" and (
+        message.content == CANCELLED_NOTE or message.content.startswith(_BARGED_IN_START)
+    )
+
+
+_BARGED_IN_START: Final = BARGED_IN_NOTE.split("{", 1)[0]
 
 
 class Message(msgspec.Struct, frozen=True):
@@ -119,7 +136,8 @@ def assemble(history: Iterable[HistoryItem]) -> list[Message]:
     - a run of ``think``/``call``/``respond`` → one assistant message; a run that
       is answered by a new ``user`` message (the turn ended) gets ``<end>``;
     - ``result`` → a user message ``<results>\\n[...]\\n</results>``;
-    - ``cancelled`` → a user message telling the model it was cut off.
+    - ``cancelled`` → a user message telling the model it was cut off (after a
+      barge-in, how much of its spoken answer the user heard).
     """
     messages: list[Message] = []
     step: list[Think | Call | Respond] = []
@@ -142,6 +160,12 @@ def assemble(history: Iterable[HistoryItem]) -> list[Message]:
             messages.append(results_message(item.content))
         else:  # Cancelled
             close_step(ended=False)
-            messages.append(Message(role="user", content=CANCELLED_NOTE))
+            heard = item.heard_ms
+            note = (
+                CANCELLED_NOTE
+                if isinstance(heard, msgspec.UnsetType)
+                else BARGED_IN_NOTE.format(seconds=heard / 1000)
+            )
+            messages.append(Message(role="user", content=note))
     close_step(ended=False)
     return messages

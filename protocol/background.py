@@ -16,7 +16,7 @@ from typing import Final
 from protocol.calls import ToolResult, encode_results, result_payload
 from protocol.events import Result
 
-__all__ = ["BackgroundCalls", "result_event", "started_result"]
+__all__ = ["STARTED", "BackgroundCalls", "result_event", "started_result"]
 
 STARTED: Final = (
     "started in the background; its result comes in a later message (the same tool "
@@ -32,13 +32,27 @@ def started_result(name: str) -> ToolResult:
 class BackgroundCalls:
     """The session's background calls: those running, and results due to the model."""
 
-    __slots__ = ("due", "native", "running")
+    __slots__ = ("due", "limit", "native", "running")
 
-    def __init__(self) -> None:
+    def __init__(self, limit: int = 64) -> None:
+        self.limit = limit  # calls that may run at once (the session's setting)
         self.running: dict[str, str] = {}  # call id → tool name
         self.native: dict[str, str] = {}  # call id → the provider's id (a native call)
         # Logged, not yet handed to the model (in order): call id → its result.
         self.due: list[tuple[str, ToolResult]] = []
+
+    @property
+    def room(self) -> int:
+        """How many more calls may start now."""
+        return max(self.limit - len(self.running), 0)
+
+    def full(self) -> str:
+        """The result of a call that did not start because ``limit`` calls run."""
+        return (
+            f"not started: a session may have at most {self.limit} background calls "
+            "running at once (this block's earlier ones included); call it again after "
+            "some of their results have come"
+        )
 
     def start(self, call_id: str, name: str, native_id: str = "") -> None:
         self.running[call_id] = name

@@ -175,7 +175,7 @@ class ToolBatch:
     # --- running it --------------------------------------------------------------------
 
     def start(
-        self,
+        self, room: int | None = None, full: str = ""
     ) -> tuple[RunTools | None, tuple[str, ...], list[Result | ApprovalRequired], list[int]]:
         """Open the slots: ``(server calls to run, client call ids to wait for, results
         now, background calls)``.
@@ -183,7 +183,9 @@ class ToolBatch:
         A client call refused for its args is answered here; one the client
         answered on its ``call`` (before the batch ran) is filled at once.
         Their ``result`` events are the third part (the journal's entries). A
-        background call's slot says it started (the fourth part: their slots).
+        background call's slot says it started (the fourth part: their slots);
+        past ``room`` more background calls (None: no limit) a call is not
+        started and its slot is a failure saying ``full``.
         """
         self._open()
         server: list[int] = []
@@ -192,7 +194,15 @@ class ToolBatch:
         background: list[int] = []
         for index, event in enumerate(self.events):
             if event.background is True:
-                self._slots[index] = started_result(self.calls[index].name)
+                name = self.calls[index].name
+                if room is not None and room <= 0:
+                    now.append(
+                        self._fill(index, ToolResult(tool=name, status="failure", content=full))
+                    )
+                    continue
+                if room is not None:
+                    room -= 1
+                self._slots[index] = started_result(name)
                 background.append(index)
             elif event.runs_on == "client":
                 self._waiting[event.id] = index
@@ -445,14 +455,18 @@ class ToolBatch:
         """Native calls' ``(call_id, output)`` pairs for ``results``; None for text calls.
 
         A background call has none yet: the provider's own way is to send its
-        output when it is done (the model goes on meanwhile)."""
+        output when it is done (the model goes on meanwhile). One that was not
+        started (the session's limit) has its failure now."""
         ids = self.native_ids
         if not ids or len(ids) != len(results):
             return None
+        logged = self._logged
         return tuple(
             (call_id, _RESULT_ENCODER.encode(result).decode())
-            for call_id, result, event in zip(ids, results, self.events, strict=True)
-            if event.background is not True
+            for index, (call_id, result, event) in enumerate(
+                zip(ids, results, self.events, strict=True)
+            )
+            if event.background is not True or (index < len(logged) and logged[index])
         )
 
     def native_id(self, index: int) -> str:

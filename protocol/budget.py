@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Final
 
-from protocol.assembly import CANCELLED_NOTE, Message
+from protocol.assembly import Message, is_note
 
 __all__ = ["CUT_NOTE", "RESULT_HEAD", "context_tokens_estimate", "fit"]
 
@@ -51,7 +51,7 @@ def _is_turn_start(message: Message) -> bool:
     return (
         message.role == "user"
         and not message.content.startswith(_RESULT_START)
-        and message.content != CANCELLED_NOTE
+        and not is_note(message)
     )
 
 

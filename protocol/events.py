@@ -71,6 +71,8 @@ class Usage(msgspec.Struct, frozen=True, omit_defaults=True):
     ``cached`` and ``input_audio`` are parts of ``input``, ``output_audio`` a
     part of ``output``: providers price them differently. ``input`` and
     ``output`` are always on the wire; the parts only when not zero.
+    ``seconds``: billable session time of a model priced by duration
+    (GPT-Live), beside its (zero) tokens.
     """
 
     input: int
@@ -78,6 +80,7 @@ class Usage(msgspec.Struct, frozen=True, omit_defaults=True):
     cached: int = 0
     input_audio: int = 0
     output_audio: int = 0
+    seconds: float = 0.0
 
     def __add__(self, other: Usage) -> Usage:
         return Usage(
@@ -86,6 +89,7 @@ class Usage(msgspec.Struct, frozen=True, omit_defaults=True):
             cached=self.cached + other.cached,
             input_audio=self.input_audio + other.input_audio,
             output_audio=self.output_audio + other.output_audio,
+            seconds=self.seconds + other.seconds,
         )
 
 
@@ -137,15 +141,16 @@ class Call(_Base, tag="call"):
     runs it: ``"gateway"`` (a server tool, or a call the gateway answers itself,
     e.g. with a failure) or ``"client"`` (a tool the session's client declared
     with ``configure``: some connection of the session answers it with a
-    ``tool_result`` frame carrying this ``id``). ``background: true`` (only then
-    present): the tool does not block the turn; the model was told it started,
-    and the call's ``result`` comes when it is ready, maybe after the turn.
+    ``tool_result`` frame carrying this ``id``). ``background: true``: the tool
+    does not block the turn; the model was told it started, and the call's
+    ``result`` comes when it is ready, maybe after the turn (``false`` for a
+    call the turn waits for; older gateways left it out then).
     """
 
     content: str
     id: str = ""
     runs_on: Literal["gateway", "client"] = "gateway"
-    background: bool | msgspec.UnsetType = msgspec.UNSET
+    background: bool = False
 
 
 class Execute(_Base, tag="execute"):
@@ -174,9 +179,13 @@ class User(_Base, tag="user"):
 class SpeechStarted(_Base, tag="speech_started"):
     """The provider's voice activity detection heard the user start speaking,
     ``offset_ms`` into the audio this session's upstream connection received.
-    A client playing an answer should stop it now (barge-in)."""
+    A client playing an answer should stop it now (barge-in). ``heard_ms``: the
+    previous answer had finished generating but was still playing (the client's
+    newest ``played`` was behind the audio sent), so it is cut where the client
+    had played to: the provider and history keep that much of it."""
 
     offset_ms: int
+    heard_ms: int | msgspec.UnsetType = msgspec.UNSET
 
 
 class SpeechStopped(_Base, tag="speech_stopped"):
@@ -229,6 +238,7 @@ ErrorCode = Literal[
     "malformed_execute",
     # the environment: retry later
     "upstream",
+    "upstream_timeout",  # the provider went silent mid-response, twice
     "store",
     "rate_limited",
     "log_trimmed",

@@ -34,12 +34,13 @@ import hashlib
 import hmac
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Annotated, Any, Final
 from urllib.parse import urlsplit, urlunsplit
 
 import msgspec
 
 __all__ = [
+    "MAX_MEDIA_PAYLOAD",
     "TELNYX",
     "TWILIO",
     "Clear",
@@ -201,6 +202,11 @@ TELNYX: Final = Naming(
 
 Text = str | int  # a number a carrier may send as a string ("1") or not
 
+MAX_MEDIA_PAYLOAD: Final = 16_000
+"""Bytes of audio in one carrier ``media`` frame: 2 s of Twilio's 8 kHz μ-law, which it
+sends in 20 ms frames (160 bytes); 1 s at 8 kHz of 16-bit audio. A larger frame is
+refused as a bad frame (20 frames of 700 KB, 87 s each, were once taken in)."""
+
 
 class MediaStreamWire:
     """One carrier's message Structs, made from its ``Naming``, with their codecs."""
@@ -249,6 +255,15 @@ class MediaStreamWire:
             "MediaBody",
             [("payload", bytes), ("track", str, ""), ("chunk", Text, 0), ("timestamp", Text, 0)],
         )
+        caller_media_body = struct(  # a carrier's frame: at most MAX_MEDIA_PAYLOAD of audio
+            "CallerMediaBody",
+            [
+                ("payload", Annotated[bytes, msgspec.Meta(max_length=MAX_MEDIA_PAYLOAD)]),
+                ("track", str, ""),
+                ("chunk", Text, 0),
+                ("timestamp", Text, 0),
+            ],
+        )
         dtmf_body = struct("DtmfBody", [("digit", str), ("track", str, "")])
         mark_body = struct("MarkBody", [("name", str)])
         stop_body = struct("StopBody", [("call_sid", str, ""), ("account_sid", str, "")])
@@ -260,7 +275,7 @@ class MediaStreamWire:
             tag="connected",
         )
         start_in = message("start", [("start", start_body)])
-        media_in = message("media", [("media", media_body)])
+        media_in = message("media", [("media", caller_media_body)])
         dtmf_in = message("dtmf", [("dtmf", dtmf_body)])
         mark_in = message("mark", [("mark", mark_body)])
         stop_in = message("stop", [("stop", stop_body, default(stop_body))])
@@ -287,6 +302,11 @@ class MediaStreamWire:
         try:
             wire = self._in_decoder.decode(data)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            if str(exc).endswith("`$.media.payload`") and "length <=" in str(exc):
+                return (
+                    f"a media frame carries at most {MAX_MEDIA_PAYLOAD} bytes of audio (a "
+                    "carrier sends 20 ms, 160 bytes of μ-law): this one was refused unheard"
+                )
             return self._explain(data, exc, "connected, start, media, dtmf, mark, stop")
         except RecursionError:
             return "the frame nests too deeply to be a media-stream message"

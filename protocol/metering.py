@@ -71,7 +71,7 @@ class UsageMeter:
         step, self._unreported = self._unreported, ZERO_USAGE
         estimated, self._estimated = self._estimated, False
         out: list[Action] = []
-        if step.input or step.output:
+        if step.input or step.output or step.seconds:
             out.append(Account(step))
             self.total = self.total + step
         metric = Metric(step=step, total=self.total)

@@ -30,13 +30,14 @@ console read it. Pure: Structs and their codec, no I/O.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Final, Literal
+from typing import Annotated, Final, Literal
 
 import msgspec
 
 from protocol.configuration import SessionConfig
 
 __all__ = [
+    "MAX_SEQ",
     "NO_FRAME",
     "RECORDING_VERSION",
     "AudioPolicy",
@@ -58,6 +59,12 @@ __all__ = [
 RECORDING_VERSION: Final = 1
 NO_FRAME: Final = msgspec.Raw(b"null")
 """``UpstreamFrame.frame`` of an elided frame."""
+MAX_SEQ: Final = 2**53 - 1
+"""The largest seq (or count) a record may name: what a JSON number holds exactly."""
+
+# Numbers a reader can trust: a file that claims a seq of 2**70 is not a recording.
+Count = Annotated[int, msgspec.Meta(ge=0, le=MAX_SEQ)]
+Rate = Annotated[int, msgspec.Meta(ge=1, le=384_000)]
 
 AudioPolicy = Literal["none", "user", "all"]
 """What a recording keeps of audio: ``user`` (the user's audio, which a replay sends
@@ -76,10 +83,10 @@ class Header(_Record, tag="header"):
     node: str
     provider: str
     model: str
-    version: int = RECORDING_VERSION
+    version: int = RECORDING_VERSION  # checked by readers: a newer one needs a newer reader
     config: SessionConfig = msgspec.field(default_factory=SessionConfig)
     audio: AudioPolicy = "user"
-    limit: int = 0  # bytes the recording may take
+    limit: Count = 0  # bytes the recording may take
 
 
 class NodeJoined(_Record, tag="node"):
@@ -94,7 +101,7 @@ class NodeJoined(_Record, tag="node"):
 class Connected(_Record, tag="connect"):
     """An upstream connection opened (numbered per node from 1)."""
 
-    connection: int
+    connection: Count
     provider: str
     model: str
 
@@ -103,19 +110,19 @@ class UpstreamFrame(_Record, tag="upstream"):
     """One frame on an upstream connection: ``frame`` as on the wire (JSON), or, for an
     audio frame (``elided``), its size and the ``audio`` record it carried (``ref``)."""
 
-    connection: int
+    connection: Count
     dir: Literal["out", "in"]
     frame: msgspec.Raw = NO_FRAME
-    bytes: int = 0
+    bytes: Count = 0
     elided: str = ""
-    ref: int = 0
+    ref: Count = 0
 
 
 class ClientCommand(_Record, tag="client"):
     """A client's command (``message``: its frame as JSON) and what the session had
     delivered when it was heard (``seq``); ``refused``: the error code it got."""
 
-    seq: int
+    seq: Count
     message: msgspec.Raw
     refused: str = ""
 
@@ -123,9 +130,9 @@ class ClientCommand(_Record, tag="client"):
 class ClientAudio(_Record, tag="audio"):
     """A chunk of the user's audio: PCM16 mono at ``rate`` (base64 in JSON)."""
 
-    id: int
-    seq: int
-    rate: int
+    id: Count
+    seq: Count
+    rate: Rate
     pcm: bytes = b""
 
 
@@ -149,7 +156,7 @@ class Logged(_Record, tag="event"):
 class Cut(_Record, tag="cut"):
     """The recording reached ``limit`` bytes: what happened after it was not kept."""
 
-    limit: int
+    limit: Count
 
 
 Record = (
@@ -164,6 +171,7 @@ Record = (
     | Cut
 )
 
+_BLANK: Final = frozenset(b" \t\r")
 _encoder: Final = msgspec.json.Encoder()
 _decoder: Final = msgspec.json.Decoder(Record)
 
@@ -180,11 +188,24 @@ def decode_record(line: bytes | str) -> Record:
 
 def read_records(data: bytes) -> Iterator[Record | str]:
     """The records of a recording's bytes, in order; a line that is not one is
-    yielded as a string saying which line and why (a reader reports, never crashes)."""
-    for number, line in enumerate(data.splitlines(), 1):
-        if not line.strip():
+    yielded as a string saying which line and why (a reader reports, never crashes).
+
+    Lines are decoded from a view of ``data``, one at a time: no copy of the
+    whole, however many lines it holds. JSON nested past the interpreter's
+    recursion limit is a line that is not a record.
+    """
+    view = memoryview(data)
+    start, number, size = 0, 0, len(data)
+    while start < size:
+        end = data.find(b"\n", start)
+        stop = size if end < 0 else end
+        number += 1
+        begin, start = start, stop + 1
+        if begin == stop or (data[begin] in _BLANK and not data[begin:stop].strip()):
             continue
         try:
-            yield _decoder.decode(line)
+            yield _decoder.decode(view[begin:stop])
         except (msgspec.ValidationError, msgspec.DecodeError) as exc:
             yield f"line {number}: not a recording record ({exc})"
+        except RecursionError:
+            yield f"line {number}: not a recording record (JSON nested too deeply)"

@@ -6,6 +6,13 @@ events are held until the ``user`` event can go first. A spoken answer's
 transcript is its text (no protocol to parse), and the client says how much
 of its audio it actually played (``played``), so a barge-in tells the
 provider — and the log — what the user heard.
+
+Barge-in is decided by what the listener still hears, not by whether the
+model's turn runs: a model writes speech several times faster than it plays,
+so an answer is often complete (the turn over) while the listener has heard
+only its start. The shell counts the answer's audio sent to clients
+(``audio_sent``); while the newest ``played`` report is behind it, speech
+cuts the answer there (``cut``), as it does a running turn.
 """
 
 from __future__ import annotations
@@ -19,18 +26,22 @@ from protocol.turn_events import Action, Persist
 __all__ = ["UNHEARD", "SpokenAnswer"]
 
 UNHEARD: Final = "(speech without a transcript)"  # a spoken turn whose transcript never came
+PLAYED_SLACK_MS: Final = 100
+"""An answer played to within this many ms of its end counts as heard in full (a phone
+call's resampler keeps a few ms back; a client reports at intervals)."""
 
 
 class SpokenAnswer:
     """What the machine keeps of the current spoken turn (see the module docstring)."""
 
-    __slots__ = ("_held", "_transcript", "heard_ms", "queued")
+    __slots__ = ("_held", "_transcript", "heard_ms", "queued", "sent_ms")
 
     def __init__(self) -> None:
         self._held: list[Action] | None = None  # the turn's events waiting for its transcript
         self._transcript: list[str] = []  # the spoken answer's transcript so far
         self.heard_ms: int | None = None  # how much of its audio the client played
         self.queued = False  # the user spoke while the turn was closing
+        self.sent_ms = 0.0  # ms of the answer's audio sent to clients
 
     @property
     def holding(self) -> bool:
@@ -39,6 +50,21 @@ class SpokenAnswer:
     def new_attempt(self) -> None:
         self._transcript = []
         self.heard_ms = None
+        self.sent_ms = 0.0
+
+    def audio_sent(self, ms: float) -> None:
+        """``ms`` more of the answer's audio went to the clients."""
+        self.sent_ms += ms
+
+    def cut(self) -> int | None:
+        """The user spoke over a finished answer: how much of it the listener had heard,
+        if its audio is still playing (the newest ``played`` report is behind what was
+        sent), else None. Taking it spends it: the answer is cut once."""
+        heard = self.heard_ms
+        if heard is None or heard + PLAYED_SLACK_MS >= self.sent_ms:
+            return None
+        self.sent_ms = 0.0
+        return heard
 
     def begin(self) -> None:
         """A spoken turn begins: its events wait for the transcript of the user's speech."""

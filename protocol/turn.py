@@ -121,6 +121,7 @@ from protocol.turn_events import (
     TurnStarted,
     UpstreamFailed,
     UpstreamLost,
+    UpstreamStalled,
     UserMessage,
 )
 from protocol.turn_state import NOTHING, RETRY, TurnState
@@ -178,6 +179,7 @@ class TurnMachine(ToolSteps):
         "_ended",
         "_feed",
         "_queued",
+        "_stalled",
         "cancel_background",
         "spoken",
         "upstream_retries",
@@ -207,6 +209,7 @@ class TurnMachine(ToolSteps):
         self._ended = False  # the parser saw <end> in this step
         self._steps = 0
         self._attempt = 0
+        self._stalled = False  # this step was rerun after the provider went silent
         self._malformed_in_a_row = 0
         self.voice = False
         self.spoken = SpokenAnswer()  # a spoken turn's held events, transcript, playback
@@ -278,7 +281,25 @@ class TurnMachine(ToolSteps):
         state = self.state
         if state is _STREAMING or state is _STOPPING or state is _TOOLS or state is _BACKOFF:
             out += self._cancel(barge_in=True)
+        elif state is _IDLE:
+            heard = self.spoken.cut()
+            if heard is not None:
+                # The answer is complete but still playing: history and the provider
+                # keep what the listener heard of it, as after a running turn's barge-in.
+                out[0] = SpeechStarted(offset_ms=offset_ms, heard_ms=heard)
+                note = Cancelled(content=BARGED_IN, reason="barge_in", heard_ms=heard)
+                out.append(Persist((note,)))
+                if self.voice:
+                    spoken = self.spoken
+                    text = spoken.text if spoken.chars else self._parser.accepted_text
+                    out.append(ReplaceResponse(text, heard_ms=heard))
         return out
+
+    def audio_sent(self, ms: float) -> None:
+        """The shell sent ``ms`` of the answer's audio to the clients (the hot path:
+        no actions). What the listener has not heard yet can still be cut."""
+        if self.state is _STREAMING:
+            self.spoken.audio_sent(ms)
 
     def _speech_ended(self, offset_ms: int) -> Sequence[Action]:
         out: list[Action] = [SpeechStopped(offset_ms=offset_ms)]
@@ -371,6 +392,7 @@ class TurnMachine(ToolSteps):
         """A new model step: a fresh parser, then ask the model."""
         self._steps += 1
         self._attempt = 0
+        self._stalled = False
         self._new_attempt()
         self.state = _STREAMING
         return _RETRY if message is None else Request(message)
@@ -486,6 +508,35 @@ class TurnMachine(ToolSteps):
         out.append(Backoff(attempt=attempt, delay=min(0.1 * 2**attempt, 2.0)))
         return out
 
+    def _upstream_stalled(self, seconds: float) -> Sequence[Action]:
+        """Nothing from the provider for ``seconds``: rerun the step once on a new
+        connection, then end the turn (``upstream_timeout``)."""
+        silent = f"the model's API sent nothing for {seconds:g}s"
+        if self.state is not _STREAMING:
+            # The answer or the calls are complete (or cancelled): as a lost connection.
+            return self._upstream_lost(silent)
+        self._count_usage(None, True)
+        if self._stalled:
+            return self._fail(
+                [],
+                f"{silent}, again after the step was retried on a new connection; the turn "
+                "was stopped — send your message again, and if it keeps happening tell the "
+                "operator (the provider may be overloaded)",
+                code="upstream_timeout",
+            )
+        self._stalled = True
+        partial = " — discard its partial output" if self._recorder.emitted else ""
+        out: list[Action] = [DropUpstream(stop=True), *self.spoken.release(UNHEARD)]
+        out.append(
+            Interrupt(content=f"{silent}; this step is being rerun on a new connection{partial}")
+        )
+        self._recorder = StepRecorder()  # the partial step is not history
+        self._chunk = self._recorder.chunk
+        self._new_attempt()
+        self.state = _BACKOFF
+        out.append(Backoff(attempt=self._attempt + 1, delay=0.0))
+        return out
+
     def _upstream_failed(self, failed: UpstreamFailed) -> Sequence[Action]:
         state = self.state
         if state is _CANCELLING or state is _ENDING:
@@ -500,6 +551,8 @@ class TurnMachine(ToolSteps):
 
     def _cancel(self, *, barge_in: bool = False) -> list[Action]:
         state = self.state
+        if state is _IDLE and self.cancel_background and self.background.running:
+            return self._cancel_background_only()
         if state is _IDLE or state is _ENDING or state is _CANCELLING:
             return [Refuse(Error(code="no_turn", content="no turn is running; nothing to cancel"))]
         out: list[Action] = self.spoken.release(UNHEARD)
@@ -530,6 +583,21 @@ class TurnMachine(ToolSteps):
         # Tools or a backoff: no response runs, nothing more to report.
         self.batch.settle("was cancelled with its turn")
         return self._close(out)
+
+    def _cancel_background_only(self) -> list[Action]:
+        """A cancel between turns: the session's background calls still running are
+        cancelled (each gets its ``result``), and a ``cancelled`` (with its ``metric``,
+        as every ``cancelled``) says how many."""
+        count = len(self.background.running)
+        calls = "call" if count == 1 else "calls"
+        content = f"{CANCELLED_BY_USER}: {count} background {calls} still running"
+        stopped = self.background.cancel(CANCELLED_BY_USER)
+        kept = [msgspec.structs.replace(r) for r in stopped]  # history's own copies
+        note = Cancelled(content=content)
+        out: list[Action] = [Persist((note, *kept)), *stopped, Cancelled(content=content)]
+        out += self.meter.metric()
+        out.append(CancelBackground(tuple(str(r.id) for r in stopped)))
+        return out
 
     def _shell_failed(self, what: str) -> Sequence[Action]:
         state = self.state
@@ -609,6 +677,7 @@ _HANDLERS: Final[dict[type, _Handler]] = {
     ApprovalTimeout: lambda m, i: m._approval_timeout(i.seconds),
     UpstreamLost: lambda m, i: m._upstream_lost(i.reason, fatal=i.fatal, fallback=i.fallback),
     UpstreamFailed: lambda m, i: m._upstream_failed(i),
+    UpstreamStalled: lambda m, i: m._upstream_stalled(i.seconds),
     RetryNow: lambda m, i: m._retry_now(),
     Cancel: lambda m, i: m._cancel(),
     Rerun: lambda m, i: m._rerun(i.reason),

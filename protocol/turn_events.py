@@ -92,6 +92,7 @@ __all__ = [
     "TurnStarted",
     "UpstreamFailed",
     "UpstreamLost",
+    "UpstreamStalled",
     "UserMessage",
 ]
 
@@ -155,6 +156,17 @@ class UpstreamLost(_Input, frozen=True, tag="upstream_lost"):
     reason: str
     fatal: bool = False
     fallback: str = ""
+
+
+class UpstreamStalled(_Input, frozen=True, tag="upstream_stalled"):
+    """The provider sent nothing for ``seconds`` while a response ran (the shell's
+    watch, ``upstream_stall_timeout``): a hung or dripping connection.
+
+    The first stall of a step reruns it on a new connection (an ``interrupt``
+    says so); a second one ends the turn with ``error`` code ``upstream_timeout``.
+    """
+
+    seconds: float
 
 
 class ToolsDone(_Input, frozen=True, tag="tools_done"):
@@ -278,6 +290,7 @@ TurnInput = (
     | ResponseDone
     | UpstreamFailed
     | UpstreamLost
+    | UpstreamStalled
     | ToolsDone
     | CallDone
     | Resume

@@ -145,7 +145,8 @@ class ToolSteps:
         knows every call that may have run (``Resume``), and none is asked of
         the model again.
         """
-        run, waiting, now, background = self.batch.start()
+        running = self.background
+        run, waiting, now, background = self.batch.start(running.room, running.full())
         self.state = _TOOLS
         at = next((i for i, a in enumerate(out) if type(a) is ReplaceResponse), len(out))
         out[at:at] = [Persist(tuple(self._recorder.finish())), *now, *self._start(background)]

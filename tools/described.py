@@ -14,6 +14,7 @@ import abc
 from typing import Any
 
 from .base import ToolContext
+from .secrets import Secrets
 from .validation import ArgsValidator
 
 __all__ = ["DescribedTool"]
@@ -33,6 +34,9 @@ class DescribedTool(abc.ABC):
     """Its calls wait for a user's approve (``require_approval = true`` in its section)."""
     background = False
     """Its calls do not block the turn (``background = true`` in its section)."""
+    secrets: Secrets | None = None
+    """What the gateway holds for it (headers, environment values): the executor
+    scrubs them from its results (``tools.secrets``)."""
 
     def __init__(self, name: str, description: str, parameters: dict[str, Any]) -> None:
         self.name = name

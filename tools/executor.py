@@ -214,6 +214,10 @@ class Executor:
             if done is not None:
                 return done  # a rerun of a call whose first run finished: not done twice
         result = await self._run_bound(tool, args, call, ctx, timeout, max_output)
+        secrets = getattr(tool, "secrets", None)
+        if secrets:
+            # Before anyone sees it: the client, the log, history, recordings (tools.secrets).
+            result = secrets.scrub_result(result)
         if journaled and result.status == "success":
             await asyncio.to_thread(record, ctx.workspace, ctx.idempotency_key, result)
         return result

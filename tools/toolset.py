@@ -64,7 +64,7 @@ async def open_registry(
             *(server.start() for server in servers), return_exceptions=True
         )
         for server, outcome in zip(servers, started, strict=True):
-            section = tools_file.sections.get(server.spec.name, f"[mcp.{server.spec.name}]")
+            section = f"[mcp.{server.spec.name}]"  # an [http.NAME] may share its name
             if isinstance(outcome, BaseException):
                 if not isinstance(outcome, Exception):
                     raise outcome
@@ -88,5 +88,5 @@ def _section_of(tool: Any, tools_file: ToolsFile) -> str:
     from tools.providers.mcp import McpTool
 
     if isinstance(tool, McpTool):
-        return tools_file.sections.get(tool.server.spec.name, "[mcp]")
+        return f"[mcp.{tool.server.spec.name}]"
     return tools_file.sections.get(getattr(tool, "name", ""), "[builtin]")

@@ -38,11 +38,12 @@ import re
 import sys
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final
 
 from .providers.specs import HttpToolSpec, McpServerSpec
+from .secrets import header_secrets
 from .validation import ArgsValidator
 
 __all__ = ["ToolsFile", "ToolsFileError", "load_tools_file", "parse_tools_file"]
@@ -145,6 +146,8 @@ def parse_tools_file(
 class _Where:
     path: str
     env: Mapping[str, str]
+    # Values taken from the environment, by section: ``(variable, value)``, secrets.
+    taken: dict[str, list[tuple[str, str]]] = field(default_factory=dict)
 
     def error(self, section: str, key: str | None, problem: str) -> ToolsFileError:
         at = f"[{section}] {key}" if key else f"[{section}]"
@@ -160,6 +163,7 @@ class _Where:
                     f"the environment variable {var} is not set; set it before starting "
                     f"the gateway (or remove ${{{var}}} from the file)",
                 )
+            self.taken.setdefault(section, []).append((var, self.env[var]))
             return self.env[var]
 
         return _VAR.sub(replace, value)
@@ -285,7 +289,7 @@ def _mcp(name: str, body: dict[str, Any], where: _Where, base: str) -> McpServer
         raise where.error(
             section, "command", 'must be a non-empty list of strings, like ["python3", "server.py"]'
         )
-    return McpServerSpec(
+    spec = McpServerSpec(
         name=name,
         command=_own_python(tuple(command or ())),
         url=_url(url, section, where) if url is not None else "",
@@ -295,6 +299,7 @@ def _mcp(name: str, body: dict[str, Any], where: _Where, base: str) -> McpServer
         require_approval=_flag(body, "require_approval", section, where),
         background=_flag(body, "background", section, where),
     )
+    return replace(spec, secrets=tuple(where.taken.get(section, ())))
 
 
 def _own_python(command: tuple[str, ...]) -> tuple[str, ...]:
@@ -325,7 +330,7 @@ def _http(name: str, body: dict[str, Any], where: _Where) -> HttpToolSpec:
         ArgsValidator(body["parameters"])
     except ValueError as exc:
         raise where.error(section, "parameters", f"{exc}") from None
-    return HttpToolSpec(
+    spec = HttpToolSpec(
         name=name,
         url=_url(body["url"], section, where),
         description=description.strip(),
@@ -335,3 +340,7 @@ def _http(name: str, body: dict[str, Any], where: _Where) -> HttpToolSpec:
         require_approval=_flag(body, "require_approval", section, where),
         background=_flag(body, "background", section, where),
     )
+    # Every header value is a secret (a key written into the file), and whatever
+    # came from the environment.
+    taken = [*where.taken.get(section, ()), *header_secrets(spec.headers.items())]
+    return replace(spec, secrets=tuple(taken))

@@ -30,10 +30,13 @@ import asyncio
 import contextlib
 import secrets
 import time
+import urllib.parse
+import urllib.request
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Final
+from xml.etree import ElementTree
 
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
@@ -87,6 +90,38 @@ class CallSetup:
     signed_url: str | None = None  # the URL signed, if not ``url`` (a proxy in front)
     encoding: str = "audio/x-mulaw"  # what start says the media is
     headers: dict[str, str] = field(default_factory=dict)
+    # The number's voice webhook (the gateway's TwiML helper): asked first, signed, as
+    # Twilio does; its <Stream>'s parameters (the one-time token) join ``parameters``.
+    webhook_url: str | None = None
+
+
+def _ask_webhook(setup: CallSetup, auth_token: str, timeout: float) -> str:
+    """The TwiML the number's voice webhook answers for this call (raises on a refusal)."""
+    assert setup.webhook_url is not None
+    form = {
+        "CallSid": setup.call_sid,
+        "AccountSid": setup.account_sid,
+        "From": setup.parameters.get("from", ""),
+        "To": setup.parameters.get("to", ""),
+    }
+    form = {k: v for k, v in form.items() if v}
+    request = urllib.request.Request(
+        setup.webhook_url,
+        data=urllib.parse.urlencode(form).encode(),
+        headers={
+            "X-Twilio-Signature": twilio_signature(auth_token, setup.webhook_url, form.items())
+        },
+    )
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+        return str(response.read().decode())
+
+
+def stream_parameters(twiml: str) -> dict[str, str]:
+    """The ``<Parameter>``s of a TwiML answer's ``<Connect><Stream>``."""
+    stream = ElementTree.fromstring(twiml).find("./Connect/Stream")
+    if stream is None:
+        raise ValueError(f"the webhook's TwiML has no <Connect><Stream>: {twiml[:200]!r}")
+    return {p.get("name", ""): p.get("value", "") for p in stream.findall("Parameter")}
 
 
 class SimulatedCall:
@@ -125,6 +160,9 @@ class SimulatedCall:
     async def dial(self, timeout: float = 10.0) -> None:
         """Open the stream and send ``connected`` and ``start`` (raises on a refused handshake)."""
         setup = self.setup
+        if setup.webhook_url is not None and setup.auth_token is not None:
+            twiml = await asyncio.to_thread(_ask_webhook, setup, setup.auth_token, timeout)
+            setup.parameters = {**stream_parameters(twiml), **setup.parameters}
         headers = dict(setup.headers)
         if setup.auth_token is not None:
             signed = setup.signed_url or setup.url
@@ -175,7 +213,8 @@ class SimulatedCall:
     async def say(self, mulaw: bytes) -> float:
         """Say ``mulaw`` (8 kHz μ-law) at real time; returns when its last loud frame went
         out (monotonic: the speech's end, its trailing silence aside). The answer's first
-        audio after that is measured."""
+        audio after that is measured. Raises ``ConnectionError`` (with the close code and
+        reason) if the stream closes first."""
         self._said.clear()
         starts = range(0, len(mulaw), FRAME_BYTES)
         last_loud = last_loud_frame(mulaw_decode(mulaw), CALL_RATE)
@@ -184,7 +223,15 @@ class SimulatedCall:
         for index, at in enumerate(starts):
             frame = mulaw[at : at + FRAME_BYTES]
             self._speech.append((frame + MULAW_SILENCE[len(frame) :], index == last_loud))
-        await self._said.wait()
+        said = asyncio.ensure_future(self._said.wait())
+        closed = asyncio.ensure_future(self._closed.wait())
+        try:
+            await asyncio.wait((said, closed), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            said.cancel()
+            closed.cancel()
+        if not self._said.is_set():  # the gateway closed the stream (refused, or ended it)
+            raise ConnectionError(f"the stream closed: {self.closed}")
         assert self.speech_ended_at is not None
         return self.speech_ended_at
 

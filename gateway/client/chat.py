@@ -237,6 +237,7 @@ async def run_chat(
         on_connect=connected,
         on_disconnect=disconnected,
         on_retry=retrying,
+        on_event=view.show,  # between turns: a background call's late result, its answer
     )
     try:
         await client.connect()

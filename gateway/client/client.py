@@ -21,8 +21,9 @@ Decisions (the rules themselves are in ``gateway.client.stream``):
   ends after the closing event and the metric that follows it, or after
   ``end``/``cancelled`` when the next event is not a metric or no metric comes
   within ``metric_grace`` seconds. Events outside a turn (another client's
-  turn on the same session, a late metric) are counted in ``last_seq`` but not
-  yielded.
+  turn on the same session, a late metric, a background call's late result)
+  are counted in ``last_seq`` and told to ``on_event`` as they arrive, never
+  both yielded and told.
 - **A ``user`` message that the connection lost is sent again** only when the
   session's log did not grow while the client was away (the ``session``
   frame's seq equals ``after``): then the server never logged it, so sending
@@ -89,6 +90,7 @@ from gateway.client.dial import (
     normalize_url,
     open_connection,
 )
+from gateway.client.hooks import Hook, Hooks, call_hook
 from gateway.client.stream import METRIC_GRACE, REFUSAL_CODES, SeqVerdict, TurnTracker, classify_seq
 from gateway.pcm import silence
 from protocol.audio import split_audio_frame
@@ -177,15 +179,14 @@ class Timing:
     open_timeout: float = 10.0
 
 
-@dataclass(frozen=True, slots=True)
-class Hooks:
-    """What a ``Client`` tells its application as it goes (for a UI): each connection,
-    each disconnect, each audio frame of the model's speech, each retried failure."""
-
-    on_connect: Callable[[Session], None] | None = None
-    on_disconnect: Callable[[str], None] | None = None
-    on_audio: Callable[[int, bytes], None] | None = None
-    on_retry: Callable[[ClientError], None] | None = None
+HOOK_NAMES: Final = (
+    "on_connect",
+    "on_disconnect",
+    "on_audio",
+    "on_retry",
+    "on_approval",
+    "on_event",
+)
 
 
 class Client:
@@ -199,9 +200,30 @@ class Client:
     doubled per attempt, with jitter), ``open_timeout`` (per handshake).
     ``on_connect``/``on_disconnect`` are told about each connection (for a UI),
     ``on_retry`` about each failed attempt that will be retried (a 503, say),
-    ``on_approval`` about each call that waits for approval (``ApprovalHook``).
+    ``on_approval`` about each call that waits for approval (``ApprovalHook``),
+    ``on_audio(seq, pcm16)`` gets the model's speech, ``on_event(event)`` each
+    event no ``send()``/``speak()`` yields (see ``on_event``). Every hook may
+    also be set as an attribute (``c.on_audio = play``), at any time.
     ``url`` may be several URLs (nodes of one gateway) to fail over between.
     """
+
+    on_connect = Hook[Callable[[Session], None]]("hooks")
+    on_disconnect = Hook[Callable[[str], None]]("hooks")
+    on_audio = Hook[Callable[[int, bytes], None]]("hooks")
+    on_retry = Hook[Callable[[ClientError], None]]("hooks")
+    on_approval = Hook[ApprovalHook]("_calls")
+    on_event = Hook[Callable[[Event], None]]("hooks")
+    """Told each event that arrives outside a turn, as it is read: a background
+    call's ``result`` after its turn ended and the model's answer to it, another
+    client's turn on the session, a resumed client's replay, anything ``send()``
+    and ``speak()`` do not yield (each event goes to exactly one of them)."""
+
+    def __setattr__(self, name: str, value: object) -> None:
+        if name.startswith("on_") and not isinstance(getattr(type(self), name, None), Hook):
+            raise AttributeError(
+                f"Client has no hook {name!r}: its hooks are {', '.join(HOOK_NAMES)}"
+            )
+        object.__setattr__(self, name, value)
 
     def __init__(
         self,
@@ -220,6 +242,7 @@ class Client:
         on_audio: Callable[[int, bytes], None] | None = None,
         on_retry: Callable[[ClientError], None] | None = None,
         on_approval: ApprovalHook | None = None,
+        on_event: Callable[[Event], None] | None = None,
     ) -> None:
         urls = [url] if isinstance(url, str) else list(url)
         if not urls:
@@ -230,7 +253,7 @@ class Client:
         self.timing = Timing(
             metric_grace, reconnect_timeout, backoff_initial, backoff_max, open_timeout
         )
-        self.hooks = Hooks(on_connect, on_disconnect, on_audio, on_retry)
+        self.hooks = Hooks(on_connect, on_disconnect, on_audio, on_retry, on_event)
         self._session_id = session_id
         self._last = after if after is not None else -1
         self._ws: ClientConnection | None = None
@@ -319,7 +342,7 @@ class Client:
             async for event in self._turn(text):
                 yield event
         finally:
-            self._in_turn = False
+            self._end_turn()
 
     async def approve(
         self, call_id: str, digest: str, decision: Decision = "allow", *, timeout: float = 10.0
@@ -458,14 +481,16 @@ class Client:
                         yield item  # a refusal of our frames
                         return
                     else:
+                        call_hook(self.hooks.on_event, item)
                         continue
                 if tracker.ends_before(kind):
+                    call_hook(self.hooks.on_event, item)
                     return
                 yield item
                 if tracker.feed(kind, item.code if isinstance(item, Error) else ""):
                     return
         finally:
-            self._in_turn = False
+            self._end_turn()
             sender.cancel()
             with contextlib.suppress(BaseException):
                 await sender
@@ -557,13 +582,24 @@ class Client:
                 ):
                     yield item
                     return
+                else:
+                    call_hook(self.hooks.on_event, item)  # not this turn's
                 continue
             kind = event_kind(item)
             if tracker.ends_before(kind):
+                call_hook(self.hooks.on_event, item)
                 return
             yield item
             if tracker.feed(kind, item.code if isinstance(item, Error) else ""):
                 return
+
+    def _end_turn(self) -> None:
+        """The turn's iterator is done: what it left unread goes to ``on_event``."""
+        self._in_turn = False
+        while not self._queue.empty():
+            item = self._queue.get_nowait()
+            if not isinstance(item, _Reconnected | _Failed):  # a failure is in _failure
+                call_hook(self.hooks.on_event, item)
 
     # ------------------------------------------------------------------ the connection
 
@@ -644,8 +680,7 @@ class Client:
                 raise ConnectionLost(
                     f"could not reconnect for {self.timing.reconnect_timeout:g}s: {problem}"
                 ) from problem
-            if self.hooks.on_retry is not None:
-                self.hooks.on_retry(problem)
+            call_hook(self.hooks.on_retry, problem)
             self._url_index = (self._url_index + 1) % len(self.urls)
             if self._url_index == 0:  # every URL tried once: back off
                 await asyncio.sleep(self._backoff(attempt, close_code))
@@ -660,8 +695,7 @@ class Client:
             self.reconnects += 1
         self._queue.put_nowait(_Reconnected(session, after, self._generation))
         self._connected.set()
-        if self.hooks.on_connect is not None:
-            self.hooks.on_connect(session)
+        call_hook(self.hooks.on_connect, session)
 
     def _backoff(self, attempt: int, close_code: int | None) -> float:
         floor = 1.0 if close_code == 1013 and attempt == 0 else 0.0  # store down: give it time
@@ -685,8 +719,7 @@ class Client:
                     raise ConnectionLost(
                         f"the gateway closed the connection ({code} {reason_text})"
                     )
-                if self.hooks.on_disconnect is not None:
-                    self.hooks.on_disconnect(reason)
+                call_hook(self.hooks.on_disconnect, reason)
                 # A close the server asked for (1012 drain, 4008 slow) reconnects at
                 # once; a lost connection or a busy server waits a little first.
                 if code not in (1012, 4008):
@@ -705,7 +738,7 @@ class Client:
                 data = await ws.recv()
                 if isinstance(data, bytes):  # the model's speech (protocol.audio)
                     if self.hooks.on_audio is not None:
-                        self.hooks.on_audio(*split_audio_frame(data))
+                        call_hook(self.hooks.on_audio, *split_audio_frame(data))
                     continue
                 try:
                     event = decode_event(data)
@@ -737,7 +770,10 @@ class Client:
                 elif isinstance(event, SpeechStarted):
                     self._speech_ended.clear()
                 self._calls.seen(event)
-                self._queue.put_nowait(event)
+                if self._in_turn:
+                    self._queue.put_nowait(event)  # the turn's iterator decides
+                else:
+                    call_hook(self.hooks.on_event, event)
         except ConnectionClosed as exc:
             close = exc.rcvd
             return "connection lost" if close is None else f"closed {close.code} {close.reason}"

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import os
 from typing import Any, Final
 from urllib.parse import urlencode, urlsplit, urlunsplit
 
@@ -26,6 +27,7 @@ __all__ = [
     "FINAL_CLOSE_CODES",
     "FINAL_STATUSES",
     "NO_PROXY",
+    "TOKEN_ENV",
     "BadUrl",
     "ClientError",
     "ConnectionLost",
@@ -33,10 +35,16 @@ __all__ = [
     "Unreachable",
     "normalize_url",
     "open_connection",
+    "token_from_env",
     "with_query",
 ]
 
 DEFAULT_PATH: Final = "/v1/realtime"
+
+TOKEN_ENV: Final = "GATEWAY_TOKEN"
+"""The environment variable the command-line clients read an API key (or client
+token) from when ``--token`` is not given: a command line is visible to every
+process on the machine (``ps``), a process's environment only to its user."""
 
 FINAL_STATUSES: Final = frozenset({400, 401, 403, 404})
 """Handshake statuses a retry cannot fix (bad ``after``, key, origin, unknown session)."""
@@ -104,6 +112,11 @@ def normalize_url(url: str) -> tuple[str, str | None]:
     path = parts.path if parts.path not in ("", "/") else DEFAULT_PATH
     fixed = urlunsplit((scheme, parts.netloc, path, parts.query, ""))
     return fixed, (None if fixed == url else f"using {fixed}")
+
+
+def token_from_env() -> str | None:
+    """The key in ``TOKEN_ENV`` (None: unset or empty)."""
+    return os.environ.get(TOKEN_ENV) or None
 
 
 def with_query(url: str, **params: str) -> str:

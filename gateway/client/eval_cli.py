@@ -6,14 +6,27 @@ turn is judged against its expectations. Printed: a row per turn (its pass
 rate over the repeats, latency, tokens, cost), then each failure in a line;
 ``--junit FILE`` writes JUnit XML for CI (a test case per turn and repeat).
 
-Exit status: 0 every expectation held; 1 one did not; 2 the file is not a
-scenario file, or the gateway cannot be reached.
+**Where the key goes.** The API key (``--token``, or the ``GATEWAY_TOKEN``
+environment variable) is sent only to the gateway given on the command line
+(``--url``, else the default): in CI scenario files come from pull requests,
+and a file's ``url`` may name anyone's server. A file's ``url`` is used with
+a key only when ``--allow-url`` names it; without a key it is used as is.
+
+**Untrusted files.** The scenario file and the recordings it starts from
+are read within bounds before parsing (``evals``, ``replay_plan``), and
+every recording is read and planned before anything runs: a bad file is one
+line and exit 2, before a connection.
+
+Exit status: 0 every expectation held; 1 one did not; 2 a flag out of
+range, the file is not a scenario file (or a recording it names is not one
+to replay), or the gateway cannot be reached.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import sys
 import tempfile
 import time
@@ -24,10 +37,18 @@ from typing import Any, Final, TextIO
 import msgspec
 
 from gateway.client import Client, ClientError, ConfigureRefused
-from gateway.client.dial import normalize_url
-from gateway.client.evals import Scenario, ScenarioError, check, read_scenarios
+from gateway.client.dial import TOKEN_ENV, Refused, Unreachable, normalize_url, token_from_env
+from gateway.client.evals import (
+    MAX_SCENARIO_BYTES,
+    Scenario,
+    ScenarioError,
+    ScenarioFile,
+    check,
+    read_scenarios,
+)
+from gateway.client.files import FileRefused, read_bounded
 from gateway.client.replay import ReplayOptions, ReplayRefused, replay
-from gateway.client.replay_plan import PlanError, plan_replay
+from gateway.client.replay_plan import MAX_RECORDING_BYTES, Plan, PlanError, plan_replay
 from gateway.client.transcript import Turn, turns_of
 from gateway.pcm import read_wav
 from protocol.events import Event
@@ -35,17 +56,45 @@ from protocol.events import Event
 __all__ = ["TurnResult", "add_eval_arguments", "run_eval_cli", "run_scenario"]
 
 DEFAULT_URL: Final = "ws://127.0.0.1:8765/v1/realtime"
+MAX_REPEAT: Final = 1000
+MAX_CONCURRENCY: Final = 256
+MAX_FROM_BYTES: Final = MAX_RECORDING_BYTES
+"""The recordings a scenario file starts from, together: each is read and planned first,
+so they take memory as one recording of that size would."""
 
 
 def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("scenarios", metavar="FILE.toml", help="the scenario file")
-    parser.add_argument("--url", help=f"the gateway (default: the file's url, else {DEFAULT_URL})")
-    parser.add_argument("--token", help="an API key of that gateway (Bearer)")
     parser.add_argument(
-        "--repeat", type=int, default=1, metavar="N", help="run each scenario N times: pass rates"
+        "--url",
+        help=f"the gateway (default: the file's url, without a key or when --allow-url names "
+        f"it, else {DEFAULT_URL})",
     )
     parser.add_argument(
-        "--concurrency", type=int, default=4, metavar="N", help="scenarios run at once (4)"
+        "--token",
+        help=f"an API key of the gateway (Bearer), sent only to --url or an --allow-url "
+        f"(default: ${TOKEN_ENV}, which other processes cannot read as they can a command line)",
+    )
+    parser.add_argument(
+        "--allow-url",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="a url the scenario file may name that the key may be sent to (repeatable)",
+    )
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        metavar="N",
+        help=f"run each scenario N times: pass rates (1..{MAX_REPEAT})",
+    )
+    parser.add_argument(
+        "--concurrency",
+        type=int,
+        default=4,
+        metavar="N",
+        help=f"scenarios run at once (4; at most {MAX_CONCURRENCY})",
     )
     parser.add_argument("--junit", type=Path, metavar="FILE.xml", help="write JUnit XML (for CI)")
     parser.add_argument(
@@ -70,12 +119,18 @@ class _ScenarioFailed(Exception):
 
 
 async def run_scenario(
-    scenario: Scenario, url: str, token: str | None, run: int, turn_timeout: float, base: Path
+    scenario: Scenario,
+    url: str,
+    token: str | None,
+    run: int,
+    turn_timeout: float,
+    plan: Plan | None = None,
 ) -> list[TurnResult]:
-    """One run of ``scenario`` in a new session (or one forked from its recording)."""
+    """One run of ``scenario`` in a new session (or one forked from ``plan``, the
+    replay of its recording)."""
     session_id: str | None = None
-    if scenario.from_ is not None:
-        session_id = await _forked(scenario, url, token, base, turn_timeout)
+    if plan is not None:
+        session_id = await _forked(scenario, plan, url, token, turn_timeout)
     results: list[TurnResult] = []
     try:
         async with Client(url, token=token, session_id=session_id) as client:
@@ -165,17 +220,8 @@ async def speech(text: str, voice: str) -> tuple[bytes, int]:
 
 
 async def _forked(
-    scenario: Scenario, url: str, token: str | None, base: Path, turn_timeout: float
+    scenario: Scenario, plan: Plan, url: str, token: str | None, turn_timeout: float
 ) -> str:
-    assert scenario.from_ is not None
-    path = base / scenario.from_
-    try:
-        data = await asyncio.to_thread(path.read_bytes)
-        plan = plan_replay(data, fork_at=scenario.fork_at)
-    except OSError as exc:
-        raise _ScenarioFailed(f"cannot read {path}: {exc.strerror or exc}") from None
-    except PlanError as exc:
-        raise _ScenarioFailed(f"{path}: {exc}") from None
     options = ReplayOptions(
         url=url,
         token=token,
@@ -192,39 +238,117 @@ async def _forked(
     return result.session_id
 
 
+def _flag_problem(ns: argparse.Namespace) -> str | None:
+    """What is wrong with the flags' values, in one line (None: nothing)."""
+    if not 1 <= ns.repeat <= MAX_REPEAT:
+        return f"--repeat {ns.repeat}: give a whole number from 1 to {MAX_REPEAT}"
+    if not 1 <= ns.concurrency <= MAX_CONCURRENCY:
+        return f"--concurrency {ns.concurrency}: give a whole number from 1 to {MAX_CONCURRENCY}"
+    if not (math.isfinite(ns.turn_timeout) and 0 < ns.turn_timeout <= 86400):
+        return f"--turn-timeout {ns.turn_timeout:g}: give seconds above 0 (at most 86400)"
+    return None
+
+
+def gateway_url(
+    cli_url: str | None, file_url: str | None, allowed: list[str], token: str | None
+) -> tuple[str, str | None]:
+    """The gateway to run on, and a note if its URL was corrected. A key goes only to
+    the command line's gateway: a file's url with a key must be ``allowed``
+    (``ClientError`` says so)."""
+    if cli_url is not None:
+        return normalize_url(cli_url)
+    if file_url is None:
+        return normalize_url(DEFAULT_URL)
+    url, note = normalize_url(file_url)
+    if token is not None and url not in {normalize_url(a)[0] for a in allowed}:
+        raise ClientError(
+            f"the scenario file names url = {file_url!r}, and an API key is sent only to a "
+            f"gateway given on the command line, never to a url from a file: pass --url {url} "
+            f"(or --allow-url {url}) to send it there"
+        )
+    return url, note
+
+
+def read_plans(scenarios: ScenarioFile, source: Path) -> dict[int, Plan]:
+    """The replay of every recording the scenarios start from (by scenario index), each
+    read within bounds and planned now: a bad one is a ``ScenarioError`` before
+    anything runs."""
+    plans: dict[int, Plan] = {}
+    read: dict[tuple[Path, int | None], Plan] = {}
+    total = 0
+    for index, scenario in enumerate(scenarios.scenario):
+        if scenario.from_ is None:
+            continue
+        path = source.parent / scenario.from_
+        where = f"{source}: scenario {scenario.name!r}: from = {scenario.from_!r}"
+        key = (path, scenario.fork_at)
+        if key not in read:
+            try:
+                data = read_bounded(path, MAX_RECORDING_BYTES, "a recording")
+                total += len(data)
+                if total > MAX_FROM_BYTES:
+                    raise ScenarioError(
+                        f"{where}: the recordings the scenarios start from take more than "
+                        f"{MAX_FROM_BYTES:,} bytes together: split the file"
+                    )
+                read[key] = plan_replay(data, fork_at=scenario.fork_at)
+            except OSError as exc:
+                raise ScenarioError(f"{where}: cannot read {path}: {exc.strerror or exc}") from None
+            except (FileRefused, PlanError) as exc:
+                raise ScenarioError(f"{where}: {exc}") from None
+        plans[index] = read[key]
+    return plans
+
+
+def _read_file(source: Path) -> tuple[ScenarioFile, dict[int, Plan]]:
+    data = read_bounded(source, MAX_SCENARIO_BYTES, "a scenario file")
+    try:
+        text = data.decode()
+    except UnicodeDecodeError as exc:
+        raise ScenarioError(f"{source}: not UTF-8 text (byte {exc.start}): not TOML") from None
+    scenarios = read_scenarios(text, str(source))
+    return scenarios, read_plans(scenarios, source)
+
+
 async def run_eval_cli(ns: argparse.Namespace, out: TextIO | None = None) -> int:
     """``gateway eval``: read, run, print, write the XML; the exit status."""
     out = out or sys.stdout
     err = sys.stderr
+    problem = _flag_problem(ns)
+    if problem is not None:
+        print(f"gateway eval: {problem}", file=err)
+        return 2
+    token = ns.token or token_from_env()
     source = Path(ns.scenarios)
     try:
-        text = await asyncio.to_thread(source.read_text)
-        scenarios = read_scenarios(text, str(source))
-        url, note = normalize_url(ns.url or scenarios.url or DEFAULT_URL)
+        scenarios, plans = await asyncio.to_thread(_read_file, source)
+        url, note = gateway_url(ns.url, scenarios.url, ns.allow_url, token)
     except OSError as exc:
         print(f"gateway eval: cannot read {source}: {exc.strerror or exc}", file=err)
         return 2
-    except (ScenarioError, ClientError) as exc:
+    except (ScenarioError, ClientError, FileRefused) as exc:
         print(f"gateway eval: {exc}", file=err)
-        return 2
-    if ns.repeat < 1 or ns.concurrency < 1:
-        print("gateway eval: --repeat and --concurrency are whole numbers >= 1", file=err)
         return 2
     if note:
         print(f"gateway eval: {note}", file=err)
     gate = asyncio.Semaphore(ns.concurrency)
-    problems: list[str] = []
+    problems: dict[str, list[str]] = {}  # what went wrong → the scenarios it happened to
+    gone: list[str] = []  # the gateway cannot be reached: no run tries again
 
-    async def one(scenario: Scenario, run: int) -> list[TurnResult]:
+    async def one(index: int, scenario: Scenario, run: int) -> list[TurnResult]:
         async with gate:
             try:
+                if gone:
+                    raise _ScenarioFailed(gone[0])
                 return await run_scenario(
-                    scenario, url, ns.token, run, ns.turn_timeout, source.parent
+                    scenario, url, token, run, ns.turn_timeout, plans.get(index)
                 )
-            except _ScenarioFailed as exc:
-                problems.append(f"scenario {scenario.name!r}: {exc}")
-            except ClientError as exc:
-                problems.append(f"scenario {scenario.name!r}: {exc}")
+            except (Unreachable, Refused) as exc:
+                if isinstance(exc, Unreachable) or exc.final:
+                    gone.append(str(exc))
+                problems.setdefault(str(exc), []).append(scenario.name)
+            except (_ScenarioFailed, ClientError) as exc:
+                problems.setdefault(str(exc), []).append(scenario.name)
             return [
                 TurnResult(
                     scenario=scenario.name,
@@ -238,11 +362,17 @@ async def run_eval_cli(ns: argparse.Namespace, out: TextIO | None = None) -> int
                 for i, t in enumerate(scenario.turn, start=1)
             ]
 
-    runs = [one(s, r) for s in scenarios.scenario for r in range(1, ns.repeat + 1)]
+    runs = [one(i, s, r) for i, s in enumerate(scenarios.scenario) for r in range(1, ns.repeat + 1)]
     results = [r for batch in await asyncio.gather(*runs) for r in batch]
-    for problem in problems:
-        print(f"gateway eval: {problem}", file=err)
-    if problems and len(problems) == len(runs):
+    failed = sum(len(names) for names in problems.values())
+    if failed == len(runs) and len(problems) == 1:
+        print(f"gateway eval: {next(iter(problems))}", file=err)  # the same for every run
+        return 2
+    for problem, names in problems.items():
+        distinct = list(dict.fromkeys(names))
+        more = f" (and {len(distinct) - 1} more)" if len(distinct) > 1 else ""
+        print(f"gateway eval: scenario {distinct[0]!r}{more}: {problem}", file=err)
+    if failed == len(runs):
         return 2
     out.write(format_results(results, ns.repeat))
     out.flush()

@@ -8,19 +8,30 @@ under N ms, cost under $X, the turn ending with ``end`` (or ``cancelled``).
 ``check`` judges one ``transcript.Turn`` against one ``Expect`` and says
 each failure in a line a person can act on. The runner is
 ``gateway.client.eval_cli``.
+
+A scenario file is untrusted input (in CI it comes from pull requests):
+``read_scenarios`` refuses one over ``MAX_SCENARIO_BYTES`` before parsing
+it, TOML nested deeper than ``MAX_DEPTH`` (``tomllib`` recurses per level),
+more than ``MAX_SCENARIOS`` scenarios or ``MAX_TURNS`` turns in one; and
+patterns run on RE2, in time linear in the answer's length (``re``
+backtracks: ``(a+)+$`` against 30 ``a``s and a ``!`` runs for a minute),
+so no pattern can hang an eval. RE2 has no backreferences or lookaround.
 """
 
 from __future__ import annotations
 
-import re
+import functools
 import tomllib
-from typing import Annotated, Any, Literal
+from collections.abc import Callable
+from typing import Annotated, Any, Final, Literal
 
 import msgspec
+import re2
 
 from gateway.client.transcript import Turn
 
 __all__ = [
+    "MAX_SCENARIO_BYTES",
     "Expect",
     "Scenario",
     "ScenarioError",
@@ -30,6 +41,12 @@ __all__ = [
     "check",
     "read_scenarios",
 ]
+
+MAX_SCENARIO_BYTES: Final = 1 << 20
+MAX_SCENARIOS: Final = 1000
+MAX_TURNS: Final = 1000
+MAX_DEPTH: Final = 32
+"""Tables and arrays within each other: a scenario file needs about eight."""
 
 Name = Annotated[str, msgspec.Meta(min_length=1, max_length=200)]
 
@@ -86,21 +103,34 @@ class Scenario(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=
     provider: str | None = None
     model: str | None = None
     from_: str | None = msgspec.field(default=None, name="from")
-    fork_at: int | None = None
-    turn: list[ScenarioTurn] = msgspec.field(default_factory=list)
+    fork_at: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    turn: Annotated[list[ScenarioTurn], msgspec.Meta(max_length=MAX_TURNS)] = msgspec.field(
+        default_factory=list
+    )
 
 
 class ScenarioFile(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     url: str | None = None
-    scenario: list[Scenario] = msgspec.field(default_factory=list)
+    scenario: Annotated[list[Scenario], msgspec.Meta(max_length=MAX_SCENARIOS)] = msgspec.field(
+        default_factory=list
+    )
 
 
 def read_scenarios(text: str, source: str = "scenarios.toml") -> ScenarioFile:
     """A scenario file's text, checked (``ScenarioError`` says what to fix)."""
+    if len(text) > MAX_SCENARIO_BYTES:
+        raise ScenarioError(
+            f"{source}: {len(text):,} characters, more than a scenario file may hold "
+            f"({MAX_SCENARIO_BYTES:,}): split it"
+        )
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ScenarioError(f"{source}: not TOML ({exc})") from None
+    except RecursionError:
+        raise ScenarioError(_too_deep(source)) from None
+    if not _depth_at_most(data, MAX_DEPTH):
+        raise ScenarioError(_too_deep(source))
     try:
         found = msgspec.convert(data, ScenarioFile)
     except msgspec.ValidationError as exc:
@@ -122,17 +152,55 @@ def read_scenarios(text: str, source: str = "scenarios.toml") -> ScenarioFile:
     return found
 
 
+def _too_deep(source: str) -> str:
+    return (
+        f"{source}: tables or arrays nested more than {MAX_DEPTH} deep; no scenario file needs it"
+    )
+
+
+def _depth_at_most(value: object, limit: int) -> bool:
+    """Whether ``value``'s dicts and lists nest no deeper than ``limit`` (no recursion)."""
+    stack: list[tuple[object, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            children: Any = item.values()
+        elif isinstance(item, list):
+            children = item
+        else:
+            continue
+        if depth >= limit:
+            return False
+        stack.extend((child, depth + 1) for child in children)
+    return True
+
+
 def _check_patterns(expect: Expect, where: str) -> None:
     patterns = [expect.matches] if expect.matches is not None else []
     if expect.tool is not None:
         patterns += [str(v)[3:] for v in expect.tool.args.values() if _is_pattern(v)]
     for pattern in patterns:
         try:
-            re.compile(pattern)
-        except re.error as exc:
+            _compiled(pattern)
+        except re2.error as exc:
+            reason = exc.args[0].decode() if exc.args and isinstance(exc.args[0], bytes) else exc
             raise ScenarioError(
-                f"{where}: {pattern!r} is not a regular expression ({exc})"
+                f"{where}: {pattern!r} is not a regular expression ({reason}; RE2 syntax: no "
+                "backreferences or lookaround)"
             ) from None
+
+
+@functools.lru_cache(maxsize=256)
+def _compiled(pattern: str) -> Callable[[str], object]:
+    """A pattern's search, on RE2: linear in the text, whatever the pattern."""
+    options = re2.Options()
+    options.log_errors = False  # the error is in the ScenarioError; stderr needs no copy
+    search: Callable[[str], object] = re2.compile(pattern, options).search
+    return search
+
+
+def _search(pattern: str, text: str) -> bool:
+    return _compiled(pattern)(text) is not None
 
 
 def _is_pattern(value: object) -> bool:
@@ -158,7 +226,7 @@ def check(turn: Turn | None, expect: Expect) -> list[str]:
     answer = turn.answer
     if expect.contains is not None and expect.contains not in answer:
         failures.append(f"the answer does not contain {expect.contains!r}: {_short(answer)}")
-    if expect.matches is not None and re.search(expect.matches, answer) is None:
+    if expect.matches is not None and not _search(expect.matches, answer):
         failures.append(f"the answer does not match {expect.matches!r}: {_short(answer)}")
     if expect.ends is not None and turn.outcome != expect.ends:
         failures.append(f"the turn ended {turn.outcome}, not {expect.ends}")
@@ -179,7 +247,7 @@ def _args_match(got: object, want: dict[str, Any]) -> bool:
         if key not in got:
             return False
         if _is_pattern(value):
-            if not isinstance(got[key], str) or re.search(value[3:], got[key]) is None:
+            if not isinstance(got[key], str) or not _search(value[3:], got[key]):
                 return False
         elif got[key] != value:
             return False

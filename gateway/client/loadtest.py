@@ -130,7 +130,11 @@ class LoadTestConfig(msgspec.Struct, frozen=True, kw_only=True):
     ] = 5.0
     token: Annotated[
         str | None,
-        Setting("API key, sent as Authorization: Bearer; never written to the report", CONNECTION),
+        Setting(
+            "API key, sent as Authorization: Bearer; never written to the report (default: "
+            "$GATEWAY_TOKEN, unseen by other processes)",
+            CONNECTION,
+        ),
     ] = None
     progress: Annotated[
         ProgressMode, Setting("progress on stderr: none, an updating bar, or periodic lines")
@@ -158,6 +162,15 @@ class LoadTestConfig(msgspec.Struct, frozen=True, kw_only=True):
             LOAD,
         ),
     ] = False
+    phone_webhook: Annotated[
+        str,
+        Setting(
+            "with --phone: the number's voice webhook (http://HOST:API_PORT/v1/phone/twilio/"
+            "voice) each call asks first, signed, as Twilio does, for its one-time stream "
+            "token (a gateway requires one by default); unset: streams alone",
+            LOAD,
+        ),
+    ] = ""
     phone_barge_in: Annotated[
         bool,
         Setting(

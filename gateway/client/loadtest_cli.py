@@ -9,23 +9,32 @@ flags are what a run's settings are not: how to make the message
 (``--message-chars``, ``--audio FILE.wav``) and what to do with the report
 (``--json``, ``--fail-if``, ``--compare``, ``--progress``/``--quiet``).
 
+Before the run, one TCP connection checks that something listens at the
+URL: a gateway that is not running is one line, not a table of zeros; a run
+in which no session connected (every handshake refused, say with 401) ends
+with one line too, naming the first refusal.
+
 Exit status: 0 every turn succeeded with no error and every ``--fail-if``
-held; 1 something failed; 2 bad arguments (or the JSON file cannot be written).
+held; 1 something failed; 2 bad arguments, nothing listening at the URL or
+no session connected (or the JSON file cannot be written).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import resource
 import sys
 import wave
 from pathlib import Path
 from typing import Final, TextIO
+from urllib.parse import urlsplit
 
 import msgspec
 
+from gateway.client.dial import token_from_env
 from gateway.client.judge import compare_reports, parse_threshold
 from gateway.client.loadtest import (
     FD_MARGIN,
@@ -141,9 +150,10 @@ def config_from_args(ns: argparse.Namespace, *, stderr: TextIO | None = None) ->
             audio, audio_rate = read_wav(ns.audio_file)
         except (OSError, EOFError, wave.Error) as exc:
             raise ValueError(f"--audio {ns.audio_file}: {exc}") from exc
-    config = LoadTestConfig(
-        **flag_values(ns, LoadTestConfig), progress=progress, audio=audio, audio_rate=audio_rate
-    )
+    values = flag_values(ns, LoadTestConfig)
+    if not values.get("token"):
+        values["token"] = token_from_env()  # unset: None, as no --token
+    config = LoadTestConfig(**values, progress=progress, audio=audio, audio_rate=audio_rate)
     if ns.message_chars is not None:
         config = msgspec.structs.replace(
             config, message=sized_message(config.message, ns.message_chars)
@@ -173,9 +183,25 @@ async def run_loadtest_cli(ns: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"gateway loadtest: {exc}", file=sys.stderr)
         return 2
+    unreachable = await listening(config.url, config.connect_timeout)
+    if unreachable is not None:
+        print(f"gateway loadtest: {unreachable}", file=sys.stderr)
+        return 2
     if config.phone:
         return await _run_phone(config, ns)
     report = await LoadTest(config).run()
+    if report.sessions_connected == 0 and report.sessions_failed > 0 and report.errors:
+        kind = next(iter(report.errors))
+        example = report.error_examples.get(kind, "")
+        print(
+            f"gateway loadtest: none of the {report.sessions} sessions connected to "
+            f"{config.url}: {kind} {example}".rstrip(),
+            file=sys.stderr,
+        )
+        if ns.json_path:
+            with contextlib.suppress(OSError):
+                await asyncio.to_thread(Path(ns.json_path).write_bytes, encode_report(report))
+        return 2
     broken = [t for t in thresholds if t.broken(report)]
     text = format_report(report)
     if before is not None:
@@ -214,6 +240,29 @@ async def _run_phone(config: LoadTestConfig, ns: argparse.Namespace) -> int:
             print(f"gateway loadtest: cannot write {ns.json_path}: {exc}", file=sys.stderr)
             return 2
     return 0 if report.ok else 1
+
+
+async def listening(url: str, timeout: float) -> str | None:
+    """Why nothing can be load-tested at ``url`` (None: something accepts connections)."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    try:
+        port = parts.port or (443 if parts.scheme == "wss" else 80)
+    except ValueError:
+        return f"{url!r} has no valid port: use ws://HOST:PORT/v1/realtime"
+    try:
+        async with asyncio.timeout(timeout):
+            _, writer = await asyncio.open_connection(host, port)
+    except ConnectionRefusedError:
+        return f"nothing is listening at {url}: is the gateway running? (start it: gateway serve)"
+    except TimeoutError:
+        return f"{url} accepted no connection within {timeout:g}s (--connect-timeout)"
+    except OSError as exc:
+        return f"cannot reach {url}: {exc.strerror or exc}"
+    writer.close()
+    with contextlib.suppress(OSError):
+        await writer.wait_closed()
+    return None
 
 
 def _read_report(path: str) -> LoadTestReport:

@@ -2,7 +2,9 @@
 
 Each of ``sessions`` calls is a ``gateway.client.carrier.SimulatedCall`` on
 the media-stream endpoint (``ws://HOST:PORT/v1/phone/twilio``), signed with
-the Twilio auth token (``TWILIO_AUTH_TOKEN``) when one is given. A call
+the Twilio auth token (``TWILIO_AUTH_TOKEN``) when one is given; with
+``--phone-webhook`` each call first asks the number's voice webhook for its
+stream (its one-time token), as Twilio does. A call
 says its utterance ``turns`` times at real time (``--audio FILE.wav``,
 resampled to 8 kHz μ-law, or a 0.8 s tone between silences), waits for the
 answer and plays it to its end, echoing marks as a carrier does, then hangs
@@ -25,6 +27,7 @@ import asyncio
 import contextlib
 import datetime
 import time
+import urllib.error
 from typing import Final
 
 import msgspec
@@ -167,6 +170,7 @@ class PhoneLoadTest:
                 url=cfg.url,
                 auth_token=self.auth_token,
                 parameters={"from": f"+1555{index:07d}", "to": "+15550000000"},
+                webhook_url=cfg.phone_webhook or None,
             )
         )
         try:
@@ -176,7 +180,12 @@ class PhoneLoadTest:
             body = exc.response.body.decode("utf-8", "replace") if exc.response.body else ""
             self._error(f"http_{exc.response.status_code}", body.strip())
             return
-        except (OSError, TimeoutError) as exc:
+        except urllib.error.HTTPError as exc:  # the voice webhook refused (before OSError)
+            self.failed += 1
+            body = exc.read().decode("utf-8", "replace")
+            self._error(f"webhook_{exc.code}", body.strip())
+            return
+        except (OSError, TimeoutError, ValueError) as exc:
             self.failed += 1
             self._error("connect_error", f"{type(exc).__name__}: {exc}")
             return
@@ -186,6 +195,8 @@ class PhoneLoadTest:
                 if turn and cfg.think_time:
                     await asyncio.sleep(cfg.think_time)
                 await self._turn(call)
+        except ConnectionError:
+            pass  # counted by _turn (stream_closed, with the reason): the call is over
         finally:
             with contextlib.suppress(Exception):
                 await call.hang_up()

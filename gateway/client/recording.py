@@ -20,6 +20,8 @@ from typing import Final
 import aiohttp
 import msgspec
 
+from gateway.client.dial import TOKEN_ENV, token_from_env
+
 __all__ = ["DEFAULT_API", "RecordingError", "add_recording_arguments", "fetch_recording", "run"]
 
 DEFAULT_API: Final = os.environ.get("GATEWAY_API_URL", "http://127.0.0.1:8765")
@@ -89,13 +91,17 @@ def add_recording_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="URL",
         help=f"the gateway's HTTP API (its --port or --api-port; GATEWAY_API_URL; default {DEFAULT_API})",
     )
-    get.add_argument("--token", help="API key of the session's owner (Bearer)")
+    get.add_argument(
+        "--token",
+        help=f"API key of the session's owner (Bearer; default: ${TOKEN_ENV}, unseen by other "
+        "processes)",
+    )
 
 
 async def run(ns: argparse.Namespace) -> int:
     """``gateway recording get``: 0 written, 1 the API refused or failed, 2 cannot write."""
     try:
-        data = await fetch_recording(ns.api, ns.session_id, token=ns.token)
+        data = await fetch_recording(ns.api, ns.session_id, token=ns.token or token_from_env())
     except RecordingError as exc:
         print(f"gateway recording: {exc}", file=sys.stderr)
         return 1

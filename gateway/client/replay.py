@@ -31,6 +31,7 @@ from websockets.exceptions import ConnectionClosed
 
 from gateway.client.dial import open_connection
 from gateway.client.replay_plan import Action, Anchor, Plan
+from gateway.client.stream import TURN_ENDING_ERROR_CODES
 from gateway.client.transcript import Thresholds, TurnDiff, compare, turns_of
 from protocol.events import (
     ApprovalRequired,
@@ -120,7 +121,7 @@ class Progress:
             self.closing = True
         elif isinstance(event, Metric) and self.closing:
             self.closed = True
-        elif isinstance(event, Error) and event.code in ("upstream", "internal"):
+        elif isinstance(event, Error) and event.code in TURN_ENDING_ERROR_CODES:
             self.closing = True
         elif isinstance(event, Call) and self.turn:
             self.calls[(self.turn, self.turn_calls)] = event
@@ -171,7 +172,7 @@ class _Replayer:
         self._answered = {a.call for a in plan.actions if a.call is not None}
         self._tasks: set[asyncio.Task[None]] = set()
         # The recorded run's turns: the replay is over when as many have closed.
-        self._turns = sum(1 for _, event in plan.events if isinstance(event, User))
+        self._turns = plan.turns
 
     async def read(self) -> None:
         progress = self.progress

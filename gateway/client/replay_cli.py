@@ -1,28 +1,38 @@
 """``gateway replay FILE --url ws://…``: the command line of a replay, and its report.
 
+The recording is untrusted input: it is read within ``MAX_RECORDING_BYTES``
+(``gateway.client.files``) and planned strictly (``replay_plan``), so a file
+that is not one to replay is one line on stderr, before any connection. The
+API key is ``--token`` or, better (a command line is visible to every
+process), the ``GATEWAY_TOKEN`` environment variable.
+
 Exit status: 0 the replay changed nothing beyond the thresholds (or a fork
-was left open); 1 something changed; 2 the file is not a recording, the
-gateway cannot be reached or refused, or the report cannot be written.
+was left open); 1 something changed; 2 a flag out of range, the file is not
+a recording to replay, the gateway cannot be reached or refused, or the
+report cannot be written.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import sys
 from pathlib import Path
 from typing import Final, TextIO
 
 import msgspec
 
-from gateway.client.dial import ClientError, normalize_url
+from gateway.client.dial import TOKEN_ENV, ClientError, normalize_url, token_from_env
+from gateway.client.files import FileRefused, read_bounded
 from gateway.client.replay import ReplayOptions, ReplayRefused, ReplayResult, replay
-from gateway.client.replay_plan import Plan, PlanError, plan_replay
+from gateway.client.replay_plan import MAX_RECORDING_BYTES, Plan, PlanError, plan_replay
 from gateway.client.transcript import Thresholds, Turn, TurnDiff, first_difference, shown
 
 __all__ = ["add_replay_arguments", "format_result", "run_replay_cli"]
 
 DEFAULT_URL: Final = "ws://127.0.0.1:8765/v1/realtime"
+MAX_TEXT_BYTES: Final = 1 << 20
 
 
 def add_replay_arguments(parser: argparse.ArgumentParser) -> None:
@@ -32,7 +42,11 @@ def add_replay_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--url", default=DEFAULT_URL, help=f"the gateway to replay on ({DEFAULT_URL})"
     )
-    parser.add_argument("--token", help="an API key of that gateway (Bearer): replay configures")
+    parser.add_argument(
+        "--token",
+        help=f"an API key of that gateway (Bearer): replay configures (default: ${TOKEN_ENV}, "
+        "which other processes cannot read as they can a command line)",
+    )
     what = parser.add_argument_group("what the replay changes")
     what.add_argument("--provider", help="replay on this provider instead of the recorded one")
     what.add_argument("--model", help="replay with this model instead of the recorded one")
@@ -109,21 +123,67 @@ class _Report(msgspec.Struct):
     notes: list[str]
 
 
+def flag_problem(ns: argparse.Namespace) -> str | None:
+    """What is wrong with the flags' values, in one line (None: nothing)."""
+    if ns.fork_at is not None and ns.fork_at < 1:
+        return f"--fork-at {ns.fork_at}: give the seq of a recorded event (1 or more)"
+    if ns.chat and ns.fork_at is None:
+        return "--chat goes on in a forked session: give --fork-at SEQ too"
+    if not (math.isfinite(ns.min_similarity) and 0 <= ns.min_similarity <= 1):
+        return (
+            f"--min-similarity {ns.min_similarity:g}: give a ratio from 0 to 1 (1: the same words)"
+        )
+    for flag, value in (
+        ("--latency-factor", ns.latency_factor),
+        ("--tokens-factor", ns.tokens_factor),
+        ("--cost-factor", ns.cost_factor),
+    ):
+        if not (math.isfinite(value) and value >= 0):
+            return f"{flag} {value:g}: give a factor >= 0 (0: off)"
+    if not (math.isfinite(ns.idle_max) and 0 <= ns.idle_max <= 3600):
+        return f"--idle-max {ns.idle_max:g}: give seconds from 0 to 3600"
+    if not (math.isfinite(ns.turn_timeout) and 0 < ns.turn_timeout <= 86400):
+        return f"--turn-timeout {ns.turn_timeout:g}: give seconds above 0 (at most 86400)"
+    return None
+
+
+def read_plan(path: Path, fork_at: int | None) -> Plan:
+    """A recording file, read within bounds and planned (``FileRefused``, ``PlanError``,
+    ``OSError``)."""
+    return plan_replay(read_bounded(path, MAX_RECORDING_BYTES, "a recording"), fork_at=fork_at)
+
+
+def read_text(path: Path, what: str) -> str:
+    """A UTF-8 text file of at most ``MAX_TEXT_BYTES`` (``FileRefused``, ``OSError``)."""
+    data = read_bounded(path, MAX_TEXT_BYTES, what)
+    try:
+        return data.decode()
+    except UnicodeDecodeError as exc:
+        raise FileRefused(f"{path} is not UTF-8 text (byte {exc.start}): give {what}") from None
+
+
 async def run_replay_cli(ns: argparse.Namespace, out: TextIO | None = None) -> int:
     """``gateway replay``: plan, replay, print the report; the exit status."""
     out = out or sys.stdout
     err = sys.stderr
+    problem = flag_problem(ns)
+    if problem is not None:
+        print(f"gateway replay: {problem}", file=err)
+        return 2
+    token = ns.token or token_from_env()
     try:
-        data = await asyncio.to_thread(Path(ns.recording).read_bytes)
-        plan = plan_replay(data, fork_at=ns.fork_at)
+        plan = await asyncio.to_thread(read_plan, Path(ns.recording), ns.fork_at)
         instructions = (
-            await asyncio.to_thread(ns.instructions_file.read_text)
+            await asyncio.to_thread(read_text, ns.instructions_file, "an instructions file")
             if ns.instructions_file is not None
             else None
         )
         url, note = normalize_url(ns.url)
     except OSError as exc:
         print(f"gateway replay: cannot read {exc.filename}: {exc.strerror or exc}", file=err)
+        return 2
+    except FileRefused as exc:
+        print(f"gateway replay: {exc}", file=err)
         return 2
     except (PlanError, ClientError) as exc:
         print(f"gateway replay: {ns.recording}: {exc}", file=err)
@@ -132,7 +192,7 @@ async def run_replay_cli(ns: argparse.Namespace, out: TextIO | None = None) -> i
         print(f"gateway replay: {note}", file=err)
     options = ReplayOptions(
         url=url,
-        token=ns.token,
+        token=token,
         provider=ns.provider,
         model=ns.model,
         instructions=instructions,
@@ -175,7 +235,7 @@ async def run_replay_cli(ns: argparse.Namespace, out: TextIO | None = None) -> i
             from gateway.client.chat import run_chat
 
             return await run_chat(
-                url, token=ns.token, color=sys.stdout.isatty(), session_id=result.session_id
+                url, token=token, color=sys.stdout.isatty(), session_id=result.session_id
             )
         return 0
     return 1 if result.changed else 0

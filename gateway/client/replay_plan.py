@@ -35,6 +35,8 @@ import msgspec
 from protocol.configuration import SessionConfig
 from protocol.events import Call, Cancelled, End, Event, Metric, User, decode_event
 from protocol.recording import (
+    MAX_SEQ,
+    RECORDING_VERSION,
     ClientAudio,
     ClientCommand,
     Cut,
@@ -45,10 +47,26 @@ from protocol.recording import (
     read_records,
 )
 
-__all__ = ["Action", "Anchor", "AudioRun", "Plan", "PlanError", "plan_replay"]
+__all__ = [
+    "MAX_RECORDING_BYTES",
+    "MAX_RECORDS",
+    "Action",
+    "Anchor",
+    "AudioRun",
+    "Plan",
+    "PlanError",
+    "plan_replay",
+]
 
 AUDIO_GAP: Final = 0.3
 """Seconds of silence between audio chunks that start a new run of audio."""
+MAX_RECORDING_BYTES: Final = 32 << 20
+"""The largest recording a plan reads: twice a gateway's default --record-max-bytes."""
+MAX_RECORDS: Final = 500_000
+"""Records a plan reads (16 MiB of short events and commands is about 160,000)."""
+MAX_NOTES: Final = 20
+"""Problems kept word for word; past them, only how many more there were."""
+EXPORT: Final = "export it again with `gateway recording get`"
 
 
 class PlanError(ValueError):
@@ -95,6 +113,17 @@ class Plan(msgspec.Struct, kw_only=True):
     actions: list[Action]
     cut: bool = False
     problems: list[str] = msgspec.field(default_factory=list)
+
+    @property
+    def turns(self) -> int:
+        """The recorded turns a replay can bring about: a spoken one only when the
+        recording kept the user's audio (a replay waits for as many to end)."""
+        spoken = any(a.audio is not None for a in self.actions)
+        return sum(
+            1
+            for _, event in self.events
+            if isinstance(event, User) and (spoken or event.source != "audio")
+        )
 
 
 class _Places:
@@ -143,31 +172,61 @@ def _last_at_most(seqs: list[int], seq: int) -> int:
 
 
 def plan_replay(data: bytes, *, fork_at: int | None = None) -> Plan:
-    """The replay of a recording's bytes (``PlanError`` if it is not one).
+    """The replay of a recording's bytes (``PlanError`` if it is not one to replay).
 
     ``fork_at``: only what the user did before the recorded session passed
-    event ``fork_at``, and the recorded run up to it.
+    event ``fork_at``, and the recorded run up to it. Refused: an empty or
+    damaged file (a line that is not a record, one cut short), a version this
+    reader does not know, a seq past ``MAX_SEQ``, more than ``MAX_RECORDS``
+    records, a recording with nothing to replay, a fork outside its events,
+    and a recording cut at its size limit unless the fork is before the cut.
     """
-    records: list[Record] = []
-    problems: list[str] = []
-    for item in read_records(data):
-        (problems if isinstance(item, str) else records).append(item)  # type: ignore[arg-type]
-    if not records or not isinstance(records[0], Header):
-        first = problems[0] if problems else "it has no header record"
-        raise PlanError(f"not a recording ({first}); export one with `gateway recording get`")
+    records = _records(data)
     header = records[0]
+    if not isinstance(header, Header):
+        raise PlanError(
+            "not a recording (its first record is not a header); "
+            "export one with `gateway recording get`"
+        )
+    if not 1 <= header.version <= RECORDING_VERSION:
+        raise PlanError(_version(header.version))
     records.sort(key=lambda r: r.t)  # nodes that took turns may have written out of order
-    events = _events(records, problems)
+    notes = _Notes()
+    events = _events(records, notes)
+    if not events:
+        raise PlanError(
+            "the recording holds no events: the session did nothing while it was recorded, "
+            "so there is nothing to replay"
+        )
+    first, last = events[0][1].seq, events[-1][1].seq
+    cut = next((r for r in records if isinstance(r, Cut)), None)
     if fork_at is not None:
+        if not 1 <= fork_at <= last:
+            raise PlanError(
+                f"fork at seq {fork_at}: the recording's events are seq {first} to {last}; "
+                f"fork at one of them"
+            )
         events = [(t, e) for t, e in events if e.seq <= fork_at]
+    elif cut is not None:
+        raise PlanError(
+            f"the recording was cut at its size limit ({cut.limit:,} bytes: the gateway's "
+            f"--record-max-bytes) after seq {last}: what followed was not kept, so the "
+            f"replay cannot be compared with it; fork at seq {last} or before (--fork-at, "
+            "fork_at in a scenario) to replay what was kept, or record with a larger limit"
+        )
     places = _Places(events)
-    actions = _actions(records, places, header.t, problems)
+    actions = _actions(records, places, header.t, notes)
     if fork_at is not None:
         actions = [a for a in actions if a.seq < fork_at]
+    elif not actions:
+        raise PlanError(
+            f"the recording holds {len(events):,} event{'s' if len(events) != 1 else ''} but "
+            "nothing the user sent (no client records): there is nothing to replay"
+        )
     if header.audio == "none" and any(
         isinstance(e, User) and e.source == "audio" for _, e in events
     ):
-        problems.append(
+        notes.add(
             "the recording kept no audio (record_audio none): its spoken turns are not replayed"
         )
     return Plan(
@@ -175,26 +234,117 @@ def plan_replay(data: bytes, *, fork_at: int | None = None) -> Plan:
         config=header.config,
         events=events,
         actions=actions,
-        cut=any(isinstance(r, Cut) for r in records),
-        problems=problems,
+        cut=cut is not None,
+        problems=notes.all(),
     )
 
 
-def _events(records: Iterable[Record], problems: list[str]) -> list[tuple[float, Event]]:
+class _Notes:
+    """Problems a replay goes on despite (an event or command it cannot read): the
+    first ``MAX_NOTES`` word for word, then how many more."""
+
+    def __init__(self) -> None:
+        self.kept: list[str] = []
+        self.more = 0
+
+    def add(self, text: str) -> None:
+        if len(self.kept) < MAX_NOTES:
+            self.kept.append(text)
+        else:
+            self.more += 1
+
+    def all(self) -> list[str]:
+        return self.kept + ([f"{self.more:,} more problems like these"] if self.more else [])
+
+
+class _Probe(msgspec.Struct):
+    """What a header that is not this version's still says: its kind and version."""
+
+    kind: str = ""
+    version: object = None
+
+
+def _records(data: bytes) -> list[Record]:
+    """Every record of ``data``, or ``PlanError`` at the first line that is not one."""
+    if len(data) > MAX_RECORDING_BYTES:
+        raise PlanError(
+            f"{len(data):,} bytes: larger than a recording a replay reads "
+            f"({MAX_RECORDING_BYTES:,} bytes at most)"
+        )
+    records: list[Record] = []
+    for item in read_records(data):
+        if isinstance(item, str):
+            raise PlanError(_damaged(data, item, first=not records))
+        records.append(item)
+        if len(records) > MAX_RECORDS:
+            raise PlanError(
+                f"more than {MAX_RECORDS:,} records: larger than a recording a replay reads"
+            )
+    if not records:
+        raise PlanError(
+            "the file is empty: not a recording; export one with `gateway recording get`"
+        )
+    return records
+
+
+def _damaged(data: bytes, problem: str, *, first: bool) -> str:
+    number = int(problem.split(":", 1)[0].removeprefix("line "))
+    if first and number == _first_line(data):
+        try:
+            probe = msgspec.json.decode(data.split(b"\n", 1)[0], type=_Probe)
+        except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
+            probe = _Probe()
+        version = probe.version
+        if probe.kind == "header" and isinstance(version, int) and version != RECORDING_VERSION:
+            return _version(version)
+        return f"not a recording ({problem}); export one with `gateway recording get`"
+    if not data.endswith(b"\n") and number == data.count(b"\n") + 1:
+        return f"line {number} is cut short (the file ends inside it): {EXPORT}"
+    return f"the file is damaged: {problem}; {EXPORT}"
+
+
+def _first_line(data: bytes) -> int:
+    """The number of the first line that is not blank."""
+    number = 1
+    for line in data.split(b"\n", 64):
+        if line.strip():
+            return number
+        number += 1
+    return number
+
+
+def _version(version: object) -> str:
+    if isinstance(version, int) and version > RECORDING_VERSION:
+        return (
+            f"the recording is version {version}, from a newer gateway (this one reads "
+            f"version {RECORDING_VERSION}): upgrade realtime-gateway to replay it"
+        )
+    return f"the recording's header names version {version}, which no gateway writes: {EXPORT}"
+
+
+def _events(records: Iterable[Record], notes: _Notes) -> list[tuple[float, Event]]:
     events: dict[int, tuple[float, Event]] = {}
     for record in records:
         if isinstance(record, Logged):
             try:
                 event = decode_event(record.event)
             except (msgspec.ValidationError, msgspec.DecodeError) as exc:
-                problems.append(f"an event that is not one ({exc})")
+                notes.add(f"an event that is not one ({exc})")
                 continue
+            except RecursionError:
+                notes.add("an event that is not one (JSON nested too deeply)")
+                continue
+            if not 0 <= event.seq <= MAX_SEQ:
+                raise PlanError(
+                    f"the file is damaged: an event claims seq {event.seq}, outside any a "
+                    f"session reaches (0 to {MAX_SEQ:,}); {EXPORT}"
+                )
             events.setdefault(event.seq, (record.t, event))  # a takeover may log it twice
     return [events[seq] for seq in sorted(events)]
 
 
 def _actions(
-    records: Sequence[Record], places: _Places, start: float, problems: list[str]
+    records: Sequence[Record], places: _Places, start: float, notes: _Notes
 ) -> list[Action]:
     actions: list[Action] = []
     run: list[ClientAudio] = []
@@ -225,7 +375,7 @@ def _actions(
             if record.pcm:
                 run.append(record)
         elif isinstance(record, ClientCommand):
-            action = _command(record, places, start, problems)
+            action = _command(record, places, start, notes)
             if action is not None:
                 actions.append(action)
         elif isinstance(record, NodeJoined | Header):
@@ -235,16 +385,17 @@ def _actions(
     return actions
 
 
-def _command(
-    record: ClientCommand, places: _Places, start: float, problems: list[str]
-) -> Action | None:
+def _command(record: ClientCommand, places: _Places, start: float, notes: _Notes) -> Action | None:
     try:
         message = msgspec.json.decode(record.message)
     except msgspec.DecodeError as exc:
-        problems.append(f"a command that is not JSON ({exc})")
+        notes.add(f"a command that is not JSON ({exc})")
+        return None
+    except RecursionError:
+        notes.add("a command that is not JSON (nested too deeply)")
         return None
     if not isinstance(message, dict) or not isinstance(message.get("type"), str):
-        problems.append("a command with no type")
+        notes.add("a command with no type")
         return None
     kind = str(message["type"])
     named = message.get("id")

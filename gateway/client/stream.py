@@ -47,7 +47,7 @@ __all__ = [
 METRIC_GRACE: Final = 0.5
 """Seconds a client waits for the metric after a closing event before calling the turn over."""
 
-TURN_ENDING_ERROR_CODES: Final = frozenset({"upstream", "internal"})
+TURN_ENDING_ERROR_CODES: Final = frozenset({"upstream", "upstream_timeout", "internal"})
 """Logged ``error`` codes that stop the running turn (``store``/``log_trimmed`` do not).
 
 ``malformed_execute`` is not one: the gateway hands the broken block back to

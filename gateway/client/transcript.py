@@ -48,7 +48,7 @@ __all__ = [
 _WORDS: Final = re.compile(r"\w+|[^\w\s]", re.UNICODE)
 _CONTENT: Final = (Think, Respond, Call)
 # Logged error codes that stop a turn (``gateway.client.stream.TURN_ENDING_ERROR_CODES``).
-_STOPS: Final = frozenset({"upstream", "internal"})
+_STOPS: Final = frozenset({"upstream", "upstream_timeout", "internal"})
 
 
 class ToolUse(msgspec.Struct, frozen=True):

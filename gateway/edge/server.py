@@ -44,7 +44,7 @@ from gateway.edge.media_streams import MediaStreamsFactory
 from gateway.edge.one_port import Sniffer
 from gateway.edge.openai_door import OPENAI_PATH, OpenAIDoor
 from gateway.edge.pending import PendingConnections
-from gateway.sessions.port import NodePort
+from gateway.sessions.port import UNUSED, NodePort
 from gateway.store.base import StoreUnavailable
 from gateway.wsfast import BatchingConnection
 from protocol.configuration import SessionConfig, decode_config
@@ -82,6 +82,9 @@ class Handshake(msgspec.Struct):
     trusted: bool = True
     # May decide on calls that wait for approval (an API key, or a token with the right).
     may_approve: bool = True
+    # A session the HTTP API made that no client has opened yet: its first connection
+    # is not a resume (its session frame says ``resumed: false``).
+    fresh: bool = False
 
 
 class NewSessions(MutableMapping[str, str]):
@@ -378,6 +381,7 @@ class Gateway:
                     "session_id (or with the session_id it was minted for)\n",
                 )
         unrecorded_owner: str | None = None
+        fresh = False
         stream = _one(query, "stream") or "token"
         if stream not in STREAM_MODES:
             return _text(
@@ -418,6 +422,7 @@ class Gateway:
                     http.HTTPStatus.FORBIDDEN,
                     "this session belongs to another API key\n",
                 )
+            fresh = meta.get(UNUSED) == "1"
         after: int | None = None
         if after_raw is not None:
             checked = await self._check_after(after_raw, sid)
@@ -432,6 +437,7 @@ class Gateway:
             unrecorded_owner=unrecorded_owner,
             trusted=admitted.session is None,
             may_approve=admitted.session is None or admitted.approve,
+            fresh=fresh,
         )
         return None
 
@@ -519,7 +525,7 @@ class Gateway:
                 sid, after, resumed = runtime.sid, 0, False
                 self.unrecorded.add(sid, hs.principal)  # stored at its first turn
             else:
-                sid, after, resumed = hs.session_id, hs.after or 0, True
+                sid, after, resumed = hs.session_id, hs.after or 0, not hs.fresh
                 if hs.unrecorded_owner is not None:  # its last connection may have left since
                     self.unrecorded.add(sid, hs.unrecorded_owner)
             conn = ClientConnection(

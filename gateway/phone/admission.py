@@ -29,14 +29,24 @@ from websockets.http11 import Request
 
 from gateway.phone.carriers import Carrier
 from gateway.phone.settings import PhoneSettings
-from gateway.phone.stream_tokens import mint_stream_token, verify_stream_token
+from gateway.phone.stream_tokens import StreamToken, mint_stream_token, verify_stream_token
 from gateway.store.base import StoreError
 from protocol.media_stream import fonoster_signature, twilio_signature_valid
 
-__all__ = ["FONOSTER_SKEW", "Signed", "StreamTokens", "check_signature", "signed_urls"]
+__all__ = [
+    "ANSWERED_FOR",
+    "FONOSTER_SKEW",
+    "Signed",
+    "StreamTokens",
+    "check_signature",
+    "signed_urls",
+]
 
 FONOSTER_SKEW: Final = 300.0
 """Seconds a Fonoster signature's timestamp may be off (a replay after that is refused)."""
+ANSWERED_FOR: Final = 86400.0
+"""Seconds the voice webhook remembers a ``CallSid`` it answered (a Twilio signature has
+no timestamp: a replay within this mints nothing; a call lasts far less)."""
 
 
 @dataclass(frozen=True)
@@ -160,16 +170,33 @@ class StreamTokens:
         return keys
 
     async def mint(
-        self, owner: str, *, sid: str = "", call: str = "", ttl: float | None = None
+        self,
+        owner: str,
+        *,
+        sid: str = "",
+        call: str = "",
+        to: str = "",
+        profile: str = "",
+        ttl: float | None = None,
     ) -> tuple[str, float]:
-        """A token for ``owner``'s call (resuming ``sid``, for ``call`` if given) and
-        its expiry (unix seconds). Raises ``StoreUnavailable`` if the secret is out of reach."""
+        """A token for ``owner``'s call (resuming ``sid``, for ``call``, the number ``to``
+        and the ``profile`` if given) and its expiry (unix seconds). Raises
+        ``StoreUnavailable`` if the secret is out of reach."""
         expires_at = round(self._clock() + (self.ttl if ttl is None else ttl), 3)
         keys = await self._keys()
-        return mint_stream_token(keys[0], owner, expires_at, sid=sid, call=call), expires_at
+        token = mint_stream_token(
+            keys[0], owner, expires_at, sid=sid, call=call, to=to, profile=profile
+        )
+        return token, expires_at
 
-    async def redeem(self, token: str, call: str) -> tuple[str, str] | str:
-        """``(owner, session id or "")`` of a valid, unused token for ``call``; else why not.
+    async def first_answer(self, call: str) -> bool:
+        """Whether this is the first time the voice webhook answers ``call`` (a CallSid):
+        a replayed webhook mints no second token for the same call. Raises ``StoreError``."""
+        uses = await self._store.incr_window(f"phone-call:{call}", 1, ANSWERED_FOR)
+        return uses == 1
+
+    async def redeem(self, token: str, call: str) -> StreamToken | str:
+        """The claims of a valid, unused token for ``call``; else why not.
         Taking it spends it."""
         try:
             keys = await self._keys()
@@ -187,4 +214,4 @@ class StreamTokens:
             return "stream tokens cannot be checked now (the session store is unavailable)"
         if uses != 1:
             return "the stream token was used already: a token opens one stream"
-        return claims.key, claims.sid
+        return claims

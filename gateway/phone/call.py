@@ -46,7 +46,14 @@ from gateway.phone.carriers import Carrier
 from gateway.phone.keypad import KeypadApprovals
 from gateway.phone.meter import CallMeter
 from gateway.phone.metrics import PhoneMetrics
-from gateway.phone.opening import CallIdentity, Opened, Opening, Refused, open_call
+from gateway.phone.opening import (
+    REFUSED,
+    CallIdentity,
+    Opened,
+    Opening,
+    Refused,
+    open_call,
+)
 from gateway.phone.playback import Playback
 from gateway.sessions.runtime import SessionRuntime
 from gateway.sessions.subscriber import EventSource
@@ -169,6 +176,14 @@ class PhoneCallConnection:
                 await self.ws.close(exc.code, close_reason(exc.message))
             return
         except ConnectionClosed:
+            return
+        # Checked again now that no await separates it from the call's registration:
+        # two streams that opened at once for one call do not both join it.
+        live = self.services.opening.joins_a_live_call(opened.runtime.sid, opened.identity.call)
+        if live is not None:
+            self.services.metrics.streams_refused.labels("call_live").inc()
+            with contextlib.suppress(Exception):
+                await self.ws.close(REFUSED, close_reason(live))
             return
         self._begin(opened)
         writer = asyncio.create_task(self._writer(), name=f"phone-writer:{self.sid}")
@@ -332,6 +347,11 @@ class PhoneCallConnection:
                 meter.speech_stopped(_stamp(entry.data).timestamp)
             elif kind in (b"end", b"cancelled"):
                 self._answer_over = True
+            elif kind == b"user":
+                # A new turn: the last answer's marks still echo as it plays out, but
+                # they no longer report on the session's answer (the new one).
+                self._answer_over = True
+                self.playback.new_answer()
             elif kind == b"metric" and self._digits:
                 self._tell_keys()
             elif kind == b"approval_required" and self.keypad is not None:
@@ -369,7 +389,7 @@ class PhoneCallConnection:
         if not mulaw:
             return
         wire, stream = self._wire, self.identity.stream
-        name = self.playback.sent(seq, len(mulaw) * 1000 // CALL_RATE)
+        name = self.playback.sent(seq, len(mulaw) * 1000 / CALL_RATE)
         self._played_out.clear()
         self._send(
             wire.encode_outbound(Play(stream, mulaw)), wire.encode_outbound(MarkOut(stream, name))

@@ -73,6 +73,7 @@ class PhoneEdge:
                 plans=self.plans,
                 tokens=self.tokens,
                 lease_ttl=node.config.lease_ttl,
+                live=control.calls,
             ),
             metrics=self.metrics,
             calls=control.calls,

@@ -3,11 +3,19 @@
 ``open_call`` takes a stream's ``start`` and either refuses it (``Refused``:
 the reason for the metrics, the message for the carrier's close frame, no
 session touched) or returns the call's session, driven here and configured
-for the phone: the one-time stream token checked (required unless the
-carrier's signature was), the media format checked, the numbers file's plan
-applied (``gateway.phone.plans``), and the session opened for the plan's
-owner — or the one the ``session_id`` parameter (or the token) names,
-whose own configuration stays (only its audio changes).
+for the phone: the one-time stream token checked, the media format checked,
+the numbers file's plan applied (``gateway.phone.plans``), and the session
+opened for the plan's owner — or the one the token names, whose own
+configuration stays (only its audio changes).
+
+Only signed data gives a call its owner and its session: the token (its
+key, its session, the number called as the carrier signed it to the voice
+webhook). A carrier's signature covers the stream's URL alone, so a
+captured one can be replayed: a signed stream without a token is refused
+unless the operator allows it (``--phone-no-require-token``), and then its
+call belongs to the default key and may not name a session. A stream never
+joins a call that is live: a second stream for the same session or the same
+``CallSid`` is refused.
 
 The node is reached through ``CallHost``: five named calls.
 """
@@ -17,8 +25,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Final, Protocol
 
 import msgspec
@@ -26,6 +34,7 @@ import msgspec
 from gateway.phone.audio import CALL_RATE
 from gateway.phone.plans import CallPlan, CallPlans
 from gateway.phone.settings import PhoneSettings
+from gateway.phone.stream_tokens import StreamToken
 from gateway.sessions.runtime import SessionRuntime
 from gateway.store.base import StoreError
 from protocol.configuration import ConfigChange, InputAudio
@@ -35,6 +44,7 @@ __all__ = [
     "REFUSED",
     "CallHost",
     "CallIdentity",
+    "LiveCall",
     "Opened",
     "Opening",
     "Refused",
@@ -75,8 +85,15 @@ class CallHost(Protocol):
 class StreamTokenCheck(Protocol):
     """Redeems a one-time stream token (``gateway.phone.admission.StreamTokens``)."""
 
-    async def redeem(self, token: str, call: str) -> tuple[str, str] | str:
-        """``(owner, session id or "")`` of a valid unused token for ``call``; else why not."""
+    async def redeem(self, token: str, call: str) -> StreamToken | str:
+        """The claims of a valid unused token for ``call``; else why not."""
+
+
+class LiveCall(Protocol):
+    """A call the node serves (``gateway.phone.call.PhoneCallConnection``)."""
+
+    @property
+    def call_id(self) -> str: ...
 
 
 @dataclass(frozen=True)
@@ -88,6 +105,16 @@ class Opening:
     plans: CallPlans
     tokens: StreamTokenCheck
     lease_ttl: float = 10.0  # a session of a dead node is free after this
+    live: Mapping[str, LiveCall] = field(default_factory=dict)  # the node's calls by session
+
+    def joins_a_live_call(self, sid: str, call: str) -> str | None:
+        """Why a stream for session ``sid`` and ``CallSid`` ``call`` would join a call that
+        is live on this node (a replayed or second stream), or None."""
+        if sid and sid in self.live:
+            return "the session already has a live call: a second stream cannot join it"
+        if call and any(live.call_id == call for live in self.live.values()):
+            return f"call {call[:64]!r} already has a live stream: a second cannot join it"
+        return None
 
 
 class Refused(Exception):
@@ -138,49 +165,71 @@ async def open_call(
             UNSUPPORTED,
         )
     custom = started.custom
+    live = opening.joins_a_live_call("", started.call)
+    if live is not None:
+        raise Refused("call_live", live)
+    claims = await _proof(opening, started, signed, url_token)
+    settle()
     identity = CallIdentity(
         stream=started.stream,
         call=started.call,
         account=started.account,
         caller=custom.get("from", "") or started.caller,
-        called=custom.get("to", "") or started.called,
+        called=(claims.to if claims is not None else "") or custom.get("to", "") or started.called,
     )
-    owner, sid = await _proof(opening, started, signed, url_token)
-    settle()
-    plan = opening.plans.plan(identity.called, custom.get("profile", ""))
-    if owner:
-        plan = dataclasses.replace(plan, owner=owner)
+    profile = custom.get("profile", "")
+    if claims is not None and claims.to:
+        profile = claims.profile  # a token that names the number (the webhook's) names it too
+    plan = opening.plans.plan(identity.called, profile)
+    # The owner is the token's (signed); without one, the default key's: an unsigned
+    # parameter never moves a call to another owner's number.
+    plan = dataclasses.replace(
+        plan, owner=claims.key if claims is not None else opening.plans.default_key
+    )
+    # A token's own session, or one of its key's that the stream names (``_session``
+    # checks the owner).
+    sid = (claims.sid or custom.get("session_id", "")) if claims is not None else ""
+    live = opening.joins_a_live_call(sid, started.call)
+    if live is not None:
+        raise Refused("call_live", live)
     runtime = await _session(opening, plan, sid)
     return Opened(identity, plan, runtime)
 
 
 async def _proof(
     opening: Opening, started: Started, signed: bool, url_token: str
-) -> tuple[str, str]:
-    """``(owner, session id)`` a stream token says ("" when none), once the stream proved
-    it may open; raises ``Refused``."""
+) -> StreamToken | None:
+    """The stream token's claims (None: a signed stream let in without one, which the
+    operator allowed), once the stream proved it may open; raises ``Refused``."""
     custom = started.custom
     token = custom.get("token", "") or url_token
     sid = custom.get("session_id", "")
     if not token:
         if not signed or opening.settings.require_token:
-            why = "its signature was not checked" if not signed else "tokens are required"
+            why = (
+                "its signature was not checked"
+                if not signed
+                else "a carrier's signature covers the URL only, so it can be replayed"
+            )
             raise Refused(
                 "unauthenticated",
                 f'a stream needs a one-time token ({why}): put <Parameter name="token" '
                 'value="…"/> from POST /v1/phone/tokens in the <Stream>, or use the TwiML '
                 "helper (docs/phone.md)",
             )
-        return "", sid
-    redeemed = await opening.tokens.redeem(token, started.call)
-    if isinstance(redeemed, str):
-        raise Refused("token", redeemed)
-    owner, token_sid = redeemed
-    if token_sid:
-        if sid and sid != token_sid:
-            raise Refused("token", "the stream token is for another session than session_id")
-        sid = token_sid
-    return owner, sid
+        if sid:
+            raise Refused(
+                "unauthenticated",
+                "a stream without a token cannot name a session: mint a token for it "
+                "(POST /v1/phone/tokens with session_id) and put it in the <Stream>",
+            )
+        return None
+    claims = await opening.tokens.redeem(token, started.call)
+    if isinstance(claims, str):
+        raise Refused("token", claims)
+    if sid and claims.sid and sid != claims.sid:
+        raise Refused("token", "the stream token is for another session than session_id")
+    return claims
 
 
 async def _session(opening: Opening, plan: CallPlan, sid: str) -> SessionRuntime:

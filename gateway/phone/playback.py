@@ -28,14 +28,21 @@ MARK_PREFIX: Final = "rtgw-"
 class Playback:
     """The marks in flight on one call and what their echoes say."""
 
-    __slots__ = ("_answer_ms", "_marks", "_next", "heard_ms")
+    __slots__ = ("_answer", "_answer_ms", "_heard_ms", "_marks", "_next")
 
     def __init__(self) -> None:
-        # name → (seq of the chunk's audio frame, ms of the answer through it, the chunk's ms)
-        self._marks: deque[tuple[str, int, int, int]] = deque()
+        # (name, the answer's number, seq of the chunk's audio frame, ms of the answer
+        # through it, the chunk's ms)
+        self._marks: deque[tuple[str, int, int, float, float]] = deque()
         self._next = 0
-        self._answer_ms = 0  # ms of the current answer sent so far
-        self.heard_ms = 0  # ms of all answers the caller heard (the talk time)
+        self._answer = 0  # the current answer's number
+        self._answer_ms = 0.0  # ms of the current answer sent so far (unrounded: chunks add up)
+        self._heard_ms = 0.0
+
+    @property
+    def heard_ms(self) -> int:
+        """ms of all answers the caller heard (the talk time)."""
+        return int(self._heard_ms)
 
     @property
     def playing(self) -> bool:
@@ -43,15 +50,18 @@ class Playback:
         return bool(self._marks)
 
     def new_answer(self) -> None:
-        """The audio sent next belongs to a new answer (its ms count from 0)."""
-        self._answer_ms = 0
+        """The audio sent next belongs to a new answer (its ms count from 0). The echoes
+        of an earlier answer's marks still count as heard, but report nothing: the
+        session's playback reports are of its current answer."""
+        self._answer += 1
+        self._answer_ms = 0.0
 
-    def sent(self, seq: int, ms: int) -> str:
+    def sent(self, seq: int, ms: float) -> str:
         """A chunk of ``ms`` ms tagged ``seq`` went to the carrier: the mark to send after it."""
         self._next += 1
         name = f"{MARK_PREFIX}{self._next}"
         self._answer_ms += ms
-        self._marks.append((name, seq, self._answer_ms, ms))
+        self._marks.append((name, self._answer, seq, self._answer_ms, ms))
         return name
 
     def echoed(self, name: str) -> Played | None:
@@ -61,10 +71,10 @@ class Playback:
         if not any(mark[0] == name for mark in marks):
             return None
         while marks:
-            mark, seq, answer_ms, chunk_ms = marks.popleft()
-            self.heard_ms += chunk_ms  # marks come back in order: the ones before played too
+            mark, answer, seq, answer_ms, chunk_ms = marks.popleft()
+            self._heard_ms += chunk_ms  # marks come back in order: the ones before played too
             if mark == name:
-                return Played(seq=seq, ms=answer_ms)
+                return Played(seq=seq, ms=int(answer_ms)) if answer == self._answer else None
         return None  # pragma: no cover - the look above found it
 
     def clear(self) -> bool:

@@ -55,10 +55,13 @@ class PhoneSettings(msgspec.Struct, kw_only=True):
         bool,
         Setting(
             "refuse a media stream without a one-time stream token, even when the carrier "
-            "signed it (a signature covers the URL only, so it can be replayed)",
+            "signed it (a signature covers the URL only, so a captured one can be replayed); "
+            "--phone-no-require-token lets a signed stream in without one (its calls then "
+            "belong to --phone-key, and it may not name a session)",
             PHONE,
+            flag="no-require-token",
         ),
-    ] = False
+    ] = True
     token_ttl: Annotated[
         Annotated[float, Meta(ge=1, le=86400)],
         Setting("seconds a one-time stream token may wait to be used", PHONE),

@@ -36,13 +36,18 @@ STREAM_TOKEN_PREFIX: Final = "rtgw_st."
 class StreamToken(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_fields=True):
     """What a stream token says: whose call (``key``), until when (``exp``, unix s),
     which session it resumes (``sid``, "" for a new one), which call it is for
-    (``call``: the carrier's call id, "" for any) and its nonce ``n``."""
+    (``call``: the carrier's call id, "" for any), the number called and the
+    profile as the carrier signed them to the voice webhook (``to``, ``profile``:
+    the numbers file's plan; no ``to`` lets the stream's parameters say) and its
+    nonce ``n``."""
 
     key: str
     exp: float
     n: str
     sid: str = ""
     call: str = ""
+    to: str = ""
+    profile: str = ""
 
 
 _encode = msgspec.json.Encoder().encode
@@ -50,10 +55,25 @@ _decode = msgspec.json.Decoder(StreamToken).decode
 
 
 def mint_stream_token(
-    secret: bytes, key: str, expires_at: float, *, sid: str = "", call: str = ""
+    secret: bytes,
+    key: str,
+    expires_at: float,
+    *,
+    sid: str = "",
+    call: str = "",
+    to: str = "",
+    profile: str = "",
 ) -> str:
     """A token that opens one media stream for ``key``'s session until ``expires_at``."""
-    claims = StreamToken(key=key, exp=expires_at, n=secrets.token_urlsafe(12), sid=sid, call=call)
+    claims = StreamToken(
+        key=key,
+        exp=expires_at,
+        n=secrets.token_urlsafe(12),
+        sid=sid,
+        call=call,
+        to=to,
+        profile=profile,
+    )
     return seal(secret, STREAM_TOKEN_PREFIX, _encode(claims), bind_prefix=True)
 
 

@@ -7,7 +7,7 @@ URL as Twilio requested it, query included, with its POST parameters), and
 the answer is
 
     <Response><Connect><Stream url="wss://HOST/v1/phone/twilio">
-      <Parameter name="token" value="rtgw_st.…"/>   a one-time stream token for this call
+      <Parameter name="token" value="rtgw_st.…"/>   the call's one-time stream token
       <Parameter name="from" value="+1…"/>          the caller's number
       <Parameter name="to" value="+1…"/>            the number called
     </Stream></Connect></Response>
@@ -18,6 +18,12 @@ query string, so everything the stream needs rides as ``<Parameter>``
 passed on as a ``profile`` parameter (``[profiles.NAME]`` of the numbers
 file). The stream's URL is ``--phone-public-url``'s, or ``wss://`` and the
 request's ``Host``.
+
+The token is what the stream's own signature cannot be (it covers the URL
+only): bound to the webhook's signed ``CallSid``, number called and profile,
+which decide the call's owner and plan (``gateway.phone.opening``). A call is
+answered once: a replayed webhook (the same ``CallSid``) gets 409 and no
+token, and one without ``CallSid`` gets 400.
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ from gateway.edge.pending import PendingConnections
 from gateway.phone.admission import StreamTokens, signed_urls
 from gateway.phone.plans import CallPlans
 from gateway.phone.settings import PhoneSettings
-from gateway.store.base import StoreUnavailable
+from gateway.store.base import StoreError
 from protocol.media_stream import twilio_signature_valid
 
 __all__ = ["TWIML_PATH", "VoiceWebhook", "twiml_stream"]
@@ -40,6 +46,10 @@ __all__ = ["TWIML_PATH", "VoiceWebhook", "twiml_stream"]
 TWIML_PATH: Final = "/v1/phone/twilio/voice"
 STREAM_PATH: Final = "/v1/phone/twilio"
 MAX_FIELD: Final = 256
+MAX_BODY: Final = 64 << 10
+"""Bytes of a webhook's form, as sent: Twilio's are ~1-2 KB. Read only once the body is
+known to be uncompressed and announced within this (a chunked one stops at the HTTP
+API's own ``MAX_BODY``)."""
 
 
 def twiml_stream(url: str, parameters: dict[str, str]) -> str:
@@ -82,6 +92,10 @@ class VoiceWebhook:
             )
         if request.content_type != "application/x-www-form-urlencoded":
             return _text(415, "a voice webhook's body is form-encoded (Twilio sends it so)")
+        if request.headers.get("Content-Encoding", "identity").strip().lower() != "identity":
+            return _text(415, "a voice webhook's body is not compressed (Twilio sends it so)")
+        if (request.content_length or 0) > MAX_BODY:
+            return _text(413, f"a voice webhook's body is at most {MAX_BODY} bytes")
         try:
             async with asyncio.timeout(self.body_timeout):
                 form = await request.post()
@@ -108,11 +122,25 @@ class VoiceWebhook:
             fields.get("To", ""),
             fields.get("CallSid", ""),
         )
+        if not call:
+            return _text(
+                400,
+                "a voice webhook carries CallSid (Twilio always sends it): the stream token "
+                "is bound to the call",
+            )
         profile = request.query.get("profile", "")[:MAX_FIELD]
         plan = self.plans.plan(called, profile)
         try:
-            stream_token, _ = await self.tokens.mint(plan.owner, call=call)
-        except StoreUnavailable:
+            stream_token, _ = await self.tokens.mint(
+                plan.owner, call=call, to=called, profile=profile
+            )
+            if not await self.tokens.first_answer(call):  # last: a failure above spends nothing
+                return _text(
+                    409,
+                    f"call {call[:64]!r} was answered already: a replayed webhook mints no "
+                    "second stream token",
+                )
+        except StoreError:
             return _text(503, "the session store is unavailable; Twilio will retry")
         base = settings.public_url.rstrip("/") if settings.public_url else f"wss://{host}"
         twiml = twiml_stream(

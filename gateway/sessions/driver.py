@@ -41,7 +41,7 @@ import msgspec
 from gateway.sessions.observer import TurnObserver
 from gateway.sessions.session_log import SessionLog
 from gateway.sessions.setup import SessionServices, SessionSetup
-from gateway.sessions.tool_runs import Gone, ToolRuns, hear
+from gateway.sessions.tool_runs import Gone, ToolRuns
 from gateway.sessions.upstream_link import OpenRequest, UpstreamLink
 from gateway.sessions.voice import VoiceInput
 from gateway.upstream.base import (
@@ -56,7 +56,7 @@ from gateway.upstream.base import (
     Woken,
 )
 from protocol.assembly import Message
-from protocol.audio import audio_frame
+from protocol.audio import OUTPUT_RATE, audio_frame
 from protocol.calls import ToolResult
 from protocol.events import Approval, Error, Interrupt, Metric, Usage
 from protocol.turn import TurnMachine, TurnState
@@ -93,6 +93,7 @@ from protocol.turn_events import (
     TurnStarted,
     UpstreamFailed,
     UpstreamLost,
+    UpstreamStalled,
 )
 
 __all__ = ["DrivenSession", "TurnDriver"]
@@ -195,6 +196,7 @@ class TurnDriver:
         self._interrupted = False  # a cancel interrupted the driver's await
         self._in_upstream_call = False  # the driver awaits a request to the upstream
         self._requested_at: float | None = None  # when the last response was requested
+        link.silence.seconds = services.config.upstream_stall_timeout
         # The upstream handing deltas to ``_text_now``, and what that failed with.
         self._streaming_to: Upstream | None = None
         self._text_failure: Exception | None = None
@@ -588,6 +590,7 @@ class TurnDriver:
         first = self._requested_at is not None
         inline = upstream.stream_text_to(None)
         heard = self._heard
+        ev: UpstreamEvent | None
         while machine.awaits_upstream or session.listening:
             if todo:
                 return  # a command came while the connection was opening
@@ -628,11 +631,14 @@ class TurnDriver:
                 upstream.stream_text_to(self._text_now)
                 self._streaming_to = upstream
                 try:
-                    ev = await upstream.recv()
+                    ev = await self.link.silence.recv(upstream)
                 finally:
                     self._stop_text_now()
             else:
-                ev = await upstream.recv()
+                ev = await self.link.silence.recv(upstream)
+            if ev is None:  # the provider went silent mid-response
+                todo.extend(self._stalled())
+                return
             kind = type(ev)
             if kind is TextDelta:
                 if first:
@@ -677,6 +683,13 @@ class TurnDriver:
                 if todo:
                     return
 
+    def _stalled(self) -> Sequence[Action]:
+        seconds = self.services.config.upstream_stall_timeout
+        log.warning("session %s: nothing from the upstream for %gs", self.sid, seconds)
+        self.observer.step_done(None, error="upstream_timeout")
+        self.services.metrics.upstream_errors.inc()
+        return self.machine.feed(UpstreamStalled(seconds))
+
     def _response_done(self, ev: ResponseDone) -> Sequence[Action]:
         self.observer.step_done(ev.usage)
         if ev.status == "completed":
@@ -706,6 +719,7 @@ class TurnDriver:
         waits (``Upstream.stream_text_to``): parsed and emitted here, as the
         pump would. True: the driver must wake (a marker asked to stop, or
         this failed: the pump raises it as its own)."""
+        self.link.silence.heard += 1
         try:
             if self._requested_at is not None:
                 self._first_delta()
@@ -735,6 +749,7 @@ class TurnDriver:
             return  # a text session on a model that only speaks: its transcript is the answer
         if self.machine.state is not TurnState.STREAMING:
             return  # the rest of a cancelled answer
+        self.machine.audio_sent(len(pcm16) * 500 / OUTPUT_RATE)
         self.log.deliver_audio(audio_frame(self.log.last_seq, pcm16))
 
     def _account(self, usage: Usage) -> None:
@@ -748,45 +763,20 @@ class TurnDriver:
     # ------------------------------------------------------------------ tools
 
     async def _run_tools_hearing(self, run: RunTools) -> list[ToolResult]:
-        """Run a step's tools; a voice session hears its user meanwhile.
-
-        The driver awaits the tools, so nothing read the upstream while they
-        ran, and speech could not barge in until a slow tool returned. Here a
-        watcher reads it: speech cancels the turn (and the tools) as a client
-        ``cancel`` does; anything else waits in ``_heard`` for the driver.
-        """
-        upstream = self.link.upstream
-        voice = self.session.voice
-        if (
-            upstream is None
-            or voice is None
-            or voice.audio_in is None
-            or not self.session.listening
-        ):
-            return await self._run_tools(run)
-        barge_in = self._barge_in
-        watcher = asyncio.create_task(
-            hear(upstream, self._heard, barge_in), name=f"hear:{self.sid}"
-        )
-        try:
-            return await self._run_tools(run)
-        finally:
-            watcher.cancel()
-            with contextlib.suppress(BaseException):
-                await watcher
+        """Run a step's tools; a voice session hears its user meanwhile (``ToolRuns.run``:
+        nothing else reads the upstream while the driver awaits them)."""
+        voice, upstream = self.session.voice, self.link.upstream
+        hears = voice is not None and voice.audio_in is not None and self.session.listening
+        hearing = (upstream, self._heard, self._barge_in) if hears and upstream else None
+        return await self.tools.run(run, self._call_done, hearing)
 
     def _barge_in(self, ev: SpeechBegan) -> None:
         self.command(self.machine.feed(ev), interrupt=True)
 
-    async def _run_tools(self, run: RunTools) -> list[ToolResult]:
-        machine, emit = self.machine, self.log.emit
-
-        def journal(call_id: str, result: ToolResult) -> None:
-            # Logged as soon as the call finished: a takeover reuses it.
-            for action in machine.feed(CallDone(call_id, result)):
-                emit(action)  # type: ignore[arg-type]
-
-        return await self.tools.run(run, journal)
+    def _call_done(self, call_id: str, result: ToolResult) -> None:
+        # Logged as soon as the call finished: a takeover reuses it.
+        for action in self.machine.feed(CallDone(call_id, result)):
+            self.log.emit(action)  # type: ignore[arg-type]
 
     def _background_finished(self, call_id: str, result: ToolResult) -> None:
         """A background call's result: a command for the machine, like a client's answer."""

@@ -18,12 +18,12 @@ so the takeover finishes the same calls instead of asking the model again.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Final, Literal
 
 import msgspec
 
-from gateway.store.base import EventLog
+from gateway.store.base import EventLog, LogEntry
 from protocol.assembly import HistoryItem
 from protocol.calls import ToolResult, decode_call
 from protocol.events import (
@@ -52,6 +52,8 @@ _STEP_READ_MOST: Final = 1024
 """Events read back at most to find a cut step (one step's deltas: far fewer)."""
 
 _PAGE: Final = 256
+_PAGE_BYTES: Final = 1 << 20
+"""Bytes of log read at a time: a window of large events is read in pages of this."""
 _KINDS: Final = (b'"type":"result"', b'"type":"call"', b'"type":"approval')
 _results_decoder: Final = msgspec.json.Decoder(list[ToolResult])
 
@@ -68,8 +70,7 @@ async def read_journal(
     end = last_seq
     while unseen and end >= max(first, 1):
         start = max(first - 1, end - _PAGE, 0)
-        entries = await store.read_log(sid, start, limit=end - start)
-        for entry in entries:
+        async for entry in _entries(store, sid, start, end):
             data = entry.data
             start_of = data[:24]
             if not any(kind in start_of for kind in _KINDS):
@@ -120,25 +121,41 @@ async def unpersisted_step(store: EventLog, sid: str, last_seq: int) -> list[His
     """The history items of the last step, if the log shows its calls complete
     (``execute``) but not the usage that writes them to history; else [].
 
-    Read back from the log's end to the step's start, ``_STEP_READ_MOST``
-    events at most (a longer tail is not one cut step: [] and the step is rerun).
+    Reads the log's last ``_STEP_READ_MOST`` events at most (a longer tail is
+    not one cut step: [] and the step is rerun), a page of bytes at a time,
+    keeping only the events after the last step boundary.
     """
     first = max(await store.first_seq(sid), 1)
     start = max(first - 1, last_seq - _STEP_READ_MOST, 0)
-    entries = await store.read_log(sid, start, limit=last_seq - start)
-    step: list[Event] = []
-    for entry in reversed(entries):
+    step: list[Event] = []  # the events after the last boundary read so far
+    bounded = False
+    async for entry in _entries(store, sid, start, last_seq):
         event = decode_event(entry.data)
         if isinstance(event, _STEP_BOUNDARIES):
-            break
-        step.append(event)
-    else:
-        if start > first - 1:
-            return []  # the step's start is further back than we read
+            step, bounded = [], True
+        else:
+            step.append(event)
+    if not bounded and start > first - 1:
+        return []  # the step's start is further back than we read
     if not any(type(event) is Execute for event in step):
         return []
     recorder = StepRecorder()
-    for event in reversed(step):
+    for event in step:
         recorder.add(event)
     items = recorder.finish()
     return items if any(type(item) is Call for item in items) else []
+
+
+async def _entries(store: EventLog, sid: str, start: int, end: int) -> AsyncIterator[LogEntry]:
+    """The log's entries ``start < seq <= end``, read ``_PAGE_BYTES`` at a time: a
+    window of large events is never held whole."""
+    after = start
+    while after < end:
+        page = await store.read_log(sid, after, limit=end - after, max_bytes=_PAGE_BYTES)
+        if not page:
+            return
+        for entry in page:
+            if entry.seq > end:
+                return
+            yield entry
+        after = page[-1].seq

@@ -58,6 +58,10 @@ __all__ = ["Node", "UpstreamFactories"]
 
 log = logging.getLogger("gateway.sessions.node")
 
+_HISTORY_PAGE = 32
+"""History items read (and decoded) at a time when a session is loaded: an item is at
+most a client frame or a capped tool result, so a page is tens of MB at worst."""
+
 
 class Node:
     def __init__(
@@ -86,7 +90,7 @@ class Node:
         # Per-key turn and token limits (gateway.sessions.limits); free when they are off.
         self.limits = Limits(config, store, self.metrics)
         # What each key may set in its sessions (--key-policy-file).
-        self.policies = KeyPolicies(config.key_policy_file or None)
+        self.policies = KeyPolicies(config.key_policy_file or None, known_providers=providers.NAMES)
         # Per-key allow-lists of tools, as the edge read them at handshakes (keys file `tools=`).
         self.key_tools = KeyAllowLists()
         # What each session's configuration makes of this node (prompt, tools, provider).
@@ -98,7 +102,7 @@ class Node:
             store,
             limit=config.record_max_bytes,
             audio=config.record_audio,
-            secrets=_secrets(config),
+            secrets=[*_secrets(config), *_tool_secrets(registry)],
         )
         self.log_writer = LogWriter(
             store,
@@ -312,13 +316,25 @@ class Node:
             self._locks.pop(sid, None)
         return runtime
 
+    async def _read_history(self, sid: str) -> list[HistoryItem]:
+        """The session's history, read and decoded a page at a time: a long history of
+        large items is never held twice (its bytes and its items), and decoding it
+        does not hold the loop (it yields between pages)."""
+        history: list[HistoryItem] = []
+        while True:
+            page = await self.store.read_history(sid, len(history), _HISTORY_PAGE)
+            history += [decode_history_item(b) for b in page]
+            if len(page) < _HISTORY_PAGE:
+                return history
+            del page
+            await asyncio.sleep(0)
+
     async def _load(self, sid: str, owner: str = "") -> SessionRuntime:
         """``owner``: of a new session (not stored yet); a stored one says its own."""
         store = self.store
-        meta, last_seq, raw_history = await asyncio.gather(
-            store.get_meta(sid), store.last_seq(sid), store.read_history(sid)
+        meta, last_seq, history = await asyncio.gather(
+            store.get_meta(sid), store.last_seq(sid), self._read_history(sid)
         )
-        history: list[HistoryItem] = [decode_history_item(b) for b in raw_history]
         if meta is None:
             meta = {}
             key_tools = self.key_tools.get(owner) if owner else None
@@ -566,6 +582,17 @@ def _secrets(config: Config) -> list[str]:
     found = [config.upstream(name).api_key for name in providers.NAMES if name != providers.SIM]
     found += [config.sim.api_key or "", *config.token_secret.split(",")]
     return [s for s in found if s]
+
+
+def _tool_secrets(registry: Registry) -> list[str]:
+    """What the gateway holds for its tools (headers, environment values): the executor
+    scrubs them from results already; recordings are scrubbed of them too."""
+    found: list[str] = []
+    for tool in registry:
+        secrets = getattr(tool, "secrets", None)
+        if secrets:
+            found += secrets.values
+    return found
 
 
 def _float(text: str) -> float:

@@ -35,6 +35,7 @@ from __future__ import annotations
 import logging
 import time
 import tomllib
+from collections.abc import Collection
 from pathlib import Path
 from typing import Final
 
@@ -134,12 +135,20 @@ class KeyPolicies:
     """The policies of a ``--key-policy-file``, re-read when the file changes.
 
     Raises ``ConfigError`` (naming the table and field) when the file is
-    unreadable at start.
+    unreadable at start, or names a provider not in ``known_providers`` (when
+    given): a typo would otherwise lock the key out of the provider it meant.
     """
 
-    def __init__(self, path: str | Path | None, *, check_interval: float = 0.25) -> None:
+    def __init__(
+        self,
+        path: str | Path | None,
+        *,
+        check_interval: float = 0.25,
+        known_providers: Collection[str] = (),
+    ) -> None:
         self.path = Path(path) if path else None
         self.check_interval = check_interval
+        self.known_providers = tuple(known_providers)
         self._policies: dict[str, KeyPolicy] = {}
         self._stamp: tuple[float, int] | None = None
         self._checked = 0.0
@@ -164,13 +173,20 @@ class KeyPolicies:
                     f"{self.path}: {key_id!r} must be a table ([{key_id}] followed by its fields)"
                 )
             try:
-                policies[key_id] = msgspec.convert(table, KeyPolicy)
+                policies[key_id] = policy = msgspec.convert(table, KeyPolicy)
             except msgspec.ValidationError as exc:
                 raise ValueError(
                     f"{self.path} [{key_id}]: {exc}; fields are providers, models, "
                     "server_tools, reasoning_efforts (lists of strings), instructions (a "
                     "string) and record (true or false)"
                 ) from None
+            known = self.known_providers
+            unknown = [p for p in policy.providers or () if known and p not in known]
+            if unknown:
+                raise ValueError(
+                    f"{self.path} [{key_id}]: providers: {unknown[0]!r} is not a provider "
+                    f"this gateway knows; use one of {', '.join(known)}"
+                )
         if policies != self._policies:
             self.version += 1
         self._policies = policies

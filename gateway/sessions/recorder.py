@@ -22,8 +22,14 @@ in a task of its own: no event waits for a recording, and a store outage
 only holds the lines (bounded by the limit) until it answers.
 
 **Bounded.** A recording stops at ``record_max_bytes`` with a ``cut`` record
-(the store decides, so every node driving the session agrees); a session
-not stored yet holds its lines until it is, up to the same limit. Audio
+(the store decides, so every node driving the session agrees), after the
+whole lines of the write that crossed it that fit; a session not stored yet
+(or a store that does not answer) holds its lines until it is, up to the
+same limit: past it the recorder records nothing more, and the store cuts
+what it held at the limit. What a session takes in between two writes is
+kept only while it fits in the room the recording has left (60 MiB of a
+client's PCM in 3 s with ``--record-audio all`` once grew the node 119 MB
+and held /healthz 416 ms). Audio
 frames are kept by size (and the user's audio once, in ``audio`` records)
 unless the audio policy is ``all``.
 
@@ -117,8 +123,11 @@ class SessionRecorder:
         "_items",
         "_last_audio",
         "_marked",
+        "_pending",
+        "_room",
         "_writer",
         "audio",
+        "full",
         "limit",
         "sid",
         "stopped",
@@ -131,6 +140,7 @@ class SessionRecorder:
         self.audio = audio
         self.limit = limit
         self.stopped = False
+        self.full = False  # lines past the limit held for a session not stored yet
         self._writer = writer
         # Unix time at monotonic 0: stamps are monotonic, and read as wall-clock times.
         self._base = time.time() - time.monotonic()
@@ -138,6 +148,11 @@ class SessionRecorder:
         self._items: list[_Item] = [(_RECORD, first)]
         self._held = b""  # lines written once but not stored (the session was not stored yet)
         self._marked = False
+        # Bytes taken in since the last write (about what their lines will be), and the
+        # room the recording has left: past it, nothing more is kept (the next write
+        # crosses the limit and is cut), so a session holds at most its limit in memory.
+        self._pending = 0
+        self._room = limit
         self._connections = 0
         self._audio_ids = 0
         self._last_audio = b""
@@ -157,8 +172,10 @@ class SessionRecorder:
 
     def frame(self, connection: int, out: bool, data: bytes, audio: bool) -> None:
         """A frame on an upstream connection (``audio``: the socket knows it carries audio)."""
-        if self.stopped:
+        if self.stopped or self.full or self._pending > self._room:
+            self._refuse()
             return
+        self._pending += len(data)
         self._items.append(
             (_FRAME, time.monotonic(), connection, out, data, audio, self._audio_ids)
         )
@@ -167,8 +184,10 @@ class SessionRecorder:
 
     def delivered(self, entries: Sequence[LogEntry]) -> None:
         """Events the session logged and delivered to its clients, in one batch."""
-        if self.stopped:
+        if self.stopped or self.full or self._pending > self._room:
+            self._refuse()
             return
+        self._pending += sum(len(entry.data) for entry in entries)
         t = time.monotonic()
         self._items.append((_EVENTS, t, entries))
         for entry in entries:
@@ -199,11 +218,12 @@ class SessionRecorder:
     def audio_in(self, pcm16: bytes, rate: int, seq: int) -> None:
         """A chunk of the user's audio (kept unless the audio policy is ``none``). The
         same chunk heard again (the relay's fast path declined it) is recorded once."""
-        if self.audio == "none" or pcm16 is self._last_audio:
+        if self.audio == "none" or pcm16 is self._last_audio or self._pending > self._room:
             return
         self._last_audio = pcm16
         self._audio_ids += 1
         self._record(ClientAudio(id=self._audio_ids, seq=seq, rate=rate, pcm=pcm16))
+        self._pending += len(pcm16) * 4 // 3  # base64 in its line
 
     def observe_tools(self, inner: CallObserver | None) -> CallObserver:
         """The executor's observer of each call: ``inner``'s (tracing), and a ``tool`` record."""
@@ -246,11 +266,18 @@ class SessionRecorder:
         calls[event.id] = (t, spec.name, _encode(spec.args))
 
     def _record(self, record: Record) -> None:
-        if self.stopped:
+        if self.stopped or self.full or self._pending > self._room:
+            self._refuse()
             return
         record.t = self.now()
         self._items.append((_RECORD, record))
         if not self._marked:
+            self._mark()
+
+    def _refuse(self) -> None:
+        """Nothing is recorded now. A full recorder's held lines are written again on
+        the session's next activity (once stored, the store cuts them at the limit)."""
+        if self.full and not self.stopped and not self._marked:
             self._mark()
 
     def _mark(self) -> None:
@@ -265,6 +292,8 @@ class SessionRecorder:
         items, self._items = self._items, []
         lines = self._held + b"".join(self._lines(items))
         self._held = b""
+        self._pending = 0
+        self._room -= len(lines)  # in flight: ``written`` says what the store has
         for secret in secrets:
             if secret in lines:
                 lines = lines.replace(secret, _SECRET)
@@ -278,19 +307,26 @@ class SessionRecorder:
         if size == RECORDING_CUT:
             self.stop()
         elif size == NOT_STORED or size < 0:
+            self._room += len(lines)  # held, and counted again when taken
             self.hold(lines)
+        else:
+            self._room = self.limit - size
 
     def hold(self, lines: bytes) -> None:
         """``lines`` were not stored: written again, first, with the next records. A
-        session that is never stored holds no more than its limit."""
+        session not stored yet holds no more than its limit and one byte: past it the
+        recorder is ``full`` (records nothing more), and the store, once it holds the
+        session, keeps the whole lines that fit and the cut line."""
         if self.stopped:
             return
-        if len(lines) + len(self._held) > self.limit:
-            self._held = b""
-            self.stop()
-            return
-        # Not marked: a session not stored yet is written again with its next record.
-        self._held = lines + self._held
+        held = lines + self._held
+        if len(held) > self.limit:
+            held = held[: self.limit + 1]  # still past the limit: the store cuts it there
+            self.full = True
+            self._items.clear()
+            self._client_calls.clear()
+        # Not marked: a session not stored yet is written again with its next activity.
+        self._held = held
 
     def stop(self) -> None:
         """Record nothing more (the recording is cut, turned off, or the session closed)."""

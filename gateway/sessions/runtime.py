@@ -160,6 +160,7 @@ class SessionRuntime:
         machine.batch.needs_approval = setup.approvals
         machine.batch.background = setup.background
         machine.cancel_background = cfg.cancel_background
+        machine.background.limit = cfg.background_max_running
         # Audio in and/or out, from the stored configuration (set_voice changes it).
         self.voice: VoiceConfig | None = self._voice_of(setup)
         machine.voice = self.voice is not None

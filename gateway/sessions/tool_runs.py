@@ -27,12 +27,15 @@ from protocol.calls import ToolCall, ToolResult
 from protocol.turn_events import RunTools, SpeechBegan, StartBackground
 from tools.executor import CallObserver
 
-__all__ = ["Gone", "ToolRuns", "hear"]
+__all__ = ["Gone", "Hearing", "ToolRuns", "hear"]
 
 log = logging.getLogger("gateway.sessions.runtime")
 
 Report = Callable[[str, ToolResult], None]
 """``(call id, result)``, told as each call finishes."""
+
+Hearing = tuple[Upstream, "deque[UpstreamEvent | Gone]", Callable[[SpeechBegan], None]]
+"""What ``hear`` reads while a batch runs: the upstream, where events go, and the barge-in."""
 
 
 class ToolRuns:
@@ -58,12 +61,28 @@ class ToolRuns:
     def background_running(self) -> int:
         return len(self._background)
 
-    async def run(self, run: RunTools, journal: Report) -> list[ToolResult]:
-        """Run a batch's server calls; their results in order (cut to the batch's share)."""
+    async def run(
+        self, run: RunTools, journal: Report, hearing: Hearing | None = None
+    ) -> list[ToolResult]:
+        """Run a batch's server calls; their results in order (cut to the batch's share).
+
+        ``hearing``: a voice session's upstream, read meanwhile (``hear``): the
+        driver awaits the tools, so without it speech could not barge in until
+        a slow tool returned.
+        """
         await self.log.flushed()
         metrics = self.services.metrics
         metrics.tools.calls.inc(len(run.calls))
-        results = await self._run(run.calls, run.ids, journal)
+        watcher = None
+        if hearing is not None:
+            watcher = asyncio.create_task(hear(*hearing), name=f"hear:{self.sid}")
+        try:
+            results = await self._run(run.calls, run.ids, journal)
+        finally:
+            if watcher is not None:
+                watcher.cancel()
+                with contextlib.suppress(BaseException):
+                    await watcher
         failures = sum(1 for r in results if r.status != "success")
         if failures:
             metrics.tools.failures.inc(failures)

@@ -27,6 +27,7 @@ from gateway.upstream.base import (
     Resumable,
     Resume,
     Upstream,
+    UpstreamEvent,
     UpstreamFactory,
     VoiceConfig,
 )
@@ -35,7 +36,7 @@ from protocol.assembly import HistoryItem, Message, assemble
 from protocol.budget import context_tokens_estimate, fit
 from protocol.prompt import native_prompt
 
-__all__ = ["OpenRequest", "UpstreamLink"]
+__all__ = ["OpenRequest", "SilenceWatch", "UpstreamLink"]
 
 log = logging.getLogger("gateway.sessions.runtime")
 
@@ -95,6 +96,8 @@ class UpstreamLink:
         self._resume_point = resume
         self._positions: dict[int, int] = {}
         self.recorder: SessionRecorder | None = None  # the session records its frames
+        # A running response's reads (the driver sets the session's upstream_stall_timeout).
+        self.silence = SilenceWatch(30.0)
 
     # ------------------------------------------------------------------ opening
 
@@ -207,3 +210,31 @@ async def _discard(upstream: Upstream, *, stop: bool) -> None:
             await asyncio.wait_for(upstream.cancel_response(), 2.0)
     with contextlib.suppress(Exception):
         await upstream.close()
+
+
+class SilenceWatch:
+    """A running response's reads, watched for a provider gone silent (a hung or
+    dripping connection: ``upstream_stall_timeout``).
+
+    ``heard`` counts output taken outside ``recv`` (the text fast path's deltas,
+    ``Upstream.stream_text_to``): a read the timeout cut while those came is not
+    silence. A cut read loses nothing: the adapters' reads are cancellation-safe
+    (the wait for a cancelled response's end relies on it too).
+    """
+
+    __slots__ = ("heard", "seconds")
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.heard = 0
+
+    async def recv(self, upstream: Upstream) -> UpstreamEvent | None:
+        """The upstream's next event; None: nothing came for ``seconds``."""
+        while True:
+            seen = self.heard
+            try:
+                async with asyncio.timeout(self.seconds):
+                    return await upstream.recv()
+            except TimeoutError:
+                if self.heard == seen:
+                    return None

@@ -22,7 +22,9 @@ user message:
   past ``</execute>``, which the gateway must discard. Args are copied
   verbatim, so tests can make malformed calls.
 - a message starting with ``<results>`` → a think, then ``The tool returned
-  STATUS.`` quoting the first result's status, then ``<end>``.
+  STATUS.`` quoting the first result's status (``The tool started in the
+  background; …`` when it is a background call's word that it started), then
+  ``<end>``.
 - ``/raw TEXT`` → exactly TEXT (scripted output, markers and all).
 - ``/instructions`` → ``Instructions: `` and the system instructions the
   session was opened with, every ``<`` written ``‹`` (so the protocol
@@ -74,6 +76,7 @@ from websockets.http11 import Request, Response
 from gateway.pcm import tone
 from gateway.settings import Setting, check_ranges
 from gateway.upstream.providers import PROVIDERS
+from protocol.background import STARTED
 
 __all__ = [
     "VOICE_RATE",
@@ -126,7 +129,8 @@ class SimConfig(msgspec.Struct, frozen=True, kw_only=True):
         str,
         Setting(
             "the provider whose API is served: its wire, path, key and session shape "
-            "(openai: /v1/realtime; gemini: Live's BidiGenerateContent; azure, xai)",
+            "(openai: /v1/realtime and GPT-Live's /v1/live/sessions; gemini: Live's "
+            "BidiGenerateContent; azure, xai)",
             SIM,
             choices=tuple(row.name for row in PROVIDERS),
         ),
@@ -296,6 +300,8 @@ def _results_reply(message: str) -> str:
         return "The results were unreadable."
     if isinstance(results, list) and results and isinstance(results[0], dict):
         status = results[0].get("status")
+        if results[0].get("content") == STARTED:  # a background call: no result yet
+            return "The tool started in the background; its result comes later."
         if isinstance(status, str):
             return f"The tool returned {status}."
     return "The results were unreadable."
@@ -334,7 +340,10 @@ def spoken_reply(message: str, functions: frozenset[str] = frozenset()) -> str |
 
 
 def tool_answer(name: str, output: str) -> str:
-    """The model's answer once a function call's ``output`` came back."""
+    """The model's answer once a function call's ``output`` came back (or, for a
+    background call, the word that it started)."""
+    if output == STARTED:
+        return f"The tool {name} started in the background; its result comes later."
     return f"The tool {name} returned {output}."
 
 

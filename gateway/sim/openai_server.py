@@ -7,6 +7,8 @@ the adapter of each provider is tested against the server it will meet
 (docs/providers.md has the sources):
 
 - ``openai``: ``/v1/realtime?model=M``, ``Authorization: Bearer KEY``, the GA session;
+  and GPT-Live at ``/v1/live/sessions`` (``gateway.sim.live``): each endpoint
+  refuses the other's models;
 - ``azure``: ``/openai/v1/realtime?model=DEPLOYMENT``, ``api-key: KEY`` (or an
   Entra ``Authorization: Bearer TOKEN``); the deployment is required;
 - ``xai``: ``/v1/realtime``, ``Authorization: Bearer KEY``, xAI's flat session.
@@ -21,8 +23,11 @@ from websockets.asyncio.server import ServerConnection
 from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
 
+from gateway.sim.live import LiveConnection
 from gateway.sim.model import Sim, SimConfig
 from gateway.sim.openai import DEFAULT_MODEL, RealtimeConnection
+from gateway.upstream import live_wire
+from gateway.upstream.live import is_live_model
 
 __all__ = ["FLAVOURS", "Flavour", "OpenAISim"]
 
@@ -37,17 +42,24 @@ class Flavour:
     needs_model: bool = False  # ``?model=`` must name a model (a deployment)
     flat: bool = False  # sessions in xAI's flat shape
     label: str = ""
+    live: bool = False  # also serves GPT-Live at ``{base}/live/sessions``
 
     @property
     def path(self) -> str:
         return f"{self.base}/realtime"
 
+    @property
+    def live_path(self) -> str:
+        return f"{self.base}{live_wire.PATH}"
+
 
 FLAVOURS: Final = {
     flavour.name: flavour
     for flavour in (
-        Flavour("openai", "/v1", "bearer", label="OpenAI Realtime"),
-        Flavour("azure", "/openai/v1", "api-key", needs_model=True, label="Azure OpenAI"),
+        Flavour("openai", "/v1", "bearer", label="OpenAI Realtime", live=True),
+        Flavour(
+            "azure", "/openai/v1", "api-key", needs_model=True, label="Azure OpenAI", live=True
+        ),
         Flavour("xai", "/v1", "bearer", flat=True, label="xAI Grok Voice"),
     )
 }
@@ -78,9 +90,26 @@ class OpenAISim(Sim):
     def _process_request(self, connection: ServerConnection, request: Request) -> Response | None:
         profile = self.profile
         path, _, query = request.path.partition("?")
-        if path.rstrip("/") != profile.path:
+        live = profile.live and path.rstrip("/") == profile.live_path
+        if path.rstrip("/") != profile.path and not live:
             return connection.respond(404, f"Not found: the realtime endpoint is {profile.path}\n")
-        if profile.needs_model and not _model(query):
+        model = _model(query)
+        if live and model:
+            return _json(
+                400,
+                "Bad Request",
+                b'{"error": {"type": "invalid_request_error", "code": "unknown_parameter", '
+                b'"message": "GPT-Live takes the model in session.start, not in the URL.", '
+                b'"param": "model"}}',
+            )
+        if not live and is_live_model(model):
+            body = (
+                '{"error": {"type": "invalid_request_error", "code": "unsupported_model", '
+                f'"message": "The model \'{model}\' is a GPT-Live model: it is served at '
+                f'{profile.live_path}, not {profile.path}.", "param": "model"}}}}'
+            )
+            return _json(400, "Bad Request", body.encode())
+        if profile.needs_model and not live and not model:
             return _json(
                 404,
                 "Not Found",
@@ -102,8 +131,10 @@ class OpenAISim(Sim):
             return True  # OpenAI and xAI keys; Azure's Entra tokens
         return self.profile.auth == "api-key" and request.headers.get("api-key") == key
 
-    def _connection(self, ws: ServerConnection, no: int) -> RealtimeConnection:
-        query = ws.request.path.partition("?")[2] if ws.request is not None else ""
+    def _connection(self, ws: ServerConnection, no: int) -> RealtimeConnection | LiveConnection:
+        path, _, query = ws.request.path.partition("?") if ws.request is not None else ("", "", "")
+        if self.profile.live and path.rstrip("/") == self.profile.live_path:
+            return LiveConnection(self, ws, no)
         model = _model(query) or DEFAULT_MODEL
         return RealtimeConnection(self, ws, no, model, flat=self.profile.flat)
 

@@ -246,8 +246,9 @@ class EventLog(Protocol):
         """
         ...
 
-    async def read_history(self, sid: str) -> list[bytes]:
-        """Every history item, oldest first."""
+    async def read_history(self, sid: str, start: int = 0, count: int = 0) -> list[bytes]:
+        """History items from the ``start``-th (0: the oldest), oldest first: ``count``
+        of them at most (0: every one to the end)."""
         ...
 
 
@@ -392,10 +393,16 @@ class Secrets(Protocol):
 
 
 class Health(Protocol):
-    """What readiness and the metrics ask of a store (3 methods)."""
+    """What readiness, the metrics and a starting node ask of a store (4 methods)."""
 
     async def ping(self) -> bool:
         """True when the store answers; False (not an exception) when it does not."""
+        ...
+
+    async def refusal(self) -> str | None:
+        """What to change when the store refuses this node for good (a wrong password,
+        no such database, not a Redis at all), in one line; None when it answers or is
+        only down (waiting fixes that). A starting node stops on it."""
         ...
 
     def degraded(self) -> str | None:
@@ -427,8 +434,8 @@ class Recordings(Protocol):
         """Append each session's lines to its recording; per chunk, the recording's size
         in bytes after it, or ``NOT_STORED`` (the session is not stored: nothing was
         written), or ``RECORDING_CUT``: the lines would take it past ``limit`` bytes, so
-        the chunk's ``cut`` line was written instead, once, and nothing is written to
-        it any more. Empty lines only keep the recording as long as its session."""
+        the whole lines of them that fit (the ``cut`` line included) were written, then
+        the chunk's ``cut`` line, once, and nothing is written to it any more. Empty lines only keep the recording as long as its session."""
         ...
 
     async def read_recording(self, sid: str, offset: int, max_bytes: int) -> tuple[bytes, int]:

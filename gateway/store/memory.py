@@ -335,9 +335,11 @@ class MemorySessions:
         session = self._session(sid, self._clock())
         return session.log[-1].seq if session is not None and session.log else 0
 
-    async def read_history(self, sid: str) -> list[bytes]:
+    async def read_history(self, sid: str, start: int = 0, count: int = 0) -> list[bytes]:
         session = self._session(sid, self._clock())
-        return list(session.history) if session is not None else []
+        if session is None:
+            return []
+        return list(session.history[start : start + count if count > 0 else None])
 
     # --- lease ---------------------------------------------------------------
 
@@ -572,6 +574,10 @@ class MemoryRecordings:
             if session.meta.get(RECORDING) == "cut":
                 sizes.append(RECORDING_CUT)
             elif len(recording) + len(lines) > limit:
+                # The whole lines that fit before the limit, then the cut line.
+                room = limit - len(recording) - len(cut)
+                if room > 0:
+                    recording += lines[: lines.rfind(b"\n", 0, room) + 1]
                 recording += cut
                 session.meta[RECORDING] = "cut"
                 sizes.append(RECORDING_CUT)
@@ -619,6 +625,9 @@ class MemoryStore(MemorySessions, MemoryCounters, MemoryBus, MemorySecrets):
 
     async def ping(self) -> bool:
         return True
+
+    async def refusal(self) -> str | None:
+        return None
 
     def degraded(self) -> str | None:
         return None

@@ -9,6 +9,7 @@ gives for a Redis URL.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any, Final
 
 from gateway.store.base import Durability
@@ -18,6 +19,7 @@ from gateway.store.redis_connect import CLUSTER_SCHEMES, SENTINEL_SCHEMES, SINGL
 from gateway.store.redis_core import ERRORS, RedisCore
 from gateway.store.redis_counters import RedisCounters
 from gateway.store.redis_recordings import RedisRecordings
+from gateway.store.redis_refusal import closed_at_once, refusal
 from gateway.store.redis_secrets import RedisSecrets
 from gateway.store.redis_sessions import RedisSessions
 
@@ -125,6 +127,23 @@ class RedisStore(RedisSessions, RedisCounters, RedisBus, RedisSecrets, RedisReco
             return bool(await self._r.execute_command("PING"))
         except ERRORS:
             return False
+
+    async def refusal(self) -> str | None:
+        """What to change when Redis refuses this node for good (``gateway.store.
+        redis_refusal``); None when it answers, or is only down or busy."""
+        for attempt in range(4):
+            try:
+                await self._core.topology.prepare()
+                await self._r.execute_command("PING")
+                return None
+            except ERRORS as exc:
+                if attempt < 3 and closed_at_once(exc):  # or a Redis stopping right now
+                    await asyncio.sleep(0.5)
+                    continue
+                return refusal(exc, self._core.where)
+            except Exception:  # nothing known to be final: start, and wait for it
+                return None
+        return None
 
     def degraded(self) -> str | None:
         return self._commit.replicas.holding()

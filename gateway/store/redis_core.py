@@ -36,6 +36,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from gateway.store.base import StoreError, StoreUnavailable
 from gateway.store.redis_commit import CommitStats
 from gateway.store.redis_connect import open_topology
+from gateway.store.redis_refusal import closed_at_once, refusal
 from gateway.store.redis_scripts import SCRIPTS, LuaScript
 from gateway.store.redis_topology import Topology
 
@@ -136,6 +137,11 @@ class RedisCore:
             if isinstance(exc, TimeoutError)
             else type(exc).__name__
         )
+        # A refusal no wait fixes (a wrong password…) says what to change; the error's
+        # kind stays, so callers retry as before (the password may be fixed meanwhile).
+        why = None if closed_at_once(exc) else refusal(exc, self.where)
+        if why is not None:
+            return (StoreUnavailable if transient else StoreError)(f"{why} (while {doing})")
         if transient:
             return StoreUnavailable(
                 f"Redis at {self.where} is unreachable while {doing}: {detail}{after}; "

@@ -203,9 +203,12 @@ return existed
 # KEYS: meta, rec. ARGV: ttl_ms, limit, lines, cut. A session's recording
 # (gateway.store.redis_recordings): written only while the session's meta
 # exists (a deleted or expired session is not written back), cut once at
-# ``limit`` bytes (the ``cut`` line instead, and the meta's ``recording`` says
-# so: nothing is written after it, whichever node writes; it is ``on`` from the
-# first write). Each write restarts its idle TTL.
+# ``limit`` bytes: the whole lines of the write that fit before it, then the
+# ``cut`` line (the recording ends at most ``limit`` bytes long, cut line
+# included), and the meta's ``recording`` says so: nothing is written after it,
+# whichever node writes; it is ``on`` from the first write. The kept lines end
+# at the last newline within the room (found on the reversed room: one pass).
+# Each write restarts its idle TTL.
 # Returns its size, -1 (no session) or -2 (cut).
 RECORD = LuaScript(
     """
@@ -220,6 +223,14 @@ if redis.call('HGET', KEYS[1], 'recording') == 'cut' then
   return -2
 end
 if size + string.len(ARGV[3]) > tonumber(ARGV[2]) then
+  local room = tonumber(ARGV[2]) - size - string.len(ARGV[4])
+  if room > 0 then
+    local head = string.sub(ARGV[3], 1, room)
+    local back = string.find(string.reverse(head), '\\n', 1, true)
+    if back then
+      redis.call('APPEND', KEYS[2], string.sub(head, 1, string.len(head) - back + 1))
+    end
+  end
   redis.call('APPEND', KEYS[2], ARGV[4])
   redis.call('HSET', KEYS[1], 'recording', 'cut')
   redis.call('PEXPIRE', KEYS[2], ARGV[1])

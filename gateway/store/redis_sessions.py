@@ -296,9 +296,10 @@ class RedisSessions:
         )
         return seq_of(raw[0][0]) if raw else 0
 
-    async def read_history(self, sid: str) -> list[bytes]:
+    async def read_history(self, sid: str, start: int = 0, count: int = 0) -> list[bytes]:
+        stop = start + count - 1 if count > 0 else -1
         raw = await self._core.run(
-            "reading history", "LRANGE", self._core.key(sid, "history"), 0, -1
+            "reading history", "LRANGE", self._core.key(sid, "history"), start, stop
         )
         return list(raw)
 

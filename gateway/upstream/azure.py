@@ -12,8 +12,10 @@ from __future__ import annotations
 
 from typing import Final, Literal
 
+from gateway.upstream.base import Upstream
+from gateway.upstream.live import GPTLive, is_live_model, live_controls
 from gateway.upstream.openai import OpenAIRealtime
-from gateway.upstream.provider import ExtraSetting, Provider, connect_with
+from gateway.upstream.provider import ExtraSetting, Provider, ProviderSettings, connect_with
 
 __all__ = ["PROVIDER", "AzureRealtime"]
 
@@ -35,11 +37,31 @@ class AzureRealtime(OpenAIRealtime):
         return {"api-key": self.api_key}
 
 
+_realtime: Final = connect_with(AzureRealtime)
+
+
+def connect(row: Provider, settings: ProviderSettings, model: str) -> Upstream:
+    """A GPT-Live deployment (its name holds ``gpt-live``) on ``/openai/v1/live/sessions``,
+    any other on Realtime's ``/openai/v1/realtime``."""
+    if is_live_model(model):
+        return GPTLive(
+            base_url=settings.base_url,
+            api_key=settings.api_key,
+            model=model,
+            auth=getattr(settings, "auth", "api-key"),
+            label="Azure OpenAI GPT-Live",
+            key_variable=row.key_variable,
+            provider=row.name,
+        )
+    return _realtime(row, settings, model)
+
+
 PROVIDER: Final = Provider(
     name="azure",
     label="Azure OpenAI Realtime",
     wire="openai",
-    connect=connect_with(AzureRealtime),
+    connect=connect,
+    model_controls=live_controls,
     default_model="",
     base_url="",
     key_variable="AZURE_OPENAI_API_KEY",

@@ -118,6 +118,10 @@ MODELS: Final[tuple[ModelFacts, ...]] = (
         shutdown="2027-01-20",
         replacement="gpt-realtime-2.1-mini",
     ),
+    # GPT-Live (OpenAI's /v1/live/sessions wire, picked by the name): speech only, so a
+    # text session takes the transcript of its speech as the answer.
+    ModelFacts("openai", "gpt-live-1.1", "audio"),
+    ModelFacts("openai", "gpt-live-1", "audio"),
     # xAI Grok Voice (OpenAI's event names, its own session shape).
     ModelFacts("openai", "grok-voice-think-fast-2.0", "text", thinking="level"),
     ModelFacts("openai", "grok-voice-think-fast-1.0", "text", thinking="level"),

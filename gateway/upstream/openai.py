@@ -37,7 +37,7 @@ import collections
 import itertools
 import logging
 from collections.abc import Callable, Sequence
-from typing import Any, Final
+from typing import Any, Final, Literal
 from urllib.parse import quote
 
 import msgspec
@@ -65,7 +65,8 @@ from gateway.upstream.base import (
     VoiceConfig,
     Woken,
 )
-from gateway.upstream.provider import Provider, connect_with
+from gateway.upstream.live import GPTLive, is_live_model, live_controls
+from gateway.upstream.provider import ExtraSetting, Provider, ProviderSettings
 from gateway.upstream.provider_socket import ProviderSocket
 from protocol.assembly import Message
 from protocol.events import Usage
@@ -530,12 +531,50 @@ def _usage(reported: wire.ResponseUsage) -> Usage:
     )
 
 
+def connect(row: Provider, settings: ProviderSettings, model: str) -> Upstream:
+    """OpenAI's adapter for ``model``: GPT-Live's wire for a ``gpt-live-*`` model
+    (``/v1/live/sessions``), Realtime's for any other (``/v1/realtime``)."""
+    if is_live_model(model):
+        return GPTLive(
+            base_url=settings.base_url,
+            api_key=settings.api_key,
+            model=model,
+            label="OpenAI GPT-Live",
+            key_variable=row.key_variable,
+            delegation=getattr(settings, "live_delegation", "client"),
+            backend_model=getattr(settings, "live_backend_model", ""),
+        )
+    return OpenAIRealtime(
+        base_url=settings.base_url,
+        api_key=settings.api_key,
+        model=model,
+        label=row.label,
+        key_variable=row.key_variable,
+    )
+
+
 PROVIDER: Final = Provider(
     name="openai",
     label="OpenAI Realtime",
     wire="openai",
-    connect=connect_with(OpenAIRealtime),
+    connect=connect,
+    model_controls=live_controls,
     default_model=DEFAULT_MODEL,
     base_url=DEFAULT_BASE_URL,
     key_variable="OPENAI_API_KEY",
+    extra=(
+        ExtraSetting(
+            "live_delegation",
+            Literal["client", "responses"],
+            "client",
+            "GPT-Live models (gpt-live-*): who does delegated work: client (the gateway "
+            "runs the session's tools) or responses (a Responses model run by OpenAI)",
+        ),
+        ExtraSetting(
+            "live_backend_model",
+            str,
+            "",
+            "GPT-Live with Responses delegation: the backend's model (e.g. gpt-5.5)",
+        ),
+    ),
 )

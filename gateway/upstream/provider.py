@@ -102,7 +102,9 @@ class Provider:
     - ``example_base_url``: shown when a provider with no default URL has none set;
     - ``model_is``: what its model setting names ("model", or Azure's "deployment");
     - ``controls``: the session controls (``CONTROLS``) its API documents; a
-      session asking for another is refused with the provider's name.
+      session asking for another is refused with the provider's name;
+      ``model_controls``: a model's own controls where its wire differs
+      (OpenAI's GPT-Live models), None for the row's.
     """
 
     name: str
@@ -116,6 +118,7 @@ class Provider:
     example_base_url: str = ""
     model_is: str = "model"
     controls: frozenset[str] = CONTROLS
+    model_controls: Callable[[str], frozenset[str] | None] | None = None
     settings: type[ProviderSettings] = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -161,7 +164,8 @@ class ProviderFactory(UpstreamFactory):
         self.provider = row.name
         self.model = model
         self.wire = row.wire
-        self.controls = row.controls
+        own = row.model_controls(model) if row.model_controls is not None else None
+        self.controls = row.controls if own is None else own
 
     def create(self) -> Upstream:
         return self.row.connect(self.row, self.settings, self.model)

@@ -193,6 +193,14 @@ class ProviderSocket:
 
     def describe_close(self, exc: ConnectionClosed) -> str:
         close: Close | None = exc.rcvd
+        if close is None and exc.sent is not None and exc.sent.code != 1000:
+            # The gateway failed the connection: what the provider sent broke the protocol
+            # (gateway.wsfast: invalid UTF-8, a message in too many fragments, a ping flood).
+            sent = exc.sent
+            return (
+                f"the gateway closed the {self.label} connection (code {sent.code}: "
+                f"{sent.reason}){self.suffix}"
+            )
         if close is None:
             return f"{self.label} connection lost without a close frame (code 1006){self.suffix}"
         reason = f": {close.reason}" if close.reason else ""

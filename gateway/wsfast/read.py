@@ -31,6 +31,20 @@ reading pauses above ``max_queue`` messages and resumes below its low mark,
 messages queued before the close are still returned, then ``recv()`` raises
 ``ConnectionClosed`` as before, and two concurrent ``recv()`` calls are refused.
 
+**Limits** (issue 38: one peer froze the node for everyone). A message is
+at most ``MAX_FRAGMENTS`` frames (websockets' own ``Assembler`` refuses past
+4,096 too; its parser already bounds the bytes of a message by ``max_size``):
+a message in 1,048,574 one-byte fragments held ``/healthz`` 12.2 s and grew
+the node 286 MB; past the limit the connection is failed with 1009. A text
+message must be UTF-8 (RFC 6455 §8.1): 1007 otherwise, on both sides (a
+provider's invalid frame was skipped by its adapter). Pings and unsolicited
+pongs are a token bucket (``PING_BURST`` at once, ``PINGS_PER_SECOND``
+sustained): every ping owes a pong, so a peer that pings without reading its
+pongs (108 MB of pings: ``/healthz`` 5.8 s, +155 MB) is closed with 1008
+instead of filling the node's write buffer. A large frame is gathered in a
+``bytearray`` that is parsed once whole: gathering it by concatenation was
+quadratic (64 MiB in 256 KiB reads: 8.4 s of one core, 0.08 s now).
+
 **Intercept.** A message that arrives while a reader waits on an empty queue
 is first offered to ``intercept`` (when set), in the read callback: the
 upstream adapters hand the running response's text deltas to the session
@@ -43,7 +57,9 @@ Internals used: ``Connection.protocol`` (``state``, ``side``, ``extensions``,
 ``current_size``, ``max_message_size``, ``parser``, ``reader``),
 ``Connection.recv_messages`` (its ``put``, ``get``, ``get_iter`` and ``close``,
 as ``Connection`` calls them), ``Connection.max_queue_high``/``max_queue_low``,
-``StreamReader.at_eof``, ``apply_mask``. ``tests/wsfast/test_canary.py``
+``StreamReader.at_eof``, ``apply_mask``; to fail a connection from the read
+callback, ``Protocol.fail``, ``Connection.send_data``, ``close_timeout``,
+``connection_lost_waiter``, ``set_connection_exc`` (16: ``set_recv_exc``). ``tests/wsfast/test_canary.py``
 fails when a websockets release changes them; pyproject.toml bounds the major.
 """
 
@@ -55,7 +71,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from websockets.asyncio.connection import Connection
-from websockets.exceptions import ConcurrencyError
+from websockets.exceptions import ConcurrencyError, ProtocolError
 from websockets.frames import Frame, Opcode
 from websockets.protocol import SERVER, Protocol, State
 from websockets.streams import StreamReader
@@ -65,7 +81,30 @@ try:  # websockets' C unmasking, as its own parser uses
 except ImportError:  # pragma: no cover - a build without the C extension
     from websockets.utils import apply_mask
 
-__all__ = ["FastReader", "MessageQueue", "at_frame_boundary"]
+__all__ = [
+    "MAX_FRAGMENTS",
+    "PINGS_PER_SECOND",
+    "PING_BURST",
+    "FastReader",
+    "MessageQueue",
+    "at_frame_boundary",
+]
+
+MAX_FRAGMENTS = 4096
+"""Frames one message may come in (websockets' ``Assembler`` refuses past 4,096 too)."""
+PING_BURST = 100
+"""Pings (and unsolicited pongs) a peer may send at once; then ``PINGS_PER_SECOND``."""
+PINGS_PER_SECOND = 10.0
+"""Sustained pings a peer may send: a keepalive pings every few seconds or minutes."""
+
+Fail = Callable[[int, str], None]
+"""``(close code, reason)``: fail the connection (RFC 6455 §7.1.7)."""
+
+_MESSAGE_TOO_BIG = 1009
+_INVALID_DATA = 1007
+_POLICY_VIOLATION = 1008
+_PING = 0x9
+_PONG = 0xA
 
 # First byte of a final, unfragmented text / binary frame with no RSV bit.
 _TEXT = 0x81
@@ -93,8 +132,10 @@ class MessageQueue:
         low: int | None,
         pause: Callable[[], Any],
         resume: Callable[[], Any],
+        fail: Fail | None = None,
     ) -> None:
         self._loop = loop
+        self._fail = fail
         if high is not None and low is None:
             low = high // 4
         self._high = high
@@ -109,6 +150,7 @@ class MessageQueue:
         self._getting = False
         self._nudged = False
         self.closed = False
+        self.failing = False  # the connection was failed: nothing more from it is queued
         self.intercept: Callable[[bytes, bool], bool] | None = None
         """Offered each message that arrives while a reader waits on an empty
         queue; True: it took the message (the reader keeps waiting). See ``nudge``."""
@@ -117,8 +159,16 @@ class MessageQueue:
         """A data frame from websockets' parser (``Connection.process_event``)."""
         if self.closed:
             raise EOFError("stream of frames ended")
+        if self.failing:
+            return
         if frame.fin and not self._fragments:
             self.put_message(bytes(frame.data), frame.opcode is Opcode.TEXT)
+            return
+        if len(self._fragments) >= MAX_FRAGMENTS:
+            self.failed(
+                _MESSAGE_TOO_BIG,
+                f"a message in more than {MAX_FRAGMENTS} fragments; send it in fewer",
+            )
             return
         self._fragments.append(frame)
         if frame.fin:
@@ -127,7 +177,19 @@ class MessageQueue:
             self.put_message(data, frames[0].opcode is Opcode.TEXT)
 
     def put_message(self, data: bytes, text: bool) -> None:
-        """A whole message (the fast path's frames come straight here)."""
+        """A whole message (the fast path's frames come straight here); a text one that
+        is not UTF-8 fails the connection (1007) instead."""
+        if self.failing:
+            return
+        if text and not data.isascii():
+            try:
+                data.decode()
+            except UnicodeDecodeError as exc:
+                self.failed(
+                    _INVALID_DATA,
+                    f"a text message is not UTF-8 ({exc.reason} at byte {exc.start})",
+                )
+                return
         waiter = self._waiter
         if waiter is not None and self.intercept is not None and self.intercept(data, text):
             return
@@ -170,6 +232,13 @@ class MessageQueue:
             decode = text
         return data.decode() if decode else data
 
+    def failed(self, code: int, reason: str) -> None:
+        """Fail the connection with ``code`` (nothing more is queued from it)."""
+        self.failing = True
+        self._fragments = []
+        if self._fail is not None:
+            self._fail(code, reason)
+
     def take_ready(self) -> list[bytes]:
         """Every whole message received and not read yet, taken now (no wait): what
         an adapter still reads of a connection it is about to close."""
@@ -208,7 +277,10 @@ class FastReader(Connection):
     """Mixed into a websockets connection class: reads its peer's plain data frames (see the module)."""
 
     _fast = False
-    _rest = b""
+    _rest: bytearray | None = None  # the start of a frame not yet whole
+    _need = 0  # bytes ``_rest`` must hold before it is worth parsing again
+    _ping_tokens = float(PING_BURST)
+    _ping_time = 0.0
     frames_read_fast = 0
     """Data frames this class read itself (the rest went through websockets)."""
 
@@ -222,7 +294,45 @@ class FastReader(Connection):
             self.max_queue_low,
             self.transport.pause_reading,
             self.transport.resume_reading,
+            self.fail_connection,
         )
+        self._ping_time = self.loop.time()
+
+    def fail_connection(self, code: int, reason: str) -> None:
+        """Fail the connection (RFC 6455 §7.1.7) from a read callback: the close frame
+        is written now and nothing more is read."""
+        self._fast = False
+        self._rest = None
+        self.recv_messages.failing = True
+        protocol = self.protocol
+        if protocol.state is not State.OPEN:
+            return
+        _set_connection_exc(self, ProtocolError(reason))
+        protocol.fail(code, reason)
+        try:
+            self.send_data()
+        except Exception as exc:  # pragma: no cover - the socket broke under the write
+            _set_connection_exc(self, exc)
+        # Nothing more is read (RFC 6455 §7.1.7): the close frame is flushed, then the
+        # socket closed; a peer that never reads it is cut off after ``close_timeout``.
+        self.transport.close()
+        timeout = self.close_timeout if self.close_timeout is not None else 10.0
+        self.loop.call_later(timeout, self._cut_off)
+
+    def _cut_off(self) -> None:
+        if not self.connection_lost_waiter.done():
+            self.transport.abort()
+
+    def _ping_allowed(self) -> bool:
+        """A token of the ping bucket (``PING_BURST``, ``PINGS_PER_SECOND``)."""
+        now = self.loop.time()
+        tokens = min(PING_BURST, self._ping_tokens + (now - self._ping_time) * PINGS_PER_SECOND)
+        self._ping_time = now
+        if tokens < 1.0:
+            self._ping_tokens = tokens
+            return False
+        self._ping_tokens = tokens - 1.0
+        return True
 
     def data_received(self, data: bytes) -> None:
         if not self._fast:
@@ -235,8 +345,14 @@ class FastReader(Connection):
             ):
                 self._fast = True
             return
-        buf = self._rest + data if self._rest else data
-        self._rest = b""
+        buf: bytes | bytearray = data
+        rest = self._rest
+        if rest is not None:
+            rest += data  # amortised: a large frame is gathered in linear time
+            if len(rest) < self._need:
+                return
+            self._rest = None
+            buf = rest
         protocol = self.protocol
         masked = protocol.side is SERVER  # a client masks every frame; a server never does
         mask_bit = 0x80 if masked else 0
@@ -244,6 +360,7 @@ class FastReader(Connection):
         put = self.recv_messages.put_message
         pos = 0
         end_of_data = len(buf)
+        need = 2
         while end_of_data - pos >= 2:
             first = buf[pos]
             second = buf[pos + 1]
@@ -254,11 +371,13 @@ class FastReader(Connection):
             head = 2
             if length == 126:
                 if end_of_data - pos < 4:
+                    need = 4
                     break
                 length = int.from_bytes(buf[pos + 2 : pos + 4])
                 head = 4
             elif length == 127:
                 if end_of_data - pos < 10:
+                    need = 10
                     break
                 length = int.from_bytes(buf[pos + 2 : pos + 10])
                 head = 10
@@ -268,25 +387,51 @@ class FastReader(Connection):
             start = pos + head + (4 if masked else 0)
             end = start + length
             if end > end_of_data:
+                need = end - pos
                 break
             if first in (_TEXT, _BINARY) and protocol.current_size is None:
-                payload = buf[start:end]
-                if masked:
-                    payload = apply_mask(payload, buf[start - 4 : start])
+                if masked:  # the C unmasking gives bytes, from bytes or a bytearray
+                    payload = apply_mask(buf[start:end], buf[start - 4 : start])
+                elif buf is data:
+                    payload = data[start:end]
+                else:  # a gathered frame: one copy out of the bytearray
+                    with memoryview(buf) as view:
+                        payload = bytes(view[start:end])
                 put(payload, first == _TEXT)
                 self.frames_read_fast += 1
+                if not self._fast:  # the message failed the connection
+                    return
             else:
-                super().data_received(buf[pos:end])  # exactly one frame: a boundary after it
-                if protocol.state is not State.OPEN:
+                if first & 0x0F in (_PING, _PONG) and not self._ping_allowed():
+                    self.fail_connection(
+                        _POLICY_VIOLATION,
+                        f"more than {PING_BURST} pings at once or {PINGS_PER_SECOND:g} a "
+                        "second, each owing a pong: ping less often, and read the pongs",
+                    )
+                    return
+                super().data_received(bytes(buf[pos:end]))  # one frame: a boundary after it
+                if protocol.state is not State.OPEN or not self._fast:
                     self._slow(buf[end:])
                     return
             pos = end
+        else:
+            need = 2
         if pos < end_of_data:
-            self._rest = buf[pos:]
+            tail = buf[pos:]
+            self._rest = tail if isinstance(tail, bytearray) else bytearray(tail)
+            self._need = need
 
-    def _slow(self, data: bytes) -> None:
+    def _slow(self, data: bytes | bytearray) -> None:
         """From here on websockets parses everything (closing, or a frame it must refuse)."""
         self._fast = False
-        self._rest = b""
+        self._rest = None
         if data:
-            super().data_received(data)
+            super().data_received(bytes(data))
+
+
+def _set_connection_exc(connection: Any, exc: BaseException) -> None:
+    """Record why the connection failed, so ``recv()`` raises from it: websockets 17
+    calls this ``set_connection_exc``, 16 ``set_recv_exc`` (the lock holds 16.1.1,
+    the gateway's range allows 17; tests/wsfast/test_canary.py checks one exists)."""
+    setter = getattr(connection, "set_connection_exc", None) or connection.set_recv_exc
+    setter(exc)

@@ -142,3 +142,47 @@ async def test_an_unknown_approval_tool_is_refused_at_configure(
             "POST", "/v1/sessions", key=keys.keys["alice"], json={"require_approval": ["nope"]}
         )
         assert status == 400 and "require_approval" in body["error"]["message"]
+
+
+MALFORMED_APPROVES = [
+    ({"type": "approve"}, "bad_frame"),
+    ({"type": "approve", "id": "ID", "digest": "DIGEST"}, "bad_frame"),  # no decision
+    ({"type": "approve", "id": "ID", "digest": "DIGEST", "decision": "maybe"}, "bad_frame"),
+    ({"type": "approve", "id": 7, "digest": "DIGEST", "decision": "allow"}, "bad_frame"),
+    ({"type": "approve", "id": "ID", "digest": None, "decision": "allow"}, "bad_frame"),
+    ({"type": "approve", "id": ["ID"], "digest": "DIGEST", "decision": "deny"}, "bad_frame"),
+    (
+        {"type": "approve", "id": "call_999", "digest": "DIGEST", "decision": "allow"},
+        "unknown_call",
+    ),
+    ({"type": "approve", "id": "ID", "digest": "0" * 64, "decision": "allow"}, "wrong_digest"),
+]
+
+
+@pytest.mark.parametrize("store_kind", ["memory"], indirect=True)
+async def test_malformed_approves_are_refused_and_the_call_still_waits_for_a_real_one(
+    nodes: NodesFactory, keys: Keys, tool: CountingTool, tmp_path: Path
+) -> None:
+    async with nodes(1, tools_file=tools_file(tool, tmp_path, approval=True)) as (gw,):
+        client = await GatewayClient.connect(gw.url, headers=keys.bearer("alice"))
+        await client.user(PAY)
+        pending = await asked(client)
+        for frame, code in MALFORMED_APPROVES:
+            sent = {k: pending.id if v == "ID" else pending.digest if v == "DIGEST" else v
+                    for k, v in frame.items()}  # fmt: skip
+            await client.send(sent)
+            error = await refusal(client)
+            assert error.code == code, (frame, error)
+            assert error.content  # says what to do
+        # Bytes that are not JSON, and an approve inside an array: refused the same way.
+        await client.send('{"type": "approve", "id": ')
+        assert (await refusal(client)).code == "bad_frame"
+        await client.send(orjson.dumps([{"type": "approve"}]).decode())
+        assert (await refusal(client)).code == "bad_frame"
+        assert tool.requests == []  # nothing ran, nothing was denied
+        approve = {"type": "approve", "id": pending.id, "digest": pending.digest}
+        await client.send({**approve, "decision": "allow"})
+        events = await client.until(lambda e: isinstance(e, End))
+        assert [e.decision for e in events if isinstance(e, Approval)] == ["allow"]
+        assert len(tool.requests) == 1
+        await client.close()

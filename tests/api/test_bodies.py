@@ -137,8 +137,14 @@ async def test_known_bad_bodies(
         assert status == 405 and "POST" in body["error"]["message"]
         status, body = await api.call("GET", "/v1/elsewhere", key=alice)
         assert status == 404 and "/v1/sessions" in body["error"]["message"]
-        status, body = await api.call("GET", "/v1/sessions/x/events?after=-1", key=alice)
-        assert status in (400, 404)
+        # On a session that exists, so that the check of ``after`` is what answers.
+        status, minted = await api.call("POST", "/v1/sessions", key=alice)
+        assert status == 201, minted
+        events = f"/v1/sessions/{minted['session_id']}/events"
+        status, body = await api.call("GET", events + "?after=0", key=alice)
+        assert status == 200, body
+        status, body = await api.call("GET", events + "?after=-1", key=alice)
+        assert status == 400 and "after='-1'" in body["error"]["message"], body
 
 
 @pytest.mark.parametrize("store_kind", ["memory"])

@@ -13,7 +13,6 @@ import time
 import aiohttp
 import pytest
 
-from gateway.config import ConfigError, load_config
 from gateway.edge.one_port import route
 from tests.api.conftest import Api, Keys, NodesFactory
 from tests.support.client import GatewayClient, text_of
@@ -119,7 +118,3 @@ async def test_an_endless_head_is_cut_at_its_size_limit(nodes: NodesFactory) -> 
 def test_the_head_decides_who_serves_it(head: bytes, to: str) -> None:
     assert route(head) == to
 
-
-def test_an_api_port_equal_to_the_port_says_the_api_is_there_already() -> None:
-    with pytest.raises(ConfigError, match="served on --port already"):
-        load_config({"port": 8765, "api_port": 8765}, env={})

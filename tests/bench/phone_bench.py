@@ -51,6 +51,7 @@ def gateway(sim_url: str) -> Proc:
             "sim",
             "--log-level",
             "WARNING",
+            "--phone-no-require-token",  # streams alone: the bench has no webhook port
         ],
         {
             "GATEWAY_OPENAI_BASE_URL": base,

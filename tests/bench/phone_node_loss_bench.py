@@ -68,7 +68,14 @@ class Node:
 
     def call(self, **parameters: str) -> SimulatedCall:
         url = f"{self.proc.base}/v1/phone/twilio"
-        return SimulatedCall(CallSetup(url=url, auth_token=AUTH_TOKEN, parameters=parameters))
+        return SimulatedCall(
+            CallSetup(
+                url=url,
+                auth_token=AUTH_TOKEN,
+                parameters=parameters,
+                webhook_url=f"{self.api}/v1/phone/twilio/voice",
+            )
+        )
 
     def sid(self) -> str:
         self.proc.wait_for_lines(r"\(twilio\) on session")

@@ -28,6 +28,18 @@ CHROMIUM_ARGS = [
 
 StartGateway = Callable[..., NodeProcess]
 
+_HERE = Path(__file__).parent
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark every page test slow (a real Chromium and a gateway subprocess each).
+
+    The hook sees the whole session's items, so it marks only those under this directory.
+    """
+    for item in items:
+        if item.path.is_relative_to(_HERE):
+            item.add_marker(pytest.mark.slow)
+
 
 @pytest.fixture
 def start_gateway() -> Iterator[StartGateway]:

@@ -127,3 +127,9 @@ def test_the_speaker_plays_the_spoken_answer(page: Page, start_gateway: StartGat
     # Playback is reported as `played`, and the inspector shows it going out.
     page.wait_for_function("() => window.rtgw.played && window.rtgw.played.ms > 0")
     expect(page.locator('.frame[data-type="played"]').first).to_be_attached()
+    # An answer played to its end is reported to its end, not at the last tick before
+    # it: speech after it must not cut what was heard in full.
+    page.wait_for_function(
+        "() => !window.rtgw.playing && window.rtgw.played"
+        " && Math.abs(window.rtgw.played.ms - window.rtgw.answerMs) <= 1"
+    )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from pathlib import Path
 
 from gateway.client.chat import COMMANDS
 from gateway.client.loadtest import sized_message
@@ -94,3 +95,23 @@ async def test_a_url_that_is_not_a_gateway_url_is_refused_in_one_line() -> None:
     assert code == 2
     assert len(err.strip().splitlines()) == 1
     assert "ws://HOST:PORT/v1/realtime" in err
+
+
+async def test_a_background_result_after_the_turn_is_shown(
+    gateway_factory: GatewayFactory, tmp_path: Path
+) -> None:
+    tools = tmp_path / "tools.toml"
+    tools.write_text('[builtin]\nenable = ["shell"]\nbackground = ["shell"]\n')
+    async with gateway_factory(tools_file=str(tools), enable_shell=True) as gw:
+        term = await Terminal.start("chat", gw.url, "--no-color")
+        try:
+            await term.expect("/help lists commands")
+            term.type('/tool shell {"command": "sleep 1; echo late-news"}\n')
+            await term.expect("The tool started in the background; its result comes later.")
+            await term.expect("[tokens:")  # the turn is over, the prompt is back
+            await term.expect("late-news")  # its result, shown when it came
+            await term.expect("The tool returned success.")  # and the model's answer to it
+            term.type("/quit\n")
+            assert await term.wait() == 0
+        finally:
+            term.close()

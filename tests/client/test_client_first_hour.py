@@ -50,11 +50,10 @@ async def test_speak_says_so_when_no_speech_is_heard(tmp_path: Path) -> None:
                 [e async for e in c.speak(silence(0.3, RATE), RATE, end_timeout=1.0)]
 
 
+@pytest.mark.parametrize("store_kind", ["memory"])  # the store makes no difference
 async def test_configure_returns_the_answer_and_raises_a_refusal(
     gateway_factory: GatewayFactory, store_kind: str
 ) -> None:
-    if store_kind != "memory":
-        pytest.skip("the store makes no difference here")
     async with gateway_factory() as gw, Client(gw.url) as c:
         answer = await c.configure(instructions="Be brief.")
         assert isinstance(answer, Configured) and answer.config.instructions == "Be brief."
@@ -67,11 +66,10 @@ async def test_configure_returns_the_answer_and_raises_a_refusal(
         assert not [e for e in events if isinstance(e, Error)]
 
 
+@pytest.mark.parametrize("store_kind", ["memory"])  # the store makes no difference
 async def test_a_client_token_is_refused_configure(
     gateway_factory: GatewayFactory, store_kind: str, tmp_path: Path
 ) -> None:
-    if store_kind != "memory":
-        pytest.skip("the store makes no difference here")
     key = "rtgw_first-hour"
     keys = tmp_path / "keys"
     keys.write_text(f"alice:{hash_key(key)}\n")
@@ -103,11 +101,10 @@ async def test_a_client_token_is_refused_configure(
         assert "session_id" not in gone.value.message
 
 
+@pytest.mark.parametrize("store_kind", ["memory"])  # the store makes no difference
 async def test_played_is_sent_and_a_gateway_that_does_not_know_it_is_not_an_error(
     gateway_factory: GatewayFactory, store_kind: str
 ) -> None:
-    if store_kind != "memory":
-        pytest.skip("the store makes no difference here")
     async with gateway_factory() as gw, Client(gw.url) as c:
         await c.played(1, 120)
         events = [e async for e in c.send("hello")]
@@ -119,11 +116,10 @@ async def test_played_is_sent_and_a_gateway_that_does_not_know_it_is_not_an_erro
     assert not quiet._played_supported
 
 
+@pytest.mark.parametrize("store_kind", ["memory"])  # the store makes no difference
 async def test_several_urls_fail_over_to_the_one_that_answers(
     gateway_factory: GatewayFactory, store_kind: str
 ) -> None:
-    if store_kind != "memory":
-        pytest.skip("the store makes no difference here")
     dead = f"ws://127.0.0.1:{free_port()}/v1/realtime"
     tried: list[str] = []
     async with gateway_factory() as gw:

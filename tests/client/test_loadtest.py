@@ -169,7 +169,8 @@ async def test_a_wrong_path_is_counted_as_http_404(
     out = tmp_path / "r.json"
     ns = parse(url, "--sessions", "3", "--turns", "2", "--quiet", "--json", str(out))
 
-    assert await run_loadtest_cli(ns) == 1
+    # No session connected: one line that names the refusal, no table of zeros.
+    assert await run_loadtest_cli(ns) == 2
 
     report = decode_report(out.read_bytes())
     assert report.errors == {"http_404": 3}
@@ -179,7 +180,11 @@ async def test_a_wrong_path_is_counted_as_http_404(
     assert report.turns_ok == 0
     assert report.turns_skipped == 6
     assert not report.ok
-    assert "http_404" in capsys.readouterr().out
+    printed = capsys.readouterr()
+    assert printed.out == ""
+    [line] = printed.err.splitlines()
+    assert line.startswith("gateway loadtest: none of the 3 sessions connected")
+    assert "http_404" in line and "/v1/realtime" in line
 
 
 async def test_nothing_listening_is_connect_refused() -> None:
@@ -187,6 +192,24 @@ async def test_nothing_listening_is_connect_refused() -> None:
     report = await run_loadtest(LoadTestConfig(url=url, sessions=2, turns=1))
     assert report.errors == {"connect_refused": 2}
     assert report.turns_skipped == 2
+
+
+@pytest.mark.parametrize("phone", [False, True])
+async def test_the_command_against_nothing_listening_says_so_in_one_line_and_exits_2(
+    phone: bool, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = "/v1/phone/twilio" if phone else "/v1/realtime"
+    url = f"ws://127.0.0.1:{free_port()}{path}"
+    ns = parse(url, "--sessions", "3", *(["--phone"] if phone else []))
+
+    assert await run_loadtest_cli(ns) == 2
+
+    printed = capsys.readouterr()
+    assert printed.out == ""
+    assert printed.err.splitlines() == [
+        f"gateway loadtest: nothing is listening at {url}: is the gateway running? "
+        "(start it: gateway serve)"
+    ]
 
 
 async def test_token_is_sent_as_a_bearer_header() -> None:

@@ -43,6 +43,7 @@ FLAGS = {
     "--quiet",
     "--phone",
     "--phone-barge-in",
+    "--phone-webhook",
 }
 
 
@@ -119,3 +120,15 @@ def test_a_config_built_in_code_is_checked_as_the_flags_are() -> None:
         LoadTestConfig(url=URL, ramp=math.nan)
     with pytest.raises(ConfigError, match="sample_cap"):
         LoadTestConfig(url=URL, sample_cap=0)
+
+
+def test_the_key_comes_from_gateway_token_unless_given_as_a_flag(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    parser = build_parser()
+    monkeypatch.setenv("GATEWAY_TOKEN", "from-the-environment")
+    assert config_from_args(parser.parse_args(["loadtest", URL])).token == "from-the-environment"
+    flagged = parser.parse_args(["loadtest", URL, "--token", "from-the-flag"])
+    assert config_from_args(flagged).token == "from-the-flag"
+    monkeypatch.delenv("GATEWAY_TOKEN")
+    assert config_from_args(parser.parse_args(["loadtest", URL])).token is None

@@ -18,7 +18,13 @@ from tests.support.carrier import AUTH_TOKEN, phone_gateway
 
 async def test_calls_are_answered_and_barge_ins_cleared(tmp_path: Path) -> None:
     async with phone_gateway(tmp_path) as gw:
-        config = LoadTestConfig(url=gw.stream_url, sessions=3, turns=1, phone=True)
+        config = LoadTestConfig(
+            url=gw.stream_url,
+            sessions=3,
+            turns=1,
+            phone=True,
+            phone_webhook=f"{gw.api_url}/v1/phone/twilio/voice",
+        )
         report = await PhoneLoadTest(config, auth_token=AUTH_TOKEN, barge_in=True).run()
     assert report.ok, report.errors
     assert report.first_audio.count == 6  # each call's utterance, then its barge-in
@@ -32,6 +38,32 @@ async def test_unsigned_calls_are_counted_as_refused(tmp_path: Path) -> None:
         report = await PhoneLoadTest(config, auth_token=None).run()
     assert not report.ok
     assert report.calls_failed == 2 and report.errors == {"http_401": 2}
+
+
+async def test_a_signed_stream_without_its_token_is_counted_with_the_reason(
+    tmp_path: Path,
+) -> None:
+    async with phone_gateway(tmp_path) as gw:
+        config = LoadTestConfig(url=gw.stream_url, sessions=2, phone=True, turn_timeout=20)
+        report = await PhoneLoadTest(config, auth_token=AUTH_TOKEN).run()
+    assert not report.ok
+    assert report.errors == {"stream_closed": 2}
+    assert "1008" in report.error_examples["stream_closed"]
+    assert "one-time token" in report.error_examples["stream_closed"]
+
+
+async def test_a_refused_webhook_is_counted_with_its_reason(tmp_path: Path) -> None:
+    async with phone_gateway(tmp_path) as gw:
+        config = LoadTestConfig(
+            url=gw.stream_url,
+            sessions=2,
+            phone=True,
+            phone_webhook=f"{gw.api_url}/v1/phone/twilio/voice",
+        )
+        report = await PhoneLoadTest(config, auth_token="not-the-token").run()
+    assert not report.ok
+    assert report.calls_failed == 2 and report.errors == {"webhook_403": 2}
+    assert "X-Twilio-Signature" in report.error_examples["webhook_403"]
 
 
 def test_phone_needs_a_media_stream_url() -> None:
@@ -55,6 +87,8 @@ async def test_the_command_runs_20_concurrent_calls_and_prints_percentiles(
             "loadtest",
             "--phone",
             gw.stream_url,
+            "--phone-webhook",
+            f"{gw.api_url}/v1/phone/twilio/voice",
             "--sessions",
             "20",
             "--quiet",

@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import msgspec
 import pytest
 
-from gateway.client.replay_plan import Anchor, PlanError, plan_replay
-from protocol.recording import ClientAudio, ClientCommand, Header, Logged, Record, encode_record
+from gateway.client.replay_plan import MAX_NOTES, Anchor, PlanError, plan_replay
+from protocol.recording import (
+    ClientAudio,
+    ClientCommand,
+    Header,
+    Logged,
+    Record,
+    encode_record,
+    read_records,
+)
 
 
 def event(t: float, seq: int, **fields: Any) -> Logged:
@@ -75,3 +84,58 @@ def test_a_fork_keeps_what_the_user_did_before_its_seq() -> None:
 def test_a_file_that_is_not_a_recording_says_how_to_get_one() -> None:
     with pytest.raises(PlanError, match="gateway recording get"):
         plan_replay(b'{"type": "user"}\n')
+
+
+def test_lines_are_read_one_by_one_and_a_bad_one_is_reported_not_raised() -> None:
+    head = encode_record(Header(t=0.0, session_id="s1", node="n1", provider="sim", model="sim"))
+    data = head.replace(b"\n", b"\r\n") + b"\n  \n" + b"[" * 10_000 + b"\n" + b'{"kind":"cut"}'
+    found = list(read_records(data))
+    assert isinstance(found[0], Header)
+    assert found[1:] == [
+        "line 4: not a recording record (Expected `object`, got `array`)",
+        "line 5: not a recording record (Object missing required field `limit`)",
+    ]
+
+
+def test_events_that_are_not_events_are_noted_up_to_a_bound() -> None:
+    junk = [Logged(t=1.0, event=msgspec.Raw(b'{"type":"nonsense","seq":1}'))] * 100
+    plan = plan_replay(
+        recording(
+            *junk,
+            command(1.0, 0, type="user", content="hello"),
+            event(1.01, 1, type="user", content="hello"),
+        )
+    )
+    assert len(plan.problems) == MAX_NOTES + 1
+    assert plan.problems[-1] == f"{100 - MAX_NOTES} more problems like these"
+    assert [a.kind for a in plan.actions] == ["user"]
+
+
+@pytest.mark.parametrize(
+    ("fork_at", "says"),
+    [(0, "fork at seq 0"), (10, "fork at seq 10: the recording's events are seq 1 to 9")],
+)
+def test_a_fork_outside_the_events_is_refused(fork_at: int, says: str) -> None:
+    with pytest.raises(PlanError, match=re.escape(says)):
+        plan_replay(a_session(), fork_at=fork_at)
+
+
+def test_a_spoken_turn_whose_audio_was_not_kept_is_not_waited_for() -> None:
+    head = Header(t=0.0, session_id="s1", node="n1", provider="sim", model="sim", audio="none")
+    data = b"".join(
+        encode_record(r)
+        for r in (
+            head,
+            command(1.0, 0, type="user", content="hello"),
+            event(1.01, 1, type="user", content="hello"),
+            event(1.03, 2, type="end"),
+            event(1.03, 3, **METRIC),
+            event(2.0, 4, type="user", content="spoken words", source="audio"),
+            event(2.1, 5, type="end"),
+            event(2.1, 6, **METRIC),
+        )
+    )
+    plan = plan_replay(data)
+    assert plan.turns == 1  # the replay waits for the typed turn only
+    assert any("kept no audio" in p for p in plan.problems)
+    assert plan_replay(a_session()).turns == 2

@@ -37,6 +37,7 @@ def ends_at(*kinds: str) -> int | None:
         (("user", "respond", "metric", "end"), 3),  # the model stopped without <end>
         (("user", "error:upstream", "end"), 2),  # today's failure: maybe no metric
         (("user", "error:upstream", "metric"), 2),  # the new rule's failure
+        (("user", "error:upstream_timeout", "end"), 2),  # a silent provider, twice
         (("user", "cancelled", "metric"), 2),  # the new rule's cancel
         (("user", "cancelled", "user"), 1),  # today's cancel, then the next turn
         (("user", "error:turn_active", "respond", "end", "metric"), 4),

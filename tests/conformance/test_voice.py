@@ -155,8 +155,13 @@ async def test_speech_during_an_answer_cancels_it(provider: str) -> None:
         cancelled_after = time.monotonic() - began
         assert isinstance(events[-1], ResponseDone)
         assert events[-1].status == "cancelled"
+        # In order: the speech was heard, then the answer cut before its 400 characters
+        # (10 s) were sent. ~0.4 s (0.3 s of silence, 0.1 s of speech): a loaded machine's
+        # margin over 10x; tests/bench/barge_in_bench.py prints the figure.
         assert any(isinstance(e, SpeechBegan) for e in events)
-        assert cancelled_after < 1.5  # 0.3 s of silence, then 0.1 s of speech
+        sent = "".join(e.text for e in events if isinstance(e, TextDelta))
+        assert len(sent) < 400, len(sent)
+        assert cancelled_after < 5.0
         # The user's speech is answered next.
         answer = await events_until(upstream, ResponseDone)
         await sender

@@ -292,8 +292,13 @@ def test_dockerfile_image_port_health_and_signal() -> None:
     assert "/healthz" in health and f'"{GATEWAY_PORT}"' in health
     assert args["STOPSIGNAL"] == "SIGTERM"
     assert args["CMD"] == '["gateway", "serve", "--host", "0.0.0.0"]'
-    # The package itself, with the uvloop extra the image runs on.
-    assert any(word == "RUN" and "pip install '.[uvloop]'" in rest for word, rest in steps)
+    # Every dependency from the runtime lock (uvloop, which the image runs on, included),
+    # then the package alone: nothing resolved outside the lock.
+    run = " ".join(rest for word, rest in steps if word == "RUN")
+    assert "pip install --require-hashes -r lock/runtime.txt" in run
+    assert "pip install --no-deps --no-build-isolation ." in run
+    assert ("COPY", "lock/ lock/") in steps
+    assert re.search(r"^uvloop==", (ROOT / "lock" / "runtime.txt").read_text(), re.M)
 
 
 def test_dockerfile_copies_what_the_package_build_needs() -> None:

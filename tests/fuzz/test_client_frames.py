@@ -9,15 +9,27 @@ from __future__ import annotations
 
 import contextlib
 import json
+import types
+import typing
 from typing import Any
 
+import msgspec
 import orjson
-from hypothesis import HealthCheck, example, given, settings
+from hypothesis import HealthCheck, Phase, example, find, given, settings
 from hypothesis import strategies as st
 from websockets.exceptions import ConnectionClosed
 
 from gateway.edge.server import Gateway
-from protocol.events import Error
+from protocol.configuration import ClientToolSpec
+from protocol.events import (
+    CLIENT_MESSAGE_TYPES,
+    Approve,
+    ClientMessage,
+    Configure,
+    Error,
+    ToolResultMessage,
+    decode_client,
+)
 from tests.fuzz.conftest import answers_hello, reconnect_answers_hello
 from tests.support.client import GatewayClient
 
@@ -77,14 +89,85 @@ odd_unicode = st.sampled_from(
     ]
 )
 
+
+def _without_unset(hint: Any) -> Any:
+    """``hint`` less its ``msgspec.UnsetType`` member (an unset field is left out)."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        kept = tuple(a for a in typing.get_args(hint) if a is not msgspec.UnsetType)
+        return typing.Union[kept] if len(kept) > 1 else kept[0]  # noqa: UP007
+    return hint
+
+
+_ids = st.sampled_from(["call_1", "call_2", ""]) | st.text(max_size=40)
+_schemas = st.just({"type": "object"}) | st.dictionaries(
+    st.text(max_size=8), json_values, max_size=3
+)
+_overrides: dict[type, dict[str, st.SearchStrategy[Any]]] = {
+    ToolResultMessage: {"id": _ids, "content": json_values},
+    Approve: {"id": _ids},
+    Configure: {
+        # Text out, so that the session's "hello" is still answered in text.
+        "output": st.just("text"),
+        "tools": st.lists(st.builds(ClientToolSpec, parameters=_schemas), max_size=3).map(tuple),
+    },
+}
+
+
+def _message(kind: type) -> st.SearchStrategy[Any]:
+    """Instances of one client message Struct, its optional fields set or left out."""
+    given = _overrides.get(kind, {})
+    fields: dict[str, st.SearchStrategy[Any]] = {}
+    for field in msgspec.structs.fields(kind):
+        drawn = (
+            given[field.name] if field.name in given else st.from_type(_without_unset(field.type))
+        )
+        optional = field.default is not msgspec.NODEFAULT or field.default_factory is not (
+            msgspec.NODEFAULT
+        )
+        fields[field.name] = (st.just(field.default) | drawn) if optional else drawn
+    return st.builds(kind, **fields)
+
+
+@st.composite
+def _mangled(draw: st.DrawFn, message: Any) -> str:
+    """The message as a frame, sometimes with one field replaced by any JSON value."""
+    obj: dict[str, Any] = msgspec.to_builtins(message)
+    if len(obj) > 1 and draw(st.booleans()):
+        obj[draw(st.sampled_from(sorted(k for k in obj if k != "type")))] = draw(json_values)
+    return json.dumps(obj)
+
+
+client_messages = st.one_of(*(_message(kind) for kind in typing.get_args(ClientMessage)))
+"""Every kind of client message (``protocol.events.ClientMessage``), from its Struct."""
+
+client_frames = client_messages.flatmap(_mangled)
+
 frames = st.one_of(
     st.binary(max_size=300),
     st.text(max_size=300),
     json_frames(),
+    client_frames,
     st.builds(nested, st.integers(1, 60_000), st.booleans()),
     odd_unicode.map(lambda s: orjson.dumps({"type": "user", "content": s}).decode()),
     odd_unicode,
 )
+
+
+def _decoded_type(frame: str | bytes) -> str:
+    """The ``type`` of the client message ``frame`` decodes to ("" if it is refused)."""
+    message = decode_client(frame)
+    return "" if isinstance(message, Error) else str(type(message).__struct_config__.tag)
+
+
+def test_the_frames_include_a_valid_message_of_every_client_type() -> None:
+    """Each kind reaches its handler, not only the decoder's refusal."""
+    for tag in CLIENT_MESSAGE_TYPES:
+        frame = find(
+            client_frames,  # one of the frames' kinds
+            lambda f, tag=tag: _decoded_type(f) == tag,  # type: ignore[misc]
+            settings=settings(max_examples=2_000, database=None, phases=[Phase.generate]),
+        )
+        assert _decoded_type(frame) == tag
 
 
 # Close codes a client's own frames may earn: not UTF-8, too big.

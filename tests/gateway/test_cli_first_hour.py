@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
+import struct
 import subprocess
 import sys
+import threading
 import time
 import wave
 from collections.abc import Iterator
@@ -106,11 +109,46 @@ def test_chat_checks_its_audio_file_before_any_session(tmp_path: Path) -> None:
     assert "only 16-bit PCM WAV files" in line
 
 
+class _HangsUp:
+    """A port where Redis should be that resets each connection and counts them: the
+    node's retries, which it logs once, are seen here."""
+
+    def __init__(self) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = int(self.sock.getsockname()[1])
+        self.attempts = 0
+        self._changed = threading.Condition()
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def _run(self) -> None:
+        with contextlib.suppress(OSError):  # closed
+            while True:
+                conn, _ = self.sock.accept()
+                conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                conn.close()
+                with self._changed:
+                    self.attempts += 1
+                    self._changed.notify_all()
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def wait_for_attempts(self, count: int, timeout: float = 30.0) -> None:
+        with self._changed:
+            assert self._changed.wait_for(lambda: self.attempts >= count, timeout), self.attempts
+
+
 def test_a_missing_redis_is_said_at_once_and_each_warning_once() -> None:
-    dead = f"redis://127.0.0.1:{free_port()}/0"
-    with NodeProcess(["serve", "--port", "0", "--redis", dead]) as node:
+    hangs_up = _HangsUp()
+    dead = f"redis://127.0.0.1:{hangs_up.port}/0"
+    with (
+        contextlib.closing(hangs_up),
+        NodeProcess(["serve", "--port", "0", "--redis", dead]) as node,
+    ):
         node.wait_for_lines(r"the session store does not answer")
-        time.sleep(3)  # the retry loops keep failing meanwhile, every second
+        # The retry loops keep failing meanwhile, each every second: 20 more attempts are
+        # about three rounds of them (some 7 a second here).
+        hangs_up.wait_for_attempts(hangs_up.attempts + 20)
         warnings = [line for line in node.log.splitlines() if " WARNING " in line]
         assert len(warnings) == len(set(w.split(" WARNING ", 1)[1] for w in warnings)), warnings
         # A chat says the node's 503 at once, not after a minute of retries.

@@ -10,9 +10,11 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import msgspec
 import orjson
 
 from gateway.edge.server import Gateway
+from protocol.configuration import ClientToolSpec, decode_config
 from protocol.events import Call, Configured, End, Error, Event, Result, User
 from tests.gateway.conftest import GatewayFactory
 from tests.support.client import GatewayClient
@@ -83,13 +85,16 @@ async def test_the_prompt_lists_client_tools_with_their_schema(gateway: Gateway)
 async def test_client_tools_are_stored_with_the_session(gateway: Gateway) -> None:
     client = await GatewayClient.connect(gateway.url)
     await configure(client, CONFIRM)
-    # Recorded at the configure, then the new configuration written in the background.
-    async with asyncio.timeout(5):
+    # Recorded at the configure, then the new configuration written in the background:
+    # polled, within a deadline, until the store holds the tools.
+    async with asyncio.timeout(25):
         while True:
             meta = await gateway.node.store.get_meta(client.sid)
-            if meta is not None and '"confirm"' in meta["config"]:
+            if meta is not None and decode_config(meta["config"]).tools:
                 break
             await asyncio.sleep(0.02)
+    stored = decode_config(meta["config"])
+    assert stored.tools == (msgspec.convert(CONFIRM, ClientToolSpec),), stored
     await client.close()
 
 

@@ -21,6 +21,15 @@ def test_cost_prices_each_kind_of_token_at_its_rate() -> None:
     assert Price(input=1.0).cost(Usage(input=10, output=0, cached=50)) == pytest.approx(10e-6)
 
 
+def test_gpt_live_is_priced_by_the_active_minute() -> None:
+    table = PriceTable()
+    ninety_seconds = Usage(input=0, output=0, seconds=90.0)
+    # $0.05 a minute, billed per second: 90 s is $0.075, not two minutes' $0.10.
+    assert table.cost("openai", "gpt-live-1.1", ninety_seconds) == pytest.approx(0.075)
+    assert table.cost("openai", "gpt-live-1", ninety_seconds) == pytest.approx(0.075)
+    assert table.cost("openai", "gpt-realtime-2.1", ninety_seconds) == 0.0  # priced by token
+
+
 def test_unknown_models_cost_nothing_and_fallbacks_apply() -> None:
     table = PriceTable()
     assert table.cost("openai", "gpt-realtime", Usage(input=1_000_000, output=0)) == pytest.approx(

@@ -16,6 +16,7 @@ import msgspec
 import pytest
 
 from gateway.cli import build_parser
+from gateway.client.dial import TOKEN_ENV
 from gateway.config import Config, ConfigError, load_config
 from gateway.settings import (
     Declared,
@@ -155,6 +156,7 @@ def _all_flags(parser: argparse.ArgumentParser) -> set[str]:
 def test_the_docs_name_only_flags_and_variables_that_exist() -> None:
     flags = _all_flags(build_parser())
     variables = {var for d in SETTINGS for var in d.env} | {"GATEWAY_<NAME>"}
+    variables.add(TOKEN_ENV)  # not a node's setting: the key the client tools read
     docs = [ROOT / "README.md", ROOT / "docs" / "operations.md", ROOT / "docs" / "deploy.md"]
     for path in docs[:2]:  # deploy.md also quotes docker compose's flags
         # A flag in a code span of a gateway command, or standing alone (`--workers N`).

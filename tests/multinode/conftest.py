@@ -14,7 +14,18 @@ import pytest
 from tests.support.procs import NodeProcess
 from tests.support.redis_server import RedisServer
 
-pytestmark = pytest.mark.slow
+_HERE = Path(__file__).parent
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark every test of this directory slow (``pytestmark`` in a conftest marks nothing).
+
+    The hook sees the whole session's items, so it marks only those under this directory.
+    """
+    for item in items:
+        if item.path.is_relative_to(_HERE):
+            item.add_marker(pytest.mark.slow)
+
 
 LEASE_TTL = 2.0
 

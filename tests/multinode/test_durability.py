@@ -273,6 +273,8 @@ async def healthy_shard_stall(cluster: ClusterRedis, store: RedisStore) -> tuple
     worst = victim_worst = 0.0
     measuring = False
     stop = asyncio.Event()
+    appended = dict.fromkeys(sids, 0)
+    progress = asyncio.Condition()
 
     async def write(sid: str) -> None:
         nonlocal worst, victim_worst
@@ -282,6 +284,9 @@ async def healthy_shard_stall(cluster: ClusterRedis, store: RedisStore) -> tuple
             try:
                 await store.append(sid, "n1", [event(sid, seq + 1)])
                 seq += 1
+                async with progress:
+                    appended[sid] += 1
+                    progress.notify_all()
             except StoreUnavailable:
                 with contextlib.suppress(StoreUnavailable):
                     seq = await store.confirmed_seq(sid)
@@ -291,15 +296,21 @@ async def healthy_shard_stall(cluster: ClusterRedis, store: RedisStore) -> tuple
             elif measuring:
                 victim_worst = max(victim_worst, took)
 
+    async def every_session_appends() -> None:
+        """Until each session has appended once more than now (every lane sent)."""
+        since = dict(appended)
+        async with asyncio.timeout(30), progress:
+            await progress.wait_for(lambda: all(appended[s] > since[s] for s in sids))
+
     tasks = [asyncio.create_task(write(sid)) for sid in sids]
     try:
-        await asyncio.sleep(0.5)  # warm: every lane connected and busy
+        await every_session_appends()  # warm: every lane connected and busy
         measuring = True
         victim.kill()
         await asyncio.to_thread(
             wait_until, lambda: cluster.master_of(store._key("h0", "log")) is not victim, "failover"
         )
-        await asyncio.sleep(0.5)  # the new master settles in; its lane is sent again
+        await every_session_appends()  # the new master took the failed shard's appends
     finally:
         stop.set()
         async with asyncio.timeout(15):

@@ -19,7 +19,18 @@ import pytest
 from websockets.exceptions import InvalidStatus
 
 from gateway.pcm import mulaw_decode, rms
-from protocol.events import Cancelled, Dtmf, PhoneCall, Respond, User, decode_event
+from gateway.sim.model import SimConfig
+from gateway.sim.server import serve_sim
+from protocol.assembly import decode_history_item
+from protocol.events import (
+    Cancelled,
+    Dtmf,
+    PhoneCall,
+    Respond,
+    SpeechStarted,
+    User,
+    decode_event,
+)
 from tests.support.carrier import (
     AUTH_TOKEN,
     AppClient,
@@ -42,6 +53,12 @@ def call_sid(gw: PhoneGateway) -> str:
     """The session id of the one call on the node."""
     [sid] = gw.gateway.phone.control.calls
     return sid
+
+
+async def until_call(gw: PhoneGateway) -> str:
+    """The session id of the node's one call, once it is open."""
+    await until(lambda: bool(gw.gateway.phone.control.calls))
+    return call_sid(gw)
 
 
 async def until(predicate: Any, timeout: float = 20.0) -> None:
@@ -138,6 +155,55 @@ async def test_speech_over_an_answer_clears_it_and_cuts_it_where_the_caller_stop
     assert not isinstance(ended.metrics, msgspec.UnsetType) and ended.metrics.barge_ins == 1
 
 
+async def test_speech_over_a_finished_answer_clears_it_at_once_and_cuts_it_where_heard(
+    tmp_path: Path,
+) -> None:
+    """The model writes its 2.4 s answer at once (real models speak several times faster
+    than real time): the turn is over while the caller has heard 0.3 s of it. The caller
+    speaks; what decides is what the caller still hears (marks outstanding)."""
+    sim_config = SimConfig(flavor="openai", api_key="sim-key", audio_ms_per_char=60)
+    greeting = "/raw " + "z" * 40  # 40 characters: 2.4 s of speech
+    async with (
+        serve_sim(sim_config) as sim,
+        phone_gateway(
+            tmp_path,
+            provider="openai",
+            openai_base_url=sim.url,
+            openai_api_key="sim-key",
+            model="sim",
+            phone_numbers_file=numbers_file(tmp_path, f'[defaults]\ngreeting = "{greeting}"\n'),
+        ) as gw,
+    ):
+        call = gw.call()
+        await call.dial()
+        sid = await until_call(gw)
+        runtime = gw.gateway.node.runtimes[sid]
+        await call.wait_for(lambda: len(call.audio_received) >= 2300 * 8)  # all of it, at once
+        await until(lambda: runtime.machine.idle)  # the answer's turn is over
+        await call.wait_for(lambda: call.played_ms >= 300)
+        assert call.played_ms < 1000  # generated far faster than it plays
+        await call.say(espeak("Wait, stop."))
+        await call.wait_for(lambda: call.clears == 1)
+        played_at_clear = call.played_ms
+        await call.hang_up()
+        await until(lambda: not gw.gateway.phone.control.calls)
+        events = await export(gw, sid)
+        history = [decode_history_item(h) for h in await gw.gateway.node.store.read_history(sid)]
+    [to_silence] = call.barge_in_to_silence
+    print(f"speech start → clear (the caller hears silence): {to_silence * 1000:.0f} ms")
+    assert to_silence < 1.5  # 300 ms with a loaded machine's margin (measured: 110-170 ms)
+    assert played_at_clear < 2000  # the caller did not hear the rest
+    # Where the caller stopped: the marks echoed before the clear.
+    barged = [e for e in events if isinstance(e, SpeechStarted) and e.heard_ms]
+    [speech] = barged
+    assert isinstance(speech.heard_ms, int) and 100 <= speech.heard_ms <= played_at_clear
+    # History keeps the answer cut there, and so does the provider's copy.
+    assert isinstance(history[-1], Cancelled) and history[-1].heard_ms == speech.heard_ms
+    assert sim.stats.truncations == [speech.heard_ms]
+    [ended] = [e for e in events if isinstance(e, PhoneCall) and e.status == "ended"]
+    assert not isinstance(ended.metrics, msgspec.UnsetType) and ended.metrics.barge_ins == 1
+
+
 async def test_a_key_press_reaches_the_sessions_clients_and_can_reach_the_model(
     tmp_path: Path,
 ) -> None:
@@ -172,7 +238,7 @@ async def test_a_stream_nobody_signed_is_refused_before_a_session_exists(tmp_pat
     async with phone_gateway(tmp_path) as gw:
         with pytest.raises(InvalidStatus) as unsigned:
             await gw.call(signed=False).dial()
-        bad = gw.call()
+        bad = gw.call(webhook=False)
         bad.setup.auth_token = "not-the-token"
         with pytest.raises(InvalidStatus) as wrong:
             await bad.dial()
@@ -246,12 +312,12 @@ async def test_the_twiml_helper_wires_a_number_with_one_url(tmp_path: Path) -> N
         parameters = {p.get("name"): p.get("value") for p in stream.findall("Parameter")}
         assert parameters["from"] == "+15550001111" and parameters["to"] == "+15550002222"
         # Twilio dials the stream with those parameters; the token is for this call only.
-        call = gw.call(parameters=dict(parameters), call_sid="CA42")  # type: ignore[arg-type]
+        call = gw.call(webhook=False, parameters=dict(parameters), call_sid="CA42")  # type: ignore[arg-type]
         await call.dial()
         await call.say(espeak("Hi."))
         await call.answered()
         await call.hang_up()
-        other = gw.call(parameters=dict(parameters), call_sid="CA43")  # type: ignore[arg-type]
+        other = gw.call(webhook=False, parameters=dict(parameters), call_sid="CA43")  # type: ignore[arg-type]
         await other.dial()
         code, reason = await other.wait_closed()
     assert code == 1008 and "another call" in reason

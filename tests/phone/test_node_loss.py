@@ -46,7 +46,12 @@ class PhoneNode:
 
     def call(self, **parameters: str) -> SimulatedCall:
         return SimulatedCall(
-            CallSetup(url=self.stream_url, auth_token=AUTH_TOKEN, parameters=parameters)
+            CallSetup(
+                url=self.stream_url,
+                auth_token=AUTH_TOKEN,
+                parameters=parameters,
+                webhook_url=f"{self.api}/v1/phone/twilio/voice",
+            )
         )
 
     def get(self, path: str) -> Any:

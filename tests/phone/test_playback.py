@@ -43,3 +43,13 @@ def test_each_answer_counts_its_own_ms_and_unknown_marks_are_ignored() -> None:
     assert playback.echoed(playback.sent(seq=5, ms=40)) == Played(seq=5, ms=40)
     assert playback.echoed("someone-else") is None
     assert playback.heard_ms == 340
+
+
+def test_echoes_of_an_earlier_answer_count_as_heard_but_report_nothing() -> None:
+    playback = Playback()
+    playback.sent(seq=1, ms=300)
+    late = playback.sent(seq=2, ms=300)  # still playing when the next turn begins
+    playback.new_answer()
+    assert playback.echoed(late) is None  # not a report on the new answer
+    assert playback.heard_ms == 600
+    assert playback.echoed(playback.sent(seq=9, ms=50)) == Played(seq=9, ms=50)

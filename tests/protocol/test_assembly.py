@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from protocol.assembly import (
+    BARGED_IN_NOTE,
     CANCELLED_NOTE,
     Message,
     assemble,
     assistant_text,
     decode_history_item,
     encode_history_item,
+    is_note,
     results_message,
 )
 from protocol.calls import ToolCall, ToolResult, encode_call, encode_results, result_payload
@@ -62,6 +64,19 @@ def test_cancelled_becomes_a_note_to_the_model() -> None:
     messages = assemble(history)
     assert messages[-2] == Message("assistant", "Start")
     assert messages[-1] == Message("user", CANCELLED_NOTE)
+
+
+def test_a_barge_in_tells_the_model_how_much_of_its_answer_was_heard() -> None:
+    history = [
+        User(content="tell me a story"),
+        Respond(content="Once upon a time"),
+        Cancelled(content="x", reason="barge_in", heard_ms=1250),
+    ]
+    note = assemble(history)[-1]
+    assert note == Message("user", BARGED_IN_NOTE.format(seconds=1.25))
+    assert "after hearing 1.2 s of its audio" in note.content
+    assert is_note(note) and is_note(Message("user", CANCELLED_NOTE))
+    assert not is_note(Message("user", "(The user is here.)"))
 
 
 def test_results_message_wraps_the_results_json() -> None:

@@ -12,7 +12,7 @@ import orjson
 from protocol.assembly import results_message
 from protocol.background import STARTED
 from protocol.calls import ToolCall, ToolResult, encode_results, result_payload
-from protocol.events import Call, Result, Usage
+from protocol.events import Call, Cancelled, Metric, Result, Usage
 from protocol.journal import JournalCall, background_in_flight
 from protocol.turn import TurnMachine, TurnState
 from protocol.turn_events import (
@@ -20,7 +20,9 @@ from protocol.turn_events import (
     BackgroundDone,
     Cancel,
     CancelBackground,
+    NativeCall,
     Persist,
+    Refuse,
     Request,
     ResponseDone,
     ResumeBackground,
@@ -111,6 +113,55 @@ def test_cancel_cancels_the_running_background_calls_with_one_result_each() -> N
     assert kept.background.running == {other.id: "slow"}
 
 
+def test_a_cancel_between_turns_cancels_the_background_calls_and_says_so() -> None:
+    machine = background_machine()
+    _out, calls = started(machine, SLOW, SLOW)
+    stream(machine, "Started.<end>")
+    machine.feed(ResponseDone("completed", USAGE))
+    assert machine.idle and len(machine.background.running) == 2
+    out = machine.feed(Cancel())
+    assert kinds(out) == ["Persist", "Result", "Result", "Cancelled", "Metric", "CancelBackground"]
+    assert only(out, CancelBackground).ids == tuple(c.id for c in calls)
+    assert "2 background calls" in only(out, Cancelled).content
+    assert only(out, Metric).step == Usage(input=0, output=0)
+    assert machine.idle and not machine.background.running
+    # Nothing left to cancel: the usual reply.
+    [refusal] = machine.feed(Cancel())
+    assert isinstance(refusal, Refuse) and refusal.error.code == "no_turn"
+    kept = background_machine()
+    kept.cancel_background = False
+    started(kept, SLOW)
+    stream(kept, "Started.<end>")
+    kept.feed(ResponseDone("completed", USAGE))
+    [refusal] = kept.feed(Cancel())
+    assert isinstance(refusal, Refuse) and len(kept.background.running) == 1
+
+
+def test_background_calls_past_the_sessions_limit_are_not_started() -> None:
+    machine = background_machine()
+    machine.background.limit = 3
+    out, calls = started(machine, *[SLOW] * 5)
+    start = only(out, StartBackground)
+    assert start.ids == tuple(c.id for c in calls[:3])
+    refused = [a for a in out if isinstance(a, Result)]
+    assert [r.id for r in refused] == [c.id for c in calls[3:]]
+    for result in refused:
+        [payload] = orjson.loads(result.content)
+        assert payload["status"] == "failure" and "at most 3 background calls" in payload["content"]
+    # The model reads the three that started and the two that did not, in call order.
+    request = out[-1]
+    assert isinstance(request, Request)
+    stream(machine, "Ok.<end>")
+    machine.feed(ResponseDone("completed", USAGE))
+    # The running ones still count: a new batch finds no room until one returns.
+    out, [_late] = started(machine, SLOW)
+    assert not [a for a in out if isinstance(a, StartBackground)]
+    stream(machine, "Ok.<end>")
+    machine.feed(ResponseDone("completed", USAGE))
+    machine.feed(BackgroundDone(calls[0].id, DONE))
+    assert machine.background.room == 1
+
+
 def test_a_background_client_call_is_answered_whenever_the_client_can() -> None:
     class Router:
         def runs_on_client(self, name: str) -> bool:
@@ -150,3 +201,18 @@ def test_a_takeover_reruns_running_background_calls_and_delivers_logged_ones() -
     )
     assert only(out, StartBackground).ids == ("call_1",)
     assert kinds(out)[1:] == ["TurnStarted", "Persist", "Request"]  # call_3's result is due
+
+
+def test_a_native_background_call_past_the_limit_gets_its_failure_as_output() -> None:
+    machine = background_machine()
+    machine.background.limit = 1
+    machine.voice = True
+    machine.feed(UserMessage(content="go"))
+    machine.feed(NativeCall("fc_1", "slow", "{}"))
+    machine.feed(NativeCall("fc_2", "slow", "{}"))
+    out = machine.feed(ResponseDone("completed", USAGE))
+    assert len(only(out, StartBackground).ids) == 1
+    request = out[-1]
+    # The started one answers later (the provider's way); the other one's failure now.
+    assert isinstance(request, Request) and [c for c, _ in request.outputs] == ["fc_2"]
+    assert "at most 1 background calls" in orjson.loads(request.outputs[0][1])["content"]

@@ -8,6 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from protocol.media_stream import (
+    MAX_MEDIA_PAYLOAD,
     TELNYX,
     TWILIO,
     Clear,
@@ -138,10 +139,45 @@ def test_bad_frames_are_answers_not_exceptions(frame: bytes, says: str) -> None:
     assert isinstance(problem, str) and says in problem
 
 
+_EXPLAINED = (
+    "the frame is not a JSON object (",
+    'the frame has no string "event" field; expected one of ',
+    "invalid '",
+    "the frame nests too deeply",
+)
+
+
+def _explained(answer: object, messages: tuple[type, ...]) -> None:
+    """A message of the direction's kinds, or one of the explanations (never an exception)."""
+    if isinstance(answer, str):
+        assert answer.startswith(_EXPLAINED), answer
+    else:
+        assert isinstance(answer, messages), answer
+
+
+@pytest.mark.parametrize("wire", [twilio, telnyx])
+def test_a_media_frame_holds_at_most_a_carriers_audio(wire: MediaStreamWire) -> None:
+    """20 frames of 700 KB (87 s of μ-law each) were taken in; Twilio sends 20 ms."""
+    import base64
+
+    def media(size: int) -> bytes:
+        payload = base64.b64encode(b"\xff" * size).decode()
+        return msgspec.json.encode({"event": "media", "media": {"payload": payload}})
+
+    assert isinstance(wire.decode_inbound(media(160)), Media)
+    assert isinstance(wire.decode_inbound(media(MAX_MEDIA_PAYLOAD)), Media)
+    problem = wire.decode_inbound(media(700_000))
+    assert isinstance(problem, str) and f"at most {MAX_MEDIA_PAYLOAD} bytes" in problem
+    problem = wire.decode_inbound(media(MAX_MEDIA_PAYLOAD + 1))
+    assert isinstance(problem, str) and "refused unheard" in problem
+
+
 @given(st.binary(max_size=200))
 def test_no_bytes_make_decoding_raise(data: bytes) -> None:
-    twilio.decode_inbound(data)
-    telnyx.decode_outbound(data)
+    _explained(twilio.decode_inbound(data), (Connected, Started, Media, Dtmf, MarkEcho, Stopped))
+    _explained(telnyx.decode_outbound(data), (Play, MarkOut, Clear))
+    if not data.lstrip().startswith(b"{"):  # not even the start of an object
+        assert isinstance(twilio.decode_inbound(data), str)
 
 
 # twilio/twilio-python tests/unit/test_request_validator.py: its vectors.

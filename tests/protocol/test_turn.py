@@ -56,6 +56,7 @@ from protocol.turn_events import (
     TurnStarted,
     UpstreamFailed,
     UpstreamLost,
+    UpstreamStalled,
     UserMessage,
 )
 
@@ -417,6 +418,7 @@ def test_inputs_that_make_no_sense_are_ignored() -> None:
         ToolsDone(OK),
         RetryNow(),
         UpstreamLost("x"),
+        UpstreamStalled(1.0),
         UpstreamFailed("x", "y"),
         ShellFailed("x"),
         Shutdown(),
@@ -457,6 +459,7 @@ _INPUTS: list[TurnInput] = [
     ResponseDone("completed", USAGE, estimated=True),
     UpstreamFailed("e", "m"),
     UpstreamLost("l"),
+    UpstreamStalled(30.0),
     ToolsDone(OK),
     RetryNow(),
     Cancel(),
@@ -466,7 +469,11 @@ _INPUTS: list[TurnInput] = [
 
 
 _DELTAS = [i for i in _INPUTS if isinstance(i, TextDelta)]
-_ENDS = [i for i in _INPUTS if isinstance(i, ResponseDone | UpstreamLost | UpstreamFailed)]
+_ENDS = [
+    i
+    for i in _INPUTS
+    if isinstance(i, ResponseDone | UpstreamLost | UpstreamFailed | UpstreamStalled)
+]
 # Inputs the shell would really feed in each state (the rest are strays).
 _LIKELY: dict[TurnState, list[TurnInput]] = {
     TurnState.IDLE: [UserMessage(content="u"), Rerun("r")],

@@ -18,6 +18,7 @@ from protocol.turn_events import (
     DropUpstream,
     NativeCall,
     Persist,
+    Played,
     Refuse,
     ReplaceResponse,
     Request,
@@ -133,3 +134,44 @@ def test_bad_native_arguments_become_an_empty_object() -> None:
     machine.feed(UserMessage(content="x"))
     [call] = machine.feed(NativeCall("c1", "list", "{not json"))
     assert isinstance(call, Call) and call.content == '{"name":"list","args":{}}'
+
+
+def finished_spoken_answer(sent_ms: float, played_ms: int | None) -> TurnMachine:
+    """A voice machine whose spoken answer is complete (the turn over), ``sent_ms`` of its
+    audio sent to the clients, the newest playback report at ``played_ms``."""
+    machine = voice_machine()
+    machine.feed(UserMessage(content="talk"))
+    machine.feed(Spoken("Once upon a time"))
+    machine.audio_sent(sent_ms)
+    assert "End" in kinds(machine.feed(ResponseDone("completed"))) and machine.idle
+    if played_ms is not None:
+        machine.feed(Played(seq=1, ms=played_ms))
+    return machine
+
+
+def test_speech_over_a_finished_answer_still_playing_cuts_it_where_the_listener_was() -> None:
+    machine = finished_spoken_answer(2400.0, 300)
+    out = machine.feed(SpeechBegan(5000))
+    assert out[0] == SpeechStarted(offset_ms=5000, heard_ms=300)
+    [persist] = [a for a in out if isinstance(a, Persist)]
+    [note] = persist.items
+    assert isinstance(note, Cancelled) and (note.reason, note.heard_ms) == ("barge_in", 300)
+    assert ReplaceResponse("Once upon a time", heard_ms=300) in out
+    assert machine.idle  # no turn to close: the answer's own end and metric are out already
+    # The answer is cut once: more speech over the silence cuts nothing.
+    assert machine.feed(SpeechBegan(6000)) == [SpeechStarted(offset_ms=6000)]
+
+
+def test_speech_after_a_finished_answer_was_heard_in_full_cuts_nothing() -> None:
+    for played in (2400, 2350):  # the end, or within the slack of a resampler's tail
+        machine = finished_spoken_answer(2400.0, played)
+        assert machine.feed(SpeechBegan(5000)) == [SpeechStarted(offset_ms=5000)]
+    # A client that never reports playback: nothing says it is still playing.
+    machine = finished_spoken_answer(2400.0, None)
+    assert machine.feed(SpeechBegan(5000)) == [SpeechStarted(offset_ms=5000)]
+    # The next turn starts a new answer: the old one's audio no longer counts.
+    machine = finished_spoken_answer(2400.0, 300)
+    machine.feed(UserMessage(content="again"))
+    machine.feed(Played(seq=2, ms=0))
+    machine.feed(ResponseDone("completed"))
+    assert machine.feed(SpeechBegan(9000)) == [SpeechStarted(offset_ms=9000)]

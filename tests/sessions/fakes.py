@@ -1,11 +1,18 @@
-"""Stand-ins for what the session rooms talk to, so each room is tested without sockets.
+"""Stand-ins for what the session rooms talk to, where the real part cannot be made to.
 
-- ``Writer``: the node's ``LogWriter`` as a ``SessionLog`` sees it (``mark``),
-  either holding the marks for the test to drive (``take``) or appending at
-  once (``auto``: every batch is stored on the next loop turn);
+The driver's turns run on the in-process simulator and the real ``LogWriter`` on
+the memory store (tests/sessions/test_driver.py), and ``UpstreamLink`` opens real
+adapters on it (``tests.sessions.sims``); what stays here, and why:
+
+- ``Writer``: ``SessionLog`` is a state machine fed each append's outcome; its tests
+  hand it ``StoreUnavailable``, ``LeaseLost`` and ``SeqConflict`` at chosen points,
+  which no store produces on cue;
 - ``Subscriber``: a client connection that records what reaches it;
-- ``ScriptedUpstream``: an ``Upstream`` that answers each ``start_response``
-  with the next scripted reply (events, or an ``UpstreamClosed`` to raise);
+- ``ScriptedUpstream``: a provider that drops only the first connection mid-answer,
+  never answers a request, or has a bug (the simulator's faults hit every
+  connection alike), and a sink that keeps the exact chunks ``VoiceInput`` hands
+  it and the resume handles and positions ``UpstreamLink`` sets, which the
+  simulator does not keep;
 - ``ScriptedFactory``: makes them, one per connection, and counts them;
 - ``Spawned``: a ``spawn`` that keeps the tasks, so a test can await them.
 """
@@ -44,10 +51,9 @@ __all__ = [
 
 
 class Writer:
-    """``LogWriter.mark`` and what follows it, driven by the test or at once (``auto``)."""
+    """``LogWriter.mark`` and what follows it, driven by the test (``take``)."""
 
-    def __init__(self, *, auto: bool = False) -> None:
-        self.auto = auto
+    def __init__(self) -> None:
         self.marked: list[SessionLog] = []
         self.batches: list[Batch] = []
         self.marks = asyncio.Event()
@@ -55,8 +61,6 @@ class Writer:
     def mark(self, source: SessionLog) -> None:
         self.marked.append(source)
         self.marks.set()
-        if self.auto:
-            asyncio.get_running_loop().call_soon(self._append, source)
 
     def take(self) -> tuple[SessionLog, Batch | None]:
         """The oldest mark's batch, as the writer would take it for an append."""
@@ -67,14 +71,6 @@ class Writer:
         if batch is not None:
             self.batches.append(batch)
         return source, batch
-
-    def _append(self, source: SessionLog) -> None:
-        if source in self.marked:
-            self.marked.remove(source)
-        batch = source.take_batch()
-        if batch is not None:
-            self.batches.append(batch)
-            source.appended(batch, None)
 
 
 class Subscriber:

@@ -1,8 +1,9 @@
-"""``TurnDriver``: the turn machine's actions performed against a scripted upstream.
+"""``TurnDriver``: the turn machine's actions performed against an upstream.
 
-No socket: the upstream is a ``ScriptedUpstream`` that answers each request
-with the next scripted reply, the log appends at once (``Writer(auto=True)``)
-and a ``Subscriber`` records what a client would be sent.
+The upstream is the in-process simulator through the real OpenAI adapter, or,
+for what no provider can be made to do on cue, a ``ScriptedUpstream`` (see
+``tests/sessions/fakes.py``); the log is written by the real ``LogWriter`` to
+the memory store, and a ``Subscriber`` records what a client would be sent.
 """
 
 from __future__ import annotations
@@ -20,14 +21,17 @@ from gateway.metrics import Metrics
 from gateway.pricing import PriceTable
 from gateway.sessions.driver import TurnDriver
 from gateway.sessions.limits import Limits
+from gateway.sessions.logwriter import LogWriter
 from gateway.sessions.observer import TurnObserver
 from gateway.sessions.session_log import SessionLog
 from gateway.sessions.setup import SessionServices, SessionSetup
 from gateway.sessions.upstream_link import UpstreamLink
 from gateway.sessions.voice import VoiceInput
+from gateway.sim.model import SimConfig
+from gateway.sim.server import serve_sim
 from gateway.store.memory import MemoryStore
 from gateway.tracing import Tracing
-from gateway.upstream.base import UpstreamClosed, VoiceConfig
+from gateway.upstream.base import UpstreamClosed, UpstreamFactory, VoiceConfig
 from protocol.assembly import Message
 from protocol.configuration import SessionConfig
 from protocol.events import (
@@ -45,14 +49,8 @@ from protocol.events import (
 )
 from protocol.turn import TurnMachine
 from protocol.turn_events import Cancel, TextDelta, UserMessage
-from tests.sessions.fakes import (
-    ScriptedFactory,
-    ScriptedUpstream,
-    Spawned,
-    Subscriber,
-    Writer,
-    reply,
-)
+from tests.sessions.fakes import ScriptedFactory, ScriptedUpstream, Spawned, Subscriber, reply
+from tests.sessions.sims import SimFactory
 from tests.support.client import text_of
 from tools.base import Tool, ToolContext
 from tools.executor import Executor
@@ -61,6 +59,7 @@ from tools.registry import Registry
 pytestmark = pytest.mark.timeout(20)
 
 CALL_WAIT = '<execute>\n[{"name": "wait", "args": {}}]\n</execute>'
+ECHO_HI = "<think>The user said something.</think>Echo: hi<end>"
 
 
 class Session:
@@ -104,11 +103,24 @@ class WaitTool(Tool[WaitArgs]):
             raise
 
 
+NODE = "node-1"
+
+
+async def harness(factory: UpstreamFactory, workspace: Path, *tools: Tool[Any]) -> Harness:
+    """A driven session on a memory store whose lease this node holds."""
+    store = MemoryStore()
+    assert await store.acquire_lease("sid", NODE, 60.0)
+    return Harness(factory, workspace, store, *tools)
+
+
 class Harness:
     """One driven session: the driver and everything it talks to."""
 
-    def __init__(self, factory: ScriptedFactory, workspace: Path, *tools: Tool[Any]) -> None:
+    def __init__(
+        self, factory: UpstreamFactory, workspace: Path, store: MemoryStore, *tools: Tool[Any]
+    ) -> None:
         self.factory = factory
+        self.store = store
         config = load_config({"upstream_retries": 2}, env={})
         self.metrics = Metrics()
         self.client = Subscriber()
@@ -117,7 +129,7 @@ class Harness:
             "sid",
             last_seq=0,
             history=[],
-            writer=Writer(auto=True),  # type: ignore[arg-type]
+            writer=LogWriter(store, NODE),
             metrics=self.metrics,
             retry_delay=0.01,
             clock=time.time,
@@ -129,7 +141,6 @@ class Harness:
         observer = TurnObserver(
             Tracing.off(), PriceTable(), self.metrics, sid="sid", provider="p", model="m"
         )
-        store = MemoryStore()
         services = SessionServices(
             config=config,
             metrics=self.metrics,
@@ -194,6 +205,9 @@ class Harness:
         await self.log.flushed()
         await self.spawned.done()
         assert self.machine.idle and self.driver.task is None
+        # What the client was sent is what the store holds, in order.
+        stored = await self.store.read_log("sid", 0, 10_000)
+        assert [e.data for e in stored] == [e.data for e in self.client.entries]
 
     def errors_counted(self) -> float:
         return self.metrics.registry.get_sample_value("rtgw_upstream_errors_total") or 0.0
@@ -209,30 +223,25 @@ def kinds(events: list[Event]) -> list[type]:
 
 
 async def test_a_text_turn_opens_the_upstream_asks_and_logs_the_answer(tmp_path: Path) -> None:
-    factory = ScriptedFactory(
-        [
-            reply("<think>A greeting.</think>Hello there<end>"),
-            reply("Again<end>"),
-        ]
-    )
-    run = Harness(factory, tmp_path)
-    events = await run.turn("hi")
-    assert kinds(events) == [User, Think, Respond, End, Metric]
-    assert text_of(events, "respond") == "Hello there"
-    assert [e.seq for e in events] == list(range(1, len(events) + 1))
-    [upstream] = factory.made
-    # A fresh connection: the prompt, and the history that already holds the message.
-    assert upstream.opened_with == ("THE PROMPT", [Message("user", "hi")], None, None)
-    assert upstream.calls == ["open", "start_response"]
-    metric = events[-1]
-    assert isinstance(metric, Metric) and metric.total.output == 5
+    async with serve_sim(SimConfig()) as sim:
+        run = await harness(SimFactory(sim), tmp_path)
+        events = await run.turn("hi")
+        assert kinds(events) == [User, Think, Respond, End, Metric]
+        assert text_of(events, "respond") == "Echo: hi"
+        assert [e.seq for e in events] == list(range(1, len(events) + 1))
+        # A fresh connection: the prompt, and the history that already holds the message.
+        [conversation] = sim.conversations()
+        assert conversation.instructions == "THE PROMPT"
+        assert conversation.messages() == [("user", "hi"), ("assistant", ECHO_HI)]
+        metric = events[-1]
+        assert isinstance(metric, Metric) and metric.total.output > 0
 
-    # The next turn goes on the open connection.
-    events = await run.turn("and again")
-    assert text_of(events, "respond") == "Again"
-    assert upstream.calls == ["open", "start_response", "add_message", "start_response"]
-    assert upstream.messages == [Message("user", "and again")]
-    assert len(factory.made) == 1
+        # The next turn goes on the open connection.
+        events = await run.turn("and again")
+        assert text_of(events, "respond") == "Echo: and again"
+        [conversation] = sim.conversations()
+        assert conversation.messages()[2] == ("user", "and again")
+        assert sim.stats.connections_total == 1 and sim.stats.responses_total == 2
 
 
 async def test_a_cancel_supersedes_the_awaits_the_driver_had_not_performed(
@@ -255,7 +264,7 @@ async def test_a_cancel_supersedes_the_awaits_the_driver_had_not_performed(
     factory = ScriptedFactory()
     factory.create = lambda: upstream  # type: ignore[assignment,method-assign,return-value]
     tool = WaitTool()
-    run = Harness(factory, tmp_path, tool)
+    run = await harness(factory, tmp_path, tool)
     run.user("/tool wait")
     await asyncio.wait_for(upstream.replacing.wait(), 10)
     assert run.driver.command(run.machine.feed(Cancel()), interrupt=True) is None
@@ -271,20 +280,24 @@ async def test_a_cancel_while_tools_run_cancels_them_and_asks_nothing_more(
 ) -> None:
     """Cancelled while its tool runs: the tool is cancelled, its result never logged,
     and the step that would have followed it is never requested."""
-    factory = ScriptedFactory([[TextDelta(CALL_WAIT)], reply("never asked<end>")])
-    tool = WaitTool()
-    run = Harness(factory, tmp_path, tool)
-    run.user("/tool wait")
-    await asyncio.wait_for(tool.started.wait(), 10)
-    assert run.driver.command(run.machine.feed(Cancel()), interrupt=True) is None
-    await run.ended()
-    events = run.client.events
-    assert kinds(events)[-2:] == [Cancelled, Metric]
-    assert not any(isinstance(e, Result) for e in events)
-    assert tool.cancelled
-    [upstream] = factory.made
-    # </execute> stopped the response and its text replaced the overrun; no more.
-    assert upstream.calls == ["open", "start_response", "cancel_response", "replace_response"]
+    async with serve_sim(SimConfig()) as sim:
+        tool = WaitTool()
+        run = await harness(SimFactory(sim), tmp_path, tool)
+        run.user("/tool wait {}")
+        await asyncio.wait_for(tool.started.wait(), 10)
+        assert run.driver.command(run.machine.feed(Cancel()), interrupt=True) is None
+        await run.ended()
+        events = run.client.events
+        assert kinds(events)[-2:] == [Cancelled, Metric]
+        assert not any(isinstance(e, Result) for e in events)
+        assert tool.cancelled
+        # </execute> stopped the response and its text replaced the overrun; no more.
+        [conversation] = sim.conversations()
+        assert conversation.messages() == [
+            ("user", "/tool wait {}"),
+            ("assistant", "<think>I should call wait.</think>\n" + CALL_WAIT),
+        ]
+        assert sim.stats.responses_total == 1
     # A cancel with no turn running is refused, not queued.
     refused = run.machine.feed(Cancel())
     assert run.driver.command(refused, interrupt=True) == Error(
@@ -300,7 +313,7 @@ async def test_a_lost_upstream_is_fed_as_upstream_lost_and_the_step_rerun(
         [[TextDelta("<think>Half a thought"), UpstreamClosed(secret)]],
         [reply("Whole answer<end>")],
     )
-    run = Harness(factory, tmp_path)
+    run = await harness(factory, tmp_path)
     events = await run.turn("hi")
     assert kinds(events) == [User, Think, Interrupt, Respond, End, Metric]
     interrupt = next(e for e in events if isinstance(e, Interrupt))
@@ -316,14 +329,15 @@ async def test_a_lost_upstream_is_fed_as_upstream_lost_and_the_step_rerun(
 
 
 async def test_a_refusal_without_a_fallback_fails_the_turn_at_once(tmp_path: Path) -> None:
-    factory = ScriptedFactory([UpstreamClosed("401 invalid key", retryable=False)])
-    run = Harness(factory, tmp_path)
-    events = await run.turn("hi")
+    async with serve_sim(SimConfig(api_key="the-right-key")) as sim:
+        factory = SimFactory(sim, key="a-wrong-key")
+        run = await harness(factory, tmp_path)
+        events = await run.turn("hi")
     assert kinds(events) == [User, Error, End, Metric]
     error = next(e for e in events if isinstance(e, Error))
     assert error.code == "upstream" and "refused the request" in error.content
-    assert "invalid key" not in error.content  # the reason goes to the log only
-    assert len(factory.made) == 1 and factory.failures == [("scripted", True)]
+    assert "a-wrong-key" not in error.content and "401" not in error.content  # log only
+    assert factory.failures == [("openai", True)] and sim.stats.connections_total == 0
 
 
 @pytest.mark.logs_traceback
@@ -336,7 +350,7 @@ async def test_a_failure_inside_the_driver_ends_the_turn_with_an_internal_error(
 
     factory = ScriptedFactory()
     factory.create = lambda: Broken()  # type: ignore[assignment,method-assign,return-value]
-    run = Harness(factory, tmp_path)
+    run = await harness(factory, tmp_path)
     events = await run.turn("hi")
     assert kinds(events) == [User, Error, End, Metric]
     error = next(e for e in events if isinstance(e, Error))

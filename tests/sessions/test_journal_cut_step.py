@@ -62,3 +62,23 @@ async def test_a_step_cut_before_its_execute_is_rerun() -> None:
     events = STEP[:-1]
     store = await _logged(events)
     assert await unpersisted_step(store, SID, len(events)) == []
+
+
+async def test_a_cut_step_of_large_events_is_read_a_page_at_a_time() -> None:
+    # 300 KB think deltas: the step spans several pages of the log's bytes.
+    big = [Think(content="x" * 300_000) for _ in range(8)]
+    events = [Metric(step=ZERO_USAGE, total=ZERO_USAGE), *STEP[:1], *big, *STEP[3:]]
+    store = await _logged(events)
+    pages: list[int] = []
+    read_log = store.read_log
+
+    async def counted(*args: object, **kwargs: object) -> list[LogEntry]:
+        page = await read_log(*args, **kwargs)  # type: ignore[arg-type]
+        pages.append(sum(len(e.data) for e in page))
+        return page
+
+    store.read_log = counted  # type: ignore[method-assign]
+    items = await unpersisted_step(store, SID, len(events))
+    assert [type(i) for i in items] == [Think, Call, Call]
+    assert len(items[0].content) == 8 * 300_000  # type: ignore[union-attr]
+    assert len(pages) > 1 and max(pages) <= (1 << 20) + 400_000

@@ -9,6 +9,7 @@ lines; a cut recording records nothing more.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from protocol.events import Call, Error, ToolResultMessage, UserMessage, encode
 from protocol.recording import (
     ClientAudio,
     ClientCommand,
+    Connected,
     Cut,
     Header,
     Logged,
@@ -145,6 +147,32 @@ async def test_a_session_not_stored_yet_holds_its_lines() -> None:
     assert kinds == [Header, ClientCommand]
 
 
+async def test_a_session_stored_late_keeps_the_held_lines_that_fit_and_is_cut() -> None:
+    """Lines held past the limit (the session not stored yet) are cut at it, not dropped."""
+    store = MemoryStore()
+    recorders = Recorders(store, limit=4096)
+    recorder = recorders.start("s1", header())
+    tap = recorder.connected("sim", "sim")
+    for i in range(10):
+        tap.received(b'{"type":"delta","n":%d,"pad":"%s"}' % (i, b"p" * 1000))
+    recorders.ride()
+    await written(recorders)
+    assert recorder.full and not recorder.stopped  # held, bounded, recording nothing more
+    await stored(store)  # its first turn stores it
+    recorder.heard(UserMessage(content="hello"), None, 0)  # not kept; writes the held lines
+    recorders._last = -1e9
+    recorders.ride()
+    await written(recorders)
+    assert recorder.stopped
+    _, size = await store.read_recording("s1", 0, 1 << 20)
+    assert 4096 - 1100 < size <= 4096
+    found = await read(store)
+    frames = [r for r in found if isinstance(r, UpstreamFrame)]
+    assert [type(r) for r in found] == [Header, Connected, *[UpstreamFrame] * len(frames), Cut]
+    assert len(frames) >= 2
+    assert [msgspec.json.decode(f.frame)["n"] for f in frames] == list(range(len(frames)))
+
+
 async def test_a_cut_recording_records_nothing_more() -> None:
     store = await stored(MemoryStore())
     recorders = Recorders(store, limit=4096)
@@ -155,7 +183,34 @@ async def test_a_cut_recording_records_nothing_more() -> None:
     assert recorder.stopped
     recorder.heard(UserMessage(content="hello"), None, 0)  # ignored
     found = await read(store)
-    assert [type(r) for r in found] == [Cut] and found[0].limit == 4096  # type: ignore[union-attr]
+    # The header and the connection fit before the limit; the frame that crossed it not.
+    assert [type(r) for r in found] == [Header, Connected, Cut]
+    assert found[2].limit == 4096  # type: ignore[attr-defined]
+
+
+async def test_a_recording_capped_at_64_kib_keeps_what_fits_before_the_cap() -> None:
+    """A batch that crosses the cap is cut at it: 64 KiB of 100 frames, not the header only."""
+    store = await stored(MemoryStore())
+    limit = 64 << 10
+    recorders = Recorders(store, limit=limit)
+    recorder = recorders.start("s1", header())
+    tap = recorder.connected("sim", "sim")
+    for i in range(100):
+        tap.received(b'{"type":"delta","n":%d,"pad":"%s"}' % (i, b"p" * 1000))
+    recorders.ride()
+    await written(recorders)
+    assert recorder.stopped
+    _, size = await store.read_recording("s1", 0, 1 << 24)
+    assert limit - 1100 < size <= limit, size
+    found = await read(store)
+    frames = [r for r in found if isinstance(r, UpstreamFrame)]
+    assert isinstance(found[0], Header) and isinstance(found[-1], Cut)
+    assert 55 <= len(frames) < 100
+    assert [msgspec.json.decode(f.frame)["n"] for f in frames] == list(range(len(frames)))
+
+
+_TOOK = 0.05
+"""Seconds each recorded call takes: its duration is at least that (a loaded machine adds)."""
 
 
 async def test_tool_calls_are_recorded_with_outcome_and_duration() -> None:
@@ -165,11 +220,13 @@ async def test_tool_calls_are_recorded_with_outcome_and_duration() -> None:
     observe = recorder.observe_tools(None)
     context = ToolContext(Path("."), "s1", call_id="call_3")
     with observe(ToolCall("list", {"path": "."}), context) as seen:
+        await asyncio.sleep(_TOOK)  # what the duration must cover, not synchronisation
         seen(ToolResult(tool="list", status="success", content=["a"]))
     # A client-side call: from its delivery to the client's answer.
     call = Call(content='{"name": "confirm", "args": {"q": 1}}', id="call_7", runs_on="client")
     call.seq = 5
     recorder.delivered([LogEntry(5, encode(call))])
+    await asyncio.sleep(_TOOK)
     recorder.heard(ToolResultMessage("call_7", "success", True), None, 5)
     recorder.heard(
         ToolResultMessage("call_9", "success", True),
@@ -186,8 +243,10 @@ async def test_tool_calls_are_recorded_with_outcome_and_duration() -> None:
         "call_3",
     )
     assert msgspec.json.decode(server.args) == {"path": "."}
+    assert server.duration_ms >= _TOOK * 1000, server
     assert (client.name, client.runs_on, client.id) == ("confirm", "client", "call_7")
-    assert msgspec.json.decode(client.args) == {"q": 1} and client.duration_ms >= 0
+    assert msgspec.json.decode(client.args) == {"q": 1}
+    assert client.duration_ms >= _TOOK * 1000, client
     refused = [r for r in found if isinstance(r, ClientCommand)][-1]
     assert refused.refused == "unknown_call"
     assert [r for r in found if isinstance(r, Logged)]
@@ -196,3 +255,50 @@ async def test_tool_calls_are_recorded_with_outcome_and_duration() -> None:
 async def test_the_recorder_stamps_are_wall_clock_times() -> None:
     recorder: SessionRecorder = Recorders(MemoryStore(), limit=1 << 20).start("s1", header())
     assert abs(recorder.now() - time.time()) < 1.0
+
+
+async def test_a_flood_of_audio_between_two_writes_holds_no_more_than_the_limit() -> None:
+    """60 MiB of a client's PCM in 3 s, recorded whole (``--record-audio all``), once
+    grew the node 119 MB before the store cut the recording: now what a session takes
+    in is kept only while it fits in the room its recording has left."""
+    import tracemalloc
+
+    store = await stored(MemoryStore())
+    limit = 1 << 20
+    recorders = Recorders(store, limit=limit, audio="all")
+    recorder = recorders.start("s1", header())
+    tap = recorder.connected("sim", "sim")
+    chunk = 48_000  # 1 s of 24 kHz PCM16
+    tracemalloc.start()
+    try:
+        for n in range(60 * 2**20 // chunk):
+            # A new buffer each time, as a socket gives; letters, so the frame is the
+            # JSON text a real client sends (raw control bytes would not be).
+            pcm = bytes([97 + n % 26]) * chunk
+            recorder.audio_in(pcm, 24000, n)
+            tap.sent(b'{"type":"input_audio_buffer.append","audio":"' + pcm + b'"}', True)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < limit + 8 * chunk, peak  # 60 MiB and more before
+    started = time.perf_counter()
+    recorders.ride()
+    encoding = time.perf_counter() - started
+    await written(recorders)
+    assert encoding < 1.0  # the lines of ~1 MiB, not of 60 MiB
+    assert recorder.stopped  # that write crossed the limit: the recording is cut there
+    assert isinstance((await read(store))[-1], Cut)
+
+
+async def test_room_comes_back_as_the_store_answers() -> None:
+    store = await stored(MemoryStore())
+    recorders = Recorders(store, limit=64 << 10, audio="all")
+    recorder = recorders.start("s1", header())
+    for n in range(6):  # 6 writes of ~8 KiB each fit in 64 KiB: nothing is dropped
+        recorder.audio_in(bytes([n]) * 6000, 24000, n)
+        recorders._last = -1e9  # the next round is due
+        recorders.ride()
+        await written(recorders)
+    await recorders.finish(recorder)
+    audio = [r for r in await read(store) if isinstance(r, ClientAudio)]
+    assert [r.seq for r in audio] == list(range(6))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from gateway.metrics import Metrics
@@ -9,12 +11,23 @@ from gateway.pricing import PriceTable
 from gateway.sessions.observer import TurnObserver
 from gateway.sessions.resumption import META_KEY, ResumePoint, decode_resume_point
 from gateway.sessions.upstream_link import OpenRequest, UpstreamLink
+from gateway.sim.model import SimConfig
+from gateway.sim.server import serve_sim
 from gateway.tracing import Tracing
-from gateway.upstream.base import AudioOut, Resumable, Resume, VoiceConfig
+from gateway.upstream.base import (
+    AudioOut,
+    ResponseDone,
+    Resumable,
+    Resume,
+    Upstream,
+    UpstreamFactory,
+    VoiceConfig,
+)
 from protocol.assembly import HistoryItem, assemble
 from protocol.events import Respond, User
 from protocol.prompt import native_prompt
 from tests.sessions.fakes import ScriptedFactory, ScriptedUpstream, Spawned
+from tests.sessions.sims import SimFactory
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -53,35 +66,48 @@ def link(
     return made, observer, spawned, remembered
 
 
-def request(factory: ScriptedFactory, voice: VoiceConfig | None = None) -> OpenRequest:
+def request(factory: UpstreamFactory, voice: VoiceConfig | None = None) -> OpenRequest:
     return OpenRequest(factory, "THE TEXT PROTOCOL", "be brief", voice, lambda: SPEAKING)
+
+
+async def answered(upstream: Upstream) -> None:
+    """Ask for a response and read it to its end: the simulator has taken all sent before."""
+    await upstream.start_response()
+    async with asyncio.timeout(10):
+        while not isinstance(await upstream.recv(), ResponseDone):
+            pass
 
 
 async def test_a_text_model_is_told_the_protocol_and_given_the_history() -> None:
     history: list[HistoryItem] = [User(content="hi"), Respond(content="hello"), User(content="?")]
-    factory = ScriptedFactory(model="gpt-test")
-    made, observer, _, _ = link(history)
-    setup = object()
-    upstream, voiced = await made.open(request(factory), setup)
-    assert isinstance(upstream, ScriptedUpstream) and upstream is made.upstream
-    assert upstream.opened_with == ("THE TEXT PROTOCOL", assemble(history), None, None)
-    assert not voiced and made.opened_with is setup
+    async with serve_sim(SimConfig()) as sim:
+        factory = SimFactory(sim)
+        made, observer, _, _ = link(history)
+        setup = object()
+        upstream, voiced = await made.open(request(factory), setup)
+        assert upstream is made.upstream
+        assert not voiced and made.opened_with is setup
+        await answered(upstream)
+        [conversation] = sim.conversations()
+        await made.close()
+    assert conversation.instructions == "THE TEXT PROTOCOL"
+    # The history as the text protocol assembles it (the model's turns end with <end>).
+    assert conversation.messages()[:-1] == [(m.role, m.content) for m in assemble(history)]
     # Priced and traced as the provider that answers.
-    assert (observer.provider, observer.model, made.provider) == (
-        "scripted",
-        "gpt-test",
-        "scripted",
-    )
+    assert (observer.provider, observer.model, made.provider) == ("openai", "sim", "openai")
 
 
 async def test_a_model_that_only_speaks_gets_the_spoken_voice_and_no_text_protocol() -> None:
-    factory = ScriptedFactory(provider="gemini", model="gemini-3.8-live", wire="gemini")
-    made, *_ = link([User(content="hi")])
-    upstream, voiced = await made.open(request(factory), object())
+    async with serve_sim(SimConfig(flavor="gemini")) as sim:
+        factory = SimFactory(sim, provider="gemini", model="gemini-3.8-live")
+        made, *_ = link([User(content="hi")])
+        upstream, voiced = await made.open(request(factory), object())
+        await answered(upstream)
+        [conversation] = sim.conversations()
+        await made.close()
     assert voiced
-    assert isinstance(upstream, ScriptedUpstream) and upstream.opened_with is not None
-    instructions, _, voice, _ = upstream.opened_with
-    assert voice == SPEAKING and instructions == native_prompt("be brief")
+    assert conversation.instructions == native_prompt("be brief")
+    assert conversation.messages()[0] == ("user", "hi")
 
 
 async def test_the_history_given_is_cut_to_the_context_budget() -> None:
@@ -90,14 +116,15 @@ async def test_the_history_given_is_cut_to_the_context_budget() -> None:
     for n in range(6):
         history += [User(content=f"question {n} {long}"), Respond(content=f"answer {n}")]
     history.append(User(content="the last question"))
-    factory = ScriptedFactory()
-    made, *_ = link(history, context_tokens=1500)
-    upstream, _ = await made.open(request(factory), object())
-    assert isinstance(upstream, ScriptedUpstream) and upstream.opened_with is not None
-    given = upstream.opened_with[1]
-    everything = assemble(history)
-    assert 0 < len(given) < len(everything)
-    assert given[-1] == everything[-1]  # the question being answered is always kept
+    async with serve_sim(SimConfig()) as sim:
+        made, *_ = link(history, context_tokens=1500)
+        upstream, _ = await made.open(request(SimFactory(sim)), object())
+        await answered(upstream)
+        [conversation] = sim.conversations()
+        await made.close()
+    given = conversation.messages()[:-1]  # less the answer
+    assert 0 < len(given) < len(history)
+    assert given[-1] == ("user", "the last question")  # the one being answered is always kept
 
 
 async def test_a_handle_of_the_same_model_is_resumed_and_new_handles_map_to_history() -> None:

@@ -40,6 +40,21 @@ async def test_a_recording_is_cut_once_at_its_limit(store: Store) -> None:
     assert meta is not None and meta[RECORDING] == "cut"
 
 
+async def test_the_write_that_crosses_the_limit_is_cut_at_the_limit_on_a_whole_line(
+    store: Store,
+) -> None:
+    """The lines of the write that fit are kept, not dropped with the rest of it."""
+    await store.create_session("s1", {"owner": "k"})
+    assert await store.append_recordings([("s1", b"h" * 9 + b"\n", CUT)], 100) == [10]
+    lines = b"".join(b"%d" % i * 9 + b"\n" for i in range(10))  # 10 lines of 10 bytes
+    assert await store.append_recordings([("s1", lines, CUT)], 100) == [RECORDING_CUT]
+    data, size = await store.read_recording("s1", 0, 1000)
+    # 100 bytes: the first line, the 6 whole lines that fit before the cut line, the cut.
+    assert data == b"h" * 9 + b"\n" + lines[:60] + CUT
+    assert size == len(data) <= 100
+    assert await store.append_recordings([("s1", b"z\n", CUT)], 100) == [RECORDING_CUT]
+
+
 async def test_pages_end_on_whole_lines(store: Store) -> None:
     await store.create_session("s1", {"owner": "k"})
     await store.append_recordings([("s1", b"one\ntwo\nthree\n", CUT)], 1000)

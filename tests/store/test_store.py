@@ -148,6 +148,16 @@ async def test_many_history_items_in_one_append(store: Store) -> None:
     assert await store.read_history("s1") == items
 
 
+async def test_history_is_read_a_page_at_a_time(store: Store) -> None:
+    await owned(store, "s1")
+    items = [b"%d" % i for i in range(70)]
+    await store.append("s1", "n1", [], items)
+    pages = [await store.read_history("s1", start, 32) for start in (0, 32, 64, 70)]
+    assert pages == [items[:32], items[32:64], items[64:], []]
+    assert await store.read_history("s1", 68) == items[68:]  # count 0: to the end
+    assert await store.read_history("nope", 0, 32) == []
+
+
 # --- lease and fencing ---------------------------------------------------------
 
 

@@ -66,10 +66,17 @@ class PhoneGateway:
     def client_url(self) -> str:
         return self.gateway.url
 
-    def call(self, *, signed: bool = True, **setup: Any) -> SimulatedCall:
-        """A call (not dialled yet) as Twilio would make it: signed with ``AUTH_TOKEN``."""
+    def call(self, *, signed: bool = True, webhook: bool = True, **setup: Any) -> SimulatedCall:
+        """A call (not dialled yet) as Twilio would make it: signed with ``AUTH_TOKEN``,
+        after asking the TwiML helper for its stream (the one-time token) unless
+        ``webhook`` is False or the call is unsigned."""
         return SimulatedCall(
-            CallSetup(url=self.stream_url, auth_token=AUTH_TOKEN if signed else None, **setup)
+            CallSetup(
+                url=self.stream_url,
+                auth_token=AUTH_TOKEN if signed else None,
+                webhook_url=f"{self.api_url}/v1/phone/twilio/voice" if webhook else None,
+                **setup,
+            )
         )
 
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from gateway.client import Client
 from gateway.client.recording import fetch_recording
-from gateway.client.replay_plan import plan_replay
+from gateway.client.replay_plan import PlanError, plan_replay
 from gateway.edge.server import Gateway
 from protocol.events import Metric, Respond, User
 from protocol.recording import Record, read_records
@@ -118,7 +118,11 @@ async def complete_recording(api: str, sid: str, turns: int) -> None:
     """Until the node has written the session's last turn (its closing metric)."""
     async with asyncio.timeout(20):
         while True:
-            plan = plan_replay(await fetch_recording(api, sid))
+            try:
+                plan = plan_replay(await fetch_recording(api, sid))
+            except PlanError:  # nothing to replay yet: its events are not written yet
+                await asyncio.sleep(0.05)
+                continue
             users = sum(1 for _, e in plan.events if isinstance(e, User))
             if users == turns and isinstance(plan.events[-1][1], Metric):
                 return

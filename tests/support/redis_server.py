@@ -10,6 +10,7 @@ import shutil
 import socket
 import subprocess
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 __all__ = ["RedisServer", "free_port"]
@@ -25,7 +26,14 @@ def free_port() -> int:
 class RedisServer:
     """Start, stop and restart one redis-server bound to 127.0.0.1."""
 
-    def __init__(self, workdir: Path, port: int | None = None, *, durable: bool = False) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        port: int | None = None,
+        *,
+        durable: bool = False,
+        extra: Sequence[str] = (),
+    ) -> None:
         binary = shutil.which("redis-server")
         if binary is None:
             raise RuntimeError(
@@ -39,6 +47,7 @@ class RedisServer:
         # durable: an append-only file fsynced on every write, so a restart
         # (or a crash) keeps every acknowledged write, as production should.
         self.durable = durable
+        self.extra = list(extra)  # more of redis-server's options (--requirepass X, …)
 
     @property
     def url(self) -> str:
@@ -65,6 +74,7 @@ class RedisServer:
                 "yes",
                 "--loglevel",
                 "warning",
+                *self.extra,
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -80,7 +90,7 @@ class RedisServer:
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
                     s.sendall(b"PING\r\n")
-                    if s.recv(16).startswith(b"+PONG"):
+                    if s.recv(16).startswith((b"+PONG", b"-NOAUTH")):
                         return
             except OSError:
                 time.sleep(0.02)

@@ -29,8 +29,9 @@ from .helpers import PeakRss
 from .servers.hostile_http import hostile_server
 from .servers.mcp_http import SERVER
 
-_MAX_STALL = 0.5
-"""Generous: healthz answers in milliseconds; the unbounded readers held the loop 10+ s."""
+_MAX_STALL = 2.5
+"""A loaded machine's margin: healthz answered within 15-265 ms here (the gzip bomb the
+slowest, 9x under this); the unbounded readers held the loop 10+ s (4x this)."""
 _MAX_RSS_MB = 100.0
 
 # (message to the simulator, what the failure says, seconds the call may take).
@@ -40,7 +41,8 @@ _MAX_RSS_MB = 100.0
 _PROBES: list[tuple[str, str, float]] = [
     ("/tool huge {}", "'huge' answered more than 128,000 bytes", 4.0),
     ("/tool bomb {}", "'bomb' answered a gzip-compressed body that expands past", 4.0),
-    ("/tool drip {}", "'drip' did not answer within 2s", 6.0),
+    # At its 2 s deadline (2.03 s measured; 10 s is a loaded machine's 5x): it ran 30 s past.
+    ("/tool drip {}", "'drip' did not answer within 2s", 10.0),
     (
         '/tool calc.big {"megabytes": 100}',
         "'calc.big' answered with more than 1,048,576 bytes",

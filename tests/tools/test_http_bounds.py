@@ -29,8 +29,9 @@ pytestmark = pytest.mark.timeout(30)
 
 MAX_OUTPUT = 64_000
 TIMEOUT = 2.0
-_MAX_GAP = 0.5
-"""Generous: ticks come within milliseconds; the unbounded reader held the loop 10+ s."""
+_MAX_GAP = 2.5
+"""A loaded machine's margin: ticks came within 11-37 ms here; the unbounded reader held the
+loop 10+ s (4x this)."""
 _MAX_RSS_MB = 100.0
 
 
@@ -104,7 +105,9 @@ async def test_a_drip_fails_at_the_deadline_of_the_whole_call(call: Any) -> None
     print(f"\n1 byte/s drip, timeout {TIMEOUT:g}s: failed after {elapsed:.2f} s; {cost}")
     assert f"'drip' did not answer within {TIMEOUT:g}s" in message
     assert "bytes of its body by then" in message
-    assert TIMEOUT - 0.1 <= elapsed < TIMEOUT + 1.0
+    # Not before the deadline; after it, within a loaded machine's 5x (2.00 s measured),
+    # where the unbounded reader ran 30 s past it.
+    assert TIMEOUT - 0.1 <= elapsed < TIMEOUT * 5
     assert cost.max_gap < _MAX_GAP, cost
 
 

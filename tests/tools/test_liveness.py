@@ -28,8 +28,9 @@ from tools.executor import Executor
 from .helpers import Call as CallFn
 from .helpers import failed, ok, watching_the_loop
 
-_MAX_GAP = 1.0
-"""Generous: a tick normally comes within milliseconds; a held loop misses it by tens of seconds."""
+_MAX_GAP = 5.0
+"""A loaded machine's margin: a tick normally comes within milliseconds; a held loop missed it
+by tens of seconds (a minute for the backtracking regex)."""
 
 _EVIL_LINE = "a" * 30 + "!"
 _EVIL_REGEX = "(a+)+$"
@@ -87,13 +88,17 @@ async def test_a_batch_of_slow_searches_keeps_the_loop_and_the_timeout(
         ToolCall(name="search", args={"pattern": _EVIL_REGEX, "regex": True}) for _ in range(8)
     ]
     async with watching_the_loop() as watch:
-        results = await executor.run_batch(calls, ctx)
+        # The batch ends: each call within the executor's timeout, the batch well within
+        # the 5x margin a loaded machine needs.
+        results = await asyncio.wait_for(executor.run_batch(calls, ctx), 5.0 * 5)
+    assert len(results) == len(calls)
     for result in results:
-        # Linear matching finishes well inside the timeout; a timeout would also be
-        # acceptable, a held loop is not.
-        assert result.status in ("success", "failure"), result
-        if result.status == "failure":
-            assert "timed out" in str(result.content)
+        # Linear matching finds that no line ends in an "a", well inside the timeout; on a
+        # loaded machine the timeout may end a call instead, and then it says so.
+        if result.status == "success":
+            assert result.content == {"matches": []}, result
+        else:
+            assert "timed out" in failed(result), result
     assert watch.max_gap < _MAX_GAP, f"the loop was held for {watch.max_gap:.1f}s"
 
 

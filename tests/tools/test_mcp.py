@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
@@ -158,11 +159,13 @@ async def test_an_http_server_that_goes_away_is_reported_down_then_reconnected(
     assert down.status == "failure" and "down" in down.content
     # Back on the same port: the session is reconnected.
     with mcp_http_server(port=http_server.port):
-        for _ in range(50):
-            again = await http.call("calc.add", a=1, b=2)
-            if again.status == "success":
-                break
+        # The supervisor reconnects after its backoff: a call until then fails naming it.
+        async with asyncio.timeout(30):
+            while (again := await http.call("calc.add", a=1, b=2)).status != "success":
+                assert "MCP server 'calc'" in again.content, again
+                await asyncio.sleep(0.05)
         assert again == ToolResult("calc.add", "success", 3)
+        assert http.server.connects == 2
 
 
 async def test_a_command_that_does_not_exist_fails_the_start_at_once() -> None:
@@ -222,3 +225,22 @@ def test_gateway_serve_stops_at_once_with_one_line_naming_the_server(tmp_path: P
     assert "exited with status 1 before it answered" in line
     assert "ModuleNotFoundError: No module named 'no_such_module'" in line
     assert elapsed < 15  # mostly the gateway's own imports; it was 20-30 s of retries
+
+
+async def test_values_the_server_was_given_from_the_environment_are_scrubbed(
+    ctx: ToolContext,
+) -> None:
+    spec = McpServerSpec(
+        name="calc",
+        command=(sys.executable, str(SERVER)),
+        env={"CALC_KEY": "mcp-key-0123456789", "CALC_OOPS": "mcp-error-secret!"},
+        timeout=10.0,
+        secrets=(("CALC_KEY", "mcp-key-0123456789"), ("CALC_OOPS", "mcp-error-secret!")),
+    )
+    async for harness in _harness(spec, ctx):
+        said = await harness.call("calc.config", variable="CALC_KEY")
+        assert said == ToolResult("calc.config", "success", "CALC_KEY=[redacted:CALC_KEY]")
+        failed = await harness.call("calc.config", variable="CALC_OOPS")
+        assert failed.status == "failure"
+        assert "refusing with [redacted:CALC_OOPS]" in failed.content
+        assert "mcp-error-secret" not in failed.content

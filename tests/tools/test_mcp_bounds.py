@@ -34,8 +34,9 @@ RAW_SERVER = Path(__file__).parent / "servers" / "raw_mcp_server.py"
 pytestmark = pytest.mark.timeout(60)
 
 TIMEOUT = 10.0
-_MAX_GAP = 0.5
-"""Generous: ticks come within milliseconds; the SDK's reader held a core for the whole timeout."""
+_MAX_GAP = 2.5
+"""A loaded machine's margin: ticks came within 28-68 ms here; the SDK's reader held a core
+for the whole timeout."""
 _MAX_RSS_MB = 100.0
 
 

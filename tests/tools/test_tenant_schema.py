@@ -95,7 +95,12 @@ def _schemas(draft: int) -> st.SearchStrategy[Any]:
             keywords["maxContains"] = st.integers(0, 2)
         else:
             keywords["additionalItems"] = inner
-            keywords["items"] = st.one_of(inner, st.lists(inner, min_size=1, max_size=2))
+            # Not a bare boolean: jsonschema's draft-07 additionalItems takes len() of it
+            # (a TypeError), so such a schema has no reference answer to compare with.
+            keywords["items"] = st.one_of(
+                inner.filter(lambda s: not isinstance(s, bool)),
+                st.lists(inner, min_size=1, max_size=2),
+            )
         return st.fixed_dictionaries({}, optional=keywords)
 
     return st.recursive(st.booleans() | st.just({}), extend, max_leaves=6)
@@ -115,10 +120,7 @@ def test_agrees_with_jsonschema_on_what_is_valid(draft: int, data: st.DataObject
     ours = TenantSchema(schema)
     for _ in range(5):
         args = {"v": data.draw(_VALUES)}
-        try:
-            expected = reference.is_valid(args)
-        except TypeError:  # jsonschema's draft-07 additionalItems takes len() of "items": false
-            continue
+        expected = reference.is_valid(args)
         problem = ours.explain(args)
         assert (problem is None) == expected, (schema, args, problem)
 

@@ -142,9 +142,20 @@ async def test_replace_response_after_completed_overrun() -> None:
     ]
 
 
-async def test_replace_response_after_cancel_at_execute() -> None:
+@pytest.mark.parametrize(
+    ("overrun", "status"),
+    [
+        # ~110 characters of made-up results follow at 100 a second: the cancel, sent as
+        # ``</execute>`` arrives, has 1.1 s to reach the simulator (it takes milliseconds).
+        (True, "cancelled"),
+        # The reply ends at ``</execute>``: the cancel comes after the response completed.
+        (False, "completed"),
+    ],
+)
+async def test_replace_response_after_cancel_at_execute(overrun: bool, status: str) -> None:
     """The session's flow: cancel as soon as ``</execute>`` arrives, then replace."""
-    async with serve_sim(SimConfig(tokens_per_second=100, chunk_size=3)) as sim:
+    config = SimConfig(tokens_per_second=100, chunk_size=1, overrun=overrun)
+    async with serve_sim(config) as sim:
         up = adapter(sim.url)
         await up.open("", [])
         await up.add_message(Message(role="user", content=TOOL))
@@ -153,8 +164,9 @@ async def test_replace_response_after_cancel_at_execute() -> None:
         await up.cancel_response()
         rest = await read_turn(up)
         assert rest.done is not None
-        assert rest.done.status in ("cancelled", "completed")
+        assert rest.done.status == status
         assert (head.text + rest.text).startswith(TOOL_CALL)
+        assert "I made that up" not in rest.text
         await up.replace_response(TOOL_CALL)
         answer = await turn(up, "next")
         [conversation] = sim.conversations()

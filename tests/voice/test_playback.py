@@ -12,8 +12,11 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import msgspec
+import pytest
+
 from gateway.sim.model import Sim
-from protocol.events import Cancelled
+from protocol.events import Cancelled, SpeechStarted
 from tests.voice.conftest import VoiceClient, utterance, voice_gateway
 
 RATE = 24000
@@ -56,6 +59,58 @@ async def test_a_barge_in_truncates_the_spoken_answer_where_the_client_stopped(
     assert heard > 0
     assert cancelled.heard_ms == heard
     assert sim.stats.truncations == [heard]
+
+
+@pytest.mark.parametrize("provider", ["openai", "gemini"])
+async def test_speech_over_a_finished_answer_the_client_still_plays_cuts_it_where_heard(
+    provider: str, tmp_path: Path
+) -> None:
+    """The model's 2.4 s answer comes whole at once and its turn ends; the client has
+    played 0.3 s of it (its ``played`` reports are behind the audio sent) when the user
+    speaks: ``speech_started`` says where it was cut, and the provider keeps that much
+    (OpenAI truncates its item; Gemini keeps what it keeps of a turn)."""
+    async with voice_gateway(provider, tmp_path, audio_ms_per_char=60) as gw:
+        sim: Sim = gw.sim
+        client = await VoiceClient.connect(gw.url)
+        await client.configure(input_audio={"rate": RATE}, output="audio")
+        await client.send({"type": "user", "content": "/raw " + "z" * 40})
+        await client.turn_end()  # generated and sent: the turn is over
+        sent_ms = sum(len(pcm) for _, pcm in client.audio) * 1000 // (2 * RATE)
+        assert sent_ms >= 2300
+        stop = asyncio.Event()
+        player = asyncio.create_task(report_playback(client, 100, stop))
+        await asyncio.sleep(0.35)  # the user hears a bit of it...
+        stop.set()
+        heard = await player
+        speaking = asyncio.get_running_loop().time() + 0.3  # the utterance's silent lead
+        talk = asyncio.create_task(client.stream(utterance(0.5, RATE), RATE))  # ...talks over it
+        [*_, started] = await client.until("speech_started")
+        latency = asyncio.get_running_loop().time() - speaking
+        await talk
+        await client.close()
+    print(f"speech start → speech_started at the client: {latency * 1000:.0f} ms")
+    assert latency < 1.5  # 300 ms with a loaded machine's margin
+    assert isinstance(started, SpeechStarted) and started.heard_ms == heard
+    assert 0 < heard < sent_ms
+    assert sim.stats.truncations == ([heard] if provider == "openai" else [])
+
+
+async def test_speech_after_the_client_played_all_of_the_answer_cuts_nothing(
+    tmp_path: Path,
+) -> None:
+    async with voice_gateway("openai", tmp_path, audio_ms_per_char=60) as gw:
+        sim: Sim = gw.sim
+        client = await VoiceClient.connect(gw.url)
+        await client.configure(input_audio={"rate": RATE}, output="audio")
+        await client.send({"type": "user", "content": "/raw " + "z" * 10})
+        await client.turn_end()
+        sent_ms = sum(len(pcm) for _, pcm in client.audio) * 1000 // (2 * RATE)
+        await client.send({"type": "played", "seq": client.audio[-1][0], "ms": sent_ms})
+        await client.stream(utterance(0.5, RATE), RATE)
+        [*_, started] = await client.until("speech_started")
+        await client.close()
+    assert isinstance(started, SpeechStarted) and isinstance(started.heard_ms, msgspec.UnsetType)
+    assert sim.stats.truncations == []
 
 
 async def test_a_played_report_needs_no_voice_and_is_not_an_error(tmp_path: Path) -> None:

@@ -19,6 +19,9 @@ from tests.voice.conftest import VoiceClient, kind, shape, utterance, voice_gate
 
 PROVIDERS = ["openai", "gemini"]
 RATE = 24000
+BARGE_IN_WITHIN = 5.0
+"""Seconds from the speech's start to the cut: 0.3 s of silence and 0.1 s of speech make it
+~0.4 s (tests/bench/barge_in_bench.py prints it), so over 10x; half the answer's 10 s."""
 
 
 @pytest.mark.parametrize("provider", PROVIDERS)
@@ -175,8 +178,11 @@ async def test_speech_during_an_answer_cancels_it(provider: str, tmp_path: Path)
         await client.close()
     cancelled = cut[-1]
     assert isinstance(cancelled, Cancelled) and cancelled.reason == "barge_in"
-    assert any(kind(e) == "speech_started" for e in cut)
-    assert cancelled_after < 1.5  # 0.3 s of silence, then 0.1 s of speech
+    # In order: the speech was heard, then the answer cut, before it could end (its 400
+    # characters take 10 s); tests/bench/barge_in_bench.py measures how soon (~0.4 s).
+    kinds = [kind(e) for e in cut]
+    assert "speech_started" in kinds and "end" not in kinds, kinds
+    assert cancelled_after < BARGE_IN_WITHIN
     got = shape(answered)
     assert ("user", "(speech 0.5 s)") in got
     assert ("respond", "Echo: (speech 0.5 s)") in got
@@ -205,8 +211,10 @@ async def test_speech_while_tools_run_cancels_the_turn_and_its_tools(
         await client.close()
     cancelled = cut[-1]
     assert isinstance(cancelled, Cancelled) and cancelled.reason == "barge_in"
-    assert cancelled_after < 1.5  # 0.3 s of silence, then 0.1 s of speech
+    # In order: the speech was heard, then the turn cut while its 20 s tool ran.
     assert [kind(e) for e in cut][-2:] == ["speech_started", "cancelled"]
+    assert "result" not in [kind(e) for e in cut]
+    assert cancelled_after < BARGE_IN_WITHIN
     got = shape(answered)
     assert ("user", "(speech 0.5 s)") in got
     assert ("respond", "Echo: (speech 0.5 s)") in got

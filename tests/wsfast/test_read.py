@@ -132,6 +132,23 @@ async def test_a_masked_frame_from_the_server_is_a_protocol_error() -> None:
     await exchange(server, client)
 
 
+class _TellsItPaused(FastReadClientConnection):
+    """Sets ``reading_paused`` when the connection stops reading its socket (the transport has no
+    event for it)."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.reading_paused = asyncio.Event()
+        assert isinstance(transport, asyncio.Transport)
+        pause_reading = transport.pause_reading
+
+        def pause() -> None:
+            pause_reading()
+            self.reading_paused.set()
+
+        transport.pause_reading = pause  # type: ignore[method-assign]
+        super().connection_made(transport)
+
+
 async def test_a_reader_that_falls_behind_pauses_the_sender_and_loses_nothing() -> None:
     """Above ``max_queue`` unread messages the socket stops being read, as websockets does."""
     count = 200
@@ -149,13 +166,14 @@ async def test_a_reader_that_falls_behind_pauses_the_sender_and_loses_nothing() 
             f"ws://127.0.0.1:{port}",
             compression=None,
             max_queue=4,
-            create_connection=FastReadClientConnection,
+            create_connection=_TellsItPaused,
         ) as ws:
+            assert isinstance(ws, _TellsItPaused)
             assert await ws.recv() == "m0" + "p" * 2000
             # Nothing is read: the queue passes 4 messages and reading stops,
             # so the server's sends back up in the socket buffers.
-            while ws.transport.is_reading():  # noqa: ASYNC110 - the transport has no event for it
-                await asyncio.sleep(0.01)
+            await asyncio.wait_for(ws.reading_paused.wait(), 10)
+            assert not ws.transport.is_reading()
             got = [await ws.recv() for _ in range(count - 1)]
             assert got == [f"m{i}" + "p" * 2000 for i in range(1, count)]
             assert ws.transport.is_reading()

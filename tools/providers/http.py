@@ -46,6 +46,7 @@ import httpx2
 from tools.base import ToolContext, ToolFailure
 from tools.described import DescribedTool
 from tools.providers.specs import HttpToolSpec
+from tools.secrets import Secrets
 
 __all__ = ["HttpTool", "HttpToolSpec", "body_limit", "http_client"]
 
@@ -68,12 +69,20 @@ def body_limit(max_output: int) -> int:
     return max_output + max(max_output, _MIN_MARGIN)
 
 
+_CONNECTIONS: Final = 1024
+"""Connections the shared client opens at once, for every session of the node. httpx's
+default (100) made the 101st background call of a node wait, unstarted, for a free
+connection while the model was told it had started; the calls are bounded before
+they get here (per batch, per session's background calls, per node's sessions)."""
+
+
 def http_client() -> httpx2.AsyncClient:
     """The shared client: no redirects (a tool URL is configured, not discovered), no proxies from the environment."""
     return httpx2.AsyncClient(
         follow_redirects=False,
         trust_env=False,
         headers={"Accept-Encoding": ", ".join(_ENCODINGS)},
+        limits=httpx2.Limits(max_connections=_CONNECTIONS, max_keepalive_connections=100),
     )
 
 
@@ -85,6 +94,7 @@ class HttpTool(DescribedTool):
         self.spec = spec
         self.require_approval = spec.require_approval
         self.background = spec.background
+        self.secrets = Secrets(spec.secrets)
         self._client = client
 
     async def run(self, args: dict[str, Any], ctx: ToolContext) -> Any:

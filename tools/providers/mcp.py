@@ -49,6 +49,7 @@ from tools.described import DescribedTool
 from tools.providers.mcp_http import TOO_LARGE_NOTE, streamable_http
 from tools.providers.mcp_stdio import MESSAGE_TOO_LARGE, StdioChild
 from tools.providers.specs import McpServerSpec
+from tools.secrets import Secrets
 
 __all__ = ["MAX_MESSAGE", "McpServer", "McpServerSpec", "McpTool", "result_content"]
 
@@ -81,6 +82,7 @@ class McpServer:
     ) -> None:
         """``connect_timeout`` (default: the section's ``timeout``) bounds ``start``."""
         self.spec = spec
+        self.secrets = Secrets(spec.secrets)  # its tools' (``tools.secrets``)
         self.connect_timeout = connect_timeout or spec.timeout
         self.max_message = max_message
         self._child: StdioChild | None = None
@@ -327,6 +329,7 @@ class McpTool(DescribedTool):
         self.server = server
         self.remote_name = tool.name
         self.require_approval = server.spec.require_approval
+        self.secrets = server.secrets
         self.background = server.spec.background
 
     async def run(self, args: dict[str, Any], ctx: ToolContext) -> Any:

@@ -29,6 +29,8 @@ class McpServerSpec:
     """Calls of every tool of this server wait for a user's approve."""
     background: bool = False
     """Calls of every tool of this server do not block the turn."""
+    secrets: tuple[tuple[str, str], ...] = ()
+    """``(name, value)``: values from the environment, scrubbed from its answers (``tools.secrets``)."""
 
     def describe(self) -> str:
         return " ".join(self.command) if self.command else self.url
@@ -48,3 +50,6 @@ class HttpToolSpec:
     """Its calls wait for a user's approve."""
     background: bool = False
     """Its calls do not block the turn: the model is told it started, the result comes later."""
+    secrets: tuple[tuple[str, str], ...] = ()
+    """``(name, value)``: its header values and values from the environment, scrubbed
+    from its answers (``tools.secrets``)."""

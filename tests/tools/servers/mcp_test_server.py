@@ -67,6 +67,15 @@ def big(megabytes: int) -> str:
 
 
 @calc.tool()
+def config(variable: str) -> str:
+    """What the server was configured with: environment VARIABLE (a leaky server)."""
+    value = os.environ.get(variable, "")
+    if value.endswith("!"):
+        raise ToolError(f"refusing with {value}")
+    return f"{variable}={value}"
+
+
+@calc.tool()
 def pid() -> int:
     """The server's process id (to see restarts)."""
     return os.getpid()

@@ -743,6 +743,12 @@ window.rtgw = Object.freeze({
   get played() {
     return voice.lastPlayed;
   },
+  get answerMs() {
+    return voice.answerMs; // of the current answer's audio scheduled to play
+  },
+  get playing() {
+    return voice.chunks.length > 0;
+  },
   get frames() {
     return inspector.frames.length;
   },

@@ -93,7 +93,12 @@ export interface ApprovalEvent extends EventBase {
   reason?: "timeout";
 }
 export interface ConfiguredEvent extends EventBase { type: "configured"; config: SessionConfig }
-export interface SpeechStartedEvent extends EventBase { type: "speech_started"; offset_ms: number }
+export interface SpeechStartedEvent extends EventBase {
+  type: "speech_started";
+  offset_ms: number;
+  /** The previous answer, complete but still playing, was cut where the client had played to. */
+  heard_ms?: number;
+}
 export interface SpeechStoppedEvent extends EventBase { type: "speech_stopped"; offset_ms: number }
 
 export type GatewayEvent =

@@ -62,7 +62,7 @@ export {
   UnreachableError,
 };
 
-const TURN_ENDING_ERROR_CODES = new Set(["upstream", "internal"]);
+const TURN_ENDING_ERROR_CODES = new Set(["upstream", "upstream_timeout", "internal"]);
 const REFUSAL_CODES = new Set([
   "turn_active",
   "rate_limited",

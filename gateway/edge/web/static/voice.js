@@ -26,6 +26,7 @@ export class Voice {
     this.framesSent = 0;
     this.chunksPlayed = 0;
     this.lastPlayed = null; // {seq, ms} last reported
+    this.playedTo = null; // {seq, ms} where the newest chunk that ended stopped
   }
 
   get micOn() {
@@ -99,6 +100,9 @@ export class Voice {
     const chunk = { source, seq, start, end: start + buffer.duration, offset };
     source.onended = () => {
       this.chunks = this.chunks.filter((c) => c !== chunk);
+      // Reported when playback goes idle: an answer played to its end says so (the
+      // gateway would otherwise take the last tick's report as where it was cut).
+      this.playedTo = { seq, ms: Math.round(offset + buffer.duration * 1000) };
       if (!this.chunks.length) this.idle();
     };
     this.chunks.push(chunk);
@@ -114,6 +118,7 @@ export class Voice {
   /** A new turn: its answer's audio counts from 0. */
   newAnswer() {
     this.answerMs = 0;
+    this.playedTo = null;
   }
 
   /** How much of the answer was heard, as `played(seq, ms)`. */
@@ -123,7 +128,7 @@ export class Voice {
     const now = context.currentTime;
     let current = null;
     for (const c of this.chunks) if (c.start <= now) current = c;
-    if (!current) return this.lastPlayed;
+    if (!current) return this.playedTo ?? this.lastPlayed;
     const ms = current.offset + Math.min(now - current.start, current.end - current.start) * 1000;
     return { seq: current.seq, ms: Math.round(ms) };
   }
@@ -161,5 +166,6 @@ export class Voice {
     this.stop();
     this.answerMs = 0;
     this.lastPlayed = null;
+    this.playedTo = null;
   }
 }

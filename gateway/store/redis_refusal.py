@@ -1,0 +1,89 @@
+"""A Redis that refuses this node for good, told apart from a Redis that is down.
+
+A Redis that is down, restarting or busy answers later: the node waits for it
+(``/readyz`` 503, clients 503) and goes on by itself. A wrong password, a
+database number past the server's ``databases``, an ACL user without the
+commands the store runs, or a port where something else than Redis answers
+never get better by waiting: ``refusal`` names the change to make, so a
+starting node can stop with that one line instead of retrying forever.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from redis.exceptions import (
+    AuthenticationError,
+    InvalidResponse,
+    NoPermissionError,
+    RedisClusterException,
+    ResponseError,
+)
+from redis.exceptions import ConnectionError as RedisConnectionError
+
+__all__ = ["closed_at_once", "refusal"]
+
+_HUNG_UP: Final = ("closed by server", "while writing to socket", "while reading from")
+_URL: Final = "in --store (GATEWAY_STORE, REDIS_URL): redis://[USER]:PASSWORD@HOST:PORT/DB"
+
+
+def refusal(exc: BaseException, where: str) -> str | None:
+    """What to change when ``exc`` says Redis at ``where`` refuses for good; None when
+    a retry may fix it (a refused or timed-out connection, a loading Redis)."""
+    text = str(exc).rstrip(".")
+    if isinstance(exc, RedisClusterException):  # each node's reason, in its own words
+        if "Cluster mode is not enabled" in text:
+            return (
+                f"Redis at {where} is not a Redis Cluster (cluster-enabled is off): give "
+                "--store (GATEWAY_STORE, REDIS_URL) as redis://HOST:PORT/DB for one server"
+            )
+        if "username-password" in text or "Authentication required" in text:
+            return f"Redis at {where} refused the store URL's user or password ({text}): correct it {_URL}"
+        return None
+    if isinstance(exc, AuthenticationError):
+        if "without any password configured" in text:
+            return (
+                f"Redis at {where} has no password, but the store URL gives one: remove "
+                f"the password {_URL}, or set requirepass on that Redis"
+            )
+        if "required" in text.lower():
+            return f"Redis at {where} needs a password: give it {_URL}"
+        return (
+            f"Redis at {where} refused the store URL's user or password ({text}): correct it {_URL}"
+        )
+    if isinstance(exc, NoPermissionError):
+        return (
+            f"Redis at {where} refused the store URL's user: {text}; grant that user every "
+            "command on the store's keys (ACL SETUSER … ~rtgw:* +@all), or use another user"
+        )
+    if isinstance(exc, ResponseError):
+        if "DB index is out of range" in text or "invalid DB index" in text:
+            return (
+                f"Redis at {where} has no such database ({text}): the number after the "
+                "last / of the store URL must be below that Redis's `databases` setting "
+                "(16 unless redis.conf says otherwise)"
+            )
+        if text.startswith("DENIED"):
+            return f"Redis at {where} refuses this node: {text}"
+        return None
+    if isinstance(exc, InvalidResponse) or closed_at_once(exc):
+        return (
+            f"{where} answers, but not as Redis does ({text}): is --store (GATEWAY_STORE, "
+            "REDIS_URL) pointing at Redis's port (6379 unless redis.conf says otherwise), "
+            "does its scheme (redis:// or rediss:// for TLS) match the server's, and is "
+            "the Redis behind a proxy there running?"
+        )
+    return None
+
+
+def closed_at_once(exc: BaseException) -> bool:
+    """The server took the connection, then hung up without a reply: not Redis, or a
+    Redis shutting down this moment, or a proxy whose Redis is down (the caller asks
+    again for a while before deciding)."""
+    # redis-py's words for a connection that was made and then lost; not for a failed
+    # connect ("connecting to"), a full server, or Sentinel finding no primary.
+    return (
+        isinstance(exc, RedisConnectionError)
+        and not isinstance(exc, AuthenticationError)
+        and any(words in str(exc) for words in _HUNG_UP)
+    )

@@ -117,4 +117,3 @@ async def test_an_endless_head_is_cut_at_its_size_limit(nodes: NodesFactory) -> 
 )
 def test_the_head_decides_who_serves_it(head: bytes, to: str) -> None:
     assert route(head) == to
-

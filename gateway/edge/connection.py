@@ -162,8 +162,7 @@ class ClientConnection:
         switch, one socket write for the batch. False leaves them to the
         writer (socket buffer full, connection closing, not the next seq).
         """
-        ws = self.ws
-        if self._close is not None or not wsfast.can_write_now(ws):
+        if self._close is not None or not self._can_write_now():
             return False
         last = self.last_sent
         for entry in entries:
@@ -171,7 +170,7 @@ class ClientConnection:
                 return False
             last = entry.seq
         try:
-            wsfast.write_now(ws, [entry.data for entry in entries])
+            self._write_now([entry.data for entry in entries])
         except Exception:  # the connection broke: the writer's next send ends it
             self._wake.set()
         self.last_sent = last
@@ -181,10 +180,9 @@ class ClientConnection:
         if self._lagging or self._close is not None:
             return  # catching up from the log: audio is not there, the transcript is
         queue = self._queue
-        ws = self.ws
-        if self._idle and not queue and wsfast.can_write_now(ws):
+        if self._idle and not queue and self._can_write_now():
             try:
-                wsfast.write_binary_now(ws, frame)
+                self._write_binary_now(frame)
             except Exception:  # the connection broke: the writer's next send ends it
                 self._wake.set()
             return
@@ -273,7 +271,7 @@ class ClientConnection:
             provider=provider,
             node=node.node_id,
         )
-        await self.ws.send(encode(first), text=True)
+        await self._send_first(first)
         # Two tasks for the connection's life, none per frame: the writer ending
         # by itself (the connection closed or broke) cancels the reader. One
         # cancelled by ``_close_flooding`` does not: that reader closes the socket.
@@ -594,7 +592,7 @@ class ClientConnection:
         try:
             while True:
                 if self._close is not None:
-                    await ws.close(self._close[0], close_reason(self._close[1]))
+                    await self._send_close(self._close[0], close_reason(self._close[1]))
                     return
                 if self._lagging:
                     await self._catch_up()
@@ -626,7 +624,7 @@ class ClientConnection:
             elif seq == _AUDIO:
                 await self._send_text(ws, batch)
                 batch.clear()
-                await ws.send(entry.data, text=False)
+                await self._send_binary(entry.data)
             elif seq > self.last_sent:
                 if seq != self.last_sent + 1:
                     # A gap means entries were skipped: read them from the log.
@@ -645,10 +643,34 @@ class ClientConnection:
                 self.last_sent = entry.seq
         await self._send_text(ws, batch)
 
-    @staticmethod
-    async def _send_text(ws: ServerConnection, batch: list[bytes]) -> None:
+    async def _send_text(self, ws: ServerConnection, batch: list[bytes]) -> None:
         if batch:
-            await wsfast.send_batch(ws, batch)  # one write, then drain is awaited
+            await self._send_batch(batch)  # one write, then drain is awaited
+
+    # ------------------------------------------------------------- the wire
+    # What goes to the client, in one place: the gateway's events as they are
+    # logged. Another door (``gateway.edge.openai_door``) translates them here.
+
+    def _can_write_now(self) -> bool:
+        return wsfast.can_write_now(self.ws)
+
+    def _write_now(self, frames: list[bytes]) -> None:
+        wsfast.write_now(self.ws, frames)
+
+    def _write_binary_now(self, frame: bytes) -> None:
+        wsfast.write_binary_now(self.ws, frame)
+
+    async def _send_batch(self, frames: list[bytes]) -> None:
+        await wsfast.send_batch(self.ws, frames)
+
+    async def _send_binary(self, frame: bytes) -> None:
+        await self.ws.send(frame, text=False)
+
+    async def _send_first(self, first: Session) -> None:
+        await self.ws.send(encode(first), text=True)
+
+    async def _send_close(self, code: int, reason: str) -> None:
+        await self.ws.close(code, reason)
 
     async def _catch_up(self) -> None:
         """Send the log after ``last_sent``, then switch to live delivery.
@@ -694,7 +716,7 @@ class ClientConnection:
                         batch.append(entry.data)
                         self.last_sent = entry.seq
             if batch:
-                await wsfast.send_batch(self.ws, batch)
+                await self._send_batch(batch)
             if not entries or (len(entries) < _REPLAY_PAGE and self.last_sent >= self._newest):
                 return
 

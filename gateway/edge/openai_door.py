@@ -1,14 +1,15 @@
 """The OpenAI door: ``ws://HOST:PORT/openai/v1/realtime?model=…`` (OpenAI's GA Realtime).
 
-A thin I/O shell around ``protocol.openai_conversation.Conversation``. Each
-client of this door is served through a connection to the gateway's own
-WebSocket endpoint on the node's loopback, made during the client's
-handshake with the client's own credentials: every check of the gateway's
-door (API key or client token, origin, connection limits, session
-ownership, resume) is made there, and a refusal is answered to the OpenAI
-client as the same HTTP status with OpenAI's error body. Then frames flow
-both ways through the conversation: OpenAI client events become the
-gateway's commands, the gateway's logged events become OpenAI server events.
+A thin I/O shell around ``protocol.openai_conversation.Conversation``. A
+client of this door is admitted by the gateway's own door's checks (API key
+or client token, origin, connection limits, session ownership, resume:
+``Gateway._admit_client``), a refusal answered as the same HTTP status with
+OpenAI's error body, and is then served by the gateway's own
+``ClientConnection``, attached to the session as any client is (its writer,
+catch-up, backpressure, commands, limits, revocation), with its wire
+translated: OpenAI client events become the gateway's commands, handed to the
+connection as its own frames are; the gateway's logged events become OpenAI
+server events where the connection writes them (``DoorConnection``).
 
 Credentials: ``Authorization: Bearer KEY`` (an API key or a client token),
 or a browser's ``openai-insecure-api-key.KEY`` subprotocol (the ``realtime``
@@ -24,43 +25,41 @@ is not sent again.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import http
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from typing import Final
-from urllib.parse import parse_qs, quote, urlsplit
+from collections.abc import Awaitable, Callable, MutableMapping, Sequence
+from typing import Final, Protocol
+from urllib.parse import parse_qs, urlsplit
 
 import msgspec
-from websockets.asyncio.client import ClientConnection, connect
 from websockets.asyncio.server import ServerConnection
 from websockets.datastructures import Headers
-from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.http11 import Request, Response
 from websockets.typing import Subprotocol
 
+from gateway import wsfast
 from gateway.config import Config
 from gateway.edge.closes import CloseCode
-from gateway.edge.frame_rate import FrameRate, Verdict
-from gateway.edge.pending import PendingConnections
-from gateway.edge.tokens import is_client_token
+from gateway.edge.connection import ClientConnection
+from gateway.edge.frame_rate import Verdict
+from gateway.sessions.policy import KeyPolicies, refusal
+from gateway.sessions.port import NodePort
 from gateway.upstream import providers
 from gateway.upstream.models import MODELS
 from protocol.audio import split_audio_frame
 from protocol.configuration import SessionConfig
-from protocol.events import Configure, Configured, Error, Session, decode_event
-from protocol.openai_conversation import Conversation
+from protocol.events import Configure, Session, decode_event
+from protocol.openai_conversation import Conversation, ServerEvent
 from protocol.openai_events import decode_client, encode
 
-__all__ = ["OPENAI_PATH", "OpenAIDoor", "model_route"]
+__all__ = ["OPENAI_PATH", "DoorConnection", "OpenAIDoor", "model_route"]
 
 log = logging.getLogger("gateway.edge.openai_door")
 
 OPENAI_PATH: Final = "/openai/v1/realtime"
 INSECURE_KEY: Final = "openai-insecure-api-key."
 REALTIME: Final = Subprotocol("realtime")
-_OPEN_TIMEOUT: Final = 10.0
 _command_encoder: Final = msgspec.json.Encoder()
 
 
@@ -91,30 +90,42 @@ def _error_response(status: int, message: str, code: str) -> Response:
     )
 
 
+class Admission(Protocol):
+    """What the gateway's checks established for one handshake (``server.Handshake``)."""
+
+    principal: str
+    trusted: bool
+
+
+Admit = Callable[
+    [ServerConnection, Request, dict[str, list[str]]], Awaitable["Admission | Response"]
+]
+
+
 class _Pending(msgspec.Struct):
-    inner: ClientConnection
-    sid: str
     model: str
     route: tuple[str, str]
     after: tuple[int, int] | None
-    early: list[str]  # frames read during the handshake, for the conversation
+    configure: bool  # a new session, configured for ?model= as the connection starts
 
 
 class OpenAIDoor:
-    """The OpenAI door of one node: handshakes, then one pump per client."""
+    """The OpenAI door of one node: its handshakes, and its clients' connections."""
 
     def __init__(
         self,
         config: Config,
-        pending: PendingConnections,
+        policies: KeyPolicies,
+        admit: Admit,
         config_of: Callable[[str], Awaitable[SessionConfig | None]],
     ) -> None:
-        """``config_of(sid)``: a session's configuration (shown by ``session.created``
-        to a client of a session made elsewhere: ``client_secrets``)."""
+        """``admit``: the gateway's own handshake checks (a refusal, or what they
+        established); ``config_of(sid)``: a session's configuration (shown by
+        ``session.created`` to a client of a session made elsewhere: ``client_secrets``)."""
         self.config = config
-        self.pending = pending
+        self.policies = policies
+        self.admit = admit
         self.config_of = config_of
-        self.gateway_address = ""  # HOST:PORT of this node's own door, set once it listens
         self._handshakes: dict[ServerConnection, _Pending] = {}
         self._reapers: set[asyncio.Task[None]] = set()
 
@@ -138,26 +149,22 @@ class OpenAIDoor:
         route = model_route(self.config, model)
         if isinstance(route, str):
             return _error_response(400, route, "model_not_found")
-        headers: list[tuple[str, str]] = []
         authorizations = request.headers.get_all("Authorization")
         if len(authorizations) > 1:
             return _error_response(401, "send one Authorization header, not several", "auth")
-        authorization = authorizations[0] if authorizations else None
         offered = [
             p.strip()
             for value in request.headers.get_all("Sec-WebSocket-Protocol")
             for p in value.split(",")
         ]
         insecure = next((p for p in offered if p.startswith(INSECURE_KEY)), None)
-        if authorization is None and insecure is not None:
-            authorization = "Bearer " + insecure[len(INSECURE_KEY) :]
-        if authorization is not None:
-            headers.append(("Authorization", authorization))
-        credential = (authorization or "").partition(" ")[2].strip()
-        token = is_client_token(credential)
-        origin = request.headers.get("Origin")
-        if origin is not None:
-            headers.append(("Origin", origin))
+        headers = Headers(
+            (name, value)
+            for name, value in request.headers.raw_items()
+            if name.lower() != "sec-websocket-protocol"  # the gateway's door reads its own
+        )
+        if not authorizations and insecure is not None:
+            headers["Authorization"] = "Bearer " + insecure[len(INSECURE_KEY) :]
         sid = (query.get("session_id") or [""])[-1]
         after_event = (query.get("after_event") or [""])[-1]
         after: tuple[int, int] | None = None
@@ -170,50 +177,26 @@ class OpenAIDoor:
                     "(evt_SEQ_N), with session_id",
                     "invalid_after_event",
                 )
-        url = f"ws://{self.gateway_address}/v1/realtime"
-        if sid:
-            url += f"?session_id={quote(sid)}&after=0"
-        try:
-            inner = await connect(
-                url,
-                additional_headers=headers,
-                open_timeout=_OPEN_TIMEOUT,
-                max_size=self.config.max_frame,
-                compression=None,
-                user_agent_header=None,
-            )
-        except InvalidStatus as exc:
-            answer = exc.response
-            text = answer.body.decode("utf-8", "replace").strip() if answer.body else ""
+        # The session's log is replayed from its start through a fresh conversation.
+        gateway_query = {"session_id": [sid], "after": ["0"]} if sid else {}
+        admitted = await self.admit(connection, Request(request.path, headers), gateway_query)
+        if isinstance(admitted, Response):
+            text = admitted.body.decode("utf-8", "replace").strip() if admitted.body else ""
             code = {401: "invalid_api_key", 403: "forbidden", 404: "session_not_found"}
             return _error_response(
-                answer.status_code, text, code.get(answer.status_code, "refused")
+                admitted.status_code, text, code.get(admitted.status_code, "refused")
             )
-        except (OSError, TimeoutError) as exc:
-            log.warning("OpenAI door: cannot reach this node's own endpoint: %s", exc)
-            return _error_response(503, "the gateway cannot serve this session now; retry", "busy")
-        try:
-            first = decode_event(await asyncio.wait_for(inner.recv(), _OPEN_TIMEOUT))
-        except (ConnectionClosed, TimeoutError, msgspec.DecodeError):
-            await inner.close()
-            return _error_response(503, "the gateway cannot serve this session now", "busy")
-        if not isinstance(first, Session):
-            await inner.close()
-            return _error_response(503, "the gateway cannot serve this session now", "busy")
-        self.pending.settled(connection.transport)  # authenticated by the inner handshake
-        early: list[str] = []
-        # A new session is configured for ?model= now, before the socket opens: a model
-        # the key's policy (or the node) refuses is refused here, not after a turn ran
-        # on another model. A token's session was configured when it was minted.
-        if not sid and not token:
-            refused = await self._configure(inner, route, early)
-            if refused is not None:
-                await inner.close()
-                return refused
-        self._handshakes[connection] = _Pending(
-            inner, first.session_id, model, route, after=after, early=early
-        )
-        # A handshake that never completes (the client went away) leaves no inner socket.
+        # A new session is configured for ?model=: a model the key's policy refuses is
+        # refused here, before the socket opens, not after a turn ran on another model.
+        # A token's session was configured when it was minted.
+        configure = not sid and admitted.trusted
+        if configure:
+            wanted = SessionConfig(provider=route[0], model=route[1])
+            problem = refusal(self.policies.get(admitted.principal), wanted)
+            if problem is not None:
+                return _error_response(403, problem, "forbidden")
+        self._handshakes[connection] = _Pending(model, route, after=after, configure=configure)
+        # A handshake that never completes (the client went away) leaves nothing behind.
         reaper = asyncio.get_running_loop().create_task(self._forget(connection))
         self._reapers.add(reaper)
         reaper.add_done_callback(self._reapers.discard)
@@ -221,137 +204,194 @@ class OpenAIDoor:
 
     async def _forget(self, connection: ServerConnection) -> None:
         await connection.wait_closed()
-        state = self._handshakes.pop(connection, None)
-        if state is not None:
-            await state.inner.close()
+        self._handshakes.pop(connection, None)
 
-    async def _configure(
-        self, inner: ClientConnection, route: tuple[str, str], early: list[str]
-    ) -> Response | None:
-        """Configure the new session for its route; the refusal to answer, if any.
-        The frames read meanwhile are kept in ``early`` for the conversation."""
-        await inner.send(_command_encoder.encode(_configure(route)).decode())
-        try:
-            async with asyncio.timeout(_OPEN_TIMEOUT):
-                while True:
-                    frame = await inner.recv()
-                    if not isinstance(frame, str):
-                        continue
-                    event = decode_event(frame)
-                    if isinstance(event, Error) and not event.seq:
-                        status = 403 if event.code == "forbidden" else 400
-                        return _error_response(status, event.content, event.code)
-                    early.append(frame)
-                    if isinstance(event, Configured):
-                        return None
-        except (ConnectionClosed, TimeoutError):
-            return _error_response(503, "the gateway cannot serve this session now", "busy")
-
-    async def serve(self, ws: ServerConnection) -> None:
+    def connection(
+        self,
+        node: NodePort,
+        ws: ServerConnection,
+        *,
+        sid: str,
+        after: int,
+        resumed: bool,
+        event_mode: bool = False,
+        unrecorded: MutableMapping[str, str] | None = None,
+        trusted: bool = True,
+        may_approve: bool | None = None,
+    ) -> ClientConnection:
+        """The connection serving ``ws``, a client of this door (made as ``ClientConnection``)."""
         state = self._handshakes.pop(ws)
-        inner = state.inner
-        conversation = Conversation(state.sid, state.model)
-        after = state.after
-
-        async def send(events: list[dict[str, object]]) -> None:
-            nonlocal after
-            for event in events:
-                if after is not None:
-                    position = Conversation.position(str(event["event_id"]))
-                    if position is None or position <= after:
-                        continue
-                await ws.send(encode(event))
-
-        async def frames() -> AsyncIterator[str | bytes]:
-            for early in state.early:
-                yield early
-            async for frame in inner:
-                yield frame
-
-        async def downstream() -> None:
-            nonlocal after
-            async for frame in frames():
-                if isinstance(frame, bytes):  # the model's speech (never logged, never replayed)
-                    try:
-                        tag, pcm = split_audio_frame(frame)
-                    except ValueError:
-                        continue
-                    if after is None:
-                        await send(conversation.audio(tag, pcm))
-                    continue
-                event = decode_event(frame)
-                await send(conversation.gateway(event))
-                if after is not None and event.seq > after[0]:
-                    after = None  # caught up: everything from here is new
-
-        async def upstream() -> None:
-            if not state.early and after is None:  # a session made elsewhere: show it
-                config = await self.config_of(state.sid)
-                if config is not None:
-                    await send([conversation.created(config)])
-            cfg = self.config
-            rate = FrameRate(cfg.client_frames_per_second, cfg.client_frame_burst, time.monotonic())
-            async for frame in ws:
-                if isinstance(frame, bytes):
-                    frame = frame.decode("utf-8", "replace")
-                # Audio (50 appends a second from a microphone) is not counted, as on the
-                # gateway's own door; every other event is, before any work is done for it.
-                if '"input_audio_buffer.append"' not in frame[:200]:
-                    verdict = rate.check(time.monotonic())
-                    if verdict is Verdict.CLOSE:
-                        await ws.close(CloseCode.RATE_LIMITED, "too many events; slow down")
-                        return
-                    if verdict is not Verdict.ACCEPT:
-                        if verdict is Verdict.REFUSE:
-                            await send(
-                                [
-                                    conversation.error(
-                                        f"too many events: at most {cfg.client_frames_per_second:g}"
-                                        f"/s (bursts of {cfg.client_frame_burst}); events over it "
-                                        "are dropped unread; slow down",
-                                        code="rate_limit_exceeded",
-                                    )
-                                ]
-                            )
-                        continue
-                emit = conversation.client(decode_client(frame), model_route=state.route)
-                for command in emit.commands:
-                    if isinstance(command, bytes):
-                        await inner.send(command)  # user audio: a binary frame
-                    else:
-                        await inner.send(_command_encoder.encode(command).decode())
-                await send(emit.events)
-
-        tasks = [
-            asyncio.create_task(downstream(), name=f"openai-down:{state.sid}"),
-            asyncio.create_task(upstream(), name=f"openai-up:{state.sid}"),
-        ]
-        try:
-            await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for task in tasks:
-                task.cancel()
-                with contextlib.suppress(BaseException):
-                    await task
-            code = inner.close_code
-            reason = inner.close_reason or ""
-            with contextlib.suppress(Exception):
-                await inner.close()
-            if code == CloseCode.SERVICE_RESTART:  # say how to resume through this door
-                reason = (
-                    "reconnect with session_id and after_event (node draining or session moved)"
-                )
-            if code is not None and code != 1000:
-                with contextlib.suppress(Exception):
-                    await ws.close(code, reason)
+        return DoorConnection(
+            node,
+            ws,
+            door=self,
+            state=state,
+            sid=sid,
+            after=after,
+            resumed=resumed,
+            unrecorded=unrecorded,
+            trusted=trusted,
+            may_approve=may_approve,
+        )
 
     async def close(self) -> None:
-        for state in list(self._handshakes.values()):
-            with contextlib.suppress(Exception):
-                await state.inner.close()
         self._handshakes.clear()
         for reaper in list(self._reapers):
             reaper.cancel()
+
+
+class DoorConnection(ClientConnection):
+    """The gateway's client connection, speaking OpenAI's events on its socket.
+
+    What the connection writes (logged events, replies, the model's speech)
+    goes through the conversation; what it reads is OpenAI client events,
+    made commands and handled as the connection's own frames. Resume: the
+    log is replayed from its start and what the conversation yields up to
+    the client's ``after_event`` is not sent again.
+    """
+
+    def __init__(
+        self,
+        node: NodePort,
+        ws: ServerConnection,
+        *,
+        door: OpenAIDoor,
+        state: _Pending,
+        sid: str,
+        after: int,
+        resumed: bool,
+        unrecorded: MutableMapping[str, str] | None,
+        trusted: bool,
+        may_approve: bool | None,
+    ) -> None:
+        super().__init__(
+            node,
+            ws,
+            sid=sid,
+            after=after,
+            resumed=resumed,
+            unrecorded=unrecorded,
+            trusted=trusted,
+            may_approve=may_approve,
+        )
+        self.door = door
+        self.state = state
+        self.conversation = Conversation(sid, state.model)
+        self._skip = state.after  # replayed up to here: not sent again
+
+    # ------------------------------------------------------------- out
+
+    def _emit(self, events: list[ServerEvent], out: list[bytes]) -> None:
+        skip = self._skip
+        for event in events:
+            if skip is not None:
+                position = Conversation.position(str(event["event_id"]))
+                if position is None or position <= skip:
+                    continue
+            out.append(encode(event).encode())
+
+    def _translate(self, frames: list[bytes]) -> list[bytes]:
+        out: list[bytes] = []
+        conversation = self.conversation
+        for frame in frames:
+            event = decode_event(frame)
+            self._emit(conversation.gateway(event), out)
+            if self._skip is not None and event.seq > self._skip[0]:
+                self._skip = None  # caught up: everything from here is new
+        return out
+
+    def _speech(self, frame: bytes) -> list[bytes]:
+        """The model's speech (never logged, never replayed) as OpenAI's audio deltas."""
+        if self._skip is not None:
+            return []
+        try:
+            tag, pcm = split_audio_frame(frame)
+        except ValueError:
+            return []
+        out: list[bytes] = []
+        self._emit(self.conversation.audio(tag, pcm), out)
+        return out
+
+    def _write_now(self, frames: list[bytes]) -> None:
+        out = self._translate(frames)
+        if out:
+            wsfast.write_now(self.ws, out)
+
+    def _write_binary_now(self, frame: bytes) -> None:
+        out = self._speech(frame)
+        if out:
+            wsfast.write_now(self.ws, out)
+
+    async def _send_batch(self, frames: list[bytes]) -> None:
+        out = self._translate(frames)
+        if out:
+            await wsfast.send_batch(self.ws, out)
+
+    async def _send_binary(self, frame: bytes) -> None:
+        out = self._speech(frame)
+        if out:
+            await wsfast.send_batch(self.ws, out)
+
+    async def _send_first(self, first: Session) -> None:
+        if not self.state.configure and self._skip is None:  # a session made elsewhere
+            config = await self.door.config_of(self.sid)
+            if config is not None:
+                await self._send_events([self.conversation.created(config)])
+
+    async def _send_close(self, code: int, reason: str) -> None:
+        if code == CloseCode.SERVICE_RESTART:  # say how to resume through this door
+            reason = "reconnect with session_id and after_event (node draining or session moved)"
+        await self.ws.close(code, reason)
+
+    async def _send_events(self, events: list[ServerEvent]) -> None:
+        out: list[bytes] = []
+        self._emit(events, out)
+        if out:
+            await wsfast.send_batch(self.ws, out)
+
+    # ------------------------------------------------------------- in
+
+    async def _reader(self, writer: asyncio.Task[None]) -> None:
+        state = self.state
+        if state.configure:  # the new session's route (the key's policy allowed it)
+            state.configure = False
+            await self._handle(_command_encoder.encode(_configure(state.route)).decode())
+        check = self._frame_rate.check
+        clock = time.monotonic
+        cfg = self.node.config
+        async for frame in self.ws:
+            if self._close is not None:
+                return  # closing: its frames are not processed any more
+            if isinstance(frame, bytes):
+                frame = frame.decode("utf-8", "replace")
+            # Audio (50 appends a second from a microphone) is not counted, as on the
+            # gateway's own door; every other event is, before any work is done for it.
+            if '"input_audio_buffer.append"' not in frame[:200]:
+                verdict = check(clock())
+                if verdict is Verdict.CLOSE:
+                    await self._close_flooding(writer)
+                    return
+                if verdict is not Verdict.ACCEPT:
+                    if verdict is Verdict.REFUSE:
+                        self.node.metrics.frames_dropped.inc()
+                        message = (
+                            f"too many events: at most {cfg.client_frames_per_second:g}/s "
+                            f"(bursts of {cfg.client_frame_burst}); events over it are dropped "
+                            "unread; slow down"
+                        )
+                        error = self.conversation.error(message, code="rate_limit_exceeded")
+                        await self._send_events([error])
+                    continue
+            emit = self.conversation.client(decode_client(frame), model_route=state.route)
+            for command in emit.commands:
+                if isinstance(command, bytes):  # user audio
+                    if not self._audio_now(command):
+                        await self._audio(command)
+                else:
+                    await self._handle(_command_encoder.encode(command).decode())
+            if emit.events:
+                await self._send_events(emit.events)
+            await asyncio.sleep(0)  # buffered frames come back without a pause
 
 
 def _configure(route: tuple[str, str]) -> Configure:

@@ -188,8 +188,8 @@ class Gateway:
         self.phone = phone(self.edges) if phone is not None else None
         # The HTTP API (POST/GET/DELETE /v1/sessions): on this port, and on --api-port if set.
         self.api = HttpApi(node, self.edges, self.phone)
-        # The OpenAI Realtime door (/openai/v1/realtime): a codec over this node's own door.
-        self.door = OpenAIDoor(self.config, self.edges.pending, self._config_of)
+        # The OpenAI Realtime door (/openai/v1/realtime): this door's checks, OpenAI's events.
+        self.door = OpenAIDoor(self.config, node.policies, self._admit_client, self._config_of)
         # The console's policy (it may call the HTTP API) and what it may configure.
         self.page_policy = web.content_security_policy(self.config.api_port)
         self.offer = web.offer_of(self.config, auth=self.edges.auth_on)
@@ -229,7 +229,6 @@ class Gateway:
             await self.api.close()
             raise ListenFailed(exc, "--port", cfg.host, cfg.port) from exc
         self.edges.start()
-        self.door.gateway_address = self._own_address()
         if self.api.own_port is not None:  # its actual port (api_port 0 picks one)
             self.offer = msgspec.structs.replace(self.offer, api_port=self.api.own_port)
             self.page_policy = web.content_security_policy(self.api.own_port)
@@ -278,16 +277,6 @@ class Gateway:
 
         # websockets calls it as it would a ServerConnection subclass: with the same arguments.
         return cast("type[ServerConnection]", make)
-
-    def _own_address(self) -> str:
-        """``HOST:PORT`` at which this process reaches its own door (loopback if it
-        listens on every address)."""
-        host = str(next(iter(self.server.sockets)).getsockname()[0]) if self.server else ""
-        if host in ("", "0.0.0.0"):
-            host = "127.0.0.1"
-        elif host == "::":
-            host = "::1"
-        return f"[{host}]:{self.port}" if ":" in host else f"{host}:{self.port}"
 
     async def _config_of(self, sid: str) -> SessionConfig | None:
         live = self.node.live_state(sid)
@@ -359,9 +348,16 @@ class Gateway:
             )
         if phone and self.phone is not None:  # a carrier's media stream: its own checks
             return await self.phone.handshake(connection, request)
-        if door:  # the OpenAI door: checked by this node's own door, through loopback
+        if door:  # the OpenAI door: its own query and credentials, then ``_admit_client``
             return await self.door.handshake(connection, request)
-        query = parse_qs(url.query)
+        admitted = await self._admit_client(connection, request, parse_qs(url.query))
+        return admitted if isinstance(admitted, Response) else None
+
+    async def _admit_client(
+        self, connection: ServerConnection, request: Request, query: dict[str, list[str]]
+    ) -> Handshake | Response:
+        """Every check of a client's handshake after its path (either door's): origin, key
+        or token, connection limits, the session's existence and owner, ``after``."""
         # Origin, API key (the principal), connection limits; freed when the connection closes.
         admitted = await self.edges.admit(
             connection, request, functools.partial(self._handshakes.pop, id(connection), None)
@@ -429,7 +425,7 @@ class Gateway:
             if isinstance(checked, Response):
                 return checked
             after = checked
-        self._handshakes[id(connection)] = Handshake(
+        handshake = self._handshakes[id(connection)] = Handshake(
             principal=principal,
             session_id=sid,
             after=after,
@@ -439,7 +435,7 @@ class Gateway:
             may_approve=admitted.session is None or admitted.approve,
             fresh=fresh,
         )
-        return None
+        return handshake
 
     def _cors(self, request: Request, response: Response) -> Response:
         """CORS for the paths pages of other origins may read (``web.CORS_PATHS``)."""
@@ -509,9 +505,6 @@ class Gateway:
         if self.phone is not None and self.phone.owns(ws):
             await self.phone.serve(ws)
             return
-        if self.door.owns(ws):
-            await self.door.serve(ws)
-            return
         hs = self._handshakes.pop(id(ws), None)
         if hs is None:  # pragma: no cover - process_request always records one
             await ws.close(1011, "handshake state missing")
@@ -528,7 +521,9 @@ class Gateway:
                 sid, after, resumed = hs.session_id, hs.after or 0, not hs.fresh
                 if hs.unrecorded_owner is not None:  # its last connection may have left since
                     self.unrecorded.add(sid, hs.unrecorded_owner)
-            conn = ClientConnection(
+            # The OpenAI door's clients are the same connection, speaking OpenAI's events.
+            make = self.door.connection if self.door.owns(ws) else ClientConnection
+            conn = make(
                 node,
                 ws,
                 sid=sid,

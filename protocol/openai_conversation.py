@@ -74,7 +74,9 @@ from protocol.openai_events import (
 )
 from protocol.openai_session import call_parts, config_change, session_of, usage_of
 
-__all__ = ["Command", "Conversation", "Emit"]
+__all__ = ["KEPT_ITEMS", "Command", "Conversation", "Emit"]
+
+KEPT_ITEMS = 256  # items conversation.item.retrieve can show (the newest)
 
 ServerEvent = dict[str, Any]
 Command = UserMessage | Cancel | Configure | ToolResultMessage | Commit | Played | bytes
@@ -124,6 +126,8 @@ class Conversation:
         self._speech: str | None = None  # the spoken user item being heard
         self._hearing = False  # input audio configured
         self._audio_tag = 0  # seq tag of the newest audio frame of the answer
+        # The newest items as last shown (``…item.done``), for conversation.item.retrieve.
+        self._items: dict[str, dict[str, Any]] = {}
 
     # ------------------------------------------------------------ ids
 
@@ -256,7 +260,17 @@ class Conversation:
                 return Emit([Played(seq=self._audio_tag, ms=max(0, ms))], [truncated])
             case OutputAudioBufferClear():
                 return Emit([], [])  # the client's own playback buffer: nothing is held here
-            case ConversationItemRetrieve() | ConversationItemDelete() | InputAudioBufferClear():
+            case ConversationItemRetrieve(item_id=item_id):
+                shown = self._items.get(item_id)
+                if shown is None:
+                    return self._refusal(
+                        f"no item {item_id[:64]!r} in this conversation (or it is older than "
+                        f"its newest {KEPT_ITEMS} items): pass the id of an item it was sent",
+                        eid,
+                        "item_id",
+                    )
+                return Emit([], [self._ev("conversation.item.retrieved", item=shown)])
+            case ConversationItemDelete() | InputAudioBufferClear():
                 kind = type(event).__struct_config__.tag
                 return self._refusal(
                     f"{kind} is not supported by this gateway's OpenAI door yet",
@@ -312,9 +326,17 @@ class Conversation:
         """The OpenAI events one gateway event becomes (none for many)."""
         self._seq, self._n = event.seq, 0
         try:
-            return self._gateway(event)
+            events = self._gateway(event)
         finally:
             self._seq = 0
+        for ev in events:
+            if ev["type"] in ("conversation.item.done", "response.output_item.done"):
+                item = ev["item"]
+                self._items.pop(item["id"], None)
+                self._items[item["id"]] = item
+                if len(self._items) > KEPT_ITEMS:
+                    del self._items[next(iter(self._items))]
+        return events
 
     def _gateway(self, event: Event) -> list[ServerEvent]:
         match event:

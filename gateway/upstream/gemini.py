@@ -118,8 +118,8 @@ from gateway.upstream.gemini_conversation import (
     Compression,
     GeminiConversation,
 )
-from gateway.upstream.models import facts
-from gateway.upstream.provider import ExtraSetting, Provider, ProviderSettings
+from gateway.upstream.models import ModelFacts, Price
+from gateway.upstream.provider import ExtraSetting, Provider, ProviderSettings, SimFlavour
 from gateway.upstream.provider_socket import ProviderSocket
 from protocol.assembly import Message
 
@@ -127,6 +127,7 @@ __all__ = [
     "DEFAULT_API_VERSION",
     "DEFAULT_BASE_URL",
     "DEFAULT_MODEL",
+    "MODELS",
     "PROVIDER",
     "GeminiLive",
 ]
@@ -137,7 +138,7 @@ DEFAULT_BASE_URL: Final = "wss://generativelanguage.googleapis.com"
 # The Gemini API serves the Live WebSocket on v1beta (v1alpha for ephemeral tokens).
 DEFAULT_API_VERSION: Final = "v1beta"
 # Today's Live model (2026-09-15): it answers in audio only, so a text session takes the
-# transcript of its speech (gateway/upstream/models.py; docs/providers.md).
+# transcript of its speech (MODELS below; docs/providers.md).
 DEFAULT_MODEL: Final = "gemini-3.8-live"
 
 
@@ -183,13 +184,15 @@ class GeminiLive(Upstream):
         label: str = "Gemini Live",
         key_variable: str = "GEMINI_API_KEY",
         compression: Compression | None = None,
+        model_facts: ModelFacts | None = None,
     ) -> None:
         """``connect_timeout`` bounds the TCP + TLS + WebSocket handshake;
         ``open_timeout`` the wait for ``setupComplete`` after it;
         ``cancel_grace`` how long a cancelled turn may take to end by itself
         before it is abandoned (see the module docstring); ``label`` and
         ``key_variable`` name the API and its key in messages; ``compression``
-        how the server compresses a long context (None: not at all)."""
+        how the server compresses a long context (None: not at all);
+        ``model_facts``: what the model can do (None: as the Gemini row lists it)."""
         self.base_url = base_url.rstrip("/")
         self.model = model
         self.api_key = api_key
@@ -198,6 +201,7 @@ class GeminiLive(Upstream):
         self.open_timeout = open_timeout
         self.cancel_grace = cancel_grace
         self.compression = compression
+        self.model_facts = model_facts
         self._resumed = False
         self._socket = ProviderSocket(label, key_variable, hint=close_hint(key_variable))
         self._conversation = GeminiConversation("", ())
@@ -245,7 +249,7 @@ class GeminiLive(Upstream):
             instructions,
             history,
             voice,
-            model=facts("gemini", self.model),
+            model=self.model_facts or PROVIDER.facts(self.model),
             compression=self.compression,
             resume=resume.handle if resume is not None else "",
             reasoning_effort=options.reasoning_effort if options is not None else None,
@@ -553,7 +557,36 @@ def connect(row: Provider, settings: ProviderSettings, model: str) -> GeminiLive
         compression=Compression(trigger_tokens=trigger)
         if getattr(settings, "compression", True)
         else None,
+        model_facts=row.facts(model),
     )
+
+
+_NATIVE_AUDIO_2_5: Final = "gemini-2.5-flash-native-audio-preview-12-2025"
+
+MODELS: Final = (
+    # Gemini Live (Gemini Developer API): today's models answer in audio only and close
+    # a TEXT setup; 2.0 and the half-cascade 2.5 were shut down on 2025-12-09.
+    ModelFacts("gemini-3.8-live", "audio"),
+    ModelFacts("gemini-3.8-live-extended-thinking", "audio", thinking="level"),
+    ModelFacts(
+        "gemini-3.1-flash-live-preview",
+        "audio",
+        thinking="level",
+        text_refusal=(1011, "Internal error encountered."),
+    ),
+    ModelFacts(_NATIVE_AUDIO_2_5, "audio", thinking="budget"),
+    ModelFacts("gemini-2.5-flash-native-audio-preview-09-2025", "audio", thinking="budget"),
+    ModelFacts(
+        "gemini-live-2.5-flash-preview",
+        "text",
+        shutdown="2025-12-09",
+        replacement=_NATIVE_AUDIO_2_5,
+    ),
+    ModelFacts(
+        "gemini-2.0-flash-live-001", "text", shutdown="2025-12-09", replacement=_NATIVE_AUDIO_2_5
+    ),
+)
+"""Gemini's Live models (sources: docs/providers.md, "Models")."""
 
 
 PROVIDER: Final = Provider(
@@ -564,6 +597,9 @@ PROVIDER: Final = Provider(
     default_model=DEFAULT_MODEL,
     base_url=DEFAULT_BASE_URL,
     key_variable="GEMINI_API_KEY",
+    sim=SimFlavour(),
+    models=MODELS,
+    price=Price(input=0.5, output=2.0, audio_input=3.0, audio_output=12.0),
     # Automatic activity detection only (no semantic VAD, idle timeout, noise
     # reduction); context compression instead of truncation; thinkingLevel.
     controls=frozenset({"reasoning_effort"}),

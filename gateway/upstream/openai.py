@@ -66,12 +66,13 @@ from gateway.upstream.base import (
     Woken,
 )
 from gateway.upstream.live import GPTLive, is_live_model, live_controls
-from gateway.upstream.provider import ExtraSetting, Provider, ProviderSettings
+from gateway.upstream.models import ModelFacts, Price
+from gateway.upstream.provider import ExtraSetting, Provider, ProviderSettings, SimFlavour
 from gateway.upstream.provider_socket import ProviderSocket
 from protocol.assembly import Message
 from protocol.events import Usage
 
-__all__ = ["DEFAULT_BASE_URL", "DEFAULT_MODEL", "PROVIDER", "OpenAIRealtime"]
+__all__ = ["DEFAULT_BASE_URL", "DEFAULT_MODEL", "MODELS", "PROVIDER", "OpenAIRealtime"]
 
 log = logging.getLogger(__name__)
 
@@ -553,6 +554,50 @@ def connect(row: Provider, settings: ProviderSettings, model: str) -> Upstream:
     )
 
 
+_GPT_REALTIME_PRICE: Final = Price(
+    input=4.0, cached_input=0.4, output=16.0, audio_input=32.0, audio_output=64.0
+)
+_GPT_REALTIME_2_PRICE: Final = Price(
+    input=4.0, cached_input=0.4, output=24.0, audio_input=32.0, audio_output=64.0
+)
+_MINI_PRICE: Final = Price(
+    input=0.6, cached_input=0.06, output=2.4, audio_input=10.0, audio_output=20.0
+)
+# GPT-Live: $0.05 per minute of active session time, billed per second (model pages,
+# read 2026-12-05). Standby ($0.02) is WebRTC only: not used here.
+_LIVE_PRICE: Final = Price(per_minute=0.05)
+
+MODELS: Final = (
+    # Realtime (GA): every model writes text when asked (output_modalities ["text"]).
+    # Prices: developers.openai.com/api/docs/models/<model> (read 2026-12-03).
+    ModelFacts("gpt-realtime-2.1", "text", thinking="level", price=_GPT_REALTIME_2_PRICE),
+    ModelFacts("gpt-realtime-2.1-mini", "text", price=_MINI_PRICE),
+    ModelFacts("gpt-realtime-2", "text", thinking="level", price=_GPT_REALTIME_2_PRICE),
+    ModelFacts("gpt-realtime-1.5", "text", price=_GPT_REALTIME_PRICE),
+    ModelFacts(
+        "gpt-realtime",
+        "text",
+        shutdown="2027-01-20",
+        replacement="gpt-realtime-2.1",
+        price=_GPT_REALTIME_PRICE,
+    ),
+    ModelFacts(
+        "gpt-realtime-2025-08-28", "text", shutdown="2027-01-20", replacement="gpt-realtime-2.1"
+    ),
+    ModelFacts(
+        "gpt-realtime-mini",
+        "text",
+        shutdown="2027-01-20",
+        replacement="gpt-realtime-2.1-mini",
+        price=_MINI_PRICE,
+    ),
+    # GPT-Live (OpenAI's /v1/live/sessions wire, picked by the name): speech only, so a
+    # text session takes the transcript of its speech as the answer.
+    ModelFacts("gpt-live-1.1", "audio", price=_LIVE_PRICE),
+    ModelFacts("gpt-live-1", "audio", price=_LIVE_PRICE),
+)
+"""OpenAI's realtime models: facts and list prices (sources: docs/providers.md)."""
+
 PROVIDER: Final = Provider(
     name="openai",
     label="OpenAI Realtime",
@@ -562,6 +607,8 @@ PROVIDER: Final = Provider(
     default_model=DEFAULT_MODEL,
     base_url=DEFAULT_BASE_URL,
     key_variable="OPENAI_API_KEY",
+    sim=SimFlavour(base="/v1", auth="bearer", live=True),
+    models=MODELS,
     extra=(
         ExtraSetting(
             "live_delegation",

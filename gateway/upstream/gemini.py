@@ -88,7 +88,6 @@ does not decode comes out of ``recv`` as ``UpstreamError("upstream_protocol")``.
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import logging
 from collections.abc import Callable, Sequence
@@ -108,7 +107,6 @@ from gateway.upstream.base import (
     UpstreamError,
     UpstreamEvent,
     VoiceConfig,
-    Woken,
 )
 from gateway.upstream.gemini_conversation import (
     CANCELLING,
@@ -120,7 +118,7 @@ from gateway.upstream.gemini_conversation import (
 )
 from gateway.upstream.models import ModelFacts, Price
 from gateway.upstream.provider import ExtraSetting, Provider, ProviderSettings, SimFlavour
-from gateway.upstream.provider_socket import ProviderSocket
+from gateway.upstream.provider_socket import Inbox, ProviderSocket
 from protocol.assembly import Message
 
 __all__ = [
@@ -210,11 +208,8 @@ class GeminiLive(Upstream):
         # A reconnect started by replace_response; requests wait for it.
         self._reopen: asyncio.Task[None] | None = None
         self._deadline = 0.0  # loop time a cancelled turn is abandoned at
-        self._queued: collections.deque[UpstreamEvent] = collections.deque()
-        # ``stream_text_to``: where deltas go while recv() waits, and a frame the
-        # read callback decoded but did not take (recv() uses it, not decoding again).
-        self._text_sink: Callable[[str], bool] | None = None
-        self._decoded: tuple[bytes, wire.ServerMessage] | None = None
+        self._inbox = Inbox(self._socket, wire.decode_server_message, self._hot_text)
+        self._queued = self._inbox.queued
         self._resampler: Resampler | None = None
 
     @property
@@ -308,7 +303,7 @@ class GeminiLive(Upstream):
             not_found="check the base URL and the API version (the Live API is served on "
             f"{DEFAULT_API_VERSION})",
         )
-        socket.intercept(self._intercept)
+        self._inbox.attach()
         socket.suffix = ""
         try:
             setup = self._conversation.setup(self.model_name, resume=resume)
@@ -487,62 +482,39 @@ class GeminiLive(Upstream):
                 return self._queued.popleft()
             if self._reopen is not None:
                 await self._join_reconnect()
-            socket = self._socket
+            deadline = None
             if conversation.state == CANCELLING:
-                remaining = self._deadline - asyncio.get_running_loop().time()
-                if remaining <= 0:
+                deadline = self._deadline
+                if deadline <= asyncio.get_running_loop().time():
                     return conversation.abandon(
                         f"the turn did not end within {self.cancel_grace:g}s of the cancel"
                     )
-                try:
-                    async with asyncio.timeout(remaining):
-                        data = await socket.recv()
-                except TimeoutError:
-                    continue  # the deadline is checked at the top
-            else:
-                data = await socket.recv()
-            if data is None:
-                return Woken()
-            decoded, self._decoded = self._decoded, None
-            if decoded is not None and decoded[0] is data:
-                message = decoded[1]
-            else:
-                try:
-                    message = wire.decode_server_message(data)
-                except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-                    return UpstreamError(
-                        code="upstream_protocol",
-                        message=f"unreadable Gemini Live frame ({exc}): {bytes(data[:200])!r}",
-                    )
-            events = conversation.handle(message)
-            if conversation.go_away is not None:
-                socket.suffix = f" after goAway (timeLeft={conversation.go_away})"
-            if events:
-                self._queued.extend(events[1:])
-                return events[0]
+            try:
+                event = await self._inbox.next(self._handle, deadline=deadline)
+            except TimeoutError:
+                continue  # the deadline is checked at the top
+            if event is not None:
+                return event
+
+    def _handle(self, message: wire.ServerMessage) -> list[UpstreamEvent]:
+        conversation = self._conversation
+        events = conversation.handle(message)
+        if conversation.go_away is not None:
+            self._socket.suffix = f" after goAway (timeLeft={conversation.go_away})"
+        return events
 
     def stream_text_to(self, sink: Callable[[str], bool] | None) -> bool:
-        self._text_sink = sink
-        return True
+        return self._inbox.stream_text_to(sink)
 
-    def _intercept(self, data: bytes, text: bool) -> bool:
-        """The read callback's offer of a frame while ``recv()`` waits: take a
-        text part of the running turn to the sink; leave anything else to ``recv()``."""
-        sink = self._text_sink
-        if sink is None or self._queued or self._reopen is not None:
-            return False
-        try:
-            message = wire.decode_server_message(data)
-        except (msgspec.DecodeError, msgspec.ValidationError):
-            return False  # recv() reports it
+    def _hot_text(self, message: wire.ServerMessage) -> str | None:
+        """A text part of the running turn, taken for the sink while ``recv()`` waits."""
+        if self._reopen is not None:
+            return None
         part = self._conversation.hot_part(message)
         if part is None or not part.text or part.thought:
-            self._decoded = (data, message)
-            return False
+            return None
         self._conversation.took_text(part.text)
-        if sink(part.text):
-            self._socket.nudge()
-        return True
+        return part.text
 
 
 def connect(row: Provider, settings: ProviderSettings, model: str) -> GeminiLive:

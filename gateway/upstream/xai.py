@@ -16,7 +16,8 @@ import msgspec
 from gateway.upstream import openai_wire as wire
 from gateway.upstream.base import ModelOptions, VoiceConfig
 from gateway.upstream.models import ModelFacts
-from gateway.upstream.openai import OpenAIRealtime, session_update
+from gateway.upstream.openai import OpenAIRealtime
+from gateway.upstream.openai_conversation import session_update
 from gateway.upstream.provider import Provider, SimFlavour, connect_with
 
 __all__ = ["PROVIDER", "XaiRealtime"]

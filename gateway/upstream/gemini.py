@@ -322,22 +322,16 @@ class GeminiLive(Upstream):
         self._queued.clear()
 
     async def _await_setup_complete(self) -> None:
-        while True:
-            data = await self._socket.recv()
-            if data is None:
-                continue
-            try:
-                message = wire.decode_server_message(data)
-            except (msgspec.DecodeError, msgspec.ValidationError):
-                continue
-            if message.setup_complete is not None:
-                return
-            if message.error is not None:
-                error = message.error
-                raise UpstreamClosed(
-                    f"{self._socket.label} refused the session ({error.status or error.code}): "
-                    f"{error.message}"
-                )
+        await self._inbox.until(self._setup_complete)
+
+    def _setup_complete(self, message: wire.ServerMessage) -> bool:
+        if message.error is not None:
+            error = message.error
+            raise UpstreamClosed(
+                f"{self._socket.label} refused the session ({error.status or error.code}): "
+                f"{error.message}"
+            )
+        return message.setup_complete is not None
 
     async def _reconnect(self, why: str) -> None:
         """Replace the connection by a new one: continuing the server's copy by its

@@ -21,8 +21,6 @@ import logging
 from collections.abc import Sequence
 from typing import Final, Literal
 
-import msgspec
-
 from gateway.upstream import live_wire as wire
 from gateway.upstream.audio import Resampler
 from gateway.upstream.base import (
@@ -196,25 +194,20 @@ class GPTLive(Upstream):
             raise
 
     async def _await_started(self) -> None:
-        while True:
-            data = await self._socket.recv()
-            if data is None:
-                continue
-            try:
-                event = wire.decode_upstream(data)
-            except (msgspec.DecodeError, msgspec.ValidationError):
-                continue
-            if isinstance(event, wire.SessionStarted):
-                self._conversation.handle(event)
-                return
-            if isinstance(event, wire.ErrorEvent):
-                error = event.error
-                where = f" ({error.param})" if error.param else ""
-                raise UpstreamClosed(
-                    f"{self._socket.label} refused the session ({error.code}{where}): "
-                    f"{error.message}",
-                    retryable=False,
-                )
+        await self._inbox.until(self._started)
+
+    def _started(self, event: wire.AdapterEvent) -> bool:
+        if isinstance(event, wire.ErrorEvent):
+            error = event.error
+            where = f" ({error.param})" if error.param else ""
+            raise UpstreamClosed(
+                f"{self._socket.label} refused the session ({error.code}{where}): {error.message}",
+                retryable=False,
+            )
+        if isinstance(event, wire.SessionStarted):
+            self._conversation.handle(event)
+            return True
+        return False
 
     async def close(self) -> None:
         self._closed = True

@@ -34,8 +34,6 @@ from collections.abc import Callable, Sequence
 from typing import Final, Literal
 from urllib.parse import quote
 
-import msgspec
-
 from gateway.upstream import openai_wire as wire
 from gateway.upstream.audio import Resampler
 from gateway.upstream.base import (
@@ -155,22 +153,16 @@ class OpenAIRealtime(Upstream):
             raise
 
     async def _await_session_created(self) -> None:
-        while True:
-            data = await self._socket.recv()
-            if data is None:
-                continue
-            try:
-                event = wire.decode_upstream(data)
-            except (msgspec.DecodeError, msgspec.ValidationError):
-                continue
-            if isinstance(event, wire.SessionCreated):
-                return
-            if isinstance(event, wire.ErrorEvent):
-                error = event.error
-                raise UpstreamClosed(
-                    f"{self._socket.label} refused the session ({error.code or error.type}): "
-                    f"{error.message}"
-                )
+        await self._inbox.until(self._session_created)
+
+    def _session_created(self, event: wire.UpstreamServerEvent) -> bool:
+        if isinstance(event, wire.ErrorEvent):
+            error = event.error
+            raise UpstreamClosed(
+                f"{self._socket.label} refused the session ({error.code or error.type}): "
+                f"{error.message}"
+            )
+        return isinstance(event, wire.SessionCreated)
 
     async def close(self) -> None:
         self._closed = True

@@ -333,6 +333,20 @@ class Inbox(Generic[M]):
         self.queued.extend(events[1:])
         return events[0]
 
+    async def until(self, opened: Callable[[M], bool]) -> None:
+        """Read frames until ``opened(message)`` is True (the session's start; it raises
+        to refuse). Frames that do not decode, and those it is False for, are skipped."""
+        while True:
+            data = await self._socket.recv()
+            if data is None:
+                continue
+            try:
+                message = self._decode(data)
+            except (msgspec.DecodeError, msgspec.ValidationError):
+                continue
+            if message is not None and opened(message):
+                return
+
     async def recv(self, handle: Callable[[M], Sequence[UpstreamEvent]]) -> UpstreamEvent:
         """The next event (``next`` until a frame means one)."""
         while True:

@@ -46,7 +46,6 @@ from gateway.edge.frame_rate import Verdict
 from gateway.sessions.policy import KeyPolicies, refusal
 from gateway.sessions.port import NodePort
 from gateway.upstream import providers
-from gateway.upstream.models import MODELS
 from protocol.audio import split_audio_frame
 from protocol.configuration import SessionConfig
 from protocol.events import Configure, Session, decode_event
@@ -69,13 +68,13 @@ def model_route(config: Config, model: str) -> tuple[str, str] | str:
     On a simulator node every model a provider lists is served by the
     simulator flavour of that provider (``gateway.app.sim_flavor_of``).
     """
-    wire = next((m.wire for m in MODELS if m.name == model and not m.shutdown), None)
-    if wire is None:
-        served = ", ".join(m.name for m in MODELS if not m.shutdown)
+    row = providers.listing(model)
+    if row is None or model not in row.served():
+        served = ", ".join(name for r in providers.PROVIDERS for name in r.served())
         return f"model {model[:100]!r} is not served by this gateway; choose one of: {served}"
     if providers.SIM in config.providers:
         return providers.SIM, model
-    return wire, model
+    return row.name, model
 
 
 def _error_response(status: int, message: str, code: str) -> Response:

@@ -162,7 +162,7 @@ class ClientConnection:
         switch, one socket write for the batch. False leaves them to the
         writer (socket buffer full, connection closing, not the next seq).
         """
-        if self._close is not None or not self._can_write_now():
+        if self._close is not None or not wsfast.can_write_now(self.ws):
             return False
         last = self.last_sent
         for entry in entries:
@@ -180,9 +180,9 @@ class ClientConnection:
         if self._lagging or self._close is not None:
             return  # catching up from the log: audio is not there, the transcript is
         queue = self._queue
-        if self._idle and not queue and self._can_write_now():
+        if self._idle and not queue and wsfast.can_write_now(self.ws):
             try:
-                self._write_binary_now(frame)
+                self._write_now([frame], binary=True)
             except Exception:  # the connection broke: the writer's next send ends it
                 self._wake.set()
             return
@@ -622,9 +622,9 @@ class ClientConnection:
                 reply.seq = self.client_seq
                 batch.append(encode(reply))
             elif seq == _AUDIO:
-                await self._send_text(ws, batch)
+                await self._send(batch)
                 batch.clear()
-                await self._send_binary(entry.data)
+                await self._send([entry.data], binary=True)
             elif seq > self.last_sent:
                 if seq != self.last_sent + 1:
                     # A gap means entries were skipped: read them from the log.
@@ -641,30 +641,26 @@ class ClientConnection:
                 entry = self._pressure.coalesce(entry, queue)
                 batch.append(entry.data)
                 self.last_sent = entry.seq
-        await self._send_text(ws, batch)
-
-    async def _send_text(self, ws: ServerConnection, batch: list[bytes]) -> None:
-        if batch:
-            await self._send_batch(batch)  # one write, then drain is awaited
+        await self._send(batch)
 
     # ------------------------------------------------------------- the wire
     # What goes to the client, in one place: the gateway's events as they are
     # logged. Another door (``gateway.edge.openai_door``) translates them here.
 
-    def _can_write_now(self) -> bool:
-        return wsfast.can_write_now(self.ws)
+    def _write_now(self, frames: list[bytes], *, binary: bool = False) -> None:
+        """Written without awaiting, for a caller that checked ``wsfast.can_write_now``:
+        text frames (logged events, replies), or one binary frame (the model's speech)."""
+        if binary:
+            wsfast.write_binary_now(self.ws, frames[0])
+        else:
+            wsfast.write_now(self.ws, frames)
 
-    def _write_now(self, frames: list[bytes]) -> None:
-        wsfast.write_now(self.ws, frames)
-
-    def _write_binary_now(self, frame: bytes) -> None:
-        wsfast.write_binary_now(self.ws, frame)
-
-    async def _send_batch(self, frames: list[bytes]) -> None:
-        await wsfast.send_batch(self.ws, frames)
-
-    async def _send_binary(self, frame: bytes) -> None:
-        await self.ws.send(frame, text=False)
+    async def _send(self, frames: list[bytes], *, binary: bool = False) -> None:
+        """Text frames as one write (then drain is awaited), or one binary frame."""
+        if binary:
+            await self.ws.send(frames[0], text=False)
+        elif frames:
+            await wsfast.send_batch(self.ws, frames)
 
     async def _send_first(self, first: Session) -> None:
         await self.ws.send(encode(first), text=True)
@@ -716,7 +712,7 @@ class ClientConnection:
                         batch.append(entry.data)
                         self.last_sent = entry.seq
             if batch:
-                await self._send_batch(batch)
+                await self._send(batch)
             if not entries or (len(entries) < _REPLAY_PAGE and self.last_sent >= self._newest):
                 return
 

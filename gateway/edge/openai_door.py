@@ -311,23 +311,13 @@ class DoorConnection(ClientConnection):
         self._emit(self.conversation.audio(tag, pcm), out)
         return out
 
-    def _write_now(self, frames: list[bytes]) -> None:
-        out = self._translate(frames)
+    def _write_now(self, frames: list[bytes], *, binary: bool = False) -> None:
+        out = self._speech(frames[0]) if binary else self._translate(frames)
         if out:
             wsfast.write_now(self.ws, out)
 
-    def _write_binary_now(self, frame: bytes) -> None:
-        out = self._speech(frame)
-        if out:
-            wsfast.write_now(self.ws, out)
-
-    async def _send_batch(self, frames: list[bytes]) -> None:
-        out = self._translate(frames)
-        if out:
-            await wsfast.send_batch(self.ws, out)
-
-    async def _send_binary(self, frame: bytes) -> None:
-        out = self._speech(frame)
+    async def _send(self, frames: list[bytes], *, binary: bool = False) -> None:
+        out = self._speech(frames[0]) if binary else self._translate(frames)
         if out:
             await wsfast.send_batch(self.ws, out)
 

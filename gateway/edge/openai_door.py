@@ -28,7 +28,7 @@ import asyncio
 import http
 import logging
 import time
-from collections.abc import Awaitable, Callable, MutableMapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping, Sequence
 from typing import Final, Protocol
 from urllib.parse import parse_qs, urlsplit
 
@@ -62,12 +62,17 @@ REALTIME: Final = Subprotocol("realtime")
 _command_encoder: Final = msgspec.json.Encoder()
 
 
-def model_route(config: Config, model: str) -> tuple[str, str] | str:
+def model_route(
+    config: Config, model: str, aliases: Mapping[str, str] | None = None
+) -> tuple[str, str] | str:
     """``(provider, model)`` serving ``?model=``; a refusal naming the models otherwise.
 
-    On a simulator node every model a provider lists is served by the
+    ``aliases``: the key's own model names (its policy's ``aliases``), resolved
+    first. On a simulator node every model a provider lists is served by the
     simulator flavour of that provider (``gateway.app.sim_flavor_of``).
     """
+    if aliases:
+        model = aliases.get(model, model)
     row = providers.listing(model)
     if row is None or model not in row.served():
         served = ", ".join(name for r in providers.PROVIDERS for name in r.served())
@@ -145,9 +150,6 @@ class OpenAIDoor:
             return _error_response(
                 400, "name the model: connect to ?model=MODEL (e.g. gpt-realtime-2.1)", "model"
             )
-        route = model_route(self.config, model)
-        if isinstance(route, str):
-            return _error_response(400, route, "model_not_found")
         authorizations = request.headers.get_all("Authorization")
         if len(authorizations) > 1:
             return _error_response(401, "send one Authorization header, not several", "auth")
@@ -185,6 +187,13 @@ class OpenAIDoor:
             return _error_response(
                 admitted.status_code, text, code.get(admitted.status_code, "refused")
             )
+        # ?model= through the key's aliases: known once the key is.
+        aliases = self.policies.get(admitted.principal).aliases
+        route = model_route(self.config, model, aliases)
+        if isinstance(route, str):
+            if aliases:
+                route += f"; or one of this API key's aliases: {', '.join(sorted(aliases))}"
+            return _error_response(400, route, "model_not_found")
         # A new session is configured for ?model=: a model the key's policy refuses is
         # refused here, before the socket opens, not after a turn ran on another model.
         # A token's session was configured when it was minted.

@@ -433,6 +433,16 @@ class Conversation:
             self._ev("conversation.item.done", item=item, previous_item_id=prev),
         ]
         if spoken:
+            # The provider's transcript comes whole (it is logged once, with the user's
+            # turn): a client that shows transcription deltas gets it as one delta.
+            out.append(
+                self._ev(
+                    "conversation.item.input_audio_transcription.delta",
+                    item_id=iid,
+                    content_index=0,
+                    delta=content,
+                )
+            )
             out.append(
                 self._ev(
                     "conversation.item.input_audio_transcription.completed",

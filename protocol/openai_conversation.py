@@ -166,6 +166,16 @@ class Conversation:
         finally:
             self._seq = seq
 
+    def rate_limits(self, limits: list[tuple[str, int, int, float]]) -> ServerEvent:
+        """``rate_limits.updated`` (unlogged): ``(name, limit, remaining, reset_seconds)``."""
+        return self._ev(
+            "rate_limits.updated",
+            rate_limits=[
+                {"name": n, "limit": lim, "remaining": left, "reset_seconds": round(reset, 3)}
+                for n, lim, left, reset in limits
+            ],
+        )
+
     def created(self, config: SessionConfig) -> ServerEvent:
         """``session.created`` for a session configured before this connection (unlogged)."""
         self._created = True

@@ -48,7 +48,7 @@ from gateway.sessions.port import NodePort
 from gateway.upstream import providers
 from protocol.audio import split_audio_frame
 from protocol.configuration import SessionConfig
-from protocol.events import Configure, Session, decode_event
+from protocol.events import Configure, Session, UserMessage, decode_event
 from protocol.openai_conversation import Conversation, ServerEvent
 from protocol.openai_events import decode_client, encode
 
@@ -387,6 +387,10 @@ class DoorConnection(ClientConnection):
                         await self._audio(command)
                 else:
                     await self._handle(_command_encoder.encode(command).decode())
+                    if isinstance(command, UserMessage):  # a turn: where the key stands now
+                        limits = await self.node.limits.standing(self.sid)
+                        if limits:
+                            emit.events.append(self.conversation.rate_limits(limits))
             if emit.events:
                 await self._send_events(emit.events)
             await asyncio.sleep(0)  # buffered frames come back without a pause

@@ -56,6 +56,12 @@ async def test_a_keys_alias_picks_its_model_and_other_keys_have_none(
                 assert event["type"] != "error", event
             assert event["response"]["status"] == "completed"
 
+        # client_secrets' session.model takes the key's aliases too.
+        secret = await client("alice").realtime.client_secrets.create(
+            session={"type": "realtime", "model": "fast"}
+        )
+        assert secret.session.model == "gemini-3.8-live"  # type: ignore[union-attr]
+
         with pytest.raises(InvalidStatus) as refused:
             async with client("bob").realtime.connect(model="fast"):
                 pass

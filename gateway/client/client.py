@@ -780,7 +780,9 @@ class Client:
         """Whether an unlogged error reply answers ``played`` (dropped silently: the
         gateway does not know it yet), a pending ``approve`` or ``configure`` (raised
         there): matched by its ``reply_to``, the frame's ``id``."""
-        if error.code == "unknown_type" and error.reply_to == _PLAYED_ID:
+        # A gateway older than ``played`` names no command either: ``played`` is
+        # the only type this client sends that some gateway may not know.
+        if error.code == "unknown_type" and error.reply_to in (_PLAYED_ID, msgspec.UNSET):
             self._played_supported = False
             return True
         if self._calls.refused(error):

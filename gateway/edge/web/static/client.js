@@ -597,11 +597,13 @@ export class Client {
    * frames, else "": matched by its reply_to (the frame's id; an approve's is the call's). */
   _answersOwnFrame(ev) {
     const ref = ev.reply_to;
-    if (ref === undefined) return "";
-    if (ev.code === "unknown_type" && ref === PLAYED_ID) {
+    // A gateway older than played names no command either: played is the only
+    // type this client sends that some gateway may not know.
+    if (ev.code === "unknown_type" && (ref === PLAYED_ID || ref === undefined)) {
       this._playedSupported = false;
       return "played";
     }
+    if (ref === undefined) return "";
     const approving = this._approving.filter((w) => w.id === ref);
     if (approving.length) {
       this._approving = this._approving.filter((w) => w.id !== ref);

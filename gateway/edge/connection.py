@@ -213,9 +213,10 @@ class ClientConnection:
         """Run a forwarded command again: its session stopped being driven elsewhere."""
         self._redispatched += 1
         if self._redispatched > 5:  # the session keeps moving: let the client decide
-            self._reply(
-                Error(code="turn_active", content="the session is moving between nodes; send again")
+            moving = Error(
+                code="turn_active", content="the session is moving between nodes; send again"
             )
+            self._reply(answering(moving, decode_client(frame)))
             return
         self.node.spawn(self._handle(frame.decode()), f"redispatch:{self.sid}")
 

@@ -57,6 +57,7 @@ export interface InterruptEvent extends EventBase { type: "interrupt"; content: 
 export interface CancelledEvent extends EventBase {
   type: "cancelled";
   content: string;
+  reply_to?: string;
   reason?: "barge_in";
   /** A barge-in: ms of the spoken answer the client reported played (see played()). */
   heard_ms?: number;
@@ -94,6 +95,7 @@ export interface ApprovalEvent extends EventBase {
   id: string;
   digest: string;
   decision: "allow" | "deny";
+  reply_to?: string;
   reason?: "timeout";
 }
 export interface ConfiguredEvent extends EventBase { type: "configured"; config: SessionConfig; reply_to?: string }

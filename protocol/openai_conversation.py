@@ -30,12 +30,14 @@ from __future__ import annotations
 
 import base64
 import binascii
+from collections import deque
 from typing import Any
 
 import msgspec
 
 from protocol.configuration import InputAudio, SessionConfig
 from protocol.events import (
+    COMMAND_ID_MAX,
     Call,
     Cancel,
     Cancelled,
@@ -81,6 +83,13 @@ Command = UserMessage | Cancel | Configure | ToolResultMessage | Commit | Played
 """A gateway command; ``bytes`` is user audio (a binary frame)."""
 
 
+def _named(command: Command, eid: str) -> Command:
+    """``command`` with the client's ``event_id`` as its ``id`` (a tool result's id is its call's)."""
+    if isinstance(command, bytes | ToolResultMessage):
+        return command
+    return msgspec.structs.replace(command, id=eid)
+
+
 class Emit(msgspec.Struct, frozen=True):
     """What one client event yields: commands for the session, events for the client."""
 
@@ -116,6 +125,7 @@ class Conversation:
         self._client_calls: set[str] = set()
         self._last_item: str | None = None
         self._pending_reply: str | None = None  # event_id of the command an error answers
+        self._named: deque[str] = deque(maxlen=64)  # event_ids sent on as command ids
         self._unlogged = 0
         self._seq = 0
         self._n = 0
@@ -177,6 +187,12 @@ class Conversation:
         emit = self._client(event, model_route)
         if any(not isinstance(c, bytes) for c in emit.commands):
             self._pending_reply = event.event_id  # an error that answers it names it
+            eid = event.event_id
+            if eid and len(eid) <= COMMAND_ID_MAX:
+                # The gateway's command id is the client's event_id: its error's
+                # reply_to says which event it answers, even with several in flight.
+                self._named.append(eid)
+                emit = Emit([_named(c, eid) for c in emit.commands], emit.events)
         return emit
 
     def _client(self, event: ClientEvent, model_route: tuple[str, str]) -> Emit:
@@ -375,8 +391,10 @@ class Conversation:
                     return []
                 reason = "turn_detected" if why == "barge_in" else "client_cancelled"
                 return self._done("cancelled", reason=reason)
-            case Error(code=code, content=content):
+            case Error(code=code, content=content, reply_to=ref):
                 reply, self._pending_reply = self._pending_reply, None
+                if isinstance(ref, str) and ref in self._named:
+                    reply = ref
                 out = [self.error(content, code=code, event_id=reply)]
                 if self._response is not None and event.seq:
                     out = [*self._done("failed", error=content), *out]

@@ -55,11 +55,12 @@ from gateway.phone.opening import (
     open_call,
 )
 from gateway.phone.playback import Playback
+from gateway.sessions.commands import run
 from gateway.sessions.runtime import SessionRuntime
 from gateway.sessions.subscriber import EventSource
 from gateway.store.base import LogEntry
 from protocol.audio import split_audio_frame
-from protocol.events import Dtmf, Error, PhoneCall
+from protocol.events import Dtmf, Error, PhoneCall, UserMessage
 from protocol.media_stream import (
     Clear,
     Connected,
@@ -238,7 +239,7 @@ class PhoneCallConnection:
             extra={"sid": runtime.sid},
         )
         if opened.plan.greeting:
-            runtime.start_turn(opened.plan.greeting)  # the model speaks first
+            run(UserMessage(content=opened.plan.greeting), runtime)  # the model speaks first
 
     def _event(self, status: Literal["started", "ended"]) -> PhoneCall:
         identity = self.identity
@@ -329,7 +330,7 @@ class PhoneCallConnection:
             self._played_out.set()
         runtime = self.runtime
         if report is not None and runtime is not None:
-            runtime.played(report)
+            run(report, runtime)
 
     def _key(self, digit: str) -> None:
         runtime = self.runtime
@@ -338,7 +339,7 @@ class PhoneCallConnection:
         runtime.record(Dtmf(digit=digit[:8]))
         decision = self.keypad.press(digit) if self.keypad is not None else None
         if decision is not None:
-            refused = runtime.approve(decision)
+            refused = run(decision, runtime)
             if refused is not None:
                 log.info("phone call %s: the key decided nothing: %s", self.call_id, refused)
             return
@@ -352,7 +353,7 @@ class PhoneCallConnection:
         if runtime is None or not self._digits:
             return
         said = f"(The caller pressed {self._digits} on the phone's keypad.)"
-        if runtime.start_turn(said) is None:
+        if run(UserMessage(content=said), runtime) is None:
             self._digits = ""
 
     # ------------------------------------------------------------------ Subscriber

@@ -30,12 +30,14 @@ from __future__ import annotations
 
 import base64
 import binascii
+from collections import deque
 from typing import Any
 
 import msgspec
 
 from protocol.configuration import InputAudio, SessionConfig
 from protocol.events import (
+    COMMAND_ID_MAX,
     Call,
     Cancel,
     Cancelled,
@@ -77,10 +79,25 @@ from protocol.openai_session import call_parts, config_change, session_of, usage
 __all__ = ["KEPT_ITEMS", "Command", "Conversation", "Emit"]
 
 KEPT_ITEMS = 256  # items conversation.item.retrieve can show (the newest)
+_SHOWS_ITEM = frozenset(
+    (
+        "conversation.item.added",
+        "conversation.item.done",
+        "response.output_item.added",
+        "response.output_item.done",
+    )
+)
 
 ServerEvent = dict[str, Any]
 Command = UserMessage | Cancel | Configure | ToolResultMessage | Commit | Played | bytes
 """A gateway command; ``bytes`` is user audio (a binary frame)."""
+
+
+def _named(command: Command, eid: str) -> Command:
+    """``command`` with the client's ``event_id`` as its ``id`` (a tool result's id is its call's)."""
+    if isinstance(command, bytes | ToolResultMessage):
+        return command
+    return msgspec.structs.replace(command, id=eid)
 
 
 class Emit(msgspec.Struct, frozen=True):
@@ -118,6 +135,7 @@ class Conversation:
         self._client_calls: set[str] = set()
         self._last_item: str | None = None
         self._pending_reply: str | None = None  # event_id of the command an error answers
+        self._named: deque[str] = deque(maxlen=64)  # event_ids sent on as command ids
         self._unlogged = 0
         self._seq = 0
         self._n = 0
@@ -126,7 +144,7 @@ class Conversation:
         self._speech: str | None = None  # the spoken user item being heard
         self._hearing = False  # input audio configured
         self._audio_tag = 0  # seq tag of the newest audio frame of the answer
-        # The newest items as last shown (``…item.done``), for conversation.item.retrieve.
+        # The newest items as last shown (``…item.added``/``done``), for conversation.item.retrieve.
         self._items: dict[str, dict[str, Any]] = {}
 
     # ------------------------------------------------------------ ids
@@ -191,6 +209,12 @@ class Conversation:
         emit = self._client(event, model_route)
         if any(not isinstance(c, bytes) for c in emit.commands):
             self._pending_reply = event.event_id  # an error that answers it names it
+            eid = event.event_id
+            if eid and len(eid) <= COMMAND_ID_MAX:
+                # The gateway's command id is the client's event_id: its error's
+                # reply_to says which event it answers, even with several in flight.
+                self._named.append(eid)
+                emit = Emit([_named(c, eid) for c in emit.commands], emit.events)
         return emit
 
     def _client(self, event: ClientEvent, model_route: tuple[str, str]) -> Emit:
@@ -339,14 +363,19 @@ class Conversation:
             events = self._gateway(event)
         finally:
             self._seq = 0
-        for ev in events:
-            if ev["type"] in ("conversation.item.done", "response.output_item.done"):
-                item = ev["item"]
-                self._items.pop(item["id"], None)
-                self._items[item["id"]] = item
-                if len(self._items) > KEPT_ITEMS:
-                    del self._items[next(iter(self._items))]
+        self._remember(events)
         return events
+
+    def _remember(self, events: list[ServerEvent]) -> None:
+        """Keep the items ``events`` show, for ``conversation.item.retrieve``."""
+        items = self._items
+        for ev in events:
+            if ev["type"] in _SHOWS_ITEM:
+                item = ev["item"]
+                items.pop(item["id"], None)
+                items[item["id"]] = item
+                if len(items) > KEPT_ITEMS:
+                    del items[next(iter(items))]
 
     def _gateway(self, event: Event) -> list[ServerEvent]:
         match event:
@@ -407,8 +436,10 @@ class Conversation:
                     return []
                 reason = "turn_detected" if why == "barge_in" else "client_cancelled"
                 return self._done("cancelled", reason=reason)
-            case Error(code=code, content=content):
+            case Error(code=code, content=content, reply_to=ref):
                 reply, self._pending_reply = self._pending_reply, None
+                if isinstance(ref, str) and ref in self._named:
+                    reply = ref
                 out = [self.error(content, code=code, event_id=reply)]
                 if self._response is not None and event.seq:
                     out = [*self._done("failed", error=content), *out]
@@ -469,6 +500,7 @@ class Conversation:
         self._seq, self._n = 0, 0
         self._audio_tag = max(self._audio_tag, tag)
         out = self._open_message()
+        self._remember(out)  # speech can open the answer's message before its text does
         resp = self._response
         assert resp is not None and resp.message is not None
         resp.audio = True

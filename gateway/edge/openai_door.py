@@ -60,6 +60,7 @@ OPENAI_PATH: Final = "/openai/v1/realtime"
 INSECURE_KEY: Final = "openai-insecure-api-key."
 REALTIME: Final = Subprotocol("realtime")
 _command_encoder: Final = msgspec.json.Encoder()
+_RESUME: Final = "reconnect with session_id and after_event (node draining or session moved)"
 
 
 def model_route(
@@ -303,6 +304,8 @@ class DoorConnection(ClientConnection):
         conversation = self.conversation
         for frame in frames:
             event = decode_event(frame)
+            if isinstance(event, Session):
+                continue  # the connection's first frame (its seq is the log's head): not shown
             self._emit(conversation.gateway(event), out)
             if self._skip is not None and event.seq > self._skip[0]:
                 self._skip = None  # caught up: everything from here is new
@@ -330,16 +333,11 @@ class DoorConnection(ClientConnection):
         if out:
             await wsfast.send_batch(self.ws, out)
 
-    async def _send_first(self, first: Session) -> None:
-        if not self.state.configure and self._skip is None:  # a session made elsewhere
-            config = await self.door.config_of(self.sid)
-            if config is not None:
-                await self._send_events([self.conversation.created(config)])
-
-    async def _send_close(self, code: int, reason: str) -> None:
-        if code == CloseCode.SERVICE_RESTART:  # say how to resume through this door
-            reason = "reconnect with session_id and after_event (node draining or session moved)"
-        await self.ws.close(code, reason)
+    def session_lost(self, reason: str) -> None:
+        super().session_lost(reason)
+        if self._close is not None and self._close[0] == CloseCode.SERVICE_RESTART:
+            # Say how to resume through this door.
+            self._close = (CloseCode.SERVICE_RESTART, _RESUME)
 
     async def _send_events(self, events: list[ServerEvent]) -> None:
         out: list[bytes] = []
@@ -351,6 +349,10 @@ class DoorConnection(ClientConnection):
 
     async def _reader(self, writer: asyncio.Task[None]) -> None:
         state = self.state
+        if not state.configure and self._skip is None:  # a session made elsewhere: show it
+            config = await self.door.config_of(self.sid)
+            if config is not None:
+                await self._send_events([self.conversation.created(config)])
         if state.configure:  # the new session's route (the key's policy allowed it)
             state.configure = False
             await self._handle(_command_encoder.encode(_configure(state.route)).decode())

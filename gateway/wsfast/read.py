@@ -48,7 +48,9 @@ quadratic (64 MiB in 256 KiB reads: 8.4 s of one core, 0.08 s now).
 **Intercept.** A message that arrives while a reader waits on an empty queue
 is first offered to ``intercept`` (when set), in the read callback: the
 upstream adapters hand the running response's text deltas to the session
-there (``Upstream.stream_text_to``), with no task resumed per token. An
+there (``Upstream.stream_text_to``), with no task resumed per token; the
+client and phone edges relay user audio frames there (one per 20 ms per
+session, ``tests/bench/voice_cost_bench.py``). An
 intercept that took a message may ``nudge()`` the reader, whose ``recv()``
 then returns ``None``. Only an empty queue is intercepted, so the order of
 messages is kept.

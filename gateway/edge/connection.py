@@ -79,6 +79,8 @@ _DRIVEN_ELSEWHERE = (
 class ClientConnection:
     """Serves one client WebSocket attached to one session."""
 
+    drained = "node draining; reconnect with session_id and after=<last seq>"  # 1012's reason
+
     def __init__(
         self,
         node: NodePort,

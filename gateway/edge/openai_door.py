@@ -35,6 +35,7 @@ from urllib.parse import parse_qs, urlsplit
 import msgspec
 from websockets.asyncio.server import ServerConnection
 from websockets.datastructures import Headers
+from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 from websockets.typing import Subprotocol
 
@@ -333,6 +334,8 @@ class DoorConnection(ClientConnection):
         if out:
             await wsfast.send_batch(self.ws, out)
 
+    drained = _RESUME
+
     def session_lost(self, reason: str) -> None:
         super().session_lost(reason)
         if self._close is not None and self._close[0] == CloseCode.SERVICE_RESTART:
@@ -348,6 +351,12 @@ class DoorConnection(ClientConnection):
     # ------------------------------------------------------------- in
 
     async def _reader(self, writer: asyncio.Task[None]) -> None:
+        try:
+            await self._read(writer)
+        except ConnectionClosed:
+            return  # the client went away, or was closed (its close code says why)
+
+    async def _read(self, writer: asyncio.Task[None]) -> None:
         state = self.state
         if not state.configure and self._skip is None:  # a session made elsewhere: show it
             config = await self.door.config_of(self.sid)

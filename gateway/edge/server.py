@@ -568,7 +568,8 @@ class Gateway:
         else:
             await node.finish_turns(deadline)
         await asyncio.gather(
-            *(_close_or_abort(c.ws) for c in list(self.connections)), return_exceptions=True
+            *(_close_or_abort(c.ws, c.drained) for c in list(self.connections)),
+            return_exceptions=True,
         )
         await node.stop()
         if self.server is not None:
@@ -593,17 +594,11 @@ class Gateway:
             await self.phone.close()
 
 
-async def _close_or_abort(ws: ServerConnection) -> None:
+async def _close_or_abort(ws: ServerConnection, reason: str) -> None:
     """Close with 1012; a client that stopped reading cannot take the close
     frame, so after a few seconds its connection is aborted instead."""
     try:
-        await asyncio.wait_for(
-            ws.close(
-                CloseCode.SERVICE_RESTART,
-                close_reason("node draining; reconnect with session_id and after=<last seq>"),
-            ),
-            5.0,
-        )
+        await asyncio.wait_for(ws.close(CloseCode.SERVICE_RESTART, close_reason(reason)), 5.0)
     except (TimeoutError, OSError):
         ws.transport.abort()
 

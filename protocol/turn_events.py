@@ -24,6 +24,7 @@ table keyed by them that misses a member fails a test instead of dropping it.
 
 from __future__ import annotations
 
+import enum
 import typing
 from typing import Any, Final
 
@@ -52,6 +53,7 @@ __all__ = [
     "Action",
     "ApprovalTimeout",
     "Approve",
+    "Await",
     "AwaitApproval",
     "AwaitClient",
     "BackgroundDone",
@@ -78,6 +80,7 @@ __all__ = [
     "RunTools",
     "ShellFailed",
     "Shutdown",
+    "Source",
     "SpeechBegan",
     "SpeechEnded",
     "Spoken",
@@ -85,6 +88,7 @@ __all__ = [
     "StopResponse",
     "TextDelta",
     "Thought",
+    "Tick",
     "ToolResultMessage",
     "ToolsDone",
     "Transcript",
@@ -222,6 +226,14 @@ class ApprovalTimeout(_Input, frozen=True, tag="approval_timeout"):
     seconds: float
 
 
+class Tick(_Input, frozen=True, tag="tick"):
+    """The shell's clock (loop time, seconds): the timers the machine armed with
+    ``AwaitClient`` or ``AwaitApproval`` start at ``now``, and those due by ``now``
+    fire. Feed it as those actions are performed and when an ``Await``'s deadline passes."""
+
+    now: float
+
+
 class RetryNow(_Input, frozen=True, tag="retry_now"):
     """The ``Backoff`` delay is over."""
 
@@ -300,6 +312,7 @@ TurnInput = (
     | Approve
     | ApprovalTimeout
     | ClientTimeout
+    | Tick
     | RetryNow
     | Cancel
     | ShellFailed
@@ -469,6 +482,32 @@ Action = (
     | Backoff
     | Refuse
 )
+
+
+# --- waits -------------------------------------------------------------------------
+
+
+class Source(enum.Enum):
+    """What the shell waits on between actions (``TurnMachine.wait``)."""
+
+    NOTHING = "nothing"
+    """No turn runs and nobody listens: the driver stops."""
+    RESPONSE = "response"
+    """The running response's events (the link's stall watch bounds the silence)."""
+    UPSTREAM = "upstream"
+    """The upstream's events; none by the deadline means the connection is lost."""
+    LISTEN = "listen"
+    """The upstream's events, while a command may come (it interrupts the read); at
+    the deadline, feed ``Tick``."""
+    COMMAND = "command"
+    """A command (a client's result, a decision, a cancel); at the deadline, feed ``Tick``."""
+
+
+class Await(msgspec.Struct, frozen=True):
+    """What the shell waits for next, and until when (loop time; None: no deadline)."""
+
+    source: Source
+    deadline: float | None = None
 
 
 def _members(union: Any) -> frozenset[type]:

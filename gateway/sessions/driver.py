@@ -58,20 +58,17 @@ from gateway.upstream.base import (
 from protocol.assembly import Message
 from protocol.audio import OUTPUT_RATE, audio_frame
 from protocol.calls import ToolResult
-from protocol.events import Approval, Error, Interrupt, Metric, Usage
-from protocol.turn import TurnMachine, TurnState
+from protocol.events import Approval, Error, Interrupt, Metric, Respond, Think, Usage
+from protocol.turn import TurnMachine
 from protocol.turn_events import (
-    EVENT_TYPES,
     Account,
     Action,
-    ApprovalTimeout,
     AwaitApproval,
     AwaitClient,
     BackgroundDone,
     Backoff,
     CallDone,
     CancelBackground,
-    ClientTimeout,
     CommitAudio,
     DropUpstream,
     Persist,
@@ -82,6 +79,7 @@ from protocol.turn_events import (
     RetryNow,
     RunTools,
     ShellFailed,
+    Source,
     SpeechBegan,
     SpeechEnded,
     Spoken,
@@ -89,6 +87,7 @@ from protocol.turn_events import (
     StopResponse,
     TextDelta,
     Thought,
+    Tick,
     ToolsDone,
     TurnStarted,
     UpstreamFailed,
@@ -114,10 +113,6 @@ _AWAITED: Final = frozenset(
     }
 )
 _RETRY_NOW: Final = RetryNow()
-# How long a cancelled response may take to report its end (and usage) before
-# the turn closes with an estimate: OpenAI answers a response.cancel within a
-# round trip; the Gemini adapter bounds its own wait by its cancel_grace.
-_CANCEL_REPORT_WAIT: Final = 5.0
 # What clients are told of upstream failures. The real reason goes to the log
 # only: it may carry the upstream URL (with a key in its query string) or the
 # provider's own text (account ids, internal hosts).
@@ -188,8 +183,6 @@ class TurnDriver:
         self.tools = ToolRuns(self.sid, services, log_, observer, lambda: session.setup)
         self._approval_asked: dict[str, float] = {}  # call id → when it began to wait
         self._wake = asyncio.Event()  # a command queued actions for the driver
-        self._client_deadline = 0.0  # loop time when the client-side calls time out
-        self._approval_deadline = 0.0  # loop time when undecided approvals are denied
         self.task: asyncio.Task[None] | None = None
         self._todo: deque[Action] = deque()  # actions the driver performs next, in order
         self._driving = False  # the driver task has started running
@@ -280,6 +273,7 @@ class TurnDriver:
         session = self.session
         task = asyncio.current_task()
         assert task is not None
+        loop = asyncio.get_running_loop()
         self._driving = True
         try:
             while True:
@@ -287,12 +281,14 @@ class TurnDriver:
                     await self._perform_pending()
                     if machine.idle:
                         self.link.turn_ended()
-                    if machine.idle and not self._todo and not session.listening:
-                        return
-                    if machine.awaits_upstream or (session.listening and not self._todo):
-                        await self._pump_upstream()
-                    elif machine.awaits_client or machine.awaits_approval:
-                        await self._await_answers()
+                    wait = machine.wait(loop.time(), listening=session.listening)
+                    match wait.source:
+                        case Source.NOTHING:
+                            return
+                        case Source.COMMAND:
+                            await self._await_command(wait.deadline)
+                        case _:
+                            await self._pump_upstream()
                 except asyncio.CancelledError:
                     if not self._interrupted or session.closed:
                         raise
@@ -320,44 +316,17 @@ class TurnDriver:
                 self.task = None
             session.driver_stopped()
 
-    async def _await_answers(self) -> None:
-        """Wait for a command (a client's result, an approve, a cancel) or the deadline of
-        the client-side calls or of the approvals, whichever comes first."""
+    async def _await_command(self, deadline: float | None) -> None:
+        """Wait for a command (a client's result, an approve, a cancel) until ``deadline``,
+        then tell the machine the time."""
         self._wake.clear()
         if self._todo:
             return
-        remaining = self._answer_deadline() - asyncio.get_running_loop().time()
-        if remaining > 0:
-            try:
-                async with asyncio.timeout(remaining):
-                    await self._wake.wait()
-                return
-            except TimeoutError:
-                pass
-        self._answers_timed_out()
-
-    def _answer_deadline(self) -> float:
-        machine = self.machine
-        deadlines = []
-        if machine.awaits_client:
-            deadlines.append(self._client_deadline)
-        if machine.awaits_approval:
-            deadlines.append(self._approval_deadline)
-        return min(deadlines, default=0.0)
-
-    def _answers_timed_out(self) -> None:
-        now = asyncio.get_running_loop().time()
-        if self.machine.awaits_client and now >= self._client_deadline:
-            self._client_timed_out()
-        if self.machine.awaits_approval and now >= self._approval_deadline:
-            seconds = self.services.config.approval_timeout
-            log.info("session %s: approvals undecided after %gs: denied", self.sid, seconds)
-            self._todo.extend(self.machine.feed(ApprovalTimeout(seconds)))
-
-    def _client_timed_out(self) -> None:
-        seconds = self.services.config.client_tool_timeout
-        log.info("session %s: client-side calls unanswered after %gs", self.sid, seconds)
-        self._todo.extend(self.machine.feed(ClientTimeout(seconds)))
+        try:
+            async with asyncio.timeout_at(deadline):
+                await self._wake.wait()
+        except TimeoutError:
+            self._todo.extend(self.machine.feed(Tick(asyncio.get_running_loop().time())))
 
     def _upstream_gone(self, reason: str, *, retryable: bool = True) -> None:
         self.observer.step_done(None, error=reason)
@@ -400,78 +369,109 @@ class TurnDriver:
     async def _perform_pending(self) -> None:
         """Perform queued actions in order; events and history first, awaits last."""
         todo = self._todo
-        emit = self.log.emit
         while todo:
-            action = todo.popleft()
-            kind = type(action)
-            if kind in EVENT_TYPES:
-                if kind is Metric:
-                    self.observer.fill(action)  # type: ignore[arg-type]
-                elif kind is Error:
-                    self.observer.turn_failed(action.code)  # type: ignore[union-attr]
-                elif kind is Approval:
-                    self._approval_decided(action)  # type: ignore[arg-type]
-                elif kind is Interrupt and self.link.upstream is None:
-                    await self._reopen_for(action, todo[0] if todo else None)  # type: ignore[arg-type]
-                    continue
-                emit(action)  # type: ignore[arg-type]
-            elif kind is Persist:
-                self.log.persist(action.items)  # type: ignore[union-attr]
-            elif kind is Account:
-                self._account(action.usage)  # type: ignore[union-attr]
-            elif kind is TurnStarted:
+            waiting = self._perform(todo.popleft())
+            if waiting is not None:
+                await waiting
+
+    def _perform_now(self, actions: Sequence[Action]) -> None:
+        """Perform what can be at once (events as a response streams, a call's outcome);
+        an action that waits goes to the driver's queue, after what it holds."""
+        for action in actions:
+            waiting = self._perform(action)
+            if waiting is not None:
+                waiting.close()
+                self._todo.append(action)
+
+    def _perform(self, action: Action) -> Coroutine[Any, Any, None] | None:
+        """Do one action of the machine's: the one place the driver looks at what it asked
+        for. An action that waits comes back as the coroutine that performs it."""
+        match action:
+            case Respond() | Think():  # the hot path: a response's chunks
+                self.log.emit(action)
+            case Metric():
+                self.observer.fill(action)
+                self.log.emit(action)
+            case Error():
+                self.observer.turn_failed(action.code)
+                self.log.emit(action)
+            case Approval():
+                self._approval_decided(action)
+                self.log.emit(action)
+            case Interrupt() if self.link.upstream is None:
+                return self._reopen_for(action, self._todo[0] if self._todo else None)
+            case Persist(items=items):
+                self.log.persist(items)
+            case Account(usage=usage):
+                self._account(usage)
+            case TurnStarted():
                 self.services.metrics.turns.inc()
                 self._turn_started()
-            elif kind is DropUpstream:
-                self.drop_upstream(stop=action.stop)  # type: ignore[union-attr]
-            elif kind is AwaitApproval:
+            case DropUpstream(stop=stop):
+                self.drop_upstream(stop=stop)
+            case AwaitApproval(ids=ids):
                 loop_time = asyncio.get_running_loop().time()
-                self._approval_deadline = loop_time + self.services.config.approval_timeout
-                for call_id in action.ids:  # type: ignore[union-attr]
+                for call_id in ids:
                     self._approval_asked.setdefault(call_id, loop_time)
-            elif kind is StartBackground:
-                self.tools.start(action, self._background_finished)  # type: ignore[arg-type]
-            elif kind is CancelBackground:
-                self.tools.cancel(action.ids)  # type: ignore[union-attr]
-            elif kind is AwaitClient:
-                loop_time = asyncio.get_running_loop().time()
-                self._client_deadline = loop_time + self.services.config.client_tool_timeout
-                self.services.metrics.tools.calls.inc(len(action.ids))  # type: ignore[union-attr]
-            elif kind is Request:
-                await self._request(action.message, action.outputs)  # type: ignore[union-attr]
-            elif kind is CommitAudio:
-                upstream = self.link.upstream
-                if upstream is None:
-                    raise UpstreamClosed("the connection that heard the speech is gone")
-                self._in_upstream_call = True
-                self._requested_at = time.perf_counter()
-                await upstream.commit_audio()
-                self._in_upstream_call = False
-            elif kind is StopResponse:
-                upstream = self.link.upstream
-                if upstream is None:
-                    raise UpstreamClosed("no upstream connection to stop a response on")
-                self._in_upstream_call = True
-                await upstream.cancel_response()
-                self._in_upstream_call = False
-            elif kind is ReplaceResponse:
-                await self._replace(action)  # type: ignore[arg-type]
-            elif kind is RunTools:
-                # The calls are in the log (and history) before any runs: a node
-                # that takes over knows each one that may have run, and its key.
-                results = await self._run_tools_hearing(action)  # type: ignore[arg-type]
-                todo.extend(self.machine.feed(ToolsDone(tuple(results))))
-            elif kind is Backoff:
-                log.info(
-                    "session %s: retrying the step (%d/%d)",
-                    self.sid,
-                    action.attempt,  # type: ignore[union-attr]
-                    self.services.config.upstream_retries,
-                )
-                await asyncio.sleep(action.delay)  # type: ignore[union-attr]
-                todo.extend(self.machine.feed(_RETRY_NOW))
-            else:  # Refuse: only commands get it, and they answer it themselves
+                self._todo.extend(self.machine.feed(Tick(asyncio.get_running_loop().time())))
+            case StartBackground():
+                self.tools.start(action, self._background_finished)
+            case CancelBackground(ids=ids):
+                self.tools.cancel(ids)
+            case AwaitClient(ids=ids):
+                self.services.metrics.tools.calls.inc(len(ids))
+                self._todo.extend(self.machine.feed(Tick(asyncio.get_running_loop().time())))
+            case Request(message=message, outputs=outputs):
+                return self._request(message, outputs)
+            case CommitAudio():
+                return self._commit_audio()
+            case StopResponse():
+                return self._stop_response()
+            case ReplaceResponse():
+                return self._replace(action)
+            case RunTools():
+                return self._run_tools(action)
+            case Backoff(attempt=attempt, delay=delay):
+                return self._backoff(attempt, delay)
+            case Refuse():  # only commands get it, and they answer it themselves
                 log.warning("session %s: unexpected action %r", self.sid, action)
+            case _:  # every other event: log it, then send it
+                self.log.emit(action)
+        return None
+
+    async def _commit_audio(self) -> None:
+        upstream = self.link.upstream
+        if upstream is None:
+            raise UpstreamClosed("the connection that heard the speech is gone")
+        self._in_upstream_call = True
+        self._requested_at = time.perf_counter()
+        await upstream.commit_audio()
+        self._in_upstream_call = False
+
+    async def _stop_response(self) -> None:
+        upstream = self.link.upstream
+        if upstream is None:
+            raise UpstreamClosed("no upstream connection to stop a response on")
+        self._in_upstream_call = True
+        await upstream.cancel_response()
+        self._in_upstream_call = False
+
+    async def _run_tools(self, run: RunTools) -> None:
+        """Run a step's tools; a voice session hears its user meanwhile (``ToolRuns.run``:
+        nothing else reads the upstream while the driver awaits them). The calls are in
+        the log (and history) before any runs: a node that takes over knows each one
+        that may have run, and its key."""
+        voice, upstream = self.session.voice, self.link.upstream
+        hears = voice is not None and voice.audio_in is not None and self.session.listening
+        hearing = (upstream, self._heard, self._barge_in) if hears and upstream else None
+        results = await self.tools.run(run, self._call_done, hearing)
+        self._todo.extend(self.machine.feed(ToolsDone(tuple(results))))
+
+    async def _backoff(self, attempt: int, delay: float) -> None:
+        retries = self.services.config.upstream_retries
+        log.info("session %s: retrying the step (%d/%d)", self.sid, attempt, retries)
+        await asyncio.sleep(delay)
+        self._todo.extend(self.machine.feed(_RETRY_NOW))
 
     async def _reopen_for(self, interrupt: Interrupt, then: Action | None) -> None:
         """An ``interrupt`` whose rerun opens a new connection says what the model keeps
@@ -585,46 +585,40 @@ class TurnDriver:
             await self.voice_in.flush(upstream)  # the request it waited for was superseded
         machine = self.machine
         text = machine.text
-        emit = self.log.emit
         todo = self._todo
         first = self._requested_at is not None
         inline = upstream.stream_text_to(None)
         heard = self._heard
+        loop = asyncio.get_running_loop()
         ev: UpstreamEvent | None
-        while machine.awaits_upstream or session.listening:
-            if todo:
-                return  # a command came while the connection was opening
+        while True:
+            wait = machine.wait(loop.time(), listening=session.listening)
+            source = wait.source
+            if source is Source.NOTHING or source is Source.COMMAND or todo:
+                return  # not the upstream's turn, or a command came while it opened
             if heard:
                 read = heard.popleft()
                 if isinstance(read, Gone):
                     raise read.error
                 ev = read
-            elif machine.idle:
+            elif source is Source.LISTEN:
+                # Between turns, or while the client works or the user decides:
+                # a command interrupts the read (``wake``).
                 self._listening_idle = True
                 try:
-                    ev = await upstream.recv()
-                finally:
-                    self._listening_idle = False
-            elif machine.awaits_client or machine.awaits_approval:
-                # Listening while the client works or the user decides: a command interrupts.
-                remaining = self._answer_deadline() - asyncio.get_running_loop().time()
-                self._listening_idle = True
-                try:
-                    async with asyncio.timeout(max(remaining, 0.0)):
+                    async with asyncio.timeout_at(wait.deadline):
                         ev = await upstream.recv()
                 except TimeoutError:
-                    self._answers_timed_out()
+                    self._todo.extend(self.machine.feed(Tick(asyncio.get_running_loop().time())))
                     return
                 finally:
                     self._listening_idle = False
-            elif machine.state is TurnState.CANCELLING:
+            elif source is Source.UPSTREAM:
                 try:
-                    async with asyncio.timeout(_CANCEL_REPORT_WAIT):
+                    async with asyncio.timeout_at(wait.deadline):
                         ev = await upstream.recv()
                 except TimeoutError:
-                    raise UpstreamClosed(
-                        f"no end of the cancelled response within {_CANCEL_REPORT_WAIT:g}s"
-                    ) from None
+                    raise UpstreamClosed("nothing from the upstream by its deadline") from None
             elif inline:
                 # Deltas that arrive while this waits are handled in the read
                 # callback (``_text_now``): no task resume per token.
@@ -639,49 +633,44 @@ class TurnDriver:
             if ev is None:  # the provider went silent mid-response
                 todo.extend(self._stalled())
                 return
-            kind = type(ev)
-            if kind is TextDelta:
-                if first:
-                    first = False
-                    self._first_delta()
-                for action in text(ev.text):  # type: ignore[union-attr]
-                    if type(action) is StopResponse:
-                        todo.append(action)
-                    else:
-                        emit(action)  # type: ignore[arg-type]
-                if todo:
+            match ev:
+                case TextDelta(text=delta):
+                    if first:
+                        first = False
+                        self._first_delta()
+                    self._perform_now(text(delta))
+                    if todo:
+                        return
+                case Woken():
+                    failure, self._text_failure = self._text_failure, None
+                    if failure is not None:
+                        raise failure
+                    if todo:
+                        return
+                    first = self._requested_at is not None
+                case ResponseDone():
+                    todo.extend(self._response_done(ev))
                     return
-            elif kind is Woken:
-                failure, self._text_failure = self._text_failure, None
-                if failure is not None:
-                    raise failure
-                if todo:
-                    return
-                first = self._requested_at is not None
-            elif kind is ResponseDone:
-                todo.extend(self._response_done(ev))  # type: ignore[arg-type]
-                return
-            elif kind is UpstreamError:
-                todo.extend(self._upstream_error(ev))  # type: ignore[arg-type]
-                if todo:
-                    return
-            elif kind is AudioDelta:
-                self._audio_out(ev.pcm16)  # type: ignore[union-attr]
-            elif kind is Spoken or kind is Thought:
-                if first and kind is Spoken:
-                    first = False
-                    self._first_delta()
-                for action in machine.feed(ev):  # type: ignore[arg-type]
-                    emit(action)  # type: ignore[arg-type]
-            elif kind is Resumable:
-                self.link.resumable(ev)  # type: ignore[arg-type]
-            else:
-                if kind is SpeechEnded:
-                    self._requested_at = time.perf_counter()  # speech end → first chunk
-                todo.extend(machine.feed(ev))  # type: ignore[arg-type]
-                first = self._requested_at is not None
-                if todo:
-                    return
+                case UpstreamError():
+                    todo.extend(self._upstream_error(ev))
+                    if todo:
+                        return
+                case AudioDelta(pcm16=pcm16):
+                    self._audio_out(pcm16)
+                case Spoken() | Thought():
+                    if first and type(ev) is Spoken:
+                        first = False
+                        self._first_delta()
+                    self._perform_now(machine.feed(ev))
+                case Resumable():
+                    self.link.resumable(ev)
+                case _:
+                    if type(ev) is SpeechEnded:
+                        self._requested_at = time.perf_counter()  # speech end → first chunk
+                    todo.extend(machine.feed(ev))
+                    first = self._requested_at is not None
+                    if todo:
+                        return
 
     def _stalled(self) -> Sequence[Action]:
         seconds = self.services.config.upstream_stall_timeout
@@ -723,14 +712,8 @@ class TurnDriver:
         try:
             if self._requested_at is not None:
                 self._first_delta()
-            todo = self._todo
-            emit = self.log.emit
-            for action in self.machine.text(text):
-                if type(action) is StopResponse:
-                    todo.append(action)
-                else:
-                    emit(action)  # type: ignore[arg-type]
-            return bool(todo)
+            self._perform_now(self.machine.text(text))
+            return bool(self._todo)
         except Exception as exc:  # the driver's handler reports it, as for its own
             self._text_failure = exc
             return True
@@ -747,10 +730,8 @@ class TurnDriver:
         voice = self.session.voice
         if voice is None or voice.audio_out is None:
             return  # a text session on a model that only speaks: its transcript is the answer
-        if self.machine.state is not TurnState.STREAMING:
-            return  # the rest of a cancelled answer
-        self.machine.audio_sent(len(pcm16) * 500 / OUTPUT_RATE)
-        self.log.deliver_audio(audio_frame(self.log.last_seq, pcm16))
+        if self.machine.audio_sent(len(pcm16) * 500 / OUTPUT_RATE):
+            self.log.deliver_audio(audio_frame(self.log.last_seq, pcm16))
 
     def _account(self, usage: Usage) -> None:
         """Charge a step's usage: counters, its price and the owner's quotas (``metric`` follows)."""
@@ -762,21 +743,12 @@ class TurnDriver:
 
     # ------------------------------------------------------------------ tools
 
-    async def _run_tools_hearing(self, run: RunTools) -> list[ToolResult]:
-        """Run a step's tools; a voice session hears its user meanwhile (``ToolRuns.run``:
-        nothing else reads the upstream while the driver awaits them)."""
-        voice, upstream = self.session.voice, self.link.upstream
-        hears = voice is not None and voice.audio_in is not None and self.session.listening
-        hearing = (upstream, self._heard, self._barge_in) if hears and upstream else None
-        return await self.tools.run(run, self._call_done, hearing)
-
     def _barge_in(self, ev: SpeechBegan) -> None:
         self.command(self.machine.feed(ev), interrupt=True)
 
     def _call_done(self, call_id: str, result: ToolResult) -> None:
         # Logged as soon as the call finished: a takeover reuses it.
-        for action in self.machine.feed(CallDone(call_id, result)):
-            self.log.emit(action)  # type: ignore[arg-type]
+        self._perform_now(self.machine.feed(CallDone(call_id, result)))
 
     def _background_finished(self, call_id: str, result: ToolResult) -> None:
         """A background call's result: a command for the machine, like a client's answer."""

@@ -156,6 +156,8 @@ class SessionRuntime:
             upstream_retries=cfg.upstream_retries,
             client_tools=setup.client_tools,
             call_number=last_seq,
+            client_tool_timeout=cfg.client_tool_timeout,
+            approval_timeout=cfg.approval_timeout,
         )
         machine.batch.needs_approval = setup.approvals
         machine.batch.background = setup.background

@@ -1,28 +1,16 @@
 """The turn driver: performs the turn machine's actions, feeds it what I/O brings.
 
 ``protocol.turn.TurnMachine`` decides everything about a turn; this is its
-I/O shell. Commands (a user message, a cancel, a client's tool result, a
-commit, a rerun after a takeover) feed the machine and hand its actions to
-the driver (``command``), one task per running turn, which performs them in
-order — events and history at once, upstream requests, tools and backoffs
-awaited — and feeds the machine what the upstream, the tools and the
-timers bring. A cancel interrupts the driver's current await; the actions
-it had not performed yet are superseded.
-
-**Client-side tools**: while the machine waits for a client's result
-(``awaits_client``), the driver waits for a command to bring one, up to
-``client_tool_timeout`` seconds after the batch began (server calls of the
-same batch run meanwhile), then feeds ``ClientTimeout``. A voice session
-keeps reading its upstream meanwhile, so the user's speech still barges in.
-
-**Voice**: a session that streams audio keeps its upstream connection
-open between turns, and the driver keeps running while a client is
-attached (``listening``), reading the upstream's voice events when no
-turn runs too: the provider's VAD starts turns by itself.
-
-**The hot path**: while the driver waits for a response's next delta, the
-adapter hands deltas to ``_text_now`` in its read callback (no task resumed
-per token); a marker that asks the session to act wakes the driver.
+I/O shell, and it decides nothing. Commands feed the machine and hand its
+actions to the driver (``command``), one task per running turn, which performs
+them through one ``match`` (``_perform``), then asks the machine what to wait
+for (``TurnMachine.wait``: the upstream, read by ``gateway.sessions.reading``;
+a command; nothing) and until when, and feeds it what came, or ``Tick`` at
+the deadline. Requests to the upstream go through ``gateway.sessions.asking``.
+A cancel interrupts the driver's current await; the actions it had not
+performed yet are superseded. A voice session keeps its upstream open between
+turns and the driver runs while a client is attached (``listening``): the
+provider's VAD starts turns by itself, and speech barges in during tools.
 """
 
 from __future__ import annotations
@@ -30,33 +18,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import re
-import time
 from collections import deque
 from collections.abc import Callable, Coroutine, Sequence
-from typing import Any, Final, Protocol
+from typing import Any, Final
 
-import msgspec
-
+from gateway.sessions.asking import DrivenSession, UpstreamAsker
 from gateway.sessions.observer import TurnObserver
+from gateway.sessions.reading import UpstreamReader
 from gateway.sessions.session_log import SessionLog
-from gateway.sessions.setup import SessionServices, SessionSetup
-from gateway.sessions.tool_runs import Gone, ToolRuns
-from gateway.sessions.upstream_link import OpenRequest, UpstreamLink
+from gateway.sessions.setup import SessionServices
+from gateway.sessions.tool_runs import ToolRuns
+from gateway.sessions.upstream_link import UpstreamLink
 from gateway.sessions.voice import VoiceInput
 from gateway.upstream.base import (
-    AudioDelta,
-    ModelOptions,
-    Resumable,
-    Upstream,
     UpstreamClosed,
-    UpstreamError,
-    UpstreamEvent,
-    VoiceConfig,
-    Woken,
 )
-from protocol.assembly import Message
-from protocol.audio import OUTPUT_RATE, audio_frame
 from protocol.calls import ToolResult
 from protocol.events import Approval, Error, Interrupt, Metric, Respond, Think, Usage
 from protocol.turn import TurnMachine
@@ -75,24 +51,16 @@ from protocol.turn_events import (
     Refuse,
     ReplaceResponse,
     Request,
-    ResponseDone,
     RetryNow,
     RunTools,
     ShellFailed,
     Source,
     SpeechBegan,
-    SpeechEnded,
-    Spoken,
     StartBackground,
     StopResponse,
-    TextDelta,
-    Thought,
     Tick,
     ToolsDone,
     TurnStarted,
-    UpstreamFailed,
-    UpstreamLost,
-    UpstreamStalled,
 )
 
 __all__ = ["DrivenSession", "TurnDriver"]
@@ -113,45 +81,6 @@ _AWAITED: Final = frozenset(
     }
 )
 _RETRY_NOW: Final = RetryNow()
-# What clients are told of upstream failures. The real reason goes to the log
-# only: it may carry the upstream URL (with a key in its query string) or the
-# provider's own text (account ids, internal hosts).
-_LOST_REASON: Final = "connection failed"
-_FAILED_MESSAGE: Final = (
-    "the request failed at the provider; send your message again, and if it keeps "
-    "failing tell the operator (the gateway's log has the details)"
-)
-_LISTEN_UNREACHABLE: Final = (
-    "the model's API cannot be reached: audio sent now is not heard; "
-    "the gateway keeps trying and the session goes on when it answers"
-)
-# Provider codes and reasons that are plain identifiers (rate_limit_exceeded,
-# max_output_tokens) help the client and are passed on; other text is not.
-_IDENTIFIER: Final = re.compile(r"[A-Za-z0-9_.-]{1,64}")
-
-
-class DrivenSession(Protocol):
-    """What the driver reads of the session it drives (the runtime)."""
-
-    @property
-    def setup(self) -> SessionSetup: ...
-
-    @property
-    def voice(self) -> VoiceConfig | None:
-        """The audio the session's clients send and hear (None: text)."""
-
-    @property
-    def listening(self) -> bool:
-        """The driver keeps reading the upstream between turns."""
-
-    @property
-    def closed(self) -> bool: ...
-
-    def speaking_voice(self) -> VoiceConfig | None:
-        """The voice to open a model that only speaks with (its transcript is the answer)."""
-
-    def driver_stopped(self) -> None:
-        """No turn runs any more (the node may let the session go)."""
 
 
 class TurnDriver:
@@ -187,18 +116,19 @@ class TurnDriver:
         self._todo: deque[Action] = deque()  # actions the driver performs next, in order
         self._driving = False  # the driver task has started running
         self._interrupted = False  # a cancel interrupted the driver's await
-        self._in_upstream_call = False  # the driver awaits a request to the upstream
-        self._requested_at: float | None = None  # when the last response was requested
         link.silence.seconds = services.config.upstream_stall_timeout
-        # The upstream handing deltas to ``_text_now``, and what that failed with.
-        self._streaming_to: Upstream | None = None
-        self._text_failure: Exception | None = None
-        # The driver reads the upstream with nothing else to do (no turn, or a wait for
-        # client results): a command interrupts that read (``wake``).
-        self._listening_idle = False
-        # Upstream events read while tools ran (``tool_runs.hear``), for the
-        # driver's next reads, in order.
-        self._heard: deque[UpstreamEvent | Gone] = deque()
+        self.asker = UpstreamAsker(session, machine, log_, link, voice_in, observer, deque())
+        self.reader = UpstreamReader(
+            session,
+            machine,
+            log_,
+            self.asker,
+            voice_in,
+            services,
+            observer,
+            self._todo,
+            self._perform_now,
+        )
 
     # ------------------------------------------------------------------ commands
 
@@ -211,17 +141,19 @@ class TurnDriver:
             return first.error
         driver = self.task
         if driver is None or driver.done():
-            self._todo = deque(actions)
+            self._todo.clear()
+            self._todo.extend(actions)
             self.task = asyncio.create_task(self._drive(), name=f"turn:{self.sid}")
         elif interrupt:
             # The awaits the driver had not performed yet are superseded (its
             # events and history items stay: they are decided); its current
             # await is interrupted and it performs these actions next.
             kept = [action for action in self._todo if type(action) not in _AWAITED]
-            self._todo = deque([*kept, *actions])
+            self._todo.clear()
+            self._todo.extend([*kept, *actions])
             if self._driving and not self._interrupted:
                 self._interrupted = True
-                self._stop_text_now()
+                self.reader.stop_text_now()
                 driver.cancel()
         else:
             self._todo.extend(actions)
@@ -235,7 +167,7 @@ class TurnDriver:
             return
         driver = self.task
         if driver is None or driver.done():
-            self._todo = deque()
+            self._todo.clear()
             self.task = asyncio.create_task(self._drive(), name=f"turn:{self.sid}")
         else:
             self.wake()
@@ -244,21 +176,21 @@ class TurnDriver:
         """Interrupt the driver's between-turns read, so it looks at its work again."""
         driver = self.task
         if (
-            self._listening_idle
+            self.reader.listening_idle
             and driver is not None
             and self._driving
             and not self._interrupted
             and not driver.done()
         ):
             self._interrupted = True
-            self._stop_text_now()
+            self.reader.stop_text_now()
             driver.cancel()
 
     async def stop(self) -> None:
         """Cancel the running turn and the background calls, and wait for them to end."""
         driver = self.task
         if driver is not None and not driver.done():
-            self._stop_text_now()
+            self.reader.stop_text_now()
             driver.cancel()
             with contextlib.suppress(BaseException):
                 await driver
@@ -288,7 +220,7 @@ class TurnDriver:
                         case Source.COMMAND:
                             await self._await_command(wait.deadline)
                         case _:
-                            await self._pump_upstream()
+                            await self.reader.pump()
                 except asyncio.CancelledError:
                     if not self._interrupted or session.closed:
                         raise
@@ -296,22 +228,23 @@ class TurnDriver:
                     # mid-request, in a state nobody knows: let it go.
                     self._interrupted = False
                     task.uncancel()
-                    if self._in_upstream_call:
-                        self._in_upstream_call = False
-                        self.drop_upstream(stop=True)
+                    if self.asker.in_call:
+                        self.asker.in_call = False
+                        self.asker.drop(stop=True)
                 except UpstreamClosed as exc:
                     idle = machine.idle
-                    self._upstream_gone(exc.reason, retryable=exc.retryable)
+                    self.reader.gone(exc.reason, retryable=exc.retryable)
                     if idle and session.listening and not self._todo:
-                        await self._listen_later()
+                        await self.reader.listen_later()
                 except Exception as exc:
                     log.exception("session %s: turn failed", self.sid)
-                    self._todo = deque(machine.feed(ShellFailed(type(exc).__name__)))
+                    self._todo.clear()
+                    self._todo.extend(machine.feed(ShellFailed(type(exc).__name__)))
         finally:
             self.observer.turn_ended()
             self._driving = False
             self._interrupted = False
-            self._listening_idle = False
+            self.reader.listening_idle = False
             if self.task is task:
                 self.task = None
             session.driver_stopped()
@@ -327,42 +260,6 @@ class TurnDriver:
                 await self._wake.wait()
         except TimeoutError:
             self._todo.extend(self.machine.feed(Tick(asyncio.get_running_loop().time())))
-
-    def _upstream_gone(self, reason: str, *, retryable: bool = True) -> None:
-        self.observer.step_done(None, error=reason)
-        self.drop_upstream(stop=False)
-        self.services.metrics.upstream_errors.inc()
-        log.warning("session %s: upstream lost (%s)", self.sid, reason)
-        fatal = not retryable
-        fallback = self._fallback(fatal=fatal)
-        lost = UpstreamLost(_LOST_REASON, fatal=fatal, fallback=fallback)
-        self._todo = deque(self.machine.feed(lost))
-
-    async def _listen_later(self) -> None:
-        """Wait before a listening voice session opens its upstream again.
-
-        The first failure in a row is told to the client (``error`` code
-        ``upstream``); the wait doubles up to a cap and ends early when a
-        command comes (``wake`` cancels it)."""
-        first, delay = self.voice_in.listen_failed()
-        if first:
-            self.log.emit(Error(code="upstream", content=_LISTEN_UNREACHABLE))
-        self._listening_idle = True
-        try:
-            await asyncio.sleep(delay)
-        finally:
-            self._listening_idle = False
-            self.voice_in.listen_again()
-
-    def _fallback(self, *, fatal: bool) -> str:
-        """Report the failure to the session's providers; the one to use next if it changes."""
-        factory = self.session.setup.upstream_factory
-        provider = self.link.provider or factory.provider
-        chosen = factory.failed(provider, fatal=fatal)
-        if chosen == provider:
-            return ""
-        log.warning("session %s: falling back from %s to %s", self.sid, provider, chosen)
-        return chosen
 
     # ------------------------------------------------------------------ actions
 
@@ -399,7 +296,7 @@ class TurnDriver:
                 self._approval_decided(action)
                 self.log.emit(action)
             case Interrupt() if self.link.upstream is None:
-                return self._reopen_for(action, self._todo[0] if self._todo else None)
+                return self.asker.reopen_for(action, self._todo[0] if self._todo else None)
             case Persist(items=items):
                 self.log.persist(items)
             case Account(usage=usage):
@@ -408,12 +305,12 @@ class TurnDriver:
                 self.services.metrics.turns.inc()
                 self._turn_started()
             case DropUpstream(stop=stop):
-                self.drop_upstream(stop=stop)
+                self.asker.drop(stop=stop)
             case AwaitApproval(ids=ids):
                 loop_time = asyncio.get_running_loop().time()
                 for call_id in ids:
                     self._approval_asked.setdefault(call_id, loop_time)
-                self._todo.extend(self.machine.feed(Tick(asyncio.get_running_loop().time())))
+                self._todo.extend(self.machine.feed(Tick(loop_time)))
             case StartBackground():
                 self.tools.start(action, self._background_finished)
             case CancelBackground(ids=ids):
@@ -422,13 +319,13 @@ class TurnDriver:
                 self.services.metrics.tools.calls.inc(len(ids))
                 self._todo.extend(self.machine.feed(Tick(asyncio.get_running_loop().time())))
             case Request(message=message, outputs=outputs):
-                return self._request(message, outputs)
+                return self.asker.request(message, outputs)
             case CommitAudio():
-                return self._commit_audio()
+                return self.asker.commit_audio()
             case StopResponse():
-                return self._stop_response()
-            case ReplaceResponse():
-                return self._replace(action)
+                return self.asker.stop_response()
+            case ReplaceResponse(text=text, heard_ms=heard_ms):
+                return self.asker.replace(text, heard_ms)
             case RunTools():
                 return self._run_tools(action)
             case Backoff(attempt=attempt, delay=delay):
@@ -439,23 +336,6 @@ class TurnDriver:
                 self.log.emit(action)
         return None
 
-    async def _commit_audio(self) -> None:
-        upstream = self.link.upstream
-        if upstream is None:
-            raise UpstreamClosed("the connection that heard the speech is gone")
-        self._in_upstream_call = True
-        self._requested_at = time.perf_counter()
-        await upstream.commit_audio()
-        self._in_upstream_call = False
-
-    async def _stop_response(self) -> None:
-        upstream = self.link.upstream
-        if upstream is None:
-            raise UpstreamClosed("no upstream connection to stop a response on")
-        self._in_upstream_call = True
-        await upstream.cancel_response()
-        self._in_upstream_call = False
-
     async def _run_tools(self, run: RunTools) -> None:
         """Run a step's tools; a voice session hears its user meanwhile (``ToolRuns.run``:
         nothing else reads the upstream while the driver awaits them). The calls are in
@@ -463,7 +343,7 @@ class TurnDriver:
         that may have run, and its key."""
         voice, upstream = self.session.voice, self.link.upstream
         hears = voice is not None and voice.audio_in is not None and self.session.listening
-        hearing = (upstream, self._heard, self._barge_in) if hears and upstream else None
+        hearing = (upstream, self.asker.heard, self._barge_in) if hears and upstream else None
         results = await self.tools.run(run, self._call_done, hearing)
         self._todo.extend(self.machine.feed(ToolsDone(tuple(results))))
 
@@ -473,265 +353,15 @@ class TurnDriver:
         await asyncio.sleep(delay)
         self._todo.extend(self.machine.feed(_RETRY_NOW))
 
-    async def _reopen_for(self, interrupt: Interrupt, then: Action | None) -> None:
-        """An ``interrupt`` whose rerun opens a new connection says what the model keeps
-        (``context``). Rerun at once (a takeover): the connection is opened first and
-        the event says what happened; after a backoff (a lost connection): what will
-        happen, by the resumption handle the session holds. Sent whether or not the
-        open works (its failure is the rerun's own, reported as ever)."""
-        try:
-            if type(then) is Request:
-                # The rerun's request goes first: audio the user sent meanwhile then
-                # reaches the provider as live speech (it barges in), not before it.
-                upstream = await self._open_upstream(flush=False)
-                interrupt.context = "resumed" if upstream.resumed else "rebuilt"
-            else:
-                chosen = self.session.setup.upstream_factory.choose()
-                interrupt.context = "resumed" if self.link.resume_for(chosen) else "rebuilt"
-        finally:
-            self.log.emit(interrupt)
-
     def _turn_started(self) -> None:
         traceparent = self.observer.turn_started()
         if traceparent:
             # Kept with the session so a node that takes it over links its rerun here.
             self._spawn(self._remember({"traceparent": traceparent}), f"meta:{self.sid}")
 
-    async def _request(
-        self, message: Message | None, outputs: Sequence[tuple[str, str]] = ()
-    ) -> None:
-        self._in_upstream_call = True
-        self.observer.step_started()
-        upstream = self.link.upstream
-        setup = self.session.setup
-        if upstream is not None and self.link.opened_with is not setup:
-            # Configured since it was opened: reopen with the new prompt and provider.
-            self.drop_upstream(stop=False)
-            upstream = None
-        if upstream is None:
-            # Fresh connection: history already ends with the prompt message.
-            upstream = await self._open_upstream(flush=False)
-            self._in_upstream_call = True
-        elif message is not None:
-            await upstream.add_message(message)
-        else:
-            for call_id, output in outputs:
-                await upstream.send_function_output(call_id, output)
-        self._requested_at = time.perf_counter()
-        await upstream.start_response()
-        await self.voice_in.flush(upstream)  # speech held meanwhile barges in on it
-        self._in_upstream_call = False
-
-    async def _open_upstream(self, *, flush: bool = True) -> Upstream:
-        """The open upstream, or a fresh one whose context is rebuilt from history;
-        without ``flush``, audio held while it opened waits for the caller's request."""
-        upstream = self.link.upstream
-        if upstream is not None:
-            return upstream
-        self._in_upstream_call = True
-        session = self.session
-        setup = session.setup
-        config = setup.config
-        request = OpenRequest(
-            setup.upstream_factory,
-            setup.system_prompt,
-            setup.instructions,
-            session.voice,
-            session.speaking_voice,
-            ModelOptions(truncation=config.truncation, reasoning_effort=config.reasoning_effort),
-        )
-        upstream, voiced = await self.link.open(request, setup)
-        self.machine.voice = voiced
-        if not flush:
-            self.voice_in.hold_until_flush()
-            self._in_upstream_call = False
-            return upstream  # the request's sender flushes (or the pump, if it was superseded)
-        try:
-            await self.voice_in.flush(upstream)
-        except BaseException:
-            self.link.upstream = None
-            self.link.discard(upstream)
-            raise
-        self._in_upstream_call = False
-        return upstream
-
-    async def _replace(self, action: ReplaceResponse) -> None:
-        upstream = self.link.upstream
-        if upstream is None:
-            return  # the next request reopens from history, which says the same
-        self._in_upstream_call = True
-        try:
-            await upstream.replace_response(action.text, heard_ms=action.heard_ms)
-        except UpstreamClosed:
-            self.drop_upstream(stop=False)
-        self._in_upstream_call = False
-
     def drop_upstream(self, *, stop: bool) -> None:
         """Let the upstream go (closed in the background); its events read early go too."""
-        self._heard.clear()
-        self.link.drop(stop=stop)
-
-    # ------------------------------------------------------------------ the upstream's events
-
-    async def _pump_upstream(self) -> None:
-        """Feed the upstream's events to the machine until one calls for an action."""
-        session = self.session
-        upstream = self.link.upstream
-        if upstream is None:
-            if not session.listening:
-                raise UpstreamClosed("no upstream connection")
-            upstream = await self._open_upstream()
-        elif self.voice_in.unflushed:
-            await self.voice_in.flush(upstream)  # the request it waited for was superseded
-        machine = self.machine
-        text = machine.text
-        todo = self._todo
-        first = self._requested_at is not None
-        inline = upstream.stream_text_to(None)
-        heard = self._heard
-        loop = asyncio.get_running_loop()
-        ev: UpstreamEvent | None
-        while True:
-            wait = machine.wait(loop.time(), listening=session.listening)
-            source = wait.source
-            if source is Source.NOTHING or source is Source.COMMAND or todo:
-                return  # not the upstream's turn, or a command came while it opened
-            if heard:
-                read = heard.popleft()
-                if isinstance(read, Gone):
-                    raise read.error
-                ev = read
-            elif source is Source.LISTEN:
-                # Between turns, or while the client works or the user decides:
-                # a command interrupts the read (``wake``).
-                self._listening_idle = True
-                try:
-                    async with asyncio.timeout_at(wait.deadline):
-                        ev = await upstream.recv()
-                except TimeoutError:
-                    self._todo.extend(self.machine.feed(Tick(asyncio.get_running_loop().time())))
-                    return
-                finally:
-                    self._listening_idle = False
-            elif source is Source.UPSTREAM:
-                try:
-                    async with asyncio.timeout_at(wait.deadline):
-                        ev = await upstream.recv()
-                except TimeoutError:
-                    raise UpstreamClosed("nothing from the upstream by its deadline") from None
-            elif inline:
-                # Deltas that arrive while this waits are handled in the read
-                # callback (``_text_now``): no task resume per token.
-                upstream.stream_text_to(self._text_now)
-                self._streaming_to = upstream
-                try:
-                    ev = await self.link.silence.recv(upstream)
-                finally:
-                    self._stop_text_now()
-            else:
-                ev = await self.link.silence.recv(upstream)
-            if ev is None:  # the provider went silent mid-response
-                todo.extend(self._stalled())
-                return
-            match ev:
-                case TextDelta(text=delta):
-                    if first:
-                        first = False
-                        self._first_delta()
-                    self._perform_now(text(delta))
-                    if todo:
-                        return
-                case Woken():
-                    failure, self._text_failure = self._text_failure, None
-                    if failure is not None:
-                        raise failure
-                    if todo:
-                        return
-                    first = self._requested_at is not None
-                case ResponseDone():
-                    todo.extend(self._response_done(ev))
-                    return
-                case UpstreamError():
-                    todo.extend(self._upstream_error(ev))
-                    if todo:
-                        return
-                case AudioDelta(pcm16=pcm16):
-                    self._audio_out(pcm16)
-                case Spoken() | Thought():
-                    if first and type(ev) is Spoken:
-                        first = False
-                        self._first_delta()
-                    self._perform_now(machine.feed(ev))
-                case Resumable():
-                    self.link.resumable(ev)
-                case _:
-                    if type(ev) is SpeechEnded:
-                        self._requested_at = time.perf_counter()  # speech end → first chunk
-                    todo.extend(machine.feed(ev))
-                    first = self._requested_at is not None
-                    if todo:
-                        return
-
-    def _stalled(self) -> Sequence[Action]:
-        seconds = self.services.config.upstream_stall_timeout
-        log.warning("session %s: nothing from the upstream for %gs", self.sid, seconds)
-        self.observer.step_done(None, error="upstream_timeout")
-        self.services.metrics.upstream_errors.inc()
-        return self.machine.feed(UpstreamStalled(seconds))
-
-    def _response_done(self, ev: ResponseDone) -> Sequence[Action]:
-        self.observer.step_done(ev.usage)
-        if ev.status == "completed":
-            self.session.setup.upstream_factory.succeeded(self.link.provider)
-        detail = ev.detail
-        if detail and not _IDENTIFIER.fullmatch(detail):
-            log.warning("session %s: response %s: %s", self.sid, ev.status, detail)
-            ev = msgspec.structs.replace(ev, detail="see the gateway's log")
-        return self.machine.feed(ev)
-
-    def _upstream_error(self, ev: UpstreamError) -> Sequence[Action]:
-        log.warning("session %s: upstream error %s: %s", self.sid, ev.code, ev.message)
-        self.observer.step_done(None, error=ev.code)
-        code = ev.code if _IDENTIFIER.fullmatch(ev.code) else "error"
-        fallback = "" if ev.retryable else self._fallback(fatal=True)
-        return self.machine.feed(UpstreamFailed(code, _FAILED_MESSAGE, fallback))
-
-    def _stop_text_now(self) -> None:
-        """No more deltas to ``_text_now``: before the driver is cancelled, so
-        none is handled between the cancel and the driver's next step."""
-        upstream, self._streaming_to = self._streaming_to, None
-        if upstream is not None:
-            upstream.stream_text_to(None)
-
-    def _text_now(self, text: str) -> bool:
-        """A delta handed over by the read callback while ``_pump_upstream``
-        waits (``Upstream.stream_text_to``): parsed and emitted here, as the
-        pump would. True: the driver must wake (a marker asked to stop, or
-        this failed: the pump raises it as its own)."""
-        self.link.silence.heard += 1
-        try:
-            if self._requested_at is not None:
-                self._first_delta()
-            self._perform_now(self.machine.text(text))
-            return bool(self._todo)
-        except Exception as exc:  # the driver's handler reports it, as for its own
-            self._text_failure = exc
-            return True
-
-    def _first_delta(self) -> None:
-        started, self._requested_at = self._requested_at, None
-        if started is not None:
-            seconds = time.perf_counter() - started
-            self.services.metrics.first_delta.observe(seconds)
-            self.observer.first_token(seconds)
-
-    def _audio_out(self, pcm16: bytes) -> None:
-        """The model's audio to the attached clients, tagged with the newest seq."""
-        voice = self.session.voice
-        if voice is None or voice.audio_out is None:
-            return  # a text session on a model that only speaks: its transcript is the answer
-        if self.machine.audio_sent(len(pcm16) * 500 / OUTPUT_RATE):
-            self.log.deliver_audio(audio_frame(self.log.last_seq, pcm16))
+        self.asker.drop(stop=stop)
 
     def _account(self, usage: Usage) -> None:
         """Charge a step's usage: counters, its price and the owner's quotas (``metric`` follows)."""

@@ -161,9 +161,11 @@ class TurnMachine(ToolSteps):
         "_chunk",
         "_ended",
         "_feed",
+        "_opened_for",
         "_queued",
         "_stalled",
         "cancel_background",
+        "setup",
         "spoken",
         "upstream_retries",
         "voice",
@@ -182,6 +184,8 @@ class TurnMachine(ToolSteps):
     ) -> None:
         self.state = _IDLE
         self.timers = Timers(client_tool_timeout, approval_timeout)
+        self.setup = 0  # the session's setups so far (``Reconfigured``)
+        self._opened_for = 0  # the setup the open connection was opened for (``Opened``)
         self.batch = ToolBatch(client_tools, call_number)
         self.meter = UsageMeter(total)
         self.max_steps = max_steps
@@ -407,6 +411,12 @@ class TurnMachine(ToolSteps):
         self._stalled = False
         self._new_attempt()
         self.state = _STREAMING
+        return self._ask(message)
+
+    def _ask(self, message: Message | None) -> Request:
+        """Ask the model; on a new connection if the open one is for an older setup."""
+        if self._opened_for != self.setup:
+            return Request(message, fresh=True)
         return _RETRY if message is None else Request(message)
 
     def _new_attempt(self) -> None:
@@ -658,7 +668,15 @@ class TurnMachine(ToolSteps):
         if self.state is not _BACKOFF:
             return _NOTHING
         self.state = _STREAMING
-        return [_RETRY]
+        return [self._ask(None)]
+
+    def _reconfigured(self) -> Sequence[Action]:
+        self.setup += 1
+        return _NOTHING
+
+    def _opened(self, setup: int) -> Sequence[Action]:
+        self._opened_for = setup
+        return _NOTHING
 
     def _rerun(self, reason: str) -> Sequence[Action]:
         if self.state is not _IDLE:

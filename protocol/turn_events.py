@@ -66,8 +66,10 @@ __all__ = [
     "CommitAudio",
     "DropUpstream",
     "NativeCall",
+    "Opened",
     "Persist",
     "Played",
+    "Reconfigured",
     "Refuse",
     "ReplaceResponse",
     "Request",
@@ -234,6 +236,18 @@ class Tick(_Input, frozen=True, tag="tick"):
     now: float
 
 
+class Reconfigured(_Input, frozen=True, tag="reconfigured"):
+    """The session's setup changed (``configure``, the owner's rights): the next model
+    step asks a connection opened for the new one (``Request.fresh``)."""
+
+
+class Opened(_Input, frozen=True, tag="opened"):
+    """The shell opened an upstream connection for setup number ``setup``
+    (``TurnMachine.setup``, read as the open began)."""
+
+    setup: int
+
+
 class RetryNow(_Input, frozen=True, tag="retry_now"):
     """The ``Backoff`` delay is over."""
 
@@ -313,6 +327,8 @@ TurnInput = (
     | ApprovalTimeout
     | ClientTimeout
     | Tick
+    | Reconfigured
+    | Opened
     | RetryNow
     | Cancel
     | ShellFailed
@@ -362,11 +378,13 @@ class Request(_Action, frozen=True, tag="request"):
 
     ``outputs`` (native function calls): answer each ``(call_id, output)``
     before starting the response; a fresh connection needs none (history
-    holds the results).
+    holds the results). ``fresh``: the open connection was opened for an
+    older setup (``Reconfigured``): let it go and open a new one.
     """
 
     message: Message | None = None
     outputs: tuple[tuple[str, str], ...] = ()
+    fresh: bool = False
 
 
 class CommitAudio(_Action, frozen=True, tag="commit_audio"):

@@ -29,7 +29,9 @@ from protocol.turn_events import (
     ClientTimeout,
     Commit,
     NativeCall,
+    Opened,
     Played,
+    Reconfigured,
     Rerun,
     ResponseBegan,
     ResponseDone,
@@ -166,6 +168,12 @@ ROWS: Final = (
     _row(Tick, lambda m, i: m._tick(i.now),  # timers start in any state, fire in tools
          idle=stays, streaming=stays, stopping=stays, ending=stays,
          tools=CLOSES, backoff=stays, cancelling=stays),
+    _row(Reconfigured, lambda m, i: m._reconfigured(),
+         idle=stays, streaming=stays, stopping=stays, ending=stays,
+         tools=stays, backoff=stays, cancelling=stays),
+    _row(Opened, lambda m, i: m._opened(i.setup),
+         idle=stays, streaming=stays, stopping=stays, ending=stays,
+         tools=stays, backoff=stays, cancelling=stays),
     _row(BackgroundDone, lambda m, i: m._background_done(i.id, i.result),
          idle=(STREAMING,), streaming=stays, stopping=stays, ending=stays,
          tools=stays, backoff=stays, cancelling=stays),  # logged; delivered when idle

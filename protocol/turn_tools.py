@@ -212,7 +212,8 @@ class ToolSteps:
             # needs none: history holds them.
             outputs = tuple((native.pop(call_id), encode_result(result)) for call_id, result in due)
             out = self._begin([Persist(items)], None)
-            out[-1] = Request(outputs=outputs)
+            if out[-1] is _RETRY:  # (a fresh connection gets them from history)
+                out[-1] = Request(outputs=outputs)
             return out
         for call_id, _ in due:
             native.pop(call_id, None)

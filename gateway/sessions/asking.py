@@ -25,7 +25,7 @@ from gateway.upstream.base import ModelOptions, Upstream, UpstreamClosed, Upstre
 from protocol.assembly import Message
 from protocol.events import Interrupt
 from protocol.turn import TurnMachine
-from protocol.turn_events import Action, Request
+from protocol.turn_events import Action, Opened, Request
 
 __all__ = ["DrivenSession", "UpstreamAsker"]
 
@@ -77,12 +77,13 @@ class UpstreamAsker:
         self.in_call = False
         self.requested_at: float | None = None
 
-    async def request(self, message: Message | None, outputs: Sequence[tuple[str, str]]) -> None:
+    async def request(
+        self, message: Message | None, outputs: Sequence[tuple[str, str]], *, fresh: bool
+    ) -> None:
         self.in_call = True
         self.observer.step_started()
         upstream = self.link.upstream
-        setup = self.session.setup
-        if upstream is not None and self.link.opened_with is not setup:
+        if upstream is not None and fresh:
             # Configured since it was opened: reopen with the new prompt and provider.
             self.drop(stop=False)
             upstream = None
@@ -118,7 +119,9 @@ class UpstreamAsker:
             session.speaking_voice,
             ModelOptions(truncation=config.truncation, reasoning_effort=config.reasoning_effort),
         )
+        opened_for = self.machine.setup
         upstream, voiced = await self.link.open(request, setup)
+        self.machine.feed(Opened(opened_for))  # nothing to do: the machine notes it
         self.machine.voice = voiced
         if not flush:
             self.voice_in.hold_until_flush()

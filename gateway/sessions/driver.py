@@ -318,8 +318,8 @@ class TurnDriver:
             case AwaitClient(ids=ids):
                 self.services.metrics.tools.calls.inc(len(ids))
                 self._todo.extend(self.machine.feed(Tick(asyncio.get_running_loop().time())))
-            case Request(message=message, outputs=outputs):
-                return self.asker.request(message, outputs)
+            case Request(message=message, outputs=outputs, fresh=fresh):
+                return self.asker.request(message, outputs, fresh=fresh)
             case CommitAudio():
                 return self.asker.commit_audio()
             case StopResponse():

@@ -66,6 +66,7 @@ from protocol.turn import TurnMachine
 from protocol.turn_events import (
     Cancel,
     Commit,
+    Reconfigured,
     Rerun,
     Resume,
     ResumeBackground,
@@ -396,6 +397,7 @@ class SessionRuntime:
     def _apply_setup(self, setup: SessionSetup) -> None:
         """A new setup from the next model step: logged as ``configured``, stored."""
         self.setup = setup
+        self.machine.feed(Reconfigured())  # the next step reopens (nothing to do now)
         self.machine.batch.router = setup.client_tools
         self.machine.batch.needs_approval = setup.approvals
         self.machine.batch.background = setup.background

@@ -63,6 +63,7 @@ from protocol.recording import Header, NodeJoined
 from protocol.turn import TurnMachine
 from protocol.turn_events import (
     Action,
+    Reconfigured,
     Rerun,
     Resume,
     ResumeBackground,
@@ -148,6 +149,8 @@ class SessionRuntime:
             upstream_retries=cfg.upstream_retries,
             client_tools=setup.client_tools,
             call_number=last_seq,
+            client_tool_timeout=cfg.client_tool_timeout,
+            approval_timeout=cfg.approval_timeout,
         )
         machine.batch.needs_approval = setup.approvals
         machine.batch.background = setup.background
@@ -358,6 +361,7 @@ class SessionRuntime:
         """A new setup from the next model step: logged as ``configured`` (answering the
         ``configure`` whose ``id`` is ``reply_to``), stored."""
         self.setup = setup
+        self.machine.feed(Reconfigured())  # the next step reopens (nothing to do now)
         self.machine.batch.router = setup.client_tools
         self.machine.batch.needs_approval = setup.approvals
         self.machine.batch.background = setup.background

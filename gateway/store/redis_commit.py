@@ -84,6 +84,7 @@ from gateway.store.redis_fastpath import (
 )
 from gateway.store.redis_replicas import ReplicaWatch
 from gateway.store.redis_scripts import APPEND
+from gateway.store.redis_seqmemo import SeqMemo
 from gateway.store.redis_topology import Route, Topology
 
 __all__ = ["REDIRECT_REPLIES", "CommitStats", "GroupCommit", "consecutive"]
@@ -131,6 +132,8 @@ class _Pending:
     node: str
     first: int
     key: str
+    last: int  # its last seq (0: no entries)
+    check: bytes  # the script's ``check`` flag it was packed with (``SeqMemo``)
     deadline: float = 0.0  # until when it is sent again (set at its first redirect)
     delay: float = 0.05  # its next backoff
 
@@ -180,6 +183,8 @@ class GroupCommit:
         self.replicas = ReplicaWatch(durability, replica_timeout_ms, topology.where)
         self.limits = bulk(b"%d" % ttl_ms) + bulk(b"%d" % max_log)
         """The append's TTL and log bound, packed once (``pack_append``)."""
+        self.memo = SeqMemo(ttl_ms)
+        """Where this store's sessions' logs end: spares the script a read (``SeqMemo``)."""
         # One deadline covers a whole round trip (and the replicas' wait).
         self._budget = socket_timeout + (replica_timeout_ms / 1000 if self._wait else 0.0)
         self._intake: list[_Pending] = []  # queued, not yet given to a lane
@@ -206,6 +211,7 @@ class GroupCommit:
         first = consecutive(sid, entries)
         # Packed here, once, as RESP bytes (see gateway.store.redis_fastpath).
         key = f"{self._prefix}:{{{sid}}}:"
+        check = self.memo.flag(sid, first)
         command = pack_append(
             key.encode(),
             node.encode(),
@@ -213,10 +219,12 @@ class GroupCommit:
             first,
             [data for _, data in entries],
             history,
+            check,
         )
         loop = asyncio.get_running_loop()
         future: asyncio.Future[None] = loop.create_future()
-        self._intake.append(_Pending(command, future, sid, node, first, key + "log"))
+        last = first + len(entries) - 1 if entries else 0
+        self._intake.append(_Pending(command, future, sid, node, first, key + "log", last, check))
         self.stats.appends += 1
         if start and self._dispatcher is None:
             # Started, not run: it first runs after every task that is ready in
@@ -444,6 +452,7 @@ class GroupCommit:
                             elif not item.future.done():
                                 # Settled as its reply arrives: its session queues
                                 # the next append while the rest are still read.
+                                self.memo.stored(item.sid, item.last, item.check)
                                 item.future.set_result(None)
                         elif line.startswith(b"-NOSCRIPT"):
                             noscript = True
@@ -491,6 +500,7 @@ class GroupCommit:
         if confirmed or self.replicas.durability == "replicated-or-local":
             for item in stored:
                 if not item.future.done():
+                    self.memo.stored(item.sid, item.last, item.check)
                     item.future.set_result(None)
             return
         _fail(

@@ -75,16 +75,18 @@ def pack_append(
     first: int,
     entries: Sequence[bytes],
     history: Sequence[bytes],
+    check: bytes,
 ) -> bytes:
-    """``EVALSHA APPEND 4 {key}meta {key}log {key}history {key}lease node limits first n …``.
+    """``EVALSHA APPEND 4 {key}meta {key}log {key}history {key}lease node limits first n check …``.
 
     ``key`` is the session's key prefix (``rtgw:{SID}:``), ``limits`` the
-    packed ``ttl_ms`` and ``max_log`` (constant per store, packed once).
+    packed ``ttl_ms`` and ``max_log`` (constant per store, packed once),
+    ``check`` the packed flag (``gateway.store.redis_seqmemo``).
     """
     first_b = b"%d" % first
     n_b = b"%d" % len(entries)
     parts = [
-        b"*%d\r\n" % (12 + len(entries) + len(history)),
+        b"*%d\r\n" % (13 + len(entries) + len(history)),
         APPEND_HEAD,
         b"$%d\r\n%bmeta\r\n" % (len(key) + 4, key),
         b"$%d\r\n%blog\r\n" % (len(key) + 3, key),
@@ -93,6 +95,7 @@ def pack_append(
         b"$%d\r\n%b\r\n" % (len(node), node),
         limits,
         b"$%d\r\n%b\r\n$%d\r\n%b\r\n" % (len(first_b), first_b, len(n_b), n_b),
+        check,
     ]
     for data in entries:
         parts.append(b"$%d\r\n%b\r\n" % (len(data), data))

@@ -57,9 +57,11 @@ class PipeRounds:
             pipe.warm()
             return False
         commands: list[bytes] = []
-        sent: list[tuple[int, str, str, int]] = []  # (index, sid, node, first) per command
+        # (index, sid, node, first, last, check) per command
+        sent: list[tuple[int, str, str, int, int, bytes]] = []
         results: list[BaseException | None] = [None] * len(batches)
         limits = self._commit.limits
+        flag = self._commit.memo.flag
         prefix = self._prefix
         for i, (sid, node, entries, history) in enumerate(batches):
             try:
@@ -67,6 +69,7 @@ class PipeRounds:
             except ValueError as exc:
                 results[i] = exc
                 continue
+            check = flag(sid, first)
             commands.append(
                 pack_append(
                     f"{prefix}:{{{sid}}}:".encode(),
@@ -75,9 +78,10 @@ class PipeRounds:
                     first,
                     [data for _, data in entries],
                     history,
+                    check,
                 )
             )
-            sent.append((i, sid, node, first))
+            sent.append((i, sid, node, first, first + len(entries) - 1 if entries else 0, check))
         if not commands:
             asyncio.get_running_loop().call_soon(on_done, results)
             return True
@@ -103,7 +107,7 @@ class PipeRounds:
     def _replies(
         self,
         batches: Sequence[AppendBatch],
-        sent: list[tuple[int, str, str, int]],
+        sent: list[tuple[int, str, str, int, int, bytes]],
         results: list[BaseException | None],
         on_done: Callable[[list[BaseException | None]], None],
         replies: Replies,
@@ -119,8 +123,10 @@ class PipeRounds:
             on_done(results)
             return
         again: list[int] = []
-        for (i, sid, node, first), line in zip(sent, replies, strict=True):
+        stored = self._commit.memo.stored
+        for (i, sid, node, first, last, check), line in zip(sent, replies, strict=True):
             if line == b":1":
+                stored(sid, last, check)
                 continue
             if line.startswith(b"-NOSCRIPT") or line.startswith(REDIRECT_REPLIES):
                 again.append(i)  # not run: send it again the awaited way (loads, retries)

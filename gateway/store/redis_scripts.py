@@ -46,17 +46,22 @@ class LuaScript:
 
 
 # KEYS: meta, log, history, lease.
-# ARGV: node, ttl_ms, max_log, first_seq, n_entries, data_1..data_n, history...
+# ARGV: node, ttl_ms, max_log, first_seq, n_entries, check, data_1..data_n, history...
 # Seqs are first_seq + i: the caller checked they are consecutive, so only the
-# bytes travel. The log's last seq comes from XREVRANGE COUNT 1 (O(log N), no
-# extra write); a meta ``last_seq`` field would cost an HSET per append and
-# could disagree with the stream. Only the last XADD trims: once per call.
-# The idle TTL is restarted only once the log's has run down by a tenth of it
-# (at most 60 s; a new log has none): three PEXPIREs on every append were half
-# of the script's calls, each replicated, and measured 7 commands per append in
-# Redis's own count (tests/bench/store_bench.py, docs/capacity.md). A session is
-# kept ttl − min(ttl/10, 60 s) at least after its last event; history pushed
-# now gets its TTL now (its key may be new while the log's TTL is fresh).
+# bytes travel; each entry's stream id is its seq (``seq-0``), so XADD itself
+# refuses a seq at or below the log's last (a duplicate, an overlap, another
+# writer's race): nothing is read for that. Only the last XADD trims: once per call.
+#
+# ``check`` "1": the log's last seq is read (XREVRANGE COUNT 1) and must be
+# first_seq - 1 (a gap is refused too), and the idle TTL of the three keys is
+# restarted. "0": the caller knows the log ended at first_seq - 1 a moment ago
+# (its own last append of this session, answered ``1``, within the TTL's
+# refresh period: ``gateway.store.redis_seqmemo``); the log cannot have shrunk
+# since (trimming keeps its last entry, expiry is further away than that
+# period), so only a longer log can make it wrong, and XADD refuses that. The
+# lease is checked on every call, whatever ``check`` says: that is the fence.
+# Measured in Redis's own count: 5 commands per append before (EVALSHA, GET,
+# XREVRANGE, XADD, PTTL), 3 with "0" (tests/bench/store_bench.py).
 APPEND = LuaScript(
     """
 local owner = redis.call('GET', KEYS[4])
@@ -64,23 +69,46 @@ if owner ~= ARGV[1] then
   return redis.error_reply('LEASELOST ' .. (owner or ''))
 end
 local n = tonumber(ARGV[5])
-if n > 0 then
-  local first = tonumber(ARGV[4])
+local check = ARGV[6] == '1'
+local first = tonumber(ARGV[4])
+if check then
   local last = 0
   local top = redis.call('XREVRANGE', KEYS[2], '+', '-', 'COUNT', 1)
   if top[1] then
     last = tonumber(string.match(top[1][1], '^%d+'))
   end
-  if first ~= last + 1 then
+  if n > 0 and first ~= last + 1 then
     return redis.error_reply('SEQCONFLICT ' .. string.format('%d', last))
   end
-  for i = 1, n - 1 do
-    redis.call('XADD', KEYS[2], string.format('%d-0', first + i - 1), 'd', ARGV[5 + i])
-  end
-  redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[3],
-    string.format('%d-0', first + n - 1), 'd', ARGV[5 + n])
 end
-local h = 6 + n
+if n > 0 then
+  local ok
+  if n == 1 then
+    ok = redis.pcall('XADD', KEYS[2], 'MAXLEN', '~', ARGV[3],
+      string.format('%d-0', first), 'd', ARGV[7])
+  else
+    ok = redis.pcall('XADD', KEYS[2], string.format('%d-0', first), 'd', ARGV[7])
+  end
+  if type(ok) == 'table' and ok.err then
+    if not string.find(ok.err, 'smaller', 1, true) then
+      return ok
+    end
+    local top = redis.call('XREVRANGE', KEYS[2], '+', '-', 'COUNT', 1)
+    local last = 0
+    if top[1] then
+      last = tonumber(string.match(top[1][1], '^%d+'))
+    end
+    return redis.error_reply('SEQCONFLICT ' .. string.format('%d', last))
+  end
+  for i = 2, n - 1 do
+    redis.call('XADD', KEYS[2], string.format('%d-0', first + i - 1), 'd', ARGV[6 + i])
+  end
+  if n > 1 then
+    redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[3],
+      string.format('%d-0', first + n - 1), 'd', ARGV[6 + n])
+  end
+end
+local h = 7 + n
 local ttl = tonumber(ARGV[2])
 if h <= #ARGV then
   while h <= #ARGV do
@@ -90,7 +118,7 @@ if h <= #ARGV then
   end
   redis.call('PEXPIRE', KEYS[3], ttl)
 end
-if redis.call('PTTL', KEYS[2]) < ttl - math.min(ttl / 10, 60000) then
+if check then
   redis.call('PEXPIRE', KEYS[1], ttl)
   redis.call('PEXPIRE', KEYS[2], ttl)
   redis.call('PEXPIRE', KEYS[3], ttl)

@@ -145,6 +145,7 @@ class RedisSessions:
         await self._core.eval(SET_META, keys, *args)
 
     async def delete_session(self, sid: str) -> bool:
+        self._commit.memo.forget(sid)
         keys = [
             self._core.key(sid, "meta"),
             self._core.key(sid, "log"),
@@ -308,6 +309,7 @@ class RedisSessions:
     async def acquire_lease(self, sid: str, node: str, ttl: float) -> bool:
         lease_ms = ms(ttl, "lease ttl")
         keys = [self._core.key(sid, "lease"), self._core.key(sid, "gone")]
+        self._commit.memo.forget(sid)  # leased anew: the next append reads the log's end
         return bool(await self._core.eval(ACQUIRE, keys, node, lease_ms))
 
     async def keep_leases(self, sids: Sequence[str], node: str, ttl: float) -> list[bool]:
@@ -350,6 +352,7 @@ class RedisSessions:
         return bool(await self._core.eval(RENEW, [self._core.key(sid, "lease")], node, lease_ms))
 
     async def release_lease(self, sid: str, node: str) -> None:
+        self._commit.memo.forget(sid)
         await self._core.eval(RELEASE, [self._core.key(sid, "lease")], node)
 
     async def lease_owner(self, sid: str) -> str | None:

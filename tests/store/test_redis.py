@@ -238,6 +238,56 @@ async def test_one_batch_settles_each_append_with_its_own_result(
     assert store.stats.noscript_reloads == 1
 
 
+async def _commands(raw: aioredis.Redis) -> int:
+    """Data commands Redis has run since ``CONFIG RESETSTAT`` (scripts' calls included).
+
+    Not counted: what a connection costs once (``SCRIPT LOAD``, ``CLIENT``,
+    ``HELLO``) and the test's own ``CONFIG`` and ``INFO``.
+    """
+    stats = await raw.info("commandstats")
+    setup = ("cmdstat_config", "cmdstat_info", "cmdstat_script", "cmdstat_client", "cmdstat_hello")
+    return sum(int(v["calls"]) for k, v in stats.items() if not k.startswith(setup))
+
+
+async def _submit(store: RedisStore, batches: list[Any]) -> list[BaseException | None]:
+    done: asyncio.Future[list[BaseException | None]] = asyncio.get_running_loop().create_future()
+    store.submit_appends(batches, done.set_result)
+    return await done
+
+
+async def test_a_logged_event_costs_redis_three_commands(
+    redis_url: str, stores: list[RedisStore], raw: aioredis.Redis
+) -> None:
+    """EVALSHA, the lease's GET and one XADD: the log's end and the TTL are not read per event.
+
+    Redis's own count (INFO commandstats, the calls scripts make included):
+    5 per event before the store remembered where its sessions' logs end.
+    """
+    store = make(stores, redis_url)
+    sids = [f"s{i}" for i in range(4)]
+    for sid in sids:
+        await store.create_session(sid, {"owner": "n1"})
+        await store.acquire_lease(sid, "n1", LEASE)
+        await store.append(sid, "n1", entries(1, 1))  # the first append reads the log's end
+    await raw.config_resetstat()
+    events = 0
+    for seq in range(2, 12):  # the awaited group commit
+        for sid in sids:
+            await store.append(sid, "n1", entries(seq, 1))
+            events += 1
+    for seq in range(12, 22):  # the log writer's rounds (the append pipe)
+        results = await _submit(store, [(sid, "n1", entries(seq, 1), []) for sid in sids])
+        assert results == [None] * len(sids)
+        events += len(sids)
+    assert await _commands(raw) == 3 * events
+    for sid in sids:
+        assert await store.read_log(sid, 0) == entries(1, 21)
+    # A log another writer made longer is still refused, without reading it first.
+    await raw.xadd("rtgw:{s0}:log", {"d": b"x"}, id="22-0")
+    with pytest.raises(SeqConflict, match="ends at 22"):
+        await store.append("s0", "n1", entries(22, 1))
+
+
 # --- blocking pool -------------------------------------------------------------
 
 

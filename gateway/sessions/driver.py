@@ -736,6 +736,7 @@ class TurnDriver:
             return True
 
     def _first_delta(self) -> None:
+        self.log.hurry_next()  # the first content does not wait for a round's company
         started, self._requested_at = self._requested_at, None
         if started is not None:
             seconds = time.perf_counter() - started

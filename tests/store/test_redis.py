@@ -255,13 +255,13 @@ async def _submit(store: RedisStore, batches: list[Any]) -> list[BaseException |
     return await done
 
 
-async def test_a_logged_event_costs_redis_three_commands(
+async def test_redis_commands_per_logged_event(
     redis_url: str, stores: list[RedisStore], raw: aioredis.Redis
 ) -> None:
-    """EVALSHA, the lease's GET and one XADD: the log's end and the TTL are not read per event.
+    """Neither the log's end nor its TTL is read per event; a round's leases are one MGET.
 
-    Redis's own count (INFO commandstats, the calls scripts make included):
-    5 per event before the store remembered where its sessions' logs end.
+    Redis's own count (INFO commandstats, the calls scripts make included),
+    5 per event before: EVALSHA, GET, XREVRANGE, XADD, PTTL.
     """
     store = make(stores, redis_url)
     sids = [f"s{i}" for i in range(4)]
@@ -269,23 +269,35 @@ async def test_a_logged_event_costs_redis_three_commands(
         await store.create_session(sid, {"owner": "n1"})
         await store.acquire_lease(sid, "n1", LEASE)
         await store.append(sid, "n1", entries(1, 1))  # the first append reads the log's end
+    # The awaited group commit (a Cluster's path): EVALSHA, the lease's GET, XADD.
     await raw.config_resetstat()
-    events = 0
-    for seq in range(2, 12):  # the awaited group commit
+    for seq in range(2, 12):
         for sid in sids:
             await store.append(sid, "n1", entries(seq, 1))
-            events += 1
-    for seq in range(12, 22):  # the log writer's rounds (the append pipe)
+    assert await _commands(raw) == 3 * 10 * len(sids)
+    # The log writer's rounds on one server: EVALSHA and MGET per round, XADD per event.
+    seq = 12
+    while not store.stats.pipe_rounds:  # the awaited path while the pipe connects
+        assert await _submit(store, [(sid, "n1", entries(seq, 1), []) for sid in sids]) == [
+            None
+        ] * len(sids)
+        seq += 1
+    await raw.config_resetstat()
+    start = seq
+    for seq in range(start, start + 8):
         results = await _submit(store, [(sid, "n1", entries(seq, 1), []) for sid in sids])
         assert results == [None] * len(sids)
-        events += len(sids)
-    assert await _commands(raw) == 3 * events
+    assert store.stats.pipe_rounds == 9
+    assert await _commands(raw) == 8 * (2 + len(sids))  # 1.5 per event
     for sid in sids:
-        assert await store.read_log(sid, 0) == entries(1, 21)
+        assert await store.read_log(sid, 0) == entries(1, seq)
     # A log another writer made longer is still refused, without reading it first.
-    await raw.xadd("rtgw:{s0}:log", {"d": b"x"}, id="22-0")
-    with pytest.raises(SeqConflict, match="ends at 22"):
-        await store.append("s0", "n1", entries(22, 1))
+    for sid in ("s0", "s1"):
+        await raw.xadd(f"rtgw:{{{sid}}}:log", {"d": b"x"}, id=f"{seq + 1}-0")
+    with pytest.raises(SeqConflict, match=f"ends at {seq + 1}"):
+        await store.append("s0", "n1", entries(seq + 1, 1))
+    (refused,) = await _submit(store, [("s1", "n1", entries(seq + 1, 1), [])])
+    assert isinstance(refused, SeqConflict) and f"ends at {seq + 1}" in str(refused)
 
 
 # --- blocking pool -------------------------------------------------------------

@@ -22,6 +22,7 @@ __all__ = [
     "DELETE",
     "HOLD_BYTES",
     "INCR_WINDOW",
+    "KEEP",
     "READ_PAGE",
     "RECORD",
     "RELEASE",
@@ -297,6 +298,31 @@ return 0
 """
 )
 
+# The lease keeper's renewals on one server (``keep_leases``). KEYS: leases.
+# ARGV: node, ttl_ms. One MGET, then a PEXPIRE per lease still this node's:
+# 1 command per session per renewal (+ 2 per call of up to 500), against 4
+# for ACQUIRE (EVALSHA, EXISTS, GET, PEXPIRE). Per lease: 1 renewed, 0 held
+# by another node, -1 held by nobody (the caller takes it back with ACQUIRE,
+# which checks that the session was not deleted). One server only: the
+# leases of a call are in many slots.
+KEEP = LuaScript(
+    """
+local owners = redis.call('MGET', unpack(KEYS))
+local out = {}
+for i = 1, #KEYS do
+  if owners[i] == ARGV[1] then
+    redis.call('PEXPIRE', KEYS[i], ARGV[2])
+    out[i] = 1
+  elseif owners[i] then
+    out[i] = 0
+  else
+    out[i] = -1
+  end
+end
+return out
+"""
+)
+
 # KEYS: lease. ARGV: node.
 RELEASE = LuaScript(
     """
@@ -526,4 +552,5 @@ SCRIPTS: Final = (
     CONFIRM,
     RECORD,
     ROUND,
+    KEEP,
 )

@@ -34,6 +34,7 @@ from gateway.store.redis_scripts import (
     CONFIRM,
     CREATE,
     DELETE,
+    KEEP,
     READ_PAGE,
     RELEASE,
     RENEW,
@@ -321,8 +322,12 @@ class RedisSessions:
         """
         lease_ms = ms(ttl, "lease ttl")
         held: list[bool] = []
+        one_server = self._core.topology.single_server_connection() is not None
         for start in range(0, len(sids), 500):
             chunk = sids[start : start + 500]
+            if one_server:
+                held += await self._keep_on_one_server(chunk, node, ttl, lease_ms)
+                continue
             try:
                 async with self._core.client.pipeline(transaction=False) as pipe:
                     for sid in chunk:
@@ -345,6 +350,20 @@ class RedisSessions:
                 if isinstance(reply, Exception):
                     raise self._core.error(reply, "renewing leases")
                 held.append(bool(reply))
+        return held
+
+    async def _keep_on_one_server(
+        self, sids: Sequence[str], node: str, ttl: float, lease_ms: int
+    ) -> list[bool]:
+        """One ``KEEP`` call for these leases; one ``ACQUIRE`` each for those nobody holds."""
+        keys = [self._core.key(sid, "lease") for sid in sids]
+        replies = await self._core.eval(KEEP, keys, node, lease_ms)
+        held: list[bool] = []
+        for sid, reply in zip(sids, replies, strict=True):
+            if reply == -1:  # expired during an outage, nobody took it: ours again
+                held.append(await self.acquire_lease(sid, node, ttl))
+            else:
+                held.append(reply == 1)
         return held
 
     async def renew_lease(self, sid: str, node: str, ttl: float) -> bool:

@@ -300,6 +300,19 @@ async def test_redis_commands_per_logged_event(
     assert isinstance(refused, SeqConflict) and f"ends at {seq + 1}" in str(refused)
 
 
+async def test_a_lease_renewal_costs_redis_one_command_per_session(
+    redis_url: str, stores: list[RedisStore], raw: aioredis.Redis
+) -> None:
+    """The lease keeper's renewal: one MGET per 500 sessions, a PEXPIRE each (4 each before)."""
+    store = make(stores, redis_url)
+    sids = [f"s{i}" for i in range(10)]
+    for sid in sids:
+        await store.acquire_lease(sid, "n1", LEASE)
+    await raw.config_resetstat()
+    assert await store.keep_leases(sids, "n1", LEASE) == [True] * len(sids)
+    assert await _commands(raw) == 2 + len(sids)  # EVALSHA, MGET, a PEXPIRE each
+
+
 # --- blocking pool -------------------------------------------------------------
 
 

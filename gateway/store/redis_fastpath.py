@@ -54,9 +54,11 @@ __all__ = [
     "closed_by_server",
     "fast_replies",
     "pack_append",
+    "pack_append_at",
     "pack_round",
     "reply_lines",
     "take_transport",
+    "with_check",
 ]
 
 
@@ -84,6 +86,19 @@ def pack_append(
     packed ``ttl_ms`` and ``max_log`` (constant per store, packed once),
     ``check`` the packed flag (``gateway.store.redis_seqmemo``).
     """
+    return pack_append_at(key, node, limits, first, entries, history, check)[0]
+
+
+def pack_append_at(
+    key: bytes,
+    node: bytes,
+    limits: bytes,
+    first: int,
+    entries: Sequence[bytes],
+    history: Sequence[bytes],
+    check: bytes,
+) -> tuple[bytes, int]:
+    """``pack_append``, and where in it the ``check`` flag starts (``with_check``)."""
     first_b = b"%d" % first
     n_b = b"%d" % len(entries)
     parts = [
@@ -96,13 +111,19 @@ def pack_append(
         b"$%d\r\n%b\r\n" % (len(node), node),
         limits,
         b"$%d\r\n%b\r\n$%d\r\n%b\r\n" % (len(first_b), first_b, len(n_b), n_b),
-        check,
     ]
+    at = sum(len(part) for part in parts)
+    parts.append(check)
     for data in entries:
         parts.append(b"$%d\r\n%b\r\n" % (len(data), data))
     for item in history:
         parts.append(b"$%d\r\n%b\r\n" % (len(item), item))
-    return b"".join(parts)
+    return b"".join(parts), at
+
+
+def with_check(command: bytes, at: int, check: bytes) -> bytes:
+    """A packed append with its ``check`` flag (at ``at``, ``pack_append_at``) replaced."""
+    return command[:at] + check + command[at + len(check) :]
 
 
 ROUND_HEAD: Final = bulk(b"EVALSHA") + bulk(ROUND.sha.encode())

@@ -3,8 +3,8 @@
 On one server under durability "local", a round of the node's log writer is
 packed as calls of the ``ROUND`` script (every session's append in one call:
 one EVALSHA and one MGET of the leases per round, then an XADD per event;
-``gateway.store.redis_scripts``) and written on the append pipe (``gateway.store.redis_pipe``) and
-answered from its ``data_received``: no task, future or await per round. What
+``gateway.store.redis_scripts``), written on the append pipe
+(``gateway.store.redis_pipe``) and answered from its ``data_received``: no task, future or await per round. What
 the pipe cannot finish itself goes through the awaited group commit
 (``gateway.store.redis_commit``), which owns redirects, retries and reconnect
 backoff: a round sent while the pipe is not connected, and the appends a
@@ -50,6 +50,7 @@ class PipeRounds:
         self._error = error
         self.stats = stats
         self._again: set[asyncio.Task[None]] = set()  # rounds resent the awaited way
+        self._connects = 0  # the pipe's connects seen: a new one clears the memo
 
     def send(
         self,
@@ -65,8 +66,12 @@ class PipeRounds:
         """
         pipe = self._pipe
         if not pipe.ready:
+            self._commit.memo.clear()  # a new connection: maybe a new primary (``SeqMemo``)
             pipe.warm()
             return False
+        if pipe.connects != self._connects:
+            self._connects = pipe.connects
+            self._commit.memo.clear()
         commands: list[bytes] = []
         chunks: list[list[_Sent]] = []  # the sessions of each command
         results: list[BaseException | None] = [None] * len(batches)
@@ -133,6 +138,7 @@ class PipeRounds:
         replies: Replies,
     ) -> None:
         if isinstance(replies, BaseException):
+            self._commit.memo.clear()
             error = self._error(
                 replies,
                 "appending",
@@ -163,6 +169,7 @@ class PipeRounds:
             on_done(results)
             return
         self._pipe.reset()  # READONLY and the like: the next connect finds the primary
+        self._commit.memo.clear()
         task = asyncio.get_running_loop().create_task(
             self._append_again(batches, again, results, on_done)
         )

@@ -13,7 +13,16 @@ moment ago. That cut Redis's count from 5 to 3 commands per append
   trusted: trimming keeps the last entry, a delete takes the lease too (the
   append is refused with ``LeaseLost``), and the memo is trusted only for
   ``period`` after the append that last restarted the TTL (``check`` "1"),
-  which is a tenth of the TTL at most: the keys cannot expire meanwhile.
+  which is a tenth of the TTL at most: the keys cannot expire meanwhile;
+- the one way a log loses its end, a failover to a replica that had not
+  got the last writes (or a restart without them), is seen by the store
+  as a lost or new connection, a redirect or a ``READONLY``: the whole memo
+  is then forgotten (``clear``), so the next append of every session
+  reads the log's end again and a lost end is refused as before
+  (``SeqConflict``). Appends no replica confirmed are not remembered.
+
+Not covered: keys evicted (a ``maxmemory`` policy that evicts; the
+gateway's Redis must not evict) or flushed by hand while connections stay up.
 
 So a session's keys live at least ``ttl - period`` after its last event, as
 before, and a check costs one read and three PEXPIREs per session per period
@@ -36,7 +45,7 @@ TRUST: Final = b"$1\r\n0\r\n"
 class SeqMemo:
     """Per session: the last seq this store appended, and until when that is trusted."""
 
-    __slots__ = ("_known", "_period", "_swept", "enabled")
+    __slots__ = ("_known", "_period", "_swept", "enabled", "generation")
 
     def __init__(self, ttl_ms: int) -> None:
         # A tenth of the TTL, at most 60 s (the idle TTL used to be restarted
@@ -46,6 +55,9 @@ class SeqMemo:
         self._swept = 1024  # sweep expired entries when the memo outgrows this
         self.enabled = True
         """False: every append checks (the path before the memo, for benches)."""
+        self.generation = 0
+        """Counts ``clear`` and ``forget``: an append packed ``TRUST`` under an older
+        generation is sent with ``CHECK`` (``GroupCommit``)."""
 
     def flag(self, sid: str, first: int) -> bytes:
         """``TRUST`` if the log is known to end at ``first - 1``, else ``CHECK``."""
@@ -69,9 +81,15 @@ class SeqMemo:
         if len(known) > self._swept:
             self._sweep()
 
+    def clear(self) -> None:
+        """Nothing is known any more (a connection lost or made, a redirect: see above)."""
+        self._known.clear()
+        self.generation += 1
+
     def forget(self, sid: str) -> None:
         """Nothing is known of ``sid`` any more (leased anew, released, deleted)."""
         self._known.pop(sid, None)
+        self.generation += 1
 
     def _sweep(self) -> None:
         now = time.monotonic()

@@ -300,6 +300,31 @@ async def test_redis_commands_per_logged_event(
     assert isinstance(refused, SeqConflict) and f"ends at {seq + 1}" in str(refused)
 
 
+async def test_a_log_that_lost_its_end_across_a_reconnect_is_refused(
+    redis_url: str, stores: list[RedisStore], raw: aioredis.Redis
+) -> None:
+    """A failover to a replica without the last writes: the store's connections break and
+    the log ends earlier than the store remembers. The next append reads the log's end
+    again and is refused (``SeqConflict``), as before the store remembered it."""
+    store = make(stores, redis_url)
+    await store.create_session("s1", {"owner": "n1"})
+    await store.acquire_lease("s1", "n1", LEASE)
+    for seq in range(1, 4):
+        await store.append("s1", "n1", entries(seq, 1))  # remembered: the log ends at 3
+    await raw.xdel("rtgw:{s1}:log", "3-0")  # the promoted replica never got seq 3
+    await raw.client_kill_filter(_type="normal", skipme=True)
+    for _ in range(3):
+        try:
+            await store.append("s1", "n1", entries(4, 1))
+        except StoreUnavailable:
+            continue  # the append that found the connection killed ("maybe stored")
+        except SeqConflict as exc:
+            assert "ends at 2" in str(exc)
+            break
+        pytest.fail("seq 4 was appended to a log that ends at 2")
+    assert [e.seq for e in await store.read_log("s1", 0)] == [1, 2]
+
+
 async def test_a_lease_renewal_costs_redis_one_command_per_session(
     redis_url: str, stores: list[RedisStore], raw: aioredis.Redis
 ) -> None:

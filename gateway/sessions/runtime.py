@@ -25,11 +25,12 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Coroutine
-from typing import Any, Final, Protocol
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any, Protocol
 
 import msgspec
 
+from gateway.sessions.commands import CLOSING
 from gateway.sessions.driver import TurnDriver
 from gateway.sessions.journal import read_journal, read_journal_calls, unpersisted_step
 from gateway.sessions.observer import TurnObserver
@@ -45,14 +46,11 @@ from gateway.upstream.base import Upstream, VoiceConfig
 from protocol.assembly import HistoryItem
 from protocol.configuration import ConfigChange, apply_change
 from protocol.events import (
-    Approve,
     Call,
     Configured,
     Dtmf,
     Error,
     PhoneCall,
-    Played,
-    ToolResultMessage,
     Usage,
 )
 from protocol.journal import (
@@ -64,24 +62,18 @@ from protocol.journal import (
 from protocol.recording import Header, NodeJoined
 from protocol.turn import TurnMachine
 from protocol.turn_events import (
-    Cancel,
-    Commit,
+    Action,
     Rerun,
     Resume,
     ResumeBackground,
     Shutdown,
-    UserMessage,
+    TurnInput,
 )
 from tools.client import prepare
-from tools.output import cap_output
 
 __all__ = ["SessionHost", "SessionRuntime", "SessionServices", "SessionSetup"]
 
 log = logging.getLogger("gateway.sessions.runtime")
-
-_CANCEL: Final = Cancel()
-_COMMIT: Final = Commit()
-_CLOSING: Final = "session is closing; reconnect and resend"
 
 
 class SessionHost(Protocol):
@@ -253,50 +245,19 @@ class SessionRuntime:
 
     # ------------------------------------------------------------------ commands
 
-    def start_turn(self, text: str) -> Error | None:
-        """Start a turn with the user's text; an ``Error`` reply if one is running.
+    # What each command feeds and who may send it: ``gateway.sessions.commands``.
 
-        After the model's ``<end>`` or a cancel, the turn only waits for its
-        usage report: a message sent then starts right after it (the machine
-        queues it) instead of being refused.
-        """
-        if self.closed:
-            return Error(code="internal", content=_CLOSING)
-        return self.driver.command(self.machine.feed(UserMessage(content=text)), interrupt=False)
+    @property
+    def tool_max_output(self) -> int:
+        return self.services.config.tool_max_output
 
-    def cancel_turn(self) -> Error | None:
-        """Cancel the running turn; an ``Error`` reply if there is none."""
-        return self.driver.command(self.machine.feed(_CANCEL), interrupt=True)
+    def feed(self, given: TurnInput) -> Sequence[Action]:
+        """The machine's actions for a command (``commands.run`` performs them)."""
+        return self.machine.feed(given)
 
-    def tool_result(self, answer: ToolResultMessage) -> Error | None:
-        """A client answered a client-side call; an ``unknown_call`` error if none waits for it.
-
-        Its content is cut to the node's ``tool_max_output`` like a server tool's.
-        """
-        content = cap_output(answer.content, self.services.config.tool_max_output)
-        given = msgspec.structs.replace(answer, content=content)
-        return self.driver.command(self.machine.feed(given), interrupt=False)
-
-    def approve(self, decision: Approve) -> Error | None:
-        """A user's decision on a call waiting for approval; ``unknown_call`` or
-        ``wrong_digest`` if it decides nothing (the connection checked the right to)."""
-        return self.driver.command(self.machine.feed(decision), interrupt=False)
-
-    def commit_audio(self) -> Error | None:
-        """End the user's spoken turn (turn detection ``none``); an ``Error`` reply if
-        the session takes no audio or a turn runs."""
-        voice = self.voice
-        if voice is None or voice.audio_in is None or voice.audio_in.turn_detection != "none":
-            return Error(
-                code="bad_frame",
-                content='commit ends a spoken turn when input_audio.turn_detection is "none"; '
-                'configure that first (with "server_vad" the gateway commits by itself)',
-            )
-        return self.driver.command(self.machine.feed(_COMMIT), interrupt=False)
-
-    def played(self, report: Played) -> Error | None:
-        """A client played this much of the spoken answer (kept for a barge-in)."""
-        return self.driver.command(self.machine.feed(report), interrupt=False)
+    def perform(self, actions: Sequence[Action], *, interrupt: bool) -> Error | None:
+        """Hand a command's actions to the driver; the machine's refusal among them."""
+        return self.driver.command(actions, interrupt=interrupt)
 
     def heard(self, message: Any, refused: Error | None) -> None:
         """A client's command ran (``commands.dispatch``): recorded if the session records."""
@@ -363,7 +324,7 @@ class SessionRuntime:
         after the size limits passed (``apply_change``).
         """
         if self.closed:
-            return Error(code="internal", content=_CLOSING)
+            return Error(code="internal", content=CLOSING)
         updated = apply_change(self.setup.config, change)
         if isinstance(updated, str):
             return Error(code="bad_frame", content=updated)
@@ -371,7 +332,7 @@ class SessionRuntime:
         if problem is not None:
             return Error(code="bad_frame", content=problem)
         if self.closed:
-            return Error(code="internal", content=_CLOSING)
+            return Error(code="internal", content=CLOSING)
         updated = apply_change(self.setup.config, change)  # as it is now, after the wait
         if isinstance(updated, str):
             return Error(code="bad_frame", content=updated)
@@ -379,7 +340,7 @@ class SessionRuntime:
         if isinstance(setup, str):
             code = "bad_frame" if isinstance(setup, ConfigProblem) else "forbidden"
             return Error(code=code, content=str(setup))
-        self._apply_setup(setup)
+        self._apply_setup(setup, reply_to=getattr(change, "id", msgspec.UNSET))
         return None
 
     def rights_changed(self, setup: SessionSetup) -> None:
@@ -391,8 +352,11 @@ class SessionRuntime:
             return
         self._apply_setup(setup)
 
-    def _apply_setup(self, setup: SessionSetup) -> None:
-        """A new setup from the next model step: logged as ``configured``, stored."""
+    def _apply_setup(
+        self, setup: SessionSetup, *, reply_to: str | msgspec.UnsetType = msgspec.UNSET
+    ) -> None:
+        """A new setup from the next model step: logged as ``configured`` (answering the
+        ``configure`` whose ``id`` is ``reply_to``), stored."""
         self.setup = setup
         self.machine.batch.router = setup.client_tools
         self.machine.batch.needs_approval = setup.approvals
@@ -400,7 +364,7 @@ class SessionRuntime:
         # Priced and traced as the provider and model it now uses.
         self.observer.provider = setup.upstream_factory.provider
         self.observer.model = setup.upstream_factory.model
-        self.log.emit(Configured(config=setup.config))
+        self.log.emit(Configured(config=setup.config, reply_to=reply_to))
         self.host.runtime_configured(self)
         self.set_voice(self._voice_of(setup))
         if setup.record != (self.recorder is not None):

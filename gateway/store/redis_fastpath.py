@@ -86,19 +86,6 @@ def pack_append(
     packed ``ttl_ms`` and ``max_log`` (constant per store, packed once),
     ``check`` the packed flag (``gateway.store.redis_seqmemo``).
     """
-    return pack_append_at(key, node, limits, first, entries, history, check)[0]
-
-
-def pack_append_at(
-    key: bytes,
-    node: bytes,
-    limits: bytes,
-    first: int,
-    entries: Sequence[bytes],
-    history: Sequence[bytes],
-    check: bytes,
-) -> tuple[bytes, int]:
-    """``pack_append``, and where in it the ``check`` flag starts (``with_check``)."""
     first_b = b"%d" % first
     n_b = b"%d" % len(entries)
     parts = [
@@ -111,14 +98,30 @@ def pack_append_at(
         b"$%d\r\n%b\r\n" % (len(node), node),
         limits,
         b"$%d\r\n%b\r\n$%d\r\n%b\r\n" % (len(first_b), first_b, len(n_b), n_b),
+        check,
     ]
-    at = sum(len(part) for part in parts)
-    parts.append(check)
     for data in entries:
         parts.append(b"$%d\r\n%b\r\n" % (len(data), data))
     for item in history:
         parts.append(b"$%d\r\n%b\r\n" % (len(item), item))
-    return b"".join(parts), at
+    return b"".join(parts)
+
+
+def pack_append_at(
+    key: bytes,
+    node: bytes,
+    limits: bytes,
+    first: int,
+    entries: Sequence[bytes],
+    history: Sequence[bytes],
+    check: bytes,
+) -> tuple[bytes, int]:
+    """``pack_append``, and where in it the ``check`` flag starts (``with_check``)."""
+    command = pack_append(key, node, limits, first, entries, history, check)
+    tail = len(check)
+    for data in (*entries, *history):
+        tail += len(b"$%d\r\n" % len(data)) + len(data) + 2
+    return command, len(command) - tail
 
 
 def with_check(command: bytes, at: int, check: bytes) -> bytes:

@@ -20,7 +20,7 @@ from typing import Final
 
 from gateway.store.base import AppendBatch, StoreError
 from gateway.store.redis_commit import REDIRECT_REPLIES, CommitStats, GroupCommit, consecutive
-from gateway.store.redis_fastpath import RoundPart, pack_round
+from gateway.store.redis_fastpath import RoundPart, pack_append, pack_round
 from gateway.store.redis_pipe import AppendPipe, Replies
 
 __all__ = ["ROUND_SESSIONS", "PipeRounds"]
@@ -88,7 +88,7 @@ class PipeRounds:
                 results[i] = exc
                 continue
             if chunk and (node != chunk_node or len(chunk) == ROUND_SESSIONS):
-                commands.append(pack_round(chunk_node.encode(), limits, parts))
+                commands.append(_pack(chunk_node.encode(), limits, parts))
                 chunks.append(chunk)
                 parts, chunk = [], []
             chunk_node = node
@@ -104,7 +104,7 @@ class PipeRounds:
             )
             chunk.append((i, sid, node, first, first + len(entries) - 1 if entries else 0, check))
         if chunk:
-            commands.append(pack_round(chunk_node.encode(), limits, parts))
+            commands.append(_pack(chunk_node.encode(), limits, parts))
             chunks.append(chunk)
         if not commands:
             asyncio.get_running_loop().call_soon(on_done, results)
@@ -155,6 +155,8 @@ class PipeRounds:
         for chunk, line in zip(chunks, replies, strict=True):
             if line.startswith(b"+"):
                 outcomes = line[1:].split(b"|")
+            elif line == b":1":  # a lone session's APPEND (``_pack``)
+                outcomes = [b"1"]
             elif line.startswith(b"-NOSCRIPT") or line.startswith(REDIRECT_REPLIES):
                 again += [i for i, *_ in chunk]  # not run: sent again the awaited way
                 continue
@@ -195,3 +197,12 @@ class PipeRounds:
             for i, outcome in zip(again, outcomes, strict=True):
                 results[i] = outcome
             on_done(results)
+
+
+def _pack(node: bytes, limits: bytes, parts: list[RoundPart]) -> bytes:
+    """A ``ROUND`` call, or for a lone session its ``APPEND``: the same 3 commands in
+    Redis, a smaller script and packing (an error reply is then that session's own)."""
+    if len(parts) == 1:
+        key, first, entries, history, check = parts[0]
+        return pack_append(key, node, limits, first, entries, history, check)
+    return pack_round(node, limits, parts)

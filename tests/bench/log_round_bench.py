@@ -86,6 +86,7 @@ async def worker(url: str, cluster_urls: list[str], sessions: int, rounds: int) 
         "redis_us_per_event": sum(u.cpu_s for u in used) / events * 1e6,
         "client_us_per_event": (cpu1 - cpu0) / events * 1e6,
         "round_us": (t1 - t0) / rounds * 1e6,
+        "pipe_rounds": store.stats.pipe_rounds,
     }
 
 

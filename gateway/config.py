@@ -245,7 +245,8 @@ class Config(msgspec.Struct, kw_only=True):
         Seconds,
         Setting(
             "at most, seconds a log append waits for more events to share its round trip, "
-            "and only while events come faster than that; 0: never",
+            "and only while events come faster than that (a turn's first content never "
+            "waits); 0: never",
             STORE,
         ),
     ] = 0.002

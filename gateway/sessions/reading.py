@@ -293,6 +293,7 @@ class UpstreamReader:
             return True
 
     def _first_delta(self) -> None:
+        self.log.hurry_next()  # the first content does not wait for a round's company
         started, self.asker.requested_at = self.asker.requested_at, None
         if started is not None:
             seconds = time.perf_counter() - started

@@ -79,6 +79,7 @@ class SessionLog:
         self._pending: list[LogEntry] = []
         self._pending_history: list[bytes] = []
         self._marked = False  # waiting in the node's LogWriter for its turn
+        self._hurry = False  # the next event is a turn's first content (``hurry_next``)
         self.lost = False  # another node owns the session: write nothing more
         # A batch whose append failed with StoreUnavailable (may have landed).
         self.unsure: Batch | None = None
@@ -102,6 +103,13 @@ class SessionLog:
         self._pending.append(LogEntry(self._seq, encode(event)))
         if not self._marked:
             self._mark()
+        if self._hurry:
+            self._hurry = False
+            self._writer.hurry()
+
+    def hurry_next(self) -> None:
+        """The next event emitted is a turn's first content: its round does not linger."""
+        self._hurry = True
 
     def persist(self, items: Sequence[HistoryItem]) -> None:
         """Add history items; they are written with the next log append (atomically)."""

@@ -41,6 +41,7 @@ __all__ = [
     "ErrorCode",
     "Event",
     "Execute",
+    "Guardrail",
     "Interrupt",
     "Metric",
     "PhoneCall",
@@ -255,6 +256,18 @@ class Error(_Base, tag="error"):
     code: str = "internal"
 
 
+class Guardrail(_Base, tag="guardrail"):
+    """A guardrail rule tripped (``protocol.guardrails``): its name and action, never
+    the matched text. ``on``: ``"input"`` (a user's message, a transcript, a tool's
+    result; ``block``: it never reached the model, the session takes the next turn) or
+    ``"output"`` (the model's answer, reasoning or call arguments: redacted or cut).
+    """
+
+    rule: str
+    action: Literal["block", "redact", "end_turn"]
+    on: Literal["input", "output"]
+
+
 class Interrupt(_Base, tag="interrupt"):
     """The turn in flight was broken (node loss, upstream loss) and is rerun.
 
@@ -379,6 +392,7 @@ Event = (
     | End
     | Metric
     | Error
+    | Guardrail
     | Interrupt
     | Cancelled
     | SpeechStarted

@@ -31,6 +31,7 @@ from typing import Any, Final, Protocol
 import msgspec
 
 from gateway.sessions.driver import TurnDriver
+from gateway.sessions.guard import EventGuard, guard_result
 from gateway.sessions.journal import read_journal, read_journal_calls, unpersisted_step
 from gateway.sessions.observer import TurnObserver
 from gateway.sessions.recorder import SessionRecorder
@@ -55,6 +56,7 @@ from protocol.events import (
     ToolResultMessage,
     Usage,
 )
+from protocol.guardrails import check_input
 from protocol.journal import (
     JournalCall,
     background_in_flight,
@@ -188,6 +190,7 @@ class SessionRuntime:
         )
         self.recorder: SessionRecorder | None = None
         self._recording = recording
+        _install_guard(self, setup)
         if setup.record:
             _switch_recording(self, True)
 
@@ -262,6 +265,14 @@ class SessionRuntime:
         """
         if self.closed:
             return Error(code="internal", content=_CLOSING)
+        guard = self.log.guard
+        if guard is not None and guard.guardrails.input:
+            verdict = check_input(guard.guardrails.input, text)
+            for event in guard.tripped(verdict.hits, "input"):
+                self.log.emit(event)
+            if verdict.blocked:
+                return None  # it never reaches the model; the session takes the next turn
+            text = verdict.text
         return self.driver.command(self.machine.feed(UserMessage(content=text)), interrupt=False)
 
     def cancel_turn(self) -> Error | None:
@@ -274,7 +285,15 @@ class SessionRuntime:
         Its content is cut to the node's ``tool_max_output`` like a server tool's.
         """
         content = cap_output(answer.content, self.services.config.tool_max_output)
-        given = msgspec.structs.replace(answer, content=content)
+        status = answer.status
+        guard = self.log.guard
+        if guard is not None and guard.guardrails.input:
+            content, hits, withheld = guard_result(guard.guardrails.input, content)
+            if withheld:
+                status = "failure"
+                for event in guard.tripped(hits, "input", ends=False):
+                    self.log.emit(event)
+        given = msgspec.structs.replace(answer, content=content, status=status)
         return self.driver.command(self.machine.feed(given), interrupt=False)
 
     def approve(self, decision: Approve) -> Error | None:
@@ -301,6 +320,11 @@ class SessionRuntime:
     def heard(self, message: Any, refused: Error | None) -> None:
         """A client's command ran (``commands.dispatch``): recorded if the session records."""
         if self.recorder is not None:
+            guard = self.log.guard
+            if guard is not None and type(message) is UserMessage and guard.guardrails.input:
+                # Recorded as the model got it (or, blocked, as nothing).
+                verdict = check_input(guard.guardrails.input, message.content)
+                message = UserMessage(content="" if verdict.blocked else verdict.text)
             self.recorder.heard(message, refused, self.log.delivered_seq)
 
     def record(self, event: Dtmf | PhoneCall) -> None:
@@ -394,6 +418,7 @@ class SessionRuntime:
     def _apply_setup(self, setup: SessionSetup) -> None:
         """A new setup from the next model step: logged as ``configured``, stored."""
         self.setup = setup
+        _install_guard(self, setup)
         self.machine.batch.router = setup.client_tools
         self.machine.batch.needs_approval = setup.approvals
         self.machine.batch.background = setup.background
@@ -545,6 +570,28 @@ def _switch_recording(runtime: SessionRuntime, on: bool) -> None:
         )
     runtime._recording = "on"
     recorder = recorders.start(runtime.sid, first)
+    recorder.guarded = bool(runtime.setup.guardrails)
     runtime.recorder = runtime.log.recorder = runtime.link.recorder = (
         runtime.driver.tools.recorder
     ) = recorder
+
+
+def _install_guard(runtime: SessionRuntime, setup: SessionSetup) -> None:
+    """The session's guardrails at its log (``gateway.sessions.guard``): new rules hold
+    from the next block of text on; the recording keeps upstream frames as sizes only."""
+    log_ = runtime.log
+    if not setup.guardrails:
+        log_.guard = None
+    elif log_.guard is None:
+
+        def end_turn() -> None:
+            # An end_turn rule tripped inside an emit (the driver is mid-step): soon.
+            asyncio.get_running_loop().call_soon(
+                lambda: None if runtime.closed else runtime.cancel_turn()
+            )
+
+        log_.guard = EventGuard(setup.guardrails, runtime.services.metrics, end_turn)
+    else:
+        log_.guard.guardrails = setup.guardrails
+    if runtime.recorder is not None:
+        runtime.recorder.guarded = bool(setup.guardrails)

@@ -1,0 +1,126 @@
+"""Guardrails through a real gateway (issue 41): the simulator upstream, real WebSockets,
+the HTTP API's export and recording.
+
+An input rule blocks a pattern: the message never reaches the model (the
+simulator's ``/context`` counts what its connection holds) and the client gets
+a ``guardrail`` event. An output rule redacts card numbers: the simulator
+streams one in 4-character chunks, the client gets the answer with the number
+gone and the rest intact, and neither the export nor the recording holds it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from gateway.client import Client
+from gateway.client.recording import fetch_recording
+from gateway.edge.server import Gateway
+from protocol.events import Guardrail, Respond, User
+from tests.api.conftest import Api, Keys, NodesFactory
+from tests.api.test_flow import export_all
+
+pytestmark = pytest.mark.timeout(60)
+
+RULES = """
+[[rule]]
+name = "no-passwords"
+on = "input"
+action = "block"
+pattern = "(?i)my password is"
+
+[[rule]]
+name = "no-cards"
+on = "output"
+action = "redact"
+detect = "card"
+"""
+
+CARD = "4111 1111 1111 1111"
+SECRET = "hunter2"
+
+
+@pytest.fixture(params=["memory"])
+def store_kind(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+async def _context_items(c: Client) -> int:
+    """How many conversation items the simulator's connection holds (the probe's included)."""
+    said = "".join([e.content async for e in c.send("/context") if isinstance(e, Respond)])
+    return int(said.removeprefix("Context: ").removesuffix(" items"))
+
+
+async def _gone(gw: Gateway, sid: str) -> None:
+    async with asyncio.timeout(15):
+        while sid in gw.node.runtimes:  # noqa: ASYNC110 - no event to await
+            await asyncio.sleep(0.02)
+
+
+async def test_input_blocked_and_a_streamed_card_redacted_everywhere(
+    nodes: NodesFactory, keys: Keys, tmp_path: Path
+) -> None:
+    rules = tmp_path / "guardrails.toml"
+    rules.write_text(RULES)
+    alice = keys.keys["alice"]
+    async with nodes(1, guardrails=str(rules)) as (gw,), aiohttp.ClientSession() as http:
+        async with Client(gw.url, token=alice) as c:
+            await c.configure(record=True)
+            sid = c.session_id
+            before = await _context_items(c)
+
+            blocked = [e async for e in c.send(f"hi, my password is {SECRET}")]
+            assert [(type(e), e.rule, e.action, e.on) for e in blocked] == [  # type: ignore[union-attr]
+                (Guardrail, "no-passwords", "block", "input")
+            ]
+            # The session takes the next turn, and the model never saw the message: its
+            # connection grew by the last probe and its answer only; a message that
+            # passes adds itself and its answer.
+            after = await _context_items(c)
+            assert after == before + 2
+            assert [e async for e in c.send("hello")]
+            assert await _context_items(c) == after + 4
+
+            turn = [e async for e in c.send(f"/raw Your card is {CARD}, thanks!<end>")]
+            chunks = [e.content for e in turn if isinstance(e, Respond)]
+            assert "".join(chunks) == "Your card is [redacted], thanks!"
+            assert not any("1111" in chunk for chunk in chunks)
+            trips = [e for e in turn if isinstance(e, Guardrail)]
+            assert [(t.rule, t.action, t.on) for t in trips] == [("no-cards", "redact", "output")]
+            assert any(isinstance(e, User) for e in turn)
+
+        # The user's own "/raw" message holds the number (an input the rules let through);
+        # what the model said holds it nowhere.
+        api = Api(gw, http)
+        exported = await export_all(api, sid, alice)
+        said = str([e for e in exported if e["type"] != "user"])
+        assert "guardrail" in said and "[redacted]" in said
+        assert "1111" not in said and SECRET not in str(exported)
+        await _gone(gw, sid)
+        recording = await fetch_recording(gw.api_url, sid, token=alice)
+        lines = [
+            line
+            for line in recording.splitlines()
+            if b'"kind":"client"' not in line and b'"type":"user"' not in line
+        ]
+        assert any(b"[redacted]" in line for line in lines)
+        assert not [line for line in lines if b"1111" in line]
+        assert SECRET.encode() not in recording
+        metrics = gw.node.metrics.guardrails
+        assert metrics.labels("no-cards", "redact", "output")._value.get() == 1
+        assert metrics.labels("no-passwords", "block", "input")._value.get() == 1
+
+
+async def test_a_bad_rule_stops_the_start_naming_rule_and_field(
+    nodes: NodesFactory, tmp_path: Path
+) -> None:
+    rules = tmp_path / "guardrails.toml"
+    rules.write_text(
+        '[[rule]]\nname = "greedy"\non = "output"\naction = "redact"\npattern = "a+"\n'
+    )
+    with pytest.raises(Exception, match=r"guardrail 'greedy': pattern: .*window"):
+        async with nodes(1, guardrails=str(rules)):
+            pass

@@ -36,6 +36,7 @@ from protocol.events import (
     End,
     Error,
     Event,
+    Execute,
     Guardrail,
     Interrupt,
     Respond,
@@ -235,8 +236,12 @@ def _json_text(rules: RuleSet, text: str) -> tuple[str, list[Hit]]:
     return (_ENCODER.encode(guarded).decode() if hits else text), hits
 
 
-# Events that close the model's current block of text (a turn or a step ended).
+# Events that end a turn (an end_turn rule's withholding ends with it).
 _TURN_ENDS: Final = (End, Cancelled, Error, Interrupt)
+# Events that close the model's block of text (what it held is judged as final). Others
+# (a background call's result, speech started, a metric) pass it by: were they to close
+# it, a card split around one would be judged as two halves.
+_BLOCK_ENDS: Final = (Call, Execute, *_TURN_ENDS)
 
 
 class EventGuard:
@@ -279,7 +284,7 @@ class EventGuard:
             if piece.hits:
                 out += self.tripped(piece.hits, "output")
             return out
-        out = self._flush()
+        out = self._flush() if isinstance(event, _BLOCK_ENDS) else []
         if kind is Call:
             if self._ended:
                 return out

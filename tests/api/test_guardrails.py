@@ -12,13 +12,17 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
 import aiohttp
+import orjson
 import pytest
 
 from gateway.client import Client
 from gateway.client.recording import fetch_recording
 from gateway.edge.server import Gateway
+from gateway.sessions.policy import KeyPolicies
+from gateway.settings import ConfigError
 from protocol.events import Guardrail, Respond, User
 from tests.api.conftest import Api, Keys, NodesFactory
 from tests.api.test_flow import export_all
@@ -39,7 +43,8 @@ action = "redact"
 detect = "card"
 """
 
-CARD = "4111 1111 1111 1111"
+CARD = "4242 4242 4242 4242"
+
 SECRET = "hunter2"
 
 
@@ -52,6 +57,12 @@ async def _context_items(c: Client) -> int:
     """How many conversation items the simulator's connection holds (the probe's included)."""
     said = "".join([e.content async for e in c.send("/context") if isinstance(e, Respond)])
     return int(said.removeprefix("Context: ").removesuffix(" items"))
+
+
+def _model_text(events: list[dict[str, Any]]) -> str:
+    """What the model answered in the card turn, as logged (every respond chunk joined)."""
+    said = "".join(e["content"] for e in events if e["type"] == "respond")
+    return said[said.index("Your card") :]
 
 
 async def _gone(gw: Gateway, sid: str) -> None:
@@ -87,28 +98,27 @@ async def test_input_blocked_and_a_streamed_card_redacted_everywhere(
             turn = [e async for e in c.send(f"/raw Your card is {CARD}, thanks!<end>")]
             chunks = [e.content for e in turn if isinstance(e, Respond)]
             assert "".join(chunks) == "Your card is [redacted], thanks!"
-            assert not any("1111" in chunk for chunk in chunks)
+            assert not any("42" in chunk for chunk in chunks)
             trips = [e for e in turn if isinstance(e, Guardrail)]
             assert [(t.rule, t.action, t.on) for t in trips] == [("no-cards", "redact", "output")]
             assert any(isinstance(e, User) for e in turn)
 
         # The user's own "/raw" message holds the number (an input the rules let through);
-        # what the model said holds it nowhere.
+        # what the model said holds it nowhere: not in the export, not in the recording
+        # (its upstream frames are sizes only).
         api = Api(gw, http)
         exported = await export_all(api, sid, alice)
-        said = str([e for e in exported if e["type"] != "user"])
-        assert "guardrail" in said and "[redacted]" in said
-        assert "1111" not in said and SECRET not in str(exported)
+        assert SECRET not in str(exported)
+        assert _model_text(exported) == "Your card is [redacted], thanks!"
+        assert "guardrail" in {e["type"] for e in exported}
         await _gone(gw, sid)
         recording = await fetch_recording(gw.api_url, sid, token=alice)
-        lines = [
-            line
-            for line in recording.splitlines()
-            if b'"kind":"client"' not in line and b'"type":"user"' not in line
-        ]
-        assert any(b"[redacted]" in line for line in lines)
-        assert not [line for line in lines if b"1111" in line]
         assert SECRET.encode() not in recording
+        lines = [orjson.loads(line) for line in recording.splitlines()]
+        logged = [line["event"] for line in lines if line["kind"] == "event"]
+        assert _model_text(logged) == "Your card is [redacted], thanks!"
+        frames = [line for line in lines if line["kind"] == "upstream"]
+        assert frames and all(f.get("elided") == "guardrails" for f in frames)
         metrics = gw.node.metrics.guardrails
         assert metrics.labels("no-cards", "redact", "output")._value.get() == 1
         assert metrics.labels("no-passwords", "block", "input")._value.get() == 1
@@ -124,3 +134,37 @@ async def test_a_bad_rule_stops_the_start_naming_rule_and_field(
     with pytest.raises(Exception, match=r"guardrail 'greedy': pattern: .*window"):
         async with nodes(1, guardrails=str(rules)):
             pass
+
+
+async def test_a_key_policy_adds_rules_for_its_key_only(
+    nodes: NodesFactory, keys: Keys, tmp_path: Path
+) -> None:
+    policy = tmp_path / "policy.toml"
+    policy.write_text(
+        "[alice]\nguardrails = ["
+        '{ name = "no-emails", on = "input", action = "redact", detect = "email" }]\n'
+    )
+    async with nodes(1, key_policy_file=str(policy)) as (gw,):
+        async with Client(gw.url, token=keys.keys["alice"]) as c:
+            turn = [e async for e in c.send("write to bob@example.com today")]
+            said = "".join(e.content for e in turn if isinstance(e, Respond))
+            # The model got the message redacted (the simulator echoes what it got).
+            assert said == "Echo: write to [redacted] today"
+            [echo] = [e for e in turn if isinstance(e, User)]
+            assert echo.content == "write to [redacted] today"
+            assert [(e.rule, e.on) for e in turn if isinstance(e, Guardrail)] == [
+                ("no-emails", "input")
+            ]
+        async with Client(gw.url, token=keys.keys["bob"]) as c:
+            turn = [e async for e in c.send("write to bob@example.com today")]
+            said = "".join(e.content for e in turn if isinstance(e, Respond))
+            assert said == "Echo: write to bob@example.com today"
+
+
+def test_a_bad_rule_in_a_key_policy_names_the_table_and_the_rule(tmp_path: Path) -> None:
+    policy = tmp_path / "policy.toml"
+    policy.write_text(
+        '[alice]\nguardrails = [{ name = "x", on = "input", action = "block", pattern = "(" }]\n'
+    )
+    with pytest.raises(ConfigError, match=r"\[alice\]: guardrails: guardrail 'x': pattern"):
+        KeyPolicies(policy)

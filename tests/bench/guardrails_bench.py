@@ -1,6 +1,6 @@
 """What output guardrails add per event: a gateway with rules against one without.
 
-Run: ``PYTHONPATH=. python tests/bench/guardrails_bench.py [--sessions 50,200]``
+Run: ``PYTHONPATH=. python tests/bench/guardrails_bench.py [--sessions 50,200] [--rounds 3]``
 
 Two gateway processes in turn (memory store), each on the same paced
 simulator (4-character chunks): one with no rules, one with the output rules
@@ -22,10 +22,13 @@ import statistics
 import sys
 import tempfile
 import time
+import tomllib
 from pathlib import Path
 
 from gateway.client import Client
-from protocol.events import Respond, User
+from gateway.metrics import Metrics
+from gateway.sessions.guard import EventGuard, guardrails_of, parse_rules
+from protocol.events import End, Respond, User
 from tests.bench.benchlib import gateway_proc, sim_proc, table
 
 RULES = """
@@ -61,7 +64,7 @@ PROSE = (
 ANSWER = (
     PROSE * 2 + "Your card 4111 1111 1111 1111 is on file. " + PROSE * 2 + "Anything else today?"
 )
-TOKENS_PER_SECOND = 25.0
+TOKENS_PER_SECOND = 10.0
 
 
 async def one_turn(url: str) -> tuple[list[tuple[float, str]], int]:
@@ -108,46 +111,76 @@ def measure(sim_url: str, sessions: int, rules: Path | None) -> tuple[float, flo
     return mean, used / max(events, 1) * 1e6
 
 
+def in_process(rules_text: str) -> float:
+    """µs per event the session's guard takes, in this process (no I/O, no load)."""
+    specs = parse_rules(tomllib.loads(rules_text)["rule"], "bench")
+    compiled = guardrails_of(specs)
+    assert not isinstance(compiled, str)
+    chunks = [ANSWER[i : i + 4] for i in range(0, len(ANSWER), 4)]
+    best = float("inf")
+    for _ in range(5):
+        guard = EventGuard(compiled, Metrics(), lambda: None)
+        started = time.perf_counter()
+        for _ in range(20):
+            for chunk in chunks:
+                guard.filter(Respond(content=chunk))
+            guard.filter(End())
+        best = min(best, (time.perf_counter() - started) / (20 * (len(chunks) + 1)))
+    return best * 1e6
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--sessions", default="50,200")
+    p.add_argument("--rounds", type=int, default=3)
     args = p.parse_args()
+    card_only = RULES.split("[[rule]]")[1]
+    sets = {"card": "[[rule]]" + card_only, "all": RULES}
     rows = []
     with (
         tempfile.TemporaryDirectory() as tmp,
         sim_proc(tokens_per_second=TOKENS_PER_SECOND, chunk_size=4) as sim,
     ):
-        rules = Path(tmp) / "rules.toml"
-        rules.write_text(RULES)
+        files: dict[str, Path | None] = {"none": None}
+        for name, text in sets.items():
+            path = files[name] = Path(tmp) / f"{name}.toml"
+            path.write_text(text)
         for n in (int(s) for s in args.sessions.split(",")):
-            base, base_cpu = measure(sim.url, n, None)
-            guarded, guarded_cpu = measure(sim.url, n, rules)
-            rows.append(
-                [
-                    n,
-                    f"{base * 1000:.1f}",
-                    f"{guarded * 1000:.1f}",
-                    f"{(guarded - base) * 1000:+.1f}",
-                    f"{base_cpu:.0f}",
-                    f"{guarded_cpu:.0f}",
-                ]
-            )
+            # Interleaved rounds, medians: the machine is shared, and its load drifts.
+            runs: dict[str, list[tuple[float, float]]] = {name: [] for name in files}
+            for _ in range(args.rounds):
+                for name, path in files.items():
+                    runs[name].append(measure(sim.url, n, path))
+            base = statistics.median(m for m, _ in runs["none"])
+            base_cpu = statistics.median(c for _, c in runs["none"])
+            row: list[object] = [n, f"{base * 1000:.0f}", f"{base_cpu:.0f}"]
+            for name in sets:
+                mean = statistics.median(m for m, _ in runs[name])
+                cpu = statistics.median(c for _, c in runs[name])
+                row += [f"{(mean - base) * 1000:+.1f}", f"{cpu - base_cpu:+.0f}"]
+            rows.append(row)
     print(
-        f"answer of {len(ANSWER)} characters in 4-character chunks at "
-        f"{TOKENS_PER_SECOND:g} chunks/s; 4 output rules (card, phone, email, a 12-char pattern)"
+        f"answer of {len(ANSWER)} characters in 4-character chunks at {TOKENS_PER_SECOND:g} "
+        f"chunks/s; card: one output rule (detect = card); all: card, phone, email and a "
+        f"12-character pattern; medians of {args.rounds} interleaved rounds"
     )
     print(
         table(
             [
                 "sessions",
                 "prose char arrives, no rules (ms)",
-                "with rules (ms)",
-                "added per event (ms)",
-                "gateway CPU/event, no rules (µs)",
-                "with rules (µs)",
+                "gateway CPU/event (µs)",
+                "card: added/event (ms)",
+                "CPU (µs)",
+                "all: added/event (ms)",
+                "CPU (µs)",
             ],
             rows,
         )
+    )
+    print(
+        f"in process, the guard alone: card {in_process(sets['card']):.1f} µs/event, "
+        f"all {in_process(RULES):.1f} µs/event"
     )
 
 

@@ -100,3 +100,11 @@ def test_the_rules_file_is_checked_at_start_and_reloaded(tmp_path: Path) -> None
     assert rules.poll() == 2 and [s.name for s in rules.specs] == ["b"]  # kept
     with pytest.raises(ConfigError, match=r"guardrail 'c': .*on"):
         GuardrailsFile(path)
+
+
+def test_an_event_in_the_middle_of_an_answer_does_not_split_a_card() -> None:
+    guard, _, _ = make_guard()
+    background = Result(content="[]", payload=ResultPayload(1, 1, 0))
+    out = run(guard, [*chunks("Card 4111 11"), background, *chunks("11 1111 1111."), End()])
+    said = "".join(e.content for e in out if isinstance(e, Respond))
+    assert said == "Card [redacted]."

@@ -253,7 +253,7 @@ class EventGuard:
     (once per turn) when an ``end_turn`` rule trips on the output.
     """
 
-    __slots__ = ("_ended", "_kind", "_stream", "guardrails", "metrics", "on_end_turn")
+    __slots__ = ("_ended", "_kind", "_stream", "guardrails", "metrics", "on_end_turn", "speaks")
 
     def __init__(
         self, guardrails: Guardrails, metrics: Metrics, on_end_turn: Callable[[], None]
@@ -264,6 +264,9 @@ class EventGuard:
         self._kind: type[Think] | type[Respond] | None = None
         self._stream: StreamGuard | None = None
         self._ended = False  # an end_turn rule tripped: the rest of the turn is withheld
+        # The answer is spoken: its audio cannot be withheld with its transcript, so a
+        # block on the output ends the turn (the audio stops, history keeps what was heard).
+        self.speaks = False
 
     def filter(self, event: Event) -> list[Event]:
         kind = type(event)
@@ -355,7 +358,8 @@ class EventGuard:
         for hit in hits:
             counter.labels(hit.rule, hit.action, on).inc()
             events.append(Guardrail(rule=hit.rule, action=hit.action, on=on))  # type: ignore[arg-type]
-            if ends and hit.action == "end_turn" and not self._ended:
+            ending = hit.action == "end_turn" or (self.speaks and hit.action == "block")
+            if ends and ending and not self._ended:
                 self._ended = True
                 self.on_end_turn()
         return events

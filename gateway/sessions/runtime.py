@@ -461,6 +461,8 @@ class SessionRuntime:
             return
         self.voice_in.reconfigure(voice.audio_in if voice is not None else None)
         self.voice = voice
+        if self.log.guard is not None:
+            self.log.guard.speaks = voice is not None and voice.audio_out is not None
         self.machine.voice = voice is not None
         if self.machine.idle:
             self.driver.drop_upstream(stop=False)
@@ -593,5 +595,8 @@ def _install_guard(runtime: SessionRuntime, setup: SessionSetup) -> None:
         log_.guard = EventGuard(setup.guardrails, runtime.services.metrics, end_turn)
     else:
         log_.guard.guardrails = setup.guardrails
+    if log_.guard is not None:
+        voice = runtime.voice
+        log_.guard.speaks = voice is not None and voice.audio_out is not None
     if runtime.recorder is not None:
         runtime.recorder.guarded = bool(setup.guardrails)

@@ -108,3 +108,19 @@ def test_an_event_in_the_middle_of_an_answer_does_not_split_a_card() -> None:
     out = run(guard, [*chunks("Card 4111 11"), background, *chunks("11 1111 1111."), End()])
     said = "".join(e.content for e in out if isinstance(e, Respond))
     assert said == "Card [redacted]."
+
+
+def test_a_block_on_a_spoken_answer_ends_the_turn() -> None:
+    compiled = guardrails_of(
+        [RuleSpec(name="rude", on="output", action="block", pattern="(?i)idiot")]
+    )
+    assert not isinstance(compiled, str)
+    ended: list[str] = []
+    guard = EventGuard(compiled, Metrics(), lambda: ended.append("end"))
+    run(guard, chunks("you idiot, fine"))
+    assert not ended  # text: the rest of the block is withheld, the turn goes on
+    guard = EventGuard(compiled, Metrics(), lambda: ended.append("end"))
+    guard.speaks = True
+    out = run(guard, chunks("you idiot, fine"))
+    assert ended == ["end"]  # speech: its audio cannot be withheld, so the turn ends
+    assert "".join(e.content for e in out if isinstance(e, Respond)) == "you "

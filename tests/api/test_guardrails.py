@@ -23,7 +23,7 @@ from gateway.client.recording import fetch_recording
 from gateway.edge.server import Gateway
 from gateway.sessions.policy import KeyPolicies
 from gateway.settings import ConfigError
-from protocol.events import Guardrail, Respond, User
+from protocol.events import Configured, Guardrail, Respond, User
 from tests.api.conftest import Api, Keys, NodesFactory
 from tests.api.test_flow import export_all
 
@@ -168,3 +168,23 @@ def test_a_bad_rule_in_a_key_policy_names_the_table_and_the_rule(tmp_path: Path)
     )
     with pytest.raises(ConfigError, match=r"\[alice\]: guardrails: guardrail 'x': pattern"):
         KeyPolicies(policy)
+
+
+async def test_a_changed_rules_file_applies_to_a_live_session(
+    nodes: NodesFactory, keys: Keys, tmp_path: Path
+) -> None:
+    rules = tmp_path / "guardrails.toml"
+    rules.write_text("# no rules yet\n")
+    async with (
+        nodes(1, guardrails=str(rules)) as (gw,),
+        Client(gw.url, token=keys.keys["alice"]) as c,
+    ):
+        turn = [e async for e in c.send(f"/raw card {CARD}<end>")]
+        assert "".join(e.content for e in turn if isinstance(e, Respond)) == f"card {CARD}"
+        changed = asyncio.Event()
+        c.on_event = lambda e: changed.set() if isinstance(e, Configured) else None
+        rules.write_text(RULES)
+        async with asyncio.timeout(10):
+            await changed.wait()  # the node set the session up again under the new rules
+        turn = [e async for e in c.send(f"/raw card {CARD}<end>")]
+        assert "".join(e.content for e in turn if isinstance(e, Respond)) == "card [redacted]"

@@ -200,7 +200,7 @@ class TurnMachine(ToolSteps):
         self.meter = UsageMeter(total)
         self.max_steps = max_steps
         self.upstream_retries = upstream_retries
-        self._queued: str | None = None  # a message sent while the turn was closing
+        self._queued: UserMessage | None = None  # a message sent while the turn was closing
         self._recorder = StepRecorder()
         self._chunk = self._recorder.chunk
         self._parser = Parser()
@@ -359,16 +359,17 @@ class TurnMachine(ToolSteps):
             return _NOTHING
         return out
 
-    def _user(self, text: str) -> Sequence[Action]:
+    def _user(self, given: UserMessage) -> Sequence[Action]:
         state = self.state
+        text = given.content
         if state is _IDLE:
             return self._begin(
-                [User(content=text), Persist((User(content=text),))],
+                [User(content=text, reply_to=given.id), Persist((User(content=text),))],
                 Message(role="user", content=text),
             )
         if (state is _ENDING or state is _CANCELLING) and self._queued is None:
             # The turn only waits for its usage: the message starts right after it.
-            self._queued = text
+            self._queued = given
             return _NOTHING
         return [
             Refuse(
@@ -668,7 +669,7 @@ _Handler = Callable[[TurnMachine, Any], Sequence[Action]]
 # ``feed``'s dispatch: one entry per input type (tests check it covers ``INPUT_TYPES``).
 _HANDLERS: Final[dict[type, _Handler]] = {
     TextDelta: lambda m, i: m.text(i.text),
-    UserMessage: lambda m, i: m._user(i.content),
+    UserMessage: lambda m, i: m._user(i),
     ResponseDone: lambda m, i: m._response_done(i),
     ToolsDone: lambda m, i: m._tools_done(i.results),
     ToolResultMessage: lambda m, i: m._client_result(i),

@@ -25,11 +25,13 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Coroutine
-from typing import Any, Final, Protocol
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any, Protocol
 
 import msgspec
 
+from gateway.sessions.commands import CLOSING
+from gateway.sessions.commands import run as run_command
 from gateway.sessions.driver import TurnDriver
 from gateway.sessions.guard import EventGuard, guard_result
 from gateway.sessions.journal import read_journal, read_journal_calls, unpersisted_step
@@ -46,15 +48,15 @@ from gateway.upstream.base import Upstream, VoiceConfig
 from protocol.assembly import HistoryItem
 from protocol.configuration import ConfigChange, apply_change
 from protocol.events import (
-    Approve,
     Call,
+    Cancel,
     Configured,
     Dtmf,
     Error,
     PhoneCall,
-    Played,
     ToolResultMessage,
     Usage,
+    UserMessage,
 )
 from protocol.guardrails import check_input
 from protocol.journal import (
@@ -66,24 +68,18 @@ from protocol.journal import (
 from protocol.recording import Header, NodeJoined
 from protocol.turn import TurnMachine
 from protocol.turn_events import (
-    Cancel,
-    Commit,
+    Action,
     Rerun,
     Resume,
     ResumeBackground,
     Shutdown,
-    UserMessage,
+    TurnInput,
 )
 from tools.client import prepare
-from tools.output import cap_output
 
 __all__ = ["SessionHost", "SessionRuntime", "SessionServices", "SessionSetup"]
 
 log = logging.getLogger("gateway.sessions.runtime")
-
-_CANCEL: Final = Cancel()
-_COMMIT: Final = Commit()
-_CLOSING: Final = "session is closing; reconnect and resend"
 
 
 class SessionHost(Protocol):
@@ -256,66 +252,26 @@ class SessionRuntime:
 
     # ------------------------------------------------------------------ commands
 
-    def start_turn(self, text: str) -> Error | None:
-        """Start a turn with the user's text; an ``Error`` reply if one is running.
+    # What each command feeds and who may send it: ``gateway.sessions.commands``.
 
-        After the model's ``<end>`` or a cancel, the turn only waits for its
-        usage report: a message sent then starts right after it (the machine
-        queues it) instead of being refused.
-        """
-        if self.closed:
-            return Error(code="internal", content=_CLOSING)
+    @property
+    def tool_max_output(self) -> int:
+        return self.services.config.tool_max_output
+
+    def feed(self, given: TurnInput) -> Sequence[Action]:
+        """The machine's actions for a command (``commands.run`` performs them), after
+        the session's input guardrails: a blocked message feeds nothing (no turn)."""
         guard = self.log.guard
         if guard is not None and guard.guardrails.input:
-            verdict = check_input(guard.guardrails.input, text)
-            for event in guard.tripped(verdict.hits, "input"):
-                self.log.emit(event)
-            if verdict.blocked:
-                return None  # it never reaches the model; the session takes the next turn
-            text = verdict.text
-        return self.driver.command(self.machine.feed(UserMessage(content=text)), interrupt=False)
+            judged = _judged_input(self, guard, given)
+            if judged is None:
+                return ()
+            given = judged
+        return self.machine.feed(given)
 
-    def cancel_turn(self) -> Error | None:
-        """Cancel the running turn; an ``Error`` reply if there is none."""
-        return self.driver.command(self.machine.feed(_CANCEL), interrupt=True)
-
-    def tool_result(self, answer: ToolResultMessage) -> Error | None:
-        """A client answered a client-side call; an ``unknown_call`` error if none waits for it.
-
-        Its content is cut to the node's ``tool_max_output`` like a server tool's.
-        """
-        content = cap_output(answer.content, self.services.config.tool_max_output)
-        status = answer.status
-        guard = self.log.guard
-        if guard is not None and guard.guardrails.input:
-            content, hits, withheld = guard_result(guard.guardrails.input, content)
-            if withheld:
-                status = "failure"
-                for event in guard.tripped(hits, "input", ends=False):
-                    self.log.emit(event)
-        given = msgspec.structs.replace(answer, content=content, status=status)
-        return self.driver.command(self.machine.feed(given), interrupt=False)
-
-    def approve(self, decision: Approve) -> Error | None:
-        """A user's decision on a call waiting for approval; ``unknown_call`` or
-        ``wrong_digest`` if it decides nothing (the connection checked the right to)."""
-        return self.driver.command(self.machine.feed(decision), interrupt=False)
-
-    def commit_audio(self) -> Error | None:
-        """End the user's spoken turn (turn detection ``none``); an ``Error`` reply if
-        the session takes no audio or a turn runs."""
-        voice = self.voice
-        if voice is None or voice.audio_in is None or voice.audio_in.turn_detection != "none":
-            return Error(
-                code="bad_frame",
-                content='commit ends a spoken turn when input_audio.turn_detection is "none"; '
-                'configure that first (with "server_vad" the gateway commits by itself)',
-            )
-        return self.driver.command(self.machine.feed(_COMMIT), interrupt=False)
-
-    def played(self, report: Played) -> Error | None:
-        """A client played this much of the spoken answer (kept for a barge-in)."""
-        return self.driver.command(self.machine.feed(report), interrupt=False)
+    def perform(self, actions: Sequence[Action], *, interrupt: bool) -> Error | None:
+        """Hand a command's actions to the driver; the machine's refusal among them."""
+        return self.driver.command(actions, interrupt=interrupt)
 
     def heard(self, message: Any, refused: Error | None) -> None:
         """A client's command ran (``commands.dispatch``): recorded if the session records."""
@@ -387,7 +343,7 @@ class SessionRuntime:
         after the size limits passed (``apply_change``).
         """
         if self.closed:
-            return Error(code="internal", content=_CLOSING)
+            return Error(code="internal", content=CLOSING)
         updated = apply_change(self.setup.config, change)
         if isinstance(updated, str):
             return Error(code="bad_frame", content=updated)
@@ -395,7 +351,7 @@ class SessionRuntime:
         if problem is not None:
             return Error(code="bad_frame", content=problem)
         if self.closed:
-            return Error(code="internal", content=_CLOSING)
+            return Error(code="internal", content=CLOSING)
         updated = apply_change(self.setup.config, change)  # as it is now, after the wait
         if isinstance(updated, str):
             return Error(code="bad_frame", content=updated)
@@ -403,7 +359,7 @@ class SessionRuntime:
         if isinstance(setup, str):
             code = "bad_frame" if isinstance(setup, ConfigProblem) else "forbidden"
             return Error(code=code, content=str(setup))
-        self._apply_setup(setup)
+        self._apply_setup(setup, reply_to=getattr(change, "id", msgspec.UNSET))
         return None
 
     def rights_changed(self, setup: SessionSetup) -> None:
@@ -415,8 +371,11 @@ class SessionRuntime:
             return
         self._apply_setup(setup)
 
-    def _apply_setup(self, setup: SessionSetup) -> None:
-        """A new setup from the next model step: logged as ``configured``, stored."""
+    def _apply_setup(
+        self, setup: SessionSetup, *, reply_to: str | msgspec.UnsetType = msgspec.UNSET
+    ) -> None:
+        """A new setup from the next model step: logged as ``configured`` (answering the
+        ``configure`` whose ``id`` is ``reply_to``), stored."""
         self.setup = setup
         _install_guard(self, setup)
         self.machine.batch.router = setup.client_tools
@@ -425,7 +384,7 @@ class SessionRuntime:
         # Priced and traced as the provider and model it now uses.
         self.observer.provider = setup.upstream_factory.provider
         self.observer.model = setup.upstream_factory.model
-        self.log.emit(Configured(config=setup.config))
+        self.log.emit(Configured(config=setup.config, reply_to=reply_to))
         self.host.runtime_configured(self)
         self.set_voice(self._voice_of(setup))
         if setup.record != (self.recorder is not None):
@@ -589,7 +548,7 @@ def _install_guard(runtime: SessionRuntime, setup: SessionSetup) -> None:
         def end_turn() -> None:
             # An end_turn rule tripped inside an emit (the driver is mid-step): soon.
             asyncio.get_running_loop().call_soon(
-                lambda: None if runtime.closed else runtime.cancel_turn()
+                lambda: None if runtime.closed else run_command(Cancel(), runtime)
             )
 
         log_.guard = EventGuard(setup.guardrails, runtime.services.metrics, end_turn)
@@ -600,3 +559,26 @@ def _install_guard(runtime: SessionRuntime, setup: SessionSetup) -> None:
         log_.guard.speaks = voice is not None and voice.audio_out is not None
     if runtime.recorder is not None:
         runtime.recorder.guarded = bool(setup.guardrails)
+
+
+def _judged_input(runtime: SessionRuntime, guard: EventGuard, given: TurnInput) -> TurnInput | None:
+    """A user's message or a client tool's result as the input rules leave it (logging
+    their ``guardrail`` events); None: a blocked message, which never reaches the model."""
+    rules = guard.guardrails.input
+    if isinstance(given, UserMessage):
+        verdict = check_input(rules, given.content)
+        for event in guard.tripped(verdict.hits, "input"):
+            runtime.log.emit(event)
+        if verdict.blocked:
+            return None  # the session takes the next message
+        return msgspec.structs.replace(given, content=verdict.text) if verdict.hits else given
+    if isinstance(given, ToolResultMessage):
+        content, hits, withheld = guard_result(rules, given.content)
+        if not hits:
+            return given
+        if withheld:
+            for event in guard.tripped(hits, "input", ends=False):
+                runtime.log.emit(event)
+        status = "failure" if withheld else given.status
+        return msgspec.structs.replace(given, content=content, status=status)
+    return given

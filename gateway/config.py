@@ -444,6 +444,15 @@ class Config(msgspec.Struct, kw_only=True):
             flag="no-allow-keys-in-urls",
         ),
     ] = True
+    guardrails: Annotated[
+        str,
+        Setting(
+            "TOML file of guardrail rules ([[rule]] name, on, action, pattern/detect/"
+            "max_chars) on what reaches the model and the clients, reloaded on change "
+            "(docs/guardrails.md)",
+            EDGES,
+        ),
+    ] = ""
     key_policy_file: Annotated[
         str,
         Setting(

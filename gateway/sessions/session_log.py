@@ -25,6 +25,7 @@ import logging
 from collections.abc import Callable, Sequence
 
 from gateway.metrics import Metrics
+from gateway.sessions.guard import EventGuard
 from gateway.sessions.logwriter import Batch, LogWriter
 from gateway.sessions.recorder import SessionRecorder
 from gateway.sessions.subscriber import Subscriber
@@ -87,6 +88,9 @@ class SessionLog:
         self._flushed.set()
         self._store_down = False
         self.recorder: SessionRecorder | None = None  # the session records what it delivers
+        # The session's guardrails: every event and history item is judged before it is
+        # numbered (gateway.sessions.guard); None: the session has no rules.
+        self.guard: EventGuard | None = None
 
     # ------------------------------------------------------------------ writing
 
@@ -96,7 +100,16 @@ class SessionLog:
         return self._seq
 
     def emit(self, event: Event) -> None:
-        """Number, stamp and queue an event for logging, then delivery."""
+        """Number, stamp and queue an event for logging, then delivery (after the
+        session's guardrails, if it has any, judged it)."""
+        guard = self.guard
+        if guard is None:
+            self._emit(event)
+        else:
+            for judged in guard.filter(event):
+                self._emit(judged)
+
+    def _emit(self, event: Event) -> None:
         self._seq += 1
         event.seq = self._seq
         event.timestamp = self._clock()
@@ -113,6 +126,8 @@ class SessionLog:
 
     def persist(self, items: Sequence[HistoryItem]) -> None:
         """Add history items; they are written with the next log append (atomically)."""
+        if self.guard is not None:
+            items = self.guard.history(items)
         for item in items:
             self.history.append(item)
             self._pending_history.append(encode_history_item(item))

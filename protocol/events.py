@@ -583,7 +583,7 @@ _HOW: Final = {
     "configure": (
         "a configure frame sets any of instructions, tools "
         '([{"name", "description", "parameters"}]), server_tools, provider, model, '
-        "metadata, input_audio, output, voice (see the README's client protocol)"
+        "metadata, input_audio, output, voice (see docs/protocol.md)"
     ),
     "approve": (
         'decide on a call waiting for approval with {"type": "approve", "id": "<the '

@@ -16,9 +16,16 @@ from pathlib import Path
 from typing import NoReturn
 from urllib.parse import urlsplit
 
+from gateway.common.settings import (
+    add_flags,
+    declared,
+    flag_values,
+    load,
+    markdown_table,
+    with_table,
+)
 from gateway.config import Config, ConfigError, load_config
 from gateway.logs import setup_logging
-from gateway.settings import add_flags, declared, flag_values, load, markdown_table, with_table
 from gateway.sim.model import SimConfig
 from gateway.store.base import Health
 
@@ -239,10 +246,12 @@ def build_parser() -> argparse.ArgumentParser:
         "settings", help="the settings serve would use now, or the docs' table of them"
     )
     settings_p.add_argument(
-        "--markdown", action="store_true", help="print README's configuration table"
+        "--markdown", action="store_true", help="print docs/configuration.md's settings table"
     )
     settings_p.add_argument(
-        "--write", metavar="FILE", help="with --markdown: replace the table in FILE (README.md)"
+        "--write",
+        metavar="FILE",
+        help="with --markdown: replace the table in FILE (docs/configuration.md)",
     )
 
     from gateway.client.loadtest_cli import add_loadtest_arguments

@@ -62,7 +62,7 @@ class StoreMetrics:
 
 
 class ToolMetrics:
-    """What tool calls do (issue 28): outcomes per tool, approval waits, background calls."""
+    """What tool calls do: outcomes per tool, approval waits, background calls."""
 
     def __init__(self, r: CollectorRegistry) -> None:
         self.calls = Counter("rtgw_tool_calls", "Tool calls executed", registry=r)
@@ -115,6 +115,12 @@ class Metrics:
             multiprocess_mode="livesum",
         )
         self.turns = Counter("rtgw_turns", "Turns started", registry=r)
+        self.guardrails = Counter(
+            "rtgw_guardrail_trips",
+            "Guardrail rules tripped, by rule, action and side (input, output)",
+            ["rule", "action", "on"],
+            registry=r,
+        )
         self.events = Counter("rtgw_events", "Events logged and sent to clients", registry=r)
         self.tools = ToolMetrics(r)
         self.upstream_errors = Counter(

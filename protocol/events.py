@@ -44,6 +44,7 @@ __all__ = [
     "ErrorCode",
     "Event",
     "Execute",
+    "Guardrail",
     "Interrupt",
     "Metric",
     "PhoneCall",
@@ -270,6 +271,18 @@ class Error(_Base, tag="error"):
     reply_to: str | msgspec.UnsetType = msgspec.UNSET
 
 
+class Guardrail(_Base, tag="guardrail"):
+    """A guardrail rule tripped (``protocol.guardrails``): its name and action, never
+    the matched text. ``on``: ``"input"`` (a user's message, a transcript, a tool's
+    result; ``block``: it never reached the model, the session takes the next turn) or
+    ``"output"`` (the model's answer, reasoning or call arguments: redacted or cut).
+    """
+
+    rule: str
+    action: Literal["block", "redact", "end_turn"]
+    on: Literal["input", "output"]
+
+
 class Interrupt(_Base, tag="interrupt"):
     """The turn in flight was broken (node loss, upstream loss) and is rerun.
 
@@ -399,6 +412,7 @@ Event = (
     | End
     | Metric
     | Error
+    | Guardrail
     | Interrupt
     | Cancelled
     | SpeechStarted
@@ -583,7 +597,7 @@ _HOW: Final = {
     "configure": (
         "a configure frame sets any of instructions, tools "
         '([{"name", "description", "parameters"}]), server_tools, provider, model, '
-        "metadata, input_audio, output, voice (see the README's client protocol)"
+        "metadata, input_audio, output, voice (see docs/protocol.md)"
     ),
     "approve": (
         'decide on a call waiting for approval with {"type": "approve", "id": "<the '

@@ -92,7 +92,7 @@ from gateway.client.dial import (
 )
 from gateway.client.hooks import Hook, Hooks, call_hook
 from gateway.client.stream import METRIC_GRACE, REFUSAL_CODES, SeqVerdict, TurnTracker, classify_seq
-from gateway.pcm import silence
+from gateway.common.pcm import silence
 from protocol.audio import split_audio_frame
 from protocol.events import (
     Approval,
@@ -101,6 +101,7 @@ from protocol.events import (
     Configured,
     Error,
     Event,
+    Guardrail,
     Session,
     SpeechStarted,
     SpeechStopped,
@@ -547,10 +548,8 @@ class Client:
             if isinstance(item, _Failed):
                 raise item.error
         payload = _encoder.encode(UserMessage(content=text))
-        sent_on = await self._send_frame(payload)
-        sent_after = self._last
-        started = False
-        tracker = TurnTracker()
+        sent_on, after = await self._send_frame(payload), self._last  # the seq seen then
+        started, tracker = False, TurnTracker()
         while True:
             try:
                 if tracker.closing:
@@ -569,7 +568,12 @@ class Client:
                     sent_on = await self._send_frame(payload)
                 continue
             if not started:
-                if isinstance(item, User) and item.seq > sent_after and item.content == text:
+                if isinstance(item, Guardrail) and item.on == "input" and item.seq > after:
+                    yield item  # blocked (no turn: the model never got it), or redacted
+                    if item.action != "redact":
+                        return
+                    text = ""  # its echo is the redacted text
+                elif isinstance(item, User) and item.seq > after and text in ("", item.content):
                     started = True
                     tracker.feed("user")
                     yield item

@@ -33,6 +33,7 @@ from websockets.http11 import Request, Response
 from websockets.server import ServerProtocol
 from websockets.typing import Subprotocol
 
+from gateway import console
 from gateway.config import Config
 from gateway.edge import web
 from gateway.edge.admission import Edges
@@ -191,7 +192,7 @@ class Gateway:
         # The OpenAI Realtime door (/openai/v1/realtime): this door's checks, OpenAI's events.
         self.door = OpenAIDoor(self.config, node.policies, self._admit_client, self._config_of)
         # The console's policy (it may call the HTTP API) and what it may configure.
-        self.page_policy = web.content_security_policy(self.config.api_port)
+        self.page_policy = console.content_security_policy(self.config.api_port)
         self.offer = web.offer_of(self.config, auth=self.edges.auth_on)
 
     @property
@@ -231,7 +232,7 @@ class Gateway:
         self.edges.start()
         if self.api.own_port is not None:  # its actual port (api_port 0 picks one)
             self.offer = msgspec.structs.replace(self.offer, api_port=self.api.own_port)
-            self.page_policy = web.content_security_policy(self.api.own_port)
+            self.page_policy = console.content_security_policy(self.api.own_port)
         log.info("listening on %s (node %s)", self.url, self.node.node_id)
 
     async def _listen(self) -> Server:
@@ -321,7 +322,7 @@ class Gateway:
         if path != WS_PATH and not phone and not door:
             if path == web.NODE_PATH:
                 return web.node_response(self.offer)
-            page = web.static_response(path, self.page_policy)
+            page = console.static_response(path, self.page_policy)
             if page is not None:
                 return self._cors(request, page) if path in web.CORS_PATHS else page
             return _text(

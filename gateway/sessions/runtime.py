@@ -31,7 +31,9 @@ from typing import Any, Protocol
 import msgspec
 
 from gateway.sessions.commands import CLOSING
+from gateway.sessions.commands import run as run_command
 from gateway.sessions.driver import TurnDriver
+from gateway.sessions.guard import EventGuard, guard_result
 from gateway.sessions.journal import read_journal, read_journal_calls, unpersisted_step
 from gateway.sessions.observer import TurnObserver
 from gateway.sessions.recorder import SessionRecorder
@@ -47,12 +49,16 @@ from protocol.assembly import HistoryItem
 from protocol.configuration import ConfigChange, apply_change
 from protocol.events import (
     Call,
+    Cancel,
     Configured,
     Dtmf,
     Error,
     PhoneCall,
+    ToolResultMessage,
     Usage,
+    UserMessage,
 )
+from protocol.guardrails import check_input
 from protocol.journal import (
     JournalCall,
     background_in_flight,
@@ -63,6 +69,7 @@ from protocol.recording import Header, NodeJoined
 from protocol.turn import TurnMachine
 from protocol.turn_events import (
     Action,
+    Reconfigured,
     Rerun,
     Resume,
     ResumeBackground,
@@ -148,6 +155,8 @@ class SessionRuntime:
             upstream_retries=cfg.upstream_retries,
             client_tools=setup.client_tools,
             call_number=last_seq,
+            client_tool_timeout=cfg.client_tool_timeout,
+            approval_timeout=cfg.approval_timeout,
         )
         machine.batch.needs_approval = setup.approvals
         machine.batch.background = setup.background
@@ -180,6 +189,7 @@ class SessionRuntime:
         )
         self.recorder: SessionRecorder | None = None
         self._recording = recording
+        _install_guard(self, setup)
         if setup.record:
             _switch_recording(self, True)
 
@@ -252,7 +262,14 @@ class SessionRuntime:
         return self.services.config.tool_max_output
 
     def feed(self, given: TurnInput) -> Sequence[Action]:
-        """The machine's actions for a command (``commands.run`` performs them)."""
+        """The machine's actions for a command (``commands.run`` performs them), after
+        the session's input guardrails: a blocked message feeds nothing (no turn)."""
+        guard = self.log.guard
+        if guard is not None and guard.guardrails.input:
+            judged = _judged_input(self, guard, given)
+            if judged is None:
+                return ()
+            given = judged
         return self.machine.feed(given)
 
     def perform(self, actions: Sequence[Action], *, interrupt: bool) -> Error | None:
@@ -262,6 +279,11 @@ class SessionRuntime:
     def heard(self, message: Any, refused: Error | None) -> None:
         """A client's command ran (``commands.dispatch``): recorded if the session records."""
         if self.recorder is not None:
+            guard = self.log.guard
+            if guard is not None and type(message) is UserMessage and guard.guardrails.input:
+                # Recorded as the model got it (or, blocked, as nothing).
+                verdict = check_input(guard.guardrails.input, message.content)
+                message = UserMessage(content="" if verdict.blocked else verdict.text)
             self.recorder.heard(message, refused, self.log.delivered_seq)
 
     def record(self, event: Dtmf | PhoneCall) -> None:
@@ -358,6 +380,8 @@ class SessionRuntime:
         """A new setup from the next model step: logged as ``configured`` (answering the
         ``configure`` whose ``id`` is ``reply_to``), stored."""
         self.setup = setup
+        self.machine.feed(Reconfigured())  # the next step reopens (nothing to do now)
+        _install_guard(self, setup)
         self.machine.batch.router = setup.client_tools
         self.machine.batch.needs_approval = setup.approvals
         self.machine.batch.background = setup.background
@@ -400,6 +424,8 @@ class SessionRuntime:
             return
         self.voice_in.reconfigure(voice.audio_in if voice is not None else None)
         self.voice = voice
+        if self.log.guard is not None:
+            self.log.guard.speaks = voice is not None and voice.audio_out is not None
         self.machine.voice = voice is not None
         if self.machine.idle:
             self.driver.drop_upstream(stop=False)
@@ -509,6 +535,54 @@ def _switch_recording(runtime: SessionRuntime, on: bool) -> None:
         )
     runtime._recording = "on"
     recorder = recorders.start(runtime.sid, first)
+    recorder.guarded = bool(runtime.setup.guardrails)
     runtime.recorder = runtime.log.recorder = runtime.link.recorder = (
         runtime.driver.tools.recorder
     ) = recorder
+
+
+def _install_guard(runtime: SessionRuntime, setup: SessionSetup) -> None:
+    """The session's guardrails at its log (``gateway.sessions.guard``): new rules hold
+    from the next block of text on; the recording keeps upstream frames as sizes only."""
+    log_ = runtime.log
+    if not setup.guardrails:
+        log_.guard = None
+    elif log_.guard is None:
+
+        def end_turn() -> None:
+            # An end_turn rule tripped inside an emit (the driver is mid-step): soon.
+            asyncio.get_running_loop().call_soon(
+                lambda: None if runtime.closed else run_command(Cancel(), runtime)
+            )
+
+        log_.guard = EventGuard(setup.guardrails, runtime.services.metrics, end_turn)
+    else:
+        log_.guard.guardrails = setup.guardrails
+    if log_.guard is not None:
+        voice = runtime.voice
+        log_.guard.speaks = voice is not None and voice.audio_out is not None
+    if runtime.recorder is not None:
+        runtime.recorder.guarded = bool(setup.guardrails)
+
+
+def _judged_input(runtime: SessionRuntime, guard: EventGuard, given: TurnInput) -> TurnInput | None:
+    """A user's message or a client tool's result as the input rules leave it (logging
+    their ``guardrail`` events); None: a blocked message, which never reaches the model."""
+    rules = guard.guardrails.input
+    if isinstance(given, UserMessage):
+        verdict = check_input(rules, given.content)
+        for event in guard.tripped(verdict.hits, "input"):
+            runtime.log.emit(event)
+        if verdict.blocked:
+            return None  # the session takes the next message
+        return msgspec.structs.replace(given, content=verdict.text) if verdict.hits else given
+    if isinstance(given, ToolResultMessage):
+        content, hits, withheld = guard_result(rules, given.content)
+        if not hits:
+            return given
+        if withheld:
+            for event in guard.tripped(hits, "input", ends=False):
+                runtime.log.emit(event)
+        status = "failure" if withheld else given.status
+        return msgspec.structs.replace(given, content=content, status=status)
+    return given

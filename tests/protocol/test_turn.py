@@ -351,7 +351,7 @@ def test_cancel_while_tools_run_closes_at_once() -> None:
     assert kinds(cancel) == ["Persist", "Cancelled", "Metric"]
     assert only(cancel, Metric).step == ZERO  # the step was reported after execute
     assert machine.idle
-    assert machine.feed(ToolsDone(OK)) == []  # the interrupted batch's late results
+    assert machine.feed(ToolsDone(OK)) == ()  # the interrupted batch's late results
 
 
 def test_cancel_during_a_backoff_closes_with_the_lost_attempts_usage() -> None:

@@ -1,5 +1,5 @@
 // Types of realtime-gateway's JavaScript client (client.js). Events follow the
-// gateway's client protocol (README "Client protocol").
+// gateway's client protocol (docs/protocol.md).
 
 interface EventBase {
   seq: number;
@@ -62,7 +62,7 @@ export interface CancelledEvent extends EventBase {
   /** A barge-in: ms of the spoken answer the client reported played (see played()). */
   heard_ms?: number;
 }
-/** The session's effective configuration (README "A session's own configuration"). */
+/** The session's effective configuration (docs/http-api.md "A session's own configuration"). */
 export interface SessionConfig {
   instructions?: string;
   tools?: ClientToolSpec[];

@@ -28,8 +28,8 @@ import contextlib
 import http
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Final
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Final, Protocol
 from urllib.parse import parse_qs, quote, urlsplit
 
 import msgspec
@@ -49,11 +49,11 @@ from gateway.upstream import providers
 from gateway.upstream.models import MODELS
 from protocol.audio import split_audio_frame
 from protocol.configuration import SessionConfig
-from protocol.events import Configure, Session, decode_event
-from protocol.openai_conversation import Conversation
+from protocol.events import Configure, Played, Session, decode_event
+from protocol.openai_conversation import Conversation, Emit
 from protocol.openai_events import decode_client, encode
 
-__all__ = ["OPENAI_PATH", "OpenAIDoor", "model_route"]
+__all__ = ["OPENAI_PATH", "DoorSession", "Link", "OpenAIDoor", "Refused", "model_route"]
 
 log = logging.getLogger("gateway.edge.openai_door")
 
@@ -62,6 +62,8 @@ INSECURE_KEY: Final = "openai-insecure-api-key."
 REALTIME: Final = Subprotocol("realtime")
 _OPEN_TIMEOUT: Final = 10.0
 _command_encoder: Final = msgspec.json.Encoder()
+_AUDIO_DELTA: Final = "response.output_audio.delta"
+_SPEECH_STARTED: Final = "input_audio_buffer.speech_started"
 
 
 def model_route(config: Config, model: str) -> tuple[str, str] | str:
@@ -91,7 +93,39 @@ def _error_response(status: int, message: str, code: str) -> Response:
     )
 
 
-class _Pending(msgspec.Struct):
+class Refused(msgspec.Struct, frozen=True):
+    """A refusal before the client's transport opens: HTTP status, message, OpenAI code."""
+
+    status: int
+    message: str
+    code: str
+
+
+class Link(Protocol):
+    """A transport of the door's frames: the client's WebSocket, or a WebRTC call."""
+
+    def incoming(self) -> AsyncIterator[str | bytes]:
+        """The client's frames; it ends when the client is gone."""
+        ...
+
+    async def send(self, text: str) -> None: ...
+
+    async def close(self, code: int, reason: str) -> None: ...
+
+    def speech(self, tag: int, pcm16: bytes) -> bool:
+        """The model's speech: True if played here (a media track: no delta events)."""
+        ...
+
+    def speech_started(self) -> Played | None:
+        """The user spoke over the answer: stop playing it; what was heard, if known."""
+        ...
+
+    def media(self) -> AsyncIterator[bytes]:
+        """The user's audio at the conversation's ``input_rate`` (a microphone track)."""
+        ...
+
+
+class DoorSession(msgspec.Struct):
     inner: ClientConnection
     sid: str
     model: str
@@ -115,7 +149,7 @@ class OpenAIDoor:
         self.pending = pending
         self.config_of = config_of
         self.gateway_port = 0  # set once the node listens
-        self._handshakes: dict[int, _Pending] = {}
+        self._handshakes: dict[int, DoorSession] = {}
 
     def owns(self, ws: ServerConnection) -> bool:
         return id(ws) in self._handshakes
@@ -137,23 +171,15 @@ class OpenAIDoor:
         route = model_route(self.config, model)
         if isinstance(route, str):
             return _error_response(400, route, "model_not_found")
-        headers: list[tuple[str, str]] = []
-        authorization = request.headers.get("Authorization")
         offered = [
             p.strip()
             for value in request.headers.get_all("Sec-WebSocket-Protocol")
             for p in value.split(",")
         ]
+        authorization = request.headers.get("Authorization")
         insecure = next((p for p in offered if p.startswith(INSECURE_KEY)), None)
         if authorization is None and insecure is not None:
             authorization = "Bearer " + insecure[len(INSECURE_KEY) :]
-        if authorization is not None:
-            headers.append(("Authorization", authorization))
-        credential = (authorization or "").partition(" ")[2].strip()
-        token = is_client_token(credential)
-        origin = request.headers.get("Origin")
-        if origin is not None:
-            headers.append(("Origin", origin))
         sid = (query.get("session_id") or [""])[-1]
         after_event = (query.get("after_event") or [""])[-1]
         after: tuple[int, int] | None = None
@@ -166,6 +192,33 @@ class OpenAIDoor:
                     "(evt_SEQ_N), with session_id",
                     "invalid_after_event",
                 )
+        opened = await self.open(
+            model, route, authorization, request.headers.get("Origin"), sid=sid, after=after
+        )
+        if isinstance(opened, Refused):
+            return _error_response(opened.status, opened.message, opened.code)
+        self.pending.settled(connection.transport)  # authenticated by the inner handshake
+        self._handshakes[id(connection)] = opened
+        return None
+
+    async def open(
+        self,
+        model: str,
+        route: tuple[str, str],
+        authorization: str | None,
+        origin: str | None,
+        *,
+        sid: str = "",
+        after: tuple[int, int] | None = None,
+    ) -> DoorSession | Refused:
+        """A connection to this node's own door with the client's credentials (every
+        check of the gateway's door is made there), or the refusal to answer with."""
+        headers: list[tuple[str, str]] = []
+        if authorization is not None:
+            headers.append(("Authorization", authorization))
+        token = is_client_token((authorization or "").partition(" ")[2].strip())
+        if origin is not None:
+            headers.append(("Origin", origin))
         url = f"ws://127.0.0.1:{self.gateway_port}/v1/realtime"
         if sid:
             url += f"?session_id={quote(sid)}&after=0"
@@ -182,22 +235,19 @@ class OpenAIDoor:
             answer = exc.response
             text = answer.body.decode("utf-8", "replace").strip() if answer.body else ""
             code = {401: "invalid_api_key", 403: "forbidden", 404: "session_not_found"}
-            return _error_response(
-                answer.status_code, text, code.get(answer.status_code, "refused")
-            )
+            return Refused(answer.status_code, text, code.get(answer.status_code, "refused"))
         except (OSError, TimeoutError) as exc:
             log.warning("OpenAI door: cannot reach this node's own endpoint: %s", exc)
-            return _error_response(503, "the gateway cannot serve this session now; retry", "busy")
+            return Refused(503, "the gateway cannot serve this session now; retry", "busy")
         try:
             first = decode_event(await asyncio.wait_for(inner.recv(), _OPEN_TIMEOUT))
         except (ConnectionClosed, TimeoutError, msgspec.DecodeError):
             await inner.close()
-            return _error_response(503, "the gateway cannot serve this session now", "busy")
+            return Refused(503, "the gateway cannot serve this session now", "busy")
         if not isinstance(first, Session):
             await inner.close()
-            return _error_response(503, "the gateway cannot serve this session now", "busy")
-        self.pending.settled(connection.transport)  # authenticated by the inner handshake
-        self._handshakes[id(connection)] = _Pending(
+            return Refused(503, "the gateway cannot serve this session now", "busy")
+        return DoorSession(
             inner,
             first.session_id,
             model,
@@ -206,12 +256,17 @@ class OpenAIDoor:
             fresh=not sid and not token,
             after=after,
         )
-        return None
 
     async def serve(self, ws: ServerConnection) -> None:
-        state = self._handshakes.pop(id(ws))
+        await self.pump(self._handshakes.pop(id(ws)), _WebSocketLink(ws))
+
+    async def pump(
+        self, state: DoorSession, link: Link, conversation: Conversation | None = None
+    ) -> None:
+        """Frames both ways between a client's link and its session, until either ends."""
         inner = state.inner
-        conversation = Conversation(state.sid, state.model)
+        if conversation is None:
+            conversation = Conversation(state.sid, state.model)
         after = state.after
 
         async def send(events: list[dict[str, object]]) -> None:
@@ -221,11 +276,10 @@ class OpenAIDoor:
                     position = Conversation.position(str(event["event_id"]))
                     if position is None or position <= after:
                         continue
-                await ws.send(encode(event))
+                await link.send(encode(event))
 
         async def downstream() -> None:
             nonlocal after
-            last_replayed = 0
             async for frame in inner:
                 if isinstance(frame, bytes):  # the model's speech (never logged, never replayed)
                     try:
@@ -233,13 +287,32 @@ class OpenAIDoor:
                     except ValueError:
                         continue
                     if after is None:
-                        await send(conversation.audio(tag, pcm))
+                        events = conversation.audio(tag, pcm)
+                        if link.speech(tag, pcm):  # played on a track: no deltas
+                            events = [e for e in events if e["type"] != _AUDIO_DELTA]
+                        await send(events)
                     continue
                 event = decode_event(frame)
-                await send(conversation.gateway(event))
+                events = conversation.gateway(event)
+                if any(e["type"] == _SPEECH_STARTED for e in events):
+                    heard = link.speech_started()
+                    if heard is not None:
+                        await inner.send(_command_encoder.encode(heard).decode())
+                await send(events)
                 if after is not None and event.seq > after[0]:
                     after = None  # caught up: everything from here is new
-                last_replayed = max(last_replayed, event.seq)
+
+        async def to_session(emit: Emit) -> None:
+            for command in emit.commands:
+                if isinstance(command, bytes):
+                    await inner.send(command)  # user audio: a binary frame
+                else:
+                    await inner.send(_command_encoder.encode(command).decode())
+            await send(emit.events)
+
+        async def microphone() -> None:
+            async for pcm in link.media():
+                await to_session(conversation.speech_in(pcm))
 
         async def upstream() -> None:
             if state.fresh:
@@ -250,7 +323,7 @@ class OpenAIDoor:
                     await send([conversation.created(config)])
             cfg = self.config
             rate = FrameRate(cfg.client_frames_per_second, cfg.client_frame_burst, time.monotonic())
-            async for frame in ws:
+            async for frame in link.incoming():
                 if isinstance(frame, bytes):
                     frame = frame.decode("utf-8", "replace")
                 # Audio (50 appends a second from a microphone) is not counted, as on the
@@ -258,7 +331,7 @@ class OpenAIDoor:
                 if '"input_audio_buffer.append"' not in frame[:200]:
                     verdict = rate.check(time.monotonic())
                     if verdict is Verdict.CLOSE:
-                        await ws.close(CloseCode.RATE_LIMITED, "too many events; slow down")
+                        await link.close(CloseCode.RATE_LIMITED, "too many events; slow down")
                         return
                     if verdict is not Verdict.ACCEPT:
                         if verdict is Verdict.REFUSE:
@@ -273,22 +346,17 @@ class OpenAIDoor:
                                 ]
                             )
                         continue
-                emit = conversation.client(decode_client(frame), model_route=state.route)
-                for command in emit.commands:
-                    if isinstance(command, bytes):
-                        await inner.send(command)  # user audio: a binary frame
-                    else:
-                        await inner.send(_command_encoder.encode(command).decode())
-                await send(emit.events)
+                await to_session(conversation.client(decode_client(frame), model_route=state.route))
 
         tasks = [
             asyncio.create_task(downstream(), name=f"openai-down:{state.sid}"),
             asyncio.create_task(upstream(), name=f"openai-up:{state.sid}"),
         ]
+        mic = asyncio.create_task(microphone(), name=f"openai-mic:{state.sid}")
         try:
             await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            for task in tasks:
+            for task in [*tasks, mic]:
                 task.cancel()
                 with contextlib.suppress(BaseException):
                     await task
@@ -298,13 +366,39 @@ class OpenAIDoor:
                 await inner.close()
             if code is not None and code != 1000:
                 with contextlib.suppress(Exception):
-                    await ws.close(code, reason)
+                    await link.close(code, reason)
 
     async def close(self) -> None:
         for state in list(self._handshakes.values()):
             with contextlib.suppress(Exception):
                 await state.inner.close()
         self._handshakes.clear()
+
+
+class _WebSocketLink:
+    """The door's WebSocket as a link: text frames; the speech goes as delta events."""
+
+    def __init__(self, ws: ServerConnection) -> None:
+        self.ws = ws
+
+    def incoming(self) -> AsyncIterator[str | bytes]:
+        return aiter(self.ws)
+
+    async def send(self, text: str) -> None:
+        await self.ws.send(text)
+
+    async def close(self, code: int, reason: str) -> None:
+        await self.ws.close(code, reason)
+
+    def speech(self, tag: int, pcm16: bytes) -> bool:
+        return False
+
+    def speech_started(self) -> Played | None:
+        return None  # the client stops its own playback and says what it heard (truncate)
+
+    async def media(self) -> AsyncIterator[bytes]:
+        return
+        yield  # no media: the audio comes as appends
 
 
 def _configure(route: tuple[str, str]) -> Configure:

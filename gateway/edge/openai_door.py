@@ -64,6 +64,7 @@ _OPEN_TIMEOUT: Final = 10.0
 _command_encoder: Final = msgspec.json.Encoder()
 _AUDIO_DELTA: Final = "response.output_audio.delta"
 _SPEECH_STARTED: Final = "input_audio_buffer.speech_started"
+_RESPONSE_CREATED: Final = "response.created"
 
 
 def model_route(config: Config, model: str) -> tuple[str, str] | str:
@@ -118,6 +119,14 @@ class Link(Protocol):
 
     def speech_started(self) -> Played | None:
         """The user spoke over the answer: stop playing it; what was heard, if known."""
+        ...
+
+    def answer_started(self) -> None:
+        """A response began (its speech's played position counts from zero)."""
+        ...
+
+    def progress(self) -> Played | None:
+        """How far the answer has played, when that moved (asked at each microphone frame)."""
         ...
 
     def media(self) -> AsyncIterator[bytes]:
@@ -288,12 +297,16 @@ class OpenAIDoor:
                         continue
                     if after is None:
                         events = conversation.audio(tag, pcm)
+                        if any(e["type"] == _RESPONSE_CREATED for e in events):
+                            link.answer_started()
                         if link.speech(tag, pcm):  # played on a track: no deltas
                             events = [e for e in events if e["type"] != _AUDIO_DELTA]
                         await send(events)
                     continue
                 event = decode_event(frame)
                 events = conversation.gateway(event)
+                if any(e["type"] == _RESPONSE_CREATED for e in events):
+                    link.answer_started()
                 if any(e["type"] == _SPEECH_STARTED for e in events):
                     heard = link.speech_started()
                     if heard is not None:
@@ -312,6 +325,9 @@ class OpenAIDoor:
 
         async def microphone() -> None:
             async for pcm in link.media():
+                played = link.progress()
+                if played is not None:  # kept by the session for a barge-in's cut
+                    await inner.send(_command_encoder.encode(played).decode())
                 await to_session(conversation.speech_in(pcm))
 
         async def upstream() -> None:
@@ -395,6 +411,12 @@ class _WebSocketLink:
 
     def speech_started(self) -> Played | None:
         return None  # the client stops its own playback and says what it heard (truncate)
+
+    def answer_started(self) -> None:
+        pass
+
+    def progress(self) -> Played | None:
+        return None
 
     async def media(self) -> AsyncIterator[bytes]:
         return

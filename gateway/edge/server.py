@@ -46,6 +46,7 @@ from gateway.edge.openai_door import OPENAI_PATH, OpenAIDoor
 from gateway.edge.pending import PendingConnections
 from gateway.sessions.port import UNUSED, NodePort
 from gateway.store.base import StoreUnavailable
+from gateway.webrtc.route import install as install_webrtc
 from gateway.wsfast import BatchingConnection
 from protocol.configuration import SessionConfig, decode_config
 
@@ -190,6 +191,8 @@ class Gateway:
         self.api = HttpApi(node, self.edges, self.phone)
         # The OpenAI Realtime door (/openai/v1/realtime): a codec over this node's own door.
         self.door = OpenAIDoor(self.config, self.edges.pending, self._config_of)
+        # Its WebRTC calls (POST /openai/v1/realtime/calls): the door's frames on a data channel.
+        self._end_calls = install_webrtc(self.api.app, self.config, self.door)
         # The console's policy (it may call the HTTP API) and what it may configure.
         self.page_policy = web.content_security_policy(self.config.api_port)
         self.offer = web.offer_of(self.config, auth=self.edges.auth_on)
@@ -565,6 +568,7 @@ class Gateway:
         await asyncio.gather(
             *(_close_or_abort(c.ws) for c in list(self.connections)), return_exceptions=True
         )
+        await self._end_calls()
         await node.stop()
         if self.server is not None:
             await self.server.wait_closed()
@@ -579,6 +583,7 @@ class Gateway:
         if self.server is not None:
             self.server.close()
             await self.server.wait_closed()
+        await self._end_calls()
         await self.api.close()
         await self.edges.close()
         await self.node.stop()

@@ -198,6 +198,7 @@ class WebRTCCalls:
         if session:
             link.push(msgspec.json.encode({"type": "session.update", "session": session}).decode())
         conversation = Conversation(opened.sid, model, input_rate=RATE)
+        self.door.calls[call_id] = (opened.sid, model)
         self.calls[call_id] = asyncio.create_task(
             self._run(call_id, link, self.door.pump(opened, link, conversation)),
             name=f"webrtc:{call_id}",
@@ -228,6 +229,7 @@ class WebRTCCalls:
                 await task
             await link.pc.close()
             self.calls.pop(call_id, None)
+            self.door.calls.pop(call_id, None)
 
     async def close(self) -> None:
         for task in list(self.calls.values()):

@@ -10,7 +10,9 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+from websockets.exceptions import InvalidStatus
 
+from tests.openai_door.conftest import RawClient
 from tests.voice.conftest import utterance, voice_gateway
 from tests.webrtc.conftest import RATE, Peer
 
@@ -149,3 +151,31 @@ async def test_bad_offers_are_refused_with_what_to_do(tmp_path: Path) -> None:
             url.replace(MODEL, "nope"), data=b"v=0\r\n", headers={"Content-Type": "application/sdp"}
         )
         assert (await model.json())["error"]["code"] == "model_not_found"
+
+
+async def test_the_apps_server_joins_the_call_with_call_id(tmp_path: Path) -> None:
+    async with voice_gateway("openai", tmp_path) as gw:
+        peer = Peer()
+        try:
+            assert (await peer.call(calls_url(gw.url))).status == 201
+            await peer.until("session.created")
+            call_id = peer.location.rsplit("/", 1)[-1]
+            door = gw.url.replace("/v1/realtime", "/openai/v1/realtime")
+            side = await RawClient.open(f"{door}?call_id={call_id}")
+            try:
+                await side.say("/raw from the app's server")
+                done = (await side.until("response.done"))[-1]
+                seen = await peer.until("response.done")  # the browser sees the same turn
+            finally:
+                await side.close()
+            with pytest.raises(InvalidStatus) as refused:
+                await RawClient.open(f"{door}?call_id=rtc_nope")
+            assert refused.value.response.status_code == 404
+        finally:
+            await peer.close()
+    assert done["response"]["status"] == "completed"
+    assert "from the app's server" in "".join(
+        e.get("delta", "")
+        for e in seen
+        if e["type"].endswith("transcript.delta") or e["type"] == "response.output_text.delta"
+    )

@@ -51,7 +51,7 @@ from protocol.audio import split_audio_frame
 from protocol.configuration import SessionConfig
 from protocol.events import Configure, Played, Session, decode_event
 from protocol.openai_conversation import Conversation, Emit
-from protocol.openai_events import decode_client, encode
+from protocol.openai_events import OutputAudioBufferClear, decode_client, encode
 
 __all__ = ["OPENAI_PATH", "DoorSession", "Link", "OpenAIDoor", "Refused", "model_route"]
 
@@ -117,8 +117,9 @@ class Link(Protocol):
         """The model's speech: True if played here (a media track: no delta events)."""
         ...
 
-    def speech_started(self) -> Played | None:
-        """The user spoke over the answer: stop playing it; what was heard, if known."""
+    def cut_speech(self) -> Played | None:
+        """Stop playing the answer now (speech over it, or the client's
+        ``output_audio_buffer.clear``); how much of it was heard, if known here."""
         ...
 
     def answer_started(self) -> None:
@@ -317,7 +318,7 @@ class OpenAIDoor:
                 if any(e["type"] == _RESPONSE_CREATED for e in events):
                     link.answer_started()
                 if any(e["type"] == _SPEECH_STARTED for e in events):
-                    heard = link.speech_started()
+                    heard = link.cut_speech()
                     if heard is not None:
                         await inner.send(_command_encoder.encode(heard).decode())
                 await send(events)
@@ -371,7 +372,12 @@ class OpenAIDoor:
                                 ]
                             )
                         continue
-                await to_session(conversation.client(decode_client(frame), model_route=state.route))
+                event = decode_client(frame)
+                if isinstance(event, OutputAudioBufferClear):  # WebRTC: the buffer is ours
+                    heard = link.cut_speech()
+                    if heard is not None:
+                        await inner.send(_command_encoder.encode(heard).decode())
+                await to_session(conversation.client(event, model_route=state.route))
 
         tasks = [
             asyncio.create_task(downstream(), name=f"openai-down:{state.sid}"),
@@ -418,7 +424,7 @@ class _WebSocketLink:
     def speech(self, tag: int, pcm16: bytes) -> bool:
         return False
 
-    def speech_started(self) -> Played | None:
+    def cut_speech(self) -> Played | None:
         return None  # the client stops its own playback and says what it heard (truncate)
 
     def answer_started(self) -> None:

@@ -136,7 +136,7 @@ class CallLink:
         self.speaker.play(tag, pcm16)
         return True
 
-    def speech_started(self) -> Played | None:
+    def cut_speech(self) -> Played | None:
         return self.speaker.cut()
 
     def answer_started(self) -> None:

@@ -179,3 +179,38 @@ async def test_the_apps_server_joins_the_call_with_call_id(tmp_path: Path) -> No
         for e in seen
         if e["type"].endswith("transcript.delta") or e["type"] == "response.output_text.delta"
     )
+
+
+async def test_output_audio_buffer_clear_silences_the_track(tmp_path: Path) -> None:
+    # agents-js's interrupt(): response.cancel and output_audio_buffer.clear, which on
+    # WebRTC is the gateway's buffer: the track goes quiet, the heard part is kept.
+    async with voice_gateway(
+        "openai", tmp_path, tokens_per_second=20, chunk_size=2, audio_ms_per_char=60
+    ) as gw:
+        peer = Peer()
+        try:
+            assert (await peer.call(calls_url(gw.url))).status == 201
+            await peer.until("session.created")
+            peer.send(type="session.update", session=AUDIO_SESSION)
+            await peer.until("session.updated")
+            peer.send(
+                type="conversation.item.create",
+                item={
+                    "type": "message",
+                    "role": "user",
+                    "content": [{"type": "input_text", "text": "/raw " + "z" * 120}],
+                },
+            )
+            peer.send(type="response.create")
+            await peer.heard(25, timeout=20)
+            peer.send(type="response.cancel")
+            peer.send(type="output_audio_buffer.clear")
+            cleared_at = time.monotonic()
+            done = (await peer.until("response.done"))[-1]
+            await asyncio.sleep(1.0)
+            after = [t for t in peer.loud if t > cleared_at + 0.5]
+        finally:
+            await peer.close()
+    assert done["response"]["status"] == "cancelled"
+    assert after == [], f"{len(after)} loud frames after the clear"
+    assert gw.sim.stats.truncations and gw.sim.stats.truncations[0] >= 400

@@ -31,6 +31,7 @@ from aiortc.mediastreams import MediaStreamTrack
 
 from gateway.config import Config
 from gateway.edge.openai_door import OpenAIDoor, Refused, model_route
+from gateway.upstream.models import MODELS
 from gateway.webrtc import CALLS_PATH
 from gateway.webrtc.media import RATE, Speaker, microphone
 from protocol.events import Played
@@ -41,7 +42,6 @@ __all__ = ["CALLS_PATH", "CallLink", "WebRTCCalls", "ice_servers"]
 log = logging.getLogger("gateway.webrtc.calls")
 
 CHANNEL: Final = "oai-events"
-DEFAULT_MODEL: Final = "gpt-realtime"
 
 
 def _refusal(status: int, message: str, code: str) -> web.Response:
@@ -174,7 +174,7 @@ class WebRTCCalls:
         if isinstance(parsed, str):
             return _refusal(400, parsed, "invalid_offer")
         sdp, session = parsed
-        model = request.query.get("model") or str(session.get("model") or DEFAULT_MODEL)
+        model = request.query.get("model") or str(session.get("model") or _default_model())
         route = model_route(self.config, model)
         if isinstance(route, str):
             return _refusal(400, route, "model_not_found")
@@ -237,6 +237,11 @@ class WebRTCCalls:
         for task in list(self.calls.values()):
             with contextlib.suppress(BaseException):
                 await task
+
+
+def _default_model() -> str:
+    """The model of a call that names none (agents-js names it after connecting)."""
+    return next(m.name for m in MODELS if m.wire == "openai" and not m.shutdown)
 
 
 def _offer(content_type: str, header: str, raw: bytes) -> tuple[str, dict[str, Any]] | str:

@@ -7,9 +7,12 @@ answer's audio on the track (the inbound track's ``totalAudioEnergy``)."""
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 import time
 import wave
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,6 +20,7 @@ from playwright.sync_api import Browser, Page, sync_playwright
 
 from gateway.pcm import silence, tone
 from tests.browser.conftest import CHROMIUM, CHROMIUM_ARGS
+from tests.openai_door.test_agents_js import JS
 from tests.support.procs import NodeProcess
 
 pytestmark = [
@@ -133,5 +137,61 @@ def test_chromium_calls_with_its_microphone_and_hears_the_answer(
             speech,
             quiet,
         )  # the spoken answer came on the track (292 vs 3 here)
+    finally:
+        context.close()
+
+
+# agents-js's own WebRTC transport (the browser bundle of @openai/agents-realtime,
+# pinned in tests/openai_door/js), as its voice-agent quickstart uses it.
+AGENTS = """async ([url, model]) => {
+  const R = window.OpenAIAgentsRealtime;
+  const agent = new R.RealtimeAgent({name: "Assistant", instructions: "Answer briefly."});
+  const transport = new R.OpenAIRealtimeWebRTC({baseUrl: url, useInsecureApiKey: true});
+  const session = new R.RealtimeSession(agent, {transport, model});
+  window.events = [];
+  session.on("transport_event", (e) => window.events.push(e));
+  await session.connect({apiKey: "any-key"});
+  window.pc = transport.connectionState.peerConnection;
+  session.sendMessage("/raw hello from agents-js");
+  return {callId: transport.callId, status: transport.status};
+}"""
+
+
+@pytest.fixture(scope="module")
+def bundle() -> Path:
+    """agents-js's browser bundle, installed with ``npm ci`` as tests/openai_door does."""
+    if shutil.which("npm") is None:
+        pytest.skip("npm is needed to install agents-js")
+    if not (JS / "node_modules" / "@openai" / "agents-realtime").is_dir():
+        done = subprocess.run(
+            ["npm", "ci", "--no-audit", "--no-fund"],
+            cwd=JS,
+            capture_output=True,
+            text=True,
+            timeout=150,
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+    return JS / "node_modules/@openai/agents-realtime/dist/bundle/openai-realtime-agents.umd.js"
+
+
+def test_agents_js_webrtc_transport_has_a_turn(
+    node: NodeProcess, browser: Browser, bundle: Path
+) -> None:
+    context = browser.new_context()
+    page = context.new_page()
+    try:
+        base = node.base.replace("ws://", "http://")
+        page.goto(f"{base}/healthz")
+        page.add_script_tag(path=str(bundle))
+        got = page.evaluate(AGENTS, [f"{base}/openai/v1/realtime/calls?model={MODEL}", MODEL])
+        assert got["status"] == "connected" and got["callId"].startswith("rtc_"), got
+        events = _until(page, "response.done")
+        kinds = [e["type"] for e in events]
+        assert "session.updated" in kinds  # agents-js's session.update was accepted
+        assert "error" not in kinds, [e for e in events if e["type"] == "error"]
+        done = [e for e in events if e["type"] == "response.done"][-1]
+        assert done["response"]["status"] == "completed"
+        text = "".join(e.get("delta", "") for e in events if e["type"].endswith(".delta"))
+        assert "hello from agents-js" in text
     finally:
         context.close()

@@ -142,6 +142,7 @@ class DoorSession(msgspec.Struct):
     route: tuple[str, str]
     fresh: bool  # a new session: configure it for the model
     after: tuple[int, int] | None
+    head: int = 0  # a resumed session's last seq when joined: its replay ends there
 
 
 class OpenAIDoor:
@@ -274,6 +275,7 @@ class OpenAIDoor:
             # A new session is configured for ?model=; a token's was, when it was minted.
             fresh=not sid and not token,
             after=after,
+            head=first.seq if sid else 0,
         )
 
     async def serve(self, ws: ServerConnection) -> None:
@@ -287,6 +289,9 @@ class OpenAIDoor:
         if conversation is None:
             conversation = Conversation(state.sid, state.model)
         after = state.after
+        caught_up = asyncio.Event()  # the session's log up to the connection's head was read
+        if state.head == 0:
+            caught_up.set()
 
         async def send(events: list[dict[str, object]]) -> None:
             nonlocal after
@@ -324,6 +329,8 @@ class OpenAIDoor:
                 await send(events)
                 if after is not None and event.seq > after[0]:
                     after = None  # caught up: everything from here is new
+                if event.seq >= state.head:
+                    caught_up.set()
 
         async def to_session(emit: Emit) -> None:
             for command in emit.commands:
@@ -335,6 +342,8 @@ class OpenAIDoor:
 
         async def microphone() -> None:
             async for pcm in link.media():
+                if not caught_up.is_set():
+                    continue  # a resumed session's replay first: it says how it hears
                 played = link.progress()
                 if played is not None:  # kept by the session for a barge-in's cut
                     await inner.send(_command_encoder.encode(played).decode())

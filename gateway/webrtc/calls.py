@@ -178,8 +178,25 @@ class WebRTCCalls:
         route = model_route(self.config, model)
         if isinstance(route, str):
             return _refusal(400, route, "model_not_found")
+        # A call offered again (its node died, or the network changed): the same session,
+        # and the events after the last one the client saw (the door's resume).
+        sid = request.query.get("session_id", "")
+        after_event = request.query.get("after_event", "")
+        after = Conversation.position(after_event) if after_event else None
+        if after_event and (after is None or not sid):
+            return _refusal(
+                400,
+                "after_event takes the event_id of the last event received (evt_SEQ_N), "
+                "with session_id",
+                "invalid_after_event",
+            )
         opened = await self.door.open(
-            model, route, request.headers.get("Authorization"), request.headers.get("Origin")
+            model,
+            route,
+            request.headers.get("Authorization"),
+            request.headers.get("Origin"),
+            sid=sid,
+            after=after,
         )
         if isinstance(opened, Refused):
             return _refusal(opened.status, opened.message, opened.code)

@@ -214,3 +214,48 @@ async def test_output_audio_buffer_clear_silences_the_track(tmp_path: Path) -> N
     assert done["response"]["status"] == "cancelled"
     assert after == [], f"{len(after)} loud frames after the clear"
     assert gw.sim.stats.truncations and gw.sim.stats.truncations[0] >= 400
+
+
+async def test_a_call_offered_again_resumes_its_session(tmp_path: Path) -> None:
+    async with voice_gateway("openai", tmp_path) as gw:
+        first = Peer()
+        try:
+            assert (await first.call(calls_url(gw.url))).status == 201
+            created = (await first.until("session.created"))[-1]
+            sid = created["session"]["id"]
+            first.send(
+                type="conversation.item.create",
+                item={
+                    "type": "message",
+                    "role": "user",
+                    "content": [{"type": "input_text", "text": "/raw the first call"}],
+                },
+            )
+            first.send(type="response.create")
+            last = (await first.until("response.done"))[-1]["event_id"]
+        finally:
+            await first.close()  # the call is gone; the session is not
+        again = Peer()
+        try:
+            url = f"{calls_url(gw.url)}&session_id={sid}&after_event={last}"
+            assert (await again.call(url)).status == 201
+            again.send(
+                type="conversation.item.create",
+                item={
+                    "type": "message",
+                    "role": "user",
+                    "content": [{"type": "input_text", "text": "/raw the second call"}],
+                },
+            )
+            again.send(type="response.create")
+            events = await again.until("response.done")
+            again.mic.say(utterance(0.5, RATE))  # the resumed call's microphone is heard
+            spoken = await again.until("response.done")
+        finally:
+            await again.close()
+    assert "input_audio_buffer.speech_started" in [e["type"] for e in spoken]
+    kinds = [e["type"] for e in events]
+    assert "session.created" not in kinds  # nothing it saw is sent again
+    text = "".join(e.get("delta", "") for e in events if e["type"].endswith(".delta"))
+    assert "the second call" in text and "the first call" not in text
+    assert events[-1]["response"]["status"] == "completed"

@@ -29,6 +29,7 @@ class Mic(MediaStreamTrack):
     def __init__(self) -> None:
         super().__init__()
         self.queue = bytearray()
+        self.started_at = 0.0  # when the first frame of what was said went out
         self._pts = -1
         self._start = 0.0
 
@@ -43,6 +44,8 @@ class Mic(MediaStreamTrack):
             wait = self._start + self._pts / RATE - time.monotonic()
             if wait > 0:
                 await asyncio.sleep(wait)
+        if self.queue and not self.started_at:
+            self.started_at = time.monotonic()
         chunk = bytes(self.queue[: FRAME * 2])
         del self.queue[: FRAME * 2]
         chunk += bytes(FRAME * 2 - len(chunk))

@@ -259,3 +259,34 @@ async def test_a_call_offered_again_resumes_its_session(tmp_path: Path) -> None:
     text = "".join(e.get("delta", "") for e in events if e["type"].endswith(".delta"))
     assert "the second call" in text and "the first call" not in text
     assert events[-1]["response"]["status"] == "completed"
+
+
+async def test_a_peer_that_never_connects_is_dropped_and_calls_are_capped(
+    tmp_path: Path,
+) -> None:
+    settings = {"webrtc_connect_timeout": 1.0, "webrtc_max_calls": 1}
+    async with voice_gateway("openai", tmp_path, gateway_settings=settings) as gw:
+        silent = Peer()  # posts its offer, never applies the answer: no ICE, no channel
+        await silent.pc.setLocalDescription(await silent.pc.createOffer())
+        async with aiohttp.ClientSession() as http:
+            headers = {"Content-Type": "application/sdp"}
+            offer = silent.pc.localDescription.sdp
+            first = await http.post(calls_url(gw.url), data=offer, headers=headers)
+            assert first.status == 201
+            call_id = first.headers["Location"].rsplit("/", 1)[-1]
+            second = await http.post(calls_url(gw.url), data=offer, headers=headers)
+            assert second.status == 429  # one call a node, as configured
+            assert (await second.json())["error"]["code"] == "busy"
+            door = gw.url.replace("/v1/realtime", "/openai/v1/realtime")
+            async with asyncio.timeout(10):  # dropped after its 1 s to connect
+                while True:
+                    try:
+                        side = await RawClient.open(f"{door}?call_id={call_id}")
+                    except InvalidStatus as exc:
+                        assert exc.response.status_code == 404
+                        break
+                    await side.close()
+                    await asyncio.sleep(0.2)
+            third = await http.post(calls_url(gw.url), data=offer, headers=headers)
+            assert third.status == 201  # its place is free again
+        await silent.close()

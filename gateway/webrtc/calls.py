@@ -167,10 +167,12 @@ class WebRTCCalls:
             return _refusal(
                 429, "this node holds all the WebRTC calls it may; retry later or elsewhere", "busy"
             )
-        raw = await request.content.read(limit + 1)
+        raw = bytearray()  # read() gives what has arrived: a body may come in pieces
+        while len(raw) <= limit and (piece := await request.content.read(limit + 1 - len(raw))):
+            raw += piece
         if len(raw) > limit:
             return _refusal(413, f"the offer takes at most {limit} bytes", "sdp_too_large")
-        parsed = _offer(request.content_type, request.headers.get("Content-Type", ""), raw)
+        parsed = _offer(request.content_type, request.headers.get("Content-Type", ""), bytes(raw))
         if isinstance(parsed, str):
             return _refusal(400, parsed, "invalid_offer")
         sdp, session = parsed
@@ -266,6 +268,17 @@ def _offer(content_type: str, header: str, raw: bytes) -> tuple[str, dict[str, A
     if content_type == "application/sdp":
         text = raw.decode("utf-8", "replace")
         return (text, {}) if text.startswith("v=0") else "the body is no SDP offer (v=0 …)"
+    if content_type == "application/json":  # the openai SDK's calls.create(sdp=, session=)
+        try:
+            body = msgspec.json.decode(raw)
+        except msgspec.DecodeError:
+            return 'the JSON body is not JSON: send {"sdp": OFFER, "session": {…}}'
+        if not isinstance(body, dict) or not str(body.get("sdp", "")).startswith("v=0"):
+            return 'the JSON body takes "sdp" (the SDP offer) and "session" (optional)'
+        given = body.get("session") or {}
+        if not isinstance(given, dict):
+            return '"session" is a JSON object (a client_secrets session)'
+        return str(body["sdp"]), given
     if content_type == "multipart/form-data":
         import email.parser
         import email.policy
@@ -293,5 +306,5 @@ def _offer(content_type: str, header: str, raw: bytes) -> tuple[str, dict[str, A
         return sdp, session
     return (
         "send the SDP offer as Content-Type application/sdp, or multipart/form-data "
-        "with the parts 'sdp' and 'session'"
+        "with the parts 'sdp' and 'session' (or JSON with those fields)"
     )

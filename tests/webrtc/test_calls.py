@@ -10,6 +10,8 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+from aiortc import RTCSessionDescription
+from openai import AsyncOpenAI
 from websockets.exceptions import InvalidStatus
 
 from tests.openai_door.conftest import RawClient
@@ -138,7 +140,7 @@ async def test_speech_over_the_answer_silences_the_track_at_once(tmp_path: Path)
 async def test_bad_offers_are_refused_with_what_to_do(tmp_path: Path) -> None:
     async with voice_gateway("openai", tmp_path) as gw, aiohttp.ClientSession() as http:
         url = calls_url(gw.url)
-        wrong_type = await http.post(url, data=b"{}", headers={"Content-Type": "application/json"})
+        wrong_type = await http.post(url, data=b"{}", headers={"Content-Type": "text/plain"})
         assert wrong_type.status == 400
         assert "application/sdp" in (await wrong_type.json())["error"]["message"]
         not_sdp = await http.post(url, data=b"hello", headers={"Content-Type": "application/sdp"})
@@ -290,3 +292,27 @@ async def test_a_peer_that_never_connects_is_dropped_and_calls_are_capped(
             third = await http.post(calls_url(gw.url), data=offer, headers=headers)
             assert third.status == 201  # its place is free again
         await silent.close()
+
+
+async def test_the_openai_sdk_creates_a_call_with_a_session(tmp_path: Path) -> None:
+    # openai-python's client.realtime.calls.create(sdp=…, session=…), unmodified.
+    async with voice_gateway("openai", tmp_path) as gw:
+        base = gw.url.replace("ws://", "http://").replace("/v1/realtime", "/openai/v1")
+        client = AsyncOpenAI(api_key="any", base_url=base)
+        peer = Peer()
+        try:
+            await peer.pc.setLocalDescription(await peer.pc.createOffer())
+            raw = await client.realtime.calls.with_raw_response.create(
+                sdp=peer.pc.localDescription.sdp,
+                session={"type": "realtime", "model": MODEL, "instructions": "Be brief."},
+            )
+            assert raw.status_code == 201
+            assert raw.headers["location"].startswith("/openai/v1/realtime/calls/rtc_")
+            answer = raw.parse().content.decode()
+            await peer.pc.setRemoteDescription(RTCSessionDescription(sdp=answer, type="answer"))
+            await asyncio.wait_for(peer.open.wait(), 20)
+            events = await peer.until("session.updated")  # the session part, applied
+        finally:
+            await peer.close()
+            await client.close()
+    assert events[-1]["session"]["instructions"] == "Be brief."

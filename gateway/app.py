@@ -26,7 +26,7 @@ from gateway.store import open_store
 from gateway.tracing import Tracing, TracingError
 from gateway.upstream import providers
 from gateway.upstream.base import ProviderChain, UpstreamFactory
-from gateway.upstream.models import MODELS, model_refusal, model_warning
+from gateway.upstream.models import model_refusal, model_warning
 from gateway.upstream.provider import Provider, ProviderSettings
 from protocol.fallback import ProviderBreaker
 from tools.builtin.phone import phone_tools
@@ -57,9 +57,10 @@ async def _upstream_factories(config: Config) -> AsyncIterator[UpstreamFactories
         if providers.SIM in config.providers:
             from gateway.sim.server import serve_sim
 
-            # The node's flavour, and one per wire: a session that names a provider's
-            # model (the OpenAI door's ?model=) is served by that provider's flavour.
-            for flavor in dict.fromkeys((config.sim.flavor, *sorted(SIM_WIRES))):
+            # The node's flavour, and one per provider that lists models: a session that
+            # names a provider's model (the OpenAI door's ?model=) is served by that
+            # provider's flavour.
+            for flavor in dict.fromkeys((config.sim.flavor, *SIM_FLAVOURS)):
                 sim_config = msgspec.structs.replace(config.sim, flavor=flavor)
                 sim = await stack.enter_async_context(
                     serve_sim(sim_config, host="127.0.0.1", port=0)
@@ -102,16 +103,17 @@ async def _upstream_factories(config: Config) -> AsyncIterator[UpstreamFactories
         yield make
 
 
-SIM_WIRES: Final = frozenset(m.wire for m in MODELS)
+SIM_FLAVOURS: Final = tuple(
+    row.name for row in providers.PROVIDERS if row.models and row.sim is not None
+)
+"""The flavours a simulator node serves besides its own: the providers that list models."""
 
 
 def sim_flavor_of(model: str) -> str | None:
     """The simulator flavour serving ``model`` on a simulator node: the provider whose
-    model it is (by the model table), or None for a model no provider lists."""
-    for facts in MODELS:
-        if facts.name == model:
-            return facts.wire
-    return None
+    model it is (its row lists it), or None for a model no provider lists."""
+    row = providers.listing(model)
+    return row.name if row is not None and row.sim is not None else None
 
 
 def _missing(row: Provider, settings: ProviderSettings, model: str) -> str | None:
@@ -133,10 +135,11 @@ def _check_model(provider: str, wire: str, model: str, *, own: bool) -> None:
     """Refuse a model its provider shut down (naming the replacement); log, once, one
     that is deprecated or that the model table does not know."""
     today = datetime.date.today()
-    refused = model_refusal(provider, wire, model, today)
+    found = providers.facts(wire, model)
+    refused = model_refusal(provider, found, today)
     if refused is not None:
         raise ConfigError(refused) if own else ValueError(refused)
-    warning = model_warning(provider, wire, model, today)
+    warning = model_warning(provider, found, today)
     if warning is not None and (provider, model) not in _warned:
         _warned.add((provider, model))
         log.warning("%s", warning)

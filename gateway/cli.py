@@ -239,10 +239,12 @@ def build_parser() -> argparse.ArgumentParser:
         "settings", help="the settings serve would use now, or the docs' table of them"
     )
     settings_p.add_argument(
-        "--markdown", action="store_true", help="print README's configuration table"
+        "--markdown", action="store_true", help="print docs/configuration.md's settings table"
     )
     settings_p.add_argument(
-        "--write", metavar="FILE", help="with --markdown: replace the table in FILE (README.md)"
+        "--write",
+        metavar="FILE",
+        help="with --markdown: replace the table in FILE (docs/configuration.md)",
     )
 
     from gateway.client.loadtest_cli import add_loadtest_arguments

@@ -3,7 +3,7 @@
 Every setting is declared once, here: its field's type (with its range as
 ``msgspec.Meta``), default and ``Setting`` (help, group, flag, variable,
 secret) give its ``gateway serve`` flag, its ``GATEWAY_<NAME>`` variable, its
-row in README.md's table and its check; ``gateway.settings`` derives them.
+row in docs/configuration.md's table and its check; ``gateway.settings`` derives them.
 The simulator's knobs are ``SimConfig``'s, lent to ``Config.sim`` as the
 ``sim_*`` settings.
 
@@ -15,8 +15,8 @@ built-in simulator upstream and the in-process store.
 
 To add a setting: add a field next to related ones, with its range in the type
 and a ``Setting`` saying what it does and its unit; then run
-``gateway settings --markdown --write README.md`` (tests/house/test_settings.py
-fails until the README's table matches).
+``gateway settings --markdown --write docs/configuration.md`` (tests/house/test_settings.py
+fails until the doc's table matches).
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ TOOLS = "tools"
 EDGES = "auth and limits (docs/operations.md)"
 BACKPRESSURE = "slow clients (docs/operations.md)"
 LOGS = "logs"
-RECORDING = "recording (README 'Debugging a session')"
+RECORDING = "recording (docs/recording.md)"
 
 
 class Config(msgspec.Struct, kw_only=True):
@@ -250,7 +250,8 @@ class Config(msgspec.Struct, kw_only=True):
         Seconds,
         Setting(
             "at most, seconds a log append waits for more events to share its round trip, "
-            "and only while events come faster than that; 0: never",
+            "and only while events come faster than that (a turn's first content never "
+            "waits); 0: never",
             STORE,
         ),
     ] = 0.002
@@ -306,7 +307,7 @@ class Config(msgspec.Struct, kw_only=True):
     tools_file: Annotated[
         str,
         Setting(
-            "TOML file of app tools: MCP servers, HTTP tools, which built-ins (README 'Your own tools')",
+            "TOML file of app tools: MCP servers, HTTP tools, which built-ins (docs/tools.md)",
             TOOLS,
             flag="tools",
             env="GATEWAY_TOOLS",
@@ -448,6 +449,15 @@ class Config(msgspec.Struct, kw_only=True):
             flag="no-allow-keys-in-urls",
         ),
     ] = True
+    guardrails: Annotated[
+        str,
+        Setting(
+            "TOML file of guardrail rules ([[rule]] name, on, action, pattern/detect/"
+            "max_chars) on what reaches the model and the clients, reloaded on change "
+            "(docs/guardrails.md)",
+            EDGES,
+        ),
+    ] = ""
     key_policy_file: Annotated[
         str,
         Setting(

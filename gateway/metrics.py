@@ -115,6 +115,12 @@ class Metrics:
             multiprocess_mode="livesum",
         )
         self.turns = Counter("rtgw_turns", "Turns started", registry=r)
+        self.guardrails = Counter(
+            "rtgw_guardrail_trips",
+            "Guardrail rules tripped, by rule, action and side (input, output)",
+            ["rule", "action", "on"],
+            registry=r,
+        )
         self.events = Counter("rtgw_events", "Events logged and sent to clients", registry=r)
         self.tools = ToolMetrics(r)
         self.upstream_errors = Counter(

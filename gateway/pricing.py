@@ -6,7 +6,9 @@ provider reports (``protocol.events.Usage``: ``cached``, ``input_audio`` and
 ``output_audio`` are parts of ``input`` and ``output``).
 
 The built-in table holds list prices in USD per million tokens for the models
-this gateway supports; providers change them, so an operator overrides or
+this gateway supports, as the providers' rows declare them
+(``gateway.upstream.providers``: each model's ``price``, the row's ``price``
+for its other models); providers change them, so an operator overrides or
 extends it with a TOML file (``--prices-file FILE``)::
 
     [openai."gpt-realtime"]
@@ -32,88 +34,39 @@ import logging
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Final
+from typing import Final
 
 import msgspec
 
+from gateway.upstream.models import Price
+from gateway.upstream.providers import PROVIDERS, SIM
 from protocol.events import Usage
 
 __all__ = ["DEFAULT_PRICES", "Price", "PriceTable", "PricesError", "load_prices"]
 
 log = logging.getLogger("gateway.pricing")
 
-_PER_TOKEN: Final = 1e-6  # prices are per million tokens
-
-USDPerMillion = Annotated[float, msgspec.Meta(ge=0)]
-
 
 class PricesError(ValueError):
     """A prices file the gateway cannot use; the message names the file, the entry and the fix."""
 
 
-class Price(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """USD per million tokens; audio and cached prices default to the text ones.
-
-    ``per_minute``: USD per minute of session time, for a model priced by duration
-    (GPT-Live's active rate; ``Usage.seconds``).
-    """
-
-    input: USDPerMillion = 0.0
-    output: USDPerMillion = 0.0
-    cached_input: USDPerMillion | None = None
-    audio_input: USDPerMillion | None = None
-    audio_output: USDPerMillion | None = None
-    per_minute: Annotated[float, msgspec.Meta(ge=0)] = 0.0
-
-    def cost(self, usage: Usage) -> float:
-        """USD for ``usage`` (cached and audio tokens at their own rates)."""
-        cached = min(max(usage.cached, 0), usage.input)
-        audio_in = min(max(usage.input_audio, 0), usage.input - cached)
-        text_in = usage.input - cached - audio_in
-        audio_out = min(max(usage.output_audio, 0), usage.output)
-        text_out = usage.output - audio_out
-        dollars = (
-            text_in * self.input
-            + cached * (self.input if self.cached_input is None else self.cached_input)
-            + audio_in * (self.input if self.audio_input is None else self.audio_input)
-            + text_out * self.output
-            + audio_out * (self.output if self.audio_output is None else self.audio_output)
-        )
-        return dollars * _PER_TOKEN + usage.seconds / 60.0 * self.per_minute
-
-
-DEFAULT_PRICES: Final[Mapping[str, Mapping[str, Price]]] = {
-    "openai": {
-        # developers.openai.com/api/docs/models/<model> (read 2026-12-03).
-        "gpt-realtime-2.1": Price(
-            input=4.0, cached_input=0.4, output=24.0, audio_input=32.0, audio_output=64.0
-        ),
-        "gpt-realtime-2.1-mini": Price(
-            input=0.6, cached_input=0.06, output=2.4, audio_input=10.0, audio_output=20.0
-        ),
-        "gpt-realtime-2": Price(
-            input=4.0, cached_input=0.4, output=24.0, audio_input=32.0, audio_output=64.0
-        ),
-        "gpt-realtime-1.5": Price(
-            input=4.0, cached_input=0.4, output=16.0, audio_input=32.0, audio_output=64.0
-        ),
-        "gpt-realtime": Price(
-            input=4.0, cached_input=0.4, output=16.0, audio_input=32.0, audio_output=64.0
-        ),
-        "gpt-realtime-mini": Price(
-            input=0.6, cached_input=0.06, output=2.4, audio_input=10.0, audio_output=20.0
-        ),
-        # GPT-Live: $0.05 per minute of active session time, billed per second (model
-        # pages, read 2026-12-05). Standby ($0.02) is WebRTC only: not used here.
-        "gpt-live-1.1": Price(per_minute=0.05),
-        "gpt-live-1": Price(per_minute=0.05),
-    },
-    "gemini": {
-        "*": Price(input=0.5, output=2.0, audio_input=3.0, audio_output=12.0),
-    },
+def _default_prices() -> dict[str, dict[str, Price]]:
+    """The providers' rows' prices: each listed model's, and ``"*"`` for the rest."""
+    table: dict[str, dict[str, Price]] = {}
+    for row in PROVIDERS:
+        models = {m.name: m.price for m in row.models if m.price is not None}
+        if row.price is not None:
+            models["*"] = row.price
+        if models:
+            table[row.name] = models
     # The simulator is free: its tokens are counted, never billed.
-    "sim": {"*": Price()},
-}
+    table[SIM] = {"*": Price()}
+    return table
+
+
+DEFAULT_PRICES: Final[Mapping[str, Mapping[str, Price]]] = _default_prices()
+"""The built-in table, from the providers' rows (``gateway.upstream.providers``)."""
 
 
 class PriceTable:

@@ -7,7 +7,7 @@ is one field whose annotation carries a ``Setting``:
 
 where ``Port`` is ``Annotated[int, msgspec.Meta(ge=0, le=65535)]``. From that one
 field come its flag (``--port``), its environment variable (``GATEWAY_PORT``),
-its row in the configuration table of README.md (``gateway settings --markdown``),
+its row in the configuration table of docs/configuration.md (``gateway settings --markdown``),
 the parsing of flag, environment and Python values by one function with one
 wording of what to do when a value is wrong, and its range check
 (``check_ranges``, called by the Struct's ``__post_init__``, so a Struct built
@@ -457,7 +457,7 @@ def flag_values(
 
 
 def markdown_table(struct: type[msgspec.Struct]) -> str:
-    """The configuration table of README.md: one row per setting, grouped."""
+    """The configuration table of docs/configuration.md: one row per setting, grouped."""
     lines = ["| flag | environment | default | meaning |", "|---|---|---|---|"]
     group = None
     for d in declared(struct):

@@ -39,7 +39,7 @@ MAX_METADATA: Final = 32
 # What a tenant's tool schemas and a model's tool args may be, checked by
 # linear code before anything compiles or walks them (issue 29): a schema or
 # args past these once froze a node for seconds or crashed it with a
-# RecursionError. docs/architecture.md, "Tenant tool schemas", has the figures.
+# RecursionError. docs/decisions/tenant-tool-schemas.md has the figures.
 MAX_TOOL_SCHEMA_BYTES: Final = 32_768
 """One client tool's ``parameters`` as compact JSON (a rich form tool is ~5 kB)."""
 MAX_TOOL_SCHEMAS_BYTES: Final = 131_072

@@ -23,6 +23,8 @@ from protocol.configuration import ConfigChange, SessionConfig
 
 __all__ = [
     "CLIENT_MESSAGE_TYPES",
+    "COMMAND_ID_MAX",
+    "ERROR_CODES",
     "Approval",
     "ApprovalRequired",
     "Approve",
@@ -31,6 +33,7 @@ __all__ = [
     "Cancel",
     "Cancelled",
     "ClientMessage",
+    "CommandId",
     "Commit",
     "Configure",
     "Configured",
@@ -41,6 +44,7 @@ __all__ = [
     "ErrorCode",
     "Event",
     "Execute",
+    "Guardrail",
     "Interrupt",
     "Metric",
     "PhoneCall",
@@ -59,6 +63,7 @@ __all__ = [
     "Usage",
     "User",
     "UserMessage",
+    "answering",
     "decode_client",
     "decode_event",
     "encode",
@@ -174,6 +179,7 @@ class User(_Base, tag="user"):
 
     content: str
     source: Literal["audio"] | msgspec.UnsetType = msgspec.UNSET
+    reply_to: str | msgspec.UnsetType = msgspec.UNSET
 
 
 class SpeechStarted(_Base, tag="speech_started"):
@@ -248,11 +254,33 @@ ErrorCode = Literal[
 ]
 
 
+ERROR_CODES: Final[tuple[str, ...]] = typing.get_args(ErrorCode)
+"""Every ``code`` an ``error`` event may carry (the JS client's copy is generated from it)."""
+
+
 class Error(_Base, tag="error"):
-    """Something failed. ``content`` says what and what to do; ``code`` names it."""
+    """Something failed. ``content`` says what and what to do; ``code`` names it.
+
+    ``reply_to``: the ``id`` of the client's command this refuses (present when the
+    command carried one); clients match a refusal by ``code`` and ``reply_to``,
+    never by ``content``, whose wording may change.
+    """
 
     content: str
     code: str = "internal"
+    reply_to: str | msgspec.UnsetType = msgspec.UNSET
+
+
+class Guardrail(_Base, tag="guardrail"):
+    """A guardrail rule tripped (``protocol.guardrails``): its name and action, never
+    the matched text. ``on``: ``"input"`` (a user's message, a transcript, a tool's
+    result; ``block``: it never reached the model, the session takes the next turn) or
+    ``"output"`` (the model's answer, reasoning or call arguments: redacted or cut).
+    """
+
+    rule: str
+    action: Literal["block", "redact", "end_turn"]
+    on: Literal["input", "output"]
 
 
 class Interrupt(_Base, tag="interrupt"):
@@ -280,6 +308,7 @@ class Cancelled(_Base, tag="cancelled"):
     content: str = ""
     reason: Literal["barge_in"] | msgspec.UnsetType = msgspec.UNSET
     heard_ms: int | msgspec.UnsetType = msgspec.UNSET
+    reply_to: str | msgspec.UnsetType = msgspec.UNSET
 
 
 class Configured(_Base, tag="configured"):
@@ -287,6 +316,7 @@ class Configured(_Base, tag="configured"):
     every client of the session sees the same one)."""
 
     config: SessionConfig
+    reply_to: str | msgspec.UnsetType = msgspec.UNSET
 
 
 class Dtmf(_Base, tag="dtmf"):
@@ -352,10 +382,13 @@ class Approval(_Base, tag="approval"):
     digest: str
     decision: Literal["allow", "deny"]
     reason: Literal["timeout"] | msgspec.UnsetType = msgspec.UNSET
+    reply_to: str | msgspec.UnsetType = msgspec.UNSET
 
 
 class Pong(_Base, tag="pong"):
     """The answer to a client's ``ping`` (unlogged: ``seq`` is the last one sent)."""
+
+    reply_to: str | msgspec.UnsetType = msgspec.UNSET
 
 
 class Session(_Base, tag="session"):
@@ -379,6 +412,7 @@ Event = (
     | End
     | Metric
     | Error
+    | Guardrail
     | Interrupt
     | Cancelled
     | SpeechStarted
@@ -393,15 +427,26 @@ Event = (
 
 # --- client → server ----------------------------------------------------------
 
+COMMAND_ID_MAX: Final = 128
+
+CommandId = Annotated[str, msgspec.Meta(min_length=1, max_length=COMMAND_ID_MAX)]
+"""A client's name for one of its commands, echoed as ``reply_to`` on the ``error``
+that refuses it and on the event that shows it took effect (``user``, ``cancelled``,
+``configured``, ``approval``; ``pong`` for a ``ping``). ``tool_result`` and
+``approve`` have a required ``id`` already, the call's: it is their command id."""
+
 
 class UserMessage(msgspec.Struct, tag_field="type", tag="user"):
     """Start a turn with this text."""
 
     content: str
+    id: CommandId | msgspec.UnsetType = msgspec.UNSET
 
 
 class Cancel(msgspec.Struct, tag_field="type", tag="cancel"):
     """Cancel the running turn."""
+
+    id: CommandId | msgspec.UnsetType = msgspec.UNSET
 
 
 class Ping(msgspec.Struct, tag_field="type", tag="ping"):
@@ -409,6 +454,8 @@ class Ping(msgspec.Struct, tag_field="type", tag="ping"):
 
     Answered with a ``pong`` event, so a client can also measure the round trip.
     """
+
+    id: CommandId | msgspec.UnsetType = msgspec.UNSET
 
 
 class ToolResultMessage(msgspec.Struct, tag_field="type", tag="tool_result", frozen=True):
@@ -428,6 +475,7 @@ class AudioChunk(msgspec.Struct, tag_field="type", tag="audio"):
     same bytes without the base64)."""
 
     audio: bytes
+    id: CommandId | msgspec.UnsetType = msgspec.UNSET
 
 
 class Played(msgspec.Struct, tag_field="type", tag="played", frozen=True):
@@ -437,10 +485,13 @@ class Played(msgspec.Struct, tag_field="type", tag="played", frozen=True):
 
     seq: Annotated[int, msgspec.Meta(ge=0)]
     ms: Annotated[int, msgspec.Meta(ge=0)]
+    id: CommandId | msgspec.UnsetType = msgspec.UNSET
 
 
 class Commit(msgspec.Struct, tag_field="type", tag="commit"):
     """End the user's spoken turn (``input_audio.turn_detection: "none"``) and get the answer."""
+
+    id: CommandId | msgspec.UnsetType = msgspec.UNSET
 
 
 class Approve(msgspec.Struct, tag_field="type", tag="approve", frozen=True):
@@ -454,6 +505,8 @@ class Approve(msgspec.Struct, tag_field="type", tag="approve", frozen=True):
 
 class Configure(ConfigChange, frozen=True, tag_field="type", tag="configure"):
     """Change this session's configuration (only the fields given); see ``protocol.configuration``."""
+
+    id: CommandId | msgspec.UnsetType = msgspec.UNSET
 
 
 ClientMessage = (
@@ -472,6 +525,17 @@ CLIENT_MESSAGE_TYPES: Final[tuple[str, ...]] = tuple(
     str(kind.__struct_config__.tag) for kind in typing.get_args(ClientMessage)
 )
 """The ``type`` of every client message, derived from the union (a new member is in it)."""
+
+
+_Answer = typing.TypeVar("_Answer", Error, Pong, User, Cancelled, Configured, Approval)
+
+
+def answering(event: _Answer, message: object) -> _Answer:
+    """``event`` as the answer to ``message``: ``reply_to`` the message's ``id``, if any."""
+    ref = getattr(message, "id", msgspec.UNSET)
+    if isinstance(ref, str):
+        event.reply_to = ref
+    return event
 
 
 # --- encode / decode ------------------------------------------------------------
@@ -513,9 +577,12 @@ def decode_client(data: bytes | str) -> ClientMessage | Error:
     if type(message) is UserMessage and (not message.content or message.content.isspace()):
         # A turn about nothing would cost a model call and teach the model to
         # answer blanks; refuse it here, where the client learns why.
-        return Error(
-            code="bad_frame",
-            content='the "user" message is empty; put the text of your message in "content"',
+        return answering(
+            Error(
+                code="bad_frame",
+                content='the "user" message is empty; put the text of your message in "content"',
+            ),
+            message,
         )
     return message
 
@@ -530,7 +597,7 @@ _HOW: Final = {
     "configure": (
         "a configure frame sets any of instructions, tools "
         '([{"name", "description", "parameters"}]), server_tools, provider, model, '
-        "metadata, input_audio, output, voice (see the README's client protocol)"
+        "metadata, input_audio, output, voice (see docs/protocol.md)"
     ),
     "approve": (
         'decide on a call waiting for approval with {"type": "approve", "id": "<the '
@@ -552,6 +619,14 @@ def _explain_bad_frame(data: bytes | str, exc: Exception) -> Error:
             code="bad_frame",
             content=f"frame is not a JSON object ({_first_line(exc)}); {_EXPECTED}",
         )
+    error = _explain(obj, exc)
+    ref = obj.get("id")
+    if isinstance(ref, str) and 0 < len(ref) <= COMMAND_ID_MAX:
+        error.reply_to = ref  # the frame's id, read as far as it could be
+    return error
+
+
+def _explain(obj: dict[str, object], exc: Exception) -> Error:
     kind = obj.get("type")
     if not isinstance(kind, str):
         return Error(code="bad_frame", content=f'frame has no string "type" field; {_EXPECTED}')

@@ -30,12 +30,14 @@ from __future__ import annotations
 
 import base64
 import binascii
+from collections import deque
 from typing import Any
 
 import msgspec
 
 from protocol.configuration import InputAudio, SessionConfig
 from protocol.events import (
+    COMMAND_ID_MAX,
     Call,
     Cancel,
     Cancelled,
@@ -81,6 +83,13 @@ Command = UserMessage | Cancel | Configure | ToolResultMessage | Commit | Played
 """A gateway command; ``bytes`` is user audio (a binary frame)."""
 
 
+def _named(command: Command, eid: str) -> Command:
+    """``command`` with the client's ``event_id`` as its ``id`` (a tool result's id is its call's)."""
+    if isinstance(command, bytes | ToolResultMessage):
+        return command
+    return msgspec.structs.replace(command, id=eid)
+
+
 class Emit(msgspec.Struct, frozen=True):
     """What one client event yields: commands for the session, events for the client."""
 
@@ -122,6 +131,7 @@ class Conversation:
         self._client_calls: set[str] = set()
         self._last_item: str | None = None
         self._pending_reply: str | None = None  # event_id of the command an error answers
+        self._named: deque[str] = deque(maxlen=64)  # event_ids sent on as command ids
         self._unlogged = 0
         self._seq = 0
         self._n = 0
@@ -183,6 +193,12 @@ class Conversation:
         emit = self._client(event, model_route)
         if any(not isinstance(c, bytes) for c in emit.commands):
             self._pending_reply = event.event_id  # an error that answers it names it
+            eid = event.event_id
+            if eid and len(eid) <= COMMAND_ID_MAX:
+                # The gateway's command id is the client's event_id: its error's
+                # reply_to says which event it answers, even with several in flight.
+                self._named.append(eid)
+                emit = Emit([_named(c, eid) for c in emit.commands], emit.events)
         return emit
 
     def _client(self, event: ClientEvent, model_route: tuple[str, str]) -> Emit:
@@ -190,7 +206,7 @@ class Conversation:
         match event:
             case SessionUpdate(session=body):
                 if body.model not in (None, self.model):
-                    return self._refuse(
+                    return self._refusal(
                         "session.model cannot change on this connection: choose the model "
                         "with ?model= when connecting",
                         eid,
@@ -198,7 +214,7 @@ class Conversation:
                     )
                 change = config_change(body, model_route=None)  # routed at connect
                 if isinstance(change, str):
-                    return self._refuse(change, eid, "session")
+                    return self._refusal(change, eid, "session")
                 if change.input_audio is not msgspec.UNSET:
                     self._hearing = True
                     if change.input_audio is not None and self.input_rate != 24000:
@@ -206,13 +222,20 @@ class Conversation:
                         change = msgspec.structs.replace(change, input_audio=heard)
                 self._pending_reply = eid
                 return Emit([change], [])
-            case ConversationItemCreate(item=item):
+            case ConversationItemCreate(item=item, previous_item_id=previous):
+                if previous is not None and previous != self._last_item:
+                    return self._refusal(
+                        "items are appended to the end of the conversation on this gateway: "
+                        "leave previous_item_id unset (or the last item's id)",
+                        eid,
+                        "previous_item_id",
+                    )
                 return self._item(item, eid)
             case ResponseCreate(response=overrides):
                 if overrides:
                     unknown = sorted(set(overrides) - {"metadata", "conversation"})
                     if unknown or overrides.get("conversation") not in (None, "auto"):
-                        return self._refuse(
+                        return self._refusal(
                             "per-response overrides are not supported by this gateway "
                             f"({', '.join(unknown) or 'conversation'}); change the session "
                             "with session.update instead",
@@ -227,7 +250,7 @@ class Conversation:
                 if self._continues:
                     self._continues = False  # the gateway's turn already goes on
                     return Emit([], [])
-                return self._refuse(
+                return self._refusal(
                     "response.create needs a user message first on this gateway "
                     "(conversation.item.create with role 'user'), or a function_call_output",
                     eid,
@@ -238,7 +261,7 @@ class Conversation:
                 try:
                     pcm = base64.b64decode(audio, validate=True)
                 except (binascii.Error, ValueError):
-                    return self._refuse("audio is not base64", eid, "audio")
+                    return self._refusal("audio is not base64", eid, "audio")
                 return self.speech_in(pcm)
             case InputAudioBufferCommit():
                 return Emit([Commit()], [])
@@ -255,12 +278,12 @@ class Conversation:
                 return Emit([], [])  # the client's own playback buffer: nothing is held here
             case ConversationItemRetrieve() | ConversationItemDelete() | InputAudioBufferClear():
                 kind = type(event).__struct_config__.tag
-                return self._refuse(
+                return self._refusal(
                     f"{kind} is not supported by this gateway's OpenAI door yet",
                     eid,
                     "type",
                 )
-        return self._refuse("unsupported event", eid)  # pragma: no cover - the match is total
+        return self._refusal("unsupported event", eid)  # pragma: no cover - the match is total
 
     def speech_in(self, pcm16: bytes) -> Emit:
         """The user's audio at ``input_rate`` (an append's, or a WebRTC microphone's)."""
@@ -271,14 +294,21 @@ class Conversation:
         commands.append(pcm16)
         return Emit(commands, [])
 
-    def _refuse(self, message: str, eid: str | None, param: str | None = None) -> Emit:
+    def _refusal(self, message: str, eid: str | None, param: str | None = None) -> Emit:
         return Emit([], [self.error(message, event_id=eid, param=param)])
 
     def _item(self, item: Any, eid: str | None) -> Emit:
+        if item.id is not None:
+            return self._refusal(
+                "item ids are given by this gateway (they come from its log, so a resumed "
+                "client sees the same ones): leave item.id unset",
+                eid,
+                "item.id",
+            )
         if item.type == "function_call_output":
             call = item.call_id or ""
             if call not in self._client_calls:
-                return self._refuse(
+                return self._refusal(
                     f"no function call {call[:80]!r} is waiting for its output", eid, "item.call_id"
                 )
             self._client_calls.discard(call)
@@ -287,7 +317,7 @@ class Conversation:
                 [ToolResultMessage(id=call, status="success", content=item.output or "")], []
             )
         if item.type != "message" or item.role != "user":
-            return self._refuse(
+            return self._refusal(
                 "this gateway takes user messages and function_call_output items from a "
                 "client (the instructions are set with session.update)",
                 eid,
@@ -296,7 +326,7 @@ class Conversation:
         texts: list[str] = []
         for part in item.content or []:
             if part.type != "input_text" or part.text is None:
-                return self._refuse(
+                return self._refusal(
                     f"content of type {part.type[:40]!r} is not supported: send input_text",
                     eid,
                     "item.content",
@@ -374,8 +404,10 @@ class Conversation:
                     return []
                 reason = "turn_detected" if why == "barge_in" else "client_cancelled"
                 return self._done("cancelled", reason=reason)
-            case Error(code=code, content=content):
+            case Error(code=code, content=content, reply_to=ref):
                 reply, self._pending_reply = self._pending_reply, None
+                if isinstance(ref, str) and ref in self._named:
+                    reply = ref
                 out = [self.error(content, code=code, event_id=reply)]
                 if self._response is not None and event.seq:
                     out = [*self._done("failed", error=content), *out]

@@ -13,8 +13,10 @@ fallback — is a new input or action and new transitions here.
 **Inputs** and **actions** are the vocabulary of ``protocol.turn_events``
 (inputs: the client's own frames, what the upstream adapters return, and
 what the shell's I/O and timers report). Feed inputs with ``feed``, which
-dispatches by a table keyed by input type (``_HANDLERS``; a test checks it
-covers ``INPUT_TYPES``); a text delta also has the fast path ``text``.
+dispatches through the declared (state, input) table of ``protocol.turn_table``
+(a test checks it declares every pair); a text delta also has the fast path
+``text``. Between actions the shell asks ``wait`` what to wait for and until
+when (``Await``); time comes in as ``Tick``.
 An action is a protocol ``Event`` — "log it, then send it" (the shell
 stamps ``seq``/``timestamp``) — or a Struct the shell performs (``Persist``, ``Account``, ``TurnStarted``, ``Request``,
 ``CommitAudio``, ``StopResponse``, ``ReplaceResponse``, ``AwaitClient``,
@@ -49,8 +51,8 @@ machine stays in ``tools`` until every call has a result, in call order
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any, Final
+from collections.abc import Sequence
+from typing import Final
 
 import msgspec
 
@@ -83,48 +85,27 @@ from protocol.spoken import UNHEARD, SpokenAnswer
 from protocol.steps import StepRecorder
 from protocol.turn_events import (
     Action,
-    ApprovalTimeout,
-    Approve,
-    BackgroundDone,
+    Await,
     Backoff,
-    CallDone,
-    Cancel,
     CancelBackground,
-    ClientTimeout,
-    Commit,
     CommitAudio,
     DropUpstream,
     NativeCall,
     Persist,
-    Played,
     Refuse,
     ReplaceResponse,
     Request,
-    Rerun,
-    ResponseBegan,
     ResponseDone,
-    Resume,
-    ResumeBackground,
-    RetryNow,
-    ShellFailed,
-    Shutdown,
-    SpeechBegan,
-    SpeechEnded,
-    Spoken,
+    Source,
     StopResponse,
-    TextDelta,
-    Thought,
-    ToolResultMessage,
-    ToolsDone,
-    Transcript,
     TurnInput,
     TurnStarted,
     UpstreamFailed,
-    UpstreamLost,
-    UpstreamStalled,
     UserMessage,
 )
 from protocol.turn_state import NOTHING, RETRY, TurnState
+from protocol.turn_table import TRANSITIONS
+from protocol.turn_timers import CANCEL_REPORT_WAIT, Timers
 from protocol.turn_tools import ToolSteps
 
 __all__ = [
@@ -154,6 +135,9 @@ _NOTHING: Final = NOTHING
 _STOP: Final = StopResponse()
 _STARTED: Final = TurnStarted()
 _COMMIT: Final = CommitAudio()
+_TRANSITIONS: Final = TRANSITIONS
+_AWAIT_RESPONSE: Final = Await(Source.RESPONSE)
+_AWAIT_NOTHING: Final = Await(Source.NOTHING)
 
 CANCELLED_BY_USER: Final = "cancelled by the user"
 BARGED_IN: Final = "interrupted by the user's speech"
@@ -178,9 +162,11 @@ class TurnMachine(ToolSteps):
         "_chunk",
         "_ended",
         "_feed",
+        "_opened_for",
         "_queued",
         "_stalled",
         "cancel_background",
+        "setup",
         "spoken",
         "upstream_retries",
         "voice",
@@ -194,13 +180,18 @@ class TurnMachine(ToolSteps):
         upstream_retries: int = 3,
         client_tools: ClientToolRouter | None = None,
         call_number: int = 0,
+        client_tool_timeout: float = 60.0,
+        approval_timeout: float = 120.0,
     ) -> None:
         self.state = _IDLE
+        self.timers = Timers(client_tool_timeout, approval_timeout)
+        self.setup = 0  # the session's setups so far (``Reconfigured``)
+        self._opened_for = 0  # the setup the open connection was opened for (``Opened``)
         self.batch = ToolBatch(client_tools, call_number)
         self.meter = UsageMeter(total)
         self.max_steps = max_steps
         self.upstream_retries = upstream_retries
-        self._queued: str | None = None  # a message sent while the turn was closing
+        self._queued: UserMessage | None = None  # a message sent while the turn was closing
         self._recorder = StepRecorder()
         self._chunk = self._recorder.chunk
         self._parser = Parser()
@@ -226,6 +217,27 @@ class TurnMachine(ToolSteps):
         """The next input comes from the upstream connection (a delta or a response's end)."""
         state = self.state
         return state is _STREAMING or state is _STOPPING or state is _ENDING or state is _CANCELLING
+
+    def wait(self, now: float, *, listening: bool) -> Await:
+        """What the shell waits for next (once it performed every action), and until when.
+
+        ``now``: the shell's clock; ``listening``: the session reads its upstream between
+        turns (a voice session with a client attached)."""
+        state = self.state
+        if state is _STREAMING or state is _STOPPING or state is _ENDING:
+            return _AWAIT_RESPONSE
+        if state is _CANCELLING:
+            # The stopped response's end (and usage) comes within a round trip, or never.
+            return Await(Source.UPSTREAM, now + CANCEL_REPORT_WAIT)
+        client, approval = self.awaits_client, self.awaits_approval
+        deadline = (
+            self.timers.deadline(client=client, approval=approval) if client or approval else None
+        )
+        if listening:
+            return Await(Source.LISTEN, deadline)
+        if state is _IDLE:
+            return _AWAIT_NOTHING
+        return Await(Source.COMMAND, deadline)
 
     # --- the hot path ---------------------------------------------------------------
 
@@ -271,8 +283,10 @@ class TurnMachine(ToolSteps):
     # --- everything else ---------------------------------------------------------------
 
     def feed(self, given: TurnInput) -> Sequence[Action]:
-        """Everything but the hot path: the actions ``given`` calls for in this state."""
-        return _HANDLERS[type(given)](self, given)
+        """Everything but the hot path: the actions ``given`` calls for in this state
+        (``protocol.turn_table`` declares every pair: the step, or ``IGNORE``)."""
+        entry = _TRANSITIONS[self.state, type(given)]
+        return _NOTHING if entry is None else entry[0](self, given)
 
     # --- voice --------------------------------------------------------------------------
 
@@ -295,11 +309,14 @@ class TurnMachine(ToolSteps):
                     out.append(ReplaceResponse(text, heard_ms=heard))
         return out
 
-    def audio_sent(self, ms: float) -> None:
-        """The shell sent ``ms`` of the answer's audio to the clients (the hot path:
-        no actions). What the listener has not heard yet can still be cut."""
-        if self.state is _STREAMING:
-            self.spoken.audio_sent(ms)
+    def audio_sent(self, ms: float) -> bool:
+        """The answer's next ``ms`` of audio (the hot path: no actions). True: the shell
+        sends it to the clients (what the listener has not heard yet can still be cut);
+        False: it is the rest of a cancelled answer."""
+        if self.state is not _STREAMING:
+            return False
+        self.spoken.audio_sent(ms)
+        return True
 
     def _speech_ended(self, offset_ms: int) -> Sequence[Action]:
         out: list[Action] = [SpeechStopped(offset_ms=offset_ms)]
@@ -359,16 +376,17 @@ class TurnMachine(ToolSteps):
             return _NOTHING
         return out
 
-    def _user(self, text: str) -> Sequence[Action]:
+    def _user(self, given: UserMessage) -> Sequence[Action]:
         state = self.state
+        text = given.content
         if state is _IDLE:
             return self._begin(
-                [User(content=text), Persist((User(content=text),))],
+                [User(content=text, reply_to=given.id), Persist((User(content=text),))],
                 Message(role="user", content=text),
             )
         if (state is _ENDING or state is _CANCELLING) and self._queued is None:
             # The turn only waits for its usage: the message starts right after it.
-            self._queued = text
+            self._queued = given
             return _NOTHING
         return [
             Refuse(
@@ -395,6 +413,12 @@ class TurnMachine(ToolSteps):
         self._stalled = False
         self._new_attempt()
         self.state = _STREAMING
+        return self._ask(message)
+
+    def _ask(self, message: Message | None) -> Request:
+        """Ask the model; on a new connection if the open one is for an older setup."""
+        if self._opened_for != self.setup:
+            return Request(message, fresh=True)
         return _RETRY if message is None else Request(message)
 
     def _new_attempt(self) -> None:
@@ -646,7 +670,15 @@ class TurnMachine(ToolSteps):
         if self.state is not _BACKOFF:
             return _NOTHING
         self.state = _STREAMING
-        return [_RETRY]
+        return [self._ask(None)]
+
+    def _reconfigured(self) -> Sequence[Action]:
+        self.setup += 1
+        return _NOTHING
+
+    def _opened(self, setup: int) -> Sequence[Action]:
+        self._opened_for = setup
+        return _NOTHING
 
     def _rerun(self, reason: str) -> Sequence[Action]:
         if self.state is not _IDLE:
@@ -661,40 +693,3 @@ class TurnMachine(ToolSteps):
         self.spoken.forget()
         self.background.forget()
         return _NOTHING if was is _IDLE else [DropUpstream(stop=True)]
-
-
-_Handler = Callable[[TurnMachine, Any], Sequence[Action]]
-
-# ``feed``'s dispatch: one entry per input type (tests check it covers ``INPUT_TYPES``).
-_HANDLERS: Final[dict[type, _Handler]] = {
-    TextDelta: lambda m, i: m.text(i.text),
-    UserMessage: lambda m, i: m._user(i.content),
-    ResponseDone: lambda m, i: m._response_done(i),
-    ToolsDone: lambda m, i: m._tools_done(i.results),
-    ToolResultMessage: lambda m, i: m._client_result(i),
-    ClientTimeout: lambda m, i: m._client_timeout(i.seconds),
-    Approve: lambda m, i: m._approve(i),
-    ApprovalTimeout: lambda m, i: m._approval_timeout(i.seconds),
-    UpstreamLost: lambda m, i: m._upstream_lost(i.reason, fatal=i.fatal, fallback=i.fallback),
-    UpstreamFailed: lambda m, i: m._upstream_failed(i),
-    UpstreamStalled: lambda m, i: m._upstream_stalled(i.seconds),
-    RetryNow: lambda m, i: m._retry_now(),
-    Cancel: lambda m, i: m._cancel(),
-    Rerun: lambda m, i: m._rerun(i.reason),
-    Resume: lambda m, i: m._resume(i),
-    BackgroundDone: lambda m, i: m._background_done(i.id, i.result),
-    ResumeBackground: lambda m, i: m._resume_background(i),
-    CallDone: lambda m, i: m._call_done(i),
-    ShellFailed: lambda m, i: m._shell_failed(i.what),
-    Shutdown: lambda m, i: m._shutdown(),
-    Spoken: lambda m, i: m._said(Respond(content=i.text)),
-    Thought: lambda m, i: m._said(Think(content=i.text)),
-    SpeechBegan: lambda m, i: m._speech_began(i.offset_ms),
-    SpeechEnded: lambda m, i: m._speech_ended(i.offset_ms),
-    # A late transcript (the turn went on without it) is not ours any more.
-    Transcript: lambda m, i: m.spoken.release(i.text) if m.spoken.holding else _NOTHING,
-    Played: lambda m, i: m.spoken.played(i.ms),
-    ResponseBegan: lambda m, i: m._begin_spoken([]) if m.state is _IDLE else _NOTHING,
-    Commit: lambda m, i: m._commit(),
-    NativeCall: lambda m, i: m._native_call(i),
-}

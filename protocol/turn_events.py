@@ -24,6 +24,7 @@ table keyed by them that misses a member fails a test instead of dropping it.
 
 from __future__ import annotations
 
+import enum
 import typing
 from typing import Any, Final
 
@@ -52,6 +53,7 @@ __all__ = [
     "Action",
     "ApprovalTimeout",
     "Approve",
+    "Await",
     "AwaitApproval",
     "AwaitClient",
     "BackgroundDone",
@@ -64,8 +66,10 @@ __all__ = [
     "CommitAudio",
     "DropUpstream",
     "NativeCall",
+    "Opened",
     "Persist",
     "Played",
+    "Reconfigured",
     "Refuse",
     "ReplaceResponse",
     "Request",
@@ -78,6 +82,7 @@ __all__ = [
     "RunTools",
     "ShellFailed",
     "Shutdown",
+    "Source",
     "SpeechBegan",
     "SpeechEnded",
     "Spoken",
@@ -85,6 +90,7 @@ __all__ = [
     "StopResponse",
     "TextDelta",
     "Thought",
+    "Tick",
     "ToolResultMessage",
     "ToolsDone",
     "Transcript",
@@ -222,6 +228,26 @@ class ApprovalTimeout(_Input, frozen=True, tag="approval_timeout"):
     seconds: float
 
 
+class Tick(_Input, frozen=True, tag="tick"):
+    """The shell's clock (loop time, seconds): the timers the machine armed with
+    ``AwaitClient`` or ``AwaitApproval`` start at ``now``, and those due by ``now``
+    fire. Feed it as those actions are performed and when an ``Await``'s deadline passes."""
+
+    now: float
+
+
+class Reconfigured(_Input, frozen=True, tag="reconfigured"):
+    """The session's setup changed (``configure``, the owner's rights): the next model
+    step asks a connection opened for the new one (``Request.fresh``)."""
+
+
+class Opened(_Input, frozen=True, tag="opened"):
+    """The shell opened an upstream connection for setup number ``setup``
+    (``TurnMachine.setup``, read as the open began)."""
+
+    setup: int
+
+
 class RetryNow(_Input, frozen=True, tag="retry_now"):
     """The ``Backoff`` delay is over."""
 
@@ -300,6 +326,9 @@ TurnInput = (
     | Approve
     | ApprovalTimeout
     | ClientTimeout
+    | Tick
+    | Reconfigured
+    | Opened
     | RetryNow
     | Cancel
     | ShellFailed
@@ -349,11 +378,13 @@ class Request(_Action, frozen=True, tag="request"):
 
     ``outputs`` (native function calls): answer each ``(call_id, output)``
     before starting the response; a fresh connection needs none (history
-    holds the results).
+    holds the results). ``fresh``: the open connection was opened for an
+    older setup (``Reconfigured``): let it go and open a new one.
     """
 
     message: Message | None = None
     outputs: tuple[tuple[str, str], ...] = ()
+    fresh: bool = False
 
 
 class CommitAudio(_Action, frozen=True, tag="commit_audio"):
@@ -469,6 +500,32 @@ Action = (
     | Backoff
     | Refuse
 )
+
+
+# --- waits -------------------------------------------------------------------------
+
+
+class Source(enum.Enum):
+    """What the shell waits on between actions (``TurnMachine.wait``)."""
+
+    NOTHING = "nothing"
+    """No turn runs and nobody listens: the driver stops."""
+    RESPONSE = "response"
+    """The running response's events (the link's stall watch bounds the silence)."""
+    UPSTREAM = "upstream"
+    """The upstream's events; none by the deadline means the connection is lost."""
+    LISTEN = "listen"
+    """The upstream's events, while a command may come (it interrupts the read); at
+    the deadline, feed ``Tick``."""
+    COMMAND = "command"
+    """A command (a client's result, a decision, a cancel); at the deadline, feed ``Tick``."""
+
+
+class Await(msgspec.Struct, frozen=True):
+    """What the shell waits for next, and until when (loop time; None: no deadline)."""
+
+    source: Source
+    deadline: float | None = None
 
 
 def _members(union: Any) -> frozenset[type]:

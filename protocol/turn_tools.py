@@ -41,6 +41,7 @@ from protocol.turn_events import (
     ToolResultMessage,
 )
 from protocol.turn_state import MALFORMED_LIMIT, NOTHING, RETRY, TurnState
+from protocol.turn_timers import Timers
 
 __all__ = ["ToolSteps"]
 
@@ -67,9 +68,11 @@ class ToolSteps:
         "max_steps",
         "meter",
         "state",
+        "timers",
     )
 
     state: TurnState
+    timers: Timers
     batch: ToolBatch
     background: BackgroundCalls
     meter: UsageMeter
@@ -209,7 +212,8 @@ class ToolSteps:
             # needs none: history holds them.
             outputs = tuple((native.pop(call_id), encode_result(result)) for call_id, result in due)
             out = self._begin([Persist(items)], None)
-            out[-1] = Request(outputs=outputs)
+            if out[-1] is _RETRY:  # (a fresh connection gets them from history)
+                out[-1] = Request(outputs=outputs)
             return out
         for call_id, _ in due:
             native.pop(call_id, None)
@@ -220,6 +224,7 @@ class ToolSteps:
         self, out: list[Action], run: RunTools | None, waiting: tuple[str, ...]
     ) -> list[Action]:
         asked = self.batch.approvals_pending
+        self.timers.arm(client=bool(waiting), approval=bool(asked))
         if asked:
             out.append(AwaitApproval(asked))
         if waiting:
@@ -253,7 +258,7 @@ class ToolSteps:
         """The server calls' results, in the order of ``RunTools``'s calls."""
         batch = self.batch
         if self.state is not _TOOLS or not batch.server_running:
-            return []  # results of a batch the machine no longer waits for (cancelled)
+            return []  # results of a batch the machine no longer waits for (the table ignores it)
         out: list[Action] = [*batch.tools_done(results)]
         out += self._maybe_batch_done()
         return out
@@ -298,6 +303,17 @@ class ToolSteps:
             out.append(run)
         else:
             out += self._maybe_batch_done()
+        return out
+
+    def _tick(self, now: float) -> Sequence[Action]:
+        """The time is ``now``: armed timers start; the batch's due waits time out."""
+        timers = self.timers
+        timers.start(now)
+        out: list[Action] = []
+        if self.awaits_client and timers.client_due(now):
+            out += self._client_timeout(timers.client_timeout)
+        if self.awaits_approval and timers.approval_due(now):
+            out += self._approval_timeout(timers.approval_timeout)
         return out
 
     def _client_timeout(self, seconds: float) -> Sequence[Action]:

@@ -84,7 +84,7 @@ class ToolContext:
     """The call's id in its session (``call_N``); set per call by the executor."""
     idempotency_key: str = ""
     """The same for every run of one call, on any node (``protocol.journal``): a tool
-    that acts in the world does it once per key (the README's "Your own tools")."""
+    that acts in the world does it once per key (docs/tools.md, "Your own tools")."""
 
 
 class Tool(abc.ABC, Generic[ArgsT]):

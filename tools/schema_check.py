@@ -51,7 +51,7 @@ __all__ = [
 
 BUDGET: Final = 50_000
 """Steps one args check may spend (measured: the costliest schema we could
-build spends them in ~25 ms; docs/architecture.md, "Tenant tool schemas")."""
+build spends them in ~25 ms; docs/decisions/tenant-tool-schemas.md)."""
 MAX_NESTING: Final = 160
 """Schema applications inside each other (args depth, ``$ref`` chains, ``allOf``...)."""
 MAX_ERRORS: Final = 3

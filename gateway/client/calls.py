@@ -62,16 +62,6 @@ class ApprovalRefused(ClientError):
         self.content = content
 
 
-def _refuses_approve(error: Error) -> bool:
-    """Whether an unlogged reply refuses an ``approve`` (its texts are the server's,
-    ``protocol.approvals`` and the edge's rights check)."""
-    if error.code == "wrong_digest":
-        return True
-    if error.code == "unknown_call":
-        return "approve only" in error.content
-    return error.code == "forbidden" and "may not approve" in error.content
-
-
 class Calls:
     """One client's tools and approvals (see the module docstring); ``send`` sends a
     text frame on the client's live connection."""
@@ -103,13 +93,14 @@ class Calls:
                     pending[1].set_result(event)
 
     def refused(self, error: Error) -> bool:
-        """Whether ``error`` (an unlogged reply) refuses a pending ``approve`` (raised there)."""
-        if not self._approving or not _refuses_approve(error):
-            return False
-        _, waiter = self._approving.popleft()
-        if not waiter.done():
-            waiter.set_exception(ApprovalRefused(error.code, error.content))
-        return True
+        """Whether ``error`` (an unlogged reply) refuses a pending ``approve`` (raised there):
+        its ``reply_to`` is the call's id, which is the approve's ``id``."""
+        refused = [p for p in self._approving if p[0] == error.reply_to]
+        for pending in refused:
+            self._approving.remove(pending)
+            if not pending[1].done():
+                pending[1].set_exception(ApprovalRefused(error.code, error.content))
+        return bool(refused)
 
     async def approve(
         self, call_id: str, digest: str, decision: Decision, timeout: float

@@ -67,10 +67,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import random
 import time
-from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, TypeVar, overload
@@ -101,6 +101,7 @@ from protocol.events import (
     Configured,
     Error,
     Event,
+    Guardrail,
     Session,
     SpeechStarted,
     SpeechStopped,
@@ -143,13 +144,9 @@ class ConfigureRefused(ClientError):
         self.content = content
 
 
-# Unlogged replies that refuse a ``configure`` (audio refusals aside: they
-# answer audio frames, which may be in flight at the same time).
-_CONFIGURE_REFUSALS: Final = frozenset({"forbidden", "bad_frame", "turn_active", "store"})
-
-
-def _refuses_configure(error: Error) -> bool:
-    return error.code in _CONFIGURE_REFUSALS and not error.content.startswith("audio needs")
+# The ``id`` of every ``played`` frame: a gateway that does not know the
+# message answers ``unknown_type`` with this ``reply_to``.
+_PLAYED_ID: Final = "played"
 
 
 class _Reconnected(msgspec.Struct, frozen=True):
@@ -266,7 +263,9 @@ class Client:
         self._closing = False
         self._failure: BaseException | None = None
         self._in_turn = False
-        self._configuring: deque[asyncio.Future[Configured]] = deque()
+        # Each configure() waits for the reply naming its id (``configure-N``).
+        self._configuring: dict[str, asyncio.Future[Configured]] = {}
+        self._commands = itertools.count(1)
         self._speech_ended = asyncio.Event()  # the gateway heard the spoken turn end
         self._played_supported = True  # False once the gateway answered unknown_type
         self.session: Session | None = None
@@ -393,16 +392,16 @@ class Client:
         no answer comes within ``timeout`` seconds.
         """
         waiter: asyncio.Future[Configured] = asyncio.get_running_loop().create_future()
-        self._configuring.append(waiter)
+        ref = f"configure-{next(self._commands)}"
+        self._configuring[ref] = waiter
         try:
-            await self._send_frame(orjson.dumps({"type": "configure", **fields}))
+            await self._send_frame(orjson.dumps({"type": "configure", **fields, "id": ref}))
             async with asyncio.timeout(timeout):
                 return await waiter
         except TimeoutError:
             raise ClientError(f"the gateway did not answer configure within {timeout:g}s") from None
         finally:
-            with contextlib.suppress(ValueError):
-                self._configuring.remove(waiter)
+            self._configuring.pop(ref, None)
 
     async def played(self, seq: int, ms: int) -> None:
         """Report the model's speech played so far: ``ms`` milliseconds of the
@@ -413,7 +412,7 @@ class Client:
         once; the client then stops sending it, silently.
         """
         if self._played_supported:
-            frame = orjson.dumps({"type": "played", "seq": seq, "ms": int(ms)})
+            frame = orjson.dumps({"type": "played", "seq": seq, "ms": int(ms), "id": _PLAYED_ID})
             await self._send_frame(frame)
 
     async def send_audio(self, pcm16: bytes) -> None:
@@ -549,10 +548,8 @@ class Client:
             if isinstance(item, _Failed):
                 raise item.error
         payload = _encoder.encode(UserMessage(content=text))
-        sent_on = await self._send_frame(payload)
-        sent_after = self._last
-        started = False
-        tracker = TurnTracker()
+        sent_on, after = await self._send_frame(payload), self._last  # the seq seen then
+        started, tracker = False, TurnTracker()
         while True:
             try:
                 if tracker.closing:
@@ -571,7 +568,12 @@ class Client:
                     sent_on = await self._send_frame(payload)
                 continue
             if not started:
-                if isinstance(item, User) and item.seq > sent_after and item.content == text:
+                if isinstance(item, Guardrail) and item.on == "input" and item.seq > after:
+                    yield item  # blocked (no turn: the model never got it), or redacted
+                    if item.action != "redact":
+                        return
+                    text = ""  # its echo is the redacted text
+                elif isinstance(item, User) and item.seq > after and text in ("", item.content):
                     started = True
                     tracker.feed("user")
                     yield item
@@ -759,9 +761,9 @@ class Client:
                     self._last = event.seq
                 elif isinstance(event, Error) and self._answers_own_frame(event):
                     continue  # a reply configure(), played() or approve() takes
-                if isinstance(event, Configured) and self._configuring:
-                    waiter = self._configuring.popleft()
-                    if not waiter.done():
+                if isinstance(event, Configured) and isinstance(event.reply_to, str):
+                    waiter = self._configuring.pop(event.reply_to, None)
+                    if waiter is not None and not waiter.done():
                         waiter.set_result(event)
                 elif isinstance(event, SpeechStopped) or (
                     isinstance(event, User) and event.source == "audio"
@@ -780,14 +782,18 @@ class Client:
 
     def _answers_own_frame(self, error: Error) -> bool:
         """Whether an unlogged error reply answers ``played`` (dropped silently: the
-        gateway does not know it yet) or a pending ``configure`` (raised there)."""
-        if error.code == "unknown_type" and "'played'" in error.content:
+        gateway does not know it yet), a pending ``approve`` or ``configure`` (raised
+        there): matched by its ``reply_to``, the frame's ``id``."""
+        # A gateway older than ``played`` names no command either: ``played`` is
+        # the only type this client sends that some gateway may not know.
+        if error.code == "unknown_type" and error.reply_to in (_PLAYED_ID, msgspec.UNSET):
             self._played_supported = False
             return True
         if self._calls.refused(error):
             return True
-        if self._configuring and _refuses_configure(error):
-            waiter = self._configuring.popleft()
+        ref = error.reply_to
+        waiter = self._configuring.pop(ref, None) if isinstance(ref, str) else None
+        if waiter is not None:
             if not waiter.done():
                 waiter.set_exception(ConfigureRefused(error.code, error.content))
             return True

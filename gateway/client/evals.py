@@ -135,10 +135,10 @@ def read_scenarios(text: str, source: str = "scenarios.toml") -> ScenarioFile:
         found = msgspec.convert(data, ScenarioFile)
     except msgspec.ValidationError as exc:
         raise ScenarioError(
-            f"{source}: {exc}; see the README's 'Testing your agent in CI'"
+            f"{source}: {exc}; see docs/recording.md, 'Testing your agent in CI'"
         ) from None
     if not found.scenario:
-        raise ScenarioError(f"{source}: no [[scenario]] in it; see the README's example")
+        raise ScenarioError(f"{source}: no [[scenario]] in it; see docs/examples/scenarios.toml")
     for scenario in found.scenario:
         if not scenario.turn and scenario.from_ is None:
             raise ScenarioError(f"{source}: scenario {scenario.name!r} has no [[scenario.turn]]")

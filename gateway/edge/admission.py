@@ -202,7 +202,7 @@ class Edges:
         # Whether keys are still issued; closes the connections of revoked ones.
         self.rights = KeyRights(self.key_file, self.redis_keys)
         self.watch = RightsWatch(self.rights, node.store, connections, on_tick=self._reread)
-        self._policies_seen = node.policies.version
+        self._policies_seen = (node.policies.version, node.setups.guardrails.version)
         # Connections of both ports that have not authenticated yet (slow or stalled requests).
         limit = descriptor_limit()
         self.pending = PendingConnections(
@@ -253,9 +253,10 @@ class Edges:
         """Before each look of the rights watch: the files, if they changed."""
         if self.key_file is not None:
             self.key_file.poll()
-        policies = self.node.policies
-        if policies.poll() != self._policies_seen:
-            self._policies_seen = policies.version
+        # The key policies and the guardrails file: a change sets live sessions up again.
+        seen = (self.node.policies.poll(), self.node.setups.guardrails.poll())
+        if seen != self._policies_seen:
+            self._policies_seen = seen
             self.node.policies_changed()
 
     # ------------------------------------------------------------------ handshake

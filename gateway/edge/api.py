@@ -479,7 +479,7 @@ class HttpApi:
         try:
             return decode(data)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            raise Refusal(400, f"invalid body: {exc}; see the README's HTTP API reference") from exc
+            raise Refusal(400, f"invalid body: {exc}; see docs/http-api.md") from exc
         except RecursionError as exc:  # msgspec recurses per level: ~1,000 is its end
             raise Refusal(
                 400,

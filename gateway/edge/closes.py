@@ -7,7 +7,7 @@ client sees 1000 "normal closure" instead of the code that told it what to do
 (a lost session used to close so, its reason carrying the store's ~150-byte
 lease message). Every close goes through ``close_reason`` for that reason.
 
-The codes are documented for clients in the README's "Close codes" table.
+The codes are documented for clients in docs/protocol.md's "Close codes" table.
 """
 
 from __future__ import annotations

@@ -31,6 +31,7 @@ import uuid
 from collections import deque
 from collections.abc import MutableMapping, Sequence
 
+import msgspec
 from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
 
@@ -38,7 +39,7 @@ from gateway import wsfast
 from gateway.edge.backpressure import SegmentJoiner, SendPressure
 from gateway.edge.closes import CloseCode, close_reason
 from gateway.edge.frame_rate import FrameRate, Verdict
-from gateway.sessions.commands import COMMANDS, dispatch
+from gateway.sessions.commands import COMMANDS, admit, dispatch
 from gateway.sessions.port import NodePort
 from gateway.sessions.subscriber import DrivenSession, EventSource
 from gateway.store.base import LogEntry, StoreError, StoreUnavailable
@@ -48,6 +49,7 @@ from protocol.events import (
     Ping,
     Pong,
     Session,
+    answering,
     decode_client,
     decode_event,
     encode,
@@ -211,9 +213,10 @@ class ClientConnection:
         """Run a forwarded command again: its session stopped being driven elsewhere."""
         self._redispatched += 1
         if self._redispatched > 5:  # the session keeps moving: let the client decide
-            self._reply(
-                Error(code="turn_active", content="the session is moving between nodes; send again")
+            moving = Error(
+                code="turn_active", content="the session is moving between nodes; send again"
             )
+            self._reply(answering(moving, decode_client(frame)))
             return
         self.node.spawn(self._handle(frame.decode()), f"redispatch:{self.sid}")
 
@@ -318,6 +321,9 @@ class ClientConnection:
         check = self._frame_rate.check
         clock = time.monotonic
         queue = self._queue
+        messages = getattr(self.ws, "recv_messages", None)
+        if isinstance(messages, wsfast.MessageQueue):
+            messages.intercept = self._take_audio
         try:
             async for frame in self.ws:
                 if self._close is not None:
@@ -350,6 +356,28 @@ class ClientConnection:
                     self.node.metrics.frames_dropped.inc()
         except ConnectionClosed:
             return
+        finally:
+            if isinstance(messages, wsfast.MessageQueue):
+                messages.intercept = None
+
+    def _take_audio(self, data: bytes, text: bool) -> bool:
+        """The read callback's offer of a frame while the reader waits (``wsfast``'s
+        intercept): user audio the session's upstream takes at once is relayed from
+        here, with no task resumed per 20 ms frame; anything else (and audio the
+        fast path cannot take) goes to the reader, as before.
+
+        The reader's wake-up and its ``sleep(0)`` were about a third of the
+        node's CPU per frame (``tests/bench/voice_cost_bench.py``, py-spy).
+        Only an empty queue is offered, so frames keep their order.
+        """
+        if self._close is not None:
+            return False
+        if not text:
+            return self._audio_now(data)
+        if b'"audio"' not in data:
+            return False
+        message = decode_client(data)
+        return isinstance(message, AudioChunk) and self._audio_now(message.audio)
 
     async def _json_audio(self, frame: str) -> bool:
         """Handle an ``{"type": "audio"}`` text frame; False for any other frame.
@@ -362,7 +390,7 @@ class ClientConnection:
         if not isinstance(message, AudioChunk):
             return False
         if not self._audio_now(message.audio):
-            await self._audio(message.audio)
+            await self._audio(message.audio, message.id)
         await asyncio.sleep(0)
         return True
 
@@ -416,8 +444,8 @@ class ClientConnection:
         runtime = self.driven
         return runtime is not None and not runtime.closed and runtime.send_audio_now(pcm16)
 
-    async def _audio(self, pcm16: bytes) -> None:
-        """User audio (a binary frame, or an ``audio`` frame's bytes) for the session."""
+    async def _audio(self, pcm16: bytes, ref: str | msgspec.UnsetType = msgspec.UNSET) -> None:
+        """User audio (a binary frame, or an ``audio`` frame's bytes and ``id``) for the session."""
         runtime = self.driven
         if runtime is None or runtime.closed or runtime.voice is None:
             if time.monotonic() < self._audio_retry_at:
@@ -428,7 +456,9 @@ class ClientConnection:
                 with contextlib.suppress(StoreError):
                     # Voice is driven where the microphone is: ask for the session.
                     await self.node.ask_to_hand_over(self.sid)
-                self._refuse_audio(Error(code="turn_active", content=_DRIVEN_ELSEWHERE))
+                self._refuse_audio(
+                    Error(code="turn_active", content=_DRIVEN_ELSEWHERE, reply_to=ref)
+                )
                 return
         voice = runtime.voice
         if voice is None or voice.audio_in is None:
@@ -437,6 +467,7 @@ class ClientConnection:
                     code="bad_frame",
                     content="audio needs input audio configured first: send "
                     '{"type": "configure", "input_audio": {"format": "pcm16", "rate": 24000}}',
+                    reply_to=ref,
                 )
             )
             return
@@ -459,50 +490,17 @@ class ClientConnection:
             self._reply(message)
             return
         if isinstance(message, Ping):
-            self.notify(Pong(timestamp=time.time()))
+            self.notify(answering(Pong(timestamp=time.time()), message))
             return
         if isinstance(message, AudioChunk):
-            await self._audio(message.audio)
+            await self._audio(message.audio, message.id)
+            return
+        refusal = await admit(message, self)
+        if refusal is not None:
+            self._reply(refusal)
             return
         spec = COMMANDS[type(message)]
-        if spec.trusted and not self.trusted:
-            self._reply(
-                Error(
-                    code="forbidden",
-                    content=f"a client token cannot send {spec.what}: it may not change the "
-                    "session's configuration; the app's backend sets it (POST /v1/sessions) "
-                    "or connects with its API key",
-                )
-            )
-            return
-        if spec.approving and not self.may_approve:
-            self._reply(
-                Error(
-                    code="forbidden",
-                    content="this connection may not approve calls: approve with the API key, "
-                    'or with a client token minted with "rights": ["approve"] '
-                    "(POST /v1/sessions/ID/tokens)",
-                )
-            )
-            return
-        if spec.turn and self.node.draining:
-            self._reply(
-                Error(
-                    code="draining",
-                    content="this gateway node is shutting down; reconnect (with session_id and "
-                    "after=SEQ) to reach another node and send the message again",
-                )
-            )
-            return
-        if spec.records and not await self._record_if_new():
-            return
-        if spec.turn:
-            # Per-key turn limits (gateway.sessions.limits), before the turn starts here or is forwarded.
-            refusal = await self.node.limits.admit_turn(self.sid, self.driven)
-            if refusal is not None:
-                self._reply(refusal)
-                return
-        runtime = await self._runtime_to_run(frame, spec.forwarded)
+        runtime = await self._runtime_to_run(frame, message, spec.forwarded)
         if runtime is None:
             return  # forwarded (the driving node answers), or refused
         self._redispatched = 0
@@ -510,7 +508,9 @@ class ClientConnection:
         if error is not None:
             self._reply(error)
 
-    async def _runtime_to_run(self, frame: str, forwarded: bool) -> DrivenSession | None:
+    async def _runtime_to_run(
+        self, frame: str, message: object, forwarded: bool
+    ) -> DrivenSession | None:
         """The session's runtime here, to run a command on; None when it went to the
         node driving the session (``forwarded`` commands) or was refused (replied)."""
         runtime = None
@@ -526,38 +526,47 @@ class ClientConnection:
                 break
         if runtime is None and not forwarded:
             # Voice is driven where its client is (audio is not forwarded between nodes).
-            self._reply(Error(code="turn_active", content=_DRIVEN_ELSEWHERE))
+            self._reply(answering(Error(code="turn_active", content=_DRIVEN_ELSEWHERE), message))
         elif runtime is None:
             self._reply(
-                Error(
-                    code="store",
-                    content="the session store is unavailable, so this message could not "
-                    "reach the session; send it again in a few seconds",
+                answering(
+                    Error(
+                        code="store",
+                        content="the session store is unavailable, so this message could not "
+                        "reach the session; send it again in a few seconds",
+                    ),
+                    message,
                 )
             )
         return runtime
 
-    async def _record_if_new(self) -> bool:
-        """Store a new session at its first turn or configuration; False (replied) if that failed.
+    # ------------------------------------------------------------- Sender
+
+    @property
+    def draining(self) -> bool:
+        return self.node.draining
+
+    async def admit_turn(self) -> Error | None:
+        return await self.node.limits.admit_turn(self.sid, self.driven)
+
+    async def record(self) -> Error | None:
+        """Store a new session at its first turn or configuration (``commands.admit``).
 
         A connection that never sends a message leaves no session behind.
         """
         owner = self._unrecorded.get(self.sid)
         if owner is None:
-            return True
+            return None
         try:
             await self.node.record_session(self.sid, owner)
         except StoreUnavailable:
-            self._reply(
-                Error(
-                    code="store",
-                    content="the session store is unavailable, so the session could "
-                    "not be saved; send your message again in a few seconds",
-                )
+            return Error(
+                code="store",
+                content="the session store is unavailable, so the session could "
+                "not be saved; send your message again in a few seconds",
             )
-            return False
         self._unrecorded.pop(self.sid, None)
-        return True
+        return None
 
     async def _runtime_for_command(self) -> DrivenSession | None:
         driven = self.driven

@@ -46,10 +46,9 @@ from gateway.edge.frame_rate import FrameRate, Verdict
 from gateway.edge.pending import PendingConnections
 from gateway.edge.tokens import is_client_token
 from gateway.upstream import providers
-from gateway.upstream.models import MODELS
 from protocol.audio import split_audio_frame
 from protocol.configuration import SessionConfig
-from protocol.events import Configure, Played, Session, decode_event
+from protocol.events import Configure, Configured, Error, Played, Session, decode_event
 from protocol.openai_conversation import Conversation, Emit
 from protocol.openai_events import OutputAudioBufferClear, decode_client, encode
 
@@ -73,13 +72,13 @@ def model_route(config: Config, model: str) -> tuple[str, str] | str:
     On a simulator node every model a provider lists is served by the
     simulator flavour of that provider (``gateway.app.sim_flavor_of``).
     """
-    wire = next((m.wire for m in MODELS if m.name == model and not m.shutdown), None)
-    if wire is None:
-        served = ", ".join(m.name for m in MODELS if not m.shutdown)
+    row = providers.listing(model)
+    if row is None or model not in row.served():
+        served = ", ".join(name for r in providers.PROVIDERS for name in r.served())
         return f"model {model[:100]!r} is not served by this gateway; choose one of: {served}"
     if providers.SIM in config.providers:
         return providers.SIM, model
-    return wire, model
+    return row.name, model
 
 
 def _error_response(status: int, message: str, code: str) -> Response:
@@ -140,8 +139,8 @@ class DoorSession(msgspec.Struct):
     sid: str
     model: str
     route: tuple[str, str]
-    fresh: bool  # a new session: configure it for the model
     after: tuple[int, int] | None
+    early: list[str]  # frames read during the handshake, for the conversation
     head: int = 0  # a resumed session's last seq when joined: its replay ends there
 
 
@@ -159,13 +158,14 @@ class OpenAIDoor:
         self.config = config
         self.pending = pending
         self.config_of = config_of
-        self.gateway_port = 0  # set once the node listens
-        self._handshakes: dict[int, DoorSession] = {}
+        self.gateway_address = ""  # HOST:PORT of this node's own door, set once it listens
+        self._handshakes: dict[ServerConnection, DoorSession] = {}
+        self._reapers: set[asyncio.Task[None]] = set()
         # This node's WebRTC calls: call id -> (session id, model), for ?call_id=.
         self.calls: dict[str, tuple[str, str]] = {}
 
     def owns(self, ws: ServerConnection) -> bool:
-        return id(ws) in self._handshakes
+        return ws in self._handshakes
 
     def select_subprotocol(self, offered: Sequence[Subprotocol]) -> Subprotocol | None:
         return REALTIME if REALTIME in offered else None
@@ -190,12 +190,15 @@ class OpenAIDoor:
         route = model_route(self.config, model)
         if isinstance(route, str):
             return _error_response(400, route, "model_not_found")
+        authorizations = request.headers.get_all("Authorization")
+        if len(authorizations) > 1:
+            return _error_response(401, "send one Authorization header, not several", "auth")
+        authorization = authorizations[0] if authorizations else None
         offered = [
             p.strip()
             for value in request.headers.get_all("Sec-WebSocket-Protocol")
             for p in value.split(",")
         ]
-        authorization = request.headers.get("Authorization")
         insecure = next((p for p in offered if p.startswith(INSECURE_KEY)), None)
         if authorization is None and insecure is not None:
             authorization = "Bearer " + insecure[len(INSECURE_KEY) :]
@@ -213,12 +216,22 @@ class OpenAIDoor:
                     "invalid_after_event",
                 )
         opened = await self.open(
-            model, route, authorization, request.headers.get("Origin"), sid=sid, after=after
+            model,
+            route,
+            authorization,
+            request.headers.get("Origin"),
+            sid=sid,
+            after=after,
+            # authenticated by the inner handshake
+            authenticated=lambda: self.pending.settled(connection.transport),
         )
         if isinstance(opened, Refused):
             return _error_response(opened.status, opened.message, opened.code)
-        self.pending.settled(connection.transport)  # authenticated by the inner handshake
-        self._handshakes[id(connection)] = opened
+        self._handshakes[connection] = opened
+        # A handshake that never completes (the client went away) leaves no inner socket.
+        reaper = asyncio.get_running_loop().create_task(self._forget(connection))
+        self._reapers.add(reaper)
+        reaper.add_done_callback(self._reapers.discard)
         return None
 
     async def open(
@@ -230,16 +243,18 @@ class OpenAIDoor:
         *,
         sid: str = "",
         after: tuple[int, int] | None = None,
+        authenticated: Callable[[], None] | None = None,
     ) -> DoorSession | Refused:
         """A connection to this node's own door with the client's credentials (every
-        check of the gateway's door is made there), or the refusal to answer with."""
+        check of the gateway's door is made there), or the refusal to answer with.
+        ``authenticated()`` is called once the own door accepted the credentials."""
         headers: list[tuple[str, str]] = []
         if authorization is not None:
             headers.append(("Authorization", authorization))
         token = is_client_token((authorization or "").partition(" ")[2].strip())
         if origin is not None:
             headers.append(("Origin", origin))
-        url = f"ws://127.0.0.1:{self.gateway_port}/v1/realtime"
+        url = f"ws://{self.gateway_address}/v1/realtime"
         if sid:
             url += f"?session_id={quote(sid)}&after=0"
         try:
@@ -267,19 +282,58 @@ class OpenAIDoor:
         if not isinstance(first, Session):
             await inner.close()
             return Refused(503, "the gateway cannot serve this session now", "busy")
+        if authenticated is not None:
+            authenticated()
+        early: list[str] = []
+        # A new session is configured for ?model= now, before the client's transport
+        # opens: a model the key's policy (or the node) refuses is refused here, not
+        # after a turn ran on another model. A token's session was configured when it
+        # was minted.
+        if not sid and not token:
+            refused = await self._configure(inner, route, early)
+            if refused is not None:
+                await inner.close()
+                return refused
         return DoorSession(
             inner,
             first.session_id,
             model,
             route,
-            # A new session is configured for ?model=; a token's was, when it was minted.
-            fresh=not sid and not token,
             after=after,
+            early=early,
             head=first.seq if sid else 0,
         )
 
+    async def _forget(self, connection: ServerConnection) -> None:
+        await connection.wait_closed()
+        state = self._handshakes.pop(connection, None)
+        if state is not None:
+            await state.inner.close()
+
+    async def _configure(
+        self, inner: ClientConnection, route: tuple[str, str], early: list[str]
+    ) -> Refused | None:
+        """Configure the new session for its route; the refusal to answer, if any.
+        The frames read meanwhile are kept in ``early`` for the conversation."""
+        await inner.send(_command_encoder.encode(_configure(route)).decode())
+        try:
+            async with asyncio.timeout(_OPEN_TIMEOUT):
+                while True:
+                    frame = await inner.recv()
+                    if not isinstance(frame, str):
+                        continue
+                    event = decode_event(frame)
+                    if isinstance(event, Error) and not event.seq:
+                        status = 403 if event.code == "forbidden" else 400
+                        return Refused(status, event.content, event.code)
+                    early.append(frame)
+                    if isinstance(event, Configured):
+                        return None
+        except (ConnectionClosed, TimeoutError):
+            return Refused(503, "the gateway cannot serve this session now", "busy")
+
     async def serve(self, ws: ServerConnection) -> None:
-        await self.pump(self._handshakes.pop(id(ws)), _WebSocketLink(ws))
+        await self.pump(self._handshakes.pop(ws), _WebSocketLink(ws))
 
     async def pump(
         self, state: DoorSession, link: Link, conversation: Conversation | None = None
@@ -302,9 +356,15 @@ class OpenAIDoor:
                         continue
                 await link.send(encode(event))
 
+        async def frames() -> AsyncIterator[str | bytes]:
+            for early in state.early:
+                yield early
+            async for frame in inner:
+                yield frame
+
         async def downstream() -> None:
             nonlocal after
-            async for frame in inner:
+            async for frame in frames():
                 if isinstance(frame, bytes):  # the model's speech (never logged, never replayed)
                     try:
                         tag, pcm = split_audio_frame(frame)
@@ -350,9 +410,7 @@ class OpenAIDoor:
                 await to_session(conversation.speech_in(pcm))
 
         async def upstream() -> None:
-            if state.fresh:
-                await inner.send(_command_encoder.encode(_configure(state.route)).decode())
-            elif after is None:  # a session made elsewhere (client_secrets): show it
+            if not state.early and after is None:  # a session made elsewhere: show it
                 config = await self.config_of(state.sid)
                 if config is not None:
                     await send([conversation.created(config)])
@@ -404,6 +462,10 @@ class OpenAIDoor:
             reason = inner.close_reason or ""
             with contextlib.suppress(Exception):
                 await inner.close()
+            if code == CloseCode.SERVICE_RESTART:  # say how to resume through this door
+                reason = (
+                    "reconnect with session_id and after_event (node draining or session moved)"
+                )
             if code is not None and code != 1000:
                 with contextlib.suppress(Exception):
                     await link.close(code, reason)
@@ -413,6 +475,8 @@ class OpenAIDoor:
             with contextlib.suppress(Exception):
                 await state.inner.close()
         self._handshakes.clear()
+        for reaper in list(self._reapers):
+            reaper.cancel()
 
 
 class _WebSocketLink:

@@ -232,7 +232,7 @@ class Gateway:
             await self.api.close()
             raise ListenFailed(exc, "--port", cfg.host, cfg.port) from exc
         self.edges.start()
-        self.door.gateway_port = self.port
+        self.door.gateway_address = self._own_address()
         if self.api.own_port is not None:  # its actual port (api_port 0 picks one)
             self.offer = msgspec.structs.replace(self.offer, api_port=self.api.own_port)
             self.page_policy = web.content_security_policy(self.api.own_port)
@@ -281,6 +281,16 @@ class Gateway:
 
         # websockets calls it as it would a ServerConnection subclass: with the same arguments.
         return cast("type[ServerConnection]", make)
+
+    def _own_address(self) -> str:
+        """``HOST:PORT`` at which this process reaches its own door (loopback if it
+        listens on every address)."""
+        host = str(next(iter(self.server.sockets)).getsockname()[0]) if self.server else ""
+        if host in ("", "0.0.0.0"):
+            host = "127.0.0.1"
+        elif host == "::":
+            host = "::1"
+        return f"[{host}]:{self.port}" if ":" in host else f"{host}:{self.port}"
 
     async def _config_of(self, sid: str) -> SessionConfig | None:
         live = self.node.live_state(sid)
@@ -573,6 +583,7 @@ class Gateway:
         if self.server is not None:
             await self.server.wait_closed()
         await self.api.close()
+        await self.door.close()
         await self.edges.close()
         if self.phone is not None:
             await self.phone.close()
@@ -585,6 +596,7 @@ class Gateway:
             await self.server.wait_closed()
         await self._end_calls()
         await self.api.close()
+        await self.door.close()
         await self.edges.close()
         await self.node.stop()
         if self.phone is not None:

@@ -52,6 +52,7 @@ from protocol.events import (
     Event,
     User,
     UserMessage,
+    answering,
     decode_client,
     decode_event,
     encode,
@@ -351,12 +352,15 @@ class CommandRelay:
             Reply(
                 conn=conn,
                 error=encode(
-                    Error(
-                        code="store",
-                        content=f"node {owner or '?'} drives this session but did not confirm your "
-                        f"{_what(command)} within "
-                        f"{self.lease_ttl + GIVE_UP_AFTER:g}s; it may still take effect — if no "
-                        "event for it arrives, send it again",
+                    answering(
+                        Error(
+                            code="store",
+                            content=f"node {owner or '?'} drives this session but did not "
+                            f"confirm your {_what(command)} within "
+                            f"{self.lease_ttl + GIVE_UP_AFTER:g}s; it may still take effect — "
+                            "if no event for it arrives, send it again",
+                        ),
+                        command,
                     )
                 ),
             )

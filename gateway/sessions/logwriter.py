@@ -46,6 +46,14 @@ as was a ``call_soon`` that told the loop passes apart. A lone event after a
 quiet spell goes at once. "Log, then send" is unchanged: events still reach
 clients only after their append is stored.
 
+**The first word is not kept waiting.** A turn's first content event
+(``hurry``, from the driver's first delta of a response) ends a lingering
+round at once: the linger trades latency for fewer round trips, which is the
+wrong trade for the event a user waits on most (measured: it was most of the
+first content's added latency at 50 sessions and more, docs/performance.md).
+The round still goes in the next loop pass, so the rest of that delta's
+events share it.
+
 **Riders.** ``on_round`` is called as each round starts: the flight
 recorder's writes (``gateway.sessions.recorder``) ride the rounds instead of
 waking the loop on timers of their own.
@@ -140,6 +148,8 @@ class LogWriter:
         """Rounds written (events logged / rounds = sessions per round trip)."""
         self.lingered = 0
         """Rounds that waited for more sessions to join."""
+        self.hurried = 0
+        """Lingering rounds a turn's first content event ended early (``hurry``)."""
         self._dirty: list[LogSource] = []
         # A round is scheduled or lingering: marks only join ``_dirty``.
         self._scheduled = False
@@ -194,6 +204,19 @@ class LogWriter:
         if not self._scheduled and self._in_flight < ROUNDS_IN_FLIGHT:
             self._scheduled = True
             self._schedule()
+
+    def hurry(self) -> None:
+        """A turn's first content event was just marked: a lingering round goes now.
+
+        Started by ``call_soon``, not here: the events the caller emits in
+        the same step still join it.
+        """
+        lingering = self._lingering
+        if lingering is not None and self._loop is not None:
+            lingering.cancel()
+            self._lingering = None  # marks now only join ``_dirty``: the round is scheduled
+            self.hurried += 1
+            self._loop.call_soon(self._start_round)
 
     async def close(self) -> None:
         self._closed = True

@@ -30,6 +30,7 @@ from gateway.sessions.control import (
     node_channel,
 )
 from gateway.sessions.follower import LogFollower
+from gateway.sessions.guard import GuardrailsFile
 from gateway.sessions.limits import Limits
 from gateway.sessions.logwriter import LogWriter
 from gateway.sessions.policy import KeyPolicies, within
@@ -94,7 +95,11 @@ class Node:
         # Per-key allow-lists of tools, as the edge read them at handshakes (keys file `tools=`).
         self.key_tools = KeyAllowLists()
         # What each session's configuration makes of this node (prompt, tools, provider).
-        self.setups = SessionSetups(config, registry, upstream_factory, self.policies, factories)
+        # The node's guardrails (--guardrails), re-read when the file changes.
+        self.guardrails = GuardrailsFile(config.guardrails or None)
+        self.setups = SessionSetups(
+            config, registry, upstream_factory, self.policies, factories, self.guardrails
+        )
         self.system_prompt = self.setups.system_prompt
         self.runtimes: dict[str, SessionRuntime] = {}
         # The flight recorder: recordings written on the log writer's rounds.
@@ -254,11 +259,13 @@ class Node:
                 setup.system_prompt,
                 setup.server_tools,
                 setup.upstream_factory,
+                setup.guardrails,
             ) != (
                 before.config,
                 before.system_prompt,
                 before.server_tools,
                 before.upstream_factory,
+                before.guardrails,
             ):
                 log.info(
                     "session %s: key policy of %s changed: set up again",

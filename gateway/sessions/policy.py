@@ -43,6 +43,7 @@ import msgspec
 
 from gateway.settings import ConfigError
 from protocol.configuration import SessionConfig
+from protocol.guardrails import RuleSpec, compile_rules
 
 __all__ = ["ANY_KEY", "KeyPolicies", "KeyPolicy", "refusal", "within"]
 
@@ -63,6 +64,8 @@ class KeyPolicy(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     record: bool | None = None  # the flight recorder: always, never, or as asked (None)
     require_approval: tuple[str, ...] = ()
     """Server tools whose calls wait for a user's approve in this key's sessions."""
+    guardrails: tuple[RuleSpec, ...] = ()
+    """Guardrail rules for this key's sessions, after the node's (docs/guardrails.md)."""
 
 
 OPEN: Final = KeyPolicy()
@@ -180,6 +183,9 @@ class KeyPolicies:
                     "server_tools, reasoning_efforts (lists of strings), instructions (a "
                     "string) and record (true or false)"
                 ) from None
+            problem = compile_rules(policy.guardrails)
+            if isinstance(problem, str):
+                raise ValueError(f"{self.path} [{key_id}]: guardrails: {problem}")
             known = self.known_providers
             unknown = [p for p in policy.providers or () if known and p not in known]
             if unknown:

@@ -128,6 +128,7 @@ class SessionRecorder:
         "_writer",
         "audio",
         "full",
+        "guarded",
         "limit",
         "sid",
         "stopped",
@@ -141,6 +142,9 @@ class SessionRecorder:
         self.limit = limit
         self.stopped = False
         self.full = False  # lines past the limit held for a session not stored yet
+        # The session has guardrails: upstream frames (the model's raw text, the context
+        # sent) are kept as sizes only, so the recording never holds what a rule withheld.
+        self.guarded = False
         self._writer = writer
         # Unix time at monotonic 0: stamps are monotonic, and read as wall-clock times.
         self._base = time.time() - time.monotonic()
@@ -357,6 +361,8 @@ class SessionRecorder:
             elided = "audio"
         elif data[:1] != b"{":
             elided = "binary"  # not a JSON frame: its size only
+        elif self.guarded:
+            elided = "guardrails"
         if elided:
             return encode_record(
                 UpstreamFrame(

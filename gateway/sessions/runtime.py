@@ -25,12 +25,15 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Coroutine
-from typing import Any, Final, Protocol
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any, Protocol
 
 import msgspec
 
+from gateway.sessions.commands import CLOSING
+from gateway.sessions.commands import run as run_command
 from gateway.sessions.driver import TurnDriver
+from gateway.sessions.guard import EventGuard, guard_result
 from gateway.sessions.journal import read_journal, read_journal_calls, unpersisted_step
 from gateway.sessions.observer import TurnObserver
 from gateway.sessions.recorder import SessionRecorder
@@ -45,16 +48,17 @@ from gateway.upstream.base import Upstream, VoiceConfig
 from protocol.assembly import HistoryItem
 from protocol.configuration import ConfigChange, apply_change
 from protocol.events import (
-    Approve,
     Call,
+    Cancel,
     Configured,
     Dtmf,
     Error,
     PhoneCall,
-    Played,
     ToolResultMessage,
     Usage,
+    UserMessage,
 )
+from protocol.guardrails import check_input
 from protocol.journal import (
     JournalCall,
     background_in_flight,
@@ -64,24 +68,19 @@ from protocol.journal import (
 from protocol.recording import Header, NodeJoined
 from protocol.turn import TurnMachine
 from protocol.turn_events import (
-    Cancel,
-    Commit,
+    Action,
+    Reconfigured,
     Rerun,
     Resume,
     ResumeBackground,
     Shutdown,
-    UserMessage,
+    TurnInput,
 )
 from tools.client import prepare
-from tools.output import cap_output
 
 __all__ = ["SessionHost", "SessionRuntime", "SessionServices", "SessionSetup"]
 
 log = logging.getLogger("gateway.sessions.runtime")
-
-_CANCEL: Final = Cancel()
-_COMMIT: Final = Commit()
-_CLOSING: Final = "session is closing; reconnect and resend"
 
 
 class SessionHost(Protocol):
@@ -156,6 +155,8 @@ class SessionRuntime:
             upstream_retries=cfg.upstream_retries,
             client_tools=setup.client_tools,
             call_number=last_seq,
+            client_tool_timeout=cfg.client_tool_timeout,
+            approval_timeout=cfg.approval_timeout,
         )
         machine.batch.needs_approval = setup.approvals
         machine.batch.background = setup.background
@@ -188,6 +189,7 @@ class SessionRuntime:
         )
         self.recorder: SessionRecorder | None = None
         self._recording = recording
+        _install_guard(self, setup)
         if setup.record:
             _switch_recording(self, True)
 
@@ -253,54 +255,35 @@ class SessionRuntime:
 
     # ------------------------------------------------------------------ commands
 
-    def start_turn(self, text: str) -> Error | None:
-        """Start a turn with the user's text; an ``Error`` reply if one is running.
+    # What each command feeds and who may send it: ``gateway.sessions.commands``.
 
-        After the model's ``<end>`` or a cancel, the turn only waits for its
-        usage report: a message sent then starts right after it (the machine
-        queues it) instead of being refused.
-        """
-        if self.closed:
-            return Error(code="internal", content=_CLOSING)
-        return self.driver.command(self.machine.feed(UserMessage(content=text)), interrupt=False)
+    @property
+    def tool_max_output(self) -> int:
+        return self.services.config.tool_max_output
 
-    def cancel_turn(self) -> Error | None:
-        """Cancel the running turn; an ``Error`` reply if there is none."""
-        return self.driver.command(self.machine.feed(_CANCEL), interrupt=True)
+    def feed(self, given: TurnInput) -> Sequence[Action]:
+        """The machine's actions for a command (``commands.run`` performs them), after
+        the session's input guardrails: a blocked message feeds nothing (no turn)."""
+        guard = self.log.guard
+        if guard is not None and guard.guardrails.input:
+            judged = _judged_input(self, guard, given)
+            if judged is None:
+                return ()
+            given = judged
+        return self.machine.feed(given)
 
-    def tool_result(self, answer: ToolResultMessage) -> Error | None:
-        """A client answered a client-side call; an ``unknown_call`` error if none waits for it.
-
-        Its content is cut to the node's ``tool_max_output`` like a server tool's.
-        """
-        content = cap_output(answer.content, self.services.config.tool_max_output)
-        given = msgspec.structs.replace(answer, content=content)
-        return self.driver.command(self.machine.feed(given), interrupt=False)
-
-    def approve(self, decision: Approve) -> Error | None:
-        """A user's decision on a call waiting for approval; ``unknown_call`` or
-        ``wrong_digest`` if it decides nothing (the connection checked the right to)."""
-        return self.driver.command(self.machine.feed(decision), interrupt=False)
-
-    def commit_audio(self) -> Error | None:
-        """End the user's spoken turn (turn detection ``none``); an ``Error`` reply if
-        the session takes no audio or a turn runs."""
-        voice = self.voice
-        if voice is None or voice.audio_in is None or voice.audio_in.turn_detection != "none":
-            return Error(
-                code="bad_frame",
-                content='commit ends a spoken turn when input_audio.turn_detection is "none"; '
-                'configure that first (with "server_vad" the gateway commits by itself)',
-            )
-        return self.driver.command(self.machine.feed(_COMMIT), interrupt=False)
-
-    def played(self, report: Played) -> Error | None:
-        """A client played this much of the spoken answer (kept for a barge-in)."""
-        return self.driver.command(self.machine.feed(report), interrupt=False)
+    def perform(self, actions: Sequence[Action], *, interrupt: bool) -> Error | None:
+        """Hand a command's actions to the driver; the machine's refusal among them."""
+        return self.driver.command(actions, interrupt=interrupt)
 
     def heard(self, message: Any, refused: Error | None) -> None:
         """A client's command ran (``commands.dispatch``): recorded if the session records."""
         if self.recorder is not None:
+            guard = self.log.guard
+            if guard is not None and type(message) is UserMessage and guard.guardrails.input:
+                # Recorded as the model got it (or, blocked, as nothing).
+                verdict = check_input(guard.guardrails.input, message.content)
+                message = UserMessage(content="" if verdict.blocked else verdict.text)
             self.recorder.heard(message, refused, self.log.delivered_seq)
 
     def record(self, event: Dtmf | PhoneCall) -> None:
@@ -363,7 +346,7 @@ class SessionRuntime:
         after the size limits passed (``apply_change``).
         """
         if self.closed:
-            return Error(code="internal", content=_CLOSING)
+            return Error(code="internal", content=CLOSING)
         updated = apply_change(self.setup.config, change)
         if isinstance(updated, str):
             return Error(code="bad_frame", content=updated)
@@ -371,7 +354,7 @@ class SessionRuntime:
         if problem is not None:
             return Error(code="bad_frame", content=problem)
         if self.closed:
-            return Error(code="internal", content=_CLOSING)
+            return Error(code="internal", content=CLOSING)
         updated = apply_change(self.setup.config, change)  # as it is now, after the wait
         if isinstance(updated, str):
             return Error(code="bad_frame", content=updated)
@@ -379,7 +362,7 @@ class SessionRuntime:
         if isinstance(setup, str):
             code = "bad_frame" if isinstance(setup, ConfigProblem) else "forbidden"
             return Error(code=code, content=str(setup))
-        self._apply_setup(setup)
+        self._apply_setup(setup, reply_to=getattr(change, "id", msgspec.UNSET))
         return None
 
     def rights_changed(self, setup: SessionSetup) -> None:
@@ -391,16 +374,21 @@ class SessionRuntime:
             return
         self._apply_setup(setup)
 
-    def _apply_setup(self, setup: SessionSetup) -> None:
-        """A new setup from the next model step: logged as ``configured``, stored."""
+    def _apply_setup(
+        self, setup: SessionSetup, *, reply_to: str | msgspec.UnsetType = msgspec.UNSET
+    ) -> None:
+        """A new setup from the next model step: logged as ``configured`` (answering the
+        ``configure`` whose ``id`` is ``reply_to``), stored."""
         self.setup = setup
+        self.machine.feed(Reconfigured())  # the next step reopens (nothing to do now)
+        _install_guard(self, setup)
         self.machine.batch.router = setup.client_tools
         self.machine.batch.needs_approval = setup.approvals
         self.machine.batch.background = setup.background
         # Priced and traced as the provider and model it now uses.
         self.observer.provider = setup.upstream_factory.provider
         self.observer.model = setup.upstream_factory.model
-        self.log.emit(Configured(config=setup.config))
+        self.log.emit(Configured(config=setup.config, reply_to=reply_to))
         self.host.runtime_configured(self)
         self.set_voice(self._voice_of(setup))
         if setup.record != (self.recorder is not None):
@@ -436,6 +424,8 @@ class SessionRuntime:
             return
         self.voice_in.reconfigure(voice.audio_in if voice is not None else None)
         self.voice = voice
+        if self.log.guard is not None:
+            self.log.guard.speaks = voice is not None and voice.audio_out is not None
         self.machine.voice = voice is not None
         if self.machine.idle:
             self.driver.drop_upstream(stop=False)
@@ -545,6 +535,54 @@ def _switch_recording(runtime: SessionRuntime, on: bool) -> None:
         )
     runtime._recording = "on"
     recorder = recorders.start(runtime.sid, first)
+    recorder.guarded = bool(runtime.setup.guardrails)
     runtime.recorder = runtime.log.recorder = runtime.link.recorder = (
         runtime.driver.tools.recorder
     ) = recorder
+
+
+def _install_guard(runtime: SessionRuntime, setup: SessionSetup) -> None:
+    """The session's guardrails at its log (``gateway.sessions.guard``): new rules hold
+    from the next block of text on; the recording keeps upstream frames as sizes only."""
+    log_ = runtime.log
+    if not setup.guardrails:
+        log_.guard = None
+    elif log_.guard is None:
+
+        def end_turn() -> None:
+            # An end_turn rule tripped inside an emit (the driver is mid-step): soon.
+            asyncio.get_running_loop().call_soon(
+                lambda: None if runtime.closed else run_command(Cancel(), runtime)
+            )
+
+        log_.guard = EventGuard(setup.guardrails, runtime.services.metrics, end_turn)
+    else:
+        log_.guard.guardrails = setup.guardrails
+    if log_.guard is not None:
+        voice = runtime.voice
+        log_.guard.speaks = voice is not None and voice.audio_out is not None
+    if runtime.recorder is not None:
+        runtime.recorder.guarded = bool(setup.guardrails)
+
+
+def _judged_input(runtime: SessionRuntime, guard: EventGuard, given: TurnInput) -> TurnInput | None:
+    """A user's message or a client tool's result as the input rules leave it (logging
+    their ``guardrail`` events); None: a blocked message, which never reaches the model."""
+    rules = guard.guardrails.input
+    if isinstance(given, UserMessage):
+        verdict = check_input(rules, given.content)
+        for event in guard.tripped(verdict.hits, "input"):
+            runtime.log.emit(event)
+        if verdict.blocked:
+            return None  # the session takes the next message
+        return msgspec.structs.replace(given, content=verdict.text) if verdict.hits else given
+    if isinstance(given, ToolResultMessage):
+        content, hits, withheld = guard_result(rules, given.content)
+        if not hits:
+            return given
+        if withheld:
+            for event in guard.tripped(hits, "input", ends=False):
+                runtime.log.emit(event)
+        status = "failure" if withheld else given.status
+        return msgspec.structs.replace(given, content=content, status=status)
+    return given

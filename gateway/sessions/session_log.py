@@ -25,6 +25,7 @@ import logging
 from collections.abc import Callable, Sequence
 
 from gateway.metrics import Metrics
+from gateway.sessions.guard import EventGuard
 from gateway.sessions.logwriter import Batch, LogWriter
 from gateway.sessions.recorder import SessionRecorder
 from gateway.sessions.subscriber import Subscriber
@@ -79,6 +80,7 @@ class SessionLog:
         self._pending: list[LogEntry] = []
         self._pending_history: list[bytes] = []
         self._marked = False  # waiting in the node's LogWriter for its turn
+        self._hurry = False  # the next event is a turn's first content (``hurry_next``)
         self.lost = False  # another node owns the session: write nothing more
         # A batch whose append failed with StoreUnavailable (may have landed).
         self.unsure: Batch | None = None
@@ -86,6 +88,9 @@ class SessionLog:
         self._flushed.set()
         self._store_down = False
         self.recorder: SessionRecorder | None = None  # the session records what it delivers
+        # The session's guardrails: every event and history item is judged before it is
+        # numbered (gateway.sessions.guard); None: the session has no rules.
+        self.guard: EventGuard | None = None
 
     # ------------------------------------------------------------------ writing
 
@@ -95,16 +100,34 @@ class SessionLog:
         return self._seq
 
     def emit(self, event: Event) -> None:
-        """Number, stamp and queue an event for logging, then delivery."""
+        """Number, stamp and queue an event for logging, then delivery (after the
+        session's guardrails, if it has any, judged it)."""
+        guard = self.guard
+        if guard is None:
+            self._emit(event)
+        else:
+            for judged in guard.filter(event):
+                self._emit(judged)
+
+    def _emit(self, event: Event) -> None:
         self._seq += 1
         event.seq = self._seq
         event.timestamp = self._clock()
         self._pending.append(LogEntry(self._seq, encode(event)))
         if not self._marked:
             self._mark()
+        if self._hurry:
+            self._hurry = False
+            self._writer.hurry()
+
+    def hurry_next(self) -> None:
+        """The next event emitted is a turn's first content: its round does not linger."""
+        self._hurry = True
 
     def persist(self, items: Sequence[HistoryItem]) -> None:
         """Add history items; they are written with the next log append (atomically)."""
+        if self.guard is not None:
+            items = self.guard.history(items)
         for item in items:
             self.history.append(item)
             self._pending_history.append(encode_history_item(item))

@@ -22,6 +22,7 @@ import msgspec
 from gateway.config import Config
 from gateway.metrics import Metrics
 from gateway.pricing import PriceTable
+from gateway.sessions.guard import NO_GUARDRAILS, Guardrails, GuardrailsFile, guardrails_of
 from gateway.sessions.limits import Limits
 from gateway.sessions.logwriter import LogWriter
 from gateway.sessions.policy import KeyPolicies, refusal, within
@@ -113,6 +114,8 @@ class SessionSetup:
     background: frozenset[str] = frozenset()
     # The flight recorder records it: its key policy's record, else its own or the node's.
     record: bool = False
+    # Its guardrails: the node's (--guardrails), then its key policy's.
+    guardrails: Guardrails = NO_GUARDRAILS
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,8 +154,10 @@ class SessionSetups:
         upstream_factory: UpstreamFactory,
         policies: KeyPolicies,
         factories: UpstreamFactories | None = None,
+        guardrails: GuardrailsFile | None = None,
     ) -> None:
         self.config = config
+        self.guardrails = guardrails or GuardrailsFile(None)
         self.registry = registry
         self.upstream_factory = upstream_factory
         self.policies = policies
@@ -249,6 +254,10 @@ class SessionSetups:
             specs += client_tools.specs()
             prompt = system_prompt(specs, instructions)
         record = policy.record if policy.record is not None else config.record or self.config.record
+        self.guardrails.poll()
+        guardrails = guardrails_of(self.guardrails.specs, policy.guardrails)
+        if isinstance(guardrails, str):  # each part was checked when loaded; together: too many
+            return guardrails
         return SessionSetup(
             config,
             prompt,
@@ -260,6 +269,7 @@ class SessionSetups:
             approvals,
             background,
             record,
+            guardrails,
         )
 
     def _factory(self, provider: str, model: str) -> UpstreamFactory | str:

@@ -18,12 +18,16 @@ import logging
 from collections import deque
 from collections.abc import Callable
 
+import msgspec
+
+from gateway.sessions.guard import guard_result
 from gateway.sessions.observer import TurnObserver
 from gateway.sessions.recorder import SessionRecorder
 from gateway.sessions.session_log import SessionLog
 from gateway.sessions.setup import SessionServices, SessionSetup
 from gateway.upstream.base import Upstream, UpstreamClosed, UpstreamEvent
 from protocol.calls import ToolCall, ToolResult
+from protocol.guardrails import RuleSet
 from protocol.turn_events import RunTools, SpeechBegan, StartBackground
 from tools.executor import CallObserver
 
@@ -154,7 +158,7 @@ class ToolRuns:
             if journal is not None and index < len(ids):
                 journal(ids[index], result)
 
-        return await services.executor.run_batch(
+        results = await services.executor.run_batch(
             list(calls),
             services.tool_context(self.sid),
             observe=observe,
@@ -162,6 +166,8 @@ class ToolRuns:
             ids=ids,
             on_result=finished,
         )
+        rules = self._setup().guardrails.input
+        return [_guarded(rules, r) for r in results] if rules else results
 
     def _count(self, name: str, outcome: str) -> None:
         # Label only the node's own tools: a session's client tools are named by tenants.
@@ -193,3 +199,13 @@ async def hear(
             heard.append(ev)
     except UpstreamClosed as exc:
         heard.append(Gone(exc))  # the driver's next read raises it
+
+
+def _guarded(rules: RuleSet, result: ToolResult) -> ToolResult:
+    """A tool's result as the model gets it: redacted, or withheld (a failure) by a
+    ``block`` rule (the logged result is judged at the log: ``gateway.sessions.guard``)."""
+    content, hits, withheld = guard_result(rules, result.content)
+    if not hits:
+        return result
+    status = "failure" if withheld else result.status
+    return msgspec.structs.replace(result, status=status, content=content)

@@ -31,7 +31,7 @@ from gateway.upstream.base import (
     UpstreamFactory,
     VoiceConfig,
 )
-from gateway.upstream.models import facts
+from gateway.upstream.providers import facts
 from protocol.assembly import HistoryItem, Message, assemble
 from protocol.budget import context_tokens_estimate, fit
 from protocol.prompt import native_prompt

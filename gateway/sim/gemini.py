@@ -88,7 +88,7 @@ from gateway.sim.model import (
 )
 from gateway.sim.vad import Vad, VadStart, speech_ms
 from gateway.upstream import gemini_wire as wire
-from gateway.upstream.models import facts
+from gateway.upstream.providers import facts
 
 __all__ = ["API_VERSIONS", "PATH", "GeminiSim", "endpoint_path"]
 

@@ -75,7 +75,7 @@ from websockets.http11 import Request, Response
 
 from gateway.pcm import tone
 from gateway.settings import Setting, check_ranges
-from gateway.upstream.providers import PROVIDERS
+from gateway.upstream.providers import FLAVOURS
 from protocol.background import STARTED
 
 __all__ = [
@@ -132,7 +132,7 @@ class SimConfig(msgspec.Struct, frozen=True, kw_only=True):
             "(openai: /v1/realtime and GPT-Live's /v1/live/sessions; gemini: Live's "
             "BidiGenerateContent; azure, xai)",
             SIM,
-            choices=tuple(row.name for row in PROVIDERS),
+            choices=FLAVOURS,
         ),
     ] = "openai"
     tokens_per_second: Annotated[

@@ -1,8 +1,8 @@
 """The simulator's servers on OpenAI Realtime's wire: one per provider that speaks it.
 
 OpenAI, Azure OpenAI and xAI serve the same events; what differs is the
-path, how the key is given, and (xAI) the shape of the session. Each is a
-``Flavour`` row here, and ``OpenAISim`` serves the flavour it is given, so
+path, how the key is given, and (xAI) the shape of the session. Each
+provider's row says how (``Provider.sim``, a ``SimFlavour``), and ``OpenAISim`` serves the flavour it is given, so
 the adapter of each provider is tested against the server it will meet
 (docs/providers.md has the sources):
 
@@ -17,7 +17,7 @@ the adapter of each provider is tested against the server it will meet
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Final, Literal
+from typing import Final
 
 from websockets.asyncio.server import ServerConnection
 from websockets.datastructures import Headers
@@ -28,41 +28,34 @@ from gateway.sim.model import Sim, SimConfig
 from gateway.sim.openai import DEFAULT_MODEL, RealtimeConnection
 from gateway.upstream import live_wire
 from gateway.upstream.live import is_live_model
+from gateway.upstream.provider import SimFlavour
+from gateway.upstream.providers import PROVIDERS
 
 __all__ = ["FLAVOURS", "Flavour", "OpenAISim"]
 
 
 @dataclass(frozen=True, slots=True)
 class Flavour:
-    """How one provider serves OpenAI Realtime's wire."""
+    """How one provider serves OpenAI Realtime's wire: its row's ``SimFlavour``."""
 
     name: str
-    base: str  # the base URL's path (an adapter's base_url is ADDRESS + base)
-    auth: Literal["bearer", "api-key"]
-    needs_model: bool = False  # ``?model=`` must name a model (a deployment)
-    flat: bool = False  # sessions in xAI's flat shape
-    label: str = ""
-    live: bool = False  # also serves GPT-Live at ``{base}/live/sessions``
+    sim: SimFlavour
 
     @property
     def path(self) -> str:
-        return f"{self.base}/realtime"
+        return f"{self.sim.base}/realtime"
 
     @property
     def live_path(self) -> str:
-        return f"{self.base}{live_wire.PATH}"
+        return f"{self.sim.base}{live_wire.PATH}"
 
 
 FLAVOURS: Final = {
-    flavour.name: flavour
-    for flavour in (
-        Flavour("openai", "/v1", "bearer", label="OpenAI Realtime", live=True),
-        Flavour(
-            "azure", "/openai/v1", "api-key", needs_model=True, label="Azure OpenAI", live=True
-        ),
-        Flavour("xai", "/v1", "bearer", flat=True, label="xAI Grok Voice"),
-    )
+    row.name: Flavour(row.name, row.sim)
+    for row in PROVIDERS
+    if row.wire == "openai" and row.sim is not None
 }
+"""The flavours on OpenAI's wire, from the providers' rows (``Provider.sim``)."""
 
 
 def _json(status: int, reason: str, body: bytes) -> Response:
@@ -81,7 +74,7 @@ class OpenAISim(Sim):
     @property
     def url(self) -> str:
         """The WebSocket base URL (``ws://HOST:PORT/v1``) for an adapter or the SDK."""
-        return f"{self.address}{self.profile.base}"
+        return f"{self.address}{self.profile.sim.base}"
 
     @property
     def endpoint(self) -> str:
@@ -90,7 +83,7 @@ class OpenAISim(Sim):
     def _process_request(self, connection: ServerConnection, request: Request) -> Response | None:
         profile = self.profile
         path, _, query = request.path.partition("?")
-        live = profile.live and path.rstrip("/") == profile.live_path
+        live = profile.sim.live and path.rstrip("/") == profile.live_path
         if path.rstrip("/") != profile.path and not live:
             return connection.respond(404, f"Not found: the realtime endpoint is {profile.path}\n")
         model = _model(query)
@@ -109,7 +102,7 @@ class OpenAISim(Sim):
                 f'{profile.live_path}, not {profile.path}.", "param": "model"}}}}'
             )
             return _json(400, "Bad Request", body.encode())
-        if profile.needs_model and not live and not model:
+        if profile.sim.needs_model and not live and not model:
             return _json(
                 404,
                 "Not Found",
@@ -129,14 +122,14 @@ class OpenAISim(Sim):
     def _authorized(self, request: Request, key: str) -> bool:
         if request.headers.get("Authorization") == f"Bearer {key}":
             return True  # OpenAI and xAI keys; Azure's Entra tokens
-        return self.profile.auth == "api-key" and request.headers.get("api-key") == key
+        return self.profile.sim.auth == "api-key" and request.headers.get("api-key") == key
 
     def _connection(self, ws: ServerConnection, no: int) -> RealtimeConnection | LiveConnection:
         path, _, query = ws.request.path.partition("?") if ws.request is not None else ("", "", "")
-        if self.profile.live and path.rstrip("/") == self.profile.live_path:
+        if self.profile.sim.live and path.rstrip("/") == self.profile.live_path:
             return LiveConnection(self, ws, no)
         model = _model(query) or DEFAULT_MODEL
-        return RealtimeConnection(self, ws, no, model, flat=self.profile.flat)
+        return RealtimeConnection(self, ws, no, model, flat=self.profile.sim.flat)
 
 
 def _model(query: str) -> str:

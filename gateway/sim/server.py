@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Callable
 from gateway.sim.gemini import GeminiSim
 from gateway.sim.model import Sim, SimConfig
 from gateway.sim.openai_server import OpenAISim
-from gateway.upstream.providers import by_name
+from gateway.upstream.providers import flavour_of
 
 __all__ = ["run_sim", "serve_sim"]
 
@@ -19,8 +19,8 @@ log = logging.getLogger("gateway.sim")
 
 
 def _make_sim(config: SimConfig) -> Sim:
-    """The simulator of the wire ``config.flavor``'s provider speaks."""
-    if by_name(config.flavor).wire == "gemini":
+    """The simulator of the wire ``config.flavor``'s provider speaks, served as it serves it."""
+    if flavour_of(config.flavor).wire == "gemini":
         return GeminiSim(config)
     return OpenAISim(config)
 

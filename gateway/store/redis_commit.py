@@ -79,11 +79,13 @@ from gateway.store.redis_fastpath import (
     bulk,
     closed_by_server,
     fast_replies,
-    pack_append,
+    pack_append_at,
     reply_lines,
+    with_check,
 )
 from gateway.store.redis_replicas import ReplicaWatch
 from gateway.store.redis_scripts import APPEND
+from gateway.store.redis_seqmemo import CHECK, TRUST, SeqMemo
 from gateway.store.redis_topology import Route, Topology
 
 __all__ = ["REDIRECT_REPLIES", "CommitStats", "GroupCommit", "consecutive"]
@@ -131,6 +133,10 @@ class _Pending:
     node: str
     first: int
     key: str
+    last: int  # its last seq (0: no entries)
+    check: bytes  # the script's ``check`` flag it was packed with (``SeqMemo``)
+    check_at: int  # where that flag is in ``command``
+    generation: int  # the memo's generation it was packed under
     deadline: float = 0.0  # until when it is sent again (set at its first redirect)
     delay: float = 0.05  # its next backoff
 
@@ -180,6 +186,8 @@ class GroupCommit:
         self.replicas = ReplicaWatch(durability, replica_timeout_ms, topology.where)
         self.limits = bulk(b"%d" % ttl_ms) + bulk(b"%d" % max_log)
         """The append's TTL and log bound, packed once (``pack_append``)."""
+        self.memo = SeqMemo(ttl_ms)
+        """Where this store's sessions' logs end: spares the script a read (``SeqMemo``)."""
         # One deadline covers a whole round trip (and the replicas' wait).
         self._budget = socket_timeout + (replica_timeout_ms / 1000 if self._wait else 0.0)
         self._intake: list[_Pending] = []  # queued, not yet given to a lane
@@ -206,17 +214,34 @@ class GroupCommit:
         first = consecutive(sid, entries)
         # Packed here, once, as RESP bytes (see gateway.store.redis_fastpath).
         key = f"{self._prefix}:{{{sid}}}:"
-        command = pack_append(
+        memo = self.memo
+        check = memo.flag(sid, first)
+        command, check_at = pack_append_at(
             key.encode(),
             node.encode(),
             self.limits,
             first,
             [data for _, data in entries],
             history,
+            check,
         )
         loop = asyncio.get_running_loop()
         future: asyncio.Future[None] = loop.create_future()
-        self._intake.append(_Pending(command, future, sid, node, first, key + "log"))
+        last = first + len(entries) - 1 if entries else 0
+        self._intake.append(
+            _Pending(
+                command,
+                future,
+                sid,
+                node,
+                first,
+                key + "log",
+                last,
+                check,
+                check_at,
+                memo.generation,
+            )
+        )
         self.stats.appends += 1
         if start and self._dispatcher is None:
             # Started, not run: it first runs after every task that is ready in
@@ -340,6 +365,7 @@ class GroupCommit:
 
     def _hold(self, items: list[_Pending], reason: BaseException) -> None:
         """Appends that were not written: send them again after a backoff, or fail them."""
+        self.memo.clear()  # a master unreachable or moved: its logs are read again
         now = time.monotonic()
         late: list[_Pending] = []
         for item in items:
@@ -403,6 +429,7 @@ class GroupCommit:
                 await conn.disconnect(nowait=True)
         elif conn.is_connected:
             return await self._round_trip(route.name, conn, items)
+        self.memo.clear()  # a new connection: maybe a new primary (``SeqMemo``)
         try:
             async with asyncio.timeout(self._socket_timeout):
                 await conn.connect()  # type: ignore[no-untyped-call]
@@ -420,6 +447,13 @@ class GroupCommit:
         settled = 0
         wait = self._wait
         count = len(items) + wait
+        generation = self.memo.generation
+        for item in items:
+            if item.generation != generation and item.check is TRUST:
+                # Packed before the memo was cleared (a reconnect, a redirect):
+                # what it knew may be stale, so this one reads the log's end.
+                item.command = with_check(item.command, item.check_at, CHECK)
+                item.check, item.generation = CHECK, generation
         packed = [item.command for item in items]
         if wait:
             packed.append(_wait_command(self.replicas.wait_ms(master)))
@@ -444,6 +478,7 @@ class GroupCommit:
                             elif not item.future.done():
                                 # Settled as its reply arrives: its session queues
                                 # the next append while the rest are still read.
+                                self.memo.stored(item.sid, item.last, item.check)
                                 item.future.set_result(None)
                         elif line.startswith(b"-NOSCRIPT"):
                             noscript = True
@@ -459,6 +494,7 @@ class GroupCommit:
                     await conn.send_command("SCRIPT", "LOAD", APPEND.src)
                     await conn.read_response()
         except _ERRORS as exc:  # also the deadline: TimeoutError is an OSError
+            self.memo.clear()
             _fail(
                 stored + items[settled:] + again,
                 self._error(
@@ -480,6 +516,8 @@ class GroupCommit:
             raise
         if wait and stored:
             self._replicated(master, stored, acked)
+        if again:  # a redirect, READONLY, NOSCRIPT: maybe another primary now
+            self.memo.clear()
         return again, reason
 
     def _replicated(self, master: str, stored: list[_Pending], acked: int) -> None:
@@ -491,6 +529,10 @@ class GroupCommit:
         if confirmed or self.replicas.durability == "replicated-or-local":
             for item in stored:
                 if not item.future.done():
+                    if confirmed:  # what no replica has may be lost: not remembered
+                        self.memo.stored(item.sid, item.last, item.check)
+                    else:
+                        self.memo.forget(item.sid)
                     item.future.set_result(None)
             return
         _fail(

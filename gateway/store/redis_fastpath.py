@@ -46,7 +46,7 @@ from typing import Final, cast
 from redis.asyncio.connection import AbstractConnection
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from gateway.store.redis_scripts import APPEND
+from gateway.store.redis_scripts import APPEND, ROUND
 
 __all__ = [
     "APPEND_HEAD",
@@ -54,8 +54,11 @@ __all__ = [
     "closed_by_server",
     "fast_replies",
     "pack_append",
+    "pack_append_at",
+    "pack_round",
     "reply_lines",
     "take_transport",
+    "with_check",
 ]
 
 
@@ -75,16 +78,18 @@ def pack_append(
     first: int,
     entries: Sequence[bytes],
     history: Sequence[bytes],
+    check: bytes,
 ) -> bytes:
-    """``EVALSHA APPEND 4 {key}meta {key}log {key}history {key}lease node limits first n …``.
+    """``EVALSHA APPEND 4 {key}meta {key}log {key}history {key}lease node limits first n check …``.
 
     ``key`` is the session's key prefix (``rtgw:{SID}:``), ``limits`` the
-    packed ``ttl_ms`` and ``max_log`` (constant per store, packed once).
+    packed ``ttl_ms`` and ``max_log`` (constant per store, packed once),
+    ``check`` the packed flag (``gateway.store.redis_seqmemo``).
     """
     first_b = b"%d" % first
     n_b = b"%d" % len(entries)
     parts = [
-        b"*%d\r\n" % (12 + len(entries) + len(history)),
+        b"*%d\r\n" % (13 + len(entries) + len(history)),
         APPEND_HEAD,
         b"$%d\r\n%bmeta\r\n" % (len(key) + 4, key),
         b"$%d\r\n%blog\r\n" % (len(key) + 3, key),
@@ -93,12 +98,70 @@ def pack_append(
         b"$%d\r\n%b\r\n" % (len(node), node),
         limits,
         b"$%d\r\n%b\r\n$%d\r\n%b\r\n" % (len(first_b), first_b, len(n_b), n_b),
+        check,
     ]
     for data in entries:
         parts.append(b"$%d\r\n%b\r\n" % (len(data), data))
     for item in history:
         parts.append(b"$%d\r\n%b\r\n" % (len(item), item))
     return b"".join(parts)
+
+
+def pack_append_at(
+    key: bytes,
+    node: bytes,
+    limits: bytes,
+    first: int,
+    entries: Sequence[bytes],
+    history: Sequence[bytes],
+    check: bytes,
+) -> tuple[bytes, int]:
+    """``pack_append``, and where in it the ``check`` flag starts (``with_check``)."""
+    command = pack_append(key, node, limits, first, entries, history, check)
+    tail = len(check)
+    for data in (*entries, *history):
+        tail += len(b"$%d\r\n" % len(data)) + len(data) + 2
+    return command, len(command) - tail
+
+
+def with_check(command: bytes, at: int, check: bytes) -> bytes:
+    """A packed append with its ``check`` flag (at ``at``, ``pack_append_at``) replaced."""
+    return command[:at] + check + command[at + len(check) :]
+
+
+ROUND_HEAD: Final = bulk(b"EVALSHA") + bulk(ROUND.sha.encode())
+"""``EVALSHA <sha>``: the constant start of every packed round (``pack_round``)."""
+
+# One session's part of a round: key prefix, first seq, entries, history, check.
+RoundPart = tuple[bytes, int, Sequence[bytes], Sequence[bytes], bytes]
+
+
+def pack_round(node: bytes, limits: bytes, parts: Sequence[RoundPart]) -> bytes:
+    """``EVALSHA ROUND 4S {key}meta {key}log {key}history {key}lease … node limits …``.
+
+    The appends of several sessions as one call of the ``ROUND`` script (one
+    server only: their keys are in different slots).
+    """
+    keys: list[bytes] = []
+    args: list[bytes] = [b"$%d\r\n%b\r\n" % (len(node), node), limits]
+    count = 3 + 4 * len(parts) + 3
+    for key, first, entries, history, check in parts:
+        keys.append(
+            b"$%d\r\n%bmeta\r\n$%d\r\n%blog\r\n$%d\r\n%bhistory\r\n$%d\r\n%blease\r\n"
+            % (len(key) + 4, key, len(key) + 3, key, len(key) + 7, key, len(key) + 5, key)
+        )
+        first_b, n_b, h_b = b"%d" % first, b"%d" % len(entries), b"%d" % len(history)
+        args.append(
+            b"$%d\r\n%b\r\n$%d\r\n%b\r\n%b$%d\r\n%b\r\n"
+            % (len(first_b), first_b, len(n_b), n_b, check, len(h_b), h_b)
+        )
+        for data in entries:
+            args.append(b"$%d\r\n%b\r\n" % (len(data), data))
+        for item in history:
+            args.append(b"$%d\r\n%b\r\n" % (len(item), item))
+        count += 4 + len(entries) + len(history)
+    nkeys = b"%d" % (4 * len(parts))
+    return b"".join([b"*%d\r\n" % count, ROUND_HEAD, bulk(nkeys), *keys, *args])
 
 
 def fast_replies(conn: AbstractConnection) -> bool:

@@ -1,8 +1,10 @@
 """The log writer's rounds on the append pipe, and the way back to the group commit.
 
 On one server under durability "local", a round of the node's log writer is
-packed and written on the append pipe (``gateway.store.redis_pipe``) and
-answered from its ``data_received``: no task, future or await per round. What
+packed as calls of the ``ROUND`` script (every session's append in one call:
+one EVALSHA and one MGET of the leases per round, then an XADD per event;
+``gateway.store.redis_scripts``), written on the append pipe
+(``gateway.store.redis_pipe``) and answered from its ``data_received``: no task, future or await per round. What
 the pipe cannot finish itself goes through the awaited group commit
 (``gateway.store.redis_commit``), which owns redirects, retries and reconnect
 backoff: a round sent while the pipe is not connected, and the appends a
@@ -14,13 +16,20 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Sequence
 from functools import partial
+from typing import Final
 
 from gateway.store.base import AppendBatch, StoreError
 from gateway.store.redis_commit import REDIRECT_REPLIES, CommitStats, GroupCommit, consecutive
-from gateway.store.redis_fastpath import pack_append
+from gateway.store.redis_fastpath import RoundPart, pack_append, pack_round
 from gateway.store.redis_pipe import AppendPipe, Replies
 
-__all__ = ["PipeRounds"]
+__all__ = ["ROUND_SESSIONS", "PipeRounds"]
+
+ROUND_SESSIONS: Final = 200
+"""Sessions per ``ROUND`` call at most: Lua's ``unpack`` of the leases stays small."""
+
+# (index in the round, sid, node, first seq, last seq, check flag) of one append sent.
+_Sent = tuple[int, str, str, int, int, bytes]
 
 
 class PipeRounds:
@@ -41,6 +50,7 @@ class PipeRounds:
         self._error = error
         self.stats = stats
         self._again: set[asyncio.Task[None]] = set()  # rounds resent the awaited way
+        self._connects = 0  # the pipe's connects seen: a new one clears the memo
 
     def send(
         self,
@@ -49,48 +59,67 @@ class PipeRounds:
     ) -> bool:
         """Send a round on the pipe if it is connected; False: take the awaited path.
 
-        ``on_done(results)`` is called once, from the pipe's ``data_received``
-        (or when the connection ends or the round overruns its budget).
+        The round's appends go as ``ROUND`` script calls of up to
+        ``ROUND_SESSIONS`` sessions each (one per node named). ``on_done(results)``
+        is called once, from the pipe's ``data_received`` (or when the
+        connection ends or the round overruns its budget).
         """
         pipe = self._pipe
         if not pipe.ready:
+            self._commit.memo.clear()  # a new connection: maybe a new primary (``SeqMemo``)
             pipe.warm()
             return False
+        if pipe.connects != self._connects:
+            self._connects = pipe.connects
+            self._commit.memo.clear()
         commands: list[bytes] = []
-        sent: list[tuple[int, str, str, int]] = []  # (index, sid, node, first) per command
+        chunks: list[list[_Sent]] = []  # the sessions of each command
         results: list[BaseException | None] = [None] * len(batches)
         limits = self._commit.limits
+        flag = self._commit.memo.flag
         prefix = self._prefix
+        parts: list[RoundPart] = []
+        chunk: list[_Sent] = []
+        chunk_node = ""
         for i, (sid, node, entries, history) in enumerate(batches):
             try:
                 first = consecutive(sid, entries)
             except ValueError as exc:
                 results[i] = exc
                 continue
-            commands.append(
-                pack_append(
+            if chunk and (node != chunk_node or len(chunk) == ROUND_SESSIONS):
+                commands.append(_pack(chunk_node.encode(), limits, parts))
+                chunks.append(chunk)
+                parts, chunk = [], []
+            chunk_node = node
+            check = flag(sid, first)
+            parts.append(
+                (
                     f"{prefix}:{{{sid}}}:".encode(),
-                    node.encode(),
-                    limits,
                     first,
                     [data for _, data in entries],
                     history,
+                    check,
                 )
             )
-            sent.append((i, sid, node, first))
+            chunk.append((i, sid, node, first, first + len(entries) - 1 if entries else 0, check))
+        if chunk:
+            commands.append(_pack(chunk_node.encode(), limits, parts))
+            chunks.append(chunk)
         if not commands:
             asyncio.get_running_loop().call_soon(on_done, results)
             return True
         stats = self.stats
-        stats.appends += len(commands)
+        appends = len(batches) - sum(1 for r in results if r is not None)
+        stats.appends += appends
         stats.flushes += 1
         stats.pipe_rounds += 1
-        if len(commands) > stats.max_batch:
-            stats.max_batch = len(commands)
+        if appends > stats.max_batch:
+            stats.max_batch = appends
         pipe.send(
             b"".join(commands),
             len(commands),
-            partial(self._replies, batches, sent, results, on_done),
+            partial(self._replies, batches, chunks, results, on_done),
         )
         return True
 
@@ -103,34 +132,46 @@ class PipeRounds:
     def _replies(
         self,
         batches: Sequence[AppendBatch],
-        sent: list[tuple[int, str, str, int]],
+        chunks: list[list[_Sent]],
         results: list[BaseException | None],
         on_done: Callable[[list[BaseException | None]], None],
         replies: Replies,
     ) -> None:
         if isinstance(replies, BaseException):
+            self._commit.memo.clear()
             error = self._error(
                 replies,
                 "appending",
                 "; the append may or may not be stored: read last_seq before writing again",
             )
-            for i, *_ in sent:
-                results[i] = error
+            for chunk in chunks:
+                for i, *_ in chunk:
+                    results[i] = error
             on_done(results)
             return
         again: list[int] = []
-        for (i, sid, node, first), line in zip(sent, replies, strict=True):
-            if line == b":1":
+        stored = self._commit.memo.stored
+        rejection = self._commit.rejection
+        for chunk, line in zip(chunks, replies, strict=True):
+            if line.startswith(b"+"):
+                outcomes = line[1:].split(b"|")
+            elif line == b":1":  # a lone session's APPEND (``_pack``)
+                outcomes = [b"1"]
+            elif line.startswith(b"-NOSCRIPT") or line.startswith(REDIRECT_REPLIES):
+                again += [i for i, *_ in chunk]  # not run: sent again the awaited way
                 continue
-            if line.startswith(b"-NOSCRIPT") or line.startswith(REDIRECT_REPLIES):
-                again.append(i)  # not run: send it again the awaited way (loads, retries)
-            else:
-                message = line[1:].decode(errors="replace")
-                results[i] = self._commit.rejection(sid, node, first, message)
+            else:  # the whole call failed: each session gets what APPEND would answer
+                outcomes = [line[1:]] * len(chunk)
+            for (i, sid, node, first, last, check), outcome in zip(chunk, outcomes, strict=True):
+                if outcome == b"1":
+                    stored(sid, last, check)
+                else:
+                    results[i] = rejection(sid, node, first, outcome.decode(errors="replace"))
         if not again:
             on_done(results)
             return
         self._pipe.reset()  # READONLY and the like: the next connect finds the primary
+        self._commit.memo.clear()
         task = asyncio.get_running_loop().create_task(
             self._append_again(batches, again, results, on_done)
         )
@@ -156,3 +197,12 @@ class PipeRounds:
             for i, outcome in zip(again, outcomes, strict=True):
                 results[i] = outcome
             on_done(results)
+
+
+def _pack(node: bytes, limits: bytes, parts: list[RoundPart]) -> bytes:
+    """A ``ROUND`` call, or for a lone session its ``APPEND``: the same 3 commands in
+    Redis, a smaller script and packing (an error reply is then that session's own)."""
+    if len(parts) == 1:
+        key, first, entries, history, check = parts[0]
+        return pack_append(key, node, limits, first, entries, history, check)
+    return pack_round(node, limits, parts)

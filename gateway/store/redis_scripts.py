@@ -22,11 +22,13 @@ __all__ = [
     "DELETE",
     "HOLD_BYTES",
     "INCR_WINDOW",
+    "KEEP",
     "READ_PAGE",
     "RECORD",
     "RELEASE",
     "RELEASE_BYTES",
     "RENEW",
+    "ROUND",
     "SCRIPTS",
     "SET_META",
     "SLOT_ACQUIRE",
@@ -46,17 +48,22 @@ class LuaScript:
 
 
 # KEYS: meta, log, history, lease.
-# ARGV: node, ttl_ms, max_log, first_seq, n_entries, data_1..data_n, history...
+# ARGV: node, ttl_ms, max_log, first_seq, n_entries, check, data_1..data_n, history...
 # Seqs are first_seq + i: the caller checked they are consecutive, so only the
-# bytes travel. The log's last seq comes from XREVRANGE COUNT 1 (O(log N), no
-# extra write); a meta ``last_seq`` field would cost an HSET per append and
-# could disagree with the stream. Only the last XADD trims: once per call.
-# The idle TTL is restarted only once the log's has run down by a tenth of it
-# (at most 60 s; a new log has none): three PEXPIREs on every append were half
-# of the script's calls, each replicated, and measured 7 commands per append in
-# Redis's own count (tests/bench/store_bench.py, docs/capacity.md). A session is
-# kept ttl − min(ttl/10, 60 s) at least after its last event; history pushed
-# now gets its TTL now (its key may be new while the log's TTL is fresh).
+# bytes travel; each entry's stream id is its seq (``seq-0``), so XADD itself
+# refuses a seq at or below the log's last (a duplicate, an overlap, another
+# writer's race): nothing is read for that. Only the last XADD trims: once per call.
+#
+# ``check`` "1": the log's last seq is read (XREVRANGE COUNT 1) and must be
+# first_seq - 1 (a gap is refused too), and the idle TTL of the three keys is
+# restarted. "0": the caller knows the log ended at first_seq - 1 a moment ago
+# (its own last append of this session, answered ``1``, within the TTL's
+# refresh period: ``gateway.store.redis_seqmemo``); the log cannot have shrunk
+# since (trimming keeps its last entry, expiry is further away than that
+# period), so only a longer log can make it wrong, and XADD refuses that. The
+# lease is checked on every call, whatever ``check`` says: that is the fence.
+# Measured in Redis's own count: 5 commands per append before (EVALSHA, GET,
+# XREVRANGE, XADD, PTTL), 3 with "0" (tests/bench/store_bench.py).
 APPEND = LuaScript(
     """
 local owner = redis.call('GET', KEYS[4])
@@ -64,23 +71,46 @@ if owner ~= ARGV[1] then
   return redis.error_reply('LEASELOST ' .. (owner or ''))
 end
 local n = tonumber(ARGV[5])
-if n > 0 then
-  local first = tonumber(ARGV[4])
+local check = ARGV[6] == '1'
+local first = tonumber(ARGV[4])
+if check then
   local last = 0
   local top = redis.call('XREVRANGE', KEYS[2], '+', '-', 'COUNT', 1)
   if top[1] then
     last = tonumber(string.match(top[1][1], '^%d+'))
   end
-  if first ~= last + 1 then
+  if n > 0 and first ~= last + 1 then
     return redis.error_reply('SEQCONFLICT ' .. string.format('%d', last))
   end
-  for i = 1, n - 1 do
-    redis.call('XADD', KEYS[2], string.format('%d-0', first + i - 1), 'd', ARGV[5 + i])
-  end
-  redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[3],
-    string.format('%d-0', first + n - 1), 'd', ARGV[5 + n])
 end
-local h = 6 + n
+if n > 0 then
+  local ok
+  if n == 1 then
+    ok = redis.pcall('XADD', KEYS[2], 'MAXLEN', '~', ARGV[3],
+      string.format('%d-0', first), 'd', ARGV[7])
+  else
+    ok = redis.pcall('XADD', KEYS[2], string.format('%d-0', first), 'd', ARGV[7])
+  end
+  if type(ok) == 'table' and ok.err then
+    if not string.find(ok.err, 'smaller', 1, true) then
+      return ok
+    end
+    local top = redis.call('XREVRANGE', KEYS[2], '+', '-', 'COUNT', 1)
+    local last = 0
+    if top[1] then
+      last = tonumber(string.match(top[1][1], '^%d+'))
+    end
+    return redis.error_reply('SEQCONFLICT ' .. string.format('%d', last))
+  end
+  for i = 2, n - 1 do
+    redis.call('XADD', KEYS[2], string.format('%d-0', first + i - 1), 'd', ARGV[6 + i])
+  end
+  if n > 1 then
+    redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[3],
+      string.format('%d-0', first + n - 1), 'd', ARGV[6 + n])
+  end
+end
+local h = 7 + n
 local ttl = tonumber(ARGV[2])
 if h <= #ARGV then
   while h <= #ARGV do
@@ -90,12 +120,103 @@ if h <= #ARGV then
   end
   redis.call('PEXPIRE', KEYS[3], ttl)
 end
-if redis.call('PTTL', KEYS[2]) < ttl - math.min(ttl / 10, 60000) then
+if check then
   redis.call('PEXPIRE', KEYS[1], ttl)
   redis.call('PEXPIRE', KEYS[2], ttl)
   redis.call('PEXPIRE', KEYS[3], ttl)
 end
 return 1
+"""
+)
+
+# A log writer's round on one server (``gateway.store.redis_rounds``): the
+# appends of many sessions in one call, each as APPEND would make it, and
+# every lease read by one MGET. KEYS: meta, log, history, lease of each
+# session. ARGV: node, ttl_ms, max_log, then per session: first_seq, n_entries,
+# check, n_history, data_1..data_n, history_1..history_m. Redis's own count
+# for a round of N one-event sessions: N + 2 commands (EVALSHA, MGET, N XADDs),
+# against 3N as N APPEND calls. Only for one server: a Cluster refuses keys of
+# several slots in one script (there each session takes APPEND).
+# Each session's writes are made with pcall, so one session's failure is its
+# own. Returns a status line, each session's outcome joined by '|': '1', or
+# the error APPEND would have answered ('LEASELOST …', 'SEQCONFLICT …', …).
+ROUND = LuaScript(
+    """
+local node = ARGV[1]
+local ttl = tonumber(ARGV[2])
+local leases = {}
+for i = 4, #KEYS, 4 do
+  leases[#leases + 1] = KEYS[i]
+end
+local owners = redis.call('MGET', unpack(leases))
+local function last_of(log)
+  local top = redis.call('XREVRANGE', log, '+', '-', 'COUNT', 1)
+  if top[1] then
+    return tonumber(string.match(top[1][1], '^%d+'))
+  end
+  return 0
+end
+local function conflict(log)
+  return 'SEQCONFLICT ' .. string.format('%d', last_of(log))
+end
+local function failed(reply)
+  return (string.gsub(reply.err, '|', '/'))
+end
+local function one(k, a)
+  local first = tonumber(ARGV[a])
+  local n = tonumber(ARGV[a + 1])
+  local check = ARGV[a + 2] == '1'
+  local d = a + 4
+  local h = d + n
+  local stop = h + tonumber(ARGV[a + 3]) - 1
+  if check and n > 0 and first ~= last_of(KEYS[k + 2]) + 1 then
+    return conflict(KEYS[k + 2])
+  end
+  for i = 0, n - 1 do
+    local id = string.format('%d-0', first + i)
+    local ok
+    if i == n - 1 then
+      ok = redis.pcall('XADD', KEYS[k + 2], 'MAXLEN', '~', ARGV[3], id, 'd', ARGV[d + i])
+    else
+      ok = redis.pcall('XADD', KEYS[k + 2], id, 'd', ARGV[d + i])
+    end
+    if type(ok) == 'table' and ok.err then
+      if i == 0 and string.find(ok.err, 'smaller', 1, true) then
+        return conflict(KEYS[k + 2])
+      end
+      return failed(ok)
+    end
+  end
+  while h <= stop do
+    local last = math.min(h + 999, stop)
+    local ok = redis.pcall('RPUSH', KEYS[k + 3], unpack(ARGV, h, last))
+    if type(ok) == 'table' and ok.err then
+      return failed(ok)
+    end
+    h = last + 1
+  end
+  if tonumber(ARGV[a + 3]) > 0 then
+    redis.call('PEXPIRE', KEYS[k + 3], ttl)
+  end
+  if check then
+    redis.call('PEXPIRE', KEYS[k + 1], ttl)
+    redis.call('PEXPIRE', KEYS[k + 2], ttl)
+    redis.call('PEXPIRE', KEYS[k + 3], ttl)
+  end
+  return '1'
+end
+local out = {}
+local a = 4
+for s = 1, #owners do
+  local next_a = a + 4 + tonumber(ARGV[a + 1]) + tonumber(ARGV[a + 3])
+  if owners[s] ~= node then
+    out[s] = 'LEASELOST ' .. (owners[s] or '')
+  else
+    out[s] = one((s - 1) * 4, a)
+  end
+  a = next_a
+end
+return {ok = table.concat(out, '|')}
 """
 )
 
@@ -174,6 +295,31 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
   return 1
 end
 return 0
+"""
+)
+
+# The lease keeper's renewals on one server (``keep_leases``). KEYS: leases.
+# ARGV: node, ttl_ms. One MGET, then a PEXPIRE per lease still this node's:
+# 1 command per session per renewal (+ 2 per call of up to 500), against 4
+# for ACQUIRE (EVALSHA, EXISTS, GET, PEXPIRE). Per lease: 1 renewed, 0 held
+# by another node, -1 held by nobody (the caller takes it back with ACQUIRE,
+# which checks that the session was not deleted). One server only: the
+# leases of a call are in many slots.
+KEEP = LuaScript(
+    """
+local owners = redis.call('MGET', unpack(KEYS))
+local out = {}
+for i = 1, #KEYS do
+  if owners[i] == ARGV[1] then
+    redis.call('PEXPIRE', KEYS[i], ARGV[2])
+    out[i] = 1
+  elseif owners[i] then
+    out[i] = 0
+  else
+    out[i] = -1
+  end
+end
+return out
 """
 )
 
@@ -405,4 +551,6 @@ SCRIPTS: Final = (
     RELEASE_BYTES,
     CONFIRM,
     RECORD,
+    ROUND,
+    KEEP,
 )

@@ -34,6 +34,7 @@ from gateway.store.redis_scripts import (
     CONFIRM,
     CREATE,
     DELETE,
+    KEEP,
     READ_PAGE,
     RELEASE,
     RENEW,
@@ -145,6 +146,7 @@ class RedisSessions:
         await self._core.eval(SET_META, keys, *args)
 
     async def delete_session(self, sid: str) -> bool:
+        self._commit.memo.forget(sid)
         keys = [
             self._core.key(sid, "meta"),
             self._core.key(sid, "log"),
@@ -308,6 +310,7 @@ class RedisSessions:
     async def acquire_lease(self, sid: str, node: str, ttl: float) -> bool:
         lease_ms = ms(ttl, "lease ttl")
         keys = [self._core.key(sid, "lease"), self._core.key(sid, "gone")]
+        self._commit.memo.forget(sid)  # leased anew: the next append reads the log's end
         return bool(await self._core.eval(ACQUIRE, keys, node, lease_ms))
 
     async def keep_leases(self, sids: Sequence[str], node: str, ttl: float) -> list[bool]:
@@ -319,8 +322,12 @@ class RedisSessions:
         """
         lease_ms = ms(ttl, "lease ttl")
         held: list[bool] = []
+        one_server = self._core.topology.single_server_connection() is not None
         for start in range(0, len(sids), 500):
             chunk = sids[start : start + 500]
+            if one_server:
+                held += await self._keep_on_one_server(chunk, node, ttl, lease_ms)
+                continue
             try:
                 async with self._core.client.pipeline(transaction=False) as pipe:
                     for sid in chunk:
@@ -345,11 +352,26 @@ class RedisSessions:
                 held.append(bool(reply))
         return held
 
+    async def _keep_on_one_server(
+        self, sids: Sequence[str], node: str, ttl: float, lease_ms: int
+    ) -> list[bool]:
+        """One ``KEEP`` call for these leases; one ``ACQUIRE`` each for those nobody holds."""
+        keys = [self._core.key(sid, "lease") for sid in sids]
+        replies = await self._core.eval(KEEP, keys, node, lease_ms)
+        held: list[bool] = []
+        for sid, reply in zip(sids, replies, strict=True):
+            if reply == -1:  # expired during an outage, nobody took it: ours again
+                held.append(await self.acquire_lease(sid, node, ttl))
+            else:
+                held.append(reply == 1)
+        return held
+
     async def renew_lease(self, sid: str, node: str, ttl: float) -> bool:
         lease_ms = ms(ttl, "lease ttl")
         return bool(await self._core.eval(RENEW, [self._core.key(sid, "lease")], node, lease_ms))
 
     async def release_lease(self, sid: str, node: str) -> None:
+        self._commit.memo.forget(sid)
         await self._core.eval(RELEASE, [self._core.key(sid, "lease")], node)
 
     async def lease_owner(self, sid: str) -> str | None:

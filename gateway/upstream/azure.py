@@ -15,7 +15,13 @@ from typing import Final, Literal
 from gateway.upstream.base import Upstream
 from gateway.upstream.live import GPTLive, is_live_model, live_controls
 from gateway.upstream.openai import OpenAIRealtime
-from gateway.upstream.provider import ExtraSetting, Provider, ProviderSettings, connect_with
+from gateway.upstream.provider import (
+    ExtraSetting,
+    Provider,
+    ProviderSettings,
+    SimFlavour,
+    connect_with,
+)
 
 __all__ = ["PROVIDER", "AzureRealtime"]
 
@@ -67,6 +73,9 @@ PROVIDER: Final = Provider(
     key_variable="AZURE_OPENAI_API_KEY",
     example_base_url="https://RESOURCE.openai.azure.com/openai/v1",
     model_is="deployment",
+    # Deployments are named by their owner: no model list; the facts of a deployment
+    # named as an OpenAI model are OpenAI's (``providers.facts`` goes by the wire).
+    sim=SimFlavour(base="/openai/v1", auth="api-key", needs_model=True, live=True),
     extra=(
         ExtraSetting(
             "auth",

@@ -88,7 +88,6 @@ does not decode comes out of ``recv`` as ``UpstreamError("upstream_protocol")``.
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import logging
 from collections.abc import Callable, Sequence
@@ -108,7 +107,6 @@ from gateway.upstream.base import (
     UpstreamError,
     UpstreamEvent,
     VoiceConfig,
-    Woken,
 )
 from gateway.upstream.gemini_conversation import (
     CANCELLING,
@@ -118,15 +116,16 @@ from gateway.upstream.gemini_conversation import (
     Compression,
     GeminiConversation,
 )
-from gateway.upstream.models import facts
-from gateway.upstream.provider import ExtraSetting, Provider, ProviderSettings
-from gateway.upstream.provider_socket import ProviderSocket
+from gateway.upstream.models import ModelFacts, Price
+from gateway.upstream.provider import ExtraSetting, Provider, ProviderSettings, SimFlavour
+from gateway.upstream.provider_socket import Inbox, ProviderSocket
 from protocol.assembly import Message
 
 __all__ = [
     "DEFAULT_API_VERSION",
     "DEFAULT_BASE_URL",
     "DEFAULT_MODEL",
+    "MODELS",
     "PROVIDER",
     "GeminiLive",
 ]
@@ -137,7 +136,7 @@ DEFAULT_BASE_URL: Final = "wss://generativelanguage.googleapis.com"
 # The Gemini API serves the Live WebSocket on v1beta (v1alpha for ephemeral tokens).
 DEFAULT_API_VERSION: Final = "v1beta"
 # Today's Live model (2026-09-15): it answers in audio only, so a text session takes the
-# transcript of its speech (gateway/upstream/models.py; docs/providers.md).
+# transcript of its speech (MODELS below; docs/providers.md).
 DEFAULT_MODEL: Final = "gemini-3.8-live"
 
 
@@ -183,13 +182,15 @@ class GeminiLive(Upstream):
         label: str = "Gemini Live",
         key_variable: str = "GEMINI_API_KEY",
         compression: Compression | None = None,
+        model_facts: ModelFacts | None = None,
     ) -> None:
         """``connect_timeout`` bounds the TCP + TLS + WebSocket handshake;
         ``open_timeout`` the wait for ``setupComplete`` after it;
         ``cancel_grace`` how long a cancelled turn may take to end by itself
         before it is abandoned (see the module docstring); ``label`` and
         ``key_variable`` name the API and its key in messages; ``compression``
-        how the server compresses a long context (None: not at all)."""
+        how the server compresses a long context (None: not at all);
+        ``model_facts``: what the model can do (None: as the Gemini row lists it)."""
         self.base_url = base_url.rstrip("/")
         self.model = model
         self.api_key = api_key
@@ -198,6 +199,7 @@ class GeminiLive(Upstream):
         self.open_timeout = open_timeout
         self.cancel_grace = cancel_grace
         self.compression = compression
+        self.model_facts = model_facts
         self._resumed = False
         self._socket = ProviderSocket(label, key_variable, hint=close_hint(key_variable))
         self._conversation = GeminiConversation("", ())
@@ -206,11 +208,8 @@ class GeminiLive(Upstream):
         # A reconnect started by replace_response; requests wait for it.
         self._reopen: asyncio.Task[None] | None = None
         self._deadline = 0.0  # loop time a cancelled turn is abandoned at
-        self._queued: collections.deque[UpstreamEvent] = collections.deque()
-        # ``stream_text_to``: where deltas go while recv() waits, and a frame the
-        # read callback decoded but did not take (recv() uses it, not decoding again).
-        self._text_sink: Callable[[str], bool] | None = None
-        self._decoded: tuple[bytes, wire.ServerMessage] | None = None
+        self._inbox = Inbox(self._socket, wire.decode_server_message, self._hot_text)
+        self._queued = self._inbox.queued
         self._resampler: Resampler | None = None
 
     @property
@@ -245,7 +244,7 @@ class GeminiLive(Upstream):
             instructions,
             history,
             voice,
-            model=facts("gemini", self.model),
+            model=self.model_facts or PROVIDER.facts(self.model),
             compression=self.compression,
             resume=resume.handle if resume is not None else "",
             reasoning_effort=options.reasoning_effort if options is not None else None,
@@ -304,7 +303,7 @@ class GeminiLive(Upstream):
             not_found="check the base URL and the API version (the Live API is served on "
             f"{DEFAULT_API_VERSION})",
         )
-        socket.intercept(self._intercept)
+        self._inbox.attach()
         socket.suffix = ""
         try:
             setup = self._conversation.setup(self.model_name, resume=resume)
@@ -323,22 +322,16 @@ class GeminiLive(Upstream):
         self._queued.clear()
 
     async def _await_setup_complete(self) -> None:
-        while True:
-            data = await self._socket.recv()
-            if data is None:
-                continue
-            try:
-                message = wire.decode_server_message(data)
-            except (msgspec.DecodeError, msgspec.ValidationError):
-                continue
-            if message.setup_complete is not None:
-                return
-            if message.error is not None:
-                error = message.error
-                raise UpstreamClosed(
-                    f"{self._socket.label} refused the session ({error.status or error.code}): "
-                    f"{error.message}"
-                )
+        await self._inbox.until(self._setup_complete)
+
+    def _setup_complete(self, message: wire.ServerMessage) -> bool:
+        if message.error is not None:
+            error = message.error
+            raise UpstreamClosed(
+                f"{self._socket.label} refused the session ({error.status or error.code}): "
+                f"{error.message}"
+            )
+        return message.setup_complete is not None
 
     async def _reconnect(self, why: str) -> None:
         """Replace the connection by a new one: continuing the server's copy by its
@@ -483,62 +476,39 @@ class GeminiLive(Upstream):
                 return self._queued.popleft()
             if self._reopen is not None:
                 await self._join_reconnect()
-            socket = self._socket
+            deadline = None
             if conversation.state == CANCELLING:
-                remaining = self._deadline - asyncio.get_running_loop().time()
-                if remaining <= 0:
+                deadline = self._deadline
+                if deadline <= asyncio.get_running_loop().time():
                     return conversation.abandon(
                         f"the turn did not end within {self.cancel_grace:g}s of the cancel"
                     )
-                try:
-                    async with asyncio.timeout(remaining):
-                        data = await socket.recv()
-                except TimeoutError:
-                    continue  # the deadline is checked at the top
-            else:
-                data = await socket.recv()
-            if data is None:
-                return Woken()
-            decoded, self._decoded = self._decoded, None
-            if decoded is not None and decoded[0] is data:
-                message = decoded[1]
-            else:
-                try:
-                    message = wire.decode_server_message(data)
-                except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-                    return UpstreamError(
-                        code="upstream_protocol",
-                        message=f"unreadable Gemini Live frame ({exc}): {bytes(data[:200])!r}",
-                    )
-            events = conversation.handle(message)
-            if conversation.go_away is not None:
-                socket.suffix = f" after goAway (timeLeft={conversation.go_away})"
-            if events:
-                self._queued.extend(events[1:])
-                return events[0]
+            try:
+                event = await self._inbox.next(self._handle, deadline=deadline)
+            except TimeoutError:
+                continue  # the deadline is checked at the top
+            if event is not None:
+                return event
+
+    def _handle(self, message: wire.ServerMessage) -> list[UpstreamEvent]:
+        conversation = self._conversation
+        events = conversation.handle(message)
+        if conversation.go_away is not None:
+            self._socket.suffix = f" after goAway (timeLeft={conversation.go_away})"
+        return events
 
     def stream_text_to(self, sink: Callable[[str], bool] | None) -> bool:
-        self._text_sink = sink
-        return True
+        return self._inbox.stream_text_to(sink)
 
-    def _intercept(self, data: bytes, text: bool) -> bool:
-        """The read callback's offer of a frame while ``recv()`` waits: take a
-        text part of the running turn to the sink; leave anything else to ``recv()``."""
-        sink = self._text_sink
-        if sink is None or self._queued or self._reopen is not None:
-            return False
-        try:
-            message = wire.decode_server_message(data)
-        except (msgspec.DecodeError, msgspec.ValidationError):
-            return False  # recv() reports it
+    def _hot_text(self, message: wire.ServerMessage) -> str | None:
+        """A text part of the running turn, taken for the sink while ``recv()`` waits."""
+        if self._reopen is not None:
+            return None
         part = self._conversation.hot_part(message)
         if part is None or not part.text or part.thought:
-            self._decoded = (data, message)
-            return False
+            return None
         self._conversation.took_text(part.text)
-        if sink(part.text):
-            self._socket.nudge()
-        return True
+        return part.text
 
 
 def connect(row: Provider, settings: ProviderSettings, model: str) -> GeminiLive:
@@ -553,7 +523,36 @@ def connect(row: Provider, settings: ProviderSettings, model: str) -> GeminiLive
         compression=Compression(trigger_tokens=trigger)
         if getattr(settings, "compression", True)
         else None,
+        model_facts=row.facts(model),
     )
+
+
+_NATIVE_AUDIO_2_5: Final = "gemini-2.5-flash-native-audio-preview-12-2025"
+
+MODELS: Final = (
+    # Gemini Live (Gemini Developer API): today's models answer in audio only and close
+    # a TEXT setup; 2.0 and the half-cascade 2.5 were shut down on 2025-12-09.
+    ModelFacts("gemini-3.8-live", "audio"),
+    ModelFacts("gemini-3.8-live-extended-thinking", "audio", thinking="level"),
+    ModelFacts(
+        "gemini-3.1-flash-live-preview",
+        "audio",
+        thinking="level",
+        text_refusal=(1011, "Internal error encountered."),
+    ),
+    ModelFacts(_NATIVE_AUDIO_2_5, "audio", thinking="budget"),
+    ModelFacts("gemini-2.5-flash-native-audio-preview-09-2025", "audio", thinking="budget"),
+    ModelFacts(
+        "gemini-live-2.5-flash-preview",
+        "text",
+        shutdown="2025-12-09",
+        replacement=_NATIVE_AUDIO_2_5,
+    ),
+    ModelFacts(
+        "gemini-2.0-flash-live-001", "text", shutdown="2025-12-09", replacement=_NATIVE_AUDIO_2_5
+    ),
+)
+"""Gemini's Live models (sources: docs/providers.md, "Models")."""
 
 
 PROVIDER: Final = Provider(
@@ -564,6 +563,9 @@ PROVIDER: Final = Provider(
     default_model=DEFAULT_MODEL,
     base_url=DEFAULT_BASE_URL,
     key_variable="GEMINI_API_KEY",
+    sim=SimFlavour(),
+    models=MODELS,
+    price=Price(input=0.5, output=2.0, audio_input=3.0, audio_output=12.0),
     # Automatic activity detection only (no semantic VAD, idle timeout, noise
     # reduction); context compression instead of truncation; thinkingLevel.
     controls=frozenset({"reasoning_effort"}),

@@ -16,13 +16,10 @@ docs/providers.md, "GPT-Live".
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import logging
 from collections.abc import Sequence
 from typing import Final, Literal
-
-import msgspec
 
 from gateway.upstream import live_wire as wire
 from gateway.upstream.audio import Resampler
@@ -35,13 +32,14 @@ from gateway.upstream.base import (
     UpstreamError,
     UpstreamEvent,
     VoiceConfig,
+    Woken,
 )
 from gateway.upstream.live_conversation import (
     AUDIO_RATE,
     RETRYABLE_CLOSES,
     LiveConversation,
 )
-from gateway.upstream.provider_socket import ProviderSocket
+from gateway.upstream.provider_socket import Inbox, ProviderSocket
 from protocol.assembly import Message
 
 __all__ = ["QUIET_SECONDS", "GPTLive", "is_live_model", "live_controls"]
@@ -108,7 +106,9 @@ class GPTLive(Upstream):
         self.backend_model = backend_model
         self._socket = ProviderSocket(label, key_variable)
         self._conversation = LiveConversation(model, "", (), None)
-        self._queued: collections.deque[UpstreamEvent] = collections.deque()
+        self._inbox: Inbox[wire.AdapterEvent] = Inbox(self._socket, wire.decode_upstream)
+        self._queued = self._inbox.queued
+        self._service_closed: str | None = None  # session.closed's reason, once received
         self._resampler: Resampler | None = None
         self._opened = False
         self._closed = False
@@ -194,25 +194,20 @@ class GPTLive(Upstream):
             raise
 
     async def _await_started(self) -> None:
-        while True:
-            data = await self._socket.recv()
-            if data is None:
-                continue
-            try:
-                event = wire.decode_upstream(data)
-            except (msgspec.DecodeError, msgspec.ValidationError):
-                continue
-            if isinstance(event, wire.SessionStarted):
-                self._conversation.handle(event)
-                return
-            if isinstance(event, wire.ErrorEvent):
-                error = event.error
-                where = f" ({error.param})" if error.param else ""
-                raise UpstreamClosed(
-                    f"{self._socket.label} refused the session ({error.code}{where}): "
-                    f"{error.message}",
-                    retryable=False,
-                )
+        await self._inbox.until(self._started)
+
+    def _started(self, event: wire.AdapterEvent) -> bool:
+        if isinstance(event, wire.ErrorEvent):
+            error = event.error
+            where = f" ({error.param})" if error.param else ""
+            raise UpstreamClosed(
+                f"{self._socket.label} refused the session ({error.code}{where}): {error.message}",
+                retryable=False,
+            )
+        if isinstance(event, wire.SessionStarted):
+            self._conversation.handle(event)
+            return True
+        return False
 
     async def close(self) -> None:
         self._closed = True
@@ -320,33 +315,27 @@ class GPTLive(Upstream):
                 return self._queued.popleft()
             if conversation.outbox:
                 await self._flush()
-            deadline = self._deadline()
             try:
-                if deadline is None:
-                    data = await self._socket.recv()
-                else:
-                    async with asyncio.timeout_at(deadline):
-                        data = await self._socket.recv()
+                event = await self._inbox.next(self._handle, deadline=self._deadline())
             except TimeoutError:
                 self._queued.extend(conversation.quiet())
                 continue
             except UpstreamClosed as exc:
                 raise self._closing(exc) from exc
-            if data is None:
-                continue
-            try:
-                event = wire.decode_upstream(data)
-            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-                return UpstreamError(
-                    code="upstream_protocol",
-                    message=f"unreadable GPT-Live frame ({exc}): {bytes(data[:200])!r}",
-                )
-            if event is None:
-                continue
-            self._queued.extend(conversation.handle(event))
-            if isinstance(event, wire.SessionClosed):
+            if self._service_closed is not None:
                 await self._socket.close()
-                raise self._closed_by_service(event.reason)
+                raise self._closed_by_service(self._service_closed)
+            if event is not None and not isinstance(event, Woken):
+                return event
+
+    def _handle(self, event: wire.AdapterEvent) -> list[UpstreamEvent]:
+        events = self._conversation.handle(event)
+        if isinstance(event, wire.SessionClosed):
+            # The events it meant wait for a later recv(); this one raises.
+            self._queued.extend(events)
+            self._service_closed = event.reason
+            return []
+        return events
 
     def _closed_by_service(self, reason: str) -> UpstreamClosed:
         retryable = reason in RETRYABLE_CLOSES

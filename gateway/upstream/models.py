@@ -1,46 +1,91 @@
-"""What each realtime model can do, as the providers publish it: data, not guesses.
+"""What each realtime model can do and costs, as the providers publish it: data, not guesses.
 
-One row per model: how it answers (``text``: it can write text, so the text
-protocol's markers are parsed from its output; ``audio``: it only speaks,
-and a text session takes the transcript of its speech as the answer, its
-thoughts as ``think`` and its native function calls as ``call``), whether
-and how it thinks, and when it stops (or stopped) being served, with the
-model the provider names as its replacement. The session's path is chosen
-from here (``answers``), the simulator refuses what the real model refuses
-from here, and a node refuses to start with a model that is shut down.
+A provider's row (``gateway.upstream.provider.Provider``) carries its models
+(``models``) and the price of any other model (``price``); the tables every
+reader uses (``gateway.upstream.providers.MODELS``, ``facts``, the price
+table) derive from the rows. Each model says how it answers (``text``: it can
+write text, so the text protocol's markers are parsed from its output;
+``audio``: it only speaks, and a text session takes the transcript of its
+speech as the answer, its thoughts as ``think`` and its native function
+calls as ``call``), whether and how it thinks, when it stops (or stopped)
+being served, with the model the provider names as its replacement, and its
+list price. The session's path is chosen from here (``answers``), the
+simulator refuses what the real model refuses from here, and a node refuses
+to start with a model that is shut down.
 
-Facts and their sources are in docs/providers.md ("Models"); in short:
-Google's deprecations page shut ``gemini-live-2.5-flash-preview`` and
-``gemini-2.0-flash-live-001`` down on 2025-12-09 (replacement
-``gemini-2.5-flash-native-audio-preview-12-2025``); today's Live models
-(``gemini-3.8-live``, released 2026-09-15, and its extended-thinking
-variant; the legacy ``gemini-3.1-flash-live-preview``; the 2.5 native-audio
-previews) answer in audio only and close a TEXT setup. OpenAI's
-``openai`` SDK marks ``gpt-realtime`` and ``gpt-realtime-mini`` deprecated,
-shutting down on 2027-01-20; every Realtime model can answer in text.
-
-A model not in the table gets its wire's assumption (``unknown``): Gemini
-Live models answer in audio (every current one does), OpenAI-wire models in
-text; the node logs that it is guessing.
+Facts and their sources are in docs/providers.md ("Models"). A model no row
+lists gets its wire's assumption (``assumed``): Gemini Live models answer in
+audio (every current one does), OpenAI-wire models in text; the node logs
+that it is guessing. The simulator's own model (``sim``) writes text on
+every wire.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Final, Literal
+from typing import Annotated, Final, Literal
 
-__all__ = ["MODELS", "ModelFacts", "facts", "model_refusal", "model_warning"]
+import msgspec
+
+from protocol.events import Usage
+
+__all__ = [
+    "SIM_MODEL",
+    "ModelFacts",
+    "Price",
+    "assumed",
+    "find",
+    "model_refusal",
+    "model_warning",
+]
 
 Answers = Literal["text", "audio"]
 Thinking = Literal["none", "budget", "level"]
 
+_PER_TOKEN: Final = 1e-6  # prices are per million tokens
+
+USDPerMillion = Annotated[float, msgspec.Meta(ge=0)]
+
+
+class Price(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """USD per million tokens; audio and cached prices default to the text ones.
+
+    ``per_minute``: USD per minute of session time, for a model priced by duration
+    (GPT-Live's active rate; ``Usage.seconds``).
+    """
+
+    input: USDPerMillion = 0.0
+    output: USDPerMillion = 0.0
+    cached_input: USDPerMillion | None = None
+    audio_input: USDPerMillion | None = None
+    audio_output: USDPerMillion | None = None
+    per_minute: Annotated[float, msgspec.Meta(ge=0)] = 0.0
+
+    def cost(self, usage: Usage) -> float:
+        """USD for ``usage`` (cached and audio tokens at their own rates)."""
+        cached = min(max(usage.cached, 0), usage.input)
+        audio_in = min(max(usage.input_audio, 0), usage.input - cached)
+        text_in = usage.input - cached - audio_in
+        audio_out = min(max(usage.output_audio, 0), usage.output)
+        text_out = usage.output - audio_out
+        dollars = (
+            text_in * self.input
+            + cached * (self.input if self.cached_input is None else self.cached_input)
+            + audio_in * (self.input if self.audio_input is None else self.audio_input)
+            + text_out * self.output
+            + audio_out * (self.output if self.audio_output is None else self.audio_output)
+        )
+        return dollars * _PER_TOKEN + usage.seconds / 60.0 * self.per_minute
+
 
 @dataclass(frozen=True, slots=True)
 class ModelFacts:
-    """One model: how it answers, how it thinks, when it is (or was) shut down.
+    """One model: how it answers, how it thinks, when it is (or was) shut down, its price.
 
-    - ``wire``: the provider wire it is served on (``openai`` or ``gemini``);
+    - ``name``: as the provider names it;
     - ``answers``: ``text`` or ``audio`` (see the module docstring);
     - ``thinking``: ``none`` (asking for thoughts is refused), ``budget``
       (``thinkingBudget``) or ``level`` (``thinkingLevel``); thoughts are
@@ -49,108 +94,52 @@ class ModelFacts:
       announced; ``replacement``: the model the provider names instead;
     - ``text_refusal``: the close (code, reason) the service answers a TEXT
       setup with, for an audio-only model (what the simulator sends);
+    - ``price``: its list price (None: its row's ``price``, if any);
+    - ``wire``: the wire it is served on (set by its row, ``openai`` or ``gemini``);
     - ``known``: False for the assumption made about a model not listed.
     """
 
-    wire: str
     name: str
     answers: Answers
     thinking: Thinking = "none"
     shutdown: str = ""
     replacement: str = ""
     text_refusal: tuple[int, str] = (1007, "Cannot extract voices from a non-audio request.")
+    price: Price | None = None
+    wire: str = ""
     known: bool = True
 
     def shut_down_by(self, today: datetime.date) -> bool:
         return bool(self.shutdown) and datetime.date.fromisoformat(self.shutdown) <= today
 
 
-_NATIVE_AUDIO_2_5: Final = "gemini-2.5-flash-native-audio-preview-12-2025"
+SIM_MODEL: Final = ModelFacts("sim", "text")
+"""The simulator's own model: a stand-in that writes text on either wire."""
 
-MODELS: Final[tuple[ModelFacts, ...]] = (
-    # Gemini Live (Gemini Developer API).
-    ModelFacts("gemini", "gemini-3.8-live", "audio"),
-    ModelFacts("gemini", "gemini-3.8-live-extended-thinking", "audio", thinking="level"),
-    ModelFacts(
-        "gemini",
-        "gemini-3.1-flash-live-preview",
-        "audio",
-        thinking="level",
-        text_refusal=(1011, "Internal error encountered."),
-    ),
-    ModelFacts("gemini", _NATIVE_AUDIO_2_5, "audio", thinking="budget"),
-    ModelFacts(
-        "gemini", "gemini-2.5-flash-native-audio-preview-09-2025", "audio", thinking="budget"
-    ),
-    ModelFacts(
-        "gemini",
-        "gemini-live-2.5-flash-preview",
-        "text",
-        shutdown="2025-12-09",
-        replacement=_NATIVE_AUDIO_2_5,
-    ),
-    ModelFacts(
-        "gemini",
-        "gemini-2.0-flash-live-001",
-        "text",
-        shutdown="2025-12-09",
-        replacement=_NATIVE_AUDIO_2_5,
-    ),
-    # OpenAI Realtime (GA): every model writes text when asked (output_modalities ["text"]).
-    ModelFacts("openai", "gpt-realtime-2.1", "text", thinking="level"),
-    ModelFacts("openai", "gpt-realtime-2.1-mini", "text"),
-    ModelFacts("openai", "gpt-realtime-2", "text", thinking="level"),
-    ModelFacts("openai", "gpt-realtime-1.5", "text"),
-    ModelFacts(
-        "openai", "gpt-realtime", "text", shutdown="2027-01-20", replacement="gpt-realtime-2.1"
-    ),
-    ModelFacts(
-        "openai",
-        "gpt-realtime-2025-08-28",
-        "text",
-        shutdown="2027-01-20",
-        replacement="gpt-realtime-2.1",
-    ),
-    ModelFacts(
-        "openai",
-        "gpt-realtime-mini",
-        "text",
-        shutdown="2027-01-20",
-        replacement="gpt-realtime-2.1-mini",
-    ),
-    # GPT-Live (OpenAI's /v1/live/sessions wire, picked by the name): speech only, so a
-    # text session takes the transcript of its speech as the answer.
-    ModelFacts("openai", "gpt-live-1.1", "audio"),
-    ModelFacts("openai", "gpt-live-1", "audio"),
-    # xAI Grok Voice (OpenAI's event names, its own session shape).
-    ModelFacts("openai", "grok-voice-think-fast-2.0", "text", thinking="level"),
-    ModelFacts("openai", "grok-voice-think-fast-1.0", "text", thinking="level"),
-    ModelFacts("openai", "grok-voice-latest", "text", thinking="level"),
-    # The simulator's own model: a stand-in that writes text on either wire.
-    ModelFacts("openai", "sim", "text"),
-    ModelFacts("gemini", "sim", "text"),
-)
-
-_BY_KEY: Final = {(m.wire, m.name): m for m in MODELS}
-_ASSUMED: Final = {
-    "gemini": ModelFacts("gemini", "", "audio", known=False),
-    "openai": ModelFacts("openai", "", "text", known=False),
-}
+_ASSUMED_ANSWERS: Final[dict[str, Answers]] = {"gemini": "audio", "openai": "text"}
 
 
-def facts(wire: str, model: str) -> ModelFacts:
-    """The facts of ``model`` on ``wire`` (``models/`` prefixes ignored), or the wire's assumption."""
+def assumed(wire: str, model: str) -> ModelFacts:
+    """What is assumed of ``model``, which no row lists: its wire's way of answering."""
+    answers = _ASSUMED_ANSWERS.get(wire, "text")
+    return ModelFacts(model, answers, wire=wire, known=False)
+
+
+def find(models: Iterable[ModelFacts], wire: str, model: str) -> ModelFacts:
+    """The facts of ``model`` (``models/`` prefix ignored) among ``models`` on ``wire``; the
+    simulator's model; or the wire's assumption."""
     name = model.removeprefix("models/")
-    found = _BY_KEY.get((wire, name))
-    if found is not None:
-        return found
-    assumed = _ASSUMED.get(wire, _ASSUMED["openai"])
-    return ModelFacts(wire, name, assumed.answers, text_refusal=assumed.text_refusal, known=False)
+    for found in models:
+        if found.name == name and found.wire == wire:
+            return found
+    if name == SIM_MODEL.name:
+        return dataclasses.replace(SIM_MODEL, wire=wire)
+    return assumed(wire, name)
 
 
-def model_refusal(provider: str, wire: str, model: str, today: datetime.date) -> str | None:
-    """Why ``model`` cannot be served any more (shut down), naming its replacement; or None."""
-    found = facts(wire, model)
+def model_refusal(provider: str, found: ModelFacts, today: datetime.date) -> str | None:
+    """Why model ``found`` cannot be served any more (shut down), naming its replacement;
+    or None."""
     if not found.shut_down_by(today):
         return None
     instead = f"; use {found.replacement} instead" if found.replacement else ""
@@ -160,9 +149,9 @@ def model_refusal(provider: str, wire: str, model: str, today: datetime.date) ->
     )
 
 
-def model_warning(provider: str, wire: str, model: str, today: datetime.date) -> str | None:
-    """A note worth logging about ``model``: its announced shutdown, or that it is not known."""
-    found = facts(wire, model)
+def model_warning(provider: str, found: ModelFacts, today: datetime.date) -> str | None:
+    """A note worth logging about model ``found``: its announced shutdown, or that it is
+    not known."""
     if found.shutdown and not found.shut_down_by(today):
         instead = f"; move to {found.replacement}" if found.replacement else ""
         return (
@@ -171,6 +160,6 @@ def model_warning(provider: str, wire: str, model: str, today: datetime.date) ->
     if not found.known:
         return (
             f"{provider} model {found.name!r} is not in the gateway's model table: assuming it "
-            f"answers in {found.answers} (gateway/upstream/models.py)"
+            f"answers in {found.answers} (its provider row's models)"
         )
     return None

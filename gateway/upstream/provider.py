@@ -4,7 +4,9 @@ Each adapter module declares its row (``PROVIDER``) and ``gateway.upstream.
 providers`` lists them; from the rows derive the ``--provider`` choices, the
 settings (``--NAME-base-url``, ``NAME_API_KEY``… with the row's defaults and
 words), the factories the node makes sessions' upstreams with, the
-simulator's flavours and the price table's keys. A provider that speaks
+simulator's flavours (``sim``: how the simulator serves the row's wire as the
+provider does), the model table (``models``) and the price table (each
+model's ``price``, the row's ``price`` for any other model). A provider that speaks
 another's wire with its own URL, headers and key variable is a new row whose
 adapter is a small subclass.
 
@@ -14,6 +16,7 @@ environment: the node's settings are the one place a key comes from.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal, cast
@@ -22,6 +25,7 @@ import msgspec
 
 from gateway.settings import Setting
 from gateway.upstream.base import CONTROLS, Upstream, UpstreamFactory
+from gateway.upstream.models import ModelFacts, Price, find
 
 __all__ = [
     "UPSTREAM_GROUP",
@@ -30,6 +34,7 @@ __all__ = [
     "Provider",
     "ProviderFactory",
     "ProviderSettings",
+    "SimFlavour",
     "Wire",
     "connect_with",
 ]
@@ -60,6 +65,25 @@ class ExtraSetting:
     type: Any
     default: Any
     help: str
+
+
+@dataclass(frozen=True, slots=True)
+class SimFlavour:
+    """How the simulator serves a provider's wire as the provider does (``--sim-flavor``).
+
+    On OpenAI's wire: ``base`` is the base URL's path (an adapter's base URL is
+    the simulator's address + ``base``, the endpoint ``{base}/realtime``);
+    ``auth`` how the key is sent; ``needs_model``: ``?model=`` must name a
+    model (a deployment); ``flat``: sessions in xAI's flat shape; ``live``: it
+    also serves GPT-Live at ``{base}/live/sessions``. Gemini's wire has one
+    shape: a row on it takes ``SimFlavour()``.
+    """
+
+    base: str = ""
+    auth: Literal["bearer", "api-key"] = "bearer"
+    needs_model: bool = False
+    flat: bool = False
+    live: bool = False
 
 
 Connect = Callable[["Provider", ProviderSettings, str], Upstream]
@@ -104,7 +128,12 @@ class Provider:
     - ``controls``: the session controls (``CONTROLS``) its API documents; a
       session asking for another is refused with the provider's name;
       ``model_controls``: a model's own controls where its wire differs
-      (OpenAI's GPT-Live models), None for the row's.
+      (OpenAI's GPT-Live models), None for the row's;
+    - ``sim``: how the simulator stands in for it (None: it cannot, which a
+      test refuses: every row is tested against its simulator flavour);
+    - ``models``: the models it serves, with their facts and prices
+      (``gateway.upstream.models``); ``price``: what any other model costs
+      (None: unpriced, logged once).
     """
 
     name: str
@@ -119,10 +148,24 @@ class Provider:
     model_is: str = "model"
     controls: frozenset[str] = CONTROLS
     model_controls: Callable[[str], frozenset[str] | None] | None = None
+    sim: SimFlavour | None = None
+    models: tuple[ModelFacts, ...] = ()
+    price: Price | None = None
     settings: type[ProviderSettings] = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "settings", _settings_struct(self))
+        if any(model.wire != self.wire for model in self.models):
+            on_wire = tuple(dataclasses.replace(m, wire=self.wire) for m in self.models)
+            object.__setattr__(self, "models", on_wire)
+
+    def facts(self, model: str) -> ModelFacts:
+        """The facts of ``model`` as this row lists it (or its wire's assumption)."""
+        return find(self.models, self.wire, model)
+
+    def served(self) -> tuple[str, ...]:
+        """The models it serves that are not announced as shut down."""
+        return tuple(m.name for m in self.models if not m.shutdown)
 
     def factory(self, settings: ProviderSettings, model: str = "") -> ProviderFactory:
         """A factory of this provider's upstreams with ``settings`` and ``model``."""

@@ -19,22 +19,34 @@ it does with the socket is the same for every provider, and lives here once:
 - **the tap**: with a ``FrameTap`` set (a session that records), every frame
   both ways is handed to it as it goes over the wire (the flight recorder,
   ``gateway.sessions.recorder``); without one, a frame costs one test.
+
+``Inbox`` is the receive loop on top, the same for every adapter: frames
+decoded by the wire's codec, handed to the adapter's pure conversation core
+(``handle``: a message → the session's events, queued in order), an
+unreadable frame reported as ``UpstreamError("upstream_protocol")``; and the
+read callback's fast path (``take``: the text the core takes from a message
+now goes to the session's sink; a message it leaves is kept decoded, so
+``recv`` does not decode it again).
 """
 
 from __future__ import annotations
 
+import asyncio
+import collections
 import contextlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from typing import Generic, TypeVar
 
+import msgspec
 from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.frames import Close
 
-from gateway.upstream.base import FrameTap, UpstreamClosed
+from gateway.upstream.base import FrameTap, UpstreamClosed, UpstreamError, UpstreamEvent, Woken
 from gateway.upstream.dial import dial
 from gateway.wsfast import MessageQueue, can_write_now, write_text_now
 
-__all__ = ["CloseHint", "Intercept", "ProviderSocket"]
+__all__ = ["CloseHint", "Inbox", "Intercept", "ProviderSocket"]
 
 CloseHint = Callable[[int, str], str]
 """``(close code, reason)`` → what to do about it (``""``: nothing to add)."""
@@ -224,3 +236,120 @@ class ProviderSocket:
         if status == 429:
             return f"{label} rate-limited the connection (HTTP 429): retry later{detail}"
         return f"{label} rejected the WebSocket handshake (HTTP {status}){detail}"
+
+
+M = TypeVar("M")
+
+
+class Inbox(Generic[M]):
+    """The receive loop of one adapter (see the module docstring).
+
+    ``decode``: a frame → its wire's message (None: nothing to do with it; a
+    msgspec error: unreadable); ``take``: the text of a message the core takes
+    now for the sink (None: ``recv`` handles the message), called in the read
+    callback only while a sink is set and no event is queued.
+    """
+
+    __slots__ = ("_decode", "_decoded", "_intercepting", "_sink", "_socket", "_take", "queued")
+
+    def __init__(
+        self,
+        socket: ProviderSocket,
+        decode: Callable[[bytes], M | None],
+        take: Callable[[M], str | None] | None = None,
+    ) -> None:
+        self._socket = socket
+        self._decode = decode
+        self._take = take
+        self.queued: collections.deque[UpstreamEvent] = collections.deque()
+        self._sink: Callable[[str], bool] | None = None
+        # A frame the read callback decoded but did not take: recv() uses it.
+        self._decoded: tuple[bytes, M | None] | None = None
+        self._intercepting = False
+
+    def attach(self) -> bool:
+        """Offer frames to ``take`` in the read callback (after each connect); False: the
+        connection cannot, every frame comes from ``recv``."""
+        self._intercepting = self._take is not None and self._socket.intercept(self._intercept)
+        return self._intercepting
+
+    def stream_text_to(self, sink: Callable[[str], bool] | None) -> bool:
+        """``Upstream.stream_text_to``: where taken text goes while ``recv`` waits."""
+        if not self._intercepting:
+            return False
+        self._sink = sink
+        return True
+
+    def _intercept(self, data: bytes, text: bool) -> bool:
+        sink = self._sink
+        take = self._take
+        if sink is None or take is None or self.queued:
+            return False
+        try:
+            message = self._decode(data)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            return False  # recv() reports it
+        taken = None if message is None else take(message)
+        if taken is None:
+            self._decoded = (data, message)
+            return False
+        if sink(taken):
+            self._socket.nudge()
+        return True
+
+    def _message(self, data: bytes) -> M | UpstreamError | None:
+        decoded, self._decoded = self._decoded, None
+        if decoded is not None and decoded[0] is data:
+            return decoded[1]
+        try:
+            return self._decode(data)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            return UpstreamError(
+                code="upstream_protocol",
+                message=f"unreadable {self._socket.label} frame ({exc}): {bytes(data[:200])!r}",
+            )
+
+    async def next(
+        self, handle: Callable[[M], Sequence[UpstreamEvent]], *, deadline: float | None = None
+    ) -> UpstreamEvent | None:
+        """A queued event, or one frame read and handled: its first event (the rest are
+        queued), ``None`` if it meant none, ``Woken`` after the sink asked the session to
+        act. ``TimeoutError`` at loop time ``deadline``; ``UpstreamClosed`` as ``recv``."""
+        if self.queued:
+            return self.queued.popleft()
+        if deadline is None:
+            data = await self._socket.recv()
+        else:
+            async with asyncio.timeout_at(deadline):
+                data = await self._socket.recv()
+        if data is None:
+            return Woken()
+        message = self._message(data)
+        if message is None or isinstance(message, UpstreamError):
+            return message
+        events = handle(message)
+        if not events:
+            return None
+        self.queued.extend(events[1:])
+        return events[0]
+
+    async def until(self, opened: Callable[[M], bool]) -> None:
+        """Read frames until ``opened(message)`` is True (the session's start; it raises
+        to refuse). Frames that do not decode, and those it is False for, are skipped."""
+        while True:
+            data = await self._socket.recv()
+            if data is None:
+                continue
+            try:
+                message = self._decode(data)
+            except (msgspec.DecodeError, msgspec.ValidationError):
+                continue
+            if message is not None and opened(message):
+                return
+
+    async def recv(self, handle: Callable[[M], Sequence[UpstreamEvent]]) -> UpstreamEvent:
+        """The next event (``next`` until a frame means one)."""
+        while True:
+            event = await self.next(handle)
+            if event is not None:
+                return event

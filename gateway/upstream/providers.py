@@ -3,7 +3,9 @@
 Everything about a provider derives from this table: the ``--provider``
 choices, its settings (``UpstreamSettings``: ``--openai-base-url``,
 ``OPENAI_API_KEY``…), the factories of sessions' upstreams, the simulator's
-flavours, the defaults the docs show. To add a provider, give its adapter
+flavours (``--sim-flavor``, ``gateway.sim``), the model table (``MODELS``,
+``facts``), the price table (``gateway.pricing``), the conformance suite's
+cases, the defaults the docs show. To add a provider, give its adapter
 module a ``PROVIDER`` row and list it here (docs/architecture.md, "Add a
 provider").
 """
@@ -16,15 +18,21 @@ import msgspec
 
 from gateway.settings import Nested
 from gateway.upstream import azure, gemini, openai, xai
+from gateway.upstream.models import ModelFacts, find
 from gateway.upstream.provider import Provider, ProviderSettings
 
 __all__ = [
+    "FLAVOURS",
+    "MODELS",
     "NAMES",
     "PROVIDERS",
     "SIM",
     "UpstreamSettings",
     "by_name",
     "default_models",
+    "facts",
+    "flavour_of",
+    "listing",
     "settings_of",
 ]
 
@@ -42,6 +50,36 @@ NAMES: Final[tuple[str, ...]] = (SIM, *(row.name for row in PROVIDERS))
 """What ``--provider`` takes."""
 
 _BY_NAME: Final = {row.name: row for row in PROVIDERS}
+
+FLAVOURS: Final[tuple[str, ...]] = tuple(row.name for row in PROVIDERS if row.sim is not None)
+"""What ``--sim-flavor`` takes: every row the simulator stands in for."""
+
+MODELS: Final[tuple[ModelFacts, ...]] = tuple(m for row in PROVIDERS for m in row.models)
+"""Every model a row lists, with its wire."""
+
+
+def facts(wire: str, model: str) -> ModelFacts:
+    """The facts of ``model`` on ``wire`` (``models/`` prefixes ignored): as a row on that
+    wire lists it (an Azure deployment named as an OpenAI model is that model), or the
+    wire's assumption."""
+    return find(MODELS, wire, model)
+
+
+def listing(model: str) -> Provider | None:
+    """The row that lists ``model`` (None: no row does)."""
+    for row in PROVIDERS:
+        if any(m.name == model for m in row.models):
+            return row
+    return None
+
+
+def flavour_of(name: str) -> Provider:
+    """The row the simulator serves as flavour ``name``; ``ValueError`` naming the
+    flavours if it has none."""
+    row = _BY_NAME.get(name)
+    if row is None or row.sim is None:
+        raise ValueError(f"no simulator flavour {name!r}: use {', '.join(FLAVOURS)}")
+    return row
 
 
 def by_name(name: str) -> Provider:

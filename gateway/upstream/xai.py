@@ -15,8 +15,10 @@ import msgspec
 
 from gateway.upstream import openai_wire as wire
 from gateway.upstream.base import ModelOptions, VoiceConfig
-from gateway.upstream.openai import OpenAIRealtime, session_update
-from gateway.upstream.provider import Provider, connect_with
+from gateway.upstream.models import ModelFacts
+from gateway.upstream.openai import OpenAIRealtime
+from gateway.upstream.openai_conversation import session_update
+from gateway.upstream.provider import Provider, SimFlavour, connect_with
 
 __all__ = ["PROVIDER", "XaiRealtime"]
 
@@ -54,6 +56,14 @@ class XaiRealtime(OpenAIRealtime):
         )
 
 
+MODELS: Final = (
+    # Grok Voice: OpenAI's event names, its own session shape. Priced by the minute,
+    # so unpriced here (a prices file gives its rate).
+    ModelFacts("grok-voice-think-fast-2.0", "text", thinking="level"),
+    ModelFacts("grok-voice-think-fast-1.0", "text", thinking="level"),
+    ModelFacts("grok-voice-latest", "text", thinking="level"),
+)
+
 PROVIDER: Final = Provider(
     name="xai",
     label="xAI Grok Voice",
@@ -62,6 +72,8 @@ PROVIDER: Final = Provider(
     default_model=DEFAULT_MODEL,
     base_url="wss://api.x.ai/v1",
     key_variable="XAI_API_KEY",
+    sim=SimFlavour(base="/v1", auth="bearer", flat=True),
+    models=MODELS,
     # xAI documents server VAD and reasoning effort; nothing of the rest.
     controls=frozenset({"reasoning_effort"}),
 )

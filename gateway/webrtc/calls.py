@@ -31,7 +31,7 @@ from aiortc.mediastreams import MediaStreamTrack
 
 from gateway.config import Config
 from gateway.edge.openai_door import OpenAIDoor, Refused, model_route
-from gateway.upstream.models import MODELS
+from gateway.upstream.providers import MODELS
 from gateway.webrtc import CALLS_PATH
 from gateway.webrtc.media import RATE, Speaker, microphone
 from protocol.events import Played
@@ -167,6 +167,9 @@ class WebRTCCalls:
             return _refusal(
                 429, "this node holds all the WebRTC calls it may; retry later or elsewhere", "busy"
             )
+        authorizations = request.headers.getall("Authorization", [])
+        if len(authorizations) > 1:
+            return _refusal(401, "send one Authorization header, not several", "auth")
         raw = bytearray()  # read() gives what has arrived: a body may come in pieces
         while len(raw) <= limit and (piece := await request.content.read(limit + 1 - len(raw))):
             raw += piece
@@ -195,7 +198,7 @@ class WebRTCCalls:
         opened = await self.door.open(
             model,
             route,
-            request.headers.get("Authorization"),
+            authorizations[0] if authorizations else None,
             request.headers.get("Origin"),
             sid=sid,
             after=after,

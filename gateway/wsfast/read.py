@@ -48,7 +48,9 @@ quadratic (64 MiB in 256 KiB reads: 8.4 s of one core, 0.08 s now).
 **Intercept.** A message that arrives while a reader waits on an empty queue
 is first offered to ``intercept`` (when set), in the read callback: the
 upstream adapters hand the running response's text deltas to the session
-there (``Upstream.stream_text_to``), with no task resumed per token. An
+there (``Upstream.stream_text_to``), with no task resumed per token; the
+client and phone edges relay user audio frames there (one per 20 ms per
+session, ``tests/bench/voice_cost_bench.py``). An
 intercept that took a message may ``nudge()`` the reader, whose ``recv()``
 then returns ``None``. Only an empty queue is intercepted, so the order of
 messages is kept.
@@ -57,7 +59,9 @@ Internals used: ``Connection.protocol`` (``state``, ``side``, ``extensions``,
 ``current_size``, ``max_message_size``, ``parser``, ``reader``),
 ``Connection.recv_messages`` (its ``put``, ``get``, ``get_iter`` and ``close``,
 as ``Connection`` calls them), ``Connection.max_queue_high``/``max_queue_low``,
-``StreamReader.at_eof``, ``apply_mask``. ``tests/wsfast/test_canary.py``
+``StreamReader.at_eof``, ``apply_mask``; to fail a connection from the read
+callback, ``Protocol.fail``, ``Connection.send_data``, ``close_timeout``,
+``connection_lost_waiter``, ``set_connection_exc`` (16: ``set_recv_exc``). ``tests/wsfast/test_canary.py``
 fails when a websockets release changes them; pyproject.toml bounds the major.
 """
 
@@ -148,6 +152,7 @@ class MessageQueue:
         self._getting = False
         self._nudged = False
         self.closed = False
+        self.failing = False  # the connection was failed: nothing more from it is queued
         self.intercept: Callable[[bytes, bool], bool] | None = None
         """Offered each message that arrives while a reader waits on an empty
         queue; True: it took the message (the reader keeps waiting). See ``nudge``."""
@@ -156,11 +161,12 @@ class MessageQueue:
         """A data frame from websockets' parser (``Connection.process_event``)."""
         if self.closed:
             raise EOFError("stream of frames ended")
+        if self.failing:
+            return
         if frame.fin and not self._fragments:
             self.put_message(bytes(frame.data), frame.opcode is Opcode.TEXT)
             return
         if len(self._fragments) >= MAX_FRAGMENTS:
-            self._fragments = []
             self.failed(
                 _MESSAGE_TOO_BIG,
                 f"a message in more than {MAX_FRAGMENTS} fragments; send it in fewer",
@@ -175,6 +181,8 @@ class MessageQueue:
     def put_message(self, data: bytes, text: bool) -> None:
         """A whole message (the fast path's frames come straight here); a text one that
         is not UTF-8 fails the connection (1007) instead."""
+        if self.failing:
+            return
         if text and not data.isascii():
             try:
                 data.decode()
@@ -228,6 +236,8 @@ class MessageQueue:
 
     def failed(self, code: int, reason: str) -> None:
         """Fail the connection with ``code`` (nothing more is queued from it)."""
+        self.failing = True
+        self._fragments = []
         if self._fail is not None:
             self._fail(code, reason)
 
@@ -295,6 +305,7 @@ class FastReader(Connection):
         is written now and nothing more is read."""
         self._fast = False
         self._rest = None
+        self.recv_messages.failing = True
         protocol = self.protocol
         if protocol.state is not State.OPEN:
             return
@@ -336,18 +347,14 @@ class FastReader(Connection):
             ):
                 self._fast = True
             return
+        buf: bytes | bytearray = data
         rest = self._rest
         if rest is not None:
             rest += data  # amortised: a large frame is gathered in linear time
             if len(rest) < self._need:
                 return
             self._rest = None
-            self._read(rest)
-        else:
-            self._read(data)
-
-    def _read(self, buf: bytes | bytearray) -> None:
-        """Parse the frames in ``buf``; keep an incomplete one in ``_rest``."""
+            buf = rest
         protocol = self.protocol
         masked = protocol.side is SERVER  # a client masks every frame; a server never does
         mask_bit = 0x80 if masked else 0
@@ -355,71 +362,68 @@ class FastReader(Connection):
         put = self.recv_messages.put_message
         pos = 0
         end_of_data = len(buf)
-        need = 0
-        view = memoryview(buf)
-        try:
-            while end_of_data - pos >= 2:
-                first = buf[pos]
-                second = buf[pos + 1]
-                if second & 0x80 != mask_bit:
-                    self._slow(view[pos:])  # websockets refuses it (1002), as before
-                    return
-                length = second & 0x7F
-                head = 2
-                if length == 126:
-                    if end_of_data - pos < 4:
-                        need = 4
-                        break
-                    length = int.from_bytes(view[pos + 2 : pos + 4])
-                    head = 4
-                elif length == 127:
-                    if end_of_data - pos < 10:
-                        need = 10
-                        break
-                    length = int.from_bytes(view[pos + 2 : pos + 10])
-                    head = 10
-                if limit is not None and length > limit:
-                    self._slow(view[pos:])  # websockets closes with 1009, as before
-                    return
-                start = pos + head + (4 if masked else 0)
-                end = start + length
-                if end > end_of_data:
-                    need = end - pos
+        need = 2
+        while end_of_data - pos >= 2:
+            first = buf[pos]
+            second = buf[pos + 1]
+            if second & 0x80 != mask_bit:
+                self._slow(buf[pos:])  # websockets refuses it (1002), as before
+                return
+            length = second & 0x7F
+            head = 2
+            if length == 126:
+                if end_of_data - pos < 4:
+                    need = 4
                     break
-                if first in (_TEXT, _BINARY) and protocol.current_size is None:
-                    if masked:
-                        # The C unmasking reads any buffer: one copy, no slice of ``buf``.
-                        mask = bytes(view[start - 4 : start])
-                        payload = apply_mask(view[start:end], mask)
-                    else:
+                length = int.from_bytes(buf[pos + 2 : pos + 4])
+                head = 4
+            elif length == 127:
+                if end_of_data - pos < 10:
+                    need = 10
+                    break
+                length = int.from_bytes(buf[pos + 2 : pos + 10])
+                head = 10
+            if limit is not None and length > limit:
+                self._slow(buf[pos:])  # websockets closes with 1009, as before
+                return
+            start = pos + head + (4 if masked else 0)
+            end = start + length
+            if end > end_of_data:
+                need = end - pos
+                break
+            if first in (_TEXT, _BINARY) and protocol.current_size is None:
+                if masked:  # the C unmasking gives bytes, from bytes or a bytearray
+                    payload = apply_mask(buf[start:end], buf[start - 4 : start])
+                elif buf is data:
+                    payload = data[start:end]
+                else:  # a gathered frame: one copy out of the bytearray
+                    with memoryview(buf) as view:
                         payload = bytes(view[start:end])
-                    put(payload, first == _TEXT)
-                    self.frames_read_fast += 1
-                    if not self._fast:  # the message failed the connection
-                        return
-                else:
-                    if first & 0x0F in (_PING, _PONG) and not self._ping_allowed():
-                        self.fail_connection(
-                            _POLICY_VIOLATION,
-                            f"more than {PING_BURST} pings at once or {PINGS_PER_SECOND:g} a "
-                            "second, each owing a pong: ping less often, and read the pongs",
-                        )
-                        return
-                    # Exactly one frame: a boundary after it.
-                    super().data_received(bytes(view[pos:end]))
-                    if protocol.state is not State.OPEN or not self._fast:
-                        self._slow(view[end:])
-                        return
-                pos = end
+                put(payload, first == _TEXT)
+                self.frames_read_fast += 1
+                if not self._fast:  # the message failed the connection
+                    return
             else:
-                need = 2
-            if pos < end_of_data:
-                self._rest = bytearray(view[pos:])
-                self._need = need
-        finally:
-            view.release()
+                if first & 0x0F in (_PING, _PONG) and not self._ping_allowed():
+                    self.fail_connection(
+                        _POLICY_VIOLATION,
+                        f"more than {PING_BURST} pings at once or {PINGS_PER_SECOND:g} a "
+                        "second, each owing a pong: ping less often, and read the pongs",
+                    )
+                    return
+                super().data_received(bytes(buf[pos:end]))  # one frame: a boundary after it
+                if protocol.state is not State.OPEN or not self._fast:
+                    self._slow(buf[end:])
+                    return
+            pos = end
+        else:
+            need = 2
+        if pos < end_of_data:
+            tail = buf[pos:]
+            self._rest = tail if isinstance(tail, bytearray) else bytearray(tail)
+            self._need = need
 
-    def _slow(self, data: memoryview) -> None:
+    def _slow(self, data: bytes | bytearray) -> None:
         """From here on websockets parses everything (closing, or a frame it must refuse)."""
         self._fast = False
         self._rest = None

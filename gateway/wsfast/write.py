@@ -158,9 +158,25 @@ _SHORT_TEXT = [bytes((0x81, n)) for n in range(126)]
 
 
 def write_binary_now(ws: ServerConnection, frame: bytes) -> None:
-    """One binary frame (the model's speech), written now; as ``write_now``."""
-    ws.protocol.send_binary(frame)
-    ws.send_data()
+    """One binary frame (the model's speech), written now; as ``write_now``.
+
+    Framed here, header and payload in one transport write, as ``write_now``
+    does for text: websockets' ``send_binary`` built a ``Frame`` and
+    serialized it per 20 ms of speech.
+    """
+    protocol = ws.protocol
+    if protocol.extensions or protocol.writes:  # compressed, or websockets has bytes queued
+        protocol.send_binary(frame)
+        ws.send_data()
+        return
+    n = len(frame)
+    if n < 126:
+        header = bytes((0x82, n))
+    elif n < 65536:
+        header = b"\x82\x7e" + n.to_bytes(2)
+    else:
+        header = b"\x82\x7f" + n.to_bytes(8)
+    ws.transport.write(header + frame)
 
 
 async def send_batch(ws: ServerConnection, frames: Sequence[bytes]) -> None:

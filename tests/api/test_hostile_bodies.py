@@ -22,6 +22,7 @@ import aiohttp
 import orjson
 import pytest
 
+from gateway.edge.openai_secrets import OPENAI_CLIENT_SECRETS
 from tests.edge.conftest import Keys
 from tests.support.hostile import PeakRss, gzip_bomb
 from tests.support.procs import NodeProcess
@@ -39,7 +40,7 @@ CPU = 0.25
 0.01-0.02 s after the fix, 0.8-1.0 s before it in the same window. CPU time does not grow
 with the machine's load, so this is the sharp check."""
 WEBHOOK = "/v1/phone/twilio/voice"
-ROUTES = ["/v1/sessions", "/v1/phone/tokens"]
+ROUTES = ["/v1/sessions", "/v1/phone/tokens", OPENAI_CLIENT_SECRETS]
 
 
 class Node:
@@ -57,11 +58,13 @@ class Node:
         assert self.proc.proc is not None
         return self.proc.proc.pid
 
-    async def post(self, path: str, body: bytes, headers: dict[str, str]) -> tuple[int, str, float]:
+    async def post(
+        self, path: str, body: bytes, headers: dict[str, str], *, base: str = ""
+    ) -> tuple[int, str, float]:
         started = time.monotonic()
         async with (
             aiohttp.ClientSession(auto_decompress=False) as http,
-            http.post(self.api + path, data=body, headers=headers) as r,
+            http.post((base or self.api) + path, data=body, headers=headers) as r,
         ):
             text = await r.text()
         return r.status, text, time.monotonic() - started
@@ -98,12 +101,14 @@ async def afterwards(probe: StallProbe, checks: int = 25) -> None:
 GZIP_JSON = {"Content-Encoding": "gzip", "Content-Type": "application/json"}
 
 
+@pytest.mark.parametrize("port", ["api", "one"])
 @pytest.mark.parametrize("path", ROUTES)
 async def test_a_bomb_with_no_key_is_refused_before_it_is_read(
-    node: Node, bomb: bytes, path: str
+    node: Node, bomb: bytes, path: str, port: str
 ) -> None:
+    base = node.proc.http if port == "one" else ""  # the gateway's own port serves it too
     with StallProbe(node.proc.http) as probe, PeakRss(node.pid) as memory:
-        status, text, took = await node.post(path, bomb, GZIP_JSON)
+        status, text, took = await node.post(path, bomb, GZIP_JSON, base=base)
         await afterwards(probe)
     print(
         f"\n[{path}] {status} in {took * 1000:.0f} ms, RSS +{memory.grew >> 20} MiB, CPU {memory.cpu:.2f} s; "

@@ -13,6 +13,7 @@ import time
 import aiohttp
 import pytest
 
+from gateway.edge.one_port import route
 from tests.api.conftest import Api, Keys, NodesFactory
 from tests.support.client import GatewayClient, text_of
 
@@ -97,3 +98,22 @@ async def test_an_endless_head_is_cut_at_its_size_limit(nodes: NodesFactory) -> 
         head = b"POST /v1/sessions HTTP/1.1\r\n" + b"X-Pad: " + b"a" * 70_000
         took = await _cut_after(gw.port, head)
         assert took < 10, took
+
+
+@pytest.mark.parametrize(
+    ("head", "to"),
+    [
+        (b"GET /v1/realtime HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\n\r\n", "ws"),
+        (b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n", "ws"),
+        (b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", "ws"),
+        (b"GET /v1/phone/twilio HTTP/1.1\r\nHost: x\r\nupgrade:  WebSocket\r\n\r\n", "ws"),
+        (b"GET /openai/v1/realtime?model=m HTTP/1.1\r\nUpgrade: websocket\r\n\r\n", "ws"),
+        (b"GET /v1/sessions/abc/events?after=0 HTTP/1.1\r\nHost: x\r\n\r\n", "http"),
+        (b"POST /v1/sessions HTTP/1.1\r\nHost: x\r\n\r\n", "http"),
+        (b"OPTIONS /v1/sessions HTTP/1.1\r\nHost: x\r\n\r\n", "http"),
+        (b"DELETE /v1/sessions/abc HTTP/1.1\r\nHost: x\r\n\r\n", "http"),
+        (b"POST /openai/v1/realtime/client_secrets HTTP/1.1\r\n\r\n", "http"),
+    ],
+)
+def test_the_head_decides_who_serves_it(head: bytes, to: str) -> None:
+    assert route(head) == to

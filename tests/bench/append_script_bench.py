@@ -89,6 +89,8 @@ def main() -> None:
                     i["master_repl_offset"]
                 )
 
+            flagged = {name: "ARGV[6] == '1'" in script.src for name, script in scripts.items()}
+
             def run(name: str) -> tuple[float, float]:
                 sha = scripts[name].sha
                 cpu0, off0 = info()
@@ -100,9 +102,12 @@ def main() -> None:
                         if seq == 1:
                             r.set(f"rtgw:{{{sid}}}:lease", "n1")
                         keys = [f"rtgw:{{{sid}}}:{kind}" for kind in ("meta", "log", "history")]
+                        # Since issue 43 the script takes a ``check`` flag before the data
+                        # (the store sends 0 once it knows where the log ends).
+                        check = ("1" if seq == 1 else "0",) if flagged[name] else ()
                         pipe.evalsha(
                             sha, 4, *keys, f"rtgw:{{{sid}}}:lease", "n1", 86_400_000, 10_000,
-                            seq, 1, EVENT,
+                            seq, 1, *check, EVENT,
                         )  # fmt: skip
                     if not all(x == 1 for x in pipe.execute()):
                         sys.exit(f"{name}: an append was refused")

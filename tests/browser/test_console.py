@@ -321,10 +321,10 @@ def test_a_client_token_cannot_configure_and_is_told_so(
 def test_session_controls_export_resume_and_delete(
     open_context: OpenContext, start_gateway: StartGateway
 ) -> None:
+    # Started as the README says: no --api-port, no --allowed-origins. The console calls
+    # the HTTP API on its own port and origin.
     port = free_port()
-    start_gateway(
-        "--port", str(port), "--api-port", "0", "--allowed-origins", f"http://127.0.0.1:{port}"
-    )
+    start_gateway("--port", str(port))
     page = open_context()
     page.goto(f"http://127.0.0.1:{port}/")
     page.wait_for_function("() => window.rtgw.state === 'connected'")
@@ -363,15 +363,7 @@ def test_the_recording_timeline_shows_tool_runs_and_latencies_and_downloads_for_
     open_context: OpenContext, start_gateway: StartGateway
 ) -> None:
     port = free_port()
-    start_gateway(
-        "--port",
-        str(port),
-        "--api-port",
-        "0",
-        "--allowed-origins",
-        f"http://127.0.0.1:{port}",
-        "--record",
-    )
+    start_gateway("--port", str(port), "--record")  # the API on the page's own port
     page = open_context()
     page.goto(f"http://127.0.0.1:{port}/")
     page.wait_for_function("() => window.rtgw.state === 'connected'")

@@ -59,8 +59,12 @@ def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Browser]:
 
 
 @pytest.fixture
-def page(browser: Browser) -> Iterator[Page]:
-    """A fresh context; fails the test on any console error (script errors, CSP)."""
+def page(browser: Browser, start_gateway: StartGateway) -> Iterator[Page]:
+    """A fresh context; fails the test on any console error (script errors, CSP).
+
+    It depends on ``start_gateway`` so that it is torn down first: the page is closed
+    (and its errors counted) while its gateway still runs, not after the gateway was
+    killed under a page that then fails to reconnect."""
     context = browser.new_context(viewport={"width": 1280, "height": 800})
     page = context.new_page()
     page.set_default_timeout(TIMEOUT_MS)

@@ -8,6 +8,7 @@ import json
 import urllib.request
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from gateway.client import Client, ClientError, Refused
@@ -109,11 +110,15 @@ async def test_played_is_sent_and_a_gateway_that_does_not_know_it_is_not_an_erro
         await c.played(1, 120)
         events = [e async for e in c.send("hello")]
         assert not [e for e in events if isinstance(e, Error)]
-    # An older gateway answers unknown_type: taken silently, and played() stops.
-    quiet = Client("ws://127.0.0.1:1/v1/realtime")
-    reply = Error(code="unknown_type", content="unknown message type 'played'; send …", seq=0)
-    assert quiet._answers_own_frame(reply)
-    assert not quiet._played_supported
+    # An older gateway answers unknown_type: taken silently, and played() stops,
+    # whether the reply names the frame (reply_to) or not; never by its wording.
+    for ref in ("played", msgspec.UNSET):
+        quiet = Client("ws://127.0.0.1:1/v1/realtime")
+        reply = Error(code="unknown_type", content="reworded", seq=0, reply_to=ref)
+        assert quiet._answers_own_frame(reply)
+        assert not quiet._played_supported
+    other = Client("ws://127.0.0.1:1/v1/realtime")
+    assert not other._answers_own_frame(Error(code="unknown_type", content="x", reply_to="m-1"))
 
 
 @pytest.mark.parametrize("store_kind", ["memory"])  # the store makes no difference

@@ -1,6 +1,6 @@
 """``gateway eval``: scenario files run against a gateway process, as CI runs them.
 
-The README's example file (docs/examples/scenarios.toml) passes against
+The manual's example file (docs/examples/scenarios.toml) passes against
 ``gateway serve`` on its simulator; a file with one passing and one failing
 expectation prints both, writes JUnit XML and exits 1; a scenario can start
 from a recording; a bad file is one line that says what to fix. The
@@ -57,8 +57,8 @@ async def test_the_readme_example_passes_against_the_simulator(
     module_fresh_gateway: NodeProcess, tmp_path: Path
 ) -> None:
     fresh_gateway = module_fresh_gateway
-    readme = (ROOT / "README.md").read_text()
-    assert EXAMPLE.read_text() in readme  # the README shows the file the suite runs
+    doc = (ROOT / "docs" / "recording.md").read_text()
+    assert EXAMPLE.read_text() in doc  # the manual shows the file the suite runs
     junit = tmp_path / "eval.xml"
     code, out, err = await gateway_cli(
         "eval", str(EXAMPLE), "--url", fresh_gateway.url, "--junit", str(junit), "--repeat", "2"

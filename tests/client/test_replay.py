@@ -1,4 +1,4 @@
-"""Record → get → replay → report, as the README's "Debugging a session" does it.
+"""Record → get → replay → report, as docs/recording.md ("Debugging a session") does it.
 
 Real ``gateway serve`` processes on the built-in simulator: one records a
 session (a tool call, a cancelled answer, a turn that quotes the

@@ -31,15 +31,23 @@ from gateway.app import running_gateway
 from gateway.config import ConfigError, load_config
 from gateway.sim.model import SimConfig
 from gateway.sim.server import serve_sim
+from gateway.upstream import providers
 from protocol.events import Event, Metric, Usage
 from tests.support.client import GatewayClient
 
-PROVIDERS = ["openai", "gemini", "azure", "xai"]
+# Every row of the provider table, each against its simulator flavour.
+PROVIDERS = [row.name for row in providers.PROVIDERS]
 KEY = "conformance-key"
-# The text protocol runs where a model writes text: the providers' defaults, an Azure
-# deployment, and on Gemini's wire the simulator's own model (today's Live models only
-# speak: see tests/gateway/test_spoken_models.py).
-TEXT_MODEL = {"openai": "", "gemini": "sim", "azure": "my-realtime-deployment", "xai": ""}
+
+
+def text_model(name: str) -> str:
+    """The model the text protocol runs on: the row's default where it writes text, else
+    the simulator's own (today's Live models only speak: see
+    tests/gateway/test_spoken_models.py; Azure names no default deployment)."""
+    row = providers.by_name(name)
+    default = row.default_model
+    return default if default and row.facts(default).answers == "text" else "sim"
+
 
 Shape = list[tuple[str, str]]
 
@@ -137,7 +145,7 @@ async def gateway_client(
             "provider": provider,
             f"{provider}_base_url": sim.url,
             f"{provider}_api_key": KEY,
-            "model": TEXT_MODEL[provider],
+            "model": text_model(provider),
             "port": 0,
             "workspace_root": str(workspace / provider),
             "upstream_retries": 3,

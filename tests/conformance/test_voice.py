@@ -17,6 +17,7 @@ import pytest
 from gateway.pcm import duration_ms, silence, tone
 from gateway.sim.model import SimConfig
 from gateway.sim.server import serve_sim
+from gateway.upstream import providers
 from gateway.upstream.base import (
     AudioDelta,
     AudioIn,
@@ -34,11 +35,13 @@ from gateway.upstream.base import (
     UpstreamEvent,
     VoiceConfig,
 )
-from gateway.upstream.gemini import GeminiLive
-from gateway.upstream.openai import OpenAIRealtime
 from protocol.assembly import Message
 
-PROVIDERS = ["openai", "gemini"]
+# One row per wire: voice is the wire's (the rows on a wire differ in address and shape).
+FIRST_ON_WIRE: dict[str, str] = {}
+for _row in providers.PROVIDERS:
+    FIRST_ON_WIRE.setdefault(_row.wire, _row.name)
+PROVIDERS = list(FIRST_ON_WIRE.values())
 STEP = 10.0  # seconds any one event may take
 CHUNK_S = 0.02  # 20 ms chunks, as a microphone sends them
 WEATHER = FunctionTool(
@@ -52,12 +55,10 @@ WEATHER = FunctionTool(
 async def adapter(provider: str, voice: VoiceConfig, **knobs: float) -> AsyncIterator[Upstream]:
     config = SimConfig(flavor=provider, api_key="k", **knobs)  # type: ignore[arg-type]
     async with serve_sim(config) as sim:
-        upstream: Upstream
-        if provider == "openai":
-            upstream = OpenAIRealtime(base_url=sim.url, api_key="k")
-        else:
-            # The simulator's own model takes TEXT output too (today's Live models only speak).
-            upstream = GeminiLive(base_url=sim.url, api_key="k", model="sim")
+        row = providers.by_name(provider)
+        # The simulator's own model takes TEXT output too (today's Live models only speak).
+        model = row.default_model if row.wire == "openai" else "sim"
+        upstream = row.factory(row.settings(base_url=sim.url, api_key="k"), model).create()
         await upstream.open("Be brief.", [], voice=voice)
         try:
             yield upstream

@@ -1,4 +1,4 @@
-"""The close codes a client acts on, each from the situation that sends it (README "Close codes")."""
+"""The close codes a client acts on, each from the situation that sends it (docs/protocol.md "Close codes")."""
 
 from __future__ import annotations
 

@@ -106,6 +106,27 @@ async def test_a_message_forwarded_to_a_live_driver_runs_once(
     await on_b.close()
 
 
+async def test_a_forwarded_command_is_answered_by_its_id_across_nodes(
+    start_sim: SimFactory, start_node: NodeFactory, durable_redis: RedisServer
+) -> None:
+    """The driving node's refusal and the logged event reach the other node's client
+    with the command's ``id`` as ``reply_to``."""
+    sim = start_sim("--tokens-per-second", "200")
+    a = start_node(sim, "node-a")
+    b = start_node(sim, "node-b")
+    on_a, on_b = await idle_session_driven_by(a, b)
+    await on_b.send({"type": "cancel", "id": "c-1"})  # no turn runs on A
+    refused = (await on_b.until(lambda e: isinstance(e, Error), 20))[-1]
+    assert isinstance(refused, Error) and (refused.code, refused.reply_to) == ("no_turn", "c-1")
+    await on_b.send({"type": "user", "content": "named", "id": "m-1"})
+    seen_on_b = await turn_of(on_b, "named", 20)
+    seen_on_a = await turn_of(on_a, "named", 20)
+    for seen in (seen_on_a, seen_on_b):  # every client of the session sees whose it is
+        assert [e.reply_to for e in seen if isinstance(e, User)] == ["m-1"]
+    await on_a.close()
+    await on_b.close()
+
+
 async def test_a_frozen_driver_that_wakes_up_runs_the_message_once(
     start_sim: SimFactory, start_node: NodeFactory, durable_redis: RedisServer
 ) -> None:

@@ -4,13 +4,16 @@ browser's ``openai-insecure-api-key.`` subprotocol; refusals in OpenAI's error s
 
 from __future__ import annotations
 
+import asyncio
 import json
+from pathlib import Path
 
 import pytest
 from openai import AsyncOpenAI
 from websockets.exceptions import InvalidStatus
 
 from tests.api.conftest import Keys, NodesFactory, keys, nodes, store_kind
+from tests.edge.conftest import poll_until
 from tests.openai_door.conftest import RawClient
 
 __all__ = ["keys", "nodes", "store_kind"]
@@ -82,3 +85,45 @@ async def test_a_client_secret_opens_its_session_in_a_browsers_subprotocol(
         with pytest.raises(Exception) as refused:
             await other.realtime.client_secrets.create(session={"type": "realtime", "model": MODEL})
         assert "403" in str(refused.value) or "client token" in str(refused.value)
+
+
+@pytest.mark.parametrize("store_kind", ["memory"])
+async def test_a_model_the_keys_policy_forbids_is_refused_before_the_socket_opens(
+    nodes: NodesFactory, keys: Keys, tmp_path: Path, store_kind: str
+) -> None:
+    policy = tmp_path / "policy.toml"
+    policy.write_text('[alice]\nproviders = ["sim"]\nmodels = ["gpt-realtime-2.1"]\n')
+    async with nodes(1, api_port=None, key_policy_file=str(policy)) as (gw,):
+        bearer = {"Authorization": f"Bearer {keys.keys['alice']}"}
+        base = f"ws://127.0.0.1:{gw.port}/openai/v1/realtime"
+        with pytest.raises(InvalidStatus) as info:
+            await RawClient.open(f"{base}?model=gemini-3.8-live", additional_headers=bearer)
+        assert info.value.response.status_code == 403
+        assert "model" in json.loads(info.value.response.body)["error"]["message"]
+        allowed = await RawClient.open(f"{base}?model=gpt-realtime-2.1", additional_headers=bearer)
+        try:
+            assert (await allowed.next())["type"] == "session.created"
+        finally:
+            await allowed.close()
+
+
+@pytest.mark.logs_traceback  # websockets logs the refused Sec-WebSocket-Key with its traceback
+@pytest.mark.parametrize("store_kind", ["memory"])
+async def test_a_handshake_that_fails_after_the_check_leaves_no_session_connection(
+    nodes: NodesFactory, store_kind: str, keys: Keys
+) -> None:
+    async with nodes(1, api_port=None) as (gw,):
+        reader, writer = await asyncio.open_connection("127.0.0.1", gw.port)
+        writer.write(
+            (
+                f"GET /openai/v1/realtime?model={MODEL} HTTP/1.1\r\nHost: x\r\n"
+                f"Authorization: Bearer {keys.keys['alice']}\r\n"
+                "Upgrade: websocket\r\nConnection: Upgrade\r\n"
+                "Sec-WebSocket-Key: not-a-key\r\nSec-WebSocket-Version: 13\r\n\r\n"
+            ).encode()
+        )
+        answer = await asyncio.wait_for(reader.read(), 20)
+        writer.close()
+        assert answer.startswith(b"HTTP/1.1 400")
+        # The door's own connection to the session went away with the failed handshake.
+        await poll_until(lambda: not gw.connections, "the inner connection closed")

@@ -16,6 +16,7 @@ from openai import AsyncOpenAI
 
 from tests.openai_door.conftest import MODELS
 from tests.support.procs import NodeProcess
+from tests.voice.conftest import utterance
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -141,3 +142,37 @@ async def test_the_agents_sdk_runs_a_text_turn_and_its_own_tool(
     assert refused == []
     assert ran == ["Paris"]  # the tool ran in the client, with the model's arguments
     assert [e.type for e in second].count("tool_end") == 1
+
+
+@pytest.mark.parametrize("model", MODELS)
+async def test_the_agents_sdk_has_an_audio_turn(
+    node: NodeProcess, model: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    agent = RealtimeAgent(name="assistant", instructions="Be brief.")
+    settings: Any = {"model_name": model, "turn_detection": {"type": "server_vad"}}
+    runner = RealtimeRunner(agent, config={"model_settings": settings})
+    session = await runner.run(
+        model_config={"url": f"{node.base}/openai/v1/realtime?model={model}", "api_key": "unused"}
+    )
+    speech = utterance(0.5, 24000)
+    kinds: list[str] = []
+    heard = 0
+
+    async def microphone() -> None:
+        for at in range(0, len(speech), 960):  # 20 ms at a time, as a microphone
+            await session.send_audio(speech[at : at + 960])
+            await asyncio.sleep(0.02)
+
+    async with session:
+        mic = asyncio.create_task(microphone())
+        async for event in session:
+            kinds.append(event.type)
+            assert event.type != "error", event
+            if event.type == "audio":
+                heard += len(event.audio.data)
+            if event.type == "agent_end":
+                break
+        await mic
+    assert "audio_end" in kinds and heard > 24000  # more than 0.25 s of PCM16 at 24 kHz
+    refused = [r.getMessage() for r in caplog.records if "validate" in r.getMessage()]
+    assert refused == []

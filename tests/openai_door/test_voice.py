@@ -70,7 +70,7 @@ async def test_an_audio_turn_is_heard_and_answered_in_speech(tmp_path: Path) -> 
     audio = b"".join(
         base64.b64decode(e["delta"]) for e in events if e["type"] == "response.output_audio.delta"
     )
-    assert len(audio) > RATE  # more than half a second of speech
+    assert len(audio) > RATE  # more than 0.5 s of PCM16 (2 bytes a sample) at 24 kHz
     assert "response.output_audio_transcript.delta" in kinds
     assert events[-1]["response"]["status"] == "completed"
 

@@ -11,7 +11,8 @@ from gateway.phone.carriers import CARRIERS
 from gateway.phone.settings import PhoneSettings
 from protocol.media_stream import fonoster_signature, twilio_signature
 
-TWILIO, _SIGNALWIRE, FONOSTER, TELNYX = CARRIERS
+_BY_NAME = {carrier.name: carrier for carrier in CARRIERS}
+TWILIO, FONOSTER, TELNYX = _BY_NAME["twilio"], _BY_NAME["fonoster"], _BY_NAME["telnyx"]
 TOKEN = "auth-token"
 
 

@@ -278,7 +278,8 @@ async def test_the_twiml_helper_wires_a_number_with_one_url(tmp_path: Path) -> N
     from protocol.media_stream import twilio_signature
 
     async with phone_gateway(tmp_path) as gw:
-        webhook = f"{gw.api_url}/v1/phone/twilio/voice"
+        # The gateway's one port: the webhook, and the stream the TwiML points at.
+        webhook = f"{gw.gateway.http_url}/v1/phone/twilio/voice"
         form = {
             "CallSid": "CA42",
             "AccountSid": "AC1",
@@ -307,6 +308,7 @@ async def test_the_twiml_helper_wires_a_number_with_one_url(tmp_path: Path) -> N
 
         stream = ElementTree.fromstring(twiml).find("./Connect/Stream")
         assert stream is not None
+        assert str(stream.get("url")).startswith(f"wss://127.0.0.1:{gw.gateway.port}/v1/phone/")
         parameters = {p.get("name"): p.get("value") for p in stream.findall("Parameter")}
         assert parameters["from"] == "+15550001111" and parameters["to"] == "+15550002222"
         # Twilio dials the stream with those parameters; the token is for this call only.

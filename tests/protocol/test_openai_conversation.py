@@ -17,6 +17,7 @@ from protocol.events import (
     Configure,
     Configured,
     End,
+    Error,
     Metric,
     Respond,
     ToolResultMessage,
@@ -144,3 +145,41 @@ def test_replayed_events_have_the_same_ids() -> None:
     again = feed(Conversation("s", "m"), *log)
     assert first == again
     assert Conversation.position(first[-1]["event_id"]) is not None
+
+
+def test_an_item_inserted_mid_conversation_is_refused() -> None:
+    conv = Conversation("s1", "m")
+    feed(conv, User(seq=1, content="x"))
+    _, events = client(
+        conv, type="conversation.item.create", previous_item_id="item_0", item=user_item("y")
+    )
+    assert events[0]["error"]["param"] == "previous_item_id"
+    _, events = client(
+        conv, type="conversation.item.create", previous_item_id="item_1", item=user_item("y")
+    )
+    assert events == []
+
+
+def test_an_item_id_from_the_client_is_refused() -> None:
+    conv = Conversation("s1", "m")
+    item = {**user_item("y"), "id": "mine"}
+    _, events = client(conv, type="conversation.item.create", event_id="c", item=item)
+    assert events[0]["error"]["param"] == "item.id" and events[0]["error"]["event_id"] == "c"
+
+
+def test_an_error_names_the_event_its_command_came_from_with_two_in_flight() -> None:
+    """OpenAI's ``error.event_id`` comes from the gateway's ``reply_to``: the client's
+    event_id travels as the command's id, so a late refusal names the right event."""
+    conv = Conversation("s1", "m")
+    commands, _ = client(conv, type="response.cancel", event_id="e_cancel")
+    assert commands == [Cancel(id="e_cancel")]
+    client(conv, type="conversation.item.create", item=user_item("a"))
+    commands, _ = client(conv, type="response.create", event_id="e_create")
+    assert commands == [UserMessage(content="a", id="e_create")]
+    # The cancel's refusal arrives after the create was sent.
+    out = feed(conv, Error(code="no_turn", content="no turn is running", reply_to="e_cancel"))
+    assert out[-1]["error"]["event_id"] == "e_cancel"
+    # A reply naming no command of this client falls back to the newest command.
+    commands, _ = client(conv, type="response.cancel", event_id="e_again")
+    out = feed(conv, Error(code="no_turn", content="no turn", reply_to="call_3"))
+    assert out[-1]["error"]["event_id"] == "e_again"

@@ -125,6 +125,18 @@ def test_an_answer_with_end_closes_with_end_then_its_metric() -> None:
     assert machine.idle and machine.meter.total == USAGE
 
 
+def test_a_message_sent_while_the_turn_closes_starts_next_naming_its_command() -> None:
+    machine = started()
+    stream(machine, "Done.<end>")
+    assert not machine.feed(UserMessage(content="next", id="m-2"))  # held: the turn ends
+    done = machine.feed(ResponseDone("completed", USAGE))
+    user = only(done, User)
+    assert (user.content, user.reply_to) == ("next", "m-2")
+    kept = [a for a in done if isinstance(a, Persist)][-1]
+    assert kept.items == (User(content="next"),)  # history keeps no id
+    assert machine.state is TurnState.STREAMING
+
+
 def test_an_answer_without_end_still_ends_before_its_metric() -> None:
     machine = started()
     stream(machine, "Just text")
@@ -339,7 +351,7 @@ def test_cancel_while_tools_run_closes_at_once() -> None:
     assert kinds(cancel) == ["Persist", "Cancelled", "Metric"]
     assert only(cancel, Metric).step == ZERO  # the step was reported after execute
     assert machine.idle
-    assert machine.feed(ToolsDone(OK)) == []  # the interrupted batch's late results
+    assert machine.feed(ToolsDone(OK)) == ()  # the interrupted batch's late results
 
 
 def test_cancel_during_a_backoff_closes_with_the_lost_attempts_usage() -> None:

@@ -221,7 +221,7 @@ def test_cancel_at_any_point_of_the_wait_closes_the_turn_once(before: list[str])
     assert kinds(out) == ["Persist", "Cancelled", "Metric"]
     assert machine.idle and not machine.awaits_client
     # Whatever arrives after the cancel changes nothing and says why.
-    assert machine.feed(ToolsDone((LISTED,))) == []
+    assert machine.feed(ToolsDone((LISTED,))) == ()
     for call in (calls[0], calls[2]):
         late = machine.feed(ToolResultMessage(call.id, "success", 1))
         assert only(late, Refuse).error.code == "unknown_call"

@@ -6,13 +6,13 @@ import typing
 
 import orjson
 
-from protocol import turn
 from protocol.events import CLIENT_MESSAGE_TYPES, ClientMessage, Error, decode_client
 from protocol.turn_events import ACTION_TYPES, EVENT_TYPES, INPUT_TYPES, Action, TurnInput
+from protocol.turn_table import ROWS
 
 
 def test_feed_has_a_handler_for_every_input_and_no_other() -> None:
-    assert set(turn._HANDLERS) == INPUT_TYPES == set(typing.get_args(TurnInput))
+    assert {row.input for row in ROWS} == INPUT_TYPES == set(typing.get_args(TurnInput))
 
 
 def test_actions_split_into_events_and_what_the_shell_performs() -> None:

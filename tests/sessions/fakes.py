@@ -57,10 +57,14 @@ class Writer:
         self.marked: list[SessionLog] = []
         self.batches: list[Batch] = []
         self.marks = asyncio.Event()
+        self.hurried: list[list[SessionLog]] = []  # what was marked at each ``hurry``
 
     def mark(self, source: SessionLog) -> None:
         self.marked.append(source)
         self.marks.set()
+
+    def hurry(self) -> None:
+        self.hurried.append(list(self.marked))
 
     def take(self) -> tuple[SessionLog, Batch | None]:
         """The oldest mark's batch, as the writer would take it for an append."""

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import typing
+from collections.abc import Sequence
 
-from gateway.sessions.commands import COMMANDS, CONNECTION_MESSAGES, FORWARDED, dispatch
+import msgspec
+
+from gateway.sessions.commands import COMMANDS, CONNECTION_MESSAGES, FORWARDED, admit, dispatch
+from gateway.upstream.base import AudioIn, VoiceConfig
 from protocol.configuration import ConfigChange
 from protocol.events import (
     Approve,
@@ -15,47 +19,45 @@ from protocol.events import (
     Error,
     Played,
     ToolResultMessage,
+    User,
     UserMessage,
 )
+from protocol.turn_events import Action, Refuse, TurnInput
 
 
 class Recorder:
-    """A ``SessionCommands`` that writes down what it was asked."""
+    """A ``SessionCommands`` that writes down what it was asked (``feed`` echoes
+    its input as the one action; a ``Cancel`` is refused as the machine would)."""
+
+    closed = False
+    voice: VoiceConfig | None = VoiceConfig(audio_in=AudioIn(turn_detection="none"))
+    tool_max_output = 5
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, object]] = []
         self.heard_all: list[tuple[str, str]] = []
 
-    def start_turn(self, text: str) -> Error | None:
-        self.calls.append(("start_turn", text))
-        return None
+    def feed(self, given: TurnInput) -> Sequence[Action]:
+        if isinstance(given, Cancel):
+            return [Refuse(Error(code="no_turn", content="nothing to cancel"))]
+        if isinstance(given, UserMessage):
+            return [User(content=given.content)]
+        return [given]  # type: ignore[list-item]
 
-    def cancel_turn(self) -> Error | None:
-        self.calls.append(("cancel_turn", None))
-        return Error(code="no_turn", content="nothing to cancel")
-
-    def tool_result(self, answer: ToolResultMessage) -> Error | None:
-        self.calls.append(("tool_result", answer.id))
+    def perform(self, actions: Sequence[Action], *, interrupt: bool) -> Error | None:
+        first = actions[0]
+        if isinstance(first, Refuse):
+            return first.error
+        self.calls.append((type(first).__name__, interrupt))
+        self.performed = first
         return None
 
     async def configure(self, change: ConfigChange) -> Error | None:
         self.calls.append(("configure", change.instructions))
         return None
 
-    def commit_audio(self) -> Error | None:
-        self.calls.append(("commit_audio", None))
-        return None
-
-    def played(self, report: Played) -> Error | None:
-        self.calls.append(("played", report.ms))
-        return None
-
     def heard(self, message: object, refused: Error | None) -> None:
         self.heard_all.append((type(message).__name__, refused.code if refused else ""))
-
-    def approve(self, decision: Approve) -> Error | None:
-        self.calls.append(("approve", decision.id))
-        return None
 
 
 def test_every_client_message_is_a_command_or_the_connections_own() -> None:
@@ -66,28 +68,29 @@ def test_every_client_message_is_a_command_or_the_connections_own() -> None:
 
 
 def test_voice_commands_run_where_the_microphone_is() -> None:
-    assert Commit not in FORWARDED
-    assert set(FORWARDED) == {UserMessage, Cancel, ToolResultMessage, Configure, Played, Approve}
+    # Only voice stays where it is: a new command is forwarded unless it says otherwise.
+    assert set(COMMANDS) - set(FORWARDED) == {Commit}
 
 
-async def test_dispatch_runs_each_commands_method_and_returns_its_refusal() -> None:
+async def test_dispatch_feeds_each_command_and_returns_its_refusal() -> None:
     target = Recorder()
     assert await dispatch(UserMessage(content="hi"), target) is None
     refusal = await dispatch(Cancel(), target)
     assert isinstance(refusal, Error) and refusal.code == "no_turn"
-    await dispatch(ToolResultMessage("call_1", "success", 1), target)
+    await dispatch(ToolResultMessage("call_1", "success", "x" * 50), target)
+    assert isinstance(target.performed, ToolResultMessage)
+    assert "output truncated" in target.performed.content  # cut to tool_max_output
     await dispatch(Configure(instructions="Be brief."), target)
     await dispatch(Commit(), target)
     await dispatch(Played(seq=3, ms=120), target)
     await dispatch(Approve("call_2", "d" * 64, "allow"), target)
     assert target.calls == [
-        ("start_turn", "hi"),
-        ("cancel_turn", None),
-        ("tool_result", "call_1"),
+        ("User", False),
+        ("ToolResultMessage", False),
         ("configure", "Be brief."),
-        ("commit_audio", None),
-        ("played", 120),
-        ("approve", "call_2"),
+        ("Commit", False),
+        ("Played", False),
+        ("Approve", False),
     ]
     # Every command is heard after it ran, with its refusal (what a recording keeps).
     assert target.heard_all == [
@@ -101,10 +104,55 @@ async def test_dispatch_runs_each_commands_method_and_returns_its_refusal() -> N
     ]
 
 
+async def test_a_refusal_and_the_confirming_event_name_the_command() -> None:
+    target = Recorder()
+    refusal = await dispatch(Cancel(id="c-7"), target)
+    assert refusal is not None and refusal.reply_to == "c-7"
+    await dispatch(UserMessage(content="hi", id="m-1"), target)
+    assert isinstance(target.performed, User) and target.performed.reply_to == "m-1"
+    target.voice = None
+    refusal = await dispatch(Commit(id="k-2"), target)  # refused before the machine
+    assert refusal is not None and (refusal.code, refusal.reply_to) == ("bad_frame", "k-2")
+    target.closed = True
+    refusal = await dispatch(UserMessage(content="late"), target)
+    assert refusal is not None and refusal.reply_to is msgspec.UNSET
+
+
+class Sender:
+    def __init__(self, *, trusted: bool, may_approve: bool, draining: bool = False) -> None:
+        self.trusted = trusted
+        self.may_approve = may_approve
+        self.draining = draining
+        self.asked: list[str] = []
+
+    async def admit_turn(self) -> Error | None:
+        self.asked.append("admit_turn")
+        return None
+
+    async def record(self) -> Error | None:
+        self.asked.append("record")
+        return None
+
+
+async def test_admit_checks_who_may_send_each_command_beside_its_row() -> None:
+    token = Sender(trusted=False, may_approve=False)
+    refusal = await admit(Configure(model="m", id="cfg"), token)
+    assert refusal is not None and (refusal.code, refusal.reply_to) == ("forbidden", "cfg")
+    refusal = await admit(Approve("call_1", "d" * 64, "allow"), token)
+    assert refusal is not None and (refusal.code, refusal.reply_to) == ("forbidden", "call_1")
+    assert await admit(UserMessage(content="hi"), token) is None
+    assert token.asked == ["record", "admit_turn"]
+    draining = Sender(trusted=True, may_approve=True, draining=True)
+    refusal = await admit(UserMessage(content="hi", id="u"), draining)
+    assert refusal is not None and (refusal.code, refusal.reply_to) == ("draining", "u")
+    assert await admit(Cancel(), draining) is None  # only a new turn is refused while draining
+
+
 def test_only_configure_needs_an_api_key_and_only_a_message_starts_a_turn() -> None:
-    assert [k for k, spec in COMMANDS.items() if spec.trusted] == [Configure]
+    assert [k for k, spec in COMMANDS.items() if spec.who == "api_key"] == [Configure]
     assert [k for k, spec in COMMANDS.items() if spec.turn] == [UserMessage]
 
 
-def test_only_approve_needs_the_right_to_approve() -> None:
-    assert [k for k, spec in COMMANDS.items() if spec.approving] == [Approve]
+def test_only_approve_needs_the_right_to_approve_and_only_cancel_interrupts() -> None:
+    assert [k for k, spec in COMMANDS.items() if spec.who == "approver"] == [Approve]
+    assert [k for k, spec in COMMANDS.items() if spec.interrupts] == [Cancel]

@@ -57,6 +57,19 @@ async def test_events_are_numbered_from_the_log_and_sent_only_once_stored() -> N
     assert log.delivered_seq == 43
 
 
+async def test_a_turns_first_content_hurries_its_round_once() -> None:
+    """After ``hurry_next`` (the driver's first delta) the next event, once marked,
+    ends a lingering round; the events after it do not."""
+    writer = Writer()
+    log, _, _ = session_log(writer)
+    log.emit(User(content="question"))
+    assert writer.hurried == []
+    log.hurry_next()
+    log.emit(Respond(content="The"))
+    log.emit(Respond(content=" answer"))
+    assert writer.hurried == [[log]]  # once, with the first content already marked
+
+
 async def test_history_rides_with_the_next_append() -> None:
     writer = Writer()
     log, _, _ = session_log(writer)

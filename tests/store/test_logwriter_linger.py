@@ -153,3 +153,24 @@ async def test_an_event_a_quarter_linger_later_ends_the_wait_at_once() -> None:
             assert [e.seq for e in await store.read_log(session.sid, 0)] == [1]
     finally:
         await writer.close()
+
+
+async def test_a_turns_first_content_ends_a_lingering_round() -> None:
+    """The first word of an answer goes in the next loop pass, not after the linger."""
+    store = MemoryStore()
+    writer = LogWriter(store, NODE, linger=LONG)
+    waiting, first = await sessions(store, 2)
+    try:
+        await steady(writer, store)
+        waiting.emit()
+        writer.mark(waiting)  # steady traffic: this round lingers for company
+        while not writer.lingered:  # noqa: ASYNC110 - the writer exposes no event for it
+            await asyncio.sleep(0)
+        first.emit()
+        writer.mark(first)
+        writer.hurry()  # ``first`` carries a turn's first content event
+        await asyncio.gather(waiting.stored.wait(), first.stored.wait())  # would wait LONG
+        assert (writer.rounds, writer.lingered, writer.hurried) == (2, 1, 1)
+        assert [e.seq for e in await store.read_log(first.sid, 0)] == [1]
+    finally:
+        await writer.close()

@@ -238,6 +238,106 @@ async def test_one_batch_settles_each_append_with_its_own_result(
     assert store.stats.noscript_reloads == 1
 
 
+async def _commands(raw: aioredis.Redis) -> int:
+    """Data commands Redis has run since ``CONFIG RESETSTAT`` (scripts' calls included).
+
+    Not counted: what a connection costs once (``SCRIPT LOAD``, ``CLIENT``,
+    ``HELLO``) and the test's own ``CONFIG`` and ``INFO``.
+    """
+    stats = await raw.info("commandstats")
+    setup = ("cmdstat_config", "cmdstat_info", "cmdstat_script", "cmdstat_client", "cmdstat_hello")
+    return sum(int(v["calls"]) for k, v in stats.items() if not k.startswith(setup))
+
+
+async def _submit(store: RedisStore, batches: list[Any]) -> list[BaseException | None]:
+    done: asyncio.Future[list[BaseException | None]] = asyncio.get_running_loop().create_future()
+    store.submit_appends(batches, done.set_result)
+    return await done
+
+
+async def test_redis_commands_per_logged_event(
+    redis_url: str, stores: list[RedisStore], raw: aioredis.Redis
+) -> None:
+    """Neither the log's end nor its TTL is read per event; a round's leases are one MGET.
+
+    Redis's own count (INFO commandstats, the calls scripts make included),
+    5 per event before: EVALSHA, GET, XREVRANGE, XADD, PTTL.
+    """
+    store = make(stores, redis_url)
+    sids = [f"s{i}" for i in range(4)]
+    for sid in sids:
+        await store.create_session(sid, {"owner": "n1"})
+        await store.acquire_lease(sid, "n1", LEASE)
+        await store.append(sid, "n1", entries(1, 1))  # the first append reads the log's end
+    # The awaited group commit (a Cluster's path): EVALSHA, the lease's GET, XADD.
+    await raw.config_resetstat()
+    for seq in range(2, 12):
+        for sid in sids:
+            await store.append(sid, "n1", entries(seq, 1))
+    assert await _commands(raw) == 3 * 10 * len(sids)
+    # The log writer's rounds on one server: EVALSHA and MGET per round, XADD per event.
+    seq = 12
+    while not store.stats.pipe_rounds:  # the awaited path while the pipe connects
+        assert await _submit(store, [(sid, "n1", entries(seq, 1), []) for sid in sids]) == [
+            None
+        ] * len(sids)
+        seq += 1
+    await raw.config_resetstat()
+    start = seq
+    for seq in range(start, start + 8):
+        results = await _submit(store, [(sid, "n1", entries(seq, 1), []) for sid in sids])
+        assert results == [None] * len(sids)
+    assert store.stats.pipe_rounds == 9
+    assert await _commands(raw) == 8 * (2 + len(sids))  # 1.5 per event
+    for sid in sids:
+        assert await store.read_log(sid, 0) == entries(1, seq)
+    # A log another writer made longer is still refused, without reading it first.
+    for sid in ("s0", "s1"):
+        await raw.xadd(f"rtgw:{{{sid}}}:log", {"d": b"x"}, id=f"{seq + 1}-0")
+    with pytest.raises(SeqConflict, match=f"ends at {seq + 1}"):
+        await store.append("s0", "n1", entries(seq + 1, 1))
+    (refused,) = await _submit(store, [("s1", "n1", entries(seq + 1, 1), [])])
+    assert isinstance(refused, SeqConflict) and f"ends at {seq + 1}" in str(refused)
+
+
+async def test_a_log_that_lost_its_end_across_a_reconnect_is_refused(
+    redis_url: str, stores: list[RedisStore], raw: aioredis.Redis
+) -> None:
+    """A failover to a replica without the last writes: the store's connections break and
+    the log ends earlier than the store remembers. The next append reads the log's end
+    again and is refused (``SeqConflict``), as before the store remembered it."""
+    store = make(stores, redis_url)
+    await store.create_session("s1", {"owner": "n1"})
+    await store.acquire_lease("s1", "n1", LEASE)
+    for seq in range(1, 4):
+        await store.append("s1", "n1", entries(seq, 1))  # remembered: the log ends at 3
+    await raw.xdel("rtgw:{s1}:log", "3-0")  # the promoted replica never got seq 3
+    await raw.client_kill_filter(_type="normal", skipme=True)
+    for _ in range(3):
+        try:
+            await store.append("s1", "n1", entries(4, 1))
+        except StoreUnavailable:
+            continue  # the append that found the connection killed ("maybe stored")
+        except SeqConflict as exc:
+            assert "ends at 2" in str(exc)
+            break
+        pytest.fail("seq 4 was appended to a log that ends at 2")
+    assert [e.seq for e in await store.read_log("s1", 0)] == [1, 2]
+
+
+async def test_a_lease_renewal_costs_redis_one_command_per_session(
+    redis_url: str, stores: list[RedisStore], raw: aioredis.Redis
+) -> None:
+    """The lease keeper's renewal: one MGET per 500 sessions, a PEXPIRE each (4 each before)."""
+    store = make(stores, redis_url)
+    sids = [f"s{i}" for i in range(10)]
+    for sid in sids:
+        await store.acquire_lease(sid, "n1", LEASE)
+    await raw.config_resetstat()
+    assert await store.keep_leases(sids, "n1", LEASE) == [True] * len(sids)
+    assert await _commands(raw) == 2 + len(sids)  # EVALSHA, MGET, a PEXPIRE each
+
+
 # --- blocking pool -------------------------------------------------------------
 
 

@@ -25,6 +25,7 @@ from gateway.store.redis_fastpath import (
     take_transport,
 )
 from gateway.store.redis_scripts import APPEND
+from gateway.store.redis_seqmemo import CHECK
 
 
 @pytest.fixture
@@ -58,7 +59,7 @@ async def test_replies_read_in_bulk_are_redis_pys_replies(conn: Connection) -> N
 
 async def test_packing_matches_redis_py(conn: Connection) -> None:
     key, node = b"rtgw:{s1}:", b"n1"
-    ours = pack_append(key, node, bulk(b"1000") + bulk(b"50"), 7, [b"a", b"\r\n"], [b"h"])
+    ours = pack_append(key, node, bulk(b"1000") + bulk(b"50"), 7, [b"a", b"\r\n"], [b"h"], CHECK)
     theirs = b"".join(
         conn.pack_commands(
             [
@@ -75,6 +76,7 @@ async def test_packing_matches_redis_py(conn: Connection) -> None:
                     50,
                     7,
                     2,
+                    1,
                     b"a",
                     b"\r\n",
                     b"h",

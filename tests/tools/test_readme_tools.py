@@ -1,6 +1,6 @@
-"""The README's tools file and MCP server, run through a real gateway node.
+"""The tools file and MCP server of docs/tools.md, run through a real gateway node.
 
-The code blocks are read from README.md itself, so the example cannot rot:
+The code blocks are read from docs/tools.md itself, so the example cannot rot:
 the simulator's ``/tool calc.secret`` and ``/tool weather`` messages make the
 model call the tools, and the ``result`` event must carry their real answers.
 """
@@ -25,15 +25,16 @@ from tests.support.client import GatewayClient, text_of
 
 from .servers.http_tool_server import ToolServer, tool_server
 
-README = Path(__file__).parents[2] / "README.md"
+DOC = Path(__file__).parents[2] / "docs" / "tools.md"
 
 
 def readme_block(language: str) -> str:
-    text = README.read_text()
+    text = DOC.read_text()
     section = text[text.index("## Your own tools") :]
-    section = section[: section.index("\n## ", 5)]
+    end = section.find("\n## ", 5)
+    section = section if end < 0 else section[:end]
     match = re.search(rf"```{language}\n(.*?)```", section, re.DOTALL)
-    assert match, f"no {language} block in README 'Your own tools'"
+    assert match, f"no {language} block in docs/tools.md 'Your own tools'"
     return match[1]
 
 

@@ -106,6 +106,8 @@ def _schemas(draft: int) -> st.SearchStrategy[Any]:
     return st.recursive(st.booleans() | st.just({}), extend, max_leaves=6)
 
 
+# 250 draws, each checked by two validators: past pytest's 60 s on a loaded 2-core machine.
+@pytest.mark.timeout(240)
 @pytest.mark.parametrize("draft", [2020, 7])
 @settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())

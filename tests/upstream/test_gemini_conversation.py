@@ -21,7 +21,7 @@ from gateway.upstream.base import (
     VoiceConfig,
 )
 from gateway.upstream.gemini_conversation import IDLE, Compression, GeminiConversation
-from gateway.upstream.models import facts
+from gateway.upstream.providers import facts
 from protocol.assembly import Message
 
 HISTORY = [Message(role="user", content="hi"), Message(role="assistant", content="hello")]

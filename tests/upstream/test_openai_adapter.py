@@ -267,7 +267,9 @@ async def test_text_sink_takes_the_deltas_that_arrive_while_recv_waits() -> None
 
 
 async def test_text_sink_asking_to_act_makes_recv_return_woken() -> None:
-    async with serve_sim(SimConfig(tokens_per_second=200, chunk_size=3)) as sim:
+    # 40 deltas a second: after "Echo" the reader waits for one at least (at 200 a
+    # loaded machine's recv() could read them all, and the sink never got to act).
+    async with serve_sim(SimConfig(tokens_per_second=40, chunk_size=3)) as sim:
         up = adapter(sim.url)
         await up.open("", [])
         taken: list[str] = []

@@ -22,6 +22,7 @@ import pytest
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.asyncio.connection import Connection
 from websockets.asyncio.server import ServerConnection, serve
+from websockets.exceptions import ConnectionClosed
 from websockets.frames import Frame, Opcode
 from websockets.protocol import CLIENT, SERVER, Protocol, State
 from websockets.streams import StreamReader
@@ -233,6 +234,28 @@ async def test_send_context_sends_what_the_protocol_queued_inside_it() -> None:
             server.protocol.send_text(b"one")
             server.protocol.send_text(b"two")
         assert [await client.recv() for _ in range(2)] == ["one", "two"]
+
+
+def test_what_fail_connection_calls_exists() -> None:
+    """``FastReader.fail_connection`` (1007, 1009, 1008 from the read callback) calls
+    ``Protocol.fail``, ``Connection.send_data``, and reads ``close_timeout``,
+    ``connection_lost_waiter`` and ``loop`` (set by ``__init__``)."""
+    assert callable(getattr(Protocol, "fail", None))
+    assert callable(getattr(Connection, "send_data", None))
+    assigned = Connection.__init__.__code__.co_names
+    for name in ("close_timeout", "connection_lost_waiter", "loop"):
+        assert name in assigned, name
+
+
+async def test_a_connection_failed_from_the_read_callback_closes_with_its_code() -> None:
+    async with _pair(FastReadClientConnection, BatchingConnection) as (client, server):
+        assert isinstance(server, BatchingConnection)
+        server.fail_connection(1008, "told why")
+        assert server.protocol.state is not State.OPEN
+        with pytest.raises(ConnectionClosed) as closed:
+            await client.recv()
+        assert closed.value.rcvd is not None
+        assert (closed.value.rcvd.code, closed.value.rcvd.reason) == (1008, "told why")
 
 
 def test_the_connection_records_why_it_failed_under_one_of_two_names() -> None:

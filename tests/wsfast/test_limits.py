@@ -240,3 +240,55 @@ async def test_a_64_mib_frame_in_small_reads_is_read_in_linear_time() -> None:
         assert len(data) == size and ws.frames_read_fast >= 1
     print(f"\n64 MiB frame: CPU {cpu:.2f} s, loop stall {watch.longest * 1000:.0f} ms")
     assert cpu < 2.5  # 8.4 s before (quadratic); ~0.1-0.3 s now, both peers in this process
+
+
+@pytest.mark.parametrize("wait", [False, True])
+async def test_nothing_after_the_bad_frame_is_delivered(wait: bool) -> None:
+    """Before the reader's own path starts (frames right after the handshake, parsed by
+    websockets in one go) and after: what came before the bad frame is delivered, what
+    came after it is not."""
+    good = b"\x81\x01a"
+    bad = b"\x81\x02\xc3\x28"
+    after = b"\x81\x01b"
+
+    async def server(ws: ServerConnection) -> None:
+        if wait:
+            await ws.recv()
+        ws.transport.write(good + bad + after)
+        await ws.wait_closed()
+
+    async with (
+        serve(server, "127.0.0.1", 0, compression=None) as srv,
+        connect(
+            f"ws://127.0.0.1:{srv.sockets[0].getsockname()[1]}",
+            compression=None,
+            create_connection=FastReadClientConnection,
+        ) as ws,
+    ):
+        if wait:
+            await ws.send("go")
+        assert await ws.recv() == "a"
+        with pytest.raises(ConnectionClosed) as closed:
+            await ws.recv()  # not "b"
+    assert closed.value.sent is not None and closed.value.sent.code == 1007
+
+
+async def test_no_part_of_a_message_past_the_fragment_limit_is_delivered() -> None:
+    """Frames right after the handshake are parsed by websockets in one go: the
+    fragments after the limit must not make a message of their own."""
+
+    async def server(ws: ServerConnection) -> None:
+        ws.transport.write(fragments(MAX_FRAGMENTS + 900, masked=False))
+        await ws.wait_closed()
+
+    async with (
+        serve(server, "127.0.0.1", 0, compression=None) as srv,
+        connect(
+            f"ws://127.0.0.1:{srv.sockets[0].getsockname()[1]}",
+            compression=None,
+            create_connection=FastReadClientConnection,
+        ) as ws,
+    ):
+        with pytest.raises(ConnectionClosed) as closed:
+            await ws.recv()  # not the message's last 900 bytes
+    assert closed.value.sent is not None and closed.value.sent.code == 1009

@@ -3,7 +3,7 @@
 The key is also the ``Idempotency-Key`` header: it is the same for every run of
 one call, on any node (a takeover reruns a call whose outcome was not logged),
 so a service that acts in the world does it once per key, and may answer a
-repeated key with the result it stored (the README's "Your own tools").
+repeated key with the result it stored (docs/tools.md, "Your own tools").
 
 The client is ``httpx2``, the fork of httpx the ``mcp`` SDK itself depends on:
 one well-kept async client (connection pooling, HTTP/1.1 keep-alive, per-request

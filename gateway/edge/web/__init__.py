@@ -29,7 +29,6 @@ from websockets.http11 import Response
 
 from gateway.config import Config
 from gateway.edge.admission import origin_allowed
-from gateway.upstream import models as model_facts
 from gateway.upstream import providers
 
 __all__ = [
@@ -162,11 +161,6 @@ class NodeOffer(msgspec.Struct, frozen=True):
     api_port: int | None
 
 
-def _models(wire: str) -> tuple[str, ...]:
-    """The models served on ``wire`` that are not announced as shut down."""
-    return tuple(m.name for m in model_facts.MODELS if m.wire == wire and not m.shutdown)
-
-
 def offer_of(config: Config, *, auth: bool) -> NodeOffer:
     """The node's offer: its own providers (first the default), then those with a key.
 
@@ -182,7 +176,7 @@ def offer_of(config: Config, *, auth: bool) -> NodeOffer:
             rows.append(ProviderOffer(name, label, "sim", ("sim",), flavor))
             continue
         row = providers.by_name(name)
-        rows.append(ProviderOffer(name, row.label, row.default_model, _models(row.wire), row.wire))
+        rows.append(ProviderOffer(name, row.label, row.default_model, row.served(), row.wire))
     return NodeOffer(own[0], tuple(rows), auth, config.api_port)
 
 

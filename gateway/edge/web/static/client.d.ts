@@ -1,5 +1,5 @@
 // Types of realtime-gateway's JavaScript client (client.js). Events follow the
-// gateway's client protocol (README "Client protocol").
+// gateway's client protocol (docs/protocol.md).
 
 interface EventBase {
   seq: number;
@@ -12,7 +12,7 @@ export interface SessionEvent extends EventBase {
   provider: string;
   node: string;
 }
-export interface UserEvent extends EventBase { type: "user"; content: string; source?: "audio" }
+export interface UserEvent extends EventBase { type: "user"; content: string; source?: "audio"; reply_to?: string }
 export interface ThinkEvent extends EventBase { type: "think"; content: string; seq_from?: number }
 export interface RespondEvent extends EventBase { type: "respond"; content: string; seq_from?: number }
 export interface CallEvent extends EventBase {
@@ -48,16 +48,21 @@ export interface MetricEvent extends EventBase {
   /** Part of `step` was estimated from characters (the provider reported no usage). */
   estimated?: boolean;
 }
-export interface ErrorEvent extends EventBase { type: "error"; code: string; content: string }
+/** The code set, generated from the gateway's Python declaration (errors.js). */
+export type ErrorCode = (typeof ERROR_CODES)[number];
+export const ERROR_CODES: readonly string[];
+/** `reply_to`: the `id` of the command it refuses (an approve's: the call's id). */
+export interface ErrorEvent extends EventBase { type: "error"; code: string; content: string; reply_to?: string }
 export interface InterruptEvent extends EventBase { type: "interrupt"; content: string }
 export interface CancelledEvent extends EventBase {
   type: "cancelled";
   content: string;
+  reply_to?: string;
   reason?: "barge_in";
   /** A barge-in: ms of the spoken answer the client reported played (see played()). */
   heard_ms?: number;
 }
-/** The session's effective configuration (README "A session's own configuration"). */
+/** The session's effective configuration (docs/http-api.md "A session's own configuration"). */
 export interface SessionConfig {
   instructions?: string;
   tools?: ClientToolSpec[];
@@ -90,9 +95,10 @@ export interface ApprovalEvent extends EventBase {
   id: string;
   digest: string;
   decision: "allow" | "deny";
+  reply_to?: string;
   reason?: "timeout";
 }
-export interface ConfiguredEvent extends EventBase { type: "configured"; config: SessionConfig }
+export interface ConfiguredEvent extends EventBase { type: "configured"; config: SessionConfig; reply_to?: string }
 export interface SpeechStartedEvent extends EventBase {
   type: "speech_started";
   offset_ms: number;

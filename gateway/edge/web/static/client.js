@@ -48,7 +48,10 @@ import {
   ClientError,
   ConfigureRefusedError,
   ConnectionLostError,
+  ERROR_CODES,
+  REFUSAL_CODES,
   RefusedError,
+  TURN_ENDING_ERROR_CODES,
   UnreachableError,
 } from "./errors.js";
 import { isNode, openSocket, withQuery } from "./socket.js";
@@ -58,30 +61,16 @@ export {
   ClientError,
   ConfigureRefusedError,
   ConnectionLostError,
+  ERROR_CODES,
   RefusedError,
   UnreachableError,
 };
 
-const TURN_ENDING_ERROR_CODES = new Set(["upstream", "upstream_timeout", "internal"]);
-const REFUSAL_CODES = new Set([
-  "turn_active",
-  "rate_limited",
-  "quota_exceeded",
-  "draining",
-  "bad_frame",
-  "internal",
-]);
 const FINAL_STATUSES = new Set([400, 401, 403, 404]);
 const FINAL_CLOSE_CODES = new Set([1002, 1003, 1007, 1008, 1009, 1010, 4401, 4404]);
-// Unlogged replies that refuse a configure (audio refusals answer audio frames).
-const CONFIGURE_REFUSALS = new Set(["forbidden", "bad_frame", "turn_active", "store"]);
-// An unlogged reply that refuses an approve (the texts are the gateway's).
-function refusesApprove(ev) {
-  const content = String(ev.content);
-  if (ev.code === "wrong_digest") return true;
-  if (ev.code === "unknown_call") return content.includes("approve only");
-  return ev.code === "forbidden" && content.includes("may not approve");
-}
+// The id of every played frame: a gateway that does not know the message
+// answers unknown_type with this reply_to.
+const PLAYED_ID = "played";
 const CLOSE_RESYNC = 4000; // we closed to resync after a gap
 const DEFAULT_PATH = "/v1/realtime";
 
@@ -215,7 +204,8 @@ export class Client {
     this._failure = null;
     this._inTurn = false;
     this._connectedWaiters = [];
-    this._configuring = []; // {resolve, reject, timer} per configure sent, oldest first
+    this._configuring = []; // {id, resolve, reject, timer} per configure sent
+    this._commands = 0; // configure ids: configure-1, configure-2, ...
     this._approving = []; // {id, resolve, reject, timer} per approve sent, oldest first
     this._pings = []; // {resolve, at} per ping sent
     this._playedSupported = true;
@@ -285,13 +275,14 @@ export class Client {
    * answers it; rejects with ConfigureRefusedError when the gateway refuses. */
   configure(fields, { timeout = 10000 } = {}) {
     return new Promise((resolve, reject) => {
-      const waiter = { resolve, reject, timer: null };
+      this._commands += 1;
+      const waiter = { id: `configure-${this._commands}`, resolve, reject, timer: null };
       waiter.timer = setTimeout(() => {
         this._configuring = this._configuring.filter((w) => w !== waiter);
         reject(new ClientError(`the gateway did not answer configure within ${timeout} ms`));
       }, timeout);
       this._configuring.push(waiter);
-      this._sendFrame({ ...fields, type: "configure" }).catch((err) => {
+      this._sendFrame({ ...fields, type: "configure", id: waiter.id }).catch((err) => {
         clearTimeout(waiter.timer);
         this._configuring = this._configuring.filter((w) => w !== waiter);
         reject(err);
@@ -320,7 +311,7 @@ export class Client {
    */
   played(seq, ms) {
     if (!this._playedSupported || !this.connected) return false;
-    this._sendFrame({ type: "played", seq, ms: Math.round(ms) }).catch(() => {});
+    this._sendFrame({ type: "played", seq, ms: Math.round(ms), id: PLAYED_ID }).catch(() => {});
     return true;
   }
 
@@ -583,10 +574,11 @@ export class Client {
       if (own !== "played") this.onEvent?.(ev, false);
       return; // configure() or approve() rejects with it; played() goes quiet
     }
-    if (ev.type === "configured" && this._configuring.length) {
-      const waiter = this._configuring.shift();
-      clearTimeout(waiter.timer);
-      waiter.resolve(ev);
+    const configured = ev.type === "configured" ? this._configuring.find((w) => w.id === ev.reply_to) : null;
+    if (configured) {
+      this._configuring = this._configuring.filter((w) => w !== configured);
+      clearTimeout(configured.timer);
+      configured.resolve(ev);
     }
     if (ev.type === "call" && this._tools.size) this._maybeRunTool(ev);
     if (ev.type === "approval_required" && this.onApproval) this._ask(ev);
@@ -601,23 +593,31 @@ export class Client {
     this.onEvent?.(ev, verdict === "new");
   }
 
-  /** "played", "approve" or "configure" when an error reply answers one of those frames, else "". */
+  /** "played", "approve" or "configure" when an error reply answers one of those
+   * frames, else "": matched by its reply_to (the frame's id; an approve's is the call's). */
   _answersOwnFrame(ev) {
-    const content = String(ev.content);
-    if (ev.code === "unknown_type" && content.includes("'played'")) {
+    const ref = ev.reply_to;
+    // A gateway older than played names no command either: played is the only
+    // type this client sends that some gateway may not know.
+    if (ev.code === "unknown_type" && (ref === PLAYED_ID || ref === undefined)) {
       this._playedSupported = false;
       return "played";
     }
-    if (this._approving.length && refusesApprove(ev)) {
-      const waiter = this._approving.shift();
-      clearTimeout(waiter.timer);
-      waiter.reject(new ApprovalRefusedError(ev.code, ev.content));
+    if (ref === undefined) return "";
+    const approving = this._approving.filter((w) => w.id === ref);
+    if (approving.length) {
+      this._approving = this._approving.filter((w) => w.id !== ref);
+      for (const waiter of approving) {
+        clearTimeout(waiter.timer);
+        waiter.reject(new ApprovalRefusedError(ev.code, ev.content));
+      }
       return "approve";
     }
-    if (this._configuring.length && CONFIGURE_REFUSALS.has(ev.code) && !content.startsWith("audio needs")) {
-      const waiter = this._configuring.shift();
-      clearTimeout(waiter.timer);
-      waiter.reject(new ConfigureRefusedError(ev.code, ev.content));
+    const configuring = this._configuring.find((w) => w.id === ref);
+    if (configuring) {
+      this._configuring = this._configuring.filter((w) => w !== configuring);
+      clearTimeout(configuring.timer);
+      configuring.reject(new ConfigureRefusedError(ev.code, ev.content));
       return "configure";
     }
     return "";

@@ -1,0 +1,188 @@
+"""What the turn driver asks of the upstream: open it, request, commit, stop, replace.
+
+``gateway.sessions.driver.TurnDriver`` performs the machine's ``Request``,
+``CommitAudio``, ``StopResponse``, ``ReplaceResponse`` and ``DropUpstream``
+actions here. ``in_call``: one of these is under way, so a cancel that
+interrupts it leaves the connection mid-request (the driver then lets it go);
+``requested_at``: when the last response was asked for (the first delta's
+latency counts from it, ``gateway.sessions.reading``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Sequence
+from typing import Protocol
+
+from gateway.sessions.observer import TurnObserver
+from gateway.sessions.session_log import SessionLog
+from gateway.sessions.setup import SessionSetup
+from gateway.sessions.tool_runs import Gone
+from gateway.sessions.upstream_link import OpenRequest, UpstreamLink
+from gateway.sessions.voice import VoiceInput
+from gateway.upstream.base import ModelOptions, Upstream, UpstreamClosed, UpstreamEvent, VoiceConfig
+from protocol.assembly import Message
+from protocol.events import Interrupt
+from protocol.turn import TurnMachine
+from protocol.turn_events import Action, Opened, Request
+
+__all__ = ["DrivenSession", "UpstreamAsker"]
+
+
+class DrivenSession(Protocol):
+    """What the driver reads of the session it drives (the runtime)."""
+
+    @property
+    def setup(self) -> SessionSetup: ...
+
+    @property
+    def voice(self) -> VoiceConfig | None:
+        """The audio the session's clients send and hear (None: text)."""
+
+    @property
+    def listening(self) -> bool:
+        """The driver keeps reading the upstream between turns."""
+
+    @property
+    def closed(self) -> bool: ...
+
+    def speaking_voice(self) -> VoiceConfig | None:
+        """The voice to open a model that only speaks with (its transcript is the answer)."""
+
+    def driver_stopped(self) -> None:
+        """No turn runs any more (the node may let the session go)."""
+
+
+class UpstreamAsker:
+    """The driver's requests to its session's upstream (see the module docstring)."""
+
+    def __init__(
+        self,
+        session: DrivenSession,
+        machine: TurnMachine,
+        log_: SessionLog,
+        link: UpstreamLink,
+        voice_in: VoiceInput,
+        observer: TurnObserver,
+        heard: deque[UpstreamEvent | Gone],
+    ) -> None:
+        self.session = session
+        self.machine = machine
+        self.log = log_
+        self.link = link
+        self.voice_in = voice_in
+        self.observer = observer
+        self.heard = heard  # upstream events read while tools ran (``tool_runs.hear``)
+        self.in_call = False
+        self.requested_at: float | None = None
+
+    async def request(
+        self, message: Message | None, outputs: Sequence[tuple[str, str]], *, fresh: bool
+    ) -> None:
+        self.in_call = True
+        self.observer.step_started()
+        upstream = self.link.upstream
+        if upstream is not None and fresh:
+            # Configured since it was opened: reopen with the new prompt and provider.
+            self.drop(stop=False)
+            upstream = None
+        if upstream is None:
+            # Fresh connection: history already ends with the prompt message.
+            upstream = await self.open(flush=False)
+            self.in_call = True
+        elif message is not None:
+            await upstream.add_message(message)
+        else:
+            for call_id, output in outputs:
+                await upstream.send_function_output(call_id, output)
+        self.requested_at = time.perf_counter()
+        await upstream.start_response()
+        await self.voice_in.flush(upstream)  # speech held meanwhile barges in on it
+        self.in_call = False
+
+    async def open(self, *, flush: bool = True) -> Upstream:
+        """The open upstream, or a fresh one whose context is rebuilt from history;
+        without ``flush``, audio held while it opened waits for the caller's request."""
+        upstream = self.link.upstream
+        if upstream is not None:
+            return upstream
+        self.in_call = True
+        session = self.session
+        setup = session.setup
+        config = setup.config
+        request = OpenRequest(
+            setup.upstream_factory,
+            setup.system_prompt,
+            setup.instructions,
+            session.voice,
+            session.speaking_voice,
+            ModelOptions(truncation=config.truncation, reasoning_effort=config.reasoning_effort),
+        )
+        opened_for = self.machine.setup
+        upstream, voiced = await self.link.open(request, setup)
+        self.machine.feed(Opened(opened_for))  # nothing to do: the machine notes it
+        self.machine.voice = voiced
+        if not flush:
+            self.voice_in.hold_until_flush()
+            self.in_call = False
+            return upstream  # the request's sender flushes (or the pump, if it was superseded)
+        try:
+            await self.voice_in.flush(upstream)
+        except BaseException:
+            self.link.upstream = None
+            self.link.discard(upstream)
+            raise
+        self.in_call = False
+        return upstream
+
+    async def commit_audio(self) -> None:
+        upstream = self.link.upstream
+        if upstream is None:
+            raise UpstreamClosed("the connection that heard the speech is gone")
+        self.in_call = True
+        self.requested_at = time.perf_counter()
+        await upstream.commit_audio()
+        self.in_call = False
+
+    async def stop_response(self) -> None:
+        upstream = self.link.upstream
+        if upstream is None:
+            raise UpstreamClosed("no upstream connection to stop a response on")
+        self.in_call = True
+        await upstream.cancel_response()
+        self.in_call = False
+
+    async def replace(self, text: str, heard_ms: int | None) -> None:
+        upstream = self.link.upstream
+        if upstream is None:
+            return  # the next request reopens from history, which says the same
+        self.in_call = True
+        try:
+            await upstream.replace_response(text, heard_ms=heard_ms)
+        except UpstreamClosed:
+            self.drop(stop=False)
+        self.in_call = False
+
+    async def reopen_for(self, interrupt: Interrupt, then: Action | None) -> None:
+        """An ``interrupt`` whose rerun opens a new connection says what the model keeps
+        (``context``). Rerun at once (a takeover): the connection is opened first and
+        the event says what happened; after a backoff (a lost connection): what will
+        happen, by the resumption handle the session holds. Sent whether or not the
+        open works (its failure is the rerun's own, reported as ever)."""
+        try:
+            if type(then) is Request:
+                # The rerun's request goes first: audio the user sent meanwhile then
+                # reaches the provider as live speech (it barges in), not before it.
+                upstream = await self.open(flush=False)
+                interrupt.context = "resumed" if upstream.resumed else "rebuilt"
+            else:
+                chosen = self.session.setup.upstream_factory.choose()
+                interrupt.context = "resumed" if self.link.resume_for(chosen) else "rebuilt"
+        finally:
+            self.log.emit(interrupt)
+
+    def drop(self, *, stop: bool) -> None:
+        """Let the upstream go (closed in the background); its events read early go too."""
+        self.heard.clear()
+        self.link.drop(stop=stop)

@@ -1,0 +1,365 @@
+"""A session's guardrails at the log: what the model says is judged before it is logged.
+
+``SessionLog.emit`` hands every event to the session's ``EventGuard`` first
+(when it has rules): the model's answer and reasoning go through a
+``StreamGuard`` per block (held back only as much as a rule needs), a call's
+arguments and a tool's result are judged whole, and history is judged as it
+is persisted. So the stored log, exports, recordings and the history the
+model is given back never hold what a rule forbids, and no client sees it.
+Each trip is logged as a ``guardrail`` event (rule and action, never the
+matched text) and counted in ``rtgw_guardrail_trips``.
+
+The rules come from ``--guardrails FILE`` (``GuardrailsFile``, re-read when it
+changes) and the owner's key policy (``guardrails = [...]``); ``Guardrails``
+is the compiled pair a session's setup carries.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+import tomllib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+import msgspec
+
+from gateway.metrics import Metrics
+from gateway.settings import ConfigError
+from protocol.assembly import HistoryItem
+from protocol.events import (
+    Call,
+    Cancelled,
+    End,
+    Error,
+    Event,
+    Execute,
+    Guardrail,
+    Interrupt,
+    Respond,
+    Result,
+    Think,
+    User,
+)
+from protocol.guardrails import (
+    EMPTY,
+    Hit,
+    RuleSet,
+    RuleSpec,
+    StreamGuard,
+    check,
+    check_input,
+    compile_rules,
+)
+
+__all__ = [
+    "NO_GUARDRAILS",
+    "EventGuard",
+    "Guardrails",
+    "GuardrailsFile",
+    "guard_result",
+    "guard_value",
+    "guardrails_of",
+]
+
+log = logging.getLogger("gateway.sessions.guard")
+
+MAX_FILE_BYTES: Final = 256 * 1024
+"""A guardrails file larger than this is refused before it is parsed."""
+_JSON: Final = msgspec.json.Decoder()
+_ENCODER: Final = msgspec.json.Encoder()
+
+
+@dataclass(frozen=True, slots=True)
+class Guardrails:
+    """A session's compiled rules: those on its input, those on the model's output."""
+
+    specs: tuple[RuleSpec, ...] = ()
+    input: RuleSet = EMPTY
+    output: RuleSet = EMPTY
+
+    def __bool__(self) -> bool:
+        return bool(self.specs)
+
+
+NO_GUARDRAILS: Final = Guardrails()
+
+
+@functools.lru_cache(maxsize=256)
+def _compiled(specs: tuple[RuleSpec, ...]) -> Guardrails | str:
+    if not specs:
+        return NO_GUARDRAILS
+    compiled = compile_rules(specs)
+    if isinstance(compiled, str):
+        return compiled
+    return Guardrails(specs, *compiled)
+
+
+def guardrails_of(*groups: Sequence[RuleSpec]) -> Guardrails | str:
+    """The node's rules and a key's, compiled (cached: sessions share them), or the problem."""
+    return _compiled(tuple(spec for group in groups for spec in group))
+
+
+def parse_rules(tables: object, where: str) -> tuple[RuleSpec, ...]:
+    """``[[rule]]`` tables (or a key policy's ``guardrails``) → specs; ValueError names
+    the rule and the field."""
+    if not isinstance(tables, list):
+        raise ValueError(f"{where}: rules must be a list of tables ([[rule]] in TOML)")
+    specs: list[RuleSpec] = []
+    for i, table in enumerate(tables):
+        name = table.get("name", f"#{i + 1}") if isinstance(table, dict) else f"#{i + 1}"
+        try:
+            specs.append(msgspec.convert(table, RuleSpec))
+        except msgspec.ValidationError as exc:
+            raise ValueError(
+                f"{where}: guardrail {name!r}: {exc}; a rule has name, on (input or "
+                "output), action (block, redact or end_turn) and one of pattern, detect "
+                "(email, phone, card) or max_chars"
+            ) from None
+    problem = compile_rules(specs)
+    if isinstance(problem, str):
+        raise ValueError(f"{where}: {problem}")
+    return tuple(specs)
+
+
+class GuardrailsFile:
+    """The rules of ``--guardrails FILE`` (``[[rule]]`` tables), re-read when it changes.
+
+    Raises ``ConfigError`` naming the rule and field when the file is bad at
+    start; a file broken later keeps the rules loaded before (logged).
+    """
+
+    def __init__(self, path: str | Path | None, *, check_interval: float = 0.25) -> None:
+        self.path = Path(path) if path else None
+        self.check_interval = check_interval
+        self.specs: tuple[RuleSpec, ...] = ()
+        self._stamp: tuple[float, int] | None = None
+        self._checked = 0.0
+        self.version = 0
+        if self.path is not None:
+            try:
+                self._load()
+            except (OSError, ValueError) as exc:
+                raise ConfigError(f"guardrails: {exc}") from exc
+
+    def _load(self) -> None:
+        assert self.path is not None
+        stat = self.path.stat()
+        if stat.st_size > MAX_FILE_BYTES:
+            raise ValueError(f"{self.path}: {stat.st_size} bytes, at most {MAX_FILE_BYTES}")
+        try:
+            tables = tomllib.loads(self.path.read_text(encoding="utf-8"))
+        except tomllib.TOMLDecodeError as exc:
+            raise ValueError(f"{self.path} is not valid TOML: {exc}") from None
+        extra = [k for k in tables if k != "rule"]
+        if extra:
+            raise ValueError(f"{self.path}: {extra[0]!r}: write each rule as a [[rule]] table")
+        specs = parse_rules(tables.get("rule", []), str(self.path))
+        if specs != self.specs:
+            self.version += 1
+        self.specs = specs
+        self._stamp = (stat.st_mtime, stat.st_size)
+        self._checked = time.monotonic()
+
+    def poll(self) -> int:
+        """Re-read the file if it changed (one ``stat`` at most every ``check_interval``)."""
+        now = time.monotonic()
+        if self.path is None or now - self._checked < self.check_interval:
+            return self.version
+        self._checked = now
+        try:
+            stat = self.path.stat()
+            if (stat.st_mtime, stat.st_size) != self._stamp:
+                self._load()
+                log.info("guardrails file %s loaded: %d rules", self.path, len(self.specs))
+        except (OSError, ValueError) as exc:
+            log.error("guardrails file not reloaded, keeping the loaded rules: %s", exc)
+        return self.version
+
+
+def guard_value(rules: RuleSet, value: Any) -> tuple[Any, list[Hit]]:
+    """Every string in a JSON-like value judged whole (a call's args, a tool's result).
+
+    A string a rule would block or cut becomes the rule's replacement: the
+    value keeps its shape, and what is left of it is still valid JSON.
+    """
+    hits: list[Hit] = []
+
+    def walk(v: Any, depth: int) -> Any:
+        if isinstance(v, str):
+            piece = check(rules, v)
+            if piece.hits:
+                hits.extend(piece.hits)
+                return (
+                    piece.text
+                    if not piece.cut or piece.hits[-1].action == "redact"
+                    else (piece.text + "[blocked]")
+                )
+            return v
+        if depth > 64:
+            return v
+        if isinstance(v, dict):
+            return {k: walk(x, depth + 1) for k, x in v.items()}
+        if isinstance(v, list):
+            return [walk(x, depth + 1) for x in v]
+        return v
+
+    return walk(value, 0), hits
+
+
+def guard_result(rules: RuleSet, content: Any) -> tuple[Any, list[Hit], bool]:
+    """A tool's result judged as input: (content to give the model, hits, withheld).
+
+    Withheld when a ``block``/``end_turn`` rule tripped: the content is then a
+    note naming the rule, and the call counts as failed.
+    """
+    if not rules:
+        return content, [], False
+    guarded, hits = guard_value(rules, content)
+    blocking = [h for h in hits if h.action != "redact"]
+    if blocking:
+        return f"the result was withheld by the guardrail {blocking[0].rule!r}", hits, True
+    return guarded, hits, False
+
+
+def _json_text(rules: RuleSet, text: str) -> tuple[str, list[Hit]]:
+    """A JSON text with its strings judged (the whole text when it is not JSON)."""
+    try:
+        value = _JSON.decode(text)
+    except (msgspec.DecodeError, RecursionError):
+        piece = check(rules, text)
+        return piece.text, piece.hits
+    guarded, hits = guard_value(rules, value)
+    return (_ENCODER.encode(guarded).decode() if hits else text), hits
+
+
+# Events that end a turn (an end_turn rule's withholding ends with it).
+_TURN_ENDS: Final = (End, Cancelled, Error, Interrupt)
+# Events that close the model's block of text (what it held is judged as final). Others
+# (a background call's result, speech started, a metric) pass it by: were they to close
+# it, a card split around one would be judged as two halves.
+_BLOCK_ENDS: Final = (Call, Execute, *_TURN_ENDS)
+
+
+class EventGuard:
+    """Judges a session's events on their way into its log (see the module docstring).
+
+    ``filter`` returns the events to log instead of the one given: the
+    released text of a block (maybe none yet), the ``guardrail`` events of the
+    rules that tripped, and whatever else passes. ``on_end_turn`` is called
+    (once per turn) when an ``end_turn`` rule trips on the output.
+    """
+
+    __slots__ = ("_ended", "_kind", "_stream", "guardrails", "metrics", "on_end_turn", "speaks")
+
+    def __init__(
+        self, guardrails: Guardrails, metrics: Metrics, on_end_turn: Callable[[], None]
+    ) -> None:
+        self.guardrails = guardrails
+        self.metrics = metrics
+        self.on_end_turn = on_end_turn
+        self._kind: type[Think] | type[Respond] | None = None
+        self._stream: StreamGuard | None = None
+        self._ended = False  # an end_turn rule tripped: the rest of the turn is withheld
+        # The answer is spoken: its audio cannot be withheld with its transcript, so a
+        # block on the output ends the turn (the audio stops, history keeps what was heard).
+        self.speaks = False
+
+    def filter(self, event: Event) -> list[Event]:
+        kind = type(event)
+        output = self.guardrails.output
+        if kind is Respond or kind is Think:
+            if self._ended:
+                return []
+            out: list[Event] = []
+            stream = self._stream
+            if kind is not self._kind or stream is None:
+                out = self._flush()
+                self._kind = kind
+                stream = self._stream = StreamGuard(output)
+            piece = stream.feed(event.content)  # type: ignore[union-attr]
+            if piece.text:
+                event.content = piece.text  # type: ignore[union-attr]
+                out.append(event)
+            if piece.hits:
+                out += self.tripped(piece.hits, "output")
+            return out
+        out = self._flush() if isinstance(event, _BLOCK_ENDS) else []
+        if kind is Call:
+            if self._ended:
+                return out
+            content, hits = _json_text(output, event.content)  # type: ignore[union-attr]
+            if hits:
+                event = msgspec.structs.replace(event, content=content)
+                out.append(event)
+                out += self.tripped(hits, "output", ends=False)
+                return out
+        elif kind is Result or (kind is User and event.source == "audio"):  # type: ignore[union-attr]
+            rules = self.guardrails.input
+            if kind is Result:
+                content, hits = _json_text(rules, event.content)  # type: ignore[union-attr]
+            else:
+                verdict = check_input(rules, event.content)  # type: ignore[union-attr]
+                content, hits = verdict.text, list(verdict.hits)
+            if hits:
+                out.append(msgspec.structs.replace(event, content=content))
+                out += self.tripped(hits, "input", ends=False)
+                return out
+        elif isinstance(event, _TURN_ENDS):
+            self._ended = False
+        out.append(event)
+        return out
+
+    def history(self, items: Sequence[HistoryItem]) -> list[HistoryItem]:
+        """History items as the log has them: judged whole (what the stream gave)."""
+        out: list[HistoryItem] = []
+        output, input_ = self.guardrails.output, self.guardrails.input
+        for item in items:
+            kind = type(item)
+            if kind is Respond or kind is Think:
+                piece = check(output, item.content)
+                if piece.hits:
+                    item = msgspec.structs.replace(item, content=piece.text)
+            elif kind is Call:
+                content, hits = _json_text(output, item.content)
+                if hits:
+                    item = msgspec.structs.replace(item, content=content)
+            elif kind is Result:
+                content, hits = _json_text(input_, item.content)
+                if hits:
+                    item = msgspec.structs.replace(item, content=content)
+            elif kind is User and item.source == "audio":  # type: ignore[union-attr]
+                verdict = check_input(input_, item.content)
+                if verdict.hits:
+                    item = msgspec.structs.replace(item, content=verdict.text)
+            out.append(item)
+        return out
+
+    def _flush(self) -> list[Event]:
+        """The block of text in progress ended: the rest of what it held."""
+        stream, kind = self._stream, self._kind
+        self._stream = self._kind = None
+        if stream is None or kind is None or stream.cut:
+            return []
+        piece = stream.finish()
+        out: list[Event] = [kind(content=piece.text)] if piece.text else []
+        if piece.hits:
+            out += self.tripped(piece.hits, "output")
+        return out
+
+    def tripped(self, hits: Sequence[Hit], on: str, *, ends: bool = True) -> list[Event]:
+        """Count the hits and make their ``guardrail`` events (an output's ``end_turn``
+        asks to end the turn)."""
+        counter = self.metrics.guardrails
+        events: list[Event] = []
+        for hit in hits:
+            counter.labels(hit.rule, hit.action, on).inc()
+            events.append(Guardrail(rule=hit.rule, action=hit.action, on=on))  # type: ignore[arg-type]
+            ending = hit.action == "end_turn" or (self.speaks and hit.action == "block")
+            if ends and ending and not self._ended:
+                self._ended = True
+                self.on_end_turn()
+        return events

@@ -1,0 +1,473 @@
+"""Guardrails: rules on what goes into the model and what comes out of it (pure).
+
+A rule has a ``name``, a side (``on = "input" | "output"``), one matcher
+(``pattern``: an RE2 regex, linear in the text; ``detect``: ``email``,
+``phone`` or ``card`` with the Luhn checksum; ``max_chars``) and an
+``action``: ``redact`` replaces what matched, ``block`` withholds it (an input
+never reaches the model; an output is cut where the rule tripped) and
+``end_turn`` also ends the model's turn.
+
+``check`` judges a whole text. ``StreamGuard`` judges the same text fed in
+chunks and gives back, per chunk, what is safe to send now: it holds back only
+the smallest window a rule still needs to decide (the trailing run of digits
+and separators for ``card``/``phone``, the trailing word for ``email``, the
+last ``window`` characters for a ``pattern``), so any chunking of a text
+gives exactly what ``check`` gives for the whole of it.
+
+Every matcher is built so that the part of the text it has decided on never
+changes as more text comes: a pattern's match is decided once ``window``
+characters (its longest match, plus one for ``\\b`` and ``$``) follow its
+start; a run of digits once a character that cannot continue it follows.
+Runs are bounded (``RUN_CAP``): a longer run is judged by its first
+``RUN_CAP`` characters, so the hold-back never grows past it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from collections.abc import Callable, Sequence
+from typing import Any, Final, Literal, Protocol
+
+import msgspec
+import re2
+
+__all__ = [
+    "MAX_PATTERN",
+    "MAX_RULES",
+    "MAX_WINDOW",
+    "RUN_CAP",
+    "Hit",
+    "Piece",
+    "RuleSet",
+    "RuleSpec",
+    "StreamGuard",
+    "Verdict",
+    "check",
+    "check_input",
+    "compile_rules",
+]
+
+Side = Literal["input", "output"]
+Action = Literal["block", "redact", "end_turn"]
+Detector = Literal["email", "phone", "card"]
+
+MAX_RULES: Final = 64
+"""Rules in one set (a file's plus a key's): each output chunk is scanned by every one."""
+MAX_PATTERN: Final = 2_000
+"""Characters in one pattern (a word list belongs in a few alternations, not thousands)."""
+MAX_WINDOW: Final = 1_024
+"""The longest match a pattern may declare or imply: the most an output is held back."""
+RUN_CAP: Final = 256
+"""Characters of a run of digits (or of email characters) that a detector looks at."""
+CONTEXT: Final = 3
+"""Characters kept before the held text: ``\\b`` and a run's continuation look back."""
+REPLACEMENT: Final = "[redacted]"
+# Python's regex parser, only to derive a pattern's longest match (RE2 does not tell).
+_sre_parse: Any = importlib.import_module("re._parser")
+
+
+class RuleSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """One rule as written in a guardrails file or a key policy (see the module docstring)."""
+
+    name: str
+    on: Side
+    action: Action
+    pattern: str = ""
+    ignore_case: bool = False
+    window: int = 0
+    """A pattern's longest match in characters (derived when the pattern is bounded)."""
+    detect: Detector | None = None
+    max_chars: int = 0
+    replacement: str = REPLACEMENT
+
+
+class Hit(msgspec.Struct, frozen=True):
+    """A rule tripped: its name and action (never the matched text)."""
+
+    rule: str
+    action: Action
+
+
+class Piece(msgspec.Struct):
+    """What a ``StreamGuard`` gives back: text safe to send now, and the rules that tripped.
+
+    ``cut``: a ``block``/``end_turn`` rule tripped; nothing more of this text follows.
+    """
+
+    text: str
+    hits: list[Hit]
+    cut: bool = False
+
+
+class Verdict(msgspec.Struct, frozen=True):
+    """An input judged whole: the text to use (redacted), the hits, and whether it is blocked."""
+
+    text: str
+    hits: tuple[Hit, ...]
+    blocked: bool
+
+
+Span = tuple[int, int]
+
+
+class _Matcher(Protocol):
+    def scan(self, text: str, pos: int, final: bool) -> tuple[Span | None, int, int]:
+        """The first decided match at or after ``pos``, the position from which
+        nothing is decided yet (``len(text)`` when ``final``), and the position the
+        text may be cut at (at most both)."""
+        ...
+
+
+class _Pattern:
+    __slots__ = ("regex", "window")
+
+    def __init__(self, regex: re2._Regexp, window: int) -> None:
+        self.regex = regex
+        self.window = window
+
+    def scan(self, text: str, pos: int, final: bool) -> tuple[Span | None, int, int]:
+        n = len(text)
+        m = self.regex.search(text, pos)
+        if final:
+            return (m.span() if m else None), n, n
+        # A match starting before n - window has seen all it can match and one more
+        # character (for \b and $); one starting later may still change.
+        undecided = max(pos, n - self.window)
+        if m is not None and m.start() < undecided:
+            return m.span(), undecided, m.start()
+        hold = undecided if m is None else min(m.start(), undecided)
+        return None, hold, hold
+
+
+class _Runs:
+    """A detector over maximal runs of characters (digits and separators, or email characters)."""
+
+    __slots__ = ("classify", "continues", "lead", "run")
+
+    def __init__(
+        self,
+        run: re.Pattern[str],
+        continues: Callable[[str, int], int],
+        classify: Callable[[str], Span | None],
+        lead: frozenset[str] = frozenset(),
+    ) -> None:
+        self.run = run
+        self.continues = continues
+        self.classify = classify
+        self.lead = lead  # characters that may go on into a run (separators, "+", "(")
+
+    def scan(self, text: str, pos: int, final: bool) -> tuple[Span | None, int, int]:
+        n = limit = len(text)
+        if not final and n > pos:
+            # Separators after a digit may go on into the run; a "+" or "(" may start one.
+            k, lead = n, self.lead
+            while k > pos and n - k < 2 and text[k - 1] in lead:
+                k -= 1
+            if k > pos and "0" <= text[k - 1] <= "9":
+                limit = k
+            elif text[-1] in lead and text[-1] in "+(":
+                limit = n - 1
+        begin = pos
+        back = self.continues(text, pos) if pos > 0 else -1
+        if back >= 0:
+            joined = self.run.match(text, back)
+            if joined is not None and joined.end() > pos:
+                begin = joined.end()  # the rest of a run judged already
+        for m in self.run.finditer(text, begin):
+            start, end = m.span()
+            if end >= limit and not final and end - start <= RUN_CAP:
+                return None, start, start  # it may go on
+            span = self.classify(text[start : min(end, start + RUN_CAP)])
+            if span is not None:
+                return (start + span[0], start + span[1]), start + span[1], start
+            if end >= limit:
+                return None, n, n  # past the cap: judged by its start, the rest skipped
+        return None, limit, limit
+
+
+_SEPARATORS: Final = frozenset(" -.()")
+_CARD_RUN: Final = re.compile(r"[0-9](?:[ -]{0,2}[0-9])*")
+_EMAIL_RUN: Final = re.compile(r"[A-Za-z0-9._%+@-]+")
+_EMAIL: Final = re.compile(r"[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}")
+
+
+def _digit_continues(text: str, pos: int) -> int:
+    """The last digit before ``pos`` (over up to two separators), or -1."""
+    i = pos - 1
+    while i >= 0 and pos - i <= 2 and text[i] in _SEPARATORS:
+        i -= 1
+    return i if i >= 0 and "0" <= text[i] <= "9" else -1
+
+
+def _email_continues(text: str, pos: int) -> int:
+    return pos - 1 if _EMAIL_RUN.fullmatch(text, pos - 1, pos) is not None else -1
+
+
+def luhn(digits: str) -> bool:
+    """The Luhn checksum of a card number (digits only)."""
+    total = 0
+    for i, ch in enumerate(reversed(digits)):
+        d = ord(ch) - 48
+        if i % 2:
+            d = d * 2 - 9 if d > 4 else d * 2
+        total += d
+    return total % 10 == 0
+
+
+def _card(run: str) -> Span | None:
+    """A run of 13-19 digits passing Luhn; in a longer run, every group-aligned one
+    (``4111 1111 1111 1111 4242 …``), the span from the first to the last."""
+    digits = [i for i, c in enumerate(run) if c.isdigit()]
+    if 13 <= len(digits) <= 19 and luhn("".join(run[i] for i in digits)):
+        return 0, len(run)
+    if len(digits) <= 19:
+        return None
+    groups = [(m.start(), m.end()) for m in re.finditer(r"[0-9]+", run)]
+    found: list[Span] = []
+    i = 0
+    while i < len(groups):
+        for j in range(len(groups) - 1, i - 1, -1):
+            s, e = groups[i][0], groups[j][1]
+            number = "".join(c for c in run[s:e] if c.isdigit())
+            if 13 <= len(number) <= 19 and luhn(number):
+                found.append((s, e))
+                i = j
+                break
+        i += 1
+    return (found[0][0], found[-1][1]) if found else None
+
+
+def _phone(run: str) -> Span | None:
+    """10-15 digits (8-15 after a ``+``), with the usual separators."""
+    count = sum(c.isdigit() for c in run)
+    low = 8 if run.startswith("+") else 10
+    return (0, len(run)) if low <= count <= 15 else None
+
+
+_PHONE_RUN: Final = re.compile(r"(?:\+|\()?[0-9](?:[ .()-]{0,2}[0-9])*")
+
+
+def _email(run: str) -> Span | None:
+    if "@" not in run:
+        return None
+    found = list(_EMAIL.finditer(run))
+    return (found[0].start(), found[-1].end()) if found else None
+
+
+_DETECTORS: Final[dict[str, _Matcher]] = {
+    "card": _Runs(_CARD_RUN, _digit_continues, _card, frozenset(" -")),
+    "phone": _Runs(_PHONE_RUN, _digit_continues, _phone, frozenset(" -.()+")),
+    "email": _Runs(_EMAIL_RUN, _email_continues, _email),
+}
+
+
+class _Rule:
+    __slots__ = ("action", "matcher", "max_chars", "name", "replacement")
+
+    def __init__(self, spec: RuleSpec, matcher: _Matcher | None) -> None:
+        self.name = spec.name
+        self.action: Action = spec.action
+        self.matcher = matcher
+        self.max_chars = spec.max_chars
+        self.replacement = spec.replacement
+
+
+class RuleSet:
+    """Compiled rules of one side, in order (``compile_rules``)."""
+
+    __slots__ = ("limit", "rules", "scanners")
+
+    def __init__(self, rules: Sequence[_Rule]) -> None:
+        self.rules = tuple(rules)
+        self.scanners = tuple(r for r in rules if r.matcher is not None)
+        limits = [r for r in rules if r.max_chars]
+        self.limit: _Rule | None = min(limits, key=lambda r: r.max_chars) if limits else None
+
+    def __bool__(self) -> bool:
+        return bool(self.rules)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(r.name for r in self.rules)
+
+
+EMPTY: Final = RuleSet(())
+
+
+def _pattern_window(spec: RuleSpec) -> int | str:
+    """The longest match of the rule's pattern (held back: a match starting before
+    the last ``window`` characters has seen one more, for ``\\b`` and ``$``)."""
+    where = f"guardrail {spec.name!r}: pattern"
+    try:
+        low, high = _sre_parse.parse(spec.pattern).getwidth()
+    except (re.error, RecursionError, OverflowError, ValueError) as exc:
+        return f"{where}: {exc}; write it in the syntax RE2 and Python's re share"
+    if low == 0:
+        return f"{where}: it can match empty text; make it match at least one character"
+    if spec.window:
+        return spec.window
+    if high > MAX_WINDOW:
+        return (
+            f"{where}: its longest match is unbounded or over {MAX_WINDOW} characters; "
+            "bound its repeats ({1,40} instead of +) or set window = N (the longest "
+            f"text it should match, at most {MAX_WINDOW})"
+        )
+    return int(high)
+
+
+def _compile_one(spec: RuleSpec) -> _Rule | str:
+    where = f"guardrail {spec.name!r}"
+    if not re.fullmatch(r"[A-Za-z0-9_.:-]{1,64}", spec.name):
+        return f"guardrail {spec.name[:64]!r}: name: use 1-64 of A-Za-z0-9_.:-"
+    given = [f for f in ("pattern", "detect", "max_chars") if getattr(spec, f)]
+    if len(given) != 1:
+        return (
+            f"{where}: give exactly one matcher of pattern, detect, max_chars "
+            f"(it has {', '.join(given) or 'none'})"
+        )
+    if spec.max_chars < 0 or spec.window < 0 or spec.window > MAX_WINDOW:
+        return f"{where}: max_chars and window must be positive (window at most {MAX_WINDOW})"
+    if len(spec.replacement) > 100:
+        return f"{where}: replacement: at most 100 characters"
+    if spec.detect is not None:
+        return _Rule(spec, _DETECTORS[spec.detect])
+    if not spec.pattern:
+        return _Rule(spec, None)
+    if len(spec.pattern) > MAX_PATTERN:
+        return (
+            f"{where}: pattern: {len(spec.pattern)} characters, at most {MAX_PATTERN}; "
+            "split it into several rules or use a detector"
+        )
+    window = _pattern_window(spec)
+    if isinstance(window, str):
+        return window
+    options = re2.Options()
+    options.case_sensitive = not spec.ignore_case
+    options.log_errors = False
+    options.max_mem = 8 << 20  # a pattern whose program is bigger is refused, not run
+    try:
+        regex = re2.compile(spec.pattern, options)
+    except re2.error as exc:
+        reason = exc.args[0].decode() if exc.args and isinstance(exc.args[0], bytes) else exc
+        return f"{where}: pattern: {reason} (RE2 syntax: no backreferences or lookaround)"
+    if regex.search("") is not None:
+        return f"{where}: pattern: it matches empty text; make it match at least one character"
+    return _Rule(spec, _Pattern(regex, window))
+
+
+def compile_rules(specs: Sequence[RuleSpec]) -> tuple[RuleSet, RuleSet] | str:
+    """The input and the output rules, or a problem naming the rule and the field."""
+    if len(specs) > MAX_RULES:
+        return f"guardrails: {len(specs)} rules, at most {MAX_RULES}"
+    seen: set[str] = set()
+    sides: dict[str, list[_Rule]] = {"input": [], "output": []}
+    for spec in specs:
+        if spec.name in seen:
+            return f"guardrail {spec.name!r}: name: used twice; give each rule its own"
+        seen.add(spec.name)
+        rule = _compile_one(spec)
+        if isinstance(rule, str):
+            return rule
+        sides[spec.on].append(rule)
+    return RuleSet(sides["input"]), RuleSet(sides["output"])
+
+
+class StreamGuard:
+    """One stream of output (an answer, its reasoning) judged as it comes (see the module)."""
+
+    __slots__ = ("_buf", "_offset", "_pos", "cut", "rules")
+
+    def __init__(self, rules: RuleSet) -> None:
+        self.rules = rules
+        self._buf = ""  # CONTEXT characters already judged, then the held text
+        self._pos = 0  # where the held text starts in _buf
+        self._offset = 0  # characters of the stream before _buf[_pos]
+        self.cut = False
+
+    @property
+    def held(self) -> int:
+        """Characters held back now."""
+        return len(self._buf) - self._pos
+
+    def feed(self, chunk: str) -> Piece:
+        """The next chunk; what of the stream is safe to send now."""
+        return self._run(chunk, final=False)
+
+    def finish(self) -> Piece:
+        """The stream ended: the rest of what was held, judged."""
+        return self._run("", final=True)
+
+    def _run(self, chunk: str, final: bool) -> Piece:
+        if self.cut:
+            return Piece("", [], cut=True)
+        hits: list[Hit] = []
+        over: _Rule | None = None
+        limit = self.rules.limit
+        if limit is not None:
+            room = limit.max_chars - (self._offset + len(self._buf) - self._pos)
+            if len(chunk) > room:
+                chunk, over, final = chunk[:room], limit, True
+        buf = self._buf + chunk
+        pos = self._pos
+        out: list[str] = []
+        scanners = self.rules.scanners
+        while True:
+            best: tuple[int, int, _Rule] | None = None
+            decided = cut_at = len(buf)
+            for rule in scanners:
+                assert rule.matcher is not None
+                span, hold, keep = rule.matcher.scan(buf, pos, final)
+                decided = min(decided, hold)
+                cut_at = min(cut_at, keep)
+                if span is not None and (best is None or span[0] < best[0]):
+                    best = (span[0], span[1], rule)
+            if best is not None and best[0] < decided:
+                start, end, rule = best
+                out.append(buf[pos:start])
+                hits.append(Hit(rule.name, rule.action))
+                if rule.action != "redact":
+                    return self._cut(out, hits)
+                out.append(rule.replacement)
+                self._offset += end - pos
+                pos = end
+                continue
+            release = min(decided, cut_at)
+            out.append(buf[pos:release])
+            self._offset += release - pos
+            keep_from = max(0, release - CONTEXT)
+            self._buf, self._pos = buf[keep_from:], release - keep_from
+            break
+        if over is not None:
+            hits.append(Hit(over.name, over.action))
+            if over.action == "redact":
+                out.append(over.replacement)
+            return self._cut(out, hits)
+        return Piece("".join(out), hits)
+
+    def _cut(self, out: list[str], hits: list[Hit]) -> Piece:
+        self.cut = True
+        self._buf, self._pos = "", 0
+        return Piece("".join(out), hits, cut=True)
+
+
+def check(rules: RuleSet, text: str) -> Piece:
+    """A whole text judged by ``rules`` (what a ``StreamGuard`` gives for it, in one piece)."""
+    guard = StreamGuard(rules)
+    first = guard.feed(text)
+    if first.cut:
+        return first
+    rest = guard.finish()
+    return Piece(first.text + rest.text, first.hits + rest.hits, rest.cut)
+
+
+def check_input(rules: RuleSet, text: str) -> Verdict:
+    """An input (a user's message, a transcript, a tool's result) judged whole.
+
+    Blocked when a ``block`` or ``end_turn`` rule trips; else redacted by the
+    ``redact`` rules that matched.
+    """
+    if not rules:
+        return Verdict(text, (), False)
+    piece = check(rules, text)
+    return Verdict(piece.text, tuple(piece.hits), piece.cut and piece.hits[-1].action != "redact")

@@ -1,0 +1,190 @@
+"""Guardrails through a real gateway (issue 41): the simulator upstream, real WebSockets,
+the HTTP API's export and recording.
+
+An input rule blocks a pattern: the message never reaches the model (the
+simulator's ``/context`` counts what its connection holds) and the client gets
+a ``guardrail`` event. An output rule redacts card numbers: the simulator
+streams one in 4-character chunks, the client gets the answer with the number
+gone and the rest intact, and neither the export nor the recording holds it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import orjson
+import pytest
+
+from gateway.client import Client
+from gateway.client.recording import fetch_recording
+from gateway.edge.server import Gateway
+from gateway.sessions.policy import KeyPolicies
+from gateway.settings import ConfigError
+from protocol.events import Configured, Guardrail, Respond, User
+from tests.api.conftest import Api, Keys, NodesFactory
+from tests.api.test_flow import export_all
+
+pytestmark = pytest.mark.timeout(60)
+
+RULES = """
+[[rule]]
+name = "no-passwords"
+on = "input"
+action = "block"
+pattern = "(?i)my password is"
+
+[[rule]]
+name = "no-cards"
+on = "output"
+action = "redact"
+detect = "card"
+"""
+
+CARD = "4242 4242 4242 4242"
+
+SECRET = "hunter2"
+
+
+@pytest.fixture(params=["memory"])
+def store_kind(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+async def _context_items(c: Client) -> int:
+    """How many conversation items the simulator's connection holds (the probe's included)."""
+    said = "".join([e.content async for e in c.send("/context") if isinstance(e, Respond)])
+    return int(said.removeprefix("Context: ").removesuffix(" items"))
+
+
+def _model_text(events: list[dict[str, Any]]) -> str:
+    """What the model answered in the card turn, as logged (every respond chunk joined)."""
+    said = "".join(e["content"] for e in events if e["type"] == "respond")
+    return said[said.index("Your card") :]
+
+
+async def _gone(gw: Gateway, sid: str) -> None:
+    async with asyncio.timeout(15):
+        while sid in gw.node.runtimes:  # noqa: ASYNC110 - no event to await
+            await asyncio.sleep(0.02)
+
+
+async def test_input_blocked_and_a_streamed_card_redacted_everywhere(
+    nodes: NodesFactory, keys: Keys, tmp_path: Path
+) -> None:
+    rules = tmp_path / "guardrails.toml"
+    rules.write_text(RULES)
+    alice = keys.keys["alice"]
+    async with nodes(1, guardrails=str(rules)) as (gw,), aiohttp.ClientSession() as http:
+        async with Client(gw.url, token=alice) as c:
+            await c.configure(record=True)
+            sid = c.session_id
+            before = await _context_items(c)
+
+            blocked = [e async for e in c.send(f"hi, my password is {SECRET}")]
+            assert [(type(e), e.rule, e.action, e.on) for e in blocked] == [  # type: ignore[union-attr]
+                (Guardrail, "no-passwords", "block", "input")
+            ]
+            # The session takes the next turn, and the model never saw the message: its
+            # connection grew by the last probe and its answer only; a message that
+            # passes adds itself and its answer.
+            after = await _context_items(c)
+            assert after == before + 2
+            assert [e async for e in c.send("hello")]
+            assert await _context_items(c) == after + 4
+
+            turn = [e async for e in c.send(f"/raw Your card is {CARD}, thanks!<end>")]
+            chunks = [e.content for e in turn if isinstance(e, Respond)]
+            assert "".join(chunks) == "Your card is [redacted], thanks!"
+            assert not any("42" in chunk for chunk in chunks)
+            trips = [e for e in turn if isinstance(e, Guardrail)]
+            assert [(t.rule, t.action, t.on) for t in trips] == [("no-cards", "redact", "output")]
+            assert any(isinstance(e, User) for e in turn)
+
+        # The user's own "/raw" message holds the number (an input the rules let through);
+        # what the model said holds it nowhere: not in the export, not in the recording
+        # (its upstream frames are sizes only).
+        api = Api(gw, http)
+        exported = await export_all(api, sid, alice)
+        assert SECRET not in str(exported)
+        assert _model_text(exported) == "Your card is [redacted], thanks!"
+        assert "guardrail" in {e["type"] for e in exported}
+        await _gone(gw, sid)
+        recording = await fetch_recording(gw.api_url, sid, token=alice)
+        assert SECRET.encode() not in recording
+        lines = [orjson.loads(line) for line in recording.splitlines()]
+        logged = [line["event"] for line in lines if line["kind"] == "event"]
+        assert _model_text(logged) == "Your card is [redacted], thanks!"
+        frames = [line for line in lines if line["kind"] == "upstream"]
+        assert frames and all(f.get("elided") == "guardrails" for f in frames)
+        metrics = gw.node.metrics.guardrails
+        assert metrics.labels("no-cards", "redact", "output")._value.get() == 1
+        assert metrics.labels("no-passwords", "block", "input")._value.get() == 1
+
+
+async def test_a_bad_rule_stops_the_start_naming_rule_and_field(
+    nodes: NodesFactory, tmp_path: Path
+) -> None:
+    rules = tmp_path / "guardrails.toml"
+    rules.write_text(
+        '[[rule]]\nname = "greedy"\non = "output"\naction = "redact"\npattern = "a+"\n'
+    )
+    with pytest.raises(Exception, match=r"guardrail 'greedy': pattern: .*window"):
+        async with nodes(1, guardrails=str(rules)):
+            pass
+
+
+async def test_a_key_policy_adds_rules_for_its_key_only(
+    nodes: NodesFactory, keys: Keys, tmp_path: Path
+) -> None:
+    policy = tmp_path / "policy.toml"
+    policy.write_text(
+        "[alice]\nguardrails = ["
+        '{ name = "no-emails", on = "input", action = "redact", detect = "email" }]\n'
+    )
+    async with nodes(1, key_policy_file=str(policy)) as (gw,):
+        async with Client(gw.url, token=keys.keys["alice"]) as c:
+            turn = [e async for e in c.send("write to bob@example.com today")]
+            said = "".join(e.content for e in turn if isinstance(e, Respond))
+            # The model got the message redacted (the simulator echoes what it got).
+            assert said == "Echo: write to [redacted] today"
+            [echo] = [e for e in turn if isinstance(e, User)]
+            assert echo.content == "write to [redacted] today"
+            assert [(e.rule, e.on) for e in turn if isinstance(e, Guardrail)] == [
+                ("no-emails", "input")
+            ]
+        async with Client(gw.url, token=keys.keys["bob"]) as c:
+            turn = [e async for e in c.send("write to bob@example.com today")]
+            said = "".join(e.content for e in turn if isinstance(e, Respond))
+            assert said == "Echo: write to bob@example.com today"
+
+
+def test_a_bad_rule_in_a_key_policy_names_the_table_and_the_rule(tmp_path: Path) -> None:
+    policy = tmp_path / "policy.toml"
+    policy.write_text(
+        '[alice]\nguardrails = [{ name = "x", on = "input", action = "block", pattern = "(" }]\n'
+    )
+    with pytest.raises(ConfigError, match=r"\[alice\]: guardrails: guardrail 'x': pattern"):
+        KeyPolicies(policy)
+
+
+async def test_a_changed_rules_file_applies_to_a_live_session(
+    nodes: NodesFactory, keys: Keys, tmp_path: Path
+) -> None:
+    rules = tmp_path / "guardrails.toml"
+    rules.write_text("# no rules yet\n")
+    async with (
+        nodes(1, guardrails=str(rules)) as (gw,),
+        Client(gw.url, token=keys.keys["alice"]) as c,
+    ):
+        turn = [e async for e in c.send(f"/raw card {CARD}<end>")]
+        assert "".join(e.content for e in turn if isinstance(e, Respond)) == f"card {CARD}"
+        changed = asyncio.Event()
+        c.on_event = lambda e: changed.set() if isinstance(e, Configured) else None
+        rules.write_text(RULES)
+        async with asyncio.timeout(10):
+            await changed.wait()  # the node set the session up again under the new rules
+        turn = [e async for e in c.send(f"/raw card {CARD}<end>")]
+        assert "".join(e.content for e in turn if isinstance(e, Respond)) == "card [redacted]"

@@ -1,0 +1,231 @@
+"""Node CPU per 20 ms audio frame: a voice client's PCM16 and a call's μ-law, A/B.
+
+Run: ``PYTHONPATH=. .venv/bin/python tests/bench/voice_cost_bench.py [--sessions 50]
+[--seconds 6] [--repeats 3] [--against /work/main] [--rates 24000,16000] [--py-spy DIR]``
+
+A simulator (``gateway sim``, VAD threshold out of reach: it never answers)
+and a ``gateway serve`` run as subprocesses; this process is the load. Each
+scenario streams ``--seconds`` of audio at real-time pace from ``--sessions``
+concurrent sessions, and the figure is the gateway process's CPU (``utime +
+stime`` from ``/proc``) over the frames it took in, in µs per frame:
+
+- ``voice <rate>``: a client session (``configure`` with ``input_audio.rate``)
+  sends binary frames of PCM16 at that rate; the gateway relays each to the
+  provider (resampled to 24 kHz when the rate differs) as
+  ``input_audio_buffer.append``. The setup (connect, configure) is outside
+  the measured window.
+- ``phone``: a Twilio media stream (``gateway.client.carrier.SimulatedCall``,
+  unsigned, ``--phone-no-require-token``) sends ``media`` frames of μ-law
+  8 kHz (JSON, base64); the gateway decodes, resamples 8 → 24 kHz and relays.
+
+``--against DIR`` runs the same scenarios against another checkout's
+gateway (``cwd`` and ``PYTHONPATH`` set to it; this venv's interpreter),
+interleaved with this one's, and prints both and their ratio: the figures
+of a change in one run, on one machine's load. Medians of ``--repeats``.
+``--py-spy DIR`` records one profile of each (this checkout's first repeat).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import time
+from pathlib import Path
+
+import orjson
+from websockets.asyncio.client import connect
+
+from gateway.client.carrier import CallSetup, SimulatedCall
+from gateway.pcm import tone
+from tests.bench.benchlib import ROOT, Proc, free_port, median, start_py_spy
+
+FRAME_S = 0.02
+TOKEN = "bench-token"
+
+
+def sim() -> Proc:
+    return Proc(
+        "sim",
+        [
+            sys.executable,
+            "-m",
+            "gateway.cli",
+            "sim",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(free_port()),
+            "--vad-threshold",
+            "40000",
+        ],
+    )
+
+
+def gateway(sim_url: str, checkout: Path) -> Proc:
+    base = sim_url.split("/v1/")[0] + "/v1"
+    return Proc(
+        "gateway",
+        [
+            sys.executable,
+            "-m",
+            "gateway.cli",
+            "serve",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--provider",
+            "openai",
+            "--model",
+            "sim",
+            "--log-level",
+            "WARNING",
+            "--phone-no-require-token",
+        ],
+        {
+            "GATEWAY_OPENAI_BASE_URL": base,
+            "OPENAI_API_KEY": "sim",
+            "REDIS_URL": "",
+            "GATEWAY_PHONE_TWILIO_AUTH_TOKEN": TOKEN,
+            "PYTHONPATH": str(checkout),
+        },
+        cwd=checkout,
+    )
+
+
+async def paced(send: object, frames: list[bytes], start: float, stop: float) -> int:
+    """Send ``frames`` round and round at 20 ms a frame from ``start`` until ``stop``."""
+    index = 0
+    while True:
+        at = start + index * FRAME_S
+        if at >= stop:
+            return index
+        delay = at - time.monotonic()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        await send(frames[index % len(frames)])  # type: ignore[operator]
+        index += 1
+
+
+async def voice(url: str, sessions: int, seconds: float, rate: int, pid: int) -> tuple[float, int]:
+    """(gateway CPU seconds, frames) while ``sessions`` stream ``seconds`` at ``rate``."""
+    size = rate // 50 * 2
+    audio = tone(1.0, rate, amplitude=300)
+    frames = [audio[at : at + size] for at in range(0, len(audio), size)]
+    ready = asyncio.Event()
+    waiting = [sessions]
+    window: list[float] = []
+
+    async def one(k: int) -> int:
+        async with connect(url, max_size=None, compression=None) as ws:
+            await ws.recv()  # session
+            configure = {"type": "configure", "input_audio": {"rate": rate}}
+            await ws.send(orjson.dumps(configure).decode())
+            while orjson.loads(await ws.recv())["type"] != "configured":
+                pass
+            waiting[0] -= 1
+            if not waiting[0]:
+                window[:] = [time.monotonic() + 0.1]
+                ready.set()
+            await ready.wait()
+            start = window[0] + FRAME_S * k / sessions  # independent microphones
+            return await paced(ws.send, frames, start, window[0] + seconds)
+
+    task = asyncio.gather(*(one(k) for k in range(sessions)))
+    await ready.wait()
+    await asyncio.sleep(max(0.0, window[0] - time.monotonic()))
+    before = cpu(pid)
+    counts = await task
+    return cpu(pid) - before, sum(counts)
+
+
+async def phone(url: str, calls: int, seconds: float, pid: int) -> tuple[float, int]:
+    """(gateway CPU seconds, frames) while ``calls`` stream ``seconds`` of a caller's silence
+    (a media stream always streams: 50 ``media`` frames a second)."""
+    phone_url = url.split("/v1/")[0] + "/v1/phone/twilio"
+    dialled = [
+        SimulatedCall(
+            CallSetup(url=phone_url, auth_token=TOKEN, parameters={"from": f"+1555{k:07d}"})
+        )
+        for k in range(calls)
+    ]
+    await asyncio.gather(*(call.dial() for call in dialled))
+    await asyncio.sleep(0.5)  # every session opened upstream
+    chunks = [call._chunk for call in dialled]
+    before = cpu(pid)
+    await asyncio.sleep(seconds)
+    used = cpu(pid) - before
+    frames = sum(call._chunk - was for call, was in zip(dialled, chunks, strict=True))
+    await asyncio.gather(*(call.hang_up() for call in dialled), return_exceptions=True)
+    return used, frames
+
+
+def cpu(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--sessions", type=int, default=50)
+    parser.add_argument("--seconds", type=float, default=6.0)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--against", type=Path, default=None, help="another checkout to compare")
+    parser.add_argument("--rates", default="24000,16000", help="client rates of the voice runs")
+    parser.add_argument("--no-phone", action="store_true")
+    parser.add_argument("--py-spy", type=Path, default=None, help="a profile of each, here")
+    ns = parser.parse_args()
+    checkouts = {"this": ROOT}
+    if ns.against is not None:
+        checkouts["other"] = ns.against.resolve()
+    scenarios = [f"voice {int(rate) // 1000}k" for rate in ns.rates.split(",") if rate]
+    if not ns.no_phone:
+        scenarios.append("phone")
+    results: dict[tuple[str, str], list[float]] = {}
+    with sim() as simulator:
+        for repeat in range(ns.repeats):
+            for name, checkout in checkouts.items():
+                with gateway(simulator.url, checkout) as gw:
+                    for scenario in scenarios:
+                        spy = None
+                        if ns.py_spy is not None and repeat == 0 and name == "this":
+                            ns.py_spy.mkdir(parents=True, exist_ok=True)
+                            out = ns.py_spy / f"{scenario.replace(' ', '-')}.txt"
+                            spy = await start_py_spy(gw.pid, ns.seconds, out)
+                        if scenario == "phone":
+                            used, frames = await phone(gw.url, ns.sessions, ns.seconds, gw.pid)
+                        else:
+                            rate = int(scenario.split()[1][:-1]) * 1000
+                            used, frames = await voice(
+                                gw.url, ns.sessions, ns.seconds, rate, gw.pid
+                            )
+                        if spy is not None:
+                            await spy.wait()
+                        per = used / frames * 1e6 if frames else float("nan")
+                        results.setdefault((name, scenario), []).append(per)
+                        print(
+                            f"  repeat {repeat + 1} {name:5} {scenario:9} {per:6.1f} µs/frame "
+                            f"({frames} frames, {used:.2f} CPU-s)",
+                            flush=True,
+                        )
+    print(
+        f"\nnode CPU per 20 ms audio frame, {ns.sessions} sessions x {ns.seconds:g} s, "
+        f"median of {ns.repeats} interleaved repeats (µs)"
+    )
+    header = f"  {'':10}{'this':>8}"
+    if len(checkouts) > 1:
+        header += f"{'other':>8}{'this/other':>12}"
+    print(header + f"   ({checkouts.get('other', '')})")
+    for scenario in scenarios:
+        mine = median(results[("this", scenario)])
+        line = f"  {scenario:10}{mine:>8.1f}"
+        if len(checkouts) > 1:
+            theirs = median(results[("other", scenario)])
+            line += f"{theirs:>8.1f}{mine / theirs:>12.2f}"
+        print(line)
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

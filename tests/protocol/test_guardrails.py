@@ -1,0 +1,181 @@
+"""Guardrail rules (``protocol.guardrails``): pure, so tested directly and with hypothesis.
+
+The property that matters: whatever the chunking, the streamed output is what
+the whole text gives, so a card number split across chunks is caught.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from protocol.guardrails import (
+    MAX_RULES,
+    RuleSet,
+    RuleSpec,
+    StreamGuard,
+    check,
+    check_input,
+    compile_rules,
+    luhn,
+)
+
+CARD = "4111 1111 1111 1111"
+
+
+def rules(*specs: RuleSpec) -> tuple[RuleSet, RuleSet]:
+    compiled = compile_rules(specs)
+    assert not isinstance(compiled, str), compiled
+    return compiled
+
+
+def out(*specs: RuleSpec) -> RuleSet:
+    return rules(*specs)[1]
+
+
+REDACT_ALL = out(
+    RuleSpec(name="card", on="output", action="redact", detect="card"),
+    RuleSpec(name="phone", on="output", action="redact", detect="phone"),
+    RuleSpec(name="email", on="output", action="redact", detect="email"),
+    RuleSpec(name="pw", on="output", action="redact", pattern=r"\bpass(word)?\b", ignore_case=True),
+)
+
+
+def stream(rules: RuleSet, chunks: list[str]) -> tuple[str, list[str], bool]:
+    guard = StreamGuard(rules)
+    sent: list[str] = []
+    names: list[str] = []
+    for chunk in chunks:
+        piece = guard.feed(chunk)
+        sent.append(piece.text)
+        names += [h.rule for h in piece.hits]
+    piece = guard.finish()
+    sent.append(piece.text)
+    names += [h.rule for h in piece.hits]
+    return "".join(sent), names, guard.cut
+
+
+def split(text: str, size: int) -> list[str]:
+    return [text[i : i + size] for i in range(0, len(text), size)]
+
+
+def test_card_in_four_character_chunks_never_sent_and_the_rest_intact() -> None:
+    text = f"Sure. Your card is {CARD}, expiring soon. Anything else?"
+    guard = StreamGuard(REDACT_ALL)
+    sent = [guard.feed(c).text for c in split(text, 4)] + [guard.finish().text]
+    whole = "".join(sent)
+    assert whole == "Sure. Your card is [redacted], expiring soon. Anything else?"
+    assert not any(any(ch.isdigit() for ch in piece) for piece in sent)
+
+
+def test_luhn_decides_a_card() -> None:
+    assert luhn("4111111111111111") and not luhn("4111111111111112")
+    assert check(REDACT_ALL, "order 4111 1111 1111 1112 shipped").text == (
+        "order 4111 1111 1111 1112 shipped"
+    )
+
+
+def test_two_cards_in_one_run_are_both_gone() -> None:
+    text = f"cards {CARD} 5555 5555 5555 4444 done"
+    assert check(REDACT_ALL, text).text == "cards [redacted] done"
+
+
+def test_detectors() -> None:
+    got = check(REDACT_ALL, "mail bob.s@ex-ample.co.uk, call +49 30 1234567 or (555) 123-4567.")
+    assert got.text == "mail [redacted], call [redacted] or [redacted]."
+    assert [h.rule for h in got.hits] == ["email", "phone", "phone"]
+    assert check(REDACT_ALL, "on 2026-12-05 at 10:30, 3 items").text == (
+        "on 2026-12-05 at 10:30, 3 items"
+    )
+
+
+def test_block_cuts_the_stream_where_it_trips() -> None:
+    rs = out(RuleSpec(name="secret", on="output", action="block", pattern="launch codes"))
+    text, names, cut = stream(rs, split("ok here are the launch codes: 0000 and more", 3))
+    assert (text, names, cut) == ("ok here are the ", ["secret"], True)
+
+
+def test_max_chars_cuts_at_the_limit() -> None:
+    rs = out(RuleSpec(name="short", on="output", action="end_turn", max_chars=10))
+    assert stream(rs, split("abcdefghijklmnop", 3)) == ("abcdefghij", ["short"], True)
+    assert stream(rs, ["abcdefghij"]) == ("abcdefghij", [], False)
+
+
+def test_hold_back_is_the_smallest_window() -> None:
+    guard = StreamGuard(out(RuleSpec(name="card", on="output", action="redact", detect="card")))
+    assert guard.feed("hello world ").text == "hello world "  # no digits: nothing held
+    assert guard.feed("4111 11").text == ""
+    assert guard.held == 7
+    pattern = StreamGuard(out(RuleSpec(name="p", on="output", action="redact", pattern="abc")))
+    assert pattern.feed("xxxxxxxx").text == "xxxxx"  # its longest match + 1 held
+    email = StreamGuard(out(RuleSpec(name="e", on="output", action="redact", detect="email")))
+    assert email.feed("write to bob@exa").text == "write to "
+
+
+def test_input_block_and_redact() -> None:
+    ins, _ = rules(
+        RuleSpec(name="pw", on="input", action="block", pattern=r"(?i)my password is"),
+        RuleSpec(name="mail", on="input", action="redact", detect="email"),
+    )
+    blocked = check_input(ins, "hi, my password is hunter2")
+    assert blocked.blocked and [h.rule for h in blocked.hits] == ["pw"]
+    redacted = check_input(ins, "write to a@b.io please")
+    assert not redacted.blocked and redacted.text == "write to [redacted] please"
+
+
+@pytest.mark.parametrize(
+    ("spec", "words"),
+    [
+        ({"pattern": "a+"}, ["'p'", "pattern", "unbounded", "window"]),
+        ({"pattern": "x*"}, ["'p'", "pattern", "empty"]),
+        ({"pattern": "(a"}, ["'p'", "pattern"]),
+        ({"pattern": r"(\w)\1"}, ["'p'", "pattern"]),
+        ({"pattern": "a", "detect": "card"}, ["'p'", "exactly one"]),
+        ({"pattern": "a" * 3000}, ["'p'", "pattern", "at most"]),
+    ],
+)
+def test_bad_rules_are_refused_naming_rule_and_field(
+    spec: dict[str, object], words: list[str]
+) -> None:
+    problem = compile_rules([RuleSpec(name="p", on="output", action="redact", **spec)])  # type: ignore[arg-type]
+    assert isinstance(problem, str)
+    for word in words:
+        assert word in problem, problem
+
+
+def test_rule_count_is_bounded() -> None:
+    many = [RuleSpec(name=f"r{i}", on="input", action="block", pattern="x") for i in range(65)]
+    problem = compile_rules(many)
+    assert isinstance(problem, str) and str(MAX_RULES) in problem
+
+
+_alphabet = st.sampled_from(
+    [*list("0123456789 -.()+@abxyz_.\n"), "4111", "pass", "word", "bob@e.io"]
+)
+_text = st.lists(_alphabet, max_size=60).map("".join)
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=_text, cuts=st.lists(st.integers(0, 80), max_size=12))
+def test_any_chunking_gives_what_the_whole_text_gives(text: str, cuts: list[int]) -> None:
+    points = sorted({c for c in cuts if c <= len(text)} | {0, len(text)})
+    chunks = [text[a:b] for a, b in itertools.pairwise(points)]
+    whole = check(REDACT_ALL, text)
+    streamed, names, _ = stream(REDACT_ALL, chunks)
+    assert streamed == whole.text
+    assert names == [h.rule for h in whole.hits]
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    before=st.text(alphabet="abc .,:\n", max_size=20),
+    after=st.text(alphabet="abc .,:\n", max_size=20),
+    size=st.integers(1, 8),
+)
+def test_a_card_never_leaks_whatever_the_chunking(before: str, after: str, size: int) -> None:
+    text = f"{before} {CARD} {after}"
+    streamed, _, _ = stream(REDACT_ALL, split(text, size))
+    assert "1111" not in streamed and streamed == f"{before} [redacted] {after}"

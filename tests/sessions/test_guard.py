@@ -1,0 +1,126 @@
+"""A session's guardrails at its log (``gateway.sessions.guard``), without sockets:
+events in, the events to log out; history judged whole; the rules file."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from gateway.metrics import Metrics
+from gateway.sessions.guard import EventGuard, GuardrailsFile, guard_result, guardrails_of
+from gateway.settings import ConfigError
+from protocol.events import Call, End, Event, Guardrail, Respond, Result, ResultPayload, Think
+from protocol.guardrails import RuleSpec
+
+CARD = "4111 1111 1111 1111"
+RULES = [
+    RuleSpec(name="no-cards", on="output", action="redact", detect="card"),
+    RuleSpec(name="stop", on="output", action="end_turn", pattern="STOP"),
+    RuleSpec(name="secret", on="input", action="block", pattern="s3cret"),
+]
+
+
+def make_guard() -> tuple[EventGuard, list[str], Metrics]:
+    compiled = guardrails_of(RULES)
+    assert not isinstance(compiled, str)
+    ended: list[str] = []
+    metrics = Metrics()
+    return EventGuard(compiled, metrics, lambda: ended.append("end")), ended, metrics
+
+
+def run(guard: EventGuard, events: list[Event]) -> list[Event]:
+    out: list[Event] = []
+    for event in events:
+        out += guard.filter(event)
+    return out
+
+
+def chunks(text: str, size: int = 4) -> list[Event]:
+    return [Respond(content=text[i : i + size]) for i in range(0, len(text), size)]
+
+
+def test_a_card_in_chunks_is_redacted_and_the_rest_flushed_before_the_end() -> None:
+    guard, ended, metrics = make_guard()
+    out = run(guard, [Think(content="hmm"), *chunks(f"Card {CARD}. Bye 42"), End()])
+    said = "".join(e.content for e in out if isinstance(e, Respond))
+    assert said == "Card [redacted]. Bye 42"
+    assert [type(e).__name__ for e in out][-1] == "End"
+    trips = [e for e in out if isinstance(e, Guardrail)]
+    assert [(t.rule, t.action, t.on) for t in trips] == [("no-cards", "redact", "output")]
+    assert metrics.guardrails.labels("no-cards", "redact", "output")._value.get() == 1
+    assert not ended
+
+
+def test_end_turn_withholds_the_rest_of_the_turn_and_asks_once() -> None:
+    guard, ended, _ = make_guard()
+    out = run(guard, [*chunks("ok then STOP and more"), Call(content='{"name":"x","args":{}}')])
+    assert "".join(e.content for e in out if isinstance(e, Respond)) == "ok then "
+    assert not any(isinstance(e, Call) for e in out)
+    assert ended == ["end"]
+    after = run(guard, [End(), Respond(content="next turn")])
+    assert [type(e) for e in after] == [End, Respond]
+
+
+def test_call_args_and_results_are_judged_and_history_matches() -> None:
+    guard, _, _ = make_guard()
+    [call, trip] = guard.filter(Call(content=f'{{"name":"pay","args":{{"card":"{CARD}"}}}}'))
+    assert isinstance(call, Call) and CARD not in call.content and "[redacted]" in call.content
+    assert isinstance(trip, Guardrail)
+    result = Result(
+        content='[{"tool":"read","status":"success","content":"the s3cret"}]',
+        payload=ResultPayload(1, 1, 0),
+    )
+    [judged, trip] = guard.filter(result)
+    assert isinstance(judged, Result) and "s3cret" not in judged.content
+    assert isinstance(trip, Guardrail) and trip.on == "input"
+    [item] = guard.history([Respond(content=f"it is {CARD}!")])
+    assert isinstance(item, Respond) and item.content == "it is [redacted]!"
+
+
+def test_a_blocked_tool_result_is_a_failure_naming_the_rule() -> None:
+    compiled = guardrails_of(RULES)
+    assert not isinstance(compiled, str)
+    content, hits, withheld = guard_result(compiled.input, {"text": "the s3cret is x"})
+    assert withheld and "secret" in content and "s3cret" not in content
+    assert [h.rule for h in hits] == ["secret"]
+
+
+def test_the_rules_file_is_checked_at_start_and_reloaded(tmp_path: Path) -> None:
+    path = tmp_path / "rules.toml"
+    path.write_text('[[rule]]\nname = "a"\non = "output"\naction = "redact"\ndetect = "email"\n')
+    rules = GuardrailsFile(path, check_interval=0.0)
+    assert [s.name for s in rules.specs] == ["a"]
+    path.write_text('[[rule]]\nname = "b"\non = "input"\naction = "block"\npattern = "x"\n')
+    os.utime(path, (1, 1))
+    assert rules.poll() == 2 and [s.name for s in rules.specs] == ["b"]
+    path.write_text('[[rule]]\nname = "c"\non = "sideways"\naction = "block"\npattern = "x"\n')
+    os.utime(path, (2, 2))
+    assert rules.poll() == 2 and [s.name for s in rules.specs] == ["b"]  # kept
+    with pytest.raises(ConfigError, match=r"guardrail 'c': .*on"):
+        GuardrailsFile(path)
+
+
+def test_an_event_in_the_middle_of_an_answer_does_not_split_a_card() -> None:
+    guard, _, _ = make_guard()
+    background = Result(content="[]", payload=ResultPayload(1, 1, 0))
+    out = run(guard, [*chunks("Card 4111 11"), background, *chunks("11 1111 1111."), End()])
+    said = "".join(e.content for e in out if isinstance(e, Respond))
+    assert said == "Card [redacted]."
+
+
+def test_a_block_on_a_spoken_answer_ends_the_turn() -> None:
+    compiled = guardrails_of(
+        [RuleSpec(name="rude", on="output", action="block", pattern="(?i)idiot")]
+    )
+    assert not isinstance(compiled, str)
+    ended: list[str] = []
+    guard = EventGuard(compiled, Metrics(), lambda: ended.append("end"))
+    run(guard, chunks("you idiot, fine"))
+    assert not ended  # text: the rest of the block is withheld, the turn goes on
+    guard = EventGuard(compiled, Metrics(), lambda: ended.append("end"))
+    guard.speaks = True
+    out = run(guard, chunks("you idiot, fine"))
+    assert ended == ["end"]  # speech: its audio cannot be withheld, so the turn ends
+    assert "".join(e.content for e in out if isinstance(e, Respond)) == "you "

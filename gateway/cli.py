@@ -16,9 +16,16 @@ from pathlib import Path
 from typing import NoReturn
 from urllib.parse import urlsplit
 
+from gateway.common.settings import (
+    add_flags,
+    declared,
+    flag_values,
+    load,
+    markdown_table,
+    with_table,
+)
 from gateway.config import Config, ConfigError, load_config
 from gateway.logs import setup_logging
-from gateway.settings import add_flags, declared, flag_values, load, markdown_table, with_table
 from gateway.sim.model import SimConfig
 from gateway.store.base import Health
 

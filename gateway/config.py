@@ -3,7 +3,7 @@
 Every setting is declared once, here: its field's type (with its range as
 ``msgspec.Meta``), default and ``Setting`` (help, group, flag, variable,
 secret) give its ``gateway serve`` flag, its ``GATEWAY_<NAME>`` variable, its
-row in docs/configuration.md's table and its check; ``gateway.settings`` derives them.
+row in docs/configuration.md's table and its check; ``gateway.common.settings`` derives them.
 The simulator's knobs are ``SimConfig``'s, lent to ``Config.sim`` as the
 ``sim_*`` settings.
 
@@ -31,13 +31,13 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import Meta
 
-from gateway.phone.settings import PhoneSettings
-from gateway.settings import ConfigError, Nested, Setting, check_ranges, load
+from gateway.common.settings import ConfigError, Nested, Setting, check_ranges, load
+from gateway.phone_settings import PhoneSettings
 from gateway.sim.model import SimConfig
 from gateway.store.base import Durability
 from gateway.upstream import providers
 from gateway.upstream.provider import ProviderSettings
-from gateway.webrtc.settings import WebRTCSettings
+from gateway.webrtc_settings import WebRTCSettings
 
 __all__ = ["Config", "ConfigError", "load_config"]
 

@@ -62,7 +62,7 @@ class StoreMetrics:
 
 
 class ToolMetrics:
-    """What tool calls do (issue 28): outcomes per tool, approval waits, background calls."""
+    """What tool calls do: outcomes per tool, approval waits, background calls."""
 
     def __init__(self, r: CollectorRegistry) -> None:
         self.calls = Counter("rtgw_tool_calls", "Tool calls executed", registry=r)

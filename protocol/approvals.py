@@ -1,4 +1,4 @@
-"""Calls that wait for a user's decision before they run (issue 28): pure bookkeeping.
+"""Calls that wait for a user's decision before they run: pure bookkeeping.
 
 A tool may require approval (the operator's tools file, the key's policy, the
 session's configuration). Its call is announced as ``approval_required``

@@ -1,4 +1,4 @@
-"""Tool calls that do not block the turn (issue 28): what runs in the background.
+"""Tool calls that do not block the turn: what runs in the background.
 
 A tool marked ``background`` (a server tool in the tools file, a client
 tool in ``configure``) answers the model at once with ``STARTED`` and the

@@ -37,7 +37,7 @@ MAX_CLIENT_TOOLS: Final = 64
 MAX_METADATA: Final = 32
 
 # What a tenant's tool schemas and a model's tool args may be, checked by
-# linear code before anything compiles or walks them (issue 29): a schema or
+# linear code before anything compiles or walks them: a schema or
 # args past these once froze a node for seconds or crashed it with a
 # RecursionError. docs/decisions/tenant-tool-schemas.md has the figures.
 MAX_TOOL_SCHEMA_BYTES: Final = 32_768

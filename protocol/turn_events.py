@@ -262,7 +262,7 @@ class Shutdown(_Input, frozen=True, tag="shutdown"):
     """The session stops on this node (lease lost, drain): forget the turn, write nothing."""
 
 
-# Voice (issue 16): what the provider's VAD, transcription and native tools report.
+# Voice: what the provider's VAD, transcription and native tools report.
 
 
 class SpeechBegan(_Input, frozen=True, tag="speech_began"):

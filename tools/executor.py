@@ -8,7 +8,7 @@ the tool, output that is not JSON) becomes a ``failure`` result that says what
 to do; ``run_batch`` itself only raises when the batch is cancelled.
 
 A batch is bounded as a whole, not only per call: one ``<execute>`` of 9,000
-``read`` calls once produced a 567 MB result (issue 13). So at most
+``read`` calls once produced a 567 MB result. So at most
 ``max_calls`` calls run (the rest get a failure saying to send them again),
 and the results together are cut to ``max_batch_output`` bytes, each call
 keeping a fair share (small results whole, the big ones truncated with a note).

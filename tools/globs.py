@@ -10,7 +10,7 @@ more whole segments, so ``**/*.py`` matches ``a.py`` and ``src/pkg/a.py``.
 Patterns are not translated to a regex: a pattern chosen by the model such as
 ``**/**/**/…/x`` compiled to ``(?:[^/]+/)*`` repeated backtracks
 exponentially in ``re`` on a deep path, and ``re`` holds the GIL while it does,
-which froze the whole event loop for a minute (issue 13). Matching here is the
+which froze the whole event loop for a minute. Matching here is the
 classic wildcard algorithm that remembers only the last star and resumes after
 it: at most ``len(pattern) * len(text)`` steps, used once over path segments
 (``**`` is the star) and once inside each segment (``*`` is the star).

@@ -2,7 +2,7 @@
 
 A model once turned 110 kB of output into a 1 GB file with one ``edit``, and
 nothing stopped a loop of ``write`` calls from filling the node's disk, which
-every session on it shares (issue 13). So every tool that grows the workspace
+every session on it shares. So every tool that grows the workspace
 asks ``reserve`` first, under a per-workspace lock so that the calls of one
 ``<execute>`` batch, which run in parallel, cannot all pass the same check.
 

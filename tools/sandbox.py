@@ -11,7 +11,7 @@ inside the resolved workspace. Tools then open the *resolved* path with
 each with ``O_NOFOLLOW`` relative to its parent's descriptor (``openat``). So a
 directory or file swapped for a symlink between the check and the use makes
 the open fail instead of leading outside (a probe escaped in 6-31 of 3,000
-racing attempts when the resolved path was opened by name; issue 13). Files
+racing attempts when the resolved path was opened by name). Files
 are opened ``O_NONBLOCK`` (a FIFO cannot hang the worker) and must be regular
 files; a file with more than one hard link is never written, since another
 of its names may be outside the workspace. Reading one is allowed: making

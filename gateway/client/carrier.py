@@ -42,7 +42,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
 from gateway.client.dial import NO_PROXY
-from gateway.pcm import last_loud_frame, mulaw_decode, mulaw_encode, rms
+from gateway.common.pcm import last_loud_frame, mulaw_decode, mulaw_encode, rms
 from protocol.media_stream import (
     TWILIO,
     Clear,

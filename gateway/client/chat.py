@@ -28,7 +28,7 @@ import orjson
 
 from gateway.client.client import Client
 from gateway.client.dial import BadUrl, ClientError, normalize_url
-from gateway.pcm import read_wav
+from gateway.common.pcm import read_wav
 from protocol.events import (
     Call,
     Cancelled,

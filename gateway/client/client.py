@@ -92,7 +92,7 @@ from gateway.client.dial import (
 )
 from gateway.client.hooks import Hook, Hooks, call_hook
 from gateway.client.stream import METRIC_GRACE, REFUSAL_CODES, SeqVerdict, TurnTracker, classify_seq
-from gateway.pcm import silence
+from gateway.common.pcm import silence
 from protocol.audio import split_audio_frame
 from protocol.events import (
     Approval,

@@ -50,7 +50,7 @@ from gateway.client.files import FileRefused, read_bounded
 from gateway.client.replay import ReplayOptions, ReplayRefused, replay
 from gateway.client.replay_plan import MAX_RECORDING_BYTES, Plan, PlanError, plan_replay
 from gateway.client.transcript import Turn, turns_of
-from gateway.pcm import read_wav
+from gateway.common.pcm import read_wav
 from protocol.events import Event
 
 __all__ = ["TurnResult", "add_eval_arguments", "run_eval_cli", "run_scenario"]

@@ -23,7 +23,7 @@ repeat or a dropped connection is counted, never resumed. See
 
 Entry points: ``run_loadtest(config)`` (programmatic), ``LoadTest`` (the same,
 with live ``counters`` and an optional per-event ``observer`` for benchmarks).
-``LoadTestConfig`` declares each setting once (``gateway.settings``): the
+``LoadTestConfig`` declares each setting once (``gateway.common.settings``): the
 command line of ``gateway loadtest`` (``gateway.client.loadtest_cli``) derives
 its flags from it.
 """
@@ -50,8 +50,8 @@ from websockets.exceptions import (
 from gateway.client.dial import NO_PROXY
 from gateway.client.report import DEFAULT_SAMPLE_CAP, LoadTestReport, Reservoir, histogram
 from gateway.client.stream import METRIC_GRACE, TurnTracker, check_seq
-from gateway.pcm import last_loud_frame
-from gateway.settings import ConfigError, Setting, check_ranges
+from gateway.common.pcm import last_loud_frame
+from gateway.common.settings import ConfigError, Setting, check_ranges
 
 __all__ = [
     "FD_MARGIN",
@@ -92,7 +92,7 @@ CONNECTION = "connection"
 
 
 class LoadTestConfig(msgspec.Struct, frozen=True, kw_only=True):
-    """One load test: each field declares its setting once (``gateway.settings``).
+    """One load test: each field declares its setting once (``gateway.common.settings``).
 
     Checked on construction: a value out of its range raises ``ConfigError``
     (a ``ValueError``) naming the setting.

@@ -1,7 +1,7 @@
 """``gateway loadtest URL``: the command line of the load test (``gateway.client.loadtest`` runs it).
 
 The run's flags are ``LoadTestConfig``'s settings, added from their
-declarations (``gateway.settings.add_flags``; the required ``url`` is the
+declarations (``gateway.common.settings.add_flags``; the required ``url`` is the
 positional argument), so a flag's name, range, default and help are written
 once, beside the field. ``NOT_FLAGS`` names the settings
 this command sets another way or leaves to programmatic use. The command's own
@@ -50,8 +50,8 @@ from gateway.client.phone_loadtest import (
     format_phone_report,
 )
 from gateway.client.report import LoadTestReport, decode_report, encode_report, format_report
-from gateway.pcm import read_wav
-from gateway.settings import add_flags, flag_values
+from gateway.common.pcm import read_wav
+from gateway.common.settings import add_flags, flag_values
 
 __all__ = ["NOT_FLAGS", "add_loadtest_arguments", "config_from_args", "run_loadtest_cli"]
 

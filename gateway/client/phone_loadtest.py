@@ -36,7 +36,7 @@ from websockets.exceptions import InvalidStatus
 from gateway.client.carrier import CallSetup, SimulatedCall, speech_mulaw
 from gateway.client.loadtest import LoadTestConfig, raise_nofile_limit
 from gateway.client.report import LatencySummary, Reservoir
-from gateway.pcm import resample, silence, tone
+from gateway.common.pcm import resample, silence, tone
 
 __all__ = [
     "BARGE_IN_AFTER",

@@ -18,7 +18,7 @@ Two rules:
   merged).
 - **The end of a turn.** A turn ends with one closing event — ``end``,
   ``cancelled``, or an ``error`` that stops the turn — and the ``metric`` that
-  follows it. Servers before issue 19 send ``end`` then ``metric``, ``metric``
+  follows it. Older servers send ``end`` then ``metric``, ``metric``
   then ``end`` when the model stopped without ``<end>``, ``error`` then
   ``end`` (maybe a metric) when the turn failed, and ``cancelled`` with no
   metric. ``TurnTracker`` accepts all of these: after a closing event the turn

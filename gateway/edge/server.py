@@ -22,17 +22,19 @@ import http
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, MutableMapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, MutableMapping, Sequence
 from typing import Any, Final, Literal, cast
 from urllib.parse import parse_qs, urlsplit
 
 import msgspec
+from aiohttp.web import Application
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.datastructures import Headers, MultipleValuesError
 from websockets.http11 import Request, Response
 from websockets.server import ServerProtocol
 from websockets.typing import Subprotocol
 
+from gateway import console
 from gateway.config import Config
 from gateway.edge import web
 from gateway.edge.admission import Edges
@@ -46,7 +48,6 @@ from gateway.edge.openai_door import OPENAI_PATH, OpenAIDoor
 from gateway.edge.pending import PendingConnections
 from gateway.sessions.port import UNUSED, NodePort
 from gateway.store.base import StoreUnavailable
-from gateway.webrtc.route import install as install_webrtc
 from gateway.wsfast import BatchingConnection
 from protocol.configuration import SessionConfig, decode_config
 
@@ -168,11 +169,26 @@ def watched(pending: PendingConnections) -> type[BatchingConnection]:
     return WatchedConnection
 
 
+# Routes a node's WebRTC calls on its HTTP app, beside its OpenAI door; returns what
+# ends them. Given by ``gateway.app`` (``gateway.webrtc`` stands on the door).
+CallsInstaller = Callable[[Application, OpenAIDoor], Callable[[], Awaitable[None]]]
+
+
+async def _no_calls() -> None:
+    pass
+
+
 class Gateway:
     """A running gateway node: its server plus its ``Node``."""
 
-    def __init__(self, node: NodePort, phone: MediaStreamsFactory | None = None) -> None:
-        """``phone``: makes the node's phone calls (``gateway.app``); none: no phone edge."""
+    def __init__(
+        self,
+        node: NodePort,
+        phone: MediaStreamsFactory | None = None,
+        calls: CallsInstaller | None = None,
+    ) -> None:
+        """``phone``: makes the node's phone calls (``gateway.app``); none: no phone edge.
+        ``calls``: installs its WebRTC calls (``gateway.app``); none: no calls route."""
         self.node = node
         self.config: Config = node.config
         self.server: Server | None = None
@@ -192,9 +208,9 @@ class Gateway:
         # The OpenAI Realtime door (/openai/v1/realtime): a codec over this node's own door.
         self.door = OpenAIDoor(self.config, self.edges.pending, self._config_of)
         # Its WebRTC calls (POST /openai/v1/realtime/calls): the door's frames on a data channel.
-        self._end_calls = install_webrtc(self.api.app, self.config, self.door)
+        self._end_calls = calls(self.api.app, self.door) if calls is not None else _no_calls
         # The console's policy (it may call the HTTP API) and what it may configure.
-        self.page_policy = web.content_security_policy(self.config.api_port)
+        self.page_policy = console.content_security_policy(self.config.api_port)
         self.offer = web.offer_of(self.config, auth=self.edges.auth_on)
 
     @property
@@ -235,7 +251,7 @@ class Gateway:
         self.door.gateway_address = self._own_address()
         if self.api.own_port is not None:  # its actual port (api_port 0 picks one)
             self.offer = msgspec.structs.replace(self.offer, api_port=self.api.own_port)
-            self.page_policy = web.content_security_policy(self.api.own_port)
+            self.page_policy = console.content_security_policy(self.api.own_port)
         log.info("listening on %s (node %s)", self.url, self.node.node_id)
 
     async def _listen(self) -> Server:
@@ -335,7 +351,7 @@ class Gateway:
         if path != WS_PATH and not phone and not door:
             if path == web.NODE_PATH:
                 return web.node_response(self.offer)
-            page = web.static_response(path, self.page_policy)
+            page = console.static_response(path, self.page_policy)
             if page is not None:
                 return self._cors(request, page) if path in web.CORS_PATHS else page
             return _text(

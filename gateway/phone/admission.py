@@ -28,8 +28,8 @@ from typing import Final, Protocol
 from websockets.http11 import Request
 
 from gateway.phone.carriers import Carrier
-from gateway.phone.settings import PhoneSettings
 from gateway.phone.stream_tokens import StreamToken, mint_stream_token, verify_stream_token
+from gateway.phone_settings import PhoneSettings
 from gateway.store.base import StoreError
 from protocol.media_stream import fonoster_signature, twilio_signature_valid
 

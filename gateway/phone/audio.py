@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from gateway.pcm import mulaw_decode, mulaw_encode, silence
+from gateway.common.pcm import mulaw_decode, mulaw_encode, silence
 from gateway.upstream.audio import Resampler
 from protocol.audio import OUTPUT_RATE
 

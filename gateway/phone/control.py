@@ -27,7 +27,7 @@ from xml.sax.saxutils import escape
 import aiohttp
 
 from gateway.phone.call import PhoneCallConnection
-from gateway.phone.settings import PhoneSettings
+from gateway.phone_settings import PhoneSettings
 from tools.base import ToolFailure
 
 __all__ = ["PhoneControl", "TwilioCalls", "transfer_allowed"]

@@ -1,6 +1,6 @@
 """The caller approves on the keypad: ``1`` allows a call waiting for approval, ``2`` denies it.
 
-A tool that requires approval (issue 28: the tools file, the key's policy,
+A tool that requires approval (the tools file, the key's policy,
 or the numbers file's ``require_approval``) waits for an ``approve``. On a
 phone call the app's other clients may send it (a console, a supervisor's
 screen), as for any session; with the numbers file's ``keypad_approval =

@@ -33,8 +33,8 @@ import msgspec
 
 from gateway.phone.audio import CALL_RATE
 from gateway.phone.plans import CallPlan, CallPlans
-from gateway.phone.settings import PhoneSettings
 from gateway.phone.stream_tokens import StreamToken
+from gateway.phone_settings import PhoneSettings
 from gateway.sessions.runtime import SessionRuntime
 from gateway.store.base import StoreError
 from protocol.configuration import ConfigChange, InputAudio

@@ -36,7 +36,7 @@ from typing import Annotated, Any, Final
 
 import msgspec
 
-from gateway.settings import ConfigError
+from gateway.common.settings import ConfigError
 from protocol.configuration import ConfigChange
 
 __all__ = ["CallPlan", "CallPlans", "PlanTable"]

@@ -37,7 +37,7 @@ from aiohttp import web
 from gateway.edge.pending import PendingConnections
 from gateway.phone.admission import StreamTokens, signed_urls
 from gateway.phone.plans import CallPlans
-from gateway.phone.settings import PhoneSettings
+from gateway.phone_settings import PhoneSettings
 from gateway.store.base import StoreError
 from protocol.media_stream import twilio_signature_valid
 

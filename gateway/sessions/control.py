@@ -7,7 +7,7 @@ the node still finishing a turn after this client reconnected). Its ``user``,
 driving node over the store's publish/subscribe channel ``node:<node_id>``.
 
 Pub/sub delivers to whoever listens *now*, so a command sent to a node that
-just died would vanish (issue 13.3). Hence a forward is not done until the
+just died would vanish. Hence a forward is not done until the
 command's fate is known, and the sending node keeps it until then:
 
 - ``PUBLISH`` counts its receivers. 0 means nobody got it (the driver is

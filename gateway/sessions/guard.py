@@ -27,8 +27,8 @@ from typing import Any, Final
 
 import msgspec
 
+from gateway.common.settings import ConfigError
 from gateway.metrics import Metrics
-from gateway.settings import ConfigError
 from protocol.assembly import HistoryItem
 from protocol.events import (
     Call,

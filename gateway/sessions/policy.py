@@ -41,7 +41,7 @@ from typing import Final
 
 import msgspec
 
-from gateway.settings import ConfigError
+from gateway.common.settings import ConfigError
 from protocol.configuration import SessionConfig
 from protocol.guardrails import RuleSpec, compile_rules
 

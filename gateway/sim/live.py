@@ -42,7 +42,7 @@ from typing import Final
 import msgspec
 from websockets.asyncio.server import ServerConnection
 
-from gateway.pcm import mulaw_decode, mulaw_encode, resample
+from gateway.common.pcm import mulaw_decode, mulaw_encode, resample
 from gateway.sim.model import (
     VOICE_RATE,
     Pacer,

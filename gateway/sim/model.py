@@ -73,8 +73,8 @@ from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
-from gateway.pcm import tone
-from gateway.settings import Setting, check_ranges
+from gateway.common.pcm import tone
+from gateway.common.settings import Setting, check_ranges
 from gateway.upstream.providers import FLAVOURS
 from protocol.background import STARTED
 
@@ -116,7 +116,7 @@ SIM = "simulator (provider sim)"
 
 
 class SimConfig(msgspec.Struct, frozen=True, kw_only=True):
-    """The simulator's knobs, declared once (``gateway.settings``).
+    """The simulator's knobs, declared once (``gateway.common.settings``).
 
     ``gateway sim`` takes them as flags (``--chunk-size``); ``gateway serve``
     as ``--sim-chunk-size`` and ``GATEWAY_SIM_CHUNK_SIZE`` (``Config.sim``).

@@ -14,7 +14,7 @@ from typing import Final
 
 import msgspec
 
-from gateway.pcm import SAMPLE_WIDTH, rms
+from gateway.common.pcm import SAMPLE_WIDTH, rms
 
 __all__ = ["FRAME_MS", "Vad", "VadStart", "VadStop", "speech_ms"]
 

@@ -1,4 +1,4 @@
-"""Resampling PCM16 between a client's rate and the provider's (see ``gateway.pcm``).
+"""Resampling PCM16 between a client's rate and the provider's (see ``gateway.common.pcm``).
 
 Resampling is ``soxr`` (libsoxr, the SoX resampler): a ``Resampler`` keeps the
 filter state between chunks, so a stream resampled chunk by chunk equals the
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.pcm import SAMPLE_DTYPE
+from gateway.common.pcm import SAMPLE_DTYPE
 
 __all__ = ["Resampler"]
 

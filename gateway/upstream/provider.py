@@ -23,7 +23,7 @@ from typing import Annotated, Any, Literal, cast
 
 import msgspec
 
-from gateway.settings import Setting
+from gateway.common.settings import Setting
 from gateway.upstream.base import CONTROLS, Upstream, UpstreamFactory
 from gateway.upstream.models import ModelFacts, Price, find
 

@@ -16,7 +16,7 @@ from typing import Annotated, Any, Final
 
 import msgspec
 
-from gateway.settings import Nested
+from gateway.common.settings import Nested
 from gateway.upstream import azure, gemini, openai, xai
 from gateway.upstream.models import ModelFacts, find
 from gateway.upstream.provider import Provider, ProviderSettings

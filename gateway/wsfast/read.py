@@ -31,7 +31,7 @@ reading pauses above ``max_queue`` messages and resumes below its low mark,
 messages queued before the close are still returned, then ``recv()`` raises
 ``ConnectionClosed`` as before, and two concurrent ``recv()`` calls are refused.
 
-**Limits** (issue 38: one peer froze the node for everyone). A message is
+**Limits** (one peer once froze the node for everyone). A message is
 at most ``MAX_FRAGMENTS`` frames (websockets' own ``Assembler`` refuses past
 4,096 too; its parser already bounds the bytes of a message by ``max_size``):
 a message in 1,048,574 one-byte fragments held ``/healthz`` 12.2 s and grew

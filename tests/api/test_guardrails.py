@@ -20,9 +20,9 @@ import pytest
 
 from gateway.client import Client
 from gateway.client.recording import fetch_recording
+from gateway.common.settings import ConfigError
 from gateway.edge.server import Gateway
 from gateway.sessions.policy import KeyPolicies
-from gateway.settings import ConfigError
 from protocol.events import Configured, Guardrail, Respond, User
 from tests.api.conftest import Api, Keys, NodesFactory
 from tests.api.test_flow import export_all

@@ -25,7 +25,7 @@ import sys
 import time
 from collections.abc import Callable
 
-from gateway.pcm import mulaw_encode, tone
+from gateway.common.pcm import mulaw_encode, tone
 from gateway.phone.audio import CALL_RATE, CallAudio
 from gateway.phone.playback import Playback
 from gateway.upstream.audio import Resampler

@@ -22,7 +22,7 @@ import sys
 import time
 from collections.abc import AsyncIterator
 
-from gateway.pcm import tone
+from gateway.common.pcm import tone
 from gateway.upstream.audio import Resampler
 from gateway.upstream.base import AudioIn, Upstream, VoiceConfig
 from gateway.upstream.gemini import GeminiLive

@@ -38,7 +38,7 @@ import orjson
 from websockets.asyncio.client import connect
 
 from gateway.client.carrier import CallSetup, SimulatedCall
-from gateway.pcm import tone
+from gateway.common.pcm import tone
 from tests.bench.benchlib import ROOT, Proc, free_port, median, start_py_spy
 
 FRAME_S = 0.02

@@ -72,7 +72,7 @@ import orjson
 from network import SimulatedNetwork, add_network_flags
 from websockets.asyncio.client import connect
 
-from gateway.pcm import silence, tone
+from gateway.common.pcm import silence, tone
 from gateway.upstream.base import AudioIn, ResponseDone, TextDelta, VoiceConfig
 from gateway.upstream.openai import OpenAIRealtime
 from gateway.wsfast import FastReadClientConnection

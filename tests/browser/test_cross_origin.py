@@ -28,7 +28,7 @@ pytestmark = pytest.mark.skipif(
     not CHROMIUM.exists(), reason=f"{CHROMIUM} is not installed (apt-get install chromium)"
 )
 
-STATIC = Path(__file__).parents[2] / "gateway" / "edge" / "web" / "static"
+STATIC = Path(__file__).parents[2] / "gateway" / "console" / "static"
 
 APP = """
 const q = new URLSearchParams(location.search);

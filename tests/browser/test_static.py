@@ -1,4 +1,4 @@
-"""``gateway.edge.web.static_response`` and the page's HTTP face on a real node (no browser)."""
+"""``gateway.console.static_response`` and the page's HTTP face on a real node (no browser)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from gateway.edge.web import CONTENT_SECURITY_POLICY, content_security_policy, static_response
+from gateway.console import CONTENT_SECURITY_POLICY, content_security_policy, static_response
 from tests.browser.conftest import StartGateway
 
 
@@ -88,7 +88,7 @@ def test_a_node_serves_the_page_and_404s_the_rest(start_gateway: StartGateway) -
         200,
         "text/javascript; charset=utf-8",
     )
-    assert _get(node.http, "/static/../gateway/edge/web/__init__.py").status == 404
+    assert _get(node.http, "/static/../gateway/console/__init__.py").status == 404
     assert _get(node.http, "/healthz").status == 200  # the page did not shadow the API
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Browser, ConsoleMessage, Page, expect, sync_playwright
 
-from gateway.pcm import silence, tone
+from gateway.common.pcm import silence, tone
 from tests.browser.conftest import CHROMIUM, CHROMIUM_ARGS, StartGateway
 from tests.browser.test_console import SHOTS
 from tests.browser.test_page import RESPOND_TEXT, open_page, send

@@ -13,8 +13,8 @@ import pytest
 
 from gateway.client import Client, ClientError, Refused
 from gateway.client.client import ConfigureRefused, event_kind
+from gateway.common.pcm import silence, tone
 from gateway.edge.auth import hash_key
-from gateway.pcm import silence, tone
 from protocol.events import Configured, Error, Respond
 from tests.gateway.conftest import GatewayFactory
 from tests.support.redis_server import free_port

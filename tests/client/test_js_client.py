@@ -1,4 +1,4 @@
-"""The JavaScript client (gateway/edge/web/static/client.js) under Node's test runner.
+"""The JavaScript client (gateway/console/static/client.js) under Node's test runner.
 
 The tests themselves are in tests/client/js/*.test.mjs; this starts what they
 talk to — a real gateway with a paced simulator, and a scripted server asking

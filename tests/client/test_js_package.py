@@ -1,4 +1,4 @@
-"""The JavaScript client as the npm package the repository ships (gateway/edge/web/static).
+"""The JavaScript client as the npm package the repository ships (gateway/console/static).
 
 ``npm pack`` makes the tarball, a fresh project installs it (offline: the
 package has no dependencies), and Node imports it by name, as the README
@@ -17,7 +17,7 @@ import pytest
 
 from tests.gateway.conftest import GatewayFactory
 
-PACKAGE = Path(__file__).parents[2] / "gateway" / "edge" / "web" / "static"
+PACKAGE = Path(__file__).parents[2] / "gateway" / "console" / "static"
 
 pytestmark = pytest.mark.skipif(
     shutil.which("npm") is None or shutil.which("node") is None, reason="npm/node not installed"

@@ -1,6 +1,6 @@
 """``gateway loadtest``'s flags follow ``LoadTestConfig``'s declarations.
 
-Each test derives what it expects from ``gateway.settings.declared`` and checks
+Each test derives what it expects from ``gateway.common.settings.declared`` and checks
 it against the real ``gateway`` command line (the behaviour of a run through
 the command line is tested in ``test_loadtest.py``).
 """
@@ -16,7 +16,7 @@ import pytest
 from gateway.cli import build_parser
 from gateway.client.loadtest import LoadTestConfig
 from gateway.client.loadtest_cli import NOT_FLAGS, config_from_args
-from gateway.settings import ConfigError, Declared, declared
+from gateway.common.settings import ConfigError, Declared, declared
 
 SETTINGS = declared(LoadTestConfig)
 URL = "ws://127.0.0.1:1/v1/realtime"

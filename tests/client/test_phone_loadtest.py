@@ -12,7 +12,7 @@ import pytest
 
 from gateway.client.loadtest import LoadTestConfig
 from gateway.client.phone_loadtest import PhoneLoadTest
-from gateway.settings import ConfigError
+from gateway.common.settings import ConfigError
 from tests.support.carrier import AUTH_TOKEN, phone_gateway
 
 

@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from gateway.pcm import duration_ms, silence, tone
+from gateway.common.pcm import duration_ms, silence, tone
 from gateway.sim.model import SimConfig
 from gateway.sim.server import serve_sim
 from gateway.upstream import providers

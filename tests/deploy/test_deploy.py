@@ -314,7 +314,7 @@ def test_dockerfile_copies_what_the_package_build_needs() -> None:
     }
     assert {"pyproject.toml", pyproject["project"]["readme"], *packages} <= copied
     # The page is package data: the image serves it only if the wheel carries it.
-    assert "static/*" in pyproject["tool"]["setuptools"]["package-data"]["gateway.edge.web"]
+    assert "static/*" in pyproject["tool"]["setuptools"]["package-data"]["gateway.console"]
     ignore = (DEPLOY / "Dockerfile.dockerignore").read_text().split()
     assert all(f"!{p}/" in ignore for p in packages)
 

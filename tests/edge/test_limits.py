@@ -205,8 +205,8 @@ def test_out_of_range_edge_settings_name_the_setting(name: str, value: float) ->
 
 def test_serve_flags_and_environment_reach_the_config() -> None:
     from gateway.cli import build_parser
+    from gateway.common.settings import flag_values
     from gateway.config import Config, load_config
-    from gateway.settings import flag_values
 
     args = build_parser().parse_args(
         [

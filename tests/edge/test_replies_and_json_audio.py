@@ -11,7 +11,7 @@ import base64
 
 import pytest
 
-from gateway.pcm import silence
+from gateway.common.pcm import silence
 from protocol.events import Error, Pong
 from tests.edge.conftest import GatewayFactory
 from tests.support.client import GatewayClient

@@ -8,7 +8,7 @@ import base64
 import msgspec
 import pytest
 
-from gateway.pcm import silence
+from gateway.common.pcm import silence
 from protocol.events import Cancelled, Configured, Error, Pong, User
 from tests.edge.conftest import GatewayFactory
 from tests.support.client import GatewayClient

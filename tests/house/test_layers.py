@@ -115,8 +115,9 @@ def test_client_and_sim_import_no_server_code() -> None:
 
 
 # Rooms on the lowest floor: several rooms stand on them (edge/ and upstream/ on
-# wsfast; client/, sim/ and upstream/ on pcm), so they import nothing of ours.
-GROUND_FLOOR = ("gateway.wsfast", "gateway.pcm")
+# wsfast; the server and the client library on common/), so they import nothing of
+# ours; the console is files and their table, which the edge serves.
+GROUND_FLOOR = ("gateway.wsfast", "gateway.common", "gateway.console")
 
 
 def _within(mod: str, room: str) -> bool:
@@ -138,8 +139,10 @@ def test_the_ground_floor_stands_on_nothing_of_ours() -> None:
 
 # The client library and its programs (chat, loadtest) run on a user's machine
 # against any gateway: they may stand on the protocol and on leaf modules, never
-# on a server room (upstream, sessions, edge, store, sim, the node's assembly).
-CLIENT_MAY_IMPORT = ("protocol", "gateway.client", "gateway.pcm", "gateway.settings")
+# on a server room (upstream, sessions, edge, store, sim, the node's assembly, nor
+# a plain module of gateway/ such as config or metrics): what both sides need lives
+# in gateway/common/, the ground floor.
+CLIENT_MAY_IMPORT = ("protocol", "gateway.client", "gateway.common")
 
 
 @pytest.mark.timeout(30)
@@ -188,6 +191,45 @@ def test_the_edge_reaches_the_node_through_its_port() -> None:
 def test_few_plain_modules_in_gateway() -> None:
     plain = sorted(p.name for p in (ROOT / "gateway").glob("*.py") if p.name != "__init__.py")
     assert len(plain) <= 14, f"{len(plain)} plain modules in gateway/: {plain}"
+
+
+def _room(mod: str) -> str:
+    """A module's room: ``protocol`` and ``tools`` whole, in ``gateway`` a folder or a plain module."""
+    parts = mod.split(".")
+    return ".".join(parts[:2]) if parts[0] == "gateway" else parts[0]
+
+
+def _rooms(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    rooms: dict[str, set[str]] = {}
+    for mod, deps in graph.items():
+        rooms.setdefault(_room(mod), set()).update(_room(d) for d in deps if _room(d) != _room(mod))
+    return rooms
+
+
+@pytest.mark.timeout(30)
+def test_rooms_stand_in_floors_with_no_arrow_up() -> None:
+    """Rooms (folders and plain modules) import one way: no room imports one that stands on it.
+
+    Two modules can avoid a cycle while their rooms make one (config.py reading a
+    settings module in phone/, whose calls stand on sessions/, which reads config):
+    the reader then cannot tell which room is the lower.
+    """
+    cycle = _cycle(_rooms(_graph()))
+    assert cycle is None, "rooms import in a circle (an arrow up): " + " -> ".join(cycle or [])
+
+
+@pytest.mark.timeout(30)
+def test_the_checker_sees_an_arrow_up_between_rooms() -> None:
+    graph = {"gateway.config": {"gateway.phone.settings"}, "gateway.phone.settings": set()}
+    graph |= {"gateway.phone.call": {"gateway.sessions.node"}}
+    graph |= {"gateway.sessions.node": {"gateway.config"}}
+    assert _cycle(graph) is None
+    assert _cycle(_rooms(graph)) == [
+        "gateway.config",
+        "gateway.phone",
+        "gateway.sessions",
+        "gateway.config",
+    ]
 
 
 @pytest.mark.timeout(30)

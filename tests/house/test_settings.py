@@ -1,6 +1,6 @@
 """Settings are declared once: flags, variables and the docs' table all follow the declaration.
 
-Each test derives what it expects from ``gateway.settings.declared`` and checks
+Each test derives what it expects from ``gateway.common.settings.declared`` and checks
 it against what a user meets: the ``gateway`` command line, the environment,
 docs/configuration.md, the other docs and the deploy files.
 """
@@ -17,8 +17,7 @@ import pytest
 
 from gateway.cli import build_parser
 from gateway.client.dial import TOKEN_ENV
-from gateway.config import Config, ConfigError, load_config
-from gateway.settings import (
+from gateway.common.settings import (
     Declared,
     declared,
     flag_values,
@@ -26,6 +25,7 @@ from gateway.settings import (
     markdown_table,
     table_in,
 )
+from gateway.config import Config, ConfigError, load_config
 from gateway.sim.model import SimConfig
 from gateway.upstream.gemini import DEFAULT_MODEL as GEMINI_DEFAULT_MODEL
 from gateway.upstream.openai import DEFAULT_MODEL as OPENAI_DEFAULT_MODEL

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from gateway.pcm import silence, tone
+from gateway.common.pcm import silence, tone
 from protocol.events import Error, Interrupt, Pong, Respond, SpeechStopped, User
 from tests.multinode.conftest import NodeFactory, SimFactory
 from tests.multinode.test_failover import assert_contiguous, drain_connection, final_answer

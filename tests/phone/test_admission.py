@@ -8,7 +8,7 @@ from websockets.http11 import Request
 
 from gateway.phone.admission import check_signature, signed_urls
 from gateway.phone.carriers import CARRIERS
-from gateway.phone.settings import PhoneSettings
+from gateway.phone_settings import PhoneSettings
 from protocol.media_stream import fonoster_signature, twilio_signature
 
 _BY_NAME = {carrier.name: carrier for carrier in CARRIERS}

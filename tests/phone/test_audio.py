@@ -7,7 +7,7 @@ import warnings
 import numpy as np
 import pytest
 
-from gateway.pcm import mulaw_decode, mulaw_encode, rms, tone
+from gateway.common.pcm import mulaw_decode, mulaw_encode, rms, tone
 from gateway.phone.audio import CALL_RATE, CallAudio, dtmf_tones
 from protocol.audio import OUTPUT_RATE
 

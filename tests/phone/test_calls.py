@@ -18,7 +18,7 @@ import msgspec
 import pytest
 from websockets.exceptions import InvalidStatus
 
-from gateway.pcm import mulaw_decode, rms
+from gateway.common.pcm import mulaw_decode, rms
 from gateway.sim.model import SimConfig
 from gateway.sim.server import serve_sim
 from protocol.assembly import decode_history_item

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gateway.pcm import mulaw_decode, rms
+from gateway.common.pcm import mulaw_decode, rms
 from gateway.sim.live import LiveConnection
 from gateway.sim.model import SimConfig
 from gateway.sim.server import serve_sim

@@ -8,8 +8,8 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from gateway.common.settings import ConfigError
 from gateway.phone.plans import CallPlans
-from gateway.settings import ConfigError
 
 FILE = """
 [defaults]

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from gateway.common.settings import ConfigError
 from gateway.metrics import Metrics
 from gateway.sessions.guard import EventGuard, GuardrailsFile, guard_result, guardrails_of
-from gateway.settings import ConfigError
 from protocol.events import Call, End, Event, Guardrail, Respond, Result, ResultPayload, Think
 from protocol.guardrails import RuleSpec
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from gateway.cli import build_parser
+from gateway.common.settings import flag_values, load
 from gateway.config import Config, load_config
-from gateway.settings import flag_values, load
 from gateway.sim.model import SimConfig, sim_reply
 from protocol.assembly import results_message
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gateway.pcm import silence, tone
+from gateway.common.pcm import silence, tone
 from gateway.sim.model import SimCall, speech_transcript, spoken_reply
 from gateway.sim.vad import Vad, VadStart, VadStop, speech_ms
 

@@ -23,9 +23,9 @@ from websockets.asyncio.client import ClientConnection, connect
 
 from gateway.app import running_gateway
 from gateway.client.carrier import CallSetup, SimulatedCall, speech_mulaw
+from gateway.common.pcm import read_wav, resample
 from gateway.config import load_config
 from gateway.edge.server import Gateway
-from gateway.pcm import read_wav, resample
 from protocol.events import Event, decode_event
 
 __all__ = [

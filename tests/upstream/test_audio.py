@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gateway.pcm import duration_ms, last_loud_frame, read_wav, rms, silence, tone
+from gateway.common.pcm import duration_ms, last_loud_frame, read_wav, rms, silence, tone
 from gateway.upstream.audio import Resampler
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from google.genai import types
 
-from gateway.pcm import silence, tone
+from gateway.common.pcm import silence, tone
 from gateway.sim.model import SimConfig
 from gateway.sim.server import serve_sim
 

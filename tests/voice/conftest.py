@@ -15,8 +15,8 @@ import orjson
 from websockets.asyncio.client import ClientConnection, connect
 
 from gateway.app import running_gateway
+from gateway.common.pcm import silence, tone
 from gateway.config import load_config
-from gateway.pcm import silence, tone
 from gateway.sim.model import SimConfig
 from gateway.sim.server import serve_sim
 from protocol.audio import split_audio_frame

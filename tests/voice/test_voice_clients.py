@@ -8,7 +8,7 @@ import pytest
 
 from gateway.client.client import Client, event_kind
 from gateway.client.loadtest import LoadTest, LoadTestConfig
-from gateway.pcm import silence, tone
+from gateway.common.pcm import silence, tone
 from protocol.events import User
 from tests.voice.conftest import voice_gateway
 

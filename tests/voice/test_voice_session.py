@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.pcm import silence, tone
+from gateway.common.pcm import silence, tone
 from protocol.events import Cancelled, Configured, Error, User
 from tests.voice.conftest import VoiceClient, kind, shape, utterance, voice_gateway
 

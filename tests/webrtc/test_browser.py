@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from playwright.sync_api import Browser, Page, sync_playwright
 
-from gateway.pcm import silence, tone
+from gateway.common.pcm import silence, tone
 from tests.browser.conftest import CHROMIUM, CHROMIUM_ARGS
 from tests.openai_door.test_agents_js import JS
 from tests.support.procs import NodeProcess

@@ -261,7 +261,7 @@ def _edit_open_file(
             "occurs once, or pass replace_all=true to replace every occurrence"
         )
     # The result's size from the counts, before building it: one replace_all once
-    # turned 110 kB of model output into a 1 GB file and 1.95 GB of RSS (issue 13).
+    # turned 110 kB of model output into a 1 GB file and 1.95 GB of RSS.
     growth = len(args.new.encode("utf-8")) - len(args.old.encode("utf-8"))
     new_size = len(data) + count * growth
     if new_size > limits.max_write_bytes:

@@ -13,7 +13,7 @@ import {
   UnreachableError,
   classifySeq,
   normalizeUrl,
-} from "../../../gateway/edge/web/static/client.js";
+} from "../../../gateway/console/static/client.js";
 
 const URL = process.env.GATEWAY_URL;
 

@@ -1,7 +1,10 @@
 """WebRTC calls' settings (``gateway serve --webrtc-*``, ``GATEWAY_WEBRTC_*``; docs/webrtc.md).
 
 Declared once here, lent to ``gateway.config.Config`` under the ``webrtc``
-prefix (as the phone edge's are under ``phone``).
+prefix (as the phone edge's are under ``phone``). They stand beside
+``gateway/webrtc/`` rather than inside it: the node's configuration stands on
+them, and the WebRTC room stands on the OpenAI door, which stands on the
+configuration; inside the room they would be an arrow back up.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ from typing import Annotated
 import msgspec
 from msgspec import Meta
 
-from gateway.settings import Setting
+from gateway.common.settings import Setting
 
 __all__ = ["WebRTCSettings"]
 

@@ -2,8 +2,10 @@
 
 Declared once here, lent to ``gateway.config.Config`` under the ``phone``
 prefix (as the simulator's are under ``sim``). docs/phone.md says how they
-fit together. Imports nothing of ours but the settings machinery, so the
-node's configuration can stand on it.
+fit together. They stand beside ``gateway/phone/`` rather than inside it: the
+node's configuration stands on them, and the phone room stands on the
+sessions, which stand on the configuration; inside the room they would be an
+arrow back up. Imports nothing of ours but the settings machinery.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from typing import Annotated
 import msgspec
 from msgspec import Meta
 
-from gateway.settings import Setting, check_ranges
+from gateway.common.settings import Setting, check_ranges
 
 __all__ = ["PhoneSettings"]
 

@@ -17,7 +17,7 @@
 // - End of a turn: after the closing event (end, cancelled, or an error that
 //   stops the turn) and the metric that follows it; at once after metric→end or
 //   error→end; or when the next event is not a metric, or none comes within
-//   metricGrace ms (servers before issue 19 send no metric after cancelled).
+//   metricGrace ms (older servers send no metric after cancelled).
 // - Client tools: client.tool(name, handler) answers call events with
 //   "runs_on": "client" with {type: "tool_result", id, status, content};
 //   client.configure({tools: [{name, description, parameters}]}) declares them.

@@ -141,3 +141,29 @@ async def test_a_session_moves_to_the_other_node_on_drain(cluster: Cluster) -> N
     finally:
         await resumed.close()
     assert cluster.nodes[first].wait(20) == 0
+
+
+@pytest.mark.parametrize("name", ["haproxy.cfg", "haproxy-api.cfg", "haproxy.local.cfg"])
+def test_haproxys_health_check_request_is_answered_200_by_a_node(name: str, tmp_path: Path) -> None:
+    """The exact request haproxy's ``http-check send`` makes, sent raw to a node: with
+    haproxy's default HTTP/1.0 the node's parser refused it and, two checks after
+    start, every node was DOWN ("no server available")."""
+    import socket
+
+    line = re.search(r"^\s*http-check send (.+)$", (DEPLOY / name).read_text(), re.M)
+    assert line, f"{name} has no http-check send line"
+    words = line.group(1).split()
+    options = dict(zip(words[::2], words[1::2], strict=False))
+    headers = "".join(
+        f"{words[i + 1]}: {words[i + 2]}\r\n" for i, w in enumerate(words) if w == "hdr"
+    )
+    request = (
+        f"{options.get('meth', 'OPTIONS')} {options.get('uri', '/')} "
+        f"{options.get('ver', 'HTTP/1.0')}\r\n{headers}\r\n"
+    )
+    with NodeProcess(["serve", "--port", "0", "--workspace-root", str(tmp_path)]) as node:
+        host, port = node.base.removeprefix("ws://").rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=10) as sock:
+            sock.sendall(request.encode())
+            answer = sock.recv(4096)
+    assert answer.startswith(b"HTTP/1.1 200"), (request, answer[:200])

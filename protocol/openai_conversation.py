@@ -76,7 +76,17 @@ from protocol.openai_events import (
 )
 from protocol.openai_session import call_parts, config_change, session_of, usage_of
 
-__all__ = ["Command", "Conversation", "Emit"]
+__all__ = ["KEPT_ITEMS", "Command", "Conversation", "Emit"]
+
+KEPT_ITEMS = 256  # items conversation.item.retrieve can show (the newest)
+_SHOWS_ITEM = frozenset(
+    (
+        "conversation.item.added",
+        "conversation.item.done",
+        "response.output_item.added",
+        "response.output_item.done",
+    )
+)
 
 ServerEvent = dict[str, Any]
 Command = UserMessage | Cancel | Configure | ToolResultMessage | Commit | Played | bytes
@@ -140,6 +150,8 @@ class Conversation:
         self._speech: str | None = None  # the spoken user item being heard
         self._hearing = False  # input audio configured
         self._audio_tag = 0  # seq tag of the newest audio frame of the answer
+        # The newest items as last shown (``…item.added``/``done``), for conversation.item.retrieve.
+        self._items: dict[str, dict[str, Any]] = {}
 
     # ------------------------------------------------------------ ids
 
@@ -177,6 +189,16 @@ class Conversation:
             )
         finally:
             self._seq = seq
+
+    def rate_limits(self, limits: list[tuple[str, int, int, float]]) -> ServerEvent:
+        """``rate_limits.updated`` (unlogged): ``(name, limit, remaining, reset_seconds)``."""
+        return self._ev(
+            "rate_limits.updated",
+            rate_limits=[
+                {"name": n, "limit": lim, "remaining": left, "reset_seconds": round(reset, 3)}
+                for n, lim, left, reset in limits
+            ],
+        )
 
     def created(self, config: SessionConfig) -> ServerEvent:
         """``session.created`` for a session configured before this connection (unlogged)."""
@@ -276,7 +298,17 @@ class Conversation:
                 return Emit([Played(seq=self._audio_tag, ms=max(0, ms))], [truncated])
             case OutputAudioBufferClear():
                 return Emit([], [])  # the client's own playback buffer: nothing is held here
-            case ConversationItemRetrieve() | ConversationItemDelete() | InputAudioBufferClear():
+            case ConversationItemRetrieve(item_id=item_id):
+                shown = self._items.get(item_id)
+                if shown is None:
+                    return self._refusal(
+                        f"no item {item_id[:64]!r} in this conversation (or it is older than "
+                        f"its newest {KEPT_ITEMS} items): pass the id of an item it was sent",
+                        eid,
+                        "item_id",
+                    )
+                return Emit([], [self._ev("conversation.item.retrieved", item=shown)])
+            case ConversationItemDelete() | InputAudioBufferClear():
                 kind = type(event).__struct_config__.tag
                 return self._refusal(
                     f"{kind} is not supported by this gateway's OpenAI door yet",
@@ -341,9 +373,22 @@ class Conversation:
         """The OpenAI events one gateway event becomes (none for many)."""
         self._seq, self._n = event.seq, 0
         try:
-            return self._gateway(event)
+            events = self._gateway(event)
         finally:
             self._seq = 0
+        self._remember(events)
+        return events
+
+    def _remember(self, events: list[ServerEvent]) -> None:
+        """Keep the items ``events`` show, for ``conversation.item.retrieve``."""
+        items = self._items
+        for ev in events:
+            if ev["type"] in _SHOWS_ITEM:
+                item = ev["item"]
+                items.pop(item["id"], None)
+                items[item["id"]] = item
+                if len(items) > KEPT_ITEMS:
+                    del items[next(iter(items))]
 
     def _gateway(self, event: Event) -> list[ServerEvent]:
         match event:
@@ -442,6 +487,16 @@ class Conversation:
             self._ev("conversation.item.done", item=item, previous_item_id=prev),
         ]
         if spoken:
+            # The provider's transcript comes whole (it is logged once, with the user's
+            # turn): a client that shows transcription deltas gets it as one delta.
+            out.append(
+                self._ev(
+                    "conversation.item.input_audio_transcription.delta",
+                    item_id=iid,
+                    content_index=0,
+                    delta=content,
+                )
+            )
             out.append(
                 self._ev(
                     "conversation.item.input_audio_transcription.completed",
@@ -458,6 +513,7 @@ class Conversation:
         self._seq, self._n = 0, 0
         self._audio_tag = max(self._audio_tag, tag)
         out = self._open_message()
+        self._remember(out)  # speech can open the answer's message before its text does
         resp = self._response
         assert resp is not None and resp.message is not None
         resp.audio = True

@@ -79,6 +79,8 @@ _DRIVEN_ELSEWHERE = (
 class ClientConnection:
     """Serves one client WebSocket attached to one session."""
 
+    drained = "node draining; reconnect with session_id and after=<last seq>"  # 1012's reason
+
     def __init__(
         self,
         node: NodePort,
@@ -164,8 +166,7 @@ class ClientConnection:
         switch, one socket write for the batch. False leaves them to the
         writer (socket buffer full, connection closing, not the next seq).
         """
-        ws = self.ws
-        if self._close is not None or not wsfast.can_write_now(ws):
+        if self._close is not None or not wsfast.can_write_now(self.ws):
             return False
         last = self.last_sent
         for entry in entries:
@@ -173,7 +174,7 @@ class ClientConnection:
                 return False
             last = entry.seq
         try:
-            wsfast.write_now(ws, [entry.data for entry in entries])
+            self._write_now([entry.data for entry in entries])
         except Exception:  # the connection broke: the writer's next send ends it
             self._wake.set()
         self.last_sent = last
@@ -183,10 +184,9 @@ class ClientConnection:
         if self._lagging or self._close is not None:
             return  # catching up from the log: audio is not there, the transcript is
         queue = self._queue
-        ws = self.ws
-        if self._idle and not queue and wsfast.can_write_now(ws):
+        if self._idle and not queue and wsfast.can_write_now(self.ws):
             try:
-                wsfast.write_binary_now(ws, frame)
+                self._write_now([frame], binary=True)
             except Exception:  # the connection broke: the writer's next send ends it
                 self._wake.set()
             return
@@ -276,7 +276,7 @@ class ClientConnection:
             provider=provider,
             node=node.node_id,
         )
-        await self.ws.send(encode(first), text=True)
+        await self._send([encode(first)])
         # Two tasks for the connection's life, none per frame: the writer ending
         # by itself (the connection closed or broke) cancels the reader. One
         # cancelled by ``_close_flooding`` does not: that reader closes the socket.
@@ -633,9 +633,9 @@ class ClientConnection:
                 reply.seq = self.client_seq
                 batch.append(encode(reply))
             elif seq == _AUDIO:
-                await self._send_text(ws, batch)
+                await self._send(batch)
                 batch.clear()
-                await ws.send(entry.data, text=False)
+                await self._send([entry.data], binary=True)
             elif seq > self.last_sent:
                 if seq != self.last_sent + 1:
                     # A gap means entries were skipped: read them from the log.
@@ -652,12 +652,26 @@ class ClientConnection:
                 entry = self._pressure.coalesce(entry, queue)
                 batch.append(entry.data)
                 self.last_sent = entry.seq
-        await self._send_text(ws, batch)
+        await self._send(batch)
 
-    @staticmethod
-    async def _send_text(ws: ServerConnection, batch: list[bytes]) -> None:
-        if batch:
-            await wsfast.send_batch(ws, batch)  # one write, then drain is awaited
+    # ------------------------------------------------------------- the wire
+    # What goes to the client, in one place: the gateway's events as they are
+    # logged. Another door (``gateway.edge.openai_door``) translates them here.
+
+    def _write_now(self, frames: list[bytes], *, binary: bool = False) -> None:
+        """Written without awaiting, for a caller that checked ``wsfast.can_write_now``:
+        text frames (logged events, replies), or one binary frame (the model's speech)."""
+        if binary:
+            wsfast.write_binary_now(self.ws, frames[0])
+        else:
+            wsfast.write_now(self.ws, frames)
+
+    async def _send(self, frames: list[bytes], *, binary: bool = False) -> None:
+        """Text frames as one write (then drain is awaited), or one binary frame."""
+        if binary:
+            await self.ws.send(frames[0], text=False)
+        elif frames:
+            await wsfast.send_batch(self.ws, frames)
 
     async def _catch_up(self) -> None:
         """Send the log after ``last_sent``, then switch to live delivery.
@@ -703,7 +717,7 @@ class ClientConnection:
                         batch.append(entry.data)
                         self.last_sent = entry.seq
             if batch:
-                await wsfast.send_batch(self.ws, batch)
+                await self._send(batch)
             if not entries or (len(entries) < _REPLAY_PAGE and self.last_sent >= self._newest):
                 return
 

@@ -1,14 +1,15 @@
 """The OpenAI door: ``ws://HOST:PORT/openai/v1/realtime?model=…`` (OpenAI's GA Realtime).
 
-A thin I/O shell around ``protocol.openai_conversation.Conversation``. Each
-client of this door is served through a connection to the gateway's own
-WebSocket endpoint on the node's loopback, made during the client's
-handshake with the client's own credentials: every check of the gateway's
-door (API key or client token, origin, connection limits, session
-ownership, resume) is made there, and a refusal is answered to the OpenAI
-client as the same HTTP status with OpenAI's error body. Then frames flow
-both ways through the conversation: OpenAI client events become the
-gateway's commands, the gateway's logged events become OpenAI server events.
+A thin I/O shell around ``protocol.openai_conversation.Conversation``. A
+client of this door is admitted by the gateway's own door's checks (API key
+or client token, origin, connection limits, session ownership, resume:
+``Gateway._admit_client``), a refusal answered as the same HTTP status with
+OpenAI's error body, and is then served by the gateway's own
+``ClientConnection``, attached to the session as any client is (its writer,
+catch-up, backpressure, commands, limits, revocation), with its wire
+translated: OpenAI client events become the gateway's commands, handed to the
+connection as its own frames are; the gateway's logged events become OpenAI
+server events where the connection writes them (``DoorConnection``).
 
 Credentials: ``Authorization: Bearer KEY`` (an API key or a client token),
 or a browser's ``openai-insecure-api-key.KEY`` subprotocol (the ``realtime``
@@ -24,54 +25,56 @@ is not sent again.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import http
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping, Sequence
 from typing import Final, Protocol
-from urllib.parse import parse_qs, quote, urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 import msgspec
-from websockets.asyncio.client import ClientConnection, connect
 from websockets.asyncio.server import ServerConnection
 from websockets.datastructures import Headers
-from websockets.exceptions import ConnectionClosed, InvalidStatus
+from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 from websockets.typing import Subprotocol
 
+from gateway import wsfast
 from gateway.config import Config
 from gateway.edge.closes import CloseCode
-from gateway.edge.frame_rate import FrameRate, Verdict
-from gateway.edge.pending import PendingConnections
-from gateway.edge.tokens import is_client_token
+from gateway.edge.connection import ClientConnection
+from gateway.edge.frame_rate import Verdict
+from gateway.sessions.policy import KeyPolicies, refusal
+from gateway.sessions.port import NodePort
 from gateway.upstream import providers
 from protocol.audio import split_audio_frame
 from protocol.configuration import SessionConfig
-from protocol.events import Configure, Configured, Error, Played, Session, decode_event
-from protocol.openai_conversation import Conversation, Emit
-from protocol.openai_events import OutputAudioBufferClear, decode_client, encode
+from protocol.events import Configure, Session, UserMessage, decode_event
+from protocol.openai_conversation import Conversation, ServerEvent
+from protocol.openai_events import decode_client, encode
 
-__all__ = ["OPENAI_PATH", "DoorSession", "Link", "OpenAIDoor", "Refused", "model_route"]
+__all__ = ["OPENAI_PATH", "DoorConnection", "OpenAIDoor", "model_route"]
 
 log = logging.getLogger("gateway.edge.openai_door")
 
 OPENAI_PATH: Final = "/openai/v1/realtime"
 INSECURE_KEY: Final = "openai-insecure-api-key."
 REALTIME: Final = Subprotocol("realtime")
-_OPEN_TIMEOUT: Final = 10.0
 _command_encoder: Final = msgspec.json.Encoder()
-_AUDIO_DELTA: Final = "response.output_audio.delta"
-_SPEECH_STARTED: Final = "input_audio_buffer.speech_started"
-_RESPONSE_CREATED: Final = "response.created"
+_RESUME: Final = "reconnect with session_id and after_event (node draining or session moved)"
 
 
-def model_route(config: Config, model: str) -> tuple[str, str] | str:
+def model_route(
+    config: Config, model: str, aliases: Mapping[str, str] | None = None
+) -> tuple[str, str] | str:
     """``(provider, model)`` serving ``?model=``; a refusal naming the models otherwise.
 
-    On a simulator node every model a provider lists is served by the
+    ``aliases``: the key's own model names (its policy's ``aliases``), resolved
+    first. On a simulator node every model a provider lists is served by the
     simulator flavour of that provider (``gateway.app.sim_flavor_of``).
     """
+    if aliases:
+        model = aliases.get(model, model)
     row = providers.listing(model)
     if row is None or model not in row.served():
         served = ", ".join(name for r in providers.PROVIDERS for name in r.served())
@@ -93,73 +96,43 @@ def _error_response(status: int, message: str, code: str) -> Response:
     )
 
 
-class Refused(msgspec.Struct, frozen=True):
-    """A refusal before the client's transport opens: HTTP status, message, OpenAI code."""
+class Admission(Protocol):
+    """What the gateway's checks established for one handshake (``server.Handshake``)."""
 
-    status: int
-    message: str
-    code: str
-
-
-class Link(Protocol):
-    """A transport of the door's frames: the client's WebSocket, or a WebRTC call."""
-
-    def incoming(self) -> AsyncIterator[str | bytes]:
-        """The client's frames; it ends when the client is gone."""
-        ...
-
-    async def send(self, text: str) -> None: ...
-
-    async def close(self, code: int, reason: str) -> None: ...
-
-    def speech(self, tag: int, pcm16: bytes) -> bool:
-        """The model's speech: True if played here (a media track: no delta events)."""
-        ...
-
-    def cut_speech(self) -> Played | None:
-        """Stop playing the answer now (speech over it, or the client's
-        ``output_audio_buffer.clear``); how much of it was heard, if known here."""
-        ...
-
-    def answer_started(self) -> None:
-        """A response began (its speech's played position counts from zero)."""
-        ...
-
-    def progress(self) -> Played | None:
-        """How far the answer has played, when that moved (asked at each microphone frame)."""
-        ...
-
-    def media(self) -> AsyncIterator[bytes]:
-        """The user's audio at the conversation's ``input_rate`` (a microphone track)."""
-        ...
+    principal: str
+    trusted: bool
 
 
-class DoorSession(msgspec.Struct):
-    inner: ClientConnection
-    sid: str
+Admit = Callable[
+    [ServerConnection, Request, dict[str, list[str]]], Awaitable["Admission | Response"]
+]
+
+
+class _Pending(msgspec.Struct):
     model: str
     route: tuple[str, str]
     after: tuple[int, int] | None
-    early: list[str]  # frames read during the handshake, for the conversation
-    head: int = 0  # a resumed session's last seq when joined: its replay ends there
+    configure: bool  # a new session, configured for ?model= as the connection starts
 
 
 class OpenAIDoor:
-    """The OpenAI door of one node: handshakes, then one pump per client."""
+    """The OpenAI door of one node: its handshakes, and its clients' connections."""
 
     def __init__(
         self,
         config: Config,
-        pending: PendingConnections,
+        policies: KeyPolicies,
+        admit: Admit,
         config_of: Callable[[str], Awaitable[SessionConfig | None]],
     ) -> None:
-        """``config_of(sid)``: a session's configuration (shown by ``session.created``
-        to a client of a session made elsewhere: ``client_secrets``)."""
+        """``admit``: the gateway's own handshake checks (a refusal, or what they
+        established); ``config_of(sid)``: a session's configuration (shown by
+        ``session.created`` to a client of a session made elsewhere: ``client_secrets``)."""
         self.config = config
-        self.pending = pending
+        self.policies = policies
+        self.admit = admit
         self.config_of = config_of
-        self.gateway_address = ""  # HOST:PORT of this node's own door, set once it listens
-        self._handshakes: dict[ServerConnection, DoorSession] = {}
+        self._handshakes: dict[ServerConnection, _Pending] = {}
         self._reapers: set[asyncio.Task[None]] = set()
         # This node's WebRTC calls: call id -> (session id, model), for ?call_id=.
         self.calls: dict[str, tuple[str, str]] = {}
@@ -187,21 +160,22 @@ class OpenAIDoor:
             return _error_response(
                 400, "name the model: connect to ?model=MODEL (e.g. gpt-realtime-2.1)", "model"
             )
-        route = model_route(self.config, model)
-        if isinstance(route, str):
-            return _error_response(400, route, "model_not_found")
         authorizations = request.headers.get_all("Authorization")
         if len(authorizations) > 1:
             return _error_response(401, "send one Authorization header, not several", "auth")
-        authorization = authorizations[0] if authorizations else None
         offered = [
             p.strip()
             for value in request.headers.get_all("Sec-WebSocket-Protocol")
             for p in value.split(",")
         ]
         insecure = next((p for p in offered if p.startswith(INSECURE_KEY)), None)
-        if authorization is None and insecure is not None:
-            authorization = "Bearer " + insecure[len(INSECURE_KEY) :]
+        headers = Headers(
+            (name, value)
+            for name, value in request.headers.raw_items()
+            if name.lower() != "sec-websocket-protocol"  # the gateway's door reads its own
+        )
+        if not authorizations and insecure is not None:
+            headers["Authorization"] = "Bearer " + insecure[len(INSECURE_KEY) :]
         # The sideband (?call_id=): the app's server joins the call's session.
         sid = call[0] if call else (query.get("session_id") or [""])[-1]
         after_event = (query.get("after_event") or [""])[-1]
@@ -215,300 +189,231 @@ class OpenAIDoor:
                     "(evt_SEQ_N), with session_id",
                     "invalid_after_event",
                 )
-        opened = await self.open(
-            model,
-            route,
-            authorization,
-            request.headers.get("Origin"),
-            sid=sid,
-            after=after,
-            # authenticated by the inner handshake
-            authenticated=lambda: self.pending.settled(connection.transport),
-        )
-        if isinstance(opened, Refused):
-            return _error_response(opened.status, opened.message, opened.code)
-        self._handshakes[connection] = opened
-        # A handshake that never completes (the client went away) leaves no inner socket.
+        # The session's log is replayed from its start through a fresh conversation.
+        gateway_query = {"session_id": [sid], "after": ["0"]} if sid else {}
+        admitted = await self.admit(connection, Request(request.path, headers), gateway_query)
+        if isinstance(admitted, Response):
+            text = admitted.body.decode("utf-8", "replace").strip() if admitted.body else ""
+            code = {401: "invalid_api_key", 403: "forbidden", 404: "session_not_found"}
+            return _error_response(
+                admitted.status_code, text, code.get(admitted.status_code, "refused")
+            )
+        # ?model= through the key's aliases: known once the key is.
+        aliases = self.policies.get(admitted.principal).aliases
+        route = model_route(self.config, model, aliases)
+        if isinstance(route, str):
+            if aliases:
+                route += f"; or one of this API key's aliases: {', '.join(sorted(aliases))}"
+            return _error_response(400, route, "model_not_found")
+        # A new session is configured for ?model=: a model the key's policy refuses is
+        # refused here, before the socket opens, not after a turn ran on another model.
+        # A token's session was configured when it was minted.
+        configure = not sid and admitted.trusted
+        if configure:
+            wanted = SessionConfig(provider=route[0], model=route[1])
+            problem = refusal(self.policies.get(admitted.principal), wanted)
+            if problem is not None:
+                return _error_response(403, problem, "forbidden")
+        self._handshakes[connection] = _Pending(model, route, after=after, configure=configure)
+        # A handshake that never completes (the client went away) leaves nothing behind.
         reaper = asyncio.get_running_loop().create_task(self._forget(connection))
         self._reapers.add(reaper)
         reaper.add_done_callback(self._reapers.discard)
         return None
 
-    async def open(
-        self,
-        model: str,
-        route: tuple[str, str],
-        authorization: str | None,
-        origin: str | None,
-        *,
-        sid: str = "",
-        after: tuple[int, int] | None = None,
-        authenticated: Callable[[], None] | None = None,
-    ) -> DoorSession | Refused:
-        """A connection to this node's own door with the client's credentials (every
-        check of the gateway's door is made there), or the refusal to answer with.
-        ``authenticated()`` is called once the own door accepted the credentials."""
-        headers: list[tuple[str, str]] = []
-        if authorization is not None:
-            headers.append(("Authorization", authorization))
-        token = is_client_token((authorization or "").partition(" ")[2].strip())
-        if origin is not None:
-            headers.append(("Origin", origin))
-        url = f"ws://{self.gateway_address}/v1/realtime"
-        if sid:
-            url += f"?session_id={quote(sid)}&after=0"
-        try:
-            inner = await connect(
-                url,
-                additional_headers=headers,
-                open_timeout=_OPEN_TIMEOUT,
-                max_size=self.config.max_frame,
-                compression=None,
-                user_agent_header=None,
-            )
-        except InvalidStatus as exc:
-            answer = exc.response
-            text = answer.body.decode("utf-8", "replace").strip() if answer.body else ""
-            code = {401: "invalid_api_key", 403: "forbidden", 404: "session_not_found"}
-            return Refused(answer.status_code, text, code.get(answer.status_code, "refused"))
-        except (OSError, TimeoutError) as exc:
-            log.warning("OpenAI door: cannot reach this node's own endpoint: %s", exc)
-            return Refused(503, "the gateway cannot serve this session now; retry", "busy")
-        try:
-            first = decode_event(await asyncio.wait_for(inner.recv(), _OPEN_TIMEOUT))
-        except (ConnectionClosed, TimeoutError, msgspec.DecodeError):
-            await inner.close()
-            return Refused(503, "the gateway cannot serve this session now", "busy")
-        if not isinstance(first, Session):
-            await inner.close()
-            return Refused(503, "the gateway cannot serve this session now", "busy")
-        if authenticated is not None:
-            authenticated()
-        early: list[str] = []
-        # A new session is configured for ?model= now, before the client's transport
-        # opens: a model the key's policy (or the node) refuses is refused here, not
-        # after a turn ran on another model. A token's session was configured when it
-        # was minted.
-        if not sid and not token:
-            refused = await self._configure(inner, route, early)
-            if refused is not None:
-                await inner.close()
-                return refused
-        return DoorSession(
-            inner,
-            first.session_id,
-            model,
-            route,
-            after=after,
-            early=early,
-            head=first.seq if sid else 0,
-        )
-
     async def _forget(self, connection: ServerConnection) -> None:
         await connection.wait_closed()
-        state = self._handshakes.pop(connection, None)
-        if state is not None:
-            await state.inner.close()
+        self._handshakes.pop(connection, None)
 
-    async def _configure(
-        self, inner: ClientConnection, route: tuple[str, str], early: list[str]
-    ) -> Refused | None:
-        """Configure the new session for its route; the refusal to answer, if any.
-        The frames read meanwhile are kept in ``early`` for the conversation."""
-        await inner.send(_command_encoder.encode(_configure(route)).decode())
-        try:
-            async with asyncio.timeout(_OPEN_TIMEOUT):
-                while True:
-                    frame = await inner.recv()
-                    if not isinstance(frame, str):
-                        continue
-                    event = decode_event(frame)
-                    if isinstance(event, Error) and not event.seq:
-                        status = 403 if event.code == "forbidden" else 400
-                        return Refused(status, event.content, event.code)
-                    early.append(frame)
-                    if isinstance(event, Configured):
-                        return None
-        except (ConnectionClosed, TimeoutError):
-            return Refused(503, "the gateway cannot serve this session now", "busy")
-
-    async def serve(self, ws: ServerConnection) -> None:
-        await self.pump(self._handshakes.pop(ws), _WebSocketLink(ws))
-
-    async def pump(
-        self, state: DoorSession, link: Link, conversation: Conversation | None = None
-    ) -> None:
-        """Frames both ways between a client's link and its session, until either ends."""
-        inner = state.inner
-        if conversation is None:
-            conversation = Conversation(state.sid, state.model)
-        after = state.after
-        caught_up = asyncio.Event()  # the session's log up to the connection's head was read
-        if state.head == 0:
-            caught_up.set()
-
-        async def send(events: list[dict[str, object]]) -> None:
-            nonlocal after
-            for event in events:
-                if after is not None:
-                    position = Conversation.position(str(event["event_id"]))
-                    if position is None or position <= after:
-                        continue
-                await link.send(encode(event))
-
-        async def frames() -> AsyncIterator[str | bytes]:
-            for early in state.early:
-                yield early
-            async for frame in inner:
-                yield frame
-
-        async def downstream() -> None:
-            nonlocal after
-            async for frame in frames():
-                if isinstance(frame, bytes):  # the model's speech (never logged, never replayed)
-                    try:
-                        tag, pcm = split_audio_frame(frame)
-                    except ValueError:
-                        continue
-                    if after is None:
-                        events = conversation.audio(tag, pcm)
-                        if any(e["type"] == _RESPONSE_CREATED for e in events):
-                            link.answer_started()
-                        if link.speech(tag, pcm):  # played on a track: no deltas
-                            events = [e for e in events if e["type"] != _AUDIO_DELTA]
-                        await send(events)
-                    continue
-                event = decode_event(frame)
-                events = conversation.gateway(event)
-                if any(e["type"] == _RESPONSE_CREATED for e in events):
-                    link.answer_started()
-                if any(e["type"] == _SPEECH_STARTED for e in events):
-                    heard = link.cut_speech()
-                    if heard is not None:
-                        await inner.send(_command_encoder.encode(heard).decode())
-                await send(events)
-                if after is not None and event.seq > after[0]:
-                    after = None  # caught up: everything from here is new
-                if event.seq >= state.head:
-                    caught_up.set()
-
-        async def to_session(emit: Emit) -> None:
-            for command in emit.commands:
-                if isinstance(command, bytes):
-                    await inner.send(command)  # user audio: a binary frame
-                else:
-                    await inner.send(_command_encoder.encode(command).decode())
-            await send(emit.events)
-
-        async def microphone() -> None:
-            async for pcm in link.media():
-                if not caught_up.is_set():
-                    continue  # a resumed session's replay first: it says how it hears
-                played = link.progress()
-                if played is not None:  # kept by the session for a barge-in's cut
-                    await inner.send(_command_encoder.encode(played).decode())
-                await to_session(conversation.speech_in(pcm))
-
-        async def upstream() -> None:
-            if not state.early and after is None:  # a session made elsewhere: show it
-                config = await self.config_of(state.sid)
-                if config is not None:
-                    await send([conversation.created(config)])
-            cfg = self.config
-            rate = FrameRate(cfg.client_frames_per_second, cfg.client_frame_burst, time.monotonic())
-            async for frame in link.incoming():
-                if isinstance(frame, bytes):
-                    frame = frame.decode("utf-8", "replace")
-                # Audio (50 appends a second from a microphone) is not counted, as on the
-                # gateway's own door; every other event is, before any work is done for it.
-                if '"input_audio_buffer.append"' not in frame[:200]:
-                    verdict = rate.check(time.monotonic())
-                    if verdict is Verdict.CLOSE:
-                        await link.close(CloseCode.RATE_LIMITED, "too many events; slow down")
-                        return
-                    if verdict is not Verdict.ACCEPT:
-                        if verdict is Verdict.REFUSE:
-                            await send(
-                                [
-                                    conversation.error(
-                                        f"too many events: at most {cfg.client_frames_per_second:g}"
-                                        f"/s (bursts of {cfg.client_frame_burst}); events over it "
-                                        "are dropped unread; slow down",
-                                        code="rate_limit_exceeded",
-                                    )
-                                ]
-                            )
-                        continue
-                event = decode_client(frame)
-                if isinstance(event, OutputAudioBufferClear):  # WebRTC: the buffer is ours
-                    heard = link.cut_speech()
-                    if heard is not None:
-                        await inner.send(_command_encoder.encode(heard).decode())
-                await to_session(conversation.client(event, model_route=state.route))
-
-        tasks = [
-            asyncio.create_task(downstream(), name=f"openai-down:{state.sid}"),
-            asyncio.create_task(upstream(), name=f"openai-up:{state.sid}"),
-        ]
-        mic = asyncio.create_task(microphone(), name=f"openai-mic:{state.sid}")
-        try:
-            await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for task in [*tasks, mic]:
-                task.cancel()
-                with contextlib.suppress(BaseException):
-                    await task
-            code = inner.close_code
-            reason = inner.close_reason or ""
-            with contextlib.suppress(Exception):
-                await inner.close()
-            if code == CloseCode.SERVICE_RESTART:  # say how to resume through this door
-                reason = (
-                    "reconnect with session_id and after_event (node draining or session moved)"
-                )
-            if code is not None and code != 1000:
-                with contextlib.suppress(Exception):
-                    await link.close(code, reason)
+    def connection(
+        self,
+        node: NodePort,
+        ws: ServerConnection,
+        *,
+        sid: str,
+        after: int,
+        resumed: bool,
+        event_mode: bool = False,
+        unrecorded: MutableMapping[str, str] | None = None,
+        trusted: bool = True,
+        may_approve: bool | None = None,
+    ) -> ClientConnection:
+        """The connection serving ``ws``, a client of this door (made as ``ClientConnection``)."""
+        state = self._handshakes.pop(ws)
+        return DoorConnection(
+            node,
+            ws,
+            door=self,
+            state=state,
+            sid=sid,
+            after=after,
+            resumed=resumed,
+            unrecorded=unrecorded,
+            trusted=trusted,
+            may_approve=may_approve,
+        )
 
     async def close(self) -> None:
-        for state in list(self._handshakes.values()):
-            with contextlib.suppress(Exception):
-                await state.inner.close()
         self._handshakes.clear()
         for reaper in list(self._reapers):
             reaper.cancel()
 
 
-class _WebSocketLink:
-    """The door's WebSocket as a link: text frames; the speech goes as delta events."""
+class DoorConnection(ClientConnection):
+    """The gateway's client connection, speaking OpenAI's events on its socket.
 
-    def __init__(self, ws: ServerConnection) -> None:
-        self.ws = ws
+    What the connection writes (logged events, replies, the model's speech)
+    goes through the conversation; what it reads is OpenAI client events,
+    made commands and handled as the connection's own frames. Resume: the
+    log is replayed from its start and what the conversation yields up to
+    the client's ``after_event`` is not sent again.
+    """
 
-    def incoming(self) -> AsyncIterator[str | bytes]:
-        return aiter(self.ws)
+    def __init__(
+        self,
+        node: NodePort,
+        ws: ServerConnection,
+        *,
+        door: OpenAIDoor,
+        state: _Pending,
+        sid: str,
+        after: int,
+        resumed: bool,
+        unrecorded: MutableMapping[str, str] | None,
+        trusted: bool,
+        may_approve: bool | None,
+    ) -> None:
+        super().__init__(
+            node,
+            ws,
+            sid=sid,
+            after=after,
+            resumed=resumed,
+            unrecorded=unrecorded,
+            trusted=trusted,
+            may_approve=may_approve,
+        )
+        self.door = door
+        self.state = state
+        self.conversation = Conversation(sid, state.model)
+        self._skip = state.after  # replayed up to here: not sent again
 
-    async def send(self, text: str) -> None:
-        await self.ws.send(text)
+    # ------------------------------------------------------------- out
 
-    async def close(self, code: int, reason: str) -> None:
-        await self.ws.close(code, reason)
+    def _emit(self, events: list[ServerEvent], out: list[bytes]) -> None:
+        skip = self._skip
+        for event in events:
+            if skip is not None:
+                position = Conversation.position(str(event["event_id"]))
+                if position is None or position <= skip:
+                    continue
+            out.append(encode(event).encode())
 
-    def speech(self, tag: int, pcm16: bytes) -> bool:
-        return False
+    def _translate(self, frames: list[bytes]) -> list[bytes]:
+        out: list[bytes] = []
+        conversation = self.conversation
+        for frame in frames:
+            event = decode_event(frame)
+            if isinstance(event, Session):
+                continue  # the connection's first frame (its seq is the log's head): not shown
+            self._emit(conversation.gateway(event), out)
+            if self._skip is not None and event.seq > self._skip[0]:
+                self._skip = None  # caught up: everything from here is new
+        return out
 
-    def cut_speech(self) -> Played | None:
-        return None  # the client stops its own playback and says what it heard (truncate)
+    def _speech(self, frame: bytes) -> list[bytes]:
+        """The model's speech (never logged, never replayed) as OpenAI's audio deltas."""
+        if self._skip is not None:
+            return []
+        try:
+            tag, pcm = split_audio_frame(frame)
+        except ValueError:
+            return []
+        out: list[bytes] = []
+        self._emit(self.conversation.audio(tag, pcm), out)
+        return out
 
-    def answer_started(self) -> None:
-        pass
+    def _write_now(self, frames: list[bytes], *, binary: bool = False) -> None:
+        out = self._speech(frames[0]) if binary else self._translate(frames)
+        if out:
+            wsfast.write_now(self.ws, out)
 
-    def progress(self) -> Played | None:
-        return None
+    async def _send(self, frames: list[bytes], *, binary: bool = False) -> None:
+        out = self._speech(frames[0]) if binary else self._translate(frames)
+        if out:
+            await wsfast.send_batch(self.ws, out)
 
-    async def media(self) -> AsyncIterator[bytes]:
-        return
-        yield  # no media: the audio comes as appends
+    drained = _RESUME
+
+    def session_lost(self, reason: str) -> None:
+        super().session_lost(reason)
+        if self._close is not None and self._close[0] == CloseCode.SERVICE_RESTART:
+            # Say how to resume through this door.
+            self._close = (CloseCode.SERVICE_RESTART, _RESUME)
+
+    async def _send_events(self, events: list[ServerEvent]) -> None:
+        out: list[bytes] = []
+        self._emit(events, out)
+        if out:
+            await wsfast.send_batch(self.ws, out)
+
+    # ------------------------------------------------------------- in
+
+    async def _reader(self, writer: asyncio.Task[None]) -> None:
+        try:
+            await self._read(writer)
+        except ConnectionClosed:
+            return  # the client went away, or was closed (its close code says why)
+
+    async def _read(self, writer: asyncio.Task[None]) -> None:
+        state = self.state
+        if not state.configure and self._skip is None:  # a session made elsewhere: show it
+            config = await self.door.config_of(self.sid)
+            if config is not None:
+                await self._send_events([self.conversation.created(config)])
+        if state.configure:  # the new session's route (the key's policy allowed it)
+            state.configure = False
+            await self._handle(_command_encoder.encode(_configure(state.route)).decode())
+        check = self._frame_rate.check
+        clock = time.monotonic
+        cfg = self.node.config
+        async for frame in self.ws:
+            if self._close is not None:
+                return  # closing: its frames are not processed any more
+            if isinstance(frame, bytes):
+                frame = frame.decode("utf-8", "replace")
+            # Audio (50 appends a second from a microphone) is not counted, as on the
+            # gateway's own door; every other event is, before any work is done for it.
+            if '"input_audio_buffer.append"' not in frame[:200]:
+                verdict = check(clock())
+                if verdict is Verdict.CLOSE:
+                    await self._close_flooding(writer)
+                    return
+                if verdict is not Verdict.ACCEPT:
+                    if verdict is Verdict.REFUSE:
+                        self.node.metrics.frames_dropped.inc()
+                        message = (
+                            f"too many events: at most {cfg.client_frames_per_second:g}/s "
+                            f"(bursts of {cfg.client_frame_burst}); events over it are dropped "
+                            "unread; slow down"
+                        )
+                        error = self.conversation.error(message, code="rate_limit_exceeded")
+                        await self._send_events([error])
+                    continue
+            emit = self.conversation.client(decode_client(frame), model_route=state.route)
+            for command in emit.commands:
+                if isinstance(command, bytes):  # user audio
+                    if not self._audio_now(command):
+                        await self._audio(command)
+                else:
+                    await self._handle(_command_encoder.encode(command).decode())
+                    if isinstance(command, UserMessage):  # a turn: where the key stands now
+                        limits = await self.node.limits.standing(self.sid)
+                        if limits:
+                            emit.events.append(self.conversation.rate_limits(limits))
+            if emit.events:
+                await self._send_events(emit.events)
+            await asyncio.sleep(0)  # buffered frames come back without a pause
 
 
 def _configure(route: tuple[str, str]) -> Configure:

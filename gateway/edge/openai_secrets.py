@@ -22,6 +22,7 @@ from aiohttp import web
 
 from gateway.config import Config
 from gateway.edge.openai_door import model_route
+from gateway.sessions.port import NodePort
 from protocol.configuration import ConfigChange, SessionConfig, apply_change
 from protocol.openai_events import SessionBody
 from protocol.openai_session import config_change, session_of
@@ -59,6 +60,7 @@ class SessionMaker(Protocol):
     """What this endpoint needs of the HTTP API (``gateway.edge.api.HttpApi``)."""
 
     config: Config
+    node: NodePort
 
     async def _key_id(self, request: web.Request) -> str: ...
 
@@ -82,7 +84,7 @@ async def client_secret(api: SessionMaker, request: web.Request) -> web.Response
     session = body.session or SessionBody()
     if not session.model:
         return _refusal("name the model: session.model (e.g. gpt-realtime-2.1)", "session.model")
-    route = model_route(api.config, session.model)
+    route = model_route(api.config, session.model, api.node.policies.get(key_id).aliases)
     if isinstance(route, str):
         return _refusal(route, "session.model")
     change = config_change(session, model_route=route)

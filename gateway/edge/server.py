@@ -169,9 +169,12 @@ def watched(pending: PendingConnections) -> type[BatchingConnection]:
     return WatchedConnection
 
 
-# Routes a node's WebRTC calls on its HTTP app, beside its OpenAI door; returns what
-# ends them. Given by ``gateway.app`` (``gateway.webrtc`` stands on the door).
-CallsInstaller = Callable[[Application, OpenAIDoor], Callable[[], Awaitable[None]]]
+# Routes a node's WebRTC calls on its HTTP app, beside its OpenAI door (and given the
+# node's own address, ``Gateway.own_address``); returns what ends them. Given by
+# ``gateway.app`` (``gateway.webrtc`` stands on the door).
+CallsInstaller = Callable[
+    [Application, OpenAIDoor, Callable[[], str]], Callable[[], Awaitable[None]]
+]
 
 
 async def _no_calls() -> None:
@@ -205,10 +208,12 @@ class Gateway:
         self.phone = phone(self.edges) if phone is not None else None
         # The HTTP API (POST/GET/DELETE /v1/sessions): on this port, and on --api-port if set.
         self.api = HttpApi(node, self.edges, self.phone)
-        # The OpenAI Realtime door (/openai/v1/realtime): a codec over this node's own door.
-        self.door = OpenAIDoor(self.config, self.edges.pending, self._config_of)
+        # The OpenAI Realtime door (/openai/v1/realtime): this door's checks, OpenAI's events.
+        self.door = OpenAIDoor(self.config, node.policies, self._admit_client, self._config_of)
         # Its WebRTC calls (POST /openai/v1/realtime/calls): the door's frames on a data channel.
-        self._end_calls = calls(self.api.app, self.door) if calls is not None else _no_calls
+        self._end_calls = (
+            calls(self.api.app, self.door, self.own_address) if calls is not None else _no_calls
+        )
         # The console's policy (it may call the HTTP API) and what it may configure.
         self.page_policy = console.content_security_policy(self.config.api_port)
         self.offer = web.offer_of(self.config, auth=self.edges.auth_on)
@@ -248,7 +253,6 @@ class Gateway:
             await self.api.close()
             raise ListenFailed(exc, "--port", cfg.host, cfg.port) from exc
         self.edges.start()
-        self.door.gateway_address = self._own_address()
         if self.api.own_port is not None:  # its actual port (api_port 0 picks one)
             self.offer = msgspec.structs.replace(self.offer, api_port=self.api.own_port)
             self.page_policy = console.content_security_policy(self.api.own_port)
@@ -298,9 +302,9 @@ class Gateway:
         # websockets calls it as it would a ServerConnection subclass: with the same arguments.
         return cast("type[ServerConnection]", make)
 
-    def _own_address(self) -> str:
+    def own_address(self) -> str:
         """``HOST:PORT`` at which this process reaches its own door (loopback if it
-        listens on every address)."""
+        listens on every address): WebRTC calls connect there (``gateway.webrtc.bridge``)."""
         host = str(next(iter(self.server.sockets)).getsockname()[0]) if self.server else ""
         if host in ("", "0.0.0.0"):
             host = "127.0.0.1"
@@ -378,9 +382,16 @@ class Gateway:
             )
         if phone and self.phone is not None:  # a carrier's media stream: its own checks
             return await self.phone.handshake(connection, request)
-        if door:  # the OpenAI door: checked by this node's own door, through loopback
+        if door:  # the OpenAI door: its own query and credentials, then ``_admit_client``
             return await self.door.handshake(connection, request)
-        query = parse_qs(url.query)
+        admitted = await self._admit_client(connection, request, parse_qs(url.query))
+        return admitted if isinstance(admitted, Response) else None
+
+    async def _admit_client(
+        self, connection: ServerConnection, request: Request, query: dict[str, list[str]]
+    ) -> Handshake | Response:
+        """Every check of a client's handshake after its path (either door's): origin, key
+        or token, connection limits, the session's existence and owner, ``after``."""
         # Origin, API key (the principal), connection limits; freed when the connection closes.
         admitted = await self.edges.admit(
             connection, request, functools.partial(self._handshakes.pop, id(connection), None)
@@ -448,7 +459,7 @@ class Gateway:
             if isinstance(checked, Response):
                 return checked
             after = checked
-        self._handshakes[id(connection)] = Handshake(
+        handshake = self._handshakes[id(connection)] = Handshake(
             principal=principal,
             session_id=sid,
             after=after,
@@ -458,7 +469,7 @@ class Gateway:
             may_approve=admitted.session is None or admitted.approve,
             fresh=fresh,
         )
-        return None
+        return handshake
 
     def _cors(self, request: Request, response: Response) -> Response:
         """CORS for the paths pages of other origins may read (``web.CORS_PATHS``)."""
@@ -528,9 +539,6 @@ class Gateway:
         if self.phone is not None and self.phone.owns(ws):
             await self.phone.serve(ws)
             return
-        if self.door.owns(ws):
-            await self.door.serve(ws)
-            return
         hs = self._handshakes.pop(id(ws), None)
         if hs is None:  # pragma: no cover - process_request always records one
             await ws.close(1011, "handshake state missing")
@@ -547,7 +555,9 @@ class Gateway:
                 sid, after, resumed = hs.session_id, hs.after or 0, not hs.fresh
                 if hs.unrecorded_owner is not None:  # its last connection may have left since
                     self.unrecorded.add(sid, hs.unrecorded_owner)
-            conn = ClientConnection(
+            # The OpenAI door's clients are the same connection, speaking OpenAI's events.
+            make = self.door.connection if self.door.owns(ws) else ClientConnection
+            conn = make(
                 node,
                 ws,
                 sid=sid,
@@ -592,7 +602,8 @@ class Gateway:
         else:
             await node.finish_turns(deadline)
         await asyncio.gather(
-            *(_close_or_abort(c.ws) for c in list(self.connections)), return_exceptions=True
+            *(_close_or_abort(c.ws, c.drained) for c in list(self.connections)),
+            return_exceptions=True,
         )
         await self._end_calls()
         await node.stop()
@@ -619,17 +630,11 @@ class Gateway:
             await self.phone.close()
 
 
-async def _close_or_abort(ws: ServerConnection) -> None:
+async def _close_or_abort(ws: ServerConnection, reason: str) -> None:
     """Close with 1012; a client that stopped reading cannot take the close
     frame, so after a few seconds its connection is aborted instead."""
     try:
-        await asyncio.wait_for(
-            ws.close(
-                CloseCode.SERVICE_RESTART,
-                close_reason("node draining; reconnect with session_id and after=<last seq>"),
-            ),
-            5.0,
-        )
+        await asyncio.wait_for(ws.close(CloseCode.SERVICE_RESTART, close_reason(reason)), 5.0)
     except (TimeoutError, OSError):
         ws.transport.abort()
 

@@ -156,6 +156,33 @@ class Limits:
             self._store_failed(exc)
         return None
 
+    async def standing(self, sid: str) -> list[tuple[str, int, int, float]]:
+        """Where ``sid``'s key stands: ``(name, limit, remaining, seconds to reset)`` of
+        its turns this minute (``requests``) and tokens today (``tokens``); [] when
+        neither limit is set (what the OpenAI door's ``rate_limits.updated`` shows)."""
+        if self.turns_per_minute <= 0 and self.tokens_per_day <= 0:
+            return []
+        out: list[tuple[str, int, int, float]] = []
+        try:
+            owner = await self.owner_of(sid)
+            if not owner:
+                return []
+            now = self.clock()
+            if self.turns_per_minute > 0:
+                minute = int(now // _MINUTE)
+                count = await self.store.incr_window(f"turns:{owner}:{minute}", 0, 2 * _MINUTE)
+                limit = self.turns_per_minute
+                out.append(("requests", limit, max(0, limit - count), (minute + 1) * _MINUTE - now))
+            if self.tokens_per_day > 0:
+                day = int(now // _DAY)
+                used = await self.store.incr_window(f"tokens:{owner}:{day}", 0, 2 * _DAY)
+                limit = self.tokens_per_day
+                out.append(("tokens", limit, max(0, limit - used), (day + 1) * _DAY - now))
+        except StoreError as exc:
+            self._store_failed(exc)
+            return []
+        return out
+
     def _refuse(self, code: str, content: str) -> Error:
         self.metrics.turns_refused.labels(code).inc()
         return Error(code=code, content=content)

@@ -10,6 +10,8 @@ The operator writes one TOML table per key id (``--key-policy-file``)::
     instructions = "Answer in French."      # appended to by sessions, never replaced
     record = true                           # record every session (false: none, whatever
                                             # the session or the node asks)
+    aliases = { fast = "gemini-3.8-live" }  # model names of its own (the OpenAI door's
+                                            # ?model=, client_secrets' session.model)
 
     ["*"]                                    # keys without a table of their own
     server_tools = []
@@ -66,6 +68,8 @@ class KeyPolicy(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """Server tools whose calls wait for a user's approve in this key's sessions."""
     guardrails: tuple[RuleSpec, ...] = ()
     """Guardrail rules for this key's sessions, after the node's (docs/guardrails.md)."""
+    aliases: dict[str, str] = msgspec.field(default_factory=dict)
+    """Model names of this key's own: ``"fast" = "gemini-3.8-live"`` (the OpenAI door)."""
 
 
 OPEN: Final = KeyPolicy()
@@ -181,7 +185,7 @@ class KeyPolicies:
                 raise ValueError(
                     f"{self.path} [{key_id}]: {exc}; fields are providers, models, "
                     "server_tools, reasoning_efforts (lists of strings), instructions (a "
-                    "string) and record (true or false)"
+                    "string), record (true or false) and aliases (a table of model names)"
                 ) from None
             problem = compile_rules(policy.guardrails)
             if isinstance(problem, str):

@@ -3,10 +3,11 @@
 The offer (``application/sdp``, or multipart with ``sdp`` and ``session``) is
 answered ``201`` with the SDP answer and ``Location: …/calls/rtc_…``. The call
 is then one more client of the OpenAI door: its ``oai-events`` data channel
-carries the door's frames (``OpenAIDoor.pump`` through a ``CallLink``), its
+carries the door's events (``LoopbackBridge.pump`` through a ``CallLink``), its
 microphone track goes into the session at 48 kHz, and the model's speech
 goes out on the answering track (``gateway.webrtc.media``). Credentials and
-every check of the gateway's door are the door's (``OpenAIDoor.open``).
+every check of the gateway's door are the door's, made on the bridge's
+loopback connection (``LoopbackBridge.open``; docs/webrtc.md: an extra hop).
 
 Limits come before the work: the body's size (``max_sdp``) before it is
 read, the node's call count (``max_calls``) before a peer connection is
@@ -30,9 +31,10 @@ from aiortc import RTCConfiguration, RTCIceServer, RTCPeerConnection, RTCSession
 from aiortc.mediastreams import MediaStreamTrack
 
 from gateway.config import Config
-from gateway.edge.openai_door import OpenAIDoor, Refused, model_route
+from gateway.edge.openai_door import OpenAIDoor, model_route
 from gateway.upstream.providers import MODELS
 from gateway.webrtc import CALLS_PATH
+from gateway.webrtc.bridge import LoopbackBridge, Refused
 from gateway.webrtc.media import RATE, Speaker, microphone
 from protocol.events import Played
 from protocol.openai_conversation import Conversation
@@ -153,10 +155,13 @@ class CallLink:
 class WebRTCCalls:
     """The calls of one node: answers offers, runs each call until it ends."""
 
-    def __init__(self, config: Config, door: OpenAIDoor) -> None:
+    def __init__(self, config: Config, door: OpenAIDoor, bridge: LoopbackBridge) -> None:
+        """``door``: where ``?call_id=`` (the sideband) finds a call; ``bridge``: how a
+        call reaches its session."""
         self.config = config
         self.settings = config.webrtc
         self.door = door
+        self.bridge = bridge
         self.calls: dict[str, asyncio.Task[None]] = {}
 
     async def create(self, request: web.Request) -> web.Response:
@@ -195,7 +200,7 @@ class WebRTCCalls:
                 "with session_id",
                 "invalid_after_event",
             )
-        opened = await self.door.open(
+        opened = await self.bridge.open(
             model,
             route,
             authorizations[0] if authorizations else None,
@@ -222,7 +227,7 @@ class WebRTCCalls:
         conversation = Conversation(opened.sid, model, input_rate=RATE)
         self.door.calls[call_id] = (opened.sid, model)
         self.calls[call_id] = asyncio.create_task(
-            self._run(call_id, link, self.door.pump(opened, link, conversation)),
+            self._run(call_id, link, self.bridge.pump(opened, link, conversation)),
             name=f"webrtc:{call_id}",
         )
         log.info("WebRTC call %s: session %s, model %s", call_id, opened.sid, model)

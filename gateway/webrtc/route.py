@@ -33,14 +33,16 @@ async def _nothing() -> None:
 
 
 def install(
-    app: web.Application, config: Config, door: OpenAIDoor
+    app: web.Application, config: Config, door: OpenAIDoor, address: Callable[[], str]
 ) -> Callable[[], Awaitable[None]]:
-    """Route ``POST CALLS_PATH`` on ``app``; returns what ends the node's calls."""
+    """Route ``POST CALLS_PATH`` on ``app``; returns what ends the node's calls.
+    ``address()``: ``HOST:PORT`` of this node's own door (the calls' loopback bridge)."""
     try:
+        from gateway.webrtc.bridge import LoopbackBridge
         from gateway.webrtc.calls import WebRTCCalls
     except ImportError:
         app.router.add_post(CALLS_PATH, _unavailable)
         return _nothing
-    calls = WebRTCCalls(config, door)
+    calls = WebRTCCalls(config, door, LoopbackBridge(config, door.config_of, address))
     app.router.add_post(CALLS_PATH, calls.create)
     return calls.close

@@ -1,10 +1,12 @@
 """CPU of a ``gateway serve`` node per server event: its own door against the OpenAI door.
 
-    .venv/bin/python -m tests.bench.openai_door_bench [--sessions 20] [--turns 5]
+    .venv/bin/python -m tests.bench.openai_door_bench [--sessions 20] [--turns 5] [--baseline DIR]
 
 Starts one node (the simulator, no keys, the memory store, uvloop), runs the same
 text turns through ``/v1/realtime`` and through ``/openai/v1/realtime``, and prints the
 node's CPU seconds (user + system, from /proc) per event each client received.
+``--baseline DIR`` also runs the OpenAI door of another source tree (e.g.
+``git archive main | tar -x -C DIR``) on its own node, for a before/after in one run.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import asyncio
 import json
 import os
 import time
+from pathlib import Path
 
 from websockets.asyncio.client import connect
 
@@ -75,18 +78,25 @@ async def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--sessions", type=int, default=20)
     parser.add_argument("--turns", type=int, default=5)
+    parser.add_argument("--baseline", type=Path, help="another source tree's OpenAI door, too")
     args = parser.parse_args()
-    node = NodeProcess(["serve", "--port", "0"], env={"REDIS_URL": ""}).start()
-    try:
-        for name, run in (("gateway door", native_session), ("OpenAI door", door_session)):
+    targets: list[tuple[str, Path | None, object]] = [
+        ("gateway door", None, native_session),
+        ("OpenAI door", None, door_session),
+    ]
+    if args.baseline is not None:
+        targets.append(("OpenAI door (baseline)", args.baseline, door_session))
+    for name, cwd, run in targets:
+        node = NodeProcess(["serve", "--port", "0"], env={"REDIS_URL": ""}, cwd=cwd).start()
+        try:
             await measure(node, run, 2, 1)  # warm up
             events, cpu, wall = await measure(node, run, args.sessions, args.turns)
             print(
-                f"{name:13s} {args.sessions} sessions x {args.turns} turns: {events} events, "
+                f"{name:22s} {args.sessions} sessions x {args.turns} turns: {events} events, "
                 f"node CPU {cpu:.2f} s = {cpu / events * 1e6:.0f} µs/event, wall {wall:.1f} s"
             )
-    finally:
-        node.kill()
+        finally:
+            node.kill()
 
 
 if __name__ == "__main__":

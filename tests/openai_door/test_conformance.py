@@ -58,7 +58,7 @@ async def test_every_server_event_validates_and_ids_are_unique(
         assert after[-1]["response"]["usage"]["total_tokens"] > 0
 
         # Refusals are OpenAI's error events, naming the client's event_id.
-        await client.send(type="conversation.item.retrieve", event_id="c_2", item_id="x")
+        await client.send(type="conversation.item.delete", event_id="c_2", item_id="x")
         error = (await client.until("error"))[-1]
         assert error["error"]["event_id"] == "c_2"
         assert "not supported" in error["error"]["message"]

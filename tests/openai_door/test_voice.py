@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 from pathlib import Path
+from typing import Any
 
 import pytest
+from openai import AsyncOpenAI
 
-from tests.openai_door.conftest import RawClient
+from tests.openai_door.conftest import SERVER_EVENT, RawClient
 from tests.voice.conftest import CHUNK_S, utterance, voice_gateway
 
 pytestmark = pytest.mark.timeout(60)
@@ -105,3 +108,47 @@ async def test_a_barge_in_truncates_the_answer_where_the_listener_stopped(
     assert done["response"]["status"] == "cancelled"
     assert done["response"]["status_details"]["reason"] == "turn_detected"
     assert gw.sim.stats.truncations == [300]  # the provider's copy ends where it was heard
+
+
+async def test_the_sdk_hears_the_users_transcript_as_deltas_then_completed(
+    tmp_path: Path,
+) -> None:
+    async with voice_gateway("openai", tmp_path) as gw:
+        base = gw.url.replace("/v1/realtime", "/openai/v1")
+        client = AsyncOpenAI(
+            api_key="unused", base_url=base.replace("ws://", "http://"), websocket_base_url=base
+        )
+        events: list[dict[str, Any]] = []
+        async with client.realtime.connect(model=MODEL) as conn:
+
+            async def until(kind: str) -> None:
+                while True:
+                    event: dict[str, Any] = json.loads(await conn.recv_bytes())
+                    SERVER_EVENT.validate_python(event)  # the SDK's contract, or the test fails
+                    events.append(event)
+                    if event["type"] == kind:
+                        return
+
+            await conn.session.update(session=AUDIO_SESSION)  # type: ignore[arg-type]
+            await until("session.updated")
+            size = round(RATE * CHUNK_S) * 2
+            pcm = utterance(0.5, RATE)
+            loop = asyncio.get_running_loop()
+            start = loop.time()
+            for index, at in enumerate(range(0, len(pcm), size)):
+                await asyncio.sleep(max(0.0, start + index * CHUNK_S - loop.time()))
+                await conn.input_audio_buffer.append(
+                    audio=base64.b64encode(pcm[at : at + size]).decode()
+                )
+            await until("response.done")
+    kinds = [e["type"] for e in events]
+    delta = events[kinds.index("conversation.item.input_audio_transcription.delta")]
+    done = events[kinds.index("conversation.item.input_audio_transcription.completed")]
+    assert kinds.index(delta["type"]) < kinds.index(done["type"])
+    assert delta["item_id"] == done["item_id"]
+    said = "".join(
+        e["delta"]
+        for e in events
+        if e["type"] == "conversation.item.input_audio_transcription.delta"
+    )
+    assert said and said == done["transcript"]

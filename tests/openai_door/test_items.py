@@ -1,0 +1,65 @@
+"""``conversation.item.retrieve`` through the door, with the real ``openai`` SDK: the
+items a client was sent can be read back (the Agents SDK asks for them after a
+transcription), and an unknown id is refused naming the client's event."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from openai import AsyncOpenAI
+
+from tests.openai_door.conftest import MODELS, SERVER_EVENT
+from tests.support.procs import NodeProcess
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.mark.parametrize("model", MODELS)
+async def test_the_sdk_retrieves_the_items_of_a_turn(node: NodeProcess, model: str) -> None:
+    client = AsyncOpenAI(
+        api_key="unused",
+        base_url=f"{node.http}/openai/v1",
+        websocket_base_url=f"{node.base}/openai/v1",
+    )
+    async with client.realtime.connect(model=model) as conn:
+
+        async def next_event() -> dict[str, Any]:
+            event: dict[str, Any] = json.loads(await conn.recv_bytes())
+            SERVER_EVENT.validate_python(event)  # the SDK's contract, or the test fails
+            return event
+
+        await conn.session.update(session={"type": "realtime", "output_modalities": ["text"]})
+        await conn.conversation.item.create(
+            item={
+                "type": "message",
+                "role": "user",
+                "content": [{"type": "input_text", "text": "hello"}],
+            }
+        )
+        await conn.response.create()
+        done: dict[str, dict[str, Any]] = {}
+        while True:
+            event = await next_event()
+            assert event["type"] != "error", event
+            if event["type"] in ("conversation.item.done", "response.output_item.done"):
+                done[event["item"]["id"]] = event["item"]
+            if event["type"] == "response.done":
+                break
+        user = next(i for i in done.values() if i.get("role") == "user")
+        answer = next(i for i in done.values() if i.get("role") == "assistant")
+
+        for item in (user, answer):
+            await conn.conversation.item.retrieve(item_id=item["id"], event_id="c_get")
+            got = await next_event()
+            assert got["type"] == "conversation.item.retrieved", got
+            assert got["item"] == item
+        assert user["content"][0]["text"] == "hello"
+        assert "hello" in answer["content"][0]["text"].lower()
+
+        await conn.conversation.item.retrieve(item_id="item_nope", event_id="c_bad")
+        refused = await next_event()
+        assert refused["type"] == "error"
+        assert refused["error"]["event_id"] == "c_bad"
+        assert refused["error"]["param"] == "item_id"

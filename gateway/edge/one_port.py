@@ -129,11 +129,18 @@ class Sniffer(asyncio.Protocol):
             self._on_close(transport)  # the new protocol counts it from here
         data = bytes(self._buffer)
         self._buffer = bytearray()
+        if to == "ws" and not self.websocket.server.is_serving():
+            # The node is closing: websockets would start a handshake it no longer
+            # serves and log its failure as an error; the client reconnects elsewhere.
+            transport.abort()
+            return
         protocol = self.websocket if to == "ws" else self._make_http()
         transport.set_protocol(protocol)
         protocol.connection_made(transport)
-        if not transport.is_closing():
-            protocol.data_received(data)
+        # The head always follows: a protocol that closed the transport in
+        # ``connection_made`` reads a request it cannot answer, not an empty stream
+        # (websockets logs an empty one as a failed handshake, with its traceback).
+        protocol.data_received(data)
 
     def _cut(self) -> None:
         self._stop_timer()

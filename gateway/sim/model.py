@@ -524,6 +524,7 @@ class Sim(abc.ABC):
             max_size=_MAX_FRAME,
             backlog=_BACKLOG,
             ssl=ssl,
+            logger=_SIM_SERVER_LOG,
         )
         sockname = self._server.sockets[0].getsockname()
         self.host, self.port = str(sockname[0]), int(sockname[1])
@@ -564,3 +565,23 @@ class Sim(abc.ABC):
             del self._live[no]
             self.stats.connections -= 1
             await conn.stop()
+
+
+class _DialAbandoned(logging.Filter):
+    """Drops websockets' "opening handshake failed" for a connection that closed before
+    sending a request: a gateway whose session was cancelled or closed mid-dial hangs
+    up so, and the real services say nothing of it either."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.getMessage() != "opening handshake failed" or record.exc_info is None:
+            return True
+        exc: BaseException | None = record.exc_info[1]
+        while exc is not None:
+            if isinstance(exc, EOFError) and "0 bytes" in str(exc):
+                return False
+            exc = exc.__cause__ or exc.__context__
+        return True
+
+
+_SIM_SERVER_LOG = logging.getLogger("gateway.sim.server")
+_SIM_SERVER_LOG.addFilter(_DialAbandoned())

@@ -28,6 +28,7 @@ from gateway.upstream import providers
 from gateway.upstream.base import ProviderChain, UpstreamFactory
 from gateway.upstream.models import model_refusal, model_warning
 from gateway.upstream.provider import Provider, ProviderSettings
+from gateway.webrtc.route import install as install_webrtc
 from protocol.fallback import ProviderBreaker
 from tools.builtin.phone import phone_tools
 from tools.registry import Registry
@@ -243,7 +244,11 @@ async def running_gateway(config: Config) -> AsyncIterator[Gateway]:
                 tracing=tracing,
             )
             node.metrics.store.watch(store.unconfirmed)
-            gateway = Gateway(node, lambda edges: PhoneEdge(node, edges, phone))
+            gateway = Gateway(
+                node,
+                lambda edges: PhoneEdge(node, edges, phone),
+                lambda app, door, address: install_webrtc(app, config, door, address),
+            )
             await gateway.start()
             try:
                 yield gateway

@@ -37,6 +37,7 @@ from gateway.sim.model import SimConfig
 from gateway.store.base import Durability
 from gateway.upstream import providers
 from gateway.upstream.provider import ProviderSettings
+from gateway.webrtc_settings import WebRTCSettings
 
 __all__ = ["Config", "ConfigError", "load_config"]
 
@@ -198,6 +199,10 @@ class Config(msgspec.Struct, kw_only=True):
     ] = 30.0
     # phone calls: carriers' media streams (--phone-*, GATEWAY_PHONE_*; docs/phone.md).
     phone: Annotated[PhoneSettings, Nested("phone")] = msgspec.field(default_factory=PhoneSettings)
+    # WebRTC calls on the OpenAI door (--webrtc-*, GATEWAY_WEBRTC_*; docs/webrtc.md).
+    webrtc: Annotated[WebRTCSettings, Nested("webrtc")] = msgspec.field(
+        default_factory=WebRTCSettings
+    )
     # provider "sim" runs the simulator in-process with these knobs (--sim-*, GATEWAY_SIM_*).
     sim: Annotated[SimConfig, Nested("sim")] = msgspec.field(default_factory=SimConfig)
 

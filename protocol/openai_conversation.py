@@ -123,10 +123,16 @@ class _Response:
 class Conversation:
     """One OpenAI client's view of one session (see the module docstring)."""
 
-    def __init__(self, sid: str, model: str, *, audio_out: bool = False) -> None:
+    def __init__(
+        self, sid: str, model: str, *, audio_out: bool = False, input_rate: int = 24000
+    ) -> None:
+        """``input_rate``: the rate of the client's audio (24 kHz PCM16 on a WebSocket;
+        a WebRTC call's microphone is decoded at 48 kHz and goes in as it is, so the
+        gateway converts it once, to the provider's rate)."""
         self.sid = sid
         self.model = model
         self.audio_out = audio_out
+        self.input_rate = input_rate
         self._held: list[str] = []  # user text created, not yet sent (response.create sends)
         self._response: _Response | None = None
         self._ending = False
@@ -233,6 +239,9 @@ class Conversation:
                     return self._refusal(change, eid, "session")
                 if change.input_audio is not msgspec.UNSET:
                     self._hearing = True
+                    if change.input_audio is not None and self.input_rate != 24000:
+                        heard = msgspec.structs.replace(change.input_audio, rate=self.input_rate)
+                        change = msgspec.structs.replace(change, input_audio=heard)
                 self._pending_reply = eid
                 return Emit([change], [])
             case ConversationItemCreate(item=item, previous_item_id=previous):
@@ -275,12 +284,7 @@ class Conversation:
                     pcm = base64.b64decode(audio, validate=True)
                 except (binascii.Error, ValueError):
                     return self._refusal("audio is not base64", eid, "audio")
-                commands: list[Command] = []
-                if not self._hearing:  # OpenAI hears with server VAD unless told otherwise
-                    self._hearing = True
-                    commands.append(Configure(input_audio=InputAudio()))
-                commands.append(pcm)
-                return Emit(commands, [])
+                return self.speech_in(pcm)
             case InputAudioBufferCommit():
                 return Emit([Commit()], [])
             case ConversationItemTruncate(item_id=item_id, content_index=index, audio_end_ms=ms):
@@ -312,6 +316,15 @@ class Conversation:
                     "type",
                 )
         return self._refusal("unsupported event", eid)  # pragma: no cover - the match is total
+
+    def speech_in(self, pcm16: bytes) -> Emit:
+        """The user's audio at ``input_rate`` (an append's, or a WebRTC microphone's)."""
+        commands: list[Command] = []
+        if not self._hearing:  # OpenAI hears with server VAD unless told otherwise
+            self._hearing = True
+            commands.append(Configure(input_audio=InputAudio(rate=self.input_rate)))
+        commands.append(pcm16)
+        return Emit(commands, [])
 
     def _refusal(self, message: str, eid: str | None, param: str | None = None) -> Emit:
         return Emit([], [self.error(message, event_id=eid, param=param)])

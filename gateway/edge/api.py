@@ -378,7 +378,10 @@ class HttpApi:
                 )
             response: web.StreamResponse = web.Response(status=204)
             response.headers["Access-Control-Allow-Methods"] = "GET, POST, DELETE, OPTIONS"
-            response.headers["Access-Control-Allow-Headers"] = "Authorization, Content-Type"
+            # X-OpenAI-Agents-SDK: agents-js's WebRTC transport sends it with its offer.
+            response.headers["Access-Control-Allow-Headers"] = (
+                "Authorization, Content-Type, X-OpenAI-Agents-SDK"
+            )
             response.headers["Access-Control-Max-Age"] = "600"
         else:
             response = await handler(request)
@@ -390,7 +393,9 @@ class HttpApi:
         origin = request.headers.get("Origin")
         if origin is not None and self._origin_allowed(origin):
             response.headers["Access-Control-Allow-Origin"] = origin
-            response.headers["Access-Control-Expose-Headers"] = "X-Next-Offset, X-Has-More, Link"
+            response.headers["Access-Control-Expose-Headers"] = (
+                "X-Next-Offset, X-Has-More, Link, Location"
+            )
             response.headers["Vary"] = "Origin"
 
     # ------------------------------------------------------------------ checks

@@ -134,6 +134,8 @@ class OpenAIDoor:
         self.config_of = config_of
         self._handshakes: dict[ServerConnection, _Pending] = {}
         self._reapers: set[asyncio.Task[None]] = set()
+        # This node's WebRTC calls: call id -> (session id, model), for ?call_id=.
+        self.calls: dict[str, tuple[str, str]] = {}
 
     def owns(self, ws: ServerConnection) -> bool:
         return ws in self._handshakes
@@ -147,7 +149,13 @@ class OpenAIDoor:
                 426, f"{OPENAI_PATH} is a WebSocket endpoint: send a WebSocket handshake", "upgrade"
             )
         query = parse_qs(urlsplit(request.path).query)
-        model = (query.get("model") or [""])[-1]
+        call_id = (query.get("call_id") or [""])[-1]
+        call = self.calls.get(call_id) if call_id else None
+        if call_id and call is None:
+            return _error_response(
+                404, f"no WebRTC call {call_id[:80]!r} on this node", "call_not_found"
+            )
+        model = (query.get("model") or [""])[-1] or (call[1] if call else "")
         if not model:
             return _error_response(
                 400, "name the model: connect to ?model=MODEL (e.g. gpt-realtime-2.1)", "model"
@@ -168,7 +176,8 @@ class OpenAIDoor:
         )
         if not authorizations and insecure is not None:
             headers["Authorization"] = "Bearer " + insecure[len(INSECURE_KEY) :]
-        sid = (query.get("session_id") or [""])[-1]
+        # The sideband (?call_id=): the app's server joins the call's session.
+        sid = call[0] if call else (query.get("session_id") or [""])[-1]
         after_event = (query.get("after_event") or [""])[-1]
         after: tuple[int, int] | None = None
         if after_event:

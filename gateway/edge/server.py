@@ -22,11 +22,12 @@ import http
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, MutableMapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, MutableMapping, Sequence
 from typing import Any, Final, Literal, cast
 from urllib.parse import parse_qs, urlsplit
 
 import msgspec
+from aiohttp.web import Application
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.datastructures import Headers, MultipleValuesError
 from websockets.http11 import Request, Response
@@ -168,11 +169,29 @@ def watched(pending: PendingConnections) -> type[BatchingConnection]:
     return WatchedConnection
 
 
+# Routes a node's WebRTC calls on its HTTP app, beside its OpenAI door (and given the
+# node's own address, ``Gateway.own_address``); returns what ends them. Given by
+# ``gateway.app`` (``gateway.webrtc`` stands on the door).
+CallsInstaller = Callable[
+    [Application, OpenAIDoor, Callable[[], str]], Callable[[], Awaitable[None]]
+]
+
+
+async def _no_calls() -> None:
+    pass
+
+
 class Gateway:
     """A running gateway node: its server plus its ``Node``."""
 
-    def __init__(self, node: NodePort, phone: MediaStreamsFactory | None = None) -> None:
-        """``phone``: makes the node's phone calls (``gateway.app``); none: no phone edge."""
+    def __init__(
+        self,
+        node: NodePort,
+        phone: MediaStreamsFactory | None = None,
+        calls: CallsInstaller | None = None,
+    ) -> None:
+        """``phone``: makes the node's phone calls (``gateway.app``); none: no phone edge.
+        ``calls``: installs its WebRTC calls (``gateway.app``); none: no calls route."""
         self.node = node
         self.config: Config = node.config
         self.server: Server | None = None
@@ -191,6 +210,10 @@ class Gateway:
         self.api = HttpApi(node, self.edges, self.phone)
         # The OpenAI Realtime door (/openai/v1/realtime): this door's checks, OpenAI's events.
         self.door = OpenAIDoor(self.config, node.policies, self._admit_client, self._config_of)
+        # Its WebRTC calls (POST /openai/v1/realtime/calls): the door's frames on a data channel.
+        self._end_calls = (
+            calls(self.api.app, self.door, self.own_address) if calls is not None else _no_calls
+        )
         # The console's policy (it may call the HTTP API) and what it may configure.
         self.page_policy = console.content_security_policy(self.config.api_port)
         self.offer = web.offer_of(self.config, auth=self.edges.auth_on)
@@ -278,6 +301,16 @@ class Gateway:
 
         # websockets calls it as it would a ServerConnection subclass: with the same arguments.
         return cast("type[ServerConnection]", make)
+
+    def own_address(self) -> str:
+        """``HOST:PORT`` at which this process reaches its own door (loopback if it
+        listens on every address): WebRTC calls connect there (``gateway.webrtc.bridge``)."""
+        host = str(next(iter(self.server.sockets)).getsockname()[0]) if self.server else ""
+        if host in ("", "0.0.0.0"):
+            host = "127.0.0.1"
+        elif host == "::":
+            host = "::1"
+        return f"[{host}]:{self.port}" if ":" in host else f"{host}:{self.port}"
 
     async def _config_of(self, sid: str) -> SessionConfig | None:
         live = self.node.live_state(sid)
@@ -572,6 +605,7 @@ class Gateway:
             *(_close_or_abort(c.ws, c.drained) for c in list(self.connections)),
             return_exceptions=True,
         )
+        await self._end_calls()
         await node.stop()
         if self.server is not None:
             await self.server.wait_closed()
@@ -587,6 +621,7 @@ class Gateway:
         if self.server is not None:
             self.server.close()
             await self.server.wait_closed()
+        await self._end_calls()
         await self.api.close()
         await self.door.close()
         await self.edges.close()

@@ -1,0 +1,48 @@
+"""``POST /openai/v1/realtime/calls`` on the node's HTTP app: WebRTC calls, or a 501
+saying how to get them (aiortc is optional: ``pip install realtime-gateway[webrtc]``)."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+import msgspec
+from aiohttp import web
+
+from gateway.config import Config
+from gateway.edge.openai_door import OpenAIDoor
+from gateway.webrtc import CALLS_PATH
+
+__all__ = ["install"]
+
+
+async def _unavailable(request: web.Request) -> web.Response:
+    body = {
+        "error": {
+            "type": "invalid_request_error",
+            "code": "webrtc_unavailable",
+            "message": "this gateway was installed without WebRTC: install "
+            "realtime-gateway[webrtc] (aiortc), or connect with a WebSocket to "
+            "/openai/v1/realtime",
+        }
+    }
+    return web.Response(status=501, body=msgspec.json.encode(body), content_type="application/json")
+
+
+async def _nothing() -> None:
+    pass
+
+
+def install(
+    app: web.Application, config: Config, door: OpenAIDoor, address: Callable[[], str]
+) -> Callable[[], Awaitable[None]]:
+    """Route ``POST CALLS_PATH`` on ``app``; returns what ends the node's calls.
+    ``address()``: ``HOST:PORT`` of this node's own door (the calls' loopback bridge)."""
+    try:
+        from gateway.webrtc.bridge import LoopbackBridge
+        from gateway.webrtc.calls import WebRTCCalls
+    except ImportError:
+        app.router.add_post(CALLS_PATH, _unavailable)
+        return _nothing
+    calls = WebRTCCalls(config, door, LoopbackBridge(config, door.config_of, address))
+    app.router.add_post(CALLS_PATH, calls.create)
+    return calls.close

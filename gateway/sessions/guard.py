@@ -27,6 +27,7 @@ from typing import Any, Final
 
 import msgspec
 
+from gateway.common.reloaded_file import ReloadedFile
 from gateway.common.settings import ConfigError
 from gateway.metrics import Metrics
 from protocol.assembly import HistoryItem
@@ -125,12 +126,15 @@ def parse_rules(tables: object, where: str) -> tuple[RuleSpec, ...]:
     return tuple(specs)
 
 
-class GuardrailsFile:
+class GuardrailsFile(ReloadedFile):
     """The rules of ``--guardrails FILE`` (``[[rule]]`` tables), re-read when it changes.
 
     Raises ``ConfigError`` naming the rule and field when the file is bad at
     start; a file broken later keeps the rules loaded before (logged).
     """
+
+    what = "guardrails file"
+    _log = log
 
     def __init__(self, path: str | Path | None, *, check_interval: float = 0.25) -> None:
         self.path = Path(path) if path else None
@@ -164,20 +168,8 @@ class GuardrailsFile:
         self._stamp = (stat.st_mtime, stat.st_size)
         self._checked = time.monotonic()
 
-    def poll(self) -> int:
-        """Re-read the file if it changed (one ``stat`` at most every ``check_interval``)."""
-        now = time.monotonic()
-        if self.path is None or now - self._checked < self.check_interval:
-            return self.version
-        self._checked = now
-        try:
-            stat = self.path.stat()
-            if (stat.st_mtime, stat.st_size) != self._stamp:
-                self._load()
-                log.info("guardrails file %s loaded: %d rules", self.path, len(self.specs))
-        except (OSError, ValueError) as exc:
-            log.error("guardrails file not reloaded, keeping the loaded rules: %s", exc)
-        return self.version
+    def _loaded(self) -> str:
+        return f"{len(self.specs)} rules"
 
 
 def guard_value(rules: RuleSet, value: Any) -> tuple[Any, list[Hit]]:

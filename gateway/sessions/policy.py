@@ -43,6 +43,7 @@ from typing import Final
 
 import msgspec
 
+from gateway.common.reloaded_file import ReloadedFile
 from gateway.common.settings import ConfigError
 from protocol.configuration import SessionConfig
 from protocol.guardrails import RuleSpec, compile_rules
@@ -138,13 +139,16 @@ def within(policy: KeyPolicy, config: SessionConfig) -> SessionConfig:
     return msgspec.structs.replace(config, **changes) if changes else config
 
 
-class KeyPolicies:
+class KeyPolicies(ReloadedFile):
     """The policies of a ``--key-policy-file``, re-read when the file changes.
 
     Raises ``ConfigError`` (naming the table and field) when the file is
     unreadable at start, or names a provider not in ``known_providers`` (when
     given): a typo would otherwise lock the key out of the provider it meant.
     """
+
+    what = "key policy file"
+    _log = log
 
     def __init__(
         self,
@@ -203,21 +207,8 @@ class KeyPolicies:
         self._stamp = (stat.st_mtime, stat.st_size)
         self._checked = time.monotonic()
 
-    def poll(self) -> int:
-        """Re-read the file if it changed (one ``stat``, at most every ``check_interval``
-        seconds: on use, and by the node's rights watch); the policies' ``version``."""
-        now = time.monotonic()
-        if self.path is None or now - self._checked < self.check_interval:
-            return self.version
-        self._checked = now
-        try:
-            stat = self.path.stat()
-            if (stat.st_mtime, stat.st_size) != self._stamp:
-                self._load()
-                log.info("key policy file %s loaded: %d tables", self.path, len(self._policies))
-        except (OSError, ValueError) as exc:
-            log.error("key policy file not reloaded, keeping the loaded policies: %s", exc)
-        return self.version
+    def _loaded(self) -> str:
+        return f"{len(self._policies)} tables"
 
     def get(self, key_id: str) -> KeyPolicy:
         """The policy of ``key_id`` (its table, else ``"*"``, else no limits)."""

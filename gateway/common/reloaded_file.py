@@ -1,0 +1,47 @@
+"""A configuration file re-read when it changes: the key policies and the guardrails.
+
+One ``stat`` at most every ``check_interval`` seconds (on use, and by the node's
+rights watch); a file that no longer reads keeps what was loaded, and says why.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+__all__ = ["ReloadedFile"]
+
+
+class ReloadedFile:
+    """``poll()`` re-reads ``path`` through ``_load`` when its mtime or size changed and
+    returns ``version`` (which ``_load`` raises when what it loaded differs)."""
+
+    what = "file"  # how the log names it: "key policy file", "guardrails file"
+    path: Path | None
+    check_interval: float
+    version: int
+    _checked: float
+    _stamp: tuple[float, int] | None
+    _log: logging.Logger
+
+    def _load(self) -> None:
+        raise NotImplementedError
+
+    def _loaded(self) -> str:
+        """What the log says after a load ("3 tables")."""
+        raise NotImplementedError
+
+    def poll(self) -> int:
+        now = time.monotonic()
+        if self.path is None or now - self._checked < self.check_interval:
+            return self.version
+        self._checked = now
+        try:
+            stat = self.path.stat()
+            if (stat.st_mtime, stat.st_size) != self._stamp:
+                self._load()
+                self._log.info("%s %s loaded: %s", self.what, self.path, self._loaded())
+        except (OSError, ValueError) as exc:
+            self._log.error("%s not reloaded, keeping what it had loaded: %s", self.what, exc)
+        return self.version

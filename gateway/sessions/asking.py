@@ -98,7 +98,9 @@ class UpstreamAsker:
                 await upstream.send_function_output(call_id, output)
         self.requested_at = time.perf_counter()
         await upstream.start_response()
-        await self.voice_in.flush(upstream)  # speech held meanwhile barges in on it
+        await self.voice_in.flush(
+            upstream, hears=self.link.hears
+        )  # speech held meanwhile barges in on it
         self.in_call = False
 
     async def open(self, *, flush: bool = True) -> Upstream:
@@ -128,7 +130,7 @@ class UpstreamAsker:
             self.in_call = False
             return upstream  # the request's sender flushes (or the pump, if it was superseded)
         try:
-            await self.voice_in.flush(upstream)
+            await self.voice_in.flush(upstream, hears=self.link.hears)
         except BaseException:
             self.link.upstream = None
             self.link.discard(upstream)

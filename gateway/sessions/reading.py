@@ -156,7 +156,9 @@ class UpstreamReader:
                 raise UpstreamClosed("no upstream connection")
             upstream = await self.asker.open()
         elif self.voice_in.unflushed:
-            await self.voice_in.flush(upstream)  # the request it waited for was superseded
+            await self.voice_in.flush(
+                upstream, hears=self.link.hears
+            )  # the request it waited for was superseded
         machine = self.machine
         text = machine.text
         todo = self.todo

@@ -91,6 +91,7 @@ class UpstreamLink:
         self.upstream: Upstream | None = None
         self.provider = ""  # the provider of the connection opened last
         self.opened_with: object = None  # what the connection was opened for (the setup)
+        self.hears = False  # the open connection takes the user's audio (VoiceConfig.audio_in)
         # The provider's own copy of the conversation, to continue on the next connection,
         # and where its positions are in the history (position at a turn's end → items).
         self._resume_point = resume
@@ -132,6 +133,7 @@ class UpstreamLink:
         self._positions = {upstream.position: held}
         self.upstream = upstream
         self.opened_with = opened_with
+        self.hears = voice is not None and voice.audio_in is not None
         return upstream, voice is not None
 
     def discard(self, upstream: Upstream) -> None:

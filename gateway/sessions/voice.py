@@ -218,11 +218,15 @@ class VoiceInput:
         first): audio is held for it, as while it opened, until ``flush``."""
         self._unflushed = True
 
-    async def flush(self, upstream: Upstream) -> None:
+    async def flush(self, upstream: Upstream, *, hears: bool = True) -> None:
         """The audio held while ``upstream`` was opened, oldest first; audio that comes
-        meanwhile is held behind it, so the order holds."""
+        meanwhile is held behind it, so the order holds. An upstream that does not
+        ``hear`` (reopened for a configuration without input audio while the user still
+        spoke) gets none: what was held is dropped, as speech to a text session is."""
         held = self._held
-        if held is None:
+        if held is None or not hears:
+            if held is not None:
+                held.clear()
             self._unflushed = False
             return
         self._unflushed = True  # what comes during an await below queues behind

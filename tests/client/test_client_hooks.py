@@ -73,11 +73,10 @@ def test_a_hook_that_is_not_a_function_is_refused_at_once() -> None:
     assert hooks == set(HOOK_NAMES)
 
 
+@pytest.mark.parametrize("store_kind", ["memory"])  # the store makes no difference
 async def test_a_background_result_after_the_turn_reaches_on_event(
     gateway_factory: GatewayFactory, store_kind: str
 ) -> None:
-    if store_kind != "memory":
-        pytest.skip("the store makes no difference here")
     outside: list[Event] = []
     answered = asyncio.Event()
 
@@ -118,11 +117,10 @@ async def test_a_background_result_after_the_turn_reaches_on_event(
 
 
 @pytest.mark.logs_traceback
+@pytest.mark.parametrize("store_kind", ["memory"])  # the store makes no difference
 async def test_a_hook_that_raises_is_logged_and_the_client_goes_on(
     gateway_factory: GatewayFactory, store_kind: str, logged_tracebacks: LoggedTracebacks
 ) -> None:
-    if store_kind != "memory":
-        pytest.skip("the store makes no difference here")
 
     def broken(event: Event) -> None:
         raise RuntimeError("the app's bug")

@@ -75,11 +75,10 @@ def test_the_api_port_equal_to_the_port_is_one_port() -> None:
             assert answer.status == 201 and "session_id" in json.loads(answer.read())
 
 
+@pytest.mark.parametrize("store_kind", ["memory"])  # the store makes no difference
 async def test_a_calls_background_prints_as_a_bool(
     gateway_factory: GatewayFactory, store_kind: str
 ) -> None:
-    if store_kind != "memory":
-        pytest.skip("the store makes no difference here")
     async with gateway_factory() as gw, Client(gw.url) as c:
         events = [e async for e in c.send('/tool list {"path": "."}')]
     [call] = [e for e in events if isinstance(e, Call)]

@@ -39,10 +39,8 @@ def _sent() -> set[str]:
                         if kw.arg == "code" and isinstance(kw.value, ast.Constant):
                             codes.add(kw.value.value)
                 elif (
-                    # The limits' error replies (admission's are HTTP reasons; the OpenAI
-                    # door's are OpenAI's error messages, not the gateway's codes).
-                    name == "_refuse"
-                    and file.name not in ("admission.py", "openai_conversation.py")
+                    name == "_refuse"  # limits' error replies (admission's are HTTP reasons)
+                    and file.name != "admission.py"
                     and node.args
                     and isinstance(node.args[0], ast.Constant)
                     and isinstance(node.args[0].value, str)

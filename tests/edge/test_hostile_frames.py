@@ -75,8 +75,9 @@ async def test_pings_never_read_are_closed_with_1008(node: NodeProcess) -> None:
             said = await raw_flood(node.url, flood, 1 << 16)
     print(f"\n[pings] {said}; node CPU {memory.cpu:.2f} s, RSS +{memory.grew >> 20} MiB")
     # The node ends the flood: a 1008, a reset while writing, or (when its close frame
-    # was queued behind pongs the flooder never read) the connection closed under it.
-    assert "1008" in said or "cut off" in said or "closed without" in said, said
+    # was queued behind pongs the flooder never read) the connection closed or reset.
+    ended = ("1008", "cut off", "closed without", "ConnectionResetError")
+    assert any(word in said for word in ended), said
     assert memory.cpu < CPU and memory.grew < MEMORY
     assert await healthy(node) < 5.0
     await another_turn(node)

@@ -72,8 +72,6 @@ from protocol.events import (
     Interrupt,
     Metric,
     Respond,
-    SpeechStarted,
-    SpeechStopped,
     Think,
     Usage,
     User,
@@ -86,9 +84,7 @@ from protocol.steps import StepRecorder
 from protocol.turn_events import (
     Action,
     Await,
-    Backoff,
     CancelBackground,
-    CommitAudio,
     DropUpstream,
     NativeCall,
     Persist,
@@ -100,13 +96,13 @@ from protocol.turn_events import (
     StopResponse,
     TurnInput,
     TurnStarted,
-    UpstreamFailed,
     UserMessage,
 )
+from protocol.turn_recovery import RecoverySteps
 from protocol.turn_state import NOTHING, RETRY, TurnState
 from protocol.turn_table import TRANSITIONS
 from protocol.turn_timers import CANCEL_REPORT_WAIT, Timers
-from protocol.turn_tools import ToolSteps
+from protocol.turn_voice import BARGED_IN, VoiceSteps
 
 __all__ = [
     "BARGED_IN",
@@ -134,16 +130,14 @@ _RETRY: Final = RETRY
 _NOTHING: Final = NOTHING
 _STOP: Final = StopResponse()
 _STARTED: Final = TurnStarted()
-_COMMIT: Final = CommitAudio()
 _TRANSITIONS: Final = TRANSITIONS
 _AWAIT_RESPONSE: Final = Await(Source.RESPONSE)
 _AWAIT_NOTHING: Final = Await(Source.NOTHING)
 
 CANCELLED_BY_USER: Final = "cancelled by the user"
-BARGED_IN: Final = "interrupted by the user's speech"
 
 
-class TurnMachine(ToolSteps):
+class TurnMachine(VoiceSteps, RecoverySteps):
     """The turns of one session (see the module docstring).
 
     ``meter.total`` is the session's usage so far (it grows with every ``Account``);
@@ -158,13 +152,10 @@ class TurnMachine(ToolSteps):
     """
 
     __slots__ = (
-        "_attempt",
-        "_chunk",
         "_ended",
         "_feed",
         "_opened_for",
         "_queued",
-        "_stalled",
         "cancel_background",
         "setup",
         "spoken",
@@ -288,80 +279,6 @@ class TurnMachine(ToolSteps):
         entry = _TRANSITIONS[self.state, type(given)]
         return _NOTHING if entry is None else entry[0](self, given)
 
-    # --- voice --------------------------------------------------------------------------
-
-    def _speech_began(self, offset_ms: int) -> Sequence[Action]:
-        out: list[Action] = [SpeechStarted(offset_ms=offset_ms)]
-        state = self.state
-        if state is _STREAMING or state is _STOPPING or state is _TOOLS or state is _BACKOFF:
-            out += self._cancel(barge_in=True)
-        elif state is _IDLE:
-            heard = self.spoken.cut()
-            if heard is not None:
-                # The answer is complete but still playing: history and the provider
-                # keep what the listener heard of it, as after a running turn's barge-in.
-                out[0] = SpeechStarted(offset_ms=offset_ms, heard_ms=heard)
-                note = Cancelled(content=BARGED_IN, reason="barge_in", heard_ms=heard)
-                out.append(Persist((note,)))
-                if self.voice:
-                    spoken = self.spoken
-                    text = spoken.text if spoken.chars else self._parser.accepted_text
-                    out.append(ReplaceResponse(text, heard_ms=heard))
-        return out
-
-    def audio_sent(self, ms: float) -> bool:
-        """The answer's next ``ms`` of audio (the hot path: no actions). True: the shell
-        sends it to the clients (what the listener has not heard yet can still be cut);
-        False: it is the rest of a cancelled answer."""
-        if self.state is not _STREAMING:
-            return False
-        self.spoken.audio_sent(ms)
-        return True
-
-    def _speech_ended(self, offset_ms: int) -> Sequence[Action]:
-        out: list[Action] = [SpeechStopped(offset_ms=offset_ms)]
-        state = self.state
-        if state is _IDLE:
-            out += self._begin_spoken([])
-        elif state is _ENDING or state is _CANCELLING:
-            self.spoken.queued = True  # answered once the closing turn is over
-        return out
-
-    def _commit(self) -> Sequence[Action]:
-        if self.state is not _IDLE:
-            return [
-                Refuse(
-                    Error(
-                        code="turn_active",
-                        content="a turn is already running; wait for its end event "
-                        "(or send cancel) before committing speech",
-                    )
-                )
-            ]
-        out = self._begin_spoken([])
-        out.append(_COMMIT)
-        return out
-
-    def _begin_spoken(self, first: list[Action]) -> list[Action]:
-        """A spoken turn: the provider has the speech and answers it; its transcript
-        (the ``user`` event) comes first, so what the answer brings is held till then."""
-        out = self._begin(first, None)
-        out.pop()  # no request: the provider answers by itself (or on CommitAudio)
-        self.spoken.begin()
-        return out
-
-    def _said(self, event: Respond | Think) -> Sequence[Action]:
-        """A chunk the provider gave as answer (``Spoken``) or thinking (``Thought``) as is:
-        no text protocol to parse (audio output, or a model that only speaks)."""
-        if self.state is not _STREAMING:
-            return _NOTHING  # leftovers of a cancelled answer
-        self._chunk(event)
-        if type(event) is Respond:
-            self.spoken.said(event.content)
-        if self.spoken.hold((event,)):
-            return _NOTHING
-        return [event]
-
     def _native_call(self, given: NativeCall) -> Sequence[Action]:
         if self.state is not _STREAMING:
             return _NOTHING
@@ -470,108 +387,6 @@ class TurnMachine(ToolSteps):
         # The step answered without <end>: the turn is over all the same.
         out += [Persist(tuple(self._recorder.finish())), End()]
         return self._close(out)
-
-    def _upstream_lost(
-        self, reason: str, *, fatal: bool = False, fallback: str = ""
-    ) -> Sequence[Action]:
-        state = self.state
-        if state is _CANCELLING:
-            self._count_usage(None, True)
-            return self._close([DropUpstream()])
-        if state is _ENDING:
-            # The answer is complete (end was sent); only its usage report is lost.
-            self._count_usage(None, True)
-            return self._close([Persist(tuple(self._recorder.finish())), DropUpstream()])
-        if state is _STOPPING:
-            # The calls are complete: run them; the next request reopens from history.
-            self._count_usage(None, True)
-            return [DropUpstream(), *self._tool_step([])]
-        if state is not _STREAMING:
-            return _NOTHING  # a best-effort action failed while nothing was asked of the model
-        self._count_usage(None, True)
-        self._attempt += 1
-        attempt = self._attempt
-        out: list[Action] = [DropUpstream(), *self.spoken.release(UNHEARD)]
-        if attempt > self.upstream_retries or (fatal and not fallback):
-            problem = "refused the request" if fatal and not fallback else "is unreachable"
-            out += [
-                Error(
-                    code="upstream",
-                    content=f"the model's API {problem} ({reason}); "
-                    "the turn was stopped — send your message again later",
-                ),
-                Persist(tuple(self._recorder.finish())),
-                End(),
-            ]
-            return self._close(out)
-        if fallback:
-            if self._recorder.emitted:
-                out.append(
-                    Interrupt(
-                        content=f"the model's API failed ({reason}); continuing with "
-                        f"{fallback} — discard this step's partial output"
-                    )
-                )
-            self._recorder = StepRecorder()
-            self._chunk = self._recorder.chunk
-            self._new_attempt()
-            self.state = _BACKOFF
-            out.append(Backoff(attempt=attempt, delay=0.0))
-            return out
-        if self._recorder.emitted:
-            out.append(
-                Interrupt(
-                    content=f"upstream connection lost ({reason}); "
-                    "this step is being rerun — discard its partial output"
-                )
-            )
-        self._recorder = StepRecorder()  # the partial step is not history
-        self._chunk = self._recorder.chunk
-        self._new_attempt()
-        self.state = _BACKOFF
-        out.append(Backoff(attempt=attempt, delay=min(0.1 * 2**attempt, 2.0)))
-        return out
-
-    def _upstream_stalled(self, seconds: float) -> Sequence[Action]:
-        """Nothing from the provider for ``seconds``: rerun the step once on a new
-        connection, then end the turn (``upstream_timeout``)."""
-        silent = f"the model's API sent nothing for {seconds:g}s"
-        if self.state is not _STREAMING:
-            # The answer or the calls are complete (or cancelled): as a lost connection.
-            return self._upstream_lost(silent)
-        self._count_usage(None, True)
-        if self._stalled:
-            return self._fail(
-                [],
-                f"{silent}, again after the step was retried on a new connection; the turn "
-                "was stopped — send your message again, and if it keeps happening tell the "
-                "operator (the provider may be overloaded)",
-                code="upstream_timeout",
-            )
-        self._stalled = True
-        partial = " — discard its partial output" if self._recorder.emitted else ""
-        out: list[Action] = [DropUpstream(stop=True), *self.spoken.release(UNHEARD)]
-        out.append(
-            Interrupt(content=f"{silent}; this step is being rerun on a new connection{partial}")
-        )
-        self._recorder = StepRecorder()  # the partial step is not history
-        self._chunk = self._recorder.chunk
-        self._new_attempt()
-        self.state = _BACKOFF
-        out.append(Backoff(attempt=self._attempt + 1, delay=0.0))
-        return out
-
-    def _upstream_failed(self, failed: UpstreamFailed) -> Sequence[Action]:
-        state = self.state
-        if state is _CANCELLING or state is _ENDING:
-            # The closing event is out: end the wait for a usage report that may not come.
-            return self._upstream_lost(f"{failed.code}: {failed.message}")
-        if state is not _STREAMING and state is not _STOPPING:
-            return _NOTHING
-        if failed.fallback:
-            return self._upstream_lost(failed.code, fatal=True, fallback=failed.fallback)
-        self._count_usage(None, True)
-        return self._fail([], f"the model's API reported {failed.code}: {failed.message}")
 
     def _cancel(self, *, barge_in: bool = False) -> list[Action]:
         state = self.state

@@ -1,7 +1,7 @@
 """Where a session's turn is: the states of ``protocol.turn.TurnMachine``.
 
-Its own module so the machine's rooms (``protocol.turn``, ``protocol.turn_tools``)
-share one definition, and the constant actions they return without allocating.
+Its own module so the machine's rooms (``protocol.turn``, ``protocol.turn_tools``,
+``protocol.turn_voice``) share one definition, and the constant actions they return without allocating.
 """
 
 from __future__ import annotations

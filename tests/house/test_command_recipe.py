@@ -98,7 +98,7 @@ def _recipe(root: Path) -> None:
     edit(events, '    "Metric",\n', '    "Metric",\n    "Note",\n    "Noted",\n')
     # (2) the machine's handler.
     turn = root / "protocol/turn.py"
-    edit(turn, "    def _begin_spoken(", HANDLER + "    def _begin_spoken(")
+    edit(turn, "    def _native_call(", HANDLER + "    def _native_call(")
     edit(turn, "    Metric,\n    Respond,\n", "    Metric,\n    Note,\n    Noted,\n    Respond,\n")
     # (3) its row in the turn table.
     table = root / "protocol/turn_table.py"

@@ -99,7 +99,17 @@ from protocol.turn_events import (
     UserMessage,
 )
 from protocol.turn_recovery import RecoverySteps
-from protocol.turn_state import NOTHING, RETRY, TurnState
+from protocol.turn_state import (
+    BACKOFF,
+    CANCELLING,
+    ENDING,
+    IDLE,
+    NOTHING,
+    RETRY,
+    STOPPING,
+    STREAMING,
+    TurnState,
+)
 from protocol.turn_table import TRANSITIONS
 from protocol.turn_timers import CANCEL_REPORT_WAIT, Timers
 from protocol.turn_voice import BARGED_IN, VoiceSteps
@@ -115,19 +125,7 @@ __all__ = [
 ]
 
 
-# --- states (``protocol.turn_state``) ---------------------------------------------
-
-_IDLE: Final = TurnState.IDLE
-_STREAMING: Final = TurnState.STREAMING
-_STOPPING: Final = TurnState.STOPPING
-_ENDING: Final = TurnState.ENDING
-_TOOLS: Final = TurnState.TOOLS
-_BACKOFF: Final = TurnState.BACKOFF
-_CANCELLING: Final = TurnState.CANCELLING
-
 # The constant actions, made once: the machine returns them without allocating.
-_RETRY: Final = RETRY
-_NOTHING: Final = NOTHING
 _STOP: Final = StopResponse()
 _STARTED: Final = TurnStarted()
 _TRANSITIONS: Final = TRANSITIONS
@@ -174,7 +172,7 @@ class TurnMachine(VoiceSteps, RecoverySteps):
         client_tool_timeout: float = 60.0,
         approval_timeout: float = 120.0,
     ) -> None:
-        self.state = _IDLE
+        self.state = IDLE
         self.timers = Timers(client_tool_timeout, approval_timeout)
         self.setup = 0  # the session's setups so far (``Reconfigured``)
         self._opened_for = 0  # the setup the open connection was opened for (``Opened``)
@@ -201,13 +199,13 @@ class TurnMachine(VoiceSteps, RecoverySteps):
     @property
     def idle(self) -> bool:
         """No turn runs (the shell's driver may stop)."""
-        return self.state is _IDLE
+        return self.state is IDLE
 
     @property
     def awaits_upstream(self) -> bool:
         """The next input comes from the upstream connection (a delta or a response's end)."""
         state = self.state
-        return state is _STREAMING or state is _STOPPING or state is _ENDING or state is _CANCELLING
+        return state is STREAMING or state is STOPPING or state is ENDING or state is CANCELLING
 
     def wait(self, now: float, *, listening: bool) -> Await:
         """What the shell waits for next (once it performed every action), and until when.
@@ -215,9 +213,9 @@ class TurnMachine(VoiceSteps, RecoverySteps):
         ``now``: the shell's clock; ``listening``: the session reads its upstream between
         turns (a voice session with a client attached)."""
         state = self.state
-        if state is _STREAMING or state is _STOPPING or state is _ENDING:
+        if state is STREAMING or state is STOPPING or state is ENDING:
             return _AWAIT_RESPONSE
-        if state is _CANCELLING:
+        if state is CANCELLING:
             # The stopped response's end (and usage) comes within a round trip, or never.
             return Await(Source.UPSTREAM, now + CANCEL_REPORT_WAIT)
         client, approval = self.awaits_client, self.awaits_approval
@@ -226,7 +224,7 @@ class TurnMachine(VoiceSteps, RecoverySteps):
         )
         if listening:
             return Await(Source.LISTEN, deadline)
-        if state is _IDLE:
+        if state is IDLE:
             return _AWAIT_NOTHING
         return Await(Source.COMMAND, deadline)
 
@@ -239,8 +237,8 @@ class TurnMachine(VoiceSteps, RecoverySteps):
         append: no action list of its own, nothing else allocated, and the
         stop check only runs when the parser returned a marker event.
         """
-        if self.state is not _STREAMING:
-            return _NOTHING  # the overrun after a stop marker, or leftovers of a cancel
+        if self.state is not STREAMING:
+            return NOTHING  # the overrun after a stop marker, or leftovers of a cancel
         out = self._feed(text)
         chunk = self._chunk
         marker = False
@@ -253,12 +251,12 @@ class TurnMachine(VoiceSteps, RecoverySteps):
                 self._marker(event)
         if marker and self._parser.stopped:
             if self._ended:
-                self.state = _ENDING  # the next message may queue now
+                self.state = ENDING  # the next message may queue now
             else:
-                self.state = _STOPPING  # </execute> or a malformed block: stop the model now
+                self.state = STOPPING  # </execute> or a malformed block: stop the model now
                 out.append(_STOP)  # type: ignore[arg-type]
         if self.spoken.hold(out):
-            return _NOTHING
+            return NOTHING
         return out
 
     def _marker(self, event: Event) -> None:
@@ -277,11 +275,11 @@ class TurnMachine(VoiceSteps, RecoverySteps):
         """Everything but the hot path: the actions ``given`` calls for in this state
         (``protocol.turn_table`` declares every pair: the step, or ``IGNORE``)."""
         entry = _TRANSITIONS[self.state, type(given)]
-        return _NOTHING if entry is None else entry[0](self, given)
+        return NOTHING if entry is None else entry[0](self, given)
 
     def _native_call(self, given: NativeCall) -> Sequence[Action]:
-        if self.state is not _STREAMING:
-            return _NOTHING
+        if self.state is not STREAMING:
+            return NOTHING
         call, problem = native_call(given.name, given.arguments)
         event = Call(content=encode_call(call))
         out: list[Action] = [event]
@@ -290,21 +288,21 @@ class TurnMachine(VoiceSteps, RecoverySteps):
         self.batch.add(call, event, given.call_id, refused=problem)
         self._recorder.add(event)
         if self.spoken.hold(out):
-            return _NOTHING
+            return NOTHING
         return out
 
     def _user(self, given: UserMessage) -> Sequence[Action]:
         state = self.state
         text = given.content
-        if state is _IDLE:
+        if state is IDLE:
             return self._begin(
                 [User(content=text, reply_to=given.id), Persist((User(content=text),))],
                 Message(role="user", content=text),
             )
-        if (state is _ENDING or state is _CANCELLING) and self._queued is None:
+        if (state is ENDING or state is CANCELLING) and self._queued is None:
             # The turn only waits for its usage: the message starts right after it.
             self._queued = given
-            return _NOTHING
+            return NOTHING
         return [
             Refuse(
                 Error(
@@ -329,14 +327,14 @@ class TurnMachine(VoiceSteps, RecoverySteps):
         self._attempt = 0
         self._stalled = False
         self._new_attempt()
-        self.state = _STREAMING
+        self.state = STREAMING
         return self._ask(message)
 
     def _ask(self, message: Message | None) -> Request:
         """Ask the model; on a new connection if the open one is for an older setup."""
         if self._opened_for != self.setup:
             return Request(message, fresh=True)
-        return _RETRY if message is None else Request(message)
+        return RETRY if message is None else Request(message)
 
     def _new_attempt(self) -> None:
         self._parser = Parser()
@@ -349,7 +347,7 @@ class TurnMachine(VoiceSteps, RecoverySteps):
 
     def _response_done(self, done: ResponseDone) -> Sequence[Action]:
         state = self.state
-        if state is _CANCELLING:
+        if state is CANCELLING:
             self._count_usage(done.usage, done.estimated)
             if self.voice:
                 # Keep the connection (it carries the user's audio); make its
@@ -364,13 +362,13 @@ class TurnMachine(VoiceSteps, RecoverySteps):
                 closing.insert(metric + 1, replace)  # before a queued turn's request
                 return closing
             return self._close([DropUpstream()])
-        if state is _ENDING:
+        if state is ENDING:
             self._count_usage(done.usage, done.estimated)
             return self._close([Persist(tuple(self._recorder.finish()))])
-        if state is not _STREAMING and state is not _STOPPING:
-            return _NOTHING
+        if state is not STREAMING and state is not STOPPING:
+            return NOTHING
         out: list[Action] = self.spoken.release(UNHEARD)
-        if state is _STREAMING:
+        if state is STREAMING:
             for event in self._parser.close():
                 kind = type(event)
                 if kind is Think or kind is Respond:
@@ -390,9 +388,9 @@ class TurnMachine(VoiceSteps, RecoverySteps):
 
     def _cancel(self, *, barge_in: bool = False) -> list[Action]:
         state = self.state
-        if state is _IDLE and self.cancel_background and self.background.running:
+        if state is IDLE and self.cancel_background and self.background.running:
             return self._cancel_background_only()
-        if state is _IDLE or state is _ENDING or state is _CANCELLING:
+        if state is IDLE or state is ENDING or state is CANCELLING:
             return [Refuse(Error(code="no_turn", content="no turn is running; nothing to cancel"))]
         out: list[Action] = self.spoken.release(UNHEARD)
         if barge_in:
@@ -409,13 +407,13 @@ class TurnMachine(VoiceSteps, RecoverySteps):
         out += [Persist((*self._recorder.finish(), note, *kept)), *stopped, cancelled]
         if stopped:
             out.append(CancelBackground(tuple(str(r.id) for r in stopped)))
-        if state is _STREAMING or state is _STOPPING:
+        if state is STREAMING or state is STOPPING:
             # Wait for the stopped response's usage. Cancelling leaves the
             # provider's conversation with a partial response: the upstream is
             # dropped afterwards and the next turn reopens from history (in a
             # voice session it is truncated instead). Speech stops the
             # provider's response by itself (its VAD heard it first).
-            self.state = _CANCELLING
+            self.state = CANCELLING
             if not barge_in:
                 out.append(_STOP)
             return out
@@ -440,9 +438,9 @@ class TurnMachine(VoiceSteps, RecoverySteps):
 
     def _shell_failed(self, what: str) -> Sequence[Action]:
         state = self.state
-        if state is _IDLE:
-            return _NOTHING
-        if state is _ENDING or state is _CANCELLING:
+        if state is IDLE:
+            return NOTHING
+        if state is ENDING or state is CANCELLING:
             self._count_usage(None, True)
             return self._close([Persist(tuple(self._recorder.finish())), DropUpstream(stop=True)])
         return self._fail(
@@ -461,7 +459,7 @@ class TurnMachine(VoiceSteps, RecoverySteps):
     def _close(self, out: list[Action]) -> list[Action]:
         """The closing event is in ``out``: add the turn's last metric, then any queued turn."""
         out += self.meter.metric()
-        self.state = _IDLE
+        self.state = IDLE
         self.batch.settle("ended with its turn")
         queued, self._queued = self._queued, None
         if queued is not None:
@@ -482,29 +480,29 @@ class TurnMachine(VoiceSteps, RecoverySteps):
         )
 
     def _retry_now(self) -> Sequence[Action]:
-        if self.state is not _BACKOFF:
-            return _NOTHING
-        self.state = _STREAMING
+        if self.state is not BACKOFF:
+            return NOTHING
+        self.state = STREAMING
         return [self._ask(None)]
 
     def _reconfigured(self) -> Sequence[Action]:
         self.setup += 1
-        return _NOTHING
+        return NOTHING
 
     def _opened(self, setup: int) -> Sequence[Action]:
         self._opened_for = setup
-        return _NOTHING
+        return NOTHING
 
     def _rerun(self, reason: str) -> Sequence[Action]:
-        if self.state is not _IDLE:
-            return _NOTHING
+        if self.state is not IDLE:
+            return NOTHING
         return self._begin([Interrupt(content=reason)], None)
 
     def _shutdown(self) -> Sequence[Action]:
         was = self.state
-        self.state = _IDLE
+        self.state = IDLE
         self._queued = None
         self.batch.settle("the session stopped on this node")
         self.spoken.forget()
         self.background.forget()
-        return _NOTHING if was is _IDLE else [DropUpstream(stop=True)]
+        return NOTHING if was is IDLE else [DropUpstream(stop=True)]

@@ -14,23 +14,15 @@ its usage report, which is estimated.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Final
 
 from protocol.events import End, Error, Interrupt, Respond, Think, Usage
 from protocol.spoken import UNHEARD, SpokenAnswer
 from protocol.steps import StepRecorder
 from protocol.turn_events import Action, Backoff, DropUpstream, Persist, UpstreamFailed
-from protocol.turn_state import NOTHING, TurnState
+from protocol.turn_state import BACKOFF, CANCELLING, ENDING, NOTHING, STOPPING, STREAMING
 from protocol.turn_tools import ToolSteps
 
 __all__ = ["RecoverySteps"]
-
-_STREAMING: Final = TurnState.STREAMING
-_STOPPING: Final = TurnState.STOPPING
-_ENDING: Final = TurnState.ENDING
-_BACKOFF: Final = TurnState.BACKOFF
-_CANCELLING: Final = TurnState.CANCELLING
-_NOTHING: Final = NOTHING
 
 
 class RecoverySteps(ToolSteps):
@@ -61,19 +53,19 @@ class RecoverySteps(ToolSteps):
         self, reason: str, *, fatal: bool = False, fallback: str = ""
     ) -> Sequence[Action]:
         state = self.state
-        if state is _CANCELLING:
+        if state is CANCELLING:
             self._count_usage(None, True)
             return self._close([DropUpstream()])
-        if state is _ENDING:
+        if state is ENDING:
             # The answer is complete (end was sent); only its usage report is lost.
             self._count_usage(None, True)
             return self._close([Persist(tuple(self._recorder.finish())), DropUpstream()])
-        if state is _STOPPING:
+        if state is STOPPING:
             # The calls are complete: run them; the next request reopens from history.
             self._count_usage(None, True)
             return [DropUpstream(), *self._tool_step([])]
-        if state is not _STREAMING:
-            return _NOTHING  # a best-effort action failed while nothing was asked of the model
+        if state is not STREAMING:
+            return NOTHING  # a best-effort action failed while nothing was asked of the model
         self._count_usage(None, True)
         self._attempt += 1
         attempt = self._attempt
@@ -101,7 +93,7 @@ class RecoverySteps(ToolSteps):
             self._recorder = StepRecorder()
             self._chunk = self._recorder.chunk
             self._new_attempt()
-            self.state = _BACKOFF
+            self.state = BACKOFF
             out.append(Backoff(attempt=attempt, delay=0.0))
             return out
         if self._recorder.emitted:
@@ -114,7 +106,7 @@ class RecoverySteps(ToolSteps):
         self._recorder = StepRecorder()  # the partial step is not history
         self._chunk = self._recorder.chunk
         self._new_attempt()
-        self.state = _BACKOFF
+        self.state = BACKOFF
         out.append(Backoff(attempt=attempt, delay=min(0.1 * 2**attempt, 2.0)))
         return out
 
@@ -122,7 +114,7 @@ class RecoverySteps(ToolSteps):
         """Nothing from the provider for ``seconds``: rerun the step once on a new
         connection, then end the turn (``upstream_timeout``)."""
         silent = f"the model's API sent nothing for {seconds:g}s"
-        if self.state is not _STREAMING:
+        if self.state is not STREAMING:
             # The answer or the calls are complete (or cancelled): as a lost connection.
             return self._upstream_lost(silent)
         self._count_usage(None, True)
@@ -143,17 +135,17 @@ class RecoverySteps(ToolSteps):
         self._recorder = StepRecorder()  # the partial step is not history
         self._chunk = self._recorder.chunk
         self._new_attempt()
-        self.state = _BACKOFF
+        self.state = BACKOFF
         out.append(Backoff(attempt=self._attempt + 1, delay=0.0))
         return out
 
     def _upstream_failed(self, failed: UpstreamFailed) -> Sequence[Action]:
         state = self.state
-        if state is _CANCELLING or state is _ENDING:
+        if state is CANCELLING or state is ENDING:
             # The closing event is out: end the wait for a usage report that may not come.
             return self._upstream_lost(f"{failed.code}: {failed.message}")
-        if state is not _STREAMING and state is not _STOPPING:
-            return _NOTHING
+        if state is not STREAMING and state is not STOPPING:
+            return NOTHING
         if failed.fallback:
             return self._upstream_lost(failed.code, fatal=True, fallback=failed.fallback)
         self._count_usage(None, True)

@@ -21,18 +21,20 @@ from protocol.events import Cancelled, Error, Respond, SpeechStarted, SpeechStop
 from protocol.parser import Parser
 from protocol.spoken import SpokenAnswer
 from protocol.turn_events import Action, CommitAudio, Persist, Refuse, ReplaceResponse
-from protocol.turn_state import NOTHING, TurnState
+from protocol.turn_state import (
+    BACKOFF,
+    CANCELLING,
+    ENDING,
+    IDLE,
+    NOTHING,
+    STOPPING,
+    STREAMING,
+    TOOLS,
+    TurnState,
+)
 
 __all__ = ["BARGED_IN", "VoiceSteps"]
 
-_IDLE: Final = TurnState.IDLE
-_STREAMING: Final = TurnState.STREAMING
-_STOPPING: Final = TurnState.STOPPING
-_ENDING: Final = TurnState.ENDING
-_TOOLS: Final = TurnState.TOOLS
-_BACKOFF: Final = TurnState.BACKOFF
-_CANCELLING: Final = TurnState.CANCELLING
-_NOTHING: Final = NOTHING
 _COMMIT: Final = CommitAudio()
 
 BARGED_IN: Final = "interrupted by the user's speech"
@@ -61,9 +63,9 @@ class VoiceSteps:
     def _speech_began(self, offset_ms: int) -> Sequence[Action]:
         out: list[Action] = [SpeechStarted(offset_ms=offset_ms)]
         state = self.state
-        if state is _STREAMING or state is _STOPPING or state is _TOOLS or state is _BACKOFF:
+        if state is STREAMING or state is STOPPING or state is TOOLS or state is BACKOFF:
             out += self._cancel(barge_in=True)
-        elif state is _IDLE:
+        elif state is IDLE:
             heard = self.spoken.cut()
             if heard is not None:
                 # The answer is complete but still playing: history and the provider
@@ -81,7 +83,7 @@ class VoiceSteps:
         """The answer's next ``ms`` of audio (the hot path: no actions). True: the shell
         sends it to the clients (what the listener has not heard yet can still be cut);
         False: it is the rest of a cancelled answer."""
-        if self.state is not _STREAMING:
+        if self.state is not STREAMING:
             return False
         self.spoken.audio_sent(ms)
         return True
@@ -89,14 +91,14 @@ class VoiceSteps:
     def _speech_ended(self, offset_ms: int) -> Sequence[Action]:
         out: list[Action] = [SpeechStopped(offset_ms=offset_ms)]
         state = self.state
-        if state is _IDLE:
+        if state is IDLE:
             out += self._begin_spoken([])
-        elif state is _ENDING or state is _CANCELLING:
+        elif state is ENDING or state is CANCELLING:
             self.spoken.queued = True  # answered once the closing turn is over
         return out
 
     def _commit(self) -> Sequence[Action]:
-        if self.state is not _IDLE:
+        if self.state is not IDLE:
             return [
                 Refuse(
                     Error(
@@ -121,11 +123,11 @@ class VoiceSteps:
     def _said(self, event: Respond | Think) -> Sequence[Action]:
         """A chunk the provider gave as answer (``Spoken``) or thinking (``Thought``) as is:
         no text protocol to parse (audio output, or a model that only speaks)."""
-        if self.state is not _STREAMING:
-            return _NOTHING  # leftovers of a cancelled answer
+        if self.state is not STREAMING:
+            return NOTHING  # leftovers of a cancelled answer
         self._chunk(event)
         if type(event) is Respond:
             self.spoken.said(event.content)
         if self.spoken.hold((event,)):
-            return _NOTHING
+            return NOTHING
         return [event]

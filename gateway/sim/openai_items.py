@@ -82,21 +82,11 @@ class Conversation:
             texts.append(part.text or "")
         item_id = item.id or self.host._new_id("item")
         if item_id in self.items:
-            await self.host._error(
-                f"Item with id {item_id!r} already exists.",
-                code="item_already_exists",
-                param="item.id",
-                event_id=event.event_id,
-            )
+            await self._exists(item_id, event.event_id)
             return
         previous = event.previous_item_id
         if previous is not None and previous != "root" and previous not in self.items:
-            await self.host._error(
-                f"Item with id {previous!r} not found.",
-                code="item_not_found",
-                param="previous_item_id",
-                event_id=event.event_id,
-            )
+            await self._not_found(previous, "previous_item_id", event.event_id)
             return
         new = Item(item_id, item.role, "".join(texts), "completed")
         await self.add(new, previous)
@@ -132,12 +122,7 @@ class Conversation:
                 call_id=item.call_id,
             )
         if new.id in self.items:
-            await self.host._error(
-                f"Item with id {new.id!r} already exists.",
-                code="item_already_exists",
-                param="item.id",
-                event_id=event.event_id,
-            )
+            await self._exists(new.id, event.event_id)
             return
         await self.add(new, event.previous_item_id)
 
@@ -178,12 +163,7 @@ class Conversation:
         the audio it said up to there)."""
         item = self.items.get(event.item_id)
         if item is None:
-            await self.host._error(
-                f"Item with id {event.item_id!r} not found.",
-                code="item_not_found",
-                param="item_id",
-                event_id=event.event_id,
-            )
+            await self._not_found(event.item_id, "item_id", event.event_id)
             return
         if item.role != "assistant" or item.part != "output_audio":
             await self.host._error(
@@ -215,13 +195,24 @@ class Conversation:
 
     async def delete(self, event: wire.ConversationItemDelete) -> None:
         if self.items.pop(event.item_id, None) is None:
-            await self.host._error(
-                f"Item with id {event.item_id!r} not found.",
-                code="item_not_found",
-                param="item_id",
-                event_id=event.event_id,
-            )
+            await self._not_found(event.item_id, "item_id", event.event_id)
             return
         await self.host._send(
             wire.ConversationItemDeleted(event_id=self.host._eid(), item_id=event.item_id)
+        )
+
+    async def _exists(self, item_id: str, event_id: str | None) -> None:
+        await self.host._error(
+            f"Item with id {item_id!r} already exists.",
+            code="item_already_exists",
+            param="item.id",
+            event_id=event_id,
+        )
+
+    async def _not_found(self, item_id: str, param: str, event_id: str | None) -> None:
+        await self.host._error(
+            f"Item with id {item_id!r} not found.",
+            code="item_not_found",
+            param=param,
+            event_id=event_id,
         )

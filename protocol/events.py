@@ -44,6 +44,8 @@ __all__ = [
     "ErrorCode",
     "Event",
     "Execute",
+    "Forget",
+    "Forgotten",
     "Guardrail",
     "Interrupt",
     "Metric",
@@ -238,6 +240,7 @@ ErrorCode = Literal[
     "turn_active",
     "no_turn",
     "unknown_call",
+    "unknown_item",  # a forget naming nothing the model holds
     "wrong_digest",  # an approve whose digest is not the pending call's
     "forbidden",  # the credential or the key's policy does not allow it
     # the model's fault: the gateway tells the model and the turn goes on
@@ -316,6 +319,16 @@ class Configured(_Base, tag="configured"):
     every client of the session sees the same one)."""
 
     config: SessionConfig
+    reply_to: str | msgspec.UnsetType = msgspec.UNSET
+
+
+class Forgotten(_Base, tag="forgotten"):
+    """The model no longer sees the user messages and answer text logged from seq
+    ``first`` through ``last`` (a ``forget``): left out of the history every later
+    upstream connection is given. Logged, and kept in history as the record of it."""
+
+    first: int
+    last: int
     reply_to: str | msgspec.UnsetType = msgspec.UNSET
 
 
@@ -415,6 +428,7 @@ Event = (
     | Guardrail
     | Interrupt
     | Cancelled
+    | Forgotten
     | SpeechStarted
     | SpeechStopped
     | Dtmf
@@ -494,6 +508,17 @@ class Commit(msgspec.Struct, tag_field="type", tag="commit"):
     id: CommandId | msgspec.UnsetType = msgspec.UNSET
 
 
+class Forget(msgspec.Struct, tag_field="type", tag="forget", frozen=True):
+    """Take the user messages and answer text logged from seq ``first`` through
+    ``last`` out of what the model sees (a ``user`` event's seq, or an answer's
+    first and last ``respond`` chunks); calls and their results stay. Between
+    turns only; answered by ``forgotten``."""
+
+    first: Annotated[int, msgspec.Meta(ge=1)]
+    last: Annotated[int, msgspec.Meta(ge=1)]
+    id: CommandId | msgspec.UnsetType = msgspec.UNSET
+
+
 class Approve(msgspec.Struct, tag_field="type", tag="approve", frozen=True):
     """The user's decision on a call that waits for approval (an ``approval_required``):
     ``digest`` must be that event's, so a decision applies to exactly the call shown."""
@@ -519,6 +544,7 @@ ClientMessage = (
     | Commit
     | Played
     | Approve
+    | Forget
 )
 
 CLIENT_MESSAGE_TYPES: Final[tuple[str, ...]] = tuple(
@@ -527,7 +553,7 @@ CLIENT_MESSAGE_TYPES: Final[tuple[str, ...]] = tuple(
 """The ``type`` of every client message, derived from the union (a new member is in it)."""
 
 
-_Answer = typing.TypeVar("_Answer", Error, Pong, User, Cancelled, Configured, Approval)
+_Answer = typing.TypeVar("_Answer", Error, Pong, User, Cancelled, Configured, Approval, Forgotten)
 
 
 def answering(event: _Answer, message: object) -> _Answer:

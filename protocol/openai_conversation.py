@@ -47,6 +47,8 @@ from protocol.events import (
     End,
     Error,
     Event,
+    Forget,
+    Forgotten,
     Interrupt,
     Metric,
     Played,
@@ -89,7 +91,7 @@ _SHOWS_ITEM = frozenset(
 )
 
 ServerEvent = dict[str, Any]
-Command = UserMessage | Cancel | Configure | ToolResultMessage | Commit | Played | bytes
+Command = UserMessage | Cancel | Configure | ToolResultMessage | Commit | Played | Forget | bytes
 """A gateway command; ``bytes`` is user audio (a binary frame)."""
 
 
@@ -110,7 +112,7 @@ class Emit(msgspec.Struct, frozen=True):
 class _Response:
     """The response being streamed: its id, its items so far, its open message."""
 
-    __slots__ = ("audio", "id", "message", "output", "text")
+    __slots__ = ("audio", "first", "id", "last", "message", "output", "text")
 
     def __init__(self, rid: str) -> None:
         self.id = rid
@@ -118,6 +120,7 @@ class _Response:
         self.output: list[dict[str, Any]] = []
         self.message: str | None = None  # the open message item's id
         self.text: list[str] = []
+        self.first = self.last = 0  # seqs of the open message's first and last chunks
 
 
 class Conversation:
@@ -152,6 +155,9 @@ class Conversation:
         self._audio_tag = 0  # seq tag of the newest audio frame of the answer
         # The newest items as last shown (``…item.added``/``done``), for conversation.item.retrieve.
         self._items: dict[str, dict[str, Any]] = {}
+        # What conversation.item.delete names to the gateway (``forget``): the seqs of the
+        # first and last logged events of the newest user messages and answers.
+        self._spans: dict[str, tuple[int, int]] = {}
 
     # ------------------------------------------------------------ ids
 
@@ -308,7 +314,9 @@ class Conversation:
                         "item_id",
                     )
                 return Emit([], [self._ev("conversation.item.retrieved", item=shown)])
-            case ConversationItemDelete() | InputAudioBufferClear():
+            case ConversationItemDelete(item_id=item_id):
+                return self._delete(item_id, eid)
+            case InputAudioBufferClear():
                 kind = type(event).__struct_config__.tag
                 return self._refusal(
                     f"{kind} is not supported by this gateway's OpenAI door yet",
@@ -316,6 +324,42 @@ class Conversation:
                     "type",
                 )
         return self._refusal("unsupported event", eid)  # pragma: no cover - the match is total
+
+    def _delete(self, item_id: str, eid: str | None) -> Emit:
+        span = self._spans.get(item_id)
+        if span is not None:
+            return Emit([Forget(first=span[0], last=span[1])], [])
+        if item_id in self._items:
+            return self._refusal(
+                f"item {item_id[:64]!r} cannot be deleted on this gateway: function calls "
+                "(and their outputs) stay in the model's context; delete the messages "
+                "around them",
+                eid,
+                "item_id",
+            )
+        return self._refusal(
+            f"no item {item_id[:64]!r} in this conversation (or it is older than its newest "
+            f"{KEPT_ITEMS} items): pass the id of a message it was sent",
+            eid,
+            "item_id",
+        )
+
+    def _forgotten(self, first: int, last: int) -> list[ServerEvent]:
+        self._pending_reply = None
+        spans = self._spans
+        gone = [iid for iid, (a, b) in spans.items() if first <= a and b <= last]
+        for iid in gone:
+            del spans[iid]
+            self._items.pop(iid, None)
+        if self._last_item in gone:
+            self._last_item = next(reversed(self._items), None)
+        return [self._ev("conversation.item.deleted", item_id=iid) for iid in gone]
+
+    def _span(self, iid: str, first: int, last: int) -> None:
+        spans = self._spans
+        spans[iid] = (first, last)
+        if len(spans) > KEPT_ITEMS:
+            del spans[next(iter(spans))]
 
     def speech_in(self, pcm16: bytes) -> Emit:
         """The user's audio at ``input_rate`` (an append's, or a WebRTC microphone's)."""
@@ -416,11 +460,16 @@ class Conversation:
                 return [self._ev("input_audio_buffer.speech_stopped", audio_end_ms=ms, item_id=iid)]
             case User(content=content, source=source):
                 return self._user(event.seq, content, spoken=source == "audio")
+            case Forgotten(first=first, last=last):
+                return self._forgotten(first, last)
             case Respond(content=content):
                 out = self._open_message()
                 resp = self._response
                 assert resp is not None and resp.message is not None
                 resp.text.append(content)
+                resp.last = event.seq
+                if not resp.first:
+                    resp.first = event.seq
                 kind = (
                     "response.output_audio_transcript.delta"
                     if self.audio_out
@@ -479,6 +528,7 @@ class Conversation:
         }
         prev = self._last_item
         self._last_item = iid
+        self._span(iid, seq, seq)
         out: list[ServerEvent] = []
         if spoken:
             out.append(self._ev("input_audio_buffer.committed", item_id=iid, previous_item_id=prev))
@@ -578,6 +628,7 @@ class Conversation:
             return out
         iid = resp.message = f"msg_{resp.id.removeprefix('resp_')}_{len(resp.output)}"
         resp.text = []
+        resp.first = resp.last = 0
         item = self._message_item(resp, "in_progress")
         resp.output.append(item)
         prev = self._last_item
@@ -607,6 +658,8 @@ class Conversation:
         item = self._message_item(resp, "completed")
         resp.output[-1] = item
         resp.message = None
+        if resp.first:
+            self._span(iid, resp.first, resp.last)
         done: list[ServerEvent] = []
         if self.audio_out:
             if resp.audio:

@@ -449,7 +449,7 @@ class TurnMachine(ToolSteps):
             return self._close([DropUpstream()])
         if state is _ENDING:
             self._count_usage(done.usage, done.estimated)
-            return self._close([Persist(tuple(self._recorder.finish()))])
+            return self._close([self._recorder.persist()])
         if state is not _STREAMING and state is not _STOPPING:
             return _NOTHING
         out: list[Action] = self.spoken.release(UNHEARD)
@@ -468,7 +468,7 @@ class TurnMachine(ToolSteps):
             detail = f": {done.detail}" if done.detail else ""
             return self._fail(out, f"the model's response {done.status}{detail}")
         # The step answered without <end>: the turn is over all the same.
-        out += [Persist(tuple(self._recorder.finish())), End()]
+        out += [self._recorder.persist(), End()]
         return self._close(out)
 
     def _upstream_lost(
@@ -481,7 +481,7 @@ class TurnMachine(ToolSteps):
         if state is _ENDING:
             # The answer is complete (end was sent); only its usage report is lost.
             self._count_usage(None, True)
-            return self._close([Persist(tuple(self._recorder.finish())), DropUpstream()])
+            return self._close([self._recorder.persist(), DropUpstream()])
         if state is _STOPPING:
             # The calls are complete: run them; the next request reopens from history.
             self._count_usage(None, True)
@@ -500,7 +500,7 @@ class TurnMachine(ToolSteps):
                     content=f"the model's API {problem} ({reason}); "
                     "the turn was stopped — send your message again later",
                 ),
-                Persist(tuple(self._recorder.finish())),
+                self._recorder.persist(),
                 End(),
             ]
             return self._close(out)
@@ -591,7 +591,7 @@ class TurnMachine(ToolSteps):
             note = Cancelled(content=CANCELLED_BY_USER)
         stopped = self.background.cancel(note.content) if self.cancel_background else []
         kept = [msgspec.structs.replace(r) for r in stopped]  # history's own copies
-        out += [Persist((*self._recorder.finish(), note, *kept)), *stopped, cancelled]
+        out += [self._recorder.persist(note, *kept), *stopped, cancelled]
         if stopped:
             out.append(CancelBackground(tuple(str(r.id) for r in stopped)))
         if state is _STREAMING or state is _STOPPING:
@@ -629,7 +629,7 @@ class TurnMachine(ToolSteps):
             return _NOTHING
         if state is _ENDING or state is _CANCELLING:
             self._count_usage(None, True)
-            return self._close([Persist(tuple(self._recorder.finish())), DropUpstream(stop=True)])
+            return self._close([self._recorder.persist(), DropUpstream(stop=True)])
         return self._fail(
             [],
             f"the turn failed inside the gateway ({what}); send your message again",
@@ -638,7 +638,7 @@ class TurnMachine(ToolSteps):
 
     def _fail(self, out: list[Action], content: str, *, code: str = "upstream") -> list[Action]:
         out += self.spoken.release(UNHEARD)
-        out += [Error(code=code, content=content), Persist(tuple(self._recorder.finish())), End()]
+        out += [Error(code=code, content=content), self._recorder.persist(), End()]
         out = self._close(out)
         out.insert(0, DropUpstream(stop=True))
         return out

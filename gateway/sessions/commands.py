@@ -41,6 +41,8 @@ from protocol.events import (
     Configured,
     Error,
     Event,
+    Forget,
+    Forgotten,
     Ping,
     Played,
     ToolResultMessage,
@@ -87,6 +89,10 @@ class SessionCommands(Protocol):
         ...
 
     async def configure(self, change: ConfigChange) -> Error | None: ...
+
+    def forget(self, message: Forget) -> Error | None:
+        """Take logged messages out of what the model sees (``forgotten``), or why not."""
+        ...
 
     def heard(self, message: Any, refused: Error | None) -> None:
         """A command was run (``refused``: the error it got): the session may record it."""
@@ -158,7 +164,8 @@ class CommandSpec:
 
     - ``what``: how the client names it in messages (its ``type``);
     - ``feeds``: what it feeds the turn machine (or the refusal of a command
-      the machine must not see); None: ``configure``, which the session applies;
+      the machine must not see); None: ``configure`` and ``forget``, which the
+      session applies;
     - ``interrupts``: the driver's current await is broken for it (a cancel);
     - ``who``: who may send it (``admit``): ``api_key``: only a connection
       with an API key (a client token may not change the configuration);
@@ -197,6 +204,7 @@ COMMANDS: Final[dict[type, CommandSpec]] = {
     Commit: CommandSpec("commit", _commit, forwarded=False),
     Played: CommandSpec("played", _as_is),
     Approve: CommandSpec("approve", _as_is, who="approver", confirms=Approval),
+    Forget: CommandSpec("forget", None, confirms=Forgotten),
 }
 """Every command, by its message type."""
 
@@ -271,6 +279,9 @@ async def dispatch(message: Any, session: SessionCommands) -> Error | None:
     """
     if type(message) is Configure:
         refused = await session.configure(message)
+        refused = None if refused is None else answering(refused, message)
+    elif type(message) is Forget:
+        refused = session.forget(message)
         refused = None if refused is None else answering(refused, message)
     else:
         refused = run(message, session)

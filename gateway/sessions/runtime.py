@@ -53,11 +53,13 @@ from protocol.events import (
     Configured,
     Dtmf,
     Error,
+    Forget,
     PhoneCall,
     ToolResultMessage,
     Usage,
     UserMessage,
 )
+from protocol.forgetting import forgetting
 from protocol.guardrails import check_input
 from protocol.journal import (
     JournalCall,
@@ -363,6 +365,16 @@ class SessionRuntime:
             code = "bad_frame" if isinstance(setup, ConfigProblem) else "forbidden"
             return Error(code=code, content=str(setup))
         self._apply_setup(setup, reply_to=getattr(change, "id", msgspec.UNSET))
+        return None
+
+    def forget(self, message: Forget) -> Error | None:
+        """Apply a ``forget`` (``protocol.forgetting``); the next step reopens from history."""
+        made = forgetting(self.history, message, idle=self.machine.idle and not self.closed)
+        if isinstance(made, Error):
+            return made
+        self.log.emit(msgspec.structs.replace(made, reply_to=message.id))
+        self.log.persist((made,))
+        self.machine.feed(Reconfigured())
         return None
 
     def rights_changed(self, setup: SessionSetup) -> None:

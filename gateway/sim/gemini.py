@@ -476,7 +476,7 @@ class _Connection(SimConnection):
         else:
             last_user = next((t.text for t in reversed(self.turns) if t.role == "user"), "")
             if self.audio_out:
-                reply = spoken_reply(last_user, self.functions)
+                reply = spoken_reply(last_user, self.functions, items=len(self.turns))
             else:
                 reply = sim_reply(
                     last_user,

@@ -509,8 +509,8 @@ class RealtimeConnection(SimConnection):
                 )
                 return tool_answer(name, item.text)
             if item.kind == "message" and item.role == "user":
+                held = sum(1 for i in self.items.values() if i.kind == "message")
                 if not self.audio_out:
-                    held = sum(1 for i in self.items.values() if i.kind == "message")
                     return sim_reply(
                         item.text,
                         overrun=config.overrun,
@@ -518,7 +518,7 @@ class RealtimeConnection(SimConnection):
                         items=held,
                     )
                 functions = frozenset(t.name for t in self.session.tools or () if t.name)
-                return spoken_reply(item.text, functions)
+                return spoken_reply(item.text, functions, items=held)
         return sim_reply("", overrun=config.overrun) if not self.audio_out else spoken_reply("")
 
     async def _start_response(self) -> None:

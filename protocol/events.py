@@ -29,9 +29,11 @@ __all__ = [
     "ApprovalRequired",
     "Approve",
     "AudioChunk",
+    "AudioCleared",
     "Call",
     "Cancel",
     "Cancelled",
+    "ClearAudio",
     "ClientMessage",
     "CommandId",
     "Commit",
@@ -404,6 +406,12 @@ class Pong(_Base, tag="pong"):
     reply_to: str | msgspec.UnsetType = msgspec.UNSET
 
 
+class AudioCleared(_Base, tag="audio_cleared"):
+    """The answer to ``clear_audio`` (unlogged, as ``pong``): the audio is discarded."""
+
+    reply_to: str | msgspec.UnsetType = msgspec.UNSET
+
+
 class Session(_Base, tag="session"):
     """First frame of every connection: which session, where its log stands."""
 
@@ -436,6 +444,7 @@ Event = (
     | ApprovalRequired
     | Approval
     | Pong
+    | AudioCleared
 )
 
 
@@ -519,6 +528,14 @@ class Forget(msgspec.Struct, tag_field="type", tag="forget", frozen=True):
     id: CommandId | msgspec.UnsetType = msgspec.UNSET
 
 
+class ClearAudio(msgspec.Struct, tag_field="type", tag="clear_audio", frozen=True):
+    """Discard the user's audio not yet committed (held by the gateway, buffered by the
+    provider), where the provider can (its ``clear_audio`` control); ``audio_cleared``
+    answers it."""
+
+    id: CommandId | msgspec.UnsetType = msgspec.UNSET
+
+
 class Approve(msgspec.Struct, tag_field="type", tag="approve", frozen=True):
     """The user's decision on a call that waits for approval (an ``approval_required``):
     ``digest`` must be that event's, so a decision applies to exactly the call shown."""
@@ -545,6 +562,7 @@ ClientMessage = (
     | Played
     | Approve
     | Forget
+    | ClearAudio
 )
 
 CLIENT_MESSAGE_TYPES: Final[tuple[str, ...]] = tuple(
@@ -553,7 +571,9 @@ CLIENT_MESSAGE_TYPES: Final[tuple[str, ...]] = tuple(
 """The ``type`` of every client message, derived from the union (a new member is in it)."""
 
 
-_Answer = typing.TypeVar("_Answer", Error, Pong, User, Cancelled, Configured, Approval, Forgotten)
+_Answer = typing.TypeVar(
+    "_Answer", Error, Pong, User, Cancelled, Configured, Approval, Forgotten, AudioCleared
+)
 
 
 def answering(event: _Answer, message: object) -> _Answer:

@@ -38,9 +38,11 @@ import msgspec
 from protocol.configuration import InputAudio, SessionConfig
 from protocol.events import (
     COMMAND_ID_MAX,
+    AudioCleared,
     Call,
     Cancel,
     Cancelled,
+    ClearAudio,
     Commit,
     Configure,
     Configured,
@@ -91,7 +93,17 @@ _SHOWS_ITEM = frozenset(
 )
 
 ServerEvent = dict[str, Any]
-Command = UserMessage | Cancel | Configure | ToolResultMessage | Commit | Played | Forget | bytes
+Command = (
+    UserMessage
+    | Cancel
+    | Configure
+    | ToolResultMessage
+    | Commit
+    | Played
+    | Forget
+    | ClearAudio
+    | bytes
+)
 """A gateway command; ``bytes`` is user audio (a binary frame)."""
 
 
@@ -181,18 +193,20 @@ class Conversation:
 
     def error(self, message: str, *, code: str = "invalid_request_error", **kw: Any) -> ServerEvent:
         """An ``error`` event (unlogged): OpenAI's shape."""
+        error = {
+            "type": "invalid_request_error",
+            "code": code,
+            "message": message,
+            "event_id": kw.get("event_id"),
+            "param": kw.get("param"),
+        }
+        return self._unlogged_ev("error", error=error)
+
+    def _unlogged_ev(self, kind: str, **fields: Any) -> ServerEvent:
+        """An event of no logged event (a reply): its id is ``evt_xN``."""
         seq, self._seq = self._seq, 0
         try:
-            return self._ev(
-                "error",
-                error={
-                    "type": "invalid_request_error",
-                    "code": code,
-                    "message": message,
-                    "event_id": kw.get("event_id"),
-                    "param": kw.get("param"),
-                },
-            )
+            return self._ev(kind, **fields)
         finally:
             self._seq = seq
 
@@ -317,12 +331,9 @@ class Conversation:
             case ConversationItemDelete(item_id=item_id):
                 return self._delete(item_id, eid)
             case InputAudioBufferClear():
-                kind = type(event).__struct_config__.tag
-                return self._refusal(
-                    f"{kind} is not supported by this gateway's OpenAI door yet",
-                    eid,
-                    "type",
-                )
+                if not self._hearing:  # no audio was taken: nothing to discard
+                    return Emit([], [self._unlogged_ev("input_audio_buffer.cleared")])
+                return Emit([ClearAudio()], [])
         return self._refusal("unsupported event", eid)  # pragma: no cover - the match is total
 
     def _delete(self, item_id: str, eid: str | None) -> Emit:
@@ -337,11 +348,17 @@ class Conversation:
                 eid,
                 "item_id",
             )
-        return self._refusal(
-            f"no item {item_id[:64]!r} in this conversation (or it is older than its newest "
-            f"{KEPT_ITEMS} items): pass the id of a message it was sent",
-            eid,
-            "item_id",
+        return Emit(
+            [],
+            [
+                self.error(
+                    f"Item with id {item_id[:64]!r} not found (in the newest {KEPT_ITEMS} items "
+                    "of this conversation): pass the id of a message it was sent",
+                    code="item_not_found",
+                    event_id=eid,
+                    param="item_id",
+                )
+            ],
         )
 
     def _forgotten(self, first: int, last: int) -> list[ServerEvent]:
@@ -462,6 +479,8 @@ class Conversation:
                 return self._user(event.seq, content, spoken=source == "audio")
             case Forgotten(first=first, last=last):
                 return self._forgotten(first, last)
+            case AudioCleared():
+                return [self._unlogged_ev("input_audio_buffer.cleared")]
             case Respond(content=content):
                 out = self._open_message()
                 resp = self._response

@@ -34,8 +34,10 @@ from protocol.events import (
     Approval,
     Approve,
     AudioChunk,
+    AudioCleared,
     Cancel,
     Cancelled,
+    ClearAudio,
     Commit,
     Configure,
     Configured,
@@ -92,6 +94,10 @@ class SessionCommands(Protocol):
 
     def forget(self, message: Forget) -> Error | None:
         """Take logged messages out of what the model sees (``forgotten``), or why not."""
+        ...
+
+    async def clear_audio(self) -> Error | None:
+        """Discard the user's audio not yet committed, or why not."""
         ...
 
     def heard(self, message: Any, refused: Error | None) -> None:
@@ -177,6 +183,7 @@ class CommandSpec:
     - ``forwarded``: it may run on the node driving the session when that
       is another one; voice commands run where the microphone is;
     - ``records``: it stores a session made by this connection at its first use;
+    - ``answer``: the unlogged event the connection answers it with once it ran;
     - ``turn``: it starts a turn (per-key turn limits and draining apply).
     """
 
@@ -188,6 +195,7 @@ class CommandSpec:
     forwarded: bool = True
     records: bool = False
     turn: bool = False
+    answer: type[AudioCleared] | None = None
 
     @property
     def landmark(self) -> type[Event] | None:
@@ -205,6 +213,7 @@ COMMANDS: Final[dict[type, CommandSpec]] = {
     Played: CommandSpec("played", _as_is),
     Approve: CommandSpec("approve", _as_is, who="approver", confirms=Approval),
     Forget: CommandSpec("forget", None, confirms=Forgotten),
+    ClearAudio: CommandSpec("clear_audio", None, forwarded=False, answer=AudioCleared),
 }
 """Every command, by its message type."""
 
@@ -282,6 +291,9 @@ async def dispatch(message: Any, session: SessionCommands) -> Error | None:
         refused = None if refused is None else answering(refused, message)
     elif type(message) is Forget:
         refused = session.forget(message)
+        refused = None if refused is None else answering(refused, message)
+    elif type(message) is ClearAudio:
+        refused = await session.clear_audio()
         refused = None if refused is None else answering(refused, message)
     else:
         refused = run(message, session)

@@ -255,9 +255,7 @@ class SessionRuntime:
             self.driver.wake()  # a voice driver with nobody to listen to stops
         self.host.runtime_idle(self)
 
-    # ------------------------------------------------------------------ commands
-
-    # What each command feeds and who may send it: ``gateway.sessions.commands``.
+    # ------------------------------------- commands (``gateway.sessions.commands``)
 
     @property
     def tool_max_output(self) -> int:
@@ -370,12 +368,11 @@ class SessionRuntime:
     def forget(self, message: Forget) -> Error | None:
         """Apply a ``forget`` (``protocol.forgetting``); the next step reopens from history."""
         made = forgetting(self.history, message, idle=self.machine.idle and not self.closed)
-        if isinstance(made, Error):
-            return made
-        self.log.emit(msgspec.structs.replace(made, reply_to=message.id))
-        self.log.persist((made,))
-        self.machine.feed(Reconfigured())
-        return None
+        if not isinstance(made, Error):
+            self.log.emit(msgspec.structs.replace(made, reply_to=message.id))
+            self.log.persist((made,))
+            self.machine.feed(Reconfigured())
+        return made if isinstance(made, Error) else None
 
     def rights_changed(self, setup: SessionSetup) -> None:
         """The owner's rights changed (the operator's key policy): ``setup`` from the
@@ -459,6 +456,9 @@ class SessionRuntime:
             return False
         _heard_audio(self, pcm16)  # first: the frame it goes out in refers to it
         return self.voice_in.send_now(self.link.upstream, pcm16)
+
+    async def clear_audio(self) -> Error | None:
+        return await self.voice_in.clear(self.link.upstream, self.setup.upstream_factory)
 
     def quiet_for(self, seconds: float) -> bool:
         """No audio from this node's clients for ``seconds`` (no live microphone here)."""

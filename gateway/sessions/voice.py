@@ -10,6 +10,7 @@ is waited out.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
@@ -23,9 +24,12 @@ from gateway.upstream.base import (
     FunctionTool,
     Upstream,
     UpstreamClosed,
+    UpstreamFactory,
     VoiceConfig,
 )
+from gateway.upstream.providers import SIM
 from protocol.configuration import SessionConfig
+from protocol.events import Error
 from protocol.prompt import ToolSpec
 
 __all__ = ["HELD_AUDIO_SECONDS", "HeldAudio", "VoiceInput", "voice_config"]
@@ -192,6 +196,31 @@ class VoiceInput:
             self._hold(pcm16)
             return True
         return upstream.send_audio_now(pcm16)
+
+    async def clear(self, upstream: Upstream | None, factory: UpstreamFactory) -> Error | None:
+        """Discard the audio not yet committed: held here, and buffered by the provider
+        where its API can (the ``clear_audio`` control); why not, otherwise."""
+        if self.audio_in is None:
+            return Error(
+                code="bad_frame",
+                content="clear_audio discards the user's audio: configure input_audio first",
+            )
+        if "clear_audio" not in factory.controls:
+            name = factory.provider
+            if name == SIM:
+                name = f"{SIM} (its {factory.wire} flavour)"
+            return Error(
+                code="bad_frame",
+                content=f"provider {name} cannot discard audio it was sent (the API has no "
+                "clear of its input): stop sending the audio instead, or pick a provider "
+                'that has it (docs/providers.md, "Session controls")',
+            )
+        if self._held is not None:
+            self._held.clear()
+        if upstream is not None and not self._unflushed:
+            with contextlib.suppress(UpstreamClosed):  # a new connection heard none of it
+                await upstream.clear_audio()
+        return None
 
     def _hold(self, pcm16: bytes) -> None:
         held = self._held

@@ -78,6 +78,7 @@ from protocol.openai_events import (
     ResponseCreate,
     SessionUpdate,
 )
+from protocol.openai_response import HIDDEN, response_overrides
 from protocol.openai_session import call_parts, config_change, session_of, usage_of
 
 __all__ = ["KEPT_ITEMS", "Command", "Conversation", "Emit"]
@@ -108,8 +109,9 @@ Command = (
 
 
 def _named(command: Command, eid: str) -> Command:
-    """``command`` with the client's ``event_id`` as its ``id`` (a tool result's id is its call's)."""
-    if isinstance(command, bytes | ToolResultMessage):
+    """``command`` with the client's ``event_id`` as its ``id`` (a tool result's id is its
+    call's; the door's own configures keep theirs)."""
+    if isinstance(command, bytes | ToolResultMessage) or command.id is not msgspec.UNSET:
         return command
     return msgspec.structs.replace(command, id=eid)
 
@@ -124,7 +126,7 @@ class Emit(msgspec.Struct, frozen=True):
 class _Response:
     """The response being streamed: its id, its items so far, its open message."""
 
-    __slots__ = ("audio", "first", "id", "last", "message", "output", "text")
+    __slots__ = ("audio", "first", "id", "last", "message", "metadata", "output", "text")
 
     def __init__(self, rid: str) -> None:
         self.id = rid
@@ -133,6 +135,7 @@ class _Response:
         self.message: str | None = None  # the open message item's id
         self.text: list[str] = []
         self.first = self.last = 0  # seqs of the open message's first and last chunks
+        self.metadata: dict[str, str] | None = None  # response.create's, echoed
 
 
 class Conversation:
@@ -170,6 +173,13 @@ class Conversation:
         # What conversation.item.delete names to the gateway (``forget``): the seqs of the
         # first and last logged events of the newest user messages and answers.
         self._spans: dict[str, tuple[int, int]] = {}
+        # Per-response overrides (``protocol.openai_response``): the session's configuration
+        # (to put back), the configure that puts it back once the response is done, the
+        # metadata the next response echoes; ``due``: commands to send now (the shell's).
+        self._config: SessionConfig | None = None
+        self._restore: Configure | None = None
+        self._metadata: dict[str, str] | None = None
+        self.due: list[Command] = []
 
     # ------------------------------------------------------------ ids
 
@@ -223,6 +233,7 @@ class Conversation:
     def created(self, config: SessionConfig) -> ServerEvent:
         """``session.created`` for a session configured before this connection (unlogged)."""
         self._created = True
+        self._config = config
         self.audio_out = config.output == "audio"
         return self._ev("session.created", session=session_of(config, self.sid, self.model))
 
@@ -273,22 +284,31 @@ class Conversation:
                         "previous_item_id",
                     )
                 return self._item(item, eid)
-            case ResponseCreate(response=overrides):
-                if overrides:
-                    unknown = sorted(set(overrides) - {"metadata", "conversation"})
-                    if unknown or overrides.get("conversation") not in (None, "auto"):
-                        return self._refusal(
-                            "per-response overrides are not supported by this gateway "
-                            f"({', '.join(unknown) or 'conversation'}); change the session "
-                            "with session.update instead",
-                            eid,
-                            "response",
-                        )
+            case ResponseCreate(response=body):
+                made = response_overrides(body, self._config) if body else None
+                if isinstance(made, tuple):
+                    return self._refusal(made[0], eid, made[1])
+                if made is not None:
+                    self._metadata = made.metadata
                 if self._held:
                     text = "\n".join(self._held)
                     self._held = []
                     self._pending_reply = eid
-                    return Emit([UserMessage(content=text)], [])
+                    if made is None or made.change is None:
+                        return Emit([UserMessage(content=text)], [])
+                    assert made.restore is not None  # made with the change
+                    self._restore = msgspec.structs.replace(made.restore, id=HIDDEN + "restore")
+                    change = msgspec.structs.replace(made.change, id=HIDDEN + "override")
+                    return Emit([change, UserMessage(content=text)], [])
+                if made is not None and made.change is not None:
+                    return self._refusal(
+                        "instructions, tools and output of a response are set with the user "
+                        "message that starts it on this gateway: after a function_call_output "
+                        "the answer goes on with the session's; send response.create without "
+                        "them",
+                        eid,
+                        "response",
+                    )
                 if self._continues:
                     self._continues = False  # the gateway's turn already goes on
                     return Emit([], [])
@@ -455,9 +475,12 @@ class Conversation:
         match event:
             case Session():
                 return []
-            case Configured(config=config):
+            case Configured(config=config, reply_to=ref):
                 self.audio_out = config.output == "audio"
                 self._hearing = config.input_audio is not None
+                if isinstance(ref, str) and ref.startswith(HIDDEN):
+                    return []  # one response's overrides, or the session's back: no change
+                self._config = config
                 kind = "session.updated" if self._created else "session.created"
                 self._created = True
                 self._pending_reply = None
@@ -518,6 +541,9 @@ class Conversation:
                 reason = "turn_detected" if why == "barge_in" else "client_cancelled"
                 return self._done("cancelled", reason=reason)
             case Error(code=code, content=content, reply_to=ref):
+                if self._restore is not None and self._response is None:
+                    self.due.append(self._restore)  # its response never started
+                    self._restore = None
                 reply, self._pending_reply = self._pending_reply, None
                 if isinstance(ref, str) and ref in self._named:
                     reply = ref
@@ -606,6 +632,7 @@ class Conversation:
         self._ending = False
         self._responses += 1
         resp = self._response = _Response(f"resp_{self._turn}_{self._responses}")
+        resp.metadata, self._metadata = self._metadata, None
         return [self._ev("response.created", response=self._resp_body(resp, "in_progress"))]
 
     def _resp_body(
@@ -619,6 +646,8 @@ class Conversation:
             "output_modalities": ["audio" if self.audio_out else "text"],
             "conversation_id": self.sid,
         }
+        if resp.metadata is not None:
+            body["metadata"] = resp.metadata
         if details is not None:
             body["status_details"] = details
         return body
@@ -756,6 +785,9 @@ class Conversation:
             return out
         self._response = None
         self._ending = False
+        if self._restore is not None:  # the response had overrides: the session's are back
+            self.due.append(self._restore)
+            self._restore = None
         details: dict[str, Any] = {"type": status}
         if reason is not None:
             details["reason"] = reason

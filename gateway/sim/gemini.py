@@ -476,7 +476,9 @@ class _Connection(SimConnection):
         else:
             last_user = next((t.text for t in reversed(self.turns) if t.role == "user"), "")
             if self.audio_out:
-                reply = spoken_reply(last_user, self.functions, items=len(self.turns))
+                reply = spoken_reply(
+                    last_user, self.functions, items=len(self.turns), instructions=self.instructions
+                )
             else:
                 reply = sim_reply(
                     last_user,

@@ -320,15 +320,18 @@ def speech_transcript(speech_ms: int) -> str:
 
 
 def spoken_reply(
-    message: str, functions: frozenset[str] = frozenset(), *, items: int = 0
+    message: str, functions: frozenset[str] = frozenset(), *, items: int = 0, instructions: str = ""
 ) -> str | SimCall:
     """The model's answer in audio output: words without markers, or a function call.
 
     ``functions`` are the names the session declared; ``/tool NAME`` calls NAME
-    only if it is one of them. ``/context`` says ``items``, as ``sim_reply`` does.
+    only if it is one of them. ``/context`` says ``items`` and ``/instructions``
+    quotes ``instructions``, as ``sim_reply`` does.
     """
     if message.strip() == "/context":
         return f"Context: {items} items"
+    if message.strip() == "/instructions":
+        return f"Instructions: {quote_instructions(instructions)}"
     if message.startswith("/raw"):
         rest = message[4:]
         if not rest or rest[0] == " ":

@@ -518,7 +518,9 @@ class RealtimeConnection(SimConnection):
                         items=held,
                     )
                 functions = frozenset(t.name for t in self.session.tools or () if t.name)
-                return spoken_reply(item.text, functions, items=held)
+                return spoken_reply(
+                    item.text, functions, items=held, instructions=self.session.instructions or ""
+                )
         return sim_reply("", overrun=config.overrun) if not self.audio_out else spoken_reply("")
 
     async def _start_response(self) -> None:

@@ -1,0 +1,128 @@
+"""``response.create``'s per-response overrides on the OpenAI door. Pure.
+
+The gateway's session has one configuration; a response that asks for other
+``instructions``, ``tools``, ``tool_choice: "none"`` or ``output_modalities``
+gets them as a ``configure`` sent before its turn's user message, and the
+session's own values back (another ``configure``) once that response is done:
+a ``configure`` takes effect at the next model step, so exactly the response
+asked for runs with them (a step is one OpenAI response), whatever the
+provider. Both are named ``~…`` so the door does not show them as
+``session.updated`` (the client changed no session). ``metadata`` is echoed
+on the response. What a gateway cannot honour for one response is refused
+by name, saying what to do instead.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+import msgspec
+
+from protocol.configuration import SessionConfig
+from protocol.events import Configure
+from protocol.openai_events import SessionBody
+from protocol.openai_session import config_change
+
+__all__ = ["HIDDEN", "Overrides", "response_overrides"]
+
+HIDDEN: Final = "~"
+"""The prefix of the ids of the door's own configures (not shown as ``session.updated``)."""
+
+_REFUSED: Final = {
+    "audio": "response.audio (the voice) is not set per response on this gateway: set "
+    "session.audio.output with session.update",
+    "prompt": "response.prompt is not supported by this gateway: put the text in "
+    "response.instructions",
+    "reasoning": "response.reasoning is not set per response on this gateway: leave it unset",
+    "parallel_tool_calls": "response.parallel_tool_calls is not supported by this gateway "
+    "(the model's calls of one step run as one batch): leave it unset",
+    "input": "response.input (a context of the response's own) is not supported by this "
+    "gateway: the model answers from the session's conversation; delete what it should not "
+    "see (conversation.item.delete), or open another session for it",
+}
+
+
+class Overrides(msgspec.Struct, frozen=True):
+    """One response's overrides: the ``configure`` before it (None: none) and the one
+    after it that puts the session's values back, and the metadata it echoes."""
+
+    change: Configure | None = None
+    restore: Configure | None = None
+    metadata: dict[str, str] | None = None
+
+
+def response_overrides(
+    body: dict[str, Any], session: SessionConfig | None
+) -> Overrides | tuple[str, str]:
+    """``response.create``'s ``response`` as ``Overrides``, or ``(refusal, param)``."""
+    for name in sorted(body):
+        if name in _REFUSED and body[name] is not None:
+            return _REFUSED[name], f"response.{name}"
+    conversation = body.get("conversation")
+    if conversation not in (None, "auto"):
+        return (
+            "out-of-band responses (response.conversation other than 'auto') are not "
+            "supported by this gateway: every response joins the session's conversation; "
+            "open another session for an answer outside it",
+            "response.conversation",
+        )
+    if body.get("max_output_tokens") not in (None, "inf"):
+        return (
+            "this gateway does not cap one response's tokens: leave "
+            "response.max_output_tokens unset (or 'inf'), and ask for a short answer in "
+            "response.instructions",
+            "response.max_output_tokens",
+        )
+    metadata = body.get("metadata")
+    if metadata is not None and not _metadata_ok(metadata):
+        return (
+            "response.metadata takes at most 16 string values, keys of at most 64 "
+            "characters and values of at most 512",
+            "response.metadata",
+        )
+    choice = body.get("tool_choice")
+    if choice not in (None, "auto", "none"):
+        return (
+            "this gateway cannot make the model call a tool: response.tool_choice takes "
+            "'auto' or 'none'; ask for the call in response.instructions",
+            "response.tool_choice",
+        )
+    fields = {
+        name: body[name]
+        for name in ("instructions", "tools", "output_modalities")
+        if body.get(name) is not None
+    }
+    if choice == "none":
+        fields["tools"] = []  # no tool for the model to call in this response
+    if not fields:
+        return Overrides(metadata=metadata)
+    try:
+        change = config_change(msgspec.convert(fields, SessionBody), model_route=None)
+    except msgspec.ValidationError as exc:
+        change = f"invalid response: {exc}"
+    if isinstance(change, str):
+        return change.replace("session.", "response."), "response"
+    return Overrides(change, _restore(change, session or SessionConfig()), metadata)
+
+
+def _restore(change: Configure, session: SessionConfig) -> Configure:
+    """The session's own values of what ``change`` sets."""
+    back: dict[str, Any] = {}
+    if change.instructions is not msgspec.UNSET:
+        back["instructions"] = session.instructions
+    if change.tools is not msgspec.UNSET:
+        back["tools"] = session.tools
+    if change.output is not msgspec.UNSET:
+        back["output"] = session.output
+    return Configure(**back)
+
+
+def _metadata_ok(metadata: Any) -> bool:
+    return (
+        isinstance(metadata, dict)
+        and len(metadata) <= 16
+        and all(
+            isinstance(k, str) and isinstance(v, str) and len(k) <= 64 and len(v) <= 512
+            for k, v in metadata.items()
+        )
+    )

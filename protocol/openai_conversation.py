@@ -398,6 +398,12 @@ class Conversation:
         if len(spans) > KEPT_ITEMS:
             del spans[next(iter(spans))]
 
+    @property
+    def hearing(self) -> bool:
+        """Input audio is configured: an append is the user's audio and nothing more
+        (the door's read callback relays it without a task: ``DoorConnection``)."""
+        return self._hearing
+
     def speech_in(self, pcm16: bytes) -> Emit:
         """The user's audio at ``input_rate`` (an append's, or a WebRTC microphone's)."""
         commands: list[Command] = []

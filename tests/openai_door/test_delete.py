@@ -1,15 +1,19 @@
 """``conversation.item.delete`` through the door, with the real ``openai`` SDK: the
 deleted message leaves the model's context (the simulator counts what its connection
 holds: ``/context``), on either provider's simulator flavour; an unknown id is
-refused as OpenAI's service refuses it; a resumed client is sent the deletion again."""
+refused as OpenAI's service refuses it; a resumed client is sent the deletion again;
+the Agents SDK takes the deletion out of its session's history."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from typing import Any
 
 import pytest
+from agents.realtime import RealtimeAgent, RealtimeRunner
+from agents.realtime.model_inputs import RealtimeModelSendRawMessage
 from openai import AsyncOpenAI
 from openai.resources.realtime.realtime import AsyncRealtimeConnection
 
@@ -126,3 +130,48 @@ async def test_a_resumed_client_is_sent_the_deletion(node: NodeProcess) -> None:
         assert error["event_id"] == "c_again" and error["param"] == "item_id"
     finally:
         await resumed.close()
+
+
+@pytest.mark.parametrize("model", MODELS)
+async def test_the_agents_sdk_history_loses_a_deleted_item(
+    node: NodeProcess, model: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    settings: Any = {
+        "model_name": model,
+        "output_modalities": ["text"],
+        "turn_detection": {"type": "server_vad"},
+    }
+    runner = RealtimeRunner(RealtimeAgent(name="a"), config={"model_settings": settings})
+    session = await runner.run(
+        model_config={"url": f"{node.base}/openai/v1/realtime?model={model}", "api_key": "unused"}
+    )
+
+    history: list[Any] = []  # as the session's newest history_updated showed it
+
+    async def until(done: Any) -> Any:
+        async for event in session:
+            assert event.type != "error", event
+            if event.type == "history_updated":
+                history[:] = event.history
+            if done(event):
+                return event
+        raise AssertionError("the session ended")
+
+    async with session:
+        await session.send_message("remember the apples")
+        await asyncio.wait_for(until(lambda e: e.type == "agent_end"), 30)
+        user = next(i for i in history if getattr(i, "role", "") == "user")
+        delete = {"type": "conversation.item.delete", "other_data": {"item_id": user.item_id}}
+        await session.model.send_event(RealtimeModelSendRawMessage(message=delete))  # type: ignore[arg-type]
+        updated = await asyncio.wait_for(
+            until(
+                lambda e: (
+                    e.type == "history_updated"
+                    and all(i.item_id != user.item_id for i in e.history)
+                )
+            ),
+            30,
+        )
+    assert any(getattr(i, "role", "") == "assistant" for i in updated.history)
+    refused = [r.getMessage() for r in caplog.records if "validate" in r.getMessage()]
+    assert refused == []

@@ -17,7 +17,7 @@ from typing import Final, Literal
 
 import msgspec
 
-from protocol.events import Call, Cancelled, Forgotten, Respond, Result, Think, User
+from protocol.events import Call, Cancelled, Error, Forget, Forgotten, Respond, Result, Think, User
 
 __all__ = [
     "BARGED_IN_NOTE",
@@ -29,6 +29,7 @@ __all__ = [
     "decode_history_item",
     "encode_history_item",
     "forgets",
+    "forgetting",
     "is_note",
     "results_message",
 ]
@@ -141,6 +142,37 @@ def forgets(item: HistoryItem, forgotten: Sequence[Forgotten]) -> bool:
         and isinstance(item, User | Respond)
         and any(f.first <= seq <= f.last for f in forgotten)
     )
+
+
+def forgetting(history: Sequence[HistoryItem], message: Forget, *, idle: bool) -> Forgotten | Error:
+    """The ``forgotten`` event ``message`` makes, or the refusal saying what to send instead.
+
+    History items carry the seq of the first logged event they hold
+    (``SessionLog.persist``), so a client names a user message by its ``user``
+    event's seq and an answer by its first and last ``respond`` chunks. A
+    ``forgotten`` is appended, never an item removed: the log and the store stay
+    append-only, and resume and takeover read the same history."""
+    if not idle:
+        return Error(
+            code="turn_active",
+            content="messages are forgotten between turns: wait for the turn's end (or "
+            "cancel it), then send forget again",
+        )
+    first, last = message.first, message.last
+    if first > last:
+        return Error(code="bad_frame", content="forget takes first <= last (seqs of the log)")
+    done = [item for item in history if isinstance(item, Forgotten)]
+    if not any(
+        isinstance(item, User | Respond) and first <= item.seq <= last and not forgets(item, done)
+        for item in history
+    ):
+        return Error(
+            code="unknown_item",
+            content=f"the model holds no user message or answer text logged from seq {first} "
+            f"through {last} (forgotten already, or none there): name a user event's seq, or "
+            "an answer's first and last respond chunks",
+        )
+    return Forgotten(first=first, last=last)
 
 
 def assemble(history: Iterable[HistoryItem]) -> list[Message]:

@@ -45,7 +45,7 @@ from gateway.sessions.upstream_link import UpstreamLink
 from gateway.sessions.voice import VoiceInput, voice_config
 from gateway.store.base import EventLog, StoreError
 from gateway.upstream.base import Upstream, VoiceConfig
-from protocol.assembly import HistoryItem
+from protocol.assembly import HistoryItem, forgetting
 from protocol.configuration import ConfigChange, apply_change
 from protocol.events import (
     Call,
@@ -59,7 +59,6 @@ from protocol.events import (
     Usage,
     UserMessage,
 )
-from protocol.forgetting import forgetting
 from protocol.guardrails import check_input
 from protocol.journal import (
     JournalCall,
@@ -366,12 +365,13 @@ class SessionRuntime:
         return None
 
     def forget(self, message: Forget) -> Error | None:
-        """Apply a ``forget`` (``protocol.forgetting``); the next step reopens from history."""
+        """Apply a ``forget`` (``assembly.forgetting``); the upstream reopens from history."""
         made = forgetting(self.history, message, idle=self.machine.idle and not self.closed)
         if not isinstance(made, Error):
             self.log.emit(msgspec.structs.replace(made, reply_to=message.id))
             self.log.persist((made,))
-            self.machine.feed(Reconfigured())
+            self.driver.drop_upstream(stop=False)
+            self.driver.listen()
         return made if isinstance(made, Error) else None
 
     def rights_changed(self, setup: SessionSetup) -> None:

@@ -4,7 +4,7 @@ what it refuses (``forgetting``), and how history items get the seqs it names by
 
 from __future__ import annotations
 
-from protocol.assembly import Message, assemble
+from protocol.assembly import Message, assemble, forgetting
 from protocol.events import (
     Call,
     Error,
@@ -16,7 +16,6 @@ from protocol.events import (
     Think,
     User,
 )
-from protocol.forgetting import forgetting
 from protocol.steps import StepRecorder
 
 HISTORY = [

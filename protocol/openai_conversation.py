@@ -78,7 +78,7 @@ from protocol.openai_events import (
     ResponseCreate,
     SessionUpdate,
 )
-from protocol.openai_response import HIDDEN, response_overrides
+from protocol.openai_response import HIDDEN, OVERRIDE, response_overrides, restore_of
 from protocol.openai_session import call_parts, config_change, session_of, usage_of
 
 __all__ = ["KEPT_ITEMS", "Command", "Conversation", "Emit"]
@@ -177,7 +177,8 @@ class Conversation:
         # (to put back), the configure that puts it back once the response is done, the
         # metadata the next response echoes; ``due``: commands to send now (the shell's).
         self._config: SessionConfig | None = None
-        self._restore: Configure | None = None
+        self._override: Configure | None = None
+        self._before: SessionConfig | None = None  # the session's, as the override came
         self._metadata: dict[str, str] | None = None
         self.due: list[Command] = []
 
@@ -285,7 +286,7 @@ class Conversation:
                     )
                 return self._item(item, eid)
             case ResponseCreate(response=body):
-                made = response_overrides(body, self._config) if body else None
+                made = response_overrides(body) if body else None
                 if isinstance(made, tuple):
                     return self._refusal(made[0], eid, made[1])
                 if made is not None:
@@ -296,10 +297,8 @@ class Conversation:
                     self._pending_reply = eid
                     if made is None or made.change is None:
                         return Emit([UserMessage(content=text)], [])
-                    assert made.restore is not None  # made with the change
-                    self._restore = msgspec.structs.replace(made.restore, id=HIDDEN + "restore")
-                    change = msgspec.structs.replace(made.change, id=HIDDEN + "override")
-                    return Emit([change, UserMessage(content=text)], [])
+                    self._override = made.change
+                    return Emit([made.change, UserMessage(content=text)], [])
                 if made is not None and made.change is not None:
                     return self._refusal(
                         "instructions, tools and output of a response are set with the user "
@@ -391,6 +390,12 @@ class Conversation:
         if self._last_item in gone:
             self._last_item = next(reversed(self._items), None)
         return [self._ev("conversation.item.deleted", item_id=iid) for iid in gone]
+
+    def _put_back(self) -> None:
+        """The response had overrides: the session's own values go back (``due``)."""
+        if self._override is not None:
+            self.due.append(restore_of(self._override, self._before or self._config))
+            self._override = self._before = None
 
     def _span(self, iid: str, first: int, last: int) -> None:
         spans = self._spans
@@ -485,7 +490,12 @@ class Conversation:
                 self.audio_out = config.output == "audio"
                 self._hearing = config.input_audio is not None
                 if isinstance(ref, str) and ref.startswith(HIDDEN):
-                    return []  # one response's overrides, or the session's back: no change
+                    # One response's overrides, or the session's own back: no change shown.
+                    if ref == OVERRIDE:
+                        self._before = self._config
+                    else:
+                        self._config = config
+                    return []
                 self._config = config
                 kind = "session.updated" if self._created else "session.created"
                 self._created = True
@@ -529,6 +539,7 @@ class Conversation:
                 return self._client_call(event)
             case End():
                 self._ending = True
+                self._put_back()  # the turn is over (also one that showed nothing)
                 return []
             case Metric(step=usage):
                 if not self._ending or self._response is None:
@@ -542,14 +553,14 @@ class Conversation:
                     return []
                 return self._done("failed", error=content or "interrupted; the turn runs again")
             case Cancelled(reason=why):
+                self._put_back()
                 if self._response is None:
                     return []
                 reason = "turn_detected" if why == "barge_in" else "client_cancelled"
                 return self._done("cancelled", reason=reason)
             case Error(code=code, content=content, reply_to=ref):
-                if self._restore is not None and self._response is None:
-                    self.due.append(self._restore)  # its response never started
-                    self._restore = None
+                if self._response is None:
+                    self._put_back()  # the response with overrides never started
                 reply, self._pending_reply = self._pending_reply, None
                 if isinstance(ref, str) and ref in self._named:
                     reply = ref
@@ -791,9 +802,7 @@ class Conversation:
             return out
         self._response = None
         self._ending = False
-        if self._restore is not None:  # the response had overrides: the session's are back
-            self.due.append(self._restore)
-            self._restore = None
+        self._put_back()
         details: dict[str, Any] = {"type": status}
         if reason is not None:
             details["reason"] = reason

@@ -23,10 +23,12 @@ from protocol.events import Configure
 from protocol.openai_events import SessionBody
 from protocol.openai_session import config_change
 
-__all__ = ["HIDDEN", "Overrides", "response_overrides"]
+__all__ = ["HIDDEN", "OVERRIDE", "Overrides", "response_overrides", "restore_of"]
 
 HIDDEN: Final = "~"
 """The prefix of the ids of the door's own configures (not shown as ``session.updated``)."""
+OVERRIDE: Final = HIDDEN + "override"
+RESTORE: Final = HIDDEN + "restore"
 
 _REFUSED: Final = {
     "audio": "response.audio (the voice) is not set per response on this gateway: set "
@@ -43,17 +45,14 @@ _REFUSED: Final = {
 
 
 class Overrides(msgspec.Struct, frozen=True):
-    """One response's overrides: the ``configure`` before it (None: none) and the one
-    after it that puts the session's values back, and the metadata it echoes."""
+    """One response's overrides: the ``configure`` before it (None: none; ``restore_of``
+    makes the one after it), and the metadata it echoes."""
 
     change: Configure | None = None
-    restore: Configure | None = None
     metadata: dict[str, str] | None = None
 
 
-def response_overrides(
-    body: dict[str, Any], session: SessionConfig | None
-) -> Overrides | tuple[str, str]:
+def response_overrides(body: dict[str, Any]) -> Overrides | tuple[str, str]:
     """``response.create``'s ``response`` as ``Overrides``, or ``(refusal, param)``."""
     for name in sorted(body):
         if name in _REFUSED and body[name] is not None:
@@ -102,11 +101,13 @@ def response_overrides(
         change = f"invalid response: {exc}"
     if isinstance(change, str):
         return change.replace("session.", "response."), "response"
-    return Overrides(change, _restore(change, session or SessionConfig()), metadata)
+    return Overrides(msgspec.structs.replace(change, id=OVERRIDE), metadata)
 
 
-def _restore(change: Configure, session: SessionConfig) -> Configure:
-    """The session's own values of what ``change`` sets."""
+def restore_of(change: Configure, session: SessionConfig | None) -> Configure:
+    """The session's own values (as it is now: a ``session.update`` sent with the
+    response may have changed it since) of what ``change`` set."""
+    session = session or SessionConfig()
     back: dict[str, Any] = {}
     if change.instructions is not msgspec.UNSET:
         back["instructions"] = session.instructions
@@ -114,7 +115,7 @@ def _restore(change: Configure, session: SessionConfig) -> Configure:
         back["tools"] = session.tools
     if change.output is not msgspec.UNSET:
         back["output"] = session.output
-    return Configure(**back)
+    return Configure(**back, id=RESTORE)
 
 
 def _metadata_ok(metadata: Any) -> bool:

@@ -447,7 +447,7 @@ class SessionRuntime:
         (the client was told: ``error`` code ``upstream``)."""
         if not self.closed:
             _heard_audio(self, pcm16)
-            await self.voice_in.send(self.link.upstream, pcm16)
+            await self.voice_in.send(self.link.upstream, pcm16, hears=self.link.hears)
 
     def send_audio_now(self, pcm16: bytes) -> bool:
         """``send_audio`` without awaiting when the upstream socket takes it at once
@@ -455,7 +455,7 @@ class SessionRuntime:
         if self.closed:
             return False
         _heard_audio(self, pcm16)  # first: the frame it goes out in refers to it
-        return self.voice_in.send_now(self.link.upstream, pcm16)
+        return self.voice_in.send_now(self.link.upstream, pcm16, hears=self.link.hears)
 
     async def clear_audio(self) -> Error | None:
         return await self.voice_in.clear(self.link.upstream, self.setup.upstream_factory)

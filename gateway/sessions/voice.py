@@ -173,29 +173,33 @@ class VoiceInput:
         """No audio from this node's clients for ``seconds`` (no live microphone here)."""
         return time.monotonic() - self._heard_at >= seconds
 
-    async def send(self, upstream: Upstream | None, pcm16: bytes) -> None:
-        """User audio to ``upstream``, or held while none is open."""
+    async def send(self, upstream: Upstream | None, pcm16: bytes, *, hears: bool = True) -> None:
+        """User audio to ``upstream``, or held while none is open. An open upstream that
+        does not ``hear`` (opened before the session took audio, for the turn running
+        then) gets none: the audio is dropped, as ``flush`` drops it for one."""
         if self.audio_in is None:
             return
         self._heard_at = time.monotonic()
         if upstream is None or self._unflushed:
             self._hold(pcm16)
+            return
+        if not hears:
             return
         try:
             await upstream.send_audio(pcm16)
         except UpstreamClosed:
             return  # the driver's recv sees the loss and reopens
 
-    def send_now(self, upstream: Upstream | None, pcm16: bytes) -> bool:
+    def send_now(self, upstream: Upstream | None, pcm16: bytes, *, hears: bool = True) -> bool:
         """``send`` without awaiting when the socket takes it at once (or the audio is
-        held); False: nothing was sent, await ``send``."""
+        held, or dropped); False: nothing was sent, await ``send``."""
         if self.audio_in is None:
             return False
         self._heard_at = time.monotonic()
         if upstream is None or self._unflushed:
             self._hold(pcm16)
             return True
-        return upstream.send_audio_now(pcm16)
+        return not hears or upstream.send_audio_now(pcm16)
 
     async def clear(self, upstream: Upstream | None, factory: UpstreamFactory) -> Error | None:
         """Discard the audio not yet committed: held here, and buffered by the provider

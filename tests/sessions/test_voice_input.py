@@ -177,3 +177,14 @@ async def test_clear_drops_the_held_audio_and_the_providers_where_it_can() -> No
     assert upstream.calls.count("clear_audio") == 1
     nothing = await VoiceInput("sid", None).clear(upstream, _Factory("openai", frozenset()))
     assert nothing is not None and nothing.code == "bad_frame"
+
+
+async def test_an_upstream_that_does_not_hear_gets_no_audio() -> None:
+    # Opened for a turn before the session took audio: speech meanwhile is not its.
+    voice = VoiceInput("sid", AudioIn(rate=RATE))
+    upstream = ScriptedUpstream()
+    await voice.send(upstream, b"one", hears=False)
+    assert voice.send_now(upstream, b"two", hears=False)  # taken: dropped, not awaited
+    assert upstream.audio == []
+    await voice.flush(upstream)  # nothing was held for it either
+    assert upstream.audio == []

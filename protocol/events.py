@@ -64,6 +64,7 @@ __all__ = [
     "SpeechStopped",
     "Think",
     "ToolResultMessage",
+    "TurnCommand",
     "Usage",
     "User",
     "UserMessage",
@@ -551,19 +552,13 @@ class Configure(ConfigChange, frozen=True, tag_field="type", tag="configure"):
     id: CommandId | msgspec.UnsetType = msgspec.UNSET
 
 
-ClientMessage = (
-    UserMessage
-    | Cancel
-    | Ping
-    | Configure
-    | ToolResultMessage
-    | AudioChunk
-    | Commit
-    | Played
-    | Approve
-    | Forget
-    | ClearAudio
-)
+TurnCommand = UserMessage | Cancel | ToolResultMessage | Approve | Commit | Played
+"""The client messages the session's turn machine takes as they are (each an input of
+``protocol.turn_events.TurnInput``, with its row in ``protocol.turn_table``)."""
+
+ClientMessage = TurnCommand | Ping | Configure | AudioChunk | Forget | ClearAudio
+"""Every client message: the machine's commands, and those the session or the connection
+answers itself (``configure``, ``forget``, ``clear_audio``; ``ping``, ``audio``)."""
 
 CLIENT_MESSAGE_TYPES: Final[tuple[str, ...]] = tuple(
     str(kind.__struct_config__.tag) for kind in typing.get_args(ClientMessage)

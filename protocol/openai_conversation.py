@@ -78,7 +78,8 @@ from protocol.openai_events import (
     ResponseCreate,
     SessionUpdate,
 )
-from protocol.openai_response import HIDDEN, OVERRIDE, response_overrides, restore_of
+from protocol.openai_items import Spans
+from protocol.openai_response import ResponseOverrides, response_overrides
 from protocol.openai_session import call_parts, config_change, session_of, usage_of
 
 __all__ = ["KEPT_ITEMS", "Command", "Conversation", "Emit"]
@@ -170,17 +171,10 @@ class Conversation:
         self._audio_tag = 0  # seq tag of the newest audio frame of the answer
         # The newest items as last shown (``…item.added``/``done``), for conversation.item.retrieve.
         self._items: dict[str, dict[str, Any]] = {}
-        # What conversation.item.delete names to the gateway (``forget``): the seqs of the
-        # first and last logged events of the newest user messages and answers.
-        self._spans: dict[str, tuple[int, int]] = {}
-        # Per-response overrides (``protocol.openai_response``): the session's configuration
-        # (to put back), the configure that puts it back once the response is done, the
-        # metadata the next response echoes; ``due``: commands to send now (the shell's).
-        self._config: SessionConfig | None = None
-        self._override: Configure | None = None
-        self._before: SessionConfig | None = None  # the session's, as the override came
-        self._metadata: dict[str, str] | None = None
-        self.due: list[Command] = []
+        self._spans = Spans(KEPT_ITEMS)  # what conversation.item.delete names (``forget``)
+        # Per-response overrides (``protocol.openai_response``); their ``due`` configures
+        # are the shell's to send (``take_due``).
+        self.overrides = ResponseOverrides()
 
     # ------------------------------------------------------------ ids
 
@@ -234,7 +228,7 @@ class Conversation:
     def created(self, config: SessionConfig) -> ServerEvent:
         """``session.created`` for a session configured before this connection (unlogged)."""
         self._created = True
-        self._config = config
+        self.overrides.config = config
         self.audio_out = config.output == "audio"
         return self._ev("session.created", session=session_of(config, self.sid, self.model))
 
@@ -290,14 +284,14 @@ class Conversation:
                 if isinstance(made, tuple):
                     return self._refusal(made[0], eid, made[1])
                 if made is not None:
-                    self._metadata = made.metadata
+                    self.overrides.metadata = made.metadata
                 if self._held:
                     text = "\n".join(self._held)
                     self._held = []
                     self._pending_reply = eid
                     if made is None or made.change is None:
                         return Emit([UserMessage(content=text)], [])
-                    self._override = made.change
+                    self.overrides.start(made.change)
                     return Emit([made.change, UserMessage(content=text)], [])
                 if made is not None and made.change is not None:
                     return self._refusal(
@@ -382,26 +376,18 @@ class Conversation:
 
     def _forgotten(self, first: int, last: int) -> list[ServerEvent]:
         self._pending_reply = None
-        spans = self._spans
-        gone = [iid for iid, (a, b) in spans.items() if first <= a and b <= last]
+        gone = self._spans.gone(first, last)
         for iid in gone:
-            del spans[iid]
             self._items.pop(iid, None)
         if self._last_item in gone:
             self._last_item = next(reversed(self._items), None)
         return [self._ev("conversation.item.deleted", item_id=iid) for iid in gone]
 
-    def _put_back(self) -> None:
-        """The response had overrides: the session's own values go back (``due``)."""
-        if self._override is not None:
-            self.due.append(restore_of(self._override, self._before or self._config))
-            self._override = self._before = None
-
-    def _span(self, iid: str, first: int, last: int) -> None:
-        spans = self._spans
-        spans[iid] = (first, last)
-        if len(spans) > KEPT_ITEMS:
-            del spans[next(iter(spans))]
+    def take_due(self) -> list[Command]:
+        """Commands the conversation asks the shell to send now, ahead of the client's next
+        (a response's overrides taken back once it is done)."""
+        due, self.overrides.due = self.overrides.due, []
+        return list(due)
 
     @property
     def hearing(self) -> bool:
@@ -489,14 +475,8 @@ class Conversation:
             case Configured(config=config, reply_to=ref):
                 self.audio_out = config.output == "audio"
                 self._hearing = config.input_audio is not None
-                if isinstance(ref, str) and ref.startswith(HIDDEN):
-                    # One response's overrides, or the session's own back: no change shown.
-                    if ref == OVERRIDE:
-                        self._before = self._config
-                    else:
-                        self._config = config
-                    return []
-                self._config = config
+                if self.overrides.configured(config, ref):
+                    return []  # one response's overrides, or the session's own back
                 kind = "session.updated" if self._created else "session.created"
                 self._created = True
                 self._pending_reply = None
@@ -539,7 +519,7 @@ class Conversation:
                 return self._client_call(event)
             case End():
                 self._ending = True
-                self._put_back()  # the turn is over (also one that showed nothing)
+                self.overrides.put_back()  # the turn is over (also one that showed nothing)
                 return []
             case Metric(step=usage):
                 if not self._ending or self._response is None:
@@ -553,14 +533,14 @@ class Conversation:
                     return []
                 return self._done("failed", error=content or "interrupted; the turn runs again")
             case Cancelled(reason=why):
-                self._put_back()
+                self.overrides.put_back()
                 if self._response is None:
                     return []
                 reason = "turn_detected" if why == "barge_in" else "client_cancelled"
                 return self._done("cancelled", reason=reason)
             case Error(code=code, content=content, reply_to=ref):
                 if self._response is None:
-                    self._put_back()  # the response with overrides never started
+                    self.overrides.put_back()  # the response with overrides never started
                 reply, self._pending_reply = self._pending_reply, None
                 if isinstance(ref, str) and ref in self._named:
                     reply = ref
@@ -590,7 +570,7 @@ class Conversation:
         }
         prev = self._last_item
         self._last_item = iid
-        self._span(iid, seq, seq)
+        self._spans.add(iid, seq, seq)
         out: list[ServerEvent] = []
         if spoken:
             out.append(self._ev("input_audio_buffer.committed", item_id=iid, previous_item_id=prev))
@@ -649,7 +629,7 @@ class Conversation:
         self._ending = False
         self._responses += 1
         resp = self._response = _Response(f"resp_{self._turn}_{self._responses}")
-        resp.metadata, self._metadata = self._metadata, None
+        resp.metadata, self.overrides.metadata = self.overrides.metadata, None
         return [self._ev("response.created", response=self._resp_body(resp, "in_progress"))]
 
     def _resp_body(
@@ -724,7 +704,7 @@ class Conversation:
         resp.output[-1] = item
         resp.message = None
         if resp.first:
-            self._span(iid, resp.first, resp.last)
+            self._spans.add(iid, resp.first, resp.last)
         done: list[ServerEvent] = []
         if self.audio_out:
             if resp.audio:
@@ -802,7 +782,7 @@ class Conversation:
             return out
         self._response = None
         self._ending = False
-        self._put_back()
+        self.overrides.put_back()
         details: dict[str, Any] = {"type": status}
         if reason is not None:
             details["reason"] = reason

@@ -23,7 +23,14 @@ from protocol.events import Configure
 from protocol.openai_events import SessionBody
 from protocol.openai_session import config_change
 
-__all__ = ["HIDDEN", "OVERRIDE", "Overrides", "response_overrides", "restore_of"]
+__all__ = [
+    "HIDDEN",
+    "OVERRIDE",
+    "Overrides",
+    "ResponseOverrides",
+    "response_overrides",
+    "restore_of",
+]
 
 HIDDEN: Final = "~"
 """The prefix of the ids of the door's own configures (not shown as ``session.updated``)."""
@@ -116,6 +123,43 @@ def restore_of(change: Configure, session: SessionConfig | None) -> Configure:
     if change.output is not msgspec.UNSET:
         back["output"] = session.output
     return Configure(**back, id=RESTORE)
+
+
+class ResponseOverrides:
+    """One connection's overrides as they go (``Conversation`` holds one): the session's
+    configuration as its client set it, the override of the response in flight and the
+    session's configuration as it came, the metadata the next response echoes, and the
+    configures to send now (``due``)."""
+
+    __slots__ = ("_before", "_override", "config", "due", "metadata")
+
+    def __init__(self) -> None:
+        self.config: SessionConfig | None = None
+        self.metadata: dict[str, str] | None = None
+        self.due: list[Configure] = []
+        self._override: Configure | None = None
+        self._before: SessionConfig | None = None
+
+    def start(self, change: Configure) -> None:
+        """A response with ``change`` is asked for: its values go back once it is done."""
+        self._override = change
+
+    def configured(self, config: SessionConfig, ref: str | msgspec.UnsetType) -> bool:
+        """A logged ``configured``; True when it is the door's own (not shown)."""
+        if not (isinstance(ref, str) and ref.startswith(HIDDEN)):
+            self.config = config
+            return False
+        if ref == OVERRIDE:
+            self._before = self.config  # the session's own, as the override came
+        else:
+            self.config = config  # the session's own again
+        return True
+
+    def put_back(self) -> None:
+        """The response is done (or never started): the session's own values go back."""
+        if self._override is not None:
+            self.due.append(restore_of(self._override, self._before or self.config))
+            self._override = self._before = None
 
 
 def _metadata_ok(metadata: Any) -> bool:

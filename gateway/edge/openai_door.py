@@ -325,8 +325,8 @@ class DoorConnection(ClientConnection):
             self._emit(conversation.gateway(event), out)
             if self._skip is not None and event.seq > self._skip[0]:
                 self._skip = None  # caught up: everything from here is new
-        if conversation.due:
-            due, conversation.due = conversation.due, []
+        if conversation.overrides.due:
+            due = conversation.take_due()
             self._due = asyncio.get_running_loop().create_task(self._send_due(self._due, due))
         return out
 

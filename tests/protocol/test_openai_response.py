@@ -68,10 +68,10 @@ def test_the_door_hides_its_own_configures_and_restores_when_the_response_is_don
     usage = Usage(input=1, output=1)
     conv.gateway(User(seq=3, content="q"))
     conv.gateway(Respond(seq=4, content="a"))
-    assert conv.due == []
+    assert conv.take_due() == []
     conv.gateway(End(seq=5))
     conv.gateway(Metric(seq=6, step=usage, total=usage))
-    assert conv.due == [Configure(instructions="house", id="~restore")]
+    assert conv.take_due() == [Configure(instructions="house", id="~restore")]
 
 
 def test_the_sessions_values_put_back_are_those_it_has_when_the_response_is_done() -> None:
@@ -90,7 +90,7 @@ def test_the_sessions_values_put_back_are_those_it_has_when_the_response_is_done
     conv.gateway(End(seq=5))
     usage = Usage(input=1, output=1)
     conv.gateway(Metric(seq=6, step=usage, total=usage))
-    assert conv.due == [Configure(instructions="house", id="~restore")]
+    assert conv.take_due() == [Configure(instructions="house", id="~restore")]
 
 
 def test_a_configure_during_the_response_does_not_keep_its_overrides() -> None:
@@ -112,4 +112,4 @@ def test_a_configure_during_the_response_does_not_keep_its_overrides() -> None:
     conv.gateway(End(seq=5))
     usage = Usage(input=1, output=1)
     conv.gateway(Metric(seq=6, step=usage, total=usage))
-    assert conv.due == [Configure(instructions="house", id="~restore")]
+    assert conv.take_due() == [Configure(instructions="house", id="~restore")]

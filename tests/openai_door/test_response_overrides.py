@@ -13,7 +13,7 @@ import pytest
 from openai import AsyncOpenAI
 from openai.resources.realtime.realtime import AsyncRealtimeConnection
 
-from tests.openai_door.conftest import MODELS, SERVER_EVENT
+from tests.openai_door.conftest import MODELS, SERVER_EVENT, RawClient
 from tests.support.procs import NodeProcess
 
 pytestmark = pytest.mark.timeout(90)
@@ -148,3 +148,38 @@ async def test_what_one_response_cannot_have_is_refused(
             "c_resp",
             param,
         )
+
+
+async def test_a_resumed_client_does_not_see_the_overrides_as_session_changes(
+    node: NodeProcess,
+) -> None:
+    model = MODELS[0]
+    client = await RawClient.open(f"{node.base}/openai/v1/realtime?model={model}")
+    try:
+        created = (await client.until("session.created"))[-1]
+        await client.say("hello")  # a plain response first
+        await client.until("response.done")
+        await client.send(
+            type="conversation.item.create",
+            item={
+                "type": "message",
+                "role": "user",
+                "content": [{"type": "input_text", "text": "/instructions"}],
+            },
+        )
+        await client.send(type="response.create", response={"instructions": "Pirate talk."})
+        await client.until("response.done")
+    finally:
+        await client.close()
+    sid, first = created["session"]["id"], created["event_id"]
+    resumed = await RawClient.open(
+        f"{node.base}/openai/v1/realtime?model={model}&session_id={sid}&after_event={first}"
+    )
+    try:
+        await resumed.until("response.done")
+        replay = await resumed.until("response.done")
+    finally:
+        await resumed.close()
+    assert "Pirate talk." in "".join(e.get("delta", "") for e in replay)
+    kinds = [e["type"] for e in resumed.events]
+    assert "session.updated" not in kinds  # the door's own configures stay its own

@@ -79,7 +79,7 @@ from protocol.openai_events import (
     SessionUpdate,
 )
 from protocol.openai_items import Spans
-from protocol.openai_response import ResponseOverrides, response_overrides
+from protocol.openai_response import TOKEN_REFUSAL, ResponseOverrides, response_overrides
 from protocol.openai_session import call_parts, config_change, session_of, usage_of
 
 __all__ = ["KEPT_ITEMS", "Command", "Conversation", "Emit"]
@@ -283,6 +283,8 @@ class Conversation:
                 made = response_overrides(body) if body else None
                 if isinstance(made, tuple):
                     return self._refusal(made[0], eid, made[1])
+                if made is not None and made.change is not None and not self.overrides.allowed:
+                    return self._refusal(TOKEN_REFUSAL, eid, "response")
                 if made is not None:
                     self.overrides.metadata = made.metadata
                 if self._held:

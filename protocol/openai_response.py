@@ -26,6 +26,7 @@ from protocol.openai_session import config_change
 __all__ = [
     "HIDDEN",
     "OVERRIDE",
+    "TOKEN_REFUSAL",
     "Overrides",
     "ResponseOverrides",
     "response_overrides",
@@ -36,6 +37,12 @@ HIDDEN: Final = "~"
 """The prefix of the ids of the door's own configures (not shown as ``session.updated``)."""
 OVERRIDE: Final = HIDDEN + "override"
 RESTORE: Final = HIDDEN + "restore"
+
+TOKEN_REFUSAL: Final = (
+    "this connection uses a client token, which may not change its session's "
+    "configuration, for one response either: leave response.instructions, tools, "
+    "tool_choice and output_modalities unset (the app's backend sets the session up)"
+)
 
 _REFUSED: Final = {
     "audio": "response.audio (the voice) is not set per response on this gateway: set "
@@ -131,9 +138,11 @@ class ResponseOverrides:
     session's configuration as it came, the metadata the next response echoes, and the
     configures to send now (``due``)."""
 
-    __slots__ = ("_before", "_override", "config", "due", "metadata")
+    __slots__ = ("_before", "_override", "allowed", "config", "due", "metadata")
 
     def __init__(self) -> None:
+        # A client token may not change its session's configuration, for one response either.
+        self.allowed = True
         self.config: SessionConfig | None = None
         self.metadata: dict[str, str] | None = None
         self.due: list[Configure] = []

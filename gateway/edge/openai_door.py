@@ -299,6 +299,7 @@ class DoorConnection(ClientConnection):
         self.door = door
         self.state = state
         self.conversation = Conversation(sid, state.model)
+        self.conversation.overrides.allowed = trusted
         self._skip = state.after  # replayed up to here: not sent again
         # Commands the conversation asked for as it translated (a response's overrides
         # taken back once it is done): sent in order, before the client's next ones.

@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import contextlib
 import http
 import logging
 import time
@@ -52,7 +53,7 @@ from gateway.upstream import providers
 from protocol.audio import split_audio_frame
 from protocol.configuration import SessionConfig
 from protocol.events import Configure, Session, UserMessage, decode_event
-from protocol.openai_conversation import Conversation, ServerEvent
+from protocol.openai_conversation import Command, Conversation, ServerEvent
 from protocol.openai_events import InputAudioBufferAppend, decode_client, encode
 
 __all__ = ["OPENAI_PATH", "DoorConnection", "OpenAIDoor", "model_route"]
@@ -298,7 +299,11 @@ class DoorConnection(ClientConnection):
         self.door = door
         self.state = state
         self.conversation = Conversation(sid, state.model)
+        self.conversation.overrides.allowed = trusted
         self._skip = state.after  # replayed up to here: not sent again
+        # Commands the conversation asked for as it translated (a response's overrides
+        # taken back once it is done): sent in order, before the client's next ones.
+        self._due: asyncio.Task[None] | None = None
 
     # ------------------------------------------------------------- out
 
@@ -321,7 +326,16 @@ class DoorConnection(ClientConnection):
             self._emit(conversation.gateway(event), out)
             if self._skip is not None and event.seq > self._skip[0]:
                 self._skip = None  # caught up: everything from here is new
+        if conversation.overrides.due:
+            due = conversation.take_due()
+            self._due = asyncio.get_running_loop().create_task(self._send_due(self._due, due))
         return out
+
+    async def _send_due(self, before: asyncio.Task[None] | None, due: list[Command]) -> None:
+        if before is not None:
+            await before
+        for command in due:
+            await self._handle(_command_encoder.encode(command).decode())
 
     def _speech(self, frame: bytes) -> list[bytes]:
         """The model's speech (never logged, never replayed) as OpenAI's audio deltas."""
@@ -366,6 +380,11 @@ class DoorConnection(ClientConnection):
             await self._read(writer)
         except ConnectionClosed:
             return  # the client went away, or was closed (its close code says why)
+        finally:
+            if self._due is not None:
+                self._due.cancel()
+                with contextlib.suppress(BaseException):
+                    await self._due
 
     async def _read(self, writer: asyncio.Task[None]) -> None:
         state = self.state
@@ -442,6 +461,8 @@ class DoorConnection(ClientConnection):
                         error = self.conversation.error(message, code="rate_limit_exceeded")
                         await self._send_events([error])
                     continue
+            if self._due is not None and not self._due.done():
+                await self._due  # the conversation's own commands go first
             emit = self.conversation.client(decode_client(frame), model_route=state.route)
             for command in emit.commands:
                 if isinstance(command, bytes):  # user audio

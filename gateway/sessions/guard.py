@@ -38,6 +38,7 @@ from protocol.events import (
     Error,
     Event,
     Execute,
+    Forgotten,
     Guardrail,
     Interrupt,
     Respond,
@@ -311,7 +312,9 @@ class EventGuard:
         output, input_ = self.guardrails.output, self.guardrails.input
         for item in items:
             kind = type(item)
-            if kind is Respond or kind is Think:
+            if isinstance(item, Forgotten):
+                pass  # seqs only: nothing to judge
+            elif kind is Respond or kind is Think:
                 piece = check(output, item.content)
                 if piece.hits:
                     item = msgspec.structs.replace(item, content=piece.text)

@@ -251,6 +251,9 @@ class LoopbackBridge:
                     continue
                 event = decode_event(frame)
                 events = conversation.gateway(event)
+                # A response's overrides taken back: before the client hears it is done.
+                for command in conversation.take_due():
+                    await inner.send(_command_encoder.encode(command).decode())
                 if any(e["type"] == _RESPONSE_CREATED for e in events):
                     link.answer_started()
                 if any(e["type"] == _SPEECH_STARTED for e in events):

@@ -1,22 +1,26 @@
-"""WebRTC calls' cost and added latency, against an in-process gateway (simulator upstream).
+"""WebRTC calls' cost and added latency (simulator upstream).
 
-``cpu N SECONDS``: N aiortc peers hold calls for SECONDS (microphones sending 20 ms
-Opus frames, the gateway's track sending 20 ms frames); prints process CPU per call.
-Both ends run in this one process (the peers' Opus, DTLS/SRTP and ICE cost about what
-the gateway's do), so the gateway's share is about half of the figure printed.
+``cpu N[,N…] SECONDS``: N aiortc peers hold calls for SECONDS (microphones sending
+20 ms Opus frames, the gateway's track sending 20 ms frames) against a ``gateway
+serve`` subprocess; prints that process's CPU per call (``/proc/PID/stat``: its
+threads too, where aiortc decodes), so the gateway is measured alone: the peers and
+the simulator run in this process. Also printed: the frames per second each peer
+received (50 when nobody is starved) and the load average (the machine is shared).
+Default: 1, 10 and 50 calls.
 
 ``latency ROUNDS``: a spoken turn (0.3 s silence, 0.5 s tone, 0.8 s silence), timed
 from the end of the speech to the first audible frame of the answer: on a WebRTC call
 (the frame decoded by the peer) and on the door's WebSocket (the first
 ``response.output_audio.delta``), on the same simulator; prints the medians.
 
-Usage: python -m tests.bench.webrtc_bench cpu 10 10 | latency 5
+Usage: python -m tests.bench.webrtc_bench cpu 1,10,50 20 | latency 5
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import os
 import statistics
 import sys
 import tempfile
@@ -25,31 +29,57 @@ from pathlib import Path
 
 import numpy as np
 
+from gateway.sim.model import SimConfig
+from gateway.sim.server import serve_sim
 from tests.openai_door.conftest import RawClient
 from tests.openai_door.test_voice import AUDIO_SESSION as WS_SESSION
-from tests.voice.conftest import CHUNK_S, utterance, voice_gateway
+from tests.support.procs import NodeProcess
+from tests.voice.conftest import CHUNK_S, KEY, utterance, voice_gateway
 from tests.webrtc.conftest import RATE, Peer
 from tests.webrtc.test_calls import AUDIO_SESSION, MODEL, calls_url
 
 SPEECH_END_S = 0.8  # utterance(0.5): 0.3 s silence, then 0.5 s of tone
 
 
+def _cpu_seconds(pid: int) -> float:
+    """utime + stime of a process (all its threads), from /proc/PID/stat."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 async def cpu(n: int, seconds: float) -> None:
     with tempfile.TemporaryDirectory() as tmp:
-        async with voice_gateway("openai", Path(tmp)) as gw:
+        async with serve_sim(SimConfig(flavor="openai", api_key=KEY)) as sim:
+            node = NodeProcess(
+                ["serve", "--port", "0", "--provider", "openai", "--openai-base-url", sim.url]
+                + ["--model", "sim", "--workspace-root", tmp, "--log-level", "WARNING"],
+                env={"OPENAI_API_KEY": KEY},
+            )
+            await asyncio.to_thread(node.start)
+            assert node.proc is not None
             peers = [Peer() for _ in range(n)]
-            for peer in peers:
-                assert (await peer.call(calls_url(gw.url))).status == 201
-            await asyncio.sleep(1)  # settle: DTLS done, tracks flowing
-            used, wall = time.process_time(), time.monotonic()
-            await asyncio.sleep(seconds)
-            used, wall = time.process_time() - used, time.monotonic() - wall
-            frames = sum(p.frames for p in peers)
-            for peer in peers:
-                await peer.close()
+            try:
+                for peer in peers:
+                    assert (await peer.call(calls_url(node.url))).status == 201
+                await asyncio.sleep(2)  # settle: DTLS done, tracks flowing both ways
+                frames = sum(p.frames for p in peers)
+                used, mine = _cpu_seconds(node.proc.pid), time.process_time()
+                wall = time.monotonic()
+                await asyncio.sleep(seconds)
+                used = _cpu_seconds(node.proc.pid) - used
+                mine = time.process_time() - mine
+                wall = time.monotonic() - wall
+                frames = sum(p.frames for p in peers) - frames
+            finally:
+                for peer in peers:
+                    await peer.close()
+                node.kill()
+    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
     print(
-        f"cpu: {n} calls, {wall:.1f} s: {used:.2f} CPU s, {used / (n * wall) * 100:.1f}% of a "
-        f"core per call (both ends); {frames / (n * wall):.1f} frames/s received per call"
+        f"cpu: {n} calls, {wall:.1f} s: the gateway {used / (n * wall) * 100:.2f}% of a core "
+        f"per call ({used:.2f} CPU s); {frames / (n * wall):.1f} frames/s received per call; "
+        f"peers and simulator {mine / wall * 100:.0f}% of a core; load average {load}",
+        flush=True,
     )
 
 
@@ -109,9 +139,6 @@ if __name__ == "__main__":
     if mode == "latency":
         asyncio.run(latency(int(sys.argv[2]) if len(sys.argv) > 2 else 5))
     else:
-        asyncio.run(
-            cpu(
-                int(sys.argv[2]) if len(sys.argv) > 2 else 1,
-                float(sys.argv[3]) if len(sys.argv) > 3 else 10,
-            )
-        )
+        counts = sys.argv[2] if len(sys.argv) > 2 else "1,10,50"
+        for count in counts.split(","):
+            asyncio.run(cpu(int(count), float(sys.argv[3]) if len(sys.argv) > 3 else 10))

@@ -50,11 +50,9 @@ def _cpu_seconds(pid: int) -> float:
 async def cpu(n: int, seconds: float) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         async with serve_sim(SimConfig(flavor="openai", api_key=KEY)) as sim:
-            node = NodeProcess(
-                ["serve", "--port", "0", "--provider", "openai", "--openai-base-url", sim.url]
-                + ["--model", "sim", "--workspace-root", tmp, "--log-level", "WARNING"],
-                env={"OPENAI_API_KEY": KEY},
-            )
+            args = ["serve", "--port", "0", "--provider", "openai", "--openai-base-url", sim.url]
+            args += ["--model", "sim", "--workspace-root", tmp, "--log-level", "WARNING"]
+            node = NodeProcess(args, env={"OPENAI_API_KEY": KEY})
             await asyncio.to_thread(node.start)
             assert node.proc is not None
             peers = [Peer() for _ in range(n)]

@@ -18,12 +18,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from typing import Any, Final, cast
 
 import msgspec
 
+from gateway.edge.connection import AUDIO_RETRY_EVERY
 from gateway.edge.openai_door import DoorConnection
 from gateway.sessions.port import NodePort
+from gateway.store.base import StoreError
 from gateway.webrtc.channel import CallSocket
 from gateway.webrtc.media import RATE, Speaker
 from protocol.events import Played
@@ -146,9 +149,33 @@ class CallConnection(DoorConnection):
             played = speaker.progress()
             if played is not None:  # kept by the session for a barge-in's cut
                 await self._handle(_encoder.encode(played).decode())
+            if not await self._driven_here():
+                continue
             for command in conversation.speech_in(pcm).commands:
                 if isinstance(command, bytes):
                     if not self._audio_now(command):
                         await self._audio(command)
                 else:
                     await self._handle(_encoder.encode(command).decode())
+
+    async def _driven_here(self) -> bool:
+        """Whether this node drives the session, so it may hear the microphone.
+
+        A call offered again to this node while the old one still holds the session
+        (its lease running out after a crash) asks for it every ``AUDIO_RETRY_EVERY``
+        seconds and drops the frames meanwhile. They are not refused: a microphone
+        sends 50 a second, and a refusal is an ``error`` that fails the answer the
+        session is about to rerun here.
+        """
+        runtime = self.driven
+        if runtime is not None and not runtime.closed:
+            return True
+        now = time.monotonic()
+        if now < self._audio_retry_at:
+            return False
+        self._audio_retry_at = now + AUDIO_RETRY_EVERY
+        if await self._runtime_for_command() is not None:
+            return True
+        with contextlib.suppress(StoreError):
+            await self.node.ask_to_hand_over(self.sid)  # voice is driven where the call is
+        return False

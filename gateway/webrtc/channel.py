@@ -207,6 +207,7 @@ class CallSocket:
     async def _messages(self) -> AsyncIterator[str]:
         while (message := await self._inbox.get()) is not None:
             yield message
+        self._inbox.put_nowait(None)  # the end, for whoever reads next
 
     async def recv(self) -> str:
         message = await self._inbox.get()

@@ -225,10 +225,18 @@ class CallSocket:
         if self.closed:
             return
         channel = self.channel
-        if code != 1000 and channel is not None and channel.readyState == "open":
-            channel.send(_error(f"session_closed_{code}", reason or "the call was closed"))
         self._inbox.put_nowait(None)
         self._end()
+        if code != 1000 and channel is not None and channel.readyState == "open":
+            channel.send(_error(f"session_closed_{code}", reason or "the call was closed"))
+            # aiortc hands the message to SCTP on a later turn of the loop, and closing
+            # the peer connection first would drop it: wait until it left (or a moment).
+            if channel.bufferedAmount:
+                channel.bufferedAmountLowThreshold = 0
+                self._drained.clear()
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(self.close_timeout):
+                        await self._drained.wait()
         if self.pc is not None:
             await self.pc.close()
 

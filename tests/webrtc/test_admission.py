@@ -73,3 +73,22 @@ async def test_a_call_takes_its_keys_aliases_policy_and_limits(
     limits = next(e for e in turn if e["type"] == "rate_limits.updated")["rate_limits"]
     requests = next(r for r in limits if r["name"] == "requests")
     assert requests["limit"] == 5 and requests["remaining"] == 4
+
+
+@pytest.mark.parametrize("store_kind", ["memory"])
+async def test_a_draining_node_tells_its_calls_how_to_resume(
+    nodes: NodesFactory, keys: Keys, store_kind: str
+) -> None:
+    async with nodes(1, api_port=None) as (gw,):
+        peer = Peer()
+        try:
+            calls = f"http://127.0.0.1:{gw.port}/openai/v1/realtime/calls?model=gpt-realtime-2.1"
+            answer = await peer.call(calls, Authorization=f"Bearer {keys.keys['alice']}")
+            assert answer.status == 201
+            await peer.until("session.created")
+            await gw.drain(timeout=1.0)
+            told = (await peer.until("error"))[-1]["error"]
+        finally:
+            await peer.close()
+    assert told["code"] == "session_closed_1012"
+    assert "session_id" in told["message"] and "after_event" in told["message"]

@@ -60,6 +60,7 @@ __all__ = [
     "SpeechStopped",
     "Think",
     "ToolResultMessage",
+    "TurnCommand",
     "Usage",
     "User",
     "UserMessage",
@@ -509,17 +510,13 @@ class Configure(ConfigChange, frozen=True, tag_field="type", tag="configure"):
     id: CommandId | msgspec.UnsetType = msgspec.UNSET
 
 
-ClientMessage = (
-    UserMessage
-    | Cancel
-    | Ping
-    | Configure
-    | ToolResultMessage
-    | AudioChunk
-    | Commit
-    | Played
-    | Approve
-)
+TurnCommand = UserMessage | Cancel | ToolResultMessage | Approve | Commit | Played
+"""The client messages the session's turn machine takes as they are (each an input of
+``protocol.turn_events.TurnInput``, with its row in ``protocol.turn_table``)."""
+
+ClientMessage = TurnCommand | Ping | Configure | AudioChunk
+"""Every client message: the machine's commands, and those the session or the connection
+answers itself (``configure``; ``ping``, ``audio``)."""
 
 CLIENT_MESSAGE_TYPES: Final[tuple[str, ...]] = tuple(
     str(kind.__struct_config__.tag) for kind in typing.get_args(ClientMessage)

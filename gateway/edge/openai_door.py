@@ -116,6 +116,7 @@ class _Pending(msgspec.Struct):
     route: tuple[str, str]
     after: tuple[int, int] | None
     configure: bool  # a new session, configured for ?model= as the connection starts
+    make: type[DoorConnection] | None = None  # the connection's class (a WebRTC call's)
 
 
 class OpenAIDoor:
@@ -192,9 +193,27 @@ class OpenAIDoor:
                     "(evt_SEQ_N), with session_id",
                     "invalid_after_event",
                 )
+        return await self.enter(
+            connection, Request(request.path, headers), model=model, sid=sid, after=after
+        )
+
+    async def enter(
+        self,
+        connection: ServerConnection,
+        request: Request,
+        *,
+        model: str,
+        sid: str,
+        after: tuple[int, int] | None,
+        make: type[DoorConnection] | None = None,
+    ) -> Response | None:
+        """Admit a client of this door: the gateway's checks (``admit``), then ``model``
+        through the key's aliases and its policy; the refusal, or None once the client's
+        connection (``make``'s, a ``DoorConnection`` by default) is ready to be served.
+        A WebRTC call enters here too, its data channel as ``connection``."""
         # The session's log is replayed from its start through a fresh conversation.
         gateway_query = {"session_id": [sid], "after": ["0"]} if sid else {}
-        admitted = await self.admit(connection, Request(request.path, headers), gateway_query)
+        admitted = await self.admit(connection, request, gateway_query)
         if isinstance(admitted, Response):
             text = admitted.body.decode("utf-8", "replace").strip() if admitted.body else ""
             code = {401: "invalid_api_key", 403: "forbidden", 404: "session_not_found"}
@@ -217,7 +236,9 @@ class OpenAIDoor:
             problem = refusal(self.policies.get(admitted.principal), wanted)
             if problem is not None:
                 return _error_response(403, problem, "forbidden")
-        self._handshakes[connection] = _Pending(model, route, after=after, configure=configure)
+        self._handshakes[connection] = _Pending(
+            model, route, after=after, configure=configure, make=make
+        )
         # A handshake that never completes (the client went away) leaves nothing behind.
         reaper = asyncio.get_running_loop().create_task(self._forget(connection))
         self._reapers.add(reaper)
@@ -243,7 +264,7 @@ class OpenAIDoor:
     ) -> ClientConnection:
         """The connection serving ``ws``, a client of this door (made as ``ClientConnection``)."""
         state = self._handshakes.pop(ws)
-        return DoorConnection(
+        return (state.make or DoorConnection)(
             node,
             ws,
             door=self,
@@ -386,7 +407,8 @@ class DoorConnection(ClientConnection):
                 with contextlib.suppress(BaseException):
                     await self._due
 
-    async def _read(self, writer: asyncio.Task[None]) -> None:
+    async def _open(self) -> None:
+        """Before the client's first event: its session shown, or configured for its route."""
         state = self.state
         if not state.configure and self._skip is None:  # a session made elsewhere: show it
             config = await self.door.config_of(self.sid)
@@ -395,6 +417,9 @@ class DoorConnection(ClientConnection):
         if state.configure:  # the new session's route (the key's policy allowed it)
             state.configure = False
             await self._handle(_command_encoder.encode(_configure(state.route)).decode())
+
+    async def _read(self, writer: asyncio.Task[None]) -> None:
+        await self._open()
         check = self._frame_rate.check
         clock = time.monotonic
         cfg = self.node.config

@@ -17,6 +17,8 @@ Every target streams the same paced load from one simulator (``gateway sim``,
   (``/openai/v1/realtime?model=gpt-realtime-1.5``: the door routes the model
   to the OpenAI provider, whose base URL is the simulator, as LiteLLM routes
   ``sim``): the same clients as LiteLLM's, against the same load;
+- ``gw-openai-base`` (not by default; needs ``--base-src DIR``): ``gw-openai``
+  run from another checkout, to weigh a change of the door against its parent;
 - ``gw-redis-asyncio`` (not by default): ``gw-redis`` on asyncio's own loop
   instead of uvloop, to measure what uvloop is worth;
 - ``gw-redis-record`` (not by default): ``gw-redis`` with ``--record`` (every
@@ -101,9 +103,12 @@ TARGETS: Final = (
     "gw-redis-asyncio",
     "gw-base",
     "gw-redis-record",
+    "gw-openai-base",
 )
 DOOR: Final = "gw-openai"
-OPENAI_WIRE: Final = frozenset({"sim", "litellm", DOOR})
+DOOR_BASE: Final = "gw-openai-base"
+DOORS: Final = frozenset({DOOR, DOOR_BASE})
+OPENAI_WIRE: Final = frozenset({"sim", "litellm"}) | DOORS
 GATEWAYS: Final = (
     "gw-memory",
     "gw-redis",
@@ -112,6 +117,7 @@ GATEWAYS: Final = (
     "gw-redis-asyncio",
     "gw-base",
     "gw-redis-record",
+    DOOR_BASE,
 )
 DEFAULT_TARGETS: Final = TARGETS[:7]
 # The model the door's clients ask for: a row of the OpenAI provider, whose base URL
@@ -221,15 +227,16 @@ def start_servers(args: argparse.Namespace, net: SimulatedNetwork) -> Iterator[S
             srv.procs["relay"] = stack.enter_context(B.relay_proc(provider))
         if "gw-memory" in targets:
             srv.procs["gw-memory"] = stack.enter_context(gateway_args(provider, []))
-        if "gw-redis" in targets or DOOR in targets:
+        if "gw-redis" in targets or DOORS & set(targets):
             redis = stack.enter_context(B.redis_server(tmp / "redis"))
             redis_url = net.url("redis", redis.url, net.redis)
             assert redis.proc is not None
-            for target in ("gw-redis", DOOR):  # each its own process, on the same Redis
+            for target in ("gw-redis", DOOR, DOOR_BASE):  # each its own process, one Redis
                 if target in targets:
-                    srv.procs[target] = stack.enter_context(
-                        gateway_args(provider, ["--redis", redis_url])
-                    )
+                    proc = gateway_args(provider, ["--redis", redis_url])
+                    if target == DOOR_BASE:
+                        proc.cwd = args.base_src  # ``python -m gateway.cli`` imports from its cwd
+                    srv.procs[target] = stack.enter_context(proc)
                     srv.redis_pids[target] = [redis.proc.pid]
                     srv.redis_urls[target] = redis.url
             for target in targets:
@@ -282,10 +289,10 @@ def start_servers(args: argparse.Namespace, net: SimulatedNetwork) -> Iterator[S
         srv.urls["sim"] = net.url("floor", sim.url, net.client + net.provider)
         srv.routes["sim"] = ["floor"]
         for target, proc in srv.procs.items():
-            url = proc.url.replace("/v1/realtime", OPENAI_PATH) if target == DOOR else proc.url
+            url = proc.url.replace("/v1/realtime", OPENAI_PATH) if target in DOORS else proc.url
             srv.urls[target] = net.url(f"client:{target}", url, net.client)
             srv.routes[target] = [f"client:{target}", "provider"]
-            if target.startswith(("gw-redis", "gw-base")) or target == DOOR:
+            if target.startswith(("gw-redis", "gw-base")) or target in DOORS:
                 srv.routes[target].append("redis")
             elif target == "gw-replicated":
                 srv.routes[target] += ["redis-primary", "replica"]
@@ -499,7 +506,7 @@ async def measure(target: str, sessions: int, srv: Servers, args: argparse.Names
     server = srv.sim if target == "sim" else srv.procs[target]
     url = srv.urls.get(target, server.url)
     observer = Observer(
-        relay=target == "relay" or (target in OPENAI_WIRE and target != DOOR),
+        relay=target == "relay" or (target in OPENAI_WIRE and target not in DOORS),
         message=message,
         rate=args.rate,
         chunk=args.chunk_size,
@@ -514,10 +521,10 @@ async def measure(target: str, sessions: int, srv: Servers, args: argparse.Names
                 turns,
                 ramp,
                 message,
-                observer.door_delta if target == DOOR else observer.openai_delta,
+                observer.door_delta if target in DOORS else observer.openai_delta,
                 observer,
                 LITELLM_KEY if target == "litellm" else "sim",
-                DOOR_MODEL if target == DOOR else "sim",
+                DOOR_MODEL if target in DOORS else "sim",
             )
         )
     else:
@@ -635,7 +642,8 @@ async def main() -> int:
         type=Path,
         default=None,
         metavar="DIR",
-        help="the checkout gw-base runs from (e.g. git worktree add /tmp/base HEAD~1)",
+        help="the checkout gw-base and gw-openai-base run from "
+        "(e.g. git worktree add /tmp/base HEAD~1)",
     )
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--rate", type=float, default=20.0, help="deltas/s per session")
@@ -679,6 +687,8 @@ async def main() -> int:
         parser.error(f"unknown targets {sorted(unknown)}: choose from {', '.join(TARGETS)}")
     if "gw-base" in args.targets and (args.base_src is None or "gw-redis" not in args.targets):
         parser.error("gw-base needs --base-src DIR and the gw-redis target")
+    if DOOR_BASE in args.targets and args.base_src is None:
+        parser.error(f"{DOOR_BASE} needs --base-src DIR")
     levels = [int(s) for s in args.sessions.split(",")]
     B.raise_nofile()
     runs: list[Run] = []

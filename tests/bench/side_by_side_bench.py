@@ -383,12 +383,21 @@ class Observer(PacingObserver):
     delivers fewer events for the same deltas. CPU is compared per upstream
     delta: per delivered event would charge the gateway for the markers it
     strips as if it had been handed less work.
+
+    Through the OpenAI door a client sees no reasoning: the deltas before the
+    answer's first chunk are counted when that chunk arrives, and until then
+    by the simulator's schedule (``upstream_at``), so a window that ends while
+    sessions think is not short of them.
     """
 
-    def __init__(self, *, relay: bool, message: str, rate: float, chunk: int) -> None:
+    def __init__(
+        self, *, relay: bool, message: str, rate: float, chunk: int, door: bool = False
+    ) -> None:
         super().__init__(relay=relay, message=message, rate=rate, chunk=chunk, warmup=1)
         self.events = 0
         self.upstream = 0
+        self._door = door
+        self._thinking: set[int] = set()  # door sessions whose answer has not begun
         self._deltas_per_turn = -(-len(sim_reply(message)) // chunk)
         self._covered: dict[int, int] = {}  # per session: deltas of this turn counted
         self._chars: dict[int, list[int]] = {}  # per session: think, respond chars this turn
@@ -403,6 +412,8 @@ class Observer(PacingObserver):
             self.upstream += self._deltas_per_turn - covered
         self._covered[session] = 0
         self._chars[session] = [0, 0]
+        if self._door:
+            self._thinking.add(session)
         if turn >= self.warmup:
             self._waiting_first.add(session)
         super().turn_started(session, turn, t)
@@ -428,6 +439,14 @@ class Observer(PacingObserver):
         super().event(session, turn, kind, data, t)
         self._first_chunk(session, count)
 
+    def upstream_at(self, t: float) -> int:
+        """``upstream`` at ``t``, with the deltas door sessions handled before their
+        answer's first chunk by the schedule (one every ``interval`` from the request)."""
+        before = self.respond_start // self.chunk  # the deltas wholly before the answer
+        return self.upstream + sum(
+            min(before, int((t - self._send[s]) / self.interval) + 1) for s in self._thinking
+        )
+
     def _cover(self, session: int, through: int) -> None:
         """Deltas 1..``through`` of this turn reached the client (at least in part)."""
         covered = self._covered.get(session, 0)
@@ -452,6 +471,7 @@ class Observer(PacingObserver):
         so its offset is the answer's characters so far after ``</think>`` (as a
         gateway client's ``respond`` events)."""
         self.events += 1
+        self._thinking.discard(session)
         chars = self._chars.setdefault(session, [0, 0])
         chars[1] += len(delta)
         self._cover(session, (self.respond_start + chars[1] - 1) // self.chunk + 1)
@@ -510,6 +530,7 @@ async def measure(target: str, sessions: int, srv: Servers, args: argparse.Names
         message=message,
         rate=args.rate,
         chunk=args.chunk_size,
+        door=target in DOORS,
     )
     ramp = min(args.ramp, 0.5 + sessions / 200)
     turns = 1 + args.turns
@@ -548,14 +569,15 @@ async def measure(target: str, sessions: int, srv: Servers, args: argparse.Names
     routes = srv.routes.get(target, [])
 
     def sample() -> tuple[float, float, float, float, float, int, int, float]:
+        t = time.perf_counter()
         return (
-            time.perf_counter(),
+            t,
             tree_cpu_seconds(server.pid),
             sum(B.cpu_seconds(p) for p in redis_pids),
             B.cpu_seconds(srv.sim.pid),
             B.machine_busy_seconds(),
             observer.events,
-            observer.upstream,
+            observer.upstream_at(t),
             B.cpu_seconds(netem_pid) if netem_pid else 0.0,
         )
 

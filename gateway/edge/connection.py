@@ -25,24 +25,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import time
 import uuid
-from collections import deque
 from collections.abc import MutableMapping, Sequence
 
-import msgspec
 from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
 
 from gateway import wsfast
-from gateway.edge.backpressure import SegmentJoiner, SendPressure
+from gateway.config import Config
+from gateway.edge.audio_in import DRIVEN_ELSEWHERE, AudioIn
+from gateway.edge.backpressure import SendPressure
 from gateway.edge.closes import CloseCode, close_reason
 from gateway.edge.frame_rate import FrameRate, Verdict
+from gateway.edge.outbox import Outbox
 from gateway.sessions.commands import COMMANDS, admit, dispatch
 from gateway.sessions.port import NodePort
 from gateway.sessions.subscriber import DrivenSession, EventSource
-from gateway.store.base import LogEntry, StoreError, StoreUnavailable
+from gateway.store.base import LogEntry, StoreUnavailable
 from protocol.events import (
     AudioChunk,
     AudioCleared,
@@ -60,21 +60,10 @@ __all__ = ["ClientConnection"]
 
 log = logging.getLogger("gateway.edge.connection")
 
-_UNLOGGED = -1  # queue marker: a reply to this client only, sent as is
-_AUDIO = -2  # queue marker: a binary frame of the model's speech
 _REPLAY_PAGE = 500
 # A replay page's bytes: a client catching up over large events holds one page
 # in memory at a time, not all of them.
 _REPLAY_BYTES = 1 << 20
-# Audio comes 50 frames a second: a refused frame's error is sent at most this
-# often (the frames between are dropped without one), and a connection whose
-# session is driven elsewhere asks to drive it at most this often.
-AUDIO_REFUSAL_EVERY = 2.0
-AUDIO_RETRY_EVERY = 0.25
-_DRIVEN_ELSEWHERE = (
-    "audio and configure need the session driven by the node this connection is on, and "
-    "another node drives it; reconnect (with session_id and after) and send again"
-)
 
 
 class ClientConnection:
@@ -107,31 +96,21 @@ class ClientConnection:
         self.trusted = trusted
         self.may_approve = trusted if may_approve is None else may_approve
         self.resumed = resumed
-        self.last_sent = after
-        # The newest seq known to be in the log (the head at attach, the newest
-        # delivered since): a catch-up reads at least to it.
-        self._newest = after
         # What the connection reads: the session driven here (``driven``, which it
         # also commands), or a follower of another node's log.
         self.source: EventSource | None = None
         self.driven: DrivenSession | None = None
-        self._queue: deque[LogEntry] = deque()
-        self._replies: deque[Error | Pong | AudioCleared] = (
-            deque()
-        )  # one per _UNLOGGED entry queued
-        self._limit = node.config.send_queue_frames
-        self._lagging = True  # start by catching up from the log
-        self._wake = asyncio.Event()
-        self._idle = False  # the writer is parked on _wake with nothing to send
+        cfg = node.config
+        self.out = Outbox(
+            after,
+            limit=cfg.send_queue_frames,
+            pressure=SendPressure(cfg.coalesce_after, cfg.send_queue_frames, node.metrics),
+            event_mode=event_mode,
+        )
+        self.mic = AudioIn(self)
         self._close: tuple[int, str] | None = None
         self.conn_id = uuid.uuid4().hex
         self._redispatched = 0
-        self._audio_refused_at = -math.inf  # monotonic time of the last audio refusal sent
-        self._audio_retry_at = -math.inf  # no drive attempt for audio before this
-        self._pressure = SendPressure(
-            node.config.coalesce_after, node.config.send_queue_frames, node.metrics
-        )  # coalescing for a client behind (backpressure)
-        self._joiner = SegmentJoiner() if event_mode else None
         self._unrecorded: MutableMapping[str, str] = unrecorded if unrecorded is not None else {}
         self._frame_rate = FrameRate(
             node.config.client_frames_per_second, node.config.client_frame_burst, time.monotonic()
@@ -141,26 +120,22 @@ class ClientConnection:
     def sid(self) -> str:
         return self._sid
 
+    @property
+    def last_sent(self) -> int:
+        """The seq of the last frame handed to the socket (``Outbox.last_sent``)."""
+        return self.out.last_sent
+
     # ------------------------------------------------------------- Subscriber
 
     def deliver(self, entries: Sequence[LogEntry]) -> None:
-        if entries and entries[-1].seq > self._newest:
-            self._newest = entries[-1].seq
-        if self._lagging:
+        out = self.out
+        if entries and entries[-1].seq > out.newest:
+            out.newest = entries[-1].seq
+        if out.lagging:
             return  # the writer reads these from the log
-        queue = self._queue
-        if self._idle and not queue and self._joiner is None and self._send_now(entries):
+        if out.idle and not out.queue and out.joiner is None and self._send_now(entries):
             return
-        if len(queue) + len(entries) > self._limit:
-            # Too far behind: stop buffering, catch up from the log instead.
-            queue.clear()
-            self._replies.clear()
-            self._lagging = True
-            self._pressure.fell_behind()
-            self.node.metrics.client_lagging.inc()
-        else:
-            queue.extend(entries)
-        self._wake.set()
+        out.queue_events(entries, self.node.metrics)
 
     def _send_now(self, entries: Sequence[LogEntry]) -> bool:
         """Write the frames from here when the writer has nothing to do.
@@ -171,7 +146,8 @@ class ClientConnection:
         """
         if self._close is not None or not wsfast.can_write_now(self.ws):
             return False
-        last = self.last_sent
+        out = self.out
+        last = out.last_sent
         for entry in entries:
             if entry.seq != last + 1:
                 return False
@@ -179,32 +155,24 @@ class ClientConnection:
         try:
             self._write_now([entry.data for entry in entries])
         except Exception:  # the connection broke: the writer's next send ends it
-            self._wake.set()
-        self.last_sent = last
+            out.wake.set()
+        out.last_sent = last
         return True
 
     def deliver_audio(self, frame: bytes) -> None:
-        if self._lagging or self._close is not None:
+        out = self.out
+        if out.lagging or self._close is not None:
             return  # catching up from the log: audio is not there, the transcript is
-        queue = self._queue
-        if self._idle and not queue and wsfast.can_write_now(self.ws):
+        if out.idle and not out.queue and wsfast.can_write_now(self.ws):
             try:
                 self._write_now([frame], binary=True)
             except Exception:  # the connection broke: the writer's next send ends it
-                self._wake.set()
+                out.wake.set()
             return
-        if len(queue) < self._limit:
-            queue.append(LogEntry(_AUDIO, frame))
-            self._wake.set()
+        out.queue_audio(frame)
 
     def notify(self, event: Error | Pong | AudioCleared) -> None:
-        if not self._pressure.may_queue_reply(self._queue):
-            return  # the client reads nothing: its replies would pile up without bound
-        # Encoded when sent (``_send_queued``): its seq is then the last one this
-        # client was sent, also when a replay went out ahead of it.
-        self._replies.append(event)
-        self._queue.append(LogEntry(_UNLOGGED, b""))
-        self._wake.set()
+        self.out.queue_reply(event)
 
     def reply_frame(self, data: bytes) -> None:
         """An error from the driving node answering a command forwarded from here."""
@@ -233,26 +201,26 @@ class ClientConnection:
             CloseCode.SERVICE_RESTART,
             "session moved to another node; reconnect with session_id and after=<last seq>",
         )
-        self._wake.set()
+        self.out.wake.set()
 
     def session_deleted(self) -> None:
         """The session was deleted: close with 4404; resuming it answers 404."""
         self._close = (CloseCode.SESSION_DELETED, "session deleted")
-        self._wake.set()
+        self.out.wake.set()
 
     def revoked(self) -> None:
         """Its API key was revoked (the key it presented, or the one that minted its
         client token): close with 4401; the reader takes no frame from now on."""
         if self._close is None:
             self._close = (CloseCode.KEY_REVOKED, "API key revoked: this credential opens nothing")
-            self._wake.set()
+            self.out.wake.set()
 
     def switch_source(self, session: DrivenSession) -> None:
         """The session is now driven by this node (takeover): read and command it."""
         self.source = self.driven = session
-        self._lagging = True
+        self.out.lagging = True
         session.attach(self)
-        self._wake.set()
+        self.out.wake.set()
 
     # ------------------------------------------------------------- lifecycle
 
@@ -269,7 +237,7 @@ class ClientConnection:
         await self._attach()
         driven = self.driven
         head = driven.last_seq if driven is not None else await node.store.last_seq(self.sid)
-        self._newest = max(self._newest, head)
+        self.out.newest = max(self.out.newest, head)
         provider = driven.provider if driven is not None else node.upstream_factory.provider
         first = Session(
             session_id=self.sid,
@@ -325,10 +293,11 @@ class ClientConnection:
         """
         check = self._frame_rate.check
         clock = time.monotonic
-        queue = self._queue
+        queue = self.out.queue
+        mic = self.mic
         messages = getattr(self.ws, "recv_messages", None)
         if isinstance(messages, wsfast.MessageQueue):
-            messages.intercept = self._take_audio
+            messages.intercept = mic.take
         try:
             async for frame in self.ws:
                 if self._close is not None:
@@ -340,20 +309,21 @@ class ClientConnection:
                     # them dropped (``SendPressure.may_queue_reply``).
                     await asyncio.sleep(0)
                 if type(frame) is bytes:
-                    if not self._audio_now(frame):
-                        await self._audio(frame)
+                    if not mic.now(frame):
+                        await mic.send(frame)
                     # Buffered frames come back without a pause: give the other
                     # sessions their turn, as a task per frame once did.
                     await asyncio.sleep(0)
                     continue
                 assert isinstance(frame, str)
-                if '"audio"' in frame and await self._json_audio(frame):
+                if '"audio"' in frame and await mic.json(frame):
                     continue  # audio does not count against the frame limit, in JSON either
                 verdict = check(clock())
                 if verdict is Verdict.ACCEPT:
                     await self._handle(frame)
                 elif verdict is Verdict.REFUSE:
-                    self._refuse_flood()
+                    self.node.metrics.frames_dropped.inc()
+                    self._reply(flood_refusal(self.node.config, self._frame_rate))
                 elif verdict is Verdict.CLOSE:
                     await self._close_flooding(writer)
                     return
@@ -364,53 +334,6 @@ class ClientConnection:
         finally:
             if isinstance(messages, wsfast.MessageQueue):
                 messages.intercept = None
-
-    def _take_audio(self, data: bytes, text: bool) -> bool:
-        """The read callback's offer of a frame while the reader waits (``wsfast``'s
-        intercept): user audio the session's upstream takes at once is relayed from
-        here, with no task resumed per 20 ms frame; anything else (and audio the
-        fast path cannot take) goes to the reader, as before.
-
-        The reader's wake-up and its ``sleep(0)`` were about a third of the
-        node's CPU per frame (``tests/bench/voice_cost_bench.py``, py-spy).
-        Only an empty queue is offered, so frames keep their order.
-        """
-        if self._close is not None:
-            return False
-        if not text:
-            return self._audio_now(data)
-        if b'"audio"' not in data:
-            return False
-        message = decode_client(data)
-        return isinstance(message, AudioChunk) and self._audio_now(message.audio)
-
-    async def _json_audio(self, frame: str) -> bool:
-        """Handle an ``{"type": "audio"}`` text frame; False for any other frame.
-
-        A 20 ms microphone sends 50 frames a second, exactly the frame limit,
-        so audio is exempt in JSON as in binary. Only frames that name
-        ``"audio"`` are decoded before the limit's check.
-        """
-        message = decode_client(frame)
-        if not isinstance(message, AudioChunk):
-            return False
-        if not self._audio_now(message.audio):
-            await self._audio(message.audio, message.id)
-        await asyncio.sleep(0)
-        return True
-
-    def _refuse_flood(self) -> None:
-        self.node.metrics.frames_dropped.inc()
-        cfg = self.node.config
-        self._reply(
-            Error(
-                code="rate_limited",
-                content=f"too many frames: a connection may send {cfg.client_frames_per_second:g} "
-                f"frames/s (bursts of {cfg.client_frame_burst}); frames sent over it are dropped "
-                f"unread — wait {self._frame_rate.wait():.1f}s, send again, and slow down; "
-                f"a client that keeps sending is disconnected ({CloseCode.RATE_LIMITED})",
-            )
-        )
 
     async def _close_flooding(self, writer: asyncio.Task[None]) -> None:
         """Close a client that kept flooding; abort the TCP connection if it
@@ -442,53 +365,9 @@ class ClientConnection:
             with contextlib.suppress(BaseException):
                 await discard
 
-    def _audio_now(self, pcm16: bytes) -> bool:
-        """User audio handed to the session's upstream without awaiting (the
-        common case: a runtime here, input audio on, the upstream socket able
-        to take it); False leaves it to ``_audio``."""
-        runtime = self.driven
-        return runtime is not None and not runtime.closed and runtime.send_audio_now(pcm16)
-
-    async def _audio(self, pcm16: bytes, ref: str | msgspec.UnsetType = msgspec.UNSET) -> None:
-        """User audio (a binary frame, or an ``audio`` frame's bytes and ``id``) for the session."""
-        runtime = self.driven
-        if runtime is None or runtime.closed or runtime.voice is None:
-            if time.monotonic() < self._audio_retry_at:
-                return  # refused a moment ago: not a store round trip per frame
-            runtime = await self._runtime_for_command()
-            if runtime is None:
-                self._audio_retry_at = time.monotonic() + AUDIO_RETRY_EVERY
-                with contextlib.suppress(StoreError):
-                    # Voice is driven where the microphone is: ask for the session.
-                    await self.node.ask_to_hand_over(self.sid)
-                self._refuse_audio(
-                    Error(code="turn_active", content=_DRIVEN_ELSEWHERE, reply_to=ref)
-                )
-                return
-        voice = runtime.voice
-        if voice is None or voice.audio_in is None:
-            self._refuse_audio(
-                Error(
-                    code="bad_frame",
-                    content="audio needs input audio configured first: send "
-                    '{"type": "configure", "input_audio": {"format": "pcm16", "rate": 24000}}',
-                    reply_to=ref,
-                )
-            )
-            return
-        await runtime.send_audio(pcm16)
-
-    def _refuse_audio(self, error: Error) -> None:
-        """Answer refused audio once per ``AUDIO_REFUSAL_EVERY``, not once per frame
-        (a microphone's 50 errors a second say nothing more than the first)."""
-        now = time.monotonic()
-        if now - self._audio_refused_at >= AUDIO_REFUSAL_EVERY:
-            self._audio_refused_at = now
-            self._reply(error)
-
     async def _handle(self, frame: str | bytes) -> None:
         if isinstance(frame, bytes):
-            await self._audio(frame)
+            await self.mic.send(frame)
             return
         message = decode_client(frame)
         if isinstance(message, Error):
@@ -498,7 +377,7 @@ class ClientConnection:
             self.notify(answering(Pong(timestamp=time.time()), message))
             return
         if isinstance(message, AudioChunk):
-            await self._audio(message.audio, message.id)
+            await self.mic.send(message.audio, message.id)
             return
         refusal = await admit(message, self)
         if refusal is not None:
@@ -533,7 +412,7 @@ class ClientConnection:
                 break
         if runtime is None and not forwarded:
             # Voice is driven where its client is (audio is not forwarded between nodes).
-            self._reply(answering(Error(code="turn_active", content=_DRIVEN_ELSEWHERE), message))
+            self._reply(answering(Error(code="turn_active", content=DRIVEN_ELSEWHERE), message))
         elif runtime is None:
             self._reply(
                 answering(
@@ -593,8 +472,7 @@ class ClientConnection:
     def client_seq(self) -> int:
         """The seq of the last logged event the client has been sent (held
         chunks of an event-mode segment are not sent yet)."""
-        held = self._joiner.held_from if self._joiner is not None else None
-        return self.last_sent if held is None else held - 1
+        return self.out.client_seq
 
     def _reply(self, error: Error) -> None:
         """An error answering this client's own frame: not logged, sent to it only."""
@@ -621,60 +499,28 @@ class ClientConnection:
 
     async def _writer(self) -> None:
         ws = self.ws
-        queue = self._queue
+        out = self.out
+        queue = out.queue
         try:
             while True:
                 if self._close is not None:
                     await ws.close(self._close[0], close_reason(self._close[1]))
                     return
-                if self._lagging:
+                if out.lagging:
                     await self._catch_up()
-                if queue:
-                    await self._send_queued(ws, queue)
-                if self._lagging or queue or self._close is not None:
+                if queue:  # everything queued, in order (merged if the client is behind)
+                    for frames, binary in out.take_queued():
+                        await self._send(frames, binary=binary)
+                if out.lagging or queue or self._close is not None:
                     continue
-                self._wake.clear()
-                self._idle = True
+                out.wake.clear()
+                out.idle = True
                 try:
-                    await self._wake.wait()
+                    await out.wake.wait()
                 finally:
-                    self._idle = False
+                    out.idle = False
         except ConnectionClosed:
             return
-
-    async def _send_queued(self, ws: ServerConnection, queue: deque[LogEntry]) -> None:
-        """Everything queued, in order, as one write (merged if the client is behind)."""
-        batch: list[bytes] = []
-        joiner = self._joiner
-        joined: list[LogEntry] = []
-        while queue:
-            entry = queue.popleft()
-            seq = entry.seq
-            if seq == _UNLOGGED:
-                reply = self._replies.popleft()
-                reply.seq = self.client_seq
-                batch.append(encode(reply))
-            elif seq == _AUDIO:
-                await self._send(batch)
-                batch.clear()
-                await self._send([entry.data], binary=True)
-            elif seq > self.last_sent:
-                if seq != self.last_sent + 1:
-                    # A gap means entries were skipped: read them from the log.
-                    queue.appendleft(entry)
-                    self._lagging = True
-                    break
-                if joiner is not None:  # event mode: whole segments only
-                    joiner.feed(entry, joined)
-                    batch.extend(e.data for e in joined)
-                    joined.clear()
-                    self.last_sent = seq
-                    continue
-                # A long queue: merge the chunks after it (seq_from..seq).
-                entry = self._pressure.coalesce(entry, queue)
-                batch.append(entry.data)
-                self.last_sent = entry.seq
-        await self._send(batch)
 
     # ------------------------------------------------------------- the wire
     # What goes to the client, in one place: the gateway's events as they are
@@ -704,43 +550,21 @@ class ClientConnection:
         bytes; a page cut short by its bytes is followed by the next one until
         the newest seq known to be logged was sent.
         """
-        self._lagging = False
+        out = self.out
+        out.lagging = False
         store = self.node.store
         while True:
             try:
                 entries = await store.read_log(
-                    self.sid, self.last_sent, _REPLAY_PAGE, max_bytes=_REPLAY_BYTES
+                    self.sid, out.last_sent, _REPLAY_PAGE, max_bytes=_REPLAY_BYTES
                 )
             except StoreUnavailable:
                 await asyncio.sleep(self.node.store_retry_delay)
                 continue
-            batch: list[bytes] = []  # the page, sent as one write
-            if entries and entries[0].seq > self.last_sent + 1:
-                # Trimmed from the log (older than max_log events): say so, go on.
-                gap = Error(
-                    code="log_trimmed",
-                    content=f"events {self.last_sent + 1}..{entries[0].seq - 1} are no longer "
-                    "in the session log (it keeps the newest events only); "
-                    "the stream continues after them",
-                    seq=self.last_sent,
-                )
-                batch.append(encode(gap))
-            joiner = self._joiner
-            if joiner is not None:  # event mode: replay joins as live delivery does
-                joined: list[LogEntry] = []
-                for entry in entries:
-                    if entry.seq > self.last_sent:
-                        joiner.feed(entry, joined)
-                        self.last_sent = entry.seq
-                batch.extend(entry.data for entry in joined)
-            else:
-                for entry in self._pressure.page(entries):  # merged if the client fell behind
-                    if entry.seq > self.last_sent:
-                        batch.append(entry.data)
-                        self.last_sent = entry.seq
+            batch = out.replay_page(entries)  # the page, sent as one write
             if batch:
                 await self._send(batch)
-            if not entries or (len(entries) < _REPLAY_PAGE and self.last_sent >= self._newest):
+            if not entries or (len(entries) < _REPLAY_PAGE and out.last_sent >= out.newest):
                 return
 
 
@@ -748,3 +572,14 @@ async def _discard_frames(ws: ServerConnection) -> None:
     with contextlib.suppress(ConnectionClosed):
         while True:
             await ws.recv()
+
+
+def flood_refusal(cfg: Config, frame_rate: FrameRate) -> Error:
+    """The reply to a frame over the connection's limit (the frame is dropped unread)."""
+    return Error(
+        code="rate_limited",
+        content=f"too many frames: a connection may send {cfg.client_frames_per_second:g} "
+        f"frames/s (bursts of {cfg.client_frame_burst}); frames sent over it are dropped "
+        f"unread — wait {frame_rate.wait():.1f}s, send again, and slow down; "
+        f"a client that keeps sending is disconnected ({CloseCode.RATE_LIMITED})",
+    )

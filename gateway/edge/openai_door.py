@@ -453,7 +453,7 @@ class DoorConnection(ClientConnection):
             pcm = base64.b64decode(event.audio, validate=True)
         except (binascii.Error, ValueError):
             return False  # the reader refuses it, with the client's event_id
-        return self._audio_now(pcm)
+        return self.mic.now(pcm)
 
     async def _read_events(
         self,
@@ -491,8 +491,8 @@ class DoorConnection(ClientConnection):
             emit = self.conversation.client(decode_client(frame), model_route=state.route)
             for command in emit.commands:
                 if isinstance(command, bytes):  # user audio
-                    if not self._audio_now(command):
-                        await self._audio(command)
+                    if not self.mic.now(command):
+                        await self.mic.send(command)
                 else:
                     await self._handle(_command_encoder.encode(command).decode())
                     if isinstance(command, UserMessage):  # a turn: where the key stands now

@@ -23,7 +23,7 @@ from typing import Any, Final, cast
 
 import msgspec
 
-from gateway.edge.connection import AUDIO_RETRY_EVERY
+from gateway.edge.audio_in import AUDIO_RETRY_EVERY
 from gateway.edge.openai_door import DoorConnection
 from gateway.sessions.port import NodePort
 from gateway.store.base import StoreError
@@ -90,7 +90,7 @@ class CallConnection(DoorConnection):
         self.conversation = self.tracked = CallConversation(
             self.sid, self.state.model, self.call.speaker
         )
-        self._mic: asyncio.Task[None] | None = None
+        self._listening: asyncio.Task[None] | None = None
         if not self.call.joined.done():
             self.call.joined.set_result(self.sid)
 
@@ -128,17 +128,17 @@ class CallConnection(DoorConnection):
         await super()._open()
         # The log up to here is read before the microphone is heard (a resumed call's
         # replay says how the session hears; a new one was configured just now).
-        head = self._newest
-        self._mic = asyncio.create_task(self._microphone(head), name=f"mic:{self.sid}")
+        head = self.out.newest
+        self._listening = asyncio.create_task(self._microphone(head), name=f"mic:{self.sid}")
 
     async def _reader(self, writer: asyncio.Task[None]) -> None:
         try:
             await super()._reader(writer)
         finally:
-            if self._mic is not None:
-                self._mic.cancel()
+            if self._listening is not None:
+                self._listening.cancel()
                 with contextlib.suppress(BaseException):
-                    await self._mic
+                    await self._listening
 
     async def _microphone(self, head: int) -> None:
         speaker = self.call.speaker
@@ -153,8 +153,8 @@ class CallConnection(DoorConnection):
                 continue
             for command in conversation.speech_in(pcm).commands:
                 if isinstance(command, bytes):
-                    if not self._audio_now(command):
-                        await self._audio(command)
+                    if not self.mic.now(command):
+                        await self.mic.send(command)
                 else:
                     await self._handle(_encoder.encode(command).decode())
 
@@ -171,9 +171,9 @@ class CallConnection(DoorConnection):
         if runtime is not None and not runtime.closed:
             return True
         now = time.monotonic()
-        if now < self._audio_retry_at:
+        if now < self.mic.retry_at:
             return False
-        self._audio_retry_at = now + AUDIO_RETRY_EVERY
+        self.mic.retry_at = now + AUDIO_RETRY_EVERY
         if await self._runtime_for_command() is not None:
             return True
         with contextlib.suppress(StoreError):

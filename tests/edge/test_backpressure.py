@@ -147,7 +147,7 @@ async def test_a_client_that_stops_reading_stays_bounded_and_then_gets_everythin
         conn = server_side(gw)
         # Bounded by send_queue_frames (past it the client catches up from the
         # log) and by merging what is queued into few frames.
-        assert len(conn._queue) <= limit
+        assert len(conn.out.queue) <= limit
         assert conn.ws.transport.get_write_buffer_size() <= gw.config.write_limit + 65536
         # Reading again, it gets every event exactly once, some merged.
         await read_rest(slow)
@@ -235,7 +235,7 @@ async def test_a_client_flooding_frames_without_reading_replies_stays_bounded(
             return metric_value(text, "rtgw_replies_dropped_total") > 0
 
         await poll_until(dropped, "replies beyond the queue limit are dropped")
-        assert len(conn._queue) <= limit
+        assert len(conn.out.queue) <= limit
         slow.ws.transport.abort()  # it reads nothing, so no close handshake can finish
 
 
@@ -250,7 +250,7 @@ async def test_a_client_too_far_behind_catches_up_from_the_log(
         slow = await GatewayClient.connect(gw.url, sock=slow_socket(gw), max_queue=2)
         fast = await GatewayClient.connect(gw.url, session_id=slow.sid, after=0)
         await fast.turn(LONG)
-        assert len(server_side(gw)._queue) <= 64
+        assert len(server_side(gw).out.queue) <= 64
         _, text = await http_get(gw, "/metrics")
         assert metric_value(text, "rtgw_client_catchups_total") >= 1
         await read_rest(slow)

@@ -13,6 +13,7 @@ from protocol.calls import (
     encode_results,
     result_payload,
 )
+from protocol.client_frames import decode_client
 from protocol.events import (
     Call,
     Cancel,
@@ -34,7 +35,6 @@ from protocol.events import (
     Usage,
     User,
     UserMessage,
-    decode_client,
     decode_event,
     encode,
 )

@@ -7,6 +7,12 @@ made from the event's ``seq`` (``event_id`` ``evt_SEQ_N``, ``item_SEQ``,
 ``resp_SEQ``): a client that reconnects replays the log through a fresh
 conversation and is sent only what follows the last ``event_id`` it saw.
 
+Its rooms: this module is the session → client half (whose hot path, a chunk of
+an open message, is one delta event) and the object the door and its subclass
+(``CallConversation``) call; what a client event asks of the session is
+``protocol.openai_requests`` (``ClientRequests``, one per conversation); the ids,
+``protocol.openai_ids``; the items shown (retrieved, deleted), ``protocol.openai_items``.
+
 The mapping (docs/openai-door.md):
 
 - ``session.update`` → ``configure``; the logged ``configured`` → ``session.created``
@@ -29,100 +35,36 @@ The mapping (docs/openai-door.md):
 from __future__ import annotations
 
 import base64
-import binascii
-from collections import deque
 from typing import Any
 
-import msgspec
-
-from protocol.configuration import InputAudio, SessionConfig
+from protocol.configuration import SessionConfig
 from protocol.events import (
-    COMMAND_ID_MAX,
     AudioCleared,
     Call,
-    Cancel,
     Cancelled,
-    ClearAudio,
-    Commit,
-    Configure,
     Configured,
     End,
     Error,
     Event,
-    Forget,
     Forgotten,
     Interrupt,
     Metric,
-    Played,
     Respond,
     Session,
     SpeechStarted,
     SpeechStopped,
     Think,
-    ToolResultMessage,
     Usage,
     User,
-    UserMessage,
 )
-from protocol.openai_events import (
-    BadEvent,
-    ClientEvent,
-    ConversationItemCreate,
-    ConversationItemDelete,
-    ConversationItemRetrieve,
-    ConversationItemTruncate,
-    InputAudioBufferAppend,
-    InputAudioBufferClear,
-    InputAudioBufferCommit,
-    OutputAudioBufferClear,
-    ResponseCancel,
-    ResponseCreate,
-    SessionUpdate,
-)
-from protocol.openai_items import Spans
-from protocol.openai_response import TOKEN_REFUSAL, ResponseOverrides, response_overrides
-from protocol.openai_session import call_parts, config_change, session_of, usage_of
+from protocol.openai_events import BadEvent, ClientEvent, ServerEvent
+from protocol.openai_ids import EventIds, position
+from protocol.openai_items import KEPT_ITEMS, ShownItems
+from protocol.openai_requests import ClientRequests, Command, Emit
+from protocol.openai_response import ResponseOverrides
+from protocol.openai_session import call_parts, session_of, usage_of
 
-__all__ = ["KEPT_ITEMS", "Command", "Conversation", "Emit"]
-
-KEPT_ITEMS = 256  # items conversation.item.retrieve can show (the newest)
-_SHOWS_ITEM = frozenset(
-    (
-        "conversation.item.added",
-        "conversation.item.done",
-        "response.output_item.added",
-        "response.output_item.done",
-    )
-)
-
-ServerEvent = dict[str, Any]
-Command = (
-    UserMessage
-    | Cancel
-    | Configure
-    | ToolResultMessage
-    | Commit
-    | Played
-    | Forget
-    | ClearAudio
-    | bytes
-)
-"""A gateway command; ``bytes`` is user audio (a binary frame)."""
-
-
-def _named(command: Command, eid: str) -> Command:
-    """``command`` with the client's ``event_id`` as its ``id`` (a tool result's id is its
-    call's; the door's own configures keep theirs)."""
-    if isinstance(command, bytes | ToolResultMessage) or command.id is not msgspec.UNSET:
-        return command
-    return msgspec.structs.replace(command, id=eid)
-
-
-class Emit(msgspec.Struct, frozen=True):
-    """What one client event yields: commands for the session, events for the client."""
-
-    commands: list[Command]
-    events: list[ServerEvent]
+__all__ = ["KEPT_ITEMS", "Command", "Conversation", "Emit", "ServerEvent"]
 
 
 class _Response:
@@ -143,6 +85,8 @@ class _Response:
 class Conversation:
     """One OpenAI client's view of one session (see the module docstring)."""
 
+    position = staticmethod(position)  # ``(seq, n)`` of a logged event's ``event_id``
+
     def __init__(
         self, sid: str, model: str, *, audio_out: bool = False, input_rate: int = 24000
     ) -> None:
@@ -152,73 +96,26 @@ class Conversation:
         self.sid = sid
         self.model = model
         self.audio_out = audio_out
-        self.input_rate = input_rate
-        self._held: list[str] = []  # user text created, not yet sent (response.create sends)
         self._response: _Response | None = None
         self._ending = False
-        self._continues = False  # a tool output went back: the gateway's turn goes on
         self._created = False  # session.created sent
-        self._client_calls: set[str] = set()
-        self._last_item: str | None = None
-        self._pending_reply: str | None = None  # event_id of the command an error answers
-        self._named: deque[str] = deque(maxlen=64)  # event_ids sent on as command ids
-        self._unlogged = 0
-        self._seq = 0
-        self._n = 0
         self._turn = 0  # seq of the turn's user event: responses' and messages' ids
         self._responses = 0  # responses of this turn so far
         self._speech: str | None = None  # the spoken user item being heard
-        self._hearing = False  # input audio configured
-        self._audio_tag = 0  # seq tag of the newest audio frame of the answer
-        # The newest items as last shown (``…item.added``/``done``), for conversation.item.retrieve.
-        self._items: dict[str, dict[str, Any]] = {}
-        self._spans = Spans(KEPT_ITEMS)  # what conversation.item.delete names (``forget``)
+        self.ids = EventIds()
+        self.shown = ShownItems()  # for conversation.item.retrieve and .delete
         # Per-response overrides (``protocol.openai_response``); their ``due`` configures
         # are the shell's to send (``take_due``).
         self.overrides = ResponseOverrides()
-
-    # ------------------------------------------------------------ ids
-
-    def _eid(self) -> str:
-        if self._seq == 0:
-            self._unlogged += 1
-            return f"evt_x{self._unlogged}"
-        self._n += 1
-        return f"evt_{self._seq}_{self._n}"
-
-    @staticmethod
-    def position(event_id: str) -> tuple[int, int] | None:
-        """``(seq, n)`` of a logged event's ``event_id``; None for any other id."""
-        parts = event_id.split("_")
-        if len(parts) != 3 or parts[0] != "evt" or not (parts[1] + parts[2]).isdecimal():
-            return None
-        return int(parts[1]), int(parts[2])
-
-    def _ev(self, kind: str, **fields: Any) -> ServerEvent:
-        return {"type": kind, "event_id": self._eid(), **fields}
+        self.requests = ClientRequests(model, input_rate, self.ids, self.shown, self.overrides)
 
     def error(self, message: str, *, code: str = "invalid_request_error", **kw: Any) -> ServerEvent:
         """An ``error`` event (unlogged): OpenAI's shape."""
-        error = {
-            "type": "invalid_request_error",
-            "code": code,
-            "message": message,
-            "event_id": kw.get("event_id"),
-            "param": kw.get("param"),
-        }
-        return self._unlogged_ev("error", error=error)
-
-    def _unlogged_ev(self, kind: str, **fields: Any) -> ServerEvent:
-        """An event of no logged event (a reply): its id is ``evt_xN``."""
-        seq, self._seq = self._seq, 0
-        try:
-            return self._ev(kind, **fields)
-        finally:
-            self._seq = seq
+        return self.ids.error(message, code=code, **kw)
 
     def rate_limits(self, limits: list[tuple[str, int, int, float]]) -> ServerEvent:
         """``rate_limits.updated`` (unlogged): ``(name, limit, remaining, reset_seconds)``."""
-        return self._ev(
+        return self.ids.event(
             "rate_limits.updated",
             rate_limits=[
                 {"name": n, "limit": lim, "remaining": left, "reset_seconds": round(reset, 3)}
@@ -231,160 +128,14 @@ class Conversation:
         self._created = True
         self.overrides.config = config
         self.audio_out = config.output == "audio"
-        return self._ev("session.created", session=session_of(config, self.sid, self.model))
+        return self.ids.event("session.created", session=session_of(config, self.sid, self.model))
 
     # ------------------------------------------------------------ client → session
 
     def client(self, event: ClientEvent | BadEvent, *, model_route: tuple[str, str]) -> Emit:
-        """One client event: the commands to send and the events to answer with now."""
-        if isinstance(event, BadEvent):
-            return Emit([], [self.error(event.message, event_id=event.event_id, param=event.param)])
-        emit = self._client(event, model_route)
-        if any(not isinstance(c, bytes) for c in emit.commands):
-            self._pending_reply = event.event_id  # an error that answers it names it
-            eid = event.event_id
-            if eid and len(eid) <= COMMAND_ID_MAX:
-                # The gateway's command id is the client's event_id: its error's
-                # reply_to says which event it answers, even with several in flight.
-                self._named.append(eid)
-                emit = Emit([_named(c, eid) for c in emit.commands], emit.events)
-        return emit
-
-    def _client(self, event: ClientEvent, model_route: tuple[str, str]) -> Emit:
-        eid = event.event_id
-        match event:
-            case SessionUpdate(session=body):
-                if body.model not in (None, self.model):
-                    return self._refusal(
-                        "session.model cannot change on this connection: choose the model "
-                        "with ?model= when connecting",
-                        eid,
-                        "session.model",
-                    )
-                change = config_change(body, model_route=None)  # routed at connect
-                if isinstance(change, str):
-                    return self._refusal(change, eid, "session")
-                if change.input_audio is not msgspec.UNSET:
-                    self._hearing = True
-                    if change.input_audio is not None and self.input_rate != 24000:
-                        heard = msgspec.structs.replace(change.input_audio, rate=self.input_rate)
-                        change = msgspec.structs.replace(change, input_audio=heard)
-                self._pending_reply = eid
-                return Emit([change], [])
-            case ConversationItemCreate(item=item, previous_item_id=previous):
-                if previous is not None and previous != self._last_item:
-                    return self._refusal(
-                        "items are appended to the end of the conversation on this gateway: "
-                        "leave previous_item_id unset (or the last item's id)",
-                        eid,
-                        "previous_item_id",
-                    )
-                return self._item(item, eid)
-            case ResponseCreate(response=body):
-                made = response_overrides(body) if body else None
-                if isinstance(made, tuple):
-                    return self._refusal(made[0], eid, made[1])
-                if made is not None and made.change is not None and not self.overrides.allowed:
-                    return self._refusal(TOKEN_REFUSAL, eid, "response")
-                if made is not None:
-                    self.overrides.metadata = made.metadata
-                if self._held:
-                    text = "\n".join(self._held)
-                    self._held = []
-                    self._pending_reply = eid
-                    if made is None or made.change is None:
-                        return Emit([UserMessage(content=text)], [])
-                    self.overrides.start(made.change)
-                    return Emit([made.change, UserMessage(content=text)], [])
-                if made is not None and made.change is not None:
-                    return self._refusal(
-                        "instructions, tools and output of a response are set with the user "
-                        "message that starts it on this gateway: after a function_call_output "
-                        "the answer goes on with the session's; send response.create without "
-                        "them",
-                        eid,
-                        "response",
-                    )
-                if self._continues:
-                    self._continues = False  # the gateway's turn already goes on
-                    return Emit([], [])
-                return self._refusal(
-                    "response.create needs a user message first on this gateway "
-                    "(conversation.item.create with role 'user'), or a function_call_output",
-                    eid,
-                )
-            case ResponseCancel():
-                return Emit([Cancel()], [])
-            case InputAudioBufferAppend(audio=audio):
-                try:
-                    pcm = base64.b64decode(audio, validate=True)
-                except (binascii.Error, ValueError):
-                    return self._refusal("audio is not base64", eid, "audio")
-                return self.speech_in(pcm)
-            case InputAudioBufferCommit():
-                return Emit([Commit()], [])
-            case ConversationItemTruncate(item_id=item_id, content_index=index, audio_end_ms=ms):
-                # What the listener heard: the gateway cuts the provider's copy there.
-                truncated = self._ev(
-                    "conversation.item.truncated",
-                    item_id=item_id,
-                    content_index=index,
-                    audio_end_ms=ms,
-                )
-                return Emit([Played(seq=self._audio_tag, ms=max(0, ms))], [truncated])
-            case OutputAudioBufferClear():
-                return Emit([], [])  # the client's own playback buffer: nothing is held here
-            case ConversationItemRetrieve(item_id=item_id):
-                shown = self._items.get(item_id)
-                if shown is None:
-                    return self._refusal(
-                        f"no item {item_id[:64]!r} in this conversation (or it is older than "
-                        f"its newest {KEPT_ITEMS} items): pass the id of an item it was sent",
-                        eid,
-                        "item_id",
-                    )
-                return Emit([], [self._ev("conversation.item.retrieved", item=shown)])
-            case ConversationItemDelete(item_id=item_id):
-                return self._delete(item_id, eid)
-            case InputAudioBufferClear():
-                if not self._hearing:  # no audio was taken: nothing to discard
-                    return Emit([], [self._unlogged_ev("input_audio_buffer.cleared")])
-                return Emit([ClearAudio()], [])
-        return self._refusal("unsupported event", eid)  # pragma: no cover - the match is total
-
-    def _delete(self, item_id: str, eid: str | None) -> Emit:
-        span = self._spans.get(item_id)
-        if span is not None:
-            return Emit([Forget(first=span[0], last=span[1])], [])
-        if item_id in self._items:
-            return self._refusal(
-                f"item {item_id[:64]!r} cannot be deleted on this gateway: function calls "
-                "(and their outputs) stay in the model's context; delete the messages "
-                "around them",
-                eid,
-                "item_id",
-            )
-        return Emit(
-            [],
-            [
-                self.error(
-                    f"Item with id {item_id[:64]!r} not found (in the newest {KEPT_ITEMS} items "
-                    "of this conversation): pass the id of a message it was sent",
-                    code="item_not_found",
-                    event_id=eid,
-                    param="item_id",
-                )
-            ],
-        )
-
-    def _forgotten(self, first: int, last: int) -> list[ServerEvent]:
-        self._pending_reply = None
-        gone = self._spans.gone(first, last)
-        for iid in gone:
-            self._items.pop(iid, None)
-        if self._last_item in gone:
-            self._last_item = next(reversed(self._items), None)
-        return [self._ev("conversation.item.deleted", item_id=iid) for iid in gone]
+        """One client event: the commands to send and the events to answer with now
+        (``protocol.openai_requests``)."""
+        return self.requests.take(event, model_route=model_route)
 
     def take_due(self) -> list[Command]:
         """Commands the conversation asks the shell to send now, ahead of the client's next
@@ -396,57 +147,11 @@ class Conversation:
     def hearing(self) -> bool:
         """Input audio is configured: an append is the user's audio and nothing more
         (the door's read callback relays it without a task: ``DoorConnection``)."""
-        return self._hearing
+        return self.requests.hearing
 
     def speech_in(self, pcm16: bytes) -> Emit:
         """The user's audio at ``input_rate`` (an append's, or a WebRTC microphone's)."""
-        commands: list[Command] = []
-        if not self._hearing:  # OpenAI hears with server VAD unless told otherwise
-            self._hearing = True
-            commands.append(Configure(input_audio=InputAudio(rate=self.input_rate)))
-        commands.append(pcm16)
-        return Emit(commands, [])
-
-    def _refusal(self, message: str, eid: str | None, param: str | None = None) -> Emit:
-        return Emit([], [self.error(message, event_id=eid, param=param)])
-
-    def _item(self, item: Any, eid: str | None) -> Emit:
-        if item.id is not None:
-            return self._refusal(
-                "item ids are given by this gateway (they come from its log, so a resumed "
-                "client sees the same ones): leave item.id unset",
-                eid,
-                "item.id",
-            )
-        if item.type == "function_call_output":
-            call = item.call_id or ""
-            if call not in self._client_calls:
-                return self._refusal(
-                    f"no function call {call[:80]!r} is waiting for its output", eid, "item.call_id"
-                )
-            self._client_calls.discard(call)
-            self._continues = True
-            return Emit(
-                [ToolResultMessage(id=call, status="success", content=item.output or "")], []
-            )
-        if item.type != "message" or item.role != "user":
-            return self._refusal(
-                "this gateway takes user messages and function_call_output items from a "
-                "client (the instructions are set with session.update)",
-                eid,
-                "item",
-            )
-        texts: list[str] = []
-        for part in item.content or []:
-            if part.type != "input_text" or part.text is None:
-                return self._refusal(
-                    f"content of type {part.type[:40]!r} is not supported: send input_text",
-                    eid,
-                    "item.content",
-                )
-            texts.append(part.text)
-        self._held.append("".join(texts))
-        return Emit([], [])
+        return self.requests.speech_in(pcm16)
 
     # ------------------------------------------------------------ session → client
 
@@ -476,24 +181,14 @@ class Conversation:
                 ]
         elif isinstance(event, Think):
             return []
-        self._seq, self._n = event.seq, 0
+        ids = self.ids
+        ids.seq, ids.n = event.seq, 0
         try:
             events = self._gateway(event)
         finally:
-            self._seq = 0
-        self._remember(events)
+            ids.seq = 0
+        self.shown.remember(events)
         return events
-
-    def _remember(self, events: list[ServerEvent]) -> None:
-        """Keep the items ``events`` show, for ``conversation.item.retrieve``."""
-        items = self._items
-        for ev in events:
-            if ev["type"] in _SHOWS_ITEM:
-                item = ev["item"]
-                items.pop(item["id"], None)
-                items[item["id"]] = item
-                if len(items) > KEPT_ITEMS:
-                    del items[next(iter(items))]
 
     def _gateway(self, event: Event) -> list[ServerEvent]:
         match event:
@@ -501,32 +196,36 @@ class Conversation:
                 return []
             case Configured(config=config, reply_to=ref):
                 self.audio_out = config.output == "audio"
-                self._hearing = config.input_audio is not None
+                self.requests.hearing = config.input_audio is not None
                 if self.overrides.configured(config, ref):
                     return []  # one response's overrides, or the session's own back
                 kind = "session.updated" if self._created else "session.created"
                 self._created = True
-                self._pending_reply = None
-                return [self._ev(kind, session=session_of(config, self.sid, self.model))]
+                self.requests.pending_reply = None
+                return [self.ids.event(kind, session=session_of(config, self.sid, self.model))]
             case SpeechStarted(offset_ms=ms):
                 self._speech = f"item_{event.seq}"
                 out = self._done("cancelled", reason="turn_detected") if self._response else []
                 return [
                     *out,
-                    self._ev(
+                    self.ids.event(
                         "input_audio_buffer.speech_started", audio_start_ms=ms, item_id=self._speech
                     ),
                 ]
             case SpeechStopped(offset_ms=ms):
                 iid = self._speech or f"item_{event.seq}"
                 self._speech = iid
-                return [self._ev("input_audio_buffer.speech_stopped", audio_end_ms=ms, item_id=iid)]
+                return [
+                    self.ids.event(
+                        "input_audio_buffer.speech_stopped", audio_end_ms=ms, item_id=iid
+                    )
+                ]
             case User(content=content, source=source):
                 return self._user(event.seq, content, spoken=source == "audio")
             case Forgotten(first=first, last=last):
                 return self._forgotten(first, last)
             case AudioCleared():
-                return [self._unlogged_ev("input_audio_buffer.cleared")]
+                return [self.ids.unlogged_event("input_audio_buffer.cleared")]
             case Respond(content=content):
                 out = self._open_message()
                 resp = self._response
@@ -540,7 +239,7 @@ class Conversation:
                     if self.audio_out
                     else "response.output_text.delta"
                 )
-                out.append(self._ev(kind, **self._where(resp, resp.message), delta=content))
+                out.append(self.ids.event(kind, **self._where(resp, resp.message), delta=content))
                 return out
             case Call(runs_on="client"):
                 return self._client_call(event)
@@ -568,17 +267,23 @@ class Conversation:
             case Error(code=code, content=content, reply_to=ref):
                 if self._response is None:
                     self.overrides.put_back()  # the response with overrides never started
-                reply, self._pending_reply = self._pending_reply, None
-                if isinstance(ref, str) and ref in self._named:
+                requests = self.requests
+                reply, requests.pending_reply = requests.pending_reply, None
+                if isinstance(ref, str) and ref in requests.named:
                     reply = ref
-                out = [self.error(content, code=code, event_id=reply)]
+                out = [self.ids.error(content, code=code, event_id=reply)]
                 if self._response is not None and event.seq:
                     out = [*self._done("failed", error=content), *out]
                 return out
         return []
 
+    def _forgotten(self, first: int, last: int) -> list[ServerEvent]:
+        self.requests.pending_reply = None
+        gone = self.shown.forget(first, last)
+        return [self.ids.event("conversation.item.deleted", item_id=iid) for iid in gone]
+
     def _user(self, seq: int, content: str, *, spoken: bool) -> list[ServerEvent]:
-        self._pending_reply = None
+        self.requests.pending_reply = None
         self._turn, self._responses = seq, 0
         iid = (self._speech if spoken else None) or f"item_{seq}"
         self._speech = None
@@ -595,21 +300,23 @@ class Conversation:
             "status": "completed",
             "content": [part],
         }
-        prev = self._last_item
-        self._last_item = iid
-        self._spans.add(iid, seq, seq)
+        prev = self.shown.last
+        self.shown.last = iid
+        self.shown.spans.add(iid, seq, seq)
         out: list[ServerEvent] = []
         if spoken:
-            out.append(self._ev("input_audio_buffer.committed", item_id=iid, previous_item_id=prev))
+            out.append(
+                self.ids.event("input_audio_buffer.committed", item_id=iid, previous_item_id=prev)
+            )
         out += [
-            self._ev("conversation.item.added", item=item, previous_item_id=prev),
-            self._ev("conversation.item.done", item=item, previous_item_id=prev),
+            self.ids.event("conversation.item.added", item=item, previous_item_id=prev),
+            self.ids.event("conversation.item.done", item=item, previous_item_id=prev),
         ]
         if spoken:
             # The provider's transcript comes whole (it is logged once, with the user's
             # turn): a client that shows transcription deltas gets it as one delta.
             out.append(
-                self._ev(
+                self.ids.event(
                     "conversation.item.input_audio_transcription.delta",
                     item_id=iid,
                     content_index=0,
@@ -617,7 +324,7 @@ class Conversation:
                 )
             )
             out.append(
-                self._ev(
+                self.ids.event(
                     "conversation.item.input_audio_transcription.completed",
                     item_id=iid,
                     content_index=0,
@@ -629,16 +336,19 @@ class Conversation:
 
     def audio(self, tag: int, pcm16: bytes) -> list[ServerEvent]:
         """A piece of the model's speech (not logged: its events have unlogged ids)."""
-        self._seq, self._n = 0, 0
-        self._audio_tag = max(self._audio_tag, tag)
+        ids, requests = self.ids, self.requests
+        ids.seq, ids.n = 0, 0
+        requests.audio_tag = max(requests.audio_tag, tag)
         out = self._open_message()
-        self._remember(out)  # speech can open the answer's message before its text does
+        self.shown.remember(out)  # speech can open the answer's message before its text does
         resp = self._response
         assert resp is not None and resp.message is not None
         resp.audio = True
         delta = base64.b64encode(pcm16).decode()
         out.append(
-            self._ev("response.output_audio.delta", **self._where(resp, resp.message), delta=delta)
+            self.ids.event(
+                "response.output_audio.delta", **self._where(resp, resp.message), delta=delta
+            )
         )
         return out
 
@@ -657,7 +367,7 @@ class Conversation:
         self._responses += 1
         resp = self._response = _Response(f"resp_{self._turn}_{self._responses}")
         resp.metadata, self.overrides.metadata = self.overrides.metadata, None
-        return [self._ev("response.created", response=self._resp_body(resp, "in_progress"))]
+        return [self.ids.event("response.created", response=self._resp_body(resp, "in_progress"))]
 
     def _resp_body(
         self, resp: _Response, status: str, details: dict[str, Any] | None = None
@@ -703,20 +413,20 @@ class Conversation:
         resp.first = resp.last = 0
         item = self._message_item(resp, "in_progress")
         resp.output.append(item)
-        prev = self._last_item
-        self._last_item = iid
+        prev = self.shown.last
+        self.shown.last = iid
         part = (
             {"type": "audio", "transcript": ""} if self.audio_out else {"type": "text", "text": ""}
         )
         out += [
-            self._ev(
+            self.ids.event(
                 "response.output_item.added",
                 response_id=resp.id,
                 output_index=len(resp.output) - 1,
                 item=item,
             ),
-            self._ev("conversation.item.added", item=item, previous_item_id=prev),
-            self._ev("response.content_part.added", **self._where(resp, iid), part=part),
+            self.ids.event("conversation.item.added", item=item, previous_item_id=prev),
+            self.ids.event("response.content_part.added", **self._where(resp, iid), part=part),
         ]
         return out
 
@@ -731,26 +441,28 @@ class Conversation:
         resp.output[-1] = item
         resp.message = None
         if resp.first:
-            self._spans.add(iid, resp.first, resp.last)
+            self.shown.spans.add(iid, resp.first, resp.last)
         done: list[ServerEvent] = []
         if self.audio_out:
             if resp.audio:
-                done.append(self._ev("response.output_audio.done", **where))
-            done.append(self._ev("response.output_audio_transcript.done", **where, transcript=text))
+                done.append(self.ids.event("response.output_audio.done", **where))
+            done.append(
+                self.ids.event("response.output_audio_transcript.done", **where, transcript=text)
+            )
             part = {"type": "audio", "transcript": text}
         else:
-            done.append(self._ev("response.output_text.done", **where, text=text))
+            done.append(self.ids.event("response.output_text.done", **where, text=text))
             part = {"type": "text", "text": text}
         return [
             *done,
-            self._ev("response.content_part.done", **where, part=part),
-            self._ev(
+            self.ids.event("response.content_part.done", **where, part=part),
+            self.ids.event(
                 "response.output_item.done",
                 response_id=resp.id,
                 output_index=where["output_index"],
                 item=item,
             ),
-            self._ev("conversation.item.done", item=item),
+            self.ids.event("conversation.item.done", item=item),
         ]
 
     def _client_call(self, call: Call) -> list[ServerEvent]:
@@ -758,7 +470,7 @@ class Conversation:
         out += self._close_message()
         resp = self._response
         assert resp is not None
-        iid = f"fc_{self._seq}"
+        iid = f"fc_{self.ids.seq}"
         name, arguments = call_parts(call.content)
         item = {
             "id": iid,
@@ -771,25 +483,25 @@ class Conversation:
         }
         resp.output.append(item)
         index = len(resp.output) - 1
-        prev = self._last_item
-        self._last_item = iid
+        prev = self.shown.last
+        self.shown.last = iid
         done_item = {**item, "status": "completed", "arguments": arguments}
         resp.output[-1] = done_item
-        self._client_calls.add(call.id)
+        self.requests.client_calls.add(call.id)
         where = {"response_id": resp.id, "item_id": iid, "output_index": index, "call_id": call.id}
         out += [
-            self._ev(
+            self.ids.event(
                 "response.output_item.added", response_id=resp.id, output_index=index, item=item
             ),
-            self._ev("conversation.item.added", item=item, previous_item_id=prev),
-            self._ev("response.function_call_arguments.delta", **where, delta=arguments),
-            self._ev(
+            self.ids.event("conversation.item.added", item=item, previous_item_id=prev),
+            self.ids.event("response.function_call_arguments.delta", **where, delta=arguments),
+            self.ids.event(
                 "response.function_call_arguments.done", **where, name=name, arguments=arguments
             ),
-            self._ev(
+            self.ids.event(
                 "response.output_item.done", response_id=resp.id, output_index=index, item=done_item
             ),
-            self._ev("conversation.item.done", item=done_item),
+            self.ids.event("conversation.item.done", item=done_item),
         ]
         # As OpenAI's does, the response ends at the call; the turn's rest is another one.
         out += self._done("completed")
@@ -818,5 +530,5 @@ class Conversation:
         body = self._resp_body(resp, status, details)
         if usage is not None:
             body["usage"] = usage_of(usage)
-        out.append(self._ev("response.done", response=body))
+        out.append(self.ids.event("response.done", response=body))
         return out

@@ -20,6 +20,7 @@ __all__ = [
     "FunctionTool",
     "Item",
     "ResponseCreate",
+    "ServerEvent",
     "SessionBody",
     "SessionUpdate",
     "decode_client",
@@ -237,6 +238,9 @@ _CLIENT_TYPES: Final = frozenset(
 )
 
 # --- server → client -------------------------------------------------------------
+
+ServerEvent = dict[str, Any]
+"""A server event, as sent (its shapes are checked against the SDK's in the tests)."""
 
 _encoder: Final = msgspec.json.Encoder()
 

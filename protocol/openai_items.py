@@ -1,10 +1,25 @@
-"""What ``conversation.item.delete`` names to the gateway (a ``forget``): the seqs of the
-first and last logged events each of the newest user messages and answers a client was
-shown was made from. Pure."""
+"""The items an OpenAI client was shown, by id: what ``conversation.item.retrieve``
+shows, what ``conversation.item.delete`` names to the gateway (a ``forget``: the seqs
+of the first and last logged events a user message or answer was made from), and
+the last one (the next item's ``previous_item_id``). Pure."""
 
 from __future__ import annotations
 
-__all__ = ["Spans"]
+from typing import Any
+
+from protocol.openai_events import ServerEvent
+
+__all__ = ["KEPT_ITEMS", "ShownItems", "Spans"]
+
+KEPT_ITEMS = 256  # items conversation.item.retrieve can show (the newest)
+_SHOWS_ITEM = frozenset(
+    (
+        "conversation.item.added",
+        "conversation.item.done",
+        "response.output_item.added",
+        "response.output_item.done",
+    )
+)
 
 
 class Spans:
@@ -32,3 +47,35 @@ class Spans:
         for iid in ids:
             del spans[iid]
         return ids
+
+
+class ShownItems:
+    """The newest ``KEPT_ITEMS`` items as last shown (``…item.added``/``done``), their
+    spans, and the id of the last item appended (``last``)."""
+
+    __slots__ = ("items", "last", "spans")
+
+    def __init__(self) -> None:
+        self.items: dict[str, dict[str, Any]] = {}
+        self.spans = Spans(KEPT_ITEMS)
+        self.last: str | None = None
+
+    def remember(self, events: list[ServerEvent]) -> None:
+        """Keep the items ``events`` show."""
+        items = self.items
+        for ev in events:
+            if ev["type"] in _SHOWS_ITEM:
+                item = ev["item"]
+                items.pop(item["id"], None)
+                items[item["id"]] = item
+                if len(items) > KEPT_ITEMS:
+                    del items[next(iter(items))]
+
+    def forget(self, first: int, last: int) -> list[str]:
+        """The items a ``forgotten`` of ``first``..``last`` took, no longer shown."""
+        gone = self.spans.gone(first, last)
+        for iid in gone:
+            self.items.pop(iid, None)
+        if self.last in gone:
+            self.last = next(reversed(self.items), None)
+        return gone

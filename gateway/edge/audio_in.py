@@ -23,7 +23,8 @@ import msgspec
 from gateway.sessions.port import NodePort
 from gateway.sessions.subscriber import DrivenSession
 from gateway.store.base import StoreError
-from protocol.events import AudioChunk, Error, decode_client
+from protocol.client_frames import decode_client
+from protocol.events import AudioChunk, Error
 
 __all__ = ["AUDIO_REFUSAL_EVERY", "AUDIO_RETRY_EVERY", "DRIVEN_ELSEWHERE", "AudioIn"]
 

@@ -43,6 +43,7 @@ from gateway.sessions.commands import COMMANDS, admit, dispatch
 from gateway.sessions.port import NodePort
 from gateway.sessions.subscriber import DrivenSession, EventSource
 from gateway.store.base import LogEntry, StoreUnavailable
+from protocol.client_frames import decode_client
 from protocol.events import (
     AudioChunk,
     AudioCleared,
@@ -51,7 +52,6 @@ from protocol.events import (
     Pong,
     Session,
     answering,
-    decode_client,
     decode_event,
     encode,
 )

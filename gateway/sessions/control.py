@@ -47,13 +47,13 @@ from gateway.sessions.commands import COMMANDS, FORWARDED, dispatch
 from gateway.sessions.runtime import SessionRuntime
 from gateway.sessions.subscriber import EventSource
 from gateway.store.base import LogEntry, Store, StoreError
+from protocol.client_frames import decode_client
 from protocol.events import (
     Error,
     Event,
     User,
     UserMessage,
     answering,
-    decode_client,
     decode_event,
     encode,
 )

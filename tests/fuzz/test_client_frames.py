@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from websockets.exceptions import ConnectionClosed
 
 from gateway.edge.server import Gateway
+from protocol.client_frames import decode_client
 from protocol.configuration import ClientToolSpec
 from protocol.events import (
     CLIENT_MESSAGE_TYPES,
@@ -28,7 +29,6 @@ from protocol.events import (
     Configure,
     Error,
     ToolResultMessage,
-    decode_client,
 )
 from tests.fuzz.conftest import answers_hello, reconnect_answers_hello
 from tests.support.client import GatewayClient

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from protocol.client_frames import decode_client
 from protocol.configuration import (
     ClientToolSpec,
     ConfigChange,
@@ -11,7 +12,7 @@ from protocol.configuration import (
     decode_config,
     encode_config,
 )
-from protocol.events import Configure, Error, decode_client
+from protocol.events import Configure, Error
 
 
 def test_a_change_sets_only_its_fields() -> None:

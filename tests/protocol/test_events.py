@@ -5,6 +5,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
+from protocol.client_frames import decode_client
 from protocol.events import (
     Cancel,
     Error,
@@ -16,7 +17,6 @@ from protocol.events import (
     Think,
     Usage,
     UserMessage,
-    decode_client,
     decode_event,
     encode,
 )

@@ -122,9 +122,9 @@ def test_a_chunk_of_an_open_message_is_the_same_delta_as_the_general_path_makes(
         deltas = feed(fast, *chunks)
         expected: list[dict[str, Any]] = []
         for chunk in chunks:
-            general._seq, general._n = chunk.seq, 0
+            general.ids.seq, general.ids.n = chunk.seq, 0
             expected += general._gateway(chunk)
-            general._seq = 0
+            general.ids.seq = 0
         assert deltas == expected
         assert [e["event_id"] for e in deltas] == ["evt_4_1", "evt_5_1"]
         assert feed(fast, Think(seq=6, content="x")) == []  # reasoning is not shown

@@ -6,7 +6,8 @@ import typing
 
 import orjson
 
-from protocol.events import CLIENT_MESSAGE_TYPES, ClientMessage, Error, decode_client
+from protocol.client_frames import decode_client
+from protocol.events import CLIENT_MESSAGE_TYPES, ClientMessage, Error
 from protocol.turn_events import ACTION_TYPES, EVENT_TYPES, INPUT_TYPES, Action, TurnInput
 from protocol.turn_table import ROWS
 

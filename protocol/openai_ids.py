@@ -1,0 +1,63 @@
+"""The ids of the events the OpenAI door sends: made from the log alone. Pure.
+
+The events one logged event becomes are ``evt_SEQ_1``, ``evt_SEQ_2``…: a client
+that reconnects replays the log through a fresh conversation and is sent only
+what follows the last ``event_id`` it saw (``position``). An event of no logged
+event (a reply, an ``error``, the model's speech) is ``evt_xN``, which names no
+position.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from protocol.openai_events import ServerEvent
+
+__all__ = ["EventIds", "position"]
+
+
+def position(event_id: str) -> tuple[int, int] | None:
+    """``(seq, n)`` of a logged event's ``event_id``; None for any other id."""
+    parts = event_id.split("_")
+    if len(parts) != 3 or parts[0] != "evt" or not (parts[1] + parts[2]).isdecimal():
+        return None
+    return int(parts[1]), int(parts[2])
+
+
+class EventIds:
+    """One connection's event ids. ``seq``: the logged event being translated (0: none,
+    the events made are unlogged); ``n``: how many it has become so far."""
+
+    __slots__ = ("n", "seq", "unlogged")
+
+    def __init__(self) -> None:
+        self.seq = 0
+        self.n = 0
+        self.unlogged = 0
+
+    def event(self, kind: str, **fields: Any) -> ServerEvent:
+        """A server event of ``kind``, with the next id."""
+        if self.seq == 0:
+            self.unlogged += 1
+            return {"type": kind, "event_id": f"evt_x{self.unlogged}", **fields}
+        self.n += 1
+        return {"type": kind, "event_id": f"evt_{self.seq}_{self.n}", **fields}
+
+    def unlogged_event(self, kind: str, **fields: Any) -> ServerEvent:
+        """An event of no logged event (a reply), also while one is translated."""
+        seq, self.seq = self.seq, 0
+        try:
+            return self.event(kind, **fields)
+        finally:
+            self.seq = seq
+
+    def error(self, message: str, *, code: str = "invalid_request_error", **kw: Any) -> ServerEvent:
+        """An ``error`` event (unlogged): OpenAI's shape."""
+        error = {
+            "type": "invalid_request_error",
+            "code": code,
+            "message": message,
+            "event_id": kw.get("event_id"),
+            "param": kw.get("param"),
+        }
+        return self.unlogged_event("error", error=error)

@@ -1,0 +1,327 @@
+"""What an OpenAI client's events ask of the session: gateway commands, checked,
+held or refused. Pure: no I/O, no clock.
+
+The client → session half of the OpenAI door's conversation
+(``protocol.openai_conversation``, which owns one and shows the session's events
+back): ``session.update`` → ``configure``; a user message's
+``conversation.item.create`` is held until ``response.create`` sends it as the
+turn's ``user`` message; a ``function_call_output`` → ``tool_result``, after
+which the gateway's turn goes on by itself (the ``response.create`` that follows
+opens nothing new); audio appends → the user's audio (``speech_in``);
+``conversation.item.truncate`` → ``played``, ``conversation.item.delete`` →
+``forget``. What this gateway cannot do is refused with an ``error`` that says
+what to send instead, carrying the client's ``event_id``.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections import deque
+from typing import Any
+
+import msgspec
+
+from protocol.configuration import InputAudio
+from protocol.events import (
+    COMMAND_ID_MAX,
+    Cancel,
+    ClearAudio,
+    Commit,
+    Configure,
+    Forget,
+    Played,
+    ToolResultMessage,
+    UserMessage,
+)
+from protocol.openai_events import (
+    BadEvent,
+    ClientEvent,
+    ConversationItemCreate,
+    ConversationItemDelete,
+    ConversationItemRetrieve,
+    ConversationItemTruncate,
+    InputAudioBufferAppend,
+    InputAudioBufferClear,
+    InputAudioBufferCommit,
+    OutputAudioBufferClear,
+    ResponseCancel,
+    ResponseCreate,
+    ServerEvent,
+    SessionUpdate,
+)
+from protocol.openai_ids import EventIds
+from protocol.openai_items import KEPT_ITEMS, ShownItems
+from protocol.openai_response import TOKEN_REFUSAL, ResponseOverrides, response_overrides
+from protocol.openai_session import config_change
+
+__all__ = ["ClientRequests", "Command", "Emit"]
+
+Command = (
+    UserMessage
+    | Cancel
+    | Configure
+    | ToolResultMessage
+    | Commit
+    | Played
+    | Forget
+    | ClearAudio
+    | bytes
+)
+"""A gateway command; ``bytes`` is user audio (a binary frame)."""
+
+
+def _named(command: Command, eid: str) -> Command:
+    """``command`` with the client's ``event_id`` as its ``id`` (a tool result's id is its
+    call's; the door's own configures keep theirs)."""
+    if isinstance(command, bytes | ToolResultMessage) or command.id is not msgspec.UNSET:
+        return command
+    return msgspec.structs.replace(command, id=eid)
+
+
+class Emit(msgspec.Struct, frozen=True):
+    """What one client event yields: commands for the session, events for the client."""
+
+    commands: list[Command]
+    events: list[ServerEvent]
+
+
+class ClientRequests:
+    """One client's events as the commands they ask of its session.
+
+    ``ids``, ``shown`` and ``overrides`` are its conversation's: the events it
+    answers with are numbered with the rest, and the items it names are those the
+    conversation showed. The conversation writes back what the session's events
+    settle: ``hearing`` (a ``configured``), ``pending_reply`` (answered),
+    ``client_calls`` (a call shown), ``audio_tag`` (the answer's speech so far).
+    """
+
+    __slots__ = (
+        "audio_tag",
+        "client_calls",
+        "continues",
+        "hearing",
+        "held",
+        "ids",
+        "input_rate",
+        "model",
+        "named",
+        "overrides",
+        "pending_reply",
+        "shown",
+    )
+
+    def __init__(
+        self,
+        model: str,
+        input_rate: int,
+        ids: EventIds,
+        shown: ShownItems,
+        overrides: ResponseOverrides,
+    ) -> None:
+        self.model = model
+        self.input_rate = input_rate
+        self.ids = ids
+        self.shown = shown
+        self.overrides = overrides
+        self.held: list[str] = []  # user text created, not yet sent (response.create sends)
+        self.continues = False  # a tool output went back: the gateway's turn goes on
+        self.client_calls: set[str] = set()  # calls shown to the client, awaiting output
+        self.pending_reply: str | None = None  # event_id of the command an error answers
+        self.named: deque[str] = deque(maxlen=64)  # event_ids sent on as command ids
+        self.hearing = False  # input audio configured
+        self.audio_tag = 0  # seq tag of the newest audio frame of the answer
+
+    def take(self, event: ClientEvent | BadEvent, *, model_route: tuple[str, str]) -> Emit:
+        """One client event: the commands to send and the events to answer with now."""
+        if isinstance(event, BadEvent):
+            return Emit(
+                [], [self.ids.error(event.message, event_id=event.event_id, param=event.param)]
+            )
+        emit = self._take(event, model_route)
+        if any(not isinstance(c, bytes) for c in emit.commands):
+            self.pending_reply = event.event_id  # an error that answers it names it
+            eid = event.event_id
+            if eid and len(eid) <= COMMAND_ID_MAX:
+                # The gateway's command id is the client's event_id: its error's
+                # reply_to says which event it answers, even with several in flight.
+                self.named.append(eid)
+                emit = Emit([_named(c, eid) for c in emit.commands], emit.events)
+        return emit
+
+    def _take(self, event: ClientEvent, model_route: tuple[str, str]) -> Emit:
+        eid = event.event_id
+        match event:
+            case SessionUpdate(session=body):
+                if body.model not in (None, self.model):
+                    return self._refusal(
+                        "session.model cannot change on this connection: choose the model "
+                        "with ?model= when connecting",
+                        eid,
+                        "session.model",
+                    )
+                change = config_change(body, model_route=None)  # routed at connect
+                if isinstance(change, str):
+                    return self._refusal(change, eid, "session")
+                if change.input_audio is not msgspec.UNSET:
+                    self.hearing = True
+                    if change.input_audio is not None and self.input_rate != 24000:
+                        heard = msgspec.structs.replace(change.input_audio, rate=self.input_rate)
+                        change = msgspec.structs.replace(change, input_audio=heard)
+                self.pending_reply = eid
+                return Emit([change], [])
+            case ConversationItemCreate(item=item, previous_item_id=previous):
+                if previous is not None and previous != self.shown.last:
+                    return self._refusal(
+                        "items are appended to the end of the conversation on this gateway: "
+                        "leave previous_item_id unset (or the last item's id)",
+                        eid,
+                        "previous_item_id",
+                    )
+                return self._item(item, eid)
+            case ResponseCreate(response=body):
+                made = response_overrides(body) if body else None
+                if isinstance(made, tuple):
+                    return self._refusal(made[0], eid, made[1])
+                if made is not None and made.change is not None and not self.overrides.allowed:
+                    return self._refusal(TOKEN_REFUSAL, eid, "response")
+                if made is not None:
+                    self.overrides.metadata = made.metadata
+                if self.held:
+                    text = "\n".join(self.held)
+                    self.held = []
+                    self.pending_reply = eid
+                    if made is None or made.change is None:
+                        return Emit([UserMessage(content=text)], [])
+                    self.overrides.start(made.change)
+                    return Emit([made.change, UserMessage(content=text)], [])
+                if made is not None and made.change is not None:
+                    return self._refusal(
+                        "instructions, tools and output of a response are set with the user "
+                        "message that starts it on this gateway: after a function_call_output "
+                        "the answer goes on with the session's; send response.create without "
+                        "them",
+                        eid,
+                        "response",
+                    )
+                if self.continues:
+                    self.continues = False  # the gateway's turn already goes on
+                    return Emit([], [])
+                return self._refusal(
+                    "response.create needs a user message first on this gateway "
+                    "(conversation.item.create with role 'user'), or a function_call_output",
+                    eid,
+                )
+            case ResponseCancel():
+                return Emit([Cancel()], [])
+            case InputAudioBufferAppend(audio=audio):
+                try:
+                    pcm = base64.b64decode(audio, validate=True)
+                except (binascii.Error, ValueError):
+                    return self._refusal("audio is not base64", eid, "audio")
+                return self.speech_in(pcm)
+            case InputAudioBufferCommit():
+                return Emit([Commit()], [])
+            case ConversationItemTruncate(item_id=item_id, content_index=index, audio_end_ms=ms):
+                # What the listener heard: the gateway cuts the provider's copy there.
+                truncated = self.ids.event(
+                    "conversation.item.truncated",
+                    item_id=item_id,
+                    content_index=index,
+                    audio_end_ms=ms,
+                )
+                return Emit([Played(seq=self.audio_tag, ms=max(0, ms))], [truncated])
+            case OutputAudioBufferClear():
+                return Emit([], [])  # the client's own playback buffer: nothing is held here
+            case ConversationItemRetrieve(item_id=item_id):
+                shown = self.shown.items.get(item_id)
+                if shown is None:
+                    return self._refusal(
+                        f"no item {item_id[:64]!r} in this conversation (or it is older than "
+                        f"its newest {KEPT_ITEMS} items): pass the id of an item it was sent",
+                        eid,
+                        "item_id",
+                    )
+                return Emit([], [self.ids.event("conversation.item.retrieved", item=shown)])
+            case ConversationItemDelete(item_id=item_id):
+                return self._delete(item_id, eid)
+            case InputAudioBufferClear():
+                if not self.hearing:  # no audio was taken: nothing to discard
+                    return Emit([], [self.ids.unlogged_event("input_audio_buffer.cleared")])
+                return Emit([ClearAudio()], [])
+        return self._refusal("unsupported event", eid)  # pragma: no cover - the match is total
+
+    def _delete(self, item_id: str, eid: str | None) -> Emit:
+        span = self.shown.spans.get(item_id)
+        if span is not None:
+            return Emit([Forget(first=span[0], last=span[1])], [])
+        if item_id in self.shown.items:
+            return self._refusal(
+                f"item {item_id[:64]!r} cannot be deleted on this gateway: function calls "
+                "(and their outputs) stay in the model's context; delete the messages "
+                "around them",
+                eid,
+                "item_id",
+            )
+        return Emit(
+            [],
+            [
+                self.ids.error(
+                    f"Item with id {item_id[:64]!r} not found (in the newest {KEPT_ITEMS} items "
+                    "of this conversation): pass the id of a message it was sent",
+                    code="item_not_found",
+                    event_id=eid,
+                    param="item_id",
+                )
+            ],
+        )
+
+    def speech_in(self, pcm16: bytes) -> Emit:
+        """The user's audio at ``input_rate`` (an append's, or a WebRTC microphone's)."""
+        commands: list[Command] = []
+        if not self.hearing:  # OpenAI hears with server VAD unless told otherwise
+            self.hearing = True
+            commands.append(Configure(input_audio=InputAudio(rate=self.input_rate)))
+        commands.append(pcm16)
+        return Emit(commands, [])
+
+    def _refusal(self, message: str, eid: str | None, param: str | None = None) -> Emit:
+        return Emit([], [self.ids.error(message, event_id=eid, param=param)])
+
+    def _item(self, item: Any, eid: str | None) -> Emit:
+        if item.id is not None:
+            return self._refusal(
+                "item ids are given by this gateway (they come from its log, so a resumed "
+                "client sees the same ones): leave item.id unset",
+                eid,
+                "item.id",
+            )
+        if item.type == "function_call_output":
+            call = item.call_id or ""
+            if call not in self.client_calls:
+                return self._refusal(
+                    f"no function call {call[:80]!r} is waiting for its output", eid, "item.call_id"
+                )
+            self.client_calls.discard(call)
+            self.continues = True
+            return Emit(
+                [ToolResultMessage(id=call, status="success", content=item.output or "")], []
+            )
+        if item.type != "message" or item.role != "user":
+            return self._refusal(
+                "this gateway takes user messages and function_call_output items from a "
+                "client (the instructions are set with session.update)",
+                eid,
+                "item",
+            )
+        texts: list[str] = []
+        for part in item.content or []:
+            if part.type != "input_text" or part.text is None:
+                return self._refusal(
+                    f"content of type {part.type[:40]!r} is not supported: send input_text",
+                    eid,
+                    "item.content",
+                )
+            texts.append(part.text)
+        self.held.append("".join(texts))
+        return Emit([], [])

@@ -276,11 +276,13 @@ class Guardrail(_Base, tag="guardrail"):
     the matched text. ``on``: ``"input"`` (a user's message, a transcript, a tool's
     result; ``block``: it never reached the model, the session takes the next turn) or
     ``"output"`` (the model's answer, reasoning or call arguments: redacted or cut).
+    ``reply_to``: the ``id`` of the ``user`` message it judged (when it carried one).
     """
 
     rule: str
     action: Literal["block", "redact", "end_turn"]
     on: Literal["input", "output"]
+    reply_to: str | msgspec.UnsetType = msgspec.UNSET
 
 
 class Interrupt(_Base, tag="interrupt"):

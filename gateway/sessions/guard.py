@@ -31,6 +31,7 @@ from gateway.common.reloaded_file import ReloadedFile
 from gateway.common.settings import ConfigError
 from gateway.metrics import Metrics
 from protocol.assembly import HistoryItem
+from protocol.audio import OUTPUT_RATE
 from protocol.events import (
     Call,
     Cancelled,
@@ -242,23 +243,69 @@ class EventGuard:
     ``filter`` returns the events to log instead of the one given: the
     released text of a block (maybe none yet), the ``guardrail`` events of the
     rules that tripped, and whatever else passes. ``on_end_turn`` is called
-    (once per turn) when an ``end_turn`` rule trips on the output.
+    (once per turn) when an ``end_turn`` rule trips on the output, or any rule
+    on a spoken answer.
+
+    **A spoken answer** (``speaks``: its audio goes to the clients) is cut
+    where a rule trips: its transcript there (after the replacement, for
+    ``redact``), and its audio with it. Its audio is held (``hold_audio``)
+    until a chunk of transcript that came after it leaves nothing held (the
+    providers send an answer's audio with or before its transcript, never far
+    behind: docs/guardrails.md), and given to ``send_audio`` then; what is held
+    when a rule trips is dropped, and so is the rest of the answer's audio.
+    ``released_ms`` is how much of the answer's audio went out: what the
+    listener can have heard.
     """
 
-    __slots__ = ("_ended", "_kind", "_stream", "guardrails", "metrics", "on_end_turn", "speaks")
+    __slots__ = (
+        "_audio",
+        "_ended",
+        "_kind",
+        "_stream",
+        "guardrails",
+        "metrics",
+        "on_end_turn",
+        "released_ms",
+        "send_audio",
+        "speaks",
+    )
 
     def __init__(
-        self, guardrails: Guardrails, metrics: Metrics, on_end_turn: Callable[[], None]
+        self,
+        guardrails: Guardrails,
+        metrics: Metrics,
+        on_end_turn: Callable[[], None],
+        send_audio: Callable[[bytes], None] | None = None,
     ) -> None:
         self.guardrails = guardrails
         self.metrics = metrics
         self.on_end_turn = on_end_turn
+        self.send_audio = send_audio
         self._kind: type[Think] | type[Respond] | None = None
         self._stream: StreamGuard | None = None
-        self._ended = False  # an end_turn rule tripped: the rest of the turn is withheld
-        # The answer is spoken: its audio cannot be withheld with its transcript, so a
-        # block on the output ends the turn (the audio stops, history keeps what was heard).
-        self.speaks = False
+        self._ended = False  # a rule ended the turn: the rest of it is withheld
+        self.speaks = False  # the answers are spoken to the clients
+        self._audio: list[bytes] = []  # the answer's audio waiting for its transcript
+        self.released_ms = 0.0  # of the current answer's audio, sent to the clients
+
+    @property
+    def gates_audio(self) -> bool:
+        """The answers' audio waits for their transcript to be judged (``hold_audio``)."""
+        return self.speaks and bool(self.guardrails.output)
+
+    def hold_audio(self, pcm16: bytes) -> None:
+        """A piece of the spoken answer's audio (PCM16 at ``OUTPUT_RATE``): sent once the
+        transcript that comes after it is judged clean; dropped if the answer was cut."""
+        if not self._ended:
+            self._audio.append(pcm16)
+
+    def _release_audio(self) -> None:
+        audio, self._audio = self._audio, []
+        send = self.send_audio
+        for pcm16 in audio:
+            self.released_ms += len(pcm16) * 500 / OUTPUT_RATE
+            if send is not None:
+                send(pcm16)
 
     def filter(self, event: Event) -> list[Event]:
         kind = type(event)
@@ -268,17 +315,24 @@ class EventGuard:
                 return []
             out: list[Event] = []
             stream = self._stream
+            spoken = self.speaks and kind is Respond
             if kind is not self._kind or stream is None:
                 out = self._flush()
                 self._kind = kind
-                stream = self._stream = StreamGuard(output)
+                stream = self._stream = StreamGuard(output, cuts=spoken)
+                if spoken:
+                    self.released_ms = 0.0  # a new answer (its audio before it still waits)
             piece = stream.feed(event.content)  # type: ignore[union-attr]
             if piece.text:
                 event.content = piece.text  # type: ignore[union-attr]
                 out.append(event)
             if piece.hits:
-                out += self.tripped(piece.hits, "output")
+                out += self.tripped(piece.hits, "output", spoken=spoken)
+            elif spoken and not stream.held:
+                self._release_audio()  # its transcript so far is judged and sent
             return out
+        if kind is Cancelled or kind is Interrupt or kind is Error:
+            self._audio = []  # the answer stops: what of its audio waits is not played
         out = self._flush() if isinstance(event, _BLOCK_ENDS) else []
         if kind is Call:
             if self._ended:
@@ -301,6 +355,8 @@ class EventGuard:
                 out += self.tripped(hits, "input", ends=False)
                 return out
         elif isinstance(event, _TURN_ENDS):
+            if not self._ended:
+                self._release_audio()  # an answer's audio after its last transcript
             self._ended = False
         out.append(event)
         return out
@@ -312,7 +368,7 @@ class EventGuard:
         for item in items:
             kind = type(item)
             if kind is Respond or kind is Think:
-                piece = check(output, item.content)
+                piece = check(output, item.content, cuts=self.speaks and kind is Respond)
                 if piece.hits:
                     item = msgspec.structs.replace(item, content=piece.text)
             elif kind is Call:
@@ -330,6 +386,13 @@ class EventGuard:
             out.append(item)
         return out
 
+    def answer(self, text: str) -> str:
+        """The model's answer as the clients got it (judged whole): what the provider is
+        told it said when its answer is replaced (``ReplaceResponse``)."""
+        if not self.guardrails.output:
+            return text
+        return check(self.guardrails.output, text, cuts=self.speaks).text
+
     def _flush(self) -> list[Event]:
         """The block of text in progress ended: the rest of what it held."""
         stream, kind = self._stream, self._kind
@@ -338,20 +401,35 @@ class EventGuard:
             return []
         piece = stream.finish()
         out: list[Event] = [kind(content=piece.text)] if piece.text else []
+        spoken = self.speaks and kind is Respond
         if piece.hits:
-            out += self.tripped(piece.hits, "output")
+            out += self.tripped(piece.hits, "output", spoken=spoken)
+        elif spoken:
+            self._release_audio()
         return out
 
-    def tripped(self, hits: Sequence[Hit], on: str, *, ends: bool = True) -> list[Event]:
-        """Count the hits and make their ``guardrail`` events (an output's ``end_turn``
-        asks to end the turn)."""
+    def tripped(
+        self,
+        hits: Sequence[Hit],
+        on: str,
+        *,
+        ends: bool = True,
+        spoken: bool = False,
+        reply_to: str | msgspec.UnsetType = msgspec.UNSET,
+    ) -> list[Event]:
+        """Count the hits and make their ``guardrail`` events (``reply_to``: the id of the
+        message they judged). An output's ``end_turn``, or any rule on a ``spoken``
+        answer, ends the turn: the audio waiting is dropped, and ``on_end_turn`` asked."""
         counter = self.metrics.guardrails
         events: list[Event] = []
         for hit in hits:
             counter.labels(hit.rule, hit.action, on).inc()
-            events.append(Guardrail(rule=hit.rule, action=hit.action, on=on))  # type: ignore[arg-type]
-            ending = hit.action == "end_turn" or (self.speaks and hit.action == "block")
+            events.append(
+                Guardrail(rule=hit.rule, action=hit.action, on=on, reply_to=reply_to)  # type: ignore[arg-type]
+            )
+            ending = hit.action == "end_turn" or spoken
             if ends and ending and not self._ended:
                 self._ended = True
+                self._audio = []
                 self.on_end_turn()
         return events

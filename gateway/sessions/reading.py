@@ -308,4 +308,8 @@ class UpstreamReader:
         if voice is None or voice.audio_out is None:
             return  # a text session on a model that only speaks: its transcript is the answer
         if self.machine.audio_sent(len(pcm16) * 500 / OUTPUT_RATE):
-            self.log.deliver_audio(audio_frame(self.log.last_seq, pcm16))
+            guard = self.log.guard
+            if guard is not None and guard.gates_audio:
+                guard.hold_audio(pcm16)  # it waits for its transcript to be judged
+            else:
+                self.log.deliver_audio(audio_frame(self.log.last_seq, pcm16))

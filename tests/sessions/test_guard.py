@@ -11,7 +11,17 @@ import pytest
 from gateway.common.settings import ConfigError
 from gateway.metrics import Metrics
 from gateway.sessions.guard import EventGuard, GuardrailsFile, guard_result, guardrails_of
-from protocol.events import Call, End, Event, Guardrail, Respond, Result, ResultPayload, Think
+from protocol.events import (
+    Call,
+    Cancelled,
+    End,
+    Event,
+    Guardrail,
+    Respond,
+    Result,
+    ResultPayload,
+    Think,
+)
 from protocol.guardrails import RuleSpec
 
 CARD = "4111 1111 1111 1111"
@@ -124,3 +134,49 @@ def test_a_block_on_a_spoken_answer_ends_the_turn() -> None:
     out = run(guard, chunks("you idiot, fine"))
     assert ended == ["end"]  # speech: its audio cannot be withheld, so the turn ends
     assert "".join(e.content for e in out if isinstance(e, Respond)) == "you "
+
+
+def spoken_guard() -> tuple[EventGuard, list[str], list[bytes]]:
+    compiled = guardrails_of(RULES[:1])  # cards only (a pattern would hold every chunk)
+    assert not isinstance(compiled, str)
+    ended: list[str] = []
+    guard = EventGuard(compiled, Metrics(), lambda: ended.append("end"))
+    sent: list[bytes] = []
+    guard.send_audio = sent.append
+    guard.speaks = True
+    return guard, ended, sent
+
+
+def test_a_spoken_answers_audio_waits_for_its_transcript_and_is_cut_with_it() -> None:
+    guard, ended, sent = spoken_guard()
+    assert guard.gates_audio
+    guard.hold_audio(b"a" * 480)  # "Card": its audio comes first, as OpenAI sends it
+    assert sent == []
+    run(guard, [Respond(content="Card")])
+    assert sent == [b"a" * 480]  # its transcript was judged and sent
+    guard.hold_audio(b"b" * 480)  # " 411": spoken while the number is undecided
+    out = run(guard, [Respond(content=" 411")])
+    assert sent == [b"a" * 480]
+    guard.hold_audio(b"c" * 480)
+    out += run(guard, [*chunks("1 1111 1111 1111, and more")])
+    guard.hold_audio(b"d" * 480)  # after the cut: never sent
+    assert sent == [b"a" * 480]
+    assert guard.released_ms == 10.0  # 480 bytes of 24 kHz PCM16
+    assert "".join(e.content for e in out if isinstance(e, Respond)) == " [redacted]"
+    assert ended == ["end"]  # a spoken answer stops where a rule trips, even a redaction
+    [item] = guard.history([Respond(content=f"Card {CARD}, and more")])
+    assert isinstance(item, Respond) and item.content == "Card [redacted]"
+    assert guard.answer(f"Card {CARD}, and more") == "Card [redacted]"
+
+
+def test_a_clean_spoken_answers_last_audio_goes_at_its_end_and_a_cancel_drops_it() -> None:
+    guard, ended, sent = spoken_guard()
+    run(guard, [Respond(content="Call 55")])  # digits held: maybe a number
+    guard.hold_audio(b"x" * 48)
+    run(guard, [End()])
+    assert sent == [b"x" * 48] and not ended
+    guard.hold_audio(b"y" * 48)
+    run(guard, [Respond(content="Dial 9"), Cancelled(content="cancelled by the user")])
+    guard.hold_audio(b"z" * 48)  # the next answer's
+    run(guard, [Respond(content="there")])
+    assert sent == [b"x" * 48, b"z" * 48]  # what waited when the answer stopped is not played

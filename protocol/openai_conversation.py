@@ -23,7 +23,9 @@ The mapping (docs/openai-door.md):
   nothing new). Calls that run in the gateway are not shown to the client.
 - ``end`` + ``metric`` → ``response.done`` with usage; ``cancelled`` → a
   cancelled ``response.done``; an ``error`` → ``error`` (carrying the client's
-  ``event_id`` of the command it answers, where known).
+  ``event_id`` of the command it answers, where known); a ``guardrail`` that blocked
+  the user's message → ``error`` code ``guardrail_blocked`` (the ``response.create``
+  that sent it).
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ from protocol.events import (
     End,
     Error,
     Event,
+    Guardrail,
     Interrupt,
     Metric,
     Played,
@@ -89,6 +92,7 @@ _SHOWS_ITEM = frozenset(
 )
 
 ServerEvent = dict[str, Any]
+GUARDRAIL_BLOCKED = "the message was blocked by the gateway's guardrail"
 Command = UserMessage | Cancel | Configure | ToolResultMessage | Commit | Played | bytes
 """A gateway command; ``bytes`` is user audio (a binary frame)."""
 
@@ -449,15 +453,26 @@ class Conversation:
                     return []
                 reason = "turn_detected" if why == "barge_in" else "client_cancelled"
                 return self._done("cancelled", reason=reason)
+            case Guardrail(on="input", action=action, rule=rule, reply_to=ref) if (
+                action != "redact"
+            ):
+                # The user's message never reached the model: refused as OpenAI refuses a
+                # bad request, naming the event that sent it (response.create's).
+                return [self._refused(ref, f"{GUARDRAIL_BLOCKED}: {rule!r}", "guardrail_blocked")]
             case Error(code=code, content=content, reply_to=ref):
-                reply, self._pending_reply = self._pending_reply, None
-                if isinstance(ref, str) and ref in self._named:
-                    reply = ref
-                out = [self.error(content, code=code, event_id=reply)]
+                out = [self._refused(ref, content, code)]
                 if self._response is not None and event.seq:
                     out = [*self._done("failed", error=content), *out]
                 return out
         return []
+
+    def _refused(self, ref: str | msgspec.UnsetType, message: str, code: str) -> ServerEvent:
+        """The ``error`` answering a command: the ``event_id`` its ``reply_to`` names, or
+        the one of the newest command that could have caused it."""
+        reply, self._pending_reply = self._pending_reply, None
+        if isinstance(ref, str) and ref in self._named:
+            reply = ref
+        return self.error(message, code=code, event_id=reply)
 
     def _user(self, seq: int, content: str, *, spoken: bool) -> list[ServerEvent]:
         self._pending_reply = None

@@ -90,6 +90,7 @@ from protocol.turn_events import (
     CancelBackground,
     CommitAudio,
     DropUpstream,
+    GuardrailCut,
     NativeCall,
     Persist,
     Refuse,
@@ -141,6 +142,7 @@ _AWAIT_NOTHING: Final = Await(Source.NOTHING)
 
 CANCELLED_BY_USER: Final = "cancelled by the user"
 BARGED_IN: Final = "interrupted by the user's speech"
+GUARDRAIL_CUT: Final = "stopped by a guardrail"
 
 
 class TurnMachine(ToolSteps):
@@ -573,7 +575,16 @@ class TurnMachine(ToolSteps):
         self._count_usage(None, True)
         return self._fail([], f"the model's API reported {failed.code}: {failed.message}")
 
-    def _cancel(self, *, barge_in: bool = False) -> list[Action]:
+    def _guardrail_cut(self, cut: GuardrailCut) -> Sequence[Action]:
+        """A guardrail stopped the spoken answer where its audio stopped: cancelled as by
+        the user, and the provider keeps the audio heard (``heard_ms``), as after a
+        barge-in. Background calls go on (they were not what tripped)."""
+        self.spoken.heard_ms = cut.heard_ms
+        return self._cancel(guardrail=True, stop=not cut.done)
+
+    def _cancel(
+        self, *, barge_in: bool = False, guardrail: bool = False, stop: bool = True
+    ) -> list[Action]:
         state = self.state
         if state is _IDLE and self.cancel_background and self.background.running:
             return self._cancel_background_only()
@@ -587,9 +598,11 @@ class TurnMachine(ToolSteps):
             if heard is not None:
                 cancelled.heard_ms = note.heard_ms = heard
         else:
-            cancelled = Cancelled(content=CANCELLED_BY_USER)
-            note = Cancelled(content=CANCELLED_BY_USER)
-        stopped = self.background.cancel(note.content) if self.cancel_background else []
+            why = GUARDRAIL_CUT if guardrail else CANCELLED_BY_USER
+            cancelled = Cancelled(content=why)
+            note = Cancelled(content=why)
+        background = self.cancel_background and not guardrail
+        stopped = self.background.cancel(note.content) if background else []
         kept = [msgspec.structs.replace(r) for r in stopped]  # history's own copies
         out += [Persist((*self._recorder.finish(), note, *kept)), *stopped, cancelled]
         if stopped:
@@ -601,7 +614,7 @@ class TurnMachine(ToolSteps):
             # voice session it is truncated instead). Speech stops the
             # provider's response by itself (its VAD heard it first).
             self.state = _CANCELLING
-            if not barge_in:
+            if not barge_in and stop:
                 out.append(_STOP)
             return out
         # Tools or a backoff: no response runs, nothing more to report.

@@ -254,7 +254,7 @@ class EventGuard:
     behind: docs/guardrails.md), and given to ``send_audio`` then; what is held
     when a rule trips is dropped, and so is the rest of the answer's audio.
     ``released_ms`` is how much of the answer's audio went out: what the
-    listener can have heard.
+    listener can have heard, and what the provider keeps of it (``cut_ms``).
     """
 
     __slots__ = (
@@ -262,6 +262,7 @@ class EventGuard:
         "_ended",
         "_kind",
         "_stream",
+        "cut_ms",
         "guardrails",
         "metrics",
         "on_end_turn",
@@ -287,6 +288,9 @@ class EventGuard:
         self.speaks = False  # the answers are spoken to the clients
         self._audio: list[bytes] = []  # the answer's audio waiting for its transcript
         self.released_ms = 0.0  # of the current answer's audio, sent to the clients
+        # A rule cut the spoken answer after this many ms of its audio: the driver's
+        # reader tells the turn machine (``GuardrailCut``) before the next upstream event.
+        self.cut_ms: int | None = None
 
     @property
     def gates_audio(self) -> bool:
@@ -298,6 +302,16 @@ class EventGuard:
         transcript that comes after it is judged clean; dropped if the answer was cut."""
         if not self._ended:
             self._audio.append(pcm16)
+
+    def take_cut(self) -> int | None:
+        """The pending cut of a spoken answer (``cut_ms``), once."""
+        cut, self.cut_ms = self.cut_ms, None
+        return cut
+
+    def answer_done(self) -> list[Event]:
+        """The provider's response is complete: a spoken answer's transcript is judged to
+        its end now, while its turn still runs (a cut can still truncate it)."""
+        return self._flush() if self.speaks and self._kind is Respond else []
 
     def _release_audio(self) -> None:
         audio, self._audio = self._audio, []
@@ -358,6 +372,7 @@ class EventGuard:
             if not self._ended:
                 self._release_audio()  # an answer's audio after its last transcript
             self._ended = False
+            self.cut_ms = None  # too late to cut the turn that ends
         out.append(event)
         return out
 
@@ -431,5 +446,8 @@ class EventGuard:
             if ends and ending and not self._ended:
                 self._ended = True
                 self._audio = []
-                self.on_end_turn()
+                if spoken:
+                    self.cut_ms = int(self.released_ms)  # the reader feeds it to the machine
+                else:
+                    self.on_end_turn()
         return events

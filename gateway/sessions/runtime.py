@@ -55,7 +55,6 @@ from protocol.events import (
     Dtmf,
     Error,
     PhoneCall,
-    Played,
     ToolResultMessage,
     Usage,
     UserMessage,
@@ -552,20 +551,11 @@ def _install_guard(runtime: SessionRuntime, setup: SessionSetup) -> None:
     elif log_.guard is None:
 
         def end_turn() -> None:
-            # A rule ended the turn inside an emit (the driver is mid-step): soon. A spoken
-            # answer stopped where its audio stopped: the listener heard what was sent of
-            # it, so the provider keeps that much (as after a barge-in, ``played``).
-            guard = log_.guard
-            heard = int(guard.released_ms) if guard is not None and guard.speaks else None
-
-            def cut() -> None:
-                if runtime.closed:
-                    return
-                if heard is not None:
-                    runtime.machine.feed(Played(seq=log_.last_seq, ms=heard))
-                run_command(Cancel(), runtime)
-
-            asyncio.get_running_loop().call_soon(cut)
+            # An end_turn rule tripped inside an emit (the driver is mid-step): soon. (A
+            # spoken answer's cut goes to the machine through the reader: ``GuardrailCut``.)
+            asyncio.get_running_loop().call_soon(
+                lambda: None if runtime.closed else run_command(Cancel(), runtime)
+            )
 
         def send_audio(pcm16: bytes) -> None:
             log_.deliver_audio(audio_frame(log_.last_seq, pcm16))

@@ -132,7 +132,8 @@ def test_a_block_on_a_spoken_answer_ends_the_turn() -> None:
     guard = EventGuard(compiled, Metrics(), lambda: ended.append("end"))
     guard.speaks = True
     out = run(guard, chunks("you idiot, fine"))
-    assert ended == ["end"]  # speech: its audio cannot be withheld, so the turn ends
+    assert guard.take_cut() == 0  # speech: cut there (no audio went out), the turn ends
+    assert not ended and guard.take_cut() is None
     assert "".join(e.content for e in out if isinstance(e, Respond)) == "you "
 
 
@@ -163,7 +164,9 @@ def test_a_spoken_answers_audio_waits_for_its_transcript_and_is_cut_with_it() ->
     assert sent == [b"a" * 480]
     assert guard.released_ms == 10.0  # 480 bytes of 24 kHz PCM16
     assert "".join(e.content for e in out if isinstance(e, Respond)) == " [redacted]"
-    assert ended == ["end"]  # a spoken answer stops where a rule trips, even a redaction
+    # A spoken answer stops where a rule trips, even a redaction: the machine is told
+    # (by the reader) how much of its audio the listener got.
+    assert guard.cut_ms == 10 and not ended
     [item] = guard.history([Respond(content=f"Card {CARD}, and more")])
     assert isinstance(item, Respond) and item.content == "Card [redacted]"
     assert guard.answer(f"Card {CARD}, and more") == "Card [redacted]"
@@ -180,3 +183,15 @@ def test_a_clean_spoken_answers_last_audio_goes_at_its_end_and_a_cancel_drops_it
     guard.hold_audio(b"z" * 48)  # the next answer's
     run(guard, [Respond(content="there")])
     assert sent == [b"x" * 48, b"z" * 48]  # what waited when the answer stopped is not played
+
+
+def test_a_spoken_answers_tail_is_judged_when_the_response_is_done() -> None:
+    guard, _, sent = spoken_guard()
+    guard.hold_audio(b"a" * 48)
+    run(guard, [Respond(content="It is"), Respond(content=f" {CARD}")])
+    assert sent == [b"a" * 48] and guard.cut_ms is None  # the number may go on
+    guard.hold_audio(b"b" * 48)
+    out = guard.answer_done()  # the response is complete: its end is judged now
+    assert [type(e) for e in out] == [Respond, Guardrail]
+    assert guard.cut_ms == 1 and sent == [b"a" * 48]
+    assert run(guard, [End()]) == [End()] and guard.cut_ms is None

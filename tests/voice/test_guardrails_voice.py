@@ -46,7 +46,7 @@ MS_PER_CHAR = 60
 
 @contextlib.asynccontextmanager
 async def guarded(
-    tmp_path: Path, provider: str, rules: str = RULES
+    tmp_path: Path, provider: str, rules: str = RULES, tokens_per_second: float = 40
 ) -> AsyncIterator[tuple[Gateway, Sim]]:
     """A recording gateway with ``rules`` (and its HTTP API) on a ``provider`` simulator."""
     path = tmp_path / "guardrails.toml"
@@ -55,7 +55,7 @@ async def guarded(
         flavor=provider,
         api_key=KEY,
         chunk_size=4,
-        tokens_per_second=40,
+        tokens_per_second=tokens_per_second,
         audio_ms_per_char=MS_PER_CHAR,
     )
     async with serve_sim(sim_config) as sim:
@@ -133,3 +133,38 @@ async def test_a_spoken_card_is_cut_from_the_transcript_the_audio_and_every_reco
     assert CARD.encode() not in recording.replace(asked.encode(), b"")
     frames = [line for line in lines if line["kind"] == "upstream"]
     assert frames and all(f.get("elided") in ("guardrails", "audio") for f in frames)
+
+
+async def test_a_blocked_message_s_guardrail_event_names_it(tmp_path: Path) -> None:
+    rules = RULES + '\n[[rule]]\nname = "no-pw"\non = "input"\naction = "block"\npattern = "pw:"\n'
+    async with guarded(tmp_path, "openai", rules) as (gw, _):
+        client = await VoiceClient.connect(gw.url)
+        await client.send({"type": "user", "content": "my pw: hunter2", "id": "m-1"})
+        [trip] = await client.until("guardrail")
+        await client.send({"type": "user", "content": "hello", "id": "m-2"})
+        turn = await client.turn_end()
+        await client.close()
+    assert isinstance(trip, Guardrail)
+    assert (trip.rule, trip.action, trip.on, trip.reply_to) == ("no-pw", "block", "input", "m-1")
+    assert "".join(e.content for e in turn if isinstance(e, Respond)) == "Echo: hello"
+
+
+async def test_a_card_that_ends_a_fast_spoken_answer_is_cut_before_its_turn_ends(
+    tmp_path: Path,
+) -> None:
+    """The whole answer comes at once and ends with the number: it is judged when the
+    response is complete, while the turn still runs, so the provider's item is still
+    truncated to what was sent."""
+    before = "Your card is "
+    async with guarded(tmp_path, "openai", tokens_per_second=0) as (gw, sim):
+        client = await VoiceClient.connect(gw.url)
+        await client.configure(output="audio")
+        await client.send({"type": "user", "content": f"/raw {before}{CARD}"})
+        turn = await client.turn_end()
+        await client.close()
+    assert "".join(e.content for e in turn if isinstance(e, Respond)) == before + "[redacted]"
+    cancelled = turn[-2]
+    assert isinstance(cancelled, Cancelled) and cancelled.content == "stopped by a guardrail"
+    spoken = audio_ms(client)
+    assert 0 < spoken <= len(before) * MS_PER_CHAR
+    assert sim.stats.truncations == [int(spoken)]

@@ -243,18 +243,17 @@ class EventGuard:
     ``filter`` returns the events to log instead of the one given: the
     released text of a block (maybe none yet), the ``guardrail`` events of the
     rules that tripped, and whatever else passes. ``on_end_turn`` is called
-    (once per turn) when an ``end_turn`` rule trips on the output, or any rule
-    on a spoken answer.
+    (once per turn) when an ``end_turn`` rule trips on a written answer.
 
     **A spoken answer** (``speaks``: its audio goes to the clients) is cut
-    where a rule trips: its transcript there (after the replacement, for
+    where any rule trips: its transcript there (after the replacement, for
     ``redact``), and its audio with it. Its audio is held (``hold_audio``)
-    until a chunk of transcript that came after it leaves nothing held (the
-    providers send an answer's audio with or before its transcript, never far
-    behind: docs/guardrails.md), and given to ``send_audio`` then; what is held
-    when a rule trips is dropped, and so is the rest of the answer's audio.
-    ``released_ms`` is how much of the answer's audio went out: what the
-    listener can have heard, and what the provider keeps of it (``cut_ms``).
+    until a chunk of transcript that came after it leaves nothing held
+    (OpenAI sends a piece of audio with or just before its text:
+    docs/guardrails.md), and given to ``send_audio`` then; what is held when a
+    rule trips is dropped, and so is the rest of the answer's audio. The cut
+    waits in ``cut_ms`` (how much of the answer's audio went out, what the
+    listener can have heard) for the driver's reader to give the turn machine.
     """
 
     __slots__ = (
@@ -433,8 +432,8 @@ class EventGuard:
         reply_to: str | msgspec.UnsetType = msgspec.UNSET,
     ) -> list[Event]:
         """Count the hits and make their ``guardrail`` events (``reply_to``: the id of the
-        message they judged). An output's ``end_turn``, or any rule on a ``spoken``
-        answer, ends the turn: the audio waiting is dropped, and ``on_end_turn`` asked."""
+        message they judged). An output's ``end_turn`` ends the turn (``on_end_turn``);
+        any rule on a ``spoken`` answer cuts it (``cut_ms``, its waiting audio dropped)."""
         counter = self.metrics.guardrails
         events: list[Event] = []
         for hit in hits:

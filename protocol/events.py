@@ -6,6 +6,9 @@ messages are ``user``, ``cancel``, ``ping``, ``configure``, ``tool_result``
 (a client-side tool's answer), and for voice ``audio`` (base64 PCM16; binary
 frames carry the same bytes) and ``commit``.
 
+The records events carry (``Usage``, ``Cost``, a tool batch's ``ResultPayload``,
+``PhoneCallMetrics``) are ``protocol.payloads``'s, named here too.
+
 Who fills what: the parser produces events with ``seq = 0`` and
 ``timestamp = 0.0``; the gateway stamps both at the one place where an event is
 logged (see ``gateway.emitter``). That keeps this layer free of clocks and
@@ -20,6 +23,7 @@ from typing import Annotated, Any, Final, Literal
 import msgspec
 
 from protocol.configuration import ConfigChange, SessionConfig
+from protocol.payloads import Cost, PhoneCallMetrics, ResultPayload, Usage
 
 __all__ = [
     "CLIENT_MESSAGE_TYPES",
@@ -60,6 +64,7 @@ __all__ = [
     "SpeechStopped",
     "Think",
     "ToolResultMessage",
+    "TurnCommand",
     "Usage",
     "User",
     "UserMessage",
@@ -68,47 +73,6 @@ __all__ = [
     "decode_event",
     "encode",
 ]
-
-
-class Usage(msgspec.Struct, frozen=True, omit_defaults=True):
-    """Token counts of one model step or of the whole session.
-
-    ``cached`` and ``input_audio`` are parts of ``input``, ``output_audio`` a
-    part of ``output``: providers price them differently. ``input`` and
-    ``output`` are always on the wire; the parts only when not zero.
-    ``seconds``: billable session time of a model priced by duration
-    (GPT-Live), beside its (zero) tokens.
-    """
-
-    input: int
-    output: int
-    cached: int = 0
-    input_audio: int = 0
-    output_audio: int = 0
-    seconds: float = 0.0
-
-    def __add__(self, other: Usage) -> Usage:
-        return Usage(
-            input=self.input + other.input,
-            output=self.output + other.output,
-            cached=self.cached + other.cached,
-            input_audio=self.input_audio + other.input_audio,
-            output_audio=self.output_audio + other.output_audio,
-            seconds=self.seconds + other.seconds,
-        )
-
-
-class Cost(msgspec.Struct, frozen=True):
-    """US dollars of one model step and of the whole session so far."""
-
-    step: float = 0.0
-    total: float = 0.0
-
-
-class ResultPayload(msgspec.Struct, frozen=True):
-    tools_executed: int
-    success_count: int
-    failure_count: int
 
 
 class _Base(msgspec.Struct, tag_field="type", kw_only=True):
@@ -329,23 +293,6 @@ class Dtmf(_Base, tag="dtmf"):
     digit: str
 
 
-class PhoneCallMetrics(msgspec.Struct, frozen=True, kw_only=True):
-    """What one phone call was: measured by the gateway's phone edge.
-
-    ``talk_ms``: the model's speech the caller heard (the carrier's playback
-    reports); ``first_audio_ms``: for each answer, the caller's speech end
-    (the provider's ``speech_stopped``) to the answer's first audio sent to
-    the carrier; ``cost``/``usage``: what the session spent during the call.
-    """
-
-    duration_ms: int
-    talk_ms: int
-    barge_ins: int
-    first_audio_ms: list[int]
-    usage: Usage
-    cost: float
-
-
 class PhoneCall(_Base, tag="phone_call"):
     """A phone call on the session started or ended (the carrier's stream).
 
@@ -511,17 +458,13 @@ class Configure(ConfigChange, frozen=True, tag_field="type", tag="configure"):
     id: CommandId | msgspec.UnsetType = msgspec.UNSET
 
 
-ClientMessage = (
-    UserMessage
-    | Cancel
-    | Ping
-    | Configure
-    | ToolResultMessage
-    | AudioChunk
-    | Commit
-    | Played
-    | Approve
-)
+TurnCommand = UserMessage | Cancel | ToolResultMessage | Approve | Commit | Played
+"""The client messages the session's turn machine takes as they are (each an input of
+``protocol.turn_events.TurnInput``, with its row in ``protocol.turn_table``)."""
+
+ClientMessage = TurnCommand | Ping | Configure | AudioChunk
+"""Every client message: the machine's commands, and those the session or the connection
+answers itself (``configure``; ``ping``, ``audio``)."""
 
 CLIENT_MESSAGE_TYPES: Final[tuple[str, ...]] = tuple(
     str(kind.__struct_config__.tag) for kind in typing.get_args(ClientMessage)

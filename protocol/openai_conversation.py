@@ -321,6 +321,12 @@ class Conversation:
                 )
         return self._refusal("unsupported event", eid)  # pragma: no cover - the match is total
 
+    @property
+    def hearing(self) -> bool:
+        """Input audio is configured: an append is the user's audio and nothing more
+        (the door's read callback relays it without a task: ``DoorConnection``)."""
+        return self._hearing
+
     def speech_in(self, pcm16: bytes) -> Emit:
         """The user's audio at ``input_rate`` (an append's, or a WebRTC microphone's)."""
         commands: list[Command] = []

@@ -72,8 +72,6 @@ from protocol.events import (
     Interrupt,
     Metric,
     Respond,
-    SpeechStarted,
-    SpeechStopped,
     Think,
     Usage,
     User,
@@ -86,11 +84,8 @@ from protocol.steps import StepRecorder
 from protocol.turn_events import (
     Action,
     Await,
-    Backoff,
     CancelBackground,
-    CommitAudio,
     DropUpstream,
-    GuardrailCut,
     NativeCall,
     Persist,
     Refuse,
@@ -101,13 +96,23 @@ from protocol.turn_events import (
     StopResponse,
     TurnInput,
     TurnStarted,
-    UpstreamFailed,
     UserMessage,
 )
-from protocol.turn_state import NOTHING, RETRY, TurnState
+from protocol.turn_recovery import RecoverySteps
+from protocol.turn_state import (
+    BACKOFF,
+    CANCELLING,
+    ENDING,
+    IDLE,
+    NOTHING,
+    RETRY,
+    STOPPING,
+    STREAMING,
+    TurnState,
+)
 from protocol.turn_table import TRANSITIONS
 from protocol.turn_timers import CANCEL_REPORT_WAIT, Timers
-from protocol.turn_tools import ToolSteps
+from protocol.turn_voice import BARGED_IN, GUARDRAIL_CUT, VoiceSteps
 
 __all__ = [
     "BARGED_IN",
@@ -120,32 +125,17 @@ __all__ = [
 ]
 
 
-# --- states (``protocol.turn_state``) ---------------------------------------------
-
-_IDLE: Final = TurnState.IDLE
-_STREAMING: Final = TurnState.STREAMING
-_STOPPING: Final = TurnState.STOPPING
-_ENDING: Final = TurnState.ENDING
-_TOOLS: Final = TurnState.TOOLS
-_BACKOFF: Final = TurnState.BACKOFF
-_CANCELLING: Final = TurnState.CANCELLING
-
 # The constant actions, made once: the machine returns them without allocating.
-_RETRY: Final = RETRY
-_NOTHING: Final = NOTHING
 _STOP: Final = StopResponse()
 _STARTED: Final = TurnStarted()
-_COMMIT: Final = CommitAudio()
 _TRANSITIONS: Final = TRANSITIONS
 _AWAIT_RESPONSE: Final = Await(Source.RESPONSE)
 _AWAIT_NOTHING: Final = Await(Source.NOTHING)
 
 CANCELLED_BY_USER: Final = "cancelled by the user"
-BARGED_IN: Final = "interrupted by the user's speech"
-GUARDRAIL_CUT: Final = "stopped by a guardrail"
 
 
-class TurnMachine(ToolSteps):
+class TurnMachine(VoiceSteps, RecoverySteps):
     """The turns of one session (see the module docstring).
 
     ``meter.total`` is the session's usage so far (it grows with every ``Account``);
@@ -160,13 +150,10 @@ class TurnMachine(ToolSteps):
     """
 
     __slots__ = (
-        "_attempt",
-        "_chunk",
         "_ended",
         "_feed",
         "_opened_for",
         "_queued",
-        "_stalled",
         "cancel_background",
         "setup",
         "spoken",
@@ -185,7 +172,7 @@ class TurnMachine(ToolSteps):
         client_tool_timeout: float = 60.0,
         approval_timeout: float = 120.0,
     ) -> None:
-        self.state = _IDLE
+        self.state = IDLE
         self.timers = Timers(client_tool_timeout, approval_timeout)
         self.setup = 0  # the session's setups so far (``Reconfigured``)
         self._opened_for = 0  # the setup the open connection was opened for (``Opened``)
@@ -212,13 +199,13 @@ class TurnMachine(ToolSteps):
     @property
     def idle(self) -> bool:
         """No turn runs (the shell's driver may stop)."""
-        return self.state is _IDLE
+        return self.state is IDLE
 
     @property
     def awaits_upstream(self) -> bool:
         """The next input comes from the upstream connection (a delta or a response's end)."""
         state = self.state
-        return state is _STREAMING or state is _STOPPING or state is _ENDING or state is _CANCELLING
+        return state is STREAMING or state is STOPPING or state is ENDING or state is CANCELLING
 
     def wait(self, now: float, *, listening: bool) -> Await:
         """What the shell waits for next (once it performed every action), and until when.
@@ -226,9 +213,9 @@ class TurnMachine(ToolSteps):
         ``now``: the shell's clock; ``listening``: the session reads its upstream between
         turns (a voice session with a client attached)."""
         state = self.state
-        if state is _STREAMING or state is _STOPPING or state is _ENDING:
+        if state is STREAMING or state is STOPPING or state is ENDING:
             return _AWAIT_RESPONSE
-        if state is _CANCELLING:
+        if state is CANCELLING:
             # The stopped response's end (and usage) comes within a round trip, or never.
             return Await(Source.UPSTREAM, now + CANCEL_REPORT_WAIT)
         client, approval = self.awaits_client, self.awaits_approval
@@ -237,7 +224,7 @@ class TurnMachine(ToolSteps):
         )
         if listening:
             return Await(Source.LISTEN, deadline)
-        if state is _IDLE:
+        if state is IDLE:
             return _AWAIT_NOTHING
         return Await(Source.COMMAND, deadline)
 
@@ -250,8 +237,8 @@ class TurnMachine(ToolSteps):
         append: no action list of its own, nothing else allocated, and the
         stop check only runs when the parser returned a marker event.
         """
-        if self.state is not _STREAMING:
-            return _NOTHING  # the overrun after a stop marker, or leftovers of a cancel
+        if self.state is not STREAMING:
+            return NOTHING  # the overrun after a stop marker, or leftovers of a cancel
         out = self._feed(text)
         chunk = self._chunk
         marker = False
@@ -264,12 +251,12 @@ class TurnMachine(ToolSteps):
                 self._marker(event)
         if marker and self._parser.stopped:
             if self._ended:
-                self.state = _ENDING  # the next message may queue now
+                self.state = ENDING  # the next message may queue now
             else:
-                self.state = _STOPPING  # </execute> or a malformed block: stop the model now
+                self.state = STOPPING  # </execute> or a malformed block: stop the model now
                 out.append(_STOP)  # type: ignore[arg-type]
         if self.spoken.hold(out):
-            return _NOTHING
+            return NOTHING
         return out
 
     def _marker(self, event: Event) -> None:
@@ -288,85 +275,11 @@ class TurnMachine(ToolSteps):
         """Everything but the hot path: the actions ``given`` calls for in this state
         (``protocol.turn_table`` declares every pair: the step, or ``IGNORE``)."""
         entry = _TRANSITIONS[self.state, type(given)]
-        return _NOTHING if entry is None else entry[0](self, given)
-
-    # --- voice --------------------------------------------------------------------------
-
-    def _speech_began(self, offset_ms: int) -> Sequence[Action]:
-        out: list[Action] = [SpeechStarted(offset_ms=offset_ms)]
-        state = self.state
-        if state is _STREAMING or state is _STOPPING or state is _TOOLS or state is _BACKOFF:
-            out += self._cancel(barge_in=True)
-        elif state is _IDLE:
-            heard = self.spoken.cut()
-            if heard is not None:
-                # The answer is complete but still playing: history and the provider
-                # keep what the listener heard of it, as after a running turn's barge-in.
-                out[0] = SpeechStarted(offset_ms=offset_ms, heard_ms=heard)
-                note = Cancelled(content=BARGED_IN, reason="barge_in", heard_ms=heard)
-                out.append(Persist((note,)))
-                if self.voice:
-                    spoken = self.spoken
-                    text = spoken.text if spoken.chars else self._parser.accepted_text
-                    out.append(ReplaceResponse(text, heard_ms=heard))
-        return out
-
-    def audio_sent(self, ms: float) -> bool:
-        """The answer's next ``ms`` of audio (the hot path: no actions). True: the shell
-        sends it to the clients (what the listener has not heard yet can still be cut);
-        False: it is the rest of a cancelled answer."""
-        if self.state is not _STREAMING:
-            return False
-        self.spoken.audio_sent(ms)
-        return True
-
-    def _speech_ended(self, offset_ms: int) -> Sequence[Action]:
-        out: list[Action] = [SpeechStopped(offset_ms=offset_ms)]
-        state = self.state
-        if state is _IDLE:
-            out += self._begin_spoken([])
-        elif state is _ENDING or state is _CANCELLING:
-            self.spoken.queued = True  # answered once the closing turn is over
-        return out
-
-    def _commit(self) -> Sequence[Action]:
-        if self.state is not _IDLE:
-            return [
-                Refuse(
-                    Error(
-                        code="turn_active",
-                        content="a turn is already running; wait for its end event "
-                        "(or send cancel) before committing speech",
-                    )
-                )
-            ]
-        out = self._begin_spoken([])
-        out.append(_COMMIT)
-        return out
-
-    def _begin_spoken(self, first: list[Action]) -> list[Action]:
-        """A spoken turn: the provider has the speech and answers it; its transcript
-        (the ``user`` event) comes first, so what the answer brings is held till then."""
-        out = self._begin(first, None)
-        out.pop()  # no request: the provider answers by itself (or on CommitAudio)
-        self.spoken.begin()
-        return out
-
-    def _said(self, event: Respond | Think) -> Sequence[Action]:
-        """A chunk the provider gave as answer (``Spoken``) or thinking (``Thought``) as is:
-        no text protocol to parse (audio output, or a model that only speaks)."""
-        if self.state is not _STREAMING:
-            return _NOTHING  # leftovers of a cancelled answer
-        self._chunk(event)
-        if type(event) is Respond:
-            self.spoken.said(event.content)
-        if self.spoken.hold((event,)):
-            return _NOTHING
-        return [event]
+        return NOTHING if entry is None else entry[0](self, given)
 
     def _native_call(self, given: NativeCall) -> Sequence[Action]:
-        if self.state is not _STREAMING:
-            return _NOTHING
+        if self.state is not STREAMING:
+            return NOTHING
         call, problem = native_call(given.name, given.arguments)
         event = Call(content=encode_call(call))
         out: list[Action] = [event]
@@ -375,21 +288,21 @@ class TurnMachine(ToolSteps):
         self.batch.add(call, event, given.call_id, refused=problem)
         self._recorder.add(event)
         if self.spoken.hold(out):
-            return _NOTHING
+            return NOTHING
         return out
 
     def _user(self, given: UserMessage) -> Sequence[Action]:
         state = self.state
         text = given.content
-        if state is _IDLE:
+        if state is IDLE:
             return self._begin(
                 [User(content=text, reply_to=given.id), Persist((User(content=text),))],
                 Message(role="user", content=text),
             )
-        if (state is _ENDING or state is _CANCELLING) and self._queued is None:
+        if (state is ENDING or state is CANCELLING) and self._queued is None:
             # The turn only waits for its usage: the message starts right after it.
             self._queued = given
-            return _NOTHING
+            return NOTHING
         return [
             Refuse(
                 Error(
@@ -414,14 +327,14 @@ class TurnMachine(ToolSteps):
         self._attempt = 0
         self._stalled = False
         self._new_attempt()
-        self.state = _STREAMING
+        self.state = STREAMING
         return self._ask(message)
 
     def _ask(self, message: Message | None) -> Request:
         """Ask the model; on a new connection if the open one is for an older setup."""
         if self._opened_for != self.setup:
             return Request(message, fresh=True)
-        return _RETRY if message is None else Request(message)
+        return RETRY if message is None else Request(message)
 
     def _new_attempt(self) -> None:
         self._parser = Parser()
@@ -434,7 +347,7 @@ class TurnMachine(ToolSteps):
 
     def _response_done(self, done: ResponseDone) -> Sequence[Action]:
         state = self.state
-        if state is _CANCELLING:
+        if state is CANCELLING:
             self._count_usage(done.usage, done.estimated)
             if self.voice:
                 # Keep the connection (it carries the user's audio); make its
@@ -449,13 +362,13 @@ class TurnMachine(ToolSteps):
                 closing.insert(metric + 1, replace)  # before a queued turn's request
                 return closing
             return self._close([DropUpstream()])
-        if state is _ENDING:
+        if state is ENDING:
             self._count_usage(done.usage, done.estimated)
             return self._close([Persist(tuple(self._recorder.finish()))])
-        if state is not _STREAMING and state is not _STOPPING:
-            return _NOTHING
+        if state is not STREAMING and state is not STOPPING:
+            return NOTHING
         out: list[Action] = self.spoken.release(UNHEARD)
-        if state is _STREAMING:
+        if state is STREAMING:
             for event in self._parser.close():
                 kind = type(event)
                 if kind is Think or kind is Respond:
@@ -473,122 +386,13 @@ class TurnMachine(ToolSteps):
         out += [Persist(tuple(self._recorder.finish())), End()]
         return self._close(out)
 
-    def _upstream_lost(
-        self, reason: str, *, fatal: bool = False, fallback: str = ""
-    ) -> Sequence[Action]:
-        state = self.state
-        if state is _CANCELLING:
-            self._count_usage(None, True)
-            return self._close([DropUpstream()])
-        if state is _ENDING:
-            # The answer is complete (end was sent); only its usage report is lost.
-            self._count_usage(None, True)
-            return self._close([Persist(tuple(self._recorder.finish())), DropUpstream()])
-        if state is _STOPPING:
-            # The calls are complete: run them; the next request reopens from history.
-            self._count_usage(None, True)
-            return [DropUpstream(), *self._tool_step([])]
-        if state is not _STREAMING:
-            return _NOTHING  # a best-effort action failed while nothing was asked of the model
-        self._count_usage(None, True)
-        self._attempt += 1
-        attempt = self._attempt
-        out: list[Action] = [DropUpstream(), *self.spoken.release(UNHEARD)]
-        if attempt > self.upstream_retries or (fatal and not fallback):
-            problem = "refused the request" if fatal and not fallback else "is unreachable"
-            out += [
-                Error(
-                    code="upstream",
-                    content=f"the model's API {problem} ({reason}); "
-                    "the turn was stopped — send your message again later",
-                ),
-                Persist(tuple(self._recorder.finish())),
-                End(),
-            ]
-            return self._close(out)
-        if fallback:
-            if self._recorder.emitted:
-                out.append(
-                    Interrupt(
-                        content=f"the model's API failed ({reason}); continuing with "
-                        f"{fallback} — discard this step's partial output"
-                    )
-                )
-            self._recorder = StepRecorder()
-            self._chunk = self._recorder.chunk
-            self._new_attempt()
-            self.state = _BACKOFF
-            out.append(Backoff(attempt=attempt, delay=0.0))
-            return out
-        if self._recorder.emitted:
-            out.append(
-                Interrupt(
-                    content=f"upstream connection lost ({reason}); "
-                    "this step is being rerun — discard its partial output"
-                )
-            )
-        self._recorder = StepRecorder()  # the partial step is not history
-        self._chunk = self._recorder.chunk
-        self._new_attempt()
-        self.state = _BACKOFF
-        out.append(Backoff(attempt=attempt, delay=min(0.1 * 2**attempt, 2.0)))
-        return out
-
-    def _upstream_stalled(self, seconds: float) -> Sequence[Action]:
-        """Nothing from the provider for ``seconds``: rerun the step once on a new
-        connection, then end the turn (``upstream_timeout``)."""
-        silent = f"the model's API sent nothing for {seconds:g}s"
-        if self.state is not _STREAMING:
-            # The answer or the calls are complete (or cancelled): as a lost connection.
-            return self._upstream_lost(silent)
-        self._count_usage(None, True)
-        if self._stalled:
-            return self._fail(
-                [],
-                f"{silent}, again after the step was retried on a new connection; the turn "
-                "was stopped — send your message again, and if it keeps happening tell the "
-                "operator (the provider may be overloaded)",
-                code="upstream_timeout",
-            )
-        self._stalled = True
-        partial = " — discard its partial output" if self._recorder.emitted else ""
-        out: list[Action] = [DropUpstream(stop=True), *self.spoken.release(UNHEARD)]
-        out.append(
-            Interrupt(content=f"{silent}; this step is being rerun on a new connection{partial}")
-        )
-        self._recorder = StepRecorder()  # the partial step is not history
-        self._chunk = self._recorder.chunk
-        self._new_attempt()
-        self.state = _BACKOFF
-        out.append(Backoff(attempt=self._attempt + 1, delay=0.0))
-        return out
-
-    def _upstream_failed(self, failed: UpstreamFailed) -> Sequence[Action]:
-        state = self.state
-        if state is _CANCELLING or state is _ENDING:
-            # The closing event is out: end the wait for a usage report that may not come.
-            return self._upstream_lost(f"{failed.code}: {failed.message}")
-        if state is not _STREAMING and state is not _STOPPING:
-            return _NOTHING
-        if failed.fallback:
-            return self._upstream_lost(failed.code, fatal=True, fallback=failed.fallback)
-        self._count_usage(None, True)
-        return self._fail([], f"the model's API reported {failed.code}: {failed.message}")
-
-    def _guardrail_cut(self, cut: GuardrailCut) -> Sequence[Action]:
-        """A guardrail stopped the spoken answer where its audio stopped: cancelled as by
-        the user, and the provider keeps the audio heard (``heard_ms``), as after a
-        barge-in. Background calls go on (they were not what tripped)."""
-        self.spoken.heard_ms = cut.heard_ms
-        return self._cancel(guardrail=True, stop=not cut.done)
-
     def _cancel(
         self, *, barge_in: bool = False, guardrail: bool = False, stop: bool = True
     ) -> list[Action]:
         state = self.state
-        if state is _IDLE and self.cancel_background and self.background.running:
+        if state is IDLE and self.cancel_background and self.background.running:
             return self._cancel_background_only()
-        if state is _IDLE or state is _ENDING or state is _CANCELLING:
+        if state is IDLE or state is ENDING or state is CANCELLING:
             return [Refuse(Error(code="no_turn", content="no turn is running; nothing to cancel"))]
         out: list[Action] = self.spoken.release(UNHEARD)
         if barge_in:
@@ -601,19 +405,19 @@ class TurnMachine(ToolSteps):
             why = GUARDRAIL_CUT if guardrail else CANCELLED_BY_USER
             cancelled = Cancelled(content=why)
             note = Cancelled(content=why)
-        background = self.cancel_background and not guardrail
+        background = self.cancel_background and not guardrail  # not what tripped
         stopped = self.background.cancel(note.content) if background else []
         kept = [msgspec.structs.replace(r) for r in stopped]  # history's own copies
         out += [Persist((*self._recorder.finish(), note, *kept)), *stopped, cancelled]
         if stopped:
             out.append(CancelBackground(tuple(str(r.id) for r in stopped)))
-        if state is _STREAMING or state is _STOPPING:
+        if state is STREAMING or state is STOPPING:
             # Wait for the stopped response's usage. Cancelling leaves the
             # provider's conversation with a partial response: the upstream is
             # dropped afterwards and the next turn reopens from history (in a
             # voice session it is truncated instead). Speech stops the
             # provider's response by itself (its VAD heard it first).
-            self.state = _CANCELLING
+            self.state = CANCELLING
             if not barge_in and stop:
                 out.append(_STOP)
             return out
@@ -638,9 +442,9 @@ class TurnMachine(ToolSteps):
 
     def _shell_failed(self, what: str) -> Sequence[Action]:
         state = self.state
-        if state is _IDLE:
-            return _NOTHING
-        if state is _ENDING or state is _CANCELLING:
+        if state is IDLE:
+            return NOTHING
+        if state is ENDING or state is CANCELLING:
             self._count_usage(None, True)
             return self._close([Persist(tuple(self._recorder.finish())), DropUpstream(stop=True)])
         return self._fail(
@@ -659,7 +463,7 @@ class TurnMachine(ToolSteps):
     def _close(self, out: list[Action]) -> list[Action]:
         """The closing event is in ``out``: add the turn's last metric, then any queued turn."""
         out += self.meter.metric()
-        self.state = _IDLE
+        self.state = IDLE
         self.batch.settle("ended with its turn")
         queued, self._queued = self._queued, None
         if queued is not None:
@@ -680,29 +484,29 @@ class TurnMachine(ToolSteps):
         )
 
     def _retry_now(self) -> Sequence[Action]:
-        if self.state is not _BACKOFF:
-            return _NOTHING
-        self.state = _STREAMING
+        if self.state is not BACKOFF:
+            return NOTHING
+        self.state = STREAMING
         return [self._ask(None)]
 
     def _reconfigured(self) -> Sequence[Action]:
         self.setup += 1
-        return _NOTHING
+        return NOTHING
 
     def _opened(self, setup: int) -> Sequence[Action]:
         self._opened_for = setup
-        return _NOTHING
+        return NOTHING
 
     def _rerun(self, reason: str) -> Sequence[Action]:
-        if self.state is not _IDLE:
-            return _NOTHING
+        if self.state is not IDLE:
+            return NOTHING
         return self._begin([Interrupt(content=reason)], None)
 
     def _shutdown(self) -> Sequence[Action]:
         was = self.state
-        self.state = _IDLE
+        self.state = IDLE
         self._queued = None
         self.batch.settle("the session stopped on this node")
         self.spoken.forget()
         self.background.forget()
-        return _NOTHING if was is _IDLE else [DropUpstream(stop=True)]
+        return NOTHING if was is IDLE else [DropUpstream(stop=True)]

@@ -4,10 +4,11 @@
 nothing here holds state. The inputs come from three places, and each feeds
 its own kind without translation:
 
-- **the client** (``protocol.events``): ``UserMessage``, ``Cancel``,
+- **the client** (``protocol.events.TurnCommand``): ``UserMessage``, ``Cancel``,
   ``ToolResultMessage`` (a client tool's answer), ``Approve`` (a decision on
   a call that waits for approval), ``Commit`` (end of a spoken turn) and
-  ``Played`` (playback reports) are the client's frames themselves;
+  ``Played`` (playback reports) are the client's frames themselves, and a
+  command added there is an input here with no edit in this file;
 - **the upstream adapters** (``gateway.upstream``): ``TextDelta``,
   ``ResponseDone``, ``SpeechBegan``, ``SpeechEnded``, ``Transcript``,
   ``ResponseBegan``, ``Spoken``, ``Thought`` and ``NativeCall`` are what an adapter's
@@ -41,6 +42,7 @@ from protocol.events import (
     Event,
     Played,
     ToolResultMessage,
+    TurnCommand,
     Usage,
     UserMessage,
 )
@@ -321,7 +323,7 @@ class GuardrailCut(_Input, frozen=True, tag="guardrail_cut"):
 
 
 TurnInput = (
-    UserMessage
+    TurnCommand
     | Rerun
     | TextDelta
     | ResponseDone
@@ -333,21 +335,16 @@ TurnInput = (
     | Resume
     | BackgroundDone
     | ResumeBackground
-    | ToolResultMessage
-    | Approve
     | ApprovalTimeout
     | ClientTimeout
     | Tick
     | Reconfigured
     | Opened
     | RetryNow
-    | Cancel
     | ShellFailed
     | Shutdown
     | SpeechBegan
     | SpeechEnded
-    | Commit
-    | Played
     | Transcript
     | ResponseBegan
     | Spoken

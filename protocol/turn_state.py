@@ -1,7 +1,7 @@
 """Where a session's turn is: the states of ``protocol.turn.TurnMachine``.
 
-Its own module so the machine's rooms (``protocol.turn``, ``protocol.turn_tools``)
-share one definition, and the constant actions they return without allocating.
+Its own module so the machine's rooms (``protocol.turn``, ``protocol.turn_tools``,
+``protocol.turn_voice``) share one definition, and the constant actions they return without allocating.
 """
 
 from __future__ import annotations
@@ -11,7 +11,20 @@ from typing import Final
 
 from protocol.turn_events import Request
 
-__all__ = ["MALFORMED_LIMIT", "NOTHING", "RETRY", "TurnState"]
+__all__ = [
+    "BACKOFF",
+    "BEFORE_BATCH",
+    "CANCELLING",
+    "ENDING",
+    "IDLE",
+    "MALFORMED_LIMIT",
+    "NOTHING",
+    "RETRY",
+    "STOPPING",
+    "STREAMING",
+    "TOOLS",
+    "TurnState",
+]
 
 
 class TurnState(enum.Enum):
@@ -37,15 +50,17 @@ class TurnState(enum.Enum):
     """``cancelled`` is sent; waiting for the stopped response's usage. A message queues."""
 
 
-_IDLE: Final = TurnState.IDLE
-_STREAMING: Final = TurnState.STREAMING
-_STOPPING: Final = TurnState.STOPPING
-_ENDING: Final = TurnState.ENDING
-_TOOLS: Final = TurnState.TOOLS
-_BACKOFF: Final = TurnState.BACKOFF
-_CANCELLING: Final = TurnState.CANCELLING
+# The states as module constants: the machine's rooms compare ``self.state is IDLE``
+# against a module global, not an enum attribute looked up each time.
+IDLE: Final = TurnState.IDLE
+STREAMING: Final = TurnState.STREAMING
+STOPPING: Final = TurnState.STOPPING
+ENDING: Final = TurnState.ENDING
+TOOLS: Final = TurnState.TOOLS
+BACKOFF: Final = TurnState.BACKOFF
+CANCELLING: Final = TurnState.CANCELLING
 # Where a client may already answer a call it was sent: the batch has not run yet.
-_BEFORE_BATCH: Final = frozenset((TurnState.STREAMING, TurnState.STOPPING))
+BEFORE_BATCH: Final = frozenset((TurnState.STREAMING, TurnState.STOPPING))
 
 # The constant actions, made once: the machine returns them without allocating.
 RETRY: Final = Request()

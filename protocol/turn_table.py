@@ -55,17 +55,19 @@ from protocol.turn_events import (
     UpstreamStalled,
     UserMessage,
 )
-from protocol.turn_state import TurnState
+from protocol.turn_state import (
+    BACKOFF,
+    CANCELLING,
+    ENDING,
+    IDLE,
+    STOPPING,
+    STREAMING,
+    TOOLS,
+    TurnState,
+)
 
 __all__ = ["IGNORE", "ROWS", "STATES", "TRANSITIONS", "Row", "diagram"]
 
-IDLE: Final = TurnState.IDLE
-STREAMING: Final = TurnState.STREAMING
-STOPPING: Final = TurnState.STOPPING
-ENDING: Final = TurnState.ENDING
-TOOLS: Final = TurnState.TOOLS
-BACKOFF: Final = TurnState.BACKOFF
-CANCELLING: Final = TurnState.CANCELLING
 STATES: Final = tuple(TurnState)
 
 IGNORE: Final = None

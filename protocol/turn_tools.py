@@ -14,7 +14,6 @@ their slots; this decides what each answer means for the turn.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Final
 
 from protocol.assembly import Message, results_message
 from protocol.background import BackgroundCalls, result_event
@@ -40,17 +39,18 @@ from protocol.turn_events import (
     StartBackground,
     ToolResultMessage,
 )
-from protocol.turn_state import MALFORMED_LIMIT, NOTHING, RETRY, TurnState
+from protocol.turn_state import (
+    BEFORE_BATCH,
+    IDLE,
+    MALFORMED_LIMIT,
+    NOTHING,
+    RETRY,
+    TOOLS,
+    TurnState,
+)
 from protocol.turn_timers import Timers
 
 __all__ = ["ToolSteps"]
-
-_IDLE: Final = TurnState.IDLE
-_TOOLS: Final = TurnState.TOOLS
-_RETRY: Final = RETRY
-_NOTHING: Final = NOTHING
-# Where a client may already answer a call it was sent: the batch has not run yet.
-_BEFORE_BATCH: Final = frozenset((TurnState.STREAMING, TurnState.STOPPING))
 
 
 class ToolSteps:
@@ -96,12 +96,12 @@ class ToolSteps:
     @property
     def awaits_client(self) -> bool:
         """The batch waits for client-side results (the shell runs their timer)."""
-        return self.state is _TOOLS and bool(self.batch.waiting)
+        return self.state is TOOLS and bool(self.batch.waiting)
 
     @property
     def awaits_approval(self) -> bool:
         """Calls of the batch wait for a user's decision (the shell runs their timer)."""
-        return self.state is _TOOLS and bool(self.batch.approvals_pending)
+        return self.state is TOOLS and bool(self.batch.approvals_pending)
 
     def _tool_step(self, out: list[Action]) -> list[Action]:
         """The step stopped at ``</execute>``: report it, then run its batch (or hand back the error)."""
@@ -150,7 +150,7 @@ class ToolSteps:
         """
         running = self.background
         run, waiting, now, background = self.batch.start(running.room, running.full())
-        self.state = _TOOLS
+        self.state = TOOLS
         at = next((i for i, a in enumerate(out) if type(a) is ReplaceResponse), len(out))
         out[at:at] = [Persist(tuple(self._recorder.finish())), *now, *self._start(background)]
         return self._wait_batch(out, run, waiting)
@@ -173,9 +173,9 @@ class ToolSteps:
         step (at once when no turn runs, else when the running turn ends)."""
         logged = self.background.done(call_id, result)
         if logged is None:
-            return _NOTHING
+            return NOTHING
         out: list[Action] = [logged]
-        if self.state is _IDLE:
+        if self.state is IDLE:
             out += self._deliver()
         return out
 
@@ -193,7 +193,7 @@ class ToolSteps:
                     calls.append(entry.call)
                     ids.append(entry.id)
         out: list[Action] = [StartBackground(tuple(calls), tuple(ids))] if calls else []
-        if self.state is _IDLE:
+        if self.state is IDLE:
             out += self._deliver()
         return out
 
@@ -212,7 +212,7 @@ class ToolSteps:
             # needs none: history holds them.
             outputs = tuple((native.pop(call_id), encode_result(result)) for call_id, result in due)
             out = self._begin([Persist(items)], None)
-            if out[-1] is _RETRY:  # (a fresh connection gets them from history)
+            if out[-1] is RETRY:  # (a fresh connection gets them from history)
                 out[-1] = Request(outputs=outputs)
             return out
         for call_id, _ in due:
@@ -244,12 +244,12 @@ class ToolSteps:
 
     def _resume(self, given: Resume) -> Sequence[Action]:
         """A takeover found a batch in flight: finish it, then the turn goes on as ever."""
-        if self.state is not _IDLE or not given.calls:
-            return _NOTHING
+        if self.state is not IDLE or not given.calls:
+            return NOTHING
         out = self._begin([Interrupt(content=given.reason)], None)
         out.pop()  # no model request: the batch's calls are known (history has them)
         run, waiting, asked, background = self.batch.restore(given.calls)
-        self.state = _TOOLS
+        self.state = TOOLS
         out += asked
         out += self._start(background)
         return self._wait_batch(out, run, waiting)
@@ -257,17 +257,17 @@ class ToolSteps:
     def _tools_done(self, results: tuple[ToolResult, ...]) -> list[Action]:
         """The server calls' results, in the order of ``RunTools``'s calls."""
         batch = self.batch
-        if self.state is not _TOOLS or not batch.server_running:
+        if self.state is not TOOLS or not batch.server_running:
             return []  # results of a batch the machine no longer waits for (the table ignores it)
         out: list[Action] = [*batch.tools_done(results)]
         out += self._maybe_batch_done()
         return out
 
     def _call_done(self, given: CallDone) -> Sequence[Action]:
-        if self.state is not _TOOLS:
-            return _NOTHING
+        if self.state is not TOOLS:
+            return NOTHING
         logged = self.batch.call_done(given.id, given.result)
-        return _NOTHING if logged is None else (logged,)
+        return NOTHING if logged is None else (logged,)
 
     def _client_result(self, answer: ToolResultMessage) -> Sequence[Action]:
         if answer.id in self.background.running:  # a background client call's answer
@@ -275,13 +275,13 @@ class ToolSteps:
             result = ToolResult(tool=name, status=answer.status, content=answer.content)
             return self._background_done(answer.id, result)
         batch = self.batch
-        if self.state is _TOOLS:
+        if self.state is TOOLS:
             answered = batch.answer(answer)
             if type(answered) is Refuse:
                 return [answered]
             return [answered, *self._maybe_batch_done()]
-        if self.state in _BEFORE_BATCH and batch.answer_early(answer):
-            return _NOTHING  # answered on its `call`, before `execute`: kept for the batch
+        if self.state in BEFORE_BATCH and batch.answer_early(answer):
+            return NOTHING  # answered on its `call`, before `execute`: kept for the batch
         return [batch.refusal(answer)]
 
     def _approve(self, given: Approve) -> Sequence[Action]:
@@ -293,7 +293,7 @@ class ToolSteps:
 
     def _approval_timeout(self, seconds: float) -> Sequence[Action]:
         if not self.awaits_approval:
-            return _NOTHING
+            return NOTHING
         return self._decided([*self.batch.approvals_time_out(seconds)])
 
     def _decided(self, out: list[Action]) -> list[Action]:
@@ -318,7 +318,7 @@ class ToolSteps:
 
     def _client_timeout(self, seconds: float) -> Sequence[Action]:
         if not self.awaits_client:
-            return _NOTHING
+            return NOTHING
         out: list[Action] = [*self.batch.time_out(seconds)]
         out += self._maybe_batch_done()
         return out
@@ -358,7 +358,7 @@ class ToolSteps:
             return self._close(out)
         if outputs is not None:
             request = self._step(None)
-            out.append(Request(outputs=outputs) if request is _RETRY else request)
+            out.append(Request(outputs=outputs) if request is RETRY else request)
             return out
         out.append(self._step(results_message(content)))
         return out

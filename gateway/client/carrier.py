@@ -124,6 +124,42 @@ def stream_parameters(twiml: str) -> dict[str, str]:
     return {p.get("name", ""): p.get("value", "") for p in stream.findall("Parameter")}
 
 
+class Speech:
+    """The caller's clock's state: the frames it has yet to say, each with "the speech's
+    last loud frame", the ``media`` chunk count, and ``said`` once the speech went out."""
+
+    __slots__ = ("chunk", "frames", "said")
+
+    def __init__(self) -> None:
+        self.frames: deque[tuple[bytes, bool]] = deque()
+        self.chunk = 0
+        self.said = asyncio.Event()
+
+    def queue(self, mulaw: bytes) -> None:
+        """``mulaw`` to say, in 20 ms frames (the last one padded with silence)."""
+        self.said.clear()
+        starts = range(0, len(mulaw), FRAME_BYTES)
+        last_loud = last_loud_frame(mulaw_decode(mulaw), CALL_RATE)
+        if last_loud < 0:
+            last_loud = len(starts) - 1
+        for index, at in enumerate(starts):
+            frame = mulaw[at : at + FRAME_BYTES]
+            self.frames.append((frame + MULAW_SILENCE[len(frame) :], index == last_loud))
+
+
+class Playback:
+    """The player's clock's state: what the app sent, in play order (audio as bytes,
+    marks as their names), how much of its audio was played (8 bytes a ms), and
+    ``arrived``, set by each audio frame received."""
+
+    __slots__ = ("arrived", "played_bytes", "queue")
+
+    def __init__(self) -> None:
+        self.queue: deque[bytes | str] = deque()
+        self.played_bytes = 0
+        self.arrived = asyncio.Event()
+
+
 class SimulatedCall:
     """One simulated call (see the module docstring). ``async with`` dials and hangs up."""
 
@@ -131,13 +167,10 @@ class SimulatedCall:
         self.setup = setup
         self.wire = MediaStreamWire(setup.naming)
         self.ws: ClientConnection | None = None
-        # Frames the caller still has to say, each with "the speech's last loud frame".
-        self._speech: deque[tuple[bytes, bool]] = deque()
-        self._queue: deque[bytes | str] = deque()  # the app's audio (bytes) and marks (str)
+        self._speech = Speech()  # the caller's clock: what it has yet to say
+        self._playback = Playback()  # the player's clock: what the app sent, yet to play
         self._sequence = 0
-        self._chunk = 0
         self._tasks: list[asyncio.Task[None]] = []
-        self._said = asyncio.Event()
         # What was measured (monotonic seconds).
         self.speech_ended_at: float | None = None  # the caller's last speech frame sent
         self.first_audio: list[float] = []  # speech end → the answer's first audio received
@@ -146,12 +179,10 @@ class SimulatedCall:
         self.clears = 0
         self.media_received = 0
         self.audio_received = bytearray()  # every μ-law byte the app sent (for checks)
-        self.played_bytes = 0  # of the app's audio played to the caller (8 a ms)
         self.refusal: str | None = None  # how the gateway refused the stream, if it did
         self.closed: tuple[int, str] | None = None
         self._awaiting_answer = False
         self._barge_started: float | None = None
-        self._audio_event = asyncio.Event()
         self._changed = asyncio.Event()  # something the caller lives through changed
         self._closed = asyncio.Event()
 
@@ -215,22 +246,15 @@ class SimulatedCall:
         out (monotonic: the speech's end, its trailing silence aside). The answer's first
         audio after that is measured. Raises ``ConnectionError`` (with the close code and
         reason) if the stream closes first."""
-        self._said.clear()
-        starts = range(0, len(mulaw), FRAME_BYTES)
-        last_loud = last_loud_frame(mulaw_decode(mulaw), CALL_RATE)
-        if last_loud < 0:
-            last_loud = len(starts) - 1
-        for index, at in enumerate(starts):
-            frame = mulaw[at : at + FRAME_BYTES]
-            self._speech.append((frame + MULAW_SILENCE[len(frame) :], index == last_loud))
-        said = asyncio.ensure_future(self._said.wait())
+        self._speech.queue(mulaw)
+        said = asyncio.ensure_future(self._speech.said.wait())
         closed = asyncio.ensure_future(self._closed.wait())
         try:
             await asyncio.wait((said, closed), return_when=asyncio.FIRST_COMPLETED)
         finally:
             said.cancel()
             closed.cancel()
-        if not self._said.is_set():  # the gateway closed the stream (refused, or ended it)
+        if not self._speech.said.is_set():  # the gateway closed the stream (refused, or ended it)
             raise ConnectionError(f"the stream closed: {self.closed}")
         assert self.speech_ended_at is not None
         return self.speech_ended_at
@@ -250,7 +274,7 @@ class SimulatedCall:
         start = time.monotonic()
         index = 0
         loud = False
-        speech = self._speech
+        speech = self._speech.frames
         with contextlib.suppress(ConnectionClosed):
             while True:
                 delay = start + index * FRAME_S - time.monotonic()
@@ -264,13 +288,13 @@ class SimulatedCall:
                     loud = True
                     if self._playing():
                         self._barge_started = now  # the caller speaks over the answer
-                self._chunk += 1
+                self._speech.chunk += 1
                 await self._send_in(
                     Media(
                         payload=frame,
                         stream=self.setup.stream_sid,
                         track="inbound",
-                        chunk=self._chunk,
+                        chunk=self._speech.chunk,
                         timestamp=round((now - start) * 1000),
                         sequence=self._next_sequence(),
                     )
@@ -280,17 +304,17 @@ class SimulatedCall:
                     self._awaiting_answer = True
                 if speaking and not speech:
                     loud = False
-                    self._said.set()
+                    self._speech.said.set()
 
     # ------------------------------------------------------------------ the player
 
     @property
     def played_ms(self) -> int:
         """How much of the app's audio the caller heard, in ms."""
-        return self.played_bytes // 8
+        return self._playback.played_bytes // 8
 
     def _playing(self) -> bool:
-        return any(isinstance(item, bytes) for item in self._queue)
+        return any(isinstance(item, bytes) for item in self._playback.queue)
 
     async def _receiver(self) -> None:
         assert self.ws is not None
@@ -303,16 +327,17 @@ class SimulatedCall:
                     if self._awaiting_answer and self.speech_ended_at is not None:
                         self._awaiting_answer = False
                         self.first_audio.append(time.monotonic() - self.speech_ended_at)
-                    self._queue.append(message.payload)
-                    self._audio_event.set()
+                    self._playback.queue.append(message.payload)
+                    self._playback.arrived.set()
                     self._changed.set()
                 elif isinstance(message, MarkOut):
-                    self._queue.append(message.name)
+                    self._playback.queue.append(message.name)
                 elif isinstance(message, Clear):
                     self.clears += 1
                     self._silenced()
-                    pending = [item for item in self._queue if isinstance(item, str)]
-                    self._queue.clear()
+                    queue = self._playback.queue
+                    pending = [item for item in queue if isinstance(item, str)]
+                    queue.clear()
                     for name in pending:  # a clear echoes every pending mark
                         await self._echo(name)
                     self._changed.set()
@@ -337,7 +362,8 @@ class SimulatedCall:
 
     async def _player(self) -> None:
         """Play 20 ms of the queued audio per tick; echo a mark once all before it played."""
-        queue = self._queue
+        playback = self._playback
+        queue = playback.queue
         start = time.monotonic()
         tick = 0
         with contextlib.suppress(ConnectionClosed):
@@ -355,7 +381,7 @@ class SimulatedCall:
                         continue
                     take = head[:budget]
                     budget -= len(take)
-                    self.played_bytes += len(take)
+                    playback.played_bytes += len(take)
                     self._changed.set()
                     if len(take) == len(head):
                         queue.popleft()
@@ -385,11 +411,11 @@ class SimulatedCall:
         """Wait until nothing is left to play and no audio came for ``quiet`` seconds."""
         async with asyncio.timeout(timeout):
             while True:
-                if not self._queue:
-                    self._audio_event.clear()
+                if not self._playback.queue:
+                    self._playback.arrived.clear()
                     try:
                         async with asyncio.timeout(quiet):
-                            await self._audio_event.wait()
+                            await self._playback.arrived.wait()
                     except TimeoutError:
                         return
                 await asyncio.sleep(FRAME_S)

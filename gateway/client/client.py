@@ -15,7 +15,8 @@ holds, refills gaps by resuming again, and unpacks nothing: a merged frame
 (``seq_from``) is delivered as one event. So ``send()`` yields every event of
 the turn exactly once, in order, across any number of dropped connections.
 
-Decisions (the rules themselves are in ``gateway.client.stream``):
+Decisions (the rules themselves are in ``gateway.client.stream``; how a
+connection is kept, failed over and resumed, in ``gateway.client.connection``):
 
 - **A turn's iterator starts at the echo of its own ``user`` message** and
   ends after the closing event and the metric that follows it, or after
@@ -28,11 +29,6 @@ Decisions (the rules themselves are in ``gateway.client.stream``):
   session's log did not grow while the client was away (the ``session``
   frame's seq equals ``after``): then the server never logged it, so sending
   it again cannot start a second turn.
-- **Final vs. retried.** Handshake 400/401/403/404 raise ``Refused`` with the
-  server's text; 429/503, lost connections and close codes 1006/1011/1012/
-  1013/4008 are retried until ``reconnect_timeout`` seconds pass without a
-  connection (``ConnectionLost``). The first connection fails fast with
-  ``Unreachable`` when nothing listens: a mistyped URL should say so at once.
 - **Client tools.** ``@client.tool`` registers a handler for ``call`` events
   with ``"runs_on": "client"``; the client answers with ``{"type":
   "tool_result", "id", "status", "content"}`` (a handler that raises answers
@@ -58,9 +54,6 @@ Decisions (the rules themselves are in ``gateway.client.stream``):
   model's speech (``protocol.audio``); an app that plays it reports how far
   with ``played(seq, ms)``. Audio sent over a connection that drops is not
   resent: speak again.
-- **Several nodes.** ``Client([url1, url2])`` dials the next URL whenever one
-  cannot be reached or refuses for now (429/503), on the first connection
-  and on every reconnect.
 """
 
 from __future__ import annotations
@@ -68,32 +61,29 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import logging
-import random
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass
 from typing import Any, Final, TypeVar, overload
 
 import msgspec
 import orjson
-from websockets.asyncio.client import ClientConnection
-from websockets.exceptions import ConnectionClosed
 
 from gateway.client.calls import ApprovalHook, ApprovalRefused, Calls, Decision, ToolHandler
+from gateway.client.connection import (
+    Failed,
+    Item,
+    Reconnected,
+    ResumingConnection,
+    Timing,
+    event_kind,
+)
 from gateway.client.dial import (
-    FINAL_CLOSE_CODES,
     ClientError,
-    ConnectionLost,
-    Refused,
-    Unreachable,
     normalize_url,
-    open_connection,
 )
 from gateway.client.hooks import Hook, Hooks, call_hook
-from gateway.client.stream import METRIC_GRACE, REFUSAL_CODES, SeqVerdict, TurnTracker, classify_seq
+from gateway.client.stream import METRIC_GRACE, REFUSAL_CODES, TurnTracker
 from gateway.common.pcm import silence
-from protocol.audio import split_audio_frame
 from protocol.events import (
     Approval,
     Cancel,
@@ -108,7 +98,6 @@ from protocol.events import (
     ToolResultMessage,
     User,
     UserMessage,
-    decode_event,
 )
 
 __all__ = [
@@ -122,17 +111,9 @@ __all__ = [
     "event_kind",
 ]
 
-log = logging.getLogger(__name__)
-
 H = TypeVar("H", bound=ToolHandler)
 
 _encoder: Final = msgspec.json.Encoder()
-_KIND: Final[dict[type, str]] = {cls: str(cls.__struct_config__.tag) for cls in Event.__args__}
-
-
-def event_kind(event: Event) -> str:
-    """The wire ``type`` of an event (``"respond"`` for a ``Respond``)."""
-    return _KIND[type(event)]
 
 
 class ConfigureRefused(ClientError):
@@ -147,33 +128,6 @@ class ConfigureRefused(ClientError):
 # The ``id`` of every ``played`` frame: a gateway that does not know the
 # message answers ``unknown_type`` with this ``reply_to``.
 _PLAYED_ID: Final = "played"
-
-
-class _Reconnected(msgspec.Struct, frozen=True):
-    """Queued when a new connection starts: its session frame and the ``after`` it asked for."""
-
-    session: Session
-    after: int
-    generation: int
-
-
-class _Failed(msgspec.Struct, frozen=True):
-    error: BaseException
-
-
-_Item = Event | _Reconnected | _Failed
-
-
-@dataclass(frozen=True, slots=True)
-class Timing:
-    """How long a ``Client`` waits: for the metric after a turn's closing event, for a
-    reconnect in all, between attempts (doubled per attempt, with jitter), per handshake."""
-
-    metric_grace: float = METRIC_GRACE
-    reconnect_timeout: float = 60.0
-    backoff_initial: float = 0.1
-    backoff_max: float = 5.0
-    open_timeout: float = 10.0
 
 
 HOOK_NAMES: Final = (
@@ -244,59 +198,70 @@ class Client:
         urls = [url] if isinstance(url, str) else list(url)
         if not urls:
             raise ValueError("give the gateway's URL (or several, to fail over between them)")
-        self.urls = [normalize_url(u)[0] for u in urls]
-        self._url_index = 0
-        self.token = token
-        self.timing = Timing(
-            metric_grace, reconnect_timeout, backoff_initial, backoff_max, open_timeout
-        )
         self.hooks = Hooks(on_connect, on_disconnect, on_audio, on_retry, on_event)
-        self._session_id = session_id
-        self._last = after if after is not None else -1
-        self._ws: ClientConnection | None = None
-        self._generation = 0
-        self._connected = asyncio.Event()
-        self._queue: asyncio.Queue[_Item] = asyncio.Queue()
-        self._supervisor: asyncio.Task[None] | None = None
-        self._calls = Calls(self._send_frame)
+        self._conn = ResumingConnection(
+            [normalize_url(u)[0] for u in urls],
+            token=token,
+            timing=Timing(
+                metric_grace, reconnect_timeout, backoff_initial, backoff_max, open_timeout
+            ),
+            session_id=session_id,
+            after=after,
+            hooks=self.hooks,
+            receive=self._receive,
+        )
+        self._calls = Calls(self._conn.send)
         self._calls.on_approval = on_approval
-        self._closing = False
-        self._failure: BaseException | None = None
         self._in_turn = False
         # Each configure() waits for the reply naming its id (``configure-N``).
         self._configuring: dict[str, asyncio.Future[Configured]] = {}
         self._commands = itertools.count(1)
         self._speech_ended = asyncio.Event()  # the gateway heard the spoken turn end
         self._played_supported = True  # False once the gateway answered unknown_type
-        self.session: Session | None = None
-        """The last ``session`` frame (provider, node, resumed)."""
-        self.reconnects = 0
-        """Connections opened after the first one."""
 
     # ------------------------------------------------------------------ public
 
     @property
     def url(self) -> str:
         """The URL dialled last (one of ``urls``)."""
-        return self.urls[self._url_index]
+        return self._conn.url
+
+    @property
+    def urls(self) -> list[str]:
+        """The gateway's nodes this client fails over between."""
+        return self._conn.urls
+
+    @property
+    def timing(self) -> Timing:
+        return self._conn.timing
+
+    @property
+    def session(self) -> Session | None:
+        """The last ``session`` frame (provider, node, resumed)."""
+        return self._conn.session
+
+    @property
+    def reconnects(self) -> int:
+        """Connections opened after the first one."""
+        return self._conn.reconnects
 
     @property
     def session_id(self) -> str:
         """The session's id (known once connected)."""
-        if self._session_id is None:
+        if self._conn.session_id is None:
             raise RuntimeError(
                 "not connected yet: use `async with Client(...)` or `await connect()`"
             )
-        return self._session_id
+        return self._conn.session_id
 
     @property
     def last_seq(self) -> int:
         """The seq of the last logged event delivered (what a resume asks ``after``)."""
-        return self._last
+        return self._conn.last
 
     @property
     def connected(self) -> bool:
-        return self._connected.is_set()
+        return self._conn.connected
 
     async def __aenter__(self) -> Client:
         await self.connect()
@@ -307,25 +272,11 @@ class Client:
 
     async def connect(self) -> None:
         """Open the first connection (``Refused``/``Unreachable`` if that fails)."""
-        if self._supervisor is not None:
-            return
-        await self._dial(first=True)
-        self._supervisor = asyncio.create_task(self._run(), name="gateway-client")
+        await self._conn.open()
 
     async def close(self) -> None:
         """Close the connection and stop reconnecting; running tool handlers are cancelled."""
-        self._closing = True
-        tasks = [t for t in (self._supervisor, *self._calls.tasks) if t is not None]
-        for task in tasks:
-            task.cancel()
-        ws, self._ws = self._ws, None
-        if ws is not None:
-            with contextlib.suppress(Exception):
-                await ws.close()
-        for task in tasks:
-            with contextlib.suppress(BaseException):
-                await task
-        self._connected.clear()
+        await self._conn.close(self._calls.tasks)
 
     async def send(self, text: str) -> AsyncIterator[Event]:
         """Start a turn with ``text`` and yield its events, from its ``user`` echo to its end.
@@ -358,7 +309,7 @@ class Client:
 
     async def cancel(self) -> None:
         """Ask the gateway to cancel the running turn (its ``cancelled`` ends the iteration)."""
-        await self._send_frame(_encoder.encode(Cancel()))
+        await self._conn.send(_encoder.encode(Cancel()))
 
     @overload
     def tool(self, handler: H) -> H: ...
@@ -395,7 +346,7 @@ class Client:
         ref = f"configure-{next(self._commands)}"
         self._configuring[ref] = waiter
         try:
-            await self._send_frame(orjson.dumps({"type": "configure", **fields, "id": ref}))
+            await self._conn.send(orjson.dumps({"type": "configure", **fields, "id": ref}))
             async with asyncio.timeout(timeout):
                 return await waiter
         except TimeoutError:
@@ -413,15 +364,15 @@ class Client:
         """
         if self._played_supported:
             frame = orjson.dumps({"type": "played", "seq": seq, "ms": int(ms), "id": _PLAYED_ID})
-            await self._send_frame(frame)
+            await self._conn.send(frame)
 
     async def send_audio(self, pcm16: bytes) -> None:
         """One binary frame of user audio (PCM16 LE mono at the configured rate)."""
-        await self._send_frame(pcm16, binary=True)
+        await self._conn.send(pcm16, binary=True)
 
     async def commit(self) -> None:
         """End a spoken turn yourself (``input_audio.turn_detection: "none"``)."""
-        await self._send_frame(_encoder.encode(Commit()))
+        await self._conn.send(_encoder.encode(Commit()))
 
     async def speak(
         self,
@@ -445,8 +396,8 @@ class Client:
         if self._in_turn:
             raise RuntimeError("a turn is running: finish iterating it (or cancel()) first")
         self._in_turn = True
-        while not self._queue.empty():
-            self._queue.get_nowait()
+        while not self._conn.queue.empty():
+            self._conn.queue.get_nowait()
         self._speech_ended.clear()
         sender = asyncio.create_task(
             self._stream(pcm16, rate, frame_ms, commit, end_timeout), name="speak"
@@ -455,7 +406,7 @@ class Client:
         started = False
         try:
             while True:
-                getter = asyncio.ensure_future(self._queue.get())
+                getter = asyncio.ensure_future(self._conn.queue.get())
                 try:
                     if tracker.closing:
                         async with asyncio.timeout(self.timing.metric_grace):
@@ -466,9 +417,9 @@ class Client:
                         item = await getter
                 except TimeoutError:
                     return
-                if isinstance(item, _Failed):
+                if isinstance(item, Failed):
                     raise item.error
-                if isinstance(item, _Reconnected):
+                if isinstance(item, Reconnected):
                     continue
                 kind = event_kind(item)
                 if not started:
@@ -476,7 +427,7 @@ class Client:
                         isinstance(item, User) and item.source == "audio"
                     ):
                         started = True
-                    elif isinstance(item, Error) and item.seq <= self._last:
+                    elif isinstance(item, Error) and item.seq <= self._conn.last:
                         yield item  # a refusal of our frames
                         return
                     else:
@@ -495,8 +446,8 @@ class Client:
                 await sender
 
     async def _first_of(
-        self, getter: asyncio.Future[_Item], sender: asyncio.Task[None], end_timeout: float
-    ) -> _Item:
+        self, getter: asyncio.Future[Item], sender: asyncio.Task[None], end_timeout: float
+    ) -> Item:
         """The next item; once the audio and its end are sent, for ``end_timeout`` at most."""
         if not sender.done():
             pending: list[asyncio.Future[Any]] = [getter, sender]
@@ -542,30 +493,30 @@ class Client:
             await self.send_audio(quiet)
 
     async def _turn(self, text: str) -> AsyncIterator[Event]:
-        self._raise_if_failed()
-        while not self._queue.empty():  # what came before this turn is not part of it
-            item = self._queue.get_nowait()
-            if isinstance(item, _Failed):
+        self._conn.raise_if_failed()
+        while not self._conn.queue.empty():  # what came before this turn is not part of it
+            item = self._conn.queue.get_nowait()
+            if isinstance(item, Failed):
                 raise item.error
         payload = _encoder.encode(UserMessage(content=text))
-        sent_on, after = await self._send_frame(payload), self._last  # the seq seen then
+        sent_on, after = await self._conn.send(payload), self._conn.last  # the seq seen then
         started, tracker = False, TurnTracker()
         while True:
             try:
                 if tracker.closing:
                     async with asyncio.timeout(self.timing.metric_grace):
-                        item = await self._queue.get()
+                        item = await self._conn.queue.get()
                 else:
-                    item = await self._queue.get()
+                    item = await self._conn.queue.get()
             except TimeoutError:
                 tracker.expire()
                 return
-            if isinstance(item, _Failed):
+            if isinstance(item, Failed):
                 raise item.error
-            if isinstance(item, _Reconnected):
+            if isinstance(item, Reconnected):
                 lost = item.session.seq == item.after and item.generation > sent_on
                 if not started and lost:
-                    sent_on = await self._send_frame(payload)
+                    sent_on = await self._conn.send(payload)
                 continue
             if not started:
                 if isinstance(item, Guardrail) and item.on == "input" and item.seq > after:
@@ -580,7 +531,7 @@ class Client:
                 elif (
                     isinstance(item, Error)
                     and item.code in REFUSAL_CODES
-                    and item.seq <= self._last  # an unlogged reply to our frame
+                    and item.seq <= self._conn.last  # an unlogged reply to our frame
                 ):
                     yield item
                     return
@@ -598,187 +549,33 @@ class Client:
     def _end_turn(self) -> None:
         """The turn's iterator is done: what it left unread goes to ``on_event``."""
         self._in_turn = False
-        while not self._queue.empty():
-            item = self._queue.get_nowait()
-            if not isinstance(item, _Reconnected | _Failed):  # a failure is in _failure
+        while not self._conn.queue.empty():
+            item = self._conn.queue.get_nowait()
+            if not isinstance(item, Reconnected | Failed):  # a failure is in _failure
                 call_hook(self.hooks.on_event, item)
 
-    # ------------------------------------------------------------------ the connection
+    # ------------------------------------------------------------------ what is read
 
-    async def _send_frame(self, payload: bytes, *, binary: bool = False) -> int:
-        """Send one frame on a live connection (waiting for one); its generation."""
-        while True:
-            self._raise_if_failed()
-            await self._wait_connected()
-            ws, generation = self._ws, self._generation
-            if ws is None:
-                continue
-            try:
-                if binary:
-                    await ws.send(payload, text=False)
-                else:
-                    await ws.send(payload.decode())
-                return generation
-            except ConnectionClosed:
-                # The supervisor sees the same close and reconnects.
-                await asyncio.sleep(0)
-                if self._connected.is_set() and self._generation == generation:
-                    self._connected.clear()
-
-    async def _wait_connected(self) -> None:
-        if self._connected.is_set():
-            return
-        waiter = asyncio.ensure_future(self._connected.wait())
-        supervisor = self._supervisor
-        try:
-            if supervisor is None:
-                await waiter
-            else:
-                await asyncio.wait({waiter, supervisor}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            waiter.cancel()
-        self._raise_if_failed()
-
-    def _raise_if_failed(self) -> None:
-        if self._failure is not None:
-            raise self._failure
-        if self._closing:
-            raise ClientError("the client is closed")
-
-    async def _dial(self, *, first: bool, close_code: int | None = None) -> None:
-        """Open a connection, retrying what a retry can fix; queue the reconnect marker.
-
-        With several URLs, every failure a retry can fix moves on to the next
-        URL; a first connection raises ``Unreachable`` only when none answered.
-        """
-        deadline = time.monotonic() + self.timing.reconnect_timeout
-        attempt = 0
-        unreachable = 0
-        while True:
-            resume = self._session_id is not None and self._last >= 0
-            after = self._last
-            try:
-                ws, session = await open_connection(
-                    self.url,
-                    token=self.token,
-                    session_id=self._session_id,
-                    after=after if resume else None,
-                    open_timeout=self.timing.open_timeout,
-                    max_size=None,
-                )
-                break
-            except Refused as exc:
-                if exc.final:
-                    raise
-                problem: ClientError = exc
-            except Unreachable as exc:
-                unreachable += 1
-                if first and unreachable >= len(self.urls):
-                    raise
-                problem = exc
-            except ConnectionClosed as exc:
-                problem = ConnectionLost(f"connection closed during the handshake ({exc})")
-            if time.monotonic() >= deadline:
-                raise ConnectionLost(
-                    f"could not reconnect for {self.timing.reconnect_timeout:g}s: {problem}"
-                ) from problem
-            call_hook(self.hooks.on_retry, problem)
-            self._url_index = (self._url_index + 1) % len(self.urls)
-            if self._url_index == 0:  # every URL tried once: back off
-                await asyncio.sleep(self._backoff(attempt, close_code))
-                attempt += 1
-        if self._session_id is None or self._last < 0:
-            self._last = session.seq  # a new session: nothing before it is ours
-        self._session_id = session.session_id
-        self.session = session
-        self._ws = ws
-        self._generation += 1
-        if not first:
-            self.reconnects += 1
-        self._queue.put_nowait(_Reconnected(session, after, self._generation))
-        self._connected.set()
-        call_hook(self.hooks.on_connect, session)
-
-    def _backoff(self, attempt: int, close_code: int | None) -> float:
-        floor = 1.0 if close_code == 1013 and attempt == 0 else 0.0  # store down: give it time
-        delay = min(self.timing.backoff_max, self.timing.backoff_initial * 2.0**attempt)
-        return max(floor, delay * random.uniform(0.5, 1.0))
-
-    async def _run(self) -> None:
-        """Read every connection; reconnect until closed or something final happens."""
-        try:
-            while True:
-                ws = self._ws
-                assert ws is not None
-                reason = await self._read(ws)
-                self._connected.clear()
-                close = ws.protocol.close_rcvd
-                code = close.code if close is not None else None
-                if self._closing:
-                    return
-                if close is not None and code in FINAL_CLOSE_CODES:
-                    reason_text = close.reason or "no reason given"
-                    raise ConnectionLost(
-                        f"the gateway closed the connection ({code} {reason_text})"
-                    )
-                call_hook(self.hooks.on_disconnect, reason)
-                # A close the server asked for (1012 drain, 4008 slow) reconnects at
-                # once; a lost connection or a busy server waits a little first.
-                if code not in (1012, 4008):
-                    await asyncio.sleep(self._backoff(0, code))
-                await self._dial(first=False, close_code=code)
-        except asyncio.CancelledError:
-            raise
-        except BaseException as exc:
-            self._failure = exc
-            self._queue.put_nowait(_Failed(exc))
-
-    async def _read(self, ws: ClientConnection) -> str:
-        """Deliver this connection's frames until it ends; why it ended."""
-        try:
-            while True:
-                data = await ws.recv()
-                if isinstance(data, bytes):  # the model's speech (protocol.audio)
-                    if self.hooks.on_audio is not None:
-                        call_hook(self.hooks.on_audio, *split_audio_frame(data))
-                    continue
-                try:
-                    event = decode_event(data)
-                except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-                    log.warning("gateway client: skipping a frame that is not an event (%s)", exc)
-                    continue
-                kind = event_kind(event)
-                seq_from = getattr(event, "seq_from", msgspec.UNSET)
-                verdict = classify_seq(
-                    kind, event.seq, self._last, -1 if seq_from is msgspec.UNSET else seq_from
-                )
-                if verdict is SeqVerdict.DUPLICATE:
-                    continue
-                if verdict is SeqVerdict.GAP:
-                    ws.transport.abort()  # resume from the log with after=last
-                    return f"events after seq {self._last} missing; resuming"
-                if verdict is SeqVerdict.NEW:
-                    self._last = event.seq
-                elif isinstance(event, Error) and self._answers_own_frame(event):
-                    continue  # a reply configure(), played() or approve() takes
-                if isinstance(event, Configured) and isinstance(event.reply_to, str):
-                    waiter = self._configuring.pop(event.reply_to, None)
-                    if waiter is not None and not waiter.done():
-                        waiter.set_result(event)
-                elif isinstance(event, SpeechStopped) or (
-                    isinstance(event, User) and event.source == "audio"
-                ):
-                    self._speech_ended.set()
-                elif isinstance(event, SpeechStarted):
-                    self._speech_ended.clear()
-                self._calls.seen(event)
-                if self._in_turn:
-                    self._queue.put_nowait(event)  # the turn's iterator decides
-                else:
-                    call_hook(self.hooks.on_event, event)
-        except ConnectionClosed as exc:
-            close = exc.rcvd
-            return "connection lost" if close is None else f"closed {close.code} {close.reason}"
+    def _receive(self, event: Event, logged: bool) -> None:
+        """Each event the connection delivers: to a waiting command, the turn's iterator
+        or ``on_event`` (an unlogged ``error`` may answer one of this client's frames)."""
+        if not logged and isinstance(event, Error) and self._answers_own_frame(event):
+            return  # a reply configure(), played() or approve() takes
+        if isinstance(event, Configured) and isinstance(event.reply_to, str):
+            waiter = self._configuring.pop(event.reply_to, None)
+            if waiter is not None and not waiter.done():
+                waiter.set_result(event)
+        elif isinstance(event, SpeechStopped) or (
+            isinstance(event, User) and event.source == "audio"
+        ):
+            self._speech_ended.set()
+        elif isinstance(event, SpeechStarted):
+            self._speech_ended.clear()
+        self._calls.seen(event)
+        if self._in_turn:
+            self._conn.queue.put_nowait(event)  # the turn's iterator decides
+        else:
+            call_hook(self.hooks.on_event, event)
 
     def _answers_own_frame(self, error: Error) -> bool:
         """Whether an unlogged error reply answers ``played`` (dropped silently: the

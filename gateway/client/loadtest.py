@@ -23,9 +23,8 @@ repeat or a dropped connection is counted, never resumed. See
 
 Entry points: ``run_loadtest(config)`` (programmatic), ``LoadTest`` (the same,
 with live ``counters`` and an optional per-event ``observer`` for benchmarks).
-``LoadTestConfig`` declares each setting once (``gateway.common.settings``): the
-command line of ``gateway loadtest`` (``gateway.client.loadtest_cli``) derives
-its flags from it.
+``LoadTestConfig`` (``gateway.client.loadtest_config``) declares each setting
+once; the counters and the progress line are ``gateway.client.loadtest_progress``'s.
 """
 
 from __future__ import annotations
@@ -36,7 +35,7 @@ import datetime
 import resource
 import sys
 import time
-from typing import Annotated, Final, Literal, NoReturn, Protocol, TextIO
+from typing import Final, NoReturn, Protocol, TextIO
 
 import msgspec
 from websockets.asyncio.client import ClientConnection, connect
@@ -48,10 +47,11 @@ from websockets.exceptions import (
 )
 
 from gateway.client.dial import NO_PROXY
-from gateway.client.report import DEFAULT_SAMPLE_CAP, LoadTestReport, Reservoir, histogram
+from gateway.client.loadtest_config import MAX_SESSIONS, LoadTestConfig, ProgressMode
+from gateway.client.loadtest_progress import LoadTestCounters, show_progress
+from gateway.client.report import LoadTestReport, Reservoir, histogram
 from gateway.client.stream import METRIC_GRACE, TurnTracker, check_seq
 from gateway.common.pcm import last_loud_frame
-from gateway.common.settings import ConfigError, Setting, check_ranges
 
 __all__ = [
     "FD_MARGIN",
@@ -67,8 +67,6 @@ __all__ = [
     "sized_message",
 ]
 
-MAX_SESSIONS: Final = 10_000
-MAX_DURATION: Final = 24 * 3600.0
 USER_AGENT: Final = "realtime-gateway-loadtest"
 
 # Events that carry model output: the first one of a turn is "first token".
@@ -77,155 +75,6 @@ _CONTENT: Final = frozenset({"think", "respond", "call"})
 _NOTICE_CODES: Final = frozenset({"store", "log_trimmed"})
 # Files besides the sessions' sockets (stdio, the event loop, imports, margin).
 FD_MARGIN: Final = 64
-
-ProgressMode = Literal["off", "bar", "lines"]
-
-
-Sessions = Annotated[int, msgspec.Meta(ge=1, le=MAX_SESSIONS)]
-Count = Annotated[int, msgspec.Meta(ge=0)]
-AtLeastOne = Annotated[int, msgspec.Meta(ge=1)]
-Seconds = Annotated[float, msgspec.Meta(ge=0, le=MAX_DURATION)]
-PositiveSeconds = Annotated[float, msgspec.Meta(gt=0, le=MAX_DURATION)]
-
-LOAD = "load"
-CONNECTION = "connection"
-
-
-class LoadTestConfig(msgspec.Struct, frozen=True, kw_only=True):
-    """One load test: each field declares its setting once (``gateway.common.settings``).
-
-    Checked on construction: a value out of its range raises ``ConfigError``
-    (a ``ValueError``) naming the setting.
-    """
-
-    url: Annotated[str, Setting("gateway endpoint, e.g. ws://127.0.0.1:8765/v1/realtime")]
-    sessions: Annotated[Sessions, Setting("concurrent client sessions", LOAD)] = 10
-    turns: Annotated[Count, Setting("user messages each session sends, one at a time", LOAD)] = 1
-    ramp: Annotated[
-        Seconds, Setting("seconds over which the sessions start, evenly; 0: all at once", LOAD)
-    ] = 0.0
-    message: Annotated[str, Setting("the user message each turn sends", LOAD)] = "hello"
-    think_time: Annotated[
-        Seconds, Setting("seconds between the end of a turn and the next message", LOAD)
-    ] = 0.0
-    hold: Annotated[
-        Seconds, Setting("seconds a session stays connected, idle, after its last turn", LOAD)
-    ] = 0.0
-    duration: Annotated[
-        PositiveSeconds,
-        Setting("hard cap on the whole run in seconds; what still runs then is stopped", LOAD),
-    ] = 300.0
-    turn_timeout: Annotated[
-        PositiveSeconds,
-        Setting("seconds after which an unfinished turn fails and its session closes", CONNECTION),
-    ] = 60.0
-    connect_timeout: Annotated[
-        PositiveSeconds,
-        Setting(
-            "seconds bounding the handshake, and separately the session frame after it", CONNECTION
-        ),
-    ] = 10.0
-    close_timeout: Annotated[
-        PositiveSeconds, Setting("seconds a close handshake may take", CONNECTION)
-    ] = 5.0
-    token: Annotated[
-        str | None,
-        Setting(
-            "API key, sent as Authorization: Bearer; never written to the report (default: "
-            "$GATEWAY_TOKEN, unseen by other processes)",
-            CONNECTION,
-        ),
-    ] = None
-    progress: Annotated[
-        ProgressMode, Setting("progress on stderr: none, an updating bar, or periodic lines")
-    ] = "off"
-    progress_interval: Annotated[
-        Seconds, Setting("seconds between progress updates; 0: 0.5 for the bar, 5 for lines")
-    ] = 0.0
-    sample_cap: Annotated[
-        AtLeastOne, Setting("latency samples kept per figure (a uniform reservoir past it)")
-    ] = DEFAULT_SAMPLE_CAP
-    max_frame: Annotated[int, Setting("largest frame accepted from the gateway, in bytes")] = (
-        16 * 2**20
-    )
-    audio: Annotated[
-        bytes,
-        Setting("PCM16 mono speech each turn streams at real-time pace instead of the message"),
-    ] = b""
-    audio_rate: Annotated[int, Setting("sample rate of audio, per second")] = 24000
-    phone: Annotated[
-        bool,
-        Setting(
-            "each session is a phone call dialled as a carrier dials (Twilio Media Streams, "
-            "signed with TWILIO_AUTH_TOKEN from the environment): the URL is a media-stream "
-            "endpoint (ws://HOST:PORT/v1/phone/twilio); reports speech end → first audio",
-            LOAD,
-        ),
-    ] = False
-    phone_webhook: Annotated[
-        str,
-        Setting(
-            "with --phone: the number's voice webhook (http://HOST:API_PORT/v1/phone/twilio/"
-            "voice) each call asks first, signed, as Twilio does, for its one-time stream "
-            "token (a gateway requires one by default); unset: streams alone",
-            LOAD,
-        ),
-    ] = ""
-    phone_barge_in: Annotated[
-        bool,
-        Setting(
-            "with --phone: the caller speaks over each answer 0.3 s into it; reports "
-            "barge-in → silence",
-            LOAD,
-        ),
-    ] = False
-
-    def __post_init__(self) -> None:
-        check_ranges(self)
-        if not self.url.startswith(("ws://", "wss://")):
-            raise ConfigError(f"url {self.url!r} is not a WebSocket URL: use ws://HOST:PORT/PATH")
-        if self.phone and "/v1/phone/" not in self.url:
-            raise ConfigError(
-                f"--phone dials a media-stream endpoint, not {self.url!r}: use "
-                "ws://HOST:PORT/v1/phone/twilio"
-            )
-        if self.phone_barge_in and not self.phone:
-            raise ConfigError("--phone-barge-in needs --phone")
-
-
-class LoadTestCounters:
-    """Live totals of a running test (read them from another task: benches, progress)."""
-
-    __slots__ = (
-        "bytes",
-        "coalesced_chunks",
-        "coalesced_frames",
-        "errors",
-        "events",
-        "peak_open",
-        "sessions_connected",
-        "sessions_failed",
-        "sessions_open",
-        "turns_aborted",
-        "turns_failed",
-        "turns_ok",
-        "turns_skipped",
-    )
-
-    def __init__(self) -> None:
-        self.events = 0
-        self.coalesced_frames = 0
-        self.coalesced_chunks = 0
-        self.bytes = 0
-        self.errors = 0
-        self.sessions_open = 0
-        self.peak_open = 0
-        self.sessions_connected = 0
-        self.sessions_failed = 0
-        self.turns_ok = 0
-        self.turns_failed = 0
-        self.turns_aborted = 0
-        self.turns_skipped = 0
 
 
 class LoadTestObserver(Protocol):
@@ -683,45 +532,9 @@ class LoadTest:
             self._closed(exc)
             raise _SessionOver from exc
 
-    # ------------------------------------------------------------------ progress
-
     async def _progress(self) -> None:
-        cfg = self.config
         out = self.out or sys.stderr
-        bar = cfg.progress == "bar"
-        interval = cfg.progress_interval or (0.5 if bar else 5.0)
-        last_events, last_t = 0, self._t0
-        while not self._done.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._done.wait(), interval)
-            t = time.perf_counter()
-            events = self.counters.events
-            rate = (events - last_events) / (t - last_t) if t > last_t else 0.0
-            last_events, last_t = events, t
-            line = self.progress_line(t - self._t0, rate, bar=bar)
-            if bar:
-                out.write("\r" + line + "\x1b[K")
-                if self._done.is_set():
-                    out.write("\n")
-            else:  # periodic lines, and a last one when the run ends
-                out.write(line + "\n")
-            out.flush()
-
-    def progress_line(self, elapsed: float, rate: float, *, bar: bool) -> str:
-        """One line of progress: elapsed, sessions open, turns done, events/s, errors."""
-        cfg, c = self.config, self.counters
-        planned = cfg.sessions * cfg.turns
-        done = c.turns_ok + c.turns_failed + c.turns_aborted + c.turns_skipped
-        text = (
-            f"{elapsed:7.1f}s  open {c.sessions_open:>5}/{cfg.sessions}"
-            f"  turns {c.turns_ok + c.turns_failed:>7,}/{planned:,}"
-            f"  {rate:>9,.0f} ev/s  errors {c.errors:,}"
-        )
-        if not bar:
-            return "loadtest " + text
-        frac = done / planned if planned else 0.0
-        filled = min(20, int(frac * 20))
-        return f"[{'#' * filled}{'.' * (20 - filled)}] {text}"
+        await show_progress(self.config, self.counters, out, self._done, self._t0)
 
 
 async def _abort(ws: ClientConnection) -> None:

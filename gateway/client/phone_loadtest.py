@@ -34,7 +34,8 @@ import msgspec
 from websockets.exceptions import InvalidStatus
 
 from gateway.client.carrier import CallSetup, SimulatedCall, speech_mulaw
-from gateway.client.loadtest import LoadTestConfig, raise_nofile_limit
+from gateway.client.loadtest import raise_nofile_limit
+from gateway.client.loadtest_config import LoadTestConfig
 from gateway.client.report import LatencySummary, Reservoir
 from gateway.common.pcm import resample, silence, tone
 

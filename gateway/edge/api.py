@@ -42,16 +42,35 @@ import functools
 import http
 import logging
 import socket
-import zlib
 from collections.abc import Awaitable, Callable
-from typing import Annotated, Any, Final, Literal
+from typing import Any, Final
 
 import msgspec
 from aiohttp import web
 
 from gateway.config import Config
 from gateway.edge.admission import ANY_ORIGIN, Edges
+from gateway.edge.api_messages import (
+    CreateSession,
+    Minted,
+    MintStreamToken,
+    MintToken,
+    SessionInfo,
+    StreamTokenMinted,
+    create_decoder,
+    encode,
+    mint_decoder,
+    stream_token_decoder,
+)
 from gateway.edge.auth import ANONYMOUS, KeyStoreUnavailable
+from gateway.edge.http_requests import (
+    MAX_BODY,
+    Refusal,
+    error_response,
+    json_response,
+    query_int,
+    read_body,
+)
 from gateway.edge.media_streams import MediaStreams
 from gateway.edge.openai_secrets import OPENAI_CLIENT_SECRETS, client_secret
 from gateway.edge.pending import WatchedProtocol
@@ -60,7 +79,6 @@ from gateway.sessions.port import CONFIG_QUOTA, UNUSED, NodePort, config_bytes
 from gateway.sessions.setup import ConfigProblem
 from gateway.store.base import RECORDING, StoreUnavailable
 from protocol.configuration import (
-    MAX_SCHEMA_DEPTH,
     ConfigChange,
     SessionConfig,
     apply_change,
@@ -69,126 +87,17 @@ from protocol.configuration import (
 from protocol.events import Usage
 from tools.client import prepare
 
-__all__ = ["API_PREFIX", "CreateSession", "HttpApi", "MintToken", "SessionInfo"]
+__all__ = ["API_PREFIX", "HttpApi"]
 
 log = logging.getLogger("gateway.edge.api")
 
 API_PREFIX: Final = "/v1/sessions"
-MAX_BODY: Final = 1 << 20  # bytes; a configuration is at most ~300 KB (64 tools of 4 KB)
 MAX_PAGE: Final = 1000
 DEFAULT_PAGE: Final = 500
 PAGE_BYTES: Final = 1 << 20
 """An export page holds at most this many bytes of events (one larger event comes alone)."""
-_ENCODINGS: Final = {"gzip": zlib.MAX_WBITS | 16, "x-gzip": zlib.MAX_WBITS | 16, "deflate": 0}
 
-TokenTtl = Annotated[float, msgspec.Meta(ge=1, le=86400)]
-
-
-TokenRights = Annotated[tuple[Literal["approve"], ...], msgspec.Meta(max_length=4)]
-"""What a client token may do beyond opening its session: ``approve`` calls that wait
-for a user's decision (without it only the API key approves)."""
-
-
-class CreateSession(ConfigChange, frozen=True, forbid_unknown_fields=True):
-    """``POST /v1/sessions``: the session's configuration, its client token's lifetime (s)
-    and rights."""
-
-    ttl: TokenTtl | msgspec.UnsetType = msgspec.UNSET
-    rights: TokenRights = ()
-
-
-class MintToken(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """``POST /v1/sessions/{id}/tokens``."""
-
-    ttl: TokenTtl | msgspec.UnsetType = msgspec.UNSET
-    rights: TokenRights = ()
-
-
-class MintStreamToken(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """``POST /v1/phone/tokens``: the session the call resumes (none: a new one), the
-    carrier's call id it is for (none: any), the token's lifetime (s)."""
-
-    session_id: str | msgspec.UnsetType = msgspec.UNSET
-    call: Annotated[str, msgspec.Meta(max_length=128)] | msgspec.UnsetType = msgspec.UNSET
-    ttl: TokenTtl | msgspec.UnsetType = msgspec.UNSET
-
-
-class StreamTokenMinted(msgspec.Struct, frozen=True):
-    stream_token: str
-    expires_at: float  # unix seconds
-    session_id: str | None = None
-
-
-class Minted(msgspec.Struct, frozen=True):
-    session_id: str
-    client_token: str
-    expires_at: float  # unix seconds
-
-
-class SessionInfo(msgspec.Struct, frozen=True):
-    """``GET /v1/sessions/{id}``."""
-
-    session_id: str
-    status: Literal["active", "idle"]  # active: a node drives it now
-    config: SessionConfig
-    usage: Usage
-    created: float  # unix seconds
-    last_seq: int
-    node: str | None = None  # the node driving it
-
-
-class ApiError(msgspec.Struct, frozen=True):
-    code: str
-    message: str
-
-
-class ErrorBody(msgspec.Struct, frozen=True):
-    error: ApiError
-
-
-_encode: Final = msgspec.json.Encoder().encode
-_create_decoder: Final = msgspec.json.Decoder(CreateSession)
-_mint_decoder: Final = msgspec.json.Decoder(MintToken)
-_stream_token_decoder: Final = msgspec.json.Decoder(MintStreamToken)
 PHONE_TOKENS: Final = "/v1/phone/tokens"
-
-_CODES: Final = {
-    400: "bad_request",
-    401: "unauthorized",
-    403: "forbidden",
-    404: "not_found",
-    405: "method_not_allowed",
-    408: "timeout",
-    413: "too_large",
-    415: "unsupported_media_type",
-    429: "quota_exceeded",
-    503: "unavailable",
-}
-
-
-class Refusal(Exception):
-    """A 4xx/5xx answer; raised inside a handler, turned into JSON by the middleware."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-
-
-def _json(status: int, body: msgspec.Struct | bytes) -> web.Response:
-    data = body if isinstance(body, bytes) else _encode(body)
-    return web.Response(status=status, body=data, content_type="application/json")
-
-
-def _error(status: int, message: str) -> web.Response:
-    code = _CODES.get(status, "error")
-    response = _json(status, ErrorBody(ApiError(code, message)))
-    if status == 401:
-        response.headers["WWW-Authenticate"] = 'Bearer realm="realtime-gateway"'
-    elif status == 503:
-        response.headers["Retry-After"] = "5"
-    return response
-
 
 _HOW: Final = (
     "send your API key as `Authorization: Bearer API_KEY` (the gateway's operator issues "
@@ -338,14 +247,18 @@ class HttpApi:
         try:
             return await handler(request)
         except Refusal as exc:
-            return _error(exc.status, exc.message)
+            return error_response(exc.status, exc.message)
         except web.HTTPRequestEntityTooLarge:
-            return _error(413, f"the body is larger than {MAX_BODY} bytes; send a smaller one")
+            return error_response(
+                413, f"the body is larger than {MAX_BODY} bytes; send a smaller one"
+            )
         except web.HTTPMethodNotAllowed as exc:
             allowed = ", ".join(sorted(exc.allowed_methods))
-            return _error(405, f"{request.method} is not allowed on {request.path}; use {allowed}")
+            return error_response(
+                405, f"{request.method} is not allowed on {request.path}; use {allowed}"
+            )
         except web.HTTPNotFound:
-            return _error(
+            return error_response(
                 404,
                 f"no such endpoint {request.path[:200]!r}: the API is POST {API_PREFIX}, "
                 f"GET|DELETE {API_PREFIX}/ID, GET {API_PREFIX}/ID/events, "
@@ -354,12 +267,12 @@ class HttpApi:
             )
         except StoreUnavailable:
             self.node.metrics.store_errors.inc()
-            return _error(503, "the session store is unavailable; retry in a few seconds")
+            return error_response(503, "the session store is unavailable; retry in a few seconds")
         except web.HTTPException:
             raise
         except Exception:
             log.exception("HTTP API: %s %s failed", request.method, request.path)
-            return _error(500, "internal error; retry, and report it if it persists")
+            return error_response(500, "internal error; retry, and report it if it persists")
 
     def _origin_allowed(self, origin: str) -> bool:
         origins = self.edges.origins
@@ -371,7 +284,7 @@ class HttpApi:
         origin = request.headers.get("Origin")
         if request.method == "OPTIONS" and "Access-Control-Request-Method" in request.headers:
             if origin is None or not self._origin_allowed(origin):
-                return _error(
+                return error_response(
                     403,
                     f"origin {str(origin)[:200]!r} may not call this API from a browser; the "
                     "operator can allow it with --allowed-origins",
@@ -456,47 +369,18 @@ class HttpApi:
         return key_id, sid, meta
 
     async def _body(self, request: web.Request, decode: Callable[[bytes], Any]) -> Any:
-        """The request's JSON body, decoded; called after ``_key_id`` (a caller with no
-        key never gets its body read). Size is checked on the bytes as sent (Content-Length
-        first), then a compressed body is inflated off the loop to at most ``MAX_BODY``."""
-        encoding = _encoding(request)
-        content_type = request.headers.get("Content-Type", "application/json").lower()
-        if request.content_length != 0 and "json" not in content_type:
-            raise Refusal(415, "send the body as JSON (Content-Type: application/json)")
-        timeout = self.config.body_timeout
-        try:
-            async with asyncio.timeout(timeout):
-                data = await request.read()
-        except TimeoutError:
-            raise Refusal(
-                408,
-                f"the body did not arrive within {timeout:g} s; send the whole request at once",
-            ) from None
-        if encoding and data:
-            data = await asyncio.to_thread(_inflate, data, encoding)
-        if not data.strip():
-            data = b"{}"  # no body: every field's default
-        try:
-            return decode(data)
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            raise Refusal(400, f"invalid body: {exc}; see docs/http-api.md") from exc
-        except RecursionError as exc:  # msgspec recurses per level: ~1,000 is its end
-            raise Refusal(
-                400,
-                f"invalid body: it nests too deeply to read; a tool schema may nest at most "
-                f"{MAX_SCHEMA_DEPTH} levels",
-            ) from exc
-        except ValueError as exc:
-            raise Refusal(400, f"invalid body: {exc}") from exc
+        """The request's JSON body, decoded (``read_body``); called after ``_key_id``:
+        a caller with no key never gets its body read."""
+        return await read_body(request, decode, self.config.body_timeout)
 
     # ------------------------------------------------------------------ handlers
 
     async def create(self, request: web.Request) -> web.Response:
         key_id = await self._key_id(request)
-        body: CreateSession = await self._body(request, _create_decoder.decode)
+        body: CreateSession = await self._body(request, create_decoder.decode)
         ttl = None if body.ttl is msgspec.UNSET else body.ttl
         minted = await self.make_session(key_id, body, ttl, approve="approve" in body.rights)
-        return _json(201, minted)
+        return json_response(201, minted)
 
     async def make_session(
         self, key_id: str, change: ConfigChange, ttl: float | None, *, approve: bool = False
@@ -556,17 +440,17 @@ class HttpApi:
 
     async def mint(self, request: web.Request) -> web.Response:
         key_id, sid, _ = await self._owned(request)
-        body: MintToken = await self._body(request, _mint_decoder.decode)
+        body: MintToken = await self._body(request, mint_decoder.decode)
         ttl = None if body.ttl is msgspec.UNSET else body.ttl
         approve = "approve" in body.rights
         token, expires_at = await self.edges.tokens.mint(sid, key_id, ttl, approve=approve)
-        return _json(201, Minted(sid, token, expires_at))
+        return json_response(201, Minted(sid, token, expires_at))
 
     async def phone_token(self, request: web.Request) -> web.Response:
         """A one-time stream token: the app puts it in the TwiML of a call it answers."""
         assert self.phone is not None
         key_id = await self._key_id(request)
-        body: MintStreamToken = await self._body(request, _stream_token_decoder.decode)
+        body: MintStreamToken = await self._body(request, stream_token_decoder.decode)
         sid = "" if body.session_id is msgspec.UNSET else body.session_id
         if sid:
             meta = await self.node.store.get_meta(sid)
@@ -579,7 +463,7 @@ class HttpApi:
         token, expires_at = await self.phone.mint_stream_token(
             str(key_id), sid=sid, call=call, ttl=ttl
         )
-        return _json(201, StreamTokenMinted(token, expires_at, sid or None))
+        return json_response(201, StreamTokenMinted(token, expires_at, sid or None))
 
     async def describe(self, request: web.Request) -> web.Response:
         _, sid, meta = await self._owned(request)
@@ -606,12 +490,12 @@ class HttpApi:
             last_seq=last_seq,
             node=driver,
         )
-        return _json(200, info)
+        return json_response(200, info)
 
     async def events(self, request: web.Request) -> web.Response:
         _, sid, _ = await self._owned(request)
-        after = _query_int(request, "after", 0, 0, 10**18)
-        limit = _query_int(request, "limit", DEFAULT_PAGE, 1, MAX_PAGE)
+        after = query_int(request, "after", 0, 0, 10**18)
+        limit = query_int(request, "limit", DEFAULT_PAGE, 1, MAX_PAGE)
         store = self.node.store
         # Paged by count and by bytes, decided by the store as it reads, so a
         # page of large events is never read whole (a 300-event page was once
@@ -625,7 +509,7 @@ class HttpApi:
         body = b"".join(
             [
                 b'{"session_id":',
-                _encode(sid),
+                encode(sid),
                 b',"events":[',
                 b",".join(e.data for e in entries),
                 b'],"next_after":',
@@ -635,14 +519,14 @@ class HttpApi:
                 b"}",
             ]
         )
-        return _json(200, body)
+        return json_response(200, body)
 
     async def recording(self, request: web.Request) -> web.Response:
         """A page of the session's recording: JSON Lines from byte ``offset``, at most
         ``PAGE_BYTES``, ending on a whole line; ``X-Next-Offset`` and ``X-Has-More``
         (and a ``Link rel="next"``) say where the next page starts."""
         _, sid, meta = await self._owned(request)
-        offset = _query_int(request, "offset", 0, 0, 1 << 40)
+        offset = query_int(request, "offset", 0, 0, 1 << 40)
         page, size = await self.node.store.read_recording(sid, offset, PAGE_BYTES)
         if size == 0 and RECORDING not in meta:
             raise Refusal(
@@ -682,59 +566,3 @@ def _float(value: str | None) -> float:
         return float(value or 0)
     except ValueError:
         return 0.0
-
-
-def _too_large(request: web.Request) -> None:
-    """413 at once for a body announced larger than ``MAX_BODY`` (none is read)."""
-    length = request.content_length
-    if length is not None and length > MAX_BODY:
-        raise Refusal(413, f"the body is larger than {MAX_BODY} bytes; send a smaller one")
-
-
-def _encoding(request: web.Request) -> str:
-    """The body's Content-Encoding (``""``: none), refused (415) unless gzip or deflate;
-    and a body announced past ``MAX_BODY`` refused (413) before it is read."""
-    _too_large(request)
-    encoding = request.headers.get("Content-Encoding", "").strip().lower()
-    if encoding in ("", "identity"):
-        return ""
-    if encoding not in _ENCODINGS:
-        raise Refusal(
-            415,
-            f"Content-Encoding {encoding[:40]!r} is not accepted: send the body as is, or "
-            "gzip or deflate it (one encoding)",
-        )
-    return encoding
-
-
-def _inflate(data: bytes, encoding: str) -> bytes:
-    """``data`` inflated, at most to ``MAX_BODY`` bytes (the work stops there): run off
-    the loop. ``Refusal`` 413 past it, 400 for a body that is not what it says."""
-    wbits = _ENCODINGS[encoding]
-    attempts = (wbits,) if wbits else (zlib.MAX_WBITS, -zlib.MAX_WBITS)  # deflate: zlib or raw
-    for attempt in attempts:
-        inflater = zlib.decompressobj(attempt)
-        try:
-            out = inflater.decompress(data, MAX_BODY + 1)
-        except zlib.error:
-            continue
-        if len(out) > MAX_BODY:
-            raise Refusal(
-                413,
-                f"the body inflates to more than {MAX_BODY} bytes; send a smaller one",
-            )
-        if not inflater.eof:
-            raise Refusal(400, f"the {encoding} body ends early: send the whole stream")
-        return out
-    raise Refusal(400, f"the body is not valid {encoding}: compress it as its header says")
-
-
-def _query_int(request: web.Request, name: str, default: int, low: int, high: int) -> int:
-    raw = request.query.get(name)
-    if raw is None:
-        return default
-    if raw.isascii() and raw.isdecimal() and len(raw) <= 19 and low <= int(raw) <= high:
-        return int(raw)
-    raise Refusal(
-        400, f"{name}={raw[:40]!r} is not valid: give a whole number from {low} to {high}"
-    )

@@ -20,7 +20,7 @@ is a few milliseconds old, so a client sharing an attacker's address (a
 NAT, an office) still gets in.
 
 Both ports share one ``PendingConnections``: the WebSocket server's
-connection class reports to it (``gateway.edge.server``), and the HTTP API's
+connection class reports to it (``watched``), and the HTTP API's
 protocols are wrapped in ``WatchedProtocol``.
 """
 
@@ -33,7 +33,9 @@ import time
 from collections.abc import Callable
 from typing import Final
 
-__all__ = ["PendingConnections", "WatchedProtocol", "peer_address"]
+from gateway.wsfast import BatchingConnection
+
+__all__ = ["PendingConnections", "WatchedProtocol", "peer_address", "watched"]
 
 log = logging.getLogger("gateway.edge.pending")
 
@@ -171,3 +173,23 @@ class WatchedProtocol(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self._inner.resume_writing()
+
+
+def watched(pending: PendingConnections) -> type[BatchingConnection]:
+    """The WebSocket port's connection class, counted in ``pending`` from its first byte.
+
+    ``Edges.admit`` settles a connection once its handshake authenticated;
+    one that never does is settled when it closes (at the latest after
+    ``header_timeout``, websockets' ``open_timeout``).
+    """
+
+    class WatchedConnection(BatchingConnection):
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            super().connection_made(transport)
+            pending.opened(transport)
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            pending.settled(self.transport)
+            super().connection_lost(exc)
+
+    return WatchedConnection

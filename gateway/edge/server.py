@@ -20,9 +20,7 @@ import contextlib
 import functools
 import http
 import logging
-import time
-from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Iterator, MutableMapping, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Final, Literal, cast
 from urllib.parse import parse_qs, urlsplit
 
@@ -43,12 +41,12 @@ from gateway.edge.closes import CloseCode, close_reason
 from gateway.edge.connection import ClientConnection
 from gateway.edge.health import Descriptors, StoreProbe
 from gateway.edge.media_streams import MediaStreamsFactory
+from gateway.edge.new_sessions import NewSessions
 from gateway.edge.one_port import Sniffer
 from gateway.edge.openai_door import OPENAI_PATH, OpenAIDoor
-from gateway.edge.pending import PendingConnections
+from gateway.edge.pending import watched
 from gateway.sessions.port import UNUSED, NodePort
 from gateway.store.base import StoreUnavailable
-from gateway.wsfast import BatchingConnection
 from protocol.configuration import SessionConfig, decode_config
 
 __all__ = ["Gateway", "Handshake", "ListenFailed"]
@@ -87,86 +85,6 @@ class Handshake(msgspec.Struct):
     # A session the HTTP API made that no client has opened yet: its first connection
     # is not a resume (its session frame says ``resumed: false``).
     fresh: bool = False
-
-
-class NewSessions(MutableMapping[str, str]):
-    """New sessions of this node that are not stored yet: sid → owner.
-
-    Until its first turn a session exists only here (and in the runtime that
-    drives it), so only this node can attach to it. When its last connection
-    leaves, it stays attachable for ``grace`` seconds, long enough for a
-    client that was disconnected (a bad frame's close, a network blip) to come
-    back with ``session_id``; then it is forgotten. Memory stays bounded by
-    the connections of the last ``grace`` seconds.
-    """
-
-    def __init__(self, grace: float = 60.0, clock: Callable[[], float] = time.monotonic) -> None:
-        self.grace = grace
-        self._clock = clock
-        self._owners: dict[str, str] = {}
-        self._left: OrderedDict[str, float] = OrderedDict()  # sid → when, oldest first
-
-    def add(self, sid: str, owner: str) -> None:
-        self._expire()
-        self._owners[sid] = owner
-        self._left.pop(sid, None)
-
-    def owner(self, sid: str) -> str | None:
-        self._expire()
-        return self._owners.get(sid)
-
-    def left(self, sid: str) -> None:
-        """The session's last connection closed: forget it after ``grace``."""
-        if sid in self._owners:
-            self._left[sid] = self._clock()
-            self._left.move_to_end(sid)
-
-    def _expire(self) -> None:
-        deadline = self._clock() - self.grace
-        left = self._left
-        while left:
-            sid, when = next(iter(left.items()))
-            if when > deadline:
-                break
-            del left[sid]
-            self._owners.pop(sid, None)
-
-    # The mapping interface (the connection reads and pops owners).
-    def __getitem__(self, sid: str) -> str:
-        return self._owners[sid]
-
-    def __setitem__(self, sid: str, owner: str) -> None:
-        self.add(sid, owner)
-
-    def __delitem__(self, sid: str) -> None:
-        del self._owners[sid]
-        self._left.pop(sid, None)
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._owners)
-
-    def __len__(self) -> int:
-        return len(self._owners)
-
-
-def watched(pending: PendingConnections) -> type[BatchingConnection]:
-    """The WebSocket port's connection class, counted in ``pending`` from its first byte.
-
-    ``Edges.admit`` settles a connection once its handshake authenticated;
-    one that never does is settled when it closes (at the latest after
-    ``header_timeout``, websockets' ``open_timeout``).
-    """
-
-    class WatchedConnection(BatchingConnection):
-        def connection_made(self, transport: asyncio.BaseTransport) -> None:
-            super().connection_made(transport)
-            pending.opened(transport)
-
-        def connection_lost(self, exc: Exception | None) -> None:
-            pending.settled(self.transport)
-            super().connection_lost(exc)
-
-    return WatchedConnection
 
 
 # Routes a node's WebRTC calls on its HTTP app, beside its OpenAI door (and given the

@@ -7,7 +7,8 @@ row's other columns. ``/v1/phone/NAME`` is its endpoint. docs/phone.md
 lists the rows with their sources, and what is not confirmed.
 
 To add a carrier: its row here (and a ``Naming`` if it spells fields its
-own way); a signature scheme other than these is a case in
+own way) and its line in docs/phone.md's table (tests/phone/test_carriers.py
+fails until then); a signature scheme other than these is a case in
 ``gateway.phone.admission``; a REST API for transfers, one in
 ``gateway.phone.control``.
 """

@@ -15,16 +15,18 @@ Replies name their command: a command's ``id`` (the call's id for
 ``error`` that refuses it and on its ``confirms`` event.
 
 To add a command: its message in ``protocol.events`` (the client
-vocabulary), what the machine does with it (``protocol.turn``), its row
-below, and the clients; a message in ``ClientMessage`` with no row and no
-place in ``CONNECTION_MESSAGES`` fails ``tests/sessions/test_commands.py``.
+vocabulary: ``TurnCommand``), what the machine does with it (``protocol.turn``)
+and its row in ``protocol.turn_table``, its row below, and the clients; a
+message in ``ClientMessage`` with no row and no place in
+``CONNECTION_MESSAGES`` fails ``tests/sessions/test_commands.py``
+(docs/architecture.md's recipe; ``tests/house/test_command_recipe.py`` tries it).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Final, Literal, Protocol
+from typing import Any, Final, Literal, Protocol, cast
 
 import msgspec
 
@@ -152,6 +154,12 @@ def _commit(message: Commit, session: SessionCommands) -> TurnInput | Error:
 Who = Literal["anyone", "api_key", "approver"]
 
 
+class _Confirmation(Protocol):
+    """An event that confirms a command names it: the command's ``id`` as ``reply_to``."""
+
+    reply_to: str | msgspec.UnsetType
+
+
 @dataclass(frozen=True, slots=True)
 class CommandSpec:
     """One command.
@@ -182,6 +190,12 @@ class CommandSpec:
     records: bool = False
     turn: bool = False
 
+    def __post_init__(self) -> None:
+        if self.confirms is not None and "reply_to" not in self.confirms.__struct_fields__:
+            raise TypeError(
+                f"{self.what} is confirmed by {self.confirms.__name__}: give it reply_to"
+            )
+
     @property
     def landmark(self) -> type[Event] | None:
         """The event a forwarding node waits for (``confirms``, but not an approval:
@@ -206,7 +220,6 @@ CONNECTION_MESSAGES: Final = (Ping, AudioChunk)
 FORWARDED: Final = tuple(kind for kind, spec in COMMANDS.items() if spec.forwarded)
 """The message types a node forwards to the one driving the session."""
 
-_CONFIRMING: Final = (User, Cancelled, Approval)  # the confirms events the machine emits
 
 _FORBIDDEN: Final[dict[Who, str]] = {
     "api_key": "a client token cannot send {what}: it may not change the session's "
@@ -255,8 +268,8 @@ def run(message: Any, session: SessionCommands) -> Error | None:
     ref = getattr(message, "id", msgspec.UNSET)
     if spec.confirms is not None and isinstance(ref, str):
         for action in actions:
-            if type(action) is spec.confirms and isinstance(action, _CONFIRMING):
-                action.reply_to = ref
+            if type(action) is spec.confirms:
+                cast(_Confirmation, action).reply_to = ref  # CommandSpec checked it has one
                 break
     refused = session.perform(actions, interrupt=spec.interrupts)
     return None if refused is None else answering(refused, message)

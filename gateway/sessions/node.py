@@ -32,10 +32,11 @@ from gateway.sessions.control import (
 from gateway.sessions.follower import LogFollower
 from gateway.sessions.guard import GuardrailsFile
 from gateway.sessions.limits import Limits
+from gateway.sessions.loading import first_use, meta_float, prepare_tools, read_history
 from gateway.sessions.logwriter import LogWriter
 from gateway.sessions.policy import KeyPolicies, within
-from gateway.sessions.port import CONFIG_QUOTA, UNUSED, config_bytes
-from gateway.sessions.recorder import Recorders
+from gateway.sessions.port import UNUSED
+from gateway.sessions.recorder import Recorders, secrets_to_scrub
 from gateway.sessions.resumption import META_KEY, decode_resume_point
 from gateway.sessions.runtime import SessionRuntime
 from gateway.sessions.setup import SessionServices, SessionSetups, UpstreamFactories
@@ -44,14 +45,12 @@ from gateway.store.base import RECORDING, Store, StoreError
 from gateway.tracing import Tracing
 from gateway.upstream import providers
 from gateway.upstream.base import UpstreamFactory
-from protocol.assembly import HistoryItem, decode_history_item
-from protocol.configuration import SessionConfig, decode_config, encode_config
+from protocol.configuration import SessionConfig, encode_config
 from protocol.events import (
     Usage,
 )
 from tools.allowlist import KeyAllowLists
 from tools.base import ToolContext
-from tools.client import prepare
 from tools.executor import Executor
 from tools.registry import Registry
 
@@ -59,7 +58,6 @@ __all__ = ["Node", "UpstreamFactories"]
 
 log = logging.getLogger("gateway.sessions.node")
 
-_HISTORY_PAGE = 32
 """History items read (and decoded) at a time when a session is loaded: an item is at
 most a client frame or a capped tool result, so a page is tens of MB at worst."""
 
@@ -83,8 +81,7 @@ class Node:
         self.node_id = config.node_id
         self.store = store
         self.upstream_factory = upstream_factory
-        self.registry = registry
-        self.executor = Executor(
+        executor = Executor(
             registry, timeout=config.tool_timeout, max_output=config.tool_max_output
         )
         self.metrics = metrics or Metrics()
@@ -96,40 +93,39 @@ class Node:
         self.key_tools = KeyAllowLists()
         # What each session's configuration makes of this node (prompt, tools, provider).
         # The node's guardrails (--guardrails), re-read when the file changes.
-        self.guardrails = GuardrailsFile(config.guardrails or None)
+        guardrails = GuardrailsFile(config.guardrails or None)
         self.setups = SessionSetups(
-            config, registry, upstream_factory, self.policies, factories, self.guardrails
+            config, registry, upstream_factory, self.policies, factories, guardrails
         )
-        self.system_prompt = self.setups.system_prompt
         self.runtimes: dict[str, SessionRuntime] = {}
         # The flight recorder: recordings written on the log writer's rounds.
-        self.recorders = Recorders(
+        recorders = Recorders(
             store,
             limit=config.record_max_bytes,
             audio=config.record_audio,
-            secrets=[*_secrets(config), *_tool_secrets(registry)],
+            secrets=secrets_to_scrub(config, registry),
         )
         self.log_writer = LogWriter(
             store,
             self.node_id,
             linger=config.log_linger,
             lease_ttl=config.lease_ttl,
-            on_round=self.recorders.ride,
+            on_round=recorders.ride,
         )
         self.services = SessionServices(
             config=config,
             metrics=self.metrics,
             log_writer=self.log_writer,
             limits=self.limits,
-            executor=self.executor,
+            executor=executor,
             upstream_factory=upstream_factory,
-            system_prompt=self.system_prompt,
+            system_prompt=self.setups.system_prompt,
             tool_context=self.tool_context,
             store=store,
             prices=prices or PriceTable(),
             tracing=tracing or Tracing.off(),
             session_setup=self.setups.setup,
-            recorders=self.recorders,
+            recorders=recorders,
         )
         # Removes the workspaces of sessions that ended (expired in the store).
         self.workspaces = WorkspaceSweeper(
@@ -181,7 +177,8 @@ class Node:
             return_exceptions=True,
         )
         await self.log_writer.close()
-        await self.recorders.close()
+        if self.services.recorders is not None:
+            await self.services.recorders.close()
         # Listeners and the sweeper end before the store closes under them: a
         # task still unsubscribing on a closed client would outlive the node.
         background = list(self._background)
@@ -323,24 +320,11 @@ class Node:
             self._locks.pop(sid, None)
         return runtime
 
-    async def _read_history(self, sid: str) -> list[HistoryItem]:
-        """The session's history, read and decoded a page at a time: a long history of
-        large items is never held twice (its bytes and its items), and decoding it
-        does not hold the loop (it yields between pages)."""
-        history: list[HistoryItem] = []
-        while True:
-            page = await self.store.read_history(sid, len(history), _HISTORY_PAGE)
-            history += [decode_history_item(b) for b in page]
-            if len(page) < _HISTORY_PAGE:
-                return history
-            del page
-            await asyncio.sleep(0)
-
     async def _load(self, sid: str, owner: str = "") -> SessionRuntime:
         """``owner``: of a new session (not stored yet); a stored one says its own."""
         store = self.store
         meta, last_seq, history = await asyncio.gather(
-            store.get_meta(sid), store.last_seq(sid), self._read_history(sid)
+            store.get_meta(sid), store.last_seq(sid), read_history(store, sid)
         )
         if meta is None:
             meta = {}
@@ -350,10 +334,10 @@ class Node:
             else:
                 setup = self.setups.default
         else:
-            await self._prepare_tools(meta)
+            await prepare_tools(meta)
             setup = self.setups.stored_setup(sid, meta)
             if meta.get(UNUSED) == "1":
-                await self._first_use(sid, meta)
+                await first_use(store, sid, meta, self.config.session_ttl)
         usage = Usage(
             input=int(meta.get("usage_input", "0") or 0),
             output=int(meta.get("usage_output", "0") or 0),
@@ -365,7 +349,7 @@ class Node:
             last_seq=last_seq,
             history=history,
             usage=usage,
-            cost=_float(meta.get("cost_usd", "")),
+            cost=meta_float(meta.get("cost_usd", "")),
             setup=setup,
             owner=meta.get("owner", owner),
             resume=decode_resume_point(meta.get(META_KEY, "")),
@@ -374,30 +358,6 @@ class Node:
         # The last turn's trace: a rerun of it (rerun_interrupted) links there.
         runtime.observer.follows = meta.get("traceparent", "")
         return runtime
-
-    async def _prepare_tools(self, meta: dict[str, str]) -> None:
-        """Compile a stored session's client tool schemas off the loop, before the
-        synchronous ``setup`` needs them (cached by content: a reconnect costs nothing)."""
-        try:
-            config = decode_config(meta.get("config", ""))
-        except (ValueError, TypeError):
-            return  # stored_setup logs it
-        await prepare(config.tools)
-
-    async def _first_use(self, sid: str, meta: dict[str, str]) -> None:
-        """A session made by the HTTP API has its first client: keep it ``session_ttl``.
-
-        It was stored for ``unused_session_ttl`` only; any meta write restarts
-        the normal idle TTL, and its configuration counts against its key's
-        quota for as long. A failure is not fatal: the session's first append
-        restarts its TTL too.
-        """
-        try:
-            await self.store.set_meta(sid, {UNUSED: "0"})
-            key = CONFIG_QUOTA.format(key=meta.get("owner", ""))
-            await self.store.hold_bytes(key, sid, config_bytes(meta), 0, self.config.session_ttl)
-        except StoreError as exc:
-            log.warning("session %s: first use not recorded: %s", sid, exc, extra={"sid": sid})
 
     async def follow(self, sid: str) -> LogFollower:
         """The follower of ``sid`` on this node (one per session), made if need be.
@@ -581,30 +541,3 @@ class Node:
         workspace = self.workspaces.workspace(sid)
         workspace.mkdir(parents=True, exist_ok=True)
         return ToolContext(workspace=workspace, session_id=sid)
-
-
-def _secrets(config: Config) -> list[str]:
-    """What no recording may carry: every provider's API key, the simulator's, the
-    client tokens' secrets."""
-    found = [config.upstream(name).api_key for name in providers.NAMES if name != providers.SIM]
-    found += [config.sim.api_key or "", *config.token_secret.split(",")]
-    return [s for s in found if s]
-
-
-def _tool_secrets(registry: Registry) -> list[str]:
-    """What the gateway holds for its tools (headers, environment values): the executor
-    scrubs them from results already; recordings are scrubbed of them too."""
-    found: list[str] = []
-    for tool in registry:
-        secrets = getattr(tool, "secrets", None)
-        if secrets:
-            found += secrets.values
-    return found
-
-
-def _float(text: str) -> float:
-    """A meta number ("" or garbage: 0, so a bad field never stops a session loading)."""
-    try:
-        return float(text or 0)
-    except ValueError:
-        return 0.0

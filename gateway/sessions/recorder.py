@@ -51,7 +51,9 @@ from typing import Any, Final
 
 import msgspec
 
+from gateway.config import Config
 from gateway.store.base import NOT_STORED, RECORDING_CUT, LogEntry, Recordings, StoreError
+from gateway.upstream import providers
 from protocol.calls import ToolCall, ToolResult
 from protocol.events import Call, Error, ToolResultMessage, decode_event
 from protocol.recording import (
@@ -67,6 +69,7 @@ from protocol.recording import (
 )
 from tools.base import ToolContext
 from tools.executor import CallObserver
+from tools.registry import Registry
 
 __all__ = ["BACKSTOP", "FLUSH_EVERY", "Recorders", "SessionRecorder"]
 
@@ -515,3 +518,16 @@ class _CallSpec(msgspec.Struct):
 
 _encode: Final = msgspec.json.Encoder().encode
 _call_decoder: Final = msgspec.json.Decoder(_CallSpec)
+
+
+def secrets_to_scrub(config: Config, registry: Registry) -> list[str]:
+    """What no recording may carry: every provider's API key, the simulator's, the
+    client tokens' secrets, and what the gateway holds for its tools (headers,
+    environment values: the executor scrubs those from results already)."""
+    found = [config.upstream(name).api_key for name in providers.NAMES if name != providers.SIM]
+    found += [config.sim.api_key or "", *config.token_secret.split(",")]
+    for tool in registry:
+        held = getattr(tool, "secrets", None)
+        if held:
+            found += held.values
+    return [s for s in found if s]

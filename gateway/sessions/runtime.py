@@ -78,6 +78,7 @@ from protocol.turn_events import (
     TurnInput,
 )
 from tools.client import prepare
+from tools.registry import Registry
 
 __all__ = ["SessionHost", "SessionRuntime", "SessionServices", "SessionSetup"]
 
@@ -164,7 +165,7 @@ class SessionRuntime:
         machine.cancel_background = cfg.cancel_background
         machine.background.limit = cfg.background_max_running
         # Audio in and/or out, from the stored configuration (set_voice changes it).
-        self.voice: VoiceConfig | None = self._voice_of(setup)
+        self.voice: VoiceConfig | None = _voice_of(setup, services.executor.registry)
         machine.voice = self.voice is not None
         self.voice_in = VoiceInput(sid, self.voice.audio_in if self.voice else None)
         self.link = UpstreamLink(
@@ -312,7 +313,7 @@ class SessionRuntime:
                     self.log.persist(items)
                     calls = batch_in_flight(self.history)
         if calls:
-            journal = await self._journal(events, calls)
+            journal = await _journal(events, self.sid, calls, self.last_seq)
             self.driver.command(self.machine.feed(Resume(reason, journal)), interrupt=False)
         elif turn_in_flight(self.history):
             self.driver.command(self.machine.feed(Rerun(reason)), interrupt=False)
@@ -323,16 +324,8 @@ class SessionRuntime:
         if running:
             # Background calls whose result the model has not had: reused or run again
             # (due when the turn above ends, or at once).
-            found = await self._journal(events, running)
+            found = await _journal(events, self.sid, running, self.last_seq)
             self.driver.command(self.machine.feed(ResumeBackground(found)), interrupt=False)
-
-    async def _journal(self, events: EventLog, calls: list[Call]) -> tuple[JournalCall, ...]:
-        try:
-            return await read_journal(events, self.sid, calls, self.last_seq)
-        except StoreError as exc:
-            # Without the outcomes every call runs again, each under its own key.
-            log.warning("session %s: journal not read (%s); rerunning its calls", self.sid, exc)
-            return read_journal_calls(calls)
 
     # ------------------------------------------------------------------ configuration
 
@@ -391,30 +384,13 @@ class SessionRuntime:
         self.observer.model = setup.upstream_factory.model
         self.log.emit(Configured(config=setup.config, reply_to=reply_to))
         self.host.runtime_configured(self)
-        self.set_voice(self._voice_of(setup))
+        self.set_voice(_voice_of(setup, self.services.executor.registry))
         if setup.record != (self.recorder is not None):
             _switch_recording(self, setup.record)
 
-    def _voice_of(self, setup: SessionSetup, *, speaks_only: bool = False) -> VoiceConfig | None:
-        """The audio a configuration asks for, with the tools this session may call
-        (server tools, then its client tools: both are declared natively).
-        ``speaks_only``: the upstream's model answers in audio only (see ``voice_config``)."""
-        allowed = setup.server_tools
-        specs = [
-            s
-            for s in self.services.executor.registry.specs()
-            if allowed is None or s.name in allowed
-        ]
-        return voice_config(
-            setup.config,
-            [*specs, *setup.client_tools.specs()],
-            speaks_only=speaks_only,
-            background=setup.background,
-        )
-
     def speaking_voice(self) -> VoiceConfig | None:
         """The voice a model that only speaks is opened with for this session."""
-        return self._voice_of(self.setup, speaks_only=True)
+        return _voice_of(self.setup, self.services.executor.registry, speaks_only=True)
 
     # ------------------------------------------------------------------ voice
 
@@ -596,3 +572,31 @@ def _judged_input(runtime: SessionRuntime, guard: EventGuard, given: TurnInput) 
         status = "failure" if withheld else given.status
         return msgspec.structs.replace(given, content=content, status=status)
     return given
+
+
+async def _journal(
+    events: EventLog, sid: str, calls: list[Call], last_seq: int
+) -> tuple[JournalCall, ...]:
+    """The journal of ``calls`` (``read_journal``); unread, every call runs again."""
+    try:
+        return await read_journal(events, sid, calls, last_seq)
+    except StoreError as exc:
+        # Without the outcomes every call runs again, each under its own key.
+        log.warning("session %s: journal not read (%s); rerunning its calls", sid, exc)
+        return read_journal_calls(calls)
+
+
+def _voice_of(
+    setup: SessionSetup, registry: Registry, *, speaks_only: bool = False
+) -> VoiceConfig | None:
+    """The audio a configuration asks for, with the tools the session may call
+    (server tools, then its client tools: both are declared natively).
+    ``speaks_only``: the upstream's model answers in audio only (see ``voice_config``)."""
+    allowed = setup.server_tools
+    specs = [s for s in registry.specs() if allowed is None or s.name in allowed]
+    return voice_config(
+        setup.config,
+        [*specs, *setup.client_tools.specs()],
+        speaks_only=speaks_only,
+        background=setup.background,
+    )

@@ -200,6 +200,7 @@ class UpstreamLink:
         return upstream
 
     async def close(self) -> None:
+        self.silence.close()
         upstream, self.upstream = self.upstream, None
         if upstream is not None:
             await _discard(upstream, stop=True)
@@ -218,25 +219,68 @@ class SilenceWatch:
     """A running response's reads, watched for a provider gone silent (a hung or
     dripping connection: ``upstream_stall_timeout``).
 
-    ``heard`` counts output taken outside ``recv`` (the text fast path's deltas,
-    ``Upstream.stream_text_to``): a read the timeout cut while those came is not
-    silence. A cut read loses nothing: the adapters' reads are cancellation-safe
-    (the wait for a cancelled response's end relies on it too).
+    One timer per watch, re-armed lazily: a read only notes the loop time it
+    started (a voice answer reads fifty frames a second, and a fresh
+    ``asyncio.timeout`` per read cost 4 µs of each); the timer, when it fires,
+    looks whether anything came since and moves itself to the new deadline, or
+    cuts the read that has waited ``seconds``. ``heard`` counts output taken
+    outside ``recv`` (the text fast path's deltas, ``Upstream.stream_text_to``):
+    a read during which those came is not silence. A cut read loses nothing:
+    the adapters' reads are cancellation-safe (the wait for a cancelled
+    response's end relies on it too).
     """
 
-    __slots__ = ("heard", "seconds")
+    __slots__ = ("_cut", "_heard_at_check", "_reader", "_since", "_timer", "heard", "seconds")
 
     def __init__(self, seconds: float) -> None:
         self.seconds = seconds
         self.heard = 0
+        self._since = 0.0  # loop time the current read started, or output was last heard
+        self._reader: asyncio.Task[Any] | None = None  # the task in ``recv``, if any
+        self._timer: asyncio.TimerHandle | None = None
+        self._heard_at_check = 0
+        self._cut = False  # the timer cancelled the reader
 
     async def recv(self, upstream: Upstream) -> UpstreamEvent | None:
         """The upstream's next event; None: nothing came for ``seconds``."""
-        while True:
-            seen = self.heard
-            try:
-                async with asyncio.timeout(self.seconds):
-                    return await upstream.recv()
-            except TimeoutError:
-                if self.heard == seen:
+        loop = asyncio.get_running_loop()
+        reader = asyncio.current_task()
+        assert reader is not None
+        self._since = loop.time()
+        self._reader = reader
+        if self._timer is None:
+            self._timer = loop.call_at(self._since + self.seconds, self._check)
+        try:
+            return await upstream.recv()
+        except asyncio.CancelledError:
+            if self._cut:
+                self._cut = False
+                if reader.uncancel() == 0:  # only the timer asked: the read timed out
                     return None
+            raise
+        finally:
+            self._reader = None
+
+    def _check(self) -> None:
+        """The timer: cut a read that has heard nothing for ``seconds``, or re-arm."""
+        self._timer = None
+        reader = self._reader
+        if reader is None or reader.done():
+            return  # no read waits: the next one arms the timer again
+        loop = reader.get_loop()
+        now = loop.time()
+        if self.heard != self._heard_at_check:  # the fast path took output meanwhile
+            self._heard_at_check = self.heard
+            self._since = max(self._since, now)
+        deadline = self._since + self.seconds
+        if now < deadline:
+            self._timer = loop.call_at(deadline, self._check)
+            return
+        self._cut = True
+        reader.cancel()
+
+    def close(self) -> None:
+        """No more reads: the timer goes (a session that ended holds no handle)."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None

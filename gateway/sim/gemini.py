@@ -29,6 +29,10 @@ The protocol as served:
 - Knobs: ``drop_after`` aborts the TCP connection; ``go_away_after`` sends
   ``goAway`` and closes the connection (1000) when the running turn ends.
 
+The setup is checked in ``gateway.sim.gemini_setup`` and the audio heard in
+``gateway.sim.gemini_voice``; this module keeps the connection, its turns and
+the model's answers.
+
 Voice (what the model hears and says: ``gateway.sim.model``):
 
 - ``realtimeInput.audio`` is PCM16 at the rate its ``mimeType`` names
@@ -57,13 +61,11 @@ Voice (what the model hears and says: ``gateway.sim.model``):
 from __future__ import annotations
 
 import asyncio
-import datetime
 import itertools
 import logging
 import re
 import secrets
 import time
-from dataclasses import dataclass
 from typing import Final
 from urllib.parse import parse_qs
 
@@ -72,6 +74,8 @@ from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
+from gateway.sim.gemini_setup import NOT_SET_UP, Refusal, Resumable, accept_setup
+from gateway.sim.gemini_voice import VoiceInput
 from gateway.sim.model import (
     Pacer,
     Sim,
@@ -81,14 +85,11 @@ from gateway.sim.model import (
     SimItem,
     sim_reply,
     simulated_usage_tokens,
-    speech_transcript,
     spoken_reply,
     tool_answer,
     voice_audio,
 )
-from gateway.sim.vad import Vad, VadStart, speech_ms
 from gateway.upstream import gemini_wire as wire
-from gateway.upstream.providers import facts
 
 __all__ = ["API_VERSIONS", "PATH", "GeminiSim", "endpoint_path"]
 
@@ -99,15 +100,11 @@ PATH: Final = "/ws/google.ai.generativelanguage.v1beta.GenerativeService.BidiGen
 
 # What the simulated session announces in ``goAway`` (it then closes at the end of the turn).
 _GO_AWAY_TIME_LEFT: Final = "10s"
-# How long a resumption handle stays valid after the session it names ends (the API's 2 h).
-HANDLE_LIFETIME: Final = 2 * 3600.0
 # What a model that thinks reports as its thought before answering (with includeThoughts).
 SIM_THOUGHT: Final = "The user said something."
 
-# The input rate when a mimeType names none, and the rate of the voice.
-_INPUT_RATE: Final = 16000
+# The rate of the voice.
 _VOICE_MIME: Final = "audio/pcm;rate=24000"
-_RATE: Final = re.compile(r"rate=(\d+)")
 
 _UNKNOWN_FIELD: Final = re.compile(r"unknown field `([^`]*)`(?: - at `\$\.?([^`]*)`)?")
 
@@ -136,16 +133,6 @@ def _invalid_payload(exc: msgspec.ValidationError) -> str:
         where = f" at '{path}'" if path else ""
         return f'Invalid JSON payload received. Unknown name "{name}"{where}: Cannot find field.'
     return f"Invalid JSON payload received. {exc}"
-
-
-@dataclass(frozen=True, slots=True)
-class _Resumable:
-    """What a resumption handle continues: the model, the instructions and the turns."""
-
-    model: str
-    instructions: str
-    turns: tuple[tuple[str, str], ...]
-    at: float
 
 
 class _Turn:
@@ -197,26 +184,18 @@ class _Connection(SimConnection):
 
     __slots__ = (
         "_call_ids",
-        "activity",
-        "audio_out",
-        "auto_vad",
+        "async_calls",
         "chunks_sent",
-        "explicit_vad",
-        "functions",
         "generation",
         "going_away",
-        "input_transcription",
         "instructions",
         "key",
-        "model",
         "no",
-        "output_transcription",
         "pending_calls",
-        "resumption",
+        "setup",
         "sim",
-        "thoughts",
         "turns",
-        "vad",
+        "voice",
         "ws",
     )
 
@@ -225,26 +204,15 @@ class _Connection(SimConnection):
         self.ws = ws
         self.no = no
         self.key = key
-        self.model = ""  # set by setup; "" until then
+        self.setup = NOT_SET_UP  # what the setup asked for, once accepted
         self.instructions = ""
         self.turns: list[_Turn] = []
         self.generation: _Generation | None = None
         self.chunks_sent = 0
         self.going_away = False
-        # Voice, as set up.
-        self.audio_out = False
-        self.auto_vad = True
-        self.explicit_vad = False
-        self.input_transcription = False
-        self.output_transcription = False
-        self.functions: frozenset[str] = frozenset()
-        self.vad: Vad | None = None  # made for the rate of the first audio chunk
-        self.activity: bytearray | None = None  # audio since activityStart (manual)
+        self.voice = VoiceInput(self, sim.config)
         self.pending_calls: dict[str, str] = {}  # call id -> function name
         self.async_calls: dict[str, str] = {}  # NON_BLOCKING calls without a response yet
-        self.non_blocking: frozenset[str] = frozenset()  # functions declared NON_BLOCKING
-        self.resumption = False  # the setup asked for resumption handles
-        self.thoughts = False  # the setup asked for thoughts, and the model has them
         self._call_ids = itertools.count(1)
 
     def snapshot(self) -> SimConversation:
@@ -294,13 +262,13 @@ class _Connection(SimConnection):
                 "Invalid JSON payload received: a message sets exactly one of setup, "
                 f"clientContent, realtimeInput, toolResponse (got {len(kinds)}).",
             )
-        elif not self.model:
+        elif not self.setup.model:
             if message.setup is None:
                 await self._refuse(1007, f"The first message must be setup, got {kinds[0]}.")
             else:
                 await self._setup(message.setup)
         elif message.realtime_input is not None:
-            await self._realtime_input(message.realtime_input)
+            await self.voice.realtime_input(message.realtime_input)
         elif message.client_content is not None:
             await self._client_content(message.client_content)
         elif message.tool_response is not None:
@@ -311,125 +279,27 @@ class _Connection(SimConnection):
     # --- client messages ----------------------------------------------------------
 
     async def _setup(self, setup: wire.Setup) -> None:
-        expected = self.sim.config.api_key
-        if expected is not None and self.key != expected:
-            if not self.key:
-                await self._refuse(
-                    1008,
-                    "Method doesn't allow unregistered callers: pass an API key "
-                    "(?key=KEY or the x-goog-api-key header).",
-                )
-            else:
-                await self._refuse(1007, "API key not valid. Please pass a valid API key.")
-            return
-        name = setup.model.removeprefix("models/")
-        model = facts("gemini", name)
-        if (
-            not setup.model.startswith("models/")
-            or not name
-            or "/" in name
-            or model.shut_down_by(datetime.date.today())
-        ):
-            await self._refuse(
-                1008,
-                f"{setup.model} is not found for API version v1beta, or is not supported "
-                "for bidiGenerateContent",
-            )
-            return
-        config = setup.generation_config
-        modalities = config.response_modalities if config is not None else None
-        if modalities not in (["TEXT"], ["AUDIO"], None):
-            await self._refuse(
-                1007,
-                f"The requested combination of response modalities ({', '.join(modalities)}) "
-                'is not supported: set responseModalities ["TEXT"] or ["AUDIO"].',
-            )
-            return
-        if modalities == ["TEXT"] and model.answers == "audio":
-            # Audio-native models answer in speech only (its transcript is the text).
-            await self._refuse(*model.text_refusal)
-            return
-        thinking = config.thinking_config if config is not None else None
-        if thinking is not None and model.thinking == "none":
-            await self._refuse(1007, f"Thinking is not supported by {name}: remove thinkingConfig.")
-            return
-        self.thoughts = bool(thinking is not None and thinking.include_thoughts)
-        if not await self._resume(setup, name):
-            return
-        window = setup.context_window_compression
-        if window is not None:
-            target = window.sliding_window.target_tokens if window.sliding_window else None
-            trigger = window.trigger_tokens
-            if (trigger is not None and trigger < 0) or (
-                target is not None and trigger is not None and target >= trigger
-            ):
-                await self._refuse(
-                    1007,
-                    "contextWindowCompression.slidingWindow.targetTokens must be below "
-                    "triggerTokens.",
-                )
-                return
-        self.audio_out = modalities != ["TEXT"]
-        detection = (
-            setup.realtime_input_config.automatic_activity_detection
-            if setup.realtime_input_config is not None
-            else None
+        accepted = accept_setup(
+            setup, api_key=self.sim.config.api_key, key=self.key, handles=self.sim.handles
         )
-        self.auto_vad = not (detection is not None and detection.disabled)
-        self.explicit_vad = bool(setup.explicit_vad_signal)
-        self.input_transcription = setup.input_audio_transcription is not None
-        self.output_transcription = setup.output_audio_transcription is not None
-        self.functions = frozenset(
-            declaration.name
-            for tool in setup.tools or ()
-            for declaration in tool.function_declarations or ()
-            if declaration.name
-        )
-        self.non_blocking = frozenset(
-            declaration.name
-            for tool in setup.tools or ()
-            for declaration in tool.function_declarations or ()
-            if declaration.name and declaration.behavior == "NON_BLOCKING"
-        )
-        instruction = setup.system_instruction
-        if instruction is not None:
-            self.instructions = "".join(part.text or "" for part in instruction.parts)
-        self.model = setup.model
+        if isinstance(accepted, Refusal):
+            await self._refuse(accepted.code, accepted.reason)
+            return
+        if accepted.resumed is not None:
+            self.turns = [_Turn(role, text) for role, text in accepted.resumed]
+            self.sim.stats.resumed_total += 1
+        self.instructions = accepted.instructions
+        self.setup = accepted
         await self._send(wire.ServerMessage(setup_complete=wire.SetupComplete()))
         await self._offer_handle()
 
-    async def _resume(self, setup: wire.Setup, name: str) -> bool:
-        """Take ``setup.sessionResumption``: continue a session by its handle. False: refused."""
-        resumption = setup.session_resumption
-        if resumption is None:
-            return True
-        if resumption.transparent is not None:
-            # The Developer API has no transparent mode (Vertex AI's only; the SDK refuses it).
-            await self._refuse(
-                1007,
-                'Invalid JSON payload received. Unknown name "transparent" at '
-                "'setup.session_resumption': Cannot find field.",
-            )
-            return False
-        self.resumption = True
-        if not resumption.handle:
-            return True
-        saved = self.sim.handles.get(resumption.handle)
-        if saved is None or time.time() - saved.at > HANDLE_LIFETIME or saved.model != name:
-            await self._refuse(1008, "The session resumption handle is not valid or has expired.")
-            return False
-        self.instructions = saved.instructions
-        self.turns = [_Turn(role, text) for role, text in saved.turns]
-        self.sim.stats.resumed_total += 1
-        return True
-
     async def _offer_handle(self) -> None:
         """A ``sessionResumptionUpdate`` with a handle to this session as it is now."""
-        if not self.resumption or self.generation is not None:
+        if not self.setup.resumption or self.generation is not None:
             return
         handle = secrets.token_urlsafe(12)
-        self.sim.handles[handle] = _Resumable(
-            self.model.removeprefix("models/"),
+        self.sim.handles[handle] = Resumable(
+            self.setup.model.removeprefix("models/"),
             self.instructions,
             tuple((t.role, t.text) for t in self.turns),
             time.time(),
@@ -475,8 +345,8 @@ class _Connection(SimConnection):
             reply = answer
         else:
             last_user = next((t.text for t in reversed(self.turns) if t.role == "user"), "")
-            if self.audio_out:
-                reply = spoken_reply(last_user, self.functions)
+            if self.setup.audio_out:
+                reply = spoken_reply(last_user, self.setup.functions)
             else:
                 reply = sim_reply(
                     last_user,
@@ -492,7 +362,7 @@ class _Connection(SimConnection):
             generation = _Generation(turn, "", simulated_usage_tokens(context), call=reply)
         else:
             generation = _Generation(
-                turn, reply, simulated_usage_tokens(context), audio=self.audio_out
+                turn, reply, simulated_usage_tokens(context), audio=self.setup.audio_out
             )
         self.generation = generation
         self.sim.stats.responses_total += 1
@@ -512,7 +382,7 @@ class _Connection(SimConnection):
                 generation.finishing = True
                 await self._call(generation, generation.call)
                 return
-            if self.thoughts and generation.audio:
+            if self.setup.thoughts and generation.audio:
                 thought = wire.Part(text=SIM_THOUGHT, thought=True)
                 await self._send(
                     wire.ServerMessage(
@@ -549,7 +419,7 @@ class _Connection(SimConnection):
             )
         audio = voice_audio(len(chunk), self.sim.config)
         part = wire.Part(inline_data=wire.Blob(mime_type=_VOICE_MIME, data=audio))
-        transcription = wire.Transcription(text=chunk) if self.output_transcription else None
+        transcription = wire.Transcription(text=chunk) if self.setup.output_transcription else None
         return wire.ServerMessage(
             server_content=wire.ServerContent(
                 model_turn=wire.Content(parts=[part], role="model"),
@@ -571,7 +441,7 @@ class _Connection(SimConnection):
         if self.generation is generation:
             self.generation = None
         function_call = wire.FunctionCall(id=call_id, name=call.name, args=args)
-        if call.name in self.non_blocking:
+        if call.name in self.setup.non_blocking:
             # The model does not wait for it: the turn ends, the response comes later.
             self.async_calls[call_id] = call.name
             await self._send(
@@ -626,85 +496,19 @@ class _Connection(SimConnection):
         if self.generation is None:
             self._respond(tool_answer(name, text))
 
-    # --- audio in -----------------------------------------------------------------
+    # --- what the voice input asks (``VoiceHost``) ------------------------------------
 
-    async def _realtime_input(self, given: wire.RealtimeInput) -> None:
-        marks = given.activity_start is not None or given.activity_end is not None
-        if marks and self.auto_vad:
-            await self._refuse(
-                1007,
-                "activityStart/activityEnd need automatic activity detection disabled "
-                "(realtimeInputConfig.automaticActivityDetection.disabled).",
-            )
-            return
-        if given.activity_start is not None:
-            if self.generation is not None:
-                await self._interrupt(self.generation)
-            self.activity = bytearray()
-        if given.audio is not None and not await self._audio(given.audio):
-            return
-        if given.activity_end is not None and self.activity is not None:
-            pcm, self.activity = bytes(self.activity), None
-            rate = self.vad_rate
-            await self._heard(speech_ms(pcm, rate, threshold=self.sim.config.vad_threshold))
-        if given.text:
-            if self.generation is not None:
-                await self._interrupt(self.generation)
-            self.turns.append(_Turn("user", given.text))
-            self._respond()
-
-    @property
-    def vad_rate(self) -> int:
-        return self.vad.rate if self.vad is not None else _INPUT_RATE
-
-    async def _audio(self, blob: wire.Blob) -> bool:
-        match = _RATE.search(blob.mime_type or "")
-        rate = int(match.group(1)) if match else _INPUT_RATE
-        pcm = blob.data or b""
-        if self.vad is None or self.vad.rate != rate:
-            config = self.sim.config
-            self.vad = Vad(
-                rate,
-                threshold=config.vad_threshold,
-                min_speech_ms=config.vad_min_speech_ms,
-                silence_ms=config.vad_silence_ms,
-            )
-        if not self.auto_vad:
-            if self.activity is not None:
-                self.activity += pcm
-            return True
-        for found in self.vad.feed(pcm):
-            if isinstance(found, VadStart):
-                await self._voice_activity("ACTIVITY_START", found.offset_ms)
-                if self.generation is not None:
-                    await self._interrupt(self.generation)
-            else:
-                await self._voice_activity("ACTIVITY_END", found.offset_ms)
-                await self._heard(found.speech_ms)
-        return True
-
-    async def _voice_activity(self, kind: str, offset_ms: int) -> None:
-        if self.explicit_vad:
-            activity = wire.VoiceActivity(
-                voice_activity_type=kind, audio_offset=f"{offset_ms / 1000:.3f}s"
-            )
-            await self._send(wire.ServerMessage(voice_activity=activity))
-
-    async def _heard(self, speech: int) -> None:
-        """The user's speech ended: it becomes a user turn, and the model answers."""
-        transcript = speech_transcript(speech)
-        if self.input_transcription:
-            await self._send(
-                wire.ServerMessage(
-                    server_content=wire.ServerContent(
-                        input_transcription=wire.Transcription(text=transcript, finished=True)
-                    )
-                )
-            )
+    async def interrupt(self) -> None:
+        """Cut the running turn, if any (speech began, or a user turn came)."""
         if self.generation is not None:
             await self._interrupt(self.generation)
-        self.turns.append(_Turn("user", transcript))
+
+    def user_turn(self, text: str) -> None:
+        """A user turn (speech heard, or text): the model answers it."""
+        self.turns.append(_Turn("user", text))
         self._respond()
+
+    # --- pacing and the turn's end --------------------------------------------------
 
     def _drop_due(self) -> bool:
         return self.sim.drop_due(self.no, self.ws, self.chunks_sent)

@@ -47,7 +47,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import typing
 from collections.abc import Callable
 from typing import Any, Final, TypeVar
 
@@ -69,12 +68,13 @@ from gateway.sim.model import (
     tool_answer,
     voice_audio,
 )
+from gateway.sim.openai_items import Conversation
 from gateway.sim.openai_state import (
-    CONTENT_TYPES,
     DEFAULT_TURN_DETECTION,
     INPUT_RATE,
     Item,
     RealtimeResponse,
+    bad_frame,
     from_flat,
     merge_audio,
     session_refusal,
@@ -93,21 +93,6 @@ _PartEvent = TypeVar("_PartEvent", bound=msgspec.Struct)
 PATH: Final = "/v1/realtime"
 DEFAULT_MODEL: Final = "gpt-realtime-2.1"
 
-# A commit needs at least this much audio in the buffer.
-_MIN_COMMIT_MS: Final = 100
-# --- state and snapshots --------------------------------------------------------------
-
-
-class _Probe(msgspec.Struct):
-    type: object = None
-    event_id: object = None
-
-
-_probe_decoder: Final = msgspec.json.Decoder(_Probe)
-_CLIENT_TYPES: Final = frozenset(
-    str(kind.__struct_config__.tag) for kind in typing.get_args(wire.ClientEvent)
-)
-
 
 class RealtimeConnection(SimConnection):
     """One client connection: its conversation, and at most one running response."""
@@ -116,9 +101,9 @@ class RealtimeConnection(SimConnection):
         "_event_ids",
         "_ids",
         "audio_out",
+        "conversation",
         "deltas_sent",
         "flat",
-        "items",
         "no",
         "response",
         "session",
@@ -136,7 +121,7 @@ class RealtimeConnection(SimConnection):
         self.flat = flat
         self.ws = ws
         self.no = no
-        self.items: dict[str, Item] = {}
+        self.conversation = Conversation(self, sim)
         self.session = wire.Session(
             type="realtime",
             id=f"sess_sim{no}",
@@ -207,7 +192,7 @@ class RealtimeConnection(SimConnection):
     def snapshot(self) -> SimConversation:
         items = [
             SimItem(i.id, i.role if i.kind == "message" else i.kind, i.text, i.status)
-            for i in self.items.values()
+            for i in self.conversation.items.values()
         ]
         return SimConversation(instructions=self.session.instructions or "", items=items)
 
@@ -227,53 +212,27 @@ class RealtimeConnection(SimConnection):
         try:
             event = wire.decode_client_event(data)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            await self._bad_frame(data, exc)
+            await self._send(wire.ErrorEvent(event_id=self._eid(), error=bad_frame(data, exc)))
             return
         if isinstance(event, wire.InputAudioBufferAppend):
             await self.voice_in.append(event)
         elif isinstance(event, wire.ConversationItemCreate):
-            await self._item_create(event)
+            await self.conversation.create(event)
         elif isinstance(event, wire.ResponseCreate):
             await self._response_create(event)
         elif isinstance(event, wire.ResponseCancel):
             await self._response_cancel(event)
         elif isinstance(event, wire.ConversationItemDelete):
-            await self._item_delete(event)
+            await self.conversation.delete(event)
         elif isinstance(event, wire.InputAudioBufferCommit):
             await self.voice_in.commit(event)
         elif isinstance(event, wire.InputAudioBufferClear):
             self.voice_in.clear()
             await self._send(wire.InputAudioBufferCleared(event_id=self._eid()))
         elif isinstance(event, wire.ConversationItemTruncate):
-            await self._item_truncate(event)
+            await self.conversation.truncate(event)
         else:
             await self._session_update(event)
-
-    async def _bad_frame(self, data: bytes, exc: Exception) -> None:
-        try:
-            probe = _probe_decoder.decode(data)
-        except (msgspec.DecodeError, msgspec.ValidationError):
-            await self._error(
-                f"The server could not parse the frame as a JSON object: {exc}",
-                code="invalid_json",
-            )
-            return
-        event_id = probe.event_id if isinstance(probe.event_id, str) else None
-        if probe.type not in _CLIENT_TYPES:
-            await self._error(
-                f"Invalid value: {probe.type!r}. Supported values are: "
-                + ", ".join(sorted(_CLIENT_TYPES))
-                + ".",
-                code="invalid_value",
-                param="type",
-                event_id=event_id,
-            )
-            return
-        await self._error(
-            f"Invalid {probe.type} event: {exc}",
-            code="invalid_value",
-            event_id=event_id,
-        )
 
     # --- client events ------------------------------------------------------------
 
@@ -314,174 +273,6 @@ class RealtimeConnection(SimConnection):
         self.session = msgspec.structs.replace(self.session, **changes)
         await self._send(wire.SessionUpdated(event_id=self._eid(), session=self.session))
 
-    async def _item_create(self, event: wire.ConversationItemCreate) -> None:
-        item = event.item
-        if item.type in ("function_call", "function_call_output"):
-            await self._call_item_create(event)
-            return
-        if item.type != "message" or item.role not in CONTENT_TYPES:
-            await self._error(
-                f"The simulator supports message items with role user, assistant or system; "
-                f"got type {item.type!r} role {item.role!r}.",
-                code="invalid_value",
-                param="item",
-                event_id=event.event_id,
-            )
-            return
-        allowed = CONTENT_TYPES[item.role]
-        texts: list[str] = []
-        for index, part in enumerate(item.content or ()):
-            if part.type not in allowed:
-                await self._error(
-                    f"Invalid value: {part.type!r}. A {item.role} message's content must be "
-                    + " or ".join(sorted(allowed))
-                    + ".",
-                    code="invalid_value",
-                    param=f"item.content[{index}].type",
-                    event_id=event.event_id,
-                )
-                return
-            texts.append(part.text or "")
-        item_id = item.id or self._new_id("item")
-        if item_id in self.items:
-            await self._error(
-                f"Item with id {item_id!r} already exists.",
-                code="item_already_exists",
-                param="item.id",
-                event_id=event.event_id,
-            )
-            return
-        previous = event.previous_item_id
-        if previous is not None and previous != "root" and previous not in self.items:
-            await self._error(
-                f"Item with id {previous!r} not found.",
-                code="item_not_found",
-                param="previous_item_id",
-                event_id=event.event_id,
-            )
-            return
-        new = Item(item_id, item.role, "".join(texts), "completed")
-        await self._add_item(new, previous)
-
-    async def _call_item_create(self, event: wire.ConversationItemCreate) -> None:
-        """A ``function_call`` (history) or ``function_call_output`` (a call's result)."""
-        item = event.item
-        if not item.call_id:
-            await self._error(
-                f"Missing required parameter: 'item.call_id' (a {item.type} item needs it).",
-                code="missing_required_parameter",
-                param="item.call_id",
-                event_id=event.event_id,
-            )
-            return
-        if item.type == "function_call":
-            new = Item(
-                item.id or self._new_id("item"),
-                "assistant",
-                item.arguments or "",
-                "completed",
-                kind="function_call",
-                call_id=item.call_id,
-                name=item.name or "",
-            )
-        else:
-            new = Item(
-                item.id or self._new_id("item"),
-                "user",
-                item.output or "",
-                "completed",
-                kind="function_call_output",
-                call_id=item.call_id,
-            )
-        if new.id in self.items:
-            await self._error(
-                f"Item with id {new.id!r} already exists.",
-                code="item_already_exists",
-                param="item.id",
-                event_id=event.event_id,
-            )
-            return
-        await self._add_item(new, event.previous_item_id)
-
-    async def _add_item(self, new: Item, previous: str | None) -> None:
-        previous = self._insert(new, previous)
-        out = wire_item(new)
-        await self._send(
-            wire.ConversationItemAdded(event_id=self._eid(), item=out, previous_item_id=previous)
-        )
-        await self._send(
-            wire.ConversationItemDone(event_id=self._eid(), item=out, previous_item_id=previous)
-        )
-
-    def _insert(self, new: Item, previous: str | None) -> str | None:
-        """Put ``new`` after ``previous`` (``None``: at the end; ``"root"``: first).
-
-        Returns the id of the item now before it.
-        """
-        if previous is None:
-            last = next(reversed(self.items), None)
-            self.items[new.id] = new
-            return last
-        ordered = list(self.items.values())
-        at = 0 if previous == "root" else [i.id for i in ordered].index(previous) + 1
-        ordered.insert(at, new)
-        self.items = {i.id: i for i in ordered}
-        return None if at == 0 else ordered[at - 1].id
-
-    async def _item_truncate(self, event: wire.ConversationItemTruncate) -> None:
-        """Cut an assistant item's audio at ``audio_end_ms``: what the user heard of it.
-
-        As the API does: only an assistant message with audio can be cut, and not
-        past its audio's end; the item's transcript is dropped (the model keeps
-        the audio it said up to there)."""
-        item = self.items.get(event.item_id)
-        if item is None:
-            await self._error(
-                f"Item with id {event.item_id!r} not found.",
-                code="item_not_found",
-                param="item_id",
-                event_id=event.event_id,
-            )
-            return
-        if item.role != "assistant" or item.part != "output_audio":
-            await self._error(
-                "Only assistant messages with audio can be truncated.",
-                code="invalid_value",
-                param="item_id",
-                event_id=event.event_id,
-            )
-            return
-        duration = len(item.text) * self.sim.config.audio_ms_per_char
-        if event.audio_end_ms > duration:
-            await self._error(
-                f"Audio content of {duration:.0f}ms is shorter than {event.audio_end_ms}ms.",
-                code="invalid_value",
-                param="audio_end_ms",
-                event_id=event.event_id,
-            )
-            return
-        item.text = item.text[: int(event.audio_end_ms / self.sim.config.audio_ms_per_char)]
-        self.sim.stats.truncations.append(event.audio_end_ms)
-        await self._send(
-            wire.ConversationItemTruncated(
-                event_id=self._eid(),
-                item_id=item.id,
-                content_index=event.content_index,
-                audio_end_ms=event.audio_end_ms,
-            )
-        )
-
-    async def _item_delete(self, event: wire.ConversationItemDelete) -> None:
-        if self.items.pop(event.item_id, None) is None:
-            await self._error(
-                f"Item with id {event.item_id!r} not found.",
-                code="item_not_found",
-                param="item_id",
-                event_id=event.event_id,
-            )
-            return
-        await self._send(wire.ConversationItemDeleted(event_id=self._eid(), item_id=event.item_id))
-
     async def _response_create(self, event: wire.ResponseCreate) -> None:
         if self.response is not None:
             await self._error(
@@ -497,12 +288,12 @@ class RealtimeConnection(SimConnection):
     def _reply(self) -> str | SimCall:
         """What the model answers: the last user message, or the output of its last call."""
         config = self.sim.config
-        for item in reversed(self.items.values()):
+        for item in reversed(self.conversation.items.values()):
             if item.kind == "function_call_output":
                 name = next(
                     (
                         i.name
-                        for i in self.items.values()
+                        for i in self.conversation.items.values()
                         if i.kind == "function_call" and i.call_id == item.call_id
                     ),
                     "unknown",
@@ -510,7 +301,7 @@ class RealtimeConnection(SimConnection):
                 return tool_answer(name, item.text)
             if item.kind == "message" and item.role == "user":
                 if not self.audio_out:
-                    held = sum(1 for i in self.items.values() if i.kind == "message")
+                    held = sum(1 for i in self.conversation.items.values() if i.kind == "message")
                     return sim_reply(
                         item.text,
                         overrun=config.overrun,
@@ -524,9 +315,9 @@ class RealtimeConnection(SimConnection):
     async def _start_response(self) -> None:
         reply = self._reply()
         context = len(self.session.instructions or "") + sum(
-            len(i.text) for i in self.items.values()
+            len(i.text) for i in self.conversation.items.values()
         )
-        previous = next(reversed(self.items), None)
+        previous = next(reversed(self.conversation.items), None)
         modalities = ["audio"] if self.audio_out else ["text"]
         if isinstance(reply, SimCall):
             item = Item(
@@ -543,7 +334,7 @@ class RealtimeConnection(SimConnection):
             part = "output_audio" if self.audio_out else "output_text"
             item = Item(self._new_id("item"), "assistant", "", "in_progress", part=part)
             text = reply
-        self.items[item.id] = item
+        self.conversation.items[item.id] = item
         response = RealtimeResponse(
             self._new_id("resp"),
             item,
@@ -701,7 +492,7 @@ class RealtimeConnection(SimConnection):
                 event_id=self._eid(), response_id=rid, output_index=0, item=done_item
             )
         )
-        if iid in self.items:
+        if iid in self.conversation.items:
             await self._send(wire.ConversationItemDone(event_id=self._eid(), item=done_item))
         usage = wire.ResponseUsage(
             total_tokens=response.input_tokens + response.deltas,
@@ -765,13 +556,13 @@ class RealtimeConnection(SimConnection):
     async def commit_speech(self, item_id: str, speech: int) -> None:
         """The heard speech becomes a user item: committed, the item, its transcript."""
         transcript = speech_transcript(speech)
-        previous = next(reversed(self.items), None)
+        previous = next(reversed(self.conversation.items), None)
         await self._send(
             wire.InputAudioBufferCommitted(
                 event_id=self._eid(), item_id=item_id, previous_item_id=previous
             )
         )
-        await self._add_item(
+        await self.conversation.add(
             Item(item_id, "user", transcript, "completed", part="input_audio"), None
         )
         audio = self.session.audio

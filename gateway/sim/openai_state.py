@@ -2,12 +2,14 @@
 
 Pure data and pure functions for ``gateway.sim.openai``: a conversation item
 and a running response as the simulated server keeps them, how an item is
-shown on the wire, and how a ``session.update`` merges into the session.
+shown on the wire, how a ``session.update`` merges into the session, and the
+``error`` a frame that is not a client event gets.
 """
 
 from __future__ import annotations
 
 import asyncio
+import typing
 from typing import Final
 
 import msgspec
@@ -20,6 +22,7 @@ __all__ = [
     "INPUT_RATE",
     "Item",
     "RealtimeResponse",
+    "bad_frame",
     "from_flat",
     "merge_audio",
     "session_refusal",
@@ -303,4 +306,44 @@ def from_flat(update: wire.Session) -> wire.Session:
         )
     return msgspec.structs.replace(
         update, type="realtime", voice=None, turn_detection=msgspec.UNSET, audio=audio
+    )
+
+
+class _Probe(msgspec.Struct):
+    type: object = None
+    event_id: object = None
+
+
+_probe_decoder: Final = msgspec.json.Decoder(_Probe)
+_CLIENT_TYPES: Final = frozenset(
+    str(kind.__struct_config__.tag) for kind in typing.get_args(wire.ClientEvent)
+)
+
+
+def bad_frame(data: bytes, exc: Exception) -> wire.ErrorDetail:
+    """The API's error for a frame that is not a client event (``exc``: the decoder's)."""
+    try:
+        probe = _probe_decoder.decode(data)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return wire.ErrorDetail(
+            type="invalid_request_error",
+            message=f"The server could not parse the frame as a JSON object: {exc}",
+            code="invalid_json",
+        )
+    event_id = probe.event_id if isinstance(probe.event_id, str) else None
+    if probe.type not in _CLIENT_TYPES:
+        return wire.ErrorDetail(
+            type="invalid_request_error",
+            message=f"Invalid value: {probe.type!r}. Supported values are: "
+            + ", ".join(sorted(_CLIENT_TYPES))
+            + ".",
+            code="invalid_value",
+            param="type",
+            event_id=event_id,
+        )
+    return wire.ErrorDetail(
+        type="invalid_request_error",
+        message=f"Invalid {probe.type} event: {exc}",
+        code="invalid_value",
+        event_id=event_id,
     )

@@ -16,6 +16,7 @@ import asyncio
 from typing import Final, Protocol
 
 from gateway.sim.model import SimConfig
+from gateway.sim.openai_items import ConversationHost
 from gateway.sim.openai_state import INPUT_RATE
 from gateway.sim.vad import Vad, VadStart, speech_ms
 from gateway.upstream import openai_wire as wire
@@ -26,29 +27,13 @@ __all__ = ["VoiceInput"]
 _MIN_COMMIT_MS: Final = 100
 
 
-class VoiceHost(Protocol):
-    """The connection the audio comes in on."""
+class VoiceHost(ConversationHost, Protocol):
+    """The connection the audio comes in on (its events go out as the conversation's do)."""
 
     @property
     def responding(self) -> bool: ...
 
     def turn_detection(self) -> wire.TurnDetection | None: ...
-
-    def _eid(self) -> str: ...
-
-    def _new_id(self, prefix: str) -> str: ...
-
-    async def _send(self, event: wire.ServerEvent) -> None: ...
-
-    async def _error(
-        self,
-        message: str,
-        *,
-        code: str,
-        kind: str = ...,
-        param: str | None = ...,
-        event_id: str | None = ...,
-    ) -> None: ...
 
     async def cancel_response(self, reason: str) -> None: ...
 

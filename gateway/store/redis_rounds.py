@@ -19,7 +19,8 @@ from functools import partial
 from typing import Final
 
 from gateway.store.base import AppendBatch, StoreError
-from gateway.store.redis_commit import REDIRECT_REPLIES, CommitStats, GroupCommit, consecutive
+from gateway.store.redis_batch import REDIRECT_REPLIES, CommitStats
+from gateway.store.redis_commit import GroupCommit, consecutive
 from gateway.store.redis_fastpath import RoundPart, pack_append, pack_round
 from gateway.store.redis_pipe import AppendPipe, Replies
 
@@ -151,7 +152,7 @@ class PipeRounds:
             return
         again: list[int] = []
         stored = self._commit.memo.stored
-        rejection = self._commit.rejection
+        rejection = self._commit.sender.rejection
         for chunk, line in zip(chunks, replies, strict=True):
             if line.startswith(b"+"):
                 outcomes = line[1:].split(b"|")

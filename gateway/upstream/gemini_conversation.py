@@ -6,7 +6,8 @@ keeps the timers. This object decides the rest, so its rules are tested
 without sockets (``tests/upstream/test_gemini_conversation.py``):
 
 - **the setup** a connection opens with (model, modalities, instructions,
-  tools, voice and transcription);
+  tools, voice and transcription), written by ``gateway.upstream.gemini_setup``
+  from the session's ``LiveSettings``;
 - **the transcript**: the conversation as it was sent (the instructions,
   every message, each model turn as the model wrote it) and how many of its
   turns the server holds (``sent``, a prefix). Gemini's conversation cannot
@@ -50,6 +51,7 @@ from gateway.upstream.base import (
     UpstreamEvent,
     VoiceConfig,
 )
+from gateway.upstream.gemini_setup import Compression, LiveSettings
 from gateway.upstream.models import ModelFacts
 from protocol.assembly import Message
 from protocol.events import Usage
@@ -107,49 +109,37 @@ def _audio_tokens(details: list[wire.ModalityTokenCount] | None) -> int:
     return sum(d.token_count or 0 for d in details if d.modality == "AUDIO")
 
 
-class Compression(msgspec.Struct, frozen=True):
-    """Context window compression: past ``trigger_tokens`` (0: the server's default) the
-    context is cut to the newest ``target_tokens`` (0: half the trigger), so a session
-    is not ended by the context's size (without it, 15 minutes of audio)."""
-
-    trigger_tokens: int = 0
-    target_tokens: int = 0
-
-
 class GeminiConversation:
     """One session's conversation with Gemini Live (see the module docstring).
 
-    ``model``: the facts of the model (how it thinks); ``compression``: how
-    the server compresses a long context (None: it does not); ``resume``: a
+    ``voice``, ``model`` (the facts of the model: how it thinks),
+    ``compression`` (how the server compresses a long context; None: it does
+    not) and ``reasoning_effort`` are the ``settings`` every connection's setup
+    says (``gateway.upstream.gemini_setup``); ``resume``: a
     handle to continue the server's own copy of the conversation, with the
     messages it does not hold yet (``pending``) at the end of ``history``.
     """
 
     __slots__ = (
         "_activity_open",
-        "_background",
         "_calls",
-        "_effort",
         "_heard",
-        "_manual_activity",
         "_outputs",
         "_reply_at",
         "_reply_index",
         "_reply_on_server",
         "_text",
         "_usage",
-        "compression",
         "covered",
         "dirty",
         "go_away",
         "instructions",
-        "model",
         "resume_handle",
         "resume_position",
         "sent",
+        "settings",
         "state",
         "transcript",
-        "voice",
     )
 
     def __init__(
@@ -165,15 +155,10 @@ class GeminiConversation:
         reasoning_effort: str | None = None,
     ) -> None:
         self.instructions = instructions
-        self.voice = voice
-        self.model = model
-        self.compression = compression
-        self._effort = reasoning_effort
+        self.settings = LiveSettings(voice, model, compression, reasoning_effort)
         # The newest resumption handle: the server's copy of this conversation, which a
         # new connection continues (goAway) instead of being sent the transcript.
         self.resume_handle = resume
-        audio_in = voice.audio_in if voice is not None else None
-        self._manual_activity = audio_in is not None and audio_in.turn_detection == "none"
         self._activity_open = False
         # Empty messages are left out: the API refuses an empty text part.
         self.transcript: list[wire.Content] = [_turn(m) for m in history if m.content]
@@ -199,88 +184,14 @@ class GeminiConversation:
         self._reply_on_server = False
         self._heard: list[str] = []  # input transcription pieces of the current user turn
         self._calls: dict[str, str] = {}  # call id -> function name, until answered
-        self._background: frozenset[str] = frozenset()  # functions declared NON_BLOCKING
         self._outputs: list[wire.FunctionResponse] = []
 
     # --- connections --------------------------------------------------------------------
 
     def setup(self, model_name: str, *, resume: bool = True) -> wire.Setup:
         """The ``setup`` a new connection opens with (continuing ``handle`` if ``resume``)."""
-        instruction = wire.text_content(None, self.instructions) if self.instructions else None
-        voice = self.voice
-        resumption = wire.SessionResumptionConfig(
-            handle=self.resume_handle if resume and self.resume_handle else None
-        )
-        compression = self.compression
-        window = (
-            None
-            if compression is None
-            else wire.ContextWindowCompression(
-                trigger_tokens=compression.trigger_tokens or None,
-                sliding_window=wire.SlidingWindow(target_tokens=compression.target_tokens or None),
-            )
-        )
-        model = self.model
-        thinking = None
-        if model is not None and model.thinking != "none":
-            # A session's reasoning effort is the model's thinking level where it has levels.
-            level = self._effort.upper() if self._effort and model.thinking == "level" else None
-            thinking = wire.ThinkingConfig(include_thoughts=True, thinking_level=level)
-        if voice is None:
-            return wire.Setup(
-                model=model_name,
-                generation_config=wire.GenerationConfig(
-                    response_modalities=["TEXT"], thinking_config=thinking
-                ),
-                system_instruction=instruction,
-                session_resumption=resumption,
-                context_window_compression=window,
-            )
-        audio_in, audio_out = voice.audio_in, voice.audio_out
-        speech = None
-        if audio_out is not None and audio_out.voice:
-            speech = wire.SpeechConfig(
-                voice_config=wire.VoiceConfig(
-                    prebuilt_voice_config=wire.PrebuiltVoiceConfig(voice_name=audio_out.voice)
-                )
-            )
-        declarations = [
-            wire.FunctionDeclaration(
-                name=tool.name,
-                description=tool.description or None,
-                parameters_json_schema=tool.parameters or {"type": "object"},
-                # The model goes on while it runs; its response comes WHEN_IDLE.
-                behavior="NON_BLOCKING" if tool.background else None,
-            )
-            for tool in voice.tools
-        ]
-        self._background = frozenset(tool.name for tool in voice.tools if tool.background)
-        return wire.Setup(
-            model=model_name,
-            generation_config=wire.GenerationConfig(
-                response_modalities=["AUDIO" if audio_out is not None else "TEXT"],
-                speech_config=speech,
-                thinking_config=thinking,
-            ),
-            system_instruction=instruction,
-            session_resumption=resumption,
-            context_window_compression=window,
-            tools=[wire.Tool(function_declarations=declarations)] if declarations else None,
-            realtime_input_config=(
-                wire.RealtimeInputConfig(
-                    automatic_activity_detection=wire.AutomaticActivityDetection(disabled=True)
-                )
-                if self._manual_activity
-                else None
-            ),
-            input_audio_transcription=(
-                {} if audio_in is not None and audio_in.transcription else None
-            ),
-            output_audio_transcription={} if audio_out is not None else None,
-            explicit_vad_signal=True
-            if audio_in is not None and not self._manual_activity
-            else None,
-        )
+        handle = self.resume_handle if resume else ""
+        return self.settings.setup(model_name, self.instructions, handle)
 
     @property
     def resumable(self) -> bool:
@@ -345,7 +256,7 @@ class GeminiConversation:
     def audio_opening(self) -> wire.ClientMessage | None:
         """What must precede the user's audio now: ``activityStart`` when the client
         ends its turns itself (turn detection ``none``) and none is open yet."""
-        if self._manual_activity and not self._activity_open:
+        if self.settings.manual_activity and not self._activity_open:
             self._activity_open = True
             return wire.ClientMessage(
                 realtime_input=wire.RealtimeInput(activity_start=wire.ActivityMarker())
@@ -354,7 +265,7 @@ class GeminiConversation:
 
     @property
     def audio_needs_opening(self) -> bool:
-        return self._manual_activity and not self._activity_open
+        return self.settings.manual_activity and not self._activity_open
 
     def commit(self) -> list[wire.ClientMessage]:
         """End the user's spoken turn (``activityEnd``, after an ``activityStart`` if none
@@ -372,7 +283,7 @@ class GeminiConversation:
     def function_output(self, call_id: str, output: str) -> None:
         name = self._calls.pop(call_id, None)
         # A NON_BLOCKING call's late response: the model tells it once it is idle.
-        scheduling = "WHEN_IDLE" if name in self._background else None
+        scheduling = "WHEN_IDLE" if name in self.settings.background else None
         self._outputs.append(
             wire.FunctionResponse(
                 id=call_id, name=name, response={"output": output}, scheduling=scheduling
@@ -433,7 +344,7 @@ class GeminiConversation:
                 return []
             # Spoken output or a thought: the general path below.
         events: list[UpstreamEvent] = []
-        if self.voice is not None:
+        if self.settings.voice is not None:
             self._voice_events(message, events)
         usage = message.usage_metadata
         if usage is not None and self.turn_running:
@@ -506,7 +417,7 @@ class GeminiConversation:
                 arguments = msgspec.json.encode(call.args or {}).decode()
                 events.append(NativeCall(call_id, call.name or "", arguments))
             calls = message.tool_call.function_calls or ()
-            if calls and all(call.name in self._background for call in calls):
+            if calls and all(call.name in self.settings.background for call in calls):
                 return  # NON_BLOCKING: the model goes on; its turnComplete ends the turn
             self._end_turn(clean=True)
             events.append(ResponseDone(status="completed", usage=self._usage))
@@ -544,7 +455,7 @@ class GeminiConversation:
                     events.append(self.abandon("the model wrote past the point it was stopped at"))
         if content.interrupted:
             # In a voice session interruptions are barge-in: no reconnect (see the adapter).
-            voice = self.voice is not None
+            voice = self.settings.voice is not None
             if self.turn_running:
                 usage, estimated = self._turn_usage()
                 self._end_turn(clean=voice)

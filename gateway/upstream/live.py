@@ -42,7 +42,7 @@ from gateway.upstream.live_conversation import (
 from gateway.upstream.provider_socket import Inbox, ProviderSocket
 from protocol.assembly import Message
 
-__all__ = ["QUIET_SECONDS", "GPTLive", "is_live_model", "live_controls"]
+__all__ = ["QUIET_SECONDS", "GPTLive", "QuietTimer", "is_live_model", "live_controls"]
 
 log = logging.getLogger("gateway.upstream.live")
 
@@ -66,6 +66,31 @@ def live_controls(model: str) -> frozenset[str] | None:
     """A GPT-Live model's session controls: none of ``CONTROLS`` (it decides turns and
     manages its context itself); None for any other model (its row's)."""
     return frozenset() if is_live_model(model) else None
+
+
+class QuietTimer:
+    """The shell's one timer (``LiveConversation.timer``): GPT-Live marks no turn's end,
+    so a turn the model spoke in ends after ``quiet`` seconds of its silence, and a turn
+    asked for waits ``answer`` seconds for its first word. Every change of the
+    conversation's ``activity`` starts it again."""
+
+    __slots__ = ("_mark", "_seen", "answer", "quiet")
+
+    def __init__(self, quiet: float, answer: float) -> None:
+        self.quiet = quiet
+        self.answer = answer
+        self._seen = -1  # the conversation's activity the timer counts from
+        self._mark = 0.0
+
+    def deadline(self, conversation: LiveConversation, now: float) -> float | None:
+        """When the timer runs out (loop time), or None: nothing to wait for."""
+        if conversation.activity != self._seen:
+            self._seen = conversation.activity
+            self._mark = now
+        timer = conversation.timer
+        if timer is None:
+            return None
+        return self._mark + (self.quiet if timer == "quiet" else self.answer)
 
 
 class GPTLive(Upstream):
@@ -100,8 +125,7 @@ class GPTLive(Upstream):
         self.provider = provider
         self.connect_timeout = connect_timeout
         self.open_timeout = open_timeout
-        self.quiet_seconds = quiet_seconds
-        self.answer_seconds = answer_seconds
+        self._timer = QuietTimer(quiet_seconds, answer_seconds)
         self.delegation: Literal["client", "responses"] = delegation
         self.backend_model = backend_model
         self._socket = ProviderSocket(label, key_variable)
@@ -112,8 +136,6 @@ class GPTLive(Upstream):
         self._resampler: Resampler | None = None
         self._opened = False
         self._closed = False
-        self._seen = -1  # the conversation's activity the timer counts from
-        self._mark = 0.0
 
     @property
     def url(self) -> str:
@@ -297,17 +319,6 @@ class GPTLive(Upstream):
 
     # --- events -----------------------------------------------------------------
 
-    def _deadline(self) -> float | None:
-        conversation = self._conversation
-        now = asyncio.get_running_loop().time()
-        if conversation.activity != self._seen:
-            self._seen = conversation.activity
-            self._mark = now
-        timer = conversation.timer
-        if timer is None:
-            return None
-        return self._mark + (self.quiet_seconds if timer == "quiet" else self.answer_seconds)
-
     async def recv(self) -> UpstreamEvent:
         conversation = self._conversation
         while True:
@@ -316,7 +327,9 @@ class GPTLive(Upstream):
             if conversation.outbox:
                 await self._flush()
             try:
-                event = await self._inbox.next(self._handle, deadline=self._deadline())
+                now = asyncio.get_running_loop().time()
+                deadline = self._timer.deadline(conversation, now)
+                event = await self._inbox.next(self._handle, deadline=deadline)
             except TimeoutError:
                 self._queued.extend(conversation.quiet())
                 continue

@@ -9,7 +9,8 @@ relies on, with their sources, are in docs/providers.md ("GPT-Live"):
 - **the start**: ``session.start`` with the model, the instructions, the
   startup history (``input``: at most 128 messages of one text part; the
   newest kept within a size budget), PCM16 24 kHz audio, the voice, and the
-  delegation (``client`` by default);
+  delegation (``client`` by default): the session's ``LiveSettings``, written
+  by ``gateway.upstream.live_setup``;
 - **turns**: GPT-Live sends transcripts, never a turn boundary ("these events
   do not define complete turns"). A model turn begins when the session asks
   (``begin``) or when the model speaks unasked (``ResponseBegan``); it ends
@@ -45,7 +46,6 @@ import msgspec
 from gateway.upstream import live_wire as wire
 from gateway.upstream.base import (
     AudioDelta,
-    FunctionTool,
     NativeCall,
     ResponseBegan,
     ResponseDone,
@@ -57,9 +57,9 @@ from gateway.upstream.base import (
     UpstreamEvent,
     VoiceConfig,
 )
+from gateway.upstream.live_setup import AUDIO_RATE, DELEGATE_TOOL, LiveSettings
 from protocol.assembly import Message
-from protocol.events import Respond, Usage
-from protocol.parser import Parser
+from protocol.events import Usage
 
 __all__ = [
     "APPEND_CHARS",
@@ -74,19 +74,9 @@ __all__ = [
 
 log = logging.getLogger("gateway.upstream.live")
 
-AUDIO_RATE: Final = 24000
-"""The session's audio format: PCM16 mono 24 kHz, both ways (one format per session)."""
-
 APPEND_CHARS: Final = 1500
 """Characters per ``*.append`` command: the service caps each at 500 tokens, and 1500
 characters stays under it at 3 characters a token (a conservative count)."""
-
-HISTORY_MESSAGES: Final = 128
-HISTORY_CHARS: Final = 24000
-"""The startup history: at most 128 messages (the SDK) within the default 8,192-token
-budget, counted at 3 characters a token; older messages are left out."""
-
-DELEGATE_TOOL: Final = "delegate"
 
 TYPED_PREFIX: Final = (
     "The caller typed this message instead of saying it. Answer it aloud now, "
@@ -125,62 +115,6 @@ def _chunks(text: str, size: int) -> list[str]:
     return [text[at : at + size] for at in range(0, len(text), size)] or [""]
 
 
-def _plain(message: Message) -> Message:
-    """``message`` as a model that speaks reads it: the history the session keeps is
-    written in the text protocol (``<think>``, ``<execute>``, ``<end>``, ``<results>``),
-    which GPT-Live neither writes nor reads. An assistant message keeps what was said;
-    a tool results message becomes a developer note."""
-    content = message.content
-    if message.role == "assistant" and "<" in content:
-        parser = Parser()
-        events = [*parser.feed(content), *parser.close()]
-        said = "".join(e.content for e in events if isinstance(e, Respond)).strip()
-        return Message(role="assistant", content=said)
-    if message.role == "user" and content.startswith("<results>"):
-        body = content.removeprefix("<results>").removesuffix("</results>").strip()
-        return Message(role="system", content=f"Tool results: {body}")
-    return message
-
-
-def _initial_items(history: Sequence[Message]) -> list[wire.InitialItem]:
-    """The newest messages of ``history`` that fit the startup limits, in order."""
-    kept: list[wire.InitialItem] = []
-    budget = HISTORY_CHARS
-    for message in map(_plain, reversed(history)):
-        if not message.content:
-            continue
-        if len(kept) == HISTORY_MESSAGES or len(message.content) > budget:
-            break
-        budget -= len(message.content)
-        role: Literal["developer", "user", "assistant"] = (
-            "assistant"
-            if message.role == "assistant"
-            else "user"
-            if message.role == "user"
-            else "developer"
-        )
-        part = wire.TextPart(
-            type="output_text" if role == "assistant" else "input_text", text=message.content
-        )
-        kept.append(wire.InitialItem(role=role, content=[part]))
-    if len(kept) < len([m for m in map(_plain, history) if m.content]):
-        log.info(
-            "GPT-Live: startup history limited to its newest %d messages (%d characters)",
-            len(kept),
-            HISTORY_CHARS - budget,
-        )
-    kept.reverse()
-    return kept
-
-
-def delegation_tool(tools: Sequence[FunctionTool]) -> FunctionTool | None:
-    """The tool a client delegation calls: ``delegate``, else the only one, else none."""
-    for tool in tools:
-        if tool.name == DELEGATE_TOOL:
-            return tool
-    return tools[0] if len(tools) == 1 else None
-
-
 class Hearing:
     """The caller's spoken turn so far: its transcript pieces and where it ends."""
 
@@ -210,13 +144,9 @@ class LiveConversation:
         delegation: Literal["client", "responses"] = "client",
         backend: wire.Delegation | None = None,
     ) -> None:
-        self.model = model
-        self.instructions = instructions
-        self.history = tuple(history)
-        self.voice = voice
-        self.delegation = delegation
-        self._backend = backend
-        self.delegate = delegation_tool(voice.tools if voice is not None else ())
+        self.settings = LiveSettings(
+            model, instructions, tuple(history), voice, delegation, backend
+        )
         self.outbox: list[wire.ClientEvent] = []
         self.state = IDLE
         self.started = False
@@ -248,27 +178,11 @@ class LiveConversation:
 
     def start(self) -> wire.SessionStart:
         """The connection's first frame."""
-        voice = self.voice
-        chosen = voice.audio_out.voice if voice is not None and voice.audio_out else ""
-        if self.delegation == "responses" and self._backend is not None:
-            delegation = self._backend
-        else:
-            delegation = wire.Delegation(type="client")
-        items = _initial_items(self.history)
-        session = wire.SessionConfig(
-            model=self.model,
-            instructions=self.instructions or None,
-            audio=wire.SessionAudio(
-                format=wire.AudioFormat(type="audio/pcm", rate=AUDIO_RATE),
-                output=wire.Voice(voice=chosen) if chosen else None,
-            ),
-            delegation=delegation,
-            input=items or None,
-        )
-        last = next((m for m in reversed(self.history) if m.role == "user" and m.content), None)
+        settings = self.settings
+        last = next((m for m in reversed(settings.history) if m.role == "user" and m.content), None)
         if last is not None:
             self._last_user = last.content
-        return wire.SessionStart(session=session, event_id=self._eid())
+        return settings.session_start(self._eid())
 
     # --- what the session asks --------------------------------------------------------
 
@@ -356,7 +270,7 @@ class LiveConversation:
         for call in calls:
             self._delegations.discard(call.call_id)
             self._responses_calls.pop(call.call_id, None)
-            if self.delegation == "client":
+            if self.settings.delegation == "client":
                 self._append_thinking(DROPPED, call.call_id)
 
     def _usage(self) -> Usage:
@@ -412,7 +326,8 @@ class LiveConversation:
         match event:
             case wire.OutputAudioDelta():
                 events = self._output()
-                if self.state == RUNNING and self.voice is not None and self.voice.audio_out:
+                voice = self.settings.voice
+                if self.state == RUNNING and voice is not None and voice.audio_out:
                     events.append(AudioDelta(event.delta, AUDIO_RATE))
                 return events
             case wire.OutputTranscriptDelta():
@@ -510,9 +425,10 @@ class LiveConversation:
             # A cancelled turn's delegation: nobody will do it; say so silently.
             self._append_thinking(NO_BACKEND, delegation.id)
             return events
-        tool = self.delegate
+        tool = self.settings.delegate
         if tool is None:
-            tools = self.voice.tools if self.voice is not None else ()
+            voice = self.settings.voice
+            tools = voice.tools if voice is not None else ()
             log.warning(
                 "GPT-Live delegated work (%s) but the session declares %s: declare one tool, "
                 "or one named %r, to receive delegated tasks",

@@ -1,7 +1,8 @@
 """WebRTC calls on the OpenAI door (docs/webrtc.md): the media terminated in the gateway.
 
-aiortc is an optional dependency (``pip install realtime-gateway[webrtc]``):
-without it, ``POST /openai/v1/realtime/calls`` is answered 501 saying so.
+aiortc is the ``webrtc`` extra, and the lock (``lock/runtime.txt``) installs it; an
+install from ranges without it (``pip install realtime-gateway``) still runs: there
+``POST /openai/v1/realtime/calls`` is answered 501 saying so.
 """
 
 from __future__ import annotations

@@ -57,7 +57,7 @@ async def one_run(
 ) -> dict[str, float]:
     store = open_store(url, **options)  # type: ignore[arg-type]
     if parser_replies:
-        store._commit.bulk_replies = False  # type: ignore[attr-defined]
+        store._commit.sender.bulk_replies = False  # type: ignore[attr-defined]
     try:
         sids = [f"b{time.monotonic_ns()}-{i}" for i in range(sessions)]
         await store.keep_leases(sids, "n1", 600.0)

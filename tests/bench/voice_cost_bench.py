@@ -1,7 +1,8 @@
 """Node CPU per 20 ms audio frame: a voice client's PCM16 and a call's μ-law, A/B.
 
 Run: ``PYTHONPATH=. .venv/bin/python tests/bench/voice_cost_bench.py [--sessions 50]
-[--seconds 6] [--repeats 3] [--against /work/main] [--rates 24000,16000] [--py-spy DIR]``
+[--seconds 6] [--repeats 3] [--against /work/main] [--rates 24000,16000] [--no-door]
+[--litellm-venv /tmp/litellm-venv] [--py-spy DIR]``
 
 A simulator (``gateway sim``, VAD threshold out of reach: it never answers)
 and a ``gateway serve`` run as subprocesses; this process is the load. Each
@@ -14,6 +15,15 @@ stime`` from ``/proc``) over the frames it took in, in µs per frame:
   provider (resampled to 24 kHz when the rate differs) as
   ``input_audio_buffer.append``. The setup (connect, configure) is outside
   the measured window.
+- ``door 24k``: the same microphone through the gateway's OpenAI door
+  (``/openai/v1/realtime?model=gpt-realtime-2.1``, ``session.update`` with
+  ``audio/pcm`` 24 kHz): JSON ``input_audio_buffer.append`` frames of base64,
+  decoded and relayed as the provider's own ``input_audio_buffer.append``.
+- ``litellm 24k`` (with ``--litellm-venv``): the same door-shaped frames
+  through LiteLLM's realtime proxy (``side_by_side_bench.litellm_proc``: its
+  model ``sim`` routed to the same simulator), LiteLLM's process tree's CPU;
+  the printed ``door ÷ LiteLLM`` is the gateway's relay of the same audio
+  against LiteLLM's.
 - ``phone``: a Twilio media stream (``gateway.client.carrier.SimulatedCall``,
   unsigned, ``--phone-no-require-token``) sends ``media`` frames of μ-law
   8 kHz (JSON, base64); the gateway decodes, resamples 8 → 24 kHz and relays.
@@ -29,9 +39,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import os
 import sys
+import tempfile
 import time
+from collections.abc import Callable
+from contextlib import ExitStack
+from functools import partial
 from pathlib import Path
 
 import orjson
@@ -40,6 +55,12 @@ from websockets.asyncio.client import connect
 from gateway.client.carrier import CallSetup, SimulatedCall
 from gateway.common.pcm import tone
 from tests.bench.benchlib import ROOT, Proc, free_port, median, start_py_spy
+from tests.bench.side_by_side_bench import (
+    LITELLM_KEY,
+    ensure_litellm,
+    litellm_proc,
+    tree_cpu_seconds,
+)
 
 FRAME_S = 0.02
 TOKEN = "bench-token"
@@ -95,7 +116,7 @@ def gateway(sim_url: str, checkout: Path) -> Proc:
     )
 
 
-async def paced(send: object, frames: list[bytes], start: float, stop: float) -> int:
+async def paced(send: object, frames: list[bytes] | list[str], start: float, stop: float) -> int:
     """Send ``frames`` round and round at 20 ms a frame from ``start`` until ``stop``."""
     index = 0
     while True:
@@ -162,6 +183,67 @@ async def phone(url: str, calls: int, seconds: float, pid: int) -> tuple[float, 
     return used, frames
 
 
+DOOR_MODEL = "gpt-realtime-2.1"
+DOOR_SESSION = {
+    "type": "realtime",
+    "output_modalities": ["audio"],
+    "audio": {
+        "input": {
+            "format": {"type": "audio/pcm", "rate": 24000},
+            "turn_detection": {"type": "server_vad"},
+        },
+        "output": {"voice": "alloy"},
+    },
+}
+WARM_S = 0.5  # appends before the window: the upstream is open and warm when it starts
+
+
+async def openai_wire(
+    url: str, headers: dict[str, str], sessions: int, seconds: float, cpu_of: Callable[[], float]
+) -> tuple[float, int]:
+    """(server CPU seconds, frames) while ``sessions`` OpenAI Realtime clients stream
+    ``seconds`` of 24 kHz audio as ``input_audio_buffer.append`` (after ``WARM_S`` of it)."""
+    audio = tone(1.0, 24000, amplitude=300)
+    size = 24000 // 50 * 2
+    frames = [
+        orjson.dumps(
+            {
+                "type": "input_audio_buffer.append",
+                "audio": base64.b64encode(audio[at : at + size]).decode(),
+            }
+        ).decode()
+        for at in range(0, len(audio), size)
+    ]
+    ready = asyncio.Event()
+    waiting = [sessions]
+    window: list[float] = []
+    sent_before: list[int] = [0] * sessions
+
+    async def one(k: int) -> int:
+        async with connect(url, additional_headers=headers, max_size=None, compression=None) as ws:
+            while orjson.loads(await ws.recv())["type"] != "session.created":
+                pass
+            update = {"type": "session.update", "session": DOOR_SESSION}
+            await ws.send(orjson.dumps(update).decode())
+            while orjson.loads(await ws.recv())["type"] != "session.updated":
+                pass
+            waiting[0] -= 1
+            if not waiting[0]:
+                window[:] = [time.monotonic() + 0.1 + WARM_S]
+                ready.set()
+            await ready.wait()
+            start = window[0] - WARM_S + FRAME_S * k / sessions
+            sent_before[k] = round(WARM_S / FRAME_S)
+            return await paced(ws.send, frames, start, window[0] + seconds)
+
+    task = asyncio.gather(*(one(k) for k in range(sessions)))
+    await ready.wait()
+    await asyncio.sleep(max(0.0, window[0] - time.monotonic()))
+    before = cpu_of()
+    counts = await task
+    return cpu_of() - before, sum(counts) - sum(sent_before)
+
+
 def cpu(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
@@ -175,17 +257,48 @@ async def main() -> None:
     parser.add_argument("--against", type=Path, default=None, help="another checkout to compare")
     parser.add_argument("--rates", default="24000,16000", help="client rates of the voice runs")
     parser.add_argument("--no-phone", action="store_true")
+    parser.add_argument("--no-door", action="store_true", help="no OpenAI-door scenario")
+    parser.add_argument(
+        "--litellm-venv",
+        type=Path,
+        default=None,
+        help="LiteLLM's venv (made on first use): adds its relay of the door's audio",
+    )
     parser.add_argument("--py-spy", type=Path, default=None, help="a profile of each, here")
     ns = parser.parse_args()
     checkouts = {"this": ROOT}
     if ns.against is not None:
         checkouts["other"] = ns.against.resolve()
     scenarios = [f"voice {int(rate) // 1000}k" for rate in ns.rates.split(",") if rate]
+    if not ns.no_door:
+        scenarios.append("door 24k")
     if not ns.no_phone:
         scenarios.append("phone")
     results: dict[tuple[str, str], list[float]] = {}
-    with sim() as simulator:
+    with sim() as simulator, ExitStack() as stack:
+        litellm: Proc | None = None
+        if ns.litellm_venv is not None:
+            exe = ensure_litellm(ns.litellm_venv)
+            tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
+            litellm = litellm_proc(exe, simulator.url, tmp).start(timeout=180)  # slow imports
+            stack.callback(litellm.stop)
         for repeat in range(ns.repeats):
+            if litellm is not None:
+                proxy = litellm
+                used, frames = await openai_wire(
+                    f"{proxy.url}?model=sim",
+                    {"Authorization": f"Bearer {LITELLM_KEY}"},
+                    ns.sessions,
+                    ns.seconds,
+                    partial(tree_cpu_seconds, proxy.pid),
+                )
+                per = used / frames * 1e6 if frames else float("nan")
+                results.setdefault(("litellm", "door 24k"), []).append(per)
+                print(
+                    f"  repeat {repeat + 1} LiteLLM door 24k {per:6.1f} µs/frame "
+                    f"({frames} frames, {used:.2f} CPU-s)",
+                    flush=True,
+                )
             for name, checkout in checkouts.items():
                 with gateway(simulator.url, checkout) as gw:
                     for scenario in scenarios:
@@ -196,6 +309,16 @@ async def main() -> None:
                             spy = await start_py_spy(gw.pid, ns.seconds, out)
                         if scenario == "phone":
                             used, frames = await phone(gw.url, ns.sessions, ns.seconds, gw.pid)
+                        elif scenario == "door 24k":
+                            door = gw.url.split("/v1/")[0] + "/openai/v1/realtime"
+                            pid = gw.pid
+                            used, frames = await openai_wire(
+                                f"{door}?model={DOOR_MODEL}",
+                                {},
+                                ns.sessions,
+                                ns.seconds,
+                                partial(cpu, pid),
+                            )
                         else:
                             rate = int(scenario.split()[1][:-1]) * 1000
                             used, frames = await voice(
@@ -225,6 +348,13 @@ async def main() -> None:
             theirs = median(results[("other", scenario)])
             line += f"{theirs:>8.1f}{mine / theirs:>12.2f}"
         print(line)
+    if ("litellm", "door 24k") in results and ("this", "door 24k") in results:
+        theirs = median(results[("litellm", "door 24k")])
+        mine = median(results[("this", "door 24k")])
+        print(
+            f"  LiteLLM's relay of the door's audio {theirs:.1f} µs/frame; "
+            f"door ÷ LiteLLM {mine / theirs:.2f}"
+        )
 
 
 if __name__ == "__main__":

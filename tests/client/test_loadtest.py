@@ -29,6 +29,7 @@ from gateway.client.loadtest import (
     sized_message,
 )
 from gateway.client.loadtest_cli import add_loadtest_arguments, config_from_args, run_loadtest_cli
+from gateway.client.loadtest_progress import LoadTestCounters, progress_line
 from gateway.client.report import (
     LatencySummary,
     LoadTestReport,
@@ -569,11 +570,12 @@ def test_progress_mode_follows_the_flags() -> None:
 
 
 def test_progress_bar_line() -> None:
-    lt = LoadTest(LoadTestConfig(url="ws://127.0.0.1:1/v1/realtime", sessions=4, turns=5))
-    lt.counters.turns_ok = 10
-    lt.counters.sessions_open = 4
-    lt.counters.errors = 2
-    line = lt.progress_line(3.0, 1234.0, bar=True)
+    config = LoadTestConfig(url="ws://127.0.0.1:1/v1/realtime", sessions=4, turns=5)
+    counters = LoadTestCounters()
+    counters.turns_ok = 10
+    counters.sessions_open = 4
+    counters.errors = 2
+    line = progress_line(config, counters, 3.0, 1234.0, bar=True)
     assert line.startswith("[##########..........]")
     assert "open     4/4" in line
     assert "turns      10/20" in line

@@ -42,7 +42,7 @@ async def test_a_reopened_session_gives_the_model_fewer_messages_under_a_budget(
     whole = await _items_after_reopen(gateway_factory, 0)
     assert whole == 2 * TURNS + 1  # every user message and answer, and the probe
     async with gateway_factory() as gw:
-        prompt = context_tokens_estimate(gw.node.system_prompt)
+        prompt = context_tokens_estimate(gw.node.setups.system_prompt)
     # Room for the probe and about two of the long turns.
     cut = await _items_after_reopen(gateway_factory, prompt + 2 * 200)
     assert 1 < cut < whole

@@ -152,3 +152,32 @@ async def test_the_sdk_hears_the_users_transcript_as_deltas_then_completed(
         if e["type"] == "conversation.item.input_audio_transcription.delta"
     )
     assert said and said == done["transcript"]
+
+
+async def test_an_append_that_is_not_base64_is_refused_and_the_turn_goes_on(
+    tmp_path: Path,
+) -> None:
+    """Appends are relayed from the socket's read callback once the session hears;
+    one that is not base64 still gets OpenAI's error naming its event_id, and the
+    speech around it is heard and answered."""
+    async with voice_gateway("openai", tmp_path) as gw:
+        client = await RawClient.open(door(gw.url), max_size=None)
+        try:
+            await client.send(type="session.update", session=AUDIO_SESSION)
+            await client.until("session.updated")
+            speech = utterance(0.5, RATE)
+            half = len(speech) // 2 // 2 * 2
+            await speak(client, speech[:half])
+            await client.send(
+                type="input_audio_buffer.append", audio="not base64!", event_id="evt_bad"
+            )
+            await speak(client, speech[half:])
+            events = await client.until("response.done")
+        finally:
+            await client.close()
+    errors = [e for e in events if e["type"] == "error"]
+    assert [e["error"]["event_id"] for e in errors] == ["evt_bad"]
+    assert "base64" in errors[0]["error"]["message"]
+    kinds = [e["type"] for e in events]
+    assert "input_audio_buffer.committed" in kinds
+    assert events[-1]["response"]["status"] == "completed"

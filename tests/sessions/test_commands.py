@@ -6,8 +6,16 @@ import typing
 from collections.abc import Sequence
 
 import msgspec
+import pytest
 
-from gateway.sessions.commands import COMMANDS, CONNECTION_MESSAGES, FORWARDED, admit, dispatch
+from gateway.sessions.commands import (
+    COMMANDS,
+    CONNECTION_MESSAGES,
+    FORWARDED,
+    CommandSpec,
+    admit,
+    dispatch,
+)
 from gateway.upstream.base import AudioIn, VoiceConfig
 from protocol.configuration import ConfigChange
 from protocol.events import (
@@ -16,6 +24,7 @@ from protocol.events import (
     ClientMessage,
     Commit,
     Configure,
+    End,
     Error,
     Played,
     ToolResultMessage,
@@ -116,6 +125,11 @@ async def test_a_refusal_and_the_confirming_event_name_the_command() -> None:
     target.closed = True
     refusal = await dispatch(UserMessage(content="late"), target)
     assert refusal is not None and refusal.reply_to is msgspec.UNSET
+
+
+def test_a_command_is_confirmed_only_by_an_event_that_can_name_it() -> None:
+    with pytest.raises(TypeError, match="reply_to"):
+        CommandSpec("mark", None, confirms=End)
 
 
 class Sender:

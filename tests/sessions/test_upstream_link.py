@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import cast
 
 import pytest
 
@@ -10,7 +11,7 @@ from gateway.metrics import Metrics
 from gateway.pricing import PriceTable
 from gateway.sessions.observer import TurnObserver
 from gateway.sessions.resumption import META_KEY, ResumePoint, decode_resume_point
-from gateway.sessions.upstream_link import OpenRequest, UpstreamLink
+from gateway.sessions.upstream_link import OpenRequest, SilenceWatch, UpstreamLink
 from gateway.sim.model import SimConfig
 from gateway.sim.server import serve_sim
 from gateway.tracing import Tracing
@@ -204,3 +205,54 @@ async def test_a_dropped_connection_is_stopped_and_closed_in_the_background() ->
     last, _ = await made.open(request(ScriptedFactory()), object())
     await made.close()
     assert isinstance(last, ScriptedUpstream) and last.closed and made.upstream is None
+
+
+class _SlowUpstream:
+    """``recv`` answers when ``answer`` is set (a provider that may go quiet)."""
+
+    def __init__(self) -> None:
+        self.answer: asyncio.Future[ResponseDone] = asyncio.get_running_loop().create_future()
+
+    async def recv(self) -> ResponseDone:
+        return await asyncio.shield(self.answer)
+
+    def upstream(self) -> Upstream:
+        return cast(Upstream, self)
+
+
+async def test_a_read_that_hears_nothing_for_the_stall_timeout_returns_none() -> None:
+    watch = SilenceWatch(0.05)
+    quiet = _SlowUpstream()
+    assert await asyncio.wait_for(watch.recv(quiet.upstream()), 5) is None
+    # The watch serves the next read as fresh: an answer in time is returned.
+    quiet.answer.set_result(ResponseDone(status="completed"))
+    assert await asyncio.wait_for(watch.recv(quiet.upstream()), 5) == ResponseDone(
+        status="completed"
+    )
+    watch.close()
+
+
+async def test_output_heard_outside_the_read_keeps_it_waiting() -> None:
+    """The text fast path's deltas (``heard``) are not silence: the read goes on."""
+    watch = SilenceWatch(0.2)
+    slow = _SlowUpstream()
+    read = asyncio.ensure_future(watch.recv(slow.upstream()))
+    loop = asyncio.get_running_loop()
+    until = loop.time() + 0.6  # three stall timeouts of deltas taken by the fast path
+    while loop.time() < until:
+        watch.heard += 1
+        await asyncio.sleep(0.02)
+    assert not read.done()
+    slow.answer.set_result(ResponseDone(status="completed"))
+    assert await asyncio.wait_for(read, 5) == ResponseDone(status="completed")
+    watch.close()
+
+
+async def test_a_read_cancelled_by_someone_else_stays_cancelled() -> None:
+    watch = SilenceWatch(30)
+    read = asyncio.ensure_future(watch.recv(_SlowUpstream().upstream()))
+    await asyncio.sleep(0)
+    read.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await read
+    watch.close()

@@ -123,13 +123,13 @@ async def test_lease_ttls_are_milliseconds(
 def gate_round_trips(store: RedisStore) -> asyncio.Event:
     """Hold every round trip until the test sets the event: a flush "in flight"."""
     gate = asyncio.Event()
-    send = store._commit._send
+    send = store._commit.sender.send
 
     async def held(route: Any, items: Any) -> Any:
         await gate.wait()
         return await send(route, items)
 
-    store._commit._send = held  # type: ignore[method-assign]
+    store._commit.sender.send = held  # type: ignore[method-assign]
     return gate
 
 
@@ -217,7 +217,7 @@ async def test_one_batch_settles_each_append_with_its_own_result(
 ) -> None:
     """Both reply readers (see gateway.store.redis_fastpath) give the same results."""
     store = make(stores, redis_url)
-    store._commit.bulk_replies = bulk_replies
+    store._commit.sender.bulk_replies = bulk_replies
     for sid in ("a", "b"):
         await store.acquire_lease(sid, "n1", LEASE)
     await store.acquire_lease("taken", "other", LEASE)

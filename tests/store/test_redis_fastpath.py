@@ -3,7 +3,7 @@
 The shortcuts rely on a connected redis-py asyncio ``Connection`` reading from
 an ``asyncio.StreamReader`` at ``_reader``, and on RESP packing equal to
 redis-py's own. If one of these fails after a redis-py upgrade, set
-``GroupCommit.bulk_replies = False`` (redis-py's parser) until the fast path is
+``BatchSender.bulk_replies = False`` (redis-py's parser) until the fast path is
 adapted, and re-measure with ``tests/bench/store_bench.py``.
 """
 

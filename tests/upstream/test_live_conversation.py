@@ -21,13 +21,13 @@ from gateway.upstream.base import (
 )
 from gateway.upstream.live_conversation import (
     APPEND_CHARS,
-    HISTORY_MESSAGES,
     IDLE,
     RUNNING,
     STALE,
     TYPED_PREFIX,
     LiveConversation,
 )
+from gateway.upstream.live_setup import HISTORY_MESSAGES
 from protocol.assembly import Message
 from protocol.events import Usage
 

@@ -9,27 +9,19 @@ model is given back never hold what a rule forbids, and no client sees it.
 Each trip is logged as a ``guardrail`` event (rule and action, never the
 matched text) and counted in ``rtgw_guardrail_trips``.
 
-The rules come from ``--guardrails FILE`` (``GuardrailsFile``, re-read when it
-changes) and the owner's key policy (``guardrails = [...]``); ``Guardrails``
-is the compiled pair a session's setup carries.
+The rules come from ``gateway.sessions.guardrail_rules`` (``--guardrails
+FILE`` and the owner's key policy, compiled into ``Guardrails``).
 """
 
 from __future__ import annotations
 
-import functools
-import logging
-import time
-import tomllib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Final
 
 import msgspec
 
-from gateway.common.reloaded_file import ReloadedFile
-from gateway.common.settings import ConfigError
 from gateway.metrics import Metrics
+from gateway.sessions.guardrail_rules import Guardrails
 from protocol.assembly import HistoryItem
 from protocol.audio import OUTPUT_RATE
 from protocol.events import (
@@ -46,131 +38,12 @@ from protocol.events import (
     Think,
     User,
 )
-from protocol.guardrails import (
-    EMPTY,
-    Hit,
-    RuleSet,
-    RuleSpec,
-    StreamGuard,
-    check,
-    check_input,
-    compile_rules,
-)
+from protocol.guardrails import Hit, RuleSet, StreamGuard, check, check_input
 
-__all__ = [
-    "NO_GUARDRAILS",
-    "EventGuard",
-    "Guardrails",
-    "GuardrailsFile",
-    "guard_result",
-    "guard_value",
-    "guardrails_of",
-]
+__all__ = ["EventGuard", "guard_result", "guard_value"]
 
-log = logging.getLogger("gateway.sessions.guard")
-
-MAX_FILE_BYTES: Final = 256 * 1024
-"""A guardrails file larger than this is refused before it is parsed."""
 _JSON: Final = msgspec.json.Decoder()
 _ENCODER: Final = msgspec.json.Encoder()
-
-
-@dataclass(frozen=True, slots=True)
-class Guardrails:
-    """A session's compiled rules: those on its input, those on the model's output."""
-
-    specs: tuple[RuleSpec, ...] = ()
-    input: RuleSet = EMPTY
-    output: RuleSet = EMPTY
-
-    def __bool__(self) -> bool:
-        return bool(self.specs)
-
-
-NO_GUARDRAILS: Final = Guardrails()
-
-
-@functools.lru_cache(maxsize=256)
-def _compiled(specs: tuple[RuleSpec, ...]) -> Guardrails | str:
-    if not specs:
-        return NO_GUARDRAILS
-    compiled = compile_rules(specs)
-    if isinstance(compiled, str):
-        return compiled
-    return Guardrails(specs, *compiled)
-
-
-def guardrails_of(*groups: Sequence[RuleSpec]) -> Guardrails | str:
-    """The node's rules and a key's, compiled (cached: sessions share them), or the problem."""
-    return _compiled(tuple(spec for group in groups for spec in group))
-
-
-def parse_rules(tables: object, where: str) -> tuple[RuleSpec, ...]:
-    """``[[rule]]`` tables (or a key policy's ``guardrails``) → specs; ValueError names
-    the rule and the field."""
-    if not isinstance(tables, list):
-        raise ValueError(f"{where}: rules must be a list of tables ([[rule]] in TOML)")
-    specs: list[RuleSpec] = []
-    for i, table in enumerate(tables):
-        name = table.get("name", f"#{i + 1}") if isinstance(table, dict) else f"#{i + 1}"
-        try:
-            specs.append(msgspec.convert(table, RuleSpec))
-        except msgspec.ValidationError as exc:
-            raise ValueError(
-                f"{where}: guardrail {name!r}: {exc}; a rule has name, on (input or "
-                "output), action (block, redact or end_turn) and one of pattern, detect "
-                "(email, phone, card) or max_chars"
-            ) from None
-    problem = compile_rules(specs)
-    if isinstance(problem, str):
-        raise ValueError(f"{where}: {problem}")
-    return tuple(specs)
-
-
-class GuardrailsFile(ReloadedFile):
-    """The rules of ``--guardrails FILE`` (``[[rule]]`` tables), re-read when it changes.
-
-    Raises ``ConfigError`` naming the rule and field when the file is bad at
-    start; a file broken later keeps the rules loaded before (logged).
-    """
-
-    what = "guardrails file"
-    _log = log
-
-    def __init__(self, path: str | Path | None, *, check_interval: float = 0.25) -> None:
-        self.path = Path(path) if path else None
-        self.check_interval = check_interval
-        self.specs: tuple[RuleSpec, ...] = ()
-        self._stamp: tuple[float, int] | None = None
-        self._checked = 0.0
-        self.version = 0
-        if self.path is not None:
-            try:
-                self._load()
-            except (OSError, ValueError) as exc:
-                raise ConfigError(f"guardrails: {exc}") from exc
-
-    def _load(self) -> None:
-        assert self.path is not None
-        stat = self.path.stat()
-        if stat.st_size > MAX_FILE_BYTES:
-            raise ValueError(f"{self.path}: {stat.st_size} bytes, at most {MAX_FILE_BYTES}")
-        try:
-            tables = tomllib.loads(self.path.read_text(encoding="utf-8"))
-        except tomllib.TOMLDecodeError as exc:
-            raise ValueError(f"{self.path} is not valid TOML: {exc}") from None
-        extra = [k for k in tables if k != "rule"]
-        if extra:
-            raise ValueError(f"{self.path}: {extra[0]!r}: write each rule as a [[rule]] table")
-        specs = parse_rules(tables.get("rule", []), str(self.path))
-        if specs != self.specs:
-            self.version += 1
-        self.specs = specs
-        self._stamp = (stat.st_mtime, stat.st_size)
-        self._checked = time.monotonic()
-
-    def _loaded(self) -> str:
-        return f"{len(self.specs)} rules"
 
 
 def guard_value(rules: RuleSet, value: Any) -> tuple[Any, list[Hit]]:

@@ -37,7 +37,8 @@ from websockets.asyncio.client import connect
 
 from gateway.client import Client
 from gateway.metrics import Metrics
-from gateway.sessions.guard import EventGuard, guardrails_of, parse_rules
+from gateway.sessions.guard import EventGuard
+from gateway.sessions.guardrail_rules import guardrails_of, parse_rules
 from protocol.audio import AUDIO_HEADER_BYTES
 from protocol.events import End, Respond, User
 from tests.bench.benchlib import gateway_proc, sim_proc, table

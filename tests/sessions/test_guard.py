@@ -1,16 +1,11 @@
 """A session's guardrails at its log (``gateway.sessions.guard``), without sockets:
-events in, the events to log out; history judged whole; the rules file."""
+events in, the events to log out; history judged whole; a spoken answer's audio."""
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
-import pytest
-
-from gateway.common.settings import ConfigError
 from gateway.metrics import Metrics
-from gateway.sessions.guard import EventGuard, GuardrailsFile, guard_result, guardrails_of
+from gateway.sessions.guard import EventGuard, guard_result
+from gateway.sessions.guardrail_rules import guardrails_of
 from protocol.events import (
     Call,
     Cancelled,
@@ -95,21 +90,6 @@ def test_a_blocked_tool_result_is_a_failure_naming_the_rule() -> None:
     content, hits, withheld = guard_result(compiled.input, {"text": "the s3cret is x"})
     assert withheld and "secret" in content and "s3cret" not in content
     assert [h.rule for h in hits] == ["secret"]
-
-
-def test_the_rules_file_is_checked_at_start_and_reloaded(tmp_path: Path) -> None:
-    path = tmp_path / "rules.toml"
-    path.write_text('[[rule]]\nname = "a"\non = "output"\naction = "redact"\ndetect = "email"\n')
-    rules = GuardrailsFile(path, check_interval=0.0)
-    assert [s.name for s in rules.specs] == ["a"]
-    path.write_text('[[rule]]\nname = "b"\non = "input"\naction = "block"\npattern = "x"\n')
-    os.utime(path, (1, 1))
-    assert rules.poll() == 2 and [s.name for s in rules.specs] == ["b"]
-    path.write_text('[[rule]]\nname = "c"\non = "sideways"\naction = "block"\npattern = "x"\n')
-    os.utime(path, (2, 2))
-    assert rules.poll() == 2 and [s.name for s in rules.specs] == ["b"]  # kept
-    with pytest.raises(ConfigError, match=r"guardrail 'c': .*on"):
-        GuardrailsFile(path)
 
 
 def test_an_event_in_the_middle_of_an_answer_does_not_split_a_card() -> None:

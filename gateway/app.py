@@ -247,7 +247,7 @@ async def running_gateway(config: Config) -> AsyncIterator[Gateway]:
             gateway = Gateway(
                 node,
                 lambda edges: PhoneEdge(node, edges, phone),
-                lambda app, door, address: install_webrtc(app, config, door, address),
+                lambda app, door, serve: install_webrtc(app, config, door, serve),
             )
             await gateway.start()
             try:

@@ -1,7 +1,9 @@
 """Context assembly: stored history → the messages an upstream model sees.
 
 History holds semantic units *without* markers (the seed's Storage section):
-``user``, ``think``, ``call``, ``result``, ``respond``, ``cancelled``. The markers
+``user``, ``think``, ``call``, ``result``, ``respond``, ``cancelled``, and
+``forgotten`` (a client took messages out of what the model sees: the user and
+respond items stamped with a seq in its range are left out). The markers
 are synthesized here, so the model always sees the protocol written the same
 way, whichever node, upstream connection or provider produced the history. The
 gateway uses this both to open an upstream session and to rebuild one after an
@@ -15,7 +17,7 @@ from typing import Final, Literal
 
 import msgspec
 
-from protocol.events import Call, Cancelled, Respond, Result, Think, User
+from protocol.events import Call, Cancelled, Error, Forget, Forgotten, Respond, Result, Think, User
 
 __all__ = [
     "BARGED_IN_NOTE",
@@ -26,11 +28,13 @@ __all__ = [
     "assistant_text",
     "decode_history_item",
     "encode_history_item",
+    "forgets",
+    "forgetting",
     "is_note",
     "results_message",
 ]
 
-HistoryItem = User | Think | Call | Result | Respond | Cancelled
+HistoryItem = User | Think | Call | Result | Respond | Cancelled | Forgotten
 
 Role = Literal["system", "user", "assistant"]
 
@@ -129,6 +133,48 @@ def _execute_block(calls: list[str]) -> str:
     return "<execute>\n[" + ",\n".join(calls) + "]\n</execute>"
 
 
+def forgets(item: HistoryItem, forgotten: Sequence[Forgotten]) -> bool:
+    """Whether ``item`` is one a ``forgotten`` took out of what the model sees: a user
+    message or answer text whose seq (its first logged event's) is in its range."""
+    seq = item.seq
+    return (
+        seq > 0
+        and isinstance(item, User | Respond)
+        and any(f.first <= seq <= f.last for f in forgotten)
+    )
+
+
+def forgetting(history: Sequence[HistoryItem], message: Forget, *, idle: bool) -> Forgotten | Error:
+    """The ``forgotten`` event ``message`` makes, or the refusal saying what to send instead.
+
+    History items carry the seq of the first logged event they hold
+    (``SessionLog.persist``), so a client names a user message by its ``user``
+    event's seq and an answer by its first and last ``respond`` chunks. A
+    ``forgotten`` is appended, never an item removed: the log and the store stay
+    append-only, and resume and takeover read the same history."""
+    if not idle:
+        return Error(
+            code="turn_active",
+            content="messages are forgotten between turns: wait for the turn's end (or "
+            "cancel it), then send forget again",
+        )
+    first, last = message.first, message.last
+    if first > last:
+        return Error(code="bad_frame", content="forget takes first <= last (seqs of the log)")
+    done = [item for item in history if isinstance(item, Forgotten)]
+    if not any(
+        isinstance(item, User | Respond) and first <= item.seq <= last and not forgets(item, done)
+        for item in history
+    ):
+        return Error(
+            code="unknown_item",
+            content=f"the model holds no user message or answer text logged from seq {first} "
+            f"through {last} (forgotten already, or none there): name a user event's seq, or "
+            "an answer's first and last respond chunks",
+        )
+    return Forgotten(first=first, last=last)
+
+
 def assemble(history: Iterable[HistoryItem]) -> list[Message]:
     """Turn stored history into upstream messages with synthesized markers.
 
@@ -137,12 +183,21 @@ def assemble(history: Iterable[HistoryItem]) -> list[Message]:
       is answered by a new ``user`` message (the turn ended) gets ``<end>``;
     - ``result`` → a user message ``<results>\\n[...]\\n</results>``;
     - ``cancelled`` → a user message telling the model it was cut off (after a
-      barge-in, how much of its spoken answer the user heard).
+      barge-in, how much of its spoken answer the user heard);
+    - a user message or answer text a ``forgotten`` names → nothing (an assistant
+      message left with only its thoughts goes too).
     """
+    history = list(history)
+    forgotten = [item for item in history if isinstance(item, Forgotten)]
     messages: list[Message] = []
     step: list[Think | Call | Respond] = []
+    answer_gone = False  # the step's answer text was forgotten
 
     def close_step(*, ended: bool) -> None:
+        nonlocal answer_gone
+        if answer_gone and not any(type(item) is not Think for item in step):
+            step.clear()
+        answer_gone = False
         if step:
             text = assistant_text(step, ended=ended)
             if text:
@@ -150,6 +205,12 @@ def assemble(history: Iterable[HistoryItem]) -> list[Message]:
             step.clear()
 
     for item in history:
+        if forgotten and (isinstance(item, Forgotten) or forgets(item, forgotten)):
+            if isinstance(item, User):
+                close_step(ended=True)  # the answer before it still ended its turn
+            elif isinstance(item, Respond):
+                answer_gone = True
+            continue
         if isinstance(item, Think | Call | Respond):
             step.append(item)
         elif isinstance(item, User):
@@ -158,7 +219,7 @@ def assemble(history: Iterable[HistoryItem]) -> list[Message]:
         elif isinstance(item, Result):
             close_step(ended=False)
             messages.append(results_message(item.content))
-        else:  # Cancelled
+        elif isinstance(item, Cancelled):
             close_step(ended=False)
             heard = item.heard_ms
             note = (

@@ -33,9 +33,11 @@ __all__ = [
     "ApprovalRequired",
     "Approve",
     "AudioChunk",
+    "AudioCleared",
     "Call",
     "Cancel",
     "Cancelled",
+    "ClearAudio",
     "ClientMessage",
     "CommandId",
     "Commit",
@@ -48,6 +50,8 @@ __all__ = [
     "ErrorCode",
     "Event",
     "Execute",
+    "Forget",
+    "Forgotten",
     "Guardrail",
     "Interrupt",
     "Metric",
@@ -202,6 +206,7 @@ ErrorCode = Literal[
     "turn_active",
     "no_turn",
     "unknown_call",
+    "unknown_item",  # a forget naming nothing the model holds
     "wrong_digest",  # an approve whose digest is not the pending call's
     "forbidden",  # the credential or the key's policy does not allow it
     # the model's fault: the gateway tells the model and the turn goes on
@@ -248,6 +253,13 @@ class Guardrail(_Base, tag="guardrail"):
     on: Literal["input", "output"]
     reply_to: str | msgspec.UnsetType = msgspec.UNSET
 
+    def refusal(self) -> str | None:
+        """Why a door with no ``guardrail`` event (OpenAI's) refuses the message this
+        blocked, naming the rule; None when it blocked none."""
+        if self.on != "input" or self.action == "redact":
+            return None
+        return f"the message was blocked by the guardrail {self.rule!r}; the model never got it"
+
 
 class Interrupt(_Base, tag="interrupt"):
     """The turn in flight was broken (node loss, upstream loss) and is rerun.
@@ -282,6 +294,16 @@ class Configured(_Base, tag="configured"):
     every client of the session sees the same one)."""
 
     config: SessionConfig
+    reply_to: str | msgspec.UnsetType = msgspec.UNSET
+
+
+class Forgotten(_Base, tag="forgotten"):
+    """The model no longer sees the user messages and answer text logged from seq
+    ``first`` through ``last`` (a ``forget``): left out of the history every later
+    upstream connection is given. Logged, and kept in history as the record of it."""
+
+    first: int
+    last: int
     reply_to: str | msgspec.UnsetType = msgspec.UNSET
 
 
@@ -340,6 +362,12 @@ class Pong(_Base, tag="pong"):
     reply_to: str | msgspec.UnsetType = msgspec.UNSET
 
 
+class AudioCleared(_Base, tag="audio_cleared"):
+    """The answer to ``clear_audio`` (unlogged, as ``pong``): the audio is discarded."""
+
+    reply_to: str | msgspec.UnsetType = msgspec.UNSET
+
+
 class Session(_Base, tag="session"):
     """First frame of every connection: which session, where its log stands."""
 
@@ -364,6 +392,7 @@ Event = (
     | Guardrail
     | Interrupt
     | Cancelled
+    | Forgotten
     | SpeechStarted
     | SpeechStopped
     | Dtmf
@@ -371,6 +400,7 @@ Event = (
     | ApprovalRequired
     | Approval
     | Pong
+    | AudioCleared
 )
 
 
@@ -443,6 +473,25 @@ class Commit(msgspec.Struct, tag_field="type", tag="commit"):
     id: CommandId | msgspec.UnsetType = msgspec.UNSET
 
 
+class Forget(msgspec.Struct, tag_field="type", tag="forget", frozen=True):
+    """Take the user messages and answer text logged from seq ``first`` through
+    ``last`` out of what the model sees (a ``user`` event's seq, or an answer's
+    first and last ``respond`` chunks); calls and their results stay. Between
+    turns only; answered by ``forgotten``."""
+
+    first: Annotated[int, msgspec.Meta(ge=1)]
+    last: Annotated[int, msgspec.Meta(ge=1)]
+    id: CommandId | msgspec.UnsetType = msgspec.UNSET
+
+
+class ClearAudio(msgspec.Struct, tag_field="type", tag="clear_audio", frozen=True):
+    """Discard the user's audio not yet committed (held by the gateway, buffered by the
+    provider), where the provider can (its ``clear_audio`` control); ``audio_cleared``
+    answers it."""
+
+    id: CommandId | msgspec.UnsetType = msgspec.UNSET
+
+
 class Approve(msgspec.Struct, tag_field="type", tag="approve", frozen=True):
     """The user's decision on a call that waits for approval (an ``approval_required``):
     ``digest`` must be that event's, so a decision applies to exactly the call shown."""
@@ -462,9 +511,9 @@ TurnCommand = UserMessage | Cancel | ToolResultMessage | Approve | Commit | Play
 """The client messages the session's turn machine takes as they are (each an input of
 ``protocol.turn_events.TurnInput``, with its row in ``protocol.turn_table``)."""
 
-ClientMessage = TurnCommand | Ping | Configure | AudioChunk
+ClientMessage = TurnCommand | Ping | Configure | AudioChunk | Forget | ClearAudio
 """Every client message: the machine's commands, and those the session or the connection
-answers itself (``configure``; ``ping``, ``audio``)."""
+answers itself (``configure``, ``forget``, ``clear_audio``; ``ping``, ``audio``)."""
 
 CLIENT_MESSAGE_TYPES: Final[tuple[str, ...]] = tuple(
     str(kind.__struct_config__.tag) for kind in typing.get_args(ClientMessage)
@@ -472,7 +521,9 @@ CLIENT_MESSAGE_TYPES: Final[tuple[str, ...]] = tuple(
 """The ``type`` of every client message, derived from the union (a new member is in it)."""
 
 
-_Answer = typing.TypeVar("_Answer", Error, Pong, User, Cancelled, Configured, Approval)
+_Answer = typing.TypeVar(
+    "_Answer", Error, Pong, User, Cancelled, Configured, Approval, Forgotten, AudioCleared
+)
 
 
 def answering(event: _Answer, message: object) -> _Answer:

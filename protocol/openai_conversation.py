@@ -21,11 +21,8 @@ The mapping (docs/openai-door.md):
   ``response.done``; its ``function_call_output`` → ``tool_result``, and the
   gateway's turn goes on by itself (the ``response.create`` that follows opens
   nothing new). Calls that run in the gateway are not shown to the client.
-- ``end`` + ``metric`` → ``response.done`` with usage; ``cancelled`` → a
-  cancelled ``response.done``; an ``error`` → ``error`` (carrying the client's
-  ``event_id`` of the command it answers, where known); a ``guardrail`` that blocked
-  the user's message → ``error`` code ``guardrail_blocked`` (the ``response.create``
-  that sent it).
+- ``end`` + ``metric`` → ``response.done`` with usage; ``cancelled`` → a cancelled one; an
+  ``error`` or a blocking ``guardrail`` → ``error`` (the client's ``event_id``, where known).
 """
 
 from __future__ import annotations
@@ -40,15 +37,19 @@ import msgspec
 from protocol.configuration import InputAudio, SessionConfig
 from protocol.events import (
     COMMAND_ID_MAX,
+    AudioCleared,
     Call,
     Cancel,
     Cancelled,
+    ClearAudio,
     Commit,
     Configure,
     Configured,
     End,
     Error,
     Event,
+    Forget,
+    Forgotten,
     Guardrail,
     Interrupt,
     Metric,
@@ -77,6 +78,8 @@ from protocol.openai_events import (
     ResponseCreate,
     SessionUpdate,
 )
+from protocol.openai_items import Spans
+from protocol.openai_response import TOKEN_REFUSAL, ResponseOverrides, response_overrides
 from protocol.openai_session import call_parts, config_change, session_of, usage_of
 
 __all__ = ["KEPT_ITEMS", "Command", "Conversation", "Emit"]
@@ -92,14 +95,24 @@ _SHOWS_ITEM = frozenset(
 )
 
 ServerEvent = dict[str, Any]
-GUARDRAIL_BLOCKED = "the message was blocked by the gateway's guardrail"
-Command = UserMessage | Cancel | Configure | ToolResultMessage | Commit | Played | bytes
+Command = (
+    UserMessage
+    | Cancel
+    | Configure
+    | ToolResultMessage
+    | Commit
+    | Played
+    | Forget
+    | ClearAudio
+    | bytes
+)
 """A gateway command; ``bytes`` is user audio (a binary frame)."""
 
 
 def _named(command: Command, eid: str) -> Command:
-    """``command`` with the client's ``event_id`` as its ``id`` (a tool result's id is its call's)."""
-    if isinstance(command, bytes | ToolResultMessage):
+    """``command`` with the client's ``event_id`` as its ``id`` (a tool result's id is its
+    call's; the door's own configures keep theirs)."""
+    if isinstance(command, bytes | ToolResultMessage) or command.id is not msgspec.UNSET:
         return command
     return msgspec.structs.replace(command, id=eid)
 
@@ -114,7 +127,7 @@ class Emit(msgspec.Struct, frozen=True):
 class _Response:
     """The response being streamed: its id, its items so far, its open message."""
 
-    __slots__ = ("audio", "id", "message", "output", "text")
+    __slots__ = ("audio", "first", "id", "last", "message", "metadata", "output", "text")
 
     def __init__(self, rid: str) -> None:
         self.id = rid
@@ -122,6 +135,8 @@ class _Response:
         self.output: list[dict[str, Any]] = []
         self.message: str | None = None  # the open message item's id
         self.text: list[str] = []
+        self.first = self.last = 0  # seqs of the open message's first and last chunks
+        self.metadata: dict[str, str] | None = None  # response.create's, echoed
 
 
 class Conversation:
@@ -156,6 +171,10 @@ class Conversation:
         self._audio_tag = 0  # seq tag of the newest audio frame of the answer
         # The newest items as last shown (``…item.added``/``done``), for conversation.item.retrieve.
         self._items: dict[str, dict[str, Any]] = {}
+        self._spans = Spans(KEPT_ITEMS)  # what conversation.item.delete names (``forget``)
+        # Per-response overrides (``protocol.openai_response``); their ``due`` configures
+        # are the shell's to send (``take_due``).
+        self.overrides = ResponseOverrides()
 
     # ------------------------------------------------------------ ids
 
@@ -179,18 +198,20 @@ class Conversation:
 
     def error(self, message: str, *, code: str = "invalid_request_error", **kw: Any) -> ServerEvent:
         """An ``error`` event (unlogged): OpenAI's shape."""
+        error = {
+            "type": "invalid_request_error",
+            "code": code,
+            "message": message,
+            "event_id": kw.get("event_id"),
+            "param": kw.get("param"),
+        }
+        return self._unlogged_ev("error", error=error)
+
+    def _unlogged_ev(self, kind: str, **fields: Any) -> ServerEvent:
+        """An event of no logged event (a reply): its id is ``evt_xN``."""
         seq, self._seq = self._seq, 0
         try:
-            return self._ev(
-                "error",
-                error={
-                    "type": "invalid_request_error",
-                    "code": code,
-                    "message": message,
-                    "event_id": kw.get("event_id"),
-                    "param": kw.get("param"),
-                },
-            )
+            return self._ev(kind, **fields)
         finally:
             self._seq = seq
 
@@ -207,6 +228,7 @@ class Conversation:
     def created(self, config: SessionConfig) -> ServerEvent:
         """``session.created`` for a session configured before this connection (unlogged)."""
         self._created = True
+        self.overrides.config = config
         self.audio_out = config.output == "audio"
         return self._ev("session.created", session=session_of(config, self.sid, self.model))
 
@@ -257,22 +279,31 @@ class Conversation:
                         "previous_item_id",
                     )
                 return self._item(item, eid)
-            case ResponseCreate(response=overrides):
-                if overrides:
-                    unknown = sorted(set(overrides) - {"metadata", "conversation"})
-                    if unknown or overrides.get("conversation") not in (None, "auto"):
-                        return self._refusal(
-                            "per-response overrides are not supported by this gateway "
-                            f"({', '.join(unknown) or 'conversation'}); change the session "
-                            "with session.update instead",
-                            eid,
-                            "response",
-                        )
+            case ResponseCreate(response=body):
+                made = response_overrides(body) if body else None
+                if isinstance(made, tuple):
+                    return self._refusal(made[0], eid, made[1])
+                if made is not None and made.change is not None and not self.overrides.allowed:
+                    return self._refusal(TOKEN_REFUSAL, eid, "response")
+                if made is not None:
+                    self.overrides.metadata = made.metadata
                 if self._held:
                     text = "\n".join(self._held)
                     self._held = []
                     self._pending_reply = eid
-                    return Emit([UserMessage(content=text)], [])
+                    if made is None or made.change is None:
+                        return Emit([UserMessage(content=text)], [])
+                    self.overrides.start(made.change)
+                    return Emit([made.change, UserMessage(content=text)], [])
+                if made is not None and made.change is not None:
+                    return self._refusal(
+                        "instructions, tools and output of a response are set with the user "
+                        "message that starts it on this gateway: after a function_call_output "
+                        "the answer goes on with the session's; send response.create without "
+                        "them",
+                        eid,
+                        "response",
+                    )
                 if self._continues:
                     self._continues = False  # the gateway's turn already goes on
                     return Emit([], [])
@@ -312,14 +343,53 @@ class Conversation:
                         "item_id",
                     )
                 return Emit([], [self._ev("conversation.item.retrieved", item=shown)])
-            case ConversationItemDelete() | InputAudioBufferClear():
-                kind = type(event).__struct_config__.tag
-                return self._refusal(
-                    f"{kind} is not supported by this gateway's OpenAI door yet",
-                    eid,
-                    "type",
-                )
+            case ConversationItemDelete(item_id=item_id):
+                return self._delete(item_id, eid)
+            case InputAudioBufferClear():
+                if not self._hearing:  # no audio was taken: nothing to discard
+                    return Emit([], [self._unlogged_ev("input_audio_buffer.cleared")])
+                return Emit([ClearAudio()], [])
         return self._refusal("unsupported event", eid)  # pragma: no cover - the match is total
+
+    def _delete(self, item_id: str, eid: str | None) -> Emit:
+        span = self._spans.get(item_id)
+        if span is not None:
+            return Emit([Forget(first=span[0], last=span[1])], [])
+        if item_id in self._items:
+            return self._refusal(
+                f"item {item_id[:64]!r} cannot be deleted on this gateway: function calls "
+                "(and their outputs) stay in the model's context; delete the messages "
+                "around them",
+                eid,
+                "item_id",
+            )
+        return Emit(
+            [],
+            [
+                self.error(
+                    f"Item with id {item_id[:64]!r} not found (in the newest {KEPT_ITEMS} items "
+                    "of this conversation): pass the id of a message it was sent",
+                    code="item_not_found",
+                    event_id=eid,
+                    param="item_id",
+                )
+            ],
+        )
+
+    def _forgotten(self, first: int, last: int) -> list[ServerEvent]:
+        self._pending_reply = None
+        gone = self._spans.gone(first, last)
+        for iid in gone:
+            self._items.pop(iid, None)
+        if self._last_item in gone:
+            self._last_item = next(reversed(self._items), None)
+        return [self._ev("conversation.item.deleted", item_id=iid) for iid in gone]
+
+    def take_due(self) -> list[Command]:
+        """Commands the conversation asks the shell to send now, ahead of the client's next
+        (a response's overrides taken back once it is done)."""
+        due, self.overrides.due = self.overrides.due, []
+        return list(due)
 
     @property
     def hearing(self) -> bool:
@@ -401,12 +471,17 @@ class Conversation:
                     del items[next(iter(items))]
 
     def _gateway(self, event: Event) -> list[ServerEvent]:
+        if type(event) is Guardrail and (blocked := event.refusal()):  # as a bad request is
+            self.overrides.put_back()  # the response it would have started never did
+            return [self.error(blocked, code="guardrail_blocked", event_id=event.reply_to or None)]
         match event:
             case Session():
                 return []
-            case Configured(config=config):
+            case Configured(config=config, reply_to=ref):
                 self.audio_out = config.output == "audio"
                 self._hearing = config.input_audio is not None
+                if self.overrides.configured(config, ref):
+                    return []  # one response's overrides, or the session's own back
                 kind = "session.updated" if self._created else "session.created"
                 self._created = True
                 self._pending_reply = None
@@ -426,11 +501,18 @@ class Conversation:
                 return [self._ev("input_audio_buffer.speech_stopped", audio_end_ms=ms, item_id=iid)]
             case User(content=content, source=source):
                 return self._user(event.seq, content, spoken=source == "audio")
+            case Forgotten(first=first, last=last):
+                return self._forgotten(first, last)
+            case AudioCleared():
+                return [self._unlogged_ev("input_audio_buffer.cleared")]
             case Respond(content=content):
                 out = self._open_message()
                 resp = self._response
                 assert resp is not None and resp.message is not None
                 resp.text.append(content)
+                resp.last = event.seq
+                if not resp.first:
+                    resp.first = event.seq
                 kind = (
                     "response.output_audio_transcript.delta"
                     if self.audio_out
@@ -442,6 +524,7 @@ class Conversation:
                 return self._client_call(event)
             case End():
                 self._ending = True
+                self.overrides.put_back()  # the turn is over (also one that showed nothing)
                 return []
             case Metric(step=usage):
                 if not self._ending or self._response is None:
@@ -455,30 +538,22 @@ class Conversation:
                     return []
                 return self._done("failed", error=content or "interrupted; the turn runs again")
             case Cancelled(reason=why):
+                self.overrides.put_back()
                 if self._response is None:
                     return []
                 reason = "turn_detected" if why == "barge_in" else "client_cancelled"
                 return self._done("cancelled", reason=reason)
-            case Guardrail(on="input", action=action, rule=rule, reply_to=ref) if (
-                action != "redact"
-            ):
-                # The user's message never reached the model: refused as OpenAI refuses a
-                # bad request, naming the event that sent it (response.create's).
-                return [self._refused(ref, f"{GUARDRAIL_BLOCKED}: {rule!r}", "guardrail_blocked")]
             case Error(code=code, content=content, reply_to=ref):
-                out = [self._refused(ref, content, code)]
+                if self._response is None:
+                    self.overrides.put_back()  # the response with overrides never started
+                reply, self._pending_reply = self._pending_reply, None
+                if isinstance(ref, str) and ref in self._named:
+                    reply = ref
+                out = [self.error(content, code=code, event_id=reply)]
                 if self._response is not None and event.seq:
                     out = [*self._done("failed", error=content), *out]
                 return out
         return []
-
-    def _refused(self, ref: str | msgspec.UnsetType, message: str, code: str) -> ServerEvent:
-        """The ``error`` answering a command: the ``event_id`` its ``reply_to`` names, or
-        the one of the newest command that could have caused it."""
-        reply, self._pending_reply = self._pending_reply, None
-        if isinstance(ref, str) and ref in self._named:
-            reply = ref
-        return self.error(message, code=code, event_id=reply)
 
     def _user(self, seq: int, content: str, *, spoken: bool) -> list[ServerEvent]:
         self._pending_reply = None
@@ -500,6 +575,7 @@ class Conversation:
         }
         prev = self._last_item
         self._last_item = iid
+        self._spans.add(iid, seq, seq)
         out: list[ServerEvent] = []
         if spoken:
             out.append(self._ev("input_audio_buffer.committed", item_id=iid, previous_item_id=prev))
@@ -558,6 +634,7 @@ class Conversation:
         self._ending = False
         self._responses += 1
         resp = self._response = _Response(f"resp_{self._turn}_{self._responses}")
+        resp.metadata, self.overrides.metadata = self.overrides.metadata, None
         return [self._ev("response.created", response=self._resp_body(resp, "in_progress"))]
 
     def _resp_body(
@@ -571,6 +648,8 @@ class Conversation:
             "output_modalities": ["audio" if self.audio_out else "text"],
             "conversation_id": self.sid,
         }
+        if resp.metadata is not None:
+            body["metadata"] = resp.metadata
         if details is not None:
             body["status_details"] = details
         return body
@@ -599,6 +678,7 @@ class Conversation:
             return out
         iid = resp.message = f"msg_{resp.id.removeprefix('resp_')}_{len(resp.output)}"
         resp.text = []
+        resp.first = resp.last = 0
         item = self._message_item(resp, "in_progress")
         resp.output.append(item)
         prev = self._last_item
@@ -628,6 +708,8 @@ class Conversation:
         item = self._message_item(resp, "completed")
         resp.output[-1] = item
         resp.message = None
+        if resp.first:
+            self._spans.add(iid, resp.first, resp.last)
         done: list[ServerEvent] = []
         if self.audio_out:
             if resp.audio:
@@ -705,6 +787,7 @@ class Conversation:
             return out
         self._response = None
         self._ending = False
+        self.overrides.put_back()
         details: dict[str, Any] = {"type": status}
         if reason is not None:
             details["reason"] = reason

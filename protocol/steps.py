@@ -6,12 +6,17 @@ proportional to what the model said, not to how it was chunked. A step's items
 are persisted together when the step completes, so history only ever holds
 whole steps: a crash mid-step leaves the history at the step's start, and the
 step is rerun from there.
+
+Each item carries the seq of the first logged event it holds (a ``forget``
+names items by it): the recorder keeps that event, whose seq is stamped when
+it is logged, and the item takes it when it is stored (``persist``).
 """
 
 from __future__ import annotations
 
 from protocol.assembly import HistoryItem
 from protocol.events import Call, Event, Respond, Think
+from protocol.turn_events import Persist
 
 __all__ = ["StepRecorder"]
 
@@ -19,10 +24,12 @@ __all__ = ["StepRecorder"]
 class StepRecorder:
     """Collects the think/call/respond events of one model step into history items."""
 
-    __slots__ = ("_buf", "_items", "_kind", "emitted")
+    __slots__ = ("_buf", "_first", "_firsts", "_items", "_kind", "emitted")
 
     def __init__(self) -> None:
         self._items: list[HistoryItem] = []
+        self._firsts: list[Think | Respond | Call] = []  # each item's first event
+        self._first: Think | Respond | None = None  # the open block's
         self._kind: type[Think] | type[Respond] | None = None
         self._buf: list[str] = []
         # True once the step showed the client anything (a rerun then needs an interrupt).
@@ -35,6 +42,7 @@ class StepRecorder:
             self.emitted = True
             self._close_block()
             self._kind = kind
+            self._first = event
         self._buf.append(event.content)
 
     def add(self, event: Event) -> None:
@@ -44,6 +52,7 @@ class StepRecorder:
             if kind is not self._kind:
                 self._close_block()
                 self._kind = kind
+                self._first = event  # type: ignore[assignment]
             self._buf.append(event.content)  # type: ignore[union-attr]
         elif isinstance(event, Call):
             self.emitted = True
@@ -57,15 +66,28 @@ class StepRecorder:
                     background=event.background,
                 )
             )
+            self._firsts.append(event)
 
     def _close_block(self) -> None:
-        if self._kind is not None and self._buf:
+        if self._kind is not None and self._buf and self._first is not None:
             self._items.append(self._kind(content="".join(self._buf)))
+            self._firsts.append(self._first)
         self._kind = None
+        self._first = None
         self._buf = []
 
     def finish(self) -> list[HistoryItem]:
-        """The step's items, blocks merged; the recorder is empty afterwards."""
+        """The step's items, blocks merged (stamped with their first event's seq where
+        it is logged already); the recorder is empty afterwards."""
+        return list(self.persist().items)
+
+    def persist(self, *more: HistoryItem) -> Persist:
+        """Store the step's items, then ``more``: the items are stamped with their first
+        event's seq as they are stored, after the events before them were logged."""
         self._close_block()
         items, self._items = self._items, []
-        return items
+        firsts, self._firsts = self._firsts, []
+        for item, first in zip(items, firsts, strict=True):
+            if first.seq:
+                item.seq = first.seq
+        return Persist((*items, *more), firsts=tuple(firsts))

@@ -364,7 +364,7 @@ class TurnMachine(VoiceSteps, RecoverySteps):
             return self._close([DropUpstream()])
         if state is ENDING:
             self._count_usage(done.usage, done.estimated)
-            return self._close([Persist(tuple(self._recorder.finish()))])
+            return self._close([self._recorder.persist()])
         if state is not STREAMING and state is not STOPPING:
             return NOTHING
         out: list[Action] = self.spoken.release(UNHEARD)
@@ -383,7 +383,7 @@ class TurnMachine(VoiceSteps, RecoverySteps):
             detail = f": {done.detail}" if done.detail else ""
             return self._fail(out, f"the model's response {done.status}{detail}")
         # The step answered without <end>: the turn is over all the same.
-        out += [Persist(tuple(self._recorder.finish())), End()]
+        out += [self._recorder.persist(), End()]
         return self._close(out)
 
     def _cancel(
@@ -408,7 +408,7 @@ class TurnMachine(VoiceSteps, RecoverySteps):
         background = self.cancel_background and not guardrail  # not what tripped
         stopped = self.background.cancel(note.content) if background else []
         kept = [msgspec.structs.replace(r) for r in stopped]  # history's own copies
-        out += [Persist((*self._recorder.finish(), note, *kept)), *stopped, cancelled]
+        out += [self._recorder.persist(note, *kept), *stopped, cancelled]
         if stopped:
             out.append(CancelBackground(tuple(str(r.id) for r in stopped)))
         if state is STREAMING or state is STOPPING:
@@ -446,7 +446,7 @@ class TurnMachine(VoiceSteps, RecoverySteps):
             return NOTHING
         if state is ENDING or state is CANCELLING:
             self._count_usage(None, True)
-            return self._close([Persist(tuple(self._recorder.finish())), DropUpstream(stop=True)])
+            return self._close([self._recorder.persist(), DropUpstream(stop=True)])
         return self._fail(
             [],
             f"the turn failed inside the gateway ({what}); send your message again",
@@ -455,7 +455,7 @@ class TurnMachine(VoiceSteps, RecoverySteps):
 
     def _fail(self, out: list[Action], content: str, *, code: str = "upstream") -> list[Action]:
         out += self.spoken.release(UNHEARD)
-        out += [Error(code=code, content=content), Persist(tuple(self._recorder.finish())), End()]
+        out += [Error(code=code, content=content), self._recorder.persist(), End()]
         out = self._close(out)
         out.insert(0, DropUpstream(stop=True))
         return out

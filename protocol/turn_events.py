@@ -36,11 +36,14 @@ from protocol.assembly import HistoryItem, Message
 from protocol.calls import ToolCall, ToolResult
 from protocol.events import (
     Approve,
+    Call,
     Cancel,
     Commit,
     Error,
     Event,
     Played,
+    Respond,
+    Think,
     ToolResultMessage,
     TurnCommand,
     Usage,
@@ -362,9 +365,14 @@ class _Action(msgspec.Struct, frozen=True, tag_field="action"):
 
 
 class Persist(_Action, frozen=True, tag="persist"):
-    """Add these items to history (written atomically with the next log append)."""
+    """Add these items to history (written atomically with the next log append).
+
+    ``firsts``: the first logged event of each of the first items (a step's), whose
+    seq the item takes once it is logged; the other items take the seq of the
+    event logged last (a user message's own)."""
 
     items: tuple[HistoryItem, ...]
+    firsts: tuple[Think | Respond | Call, ...] = ()
 
 
 class Account(_Action, frozen=True, tag="account"):

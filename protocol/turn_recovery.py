@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from protocol.events import End, Error, Interrupt, Respond, Think, Usage
 from protocol.spoken import UNHEARD, SpokenAnswer
 from protocol.steps import StepRecorder
-from protocol.turn_events import Action, Backoff, DropUpstream, Persist, UpstreamFailed
+from protocol.turn_events import Action, Backoff, DropUpstream, UpstreamFailed
 from protocol.turn_state import BACKOFF, CANCELLING, ENDING, NOTHING, STOPPING, STREAMING
 from protocol.turn_tools import ToolSteps
 
@@ -59,7 +59,7 @@ class RecoverySteps(ToolSteps):
         if state is ENDING:
             # The answer is complete (end was sent); only its usage report is lost.
             self._count_usage(None, True)
-            return self._close([Persist(tuple(self._recorder.finish())), DropUpstream()])
+            return self._close([self._recorder.persist(), DropUpstream()])
         if state is STOPPING:
             # The calls are complete: run them; the next request reopens from history.
             self._count_usage(None, True)
@@ -78,7 +78,7 @@ class RecoverySteps(ToolSteps):
                     content=f"the model's API {problem} ({reason}); "
                     "the turn was stopped — send your message again later",
                 ),
-                Persist(tuple(self._recorder.finish())),
+                self._recorder.persist(),
                 End(),
             ]
             return self._close(out)

@@ -118,7 +118,7 @@ class ToolSteps:
             self._malformed_in_a_row += 1
             if self._malformed_in_a_row >= MALFORMED_LIMIT:
                 out += [
-                    Persist(tuple(self._recorder.finish())),
+                    self._recorder.persist(),
                     Error(
                         code="malformed_execute",
                         content="the model wrote three malformed <execute> blocks in a row; "
@@ -152,7 +152,7 @@ class ToolSteps:
         run, waiting, now, background = self.batch.start(running.room, running.full())
         self.state = TOOLS
         at = next((i for i, a in enumerate(out) if type(a) is ReplaceResponse), len(out))
-        out[at:at] = [Persist(tuple(self._recorder.finish())), *now, *self._start(background)]
+        out[at:at] = [self._recorder.persist(), *now, *self._start(background)]
         return self._wait_batch(out, run, waiting)
 
     def _start(self, slots: list[int]) -> list[Action]:
@@ -336,7 +336,7 @@ class ToolSteps:
         content = encode_results(results)
         payload = result_payload(results)
         out: list[Action] = [
-            Persist((*self._recorder.finish(), Result(content=content, payload=payload))),
+            self._recorder.persist(Result(content=content, payload=payload)),
         ]
         if not logged:
             out.insert(0, Result(content=content, payload=payload))

@@ -69,6 +69,7 @@ _ASSETS: Final[dict[str, tuple[str, str]]] = {
     "/static/inspector.js": ("inspector.js", _JS),
     "/static/recording.js": ("recording.js", _JS),
     "/static/settings.js": ("settings.js", _JS),
+    "/static/openai-door.js": ("openai-door.js", _JS),
     "/static/voice.js": ("voice.js", _JS),
     "/static/markdown.js": ("markdown.js", _JS),
     "/static/dom.js": ("dom.js", _JS),

@@ -45,6 +45,7 @@ from gateway.sessions.subscriber import DrivenSession, EventSource
 from gateway.store.base import LogEntry, StoreError, StoreUnavailable
 from protocol.events import (
     AudioChunk,
+    AudioCleared,
     Error,
     Ping,
     Pong,
@@ -115,7 +116,9 @@ class ClientConnection:
         self.source: EventSource | None = None
         self.driven: DrivenSession | None = None
         self._queue: deque[LogEntry] = deque()
-        self._replies: deque[Error | Pong] = deque()  # one per _UNLOGGED entry queued
+        self._replies: deque[Error | Pong | AudioCleared] = (
+            deque()
+        )  # one per _UNLOGGED entry queued
         self._limit = node.config.send_queue_frames
         self._lagging = True  # start by catching up from the log
         self._wake = asyncio.Event()
@@ -194,7 +197,7 @@ class ClientConnection:
             queue.append(LogEntry(_AUDIO, frame))
             self._wake.set()
 
-    def notify(self, event: Error | Pong) -> None:
+    def notify(self, event: Error | Pong | AudioCleared) -> None:
         if not self._pressure.may_queue_reply(self._queue):
             return  # the client reads nothing: its replies would pile up without bound
         # Encoded when sent (``_send_queued``): its seq is then the last one this
@@ -507,6 +510,8 @@ class ClientConnection:
         error = await dispatch(message, runtime)
         if error is not None:
             self._reply(error)
+        elif spec.answer is not None:
+            self.notify(answering(spec.answer(timestamp=time.time()), message))
 
     async def _runtime_to_run(
         self, frame: str, message: object, forwarded: bool

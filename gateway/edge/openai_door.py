@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import contextlib
 import http
 import logging
 import time
@@ -52,7 +53,7 @@ from gateway.upstream import providers
 from protocol.audio import split_audio_frame
 from protocol.configuration import SessionConfig
 from protocol.events import Configure, Session, UserMessage, decode_event
-from protocol.openai_conversation import Conversation, ServerEvent
+from protocol.openai_conversation import Command, Conversation, ServerEvent
 from protocol.openai_events import InputAudioBufferAppend, decode_client, encode
 
 __all__ = ["OPENAI_PATH", "DoorConnection", "OpenAIDoor", "model_route"]
@@ -115,6 +116,7 @@ class _Pending(msgspec.Struct):
     route: tuple[str, str]
     after: tuple[int, int] | None
     configure: bool  # a new session, configured for ?model= as the connection starts
+    make: type[DoorConnection] | None = None  # the connection's class (a WebRTC call's)
 
 
 class OpenAIDoor:
@@ -191,9 +193,27 @@ class OpenAIDoor:
                     "(evt_SEQ_N), with session_id",
                     "invalid_after_event",
                 )
+        return await self.enter(
+            connection, Request(request.path, headers), model=model, sid=sid, after=after
+        )
+
+    async def enter(
+        self,
+        connection: ServerConnection,
+        request: Request,
+        *,
+        model: str,
+        sid: str,
+        after: tuple[int, int] | None,
+        make: type[DoorConnection] | None = None,
+    ) -> Response | None:
+        """Admit a client of this door: the gateway's checks (``admit``), then ``model``
+        through the key's aliases and its policy; the refusal, or None once the client's
+        connection (``make``'s, a ``DoorConnection`` by default) is ready to be served.
+        A WebRTC call enters here too, its data channel as ``connection``."""
         # The session's log is replayed from its start through a fresh conversation.
         gateway_query = {"session_id": [sid], "after": ["0"]} if sid else {}
-        admitted = await self.admit(connection, Request(request.path, headers), gateway_query)
+        admitted = await self.admit(connection, request, gateway_query)
         if isinstance(admitted, Response):
             text = admitted.body.decode("utf-8", "replace").strip() if admitted.body else ""
             code = {401: "invalid_api_key", 403: "forbidden", 404: "session_not_found"}
@@ -216,7 +236,9 @@ class OpenAIDoor:
             problem = refusal(self.policies.get(admitted.principal), wanted)
             if problem is not None:
                 return _error_response(403, problem, "forbidden")
-        self._handshakes[connection] = _Pending(model, route, after=after, configure=configure)
+        self._handshakes[connection] = _Pending(
+            model, route, after=after, configure=configure, make=make
+        )
         # A handshake that never completes (the client went away) leaves nothing behind.
         reaper = asyncio.get_running_loop().create_task(self._forget(connection))
         self._reapers.add(reaper)
@@ -242,7 +264,7 @@ class OpenAIDoor:
     ) -> ClientConnection:
         """The connection serving ``ws``, a client of this door (made as ``ClientConnection``)."""
         state = self._handshakes.pop(ws)
-        return DoorConnection(
+        return (state.make or DoorConnection)(
             node,
             ws,
             door=self,
@@ -298,7 +320,11 @@ class DoorConnection(ClientConnection):
         self.door = door
         self.state = state
         self.conversation = Conversation(sid, state.model)
+        self.conversation.overrides.allowed = trusted
         self._skip = state.after  # replayed up to here: not sent again
+        # Commands the conversation asked for as it translated (a response's overrides
+        # taken back once it is done): sent in order, before the client's next ones.
+        self._due: asyncio.Task[None] | None = None
 
     # ------------------------------------------------------------- out
 
@@ -321,7 +347,16 @@ class DoorConnection(ClientConnection):
             self._emit(conversation.gateway(event), out)
             if self._skip is not None and event.seq > self._skip[0]:
                 self._skip = None  # caught up: everything from here is new
+        if conversation.overrides.due:
+            due = conversation.take_due()
+            self._due = asyncio.get_running_loop().create_task(self._send_due(self._due, due))
         return out
+
+    async def _send_due(self, before: asyncio.Task[None] | None, due: list[Command]) -> None:
+        if before is not None:
+            await before
+        for command in due:
+            await self._handle(_command_encoder.encode(command).decode())
 
     def _speech(self, frame: bytes) -> list[bytes]:
         """The model's speech (never logged, never replayed) as OpenAI's audio deltas."""
@@ -366,8 +401,14 @@ class DoorConnection(ClientConnection):
             await self._read(writer)
         except ConnectionClosed:
             return  # the client went away, or was closed (its close code says why)
+        finally:
+            if self._due is not None:
+                self._due.cancel()
+                with contextlib.suppress(BaseException):
+                    await self._due
 
-    async def _read(self, writer: asyncio.Task[None]) -> None:
+    async def _open(self) -> None:
+        """Before the client's first event: its session shown, or configured for its route."""
         state = self.state
         if not state.configure and self._skip is None:  # a session made elsewhere: show it
             config = await self.door.config_of(self.sid)
@@ -376,6 +417,9 @@ class DoorConnection(ClientConnection):
         if state.configure:  # the new session's route (the key's policy allowed it)
             state.configure = False
             await self._handle(_command_encoder.encode(_configure(state.route)).decode())
+
+    async def _read(self, writer: asyncio.Task[None]) -> None:
+        await self._open()
         check = self._frame_rate.check
         clock = time.monotonic
         cfg = self.node.config
@@ -442,6 +486,8 @@ class DoorConnection(ClientConnection):
                         error = self.conversation.error(message, code="rate_limit_exceeded")
                         await self._send_events([error])
                     continue
+            if self._due is not None and not self._due.done():
+                await self._due  # the conversation's own commands go first
             emit = self.conversation.client(decode_client(frame), model_route=state.route)
             for command in emit.commands:
                 if isinstance(command, bytes):  # user audio

@@ -87,11 +87,13 @@ class Handshake(msgspec.Struct):
     fresh: bool = False
 
 
-# Routes a node's WebRTC calls on its HTTP app, beside its OpenAI door (and given the
-# node's own address, ``Gateway.own_address``); returns what ends them. Given by
-# ``gateway.app`` (``gateway.webrtc`` stands on the door).
+# Routes a node's WebRTC calls on its HTTP app, beside its OpenAI door; given what
+# serves an admitted client's socket (``Gateway._handler``: a call is served as any
+# client is); returns what ends them. Given by ``gateway.app`` (``gateway.webrtc``
+# stands on the door).
 CallsInstaller = Callable[
-    [Application, OpenAIDoor, Callable[[], str]], Callable[[], Awaitable[None]]
+    [Application, OpenAIDoor, Callable[[ServerConnection], Awaitable[None]]],
+    Callable[[], Awaitable[None]],
 ]
 
 
@@ -130,7 +132,7 @@ class Gateway:
         self.door = OpenAIDoor(self.config, node.policies, self._admit_client, self._config_of)
         # Its WebRTC calls (POST /openai/v1/realtime/calls): the door's frames on a data channel.
         self._end_calls = (
-            calls(self.api.app, self.door, self.own_address) if calls is not None else _no_calls
+            calls(self.api.app, self.door, self._handler) if calls is not None else _no_calls
         )
         # The console's policy (it may call the HTTP API) and what it may configure.
         self.page_policy = console.content_security_policy(self.config.api_port)
@@ -219,16 +221,6 @@ class Gateway:
 
         # websockets calls it as it would a ServerConnection subclass: with the same arguments.
         return cast("type[ServerConnection]", make)
-
-    def own_address(self) -> str:
-        """``HOST:PORT`` at which this process reaches its own door (loopback if it
-        listens on every address): WebRTC calls connect there (``gateway.webrtc.bridge``)."""
-        host = str(next(iter(self.server.sockets)).getsockname()[0]) if self.server else ""
-        if host in ("", "0.0.0.0"):
-            host = "127.0.0.1"
-        elif host == "::":
-            host = "::1"
-        return f"[{host}]:{self.port}" if ":" in host else f"{host}:{self.port}"
 
     async def _config_of(self, sid: str) -> SessionConfig | None:
         live = self.node.live_state(sid)

@@ -4,8 +4,9 @@ The page's files and their table are the console's (``gateway.console``); the
 edge serves them through ``gateway.console.static_response``.
 
 ``/node.json`` tells the console what this node offers (its providers and their
-models, whether it needs a key, where its HTTP API listens), so the settings
-panel offers only what a ``configure`` can get.
+models, whether it needs a key, where its HTTP API listens, the models its
+OpenAI door serves), so the settings panel offers only what a ``configure``
+can get.
 
 Cross-origin apps import the client from the gateway (``/client.js`` and its
 modules ``/errors.js``, ``/socket.js``;
@@ -65,6 +66,7 @@ class NodeOffer(msgspec.Struct, frozen=True):
     providers: tuple[ProviderOffer, ...]
     auth: bool
     api_port: int | None
+    door_models: tuple[str, ...] = ()  # what ?model= of /openai/v1/realtime takes
 
 
 def offer_of(config: Config, *, auth: bool) -> NodeOffer:
@@ -75,7 +77,16 @@ def offer_of(config: Config, *, auth: bool) -> NodeOffer:
     own = config.providers
     keyed = (row.name for row in providers.PROVIDERS if config.upstream(row.name).api_key)
     rows: list[ProviderOffer] = []
-    for name in [*own, *(n for n in keyed if n not in own)]:
+    names = [*own, *(n for n in keyed if n not in own)]
+    # The OpenAI door routes a model to its provider's row (on a simulator node, to
+    # that provider's simulator flavour: every model listed).
+    door = [
+        model
+        for row in providers.PROVIDERS
+        if providers.SIM in own or row.name in names
+        for model in row.served()
+    ]
+    for name in names:
         if name == providers.SIM:
             flavor = config.sim.flavor
             label = f"built-in simulator ({flavor} wire)"
@@ -83,7 +94,7 @@ def offer_of(config: Config, *, auth: bool) -> NodeOffer:
             continue
         row = providers.by_name(name)
         rows.append(ProviderOffer(name, row.label, row.default_model, row.served(), row.wire))
-    return NodeOffer(own[0], tuple(rows), auth, config.api_port)
+    return NodeOffer(own[0], tuple(rows), auth, config.api_port, tuple(door))
 
 
 def node_response(offer: NodeOffer) -> Response:

@@ -36,13 +36,17 @@ from protocol.events import (
     Approval,
     Approve,
     AudioChunk,
+    AudioCleared,
     Cancel,
     Cancelled,
+    ClearAudio,
     Commit,
     Configure,
     Configured,
     Error,
     Event,
+    Forget,
+    Forgotten,
     Ping,
     Played,
     ToolResultMessage,
@@ -89,6 +93,14 @@ class SessionCommands(Protocol):
         ...
 
     async def configure(self, change: ConfigChange) -> Error | None: ...
+
+    def forget(self, message: Forget) -> Error | None:
+        """Take logged messages out of what the model sees (``forgotten``), or why not."""
+        ...
+
+    async def clear_audio(self) -> Error | None:
+        """Discard the user's audio not yet committed, or why not."""
+        ...
 
     def heard(self, message: Any, refused: Error | None) -> None:
         """A command was run (``refused``: the error it got): the session may record it."""
@@ -166,7 +178,8 @@ class CommandSpec:
 
     - ``what``: how the client names it in messages (its ``type``);
     - ``feeds``: what it feeds the turn machine (or the refusal of a command
-      the machine must not see); None: ``configure``, which the session applies;
+      the machine must not see); None: ``configure`` and ``forget``, which the
+      session applies;
     - ``interrupts``: the driver's current await is broken for it (a cancel);
     - ``who``: who may send it (``admit``): ``api_key``: only a connection
       with an API key (a client token may not change the configuration);
@@ -178,6 +191,7 @@ class CommandSpec:
     - ``forwarded``: it may run on the node driving the session when that
       is another one; voice commands run where the microphone is;
     - ``records``: it stores a session made by this connection at its first use;
+    - ``answer``: the unlogged event the connection answers it with once it ran;
     - ``turn``: it starts a turn (per-key turn limits and draining apply).
     """
 
@@ -189,6 +203,7 @@ class CommandSpec:
     forwarded: bool = True
     records: bool = False
     turn: bool = False
+    answer: type[AudioCleared] | None = None
 
     def __post_init__(self) -> None:
         if self.confirms is not None and "reply_to" not in self.confirms.__struct_fields__:
@@ -211,6 +226,8 @@ COMMANDS: Final[dict[type, CommandSpec]] = {
     Commit: CommandSpec("commit", _commit, forwarded=False),
     Played: CommandSpec("played", _as_is),
     Approve: CommandSpec("approve", _as_is, who="approver", confirms=Approval),
+    Forget: CommandSpec("forget", None, confirms=Forgotten),
+    ClearAudio: CommandSpec("clear_audio", None, forwarded=False, answer=AudioCleared),
 }
 """Every command, by its message type."""
 
@@ -284,6 +301,12 @@ async def dispatch(message: Any, session: SessionCommands) -> Error | None:
     """
     if type(message) is Configure:
         refused = await session.configure(message)
+        refused = None if refused is None else answering(refused, message)
+    elif type(message) is Forget:
+        refused = session.forget(message)
+        refused = None if refused is None else answering(refused, message)
+    elif type(message) is ClearAudio:
+        refused = await session.clear_audio()
         refused = None if refused is None else answering(refused, message)
     else:
         refused = run(message, session)

@@ -297,8 +297,8 @@ class TurnDriver:
                 self.log.emit(action)
             case Interrupt() if self.link.upstream is None:
                 return self.asker.reopen_for(action, self._todo[0] if self._todo else None)
-            case Persist(items=items):
-                self.log.persist(items)
+            case Persist(items=items, firsts=firsts):
+                self.log.persist(items, firsts)
             case Account(usage=usage):
                 self._account(usage)
             case TurnStarted():

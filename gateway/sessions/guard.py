@@ -31,6 +31,7 @@ from protocol.events import (
     Error,
     Event,
     Execute,
+    Forgotten,
     Guardrail,
     Interrupt,
     Respond,
@@ -254,7 +255,9 @@ class EventGuard:
         output, input_ = self.guardrails.output, self.guardrails.input
         for item in items:
             kind = type(item)
-            if kind is Respond or kind is Think:
+            if isinstance(item, Forgotten):
+                pass  # seqs only: nothing to judge
+            elif kind is Respond or kind is Think:
                 piece = check(output, item.content, cuts=self.speaks and kind is Respond)
                 if piece.hits:
                     item = msgspec.structs.replace(item, content=piece.text)

@@ -5,7 +5,8 @@ turn (``Resumable``). The driving node keeps the newest one with the
 session (its meta, ``resume``), with how much of the history it covers, so
 whichever node opens the session's next connection — after a reconnect, a
 takeover, a ``goAway`` — continues the provider's copy and sends only what
-was logged after the handle, instead of the whole history. A handle is
+was logged after the handle, instead of the whole history. A ``forgotten``
+logged after the handle spoils it: the provider's copy holds what was forgotten. A handle is
 only good for the provider and model that gave it, and for
 ``HANDLE_LIFETIME`` (Google: two hours after the session it names ends).
 """
@@ -19,6 +20,7 @@ import msgspec
 
 from gateway.upstream.base import Resume
 from protocol.assembly import HistoryItem, assemble
+from protocol.events import Forgotten
 
 __all__ = ["HANDLE_LIFETIME", "META_KEY", "ResumePoint", "decode_resume_point"]
 
@@ -46,7 +48,10 @@ class ResumePoint(msgspec.Struct, frozen=True):
             or self.items > len(history)
         ):
             return None
-        return Resume(self.handle, tuple(assemble(history[self.items :])))
+        later = history[self.items :]
+        if any(isinstance(item, Forgotten) for item in later):
+            return None  # the provider's copy holds what was forgotten since
+        return Resume(self.handle, tuple(assemble(later)))
 
     def encode(self) -> str:
         return _encoder.encode(self).decode()

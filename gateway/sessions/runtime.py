@@ -45,7 +45,7 @@ from gateway.sessions.upstream_link import UpstreamLink
 from gateway.sessions.voice import VoiceInput, voice_config
 from gateway.store.base import EventLog, StoreError
 from gateway.upstream.base import Upstream, VoiceConfig
-from protocol.assembly import HistoryItem
+from protocol.assembly import HistoryItem, forgetting
 from protocol.audio import audio_frame
 from protocol.configuration import ConfigChange, apply_change
 from protocol.events import (
@@ -54,6 +54,7 @@ from protocol.events import (
     Configured,
     Dtmf,
     Error,
+    Forget,
     PhoneCall,
     ToolResultMessage,
     Usage,
@@ -255,9 +256,7 @@ class SessionRuntime:
             self.driver.wake()  # a voice driver with nobody to listen to stops
         self.host.runtime_idle(self)
 
-    # ------------------------------------------------------------------ commands
-
-    # What each command feeds and who may send it: ``gateway.sessions.commands``.
+    # ------------------------------------- commands (``gateway.sessions.commands``)
 
     @property
     def tool_max_output(self) -> int:
@@ -359,6 +358,16 @@ class SessionRuntime:
         self._apply_setup(setup, reply_to=getattr(change, "id", msgspec.UNSET))
         return None
 
+    def forget(self, message: Forget) -> Error | None:
+        """Apply a ``forget`` (``assembly.forgetting``); the upstream reopens from history."""
+        made = forgetting(self.history, message, idle=self.machine.idle and not self.closed)
+        if not isinstance(made, Error):
+            self.log.emit(msgspec.structs.replace(made, reply_to=message.id))
+            self.log.persist((made,))
+            self.driver.drop_upstream(stop=False)
+            self.driver.listen()
+        return made if isinstance(made, Error) else None
+
     def rights_changed(self, setup: SessionSetup) -> None:
         """The owner's rights changed (the operator's key policy): ``setup`` from the
         next model step, as ``configure`` applies a change, told to every client
@@ -415,7 +424,7 @@ class SessionRuntime:
         (the client was told: ``error`` code ``upstream``)."""
         if not self.closed:
             _heard_audio(self, pcm16)
-            await self.voice_in.send(self.link.upstream, pcm16)
+            await self.voice_in.send(self.link.upstream, pcm16, hears=self.link.hears)
 
     def send_audio_now(self, pcm16: bytes) -> bool:
         """``send_audio`` without awaiting when the upstream socket takes it at once
@@ -423,7 +432,10 @@ class SessionRuntime:
         if self.closed:
             return False
         _heard_audio(self, pcm16)  # first: the frame it goes out in refers to it
-        return self.voice_in.send_now(self.link.upstream, pcm16)
+        return self.voice_in.send_now(self.link.upstream, pcm16, hears=self.link.hears)
+
+    async def clear_audio(self) -> Error | None:
+        return await self.voice_in.clear(self.link.upstream, self.setup.upstream_factory)
 
     def quiet_for(self, seconds: float) -> bool:
         """No audio from this node's clients for ``seconds`` (no live microphone here)."""

@@ -131,8 +131,18 @@ class SessionLog:
         """The next event emitted is a turn's first content: its round does not linger."""
         self._hurry = True
 
-    def persist(self, items: Sequence[HistoryItem]) -> None:
-        """Add history items; they are written with the next log append (atomically)."""
+    def persist(self, items: Sequence[HistoryItem], firsts: Sequence[Event] = ()) -> None:
+        """Add history items; they are written with the next log append (atomically).
+
+        Each is stamped with the seq of the first event it holds (``firsts``, of the
+        first items), or else of the event logged last (a user message's own), so a
+        ``forget`` can name it by the seqs its client saw."""
+        for item, first in zip(items, firsts, strict=False):
+            if not item.seq:
+                item.seq = first.seq
+        for item in items:
+            if not item.seq:
+                item.seq = self._seq
         if self.guard is not None:
             items = self.guard.history(items)
         for item in items:

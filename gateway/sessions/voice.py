@@ -10,6 +10,7 @@ is waited out.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
@@ -23,9 +24,12 @@ from gateway.upstream.base import (
     FunctionTool,
     Upstream,
     UpstreamClosed,
+    UpstreamFactory,
     VoiceConfig,
 )
+from gateway.upstream.providers import SIM
 from protocol.configuration import SessionConfig
+from protocol.events import Error
 from protocol.prompt import ToolSpec
 
 __all__ = ["HELD_AUDIO_SECONDS", "HeldAudio", "VoiceInput", "voice_config"]
@@ -169,29 +173,58 @@ class VoiceInput:
         """No audio from this node's clients for ``seconds`` (no live microphone here)."""
         return time.monotonic() - self._heard_at >= seconds
 
-    async def send(self, upstream: Upstream | None, pcm16: bytes) -> None:
-        """User audio to ``upstream``, or held while none is open."""
+    async def send(self, upstream: Upstream | None, pcm16: bytes, *, hears: bool = True) -> None:
+        """User audio to ``upstream``, or held while none is open. An open upstream that
+        does not ``hear`` (opened before the session took audio, for the turn running
+        then) gets none: the audio is dropped, as ``flush`` drops it for one."""
         if self.audio_in is None:
             return
         self._heard_at = time.monotonic()
         if upstream is None or self._unflushed:
             self._hold(pcm16)
+            return
+        if not hears:
             return
         try:
             await upstream.send_audio(pcm16)
         except UpstreamClosed:
             return  # the driver's recv sees the loss and reopens
 
-    def send_now(self, upstream: Upstream | None, pcm16: bytes) -> bool:
+    def send_now(self, upstream: Upstream | None, pcm16: bytes, *, hears: bool = True) -> bool:
         """``send`` without awaiting when the socket takes it at once (or the audio is
-        held); False: nothing was sent, await ``send``."""
+        held, or dropped); False: nothing was sent, await ``send``."""
         if self.audio_in is None:
             return False
         self._heard_at = time.monotonic()
         if upstream is None or self._unflushed:
             self._hold(pcm16)
             return True
-        return upstream.send_audio_now(pcm16)
+        return not hears or upstream.send_audio_now(pcm16)
+
+    async def clear(self, upstream: Upstream | None, factory: UpstreamFactory) -> Error | None:
+        """Discard the audio not yet committed: held here, and buffered by the provider
+        where its API can (the ``clear_audio`` control); why not, otherwise."""
+        if self.audio_in is None:
+            return Error(
+                code="bad_frame",
+                content="clear_audio discards the user's audio: configure input_audio first",
+            )
+        if "clear_audio" not in factory.controls:
+            name = factory.provider
+            if name == SIM:
+                name = f"{SIM} (its {factory.wire} flavour)"
+            return Error(
+                code="bad_frame",
+                content=f"provider {name} cannot discard audio it was sent (the API has no "
+                "clear of its input): stop sending the audio instead, or pick a provider "
+                'that has it (docs/providers.md, "Session controls")',
+            )
+        if self._held is not None:
+            self._held.clear()
+        if upstream is not None and not self._unflushed:
+            with contextlib.suppress(UpstreamClosed):  # a new connection heard none of it
+                await upstream.clear_audio()
+        return None
 
     def _hold(self, pcm16: bytes) -> None:
         held = self._held

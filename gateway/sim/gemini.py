@@ -346,7 +346,12 @@ class _Connection(SimConnection):
         else:
             last_user = next((t.text for t in reversed(self.turns) if t.role == "user"), "")
             if self.setup.audio_out:
-                reply = spoken_reply(last_user, self.setup.functions)
+                reply = spoken_reply(
+                    last_user,
+                    self.setup.functions,
+                    items=len(self.turns),
+                    instructions=self.instructions,
+                )
             else:
                 reply = sim_reply(
                     last_user,

@@ -319,12 +319,19 @@ def speech_transcript(speech_ms: int) -> str:
     return f"(speech {round(speech_ms / 100) / 10:.1f} s)"
 
 
-def spoken_reply(message: str, functions: frozenset[str] = frozenset()) -> str | SimCall:
+def spoken_reply(
+    message: str, functions: frozenset[str] = frozenset(), *, items: int = 0, instructions: str = ""
+) -> str | SimCall:
     """The model's answer in audio output: words without markers, or a function call.
 
     ``functions`` are the names the session declared; ``/tool NAME`` calls NAME
-    only if it is one of them.
+    only if it is one of them. ``/context`` says ``items`` and ``/instructions``
+    quotes ``instructions``, as ``sim_reply`` does.
     """
+    if message.strip() == "/context":
+        return f"Context: {items} items"
+    if message.strip() == "/instructions":
+        return f"Instructions: {quote_instructions(instructions)}"
     if message.startswith("/raw"):
         rest = message[4:]
         if not rest or rest[0] == " ":

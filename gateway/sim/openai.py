@@ -300,8 +300,8 @@ class RealtimeConnection(SimConnection):
                 )
                 return tool_answer(name, item.text)
             if item.kind == "message" and item.role == "user":
+                held = sum(1 for i in self.conversation.items.values() if i.kind == "message")
                 if not self.audio_out:
-                    held = sum(1 for i in self.conversation.items.values() if i.kind == "message")
                     return sim_reply(
                         item.text,
                         overrun=config.overrun,
@@ -309,7 +309,9 @@ class RealtimeConnection(SimConnection):
                         items=held,
                     )
                 functions = frozenset(t.name for t in self.session.tools or () if t.name)
-                return spoken_reply(item.text, functions)
+                return spoken_reply(
+                    item.text, functions, items=held, instructions=self.session.instructions or ""
+                )
         return sim_reply("", overrun=config.overrun) if not self.audio_out else spoken_reply("")
 
     async def _start_response(self) -> None:

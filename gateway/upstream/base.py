@@ -210,7 +210,14 @@ class VoiceConfig(msgspec.Struct, frozen=True, kw_only=True):
 
 
 CONTROLS: Final[frozenset[str]] = frozenset(
-    ("semantic_vad", "idle_timeout_ms", "noise_reduction", "truncation", "reasoning_effort")
+    (
+        "semantic_vad",
+        "idle_timeout_ms",
+        "noise_reduction",
+        "truncation",
+        "reasoning_effort",
+        "clear_audio",  # discard input audio sent but not committed (``Upstream.clear_audio``)
+    )
 )
 """The session controls a provider may lack (``Provider.controls``): a session asking
 for one its provider lacks is refused when it is set up, never silently served without."""
@@ -344,6 +351,11 @@ class Upstream(abc.ABC):
 
         The response follows as after ``start_response`` (call one of them, not both).
         """
+
+    async def clear_audio(self) -> None:
+        """Discard the user's audio sent since the last commit (the provider's input
+        buffer). Called only on a provider whose row lists the ``clear_audio`` control."""
+        raise NotImplementedError(f"{self.provider} has no clear_audio control")
 
     @abc.abstractmethod
     async def send_function_output(self, call_id: str, output: str) -> None:

@@ -201,6 +201,9 @@ class OpenAIRealtime(Upstream):
         for event in self._conversation.commit():
             await self._send(event)
 
+    async def clear_audio(self) -> None:
+        await self._send(wire.InputAudioBufferClear(event_id=self._conversation.event_id()))
+
     async def send_function_output(self, call_id: str, output: str) -> None:
         item = wire.Item(type="function_call_output", call_id=call_id, output=output)
         await self._send(wire.ConversationItemCreate(item=item))

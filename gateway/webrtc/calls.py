@@ -2,12 +2,12 @@
 
 The offer (``application/sdp``, or multipart with ``sdp`` and ``session``) is
 answered ``201`` with the SDP answer and ``Location: …/calls/rtc_…``. The call
-is then one more client of the OpenAI door: its ``oai-events`` data channel
-carries the door's events (``LoopbackBridge.pump`` through a ``CallLink``), its
-microphone track goes into the session at 48 kHz, and the model's speech
-goes out on the answering track (``gateway.webrtc.media``). Credentials and
-every check of the gateway's door are the door's, made on the bridge's
-loopback connection (``LoopbackBridge.open``; docs/webrtc.md: an extra hop).
+is then one more client of the OpenAI door, admitted by the door's checks with
+the caller's credentials (``OpenAIDoor.enter``) and served by the node as any
+client is (``serve``: ``Gateway._handler``), as a ``CallConnection`` whose
+socket is the call (``CallSocket``): its ``oai-events`` data channel carries
+the door's events, its microphone track goes into the session at 48 kHz, and
+the model's speech goes out on the answering track (``gateway.webrtc.media``).
 
 Limits come before the work: the body's size (``max_sdp``) before it is
 read, the node's call count (``max_calls``) before a peer connection is
@@ -22,28 +22,30 @@ import asyncio
 import contextlib
 import logging
 import secrets
-from collections.abc import AsyncIterator
-from typing import Any, Final
+from collections.abc import Awaitable, Callable
+from typing import Any, cast
 
 import msgspec
 from aiohttp import web
 from aiortc import RTCConfiguration, RTCIceServer, RTCPeerConnection, RTCSessionDescription
-from aiortc.mediastreams import MediaStreamTrack
+from websockets.asyncio.server import ServerConnection
+from websockets.datastructures import Headers
+from websockets.http11 import Request
 
 from gateway.config import Config
-from gateway.edge.openai_door import OpenAIDoor, model_route
+from gateway.edge.openai_door import OpenAIDoor
 from gateway.upstream.providers import MODELS
 from gateway.webrtc import CALLS_PATH
-from gateway.webrtc.bridge import LoopbackBridge, Refused
-from gateway.webrtc.media import RATE, Speaker, microphone
-from protocol.events import Played
+from gateway.webrtc.channel import CallSocket
+from gateway.webrtc.connection import CallConnection
 from protocol.openai_conversation import Conversation
 
-__all__ = ["CALLS_PATH", "CallLink", "WebRTCCalls", "ice_servers"]
+__all__ = ["CALLS_PATH", "WebRTCCalls", "ice_servers"]
 
 log = logging.getLogger("gateway.webrtc.calls")
 
-CHANNEL: Final = "oai-events"
+# Serves an admitted client's socket until it ends (``Gateway._handler``).
+Serve = Callable[[ServerConnection], Awaitable[None]]
 
 
 def _refusal(status: int, message: str, code: str) -> web.Response:
@@ -67,101 +69,16 @@ def ice_servers(spec: str) -> list[RTCIceServer]:
     return servers
 
 
-class CallLink:
-    """A WebRTC call as the door's link: the data channel, the two audio tracks."""
-
-    def __init__(self, pc: RTCPeerConnection, speaker: Speaker, max_frame: int) -> None:
-        self.pc = pc
-        self.speaker = speaker
-        self.max_frame = max_frame
-        self.channel: Any = None
-        self.opened = asyncio.Event()
-        self.mic: asyncio.Future[MediaStreamTrack] = asyncio.get_running_loop().create_future()
-        self._inbox: asyncio.Queue[str | bytes | None] = asyncio.Queue()
-        pc.on("datachannel", self._channel)
-        pc.on("track", self._track)
-        pc.on("connectionstatechange", self._state)
-
-    def _channel(self, channel: Any) -> None:
-        if channel.label != CHANNEL or self.channel is not None:
-            channel.close()  # one events channel per call, named as OpenAI names it
-            return
-        self.channel = channel
-        channel.on("message", self._message)
-        channel.on("close", lambda: self._inbox.put_nowait(None))
-        self.opened.set()
-
-    def _message(self, message: str | bytes) -> None:
-        if len(message) > self.max_frame:  # before any work is done for it
-            self.channel.send(
-                msgspec.json.encode(
-                    {
-                        "type": "error",
-                        "event_id": "evt_x0",
-                        "error": {
-                            "type": "invalid_request_error",
-                            "code": "message_too_big",
-                            "message": f"a data-channel message takes at most {self.max_frame} "
-                            "bytes; send audio on the track, not as appends",
-                        },
-                    }
-                ).decode()
-            )
-            return
-        self._inbox.put_nowait(message)
-
-    def _track(self, track: MediaStreamTrack) -> None:
-        if track.kind == "audio" and not self.mic.done():
-            self.mic.set_result(track)
-
-    async def _state(self) -> None:
-        if self.pc.connectionState in ("failed", "closed"):
-            self._inbox.put_nowait(None)
-
-    async def incoming(self) -> AsyncIterator[str | bytes]:
-        while (message := await self._inbox.get()) is not None:
-            yield message
-
-    def push(self, text: str) -> None:
-        """A frame as if the client sent it (a multipart ``session``)."""
-        self._inbox.put_nowait(text)
-
-    async def send(self, text: str) -> None:
-        await self.opened.wait()
-        if self.channel.readyState == "open":
-            self.channel.send(text)
-
-    async def close(self, code: int, reason: str) -> None:
-        await self.pc.close()
-
-    def speech(self, tag: int, pcm16: bytes) -> bool:
-        self.speaker.play(tag, pcm16)
-        return True
-
-    def cut_speech(self) -> Played | None:
-        return self.speaker.cut()
-
-    def answer_started(self) -> None:
-        self.speaker.answer_started()
-
-    def progress(self) -> Played | None:
-        return self.speaker.progress()
-
-    async def media(self) -> AsyncIterator[bytes]:
-        async for pcm in microphone(await self.mic):
-            yield pcm
-
-
 class WebRTCCalls:
     """The calls of one node: answers offers, runs each call until it ends."""
 
-    def __init__(self, config: Config, door: OpenAIDoor, bridge: LoopbackBridge) -> None:
-        """``door``: where ``?call_id=`` (the sideband) finds a call; ``bridge``: how a
-        call reaches its session."""
+    def __init__(self, config: Config, door: OpenAIDoor, serve: Serve) -> None:
+        """``door``: admits a call (its checks) and finds it for ``?call_id=`` (the
+        sideband); ``serve``: serves an admitted call's socket as the node's clients."""
         self.config = config
         self.settings = config.webrtc
         self.door = door
-        self.bridge = bridge
+        self.serve = serve
         self.calls: dict[str, asyncio.Task[None]] = {}
 
     async def create(self, request: web.Request) -> web.Response:
@@ -185,9 +102,6 @@ class WebRTCCalls:
             return _refusal(400, parsed, "invalid_offer")
         sdp, session = parsed
         model = request.query.get("model") or str(session.get("model") or _default_model())
-        route = model_route(self.config, model)
-        if isinstance(route, str):
-            return _refusal(400, route, "model_not_found")
         # A call offered again (its node died, or the network changed): the same session,
         # and the events after the last one the client saw (the door's resume).
         sid = request.query.get("session_id", "")
@@ -200,37 +114,45 @@ class WebRTCCalls:
                 "with session_id",
                 "invalid_after_event",
             )
-        opened = await self.bridge.open(
-            model,
-            route,
-            authorizations[0] if authorizations else None,
-            request.headers.get("Origin"),
+        call_id = "rtc_" + secrets.token_hex(12)
+        sockname = request.transport.get_extra_info("sockname") if request.transport else None
+        call = CallSocket(call_id, self.config.max_frame, sockname)
+        headers = Headers(
+            (name, value)
+            for name, value in request.headers.items()
+            if name.lower() in ("authorization", "origin")
+        )
+        # Every check of the door, with the caller's credentials, before any media work.
+        refused = await self.door.enter(
+            cast(ServerConnection, call),
+            Request(request.path_qs, headers),
+            model=model,
             sid=sid,
             after=after,
+            make=CallConnection,
         )
-        if isinstance(opened, Refused):
-            return _refusal(opened.status, opened.message, opened.code)
+        if refused is not None:
+            await call.close()
+            return web.Response(
+                status=refused.status_code, body=refused.body, content_type="application/json"
+            )
         pc = RTCPeerConnection(RTCConfiguration(iceServers=ice_servers(self.settings.ice_servers)))
-        speaker = Speaker()
-        link = CallLink(pc, speaker, self.config.max_frame)
+        call.attach(pc)
         try:
             await pc.setRemoteDescription(RTCSessionDescription(sdp=sdp, type="offer"))
-            pc.addTrack(speaker)
+            pc.addTrack(call.speaker)
             await pc.setLocalDescription(await pc.createAnswer())
         except Exception as exc:  # aiortc raises ValueError and others on a bad offer
-            await pc.close()
-            await opened.inner.close()
+            await call.close()
             return _refusal(400, f"the SDP offer cannot be answered: {exc}"[:300], "invalid_offer")
-        call_id = "rtc_" + secrets.token_hex(12)
         if session:
-            link.push(msgspec.json.encode({"type": "session.update", "session": session}).decode())
-        conversation = Conversation(opened.sid, model, input_rate=RATE)
-        self.door.calls[call_id] = (opened.sid, model)
-        self.calls[call_id] = asyncio.create_task(
-            self._run(call_id, link, self.bridge.pump(opened, link, conversation)),
-            name=f"webrtc:{call_id}",
-        )
-        log.info("WebRTC call %s: session %s, model %s", call_id, opened.sid, model)
+            call.push(msgspec.json.encode({"type": "session.update", "session": session}).decode())
+        self.calls[call_id] = asyncio.create_task(self._run(call), name=f"webrtc:{call_id}")
+        joined = await call.joined  # the session the node attached the call to
+        if not joined:
+            return _refusal(503, "the gateway cannot serve this session now; retry", "busy")
+        self.door.calls[call_id] = (joined, model)
+        log.info("WebRTC call %s: session %s, model %s", call_id, joined, model)
         return web.Response(
             status=201,
             text=pc.localDescription.sdp,
@@ -238,25 +160,28 @@ class WebRTCCalls:
             headers={"Location": f"{CALLS_PATH}/{call_id}"},
         )
 
-    async def _run(self, call_id: str, link: CallLink, pump: Any) -> None:
-        task = asyncio.ensure_future(pump)
+    async def _run(self, call: CallSocket) -> None:
+        serving = asyncio.ensure_future(self.serve(cast(ServerConnection, call)))
+        opened = asyncio.ensure_future(call.opened.wait())
         try:
-            try:
-                await asyncio.wait_for(
-                    asyncio.shield(link.opened.wait()), self.settings.connect_timeout
-                )
-            except TimeoutError:
-                log.info("WebRTC call %s: no data channel within the connect timeout", call_id)
-                task.cancel()
+            done, _ = await asyncio.wait(
+                (serving, opened),
+                timeout=self.settings.connect_timeout,
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+            if not done:
+                log.info("WebRTC call %s: no data channel within the connect timeout", call.call_id)
+                await call.close()
             with contextlib.suppress(asyncio.CancelledError):
-                await task
+                await serving
         finally:
-            task.cancel()
-            with contextlib.suppress(BaseException):
-                await task
-            await link.pc.close()
-            self.calls.pop(call_id, None)
-            self.door.calls.pop(call_id, None)
+            for task in (opened, serving):
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
+            await call.close()
+            self.calls.pop(call.call_id, None)
+            self.door.calls.pop(call.call_id, None)
 
     async def close(self) -> None:
         for task in list(self.calls.values()):

@@ -7,6 +7,7 @@ from collections.abc import Awaitable, Callable
 
 import msgspec
 from aiohttp import web
+from websockets.asyncio.server import ServerConnection
 
 from gateway.config import Config
 from gateway.edge.openai_door import OpenAIDoor
@@ -33,16 +34,18 @@ async def _nothing() -> None:
 
 
 def install(
-    app: web.Application, config: Config, door: OpenAIDoor, address: Callable[[], str]
+    app: web.Application,
+    config: Config,
+    door: OpenAIDoor,
+    serve: Callable[[ServerConnection], Awaitable[None]],
 ) -> Callable[[], Awaitable[None]]:
     """Route ``POST CALLS_PATH`` on ``app``; returns what ends the node's calls.
-    ``address()``: ``HOST:PORT`` of this node's own door (the calls' loopback bridge)."""
+    ``serve``: serves an admitted client's socket (a call's) as the node's clients."""
     try:
-        from gateway.webrtc.bridge import LoopbackBridge
         from gateway.webrtc.calls import WebRTCCalls
     except ImportError:
         app.router.add_post(CALLS_PATH, _unavailable)
         return _nothing
-    calls = WebRTCCalls(config, door, LoopbackBridge(config, door.config_of, address))
+    calls = WebRTCCalls(config, door, serve)
     app.router.add_post(CALLS_PATH, calls.create)
     return calls.close

@@ -1,55 +1,139 @@
-"""WebRTC calls' cost and added latency, against an in-process gateway (simulator upstream).
+"""WebRTC calls' cost and added latency (simulator upstream).
 
-``cpu N SECONDS``: N aiortc peers hold calls for SECONDS (microphones sending 20 ms
-Opus frames, the gateway's track sending 20 ms frames); prints process CPU per call.
-Both ends run in this one process (the peers' Opus, DTLS/SRTP and ICE cost about what
-the gateway's do), so the gateway's share is about half of the figure printed.
+``cpu N[,N…] SECONDS``: N aiortc peers hold calls for SECONDS (microphones sending
+20 ms Opus frames, the gateway's track sending 20 ms frames) against a ``gateway
+serve`` subprocess; prints that process's CPU per call (``/proc/PID/stat``: its
+threads too, where aiortc decodes), so the gateway is measured alone: the peers and
+the simulator run in this process. Also printed: the frames per second each peer
+received (50 when nobody is starved) and the load average (the machine is shared).
+Default: 1, 10 and 50 calls.
+
+``events TURNS``: one call against the same subprocess runs TURNS text turns (about
+200 ``response.output_text.delta`` each) on its data channel; prints the gateway's CPU
+per event the peer received, less what the idle call costs over the same time.
 
 ``latency ROUNDS``: a spoken turn (0.3 s silence, 0.5 s tone, 0.8 s silence), timed
 from the end of the speech to the first audible frame of the answer: on a WebRTC call
 (the frame decoded by the peer) and on the door's WebSocket (the first
 ``response.output_audio.delta``), on the same simulator; prints the medians.
 
-Usage: python -m tests.bench.webrtc_bench cpu 10 10 | latency 5
+Usage: python -m tests.bench.webrtc_bench cpu 1,10,50 20 | events 20 | latency 5
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
+import os
 import statistics
 import sys
 import tempfile
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import numpy as np
 
+from gateway.sim.model import SimConfig
+from gateway.sim.server import serve_sim
 from tests.openai_door.conftest import RawClient
 from tests.openai_door.test_voice import AUDIO_SESSION as WS_SESSION
-from tests.voice.conftest import CHUNK_S, utterance, voice_gateway
+from tests.support.procs import NodeProcess
+from tests.voice.conftest import CHUNK_S, KEY, utterance, voice_gateway
 from tests.webrtc.conftest import RATE, Peer
 from tests.webrtc.test_calls import AUDIO_SESSION, MODEL, calls_url
 
 SPEECH_END_S = 0.8  # utterance(0.5): 0.3 s silence, then 0.5 s of tone
 
 
-async def cpu(n: int, seconds: float) -> None:
+def _cpu_seconds(pid: int) -> float:
+    """utime + stime of a process (all its threads), from /proc/PID/stat."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@contextlib.asynccontextmanager
+async def _node() -> AsyncIterator[NodeProcess]:
+    """A ``gateway serve`` subprocess on a simulator in this process."""
     with tempfile.TemporaryDirectory() as tmp:
-        async with voice_gateway("openai", Path(tmp)) as gw:
-            peers = [Peer() for _ in range(n)]
+        async with serve_sim(SimConfig(flavor="openai", api_key=KEY)) as sim:
+            args = ["serve", "--port", "0", "--provider", "openai", "--openai-base-url", sim.url]
+            args += ["--model", "sim", "--workspace-root", tmp, "--log-level", "WARNING"]
+            node = NodeProcess(args, env={"OPENAI_API_KEY": KEY})
+            await asyncio.to_thread(node.start)
+            try:
+                yield node
+            finally:
+                node.kill()
+
+
+async def events(turns: int) -> None:
+    async with _node() as node:
+        assert node.proc is not None
+        pid = node.proc.pid
+        peer = Peer()
+        try:
+            assert (await peer.call(calls_url(node.url))).status == 201
+            await peer.until("session.created")
+            peer.send(
+                type="session.update", session={"type": "realtime", "output_modalities": ["text"]}
+            )
+            await peer.until("session.updated")
+            await asyncio.sleep(2)  # settle: DTLS done, tracks flowing both ways
+            idle, wall = _cpu_seconds(pid), time.monotonic()
+            await asyncio.sleep(3)
+            idle_rate = (_cpu_seconds(pid) - idle) / (time.monotonic() - wall)
+            used, wall, count = _cpu_seconds(pid), time.monotonic(), 0
+            for _ in range(turns):
+                peer.send(
+                    type="conversation.item.create",
+                    item={
+                        "type": "message",
+                        "role": "user",
+                        "content": [{"type": "input_text", "text": "/raw " + "word " * 160}],
+                    },
+                )
+                peer.send(type="response.create")
+                count += len(await peer.until("response.done"))
+            wall = time.monotonic() - wall
+            used = _cpu_seconds(pid) - used - idle_rate * wall
+        finally:
+            await peer.close()
+    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    print(
+        f"events: {turns} turns, {count} events in {wall:.1f} s: the gateway "
+        f"{used / count * 1e6:.0f} µs of CPU per event (the idle call's "
+        f"{idle_rate * 100:.1f}% of a core taken off); load average {load}",
+        flush=True,
+    )
+
+
+async def cpu(n: int, seconds: float) -> None:
+    async with _node() as node:
+        assert node.proc is not None
+        peers = [Peer() for _ in range(n)]
+        try:
             for peer in peers:
-                assert (await peer.call(calls_url(gw.url))).status == 201
-            await asyncio.sleep(1)  # settle: DTLS done, tracks flowing
-            used, wall = time.process_time(), time.monotonic()
-            await asyncio.sleep(seconds)
-            used, wall = time.process_time() - used, time.monotonic() - wall
+                assert (await peer.call(calls_url(node.url))).status == 201
+            await asyncio.sleep(2)  # settle: DTLS done, tracks flowing both ways
             frames = sum(p.frames for p in peers)
+            used, mine = _cpu_seconds(node.proc.pid), time.process_time()
+            wall = time.monotonic()
+            await asyncio.sleep(seconds)
+            used = _cpu_seconds(node.proc.pid) - used
+            mine = time.process_time() - mine
+            wall = time.monotonic() - wall
+            frames = sum(p.frames for p in peers) - frames
+        finally:
             for peer in peers:
                 await peer.close()
+    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
     print(
-        f"cpu: {n} calls, {wall:.1f} s: {used:.2f} CPU s, {used / (n * wall) * 100:.1f}% of a "
-        f"core per call (both ends); {frames / (n * wall):.1f} frames/s received per call"
+        f"cpu: {n} calls, {wall:.1f} s: the gateway {used / (n * wall) * 100:.2f}% of a core "
+        f"per call ({used:.2f} CPU s); {frames / (n * wall):.1f} frames/s received per call; "
+        f"peers and simulator {mine / wall * 100:.0f}% of a core; load average {load}",
+        flush=True,
     )
 
 
@@ -108,10 +192,9 @@ if __name__ == "__main__":
     mode = sys.argv[1] if len(sys.argv) > 1 else "cpu"
     if mode == "latency":
         asyncio.run(latency(int(sys.argv[2]) if len(sys.argv) > 2 else 5))
+    elif mode == "events":
+        asyncio.run(events(int(sys.argv[2]) if len(sys.argv) > 2 else 20))
     else:
-        asyncio.run(
-            cpu(
-                int(sys.argv[2]) if len(sys.argv) > 2 else 1,
-                float(sys.argv[3]) if len(sys.argv) > 3 else 10,
-            )
-        )
+        counts = sys.argv[2] if len(sys.argv) > 2 else "1,10,50"
+        for count in counts.split(","):
+            asyncio.run(cpu(int(count), float(sys.argv[3]) if len(sys.argv) > 3 else 10))

@@ -475,3 +475,40 @@ def test_approvals_show_the_exact_arguments_and_background_calls_their_progress(
         shot(page, "desktop-light-8-background")
         expect(bg.locator(".tool-item .tool-status")).to_have_text("success", timeout=30_000)
         expect(bg).not_to_have_class(re.compile(r"\brunning\b"))
+
+
+def test_the_console_speaks_through_the_openai_door(
+    open_context: OpenContext, start_gateway: StartGateway
+) -> None:
+    node = start_gateway()
+    page = open_context()
+    open_page(page, node)
+    gateway_session = page.evaluate("window.rtgw.sessionId")
+    show(page, "Settings", "desktop")
+    page.locator("#settings-pane").get_by_label(re.compile("^OpenAI door")).check()
+    # A new session, through the door: its first frame is OpenAI's session.created.
+    page.wait_for_function(
+        "(before) => window.rtgw.state === 'connected' && window.rtgw.sessionId !== before",
+        arg=gateway_session,
+    )
+    send(page, "hello")
+    expect(page.locator(".respond").last).to_contain_text("Echo: hello")
+    wait_turn_over(page)
+    show(page, "Events", "desktop")
+    pane = page.locator("#events-pane")
+    expect(pane.locator('.frame.in[data-type="session.created"]')).to_have_count(1)
+    expect(pane.locator('.frame.out[data-type="conversation.item.create"]')).to_have_count(1)
+    expect(pane.locator('.frame.out[data-type="response.create"]')).to_have_count(1)
+    expect(pane.locator('.frame.in[data-type="response.output_text.delta"]').first).to_be_visible()
+    expect(pane.locator('.frame.in[data-type="response.done"]')).to_have_count(1)
+    expect(pane.locator('.frame[data-type="session"]')).to_have_count(0)  # not the gateway's
+    # A reload keeps the page on the door; turning it off is the gateway's protocol again.
+    page.reload()
+    page.wait_for_function("() => window.rtgw.state === 'connected'")
+    show(page, "Settings", "desktop")
+    toggle = page.locator("#settings-pane").get_by_label(re.compile("^OpenAI door"))
+    expect(toggle).to_be_checked()
+    toggle.uncheck()
+    page.wait_for_function("() => window.rtgw.state === 'connected'")
+    show(page, "Events", "desktop")
+    expect(pane.locator('.frame.in[data-type="session"]')).to_have_count(1)

@@ -21,6 +21,7 @@ from tests.browser.conftest import StartGateway
         ("/static/conversation.js", "text/javascript; charset=utf-8", b"class Conversation"),
         ("/static/inspector.js", "text/javascript; charset=utf-8", b"class Inspector"),
         ("/static/settings.js", "text/javascript; charset=utf-8", b"class Settings"),
+        ("/static/openai-door.js", "text/javascript; charset=utf-8", b"class DoorClient"),
         ("/static/voice.js", "text/javascript; charset=utf-8", b"class Voice"),
         ("/static/markdown.js", "text/javascript; charset=utf-8", b"export function markdown"),
         ("/static/dom.js", "text/javascript; charset=utf-8", b"export function h"),
@@ -109,6 +110,8 @@ def test_node_json_says_what_the_node_offers(start_gateway: StartGateway) -> Non
     assert [p["name"] for p in offer["providers"]] == ["sim"]
     assert offer["providers"][0]["default_model"] == "sim"
     assert isinstance(offer["api_port"], int) and offer["api_port"] > 0
+    # A simulator node's OpenAI door serves every model a provider lists (its flavour).
+    assert {"gpt-realtime-2.1", "gemini-3.8-live"} <= set(offer["door_models"])
     # The page's policy names that port, so the console may delete a session there.
     page = _get(node.http, "/")
     assert f"http://*:{offer['api_port']}" in (page.getheader("Content-Security-Policy") or "")

@@ -78,6 +78,21 @@ async def test_a_client_secret_opens_its_session_in_a_browsers_subprotocol(
             await browser.send(type="session.update", event_id="u1", session={"instructions": "x"})
             error = (await browser.until("error"))[-1]
             assert error["error"]["event_id"] == "u1"
+            # Nor for one response: refused up front, naming the response's fields.
+            await browser.send(
+                type="conversation.item.create",
+                item={
+                    "type": "message",
+                    "role": "user",
+                    "content": [{"type": "input_text", "text": "hi"}],
+                },
+            )
+            await browser.send(
+                type="response.create", event_id="r1", response={"instructions": "x"}
+            )
+            error = (await browser.until("error"))[-1]["error"]
+            assert (error["event_id"], error["param"]) == ("r1", "response")
+            assert "client token" in error["message"]
         finally:
             await browser.close()
         # The ephemeral key opens nothing else: not the HTTP API.

@@ -18,6 +18,8 @@ from protocol.events import (
     Configured,
     End,
     Error,
+    Forget,
+    Forgotten,
     Metric,
     Respond,
     ToolResultMessage,
@@ -183,3 +185,36 @@ def test_an_error_names_the_event_its_command_came_from_with_two_in_flight() -> 
     commands, _ = client(conv, type="response.cancel", event_id="e_again")
     out = feed(conv, Error(code="no_turn", content="no turn", reply_to="call_3"))
     assert out[-1]["error"]["event_id"] == "e_again"
+
+
+def test_delete_forgets_an_items_logged_events_and_the_logged_forgotten_deletes_it() -> None:
+    conv = Conversation("s1", "m")
+    feed(
+        conv,
+        User(seq=1, content="hi"),
+        Respond(seq=2, content="Hel"),
+        Respond(seq=3, content="lo"),
+        End(seq=4),
+        Metric(seq=5, step=Usage(input=1, output=1), total=Usage(input=1, output=1)),
+    )
+    commands, events = client(conv, type="conversation.item.delete", item_id="msg_1_1_0")
+    assert (commands, events) == ([Forget(first=2, last=3)], [])
+    commands, _ = client(conv, type="conversation.item.delete", item_id="item_1", event_id="d")
+    assert commands == [Forget(first=1, last=1, id="d")]
+    out = feed(conv, Forgotten(seq=6, first=1, last=1, reply_to="d"))
+    assert out == [
+        {"type": "conversation.item.deleted", "event_id": "evt_6_1", "item_id": "item_1"}
+    ]
+    # Gone: neither deleted again nor retrievable; the next item follows the answer.
+    _, events = client(conv, type="conversation.item.delete", item_id="item_1", event_id="e")
+    assert events[0]["error"]["event_id"] == "e" and events[0]["error"]["param"] == "item_id"
+    added = feed(conv, User(seq=7, content="again"))[0]
+    assert added["previous_item_id"] == "msg_1_1_0"
+
+
+def test_a_function_call_is_not_deleted() -> None:
+    conv = Conversation("s1", "m")
+    call = Call(seq=3, content='{"name": "f", "args": {}}', id="call_1", runs_on="client")
+    feed(conv, User(seq=1, content="go"), call)
+    commands, events = client(conv, type="conversation.item.delete", item_id="fc_3")
+    assert commands == [] and "function calls" in events[0]["error"]["message"]

@@ -21,6 +21,7 @@ from protocol.configuration import ConfigChange
 from protocol.events import (
     Approve,
     Cancel,
+    ClearAudio,
     ClientMessage,
     Commit,
     Configure,
@@ -78,7 +79,7 @@ def test_every_client_message_is_a_command_or_the_connections_own() -> None:
 
 def test_voice_commands_run_where_the_microphone_is() -> None:
     # Only voice stays where it is: a new command is forwarded unless it says otherwise.
-    assert set(COMMANDS) - set(FORWARDED) == {Commit}
+    assert set(COMMANDS) - set(FORWARDED) == {Commit, ClearAudio}
 
 
 async def test_dispatch_feeds_each_command_and_returns_its_refusal() -> None:

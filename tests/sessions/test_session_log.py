@@ -81,6 +81,17 @@ async def test_history_rides_with_the_next_append() -> None:
     assert log.history == [User(content="remember me")]
 
 
+async def test_history_items_take_the_seq_of_their_first_event_or_of_the_last_logged() -> None:
+    log, _, _ = session_log(Writer(), last_seq=9)
+    log.emit(User(content="question", reply_to="c1"))
+    log.persist([User(content="question")])  # stored right after its event: its seq
+    chunk = Respond(content="an")
+    log.emit(chunk)
+    log.emit(Respond(content="swer"))
+    log.persist([Respond(content="answer")], [chunk])  # an answer: its first chunk's
+    assert [item.seq for item in log.history] == [10, 11]
+
+
 async def test_flushed_waits_for_the_last_append() -> None:
     writer = Writer()
     log, _, _ = session_log(writer)

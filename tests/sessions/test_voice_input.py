@@ -7,7 +7,7 @@ import logging
 import pytest
 
 from gateway.sessions.voice import LISTEN_RETRY_CAP, VoiceInput, voice_config
-from gateway.upstream.base import AudioIn, FunctionTool, UpstreamClosed
+from gateway.upstream.base import AudioIn, FunctionTool, UpstreamClosed, UpstreamFactory
 from protocol.configuration import InputAudio, SessionConfig
 from protocol.prompt import ToolSpec
 from tests.sessions.fakes import ScriptedUpstream
@@ -149,3 +149,42 @@ async def test_audio_past_what_can_be_held_is_warned_of_once(
     upstream = ScriptedUpstream()
     await voice.flush(upstream)
     assert len(upstream.audio) == 5
+
+
+class _Factory(UpstreamFactory):
+    def __init__(self, provider: str, controls: frozenset[str]) -> None:
+        self.provider, self.wire, self.controls = provider, provider, controls
+
+    def create(self) -> ScriptedUpstream:
+        return ScriptedUpstream()
+
+
+async def test_clear_drops_the_held_audio_and_the_providers_where_it_can() -> None:
+    class Clearing(ScriptedUpstream):
+        async def clear_audio(self) -> None:
+            self.calls.append("clear_audio")
+
+    voice = VoiceInput("sid", AudioIn(rate=RATE))
+    await voice.send(None, b"held")
+    assert await voice.clear(None, _Factory("openai", frozenset({"clear_audio"}))) is None
+    upstream = Clearing()
+    await voice.flush(upstream)
+    assert upstream.audio == []  # what was held before the clear is never sent
+    assert await voice.clear(upstream, _Factory("openai", frozenset({"clear_audio"}))) is None
+    assert upstream.calls[-1] == "clear_audio"
+    refused = await voice.clear(upstream, _Factory("gemini", frozenset()))
+    assert refused is not None and "provider gemini cannot discard" in refused.content
+    assert upstream.calls.count("clear_audio") == 1
+    nothing = await VoiceInput("sid", None).clear(upstream, _Factory("openai", frozenset()))
+    assert nothing is not None and nothing.code == "bad_frame"
+
+
+async def test_an_upstream_that_does_not_hear_gets_no_audio() -> None:
+    # Opened for a turn before the session took audio: speech meanwhile is not its.
+    voice = VoiceInput("sid", AudioIn(rate=RATE))
+    upstream = ScriptedUpstream()
+    await voice.send(upstream, b"one", hears=False)
+    assert voice.send_now(upstream, b"two", hears=False)  # taken: dropped, not awaited
+    assert upstream.audio == []
+    await voice.flush(upstream)  # nothing was held for it either
+    assert upstream.audio == []

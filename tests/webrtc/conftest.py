@@ -112,14 +112,15 @@ class Peer:
     def send(self, **event: Any) -> None:
         self.channel.send(json.dumps(event))
 
-    async def until(self, kind: str, timeout: float = 30.0) -> list[dict[str, Any]]:
+    async def until(self, *kinds: str, timeout: float = 30.0) -> list[dict[str, Any]]:
+        """The events up to the first of one of ``kinds``."""
         got: list[dict[str, Any]] = []
         while True:
             event = await asyncio.wait_for(self.events.get(), timeout)
             SERVER_EVENT.validate_python(event)  # the SDK's contract, or the test fails
             got.append(event)
             self.seen.append(event)
-            if event["type"] == kind:
+            if event["type"] in kinds:
                 return got
 
     async def close(self) -> None:

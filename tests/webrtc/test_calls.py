@@ -318,3 +318,32 @@ async def test_the_openai_sdk_creates_a_call_with_a_session(tmp_path: Path) -> N
             await peer.close()
             await client.close()
     assert events[-1]["session"]["instructions"] == "Be brief."
+
+
+async def test_a_responses_instructions_on_the_data_channel_are_its_own(tmp_path: Path) -> None:
+    async with voice_gateway("openai", tmp_path) as gw:
+        peer = Peer()
+        try:
+            await peer.call(calls_url(gw.url))
+            await peer.until("session.created")
+            said: list[str] = []
+            for response in ({"instructions": "Pirate talk."}, None):
+                item = {"type": "input_text", "text": "/instructions"}
+                peer.send(
+                    type="conversation.item.create",
+                    item={"type": "message", "role": "user", "content": [item]},
+                )
+                peer.send(type="response.create", **({"response": response} if response else {}))
+                events = await peer.until("response.done")
+                said.append(
+                    "".join(
+                        e["delta"]
+                        for e in events
+                        if e["type"]
+                        in ("response.output_text.delta", "response.output_audio_transcript.delta")
+                    )
+                )
+        finally:
+            await peer.close()
+    # The override was that response's only (the call's session has its own back).
+    assert "Pirate talk." in said[0] and "Pirate talk." not in said[1]

@@ -20,7 +20,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.asyncio.server import ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 
-from gateway.wsfast import BatchingConnection, FastReadClientConnection
+from gateway.wsfast import BatchingConnection, FastReadClientConnection, read
 from gateway.wsfast.read import MAX_FRAGMENTS
 
 pytestmark = pytest.mark.timeout(60)
@@ -213,6 +213,39 @@ async def test_a_client_that_pings_and_never_reads_the_pongs_is_closed_with_1008
     assert "pings" in got[0].sent.reason
     print(f"\npings written before the close: {sent}")
     assert sent < 800_000  # closed at the first burst over, not after the flood
+
+
+async def test_pings_the_fast_path_never_sees_are_limited_too(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The fast path starts at a frame boundary, and a peer's writes need never end on
+    one (131-byte pings in 64 KiB writes, read in 256 KiB chunks under load: none of
+    20 MiB did). Here it never starts: the pings websockets parses are held to the
+    same bucket, and the flood ends with 1008 after about one read's worth."""
+    monkeypatch.setattr(read, "at_frame_boundary", lambda protocol: False)
+    got: list[ConnectionClosed] = []
+
+    async def server(ws: ServerConnection) -> None:
+        got.append(await closed_with(ws))
+
+    ping = b"\x89\xfd\x00\x00\x00\x00" + b"p" * 125  # masked (zeros), 125 bytes
+    async with serve(
+        server, "127.0.0.1", 0, compression=None, create_connection=BatchingConnection
+    ) as srv:
+        reader, writer = await raw_client(srv.sockets[0].getsockname()[1])
+        sent = 0
+        with contextlib.suppress(ConnectionError):
+            async with asyncio.timeout(30):
+                while sent < 160_000:  # 21 MB
+                    writer.write(ping * 500)
+                    sent += 500
+                    await writer.drain()
+        with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError):
+            await close_frame(reader)
+        writer.close()
+    assert got and got[0].sent is not None and got[0].sent.code == 1008, got
+    assert "pings" in got[0].sent.reason
+    assert sent < 160_000  # closed at the first burst over, not after the flood
 
 
 async def test_a_64_mib_frame_in_small_reads_is_read_in_linear_time() -> None:

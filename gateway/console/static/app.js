@@ -18,12 +18,14 @@ import {
   timelineRows,
 } from "/static/recording.js";
 import { Inspector } from "/static/inspector.js";
+import { DOOR_PATH, DoorClient } from "/static/openai-door.js";
 import { Settings } from "/static/settings.js";
 import { Voice } from "/static/voice.js";
 
 const WS_PATH = "/v1/realtime";
 const KEY_SESSION = "rtgw.sessionId";
 const KEY_TOKEN = "rtgw.token"; // sessionStorage: per tab, gone when the tab closes
+const KEY_DOOR = "rtgw.door"; // sessionStorage: "1" when the page speaks through the OpenAI door
 const KEY_VIEW = "rtgw.view";
 const AUDIO_RATE = 24000;
 const PING_EVERY = 15000; // ms
@@ -135,7 +137,12 @@ const settings = new Settings($("settings-pane"), {
     if (!client || conn.state !== "connected") throw new ClientError("not connected");
     return client.configure(fields);
   },
+  door: (on) => {
+    sessionStorage.setItem(KEY_DOOR, on ? "1" : "");
+    newSession();
+  },
 });
+settings.door.checked = sessionStorage.getItem(KEY_DOOR) === "1";
 
 const voice = new Voice({
   client: () => conn.client,
@@ -160,12 +167,21 @@ function socketUrl() {
   return `${scheme}//${location.host}${WS_PATH}`;
 }
 
+// Through the OpenAI door: ?model= a model it serves (the Model setting's, if it is one).
+function doorUrl() {
+  const models = offer.door_models ?? [];
+  const model = models.includes(settings.model.value.trim()) ? settings.model.value.trim() : models[0];
+  const scheme = location.protocol === "https:" ? "wss:" : "ws:";
+  return `${scheme}//${location.host}${DOOR_PATH}?model=${encodeURIComponent(model ?? "gpt-realtime-2.1")}`;
+}
+
 async function connect() {
   if (conn.client) return;
   conn.wanted = true;
   const token = ui.token.value.trim();
   conn.clientToken = token.startsWith("rtgw_ct.");
-  const client = new Client(socketUrl(), {
+  const door = settings.door.checked;
+  const client = new (door ? DoorClient : Client)(door ? doorUrl() : socketUrl(), {
     token: token || undefined,
     sessionId: conn.sessionId ?? undefined,
     after: conn.sessionId ? conn.lastSeq : undefined,
@@ -707,12 +723,14 @@ ui.gatewayUrl.textContent = socketUrl();
 ui.token.value = sessionStorage.getItem(KEY_TOKEN) || "";
 resetView();
 setView(sessionStorage.getItem(KEY_VIEW) || "chat");
-loadOffer();
+const offered = loadOffer();
 pingLoop();
 // Connect on load: a node that needs no key just works; one that does says
 // "API key required" once and waits for the key. A reload resumes the tab's
-// session, replaying it from the start into the empty view.
-connect();
+// session, replaying it from the start into the empty view (through the OpenAI
+// door: a new session, on a model the node's offer names).
+if (settings.door.checked) offered.then(connect);
+else connect();
 
 // Test hook: read-only state, plus drop() to break the socket as a network would.
 window.rtgw = Object.freeze({

@@ -13,7 +13,8 @@ const VOICES = {
 };
 
 export class Settings {
-  /** hooks: {apply(fields) → Promise<configured event>, pageTools: [spec], canConfigure() → bool} */
+  /** hooks: {apply(fields) → Promise<configured event>, pageTools: [spec], canConfigure() → bool,
+   *  door(on): connect through the OpenAI door (on) or the gateway's own (off)} */
   constructor(root, hooks) {
     this.root = root;
     this.hooks = hooks;
@@ -88,7 +89,12 @@ export class Settings {
       h("details", { class: "config-answer", open: true }, h("summary", null, "Configured answer"), this.answer),
     );
     this.form = form;
-    this.root.replaceChildren(form);
+    // Outside the form: which protocol the page speaks is no session setting (a client
+    // token may switch it too).
+    this.door = h("input", { type: "checkbox", onchange: () => this.hooks.door?.(this.door.checked) });
+    const door = h("fieldset", { class: "settings-form door" }, h("legend", null, "Protocol"),
+      h("label", { class: "check" }, this.door, h("span", null, "OpenAI door — a new session through ", h("code", null, "/openai/v1/realtime"), ", OpenAI's Realtime protocol, its frames in Events")));
+    this.root.replaceChildren(door, form);
     this.syncVoice();
   }
 

@@ -1,0 +1,185 @@
+"""``response.create`` with per-response overrides, with the real ``openai`` SDK: the
+one response runs with its ``instructions``, ``tools``, ``tool_choice: "none"`` or
+``output_modalities`` (the simulator quotes what reached the model), the next one
+with the session's again; ``metadata`` is echoed; what the gateway cannot honour
+is refused naming the field and the client's event."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from openai import AsyncOpenAI
+from openai.resources.realtime.realtime import AsyncRealtimeConnection
+
+from tests.openai_door.conftest import MODELS, SERVER_EVENT, RawClient
+from tests.support.procs import NodeProcess
+
+pytestmark = pytest.mark.timeout(90)
+
+LOOKUP = {
+    "type": "function",
+    "name": "lookup",
+    "description": "Look a word up.",
+    "parameters": {"type": "object", "properties": {"word": {"type": "string"}}},
+}
+
+
+def _client(node: NodeProcess) -> AsyncOpenAI:
+    return AsyncOpenAI(
+        api_key="unused",
+        base_url=f"{node.http}/openai/v1",
+        websocket_base_url=f"{node.base}/openai/v1",
+    )
+
+
+async def _next(conn: AsyncRealtimeConnection, seen: list[dict[str, Any]]) -> dict[str, Any]:
+    event: dict[str, Any] = json.loads(await conn.recv_bytes())
+    SERVER_EVENT.validate_python(event)  # the SDK's contract, or the test fails
+    seen.append(event)
+    return event
+
+
+async def _response(
+    conn: AsyncRealtimeConnection, seen: list[dict[str, Any]], text: str, **response: Any
+) -> list[dict[str, Any]]:
+    """A user message and ``response.create`` (with ``response`` overrides): its events."""
+    await conn.conversation.item.create(
+        item={"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}
+    )
+    await conn.response.create(response=response or None)  # type: ignore[arg-type]
+    events: list[dict[str, Any]] = []
+    while True:
+        event = await _next(conn, seen)
+        assert event["type"] != "error", event
+        events.append(event)
+        if event["type"] == "response.done":
+            return events
+
+
+def _said(events: list[dict[str, Any]]) -> str:
+    kinds = ("response.output_text.done", "response.output_audio_transcript.done")
+    return "".join(e.get("text") or e.get("transcript", "") for e in events if e["type"] in kinds)
+
+
+@pytest.mark.parametrize("model", MODELS)
+async def test_instructions_and_metadata_for_one_response(node: NodeProcess, model: str) -> None:
+    seen: list[dict[str, Any]] = []
+    async with _client(node).realtime.connect(model=model) as conn:
+        await conn.session.update(
+            session={
+                "type": "realtime",
+                "instructions": "Session rules.",
+                "output_modalities": ["text"],
+            }
+        )
+        once = await _response(
+            conn, seen, "/instructions", instructions="Pirate talk.", metadata={"topic": "sea"}
+        )
+        assert "Pirate talk." in _said(once) and "Session rules." not in _said(once)
+        created = next(e for e in once if e["type"] == "response.created")
+        assert created["response"]["metadata"] == {"topic": "sea"}
+        assert once[-1]["response"]["metadata"] == {"topic": "sea"}
+        after = await _response(conn, seen, "/instructions")
+        assert "Session rules." in _said(after) and "Pirate talk." not in _said(after)
+        assert "metadata" not in after[-1]["response"]
+    # The client changed its session once: the overrides were not shown as its changes.
+    assert [e["type"] for e in seen].count("session.updated") == 1
+
+
+@pytest.mark.parametrize("model", MODELS)
+async def test_tools_for_one_response_and_tool_choice_none(node: NodeProcess, model: str) -> None:
+    seen: list[dict[str, Any]] = []
+    async with _client(node).realtime.connect(model=model) as conn:
+        await conn.session.update(session={"type": "realtime", "output_modalities": ["text"]})
+        call = '/tool lookup {"word": "door"}'
+        asked = await _response(conn, seen, call, tools=[LOOKUP])
+        item = asked[-1]["response"]["output"][-1]
+        assert (item["type"], item["name"]) == ("function_call", "lookup")
+        await conn.conversation.item.create(
+            item={"type": "function_call_output", "call_id": item["call_id"], "output": "a way in"}
+        )
+        await conn.response.create()
+        answered: list[dict[str, Any]] = []
+        while (event := await _next(conn, seen))["type"] != "response.done":
+            answered.append(event)
+        assert "a way in" in _said(answered) or "success" in _said(answered)
+
+        await conn.session.update(session={"type": "realtime", "tools": [LOOKUP]})
+        barred = await _response(conn, seen, call, tool_choice="none")
+        assert all(i["type"] != "function_call" for i in barred[-1]["response"]["output"])
+        again = await _response(conn, seen, call)  # the session's tools are back
+        assert again[-1]["response"]["output"][-1]["type"] == "function_call"
+
+
+async def test_output_modalities_for_one_response(node: NodeProcess) -> None:
+    seen: list[dict[str, Any]] = []
+    async with _client(node).realtime.connect(model=MODELS[0]) as conn:
+        await conn.session.update(session={"type": "realtime", "output_modalities": ["text"]})
+        spoken = await _response(conn, seen, "hello", output_modalities=["audio"])
+        assert spoken[-1]["response"]["output_modalities"] == ["audio"]
+        assert any(e["type"] == "response.output_audio.delta" for e in spoken)
+        written = await _response(conn, seen, "hello")
+        assert written[-1]["response"]["output_modalities"] == ["text"]
+        assert any(e["type"] == "response.output_text.delta" for e in written)
+
+
+@pytest.mark.parametrize(
+    ("response", "param"),
+    [
+        ({"conversation": "none"}, "response.conversation"),
+        ({"input": []}, "response.input"),
+        ({"max_output_tokens": 50}, "response.max_output_tokens"),
+        ({"tool_choice": "required"}, "response.tool_choice"),
+    ],
+)
+async def test_what_one_response_cannot_have_is_refused(
+    node: NodeProcess, response: dict[str, Any], param: str
+) -> None:
+    seen: list[dict[str, Any]] = []
+    async with _client(node).realtime.connect(model=MODELS[0]) as conn:
+        await conn.response.create(response=response, event_id="c_resp")  # type: ignore[arg-type]
+        while (event := await _next(conn, seen))["type"] != "error":
+            pass
+        error = event["error"]
+        assert (error["type"], error["event_id"], error["param"]) == (
+            "invalid_request_error",
+            "c_resp",
+            param,
+        )
+
+
+async def test_a_resumed_client_does_not_see_the_overrides_as_session_changes(
+    node: NodeProcess,
+) -> None:
+    model = MODELS[0]
+    client = await RawClient.open(f"{node.base}/openai/v1/realtime?model={model}")
+    try:
+        created = (await client.until("session.created"))[-1]
+        await client.say("hello")  # a plain response first
+        await client.until("response.done")
+        await client.send(
+            type="conversation.item.create",
+            item={
+                "type": "message",
+                "role": "user",
+                "content": [{"type": "input_text", "text": "/instructions"}],
+            },
+        )
+        await client.send(type="response.create", response={"instructions": "Pirate talk."})
+        await client.until("response.done")
+    finally:
+        await client.close()
+    sid, first = created["session"]["id"], created["event_id"]
+    resumed = await RawClient.open(
+        f"{node.base}/openai/v1/realtime?model={model}&session_id={sid}&after_event={first}"
+    )
+    try:
+        await resumed.until("response.done")
+        replay = await resumed.until("response.done")
+    finally:
+        await resumed.close()
+    assert "Pirate talk." in "".join(e.get("delta", "") for e in replay)
+    kinds = [e["type"] for e in resumed.events]
+    assert "session.updated" not in kinds  # the door's own configures stay its own

@@ -1,0 +1,94 @@
+"""A WebRTC call is admitted as the door's WebSocket clients are (``OpenAIDoor.enter``),
+with the caller's credentials and no second socket: the key's aliases name its model, its
+policy refuses a model before any media work, a key is needed, and each turn shows where
+the key stands (``rate_limits.updated``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from tests.api.conftest import Keys, NodesFactory, keys, nodes, store_kind
+from tests.webrtc.conftest import Peer
+
+__all__ = ["keys", "nodes", "store_kind"]
+
+pytestmark = pytest.mark.timeout(90)
+
+
+def _text(text: str) -> dict[str, Any]:
+    return {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}
+
+
+@pytest.mark.parametrize("store_kind", ["memory"])
+async def test_a_call_takes_its_keys_aliases_policy_and_limits(
+    nodes: NodesFactory, keys: Keys, tmp_path: Path, store_kind: str
+) -> None:
+    policy = tmp_path / "policy.toml"
+    policy.write_text(
+        '[alice]\naliases = { fast = "gemini-3.8-live" }\n[bob]\nmodels = ["gpt-realtime-2.1"]\n'
+    )
+    settings = {"key_policy_file": str(policy), "turns_per_minute": 5}
+    async with nodes(1, api_port=None, **settings) as (gw,):
+        calls = f"http://127.0.0.1:{gw.port}/openai/v1/realtime/calls"
+
+        def bearer(key: str) -> str:
+            return f"Bearer {keys.keys[key]}"
+
+        async with aiohttp.ClientSession() as http:
+            offer = {"Content-Type": "application/sdp"}
+            sdp = b"v=0\r\n"  # refused before its SDP is answered
+            nobody = await http.post(f"{calls}?model=fast", data=sdp, headers=offer)
+            assert nobody.status == 401
+            unknown = await http.post(
+                f"{calls}?model=fast", data=sdp, headers={**offer, "Authorization": bearer("bob")}
+            )
+            assert unknown.status == 400  # bob has no alias "fast"
+            assert (await unknown.json())["error"]["code"] == "model_not_found"
+            forbidden = await http.post(
+                f"{calls}?model=gemini-3.8-live",
+                data=sdp,
+                headers={**offer, "Authorization": bearer("bob")},
+            )
+            assert forbidden.status == 403  # bob's policy: gpt-realtime-2.1 only
+            assert (await forbidden.json())["error"]["code"] == "forbidden"
+
+        peer = Peer()
+        try:
+            answer = await peer.call(f"{calls}?model=fast", Authorization=bearer("alice"))
+            assert answer.status == 201
+            created = (await peer.until("session.created"))[-1]
+            peer.send(type="conversation.item.create", item=_text("hello"))
+            peer.send(type="response.create")
+            turn = await peer.until("response.done")
+            if not any(e["type"] == "rate_limits.updated" for e in turn):
+                turn += await peer.until("rate_limits.updated")
+        finally:
+            await peer.close()
+    assert created["session"]["model"] == "gemini-3.8-live"  # alice's "fast"
+    assert not [e for e in turn if e["type"] == "error"]
+    limits = next(e for e in turn if e["type"] == "rate_limits.updated")["rate_limits"]
+    requests = next(r for r in limits if r["name"] == "requests")
+    assert requests["limit"] == 5 and requests["remaining"] == 4
+
+
+@pytest.mark.parametrize("store_kind", ["memory"])
+async def test_a_draining_node_tells_its_calls_how_to_resume(
+    nodes: NodesFactory, keys: Keys, store_kind: str
+) -> None:
+    async with nodes(1, api_port=None) as (gw,):
+        peer = Peer()
+        try:
+            calls = f"http://127.0.0.1:{gw.port}/openai/v1/realtime/calls?model=gpt-realtime-2.1"
+            answer = await peer.call(calls, Authorization=f"Bearer {keys.keys['alice']}")
+            assert answer.status == 201
+            await peer.until("session.created")
+            await gw.drain(timeout=1.0)
+            told = (await peer.until("error"))[-1]["error"]
+        finally:
+            await peer.close()
+    assert told["code"] == "session_closed_1012"
+    assert "session_id" in told["message"] and "after_event" in told["message"]

@@ -58,6 +58,7 @@ from protocol.events import (
     Session,
     SpeechStarted,
     SpeechStopped,
+    Think,
     ToolResultMessage,
     Usage,
     User,
@@ -451,6 +452,30 @@ class Conversation:
 
     def gateway(self, event: Event) -> list[ServerEvent]:
         """The OpenAI events one gateway event becomes (none for many)."""
+        # The stream's hot path, most logged events: a chunk of an answer whose message
+        # is open becomes one delta event (``_gateway`` makes the same, in more steps);
+        # reasoning is not shown.
+        if isinstance(event, Respond):
+            resp = self._response
+            if resp is not None and resp.message is not None and event.seq:
+                content = event.content
+                resp.text.append(content)
+                resp.last = event.seq  # the message's span, for conversation.item.delete
+                return [
+                    {
+                        "type": "response.output_audio_transcript.delta"
+                        if self.audio_out
+                        else "response.output_text.delta",
+                        "event_id": f"evt_{event.seq}_1",
+                        "response_id": resp.id,
+                        "item_id": resp.message,
+                        "output_index": len(resp.output) - 1,
+                        "content_index": 0,
+                        "delta": content,
+                    }
+                ]
+        elif isinstance(event, Think):
+            return []
         self._seq, self._n = event.seq, 0
         try:
             events = self._gateway(event)

@@ -24,6 +24,7 @@ __all__ = [
     "SessionUpdate",
     "decode_client",
     "encode",
+    "encode_frame",
 ]
 
 ShortId = Annotated[str, msgspec.Meta(max_length=256)]
@@ -240,6 +241,13 @@ _CLIENT_TYPES: Final = frozenset(
 _encoder: Final = msgspec.json.Encoder()
 
 
+def encode_frame(event: dict[str, Any]) -> bytes:
+    """A server event as the text frame's bytes (``None`` fields are left out)."""
+    if None in event.values():
+        event = {k: v for k, v in event.items() if v is not None}
+    return _encoder.encode(event)
+
+
 def encode(event: dict[str, Any]) -> str:
     """A server event as the text frame sent (``None`` fields are left out)."""
-    return _encoder.encode({k: v for k, v in event.items() if v is not None}).decode()
+    return encode_frame(event).decode()

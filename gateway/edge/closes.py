@@ -23,6 +23,7 @@ MAX_REASON_BYTES: Final = 123
 class CloseCode:
     """WebSocket close codes the gateway sends (4xxx are application codes)."""
 
+    INTERNAL_ERROR = 1011  # the connection failed on a bug of the node: reconnect with after=SEQ
     SERVICE_RESTART = 1012  # node draining or session moved: reconnect with after=SEQ
     TRY_AGAIN_LATER = 1013  # store unavailable: retry later
     SLOW_CLIENT = 4008  # the client read nothing for slow_client_timeout

@@ -295,6 +295,8 @@ class ClientConnection:
             await asyncio.wait((reader,))
             if not reader.cancelled():
                 reader.result()  # the reader's own failure, if any
+            elif writer.done() and not writer.cancelled() and writer.exception() is not None:
+                await self._writer_failed(writer.exception())
         finally:
             for task in (reader, writer):
                 task.cancel()
@@ -601,6 +603,21 @@ class ClientConnection:
         self.notify(error)
 
     # ------------------------------------------------------------- writer
+
+    async def _writer_failed(self, exc: BaseException | None) -> None:
+        """The writer broke on a bug: logged with its traceback, and the client told
+        to reconnect (1011 with ``after``), not shown a normal close (1000) as if the
+        session had ended."""
+        log.error(
+            "session %s: sending to a client failed; it is closed with %d to reconnect",
+            self.sid,
+            CloseCode.INTERNAL_ERROR,
+            exc_info=exc,
+            extra={"sid": self.sid},
+        )
+        reason = f"internal error: reconnect with session_id and after={self.client_seq}"
+        with contextlib.suppress(Exception):
+            await self.ws.close(CloseCode.INTERNAL_ERROR, close_reason(reason))
 
     async def _writer(self) -> None:
         ws = self.ws

@@ -54,7 +54,7 @@ from protocol.audio import split_audio_frame
 from protocol.configuration import SessionConfig
 from protocol.events import Configure, Session, UserMessage, decode_event
 from protocol.openai_conversation import Command, Conversation, ServerEvent
-from protocol.openai_events import InputAudioBufferAppend, decode_client, encode
+from protocol.openai_events import InputAudioBufferAppend, decode_client, encode_frame
 
 __all__ = ["OPENAI_PATH", "DoorConnection", "OpenAIDoor", "model_route"]
 
@@ -335,7 +335,7 @@ class DoorConnection(ClientConnection):
                 position = Conversation.position(str(event["event_id"]))
                 if position is None or position <= skip:
                     continue
-            out.append(encode(event).encode())
+            out.append(encode_frame(event))
 
     def _translate(self, frames: list[bytes]) -> list[bytes]:
         out: list[bytes] = []

@@ -1,7 +1,7 @@
-"""Side by side, one run: simulator alone, raw relay, gateway (3 stores), LiteLLM's proxy.
+"""Side by side, one run: simulator alone, raw relay, gateway (3 stores, 2 doors), LiteLLM's proxy.
 
 Run: ``/work/venv/bin/python tests/bench/side_by_side_bench.py [--sessions 10,50,200,800]
-[--repeats 3] [--targets sim,relay,gw-memory,gw-redis,gw-replicated,litellm] [--quick]``
+[--repeats 3] [--targets sim,relay,gw-memory,gw-redis,gw-replicated,gw-openai,litellm] [--quick]``
 
 Every target streams the same paced load from one simulator (``gateway sim``,
 ``--rate`` deltas/s of ``--chunk-size`` characters), on 127.0.0.1:
@@ -12,6 +12,13 @@ Every target streams the same paced load from one simulator (``gateway sim``,
 - ``gw-memory`` / ``gw-redis`` / ``gw-replicated``: ``gateway serve`` with the
   memory store, a local Redis, and a Redis primary + a real replica with
   ``--durability replicated`` (an event is sent once the replica has it);
+- ``gw-openai``: ``gw-redis`` (its own process, the same Redis) with its
+  clients on the OpenAI Realtime wire through the OpenAI door
+  (``/openai/v1/realtime?model=gpt-realtime-1.5``: the door routes the model
+  to the OpenAI provider, whose base URL is the simulator, as LiteLLM routes
+  ``sim``): the same clients as LiteLLM's, against the same load;
+- ``gw-openai-base`` (not by default; needs ``--base-src DIR``): ``gw-openai``
+  run from another checkout, to weigh a change of the door against its parent;
 - ``gw-redis-asyncio`` (not by default): ``gw-redis`` on asyncio's own loop
   instead of uvloop, to measure what uvloop is worth;
 - ``gw-redis-record`` (not by default): ``gw-redis`` with ``--record`` (every
@@ -28,7 +35,7 @@ Every target streams the same paced load from one simulator (``gateway sim``,
   project), its model ``sim`` routed to the simulator
   (``api_base: http://127.0.0.1:PORT/v1``: LiteLLM dials ``ws://…/v1/realtime?model=sim``).
 
-Clients of ``sim`` and ``litellm`` speak the OpenAI Realtime wire
+Clients of ``sim``, ``litellm`` and ``gw-openai`` speak the OpenAI Realtime wire
 (``conversation.item.create`` + ``response.create``, deltas until
 ``response.done``); clients of the relay and the gateway speak the gateway's
 protocol (``gateway.client.loadtest``).
@@ -47,7 +54,8 @@ content events the client received are counted. Reported:
 - delivery delay p50/p99 against the simulator's schedule (see
   ``latency_bench.py``) and the *added* p50/p99: target − simulator alone
   (a difference of percentiles of two runs of the same load);
-- ratios gateway ÷ LiteLLM and gateway ÷ relay of CPU per event;
+- ratios gateway ÷ LiteLLM, gateway ÷ relay and gateway ÷ its own door
+  (``gw-redis``) of CPU per event;
 - the load average and the CPU other processes took meanwhile (``other``):
   the machine is shared, the figures are medians of interleaved runs.
 
@@ -66,7 +74,7 @@ import sys
 import tempfile
 import time
 from array import array
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -80,6 +88,7 @@ from websockets.asyncio.client import connect
 
 from gateway.client.loadtest import LoadTest, LoadTestConfig, sized_message
 from gateway.client.report import percentile
+from gateway.edge.openai_door import OPENAI_PATH
 from gateway.sim.model import sim_reply
 from tests.support.redis_topologies import ReplicatedRedis
 
@@ -89,21 +98,31 @@ TARGETS: Final = (
     "gw-memory",
     "gw-redis",
     "gw-replicated",
+    "gw-openai",
     "litellm",
     "gw-redis-asyncio",
     "gw-base",
     "gw-redis-record",
+    "gw-openai-base",
 )
-OPENAI_WIRE: Final = frozenset({"sim", "litellm"})
+DOOR: Final = "gw-openai"
+DOOR_BASE: Final = "gw-openai-base"
+DOORS: Final = frozenset({DOOR, DOOR_BASE})
+OPENAI_WIRE: Final = frozenset({"sim", "litellm"}) | DOORS
 GATEWAYS: Final = (
     "gw-memory",
     "gw-redis",
     "gw-replicated",
+    DOOR,
     "gw-redis-asyncio",
     "gw-base",
     "gw-redis-record",
+    DOOR_BASE,
 )
-DEFAULT_TARGETS: Final = TARGETS[:6]
+DEFAULT_TARGETS: Final = TARGETS[:7]
+# The model the door's clients ask for: a row of the OpenAI provider, whose base URL
+# is the simulator (the door serves only models a provider lists; ``sim`` is none).
+DOOR_MODEL: Final = "gpt-realtime-1.5"
 # LiteLLM's proxy refuses to start without a master key; its clients send it.
 LITELLM_KEY: Final = "sk-bench-" + secrets.token_hex(16)
 
@@ -208,15 +227,18 @@ def start_servers(args: argparse.Namespace, net: SimulatedNetwork) -> Iterator[S
             srv.procs["relay"] = stack.enter_context(B.relay_proc(provider))
         if "gw-memory" in targets:
             srv.procs["gw-memory"] = stack.enter_context(gateway_args(provider, []))
-        if "gw-redis" in targets:
+        if "gw-redis" in targets or DOORS & set(targets):
             redis = stack.enter_context(B.redis_server(tmp / "redis"))
             redis_url = net.url("redis", redis.url, net.redis)
-            srv.procs["gw-redis"] = stack.enter_context(
-                gateway_args(provider, ["--redis", redis_url])
-            )
             assert redis.proc is not None
-            srv.redis_pids["gw-redis"] = [redis.proc.pid]
-            srv.redis_urls["gw-redis"] = redis.url
+            for target in ("gw-redis", DOOR, DOOR_BASE):  # each its own process, one Redis
+                if target in targets:
+                    proc = gateway_args(provider, ["--redis", redis_url])
+                    if target == DOOR_BASE:
+                        proc.cwd = args.base_src  # ``python -m gateway.cli`` imports from its cwd
+                    srv.procs[target] = stack.enter_context(proc)
+                    srv.redis_pids[target] = [redis.proc.pid]
+                    srv.redis_urls[target] = redis.url
             for target in targets:
                 if target.startswith("gw-redis@"):  # the same, with another log linger
                     lingering = gateway_args(
@@ -267,9 +289,10 @@ def start_servers(args: argparse.Namespace, net: SimulatedNetwork) -> Iterator[S
         srv.urls["sim"] = net.url("floor", sim.url, net.client + net.provider)
         srv.routes["sim"] = ["floor"]
         for target, proc in srv.procs.items():
-            srv.urls[target] = net.url(f"client:{target}", proc.url, net.client)
+            url = proc.url.replace("/v1/realtime", OPENAI_PATH) if target in DOORS else proc.url
+            srv.urls[target] = net.url(f"client:{target}", url, net.client)
             srv.routes[target] = [f"client:{target}", "provider"]
-            if target.startswith(("gw-redis", "gw-base")):
+            if target.startswith(("gw-redis", "gw-base")) or target in DOORS:
                 srv.routes[target].append("redis")
             elif target == "gw-replicated":
                 srv.routes[target] += ["redis-primary", "replica"]
@@ -294,10 +317,12 @@ async def openai_wire_load(
     turns: int,
     ramp: float,
     message: str,
+    on_delta: Callable[[int, int, str, float], None],
     observer: Observer,
     key: str,
+    model: str = "sim",
 ) -> dict[str, int]:
-    """``sessions`` clients on the OpenAI Realtime wire; every delta goes to ``observer``."""
+    """``sessions`` clients on the OpenAI Realtime wire; every delta goes to ``on_delta``."""
     errors: dict[str, int] = {}
     item = _encode(
         {
@@ -316,7 +341,7 @@ async def openai_wire_load(
         await asyncio.sleep(ramp * index / sessions)
         try:
             async with connect(
-                url + "?model=sim",
+                f"{url}?model={model}",
                 additional_headers={"Authorization": f"Bearer {key}"},
                 compression=None,
                 ping_interval=None,
@@ -333,7 +358,7 @@ async def openai_wire_load(
                             t = clock()
                             frame = _decode_frame(data)
                             if frame.type == "response.output_text.delta":
-                                observer.openai_delta(index, turn, frame.delta, t)
+                                on_delta(index, turn, frame.delta, t)
                             elif frame.type == "response.done":
                                 break
                             elif frame.type == "error":
@@ -358,12 +383,21 @@ class Observer(PacingObserver):
     delivers fewer events for the same deltas. CPU is compared per upstream
     delta: per delivered event would charge the gateway for the markers it
     strips as if it had been handed less work.
+
+    Through the OpenAI door a client sees no reasoning: the deltas before the
+    answer's first chunk are counted when that chunk arrives, and until then
+    by the simulator's schedule (``upstream_at``), so a window that ends while
+    sessions think is not short of them.
     """
 
-    def __init__(self, *, relay: bool, message: str, rate: float, chunk: int) -> None:
+    def __init__(
+        self, *, relay: bool, message: str, rate: float, chunk: int, door: bool = False
+    ) -> None:
         super().__init__(relay=relay, message=message, rate=rate, chunk=chunk, warmup=1)
         self.events = 0
         self.upstream = 0
+        self._door = door
+        self._thinking: set[int] = set()  # door sessions whose answer has not begun
         self._deltas_per_turn = -(-len(sim_reply(message)) // chunk)
         self._covered: dict[int, int] = {}  # per session: deltas of this turn counted
         self._chars: dict[int, list[int]] = {}  # per session: think, respond chars this turn
@@ -378,6 +412,8 @@ class Observer(PacingObserver):
             self.upstream += self._deltas_per_turn - covered
         self._covered[session] = 0
         self._chars[session] = [0, 0]
+        if self._door:
+            self._thinking.add(session)
         if turn >= self.warmup:
             self._waiting_first.add(session)
         super().turn_started(session, turn, t)
@@ -403,6 +439,14 @@ class Observer(PacingObserver):
         super().event(session, turn, kind, data, t)
         self._first_chunk(session, count)
 
+    def upstream_at(self, t: float) -> int:
+        """``upstream`` at ``t``, with the deltas door sessions handled before their
+        answer's first chunk by the schedule (one every ``interval`` from the request)."""
+        before = self.respond_start // self.chunk  # the deltas wholly before the answer
+        return self.upstream + sum(
+            min(before, int((t - self._send[s]) / self.interval) + 1) for s in self._thinking
+        )
+
     def _cover(self, session: int, through: int) -> None:
         """Deltas 1..``through`` of this turn reached the client (at least in part)."""
         covered = self._covered.get(session, 0)
@@ -419,6 +463,25 @@ class Observer(PacingObserver):
         n = self._respond[session] + len(delta)
         self._respond[session] = n
         delay = t - self._send[session] - ((n - 1) // self.chunk) * self.interval
+        self.delays.append(delay)
+        self._first_chunk(session, len(self.delays) - 1)
+
+    def door_delta(self, session: int, turn: int, delta: str, t: float) -> None:
+        """A respond chunk through the OpenAI door: the markers and thinking are not shown,
+        so its offset is the answer's characters so far after ``</think>`` (as a
+        gateway client's ``respond`` events)."""
+        self.events += 1
+        self._thinking.discard(session)
+        chars = self._chars.setdefault(session, [0, 0])
+        chars[1] += len(delta)
+        self._cover(session, (self.respond_start + chars[1] - 1) // self.chunk + 1)
+        if turn < self.warmup:
+            return
+        n = self._respond[session] + len(delta)
+        self._respond[session] = n
+        delay = (
+            t - self._send[session] - ((self.respond_start + n - 1) // self.chunk) * self.interval
+        )
         self.delays.append(delay)
         self._first_chunk(session, len(self.delays) - 1)
 
@@ -463,10 +526,11 @@ async def measure(target: str, sessions: int, srv: Servers, args: argparse.Names
     server = srv.sim if target == "sim" else srv.procs[target]
     url = srv.urls.get(target, server.url)
     observer = Observer(
-        relay=target == "relay" or target in OPENAI_WIRE,
+        relay=target == "relay" or (target in OPENAI_WIRE and target not in DOORS),
         message=message,
         rate=args.rate,
         chunk=args.chunk_size,
+        door=target in DOORS,
     )
     ramp = min(args.ramp, 0.5 + sessions / 200)
     turns = 1 + args.turns
@@ -478,8 +542,10 @@ async def measure(target: str, sessions: int, srv: Servers, args: argparse.Names
                 turns,
                 ramp,
                 message,
+                observer.door_delta if target in DOORS else observer.openai_delta,
                 observer,
                 LITELLM_KEY if target == "litellm" else "sim",
+                DOOR_MODEL if target in DOORS else "sim",
             )
         )
     else:
@@ -503,14 +569,15 @@ async def measure(target: str, sessions: int, srv: Servers, args: argparse.Names
     routes = srv.routes.get(target, [])
 
     def sample() -> tuple[float, float, float, float, float, int, int, float]:
+        t = time.perf_counter()
         return (
-            time.perf_counter(),
+            t,
             tree_cpu_seconds(server.pid),
             sum(B.cpu_seconds(p) for p in redis_pids),
             B.cpu_seconds(srv.sim.pid),
             B.machine_busy_seconds(),
             observer.events,
-            observer.upstream,
+            observer.upstream_at(t),
             B.cpu_seconds(netem_pid) if netem_pid else 0.0,
         )
 
@@ -597,7 +664,8 @@ async def main() -> int:
         type=Path,
         default=None,
         metavar="DIR",
-        help="the checkout gw-base runs from (e.g. git worktree add /tmp/base HEAD~1)",
+        help="the checkout gw-base and gw-openai-base run from "
+        "(e.g. git worktree add /tmp/base HEAD~1)",
     )
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--rate", type=float, default=20.0, help="deltas/s per session")
@@ -641,6 +709,8 @@ async def main() -> int:
         parser.error(f"unknown targets {sorted(unknown)}: choose from {', '.join(TARGETS)}")
     if "gw-base" in args.targets and (args.base_src is None or "gw-redis" not in args.targets):
         parser.error("gw-base needs --base-src DIR and the gw-redis target")
+    if DOOR_BASE in args.targets and args.base_src is None:
+        parser.error(f"{DOOR_BASE} needs --base-src DIR")
     levels = [int(s) for s in args.sessions.split(",")]
     B.raise_nofile()
     runs: list[Run] = []
@@ -749,8 +819,12 @@ def print_results(args: argparse.Namespace, levels: list[int], runs: list[Run]) 
                 [
                     sessions,
                     gw,
+                    cpu,
                     cpu / med["litellm"]["cpu_us_per_event"] if "litellm" in med else float("nan"),
                     cpu / med["relay"]["cpu_us_per_event"] if "relay" in med else float("nan"),
+                    cpu / med["gw-redis"]["cpu_us_per_event"]
+                    if "gw-redis" in med
+                    else float("nan"),
                     med[gw]["p99"] - floor.get("p99", float("nan")),
                 ]
             )
@@ -780,7 +854,7 @@ def print_results(args: argparse.Namespace, levels: list[int], runs: list[Run]) 
     print("\nratios of server CPU per event (medians)")
     print(
         B.table(
-            ["sessions", "gateway", "÷ LiteLLM", "÷ relay", "added p99 ms"],
+            ["sessions", "gateway", "µs/ev", "÷ LiteLLM", "÷ relay", "÷ gw-redis", "added p99 ms"],
             ratio_rows,
         )
     )

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 
 import orjson
+import pytest
 from websockets.exceptions import ConnectionClosed
 
 from gateway.edge.server import Gateway
@@ -21,6 +23,7 @@ from protocol.events import (
     User,
     decode_event,
 )
+from tests.conftest import LoggedTracebacks
 from tests.gateway.conftest import GatewayFactory
 from tests.support.client import GatewayClient, text_of
 
@@ -229,3 +232,37 @@ async def test_a_message_sent_on_end_is_queued_not_refused(
         assert text_of(events, "respond") == "Echo: second"
         assert_contiguous(client)
         await client.close()
+
+
+@pytest.mark.logs_traceback
+async def test_a_writer_that_breaks_closes_with_1011_and_the_session_resumes(
+    gateway: Gateway, monkeypatch: pytest.MonkeyPatch, logged_tracebacks: LoggedTracebacks
+) -> None:
+    """A bug in sending to a client is not a normal close: the client is told to
+    reconnect (1011 with its ``after``), the node logs the traceback, and the
+    session goes on for the client that comes back."""
+    from gateway.edge.connection import ClientConnection
+
+    first = await GatewayClient.connect(gateway.url)
+    await first.turn("hello there")
+    working = ClientConnection._catch_up
+
+    async def catch_up(self: ClientConnection) -> None:
+        raise RuntimeError("a bug in the writer")
+
+    monkeypatch.setattr(ClientConnection, "_catch_up", catch_up)  # a resume replays first
+    second = await GatewayClient.connect(gateway.url, session_id=first.sid, after=1)
+    with contextlib.suppress(ConnectionClosed):
+        async with asyncio.timeout(10):
+            while True:
+                await second.next()
+    assert second.ws.close_code == 1011
+    assert "reconnect" in (second.ws.close_reason or "")
+    assert any("a bug in the writer" in str(r.exc_info) for r in logged_tracebacks.records)
+    monkeypatch.setattr(ClientConnection, "_catch_up", working)
+    seen = first.events[-1].seq
+    third = await GatewayClient.connect(gateway.url, session_id=first.sid, after=seen)
+    events = await third.turn("again")
+    assert text_of(events, "respond") == "Echo: again"
+    await first.close()
+    await third.close()

@@ -22,6 +22,7 @@ from protocol.events import (
     Forgotten,
     Metric,
     Respond,
+    Think,
     ToolResultMessage,
     Usage,
     User,
@@ -105,6 +106,33 @@ def test_a_text_turn_streams_one_message_and_ends_with_usage() -> None:
     assert done["response"]["output"][0]["content"][0]["text"] == "Hello"
     assert done["response"]["usage"]["total_tokens"] == 9
     assert [e["event_id"] for e in out][-1] == "evt_5_" + out[-1]["event_id"].split("_")[2]
+
+
+def test_a_chunk_of_an_open_message_is_the_same_delta_as_the_general_path_makes() -> None:
+    """``gateway``'s hot path (a chunk of an open message: one delta) against ``_gateway``."""
+    for audio_out in (False, True):
+        fast, general = (Conversation("s1", "m", audio_out=audio_out) for _ in range(2))
+        opening = [
+            User(seq=1, content="hi"),
+            Think(seq=2, content="hm"),
+            Respond(seq=3, content="He"),
+        ]
+        assert feed(fast, *opening) == feed(general, *opening)
+        chunks = [Respond(seq=4, content="l"), Respond(seq=5, content="lo", seq_from=4)]
+        deltas = feed(fast, *chunks)
+        expected: list[dict[str, Any]] = []
+        for chunk in chunks:
+            general._seq, general._n = chunk.seq, 0
+            expected += general._gateway(chunk)
+            general._seq = 0
+        assert deltas == expected
+        assert [e["event_id"] for e in deltas] == ["evt_4_1", "evt_5_1"]
+        assert feed(fast, Think(seq=6, content="x")) == []  # reasoning is not shown
+        end = [
+            End(seq=7),
+            Metric(seq=8, step=Usage(input=1, output=2), total=Usage(input=1, output=2)),
+        ]
+        assert feed(fast, *end) == feed(general, Think(seq=6, content="x"), *end)
 
 
 def test_a_client_call_is_a_function_call_item_and_its_output_a_tool_result() -> None:

@@ -247,11 +247,20 @@ class Guardrail(_Base, tag="guardrail"):
     the matched text. ``on``: ``"input"`` (a user's message, a transcript, a tool's
     result; ``block``: it never reached the model, the session takes the next turn) or
     ``"output"`` (the model's answer, reasoning or call arguments: redacted or cut).
+    ``reply_to``: the ``id`` of the ``user`` message it judged (when it carried one).
     """
 
     rule: str
     action: Literal["block", "redact", "end_turn"]
     on: Literal["input", "output"]
+    reply_to: str | msgspec.UnsetType = msgspec.UNSET
+
+    def refusal(self) -> str | None:
+        """Why a door with no ``guardrail`` event (OpenAI's) refuses the message this
+        blocked, naming the rule; None when it blocked none."""
+        if self.on != "input" or self.action == "redact":
+            return None
+        return f"the message was blocked by the guardrail {self.rule!r}; the model never got it"
 
 
 class Interrupt(_Base, tag="interrupt"):

@@ -376,10 +376,13 @@ def compile_rules(specs: Sequence[RuleSpec]) -> tuple[RuleSet, RuleSet] | str:
 class StreamGuard:
     """One stream of output (an answer, its reasoning) judged as it comes (see the module)."""
 
-    __slots__ = ("_buf", "_offset", "_pos", "cut", "rules")
+    __slots__ = ("_buf", "_offset", "_pos", "cut", "cuts", "rules")
 
-    def __init__(self, rules: RuleSet) -> None:
+    def __init__(self, rules: RuleSet, *, cuts: bool = False) -> None:
+        """``cuts``: every rule that trips cuts the stream there, a ``redact`` rule after
+        its replacement (a spoken answer: its audio cannot go on past the match)."""
         self.rules = rules
+        self.cuts = cuts
         self._buf = ""  # CONTEXT characters already judged, then the held text
         self._pos = 0  # where the held text starts in _buf
         self._offset = 0  # characters of the stream before _buf[_pos]
@@ -429,6 +432,8 @@ class StreamGuard:
                 if rule.action != "redact":
                     return self._cut(out, hits)
                 out.append(rule.replacement)
+                if self.cuts:
+                    return self._cut(out, hits)
                 self._offset += end - pos
                 pos = end
                 continue
@@ -451,9 +456,9 @@ class StreamGuard:
         return Piece("".join(out), hits, cut=True)
 
 
-def check(rules: RuleSet, text: str) -> Piece:
+def check(rules: RuleSet, text: str, *, cuts: bool = False) -> Piece:
     """A whole text judged by ``rules`` (what a ``StreamGuard`` gives for it, in one piece)."""
-    guard = StreamGuard(rules)
+    guard = StreamGuard(rules, cuts=cuts)
     first = guard.feed(text)
     if first.cut:
         return first

@@ -27,9 +27,8 @@ The mapping (docs/openai-door.md):
   ``response.done``; its ``function_call_output`` → ``tool_result``, and the
   gateway's turn goes on by itself (the ``response.create`` that follows opens
   nothing new). Calls that run in the gateway are not shown to the client.
-- ``end`` + ``metric`` → ``response.done`` with usage; ``cancelled`` → a
-  cancelled ``response.done``; an ``error`` → ``error`` (carrying the client's
-  ``event_id`` of the command it answers, where known).
+- ``end`` + ``metric`` → ``response.done`` with usage; ``cancelled`` → a cancelled one; an
+  ``error`` or a blocking ``guardrail`` → ``error`` (the client's ``event_id``, where known).
 """
 
 from __future__ import annotations
@@ -47,6 +46,7 @@ from protocol.events import (
     Error,
     Event,
     Forgotten,
+    Guardrail,
     Interrupt,
     Metric,
     Respond,
@@ -191,6 +191,9 @@ class Conversation:
         return events
 
     def _gateway(self, event: Event) -> list[ServerEvent]:
+        if type(event) is Guardrail and (blocked := event.refusal()):  # as a bad request is
+            self.overrides.put_back()  # the response it would have started never did
+            return [self.error(blocked, code="guardrail_blocked", event_id=event.reply_to or None)]
         match event:
             case Session():
                 return []

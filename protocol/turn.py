@@ -112,7 +112,7 @@ from protocol.turn_state import (
 )
 from protocol.turn_table import TRANSITIONS
 from protocol.turn_timers import CANCEL_REPORT_WAIT, Timers
-from protocol.turn_voice import BARGED_IN, VoiceSteps
+from protocol.turn_voice import BARGED_IN, GUARDRAIL_CUT, VoiceSteps
 
 __all__ = [
     "BARGED_IN",
@@ -386,7 +386,9 @@ class TurnMachine(VoiceSteps, RecoverySteps):
         out += [self._recorder.persist(), End()]
         return self._close(out)
 
-    def _cancel(self, *, barge_in: bool = False) -> list[Action]:
+    def _cancel(
+        self, *, barge_in: bool = False, guardrail: bool = False, stop: bool = True
+    ) -> list[Action]:
         state = self.state
         if state is IDLE and self.cancel_background and self.background.running:
             return self._cancel_background_only()
@@ -400,9 +402,11 @@ class TurnMachine(VoiceSteps, RecoverySteps):
             if heard is not None:
                 cancelled.heard_ms = note.heard_ms = heard
         else:
-            cancelled = Cancelled(content=CANCELLED_BY_USER)
-            note = Cancelled(content=CANCELLED_BY_USER)
-        stopped = self.background.cancel(note.content) if self.cancel_background else []
+            why = GUARDRAIL_CUT if guardrail else CANCELLED_BY_USER
+            cancelled = Cancelled(content=why)
+            note = Cancelled(content=why)
+        background = self.cancel_background and not guardrail  # not what tripped
+        stopped = self.background.cancel(note.content) if background else []
         kept = [msgspec.structs.replace(r) for r in stopped]  # history's own copies
         out += [self._recorder.persist(note, *kept), *stopped, cancelled]
         if stopped:
@@ -414,7 +418,7 @@ class TurnMachine(VoiceSteps, RecoverySteps):
             # voice session it is truncated instead). Speech stops the
             # provider's response by itself (its VAD heard it first).
             self.state = CANCELLING
-            if not barge_in:
+            if not barge_in and stop:
                 out.append(_STOP)
             return out
         # Tools or a backoff: no response runs, nothing more to report.

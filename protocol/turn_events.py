@@ -15,7 +15,8 @@ its own kind without translation:
   ``recv()`` returns;
 - **the shell** (``gateway.sessions``): ``Rerun``, ``Resume``, ``UpstreamFailed``,
   ``UpstreamLost``, ``CallDone``, ``ToolsDone``, ``ClientTimeout``, ``ApprovalTimeout``, ``RetryNow``,
-  ``ShellFailed`` and ``Shutdown`` report what its I/O and timers found.
+  ``ShellFailed`` and ``Shutdown`` report what its I/O and timers found, and
+  ``GuardrailCut`` what its guardrails did.
 
 An action is a protocol ``Event`` ("log it, then send it") or one of the
 Structs below, which the shell performs. ``TurnInput`` and ``Action`` are
@@ -70,6 +71,7 @@ __all__ = [
     "Commit",
     "CommitAudio",
     "DropUpstream",
+    "GuardrailCut",
     "NativeCall",
     "Opened",
     "Persist",
@@ -314,6 +316,15 @@ class NativeCall(_Input, frozen=True, tag="native_call"):
     arguments: str
 
 
+class GuardrailCut(_Input, frozen=True, tag="guardrail_cut"):
+    """A guardrail stopped the spoken answer (``gateway.sessions.guard``): its clients
+    were sent ``heard_ms`` of its audio and get no more. ``done``: the provider's
+    response is complete already (nothing to stop)."""
+
+    heard_ms: int
+    done: bool = False
+
+
 TurnInput = (
     TurnCommand
     | Rerun
@@ -342,6 +353,7 @@ TurnInput = (
     | Spoken
     | Thought
     | NativeCall
+    | GuardrailCut
 )
 
 

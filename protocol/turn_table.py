@@ -28,6 +28,7 @@ from protocol.turn_events import (
     Cancel,
     ClientTimeout,
     Commit,
+    GuardrailCut,
     NativeCall,
     Opened,
     Played,
@@ -139,6 +140,9 @@ ROWS: Final = (
     _row(SpeechEnded, lambda m, i: m._speech_ended(i.offset_ms),
          idle=(STREAMING,), streaming=stays, stopping=stays, ending=stays,
          tools=stays, backoff=stays, cancelling=stays),
+    _row(GuardrailCut, lambda m, i: m._guardrail_cut(i),  # only a spoken answer streams
+         idle=IGNORE, streaming=(CANCELLING,), stopping=IGNORE, ending=IGNORE,
+         tools=IGNORE, backoff=IGNORE, cancelling=IGNORE),
     _row(Transcript, lambda m, i: m.spoken.release(i.text) if m.spoken.holding else (),
          idle=stays, streaming=stays, stopping=stays, ending=stays,
          tools=stays, backoff=stays, cancelling=stays),  # a late one is not ours any more

@@ -20,7 +20,14 @@ from protocol.assembly import Message
 from protocol.events import Cancelled, Error, Respond, SpeechStarted, SpeechStopped, Think
 from protocol.parser import Parser
 from protocol.spoken import SpokenAnswer
-from protocol.turn_events import Action, CommitAudio, Persist, Refuse, ReplaceResponse
+from protocol.turn_events import (
+    Action,
+    CommitAudio,
+    GuardrailCut,
+    Persist,
+    Refuse,
+    ReplaceResponse,
+)
 from protocol.turn_state import (
     BACKOFF,
     CANCELLING,
@@ -33,11 +40,12 @@ from protocol.turn_state import (
     TurnState,
 )
 
-__all__ = ["BARGED_IN", "VoiceSteps"]
+__all__ = ["BARGED_IN", "GUARDRAIL_CUT", "VoiceSteps"]
 
 _COMMIT: Final = CommitAudio()
 
 BARGED_IN: Final = "interrupted by the user's speech"
+GUARDRAIL_CUT: Final = "stopped by a guardrail"
 
 
 class VoiceSteps:
@@ -57,8 +65,17 @@ class VoiceSteps:
     def _begin(self, first: list[Action], message: Message | None) -> list[Action]:
         raise NotImplementedError
 
-    def _cancel(self, *, barge_in: bool = False) -> list[Action]:
+    def _cancel(
+        self, *, barge_in: bool = False, guardrail: bool = False, stop: bool = True
+    ) -> list[Action]:
         raise NotImplementedError
+
+    def _guardrail_cut(self, cut: GuardrailCut) -> Sequence[Action]:
+        """A guardrail stopped the spoken answer where its audio stopped: cancelled as by
+        the user, and the provider keeps the audio heard (``heard_ms``), as after a
+        barge-in. Background calls go on (they were not what tripped)."""
+        self.spoken.heard_ms = cut.heard_ms
+        return self._cancel(guardrail=True, stop=not cut.done)
 
     def _speech_began(self, offset_ms: int) -> Sequence[Action]:
         out: list[Action] = [SpeechStarted(offset_ms=offset_ms)]

@@ -4,7 +4,8 @@ A scenario file (TOML) names conversations, each a list of turns with what
 the user says and what must hold of the turn (``Expect``): a tool called
 (name, and arguments that match: equal values, or ``"re:PATTERN"`` for a
 string), no tool called, text that contains or matches, latency to the end
-under N ms, cost under $X, the turn ending with ``end`` (or ``cancelled``).
+under N ms, cost under $X, the turn ending with ``end`` (or ``cancelled``, or
+``blocked`` by an input guardrail), a guardrail rule that tripped (or none).
 ``check`` judges one ``transcript.Turn`` against one ``Expect`` and says
 each failure in a line a person can act on. The runner is
 ``gateway.client.eval_cli``.
@@ -72,7 +73,10 @@ class Expect(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tr
     matches: str | None = None
     latency_ms: Annotated[float, msgspec.Meta(gt=0)] | None = None
     cost_usd: Annotated[float, msgspec.Meta(ge=0)] | None = None
-    ends: Literal["end", "cancelled"] | None = None
+    ends: Literal["end", "cancelled", "blocked"] | None = None
+    guardrail: Name | None = None
+    """A guardrail rule (by name) that must trip on the turn: its message or its answer."""
+    no_guardrail: bool = False
 
 
 class ScenarioTurn(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -230,6 +234,11 @@ def check(turn: Turn | None, expect: Expect) -> list[str]:
         failures.append(f"the answer does not match {expect.matches!r}: {_short(answer)}")
     if expect.ends is not None and turn.outcome != expect.ends:
         failures.append(f"the turn ended {turn.outcome}, not {expect.ends}")
+    tripped = ", ".join(turn.guardrails) or "none"
+    if expect.guardrail is not None and expect.guardrail not in turn.guardrails:
+        failures.append(f"expected the guardrail {expect.guardrail!r} to trip; tripped: {tripped}")
+    if expect.no_guardrail and turn.guardrails:
+        failures.append(f"expected no guardrail to trip; tripped: {tripped}")
     if expect.latency_ms is not None:
         if turn.end_ms is None:
             failures.append("the turn never ended, so its latency is unknown")

@@ -26,6 +26,7 @@ from protocol.events import (
     End,
     Error,
     Event,
+    Guardrail,
     Metric,
     Respond,
     Result,
@@ -63,8 +64,10 @@ class ToolUse(msgspec.Struct, frozen=True):
 class Turn(msgspec.Struct, kw_only=True):
     """One turn: from the ``user`` event to its closing event and metric.
 
-    ``outcome``: ``end``, ``cancelled``, ``error`` (an error stopped it) or
-    ``open`` (the events stopped before it closed). Times are milliseconds
+    ``outcome``: ``end``, ``cancelled``, ``error`` (an error stopped it),
+    ``blocked`` (an input guardrail kept the message from the model: no turn
+    ran) or ``open`` (the events stopped before it closed). ``guardrails``: the
+    rules that tripped on it (its message, its answer). Times are milliseconds
     from the ``user`` event (``None``: never came).
     """
 
@@ -73,6 +76,7 @@ class Turn(msgspec.Struct, kw_only=True):
     tools: list[ToolUse] = msgspec.field(default_factory=list)
     answer: str = ""
     outcome: str = "open"
+    guardrails: list[str] = msgspec.field(default_factory=list)
     errors: list[str] = msgspec.field(default_factory=list)
     first_token_ms: float | None = None
     end_ms: float | None = None
@@ -90,13 +94,23 @@ def turns_of(stream: Iterable[tuple[float, Event]]) -> list[Turn]:
     turns: list[Turn] = []
     turn: Turn | None = None
     started = 0.0
+    judged: list[str] = []  # input guardrails on the next message (logged before it)
     for t, event in stream:
         if isinstance(event, User):
             turn = Turn(user=event.content, spoken=event.source == "audio", first_seq=event.seq)
+            turn.guardrails, judged = judged, []
             turns.append(turn)
             started = t
             turn.events = 1
             turn.last_seq = event.seq
+            continue
+        if isinstance(event, Guardrail) and (turn is None or turn.outcome != "open"):
+            judged.append(event.rule)
+            if event.on == "input" and event.action != "redact":
+                blocked = Turn(user="", outcome="blocked", guardrails=judged)
+                blocked.first_seq = blocked.last_seq = event.seq
+                turns.append(blocked)
+                judged, turn = [], None
             continue
         if turn is None:
             continue
@@ -124,6 +138,8 @@ def turns_of(stream: Iterable[tuple[float, Event]]) -> list[Turn]:
             if event.code in _STOPS:
                 turn.outcome = "error"
                 turn.end_ms = ms
+        elif isinstance(event, Guardrail):
+            turn.guardrails.append(event.rule)
         elif isinstance(event, Result):
             continue
     return turns

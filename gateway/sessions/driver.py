@@ -325,7 +325,8 @@ class TurnDriver:
             case StopResponse():
                 return self.asker.stop_response()
             case ReplaceResponse(text=text, heard_ms=heard_ms):
-                return self.asker.replace(text, heard_ms)
+                guard = self.log.guard  # the provider is told what the clients got
+                return self.asker.replace(guard.answer(text) if guard else text, heard_ms)
             case RunTools():
                 return self._run_tools(action)
             case Backoff(attempt=attempt, delay=delay):

@@ -9,28 +9,21 @@ model is given back never hold what a rule forbids, and no client sees it.
 Each trip is logged as a ``guardrail`` event (rule and action, never the
 matched text) and counted in ``rtgw_guardrail_trips``.
 
-The rules come from ``--guardrails FILE`` (``GuardrailsFile``, re-read when it
-changes) and the owner's key policy (``guardrails = [...]``); ``Guardrails``
-is the compiled pair a session's setup carries.
+The rules come from ``gateway.sessions.guardrail_rules`` (``--guardrails
+FILE`` and the owner's key policy, compiled into ``Guardrails``).
 """
 
 from __future__ import annotations
 
-import functools
-import logging
-import time
-import tomllib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Final
 
 import msgspec
 
-from gateway.common.reloaded_file import ReloadedFile
-from gateway.common.settings import ConfigError
 from gateway.metrics import Metrics
+from gateway.sessions.guardrail_rules import Guardrails
 from protocol.assembly import HistoryItem
+from protocol.audio import OUTPUT_RATE
 from protocol.events import (
     Call,
     Cancelled,
@@ -46,131 +39,12 @@ from protocol.events import (
     Think,
     User,
 )
-from protocol.guardrails import (
-    EMPTY,
-    Hit,
-    RuleSet,
-    RuleSpec,
-    StreamGuard,
-    check,
-    check_input,
-    compile_rules,
-)
+from protocol.guardrails import Hit, RuleSet, StreamGuard, check, check_input
 
-__all__ = [
-    "NO_GUARDRAILS",
-    "EventGuard",
-    "Guardrails",
-    "GuardrailsFile",
-    "guard_result",
-    "guard_value",
-    "guardrails_of",
-]
+__all__ = ["EventGuard", "guard_result", "guard_value"]
 
-log = logging.getLogger("gateway.sessions.guard")
-
-MAX_FILE_BYTES: Final = 256 * 1024
-"""A guardrails file larger than this is refused before it is parsed."""
 _JSON: Final = msgspec.json.Decoder()
 _ENCODER: Final = msgspec.json.Encoder()
-
-
-@dataclass(frozen=True, slots=True)
-class Guardrails:
-    """A session's compiled rules: those on its input, those on the model's output."""
-
-    specs: tuple[RuleSpec, ...] = ()
-    input: RuleSet = EMPTY
-    output: RuleSet = EMPTY
-
-    def __bool__(self) -> bool:
-        return bool(self.specs)
-
-
-NO_GUARDRAILS: Final = Guardrails()
-
-
-@functools.lru_cache(maxsize=256)
-def _compiled(specs: tuple[RuleSpec, ...]) -> Guardrails | str:
-    if not specs:
-        return NO_GUARDRAILS
-    compiled = compile_rules(specs)
-    if isinstance(compiled, str):
-        return compiled
-    return Guardrails(specs, *compiled)
-
-
-def guardrails_of(*groups: Sequence[RuleSpec]) -> Guardrails | str:
-    """The node's rules and a key's, compiled (cached: sessions share them), or the problem."""
-    return _compiled(tuple(spec for group in groups for spec in group))
-
-
-def parse_rules(tables: object, where: str) -> tuple[RuleSpec, ...]:
-    """``[[rule]]`` tables (or a key policy's ``guardrails``) → specs; ValueError names
-    the rule and the field."""
-    if not isinstance(tables, list):
-        raise ValueError(f"{where}: rules must be a list of tables ([[rule]] in TOML)")
-    specs: list[RuleSpec] = []
-    for i, table in enumerate(tables):
-        name = table.get("name", f"#{i + 1}") if isinstance(table, dict) else f"#{i + 1}"
-        try:
-            specs.append(msgspec.convert(table, RuleSpec))
-        except msgspec.ValidationError as exc:
-            raise ValueError(
-                f"{where}: guardrail {name!r}: {exc}; a rule has name, on (input or "
-                "output), action (block, redact or end_turn) and one of pattern, detect "
-                "(email, phone, card) or max_chars"
-            ) from None
-    problem = compile_rules(specs)
-    if isinstance(problem, str):
-        raise ValueError(f"{where}: {problem}")
-    return tuple(specs)
-
-
-class GuardrailsFile(ReloadedFile):
-    """The rules of ``--guardrails FILE`` (``[[rule]]`` tables), re-read when it changes.
-
-    Raises ``ConfigError`` naming the rule and field when the file is bad at
-    start; a file broken later keeps the rules loaded before (logged).
-    """
-
-    what = "guardrails file"
-    _log = log
-
-    def __init__(self, path: str | Path | None, *, check_interval: float = 0.25) -> None:
-        self.path = Path(path) if path else None
-        self.check_interval = check_interval
-        self.specs: tuple[RuleSpec, ...] = ()
-        self._stamp: tuple[float, int] | None = None
-        self._checked = 0.0
-        self.version = 0
-        if self.path is not None:
-            try:
-                self._load()
-            except (OSError, ValueError) as exc:
-                raise ConfigError(f"guardrails: {exc}") from exc
-
-    def _load(self) -> None:
-        assert self.path is not None
-        stat = self.path.stat()
-        if stat.st_size > MAX_FILE_BYTES:
-            raise ValueError(f"{self.path}: {stat.st_size} bytes, at most {MAX_FILE_BYTES}")
-        try:
-            tables = tomllib.loads(self.path.read_text(encoding="utf-8"))
-        except tomllib.TOMLDecodeError as exc:
-            raise ValueError(f"{self.path} is not valid TOML: {exc}") from None
-        extra = [k for k in tables if k != "rule"]
-        if extra:
-            raise ValueError(f"{self.path}: {extra[0]!r}: write each rule as a [[rule]] table")
-        specs = parse_rules(tables.get("rule", []), str(self.path))
-        if specs != self.specs:
-            self.version += 1
-        self.specs = specs
-        self._stamp = (stat.st_mtime, stat.st_size)
-        self._checked = time.monotonic()
-
-    def _loaded(self) -> str:
-        return f"{len(self.specs)} rules"
 
 
 def guard_value(rules: RuleSet, value: Any) -> tuple[Any, list[Hit]]:
@@ -243,23 +117,82 @@ class EventGuard:
     ``filter`` returns the events to log instead of the one given: the
     released text of a block (maybe none yet), the ``guardrail`` events of the
     rules that tripped, and whatever else passes. ``on_end_turn`` is called
-    (once per turn) when an ``end_turn`` rule trips on the output.
+    (once per turn) when an ``end_turn`` rule trips on a written answer.
+
+    **A spoken answer** (``speaks``: its audio goes to the clients) is cut
+    where any rule trips: its transcript there (after the replacement, for
+    ``redact``), and its audio with it. Its audio is held (``hold_audio``)
+    until a chunk of transcript that came after it leaves nothing held
+    (OpenAI sends a piece of audio with or just before its text:
+    docs/guardrails.md), and given to ``send_audio`` then; what is held when a
+    rule trips is dropped, and so is the rest of the answer's audio. The cut
+    waits in ``cut_ms`` (how much of the answer's audio went out, what the
+    listener can have heard) for the driver's reader to give the turn machine.
     """
 
-    __slots__ = ("_ended", "_kind", "_stream", "guardrails", "metrics", "on_end_turn", "speaks")
+    __slots__ = (
+        "_audio",
+        "_ended",
+        "_kind",
+        "_stream",
+        "cut_ms",
+        "guardrails",
+        "metrics",
+        "on_end_turn",
+        "released_ms",
+        "send_audio",
+        "speaks",
+    )
 
     def __init__(
-        self, guardrails: Guardrails, metrics: Metrics, on_end_turn: Callable[[], None]
+        self,
+        guardrails: Guardrails,
+        metrics: Metrics,
+        on_end_turn: Callable[[], None],
+        send_audio: Callable[[bytes], None] | None = None,
     ) -> None:
         self.guardrails = guardrails
         self.metrics = metrics
         self.on_end_turn = on_end_turn
+        self.send_audio = send_audio
         self._kind: type[Think] | type[Respond] | None = None
         self._stream: StreamGuard | None = None
-        self._ended = False  # an end_turn rule tripped: the rest of the turn is withheld
-        # The answer is spoken: its audio cannot be withheld with its transcript, so a
-        # block on the output ends the turn (the audio stops, history keeps what was heard).
-        self.speaks = False
+        self._ended = False  # a rule ended the turn: the rest of it is withheld
+        self.speaks = False  # the answers are spoken to the clients
+        self._audio: list[bytes] = []  # the answer's audio waiting for its transcript
+        self.released_ms = 0.0  # of the current answer's audio, sent to the clients
+        # A rule cut the spoken answer after this many ms of its audio: the driver's
+        # reader tells the turn machine (``GuardrailCut``) before the next upstream event.
+        self.cut_ms: int | None = None
+
+    @property
+    def gates_audio(self) -> bool:
+        """The answers' audio waits for their transcript to be judged (``hold_audio``)."""
+        return self.speaks and bool(self.guardrails.output)
+
+    def hold_audio(self, pcm16: bytes) -> None:
+        """A piece of the spoken answer's audio (PCM16 at ``OUTPUT_RATE``): sent once the
+        transcript that comes after it is judged clean; dropped if the answer was cut."""
+        if not self._ended:
+            self._audio.append(pcm16)
+
+    def take_cut(self) -> int | None:
+        """The pending cut of a spoken answer (``cut_ms``), once."""
+        cut, self.cut_ms = self.cut_ms, None
+        return cut
+
+    def answer_done(self) -> list[Event]:
+        """The provider's response is complete: a spoken answer's transcript is judged to
+        its end now, while its turn still runs (a cut can still truncate it)."""
+        return self._flush() if self.speaks and self._kind is Respond else []
+
+    def _release_audio(self) -> None:
+        audio, self._audio = self._audio, []
+        send = self.send_audio
+        for pcm16 in audio:
+            self.released_ms += len(pcm16) * 500 / OUTPUT_RATE
+            if send is not None:
+                send(pcm16)
 
     def filter(self, event: Event) -> list[Event]:
         kind = type(event)
@@ -269,17 +202,24 @@ class EventGuard:
                 return []
             out: list[Event] = []
             stream = self._stream
+            spoken = self.speaks and kind is Respond
             if kind is not self._kind or stream is None:
                 out = self._flush()
                 self._kind = kind
-                stream = self._stream = StreamGuard(output)
+                stream = self._stream = StreamGuard(output, cuts=spoken)
+                if spoken:
+                    self.released_ms = 0.0  # a new answer (its audio before it still waits)
             piece = stream.feed(event.content)  # type: ignore[union-attr]
             if piece.text:
                 event.content = piece.text  # type: ignore[union-attr]
                 out.append(event)
             if piece.hits:
-                out += self.tripped(piece.hits, "output")
+                out += self.tripped(piece.hits, "output", spoken=spoken)
+            elif spoken and not stream.held:
+                self._release_audio()  # its transcript so far is judged and sent
             return out
+        if kind is Cancelled or kind is Interrupt or kind is Error:
+            self._audio = []  # the answer stops: what of its audio waits is not played
         out = self._flush() if isinstance(event, _BLOCK_ENDS) else []
         if kind is Call:
             if self._ended:
@@ -302,7 +242,10 @@ class EventGuard:
                 out += self.tripped(hits, "input", ends=False)
                 return out
         elif isinstance(event, _TURN_ENDS):
+            if not self._ended:
+                self._release_audio()  # an answer's audio after its last transcript
             self._ended = False
+            self.cut_ms = None  # too late to cut the turn that ends
         out.append(event)
         return out
 
@@ -315,7 +258,7 @@ class EventGuard:
             if isinstance(item, Forgotten):
                 pass  # seqs only: nothing to judge
             elif kind is Respond or kind is Think:
-                piece = check(output, item.content)
+                piece = check(output, item.content, cuts=self.speaks and kind is Respond)
                 if piece.hits:
                     item = msgspec.structs.replace(item, content=piece.text)
             elif kind is Call:
@@ -333,6 +276,13 @@ class EventGuard:
             out.append(item)
         return out
 
+    def answer(self, text: str) -> str:
+        """The model's answer as the clients got it (judged whole): what the provider is
+        told it said when its answer is replaced (``ReplaceResponse``)."""
+        if not self.guardrails.output:
+            return text
+        return check(self.guardrails.output, text, cuts=self.speaks).text
+
     def _flush(self) -> list[Event]:
         """The block of text in progress ended: the rest of what it held."""
         stream, kind = self._stream, self._kind
@@ -341,20 +291,38 @@ class EventGuard:
             return []
         piece = stream.finish()
         out: list[Event] = [kind(content=piece.text)] if piece.text else []
+        spoken = self.speaks and kind is Respond
         if piece.hits:
-            out += self.tripped(piece.hits, "output")
+            out += self.tripped(piece.hits, "output", spoken=spoken)
+        elif spoken:
+            self._release_audio()
         return out
 
-    def tripped(self, hits: Sequence[Hit], on: str, *, ends: bool = True) -> list[Event]:
-        """Count the hits and make their ``guardrail`` events (an output's ``end_turn``
-        asks to end the turn)."""
+    def tripped(
+        self,
+        hits: Sequence[Hit],
+        on: str,
+        *,
+        ends: bool = True,
+        spoken: bool = False,
+        reply_to: str | msgspec.UnsetType = msgspec.UNSET,
+    ) -> list[Event]:
+        """Count the hits and make their ``guardrail`` events (``reply_to``: the id of the
+        message they judged). An output's ``end_turn`` ends the turn (``on_end_turn``);
+        any rule on a ``spoken`` answer cuts it (``cut_ms``, its waiting audio dropped)."""
         counter = self.metrics.guardrails
         events: list[Event] = []
         for hit in hits:
             counter.labels(hit.rule, hit.action, on).inc()
-            events.append(Guardrail(rule=hit.rule, action=hit.action, on=on))  # type: ignore[arg-type]
-            ending = hit.action == "end_turn" or (self.speaks and hit.action == "block")
+            events.append(
+                Guardrail(rule=hit.rule, action=hit.action, on=on, reply_to=reply_to)  # type: ignore[arg-type]
+            )
+            ending = hit.action == "end_turn" or spoken
             if ends and ending and not self._ended:
                 self._ended = True
-                self.on_end_turn()
+                self._audio = []
+                if spoken:
+                    self.cut_ms = int(self.released_ms)  # the reader feeds it to the machine
+                else:
+                    self.on_end_turn()
         return events

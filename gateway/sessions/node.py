@@ -30,7 +30,7 @@ from gateway.sessions.control import (
     node_channel,
 )
 from gateway.sessions.follower import LogFollower
-from gateway.sessions.guard import GuardrailsFile
+from gateway.sessions.guardrail_rules import GuardrailsFile
 from gateway.sessions.limits import Limits
 from gateway.sessions.loading import first_use, meta_float, prepare_tools, read_history
 from gateway.sessions.logwriter import LogWriter

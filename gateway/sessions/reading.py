@@ -23,6 +23,7 @@ from typing import Final
 import msgspec
 
 from gateway.sessions.asking import DrivenSession, UpstreamAsker
+from gateway.sessions.guard import EventGuard
 from gateway.sessions.observer import TurnObserver
 from gateway.sessions.session_log import SessionLog
 from gateway.sessions.setup import SessionServices
@@ -43,6 +44,7 @@ from protocol.events import Error
 from protocol.turn import TurnMachine
 from protocol.turn_events import (
     Action,
+    GuardrailCut,
     ResponseDone,
     Source,
     SpeechEnded,
@@ -167,7 +169,10 @@ class UpstreamReader:
         heard = self.heard
         loop = asyncio.get_running_loop()
         ev: UpstreamEvent | None
+        guard = self.log.guard
         while True:
+            if guard is not None and guard.cut_ms is not None and self._cut(guard, done=False):
+                return
             wait = machine.wait(loop.time(), listening=session.listening)
             source = wait.source
             if source is Source.NOTHING or source is Source.COMMAND or todo:
@@ -225,6 +230,10 @@ class UpstreamReader:
                         return
                     first = self.asker.requested_at is not None
                 case ResponseDone():
+                    if guard is not None and guard.gates_audio:
+                        self.log.answer_done()
+                        if guard.cut_ms is not None:
+                            self._cut(guard, done=True)
                     todo.extend(self._response_done(ev))
                     return
                 case UpstreamError():
@@ -247,6 +256,14 @@ class UpstreamReader:
                     first = self.asker.requested_at is not None
                     if todo:
                         return
+
+    def _cut(self, guard: EventGuard, *, done: bool) -> bool:
+        """A guardrail cut the spoken answer: the machine cancels it, and the provider
+        keeps the audio sent of it. True: there is something to do now."""
+        heard = guard.take_cut()
+        assert heard is not None
+        self.todo.extend(self.machine.feed(GuardrailCut(heard, done=done)))
+        return bool(self.todo)
 
     def _stalled(self) -> Sequence[Action]:
         seconds = self.services.config.upstream_stall_timeout
@@ -308,4 +325,8 @@ class UpstreamReader:
         if voice is None or voice.audio_out is None:
             return  # a text session on a model that only speaks: its transcript is the answer
         if self.machine.audio_sent(len(pcm16) * 500 / OUTPUT_RATE):
-            self.log.deliver_audio(audio_frame(self.log.last_seq, pcm16))
+            guard = self.log.guard
+            if guard is not None and guard.gates_audio:
+                guard.hold_audio(pcm16)  # it waits for its transcript to be judged
+            else:
+                self.log.deliver_audio(audio_frame(self.log.last_seq, pcm16))

@@ -46,6 +46,7 @@ from gateway.sessions.voice import VoiceInput, voice_config
 from gateway.store.base import EventLog, StoreError
 from gateway.upstream.base import Upstream, VoiceConfig
 from protocol.assembly import HistoryItem, forgetting
+from protocol.audio import audio_frame
 from protocol.configuration import ConfigChange, apply_change
 from protocol.events import (
     Call,
@@ -410,7 +411,7 @@ class SessionRuntime:
         self.voice_in.reconfigure(voice.audio_in if voice is not None else None)
         self.voice = voice
         if self.log.guard is not None:
-            self.log.guard.speaks = voice is not None and voice.audio_out is not None
+            self.log.guard.speaks = _speaks(voice)
         self.machine.voice = voice is not None
         if self.machine.idle:
             self.driver.drop_upstream(stop=False)
@@ -538,19 +539,28 @@ def _install_guard(runtime: SessionRuntime, setup: SessionSetup) -> None:
     elif log_.guard is None:
 
         def end_turn() -> None:
-            # An end_turn rule tripped inside an emit (the driver is mid-step): soon.
+            # An end_turn rule tripped inside an emit (the driver is mid-step): soon. (A
+            # spoken answer's cut goes to the machine through the reader: ``GuardrailCut``.)
             asyncio.get_running_loop().call_soon(
                 lambda: None if runtime.closed else run_command(Cancel(), runtime)
             )
 
-        log_.guard = EventGuard(setup.guardrails, runtime.services.metrics, end_turn)
+        def send_audio(pcm16: bytes) -> None:
+            log_.deliver_audio(audio_frame(log_.last_seq, pcm16))
+
+        log_.guard = EventGuard(setup.guardrails, runtime.services.metrics, end_turn, send_audio)
     else:
         log_.guard.guardrails = setup.guardrails
     if log_.guard is not None:
-        voice = runtime.voice
-        log_.guard.speaks = voice is not None and voice.audio_out is not None
+        log_.guard.speaks = _speaks(runtime.voice)
     if runtime.recorder is not None:
         runtime.recorder.guarded = bool(setup.guardrails)
+
+
+def _speaks(voice: VoiceConfig | None) -> bool:
+    """The session's answers are spoken to its clients (their audio is cut with their
+    transcript when a guardrail trips)."""
+    return voice is not None and voice.audio_out is not None and voice.audio_out.to_client
 
 
 def _judged_input(runtime: SessionRuntime, guard: EventGuard, given: TurnInput) -> TurnInput | None:
@@ -559,7 +569,7 @@ def _judged_input(runtime: SessionRuntime, guard: EventGuard, given: TurnInput) 
     rules = guard.guardrails.input
     if isinstance(given, UserMessage):
         verdict = check_input(rules, given.content)
-        for event in guard.tripped(verdict.hits, "input"):
+        for event in guard.tripped(verdict.hits, "input", reply_to=given.id):
             runtime.log.emit(event)
         if verdict.blocked:
             return None  # the session takes the next message

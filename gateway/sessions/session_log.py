@@ -109,6 +109,13 @@ class SessionLog:
             for judged in guard.filter(event):
                 self._emit(judged)
 
+    def answer_done(self) -> None:
+        """The provider's response is complete: what the guardrails held of a spoken
+        answer is judged and logged now (``EventGuard.answer_done``)."""
+        if self.guard is not None:
+            for judged in self.guard.answer_done():
+                self._emit(judged)
+
     def _emit(self, event: Event) -> None:
         self._seq += 1
         event.seq = self._seq

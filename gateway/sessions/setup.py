@@ -22,7 +22,12 @@ import msgspec
 from gateway.config import Config
 from gateway.metrics import Metrics
 from gateway.pricing import PriceTable
-from gateway.sessions.guard import NO_GUARDRAILS, Guardrails, GuardrailsFile, guardrails_of
+from gateway.sessions.guardrail_rules import (
+    NO_GUARDRAILS,
+    Guardrails,
+    GuardrailsFile,
+    guardrails_of,
+)
 from gateway.sessions.limits import Limits
 from gateway.sessions.logwriter import LogWriter
 from gateway.sessions.policy import KeyPolicies, refusal, within

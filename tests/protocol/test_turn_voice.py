@@ -16,6 +16,7 @@ from protocol.turn_events import (
     Commit,
     CommitAudio,
     DropUpstream,
+    GuardrailCut,
     NativeCall,
     Persist,
     Played,
@@ -175,3 +176,27 @@ def test_speech_after_a_finished_answer_was_heard_in_full_cuts_nothing() -> None
     machine.feed(Played(seq=2, ms=0))
     machine.feed(ResponseDone("completed"))
     assert machine.feed(SpeechBegan(9000)) == [SpeechStarted(offset_ms=9000)]
+
+
+def test_a_guardrail_cut_cancels_the_spoken_answer_and_keeps_the_audio_heard() -> None:
+    machine = voice_machine()
+    machine.feed(UserMessage(content="card?"))
+    machine.feed(Spoken("Your card is 4242"))
+    out = machine.feed(GuardrailCut(720))
+    [cancelled] = [a for a in out if isinstance(a, Cancelled)]
+    assert cancelled.content == "stopped by a guardrail"
+    assert StopResponse() in out and machine.state is TurnState.CANCELLING
+    closing = machine.feed(ResponseDone("cancelled"))
+    [replace] = [a for a in closing if isinstance(a, ReplaceResponse)]
+    assert replace.heard_ms == 720  # the provider keeps what was heard
+    assert machine.idle
+
+
+def test_a_guardrail_cut_of_a_complete_response_stops_nothing() -> None:
+    machine = voice_machine()
+    machine.feed(UserMessage(content="card?"))
+    machine.feed(Spoken("It is 4242"))
+    assert StopResponse() not in machine.feed(GuardrailCut(300, done=True))
+    closing = machine.feed(ResponseDone("completed"))
+    assert ReplaceResponse("It is 4242", heard_ms=300) in closing
+    assert machine.feed(GuardrailCut(10)) == ()  # no answer streams: nothing to cut

@@ -1,17 +1,22 @@
 """A session's guardrails at its log (``gateway.sessions.guard``), without sockets:
-events in, the events to log out; history judged whole; the rules file."""
+events in, the events to log out; history judged whole; a spoken answer's audio."""
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
-import pytest
-
-from gateway.common.settings import ConfigError
 from gateway.metrics import Metrics
-from gateway.sessions.guard import EventGuard, GuardrailsFile, guard_result, guardrails_of
-from protocol.events import Call, End, Event, Guardrail, Respond, Result, ResultPayload, Think
+from gateway.sessions.guard import EventGuard, guard_result
+from gateway.sessions.guardrail_rules import guardrails_of
+from protocol.events import (
+    Call,
+    Cancelled,
+    End,
+    Event,
+    Guardrail,
+    Respond,
+    Result,
+    ResultPayload,
+    Think,
+)
 from protocol.guardrails import RuleSpec
 
 CARD = "4111 1111 1111 1111"
@@ -87,21 +92,6 @@ def test_a_blocked_tool_result_is_a_failure_naming_the_rule() -> None:
     assert [h.rule for h in hits] == ["secret"]
 
 
-def test_the_rules_file_is_checked_at_start_and_reloaded(tmp_path: Path) -> None:
-    path = tmp_path / "rules.toml"
-    path.write_text('[[rule]]\nname = "a"\non = "output"\naction = "redact"\ndetect = "email"\n')
-    rules = GuardrailsFile(path, check_interval=0.0)
-    assert [s.name for s in rules.specs] == ["a"]
-    path.write_text('[[rule]]\nname = "b"\non = "input"\naction = "block"\npattern = "x"\n')
-    os.utime(path, (1, 1))
-    assert rules.poll() == 2 and [s.name for s in rules.specs] == ["b"]
-    path.write_text('[[rule]]\nname = "c"\non = "sideways"\naction = "block"\npattern = "x"\n')
-    os.utime(path, (2, 2))
-    assert rules.poll() == 2 and [s.name for s in rules.specs] == ["b"]  # kept
-    with pytest.raises(ConfigError, match=r"guardrail 'c': .*on"):
-        GuardrailsFile(path)
-
-
 def test_an_event_in_the_middle_of_an_answer_does_not_split_a_card() -> None:
     guard, _, _ = make_guard()
     background = Result(content="[]", payload=ResultPayload(1, 1, 0))
@@ -122,5 +112,66 @@ def test_a_block_on_a_spoken_answer_ends_the_turn() -> None:
     guard = EventGuard(compiled, Metrics(), lambda: ended.append("end"))
     guard.speaks = True
     out = run(guard, chunks("you idiot, fine"))
-    assert ended == ["end"]  # speech: its audio cannot be withheld, so the turn ends
+    assert guard.take_cut() == 0  # speech: cut there (no audio went out), the turn ends
+    assert not ended and guard.take_cut() is None
     assert "".join(e.content for e in out if isinstance(e, Respond)) == "you "
+
+
+def spoken_guard() -> tuple[EventGuard, list[str], list[bytes]]:
+    compiled = guardrails_of(RULES[:1])  # cards only (a pattern would hold every chunk)
+    assert not isinstance(compiled, str)
+    ended: list[str] = []
+    guard = EventGuard(compiled, Metrics(), lambda: ended.append("end"))
+    sent: list[bytes] = []
+    guard.send_audio = sent.append
+    guard.speaks = True
+    return guard, ended, sent
+
+
+def test_a_spoken_answers_audio_waits_for_its_transcript_and_is_cut_with_it() -> None:
+    guard, ended, sent = spoken_guard()
+    assert guard.gates_audio
+    guard.hold_audio(b"a" * 480)  # "Card": its audio comes first, as OpenAI sends it
+    assert sent == []
+    run(guard, [Respond(content="Card")])
+    assert sent == [b"a" * 480]  # its transcript was judged and sent
+    guard.hold_audio(b"b" * 480)  # " 411": spoken while the number is undecided
+    out = run(guard, [Respond(content=" 411")])
+    assert sent == [b"a" * 480]
+    guard.hold_audio(b"c" * 480)
+    out += run(guard, [*chunks("1 1111 1111 1111, and more")])
+    guard.hold_audio(b"d" * 480)  # after the cut: never sent
+    assert sent == [b"a" * 480]
+    assert guard.released_ms == 10.0  # 480 bytes of 24 kHz PCM16
+    assert "".join(e.content for e in out if isinstance(e, Respond)) == " [redacted]"
+    # A spoken answer stops where a rule trips, even a redaction: the machine is told
+    # (by the reader) how much of its audio the listener got.
+    assert guard.cut_ms == 10 and not ended
+    [item] = guard.history([Respond(content=f"Card {CARD}, and more")])
+    assert isinstance(item, Respond) and item.content == "Card [redacted]"
+    assert guard.answer(f"Card {CARD}, and more") == "Card [redacted]"
+
+
+def test_a_clean_spoken_answers_last_audio_goes_at_its_end_and_a_cancel_drops_it() -> None:
+    guard, ended, sent = spoken_guard()
+    run(guard, [Respond(content="Call 55")])  # digits held: maybe a number
+    guard.hold_audio(b"x" * 48)
+    run(guard, [End()])
+    assert sent == [b"x" * 48] and not ended
+    guard.hold_audio(b"y" * 48)
+    run(guard, [Respond(content="Dial 9"), Cancelled(content="cancelled by the user")])
+    guard.hold_audio(b"z" * 48)  # the next answer's
+    run(guard, [Respond(content="there")])
+    assert sent == [b"x" * 48, b"z" * 48]  # what waited when the answer stopped is not played
+
+
+def test_a_spoken_answers_tail_is_judged_when_the_response_is_done() -> None:
+    guard, _, sent = spoken_guard()
+    guard.hold_audio(b"a" * 48)
+    run(guard, [Respond(content="It is"), Respond(content=f" {CARD}")])
+    assert sent == [b"a" * 48] and guard.cut_ms is None  # the number may go on
+    guard.hold_audio(b"b" * 48)
+    out = guard.answer_done()  # the response is complete: its end is judged now
+    assert [type(e) for e in out] == [Respond, Guardrail]
+    assert guard.cut_ms == 1 and sent == [b"a" * 48]
+    assert run(guard, [End()]) == [End()] and guard.cut_ms is None

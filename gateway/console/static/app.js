@@ -389,6 +389,9 @@ function receive(ev, logged) {
       case "interrupt":
         setRunning(true);
         break;
+      case "guardrail":
+        if (ev.on === "input" && ev.action !== "redact") conn.awaitingEcho = false; // no turn
+        break;
       case "speech_started":
         voice.stop(); // barge-in: the user speaks over the answer
         break;

@@ -54,6 +54,15 @@ export const ERROR_CODES: readonly string[];
 /** `reply_to`: the `id` of the command it refuses (an approve's: the call's id). */
 export interface ErrorEvent extends EventBase { type: "error"; code: string; content: string; reply_to?: string }
 export interface InterruptEvent extends EventBase { type: "interrupt"; content: string }
+/** A guardrail rule tripped (docs/guardrails.md): never the matched text. */
+export interface GuardrailEvent extends EventBase {
+  type: "guardrail";
+  rule: string;
+  action: "block" | "redact" | "end_turn";
+  on: "input" | "output";
+  /** The id of the user message it judged. */
+  reply_to?: string;
+}
 export interface CancelledEvent extends EventBase {
   type: "cancelled";
   content: string;
@@ -111,7 +120,7 @@ export type GatewayEvent =
   | UserEvent | ThinkEvent | CallEvent | ExecuteEvent | ResultEvent | RespondEvent
   | EndEvent | MetricEvent | ErrorEvent | InterruptEvent | CancelledEvent
   | ConfiguredEvent | SpeechStartedEvent | SpeechStoppedEvent
-  | ApprovalRequiredEvent | ApprovalEvent;
+  | ApprovalRequiredEvent | ApprovalEvent | GuardrailEvent;
 
 /** One frame on the wire, for an inspector: sent ("out") or received ("in"). */
 export interface WireFrame {
@@ -197,7 +206,8 @@ export class Client {
   readonly connected: boolean;
   readonly reconnects: number;
   connect(): Promise<void>;
-  /** A turn's events, from the echo of `text` to the turn's end; each exactly once. */
+  /** A turn's events, from the echo of `text` to the turn's end; each exactly once. An input
+   * guardrail that judged `text` comes first; one that blocked it is the only event (no turn). */
   send(text: string): AsyncGenerator<GatewayEvent, void, undefined>;
   cancel(): Promise<void>;
   /** User audio (PCM16 mono at input_audio.rate) as one binary frame; false while disconnected. */

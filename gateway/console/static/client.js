@@ -354,7 +354,11 @@ export class Client {
         }
         const ev = item.event;
         if (!started) {
-          if (ev.type === "user" && ev.seq > sentAfter && ev.content === text) {
+          if (ev.type === "guardrail" && ev.on === "input" && ev.seq > sentAfter) {
+            yield ev; // blocked (no turn: the model never got it), or redacted
+            if (ev.action !== "redact") return;
+            text = ""; // its echo is the redacted text
+          } else if (ev.type === "user" && ev.seq > sentAfter && (text === "" || ev.content === text)) {
             started = true;
             tracker.feed("user");
             yield ev;

@@ -186,6 +186,9 @@ export class Conversation {
       case "approval":
         this.approved(ev);
         break;
+      case "guardrail":
+        this.guardrail(ev);
+        break;
       default:
         break; // types a newer gateway may add
     }
@@ -263,7 +266,7 @@ export class Conversation {
   }
 
   cancelNote(ev) {
-    if (ev.reason !== "barge_in") return "Cancelled.";
+    if (ev.reason !== "barge_in") return ev.content === "stopped by a guardrail" ? "Stopped by a guardrail." : "Cancelled.";
     const heard = typeof ev.heard_ms === "number" ? ` (you had heard ${fmtMs(ev.heard_ms)} of it)` : "";
     return `Cancelled: you spoke over the answer${heard}.`;
   }
@@ -543,6 +546,22 @@ export class Conversation {
     const node = this.marker("config", `Configuration: ${what}`);
     if (this.turn && this.running) this.add(node);
     else if (this.root.querySelector(".turn")) this.root.append(node);
+  }
+
+  /** A guardrail rule tripped: what it did, never what it matched. */
+  guardrail(ev) {
+    const rule = `Guardrail “${ev.rule}”`;
+    if (ev.on === "input") {
+      // Logged before the message's turn starts (or instead of it): between turns.
+      const text =
+        ev.action === "redact"
+          ? `${rule}: part of your message was redacted before the model saw it.`
+          : `${rule}: your message was blocked; it never reached the model.`;
+      this.note(text, "guardrail");
+      return;
+    }
+    const did = ev.action === "redact" ? "part of the answer was redacted" : "the rest of the answer was withheld";
+    this.add(this.marker("guardrail", `${rule}: ${did}.`));
   }
 
   marker(kind, text) {

@@ -1,0 +1,137 @@
+"""The rules a session runs under: ``--guardrails FILE`` and a key's, compiled.
+
+``GuardrailsFile`` reads a node's ``[[rule]]`` tables (re-read when the file
+changes, as the key policy is); a key policy adds its ``guardrails = [...]``;
+``guardrails_of`` compiles them together into the ``Guardrails`` pair (input
+rules, output rules) a session's setup carries, cached so sessions share it.
+``gateway.sessions.guard`` applies them to a session's events.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+import tomllib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+import msgspec
+
+from gateway.common.reloaded_file import ReloadedFile
+from gateway.common.settings import ConfigError
+from protocol.guardrails import EMPTY, RuleSet, RuleSpec, compile_rules
+
+__all__ = [
+    "MAX_FILE_BYTES",
+    "NO_GUARDRAILS",
+    "Guardrails",
+    "GuardrailsFile",
+    "guardrails_of",
+    "parse_rules",
+]
+
+log = logging.getLogger("gateway.sessions.guard")
+
+MAX_FILE_BYTES: Final = 256 * 1024
+"""A guardrails file larger than this is refused before it is parsed."""
+
+
+@dataclass(frozen=True, slots=True)
+class Guardrails:
+    """A session's compiled rules: those on its input, those on the model's output."""
+
+    specs: tuple[RuleSpec, ...] = ()
+    input: RuleSet = EMPTY
+    output: RuleSet = EMPTY
+
+    def __bool__(self) -> bool:
+        return bool(self.specs)
+
+
+NO_GUARDRAILS: Final = Guardrails()
+
+
+@functools.lru_cache(maxsize=256)
+def _compiled(specs: tuple[RuleSpec, ...]) -> Guardrails | str:
+    if not specs:
+        return NO_GUARDRAILS
+    compiled = compile_rules(specs)
+    if isinstance(compiled, str):
+        return compiled
+    return Guardrails(specs, *compiled)
+
+
+def guardrails_of(*groups: Sequence[RuleSpec]) -> Guardrails | str:
+    """The node's rules and a key's, compiled (cached: sessions share them), or the problem."""
+    return _compiled(tuple(spec for group in groups for spec in group))
+
+
+def parse_rules(tables: object, where: str) -> tuple[RuleSpec, ...]:
+    """``[[rule]]`` tables (or a key policy's ``guardrails``) → specs; ValueError names
+    the rule and the field."""
+    if not isinstance(tables, list):
+        raise ValueError(f"{where}: rules must be a list of tables ([[rule]] in TOML)")
+    specs: list[RuleSpec] = []
+    for i, table in enumerate(tables):
+        name = table.get("name", f"#{i + 1}") if isinstance(table, dict) else f"#{i + 1}"
+        try:
+            specs.append(msgspec.convert(table, RuleSpec))
+        except msgspec.ValidationError as exc:
+            raise ValueError(
+                f"{where}: guardrail {name!r}: {exc}; a rule has name, on (input or "
+                "output), action (block, redact or end_turn) and one of pattern, detect "
+                "(email, phone, card) or max_chars"
+            ) from None
+    problem = compile_rules(specs)
+    if isinstance(problem, str):
+        raise ValueError(f"{where}: {problem}")
+    return tuple(specs)
+
+
+class GuardrailsFile(ReloadedFile):
+    """The rules of ``--guardrails FILE`` (``[[rule]]`` tables), re-read when it changes.
+
+    Raises ``ConfigError`` naming the rule and field when the file is bad at
+    start; a file broken later keeps the rules loaded before (logged).
+    """
+
+    what = "guardrails file"
+    _log = log
+
+    def __init__(self, path: str | Path | None, *, check_interval: float = 0.25) -> None:
+        self.path = Path(path) if path else None
+        self.check_interval = check_interval
+        self.specs: tuple[RuleSpec, ...] = ()
+        self._stamp: tuple[float, int] | None = None
+        self._checked = 0.0
+        self.version = 0
+        if self.path is not None:
+            try:
+                self._load()
+            except (OSError, ValueError) as exc:
+                raise ConfigError(f"guardrails: {exc}") from exc
+
+    def _load(self) -> None:
+        assert self.path is not None
+        stat = self.path.stat()
+        if stat.st_size > MAX_FILE_BYTES:
+            raise ValueError(f"{self.path}: {stat.st_size} bytes, at most {MAX_FILE_BYTES}")
+        try:
+            tables = tomllib.loads(self.path.read_text(encoding="utf-8"))
+        except tomllib.TOMLDecodeError as exc:
+            raise ValueError(f"{self.path} is not valid TOML: {exc}") from None
+        extra = [k for k in tables if k != "rule"]
+        if extra:
+            raise ValueError(f"{self.path}: {extra[0]!r}: write each rule as a [[rule]] table")
+        specs = parse_rules(tables.get("rule", []), str(self.path))
+        if specs != self.specs:
+            self.version += 1
+        self.specs = specs
+        self._stamp = (stat.st_mtime, stat.st_size)
+        self._checked = time.monotonic()
+
+    def _loaded(self) -> str:
+        return f"{len(self.specs)} rules"

@@ -1,0 +1,27 @@
+"""The rules a session runs under (``gateway.sessions.guardrail_rules``): the rules
+file checked at start and re-read when it changes."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from gateway.common.settings import ConfigError
+from gateway.sessions.guardrail_rules import GuardrailsFile
+
+
+def test_the_rules_file_is_checked_at_start_and_reloaded(tmp_path: Path) -> None:
+    path = tmp_path / "rules.toml"
+    path.write_text('[[rule]]\nname = "a"\non = "output"\naction = "redact"\ndetect = "email"\n')
+    rules = GuardrailsFile(path, check_interval=0.0)
+    assert [s.name for s in rules.specs] == ["a"]
+    path.write_text('[[rule]]\nname = "b"\non = "input"\naction = "block"\npattern = "x"\n')
+    os.utime(path, (1, 1))
+    assert rules.poll() == 2 and [s.name for s in rules.specs] == ["b"]
+    path.write_text('[[rule]]\nname = "c"\non = "sideways"\naction = "block"\npattern = "x"\n')
+    os.utime(path, (2, 2))
+    assert rules.poll() == 2 and [s.name for s in rules.specs] == ["b"]  # kept
+    with pytest.raises(ConfigError, match=r"guardrail 'c': .*on"):
+        GuardrailsFile(path)

@@ -83,7 +83,7 @@ async def _results(client: GatewayClient, message: str) -> list[dict[str, Any]]:
 
 
 async def test_the_readme_tools_answer_through_a_gateway(gateway: Gateway) -> None:
-    prompt = _node(gateway).system_prompt
+    prompt = _node(gateway).setups.system_prompt
     assert "- calc.secret: The secret greeting for NAME." in prompt
     assert '"city":{"type":"string"}' in prompt and "- weather:" in prompt
     assert "- read:" in prompt and "- write:" not in prompt  # [builtin] enable

@@ -15,8 +15,9 @@ is a thin facade over one room per job:
 
 This module holds what ties them: clients attach and detach, commands come
 in (``start_turn``, ``cancel_turn``, ``tool_result``, ``approve``, ``configure``,
-``commit_audio``, ``rerun_interrupted``), the configuration changes, and
-the session closes. The node is reached through ``SessionHost`` only.
+``commit_audio``), the configuration changes, and the session closes. The
+node is reached through ``SessionHost`` only. After a takeover the node goes
+on with a cut turn through the driver (``takeover.rerun_interrupted``).
 """
 
 from __future__ import annotations
@@ -34,7 +35,6 @@ from gateway.sessions.commands import CLOSING
 from gateway.sessions.commands import run as run_command
 from gateway.sessions.driver import TurnDriver
 from gateway.sessions.guard import EventGuard, guard_result
-from gateway.sessions.journal import read_journal, read_journal_calls, unpersisted_step
 from gateway.sessions.observer import TurnObserver
 from gateway.sessions.recorder import SessionRecorder
 from gateway.sessions.resumption import ResumePoint
@@ -43,13 +43,12 @@ from gateway.sessions.setup import ConfigProblem, SessionServices, SessionSetup
 from gateway.sessions.subscriber import Subscriber
 from gateway.sessions.upstream_link import UpstreamLink
 from gateway.sessions.voice import VoiceInput, voice_config
-from gateway.store.base import EventLog, StoreError
+from gateway.store.base import StoreError
 from gateway.upstream.base import Upstream, VoiceConfig
 from protocol.assembly import HistoryItem, forgetting
 from protocol.audio import audio_frame
 from protocol.configuration import ConfigChange, apply_change
 from protocol.events import (
-    Call,
     Cancel,
     Configured,
     Dtmf,
@@ -61,20 +60,11 @@ from protocol.events import (
     UserMessage,
 )
 from protocol.guardrails import check_input
-from protocol.journal import (
-    JournalCall,
-    background_in_flight,
-    batch_in_flight,
-    turn_in_flight,
-)
 from protocol.recording import Header, NodeJoined
 from protocol.turn import TurnMachine
 from protocol.turn_events import (
     Action,
     Reconfigured,
-    Rerun,
-    Resume,
-    ResumeBackground,
     Shutdown,
     TurnInput,
 )
@@ -292,39 +282,6 @@ class SessionRuntime:
         end): logged and sent to every client of the session, outside any turn."""
         if not self.closed:
             self.log.emit(event)
-
-    async def rerun_interrupted(self, reason: str, events: EventLog) -> None:
-        """After a takeover: if the last turn was in flight, mark it and go on with it.
-
-        A batch in flight (history ends with its calls) is finished from the
-        journal: outcomes the log holds are reused, the other calls run again
-        under their own ids and keys (``Resume``). Otherwise the step is rerun.
-        The rerun's span links to the cut turn's (``observer.follows``, from the meta).
-        ``events``: the session's log, where the journal is read.
-        """
-        calls = batch_in_flight(self.history)
-        if not calls and turn_in_flight(self.history):
-            # Cut between its execute and its usage: the step's calls were sent
-            # (a client may act on them) but history lacks them. The same calls.
-            with contextlib.suppress(StoreError):
-                items = await unpersisted_step(events, self.sid, self.last_seq)
-                if items:
-                    self.log.persist(items)
-                    calls = batch_in_flight(self.history)
-        if calls:
-            journal = await _journal(events, self.sid, calls, self.last_seq)
-            self.driver.command(self.machine.feed(Resume(reason, journal)), interrupt=False)
-        elif turn_in_flight(self.history):
-            self.driver.command(self.machine.feed(Rerun(reason)), interrupt=False)
-        else:
-            self.observer.follows = ""
-        in_batch = {call.id for call in calls}
-        running = [c for c in background_in_flight(self.history) if c.id not in in_batch]
-        if running:
-            # Background calls whose result the model has not had: reused or run again
-            # (due when the turn above ends, or at once).
-            found = await _journal(events, self.sid, running, self.last_seq)
-            self.driver.command(self.machine.feed(ResumeBackground(found)), interrupt=False)
 
     # ------------------------------------------------------------------ configuration
 
@@ -584,18 +541,6 @@ def _judged_input(runtime: SessionRuntime, guard: EventGuard, given: TurnInput) 
         status = "failure" if withheld else given.status
         return msgspec.structs.replace(given, content=content, status=status)
     return given
-
-
-async def _journal(
-    events: EventLog, sid: str, calls: list[Call], last_seq: int
-) -> tuple[JournalCall, ...]:
-    """The journal of ``calls`` (``read_journal``); unread, every call runs again."""
-    try:
-        return await read_journal(events, sid, calls, last_seq)
-    except StoreError as exc:
-        # Without the outcomes every call runs again, each under its own key.
-        log.warning("session %s: journal not read (%s); rerunning its calls", sid, exc)
-        return read_journal_calls(calls)
 
 
 def _voice_of(

@@ -155,7 +155,7 @@ class SessionRuntime:
         machine.batch.background = setup.background
         machine.cancel_background = cfg.cancel_background
         machine.background.limit = cfg.background_max_running
-        # Audio in and/or out, from the stored configuration (set_voice changes it).
+        # Audio in and/or out, from the stored configuration (_install_voice changes it).
         self.voice: VoiceConfig | None = _voice_of(setup, services.executor.registry)
         machine.voice = self.voice is not None
         self.voice_in = VoiceInput(sid, self.voice.audio_in if self.voice else None)
@@ -350,7 +350,7 @@ class SessionRuntime:
         self.observer.model = setup.upstream_factory.model
         self.log.emit(Configured(config=setup.config, reply_to=reply_to))
         self.host.runtime_configured(self)
-        self.set_voice(_voice_of(setup, self.services.executor.registry))
+        _install_voice(self, _voice_of(setup, self.services.executor.registry))
         if setup.record != (self.recorder is not None):
             _switch_recording(self, setup.record)
 
@@ -359,20 +359,6 @@ class SessionRuntime:
         return _voice_of(self.setup, self.services.executor.registry, speaks_only=True)
 
     # ------------------------------------------------------------------ voice
-
-    def set_voice(self, voice: VoiceConfig | None) -> None:
-        """Switch the session's audio (``None``: text only). The upstream is reopened
-        with the new configuration (its context rebuilt from history) when next needed."""
-        if voice == self.voice:
-            return
-        self.voice_in.reconfigure(voice.audio_in if voice is not None else None)
-        self.voice = voice
-        if self.log.guard is not None:
-            self.log.guard.speaks = _speaks(voice)
-        self.machine.voice = voice is not None
-        if self.machine.idle:
-            self.driver.drop_upstream(stop=False)
-        self.driver.listen()
 
     async def send_audio(self, pcm16: bytes) -> None:
         """User audio (PCM16 at ``AudioIn.rate``) to the provider. Audio that arrives
@@ -518,6 +504,21 @@ def _speaks(voice: VoiceConfig | None) -> bool:
     """The session's answers are spoken to its clients (their audio is cut with their
     transcript when a guardrail trips)."""
     return voice is not None and voice.audio_out is not None and voice.audio_out.to_client
+
+
+def _install_voice(runtime: SessionRuntime, voice: VoiceConfig | None) -> None:
+    """A new setup's audio (``None``: text only), as ``_install_guard`` its guardrails.
+    The upstream is reopened with it (its context rebuilt from history) when next needed."""
+    if voice == runtime.voice:
+        return
+    runtime.voice_in.reconfigure(voice.audio_in if voice is not None else None)
+    runtime.voice = voice
+    if runtime.log.guard is not None:
+        runtime.log.guard.speaks = _speaks(voice)
+    runtime.machine.voice = voice is not None
+    if runtime.machine.idle:
+        runtime.driver.drop_upstream(stop=False)
+    runtime.driver.listen()
 
 
 def _judged_input(runtime: SessionRuntime, guard: EventGuard, given: TurnInput) -> TurnInput | None:

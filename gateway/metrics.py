@@ -90,9 +90,10 @@ class ToolMetrics:
         )
 
 
-class Metrics:
-    def __init__(self) -> None:
-        r = self.registry = CollectorRegistry()
+class ClientMetrics:
+    """What the edge does with clients: connections, refusals, and a slow reader's fate."""
+
+    def __init__(self, r: CollectorRegistry) -> None:
         self.connections = Gauge(
             "rtgw_connections",
             "Open client WebSocket connections",
@@ -108,6 +109,79 @@ class Metrics:
             ["reason"],
             registry=r,
         )
+        # Backpressure (gateway.edge.backpressure, gateway.edge.reaper) and the frame-rate limit.
+        self.client_lagging = Counter(
+            "rtgw_client_catchups",
+            "Times a slow client was switched to catch-up from the log",
+            registry=r,
+        )
+        self.coalesced = Counter(
+            "rtgw_coalesced_chunks",
+            "think/respond chunks merged into coalesced frames for clients that fell behind",
+            registry=r,
+        )
+        self.slow_client_closes = Counter(
+            "rtgw_slow_client_closes",
+            "Connections closed with 4008 because the client stopped reading",
+            registry=r,
+        )
+        self.frames_dropped = Counter(
+            "rtgw_client_frames_dropped",
+            "Client frames dropped unread: the connection was over its frame-rate limit",
+            registry=r,
+        )
+        self.replies_dropped = Counter(
+            "rtgw_replies_dropped",
+            "Unlogged replies dropped because the client was not reading them",
+            registry=r,
+        )
+
+
+class UsageMetrics:
+    """What the model was asked for: tokens in all, and tokens and dollars per API key."""
+
+    def __init__(self, r: CollectorRegistry) -> None:
+        self.tokens = Counter(
+            "rtgw_tokens", "Tokens reported by upstream usage", ["direction"], registry=r
+        )
+        # Per API key (the session's owner; "-" without auth): what each key costs.
+        self.key_tokens = Counter(
+            "rtgw_key_tokens",
+            "Model tokens charged to each API key, by direction (input, output)",
+            ["key", "direction"],
+            registry=r,
+        )
+        self.key_cost = Counter(
+            "rtgw_cost_usd",
+            "US dollars of model usage charged to each API key (gateway/pricing.py prices)",
+            ["key"],
+            registry=r,
+        )
+        # Labelled children of the per-step counters, looked up once: labels()
+        # takes a lock and builds a key each call (1% of the CPU at 50
+        # streaming sessions of short turns, py-spy).
+        self.tokens_input = self.tokens.labels("input")
+        self.tokens_output = self.tokens.labels("output")
+        self._per_key: dict[str, tuple[Counter, Counter, Counter]] = {}
+
+    def for_key(self, key: str) -> tuple[Counter, Counter, Counter]:
+        """``key``'s input tokens, output tokens and dollars counters (children, cached)."""
+        counters = self._per_key.get(key)
+        if counters is None:
+            counters = self._per_key[key] = (
+                self.key_tokens.labels(key, "input"),
+                self.key_tokens.labels(key, "output"),
+                self.key_cost.labels(key),
+            )
+        return counters
+
+
+class Metrics:
+    """The node's registry and its metrics, grouped by who counts them."""
+
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.clients = ClientMetrics(r)
         self.sessions = Gauge(
             "rtgw_sessions_driven",
             "Sessions this node drives",
@@ -132,75 +206,18 @@ class Metrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
-        self.tokens = Counter(
-            "rtgw_tokens", "Tokens reported by upstream usage", ["direction"], registry=r
-        )
-        # Per API key (the session's owner; "-" without auth): what each key costs.
-        self.key_tokens = Counter(
-            "rtgw_key_tokens",
-            "Model tokens charged to each API key, by direction (input, output)",
-            ["key", "direction"],
-            registry=r,
-        )
-        self.key_cost = Counter(
-            "rtgw_cost_usd",
-            "US dollars of model usage charged to each API key (gateway/pricing.py prices)",
-            ["key"],
-            registry=r,
-        )
-        # Labelled children of the per-step counters, looked up once: labels()
-        # takes a lock and builds a key each call (1% of the CPU at 50
-        # streaming sessions of short turns, py-spy).
-        self.tokens_input = self.tokens.labels("input")
-        self.tokens_output = self.tokens.labels("output")
-        self._per_key: dict[str, tuple[Counter, Counter, Counter]] = {}
+        self.usage = UsageMetrics(r)
         self.store_errors = Counter(
             "rtgw_store_errors", "Times the session store was unreachable", registry=r
         )
         self.store = StoreMetrics(r)
-        self.client_lagging = Counter(
-            "rtgw_client_catchups",
-            "Times a slow client was switched to catch-up from the log",
-            registry=r,
-        )
-        # --- edges: limits and backpressure (gateway.sessions.limits, gateway.edge.backpressure)
+        # Per-key limits (gateway.sessions.limits).
         self.turns_refused = Counter(
             "rtgw_turns_refused",
             "Turns refused by a per-key limit, by reason (rate_limited, quota_exceeded)",
             ["reason"],
             registry=r,
         )
-        self.coalesced = Counter(
-            "rtgw_coalesced_chunks",
-            "think/respond chunks merged into coalesced frames for clients that fell behind",
-            registry=r,
-        )
-        self.slow_client_closes = Counter(
-            "rtgw_slow_client_closes",
-            "Connections closed with 4008 because the client stopped reading",
-            registry=r,
-        )
-        self.frames_dropped = Counter(
-            "rtgw_client_frames_dropped",
-            "Client frames dropped unread: the connection was over its frame-rate limit",
-            registry=r,
-        )
-        self.replies_dropped = Counter(
-            "rtgw_replies_dropped",
-            "Unlogged replies dropped because the client was not reading them",
-            registry=r,
-        )
-
-    def for_key(self, key: str) -> tuple[Counter, Counter, Counter]:
-        """``key``'s input tokens, output tokens and dollars counters (children, cached)."""
-        counters = self._per_key.get(key)
-        if counters is None:
-            counters = self._per_key[key] = (
-                self.key_tokens.labels(key, "input"),
-                self.key_tokens.labels(key, "output"),
-                self.key_cost.labels(key),
-            )
-        return counters
 
     def render(self) -> bytes:
         """The exposition text: this node's, or every worker's summed (``--workers``)."""

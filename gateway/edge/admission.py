@@ -208,7 +208,7 @@ class Edges:
         self.pending = PendingConnections(
             config.unauthenticated_per_address,
             max(64, limit // 2) if limit is not None else 0,
-            on_close=lambda reason: self.metrics.refused.labels(reason).inc(),
+            on_close=lambda reason: self.metrics.clients.refused.labels(reason).inc(),
         )
         self.open = 0  # admitted connections not yet closed (the per-node limit)
         self._watchers: set[asyncio.Task[None]] = set()
@@ -466,7 +466,7 @@ class Edges:
         return self._refuse("store", http.HTTPStatus.SERVICE_UNAVAILABLE, body + "\n")
 
     def _refuse(self, reason: str, status: http.HTTPStatus, body: str) -> Response:
-        self.metrics.refused.labels(reason).inc()
+        self.metrics.clients.refused.labels(reason).inc()
         headers = Headers([("Content-Type", "text/plain; charset=utf-8")])
         if status == http.HTTPStatus.UNAUTHORIZED:
             headers["WWW-Authenticate"] = _REALM

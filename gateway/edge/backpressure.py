@@ -133,7 +133,7 @@ class SendPressure:
         run = _take_run(entry, queue)
         if len(run) == 1:
             return entry
-        self._metrics.coalesced.inc(len(run))
+        self._metrics.clients.coalesced.inc(len(run))
         return merge_run(run)
 
     def page(self, entries: list[LogEntry]) -> list[LogEntry]:
@@ -147,7 +147,7 @@ class SendPressure:
             return entries
         out, merged = coalesce_entries(entries)
         if merged:
-            self._metrics.coalesced.inc(merged)
+            self._metrics.clients.coalesced.inc(merged)
         return out
 
     def may_queue_reply(self, queue: deque[LogEntry]) -> bool:
@@ -155,7 +155,7 @@ class SendPressure:
         (a client sending frames without reading the answers) they are dropped."""
         if len(queue) < self.limit:
             return True
-        self._metrics.replies_dropped.inc()
+        self._metrics.clients.replies_dropped.inc()
         return False
 
 

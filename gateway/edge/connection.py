@@ -322,13 +322,13 @@ class ClientConnection:
                 if verdict is Verdict.ACCEPT:
                     await self._handle(frame)
                 elif verdict is Verdict.REFUSE:
-                    self.node.metrics.frames_dropped.inc()
+                    self.node.metrics.clients.frames_dropped.inc()
                     self._reply(flood_refusal(self.node.config, self._frame_rate))
                 elif verdict is Verdict.CLOSE:
                     await self._close_flooding(writer)
                     return
                 else:
-                    self.node.metrics.frames_dropped.inc()
+                    self.node.metrics.clients.frames_dropped.inc()
         except ConnectionClosed:
             return
         finally:
@@ -338,7 +338,7 @@ class ClientConnection:
     async def _close_flooding(self, writer: asyncio.Task[None]) -> None:
         """Close a client that kept flooding; abort the TCP connection if it
         does not answer the close soon (it may not be reading at all)."""
-        self.node.metrics.frames_dropped.inc()
+        self.node.metrics.clients.frames_dropped.inc()
         log.warning(
             "session %s: closing a client that keeps sending over its frame limit",
             self.sid,

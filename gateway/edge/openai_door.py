@@ -477,7 +477,7 @@ class DoorConnection(ClientConnection):
                     return
                 if verdict is not Verdict.ACCEPT:
                     if verdict is Verdict.REFUSE:
-                        self.node.metrics.frames_dropped.inc()
+                        self.node.metrics.clients.frames_dropped.inc()
                         message = (
                             f"too many events: at most {cfg.client_frames_per_second:g}/s "
                             f"(bursts of {cfg.client_frame_burst}); events over it are dropped "

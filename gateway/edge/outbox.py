@@ -80,7 +80,7 @@ class Outbox:
             self.replies.clear()
             self.lagging = True
             self.pressure.fell_behind()
-            metrics.client_lagging.inc()
+            metrics.clients.client_lagging.inc()
         else:
             queue.extend(entries)
         self.wake.set()

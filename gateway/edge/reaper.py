@@ -95,7 +95,7 @@ class SlowClientReaper:
             # nothing more can reach this client; free the connection.
             conn.ws.transport.abort()
             return
-        self.metrics.slow_client_closes.inc()
+        self.metrics.clients.slow_client_closes.inc()
         log.warning(
             "closing a client that read nothing for %.0f s (session %s, last sent seq %d); "
             "its events stay in the log",

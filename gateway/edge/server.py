@@ -273,13 +273,13 @@ class Gateway:
                 f"no such endpoint {path!r}: connect a WebSocket to {WS_PATH}\n",
             )
         if self.node.draining:
-            self.node.metrics.refused.labels("draining").inc()
+            self.node.metrics.clients.refused.labels("draining").inc()
             return _text(
                 http.HTTPStatus.SERVICE_UNAVAILABLE,
                 "this node is draining; connect to another node\n",
             )
         if not await self.store_probe.reachable():  # cached: one store ping a second at most
-            self.node.metrics.refused.labels("store").inc()
+            self.node.metrics.clients.refused.labels("store").inc()
             return _text(
                 http.HTTPStatus.SERVICE_UNAVAILABLE,
                 "the session store is unreachable; connect to another node or retry in a few "
@@ -314,7 +314,7 @@ class Gateway:
             if sid is None:
                 sid = admitted.session
             elif sid != admitted.session:
-                self.node.metrics.refused.labels("forbidden").inc()
+                self.node.metrics.clients.refused.labels("forbidden").inc()
                 return _text(
                     http.HTTPStatus.FORBIDDEN,
                     "this client token opens its own session only: connect without "
@@ -334,7 +334,7 @@ class Gateway:
             try:
                 meta = await self.node.store.get_meta(sid)
             except StoreUnavailable:
-                self.node.metrics.refused.labels("store").inc()
+                self.node.metrics.clients.refused.labels("store").inc()
                 return _text(
                     http.HTTPStatus.SERVICE_UNAVAILABLE,
                     "the session store is unavailable; retry in a few seconds\n",
@@ -344,7 +344,7 @@ class Gateway:
                 if unrecorded_owner is not None:
                     meta = {"owner": unrecorded_owner}
             if meta is None:
-                self.node.metrics.refused.labels("unknown_session").inc()
+                self.node.metrics.clients.refused.labels("unknown_session").inc()
                 if admitted.session is not None and _one(query, "session_id") is None:
                     return _text(
                         http.HTTPStatus.NOT_FOUND,
@@ -357,7 +357,7 @@ class Gateway:
                     "connect without session_id to start a new one\n",
                 )
             if meta.get("owner", "") != principal:
-                self.node.metrics.refused.labels("forbidden").inc()
+                self.node.metrics.clients.refused.labels("forbidden").inc()
                 return _text(
                     http.HTTPStatus.FORBIDDEN,
                     "this session belongs to another API key\n",
@@ -403,7 +403,7 @@ class Gateway:
             try:
                 last = await self.node.store.last_seq(sid)
             except StoreUnavailable:
-                self.node.metrics.refused.labels("store").inc()
+                self.node.metrics.clients.refused.labels("store").inc()
                 return _text(
                     http.HTTPStatus.SERVICE_UNAVAILABLE,
                     "the session store is unavailable; retry in a few seconds\n",
@@ -412,7 +412,7 @@ class Gateway:
             after = int(raw)
             if after <= last:
                 return after
-        self.node.metrics.refused.labels("bad_after").inc()
+        self.node.metrics.clients.refused.labels("bad_after").inc()
         shown = raw if len(raw) <= 40 else raw[:40] + "…"
         where = (
             f"this session's last seq is {last}"
@@ -454,8 +454,8 @@ class Gateway:
             await ws.close(1011, "handshake state missing")
             return
         node = self.node
-        node.metrics.connections.inc()
-        node.metrics.connections_total.inc()
+        node.metrics.clients.connections.inc()
+        node.metrics.clients.connections_total.inc()
         try:
             if hs.session_id is None:
                 runtime = await node.create_session(hs.principal)
@@ -492,7 +492,7 @@ class Gateway:
                     CloseCode.TRY_AGAIN_LATER, close_reason("session store unavailable; retry")
                 )
         finally:
-            node.metrics.connections.dec()
+            node.metrics.clients.connections.dec()
 
     # ------------------------------------------------------------------ shutdown
 

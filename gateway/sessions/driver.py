@@ -367,8 +367,8 @@ class TurnDriver:
     def _account(self, usage: Usage) -> None:
         """Charge a step's usage: counters, its price and the owner's quotas (``metric`` follows)."""
         metrics = self.services.metrics
-        metrics.tokens_input.inc(usage.input)
-        metrics.tokens_output.inc(usage.output)
+        metrics.usage.tokens_input.inc(usage.input)
+        metrics.usage.tokens_output.inc(usage.output)
         cost = self.observer.charge(usage)
         self.services.limits.record_usage(self.sid, usage, cost)
 

@@ -141,9 +141,9 @@ class LogWriter:
         self.node_id = node_id
         # The lease to take back when an append finds nobody holding it (None: never).
         self.lease_ttl = lease_ttl
-        # Seconds to wait after the first event of a round for more to join it:
-        # under load, fewer and bigger round trips for a bounded extra latency.
-        self.linger = linger
+        # Waiting after the first event of a round for more to join it: under
+        # load, fewer and bigger round trips for a bounded extra latency.
+        self._linger = _Linger(linger) if linger > 0 else None
         self.rounds = 0
         """Rounds written (events logged / rounds = sessions per round trip)."""
         self.lingered = 0
@@ -159,22 +159,20 @@ class LogWriter:
         self._writing: set[LogSource] = set()
         self._deferred: list[LogSource] = []
         self._closed = False
-        self._first_mark = 0.0  # perf_counter() of the first mark of the next round
-        self._last_size = 0  # sessions in the previous round
-        self._last_mark = -math.inf  # perf_counter() of the previous mark
-        self._gap = math.inf  # mean seconds between marks (see LINGER_WEIGHT)
-        self._lingering: asyncio.TimerHandle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: set[asyncio.Task[None]] = set()  # rounds that need awaits
 
     def mark(self, source: LogSource) -> None:
         """``source`` has something to write (called once until it is taken)."""
-        if self.linger > 0:
+        linger = self._linger
+        if linger is not None:
+            # The pace of marks, kept here rather than in a method of the
+            # linger's: this runs once per event.
             now = perf_counter()
-            gap = min(now - self._last_mark, 10 * self.linger)
-            self._last_mark = now
-            self._gap = (
-                gap if self._gap == math.inf else self._gap + (gap - self._gap) * LINGER_WEIGHT
+            gap = min(now - linger.last_mark, linger.longest_gap)
+            linger.last_mark = now
+            linger.gap = (
+                gap if linger.gap == math.inf else linger.gap + (gap - linger.gap) * LINGER_WEIGHT
             )
         if source in self._writing:
             # Its previous append is in flight: this batch goes after its answer
@@ -183,21 +181,21 @@ class LogWriter:
             self._deferred.append(source)
             return
         dirty = self._dirty
-        if self.linger > 0:
+        if linger is not None:
             if not dirty:
-                self._first_mark = now
+                linger.first_mark = now
             dirty.append(source)
             if not self._scheduled:
                 if self._in_flight < ROUNDS_IN_FLIGHT:
                     self._scheduled = True
                     self._schedule()
-            elif self._lingering is not None and (
-                len(dirty) >= LINGER_FULL or now - self._first_mark >= self.linger * LINGER_MIN
+            elif linger.timer is not None and (
+                len(dirty) >= LINGER_FULL or now - linger.first_mark >= linger.soonest
             ):
                 # Company came: go now, in this call (a call_soon would cost
                 # the loop another pass per round). The events this source
                 # emits later in this step go with the next round.
-                self._lingering.cancel()
+                linger.timer.cancel()
                 self._start_round()
             return
         dirty.append(source)
@@ -211,18 +209,19 @@ class LogWriter:
         Started by ``call_soon``, not here: the events the caller emits in
         the same step still join it.
         """
-        lingering = self._lingering
-        if lingering is not None and self._loop is not None:
-            lingering.cancel()
-            self._lingering = None  # marks now only join ``_dirty``: the round is scheduled
+        linger = self._linger
+        if linger is not None and linger.timer is not None and self._loop is not None:
+            linger.timer.cancel()
+            linger.timer = None  # marks now only join ``_dirty``: the round is scheduled
             self.hurried += 1
             self._loop.call_soon(self._start_round)
 
     async def close(self) -> None:
         self._closed = True
-        if self._lingering is not None:
-            self._lingering.cancel()
-            self._lingering = None
+        linger = self._linger
+        if linger is not None and linger.timer is not None:
+            linger.timer.cancel()
+            linger.timer = None
         tasks, self._tasks = self._tasks, set()
         for task in tasks:
             task.cancel()
@@ -239,29 +238,24 @@ class LogWriter:
             loop = self._loop = asyncio.get_running_loop()
         if self._closed:
             return
-        delay = self._linger_delay(perf_counter()) if self.linger > 0 else 0.0
-        if delay > 0:
+        linger = self._linger
+        if linger is not None and (delay := linger.delay(perf_counter(), len(self._dirty))) > 0:
             self.lingered += 1
-            self._lingering = loop.call_later(delay, self._start_round)
+            linger.timer = loop.call_later(delay, self._start_round)
         else:
             # Not run now: every session that is ready in this tick marks first.
             loop.call_soon(self._start_round)
 
-    def _linger_delay(self, now: float) -> float:
-        """How long a light round waits for more sessions (see the module docstring)."""
-        linger = self.linger
-        steady = self._gap < linger
-        if steady and self._last_size < LINGER_FULL and len(self._dirty) < LINGER_FULL:
-            return self._first_mark + linger - now
-        return 0.0
-
     def _start_round(self) -> None:
-        self._lingering = None
+        linger = self._linger
+        if linger is not None:
+            linger.timer = None
         self._scheduled = False
         if self._closed:
             return
         dirty, self._dirty = self._dirty, []
-        self._last_size = len(dirty)
+        if linger is not None:
+            linger.last_size = len(dirty)
         self.rounds += 1
         if self.on_round is not None:
             self.on_round()
@@ -321,12 +315,13 @@ class LogWriter:
         if self._deferred:
             deferred, self._deferred = self._deferred, []
             dirty = self._dirty
+            linger = self._linger
             for source in deferred:
                 if source in self._writing:  # in another round still in flight
                     self._deferred.append(source)
                 else:
-                    if not dirty:
-                        self._first_mark = perf_counter()
+                    if not dirty and linger is not None:
+                        linger.first_mark = perf_counter()
                     dirty.append(source)
         if (
             self._dirty
@@ -417,6 +412,46 @@ class LogWriter:
         except StoreError as exc:
             return exc
         return None
+
+
+class _Linger:
+    """When a round waits for company, and the round waiting (see "Linger" above).
+
+    Its own object because it is one decision with its own state: the pace of
+    marks, the size of the previous round and the timer of a lingering round.
+    """
+
+    __slots__ = (
+        "first_mark",
+        "gap",
+        "last_mark",
+        "last_size",
+        "longest_gap",
+        "seconds",
+        "soonest",
+        "timer",
+    )
+
+    def __init__(self, seconds: float) -> None:
+        # At most, seconds a round waits after its first event for more to join it.
+        self.seconds = seconds
+        # A round goes with the first mark this long after its first (LINGER_MIN).
+        self.soonest = seconds * LINGER_MIN
+        # A quiet spell counts as a gap of at most this in the mean.
+        self.longest_gap = 10 * seconds
+        self.first_mark = 0.0  # perf_counter() of the first mark of the next round
+        self.last_mark = -math.inf  # perf_counter() of the previous mark
+        self.gap = math.inf  # mean seconds between marks (see LINGER_WEIGHT)
+        self.last_size = 0  # sessions in the previous round
+        self.timer: asyncio.TimerHandle | None = None  # a round is lingering: its end
+
+    def delay(self, now: float, waiting: int) -> float:
+        """How long a round of ``waiting`` sessions waits for more (0: it goes now)."""
+        seconds = self.seconds
+        steady = self.gap < seconds
+        if steady and self.last_size < LINGER_FULL and waiting < LINGER_FULL:
+            return self.first_mark + seconds - now
+        return 0.0
 
 
 class _Round:

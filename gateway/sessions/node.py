@@ -40,6 +40,7 @@ from gateway.sessions.recorder import Recorders, secrets_to_scrub
 from gateway.sessions.resumption import META_KEY, decode_resume_point
 from gateway.sessions.runtime import SessionRuntime
 from gateway.sessions.setup import SessionServices, SessionSetups, UpstreamFactories
+from gateway.sessions.takeover import rerun_interrupted
 from gateway.sessions.workspaces import WorkspaceSweeper
 from gateway.store.base import RECORDING, Store, StoreError
 from gateway.tracing import Tracing
@@ -311,7 +312,8 @@ class Node:
                 raise
             self.runtimes[sid] = runtime
             self.metrics.sessions.set(len(self.runtimes))
-            await runtime.rerun_interrupted(
+            await rerun_interrupted(
+                runtime.driver,
                 "the node running this turn stopped; the turn is being rerun — "
                 "discard its partial output",
                 self.store,

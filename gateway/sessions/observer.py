@@ -99,7 +99,7 @@ class TurnObserver:
         cost = self._prices.cost(self.provider, self.model, usage)
         self.cost_total += cost
         self._step_cost += cost
-        tokens_in, tokens_out, dollars = self.metrics.for_key(self.owner or _NO_KEY)
+        tokens_in, tokens_out, dollars = self.metrics.usage.for_key(self.owner or _NO_KEY)
         tokens_in.inc(usage.input)
         tokens_out.inc(usage.output)
         if cost > 0:

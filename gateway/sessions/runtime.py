@@ -15,8 +15,9 @@ is a thin facade over one room per job:
 
 This module holds what ties them: clients attach and detach, commands come
 in (``start_turn``, ``cancel_turn``, ``tool_result``, ``approve``, ``configure``,
-``commit_audio``, ``rerun_interrupted``), the configuration changes, and
-the session closes. The node is reached through ``SessionHost`` only.
+``commit_audio``), the configuration changes, and the session closes. The
+node is reached through ``SessionHost`` only. After a takeover the node goes
+on with a cut turn through the driver (``takeover.rerun_interrupted``).
 """
 
 from __future__ import annotations
@@ -34,7 +35,6 @@ from gateway.sessions.commands import CLOSING
 from gateway.sessions.commands import run as run_command
 from gateway.sessions.driver import TurnDriver
 from gateway.sessions.guard import EventGuard, guard_result
-from gateway.sessions.journal import read_journal, read_journal_calls, unpersisted_step
 from gateway.sessions.observer import TurnObserver
 from gateway.sessions.recorder import SessionRecorder
 from gateway.sessions.resumption import ResumePoint
@@ -43,13 +43,12 @@ from gateway.sessions.setup import ConfigProblem, SessionServices, SessionSetup
 from gateway.sessions.subscriber import Subscriber
 from gateway.sessions.upstream_link import UpstreamLink
 from gateway.sessions.voice import VoiceInput, voice_config
-from gateway.store.base import EventLog, StoreError
+from gateway.store.base import StoreError
 from gateway.upstream.base import Upstream, VoiceConfig
 from protocol.assembly import HistoryItem, forgetting
 from protocol.audio import audio_frame
 from protocol.configuration import ConfigChange, apply_change
 from protocol.events import (
-    Call,
     Cancel,
     Configured,
     Dtmf,
@@ -61,20 +60,11 @@ from protocol.events import (
     UserMessage,
 )
 from protocol.guardrails import check_input
-from protocol.journal import (
-    JournalCall,
-    background_in_flight,
-    batch_in_flight,
-    turn_in_flight,
-)
 from protocol.recording import Header, NodeJoined
 from protocol.turn import TurnMachine
 from protocol.turn_events import (
     Action,
     Reconfigured,
-    Rerun,
-    Resume,
-    ResumeBackground,
     Shutdown,
     TurnInput,
 )
@@ -165,7 +155,7 @@ class SessionRuntime:
         machine.batch.background = setup.background
         machine.cancel_background = cfg.cancel_background
         machine.background.limit = cfg.background_max_running
-        # Audio in and/or out, from the stored configuration (set_voice changes it).
+        # Audio in and/or out, from the stored configuration (_install_voice changes it).
         self.voice: VoiceConfig | None = _voice_of(setup, services.executor.registry)
         machine.voice = self.voice is not None
         self.voice_in = VoiceInput(sid, self.voice.audio_in if self.voice else None)
@@ -293,39 +283,6 @@ class SessionRuntime:
         if not self.closed:
             self.log.emit(event)
 
-    async def rerun_interrupted(self, reason: str, events: EventLog) -> None:
-        """After a takeover: if the last turn was in flight, mark it and go on with it.
-
-        A batch in flight (history ends with its calls) is finished from the
-        journal: outcomes the log holds are reused, the other calls run again
-        under their own ids and keys (``Resume``). Otherwise the step is rerun.
-        The rerun's span links to the cut turn's (``observer.follows``, from the meta).
-        ``events``: the session's log, where the journal is read.
-        """
-        calls = batch_in_flight(self.history)
-        if not calls and turn_in_flight(self.history):
-            # Cut between its execute and its usage: the step's calls were sent
-            # (a client may act on them) but history lacks them. The same calls.
-            with contextlib.suppress(StoreError):
-                items = await unpersisted_step(events, self.sid, self.last_seq)
-                if items:
-                    self.log.persist(items)
-                    calls = batch_in_flight(self.history)
-        if calls:
-            journal = await _journal(events, self.sid, calls, self.last_seq)
-            self.driver.command(self.machine.feed(Resume(reason, journal)), interrupt=False)
-        elif turn_in_flight(self.history):
-            self.driver.command(self.machine.feed(Rerun(reason)), interrupt=False)
-        else:
-            self.observer.follows = ""
-        in_batch = {call.id for call in calls}
-        running = [c for c in background_in_flight(self.history) if c.id not in in_batch]
-        if running:
-            # Background calls whose result the model has not had: reused or run again
-            # (due when the turn above ends, or at once).
-            found = await _journal(events, self.sid, running, self.last_seq)
-            self.driver.command(self.machine.feed(ResumeBackground(found)), interrupt=False)
-
     # ------------------------------------------------------------------ configuration
 
     async def configure(self, change: ConfigChange) -> Error | None:
@@ -393,7 +350,7 @@ class SessionRuntime:
         self.observer.model = setup.upstream_factory.model
         self.log.emit(Configured(config=setup.config, reply_to=reply_to))
         self.host.runtime_configured(self)
-        self.set_voice(_voice_of(setup, self.services.executor.registry))
+        _install_voice(self, _voice_of(setup, self.services.executor.registry))
         if setup.record != (self.recorder is not None):
             _switch_recording(self, setup.record)
 
@@ -402,20 +359,6 @@ class SessionRuntime:
         return _voice_of(self.setup, self.services.executor.registry, speaks_only=True)
 
     # ------------------------------------------------------------------ voice
-
-    def set_voice(self, voice: VoiceConfig | None) -> None:
-        """Switch the session's audio (``None``: text only). The upstream is reopened
-        with the new configuration (its context rebuilt from history) when next needed."""
-        if voice == self.voice:
-            return
-        self.voice_in.reconfigure(voice.audio_in if voice is not None else None)
-        self.voice = voice
-        if self.log.guard is not None:
-            self.log.guard.speaks = _speaks(voice)
-        self.machine.voice = voice is not None
-        if self.machine.idle:
-            self.driver.drop_upstream(stop=False)
-        self.driver.listen()
 
     async def send_audio(self, pcm16: bytes) -> None:
         """User audio (PCM16 at ``AudioIn.rate``) to the provider. Audio that arrives
@@ -563,6 +506,21 @@ def _speaks(voice: VoiceConfig | None) -> bool:
     return voice is not None and voice.audio_out is not None and voice.audio_out.to_client
 
 
+def _install_voice(runtime: SessionRuntime, voice: VoiceConfig | None) -> None:
+    """A new setup's audio (``None``: text only), as ``_install_guard`` its guardrails.
+    The upstream is reopened with it (its context rebuilt from history) when next needed."""
+    if voice == runtime.voice:
+        return
+    runtime.voice_in.reconfigure(voice.audio_in if voice is not None else None)
+    runtime.voice = voice
+    if runtime.log.guard is not None:
+        runtime.log.guard.speaks = _speaks(voice)
+    runtime.machine.voice = voice is not None
+    if runtime.machine.idle:
+        runtime.driver.drop_upstream(stop=False)
+    runtime.driver.listen()
+
+
 def _judged_input(runtime: SessionRuntime, guard: EventGuard, given: TurnInput) -> TurnInput | None:
     """A user's message or a client tool's result as the input rules leave it (logging
     their ``guardrail`` events); None: a blocked message, which never reaches the model."""
@@ -584,18 +542,6 @@ def _judged_input(runtime: SessionRuntime, guard: EventGuard, given: TurnInput) 
         status = "failure" if withheld else given.status
         return msgspec.structs.replace(given, content=content, status=status)
     return given
-
-
-async def _journal(
-    events: EventLog, sid: str, calls: list[Call], last_seq: int
-) -> tuple[JournalCall, ...]:
-    """The journal of ``calls`` (``read_journal``); unread, every call runs again."""
-    try:
-        return await read_journal(events, sid, calls, last_seq)
-    except StoreError as exc:
-        # Without the outcomes every call runs again, each under its own key.
-        log.warning("session %s: journal not read (%s); rerunning its calls", sid, exc)
-        return read_journal_calls(calls)
 
 
 def _voice_of(

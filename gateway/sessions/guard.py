@@ -310,7 +310,7 @@ class EventGuard:
         """Count the hits and make their ``guardrail`` events (``reply_to``: the id of the
         message they judged). An output's ``end_turn`` ends the turn (``on_end_turn``);
         any rule on a ``spoken`` answer cuts it (``cut_ms``, its waiting audio dropped)."""
-        counter = self.metrics.guardrails
+        counter = self.metrics.guardrails.trips
         events: list[Event] = []
         for hit in hits:
             counter.labels(hit.rule, hit.action, on).inc()

@@ -83,7 +83,7 @@ def parse_rules(tables: object, where: str) -> tuple[RuleSpec, ...]:
             raise ValueError(
                 f"{where}: guardrail {name!r}: {exc}; a rule has name, on (input or "
                 "output), action (block, redact or end_turn) and one of pattern, detect "
-                "(email, phone, card) or max_chars"
+                "(email, phone, card), max_chars or check_url (an HTTP checker)"
             ) from None
     problem = compile_rules(specs)
     if isinstance(problem, str):

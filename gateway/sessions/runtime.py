@@ -34,6 +34,7 @@ from gateway.sessions.commands import CLOSING
 from gateway.sessions.commands import run as run_command
 from gateway.sessions.driver import TurnDriver
 from gateway.sessions.guard import EventGuard, guard_result
+from gateway.sessions.guardrail_check import screened
 from gateway.sessions.journal import read_journal, read_journal_calls, unpersisted_step
 from gateway.sessions.observer import TurnObserver
 from gateway.sessions.recorder import SessionRecorder
@@ -276,6 +277,13 @@ class SessionRuntime:
     def perform(self, actions: Sequence[Action], *, interrupt: bool) -> Error | None:
         """Hand a command's actions to the driver; the machine's refusal among them."""
         return self.driver.command(actions, interrupt=interrupt)
+
+    async def screen(self, message: Any) -> Any:
+        guard = self.log.guard
+        if guard is None or not guard.guardrails.input.checks:
+            return message
+        emit = self.log.emit
+        return await screened(message, guard, self.sid, lambda e: None if self.closed else emit(e))
 
     def heard(self, message: Any, refused: Error | None) -> None:
         """A client's command ran (``commands.dispatch``): recorded if the session records."""

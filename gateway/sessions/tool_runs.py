@@ -21,6 +21,7 @@ from collections.abc import Callable
 import msgspec
 
 from gateway.sessions.guard import guard_result
+from gateway.sessions.guardrail_check import screened
 from gateway.sessions.observer import TurnObserver
 from gateway.sessions.recorder import SessionRecorder
 from gateway.sessions.session_log import SessionLog
@@ -167,7 +168,18 @@ class ToolRuns:
             on_result=finished,
         )
         rules = self._setup().guardrails.input
+        if rules.checks:
+            results = await self._checked(results)
         return [_guarded(rules, r) for r in results] if rules else results
+
+    async def _checked(self, results: list[ToolResult]) -> list[ToolResult]:
+        """The results as the HTTP checker rules leave them (a blocked one a failure)."""
+        guard = self.log.guard
+        if guard is None:
+            return results
+        return list(
+            await asyncio.gather(*(screened(r, guard, self.sid, self.log.emit) for r in results))
+        )
 
     def _count(self, name: str, outcome: str) -> None:
         # Label only the node's own tools: a session's client tools are named by tenants.

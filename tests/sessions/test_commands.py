@@ -66,6 +66,9 @@ class Recorder:
         self.calls.append(("configure", change.instructions))
         return None
 
+    async def screen(self, message: object) -> object:
+        return message
+
     def heard(self, message: object, refused: Error | None) -> None:
         self.heard_all.append((type(message).__name__, refused.code if refused else ""))
 

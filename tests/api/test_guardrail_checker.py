@@ -1,0 +1,221 @@
+"""HTTP checker rules through a real gateway: an aiohttp checker on loopback.
+
+A typed message is POSTed to the checker before the model sees it: allowed,
+it reaches the model; blocked, it never does (the simulator's ``/context``
+counts what its connection holds) and the client gets a ``guardrail`` event
+naming the rule, never the checker's reason. A checker that times out or
+answers off the contract follows ``on_check_error`` and is counted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import tomllib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from gateway.client import Client
+from gateway.metrics import Metrics
+from gateway.sessions.guard import EventGuard
+from gateway.sessions.guardrail_check import MAX_ANSWER, screened
+from gateway.sessions.guardrail_rules import guardrails_of, parse_rules
+from protocol.events import Event, Guardrail, Respond, ToolResultMessage, UserMessage
+from protocol.guardrails import RuleSpec
+from tests.api.conftest import Keys, NodesFactory
+from tests.api.test_guardrails import _context_items
+
+pytestmark = pytest.mark.timeout(60)
+
+REASON = "mentions the launch codes"
+
+
+@pytest.fixture(params=["memory"])
+def store_kind(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@dataclass
+class Checker:
+    """What the checker was asked; ``release`` lets its slow answers go (at teardown)."""
+
+    url: str = ""
+    asked: list[dict[str, Any]] = field(default_factory=list)
+    release: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+@pytest.fixture
+async def checker() -> AsyncIterator[Checker]:
+    seen = Checker()
+
+    async def check(request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        seen.asked.append({**body, "auth": request.headers.get("Authorization", "")})
+        text = body["text"]
+        if "slow" in text:
+            await seen.release.wait()  # past any check_timeout: the test ends it
+        if "garbage" in text:
+            return web.Response(text="<html>not json</html>")
+        if "huge" in text:
+            return web.Response(text='{"allow": true, "pad": "' + "x" * MAX_ANSWER + '"}')
+        if "launch codes" in text:
+            return web.json_response({"allow": False, "reason": REASON})
+        return web.json_response({"allow": True})
+
+    app = web.Application()
+    app.router.add_post("/check", check)
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    seen.url = str(server.make_url("/check"))
+    try:
+        yield seen
+    finally:
+        seen.release.set()
+        await server.close()
+
+
+def _rules(url: str, on_error: str = "block", timeout: float = 2.0) -> str:
+    return (
+        '[[rule]]\nname = "app-check"\non = "input"\naction = "block"\n'
+        f'check_url = "{url}"\ncheck_timeout = {timeout}\non_check_error = "{on_error}"\n'
+        'check_headers = { Authorization = "Bearer ${CHECK_TOKEN}" }\n'
+    )
+
+
+async def test_allowed_reaches_the_model_and_blocked_never_does(
+    nodes: NodesFactory,
+    keys: Keys,
+    tmp_path: Path,
+    checker: Checker,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("CHECK_TOKEN", "tok-123456789")
+    rules = tmp_path / "guardrails.toml"
+    rules.write_text(_rules(checker.url))
+    async with nodes(1, guardrails=str(rules)) as (gw,):
+        async with Client(gw.url, token=keys.keys["alice"]) as c:
+            turn = [e async for e in c.send("hello there")]
+            said = "".join(e.content for e in turn if isinstance(e, Respond))
+            assert said == "Echo: hello there"
+            before = await _context_items(c)
+
+            blocked = [e async for e in c.send("the launch codes are 0000")]
+            assert [(type(e), e.rule, e.action, e.on) for e in blocked] == [  # type: ignore[union-attr]
+                (Guardrail, "app-check", "block", "input")
+            ]
+            assert REASON not in str(blocked)
+            # The model never saw it: its connection grew by the last probe only.
+            assert await _context_items(c) == before + 2
+            sid = c.session_id
+        asked = {a["text"]: a for a in checker.asked}
+        assert asked["hello there"] == {
+            "rule": "app-check",
+            "on": "input",
+            "kind": "user",
+            "text": "hello there",
+            "session_id": sid,
+            "auth": "Bearer tok-123456789",
+        }
+        assert "the launch codes are 0000" in asked
+        trips = gw.node.metrics.guardrails.trips
+        assert trips.labels("app-check", "block", "input")._value.get() == 1
+
+
+@pytest.mark.parametrize("on_error", ["allow", "block"])
+async def test_a_checker_that_times_out_or_talks_nonsense_follows_on_check_error(
+    nodes: NodesFactory,
+    keys: Keys,
+    tmp_path: Path,
+    checker: Checker,
+    monkeypatch: pytest.MonkeyPatch,
+    on_error: str,
+) -> None:
+    monkeypatch.setenv("CHECK_TOKEN", "tok-123456789")
+    rules = tmp_path / "guardrails.toml"
+    rules.write_text(_rules(checker.url, on_error, timeout=0.3))
+    async with nodes(1, guardrails=str(rules)) as (gw,):
+        async with Client(gw.url, token=keys.keys["alice"]) as c:
+            for text in ("a slow one", "some garbage", "a huge answer"):
+                turn = [e async for e in c.send(text)]
+                said = "".join(e.content for e in turn if isinstance(e, Respond))
+                trips = [(e.rule, e.on) for e in turn if isinstance(e, Guardrail)]
+                if on_error == "allow":  # fail-open: it reaches the model
+                    assert (said, trips) == (f"Echo: {text}", [])
+                else:  # fail-closed: it never does
+                    assert (said, trips) == ("", [("app-check", "input")])
+        errors = gw.node.metrics.guardrails.check_errors
+        for reason in ("timeout", "bad_answer", "too_large"):
+            assert errors.labels("app-check", reason)._value.get() == 1
+
+
+async def test_a_tool_result_the_checker_blocks_becomes_a_failure(checker: Checker) -> None:
+    spec = RuleSpec(name="app-check", on="input", action="block", check_url=checker.url)
+    compiled = guardrails_of([spec])
+    assert not isinstance(compiled, str)
+    guard = EventGuard(compiled, Metrics(), lambda: None)
+    logged: list[Event] = []
+    async with asyncio.timeout(10):
+        fine = ToolResultMessage(id="c1", status="success", content={"weather": "sunny"})
+        assert await screened(fine, guard, "s1", logged.append) is fine
+        bad = ToolResultMessage(id="c2", status="success", content={"x": "the launch codes"})
+        judged = await screened(bad, guard, "s1", logged.append)
+        message = UserMessage(content="launch codes?", id="m1")
+        assert await screened(message, guard, "s1", logged.append) is None
+    assert judged.status == "failure"
+    assert judged.content == "the result was withheld by the guardrail 'app-check'"
+    assert [(a["kind"], a["text"]) for a in checker.asked] == [
+        ("tool_result", '{"weather":"sunny"}'),
+        ("tool_result", '{"x":"the launch codes"}'),
+        ("user", "launch codes?"),
+    ]
+    assert [(e.rule, e.reply_to) for e in logged if isinstance(e, Guardrail)] == [
+        ("app-check", msgspec.UNSET),
+        ("app-check", "m1"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("fields", "problem"),
+    [
+        (
+            'on = "output"\naction = "block"\ncheck_url = "http://x/c"',
+            "check_url: .*judges inputs only",
+        ),
+        ('on = "input"\naction = "block"\ncheck_url = "ftp://x/c"', "check_url: must be"),
+        ('on = "input"\naction = "redact"\ncheck_url = "http://x/c"', "action: .*cannot redact"),
+        (
+            'on = "input"\naction = "block"\ncheck_url = "http://x/c"\ncheck_timeout = 30',
+            "check_timeout: 30s",
+        ),
+        (
+            'on = "input"\naction = "block"\ncheck_url = "http://x/c"\npattern = "x"',
+            "give exactly one matcher .* \\(it has pattern, check_url\\)",
+        ),
+        (
+            'on = "input"\naction = "block"\ncheck_url = "http://x/c"\n'
+            'check_headers = { X-Key = "${NO_SUCH_VAR_SET}" }',
+            "check_headers.X-Key: the environment variable NO_SUCH_VAR_SET",
+        ),
+    ],
+)
+def test_a_bad_checker_rule_is_refused_naming_the_rule_and_field(fields: str, problem: str) -> None:
+    tables = tomllib.loads(f'[[rule]]\nname = "chk"\n{fields}\n')["rule"]
+    with pytest.raises(ValueError, match=rf"guardrail 'chk': {problem}"):
+        parse_rules(tables, "rules.toml")
+
+
+async def test_a_bad_checker_rule_stops_the_start(nodes: NodesFactory, tmp_path: Path) -> None:
+    rules = tmp_path / "guardrails.toml"
+    rules.write_text(
+        '[[rule]]\nname = "out-check"\non = "output"\naction = "block"\n'
+        'check_url = "http://127.0.0.1:9/check"\n'
+    )
+    with pytest.raises(Exception, match=r"guardrail 'out-check': check_url: .*inputs only"):
+        async with nodes(1, guardrails=str(rules)):
+            pass

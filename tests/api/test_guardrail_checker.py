@@ -12,28 +12,23 @@ from __future__ import annotations
 import asyncio
 import tomllib
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import msgspec
 import pytest
-from aiohttp import web
-from aiohttp.test_utils import TestServer
 
 from gateway.client import Client
 from gateway.metrics import Metrics
 from gateway.sessions.guard import EventGuard
-from gateway.sessions.guardrail_check import MAX_ANSWER, screened
+from gateway.sessions.guardrail_check import screened
 from gateway.sessions.guardrail_rules import guardrails_of, parse_rules
 from protocol.events import Event, Guardrail, Respond, ToolResultMessage, UserMessage
 from protocol.guardrails import RuleSpec
 from tests.api.conftest import Keys, NodesFactory
 from tests.api.test_guardrails import _context_items
+from tests.guardrail_checker import REASON, Checker, running_checker
 
 pytestmark = pytest.mark.timeout(60)
-
-REASON = "mentions the launch codes"
 
 
 @pytest.fixture(params=["memory"])
@@ -41,43 +36,10 @@ def store_kind(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
-@dataclass
-class Checker:
-    """What the checker was asked; ``release`` lets its slow answers go (at teardown)."""
-
-    url: str = ""
-    asked: list[dict[str, Any]] = field(default_factory=list)
-    release: asyncio.Event = field(default_factory=asyncio.Event)
-
-
 @pytest.fixture
 async def checker() -> AsyncIterator[Checker]:
-    seen = Checker()
-
-    async def check(request: web.Request) -> web.StreamResponse:
-        body = await request.json()
-        seen.asked.append({**body, "auth": request.headers.get("Authorization", "")})
-        text = body["text"]
-        if "slow" in text:
-            await seen.release.wait()  # past any check_timeout: the test ends it
-        if "garbage" in text:
-            return web.Response(text="<html>not json</html>")
-        if "huge" in text:
-            return web.Response(text='{"allow": true, "pad": "' + "x" * MAX_ANSWER + '"}')
-        if "launch codes" in text:
-            return web.json_response({"allow": False, "reason": REASON})
-        return web.json_response({"allow": True})
-
-    app = web.Application()
-    app.router.add_post("/check", check)
-    server = TestServer(app, host="127.0.0.1")
-    await server.start_server()
-    seen.url = str(server.make_url("/check"))
-    try:
+    async with running_checker() as seen:
         yield seen
-    finally:
-        seen.release.set()
-        await server.close()
 
 
 def _rules(url: str, on_error: str = "block", timeout: float = 2.0) -> str:

@@ -13,7 +13,8 @@ as a deadline for the whole exchange. A checker that errs, times out or
 answers something else follows the rule's ``on_check_error`` (``allow``:
 fail-open, ``block``: fail-closed) and counts in
 ``rtgw_guardrail_check_errors{rule, reason}``. The client is ``httpx2``, the
-HTTP tools' client: no redirects, no proxies from the environment.
+HTTP tools' client, one per node (``Checkers``): no redirects, no proxies from
+the environment, connections kept alive between checks.
 
 Checks of one input run at once; the first rule (in order) that blocks wins.
 """
@@ -33,7 +34,7 @@ from gateway.sessions.guard import EventGuard
 from protocol.events import Event, UserMessage
 from protocol.guardrails import Hit, RuleSpec, check_headers
 
-__all__ = ["MAX_ANSWER", "MAX_TEXT", "Kind", "screen", "screened"]
+__all__ = ["MAX_ANSWER", "MAX_TEXT", "Checkers", "Kind", "screen", "screened"]
 
 log = logging.getLogger("gateway.sessions.guard")
 
@@ -44,6 +45,35 @@ MAX_TEXT: Final = 64 * 1024
 what is past the cut would go unjudged)."""
 MAX_ANSWER: Final = 64 * 1024
 """Bytes of a checker's answer read; a longer one is a check error."""
+
+
+_CONNECTIONS: Final = 256
+"""Connections to checkers open at once, for every session of the node."""
+
+
+class Checkers:
+    """The node's client for HTTP checkers, made at its first check (a node without
+    checker rules opens none), so checks reuse connections; closed with the node."""
+
+    __slots__ = ("_client",)
+
+    def __init__(self) -> None:
+        self._client: httpx2.AsyncClient | None = None
+
+    @property
+    def client(self) -> httpx2.AsyncClient:
+        if self._client is None:
+            self._client = httpx2.AsyncClient(
+                follow_redirects=False,  # a checker's URL is configured, not discovered
+                trust_env=False,
+                limits=httpx2.Limits(max_connections=_CONNECTIONS, max_keepalive_connections=64),
+            )
+        return self._client
+
+    async def aclose(self) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            await client.aclose()
 
 
 class _Answer(msgspec.Struct):
@@ -121,15 +151,17 @@ async def _judge(
 
 
 async def screen(
-    checks: Sequence[RuleSpec], kind: Kind, text: str, session_id: str, metrics: Metrics
+    client: httpx2.AsyncClient,
+    checks: Sequence[RuleSpec],
+    kind: Kind,
+    text: str,
+    session_id: str,
+    metrics: Metrics,
 ) -> Hit | None:
     """Ask every checker about ``text``; the first rule (in order) that blocks it, or None."""
     if not checks:
         return None
-    async with (
-        httpx2.AsyncClient(follow_redirects=False, trust_env=False) as client,
-        asyncio.TaskGroup() as group,
-    ):
+    async with asyncio.TaskGroup() as group:
         tasks = [
             group.create_task(_judge(client, spec, kind, text, session_id, metrics))
             for spec in checks
@@ -142,14 +174,18 @@ async def screen(
 
 
 async def screened(
-    given: Any, guard: EventGuard, session_id: str, emit: Callable[[Event], None]
+    given: Any,
+    guard: EventGuard,
+    checkers: Checkers,
+    session_id: str,
+    emit: Callable[[Event], None],
 ) -> Any:
     """A user's message or a client tool's result after the session's HTTP checker
     rules, their ``guardrail`` events given to ``emit``: a blocked message is None (it
     never reaches the model), a blocked tool result a failure naming the rule."""
     checks, metrics = guard.guardrails.input.checks, guard.metrics
     if isinstance(given, UserMessage):
-        hit = await screen(checks, "user", given.content, session_id, metrics)
+        hit = await screen(checkers.client, checks, "user", given.content, session_id, metrics)
         if hit is None:
             return given
         for event in guard.tripped([hit], "input", reply_to=given.id):
@@ -157,7 +193,7 @@ async def screened(
         return None
     content = given.content
     text = content if isinstance(content, str) else msgspec.json.encode(content).decode()
-    hit = await screen(checks, "tool_result", text, session_id, metrics)
+    hit = await screen(checkers.client, checks, "tool_result", text, session_id, metrics)
     if hit is None:
         return given
     for event in guard.tripped([hit], "input", ends=False):

@@ -283,7 +283,13 @@ class SessionRuntime:
         if guard is None or not guard.guardrails.input.checks:
             return message
         emit = self.log.emit
-        return await screened(message, guard, self.sid, lambda e: None if self.closed else emit(e))
+        return await screened(
+            message,
+            guard,
+            self.services.checkers,
+            self.sid,
+            lambda e: None if self.closed else emit(e),
+        )
 
     def heard(self, message: Any, refused: Error | None) -> None:
         """A client's command ran (``commands.dispatch``): recorded if the session records."""

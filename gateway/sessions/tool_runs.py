@@ -178,7 +178,12 @@ class ToolRuns:
         if guard is None:
             return results
         return list(
-            await asyncio.gather(*(screened(r, guard, self.sid, self.log.emit) for r in results))
+            await asyncio.gather(
+                *(
+                    screened(r, guard, self.services.checkers, self.sid, self.log.emit)
+                    for r in results
+                )
+            )
         )
 
     def _count(self, name: str, outcome: str) -> None:

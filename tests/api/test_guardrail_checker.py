@@ -20,7 +20,7 @@ import pytest
 from gateway.client import Client
 from gateway.metrics import Metrics
 from gateway.sessions.guard import EventGuard
-from gateway.sessions.guardrail_check import screened
+from gateway.sessions.guardrail_check import Checkers, screened
 from gateway.sessions.guardrail_rules import guardrails_of, parse_rules
 from protocol.events import Event, Guardrail, Respond, ToolResultMessage, UserMessage
 from protocol.guardrails import RuleSpec
@@ -122,13 +122,15 @@ async def test_a_tool_result_the_checker_blocks_becomes_a_failure(checker: Check
     assert not isinstance(compiled, str)
     guard = EventGuard(compiled, Metrics(), lambda: None)
     logged: list[Event] = []
+    checkers = Checkers()
     async with asyncio.timeout(10):
         fine = ToolResultMessage(id="c1", status="success", content={"weather": "sunny"})
-        assert await screened(fine, guard, "s1", logged.append) is fine
+        assert await screened(fine, guard, checkers, "s1", logged.append) is fine
         bad = ToolResultMessage(id="c2", status="success", content={"x": "the launch codes"})
-        judged = await screened(bad, guard, "s1", logged.append)
+        judged = await screened(bad, guard, checkers, "s1", logged.append)
         message = UserMessage(content="launch codes?", id="m1")
-        assert await screened(message, guard, "s1", logged.append) is None
+        assert await screened(message, guard, checkers, "s1", logged.append) is None
+    await checkers.aclose()
     assert judged.status == "failure"
     assert judged.content == "the result was withheld by the guardrail 'app-check'"
     assert [(a["kind"], a["text"]) for a in checker.asked] == [

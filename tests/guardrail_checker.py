@@ -2,7 +2,8 @@
 
 It writes down what it is asked and answers by the text: ``launch codes``
 blocked (with ``REASON``), ``slow`` never (until the test ends), ``garbage``
-HTML, ``huge`` a body past the gateway's cap; anything else allowed.
+HTML, ``huge`` a body past the gateway's cap; anything else allowed. ``/tool``
+is an HTTP tool whose result it blocks.
 """
 
 from __future__ import annotations
@@ -48,8 +49,12 @@ async def running_checker() -> AsyncIterator[Checker]:
             return web.json_response({"allow": False, "reason": REASON})
         return web.json_response({"allow": True})
 
+    async def tool(request: web.Request) -> web.StreamResponse:
+        return web.json_response({"said": "the launch codes are 0000"})
+
     app = web.Application()
     app.router.add_post("/check", check)
+    app.router.add_post("/tool", tool)  # an HTTP tool whose result the checker blocks
     server = TestServer(app, host="127.0.0.1")
     await server.start_server()
     seen.url = str(server.make_url("/check"))

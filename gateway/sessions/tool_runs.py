@@ -30,7 +30,7 @@ from gateway.upstream.base import Upstream, UpstreamClosed, UpstreamEvent
 from protocol.calls import ToolCall, ToolResult
 from protocol.guardrails import RuleSet
 from protocol.turn_events import RunTools, SpeechBegan, StartBackground
-from tools.executor import CallObserver
+from tools.executor import CallObserver, Judge
 
 __all__ = ["Gone", "Hearing", "ToolRuns", "hear"]
 
@@ -166,25 +166,22 @@ class ToolRuns:
             allowed=self._setup().server_tools,
             ids=ids,
             on_result=finished,
+            judge=self._judge(),
         )
         rules = self._setup().guardrails.input
-        if rules.checks:
-            results = await self._checked(results)
         return [_guarded(rules, r) for r in results] if rules else results
 
-    async def _checked(self, results: list[ToolResult]) -> list[ToolResult]:
-        """The results as the HTTP checker rules leave them (a blocked one a failure)."""
+    def _judge(self) -> Judge | None:
+        """The session's HTTP checker rules on each result, before anyone sees it."""
         guard = self.log.guard
-        if guard is None:
-            return results
-        return list(
-            await asyncio.gather(
-                *(
-                    screened(r, guard, self.services.checkers, self.sid, self.log.emit)
-                    for r in results
-                )
-            )
-        )
+        if guard is None or not guard.guardrails.input.checks:
+            return None
+
+        async def judge(result: ToolResult) -> ToolResult:
+            assert guard is not None
+            return await screened(result, guard, self.services.checkers, self.sid, self.log.emit)  # type: ignore[no-any-return]
+
+        return judge
 
     def _count(self, name: str, outcome: str) -> None:
         # Label only the node's own tools: a session's client tools are named by tenants.

@@ -22,7 +22,7 @@ from gateway.metrics import Metrics
 from gateway.sessions.guard import EventGuard
 from gateway.sessions.guardrail_check import Checkers, screened
 from gateway.sessions.guardrail_rules import guardrails_of, parse_rules
-from protocol.events import Event, Guardrail, Respond, ToolResultMessage, UserMessage
+from protocol.events import Event, Guardrail, Respond, Result, ToolResultMessage, UserMessage
 from protocol.guardrails import RuleSpec
 from tests.api.conftest import Keys, NodesFactory
 from tests.api.test_guardrails import _context_items
@@ -87,6 +87,37 @@ async def test_allowed_reaches_the_model_and_blocked_never_does(
         assert "the launch codes are 0000" in asked
         trips = gw.node.metrics.guardrails.trips
         assert trips.labels("app-check", "block", "input")._value.get() == 1
+
+
+async def test_a_server_tools_result_the_checker_blocks_reaches_the_model_as_a_failure(
+    nodes: NodesFactory,
+    keys: Keys,
+    tmp_path: Path,
+    checker: Checker,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("CHECK_TOKEN", "tok-123456789")
+    rules = tmp_path / "guardrails.toml"
+    rules.write_text(_rules(checker.url))
+    tools = tmp_path / "tools.toml"
+    tools.write_text(
+        "[builtin]\nenable = []\n\n[http.codes]\n"
+        f'url = "{checker.url.removesuffix("/check")}/tool"\n'
+        'description = "Codes."\nparameters = { type = "object" }\n'
+    )
+    async with (
+        nodes(1, guardrails=str(rules), tools_file=str(tools)) as (gw,),
+        Client(gw.url, token=keys.keys["alice"]) as c,
+    ):
+        turn = [e async for e in c.send("/tool codes {}")]
+    assert "0000" not in str(turn)
+    [result] = [e for e in turn if isinstance(e, Result)]
+    [outcome] = msgspec.json.decode(result.content)
+    assert outcome["status"] == "failure"
+    assert outcome["content"] == "the result was withheld by the guardrail 'app-check'"
+    assert [(e.rule, e.on) for e in turn if isinstance(e, Guardrail)] == [("app-check", "input")]
+    assert [a["kind"] for a in checker.asked] == ["user", "tool_result"]
+    assert gw.node.metrics.guardrails.trips.labels("app-check", "block", "input")._value.get() == 1
 
 
 @pytest.mark.parametrize("on_error", ["allow", "block"])

@@ -18,10 +18,12 @@ import msgspec
 import pytest
 
 from gateway.client import Client
+from gateway.common.settings import ConfigError
 from gateway.metrics import Metrics
 from gateway.sessions.guard import EventGuard
 from gateway.sessions.guardrail_check import Checkers, screened
 from gateway.sessions.guardrail_rules import guardrails_of, parse_rules
+from gateway.sessions.policy import KeyPolicies
 from protocol.events import Event, Guardrail, Respond, Result, ToolResultMessage, UserMessage
 from protocol.guardrails import RuleSpec
 from tests.api.conftest import Keys, NodesFactory
@@ -214,3 +216,21 @@ async def test_a_bad_checker_rule_stops_the_start(nodes: NodesFactory, tmp_path:
     with pytest.raises(Exception, match=r"guardrail 'out-check': check_url: .*inputs only"):
         async with nodes(1, guardrails=str(rules)):
             pass
+
+
+def test_a_key_policys_checker_rule_is_checked_as_the_files(tmp_path: Path) -> None:
+    policy = tmp_path / "policy.toml"
+    policy.write_text(
+        '[alice]\nguardrails = [{ name = "k-check", on = "input", action = "block", '
+        'check_url = "http://127.0.0.1:9/c", check_headers = { X-Key = "plain" } }]\n'
+    )
+    [spec] = KeyPolicies(policy).get("alice").guardrails
+    assert (spec.check_url, spec.check_headers) == ("http://127.0.0.1:9/c", {"X-Key": "plain"})
+    policy.write_text(
+        '[alice]\nguardrails = [{ name = "k-check", on = "input", action = "block", '
+        'check_url = "http://127.0.0.1:9/c", check_timeout = 0 }]\n'
+    )
+    with pytest.raises(
+        ConfigError, match=r"\[alice\]: guardrails: guardrail 'k-check': check_timeout"
+    ):
+        KeyPolicies(policy)

@@ -2,11 +2,12 @@
 
 A rule has a ``name``, a side (``on = "input" | "output"``), one matcher
 (``pattern``: an RE2 regex, linear in the text; ``detect``: ``email``,
-``phone`` or ``card`` with the Luhn checksum; ``max_chars``) and an
-``action``; or, on input, ``check_url``: an HTTP checker the app runs,
-awaited by the gateway (``gateway.sessions.guardrail_check``). ``redact`` replaces what matched, ``block`` withholds it (an input
-never reaches the model; an output is cut where the rule tripped) and
-``end_turn`` also ends the model's turn.
+``phone`` or ``card`` with the Luhn checksum; ``max_chars``; on input only,
+``check_url``: an HTTP checker the app runs, only validated here and awaited
+by ``gateway.sessions.guardrail_check``) and an ``action``: ``redact``
+replaces what matched, ``block`` withholds it (an input never reaches the
+model; an output is cut where the rule tripped) and ``end_turn`` also ends
+the model's turn.
 
 ``check`` judges a whole text. ``StreamGuard`` judges the same text fed in
 chunks and gives back, per chunk, what is safe to send now: it holds back only
@@ -47,8 +48,8 @@ __all__ = [
     "StreamGuard",
     "Verdict",
     "check",
-    "check_headers",
     "check_input",
+    "checker_headers",
     "compile_rules",
 ]
 
@@ -92,9 +93,13 @@ class RuleSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     check_headers: dict[str, str] = {}
     """Headers sent to the checker; ``${VAR}`` is taken from the environment at start."""
 
-    def __hash__(self) -> int:  # the headers table is a dict: hash its items
-        fields = msgspec.structs.astuple(self)
-        return hash((fields[:-1], tuple(sorted(self.check_headers.items()))))
+    def __hash__(self) -> int:  # compiled sets are cached by their specs; a dict is not hashable
+        return hash(
+            tuple(
+                tuple(sorted(v.items())) if isinstance(v, dict) else v
+                for v in msgspec.structs.astuple(self)
+            )
+        )
 
 
 class Hit(msgspec.Struct, frozen=True):
@@ -415,7 +420,7 @@ def _check_problem(spec: RuleSpec) -> str | None:
     return None
 
 
-def check_headers(spec: RuleSpec) -> dict[str, str]:
+def checker_headers(spec: RuleSpec) -> dict[str, str]:
     """A checker rule's headers with ``${VAR}`` taken from the environment."""
     return {
         k: _ENV_VAR.sub(lambda m: os.environ.get(m[1], ""), v)

@@ -32,7 +32,7 @@ import msgspec
 from gateway.metrics import Metrics
 from gateway.sessions.guard import EventGuard
 from protocol.events import Event, UserMessage
-from protocol.guardrails import Hit, RuleSpec, check_headers
+from protocol.guardrails import Hit, RuleSpec, checker_headers
 
 __all__ = ["MAX_ANSWER", "MAX_TEXT", "Checkers", "Kind", "screen", "screened"]
 
@@ -66,6 +66,8 @@ class Checkers:
             self._client = httpx2.AsyncClient(
                 follow_redirects=False,  # a checker's URL is configured, not discovered
                 trust_env=False,
+                # An answer is a few bytes: nothing to inflate (a bomb has nothing to ride).
+                headers={"Accept-Encoding": "identity"},
                 limits=httpx2.Limits(max_connections=_CONNECTIONS, max_keepalive_connections=64),
             )
         return self._client
@@ -101,7 +103,7 @@ async def _ask(
                 "POST",
                 spec.check_url,
                 json=body,
-                headers=check_headers(spec),
+                headers=checker_headers(spec),
                 timeout=spec.check_timeout,
             ) as response:
                 if not 200 <= response.status_code < 300:
@@ -175,7 +177,7 @@ async def screen(
 
 async def screened(
     given: Any,
-    guard: EventGuard,
+    guard: EventGuard | None,
     checkers: Checkers,
     session_id: str,
     emit: Callable[[Event], None],
@@ -183,6 +185,8 @@ async def screened(
     """A user's message or a client tool's result after the session's HTTP checker
     rules, their ``guardrail`` events given to ``emit``: a blocked message is None (it
     never reaches the model), a blocked tool result a failure naming the rule."""
+    if guard is None or not guard.guardrails.input.checks:
+        return given
     checks, metrics = guard.guardrails.input.checks, guard.metrics
     if isinstance(given, UserMessage):
         hit = await screen(checkers.client, checks, "user", given.content, session_id, metrics)

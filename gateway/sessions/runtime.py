@@ -33,7 +33,7 @@ import msgspec
 from gateway.sessions.commands import CLOSING
 from gateway.sessions.commands import run as run_command
 from gateway.sessions.driver import TurnDriver
-from gateway.sessions.guard import EventGuard, guard_result
+from gateway.sessions.guard import EventGuard, judged_input
 from gateway.sessions.guardrail_check import screened
 from gateway.sessions.journal import read_journal, read_journal_calls, unpersisted_step
 from gateway.sessions.observer import TurnObserver
@@ -55,9 +55,9 @@ from protocol.events import (
     Configured,
     Dtmf,
     Error,
+    Event,
     Forget,
     PhoneCall,
-    ToolResultMessage,
     Usage,
     UserMessage,
 )
@@ -268,7 +268,7 @@ class SessionRuntime:
         the session's input guardrails: a blocked message feeds nothing (no turn)."""
         guard = self.log.guard
         if guard is not None and guard.guardrails.input:
-            judged = _judged_input(self, guard, given)
+            judged = judged_input(guard, given, self.log.emit)
             if judged is None:
                 return ()
             given = judged
@@ -279,17 +279,11 @@ class SessionRuntime:
         return self.driver.command(actions, interrupt=interrupt)
 
     async def screen(self, message: Any) -> Any:
-        guard = self.log.guard
-        if guard is None or not guard.guardrails.input.checks:
-            return message
-        emit = self.log.emit
-        return await screened(
-            message,
-            guard,
-            self.services.checkers,
-            self.sid,
-            lambda e: None if self.closed else emit(e),
-        )
+        return await screened(message, self.log.guard, self.services.checkers, self.sid, self._emit)
+
+    def _emit(self, event: Event) -> None:
+        if not self.closed:  # a check may outlive the session
+            self.log.emit(event)
 
     def heard(self, message: Any, refused: Error | None) -> None:
         """A client's command ran (``commands.dispatch``): recorded if the session records."""
@@ -575,29 +569,6 @@ def _speaks(voice: VoiceConfig | None) -> bool:
     """The session's answers are spoken to its clients (their audio is cut with their
     transcript when a guardrail trips)."""
     return voice is not None and voice.audio_out is not None and voice.audio_out.to_client
-
-
-def _judged_input(runtime: SessionRuntime, guard: EventGuard, given: TurnInput) -> TurnInput | None:
-    """A user's message or a client tool's result as the input rules leave it (logging
-    their ``guardrail`` events); None: a blocked message, which never reaches the model."""
-    rules = guard.guardrails.input
-    if isinstance(given, UserMessage):
-        verdict = check_input(rules, given.content)
-        for event in guard.tripped(verdict.hits, "input", reply_to=given.id):
-            runtime.log.emit(event)
-        if verdict.blocked:
-            return None  # the session takes the next message
-        return msgspec.structs.replace(given, content=verdict.text) if verdict.hits else given
-    if isinstance(given, ToolResultMessage):
-        content, hits, withheld = guard_result(rules, given.content)
-        if not hits:
-            return given
-        if withheld:
-            for event in guard.tripped(hits, "input", ends=False):
-                runtime.log.emit(event)
-        status = "failure" if withheld else given.status
-        return msgspec.structs.replace(given, content=content, status=status)
-    return given
 
 
 async def _journal(

@@ -179,7 +179,10 @@ class ToolRuns:
 
         async def judge(result: ToolResult) -> ToolResult:
             assert guard is not None
-            return await screened(result, guard, self.services.checkers, self.sid, self.log.emit)  # type: ignore[no-any-return]
+            judged: ToolResult = await screened(
+                result, guard, self.services.checkers, self.sid, self.log.emit
+            )
+            return judged
 
         return judge
 

@@ -21,7 +21,7 @@ from gateway.client import Client
 from gateway.common.settings import ConfigError
 from gateway.metrics import Metrics
 from gateway.sessions.guard import EventGuard
-from gateway.sessions.guardrail_check import Checkers, screened
+from gateway.sessions.guardrail_check import MAX_TEXT, Checkers, screened
 from gateway.sessions.guardrail_rules import guardrails_of, parse_rules
 from gateway.sessions.policy import KeyPolicies
 from protocol.events import Event, Guardrail, Respond, Result, ToolResultMessage, UserMessage
@@ -163,7 +163,11 @@ async def test_a_tool_result_the_checker_blocks_becomes_a_failure(checker: Check
         judged = await screened(bad, guard, checkers, "s1", logged.append)
         message = UserMessage(content="launch codes?", id="m1")
         assert await screened(message, guard, checkers, "s1", logged.append) is None
+        # Past MAX_TEXT: not sent (cut, the rest would go unjudged); fail-closed here.
+        long = UserMessage(content="x" * (MAX_TEXT + 1))
+        assert await screened(long, guard, checkers, "s1", logged.append) is None
     await checkers.aclose()
+    assert guard.metrics.guardrails.check_errors.labels("app-check", "too_long")._value.get() == 1
     assert judged.status == "failure"
     assert judged.content == "the result was withheld by the guardrail 'app-check'"
     assert [(a["kind"], a["text"]) for a in checker.asked] == [
@@ -174,6 +178,7 @@ async def test_a_tool_result_the_checker_blocks_becomes_a_failure(checker: Check
     assert [(e.rule, e.reply_to) for e in logged if isinstance(e, Guardrail)] == [
         ("app-check", msgspec.UNSET),
         ("app-check", "m1"),
+        ("app-check", msgspec.UNSET),
     ]
 
 

@@ -88,6 +88,7 @@ class RuleSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     check_url: str = ""
     """An HTTP checker the app runs (input rules only): POSTed each input, awaited."""
     check_timeout: float = 2.0
+    """Seconds for the whole exchange with the checker, at most ``MAX_CHECK_TIMEOUT``."""
     on_check_error: Literal["allow", "block"] = "block"
     """What a checker that errs or times out decides: fail-open or fail-closed."""
     check_headers: dict[str, str] = {}
@@ -353,6 +354,9 @@ def _compile_one(spec: RuleSpec) -> _Rule | str | None:
         )
     if spec.check_url:
         return _check_problem(spec)
+    stray = spec.check_headers or spec.check_timeout != 2.0 or spec.on_check_error != "block"
+    if stray:
+        return f"{where}: check_timeout, on_check_error and check_headers go with check_url"
     if spec.max_chars < 0 or spec.window < 0 or spec.window > MAX_WINDOW:
         return f"{where}: max_chars and window must be positive (window at most {MAX_WINDOW})"
     if len(spec.replacement) > 100:

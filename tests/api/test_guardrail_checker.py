@@ -204,6 +204,10 @@ async def test_a_tool_result_the_checker_blocks_becomes_a_failure(checker: Check
             'check_headers = { X-Key = "${NO_SUCH_VAR_SET}" }',
             "check_headers.X-Key: the environment variable NO_SUCH_VAR_SET",
         ),
+        (
+            'on = "input"\naction = "block"\npattern = "x"\non_check_error = "allow"',
+            "check_timeout, on_check_error and check_headers go with check_url",
+        ),
     ],
 )
 def test_a_bad_checker_rule_is_refused_naming_the_rule_and_field(fields: str, problem: str) -> None:

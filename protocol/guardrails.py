@@ -27,7 +27,6 @@ Runs are bounded (``RUN_CAP``): a longer run is judged by its first
 from __future__ import annotations
 
 import importlib
-import os
 import re
 import urllib.parse
 from collections.abc import Callable, Sequence
@@ -49,7 +48,6 @@ __all__ = [
     "Verdict",
     "check",
     "check_input",
-    "checker_headers",
     "compile_rules",
 ]
 
@@ -92,7 +90,7 @@ class RuleSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     on_check_error: Literal["allow", "block"] = "block"
     """What a checker that errs or times out decides: fail-open or fail-closed."""
     check_headers: dict[str, str] = {}
-    """Headers sent to the checker; ``${VAR}`` is taken from the environment at start."""
+    """Headers sent to the checker; the gateway takes ``${VAR}`` from its environment."""
 
     def __hash__(self) -> int:  # compiled sets are cached by their specs; a dict is not hashable
         return hash(
@@ -389,7 +387,6 @@ def _compile_one(spec: RuleSpec) -> _Rule | str | None:
 
 MAX_CHECK_TIMEOUT: Final = 10.0
 """The longest a checker may take: an input waits for it before the model sees it."""
-_ENV_VAR: Final = re.compile(r"\$\{([^}]*)\}")
 
 
 def _check_problem(spec: RuleSpec) -> str | None:
@@ -414,22 +411,7 @@ def _check_problem(spec: RuleSpec) -> str | None:
             f"{where}: check_timeout: {spec.check_timeout:g}s; give more than 0 and at most "
             f"{MAX_CHECK_TIMEOUT:g} seconds (every judged input waits for it)"
         )
-    for header, value in spec.check_headers.items():
-        for var in _ENV_VAR.findall(value):
-            if var not in os.environ:
-                return (
-                    f"{where}: check_headers.{header}: the environment variable {var} is "
-                    "not set; set it before starting the gateway"
-                )
     return None
-
-
-def checker_headers(spec: RuleSpec) -> dict[str, str]:
-    """A checker rule's headers with ``${VAR}`` taken from the environment."""
-    return {
-        k: _ENV_VAR.sub(lambda m: os.environ.get(m[1], ""), v)
-        for k, v in spec.check_headers.items()
-    }
 
 
 def compile_rules(specs: Sequence[RuleSpec]) -> tuple[RuleSet, RuleSet] | str:

@@ -31,8 +31,9 @@ import msgspec
 
 from gateway.metrics import Metrics
 from gateway.sessions.guard import EventGuard
+from gateway.sessions.guardrail_rules import checker_headers
 from protocol.events import Event, UserMessage
-from protocol.guardrails import Hit, RuleSpec, checker_headers
+from protocol.guardrails import Hit, RuleSpec
 
 __all__ = ["MAX_ANSWER", "MAX_TEXT", "Checkers", "Kind", "screen", "screened"]
 

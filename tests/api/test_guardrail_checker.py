@@ -28,7 +28,7 @@ from protocol.events import Event, Guardrail, Respond, Result, ToolResultMessage
 from protocol.guardrails import RuleSpec
 from tests.api.conftest import Keys, NodesFactory
 from tests.api.test_guardrails import _context_items
-from tests.guardrail_checker import REASON, Checker, running_checker
+from tests.support.guardrail_checker import REASON, Checker, running_checker
 
 pytestmark = pytest.mark.timeout(60)
 

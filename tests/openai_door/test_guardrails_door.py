@@ -22,8 +22,8 @@ from openai import AsyncOpenAI
 from openai.resources.realtime.realtime import AsyncRealtimeConnection
 from openai.types.realtime import RealtimeErrorEvent
 
-from tests.guardrail_checker import Checker, running_checker
 from tests.openai_door.conftest import SERVER_EVENT
+from tests.support.guardrail_checker import Checker, running_checker
 from tests.voice.conftest import voice_gateway
 
 pytestmark = pytest.mark.timeout(60)

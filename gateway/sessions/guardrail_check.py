@@ -39,7 +39,7 @@ __all__ = ["MAX_ANSWER", "MAX_TEXT", "Checkers", "Kind", "screen", "screened"]
 
 log = logging.getLogger("gateway.sessions.guard")
 
-Kind = Literal["user", "transcript", "tool_result"]
+Kind = Literal["user", "tool_result"]
 
 MAX_TEXT: Final = 64 * 1024
 """Characters of an input a checker is sent; a longer input is a check error (never cut:
@@ -113,9 +113,14 @@ async def _ask(
                     kept += piece
                     if len(kept) > MAX_ANSWER:
                         raise CheckError("too_large")
+    except CheckError:
+        raise
     except (TimeoutError, httpx2.TimeoutException):
         raise CheckError("timeout") from None
     except httpx2.HTTPError:
+        raise CheckError("unreachable") from None
+    except Exception:  # whatever else a request can raise: still the rule's choice, not a crash
+        log.exception("guardrail %r: asking its checker failed", spec.name)
         raise CheckError("unreachable") from None
     try:
         return _DECODE.decode(kept)
@@ -183,8 +188,8 @@ async def screened(
     session_id: str,
     emit: Callable[[Event], None],
 ) -> Any:
-    """A user's message or a client tool's result after the session's HTTP checker
-    rules, their ``guardrail`` events given to ``emit``: a blocked message is None (it
+    """A user's message or a tool's result (a client's or a server tool's) after the
+    session's HTTP checker rules, their ``guardrail`` events given to ``emit``: a blocked message is None (it
     never reaches the model), a blocked tool result a failure naming the rule."""
     if guard is None or not guard.guardrails.input.checks:
         return given

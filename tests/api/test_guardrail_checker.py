@@ -243,3 +243,24 @@ def test_a_key_policys_checker_rule_is_checked_as_the_files(tmp_path: Path) -> N
         ConfigError, match=r"\[alice\]: guardrails: guardrail 'k-check': check_timeout"
     ):
         KeyPolicies(policy)
+
+
+@pytest.mark.parametrize("on_error", ["allow", "block"])
+async def test_a_checker_that_cannot_be_reached_follows_on_check_error(on_error: str) -> None:
+    spec = RuleSpec(
+        name="gone",
+        on="input",
+        action="block",
+        check_url="http://127.0.0.1:9/c",  # nothing listens: the connection is refused
+        on_check_error=on_error,  # type: ignore[arg-type]
+    )
+    compiled = guardrails_of([spec])
+    assert not isinstance(compiled, str)
+    guard = EventGuard(compiled, Metrics(), lambda: None)
+    checkers = Checkers()
+    message = UserMessage(content="hello")
+    async with asyncio.timeout(10):
+        judged = await screened(message, guard, checkers, "s1", lambda e: None)
+    await checkers.aclose()
+    assert judged is (None if on_error == "block" else message)
+    assert guard.metrics.guardrails.check_errors.labels("gone", "unreachable")._value.get() == 1

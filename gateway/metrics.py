@@ -61,6 +61,27 @@ class StoreMetrics:
         self.unconfirmed.set(len(self._unconfirmed()))
 
 
+class GuardrailMetrics:
+    """What guardrail rules do: their trips, and their HTTP checkers' failures."""
+
+    def __init__(self, r: CollectorRegistry) -> None:
+        self.trips = Counter(
+            "rtgw_guardrail_trips",
+            "Guardrail rules tripped, by rule, action and side (input, output)",
+            ["rule", "action", "on"],
+            registry=r,
+        )
+        # The checker erred, timed out or answered off the contract: its rule's
+        # on_check_error decided. reason: timeout, unreachable, status, too_large,
+        # bad_answer, too_long.
+        self.check_errors = Counter(
+            "rtgw_guardrail_check_errors",
+            "HTTP checker rules whose checker failed (on_check_error decided), by rule and reason",
+            ["rule", "reason"],
+            registry=r,
+        )
+
+
 class ToolMetrics:
     """What tool calls do: outcomes per tool, approval waits, background calls."""
 
@@ -189,12 +210,7 @@ class Metrics:
             multiprocess_mode="livesum",
         )
         self.turns = Counter("rtgw_turns", "Turns started", registry=r)
-        self.guardrails = Counter(
-            "rtgw_guardrail_trips",
-            "Guardrail rules tripped, by rule, action and side (input, output)",
-            ["rule", "action", "on"],
-            registry=r,
-        )
+        self.guardrails = GuardrailMetrics(r)
         self.events = Counter("rtgw_events", "Events logged and sent to clients", registry=r)
         self.tools = ToolMetrics(r)
         self.upstream_errors = Counter(

@@ -2,10 +2,12 @@
 
 A rule has a ``name``, a side (``on = "input" | "output"``), one matcher
 (``pattern``: an RE2 regex, linear in the text; ``detect``: ``email``,
-``phone`` or ``card`` with the Luhn checksum; ``max_chars``) and an
-``action``: ``redact`` replaces what matched, ``block`` withholds it (an input
-never reaches the model; an output is cut where the rule tripped) and
-``end_turn`` also ends the model's turn.
+``phone`` or ``card`` with the Luhn checksum; ``max_chars``; on input only,
+``check_url``: an HTTP checker the app runs, only validated here and awaited
+by ``gateway.sessions.guardrail_check``) and an ``action``: ``redact``
+replaces what matched, ``block`` withholds it (an input never reaches the
+model; an output is cut where the rule tripped) and ``end_turn`` also ends
+the model's turn.
 
 ``check`` judges a whole text. ``StreamGuard`` judges the same text fed in
 chunks and gives back, per chunk, what is safe to send now: it holds back only
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import importlib
 import re
+import urllib.parse
 from collections.abc import Callable, Sequence
 from typing import Any, Final, Literal, Protocol
 
@@ -80,6 +83,22 @@ class RuleSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     detect: Detector | None = None
     max_chars: int = 0
     replacement: str = REPLACEMENT
+    check_url: str = ""
+    """An HTTP checker the app runs (input rules only): POSTed each input, awaited."""
+    check_timeout: float = 2.0
+    """Seconds for the whole exchange with the checker, at most ``MAX_CHECK_TIMEOUT``."""
+    on_check_error: Literal["allow", "block"] = "block"
+    """What a checker that errs or times out decides: fail-open or fail-closed."""
+    check_headers: dict[str, str] = {}
+    """Headers sent to the checker; the gateway takes ``${VAR}`` from its environment."""
+
+    def __hash__(self) -> int:  # compiled sets are cached by their specs; a dict is not hashable
+        return hash(
+            tuple(
+                tuple(sorted(v.items())) if isinstance(v, dict) else v
+                for v in msgspec.structs.astuple(self)
+            )
+        )
 
 
 class Hit(msgspec.Struct, frozen=True):
@@ -274,11 +293,16 @@ class _Rule:
 
 
 class RuleSet:
-    """Compiled rules of one side, in order (``compile_rules``)."""
+    """Compiled rules of one side, in order (``compile_rules``).
 
-    __slots__ = ("limit", "rules", "scanners")
+    ``checks``: its HTTP checker rules, which are awaited (``gateway.sessions.
+    guardrail_check``) apart from the rules judged here: truth is of these only.
+    """
 
-    def __init__(self, rules: Sequence[_Rule]) -> None:
+    __slots__ = ("checks", "limit", "rules", "scanners")
+
+    def __init__(self, rules: Sequence[_Rule], checks: Sequence[RuleSpec] = ()) -> None:
+        self.checks = tuple(checks)
         self.rules = tuple(rules)
         self.scanners = tuple(r for r in rules if r.matcher is not None)
         limits = [r for r in rules if r.max_chars]
@@ -316,16 +340,21 @@ def _pattern_window(spec: RuleSpec) -> int | str:
     return int(high)
 
 
-def _compile_one(spec: RuleSpec) -> _Rule | str:
+def _compile_one(spec: RuleSpec) -> _Rule | str | None:
     where = f"guardrail {spec.name!r}"
     if not re.fullmatch(r"[A-Za-z0-9_.:-]{1,64}", spec.name):
         return f"guardrail {spec.name[:64]!r}: name: use 1-64 of A-Za-z0-9_.:-"
-    given = [f for f in ("pattern", "detect", "max_chars") if getattr(spec, f)]
+    given = [f for f in ("pattern", "detect", "max_chars", "check_url") if getattr(spec, f)]
     if len(given) != 1:
         return (
-            f"{where}: give exactly one matcher of pattern, detect, max_chars "
+            f"{where}: give exactly one matcher of pattern, detect, max_chars, check_url "
             f"(it has {', '.join(given) or 'none'})"
         )
+    if spec.check_url:
+        return _check_problem(spec)
+    stray = spec.check_headers or spec.check_timeout != 2.0 or spec.on_check_error != "block"
+    if stray:
+        return f"{where}: check_timeout, on_check_error and check_headers go with check_url"
     if spec.max_chars < 0 or spec.window < 0 or spec.window > MAX_WINDOW:
         return f"{where}: max_chars and window must be positive (window at most {MAX_WINDOW})"
     if len(spec.replacement) > 100:
@@ -356,12 +385,42 @@ def _compile_one(spec: RuleSpec) -> _Rule | str:
     return _Rule(spec, _Pattern(regex, window))
 
 
+MAX_CHECK_TIMEOUT: Final = 10.0
+"""The longest a checker may take: an input waits for it before the model sees it."""
+
+
+def _check_problem(spec: RuleSpec) -> str | None:
+    """What is wrong with an HTTP checker rule (None: nothing)."""
+    where = f"guardrail {spec.name!r}"
+    if spec.on != "input":
+        return (
+            f'{where}: check_url: an HTTP checker judges inputs only (on = "input"); an '
+            "answer streams, and a round trip per chunk would stall it: judge output "
+            "with pattern or detect rules (docs/guardrails.md)"
+        )
+    if spec.action == "redact":
+        return (
+            f"{where}: action: a checker answers allow or not, so it cannot redact; "
+            'use action = "block"'
+        )
+    url = urllib.parse.urlsplit(spec.check_url)
+    if url.scheme not in ("http", "https") or not url.hostname:
+        return f"{where}: check_url: must be an http:// or https:// URL, not {spec.check_url!r}"
+    if not 0 < spec.check_timeout <= MAX_CHECK_TIMEOUT:
+        return (
+            f"{where}: check_timeout: {spec.check_timeout:g}s; give more than 0 and at most "
+            f"{MAX_CHECK_TIMEOUT:g} seconds (every judged input waits for it)"
+        )
+    return None
+
+
 def compile_rules(specs: Sequence[RuleSpec]) -> tuple[RuleSet, RuleSet] | str:
     """The input and the output rules, or a problem naming the rule and the field."""
     if len(specs) > MAX_RULES:
         return f"guardrails: {len(specs)} rules, at most {MAX_RULES}"
     seen: set[str] = set()
     sides: dict[str, list[_Rule]] = {"input": [], "output": []}
+    checks: list[RuleSpec] = []
     for spec in specs:
         if spec.name in seen:
             return f"guardrail {spec.name!r}: name: used twice; give each rule its own"
@@ -369,8 +428,11 @@ def compile_rules(specs: Sequence[RuleSpec]) -> tuple[RuleSet, RuleSet] | str:
         rule = _compile_one(spec)
         if isinstance(rule, str):
             return rule
-        sides[spec.on].append(rule)
-    return RuleSet(sides["input"]), RuleSet(sides["output"])
+        if rule is None:
+            checks.append(spec)  # an HTTP checker: awaited by the gateway, not run here
+        else:
+            sides[spec.on].append(rule)
+    return RuleSet(sides["input"], checks), RuleSet(sides["output"])
 
 
 class StreamGuard:

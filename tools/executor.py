@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -35,7 +35,7 @@ from .done_markers import recall, record
 from .output import NotJSON, cap_output, output_size
 from .registry import AnyTool, InvalidArgs, Registry, UnknownTool
 
-__all__ = ["CallObserver", "Executor", "ResultSink"]
+__all__ = ["CallObserver", "Executor", "Judge", "ResultSink"]
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +47,8 @@ key); the block gets a callable that is handed the call's result (before truncat
 the batch's share). An exception escaping the call (a cancel) leaves the block with it."""
 
 ResultSink = Callable[[int, ToolResult], None]
+Judge = Callable[[ToolResult], Awaitable[ToolResult]]
+"""A result as the session lets it on (an awaited guardrail check), before anyone sees it."""
 """Told each call's result as soon as it finishes (its index in the batch): the session
 logs it at once, so a node that takes over reruns only the calls without one."""
 
@@ -99,6 +101,7 @@ class Executor:
         allowed: frozenset[str] | None = None,
         ids: Sequence[str] = (),
         on_result: ResultSink | None = None,
+        judge: Judge | None = None,
     ) -> list[ToolResult]:
         """Run ``calls`` concurrently; one result per call, in call order.
 
@@ -107,7 +110,8 @@ class Executor:
         another fails in its place, naming the ones it may use. ``ids``: the
         calls' ids in their session (parallel to ``calls``), from which each
         call's idempotency key derives (``ToolContext.idempotency_key``);
-        ``on_result`` is told each call's result as it finishes.
+        ``on_result`` is told each call's result as it finishes, after ``judge``
+        (the session's guardrail checkers) has had it.
 
         Calls past ``max_calls`` do not run: each gets a failure naming the
         limit. If the caller is cancelled (the user cancelled the turn), every
@@ -117,7 +121,9 @@ class Executor:
         admitted, refused = calls[: self.max_calls], calls[self.max_calls :]
         tasks = [
             asyncio.create_task(
-                self._run_one(index, call, _call_context(ctx, ids, index), observe, on_result),
+                self._run_one(
+                    index, call, _call_context(ctx, ids, index), observe, on_result, judge
+                ),
                 name=f"tool {call.name}",
             )
             if allowed is None or call.name in allowed
@@ -186,6 +192,7 @@ class Executor:
         ctx: ToolContext,
         observe: CallObserver | None,
         on_result: ResultSink | None,
+        judge: Judge | None = None,
     ) -> ToolResult:
         if observe is None:
             result = await self.run_call(call, ctx)
@@ -193,6 +200,8 @@ class Executor:
             with observe(call, ctx) as seen:
                 result = await self.run_call(call, ctx)
                 seen(result)
+        if judge is not None:
+            result = await judge(result)
         if on_result is not None:
             on_result(index, result)
         return result

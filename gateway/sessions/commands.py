@@ -105,6 +105,11 @@ class SessionCommands(Protocol):
     def heard(self, message: Any, refused: Error | None) -> None:
         """A command was run (``refused``: the error it got): the session may record it."""
 
+    async def screen(self, message: Any) -> Any:
+        """A user's message or a tool's result as the session's HTTP checker rules leave
+        it (awaited before it reaches the model); None: blocked (the client was told)."""
+        ...
+
 
 class Sender(Protocol):
     """The connection a command came from, as ``admit`` checks it."""
@@ -309,6 +314,10 @@ async def dispatch(message: Any, session: SessionCommands) -> Error | None:
         refused = await session.clear_audio()
         refused = None if refused is None else answering(refused, message)
     else:
+        if type(message) is UserMessage or type(message) is ToolResultMessage:
+            message = await session.screen(message)
+            if message is None:
+                return None  # blocked: the guardrail event tells the client
         refused = run(message, session)
     session.heard(message, refused)
     return refused

@@ -37,11 +37,14 @@ from protocol.events import (
     Respond,
     Result,
     Think,
+    ToolResultMessage,
     User,
+    UserMessage,
 )
 from protocol.guardrails import Hit, RuleSet, StreamGuard, check, check_input
+from protocol.turn_events import TurnInput
 
-__all__ = ["EventGuard", "guard_result", "guard_value"]
+__all__ = ["EventGuard", "guard_result", "guard_value", "judged_input"]
 
 _JSON: Final = msgspec.json.Decoder()
 _ENCODER: Final = msgspec.json.Encoder()
@@ -90,6 +93,32 @@ def guard_result(rules: RuleSet, content: Any) -> tuple[Any, list[Hit], bool]:
     if blocking:
         return f"the result was withheld by the guardrail {blocking[0].rule!r}", hits, True
     return guarded, hits, False
+
+
+def judged_input(
+    guard: EventGuard, given: TurnInput, emit: Callable[[Event], None]
+) -> TurnInput | None:
+    """A user's message or a client tool's result as the input rules leave it (their
+    ``guardrail`` events given to ``emit``); None: a blocked message, which never
+    reaches the model."""
+    rules = guard.guardrails.input
+    if isinstance(given, UserMessage):
+        verdict = check_input(rules, given.content)
+        for event in guard.tripped(verdict.hits, "input", reply_to=given.id):
+            emit(event)
+        if verdict.blocked:
+            return None  # the session takes the next message
+        return msgspec.structs.replace(given, content=verdict.text) if verdict.hits else given
+    if isinstance(given, ToolResultMessage):
+        content, hits, withheld = guard_result(rules, given.content)
+        if not hits:
+            return given
+        if withheld:
+            for event in guard.tripped(hits, "input", ends=False):
+                emit(event)
+        status = "failure" if withheld else given.status
+        return msgspec.structs.replace(given, content=content, status=status)
+    return given
 
 
 def _json_text(rules: RuleSet, text: str) -> tuple[str, list[Hit]]:
@@ -310,7 +339,7 @@ class EventGuard:
         """Count the hits and make their ``guardrail`` events (``reply_to``: the id of the
         message they judged). An output's ``end_turn`` ends the turn (``on_end_turn``);
         any rule on a ``spoken`` answer cuts it (``cut_ms``, its waiting audio dropped)."""
-        counter = self.metrics.guardrails
+        counter = self.metrics.guardrails.trips
         events: list[Event] = []
         for hit in hits:
             counter.labels(hit.rule, hit.action, on).inc()

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
+import re
 import time
 import tomllib
 from collections.abc import Sequence
@@ -29,8 +31,10 @@ __all__ = [
     "NO_GUARDRAILS",
     "Guardrails",
     "GuardrailsFile",
+    "checker_headers",
     "guardrails_of",
     "parse_rules",
+    "unset_variables",
 ]
 
 log = logging.getLogger("gateway.sessions.guard")
@@ -69,6 +73,31 @@ def guardrails_of(*groups: Sequence[RuleSpec]) -> Guardrails | str:
     return _compiled(tuple(spec for group in groups for spec in group))
 
 
+_ENV_VAR: Final = re.compile(r"\$\{([^}]*)\}")
+
+
+def unset_variables(specs: Sequence[RuleSpec]) -> str | None:
+    """A ``${VAR}`` in a checker rule's headers that the environment lacks (an empty
+    token would fail every check, far from its cause), naming the rule and the field."""
+    for spec in specs:
+        for header, value in spec.check_headers.items():
+            for var in _ENV_VAR.findall(value):
+                if var not in os.environ:
+                    return (
+                        f"guardrail {spec.name!r}: check_headers.{header}: the environment "
+                        f"variable {var} is not set; set it before starting the gateway"
+                    )
+    return None
+
+
+def checker_headers(spec: RuleSpec) -> dict[str, str]:
+    """A checker rule's headers, ``${VAR}`` taken from the environment (checked at start)."""
+    return {
+        k: _ENV_VAR.sub(lambda m: os.environ.get(m[1], ""), v)
+        for k, v in spec.check_headers.items()
+    }
+
+
 def parse_rules(tables: object, where: str) -> tuple[RuleSpec, ...]:
     """``[[rule]]`` tables (or a key policy's ``guardrails``) → specs; ValueError names
     the rule and the field."""
@@ -83,11 +112,14 @@ def parse_rules(tables: object, where: str) -> tuple[RuleSpec, ...]:
             raise ValueError(
                 f"{where}: guardrail {name!r}: {exc}; a rule has name, on (input or "
                 "output), action (block, redact or end_turn) and one of pattern, detect "
-                "(email, phone, card) or max_chars"
+                "(email, phone, card), max_chars or check_url (an HTTP checker)"
             ) from None
     problem = compile_rules(specs)
     if isinstance(problem, str):
         raise ValueError(f"{where}: {problem}")
+    unset = unset_variables(specs)
+    if unset is not None:
+        raise ValueError(f"{where}: {unset}")
     return tuple(specs)
 
 

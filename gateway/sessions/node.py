@@ -180,6 +180,7 @@ class Node:
         await self.log_writer.close()
         if self.services.recorders is not None:
             await self.services.recorders.close()
+        await self.services.checkers.aclose()
         # Listeners and the sweeper end before the store closes under them: a
         # task still unsubscribing on a closed client would outlive the node.
         background = list(self._background)

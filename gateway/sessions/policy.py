@@ -45,6 +45,7 @@ import msgspec
 
 from gateway.common.reloaded_file import ReloadedFile
 from gateway.common.settings import ConfigError
+from gateway.sessions.guardrail_rules import unset_variables
 from protocol.configuration import SessionConfig
 from protocol.guardrails import RuleSpec, compile_rules
 
@@ -191,8 +192,9 @@ class KeyPolicies(ReloadedFile):
                     "server_tools, reasoning_efforts (lists of strings), instructions (a "
                     "string), record (true or false) and aliases (a table of model names)"
                 ) from None
-            problem = compile_rules(policy.guardrails)
-            if isinstance(problem, str):
+            compiled = compile_rules(policy.guardrails)
+            problem = compiled if isinstance(compiled, str) else unset_variables(policy.guardrails)
+            if problem is not None:
                 raise ValueError(f"{self.path} [{key_id}]: guardrails: {problem}")
             known = self.known_providers
             unknown = [p for p in policy.providers or () if known and p not in known]

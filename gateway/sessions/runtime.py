@@ -34,7 +34,8 @@ import msgspec
 from gateway.sessions.commands import CLOSING
 from gateway.sessions.commands import run as run_command
 from gateway.sessions.driver import TurnDriver
-from gateway.sessions.guard import EventGuard, guard_result
+from gateway.sessions.guard import EventGuard, judged_input
+from gateway.sessions.guardrail_check import screened
 from gateway.sessions.observer import TurnObserver
 from gateway.sessions.recorder import SessionRecorder
 from gateway.sessions.resumption import ResumePoint
@@ -53,9 +54,9 @@ from protocol.events import (
     Configured,
     Dtmf,
     Error,
+    Event,
     Forget,
     PhoneCall,
-    ToolResultMessage,
     Usage,
     UserMessage,
 )
@@ -257,7 +258,7 @@ class SessionRuntime:
         the session's input guardrails: a blocked message feeds nothing (no turn)."""
         guard = self.log.guard
         if guard is not None and guard.guardrails.input:
-            judged = _judged_input(self, guard, given)
+            judged = judged_input(guard, given, self.log.emit)
             if judged is None:
                 return ()
             given = judged
@@ -266,6 +267,16 @@ class SessionRuntime:
     def perform(self, actions: Sequence[Action], *, interrupt: bool) -> Error | None:
         """Hand a command's actions to the driver; the machine's refusal among them."""
         return self.driver.command(actions, interrupt=interrupt)
+
+    async def screen(self, message: Any) -> Any:
+        """A typed message or a tool's result as the HTTP checkers leave it (awaited
+        before it reaches the model: ``guardrail_check.screened``)."""
+
+        def emit(event: Event) -> None:
+            if not self.closed:  # a check may outlive the session
+                self.log.emit(event)
+
+        return await screened(message, self.log.guard, self.services.checkers, self.sid, emit)
 
     def heard(self, message: Any, refused: Error | None) -> None:
         """A client's command ran (``commands.dispatch``): recorded if the session records."""
@@ -312,7 +323,7 @@ class SessionRuntime:
         if isinstance(setup, str):
             code = "bad_frame" if isinstance(setup, ConfigProblem) else "forbidden"
             return Error(code=code, content=str(setup))
-        self._apply_setup(setup, reply_to=getattr(change, "id", msgspec.UNSET))
+        _apply_setup(self, setup, reply_to=getattr(change, "id", msgspec.UNSET))
         return None
 
     def forget(self, message: Forget) -> Error | None:
@@ -332,27 +343,7 @@ class SessionRuntime:
         a server tool no longer allowed fails when it would run."""
         if self.closed:
             return
-        self._apply_setup(setup)
-
-    def _apply_setup(
-        self, setup: SessionSetup, *, reply_to: str | msgspec.UnsetType = msgspec.UNSET
-    ) -> None:
-        """A new setup from the next model step: logged as ``configured`` (answering the
-        ``configure`` whose ``id`` is ``reply_to``), stored."""
-        self.setup = setup
-        self.machine.feed(Reconfigured())  # the next step reopens (nothing to do now)
-        _install_guard(self, setup)
-        self.machine.batch.router = setup.client_tools
-        self.machine.batch.needs_approval = setup.approvals
-        self.machine.batch.background = setup.background
-        # Priced and traced as the provider and model it now uses.
-        self.observer.provider = setup.upstream_factory.provider
-        self.observer.model = setup.upstream_factory.model
-        self.log.emit(Configured(config=setup.config, reply_to=reply_to))
-        self.host.runtime_configured(self)
-        _install_voice(self, _voice_of(setup, self.services.executor.registry))
-        if setup.record != (self.recorder is not None):
-            _switch_recording(self, setup.record)
+        _apply_setup(self, setup)
 
     def speaking_voice(self) -> VoiceConfig | None:
         """The voice a model that only speaks is opened with for this session."""
@@ -506,6 +497,30 @@ def _speaks(voice: VoiceConfig | None) -> bool:
     return voice is not None and voice.audio_out is not None and voice.audio_out.to_client
 
 
+def _apply_setup(
+    runtime: SessionRuntime,
+    setup: SessionSetup,
+    *,
+    reply_to: str | msgspec.UnsetType = msgspec.UNSET,
+) -> None:
+    """A new setup from the next model step: logged as ``configured`` (answering the
+    ``configure`` whose ``id`` is ``reply_to``), stored."""
+    runtime.setup = setup
+    runtime.machine.feed(Reconfigured())  # the next step reopens (nothing to do now)
+    _install_guard(runtime, setup)
+    runtime.machine.batch.router = setup.client_tools
+    runtime.machine.batch.needs_approval = setup.approvals
+    runtime.machine.batch.background = setup.background
+    # Priced and traced as the provider and model it now uses.
+    runtime.observer.provider = setup.upstream_factory.provider
+    runtime.observer.model = setup.upstream_factory.model
+    runtime.log.emit(Configured(config=setup.config, reply_to=reply_to))
+    runtime.host.runtime_configured(runtime)
+    _install_voice(runtime, _voice_of(setup, runtime.services.executor.registry))
+    if setup.record != (runtime.recorder is not None):
+        _switch_recording(runtime, setup.record)
+
+
 def _install_voice(runtime: SessionRuntime, voice: VoiceConfig | None) -> None:
     """A new setup's audio (``None``: text only), as ``_install_guard`` its guardrails.
     The upstream is reopened with it (its context rebuilt from history) when next needed."""
@@ -519,29 +534,6 @@ def _install_voice(runtime: SessionRuntime, voice: VoiceConfig | None) -> None:
     if runtime.machine.idle:
         runtime.driver.drop_upstream(stop=False)
     runtime.driver.listen()
-
-
-def _judged_input(runtime: SessionRuntime, guard: EventGuard, given: TurnInput) -> TurnInput | None:
-    """A user's message or a client tool's result as the input rules leave it (logging
-    their ``guardrail`` events); None: a blocked message, which never reaches the model."""
-    rules = guard.guardrails.input
-    if isinstance(given, UserMessage):
-        verdict = check_input(rules, given.content)
-        for event in guard.tripped(verdict.hits, "input", reply_to=given.id):
-            runtime.log.emit(event)
-        if verdict.blocked:
-            return None  # the session takes the next message
-        return msgspec.structs.replace(given, content=verdict.text) if verdict.hits else given
-    if isinstance(given, ToolResultMessage):
-        content, hits, withheld = guard_result(rules, given.content)
-        if not hits:
-            return given
-        if withheld:
-            for event in guard.tripped(hits, "input", ends=False):
-                runtime.log.emit(event)
-        status = "failure" if withheld else given.status
-        return msgspec.structs.replace(given, content=content, status=status)
-    return given
 
 
 def _voice_of(

@@ -22,6 +22,7 @@ import msgspec
 from gateway.config import Config
 from gateway.metrics import Metrics
 from gateway.pricing import PriceTable
+from gateway.sessions.guardrail_check import Checkers
 from gateway.sessions.guardrail_rules import (
     NO_GUARDRAILS,
     Guardrails,
@@ -143,6 +144,7 @@ class SessionServices:
     session_setup: Callable[[str, SessionConfig, AllowList | None], SessionSetup | str]
     store_retry_delay: float = 0.5
     recorders: Recorders | None = None  # the flight recorder's writer (None: nothing records)
+    checkers: Checkers = field(default_factory=Checkers)  # guardrails' HTTP checkers
 
 
 class SessionSetups:

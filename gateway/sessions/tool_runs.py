@@ -21,6 +21,7 @@ from collections.abc import Callable
 import msgspec
 
 from gateway.sessions.guard import guard_result
+from gateway.sessions.guardrail_check import screened
 from gateway.sessions.observer import TurnObserver
 from gateway.sessions.recorder import SessionRecorder
 from gateway.sessions.session_log import SessionLog
@@ -29,7 +30,7 @@ from gateway.upstream.base import Upstream, UpstreamClosed, UpstreamEvent
 from protocol.calls import ToolCall, ToolResult
 from protocol.guardrails import RuleSet
 from protocol.turn_events import RunTools, SpeechBegan, StartBackground
-from tools.executor import CallObserver
+from tools.executor import CallObserver, Judge
 
 __all__ = ["Gone", "Hearing", "ToolRuns", "hear"]
 
@@ -165,9 +166,25 @@ class ToolRuns:
             allowed=self._setup().server_tools,
             ids=ids,
             on_result=finished,
+            judge=self._judge(),
         )
         rules = self._setup().guardrails.input
         return [_guarded(rules, r) for r in results] if rules else results
+
+    def _judge(self) -> Judge | None:
+        """The session's HTTP checker rules on each result, before anyone sees it."""
+        guard = self.log.guard
+        if guard is None or not guard.guardrails.input.checks:
+            return None
+
+        async def judge(result: ToolResult) -> ToolResult:
+            assert guard is not None
+            judged: ToolResult = await screened(
+                result, guard, self.services.checkers, self.sid, self.log.emit
+            )
+            return judged
+
+        return judge
 
     def _count(self, name: str, outcome: str) -> None:
         # Label only the node's own tools: a session's client tools are named by tenants.

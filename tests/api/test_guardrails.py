@@ -119,7 +119,7 @@ async def test_input_blocked_and_a_streamed_card_redacted_everywhere(
         assert _model_text(logged) == "Your card is [redacted], thanks!"
         frames = [line for line in lines if line["kind"] == "upstream"]
         assert frames and all(f.get("elided") == "guardrails" for f in frames)
-        metrics = gw.node.metrics.guardrails
+        metrics = gw.node.metrics.guardrails.trips
         assert metrics.labels("no-cards", "redact", "output")._value.get() == 1
         assert metrics.labels("no-passwords", "block", "input")._value.get() == 1
 

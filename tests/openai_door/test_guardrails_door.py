@@ -23,6 +23,7 @@ from openai.resources.realtime.realtime import AsyncRealtimeConnection
 from openai.types.realtime import RealtimeErrorEvent
 
 from tests.openai_door.conftest import SERVER_EVENT
+from tests.support.guardrail_checker import Checker, running_checker
 from tests.voice.conftest import voice_gateway
 
 pytestmark = pytest.mark.timeout(60)
@@ -133,3 +134,39 @@ async def test_a_spoken_card_is_cut_from_the_transcript_and_the_audio(tmp_path: 
     [done] = [e for e in got if e["type"] == "response.done"]
     assert done["response"]["status"] == "cancelled"
     assert truncations == [int(heard)]  # the model remembers what was heard
+
+
+@pytest.fixture
+async def checker() -> AsyncIterator[Checker]:
+    async with running_checker() as seen:
+        yield seen
+
+
+async def test_a_message_an_http_checker_blocks_is_the_same_error(
+    tmp_path: Path, checker: Checker
+) -> None:
+    rules = tmp_path / "guardrails.toml"
+    rules.write_text(
+        f'[[rule]]\nname = "app-check"\non = "input"\naction = "block"\ncheck_url = "{checker.url}"\n'
+    )
+    got: list[dict[str, Any]] = []
+    async with voice_gateway("openai", tmp_path, gateway_settings={"guardrails": str(rules)}) as gw:
+        base = gw.url.replace("/v1/realtime", "/openai/v1")
+        client = AsyncOpenAI(
+            api_key="unused", base_url=base.replace("ws://", "http://"), websocket_base_url=base
+        )
+        async with client.realtime.connect(model=MODEL) as conn:
+            await conn.session.update(session={"type": "realtime", "output_modalities": ["text"]})
+            await until(conn, "session.updated", got)
+            await say(conn, "the launch codes are 0000", "evt_client_1")
+            await until(conn, "error", got)
+            await say(conn, "hello", "evt_client_2")
+            await until(conn, "response.done", got)
+            responses = gw.sim.stats.responses_total
+    [error] = [RealtimeErrorEvent.model_validate(e) for e in got if e["type"] == "error"]
+    assert (error.error.code, error.error.event_id) == ("guardrail_blocked", "evt_client_1")
+    assert "app-check" in error.error.message and "0000" not in str(got)
+    texts = [e["delta"] for e in got if e["type"] == "response.output_text.delta"]
+    assert "".join(texts) == "Echo: hello"
+    assert responses == 1
+    assert [a["kind"] for a in checker.asked] == ["user", "user"]

@@ -66,6 +66,9 @@ class Recorder:
         self.calls.append(("configure", change.instructions))
         return None
 
+    async def screen(self, message: object) -> object:
+        return message
+
     def heard(self, message: object, refused: Error | None) -> None:
         self.heard_all.append((type(message).__name__, refused.code if refused else ""))
 
@@ -112,6 +115,27 @@ async def test_dispatch_feeds_each_command_and_returns_its_refusal() -> None:
         ("Played", ""),
         ("Approve", ""),
     ]
+
+
+async def test_messages_and_tool_results_are_screened_first_and_a_blocked_one_runs_nothing() -> (
+    None
+):
+    class Screening(Recorder):
+        def __init__(self) -> None:
+            super().__init__()
+            self.screened: list[str] = []
+
+        async def screen(self, message: object) -> object:
+            self.screened.append(type(message).__name__)
+            return None  # blocked by a checker (the guardrail event went out already)
+
+    target = Screening()
+    assert await dispatch(UserMessage(content="hi"), target) is None
+    assert await dispatch(ToolResultMessage("call_1", "success", "x"), target) is None
+    await dispatch(Played(seq=3, ms=120), target)
+    assert target.screened == ["UserMessage", "ToolResultMessage"]
+    assert target.calls == [("Played", False)]  # the blocked ones fed nothing
+    assert target.heard_all == [("Played", "")]
 
 
 async def test_a_refusal_and_the_confirming_event_name_the_command() -> None:

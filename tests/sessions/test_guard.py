@@ -54,7 +54,7 @@ def test_a_card_in_chunks_is_redacted_and_the_rest_flushed_before_the_end() -> N
     assert [type(e).__name__ for e in out][-1] == "End"
     trips = [e for e in out if isinstance(e, Guardrail)]
     assert [(t.rule, t.action, t.on) for t in trips] == [("no-cards", "redact", "output")]
-    assert metrics.guardrails.labels("no-cards", "redact", "output")._value.get() == 1
+    assert metrics.guardrails.trips.labels("no-cards", "redact", "output")._value.get() == 1
     assert not ended
 
 

@@ -508,12 +508,18 @@ class LoadTest:
         size = cfg.audio_rate // 50 * 2
         pcm = cfg.audio + bytes(cfg.audio_rate * 2)
         last_loud = self._last_loud_frame
-        start = time.monotonic()
+        due = time.monotonic()
         for index, at in enumerate(range(0, len(pcm), size)):
-            delay = start + index * 0.02 - time.monotonic()
+            delay = due - time.monotonic()
             if delay > 0:
                 await asyncio.sleep(delay)
+            else:
+                # Behind (a busy machine): go on from now, never faster than real time.
+                # A burst to catch up would play the trailing silence faster than the
+                # VAD's window, and the answer would seem to come sooner after speech.
+                due = time.monotonic()
             await ws.send(pcm[at : at + size], text=False)
+            due += 0.02
             if index == last_loud:
                 speech_end.append(time.perf_counter())
 

@@ -26,22 +26,11 @@ from gateway.sessions.policy import KeyPolicies
 from protocol.events import Configured, Guardrail, Respond, User
 from tests.api.conftest import Api, Keys, NodesFactory
 from tests.api.test_flow import export_all
+from tests.support.guardrail_rules import PASSWORDS_AND_CARDS
 
 pytestmark = pytest.mark.timeout(60)
 
-RULES = """
-[[rule]]
-name = "no-passwords"
-on = "input"
-action = "block"
-pattern = "(?i)my password is"
-
-[[rule]]
-name = "no-cards"
-on = "output"
-action = "redact"
-detect = "card"
-"""
+RULES = PASSWORDS_AND_CARDS
 
 CARD = "4242 4242 4242 4242"
 

@@ -19,6 +19,7 @@ from tests.browser.test_page import (
     send,
     wait_turn_over,
 )
+from tests.support.guardrail_rules import PASSWORDS_AND_CARDS
 
 __all__ = ["browser", "console_allowed", "page"]
 
@@ -27,19 +28,7 @@ pytestmark = [
     pytest.mark.timeout(90),
 ]
 
-RULES = """
-[[rule]]
-name = "no-passwords"
-on = "input"
-action = "block"
-pattern = "(?i)my password is"
-
-[[rule]]
-name = "no-cards"
-on = "output"
-action = "redact"
-detect = "card"
-"""
+RULES = PASSWORDS_AND_CARDS
 
 
 def test_the_console_shows_a_blocked_message_and_a_redacted_answer(

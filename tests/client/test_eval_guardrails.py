@@ -12,21 +12,10 @@ import pytest
 from gateway.client.evals import Expect, check
 from gateway.client.transcript import turns_of
 from protocol.events import Event, decode_event
+from tests.support.guardrail_rules import PASSWORDS_AND_CARDS
 from tests.support.recorded import gateway_cli, serve
 
-RULES = """
-[[rule]]
-name = "no-passwords"
-on = "input"
-action = "block"
-pattern = "(?i)my password is"
-
-[[rule]]
-name = "no-cards"
-on = "output"
-action = "redact"
-detect = "card"
-"""
+RULES = PASSWORDS_AND_CARDS
 
 SCENARIOS = """
 [[scenario]]

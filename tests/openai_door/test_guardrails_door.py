@@ -24,25 +24,14 @@ from openai.types.realtime import RealtimeErrorEvent
 
 from tests.openai_door.conftest import SERVER_EVENT
 from tests.support.guardrail_checker import Checker, running_checker
+from tests.support.guardrail_rules import PASSWORDS_AND_CARDS
 from tests.voice.conftest import voice_gateway
 
 pytestmark = pytest.mark.timeout(60)
 
 MODEL = "gpt-realtime-2.1"
 MS_PER_CHAR = 60
-RULES = """
-[[rule]]
-name = "no-passwords"
-on = "input"
-action = "block"
-pattern = "(?i)my password is"
-
-[[rule]]
-name = "no-cards"
-on = "output"
-action = "redact"
-detect = "card"
-"""
+RULES = PASSWORDS_AND_CARDS
 
 
 @contextlib.asynccontextmanager

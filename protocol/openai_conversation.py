@@ -102,6 +102,9 @@ class Conversation:
         self._turn = 0  # seq of the turn's user event: responses' and messages' ids
         self._responses = 0  # responses of this turn so far
         self._speech: str | None = None  # the spoken user item being heard
+        # The newest logged seq translated: a reply to the client's own frame (an
+        # ``error`` not logged) carries the seq the client has, never a newer one.
+        self._logged = 0
         self.ids = EventIds()
         self.shown = ShownItems()  # for conversation.item.retrieve and .delete
         # Per-response overrides (``protocol.openai_response``); their ``due`` configures
@@ -166,6 +169,7 @@ class Conversation:
                 content = event.content
                 resp.text.append(content)
                 resp.last = event.seq  # the message's span, for conversation.item.delete
+                self._logged = event.seq
                 return [
                     {
                         "type": "response.output_audio_transcript.delta"
@@ -183,6 +187,11 @@ class Conversation:
             return []
         ids = self.ids
         ids.seq, ids.n = event.seq, 0
+        reply = type(event) is Error and event.seq <= self._logged
+        if event.seq > self._logged:
+            self._logged = event.seq
+        if reply:  # the running response goes on: only a logged error ends it
+            ids.seq = 0
         try:
             events = self._gateway(event)
         finally:
@@ -275,7 +284,7 @@ class Conversation:
                 if isinstance(ref, str) and ref in requests.named:
                     reply = ref
                 out = [self.ids.error(content, code=code, event_id=reply)]
-                if self._response is not None and event.seq:
+                if self._response is not None and self.ids.seq:  # logged: the turn failed
                     out = [*self._done("failed", error=content), *out]
                 return out
         return []

@@ -181,3 +181,33 @@ async def test_an_append_that_is_not_base64_is_refused_and_the_turn_goes_on(
     kinds = [e["type"] for e in events]
     assert "input_audio_buffer.committed" in kinds
     assert events[-1]["response"]["status"] == "completed"
+
+
+async def test_an_error_answering_the_client_mid_answer_leaves_the_answer_running(
+    tmp_path: Path,
+) -> None:
+    """A refusal of the client's own event (a delete sent while the model answers)
+    is an ``error`` for that event; the running response goes on to ``completed``
+    with all its text, as OpenAI's does. It used to end the response as ``failed``."""
+    async with voice_gateway("openai", tmp_path, tokens_per_second=40, chunk_size=2) as gw:
+        client = await RawClient.open(door(gw.url), max_size=None)
+        try:
+            await client.say("/raw " + "z" * 120)
+            before = await client.until("response.output_text.delta")
+            asked = next(
+                e["item"]["id"]
+                for e in before
+                if e["type"] == "conversation.item.added" and e["item"].get("role") == "user"
+            )
+            # Deleting an item while the model answers is refused (by the session: a
+            # reply to this client, not a logged event).
+            await client.send(type="conversation.item.delete", item_id=asked, event_id="evt_early")
+            events = await client.until("response.done")
+        finally:
+            await client.close()
+    errors = [e for e in events if e["type"] == "error"]
+    assert [e["error"].get("event_id") for e in errors] == ["evt_early"], errors
+    done = events[-1]["response"]
+    assert done["status"] == "completed", done
+    text = "".join(e["delta"] for e in client.events if e["type"] == "response.output_text.delta")
+    assert text == "z" * 120

@@ -10,7 +10,7 @@ import re
 import sys
 from importlib.metadata import distributions
 
-_PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;\\]+)")
+_PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(?:\[[^\]]*\])?==([^\s;\\]+)")
 _PROJECT = "realtime-gateway"
 
 

@@ -25,8 +25,6 @@ is not sent again.
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import contextlib
 import http
 import logging
@@ -55,6 +53,7 @@ from protocol.configuration import SessionConfig
 from protocol.events import Configure, Session, UserMessage, decode_event
 from protocol.openai_conversation import Command, Conversation, ServerEvent
 from protocol.openai_events import InputAudioBufferAppend, decode_client, encode_frame
+from protocol.openai_requests import append_pcm
 
 __all__ = ["OPENAI_PATH", "DoorConnection", "OpenAIDoor", "model_route"]
 
@@ -442,18 +441,15 @@ class DoorConnection(ClientConnection):
         if (
             self._close is not None
             or not text
-            or b'"input_audio_buffer.append"' not in data[:200]
+            or data.find(b'"input_audio_buffer.append"', 0, 200) < 0
             or not self.conversation.hearing
         ):
             return False
         event = decode_client(data)
         if type(event) is not InputAudioBufferAppend:
             return False
-        try:
-            pcm = base64.b64decode(event.audio, validate=True)
-        except (binascii.Error, ValueError):
-            return False  # the reader refuses it, with the client's event_id
-        return self.mic.now(pcm)
+        pcm = append_pcm(event)  # None: not base64, the reader refuses it with its event_id
+        return pcm is not None and self.mic.now(pcm)
 
     async def _read_events(
         self,

@@ -16,7 +16,7 @@ FILE`` and the owner's key policy, compiled into ``Guardrails``).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 import msgspec
 
@@ -216,6 +216,8 @@ class EventGuard:
         return self._flush() if self.speaks and self._kind is Respond else []
 
     def _release_audio(self) -> None:
+        if not self._audio:
+            return  # called on every clean spoken token: nothing held, nothing to do
         audio, self._audio = self._audio, []
         send = self.send_audio
         for pcm16 in audio:
@@ -226,21 +228,24 @@ class EventGuard:
     def filter(self, event: Event) -> list[Event]:
         kind = type(event)
         output = self.guardrails.output
-        if kind is Respond or kind is Think:
+        if isinstance(event, Respond | Think):
             if self._ended:
                 return []
+            if not output:  # input rules only: the stream goes out as it is (per token)
+                return [event] if event.content else []
             out: list[Event] = []
             stream = self._stream
-            spoken = self.speaks and kind is Respond
-            if kind is not self._kind or stream is None:
+            block = type(event)  # Respond or Think, as narrowed
+            spoken = self.speaks and block is Respond
+            if block is not self._kind or stream is None:
                 out = self._flush()
-                self._kind = kind
+                self._kind = block
                 stream = self._stream = StreamGuard(output, cuts=spoken)
                 if spoken:
                     self.released_ms = 0.0  # a new answer (its audio before it still waits)
-            piece = stream.feed(event.content)  # type: ignore[union-attr]
+            piece = stream.feed(event.content)
             if piece.text:
-                event.content = piece.text  # type: ignore[union-attr]
+                event.content = piece.text
                 out.append(event)
             if piece.hits:
                 out += self.tripped(piece.hits, "output", spoken=spoken)
@@ -250,21 +255,21 @@ class EventGuard:
         if kind is Cancelled or kind is Interrupt or kind is Error:
             self._audio = []  # the answer stops: what of its audio waits is not played
         out = self._flush() if isinstance(event, _BLOCK_ENDS) else []
-        if kind is Call:
+        if isinstance(event, Call):
             if self._ended:
                 return out
-            content, hits = _json_text(output, event.content)  # type: ignore[union-attr]
+            content, hits = _json_text(output, event.content)
             if hits:
                 event = msgspec.structs.replace(event, content=content)
                 out.append(event)
                 out += self.tripped(hits, "output", ends=False)
                 return out
-        elif kind is Result or (kind is User and event.source == "audio"):  # type: ignore[union-attr]
+        elif isinstance(event, Result) or (isinstance(event, User) and event.source == "audio"):
             rules = self.guardrails.input
-            if kind is Result:
-                content, hits = _json_text(rules, event.content)  # type: ignore[union-attr]
+            if isinstance(event, Result):
+                content, hits = _json_text(rules, event.content)
             else:
-                verdict = check_input(rules, event.content)  # type: ignore[union-attr]
+                verdict = check_input(rules, event.content)
                 content, hits = verdict.text, list(verdict.hits)
             if hits:
                 out.append(msgspec.structs.replace(event, content=content))
@@ -298,7 +303,7 @@ class EventGuard:
                 content, hits = _json_text(input_, item.content)
                 if hits:
                     item = msgspec.structs.replace(item, content=content)
-            elif kind is User and item.source == "audio":  # type: ignore[union-attr]
+            elif isinstance(item, User) and item.source == "audio":
                 verdict = check_input(input_, item.content)
                 if verdict.hits:
                     item = msgspec.structs.replace(item, content=verdict.text)
@@ -330,7 +335,7 @@ class EventGuard:
     def tripped(
         self,
         hits: Sequence[Hit],
-        on: str,
+        on: Literal["input", "output"],
         *,
         ends: bool = True,
         spoken: bool = False,
@@ -343,9 +348,7 @@ class EventGuard:
         events: list[Event] = []
         for hit in hits:
             counter.labels(hit.rule, hit.action, on).inc()
-            events.append(
-                Guardrail(rule=hit.rule, action=hit.action, on=on, reply_to=reply_to)  # type: ignore[arg-type]
-            )
+            events.append(Guardrail(rule=hit.rule, action=hit.action, on=on, reply_to=reply_to))
             ending = hit.action == "end_turn" or spoken
             if ends and ending and not self._ended:
                 self._ended = True

@@ -149,6 +149,8 @@ class CallConnection(DoorConnection):
             played = speaker.progress()
             if played is not None:  # kept by the session for a barge-in's cut
                 await self._handle(_encoder.encode(played).decode())
+            if conversation.hearing and self.mic.now(pcm):
+                continue  # the common frame: driven here, heard, taken by the upstream now
             if not await self._driven_here():
                 continue
             for command in conversation.speech_in(pcm).commands:

@@ -14,7 +14,7 @@ Data model (Redis keys share the hash tag ``{SID}`` so a cluster keeps a session
 on one slot):
 
 - ``rtgw:{SID}:meta``    hash: owner, provider, created, status, …
-- ``rtgw:{SID}:log``     stream of every client event; entry id ``SEQ-0``
+- ``rtgw:{SID}:log``     stream of every client event; entry id ``SEQ-0`` (``SEQ-1`` past a fence)
 - ``rtgw:{SID}:history`` list of persisted semantic units (context assembly input)
 - ``rtgw:{SID}:lease``   the node driving the session (``SET NX PX``, renewed)
 - ``rtgw:{SID}:gone``    set by ``delete_session``: the session may not be leased again

@@ -117,6 +117,8 @@ class GroupCommit:
         self.replicas = ReplicaWatch(durability, replica_timeout_ms, topology.where)
         self.limits = bulk(b"%d" % ttl_ms) + bulk(b"%d" % max_log)
         """The append's TTL and log bound, packed once (``pack_append``)."""
+        self.max_log = bulk(b"%d" % max_log)
+        """The log bound alone, packed once (``pack_xadd``)."""
         self.memo = SeqMemo(ttl_ms)
         """Where this store's sessions' logs end: spares the script a read (``SeqMemo``)."""
         self.sender = BatchSender(

@@ -40,7 +40,7 @@ from gateway.store.redis_refusal import closed_at_once, refusal
 from gateway.store.redis_scripts import SCRIPTS, LuaScript
 from gateway.store.redis_topology import Topology
 
-__all__ = ["ERRORS", "RedisCore", "ms", "seq_of"]
+__all__ = ["ERRORS", "MAX_SUB_ID", "RedisCore", "ms", "seq_of"]
 
 # RedisClusterException (no slot known, no node answers) is not a RedisError.
 ERRORS: Final = (RedisError, RedisClusterException, OSError)
@@ -68,8 +68,13 @@ def ms(seconds: float, what: str) -> int:
     return max(1, round(seconds * 1000))
 
 
+MAX_SUB_ID: Final = 2**64 - 1
+"""The largest second part of a stream ID: ``<seq>-MAX_SUB_ID`` is past every entry of a
+seq (``<seq>-0``, or ``<seq>-1`` past a fence: ``redis_scripts.ACQUIRE``)."""
+
+
 def seq_of(entry_id: bytes) -> int:
-    """The seq of a stream entry id ``SEQ-0``."""
+    """The seq of a stream entry id ``SEQ-0`` (or ``SEQ-1``)."""
     return int(entry_id.partition(b"-")[0])
 
 

@@ -56,6 +56,7 @@ __all__ = [
     "pack_append",
     "pack_append_at",
     "pack_round",
+    "pack_xadd",
     "reply_lines",
     "take_transport",
     "with_check",
@@ -105,6 +106,28 @@ def pack_append(
     for item in history:
         parts.append(b"$%d\r\n%b\r\n" % (len(item), item))
     return b"".join(parts)
+
+
+XADD_HEAD: Final = b"*9\r\n" + bulk(b"XADD")
+XADD_OPTIONS: Final = bulk(b"NOMKSTREAM") + bulk(b"MAXLEN") + bulk(b"~")
+
+
+def pack_xadd(key: bytes, max_log: bytes, seq: int, data: bytes) -> bytes:
+    """``XADD {key}log NOMKSTREAM MAXLEN ~ max_log <seq>-0 d data``: a bare append.
+
+    No script and no lease read: the fence is in the log (``redis_scripts.ACQUIRE``).
+    ``NOMKSTREAM``: a deleted session's log is not made again (the reply is nil).
+    """
+    entry_id = b"%d-0" % seq
+    return b"".join(
+        (
+            XADD_HEAD,
+            b"$%d\r\n%blog\r\n" % (len(key) + 3, key),
+            XADD_OPTIONS,
+            max_log,
+            b"$%d\r\n%b\r\n$1\r\nd\r\n$%d\r\n%b\r\n" % (len(entry_id), entry_id, len(data), data),
+        )
+    )
 
 
 def pack_append_at(

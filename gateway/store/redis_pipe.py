@@ -13,7 +13,8 @@ The connection is made by redis-py (so ``AUTH``, ``SELECT``, TLS, a Sentinel's
 primary and the scripts loaded on connect are all as for every other
 connection), then its transport is given this protocol
 (``redis_fastpath.take_transport``). The append script answers one line, so a
-reply is a line.
+reply is a line; a bare ``XADD``'s bulk reply (``$N``, then the ID) is handed
+on as one line too, ``$`` and the ID (``$-1``: nil).
 
 The pipe serves only what needs no more than that: one server, no ``WAIT``.
 While it is connecting, after it lost its connection, and for a Cluster or
@@ -137,7 +138,10 @@ class AppendPipe(asyncio.Protocol):
     # --- asyncio.Protocol ------------------------------------------------------
 
     def data_received(self, data: bytes) -> None:
-        *lines, self._rest = (self._rest + data).split(b"\r\n")
+        buffer = self._rest + data
+        *lines, self._rest = buffer.split(b"\r\n")
+        if b"$" in buffer:
+            lines = self._bulk(lines)
         rounds = self._rounds
         while lines:
             if not rounds:
@@ -157,6 +161,24 @@ class AppendPipe(asyncio.Protocol):
             head.done(head.lines)  # may send the next round: it queues behind the rest
         if not rounds and self._idle is not None:
             self._idle.set()
+
+    def _bulk(self, lines: list[bytes]) -> list[bytes]:
+        """Each bulk reply (``$N``, then its value: a bare XADD's ID) as one line, ``$`` +
+        the value; a header whose value has not arrived goes back to what is left."""
+        out: list[bytes] = []
+        i, n = 0, len(lines)
+        while i < n:
+            line = lines[i]
+            if line.startswith(b"$") and line != b"$-1":
+                if i + 1 == n:
+                    self._rest = line + b"\r\n" + self._rest
+                    break
+                out.append(b"$" + lines[i + 1])
+                i += 2
+                continue
+            out.append(line)
+            i += 1
+        return out
 
     def eof_received(self) -> bool | None:
         return None  # close the transport; connection_lost reports the rounds

@@ -9,6 +9,20 @@ the pipe cannot finish itself goes through the awaited group commit
 (``gateway.store.redis_commit``), which owns redirects, retries and reconnect
 backoff: a round sent while the pipe is not connected, and the appends a
 round's replies say were not run (``NOSCRIPT``, ``READONLY`` and the like).
+
+**The fence in the log: a bare XADD.** Most of a round is sessions appending
+one event where the store knows the log ends (``SeqMemo``'s ``TRUST``). Such an
+append is one bare ``XADD … NOMKSTREAM … <seq>-0`` (``pack_xadd``): no script,
+no lease read, one command per event where the script made three (EVALSHA, the
+lease's GET, XADD; at 10 sessions a round carries one event, so that was Redis's
+count per event). The lease's fence moves into the log: a node that takes a
+lease nobody holds sets the log's last ID to ``<top + 1>-0`` (``ACQUIRE``), and
+this node's bare appends are at most that, so Redis refuses them once another
+node has taken the session (measured and argued in docs/performance.md). An
+append the fence refuses, whose log is gone (nil: ``NOMKSTREAM`` on a deleted
+session), or which failed otherwise is sent again through the group commit
+with the check (the script reads the lease and the log's end): it is then
+refused for what it is (``LeaseLost``, ``SeqConflict``) or stored.
 """
 
 from __future__ import annotations
@@ -21,8 +35,9 @@ from typing import Final
 from gateway.store.base import AppendBatch, StoreError
 from gateway.store.redis_batch import REDIRECT_REPLIES, CommitStats
 from gateway.store.redis_commit import GroupCommit, consecutive
-from gateway.store.redis_fastpath import RoundPart, pack_append, pack_round
+from gateway.store.redis_fastpath import RoundPart, pack_append, pack_round, pack_xadd
 from gateway.store.redis_pipe import AppendPipe, Replies
+from gateway.store.redis_seqmemo import TRUST
 
 __all__ = ["ROUND_SESSIONS", "PipeRounds"]
 
@@ -31,6 +46,8 @@ ROUND_SESSIONS: Final = 200
 
 # (index in the round, sid, node, first seq, last seq, check flag) of one append sent.
 _Sent = tuple[int, str, str, int, int, bytes]
+BARE: Final = b"(bare XADD)"
+"""The ``_Sent`` flag of a bare XADD (``pack_xadd``): no script, no check flag."""
 
 
 class PipeRounds:
@@ -77,36 +94,39 @@ class PipeRounds:
         chunks: list[list[_Sent]] = []  # the sessions of each command
         results: list[BaseException | None] = [None] * len(batches)
         limits = self._commit.limits
+        max_log = self._commit.max_log
         flag = self._commit.memo.flag
         prefix = self._prefix
         parts: list[RoundPart] = []
         chunk: list[_Sent] = []
         chunk_node = ""
+        bare: list[bytes] = []  # the bare XADDs (see the module), after the script calls
+        bare_sent: list[list[_Sent]] = []
         for i, (sid, node, entries, history) in enumerate(batches):
             try:
                 first = consecutive(sid, entries)
             except ValueError as exc:
                 results[i] = exc
                 continue
+            check = flag(sid, first)
+            key = f"{prefix}:{{{sid}}}:".encode()
+            if check is TRUST and len(entries) == 1 and not history:
+                bare.append(pack_xadd(key, max_log, first, entries[0][1]))
+                bare_sent.append([(i, sid, node, first, first, BARE)])
+                continue
             if chunk and (node != chunk_node or len(chunk) == ROUND_SESSIONS):
                 commands.append(_pack(chunk_node.encode(), limits, parts))
                 chunks.append(chunk)
                 parts, chunk = [], []
             chunk_node = node
-            check = flag(sid, first)
-            parts.append(
-                (
-                    f"{prefix}:{{{sid}}}:".encode(),
-                    first,
-                    [data for _, data in entries],
-                    history,
-                    check,
-                )
-            )
+            parts.append((key, first, [data for _, data in entries], history, check))
             chunk.append((i, sid, node, first, first + len(entries) - 1 if entries else 0, check))
         if chunk:
             commands.append(_pack(chunk_node.encode(), limits, parts))
             chunks.append(chunk)
+        if bare:
+            commands += bare
+            chunks += bare_sent
         if not commands:
             asyncio.get_running_loop().call_soon(on_done, results)
             return True
@@ -151,9 +171,21 @@ class PipeRounds:
             on_done(results)
             return
         again: list[int] = []
-        stored = self._commit.memo.stored
+        checked: list[int] = []  # bare XADDs not stored: sent again with the check
+        memo = self._commit.memo
+        stored = memo.stored
         rejection = self._commit.sender.rejection
         for chunk, line in zip(chunks, replies, strict=True):
+            if chunk[0][5] is BARE:
+                i, sid, _, _, last, _ = chunk[0]
+                if line.startswith(b"$") and line != b"$-1":
+                    stored(sid, last, TRUST)
+                elif line.startswith(REDIRECT_REPLIES):
+                    again.append(i)
+                else:  # fenced, refused, or the log is gone: the script says which
+                    memo.forget(sid)
+                    checked.append(i)
+                continue
             if line.startswith(b"+"):
                 outcomes = line[1:].split(b"|")
             elif line == b":1":  # a lone session's APPEND (``_pack``)
@@ -168,13 +200,14 @@ class PipeRounds:
                     stored(sid, last, check)
                 else:
                     results[i] = rejection(sid, node, first, outcome.decode(errors="replace"))
-        if not again:
+        if not again and not checked:
             on_done(results)
             return
-        self._pipe.reset()  # READONLY and the like: the next connect finds the primary
-        self._commit.memo.clear()
+        if again:
+            self._pipe.reset()  # READONLY and the like: the next connect finds the primary
+            memo.clear()
         task = asyncio.get_running_loop().create_task(
-            self._append_again(batches, again, results, on_done)
+            self._append_again(batches, again + checked, results, on_done)
         )
         self._again.add(task)
         task.add_done_callback(self._again.discard)

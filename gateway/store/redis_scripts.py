@@ -50,9 +50,10 @@ class LuaScript:
 # KEYS: meta, log, history, lease.
 # ARGV: node, ttl_ms, max_log, first_seq, n_entries, check, data_1..data_n, history...
 # Seqs are first_seq + i: the caller checked they are consecutive, so only the
-# bytes travel; each entry's stream id is its seq (``seq-0``), so XADD itself
-# refuses a seq at or below the log's last (a duplicate, an overlap, another
-# writer's race): nothing is read for that. Only the last XADD trims: once per call.
+# bytes travel; each entry's stream id is its seq (``seq-0``; ``seq-1`` when
+# ``check`` is "1", which passes a fence: see ACQUIRE), so XADD itself refuses
+# a seq at or below the log's last (a duplicate, an overlap, another writer's
+# race): nothing is read for that. Only the last XADD trims: once per call.
 #
 # ``check`` "1": the log's last seq is read (XREVRANGE COUNT 1) and must be
 # first_seq - 1 (a gap is refused too), and the idle TTL of the three keys is
@@ -85,11 +86,12 @@ if check then
 end
 if n > 0 then
   local ok
+  local id = check and '%d-1' or '%d-0'
   if n == 1 then
     ok = redis.pcall('XADD', KEYS[2], 'MAXLEN', '~', ARGV[3],
-      string.format('%d-0', first), 'd', ARGV[7])
+      string.format(id, first), 'd', ARGV[7])
   else
-    ok = redis.pcall('XADD', KEYS[2], string.format('%d-0', first), 'd', ARGV[7])
+    ok = redis.pcall('XADD', KEYS[2], string.format(id, first), 'd', ARGV[7])
   end
   if type(ok) == 'table' and ok.err then
     if not string.find(ok.err, 'smaller', 1, true) then
@@ -103,11 +105,11 @@ if n > 0 then
     return redis.error_reply('SEQCONFLICT ' .. string.format('%d', last))
   end
   for i = 2, n - 1 do
-    redis.call('XADD', KEYS[2], string.format('%d-0', first + i - 1), 'd', ARGV[6 + i])
+    redis.call('XADD', KEYS[2], string.format(id, first + i - 1), 'd', ARGV[6 + i])
   end
   if n > 1 then
     redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[3],
-      string.format('%d-0', first + n - 1), 'd', ARGV[6 + n])
+      string.format(id, first + n - 1), 'd', ARGV[6 + n])
   end
 end
 local h = 7 + n
@@ -172,8 +174,9 @@ local function one(k, a)
   if check and n > 0 and first ~= last_of(KEYS[k + 2]) + 1 then
     return conflict(KEYS[k + 2])
   end
+  local sub = check and '%d-1' or '%d-0'
   for i = 0, n - 1 do
-    local id = string.format('%d-0', first + i)
+    local id = string.format(sub, first + i)
     local ok
     if i == n - 1 then
       ok = redis.pcall('XADD', KEYS[k + 2], 'MAXLEN', '~', ARGV[3], id, 'd', ARGV[d + i])
@@ -267,9 +270,19 @@ return 1
 """
 )
 
-# KEYS: lease, gone. ARGV: node, ttl_ms. A deleted session (``gone`` set by
+# KEYS: lease, gone, log. ARGV: node, ttl_ms. A deleted session (``gone`` set by
 # DELETE) cannot be leased again: a node that has not heard of the delete yet
 # cannot write the session back (its appends are fenced by the lease).
+#
+# Taking a lease nobody holds also fences the log (the fence in the log, see
+# ``gateway.store.redis_rounds``): the stream's last ID is set to
+# ``<top + 1>-0``. A node's unchecked append (a bare XADD, no lease read) is
+# always ``<seq>-0`` with seq just past its own last append, which is at most
+# the log's top: Redis refuses it from here on (an ID at or below the last),
+# so a node that lost its lease while it was paused or cut off cannot write
+# after the next owner took the session. The new owner's first append reads
+# the log's end and the lease (``check`` "1") and writes ``<seq>-1``, past the
+# fence. A fence is never lowered: the next is computed from a top at least as high.
 ACQUIRE = LuaScript(
     """
 if redis.call('EXISTS', KEYS[2]) == 1 then
@@ -278,6 +291,11 @@ end
 local owner = redis.call('GET', KEYS[1])
 if not owner then
   redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  local top = redis.call('XREVRANGE', KEYS[3], '+', '-', 'COUNT', 1)
+  if top[1] then
+    local seq = tonumber(string.match(top[1][1], '^%d+'))
+    redis.call('XSETID', KEYS[3], string.format('%d-0', seq + 1))
+  end
   return 1
 end
 if owner == ARGV[1] then

@@ -6,8 +6,9 @@ the log ends: this node's own last append of the session, answered ``1``, a
 moment ago. That cut Redis's count from 5 to 3 commands per append
 (docs/capacity.md). What makes it safe:
 
-- the lease is still checked on every append (the fence), and XADD itself
-  refuses a seq at or below the log's last, so a log another writer made
+- the lease is still checked on every script call, and the log writer's bare
+  XADDs are fenced in the log itself (``redis_scripts.ACQUIRE``, ``redis_rounds``);
+  XADD refuses a seq at or below the log's last, so a log another writer made
   longer meanwhile is refused as before (``SeqConflict``);
 - a log cannot get *shorter* than what was remembered while the memo is
   trusted: trimming keeps the last entry, a delete takes the lease too (the

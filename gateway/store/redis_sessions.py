@@ -26,7 +26,7 @@ from gateway.store.base import (
     submit_in_task,
 )
 from gateway.store.redis_commit import GroupCommit
-from gateway.store.redis_core import ERRORS, RedisCore, ms, seq_of
+from gateway.store.redis_core import ERRORS, MAX_SUB_ID, RedisCore, ms, seq_of
 from gateway.store.redis_pipe import AppendPipe
 from gateway.store.redis_rounds import PipeRounds
 from gateway.store.redis_scripts import (
@@ -272,7 +272,8 @@ class RedisSessions:
                     block_ms,
                     "STREAMS",
                     key,
-                    f"{max(after, 0)}-0",
+                    # Past every ID of seq ``after`` (``<seq>-0`` or ``<seq>-1``).
+                    f"{max(after, 0)}-{MAX_SUB_ID}",
                 )
         except TimeoutError as exc:
             raise StoreUnavailable(
@@ -309,7 +310,8 @@ class RedisSessions:
 
     async def acquire_lease(self, sid: str, node: str, ttl: float) -> bool:
         lease_ms = ms(ttl, "lease ttl")
-        keys = [self._core.key(sid, "lease"), self._core.key(sid, "gone")]
+        core = self._core
+        keys = [core.key(sid, "lease"), core.key(sid, "gone"), core.key(sid, "log")]
         self._commit.memo.forget(sid)  # leased anew: the next append reads the log's end
         return bool(await self._core.eval(ACQUIRE, keys, node, lease_ms))
 
@@ -334,9 +336,10 @@ class RedisSessions:
                         pipe.execute_command(
                             "EVALSHA",
                             ACQUIRE.sha,
-                            2,
+                            3,
                             self._core.key(sid, "lease"),
                             self._core.key(sid, "gone"),
+                            self._core.key(sid, "log"),
                             node,
                             lease_ms,
                         )

@@ -17,6 +17,9 @@ Every target streams the same paced load from one simulator (``gateway sim``,
   (``/openai/v1/realtime?model=gpt-realtime-1.5``: the door routes the model
   to the OpenAI provider, whose base URL is the simulator, as LiteLLM routes
   ``sim``): the same clients as LiteLLM's, against the same load;
+- ``gw-openai-memory``: the same door on ``gateway serve``'s embedded defaults
+  (the in-process store, as the README's first command starts it): the
+  door as issue 36's Done-when names it, without the log's Redis round;
 - ``gw-openai-base`` (not by default; needs ``--base-src DIR``): ``gw-openai``
   run from another checkout, to weigh a change of the door against its parent;
 - ``gw-redis-asyncio`` (not by default): ``gw-redis`` on asyncio's own loop
@@ -67,6 +70,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import math
 import os
 import secrets
 import subprocess
@@ -99,6 +103,7 @@ TARGETS: Final = (
     "gw-redis",
     "gw-replicated",
     "gw-openai",
+    "gw-openai-memory",
     "litellm",
     "gw-redis-asyncio",
     "gw-base",
@@ -107,19 +112,21 @@ TARGETS: Final = (
 )
 DOOR: Final = "gw-openai"
 DOOR_BASE: Final = "gw-openai-base"
-DOORS: Final = frozenset({DOOR, DOOR_BASE})
+DOOR_MEMORY: Final = "gw-openai-memory"
+DOORS: Final = frozenset({DOOR, DOOR_BASE, DOOR_MEMORY})
 OPENAI_WIRE: Final = frozenset({"sim", "litellm"}) | DOORS
 GATEWAYS: Final = (
     "gw-memory",
     "gw-redis",
     "gw-replicated",
     DOOR,
+    DOOR_MEMORY,
     "gw-redis-asyncio",
     "gw-base",
     "gw-redis-record",
     DOOR_BASE,
 )
-DEFAULT_TARGETS: Final = TARGETS[:7]
+DEFAULT_TARGETS: Final = TARGETS[:8]
 # The model the door's clients ask for: a row of the OpenAI provider, whose base URL
 # is the simulator (the door serves only models a provider lists; ``sim`` is none).
 DOOR_MODEL: Final = "gpt-realtime-1.5"
@@ -227,7 +234,9 @@ def start_servers(args: argparse.Namespace, net: SimulatedNetwork) -> Iterator[S
             srv.procs["relay"] = stack.enter_context(B.relay_proc(provider))
         if "gw-memory" in targets:
             srv.procs["gw-memory"] = stack.enter_context(gateway_args(provider, []))
-        if "gw-redis" in targets or DOORS & set(targets):
+        if DOOR_MEMORY in targets:  # the door on the embedded defaults (in-process store)
+            srv.procs[DOOR_MEMORY] = stack.enter_context(gateway_args(provider, []))
+        if "gw-redis" in targets or (DOORS - {DOOR_MEMORY}) & set(targets):
             redis = stack.enter_context(B.redis_server(tmp / "redis"))
             redis_url = net.url("redis", redis.url, net.redis)
             assert redis.proc is not None
@@ -292,7 +301,7 @@ def start_servers(args: argparse.Namespace, net: SimulatedNetwork) -> Iterator[S
             url = proc.url.replace("/v1/realtime", OPENAI_PATH) if target in DOORS else proc.url
             srv.urls[target] = net.url(f"client:{target}", url, net.client)
             srv.routes[target] = [f"client:{target}", "provider"]
-            if target.startswith(("gw-redis", "gw-base")) or target in DOORS:
+            if target.startswith(("gw-redis", "gw-base")) or target in DOORS - {DOOR_MEMORY}:
                 srv.routes[target].append("redis")
             elif target == "gw-replicated":
                 srv.routes[target] += ["redis-primary", "replica"]
@@ -815,12 +824,17 @@ def print_results(args: argparse.Namespace, levels: list[int], runs: list[Run]) 
             if gw not in GATEWAYS and not gw.startswith("gw-redis@"):
                 continue
             cpu = med[gw]["cpu_us_per_event"]
+            litellm = med["litellm"]["cpu_us_per_event"] if "litellm" in med else float("nan")
+            # The whole stack: the node and, where it has one, its Redis (issue 43).
+            redis = med[gw]["redis_us_per_event"]
+            stack = cpu + (0.0 if math.isnan(redis) else redis)
             ratio_rows.append(
                 [
                     sessions,
                     gw,
                     cpu,
-                    cpu / med["litellm"]["cpu_us_per_event"] if "litellm" in med else float("nan"),
+                    cpu / litellm,
+                    stack / litellm,
                     cpu / med["relay"]["cpu_us_per_event"] if "relay" in med else float("nan"),
                     cpu / med["gw-redis"]["cpu_us_per_event"]
                     if "gw-redis" in med
@@ -854,7 +868,16 @@ def print_results(args: argparse.Namespace, levels: list[int], runs: list[Run]) 
     print("\nratios of server CPU per event (medians)")
     print(
         B.table(
-            ["sessions", "gateway", "µs/ev", "÷ LiteLLM", "÷ relay", "÷ gw-redis", "added p99 ms"],
+            [
+                "sessions",
+                "gateway",
+                "µs/ev",
+                "÷ LiteLLM",
+                "+ Redis ÷ LiteLLM",
+                "÷ relay",
+                "÷ gw-redis",
+                "added p99 ms",
+            ],
             ratio_rows,
         )
     )

@@ -61,12 +61,16 @@ async def test_key_layout(redis_url: str, stores: list[RedisStore], raw: aioredi
         b"rtgw:{s1}:meta",
     ]
     assert await raw.hgetall("rtgw:{s1}:meta") == {b"owner": b"n1"}
+    # A first append reads the log's end (``check``): its IDs are ``SEQ-1``, past any fence.
     assert await raw.xrange("rtgw:{s1}:log") == [
-        (b"1-0", {b"d": entries(1, 1)[0].data}),
-        (b"2-0", {b"d": entries(2, 1)[0].data}),
+        (b"1-1", {b"d": entries(1, 1)[0].data}),
+        (b"2-1", {b"d": entries(2, 1)[0].data}),
     ]
     assert await raw.lrange("rtgw:{s1}:history", 0, -1) == [b"h1"]
     assert await raw.get("rtgw:{s1}:lease") == b"n1"
+    # Reading after a seq skips every ID of it (``1-1`` is past ``1-0``).
+    assert await store.wait_log("s1", 1, timeout=5) == entries(2, 1)
+    assert await store.read_log("s1", 1) == entries(2, 1)
 
 
 async def test_prefix_separates_deployments(
@@ -258,7 +262,8 @@ async def _submit(store: RedisStore, batches: list[Any]) -> list[BaseException |
 async def test_redis_commands_per_logged_event(
     redis_url: str, stores: list[RedisStore], raw: aioredis.Redis
 ) -> None:
-    """Neither the log's end nor its TTL is read per event; a round's leases are one MGET.
+    """Neither the log's end nor its TTL is read per event, nor (on the log writer's
+    rounds) the lease: a one-event append there is a bare XADD.
 
     Redis's own count (INFO commandstats, the calls scripts make included),
     5 per event before: EVALSHA, GET, XREVRANGE, XADD, PTTL.
@@ -288,9 +293,17 @@ async def test_redis_commands_per_logged_event(
         results = await _submit(store, [(sid, "n1", entries(seq, 1), []) for sid in sids])
         assert results == [None] * len(sids)
     assert store.stats.pipe_rounds == 9
-    assert await _commands(raw) == 8 * (2 + len(sids))  # 1.5 per event
+    # One bare XADD per event: the fence is in the log (``ACQUIRE``), no lease read.
+    assert await _commands(raw) == 8 * len(sids)
     for sid in sids:
         assert await store.read_log(sid, 0) == entries(1, seq)
+    # Two events a session: one ROUND call, EVALSHA and MGET, then an XADD per event.
+    await raw.config_resetstat()
+    seq += 1
+    results = await _submit(store, [(sid, "n1", entries(seq, 2), []) for sid in sids])
+    assert results == [None] * len(sids)
+    assert await _commands(raw) == 2 + 2 * len(sids)
+    seq += 1
     # A log another writer made longer is still refused, without reading it first.
     for sid in ("s0", "s1"):
         await raw.xadd(f"rtgw:{{{sid}}}:log", {"d": b"x"}, id=f"{seq + 1}-0")
@@ -298,6 +311,57 @@ async def test_redis_commands_per_logged_event(
         await store.append("s0", "n1", entries(seq + 1, 1))
     (refused,) = await _submit(store, [("s1", "n1", entries(seq + 1, 1), [])])
     assert isinstance(refused, SeqConflict) and f"ends at {seq + 1}" in str(refused)
+
+
+async def _bare_rounds(store: RedisStore, sid: str, seq: int, node: str = "n1") -> int:
+    """Append through the log writer's rounds until one goes as a bare XADD (the pipe
+    connected, the log's end known); returns the next seq."""
+    while True:
+        before = store.stats.pipe_rounds
+        assert await _submit(store, [(sid, node, entries(seq, 1), [])]) == [None]
+        seq += 1
+        if before and store.stats.pipe_rounds > before:
+            return seq
+
+
+async def test_a_node_that_lost_its_lease_cannot_append_once_another_took_the_session(
+    redis_url: str, stores: list[RedisStore], raw: aioredis.Redis
+) -> None:
+    """The fence in the log: a bare XADD reads no lease, so the node taking a lease nobody
+    holds sets the log's last ID past the old owner's next append. The old owner's append
+    is refused as ``LeaseLost`` (not stored), and the new owner's go on; a deleted
+    session's log is not made again by an append of a node that missed the delete."""
+    old, new = make(stores, redis_url), make(stores, redis_url)
+    await old.create_session("s1", {"owner": "n1"})
+    assert await old.acquire_lease("s1", "n1", LEASE)
+    seq = await _bare_rounds(old, "s1", 1)
+    ids = [entry_id for entry_id, _ in await raw.xrange("rtgw:{s1}:log")]
+    assert ids[-1] == f"{seq - 1}-0".encode()  # the last went bare
+    # The old owner is paused past its lease: it expires, another node takes the session.
+    await raw.delete("rtgw:{s1}:lease")
+    assert await new.acquire_lease("s1", "n2", LEASE)
+    (refused,) = await _submit(old, [("s1", "n1", entries(seq, 1), [])])
+    assert isinstance(refused, LeaseLost), refused
+    assert [e.seq for e in await raw_log(raw, "s1")] == list(range(1, seq))
+    await new.append("s1", "n2", entries(seq, 1))
+    assert await _submit(new, [("s1", "n2", entries(seq + 1, 1), [])]) == [None]
+    assert await new.read_log("s1", seq - 1) == entries(seq, 2)
+
+    # A delete the old owner's node never heard of: its append does not bring the log back.
+    await new.create_session("s2", {"owner": "n2"})
+    assert await new.acquire_lease("s2", "n2", LEASE)
+    seq = await _bare_rounds(new, "s2", 1, "n2")
+    assert await old.delete_session("s2")
+    (refused,) = await _submit(new, [("s2", "n2", entries(seq, 1), [])])
+    assert isinstance(refused, LeaseLost), refused
+    assert not await raw.exists("rtgw:{s2}:log")
+
+
+async def raw_log(raw: aioredis.Redis, sid: str) -> list[LogEntry]:
+    return [
+        LogEntry(int(entry_id.split(b"-")[0]), fields[b"d"])
+        for entry_id, fields in await raw.xrange(f"rtgw:{{{sid}}}:log")
+    ]
 
 
 async def test_a_log_that_lost_its_end_across_a_reconnect_is_refused(

@@ -48,7 +48,7 @@ clients only after their append is stored.
 
 **The first word is not kept waiting.** A turn's first content event
 (``hurry``, from the driver's first delta of a response) ends a lingering
-round at once: the linger trades latency for fewer round trips, which is the
+round at once, or goes in a round of its own past ``ROUNDS_IN_FLIGHT``: the linger trades latency for fewer round trips, which is the
 wrong trade for the event a user waits on most (measured: it was most of the
 first content's added latency at 50 sessions and more, docs/performance.md).
 The round still goes in the next loop pass, so the rest of that delta's
@@ -204,17 +204,29 @@ class LogWriter:
             self._schedule()
 
     def hurry(self) -> None:
-        """A turn's first content event was just marked: a lingering round goes now.
+        """A turn's first content event was just marked: a lingering round goes now,
+        and so does one held back by the rounds in flight.
 
         Started by ``call_soon``, not here: the events the caller emits in
-        the same step still join it.
+        the same step still join it. A round held back by ``ROUNDS_IN_FLIGHT``
+        (under load, both rounds out) goes as a third one rather than wait for
+        an answer and then, maybe, a linger: the bound is there to batch tokens,
+        and a session never has two appends in flight whatever the number of
+        rounds (``mark``).
         """
+        loop = self._loop
+        if loop is None:
+            return  # no round was ever scheduled: the first mark starts one at once
         linger = self._linger
-        if linger is not None and linger.timer is not None and self._loop is not None:
+        if linger is not None and linger.timer is not None:
             linger.timer.cancel()
             linger.timer = None  # marks now only join ``_dirty``: the round is scheduled
             self.hurried += 1
-            self._loop.call_soon(self._start_round)
+            loop.call_soon(self._start_round)
+        elif self._dirty and not self._scheduled and not self._closed:
+            self._scheduled = True  # held back by the rounds in flight
+            self.hurried += 1
+            loop.call_soon(self._start_round)
 
     async def close(self) -> None:
         self._closed = True

@@ -8,8 +8,15 @@ counted, not timed.
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
-from gateway.sessions.logwriter import LINGER_FULL, LINGER_MIN, Batch, LogWriter
+from gateway.sessions.logwriter import (
+    LINGER_FULL,
+    LINGER_MIN,
+    ROUNDS_IN_FLIGHT,
+    Batch,
+    LogWriter,
+)
 from gateway.store import MemoryStore
 from gateway.store.base import LogEntry
 
@@ -173,4 +180,52 @@ async def test_a_turns_first_content_ends_a_lingering_round() -> None:
         assert (writer.rounds, writer.lingered, writer.hurried) == (2, 1, 1)
         assert [e.seq for e in await store.read_log(first.sid, 0)] == [1]
     finally:
+        await writer.close()
+
+
+class HeldStore(MemoryStore):
+    """Appends answered only when the test says so: rounds stay in flight."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.held: list[tuple[list[BaseException | None], Any]] = []
+
+    def submit_appends(self, batches: Any, on_done: Any) -> None:
+        self.held.append((self._append_all(batches), on_done))
+
+    def answer_all(self) -> None:
+        held, self.held = self.held, []
+        for results, on_done in held:
+            on_done(results)
+
+
+async def test_a_turns_first_content_does_not_wait_for_the_rounds_in_flight() -> None:
+    """Under load both rounds are out; the first word goes in a third, not after an answer."""
+    store = HeldStore()
+    writer = LogWriter(store, NODE, linger=LONG)
+    out = await sessions(store, ROUNDS_IN_FLIGHT + 2)
+    *busy, waiting, first = out
+    try:
+        for session in busy:
+            session.emit()
+            writer.mark(session)
+            while len(store.held) < busy.index(session) + 1:  # noqa: ASYNC110 - no event
+                await asyncio.sleep(0)
+        waiting.emit()
+        writer.mark(waiting)  # held back: ROUNDS_IN_FLIGHT rounds are out
+        first.emit()
+        writer.mark(first)
+        for _ in range(3):
+            await asyncio.sleep(0)
+        assert len(store.held) == ROUNDS_IN_FLIGHT  # nothing went without the hurry
+        writer.hurry()  # ``first`` carries a turn's first content event
+        for _ in range(3):  # the round starts in the next loop pass
+            await asyncio.sleep(0)
+        assert len(store.held) == ROUNDS_IN_FLIGHT + 1  # a third round, not after an answer
+        assert writer.hurried == 1
+        store.answer_all()
+        await asyncio.gather(waiting.stored.wait(), first.stored.wait())
+        assert [e.seq for e in await store.read_log(first.sid, 0)] == [1]
+    finally:
+        store.answer_all()
         await writer.close()

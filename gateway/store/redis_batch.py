@@ -48,6 +48,7 @@ from gateway.store.redis_fastpath import (
     bulk,
     closed_by_server,
     fast_replies,
+    pack_append_at,
     reply_lines,
     with_check,
 )
@@ -116,6 +117,27 @@ class PendingAppend:
     generation: int  # the memo's generation it was packed under
     deadline: float = 0.0  # until when it is sent again (set at its first redirect)
     delay: float = 0.05  # its next backoff
+    bare: bytes | None = None
+    """A bare XADD's entry (``pack_xadd``): packed as the script with the check when
+    it must read the log (a stale memo, or Redis refused or fenced it)."""
+
+    def checked(self, limits: bytes) -> None:
+        """Packed again as the append script with ``check`` "1" (reads the lease and
+        the log's end), whatever it was packed as."""
+        if self.bare is not None:
+            self.command, self.check_at = pack_append_at(
+                self.key[:-3].encode(),
+                self.node.encode(),
+                limits,
+                self.first,
+                [self.bare],
+                [],
+                CHECK,
+            )
+            self.bare = None
+        else:
+            self.command = with_check(self.command, self.check_at, CHECK)
+        self.check = CHECK
 
 
 class BatchSender:
@@ -130,10 +152,12 @@ class BatchSender:
         socket_timeout: float,
         replicas: ReplicaWatch,
         memo: SeqMemo,
+        limits: bytes,
         error: Callable[[BaseException, str, str], StoreError],
         stats: CommitStats,
     ) -> None:
         self._socket_timeout = socket_timeout
+        self._limits = limits  # the append script's TTL and log bound, packed
         self._wait = replicas.durability != "local"
         self.replicas = replicas
         self.memo = memo
@@ -186,8 +210,8 @@ class BatchSender:
             if item.generation != generation and item.check is TRUST:
                 # Packed before the memo was cleared (a reconnect, a redirect):
                 # what it knew may be stale, so this one reads the log's end.
-                item.command = with_check(item.command, item.check_at, CHECK)
-                item.check, item.generation = CHECK, generation
+                item.checked(self._limits)
+                item.generation = generation
         packed = [item.command for item in items]
         if wait:
             packed.append(_wait_command(self.replicas.wait_ms(master)))
@@ -206,13 +230,25 @@ class BatchSender:
                             continue
                         item = items[settled]
                         settled += 1
+                        if item.bare is not None and not line.startswith(REDIRECT_REPLIES):
+                            if line.startswith(b"$") and line != b"$-1":
+                                if wait:
+                                    stored.append(item)  # stored once the replicas confirm
+                                elif not item.future.done():
+                                    self.memo.stored(item.sid, item.node, item.last, TRUST)
+                                    item.future.set_result(None)
+                            else:  # fenced, refused, or the log is gone: the script says which
+                                self.memo.forget(item.sid)
+                                item.checked(self._limits)
+                                again.append(item)
+                            continue
                         if line == b":1":
                             if wait:
                                 stored.append(item)  # stored once the replicas confirm
                             elif not item.future.done():
                                 # Settled as its reply arrives: its session queues
                                 # the next append while the rest are still read.
-                                self.memo.stored(item.sid, item.last, item.check)
+                                self.memo.stored(item.sid, item.node, item.last, item.check)
                                 item.future.set_result(None)
                         elif line.startswith(b"-NOSCRIPT"):
                             noscript = True
@@ -264,7 +300,7 @@ class BatchSender:
             for item in stored:
                 if not item.future.done():
                     if confirmed:  # what no replica has may be lost: not remembered
-                        self.memo.stored(item.sid, item.last, item.check)
+                        self.memo.stored(item.sid, item.node, item.last, item.check)
                     else:
                         self.memo.forget(item.sid)
                     item.future.set_result(None)
@@ -322,7 +358,12 @@ async def _parsed_lines(conn: AbstractConnection, count: int) -> AsyncIterator[l
         except ResponseError as exc:
             yield [b"-" + str(exc).encode()]
         else:
-            yield [b":%d" % reply]
+            if reply is None:
+                yield [b"$-1"]
+            elif isinstance(reply, bytes):
+                yield [b"$" + reply]  # a bare XADD's ID, as ``reply_lines`` gives it
+            else:
+                yield [b":%d" % reply]
 
 
 def _wait_command(timeout_ms: int) -> bytes:

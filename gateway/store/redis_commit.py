@@ -70,9 +70,10 @@ from gateway.store.redis_batch import (
 from gateway.store.redis_fastpath import (
     bulk,
     pack_append_at,
+    pack_xadd,
 )
 from gateway.store.redis_replicas import ReplicaWatch
-from gateway.store.redis_seqmemo import SeqMemo
+from gateway.store.redis_seqmemo import TRUST, SeqMemo
 from gateway.store.redis_topology import Route, Topology
 
 __all__ = ["CommitStats", "GroupCommit", "consecutive"]
@@ -125,6 +126,7 @@ class GroupCommit:
             socket_timeout=socket_timeout,
             replicas=self.replicas,
             memo=self.memo,
+            limits=self.limits,
             error=error,
             stats=stats,
         )
@@ -154,16 +156,23 @@ class GroupCommit:
         # Packed here, once, as RESP bytes (see gateway.store.redis_fastpath).
         key = f"{self._prefix}:{{{sid}}}:"
         memo = self.memo
-        check = memo.flag(sid, first)
-        command, check_at = pack_append_at(
-            key.encode(),
-            node.encode(),
-            self.limits,
-            first,
-            [data for _, data in entries],
-            history,
-            check,
-        )
+        check = memo.flag(sid, node, first)
+        bare = None
+        if check is TRUST and len(entries) == 1 and not history:
+            # One event where the log's end is known: a bare XADD, fenced in the
+            # log (``redis_rounds``), one command where the script ran three.
+            bare = entries[0][1]
+            command, check_at = pack_xadd(key.encode(), self.max_log, first, bare), -1
+        else:
+            command, check_at = pack_append_at(
+                key.encode(),
+                node.encode(),
+                self.limits,
+                first,
+                [data for _, data in entries],
+                history,
+                check,
+            )
         loop = asyncio.get_running_loop()
         future: asyncio.Future[None] = loop.create_future()
         last = first + len(entries) - 1 if entries else 0
@@ -179,6 +188,7 @@ class GroupCommit:
                 check,
                 check_at,
                 memo.generation,
+                bare=bare,
             )
         )
         self.stats.appends += 1

@@ -6,8 +6,9 @@
 2. ``reply_lines``: the replies read in bulk from the connection's private
    ``_reader`` (an ``asyncio.StreamReader``) and split into lines, instead of
    one ``read_response`` (one parser call and await) per reply. The append
-   script only answers ``:1`` or one error line, and ``WAIT`` an integer, so
-   a reply is a line. Safe because the connection is the group commit's for
+   script only answers ``:1`` or one error line, ``WAIT`` an integer, and a
+   bare ``XADD`` (``pack_xadd``) its ID as a bulk string, joined into one
+   line (``join_bulk``), so a reply is a line. Safe because the connection is the group commit's for
    the round trip and idle before it (RESP2, no push messages).
 3. ``take_transport``: a connected connection's transport, which
    ``gateway.store.redis_pipe`` then reads with a protocol of its own (the log
@@ -53,6 +54,7 @@ __all__ = [
     "bulk",
     "closed_by_server",
     "fast_replies",
+    "join_bulk",
     "pack_append",
     "pack_append_at",
     "pack_round",
@@ -204,19 +206,45 @@ def closed_by_server(conn: AbstractConnection) -> bool:
 
 
 async def reply_lines(conn: AbstractConnection, count: int) -> AsyncIterator[list[bytes]]:
-    """The next ``count`` reply lines (``:1``, ``-ERR …``), read in bulk; see the module."""
+    """The next ``count`` replies (``:1``, ``-ERR …``), read in bulk; see the module.
+
+    Each is one line; a bulk reply (a bare XADD's ID) is handed on as ``$`` and
+    its value (``$-1``: nil), as ``join_bulk`` makes it.
+    """
     reader: asyncio.StreamReader = getattr(conn, "_reader")  # noqa: B009 - the measured shortcut
     rest = b""
     while count > 0:
         chunk = await reader.read(65536)
         if not chunk:
             raise RedisConnectionError("Redis closed the connection")
-        *lines, rest = (rest + chunk).split(b"\r\n")
+        buffer = rest + chunk
+        *lines, rest = buffer.split(b"\r\n")
+        if b"$" in buffer:
+            lines, header = join_bulk(lines)
+            rest = header + rest
         count -= len(lines)
         if count < 0:
             raise RedisConnectionError("more replies than commands: protocol out of sync")
         if lines:
             yield lines
+
+
+def join_bulk(lines: list[bytes]) -> tuple[list[bytes], bytes]:
+    """Each bulk reply (``$N``, then its value) of ``lines`` as one line, ``$`` + the
+    value; and a last header whose value has not arrived, to read again (``b""``: none)."""
+    out: list[bytes] = []
+    i, n = 0, len(lines)
+    while i < n:
+        line = lines[i]
+        if line.startswith(b"$") and line != b"$-1":
+            if i + 1 == n:
+                return out, line + b"\r\n"
+            out.append(b"$" + lines[i + 1])
+            i += 2
+            continue
+        out.append(line)
+        i += 1
+    return out, b""
 
 
 def take_transport(conn: AbstractConnection) -> asyncio.Transport | None:

@@ -38,7 +38,7 @@ from redis.asyncio.connection import AbstractConnection
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
-from gateway.store.redis_fastpath import take_transport
+from gateway.store.redis_fastpath import join_bulk, take_transport
 
 __all__ = ["AppendPipe", "Replies"]
 
@@ -141,7 +141,8 @@ class AppendPipe(asyncio.Protocol):
         buffer = self._rest + data
         *lines, self._rest = buffer.split(b"\r\n")
         if b"$" in buffer:
-            lines = self._bulk(lines)
+            lines, header = join_bulk(lines)
+            self._rest = header + self._rest
         rounds = self._rounds
         while lines:
             if not rounds:
@@ -161,24 +162,6 @@ class AppendPipe(asyncio.Protocol):
             head.done(head.lines)  # may send the next round: it queues behind the rest
         if not rounds and self._idle is not None:
             self._idle.set()
-
-    def _bulk(self, lines: list[bytes]) -> list[bytes]:
-        """Each bulk reply (``$N``, then its value: a bare XADD's ID) as one line, ``$`` +
-        the value; a header whose value has not arrived goes back to what is left."""
-        out: list[bytes] = []
-        i, n = 0, len(lines)
-        while i < n:
-            line = lines[i]
-            if line.startswith(b"$") and line != b"$-1":
-                if i + 1 == n:
-                    self._rest = line + b"\r\n" + self._rest
-                    break
-                out.append(b"$" + lines[i + 1])
-                i += 2
-                continue
-            out.append(line)
-            i += 1
-        return out
 
     def eof_received(self) -> bool | None:
         return None  # close the transport; connection_lost reports the rounds

@@ -108,7 +108,7 @@ class PipeRounds:
             except ValueError as exc:
                 results[i] = exc
                 continue
-            check = flag(sid, first)
+            check = flag(sid, node, first)
             key = f"{prefix}:{{{sid}}}:".encode()
             if check is TRUST and len(entries) == 1 and not history:
                 bare.append(pack_xadd(key, max_log, first, entries[0][1]))
@@ -177,9 +177,9 @@ class PipeRounds:
         rejection = self._commit.sender.rejection
         for chunk, line in zip(chunks, replies, strict=True):
             if chunk[0][5] is BARE:
-                i, sid, _, _, last, _ = chunk[0]
+                i, sid, node, _, last, _ = chunk[0]
                 if line.startswith(b"$") and line != b"$-1":
-                    stored(sid, last, TRUST)
+                    stored(sid, node, last, TRUST)
                 elif line.startswith(REDIRECT_REPLIES):
                     again.append(i)
                 else:  # fenced, refused, or the log is gone: the script says which
@@ -197,7 +197,7 @@ class PipeRounds:
                 outcomes = [line[1:]] * len(chunk)
             for (i, sid, node, first, last, check), outcome in zip(chunk, outcomes, strict=True):
                 if outcome == b"1":
-                    stored(sid, last, check)
+                    stored(sid, node, last, check)
                 else:
                     results[i] = rejection(sid, node, first, outcome.decode(errors="replace"))
         if not again and not checked:

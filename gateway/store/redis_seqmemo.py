@@ -44,7 +44,13 @@ TRUST: Final = b"$1\r\n0\r\n"
 
 
 class SeqMemo:
-    """Per session: the last seq this store appended, and until when that is trusted."""
+    """Per session: the last seq this store appended, by which node, and until when
+    that is trusted.
+
+    Trusted for that node only: a ``TRUST`` append may go as a bare XADD, with no
+    lease read (``redis_rounds``), so another node sharing this store (tests, or a
+    process hosting several) must not ride on what the writer knew.
+    """
 
     __slots__ = ("_known", "_period", "_swept", "enabled", "generation")
 
@@ -52,7 +58,7 @@ class SeqMemo:
         # A tenth of the TTL, at most 60 s (the idle TTL used to be restarted
         # once it had run down by that much).
         self._period = min(ttl_ms / 10_000, 60.0)
-        self._known: dict[str, tuple[int, float]] = {}  # sid → (last, trusted until)
+        self._known: dict[str, tuple[int, float, str]] = {}  # sid → (last, until, node)
         self._swept = 1024  # sweep expired entries when the memo outgrows this
         self.enabled = True
         """False: every append checks (the path before the memo, for benches)."""
@@ -60,25 +66,32 @@ class SeqMemo:
         """Counts ``clear`` and ``forget``: an append packed ``TRUST`` under an older
         generation is sent with ``CHECK`` (``GroupCommit``)."""
 
-    def flag(self, sid: str, first: int) -> bytes:
-        """``TRUST`` if the log is known to end at ``first - 1``, else ``CHECK``."""
+    def flag(self, sid: str, node: str, first: int) -> bytes:
+        """``TRUST`` if ``node``'s log of ``sid`` is known to end at ``first - 1``, else
+        ``CHECK``."""
         known = self._known.get(sid)
-        if known is not None and known[0] == first - 1 and time.monotonic() < known[1]:
+        if (
+            known is not None
+            and known[0] == first - 1
+            and known[2] == node
+            and time.monotonic() < known[1]
+        ):
             return TRUST
         return CHECK
 
-    def stored(self, sid: str, last: int, flag: bytes) -> None:
-        """An append of ``sid`` ending at ``last``, sent with ``flag``, was stored."""
+    def stored(self, sid: str, node: str, last: int, flag: bytes) -> None:
+        """An append of ``sid`` by ``node`` ending at ``last``, sent with ``flag``, was
+        stored."""
         if not self.enabled or last <= 0:
             return
         known = self._known
         if flag is CHECK:
-            known[sid] = (last, time.monotonic() + self._period)
+            known[sid] = (last, time.monotonic() + self._period, node)
         else:
             entry = known.get(sid)
-            if entry is None:
+            if entry is None or entry[2] != node:
                 return
-            known[sid] = (last, entry[1])
+            known[sid] = (last, entry[1], node)
         if len(known) > self._swept:
             self._sweep()
 

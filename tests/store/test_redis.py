@@ -238,7 +238,7 @@ async def test_one_batch_settles_each_append_with_its_own_result(
     assert await store.read_log("a", 0) == entries(1, 50)
 
     await raw.script_flush()
-    await store.append("a", "n1", entries(51, 1))
+    await store.append("a", "n1", entries(51, 2))  # two events: the script, not a bare XADD
     assert store.stats.noscript_reloads == 1
 
 
@@ -274,14 +274,19 @@ async def test_redis_commands_per_logged_event(
         await store.create_session(sid, {"owner": "n1"})
         await store.acquire_lease(sid, "n1", LEASE)
         await store.append(sid, "n1", entries(1, 1))  # the first append reads the log's end
-    # The awaited group commit (a Cluster's path): EVALSHA, the lease's GET, XADD.
+    # The awaited group commit (a Cluster's path) appends one event as a bare XADD too.
     await raw.config_resetstat()
     for seq in range(2, 12):
         for sid in sids:
             await store.append(sid, "n1", entries(seq, 1))
-    assert await _commands(raw) == 3 * 10 * len(sids)
+    assert await _commands(raw) == 10 * len(sids)
+    # Two events: the script, EVALSHA, the lease's GET, an XADD each.
+    await raw.config_resetstat()
+    for sid in sids:
+        await store.append(sid, "n1", entries(12, 2))
+    assert await _commands(raw) == 4 * len(sids)
     # The log writer's rounds on one server: EVALSHA and MGET per round, XADD per event.
-    seq = 12
+    seq = 14
     while not store.stats.pipe_rounds:  # the awaited path while the pipe connects
         assert await _submit(store, [(sid, "n1", entries(seq, 1), []) for sid in sids]) == [
             None
@@ -346,6 +351,18 @@ async def test_a_node_that_lost_its_lease_cannot_append_once_another_took_the_se
     await new.append("s1", "n2", entries(seq, 1))
     assert await _submit(new, [("s1", "n2", entries(seq + 1, 1), [])]) == [None]
     assert await new.read_log("s1", seq - 1) == entries(seq, 2)
+
+    # The awaited group commit (a Cluster's path) appends bare too, and is fenced alike.
+    await old.create_session("s3", {"owner": "n1"})
+    assert await old.acquire_lease("s3", "n1", LEASE)
+    await old.append("s3", "n1", entries(1, 1))  # reads the log's end
+    await old.append("s3", "n1", entries(2, 1))  # bare
+    assert [i for i, _ in await raw.xrange("rtgw:{s3}:log")] == [b"1-1", b"2-0"]
+    await raw.delete("rtgw:{s3}:lease")
+    assert await new.acquire_lease("s3", "n2", LEASE)
+    with pytest.raises(LeaseLost):
+        await old.append("s3", "n1", entries(3, 1))
+    assert [e.seq for e in await raw_log(raw, "s3")] == [1, 2]
 
     # A delete the old owner's node never heard of: its append does not bring the log back.
     await new.create_session("s2", {"owner": "n2"})

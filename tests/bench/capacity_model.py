@@ -135,8 +135,8 @@ def main() -> None:
     m.add_argument("--node-us-per-frame", type=float, default=30.0)
     m.add_argument("--idle-cores-per-10k", type=float, default=0.16)
     m.add_argument("--session-kib", type=float, default=59.6)
-    m.add_argument("--redis-us-per-event", type=float, default=17.0)
-    m.add_argument("--redis-cmds-per-event", type=float, default=3.0)
+    m.add_argument("--redis-us-per-event", type=float, default=8.1)
+    m.add_argument("--redis-cmds-per-event", type=float, default=1.3)
     m.add_argument("--redis-us-per-renewal", type=float, default=5.9)
     m.add_argument("--stored-bytes-per-event", type=float, default=98.5)
     m.add_argument(

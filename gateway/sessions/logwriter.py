@@ -9,11 +9,15 @@ dirty session's batch, writes them all with one ``Store.submit_appends`` (one
 round trip for Redis), and hands each session its result. Rounds in flight
 are the group commit: what is emitted meanwhile goes out in a later round.
 
-**Two rounds in flight** (``ROUNDS_IN_FLIGHT``). With one, a session that
+**Four rounds in flight** (``ROUNDS_IN_FLIGHT``). With one, a session that
 marked just after a round was sent waited for that round's answer and then
 its own: two round trips in the tail of the latency, and on a busy machine a
 round trip is the time Redis takes to be scheduled. A second round takes the
-sessions that marked meanwhile. A session whose append is in flight is held
+sessions that marked meanwhile. With Redis a network hop away (1 ms), two
+were not enough at 50 sessions (a mark a millisecond): an event waited for a
+free round, then its own; four took 0.5–0.6 ms off the p50 (docs/performance.md,
+"The first word, measured again"). Since a one-event append is one bare XADD whatever the round's
+size, smaller rounds cost Redis no more commands. A session whose append is in flight is held
 back (``_deferred``) until its answer, so a session never has two appends in
 flight: its order holds, and a failed append ("maybe stored") is settled
 before anything of that session is written again. On one connection Redis
@@ -119,11 +123,11 @@ LINGER_FULL: Final = 32
 # linger after its first one: sooner, and the sessions ready in the same loop
 # pass as the first would end it before any company from later passes came.
 LINGER_MIN: Final = 0.25
-# Rounds in flight at once. A second round takes the sessions that marked
-# while the first is out, so their events do not wait for its answer too (one
+# Rounds in flight at once. A further round takes the sessions that marked
+# while the others are out, so their events do not wait for an answer too (one
 # round trip less in the tail of the latency); a session never has two
 # appends in flight (see ``mark``).
-ROUNDS_IN_FLIGHT: Final = 2
+ROUNDS_IN_FLIGHT: Final = 4
 
 
 class LogWriter:

@@ -67,26 +67,27 @@ def mark(writer: LogWriter, session: Session) -> None:
 
 
 async def test_a_second_round_goes_while_the_first_is_in_flight() -> None:
-    assert ROUNDS_IN_FLIGHT == 2
+    """Up to ``ROUNDS_IN_FLIGHT`` rounds go unanswered; the next waits for one of them."""
     store = HeldStore()
     writer = LogWriter(store, NODE)
-    a, b, c = await sessions(store, 3)
+    made = await sessions(store, ROUNDS_IN_FLIGHT + 1)
+    *out, late = made
     try:
-        mark(writer, a)
-        assert await store.round_sent(1) == ["s0"]
-        mark(writer, b)  # round 1 is not answered: b need not wait for it
-        assert await store.round_sent(2) == ["s1"]
-        mark(writer, c)  # two rounds in flight: c waits for one of them
+        for n, session in enumerate(out, 1):
+            mark(writer, session)  # the rounds before are not answered: it need not wait
+            assert await store.round_sent(n) == [session.sid]
+        mark(writer, late)  # every round in flight: it waits for one of them
         await asyncio.sleep(0)  # the loop pass a round would be started in
-        assert len(store.rounds) == 2
+        assert len(store.rounds) == ROUNDS_IN_FLIGHT
         store.answer(2)
-        assert await store.round_sent(3) == ["s2"]
-        await b.stored.wait()
-        assert not a.stored.is_set()
-        store.answer(1)
-        store.answer(3)
-        await asyncio.gather(a.stored.wait(), c.stored.wait())
-        assert (a.result, b.result, c.result) == (None, None, None)
+        assert await store.round_sent(ROUNDS_IN_FLIGHT + 1) == [late.sid]
+        await out[1].stored.wait()
+        assert not out[0].stored.is_set()
+        for n in range(1, ROUNDS_IN_FLIGHT + 2):
+            if n != 2:
+                store.answer(n)
+        await asyncio.gather(*(session.stored.wait() for session in made))
+        assert [session.result for session in made] == [None] * len(made)
     finally:
         await writer.close()
 

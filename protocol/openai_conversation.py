@@ -33,7 +33,6 @@ The mapping (docs/openai-door.md):
 
 from __future__ import annotations
 
-import base64
 from typing import Any
 
 from protocol.configuration import SessionConfig
@@ -356,10 +355,12 @@ class Conversation:
         resp = self._response
         assert resp is not None and resp.message is not None
         resp.audio = True
-        delta = base64.b64encode(pcm16).decode()
+        # The PCM bytes as they are: the frame's encoder writes bytes as base64 (one
+        # step in C, 2.5 -> 1.5 µs a 20 ms frame), and a WebRTC call, whose speech
+        # goes on the track, drops the event without ever encoding it.
         out.append(
             self.ids.event(
-                "response.output_audio.delta", **self._where(resp, resp.message), delta=delta
+                "response.output_audio.delta", **self._where(resp, resp.message), delta=pcm16
             )
         )
         return out

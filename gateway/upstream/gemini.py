@@ -433,7 +433,8 @@ class GeminiLive(Upstream):
             return False  # something to await first: send_audio does it
         blob = wire.Blob(mime_type=INPUT_MIME, data=resampler.push(pcm16))
         data = wire.encode(wire.ClientMessage(realtime_input=wire.RealtimeInput(audio=blob)))
-        return self._socket.send_now(data)
+        self._socket.write_now(data)
+        return True
 
     async def commit_audio(self) -> None:
         socket = await self._ready()

@@ -296,8 +296,8 @@ class GPTLive(Upstream):
         resampler = self._resampler
         if resampler is None or self._closed or not self._socket.can_send_now():
             return False
-        frame = wire.encode(wire.InputAudioAppend(audio=resampler.push(pcm16)))
-        return self._socket.send_now(frame)
+        self._socket.write_now(wire.encode(wire.InputAudioAppend(audio=resampler.push(pcm16))))
+        return True
 
     def tap_frames(self, tap: FrameTap) -> bool:
         self._socket.tap = tap

@@ -193,9 +193,8 @@ class OpenAIRealtime(Upstream):
         socket = self._socket
         if resampler is None or not socket.can_send_now():
             return False
-        return socket.send_now(
-            wire.encode(wire.InputAudioBufferAppend(audio=resampler.push(pcm16)))
-        )
+        socket.write_now(wire.encode(wire.InputAudioBufferAppend(audio=resampler.push(pcm16))))
+        return True
 
     async def commit_audio(self) -> None:
         for event in self._conversation.commit():

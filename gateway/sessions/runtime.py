@@ -357,7 +357,8 @@ class SessionRuntime:
         open; audio that arrives while a failed open is waited out is dropped
         (the client was told: ``error`` code ``upstream``)."""
         if not self.closed:
-            _heard_audio(self, pcm16)
+            if self.recorder is not None:
+                _heard_audio(self, self.recorder, pcm16)
             await self.voice_in.send(self.link.upstream, pcm16, hears=self.link.hears)
 
     def send_audio_now(self, pcm16: bytes) -> bool:
@@ -365,8 +366,10 @@ class SessionRuntime:
         (or the audio is held); False: nothing was sent, await ``send_audio``."""
         if self.closed:
             return False
-        _heard_audio(self, pcm16)  # first: the frame it goes out in refers to it
-        return self.voice_in.send_now(self.link.upstream, pcm16, hears=self.link.hears)
+        if self.recorder is not None:  # first: the frame it goes out in refers to it
+            _heard_audio(self, self.recorder, pcm16)
+        link = self.link
+        return self.voice_in.send_now(link.upstream, pcm16, hears=link.hears)
 
     async def clear_audio(self) -> Error | None:
         return await self.voice_in.clear(self.link.upstream, self.setup.upstream_factory)
@@ -418,10 +421,11 @@ class SessionRuntime:
         await self.link.close()
 
 
-def _heard_audio(runtime: SessionRuntime, pcm16: bytes) -> None:
-    """A chunk of the user's audio, for the flight recorder if the session records."""
-    recorder, voice = runtime.recorder, runtime.voice
-    if recorder is not None and voice is not None and voice.audio_in is not None:
+def _heard_audio(runtime: SessionRuntime, recorder: SessionRecorder, pcm16: bytes) -> None:
+    """A chunk of the user's audio, for the session's flight recorder (the caller
+    tests ``runtime.recorder``: a session that does not record pays one test a frame)."""
+    voice = runtime.voice
+    if voice is not None and voice.audio_in is not None:
         recorder.audio_in(pcm16, voice.audio_in.rate, runtime.log.delivered_seq)
 
 

@@ -52,7 +52,8 @@ class DrivenSession(SessionCommands, EventSource, Protocol):
     def voice(self) -> VoiceConfig | None: ...
 
     def send_audio_now(self, pcm16: bytes) -> bool:
-        """The user's audio handed on without awaiting; False: use ``send_audio``."""
+        """The user's audio handed on without awaiting; False (a closed session, or a
+        socket that cannot take it now): use ``send_audio``."""
         ...
 
     async def send_audio(self, pcm16: bytes) -> None: ...

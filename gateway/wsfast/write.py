@@ -45,6 +45,7 @@ pyproject.toml bounds the major.
 from __future__ import annotations
 
 import os
+import struct
 from collections.abc import Sequence
 
 from websockets.asyncio.connection import Connection
@@ -75,22 +76,18 @@ def can_write_now(ws: Connection) -> bool:
 # ---------------------------------------------------------------- client side: to providers
 
 
-class _Masks:
-    """Masking keys cut from one ``os.urandom`` draw of 1,024 keys at a time."""
-
-    def __init__(self) -> None:
-        self._pool = b""
-        self._at = 0
-
-    def next(self) -> bytes:
-        at = self._at
-        if at >= len(self._pool):
-            self._pool, at = os.urandom(4096), 0
-        self._at = at + 4
-        return self._pool[at : at + 4]
+def _more_masks() -> bytes:
+    """A mask, and the pool refilled: 1,024 keys cut from one ``os.urandom`` draw."""
+    pool = os.urandom(4096)
+    _masks.extend(pool[at : at + 4] for at in range(4, 4096, 4))
+    return pool[:4]
 
 
-_masks = _Masks()
+_masks: list[bytes] = []  # masking keys not used yet, taken with one ``pop`` a frame
+# A masked text frame's header with its mask, packed in one call: 7, 16 or 64-bit length.
+_HEAD7 = struct.Struct("!BB4s").pack
+_HEAD16 = struct.Struct("!BBH4s").pack
+_HEAD64 = struct.Struct("!BBQ4s").pack
 
 
 def write_text_now(ws: Connection, data: bytes) -> None:
@@ -101,15 +98,15 @@ def write_text_now(ws: Connection, data: bytes) -> None:
         protocol.send_text(data)  # compressed, or bytes already queued: websockets frames it
         ws.send_data()
         return
+    mask = _masks.pop() if _masks else _more_masks()
     n = len(data)
     if n < 126:
-        header = bytes((0x81, 0x80 | n))
+        head = _HEAD7(0x81, 0x80 | n, mask)
     elif n < 65536:
-        header = b"\x81\xfe" + n.to_bytes(2)
+        head = _HEAD16(0x81, 0xFE, n, mask)
     else:
-        header = b"\x81\xff" + n.to_bytes(8)
-    mask = _masks.next()
-    ws.transport.write(header + mask + apply_mask(data, mask))
+        head = _HEAD64(0x81, 0xFF, n, mask)
+    ws.transport.write(head + apply_mask(data, mask))
 
 
 # ---------------------------------------------------------------- server side: to clients

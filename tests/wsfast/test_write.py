@@ -8,12 +8,22 @@ server checks the mask bit and the UTF-8; to clients (``write_now``,
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 
 import pytest
 from websockets.asyncio.client import connect
 from websockets.asyncio.server import ServerConnection, serve
+from websockets.protocol import CLIENT
+from websockets.speedups import apply_mask
 
-from gateway.wsfast import BatchingConnection, can_write_now, send_batch, write_now, write_text_now
+from gateway.wsfast import (
+    BatchingConnection,
+    can_write_now,
+    send_batch,
+    write,
+    write_now,
+    write_text_now,
+)
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -67,6 +77,40 @@ async def test_client_frames_of_every_length_class_arrive_whole_through_a_real_s
                 write_text_now(client, text.encode())
             await done.wait()
     assert got == texts
+
+
+def test_every_client_frame_has_its_own_mask_across_refills_of_the_pool(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Masks come from a pool of ``os.urandom`` keys (RFC 6455 §5.3): no key is used
+    twice, one draw serves 1,024 frames, and each frame unmasks to its text."""
+    draws: list[int] = []
+    counter = iter(range(1 << 30))
+
+    def urandom(n: int) -> bytes:  # distinct keys, so a reused one shows
+        draws.append(n)
+        return b"".join(next(counter).to_bytes(4) for _ in range(n // 4))
+
+    monkeypatch.setattr(write.os, "urandom", urandom)
+    monkeypatch.setattr(write, "_masks", [])
+    sent: list[bytes] = []
+    transport = SimpleNamespace(write=sent.append)
+    ws = SimpleNamespace(protocol=SimpleNamespace(side=CLIENT, extensions=[], writes=[]))
+    ws.transport = transport
+    texts = [b'{"n":%d}' % i + b"x" * (i % 300) for i in range(3000)]
+    for text in texts:
+        write_text_now(ws, text)  # type: ignore[arg-type]
+    assert len(draws) == 3  # 3,000 frames: ceil(3000 / 1024) draws
+    masks = set()
+    for frame, text in zip(sent, texts, strict=True):
+        n = frame[1] & 0x7F
+        head = 2 if n < 126 else 4
+        assert frame[0] == 0x81 and frame[1] & 0x80  # final text frame, masked
+        assert (n if n < 126 else int.from_bytes(frame[2:4])) == len(text)
+        mask = frame[head : head + 4]
+        masks.add(mask)
+        assert apply_mask(frame[head + 4 :], mask) == text
+    assert len(masks) == len(texts)
 
 
 # --- to clients: the server side ---------------------------------------------------

@@ -190,7 +190,7 @@ class VoiceInput:
         except UpstreamClosed:
             return  # the driver's recv sees the loss and reopens
 
-    def send_now(self, upstream: Upstream | None, pcm16: bytes, *, hears: bool = True) -> bool:
+    def send_now(self, upstream: Upstream | None, pcm16: bytes, hears: bool = True) -> bool:
         """``send`` without awaiting when the socket takes it at once (or the audio is
         held, or dropped); False: nothing was sent, await ``send``."""
         if self.audio_in is None:

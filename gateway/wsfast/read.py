@@ -197,7 +197,8 @@ class MessageQueue:
                 )
                 return
         waiter = self._waiter
-        if waiter is not None and self.intercept is not None and self.intercept(data, text):
+        intercept = self.intercept
+        if waiter is not None and intercept is not None and intercept(data, text):
             return
         messages = self._messages
         messages.append((data, text))
@@ -303,6 +304,9 @@ class FastReader(Connection):
             self.fail_connection,
         )
         self._ping_time = self.loop.time()
+        # On the instance, not only the class: a class attribute read through an instance
+        # is not specialised by the interpreter, and ``data_received`` reads it per frame.
+        self._rest = None
 
     def fail_connection(self, code: int, reason: str) -> None:
         """Fail the connection (RFC 6455 §7.1.7) from a read callback: the close frame
@@ -384,7 +388,7 @@ class FastReader(Connection):
         mask_bit = 0x80 if masked else 0
         key = 4 if masked else 0  # the masking key's bytes after the length
         limit = protocol.max_message_size
-        put = self.recv_messages.put_message
+        queue = self.recv_messages
         pos = 0
         end_of_data = len(buf)
         need = 2
@@ -424,7 +428,7 @@ class FastReader(Connection):
                 else:  # a gathered frame: one copy out of the bytearray
                     with memoryview(buf) as view:
                         payload = bytes(view[start:end])
-                put(payload, first == _TEXT)
+                queue.put_message(payload, first == _TEXT)
                 self.frames_read_fast += 1
                 if not self._fast:  # the message failed the connection
                     return

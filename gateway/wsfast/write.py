@@ -67,10 +67,13 @@ __all__ = [
 ]
 
 
+_OPEN = State.OPEN  # a module constant: read per audio frame, not an enum class's attribute
+
+
 def can_write_now(ws: Connection) -> bool:
     """Open, below the buffer's high-water mark, no fragmented message being
     sent: the ``write_*_now`` functions may be used; otherwise ``await ws.send``."""
-    return not ws.paused and ws.send_in_progress is None and ws.protocol.state is State.OPEN
+    return not ws.paused and ws.send_in_progress is None and ws.protocol.state is _OPEN
 
 
 # ---------------------------------------------------------------- client side: to providers

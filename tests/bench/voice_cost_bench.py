@@ -174,11 +174,11 @@ async def phone(url: str, calls: int, seconds: float, pid: int) -> tuple[float, 
     ]
     await asyncio.gather(*(call.dial() for call in dialled))
     await asyncio.sleep(0.5)  # every session opened upstream
-    chunks = [call._chunk for call in dialled]
+    chunks = [call._speech.chunk for call in dialled]
     before = cpu(pid)
     await asyncio.sleep(seconds)
     used = cpu(pid) - before
-    frames = sum(call._chunk - was for call, was in zip(dialled, chunks, strict=True))
+    frames = sum(call._speech.chunk - was for call, was in zip(dialled, chunks, strict=True))
     await asyncio.gather(*(call.hang_up() for call in dialled), return_exceptions=True)
     return used, frames
 

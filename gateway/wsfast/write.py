@@ -34,7 +34,7 @@ frame, RFC 6455 §5.3), and the payload masked by websockets' C
 ``apply_mask``, in one transport write.
 
 Internals used: ``Connection.protocol`` (the sans-I/O ``Protocol``:
-``state``, ``side``, ``extensions``, ``writes``, ``send_text``,
+``state`` and the ``_state`` it returns, ``side``, ``extensions``, ``writes``, ``send_text``,
 ``send_binary``), ``Connection.send_data``, ``Connection.send_context``,
 ``Connection.transport``, ``Connection.paused``, ``Connection.send_in_progress``
 (a fragmented message being sent), ``apply_mask``.
@@ -72,8 +72,11 @@ _OPEN = State.OPEN  # a module constant: read per audio frame, not an enum class
 
 def can_write_now(ws: Connection) -> bool:
     """Open, below the buffer's high-water mark, no fragmented message being
-    sent: the ``write_*_now`` functions may be used; otherwise ``await ws.send``."""
-    return not ws.paused and ws.send_in_progress is None and ws.protocol.state is _OPEN
+    sent: the ``write_*_now`` functions may be used; otherwise ``await ws.send``.
+
+    Reads ``Protocol._state``, what the ``state`` property returns: called once per
+    20 ms audio frame of every session, where the property was one more Python call."""
+    return not ws.paused and ws.send_in_progress is None and ws.protocol._state is _OPEN
 
 
 # ---------------------------------------------------------------- client side: to providers

@@ -45,10 +45,15 @@ pytestmark = pytest.mark.timeout(20)
 
 
 def test_protocol_attributes_the_fast_paths_read() -> None:
-    """``state``, ``side``, ``extensions``, ``current_size``, ``max_message_size``,
+    """``state`` (and ``_state``), ``side``, ``extensions``, ``current_size``, ``max_message_size``,
     ``reader``, ``parser``, ``writes``: present, with the types the fast paths expect."""
     protocol = Protocol(CLIENT, state=State.OPEN, max_size=1000)
     assert protocol.state is State.OPEN
+    # can_write_now reads the attribute the ``state`` property returns.
+    assert protocol._state is State.OPEN
+    protocol.state = State.CLOSING
+    assert protocol._state is State.CLOSING
+    protocol.state = State.OPEN
     assert protocol.side is CLIENT and Protocol(SERVER).side is SERVER
     assert protocol.extensions == []
     assert protocol.current_size is None

@@ -34,8 +34,8 @@ frame, RFC 6455 §5.3), and the payload masked by websockets' C
 ``apply_mask``, in one transport write.
 
 Internals used: ``Connection.protocol`` (the sans-I/O ``Protocol``:
-``state`` and the ``_state`` it returns, ``side``, ``extensions``, ``writes``, ``send_text``,
-``send_binary``), ``Connection.send_data``, ``Connection.send_context``,
+``state`` and the ``_state`` it returns, ``side``, ``extensions``, ``writes``,
+``send_text``, ``send_binary``), ``Connection.send_data``, ``Connection.send_context``,
 ``Connection.transport``, ``Connection.paused``, ``Connection.send_in_progress``
 (a fragmented message being sent), ``apply_mask``.
 ``tests/wsfast/test_canary.py`` fails when a websockets release changes them;

@@ -45,8 +45,9 @@ pytestmark = pytest.mark.timeout(20)
 
 
 def test_protocol_attributes_the_fast_paths_read() -> None:
-    """``state`` (and ``_state``), ``side``, ``extensions``, ``current_size``, ``max_message_size``,
-    ``reader``, ``parser``, ``writes``: present, with the types the fast paths expect."""
+    """``state`` (and ``_state``), ``side``, ``extensions``, ``current_size``,
+    ``max_message_size``, ``reader``, ``parser``, ``writes``: present, with the types
+    the fast paths expect."""
     protocol = Protocol(CLIENT, state=State.OPEN, max_size=1000)
     assert protocol.state is State.OPEN
     # can_write_now reads the attribute the ``state`` property returns.

@@ -719,6 +719,15 @@ async def main() -> int:
         help="the passthrough peer whose paths the added latency is taken against "
         "(relay or litellm; both are printed when both run)",
     )
+    parser.add_argument(
+        "--pin-server",
+        type=int,
+        default=None,
+        metavar="CPU",
+        help="pin every target server (all its threads) to this CPU and everything else "
+        "(this client, the simulator, Redis, the network proxy) to the others, so a "
+        "passthrough's own latency is not its neighbours' (issue 43's method)",
+    )
     add_network_flags(parser)
     args = parser.parse_args()
     if args.quick:
@@ -738,6 +747,8 @@ async def main() -> int:
     net = SimulatedNetwork.from_args(args)
     print(f"  {net.describe()}", file=sys.stderr)
     with net, start_servers(args, net) as srv:
+        if args.pin_server is not None:
+            pin(srv, args.pin_server)
         for sessions in levels:
             for repeat in range(args.repeats):
                 order = args.targets[repeat % len(args.targets) :]
@@ -768,6 +779,24 @@ async def main() -> int:
     print_results(args, levels, runs)
     print_latency(args, net, levels, runs)
     return 0 if all(not r.errors for r in runs) else 1
+
+
+def pin(srv: Servers, cpu: int) -> None:
+    """``--pin-server``: the servers on ``cpu``, everything else of the run beside it."""
+    others = sorted(set(range(os.cpu_count() or 1)) - {cpu})
+    if not others:
+        raise SystemExit("--pin-server needs a machine with more than one CPU")
+    rest = ",".join(map(str, others))
+    servers = [proc.pid for proc in srv.procs.values()]
+    helpers = [os.getpid(), srv.sim.pid, *(p for pids in srv.redis_pids.values() for p in pids)]
+    if proxy := srv.net.pid():
+        helpers.append(proxy)
+    for pids, cpus in ((servers, str(cpu)), (helpers, rest)):
+        for pid in dict.fromkeys(pids):
+            subprocess.run(
+                ["taskset", "-a", "-cp", cpus, str(pid)], check=True, capture_output=True
+            )
+    print(f"  pinned: servers on CPU {cpu}, the rest on {rest}", file=sys.stderr)
 
 
 def print_results(args: argparse.Namespace, levels: list[int], runs: list[Run]) -> None:

@@ -409,7 +409,10 @@ class DoorConnection(ClientConnection):
     async def _open(self) -> None:
         """Before the client's first event: its session shown, or configured for its route."""
         state = self.state
-        if not state.configure and self._skip is None:  # a session made elsewhere: show it
+        # ``state.after``, not ``_skip``: the writer's replay may have caught up (and
+        # cleared ``_skip``) before this runs, and a resumed client must not be shown
+        # a second session.created.
+        if not state.configure and state.after is None:  # a session made elsewhere: show it
             config = await self.door.config_of(self.sid)
             if config is not None:
                 await self._send_events([self.conversation.created(config)])

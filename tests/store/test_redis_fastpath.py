@@ -20,7 +20,9 @@ from gateway.store.redis_fastpath import (
     bulk,
     closed_by_server,
     fast_replies,
+    join_bulk,
     pack_append,
+    pack_xadd,
     reply_lines,
     take_transport,
 )
@@ -55,6 +57,29 @@ async def test_replies_read_in_bulk_are_redis_pys_replies(conn: Connection) -> N
     # GET of a missing key is a one-line reply ($-1); the append script's
     # replies are one line each by construction.
     assert lines == [b"+PONG", b":5", b"$-1"]
+
+
+async def test_a_bare_xadd_is_redis_pys_and_its_bulk_reply_one_line(conn: Connection) -> None:
+    """A bare append (``pack_xadd``) as redis-py packs it; its ID reply, and a nil,
+    are one line each whatever the reads' boundaries (``join_bulk``)."""
+    ours = pack_xadd(b"rtgw:{s1}:", bulk(b"50"), 7, b"a\r\nb")
+    theirs = b"".join(
+        conn.pack_commands(
+            [("XADD", b"rtgw:{s1}:log", "NOMKSTREAM", "MAXLEN", "~", 50, "7-0", "d", b"a\r\nb")]
+        )
+    )
+    assert ours == theirs
+    key = b"rtgw:{fastpath-bare}:"
+    made = conn.pack_commands([("DEL", key + b"log"), ("XADD", key + b"log", "6-0", "d", "x")])
+    seven = pack_xadd(key, bulk(b"50"), 7, b"a")
+    gone = pack_xadd(b"rtgw:{fastpath-gone}:", bulk(b"50"), 1, b"x")
+    await conn.send_packed_command([*made, seven, gone, seven])
+    lines = [line async for chunk in reply_lines(conn, 5) for line in chunk]
+    assert lines[2:4] == [b"$7-0", b"$-1"]  # stored; a missing log is not made (nil)
+    assert lines[4].startswith(b"-ERR") and b"smaller" in lines[4]  # at or below the last
+    # A header whose value is in the next read goes back to be read again.
+    assert join_bulk([b":1", b"$3"]) == ([b":1"], b"$3\r\n")
+    assert join_bulk([b"$3", b"7-0", b"$-1"]) == ([b"$7-0", b"$-1"], b"")
 
 
 async def test_packing_matches_redis_py(conn: Connection) -> None:

@@ -421,9 +421,26 @@ def failover_store(url: str, **options: Any) -> RedisStore:
 
 async def close_within(store: RedisStore, seconds: float) -> None:
     """Close, bounded: a store that cannot close fails the test here, with the
-    test's own failure (if any) chained, rather than at the test's timeout."""
-    async with asyncio.timeout(seconds):
-        await store.close()
+    test's own failure (if any) chained, rather than at the test's timeout, and
+    says what the group commit was still doing (its tasks' await chains, the
+    appends it held)."""
+    commit = store._commit
+    try:
+        async with asyncio.timeout(seconds):
+            await store.close()
+    except TimeoutError:
+        tasks = [*commit._lane_tasks, commit._dispatcher, commit._retrier]
+        busy = [
+            f"  {task.get_name()}: " + " -> ".join(_await_chain(task.get_coro()))
+            for task in tasks
+            if task is not None and not task.done()
+        ]
+        raise AssertionError(
+            f"the store did not close within {seconds} s; held appends: "
+            f"{len(commit._held)}, queued: {len(commit._intake)}, "
+            f"lanes: {[(n, len(lane.queue), lane.busy) for n, lane in commit._lanes.items()]}\n"
+            + "\n".join(busy)
+        ) from None
 
 
 async def restart(node: RedisProcess) -> None:

@@ -68,12 +68,13 @@ from gateway.store.redis_batch import (
     fail,
 )
 from gateway.store.redis_fastpath import (
+    bare_entry,
     bulk,
     pack_append_at,
     pack_xadd,
 )
 from gateway.store.redis_replicas import ReplicaWatch
-from gateway.store.redis_seqmemo import TRUST, SeqMemo
+from gateway.store.redis_seqmemo import SeqMemo
 from gateway.store.redis_topology import Route, Topology
 
 __all__ = ["CommitStats", "GroupCommit", "consecutive"]
@@ -157,11 +158,9 @@ class GroupCommit:
         key = f"{self._prefix}:{{{sid}}}:"
         memo = self.memo
         check = memo.flag(sid, node, first)
-        bare = None
-        if check is TRUST and len(entries) == 1 and not history:
-            # One event where the log's end is known: a bare XADD, fenced in the
-            # log (``redis_rounds``), one command where the script ran three.
-            bare = entries[0][1]
+        bare = bare_entry(check, entries, history)
+        if bare is not None:
+            # A bare XADD, fenced in the log (``redis_rounds``): one command, not three.
             command, check_at = pack_xadd(key.encode(), self.max_log, first, bare), -1
         else:
             command, check_at = pack_append_at(

@@ -48,9 +48,11 @@ from redis.asyncio.connection import AbstractConnection
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from gateway.store.redis_scripts import APPEND, ROUND
+from gateway.store.redis_seqmemo import TRUST
 
 __all__ = [
     "APPEND_HEAD",
+    "bare_entry",
     "bulk",
     "closed_by_server",
     "fast_replies",
@@ -130,6 +132,16 @@ def pack_xadd(key: bytes, max_log: bytes, seq: int, data: bytes) -> bytes:
             b"$%d\r\n%b\r\n$1\r\nd\r\n$%d\r\n%b\r\n" % (len(entry_id), entry_id, len(data), data),
         )
     )
+
+
+def bare_entry(
+    check: bytes, entries: Sequence[tuple[int, bytes]], history: Sequence[bytes]
+) -> bytes | None:
+    """The one entry's data when an append goes as a bare XADD (``pack_xadd``): one
+    event, no history item, where the log's end is known (``check`` is ``TRUST``)."""
+    if check is TRUST and len(entries) == 1 and not history:
+        return entries[0][1]
+    return None
 
 
 def pack_append_at(

@@ -35,7 +35,13 @@ from typing import Final
 from gateway.store.base import AppendBatch, StoreError
 from gateway.store.redis_batch import REDIRECT_REPLIES, CommitStats
 from gateway.store.redis_commit import GroupCommit, consecutive
-from gateway.store.redis_fastpath import RoundPart, pack_append, pack_round, pack_xadd
+from gateway.store.redis_fastpath import (
+    RoundPart,
+    bare_entry,
+    pack_append,
+    pack_round,
+    pack_xadd,
+)
 from gateway.store.redis_pipe import AppendPipe, Replies
 from gateway.store.redis_seqmemo import TRUST
 
@@ -110,8 +116,8 @@ class PipeRounds:
                 continue
             check = flag(sid, node, first)
             key = f"{prefix}:{{{sid}}}:".encode()
-            if check is TRUST and len(entries) == 1 and not history:
-                bare.append(pack_xadd(key, max_log, first, entries[0][1]))
+            if (data := bare_entry(check, entries, history)) is not None:
+                bare.append(pack_xadd(key, max_log, first, data))
                 bare_sent.append([(i, sid, node, first, first, BARE)])
                 continue
             if chunk and (node != chunk_node or len(chunk) == ROUND_SESSIONS):

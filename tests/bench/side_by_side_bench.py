@@ -114,6 +114,7 @@ DOOR: Final = "gw-openai"
 DOOR_BASE: Final = "gw-openai-base"
 DOOR_MEMORY: Final = "gw-openai-memory"
 DOORS: Final = frozenset({DOOR, DOOR_BASE, DOOR_MEMORY})
+DOORS_ON_REDIS: Final = DOORS - {DOOR_MEMORY}
 OPENAI_WIRE: Final = frozenset({"sim", "litellm"}) | DOORS
 GATEWAYS: Final = (
     "gw-memory",
@@ -236,7 +237,7 @@ def start_servers(args: argparse.Namespace, net: SimulatedNetwork) -> Iterator[S
             srv.procs["gw-memory"] = stack.enter_context(gateway_args(provider, []))
         if DOOR_MEMORY in targets:  # the door on the embedded defaults (in-process store)
             srv.procs[DOOR_MEMORY] = stack.enter_context(gateway_args(provider, []))
-        if "gw-redis" in targets or (DOORS - {DOOR_MEMORY}) & set(targets):
+        if "gw-redis" in targets or DOORS_ON_REDIS & set(targets):
             redis = stack.enter_context(B.redis_server(tmp / "redis"))
             redis_url = net.url("redis", redis.url, net.redis)
             assert redis.proc is not None
@@ -301,7 +302,7 @@ def start_servers(args: argparse.Namespace, net: SimulatedNetwork) -> Iterator[S
             url = proc.url.replace("/v1/realtime", OPENAI_PATH) if target in DOORS else proc.url
             srv.urls[target] = net.url(f"client:{target}", url, net.client)
             srv.routes[target] = [f"client:{target}", "provider"]
-            if target.startswith(("gw-redis", "gw-base")) or target in DOORS - {DOOR_MEMORY}:
+            if target.startswith(("gw-redis", "gw-base")) or target in DOORS_ON_REDIS:
                 srv.routes[target].append("redis")
             elif target == "gw-replicated":
                 srv.routes[target] += ["redis-primary", "replica"]

@@ -249,12 +249,13 @@ class Config(msgspec.Struct, kw_only=True):
     log_linger: Annotated[
         Seconds,
         Setting(
-            "at most, seconds a log append waits for more events to share its round trip, "
-            "and only while events come faster than that (a turn's first content never "
-            "waits); 0: never",
+            "at most, seconds a log append waits for more events to share its round trip: "
+            "and at most a quarter of the time since its session's previous event, only "
+            "while events come faster than that (a turn's first content, and anything a "
+            "tool or a turn's end waits on, never waits); 0: never",
             STORE,
         ),
-    ] = 0.002
+    ] = 0.02
     durability: Annotated[
         Durability,
         Setting(

@@ -33,26 +33,25 @@ first; a lease to take back) run in a task of their own.
 
 **Linger.** At low load a round carries one event: each token costs its own
 Redis write and read, and on a VM each of those wakes another process
-(measured: most of the Redis gateway's extra CPU per event at 50 sessions,
-docs/performance.md). With ``linger`` > 0 a round waits for company, but only
-while traffic is steady enough to bring some: the mean gap between marks is
-below ``linger`` and the previous round carried fewer than
-``LINGER_FULL`` sessions (at 10 paced sessions, a mark every ~5 ms, a 2 ms
-linger would mostly wait alone and then be woken by its timer).
-It goes with the first event marked at least ``LINGER_MIN`` of the linger
-after its first one (so tokens of sessions woken by later reads share the
-round trip, and no timer has to wake the loop), when ``LINGER_FULL``
-sessions are waiting, or ``linger`` seconds after its first event was
-marked, whichever is first. The round then starts inside that ``mark``
-call: a ``call_soon`` (and the loop pass it costs) per round was measured
-as 0.36 extra ``epoll_wait`` calls per event at 50 sessions (``perf stat``),
-as was a ``call_soon`` that told the loop passes apart. A lone event after a
-quiet spell goes at once. "Log, then send" is unchanged: events still reach
-clients only after their append is stored.
+(measured: at 10 sessions, a round trip per event made the node plus its Redis
+cost 1.8 times LiteLLM's passthrough per event, docs/performance.md). With
+``linger`` > 0 a round waits for company: until ``LINGER_COMPANY`` sessions are
+waiting, or its *patience* is over. A round's patience is its first session's:
+a quarter (``LINGER_SHARE``) of the time since that session's previous mark,
+and at most ``linger``. A token stream at 20 deltas/s may so wait up to 12.5 ms
+(its rhythm shifts by at most a quarter of its spacing), a burst (a fast model,
+a transcript) hardly at all. It waits only while company is likely: the mean
+gap between any two marks is below its patience, and the previous round
+carried fewer than ``LINGER_FULL`` sessions. A round started by company starts
+inside that ``mark`` call: a ``call_soon`` (and the loop pass it costs) per
+round was measured as 0.36 extra ``epoll_wait`` calls per event at 50 sessions
+(``perf stat``). "Log, then send" is unchanged: events still reach clients
+only after their append is stored.
 
-**The first word is not kept waiting.** A turn's first content event
-(``hurry``, from the driver's first delta of a response) ends a lingering
-round at once, or goes in a round of its own past ``ROUNDS_IN_FLIGHT``: the linger trades latency for fewer round trips, which is the
+**The first word is not kept waiting, nor is anyone who waits.** A turn's
+first content event (``hurry``, from the driver's first delta of a response),
+and a session someone awaits (``SessionLog.flushed``: a tool about to run, a
+turn ending) end a lingering round at once, or goes in a round of its own past ``ROUNDS_IN_FLIGHT``: the linger trades latency for fewer round trips, which is the
 wrong trade for the event a user waits on most (measured: it was most of the
 first content's added latency at 50 sessions and more, docs/performance.md).
 The round still goes in the next loop pass, so the rest of that delta's
@@ -116,13 +115,15 @@ log = logging.getLogger("gateway.sessions.logwriter")
 # average, weight LINGER_WEIGHT per new gap) is below the linger: company is
 # then likely to come within it.
 LINGER_WEIGHT: Final = 0.125
-# Linger only for rounds of fewer sessions than this; a round waits no longer once
-# this many sessions are waiting (under load the round trip in flight batches).
+# Linger only after rounds of fewer sessions than this (under load the round
+# trips in flight batch).
 LINGER_FULL: Final = 32
-# A lingering round goes with the first mark at least this share of the
-# linger after its first one: sooner, and the sessions ready in the same loop
-# pass as the first would end it before any company from later passes came.
-LINGER_MIN: Final = 0.25
+# A lingering round goes once this many sessions wait in it: the round trip each
+# saves is a share of 1/n, so past a few the wait buys little.
+LINGER_COMPANY: Final = 4
+# A round waits at most this share of the time since its first session's
+# previous mark: the stream's rhythm shifts by at most that share of its spacing.
+LINGER_SHARE: Final = 0.25
 # Rounds in flight at once. A further round takes the sessions that marked
 # while the others are out, so their events do not wait for an answer too (one
 # round trip less in the tail of the latency); a session never has two
@@ -178,6 +179,11 @@ class LogWriter:
             linger.gap = (
                 gap if linger.gap == math.inf else linger.gap + (gap - linger.gap) * LINGER_WEIGHT
             )
+            marks = linger.marks
+            patience = (now - marks.get(source, -math.inf)) * LINGER_SHARE
+            marks[source] = now
+            if now >= linger.prune_at:
+                linger.prune(now)
         if source in self._writing:
             # Its previous append is in flight: this batch goes after its answer
             # (one append in flight per session keeps its order and the
@@ -188,14 +194,13 @@ class LogWriter:
         if linger is not None:
             if not dirty:
                 linger.first_mark = now
+                linger.patience = patience if patience < linger.seconds else linger.seconds
             dirty.append(source)
             if not self._scheduled:
                 if self._in_flight < ROUNDS_IN_FLIGHT:
                     self._scheduled = True
                     self._schedule()
-            elif linger.timer is not None and (
-                len(dirty) >= LINGER_FULL or now - linger.first_mark >= linger.soonest
-            ):
+            elif linger.timer is not None and len(dirty) >= LINGER_COMPANY:
                 # Company came: go now, in this call (a call_soon would cost
                 # the loop another pass per round). The events this source
                 # emits later in this step go with the next round.
@@ -337,7 +342,10 @@ class LogWriter:
                     self._deferred.append(source)
                 else:
                     if not dirty and linger is not None:
+                        # It marked within a round trip of its previous append:
+                        # a quarter of that gap is next to nothing, it goes now.
                         linger.first_mark = perf_counter()
+                        linger.patience = 0.0
                     dirty.append(source)
         if (
             self._dirty
@@ -443,30 +451,42 @@ class _Linger:
         "last_mark",
         "last_size",
         "longest_gap",
+        "marks",
+        "patience",
+        "prune_at",
         "seconds",
-        "soonest",
         "timer",
     )
 
     def __init__(self, seconds: float) -> None:
         # At most, seconds a round waits after its first event for more to join it.
         self.seconds = seconds
-        # A round goes with the first mark this long after its first (LINGER_MIN).
-        self.soonest = seconds * LINGER_MIN
         # A quiet spell counts as a gap of at most this in the mean.
         self.longest_gap = 10 * seconds
         self.first_mark = 0.0  # perf_counter() of the first mark of the next round
+        self.patience = 0.0  # how long the next round may wait (its first session's)
         self.last_mark = -math.inf  # perf_counter() of the previous mark
         self.gap = math.inf  # mean seconds between marks (see LINGER_WEIGHT)
         self.last_size = 0  # sessions in the previous round
         self.timer: asyncio.TimerHandle | None = None  # a round is lingering: its end
+        # Each session's previous mark (its pace). A mark older than ``seconds /
+        # LINGER_SHARE`` gives the whole linger, as none does: such are dropped
+        # now and then (``prune``), so sessions that ended are not kept.
+        self.marks: dict[object, float] = {}
+        self.prune_at = 0.0
+
+    def prune(self, now: float) -> None:
+        """Forget the marks too old to shorten a round's patience."""
+        oldest = now - self.seconds / LINGER_SHARE
+        self.marks = {source: at for source, at in self.marks.items() if at > oldest}
+        self.prune_at = now + 10 * self.seconds / LINGER_SHARE
 
     def delay(self, now: float, waiting: int) -> float:
         """How long a round of ``waiting`` sessions waits for more (0: it goes now)."""
-        seconds = self.seconds
-        steady = self.gap < seconds
-        if steady and self.last_size < LINGER_FULL and waiting < LINGER_FULL:
-            return self.first_mark + seconds - now
+        patience = self.patience
+        likely = self.gap < patience  # company is likely to come within it
+        if likely and self.last_size < LINGER_FULL and waiting < LINGER_COMPANY:
+            return self.first_mark + patience - now
         return 0.0
 
 

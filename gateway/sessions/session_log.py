@@ -157,7 +157,12 @@ class SessionLog:
         self._writer.mark(self)
 
     async def flushed(self) -> None:
-        """Wait until everything emitted so far is logged and delivered."""
+        """Wait until everything emitted so far is logged and delivered.
+
+        Someone waits on it (a tool about to run, a turn ending): its round does
+        not linger for company."""
+        if not self._flushed.is_set():
+            self._writer.hurry()
         await self._flushed.wait()
 
     def stop(self) -> None:

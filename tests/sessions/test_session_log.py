@@ -70,6 +70,24 @@ async def test_a_turns_first_content_hurries_its_round_once() -> None:
     assert writer.hurried == [[log]]  # once, with the first content already marked
 
 
+async def test_someone_waiting_for_the_log_hurries_its_round() -> None:
+    """A tool about to run, a turn ending: ``flushed`` ends a lingering round, and
+    returns once the batch is stored; with nothing unwritten it hurries nothing."""
+    writer = Writer()
+    log, _, _ = session_log(writer)
+    await asyncio.wait_for(log.flushed(), 1)
+    assert writer.hurried == []
+    log.emit(Respond(content="calling a tool"))
+    waiting = asyncio.create_task(log.flushed())
+    while not writer.hurried:  # noqa: ASYNC110 - the fake writer exposes no event for it
+        await asyncio.sleep(0)
+    assert writer.hurried == [[log]] and not waiting.done()
+    _, batch = writer.take()
+    assert batch is not None
+    log.appended(batch, None)
+    await asyncio.wait_for(waiting, 1)
+
+
 async def test_history_rides_with_the_next_append() -> None:
     writer = Writer()
     log, _, _ = session_log(writer)

@@ -8,14 +8,16 @@ counted, not timed.
 from __future__ import annotations
 
 import asyncio
+from time import perf_counter
 from typing import Any
 
 from gateway.sessions.logwriter import (
-    LINGER_FULL,
-    LINGER_MIN,
+    LINGER_COMPANY,
+    LINGER_SHARE,
     ROUNDS_IN_FLIGHT,
     Batch,
     LogWriter,
+    _Linger,
 )
 from gateway.store import MemoryStore
 from gateway.store.base import LogEntry
@@ -90,14 +92,15 @@ async def steady(writer: LogWriter, store: MemoryStore) -> None:
     await asyncio.gather(*(session.stored.wait() for session in made))
 
 
-async def test_steady_light_traffic_shares_one_round_until_it_is_full() -> None:
+async def test_steady_light_traffic_shares_one_round_until_company_came() -> None:
     store = MemoryStore()
     writer = LogWriter(store, NODE, linger=LONG)
-    others = await sessions(store, LINGER_FULL)  # LINGER_FULL in round two
+    others = await sessions(store, LINGER_COMPANY)  # LINGER_COMPANY in round two
     try:
         await steady(writer, store)
-        # The previous round was recent and small: the next one lingers for
-        # company, and goes as soon as LINGER_FULL sessions are waiting.
+        # Marks come fast and the first session of the round has not marked
+        # before: the round lingers for company, and goes as soon as
+        # LINGER_COMPANY sessions are waiting, inside that last mark.
         second, *rest = others
         second.emit()
         writer.mark(second)
@@ -130,34 +133,35 @@ async def test_no_linger_by_setting_writes_every_round_at_once() -> None:
         await writer.close()
 
 
-async def test_an_event_a_quarter_linger_later_ends_the_wait_at_once() -> None:
-    """Marks right after the first wait with it; the first one LINGER_MIN later starts the round.
+def patience(writer: LogWriter) -> float:
+    """How long the writer's next (or lingering) round may wait for company."""
+    linger = writer._linger
+    assert linger is not None
+    return linger.patience
 
-    The round starts inside that ``mark`` call (no loop pass in between), so
-    it is counted the moment ``mark`` returns: nothing here is timed but the
-    gap the rule itself is about.
-    """
-    linger = 0.2
+
+async def test_a_round_waits_at_most_a_share_of_its_sessions_pace() -> None:
+    """A session that marked a moment ago (a fast stream, a burst) is not kept waiting
+    for the linger: its round's patience is LINGER_SHARE of the time since that mark.
+
+    The linger is LONG, so a round that took it as its patience would time the
+    test out; the clock is read only to check the patience the writer took."""
     store = MemoryStore()
-    writer = LogWriter(store, NODE, linger=linger)
-    second, third, fourth = await sessions(store, 3)
+    writer = LogWriter(store, NODE, linger=LONG)
+    (session,) = await sessions(store, 1)
     try:
         await steady(writer, store)
-        assert writer.rounds == 1
-        second.emit()
-        writer.mark(second)  # recent and light: it lingers
-        assert writer.lingered == 1
-        third.emit()
-        writer.mark(third)  # at once: no company from a later read yet, it keeps waiting
-        assert writer.rounds == 1
-        await asyncio.sleep(linger * LINGER_MIN)  # the gap under test, not a synchronisation
-        fourth.emit()
-        writer.mark(fourth)
-        assert writer.rounds == 2  # started inside mark(), with all three
-        await asyncio.gather(*(s.stored.wait() for s in (second, third, fourth)))
-        assert writer.lingered == 1
-        for session in (second, third, fourth):
-            assert [e.seq for e in await store.read_log(session.sid, 0)] == [1]
+        session.emit()
+        writer.mark(session)  # first mark: the linger's whole patience
+        assert patience(writer) == LONG and writer.lingered == 1
+        writer.hurry()
+        await session.stored.wait()
+        before = perf_counter()
+        session.emit()
+        writer.mark(session)  # a moment after its previous mark
+        assert 0 < patience(writer) <= (perf_counter() - before + 1.0) * LINGER_SHARE
+        await session.stored.wait()  # would wait LONG with the linger's patience
+        assert [e.seq for e in await store.read_log(session.sid, 0)] == [1, 2]
     finally:
         await writer.close()
 
@@ -229,3 +233,15 @@ async def test_a_turns_first_content_does_not_wait_for_the_rounds_in_flight() ->
     finally:
         store.answer_all()
         await writer.close()
+
+
+def test_the_linger_forgets_sessions_too_quiet_to_shorten_a_round() -> None:
+    """A session's previous mark matters only while it is recent enough to give less
+    than the whole linger; older ones are dropped, so sessions that ended are not kept."""
+    linger = _Linger(0.01)
+    recent, ended = object(), object()
+    horizon = 0.01 / LINGER_SHARE  # a mark older than this gives the whole linger
+    linger.marks = {ended: 0.0, recent: 1.0 - horizon / 2}
+    linger.prune(1.0)
+    assert linger.marks == {recent: 1.0 - horizon / 2}
+    assert linger.prune_at > 1.0

@@ -131,6 +131,12 @@ class SessionLog:
         """The next event emitted is a turn's first content: its round does not linger."""
         self._hurry = True
 
+    def hurry(self) -> None:
+        """What was emitted is waited on now (a turn's end, a call a client runs, an
+        approval asked): its round does not linger for company."""
+        if self._marked:
+            self._writer.hurry()
+
     def persist(self, items: Sequence[HistoryItem], firsts: Sequence[Event] = ()) -> None:
         """Add history items; they are written with the next log append (atomically).
 

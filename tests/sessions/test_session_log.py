@@ -227,3 +227,15 @@ async def test_notices_audio_and_the_loss_reach_every_client() -> None:
         assert [n.code for n in client.notices] == ["store"]
         assert client.audio == [b"\x00\x01"] and client.lost == ["moved to node-b"]
     assert log.subscribers == set()
+
+
+async def test_a_hurry_ends_the_round_of_what_was_emitted_and_nothing_else() -> None:
+    """A response's end (its metric), a call the client runs: what was emitted goes
+    in the next round; with nothing waiting to be written, no round is hurried."""
+    writer = Writer()
+    log, _, _ = session_log(writer)
+    log.hurry()
+    assert writer.hurried == []
+    log.emit(Respond(content="done"))
+    log.hurry()
+    assert writer.hurried == [[log]]

@@ -250,7 +250,7 @@ class Config(msgspec.Struct, kw_only=True):
         Seconds,
         Setting(
             "at most, seconds a log append waits for more events to share its round trip: "
-            "and at most a quarter of the time since its session's previous event, only "
+            "and at most half the time since its session's previous event, only "
             "while events come faster than that (a turn's first content, and anything a "
             "tool or a turn's end waits on, never waits); 0: never",
             STORE,

@@ -34,19 +34,20 @@ first; a lease to take back) run in a task of their own.
 **Linger.** At low load a round carries one event: each token costs its own
 Redis write and read, and on a VM each of those wakes another process
 (measured: at 10 sessions, a round trip per event made the node plus its Redis
-cost 1.8 times LiteLLM's passthrough per event, docs/performance.md). With
+cost 1.65 times LiteLLM's passthrough per event, docs/performance.md). With
 ``linger`` > 0 a round waits for company: until ``LINGER_COMPANY`` sessions are
 waiting, or its *patience* is over. A round's patience is its first session's:
-a quarter (``LINGER_SHARE``) of the time since that session's previous mark,
-and at most ``linger``. A token stream at 20 deltas/s may so wait up to 12.5 ms
-(its rhythm shifts by at most a quarter of its spacing), a burst (a fast model,
-a transcript) hardly at all. It waits only while company is likely: the mean
-gap between any two marks is below its patience, and the previous round
-carried fewer than ``LINGER_FULL`` sessions. A round started by company starts
-inside that ``mark`` call: a ``call_soon`` (and the loop pass it costs) per
-round was measured as 0.36 extra ``epoll_wait`` calls per event at 50 sessions
-(``perf stat``). "Log, then send" is unchanged: events still reach clients
-only after their append is stored.
+half (``LINGER_SHARE``) the time since that session's previous mark, and at
+most ``linger`` (20 ms by default). A token stream at 20 deltas/s may so wait
+up to 20 ms, one at 100 deltas/s 5 ms, a burst hardly at all: a token is never
+held back more than half its spacing, so the stream keeps its order and, to a
+reader, its pace. It waits only while company is likely: the mean gap between
+any two marks is below its patience, and the previous round carried fewer
+than ``LINGER_FULL`` sessions. A round started by company starts inside that
+``mark`` call: a ``call_soon`` (and the loop pass it costs) per round was
+measured as 0.36 extra ``epoll_wait`` calls per event at 50 sessions (``perf
+stat``). "Log, then send" is unchanged: events still reach clients only after
+their append is stored.
 
 **The first word is not kept waiting, nor is anyone who waits.** A turn's
 first content event (``hurry``, from the driver's first delta of a response),
@@ -120,10 +121,10 @@ LINGER_WEIGHT: Final = 0.125
 LINGER_FULL: Final = 32
 # A lingering round goes once this many sessions wait in it: the round trip each
 # saves is a share of 1/n, so past a few the wait buys little.
-LINGER_COMPANY: Final = 4
+LINGER_COMPANY: Final = 8
 # A round waits at most this share of the time since its first session's
-# previous mark: the stream's rhythm shifts by at most that share of its spacing.
-LINGER_SHARE: Final = 0.25
+# previous mark: a token is held back by at most that share of its spacing.
+LINGER_SHARE: Final = 0.5
 # Rounds in flight at once. A further round takes the sessions that marked
 # while the others are out, so their events do not wait for an answer too (one
 # round trip less in the tail of the latency); a session never has two

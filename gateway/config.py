@@ -251,8 +251,8 @@ class Config(msgspec.Struct, kw_only=True):
         Setting(
             "at most, seconds a log append waits for more events to share its round trip: "
             "and at most half the time since its session's previous event, only "
-            "while events come faster than that (a turn's first content, and anything a "
-            "tool or a turn's end waits on, never waits); 0: never",
+            "while events come faster than that; only a response's streamed chunks after its "
+            "first wait, nothing a client or a tool acts on; 0: never",
             STORE,
         ),
     ] = 0.02

@@ -286,18 +286,15 @@ class TurnDriver:
         match action:
             case Respond() | Think():  # the hot path: a response's chunks
                 self.log.emit(action)
-            case Metric():  # a response's end: what its client (or pipeline) waits for
+            case Metric():
                 self.observer.fill(action)
                 self.log.emit(action)
-                self.log.hurry()
             case Error():
                 self.observer.turn_failed(action.code)
                 self.log.emit(action)
-                self.log.hurry()
             case Approval():
                 self._approval_decided(action)
                 self.log.emit(action)
-                self.log.hurry()
             case Interrupt() if self.link.upstream is None:
                 return self.asker.reopen_for(action, self._todo[0] if self._todo else None)
             case Persist(items=items, firsts=firsts):
@@ -310,7 +307,6 @@ class TurnDriver:
             case DropUpstream(stop=stop):
                 self.asker.drop(stop=stop)
             case AwaitApproval(ids=ids):
-                self.log.hurry()  # the client answers once it has the request
                 loop_time = asyncio.get_running_loop().time()
                 for call_id in ids:
                     self._approval_asked.setdefault(call_id, loop_time)
@@ -320,7 +316,6 @@ class TurnDriver:
             case CancelBackground(ids=ids):
                 self.tools.cancel(ids)
             case AwaitClient(ids=ids):
-                self.log.hurry()  # the client runs the calls once it has them
                 self.services.metrics.tools.calls.inc(len(ids))
                 self._todo.extend(self.machine.feed(Tick(asyncio.get_running_loop().time())))
             case Request(message=message, outputs=outputs, fresh=fresh):

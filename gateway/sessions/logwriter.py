@@ -49,10 +49,11 @@ measured as 0.36 extra ``epoll_wait`` calls per event at 50 sessions (``perf
 stat``). "Log, then send" is unchanged: events still reach clients only after
 their append is stored.
 
-**The first word is not kept waiting, nor is anyone who waits.** A turn's
-first content event (``hurry``, from the driver's first delta of a response),
-and a session someone awaits (``SessionLog.flushed``: a tool about to run, a
-turn ending) end a lingering round at once, or goes in a round of its own past ``ROUNDS_IN_FLIGHT``: the linger trades latency for fewer round trips, which is the
+**Only streamed chunks wait.** A turn's first content event (``hurry``, from
+the driver's first delta of a response), every event that is not a response's
+streamed chunk (a response's end, speech that interrupts the model, a call to
+run: ``SessionLog``), and a session someone awaits (``SessionLog.flushed``: a
+tool about to run, a drain) end a lingering round at once, or goes in a round of its own past ``ROUNDS_IN_FLIGHT``: the linger trades latency for fewer round trips, which is the
 wrong trade for the event a user waits on most (measured: it was most of the
 first content's added latency at 50 sessions and more, docs/performance.md).
 The round still goes in the next loop pass, so the rest of that delta's

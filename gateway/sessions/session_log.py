@@ -31,11 +31,14 @@ from gateway.sessions.recorder import SessionRecorder
 from gateway.sessions.subscriber import Subscriber
 from gateway.store.base import LeaseLost, LogEntry, SeqConflict, StoreUnavailable, Unreplicated
 from protocol.assembly import HistoryItem, encode_history_item
-from protocol.events import Error, Event, encode
+from protocol.events import Error, Event, Respond, Think, encode
 
 __all__ = ["SessionLog"]
 
 log = logging.getLogger("gateway.sessions.runtime")
+
+# The events a log round may hold back for company: a response's streamed chunks.
+_MAY_LINGER: frozenset[type[Event]] = frozenset({Respond, Think})
 
 _STORE_DOWN: str = (
     "the session store is unavailable; events are held and will be delivered when it "
@@ -123,19 +126,16 @@ class SessionLog:
         self._pending.append(LogEntry(self._seq, encode(event)))
         if not self._marked:
             self._mark()
-        if self._hurry:
+        if self._hurry or type(event) not in _MAY_LINGER:
+            # A turn's first content, or an event someone acts on (a response's
+            # end, a call to run, speech that interrupts the model's): not kept
+            # waiting for company, as mid-stream chunks may be (``LogWriter``).
             self._hurry = False
             self._writer.hurry()
 
     def hurry_next(self) -> None:
         """The next event emitted is a turn's first content: its round does not linger."""
         self._hurry = True
-
-    def hurry(self) -> None:
-        """What was emitted is waited on now (a turn's end, a call a client runs, an
-        approval asked): its round does not linger for company."""
-        if self._marked:
-            self._writer.hurry()
 
     def persist(self, items: Sequence[HistoryItem], firsts: Sequence[Event] = ()) -> None:
         """Add history items; they are written with the next log append (atomically).

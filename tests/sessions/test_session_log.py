@@ -10,7 +10,16 @@ from gateway.metrics import Metrics
 from gateway.sessions.session_log import SessionLog
 from gateway.store.base import LeaseLost, SeqConflict, StoreUnavailable
 from protocol.assembly import decode_history_item
-from protocol.events import Error, Respond, User, decode_event
+from protocol.events import (
+    Error,
+    Metric,
+    Respond,
+    SpeechStarted,
+    Think,
+    User,
+    decode_event,
+)
+from protocol.metering import ZERO_USAGE
 from tests.sessions.fakes import Subscriber, Writer
 
 pytestmark = pytest.mark.timeout(10)
@@ -62,7 +71,7 @@ async def test_a_turns_first_content_hurries_its_round_once() -> None:
     ends a lingering round; the events after it do not."""
     writer = Writer()
     log, _, _ = session_log(writer)
-    log.emit(User(content="question"))
+    log.emit(Respond(content="mid-stream"))
     assert writer.hurried == []
     log.hurry_next()
     log.emit(Respond(content="The"))
@@ -229,13 +238,16 @@ async def test_notices_audio_and_the_loss_reach_every_client() -> None:
     assert log.subscribers == set()
 
 
-async def test_a_hurry_ends_the_round_of_what_was_emitted_and_nothing_else() -> None:
-    """A response's end (its metric), a call the client runs: what was emitted goes
-    in the next round; with nothing waiting to be written, no round is hurried."""
+async def test_only_a_responses_streamed_chunks_may_wait_for_company() -> None:
+    """A chunk mid-stream may wait in a lingering round; anything a client acts on (a
+    response's end, speech that interrupts, a call to run) hurries its round."""
     writer = Writer()
     log, _, _ = session_log(writer)
-    log.hurry()
+    log.emit(Respond(content="mid"))
+    log.emit(Think(content="stream"))
     assert writer.hurried == []
-    log.emit(Respond(content="done"))
-    log.hurry()
+    log.emit(SpeechStarted(offset_ms=120))
     assert writer.hurried == [[log]]
+    writer.take()
+    log.emit(Metric(step=ZERO_USAGE, total=ZERO_USAGE))
+    assert writer.hurried == [[log], [log]]

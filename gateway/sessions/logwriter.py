@@ -36,7 +36,8 @@ Redis write and read, and on a VM each of those wakes another process
 (measured: at 10 sessions, a round trip per event made the node plus its Redis
 cost 1.65 times LiteLLM's passthrough per event, docs/performance.md). With
 ``linger`` > 0 a round waits for company: until ``LINGER_COMPANY`` sessions are
-waiting, or its *patience* is over. A round's patience is its first session's:
+waiting, or its *patience* is over (or three quarters of it, at a mark:
+``LINGER_LATE``, no timer wake-up). A round's patience is its first session's:
 half (``LINGER_SHARE``) the time since that session's previous mark, and at
 most ``linger`` (20 ms by default). A token stream at 20 deltas/s may so wait
 up to 20 ms, one at 100 deltas/s 5 ms, a burst hardly at all: a token is never
@@ -126,6 +127,9 @@ LINGER_COMPANY: Final = 8
 # A round waits at most this share of the time since its first session's
 # previous mark: a token is held back by at most that share of its spacing.
 LINGER_SHARE: Final = 0.5
+# A round this far into its patience goes with the next mark rather than
+# wake the loop by its timer: little more company would come before it.
+LINGER_LATE: Final = 0.75
 # Rounds in flight at once. A further round takes the sessions that marked
 # while the others are out, so their events do not wait for an answer too (one
 # round trip less in the tail of the latency); a session never has two
@@ -202,10 +206,14 @@ class LogWriter:
                 if self._in_flight < ROUNDS_IN_FLIGHT:
                     self._scheduled = True
                     self._schedule()
-            elif linger.timer is not None and len(dirty) >= LINGER_COMPANY:
-                # Company came: go now, in this call (a call_soon would cost
-                # the loop another pass per round). The events this source
-                # emits later in this step go with the next round.
+            elif linger.timer is not None and (
+                len(dirty) >= LINGER_COMPANY
+                or now - linger.first_mark >= linger.patience * LINGER_LATE
+            ):
+                # Company came, or the patience is nearly over: go now, in this
+                # call, the loop awake for this mark anyway (a call_soon, or the
+                # timer, would cost the loop another pass per round). The events
+                # this source emits later in this step go with the next round.
                 linger.timer.cancel()
                 self._start_round()
             return

@@ -31,14 +31,16 @@ from gateway.sessions.recorder import SessionRecorder
 from gateway.sessions.subscriber import Subscriber
 from gateway.store.base import LeaseLost, LogEntry, SeqConflict, StoreUnavailable, Unreplicated
 from protocol.assembly import HistoryItem, encode_history_item
-from protocol.events import Error, Event, Respond, Think, encode
+from protocol.events import Error, Event, Respond, Think, User, encode
 
 __all__ = ["SessionLog"]
 
 log = logging.getLogger("gateway.sessions.runtime")
 
-# The events a log round may hold back for company: a response's streamed chunks.
-_MAY_LINGER: frozenset[type[Event]] = frozenset({Respond, Think})
+# The events a log round may hold back for company: a response's streamed chunks,
+# and the user's own message (its client has it; the answer's first content,
+# which is hurried, follows it in the same round or the next).
+_MAY_LINGER: frozenset[type[Event]] = frozenset({Respond, Think, User})
 
 _STORE_DOWN: str = (
     "the session store is unavailable; events are held and will be delivered when it "

@@ -243,6 +243,7 @@ async def test_only_a_responses_streamed_chunks_may_wait_for_company() -> None:
     response's end, speech that interrupts, a call to run) hurries its round."""
     writer = Writer()
     log, _, _ = session_log(writer)
+    log.emit(User(content="the user's own message"))
     log.emit(Respond(content="mid"))
     log.emit(Think(content="stream"))
     assert writer.hurried == []

@@ -13,6 +13,7 @@ from typing import Any
 
 from gateway.sessions.logwriter import (
     LINGER_COMPANY,
+    LINGER_LATE,
     LINGER_SHARE,
     ROUNDS_IN_FLIGHT,
     Batch,
@@ -162,6 +163,36 @@ async def test_a_round_waits_at_most_a_share_of_its_sessions_pace() -> None:
         assert 0 < patience(writer) <= (perf_counter() - before + 1.0) * LINGER_SHARE
         await session.stored.wait()  # would wait LONG with the linger's patience
         assert [e.seq for e in await store.read_log(session.sid, 0)] == [1, 2]
+    finally:
+        await writer.close()
+
+
+async def test_a_mark_late_in_the_patience_starts_the_round_without_its_timer() -> None:
+    """Marks right after the first wait with it; one LINGER_LATE into the patience
+    starts the round inside ``mark`` (the loop is awake for it: no timer wake-up).
+
+    Counted the moment ``mark`` returns: nothing is timed but the gap the rule is about.
+    """
+    linger = 0.2
+    store = MemoryStore()
+    writer = LogWriter(store, NODE, linger=linger)
+    second, third, fourth = await sessions(store, 3)
+    try:
+        await steady(writer, store)
+        assert writer.rounds == 1
+        second.emit()
+        writer.mark(second)  # first mark of its own: the whole linger's patience
+        assert writer.lingered == 1 and patience(writer) == linger
+        third.emit()
+        writer.mark(third)  # at once: it keeps waiting
+        assert writer.rounds == 1
+        await asyncio.sleep(linger * LINGER_LATE)  # the gap under test, not a synchronisation
+        fourth.emit()
+        writer.mark(fourth)
+        assert writer.rounds == 2  # started inside mark(), with all three
+        await asyncio.gather(*(s.stored.wait() for s in (second, third, fourth)))
+        for session in (second, third, fourth):
+            assert [e.seq for e in await store.read_log(session.sid, 0)] == [1]
     finally:
         await writer.close()
 

@@ -51,14 +51,16 @@ stat``). "Log, then send" is unchanged: events still reach clients only after
 their append is stored.
 
 **Only streamed chunks wait.** A turn's first content event (``hurry``, from
-the driver's first delta of a response), every event that is not a response's
-streamed chunk (a response's end, speech that interrupts the model, a call to
-run: ``SessionLog``), and a session someone awaits (``SessionLog.flushed``: a
-tool about to run, a drain) end a lingering round at once, or goes in a round of its own past ``ROUNDS_IN_FLIGHT``: the linger trades latency for fewer round trips, which is the
-wrong trade for the event a user waits on most (measured: it was most of the
-first content's added latency at 50 sessions and more, docs/performance.md).
-The round still goes in the next loop pass, so the rest of that delta's
-events share it.
+the driver's first delta of a response), every event that is neither a
+response's streamed chunk nor the user's own message (a response's end,
+speech that interrupts the model, a call to run: ``SessionLog``), and a
+session someone awaits (``SessionLog.flushed``: a tool about to run, a drain)
+end a lingering round at once, or go in a round of their own past
+``ROUNDS_IN_FLIGHT``: the linger trades latency for fewer round trips, which
+is the wrong trade for what a user or a client waits on (measured: it was
+most of the first content's added latency at 50 sessions and more,
+docs/performance.md). The round still goes in the next loop pass, so the
+rest of that delta's events share it.
 
 **Riders.** ``on_round`` is called as each round starts: the flight
 recorder's writes (``gateway.sessions.recorder``) ride the rounds instead of
@@ -353,7 +355,7 @@ class LogWriter:
                 else:
                     if not dirty and linger is not None:
                         # It marked within a round trip of its previous append:
-                        # a quarter of that gap is next to nothing, it goes now.
+                        # half of that gap is next to nothing, so it goes now.
                         linger.first_mark = perf_counter()
                         linger.patience = 0.0
                     dirty.append(source)

@@ -11,6 +11,7 @@ from pathlib import Path
 from protocol.events import Error, ErrorCode
 from tests.gateway.conftest import GatewayFactory
 from tests.support.client import GatewayClient
+from tests.support.source import parse
 
 ROOT = Path(__file__).resolve().parents[2]
 # Where client-visible events are made; the simulator and the adapters speak
@@ -30,7 +31,7 @@ def _sent() -> set[str]:
     for place in CLIENT_FACING:
         path = ROOT / place
         for file in [path] if path.is_file() else path.rglob("*.py"):
-            for node in ast.walk(ast.parse(file.read_text())):
+            for node in ast.walk(parse(file.read_text())):
                 if not isinstance(node, ast.Call):
                     continue
                 name = getattr(node.func, "id", getattr(node.func, "attr", ""))

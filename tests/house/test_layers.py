@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.source import parse
+
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("protocol", "tools", "gateway")
 # Which top-level package may import which.
@@ -33,7 +35,7 @@ def _imports(name: str, path: Path, known: set[str]) -> Iterator[str]:
     """The project modules ``name`` imports (``from a import b`` counts ``a.b`` if it is one)."""
     is_pkg = path.name == "__init__.py"
     package = name if is_pkg else name.rpartition(".")[0]
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in ast.walk(parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
             for alias in node.names:
                 if alias.name.split(".")[0] in PACKAGES:

@@ -14,6 +14,8 @@ import ast
 from collections.abc import Iterator
 from pathlib import Path
 
+from tests.support.source import parse
+
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("protocol", "tools", "gateway")
 MAX_LINES = 600
@@ -59,7 +61,7 @@ def _self_attributes(node: ast.ClassDef) -> set[str]:
 def _classes() -> Iterator[tuple[str, int, int]]:
     """``(where, attributes, methods)`` of every class with behaviour."""
     for path in _sources():
-        tree = ast.parse(path.read_text(), str(path))
+        tree = parse(path.read_text(), str(path))
         for node in ast.walk(tree):
             if not isinstance(node, ast.ClassDef):
                 continue

@@ -37,6 +37,7 @@ from gateway.wsfast import (
 )
 from gateway.wsfast import read as wsfast_read
 from gateway.wsfast import write as wsfast_write
+from tests.support.source import parse
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -118,7 +119,7 @@ def test_apply_mask_is_the_c_one_and_masks_as_the_pure_one() -> None:
 
 def _recv_messages_calls() -> set[str]:
     """The methods ``Connection`` calls on ``self.recv_messages``, read from its source."""
-    tree = ast.parse(textwrap.dedent(inspect.getsource(Connection)))
+    tree = parse(textwrap.dedent(inspect.getsource(Connection)))
     return {
         node.attr
         for node in ast.walk(tree)

@@ -9,8 +9,7 @@ writes the batch's packed ``EVALSHA`` commands as one pipeline (ending with
 redis-py's parser) and settles each append as its reply arrives: stored,
 rejected by the script (``LEASELOST``, ``SEQCONFLICT``: ``rejection``), or
 returned to be sent again (a redirect, ``READONLY``, ``NOSCRIPT`` after the
-script is loaded again; a bare ``XADD`` Redis refused, at once, as the checked
-script: ``Sent``). A connection lost after the batch was sent fails
+script is loaded again). A connection lost after the batch was sent fails
 what it had not settled ("maybe stored"); replicas that do not confirm in
 time fail or pass the appends by the durability (``gateway.store.redis_replicas``).
 """
@@ -22,7 +21,7 @@ import contextlib
 import math
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
-from typing import Final, NamedTuple
+from typing import Final
 
 from redis.asyncio.connection import AbstractConnection
 from redis.exceptions import (
@@ -141,20 +140,6 @@ class PendingAppend:
         self.check = CHECK
 
 
-class Sent(NamedTuple):
-    """What a round trip leaves to send again."""
-
-    again: list[PendingAppend]
-    """Not written, and the route may have changed (a redirect, a refused connection):
-    sent again after a backoff, once the topology is learnt again."""
-    reason: BaseException | None
-    """Why ``again`` was not written."""
-    checked: list[PendingAppend]
-    """Bare XADDs Redis refused (fenced, below the log's end, the log gone), packed
-    again as the checked script: sent again at once, on the same route. Nothing about
-    the route is in doubt, so neither a backoff nor forgetting other logs' ends."""
-
-
 class BatchSender:
     """Send a batch to its master and settle each append (see the module docstring)."""
 
@@ -181,16 +166,20 @@ class BatchSender:
         # One deadline covers a whole round trip (and the replicas' wait).
         self._budget = socket_timeout + (replicas.replica_timeout_ms / 1000 if self._wait else 0.0)
 
-    async def send(self, route: Route, items: list[PendingAppend]) -> Sent:
-        """One pipelined round trip to one master; settles what it can, and says what
-        is to be sent again (``Sent``)."""
+    async def send(
+        self, route: Route, items: list[PendingAppend]
+    ) -> tuple[list[PendingAppend], BaseException | None]:
+        """One pipelined round trip to one master; settles what it can.
+
+        Returns the appends to send again (nothing of them was written) and why.
+        """
         try:
             conn = await route.connection()
         except MaxConnectionsError as exc:
             fail(items, self._error(exc, "appending", "; nothing was stored"))
-            return Sent([], None, [])
+            return [], None
         except ERRORS as exc:
-            return Sent(items, exc, [])
+            return items, exc
         if closed_by_server(conn):
             # Redis closed it while idle (a restart): reconnect, as the pool
             # would on checkout, rather than fail a flush on a dead socket.
@@ -203,14 +192,13 @@ class BatchSender:
             async with asyncio.timeout(self._socket_timeout):
                 await conn.connect()  # type: ignore[no-untyped-call]
         except ERRORS as exc:  # also the deadline: TimeoutError is an OSError
-            return Sent(items, exc, [])  # refused or unreachable: nothing was sent
+            return items, exc  # refused or unreachable: nothing was sent
         return await self._round_trip(route.name, conn, items)
 
     async def _round_trip(
         self, master: str, conn: AbstractConnection, items: list[PendingAppend]
-    ) -> Sent:
+    ) -> tuple[list[PendingAppend], BaseException | None]:
         again: list[PendingAppend] = []
-        checked: list[PendingAppend] = []  # bare XADDs not stored: the script says why
         reason: BaseException | None = None
         stored: list[PendingAppend] = []
         noscript = False
@@ -252,7 +240,7 @@ class BatchSender:
                             else:  # fenced, refused, or the log is gone: the script says which
                                 self.memo.forget(item.sid)
                                 item.checked(self._limits)
-                                checked.append(item)
+                                again.append(item)
                             continue
                         if line == b":1":
                             if wait:
@@ -278,7 +266,7 @@ class BatchSender:
         except ERRORS as exc:  # also the deadline: TimeoutError is an OSError
             self.memo.clear()
             fail(
-                stored + items[settled:] + again + checked,
+                stored + items[settled:] + again,
                 self._error(
                     exc,
                     "appending",
@@ -287,10 +275,10 @@ class BatchSender:
             )
             with contextlib.suppress(Exception):
                 await conn.disconnect(nowait=True)
-            return Sent([], None, [])
+            return [], None
         except BaseException:
             fail(
-                stored + items[settled:] + again + checked,
+                stored + items[settled:] + again,
                 StoreUnavailable("append interrupted (the store is closing); retry"),
             )
             with contextlib.suppress(Exception):
@@ -300,7 +288,7 @@ class BatchSender:
             self._replicated(master, stored, acked)
         if again:  # a redirect, READONLY, NOSCRIPT: maybe another primary now
             self.memo.clear()
-        return Sent(again, reason, checked)
+        return again, reason
 
     def _replicated(self, master: str, stored: list[PendingAppend], acked: int) -> None:
         """Settle appends the primary took, by what its replicas said (the WAIT reply)."""

@@ -65,7 +65,6 @@ from gateway.store.redis_batch import (
     BatchSender,
     CommitStats,
     PendingAppend,
-    Sent,
     fail,
 )
 from gateway.store.redis_fastpath import (
@@ -285,13 +284,11 @@ class GroupCommit:
                 else:
                     lane.queue = []
                 try:
-                    again, reason, checked = await self._send_batch(lane.route, batch)
+                    again, reason = await self._send_batch(lane.route, batch)
                 except BaseException as exc:
                     # Cancelled (the loop is closing) or a bug: no caller may hang.
                     fail(batch, StoreUnavailable(f"append not completed: {exc!r}; retry"))
                     raise
-                if checked:  # ahead of what was queued after them: a session's order holds
-                    lane.queue[:0] = checked
                 if again:
                     self._hold(again, reason or RedisError())
         finally:
@@ -303,7 +300,9 @@ class GroupCommit:
                     StoreUnavailable("append not sent: the store was closed; open a new one"),
                 )
 
-    async def _send_batch(self, route: Route, batch: list[PendingAppend]) -> Sent:
+    async def _send_batch(
+        self, route: Route, batch: list[PendingAppend]
+    ) -> tuple[list[PendingAppend], BaseException | None]:
         stats = self.stats
         stats.flushes += 1
         if len(batch) > stats.max_batch:

@@ -162,7 +162,8 @@ class LogWriter:
         self.lingered = 0
         """Rounds that waited for more sessions to join."""
         self.hurried = 0
-        """Lingering rounds a turn's first content event ended early (``hurry``)."""
+        """Rounds ``hurry`` started early: a lingering one, or one held back by the
+        rounds in flight."""
         self._dirty: list[LogSource] = []
         # A round is scheduled or lingering: marks only join ``_dirty``.
         self._scheduled = False
@@ -225,8 +226,9 @@ class LogWriter:
             self._schedule()
 
     def hurry(self) -> None:
-        """A turn's first content event was just marked: a lingering round goes now,
-        and so does one held back by the rounds in flight.
+        """What was just marked is waited on (a turn's first content, an event a client
+        acts on, a session someone awaits: ``SessionLog``): a lingering round goes
+        now, and so does one held back by the rounds in flight.
 
         Started by ``call_soon``, not here: the events the caller emits in
         the same step still join it. A round held back by ``ROUNDS_IN_FLIGHT``

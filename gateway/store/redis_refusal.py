@@ -23,7 +23,17 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 __all__ = ["closed_at_once", "refusal"]
 
-_HUNG_UP: Final = ("closed by server", "while writing to socket", "while reading from")
+# redis-py's words for a connection that was made and then lost. A server that
+# speaks first and hangs up (as an HTTP one does) is met by whichever check comes
+# first: the pool finding it closed before the write, a reset write, a reset
+# handshake. A refused connect ("Connection refused") is not among them.
+_HUNG_UP: Final = (
+    "closed by server",
+    "closed by the server",
+    "while writing to socket",
+    "while reading from",
+    "Connection reset by peer",
+)
 _URL: Final = "in --store (GATEWAY_STORE, REDIS_URL): redis://[USER]:PASSWORD@HOST:PORT/DB"
 
 

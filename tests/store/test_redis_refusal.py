@@ -56,13 +56,6 @@ def test_what_waiting_may_fix_is_not_a_refusal(exc: Exception) -> None:
         (RedisConnectionError("Connection closed by server."), "not as Redis does"),
         (RedisConnectionError("Connection closed by the server before write"), "not as Redis does"),
         (
-            # A server that speaks first and hangs up resets the handshake's HELLO
-            RedisConnectionError(
-                "Error 104 connecting to 127.0.0.1:6379. Connection reset by peer."
-            ),
-            "not as Redis does",
-        ),
-        (
             RedisClusterException("… reachable node: Cluster mode is not enabled on this node"),
             "is not a Redis Cluster",
         ),

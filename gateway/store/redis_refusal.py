@@ -23,16 +23,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 __all__ = ["closed_at_once", "refusal"]
 
-# redis-py's words for a connection that was made and then closed. A server that
-# speaks first and hangs up (as an HTTP one does) may be met by the pool's check
-# ("closed by the server before write") as well. A reset during the connect is not
-# here: a port that resets every connection is a proxy whose Redis is down (waited for).
-_HUNG_UP: Final = (
-    "closed by server",
-    "closed by the server",
-    "while writing to socket",
-    "while reading from",
-)
+_HUNG_UP: Final = ("closed by server", "while writing to socket", "while reading from")
 _URL: Final = "in --store (GATEWAY_STORE, REDIS_URL): redis://[USER]:PASSWORD@HOST:PORT/DB"
 
 

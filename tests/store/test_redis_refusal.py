@@ -54,7 +54,6 @@ def test_what_waiting_may_fix_is_not_a_refusal(exc: Exception) -> None:
         (ResponseError("DB index is out of range"), "`databases`"),
         (InvalidResponse("Protocol Error: b'SSH-2.0-OpenSSH_9.6'"), "not as Redis does"),
         (RedisConnectionError("Connection closed by server."), "not as Redis does"),
-        (RedisConnectionError("Connection closed by the server before write"), "not as Redis does"),
         (
             RedisClusterException("… reachable node: Cluster mode is not enabled on this node"),
             "is not a Redis Cluster",

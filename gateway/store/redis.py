@@ -12,6 +12,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Final
 
+from redis.exceptions import AuthenticationError
+from redis.exceptions import ConnectionError as RedisConnectionError
+
 from gateway.store.base import Durability
 from gateway.store.redis_bus import RedisBus
 from gateway.store.redis_commit import CommitStats
@@ -19,7 +22,7 @@ from gateway.store.redis_connect import CLUSTER_SCHEMES, SENTINEL_SCHEMES, SINGL
 from gateway.store.redis_core import ERRORS, RedisCore
 from gateway.store.redis_counters import RedisCounters
 from gateway.store.redis_recordings import RedisRecordings
-from gateway.store.redis_refusal import closed_at_once, refusal
+from gateway.store.redis_refusal import closed_at_once, not_redis, refusal, spoken_first
 from gateway.store.redis_secrets import RedisSecrets
 from gateway.store.redis_sessions import RedisSessions
 
@@ -137,10 +140,22 @@ class RedisStore(RedisSessions, RedisCounters, RedisBus, RedisSecrets, RedisReco
                 await self._r.execute_command("PING")
                 return None
             except ERRORS as exc:
-                if attempt < 3 and closed_at_once(exc):  # or a Redis stopping right now
+                hung_up = closed_at_once(exc)
+                address = self._core.topology.address()
+                if address is not None and _connection_lost(exc):
+                    # redis-py's words do not tell a banner-and-close from a reset: ask the port
+                    said = await spoken_first(*address)
+                    if said:
+                        return not_redis(self._core.where, f"it spoke first: {said[:40]!r}")
+                    # b"": it hung up without a word (asked again below, as a Redis that is
+                    # stopping does); None: a reset or Redis's silence, so not a hang-up.
+                    hung_up = said == b""
+                if attempt < 3 and hung_up:  # or a Redis stopping right now
                     await asyncio.sleep(0.5)
                     continue
-                return refusal(exc, self._core.where)
+                if hung_up:
+                    return not_redis(self._core.where, str(exc).rstrip("."))
+                return None if closed_at_once(exc) else refusal(exc, self._core.where)
             except Exception:  # nothing known to be final: start, and wait for it
                 return None
         return None
@@ -157,3 +172,8 @@ class RedisStore(RedisSessions, RedisCounters, RedisBus, RedisSecrets, RedisReco
             await self._rounds.close()
         await self._commit.close()
         await self._core.topology.close()
+
+
+def _connection_lost(exc: BaseException) -> bool:
+    """redis-py lost the connection (not a refused password, a timeout or a reply)."""
+    return isinstance(exc, RedisConnectionError) and not isinstance(exc, AuthenticationError)

@@ -10,6 +10,7 @@ starting node can stop with that one line instead of retrying forever.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Final
 
 from redis.exceptions import (
@@ -21,7 +22,7 @@ from redis.exceptions import (
 )
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-__all__ = ["closed_at_once", "refusal"]
+__all__ = ["closed_at_once", "refusal", "spoken_first"]
 
 _HUNG_UP: Final = ("closed by server", "while writing to socket", "while reading from")
 _URL: Final = "in --store (GATEWAY_STORE, REDIS_URL): redis://[USER]:PASSWORD@HOST:PORT/DB"
@@ -67,13 +68,42 @@ def refusal(exc: BaseException, where: str) -> str | None:
             return f"Redis at {where} refuses this node: {text}"
         return None
     if isinstance(exc, InvalidResponse) or closed_at_once(exc):
-        return (
-            f"{where} answers, but not as Redis does ({text}): is --store (GATEWAY_STORE, "
-            "REDIS_URL) pointing at Redis's port (6379 unless redis.conf says otherwise), "
-            "does its scheme (redis:// or rediss:// for TLS) match the server's, and is "
-            "the Redis behind a proxy there running?"
-        )
+        return not_redis(where, text)
     return None
+
+
+def not_redis(where: str, detail: str) -> str:
+    """What to change when something else than Redis answers at ``where``."""
+    return (
+        f"{where} answers, but not as Redis does ({detail}): is --store (GATEWAY_STORE, "
+        "REDIS_URL) pointing at Redis's port (6379 unless redis.conf says otherwise), "
+        "does its scheme (redis:// or rediss:// for TLS) match the server's, and is "
+        "the Redis behind a proxy there running?"
+    )
+
+
+async def spoken_first(host: str, port: int, wait: float = 0.25) -> bytes | None:
+    """What the server at ``host:port`` says before it is asked anything, in ``wait``
+    seconds: its words; ``b""`` when it hangs up without one; None when it resets the
+    connection, says nothing (Redis never speaks first, nor a TLS port), or cannot
+    be reached.
+
+    Asked because redis-py words a port that speaks first and hangs up (SSH, SMTP,
+    a banner, an HTTP error) as it words a reset: "closed by the server before
+    write", "Connection has data", "while writing to socket", depending on which
+    packet its pool meets first. A reset is a proxy whose Redis is down, to be
+    waited for; words nobody asked for are a service that is not Redis, which no
+    wait fixes.
+    """
+    try:
+        async with asyncio.timeout(wait):
+            reader, writer = await asyncio.open_connection(host, port)
+            try:
+                return await reader.read(64)
+            finally:
+                writer.close()
+    except (OSError, TimeoutError):  # reset, refused, unreachable, or quiet as Redis is
+        return None
 
 
 def closed_at_once(exc: BaseException) -> bool:

@@ -131,6 +131,11 @@ class Topology(abc.ABC):
     async def refresh(self) -> None:  # noqa: B027 - a single server has nothing to learn
         """Learn the topology again (after MOVED, or a node that refused connections)."""
 
+    def address(self) -> tuple[str, int] | None:
+        """The one TCP server behind the URL, to probe at start (None: a socket file,
+        several servers, or one Sentinel names)."""
+        return None
+
     def single_server_connection(self) -> Callable[[], AbstractConnection] | None:
         """Makes a new connection to the one server every key lives on (None: several).
 
@@ -218,6 +223,14 @@ class SingleTopology(Topology):
 
     def route(self, key: str) -> Route:
         return self._route
+
+    def address(self) -> tuple[str, int] | None:
+        if self._sentinel is not None:  # the primary moves; its address is Sentinel's
+            return None
+        kw = self.client.connection_pool.connection_kwargs
+        return (
+            None if "path" in kw else (str(kw.get("host", "localhost")), int(kw.get("port", 6379)))
+        )
 
     def single_server_connection(self) -> Callable[[], AbstractConnection]:
         make: Callable[[], AbstractConnection] = self.client.connection_pool.make_connection

@@ -3,6 +3,12 @@ those no wait can fix. A Redis that is down, loading, full or failing over is wa
 
 from __future__ import annotations
 
+import contextlib
+import socket
+import struct
+import threading
+from typing import NoReturn
+
 import pytest
 from redis.asyncio.sentinel import MasterNotFoundError
 from redis.exceptions import (
@@ -17,6 +23,7 @@ from redis.exceptions import (
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from gateway.store.redis import RedisStore
 from gateway.store.redis_refusal import refusal
 
 WHERE = "127.0.0.1:6379"
@@ -67,3 +74,67 @@ def test_what_waiting_may_fix_is_not_a_refusal(exc: Exception) -> None:
 def test_what_waiting_cannot_fix_says_what_to_change(exc: Exception, says: str) -> None:
     line = refusal(exc, WHERE)
     assert line is not None and says in line and "\n" not in line
+
+
+class _Port:
+    """A TCP port that is not Redis: it says ``greeting`` at once and hangs up, or
+    (``greeting`` None) resets each connection, as a proxy whose Redis is down does."""
+
+    def __init__(self, greeting: bytes | None) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = int(self.sock.getsockname()[1])
+        self._greeting = greeting
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def _run(self) -> None:
+        with contextlib.suppress(OSError):  # closed
+            while True:
+                conn, _ = self.sock.accept()
+                if self._greeting is None:
+                    conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                else:
+                    conn.sendall(self._greeting)
+                conn.close()
+
+
+# The words redis-py has for a server that hung up, whichever packet its pool met first:
+# they do not tell a banner-and-close from a reset, so the store asks the port itself.
+AMBIGUOUS = [
+    RedisConnectionError("Connection closed by the server before write"),
+    RedisConnectionError("Connection has data"),
+    RedisConnectionError("Error 104 while writing to socket. Connection reset by peer."),
+]
+
+
+@pytest.mark.parametrize("exc", AMBIGUOUS)
+@pytest.mark.parametrize(
+    ("greeting", "refused"),
+    [
+        (b"HTTP/1.1 400 Bad Request\r\n\r\n", True),
+        (b"SSH-2.0-OpenSSH_9.6\r\n", True),
+        (None, False),
+    ],
+)
+@pytest.mark.timeout(20)
+async def test_a_port_that_speaks_first_is_refused_and_one_that_resets_is_waited_for(
+    exc: Exception, greeting: bytes | None, refused: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    port = _Port(greeting)
+    store = RedisStore(f"redis://127.0.0.1:{port.port}/0")
+    try:
+
+        async def ping(*_: object) -> NoReturn:
+            raise exc
+
+        monkeypatch.setattr(store._r, "execute_command", ping)
+        why = await store.refusal()
+    finally:
+        port.sock.close()
+        await store.close()
+    if refused:
+        assert why is not None and why.startswith(
+            f"127.0.0.1:{port.port} answers, but not as Redis"
+        )
+        assert "it spoke first" in why and repr(greeting[:4])[2:-1] in why  # type: ignore[index]
+    else:
+        assert why is None

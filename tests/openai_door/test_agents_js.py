@@ -7,34 +7,20 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from tests.openai_door.conftest import MODELS
+from tests.support.agents_js import agents_js as installed_agents_js
 from tests.support.procs import NodeProcess
 
 pytestmark = pytest.mark.timeout(180)
 
-JS = Path(__file__).parent / "js"
-
 
 @pytest.fixture(scope="module")
 def agents_js() -> Path:
-    if shutil.which("node") is None or shutil.which("npm") is None:
-        pytest.skip("Node.js and npm are needed to run agents-js")
-    if not (JS / "node_modules" / "@openai" / "agents-realtime").is_dir():
-        done = subprocess.run(
-            ["npm", "ci", "--no-audit", "--no-fund"],
-            cwd=JS,
-            capture_output=True,
-            text=True,
-            timeout=150,
-        )
-        assert done.returncode == 0, done.stderr[-2000:]
-    return JS
+    return installed_agents_js()
 
 
 @pytest.mark.parametrize("model", MODELS)

@@ -7,8 +7,6 @@ answer's audio on the track (the inbound track's ``totalAudioEnergy``)."""
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 import time
 import wave
 from collections.abc import Iterator
@@ -20,7 +18,7 @@ from playwright.sync_api import Browser, Page, sync_playwright
 
 from gateway.common.pcm import silence, tone
 from tests.browser.conftest import CHROMIUM, CHROMIUM_ARGS
-from tests.openai_door.test_agents_js import JS
+from tests.support.agents_js import agents_js
 from tests.support.procs import NodeProcess
 
 pytestmark = [
@@ -165,18 +163,10 @@ AGENTS = """async ([url, model]) => {
 @pytest.fixture(scope="module")
 def bundle() -> Path:
     """agents-js's browser bundle, installed with ``npm ci`` as tests/openai_door does."""
-    if shutil.which("npm") is None:
-        pytest.skip("npm is needed to install agents-js")
-    if not (JS / "node_modules" / "@openai" / "agents-realtime").is_dir():
-        done = subprocess.run(
-            ["npm", "ci", "--no-audit", "--no-fund"],
-            cwd=JS,
-            capture_output=True,
-            text=True,
-            timeout=150,
-        )
-        assert done.returncode == 0, done.stderr[-2000:]
-    return JS / "node_modules/@openai/agents-realtime/dist/bundle/openai-realtime-agents.umd.js"
+    return (
+        agents_js()
+        / "node_modules/@openai/agents-realtime/dist/bundle/openai-realtime-agents.umd.js"
+    )
 
 
 def test_agents_js_webrtc_transport_has_a_turn(

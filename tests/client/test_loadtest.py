@@ -349,8 +349,10 @@ async def test_the_duration_cap_stops_the_run_and_counts_aborted_turns() -> None
         await ws.wait_closed()
 
     async with scripted(handler) as url:
+        # Long enough for four sessions to connect and start a turn on a loaded machine
+        # (at 0.3 s a CI run's sessions were still connecting when the cap came).
         report = await run_loadtest(
-            LoadTestConfig(url=url, sessions=4, turns=2, duration=0.3, turn_timeout=60)
+            LoadTestConfig(url=url, sessions=4, turns=2, duration=2.0, turn_timeout=60)
         )
     assert report.stopped_by_duration
     assert report.turns_aborted == 4

@@ -133,31 +133,45 @@ class ClientConnection:
             out.newest = entries[-1].seq
         if out.lagging:
             return  # the writer reads these from the log
-        if out.idle and not out.queue and out.joiner is None and self._send_now(entries):
-            return
+        if out.idle and not out.queue and out.joiner is None:
+            sent = self._send_now(entries)
+            if sent == len(entries):
+                return
+            entries = entries[sent:]
         out.queue_events(entries, self.node.metrics)
 
-    def _send_now(self, entries: Sequence[LogEntry]) -> bool:
-        """Write the frames from here when the writer has nothing to do.
+    def _send_now(self, entries: Sequence[LogEntry]) -> int:
+        """Write the frames from here when the writer has nothing to do; how many
+        were written (the rest are the writer's: socket buffer full, connection
+        closing, not the next seq).
 
         The common case of a client that keeps up: no writer wake-up, no task
-        switch, one socket write for the batch. False leaves them to the
-        writer (socket buffer full, connection closing, not the next seq).
+        switch, one socket write for the batch. A batch is written up to
+        ``write_limit`` bytes: one log round may carry thousands of a session's
+        events (a fast stream while the store answers slowly), and a client that
+        stopped reading would otherwise hold them all in the socket's buffer,
+        past the bound the writer keeps (``gateway.edge.backpressure``).
         """
         if self._close is not None or not wsfast.can_write_now(self.ws):
-            return False
+            return 0
         out = self.out
         last = out.last_sent
+        frames: list[bytes] = []
+        room = self.node.config.write_limit
         for entry in entries:
             if entry.seq != last + 1:
-                return False
+                return 0  # a gap or an overlap: the writer sorts it out from the log
+            if room <= 0 and frames:
+                break
+            frames.append(entry.data)
+            room -= len(entry.data)
             last = entry.seq
         try:
-            self._write_now([entry.data for entry in entries])
+            self._write_now(frames)
         except Exception:  # the connection broke: the writer's next send ends it
             out.wake.set()
         out.last_sent = last
-        return True
+        return len(frames)
 
     def deliver_audio(self, frame: bytes) -> None:
         out = self.out

@@ -162,6 +162,38 @@ async def test_a_client_that_stops_reading_stays_bounded_and_then_gets_everythin
         await fast.close()
 
 
+@pytest.mark.parametrize("store_kind", ["redis"])
+async def test_a_round_carrying_a_long_run_does_not_overfill_a_stalled_client(
+    gateway_factory: GatewayFactory, redis_url: str
+) -> None:
+    """A store that answers late makes one log round carry thousands of a session's
+    events: written at once in full, they sat in the socket buffer of a client that
+    stopped reading, far past ``write_limit`` (144 KB against 32 in a CI run)."""
+    import redis.asyncio
+
+    async with gateway_factory(
+        send_queue_frames=100_000, coalesce_after=8, slow_client_timeout=0
+    ) as gw:
+        small_buffers(gw)
+        slow = await GatewayClient.connect(gw.url, sock=slow_socket(gw), max_queue=2)
+        fast = await GatewayClient.connect(gw.url, session_id=slow.sid, after=0)
+        admin = redis.asyncio.Redis.from_url(redis_url)
+        try:
+            await fast.user(LONG)
+            await fast.until_type("user")  # logged: the answer streams in now, and piles up
+            await admin.execute_command("CLIENT", "PAUSE", "1000", "WRITE")
+        finally:
+            await admin.aclose()
+        await fast.until_type("end")
+        conn = server_side(gw)
+        assert conn.ws.transport.get_write_buffer_size() <= gw.config.write_limit + 65536
+        await read_rest(slow)
+        assert_every_event_once(slow.events, 1)
+        assert text_of(slow.events, "respond") == "Echo: " + LONG
+        await slow.close()
+        await fast.close()
+
+
 @pytest.mark.parametrize("store_kind", ["memory"])
 async def test_a_long_queue_is_coalesced_without_falling_back_to_the_log(
     gateway_factory: GatewayFactory,

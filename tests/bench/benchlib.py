@@ -342,8 +342,9 @@ def gateway_proc(sim_url: str, redis_url: str | None) -> Proc:
     return Proc("gateway", args, env)
 
 
-def relay_proc(sim_url: str) -> Proc:
-    """The minimal relay of ``relay_baseline.py`` in front of the same simulator."""
+def relay_proc(sim_url: str, *, passthrough: bool = False) -> Proc:
+    """The minimal relay of ``relay_baseline.py`` in front of the same simulator
+    (``passthrough``: every frame forwarded verbatim, both ways)."""
     return Proc(
         "relay",
         [
@@ -353,6 +354,7 @@ def relay_proc(sim_url: str) -> Proc:
             sim_url.removesuffix("/realtime"),
             "--port",
             "0",
+            *(["--passthrough"] if passthrough else []),
         ],
     )
 

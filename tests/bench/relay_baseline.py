@@ -20,6 +20,12 @@ events, numbering, the log, history, the per-client writer):
 
 The ``seq`` numbering costs one ``%d`` format per frame and lets the same
 client check contiguity against the relay as against the gateway.
+
+``--passthrough``: less than any WebSocket relay can do, for
+``voice_cost_bench.py``'s floor: a TCP proxy on uvloop (as the gateway runs)
+whose callback writes what one socket read to the other, so the WebSocket
+session is the client's with the simulator itself: one read and one write per
+frame, no frame parsed, unmasked or masked.
 """
 
 from __future__ import annotations
@@ -28,7 +34,9 @@ import argparse
 import asyncio
 import itertools
 import signal
-from typing import Final
+import sys
+from typing import Final, cast
+from urllib.parse import urlsplit
 
 import msgspec
 from websockets.asyncio.client import ClientConnection, connect
@@ -113,12 +121,71 @@ class Relay:
                 await up.close()
 
 
+class _Pipe(asyncio.Protocol):
+    """One direction of ``--passthrough``: what arrives is written to ``peer`` at once."""
+
+    def __init__(self) -> None:
+        self.peer: asyncio.Transport | None = None
+        self.transport: asyncio.Transport | None = None
+        self.early = bytearray()  # what the client said before the upstream was connected
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
+
+    def data_received(self, data: bytes) -> None:
+        if self.peer is None:
+            self.early += data
+        else:
+            self.peer.write(data)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.peer is not None:
+            self.peer.close()
+
+
+async def passthrough(host: str, port: int, listen_host: str, listen_port: int) -> None:
+    """Bytes both ways between each client and the upstream, on uvloop (``--passthrough``)."""
+    loop = asyncio.get_running_loop()
+
+    def accepted() -> _Pipe:
+        client = _Pipe()
+
+        async def dial() -> None:
+            transport, upstream = await loop.create_connection(_Pipe, host, port)
+            assert client.transport is not None
+            upstream.peer = client.transport
+            client.peer = transport
+            if client.early:
+                transport.write(bytes(client.early))
+
+        task = loop.create_task(dial())
+        _DIALS.add(task)
+        task.add_done_callback(_DIALS.discard)
+        return client
+
+    server = await loop.create_server(accepted, listen_host, listen_port, backlog=4096)
+    bound = server.sockets[0].getsockname()[1]
+    print(f"relay listening on ws://{listen_host}:{bound}/v1/realtime", flush=True)
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+
+
+_DIALS: set[asyncio.Task[None]] = set()
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--upstream", required=True, help="simulator base URL, ws://HOST:PORT/v1")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--passthrough", action="store_true", help="forward every frame verbatim")
     args = parser.parse_args()
+    if args.passthrough:
+        where = urlsplit(args.upstream)
+        await passthrough(where.hostname or "127.0.0.1", where.port or 80, args.host, args.port)
+        return
     relay = Relay(args.upstream)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -133,4 +200,9 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    if "--passthrough" in sys.argv:
+        import uvloop
+
+        uvloop.run(main())
+    else:
+        asyncio.run(main())

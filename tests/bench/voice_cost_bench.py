@@ -24,6 +24,11 @@ stime`` from ``/proc``) over the frames it took in, in µs per frame:
   model ``sim`` routed to the same simulator), LiteLLM's process tree's CPU;
   the printed ``door ÷ LiteLLM`` is the gateway's relay of the same audio
   against LiteLLM's.
+- ``relay 24k`` (always): the same door-shaped frames through less than any
+  relay of that wire can do (``relay_baseline.py --passthrough``: a TCP proxy
+  on uvloop, each read written on at once, no frame parsed), that process's
+  CPU: the floor of one read and one write per frame on this machine, in the
+  same run.
 - ``phone``: a Twilio media stream (``gateway.client.carrier.SimulatedCall``,
   unsigned, ``--phone-no-require-token``) sends ``media`` frames of μ-law
   8 kHz (JSON, base64); the gateway decodes, resamples 8 → 24 kHz and relays.
@@ -54,7 +59,7 @@ from websockets.asyncio.client import connect
 
 from gateway.client.carrier import CallSetup, SimulatedCall
 from gateway.common.pcm import tone
-from tests.bench.benchlib import ROOT, Proc, free_port, median, start_py_spy
+from tests.bench.benchlib import ROOT, Proc, free_port, median, relay_proc, start_py_spy
 from tests.bench.side_by_side_bench import (
     LITELLM_KEY,
     ensure_litellm,
@@ -282,7 +287,22 @@ async def main() -> None:
             tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
             litellm = litellm_proc(exe, simulator.url, tmp).start(timeout=180)  # slow imports
             stack.callback(litellm.stop)
+        floor = stack.enter_context(relay_proc(simulator.url, passthrough=True))
         for repeat in range(ns.repeats):
+            used, frames = await openai_wire(
+                f"{floor.url}?model=sim",
+                {"Authorization": "Bearer sim"},
+                ns.sessions,
+                ns.seconds,
+                partial(cpu, floor.pid),
+            )
+            per = used / frames * 1e6 if frames else float("nan")
+            results.setdefault(("relay", "door 24k"), []).append(per)
+            print(
+                f"  repeat {repeat + 1} relay   door 24k {per:6.1f} µs/frame "
+                f"({frames} frames, {used:.2f} CPU-s)",
+                flush=True,
+            )
             if litellm is not None:
                 proxy = litellm
                 used, frames = await openai_wire(
@@ -348,6 +368,15 @@ async def main() -> None:
             theirs = median(results[("other", scenario)])
             line += f"{theirs:>8.1f}{mine / theirs:>12.2f}"
         print(line)
+    floor = median(results[("relay", "door 24k")])
+    print(
+        f"  a TCP proxy of the same 24 kHz appends {floor:.1f} µs/frame (the floor); "
+        + ", ".join(
+            f"{scenario} ÷ it {median(results[('this', scenario)]) / floor:.2f}"
+            for scenario in scenarios
+            if scenario in ("voice 24k", "door 24k")
+        )
+    )
     if ("litellm", "door 24k") in results and ("this", "door 24k") in results:
         theirs = median(results[("litellm", "door 24k")])
         mine = median(results[("this", "door 24k")])

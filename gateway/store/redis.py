@@ -22,7 +22,13 @@ from gateway.store.redis_connect import CLUSTER_SCHEMES, SENTINEL_SCHEMES, SINGL
 from gateway.store.redis_core import ERRORS, RedisCore
 from gateway.store.redis_counters import RedisCounters
 from gateway.store.redis_recordings import RedisRecordings
-from gateway.store.redis_refusal import closed_at_once, not_redis, refusal, spoken_first
+from gateway.store.redis_refusal import (
+    Unasked,
+    closed_at_once,
+    not_redis,
+    refusal,
+    spoken_first,
+)
 from gateway.store.redis_secrets import RedisSecrets
 from gateway.store.redis_sessions import RedisSessions
 
@@ -145,11 +151,11 @@ class RedisStore(RedisSessions, RedisCounters, RedisBus, RedisSecrets, RedisReco
                 if address is not None and _connection_lost(exc):
                     # redis-py's words do not tell a banner-and-close from a reset: ask the port
                     said = await spoken_first(*address)
-                    if said:
+                    if isinstance(said, bytes):
                         return not_redis(self._core.where, f"it spoke first: {said[:40]!r}")
-                    # b"": it hung up without a word (asked again below, as a Redis that is
-                    # stopping does); None: a reset or Redis's silence, so not a hang-up.
-                    hung_up = said == b""
+                    if said is Unasked.RESET:
+                        return None  # a proxy whose Redis is down: waited for
+                    hung_up = hung_up or said is Unasked.CLOSED  # silence: redis-py's words stand
                 if attempt < 3 and hung_up:  # or a Redis stopping right now
                     await asyncio.sleep(0.5)
                     continue

@@ -11,6 +11,7 @@ starting node can stop with that one line instead of retrying forever.
 from __future__ import annotations
 
 import asyncio
+import enum
 from typing import Final
 
 from redis.exceptions import (
@@ -22,7 +23,7 @@ from redis.exceptions import (
 )
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-__all__ = ["closed_at_once", "refusal", "spoken_first"]
+__all__ = ["Unasked", "closed_at_once", "not_redis", "refusal", "spoken_first"]
 
 _HUNG_UP: Final = ("closed by server", "while writing to socket", "while reading from")
 _URL: Final = "in --store (GATEWAY_STORE, REDIS_URL): redis://[USER]:PASSWORD@HOST:PORT/DB"
@@ -82,28 +83,36 @@ def not_redis(where: str, detail: str) -> str:
     )
 
 
-async def spoken_first(host: str, port: int, wait: float = 0.25) -> bytes | None:
-    """What the server at ``host:port`` says before it is asked anything, in ``wait``
-    seconds: its words; ``b""`` when it hangs up without one; None when it resets the
-    connection, says nothing (Redis never speaks first, nor a TLS port), or cannot
-    be reached.
+class Unasked(enum.Enum):
+    """What a port did before it was asked anything, when it said no word."""
 
-    Asked because redis-py words a port that speaks first and hangs up (SSH, SMTP,
-    a banner, an HTTP error) as it words a reset: "closed by the server before
-    write", "Connection has data", "while writing to socket", depending on which
-    packet its pool meets first. A reset is a proxy whose Redis is down, to be
-    waited for; words nobody asked for are a service that is not Redis, which no
-    wait fixes.
+    SILENT = "silent"  # nothing within the wait (Redis, a TLS port, HTTP), or no connection
+    CLOSED = "closed"  # hung up without a word
+    RESET = "reset"  # reset the connection: a proxy whose Redis is down
+
+
+async def spoken_first(host: str, port: int, wait: float = 0.25) -> bytes | Unasked:
+    """What the server at ``host:port`` says before it is asked anything, in ``wait``
+    seconds: its words, or what it did instead (``Unasked``).
+
+    Asked because redis-py words a port that speaks first and hangs up (SSH,
+    SMTP, a banner, an HTTP error) as it words a reset: "closed by the server
+    before write", "Connection has data", "while writing to socket", depending on
+    which packet its pool meets first. A reset is a proxy whose Redis is down, to
+    be waited for; words nobody asked for are a service that is not Redis, which
+    no wait fixes. Silence says nothing: Redis is silent, and so is HTTP.
     """
     try:
         async with asyncio.timeout(wait):
             reader, writer = await asyncio.open_connection(host, port)
             try:
-                return await reader.read(64)
+                return await reader.read(64) or Unasked.CLOSED
             finally:
                 writer.close()
-    except (OSError, TimeoutError):  # reset, refused, unreachable, or quiet as Redis is
-        return None
+    except ConnectionResetError:
+        return Unasked.RESET
+    except (OSError, TimeoutError):  # refused, unreachable, or quiet as Redis is
+        return Unasked.SILENT
 
 
 def closed_at_once(exc: BaseException) -> bool:

@@ -4,6 +4,7 @@ port that is not Redis, so the node must not say "listening" and retry forever."
 
 from __future__ import annotations
 
+import http.server
 import os
 import socket
 import subprocess
@@ -105,6 +106,19 @@ def test_a_port_that_is_not_redis(greeting: bytes) -> None:
         line = _refused(f"redis://127.0.0.1:{port}/0")
     assert line.startswith(f"gateway: 127.0.0.1:{port} answers, but not as Redis does")
     assert "Redis's port" in line
+
+
+def test_an_http_server_is_refused() -> None:
+    """A real HTTP server says nothing until asked, then answers 400 and hangs up."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.BaseHTTPRequestHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        port = server.server_address[1]
+        line = _refused(f"redis://127.0.0.1:{port}/0")
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert line.startswith(f"gateway: 127.0.0.1:{port} answers, but not as Redis does")
 
 
 def test_a_redis_that_is_down_is_still_waited_for() -> None:

@@ -77,10 +77,11 @@ def test_what_waiting_cannot_fix_says_what_to_change(exc: Exception, says: str) 
 
 
 class _Port:
-    """A TCP port that is not Redis: it says ``greeting`` at once and hangs up, or
-    (``greeting`` None) resets each connection, as a proxy whose Redis is down does."""
+    """A TCP port that is not Redis. ``greeting``: said at once, then it hangs up (``b""``:
+    hangs up without a word); ``RESET``: resets each connection, as a proxy whose Redis is
+    down does; ``ASKED``: says nothing until asked, then answers 400 and hangs up (HTTP)."""
 
-    def __init__(self, greeting: bytes | None) -> None:
+    def __init__(self, greeting: bytes | str) -> None:
         self.sock = socket.create_server(("127.0.0.1", 0))
         self.port = int(self.sock.getsockname()[1])
         self._greeting = greeting
@@ -90,12 +91,21 @@ class _Port:
         with contextlib.suppress(OSError):  # closed
             while True:
                 conn, _ = self.sock.accept()
-                if self._greeting is None:
+                if self._greeting == RESET:
                     conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                elif self._greeting == ASKED:
+                    conn.settimeout(2)
+                    with contextlib.suppress(OSError):
+                        conn.recv(1024)
+                        conn.sendall(b"HTTP/1.0 400 Bad request syntax\r\n\r\n")
                 else:
+                    assert isinstance(self._greeting, bytes)
                     conn.sendall(self._greeting)
                 conn.close()
 
+
+RESET = "reset"
+ASKED = "asked"
 
 # The words redis-py has for a server that hung up, whichever packet its pool met first:
 # they do not tell a banner-and-close from a reset, so the store asks the port itself.
@@ -108,18 +118,42 @@ AMBIGUOUS = [
 
 @pytest.mark.parametrize("exc", AMBIGUOUS)
 @pytest.mark.parametrize(
-    ("greeting", "refused"),
+    ("port_does", "says"),
     [
-        (b"HTTP/1.1 400 Bad Request\r\n\r\n", True),
-        (b"SSH-2.0-OpenSSH_9.6\r\n", True),
-        (None, False),
+        (b"HTTP/1.1 400 Bad Request\r\n\r\n", "it spoke first: b'HTTP/1.1 400"),
+        (b"SSH-2.0-OpenSSH_9.6\r\n", "it spoke first: b'SSH-2.0"),
+        (b"", "answers, but not as Redis"),  # no word, then hung up: asked again, refused
+        (RESET, None),  # waited for, whatever redis-py's words
     ],
 )
 @pytest.mark.timeout(20)
 async def test_a_port_that_speaks_first_is_refused_and_one_that_resets_is_waited_for(
-    exc: Exception, greeting: bytes | None, refused: bool, monkeypatch: pytest.MonkeyPatch
+    exc: Exception, port_does: bytes | str, says: str | None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    port = _Port(greeting)
+    port = _Port(port_does)
+    why = await _refusal(port, exc, monkeypatch)
+    if says is None:
+        assert why is None
+    else:
+        assert why is not None and why.startswith(
+            f"127.0.0.1:{port.port} answers, but not as Redis"
+        )
+        assert says in why
+
+
+@pytest.mark.timeout(20)
+async def test_a_port_silent_until_asked_is_judged_by_what_redis_py_met(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """HTTP is silent until asked, as Redis is: silence says nothing, so redis-py's own
+    "closed by server" (the 400 and the hang-up it met) stands, and the start is refused."""
+    port = _Port(ASKED)
+    why = await _refusal(port, RedisConnectionError("Connection closed by server."), monkeypatch)
+    assert why is not None and why.startswith(f"127.0.0.1:{port.port} answers, but not as Redis")
+
+
+async def _refusal(port: _Port, exc: Exception, monkeypatch: pytest.MonkeyPatch) -> str | None:
+    """The store's start check against ``port`` when redis-py's PING fails with ``exc``."""
     store = RedisStore(f"redis://127.0.0.1:{port.port}/0")
     try:
 
@@ -127,14 +161,7 @@ async def test_a_port_that_speaks_first_is_refused_and_one_that_resets_is_waited
             raise exc
 
         monkeypatch.setattr(store._r, "execute_command", ping)
-        why = await store.refusal()
+        return await store.refusal()
     finally:
         port.sock.close()
         await store.close()
-    if refused:
-        assert why is not None and why.startswith(
-            f"127.0.0.1:{port.port} answers, but not as Redis"
-        )
-        assert "it spoke first" in why and repr(greeting[:4])[2:-1] in why  # type: ignore[index]
-    else:
-        assert why is None

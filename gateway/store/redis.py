@@ -28,6 +28,7 @@ from gateway.store.redis_refusal import (
     not_redis,
     refusal,
     spoken_first,
+    unasked_words,
 )
 from gateway.store.redis_secrets import RedisSecrets
 from gateway.store.redis_sessions import RedisSessions
@@ -152,7 +153,7 @@ class RedisStore(RedisSessions, RedisCounters, RedisBus, RedisSecrets, RedisReco
                     # redis-py's words do not tell a banner-and-close from a reset: ask the port
                     said = await spoken_first(*address)
                     if isinstance(said, bytes):
-                        return not_redis(self._core.where, f"it spoke first: {said[:40]!r}")
+                        return unasked_words(said, self._core.where)
                     if said is Unasked.RESET:
                         return None  # a proxy whose Redis is down: waited for
                     hung_up = hung_up or said is Unasked.CLOSED  # silence: redis-py's words stand

@@ -23,7 +23,14 @@ from redis.exceptions import (
 )
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-__all__ = ["Unasked", "closed_at_once", "not_redis", "refusal", "spoken_first"]
+__all__ = [
+    "Unasked",
+    "closed_at_once",
+    "not_redis",
+    "refusal",
+    "spoken_first",
+    "unasked_words",
+]
 
 _HUNG_UP: Final = ("closed by server", "while writing to socket", "while reading from")
 _URL: Final = "in --store (GATEWAY_STORE, REDIS_URL): redis://[USER]:PASSWORD@HOST:PORT/DB"
@@ -83,6 +90,18 @@ def not_redis(where: str, detail: str) -> str:
     )
 
 
+def unasked_words(said: bytes, where: str) -> str:
+    """What to change when the port at ``where`` spoke first: a Redis that refuses this
+    node before it is asked (``-DENIED``: protected mode, a client from another host
+    and no password set) says why in its error; anything else is not Redis."""
+    line = said.split(b"\r\n", 1)[0].decode(errors="replace")
+    if line.startswith("-"):
+        why = refusal(ResponseError(line[1:]), where)
+        if why is not None:
+            return why
+    return not_redis(where, f"it spoke first: {said[:40]!r}")
+
+
 class Unasked(enum.Enum):
     """What a port did before it was asked anything, when it said no word."""
 
@@ -106,7 +125,7 @@ async def spoken_first(host: str, port: int, wait: float = 0.25) -> bytes | Unas
         async with asyncio.timeout(wait):
             reader, writer = await asyncio.open_connection(host, port)
             try:
-                return await reader.read(64) or Unasked.CLOSED
+                return await reader.read(1024) or Unasked.CLOSED
             finally:
                 writer.close()
     except ConnectionResetError:

@@ -162,7 +162,7 @@ class RedisStore(RedisSessions, RedisCounters, RedisBus, RedisSecrets, RedisReco
                     continue
                 if hung_up:
                     return not_redis(self._core.where, str(exc).rstrip("."))
-                return None if closed_at_once(exc) else refusal(exc, self._core.where)
+                return refusal(exc, self._core.where)
             except Exception:  # nothing known to be final: start, and wait for it
                 return None
         return None

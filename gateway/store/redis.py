@@ -12,9 +12,6 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Final
 
-from redis.exceptions import AuthenticationError
-from redis.exceptions import ConnectionError as RedisConnectionError
-
 from gateway.store.base import Durability
 from gateway.store.redis_bus import RedisBus
 from gateway.store.redis_commit import CommitStats
@@ -25,6 +22,7 @@ from gateway.store.redis_recordings import RedisRecordings
 from gateway.store.redis_refusal import (
     Unasked,
     closed_at_once,
+    connection_lost,
     not_redis,
     refusal,
     spoken_first,
@@ -149,7 +147,7 @@ class RedisStore(RedisSessions, RedisCounters, RedisBus, RedisSecrets, RedisReco
             except ERRORS as exc:
                 hung_up = closed_at_once(exc)
                 address = self._core.topology.address()
-                if address is not None and _connection_lost(exc):
+                if address is not None and connection_lost(exc):
                     # redis-py's words do not tell a banner-and-close from a reset: ask the port
                     said = await spoken_first(*address)
                     if isinstance(said, bytes):
@@ -179,8 +177,3 @@ class RedisStore(RedisSessions, RedisCounters, RedisBus, RedisSecrets, RedisReco
             await self._rounds.close()
         await self._commit.close()
         await self._core.topology.close()
-
-
-def _connection_lost(exc: BaseException) -> bool:
-    """redis-py lost the connection (not a refused password, a timeout or a reply)."""
-    return isinstance(exc, RedisConnectionError) and not isinstance(exc, AuthenticationError)

@@ -136,12 +136,13 @@ def open_topology(
         **common,
     )
     kw = pool.connection_kwargs
-    where = (
-        f"unix:{kw['path']}"
-        if "path" in kw
-        else f"{kw.get('host', 'localhost')}:{kw.get('port', 6379)}"
+    address = (
+        None if "path" in kw else (str(kw.get("host", "localhost")), int(kw.get("port", 6379)))
     )
-    return SingleTopology(Redis.from_pool(pool), Redis.from_pool(blocking_pool), where)
+    where = f"unix:{kw['path']}" if address is None else f"{address[0]}:{address[1]}"
+    return SingleTopology(
+        Redis.from_pool(pool), Redis.from_pool(blocking_pool), where, address=address
+    )
 
 
 def open_redis_client(

@@ -26,6 +26,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 __all__ = [
     "Unasked",
     "closed_at_once",
+    "connection_lost",
     "not_redis",
     "refusal",
     "spoken_first",
@@ -140,8 +141,10 @@ def closed_at_once(exc: BaseException) -> bool:
     again for a while before deciding)."""
     # redis-py's words for a connection that was made and then lost; not for a failed
     # connect ("connecting to"), a full server, or Sentinel finding no primary.
-    return (
-        isinstance(exc, RedisConnectionError)
-        and not isinstance(exc, AuthenticationError)
-        and any(words in str(exc) for words in _HUNG_UP)
-    )
+    return connection_lost(exc) and any(words in str(exc) for words in _HUNG_UP)
+
+
+def connection_lost(exc: BaseException) -> bool:
+    """redis-py lost the connection or could not make it (not a refused password, a
+    timeout or an error reply)."""
+    return isinstance(exc, RedisConnectionError) and not isinstance(exc, AuthenticationError)

@@ -212,9 +212,11 @@ class SingleTopology(Topology):
         where: str,
         kind: str = "redis",
         sentinel: Sentinel | None = None,
+        address: tuple[str, int] | None = None,
     ) -> None:
         self.kind = kind
         self._sentinel = sentinel
+        self._address = address  # None with a Sentinel: the primary moves
         self.where = where
         self.client = client
         self._blocking = blocking_client
@@ -225,12 +227,7 @@ class SingleTopology(Topology):
         return self._route
 
     def address(self) -> tuple[str, int] | None:
-        if self._sentinel is not None:  # the primary moves; its address is Sentinel's
-            return None
-        kw = self.client.connection_pool.connection_kwargs
-        return (
-            None if "path" in kw else (str(kw.get("host", "localhost")), int(kw.get("port", 6379)))
-        )
+        return self._address
 
     def single_server_connection(self) -> Callable[[], AbstractConnection]:
         make: Callable[[], AbstractConnection] = self.client.connection_pool.make_connection

@@ -151,8 +151,12 @@ async def passthrough(host: str, port: int, listen_host: str, listen_port: int) 
         client = _Pipe()
 
         async def dial() -> None:
-            transport, upstream = await loop.create_connection(_Pipe, host, port)
             assert client.transport is not None
+            try:
+                transport, upstream = await loop.create_connection(_Pipe, host, port)
+            except OSError:
+                client.transport.close()  # no upstream: the client is told by the close
+                return
             upstream.peer = client.transport
             client.peer = transport
             if client.early:

@@ -6,16 +6,15 @@ from __future__ import annotations
 
 import http.server
 import os
-import socket
 import subprocess
 import sys
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
+from tests.support.not_redis import NotRedis
 from tests.support.procs import NodeProcess
 from tests.support.redis_server import RedisServer, free_port
 
@@ -74,37 +73,11 @@ def test_a_database_past_the_servers_databases(guarded_redis: RedisServer) -> No
     assert "no such database" in line and "`databases`" in line
 
 
-@contextmanager
-def _not_redis(greeting: bytes) -> Iterator[int]:
-    """A TCP service that is not Redis: it says ``greeting`` (or nothing) and hangs up."""
-    server = socket.create_server(("127.0.0.1", 0))
-    server.settimeout(0.2)
-    stop = threading.Event()
-
-    def run() -> None:
-        while not stop.is_set():
-            try:
-                conn, _ = server.accept()
-            except TimeoutError:
-                continue
-            with conn:
-                conn.sendall(greeting)
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    try:
-        yield int(server.getsockname()[1])
-    finally:
-        stop.set()
-        thread.join(5)
-        server.close()
-
-
 @pytest.mark.parametrize("greeting", [b"HTTP/1.1 400 Bad Request\r\n\r\n", b""])
 def test_a_port_that_is_not_redis(greeting: bytes) -> None:
-    with _not_redis(greeting) as port:
-        line = _refused(f"redis://127.0.0.1:{port}/0")
-    assert line.startswith(f"gateway: 127.0.0.1:{port} answers, but not as Redis does")
+    with NotRedis(greeting) as port:
+        line = _refused(f"redis://127.0.0.1:{port.port}/0")
+    assert line.startswith(f"gateway: 127.0.0.1:{port.port} answers, but not as Redis does")
     assert "Redis's port" in line
 
 

@@ -3,10 +3,6 @@ those no wait can fix. A Redis that is down, loading, full or failing over is wa
 
 from __future__ import annotations
 
-import contextlib
-import socket
-import struct
-import threading
 from typing import NoReturn
 
 import pytest
@@ -25,6 +21,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from gateway.store.redis import RedisStore
 from gateway.store.redis_refusal import refusal
+from tests.support.not_redis import ASKED, PROTECTED, RESET, NotRedis
 
 WHERE = "127.0.0.1:6379"
 
@@ -76,43 +73,6 @@ def test_what_waiting_cannot_fix_says_what_to_change(exc: Exception, says: str) 
     assert line is not None and says in line and "\n" not in line
 
 
-class _Port:
-    """A TCP port that is not Redis. ``greeting``: said at once, then it hangs up (``b""``:
-    hangs up without a word); ``RESET``: resets each connection, as a proxy whose Redis is
-    down does; ``ASKED``: says nothing until asked, then answers 400 and hangs up (HTTP)."""
-
-    def __init__(self, greeting: bytes | str) -> None:
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.port = int(self.sock.getsockname()[1])
-        self._greeting = greeting
-        threading.Thread(target=self._run, daemon=True).start()
-
-    def _run(self) -> None:
-        with contextlib.suppress(OSError):  # closed
-            while True:
-                conn, _ = self.sock.accept()
-                if self._greeting == RESET:
-                    conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-                elif self._greeting == ASKED:
-                    conn.settimeout(2)
-                    with contextlib.suppress(OSError):
-                        conn.recv(1024)
-                        conn.sendall(b"HTTP/1.0 400 Bad request syntax\r\n\r\n")
-                else:
-                    assert isinstance(self._greeting, bytes)
-                    conn.sendall(self._greeting)
-                conn.close()
-
-
-RESET = "reset"
-ASKED = "asked"
-# What a Redis in protected mode says to a client from another host, unasked, then hangs up.
-PROTECTED = (
-    b"-DENIED Redis is running in protected mode because protected mode is enabled and "
-    b"no password is set for the default user. In this mode connections are only "
-    b"accepted from the loopback interface.\r\n"
-)
-
 # The words redis-py has for a server that hung up, whichever packet its pool met first:
 # they do not tell a banner-and-close from a reset, so the store asks the port itself.
 AMBIGUOUS = [
@@ -137,7 +97,7 @@ AMBIGUOUS = [
 async def test_a_port_that_speaks_first_is_refused_and_one_that_resets_is_waited_for(
     exc: Exception, port_does: bytes | str, says: str | None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    port = _Port(port_does)
+    port = NotRedis(port_does)
     why = await _refusal(port, exc, monkeypatch)
     if says is None:
         assert why is None
@@ -153,12 +113,12 @@ async def test_a_port_silent_until_asked_is_judged_by_what_redis_py_met(
 ) -> None:
     """HTTP is silent until asked, as Redis is: silence says nothing, so redis-py's own
     "closed by server" (the 400 and the hang-up it met) stands, and the start is refused."""
-    port = _Port(ASKED)
+    port = NotRedis(ASKED)
     why = await _refusal(port, RedisConnectionError("Connection closed by server."), monkeypatch)
     assert why is not None and why.startswith(f"127.0.0.1:{port.port} answers, but not as Redis")
 
 
-async def _refusal(port: _Port, exc: Exception, monkeypatch: pytest.MonkeyPatch) -> str | None:
+async def _refusal(port: NotRedis, exc: Exception, monkeypatch: pytest.MonkeyPatch) -> str | None:
     """The store's start check against ``port`` when redis-py's PING fails with ``exc``."""
     store = RedisStore(f"redis://127.0.0.1:{port.port}/0")
     try:

@@ -91,15 +91,17 @@ def not_redis(where: str, detail: str) -> str:
     )
 
 
-def unasked_words(said: bytes, where: str) -> str:
-    """What to change when the port at ``where`` spoke first: a Redis that refuses this
-    node before it is asked (``-DENIED``: protected mode, a client from another host
-    and no password set) says why in its error; anything else is not Redis."""
+def unasked_words(said: bytes, where: str) -> str | None:
+    """What to change when the port at ``where`` spoke first; None: wait for it.
+
+    Redis itself speaks first to refuse a connection at accept: ``-DENIED`` in
+    protected mode (a client from another host, no password set), which no wait
+    fixes, and ``-ERR max number of clients reached``, which one may. Its error
+    line goes through ``refusal`` as a reply would; anything else is not Redis.
+    """
     line = said.split(b"\r\n", 1)[0].decode(errors="replace")
-    if line.startswith("-"):
-        why = refusal(ResponseError(line[1:]), where)
-        if why is not None:
-            return why
+    if line.startswith("-"):  # RESP's error: Redis refusing this connection
+        return refusal(ResponseError(line[1:]), where)
     return not_redis(where, f"it spoke first: {said[:40]!r}")
 
 

@@ -3,9 +3,11 @@ those no wait can fix. A Redis that is down, loading, full or failing over is wa
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import NoReturn
 
 import pytest
+import redis
 from redis.asyncio.sentinel import MasterNotFoundError
 from redis.exceptions import (
     AuthenticationError,
@@ -22,6 +24,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from gateway.store.redis import RedisStore
 from gateway.store.redis_refusal import refusal
 from tests.support.not_redis import ASKED, PROTECTED, RESET, NotRedis
+from tests.support.redis_server import RedisServer
 
 WHERE = "127.0.0.1:6379"
 
@@ -91,6 +94,7 @@ AMBIGUOUS = [
         (PROTECTED, "refuses this node: DENIED Redis is running in protected mode"),
         (b"", "answers, but not as Redis"),  # no word, then hung up: asked again, refused
         (RESET, None),  # waited for, whatever redis-py's words
+        (b"-ERR max number of clients reached\r\n", None),  # a full Redis: waited for
     ],
 )
 @pytest.mark.timeout(20)
@@ -131,3 +135,21 @@ async def _refusal(port: NotRedis, exc: Exception, monkeypatch: pytest.MonkeyPat
     finally:
         port.sock.close()
         await store.close()
+
+
+@pytest.mark.timeout(30)
+async def test_a_full_redis_is_waited_for(tmp_path: Path) -> None:
+    """A real Redis at its ``maxclients`` writes ``-ERR max number of clients reached``
+    before it is asked and hangs up: Redis's own refusal, one a wait may fix, so the
+    start goes on and waits (it is not "not Redis")."""
+    server = RedisServer(tmp_path, extra=["--maxclients", "1"])
+    server.start()
+    holder = redis.Redis.from_url(server.url)
+    store = RedisStore(server.url)
+    try:
+        holder.ping()  # the one client it takes
+        assert await store.refusal() is None
+    finally:
+        holder.close()
+        await store.close()
+        server.stop()

@@ -323,10 +323,9 @@ def test_session_controls_export_resume_and_delete(
 ) -> None:
     # Started as the README says: no --api-port, no --allowed-origins. The console calls
     # the HTTP API on its own port and origin.
-    port = free_port()
-    start_gateway("--port", str(port))
+    node = start_gateway()  # a port of its own choosing: one picked ahead can be taken
     page = open_context()
-    page.goto(f"http://127.0.0.1:{port}/")
+    page.goto(node.http + "/")
     page.wait_for_function("() => window.rtgw.state === 'connected'")
     send(page, "remember me")
     wait_turn_over(page)
@@ -362,10 +361,9 @@ def test_session_controls_export_resume_and_delete(
 def test_the_recording_timeline_shows_tool_runs_and_latencies_and_downloads_for_replay(
     open_context: OpenContext, start_gateway: StartGateway
 ) -> None:
-    port = free_port()
-    start_gateway("--port", str(port), "--record")  # the API on the page's own port
+    node = start_gateway("--record")  # the API on the page's own port
     page = open_context()
-    page.goto(f"http://127.0.0.1:{port}/")
+    page.goto(node.http + "/")
     page.wait_for_function("() => window.rtgw.state === 'connected'")
     send(page, '/tool list {"path": "."}')
     wait_turn_over(page)

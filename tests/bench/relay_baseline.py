@@ -151,12 +151,15 @@ async def passthrough(host: str, port: int, listen_host: str, listen_port: int) 
         client = _Pipe()
 
         async def dial() -> None:
-            assert client.transport is not None
+            # Not before the connect: uvloop calls ``connection_made`` after this task's
+            # first step, so the client's transport is known only once the dial is back.
             try:
                 transport, upstream = await loop.create_connection(_Pipe, host, port)
             except OSError:
-                client.transport.close()  # no upstream: the client is told by the close
+                if client.transport is not None:
+                    client.transport.close()  # no upstream: the client is told by the close
                 return
+            assert client.transport is not None
             upstream.peer = client.transport
             client.peer = transport
             if client.early:

@@ -399,10 +399,23 @@ def test_the_recording_timeline_shows_tool_runs_and_latencies_and_downloads_for_
 def test_a_session_that_is_not_recorded_says_how_to_record_it(
     open_context: OpenContext, start_gateway: StartGateway
 ) -> None:
-    port = free_port()
-    start_gateway(
-        "--port", str(port), "--api-port", "0", "--allowed-origins", f"http://127.0.0.1:{port}"
-    )
+    # The origin names the port, so the port is picked before the start; another
+    # process can take it in between (seen in a loaded CI run): then pick again.
+    for attempt in range(3):
+        port = free_port()
+        try:
+            start_gateway(
+                "--port",
+                str(port),
+                "--api-port",
+                "0",
+                "--allowed-origins",
+                f"http://127.0.0.1:{port}",
+            )
+            break
+        except RuntimeError as exc:
+            if "is already in use" not in str(exc) or attempt == 2:
+                raise
     page = open_context(allow=(r"status of 404",))
     page.goto(f"http://127.0.0.1:{port}/")
     page.wait_for_function("() => window.rtgw.state === 'connected'")

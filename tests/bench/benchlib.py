@@ -475,6 +475,35 @@ def servers(
         yield Servers(redis, sim, gateway, relay_server)
 
 
+def descendants(pid: int) -> list[int]:
+    """The live processes ``pid`` started, and theirs (LiteLLM may fork workers)."""
+    children: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                ppid = int(f.read().rpartition(")")[2].split()[1])
+        except (OSError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(name))
+    found: list[int] = []
+    todo = list(children.get(pid, []))
+    while todo:
+        child = todo.pop()
+        found.append(child)
+        todo.extend(children.get(child, []))
+    return found
+
+
+def pin_tasks(pids: Sequence[int], cpus: Sequence[int]) -> None:
+    """Every thread of ``pids`` on ``cpus`` (``taskset -a``: threads started later
+    inherit it)."""
+    listed = ",".join(map(str, cpus))
+    for pid in dict.fromkeys(pids):
+        subprocess.run(["taskset", "-a", "-cp", listed, str(pid)], check=True, capture_output=True)
+
+
 def pin(srv: Servers) -> str:
     """Give the measured servers a core of their own: gateway and relay on the last
     CPU, the harness (simulator, redis, this client) on the others.

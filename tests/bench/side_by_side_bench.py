@@ -141,22 +141,9 @@ LITELLM_KEY: Final = "sk-bench-" + secrets.token_hex(16)
 def tree_cpu_seconds(pid: int) -> float:
     """CPU time of a process and its live descendants (LiteLLM may fork workers)."""
     total = B.cpu_seconds(pid)
-    children: dict[int, list[int]] = {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat") as f:
-                ppid = int(f.read().rpartition(")")[2].split()[1])
-        except OSError:
-            continue
-        children.setdefault(ppid, []).append(int(name))
-    todo = list(children.get(pid, []))
-    while todo:
-        child = todo.pop()
+    for child in B.descendants(pid):
         with contextlib.suppress(OSError, ValueError):
             total += B.cpu_seconds(child)
-        todo.extend(children.get(child, []))
     return total
 
 
@@ -787,17 +774,13 @@ def pin(srv: Servers, cpu: int) -> None:
     others = sorted(set(range(os.cpu_count() or 1)) - {cpu})
     if not others:
         raise SystemExit("--pin-server needs a machine with more than one CPU")
-    rest = ",".join(map(str, others))
     servers = [proc.pid for proc in srv.procs.values()]
     helpers = [os.getpid(), srv.sim.pid, *(p for pids in srv.redis_pids.values() for p in pids)]
     if proxy := srv.net.pid():
         helpers.append(proxy)
-    for pids, cpus in ((servers, str(cpu)), (helpers, rest)):
-        for pid in dict.fromkeys(pids):
-            subprocess.run(
-                ["taskset", "-a", "-cp", cpus, str(pid)], check=True, capture_output=True
-            )
-    print(f"  pinned: servers on CPU {cpu}, the rest on {rest}", file=sys.stderr)
+    B.pin_tasks(servers, [cpu])
+    B.pin_tasks(helpers, others)
+    print(f"  pinned: servers on CPU {cpu}, the rest on {others}", file=sys.stderr)
 
 
 def print_results(args: argparse.Namespace, levels: list[int], runs: list[Run]) -> None:

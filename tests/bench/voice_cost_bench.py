@@ -2,7 +2,7 @@
 
 Run: ``PYTHONPATH=. .venv/bin/python tests/bench/voice_cost_bench.py [--sessions 50]
 [--seconds 6] [--repeats 3] [--against /work/main] [--rates 24000,16000] [--no-door]
-[--litellm-venv /tmp/litellm-venv] [--py-spy DIR]``
+[--litellm-venv /tmp/litellm-venv] [--py-spy DIR] [--shared]``
 
 A simulator (``gateway sim``, VAD threshold out of reach: it never answers)
 and a ``gateway serve`` run as subprocesses; this process is the load. Each
@@ -33,6 +33,17 @@ stime`` from ``/proc``) over the frames it took in, in µs per frame:
   unsigned, ``--phone-no-require-token``) sends ``media`` frames of μ-law
   8 kHz (JSON, base64); the gateway decodes, resamples 8 → 24 kHz and relays.
 
+**Placement.** Each measured server (the gateway, the floor's proxy, LiteLLM
+and what it forks) runs alone on the last CPU, and this load and the simulator
+on the others (``taskset -a``), as a node in production has its cores to
+itself while its clients and the provider are other machines. With all of
+them sharing this machine's two cores (``--shared``, the figures before
+2026-12-06) the load generator's Python and the simulator's run between the
+gateway's reads and evict its caches: perf showed the interpreter's share of
+a frame three times the warm one, and the same code measured 20–24 µs per
+frame from run to run. Pinned, the floor and every relay are measured the
+same way, so their ratios stay like for like.
+
 ``--against DIR`` runs the same scenarios against another checkout's
 gateway (``cwd`` and ``PYTHONPATH`` set to it; this venv's interpreter),
 interleaved with this one's, and prints both and their ratio: the figures
@@ -59,7 +70,17 @@ from websockets.asyncio.client import connect
 
 from gateway.client.carrier import CallSetup, SimulatedCall
 from gateway.common.pcm import tone
-from tests.bench.benchlib import ROOT, Proc, free_port, median, relay_proc, start_py_spy
+from tests.bench.benchlib import (
+    ROOT,
+    Proc,
+    cpu_seconds,
+    descendants,
+    free_port,
+    median,
+    pin_tasks,
+    relay_proc,
+    start_py_spy,
+)
 from tests.bench.side_by_side_bench import (
     LITELLM_KEY,
     ensure_litellm,
@@ -162,9 +183,9 @@ async def voice(url: str, sessions: int, seconds: float, rate: int, pid: int) ->
     task = asyncio.gather(*(one(k) for k in range(sessions)))
     await ready.wait()
     await asyncio.sleep(max(0.0, window[0] - time.monotonic()))
-    before = cpu(pid)
+    before = cpu_seconds(pid)
     counts = await task
-    return cpu(pid) - before, sum(counts)
+    return cpu_seconds(pid) - before, sum(counts)
 
 
 async def phone(url: str, calls: int, seconds: float, pid: int) -> tuple[float, int]:
@@ -180,9 +201,9 @@ async def phone(url: str, calls: int, seconds: float, pid: int) -> tuple[float, 
     await asyncio.gather(*(call.dial() for call in dialled))
     await asyncio.sleep(0.5)  # every session opened upstream
     chunks = [call._speech.chunk for call in dialled]
-    before = cpu(pid)
+    before = cpu_seconds(pid)
     await asyncio.sleep(seconds)
-    used = cpu(pid) - before
+    used = cpu_seconds(pid) - before
     frames = sum(call._speech.chunk - was for call, was in zip(dialled, chunks, strict=True))
     await asyncio.gather(*(call.hang_up() for call in dialled), return_exceptions=True)
     return used, frames
@@ -249,11 +270,6 @@ async def openai_wire(
     return cpu_of() - before, sum(counts) - sum(sent_before)
 
 
-def cpu(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 async def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--sessions", type=int, default=50)
@@ -270,7 +286,21 @@ async def main() -> None:
         help="LiteLLM's venv (made on first use): adds its relay of the door's audio",
     )
     parser.add_argument("--py-spy", type=Path, default=None, help="a profile of each, here")
+    parser.add_argument(
+        "--shared",
+        action="store_true",
+        help="no pinning: the measured server shares both cores with the load and simulator",
+    )
     ns = parser.parse_args()
+    cpus = sorted(os.sched_getaffinity(0))
+    server_cpu, harness = cpus[-1:], cpus[:-1]
+    pinned = not ns.shared and bool(harness)
+
+    def place(pid: int) -> None:
+        """A measured server (and what it forked) alone on the last CPU (see ``--shared``)."""
+        if pinned:
+            pin_tasks([pid, *descendants(pid)], server_cpu)
+
     checkouts = {"this": ROOT}
     if ns.against is not None:
         checkouts["other"] = ns.against.resolve()
@@ -281,15 +311,19 @@ async def main() -> None:
         scenarios.append("phone")
     results: dict[tuple[str, str], list[float]] = {}
     with sim() as simulator, ExitStack() as stack:
+        if pinned:
+            pin_tasks([os.getpid(), simulator.pid], harness)
         # The door-shaped appends through each proxy: (name, proc, its key, its CPU).
         proxies: list[tuple[str, Proc, str, Callable[[int], float]]] = []
         relay = stack.enter_context(relay_proc(simulator.url, passthrough=True))
-        proxies.append(("relay", relay, "sim", cpu))
+        place(relay.pid)
+        proxies.append(("relay", relay, "sim", cpu_seconds))
         if ns.litellm_venv is not None:
             exe = ensure_litellm(ns.litellm_venv)
             tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
             litellm = litellm_proc(exe, simulator.url, tmp).start(timeout=180)  # slow imports
             stack.callback(litellm.stop)
+            place(litellm.pid)
             proxies.append(("litellm", litellm, LITELLM_KEY, tree_cpu_seconds))
         for repeat in range(ns.repeats):
             for name, proxy, key, cpu_of in proxies:
@@ -309,6 +343,7 @@ async def main() -> None:
                 )
             for name, checkout in checkouts.items():
                 with gateway(simulator.url, checkout) as gw:
+                    place(gw.pid)
                     for scenario in scenarios:
                         spy = None
                         if ns.py_spy is not None and repeat == 0 and name == "this":
@@ -325,7 +360,7 @@ async def main() -> None:
                                 {},
                                 ns.sessions,
                                 ns.seconds,
-                                partial(cpu, pid),
+                                partial(cpu_seconds, pid),
                             )
                         else:
                             rate = int(scenario.split()[1][:-1]) * 1000
@@ -341,9 +376,14 @@ async def main() -> None:
                             f"({frames} frames, {used:.2f} CPU-s)",
                             flush=True,
                         )
+    placement = (
+        f"each server alone on CPU {server_cpu[0]}, the load and simulator on {harness}"
+        if pinned
+        else "servers, load and simulator sharing every CPU (--shared)"
+    )
     print(
         f"\nnode CPU per 20 ms audio frame, {ns.sessions} sessions x {ns.seconds:g} s, "
-        f"median of {ns.repeats} interleaved repeats (µs)"
+        f"median of {ns.repeats} interleaved repeats (µs); {placement}"
     )
     header = f"  {'':10}{'this':>8}"
     if len(checkouts) > 1:

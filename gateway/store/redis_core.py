@@ -45,7 +45,11 @@ __all__ = ["ERRORS", "MAX_SUB_ID", "RedisCore", "ms", "seq_of"]
 # RedisClusterException (no slot known, no node answers) is not a RedisError.
 ERRORS: Final = (RedisError, RedisClusterException, OSError)
 # Server replies that mean "not now" rather than "wrong": the store is unavailable.
+# NOSCRIPT too: the store loads the script and sends again, and a promoted Cluster
+# replica answers it to its first appends (Redis 7 does not replicate SCRIPT LOAD),
+# so an append whose retry window ends on it is one more failover casualty.
 _TRANSIENT_REPLIES: Final = (
+    "NOSCRIPT",
     "LOADING",
     "BUSY",
     "MASTERDOWN",

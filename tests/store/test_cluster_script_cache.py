@@ -1,0 +1,95 @@
+"""A Cluster failover leaves the promoted master without the store's scripts.
+
+Redis 7 does not replicate ``SCRIPT LOAD``: a replica's script cache is
+empty, so after a failover the first appends the promoted master gets are
+answered ``NOSCRIPT``. The group commit loads the script there and sends them
+again, as it does after a redirect; an append whose retry window ends right
+then must fail as ``StoreUnavailable`` (nothing was stored: retry), never as a
+plain ``StoreError`` that says Redis refused it. The writers of the failover
+tests (``test_cluster_master_killed_mid_appends``,
+``test_a_master_kill_stalls_only_its_own_shard``) go on after
+``StoreUnavailable`` only: when the failover ended in the last half second of
+an append's window, a writer stopped for good and those tests failed.
+
+Real redis-server processes (tests/support/redis_topologies.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from gateway.store import LogEntry, RedisStore, StoreUnavailable
+from gateway.store.redis_scripts import APPEND
+from tests.support.redis_topologies import ClusterRedis, RedisProcess, wait_until
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]
+
+
+def event(sid: str, seq: int) -> LogEntry:
+    return LogEntry(seq, f'{{"sid":"{sid}","seq":{seq}}}'.encode())
+
+
+def every_live_node_names_another_master(
+    cluster: ClusterRedis, key: str, victim: RedisProcess
+) -> bool:
+    """Each live node's ``CLUSTER SLOTS`` gives ``key``'s slot to a master other than
+    ``victim``: whichever node the store asks next, it learns the promoted one."""
+    for node in cluster.nodes:
+        if not node.alive:
+            continue
+        with node.client() as c:
+            slot = c.cluster("keyslot", key)
+            owners = [
+                int(master[1])
+                for start, end, master, *_ in c.execute_command("CLUSTER", "SLOTS")
+                if start <= slot <= end
+            ]
+        if owners != [owners[0]] or owners[0] == victim.port:
+            return False
+    return True
+
+
+async def test_an_append_whose_window_ends_on_the_promoted_masters_noscript_is_unavailable(
+    tmp_path: Path,
+) -> None:
+    cluster = ClusterRedis(tmp_path, full_coverage=False)
+    await asyncio.to_thread(cluster.start)
+    # A window of 100 ms: the append is held once (the killed master refuses
+    # the connection), sent again 50 ms later to the promoted master, and its
+    # NOSCRIPT reply then comes with the next backoff (100 ms) past the window,
+    # on every run: the interleaving a 2 s window meets when the failover ends
+    # in its last half second.
+    store = RedisStore.from_url(
+        cluster.url, socket_timeout=1.0, connect_timeout=0.5, retry_window=0.1
+    )
+    key = store._key("s", "log")
+    try:
+        assert await store.keep_leases(["s"], "n1", 60.0) == [True]
+        await store.append("s", "n1", [event("s", 1)])  # the lane is connected
+        # On the replica before the kill, so the promoted master has seq 1.
+        assert await store._core.topology.exchange(key, [("WAIT", 1, 5000)]) == [1]
+        reloads = store.stats.noscript_reloads
+        victim = cluster.master_of(key)
+        victim.kill()
+        await asyncio.to_thread(
+            wait_until,
+            lambda: every_live_node_names_another_master(cluster, key, victim),
+            "the failover, known to every live node",
+        )
+        promoted = cluster.master_of(key)
+        with promoted.client() as c:
+            assert c.script_exists(APPEND.sha) == [False]
+
+        with pytest.raises(StoreUnavailable, match="NOSCRIPT"):
+            await store.append("s", "n1", [event("s", 2)])
+        assert store.stats.noscript_reloads == reloads + 1  # the promoted master's
+        assert await store.last_seq("s") == 1  # nothing was stored
+        await store.append("s", "n1", [event("s", 2)])  # the script is loaded there now
+        assert await store.read_log("s", 0) == [event("s", 1), event("s", 2)]
+    finally:
+        async with asyncio.timeout(15):
+            await store.close()
+        await asyncio.to_thread(cluster.stop)

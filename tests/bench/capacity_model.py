@@ -132,7 +132,7 @@ def main() -> None:
     )
     m = p.add_argument_group("measured (docs/capacity.md: where each comes from)")
     m.add_argument("--node-us-per-event", type=float, default=80.0)
-    m.add_argument("--node-us-per-frame", type=float, default=30.0)
+    m.add_argument("--node-us-per-frame", type=float, default=17.0)
     m.add_argument("--idle-cores-per-10k", type=float, default=0.16)
     m.add_argument("--session-kib", type=float, default=59.6)
     m.add_argument("--redis-us-per-event", type=float, default=8.1)

@@ -39,10 +39,11 @@ on the others (``taskset -a``), as a node in production has its cores to
 itself while its clients and the provider are other machines. With all of
 them sharing this machine's two cores (``--shared``, the figures before
 2026-12-06) the load generator's Python and the simulator's run between the
-gateway's reads and evict its caches: perf showed the interpreter's share of
-a frame three times the warm one, and the same code measured 20–24 µs per
-frame from run to run. Pinned, the floor and every relay are measured the
-same way, so their ratios stay like for like.
+gateway's reads and evict its caches: the same code measured 25.3 µs a frame
+shared and 15.3–17.3 on a core of its own in one session, while cutting ten
+Python calls from the frame's path moved the shared figure by less than its
+run-to-run spread (20–24 µs). Pinned, the floor and every relay are measured
+the same way, so their ratios stay like for like.
 
 ``--against DIR`` runs the same scenarios against another checkout's
 gateway (``cwd`` and ``PYTHONPATH`` set to it; this venv's interpreter),

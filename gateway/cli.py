@@ -8,12 +8,15 @@ import asyncio
 import contextlib
 import errno
 import gc
+import importlib
 import logging
 import signal
 import sys
+import threading
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import Final, NoReturn
 from urllib.parse import urlsplit
 
 from gateway.common.settings import (
@@ -44,6 +47,7 @@ class _Parser(argparse.ArgumentParser):
 async def _serve(config: Config) -> int:
     from gateway.app import running_gateway
 
+    _import_audio_libraries()
     _raise_descriptor_limit()
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
@@ -65,6 +69,31 @@ async def _serve(config: Config) -> int:
         await gateway.drain()
     log.info("stopped")
     return 0
+
+
+AUDIO_LIBRARIES: Final = ("numpy", "soxr")
+
+
+def _import_audio_libraries() -> threading.Thread:
+    """Import numpy and soxr on a thread as the node starts, not on the event loop when
+    the first audio arrives: every module that uses them imports them on first use
+    (gateway.common.pcm: a client or test process that never touches audio is spared
+    ~0.3 s), and in a node that first use was a session's frame. A fresh node's first
+    700 KB door append held ``/healthz`` 133-183 ms while numpy imported (the
+    simulator's VAD, a μ-law call, a resampled microphone all need it); later ones,
+    8-11 ms. On a thread the import shares the interpreter with the loop instead of
+    holding it, and it is over before most nodes see their first client."""
+
+    def load() -> None:
+        started = time.perf_counter()
+        for name in AUDIO_LIBRARIES:
+            importlib.import_module(name)
+        took = (time.perf_counter() - started) * 1000
+        log.info("audio libraries (%s) imported in %.0f ms", ", ".join(AUDIO_LIBRARIES), took)
+
+    thread = threading.Thread(target=load, name="import-audio", daemon=True)
+    thread.start()
+    return thread
 
 
 async def _check_store(store: Health, url: str) -> None:

@@ -289,7 +289,13 @@ class GroupCommit:
                     # Cancelled (the loop is closing) or a bug: no caller may hang.
                     fail(batch, StoreUnavailable(f"append not completed: {exc!r}; retry"))
                     raise
-                if again:
+                if again and reason is None:
+                    # Bare XADDs the log refused, packed again as the script, which
+                    # says why (fenced, gone, out of order): a second send, not a retry
+                    # of a failure, so no backoff and no retry window; first in line,
+                    # ahead of anything queued behind them.
+                    lane.queue[:0] = again
+                elif again:
                     self._hold(again, reason or RedisError())
         finally:
             lane.busy = False
@@ -333,17 +339,20 @@ class GroupCommit:
                 ),
             )
         self.stats.redirects += len(items) - len(late)
-        if self._held and self._retrier is None:
+        if self._retrier is None:
             self._retrier = asyncio.get_running_loop().create_task(self._retry())
 
     async def _retry(self) -> None:
-        """Learn the topology again, then give the held appends back to their lanes."""
+        """Learn the topology again, then give the held appends back to their lanes.
+
+        Also when the hold failed every append (a retry window of 0): the next appends
+        must go to the master that took over, not again to the one that failed."""
         try:
+            if not self._held:
+                await self._relearn()
             while self._held:
                 await asyncio.sleep(min(item.delay for item in self._held))
-                with contextlib.suppress(*ERRORS):  # TimeoutError is an OSError
-                    async with asyncio.timeout(self._socket_timeout):
-                        await self._topology.refresh()
+                await self._relearn()
                 held, self._held = self._held, []
                 for item in held:
                     item.delay = min(item.delay * 2, 0.5)
@@ -355,6 +364,12 @@ class GroupCommit:
             if self._held:  # cancelled (closing): nobody will send them again
                 held, self._held = self._held, []
                 fail(held, StoreUnavailable("append not sent: the store was closed; retry"))
+
+    async def _relearn(self) -> None:
+        """Ask where each master is now (a failed ask: the next hold asks again)."""
+        with contextlib.suppress(*ERRORS):  # TimeoutError is an OSError
+            async with asyncio.timeout(self._socket_timeout):
+                await self._topology.refresh()
 
 
 def consecutive(sid: str, entries: Sequence[LogEntry]) -> int:

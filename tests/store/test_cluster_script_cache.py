@@ -93,3 +93,46 @@ async def test_an_append_whose_window_ends_on_the_promoted_masters_noscript_is_u
         async with asyncio.timeout(15):
             await store.close()
         await asyncio.to_thread(cluster.stop)
+
+
+async def test_a_store_that_retries_nothing_still_finds_the_promoted_master(
+    tmp_path: Path,
+) -> None:
+    """``--store-retry-window 0`` fails an append at once instead of holding it, and the
+    failure must still make the store learn the new layout: it once learnt it only
+    while it held appends, so a store that held none sent every later append of the
+    shard to the dead master, for good."""
+    cluster = ClusterRedis(tmp_path, full_coverage=False)
+    await asyncio.to_thread(cluster.start)
+    store = RedisStore.from_url(
+        cluster.url, socket_timeout=1.0, connect_timeout=0.5, retry_window=0.0
+    )
+    key = store._key("s", "log")
+    try:
+        assert await store.keep_leases(["s"], "n1", 60.0) == [True]
+        await store.append("s", "n1", [event("s", 1)])
+        assert await store._core.topology.exchange(key, [("WAIT", 1, 5000)]) == [1]
+        victim = cluster.master_of(key)
+        victim.kill()
+        await asyncio.to_thread(
+            wait_until,
+            lambda: every_live_node_names_another_master(cluster, key, victim),
+            "the failover, known to every live node",
+        )
+        with pytest.raises(StoreUnavailable):  # sent where the store last knew: dead
+            await store.append("s", "n1", [event("s", 2)])
+        failures = 0
+        async with asyncio.timeout(20):
+            while True:  # a few may fail (the promoted master's NOSCRIPT): none is held
+                try:
+                    await store.append("s", "n1", [event("s", 2)])
+                    break
+                except StoreUnavailable:
+                    failures += 1
+                    await asyncio.sleep(0.05)
+        assert failures < 20, failures
+        assert await store.read_log("s", 0) == [event("s", 1), event("s", 2)]
+    finally:
+        async with asyncio.timeout(15):
+            await store.close()
+        await asyncio.to_thread(cluster.stop)

@@ -618,3 +618,23 @@ async def test_unix_socket_url(unix_socket: Path) -> None:
 def test_resp3_urls_are_refused() -> None:
     with pytest.raises(ValueError, match="RESP2"):
         RedisStore.from_url("redis://127.0.0.1:6379/0?protocol=3")
+
+
+async def test_a_fenced_append_is_lease_lost_even_with_no_retry_window(
+    redis_url: str, stores: list[RedisStore], raw: aioredis.Redis
+) -> None:
+    """A bare XADD the fence refused goes again as the script, which says why: that second
+    send is not a retry of a failure, so a store that retries nothing
+    (``--store-retry-window 0``) still tells the old owner ``LeaseLost``, not that Redis
+    refused the append."""
+    old = make(stores, redis_url, retry_window=0.0)
+    new = make(stores, redis_url)
+    await old.create_session("s1", {"owner": "n1"})
+    assert await old.acquire_lease("s1", "n1", LEASE)
+    await old.append("s1", "n1", entries(1, 1))  # reads the log's end
+    await old.append("s1", "n1", entries(2, 1))  # bare
+    await raw.delete("rtgw:{s1}:lease")
+    assert await new.acquire_lease("s1", "n2", LEASE)
+    with pytest.raises(LeaseLost):
+        await old.append("s1", "n1", entries(3, 1))
+    assert [e.seq for e in await raw_log(raw, "s1")] == [1, 2]

@@ -74,7 +74,7 @@ async def _serve(config: Config) -> int:
 AUDIO_LIBRARIES: Final = ("numpy", "soxr")
 
 
-def _import_audio_libraries() -> threading.Thread:
+def _import_audio_libraries() -> None:
     """Import numpy and soxr on a thread as the node starts, not on the event loop when
     the first audio arrives: every module that uses them imports them on first use
     (gateway.common.pcm: a client or test process that never touches audio is spared
@@ -91,9 +91,7 @@ def _import_audio_libraries() -> threading.Thread:
         took = (time.perf_counter() - started) * 1000
         log.info("audio libraries (%s) imported in %.0f ms", ", ".join(AUDIO_LIBRARIES), took)
 
-    thread = threading.Thread(target=load, name="import-audio", daemon=True)
-    thread.start()
-    return thread
+    threading.Thread(target=load, name="import-audio", daemon=True).start()
 
 
 async def _check_store(store: Health, url: str) -> None:

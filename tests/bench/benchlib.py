@@ -514,14 +514,11 @@ def pin(srv: Servers) -> str:
     cpus = sorted(os.sched_getaffinity(0))
     if len(cpus) < 2:
         return "not pinned (one CPU)"
-    server_cpu, harness = {cpus[-1]}, set(cpus[:-1])
+    harness = cpus[:-1]
     assert srv.redis.proc is not None
-    for pid in (srv.sim.pid, srv.redis.proc.pid, 0):
-        os.sched_setaffinity(pid, harness)
-    for proc in (srv.gateway, srv.relay):
-        if proc is not None:
-            os.sched_setaffinity(proc.pid, server_cpu)
-    return f"server on CPU {cpus[-1]}, simulator + redis + client on CPU {sorted(harness)}"
+    pin_tasks([srv.sim.pid, srv.redis.proc.pid, os.getpid()], harness)
+    pin_tasks([proc.pid for proc in (srv.gateway, srv.relay) if proc is not None], cpus[-1:])
+    return f"server on CPU {cpus[-1]}, simulator + redis + client on CPU {harness}"
 
 
 def output_tail(proc: Proc, lines: int = 20) -> str:

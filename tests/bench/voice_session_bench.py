@@ -78,6 +78,7 @@ from gateway.upstream.openai import OpenAIRealtime
 from gateway.wsfast import FastReadClientConnection
 from protocol.events import Respond, Think
 from protocol.parser import Parser
+from tests.bench.benchlib import pin_tasks
 from tests.support.redis_server import RedisServer
 
 RATE = 24000
@@ -112,7 +113,7 @@ async def process(*args: str, env: dict[str, str] | None = None) -> AsyncIterato
     drain = asyncio.create_task(proc.stdout.read())
     pin = PINS["gateway" if args[0] == "serve" else "others"]
     if pin is not None:
-        os.sched_setaffinity(proc.pid, pin)
+        pin_tasks([proc.pid], sorted(pin))  # every thread, the node's start-up ones too
     try:
         yield url, proc.pid
     finally:

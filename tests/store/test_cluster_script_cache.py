@@ -17,6 +17,8 @@ Real redis-server processes (tests/support/redis_topologies.py).
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -52,18 +54,17 @@ def every_live_node_names_another_master(
     return True
 
 
-async def test_an_append_whose_window_ends_on_the_promoted_masters_noscript_is_unavailable(
-    tmp_path: Path,
-) -> None:
+@contextlib.asynccontextmanager
+async def failed_over(
+    tmp_path: Path, retry_window: float
+) -> AsyncIterator[tuple[ClusterRedis, RedisStore, str]]:
+    """A store that appended seq 1 to session ``s`` (on a replica too), whose master was
+    then killed; yielded once every live node names the promoted master. The store
+    has not been told: its next append goes where it last knew."""
     cluster = ClusterRedis(tmp_path, full_coverage=False)
     await asyncio.to_thread(cluster.start)
-    # A window of 100 ms: the append is held once (the killed master refuses
-    # the connection), sent again 50 ms later to the promoted master, and its
-    # NOSCRIPT reply then comes with the next backoff (100 ms) past the window,
-    # on every run: the interleaving a 2 s window meets when the failover ends
-    # in its last half second.
     store = RedisStore.from_url(
-        cluster.url, socket_timeout=1.0, connect_timeout=0.5, retry_window=0.1
+        cluster.url, socket_timeout=1.0, connect_timeout=0.5, retry_window=retry_window
     )
     key = store._key("s", "log")
     try:
@@ -71,7 +72,6 @@ async def test_an_append_whose_window_ends_on_the_promoted_masters_noscript_is_u
         await store.append("s", "n1", [event("s", 1)])  # the lane is connected
         # On the replica before the kill, so the promoted master has seq 1.
         assert await store._core.topology.exchange(key, [("WAIT", 1, 5000)]) == [1]
-        reloads = store.stats.noscript_reloads
         victim = cluster.master_of(key)
         victim.kill()
         await asyncio.to_thread(
@@ -79,6 +79,23 @@ async def test_an_append_whose_window_ends_on_the_promoted_masters_noscript_is_u
             lambda: every_live_node_names_another_master(cluster, key, victim),
             "the failover, known to every live node",
         )
+        yield cluster, store, key
+    finally:
+        async with asyncio.timeout(15):
+            await store.close()
+        await asyncio.to_thread(cluster.stop)
+
+
+async def test_an_append_whose_window_ends_on_the_promoted_masters_noscript_is_unavailable(
+    tmp_path: Path,
+) -> None:
+    # A window of 100 ms: the append is held once (the killed master refuses
+    # the connection), sent again 50 ms later to the promoted master, and its
+    # NOSCRIPT reply then comes with the next backoff (100 ms) past the window,
+    # on every run: the interleaving a 2 s window meets when the failover ends
+    # in its last half second.
+    async with failed_over(tmp_path, retry_window=0.1) as (cluster, store, key):
+        reloads = store.stats.noscript_reloads
         promoted = cluster.master_of(key)
         with promoted.client() as c:
             assert c.script_exists(APPEND.sha) == [False]
@@ -89,10 +106,6 @@ async def test_an_append_whose_window_ends_on_the_promoted_masters_noscript_is_u
         assert await store.last_seq("s") == 1  # nothing was stored
         await store.append("s", "n1", [event("s", 2)])  # the script is loaded there now
         assert await store.read_log("s", 0) == [event("s", 1), event("s", 2)]
-    finally:
-        async with asyncio.timeout(15):
-            await store.close()
-        await asyncio.to_thread(cluster.stop)
 
 
 async def test_a_store_that_retries_nothing_still_finds_the_promoted_master(
@@ -102,23 +115,7 @@ async def test_a_store_that_retries_nothing_still_finds_the_promoted_master(
     failure must still make the store learn the new layout: it once learnt it only
     while it held appends, so a store that held none sent every later append of the
     shard to the dead master, for good."""
-    cluster = ClusterRedis(tmp_path, full_coverage=False)
-    await asyncio.to_thread(cluster.start)
-    store = RedisStore.from_url(
-        cluster.url, socket_timeout=1.0, connect_timeout=0.5, retry_window=0.0
-    )
-    key = store._key("s", "log")
-    try:
-        assert await store.keep_leases(["s"], "n1", 60.0) == [True]
-        await store.append("s", "n1", [event("s", 1)])
-        assert await store._core.topology.exchange(key, [("WAIT", 1, 5000)]) == [1]
-        victim = cluster.master_of(key)
-        victim.kill()
-        await asyncio.to_thread(
-            wait_until,
-            lambda: every_live_node_names_another_master(cluster, key, victim),
-            "the failover, known to every live node",
-        )
+    async with failed_over(tmp_path, retry_window=0.0) as (_, store, _key):
         with pytest.raises(StoreUnavailable):  # sent where the store last knew: dead
             await store.append("s", "n1", [event("s", 2)])
         failures = 0
@@ -132,7 +129,3 @@ async def test_a_store_that_retries_nothing_still_finds_the_promoted_master(
                     await asyncio.sleep(0.05)
         assert failures < 20, failures
         assert await store.read_log("s", 0) == [event("s", 1), event("s", 2)]
-    finally:
-        async with asyncio.timeout(15):
-            await store.close()
-        await asyncio.to_thread(cluster.stop)

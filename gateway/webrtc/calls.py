@@ -10,10 +10,12 @@ the door's events, its microphone track goes into the session at 48 kHz, and
 the model's speech goes out on the answering track (``gateway.webrtc.media``).
 
 Limits come before the work: the body's size (``max_sdp``) before it is
-read, the node's call count (``max_calls``) before a peer connection is
-made, a data-channel message's size (``max_frame``) before it is decoded,
-the door's event rate before any work, and a peer that does not open its
-data channel within ``connect_timeout`` seconds is dropped.
+read, and its arrival within ``body_timeout``; the node's call count
+(``max_calls``, offers being answered included) before a peer connection is
+made; the offer's media sections (``MAX_MEDIA``) before aiortc parses it; a
+data-channel message's size (``max_frame``) before it is decoded, the door's
+event rate before any work, and a peer that does not open its data channel
+within ``connect_timeout`` seconds is dropped.
 """
 
 from __future__ import annotations
@@ -21,9 +23,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import secrets
 from collections.abc import Awaitable, Callable
-from typing import Any, cast
+from typing import Any, Final, cast
 
 import msgspec
 from aiohttp import web
@@ -80,21 +83,51 @@ class WebRTCCalls:
         self.door = door
         self.serve = serve
         self.calls: dict[str, asyncio.Task[None]] = {}
+        self._admitting: set[str] = set()  # offers being answered: each holds a slot
 
     async def create(self, request: web.Request) -> web.Response:
         limit = self.settings.max_sdp
         if request.content_length is not None and request.content_length > limit:
             return _refusal(413, f"the offer takes at most {limit} bytes", "sdp_too_large")
-        if len(self.calls) >= self.settings.max_calls:
+        if len(self.calls) + len(self._admitting) >= self.settings.max_calls:
             return _refusal(
                 429, "this node holds all the WebRTC calls it may; retry later or elsewhere", "busy"
             )
+        # The slot is taken before the first await: offers arriving together are counted
+        # with the calls they may become, not let in because none has been answered yet.
+        call_id = "rtc_" + secrets.token_hex(12)
+        self._admitting.add(call_id)
+        try:
+            return await self._answer(request, call_id)
+        finally:
+            self._admitting.discard(call_id)
+
+    async def _answer(self, request: web.Request, call_id: str) -> web.Response:
+        limit = self.settings.max_sdp
         authorizations = request.headers.getall("Authorization", [])
         if len(authorizations) > 1:
             return _refusal(401, "send one Authorization header, not several", "auth")
+        encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
+        if encoding not in ("", "identity"):
+            return _refusal(
+                415, "send the offer uncompressed (no Content-Encoding)", "unsupported_encoding"
+            )
         raw = bytearray()  # read() gives what has arrived: a body may come in pieces
-        while len(raw) <= limit and (piece := await request.content.read(limit + 1 - len(raw))):
-            raw += piece
+        timeout = self.config.body_timeout
+        try:
+            async with asyncio.timeout(timeout):
+                while len(raw) <= limit and (
+                    piece := await request.content.read(limit + 1 - len(raw))
+                ):
+                    raw += piece
+        except TimeoutError:
+            return _refusal(
+                408,
+                f"the offer did not arrive within {timeout:g} s; send the whole request at once",
+                "timeout",
+            )
+        except ConnectionError:  # the caller went away mid-body: nobody to answer
+            raise web.HTTPBadRequest() from None
         if len(raw) > limit:
             return _refusal(413, f"the offer takes at most {limit} bytes", "sdp_too_large")
         parsed = _offer(request.content_type, request.headers.get("Content-Type", ""), bytes(raw))
@@ -114,7 +147,6 @@ class WebRTCCalls:
                 "with session_id",
                 "invalid_after_event",
             )
-        call_id = "rtc_" + secrets.token_hex(12)
         sockname = request.transport.get_extra_info("sockname") if request.transport else None
         call = CallSocket(call_id, self.config.max_frame, sockname)
         headers = Headers(
@@ -136,6 +168,10 @@ class WebRTCCalls:
             return web.Response(
                 status=refused.status_code, body=refused.body, content_type="application/json"
             )
+        problem = _media_problem(sdp)  # the caller is known: now what its offer asks for
+        if problem is not None:
+            await call.close()
+            return _refusal(400, problem, "invalid_offer")
         pc = RTCPeerConnection(RTCConfiguration(iceServers=ice_servers(self.settings.ice_servers)))
         call.attach(pc)
         try:
@@ -147,6 +183,7 @@ class WebRTCCalls:
             return _refusal(400, f"the SDP offer cannot be answered: {exc}"[:300], "invalid_offer")
         if session:
             call.push(msgspec.json.encode({"type": "session.update", "session": session}).decode())
+        self._admitting.discard(call_id)  # its slot is the call's now
         self.calls[call_id] = asyncio.create_task(self._run(call), name=f"webrtc:{call_id}")
         joined = await call.joined  # the session the node attached the call to
         if not joined:
@@ -194,6 +231,30 @@ class WebRTCCalls:
 def _default_model() -> str:
     """The model of a call that names none (agents-js names it after connecting)."""
     return next(m.name for m in MODELS if m.wire == "openai" and not m.shutdown)
+
+
+MAX_MEDIA: Final = 4
+"""Media sections an offer may have: a call uses one audio track and the ``oai-events``
+data channel; aiortc makes a transceiver (and answers a section) for each one, on the
+loop, so 500 of them in 64 KiB held it for ~150 ms per offer."""
+
+_MEDIA_LINE: Final = re.compile(r"^m=([^ \r\n]*)", re.MULTILINE)
+
+
+def _media_problem(sdp: str) -> str | None:
+    """What is wrong with an offer's media sections, before aiortc is given it; or None."""
+    kinds = _MEDIA_LINE.findall(sdp)
+    if len(kinds) > MAX_MEDIA:
+        return (
+            f"the offer has {len(kinds)} media sections (m= lines); a call takes one audio "
+            f"track and the oai-events data channel (at most {MAX_MEDIA} sections)"
+        )
+    if "audio" not in kinds:
+        return (
+            "the offer has no audio section (m=audio): add the microphone's track "
+            "(sendrecv, Opus) and the oai-events data channel before creating the offer"
+        )
+    return None
 
 
 def _offer(content_type: str, header: str, raw: bytes) -> tuple[str, dict[str, Any]] | str:

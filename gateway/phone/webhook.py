@@ -101,6 +101,12 @@ class VoiceWebhook:
                 form = await request.post()
         except TimeoutError:
             return _text(408, "the body did not arrive in time")
+        except (UnicodeDecodeError, LookupError):  # aiohttp decodes the form by its charset
+            return _text(
+                400, "a voice webhook's form is UTF-8, as its charset says (Twilio sends it so)"
+            )
+        except ConnectionError:  # the caller went away mid-body: nobody to answer
+            raise web.HTTPBadRequest() from None
         params = [(k, v) for k, v in form.items() if isinstance(v, str)]
         signature = request.headers.get("X-Twilio-Signature", "")
         host = request.headers.get("Host", "")

@@ -150,3 +150,26 @@ async def test_the_webhook_says_what_is_wrong(
             answer = await reader.read()  # to the close
         writer.close()
         assert answer.startswith(b"HTTP/1.1 408") and b"did not arrive in time" in answer
+
+
+@pytest.mark.parametrize("store_kind", ["memory"])
+async def test_a_webhook_form_that_is_not_utf8_is_400_and_no_traceback(
+    nodes: NodesFactory,
+    http: aiohttp.ClientSession,
+    store_kind: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # aiohttp decodes a form by its charset: bytes that are not UTF-8, or a charset
+    # Python does not know, raised out of the handler as a 500 with a traceback logged,
+    # for anyone, before the signature was checked.
+    form = "application/x-www-form-urlencoded"
+    async with nodes(1, api_keys_file="", phone_twilio_auth_token="secret") as (gw,):
+        url = gw.api_url + WEBHOOK
+        for body, content_type in [
+            (b"CallSid=CA1&From=\xff\xfe", form),
+            (b"CallSid=CA1", form + "; charset=no-such-charset"),
+        ]:
+            async with http.post(url, data=body, headers={"Content-Type": content_type}) as r:
+                text = await r.text()
+            assert r.status == 400 and "UTF-8" in text, (r.status, text)
+    assert not [r for r in caplog.records if r.levelname == "ERROR"]

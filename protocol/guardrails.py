@@ -183,7 +183,7 @@ class _Runs:
             k, lead = n, self.lead
             while k > pos and n - k < 2 and text[k - 1] in lead:
                 k -= 1
-            if k > pos and "0" <= text[k - 1] <= "9":
+            if k > pos and text[k - 1].isdecimal():
                 limit = k
             elif text[-1] in lead and text[-1] in "+(":
                 limit = n - 1
@@ -206,17 +206,32 @@ class _Runs:
 
 
 _SEPARATORS: Final = frozenset(" -.()")
-_CARD_RUN: Final = re.compile(r"[0-9](?:[ -]{0,2}[0-9])*")
+_CARD_SEPARATORS: Final = frozenset(
+    " -.\t\n\u00a0\u2007\u2009\u202f"  # spaces: no-break, figure, thin, narrow no-break
+    "\u2010\u2011\u2012\u2013\u2014\u2212"  # hyphens and dashes, minus
+    "\u200b\u200c\u200d\u2060\ufeff"  # zero-width: invisible, the number reads whole
+)
+"""What a card number's digit groups are written apart with: a rule that missed
+``4111.1111.1111.1111``, a no-break space or an invisible one let the number through."""
+_CARD_RUN: Final = re.compile(
+    r"\d(?:[" + re.escape("".join(sorted(_CARD_SEPARATORS))) + r"]{0,2}\d)*"
+)
+"""Any decimal digits (``\\d``: fullwidth ``４`` and Arabic-Indic ``٤`` as well as
+``4``), as a reader sees them; the checksum is taken on their values."""
 _EMAIL_RUN: Final = re.compile(r"[A-Za-z0-9._%+@-]+")
 _EMAIL: Final = re.compile(r"[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}")
 
 
-def _digit_continues(text: str, pos: int) -> int:
+def _digit_continues(text: str, pos: int, separators: frozenset[str] = _SEPARATORS) -> int:
     """The last digit before ``pos`` (over up to two separators), or -1."""
     i = pos - 1
-    while i >= 0 and pos - i <= 2 and text[i] in _SEPARATORS:
+    while i >= 0 and pos - i <= 2 and text[i] in separators:
         i -= 1
-    return i if i >= 0 and "0" <= text[i] <= "9" else -1
+    return i if i >= 0 and text[i].isdecimal() else -1
+
+
+def _card_continues(text: str, pos: int) -> int:
+    return _digit_continues(text, pos, _CARD_SEPARATORS)
 
 
 def _email_continues(text: str, pos: int) -> int:
@@ -237,18 +252,18 @@ def luhn(digits: str) -> bool:
 def _card(run: str) -> Span | None:
     """A run of 13-19 digits passing Luhn; in a longer run, every group-aligned one
     (``4111 1111 1111 1111 4242 …``), the span from the first to the last."""
-    digits = [i for i, c in enumerate(run) if c.isdigit()]
-    if 13 <= len(digits) <= 19 and luhn("".join(run[i] for i in digits)):
+    digits = [i for i, c in enumerate(run) if c.isdecimal()]
+    if 13 <= len(digits) <= 19 and luhn("".join(str(int(run[i])) for i in digits)):
         return 0, len(run)
     if len(digits) <= 19:
         return None
-    groups = [(m.start(), m.end()) for m in re.finditer(r"[0-9]+", run)]
+    groups = [(m.start(), m.end()) for m in re.finditer(r"\d+", run)]
     found: list[Span] = []
     i = 0
     while i < len(groups):
         for j in range(len(groups) - 1, i - 1, -1):
             s, e = groups[i][0], groups[j][1]
-            number = "".join(c for c in run[s:e] if c.isdigit())
+            number = "".join(str(int(c)) for c in run[s:e] if c.isdecimal())
             if 13 <= len(number) <= 19 and luhn(number):
                 found.append((s, e))
                 i = j
@@ -275,7 +290,7 @@ def _email(run: str) -> Span | None:
 
 
 _DETECTORS: Final[dict[str, _Matcher]] = {
-    "card": _Runs(_CARD_RUN, _digit_continues, _card, frozenset(" -")),
+    "card": _Runs(_CARD_RUN, _card_continues, _card, _CARD_SEPARATORS),
     "phone": _Runs(_PHONE_RUN, _digit_continues, _phone, frozenset(" -.()+")),
     "email": _Runs(_EMAIL_RUN, _email_continues, _email),
 }

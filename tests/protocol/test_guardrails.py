@@ -179,3 +179,52 @@ def test_a_card_never_leaks_whatever_the_chunking(before: str, after: str, size:
     text = f"{before} {CARD} {after}"
     streamed, _, _ = stream(REDACT_ALL, split(text, size))
     assert "1111" not in streamed and streamed == f"{before} [redacted] {after}"
+
+
+# A card as a reader sees it, whatever it is written with: found from outside, a model's
+# "Echo" of these reached the client whole (only spaces and "-" were separators, only
+# ASCII digits were digits).
+_SEPARATED = ["4111.1111.1111.1111", "4111\u00a01111\u00a01111\u00a01111", "4111\n1111\n1111\n1111"]
+_SEPARATED += ["4111\u200b1111\u200b1111\u200b1111", "4111\u20131111\u20131111\u20131111"]
+_SEPARATED += ["4111\u202f1111\u202f1111\u202f1111", "4111 \u200b1111 \u200b1111 \u200b1111"]
+_SCRIPTS = {"fullwidth": 0xFF10, "arabic-indic": 0x0660, "devanagari": 0x0966}
+
+
+def _in_script(text: str, zero: int) -> str:
+    return "".join(chr(zero + int(c)) if c.isdigit() else c for c in text)
+
+
+@pytest.mark.parametrize(
+    "card",
+    _SEPARATED + [_in_script(CARD, zero) for zero in _SCRIPTS.values()],
+    ids=["dots", "nbsp", "newlines", "zero-width", "en-dash", "narrow-nbsp", "space-zw", *_SCRIPTS],
+)
+def test_a_card_is_found_whatever_it_is_written_with(card: str) -> None:
+    text = f"Your card is {card}, thanks."
+    assert check(REDACT_ALL, text).text == "Your card is [redacted], thanks."
+    for size in (1, 3, 4):
+        streamed, names, _ = stream(REDACT_ALL, split(text, size))
+        assert streamed == "Your card is [redacted], thanks." and names == ["card"]
+    wrong = card[:-1] + chr(ord(card[-1]) + 1)  # the checksum still decides
+    assert check(REDACT_ALL, f"order {wrong} shipped").text == f"order {wrong} shipped"
+
+
+def test_numbers_that_are_no_card_stay() -> None:
+    for text in ["version 1.2.3 of 2026", "on 2026-12-05\nat 10:30, 3 items", "12\u00a0345 euros"]:
+        assert check(REDACT_ALL, text).text == text
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    separator=st.sampled_from(["", " ", ".", "-", "\u00a0", "\u200b", "\n", "\u2013", " \u200b"]),
+    zero=st.sampled_from([0x30, *_SCRIPTS.values()]),
+    before=st.text(alphabet="abc .,:\n", max_size=12),
+    size=st.integers(1, 8),
+)
+def test_a_card_written_any_way_never_leaks_whatever_the_chunking(
+    separator: str, zero: int, before: str, size: int
+) -> None:
+    card = _in_script(separator.join(["4111", "1111", "1111", "1111"]), zero)
+    text = f"{before} {card} ok"
+    streamed, _, _ = stream(REDACT_ALL, split(text, size))
+    assert streamed == f"{before} [redacted] ok"

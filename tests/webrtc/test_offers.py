@@ -115,3 +115,37 @@ async def test_an_offer_whose_body_stalls_is_408_within_the_body_timeout(
             answer = await reader.read()  # to the close
         writer.close()
     assert answer.startswith(b"HTTP/1.1 408") and b"did not arrive within 1 s" in answer
+
+
+def multipart(parts: list[tuple[str, str]]) -> tuple[str, str]:
+    """``(body, content type)`` of a form of ``parts``, as openai-python posts one."""
+    body = "".join(
+        f'--B\r\nContent-Disposition: form-data; name="{name}"\r\n\r\n{value}\r\n'
+        for name, value in parts
+    )
+    return body + "--B--\r\n", "multipart/form-data; boundary=B"
+
+
+@pytest.mark.parametrize("store_kind", ["memory"])
+async def test_bodies_that_cost_the_loop_are_refused_unparsed_and_nothing_is_a_500(
+    nodes: NodesFactory, keys: Keys, store_kind: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Before: a session nested 20,000 deep was a 500 with a RecursionError traceback
+    # (read before the key), and a form of 1,000 parts held the loop 120 ms.
+    offer = await an_offer()
+    deep = "[" * 20_000 + "]" * 20_000
+    async with nodes(1, api_port=None, api_keys_file="") as (gw,):
+        url = f"http://127.0.0.1:{gw.port}/openai/v1/realtime/calls"
+        async with aiohttp.ClientSession() as http:
+            as_json = '{"sdp": "v=0", "session": ' + deep + "}"
+            status, body = await post(http, url, as_json, **{"Content-Type": "application/json"})
+            assert status == 400 and "nests too deeply" in body["error"]["message"], body
+            form, form_type = multipart([("sdp", offer), ("session", deep)])
+            status, body = await post(http, url, form, **{"Content-Type": form_type})
+            assert status == 400 and "nests too deeply" in body["error"]["message"], body
+            crowd, _ = multipart([*((f"p{i}", "x") for i in range(1000)), ("sdp", offer)])
+            status, body = await post(http, url, crowd, **{"Content-Type": form_type})
+            assert status == 400 and "at most 4 parts" in body["error"]["message"], body
+            form, _ = multipart([("sdp", offer), ("session", '{"instructions": "hi"}')])
+            assert (await post(http, url, form, **{"Content-Type": form_type}))[0] == 201
+    assert not [r for r in caplog.records if r.levelname == "ERROR"]

@@ -345,7 +345,9 @@ def _pattern_window(spec: RuleSpec) -> int | str:
     if low == 0:
         return f"{where}: it can match empty text; make it match at least one character"
     if spec.window:
-        return spec.window
+        # A window shorter than a longest match that is known would let such a match
+        # out in pieces (the whole text redacted, the stream not): never shorter.
+        return max(spec.window, int(high)) if high <= MAX_WINDOW else spec.window
     if high > MAX_WINDOW:
         return (
             f"{where}: its longest match is unbounded or over {MAX_WINDOW} characters; "

@@ -228,3 +228,17 @@ def test_a_card_written_any_way_never_leaks_whatever_the_chunking(
     text = f"{before} {card} ok"
     streamed, _, _ = stream(REDACT_ALL, split(text, size))
     assert streamed == f"{before} [redacted] ok"
+
+
+def test_a_window_shorter_than_the_patterns_longest_match_does_not_let_it_out() -> None:
+    # Found from outside: window = 5 on a pattern whose matches run to 36 characters
+    # held 5, so "the secret code 12345678 here" streamed in 3-character chunks came out
+    # whole while the whole text was redacted.
+    rs = out(
+        RuleSpec(
+            name="code", on="output", action="redact", pattern="secret code [0-9]{1,20}", window=5
+        )
+    )
+    text = "the secret code 12345678 here"
+    assert check(rs, text).text == "the [redacted] here"
+    assert stream(rs, split(text, 3))[0] == "the [redacted] here"

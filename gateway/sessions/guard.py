@@ -268,12 +268,16 @@ class EventGuard:
             rules = self.guardrails.input
             if isinstance(event, Result):
                 content, hits = _json_text(rules, event.content)
+                # What clients see of it is output too: a card the model wrote into a
+                # file (redacted in its call) came back whole in the read's result.
+                content, shown = _json_text(output, content) if output else (content, [])
             else:
                 verdict = check_input(rules, event.content)
-                content, hits = verdict.text, list(verdict.hits)
-            if hits:
+                content, hits, shown = verdict.text, list(verdict.hits), []
+            if hits or shown:
                 out.append(msgspec.structs.replace(event, content=content))
                 out += self.tripped(hits, "input", ends=False)
+                out += self.tripped(shown, "output", ends=False)
                 return out
         elif isinstance(event, _TURN_ENDS):
             if not self._ended:
@@ -301,7 +305,8 @@ class EventGuard:
                     item = msgspec.structs.replace(item, content=content)
             elif kind is Result:
                 content, hits = _json_text(input_, item.content)
-                if hits:
+                content, shown = _json_text(output, content) if output else (content, [])
+                if hits or shown:
                     item = msgspec.structs.replace(item, content=content)
             elif isinstance(item, User) and item.source == "audio":
                 verdict = check_input(input_, item.content)

@@ -113,6 +113,30 @@ async def test_input_blocked_and_a_streamed_card_redacted_everywhere(
         assert metrics.labels("no-passwords", "block", "input")._value.get() == 1
 
 
+async def test_a_card_a_tool_hands_back_reaches_no_client_nor_the_export(
+    nodes: NodesFactory, keys: Keys, tmp_path: Path
+) -> None:
+    # The model writes a card into a file (its call's arguments are redacted) and reads
+    # it back: the read's result went to the client and the log whole before.
+    rules = tmp_path / "guardrails.toml"
+    rules.write_text(RULES)
+    alice = keys.keys["alice"]
+    async with nodes(1, guardrails=str(rules)) as (gw,), aiohttp.ClientSession() as http:
+        async with Client(gw.url, token=alice) as c:
+            sid = c.session_id
+            write = f'/tool write {{"path": "a.txt", "content": "card {CARD} ok"}}'
+            wrote = [e async for e in c.send(write)]
+            read = [e async for e in c.send('/tool read {"path": "a.txt"}')]
+        exported = await export_all(Api(gw, http), sid, alice)
+    shown = [e for e in [*wrote, *read] if type(e).__name__ in ("Call", "Result")]
+    assert len(shown) == 4, shown
+    assert not [e for e in shown if CARD.replace(" ", "") in e.content.replace(" ", "")]
+    assert any("[redacted] ok" in e.content for e in shown if type(e).__name__ == "Result")
+    # (the user's own message holds it: no input rule covers cards here)
+    tools = [e for e in exported if e["type"] in ("call", "result")]
+    assert len(tools) == 4 and CARD not in orjson.dumps(tools).decode()
+
+
 async def test_a_bad_rule_stops_the_start_naming_rule_and_field(
     nodes: NodesFactory, tmp_path: Path
 ) -> None:

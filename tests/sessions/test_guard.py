@@ -84,6 +84,27 @@ def test_call_args_and_results_are_judged_and_history_matches() -> None:
     assert isinstance(item, Respond) and item.content == "it is [redacted]!"
 
 
+def test_a_tool_result_is_shown_as_the_output_rules_leave_it() -> None:
+    # Found from outside: a card the model wrote into a file (redacted in its call) came
+    # back whole in the read's result, to every client and into the export.
+    guard, ended, _ = make_guard()
+    result = Result(
+        content=f'[{{"tool":"read","status":"success","content":"card {CARD}, the s3cret"}}]',
+        payload=ResultPayload(1, 1, 0),
+    )
+    [judged, *trips] = guard.filter(result)
+    assert isinstance(judged, Result)
+    assert CARD not in judged.content and "s3cret" not in judged.content
+    assert "card [redacted]" in judged.content
+    assert [(t.rule, t.on) for t in trips if isinstance(t, Guardrail)] == [
+        ("secret", "input"),
+        ("no-cards", "output"),
+    ]
+    assert not ended  # shown redacted: the turn goes on
+    [item] = guard.history([result])
+    assert isinstance(item, Result) and CARD not in item.content
+
+
 def test_a_blocked_tool_result_is_a_failure_naming_the_rule() -> None:
     compiled = guardrails_of(RULES)
     assert not isinstance(compiled, str)

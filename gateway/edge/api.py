@@ -64,6 +64,7 @@ from gateway.edge.api_messages import (
 )
 from gateway.edge.auth import ANONYMOUS, KeyStoreUnavailable
 from gateway.edge.http_requests import (
+    HTTP_LOG,
     MAX_BODY,
     Refusal,
     error_response,
@@ -153,6 +154,7 @@ class HttpApi:
             # before any handler checks the key or the size (a 971 KB gzip body inflating
             # to 1 GB held a node 3-4 s past its 401); ``_body`` inflates after both.
             auto_decompress=False,
+            logger=HTTP_LOG,  # a request aiohttp cannot parse: one line, not a traceback
         )
         await runner.setup()
         self._runner = runner

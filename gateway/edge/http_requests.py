@@ -12,16 +12,19 @@ refusal is ``{"error": {"code", "message"}}`` with a 4xx status, raised as
 from __future__ import annotations
 
 import asyncio
+import logging
 import zlib
 from collections.abc import Callable
 from typing import Any, Final
 
 import msgspec
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from protocol.configuration import MAX_SCHEMA_DEPTH
 
 __all__ = [
+    "HTTP_LOG",
     "MAX_BODY",
     "Refusal",
     "body_encoding",
@@ -172,3 +175,25 @@ def query_int(request: web.Request, name: str, default: int, low: int, high: int
     raise Refusal(
         400, f"{name}={raw[:40]!r} is not valid: give a whole number from {low} to {high}"
     )
+
+
+class _MalformedRequests(logging.Filter):
+    """aiohttp logs a request it cannot parse (``Transfer-Encoding`` beside
+    ``Content-Length``, a header line past 8 KiB…) as an ERROR with its traceback,
+    and anyone may send one: the log says so in one line instead (the client has
+    its 400 with aiohttp's reason)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, HttpProcessingError):
+            record.levelno, record.levelname = logging.INFO, "INFO"
+            reason = " ".join(str(exc.message).split())[:200]
+            record.msg = "HTTP API: a malformed request refused (%s): %s"
+            record.args = (exc.code, reason)
+            record.exc_info = record.exc_text = None
+        return True
+
+
+HTTP_LOG: Final = logging.getLogger("gateway.edge.http")
+"""aiohttp's server logger for the API (``AppRunner(logger=…)``): its own errors."""
+HTTP_LOG.addFilter(_MalformedRequests())

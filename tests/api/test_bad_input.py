@@ -173,3 +173,29 @@ async def test_a_webhook_form_that_is_not_utf8_is_400_and_no_traceback(
                 text = await r.text()
             assert r.status == 400 and "UTF-8" in text, (r.status, text)
     assert not [r for r in caplog.records if r.levelname == "ERROR"]
+
+
+@pytest.mark.parametrize("store_kind", ["memory"])
+async def test_a_request_aiohttp_cannot_parse_is_400_and_one_line_in_the_log(
+    nodes: NodesFactory, store_kind: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Before: aiohttp logged each one as an ERROR with its traceback, for anyone.
+    heads = [
+        b"POST /v1/sessions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\n{}",
+        b"POST /v1/sessions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+        + b"a" * 9000
+        + b"\r\nContent-Length: 2\r\n\r\n{}",
+    ]
+    async with nodes(1, api_keys_file="") as (gw,):
+        host, port = gw.api_url.removeprefix("http://").rsplit(":", 1)
+        for head in heads:
+            reader, writer = await asyncio.open_connection(host, int(port))
+            writer.write(head)
+            async with asyncio.timeout(10):
+                answer = await reader.read()  # to the close
+            writer.close()
+            assert answer.startswith(b"HTTP/1.1 400") or answer.startswith(b"HTTP/1.0 400")
+    assert not [r for r in caplog.records if r.levelname == "ERROR"]
+    refused = [r for r in caplog.records if "malformed request refused" in r.getMessage()]
+    assert len(refused) == 2 and not [r for r in refused if r.exc_info]

@@ -153,6 +153,10 @@ class GuardrailsFile(ReloadedFile):
             raise ValueError(f"{self.path}: {stat.st_size} bytes, at most {MAX_FILE_BYTES}")
         try:
             tables = tomllib.loads(self.path.read_text(encoding="utf-8"))
+        except UnicodeDecodeError as exc:
+            raise ValueError(
+                f"{self.path} is not UTF-8 text (byte {exc.start} is not): save it as UTF-8"
+            ) from None
         except tomllib.TOMLDecodeError as exc:
             raise ValueError(f"{self.path} is not valid TOML: {exc}") from None
         extra = [k for k in tables if k != "rule"]

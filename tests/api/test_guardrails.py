@@ -147,6 +147,11 @@ async def test_a_bad_rule_stops_the_start_naming_rule_and_field(
     with pytest.raises(Exception, match=r"guardrail 'greedy': pattern: .*window"):
         async with nodes(1, guardrails=str(rules)):
             pass
+    # A file that is not UTF-8 was named nowhere: "guardrails: 'utf-8' codec can't…".
+    rules.write_bytes(b'\xff\xfe[[rule]]\nname = "a"\n')
+    with pytest.raises(Exception, match=r"guardrails\.toml is not UTF-8 text .*save it as UTF-8"):
+        async with nodes(1, guardrails=str(rules)):
+            pass
 
 
 async def test_a_key_policy_adds_rules_for_its_key_only(

@@ -108,6 +108,14 @@ _HOW: Final = (
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
+def _door_404(path: str) -> str:
+    return (
+        f"no such endpoint {path[:200]!r} on the OpenAI door: it serves the WebSocket "
+        f"/openai/v1/realtime, POST {OPENAI_CLIENT_SECRETS} and POST /openai/v1/realtime/calls "
+        "(a WebRTC call ends when its peer connection closes: there is no /hangup)"
+    )
+
+
 class HttpApi:
     """The HTTP API of one node, served by aiohttp in the node's event loop."""
 
@@ -260,6 +268,8 @@ class HttpApi:
                 405, f"{request.method} is not allowed on {request.path}; use {allowed}"
             )
         except web.HTTPNotFound:
+            if request.path.startswith("/openai/"):  # an OpenAI SDK's call the door lacks
+                return error_response(404, _door_404(request.path))
             return error_response(
                 404,
                 f"no such endpoint {request.path[:200]!r}: the API is POST {API_PREFIX}, "

@@ -247,7 +247,7 @@ async def running_gateway(config: Config) -> AsyncIterator[Gateway]:
             gateway = Gateway(
                 node,
                 lambda edges: PhoneEdge(node, edges, phone),
-                lambda app, door, serve: install_webrtc(app, config, door, serve),
+                lambda app, door, serve, owns: install_webrtc(app, config, door, serve, owns),
             )
             await gateway.start()
             try:

@@ -111,8 +111,8 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 def _door_404(path: str) -> str:
     return (
         f"no such endpoint {path[:200]!r} on the OpenAI door: it serves the WebSocket "
-        f"/openai/v1/realtime, POST {OPENAI_CLIENT_SECRETS} and POST /openai/v1/realtime/calls "
-        "(a WebRTC call ends when its peer connection closes: there is no /hangup)"
+        f"/openai/v1/realtime, POST {OPENAI_CLIENT_SECRETS}, POST /openai/v1/realtime/calls "
+        "and POST /openai/v1/realtime/calls/CALL_ID/hangup"
     )
 
 
@@ -373,12 +373,22 @@ class HttpApi:
         """``(key_id, sid, meta)`` of a session of the caller's; ``Refusal`` otherwise."""
         key_id = await self._key_id(request)
         sid = request.match_info["sid"]
+        return key_id, sid, await self._meta_of(key_id, sid)
+
+    async def _meta_of(self, key_id: str, sid: str) -> dict[str, str]:
         meta = await self.node.store.get_meta(sid)
         if meta is None:
             raise Refusal(404, f"session {sid[:100]!r} does not exist (deleted, or expired)")
         if meta.get("owner", "") != key_id:
             raise Refusal(403, "this session belongs to another API key")
-        return key_id, sid, meta
+        return meta
+
+    async def owns(self, request: web.Request, sid: str | None) -> None:
+        """The request's API key owns session ``sid`` (None: it is a valid key);
+        ``Refusal`` otherwise. For a route beside the API's: a WebRTC call's hangup."""
+        key_id = await self._key_id(request)
+        if sid is not None:
+            await self._meta_of(key_id, sid)
 
     async def _body(self, request: web.Request, decode: Callable[[bytes], Any]) -> Any:
         """The request's JSON body, decoded (``read_body``); called after ``_key_id``:

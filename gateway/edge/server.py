@@ -26,6 +26,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import msgspec
 from aiohttp.web import Application
+from aiohttp.web import Request as HttpRequest
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.datastructures import Headers, MultipleValuesError
 from websockets.http11 import Request, Response
@@ -89,10 +90,16 @@ class Handshake(msgspec.Struct):
 
 # Routes a node's WebRTC calls on its HTTP app, beside its OpenAI door; given what
 # serves an admitted client's socket (``Gateway._handler``: a call is served as any
-# client is); returns what ends them. Given by ``gateway.app`` (``gateway.webrtc``
+# client is) and what checks that a request's key owns a session (``HttpApi.owns``:
+# a hangup); returns what ends them. Given by ``gateway.app`` (``gateway.webrtc``
 # stands on the door).
 CallsInstaller = Callable[
-    [Application, OpenAIDoor, Callable[[ServerConnection], Awaitable[None]]],
+    [
+        Application,
+        OpenAIDoor,
+        Callable[[ServerConnection], Awaitable[None]],
+        Callable[[HttpRequest, str | None], Awaitable[None]],
+    ],
     Callable[[], Awaitable[None]],
 ]
 
@@ -132,7 +139,9 @@ class Gateway:
         self.door = OpenAIDoor(self.config, node.policies, self._admit_client, self._config_of)
         # Its WebRTC calls (POST /openai/v1/realtime/calls): the door's frames on a data channel.
         self._end_calls = (
-            calls(self.api.app, self.door, self._handler) if calls is not None else _no_calls
+            calls(self.api.app, self.door, self._handler, self.api.owns)
+            if calls is not None
+            else _no_calls
         )
         # The console's policy (it may call the HTTP API) and what it may configure.
         self.page_policy = console.content_security_policy(self.config.api_port)

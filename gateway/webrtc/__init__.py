@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Final
 
-__all__ = ["CALLS_PATH"]
+__all__ = ["CALLS_PATH", "HANGUP_PATH"]
 
 CALLS_PATH: Final = "/openai/v1/realtime/calls"
+HANGUP_PATH: Final = CALLS_PATH + "/{call_id}/hangup"
+"""Ends a call (openai-python's ``client.realtime.calls.hangup(call_id)``)."""

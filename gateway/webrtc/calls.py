@@ -36,6 +36,7 @@ from websockets.datastructures import Headers
 from websockets.http11 import Request
 
 from gateway.config import Config
+from gateway.edge.http_requests import Refusal
 from gateway.edge.openai_door import OpenAIDoor
 from gateway.upstream.providers import MODELS
 from gateway.webrtc import CALLS_PATH
@@ -49,6 +50,10 @@ log = logging.getLogger("gateway.webrtc.calls")
 
 # Serves an admitted client's socket until it ends (``Gateway._handler``).
 Serve = Callable[[ServerConnection], Awaitable[None]]
+# Checks that a request's API key owns a session (None: that it is a valid key), or
+# raises ``Refusal`` saying why (``HttpApi.owns``).
+Owns = Callable[[web.Request, str | None], Awaitable[None]]
+_REFUSED: Final = {401: "invalid_api_key", 403: "forbidden", 404: "session_not_found"}
 
 
 def _refusal(status: int, message: str, code: str) -> web.Response:
@@ -75,13 +80,15 @@ def ice_servers(spec: str) -> list[RTCIceServer]:
 class WebRTCCalls:
     """The calls of one node: answers offers, runs each call until it ends."""
 
-    def __init__(self, config: Config, door: OpenAIDoor, serve: Serve) -> None:
+    def __init__(self, config: Config, door: OpenAIDoor, serve: Serve, owns: Owns) -> None:
         """``door``: admits a call (its checks) and finds it for ``?call_id=`` (the
-        sideband); ``serve``: serves an admitted call's socket as the node's clients."""
+        sideband); ``serve``: serves an admitted call's socket as the node's clients;
+        ``owns``: the request's API key owns a session (a hangup's check)."""
         self.config = config
         self.settings = config.webrtc
         self.door = door
         self.serve = serve
+        self.owns = owns
         self.calls: dict[str, asyncio.Task[None]] = {}
         self._admitting: set[str] = set()  # offers being answered: each holds a slot
 
@@ -196,6 +203,29 @@ class WebRTCCalls:
             content_type="application/sdp",
             headers={"Location": f"{CALLS_PATH}/{call_id}"},
         )
+
+    async def hangup(self, request: web.Request) -> web.Response:
+        """``POST …/calls/CALL_ID/hangup``: the call ends (its peer connection closed),
+        its session stays, to resume as any other; an app's API key that owns the
+        session may, as OpenAI lets the project's key."""
+        call_id = request.match_info["call_id"]
+        task, joined = self.calls.get(call_id), self.door.calls.get(call_id)
+        try:  # the key first: an unknown call id says nothing to a caller with no key
+            await self.owns(request, joined[0] if task is not None and joined else None)
+        except Refusal as refused:
+            code = _REFUSED.get(refused.status, "refused")
+            return _refusal(refused.status, refused.message, code)
+        if task is None or joined is None:
+            return _refusal(
+                404,
+                f"no WebRTC call {call_id[:80]!r} on this node: it ended, or was made on "
+                "another node (hang up where its offer was answered)",
+                "call_not_found",
+            )
+        log.info("WebRTC call %s: hung up through the API", call_id)
+        task.cancel()  # ``_run`` closes the peer connection and forgets the call
+        await asyncio.wait({task})
+        return web.Response(status=200)
 
     async def _run(self, call: CallSocket) -> None:
         serving = asyncio.ensure_future(self.serve(cast(ServerConnection, call)))

@@ -1,5 +1,6 @@
-"""``POST /openai/v1/realtime/calls`` on the node's HTTP app: WebRTC calls, or a 501
-saying how to get them (aiortc is optional: ``pip install realtime-gateway[webrtc]``)."""
+"""``POST /openai/v1/realtime/calls`` (and a call's ``…/CALL_ID/hangup``) on the node's
+HTTP app: WebRTC calls, or a 501 saying how to get them (aiortc is optional: ``pip
+install realtime-gateway[webrtc]``)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from websockets.asyncio.server import ServerConnection
 
 from gateway.config import Config
 from gateway.edge.openai_door import OpenAIDoor
-from gateway.webrtc import CALLS_PATH
+from gateway.webrtc import CALLS_PATH, HANGUP_PATH
 
 __all__ = ["install"]
 
@@ -38,14 +39,18 @@ def install(
     config: Config,
     door: OpenAIDoor,
     serve: Callable[[ServerConnection], Awaitable[None]],
+    owns: Callable[[web.Request, str | None], Awaitable[None]],
 ) -> Callable[[], Awaitable[None]]:
-    """Route ``POST CALLS_PATH`` on ``app``; returns what ends the node's calls.
-    ``serve``: serves an admitted client's socket (a call's) as the node's clients."""
+    """Route ``POST CALLS_PATH`` and ``POST HANGUP_PATH`` on ``app``; returns what ends
+    the node's calls. ``serve``: serves an admitted client's socket (a call's) as the
+    node's clients; ``owns``: the request's key owns a session (``HttpApi.owns``)."""
     try:
         from gateway.webrtc.calls import WebRTCCalls
     except ImportError:
         app.router.add_post(CALLS_PATH, _unavailable)
+        app.router.add_post(HANGUP_PATH, _unavailable)
         return _nothing
-    calls = WebRTCCalls(config, door, serve)
+    calls = WebRTCCalls(config, door, serve, owns)
     app.router.add_post(CALLS_PATH, calls.create)
+    app.router.add_post(HANGUP_PATH, calls.hangup)
     return calls.close

@@ -205,9 +205,10 @@ async def test_a_request_aiohttp_cannot_parse_is_400_and_one_line_in_the_log(
 async def test_an_openai_endpoint_the_door_lacks_says_what_it_serves(
     nodes: NodesFactory, http: aiohttp.ClientSession, store_kind: str
 ) -> None:
-    # openai-python's calls.hangup() got a 404 listing /v1/sessions, nothing of the door.
+    # openai-python's calls.accept() (a SIP call's) got a 404 listing /v1/sessions,
+    # nothing of the door.
     async with nodes(1, api_keys_file="") as (gw,):
-        url = f"http://127.0.0.1:{gw.port}/openai/v1/realtime/calls/rtc_1/hangup"
+        url = f"http://127.0.0.1:{gw.port}/openai/v1/realtime/calls/rtc_1/accept"
         async with http.post(url) as r:
             body = await r.json()
     assert r.status == 404

@@ -5,11 +5,13 @@ the key stands (``rate_limits.updated``)."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
+from openai import AsyncOpenAI, NotFoundError, PermissionDeniedError
 
 from tests.api.conftest import Keys, NodesFactory, keys, nodes, store_kind
 from tests.webrtc.conftest import Peer
@@ -92,3 +94,48 @@ async def test_a_draining_node_tells_its_calls_how_to_resume(
             await peer.close()
     assert told["code"] == "session_closed_1012"
     assert "session_id" in told["message"] and "after_event" in told["message"]
+
+
+@pytest.mark.parametrize("store_kind", ["memory"])
+async def test_the_openai_sdk_hangs_up_a_call_its_key_owns(
+    nodes: NodesFactory, keys: Keys, store_kind: str
+) -> None:
+    # openai-python's client.realtime.calls.hangup(call_id), unmodified: the call's
+    # peer connection ends; nobody else's key, and no key, may end it.
+    async with nodes(1, api_port=None) as (gw,):
+        base = f"http://127.0.0.1:{gw.port}/openai/v1"
+        alice = AsyncOpenAI(api_key=keys.keys["alice"], base_url=base, max_retries=0)
+        bob = AsyncOpenAI(api_key=keys.keys["bob"], base_url=base, max_retries=0)
+        peer = Peer()
+        ended = asyncio.Event()
+        peer.channel.on("close", ended.set)
+        try:
+            answer = await peer.call(
+                f"{base}/realtime/calls?model=gpt-realtime-2.1",
+                Authorization=f"Bearer {keys.keys['alice']}",
+            )
+            assert answer.status == 201
+            await peer.until("session.created")
+            call_id = peer.location.rsplit("/", 1)[-1]
+            async with aiohttp.ClientSession() as http:
+                anonymous = await http.post(f"{base}/realtime/calls/{call_id}/hangup")
+                assert anonymous.status == 401
+            with pytest.raises(PermissionDeniedError):
+                await bob.realtime.calls.hangup(call_id)
+            with pytest.raises(NotFoundError):
+                await alice.realtime.calls.hangup("rtc_" + "0" * 24)
+            assert not ended.is_set()  # refused hangups leave the call as it was
+            peer.send(type="conversation.item.create", item=_text("still here?"))
+            peer.send(type="response.create")
+            assert (await peer.until("response.done"))[-1]["response"]["status"] == "completed"
+
+            await alice.realtime.calls.hangup(call_id)
+            await asyncio.wait_for(ended.wait(), 20)
+            with pytest.raises(NotFoundError) as again:
+                await alice.realtime.calls.hangup(call_id)
+        finally:
+            await peer.close()
+            await alice.close()
+            await bob.close()
+    body = again.value.body  # the SDK hands over the error object
+    assert isinstance(body, dict) and body["code"] == "call_not_found"

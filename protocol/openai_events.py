@@ -207,6 +207,8 @@ def decode_client(data: bytes | str) -> ClientEvent | BadEvent:
             kind = str(raw.get("type", ""))
         except (msgspec.DecodeError, msgspec.ValidationError):
             return BadEvent(f"the event is not a JSON object: {exc}")
+        except RecursionError:  # a wrong field first, then nesting past the limit
+            return BadEvent(_TOO_DEEP)
         known = kind in _CLIENT_TYPES
         if not known:
             return BadEvent(
@@ -217,7 +219,10 @@ def decode_client(data: bytes | str) -> ClientEvent | BadEvent:
             )
         return BadEvent(f"invalid {kind} event: {exc}", event_id)
     except RecursionError:
-        return BadEvent("the event nests too deeply to read")
+        return BadEvent(_TOO_DEEP)
+
+
+_TOO_DEEP: Final = "the event nests too deeply to read"
 
 
 _CLIENT_TYPES: Final = frozenset(

@@ -1,0 +1,72 @@
+"""Client events an app or an attacker gets wrong, through the door on a node started as
+the README says: each is answered with OpenAI's ``error`` (the client's ``event_id``
+where it can be read) and the session goes on; none is dropped unanswered, none ends
+the connection."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.openai_door.conftest import RawClient
+from tests.support.procs import NodeProcess
+
+pytestmark = pytest.mark.timeout(60)
+
+MODEL = "gpt-realtime-2.1"
+
+
+async def _open(node: NodeProcess, model: str = MODEL) -> RawClient:
+    client = await RawClient.open(f"{node.base}/openai/v1/realtime?model={model}")
+    assert (await client.next())["type"] == "session.created"
+    return client
+
+
+async def _answer(client: RawClient, event_id: str) -> dict[str, Any]:
+    """The error that answers ``event_id`` (anything else before it is kept in ``events``)."""
+    while True:
+        event = await client.next()
+        if event["type"] == "error" and event["error"]["event_id"] == event_id:
+            return event
+
+
+async def _still_serves(client: RawClient) -> None:
+    await client.send(type="conversation.item.retrieve", event_id="c_alive", item_id="item_nope")
+    assert (await _answer(client, "c_alive"))["error"]["param"] == "item_id"
+
+
+@pytest.mark.parametrize("kind", ["bogus.event", "session.update"])
+async def test_deep_nesting_after_a_wrong_field_is_refused(node: NodeProcess, kind: str) -> None:
+    # The event's type (unknown, or a known one with a wrong field) fails it before the
+    # nesting is read; reading the rest for the event_id must not end the connection.
+    deep = "[" * 100_000 + "]" * 100_000
+    client = await _open(node)
+    try:
+        await client.ws.send(f'{{"type": "{kind}", "session": {deep}}}')
+        refused = await client.next()
+        assert refused["type"] == "error", refused
+        assert "nests too deeply" in refused["error"]["message"]
+        await _still_serves(client)
+    finally:
+        await client.close()
+
+
+def _say(text: str, event_id: str) -> dict[str, Any]:
+    return {
+        "type": "conversation.item.create",
+        "event_id": event_id,
+        "item": {
+            "type": "message",
+            "role": "user",
+            "content": [{"type": "input_text", "text": text}],
+        },
+    }
+
+
+async def _done(client: RawClient) -> dict[str, Any]:
+    while True:
+        event = await client.next()
+        assert event["type"] != "error", event
+        if event["type"] == "response.done":
+            return event

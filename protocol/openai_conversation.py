@@ -59,7 +59,7 @@ from protocol.events import (
 from protocol.openai_events import BadEvent, ClientEvent, ServerEvent
 from protocol.openai_ids import EventIds, position
 from protocol.openai_items import KEPT_ITEMS, ShownItems
-from protocol.openai_requests import ClientRequests, Command, Emit
+from protocol.openai_requests import BUSY, BUSY_CODE, ClientRequests, Command, Emit
 from protocol.openai_response import ResponseOverrides
 from protocol.openai_session import call_parts, session_of, usage_of
 
@@ -255,6 +255,7 @@ class Conversation:
             case Call(runs_on="client"):
                 return self._client_call(event)
             case End():
+                self.requests.turn_open = False
                 self._ending = True
                 self.overrides.put_back()  # the turn is over (also one that showed nothing)
                 return []
@@ -270,6 +271,7 @@ class Conversation:
                     return []
                 return self._done("failed", error=content or "interrupted; the turn runs again")
             case Cancelled(reason=why):
+                self.requests.turn_open = False
                 self.overrides.put_back()
                 if self._response is None:
                     return []
@@ -282,6 +284,8 @@ class Conversation:
                 reply, requests.pending_reply = requests.pending_reply, None
                 if isinstance(ref, str) and ref in requests.named:
                     reply = ref
+                if requests.refused(reply, code):
+                    code, content = BUSY_CODE, BUSY
                 out = [self.ids.error(content, code=code, event_id=reply)]
                 if self._response is not None and self.ids.seq:  # logged: the turn failed
                     out = [*self._done("failed", error=content), *out]
@@ -295,6 +299,8 @@ class Conversation:
 
     def _user(self, seq: int, content: str, *, spoken: bool) -> list[ServerEvent]:
         self.requests.pending_reply = None
+        self.requests.sent = None
+        self.requests.turn_open = True
         self._turn, self._responses = seq, 0
         iid = (self._speech if spoken else None) or f"item_{seq}"
         self._speech = None

@@ -50,10 +50,23 @@ from protocol.openai_events import (
 )
 from protocol.openai_ids import EventIds
 from protocol.openai_items import KEPT_ITEMS, ShownItems
-from protocol.openai_response import TOKEN_REFUSAL, ResponseOverrides, response_overrides
+from protocol.openai_response import (
+    TOKEN_REFUSAL,
+    Overrides,
+    ResponseOverrides,
+    response_overrides,
+)
 from protocol.openai_session import config_change
 
-__all__ = ["ClientRequests", "Command", "Emit"]
+__all__ = ["BUSY", "BUSY_CODE", "ClientRequests", "Command", "Emit"]
+
+BUSY_CODE = "conversation_already_has_active_response"  # OpenAI's code for it
+BUSY = (
+    "Conversation already has an active response in progress: wait for its "
+    "response.done (or send response.cancel), then send response.create; the items "
+    "created since are kept for it (a function call that waits for its "
+    "function_call_output keeps the response going)"
+)
 
 Command = (
     UserMessage
@@ -91,7 +104,9 @@ class ClientRequests:
     answers with are numbered with the rest, and the items it names are those the
     conversation showed. The conversation writes back what the session's events
     settle: ``hearing`` (a ``configured``), ``pending_reply`` (answered),
-    ``client_calls`` (a call shown), ``audio_tag`` (the answer's speech so far).
+    ``client_calls`` (a call shown), ``audio_tag`` (the answer's speech so far),
+    ``turn_open`` (a turn's ``user`` logged, until its ``end`` or ``cancelled``), and
+    what a refusal of a response's message gives back (``refused``).
     """
 
     __slots__ = (
@@ -106,7 +121,9 @@ class ClientRequests:
         "named",
         "overrides",
         "pending_reply",
+        "sent",
         "shown",
+        "turn_open",
     )
 
     def __init__(
@@ -123,6 +140,10 @@ class ClientRequests:
         self.shown = shown
         self.overrides = overrides
         self.held: list[str] = []  # user text created, not yet sent (response.create sends)
+        # The held text a response.create sent, by its event_id, until its turn is logged:
+        # held again if the session refuses it for a turn already running.
+        self.sent: tuple[str, str] | None = None
+        self.turn_open = False  # a turn runs (its user event logged, not yet over)
         self.continues = False  # a tool output went back: the gateway's turn goes on
         self.client_calls: set[str] = set()  # calls shown to the client, awaiting output
         self.pending_reply: str | None = None  # event_id of the command an error answers
@@ -183,33 +204,7 @@ class ClientRequests:
                     return self._refusal(made[0], eid, made[1])
                 if made is not None and made.change is not None and not self.overrides.allowed:
                     return self._refusal(TOKEN_REFUSAL, eid, "response")
-                if made is not None:
-                    self.overrides.metadata = made.metadata
-                if self.held:
-                    text = "\n".join(self.held)
-                    self.held = []
-                    self.pending_reply = eid
-                    if made is None or made.change is None:
-                        return Emit([UserMessage(content=text)], [])
-                    self.overrides.start(made.change)
-                    return Emit([made.change, UserMessage(content=text)], [])
-                if made is not None and made.change is not None:
-                    return self._refusal(
-                        "instructions, tools and output of a response are set with the user "
-                        "message that starts it on this gateway: after a function_call_output "
-                        "the answer goes on with the session's; send response.create without "
-                        "them",
-                        eid,
-                        "response",
-                    )
-                if self.continues:
-                    self.continues = False  # the gateway's turn already goes on
-                    return Emit([], [])
-                return self._refusal(
-                    "response.create needs a user message first on this gateway "
-                    "(conversation.item.create with role 'user'), or a function_call_output",
-                    eid,
-                )
+                return self._respond(made, eid)
             case ResponseCancel():
                 return Emit([Cancel()], [])
             case InputAudioBufferAppend():
@@ -247,6 +242,54 @@ class ClientRequests:
                     return Emit([], [self.ids.unlogged_event("input_audio_buffer.cleared")])
                 return Emit([ClearAudio()], [])
         return self._refusal("unsupported event", eid)  # pragma: no cover - the match is total
+
+    def _respond(self, made: Overrides | None, eid: str | None) -> Emit:
+        """``response.create`` (its overrides checked): the held user text as the turn's
+        message, nothing (after a function_call_output), or a refusal."""
+        change = made.change if made is not None else None
+        if self.turn_open and (self.held or not self.continues):
+            # As OpenAI's service answers: the items created stay, for the next response.
+            return Emit([], [self.ids.error(BUSY, code=BUSY_CODE, event_id=eid)])
+        if made is not None:
+            self.overrides.metadata = made.metadata
+        if self.held:
+            text = "\n".join(self.held)
+            self.held = []
+            self.pending_reply = eid
+            self.sent = (eid, text) if eid else None
+            if change is None:
+                return Emit([UserMessage(content=text)], [])
+            self.overrides.start(change)
+            return Emit([change, UserMessage(content=text)], [])
+        if change is not None:
+            return self._refusal(
+                "instructions, tools and output of a response are set with the user "
+                "message that starts it on this gateway: after a function_call_output "
+                "the answer goes on with the session's; send response.create without "
+                "them",
+                eid,
+                "response",
+            )
+        if self.continues:
+            self.continues = False  # the gateway's turn already goes on
+            return Emit([], [])
+        return self._refusal(
+            "response.create needs a user message first on this gateway "
+            "(conversation.item.create with role 'user'), or a function_call_output",
+            eid,
+        )
+
+    def refused(self, event_id: str | None, code: str) -> bool:
+        """The session refused a command ``event_id`` named with ``code``. True when it
+        was the user text a response.create sent, refused for a turn already running:
+        the text is held again (for the next response.create), and the refusal is
+        OpenAI's (``BUSY``)."""
+        sent = self.sent
+        if sent is None or event_id != sent[0] or code != "turn_active":
+            return False
+        self.held.insert(0, sent[1])
+        self.sent = None
+        return True
 
     def _delete(self, item_id: str, eid: str | None) -> Emit:
         span = self.shown.spans.get(item_id)

@@ -70,3 +70,39 @@ async def _done(client: RawClient) -> dict[str, Any]:
         assert event["type"] != "error", event
         if event["type"] == "response.done":
             return event
+
+
+async def _user_text_of_next_turn(client: RawClient) -> str:
+    while True:
+        event = await client.next()
+        assert event["type"] != "error", event
+        if event["type"] == "conversation.item.added" and event["item"]["role"] == "user":
+            return str(event["item"]["content"][0]["text"])
+
+
+@pytest.mark.parametrize("wait", [True, False], ids=["seen_running", "sent_together"])
+async def test_a_message_sent_while_a_response_runs_waits_for_the_next(
+    node: NodeProcess, wait: bool
+) -> None:
+    # OpenAI's service: response.create during a response is refused
+    # (conversation_already_has_active_response), and the item created stays in the
+    # conversation for the next response.create. It was lost: the refused create had
+    # taken it, and the next create was told there was no user message.
+    client = await _open(node)
+    try:
+        await client.send(**_say("/long 300", "c_long"))
+        await client.send(type="response.create", event_id="c_first")
+        if wait:  # the answer is seen streaming; else both go at once (the door sends both)
+            while (await client.next())["type"] != "response.output_text.delta":
+                pass
+        await client.send(**_say("the second message", "c_second"))
+        await client.send(type="response.create", event_id="c_busy")
+        refused = await _answer(client, "c_busy")
+        assert refused["error"]["code"] == "conversation_already_has_active_response"
+        assert (await _done(client))["response"]["status"] == "completed"
+
+        await client.send(type="response.create", event_id="c_next")
+        assert await _user_text_of_next_turn(client) == "the second message"
+        assert (await _done(client))["response"]["status"] == "completed"
+    finally:
+        await client.close()

@@ -361,6 +361,7 @@ class Conversation:
         resp = self._response
         assert resp is not None and resp.message is not None
         resp.audio = True
+        requests.speaking = resp.message
         # The PCM bytes as they are: the frame's encoder writes bytes as base64 (one
         # step in C, 2.5 -> 1.5 µs a 20 ms frame), and a WebRTC call, whose speech
         # goes on the track, drops the event without ever encoding it.

@@ -104,7 +104,8 @@ class ClientRequests:
     answers with are numbered with the rest, and the items it names are those the
     conversation showed. The conversation writes back what the session's events
     settle: ``hearing`` (a ``configured``), ``pending_reply`` (answered),
-    ``client_calls`` (a call shown), ``audio_tag`` (the answer's speech so far),
+    ``client_calls`` (a call shown), ``audio_tag`` and ``speaking`` (the answer's
+    speech so far, and its item),
     ``turn_open`` (a turn's ``user`` logged, until its ``end`` or ``cancelled``), and
     what a refusal of a response's message gives back (``refused``).
     """
@@ -123,6 +124,7 @@ class ClientRequests:
         "pending_reply",
         "sent",
         "shown",
+        "speaking",
         "turn_open",
     )
 
@@ -150,6 +152,7 @@ class ClientRequests:
         self.named: deque[str] = deque(maxlen=64)  # event_ids sent on as command ids
         self.hearing = False  # input audio configured
         self.audio_tag = 0  # seq tag of the newest audio frame of the answer
+        self.speaking: str | None = None  # the message item the newest audio frame was of
 
     def take(self, event: ClientEvent | BadEvent, *, model_route: tuple[str, str]) -> Emit:
         """One client event: the commands to send and the events to answer with now."""
@@ -215,14 +218,7 @@ class ClientRequests:
             case InputAudioBufferCommit():
                 return Emit([Commit()], [])
             case ConversationItemTruncate(item_id=item_id, content_index=index, audio_end_ms=ms):
-                # What the listener heard: the gateway cuts the provider's copy there.
-                truncated = self.ids.event(
-                    "conversation.item.truncated",
-                    item_id=item_id,
-                    content_index=index,
-                    audio_end_ms=ms,
-                )
-                return Emit([Played(seq=self.audio_tag, ms=max(0, ms))], [truncated])
+                return self._truncate(item_id, index, ms, eid)
             case OutputAudioBufferClear():
                 return Emit([], [])  # the client's own playback buffer: nothing is held here
             case ConversationItemRetrieve(item_id=item_id):
@@ -291,18 +287,35 @@ class ClientRequests:
         self.sent = None
         return True
 
-    def _delete(self, item_id: str, eid: str | None) -> Emit:
-        span = self.shown.spans.get(item_id)
-        if span is not None:
-            return Emit([Forget(first=span[0], last=span[1])], [])
-        if item_id in self.shown.items:
+    def _truncate(self, item_id: str, index: int, ms: int, eid: str | None) -> Emit:
+        """What the listener heard of the answer: the gateway cuts the provider's copy of
+        the answer spoken last there (``played``). Another item is refused, as OpenAI's
+        service refuses an item it does not have, rather than cutting the wrong one."""
+        if item_id not in self.shown.items:
+            return self._not_found(item_id, eid)
+        if item_id != self.speaking:
             return self._refusal(
-                f"item {item_id[:64]!r} cannot be deleted on this gateway: function calls "
-                "(and their outputs) stay in the model's context; delete the messages "
-                "around them",
+                f"item {item_id[:64]!r} cannot be truncated on this gateway: only the "
+                "assistant message whose audio was sent last (the answer being played) is",
                 eid,
                 "item_id",
             )
+        if index != 0:
+            return self._refusal(
+                "the answer's audio is its content part 0: send content_index 0",
+                eid,
+                "content_index",
+            )
+        if ms < 0:
+            return self._refusal(
+                "audio_end_ms is how much of the audio was played: 0 or more", eid, "audio_end_ms"
+            )
+        truncated = self.ids.event(
+            "conversation.item.truncated", item_id=item_id, content_index=index, audio_end_ms=ms
+        )
+        return Emit([Played(seq=self.audio_tag, ms=ms)], [truncated])
+
+    def _not_found(self, item_id: str, eid: str | None) -> Emit:
         return Emit(
             [],
             [
@@ -315,6 +328,20 @@ class ClientRequests:
                 )
             ],
         )
+
+    def _delete(self, item_id: str, eid: str | None) -> Emit:
+        span = self.shown.spans.get(item_id)
+        if span is not None:
+            return Emit([Forget(first=span[0], last=span[1])], [])
+        if item_id in self.shown.items:
+            return self._refusal(
+                f"item {item_id[:64]!r} cannot be deleted on this gateway: function calls "
+                "(and their outputs) stay in the model's context; delete the messages "
+                "around them",
+                eid,
+                "item_id",
+            )
+        return self._not_found(item_id, eid)
 
     def speech_in(self, pcm16: bytes) -> Emit:
         """The user's audio at ``input_rate`` (an append's, or a WebRTC microphone's)."""

@@ -211,3 +211,49 @@ async def test_an_error_answering_the_client_mid_answer_leaves_the_answer_runnin
     assert done["status"] == "completed", done
     text = "".join(e["delta"] for e in client.events if e["type"] == "response.output_text.delta")
     assert text == "z" * 120
+
+
+async def test_a_truncate_of_another_item_is_refused_and_cuts_nothing(tmp_path: Path) -> None:
+    # OpenAI's service refuses a truncate of an item it does not have; the door
+    # answered conversation.item.truncated whatever the item_id, and cut the answer
+    # being spoken where the bogus event said (the model forgot what it had said).
+    async with voice_gateway(
+        "openai", tmp_path, tokens_per_second=20, chunk_size=2, audio_ms_per_char=60
+    ) as gw:
+        client = await RawClient.open(door(gw.url), max_size=None)
+        try:
+            await client.send(type="session.update", session=AUDIO_SESSION)
+            await client.until("session.updated")
+            await client.say("/raw " + "z" * 200)
+            answer = (await client.until("response.output_audio.delta"))[-1]["item_id"]
+            user = next(
+                e["item"]["id"]
+                for e in client.events
+                if e["type"] == "conversation.item.added" and e["item"]["role"] == "user"
+            )
+            bad = [
+                ("t_nope", {"item_id": "msg_nope", "content_index": 0, "audio_end_ms": 0}),
+                ("t_user", {"item_id": user, "content_index": 0, "audio_end_ms": 0}),
+                ("t_part", {"item_id": answer, "content_index": 3, "audio_end_ms": 0}),
+                ("t_ms", {"item_id": answer, "content_index": 0, "audio_end_ms": -1}),
+            ]
+            for event_id, fields in bad:
+                await client.send(type="conversation.item.truncate", event_id=event_id, **fields)
+            params = {}
+            while len(params) < len(bad):
+                event = await client.next()
+                assert event["type"] != "conversation.item.truncated", event
+                if event["type"] == "error":
+                    params[event["error"]["event_id"]] = event["error"]["param"]
+            assert params == {
+                "t_nope": "item_id",
+                "t_user": "item_id",
+                "t_part": "content_index",
+                "t_ms": "audio_end_ms",
+            }
+            await client.send(type="response.cancel")
+            done = (await client.until("response.done"))[-1]
+        finally:
+            await client.close()
+    assert done["response"]["status"] == "cancelled"
+    assert gw.sim.stats.truncations == []  # the answer was never cut

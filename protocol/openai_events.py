@@ -10,6 +10,7 @@ validate against the SDK's ``RealtimeServerEvent`` union (tests/openai_door).
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Final, Literal
 
 import msgspec
@@ -34,14 +35,14 @@ ShortId = Annotated[str, msgspec.Meta(max_length=256)]
 # --- client → server -------------------------------------------------------------
 
 
-class FunctionTool(msgspec.Struct, frozen=True):
+class FunctionTool(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     name: str
     type: Literal["function"] = "function"
     description: str = ""
     parameters: dict[str, Any] | None = None
 
 
-class TurnDetection(msgspec.Struct, frozen=True):
+class TurnDetection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     type: Literal["server_vad", "semantic_vad"] = "server_vad"
     create_response: bool | None = None
     interrupt_response: bool | None = None
@@ -52,30 +53,30 @@ class TurnDetection(msgspec.Struct, frozen=True):
     silence_duration_ms: int | None = None
 
 
-class AudioFormat(msgspec.Struct, frozen=True):
+class AudioFormat(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     type: Literal["audio/pcm", "audio/pcmu", "audio/pcma"] = "audio/pcm"
     rate: int | None = None
 
 
-class AudioInput(msgspec.Struct, frozen=True):
+class AudioInput(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     format: AudioFormat | None = None
     turn_detection: TurnDetection | msgspec.UnsetType | None = msgspec.UNSET
     transcription: dict[str, Any] | None = None
     noise_reduction: dict[str, Any] | None = None
 
 
-class AudioOutput(msgspec.Struct, frozen=True):
+class AudioOutput(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     format: AudioFormat | None = None
     voice: str | None = None
     speed: float | None = None
 
 
-class AudioConfig(msgspec.Struct, frozen=True):
+class AudioConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     input: AudioInput | None = None
     output: AudioOutput | None = None
 
 
-class SessionBody(msgspec.Struct, frozen=True):
+class SessionBody(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """``session.update``'s ``session`` (and ``client_secrets``' ``session``)."""
 
     type: Literal["realtime", "transcription"] = "realtime"
@@ -95,14 +96,16 @@ class SessionBody(msgspec.Struct, frozen=True):
     reasoning: Any = None
 
 
-class ContentPart(msgspec.Struct, frozen=True):
+class ContentPart(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     type: str
     text: str | None = None
     transcript: str | None = None
     audio: str | None = None
+    image_url: str | None = None  # input_image's (refused by its type)
+    detail: str | None = None
 
 
-class Item(msgspec.Struct, frozen=True):
+class Item(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """A conversation item a client creates: a message or a function call's output."""
 
     type: Literal["message", "function_call_output", "function_call"]
@@ -117,7 +120,7 @@ class Item(msgspec.Struct, frozen=True):
     status: str | None = None
 
 
-class _Client(msgspec.Struct, tag_field="type", frozen=True):
+class _Client(msgspec.Struct, tag_field="type", frozen=True, forbid_unknown_fields=True):
     event_id: ShortId | None = None
 
 
@@ -144,8 +147,30 @@ class ConversationItemTruncate(_Client, frozen=True, tag="conversation.item.trun
     audio_end_ms: int = 0
 
 
+class ResponseBody(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """``response.create``'s ``response``: the SDK's ``RealtimeResponseCreateParams``
+    (what the door does with each: ``protocol.openai_response``)."""
+
+    audio: Any = None
+    conversation: Any = None
+    input: Any = None
+    instructions: Any = None
+    max_output_tokens: Any = None
+    metadata: Any = None
+    output_modalities: Any = None
+    parallel_tool_calls: Any = None
+    prompt: Any = None
+    reasoning: Any = None
+    tool_choice: Any = None
+    tools: Any = None
+
+    def given(self) -> dict[str, Any]:
+        """The fields set (not null), by name."""
+        return {k: v for k, v in msgspec.structs.asdict(self).items() if v is not None}
+
+
 class ResponseCreate(_Client, frozen=True, tag="response.create"):
-    response: dict[str, Any] | None = None
+    response: ResponseBody | None = None
 
 
 class ResponseCancel(_Client, frozen=True, tag="response.cancel"):
@@ -192,6 +217,7 @@ class BadEvent(msgspec.Struct, frozen=True):
     message: str
     event_id: str | None = None
     param: str | None = None
+    code: str = "invalid_request_error"
 
 
 def decode_client(data: bytes | str) -> ClientEvent | BadEvent:
@@ -217,12 +243,20 @@ def decode_client(data: bytes | str) -> ClientEvent | BadEvent:
                 event_id,
                 "type",
             )
+        unknown = _UNKNOWN_FIELD.match(str(exc))
+        if unknown is not None:  # as OpenAI's service answers a field it does not define
+            where = unknown[2].lstrip(".") if unknown[2] else ""
+            param = f"{where}.{unknown[1]}" if where else unknown[1]
+            return BadEvent(f"Unknown parameter: {param!r}.", event_id, param, "unknown_parameter")
         return BadEvent(f"invalid {kind} event: {exc}", event_id)
     except RecursionError:
         return BadEvent(_TOO_DEEP)
 
 
 _TOO_DEEP: Final = "the event nests too deeply to read"
+_UNKNOWN_FIELD: Final = re.compile(
+    r"Object contains unknown field `([^`]{0,128})`(?: - at `\$([^`]{0,256})`)?$"
+)
 
 
 _CLIENT_TYPES: Final = frozenset(

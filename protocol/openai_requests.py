@@ -157,9 +157,10 @@ class ClientRequests:
     def take(self, event: ClientEvent | BadEvent, *, model_route: tuple[str, str]) -> Emit:
         """One client event: the commands to send and the events to answer with now."""
         if isinstance(event, BadEvent):
-            return Emit(
-                [], [self.ids.error(event.message, event_id=event.event_id, param=event.param)]
+            error = self.ids.error(
+                event.message, code=event.code, event_id=event.event_id, param=event.param
             )
+            return Emit([], [error])
         emit = self._take(event, model_route)
         if any(not isinstance(c, bytes) for c in emit.commands):
             self.pending_reply = event.event_id  # an error that answers it names it
@@ -202,7 +203,8 @@ class ClientRequests:
                     )
                 return self._item(item, eid)
             case ResponseCreate(response=body):
-                made = response_overrides(body) if body else None
+                given = body.given() if body is not None else None
+                made = response_overrides(given) if given else None
                 if isinstance(made, tuple):
                     return self._refusal(made[0], eid, made[1])
                 if made is not None and made.change is not None and not self.overrides.allowed:

@@ -106,3 +106,24 @@ async def test_a_message_sent_while_a_response_runs_waits_for_the_next(
         assert (await _done(client))["response"]["status"] == "completed"
     finally:
         await client.close()
+
+
+async def test_a_field_the_api_does_not_define_is_refused_by_name(node: NodeProcess) -> None:
+    # A Realtime beta field (GA renamed it) was ignored without a word: the voice or the
+    # modalities the app asked for silently did not apply. OpenAI's service refuses it.
+    client = await _open(node)
+    try:
+        await client.send(
+            type="session.update",
+            event_id="c_beta",
+            session={"type": "realtime", "instructions": "Be brief.", "voice": "alloy"},
+        )
+        refused = (await _answer(client, "c_beta"))["error"]
+        assert (refused["code"], refused["param"]) == ("unknown_parameter", "session.voice")
+        await client.send(type="response.create", event_id="c_temp", response={"temperature": 1})
+        refused = (await _answer(client, "c_temp"))["error"]
+        assert (refused["code"], refused["param"]) == ("unknown_parameter", "response.temperature")
+        assert not any(e["type"] == "session.updated" for e in client.events)
+        await _still_serves(client)
+    finally:
+        await client.close()

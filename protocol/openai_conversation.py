@@ -59,7 +59,16 @@ from protocol.events import (
 from protocol.openai_events import BadEvent, ClientEvent, ServerEvent
 from protocol.openai_ids import EventIds, position
 from protocol.openai_items import KEPT_ITEMS, ShownItems
-from protocol.openai_requests import BUSY, BUSY_CODE, ClientRequests, Command, Emit
+from protocol.openai_requests import (
+    BUSY,
+    BUSY_CODE,
+    NOT_ACTIVE,
+    NOT_ACTIVE_CODE,
+    ClientRequests,
+    Command,
+    Emit,
+    manual,
+)
 from protocol.openai_response import ResponseOverrides
 from protocol.openai_session import call_parts, session_of, usage_of
 
@@ -208,6 +217,7 @@ class Conversation:
             case Configured(config=config, reply_to=ref):
                 self.audio_out = config.output == "audio"
                 self.requests.hearing = config.input_audio is not None
+                self.requests.manual = manual(config.input_audio)
                 if self.overrides.configured(config, ref):
                     return []  # one response's overrides, or the session's own back
                 kind = "session.updated" if self._created else "session.created"
@@ -286,6 +296,8 @@ class Conversation:
                     reply = ref
                 if requests.refused(reply, code):
                     code, content = BUSY_CODE, BUSY
+                elif code == "no_turn":  # a response.cancel with nothing running: OpenAI's
+                    code, content = NOT_ACTIVE_CODE, NOT_ACTIVE
                 out = [self.ids.error(content, code=code, event_id=reply)]
                 if self._response is not None and self.ids.seq:  # logged: the turn failed
                     out = [*self._done("failed", error=content), *out]

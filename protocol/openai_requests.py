@@ -58,7 +58,21 @@ from protocol.openai_response import (
 )
 from protocol.openai_session import config_change
 
-__all__ = ["BUSY", "BUSY_CODE", "ClientRequests", "Command", "Emit"]
+__all__ = [
+    "BUSY",
+    "BUSY_CODE",
+    "NOT_ACTIVE",
+    "NOT_ACTIVE_CODE",
+    "ClientRequests",
+    "Command",
+    "Emit",
+    "manual",
+]
+
+NOT_ACTIVE_CODE = "response_cancel_not_active"  # OpenAI's code for a cancel of nothing
+NOT_ACTIVE = "Cancellation failed: no active response found."
+EMPTY_CODE = "input_audio_buffer_commit_empty"  # OpenAI's code for a commit of too little
+MIN_COMMIT_MS = 100  # OpenAI's least audio a commit takes
 
 BUSY_CODE = "conversation_already_has_active_response"  # OpenAI's code for it
 BUSY = (
@@ -103,7 +117,7 @@ class ClientRequests:
     ``ids``, ``shown`` and ``overrides`` are its conversation's: the events it
     answers with are numbered with the rest, and the items it names are those the
     conversation showed. The conversation writes back what the session's events
-    settle: ``hearing`` (a ``configured``), ``pending_reply`` (answered),
+    settle: ``hearing`` and ``manual`` (a ``configured``), ``pending_reply`` (answered),
     ``client_calls`` (a call shown), ``audio_tag`` and ``speaking`` (the answer's
     speech so far, and its item),
     ``turn_open`` (a turn's ``user`` logged, until its ``end`` or ``cancelled``), and
@@ -112,12 +126,14 @@ class ClientRequests:
 
     __slots__ = (
         "audio_tag",
+        "buffered",
         "client_calls",
         "continues",
         "hearing",
         "held",
         "ids",
         "input_rate",
+        "manual",
         "model",
         "named",
         "overrides",
@@ -151,6 +167,8 @@ class ClientRequests:
         self.pending_reply: str | None = None  # event_id of the command an error answers
         self.named: deque[str] = deque(maxlen=64)  # event_ids sent on as command ids
         self.hearing = False  # input audio configured
+        self.manual = False  # ... with turn_detection none: the client commits
+        self.buffered = 0  # bytes of the user's audio since the last commit or clear
         self.audio_tag = 0  # seq tag of the newest audio frame of the answer
         self.speaking: str | None = None  # the message item the newest audio frame was of
 
@@ -188,6 +206,7 @@ class ClientRequests:
                     return self._refusal(change, eid, "session")
                 if change.input_audio is not msgspec.UNSET:
                     self.hearing = True
+                    self.manual = manual(change.input_audio)
                     if change.input_audio is not None and self.input_rate != 24000:
                         heard = msgspec.structs.replace(change.input_audio, rate=self.input_rate)
                         change = msgspec.structs.replace(change, input_audio=heard)
@@ -218,7 +237,7 @@ class ClientRequests:
                     return self._refusal("audio is not base64", eid, "audio")
                 return self.speech_in(pcm)
             case InputAudioBufferCommit():
-                return Emit([Commit()], [])
+                return self._commit(eid)
             case ConversationItemTruncate(item_id=item_id, content_index=index, audio_end_ms=ms):
                 return self._truncate(item_id, index, ms, eid)
             case OutputAudioBufferClear():
@@ -236,6 +255,7 @@ class ClientRequests:
             case ConversationItemDelete(item_id=item_id):
                 return self._delete(item_id, eid)
             case InputAudioBufferClear():
+                self.buffered = 0
                 if not self.hearing:  # no audio was taken: nothing to discard
                     return Emit([], [self.ids.unlogged_event("input_audio_buffer.cleared")])
                 return Emit([ClearAudio()], [])
@@ -288,6 +308,20 @@ class ClientRequests:
         self.held.insert(0, sent[1])
         self.sent = None
         return True
+
+    def _commit(self, eid: str | None) -> Emit:
+        """The client's end of its spoken turn; too little audio is refused as OpenAI's
+        service refuses it (the provider would be sent an empty turn)."""
+        if self.manual:
+            ms = self.buffered * 1000 / (2 * self.input_rate)
+            if ms < MIN_COMMIT_MS:
+                message = (
+                    "Error committing input audio buffer: buffer too small. Expected at "
+                    f"least {MIN_COMMIT_MS}ms of audio, but buffer only has {ms:.2f}ms of audio."
+                )
+                return Emit([], [self.ids.error(message, code=EMPTY_CODE, event_id=eid)])
+        self.buffered = 0
+        return Emit([Commit()], [])
 
     def _truncate(self, item_id: str, index: int, ms: int, eid: str | None) -> Emit:
         """What the listener heard of the answer: the gateway cuts the provider's copy of
@@ -352,6 +386,7 @@ class ClientRequests:
             self.hearing = True
             commands.append(Configure(input_audio=InputAudio(rate=self.input_rate)))
         commands.append(pcm16)
+        self.buffered += len(pcm16)
         return Emit(commands, [])
 
     def _refusal(self, message: str, eid: str | None, param: str | None = None) -> Emit:
@@ -394,6 +429,11 @@ class ClientRequests:
             texts.append(part.text)
         self.held.append("".join(texts))
         return Emit([], [])
+
+
+def manual(audio: InputAudio | None) -> bool:
+    """Input audio the client commits itself (``turn_detection`` null)."""
+    return audio is not None and audio.turn_detection == "none"
 
 
 def append_pcm(event: InputAudioBufferAppend) -> bytes | None:

@@ -452,7 +452,10 @@ class DoorConnection(ClientConnection):
         if type(event) is not InputAudioBufferAppend:
             return False
         pcm = append_pcm(event)  # None: not base64, the reader refuses it with its event_id
-        return pcm is not None and self.mic.now(pcm)
+        if pcm is None or not self.mic.now(pcm):
+            return False
+        self.conversation.requests.buffered += len(pcm)  # what a commit will take
+        return True
 
     async def _read_events(
         self,

@@ -10,7 +10,9 @@ from typing import Any
 import pytest
 
 from tests.openai_door.conftest import RawClient
+from tests.openai_door.test_clear import MANUAL, RATE, _append
 from tests.support.procs import NodeProcess
+from tests.voice.conftest import utterance
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -124,6 +126,45 @@ async def test_a_field_the_api_does_not_define_is_refused_by_name(node: NodeProc
         refused = (await _answer(client, "c_temp"))["error"]
         assert (refused["code"], refused["param"]) == ("unknown_parameter", "response.temperature")
         assert not any(e["type"] == "session.updated" for e in client.events)
+        await _still_serves(client)
+    finally:
+        await client.close()
+
+
+@pytest.mark.parametrize("model", ["gpt-realtime-2.1", "gemini-3.8-live"])
+async def test_a_commit_of_too_little_audio_is_refused(node: NodeProcess, model: str) -> None:
+    # OpenAI's service refuses a commit of less than 100 ms (input_audio_buffer_commit_empty,
+    # the client's event_id). The door sent it on: OpenAI's flavour showed a committed
+    # user item, then an 'upstream' error naming no event; Gemini's answered an empty turn.
+    client = await _open(node, model)
+    try:
+        await client.send(type="session.update", session=MANUAL)
+        await client.until("session.updated")
+        await client.send(type="input_audio_buffer.commit", event_id="c_empty")
+        refused = (await _answer(client, "c_empty"))["error"]
+        assert refused["code"] == "input_audio_buffer_commit_empty"
+        await _append(client, bytes(RATE // 20 * 2))  # 50 ms
+        await client.send(type="input_audio_buffer.commit", event_id="c_short")
+        refused = (await _answer(client, "c_short"))["error"]
+        assert refused["code"] == "input_audio_buffer_commit_empty"
+        assert "50.00ms" in refused["message"]
+        await _append(client, utterance(0.4, RATE))
+        await client.send(type="input_audio_buffer.commit", event_id="c_spoken")
+        events = await client.until("response.done")
+        # Only the commit of enough audio was a turn.
+        assert [e["type"] for e in client.events].count("input_audio_buffer.committed") == 1
+        assert not any(e["type"] == "error" for e in events), events
+        assert events[-1]["response"]["status"] == "completed"
+    finally:
+        await client.close()
+
+
+async def test_a_cancel_of_no_response_is_openais_refusal(node: NodeProcess) -> None:
+    client = await _open(node)
+    try:
+        await client.send(type="response.cancel", event_id="c_cancel")
+        refused = (await _answer(client, "c_cancel"))["error"]
+        assert refused["code"] == "response_cancel_not_active"
         await _still_serves(client)
     finally:
         await client.close()

@@ -5,9 +5,11 @@ the connection."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
+from websockets.exceptions import InvalidStatus
 
 from tests.openai_door.conftest import RawClient
 from tests.openai_door.test_clear import MANUAL, RATE, _append
@@ -168,3 +170,31 @@ async def test_a_cancel_of_no_response_is_openais_refusal(node: NodeProcess) -> 
         await _still_serves(client)
     finally:
         await client.close()
+
+
+async def test_a_resume_after_an_event_past_the_log_is_refused(node: NodeProcess) -> None:
+    # The gateway's own door refuses an `after` past the log's end; this door took any
+    # after_event and then sent nothing of the next turns (their events looked seen).
+    client = await _open(node)
+    try:
+        sid = client.events[0]["session"]["id"]
+        await client.send(**_say("hello", "c_hello"))
+        await client.send(type="response.create")
+        last = (await _done(client))["event_id"]
+    finally:
+        await client.close()
+    seq = int(last.split("_")[1])
+    base = f"{node.base}/openai/v1/realtime?model={MODEL}&session_id={sid}"
+    with pytest.raises(InvalidStatus) as refused:
+        await RawClient.open(f"{base}&after_event=evt_{seq + 1000}_1")
+    assert refused.value.response.status_code == 400
+    assert json.loads(refused.value.response.body)["error"]["code"] == "invalid_after_event"
+
+    resumed = await RawClient.open(f"{base}&after_event={last}")
+    try:
+        await resumed.send(**_say("again", "c_again"))
+        await resumed.send(type="response.create")
+        assert await _user_text_of_next_turn(resumed) == "again"
+        assert (await _done(resumed))["response"]["status"] == "completed"
+    finally:
+        await resumed.close()

@@ -120,31 +120,33 @@ class Item(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     status: str | None = None
 
 
-class _Client(msgspec.Struct, tag_field="type", frozen=True, forbid_unknown_fields=True):
+class _Client(
+    msgspec.Struct, tag_field="type", frozen=True, forbid_unknown_fields=True, kw_only=True
+):
     event_id: ShortId | None = None
 
 
 class SessionUpdate(_Client, frozen=True, tag="session.update"):
-    session: SessionBody = msgspec.field(default_factory=SessionBody)
+    session: SessionBody
 
 
 class ConversationItemCreate(_Client, frozen=True, tag="conversation.item.create"):
-    item: Item = msgspec.field(default_factory=lambda: Item(type="message"))
+    item: Item
     previous_item_id: ShortId | None = None
 
 
 class ConversationItemRetrieve(_Client, frozen=True, tag="conversation.item.retrieve"):
-    item_id: ShortId = ""
+    item_id: ShortId
 
 
 class ConversationItemDelete(_Client, frozen=True, tag="conversation.item.delete"):
-    item_id: ShortId = ""
+    item_id: ShortId
 
 
 class ConversationItemTruncate(_Client, frozen=True, tag="conversation.item.truncate"):
-    item_id: ShortId = ""
-    content_index: int = 0
-    audio_end_ms: int = 0
+    item_id: ShortId
+    content_index: int
+    audio_end_ms: int
 
 
 class ResponseBody(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -178,7 +180,7 @@ class ResponseCancel(_Client, frozen=True, tag="response.cancel"):
 
 
 class InputAudioBufferAppend(_Client, frozen=True, tag="input_audio_buffer.append"):
-    audio: str = ""
+    audio: str
 
 
 class InputAudioBufferCommit(_Client, frozen=True, tag="input_audio_buffer.commit"):
@@ -248,12 +250,25 @@ def decode_client(data: bytes | str) -> ClientEvent | BadEvent:
             where = unknown[2].lstrip(".") if unknown[2] else ""
             param = f"{where}.{unknown[1]}" if where else unknown[1]
             return BadEvent(f"Unknown parameter: {param!r}.", event_id, param, "unknown_parameter")
+        missing = _MISSING_FIELD.match(str(exc))
+        if missing is not None:  # as OpenAI's service answers a required field left out
+            where = missing[2].lstrip(".") if missing[2] else ""
+            param = f"{where}.{missing[1]}" if where else missing[1]
+            return BadEvent(
+                f"Missing required parameter: {param!r}.",
+                event_id,
+                param,
+                "missing_required_parameter",
+            )
         return BadEvent(f"invalid {kind} event: {exc}", event_id)
     except RecursionError:
         return BadEvent(_TOO_DEEP)
 
 
 _TOO_DEEP: Final = "the event nests too deeply to read"
+_MISSING_FIELD: Final = re.compile(
+    r"Object missing required field `([^`]{0,128})`(?: - at `\$([^`]{0,256})`)?$"
+)
 _UNKNOWN_FIELD: Final = re.compile(
     r"Object contains unknown field `([^`]{0,128})`(?: - at `\$([^`]{0,256})`)?$"
 )

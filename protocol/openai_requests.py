@@ -16,7 +16,7 @@ what to send instead, carrying the client's ``event_id``.
 from __future__ import annotations
 
 from collections import deque
-from typing import Any
+from typing import Any, Final
 
 import msgspec
 
@@ -400,6 +400,20 @@ class ClientRequests:
                 eid,
                 "item.id",
             )
+        required = _REQUIRED.get(item.type, ())
+        missing = next((name for name in required if getattr(item, name) is None), None)
+        if missing is not None:  # as OpenAI's service answers it
+            return Emit(
+                [],
+                [
+                    self.ids.error(
+                        f"Missing required parameter: 'item.{missing}'.",
+                        code="missing_required_parameter",
+                        event_id=eid,
+                        param=f"item.{missing}",
+                    )
+                ],
+            )
         if item.type == "function_call_output":
             call = item.call_id or ""
             if call not in self.client_calls:
@@ -429,6 +443,13 @@ class ClientRequests:
             texts.append(part.text)
         self.held.append("".join(texts))
         return Emit([], [])
+
+
+_REQUIRED: Final = {
+    "message": ("role", "content"),
+    "function_call_output": ("call_id", "output"),
+}
+"""The fields of an item OpenAI's reference requires (``openai/types/realtime``)."""
 
 
 def manual(audio: InputAudio | None) -> bool:

@@ -198,3 +198,31 @@ async def test_a_resume_after_an_event_past_the_log_is_refused(node: NodeProcess
         assert (await _done(resumed))["response"]["status"] == "completed"
     finally:
         await resumed.close()
+
+
+async def test_a_required_field_left_out_is_refused_by_name(node: NodeProcess) -> None:
+    # Left out, each was taken as empty: a message of no content became an empty user
+    # message (refused only by a later response.create, in the gateway's words), an
+    # append of no audio was taken silently, a session.update of nothing was applied.
+    client = await _open(node)
+    try:
+        no_content = {"type": "message", "role": "user"}
+        cases: list[tuple[dict[str, Any], str]] = [
+            ({"type": "conversation.item.create", "item": no_content}, "item.content"),
+            ({"type": "input_audio_buffer.append"}, "audio"),
+            ({"type": "session.update"}, "session"),
+            (
+                {"type": "conversation.item.truncate", "item_id": "x", "content_index": 0},
+                "audio_end_ms",
+            ),
+        ]
+        for n, (event, param) in enumerate(cases):
+            await client.send(**event, event_id=f"c_{n}")
+            refused = (await _answer(client, f"c_{n}"))["error"]
+            assert (refused["code"], refused["param"]) == ("missing_required_parameter", param)
+        await client.send(type="response.create", event_id="c_create")
+        refused = (await _answer(client, "c_create"))["error"]
+        assert "needs a user message" in refused["message"]  # the empty message was not kept
+        assert not any(e["type"] == "session.updated" for e in client.events)
+    finally:
+        await client.close()

@@ -398,6 +398,7 @@ class Conversation:
         self._ending = False
         self._responses += 1
         resp = self._response = _Response(f"resp_{self._turn}_{self._responses}")
+        self.requests.responding = resp.id
         resp.metadata, self.overrides.metadata = self.overrides.metadata, None
         return [self.ids.event("response.created", response=self._resp_body(resp, "in_progress"))]
 
@@ -551,7 +552,7 @@ class Conversation:
         resp = self._response
         if resp is None:
             return out
-        self._response = None
+        self._response = self.requests.responding = None
         self._ending = False
         self.overrides.put_back()
         details: dict[str, Any] = {"type": status}

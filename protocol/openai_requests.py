@@ -120,7 +120,8 @@ class ClientRequests:
     settle: ``hearing`` and ``manual`` (a ``configured``), ``pending_reply`` (answered),
     ``client_calls`` (a call shown), ``audio_tag`` and ``speaking`` (the answer's
     speech so far, and its item),
-    ``turn_open`` (a turn's ``user`` logged, until its ``end`` or ``cancelled``), and
+    ``turn_open`` (a turn's ``user`` logged, until its ``end`` or ``cancelled``),
+    ``responding`` (the response shown in progress), and
     what a refusal of a response's message gives back (``refused``).
     """
 
@@ -138,6 +139,7 @@ class ClientRequests:
         "named",
         "overrides",
         "pending_reply",
+        "responding",
         "sent",
         "shown",
         "speaking",
@@ -162,6 +164,7 @@ class ClientRequests:
         # held again if the session refuses it for a turn already running.
         self.sent: tuple[str, str] | None = None
         self.turn_open = False  # a turn runs (its user event logged, not yet over)
+        self.responding: str | None = None  # the id of the response being shown
         self.continues = False  # a tool output went back: the gateway's turn goes on
         self.client_calls: set[str] = set()  # calls shown to the client, awaiting output
         self.pending_reply: str | None = None  # event_id of the command an error answers
@@ -229,7 +232,19 @@ class ClientRequests:
                 if made is not None and made.change is not None and not self.overrides.allowed:
                     return self._refusal(TOKEN_REFUSAL, eid, "response")
                 return self._respond(made, eid)
-            case ResponseCancel():
+            case ResponseCancel(response_id=rid):
+                if rid is not None and rid != self.responding:  # not the one in progress
+                    return Emit(
+                        [],
+                        [
+                            self.ids.error(
+                                f"{NOT_ACTIVE} (response {rid[:64]!r} is not in progress)",
+                                code=NOT_ACTIVE_CODE,
+                                event_id=eid,
+                                param="response_id",
+                            )
+                        ],
+                    )
                 return Emit([Cancel()], [])
             case InputAudioBufferAppend():
                 pcm = append_pcm(event)

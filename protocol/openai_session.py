@@ -7,7 +7,13 @@ from typing import Any, Final
 
 import msgspec
 
-from protocol.configuration import ClientToolSpec, InputAudio, SessionConfig
+from protocol.configuration import (
+    ClientToolSpec,
+    ConfigChange,
+    InputAudio,
+    SessionConfig,
+    apply_change,
+)
 from protocol.events import Configure, Usage
 from protocol.openai_events import AudioInput, FunctionTool, SessionBody
 
@@ -37,7 +43,7 @@ def config_change(body: SessionBody, *, model_route: tuple[str, str] | None) -> 
     if body.instructions is not None:
         change["instructions"] = body.instructions
     if body.tools is not None:
-        tools: list[ClientToolSpec] = []
+        tools: list[dict[str, Any]] = []  # checked as the gateway checks a configure's
         for raw in body.tools:
             if raw.get("type", "function") != "function":
                 kind = str(raw.get("type"))[:40]
@@ -51,13 +57,22 @@ def config_change(body: SessionBody, *, model_route: tuple[str, str] | None) -> 
             except msgspec.ValidationError as exc:
                 return f"invalid function tool: {exc}"
             tools.append(
-                ClientToolSpec(
-                    name=tool.name,
-                    description=tool.description,
-                    parameters=tool.parameters or {"type": "object", "properties": {}},
-                )
+                {
+                    "name": tool.name,
+                    "description": tool.description,
+                    "parameters": tool.parameters or {"type": "object", "properties": {}},
+                }
             )
-        change["tools"] = tuple(tools)
+        try:
+            specs = msgspec.convert(tools, tuple[ClientToolSpec, ...])
+        except msgspec.ValidationError as exc:
+            return f"invalid function tool: {exc}".replace("`$", "`$.session.tools")
+        # What the session would refuse of them (a name twice, a schema not an object or
+        # past the limits): refused here, before anything of the event is sent.
+        problem = apply_change(SessionConfig(), ConfigChange(tools=specs))
+        if isinstance(problem, str):
+            return f"session.{problem}"
+        change["tools"] = specs
     if body.tool_choice not in (None, "auto"):
         return "session.tool_choice other than 'auto' is not supported by this gateway"
     if body.output_modalities is not None:

@@ -226,3 +226,61 @@ async def test_a_required_field_left_out_is_refused_by_name(node: NodeProcess) -
         assert not any(e["type"] == "session.updated" for e in client.events)
     finally:
         await client.close()
+
+
+async def test_a_cancel_naming_another_response_leaves_the_running_one(
+    node: NodeProcess,
+) -> None:
+    # response.cancel names the response it means; one that ended (a client racing its
+    # end) cancelled whichever response was running instead.
+    client = await _open(node)
+    try:
+        await client.send(**_say("hello", "c_hello"))
+        await client.send(type="response.create")
+        old = (await _done(client))["response"]["id"]
+        await client.send(**_say("/long 200", "c_long"))
+        await client.send(type="response.create")
+        while (event := await client.next())["type"] != "response.created":
+            pass
+        running = event["response"]["id"]
+        await client.send(type="response.cancel", event_id="c_old", response_id=old)
+        refused = (await _answer(client, "c_old"))["error"]
+        assert (refused["code"], refused["param"]) == ("response_cancel_not_active", "response_id")
+        await client.send(type="response.cancel", event_id="c_now", response_id=running)
+        done = await _done(client)
+        assert (done["response"]["id"], done["response"]["status"]) == (running, "cancelled")
+    finally:
+        await client.close()
+
+
+async def test_a_response_whose_tools_the_session_would_refuse_never_starts(
+    node: NodeProcess,
+) -> None:
+    # The tools were checked only by the session, after the door had sent the response's
+    # message on: the override was refused (in the gateway's words, code bad_frame) and
+    # the response ran anyway, with the session's tools.
+    client = await _open(node)
+    try:
+        await client.send(**_say("hello", "c_hello"))
+        bad_tools = [
+            [{"type": "function", "name": "bad name!"}],
+            [{"type": "function", "name": "f"}, {"type": "function", "name": "f"}],
+            [{"type": "function", "name": "f", "parameters": {"type": "string"}}],
+        ]
+        for n, tools in enumerate(bad_tools):
+            await client.send(type="response.create", event_id=f"c_{n}", response={"tools": tools})
+            refused = (await _answer(client, f"c_{n}"))["error"]
+            assert (refused["code"], refused["param"]) == ("invalid_request_error", "response")
+        await client.send(
+            type="session.update",
+            event_id="c_session",
+            session={"type": "realtime", "tools": bad_tools[1]},
+        )
+        refused = (await _answer(client, "c_session"))["error"]
+        assert (refused["code"], refused["param"]) == ("invalid_request_error", "session")
+        assert [e["type"] for e in client.events if e["type"] != "error"] == ["session.created"]
+        await client.send(type="response.create")  # the message waited for a response
+        assert await _user_text_of_next_turn(client) == "hello"
+        assert (await _done(client))["response"]["status"] == "completed"
+    finally:
+        await client.close()

@@ -9,11 +9,18 @@ position.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
 
 from protocol.openai_events import ServerEvent
 
-__all__ = ["EventIds", "position"]
+__all__ = ["SERVER_ERRORS", "EventIds", "position"]
+
+SERVER_ERRORS: Final = frozenset(
+    ("upstream", "upstream_timeout", "store", "log_trimmed", "draining", "internal")
+)
+"""The gateway's codes of a failure on its side or the provider's, not the request's: an
+OpenAI ``error`` of type ``server_error`` (as OpenAI's service marks its own failures),
+so a client that retries those does."""
 
 
 def position(event_id: str) -> tuple[int, int] | None:
@@ -54,7 +61,7 @@ class EventIds:
     def error(self, message: str, *, code: str = "invalid_request_error", **kw: Any) -> ServerEvent:
         """An ``error`` event (unlogged): OpenAI's shape."""
         error = {
-            "type": "invalid_request_error",
+            "type": "server_error" if code in SERVER_ERRORS else "invalid_request_error",
             "code": code,
             "message": message,
             "event_id": kw.get("event_id"),

@@ -246,3 +246,16 @@ def test_a_function_call_is_not_deleted() -> None:
     feed(conv, User(seq=1, content="go"), call)
     commands, events = client(conv, type="conversation.item.delete", item_id="fc_3")
     assert commands == [] and "function calls" in events[0]["error"]["message"]
+
+
+def test_a_failure_on_the_servers_side_is_a_server_error() -> None:
+    """OpenAI's service marks its own failures ``server_error``; the door marked every
+    error ``invalid_request_error``, so a client retrying server errors never did."""
+    conv = Conversation("s1", "m")
+    feed(conv, User(seq=1, content="hi"), Respond(seq=2, content="Hel"))
+    out = feed(conv, Error(seq=3, code="upstream", content="the provider went away"))
+    assert out[-2]["response"]["status"] == "failed"
+    assert (out[-1]["error"]["type"], out[-1]["error"]["code"]) == ("server_error", "upstream")
+    client(conv, type="response.cancel", event_id="e_cancel")
+    out = feed(conv, Error(code="no_turn", content="no turn", reply_to="e_cancel"))
+    assert out[-1]["error"]["type"] == "invalid_request_error"

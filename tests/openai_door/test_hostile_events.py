@@ -9,6 +9,7 @@ import json
 from typing import Any
 
 import pytest
+from openai import AsyncOpenAI, BadRequestError
 from websockets.exceptions import InvalidStatus
 
 from tests.openai_door.conftest import RawClient
@@ -284,3 +285,22 @@ async def test_a_response_whose_tools_the_session_would_refuse_never_starts(
         assert (await _done(client))["response"]["status"] == "completed"
     finally:
         await client.close()
+
+
+async def test_a_client_secret_for_tools_the_session_would_refuse_is_not_minted(
+    node: NodeProcess,
+) -> None:
+    # The tools were built without the checks a configure gets, so a session was made
+    # with a tool named 'bad name' (a name the gateway's own door refuses).
+    client = AsyncOpenAI(
+        api_key="unused", base_url=f"{node.http}/openai/v1", websocket_base_url=node.base
+    )
+    with pytest.raises(BadRequestError) as refused:
+        await client.realtime.client_secrets.create(
+            session={
+                "type": "realtime",
+                "model": MODEL,
+                "tools": [{"type": "function", "name": "bad name"}],
+            }
+        )
+    assert "session.tools[0].name" in str(refused.value)

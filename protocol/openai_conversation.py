@@ -210,7 +210,9 @@ class Conversation:
     def _gateway(self, event: Event) -> list[ServerEvent]:
         if type(event) is Guardrail and (blocked := event.refusal()):  # as a bad request is
             self.overrides.put_back()  # the response it would have started never did
-            return [self.error(blocked, code="guardrail_blocked", event_id=event.reply_to or None)]
+            ref = event.reply_to
+            named = ref if isinstance(ref, str) and ref in self.requests.named else None
+            return [self.error(blocked, code="guardrail_blocked", event_id=named)]
         match event:
             case Session():
                 return []
@@ -294,7 +296,7 @@ class Conversation:
                 reply, requests.pending_reply = requests.pending_reply, None
                 if isinstance(ref, str) and ref in requests.named:
                     reply = ref
-                if requests.refused(reply, code):
+                if requests.refused(ref if isinstance(ref, str) else None, code):
                     code, content = BUSY_CODE, BUSY
                 elif code == "no_turn":  # a response.cancel with nothing running: OpenAI's
                     code, content = NOT_ACTIVE_CODE, NOT_ACTIVE

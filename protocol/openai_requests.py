@@ -51,6 +51,7 @@ from protocol.openai_events import (
 from protocol.openai_ids import EventIds
 from protocol.openai_items import KEPT_ITEMS, ShownItems
 from protocol.openai_response import (
+    HIDDEN,
     TOKEN_REFUSAL,
     Overrides,
     ResponseOverrides,
@@ -140,6 +141,7 @@ class ClientRequests:
         "overrides",
         "pending_reply",
         "responding",
+        "said",
         "sent",
         "shown",
         "speaking",
@@ -163,6 +165,7 @@ class ClientRequests:
         # The held text a response.create sent, by its event_id, until its turn is logged:
         # held again if the session refuses it for a turn already running.
         self.sent: tuple[str, str] | None = None
+        self.said = 0  # the door's own ids of the messages it sent unnamed
         self.turn_open = False  # a turn runs (its user event logged, not yet over)
         self.responding: str | None = None  # the id of the response being shown
         self.continues = False  # a tool output went back: the gateway's turn goes on
@@ -289,11 +292,20 @@ class ClientRequests:
             text = "\n".join(self.held)
             self.held = []
             self.pending_reply = eid
-            self.sent = (eid, text) if eid else None
+            # The message's id, the client's event_id (``take`` names it) or one of the
+            # door's own: a refusal of it names it, whether the client named it or not.
+            said = UserMessage(content=text)
+            if eid and len(eid) <= COMMAND_ID_MAX:
+                self.sent = (eid, text)
+            else:
+                self.said += 1
+                mine = f"{HIDDEN}said{self.said}"
+                said = UserMessage(content=text, id=mine)
+                self.sent = (mine, text)
             if change is None:
-                return Emit([UserMessage(content=text)], [])
+                return Emit([said], [])
             self.overrides.start(change)
-            return Emit([change, UserMessage(content=text)], [])
+            return Emit([change, said], [])
         if change is not None:
             return self._refusal(
                 "instructions, tools and output of a response are set with the user "
@@ -312,13 +324,13 @@ class ClientRequests:
             eid,
         )
 
-    def refused(self, event_id: str | None, code: str) -> bool:
-        """The session refused a command ``event_id`` named with ``code``. True when it
+    def refused(self, command_id: str | None, code: str) -> bool:
+        """The session refused the command ``command_id`` with ``code``. True when it
         was the user text a response.create sent, refused for a turn already running:
         the text is held again (for the next response.create), and the refusal is
         OpenAI's (``BUSY``)."""
         sent = self.sent
-        if sent is None or event_id != sent[0] or code != "turn_active":
+        if sent is None or command_id != sent[0] or code != "turn_active":
             return False
         self.held.insert(0, sent[1])
         self.sent = None

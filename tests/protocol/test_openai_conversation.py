@@ -83,7 +83,8 @@ def test_a_user_item_waits_for_response_create() -> None:
     conv = Conversation("s1", "m")
     assert client(conv, type="conversation.item.create", item=user_item("a")) == ([], [])
     commands, _ = client(conv, type="response.create")
-    assert commands == [UserMessage(content="a")]
+    # Named by the door (the client named no event): a refusal of it is known as its.
+    assert commands == [UserMessage(content="a", id="~said1")]
     _, events = client(conv, type="response.create", event_id="e9")
     assert events[0]["type"] == "error" and events[0]["error"]["event_id"] == "e9"
 
@@ -259,3 +260,20 @@ def test_a_failure_on_the_servers_side_is_a_server_error() -> None:
     client(conv, type="response.cancel", event_id="e_cancel")
     out = feed(conv, Error(code="no_turn", content="no turn", reply_to="e_cancel"))
     assert out[-1]["error"]["type"] == "invalid_request_error"
+
+
+def test_a_message_refused_for_a_running_turn_is_held_again_named_or_not() -> None:
+    """The session refuses a message while a turn runs (``turn_active``, naming the
+    command's id): the door holds the text again for the next response.create, whether
+    the client named its event (the id is its event_id) or not (the door's own id)."""
+    for event_id in ("e_create", None):
+        conv = Conversation("s1", "m")
+        client(conv, type="conversation.item.create", item=user_item("late"))
+        named = {"event_id": event_id} if event_id else {}
+        commands, _ = client(conv, type="response.create", **named)
+        (said,) = commands
+        out = feed(conv, Error(code="turn_active", content="a turn runs", reply_to=said.id))
+        assert out[-1]["error"]["code"] == "conversation_already_has_active_response"
+        assert out[-1]["error"]["event_id"] == event_id  # never the door's own id
+        commands, _ = client(conv, type="response.create")
+        assert [c.content for c in commands] == ["late"]

@@ -243,7 +243,10 @@ class Conversation:
                         "input_audio_buffer.speech_stopped", audio_end_ms=ms, item_id=iid
                     )
                 ]
-            case User(content=content, source=source):
+            case User(content=content, source=source, reply_to=ref):
+                sent = self.requests.sent
+                if sent is not None and ref == sent[0]:
+                    self.requests.sent = None  # the message a response.create sent: taken
                 return self._user(event.seq, content, spoken=source == "audio")
             case Forgotten(first=first, last=last):
                 return self._forgotten(first, last)
@@ -268,6 +271,7 @@ class Conversation:
                 return self._client_call(event)
             case End():
                 self.requests.turn_open = False
+                self.requests.swallowed = None  # the turn it went on with is over
                 self._ending = True
                 self.overrides.put_back()  # the turn is over (also one that showed nothing)
                 return []
@@ -301,6 +305,8 @@ class Conversation:
                 elif code == "no_turn":  # a response.cancel with nothing running: OpenAI's
                     code, content = NOT_ACTIVE_CODE, NOT_ACTIVE
                 out = [self.ids.error(content, code=code, event_id=reply)]
+                if isinstance(ref, str) and not self.ids.seq:  # a reply: a tool output's?
+                    out += requests.output_refused(ref)
                 if self._response is not None and self.ids.seq:  # logged: the turn failed
                     out = [*self._done("failed", error=content), *out]
                 return out
@@ -313,8 +319,8 @@ class Conversation:
 
     def _user(self, seq: int, content: str, *, spoken: bool) -> list[ServerEvent]:
         self.requests.pending_reply = None
-        self.requests.sent = None
         self.requests.turn_open = True
+        self.requests.swallowed = None
         self._turn, self._responses = seq, 0
         iid = (self._speech if spoken else None) or f"item_{seq}"
         self._speech = None

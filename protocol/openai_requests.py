@@ -145,6 +145,7 @@ class ClientRequests:
         "sent",
         "shown",
         "speaking",
+        "swallowed",
         "turn_open",
     )
 
@@ -168,7 +169,11 @@ class ClientRequests:
         self.said = 0  # the door's own ids of the messages it sent unnamed
         self.turn_open = False  # a turn runs (its user event logged, not yet over)
         self.responding: str | None = None  # the id of the response being shown
-        self.continues = False  # a tool output went back: the gateway's turn goes on
+        # The call whose output went back while its turn ran: the gateway's turn goes on,
+        # and the response.create that follows opens nothing (``swallowed``: that create's
+        # call and event_id, answered with an error if the session refuses the output).
+        self.continues: str | None = None
+        self.swallowed: tuple[str, str | None] | None = None
         self.client_calls: set[str] = set()  # calls shown to the client, awaiting output
         self.pending_reply: str | None = None  # event_id of the command an error answers
         self.named: deque[str] = deque(maxlen=64)  # event_ids sent on as command ids
@@ -315,8 +320,8 @@ class ClientRequests:
                 eid,
                 "response",
             )
-        if self.continues:
-            self.continues = False  # the gateway's turn already goes on
+        if self.continues is not None:  # the gateway's turn already goes on
+            self.swallowed, self.continues = (self.continues, eid), None
             return Emit([], [])
         return self._refusal(
             "response.create needs a user message first on this gateway "
@@ -335,6 +340,22 @@ class ClientRequests:
         self.held.insert(0, sent[1])
         self.sent = None
         return True
+
+    def output_refused(self, call: str) -> list[ServerEvent]:
+        """The session refused the output of ``call`` (its turn was over): the
+        response.create after it opens nothing, so it is answered, not left waiting."""
+        if self.continues == call:
+            self.continues = None  # the response.create to come is refused as it is
+            return []
+        swallowed = self.swallowed
+        if swallowed is None or swallowed[0] != call:
+            return []
+        self.swallowed = None
+        message = (
+            f"no response: the output of call {call[:80]!r} was refused (its turn is over), "
+            "so nothing goes on from it; send a user message and response.create"
+        )
+        return [self.ids.error(message, event_id=swallowed[1])]
 
     def _commit(self, eid: str | None) -> Emit:
         """The client's end of its spoken turn; too little audio is refused as OpenAI's
@@ -448,7 +469,9 @@ class ClientRequests:
                     f"no function call {call[:80]!r} is waiting for its output", eid, "item.call_id"
                 )
             self.client_calls.discard(call)
-            self.continues = True
+            # The call's turn goes on with it, unless it is over (cancelled): the session
+            # then refuses the output (``output_refused``).
+            self.continues = call if self.turn_open else None
             return Emit(
                 [ToolResultMessage(id=call, status="success", content=item.output or "")], []
             )

@@ -311,3 +311,33 @@ async def test_a_client_secret_for_tools_the_session_would_refuse_is_not_minted(
             }
         )
     assert "session.tools[0].name" in str(refused.value)
+
+
+async def test_a_response_create_after_the_output_of_a_cancelled_call_is_answered(
+    node: NodeProcess,
+) -> None:
+    # The response ended at the call, the client cancelled the turn, then sent the call's
+    # output (refused: its turn is over) and response.create, which was swallowed as the
+    # turn's going on: no response and no error, the client waited for nothing.
+    client = await _open(node)
+    try:
+        tool = {"type": "function", "name": "get_weather", "parameters": {"type": "object"}}
+        await client.send(type="session.update", session={"type": "realtime", "tools": [tool]})
+        await client.until("session.updated")
+        await client.send(**_say('/tool get_weather {"city": "Oslo"}', "c_ask"))
+        await client.send(type="response.create")
+        done = await _done(client)
+        call = next(o for o in done["response"]["output"] if o["type"] == "function_call")
+        await client.send(type="response.cancel", event_id="c_cancel")
+        output = {"type": "function_call_output", "call_id": call["call_id"], "output": "{}"}
+        await client.send(type="conversation.item.create", event_id="c_output", item=output)
+        assert (await _answer(client, "c_output"))["error"]["code"] == "unknown_call"
+        await client.send(type="response.create", event_id="c_create")
+        refused = (await _answer(client, "c_create"))["error"]
+        assert refused["type"] == "invalid_request_error", refused
+        # The session goes on: a new message is answered.
+        await client.send(**_say("hello", "c_hello"))
+        await client.send(type="response.create")
+        assert (await _done(client))["response"]["status"] == "completed"
+    finally:
+        await client.close()

@@ -277,3 +277,25 @@ def test_a_message_refused_for_a_running_turn_is_held_again_named_or_not() -> No
         assert out[-1]["error"]["event_id"] == event_id  # never the door's own id
         commands, _ = client(conv, type="response.create")
         assert [c.content for c in commands] == ["late"]
+
+
+def test_a_response_create_after_a_refused_call_output_is_answered() -> None:
+    """A call's output sent as its turn was cancelled is refused by the session; the
+    response.create after it was swallowed as the turn's going on (no response, no
+    error). Either the door saw the turn end first (refused at once) or the session's
+    refusal of the output names the create."""
+    call = Call(seq=2, content='{"name": "f", "args": {}}', id="call_1", runs_on="client")
+    output = {"type": "function_call_output", "call_id": "call_1", "output": "{}"}
+    for cancel_seen_first in (True, False):
+        conv = Conversation("s1", "m")
+        feed(conv, User(seq=1, content="go"), call)
+        if cancel_seen_first:
+            feed(conv, Cancelled(seq=3, content="cancelled"))
+        client(conv, type="conversation.item.create", event_id="c_out", item=output)
+        _, events = client(conv, type="response.create", event_id="c_go")
+        if not cancel_seen_first:
+            assert events == []  # the turn goes on, as far as the door knows
+            feed(conv, Cancelled(seq=3, content="cancelled"))
+            events = feed(conv, Error(code="unknown_call", content="gone", reply_to="call_1"))
+        refusals = [e["error"]["event_id"] for e in events if e["type"] == "error"]
+        assert "c_go" in refusals, events

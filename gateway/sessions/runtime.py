@@ -548,9 +548,11 @@ def _voice_of(
     ``speaks_only``: the upstream's model answers in audio only (see ``voice_config``)."""
     allowed = setup.server_tools
     specs = [s for s in registry.specs() if allowed is None or s.name in allowed]
+    client = setup.client_tools.specs()
     return voice_config(
         setup.config,
-        [*specs, *setup.client_tools.specs()],
+        [*specs, *client],
         speaks_only=speaks_only,
         background=setup.background,
+        client=frozenset(s.name for s in client),
     )

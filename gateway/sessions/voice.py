@@ -53,6 +53,7 @@ def voice_config(
     *,
     speaks_only: bool = False,
     background: frozenset[str] = frozenset(),
+    client: frozenset[str] = frozenset(),
 ) -> VoiceConfig | None:
     """The upstream's voice configuration for ``config``; ``None``: no audio either way.
 
@@ -61,6 +62,8 @@ def voice_config(
     calls come back as function calls. ``speaks_only``: the model answers in
     audio only (``gateway.upstream.models``), so a text session asks for
     audio too and takes its transcript as the answer (the audio is dropped).
+    ``background``, ``client``: the names of the tools that run in the background,
+    and of those the session's client declared.
     """
     audio = config.input_audio
     client_hears = config.output == "audio"
@@ -84,6 +87,7 @@ def voice_config(
                 description=t.description,
                 parameters=t.parameters,
                 background=t.name in background,
+                client=t.name in client,
             )
             for t in tools
         )

@@ -193,6 +193,9 @@ class FunctionTool(msgspec.Struct, frozen=True, kw_only=True):
     # The turn does not wait for it: declared non-blocking where the provider has that
     # (Gemini ``behavior: NON_BLOCKING``), its output sent when the call is done.
     background: bool = False
+    # Declared by the session's client (an app's function tool), not one of the
+    # gateway's: the tool an app means a GPT-Live delegation for (``delegation_tool``).
+    client: bool = False
 
 
 class VoiceConfig(msgspec.Struct, frozen=True, kw_only=True):

@@ -23,7 +23,8 @@ relies on, with their sources, are in docs/providers.md ("GPT-Live"):
   ``session.thinking.append`` context;
 - **delegation** (``client``): a ``session.delegation.created`` names no tool
   and carries no task text, so it becomes a call of the session's delegation
-  tool (one named ``delegate``, else the session's only tool) with
+  tool (one named ``delegate``, else the client's only one, else the
+  session's only tool: ``live_setup.delegation_tool``) with
   ``{"task": <the caller's current turn>}``, given to the session when the
   turn ends (after the model's spoken acknowledgement); its output goes back as
   ``session.commentary.append`` with the delegation's id, and the model

@@ -125,8 +125,13 @@ def _initial_items(history: Sequence[Message]) -> list[wire.InitialItem]:
 
 
 def delegation_tool(tools: Sequence[FunctionTool]) -> FunctionTool | None:
-    """The tool a client delegation calls: ``delegate``, else the only one, else none."""
+    """The tool a client delegation calls: ``delegate``, else the client's only one
+    (an app that declares one function tool means it, whatever tools the gateway
+    adds), else the only one, else none."""
     for tool in tools:
         if tool.name == DELEGATE_TOOL:
             return tool
+    declared = [tool for tool in tools if tool.client]
+    if len(declared) == 1:
+        return declared[0]
     return tools[0] if len(tools) == 1 else None

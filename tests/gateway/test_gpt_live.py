@@ -96,11 +96,14 @@ async def test_a_text_turn_is_answered_from_the_transcript_over_the_live_endpoin
     assert not audio  # a text client gets the transcript, not the speech
 
 
+@pytest.mark.parametrize("name", ["delegate", "find_order"])
 async def test_a_client_delegation_runs_the_delegate_tool_and_the_model_speaks_its_result(
-    tmp_path: Path,
+    tmp_path: Path, name: str
 ) -> None:
+    # "delegate", or the app's only tool whatever its name: the gateway's own tools
+    # (the built-ins on the workspace) are not what an app means a delegation for.
     async with live_gateway(tmp_path) as (client, _):
-        await client.send({"type": "configure", "tools": [DELEGATE]})
+        await client.send({"type": "configure", "tools": [{**DELEGATE, "name": name}]})
         got = await client.until(lambda e: isinstance(e, Configured | Error))
         assert isinstance(got[-1], Configured), got[-1]
         await client.user("/tool look it up")
@@ -108,7 +111,7 @@ async def test_a_client_delegation_runs_the_delegate_tool_and_the_model_speaks_i
         call = calls[-1]
         assert isinstance(call, Call) and call.runs_on == "client"
         assert orjson.loads(call.content) == {
-            "name": "delegate",
+            "name": name,
             "args": {"task": "/tool look it up"},
         }
         await client.send(

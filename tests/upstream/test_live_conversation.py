@@ -183,6 +183,17 @@ def test_a_client_delegation_calls_the_delegate_tool_once_the_turn_ends() -> Non
     assert live.state == RUNNING
 
 
+def test_a_delegation_calls_the_clients_only_tool_beside_the_gateways() -> None:
+    gateways = (FunctionTool(name="list_files"), FunctionTool(name="read_file"))
+    mine = FunctionTool(name="find_order", client=True)
+    live = conversation(VoiceConfig(audio_out=AudioOut(), tools=(*gateways, mine)))
+    live.add_message(Message(role="user", content="where is order 7"))
+    live.begin()
+    live.handle(delegated())
+    call, _ = live.quiet()
+    assert call == NativeCall("d1", "find_order", '{"task":"where is order 7"}')
+
+
 def test_a_delegation_task_is_the_callers_spoken_turn() -> None:
     live = conversation(VoiceConfig(audio_out=AudioOut(), tools=(DELEGATE,)))
     live.handle(heard("(speech 1.0 s)"))

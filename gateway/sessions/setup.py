@@ -68,6 +68,8 @@ def controls_asked(config: SessionConfig) -> list[tuple[str, str]]:
     if audio is not None:
         if audio.turn_detection == "semantic_vad":
             asked.append(("semantic_vad", 'input_audio.turn_detection "semantic_vad"'))
+        elif audio.turn_detection == "none":
+            asked.append(("manual_turns", 'input_audio.turn_detection "none"'))
         if audio.idle_timeout_ms is not None:
             asked.append(("idle_timeout_ms", "input_audio.idle_timeout_ms"))
         if audio.noise_reduction not in (None, "off"):  # "off" is what the others do

@@ -220,6 +220,7 @@ CONTROLS: Final[frozenset[str]] = frozenset(
         "truncation",
         "reasoning_effort",
         "clear_audio",  # discard input audio sent but not committed (``Upstream.clear_audio``)
+        "manual_turns",  # turn_detection "none": the client's commit ends the user's turn
     )
 )
 """The session controls a provider may lack (``Provider.controls``): a session asking

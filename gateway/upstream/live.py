@@ -63,8 +63,9 @@ def is_live_model(model: str) -> bool:
 
 
 def live_controls(model: str) -> frozenset[str] | None:
-    """A GPT-Live model's session controls: none of ``CONTROLS`` (it decides turns and
-    manages its context itself); None for any other model (its row's)."""
+    """A GPT-Live model's session controls: none of ``CONTROLS`` (it decides turns,
+    so a client cannot end one with a commit either, and manages its context itself);
+    None for any other model (its row's)."""
     return frozenset() if is_live_model(model) else None
 
 

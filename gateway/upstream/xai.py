@@ -74,6 +74,7 @@ PROVIDER: Final = Provider(
     key_variable="XAI_API_KEY",
     sim=SimFlavour(base="/v1", auth="bearer", flat=True),
     models=MODELS,
-    # xAI documents server VAD and reasoning effort; nothing of the rest.
-    controls=frozenset({"reasoning_effort"}),
+    # xAI documents server VAD (or none: the client commits) and reasoning effort;
+    # nothing of the rest.
+    controls=frozenset({"reasoning_effort", "manual_turns"}),
 )

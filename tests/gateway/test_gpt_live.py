@@ -154,16 +154,24 @@ async def test_an_azure_gpt_live_deployment_opens_the_resources_live_endpoint(
     assert live[0].ws.request.path == "/openai/v1/live/sessions"
 
 
+@pytest.mark.parametrize(
+    ("asked", "named"),
+    [
+        ({"truncation": "auto"}, "truncation"),
+        # GPT-Live decides turns: a client's commit would find the model answering.
+        ({"input_audio": {"rate": 24000, "turn_detection": "none"}}, "turn_detection"),
+    ],
+)
 async def test_a_control_gpt_live_has_not_is_refused_when_the_session_is_set_up(
-    tmp_path: Path,
+    tmp_path: Path, asked: dict[str, Any], named: str
 ) -> None:
     async with live_gateway(tmp_path) as (client, sim):
-        await client.send({"type": "configure", "truncation": "auto"})
+        await client.send({"type": "configure", **asked})
         got = await client.until(lambda e: isinstance(e, Configured | Error))
         opened = list(sim.live())
     error = got[-1]
     assert isinstance(error, Error), error
-    assert "truncation" in error.content and "provider openai" in error.content
+    assert named in error.content and "provider openai" in error.content
     assert not opened  # refused before any connection
 
 

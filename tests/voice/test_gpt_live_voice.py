@@ -58,18 +58,24 @@ async def test_speech_over_the_models_speech_ends_its_turn(tmp_path: Path) -> No
     assert got[-2:] == [("end", ""), ("metric", "")]
 
 
-async def test_a_manual_commit_waits_for_the_model_that_decides_turns_itself(
+async def test_manual_turns_are_refused_and_the_model_decides_the_turn(
     tmp_path: Path,
 ) -> None:
-    """GPT-Live has no manual turn mode: with ``turn_detection: none`` the model still
-    answers when it hears the caller stop, and ``commit`` just waits for that answer."""
+    """GPT-Live has no manual turn mode: it answers when it hears the caller stop, so a
+    client's ``commit`` could only find a turn already running. ``turn_detection:
+    none`` is refused when the session is set up, saying so; without it the turn is
+    the model's."""
     async with voice_gateway("openai", tmp_path, gateway_settings=LIVE) as gw:
         client = await VoiceClient.connect(gw.url)
-        await client.configure(input_audio={"rate": RATE, "turn_detection": "none"})
+        await client.send(
+            {"type": "configure", "input_audio": {"rate": RATE, "turn_detection": "none"}}
+        )
+        refused = (await client.until("error"))[-1]
+        await client.configure(input_audio={"rate": RATE})
         await client.stream(utterance(0.7, RATE), RATE)
-        await client.send({"type": "commit"})
         events = await client.turn_end()
         await client.close()
+    assert 'turn_detection "none"' in getattr(refused, "content", "")
     got = shape(events)
     assert ("user", "(speech 0.7 s)") in got
     assert ("respond", "Echo: (speech 0.7 s)") in got

@@ -23,6 +23,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, Final
 
@@ -42,6 +43,12 @@ from redis.exceptions import (
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from gateway.store.redis_scripts import SCRIPTS
+
+log = logging.getLogger("gateway.store.redis")
+
+CLUSTER_CLOSE_WAIT: Final = 2.0
+"""Seconds a Cluster client's ``aclose`` may wait for the client's lock (see
+``_close_cluster_client``) before its connections are closed without it."""
 
 # Replies (as redis-py raises them) that mean "not here or not now": MOVED is an AskError.
 _REDIRECTS: Final = (
@@ -415,6 +422,28 @@ class ClusterTopology(Topology):
     async def close(self) -> None:
         for route in self._routes.values():
             await route.close()
-        await self.client.aclose()
-        await self._blocking.aclose()
-        await self._lanes.aclose()
+        for client in (self.client, self._blocking, self._lanes):
+            await _close_cluster_client(client)
+
+
+async def _close_cluster_client(client: RedisCluster) -> None:
+    """``client.aclose()``, bounded. It takes the client's lock, which a topology
+    refresh holds while it asks the nodes for the slots, and a refresh can take
+    long: a dead node's connect retries, or the blocking client's ``CLUSTER
+    SLOTS``, which has no socket timeout, on a node that accepts and never
+    answers. A store's close after a master was killed took over 15 s once in a
+    CI run and once in ~40 local runs (where it waited was not captured; the
+    test now reports it). Past ``CLUSTER_CLOSE_WAIT`` the nodes' connections are
+    closed without the lock; the refresh, if it ever ends, finds them closed."""
+    try:
+        async with asyncio.timeout(CLUSTER_CLOSE_WAIT):
+            await client.aclose()
+    except TimeoutError:
+        log.warning(
+            "a Redis Cluster client did not close within %gs (a topology refresh held "
+            "it); closing its connections without waiting",
+            CLUSTER_CLOSE_WAIT,
+        )
+        nodes = client.nodes_manager
+        await nodes.aclose()
+        await nodes.aclose("startup_nodes")

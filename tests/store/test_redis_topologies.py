@@ -220,6 +220,44 @@ async def test_cluster_store(cluster: ClusterRedis, cluster_store: RedisStore) -
     assert cluster_store.stats.max_batch == max(ports.count(p) for p in set(ports))
 
 
+async def test_a_cluster_store_closes_while_a_topology_refresh_holds_its_client(
+    cluster: ClusterRedis,
+) -> None:
+    # A refresh that does not end (the blocking client's CLUSTER SLOTS has no socket
+    # timeout: a node that accepts and never answers) holds the client's lock, which
+    # aclose takes: the store closes anyway, its connections with it.
+    store = RedisStore.from_url(cluster.url, prefix=f"t{os.urandom(3).hex()}")
+    await store.acquire_lease("s1", "n1", 30)
+    await store.append("s1", "n1", [event("s1", 1)])
+    topology = store._core.topology
+    log_key = store._key("s1", "log")
+    await topology.blocking(log_key, "XREAD", "COUNT", "1", "STREAMS", log_key, "0")
+    blocking = topology._blocking
+
+    def connected() -> list[object]:
+        nodes = blocking.nodes_manager.nodes_cache.values()
+        return [conn for node in nodes for conn in node._connections if conn.is_connected]
+
+    assert connected()  # the XREAD's
+    lock = blocking._lock
+    assert lock is not None  # made by the first initialize
+    held = asyncio.Event()
+
+    async def refresh_that_never_ends() -> None:
+        async with lock:
+            held.set()
+            await asyncio.Event().wait()
+
+    stuck = asyncio.get_running_loop().create_task(refresh_that_never_ends())
+    try:
+        await held.wait()
+        await asyncio.wait_for(store.close(), 20)  # it waited for good before
+        assert connected() == []
+    finally:
+        stuck.cancel()
+        await asyncio.wait({stuck})
+
+
 async def test_the_plain_client_for_other_redis_users_takes_cluster_urls(
     cluster: ClusterRedis,
 ) -> None:
@@ -420,27 +458,29 @@ def failover_store(url: str, **options: Any) -> RedisStore:
 
 
 async def close_within(store: RedisStore, seconds: float) -> None:
-    """Close, bounded: a store that cannot close fails the test here, with the
-    test's own failure (if any) chained, rather than at the test's timeout, and
-    says what the group commit was still doing (its tasks' await chains, the
-    appends it held)."""
+    """Close, bounded: a store that cannot close fails the test here rather than at
+    the test's timeout, and says where its close waited and what every other task
+    was doing (their await chains), with the appends the group commit held."""
     commit = store._commit
-    try:
-        async with asyncio.timeout(seconds):
-            await store.close()
-    except TimeoutError:
-        tasks = [*commit._lane_tasks, commit._dispatcher, commit._retrier]
-        busy = [
-            f"  {task.get_name()}: " + " -> ".join(_await_chain(task.get_coro()))
-            for task in tasks
-            if task is not None and not task.done()
-        ]
-        raise AssertionError(
-            f"the store did not close within {seconds} s; held appends: "
-            f"{len(commit._held)}, queued: {len(commit._intake)}, "
-            f"lanes: {[(n, len(lane.queue), lane.busy) for n, lane in commit._lanes.items()]}\n"
-            + "\n".join(busy)
-        ) from None
+    closing = asyncio.get_running_loop().create_task(store.close(), name="store.close")
+    done, _ = await asyncio.wait({closing}, timeout=seconds)
+    if done:
+        closing.result()
+        return
+    others = asyncio.all_tasks() - {closing, asyncio.current_task()}
+    busy = [
+        f"  {task.get_name()}: " + " -> ".join(_await_chain(task.get_coro()))
+        for task in [closing, *others]
+        if not task.done()
+    ]
+    closing.cancel()
+    await asyncio.wait({closing})
+    raise AssertionError(
+        f"the store did not close within {seconds} s; held appends: "
+        f"{len(commit._held)}, queued: {len(commit._intake)}, "
+        f"lanes: {[(n, len(lane.queue), lane.busy) for n, lane in commit._lanes.items()]}\n"
+        + "\n".join(busy)
+    )
 
 
 async def restart(node: RedisProcess) -> None:

@@ -56,7 +56,10 @@ from protocol.openai_conversation import Command, Conversation, ServerEvent
 from protocol.openai_events import InputAudioBufferAppend, decode_client, encode_frame
 from protocol.openai_requests import append_pcm
 
-__all__ = ["OPENAI_PATH", "DoorConnection", "OpenAIDoor", "model_route"]
+__all__ = ["OPENAI_PATH", "REFUSAL_CODES", "DoorConnection", "OpenAIDoor", "model_route"]
+
+REFUSAL_CODES: Final = {401: "invalid_api_key", 403: "forbidden", 404: "session_not_found"}
+"""OpenAI's error codes for the gateway's refusals by status (a handshake's, a call's)."""
 
 log = logging.getLogger("gateway.edge.openai_door")
 
@@ -220,9 +223,8 @@ class OpenAIDoor:
         admitted = await self.admit(connection, request, gateway_query)
         if isinstance(admitted, Response):
             text = admitted.body.decode("utf-8", "replace").strip() if admitted.body else ""
-            code = {401: "invalid_api_key", 403: "forbidden", 404: "session_not_found"}
             return _error_response(
-                admitted.status_code, text, code.get(admitted.status_code, "refused")
+                admitted.status_code, text, REFUSAL_CODES.get(admitted.status_code, "refused")
             )
         if after is not None:
             past = await self._past_the_log(sid, after[0])

@@ -132,6 +132,26 @@ def _json_text(rules: RuleSet, text: str) -> tuple[str, list[Hit]]:
     return (_ENCODER.encode(guarded).decode() if hits else text), hits
 
 
+def _result_text(input_: RuleSet, output: RuleSet, text: str) -> tuple[str, list[Hit], list[Hit]]:
+    """A tool's result judged as what it is twice over: input (it goes to the model),
+    then output (clients, the log and the export show it: a card the model wrote into
+    a file, redacted in its call, came back whole in the read's result). Its JSON is
+    read and written once: ``(text, input hits, output hits)``."""
+    try:
+        value = _JSON.decode(text)
+    except (msgspec.DecodeError, RecursionError):
+        taken = check(input_, text)
+        shown = check(output, taken.text) if output else None
+        return (shown.text if shown else taken.text), taken.hits, (shown.hits if shown else [])
+    guarded, hits = guard_value(input_, value)
+    shown_hits: list[Hit] = []
+    if output:
+        guarded, shown_hits = guard_value(output, guarded)
+    if not hits and not shown_hits:
+        return text, hits, shown_hits
+    return _ENCODER.encode(guarded).decode(), hits, shown_hits
+
+
 # Events that end a turn (an end_turn rule's withholding ends with it).
 _TURN_ENDS: Final = (End, Cancelled, Error, Interrupt)
 # Events that close the model's block of text (what it held is judged as final). Others
@@ -267,10 +287,7 @@ class EventGuard:
         elif isinstance(event, Result) or (isinstance(event, User) and event.source == "audio"):
             rules = self.guardrails.input
             if isinstance(event, Result):
-                content, hits = _json_text(rules, event.content)
-                # What clients see of it is output too: a card the model wrote into a
-                # file (redacted in its call) came back whole in the read's result.
-                content, shown = _json_text(output, content) if output else (content, [])
+                content, hits, shown = _result_text(rules, output, event.content)
             else:
                 verdict = check_input(rules, event.content)
                 content, hits, shown = verdict.text, list(verdict.hits), []
@@ -304,8 +321,7 @@ class EventGuard:
                 if hits:
                     item = msgspec.structs.replace(item, content=content)
             elif kind is Result:
-                content, hits = _json_text(input_, item.content)
-                content, shown = _json_text(output, content) if output else (content, [])
+                content, hits, shown = _result_text(input_, output, item.content)
                 if hits or shown:
                     item = msgspec.structs.replace(item, content=content)
             elif isinstance(item, User) and item.source == "audio":

@@ -37,7 +37,7 @@ from websockets.http11 import Request
 
 from gateway.config import Config
 from gateway.edge.http_requests import Refusal
-from gateway.edge.openai_door import OpenAIDoor
+from gateway.edge.openai_door import REFUSAL_CODES, OpenAIDoor
 from gateway.upstream.providers import MODELS
 from gateway.webrtc import CALLS_PATH
 from gateway.webrtc.channel import CallSocket
@@ -53,7 +53,6 @@ Serve = Callable[[ServerConnection], Awaitable[None]]
 # Checks that a request's API key owns a session (None: that it is a valid key), or
 # raises ``Refusal`` saying why (``HttpApi.owns``).
 Owns = Callable[[web.Request, str | None], Awaitable[None]]
-_REFUSED: Final = {401: "invalid_api_key", 403: "forbidden", 404: "session_not_found"}
 
 
 def _refusal(status: int, message: str, code: str) -> web.Response:
@@ -213,7 +212,7 @@ class WebRTCCalls:
         try:  # the key first: an unknown call id says nothing to a caller with no key
             await self.owns(request, joined[0] if task is not None and joined else None)
         except Refusal as refused:
-            code = _REFUSED.get(refused.status, "refused")
+            code = REFUSAL_CODES.get(refused.status, "refused")
             return _refusal(refused.status, refused.message, code)
         if task is None or joined is None:
             return _refusal(

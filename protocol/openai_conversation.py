@@ -67,7 +67,6 @@ from protocol.openai_requests import (
     ClientRequests,
     Command,
     Emit,
-    manual,
 )
 from protocol.openai_response import ResponseOverrides
 from protocol.openai_session import call_parts, session_of, usage_of
@@ -219,7 +218,7 @@ class Conversation:
             case Configured(config=config, reply_to=ref):
                 self.audio_out = config.output == "audio"
                 self.requests.hearing = config.input_audio is not None
-                self.requests.manual = manual(config.input_audio)
+                self.requests.set_manual(config.input_audio)
                 if self.overrides.configured(config, ref):
                     return []  # one response's overrides, or the session's own back
                 kind = "session.updated" if self._created else "session.created"

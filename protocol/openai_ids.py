@@ -13,9 +13,9 @@ from typing import Any, Final
 
 from protocol.openai_events import ServerEvent
 
-__all__ = ["SERVER_ERRORS", "EventIds", "position"]
+__all__ = ["EventIds", "position"]
 
-SERVER_ERRORS: Final = frozenset(
+_SERVER_ERRORS: Final = frozenset(
     ("upstream", "upstream_timeout", "store", "log_trimmed", "draining", "internal")
 )
 """The gateway's codes of a failure on its side or the provider's, not the request's: an
@@ -61,7 +61,7 @@ class EventIds:
     def error(self, message: str, *, code: str = "invalid_request_error", **kw: Any) -> ServerEvent:
         """An ``error`` event (unlogged): OpenAI's shape."""
         error = {
-            "type": "server_error" if code in SERVER_ERRORS else "invalid_request_error",
+            "type": "server_error" if code in _SERVER_ERRORS else "invalid_request_error",
             "code": code,
             "message": message,
             "event_id": kw.get("event_id"),

@@ -67,7 +67,6 @@ __all__ = [
     "ClientRequests",
     "Command",
     "Emit",
-    "manual",
 ]
 
 NOT_ACTIVE_CODE = "response_cancel_not_active"  # OpenAI's code for a cancel of nothing
@@ -217,7 +216,7 @@ class ClientRequests:
                     return self._refusal(change, eid, "session")
                 if change.input_audio is not msgspec.UNSET:
                     self.hearing = True
-                    self.manual = manual(change.input_audio)
+                    self.set_manual(change.input_audio)
                     if change.input_audio is not None and self.input_rate != 24000:
                         heard = msgspec.structs.replace(change.input_audio, rate=self.input_rate)
                         change = msgspec.structs.replace(change, input_audio=heard)
@@ -434,8 +433,21 @@ class ClientRequests:
             self.hearing = True
             commands.append(Configure(input_audio=InputAudio(rate=self.input_rate)))
         commands.append(pcm16)
-        self.buffered += len(pcm16)
+        self.heard(len(pcm16))
         return Emit(commands, [])
+
+    def heard(self, size: int) -> None:
+        """``size`` bytes of the user's audio went in (by any path: an append, a fast
+        path's, a WebRTC microphone's): what a commit takes, with turn_detection none."""
+        if self.manual:
+            self.buffered += size
+
+    def set_manual(self, audio: InputAudio | None) -> None:
+        """The input audio configured: the client commits when its turn detection is
+        none, counting from then."""
+        now = _manual(audio)
+        if now != self.manual:
+            self.manual, self.buffered = now, 0
 
     def _refusal(self, message: str, eid: str | None, param: str | None = None) -> Emit:
         return Emit([], [self.ids.error(message, event_id=eid, param=param)])
@@ -502,7 +514,7 @@ _REQUIRED: Final = {
 """The fields of an item OpenAI's reference requires (``openai/types/realtime``)."""
 
 
-def manual(audio: InputAudio | None) -> bool:
+def _manual(audio: InputAudio | None) -> bool:
     """Input audio the client commits itself (``turn_detection`` null)."""
     return audio is not None and audio.turn_detection == "none"
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import zlib
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
 import msgspec
@@ -26,6 +26,7 @@ from protocol.configuration import MAX_SCHEMA_DEPTH
 __all__ = [
     "HTTP_LOG",
     "MAX_BODY",
+    "Owns",
     "Refusal",
     "body_encoding",
     "error_response",
@@ -62,6 +63,11 @@ _CODES: Final = {
     429: "quota_exceeded",
     503: "unavailable",
 }
+
+
+# Checks that a request's API key owns a session (None: that it is a valid key), or
+# raises ``Refusal`` saying why (``HttpApi.owns``; a WebRTC call's hangup uses it).
+Owns = Callable[[web.Request, str | None], Awaitable[None]]
 
 
 class Refusal(Exception):

@@ -47,7 +47,6 @@ from gateway.edge.connection import ClientConnection
 from gateway.edge.frame_rate import Verdict
 from gateway.sessions.policy import KeyPolicies, refusal
 from gateway.sessions.port import NodePort
-from gateway.store.base import StoreUnavailable
 from gateway.upstream import providers
 from protocol.audio import split_audio_frame
 from protocol.configuration import SessionConfig
@@ -103,10 +102,12 @@ def _error_response(status: int, message: str, code: str) -> Response:
 
 
 class Admission(Protocol):
-    """What the gateway's checks established for one handshake (``server.Handshake``)."""
+    """What the gateway's checks established for one handshake (``server.Handshake``):
+    ``last_seq``, the session's last seq, read as they checked ``after``."""
 
     principal: str
     trusted: bool
+    last_seq: int
 
 
 Admit = Callable[
@@ -131,18 +132,14 @@ class OpenAIDoor:
         policies: KeyPolicies,
         admit: Admit,
         config_of: Callable[[str], Awaitable[SessionConfig | None]],
-        last_seq: Callable[[str], Awaitable[int]],
     ) -> None:
         """``admit``: the gateway's own handshake checks (a refusal, or what they
         established); ``config_of(sid)``: a session's configuration (shown by
-        ``session.created`` to a client of a session made elsewhere: ``client_secrets``);
-        ``last_seq(sid)``: the seq of its log's last event (a resume's ``after_event``
-        names one it has)."""
+        ``session.created`` to a client of a session made elsewhere: ``client_secrets``)."""
         self.config = config
         self.policies = policies
         self.admit = admit
         self.config_of = config_of
-        self.last_seq = last_seq
         self._handshakes: dict[ServerConnection, _Pending] = {}
         self._reapers: set[asyncio.Task[None]] = set()
         # This node's WebRTC calls: call id -> (session id, model), for ?call_id=.
@@ -226,10 +223,15 @@ class OpenAIDoor:
             return _error_response(
                 admitted.status_code, text, REFUSAL_CODES.get(admitted.status_code, "refused")
             )
-        if after is not None:
-            past = await self._past_the_log(sid, after[0])
-            if past is not None:
-                return past
+        if after is not None and after[0] > admitted.last_seq:
+            # Its client would be sent nothing of the next turns, as if it had seen them.
+            return _error_response(
+                400,
+                f"after_event names an event of seq {after[0]}, past this session's log (its "
+                f"last seq is {admitted.last_seq}): pass the event_id of the last event "
+                "received from this session",
+                "invalid_after_event",
+            )
         # ?model= through the key's aliases: known once the key is.
         aliases = self.policies.get(admitted.principal).aliases
         route = model_route(self.config, model, aliases)
@@ -254,24 +256,6 @@ class OpenAIDoor:
         self._reapers.add(reaper)
         reaper.add_done_callback(self._reapers.discard)
         return None
-
-    async def _past_the_log(self, sid: str, seq: int) -> Response | None:
-        """A refusal of an ``after_event`` past the session's log (its client would be
-        sent nothing of the next turns, as if it had seen them), else None."""
-        try:
-            last = await self.last_seq(sid)
-        except StoreUnavailable:
-            return _error_response(
-                503, "the session store is unavailable; retry in a few seconds", "store"
-            )
-        if seq <= last:
-            return None
-        return _error_response(
-            400,
-            f"after_event names an event of seq {seq}, past this session's log (its last "
-            f"seq is {last}): pass the event_id of the last event received from this session",
-            "invalid_after_event",
-        )
 
     async def _forget(self, connection: ServerConnection) -> None:
         await connection.wait_closed()
@@ -483,7 +467,7 @@ class DoorConnection(ClientConnection):
         pcm = append_pcm(event)  # None: not base64, the reader refuses it with its event_id
         if pcm is None or not self.mic.now(pcm):
             return False
-        self.conversation.requests.buffered += len(pcm)  # what a commit will take
+        self.conversation.requests.heard(len(pcm))  # what a commit will take
         return True
 
     async def _read_events(

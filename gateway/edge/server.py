@@ -26,7 +26,6 @@ from urllib.parse import parse_qs, urlsplit
 
 import msgspec
 from aiohttp.web import Application
-from aiohttp.web import Request as HttpRequest
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.datastructures import Headers, MultipleValuesError
 from websockets.http11 import Request, Response
@@ -41,6 +40,7 @@ from gateway.edge.api import HttpApi
 from gateway.edge.closes import CloseCode, close_reason
 from gateway.edge.connection import ClientConnection
 from gateway.edge.health import Descriptors, StoreProbe
+from gateway.edge.http_requests import Owns
 from gateway.edge.media_streams import MediaStreamsFactory
 from gateway.edge.new_sessions import NewSessions
 from gateway.edge.one_port import Sniffer
@@ -86,6 +86,8 @@ class Handshake(msgspec.Struct):
     # A session the HTTP API made that no client has opened yet: its first connection
     # is not a resume (its session frame says ``resumed: false``).
     fresh: bool = False
+    # The session's last seq, read to check ``after`` (0 when no ``after`` was given).
+    last_seq: int = 0
 
 
 # Routes a node's WebRTC calls on its HTTP app, beside its OpenAI door; given what
@@ -98,7 +100,7 @@ CallsInstaller = Callable[
         Application,
         OpenAIDoor,
         Callable[[ServerConnection], Awaitable[None]],
-        Callable[[HttpRequest, str | None], Awaitable[None]],
+        Owns,
     ],
     Callable[[], Awaitable[None]],
 ]
@@ -136,9 +138,7 @@ class Gateway:
         # The HTTP API (POST/GET/DELETE /v1/sessions): on this port, and on --api-port if set.
         self.api = HttpApi(node, self.edges, self.phone)
         # The OpenAI Realtime door (/openai/v1/realtime): this door's checks, OpenAI's events.
-        self.door = OpenAIDoor(
-            self.config, node.policies, self._admit_client, self._config_of, node.store.last_seq
-        )
+        self.door = OpenAIDoor(self.config, node.policies, self._admit_client, self._config_of)
         # Its WebRTC calls (POST /openai/v1/realtime/calls): the door's frames on a data channel.
         self._end_calls = (
             calls(self.api.app, self.door, self._handler, self.api.owns)
@@ -375,11 +375,12 @@ class Gateway:
                 )
             fresh = meta.get(UNUSED) == "1"
         after: int | None = None
+        last_seq = 0
         if after_raw is not None:
             checked = await self._check_after(after_raw, sid)
             if isinstance(checked, Response):
                 return checked
-            after = checked
+            after, last_seq = checked
         handshake = self._handshakes[id(connection)] = Handshake(
             principal=principal,
             session_id=sid,
@@ -389,6 +390,7 @@ class Gateway:
             trusted=admitted.session is None,
             may_approve=admitted.session is None or admitted.approve,
             fresh=fresh,
+            last_seq=last_seq,
         )
         return handshake
 
@@ -401,8 +403,9 @@ class Gateway:
         allow = web.cors_origin(origin, self.edges.origins, auth_on=self.edges.auth_on)
         return web.with_cors(response, allow)
 
-    async def _check_after(self, raw: str, sid: str | None) -> int | Response:
-        """``after`` as a seq the session has: a plain ASCII decimal <= its last seq.
+    async def _check_after(self, raw: str, sid: str | None) -> tuple[int, int] | Response:
+        """``(after, last seq)``: ``after`` as a seq the session has, a plain ASCII
+        decimal <= its last seq (which the OpenAI door checks its ``after_event`` by).
 
         ``str.isdigit`` alone took "²" (then ``int`` raised: HTTP 500); a
         40-digit value opened and closed silently; a value past the log's end
@@ -422,7 +425,7 @@ class Gateway:
         if raw.isascii() and raw.isdecimal() and len(raw) <= 20:
             after = int(raw)
             if after <= last:
-                return after
+                return after, last
         self.node.metrics.clients.refused.labels("bad_after").inc()
         shown = raw if len(raw) <= 40 else raw[:40] + "…"
         where = (

@@ -36,7 +36,7 @@ from websockets.datastructures import Headers
 from websockets.http11 import Request
 
 from gateway.config import Config
-from gateway.edge.http_requests import Refusal
+from gateway.edge.http_requests import Owns, Refusal
 from gateway.edge.openai_door import REFUSAL_CODES, OpenAIDoor
 from gateway.upstream.providers import MODELS
 from gateway.webrtc import CALLS_PATH
@@ -50,9 +50,6 @@ log = logging.getLogger("gateway.webrtc.calls")
 
 # Serves an admitted client's socket until it ends (``Gateway._handler``).
 Serve = Callable[[ServerConnection], Awaitable[None]]
-# Checks that a request's API key owns a session (None: that it is a valid key), or
-# raises ``Refusal`` saying why (``HttpApi.owns``).
-Owns = Callable[[web.Request, str | None], Awaitable[None]]
 
 
 def _refusal(status: int, message: str, code: str) -> web.Response:

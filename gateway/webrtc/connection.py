@@ -150,6 +150,7 @@ class CallConnection(DoorConnection):
             if played is not None:  # kept by the session for a barge-in's cut
                 await self._handle(_encoder.encode(played).decode())
             if conversation.hearing and self.mic.now(pcm):
+                conversation.requests.heard(len(pcm))  # what a commit will take
                 continue  # the common frame: driven here, heard, taken by the upstream now
             if not await self._driven_here():
                 continue

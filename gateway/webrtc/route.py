@@ -11,6 +11,7 @@ from aiohttp import web
 from websockets.asyncio.server import ServerConnection
 
 from gateway.config import Config
+from gateway.edge.http_requests import Owns
 from gateway.edge.openai_door import OpenAIDoor
 from gateway.webrtc import CALLS_PATH, HANGUP_PATH
 
@@ -39,7 +40,7 @@ def install(
     config: Config,
     door: OpenAIDoor,
     serve: Callable[[ServerConnection], Awaitable[None]],
-    owns: Callable[[web.Request, str | None], Awaitable[None]],
+    owns: Owns,
 ) -> Callable[[], Awaitable[None]]:
     """Route ``POST CALLS_PATH`` and ``POST HANGUP_PATH`` on ``app``; returns what ends
     the node's calls. ``serve``: serves an admitted client's socket (a call's) as the

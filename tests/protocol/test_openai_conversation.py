@@ -3,6 +3,7 @@ logged events in, OpenAI server events out (validated against the SDK's union)."
 
 from __future__ import annotations
 
+import base64
 import json
 from typing import Any
 
@@ -299,3 +300,19 @@ def test_a_response_create_after_a_refused_call_output_is_answered() -> None:
             events = feed(conv, Error(code="unknown_call", content="gone", reply_to="call_1"))
         refusals = [e["error"]["event_id"] for e in events if e["type"] == "error"]
         assert "c_go" in refusals, events
+
+
+def test_a_commit_counts_only_the_audio_heard_since_the_client_commits() -> None:
+    # Audio heard under server VAD is the VAD's: switched to turn_detection none, a
+    # commit takes only what came after, whichever path it came by (an append, or a
+    # fast path's ``heard``: the door's, a WebRTC microphone's).
+    conv = Conversation("s1", "gpt-realtime-2.1")
+    second = bytes(2 * 24000)
+    client(conv, type="input_audio_buffer.append", audio=base64.b64encode(second).decode())
+    manual = {"type": "realtime", "audio": {"input": {"turn_detection": None}}}
+    client(conv, type="session.update", session=manual)
+    commands, events = client(conv, type="input_audio_buffer.commit", event_id="c1")
+    assert commands == [] and events[0]["error"]["code"] == "input_audio_buffer_commit_empty"
+    conv.requests.heard(len(second) // 5)  # 200 ms by a fast path
+    commands, events = client(conv, type="input_audio_buffer.commit", event_id="c2")
+    assert events == [] and len(commands) == 1  # the commit goes on

@@ -27,6 +27,7 @@ __all__ = [
     "decode_client",
     "encode",
     "encode_frame",
+    "parameter_refusal",
 ]
 
 ShortId = Annotated[str, msgspec.Meta(max_length=256)]
@@ -245,33 +246,32 @@ def decode_client(data: bytes | str) -> ClientEvent | BadEvent:
                 event_id,
                 "type",
             )
-        unknown = _UNKNOWN_FIELD.match(str(exc))
-        if unknown is not None:  # as OpenAI's service answers a field it does not define
-            where = unknown[2].lstrip(".") if unknown[2] else ""
-            param = f"{where}.{unknown[1]}" if where else unknown[1]
-            return BadEvent(f"Unknown parameter: {param!r}.", event_id, param, "unknown_parameter")
-        missing = _MISSING_FIELD.match(str(exc))
-        if missing is not None:  # as OpenAI's service answers a required field left out
-            where = missing[2].lstrip(".") if missing[2] else ""
-            param = f"{where}.{missing[1]}" if where else missing[1]
-            return BadEvent(
-                f"Missing required parameter: {param!r}.",
-                event_id,
-                param,
-                "missing_required_parameter",
-            )
+        field = _FIELD.match(str(exc))
+        if field is not None:  # as OpenAI's service answers a field it lacks or needs
+            where = field[3].lstrip(".") if field[3] else ""
+            param = f"{where}.{field[2]}" if where else field[2]
+            return parameter_refusal(param, event_id, missing=field[1] == "missing required")
         return BadEvent(f"invalid {kind} event: {exc}", event_id)
     except RecursionError:
         return BadEvent(_TOO_DEEP)
 
 
 _TOO_DEEP: Final = "the event nests too deeply to read"
-_MISSING_FIELD: Final = re.compile(
-    r"Object missing required field `([^`]{0,128})`(?: - at `\$([^`]{0,256})`)?$"
+# msgspec's words for a field an event lacks or has too many, with where it is.
+_FIELD: Final = re.compile(
+    r"Object (missing required|contains unknown) field `([^`]{0,128})`"
+    r"(?: - at `\$([^`]{0,256})`)?$"
 )
-_UNKNOWN_FIELD: Final = re.compile(
-    r"Object contains unknown field `([^`]{0,128})`(?: - at `\$([^`]{0,256})`)?$"
-)
+
+
+def parameter_refusal(param: str, event_id: str | None, *, missing: bool) -> BadEvent:
+    """OpenAI's refusal of a parameter an event lacks (``missing``) or that it does not
+    define, naming its path (the service's answers: docs/openai-door.md)."""
+    if missing:
+        message, code = f"Missing required parameter: {param!r}.", "missing_required_parameter"
+    else:
+        message, code = f"Unknown parameter: {param!r}.", "unknown_parameter"
+    return BadEvent(message, event_id, param, code)
 
 
 _CLIENT_TYPES: Final = frozenset(

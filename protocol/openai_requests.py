@@ -47,6 +47,7 @@ from protocol.openai_events import (
     ResponseCreate,
     ServerEvent,
     SessionUpdate,
+    parameter_refusal,
 )
 from protocol.openai_ids import EventIds
 from protocol.openai_items import KEPT_ITEMS, ShownItems
@@ -185,10 +186,7 @@ class ClientRequests:
     def take(self, event: ClientEvent | BadEvent, *, model_route: tuple[str, str]) -> Emit:
         """One client event: the commands to send and the events to answer with now."""
         if isinstance(event, BadEvent):
-            error = self.ids.error(
-                event.message, code=event.code, event_id=event.event_id, param=event.param
-            )
-            return Emit([], [error])
+            return self._bad(event)
         emit = self._take(event, model_route)
         if any(not isinstance(c, bytes) for c in emit.commands):
             self.pending_reply = event.event_id  # an error that answers it names it
@@ -449,6 +447,10 @@ class ClientRequests:
         if now != self.manual:
             self.manual, self.buffered = now, 0
 
+    def _bad(self, bad: BadEvent) -> Emit:
+        error = self.ids.error(bad.message, code=bad.code, event_id=bad.event_id, param=bad.param)
+        return Emit([], [error])
+
     def _refusal(self, message: str, eid: str | None, param: str | None = None) -> Emit:
         return Emit([], [self.ids.error(message, event_id=eid, param=param)])
 
@@ -463,17 +465,7 @@ class ClientRequests:
         required = _REQUIRED.get(item.type, ())
         missing = next((name for name in required if getattr(item, name) is None), None)
         if missing is not None:  # as OpenAI's service answers it
-            return Emit(
-                [],
-                [
-                    self.ids.error(
-                        f"Missing required parameter: 'item.{missing}'.",
-                        code="missing_required_parameter",
-                        event_id=eid,
-                        param=f"item.{missing}",
-                    )
-                ],
-            )
+            return self._bad(parameter_refusal(f"item.{missing}", eid, missing=True))
         if item.type == "function_call_output":
             call = item.call_id or ""
             if call not in self.client_calls:

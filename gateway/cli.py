@@ -236,6 +236,15 @@ def _announce(line: str) -> None:
     sys.stdout.flush()
 
 
+def _refuse(line: str) -> int:
+    """The one stderr line a start that cannot go on ends with, in one write, and
+    exit code 2. The audio import thread logs as the node starts; with print()'s two
+    writes its line could land between the text and the newline."""
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
+    return 2
+
+
 def _tune_gc() -> None:
     """Fewer, cheaper garbage collections on the token path.
 
@@ -374,8 +383,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         line = _listen_error(exc, "serve", exc.host, exc.port, exc.flag)
                     else:
                         line = _listen_error(exc, "serve", config.host, config.port)
-                    print(line, file=sys.stderr)
-                    return 2
+                    return _refuse(line)
         if args.command == "sim":
             from gateway.sim.server import run_sim
 
@@ -393,8 +401,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             except OSError as exc:
                 if exc.errno not in _LISTEN_ERRNOS:
                     raise
-                print(_listen_error(exc, "sim", args.host, args.port), file=sys.stderr)
-                return 2
+                return _refuse(_listen_error(exc, "sim", args.host, args.port))
             return 0
         if args.command == "settings":
             return _settings(args)
@@ -432,8 +439,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             return asyncio.run(run_eval_cli(args))
     except ConfigError as exc:
-        print(f"gateway: {exc}", file=sys.stderr)
-        return 2
+        return _refuse(f"gateway: {exc}")
     except KeyboardInterrupt:
         return 130
     return 2

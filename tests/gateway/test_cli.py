@@ -100,6 +100,32 @@ def test_a_bad_variable_is_one_line_that_names_it() -> None:
     ]
 
 
+class _Writes:
+    """A stderr that keeps each write() apart, as another thread's log line would see them."""
+
+    def __init__(self) -> None:
+        self.writes: list[str] = []
+
+    def write(self, text: str) -> int:
+        self.writes.append(text)
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+
+def test_the_line_a_refused_start_ends_with_is_one_write(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The node's audio import thread logs while it starts: a refusal written as text and
+    then a newline let that log line in between, and the refusal's line was lost in it."""
+    writes = _Writes()
+    monkeypatch.setattr(sys, "stderr", writes)
+    monkeypatch.setenv("GATEWAY_PORT", "abc")
+    assert main(["serve"]) == 2
+    assert len(writes.writes) == 1, writes.writes
+    assert writes.writes[0].startswith("gateway: GATEWAY_PORT='abc' is not valid")
+    assert writes.writes[0].endswith("\n")
+
+
 def test_settings_shows_each_value_and_hides_secrets(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

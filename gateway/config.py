@@ -41,15 +41,6 @@ from gateway.webrtc_settings import WebRTCSettings
 
 __all__ = ["Config", "ConfigError", "load_config"]
 
-# One provider, or several in order of preference ("openai,gemini": fallback).
-_PROVIDER = "(" + "|".join(providers.NAMES) + ")"
-Providers = Annotated[
-    str,
-    Meta(
-        pattern=f"^{_PROVIDER}(,{_PROVIDER})*$",
-        description=f"one of {', '.join(providers.NAMES)}, or several, comma-separated",
-    ),
-]
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
 
 # Ranges shared by several settings.
@@ -83,6 +74,15 @@ class Config(msgspec.Struct, kw_only=True):
         Meta(ge=1024),
         Setting("largest client frame in bytes; a larger one closes with 1009", NETWORK),
     ] = 1 << 20
+    door_max_frame: Annotated[
+        int,
+        Meta(ge=1024),
+        Setting(
+            "largest frame from a client of the OpenAI door, in bytes (OpenAI takes appends "
+            "of 15 MiB of audio, 20 MiB as base64); a larger one closes with 1009",
+            NETWORK,
+        ),
+    ] = 21 << 20
     compression: Annotated[
         bool,
         Setting(
@@ -149,7 +149,7 @@ class Config(msgspec.Struct, kw_only=True):
 
     # --- upstream ---
     provider: Annotated[
-        Providers,
+        providers.ProviderList,
         Setting(
             f"upstream API: {', '.join(providers.NAMES)} (sim: the built-in simulator); a comma "
             "list (openai,gemini) falls back in that order when one fails in a way a retry won't fix",

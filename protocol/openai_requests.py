@@ -15,7 +15,9 @@ what to send instead, carrying the client's ``event_id``.
 
 from __future__ import annotations
 
+import binascii
 from collections import deque
+from collections.abc import Iterator
 from typing import Any, Final
 
 import msgspec
@@ -254,7 +256,7 @@ class ClientRequests:
             case InputAudioBufferAppend():
                 pcm = append_pcm(event)
                 if pcm is None:
-                    return self._refusal("audio is not base64", eid, "audio")
+                    return self._refusal(NOT_BASE64, eid, "audio")
                 return self.speech_in(pcm)
             case InputAudioBufferCommit():
                 return self._commit(eid)
@@ -522,3 +524,31 @@ def append_pcm(event: InputAudioBufferAppend) -> bytes | None:
         return msgspec.convert(event.audio, bytes)  # a str to bytes is strict base64
     except msgspec.ValidationError:
         return None
+
+
+NOT_BASE64: Final = "audio is not base64"
+"""An append's refusal: its audio is not strict base64."""
+
+APPEND_SLICE: Final = 1 << 20
+"""Base64 characters of a large append read at a time (768 KiB of audio, 16 s at
+24 kHz): the largest append a microphone's path takes whole. OpenAI takes appends
+of up to 15 MiB of audio; the door reads and relays a larger one a slice per loop
+pass (``append_pcm_slices``)."""
+
+
+def append_pcm_slices(audio: str | memoryview) -> Iterator[bytes | None]:
+    """A large append's audio, ``APPEND_SLICE`` characters of base64 (a multiple of 4)
+    at a time; a last None when a slice is not strict base64 (padding is only allowed
+    at the very end), and the append is refused whole. ``audio``: the decoded event's,
+    or its bytes in the frame (``decode_large_append``)."""
+    size = len(audio)
+    for at in range(0, size, APPEND_SLICE):
+        piece = audio[at : at + APPEND_SLICE]
+        if at + APPEND_SLICE < size and piece[-1] in ("=", 61):  # 61: b"="
+            yield None
+            return
+        try:
+            yield binascii.a2b_base64(piece, strict_mode=True)
+        except (binascii.Error, ValueError):  # ValueError: a str that is not ASCII
+            yield None
+            return

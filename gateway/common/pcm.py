@@ -36,6 +36,7 @@ __all__ = [
     "SAMPLE_DTYPE",
     "SAMPLE_WIDTH",
     "duration_ms",
+    "frame_energy",
     "last_loud_frame",
     "mulaw_decode",
     "mulaw_encode",
@@ -65,6 +66,22 @@ def rms(pcm16: bytes | bytearray | memoryview) -> float:
         return 0.0
     values = samples.astype(np.float64)
     return float(np.sqrt(np.dot(values, values) / samples.size))
+
+
+def frame_energy(pcm16: bytes | bytearray | memoryview, size: int) -> Any:
+    """Each whole ``size``-sample frame's sum of squared samples (exact integers, a
+    numpy array), a few thousand frames at a time. A frame at a time (``rms``), five
+    minutes of audio (one 15 MiB append) held the loop ~36 ms; in float64 at once,
+    ~30 ms and a 60 MB copy; squared in int32 (32768² fits) and summed in int64, ~9."""
+    import numpy as np
+
+    count = len(pcm16) // SAMPLE_WIDTH // size if size > 0 else 0
+    samples = np.frombuffer(pcm16, dtype=SAMPLE_DTYPE, count=count * size).reshape(count, size)
+    out = np.empty(count, dtype=np.int64)
+    for at in range(0, count, 4096):
+        block = samples[at : at + 4096]
+        out[at : at + 4096] = np.square(block, dtype=np.int32).sum(axis=1, dtype=np.int64)
+    return out
 
 
 def last_loud_frame(pcm16: bytes, rate: int, *, frame_ms: int = 20, floor: float = 0.1) -> int:

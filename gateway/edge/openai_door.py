@@ -51,9 +51,14 @@ from gateway.upstream import providers
 from protocol.audio import split_audio_frame
 from protocol.configuration import SessionConfig
 from protocol.events import Configure, Session, UserMessage, decode_event
-from protocol.openai_conversation import Command, Conversation, ServerEvent
-from protocol.openai_events import InputAudioBufferAppend, decode_client, encode_frame
-from protocol.openai_requests import append_pcm
+from protocol.openai_conversation import Command, Conversation, Emit, ServerEvent
+from protocol.openai_events import (
+    InputAudioBufferAppend,
+    decode_client,
+    decode_large_append,
+    encode_frame,
+)
+from protocol.openai_requests import APPEND_SLICE, NOT_BASE64, append_pcm, append_pcm_slices
 
 __all__ = ["OPENAI_PATH", "REFUSAL_CODES", "DoorConnection", "OpenAIDoor", "model_route"]
 
@@ -276,6 +281,9 @@ class OpenAIDoor:
     ) -> ClientConnection:
         """The connection serving ``ws``, a client of this door (made as ``ClientConnection``)."""
         state = self._handshakes.pop(ws)
+        protocol = getattr(ws, "protocol", None)  # a WebRTC call's channel has its own
+        if protocol is not None:  # OpenAI's appends: up to 15 MiB of audio each
+            protocol.max_message_size = self.config.door_max_frame
         return (state.make or DoorConnection)(
             node,
             ws,
@@ -457,6 +465,7 @@ class DoorConnection(ClientConnection):
         if (
             self._close is not None
             or not text
+            or len(data) > APPEND_SLICE  # read a slice at a time by the reader
             or data.find(b'"input_audio_buffer.append"', 0, 200) < 0
             or not self.conversation.hearing
         ):
@@ -478,14 +487,15 @@ class DoorConnection(ClientConnection):
         cfg: Config,
     ) -> None:
         state = self.state
-        async for frame in self.ws:
+        while True:
+            # As bytes: JSON is decoded from them as well, and a 20 MiB append's copy
+            # into a str held the loop ~4 ms. A text frame was checked to be UTF-8.
+            frame = await self.ws.recv(decode=False)
             if self._close is not None:
                 return  # closing: its frames are not processed any more
-            if isinstance(frame, bytes):
-                frame = frame.decode("utf-8", "replace")
             # Audio (50 appends a second from a microphone) is not counted, as on the
             # gateway's own door; every other event is, before any work is done for it.
-            if '"input_audio_buffer.append"' not in frame[:200]:
+            if b'"input_audio_buffer.append"' not in frame[:200]:
                 verdict = check(clock())
                 if verdict is Verdict.CLOSE:
                     await self._close_flooding(writer)
@@ -503,20 +513,50 @@ class DoorConnection(ClientConnection):
                     continue
             if self._due is not None and not self._due.done():
                 await self._due  # the conversation's own commands go first
-            emit = self.conversation.client(decode_client(frame), model_route=state.route)
-            for command in emit.commands:
-                if isinstance(command, bytes):  # user audio
-                    if not self.mic.now(command):
-                        await self.mic.send(command)
-                else:
-                    await self._handle(_command_encoder.encode(command).decode())
-                    if isinstance(command, UserMessage):  # a turn: where the key stands now
-                        limits = await self.node.limits.standing(self.sid)
-                        if limits:
-                            emit.events.append(self.conversation.rate_limits(limits))
-            if emit.events:
-                await self._send_events(emit.events)
+            large = decode_large_append(frame) if len(frame) > APPEND_SLICE else None
+            if large is not None:
+                await self._append_in_slices(large[0].event_id, large[1])
+            elif (
+                type(event := decode_client(frame)) is InputAudioBufferAppend
+                and len(event.audio) > APPEND_SLICE
+            ):
+                await self._append_in_slices(event.event_id, event.audio)
+            else:
+                await self._run(self.conversation.client(event, model_route=state.route))
             await asyncio.sleep(0)  # buffered frames come back without a pause
+
+    async def _run(self, emit: Emit) -> None:
+        """What the conversation made of a client event: its commands sent, then its events."""
+        for command in emit.commands:
+            if isinstance(command, bytes):  # user audio
+                if not self.mic.now(command):
+                    await self.mic.send(command)
+            else:
+                await self._handle(_command_encoder.encode(command).decode())
+                if isinstance(command, UserMessage):  # a turn: where the key stands now
+                    limits = await self.node.limits.standing(self.sid)
+                    if limits:
+                        emit.events.append(self.conversation.rate_limits(limits))
+        if emit.events:
+            await self._send_events(emit.events)
+
+    async def _append_in_slices(self, event_id: str | None, audio: str | memoryview) -> None:
+        """An append larger than a microphone's: OpenAI takes up to 15 MiB of audio in
+        one (a recording sent whole). Its base64 is read, and its audio relayed, a
+        slice at a time with the loop free in between: read and relayed whole, 15 MiB
+        held every other client's events ~120 ms. It is read whole before any of it
+        is relayed, so a bad one is refused whole, with its event_id, as a small one is."""
+        pcm: list[bytes] = []
+        for piece in append_pcm_slices(audio):
+            if piece is None:
+                error = self.conversation.error(NOT_BASE64, event_id=event_id, param="audio")
+                await self._send_events([error])
+                return
+            pcm.append(piece)
+            await asyncio.sleep(0)
+        for piece in pcm:
+            await self._run(self.conversation.speech_in(piece))
+            await asyncio.sleep(0)
 
 
 def _configure(route: tuple[str, str]) -> Configure:

@@ -14,7 +14,7 @@ from typing import Final
 
 import msgspec
 
-from gateway.common.pcm import SAMPLE_WIDTH, rms
+from gateway.common.pcm import SAMPLE_WIDTH, frame_energy, rms
 
 __all__ = ["FRAME_MS", "Vad", "VadStart", "VadStop", "speech_ms"]
 
@@ -116,11 +116,10 @@ def speech_ms(pcm16: bytes, rate: int, *, threshold: float) -> int:
 
     What a manually committed buffer (no server VAD) is heard as; 0 if it holds no speech.
     """
-    size = rate * FRAME_MS // 1000 * SAMPLE_WIDTH
-    first = last = -1
-    for index in range(len(pcm16) // size):
-        if rms(pcm16[index * size : (index + 1) * size]) > threshold:
-            if first < 0:
-                first = index
-            last = index
-    return 0 if first < 0 else (last + 1 - first) * FRAME_MS
+    import numpy as np
+
+    size = rate * FRAME_MS // 1000
+    # rms > threshold, without a square root per frame: sum of squares > threshold² × size
+    floor = threshold * threshold * size if threshold >= 0 else -1.0
+    loud = np.flatnonzero(frame_energy(pcm16, size) > floor)
+    return int(loud[-1] + 1 - loud[0]) * FRAME_MS if loud.size else 0

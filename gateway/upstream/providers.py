@@ -27,6 +27,7 @@ __all__ = [
     "NAMES",
     "PROVIDERS",
     "SIM",
+    "ProviderList",
     "UpstreamSettings",
     "by_name",
     "default_models",
@@ -48,6 +49,17 @@ SIM: Final = "sim"
 
 NAMES: Final[tuple[str, ...]] = (SIM, *(row.name for row in PROVIDERS))
 """What ``--provider`` takes."""
+
+_NAME = "(" + "|".join(NAMES) + ")"
+ProviderList = Annotated[
+    str,
+    msgspec.Meta(
+        pattern=f"^{_NAME}(,{_NAME})*$",
+        description=f"one of {', '.join(NAMES)}, or several, comma-separated",
+    ),
+]
+"""What ``--provider`` takes: one provider, or several in order of preference
+("openai,gemini": fallback)."""
 
 _BY_NAME: Final = {row.name: row for row in PROVIDERS}
 

@@ -215,12 +215,14 @@ class CallSocket:
             yield message
         self._inbox.put_nowait(None)  # the end, for whoever reads next
 
-    async def recv(self) -> str:
+    async def recv(self, decode: bool | None = None) -> str | bytes:
+        """The next message, as websockets' ``recv`` gives it: ``decode=False``, its UTF-8
+        bytes (the door decodes its JSON from bytes)."""
         message = await self._inbox.get()
         if message is None:
             self._inbox.put_nowait(None)
             raise ConnectionClosedOK(None, None)
-        return message
+        return message.encode() if decode is False else message
 
     async def microphone(self) -> AsyncIterator[bytes]:
         """The user's audio at 48 kHz, frame by frame, until the track ends."""

@@ -27,8 +27,8 @@ per message (``Assembler.get`` → ``SimpleQueue.get``, then ``maybe_resume``
 and a join): about 9% of the node's CPU at 50 streaming sessions, measured
 with py-spy (docs/performance.md). The queue keeps what the ``Assembler``
 gave: fragmented messages (from websockets' parser) are joined in order,
-reading pauses above ``max_queue`` messages and resumes below its low mark,
-messages queued before the close are still returned, then ``recv()`` raises
+reading pauses above ``max_queue`` messages (or ``QUEUED_BYTES_HIGH`` bytes)
+and resumes below the low marks, messages queued before the close are still returned, then ``recv()`` raises
 ``ConnectionClosed`` as before, and two concurrent ``recv()`` calls are refused.
 
 **Limits** (one peer once froze the node for everyone). A message is
@@ -87,6 +87,7 @@ __all__ = [
     "MAX_FRAGMENTS",
     "PINGS_PER_SECOND",
     "PING_BURST",
+    "QUEUED_BYTES_HIGH",
     "FastReader",
     "MessageQueue",
     "at_frame_boundary",
@@ -94,6 +95,10 @@ __all__ = [
 
 MAX_FRAGMENTS = 4096
 """Frames one message may come in (websockets' ``Assembler`` refuses past 4,096 too)."""
+QUEUED_BYTES_HIGH = 4 * 2**20
+"""Reading pauses while the messages not yet read hold more than this many bytes, as
+well as above ``max_queue`` messages: 16 queued messages of an OpenAI-door client
+may be 16 appends of 20 MiB each."""
 PING_BURST = 100
 """Pings (and unsolicited pongs) a peer may send at once; then ``PINGS_PER_SECOND``."""
 PINGS_PER_SECOND = 10.0
@@ -146,6 +151,7 @@ class MessageQueue:
             low = high // 4
         self._high = high
         self._low = low or 0
+        self._bytes = 0  # of the queued messages: reading also pauses above QUEUED_BYTES_HIGH
         self._pause = pause
         self._resume = resume
         self._paused = False
@@ -202,11 +208,15 @@ class MessageQueue:
             return
         messages = self._messages
         messages.append((data, text))
+        self._bytes += len(data)
         if waiter is not None:
             self._waiter = None
             if not waiter.done():
                 waiter.set_result(None)
-        if self._high is not None and len(messages) > self._high and not self._paused:
+        if not self._paused and (
+            self._bytes > QUEUED_BYTES_HIGH
+            or (self._high is not None and len(messages) > self._high)
+        ):
             self._paused = True
             self._pause()
 
@@ -232,7 +242,8 @@ class MessageQueue:
                 self._waiter = None
                 self._nudged = False  # a message that came meanwhile wakes the reader as well
         data, text = messages.popleft()
-        if self._paused and len(messages) <= self._low:
+        self._bytes -= len(data)
+        if self._paused and len(messages) <= self._low and self._bytes <= QUEUED_BYTES_HIGH // 4:
             self._paused = False
             self._resume()
         if decode is None:
@@ -251,6 +262,7 @@ class MessageQueue:
         an adapter still reads of a connection it is about to close."""
         taken = [data for data, _ in self._messages]
         self._messages.clear()
+        self._bytes = 0
         if self._paused:
             self._paused = False
             self._resume()
@@ -280,11 +292,29 @@ class MessageQueue:
             waiter.set_result(None)
 
 
+UNMASK_AS_IT_COMES = 256 * 1024
+"""A masked data frame at least this large is unmasked piece by piece as it arrives."""
+
+
+class _Gathering:
+    """A large masked data frame being gathered in ``FastReader._rest``: where its
+    payload lies in it, its masking key, and how much of it is unmasked already."""
+
+    __slots__ = ("done", "end", "key", "start")
+
+    def __init__(self, start: int, end: int, key: bytes) -> None:
+        self.start = start
+        self.end = end
+        self.key = key
+        self.done = 0
+
+
 class FastReader(Connection):
     """Mixed into a websockets connection class: reads its peer's plain data frames (see the module)."""
 
     _fast = False
     _rest: bytearray | None = None  # the start of a frame not yet whole
+    _gathering: _Gathering | None = None  # that frame, when it is unmasked as it comes
     _need = 0  # bytes ``_rest`` must hold before it is worth parsing again
     _ping_tokens = float(PING_BURST)
     _ping_time = 0.0
@@ -313,6 +343,7 @@ class FastReader(Connection):
         is written now and nothing more is read."""
         self._fast = False
         self._rest = None
+        self._gathering = None
         self.recv_messages.failing = True
         protocol = self.protocol
         if protocol.state is not State.OPEN:
@@ -377,11 +408,16 @@ class FastReader(Connection):
             return
         buf: bytes | bytearray = data
         rest = self._rest
+        unmasked = False  # the gathered frame at buf[0] was unmasked as it came
         if rest is not None:
             rest += data  # amortised: a large frame is gathered in linear time
+            if self._gathering is not None:
+                self._unmask_arrived(rest, self._gathering)
             if len(rest) < self._need:
                 return
             self._rest = None
+            unmasked = self._gathering is not None
+            self._gathering = None
             buf = rest
         protocol = self.protocol
         masked = protocol.side is SERVER  # a client masks every frame; a server never does
@@ -392,6 +428,7 @@ class FastReader(Connection):
         pos = 0
         end_of_data = len(buf)
         need = 2
+        gathering: _Gathering | None = None
         while end_of_data - pos >= 2:
             first = buf[pos]
             second = buf[pos + 1]
@@ -419,9 +456,19 @@ class FastReader(Connection):
             end = start + length
             if end > end_of_data:
                 need = end - pos
+                if (
+                    masked
+                    and length >= UNMASK_AS_IT_COMES
+                    and first in (_TEXT, _BINARY)
+                    and protocol.current_size is None
+                ):
+                    gathering = _Gathering(start - pos, end - pos, bytes(buf[start - 4 : start]))
                 break
             if first in (_TEXT, _BINARY) and protocol.current_size is None:
-                if masked:  # the C unmasking gives bytes, from bytes or a bytearray
+                if unmasked and pos == 0:  # done piece by piece as it came
+                    with memoryview(buf) as view:
+                        payload = bytes(view[start:end])
+                elif masked:  # the C unmasking gives bytes, from bytes or a bytearray
                     payload = apply_mask(buf[start:end], buf[start - 4 : start])
                 elif buf is data:
                     payload = data[start:end]
@@ -450,11 +497,31 @@ class FastReader(Connection):
             tail = buf[pos:]
             self._rest = tail if isinstance(tail, bytearray) else bytearray(tail)
             self._need = need
+            if gathering is not None:
+                self._gathering = gathering
+                self._unmask_arrived(self._rest, gathering)
+
+    @staticmethod
+    def _unmask_arrived(rest: bytearray, gathering: _Gathering) -> None:
+        """Unmask, in place, the part of a large frame's payload that arrived since the
+        last read: a 20 MiB append unmasked whole once it was complete held the loop
+        ~25 ms in one C call (with its copy); piece by piece, each read's share."""
+        start = gathering.start + gathering.done
+        stop = min(len(rest), gathering.end)
+        if stop <= start:
+            return
+        phase = gathering.done % 4  # the masking key runs on from the payload's first byte
+        key = gathering.key[phase:] + gathering.key[:phase]
+        with memoryview(rest) as view:
+            clear = apply_mask(view[start:stop], key)
+        rest[start:stop] = clear
+        gathering.done = stop - gathering.start
 
     def _slow(self, data: bytes | bytearray) -> None:
         """From here on websockets parses everything (closing, or a frame it must refuse)."""
         self._fast = False
         self._rest = None
+        self._gathering = None  # a frame unmasked as it came is never handed over (see there)
         if data:
             super().data_received(bytes(data))
 

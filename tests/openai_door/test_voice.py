@@ -12,7 +12,9 @@ from typing import Any
 
 import pytest
 from openai import AsyncOpenAI
+from websockets.exceptions import ConnectionClosed
 
+from gateway.common.pcm import silence, tone
 from tests.openai_door.conftest import SERVER_EVENT, RawClient
 from tests.voice.conftest import CHUNK_S, utterance, voice_gateway
 
@@ -257,3 +259,95 @@ async def test_a_truncate_of_another_item_is_refused_and_cuts_nothing(tmp_path: 
             await client.close()
     assert done["response"]["status"] == "cancelled"
     assert gw.sim.stats.truncations == []  # the answer was never cut
+
+
+MANUAL_SESSION = {
+    "type": "realtime",
+    "output_modalities": ["text"],
+    "audio": {
+        "input": {"format": {"type": "audio/pcm", "rate": RATE}, "turn_detection": None},
+    },
+}
+
+
+async def test_a_recording_sent_in_one_append_is_heard_whole(tmp_path: Path) -> None:
+    """OpenAI takes appends of up to 15 MiB of audio: a 45 s recording (2.9 MB of
+    base64, past the gateway's own 1 MiB frames) sent in one append by the unmodified
+    SDK is heard whole: its 30 s of speech, across the slices it is relayed in."""
+    speech = silence(10.0, RATE) + tone(30.0, RATE) + silence(5.0, RATE)
+    async with voice_gateway("openai", tmp_path) as gw:
+        base = gw.url.replace("/v1/realtime", "/openai/v1")
+        client = AsyncOpenAI(
+            api_key="unused", base_url=base.replace("ws://", "http://"), websocket_base_url=base
+        )
+        events: list[dict[str, Any]] = []
+        async with client.realtime.connect(model=MODEL) as conn:
+
+            async def until(kind: str) -> dict[str, Any]:
+                while True:
+                    event: dict[str, Any] = json.loads(await conn.recv_bytes())
+                    SERVER_EVENT.validate_python(event)
+                    events.append(event)
+                    if event["type"] in (kind, "error"):
+                        return event
+
+            await conn.session.update(session=MANUAL_SESSION)  # type: ignore[arg-type]
+            await until("session.updated")
+            await conn.input_audio_buffer.append(
+                audio=base64.b64encode(speech).decode(), event_id="evt_recording"
+            )
+            await conn.input_audio_buffer.commit()
+            committed = await until("input_audio_buffer.committed")
+            assert committed["type"] == "input_audio_buffer.committed", committed
+            await conn.response.create()
+            done = await until("response.done")
+    assert done["type"] == "response.done", done
+    assert done["response"]["status"] == "completed"
+    heard = [
+        e for e in events if e["type"] == "conversation.item.input_audio_transcription.completed"
+    ]
+    assert heard and "30.0 s" in heard[0]["transcript"], heard
+
+
+async def test_a_large_append_that_is_not_base64_is_refused_whole(tmp_path: Path) -> None:
+    """A large append is read whole before any of it is relayed: one whose last
+    slice is not base64 is refused with its event_id, and none of it was heard."""
+    good = base64.b64encode(tone(40.0, RATE)).decode()
+    async with voice_gateway("openai", tmp_path) as gw:
+        client = await RawClient.open(door(gw.url), max_size=None)
+        try:
+            await client.send(type="session.update", session=MANUAL_SESSION)
+            await client.until("session.updated")
+            await client.send(type="input_audio_buffer.append", audio=good + "!!!!", event_id="e1")
+            await client.send(
+                type="input_audio_buffer.append", audio=good[:-8] + "==AA", event_id="e2"
+            )
+            await client.send(type="input_audio_buffer.commit", event_id="e3")
+            events = await client.until("error")
+            events += await client.until("error")
+            events += await client.until("error")
+        finally:
+            await client.close()
+    errors = [e["error"] for e in events if e["type"] == "error"]
+    assert [(e["event_id"], e["param"]) for e in errors[:2]] == [("e1", "audio"), ("e2", "audio")]
+    assert all("base64" in e["message"] for e in errors[:2])
+    assert errors[2]["event_id"] == "e3"  # nothing was appended: the commit finds no audio
+    assert errors[2]["code"] == "input_audio_buffer_commit_empty"
+
+
+async def test_a_frame_past_the_doors_limit_closes_with_1009(tmp_path: Path) -> None:
+    """Past ``door_max_frame`` (here 2 MiB) a frame closes the connection with 1009,
+    read no further, as a frame past ``max_frame`` does on the gateway's own door."""
+    settings = {"door_max_frame": 2 << 20}
+    async with voice_gateway("openai", tmp_path, gateway_settings=settings) as gw:
+        client = await RawClient.open(door(gw.url), max_size=None)
+        try:
+            await client.send(type="session.update", session=MANUAL_SESSION)
+            await client.until("session.updated")
+            audio = base64.b64encode(bytes(1_600_000)).decode()  # 2.1 MB as base64
+            await client.send(type="input_audio_buffer.append", audio=audio)
+            with pytest.raises(ConnectionClosed) as closed:
+                await client.until("never")
+        finally:
+            await client.close()
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == 1009

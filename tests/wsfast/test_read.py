@@ -10,6 +10,8 @@ what a plain websockets client (a voice client, say) sends, masked.
 from __future__ import annotations
 
 import asyncio
+import itertools
+import os
 from collections.abc import Awaitable, Callable
 
 import pytest
@@ -180,6 +182,37 @@ async def test_a_reader_that_falls_behind_pauses_the_sender_and_loses_nothing() 
             await asyncio.wait_for(sent.wait(), 5)
 
 
+async def test_a_reader_behind_on_large_messages_pauses_before_max_queue() -> None:
+    """Unread bytes bound the queue too: two 3 MiB messages stop the reading (30 MiB sent), where
+    ``max_queue`` (16) messages of a door client's 20 MiB limit would be 320 MiB."""
+    count = 10
+    size = 3 * 2**20
+    sent = asyncio.Event()
+
+    async def server(ws: ServerConnection) -> None:
+        for i in range(count):
+            await ws.send(bytes([i]) * size)
+        sent.set()
+        await ws.wait_closed()
+
+    async with serve(server, "127.0.0.1", 0, compression=None, max_size=None) as srv:
+        port = srv.sockets[0].getsockname()[1]
+        async with connect(
+            f"ws://127.0.0.1:{port}",
+            compression=None,
+            max_size=None,
+            create_connection=_TellsItPaused,
+        ) as ws:
+            assert isinstance(ws, _TellsItPaused)
+            await asyncio.wait_for(ws.reading_paused.wait(), 10)
+            assert not ws.transport.is_reading()
+            assert not sent.is_set()  # the rest backs up in the socket buffers
+            got = [await ws.recv() for _ in range(count)]
+            assert got == [bytes([i]) * size for i in range(count)]
+            await asyncio.wait_for(sent.wait(), 10)
+            assert ws.transport.is_reading()
+
+
 async def test_messages_queued_before_the_close_are_still_received() -> None:
     async def server(ws: ServerConnection) -> None:
         for text in ("one", "two", "three"):
@@ -313,3 +346,50 @@ async def test_an_unmasked_frame_from_a_client_is_a_protocol_error() -> None:
             with pytest.raises(ConnectionClosed) as closed:
                 await client.recv()
             assert closed.value.rcvd is not None and closed.value.rcvd.code == 1002
+
+
+async def test_a_large_masked_frame_arrives_whole_however_it_is_cut() -> None:
+    """A client's large frame is unmasked piece by piece as it arrives: whatever the
+    reads' boundaries (inside the header, off the key's 4-byte phase), the message is
+    the one sent, and the frames around it are untouched."""
+
+    from gateway.wsfast.read import UNMASK_AS_IT_COMES
+
+    big = os.urandom(UNMASK_AS_IT_COMES + 12_345)
+    text = "é" * (UNMASK_AS_IT_COMES // 2 + 7)  # a text frame, multi-byte UTF-8
+    frames = [(Opcode.TEXT, b"before"), (Opcode.BINARY, big), (Opcode.TEXT, text.encode())]
+    frames.append((Opcode.TEXT, b"after"))
+    wire = b"".join(Frame(op, data).serialize(mask=True) for op, data in frames)
+    want: list[str | bytes] = ["before", big, text, "after"]
+    results: list[list[str | bytes]] = []
+
+    async def server(ws: ServerConnection) -> None:
+        assert isinstance(ws, BatchingConnection)
+        assert await ws.recv() == "ready"
+        for cuts in (
+            [3],
+            [11, 13],
+            [9, 100_001, 100_002, 200_003],
+            list(range(7, len(wire), 65_537)),
+        ):
+            parts = [0, *cuts, len(wire)]
+            for a, b in itertools.pairwise(parts):
+                ws.data_received(wire[a:b])
+            results.append([await ws.recv() for _ in want])
+        await ws.send("go")
+        results.append([await ws.recv() for _ in want])  # and over the socket
+        await ws.close()
+
+    async with serve(
+        server, "127.0.0.1", 0, compression=None, create_connection=BatchingConnection
+    ) as srv:
+        port = srv.sockets[0].getsockname()[1]
+        async with connect(f"ws://127.0.0.1:{port}", compression=None) as client:
+            await client.send("ready")
+            assert await client.recv() == "go"  # nothing else on the socket meanwhile
+            await client.send("before")
+            await client.send(big)
+            await client.send(text)
+            await client.send("after")
+            await client.wait_closed()
+    assert results == [want] * 5

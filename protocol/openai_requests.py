@@ -15,7 +15,6 @@ what to send instead, carrying the client's ``event_id``.
 
 from __future__ import annotations
 
-import binascii
 from collections import deque
 from collections.abc import Iterator
 from typing import Any, Final
@@ -547,8 +546,9 @@ def append_pcm_slices(audio: str | memoryview) -> Iterator[bytes | None]:
         if at + APPEND_SLICE < size and piece[-1] in ("=", 61):  # 61: b"="
             yield None
             return
-        try:
-            yield binascii.a2b_base64(piece, strict_mode=True)
-        except (binascii.Error, ValueError):  # ValueError: a str that is not ASCII
+        try:  # msgspec's strict base64 of a str: 0.7 ms a slice, binascii's 2.3
+            text = piece if isinstance(piece, str) else str(piece, "ascii")
+            yield msgspec.convert(text, bytes)
+        except (msgspec.ValidationError, UnicodeDecodeError):
             yield None
             return

@@ -30,7 +30,35 @@ from urllib.parse import urlsplit
 import orjson
 from websockets.asyncio.client import connect
 
-__all__ = ["StallProbe"]
+__all__ = ["LoopSteps", "StallProbe"]
+
+
+class LoopSteps:
+    """In the test's own process: the most CPU time the loop's thread spent between
+    two runs of a 2 ms ticker, i.e. the longest step the loop took. CPU, not wall
+    time: on a loaded machine the wall gaps grow with every preemption, while a
+    step's own work does not, so a bound on it holds with a narrow margin."""
+
+    def __init__(self) -> None:
+        self.longest_cpu = 0.0
+        self._task: asyncio.Task[None] | None = None
+
+    async def _tick(self) -> None:
+        last = time.thread_time()
+        while True:
+            await asyncio.sleep(0.002)
+            now = time.thread_time()
+            self.longest_cpu = max(self.longest_cpu, now - last)
+            last = now
+
+    async def __aenter__(self) -> LoopSteps:
+        self._task = asyncio.create_task(self._tick())
+        await asyncio.sleep(0)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._task is not None
+        self._task.cancel()
 
 
 class StallProbe:

@@ -74,6 +74,11 @@ _command_encoder: Final = msgspec.json.Encoder()
 _RESUME: Final = "reconnect with session_id and after_event (node draining or session moved)"
 
 
+LARGE_FRAMES_AT_ONCE: Final = 8
+"""Frames of ``door_max_frame`` the node holds for all door clients at once (168 MiB by
+default); past it, a client's large frame is read once another's is taken."""
+
+
 def model_route(
     config: Config, model: str, aliases: Mapping[str, str] | None = None
 ) -> tuple[str, str] | str:
@@ -149,6 +154,8 @@ class OpenAIDoor:
         self._reapers: set[asyncio.Task[None]] = set()
         # This node's WebRTC calls: call id -> (session id, model), for ?call_id=.
         self.calls: dict[str, tuple[str, str]] = {}
+        # The large frames (recordings sent whole) all door clients hold at once.
+        self.large_frames = wsfast.FrameBudget(LARGE_FRAMES_AT_ONCE * config.door_max_frame)
 
     def owns(self, ws: ServerConnection) -> bool:
         return ws in self._handshakes
@@ -284,6 +291,8 @@ class OpenAIDoor:
         protocol = getattr(ws, "protocol", None)  # a WebRTC call's channel has its own
         if protocol is not None:  # OpenAI's appends: up to 15 MiB of audio each
             protocol.max_message_size = self.config.door_max_frame
+        if isinstance(ws, wsfast.FastReader):
+            ws.share_budget(self.large_frames)
         return (state.make or DoorConnection)(
             node,
             ws,
@@ -513,17 +522,26 @@ class DoorConnection(ClientConnection):
                     continue
             if self._due is not None and not self._due.done():
                 await self._due  # the conversation's own commands go first
-            large = decode_large_append(frame) if len(frame) > APPEND_SLICE else None
-            if large is not None:
-                await self._append_in_slices(large[0].event_id, large[1])
-            elif (
-                type(event := decode_client(frame)) is InputAudioBufferAppend
-                and len(event.audio) > APPEND_SLICE
-            ):
-                await self._append_in_slices(event.event_id, event.audio)
+            if len(frame) > APPEND_SLICE:  # a recording sent whole: read in slices
+                await self._large(frame)
             else:
+                event = decode_client(frame)
                 await self._run(self.conversation.client(event, model_route=state.route))
             await asyncio.sleep(0)  # buffered frames come back without a pause
+
+    async def _large(self, frame: bytes) -> None:
+        """A frame over a slice: an append's audio is read without decoding it as JSON
+        (``decode_large_append``), a slice at a time. It counts against the node's
+        budget for large frames until the next frame is read (``wsfast.large``)."""
+        large = decode_large_append(frame)
+        if large is not None:
+            await self._append_in_slices(large[0].event_id, large[1])
+            return
+        event = decode_client(frame)
+        if type(event) is InputAudioBufferAppend:
+            await self._append_in_slices(event.event_id, event.audio)
+        else:
+            await self._run(self.conversation.client(event, model_route=self.state.route))
 
     async def _run(self, emit: Emit) -> None:
         """What the conversation made of a client event: its commands sent, then its events."""

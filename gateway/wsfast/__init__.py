@@ -10,6 +10,8 @@ package is the gateway's one user of websockets' internals:
   on both sides, into a ``MessageQueue`` that ``recv()`` reads;
 - ``write``: ``write_text_now`` (masked, to providers), ``write_now``,
   ``write_binary_now`` and ``send_batch`` (to clients, one write per batch);
+- ``large``: a client's large frame unmasked as it arrives, and counted against
+  a node-wide ``FrameBudget``;
 - ``connections``: the classes ``connect``/``serve`` are given.
 
 Each module's docstring carries its measurement and the internals it uses;
@@ -19,6 +21,7 @@ both stand on it (``tests/house/test_layers.py``).
 """
 
 from gateway.wsfast.connections import BatchingConnection, FastReadClientConnection
+from gateway.wsfast.large import FrameBudget
 from gateway.wsfast.read import FastReader, MessageQueue, at_frame_boundary
 from gateway.wsfast.write import (
     BatchedWrites,
@@ -34,6 +37,7 @@ __all__ = [
     "BatchingConnection",
     "FastReadClientConnection",
     "FastReader",
+    "FrameBudget",
     "MessageQueue",
     "at_frame_boundary",
     "can_write_now",

@@ -78,6 +78,14 @@ from websockets.frames import Frame, Opcode
 from websockets.protocol import SERVER, Protocol, State
 from websockets.streams import StreamReader
 
+from gateway.wsfast.large import (
+    BUDGETED,
+    UNMASK_AS_IT_COMES,
+    FrameBudget,
+    Gathering,
+    unmask_arrived,
+)
+
 try:  # websockets' C unmasking, as its own parser uses
     from websockets.speedups import apply_mask
 except ImportError:  # pragma: no cover - a build without the C extension
@@ -152,11 +160,13 @@ class MessageQueue:
         self._high = high
         self._low = low or 0
         self._bytes = 0  # of the queued messages: reading also pauses above QUEUED_BYTES_HIGH
+        self.budget: FrameBudget | None = None  # what held messages are counted against
+        self._in_use = 0  # the budget the message last returned holds, until the next get
         self._pause = pause
         self._resume = resume
         self._paused = False
-        # (payload, is_text) of every whole message not yet returned.
-        self._messages: deque[tuple[bytes, bool]] = deque()
+        # (payload, is_text, budget bytes it holds) of every whole message not yet returned.
+        self._messages: deque[tuple[bytes, bool, int]] = deque()
         self._fragments: list[Frame] = []  # a fragmented message being joined
         self._waiter: asyncio.Future[None] | None = None
         self._getting = False
@@ -188,15 +198,18 @@ class MessageQueue:
             data = b"".join(f.data for f in frames)
             self.put_message(data, frames[0].opcode is Opcode.TEXT)
 
-    def put_message(self, data: bytes, text: bool) -> None:
+    def put_message(self, data: bytes, text: bool, held: int = 0) -> None:
         """A whole message (the fast path's frames come straight here); a text one that
-        is not UTF-8 fails the connection (1007) instead."""
+        is not UTF-8 fails the connection (1007) instead. ``held``: bytes of the
+        ``budget`` it holds until it is read."""
         if self.failing:
+            self._give(held)
             return
         if text and not data.isascii():
             try:
                 data.decode()
             except UnicodeDecodeError as exc:
+                self._give(held)
                 self.failed(
                     _INVALID_DATA,
                     f"a text message is not UTF-8 ({exc.reason} at byte {exc.start})",
@@ -205,9 +218,10 @@ class MessageQueue:
         waiter = self._waiter
         intercept = self.intercept
         if waiter is not None and intercept is not None and intercept(data, text):
+            self._give(held)
             return
         messages = self._messages
-        messages.append((data, text))
+        messages.append((data, text, held))
         self._bytes += len(data)
         if waiter is not None:
             self._waiter = None
@@ -224,6 +238,9 @@ class MessageQueue:
         """The next message: ``str`` for text (unless ``decode`` is False), else ``bytes``."""
         if self._getting:
             raise ConcurrencyError("get() is already running")
+        if self._in_use:  # the reader is done with the message it had: its budget goes back
+            self._give(self._in_use)
+            self._in_use = 0
         messages = self._messages
         if not messages:
             if self.closed:
@@ -241,14 +258,24 @@ class MessageQueue:
                 self._getting = False
                 self._waiter = None
                 self._nudged = False  # a message that came meanwhile wakes the reader as well
-        data, text = messages.popleft()
+        data, text, held = messages.popleft()
         self._bytes -= len(data)
+        self._in_use = held  # held while the reader works on it
         if self._paused and len(messages) <= self._low and self._bytes <= QUEUED_BYTES_HIGH // 4:
             self._paused = False
             self._resume()
         if decode is None:
             decode = text
         return data.decode() if decode else data
+
+    @property
+    def paused(self) -> bool:
+        """Reading is paused for this queue's marks."""
+        return self._paused
+
+    def _give(self, held: int) -> None:
+        if held and self.budget is not None:
+            self.budget.give(held)
 
     def failed(self, code: int, reason: str) -> None:
         """Fail the connection with ``code`` (nothing more is queued from it)."""
@@ -260,7 +287,8 @@ class MessageQueue:
     def take_ready(self) -> list[bytes]:
         """Every whole message received and not read yet, taken now (no wait): what
         an adapter still reads of a connection it is about to close."""
-        taken = [data for data, _ in self._messages]
+        taken = [data for data, _, _ in self._messages]
+        self._give(sum(held for _, _, held in self._messages))
         self._messages.clear()
         self._bytes = 0
         if self._paused:
@@ -287,26 +315,13 @@ class MessageQueue:
         if self.closed:
             return
         self.closed = True
+        # What is still queued may be read, but the node's budget is not held for it.
+        self._give(self._in_use + sum(held for _, _, held in self._messages))
+        self._in_use = 0
+        self._messages = deque((data, text, 0) for data, text, _ in self._messages)
         waiter, self._waiter = self._waiter, None
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
-
-
-UNMASK_AS_IT_COMES = 256 * 1024
-"""A masked data frame at least this large is unmasked piece by piece as it arrives."""
-
-
-class _Gathering:
-    """A large masked data frame being gathered in ``FastReader._rest``: where its
-    payload lies in it, its masking key, and how much of it is unmasked already."""
-
-    __slots__ = ("done", "end", "key", "start")
-
-    def __init__(self, start: int, end: int, key: bytes) -> None:
-        self.start = start
-        self.end = end
-        self.key = key
-        self.done = 0
 
 
 class FastReader(Connection):
@@ -314,8 +329,11 @@ class FastReader(Connection):
 
     _fast = False
     _rest: bytearray | None = None  # the start of a frame not yet whole
-    _gathering: _Gathering | None = None  # that frame, when it is unmasked as it comes
+    _gathering: Gathering | None = None  # that frame, when it is unmasked as it comes
     _need = 0  # bytes ``_rest`` must hold before it is worth parsing again
+    _budget: FrameBudget | None = None  # the node's, for large frames (``share_budget``)
+    _held = 0  # bytes of it the frame being gathered holds
+    _blocked = False  # reading waits for room in the budget
     _ping_tokens = float(PING_BURST)
     _ping_time = 0.0
     frames_read_fast = 0
@@ -330,7 +348,7 @@ class FastReader(Connection):
             self.max_queue_high,
             self.max_queue_low,
             self.transport.pause_reading,
-            self.transport.resume_reading,
+            self._queue_resumes,
             self.fail_connection,
         )
         self._ping_time = self.loop.time()
@@ -338,12 +356,58 @@ class FastReader(Connection):
         # is not specialised by the interpreter, and ``data_received`` reads it per frame.
         self._rest = None
 
+    def share_budget(self, budget: FrameBudget) -> None:
+        """Count this connection's large frames against the node's ``budget``."""
+        self._budget = budget
+        self.recv_messages.budget = budget
+
+    def _queue_resumes(self) -> None:
+        if not self._blocked:
+            self.transport.resume_reading()
+
+    def _take_budget(self, size: int) -> None:
+        """The frame being gathered needs ``size`` bytes of the budget: hold them, or
+        stop reading until they are given back by another connection's reader."""
+        budget = self._budget
+        assert budget is not None
+        if budget.take(size):
+            self._held = size
+            return
+        self._blocked = True
+        self.transport.pause_reading()
+        budget.wait(lambda: self._retry_budget(size))
+
+    def _retry_budget(self, size: int) -> bool:
+        budget = self._budget
+        if self._gathering is None or budget is None or self.transport.is_closing():
+            self._blocked = False
+            return True  # gone, or failed: nothing to hold
+        if not budget.take(size):
+            return False
+        self._held = size
+        self._blocked = False
+        if not self.recv_messages.paused:
+            self.transport.resume_reading()
+        return True
+
+    def _release(self) -> None:
+        """The frame being gathered is dropped: its bytes of the budget go back."""
+        held, self._held = self._held, 0
+        if held and self._budget is not None:
+            self._budget.give(held)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._gathering = None
+        self._release()
+        super().connection_lost(exc)
+
     def fail_connection(self, code: int, reason: str) -> None:
         """Fail the connection (RFC 6455 §7.1.7) from a read callback: the close frame
         is written now and nothing more is read."""
         self._fast = False
         self._rest = None
         self._gathering = None
+        self._release()
         self.recv_messages.failing = True
         protocol = self.protocol
         if protocol.state is not State.OPEN:
@@ -412,7 +476,7 @@ class FastReader(Connection):
         if rest is not None:
             rest += data  # amortised: a large frame is gathered in linear time
             if self._gathering is not None:
-                self._unmask_arrived(rest, self._gathering)
+                unmask_arrived(rest, self._gathering)
             if len(rest) < self._need:
                 return
             self._rest = None
@@ -428,7 +492,7 @@ class FastReader(Connection):
         pos = 0
         end_of_data = len(buf)
         need = 2
-        gathering: _Gathering | None = None
+        gathering: Gathering | None = None
         while end_of_data - pos >= 2:
             first = buf[pos]
             second = buf[pos + 1]
@@ -462,12 +526,14 @@ class FastReader(Connection):
                     and first in (_TEXT, _BINARY)
                     and protocol.current_size is None
                 ):
-                    gathering = _Gathering(start - pos, end - pos, bytes(buf[start - 4 : start]))
+                    gathering = Gathering(start - pos, end - pos, bytes(buf[start - 4 : start]))
                 break
             if first in (_TEXT, _BINARY) and protocol.current_size is None:
+                held = 0  # bytes of the node's budget the message holds until it is read
                 if unmasked and pos == 0:  # done piece by piece as it came
                     with memoryview(buf) as view:
                         payload = bytes(view[start:end])
+                    held, self._held = self._held, 0
                 elif masked:  # the C unmasking gives bytes, from bytes or a bytearray
                     payload = apply_mask(buf[start:end], buf[start - 4 : start])
                 elif buf is data:
@@ -475,7 +541,7 @@ class FastReader(Connection):
                 else:  # a gathered frame: one copy out of the bytearray
                     with memoryview(buf) as view:
                         payload = bytes(view[start:end])
-                queue.put_message(payload, first == _TEXT)
+                queue.put_message(payload, first == _TEXT, held)
                 self.frames_read_fast += 1
                 if not self._fast:  # the message failed the connection
                     return
@@ -499,29 +565,16 @@ class FastReader(Connection):
             self._need = need
             if gathering is not None:
                 self._gathering = gathering
-                self._unmask_arrived(self._rest, gathering)
-
-    @staticmethod
-    def _unmask_arrived(rest: bytearray, gathering: _Gathering) -> None:
-        """Unmask, in place, the part of a large frame's payload that arrived since the
-        last read: a 20 MiB append unmasked whole once it was complete held the loop
-        ~25 ms in one C call (with its copy); piece by piece, each read's share."""
-        start = gathering.start + gathering.done
-        stop = min(len(rest), gathering.end)
-        if stop <= start:
-            return
-        phase = gathering.done % 4  # the masking key runs on from the payload's first byte
-        key = gathering.key[phase:] + gathering.key[:phase]
-        with memoryview(rest) as view:
-            clear = apply_mask(view[start:stop], key)
-        rest[start:stop] = clear
-        gathering.done = stop - gathering.start
+                unmask_arrived(self._rest, gathering)
+                if self._budget is not None and gathering.end - gathering.start >= BUDGETED:
+                    self._take_budget(gathering.end - gathering.start)
 
     def _slow(self, data: bytes | bytearray) -> None:
         """From here on websockets parses everything (closing, or a frame it must refuse)."""
         self._fast = False
         self._rest = None
         self._gathering = None  # a frame unmasked as it came is never handed over (see there)
+        self._release()
         if data:
             super().data_received(bytes(data))
 

@@ -23,6 +23,7 @@ from websockets.frames import Frame, Opcode
 from gateway.wsfast import (
     BatchingConnection,
     FastReadClientConnection,
+    FrameBudget,
     MessageQueue,
 )
 
@@ -353,7 +354,7 @@ async def test_a_large_masked_frame_arrives_whole_however_it_is_cut() -> None:
     reads' boundaries (inside the header, off the key's 4-byte phase), the message is
     the one sent, and the frames around it are untouched."""
 
-    from gateway.wsfast.read import UNMASK_AS_IT_COMES
+    from gateway.wsfast.large import UNMASK_AS_IT_COMES
 
     big = os.urandom(UNMASK_AS_IT_COMES + 12_345)
     text = "é" * (UNMASK_AS_IT_COMES // 2 + 7)  # a text frame, multi-byte UTF-8
@@ -393,3 +394,83 @@ async def test_a_large_masked_frame_arrives_whole_however_it_is_cut() -> None:
             await client.send("after")
             await client.wait_closed()
     assert results == [want] * 5
+
+
+async def test_large_frames_wait_for_the_nodes_budget_and_all_arrive() -> None:
+    """Connections sharing a ``FrameBudget`` gather large frames only while it has
+    room: with room for one 2 MiB frame, a second client's is not read (its
+    connection paused) until the first is done with (its reader asks for the
+    next message, or its connection closes); then it arrives whole. Small frames
+    are not counted, and the budget is all given back."""
+    budget = _WatchedBudget(3 << 20)
+    size = 2 << 20
+    frames = {name: bytes([i]) * size for i, name in enumerate(("a", "b"))}
+    take = {name: asyncio.Event() for name in frames}
+    got: dict[str, bytes] = {}
+    connections: dict[str, BatchingConnection] = {}
+
+    async def server(ws: ServerConnection) -> None:
+        assert isinstance(ws, BatchingConnection)
+        ws.protocol.max_message_size = 4 << 20
+        ws.share_budget(budget)
+        name = await ws.recv()  # small: not counted
+        assert isinstance(name, str)
+        connections[name] = ws
+        await ws.send("go")
+        await take[name].wait()
+        message = await ws.recv()
+        assert isinstance(message, bytes)
+        got[name] = message
+        await ws.close()
+
+    async with serve(
+        server, "127.0.0.1", 0, compression=None, create_connection=BatchingConnection
+    ) as srv:
+        port = srv.sockets[0].getsockname()[1]
+        url = f"ws://127.0.0.1:{port}"
+        async with connect(url, compression=None) as a, connect(url, compression=None) as b:
+            for name, client in (("a", a), ("b", b)):
+                await client.send(name)
+                assert await client.recv() == "go"
+            assert budget.held == 0
+            await asyncio.wait_for(a.send(frames["a"]), 10)  # read whole, not yet taken
+            await asyncio.wait_for(budget.until(lambda: budget.held == size), 10)
+            sending = asyncio.create_task(b.send(frames["b"]))
+            # b's frame waits: the budget holds a's, and b's connection is not read.
+            await asyncio.wait_for(budget.until(lambda: budget.waiting == 1), 10)
+            assert not connections["b"].transport.is_reading()
+            assert budget.held == size
+            take["a"].set()  # a's reader takes its frame and closes: b's is read
+            await asyncio.wait_for(budget.until(lambda: budget.waiting == 0), 10)
+            await asyncio.wait_for(sending, 10)
+            take["b"].set()
+            await asyncio.wait_for(a.wait_closed(), 10)
+            await asyncio.wait_for(b.wait_closed(), 10)
+    assert got == frames
+    assert budget.held == 0 and budget.waiting == 0
+
+
+class _WatchedBudget(FrameBudget):
+    """A ``FrameBudget`` that wakes the test whenever it changes."""
+
+    def __init__(self, capacity: int) -> None:
+        super().__init__(capacity)
+        self.changed = asyncio.Event()
+
+    def take(self, size: int) -> bool:
+        took = super().take(size)
+        self.changed.set()
+        return took
+
+    def give(self, size: int) -> None:
+        super().give(size)
+        self.changed.set()
+
+    def wait(self, retry: Callable[[], bool]) -> None:
+        super().wait(retry)
+        self.changed.set()
+
+    async def until(self, check: Callable[[], bool]) -> None:
+        while not check():
+            self.changed.clear()
+            await self.changed.wait()

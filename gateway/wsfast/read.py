@@ -461,15 +461,16 @@ class FastReader(Connection):
 
     def data_received(self, data: bytes) -> None:
         if not self._fast:
-            super().data_received(data)
             protocol = self.protocol
-            if (
-                protocol.state is State.OPEN
-                and not protocol.extensions
-                and at_frame_boundary(protocol)
-            ):
-                self._fast = True
-            return
+            if not self._may_start(protocol):
+                super().data_received(data)
+                if self._may_start(protocol):
+                    self._fast = True
+                return
+            # The handshake ended with the last read: this one starts with a frame. Given
+            # to websockets, a client's first frame, a recording sent whole, was parsed by
+            # it, and every later read until one ended on a frame's end.
+            self._fast = True
         buf: bytes | bytearray = data
         rest = self._rest
         unmasked = False  # the gathered frame at buf[0] was unmasked as it came
@@ -568,6 +569,13 @@ class FastReader(Connection):
                 unmask_arrived(self._rest, gathering)
                 if self._budget is not None and gathering.end - gathering.start >= BUDGETED:
                     self._take_budget(gathering.end - gathering.start)
+
+    @staticmethod
+    def _may_start(protocol: Protocol) -> bool:
+        """Open, no extension, and websockets' parser waits for a frame's first byte."""
+        return (
+            protocol.state is State.OPEN and not protocol.extensions and at_frame_boundary(protocol)
+        )
 
     def _slow(self, data: bytes | bytearray) -> None:
         """From here on websockets parses everything (closing, or a frame it must refuse)."""

@@ -474,3 +474,29 @@ class _WatchedBudget(FrameBudget):
         while not check():
             self.changed.clear()
             await self.changed.wait()
+
+
+async def test_a_clients_first_frame_is_read_by_the_fast_path() -> None:
+    """The handshake's end leaves websockets' parser at a frame boundary: the first
+    frame (a recording sent whole, here) is read by the fast path, unmasked as it
+    comes, not by websockets' parser, which kept every later read until one ended
+    exactly on a frame's end."""
+    big = os.urandom(3 << 20)
+    read: list[tuple[bytes, int]] = []
+
+    async def server(ws: ServerConnection) -> None:
+        assert isinstance(ws, BatchingConnection)
+        ws.protocol.max_message_size = 4 << 20
+        message = await ws.recv()
+        assert isinstance(message, bytes)
+        read.append((message, ws.frames_read_fast))
+        await ws.close()
+
+    async with serve(
+        server, "127.0.0.1", 0, compression=None, create_connection=BatchingConnection
+    ) as srv:
+        port = srv.sockets[0].getsockname()[1]
+        async with connect(f"ws://127.0.0.1:{port}", compression=None) as client:
+            await client.send(big)
+            await asyncio.wait_for(client.wait_closed(), 10)
+    assert read == [(big, 1)]

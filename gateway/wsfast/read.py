@@ -28,8 +28,9 @@ and a join): about 9% of the node's CPU at 50 streaming sessions, measured
 with py-spy (docs/performance.md). The queue keeps what the ``Assembler``
 gave: fragmented messages (from websockets' parser) are joined in order,
 reading pauses above ``max_queue`` messages (or ``QUEUED_BYTES_HIGH`` bytes)
-and resumes below the low marks, messages queued before the close are still returned, then ``recv()`` raises
-``ConnectionClosed`` as before, and two concurrent ``recv()`` calls are refused.
+and resumes below the low marks, messages queued before the close are still
+returned, then ``recv()`` raises ``ConnectionClosed`` as before, and two
+concurrent ``recv()`` calls are refused. Large frames: ``gateway.wsfast.large``.
 
 **Limits** (one peer once froze the node for everyone). A message is
 at most ``MAX_FRAGMENTS`` frames (websockets' own ``Assembler`` refuses past

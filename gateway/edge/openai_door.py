@@ -76,7 +76,7 @@ _RESUME: Final = "reconnect with session_id and after_event (node draining or se
 
 LARGE_FRAMES_AT_ONCE: Final = 8
 """Frames of ``door_max_frame`` the node holds for all door clients at once (168 MiB by
-default); past it, a client's large frame is read once another's is taken."""
+default); past it, a client's large frame is read once another's is done with."""
 
 
 def model_route(

@@ -14,6 +14,7 @@ from agents import function_tool
 from agents.realtime import RealtimeAgent, RealtimeRunner
 from openai import AsyncOpenAI
 
+from gateway.common.pcm import silence, tone
 from tests.openai_door.conftest import MODELS
 from tests.support.procs import NodeProcess
 from tests.voice.conftest import utterance
@@ -174,5 +175,32 @@ async def test_the_agents_sdk_has_an_audio_turn(
                 break
         await mic
     assert "audio_end" in kinds and heard > 24000  # more than 0.25 s of PCM16 at 24 kHz
+    refused = [r.getMessage() for r in caplog.records if "validate" in r.getMessage()]
+    assert refused == []
+
+
+async def test_the_agents_sdk_sends_a_recording_whole(
+    node: NodeProcess, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``session.send_audio`` with a 23 s recording: one append of 1.5 MB of base64,
+    past the gateway's own 1 MiB frames (it closed the connection with 1009), within
+    OpenAI's 15 MiB. The speech in it is heard and answered in speech."""
+    agent = RealtimeAgent(name="assistant", instructions="Be brief.")
+    model = MODELS[0]
+    settings: Any = {"model_name": model, "turn_detection": {"type": "server_vad"}}
+    runner = RealtimeRunner(agent, config={"model_settings": settings})
+    session = await runner.run(
+        model_config={"url": f"{node.base}/openai/v1/realtime?model={model}", "api_key": "unused"}
+    )
+    recording = silence(2.0, 24000) + tone(20.0, 24000) + silence(1.0, 24000)
+    kinds: list[str] = []
+    async with session:
+        await session.send_audio(recording)
+        async for event in session:
+            kinds.append(event.type)
+            assert event.type != "error", event
+            if event.type == "agent_end":
+                break
+    assert "audio" in kinds and "audio_end" in kinds
     refused = [r.getMessage() for r in caplog.records if "validate" in r.getMessage()]
     assert refused == []

@@ -121,6 +121,10 @@ class HeldAudio:
         return cls(int(rate * seconds) * 2)
 
     def hold(self, pcm16: bytes) -> None:
+        room = self.limit - self.limit % 2  # whole PCM16 samples
+        if len(pcm16) > room:  # a recording's slice: its newest part, not none of it
+            self.dropped += len(pcm16) - room
+            pcm16 = pcm16[len(pcm16) - room :]
         self._chunks.append(pcm16)
         self.held += len(pcm16)
         while self.held > self.limit:

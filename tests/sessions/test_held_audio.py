@@ -31,6 +31,18 @@ def test_past_its_limit_the_oldest_audio_goes_first() -> None:
     assert held.dropped == 0 and held.take() is None
 
 
+def test_a_chunk_larger_than_the_room_keeps_its_newest_part() -> None:
+    """A recording's 16 s slice held while the upstream opens: its newest 5 s are
+    kept (a chunk past the limit used to be let go whole, and nothing was heard)."""
+    held = HeldAudio(limit=50)
+    held.hold(b"0" * 10)
+    held.hold(b"1" * 40 + b"2" * 30)
+    assert held.held == 50
+    assert held.dropped == 10 + 20
+    assert held.take() == b"1" * 20 + b"2" * 30
+    assert held.take() is None
+
+
 def test_room_is_counted_in_seconds_of_pcm16_at_the_rate() -> None:
     assert HeldAudio.for_rate(24000, seconds=2.0).limit == 24000 * 2 * 2
     assert HeldAudio.for_rate(16000).limit == 16000 * 2 * 5

@@ -289,7 +289,8 @@ class MessageQueue:
         """Every whole message received and not read yet, taken now (no wait): what
         an adapter still reads of a connection it is about to close."""
         taken = [data for data, _, _ in self._messages]
-        self._give(sum(held for _, _, held in self._messages))
+        self._give(self._in_use + sum(held for _, _, held in self._messages))
+        self._in_use = 0
         self._messages.clear()
         self._bytes = 0
         if self._paused:

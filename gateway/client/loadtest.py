@@ -522,6 +522,11 @@ class LoadTest:
             due += 0.02
             if index == last_loud:
                 speech_end.append(time.perf_counter())
+                # The silence after the speech is timed from this stamp: had this frame
+                # gone out late (a slow wake-up, a send that waited), the frames due
+                # next would make up the delay, and the VAD's window would seem to
+                # end sooner after the speech than it did.
+                due = max(due, time.monotonic() + 0.02)
 
     async def _hold(self, ws: ClientConnection) -> None:
         """Stay connected, idle, for ``hold`` seconds; a close by the server is an error."""

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import io
 import sys
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
@@ -38,6 +39,7 @@ from gateway.client.report import (
     format_report,
     percentile,
 )
+from gateway.common.pcm import last_loud_frame, silence, tone
 from gateway.config import load_config
 from tests.support.redis_server import free_port
 
@@ -647,3 +649,36 @@ async def test_a_bad_threshold_or_compare_file_is_a_usage_error(
     bad.write_text("{}")
     assert await run_loadtest_cli(parse(url, "--compare", str(bad))) == 2
     assert "not a loadtest --json report" in capsys.readouterr().err
+
+
+class _SlowOnce:
+    """A socket whose send of one frame takes ``delay`` (a send that waits for the
+    network, or a late wake-up); it records when each frame went out."""
+
+    def __init__(self, slow_index: int, delay: float) -> None:
+        self.slow_index = slow_index
+        self.delay = delay
+        self.sent_at: list[float] = []
+
+    async def send(self, data: bytes, text: bool = False) -> None:
+        if len(self.sent_at) == self.slow_index:
+            await asyncio.sleep(self.delay)
+        self.sent_at.append(time.perf_counter())
+
+
+async def test_the_silence_after_speech_is_paced_from_when_the_speech_went_out() -> None:
+    """A late last speech frame must not be made up by the silence after it: the
+    VAD would then hear its window end sooner after the stamped speech end, and
+    speech-to-respond would read under the VAD's wait (a CI run saw 498 ms)."""
+    rate = 16000
+    audio = silence(0.1, rate) + tone(0.5, rate)
+    test = LoadTest(LoadTestConfig(url="ws://127.0.0.1:9/", audio=audio, audio_rate=rate))
+    last_loud = last_loud_frame(audio, rate)
+    ws = _SlowOnce(last_loud, 0.05)
+    speech_end: list[float] = []
+    async with asyncio.timeout(10):
+        await test._speak(ws, speech_end)  # type: ignore[arg-type]
+    assert len(speech_end) == 1
+    # 500 ms of silence after the speech, 20 ms a frame: not sent before 500 ms passed.
+    window_end = ws.sent_at[last_loud + 25]
+    assert window_end - speech_end[0] >= 0.5 - 0.001

@@ -16,19 +16,38 @@ connection stops being read until a held frame is done with (its reader asked
 for the next message: it worked on the last one until then), and the bytes
 come to the node in turn. A frame larger than the whole budget is taken
 when nothing else is held, so every frame is read in the end.
+
+**Slow senders.** A frame holds its share from its first bytes to its last: a
+client that trickled a 20 MiB frame held 21 MiB for as long as it liked, and
+eight of them left every other client's large append unread. So while others
+wait for room, a frame that comes slower than ``MIN_RATE`` over a window of
+``PATIENCE`` seconds (not one in which the node itself stopped reading the
+connection) fails its connection (1008, saying why). With no one waiting, a
+slow uplink is let be: it keeps nobody out.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections import deque
 from collections.abc import Callable
+from typing import Protocol
 
 try:  # websockets' C unmasking, as its own parser uses
     from websockets.speedups import apply_mask
 except ImportError:  # pragma: no cover - a build without the C extension
     from websockets.utils import apply_mask
 
-__all__ = ["BUDGETED", "UNMASK_AS_IT_COMES", "FrameBudget", "Gathering", "unmask_arrived"]
+__all__ = [
+    "BUDGETED",
+    "MIN_RATE",
+    "PATIENCE",
+    "UNMASK_AS_IT_COMES",
+    "BudgetShare",
+    "FrameBudget",
+    "Gathering",
+    "unmask_arrived",
+]
 
 UNMASK_AS_IT_COMES = 256 * 1024
 """A masked data frame at least this large is unmasked piece by piece as it arrives."""
@@ -36,15 +55,29 @@ UNMASK_AS_IT_COMES = 256 * 1024
 BUDGETED = 1 << 20
 """A masked data frame at least this large is counted against the budget."""
 
+MIN_RATE = 256 * 1024
+"""Bytes a second a budgeted frame must come at while other connections wait for
+room: 2 Mbit/s, a slow mobile uplink's; a 20 MiB append then takes 80 s at most."""
+
+PATIENCE = 5.0
+"""Seconds of a budgeted frame's arrival in each window its rate is judged over."""
+
+_POLICY_VIOLATION = 1008
+_TOO_SLOW = "large frame under {rate:g} KiB/s while others wait: send it faster or under 1 MiB"
+
 
 class FrameBudget:
     """Bytes of large frames held at once (gathered or read and not yet taken)."""
 
-    __slots__ = ("_waiting", "capacity", "held")
+    __slots__ = ("_waiting", "capacity", "held", "min_rate", "patience")
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(
+        self, capacity: int, *, min_rate: float = MIN_RATE, patience: float = PATIENCE
+    ) -> None:
         self.capacity = capacity
         self.held = 0
+        self.min_rate = min_rate
+        self.patience = patience
         self._waiting: deque[Callable[[], bool]] = deque()
 
     def take(self, size: int) -> bool:
@@ -71,6 +104,104 @@ class FrameBudget:
     def waiting(self) -> int:
         """Connections whose reading waits for room."""
         return len(self._waiting)
+
+    def too_slow(self, arrived: int, seconds: float) -> bool:
+        """A held frame of which ``arrived`` bytes came in ``seconds`` keeps others out
+        too long: they wait, and it comes slower than ``min_rate``."""
+        return bool(self._waiting) and arrived < self.min_rate * seconds
+
+
+class SharingReader(Protocol):
+    """What a ``BudgetShare`` needs of its connection's reader (``FastReader``)."""
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop: ...
+    @property
+    def transport(self) -> asyncio.Transport: ...
+    @property
+    def queue_paused(self) -> bool: ...
+    def gathered(self) -> int | None: ...
+    def fail_connection(self, code: int, reason: str) -> None: ...
+
+
+class BudgetShare:
+    """One connection's part of a ``FrameBudget``: the bytes its frame being gathered
+    holds, its reading stopped while it waits for room, and that frame's pace
+    watched while others wait (``FrameBudget.too_slow``)."""
+
+    __slots__ = ("_pace", "_pace_from", "_reader", "blocked", "budget", "held")
+
+    def __init__(self, budget: FrameBudget, reader: SharingReader) -> None:
+        self.budget = budget
+        self.held = 0  # bytes the frame being gathered holds
+        self.blocked = False  # reading waits for room
+        self._reader = reader
+        self._pace: asyncio.TimerHandle | None = None  # the next look at the frame's rate
+        self._pace_from = (0.0, 0)  # since when its rate is measured, and its bytes then
+
+    def take(self, size: int) -> None:
+        """The frame being gathered needs ``size`` bytes: hold them, or stop reading
+        until another connection's reader gives some back."""
+        if self.budget.take(size):
+            self._holding(size)
+            return
+        self.blocked = True
+        self._reader.transport.pause_reading()
+        self.budget.wait(lambda: self._retry(size))
+
+    def _retry(self, size: int) -> bool:
+        reader = self._reader
+        if reader.gathered() is None or reader.transport.is_closing():
+            self.blocked = False
+            return True  # gone, or failed: nothing to hold
+        if not self.budget.take(size):
+            return False
+        self._holding(size)
+        self.blocked = False
+        if not reader.queue_paused:
+            reader.transport.resume_reading()
+        return True
+
+    def _holding(self, size: int) -> None:
+        self.held = size
+        self._stop_pace()
+        loop = self._reader.loop
+        self._pace_from = (loop.time(), self._reader.gathered() or 0)
+        self._pace = loop.call_later(self.budget.patience, self._check_pace)
+
+    def _check_pace(self) -> None:
+        self._pace = None
+        reader, budget = self._reader, self.budget
+        arrived = reader.gathered()
+        if not self.held or arrived is None:
+            return  # whole, or dropped
+        now = reader.loop.time()
+        since, arrived_then = self._pace_from
+        # Judged window by window: a frame sent fast at first, then stalled, would
+        # otherwise keep its early average for minutes. Not while the node itself
+        # stopped reading it (its unread messages): that is not the sender's pace.
+        if not reader.queue_paused and budget.too_slow(arrived - arrived_then, now - since):
+            reader.fail_connection(_POLICY_VIOLATION, _TOO_SLOW.format(rate=budget.min_rate / 1024))
+            return
+        self._pace_from = (now, arrived)
+        self._pace = reader.loop.call_later(budget.patience, self._check_pace)
+
+    def _stop_pace(self) -> None:
+        if self._pace is not None:
+            self._pace.cancel()
+            self._pace = None
+
+    def hand_over(self) -> int:
+        """The frame is whole and handed to the queue, with the bytes it holds."""
+        self._stop_pace()
+        held, self.held = self.held, 0
+        return held
+
+    def release(self) -> None:
+        """The frame being gathered is dropped: its bytes go back."""
+        held = self.hand_over()
+        if held:
+            self.budget.give(held)
 
 
 class Gathering:

@@ -82,6 +82,7 @@ from websockets.streams import StreamReader
 from gateway.wsfast.large import (
     BUDGETED,
     UNMASK_AS_IT_COMES,
+    BudgetShare,
     FrameBudget,
     Gathering,
     unmask_arrived,
@@ -333,9 +334,7 @@ class FastReader(Connection):
     _rest: bytearray | None = None  # the start of a frame not yet whole
     _gathering: Gathering | None = None  # that frame, when it is unmasked as it comes
     _need = 0  # bytes ``_rest`` must hold before it is worth parsing again
-    _budget: FrameBudget | None = None  # the node's, for large frames (``share_budget``)
-    _held = 0  # bytes of it the frame being gathered holds
-    _blocked = False  # reading waits for room in the budget
+    _share: BudgetShare | None = None  # its part of the node's budget (``share_budget``)
     _ping_tokens = float(PING_BURST)
     _ping_time = 0.0
     frames_read_fast = 0
@@ -360,43 +359,27 @@ class FastReader(Connection):
 
     def share_budget(self, budget: FrameBudget) -> None:
         """Count this connection's large frames against the node's ``budget``."""
-        self._budget = budget
+        self._share = BudgetShare(budget, self)
         self.recv_messages.budget = budget
 
     def _queue_resumes(self) -> None:
-        if not self._blocked:
+        if self._share is None or not self._share.blocked:
             self.transport.resume_reading()
 
-    def _take_budget(self, size: int) -> None:
-        """The frame being gathered needs ``size`` bytes of the budget: hold them, or
-        stop reading until they are given back by another connection's reader."""
-        budget = self._budget
-        assert budget is not None
-        if budget.take(size):
-            self._held = size
-            return
-        self._blocked = True
-        self.transport.pause_reading()
-        budget.wait(lambda: self._retry_budget(size))
+    def gathered(self) -> int | None:
+        """Bytes arrived of the large frame being gathered (None: none is)."""
+        rest = self._rest
+        return len(rest) if rest is not None and self._gathering is not None else None
 
-    def _retry_budget(self, size: int) -> bool:
-        budget = self._budget
-        if self._gathering is None or budget is None or self.transport.is_closing():
-            self._blocked = False
-            return True  # gone, or failed: nothing to hold
-        if not budget.take(size):
-            return False
-        self._held = size
-        self._blocked = False
-        if not self.recv_messages.paused:
-            self.transport.resume_reading()
-        return True
+    @property
+    def queue_paused(self) -> bool:
+        """Reading stopped for the messages not yet read."""
+        return self.recv_messages.paused
 
     def _release(self) -> None:
         """The frame being gathered is dropped: its bytes of the budget go back."""
-        held, self._held = self._held, 0
-        if held and self._budget is not None:
-            self._budget.give(held)
+        if self._share is not None:
+            self._share.release()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._gathering = None
@@ -536,7 +519,7 @@ class FastReader(Connection):
                 if unmasked and pos == 0:  # done piece by piece as it came
                     with memoryview(buf) as view:
                         payload = bytes(view[start:end])
-                    held, self._held = self._held, 0
+                    held = self._share.hand_over() if self._share is not None else 0
                 elif masked:  # the C unmasking gives bytes, from bytes or a bytearray
                     payload = apply_mask(buf[start:end], buf[start - 4 : start])
                 elif buf is data:
@@ -569,8 +552,8 @@ class FastReader(Connection):
             if gathering is not None:
                 self._gathering = gathering
                 unmask_arrived(self._rest, gathering)
-                if self._budget is not None and gathering.end - gathering.start >= BUDGETED:
-                    self._take_budget(gathering.end - gathering.start)
+                if self._share is not None and gathering.end - gathering.start >= BUDGETED:
+                    self._share.take(gathering.end - gathering.start)
 
     @staticmethod
     def _may_start(protocol: Protocol) -> bool:

@@ -10,15 +10,17 @@ what a plain websockets client (a voice client, say) sends, masked.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import os
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.asyncio.server import ServerConnection, serve
 from websockets.exceptions import ConcurrencyError, ConnectionClosed
 from websockets.frames import Frame, Opcode
+from websockets.protocol import State
 
 from gateway.wsfast import (
     BatchingConnection,
@@ -450,12 +452,99 @@ async def test_large_frames_wait_for_the_nodes_budget_and_all_arrive() -> None:
     assert budget.held == 0 and budget.waiting == 0
 
 
-class _WatchedBudget(FrameBudget):
-    """A ``FrameBudget`` that wakes the test whenever it changes."""
+@contextlib.asynccontextmanager
+async def _budget_server(
+    budget: FrameBudget, got: dict[str, bytes]
+) -> AsyncIterator[tuple[str, dict[str, BatchingConnection]]]:
+    """A server whose clients name themselves, then send one large frame each."""
+    connections: dict[str, BatchingConnection] = {}
 
-    def __init__(self, capacity: int) -> None:
-        super().__init__(capacity)
+    async def server(ws: ServerConnection) -> None:
+        assert isinstance(ws, BatchingConnection)
+        ws.protocol.max_message_size = 4 << 20
+        ws.share_budget(budget)
+        name = await ws.recv()
+        assert isinstance(name, str)
+        connections[name] = ws
+        await ws.send("go")
+        with contextlib.suppress(ConnectionClosed):
+            message = await ws.recv()
+            assert isinstance(message, bytes)
+            got[name] = message
+
+    async with serve(
+        server, "127.0.0.1", 0, compression=None, create_connection=BatchingConnection
+    ) as srv:
+        yield f"ws://127.0.0.1:{srv.sockets[0].getsockname()[1]}", connections
+
+
+async def _named(url: str, name: str) -> ClientConnection:
+    client = await connect(url, compression=None)
+    await client.send(name)
+    assert await client.recv() == "go"
+    return client
+
+
+def _masked(payload: bytes) -> bytes:
+    return Frame(Opcode.BINARY, payload).serialize(mask=True, extensions=[])
+
+
+async def test_a_large_frame_trickled_while_others_wait_is_cut_off() -> None:
+    """A client that sends part of a large frame and stalls holds its share of the
+    budget; once another client waits for room and the frame came slower than the
+    budget's floor over its patience, its connection fails with 1008 (saying how
+    to send instead), its share goes back, and the waiting client's frame is read."""
+    budget = _WatchedBudget(3 << 20, min_rate=1 << 20, patience=0.2)
+    size = 2 << 20
+    frame_b = os.urandom(size)
+    got: dict[str, bytes] = {}
+    async with asyncio.timeout(20), contextlib.AsyncExitStack() as stack:
+        url, _ = await stack.enter_async_context(_budget_server(budget, got))
+        a = await stack.enter_async_context(await _named(url, "a"))
+        b = await stack.enter_async_context(await _named(url, "b"))
+        a.transport.write(_masked(os.urandom(size))[: size // 2])  # and no more
+        await budget.until(lambda: budget.held == size)
+        sending = asyncio.create_task(b.send(frame_b))
+        await budget.until(lambda: budget.waiting == 1)
+        await a.wait_closed()
+        assert a.close_code == 1008
+        assert a.close_reason is not None and "send it faster" in a.close_reason
+        await sending
+        await budget.until(lambda: "b" in got)
+    assert got == {"b": frame_b}
+    assert budget.held == 0 and budget.waiting == 0
+
+
+async def test_a_slow_large_frame_that_keeps_no_one_out_is_let_be() -> None:
+    """With no one waiting for room, a slow uplink's frame is not judged: it is read
+    whole however long it takes."""
+    budget = _WatchedBudget(3 << 20, min_rate=1 << 20, patience=0.05)
+    payload = os.urandom(2 << 20)
+    frame = _masked(payload)
+    got: dict[str, bytes] = {}
+    async with asyncio.timeout(20), contextlib.AsyncExitStack() as stack:
+        url, connections = await stack.enter_async_context(_budget_server(budget, got))
+        a = await stack.enter_async_context(await _named(url, "a"))
+        a.transport.write(frame[: len(frame) // 2])
+        await budget.until(lambda: budget.judged >= 3)  # 3 looks at its pace, each let be
+        assert connections["a"].state is State.OPEN
+        a.transport.write(frame[len(frame) // 2 :])
+        await budget.until(lambda: "a" in got)
+    assert got == {"a": payload}
+
+
+class _WatchedBudget(FrameBudget):
+    """A ``FrameBudget`` that wakes the test whenever it changes (or judges a pace)."""
+
+    def __init__(self, capacity: int, *, min_rate: float = 0, patience: float = 5.0) -> None:
+        super().__init__(capacity, min_rate=min_rate, patience=patience)
         self.changed = asyncio.Event()
+        self.judged = 0
+
+    def too_slow(self, arrived: int, seconds: float) -> bool:
+        self.judged += 1
+        self.changed.set()
+        return super().too_slow(arrived, seconds)
 
     def take(self, size: int) -> bool:
         took = super().take(size)

@@ -10,6 +10,7 @@ is waited out.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import math
@@ -45,6 +46,10 @@ LISTEN_RETRY_CAP: Final = 10.0
 HELD_AUDIO_SECONDS = 5.0
 """At most this much of the user's audio is held while the upstream opens
 (a provider answers an open in well under a second)."""
+
+RECORDING_WAIT: Final = 15.0
+"""Seconds a recording's chunk held while the upstream opens waits to be sent,
+its sender's reading with it, before only its newest ``HELD_AUDIO_SECONDS`` stay."""
 
 
 def voice_config(
@@ -105,44 +110,75 @@ class HeldAudio:
     user's sentence. It is held here in order, and sent before any newer
     audio once the connection is open. Past ``limit`` bytes the oldest goes:
     the provider's VAD needs the newest audio most.
+
+    A chunk of ``whole_from`` bytes or more (a second of audio: a recording's
+    slice, not a microphone's frame) is held ``whole``: a recording sent right
+    after connecting is heard from its start, not only its last five seconds.
+    Its sender waits until it is sent (``VoiceInput.send``), so at most one is
+    held per session; ``trim`` lets it go to the limit when the wait is over.
     """
 
-    __slots__ = ("_chunks", "dropped", "held", "limit")
+    __slots__ = ("_chunks", "dropped", "held", "limit", "whole", "whole_from")
 
-    def __init__(self, limit: int) -> None:
-        self._chunks: deque[bytes] = deque()
+    def __init__(self, limit: int, whole_from: int | None = None) -> None:
+        self._chunks: deque[tuple[bytes, bool]] = deque()  # (PCM16, held whole)
         self.limit = limit
+        self.whole_from = whole_from if whole_from is not None else limit + 1
         self.held = 0  # bytes held now
+        self.whole = 0  # of them, in chunks held whole
         self.dropped = 0  # bytes let go for the limit since the last ``clear``
 
     @classmethod
     def for_rate(cls, rate: int, seconds: float = HELD_AUDIO_SECONDS) -> HeldAudio:
-        """Room for ``seconds`` of PCM16 mono at ``rate``."""
-        return cls(int(rate * seconds) * 2)
+        """Room for ``seconds`` of PCM16 mono at ``rate``; a second's chunk is held whole."""
+        return cls(int(rate * seconds) * 2, whole_from=rate * 2)
 
-    def hold(self, pcm16: bytes) -> None:
+    def hold(self, pcm16: bytes, *, whole: bool = False) -> None:
+        if whole:
+            self._chunks.append((pcm16, True))
+            self.held += len(pcm16)
+            self.whole += len(pcm16)
+            return
         room = self.limit - self.limit % 2  # whole PCM16 samples
         if len(pcm16) > room:  # a recording's slice: its newest part, not none of it
             self.dropped += len(pcm16) - room
             pcm16 = pcm16[len(pcm16) - room :]
-        self._chunks.append(pcm16)
+        self._chunks.append((pcm16, False))
         self.held += len(pcm16)
-        while self.held > self.limit:
-            oldest = self._chunks.popleft()
+        self._fit()
+
+    def _fit(self) -> None:
+        """Let the oldest audio not held whole go until the rest fits the limit."""
+        chunks = self._chunks
+        while self.held - self.whole > self.limit:
+            index = next(i for i, (_, whole) in enumerate(chunks) if not whole)
+            oldest = chunks[index][0]
+            del chunks[index]
             self.held -= len(oldest)
             self.dropped += len(oldest)
+
+    def trim(self) -> None:
+        """What was held whole is held as any audio is: only the newest fits."""
+        if self.whole:
+            chunks, self._chunks = self._chunks, deque()
+            self.held = self.whole = 0
+            for chunk, _ in chunks:
+                self.hold(chunk)
 
     def take(self) -> bytes | None:
         """The oldest chunk held, or ``None`` when none is left."""
         if not self._chunks:
             return None
-        chunk = self._chunks.popleft()
+        chunk, whole = self._chunks.popleft()
         self.held -= len(chunk)
+        if whole:
+            self.whole -= len(chunk)
         return chunk
 
     def clear(self) -> None:
         self._chunks.clear()
         self.held = 0
+        self.whole = 0
         self.dropped = 0
 
 
@@ -159,13 +195,24 @@ class VoiceInput:
     session takes none).
     """
 
-    __slots__ = ("_failures", "_heard_at", "_held", "_holding", "_unflushed", "audio_in", "sid")
+    __slots__ = (
+        "_failures",
+        "_heard_at",
+        "_held",
+        "_holding",
+        "_sent_whole",
+        "_unflushed",
+        "audio_in",
+        "sid",
+    )
 
     def __init__(self, sid: str, audio_in: AudioIn | None) -> None:
         self.sid = sid
         self.audio_in = audio_in
         self._held = HeldAudio.for_rate(audio_in.rate) if audio_in is not None else None
         self._holding = True
+        self._sent_whole = asyncio.Event()  # set: no chunk is held whole
+        self._sent_whole.set()
         # An open upstream that must not hear the user yet (``hold_until_flush``).
         self._unflushed = False
         self._heard_at = -math.inf  # time.monotonic() of the user's last audio
@@ -176,6 +223,7 @@ class VoiceInput:
         before, self.audio_in = self.audio_in, audio_in
         if audio_in is None or before is None or audio_in.rate != before.rate:
             self._held = HeldAudio.for_rate(audio_in.rate) if audio_in is not None else None
+            self._sent_whole.set()
 
     def quiet_for(self, seconds: float) -> bool:
         """No audio from this node's clients for ``seconds`` (no live microphone here)."""
@@ -189,7 +237,10 @@ class VoiceInput:
             return
         self._heard_at = time.monotonic()
         if upstream is None or self._unflushed:
-            self._hold(pcm16)
+            if self._is_whole(pcm16):
+                await self._hold_whole(pcm16)
+            else:
+                self._hold(pcm16)
             return
         if not hears:
             return
@@ -205,9 +256,43 @@ class VoiceInput:
             return False
         self._heard_at = time.monotonic()
         if upstream is None or self._unflushed:
+            if self._is_whole(pcm16):
+                return False  # held by ``send``, which waits until it is sent
             self._hold(pcm16)
             return True
         return not hears or upstream.send_audio_now(pcm16)
+
+    def _is_whole(self, pcm16: bytes) -> bool:
+        held = self._held
+        return held is not None and self._holding and len(pcm16) >= held.whole_from
+
+    async def _hold_whole(self, pcm16: bytes) -> None:
+        """A recording's chunk while the upstream opens: held whole, and its sender (the
+        connection's reader) waits until it is sent, so the next waits in the socket,
+        not in memory. Past ``RECORDING_WAIT`` only the newest audio stays held."""
+        held = self._held
+        assert held is not None
+        held.hold(pcm16, whole=True)
+        self._sent_whole.clear()
+        try:
+            async with asyncio.timeout(RECORDING_WAIT):
+                await self._sent_whole.wait()
+        except TimeoutError:
+            if held is self._held:
+                was_full = held.dropped
+                held.trim()
+                self._sent_whole.set()
+                self._warn_dropped(held, was_full)
+
+    def _warn_dropped(self, held: HeldAudio, was_full: int) -> None:
+        if held.dropped and not was_full:
+            log.warning(
+                "session %s: the upstream is still opening; only the newest %gs of the "
+                "user's audio is held for it",
+                self.sid,
+                HELD_AUDIO_SECONDS,
+                extra={"sid": self.sid},
+            )
 
     async def clear(self, upstream: Upstream | None, factory: UpstreamFactory) -> Error | None:
         """Discard the audio not yet committed: held here, and buffered by the provider
@@ -229,6 +314,7 @@ class VoiceInput:
             )
         if self._held is not None:
             self._held.clear()
+            self._sent_whole.set()
         if upstream is not None and not self._unflushed:
             with contextlib.suppress(UpstreamClosed):  # a new connection heard none of it
                 await upstream.clear_audio()
@@ -240,14 +326,7 @@ class VoiceInput:
             return
         was_full = held.dropped
         held.hold(pcm16)
-        if held.dropped and not was_full:
-            log.warning(
-                "session %s: the upstream is still opening; only the newest %gs of the "
-                "user's audio is held for it",
-                self.sid,
-                HELD_AUDIO_SECONDS,
-                extra={"sid": self.sid},
-            )
+        self._warn_dropped(held, was_full)
 
     @property
     def unflushed(self) -> bool:
@@ -268,6 +347,7 @@ class VoiceInput:
         if held is None or not hears:
             if held is not None:
                 held.clear()
+                self._sent_whole.set()
             self._unflushed = False
             return
         self._unflushed = True  # what comes during an await below queues behind
@@ -278,6 +358,7 @@ class VoiceInput:
         finally:
             self._unflushed = False
         held.clear()
+        self._sent_whole.set()
         self._failures = 0
 
     def listen_failed(self) -> tuple[bool, float]:
@@ -287,6 +368,7 @@ class VoiceInput:
         failures = self._failures
         if self._held is not None:
             self._held.clear()
+            self._sent_whole.set()
         self._holding = False
         return failures == 1, min(LISTEN_RETRY_FIRST * 2 ** (failures - 1), LISTEN_RETRY_CAP)
 
@@ -296,3 +378,4 @@ class VoiceInput:
 
     def stop(self) -> None:
         self._holding = False
+        self._sent_whole.set()  # the session is over: a recording's sender waits no more

@@ -313,6 +313,32 @@ async def test_a_recording_sent_in_one_append_is_heard_whole(tmp_path: Path) -> 
     assert heard and "30.0 s" in heard[0]["transcript"], heard
 
 
+async def test_a_recording_sent_before_the_upstream_opens_is_heard_from_its_start(
+    tmp_path: Path,
+) -> None:
+    """The SDK appends a recording the moment it connects, as OpenAI allows, before
+    the gateway's upstream is open: it is held whole (its sender waits for the
+    upstream), not cut to the newest 5 s, so all 25 s of its speech are heard."""
+    speech = tone(25.0, RATE) + silence(1.5, RATE)
+    async with voice_gateway("openai", tmp_path) as gw:
+        base = gw.url.replace("/v1/realtime", "/openai/v1")
+        client = AsyncOpenAI(
+            api_key="unused", base_url=base.replace("ws://", "http://"), websocket_base_url=base
+        )
+        events: list[dict[str, Any]] = []
+        async with client.realtime.connect(model=MODEL) as conn:
+            await conn.input_audio_buffer.append(audio=base64.b64encode(speech).decode())
+            while not events or events[-1]["type"] not in ("response.done", "error"):
+                event: dict[str, Any] = json.loads(await conn.recv_bytes())
+                SERVER_EVENT.validate_python(event)
+                events.append(event)
+    assert events[-1]["type"] == "response.done", events[-1]
+    heard = [
+        e for e in events if e["type"] == "conversation.item.input_audio_transcription.completed"
+    ]
+    assert heard and "25.0 s" in heard[0]["transcript"], heard
+
+
 async def test_a_large_append_that_is_not_base64_is_refused_whole(tmp_path: Path) -> None:
     """A large append is read whole before any of it is relayed: one whose last
     slice is not base64 is refused with its event_id, and none of it was heard."""

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-from gateway.sessions.voice import HeldAudio
+import asyncio
+
+import pytest
+
+from gateway.sessions import voice
+from gateway.sessions.voice import HeldAudio, VoiceInput
+from gateway.upstream.base import AudioIn
 
 
 def test_audio_comes_back_in_the_order_it_was_held() -> None:
@@ -46,3 +52,77 @@ def test_a_chunk_larger_than_the_room_keeps_its_newest_part() -> None:
 def test_room_is_counted_in_seconds_of_pcm16_at_the_rate() -> None:
     assert HeldAudio.for_rate(24000, seconds=2.0).limit == 24000 * 2 * 2
     assert HeldAudio.for_rate(16000).limit == 16000 * 2 * 5
+
+
+def test_a_chunk_held_whole_is_kept_whole_while_newer_audio_fits_the_limit() -> None:
+    """A recording's chunk is kept whole past the limit; audio of a microphone
+    around it still keeps only its newest ``limit`` bytes, the whole one untouched."""
+    held = HeldAudio(limit=50, whole_from=100)
+    held.hold(b"a" * 30)
+    held.hold(b"R" * 200, whole=True)
+    held.hold(b"b" * 30)  # 60 bytes not whole: the oldest (a) goes
+    assert (held.held, held.whole, held.dropped) == (230, 200, 30)
+    assert held.take() == b"R" * 200
+    assert held.whole == 0
+    assert held.take() == b"b" * 30
+    assert held.take() is None
+
+
+def test_trim_lets_what_was_held_whole_go_to_the_limit() -> None:
+    held = HeldAudio(limit=50, whole_from=100)
+    held.hold(b"Q" * 100 + b"R" * 100, whole=True)
+    held.trim()  # as if held as any audio: its newest part
+    assert (held.held, held.whole, held.dropped) == (50, 0, 150)
+    assert held.take() == b"R" * 50 and held.take() is None
+    held.hold(b"S" * 40, whole=True)
+    held.hold(b"t" * 20)
+    held.trim()  # 60 not whole now: the oldest goes
+    assert held.take() == b"t" * 20 and held.take() is None
+
+
+class _Upstream:
+    """An open upstream that records the audio it is sent."""
+
+    def __init__(self) -> None:
+        self.heard: list[bytes] = []
+
+    def send_audio_now(self, pcm16: bytes) -> bool:
+        self.heard.append(pcm16)
+        return True
+
+    async def send_audio(self, pcm16: bytes) -> None:
+        self.heard.append(pcm16)
+
+
+async def test_a_recordings_sender_waits_until_the_opened_upstream_has_it() -> None:
+    """While the upstream opens, a second's chunk or more is held whole and its sender
+    waits (``send_now`` declines it); once the upstream opens and the held audio is
+    flushed, the sender goes on and the whole chunk was heard, after what came first."""
+    rate = 8000
+    mic = VoiceInput("s1", AudioIn(rate=rate))
+    frame, recording = b"\x01\x00" * 160, b"\x02\x00" * rate * 30
+    assert mic.send_now(None, frame)  # a microphone's frame: held, nothing awaited
+    assert not mic.send_now(None, recording)  # a recording's: for ``send`` to hold and wait
+    sending = asyncio.create_task(mic.send(None, recording))
+    await asyncio.sleep(0)
+    assert not sending.done()
+    upstream = _Upstream()
+    await asyncio.wait_for(mic.flush(upstream), 5)  # type: ignore[arg-type]
+    await asyncio.wait_for(sending, 5)
+    assert upstream.heard == [frame, recording]
+
+
+async def test_past_its_wait_a_recording_keeps_only_its_newest_seconds(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An upstream that does not open within ``RECORDING_WAIT`` lets the sender go on,
+    and the held recording is cut to the newest ``HELD_AUDIO_SECONDS``."""
+    monkeypatch.setattr(voice, "RECORDING_WAIT", 0.05)
+    rate = 8000
+    mic = VoiceInput("s1", AudioIn(rate=rate))
+    recording = bytes(range(256)) * (rate * 2 * 30 // 256)
+    await asyncio.wait_for(mic.send(None, recording), 5)
+    upstream = _Upstream()
+    await asyncio.wait_for(mic.flush(upstream), 5)  # type: ignore[arg-type]
+    limit = int(rate * voice.HELD_AUDIO_SECONDS) * 2
+    assert upstream.heard == [recording[-limit:]]

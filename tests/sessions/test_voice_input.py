@@ -137,18 +137,20 @@ async def test_a_stopped_input_holds_nothing() -> None:
 async def test_audio_past_what_can_be_held_is_warned_of_once(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
+    """A microphone's frames (100 ms here; a second's chunk is a recording's, held
+    whole while its sender waits) past the hold's 5 s: the oldest go, said once."""
     voice = VoiceInput("sid", AudioIn(rate=RATE))
-    second = b"\x00" * (RATE * 2)
+    tenth = b"\x00" * (RATE * 2 // 10)
     with caplog.at_level(logging.WARNING, "gateway.sessions.runtime"):
-        for _ in range(8):  # 8 s of audio, 5 s are held
-            await voice.send(None, second)
+        for _ in range(80):  # 8 s of audio, 5 s are held
+            await voice.send(None, tenth)
     assert [r.getMessage() for r in caplog.records].count(
         "session sid: the upstream is still opening; only the newest 5s of the "
         "user's audio is held for it"
     ) == 1
     upstream = ScriptedUpstream()
     await voice.flush(upstream)
-    assert len(upstream.audio) == 5
+    assert len(upstream.audio) == 50
 
 
 class _Factory(UpstreamFactory):

@@ -294,6 +294,7 @@ class ClientRequests:
         if self.held:
             text = "\n".join(self.held)
             self.held = []
+            self.continues = None  # this create starts a turn of its own
             self.pending_reply = eid
             # The message's id, the client's event_id (``take`` names it) or one of the
             # door's own: a refusal of it names it, whether the client named it or not.
@@ -313,8 +314,8 @@ class ClientRequests:
             return self._refusal(
                 "instructions, tools and output of a response are set with the user "
                 "message that starts it on this gateway: after a function_call_output "
-                "the answer goes on with the session's; send response.create without "
-                "them",
+                "or a commit of audio the answer goes on with the session's; send "
+                "response.create without them",
                 eid,
                 "response",
             )
@@ -353,6 +354,11 @@ class ClientRequests:
             f"no response: the output of call {call[:80]!r} was refused (its turn is over), "
             "so nothing goes on from it; send a user message and response.create"
         )
+        if call.startswith(f"{HIDDEN}commit") or call in self.named:  # a commit's id
+            message = (
+                "no response: the commit before this response.create was refused (see "
+                "that error), so there is no turn to answer; append audio and commit again"
+            )
         return [self.ids.error(message, event_id=swallowed[1])]
 
     def _commit(self, eid: str | None) -> Emit:
@@ -367,7 +373,19 @@ class ClientRequests:
                 )
                 return Emit([], [self.ids.error(message, code=EMPTY_CODE, event_id=eid)])
         self.buffered = 0
-        return Emit([Commit()], [])
+        if not self.manual:
+            return Emit([Commit()], [])
+        # The gateway answers a committed turn by itself. OpenAI's client, its turn
+        # detection off, sends response.create next (often with the commit, before
+        # ``committed``): that create is this answer, and opens nothing more
+        # (``continues``, as after a function_call_output), instead of an error.
+        if eid and len(eid) <= COMMAND_ID_MAX:
+            cid = eid  # its refusal names the client's event (``take``)
+        else:
+            self.said += 1
+            cid = f"{HIDDEN}commit{self.said}"
+        self.continues = cid
+        return Emit([Commit(id=cid)], [])
 
     def _truncate(self, item_id: str, index: int, ms: int, eid: str | None) -> Emit:
         """What the listener heard of the answer: the gateway cuts the provider's copy of

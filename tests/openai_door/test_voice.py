@@ -274,6 +274,58 @@ MANUAL_SESSION = {
 }
 
 
+async def test_push_to_talk_commit_then_response_create_is_one_answer_and_no_error(
+    tmp_path: Path,
+) -> None:
+    """Turn detection off, the client commits and asks for the answer, as OpenAI's
+    push-to-talk does: with the commit (before ``committed``), or once ``committed``
+    came. The gateway answers a commit by itself; the create is that answer, not an
+    error ("needs a user message first" or "already has an active response"). Each
+    turn is one response; a typed turn after them still gets its own."""
+    speech = tone(1.0, RATE) + silence(0.2, RATE)
+    async with voice_gateway("openai", tmp_path) as gw:
+        base = gw.url.replace("/v1/realtime", "/openai/v1")
+        client = AsyncOpenAI(
+            api_key="unused", base_url=base.replace("ws://", "http://"), websocket_base_url=base
+        )
+        events: list[dict[str, Any]] = []
+        async with client.realtime.connect(model=MODEL) as conn:
+
+            async def until(kind: str) -> None:
+                while True:
+                    event: dict[str, Any] = json.loads(await conn.recv_bytes())
+                    SERVER_EVENT.validate_python(event)
+                    events.append(event)
+                    if event["type"] == kind:
+                        return
+
+            await conn.session.update(session=MANUAL_SESSION)  # type: ignore[arg-type]
+            await until("session.updated")
+            audio = base64.b64encode(speech).decode()
+            await conn.input_audio_buffer.append(audio=audio)  # with the commit
+            await conn.input_audio_buffer.commit()
+            await conn.response.create(event_id="create_1")
+            await until("response.done")
+            await conn.input_audio_buffer.append(audio=audio)  # once committed came
+            await conn.input_audio_buffer.commit()
+            await until("input_audio_buffer.committed")
+            await conn.response.create(event_id="create_2")
+            await until("response.done")
+            await conn.conversation.item.create(
+                item={
+                    "type": "message",
+                    "role": "user",
+                    "content": [{"type": "input_text", "text": "hi"}],
+                }
+            )
+            await conn.response.create(event_id="create_3")
+            await until("response.done")
+    kinds = [e["type"] for e in events]
+    assert "error" not in kinds, [e for e in events if e["type"] == "error"]
+    assert kinds.count("response.created") == kinds.count("response.done") == 3
+    assert kinds.count("input_audio_buffer.committed") == 2
+
+
 async def test_a_recording_sent_in_one_append_is_heard_whole(tmp_path: Path) -> None:
     """OpenAI takes appends of up to 15 MiB of audio: a 45 s recording (2.9 MB of
     base64, past the gateway's own 1 MiB frames) sent in one append by the unmodified

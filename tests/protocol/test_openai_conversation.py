@@ -316,3 +316,22 @@ def test_a_commit_counts_only_the_audio_heard_since_the_client_commits() -> None
     conv.requests.heard(len(second) // 5)  # 200 ms by a fast path
     commands, events = client(conv, type="input_audio_buffer.commit", event_id="c2")
     assert events == [] and len(commands) == 1  # the commit goes on
+
+
+def test_a_response_create_after_a_refused_commit_is_answered() -> None:
+    """Turn detection off, a response.create after a commit is the commit's answer
+    (swallowed, no error); when the session refuses the commit (a turn already runs),
+    that create is answered with an error instead of left waiting, named or not."""
+    manual = {"type": "realtime", "audio": {"input": {"turn_detection": None}}}
+    second = base64.b64encode(bytes(2 * 24000)).decode()
+    for commit_id in ("c_commit", None):
+        conv = Conversation("s1", "gpt-realtime-2.1")
+        client(conv, type="session.update", session=manual)
+        client(conv, type="input_audio_buffer.append", audio=second)
+        named = {"event_id": commit_id} if commit_id else {}
+        commands, _ = client(conv, type="input_audio_buffer.commit", **named)
+        _, events = client(conv, type="response.create", event_id="c_go")
+        assert events == []  # the gateway answers the commit by itself
+        refused = Error(code="turn_active", content="a turn runs", reply_to=commands[0].id)
+        refusals = [e["error"]["event_id"] for e in feed(conv, refused) if e["type"] == "error"]
+        assert "c_go" in refusals

@@ -70,6 +70,7 @@ from protocol.openai_requests import (
 )
 from protocol.openai_response import ResponseOverrides
 from protocol.openai_session import call_parts, session_of, usage_of
+from protocol.openai_speech import EarlySpeech
 
 __all__ = ["KEPT_ITEMS", "Command", "Conversation", "Emit", "ServerEvent"]
 
@@ -118,6 +119,7 @@ class Conversation:
         # are the shell's to send (``take_due``).
         self.overrides = ResponseOverrides()
         self.requests = ClientRequests(model, input_rate, self.ids, self.shown, self.overrides)
+        self._early = EarlySpeech()  # speech ahead of its event (``protocol.openai_speech``)
 
     def error(self, message: str, *, code: str = "invalid_request_error", **kw: Any) -> ServerEvent:
         """An ``error`` event (unlogged): OpenAI's shape."""
@@ -172,7 +174,7 @@ class Conversation:
         # reasoning is not shown.
         if isinstance(event, Respond):
             resp = self._response
-            if resp is not None and resp.message is not None and event.seq:
+            if resp is not None and resp.message is not None and event.seq and not self._early:
                 content = event.content
                 resp.text.append(content)
                 resp.last = event.seq  # the message's span, for conversation.item.delete
@@ -204,6 +206,8 @@ class Conversation:
         finally:
             ids.seq = 0
         self.shown.remember(events)
+        if self._early:  # speech that waited for this event
+            events += self._speak(self._early.due(self._logged))
         return events
 
     def _gateway(self, event: Event) -> list[ServerEvent]:
@@ -371,7 +375,23 @@ class Conversation:
         return out
 
     def audio(self, tag: int, pcm16: bytes) -> list[ServerEvent]:
-        """A piece of the model's speech (not logged: its events have unlogged ids)."""
+        """A piece of the model's speech (not logged: its events have unlogged ids).
+        Speech that would open a response before its tagged event, and what comes
+        behind it, waits for that event (``protocol.openai_speech``)."""
+        early = self._early
+        if early or (self._response is None and tag > self._logged):
+            if early.hold(tag, pcm16):
+                return []
+            return self._speak(early.due(None))  # held too long: it goes as it came
+        return self._audio(tag, pcm16)
+
+    def _speak(self, pieces: list[tuple[int, bytes]]) -> list[ServerEvent]:
+        out: list[ServerEvent] = []
+        for tag, pcm16 in pieces:
+            out += self._audio(tag, pcm16)
+        return out
+
+    def _audio(self, tag: int, pcm16: bytes) -> list[ServerEvent]:
         ids, requests = self.ids, self.requests
         ids.seq, ids.n = 0, 0
         requests.audio_tag = max(requests.audio_tag, tag)

@@ -59,6 +59,7 @@ class CallConversation(Conversation):
 
     def gateway(self, event: Any) -> list[ServerEvent]:
         events = super().gateway(event)
+        speech = False  # the speech that waited for this event (on the track already)
         for shown in events:
             kind = shown["type"]
             if kind == _RESPONSE_CREATED:
@@ -67,6 +68,10 @@ class CallConversation(Conversation):
                 heard = self.speaker.cut()
                 if heard is not None:
                     self.cut_at = heard
+            elif kind == _AUDIO_DELTA:
+                speech = True
+        if speech:
+            return [shown for shown in events if shown["type"] != _AUDIO_DELTA]
         return events
 
     def audio(self, tag: int, pcm16: bytes) -> list[ServerEvent]:

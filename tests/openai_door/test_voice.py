@@ -75,6 +75,15 @@ async def test_an_audio_turn_is_heard_and_answered_in_speech(tmp_path: Path) -> 
     started = events[heard]["item_id"]
     committed = next(e for e in events if e["type"] == "input_audio_buffer.committed")
     assert committed["item_id"] == started  # one item, from speech start to its transcript
+    # As OpenAI orders them: the user's item, then the response that answers it (the
+    # answer's speech, unlogged, came first and showed the response before the item).
+    assert kinds.index("input_audio_buffer.committed") < kinds.index("response.created")
+    user_added = next(
+        i
+        for i, e in enumerate(events)
+        if e["type"] == "conversation.item.added" and e["item"]["role"] == "user"
+    )
+    assert user_added < kinds.index("response.created")
     assert "conversation.item.input_audio_transcription.completed" in kinds
     audio = b"".join(
         base64.b64decode(e["delta"]) for e in events if e["type"] == "response.output_audio.delta"

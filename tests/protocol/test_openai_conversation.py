@@ -23,6 +23,8 @@ from protocol.events import (
     Forgotten,
     Metric,
     Respond,
+    SpeechStarted,
+    SpeechStopped,
     Think,
     ToolResultMessage,
     Usage,
@@ -31,6 +33,7 @@ from protocol.events import (
 )
 from protocol.openai_conversation import Conversation
 from protocol.openai_events import decode_client
+from protocol.openai_speech import EARLY_SPEECH_MAX
 
 SERVER: TypeAdapter[Any] = TypeAdapter(RealtimeServerEvent)
 ROUTE = ("sim", "gpt-realtime-2.1")
@@ -335,3 +338,33 @@ def test_a_response_create_after_a_refused_commit_is_answered() -> None:
         refused = Error(code="turn_active", content="a turn runs", reply_to=commands[0].id)
         refusals = [e["error"]["event_id"] for e in feed(conv, refused) if e["type"] == "error"]
         assert "c_go" in refusals
+
+
+def test_speech_ahead_of_its_event_waits_so_the_user_item_comes_first() -> None:
+    """The model's speech is sent unlogged and overtakes the user's logged turn: its
+    first piece (tagged with the user event) waits for it, so the client sees the
+    committed user item before the response it answers, and the speech in order."""
+    conv = Conversation("s1", "m", audio_out=True)
+    feed(conv, SpeechStarted(seq=1, offset_ms=100))
+    assert conv.audio(3, b"\x01\x00" * 480) == []  # tagged with seq 3, not yet seen
+    assert conv.audio(3, b"\x02\x00" * 480) == []  # behind it
+    kinds = [e["type"] for e in feed(conv, SpeechStopped(seq=2, offset_ms=900))]
+    assert kinds == ["input_audio_buffer.speech_stopped"]
+    out = feed(conv, User(seq=3, content="(speech 0.8 s)", source="audio"))
+    kinds = [e["type"] for e in out]
+    assert kinds.index("input_audio_buffer.committed") < kinds.index("conversation.item.added")
+    assert kinds.index("conversation.item.added") < kinds.index("response.created")
+    deltas = [e["delta"] for e in out if e["type"] == "response.output_audio.delta"]
+    assert deltas == [b"\x01\x00" * 480, b"\x02\x00" * 480]
+    # Once the response is open, speech goes at once.
+    assert [e["type"] for e in conv.audio(4, b"\x03\x00")] == ["response.output_audio.delta"]
+
+
+def test_speech_whose_event_never_comes_goes_in_its_order_past_the_bound() -> None:
+    conv = Conversation("s1", "m", audio_out=True)
+    piece = bytes(EARLY_SPEECH_MAX // 4)
+    assert all(conv.audio(9, piece) == [] for _ in range(4))  # at the bound: held
+    out = conv.audio(9, b"\x05\x00")
+    deltas = [e["delta"] for e in out if e["type"] == "response.output_audio.delta"]
+    assert deltas == [piece] * 4 + [b"\x05\x00"]
+    assert out[0]["type"] == "response.created"

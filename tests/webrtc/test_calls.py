@@ -93,6 +93,8 @@ async def test_a_spoken_turn_is_answered_on_the_track_without_stalling_the_loop(
     assert kinds.index("input_audio_buffer.speech_started") < kinds.index(
         "input_audio_buffer.committed"
     )
+    # The user's item before the response that answers it, as OpenAI orders them.
+    assert kinds.index("input_audio_buffer.committed") < kinds.index("response.created")
     assert "response.output_audio_transcript.delta" in kinds
     assert "response.output_audio.delta" not in kinds  # the speech is on the track
     assert events[-1]["response"]["status"] == "completed"

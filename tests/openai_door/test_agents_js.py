@@ -45,3 +45,27 @@ async def test_agents_js_has_a_text_turn_and_runs_its_own_tool(
     first, after_tool = result["texts"][0], result["texts"][-1]
     assert "hello" in first.lower()
     assert after_tool  # the model answered with the tool's output
+
+
+async def test_agents_js_speaking_keeps_its_question_before_the_answer_in_history(
+    node: NodeProcess, agents_js: Path
+) -> None:
+    """agents-js speaks at a microphone's pace and is answered in speech; its own
+    history (built from the items' events) holds the user's spoken item, then the
+    answer. The answer's speech overtook the user's turn in its log round and showed
+    the response first, and agents-js put the answer above the question."""
+    model = "gpt-realtime-2.1"
+    proc = await asyncio.create_subprocess_exec(
+        "node",
+        "agents_js_voice.mjs",
+        f"{node.base}/openai/v1/realtime?model={model}",
+        model,
+        cwd=agents_js,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 0, (out + err).decode()[-2000:]
+    result = json.loads(out.decode().strip().splitlines()[-1])
+    assert result["errors"] == []
+    assert result["history"] == [["message", "user"], ["message", "assistant"]], result

@@ -29,6 +29,7 @@ slow uplink is let be: it keeps nobody out.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import deque
 from collections.abc import Callable
 from typing import Protocol
@@ -100,6 +101,11 @@ class FrameBudget:
         (no room yet), True once it took its bytes or no longer needs them."""
         self._waiting.append(retry)
 
+    def cancel(self, retry: Callable[[], bool]) -> None:
+        """``retry``'s connection no longer waits (it went away): it keeps no one out."""
+        with contextlib.suppress(ValueError):
+            self._waiting.remove(retry)
+
     @property
     def waiting(self) -> int:
         """Connections whose reading waits for room."""
@@ -129,7 +135,7 @@ class BudgetShare:
     holds, its reading stopped while it waits for room, and that frame's pace
     watched while others wait (``FrameBudget.too_slow``)."""
 
-    __slots__ = ("_pace", "_pace_from", "_reader", "blocked", "budget", "held")
+    __slots__ = ("_pace", "_pace_from", "_reader", "_retry_take", "blocked", "budget", "held")
 
     def __init__(self, budget: FrameBudget, reader: SharingReader) -> None:
         self.budget = budget
@@ -138,6 +144,7 @@ class BudgetShare:
         self._reader = reader
         self._pace: asyncio.TimerHandle | None = None  # the next look at the frame's rate
         self._pace_from = (0.0, 0)  # since when its rate is measured, and its bytes then
+        self._retry_take: Callable[[], bool] | None = None  # its place among the waiting
 
     def take(self, size: int) -> None:
         """The frame being gathered needs ``size`` bytes: hold them, or stop reading
@@ -147,17 +154,18 @@ class BudgetShare:
             return
         self.blocked = True
         self._reader.transport.pause_reading()
-        self.budget.wait(lambda: self._retry(size))
+        self._retry_take = lambda: self._retry(size)
+        self.budget.wait(self._retry_take)
 
     def _retry(self, size: int) -> bool:
         reader = self._reader
         if reader.gathered() is None or reader.transport.is_closing():
-            self.blocked = False
+            self.blocked, self._retry_take = False, None
             return True  # gone, or failed: nothing to hold
         if not self.budget.take(size):
             return False
         self._holding(size)
-        self.blocked = False
+        self.blocked, self._retry_take = False, None
         if not reader.queue_paused:
             reader.transport.resume_reading()
         return True
@@ -197,8 +205,19 @@ class BudgetShare:
         held, self.held = self.held, 0
         return held
 
+    def resumed(self) -> None:
+        """The node reads the connection again (its unread messages were read): the pace
+        is measured from now, not over a window the node itself kept it waiting."""
+        arrived = self._reader.gathered()
+        if self._pace is not None and arrived is not None:
+            self._pace_from = (self._reader.loop.time(), arrived)
+
     def release(self) -> None:
-        """The frame being gathered is dropped: its bytes go back."""
+        """The frame being gathered is dropped (or its connection gone): its bytes go
+        back, and a connection that waited for room waits no more."""
+        if self._retry_take is not None:
+            self.budget.cancel(self._retry_take)
+            self.blocked, self._retry_take = False, None
         held = self.hand_over()
         if held:
             self.budget.give(held)

@@ -363,7 +363,11 @@ class FastReader(Connection):
         self.recv_messages.budget = budget
 
     def _queue_resumes(self) -> None:
-        if self._share is None or not self._share.blocked:
+        share = self._share
+        if share is None:
+            self.transport.resume_reading()
+        elif not share.blocked:
+            share.resumed()
             self.transport.resume_reading()
 
     def gathered(self) -> int | None:

@@ -156,6 +156,11 @@ class Conversation:
         return list(due)
 
     @property
+    def answering(self) -> bool:
+        """A response is shown in progress (its ``response.created`` was sent)."""
+        return self._response is not None
+
+    @property
     def hearing(self) -> bool:
         """Input audio is configured: an append is the user's audio and nothing more
         (the door's read callback relays it without a task: ``DoorConnection``)."""
@@ -192,8 +197,9 @@ class Conversation:
                         "delta": content,
                     }
                 ]
-        elif isinstance(event, Think):
-            return []
+        elif isinstance(event, Think):  # not shown, but logged: speech may be tagged with it
+            self._logged = max(self._logged, event.seq)
+            return self._speak(self._early.due(self._logged)) if self._early else []
         ids = self.ids
         ids.seq, ids.n = event.seq, 0
         reply = type(event) is Error and event.seq <= self._logged
@@ -250,6 +256,7 @@ class Conversation:
                 sent = self.requests.sent
                 if sent is not None and ref == sent[0]:
                     self.requests.sent = None  # the message a response.create sent: taken
+                self.requests.user_logged(spoken=source == "audio")
                 return self._user(event.seq, content, spoken=source == "audio")
             case Forgotten(first=first, last=last):
                 return self._forgotten(first, last)
@@ -375,9 +382,8 @@ class Conversation:
         return out
 
     def audio(self, tag: int, pcm16: bytes) -> list[ServerEvent]:
-        """A piece of the model's speech (not logged: its events have unlogged ids).
-        Speech that would open a response before its tagged event, and what comes
-        behind it, waits for that event (``protocol.openai_speech``)."""
+        """A piece of the model's speech (not logged: its events have unlogged ids); one
+        ahead of its tagged event waits for it (``protocol.openai_speech``)."""
         early = self._early
         if early or (self._response is None and tag > self._logged):
             if early.hold(tag, pcm16):

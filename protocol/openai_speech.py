@@ -8,7 +8,8 @@ sent at once it showed ``response.created`` and the answer's item before the
 user's ``input_audio_buffer.committed`` and item, which a client that orders
 items by ``previous_item_id`` puts after the answer. So the first speech of a
 response waits (``EarlySpeech``) until its tagged event is translated, and what
-comes behind it keeps its order. At most ``EARLY_SPEECH_MAX`` bytes wait: a log
+comes behind it keeps its order. There is no timer: it goes with the event it
+waits for (or a later one). At most ``EARLY_SPEECH_MAX`` bytes wait: a log
 stalled longer lets the speech go in the order it came, as before.
 """
 

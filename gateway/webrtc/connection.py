@@ -48,6 +48,9 @@ class CallConversation(Conversation):
         super().__init__(sid, model, input_rate=RATE)
         self.speaker = speaker
         self.cut_at: Played | None = None  # a cut's position, not yet told to the session
+        # The track plays an answer whose response.created has not come out yet (its
+        # speech waits for its event): the answer's played position counts from then.
+        self._playing_early = False
 
     def client(self, event: ClientEvent | BadEvent, *, model_route: tuple[str, str]) -> Emit:
         emit = super().client(event, model_route=model_route)
@@ -63,7 +66,9 @@ class CallConversation(Conversation):
         for shown in events:
             kind = shown["type"]
             if kind == _RESPONSE_CREATED:
-                self.speaker.answer_started()
+                if not self._playing_early:
+                    self.speaker.answer_started()
+                self._playing_early = False
             elif kind == _SPEECH_STARTED:
                 heard = self.speaker.cut()
                 if heard is not None:
@@ -75,11 +80,16 @@ class CallConversation(Conversation):
         return events
 
     def audio(self, tag: int, pcm16: bytes) -> list[ServerEvent]:
+        if not self.answering and not self._playing_early:
+            # An answer's first speech: it plays now, though its response.created may
+            # wait for the user's turn to be logged (``protocol.openai_speech``).
+            self.speaker.answer_started()
+            self._playing_early = True
         out: list[ServerEvent] = []
         for shown in super().audio(tag, pcm16):
             kind = shown["type"]
             if kind == _RESPONSE_CREATED:
-                self.speaker.answer_started()
+                self._playing_early = False  # counted from its first speech, above
             if kind != _AUDIO_DELTA:  # the speech is on the track
                 out.append(shown)
         self.speaker.play(tag, pcm16)

@@ -354,7 +354,7 @@ class ClientRequests:
             f"no response: the output of call {call[:80]!r} was refused (its turn is over), "
             "so nothing goes on from it; send a user message and response.create"
         )
-        if call.startswith(f"{HIDDEN}commit") or call in self.named:  # a commit's id
+        if call.startswith(f"{HIDDEN}commit") or call in self.named:  # a commit's
             message = (
                 "no response: the commit before this response.create was refused (see "
                 "that error), so there is no turn to answer; append audio and commit again"
@@ -465,6 +465,20 @@ class ClientRequests:
         now = _manual(audio)
         if now != self.manual:
             self.manual, self.buffered = now, 0
+            if not now and self._commit_answers():
+                self.continues = None  # the client's turns are its VAD's now
+
+    def user_logged(self, *, spoken: bool) -> None:
+        """A user turn was logged: a typed one ends a commit's answer whose
+        response.create never came (a spoken one, with turn detection off, is a
+        commit's: the one ``continues`` names, or a newer one that replaced it)."""
+        if not spoken and self._commit_answers():
+            self.continues = None
+
+    def _commit_answers(self) -> bool:
+        """``continues`` is a commit's (``_commit``), not a function call's."""
+        cid = self.continues
+        return cid is not None and (cid.startswith(f"{HIDDEN}commit") or cid in self.named)
 
     def _bad(self, bad: BadEvent) -> Emit:
         error = self.ids.error(bad.message, code=bad.code, event_id=bad.event_id, param=bad.param)

@@ -368,3 +368,44 @@ def test_speech_whose_event_never_comes_goes_in_its_order_past_the_bound() -> No
     deltas = [e["delta"] for e in out if e["type"] == "response.output_audio.delta"]
     assert deltas == [piece] * 4 + [b"\x05\x00"]
     assert out[0]["type"] == "response.created"
+
+
+def test_speech_tagged_with_reasoning_goes_once_the_reasoning_is_logged() -> None:
+    """Reasoning is not shown but is logged: speech tagged with a ``think`` event's
+    seq goes as soon as that event is translated, not at the next shown one."""
+    conv = Conversation("s1", "m", audio_out=True)
+    feed(conv, User(seq=1, content="(speech 1.0 s)", source="audio"))
+    assert conv.audio(2, b"\x01\x00") == []
+    out = feed(conv, Think(seq=2, content="hmm"))
+    assert [e["type"] for e in out][-1] == "response.output_audio.delta"
+    assert [e["type"] for e in conv.audio(2, b"\x02\x00")] == ["response.output_audio.delta"]
+
+
+USAGE = Usage(input=1, output=1)
+
+
+def test_a_commit_whose_create_never_came_leaves_the_next_create_its_own() -> None:
+    """A commit's answer swallows the response.create that follows it, but only for
+    that turn: once another user turn is logged, or turn detection is back on, a bare
+    response.create is answered as before (it needs a user message first)."""
+    manual = {"type": "realtime", "audio": {"input": {"turn_detection": None}}}
+    vad = {"type": "realtime", "audio": {"input": {"turn_detection": {"type": "server_vad"}}}}
+    second = base64.b64encode(bytes(2 * 24000)).decode()
+    for switch_to_vad in (False, True):
+        conv = Conversation("s1", "gpt-realtime-2.1")
+        client(conv, type="session.update", session=manual)
+        client(conv, type="input_audio_buffer.append", audio=second)
+        client(conv, type="input_audio_buffer.commit", event_id="c_commit")
+        feed(conv, User(seq=1, content="(speech 1.0 s)", source="audio", reply_to="c_commit"))
+        feed(conv, End(seq=2), Metric(seq=3, step=USAGE, total=USAGE))
+        if switch_to_vad:
+            client(conv, type="session.update", session=vad)
+            feed(conv, Configured(seq=4, config=SessionConfig()))
+        else:  # another turn, typed, answered
+            client(conv, type="conversation.item.create", item=user_item("hi"))
+            client(conv, type="response.create")
+            feed(
+                conv, User(seq=4, content="hi"), End(seq=5), Metric(seq=6, step=USAGE, total=USAGE)
+            )
+        _, events = client(conv, type="response.create", event_id="c_late")
+        assert [e["error"]["event_id"] for e in events if e["type"] == "error"] == ["c_late"]

@@ -115,7 +115,8 @@ class HeldAudio:
     slice, not a microphone's frame) is held ``whole``: a recording sent right
     after connecting is heard from its start, not only its last five seconds.
     Its sender waits until it is sent (``VoiceInput.send``), so at most one is
-    held per session; ``trim`` lets it go to the limit when the wait is over.
+    held per connection sending; ``trim`` lets it go to the limit when the wait
+    ends otherwise.
     """
 
     __slots__ = ("_chunks", "dropped", "held", "limit", "whole", "whole_from")
@@ -202,6 +203,7 @@ class VoiceInput:
         "_holding",
         "_sent_whole",
         "_unflushed",
+        "_waited_out",
         "audio_in",
         "sid",
     )
@@ -213,6 +215,9 @@ class VoiceInput:
         self._holding = True
         self._sent_whole = asyncio.Event()  # set: no chunk is held whole
         self._sent_whole.set()
+        # A recording's chunk waited ``RECORDING_WAIT`` in vain: until the next flush,
+        # its later chunks do not wait each in turn (a 250 s append is 16 of them).
+        self._waited_out = False
         # An open upstream that must not hear the user yet (``hold_until_flush``).
         self._unflushed = False
         self._heard_at = -math.inf  # time.monotonic() of the user's last audio
@@ -268,7 +273,12 @@ class VoiceInput:
 
     def _is_whole(self, pcm16: bytes) -> bool:
         held = self._held
-        return held is not None and self._holding and len(pcm16) >= held.whole_from
+        return (
+            held is not None
+            and self._holding
+            and not self._waited_out
+            and len(pcm16) >= held.whole_from
+        )
 
     async def _hold_whole(self, pcm16: bytes) -> None:
         """A recording's chunk while the upstream opens: held whole, and its sender (the
@@ -282,7 +292,10 @@ class VoiceInput:
             async with asyncio.timeout(RECORDING_WAIT):
                 await self._sent_whole.wait()
         except TimeoutError:
-            if held is self._held:
+            self._waited_out = True  # the rest of the recording is held as a microphone's
+        finally:
+            # Not sent: waited out, or its sender went away. Held whole no longer.
+            if not self._sent_whole.is_set() and held is self._held:
                 was_full = held.dropped
                 held.trim()
                 self._sent_whole.set()
@@ -363,6 +376,7 @@ class VoiceInput:
             self._unflushed = False
         held.clear()
         self._sent_whole.set()
+        self._waited_out = False
         self._failures = 0
 
     def listen_failed(self) -> tuple[bool, float]:

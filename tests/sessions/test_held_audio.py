@@ -126,3 +126,36 @@ async def test_past_its_wait_a_recording_keeps_only_its_newest_seconds(
     await asyncio.wait_for(mic.flush(upstream), 5)  # type: ignore[arg-type]
     limit = int(rate * voice.HELD_AUDIO_SECONDS) * 2
     assert upstream.heard == [recording[-limit:]]
+
+
+async def test_a_recording_whose_sender_went_away_is_held_no_longer_whole() -> None:
+    """The connection waiting for its recording to be sent closes: the recording is
+    held as any audio then (its newest seconds), not kept whole for nobody."""
+    rate = 8000
+    mic = VoiceInput("s1", AudioIn(rate=rate))
+    recording = bytes(range(256)) * (rate * 2 * 30 // 256)
+    sending = asyncio.create_task(mic.send(None, recording))
+    await asyncio.sleep(0)
+    sending.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await sending
+    upstream = _Upstream()
+    await asyncio.wait_for(mic.flush(upstream), 5)  # type: ignore[arg-type]
+    limit = int(rate * voice.HELD_AUDIO_SECONDS) * 2
+    assert upstream.heard == [recording[-limit:]]
+
+
+async def test_once_a_recording_waited_in_vain_its_next_slices_do_not_wait(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A 250 s append comes as 16 slices: once one waited ``RECORDING_WAIT`` for an
+    upstream that did not open, the next go at once (held as a microphone's), not
+    each after a wait of its own; after the next flush a recording waits again."""
+    monkeypatch.setattr(voice, "RECORDING_WAIT", 0.05)
+    rate = 8000
+    mic = VoiceInput("s1", AudioIn(rate=rate))
+    second = bytes(rate * 2)
+    await asyncio.wait_for(mic.send(None, second), 5)  # waited in vain
+    assert mic.send_now(None, second)  # held at once, not left for send to wait
+    await asyncio.wait_for(mic.flush(_Upstream()), 5)  # type: ignore[arg-type]
+    assert not mic.send_now(None, second)  # a recording waits again

@@ -366,11 +366,9 @@ class SessionRuntime:
         (or the audio is held); False: nothing was sent, await ``send_audio``."""
         if self.closed:
             return False
-        link = self.link
         if self.recorder is not None:  # first: the frame it goes out in refers to it
-            if self.voice_in.waits(link.upstream, pcm16):
-                return False  # ``send_audio`` records it
             _heard_audio(self, self.recorder, pcm16)
+        link = self.link
         return self.voice_in.send_now(link.upstream, pcm16, link.hears)  # positional: cheaper
 
     async def clear_audio(self) -> Error | None:

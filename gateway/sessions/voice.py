@@ -267,10 +267,6 @@ class VoiceInput:
             return True
         return not hears or upstream.send_audio_now(pcm16)
 
-    def waits(self, upstream: Upstream | None, pcm16: bytes) -> bool:
-        """``send_now`` declines this chunk for ``send`` to hold whole and wait."""
-        return (upstream is None or self._unflushed) and self._is_whole(pcm16)
-
     def _is_whole(self, pcm16: bytes) -> bool:
         held = self._held
         return (

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from aiortc import RTCSessionDescription
+from aiortc import RTCRtpSender, RTCSessionDescription
 from openai import AsyncOpenAI
 from websockets.exceptions import InvalidStatus
 
@@ -103,6 +103,31 @@ async def test_a_spoken_turn_is_answered_on_the_track_without_stalling_the_loop(
     # Media on the loop would stall it for seconds; 1 s leaves a loaded 2-core machine
     # its margin (344 ms seen with the suite's other workers running).
     assert max(stalls) < 1.0, f"the loop stalled {max(stalls) * 1000:.0f} ms"
+
+
+async def test_a_call_offering_only_pcmu_is_answered_in_pcmu_and_heard(tmp_path: Path) -> None:
+    """A peer that offers G.711 μ-law alone (a SIP bridge's, a constrained device's)
+    gets a PCMU answer, and its speech is heard and answered on the track."""
+    async with voice_gateway("openai", tmp_path) as gw:
+        peer = Peer()
+        (transceiver,) = peer.pc.getTransceivers()
+        codecs = RTCRtpSender.getCapabilities("audio").codecs
+        transceiver.setCodecPreferences([c for c in codecs if c.mimeType == "audio/PCMU"])
+        try:
+            assert (await peer.call(calls_url(gw.url))).status == 201
+            answer = peer.pc.remoteDescription.sdp
+            assert "PCMU/8000" in answer and "opus" not in answer.lower()
+            await peer.until("session.created")
+            peer.send(type="session.update", session=AUDIO_SESSION)
+            await peer.until("session.updated")
+            peer.mic.say(utterance(0.5, RATE))
+            events = await peer.until("response.done")
+            await peer.heard(11, timeout=20)
+        finally:
+            await peer.close()
+    kinds = [e["type"] for e in events]
+    assert "input_audio_buffer.committed" in kinds
+    assert events[-1]["response"]["status"] == "completed"
 
 
 async def test_speech_over_the_answer_silences_the_track_at_once(tmp_path: Path) -> None:

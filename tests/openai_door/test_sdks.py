@@ -158,6 +158,7 @@ async def test_the_agents_sdk_has_an_audio_turn(
     speech = utterance(0.5, 24000)
     kinds: list[str] = []
     heard = 0
+    history: list[Any] = []
 
     async def microphone() -> None:
         for at in range(0, len(speech), 960):  # 20 ms at a time, as a microphone
@@ -171,10 +172,14 @@ async def test_the_agents_sdk_has_an_audio_turn(
             assert event.type != "error", event
             if event.type == "audio":
                 heard += len(event.audio.data)
+            if event.type == "history_updated":
+                history = event.history
             if event.type == "agent_end":
                 break
         await mic
     assert "audio_end" in kinds and heard > 24000  # more than 0.25 s of PCM16 at 24 kHz
+    # Its history, built from the items' events: the question, then the answer.
+    assert [getattr(item, "role", None) for item in history] == ["user", "assistant"], history
     refused = [r.getMessage() for r in caplog.records if "validate" in r.getMessage()]
     assert refused == []
 

@@ -199,7 +199,9 @@ class Conversation:
                 ]
         elif isinstance(event, Think):  # not shown, but logged: speech may be tagged with it
             self._logged = max(self._logged, event.seq)
-            return self._speak(self._early.due(self._logged)) if self._early else []
+            return self._speak(self._logged) if self._early else []
+        # Speech tagged with an event not shown (the first frame) goes before the next one.
+        before = self._speak(event.seq - 1) if self._early else []
         ids = self.ids
         ids.seq, ids.n = event.seq, 0
         reply = type(event) is Error and event.seq <= self._logged
@@ -212,8 +214,9 @@ class Conversation:
         finally:
             ids.seq = 0
         self.shown.remember(events)
+        events = before + events if before else events
         if self._early:  # speech that waited for this event
-            events += self._speak(self._early.due(self._logged))
+            events += self._speak(self._logged)
         return events
 
     def _gateway(self, event: Event) -> list[ServerEvent]:
@@ -382,20 +385,17 @@ class Conversation:
         return out
 
     def audio(self, tag: int, pcm16: bytes) -> list[ServerEvent]:
-        """A piece of the model's speech (not logged: its events have unlogged ids); one
-        ahead of its tagged event waits for it (``protocol.openai_speech``)."""
+        """A piece of the model's speech (unlogged ids); ahead of its event, it waits."""
         early = self._early
         if early or (self._response is None and tag > self._logged):
             if early.hold(tag, pcm16):
                 return []
-            return self._speak(early.due(None))  # held too long: it goes as it came
+            return self._speak(None)  # held too long: it goes as it came
         return self._audio(tag, pcm16)
 
-    def _speak(self, pieces: list[tuple[int, bytes]]) -> list[ServerEvent]:
-        out: list[ServerEvent] = []
-        for tag, pcm16 in pieces:
-            out += self._audio(tag, pcm16)
-        return out
+    def _speak(self, upto: int | None) -> list[ServerEvent]:
+        """The events of the speech held tagged ``upto`` or before (``None``: all of it)."""
+        return [e for tag, pcm16 in self._early.due(upto) for e in self._audio(tag, pcm16)]
 
     def _audio(self, tag: int, pcm16: bytes) -> list[ServerEvent]:
         ids, requests = self.ids, self.requests

@@ -407,3 +407,15 @@ def test_a_commit_whose_create_never_came_leaves_the_next_create_its_own() -> No
             )
         _, events = client(conv, type="response.create", event_id="c_late")
         assert [e["error"]["event_id"] for e in events if e["type"] == "error"] == ["c_late"]
+
+
+def test_speech_tagged_with_an_event_not_shown_goes_before_the_next_one() -> None:
+    """A connection joining a session mid-answer: its first frame (the log's head, not
+    shown) may be what the speech is tagged with. The speech goes before the next
+    event, so the response it opens is the one that event ends, and is done."""
+    conv = Conversation("s1", "m", audio_out=True)
+    assert conv.audio(7, b"\x01\x00" * 480) == []  # tagged 7: never translated here
+    out = feed(conv, End(seq=8), Metric(seq=9, step=USAGE, total=USAGE))
+    kinds = [e["type"] for e in out]
+    assert kinds[0] == "response.created" and "response.output_audio.delta" in kinds
+    assert kinds[-1] == "response.done" and out[-1]["response"]["status"] == "completed"

@@ -167,7 +167,7 @@ class ClientRequests:
         # The held text a response.create sent, by its event_id, until its turn is logged:
         # held again if the session refuses it for a turn already running.
         self.sent: tuple[str, str] | None = None
-        self.said = 0  # the door's own ids of the messages it sent unnamed
+        self.said = 0  # the door's own ids of the commands it sent unnamed
         self.turn_open = False  # a turn runs (its user event logged, not yet over)
         self.responding: str | None = None  # the id of the response being shown
         # The call whose output went back while its turn ran: the gateway's turn goes on,
@@ -296,16 +296,10 @@ class ClientRequests:
             self.held = []
             self.continues = None  # this create starts a turn of its own
             self.pending_reply = eid
-            # The message's id, the client's event_id (``take`` names it) or one of the
-            # door's own: a refusal of it names it, whether the client named it or not.
-            said = UserMessage(content=text)
-            if eid and len(eid) <= COMMAND_ID_MAX:
-                self.sent = (eid, text)
-            else:
-                self.said += 1
-                mine = f"{HIDDEN}said{self.said}"
-                said = UserMessage(content=text, id=mine)
-                self.sent = (mine, text)
+            # A refusal of the message names it, whether the client named it or not.
+            said_id = self._command_id(eid, "said")
+            said = UserMessage(content=text, id=said_id)
+            self.sent = (said_id, text)
             if change is None:
                 return Emit([said], [])
             self.overrides.start(change)
@@ -354,7 +348,7 @@ class ClientRequests:
             f"no response: the output of call {call[:80]!r} was refused (its turn is over), "
             "so nothing goes on from it; send a user message and response.create"
         )
-        if call.startswith(f"{HIDDEN}commit") or call in self.named:  # a commit's
+        if self._is_commit(call):
             message = (
                 "no response: the commit before this response.create was refused (see "
                 "that error), so there is no turn to answer; append audio and commit again"
@@ -379,13 +373,16 @@ class ClientRequests:
         # detection off, sends response.create next (often with the commit, before
         # ``committed``): that create is this answer, and opens nothing more
         # (``continues``, as after a function_call_output), instead of an error.
-        if eid and len(eid) <= COMMAND_ID_MAX:
-            cid = eid  # its refusal names the client's event (``take``)
-        else:
-            self.said += 1
-            cid = f"{HIDDEN}commit{self.said}"
-        self.continues = cid
+        self.continues = cid = self._command_id(eid, "commit")
         return Emit([Commit(id=cid)], [])
+
+    def _command_id(self, eid: str | None, kind: str) -> str:
+        """A command's id: the client's ``event_id``, or one of the door's own (a
+        refusal of the command then names it either way)."""
+        if eid and len(eid) <= COMMAND_ID_MAX:
+            return eid
+        self.said += 1
+        return f"{HIDDEN}{kind}{self.said}"
 
     def _truncate(self, item_id: str, index: int, ms: int, eid: str | None) -> Emit:
         """What the listener heard of the answer: the gateway cuts the provider's copy of
@@ -477,8 +474,12 @@ class ClientRequests:
 
     def _commit_answers(self) -> bool:
         """``continues`` is a commit's (``_commit``), not a function call's."""
-        cid = self.continues
-        return cid is not None and (cid.startswith(f"{HIDDEN}commit") or cid in self.named)
+        return self.continues is not None and self._is_commit(self.continues)
+
+    def _is_commit(self, cid: str) -> bool:
+        """``cid`` is a commit's id (``_command_id``: a door's own, or the client's
+        event_id; a function call's id is the provider's)."""
+        return cid.startswith(f"{HIDDEN}commit") or cid in self.named
 
     def _bad(self, bad: BadEvent) -> Emit:
         error = self.ids.error(bad.message, code=bad.code, event_id=bad.event_id, param=bad.param)

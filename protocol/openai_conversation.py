@@ -179,7 +179,7 @@ class Conversation:
         # reasoning is not shown.
         if isinstance(event, Respond):
             resp = self._response
-            if resp is not None and resp.message is not None and event.seq and not self._early:
+            if resp is not None and resp.message is not None and event.seq and not self._early.held:
                 content = event.content
                 resp.text.append(content)
                 resp.last = event.seq  # the message's span, for conversation.item.delete
@@ -199,9 +199,9 @@ class Conversation:
                 ]
         elif isinstance(event, Think):  # not shown, but logged: speech may be tagged with it
             self._logged = max(self._logged, event.seq)
-            return self._speak(self._logged) if self._early else []
+            return self._speak(self._logged) if self._early.held else []
         # Speech tagged with an event not shown (the first frame) goes before the next one.
-        before = self._speak(event.seq - 1) if self._early else []
+        before = self._speak(event.seq - 1) if self._early.held else []
         ids = self.ids
         ids.seq, ids.n = event.seq, 0
         reply = type(event) is Error and event.seq <= self._logged
@@ -215,7 +215,7 @@ class Conversation:
             ids.seq = 0
         self.shown.remember(events)
         events = before + events if before else events
-        if self._early:  # speech that waited for this event
+        if self._early.held:  # speech that waited for this event
             events += self._speak(self._logged)
         return events
 
@@ -387,7 +387,7 @@ class Conversation:
     def audio(self, tag: int, pcm16: bytes) -> list[ServerEvent]:
         """A piece of the model's speech (unlogged ids); ahead of its event, it waits."""
         early = self._early
-        if early or (self._response is None and tag > self._logged):
+        if early.held or (self._response is None and tag > self._logged):
             if early.hold(tag, pcm16):
                 return []
             return self._speak(None)  # held too long: it goes as it came

@@ -18,33 +18,33 @@ from __future__ import annotations
 from collections import deque
 from typing import Final
 
+from protocol.audio import OUTPUT_RATE
+
 __all__ = ["EARLY_SPEECH_MAX", "EarlySpeech"]
 
-EARLY_SPEECH_MAX: Final = 2 * 24000 * 2
-"""Bytes of speech held for its event: 2 s at 24 kHz (a log round takes milliseconds)."""
+EARLY_SPEECH_MAX: Final = 2 * OUTPUT_RATE * 2
+"""Bytes of speech held for its event: 2 s of PCM16 (a log round takes milliseconds)."""
 
 
 class EarlySpeech:
-    """Pieces of speech, ``(tag, pcm16)`` in the order they came, until their event."""
+    """Pieces of speech, ``(tag, pcm16)`` in the order they came, until their event.
+    ``held`` is tested per token and per audio frame: a deque's own truth, no call."""
 
-    __slots__ = ("_held", "held_bytes")
+    __slots__ = ("held", "held_bytes")
 
     def __init__(self) -> None:
-        self._held: deque[tuple[int, bytes]] = deque()
+        self.held: deque[tuple[int, bytes]] = deque()
         self.held_bytes = 0
-
-    def __bool__(self) -> bool:
-        return bool(self._held)
 
     def hold(self, tag: int, pcm16: bytes) -> bool:
         """Hold a piece; False once more than ``EARLY_SPEECH_MAX`` is held (let it all go)."""
-        self._held.append((tag, pcm16))
+        self.held.append((tag, pcm16))
         self.held_bytes += len(pcm16)
         return self.held_bytes <= EARLY_SPEECH_MAX
 
     def due(self, seq: int | None) -> list[tuple[int, bytes]]:
         """The pieces tagged ``seq`` or before (all of them: ``None``), oldest first."""
-        held, out = self._held, []
+        held, out = self.held, []
         while held and (seq is None or held[0][0] <= seq):
             piece = held.popleft()
             self.held_bytes -= len(piece[1])

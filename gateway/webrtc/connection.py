@@ -38,7 +38,6 @@ __all__ = ["CallConnection", "CallConversation"]
 _encoder: Final = msgspec.json.Encoder()
 _AUDIO_DELTA: Final = "response.output_audio.delta"
 _SPEECH_STARTED: Final = "input_audio_buffer.speech_started"
-_RESPONSE_CREATED: Final = "response.created"
 
 
 class CallConversation(Conversation):
@@ -62,21 +61,11 @@ class CallConversation(Conversation):
 
     def gateway(self, event: Any) -> list[ServerEvent]:
         events = super().gateway(event)
-        speech = False  # the speech that waited for this event (on the track already)
         for shown in events:
-            kind = shown["type"]
-            if kind == _RESPONSE_CREATED:
-                if not self._playing_early:
-                    self.speaker.answer_started()
-                self._playing_early = False
-            elif kind == _SPEECH_STARTED:
+            if shown["type"] == _SPEECH_STARTED:
                 heard = self.speaker.cut()
                 if heard is not None:
                     self.cut_at = heard
-            elif kind == _AUDIO_DELTA:
-                speech = True
-        if speech:
-            return [shown for shown in events if shown["type"] != _AUDIO_DELTA]
         return events
 
     def audio(self, tag: int, pcm16: bytes) -> list[ServerEvent]:
@@ -85,15 +74,24 @@ class CallConversation(Conversation):
             # wait for the user's turn to be logged (``protocol.openai_speech``).
             self.speaker.answer_started()
             self._playing_early = True
-        out: list[ServerEvent] = []
-        for shown in super().audio(tag, pcm16):
-            kind = shown["type"]
-            if kind == _RESPONSE_CREATED:
-                self._playing_early = False  # counted from its first speech, above
-            if kind != _AUDIO_DELTA:  # the speech is on the track
-                out.append(shown)
+        out = super().audio(tag, pcm16)
         self.speaker.play(tag, pcm16)
         return out
+
+    def _start(self) -> list[ServerEvent]:
+        """A response shown (the base's one place): its played position counts from
+        here, or from its first speech if that played before it showed."""
+        out = super()._start()
+        if out:
+            if not self._playing_early:
+                self.speaker.answer_started()
+            self._playing_early = False
+        return out
+
+    def _audio(self, tag: int, pcm16: bytes) -> list[ServerEvent]:
+        """The base's events of a piece of speech, sent now or after its event: the
+        speech itself is on the track, not in a ``response.output_audio.delta``."""
+        return [shown for shown in super()._audio(tag, pcm16) if shown["type"] != _AUDIO_DELTA]
 
 
 class CallConnection(DoorConnection):

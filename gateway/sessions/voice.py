@@ -325,9 +325,7 @@ class VoiceInput:
                 "clear of its input): stop sending the audio instead, or pick a provider "
                 'that has it (docs/providers.md, "Session controls")',
             )
-        if self._held is not None:
-            self._held.clear()
-            self._sent_whole.set()
+        self._let_go()
         if upstream is not None and not self._unflushed:
             with contextlib.suppress(UpstreamClosed):  # a new connection heard none of it
                 await upstream.clear_audio()
@@ -358,9 +356,7 @@ class VoiceInput:
         spoke) gets none: what was held is dropped, as speech to a text session is."""
         held = self._held
         if held is None or not hears:
-            if held is not None:
-                held.clear()
-                self._sent_whole.set()
+            self._let_go()
             self._unflushed = False
             return
         self._unflushed = True  # what comes during an await below queues behind
@@ -370,8 +366,7 @@ class VoiceInput:
                     await upstream.send_audio(chunk)
         finally:
             self._unflushed = False
-        held.clear()
-        self._sent_whole.set()
+        self._let_go()
         self._waited_out = False
         self._failures = 0
 
@@ -380,11 +375,15 @@ class VoiceInput:
         row, seconds to wait)``. Audio of the wait is not held (the client is told)."""
         self._failures += 1
         failures = self._failures
-        if self._held is not None:
-            self._held.clear()
-            self._sent_whole.set()
+        self._let_go()
         self._holding = False
         return failures == 1, min(LISTEN_RETRY_FIRST * 2 ** (failures - 1), LISTEN_RETRY_CAP)
+
+    def _let_go(self) -> None:
+        """What is held goes (sent, or dropped): a recording's sender waits no more."""
+        if self._held is not None:
+            self._held.clear()
+        self._sent_whole.set()
 
     def listen_again(self) -> None:
         """The wait after a failed open is over: audio is held again."""

@@ -135,16 +135,20 @@ class BudgetShare:
     holds, its reading stopped while it waits for room, and that frame's pace
     watched while others wait (``FrameBudget.too_slow``)."""
 
-    __slots__ = ("_pace", "_pace_from", "_reader", "_retry_take", "blocked", "budget", "held")
+    __slots__ = ("_pace", "_pace_from", "_reader", "_retry_take", "budget", "held")
 
     def __init__(self, budget: FrameBudget, reader: SharingReader) -> None:
         self.budget = budget
         self.held = 0  # bytes the frame being gathered holds
-        self.blocked = False  # reading waits for room
         self._reader = reader
         self._pace: asyncio.TimerHandle | None = None  # the next look at the frame's rate
         self._pace_from = (0.0, 0)  # since when its rate is measured, and its bytes then
         self._retry_take: Callable[[], bool] | None = None  # its place among the waiting
+
+    @property
+    def blocked(self) -> bool:
+        """Reading waits for room (the connection is among the budget's waiting)."""
+        return self._retry_take is not None
 
     def take(self, size: int) -> None:
         """The frame being gathered needs ``size`` bytes: hold them, or stop reading
@@ -152,7 +156,6 @@ class BudgetShare:
         if self.budget.take(size):
             self._holding(size)
             return
-        self.blocked = True
         self._reader.transport.pause_reading()
         self._retry_take = lambda: self._retry(size)
         self.budget.wait(self._retry_take)
@@ -160,12 +163,12 @@ class BudgetShare:
     def _retry(self, size: int) -> bool:
         reader = self._reader
         if reader.gathered() is None or reader.transport.is_closing():
-            self.blocked, self._retry_take = False, None
+            self._retry_take = None
             return True  # gone, or failed: nothing to hold
         if not self.budget.take(size):
             return False
         self._holding(size)
-        self.blocked, self._retry_take = False, None
+        self._retry_take = None
         if not reader.queue_paused:
             reader.transport.resume_reading()
         return True
@@ -217,7 +220,7 @@ class BudgetShare:
         back, and a connection that waited for room waits no more."""
         if self._retry_take is not None:
             self.budget.cancel(self._retry_take)
-            self.blocked, self._retry_take = False, None
+            self._retry_take = None
         held = self.hand_over()
         if held:
             self.budget.give(held)

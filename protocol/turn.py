@@ -202,6 +202,11 @@ class TurnMachine(VoiceSteps, RecoverySteps):
         return self.state is IDLE
 
     @property
+    def opened_stale(self) -> bool:
+        """The open connection was opened for an earlier setup (``Reconfigured`` since)."""
+        return self._opened_for != self.setup
+
+    @property
     def awaits_upstream(self) -> bool:
         """The next input comes from the upstream connection (a delta or a response's end)."""
         state = self.state
@@ -332,7 +337,7 @@ class TurnMachine(VoiceSteps, RecoverySteps):
 
     def _ask(self, message: Message | None) -> Request:
         """Ask the model; on a new connection if the open one is for an older setup."""
-        if self._opened_for != self.setup:
+        if self.opened_stale:
             return Request(message, fresh=True)
         return RETRY if message is None else Request(message)
 

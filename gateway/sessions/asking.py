@@ -110,6 +110,30 @@ class UpstreamAsker:
         if upstream is not None:
             return upstream
         self.in_call = True
+        upstream = await self._open_current()
+        # A listening session reconfigured while it opened (a WebRTC call's first
+        # ``session.update`` turning its microphone on) would keep hearing with the
+        # old setup until a turn of its own reopened it: opened again, as
+        # ``Reconfigured`` reopens an idle one. Audio held meanwhile waits for it.
+        while flush and self.machine.opened_stale and self.machine.idle:
+            self.link.upstream = None
+            self.link.discard(upstream)
+            upstream = await self._open_current()
+        if not flush:
+            self.voice_in.hold_until_flush()
+            self.in_call = False
+            return upstream  # the request's sender flushes (or the pump, if it was superseded)
+        try:
+            await self.voice_in.flush(upstream, hears=self.link.hears)
+        except BaseException:
+            self.link.upstream = None
+            self.link.discard(upstream)
+            raise
+        self.in_call = False
+        return upstream
+
+    async def _open_current(self) -> Upstream:
+        """A connection opened for the session's setup as it is now."""
         session = self.session
         setup = session.setup
         config = setup.config
@@ -125,17 +149,6 @@ class UpstreamAsker:
         upstream, voiced = await self.link.open(request, setup)
         self.machine.feed(Opened(opened_for))  # nothing to do: the machine notes it
         self.machine.voice = voiced
-        if not flush:
-            self.voice_in.hold_until_flush()
-            self.in_call = False
-            return upstream  # the request's sender flushes (or the pump, if it was superseded)
-        try:
-            await self.voice_in.flush(upstream, hears=self.link.hears)
-        except BaseException:
-            self.link.upstream = None
-            self.link.discard(upstream)
-            raise
-        self.in_call = False
         return upstream
 
     async def commit_audio(self) -> None:

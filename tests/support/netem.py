@@ -474,6 +474,7 @@ class LatencyProxy:
         self.max_buffer = max_buffer
         self.rng = random.Random(seed)
         self.refusing = False
+        self.accepted = asyncio.Event()  # a connection came (what a test may await)
         self.stats = ProxyStats()
         self.lateness_ring = _Ring()
         self._listen = listen
@@ -530,6 +531,7 @@ class LatencyProxy:
 
     def _accept(self) -> asyncio.Protocol:
         self.stats.connections += 1
+        self.accepted.set()
         if self.refusing:
             return _Refused()
         pair = _Pair(self, _clock())

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import orjson
 from websockets.asyncio.client import ClientConnection, connect
@@ -21,6 +22,7 @@ from gateway.sim.model import SimConfig
 from gateway.sim.server import serve_sim
 from protocol.audio import split_audio_frame
 from protocol.events import Event, Session, decode_event
+from tests.support.netem import LatencyProxy
 
 KEY = "voice-key"
 CHUNK_S = 0.02  # 20 ms frames, as a microphone sends them
@@ -135,6 +137,7 @@ def shape(events: list[Event]) -> list[tuple[str, str]]:
 class VoiceGateway:
     url: str
     sim: Any
+    link: LatencyProxy | None = None  # between the gateway and the simulator, if asked for
 
 
 @contextlib.asynccontextmanager
@@ -143,15 +146,24 @@ async def voice_gateway(
     workspace: Path,
     redis_url: str | None = None,
     gateway_settings: dict[str, Any] | None = None,
+    *,
+    link: bool = False,
     **knobs: Any,
 ) -> AsyncIterator[VoiceGateway]:
     """A gateway whose ``provider`` upstream is a simulator of that flavour
-    (``knobs``: the simulator's; ``gateway_settings``: more of the gateway's)."""
+    (``knobs``: the simulator's; ``gateway_settings``: more of the gateway's;
+    ``link``: the upstream is reached through a ``LatencyProxy`` the test holds)."""
     sim_config = SimConfig(flavor=provider, api_key=KEY, **knobs)
-    async with serve_sim(sim_config) as sim:
+    async with contextlib.AsyncExitStack() as stack:
+        sim = await stack.enter_async_context(serve_sim(sim_config))
+        base_url, proxy = sim.url, None
+        if link:
+            host, port = urlsplit(sim.url).netloc.rsplit(":", 1)
+            proxy = await stack.enter_async_context(LatencyProxy((host, int(port))))
+            base_url = base_url.replace(f":{port}", f":{proxy.port}", 1)
         settings: dict[str, Any] = {
             "provider": provider,
-            f"{provider}_base_url": sim.url,
+            f"{provider}_base_url": base_url,
             f"{provider}_api_key": KEY,
             # The simulator's own model writes text on either wire, as these sessions' text
             # answers need (today's Live models only speak: tests/voice/test_spoken_models.py).
@@ -163,4 +175,4 @@ async def voice_gateway(
             settings["redis_url"] = redis_url
         settings.update(gateway_settings or {})
         async with running_gateway(load_config(settings, env={})) as gateway:
-            yield VoiceGateway(gateway.url, sim)
+            yield VoiceGateway(gateway.url, sim, proxy)

@@ -125,6 +125,28 @@ async def test_speech_sent_while_the_upstream_opens_is_heard_whole(
 
 
 @pytest.mark.parametrize("provider", PROVIDERS)
+async def test_a_configure_while_the_upstream_opens_is_what_it_hears_with(
+    provider: str, tmp_path: Path
+) -> None:
+    """A session that speaks but does not hear yet opens its upstream to listen; the
+    client turns its microphone on while that connection is still opening (a WebRTC
+    call's first ``session.update`` does). Its speech is heard: the connection opened
+    for the old setup is not the one the session keeps listening on."""
+    async with voice_gateway(provider, tmp_path, link=True) as gw:
+        assert gw.link is not None
+        gw.link.held = True  # the provider's handshake waits in the network
+        client = await VoiceClient.connect(gw.url)
+        await client.configure(output="audio")
+        await asyncio.wait_for(gw.link.accepted.wait(), 10)  # the listening upstream opens
+        await client.configure(input_audio={"rate": RATE})
+        gw.link.held = False
+        await client.stream(utterance(0.6, RATE), RATE)
+        events = await client.until("user", timeout=15)
+        await client.close()
+    assert [e.content for e in events if isinstance(e, User)] == ["(speech 0.6 s)"]
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
 async def test_a_commit_right_after_held_audio_commits_all_of_it(
     provider: str, tmp_path: Path
 ) -> None:

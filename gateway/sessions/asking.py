@@ -114,8 +114,8 @@ class UpstreamAsker:
         # A listening session reconfigured while it opened (a WebRTC call's first
         # ``session.update`` turning its microphone on) would keep hearing with the
         # old setup until a turn of its own reopened it: opened again, as
-        # ``Reconfigured`` reopens an idle one. Audio held meanwhile waits for it.
-        while flush and self.machine.opened_stale and self.machine.idle:
+        # ``_apply_setup`` reopens an idle one. Audio held meanwhile waits for it.
+        while flush and self.machine.idle and self.outdated():
             self.link.upstream = None
             self.link.discard(upstream)
             upstream = await self._open_current()
@@ -132,12 +132,12 @@ class UpstreamAsker:
         self.in_call = False
         return upstream
 
-    async def _open_current(self) -> Upstream:
-        """A connection opened for the session's setup as it is now."""
+    def _request(self) -> OpenRequest:
+        """How a connection for the session's setup as it is now is opened."""
         session = self.session
         setup = session.setup
         config = setup.config
-        request = OpenRequest(
+        return OpenRequest(
             setup.upstream_factory,
             setup.system_prompt,
             setup.instructions,
@@ -145,6 +145,26 @@ class UpstreamAsker:
             session.speaking_voice,
             ModelOptions(truncation=config.truncation, reasoning_effort=config.reasoning_effort),
         )
+
+    def outdated(self) -> bool:
+        """The open connection was opened for an earlier setup and told the provider
+        something the session's setup no longer says (instructions, tools, voice,
+        model). One that would be opened alike now serves the new setup: the machine
+        notes it, so neither a listening session nor the next request reopens it (the
+        audio the provider holds stays heard; the Agents SDK sends its session.update
+        twice, the second while a recording is already in)."""
+        machine = self.machine
+        if self.link.upstream is None or not machine.opened_stale:
+            return False
+        if self.link.opened_as != self._request().opens_as:
+            return True
+        machine.feed(Opened(machine.setup))
+        return False
+
+    async def _open_current(self) -> Upstream:
+        """A connection opened for the session's setup as it is now."""
+        request = self._request()
+        setup = self.session.setup
         opened_for = self.machine.setup
         upstream, voiced = await self.link.open(request, setup)
         self.machine.feed(Opened(opened_for))  # nothing to do: the machine notes it

@@ -153,6 +153,12 @@ class UpstreamReader:
         """Feed the upstream's events to the machine until one calls for an action."""
         session = self.session
         upstream = self.link.upstream
+        machine = self.machine
+        if machine.idle and session.listening and self.asker.outdated():
+            # Reconfigured while the turn ran: the next one is heard and answered by
+            # a connection opened for the new setup.
+            self.asker.drop(stop=False)
+            upstream = None
         if upstream is None:
             if not session.listening:
                 raise UpstreamClosed("no upstream connection")
@@ -161,7 +167,6 @@ class UpstreamReader:
             await self.voice_in.flush(
                 upstream, hears=self.link.hears
             )  # the request it waited for was superseded
-        machine = self.machine
         text = machine.text
         todo = self.todo
         first = self.asker.requested_at is not None

@@ -523,11 +523,19 @@ def _apply_setup(
     _install_voice(runtime, _voice_of(setup, runtime.services.executor.registry))
     if setup.record != (runtime.recorder is not None):
         _switch_recording(runtime, setup.record)
+    # The provider takes a setup when a connection opens. Between turns an open one
+    # told something else goes now: a listening session's next spoken turn is answered
+    # with the new instructions, tools and voice, not the ones it opened with (a turn
+    # running now keeps its connection until it ends: ``UpstreamReader.pump`` reopens
+    # it then). One opened alike is kept (``UpstreamAsker.outdated``).
+    if runtime.driver.asker.outdated() and runtime.machine.idle:
+        runtime.driver.drop_upstream(stop=False)
+    runtime.driver.listen()
 
 
 def _install_voice(runtime: SessionRuntime, voice: VoiceConfig | None) -> None:
-    """A new setup's audio (``None``: text only), as ``_install_guard`` its guardrails.
-    The upstream is reopened with it (its context rebuilt from history) when next needed."""
+    """A new setup's audio (``None``: text only), as ``_install_guard`` its guardrails;
+    ``_apply_setup`` reopens the upstream with it."""
     if voice == runtime.voice:
         return
     runtime.voice_in.reconfigure(voice.audio_in if voice is not None else None)
@@ -535,9 +543,6 @@ def _install_voice(runtime: SessionRuntime, voice: VoiceConfig | None) -> None:
     if runtime.log.guard is not None:
         runtime.log.guard.speaks = _speaks(voice)
     runtime.machine.voice = voice is not None
-    if runtime.machine.idle:
-        runtime.driver.drop_upstream(stop=False)
-    runtime.driver.listen()
 
 
 def _voice_of(

@@ -65,6 +65,20 @@ class OpenRequest:
         self.voice = voice
         self.speaking = speaking  # the voice for a model that only speaks
 
+    @property
+    def opens_as(self) -> tuple[object, ...]:
+        """What the provider is told at open: two requests equal here open the same
+        connection (a configure that changes none of it keeps the open one)."""
+        factory = self.factory
+        return (
+            factory.provider,
+            factory.model,
+            self.system_prompt,
+            self.instructions,
+            self.voice,
+            self.options,
+        )
+
 
 class UpstreamLink:
     """The session's upstream connection (see the module docstring)."""
@@ -91,6 +105,7 @@ class UpstreamLink:
         self.upstream: Upstream | None = None
         self.provider = ""  # the provider of the connection opened last
         self.opened_with: object = None  # what the connection was opened for (the setup)
+        self.opened_as: tuple[object, ...] = ()  # and what it told the provider (``opens_as``)
         self.hears = False  # the open connection takes the user's audio (VoiceConfig.audio_in)
         # The provider's own copy of the conversation, to continue on the next connection,
         # and where its positions are in the history (position at a turn's end → items).
@@ -133,6 +148,7 @@ class UpstreamLink:
         self._positions = {upstream.position: held}
         self.upstream = upstream
         self.opened_with = opened_with
+        self.opened_as = request.opens_as
         self.hears = voice is not None and voice.audio_in is not None
         return upstream, voice is not None
 

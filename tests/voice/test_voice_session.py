@@ -15,7 +15,14 @@ import pytest
 
 from gateway.common.pcm import silence, tone
 from protocol.events import Cancelled, Configured, Error, User
-from tests.voice.conftest import VoiceClient, kind, shape, utterance, voice_gateway
+from tests.voice.conftest import (
+    VoiceClient,
+    VoiceGateway,
+    kind,
+    shape,
+    utterance,
+    voice_gateway,
+)
 
 PROVIDERS = ["openai", "gemini"]
 RATE = 24000
@@ -144,6 +151,40 @@ async def test_a_configure_while_the_upstream_opens_is_what_it_hears_with(
         events = await client.until("user", timeout=15)
         await client.close()
     assert [e.content for e in events if isinstance(e, User)] == ["(speech 0.6 s)"]
+
+
+def _instructed(gw: VoiceGateway) -> list[tuple[bool, bool]]:
+    """Per open provider connection: whether it was given instructions A, and B."""
+    return [("AAA" in c.instructions, "BBB" in c.instructions) for c in gw.sim.conversations()]
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+@pytest.mark.parametrize("when", ["between turns", "during the answer"])
+async def test_instructions_configured_in_a_spoken_session_answer_its_next_turn(
+    provider: str, when: str, tmp_path: Path
+) -> None:
+    """The provider takes instructions when a connection opens, and a spoken turn is
+    the provider's own (its VAD answers): new instructions (an Agents SDK handoff's
+    session.update) reach the provider for the next spoken turn, whether they came
+    between turns or while an answer ran."""
+    # An answer of a few seconds (5 chunks a second), so a configure comes while it runs.
+    async with voice_gateway(provider, tmp_path, tokens_per_second=5) as gw:
+        client = await VoiceClient.connect(gw.url)
+        await client.configure(input_audio={"rate": RATE}, output="audio", instructions="AAA")
+        await client.stream(utterance(0.6, RATE), RATE)
+        if when == "during the answer":
+            await client.until("respond")
+            await client.send({"type": "configure", "instructions": "BBB"})
+            answer = await client.turn_end()
+            assert "configured" in [kind(e) for e in answer], [kind(e) for e in answer]
+        else:
+            await client.turn_end()
+            await client.configure(instructions="BBB")
+        await client.stream(utterance(0.9, RATE), RATE)
+        second = await client.turn_end()
+        assert _instructed(gw) == [(False, True)]
+        await client.close()
+    assert ("user", "(speech 0.9 s)") in shape(second)
 
 
 @pytest.mark.parametrize("provider", PROVIDERS)

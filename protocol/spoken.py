@@ -34,7 +34,7 @@ call's resampler keeps a few ms back; a client reports at intervals)."""
 class SpokenAnswer:
     """What the machine keeps of the current spoken turn (see the module docstring)."""
 
-    __slots__ = ("_held", "_transcript", "heard_ms", "queued", "sent_ms")
+    __slots__ = ("_held", "_transcript", "heard_ms", "queued", "sent_ms", "speech_open")
 
     def __init__(self) -> None:
         self._held: list[Action] | None = None  # the turn's events waiting for its transcript
@@ -42,6 +42,8 @@ class SpokenAnswer:
         self.heard_ms: int | None = None  # how much of its audio the client played
         self.queued = False  # the user spoke while the turn was closing
         self.sent_ms = 0.0  # ms of the answer's audio sent to clients
+        # The open connection heard the user start speaking and not stop yet.
+        self.speech_open = False
 
     @property
     def holding(self) -> bool:
@@ -56,12 +58,26 @@ class SpokenAnswer:
         """``ms`` more of the answer's audio went to the clients."""
         self.sent_ms += ms
 
+    @property
+    def playing(self) -> bool:
+        """The answer's audio is still playing: the newest ``played`` report is behind
+        what was sent."""
+        heard = self.heard_ms
+        return heard is not None and heard + PLAYED_SLACK_MS < self.sent_ms
+
+    @property
+    def reopen_loses(self) -> bool:
+        """A new upstream connection now would lose what the open one holds: the user's
+        speech under way (the provider commits it when it ends), or an answer still
+        playing (a barge-in cuts the provider's copy of it there)."""
+        return self.speech_open or self.playing
+
     def cut(self) -> int | None:
         """The user spoke over a finished answer: how much of it the listener had heard,
-        if its audio is still playing (the newest ``played`` report is behind what was
-        sent), else None. Taking it spends it: the answer is cut once."""
+        if its audio is still ``playing``, else None. Taking it spends it: the answer is
+        cut once."""
         heard = self.heard_ms
-        if heard is None or heard + PLAYED_SLACK_MS >= self.sent_ms:
+        if heard is None or not self.playing:
             return None
         self.sent_ms = 0.0
         return heard
@@ -108,3 +124,4 @@ class SpokenAnswer:
         """The session stops on this node: nothing is held or queued any more."""
         self._held = None
         self.queued = False
+        self.speech_open = False

@@ -498,8 +498,10 @@ class TurnMachine(VoiceSteps, RecoverySteps):
         self.setup += 1
         return NOTHING
 
-    def _opened(self, setup: int) -> Sequence[Action]:
+    def _opened(self, setup: int, kept: bool) -> Sequence[Action]:
         self._opened_for = setup
+        if not kept:
+            self.spoken.speech_open = False  # a new connection heard no speech yet
         return NOTHING
 
     def _rerun(self, reason: str) -> Sequence[Action]:

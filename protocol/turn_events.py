@@ -250,9 +250,11 @@ class Reconfigured(_Input, frozen=True, tag="reconfigured"):
 
 class Opened(_Input, frozen=True, tag="opened"):
     """The shell opened an upstream connection for setup number ``setup``
-    (``TurnMachine.setup``, read as the open began)."""
+    (``TurnMachine.setup``, read as the open began); ``kept``: it kept the open one
+    for that setup instead (it told the provider what a new one would)."""
 
     setup: int
+    kept: bool = False
 
 
 class RetryNow(_Input, frozen=True, tag="retry_now"):

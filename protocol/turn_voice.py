@@ -78,6 +78,7 @@ class VoiceSteps:
         return self._cancel(guardrail=True, stop=not cut.done)
 
     def _speech_began(self, offset_ms: int) -> Sequence[Action]:
+        self.spoken.speech_open = True
         out: list[Action] = [SpeechStarted(offset_ms=offset_ms)]
         state = self.state
         if state is STREAMING or state is STOPPING or state is TOOLS or state is BACKOFF:
@@ -106,6 +107,7 @@ class VoiceSteps:
         return True
 
     def _speech_ended(self, offset_ms: int) -> Sequence[Action]:
+        self.spoken.speech_open = False
         out: list[Action] = [SpeechStopped(offset_ms=offset_ms)]
         state = self.state
         if state is IDLE:

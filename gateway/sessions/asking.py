@@ -83,7 +83,7 @@ class UpstreamAsker:
         self.in_call = True
         self.observer.step_started()
         upstream = self.link.upstream
-        if upstream is not None and fresh:
+        if upstream is not None and fresh and self.outdated():
             # Configured since it was opened: reopen with the new prompt and provider.
             self.drop(stop=False)
             upstream = None
@@ -115,7 +115,7 @@ class UpstreamAsker:
         # ``session.update`` turning its microphone on) would keep hearing with the
         # old setup until a turn of its own reopened it: opened again, as
         # ``_apply_setup`` reopens an idle one. Audio held meanwhile waits for it.
-        while flush and self.machine.idle and self.outdated():
+        while flush and self.gives_way():
             self.link.upstream = None
             self.link.discard(upstream)
             upstream = await self._open_current()
@@ -156,10 +156,18 @@ class UpstreamAsker:
         machine = self.machine
         if self.link.upstream is None or not machine.opened_stale:
             return False
-        if self.link.opened_as != self._request().opens_as:
+        if self.link.opened_as != self.link.opening_as(self._request()):
             return True
-        machine.feed(Opened(machine.setup))
+        machine.feed(Opened(machine.setup, kept=True))
         return False
+
+    def gives_way(self) -> bool:
+        """Between turns, the open connection is ``outdated`` and a new one would lose
+        nothing it holds (``SpokenAnswer.reopen_loses``: speech under way, an answer
+        still playing): let it go, and the next read opens one for the setup. Else
+        it waits for the turn that speech starts, or for the answer to be played."""
+        machine = self.machine
+        return machine.idle and not machine.spoken.reopen_loses and self.outdated()
 
     async def _open_current(self) -> Upstream:
         """A connection opened for the session's setup as it is now."""

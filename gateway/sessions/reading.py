@@ -154,7 +154,7 @@ class UpstreamReader:
         session = self.session
         upstream = self.link.upstream
         machine = self.machine
-        if machine.idle and session.listening and self.asker.outdated():
+        if session.listening and self.asker.gives_way():
             # Reconfigured while the turn ran: the next one is heard and answered by
             # a connection opened for the new setup.
             self.asker.drop(stop=False)

@@ -515,9 +515,6 @@ def _apply_setup(
     runtime.machine.batch.router = setup.client_tools
     runtime.machine.batch.needs_approval = setup.approvals
     runtime.machine.batch.background = setup.background
-    # Priced and traced as the provider and model it now uses.
-    runtime.observer.provider = setup.upstream_factory.provider
-    runtime.observer.model = setup.upstream_factory.model
     runtime.log.emit(Configured(config=setup.config, reply_to=reply_to))
     runtime.host.runtime_configured(runtime)
     _install_voice(runtime, _voice_of(setup, runtime.services.executor.registry))
@@ -525,10 +522,12 @@ def _apply_setup(
         _switch_recording(runtime, setup.record)
     # The provider takes a setup when a connection opens. Between turns an open one
     # told something else goes now: a listening session's next spoken turn is answered
-    # with the new instructions, tools and voice, not the ones it opened with (a turn
-    # running now keeps its connection until it ends: ``UpstreamReader.pump`` reopens
-    # it then). One opened alike is kept (``UpstreamAsker.outdated``).
-    if runtime.driver.asker.outdated() and runtime.machine.idle:
+    # with the new instructions, tools and voice, not the ones it opened with. A turn
+    # running now, speech under way or an answer still playing keeps it until over
+    # (``UpstreamReader.pump`` reopens it then); one opened alike is kept
+    # (``UpstreamAsker.gives_way``). Usage stays priced as the connection's provider
+    # (``UpstreamLink.open`` sets it).
+    if runtime.driver.asker.gives_way():
         runtime.driver.drop_upstream(stop=False)
     runtime.driver.listen()
 

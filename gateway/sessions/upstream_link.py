@@ -105,7 +105,7 @@ class UpstreamLink:
         self.upstream: Upstream | None = None
         self.provider = ""  # the provider of the connection opened last
         self.opened_with: object = None  # what the connection was opened for (the setup)
-        self.opened_as: tuple[object, ...] = ()  # and what it told the provider (``opens_as``)
+        self.opened_as: tuple[object, ...] = ()  # and how (``opening_as``)
         self.hears = False  # the open connection takes the user's audio (VoiceConfig.audio_in)
         # The provider's own copy of the conversation, to continue on the next connection,
         # and where its positions are in the history (position at a turn's end → items).
@@ -148,9 +148,14 @@ class UpstreamLink:
         self._positions = {upstream.position: held}
         self.upstream = upstream
         self.opened_with = opened_with
-        self.opened_as = request.opens_as
+        self.opened_as = self.opening_as(request)
         self.hears = voice is not None and voice.audio_in is not None
         return upstream, voice is not None
+
+    def opening_as(self, request: OpenRequest) -> tuple[object, ...]:
+        """What a connection opened now for ``request`` would be: what the provider is
+        told, and whether the session's recorder taps its frames (tapped at open)."""
+        return (*request.opens_as, self.recorder is not None)
 
     def discard(self, upstream: Upstream) -> None:
         """A connection opened but not taken (the audio held for it failed): closed."""

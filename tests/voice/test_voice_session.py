@@ -188,6 +188,52 @@ async def test_instructions_configured_in_a_spoken_session_answer_its_next_turn(
 
 
 @pytest.mark.parametrize("provider", PROVIDERS)
+async def test_a_configure_then_a_message_opens_one_connection(
+    provider: str, tmp_path: Path
+) -> None:
+    """A listening session configured, then sent a message at once (the OpenAI door's
+    ``response.create`` with instructions does both): the connection is replaced
+    once, not opened for the new setup between turns and again for the message."""
+    async with voice_gateway(provider, tmp_path) as gw:
+        client = await VoiceClient.connect(gw.url)
+        await client.configure(input_audio={"rate": RATE}, instructions="AAA")
+        await client.send({"type": "user", "content": "hello"})
+        await client.turn_end()  # a connection is open and listening
+        before = gw.sim.stats.connections_total
+        await client.send({"type": "configure", "instructions": "BBB"})
+        await client.send({"type": "user", "content": "hello again"})
+        await client.turn_end()
+        opened = gw.sim.stats.connections_total - before
+        assert _instructed(gw) == [(False, True)]
+        await client.close()
+    assert opened == 1, f"{opened} connections opened for one configure"
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_a_barge_in_after_a_configure_during_the_answer_is_heard_whole(
+    provider: str, tmp_path: Path
+) -> None:
+    """Instructions configured during an answer, then the user speaks over it: the
+    connection for the new setup waits until that speech is a turn, so the provider
+    keeps hearing it from its start (a reopen as the cancelled turn ends lost it)."""
+    async with voice_gateway(provider, tmp_path, tokens_per_second=20, chunk_size=2) as gw:
+        client = await VoiceClient.connect(gw.url)
+        await client.configure(input_audio={"rate": RATE}, instructions="AAA")
+        await client.send({"type": "user", "content": "/raw " + "z" * 400})
+        await client.until("respond")
+        await client.send({"type": "configure", "instructions": "BBB"})
+        await client.until("configured")
+        sender = asyncio.create_task(client.stream(utterance(1.0, RATE), RATE))
+        cut = await client.until("cancelled")
+        answered = await client.turn_end()
+        await sender
+        await client.close()
+    assert isinstance(cut[-1], Cancelled) and cut[-1].reason == "barge_in"
+    got = shape(answered)
+    assert [c for k, c in got if k == "user"] == ["(speech 1.0 s)"], got
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
 async def test_a_commit_right_after_held_audio_commits_all_of_it(
     provider: str, tmp_path: Path
 ) -> None:

@@ -65,6 +65,17 @@ class OpenRequest:
         self.voice = voice
         self.speaking = speaking  # the voice for a model that only speaks
 
+    def voice_for(self, factory: UpstreamFactory) -> VoiceConfig | None:
+        """The voice a connection to ``factory``'s model is opened with. A model that
+        only speaks answers a text session with the transcript of its speech; it is
+        told no text protocol and calls its tools natively (``speaking``)."""
+        voice = self.voice
+        if facts(factory.wire, factory.model).answers == "audio" and (
+            voice is None or voice.audio_out is None
+        ):
+            return self.speaking()
+        return voice
+
     @property
     def opens_as(self) -> tuple[object, ...]:
         """What the provider is told at open: two requests equal here open the same
@@ -75,7 +86,7 @@ class OpenRequest:
             factory.model,
             self.system_prompt,
             self.instructions,
-            self.voice,
+            self.voice_for(factory),
             self.options,
         )
 
@@ -128,13 +139,7 @@ class UpstreamLink:
         upstream = chosen.create()
         if self.recorder is not None:
             upstream.tap_frames(self.recorder.connected(chosen.provider, chosen.model))
-        # A model that only speaks answers a text session with the transcript of its
-        # speech; it is told no text protocol and calls its tools natively.
-        voice = request.voice
-        if facts(chosen.wire, chosen.model).answers == "audio" and (
-            voice is None or voice.audio_out is None
-        ):
-            voice = request.speaking()
+        voice = request.voice_for(chosen)
         speaks = voice is not None and voice.audio_out is not None
         prompt = native_prompt(request.instructions) if speaks else request.system_prompt
         resume = self.resume_for(chosen)

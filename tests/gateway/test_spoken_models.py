@@ -174,3 +174,21 @@ async def test_a_background_native_call_is_non_blocking_and_answered_when_idle(
     assert "The tool shell returned" in "".join(
         getattr(e, "content", "") for e in later if kind(e) == "respond"
     )
+
+
+async def test_a_client_tool_made_background_is_declared_so_at_the_next_turn(
+    tmp_path: Path,
+) -> None:
+    """A text session on a model that only speaks declares its tools natively: a
+    ``configure`` that makes a client tool ``background`` changes that declaration
+    (not the text prompt, which the model is not given), so the next turn's
+    connection declares it NON_BLOCKING."""
+    tool = {"name": "lookup", "description": "looks up", "parameters": {"type": "object"}}
+    async with gemini_gateway(tmp_path) as (client, sim):
+        await client.send({"type": "configure", "tools": [tool]})
+        await client.turn("hello")
+        [before] = [conn.setup.non_blocking for conn in sim.live()]  # type: ignore[attr-defined]
+        await client.send({"type": "configure", "tools": [{**tool, "background": True}]})
+        await client.turn("hello again")
+        [after] = [conn.setup.non_blocking for conn in sim.live()]  # type: ignore[attr-defined]
+    assert (before, after) == (frozenset(), frozenset({"lookup"}))

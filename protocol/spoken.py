@@ -34,7 +34,15 @@ call's resampler keeps a few ms back; a client reports at intervals)."""
 class SpokenAnswer:
     """What the machine keeps of the current spoken turn (see the module docstring)."""
 
-    __slots__ = ("_held", "_transcript", "heard_ms", "queued", "sent_ms", "speech_open")
+    __slots__ = (
+        "_held",
+        "_transcript",
+        "answer_here",
+        "heard_ms",
+        "queued",
+        "sent_ms",
+        "speech_open",
+    )
 
     def __init__(self) -> None:
         self._held: list[Action] | None = None  # the turn's events waiting for its transcript
@@ -44,12 +52,16 @@ class SpokenAnswer:
         self.sent_ms = 0.0  # ms of the answer's audio sent to clients
         # The open connection heard the user start speaking and not stop yet.
         self.speech_open = False
+        # The open connection wrote the answer: a cut truncates its copy there (one
+        # opened between turns was given the answer whole, from history).
+        self.answer_here = False
 
     @property
     def holding(self) -> bool:
         return self._held is not None
 
     def new_attempt(self) -> None:
+        self.answer_here = True
         self._transcript = []
         self.heard_ms = None
         self.sent_ms = 0.0

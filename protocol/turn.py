@@ -502,6 +502,8 @@ class TurnMachine(VoiceSteps, RecoverySteps):
         self._opened_for = setup
         if not kept:
             self.spoken.speech_open = False  # a new connection heard no speech yet
+            if self.state is IDLE:
+                self.spoken.answer_here = False  # opened after the last answer
         return NOTHING
 
     def _rerun(self, reason: str) -> Sequence[Action]:

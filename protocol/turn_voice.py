@@ -91,7 +91,10 @@ class VoiceSteps:
                 out[0] = SpeechStarted(offset_ms=offset_ms, heard_ms=heard)
                 note = Cancelled(content=BARGED_IN, reason="barge_in", heard_ms=heard)
                 out.append(Persist((note,)))
-                if self.voice:
+                # The provider's copy is cut on the connection that wrote it; one opened
+                # since (a configure between turns) was given it whole from history, and
+                # a replacement there would add the answer a second time.
+                if self.voice and self.spoken.answer_here:
                     spoken = self.spoken
                     text = spoken.text if spoken.chars else self._parser.accepted_text
                     out.append(ReplaceResponse(text, heard_ms=heard))

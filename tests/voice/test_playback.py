@@ -122,3 +122,29 @@ async def test_a_played_report_needs_no_voice_and_is_not_an_error(tmp_path: Path
         events = await client.turn_end()
         await client.close()
     assert not [e for e in events if type(e).__name__ == "Error"]
+
+
+async def test_speech_over_a_playing_answer_after_a_configure_keeps_one_copy_of_it(
+    tmp_path: Path,
+) -> None:
+    """A configure right after the answer was generated (the connection is replaced for
+    the new instructions while the client still plays it), then the user speaks over
+    it: the provider holds the answer once, not the history's copy plus a replacement."""
+    async with voice_gateway("openai", tmp_path, audio_ms_per_char=60) as gw:
+        sim: Sim = gw.sim
+        client = await VoiceClient.connect(gw.url)
+        await client.configure(input_audio={"rate": RATE}, output="audio", instructions="A")
+        await client.send({"type": "user", "content": "/raw " + "z" * 40})
+        await client.turn_end()  # generated and sent: the turn is over, 2.4 s to play
+        await client.configure(instructions="B")
+        stop = asyncio.Event()
+        player = asyncio.create_task(report_playback(client, 100, stop))
+        await asyncio.sleep(0.35)  # the user hears a bit of it...
+        stop.set()
+        await player
+        await client.stream(utterance(0.5, RATE), RATE)  # ...and talks over it
+        await client.turn_end()
+        [conversation] = sim.conversations()
+        await client.close()
+    answers = [item.text for item in conversation.items if item.role == "assistant"]
+    assert sum("zzzz" in text for text in answers) == 1, answers

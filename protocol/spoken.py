@@ -38,6 +38,7 @@ class SpokenAnswer:
         "_held",
         "_transcript",
         "answer_here",
+        "audio_base_ms",
         "heard_ms",
         "queued",
         "sent_ms",
@@ -55,6 +56,9 @@ class SpokenAnswer:
         # The open connection wrote the answer: a cut truncates its copy there (one
         # opened between turns was given the answer whole, from history).
         self.answer_here = False
+        # The session's audio the connections before the open one were sent: its
+        # speech offsets count from there (they are the session's, not the connection's).
+        self.audio_base_ms = 0
 
     @property
     def holding(self) -> bool:

@@ -498,10 +498,11 @@ class TurnMachine(VoiceSteps, RecoverySteps):
         self.setup += 1
         return NOTHING
 
-    def _opened(self, setup: int, kept: bool) -> Sequence[Action]:
+    def _opened(self, setup: int, kept: bool, audio_ms: int) -> Sequence[Action]:
         self._opened_for = setup
         if not kept:
             self.spoken.speech_open = False  # a new connection heard no speech yet
+            self.spoken.audio_base_ms = audio_ms
             if self.state is IDLE:
                 self.spoken.answer_here = False  # opened after the last answer
         return NOTHING

@@ -251,10 +251,12 @@ class Reconfigured(_Input, frozen=True, tag="reconfigured"):
 class Opened(_Input, frozen=True, tag="opened"):
     """The shell opened an upstream connection for setup number ``setup``
     (``TurnMachine.setup``, read as the open began); ``kept``: it kept the open one
-    for that setup instead (it told the provider what a new one would)."""
+    for that setup instead (it told the provider what a new one would). ``audio_ms``:
+    the session's audio the connections before a new one were sent."""
 
     setup: int
     kept: bool = False
+    audio_ms: int = 0
 
 
 class RetryNow(_Input, frozen=True, tag="retry_now"):

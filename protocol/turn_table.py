@@ -177,7 +177,7 @@ ROWS: Final = (
     _row(Reconfigured, lambda m, i: m._reconfigured(),
          idle=stays, streaming=stays, stopping=stays, ending=stays,
          tools=stays, backoff=stays, cancelling=stays),
-    _row(Opened, lambda m, i: m._opened(i.setup, i.kept),
+    _row(Opened, lambda m, i: m._opened(i.setup, i.kept, i.audio_ms),
          idle=stays, streaming=stays, stopping=stays, ending=stays,
          tools=stays, backoff=stays, cancelling=stays),
     _row(BackgroundDone, lambda m, i: m._background_done(i.id, i.result),

@@ -79,6 +79,7 @@ class VoiceSteps:
 
     def _speech_began(self, offset_ms: int) -> Sequence[Action]:
         self.spoken.speech_open = True
+        offset_ms += self.spoken.audio_base_ms  # into the session's audio
         out: list[Action] = [SpeechStarted(offset_ms=offset_ms)]
         state = self.state
         if state is STREAMING or state is STOPPING or state is TOOLS or state is BACKOFF:
@@ -111,6 +112,7 @@ class VoiceSteps:
 
     def _speech_ended(self, offset_ms: int) -> Sequence[Action]:
         self.spoken.speech_open = False
+        offset_ms += self.spoken.audio_base_ms
         out: list[Action] = [SpeechStopped(offset_ms=offset_ms)]
         state = self.state
         if state is IDLE:

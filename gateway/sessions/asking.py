@@ -175,7 +175,8 @@ class UpstreamAsker:
         setup = self.session.setup
         opened_for = self.machine.setup
         upstream, voiced = await self.link.open(request, setup)
-        self.machine.feed(Opened(opened_for))  # nothing to do: the machine notes it
+        # Nothing to do: the machine notes it (and where its speech offsets start).
+        self.machine.feed(Opened(opened_for, audio_ms=self.voice_in.sent_ms))
         self.machine.voice = voiced
         return upstream
 

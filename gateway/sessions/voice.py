@@ -201,6 +201,8 @@ class VoiceInput:
         "_heard_at",
         "_held",
         "_holding",
+        "_sent_bytes",
+        "_sent_ms_before",
         "_sent_whole",
         "_unflushed",
         "_waited_out",
@@ -222,9 +224,22 @@ class VoiceInput:
         self._unflushed = False
         self._heard_at = -math.inf  # time.monotonic() of the user's last audio
         self._failures = 0  # opens of a listening session's upstream that failed in a row
+        # The audio the session's connections were sent (``sent_ms``): bytes at the
+        # current rate, and ms at the rates before it.
+        self._sent_bytes = 0
+        self._sent_ms_before = 0
+
+    @property
+    def sent_ms(self) -> int:
+        """Milliseconds of the user's audio the session's upstream connections were sent
+        (on this node): where a new connection's speech offsets start in the session."""
+        audio_in = self.audio_in
+        rate_ms = self._sent_bytes * 500 // audio_in.rate if audio_in is not None else 0
+        return self._sent_ms_before + rate_ms
 
     def reconfigure(self, audio_in: AudioIn | None) -> None:
         """Another input configuration: audio held at another rate is gone."""
+        self._sent_ms_before, self._sent_bytes = self.sent_ms, 0
         before, self.audio_in = self.audio_in, audio_in
         if audio_in is None or before is None or audio_in.rate != before.rate:
             self._held = HeldAudio.for_rate(audio_in.rate) if audio_in is not None else None
@@ -253,6 +268,7 @@ class VoiceInput:
             await upstream.send_audio(pcm16)
         except UpstreamClosed:
             return  # the driver's recv sees the loss and reopens
+        self._sent_bytes += len(pcm16)
 
     def send_now(self, upstream: Upstream | None, pcm16: bytes, hears: bool = True) -> bool:
         """``send`` without awaiting when the socket takes it at once (or the audio is
@@ -265,7 +281,12 @@ class VoiceInput:
                 return False  # held by ``send``, which waits until it is sent
             self._hold(pcm16)
             return True
-        return not hears or upstream.send_audio_now(pcm16)
+        if not hears:
+            return True
+        if upstream.send_audio_now(pcm16):
+            self._sent_bytes += len(pcm16)
+            return True
+        return False
 
     def _is_whole(self, pcm16: bytes) -> bool:
         held = self._held
@@ -364,6 +385,7 @@ class VoiceInput:
             while (chunk := held.take()) is not None:
                 if not upstream.send_audio_now(chunk):
                     await upstream.send_audio(chunk)
+                self._sent_bytes += len(chunk)
         finally:
             self._unflushed = False
         self._let_go()

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from gateway.common.pcm import silence, tone
-from protocol.events import Cancelled, Configured, Error, User
+from protocol.events import Cancelled, Configured, Error, SpeechStarted, SpeechStopped, User
 from tests.voice.conftest import (
     VoiceClient,
     VoiceGateway,
@@ -185,6 +185,32 @@ async def test_instructions_configured_in_a_spoken_session_answer_its_next_turn(
         assert _instructed(gw) == [(False, True)]
         await client.close()
     assert ("user", "(speech 0.9 s)") in shape(second)
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_speech_offsets_count_in_the_sessions_audio_across_a_new_connection(
+    provider: str, tmp_path: Path
+) -> None:
+    """Two utterances (1.7 s of audio each, the tone 0.3 s in), a configure between them
+    that gets a new provider connection: the second's offsets are where it is in all
+    the audio the session was sent (OpenAI's ``audio_start_ms``: "from the start of
+    all audio written to the buffer during the session"), not in the new connection's."""
+    async with voice_gateway(provider, tmp_path) as gw:
+        client = await VoiceClient.connect(gw.url)
+        await client.configure(input_audio={"rate": RATE}, output="audio", instructions="AAA")
+        await client.stream(utterance(0.6, RATE), RATE)
+        first = await client.turn_end()
+        await client.configure(instructions="BBB")
+        await client.stream(utterance(0.6, RATE), RATE)
+        second = await client.turn_end()
+        assert _instructed(gw) == [(False, True)]  # it was a new connection
+        await client.close()
+    [start1] = [e.offset_ms for e in first if isinstance(e, SpeechStarted)]
+    [start2] = [e.offset_ms for e in second if isinstance(e, SpeechStarted)]
+    [stop2] = [e.offset_ms for e in second if isinstance(e, SpeechStopped)]
+    assert abs(start1 - 300) <= 60, start1
+    assert abs(start2 - 2000) <= 60, start2
+    assert stop2 > start2 + 600
 
 
 @pytest.mark.parametrize("provider", PROVIDERS)

@@ -116,8 +116,7 @@ class UpstreamAsker:
         # old setup until a turn of its own reopened it: opened again, as
         # ``_apply_setup`` reopens an idle one. Audio held meanwhile waits for it.
         while flush and self.gives_way():
-            self.link.upstream = None
-            self.link.discard(upstream)
+            self.drop(stop=False)
             upstream = await self._open_current()
         if not flush:
             self.voice_in.hold_until_flush()
@@ -126,8 +125,7 @@ class UpstreamAsker:
         try:
             await self.voice_in.flush(upstream, hears=self.link.hears)
         except BaseException:
-            self.link.upstream = None
-            self.link.discard(upstream)
+            self.drop(stop=False)
             raise
         self.in_call = False
         return upstream
@@ -171,10 +169,8 @@ class UpstreamAsker:
 
     async def _open_current(self) -> Upstream:
         """A connection opened for the session's setup as it is now."""
-        request = self._request()
-        setup = self.session.setup
         opened_for = self.machine.setup
-        upstream, voiced = await self.link.open(request, setup)
+        upstream, voiced = await self.link.open(self._request())
         # Nothing to do: the machine notes it (and where its speech offsets start).
         self.machine.feed(Opened(opened_for, audio_ms=self.voice_in.sent_ms))
         self.machine.voice = voiced

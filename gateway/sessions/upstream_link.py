@@ -115,8 +115,7 @@ class UpstreamLink:
         self._clock = clock
         self.upstream: Upstream | None = None
         self.provider = ""  # the provider of the connection opened last
-        self.opened_with: object = None  # what the connection was opened for (the setup)
-        self.opened_as: tuple[object, ...] = ()  # and how (``opening_as``)
+        self.opened_as: tuple[object, ...] = ()  # what the connection was opened as
         self.hears = False  # the open connection takes the user's audio (VoiceConfig.audio_in)
         # The provider's own copy of the conversation, to continue on the next connection,
         # and where its positions are in the history (position at a turn's end → items).
@@ -128,7 +127,7 @@ class UpstreamLink:
 
     # ------------------------------------------------------------------ opening
 
-    async def open(self, request: OpenRequest, opened_with: object) -> tuple[Upstream, bool]:
+    async def open(self, request: OpenRequest) -> tuple[Upstream, bool]:
         """A new connection (its context rebuilt from history, or resumed); returns it and
         whether it carries the user's voice or the model's (the turn machine's ``voice``)."""
         chosen = request.factory.choose()
@@ -152,7 +151,6 @@ class UpstreamLink:
         held = point.items if resume is not None and upstream.resumed and point else 0
         self._positions = {upstream.position: held}
         self.upstream = upstream
-        self.opened_with = opened_with
         self.opened_as = self.opening_as(request)
         self.hears = voice is not None and voice.audio_in is not None
         return upstream, voice is not None
@@ -161,10 +159,6 @@ class UpstreamLink:
         """What a connection opened now for ``request`` would be: what the provider is
         told, and whether the session's recorder taps its frames (tapped at open)."""
         return (*request.opens_as, self.recorder is not None)
-
-    def discard(self, upstream: Upstream) -> None:
-        """A connection opened but not taken (the audio held for it failed): closed."""
-        self._spawn(_discard(upstream, stop=False), f"discard-upstream:{self.sid}")
 
     def resume_for(self, chosen: UpstreamFactory) -> Resume | None:
         """How a connection to ``chosen`` continues the provider's copy; None: from history."""

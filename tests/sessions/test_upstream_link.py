@@ -84,10 +84,9 @@ async def test_a_text_model_is_told_the_protocol_and_given_the_history() -> None
     async with serve_sim(SimConfig()) as sim:
         factory = SimFactory(sim)
         made, observer, _, _ = link(history)
-        setup = object()
-        upstream, voiced = await made.open(request(factory), setup)
+        upstream, voiced = await made.open(request(factory))
         assert upstream is made.upstream
-        assert not voiced and made.opened_with is setup
+        assert not voiced and made.opened_as == made.opening_as(request(factory))
         await answered(upstream)
         [conversation] = sim.conversations()
         await made.close()
@@ -102,7 +101,7 @@ async def test_a_model_that_only_speaks_gets_the_spoken_voice_and_no_text_protoc
     async with serve_sim(SimConfig(flavor="gemini")) as sim:
         factory = SimFactory(sim, provider="gemini", model="gemini-3.8-live")
         made, *_ = link([User(content="hi")])
-        upstream, voiced = await made.open(request(factory), object())
+        upstream, voiced = await made.open(request(factory))
         await answered(upstream)
         [conversation] = sim.conversations()
         await made.close()
@@ -119,7 +118,7 @@ async def test_the_history_given_is_cut_to_the_context_budget() -> None:
     history.append(User(content="the last question"))
     async with serve_sim(SimConfig()) as sim:
         made, *_ = link(history, context_tokens=1500)
-        upstream, _ = await made.open(request(SimFactory(sim)), object())
+        upstream, _ = await made.open(request(SimFactory(sim)))
         await answered(upstream)
         [conversation] = sim.conversations()
         await made.close()
@@ -144,7 +143,7 @@ async def test_a_handle_of_the_same_model_is_resumed_and_new_handles_map_to_hist
         return upstream
 
     factory.create = resuming  # type: ignore[method-assign]
-    upstream, _ = await made.open(request(factory), object())
+    upstream, _ = await made.open(request(factory))
     assert isinstance(upstream, ScriptedUpstream) and upstream.opened_with is not None
     assert upstream.opened_with[3] == Resume("h-1", tuple(assemble(history[2:])))
 
@@ -172,14 +171,14 @@ async def test_a_handle_of_another_model_is_not_offered() -> None:
     made, *_ = link([User(content="one")], resume=point)
     factory = ScriptedFactory(model="new-model")
     assert made.resume_for(factory) is None
-    upstream, _ = await made.open(request(factory), object())
+    upstream, _ = await made.open(request(factory))
     assert isinstance(upstream, ScriptedUpstream) and upstream.opened_with is not None
     assert upstream.opened_with[3] is None
 
 
 async def test_positions_kept_are_bounded() -> None:
     made, *_ = link([User(content="one")])
-    upstream, _ = await made.open(request(ScriptedFactory()), object())
+    upstream, _ = await made.open(request(ScriptedFactory()))
     assert isinstance(upstream, ScriptedUpstream)
     for position in range(40):
         upstream._position = position
@@ -190,19 +189,19 @@ async def test_positions_kept_are_bounded() -> None:
 async def test_a_dropped_connection_is_stopped_and_closed_in_the_background() -> None:
     made, _, spawned, _ = link([User(content="one")])
     assert made.drop(stop=True) is None  # nothing to let go
-    upstream, _ = await made.open(request(ScriptedFactory()), object())
+    upstream, _ = await made.open(request(ScriptedFactory()))
     assert made.drop(stop=True) is upstream and made.upstream is None
     await spawned.done()
     assert isinstance(upstream, ScriptedUpstream)
     assert upstream.calls[-2:] == ["cancel_response", "close"]
 
-    again, _ = await made.open(request(ScriptedFactory()), object())
+    again, _ = await made.open(request(ScriptedFactory()))
     made.drop(stop=False)
     await spawned.done()
     assert isinstance(again, ScriptedUpstream) and again.calls[-1] == "close"
     assert "cancel_response" not in again.calls
 
-    last, _ = await made.open(request(ScriptedFactory()), object())
+    last, _ = await made.open(request(ScriptedFactory()))
     await made.close()
     assert isinstance(last, ScriptedUpstream) and last.closed and made.upstream is None
 

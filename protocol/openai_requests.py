@@ -140,9 +140,9 @@ class ClientRequests:
         "model",
         "named",
         "overrides",
+        "own_ids",
         "pending_reply",
         "responding",
-        "said",
         "sent",
         "shown",
         "speaking",
@@ -167,7 +167,7 @@ class ClientRequests:
         # The held text a response.create sent, by its event_id, until its turn is logged:
         # held again if the session refuses it for a turn already running.
         self.sent: tuple[str, str] | None = None
-        self.said = 0  # the door's own ids of the commands it sent unnamed
+        self.own_ids = 0  # ids the door made for commands the client sent unnamed
         self.turn_open = False  # a turn runs (its user event logged, not yet over)
         self.responding: str | None = None  # the id of the response being shown
         # The call whose output went back while its turn ran: the gateway's turn goes on,
@@ -381,8 +381,8 @@ class ClientRequests:
         refusal of the command then names it either way)."""
         if eid and len(eid) <= COMMAND_ID_MAX:
             return eid
-        self.said += 1
-        return f"{HIDDEN}{kind}{self.said}"
+        self.own_ids += 1
+        return f"{HIDDEN}{kind}{self.own_ids}"
 
     def _truncate(self, item_id: str, index: int, ms: int, eid: str | None) -> Emit:
         """What the listener heard of the answer: the gateway cuts the provider's copy of

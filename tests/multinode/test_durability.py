@@ -315,6 +315,10 @@ async def healthy_shard_stall(cluster: ClusterRedis, store: RedisStore) -> tuple
     tasks = [asyncio.create_task(write(sid)) for sid in sids]
     try:
         await every_session_appends()  # warm: every lane connected and busy
+        # The leases on the replica before the kill: replication is asynchronous, and
+        # a lease the promoted master never had is lost (the writer would stop).
+        h0_log = store._key("h0", "log")
+        assert await store._core.topology.exchange(h0_log, [("WAIT", 1, 5000)]) == [1]
         measuring = True
         victim.kill()
         await asyncio.to_thread(

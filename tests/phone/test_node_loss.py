@@ -10,7 +10,6 @@ tests/bench/phone_node_loss_bench.py measures both.
 from __future__ import annotations
 
 import asyncio
-import socket
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,16 +22,11 @@ from gateway.client.carrier import CallSetup, SimulatedCall
 from protocol.events import PhoneCall, Respond, SpeechStopped, User, decode_event
 from tests.support.carrier import AUTH_TOKEN, espeak
 from tests.support.procs import NodeProcess
+from tests.support.redis_server import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
 LEASE_TTL = 2.0
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class PhoneNode:

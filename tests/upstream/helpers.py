@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 from collections.abc import AsyncIterator, Sequence
 
 from websockets.asyncio.server import ServerConnection, serve
@@ -70,14 +69,6 @@ async def read_until(upstream: Upstream, needle: str) -> Turn:
         assert isinstance(event, TextDelta), event
         turn.deltas.append(event.text)
     return turn
-
-
-def free_port() -> int:
-    """A port nothing listens on (bound, then released)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-    return port
 
 
 @contextlib.asynccontextmanager

@@ -26,8 +26,9 @@ from gateway.upstream.base import (
 from gateway.upstream.gemini import DEFAULT_MODEL, PROVIDER, GeminiLive
 from protocol.assembly import Message, results_message
 from protocol.events import Usage
+from tests.support.redis_server import free_port
 
-from .helpers import Turn, free_port, read_turn, read_until, recv
+from .helpers import Turn, read_turn, read_until, recv
 
 ECHO_HI = "<think>The user said something.</think>Echo: hi<end>"
 TOOL = '/tool read {"file": "a.txt"}'

@@ -20,11 +20,11 @@ from gateway.upstream.base import (
 from gateway.upstream.openai import PROVIDER, OpenAIRealtime
 from protocol.assembly import Message, results_message
 from protocol.events import Usage
+from tests.support.redis_server import free_port
 
 from .helpers import (
     SESSION_CREATED,
     Turn,
-    free_port,
     read_turn,
     read_until,
     recv,

@@ -447,23 +447,31 @@ async def test_a_frame_past_the_doors_limit_closes_with_1009(tmp_path: Path) -> 
 async def test_a_15_mib_append_holds_the_loop_only_in_short_steps(tmp_path: Path) -> None:
     """OpenAI's largest append (15 MiB of audio, 20 MiB of JSON) is read and relayed
     in slices: no step of the loop, which serves every other client, takes more
-    than a few tens of ms of CPU (one step of ~100 ms before it was sliced)."""
+    than a few tens of ms of CPU (one step of ~100 ms before it was sliced).
+
+    Sent twice, and the better of the two is judged: unsliced work is one long step
+    every time, while a step the test process alone made long (a full collection
+    of a long-lived test worker's heap, CPU time a loaded VM's host took) comes
+    once (CI saw 78 ms once, against 18-21 in every run)."""
     audio = base64.b64encode(bytes(range(256)) * (15 * 2**12)).decode()
     text = json.dumps({"type": "input_audio_buffer.append", "audio": audio, "event_id": "rec"})
     wire = Frame(Opcode.TEXT, text.encode()).serialize(mask=True)  # masked before the watch
     for name in AUDIO_LIBRARIES:  # as `gateway serve` does as it starts, on a thread
         importlib.import_module(name)
+    longest: list[float] = []
     async with voice_gateway("openai", tmp_path) as gw:
         client = await RawClient.open(door(gw.url), max_size=None)
         try:
             await client.send(type="session.update", session=MANUAL_SESSION)
             await client.until("session.updated")
-            async with LoopSteps() as steps:
-                client.ws.transport.write(wire)
-                await client.send(type="input_audio_buffer.commit", event_id="commit")
-                events = await client.until("input_audio_buffer.committed")
+            for _ in range(2):
+                async with LoopSteps() as steps:
+                    client.ws.transport.write(wire)
+                    await client.send(type="input_audio_buffer.commit", event_id="commit")
+                    events = await client.until("input_audio_buffer.committed")
+                assert not [e for e in events if e["type"] == "error"], events
+                longest.append(steps.longest_cpu)
         finally:
             await client.close()
-    print(f"\n15 MiB append: longest loop step {steps.longest_cpu * 1000:.1f} ms of CPU")
-    assert not [e for e in events if e["type"] == "error"], events
-    assert steps.longest_cpu < 0.05
+    print(f"\n15 MiB appends: longest loop steps {[round(s * 1000, 1) for s in longest]} ms of CPU")
+    assert min(longest) < 0.05

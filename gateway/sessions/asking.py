@@ -85,7 +85,7 @@ class UpstreamAsker:
         upstream = self.link.upstream
         if upstream is not None and fresh and self.outdated():
             # Configured since it was opened: reopen with the new prompt and provider.
-            self.drop(stop=False)
+            self.let_outdated_go()
             upstream = None
         if upstream is None:
             # Fresh connection: history already ends with the prompt message.
@@ -116,7 +116,7 @@ class UpstreamAsker:
         # old setup until a turn of its own reopened it: opened again, as
         # ``_apply_setup`` reopens an idle one. Audio held meanwhile waits for it.
         while flush and self.gives_way():
-            self.drop(stop=False)
+            self.let_outdated_go()
             upstream = await self._open_current()
         if not flush:
             self.voice_in.hold_until_flush()
@@ -167,10 +167,19 @@ class UpstreamAsker:
         machine = self.machine
         return machine.idle and not machine.spoken.reopen_loses and self.outdated()
 
+    def let_outdated_go(self) -> None:
+        """Let the ``outdated`` connection go; what it was sent of the user's audio and
+        had not consumed is held for the next (``VoiceInput.replay_unconsumed``): the
+        start of an utterance its VAD had not reported, or an utterance under way
+        when a typed turn needs the new setup, is heard by the new connection."""
+        self.voice_in.replay_unconsumed()
+        self.drop(stop=False)
+
     async def _open_current(self) -> Upstream:
         """A connection opened for the session's setup as it is now."""
         opened_for = self.machine.setup
         upstream, voiced = await self.link.open(self._request())
+        self.voice_in.consumed()  # it has heard nothing yet; what is held is flushed to it
         # Nothing to do: the machine notes it (and where its speech offsets start).
         self.machine.feed(Opened(opened_for, audio_ms=self.voice_in.sent_ms))
         self.machine.voice = voiced
@@ -183,6 +192,7 @@ class UpstreamAsker:
         self.in_call = True
         self.requested_at = time.perf_counter()
         await upstream.commit_audio()
+        self.voice_in.consumed()
         self.in_call = False
 
     async def stop_response(self) -> None:

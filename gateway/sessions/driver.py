@@ -375,6 +375,7 @@ class TurnDriver:
     # ------------------------------------------------------------------ tools
 
     def _barge_in(self, ev: SpeechBegan) -> None:
+        self.voice_in.speech_began()
         self.command(self.machine.feed(ev), interrupt=True)
 
     def _call_done(self, call_id: str, result: ToolResult) -> None:

@@ -47,6 +47,7 @@ from protocol.turn_events import (
     GuardrailCut,
     ResponseDone,
     Source,
+    SpeechBegan,
     SpeechEnded,
     Spoken,
     TextDelta,
@@ -157,7 +158,7 @@ class UpstreamReader:
         if session.listening and self.asker.gives_way():
             # Reconfigured while the turn ran: the next one is heard and answered by
             # a connection opened for the new setup.
-            self.asker.drop(stop=False)
+            self.asker.let_outdated_go()
             upstream = None
         if upstream is None:
             if not session.listening:
@@ -257,6 +258,9 @@ class UpstreamReader:
                 case _:
                     if type(ev) is SpeechEnded:
                         self.asker.requested_at = time.perf_counter()  # speech end → first chunk
+                        self.voice_in.consumed()
+                    elif type(ev) is SpeechBegan:
+                        self.voice_in.speech_began()
                     todo.extend(machine.feed(ev))
                     first = self.asker.requested_at is not None
                     if todo:

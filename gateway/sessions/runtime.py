@@ -528,7 +528,7 @@ def _apply_setup(
     # (``UpstreamAsker.gives_way``). Usage stays priced as the connection's provider
     # (``UpstreamLink.open`` sets it).
     if runtime.driver.asker.gives_way():
-        runtime.driver.drop_upstream(stop=False)
+        runtime.driver.asker.let_outdated_go()
     runtime.driver.listen()
 
 

@@ -47,9 +47,29 @@ HELD_AUDIO_SECONDS = 5.0
 """At most this much of the user's audio is held while the upstream opens
 (a provider answers an open in well under a second)."""
 
+UNCONSUMED_AUDIO_SECONDS: Final = 1.0
+"""The newest audio a connection was sent that its provider has not consumed (no
+speech ended or commit since) is kept this long, and as long as
+``HELD_AUDIO_SECONDS`` while the provider reports speech under way or the client
+commits its turns (push-to-talk). A connection replaced for a new setup
+(``VoiceInput.replay_unconsumed``) then loses nothing of an utterance whose start
+its VAD had not reported yet, nor (up to the longer bound) of one it had. The
+frames are kept by reference, not copied: about 48 KB per listening 24 kHz
+session."""
+
 RECORDING_WAIT: Final = 15.0
 """Seconds a recording's chunk held while the upstream opens waits to be sent,
 its sender's reading with it, before only its newest ``HELD_AUDIO_SECONDS`` stay."""
+
+
+def _unconsumed_kept(audio_in: AudioIn | None, *, speech: bool) -> int:
+    """Bytes of unconsumed audio kept for a replacing connection: ``HELD_AUDIO_SECONDS``
+    while speech is under way, or when the client commits (push-to-talk: the whole
+    buffer waits for its commit); ``UNCONSUMED_AUDIO_SECONDS`` otherwise."""
+    if audio_in is None:
+        return 0
+    long = speech or audio_in.turn_detection == "none"
+    return int(audio_in.rate * (HELD_AUDIO_SECONDS if long else UNCONSUMED_AUDIO_SECONDS)) * 2
 
 
 def voice_config(
@@ -204,6 +224,9 @@ class VoiceInput:
         "_sent_bytes",
         "_sent_ms_before",
         "_sent_whole",
+        "_unconsumed",
+        "_unconsumed_bytes",
+        "_unconsumed_limit",
         "_unflushed",
         "_waited_out",
         "audio_in",
@@ -228,6 +251,12 @@ class VoiceInput:
         # current rate, and ms at the rates before it.
         self._sent_bytes = 0
         self._sent_ms_before = 0
+        # What the open connection was sent since its provider last consumed its input
+        # (a speech end, a commit), newest ``_unconsumed_limit`` bytes, for
+        # ``replay_unconsumed``.
+        self._unconsumed: deque[bytes] = deque()
+        self._unconsumed_bytes = 0
+        self._unconsumed_limit = _unconsumed_kept(audio_in, speech=False)
 
     @property
     def sent_ms(self) -> int:
@@ -238,12 +267,49 @@ class VoiceInput:
         return self._sent_ms_before + rate_ms
 
     def reconfigure(self, audio_in: AudioIn | None) -> None:
-        """Another input configuration: audio held at another rate is gone."""
-        self._sent_ms_before, self._sent_bytes = self.sent_ms, 0
-        before, self.audio_in = self.audio_in, audio_in
+        """Another input configuration: audio held (or kept unconsumed) at another rate
+        is gone."""
+        before = self.audio_in
         if audio_in is None or before is None or audio_in.rate != before.rate:
+            self._sent_ms_before, self._sent_bytes = self.sent_ms, 0
             self._held = HeldAudio.for_rate(audio_in.rate) if audio_in is not None else None
             self._sent_whole.set()
+            self._consumed()
+        self.audio_in = audio_in
+        self._unconsumed_limit = _unconsumed_kept(audio_in, speech=False)
+
+    def speech_began(self) -> None:
+        """The provider hears speech: its audio is kept until the speech ends (up to
+        ``HELD_AUDIO_SECONDS``), so a connection replaced meanwhile hears it whole."""
+        self._unconsumed_limit = _unconsumed_kept(self.audio_in, speech=True)
+
+    def consumed(self) -> None:
+        """The provider took what it was sent (a speech end, a commit): a connection
+        replaced from now on needs none of it."""
+        self._consumed()
+        self._unconsumed_limit = _unconsumed_kept(self.audio_in, speech=False)
+
+    def _consumed(self) -> None:
+        self._unconsumed.clear()
+        self._unconsumed_bytes = 0
+
+    def replay_unconsumed(self) -> None:
+        """The open connection is about to be replaced for a new setup: what it was sent
+        and has not consumed (the start of speech its VAD has not reported yet, speech
+        under way, an uncommitted push-to-talk buffer) is held for the next one, before
+        anything held already. Its speech offsets start that much earlier."""
+        held = self._held
+        unconsumed = self._unconsumed
+        if held is None or not unconsumed:
+            self._consumed()
+            return
+        self._sent_bytes -= self._unconsumed_bytes
+        later = []
+        while (chunk := held.take()) is not None:
+            later.append(chunk)
+        for chunk in (*unconsumed, *later):
+            held.hold(chunk)
+        self._consumed()
 
     def quiet_for(self, seconds: float) -> bool:
         """No audio from this node's clients for ``seconds`` (no live microphone here)."""
@@ -268,7 +334,7 @@ class VoiceInput:
             await upstream.send_audio(pcm16)
         except UpstreamClosed:
             return  # the driver's recv sees the loss and reopens
-        self._sent_bytes += len(pcm16)
+        self._sent(pcm16)
 
     def send_now(self, upstream: Upstream | None, pcm16: bytes, hears: bool = True) -> bool:
         """``send`` without awaiting when the socket takes it at once (or the audio is
@@ -284,9 +350,28 @@ class VoiceInput:
         if not hears:
             return True
         if upstream.send_audio_now(pcm16):
-            self._sent_bytes += len(pcm16)
+            # ``_sent``, inlined: this is every microphone frame's path.
+            size = len(pcm16)
+            self._sent_bytes += size
+            self._unconsumed.append(pcm16)
+            self._unconsumed_bytes += size
+            if self._unconsumed_bytes > self._unconsumed_limit:
+                self._forget_oldest()
             return True
         return False
+
+    def _sent(self, pcm16: bytes) -> None:
+        """``pcm16`` went to the open connection: counted, and kept until consumed."""
+        self._sent_bytes += len(pcm16)
+        self._unconsumed.append(pcm16)
+        self._unconsumed_bytes += len(pcm16)
+        if self._unconsumed_bytes > self._unconsumed_limit:
+            self._forget_oldest()
+
+    def _forget_oldest(self) -> None:
+        unconsumed = self._unconsumed
+        while self._unconsumed_bytes > self._unconsumed_limit and len(unconsumed) > 1:
+            self._unconsumed_bytes -= len(unconsumed.popleft())
 
     def _is_whole(self, pcm16: bytes) -> bool:
         held = self._held
@@ -347,6 +432,7 @@ class VoiceInput:
                 'that has it (docs/providers.md, "Session controls")',
             )
         self._let_go()
+        self._consumed()
         if upstream is not None and not self._unflushed:
             with contextlib.suppress(UpstreamClosed):  # a new connection heard none of it
                 await upstream.clear_audio()
@@ -385,7 +471,7 @@ class VoiceInput:
             while (chunk := held.take()) is not None:
                 if not upstream.send_audio_now(chunk):
                     await upstream.send_audio(chunk)
-                self._sent_bytes += len(chunk)
+                self._sent(chunk)
         finally:
             self._unflushed = False
         self._let_go()

@@ -260,6 +260,49 @@ async def test_a_barge_in_after_a_configure_during_the_answer_is_heard_whole(
 
 
 @pytest.mark.parametrize("provider", PROVIDERS)
+async def test_a_configure_as_speech_starts_loses_none_of_it(provider: str, tmp_path: Path) -> None:
+    """Instructions configured in the first 60 ms of an utterance, before the provider's
+    VAD reports it: the connection opened for them is sent the audio the old one had
+    not consumed, so the utterance is heard from its start (it was 0.9 s of 1.0)."""
+    async with voice_gateway(provider, tmp_path) as gw:
+        client = await VoiceClient.connect(gw.url)
+        await client.configure(input_audio={"rate": RATE}, output="audio", instructions="AAA")
+        await client.stream(silence(0.4, RATE), RATE)  # a connection is open and hears
+        speech = tone(1.0, RATE) + silence(0.8, RATE)
+        start = round(RATE * 0.06) * 2
+        await client.stream(speech[:start], RATE)
+        await client.send({"type": "configure", "instructions": "BBB"})
+        await client.stream(speech[start:], RATE)
+        answered = await client.turn_end()
+        assert _instructed(gw)[-1] == (False, True)  # answered by the new connection
+        await client.close()
+    got = shape(answered)
+    assert [c for k, c in got if k == "user"] == ["(speech 1.0 s)"], got
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_push_to_talk_audio_sent_before_a_configure_is_committed_whole(
+    provider: str, tmp_path: Path
+) -> None:
+    """Push-to-talk: 0.7 s of speech sent, instructions configured (a new connection),
+    then the commit: the new connection was sent the uncommitted audio, so the turn
+    is all of it (the provider's buffer went with the old connection)."""
+    async with voice_gateway(provider, tmp_path) as gw:
+        client = await VoiceClient.connect(gw.url)
+        await client.configure(
+            input_audio={"rate": RATE, "turn_detection": "none"}, instructions="AAA"
+        )
+        await client.stream(silence(0.1, RATE) + tone(0.7, RATE), RATE)
+        await client.configure(instructions="BBB")
+        await client.send({"type": "commit"})
+        events = await client.turn_end()
+        assert _instructed(gw)[-1] == (False, True)
+        await client.close()
+    got = shape(events)
+    assert got[0] == ("user", "(speech 0.7 s)"), got
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
 async def test_a_commit_right_after_held_audio_commits_all_of_it(
     provider: str, tmp_path: Path
 ) -> None:

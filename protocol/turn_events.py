@@ -57,6 +57,7 @@ __all__ = [
     "INPUT_TYPES",
     "Account",
     "Action",
+    "AddNote",
     "ApprovalTimeout",
     "Approve",
     "Await",
@@ -433,6 +434,18 @@ class ReplaceResponse(_Action, frozen=True, tag="replace_response"):
     heard_ms: int | None = None
 
 
+class AddNote(_Action, frozen=True, tag="add_note"):
+    """Tell the open connection a gateway note (a user message), no response asked for.
+
+    A barge-in on an answer the open connection did not write (it was opened
+    after it, for a configure, and given it whole from history) cannot cut that
+    copy: the note says how much the user heard, as history tells a connection
+    opened later. Best effort, as ``ReplaceResponse``.
+    """
+
+    content: str
+
+
 class RunTools(_Action, frozen=True, tag="run_tools"):
     """Run the batch's server calls; feed ``CallDone`` as each finishes (its outcome is
     logged at once), then ``ToolsDone`` with all their results, in order.
@@ -512,6 +525,7 @@ Action = (
     | CommitAudio
     | StopResponse
     | ReplaceResponse
+    | AddNote
     | RunTools
     | AwaitClient
     | AwaitApproval

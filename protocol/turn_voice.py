@@ -16,12 +16,13 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Final
 
-from protocol.assembly import Message
+from protocol.assembly import BARGED_IN_NOTE, Message
 from protocol.events import Cancelled, Error, Respond, SpeechStarted, SpeechStopped, Think
 from protocol.parser import Parser
 from protocol.spoken import SpokenAnswer
 from protocol.turn_events import (
     Action,
+    AddNote,
     CommitAudio,
     GuardrailCut,
     Persist,
@@ -94,11 +95,14 @@ class VoiceSteps:
                 out.append(Persist((note,)))
                 # The provider's copy is cut on the connection that wrote it; one opened
                 # since (a configure between turns) was given it whole from history, and
-                # a replacement there would add the answer a second time.
+                # a replacement there would add the answer a second time: it is told
+                # what was heard, as history tells the next connection.
                 if self.voice and self.spoken.answer_here:
                     spoken = self.spoken
                     text = spoken.text if spoken.chars else self._parser.accepted_text
                     out.append(ReplaceResponse(text, heard_ms=heard))
+                elif self.voice:
+                    out.append(AddNote(BARGED_IN_NOTE.format(seconds=heard / 1000)))
         return out
 
     def audio_sent(self, ms: float) -> bool:

@@ -1,7 +1,7 @@
 """What the turn driver asks of the upstream: open it, request, commit, stop, replace.
 
 ``gateway.sessions.driver.TurnDriver`` performs the machine's ``Request``,
-``CommitAudio``, ``StopResponse``, ``ReplaceResponse`` and ``DropUpstream``
+``CommitAudio``, ``StopResponse``, ``ReplaceResponse``, ``AddNote`` and ``DropUpstream``
 actions here. ``in_call``: one of these is under way, so a cancel that
 interrupts it leaves the connection mid-request (the driver then lets it go);
 ``requested_at``: when the last response was asked for (the first delta's
@@ -210,6 +210,17 @@ class UpstreamAsker:
         self.in_call = True
         try:
             await upstream.replace_response(text, heard_ms=heard_ms)
+        except UpstreamClosed:
+            self.drop(stop=False)
+        self.in_call = False
+
+    async def add_note(self, content: str) -> None:
+        upstream = self.link.upstream
+        if upstream is None:
+            return  # the next connection's history holds the note
+        self.in_call = True
+        try:
+            await upstream.add_message(Message(role="user", content=content))
         except UpstreamClosed:
             self.drop(stop=False)
         self.in_call = False

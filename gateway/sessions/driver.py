@@ -39,6 +39,7 @@ from protocol.turn import TurnMachine
 from protocol.turn_events import (
     Account,
     Action,
+    AddNote,
     AwaitApproval,
     AwaitClient,
     BackgroundDone,
@@ -74,6 +75,7 @@ _AWAITED: Final = frozenset(
         CommitAudio,
         StopResponse,
         ReplaceResponse,
+        AddNote,
         RunTools,
         AwaitClient,
         AwaitApproval,
@@ -327,6 +329,8 @@ class TurnDriver:
             case ReplaceResponse(text=text, heard_ms=heard_ms):
                 guard = self.log.guard  # the provider is told what the clients got
                 return self.asker.replace(guard.answer(text) if guard else text, heard_ms)
+            case AddNote(content=content):
+                return self.asker.add_note(content)
             case RunTools():
                 return self._run_tools(action)
             case Backoff(attempt=attempt, delay=delay):

@@ -12,12 +12,14 @@ from protocol.turn import (
 )
 from protocol.turn_events import (
     Action,
+    AddNote,
     Cancel,
     Commit,
     CommitAudio,
     DropUpstream,
     GuardrailCut,
     NativeCall,
+    Opened,
     Persist,
     Played,
     Refuse,
@@ -161,6 +163,21 @@ def test_speech_over_a_finished_answer_still_playing_cuts_it_where_the_listener_
     assert machine.idle  # no turn to close: the answer's own end and metric are out already
     # The answer is cut once: more speech over the silence cuts nothing.
     assert machine.feed(SpeechBegan(6000)) == [SpeechStarted(offset_ms=6000)]
+
+
+def test_a_new_connection_holding_a_playing_answer_whole_is_told_what_was_heard() -> None:
+    """A connection opened after the answer (a configure between turns) was given it whole
+    from history: no replacement there (it would hold the answer twice); it is told
+    how much the user heard, in the words history tells the next connection."""
+    machine = finished_spoken_answer(2400.0, 300)
+    machine.feed(Opened(machine.setup, audio_ms=4000))
+    out = machine.feed(SpeechBegan(500))
+    assert out[0] == SpeechStarted(offset_ms=4500, heard_ms=300)
+    assert not [a for a in out if isinstance(a, ReplaceResponse)]
+    [note] = [a for a in out if isinstance(a, AddNote)]
+    assert note.content.startswith(
+        "(The user spoke over your previous response after hearing 0.3 s"
+    )
 
 
 def test_speech_after_a_finished_answer_was_heard_in_full_cuts_nothing() -> None:

@@ -129,7 +129,8 @@ async def test_speech_over_a_playing_answer_after_a_configure_keeps_one_copy_of_
 ) -> None:
     """A configure right after the answer was generated (the connection is replaced for
     the new instructions while the client still plays it), then the user speaks over
-    it: the provider holds the answer once, not the history's copy plus a replacement."""
+    it: the provider holds the answer once, not the history's copy plus a replacement,
+    and is told how much of it the user heard (it cannot cut the history's copy)."""
     async with voice_gateway("openai", tmp_path, audio_ms_per_char=60) as gw:
         sim: Sim = gw.sim
         client = await VoiceClient.connect(gw.url)
@@ -141,10 +142,14 @@ async def test_speech_over_a_playing_answer_after_a_configure_keeps_one_copy_of_
         player = asyncio.create_task(report_playback(client, 100, stop))
         await asyncio.sleep(0.35)  # the user hears a bit of it...
         stop.set()
-        await player
+        heard = await player
         await client.stream(utterance(0.5, RATE), RATE)  # ...and talks over it
         await client.turn_end()
         [conversation] = sim.conversations()
         await client.close()
     answers = [item.text for item in conversation.items if item.role == "assistant"]
     assert sum("zzzz" in text for text in answers) == 1, answers
+    said = [item.text for item in conversation.items if item.role == "user"]
+    note = f"(The user spoke over your previous response after hearing {heard / 1000:.1f} s"
+    [at] = [i for i, text in enumerate(said) if text.startswith(note)]
+    assert said[at + 1 :] == ["(speech 0.5 s)"], said  # the note, then the speech

@@ -10,10 +10,12 @@ latency counts from it, ``gateway.sessions.reading``).
 
 from __future__ import annotations
 
+import asyncio
+import math
 import time
 from collections import deque
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Final, Protocol
 
 from gateway.sessions.observer import TurnObserver
 from gateway.sessions.session_log import SessionLog
@@ -27,7 +29,46 @@ from protocol.events import Interrupt
 from protocol.turn import TurnMachine
 from protocol.turn_events import Action, Opened, Request
 
-__all__ = ["DrivenSession", "UpstreamAsker"]
+__all__ = ["DrivenSession", "ReopenBudget", "UpstreamAsker"]
+
+REOPEN_BURST: Final = 4
+REOPEN_EVERY: Final = 2.0
+"""An outdated connection is replaced at once ``REOPEN_BURST`` times, then once per
+``REOPEN_EVERY`` seconds (``ReopenBudget``)."""
+
+
+class ReopenBudget:
+    """How soon a session may open a provider connection to replace an outdated one.
+
+    Each configure (an OpenAI-door ``session.update``) that changes what the provider
+    is told replaces an idle listening session's connection. A client pacing updates
+    under the frame limit made the node open one provider connection per update
+    (101 for 100 at 20 a second): the deployment's key opening connections as fast
+    as one tenant sends frames. A token bucket (pure: the caller passes the loop
+    time) lets the honest cases go at once (the first updates after connecting, a
+    handoff) and holds a flood to one every ``REOPEN_EVERY`` seconds. Meanwhile the
+    outdated connection is kept; what it was sent and had not consumed is replayed
+    to the next (``VoiceInput.replay_unconsumed``). A typed turn's reopen is never
+    held back (the turn needs the new setup), but it spends the budget too.
+    """
+
+    __slots__ = ("_last", "_tokens")
+
+    def __init__(self, now: float) -> None:
+        self._tokens = float(REOPEN_BURST)
+        self._last = now
+
+    def _refilled(self, now: float) -> float:
+        return min(float(REOPEN_BURST), self._tokens + (now - self._last) / REOPEN_EVERY)
+
+    def due(self, now: float) -> float:
+        """When the next replacement may be opened: ``now``, or later."""
+        tokens = self._refilled(now)
+        return now if tokens >= 1.0 else now + (1.0 - tokens) * REOPEN_EVERY
+
+    def spend(self, now: float) -> None:
+        self._tokens = self._refilled(now) - 1.0
+        self._last = now
 
 
 class DrivenSession(Protocol):
@@ -76,6 +117,10 @@ class UpstreamAsker:
         self.heard = heard  # upstream events read while tools ran (``tool_runs.hear``)
         self.in_call = False
         self.requested_at: float | None = None
+        self.reopens = ReopenBudget(-math.inf)
+        # An outdated connection ``gives_way`` would let go but for ``reopens``: the
+        # loop time it may (the reader's idle wait ends then).
+        self.reopen_deferred_to: float | None = None
 
     async def request(
         self, message: Message | None, outputs: Sequence[tuple[str, str]], *, fresh: bool
@@ -163,15 +208,26 @@ class UpstreamAsker:
         """Between turns, the open connection is ``outdated`` and a new one would lose
         nothing it holds (``SpokenAnswer.reopen_loses``: speech under way, an answer
         still playing): let it go, and the next read opens one for the setup. Else
-        it waits for the turn that speech starts, or for the answer to be played."""
+        it waits for the turn that speech starts, or for the answer to be played; or,
+        when updates come faster than ``ReopenBudget`` allows, until
+        ``reopen_deferred_to``."""
         machine = self.machine
-        return machine.idle and not machine.spoken.reopen_loses and self.outdated()
+        self.reopen_deferred_to = None
+        if not (machine.idle and not machine.spoken.reopen_loses and self.outdated()):
+            return False
+        now = asyncio.get_running_loop().time()
+        due = self.reopens.due(now)
+        if due > now:
+            self.reopen_deferred_to = due  # a flood of updates: one replacement per while
+            return False
+        return True
 
     def let_outdated_go(self) -> None:
         """Let the ``outdated`` connection go; what it was sent of the user's audio and
         had not consumed is held for the next (``VoiceInput.replay_unconsumed``): the
         start of an utterance its VAD had not reported, or an utterance under way
         when a typed turn needs the new setup, is heard by the new connection."""
+        self.reopens.spend(asyncio.get_running_loop().time())
         self.voice_in.replay_unconsumed()
         self.drop(stop=False)
 

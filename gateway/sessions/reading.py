@@ -192,8 +192,12 @@ class UpstreamReader:
                 # Between turns, or while the client works or the user decides:
                 # a command interrupts the read (``wake``).
                 self.listening_idle = True
+                deadline = wait.deadline
+                deferred = self.asker.reopen_deferred_to  # an outdated connection's end
+                if deferred is not None and (deadline is None or deferred < deadline):
+                    deadline = deferred
                 try:
-                    async with asyncio.timeout_at(wait.deadline):
+                    async with asyncio.timeout_at(deadline):
                         ev = await upstream.recv()
                 except TimeoutError:
                     self.todo.extend(machine.feed(Tick(loop.time())))

@@ -190,3 +190,70 @@ async def test_an_upstream_that_does_not_hear_gets_no_audio() -> None:
     assert upstream.audio == []
     await voice.flush(upstream)  # nothing was held for it either
     assert upstream.audio == []
+
+
+async def test_a_replaced_connection_passes_on_what_it_had_not_consumed_in_order() -> None:
+    """Sent since the provider last consumed (speech ended): held for the next connection
+    ahead of audio held meanwhile; the offsets start that much earlier."""
+    voice = VoiceInput("sid", AudioIn(rate=RATE))
+    old = ScriptedUpstream()
+    await voice.send(old, b"a" * 320)  # 10 ms
+    voice.consumed()  # the provider's speech ended: it is done with that
+    await voice.send(old, b"b" * 320)
+    await voice.send(old, b"c" * 320)
+    assert voice.sent_ms == 30
+    voice.replay_unconsumed()
+    assert voice.sent_ms == 10  # b and c are sent again, to the next connection
+    await voice.send(None, b"d" * 320)  # held while it opens
+    new = ScriptedUpstream()
+    await voice.flush(new)
+    assert new.audio == [b"b" * 320, b"c" * 320, b"d" * 320]
+    assert voice.sent_ms == 40
+
+
+async def test_unconsumed_audio_is_kept_a_second_or_five_while_speech_is_heard() -> None:
+    frame = b"x" * (RATE // 50 * 2)  # 20 ms
+    voice = VoiceInput("sid", AudioIn(rate=RATE))
+    upstream = ScriptedUpstream()
+    for _ in range(100):  # 2 s
+        await voice.send(upstream, frame)
+    voice.replay_unconsumed()
+    new = ScriptedUpstream()
+    await voice.flush(new)
+    assert len(new.audio) == 50  # the newest second
+    voice.speech_began()
+    for _ in range(400):  # 8 s of speech
+        await voice.send(new, frame)
+    voice.replay_unconsumed()
+    newest = ScriptedUpstream()
+    await voice.flush(newest)
+    assert len(newest.audio) == 250  # the newest 5 s
+
+
+async def test_a_push_to_talk_buffer_is_kept_until_its_commit() -> None:
+    frame = b"x" * (RATE // 50 * 2)
+    voice = VoiceInput("sid", AudioIn(rate=RATE, turn_detection="none"))
+    upstream = ScriptedUpstream()
+    for _ in range(150):  # 3 s, not yet committed
+        await voice.send(upstream, frame)
+    voice.replay_unconsumed()
+    new = ScriptedUpstream()
+    await voice.flush(new)
+    assert len(new.audio) == 150
+    voice.consumed()  # the commit
+    voice.replay_unconsumed()
+    assert await _flushed(voice) == []
+
+
+async def test_audio_at_another_rate_is_not_replayed() -> None:
+    voice = VoiceInput("sid", AudioIn(rate=RATE))
+    await voice.send(ScriptedUpstream(), b"a" * 320)
+    voice.reconfigure(AudioIn(rate=24000))
+    voice.replay_unconsumed()
+    assert await _flushed(voice) == []
+
+
+async def _flushed(voice: VoiceInput) -> list[bytes]:
+    upstream = ScriptedUpstream()
+    await voice.flush(upstream)
+    return upstream.audio

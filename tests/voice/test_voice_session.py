@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from gateway.common.pcm import silence, tone
+from gateway.sessions.asking import REOPEN_BURST, REOPEN_EVERY
 from protocol.events import Cancelled, Configured, Error, SpeechStarted, SpeechStopped, User
 from tests.voice.conftest import (
     VoiceClient,
@@ -300,6 +301,36 @@ async def test_push_to_talk_audio_sent_before_a_configure_is_committed_whole(
         await client.close()
     got = shape(events)
     assert got[0] == ("user", "(speech 0.7 s)"), got
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_a_flood_of_updates_opens_few_connections_and_the_last_setup_answers(
+    provider: str, tmp_path: Path
+) -> None:
+    """21 configures that each change the instructions, as fast as the client gets
+    their answers: a provider connection is opened for the first few at once, then at
+    most one per ``REOPEN_EVERY`` (it was one per configure: a tenant's frames setting
+    the pace of the deployment's connections to the provider), and the setup the
+    client ended with answers its next utterance."""
+    async with voice_gateway(provider, tmp_path) as gw:
+        client = await VoiceClient.connect(gw.url)
+        await client.configure(input_audio={"rate": RATE}, output="audio", instructions="AAA")
+        await client.stream(silence(0.2, RATE), RATE)  # a connection is open and hears
+        before = gw.sim.stats.connections_total
+        for index in range(21):  # BBB, AAA, ... BBB: the last open (AAA) is outdated
+            await client.configure(instructions=("BBB", "AAA")[index % 2])
+        flooded = gw.sim.stats.connections_total - before
+        async with asyncio.timeout(REOPEN_EVERY * 4):
+            while _instructed(gw)[-1] != (False, True):  # the last setup's connection
+                await client.stream(silence(0.1, RATE), RATE)  # the microphone stays on
+        await client.stream(utterance(0.6, RATE), RATE)
+        answered = await client.turn_end()
+        opened = gw.sim.stats.connections_total - before
+        assert _instructed(gw)[-1] == (False, True)
+        await client.close()
+    assert flooded <= REOPEN_BURST + 1, flooded
+    assert opened <= REOPEN_BURST + 2, opened
+    assert ("user", "(speech 0.6 s)") in shape(answered)
 
 
 @pytest.mark.parametrize("provider", PROVIDERS)

@@ -118,6 +118,9 @@ class UpstreamAsker:
         self.in_call = False
         self.requested_at: float | None = None
         self.reopens = ReopenBudget(-math.inf)
+        # No idle replacement before this loop time (``SessionNode.policies_changed``
+        # spreads the ones a key policy edit makes).
+        self.not_before = -math.inf
         # An outdated connection ``gives_way`` would let go but for ``reopens``: the
         # loop time it may (the reader's idle wait ends then).
         self.reopen_deferred_to: float | None = None
@@ -130,7 +133,7 @@ class UpstreamAsker:
         upstream = self.link.upstream
         if upstream is not None and fresh and self.outdated():
             # Configured since it was opened: reopen with the new prompt and provider.
-            self.let_outdated_go()
+            self.replace_connection()
             upstream = None
         if upstream is None:
             # Fresh connection: history already ends with the prompt message.
@@ -161,7 +164,7 @@ class UpstreamAsker:
         # old setup until a turn of its own reopened it: opened again, as
         # ``_apply_setup`` reopens an idle one. Audio held meanwhile waits for it.
         while flush and self.gives_way():
-            self.let_outdated_go()
+            self.replace_connection()
             upstream = await self._open_current()
         if not flush:
             self.voice_in.hold_until_flush()
@@ -216,17 +219,18 @@ class UpstreamAsker:
         if not (machine.idle and not machine.spoken.reopen_loses and self.outdated()):
             return False
         now = asyncio.get_running_loop().time()
-        due = self.reopens.due(now)
+        due = max(self.reopens.due(now), self.not_before)
         if due > now:
             self.reopen_deferred_to = due  # a flood of updates: one replacement per while
             return False
         return True
 
-    def let_outdated_go(self) -> None:
-        """Let the ``outdated`` connection go; what it was sent of the user's audio and
-        had not consumed is held for the next (``VoiceInput.replay_unconsumed``): the
-        start of an utterance its VAD had not reported, or an utterance under way
-        when a typed turn needs the new setup, is heard by the new connection."""
+    def replace_connection(self) -> None:
+        """Let the open connection go for a new one (it is ``outdated``, or the history it
+        was given changed); what it was sent of the user's audio and had not consumed
+        is held for the next (``VoiceInput.replay_unconsumed``): the start of an
+        utterance its VAD had not reported, or an utterance under way when a typed
+        turn needs the new setup, is heard by the new connection."""
         self.reopens.spend(asyncio.get_running_loop().time())
         self.voice_in.replay_unconsumed()
         self.drop(stop=False)

@@ -15,7 +15,7 @@ import logging
 import secrets
 from collections.abc import Coroutine
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from gateway.config import Config
 from gateway.metrics import Metrics
@@ -58,6 +58,9 @@ from tools.registry import Registry
 __all__ = ["Node", "UpstreamFactories"]
 
 log = logging.getLogger("gateway.sessions.node")
+
+POLICY_REOPENS_PER_SECOND: Final = 20.0
+"""Listening sessions whose provider connection a key policy edit replaces, a second."""
 
 """History items read (and decoded) at a time when a session is loaded: an item is at
 most a client frame or a capped tool result, so a page is tens of MB at worst."""
@@ -237,8 +240,12 @@ class Node:
         withdrawn, instructions, a provider no longer allowed) uses the new one
         from its next model step, and its clients see ``configured``. Sessions
         driven elsewhere are their drivers' (every node watches its own file);
-        sessions driven nowhere get it when they are loaded.
+        sessions driven nowhere get it when they are loaded. The listening voice
+        sessions' provider connections are replaced ``POLICY_REOPENS_PER_SECOND``
+        at a time, not all at once (an edit that changed the tools of every
+        session here opened a connection for each in the same moment).
         """
+        listening = 0
         for runtime in list(self.runtimes.values()):
             if runtime.closed:
                 continue
@@ -272,7 +279,8 @@ class Node:
                     owner,
                     extra={"sid": runtime.sid},
                 )
-                runtime.rights_changed(setup)
+                runtime.rights_changed(setup, reopen_after=listening / POLICY_REOPENS_PER_SECOND)
+                listening += runtime.listening
 
     def runtime_configured(self, runtime: SessionRuntime) -> None:
         """Store the session's new configuration (a no-op until it is stored itself)."""

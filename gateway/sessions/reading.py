@@ -158,7 +158,7 @@ class UpstreamReader:
         if session.listening and self.asker.gives_way():
             # Reconfigured while the turn ran: the next one is heard and answered by
             # a connection opened for the new setup.
-            self.asker.let_outdated_go()
+            self.asker.replace_connection()
             upstream = None
         if upstream is None:
             if not session.listening:

@@ -332,17 +332,20 @@ class SessionRuntime:
         if not isinstance(made, Error):
             self.log.emit(msgspec.structs.replace(made, reply_to=message.id))
             self.log.persist((made,))
-            self.driver.drop_upstream(stop=False)
+            self.driver.asker.replace_connection()
             self.driver.listen()
         return made if isinstance(made, Error) else None
 
-    def rights_changed(self, setup: SessionSetup) -> None:
+    def rights_changed(self, setup: SessionSetup, *, reopen_after: float = 0.0) -> None:
         """The owner's rights changed (the operator's key policy): ``setup`` from the
         next model step, as ``configure`` applies a change, told to every client
         as ``configured`` and stored. Calls already sent to a client still wait;
-        a server tool no longer allowed fails when it would run."""
+        a server tool no longer allowed fails when it would run. A listening
+        session's provider connection is replaced ``reopen_after`` seconds from now
+        at the soonest (the node spreads them)."""
         if self.closed:
             return
+        self.driver.asker.not_before = asyncio.get_running_loop().time() + reopen_after
         _apply_setup(self, setup)
 
     def speaking_voice(self) -> VoiceConfig | None:
@@ -528,7 +531,7 @@ def _apply_setup(
     # (``UpstreamAsker.gives_way``). Usage stays priced as the connection's provider
     # (``UpstreamLink.open`` sets it).
     if runtime.driver.asker.gives_way():
-        runtime.driver.asker.let_outdated_go()
+        runtime.driver.asker.replace_connection()
     runtime.driver.listen()
 
 

@@ -10,6 +10,7 @@ tests/multinode/test_rights.py.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from websockets.exceptions import ConnectionClosed
 
 from gateway.cli import main
 from gateway.edge.closes import CloseCode
+from gateway.sessions.node import POLICY_REOPENS_PER_SECOND
 from protocol.events import Configured, Pong, Result
 from tests.api.conftest import Api, Keys, NodesFactory
 from tests.edge.conftest import refusal
@@ -129,6 +131,34 @@ async def test_a_tightened_policy_reaches_live_sessions_from_their_next_step(
         prompt = "".join(getattr(e, "content", "") for e in events if type(e).__name__ == "Respond")
         assert "- read:" in prompt and "- list:" not in prompt
         await asyncio.gather(driver.close(), follower.close())
+
+
+@pytest.mark.parametrize("store_kind", ["memory"])
+async def test_a_policy_edit_replaces_listening_connections_a_few_at_a_time(
+    nodes: NodesFactory, keys: Keys, tmp_path: Path
+) -> None:
+    """A policy edit that changes the tools of every listening voice session here: their
+    provider connections are replaced ``POLICY_REOPENS_PER_SECOND`` a second, not all in
+    the same moment (one open per session at once on the deployment's key)."""
+    policy = tmp_path / "policy.toml"
+    policy.write_text('[alice]\nserver_tools = ["read", "list"]\n')
+    async with nodes(1, key_policy_file=str(policy)) as (gw,):
+        clients = [
+            await GatewayClient.connect(gw.url, headers=keys.bearer("alice")) for _ in range(4)
+        ]
+        for client in clients:
+            await client.send({"type": "configure", "input_audio": {"rate": 24000}})
+            await client.until_type("configured")
+            await client.send(bytes(960))  # a microphone's frame: the session listens
+        runtimes = [gw.node.runtimes[c.sid] for c in clients]
+        assert all(r.listening for r in runtimes)
+        policy.write_text('[alice]\nserver_tools = ["read"]\n')
+        for client in clients:
+            await client.until(lambda e: isinstance(e, Configured), timeout=CLOSE_WITHIN)
+        not_before = sorted(r.driver.asker.not_before for r in runtimes)
+        await asyncio.gather(*(c.close() for c in clients))
+    gaps = [later - earlier for earlier, later in itertools.pairwise(not_before)]
+    assert gaps == pytest.approx([1 / POLICY_REOPENS_PER_SECOND] * 3, abs=0.01), gaps
 
 
 def _results(events: list[object]) -> list[str]:

@@ -129,7 +129,7 @@ class _Pending(msgspec.Struct):
     model: str
     route: tuple[str, str]
     after: tuple[int, int] | None
-    configure: bool  # a new session, configured for ?model= as the connection starts
+    configure: bool  # configured for ?model= as the connection starts (new, or another model)
     make: type[DoorConnection] | None = None  # the connection's class (a WebRTC call's)
 
 
@@ -251,10 +251,11 @@ class OpenAIDoor:
             if aliases:
                 route += f"; or one of this API key's aliases: {', '.join(sorted(aliases))}"
             return _error_response(400, route, "model_not_found")
-        # A new session is configured for ?model=: a model the key's policy refuses is
-        # refused here, before the socket opens, not after a turn ran on another model.
-        # A token's session was configured when it was minted.
-        configure = not sid and admitted.trusted
+        # A new session is configured for ?model=, and so is a resumed one that runs
+        # another (the way to change a session's model: session.update cannot): a model
+        # the key's policy refuses is refused here, before the socket opens, not after
+        # a turn ran on another model. A token's session keeps what it was minted with.
+        configure = admitted.trusted and (not sid or await self._runs_another(sid, route))
         if configure:
             wanted = SessionConfig(provider=route[0], model=route[1])
             problem = refusal(self.policies.get(admitted.principal), wanted)
@@ -268,6 +269,15 @@ class OpenAIDoor:
         self._reapers.add(reaper)
         reaper.add_done_callback(self._reapers.discard)
         return None
+
+    async def _runs_another(self, sid: str, route: tuple[str, str]) -> bool:
+        """Session ``sid`` runs another provider or model than ``route`` (its unset ones
+        are the node's defaults)."""
+        config = await self.config_of(sid)
+        if config is None:
+            return False
+        runs = (config.provider or self.config.provider, config.model or self.config.model)
+        return runs != route
 
     async def _forget(self, connection: ServerConnection) -> None:
         await connection.wait_closed()

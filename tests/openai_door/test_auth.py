@@ -117,9 +117,18 @@ async def test_a_model_the_keys_policy_forbids_is_refused_before_the_socket_open
         assert "model" in json.loads(info.value.response.body)["error"]["message"]
         allowed = await RawClient.open(f"{base}?model=gpt-realtime-2.1", additional_headers=bearer)
         try:
-            assert (await allowed.next())["type"] == "session.created"
+            created = await allowed.next()
+            assert created["type"] == "session.created"
         finally:
             await allowed.close()
+        # Resuming it with a model the policy forbids would switch to it: refused as well.
+        sid, after = created["session"]["id"], created["event_id"]
+        with pytest.raises(InvalidStatus) as info:
+            await RawClient.open(
+                f"{base}?model=gemini-3.8-live&session_id={sid}&after_event={after}",
+                additional_headers=bearer,
+            )
+        assert info.value.response.status_code == 403
 
 
 @pytest.mark.logs_traceback  # websockets logs the refused Sec-WebSocket-Key with its traceback

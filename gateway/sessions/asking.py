@@ -241,7 +241,7 @@ class UpstreamAsker:
         upstream, voiced = await self.link.open(self._request())
         self.voice_in.consumed()  # it has heard nothing yet; what is held is flushed to it
         # Nothing to do: the machine notes it (and where its speech offsets start).
-        self.machine.feed(Opened(opened_for, audio_ms=self.voice_in.sent_ms))
+        self.machine.feed(Opened(opened_for, audio_ms=self.voice_in.opened_at_ms))
         self.machine.voice = voiced
         return upstream
 

@@ -137,9 +137,12 @@ class HeldAudio:
     Its sender waits until it is sent (``VoiceInput.send``), so at most one is
     held per connection sending; ``trim`` lets it go to the limit when the wait
     ends otherwise.
+
+    ``replayed``: of the oldest bytes held, how many a connection replaced for a new
+    setup was sent already (``replay``); they count once in the session's audio.
     """
 
-    __slots__ = ("_chunks", "dropped", "held", "limit", "whole", "whole_from")
+    __slots__ = ("_chunks", "dropped", "held", "limit", "replayed", "whole", "whole_from")
 
     def __init__(self, limit: int, whole_from: int | None = None) -> None:
         self._chunks: deque[tuple[bytes, bool]] = deque()  # (PCM16, held whole)
@@ -148,6 +151,7 @@ class HeldAudio:
         self.held = 0  # bytes held now
         self.whole = 0  # of them, in chunks held whole
         self.dropped = 0  # bytes let go for the limit since the last ``clear``
+        self.replayed = 0  # the oldest bytes held, sent to a connection before
 
     @classmethod
     def for_rate(cls, rate: int, seconds: float = HELD_AUDIO_SECONDS) -> HeldAudio:
@@ -168,6 +172,24 @@ class HeldAudio:
         self.held += len(pcm16)
         self._fit()
 
+    def replay(self, chunks: Sequence[bytes]) -> None:
+        """``chunks``, sent to a connection before, held ahead of what is held (the
+        oldest of them go first if they do not fit)."""
+        size = sum(map(len, chunks))
+        self._chunks.extendleft((chunk, False) for chunk in reversed(chunks))
+        self.held += size
+        self.replayed += size
+        room = self.limit - self.limit % 2
+        if self.held - self.whole > room and len(self._chunks[0][0]) > room:
+            # One chunk past the limit alone (a recording's slice): its newest part.
+            oldest = self._chunks.popleft()[0]
+            cut = len(oldest) - room
+            self._chunks.appendleft((oldest[cut:], False))
+            self.held -= cut
+            self.replayed -= cut
+            self.dropped += cut
+        self._fit()
+
     def _fit(self) -> None:
         """Let the oldest audio not held whole go until the rest fits the limit."""
         chunks = self._chunks
@@ -177,14 +199,19 @@ class HeldAudio:
             del chunks[index]
             self.held -= len(oldest)
             self.dropped += len(oldest)
+            # Replayed chunks are the oldest held, and never whole: they go first.
+            self.replayed -= min(self.replayed, len(oldest))
 
     def trim(self) -> None:
         """What was held whole is held as any audio is: only the newest fits."""
         if self.whole:
             chunks, self._chunks = self._chunks, deque()
             self.held = self.whole = 0
+            replayed, self.replayed = self.replayed, 0
             for chunk, _ in chunks:
                 self.hold(chunk)
+            # What was dropped for the limit went from the oldest: the replayed first.
+            self.replayed = max(0, replayed - (sum(map(len, (c for c, _ in chunks))) - self.held))
 
     def take(self) -> bytes | None:
         """The oldest chunk held, or ``None`` when none is left."""
@@ -194,6 +221,7 @@ class HeldAudio:
         self.held -= len(chunk)
         if whole:
             self.whole -= len(chunk)
+        self.replayed -= min(self.replayed, len(chunk))
         return chunk
 
     def clear(self) -> None:
@@ -201,6 +229,7 @@ class HeldAudio:
         self.held = 0
         self.whole = 0
         self.dropped = 0
+        self.replayed = 0
 
 
 class VoiceInput:
@@ -261,10 +290,20 @@ class VoiceInput:
     @property
     def sent_ms(self) -> int:
         """Milliseconds of the user's audio the session's upstream connections were sent
-        (on this node): where a new connection's speech offsets start in the session."""
+        (on this node), each byte once."""
         audio_in = self.audio_in
         rate_ms = self._sent_bytes * 500 // audio_in.rate if audio_in is not None else 0
         return self._sent_ms_before + rate_ms
+
+    @property
+    def opened_at_ms(self) -> int:
+        """Where a connection opened now hears from in the session's audio
+        (``sent_ms``, less what is held to be sent to it again: ``replay_unconsumed``)."""
+        audio_in = self.audio_in
+        held = self._held
+        if audio_in is None or held is None:
+            return self.sent_ms
+        return self._sent_ms_before + (self._sent_bytes - held.replayed) * 500 // audio_in.rate
 
     def reconfigure(self, audio_in: AudioIn | None) -> None:
         """Another input configuration: audio held (or kept unconsumed) at another rate
@@ -297,18 +336,11 @@ class VoiceInput:
         """The open connection is about to be replaced for a new setup: what it was sent
         and has not consumed (the start of speech its VAD has not reported yet, speech
         under way, an uncommitted push-to-talk buffer) is held for the next one, before
-        anything held already. Its speech offsets start that much earlier."""
+        anything held already. Its speech offsets start that much earlier
+        (``opened_at_ms``); what is not sent to it again still counts once."""
         held = self._held
-        unconsumed = self._unconsumed
-        if held is None or not unconsumed:
-            self._consumed()
-            return
-        self._sent_bytes -= self._unconsumed_bytes
-        later = []
-        while (chunk := held.take()) is not None:
-            later.append(chunk)
-        for chunk in (*unconsumed, *later):
-            held.hold(chunk)
+        if held is not None and self._unconsumed:
+            held.replay(self._unconsumed)
         self._consumed()
 
     def quiet_for(self, seconds: float) -> bool:
@@ -372,6 +404,14 @@ class VoiceInput:
         unconsumed = self._unconsumed
         while self._unconsumed_bytes > self._unconsumed_limit and len(unconsumed) > 1:
             self._unconsumed_bytes -= len(unconsumed.popleft())
+        if self._unconsumed_bytes <= self._unconsumed_limit:
+            return
+        most = _unconsumed_kept(self.audio_in, speech=True)
+        if self._unconsumed_bytes > most:
+            # One chunk past all a new connection could be sent (a recording's slice):
+            # its newest part, not the whole slice kept until the next frame.
+            unconsumed[0] = unconsumed[0][-most:]
+            self._unconsumed_bytes = most
 
     def _is_whole(self, pcm16: bytes) -> bool:
         held = self._held
@@ -468,10 +508,16 @@ class VoiceInput:
             return
         self._unflushed = True  # what comes during an await below queues behind
         try:
-            while (chunk := held.take()) is not None:
+            while True:
+                replayed = held.replayed
+                chunk = held.take()
+                if chunk is None:
+                    break
+                again = replayed - held.replayed  # of it, counted when first sent
                 if not upstream.send_audio_now(chunk):
                     await upstream.send_audio(chunk)
                 self._sent(chunk)
+                self._sent_bytes -= again
         finally:
             self._unflushed = False
         self._let_go()

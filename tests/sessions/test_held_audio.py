@@ -159,3 +159,23 @@ async def test_once_a_recording_waited_in_vain_its_next_slices_do_not_wait(
     assert mic.send_now(None, second)  # held at once, not left for send to wait
     await asyncio.wait_for(mic.flush(_Upstream()), 5)  # type: ignore[arg-type]
     assert not mic.send_now(None, second)  # a recording waits again
+
+
+def test_replayed_audio_goes_ahead_of_what_is_held_and_first_past_the_limit() -> None:
+    """A replaced connection's unconsumed audio (``replay``) is held before newer audio,
+    counted as ``replayed`` until taken or let go; a lone chunk past the room keeps its
+    newest part."""
+    held = HeldAudio(limit=50)
+    held.hold(b"n" * 10, whole=True)
+    held.replay([b"1" * 20, b"2" * 20])
+    assert held.replayed == 40 and held.held == 50
+    held.hold(b"3" * 20)  # 60 not whole: the oldest replayed goes
+    assert held.replayed == 20 and held.dropped == 20
+    assert held.take() == b"2" * 20 and held.replayed == 0
+    assert [held.take(), held.take()] == [b"n" * 10, b"3" * 20]
+    held.replay([b"4" * 80])
+    assert held.replayed == 50 and held.dropped == 20 + 30
+    assert held.take() == b"4" * 50
+    held.replay([b"5" * 10])
+    held.clear()
+    assert held.replayed == 0

@@ -203,7 +203,7 @@ async def test_a_replaced_connection_passes_on_what_it_had_not_consumed_in_order
     await voice.send(old, b"c" * 320)
     assert voice.sent_ms == 30
     voice.replay_unconsumed()
-    assert voice.sent_ms == 10  # b and c are sent again, to the next connection
+    assert (voice.sent_ms, voice.opened_at_ms) == (30, 10)  # b and c go to the next one too
     await voice.send(None, b"d" * 320)  # held while it opens
     new = ScriptedUpstream()
     await voice.flush(new)
@@ -257,3 +257,25 @@ async def _flushed(voice: VoiceInput) -> list[bytes]:
     upstream = ScriptedUpstream()
     await voice.flush(upstream)
     return upstream.audio
+
+
+async def test_audio_replayed_to_a_new_connection_counts_once_in_the_sessions_audio() -> None:
+    """What a replaced connection had not consumed is sent to the next (``replay_unconsumed``);
+    the new one's offsets start where it hears from (``opened_at_ms``), and the session's
+    audio counts each byte once whether it is sent again, cut to the limit, or cleared."""
+    second = RATE * 2  # a second of PCM16
+    voice = VoiceInput("sid", AudioIn(rate=RATE, turn_detection="none"))
+    old = ScriptedUpstream()
+    await voice.send(old, b"\x01" * second)
+    await voice.send(old, b"\x02" * (8 * second))  # one chunk: a recording's slice
+    assert voice.sent_ms == 9000
+    voice.replay_unconsumed()  # only the slice is kept (the newest chunk past the bound)
+    assert (voice.sent_ms, voice.opened_at_ms) == (9000, 4000)  # 5 s of it are held
+    new = ScriptedUpstream()
+    await voice.flush(new)
+    assert sum(map(len, new.audio)) == 5 * second
+    assert (voice.sent_ms, voice.opened_at_ms) == (9000, 9000)
+    voice.replay_unconsumed()
+    assert voice.opened_at_ms == 4000
+    assert await voice.clear(None, _Factory("openai", frozenset({"clear_audio"}))) is None
+    assert (voice.sent_ms, voice.opened_at_ms) == (9000, 9000)

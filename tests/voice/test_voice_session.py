@@ -334,6 +334,53 @@ async def test_a_flood_of_updates_opens_few_connections_and_the_last_setup_answe
 
 
 @pytest.mark.parametrize("provider", PROVIDERS)
+async def test_speech_offsets_after_a_recording_longer_than_what_a_new_connection_hears(
+    provider: str, tmp_path: Path
+) -> None:
+    """Push-to-talk: an 8 s recording sent in one frame, instructions configured (a new
+    connection: it is sent only the newest 5 s), the commit, then server VAD: the next
+    utterance's offsets still count all 8 s the session was sent, not the 5 s replayed."""
+    async with voice_gateway(provider, tmp_path) as gw:
+        client = await VoiceClient.connect(gw.url)
+        await client.configure(
+            input_audio={"rate": RATE, "turn_detection": "none"}, instructions="AAA"
+        )
+        await client.stream(silence(0.2, RATE), RATE)  # a connection is open and hears
+        await client.ws.send(tone(8.0, RATE))  # one frame: a recording's slice
+        await client.configure(instructions="BBB")
+        await client.send({"type": "commit"})
+        first = await client.turn_end()
+        await client.configure(input_audio={"rate": RATE, "turn_detection": "server_vad"})
+        await client.stream(utterance(0.6, RATE), RATE)
+        second = await client.turn_end()
+        await client.close()
+    assert shape(first)[0] == ("user", "(speech 5.0 s)"), shape(first)
+    [start] = [e.offset_ms for e in second if isinstance(e, SpeechStarted)]
+    assert abs(start - 8500) <= 60, start
+
+
+async def test_speech_offsets_after_a_clear_of_audio_held_for_a_new_connection(
+    tmp_path: Path,
+) -> None:
+    """0.6 s of silence heard, instructions configured (a new connection, sent what the
+    old one had not consumed), the buffer cleared before it heard it: the audio the
+    session was sent still counts in the next utterance's offsets. OpenAI only: the
+    Gemini flavour cannot clear."""
+    async with voice_gateway("openai", tmp_path) as gw:
+        client = await VoiceClient.connect(gw.url)
+        await client.configure(input_audio={"rate": RATE}, instructions="AAA")
+        await client.stream(silence(0.6, RATE), RATE)
+        await client.send({"type": "configure", "instructions": "BBB"})
+        await client.send({"type": "clear_audio"})
+        await client.stream(utterance(0.6, RATE), RATE)
+        events = await client.turn_end()
+        assert _instructed(gw)[-1] == (False, True)
+        await client.close()
+    [start] = [e.offset_ms for e in events if isinstance(e, SpeechStarted)]
+    assert abs(start - 900) <= 60, start
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
 async def test_a_commit_right_after_held_audio_commits_all_of_it(
     provider: str, tmp_path: Path
 ) -> None:

@@ -363,6 +363,7 @@ class Writers:
         self.rounds = rounds
         self.stored = dict.fromkeys(sids, 0)
         self.failures = 0
+        self.last_error: dict[str, str] = {}  # each session's newest failure, for a report
         self._stop = False
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -378,12 +379,21 @@ class Writers:
                     await self._round(sid, seq + 1)
                 else:
                     await self.store.append(sid, "n1", [event(sid, seq + 1)])
-            except StoreUnavailable:
+            except StoreUnavailable as exc:
                 self.failures += 1
+                self.last_error[sid] = str(exc)[:200]
                 seq = await self._last_seq(sid)
+            except Exception as exc:  # the writer ends: its report says why
+                self.last_error[sid] = f"{type(exc).__name__}: {str(exc)[:200]}"
+                raise
             else:
                 seq += 1
                 self.stored[sid] = seq
+
+    def halt(self) -> None:
+        """No append after the ones in flight: a failed test's writers would otherwise
+        keep the store's lanes busy, and its close waiting, for good."""
+        self._stop = True
 
     async def _round(self, sid: str, seq: int) -> None:
         answered: asyncio.Future[list[BaseException | None]] = (
@@ -423,7 +433,10 @@ class Writers:
         ]
         for sid, task in zip(self.sids, self._tasks, strict=True):
             where = " -> ".join(_await_chain(task.get_coro())) if not task.done() else "done"
-            lines.append(f"  {sid}: {base[sid]} -> {self.stored[sid]}; waits in {where}")
+            lines.append(
+                f"  {sid}: {base[sid]} -> {self.stored[sid]}; waits in {where}; last failure: "
+                f"{self.last_error.get(sid, 'none')}"
+            )
         return "\n".join(lines)
 
     async def stop(self) -> None:
@@ -500,12 +513,16 @@ async def test_cluster_master_killed_mid_appends(tmp_path: Path, durability: Dur
     cluster = ClusterRedis(tmp_path)
     await asyncio.to_thread(cluster.start)
     store = failover_store(cluster.url, durability=durability, replica_timeout=1.0)
+    writers = Writers(store, [f"f{i}" for i in range(24)])
     try:
-        writers = Writers(store, [f"f{i}" for i in range(24)])
         await writers.start()
         await writers.progressed(5)
 
         victim = cluster.master_of(store._key("f0", "log"))
+        # The leases on the replica before the kill: replication is asynchronous, and a
+        # lease the promoted master never had ends its writer (LeaseLost), durably or not.
+        f0_log = store._key("f0", "log")
+        assert await store._core.topology.exchange(f0_log, [("WAIT", 1, 5000)]) == [1]
         victim.kill()
         # The replica is promoted by the cluster itself (node timeout 1 s).
         await asyncio.to_thread(
@@ -521,6 +538,7 @@ async def test_cluster_master_killed_mid_appends(tmp_path: Path, durability: Dur
         if durability == "replicated":
             await writers.check_nothing_reported_stored_was_lost()
     finally:
+        writers.halt()
         await close_within(store, 15)
         await asyncio.to_thread(cluster.stop)
 
@@ -532,8 +550,8 @@ async def test_sentinel_master_killed_mid_appends(tmp_path: Path) -> None:
     setup = SentinelRedis(tmp_path)
     await asyncio.to_thread(setup.start)
     store = failover_store(setup.url, durability="replicated", replica_timeout=1.0)
+    writers = Writers(store, [f"f{i}" for i in range(8)])
     try:
-        writers = Writers(store, [f"f{i}" for i in range(8)])
         await writers.start()
         await writers.progressed(5)
 
@@ -554,6 +572,7 @@ async def test_sentinel_master_killed_mid_appends(tmp_path: Path) -> None:
         await writers.stop()
         await writers.check_nothing_reported_stored_was_lost()
     finally:
+        writers.halt()
         await close_within(store, 15)
         await asyncio.to_thread(setup.stop)
 
@@ -570,8 +589,8 @@ async def test_the_append_pipe_follows_a_sentinel_failover(tmp_path: Path) -> No
     setup = SentinelRedis(tmp_path)
     await asyncio.to_thread(setup.start)
     store = failover_store(setup.url)
+    writers = Writers(store, [f"p{i}" for i in range(8)], rounds=True)
     try:
-        writers = Writers(store, [f"p{i}" for i in range(8)], rounds=True)
         await writers.start()
         await writers.progressed(5)
         assert store.stats.pipe_rounds > 0
@@ -592,6 +611,7 @@ async def test_the_append_pipe_follows_a_sentinel_failover(tmp_path: Path) -> No
             assert log == [event(sid, seq) for seq in range(1, len(log) + 1)], sid
             assert len(log) >= 10
     finally:
+        writers.halt()
         await close_within(store, 15)
         await asyncio.to_thread(setup.stop)
 

@@ -47,15 +47,17 @@ HELD_AUDIO_SECONDS = 5.0
 """At most this much of the user's audio is held while the upstream opens
 (a provider answers an open in well under a second)."""
 
-UNCONSUMED_AUDIO_SECONDS: Final = 1.0
+UNCONSUMED_AUDIO_SECONDS: Final = 0.5
 """The newest audio a connection was sent that its provider has not consumed (no
 speech ended or commit since) is kept this long, and as long as
 ``HELD_AUDIO_SECONDS`` while the provider reports speech under way or the client
 commits its turns (push-to-talk). A connection replaced for a new setup
 (``VoiceInput.replay_unconsumed``) then loses nothing of an utterance whose start
-its VAD had not reported yet, nor (up to the longer bound) of one it had. The
-frames are kept by reference, not copied: about 48 KB per listening 24 kHz
-session."""
+its VAD had not reported yet (OpenAI's default prefix padding, 300 ms, and the
+detection itself), nor (up to the longer bound) of one it had. Not longer: the
+frames are kept by reference, about 24 KB per listening 24 kHz session, and a
+second of them cost the node 4-10% more CPU per frame (voice_cost_bench, 50
+sessions, interleaved: the frames' memory no longer reused while hot)."""
 
 RECORDING_WAIT: Final = 15.0
 """Seconds a recording's chunk held while the upstream opens waits to be sent,
@@ -382,12 +384,18 @@ class VoiceInput:
         if not hears:
             return True
         if upstream.send_audio_now(pcm16):
-            # ``_sent``, inlined: this is every microphone frame's path.
+            # ``_sent``, inlined: this is every microphone frame's path. Once a second is
+            # kept, each frame lets the oldest go (frames are alike: one is enough).
             size = len(pcm16)
             self._sent_bytes += size
-            self._unconsumed.append(pcm16)
-            self._unconsumed_bytes += size
-            if self._unconsumed_bytes > self._unconsumed_limit:
+            unconsumed = self._unconsumed
+            unconsumed.append(pcm16)
+            kept = self._unconsumed_bytes + size
+            limit = self._unconsumed_limit
+            if kept > limit and len(unconsumed) > 1:
+                kept -= len(unconsumed.popleft())
+            self._unconsumed_bytes = kept
+            if kept > limit:
                 self._forget_oldest()
             return True
         return False

@@ -211,7 +211,7 @@ async def test_a_replaced_connection_passes_on_what_it_had_not_consumed_in_order
     assert voice.sent_ms == 40
 
 
-async def test_unconsumed_audio_is_kept_a_second_or_five_while_speech_is_heard() -> None:
+async def test_unconsumed_audio_is_kept_half_a_second_or_five_while_speech_is_heard() -> None:
     frame = b"x" * (RATE // 50 * 2)  # 20 ms
     voice = VoiceInput("sid", AudioIn(rate=RATE))
     upstream = ScriptedUpstream()
@@ -220,7 +220,7 @@ async def test_unconsumed_audio_is_kept_a_second_or_five_while_speech_is_heard()
     voice.replay_unconsumed()
     new = ScriptedUpstream()
     await voice.flush(new)
-    assert len(new.audio) == 50  # the newest second
+    assert len(new.audio) == 25  # the newest half second
     voice.speech_began()
     for _ in range(400):  # 8 s of speech
         await voice.send(new, frame)

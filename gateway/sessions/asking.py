@@ -280,7 +280,7 @@ class UpstreamAsker:
             return  # the next connection's history holds the note
         self.in_call = True
         try:
-            await upstream.add_message(Message(role="user", content=content))
+            await upstream.add_note(content)
         except UpstreamClosed:
             self.drop(stop=False)
         self.in_call = False

@@ -296,6 +296,12 @@ class Upstream(abc.ABC):
     async def add_message(self, message: Message) -> None:
         """Append a message (user text, ``<results>``) to the upstream conversation."""
 
+    async def add_note(self, text: str) -> None:
+        """Tell the model a gateway note between turns, asking for nothing (a barge-in on
+        an answer this connection got from history). A provider that only takes a user
+        message as the start of a turn keeps none: the next connection's history holds it."""
+        await self.add_message(Message(role="user", content=text))
+
     @abc.abstractmethod
     async def start_response(self) -> None:
         """Ask the model for a response; its text arrives as ``TextDelta`` events."""

@@ -387,6 +387,11 @@ class GeminiLive(Upstream):
             raise UpstreamClosed("the Gemini Live connection is closed")
         self._conversation.add_message(message)
 
+    async def add_note(self, text: str) -> None:
+        # A transcript turn waits for the next request: the spoken turn the note comes
+        # before would be counted as sent in its place, and sent again with that request.
+        return
+
     async def start_response(self) -> None:
         if self._conversation.turn_running:
             self._queued.append(

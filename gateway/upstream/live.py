@@ -262,6 +262,11 @@ class GPTLive(Upstream):
         self._conversation.add_message(message)
         await self._flush()
 
+    async def add_note(self, text: str) -> None:
+        # A user message is typed text for the next ``begin``: the note would be asked
+        # as the caller's next typed message.
+        return
+
     async def start_response(self) -> None:
         self._ready()
         if self._conversation.turn_running:

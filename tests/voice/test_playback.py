@@ -17,7 +17,7 @@ import pytest
 
 from gateway.sim.model import Sim
 from protocol.events import Cancelled, SpeechStarted
-from tests.voice.conftest import VoiceClient, utterance, voice_gateway
+from tests.voice.conftest import VoiceClient, shape, utterance, voice_gateway
 
 RATE = 24000
 
@@ -153,3 +153,40 @@ async def test_speech_over_a_playing_answer_after_a_configure_keeps_one_copy_of_
     note = f"(The user spoke over your previous response after hearing {heard / 1000:.1f} s"
     [at] = [i for i, text in enumerate(said) if text.startswith(note)]
     assert said[at + 1 :] == ["(speech 0.5 s)"], said  # the note, then the speech
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("model", ["gemini", "gpt-live-1.1"])
+async def test_a_provider_without_silent_context_is_not_given_the_note_mid_listen(
+    model: str, tmp_path: Path
+) -> None:
+    """Gemini keeps a user message for its next request and GPT-Live takes one as the
+    caller's next typed message: the barge-in note is not added there (history holds
+    it for the next connection). Added, Gemini was sent the spoken turn twice and
+    GPT-Live was asked the note as part of the caller's next typed message."""
+    provider = "gemini" if model == "gemini" else "openai"
+    settings = {} if model == "gemini" else {"model": model}
+    async with voice_gateway(
+        provider, tmp_path, gateway_settings=settings, audio_ms_per_char=60
+    ) as gw:
+        sim: Sim = gw.sim
+        client = await VoiceClient.connect(gw.url)
+        await client.configure(input_audio={"rate": RATE}, output="audio", instructions="A")
+        await client.send({"type": "user", "content": "/raw " + "z" * 40})
+        await client.turn_end()
+        await client.configure(instructions="B")  # the answer goes to a new one as history
+        stop = asyncio.Event()
+        player = asyncio.create_task(report_playback(client, 100, stop))
+        await asyncio.sleep(0.35)  # the user hears a bit of it...
+        stop.set()
+        await player
+        await client.stream(utterance(0.5, RATE), RATE)  # ...and talks over it
+        await client.turn_end()
+        await client.send({"type": "user", "content": "typed after"})
+        typed = await client.turn_end()
+        held = sim.live() if model != "gemini" else sim.conversations()
+        await client.close()
+    said = [item.text for item in held[-1].items if item.role == "user"]
+    assert said[-2:] == ["(speech 0.5 s)", "typed after"], said
+    assert said.count("(speech 0.5 s)") == 1, said
+    assert ("respond", "Echo: typed after") in shape(typed)

@@ -142,14 +142,17 @@ class OpenAIDoor:
         policies: KeyPolicies,
         admit: Admit,
         config_of: Callable[[str], Awaitable[SessionConfig | None]],
+        route_of: Callable[[SessionConfig], tuple[str, str] | None],
     ) -> None:
         """``admit``: the gateway's own handshake checks (a refusal, or what they
         established); ``config_of(sid)``: a session's configuration (shown by
-        ``session.created`` to a client of a session made elsewhere: ``client_secrets``)."""
+        ``session.created`` to a client of a session made elsewhere: ``client_secrets``);
+        ``route_of(config)``: the provider and model it runs (``SessionSetups.route_of``)."""
         self.config = config
         self.policies = policies
         self.admit = admit
         self.config_of = config_of
+        self.route_of = route_of
         self._handshakes: dict[ServerConnection, _Pending] = {}
         self._reapers: set[asyncio.Task[None]] = set()
         # This node's WebRTC calls: call id -> (session id, model), for ?call_id=.
@@ -276,8 +279,8 @@ class OpenAIDoor:
         config = await self.config_of(sid)
         if config is None:
             return False
-        runs = (config.provider or self.config.provider, config.model or self.config.model)
-        return runs != route
+        runs = self.route_of(config)
+        return runs is not None and runs != route
 
     async def _forget(self, connection: ServerConnection) -> None:
         await connection.wait_closed()

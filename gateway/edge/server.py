@@ -138,7 +138,9 @@ class Gateway:
         # The HTTP API (POST/GET/DELETE /v1/sessions): on this port, and on --api-port if set.
         self.api = HttpApi(node, self.edges, self.phone)
         # The OpenAI Realtime door (/openai/v1/realtime): this door's checks, OpenAI's events.
-        self.door = OpenAIDoor(self.config, node.policies, self._admit_client, self._config_of)
+        self.door = OpenAIDoor(
+            self.config, node.policies, self._admit_client, self._config_of, node.setups.route_of
+        )
         # Its WebRTC calls (POST /openai/v1/realtime/calls): the door's frames on a data channel.
         self._end_calls = (
             calls(self.api.app, self.door, self._handler, self.api.owns)

@@ -281,6 +281,12 @@ class SessionSetups:
             guardrails,
         )
 
+    def route_of(self, config: SessionConfig) -> tuple[str, str] | None:
+        """The provider and model a session of ``config`` runs first (its unset ones are
+        the node's: the primary provider of a chain, its model); None: none here."""
+        factory = self._factory(config.provider, config.model)
+        return None if isinstance(factory, str) else (factory.provider, factory.model)
+
     def _factory(self, provider: str, model: str) -> UpstreamFactory | str:
         default = self.upstream_factory
         if (not provider or provider == default.provider) and not model:

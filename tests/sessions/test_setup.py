@@ -169,3 +169,14 @@ def test_a_stored_session_with_unreadable_parts_fails_closed(
     # A session not stored yet takes the allow-list its key had at the handshake.
     fresh = made.stored_setup("sid-3", {"owner": "carol"}, parse_allow_list("list"))
     assert fresh.server_tools == frozenset({"list"})
+
+
+def test_route_of_says_what_a_session_runs_with_its_unset_fields_the_nodes(
+    policies: KeyPolicies,
+) -> None:
+    """What the OpenAI door compares a resume's ``?model=`` with: a session that sets no
+    provider or model runs the node's own (not ``""``), so naming it is no switch."""
+    made, _ = setups(policies)
+    assert made.route_of(SessionConfig()) == ("node", "node-model")
+    assert made.route_of(SessionConfig(provider="other", model="m2")) == ("other", "m2")
+    assert made.route_of(SessionConfig(provider="broken", model="m")) is None

@@ -231,7 +231,8 @@ class UpstreamAsker:
         is held for the next (``VoiceInput.replay_unconsumed``): the start of an
         utterance its VAD had not reported, or an utterance under way when a typed
         turn needs the new setup, is heard by the new connection."""
-        self.reopens.spend(asyncio.get_running_loop().time())
+        if self.link.upstream is not None:  # none open (a forget after a loss): no cost
+            self.reopens.spend(asyncio.get_running_loop().time())
         self.voice_in.replay_unconsumed()
         self.drop(stop=False)
 

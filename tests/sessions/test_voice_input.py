@@ -279,3 +279,17 @@ async def test_audio_replayed_to_a_new_connection_counts_once_in_the_sessions_au
     assert voice.opened_at_ms == 4000
     assert await voice.clear(None, _Factory("openai", frozenset({"clear_audio"}))) is None
     assert (voice.sent_ms, voice.opened_at_ms) == (9000, 9000)
+
+
+async def test_speech_under_way_keeps_its_longer_bound_through_a_configure() -> None:
+    """A configure of other voice settings (same rate) during speech: the speech so far
+    is still kept up to five seconds for a connection replaced before it ends."""
+    frame = b"x" * (RATE // 50 * 2)
+    voice = VoiceInput("sid", AudioIn(rate=RATE))
+    upstream = ScriptedUpstream()
+    voice.speech_began()
+    voice.reconfigure(AudioIn(rate=RATE, noise_reduction="far_field"))
+    for _ in range(150):  # 3 s of speech
+        await voice.send(upstream, frame)
+    voice.replay_unconsumed()
+    assert len(await _flushed(voice)) == 150

@@ -364,10 +364,6 @@ class TurnDriver:
             # Kept with the session so a node that takes it over links its rerun here.
             self._spawn(self._remember({"traceparent": traceparent}), f"meta:{self.sid}")
 
-    def drop_upstream(self, *, stop: bool) -> None:
-        """Let the upstream go (closed in the background); its events read early go too."""
-        self.asker.drop(stop=stop)
-
     def _account(self, usage: Usage) -> None:
         """Charge a step's usage: counters, its price and the owner's quotas (``metric`` follows)."""
         metrics = self.services.metrics

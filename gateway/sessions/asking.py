@@ -50,13 +50,15 @@ class ReopenBudget:
     outdated connection is kept; what it was sent and had not consumed is replayed
     to the next (``VoiceInput.replay_unconsumed``). A typed turn's reopen is never
     held back (the turn needs the new setup), but it spends the budget too.
+    ``postponed_to``: none before this time either (``postpone``).
     """
 
-    __slots__ = ("_last", "_tokens")
+    __slots__ = ("_last", "_tokens", "postponed_to")
 
     def __init__(self, now: float) -> None:
         self._tokens = float(REOPEN_BURST)
         self._last = now
+        self.postponed_to = -math.inf
 
     def _refilled(self, now: float) -> float:
         return min(float(REOPEN_BURST), self._tokens + (now - self._last) / REOPEN_EVERY)
@@ -64,7 +66,13 @@ class ReopenBudget:
     def due(self, now: float) -> float:
         """When the next replacement may be opened: ``now``, or later."""
         tokens = self._refilled(now)
-        return now if tokens >= 1.0 else now + (1.0 - tokens) * REOPEN_EVERY
+        due = now if tokens >= 1.0 else now + (1.0 - tokens) * REOPEN_EVERY
+        return max(due, self.postponed_to)
+
+    def postpone(self, until: float) -> None:
+        """No replacement before ``until`` (``Node.policies_changed`` spreads the ones a
+        key policy edit makes)."""
+        self.postponed_to = until
 
     def spend(self, now: float) -> None:
         self._tokens = self._refilled(now) - 1.0
@@ -118,9 +126,6 @@ class UpstreamAsker:
         self.in_call = False
         self.requested_at: float | None = None
         self.reopens = ReopenBudget(-math.inf)
-        # No idle replacement before this loop time (``SessionNode.policies_changed``
-        # spreads the ones a key policy edit makes).
-        self.not_before = -math.inf
         # An outdated connection ``gives_way`` would let go but for ``reopens``: the
         # loop time it may (the reader's idle wait ends then).
         self.reopen_deferred_to: float | None = None
@@ -219,7 +224,7 @@ class UpstreamAsker:
         if not (machine.idle and not machine.spoken.reopen_loses and self.outdated()):
             return False
         now = asyncio.get_running_loop().time()
-        due = max(self.reopens.due(now), self.not_before)
+        due = self.reopens.due(now)
         if due > now:
             self.reopen_deferred_to = due  # a flood of updates: one replacement per while
             return False

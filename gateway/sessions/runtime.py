@@ -345,7 +345,7 @@ class SessionRuntime:
         at the soonest (the node spreads them)."""
         if self.closed:
             return
-        self.driver.asker.not_before = asyncio.get_running_loop().time() + reopen_after
+        self.driver.asker.reopens.postpone(asyncio.get_running_loop().time() + reopen_after)
         _apply_setup(self, setup)
 
     def speaking_voice(self) -> VoiceConfig | None:
@@ -540,7 +540,10 @@ def _install_voice(runtime: SessionRuntime, voice: VoiceConfig | None) -> None:
     ``_apply_setup`` reopens the upstream with it."""
     if voice == runtime.voice:
         return
-    runtime.voice_in.reconfigure(voice.audio_in if voice is not None else None)
+    runtime.voice_in.reconfigure(
+        voice.audio_in if voice is not None else None,
+        speech=runtime.machine.spoken.speech_open,
+    )
     runtime.voice = voice
     if runtime.log.guard is not None:
         runtime.log.guard.speaks = _speaks(voice)

@@ -155,7 +155,7 @@ async def test_a_policy_edit_replaces_listening_connections_a_few_at_a_time(
         policy.write_text('[alice]\nserver_tools = ["read"]\n')
         for client in clients:
             await client.until(lambda e: isinstance(e, Configured), timeout=CLOSE_WITHIN)
-        not_before = sorted(r.driver.asker.not_before for r in runtimes)
+        not_before = sorted(r.driver.asker.reopens.postponed_to for r in runtimes)
         await asyncio.gather(*(c.close() for c in clients))
     gaps = [later - earlier for earlier, later in itertools.pairwise(not_before)]
     assert gaps == pytest.approx([1 / POLICY_REOPENS_PER_SECOND] * 3, abs=0.01), gaps

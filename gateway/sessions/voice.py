@@ -255,7 +255,6 @@ class VoiceInput:
         "_sent_bytes",
         "_sent_ms_before",
         "_sent_whole",
-        "_speech",
         "_unconsumed",
         "_unconsumed_bytes",
         "_unconsumed_limit",
@@ -289,7 +288,6 @@ class VoiceInput:
         self._unconsumed: deque[bytes] = deque()
         self._unconsumed_bytes = 0
         self._unconsumed_limit = _unconsumed_kept(audio_in, speech=False)
-        self._speech = False  # the provider reported speech it has not ended
 
     @property
     def sent_ms(self) -> int:
@@ -309,31 +307,29 @@ class VoiceInput:
             return self.sent_ms
         return self._sent_ms_before + (self._sent_bytes - held.replayed) * 500 // audio_in.rate
 
-    def reconfigure(self, audio_in: AudioIn | None) -> None:
+    def reconfigure(self, audio_in: AudioIn | None, *, speech: bool = False) -> None:
         """Another input configuration: audio held (or kept unconsumed) at another rate
-        is gone."""
+        is gone. ``speech``: the provider reported speech it has not ended
+        (``SpokenAnswer.speech_open``), which keeps its longer bound at the same rate."""
         before = self.audio_in
         if audio_in is None or before is None or audio_in.rate != before.rate:
             self._sent_ms_before, self._sent_bytes = self.sent_ms, 0
             self._held = HeldAudio.for_rate(audio_in.rate) if audio_in is not None else None
             self._sent_whole.set()
             self._consumed()
-            self._speech = False  # what is heard at the new rate is heard anew
+            speech = False  # what is heard at the new rate is heard anew
         self.audio_in = audio_in
-        # Speech under way keeps its longer bound through a configure of other settings.
-        self._unconsumed_limit = _unconsumed_kept(audio_in, speech=self._speech)
+        self._unconsumed_limit = _unconsumed_kept(audio_in, speech=speech)
 
     def speech_began(self) -> None:
         """The provider hears speech: its audio is kept until the speech ends (up to
         ``HELD_AUDIO_SECONDS``), so a connection replaced meanwhile hears it whole."""
-        self._speech = True
         self._unconsumed_limit = _unconsumed_kept(self.audio_in, speech=True)
 
     def consumed(self) -> None:
         """The provider took what it was sent (a speech end, a commit), or a new
         connection opened: a connection replaced from now on needs none of it."""
         self._consumed()
-        self._speech = False
         self._unconsumed_limit = _unconsumed_kept(self.audio_in, speech=False)
 
     def _consumed(self) -> None:

@@ -288,7 +288,7 @@ async def test_speech_under_way_keeps_its_longer_bound_through_a_configure() -> 
     voice = VoiceInput("sid", AudioIn(rate=RATE))
     upstream = ScriptedUpstream()
     voice.speech_began()
-    voice.reconfigure(AudioIn(rate=RATE, noise_reduction="far_field"))
+    voice.reconfigure(AudioIn(rate=RATE, noise_reduction="far_field"), speech=True)
     for _ in range(150):  # 3 s of speech
         await voice.send(upstream, frame)
     voice.replay_unconsumed()

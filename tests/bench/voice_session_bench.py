@@ -1,7 +1,7 @@
 """Benchmark of voice through the gateway: latency it adds, and audio relay CPU.
 
-Run: ``PYTHONPATH=. /work/venv/bin/python tests/bench/voice_session_bench.py [--sessions 100]
-[--repeats 5] [--pin] [--spread 2] [--probes 25] [--stages]``
+Run: ``PYTHONPATH=. .venv/bin/python tests/bench/voice_session_bench.py [--sessions 100]
+[--repeats 5] [--pin] [--spread 2] [--probes 25] [--stages] [--litellm-venv /tmp/litellm-venv]``
 
 1. **Speech end → first chunk**, at N concurrent voice sessions. Each streams
    audio at real-time pace in 20 ms frames: silence, 0.6 s of speech (a
@@ -43,6 +43,16 @@ Run: ``PYTHONPATH=. /work/venv/bin/python tests/bench/voice_session_bench.py [--
    alone relaying in this process (``tests/bench/voice_bench.py``'s figure:
    the relay floor, no session, edge or log).
 
+3. **LiteLLM relaying the same audio** (``--litellm-venv DIR``: LiteLLM
+   installed there, or installed into it first): N OpenAI Realtime clients
+   stream the same quiet audio as ``input_audio_buffer.append`` events through
+   the gateway's OpenAI door (``/openai/v1/realtime``) and, interleaved, through
+   LiteLLM's realtime proxy to the same simulator (LiteLLM speaks only
+   OpenAI's wire, so the door is the gateway's like-for-like path). Printed:
+   each one's CPU per frame (LiteLLM's process tree) and the door's ÷ LiteLLM's,
+   measured in one run rather than assumed. ``voice_cost_bench.py`` has the
+   same comparison with a TCP proxy's floor beside it.
+
 **Over a simulated network** (``--client-rtt``, ``--provider-rtt``,
 ``--redis-rtt`` in ms; ``tests/bench/network.py``): the gateway's clients
 cross a client link, the gateway reaches the simulator over a provider link
@@ -66,6 +76,7 @@ import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator
+from functools import partial
 from pathlib import Path
 
 import orjson
@@ -78,7 +89,7 @@ from gateway.upstream.openai import OpenAIRealtime
 from gateway.wsfast import FastReadClientConnection
 from protocol.events import Respond, Think
 from protocol.parser import Parser
-from tests.bench.benchlib import pin_tasks
+from tests.bench.benchlib import descendants, pin_tasks
 from tests.support.redis_server import RedisServer
 
 RATE = 24000
@@ -305,6 +316,56 @@ async def relay_cpu(sim_url: str, sessions: int, seconds: float) -> float:
     return sum(counts) / used if used else float("inf")
 
 
+async def door_and_litellm(
+    sim_base: str, sessions: int, seconds: float, litellm_venv: Path, repeats: int
+) -> tuple[float, float]:
+    """CPU µs per frame of the gateway's OpenAI door and of LiteLLM's proxy, each
+    relaying the same appends from ``sessions`` clients (medians of ``repeats``,
+    interleaved)."""
+    from tests.bench.side_by_side_bench import (
+        LITELLM_KEY,
+        ensure_litellm,
+        litellm_proc,
+        tree_cpu_seconds,
+    )
+    from tests.bench.voice_cost_bench import DOOR_MODEL, openai_wire
+
+    exe = ensure_litellm(litellm_venv)
+    door_figures: list[float] = []
+    litellm_figures: list[float] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        litellm = litellm_proc(exe, f"{sim_base}/realtime", Path(tmp)).start(timeout=180)
+        try:
+            pin = PINS["gateway"]
+            if pin is not None:
+                pin_tasks([litellm.pid, *descendants(litellm.pid)], sorted(pin))
+            async with process(*gateway_args(sim_base), env={"OPENAI_API_KEY": "k"}) as (
+                url,
+                pid,
+            ):
+                door = url.split("/v1/")[0] + "/openai/v1/realtime"
+                for _ in range(repeats):
+                    used, frames = await openai_wire(
+                        f"{door}?model={DOOR_MODEL}",
+                        {},
+                        sessions,
+                        seconds,
+                        partial(cpu_seconds, pid),
+                    )
+                    door_figures.append(used / frames * 1e6 if frames else float("nan"))
+                    used, frames = await openai_wire(
+                        f"{litellm.url}?model=sim",
+                        {"Authorization": f"Bearer {LITELLM_KEY}"},
+                        sessions,
+                        seconds,
+                        partial(tree_cpu_seconds, litellm.pid),
+                    )
+                    litellm_figures.append(used / frames * 1e6 if frames else float("nan"))
+        finally:
+            litellm.stop()
+    return median(door_figures), median(litellm_figures)
+
+
 def median(values: list[float]) -> float:
     ordered = sorted(values)
     return ordered[len(ordered) // 2]
@@ -350,6 +411,12 @@ async def main() -> None:
         "reported as gateway-b",
     )
     parser.add_argument("--no-relay-cpu", action="store_true", help="skip the audio CPU figure")
+    parser.add_argument(
+        "--litellm-venv",
+        type=Path,
+        default=None,
+        help="LiteLLM's proxy relaying the same audio, against the gateway's OpenAI door",
+    )
     add_network_flags(parser)
     ns = parser.parse_args()
     n = ns.sessions
@@ -464,6 +531,16 @@ async def main() -> None:
                 rate = await relay_cpu(base, n, 5.0)
                 print(
                     f"gateway: {rate:,.0f} audio frames relayed per CPU-second ({n} sessions, 5 s)"
+                )
+            if ns.litellm_venv is not None:
+                door, theirs = await door_and_litellm(
+                    sim_base, n, 5.0, ns.litellm_venv, max(ns.repeats, 3)
+                )
+                print(
+                    f"the same audio as OpenAI appends ({n} sessions, 5 s, medians of "
+                    f"{max(ns.repeats, 3)} interleaved repeats): the gateway's door {door:.1f} "
+                    f"µs of CPU per frame, LiteLLM's proxy {theirs:.1f}; door ÷ LiteLLM "
+                    f"{door / theirs:.2f}"
                 )
 
 

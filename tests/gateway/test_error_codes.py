@@ -8,6 +8,8 @@ import socket
 import typing
 from pathlib import Path
 
+import msgspec
+
 from protocol.events import Error, ErrorCode
 from tests.gateway.conftest import GatewayFactory
 from tests.support.client import GatewayClient
@@ -88,6 +90,9 @@ async def test_an_unreachable_upstream_tells_the_client_without_its_url_or_key(
         assert [e.code for e in errors] == ["upstream"]
         assert "unreachable" in errors[0].content and "again" in errors[0].content
         for event in events:
-            text = repr(event)
+            # Every field but the clock's: a timestamp's digits once held the port's.
+            fields = msgspec.structs.asdict(event)
+            fields.pop("timestamp", None)
+            text = repr(fields)
             assert "SECRET" not in text and str(port) not in text, text
         await client.close()

@@ -68,26 +68,11 @@ from protocol.openai_requests import (
     Command,
     Emit,
 )
-from protocol.openai_response import ResponseOverrides
+from protocol.openai_response import ResponseOverrides, ShownResponse
 from protocol.openai_session import call_parts, session_of, usage_of
 from protocol.openai_speech import EarlySpeech
 
 __all__ = ["KEPT_ITEMS", "Command", "Conversation", "Emit", "ServerEvent"]
-
-
-class _Response:
-    """The response being streamed: its id, its items so far, its open message."""
-
-    __slots__ = ("audio", "first", "id", "last", "message", "metadata", "output", "text")
-
-    def __init__(self, rid: str) -> None:
-        self.id = rid
-        self.audio = False  # audio of its open message was sent
-        self.output: list[dict[str, Any]] = []
-        self.message: str | None = None  # the open message item's id
-        self.text: list[str] = []
-        self.first = self.last = 0  # seqs of the open message's first and last chunks
-        self.metadata: dict[str, str] | None = None  # response.create's, echoed
 
 
 class Conversation:
@@ -104,7 +89,7 @@ class Conversation:
         self.sid = sid
         self.model = model
         self.audio_out = audio_out
-        self._response: _Response | None = None
+        self._response: ShownResponse | None = None
         self._ending = False
         self._created = False  # session.created sent
         self._turn = 0  # seq of the turn's user event: responses' and messages' ids
@@ -285,6 +270,7 @@ class Conversation:
             case End():
                 self.requests.turn_open = False
                 self.requests.swallowed = None  # the turn it went on with is over
+                self.overrides.unask()
                 self._ending = True
                 self.overrides.put_back()  # the turn is over (also one that showed nothing)
                 return []
@@ -302,13 +288,16 @@ class Conversation:
             case Cancelled(reason=why):
                 self.requests.turn_open = False
                 self.overrides.put_back()
-                if self._response is None:
-                    return []
                 reason = "turn_detected" if why == "barge_in" else "client_cancelled"
-                return self._done("cancelled", reason=reason)
+                if self._response is None and not self.overrides.owed:
+                    return []
+                # A response a create asked for is shown even if cut before its first word.
+                return [*self._start(), *self._done("cancelled", reason=reason)]
             case Error(code=code, content=content, reply_to=ref):
                 if self._response is None:
                     self.overrides.put_back()  # the response with overrides never started
+                    if (sent := self.requests.sent) is not None and ref == sent[0]:
+                        self.overrides.unask()  # the create's message was refused
                 requests = self.requests
                 reply, requests.pending_reply = requests.pending_reply, None
                 if isinstance(ref, str) and ref in requests.named:
@@ -417,7 +406,7 @@ class Conversation:
         )
         return out
 
-    def _where(self, resp: _Response, item_id: str) -> dict[str, Any]:
+    def _where(self, resp: ShownResponse, item_id: str) -> dict[str, Any]:
         return {
             "response_id": resp.id,
             "item_id": item_id,
@@ -430,13 +419,13 @@ class Conversation:
             return []
         self._ending = False
         self._responses += 1
-        resp = self._response = _Response(f"resp_{self._turn}_{self._responses}")
+        resp = self._response = ShownResponse(f"resp_{self._turn}_{self._responses}")
         self.requests.responding = resp.id
-        resp.metadata, self.overrides.metadata = self.overrides.metadata, None
+        resp.metadata = self.overrides.shown()
         return [self.ids.event("response.created", response=self._resp_body(resp, "in_progress"))]
 
     def _resp_body(
-        self, resp: _Response, status: str, details: dict[str, Any] | None = None
+        self, resp: ShownResponse, status: str, details: dict[str, Any] | None = None
     ) -> dict[str, Any]:
         body: dict[str, Any] = {
             "id": resp.id,
@@ -452,7 +441,7 @@ class Conversation:
             body["status_details"] = details
         return body
 
-    def _message_item(self, resp: _Response, status: str) -> dict[str, Any]:
+    def _message_item(self, resp: ShownResponse, status: str) -> dict[str, Any]:
         text = "".join(resp.text)
         part = (
             {"type": "output_audio", "transcript": text}

@@ -289,8 +289,7 @@ class ClientRequests:
         if self.turn_open and (self.held or not self.continues):
             # As OpenAI's service answers: the items created stay, for the next response.
             return Emit([], [self.ids.error(BUSY, code=BUSY_CODE, event_id=eid)])
-        if made is not None:
-            self.overrides.metadata = made.metadata
+        metadata = made.metadata if made is not None else None
         if self.held:
             text = "\n".join(self.held)
             self.held = []
@@ -300,6 +299,7 @@ class ClientRequests:
             said_id = self._command_id(eid, "said")
             said = UserMessage(content=text, id=said_id)
             self.sent = (said_id, text)
+            self.overrides.ask(metadata)  # this create's response's, and no other's
             if change is None:
                 return Emit([said], [])
             self.overrides.start(change)
@@ -315,6 +315,8 @@ class ClientRequests:
             )
         if self.continues is not None:  # the gateway's turn already goes on
             self.swallowed, self.continues = (self.continues, eid), None
+            if self.turn_open and self.responding is None:  # its answer is still to come
+                self.overrides.ask(metadata)
             return Emit([], [])
         return self._refusal(
             "response.create needs a user message first on this gateway "

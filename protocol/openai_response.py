@@ -8,8 +8,11 @@ a ``configure`` takes effect at the next model step, so exactly the response
 asked for runs with them (a step is one OpenAI response), whatever the
 provider. Both are named ``~…`` so the door does not show them as
 ``session.updated`` (the client changed no session). ``metadata`` is echoed
-on the response. What a gateway cannot honour for one response is refused
-by name, saying what to do instead.
+on the response the create asked for and on no other (LiveKit's plugin discards
+a response that echoes a create it gave up on); a create cancelled before its
+first word still gets its response, created and then done as cancelled. What a
+gateway cannot honour for one response is refused by name, saying what to do
+instead. ``ShownResponse``: the response a conversation is streaming.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ __all__ = [
     "TOKEN_REFUSAL",
     "Overrides",
     "ResponseOverrides",
+    "ShownResponse",
     "response_overrides",
     "restore_of",
 ]
@@ -135,16 +139,18 @@ def restore_of(change: Configure, session: SessionConfig | None) -> Configure:
 class ResponseOverrides:
     """One connection's overrides as they go (``Conversation`` holds one): the session's
     configuration as its client set it, the override of the response in flight and the
-    session's configuration as it came, the metadata the next response echoes, and the
-    configures to send now (``due``)."""
+    session's configuration as it came, the metadata the next response echoes, whether a
+    response.create is owed its response (``owed``), and the configures to send now
+    (``due``)."""
 
-    __slots__ = ("_before", "_override", "allowed", "config", "due", "metadata")
+    __slots__ = ("_before", "_override", "allowed", "config", "due", "metadata", "owed")
 
     def __init__(self) -> None:
         # A client token may not change its session's configuration, for one response either.
         self.allowed = True
         self.config: SessionConfig | None = None
         self.metadata: dict[str, str] | None = None
+        self.owed = False
         self.due: list[Configure] = []
         self._override: Configure | None = None
         self._before: SessionConfig | None = None
@@ -164,6 +170,21 @@ class ResponseOverrides:
             self.config = config  # the session's own again
         return True
 
+    def ask(self, metadata: dict[str, str] | None) -> None:
+        """A response.create asked for a response: it is owed the client (created, then
+        done, even if cancelled before its first word), with this metadata."""
+        self.metadata, self.owed = metadata, True
+
+    def shown(self) -> dict[str, str] | None:
+        """A response is shown: it takes the metadata (no later one echoes it)."""
+        metadata, self.metadata, self.owed = self.metadata, None, False
+        return metadata
+
+    def unask(self) -> None:
+        """No response is owed any more (its turn is over, or its create's message was
+        refused): the metadata goes nowhere, rather than onto a later response."""
+        self.metadata, self.owed = None, False
+
     def put_back(self) -> None:
         """The response is done (or never started): the session's own values go back."""
         if self._override is not None:
@@ -180,3 +201,19 @@ def _metadata_ok(metadata: Any) -> bool:
             for k, v in metadata.items()
         )
     )
+
+
+class ShownResponse:
+    """The response a conversation streams to its client: its id, its items so far, its
+    open message (``protocol.openai_conversation``)."""
+
+    __slots__ = ("audio", "first", "id", "last", "message", "metadata", "output", "text")
+
+    def __init__(self, rid: str) -> None:
+        self.id = rid
+        self.audio = False  # audio of its open message was sent
+        self.output: list[dict[str, Any]] = []
+        self.message: str | None = None  # the open message item's id
+        self.text: list[str] = []
+        self.first = self.last = 0  # seqs of the open message's first and last chunks
+        self.metadata: dict[str, str] | None = None  # response.create's, echoed

@@ -183,3 +183,80 @@ async def test_a_resumed_client_does_not_see_the_overrides_as_session_changes(
     assert "Pirate talk." in "".join(e.get("delta", "") for e in replay)
     kinds = [e["type"] for e in resumed.events]
     assert "session.updated" not in kinds  # the door's own configures stay its own
+
+
+async def _raw(node: NodeProcess, model: str) -> RawClient:
+    client = await RawClient.open(f"{node.base}/openai/v1/realtime?model={model}")
+    await client.until("session.created")
+    await client.send(
+        type="session.update", session={"type": "realtime", "output_modalities": ["text"]}
+    )
+    await client.until("session.updated")
+    return client
+
+
+async def _user(client: RawClient, text: str) -> None:
+    await client.send(
+        type="conversation.item.create",
+        item={"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]},
+    )
+
+
+@pytest.mark.parametrize("model", MODELS)
+async def test_a_create_cancelled_at_once_gets_its_response_and_keeps_its_metadata(
+    node: NodeProcess, model: str
+) -> None:
+    """LiveKit's plugin cancels a ``generate_reply`` it gave up on, often before the first
+    word: the create is still answered (created, then done as cancelled, as OpenAI's
+    service answers), and its metadata is not echoed by the next response, which the
+    plugin would otherwise discard as the one it gave up on."""
+    client = await _raw(node, model)
+    try:
+        await _user(client, "/long 3")
+        tag = {"client_event_id": "given_up"}
+        await client.send(type="response.create", event_id="given_up", response={"metadata": tag})
+        await client.send(type="response.cancel")
+        events = await client.until("response.done")
+        created = next(e for e in events if e["type"] == "response.created")
+        assert created["response"]["metadata"] == tag
+        assert events[-1]["response"]["status"] == "cancelled"
+        assert events[-1]["response"]["metadata"] == tag
+        await _user(client, "hello")
+        await client.send(type="response.create", event_id="next")
+        after = await client.until("response.done")
+        assert all("metadata" not in e.get("response", {}) for e in after), after
+        assert after[-1]["response"]["status"] == "completed"
+    finally:
+        await client.close()
+
+
+@pytest.mark.parametrize("model", MODELS)
+async def test_a_create_after_a_tool_answer_was_shown_echoes_its_metadata_nowhere(
+    node: NodeProcess, model: str
+) -> None:
+    """The gateway answers a function_call_output by itself; a response.create that comes
+    once that answer is under way or done opens nothing, and its metadata must not
+    ride on the user's next response."""
+    client = await _raw(node, model)
+    try:
+        await client.send(type="session.update", session={"type": "realtime", "tools": [LOOKUP]})
+        await client.until("session.updated")
+        await _user(client, '/tool lookup {"word": "door"}')
+        await client.send(type="response.create")
+        called = await client.until("response.done")
+        call = called[-1]["response"]["output"][-1]
+        assert call["type"] == "function_call"
+        await client.send(
+            type="conversation.item.create",
+            item={"type": "function_call_output", "call_id": call["call_id"], "output": "ajar"},
+        )
+        answer = await client.until("response.done")
+        assert "metadata" not in answer[-1]["response"]
+        late = {"client_event_id": "late"}
+        await client.send(type="response.create", event_id="late", response={"metadata": late})
+        await _user(client, "hello")
+        await client.send(type="response.create", event_id="next")
+        after = await client.until("response.done")
+        assert all("metadata" not in e.get("response", {}) for e in after), after
+    finally:
+        await client.close()

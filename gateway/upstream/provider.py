@@ -17,6 +17,7 @@ environment: the node's settings are the one place a key comes from.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal, cast
@@ -163,9 +164,16 @@ class Provider:
         """The facts of ``model`` as this row lists it (or its wire's assumption)."""
         return find(self.models, self.wire, model)
 
-    def served(self) -> tuple[str, ...]:
-        """The models it serves that are not announced as shut down."""
-        return tuple(m.name for m in self.models if not m.shutdown)
+    def served(self, today: datetime.date | None = None) -> tuple[str, ...]:
+        """The models it serves: every one it lists but those shut down by ``today``.
+
+        A deprecated model (its shutdown announced, still ahead) is served, as
+        its provider still serves it; the node logs the date once when it is
+        used (``gateway.app``). Clients default to such models (LiveKit's
+        plugin to ``gpt-realtime``), so refusing them early broke them.
+        """
+        day = today or datetime.date.today()
+        return tuple(m.name for m in self.models if not m.shut_down_by(day))
 
     def factory(self, settings: ProviderSettings, model: str = "") -> ProviderFactory:
         """A factory of this provider's upstreams with ``settings`` and ``model``."""

@@ -4,6 +4,7 @@ behave as a client of OpenAI's service expects."""
 
 from __future__ import annotations
 
+import datetime
 import json
 from collections import Counter
 
@@ -11,6 +12,7 @@ import pytest
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from gateway.edge.closes import CloseCode
+from gateway.upstream import providers
 from tests.openai_door.conftest import MODELS, RawClient
 from tests.support.procs import NodeProcess
 
@@ -144,3 +146,36 @@ async def test_a_flood_of_events_is_refused_then_closed(node: NodeProcess) -> No
     assert "rate_limit_exceeded" in codes
     assert client.ws.close_code == CloseCode.RATE_LIMITED
     assert len(codes) < 1000  # events over the limit are dropped unread, not answered
+
+
+def test_a_model_is_served_until_its_shutdown_day() -> None:
+    """A deprecated model (its shutdown announced, still ahead) is served, as its provider
+    still serves it; from its shutdown day on it is not."""
+    row = providers.by_name("openai")
+    dated = next(m for m in row.models if m.shutdown)
+    day = datetime.date.fromisoformat(dated.shutdown)
+    assert dated.name in row.served(day - datetime.timedelta(days=1))
+    assert dated.name not in row.served(day)
+
+
+async def test_a_deprecated_model_opens_through_the_door(node: NodeProcess) -> None:
+    """LiveKit's plugin and pipecat default to ``gpt-realtime`` (shutdown announced for
+    2027-01-20): the door served none of them, and the plugin saw only an HTTP 400."""
+    today = datetime.date.today()
+    deprecated = [
+        m.name
+        for row in providers.PROVIDERS
+        for m in row.models
+        if m.shutdown and not m.shut_down_by(today)
+    ]
+    if not deprecated:
+        pytest.skip("no model of the table is deprecated and still served today")
+    client = await RawClient.open(f"{node.base}/openai/v1/realtime?model={deprecated[0]}")
+    try:
+        created = await client.until("session.created")
+        assert created[-1]["session"]["model"] == deprecated[0]
+        await client.say("hello")
+        events = await client.until("response.done")
+        assert events[-1]["response"]["status"] == "completed"
+    finally:
+        await client.close()

@@ -347,8 +347,11 @@ class Conversation:
             out.append(
                 self.ids.event("input_audio_buffer.committed", item_id=iid, previous_item_id=prev)
             )
+        # Spoken: ``added`` before its transcript, as OpenAI's service sends it at the
+        # commit (LiveKit's plugin appends the transcription to what ``added`` held).
+        added = {**item, "content": [{**part, "transcript": None}]} if spoken else item
         out += [
-            self.ids.event("conversation.item.added", item=item, previous_item_id=prev),
+            self.ids.event("conversation.item.added", item=added, previous_item_id=prev),
             self.ids.event("conversation.item.done", item=item, previous_item_id=prev),
         ]
         if spoken:

@@ -167,6 +167,15 @@ async def test_the_sdk_hears_the_users_transcript_as_deltas_then_completed(
         if e["type"] == "conversation.item.input_audio_transcription.delta"
     )
     assert said and said == done["transcript"]
+    # The item is added at the commit, before its transcript (OpenAI's order): a client
+    # that appends transcriptions to the added item (LiveKit's plugin) holds it once.
+    added = next(
+        e
+        for e in events
+        if e["type"] == "conversation.item.added" and e["item"]["id"] == done["item_id"]
+    )
+    assert added["item"]["content"] == [{"type": "input_audio", "transcript": None}]
+    assert kinds.index("conversation.item.added") < kinds.index(done["type"])
 
 
 async def test_an_append_that_is_not_base64_is_refused_and_the_turn_goes_on(

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterator
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 import msgspec
 
@@ -266,12 +266,7 @@ class ClientRequests:
             case ConversationItemRetrieve(item_id=item_id):
                 shown = self.shown.items.get(item_id)
                 if shown is None:
-                    return self._refusal(
-                        f"no item {item_id[:64]!r} in this conversation (or it is older than "
-                        f"its newest {KEPT_ITEMS} items): pass the id of an item it was sent",
-                        eid,
-                        "item_id",
-                    )
+                    return self._not_found(item_id, eid, "retrieving")
                 return Emit([], [self.ids.event("conversation.item.retrieved", item=shown)])
             case ConversationItemDelete(item_id=item_id):
                 return self._delete(item_id, eid)
@@ -391,7 +386,7 @@ class ClientRequests:
         the answer spoken last there (``played``). Another item is refused, as OpenAI's
         service refuses an item it does not have, rather than cutting the wrong one."""
         if item_id not in self.shown.items:
-            return self._not_found(item_id, eid)
+            return self._not_found(item_id, eid, "truncating")
         if item_id != self.speaking:
             return self._refusal(
                 f"item {item_id[:64]!r} cannot be truncated on this gateway: only the "
@@ -414,16 +409,27 @@ class ClientRequests:
         )
         return Emit([Played(seq=self.audio_tag, ms=ms)], [truncated])
 
-    def _not_found(self, item_id: str, eid: str | None) -> Emit:
+    def _not_found(
+        self, item_id: str, eid: str | None, doing: Literal["truncating", "deleting", "retrieving"]
+    ) -> Emit:
+        """An unknown item, in OpenAI's words where they are known: ``deleting`` and
+        ``retrieving`` (``item_delete_invalid_item_id``, ``item_retrieve_invalid_item_id``:
+        clients key on them, pipecat's retrieve waits for the second), else the door's."""
+        where = f"in the newest {KEPT_ITEMS} items of this conversation"
+        if doing == "truncating":
+            message = f"Item with id {item_id[:64]!r} not found ({where})"
+            code, param = "item_not_found", "item_id"
+        else:
+            message = f"Error {doing} item: the item with id {item_id[:64]!r} does not exist"
+            code, param = f"item_{_VERBS[doing]}_invalid_item_id", None
         return Emit(
             [],
             [
                 self.ids.error(
-                    f"Item with id {item_id[:64]!r} not found (in the newest {KEPT_ITEMS} items "
-                    "of this conversation): pass the id of a message it was sent",
-                    code="item_not_found",
+                    f"{message}. Pass the id of an item this conversation was sent ({where}).",
+                    code=code,
                     event_id=eid,
-                    param="item_id",
+                    param=param,
                 )
             ],
         )
@@ -440,7 +446,7 @@ class ClientRequests:
                 eid,
                 "item_id",
             )
-        return self._not_found(item_id, eid)
+        return self._not_found(item_id, eid, "deleting")
 
     def speech_in(self, pcm16: bytes) -> Emit:
         """The user's audio at ``input_rate`` (an append's, or a WebRTC microphone's)."""
@@ -562,6 +568,9 @@ def append_pcm(event: InputAudioBufferAppend) -> bytes | None:
 
 NOT_BASE64: Final = "audio is not base64"
 """An append's refusal: its audio is not strict base64."""
+
+_VERBS: Final = {"deleting": "delete", "retrieving": "retrieve"}
+"""OpenAI's codes for an unknown item deleted or retrieved: ``item_VERB_invalid_item_id``."""
 
 APPEND_SLICE: Final = 1 << 20
 """Base64 characters of a large append read at a time (768 KiB of audio, 16 s at

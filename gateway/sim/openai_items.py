@@ -195,7 +195,7 @@ class Conversation:
 
     async def delete(self, event: wire.ConversationItemDelete) -> None:
         if self.items.pop(event.item_id, None) is None:
-            await self._not_found(event.item_id, "item_id", event.event_id)
+            await self._invalid(event.item_id, "deleting", "delete", event.event_id)
             return
         await self.host._send(
             wire.ConversationItemDeleted(event_id=self.host._eid(), item_id=event.item_id)
@@ -206,6 +206,16 @@ class Conversation:
             f"Item with id {item_id!r} already exists.",
             code="item_already_exists",
             param="item.id",
+            event_id=event_id,
+        )
+
+    async def _invalid(self, item_id: str, doing: str, verb: str, event_id: str | None) -> None:
+        """An unknown item deleted or retrieved: the service's own words and codes (those
+        clients key on; docs/openai-door.md, "Unknown items")."""
+        await self.host._error(
+            f"Error {doing} item: the item with id {item_id!r} does not exist.",
+            code=f"item_{verb}_invalid_item_id",
+            param=None,
             event_id=event_id,
         )
 

@@ -103,7 +103,7 @@ async def test_an_unknown_item_is_refused_naming_the_clients_event(
             refused = await _next(conn)
         error = refused["error"]
         assert error["type"] == "invalid_request_error"
-        assert error["event_id"] == "c_bad" and error["param"] == "item_id"
+        assert error["event_id"] == "c_bad" and error["code"] == "item_delete_invalid_item_id"
         assert "item_nope" in error["message"]
 
 
@@ -127,7 +127,8 @@ async def test_a_resumed_client_is_sent_the_deletion(node: NodeProcess) -> None:
         assert await resumed.next() == deleted
         await resumed.send(type="conversation.item.delete", item_id=user, event_id="c_again")
         error = (await resumed.until("error"))[-1]["error"]
-        assert error["event_id"] == "c_again" and error["param"] == "item_id"
+        assert error["event_id"] == "c_again"
+        assert error["code"] == "item_delete_invalid_item_id"
     finally:
         await resumed.close()
 

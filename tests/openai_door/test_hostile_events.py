@@ -38,7 +38,8 @@ async def _answer(client: RawClient, event_id: str) -> dict[str, Any]:
 
 async def _still_serves(client: RawClient) -> None:
     await client.send(type="conversation.item.retrieve", event_id="c_alive", item_id="item_nope")
-    assert (await _answer(client, "c_alive"))["error"]["param"] == "item_id"
+    refused = (await _answer(client, "c_alive"))["error"]
+    assert refused["code"] == "item_retrieve_invalid_item_id"
 
 
 @pytest.mark.parametrize("kind", ["bogus.event", "session.update"])

@@ -62,4 +62,9 @@ async def test_the_sdk_retrieves_the_items_of_a_turn(node: NodeProcess, model: s
         refused = await next_event()
         assert refused["type"] == "error"
         assert refused["error"]["event_id"] == "c_bad"
-        assert refused["error"]["param"] == "item_id"
+        # OpenAI's words, which pipecat's retrieve waits for (param null, as the service's).
+        assert refused["error"]["code"] == "item_retrieve_invalid_item_id"
+        assert refused["error"]["message"].startswith(
+            "Error retrieving item: the item with id 'item_nope' does not exist."
+        )
+        assert refused["error"]["param"] is None

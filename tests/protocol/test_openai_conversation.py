@@ -240,7 +240,8 @@ def test_delete_forgets_an_items_logged_events_and_the_logged_forgotten_deletes_
     ]
     # Gone: neither deleted again nor retrievable; the next item follows the answer.
     _, events = client(conv, type="conversation.item.delete", item_id="item_1", event_id="e")
-    assert events[0]["error"]["event_id"] == "e" and events[0]["error"]["param"] == "item_id"
+    assert events[0]["error"]["event_id"] == "e"
+    assert events[0]["error"]["code"] == "item_delete_invalid_item_id"
     added = feed(conv, User(seq=7, content="again"))[0]
     assert added["previous_item_id"] == "msg_1_1_0"
 

@@ -150,7 +150,10 @@ async def test_items_insert_delete_and_errors(sim: Sim, ws: ClientConnection) ->
     assert deleted["event_id"]
     await send(ws, {"type": "conversation.item.delete", "item_id": b, "event_id": "c9"})
     error = await receive(ws)
-    assert error["error"]["code"] == "item_not_found"
+    assert error["error"]["code"] == "item_delete_invalid_item_id"
+    assert (
+        error["error"]["message"] == f"Error deleting item: the item with id {b!r} does not exist."
+    )
     assert error["error"]["event_id"] == "c9"
     [conversation] = sim.conversations()
     assert conversation.messages() == [("user", "a"), ("user", "c")]

@@ -138,7 +138,7 @@ async def test_sdk_cancel_delete_and_errors() -> None:
                 item_id = event.response.output[0].id
                 await conn.conversation.item.delete(item_id=item_id)
                 await conn.conversation.item.delete(item_id=item_id)  # gone: error
-            if event.type == "error" and event.error.code == "item_not_found":
+            if event.type == "error" and event.error.code == "item_delete_invalid_item_id":
                 break
     recorder.check(events)
     types = {e.type for e in events}
@@ -146,7 +146,7 @@ async def test_sdk_cancel_delete_and_errors() -> None:
     [done] = [e for e in events if e.type == "response.done"]
     assert done.response.status == "cancelled"
     codes = [e.error.code for e in events if e.type == "error"]
-    assert codes == ["conversation_already_has_active_response", "item_not_found"]
+    assert codes == ["conversation_already_has_active_response", "item_delete_invalid_item_id"]
 
 
 async def _bounded(conn: Any) -> AsyncIterator[Any]:

@@ -149,7 +149,7 @@ class Conversation:
     def hearing(self) -> bool:
         """Input audio is configured: an append is the user's audio and nothing more
         (the door's read callback relays it without a task: ``DoorConnection``)."""
-        return self.requests.hearing
+        return bool(self.requests.hearing)
 
     def speech_in(self, pcm16: bytes) -> Emit:
         """The user's audio at ``input_rate`` (an append's, or a WebRTC microphone's)."""
@@ -299,6 +299,7 @@ class Conversation:
                     if (sent := self.requests.sent) is not None and ref == sent[0]:
                         self.overrides.unask()  # the create's message was refused
                 requests = self.requests
+                requests.refused_update(ref if isinstance(ref, str) else None)
                 reply, requests.pending_reply = requests.pending_reply, None
                 if isinstance(ref, str) and ref in requests.named:
                     reply = ref

@@ -16,7 +16,6 @@ what to send instead, carrying the client's ``event_id``.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator
 from typing import Any, Final, Literal
 
 import msgspec
@@ -33,6 +32,7 @@ from protocol.events import (
     ToolResultMessage,
     UserMessage,
 )
+from protocol.openai_audio import NOT_BASE64, append_pcm
 from protocol.openai_events import (
     BadEvent,
     ClientEvent,
@@ -178,7 +178,9 @@ class ClientRequests:
         self.client_calls: set[str] = set()  # calls shown to the client, awaiting output
         self.pending_reply: str | None = None  # event_id of the command an error answers
         self.named: deque[str] = deque(maxlen=64)  # event_ids sent on as command ids
-        self.hearing = False  # input audio configured
+        # Input audio configured (or the event_id of the update configuring it, not yet
+        # taken by the session).
+        self.hearing: bool | str = False
         self.manual = False  # ... with turn_detection none: the client commits
         self.buffered = 0  # bytes of the user's audio since the last commit or clear
         self.audio_tag = 0  # seq tag of the newest audio frame of the answer
@@ -214,7 +216,9 @@ class ClientRequests:
                 if isinstance(change, str):
                     return self._refusal(change, eid, "session")
                 if change.input_audio is not msgspec.UNSET:
-                    self.hearing = True
+                    # Not hearing before: until the session takes it, ``hearing`` names
+                    # this update, whose refusal takes it back (``refused_update``).
+                    self.hearing = eid if eid and self.hearing is False else True
                     self.set_manual(change.input_audio)
                     if change.input_audio is not None and self.input_rate != 24000:
                         heard = msgspec.structs.replace(change.input_audio, rate=self.input_rate)
@@ -464,6 +468,14 @@ class ClientRequests:
         if self.manual:
             self.buffered += size
 
+    def refused_update(self, command_id: str | None) -> None:
+        """The session refused command ``command_id``: if it was the session.update that
+        configured input audio, none is (OpenAI's refused update changes nothing), and
+        the next append configures it as the first one does."""
+        if command_id is not None and self.hearing == command_id:
+            self.hearing = False
+            self.set_manual(None)
+
     def set_manual(self, audio: InputAudio | None) -> None:
         """The input audio configured: the client commits when its turn detection is
         none, counting from then."""
@@ -553,46 +565,5 @@ def _manual(audio: InputAudio | None) -> bool:
     return audio is not None and audio.turn_detection == "none"
 
 
-def append_pcm(event: InputAudioBufferAppend) -> bytes | None:
-    """An append's audio as bytes; None when it is not base64 (refused with the client's
-    ``event_id``). Also the door's fast path (``DoorConnection._take_append``).
-
-    msgspec's strict base64: 0.8 µs for a 20 ms frame at 24 kHz, where
-    ``base64.b64decode(validate=True)`` took 3.1 (a regular expression over the
-    text, then the decode); 50 frames a second per microphone."""
-    try:
-        return msgspec.convert(event.audio, bytes)  # a str to bytes is strict base64
-    except msgspec.ValidationError:
-        return None
-
-
-NOT_BASE64: Final = "audio is not base64"
-"""An append's refusal: its audio is not strict base64."""
-
 _VERBS: Final = {"deleting": "delete", "retrieving": "retrieve"}
 """OpenAI's codes for an unknown item deleted or retrieved: ``item_VERB_invalid_item_id``."""
-
-APPEND_SLICE: Final = 1 << 20
-"""Base64 characters of a large append read at a time (768 KiB of audio, 16 s at
-24 kHz): the largest append a microphone's path takes whole. OpenAI takes appends
-of up to 15 MiB of audio; the door reads and relays a larger one a slice per loop
-pass (``append_pcm_slices``)."""
-
-
-def append_pcm_slices(audio: str | memoryview) -> Iterator[bytes | None]:
-    """A large append's audio, ``APPEND_SLICE`` characters of base64 (a multiple of 4)
-    at a time; a last None when a slice is not strict base64 (padding is only allowed
-    at the very end), and the append is refused whole. ``audio``: the decoded event's,
-    or its bytes in the frame (``decode_large_append``)."""
-    size = len(audio)
-    for at in range(0, size, APPEND_SLICE):
-        piece = audio[at : at + APPEND_SLICE]
-        if at + APPEND_SLICE < size and piece[-1] in ("=", 61):  # 61: b"="
-            yield None
-            return
-        try:  # msgspec's strict base64 of a str: 0.7 ms a slice, binascii's 2.3
-            text = piece if isinstance(piece, str) else str(piece, "ascii")
-            yield msgspec.convert(text, bytes)
-        except (msgspec.ValidationError, UnicodeDecodeError):
-            yield None
-            return

@@ -51,6 +51,7 @@ from gateway.upstream import providers
 from protocol.audio import split_audio_frame
 from protocol.configuration import SessionConfig
 from protocol.events import Configure, Session, UserMessage, decode_event
+from protocol.openai_audio import APPEND_SLICE, NOT_BASE64, append_pcm, append_pcm_slices
 from protocol.openai_conversation import Command, Conversation, Emit, ServerEvent
 from protocol.openai_events import (
     InputAudioBufferAppend,
@@ -58,7 +59,6 @@ from protocol.openai_events import (
     decode_large_append,
     encode_frame,
 )
-from protocol.openai_requests import APPEND_SLICE, NOT_BASE64, append_pcm, append_pcm_slices
 
 __all__ = ["OPENAI_PATH", "REFUSAL_CODES", "DoorConnection", "OpenAIDoor", "model_route"]
 

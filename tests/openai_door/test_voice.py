@@ -484,3 +484,32 @@ async def test_a_15_mib_append_holds_the_loop_only_in_short_steps(tmp_path: Path
             await client.close()
     print(f"\n15 MiB appends: longest loop steps {[round(s * 1000, 1) for s in longest]} ms of CPU")
     assert min(longest) < 0.05
+
+
+async def test_a_refused_update_of_the_input_audio_leaves_the_default_hearing(
+    tmp_path: Path,
+) -> None:
+    """LiveKit's plugin asks for ``semantic_vad``, which Gemini has not: the update is
+    refused and, as OpenAI's refused update does, changes nothing, so the audio that
+    follows is heard with the default server VAD (the door used to count the refused
+    update's input audio as configured, and refused every append after it)."""
+    async with voice_gateway("gemini", tmp_path) as gw:
+        url = gw.url.replace("/v1/realtime", "/openai/v1/realtime") + "?model=gemini-3.8-live"
+        client = await RawClient.open(url, max_size=None)
+        try:
+            await client.until("session.created")
+            semantic = {
+                "type": "realtime",
+                "audio": {"input": {"turn_detection": {"type": "semantic_vad"}}},
+            }
+            await client.send(type="session.update", event_id="lk_update", session=semantic)
+            refused = (await client.until("error"))[-1]["error"]
+            assert refused["event_id"] == "lk_update" and "semantic_vad" in refused["message"]
+            await speak(client, utterance(0.5, RATE))
+            events = await client.until("response.done")
+        finally:
+            await client.close()
+    kinds = [e["type"] for e in events]
+    assert "error" not in kinds, [e for e in events if e["type"] == "error"]
+    assert "input_audio_buffer.speech_started" in kinds
+    assert events[-1]["response"]["status"] == "completed"

@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from protocol.openai_audio import APPEND_SLICE, append_pcm_slices
 from protocol.openai_events import InputAudioBufferAppend, decode_client, decode_large_append
-from protocol.openai_requests import APPEND_SLICE, append_pcm_slices
 
 pytestmark = pytest.mark.timeout(60)
 

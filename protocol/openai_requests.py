@@ -57,6 +57,7 @@ from protocol.openai_response import (
     TOKEN_REFUSAL,
     Overrides,
     ResponseOverrides,
+    changes_nothing,
     response_overrides,
 )
 from protocol.openai_session import config_change
@@ -239,6 +240,9 @@ class ClientRequests:
                 made = response_overrides(given) if given else None
                 if isinstance(made, tuple):
                     return self._refusal(made[0], eid, made[1])
+                asked = made.change if made is not None else None
+                if made is not None and asked and changes_nothing(asked, self.overrides.config):
+                    made = Overrides(metadata=made.metadata)  # what the session has anyway
                 if made is not None and made.change is not None and not self.overrides.allowed:
                     return self._refusal(TOKEN_REFUSAL, eid, "response")
                 return self._respond(made, eid)

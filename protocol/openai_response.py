@@ -33,6 +33,7 @@ __all__ = [
     "Overrides",
     "ResponseOverrides",
     "ShownResponse",
+    "changes_nothing",
     "response_overrides",
     "restore_of",
 ]
@@ -120,6 +121,15 @@ def response_overrides(body: dict[str, Any]) -> Overrides | tuple[str, str]:
     if isinstance(change, str):
         return change.replace("session.", "response."), "response"
     return Overrides(msgspec.structs.replace(change, id=OVERRIDE), metadata)
+
+
+def changes_nothing(change: Configure, session: SessionConfig | None) -> bool:
+    """``change`` asks for what ``session`` already has (pipecat sends its session's
+    ``output_modalities`` with every response.create): not an override at all."""
+    return session is not None and all(
+        getattr(change, name) in (msgspec.UNSET, getattr(session, name))
+        for name in ("instructions", "tools", "output")
+    )
 
 
 def restore_of(change: Configure, session: SessionConfig | None) -> Configure:

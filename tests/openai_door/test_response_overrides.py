@@ -260,3 +260,50 @@ async def test_a_create_after_a_tool_answer_was_shown_echoes_its_metadata_nowher
         assert all("metadata" not in e.get("response", {}) for e in after), after
     finally:
         await client.close()
+
+
+@pytest.mark.parametrize("model", MODELS)
+async def test_a_create_that_asks_for_what_the_session_has_is_no_override(
+    node: NodeProcess, model: str
+) -> None:
+    """pipecat sends its session's ``output_modalities`` with every response.create,
+    the one after a function_call_output too: asking for what the session already has
+    overrides nothing, so it is not refused there (it was, and pipecat ended the
+    session on the error)."""
+    client = await RawClient.open(f"{node.base}/openai/v1/realtime?model={model}")
+    try:
+        await client.until("session.created")
+        session = {"type": "realtime", "output_modalities": ["audio"], "tools": [LOOKUP]}
+        await client.send(type="session.update", session=session)
+        await client.until("session.updated")
+        audio = {"output_modalities": ["audio"]}
+        await _user(client, '/tool lookup {"word": "door"}')
+        await client.send(type="response.create", response=audio)
+        called = await client.until("response.done")
+        call = called[-1]["response"]["output"][-1]
+        assert call["type"] == "function_call"
+        await client.send(
+            type="conversation.item.create",
+            item={"type": "function_call_output", "call_id": call["call_id"], "output": "ajar"},
+        )
+        await client.send(type="response.create", event_id="same", response=audio)
+        answer = await client.until("response.done")
+        assert not [e for e in answer if e["type"] == "error"], answer
+        assert answer[-1]["response"]["status"] == "completed"
+        assert answer[-1]["response"]["output_modalities"] == ["audio"]
+        # Asking for something else there is still refused, naming the field.
+        await _user(client, '/tool lookup {"word": "key"}')
+        await client.send(type="response.create", response=audio)
+        called = await client.until("response.done")
+        call = called[-1]["response"]["output"][-1]
+        await client.send(
+            type="conversation.item.create",
+            item={"type": "function_call_output", "call_id": call["call_id"], "output": "lost"},
+        )
+        text = {"output_modalities": ["text"]}
+        await client.send(type="response.create", event_id="other", response=text)
+        refused = next(e for e in await client.until("error") if e["type"] == "error")
+        assert refused["error"]["event_id"] == "other"
+        await client.until("response.done")  # the gateway's own answer to the output
+    finally:
+        await client.close()

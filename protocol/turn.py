@@ -202,6 +202,14 @@ class TurnMachine(VoiceSteps, RecoverySteps):
         return self.state is IDLE
 
     @property
+    def takes_message(self) -> bool:
+        """A user message now starts a turn, or waits for the closing one (``_user``);
+        otherwise it is refused as ``turn_active``."""
+        state = self.state
+        closing = state is ENDING or state is CANCELLING
+        return state is IDLE or (closing and self._queued is None)
+
+    @property
     def opened_stale(self) -> bool:
         """The open connection was opened for an earlier setup (``Reconfigured`` since)."""
         return self._opened_for != self.setup

@@ -108,10 +108,13 @@ class Limits:
     async def admit_turn(self, sid: str, source: object = None) -> Error | None:
         """None if a new turn of ``sid`` may start, else the error to reply with.
 
-        ``source`` is what the connection follows; while its runtime runs a
-        turn the message is refused as ``turn_active`` anyway and is not counted.
+        ``source`` is what the connection follows; while its runtime's turn
+        refuses a message (``TurnMachine.takes_message``: ``turn_active``) it is not
+        counted. Whether the runtime's driver runs says nothing: a listening voice
+        session's runs between turns too, and its typed turns went uncounted.
         """
-        if not self.active or getattr(source, "turn", None) is not None:
+        machine = getattr(source, "machine", None)
+        if not self.active or (machine is not None and not machine.takes_message):
             return None
         pending = self._pending.get(sid)
         if pending:

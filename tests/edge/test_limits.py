@@ -144,6 +144,25 @@ async def test_a_message_during_a_turn_is_turn_active_and_not_counted(
         await client.close()
 
 
+async def test_a_listening_voice_sessions_typed_turns_are_counted(
+    gateway_factory: GatewayFactory, keys: Keys
+) -> None:
+    """A voice session's driver reads its upstream between turns too; the limit took a
+    running driver for a running turn and counted none of its typed turns, so a key
+    could pass its turns per minute by configuring input audio first."""
+    async with gateway_factory(api_keys_file=str(keys.path), turns_per_minute=2) as gw:
+        gw.node.limits.clock = lambda: NOW
+        client = await GatewayClient.connect(gw.url, headers=keys.bearer("alice"))
+        await client.send({"type": "configure", "input_audio": {"format": "pcm16", "rate": 24000}})
+        await client.until_type("configured")
+        await client.turn("one")
+        await client.turn("two")
+        await client.user("three")
+        refused = await client.until(lambda e: isinstance(e, Error))
+        assert isinstance(refused[-1], Error) and refused[-1].code == "rate_limited"
+        await client.close()
+
+
 # --------------------------------------------------------------------- tokens per day
 
 

@@ -240,9 +240,6 @@ class ClientRequests:
                 made = response_overrides(given) if given else None
                 if isinstance(made, tuple):
                     return self._refusal(made[0], eid, made[1])
-                asked = made.change if made is not None else None
-                if made is not None and asked and changes_nothing(asked, self.overrides.config):
-                    made = Overrides(metadata=made.metadata)  # what the session has anyway
                 if made is not None and made.change is not None and not self.overrides.allowed:
                     return self._refusal(TOKEN_REFUSAL, eid, "response")
                 return self._respond(made, eid)
@@ -307,7 +304,9 @@ class ClientRequests:
                 return Emit([said], [])
             self.overrides.start(change)
             return Emit([change, said], [])
-        if change is not None:
+        # Past the held message, what the session has anyway is no override (pipecat
+        # sends its session's output_modalities with the create after an output).
+        if change is not None and not changes_nothing(change, self.overrides.config):
             return self._refusal(
                 "instructions, tools and output of a response are set with the user "
                 "message that starts it on this gateway: after a function_call_output "

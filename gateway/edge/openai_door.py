@@ -30,7 +30,7 @@ import http
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping, Sequence
-from typing import Final, Protocol
+from typing import Final, Literal, Protocol
 from urllib.parse import parse_qs, urlsplit
 
 import msgspec
@@ -72,7 +72,6 @@ INSECURE_KEY: Final = "openai-insecure-api-key."
 REALTIME: Final = Subprotocol("realtime")
 _command_encoder: Final = msgspec.json.Encoder()
 _RESUME: Final = "reconnect with session_id and after_event (node draining or session moved)"
-
 
 LARGE_FRAMES_AT_ONCE: Final = 8
 """Frames of ``door_max_frame`` the node holds for all door clients at once (168 MiB by
@@ -130,6 +129,7 @@ class _Pending(msgspec.Struct):
     route: tuple[str, str]
     after: tuple[int, int] | None
     configure: bool  # configured for ?model= as the connection starts (new, or another model)
+    fresh: bool = False  # a new session: it answers in audio, OpenAI's default
     make: type[DoorConnection] | None = None  # the connection's class (a WebRTC call's)
 
 
@@ -261,11 +261,10 @@ class OpenAIDoor:
         configure = admitted.trusted and (not sid or await self._runs_another(sid, route))
         if configure:
             wanted = SessionConfig(provider=route[0], model=route[1])
-            problem = refusal(self.policies.get(admitted.principal), wanted)
-            if problem is not None:
+            if (problem := refusal(self.policies.get(admitted.principal), wanted)) is not None:
                 return _error_response(403, problem, "forbidden")
         self._handshakes[connection] = _Pending(
-            model, route, after=after, configure=configure, make=make
+            model, route, after=after, configure=configure, make=make, fresh=configure and not sid
         )
         # A handshake that never completes (the client went away) leaves nothing behind.
         reaper = asyncio.get_running_loop().create_task(self._forget(connection))
@@ -461,7 +460,8 @@ class DoorConnection(ClientConnection):
                 await self._send_events([self.conversation.created(config)])
         if state.configure:  # the new session's route (the key's policy allowed it)
             state.configure = False
-            await self._handle(_command_encoder.encode(_configure(state.route)).decode())
+            first = _command_encoder.encode(_configure(state.route, audio=state.fresh))
+            await self._handle(first.decode())
 
     async def _read(self, writer: asyncio.Task[None]) -> None:
         await self._open()
@@ -594,5 +594,7 @@ class DoorConnection(ClientConnection):
             await asyncio.sleep(0)
 
 
-def _configure(route: tuple[str, str]) -> Configure:
-    return Configure(provider=route[0], model=route[1])
+def _configure(route: tuple[str, str], *, audio: bool) -> Configure:
+    """``?model=``'s; a new session answers in audio, OpenAI's default (pipecat needs it)."""
+    output: Literal["audio"] | msgspec.UnsetType = "audio" if audio else msgspec.UNSET
+    return Configure(provider=route[0], model=route[1], output=output)

@@ -510,7 +510,9 @@ def test_the_console_speaks_through_the_openai_door(
     expect(pane.locator('.frame.in[data-type="session.created"]')).to_have_count(1)
     expect(pane.locator('.frame.out[data-type="conversation.item.create"]')).to_have_count(1)
     expect(pane.locator('.frame.out[data-type="response.create"]')).to_have_count(1)
-    expect(pane.locator('.frame.in[data-type="response.output_text.delta"]').first).to_be_visible()
+    # A new door session answers in audio, OpenAI's default: the text is its transcript.
+    transcript = '.frame.in[data-type="response.output_audio_transcript.delta"]'
+    expect(pane.locator(transcript).first).to_be_visible()
     expect(pane.locator('.frame.in[data-type="response.done"]')).to_have_count(1)
     expect(pane.locator('.frame[data-type="session"]')).to_have_count(0)  # not the gateway's
     # A reload keeps the page on the door; turning it off is the gateway's protocol again.

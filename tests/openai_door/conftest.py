@@ -63,6 +63,14 @@ class RawClient:
             if event["type"] == kind:
                 return got
 
+    async def text_session(self) -> list[dict[str, Any]]:
+        """Answers in text (OpenAI's default, and a new door session's, is audio), as a
+        text app asks; the events through its ``session.updated``."""
+        await self.send(
+            type="session.update", session={"type": "realtime", "output_modalities": ["text"]}
+        )
+        return await self.until("session.updated")
+
     async def say(self, text: str) -> None:
         await self.send(
             type="conversation.item.create",

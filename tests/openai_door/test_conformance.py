@@ -35,7 +35,12 @@ async def test_every_server_event_validates_and_ids_are_unique(
         await client.send(
             type="session.update",
             event_id="c_1",
-            session={"type": "realtime", "instructions": "Be brief.", "tools": [TOOL]},
+            session={
+                "type": "realtime",
+                "instructions": "Be brief.",
+                "tools": [TOOL],
+                "output_modalities": ["text"],  # OpenAI's default is audio
+            },
         )
         created = await client.until("session.updated")
         assert created[0]["type"] == "session.created"
@@ -98,6 +103,7 @@ async def test_a_reconnect_with_the_last_event_id_gets_the_rest_once(node: NodeP
     try:
         created = await client.next()
         sid = created["session"]["id"]
+        await client.text_session()
         await client.say("remember this")
         events = await client.until("response.done")
     finally:
@@ -123,6 +129,7 @@ async def test_a_gateway_tool_runs_in_the_gateway_unseen_by_the_client(node: Nod
     client = await RawClient.open(f"{node.base}/openai/v1/realtime?model={MODELS[0]}")
     try:
         await client.next()  # session.created
+        await client.text_session()
         await client.say('/tool list {"path": "."}')  # a built-in tool of the gateway's
         events = await client.until("response.done")
     finally:

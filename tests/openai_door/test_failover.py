@@ -33,6 +33,7 @@ async def test_kill_9_mid_answer_then_resume_on_another_node(
     b = start_node(sim, "node-b")
     first = await RawClient.open(f"{a.base}/openai/v1/realtime?model={MODEL}")
     sid = (await first.next())["session"]["id"]
+    await first.text_session()
     await first.say(MESSAGE)
     await first.until("response.output_text.delta")
     a.kill()

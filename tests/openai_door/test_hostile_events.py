@@ -101,6 +101,7 @@ async def test_a_message_sent_while_a_response_runs_waits_for_the_next(
     # no event unless asked to: the refusal is known as the message's all the same.
     client = await _open(node)
     try:
+        await client.text_session()
         await client.send(**_say("/long 300", "c_long"))
         await client.send(type="response.create", event_id="c_first")
         if wait:  # the answer is seen streaming; else both go at once (the door sends both)
@@ -244,6 +245,7 @@ async def test_a_cancel_naming_another_response_leaves_the_running_one(
     # end) cancelled whichever response was running instead.
     client = await _open(node)
     try:
+        await client.text_session()
         await client.send(**_say("hello", "c_hello"))
         await client.send(type="response.create")
         old = (await _done(client))["response"]["id"]

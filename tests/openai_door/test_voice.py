@@ -216,6 +216,7 @@ async def test_an_error_answering_the_client_mid_answer_leaves_the_answer_runnin
     async with voice_gateway("openai", tmp_path, tokens_per_second=40, chunk_size=2) as gw:
         client = await RawClient.open(door(gw.url), max_size=None)
         try:
+            await client.text_session()
             await client.say("/raw " + "z" * 120)
             before = await client.until("response.output_text.delta")
             asked = next(

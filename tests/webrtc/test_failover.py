@@ -74,8 +74,10 @@ async def test_kill_9_mid_answer_then_the_call_resumes_on_another_node(
     finally:
         await again.close()
     events = first.seen + rest
-    ids = [e["event_id"] for e in events]
-    assert len(ids) == len(set(ids))  # nothing twice
+    # Nothing logged twice. (The answer's speech, a call's default, is unlogged: its
+    # ``evt_xN`` ids count per connection, docs/openai-door.md.)
+    ids = [e["event_id"] for e in events if not e["event_id"].startswith("evt_x")]
+    assert len(ids) == len(set(ids))
     assert "session.created" not in [e["type"] for e in rest]
     statuses = [e["response"]["status"] for e in rest if e["type"] == "response.done"]
     assert statuses == ["failed", "completed"]  # the broken one, then the rerun

@@ -13,22 +13,13 @@ an open message, is one delta event) and the object the door and its subclass
 ``protocol.openai_requests`` (``ClientRequests``, one per conversation); the ids,
 ``protocol.openai_ids``; the items shown (retrieved, deleted), ``protocol.openai_items``.
 
-The mapping (docs/openai-door.md):
-
-- ``session.update`` → ``configure``; the logged ``configured`` → ``session.created``
-  (the first) or ``session.updated``.
-- ``conversation.item.create`` of a user message is held until ``response.create``,
-  which sends it as the turn's ``user`` message; the logged ``user`` →
-  ``conversation.item.added``/``done``.
-- ``respond`` chunks → a response's message item with one text part
-  (``response.output_text.delta``) or, for audio output, its transcript
-  (``response.output_audio_transcript.delta``).
-- a ``call`` the client runs (a tool it declared) → a ``function_call`` item, then
-  ``response.done``; its ``function_call_output`` → ``tool_result``, and the
-  gateway's turn goes on by itself (the ``response.create`` that follows opens
-  nothing new). Calls that run in the gateway are not shown to the client.
-- ``end`` + ``metric`` → ``response.done`` with usage; ``cancelled`` → a cancelled one; an
-  ``error`` or a blocking ``guardrail`` → ``error`` (the client's ``event_id``, where known).
+The mapping, whole, is docs/openai-door.md's "The mapping": ``session.update`` →
+``configure`` (the logged ``configured`` → ``session.created``/``updated``); a user
+message is held until ``response.create`` sends it as the turn's ``user``; ``respond``
+chunks → a response's message item; a ``call`` the client runs → a ``function_call``
+item and ``response.done``, its output → ``tool_result`` (the logged ``result`` → the
+output item) and the gateway's turn goes on by itself; ``end`` + ``metric`` →
+``response.done``; ``cancelled`` → a cancelled one; an ``error`` → ``error``.
 """
 
 from __future__ import annotations
@@ -49,6 +40,7 @@ from protocol.events import (
     Interrupt,
     Metric,
     Respond,
+    Result,
     Session,
     SpeechStarted,
     SpeechStopped,
@@ -69,7 +61,7 @@ from protocol.openai_requests import (
     Emit,
 )
 from protocol.openai_response import ResponseOverrides, ShownResponse
-from protocol.openai_session import call_parts, session_of, usage_of
+from protocol.openai_session import call_parts, output_of, session_of, usage_of
 from protocol.openai_speech import EarlySpeech
 
 __all__ = ["KEPT_ITEMS", "Command", "Conversation", "Emit", "ServerEvent"]
@@ -267,6 +259,8 @@ class Conversation:
                 return out
             case Call(runs_on="client"):
                 return self._client_call(event)
+            case Result(id=str(call), content=content):
+                return self._output(call, content)
             case End():
                 self.requests.turn_open = False
                 self.requests.swallowed = None  # the turn it went on with is over
@@ -522,6 +516,19 @@ class Conversation:
                 item=item,
             ),
             self.ids.event("conversation.item.done", item=item),
+        ]
+
+    def _output(self, call: str, content: str) -> list[ServerEvent]:
+        """A client's ``function_call_output`` (its call's logged result), shown as OpenAI
+        shows a created item; a gateway tool's is not (its call never was)."""
+        if not any(i.get("call_id") == call for i in self.shown.items.values()):
+            return []
+        item = {"id": f"item_{self.ids.seq}", "object": "realtime.item", "status": "completed"}
+        item |= {"type": "function_call_output", "call_id": call, "output": output_of(content)}
+        prev, self.shown.last = self.shown.last, item["id"]
+        return [
+            self.ids.event(kind, item=item, previous_item_id=prev)
+            for kind in ("conversation.item.added", "conversation.item.done")
         ]
 
     def _client_call(self, call: Call) -> list[ServerEvent]:

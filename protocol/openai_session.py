@@ -17,7 +17,7 @@ from protocol.configuration import (
 from protocol.events import Configure, Usage
 from protocol.openai_events import AudioInput, FunctionTool, SessionBody
 
-__all__ = ["call_parts", "config_change", "input_audio_of", "session_of", "usage_of"]
+__all__ = ["call_parts", "config_change", "input_audio_of", "output_of", "session_of", "usage_of"]
 
 
 _NO_DEFAULTS: Final = (
@@ -182,3 +182,13 @@ def session_of(config: SessionConfig, sid: str, model: str) -> dict[str, Any]:
             },
         },
     }
+
+
+def output_of(content: str) -> str:
+    """A logged ``result``'s one output as the client gave it (its ``content``: the JSON
+    array of ``{"tool", "status", "content"}``), as a ``function_call_output``'s text."""
+    try:
+        given = msgspec.json.decode(content)[0]["content"]
+    except (msgspec.DecodeError, LookupError, TypeError):
+        return content
+    return given if isinstance(given, str) else msgspec.json.encode(given).decode()

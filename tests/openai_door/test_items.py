@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from openai import AsyncOpenAI
 
-from tests.openai_door.conftest import MODELS, SERVER_EVENT
+from tests.openai_door.conftest import MODELS, SERVER_EVENT, RawClient
 from tests.support.procs import NodeProcess
 
 pytestmark = pytest.mark.timeout(60)
@@ -68,3 +68,41 @@ async def test_the_sdk_retrieves_the_items_of_a_turn(node: NodeProcess, model: s
             "Error retrieving item: the item with id 'item_nope' does not exist."
         )
         assert refused["error"]["param"] is None
+
+
+@pytest.mark.parametrize("model", MODELS)
+async def test_a_function_call_output_is_echoed_as_an_item(node: NodeProcess, model: str) -> None:
+    """OpenAI's service answers a created item with ``conversation.item.added`` and
+    ``done``; the door showed nothing for a ``function_call_output`` (LiveKit's plugin
+    waits for ``added`` of every item it creates). Now it is shown once the session
+    logs it, before the answer that reads it, and can be retrieved."""
+    tool = {"type": "function", "name": "lookup", "parameters": {"type": "object"}}
+    client = await RawClient.open(f"{node.base}/openai/v1/realtime?model={model}")
+    try:
+        await client.until("session.created")
+        await client.send(
+            type="session.update",
+            session={"type": "realtime", "output_modalities": ["text"], "tools": [tool]},
+        )
+        await client.until("session.updated")
+        await client.say('/tool lookup {"word": "door"}')
+        called = await client.until("response.done")
+        call = called[-1]["response"]["output"][-1]
+        output = {"type": "function_call_output", "call_id": call["call_id"], "output": "ajar"}
+        await client.send(type="conversation.item.create", item=output)
+        answer = await client.until("response.done")
+        kinds = [e["type"] for e in answer]
+        added = next(e for e in answer if e["type"] == "conversation.item.added")
+        item = added["item"]
+        assert (item["type"], item["call_id"], item["output"]) == (
+            "function_call_output",
+            call["call_id"],
+            "ajar",
+        )
+        assert added["previous_item_id"] == call["id"]
+        assert kinds.index("conversation.item.done") < kinds.index("response.created")
+        await client.send(type="conversation.item.retrieve", item_id=item["id"])
+        retrieved = (await client.until("conversation.item.retrieved"))[-1]
+        assert retrieved["item"]["output"] == "ajar"
+    finally:
+        await client.close()

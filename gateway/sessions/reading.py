@@ -154,7 +154,6 @@ class UpstreamReader:
         """Feed the upstream's events to the machine until one calls for an action."""
         session = self.session
         upstream = self.link.upstream
-        machine = self.machine
         if session.listening and self.asker.gives_way():
             # Reconfigured while the turn ran: the next one is heard and answered by
             # a connection opened for the new setup.
@@ -168,6 +167,19 @@ class UpstreamReader:
             await self.voice_in.flush(
                 upstream, hears=self.link.hears
             )  # the request it waited for was superseded
+        try:
+            await self._feed(upstream)
+        except UpstreamClosed:
+            if upstream is not self.link.upstream:
+                # Let go on purpose while read (a new setup between turns: ``gives_way``),
+                # not lost: no "upstream lost", no error counted; the next read opens one.
+                return
+            raise
+
+    async def _feed(self, upstream: Upstream) -> None:
+        """``pump``'s reads of ``upstream``."""
+        session = self.session
+        machine = self.machine
         text = machine.text
         todo = self.todo
         first = self.asker.requested_at is not None

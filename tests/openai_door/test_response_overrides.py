@@ -6,7 +6,9 @@ is refused naming the field and the client's event."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import urllib.request
 from typing import Any
 
 import pytest
@@ -310,3 +312,28 @@ async def test_a_create_that_asks_for_what_the_session_has_is_no_override(
         assert refused["error"]["event_id"] == "other"
     finally:
         await client.close()
+
+
+def _upstream_errors(node: NodeProcess) -> float:
+    with urllib.request.urlopen(f"{node.http}/metrics", timeout=10) as reply:
+        text = reply.read().decode()
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("rtgw_upstream_errors_total")
+    )
+
+
+async def test_overrides_reopen_without_counting_upstream_errors(node: NodeProcess) -> None:
+    """Each override reopens the upstream, and once its response is done the session's own
+    values reopen it again, between turns. A read still pending on the connection let go
+    was counted as an upstream error and logged as "upstream lost" (pipecat's
+    per-response output_modalities made it so on most turns)."""
+    before = await asyncio.to_thread(_upstream_errors, node)
+    seen: list[dict[str, Any]] = []
+    async with _client(node).realtime.connect(model=MODELS[0]) as conn:
+        await conn.session.update(session={"type": "realtime", "output_modalities": ["text"]})
+        for turn in range(4):
+            done = await _response(conn, seen, f"turn {turn}", output_modalities=["audio"])
+            assert done[-1]["response"]["status"] == "completed"
+    assert await asyncio.to_thread(_upstream_errors, node) == before

@@ -129,7 +129,7 @@ class _Pending(msgspec.Struct):
     route: tuple[str, str]
     after: tuple[int, int] | None
     configure: bool  # configured for ?model= as the connection starts (new, or another model)
-    fresh: bool = False  # a new session: it answers in audio, OpenAI's default
+    fresh: bool = False  # a new WebSocket session: it answers in audio, OpenAI's default
     make: type[DoorConnection] | None = None  # the connection's class (a WebRTC call's)
 
 
@@ -264,7 +264,7 @@ class OpenAIDoor:
             if (problem := refusal(self.policies.get(admitted.principal), wanted)) is not None:
                 return _error_response(403, problem, "forbidden")
         self._handshakes[connection] = _Pending(
-            model, route, after=after, configure=configure, make=make, fresh=configure and not sid
+            model, route, after=after, configure=configure, make=make, fresh=not (sid or make)
         )
         # A handshake that never completes (the client went away) leaves nothing behind.
         reaper = asyncio.get_running_loop().create_task(self._forget(connection))

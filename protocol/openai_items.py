@@ -5,11 +5,11 @@ the last one (the next item's ``previous_item_id``). Pure."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from protocol.openai_events import ServerEvent
 
-__all__ = ["KEPT_ITEMS", "ShownItems", "Spans"]
+__all__ = ["KEPT_ITEMS", "ShownItems", "Spans", "unknown_item"]
 
 KEPT_ITEMS = 256  # items conversation.item.retrieve can show (the newest)
 _SHOWS_ITEM = frozenset(
@@ -79,3 +79,10 @@ class ShownItems:
         if self.last in gone:
             self.last = next(reversed(self.items), None)
         return gone
+
+
+def unknown_item(item_id: str, verb: Literal["delete", "retrieve"]) -> tuple[str, str]:
+    """OpenAI's words for an item it does not have, deleted or retrieved: ``(message,
+    code)`` (docs/openai-door.md, "Unknown items"). The door and the simulator say them."""
+    message = f"Error {verb[:-1]}ing item: the item with id {item_id!r} does not exist."
+    return message, f"item_{verb}_invalid_item_id"

@@ -51,7 +51,7 @@ from protocol.openai_events import (
     parameter_refusal,
 )
 from protocol.openai_ids import EventIds
-from protocol.openai_items import KEPT_ITEMS, ShownItems
+from protocol.openai_items import KEPT_ITEMS, ShownItems, unknown_item
 from protocol.openai_response import (
     HIDDEN,
     TOKEN_REFUSAL,
@@ -271,7 +271,7 @@ class ClientRequests:
             case ConversationItemRetrieve(item_id=item_id):
                 shown = self.shown.items.get(item_id)
                 if shown is None:
-                    return self._not_found(item_id, eid, "retrieving")
+                    return self._not_found(item_id, eid, "retrieve")
                 return Emit([], [self.ids.event("conversation.item.retrieved", item=shown)])
             case ConversationItemDelete(item_id=item_id):
                 return self._delete(item_id, eid)
@@ -393,7 +393,7 @@ class ClientRequests:
         the answer spoken last there (``played``). Another item is refused, as OpenAI's
         service refuses an item it does not have, rather than cutting the wrong one."""
         if item_id not in self.shown.items:
-            return self._not_found(item_id, eid, "truncating")
+            return self._not_found(item_id, eid, "truncate")
         if item_id != self.speaking:
             return self._refusal(
                 f"item {item_id[:64]!r} cannot be truncated on this gateway: only the "
@@ -417,23 +417,24 @@ class ClientRequests:
         return Emit([Played(seq=self.audio_tag, ms=ms)], [truncated])
 
     def _not_found(
-        self, item_id: str, eid: str | None, doing: Literal["truncating", "deleting", "retrieving"]
+        self, item_id: str, eid: str | None, doing: Literal["truncate", "delete", "retrieve"]
     ) -> Emit:
-        """An unknown item, in OpenAI's words where they are known: ``deleting`` and
-        ``retrieving`` (``item_delete_invalid_item_id``, ``item_retrieve_invalid_item_id``:
-        clients key on them, pipecat's retrieve waits for the second), else the door's."""
+        """An unknown item, in OpenAI's words where they are known (``unknown_item``:
+        clients key on them, pipecat's retrieve waits for its code), else the door's."""
         where = f"in the newest {KEPT_ITEMS} items of this conversation"
-        if doing == "truncating":
-            message = f"Item with id {item_id[:64]!r} not found ({where})"
-            code, param = "item_not_found", "item_id"
+        if doing == "truncate":
+            message, code, param = (
+                f"Item with id {item_id[:64]!r} not found.",
+                "item_not_found",
+                "item_id",
+            )
         else:
-            message = f"Error {doing} item: the item with id {item_id[:64]!r} does not exist"
-            code, param = f"item_{_VERBS[doing]}_invalid_item_id", None
+            (message, code), param = unknown_item(item_id[:64], doing), None
         return Emit(
             [],
             [
                 self.ids.error(
-                    f"{message}. Pass the id of an item this conversation was sent ({where}).",
+                    f"{message} Pass the id of an item this conversation was sent ({where}).",
                     code=code,
                     event_id=eid,
                     param=param,
@@ -453,7 +454,7 @@ class ClientRequests:
                 eid,
                 "item_id",
             )
-        return self._not_found(item_id, eid, "deleting")
+        return self._not_found(item_id, eid, "delete")
 
     def speech_in(self, pcm16: bytes) -> Emit:
         """The user's audio at ``input_rate`` (an append's, or a WebRTC microphone's)."""
@@ -566,7 +567,3 @@ _REQUIRED: Final = {
 def _manual(audio: InputAudio | None) -> bool:
     """Input audio the client commits itself (``turn_detection`` null)."""
     return audio is not None and audio.turn_detection == "none"
-
-
-_VERBS: Final = {"deleting": "delete", "retrieving": "retrieve"}
-"""OpenAI's codes for an unknown item deleted or retrieved: ``item_VERB_invalid_item_id``."""

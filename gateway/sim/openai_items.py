@@ -13,11 +13,12 @@ editing the conversation is its own job; the items' shapes are
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Literal, Protocol
 
 from gateway.sim.model import Sim
 from gateway.sim.openai_state import CONTENT_TYPES, Item, wire_item
 from gateway.upstream import openai_wire as wire
+from protocol.openai_items import unknown_item
 
 __all__ = ["Conversation", "ConversationHost"]
 
@@ -195,7 +196,7 @@ class Conversation:
 
     async def delete(self, event: wire.ConversationItemDelete) -> None:
         if self.items.pop(event.item_id, None) is None:
-            await self._invalid(event.item_id, "deleting", "delete", event.event_id)
+            await self._invalid(event.item_id, "delete", event.event_id)
             return
         await self.host._send(
             wire.ConversationItemDeleted(event_id=self.host._eid(), item_id=event.item_id)
@@ -209,15 +210,12 @@ class Conversation:
             event_id=event_id,
         )
 
-    async def _invalid(self, item_id: str, doing: str, verb: str, event_id: str | None) -> None:
-        """An unknown item deleted or retrieved: the service's own words and codes (those
-        clients key on; docs/openai-door.md, "Unknown items")."""
-        await self.host._error(
-            f"Error {doing} item: the item with id {item_id!r} does not exist.",
-            code=f"item_{verb}_invalid_item_id",
-            param=None,
-            event_id=event_id,
-        )
+    async def _invalid(
+        self, item_id: str, verb: Literal["delete", "retrieve"], event_id: str | None
+    ) -> None:
+        """An unknown item deleted or retrieved, in the service's words (``unknown_item``)."""
+        message, code = unknown_item(item_id, verb)
+        await self.host._error(message, code=code, param=None, event_id=event_id)
 
     async def _not_found(self, item_id: str, param: str, event_id: str | None) -> None:
         await self.host._error(

@@ -71,7 +71,8 @@ class RawClient:
         )
         return await self.until("session.updated")
 
-    async def say(self, text: str) -> None:
+    async def user(self, text: str) -> None:
+        """A user message created (held until a response.create)."""
         await self.send(
             type="conversation.item.create",
             item={
@@ -80,6 +81,9 @@ class RawClient:
                 "content": [{"type": "input_text", "text": text}],
             },
         )
+
+    async def say(self, text: str) -> None:
+        await self.user(text)
         await self.send(type="response.create")
 
     async def close(self) -> None:

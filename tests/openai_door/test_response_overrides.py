@@ -190,18 +190,8 @@ async def test_a_resumed_client_does_not_see_the_overrides_as_session_changes(
 async def _raw(node: NodeProcess, model: str) -> RawClient:
     client = await RawClient.open(f"{node.base}/openai/v1/realtime?model={model}")
     await client.until("session.created")
-    await client.send(
-        type="session.update", session={"type": "realtime", "output_modalities": ["text"]}
-    )
-    await client.until("session.updated")
+    await client.text_session()
     return client
-
-
-async def _user(client: RawClient, text: str) -> None:
-    await client.send(
-        type="conversation.item.create",
-        item={"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]},
-    )
 
 
 @pytest.mark.parametrize("model", MODELS)
@@ -214,7 +204,7 @@ async def test_a_create_cancelled_at_once_gets_its_response_and_keeps_its_metada
     plugin would otherwise discard as the one it gave up on."""
     client = await _raw(node, model)
     try:
-        await _user(client, "/long 3")
+        await client.user("/long 3")
         tag = {"client_event_id": "given_up"}
         await client.send(type="response.create", event_id="given_up", response={"metadata": tag})
         await client.send(type="response.cancel")
@@ -223,7 +213,7 @@ async def test_a_create_cancelled_at_once_gets_its_response_and_keeps_its_metada
         assert created["response"]["metadata"] == tag
         assert events[-1]["response"]["status"] == "cancelled"
         assert events[-1]["response"]["metadata"] == tag
-        await _user(client, "hello")
+        await client.user("hello")
         await client.send(type="response.create", event_id="next")
         after = await client.until("response.done")
         assert all("metadata" not in e.get("response", {}) for e in after), after
@@ -243,7 +233,7 @@ async def test_a_create_after_a_tool_answer_was_shown_echoes_its_metadata_nowher
     try:
         await client.send(type="session.update", session={"type": "realtime", "tools": [LOOKUP]})
         await client.until("session.updated")
-        await _user(client, '/tool lookup {"word": "door"}')
+        await client.user('/tool lookup {"word": "door"}')
         await client.send(type="response.create")
         called = await client.until("response.done")
         call = called[-1]["response"]["output"][-1]
@@ -256,7 +246,7 @@ async def test_a_create_after_a_tool_answer_was_shown_echoes_its_metadata_nowher
         assert "metadata" not in answer[-1]["response"]
         late = {"client_event_id": "late"}
         await client.send(type="response.create", event_id="late", response={"metadata": late})
-        await _user(client, "hello")
+        await client.user("hello")
         await client.send(type="response.create", event_id="next")
         after = await client.until("response.done")
         assert all("metadata" not in e.get("response", {}) for e in after), after
@@ -279,7 +269,7 @@ async def test_a_create_that_asks_for_what_the_session_has_is_no_override(
         await client.send(type="session.update", session=session)
         await client.until("session.updated")
         audio = {"output_modalities": ["audio"]}
-        await _user(client, '/tool lookup {"word": "door"}')
+        await client.user('/tool lookup {"word": "door"}')
         await client.send(type="response.create")
         called = await client.until("response.done")
         call = called[-1]["response"]["output"][-1]
@@ -294,7 +284,7 @@ async def test_a_create_that_asks_for_what_the_session_has_is_no_override(
         assert answer[-1]["response"]["status"] == "completed"
         assert answer[-1]["response"]["output_modalities"] == ["audio"]
         # Asking for something else there is still refused, naming the field.
-        await _user(client, '/tool lookup {"word": "key"}')
+        await client.user('/tool lookup {"word": "key"}')
         await client.send(type="response.create")
         called = await client.until("response.done")
         call = called[-1]["response"]["output"][-1]

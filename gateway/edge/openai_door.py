@@ -266,6 +266,9 @@ class OpenAIDoor:
         self._handshakes[connection] = _Pending(
             model, route, after=after, configure=configure, make=make, fresh=not (sid or make)
         )
+        # OpenAI's appends take 15 MiB: before the first frame is read (1 MiB's 1009 else).
+        if (protocol := getattr(connection, "protocol", None)) is not None:
+            protocol.max_message_size = self.config.door_max_frame
         # A handshake that never completes (the client went away) leaves nothing behind.
         reaper = asyncio.get_running_loop().create_task(self._forget(connection))
         self._reapers.add(reaper)
@@ -300,9 +303,6 @@ class OpenAIDoor:
     ) -> ClientConnection:
         """The connection serving ``ws``, a client of this door (made as ``ClientConnection``)."""
         state = self._handshakes.pop(ws)
-        protocol = getattr(ws, "protocol", None)  # a WebRTC call's channel has its own
-        if protocol is not None:  # OpenAI's appends: up to 15 MiB of audio each
-            protocol.max_message_size = self.config.door_max_frame
         if isinstance(ws, wsfast.FastReader):
             ws.share_budget(self.large_frames)
         return (state.make or DoorConnection)(

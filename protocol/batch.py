@@ -331,14 +331,18 @@ class ToolBatch:
             tuple(self.calls[i] for i in server), tuple(self.events[i].id for i in server)
         )
 
-    def _fill(self, index: int, result: ToolResult) -> Result:
-        """Fill slot ``index``; its ``result`` event (the journal entry of that call)."""
+    def _fill(
+        self, index: int, result: ToolResult, item: str | msgspec.UnsetType = msgspec.UNSET
+    ) -> Result:
+        """Fill slot ``index``; its ``result`` event (the journal entry of that call),
+        named ``item`` when the client named its answer."""
         self._slots[index] = result
         self._logged[index] = True
         return Result(
             content=encode_results((result,)),
             payload=result_payload((result,)),
             id=self.events[index].id,
+            item=item,
         )
 
     @property
@@ -410,7 +414,7 @@ class ToolBatch:
         self._settled[answer.id] = "was already answered"
         name = self.calls[index].name
         return self._fill(
-            index, ToolResult(tool=name, status=answer.status, content=answer.content)
+            index, ToolResult(tool=name, status=answer.status, content=answer.content), answer.item
         )
 
     def refusal(self, answer: ToolResultMessage) -> Refuse:

@@ -145,11 +145,13 @@ class User(_Base, tag="user"):
     ``source`` is ``"audio"`` (and only then present) when the user spoke:
     ``content`` is then the provider's transcript of the speech, so history,
     resumes and the other provider work from text; the audio is not logged.
+    ``item``: the client's name for the message (``UserMessage.item``), when it gave one.
     """
 
     content: str
     source: Literal["audio"] | msgspec.UnsetType = msgspec.UNSET
     reply_to: str | msgspec.UnsetType = msgspec.UNSET
+    item: str | msgspec.UnsetType = msgspec.UNSET
 
 
 class SpeechStarted(_Base, tag="speech_started"):
@@ -178,12 +180,14 @@ class Result(_Base, tag="result"):
     ``{"tool", "status", "content"}``); ``id`` is absent only on the failure
     of a malformed ``<execute>`` block, which has no call. History keeps one
     ``Result`` per batch (all of its results, in call order): that is what
-    the model reads.
+    the model reads. ``item``: a client's name for its answer
+    (``ToolResultMessage.item``), when it gave one.
     """
 
     content: str
     payload: ResultPayload
     id: str | msgspec.UnsetType = msgspec.UNSET
+    item: str | msgspec.UnsetType = msgspec.UNSET
 
 
 class Metric(_Base, tag="metric"):
@@ -416,12 +420,21 @@ that refuses it and on the event that shows it took effect (``user``, ``cancelle
 ``configured``, ``approval``; ``pong`` for a ``ping``). ``tool_result`` and
 ``approve`` have a required ``id`` already, the call's: it is their command id."""
 
+ITEM_ID_MAX: Final = 64
+
+ItemId = Annotated[str, msgspec.Meta(min_length=1, max_length=ITEM_ID_MAX)]
+"""A client's own name for a message or tool answer it sends, kept with it in the log
+(``user``'s and ``result``'s ``item``): an OpenAI client's ``item.id``, which every
+client of the session, and the same one after a resume, then sees. 64 characters, as
+OpenAI's Responses API bounds an item's id (docs/openai-door.md, "Client item ids")."""
+
 
 class UserMessage(msgspec.Struct, tag_field="type", tag="user"):
-    """Start a turn with this text."""
+    """Start a turn with this text (``item``: its name, see ``ItemId``)."""
 
     content: str
     id: CommandId | msgspec.UnsetType = msgspec.UNSET
+    item: ItemId | msgspec.UnsetType = msgspec.UNSET
 
 
 class Cancel(msgspec.Struct, tag_field="type", tag="cancel"):
@@ -443,11 +456,13 @@ class ToolResultMessage(msgspec.Struct, tag_field="type", tag="tool_result", fro
     """The client's answer to a ``call`` with ``"runs_on": "client"`` (matched by ``id``).
 
     ``content``: any JSON value on success; on failure, a message for the model.
+    ``item``: the answer's own name (see ``ItemId``).
     """
 
     id: str
     status: Literal["success", "failure"]
     content: Any = None
+    item: ItemId | msgspec.UnsetType = msgspec.UNSET
 
 
 class AudioChunk(msgspec.Struct, tag_field="type", tag="audio"):

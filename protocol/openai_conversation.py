@@ -50,7 +50,7 @@ from protocol.events import (
 )
 from protocol.openai_events import BadEvent, ClientEvent, ServerEvent
 from protocol.openai_ids import EventIds, position
-from protocol.openai_items import KEPT_ITEMS, ShownItems
+from protocol.openai_items import KEPT_ITEMS, ShownItems, user_shown
 from protocol.openai_requests import (
     BUSY,
     BUSY_CODE,
@@ -66,6 +66,8 @@ from protocol.openai_speech import EarlySpeech
 
 __all__ = ["KEPT_ITEMS", "Command", "Conversation", "Emit", "ServerEvent"]
 
+ITEM_ADDED = "conversation.item.added"
+
 
 class Conversation:
     """One OpenAI client's view of one session (see the module docstring)."""
@@ -73,17 +75,25 @@ class Conversation:
     position = staticmethod(position)  # ``(seq, n)`` of a logged event's ``event_id``
 
     def __init__(
-        self, sid: str, model: str, *, audio_out: bool = False, input_rate: int = 24000
+        self,
+        sid: str,
+        model: str,
+        *,
+        audio_out: bool = False,
+        input_rate: int = 24000,
+        connection_id: str = "c",
     ) -> None:
         """``input_rate``: the rate of the client's audio (24 kHz PCM16 on a WebSocket;
         a WebRTC call's microphone is decoded at 48 kHz and goes in as it is, so the
-        gateway converts it once, to the provider's rate)."""
+        gateway converts it once, to the provider's rate). ``connection_id``: unique to the
+        client's connection (its shell's), in the ids made for items it leaves unnamed."""
         self.sid = sid
         self.model = model
         self.audio_out = audio_out
         self._response: ShownResponse | None = None
         self._ending = False
         self._created = False  # session.created sent
+        self._items_early: list[ServerEvent] = []  # created before it: shown after it
         self._turn = 0  # seq of the turn's user event: responses' and messages' ids
         self._responses = 0  # responses of this turn so far
         self._speech: str | None = None  # the spoken user item being heard
@@ -95,7 +105,9 @@ class Conversation:
         # Per-response overrides (``protocol.openai_response``); their ``due`` configures
         # are the shell's to send (``take_due``).
         self.overrides = ResponseOverrides()
-        self.requests = ClientRequests(model, input_rate, self.ids, self.shown, self.overrides)
+        self.requests = ClientRequests(
+            model, input_rate, self.ids, self.shown, self.overrides, f"item_{connection_id}_"
+        )
         self._early = EarlySpeech()  # speech ahead of its event (``protocol.openai_speech``)
 
     def error(self, message: str, *, code: str = "invalid_request_error", **kw: Any) -> ServerEvent:
@@ -124,7 +136,13 @@ class Conversation:
     def client(self, event: ClientEvent | BadEvent, *, model_route: tuple[str, str]) -> Emit:
         """One client event: the commands to send and the events to answer with now
         (``protocol.openai_requests``)."""
-        return self.requests.take(event, model_route=model_route)
+        emit = self.requests.take(event, model_route=model_route)
+        if self._created or not emit.events or emit.events[0]["type"] != ITEM_ADDED:
+            return emit
+        # A message created before session.created is shown after it, as OpenAI's
+        # service, which sends session.created first of all, shows it.
+        self._items_early += emit.events
+        return Emit(emit.commands, [])
 
     def take_due(self) -> list[Command]:
         """Commands the conversation asks the shell to send now, ahead of the client's next
@@ -201,7 +219,11 @@ class Conversation:
             self.overrides.put_back()  # the response it would have started never did
             ref = event.reply_to
             named = ref if isinstance(ref, str) and ref in self.requests.named else None
-            return [self.error(blocked, code="guardrail_blocked", event_id=named)]
+            out = [self.error(blocked, code="guardrail_blocked", event_id=named)]
+            for iid in self.requests.typed.taken(ref) or ():  # shown, never the model's
+                self.shown.drop(iid)
+                out.append(self.ids.event("conversation.item.deleted", item_id=iid))
+            return out
         match event:
             case Session():
                 return []
@@ -214,7 +236,11 @@ class Conversation:
                 kind = "session.updated" if self._created else "session.created"
                 self._created = True
                 self.requests.pending_reply = None
-                return [self.ids.event(kind, session=session_of(config, self.sid, self.model))]
+                early, self._items_early = self._items_early, []
+                return [
+                    self.ids.event(kind, session=session_of(config, self.sid, self.model)),
+                    *early,
+                ]
             case SpeechStarted(offset_ms=ms):
                 self._speech = f"item_{event.seq}"
                 out = self._done("cancelled", reason="turn_detected") if self._response else []
@@ -232,12 +258,16 @@ class Conversation:
                         "input_audio_buffer.speech_stopped", audio_end_ms=ms, item_id=iid
                     )
                 ]
-            case User(content=content, source=source, reply_to=ref):
-                sent = self.requests.sent
-                if sent is not None and ref == sent[0]:
-                    self.requests.sent = None  # the message a response.create sent: taken
+            case User(content=content, source=source, reply_to=ref, item=user_item):
+                shown = self.requests.typed.taken(ref)  # the message sent from here
                 self.requests.user_logged(spoken=source == "audio")
-                return self._user(event.seq, content, spoken=source == "audio")
+                if shown is not None:  # shown when created: now it has its place
+                    self._user_turn(event.seq)
+                    for iid in shown:
+                        self.shown.spans.add(iid, event.seq, event.seq)
+                    return []
+                given = user_item if isinstance(user_item, str) else None
+                return self._user(event.seq, content, spoken=source == "audio", item=given)
             case Forgotten(first=first, last=last):
                 return self._forgotten(first, last)
             case AudioCleared():
@@ -259,8 +289,9 @@ class Conversation:
                 return out
             case Call(runs_on="client"):
                 return self._client_call(event)
-            case Result(id=str(call), content=content):
-                return self._output(call, content)
+            case Result(id=str(call), content=content, item=output_item):
+                given = output_item if isinstance(output_item, str) else None
+                return self._output(call, content, given)
             case End():
                 self.requests.turn_open = False
                 self.requests.swallowed = None  # the turn it went on with is over
@@ -290,7 +321,7 @@ class Conversation:
             case Error(code=code, content=content, reply_to=ref):
                 if self._response is None:
                     self.overrides.put_back()  # the response with overrides never started
-                    if (sent := self.requests.sent) is not None and ref == sent[0]:
+                    if (sent := self.requests.typed.sent) is not None and ref == sent[0]:
                         self.overrides.unask()  # the create's message was refused
                 requests = self.requests
                 requests.refused_update(ref if isinstance(ref, str) else None)
@@ -314,62 +345,20 @@ class Conversation:
         gone = self.shown.forget(first, last)
         return [self.ids.event("conversation.item.deleted", item_id=iid) for iid in gone]
 
-    def _user(self, seq: int, content: str, *, spoken: bool) -> list[ServerEvent]:
+    def _user_turn(self, seq: int) -> None:
+        """A user turn was logged at ``seq``: the responses to come are its."""
         self.requests.pending_reply = None
         self.requests.turn_open = True
         self.requests.swallowed = None
         self._turn, self._responses = seq, 0
-        iid = (self._speech if spoken else None) or f"item_{seq}"
+
+    def _user(self, seq: int, content: str, *, spoken: bool, item: str | None) -> list[ServerEvent]:
+        self._user_turn(seq)
+        iid = (self._speech if spoken else item) or f"item_{seq}"
         self._speech = None
-        part = (
-            {"type": "input_audio", "transcript": content}
-            if spoken
-            else {"type": "input_text", "text": content}
-        )
-        item = {
-            "id": iid,
-            "object": "realtime.item",
-            "type": "message",
-            "role": "user",
-            "status": "completed",
-            "content": [part],
-        }
-        prev = self.shown.last
-        self.shown.last = iid
+        prev, self.shown.last = self.shown.last, iid
         self.shown.spans.add(iid, seq, seq)
-        out: list[ServerEvent] = []
-        if spoken:
-            out.append(
-                self.ids.event("input_audio_buffer.committed", item_id=iid, previous_item_id=prev)
-            )
-        # Spoken: ``added`` before its transcript, as OpenAI's service sends it at the
-        # commit (LiveKit's plugin appends the transcription to what ``added`` held).
-        added = {**item, "content": [{**part, "transcript": None}]} if spoken else item
-        out += [
-            self.ids.event("conversation.item.added", item=added, previous_item_id=prev),
-            self.ids.event("conversation.item.done", item=item, previous_item_id=prev),
-        ]
-        if spoken:
-            # The provider's transcript comes whole (it is logged once, with the user's
-            # turn): a client that shows transcription deltas gets it as one delta.
-            out.append(
-                self.ids.event(
-                    "conversation.item.input_audio_transcription.delta",
-                    item_id=iid,
-                    content_index=0,
-                    delta=content,
-                )
-            )
-            out.append(
-                self.ids.event(
-                    "conversation.item.input_audio_transcription.completed",
-                    item_id=iid,
-                    content_index=0,
-                    transcript=content,
-                    usage={"type": "duration", "seconds": 0},
-                )
-            )
-        return out
+        return user_shown(self.ids, iid, prev, content, spoken=spoken)
 
     def audio(self, tag: int, pcm16: bytes) -> list[ServerEvent]:
         """A piece of the model's speech (unlogged ids); ahead of its event, it waits."""
@@ -518,12 +507,14 @@ class Conversation:
             self.ids.event("conversation.item.done", item=item),
         ]
 
-    def _output(self, call: str, content: str) -> list[ServerEvent]:
-        """A client's ``function_call_output`` (its call's logged result), shown as OpenAI
-        shows a created item; a gateway tool's is not (its call never was)."""
+    def _output(self, call: str, content: str, named: str | None) -> list[ServerEvent]:
+        """A client's ``function_call_output`` (its call's logged result, ``named`` as the
+        client named it), shown as OpenAI shows a created item; a gateway tool's is not
+        (its call never was)."""
         if not any(i.get("call_id") == call for i in self.shown.items.values()):
             return []
-        item = {"id": f"item_{self.ids.seq}", "object": "realtime.item", "status": "completed"}
+        iid = named or f"item_{self.ids.seq}"
+        item = {"id": iid, "object": "realtime.item", "status": "completed"}
         item |= {"type": "function_call_output", "call_id": call, "output": output_of(content)}
         prev, self.shown.last = self.shown.last, item["id"]
         return [

@@ -8,8 +8,9 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from protocol.openai_events import ServerEvent
+from protocol.openai_ids import EventIds
 
-__all__ = ["KEPT_ITEMS", "ShownItems", "Spans", "unknown_item"]
+__all__ = ["KEPT_ITEMS", "ShownItems", "Spans", "unknown_item", "user_item", "user_shown"]
 
 KEPT_ITEMS = 256  # items conversation.item.retrieve can show (the newest)
 _SHOWS_ITEM = frozenset(
@@ -75,10 +76,14 @@ class ShownItems:
         """The items a ``forgotten`` of ``first``..``last`` took, no longer shown."""
         gone = self.spans.gone(first, last)
         for iid in gone:
-            self.items.pop(iid, None)
-        if self.last in gone:
-            self.last = next(reversed(self.items), None)
+            self.drop(iid)
         return gone
+
+    def drop(self, iid: str) -> None:
+        """``iid`` is no longer shown (forgotten, or a held message taken back)."""
+        self.items.pop(iid, None)
+        if self.last == iid:
+            self.last = next(reversed(self.items), None)
 
 
 def unknown_item(item_id: str, verb: Literal["delete", "retrieve"]) -> tuple[str, str]:
@@ -86,3 +91,49 @@ def unknown_item(item_id: str, verb: Literal["delete", "retrieve"]) -> tuple[str
     code)`` (docs/openai-door.md, "Unknown items"). The door and the simulator say them."""
     message = f"Error {verb[:-1]}ing item: the item with id {item_id!r} does not exist."
     return message, f"item_{verb}_invalid_item_id"
+
+
+def user_item(iid: str, parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """A user message item, as OpenAI's service shows one."""
+    item = {"id": iid, "object": "realtime.item", "type": "message", "role": "user"}
+    return item | {"status": "completed", "content": parts}
+
+
+def user_shown(
+    ids: EventIds, iid: str, prev: str | None, content: str, *, spoken: bool
+) -> list[ServerEvent]:
+    """The events that show a logged user message ``iid`` after ``prev``: typed, or
+    spoken (``content``: its transcript)."""
+    if not spoken:
+        item = user_item(iid, [{"type": "input_text", "text": content}])
+        return [
+            ids.event(kind, item=item, previous_item_id=prev)
+            for kind in ("conversation.item.added", "conversation.item.done")
+        ]
+    part = {"type": "input_audio", "transcript": content}
+    # ``added`` before its transcript, as OpenAI's service sends it at the commit
+    # (LiveKit's plugin appends the transcription to what ``added`` held).
+    return [
+        ids.event("input_audio_buffer.committed", item_id=iid, previous_item_id=prev),
+        ids.event(
+            "conversation.item.added",
+            item=user_item(iid, [{**part, "transcript": None}]),
+            previous_item_id=prev,
+        ),
+        ids.event("conversation.item.done", item=user_item(iid, [part]), previous_item_id=prev),
+        # The provider's transcript comes whole (it is logged once, with the user's
+        # turn): a client that shows transcription deltas gets it as one delta.
+        ids.event(
+            "conversation.item.input_audio_transcription.delta",
+            item_id=iid,
+            content_index=0,
+            delta=content,
+        ),
+        ids.event(
+            "conversation.item.input_audio_transcription.completed",
+            item_id=iid,
+            content_index=0,
+            transcript=content,
+            usage={"type": "duration", "seconds": 0},
+        ),
+    ]

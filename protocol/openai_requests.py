@@ -51,7 +51,7 @@ from protocol.openai_events import (
     parameter_refusal,
 )
 from protocol.openai_ids import EventIds
-from protocol.openai_items import KEPT_ITEMS, ShownItems, unknown_item
+from protocol.openai_items import KEPT_ITEMS, ShownItems, unknown_item, user_item
 from protocol.openai_response import (
     HIDDEN,
     TOKEN_REFUSAL,
@@ -61,6 +61,7 @@ from protocol.openai_response import (
     response_overrides,
 )
 from protocol.openai_session import config_change
+from protocol.openai_typed import TypedItems, id_refusal
 
 __all__ = [
     "BUSY",
@@ -134,7 +135,6 @@ class ClientRequests:
         "client_calls",
         "continues",
         "hearing",
-        "held",
         "ids",
         "input_rate",
         "manual",
@@ -144,11 +144,11 @@ class ClientRequests:
         "own_ids",
         "pending_reply",
         "responding",
-        "sent",
         "shown",
         "speaking",
         "swallowed",
         "turn_open",
+        "typed",
     )
 
     def __init__(
@@ -158,16 +158,15 @@ class ClientRequests:
         ids: EventIds,
         shown: ShownItems,
         overrides: ResponseOverrides,
+        item_prefix: str,
     ) -> None:
         self.model = model
         self.input_rate = input_rate
         self.ids = ids
         self.shown = shown
         self.overrides = overrides
-        self.held: list[str] = []  # user text created, not yet sent (response.create sends)
-        # The held text a response.create sent, by its event_id, until its turn is logged:
-        # held again if the session refuses it for a turn already running.
-        self.sent: tuple[str, str] | None = None
+        # User messages created: shown at once, held until response.create sends them.
+        self.typed = TypedItems(item_prefix)
         self.own_ids = 0  # ids the door made for commands the client sent unnamed
         self.turn_open = False  # a turn runs (its user event logged, not yet over)
         self.responding: str | None = None  # the id of the response being shown
@@ -227,10 +226,12 @@ class ClientRequests:
                 self.pending_reply = eid
                 return Emit([change], [])
             case ConversationItemCreate(item=item, previous_item_id=previous):
-                if previous is not None and previous != self.shown.last:
+                last = self.shown.last
+                if previous is not None and previous != (last or "root"):
                     return self._refusal(
                         "items are appended to the end of the conversation on this gateway: "
-                        "leave previous_item_id unset (or the last item's id)",
+                        "leave previous_item_id unset (or the last item's id, 'root' while "
+                        f"there is none; the last is {last!r})",
                         eid,
                         "previous_item_id",
                     )
@@ -286,19 +287,18 @@ class ClientRequests:
         """``response.create`` (its overrides checked): the held user text as the turn's
         message, nothing (after a function_call_output), or a refusal."""
         change = made.change if made is not None else None
-        if self.turn_open and (self.held or not self.continues):
+        typed = self.typed
+        if self.turn_open and (typed.held or not self.continues):
             # As OpenAI's service answers: the items created stay, for the next response.
             return Emit([], [self.ids.error(BUSY, code=BUSY_CODE, event_id=eid)])
         metadata = made.metadata if made is not None else None
-        if self.held:
-            text = "\n".join(self.held)
-            self.held = []
+        if typed.held:
             self.continues = None  # this create starts a turn of its own
             self.pending_reply = eid
             # A refusal of the message names it, whether the client named it or not.
             said_id = self._command_id(eid, "said")
-            said = UserMessage(content=text, id=said_id)
-            self.sent = (said_id, text)
+            text, first = typed.send(said_id)
+            said = UserMessage(content=text, id=said_id, item=first)
             self.overrides.ask(metadata)  # this create's response's, and no other's
             if change is None:
                 return Emit([said], [])
@@ -331,12 +331,7 @@ class ClientRequests:
         was the user text a response.create sent, refused for a turn already running:
         the text is held again (for the next response.create), and the refusal is
         OpenAI's (``BUSY``)."""
-        sent = self.sent
-        if sent is None or command_id != sent[0] or code != "turn_active":
-            return False
-        self.held.insert(0, sent[1])
-        self.sent = None
-        return True
+        return code == "turn_active" and self.typed.refused(command_id)
 
     def output_refused(self, call: str) -> list[ServerEvent]:
         """The session refused the output of ``call`` (its turn was over): the
@@ -446,6 +441,9 @@ class ClientRequests:
         span = self.shown.spans.get(item_id)
         if span is not None:
             return Emit([Forget(first=span[0], last=span[1])], [])
+        if self.typed.drop(item_id):  # not sent yet: it never reaches the model
+            self.shown.drop(item_id)
+            return Emit([], [self.ids.event("conversation.item.deleted", item_id=item_id)])
         if item_id in self.shown.items:
             return self._refusal(
                 f"item {item_id[:64]!r} cannot be deleted on this gateway: function calls "
@@ -513,17 +511,12 @@ class ClientRequests:
         return Emit([], [self.ids.error(message, event_id=eid, param=param)])
 
     def _item(self, item: Any, eid: str | None) -> Emit:
-        if item.id is not None:
-            return self._refusal(
-                "item ids are given by this gateway (they come from its log, so a resumed "
-                "client sees the same ones): leave item.id unset",
-                eid,
-                "item.id",
-            )
         required = _REQUIRED.get(item.type, ())
         missing = next((name for name in required if getattr(item, name) is None), None)
         if missing is not None:  # as OpenAI's service answers it
             return self._bad(parameter_refusal(f"item.{missing}", eid, missing=True))
+        if item.id is not None and (refused := self._taken_id(item.id, eid)) is not None:
+            return refused
         if item.type == "function_call_output":
             call = item.call_id or ""
             if call not in self.client_calls:
@@ -534,9 +527,9 @@ class ClientRequests:
             # The call's turn goes on with it, unless it is over (cancelled): the session
             # then refuses the output (``output_refused``).
             self.continues = call if self.turn_open else None
-            return Emit(
-                [ToolResultMessage(id=call, status="success", content=item.output or "")], []
-            )
+            output = item.output or ""
+            named = msgspec.UNSET if item.id is None else item.id
+            return Emit([ToolResultMessage(call, "success", output, item=named)], [])
         if item.type != "message" or item.role != "user":
             return self._refusal(
                 "this gateway takes user messages and function_call_output items from a "
@@ -544,7 +537,7 @@ class ClientRequests:
                 eid,
                 "item",
             )
-        texts: list[str] = []
+        parts: list[dict[str, str]] = []
         for part in item.content or []:
             if part.type != "input_text" or part.text is None:
                 return self._refusal(
@@ -552,9 +545,37 @@ class ClientRequests:
                     eid,
                     "item.content",
                 )
-            texts.append(part.text)
-        self.held.append("".join(texts))
-        return Emit([], [])
+            parts.append({"type": "input_text", "text": part.text})
+        return Emit([], self._typed(item.id or self.typed.new_id(), parts))
+
+    def _typed(self, iid: str, parts: list[dict[str, str]]) -> list[ServerEvent]:
+        """A user message created: held for ``response.create``, and shown now, as
+        OpenAI's service shows it (``protocol.openai_typed``)."""
+        self.typed.hold(iid, "".join(part["text"] for part in parts))
+        shown = user_item(iid, parts)
+        prev, self.shown.last = self.shown.last, iid
+        events = [
+            self.ids.unlogged_event(kind, item=shown, previous_item_id=prev)
+            for kind in ("conversation.item.added", "conversation.item.done")
+        ]
+        self.shown.remember(events)
+        return events
+
+    def _taken_id(self, iid: str, eid: str | None) -> Emit | None:
+        """A refusal of a client's item id out of bounds or already in use; None if not."""
+        bounds = id_refusal(iid)
+        if bounds is not None:
+            return Emit(
+                [], [self.ids.error(bounds[0], code=bounds[1], event_id=eid, param="item.id")]
+            )
+        if iid in self.shown.items or self.shown.spans.get(iid) or self.typed.holds(iid):
+            return self._refusal(
+                f"the conversation already has an item with id {iid!r}: give each item an "
+                "id of its own (or leave item.id unset)",
+                eid,
+                "item.id",
+            )
+        return None
 
 
 _REQUIRED: Final = {

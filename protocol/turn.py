@@ -309,7 +309,10 @@ class TurnMachine(VoiceSteps, RecoverySteps):
         text = given.content
         if state is IDLE:
             return self._begin(
-                [User(content=text, reply_to=given.id), Persist((User(content=text),))],
+                [
+                    User(content=text, reply_to=given.id, item=given.item),
+                    Persist((User(content=text),)),
+                ],
                 Message(role="user", content=text),
             )
         if (state is ENDING or state is CANCELLING) and self._queued is None:

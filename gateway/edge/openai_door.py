@@ -360,7 +360,7 @@ class DoorConnection(ClientConnection):
         )
         self.door = door
         self.state = state
-        self.conversation = Conversation(sid, state.model)
+        self.conversation = Conversation(sid, state.model, connection_id=self.conn_id[:10])
         self.conversation.overrides.allowed = trusted
         self._skip = state.after  # replayed up to here: not sent again
         # Commands the conversation asked for as it translated (a response's overrides

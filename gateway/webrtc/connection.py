@@ -43,8 +43,8 @@ _SPEECH_STARTED: Final = "input_audio_buffer.speech_started"
 class CallConversation(Conversation):
     """The door's conversation, with the model's speech on the call's track."""
 
-    def __init__(self, sid: str, model: str, speaker: Speaker) -> None:
-        super().__init__(sid, model, input_rate=RATE)
+    def __init__(self, sid: str, model: str, speaker: Speaker, connection_id: str) -> None:
+        super().__init__(sid, model, input_rate=RATE, connection_id=connection_id)
         self.speaker = speaker
         self.cut_at: Played | None = None  # a cut's position, not yet told to the session
         # The track plays an answer whose response.created has not come out yet (its
@@ -101,7 +101,7 @@ class CallConnection(DoorConnection):
         super().__init__(node, ws, **kwargs)
         self.call = cast(CallSocket, ws)
         self.conversation = self.tracked = CallConversation(
-            self.sid, self.state.model, self.call.speaker
+            self.sid, self.state.model, self.call.speaker, self.conn_id[:10]
         )
         self._listening: asyncio.Task[None] | None = None
         if not self.call.joined.done():

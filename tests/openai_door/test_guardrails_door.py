@@ -16,6 +16,7 @@ import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
+from unittest.mock import ANY
 
 import pytest
 from openai import AsyncOpenAI
@@ -73,6 +74,17 @@ async def say(conn: AsyncRealtimeConnection, text: str, event_id: str) -> None:
     await conn.response.create(event_id=event_id)
 
 
+def _shown_only_as_its_own_item(got: list[dict[str, Any]], secret: str) -> None:
+    """The blocked text came back only in the item its client created (as OpenAI's
+    service shows a created item), and that item was deleted with the block."""
+    showing = [e for e in got if secret in str(e)]
+    assert {e["type"] for e in showing} == {"conversation.item.added", "conversation.item.done"}
+    [shown] = {e["item"]["id"] for e in showing}
+    assert [e for e in got if e.get("item_id") == shown] == [
+        {"type": "conversation.item.deleted", "event_id": ANY, "item_id": shown}
+    ]
+
+
 async def test_a_blocked_message_is_an_error_naming_the_event_that_sent_it(
     tmp_path: Path,
 ) -> None:
@@ -90,7 +102,8 @@ async def test_a_blocked_message_is_an_error_naming_the_event_that_sent_it(
     assert error.error.type == "invalid_request_error"
     assert error.error.code == "guardrail_blocked"
     assert error.error.event_id == "evt_client_1"
-    assert "no-passwords" in error.error.message and "hunter2" not in str(got)
+    assert "no-passwords" in error.error.message
+    _shown_only_as_its_own_item(got, "hunter2")
     texts = [e["delta"] for e in got if e["type"] == "response.output_text.delta"]
     assert "".join(texts) == "Echo: hello"
     assert responses == 1  # no response to the blocked message was asked for
@@ -154,7 +167,8 @@ async def test_a_message_an_http_checker_blocks_is_the_same_error(
             responses = gw.sim.stats.responses_total
     [error] = [RealtimeErrorEvent.model_validate(e) for e in got if e["type"] == "error"]
     assert (error.error.code, error.error.event_id) == ("guardrail_blocked", "evt_client_1")
-    assert "app-check" in error.error.message and "0000" not in str(got)
+    assert "app-check" in error.error.message
+    _shown_only_as_its_own_item(got, "0000")
     texts = [e["delta"] for e in got if e["type"] == "response.output_text.delta"]
     assert "".join(texts) == "Echo: hello"
     assert responses == 1

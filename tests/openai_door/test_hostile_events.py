@@ -78,12 +78,20 @@ async def _done(client: RawClient) -> dict[str, Any]:
             return event
 
 
-async def _user_text_of_next_turn(client: RawClient) -> str:
+async def _answer_text(client: RawClient) -> str:
+    """The text of the next response, once it is done (completed)."""
+    text: list[str] = []
     while True:
         event = await client.next()
         assert event["type"] != "error", event
-        if event["type"] == "conversation.item.added" and event["item"]["role"] == "user":
-            return str(event["item"]["content"][0]["text"])
+        if event["type"] in (
+            "response.output_text.delta",
+            "response.output_audio_transcript.delta",
+        ):
+            text.append(event["delta"])
+        if event["type"] == "response.done":
+            assert event["response"]["status"] == "completed"
+            return "".join(text)
 
 
 @pytest.mark.parametrize(
@@ -116,8 +124,7 @@ async def test_a_message_sent_while_a_response_runs_waits_for_the_next(
         assert (await _done(client))["response"]["status"] == "completed"
 
         await client.send(type="response.create", event_id="c_next")
-        assert await _user_text_of_next_turn(client) == "the second message"
-        assert (await _done(client))["response"]["status"] == "completed"
+        assert "the second message" in await _answer_text(client)
     finally:
         await client.close()
 
@@ -204,8 +211,7 @@ async def test_a_resume_after_an_event_past_the_log_is_refused(node: NodeProcess
     try:
         await resumed.send(**_say("again", "c_again"))
         await resumed.send(type="response.create")
-        assert await _user_text_of_next_turn(resumed) == "again"
-        assert (await _done(resumed))["response"]["status"] == "completed"
+        assert "again" in await _answer_text(resumed)
     finally:
         await resumed.close()
 
@@ -289,10 +295,9 @@ async def test_a_response_whose_tools_the_session_would_refuse_never_starts(
         )
         refused = (await _answer(client, "c_session"))["error"]
         assert (refused["code"], refused["param"]) == ("invalid_request_error", "session")
-        assert [e["type"] for e in client.events if e["type"] != "error"] == ["session.created"]
+        assert not [e for e in client.events if e["type"].startswith("response.")]
         await client.send(type="response.create")  # the message waited for a response
-        assert await _user_text_of_next_turn(client) == "hello"
-        assert (await _done(client))["response"]["status"] == "completed"
+        assert "hello" in await _answer_text(client)
     finally:
         await client.close()
 

@@ -70,12 +70,16 @@ async def test_the_sdk_retrieves_the_items_of_a_turn(node: NodeProcess, model: s
         assert refused["error"]["param"] is None
 
 
+@pytest.mark.parametrize("named", [None, "out_7"], ids=["unnamed", "named"])
 @pytest.mark.parametrize("model", MODELS)
-async def test_a_function_call_output_is_echoed_as_an_item(node: NodeProcess, model: str) -> None:
+async def test_a_function_call_output_is_echoed_as_an_item(
+    node: NodeProcess, model: str, named: str | None
+) -> None:
     """OpenAI's service answers a created item with ``conversation.item.added`` and
     ``done``; the door showed nothing for a ``function_call_output`` (LiveKit's plugin
-    waits for ``added`` of every item it creates). Now it is shown once the session
-    logs it, before the answer that reads it, and can be retrieved."""
+    waits for ``added`` of every item it creates, by the id it gave). Now it is shown,
+    under the client's id if it gave one, once the session logs it, before the answer
+    that reads it, and can be retrieved."""
     tool = {"type": "function", "name": "lookup", "parameters": {"type": "object"}}
     client = await RawClient.open(f"{node.base}/openai/v1/realtime?model={model}")
     try:
@@ -89,7 +93,9 @@ async def test_a_function_call_output_is_echoed_as_an_item(node: NodeProcess, mo
         called = await client.until("response.done")
         call = called[-1]["response"]["output"][-1]
         output = {"type": "function_call_output", "call_id": call["call_id"], "output": "ajar"}
-        await client.send(type="conversation.item.create", item=output)
+        await client.send(
+            type="conversation.item.create", item=output | ({"id": named} if named else {})
+        )
         answer = await client.until("response.done")
         kinds = [e["type"] for e in answer]
         added = next(e for e in answer if e["type"] == "conversation.item.added")
@@ -100,9 +106,77 @@ async def test_a_function_call_output_is_echoed_as_an_item(node: NodeProcess, mo
             "ajar",
         )
         assert added["previous_item_id"] == call["id"]
+        assert named is None or item["id"] == named
         assert kinds.index("conversation.item.done") < kinds.index("response.created")
         await client.send(type="conversation.item.retrieve", item_id=item["id"])
         retrieved = (await client.until("conversation.item.retrieved"))[-1]
         assert retrieved["item"]["output"] == "ajar"
     finally:
         await client.close()
+
+
+async def test_items_named_by_the_client_keep_their_names_through_a_resume(
+    node: NodeProcess,
+) -> None:
+    """pipecat names every item it creates (a uuid hex), LiveKit's plugin too, with
+    ``previous_item_id`` "root" for the first, and waits for ``added`` by that name: the
+    door refused both. OpenAI's service keeps a client's id; the door now does, shows
+    the item at once, and logs the name with the message, so a resumed client sees it."""
+    client = AsyncOpenAI(
+        api_key="unused",
+        base_url=f"{node.http}/openai/v1",
+        websocket_base_url=f"{node.base}/openai/v1",
+    )
+    name = "2e8f6383ce4242c7a740f1a522777d2c"
+    async with client.realtime.connect(model=MODELS[0]) as conn:
+
+        async def until(kind: str) -> list[dict[str, Any]]:
+            seen: list[dict[str, Any]] = []
+            while True:
+                event: dict[str, Any] = json.loads(await conn.recv_bytes())
+                SERVER_EVENT.validate_python(event)  # the SDK's contract
+                assert event["type"] != "error", event
+                seen.append(event)
+                if event["type"] == kind:
+                    return seen
+
+        created = (await until("session.created"))[-1]
+        sid = created["session"]["id"]
+        await conn.session.update(session={"type": "realtime", "output_modalities": ["text"]})
+        await until("session.updated")
+        hello = [{"type": "input_text", "text": "hello"}]
+        await conn.conversation.item.create(
+            item={"id": name, "type": "message", "role": "user", "content": hello},
+            previous_item_id="root",
+        )
+        shown = await until("conversation.item.done")  # before any response.create
+        assert [(e["type"], e["item"]["id"]) for e in shown[-2:]] == [
+            ("conversation.item.added", name),
+            ("conversation.item.done", name),
+        ]
+        await conn.conversation.item.create(
+            item={"id": "item_32e413d46271", "type": "message", "role": "user", "content": hello},
+            previous_item_id=name,
+        )
+        assert (await until("conversation.item.done"))[-1]["previous_item_id"] == name
+        await conn.response.create()
+        answer = await until("response.done")
+        again = [e for e in answer if e.get("item", {}).get("role") == "user"]
+        assert not again  # shown once, when created
+        await conn.conversation.item.retrieve(item_id=name)
+        assert (await until("conversation.item.retrieved"))[-1]["item"]["id"] == name
+
+    resumed = await RawClient.open(
+        f"{node.base}/openai/v1/realtime?model={MODELS[0]}&session_id={sid}"
+        f"&after_event={created['event_id']}"
+    )
+    try:
+        replayed = await resumed.until("response.done")
+        done = [e["item"] for e in replayed if e["type"] == "conversation.item.done"]
+        users = [item for item in done if item["role"] == "user"]
+        # The two messages were one turn's: one item, under the first one's name.
+        assert [(u["id"], u["content"][0]["text"]) for u in users] == [(name, "hello\nhello")]
+        await resumed.send(type="conversation.item.delete", item_id=name)
+        assert (await resumed.until("conversation.item.deleted"))[-1]["item_id"] == name
+    finally:
+        await resumed.close()

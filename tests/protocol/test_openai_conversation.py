@@ -7,6 +7,7 @@ import base64
 import json
 from typing import Any
 
+from msgspec import UNSET
 from openai.types.realtime import RealtimeServerEvent
 from pydantic import TypeAdapter
 
@@ -23,6 +24,7 @@ from protocol.events import (
     Forgotten,
     Metric,
     Respond,
+    Result,
     SpeechStarted,
     SpeechStopped,
     Think,
@@ -34,6 +36,7 @@ from protocol.events import (
 from protocol.openai_conversation import Conversation
 from protocol.openai_events import decode_client
 from protocol.openai_speech import EARLY_SPEECH_MAX
+from protocol.payloads import ResultPayload
 
 SERVER: TypeAdapter[Any] = TypeAdapter(RealtimeServerEvent)
 ROUTE = ("sim", "gpt-realtime-2.1")
@@ -83,14 +86,85 @@ def test_session_update_becomes_configure_and_configured_session_events() -> Non
     assert out[0]["session"]["id"] == "s1"
 
 
-def test_a_user_item_waits_for_response_create() -> None:
-    conv = Conversation("s1", "m")
-    assert client(conv, type="conversation.item.create", item=user_item("a")) == ([], [])
+def created(conv: Conversation) -> Conversation:
+    """``conv`` once its session.created went out (a new session's first configured)."""
+    feed(conv, Configured(seq=1, config=SessionConfig()))
+    return conv
+
+
+def test_a_user_item_is_shown_at_once_and_waits_for_response_create() -> None:
+    conv = created(Conversation("s1", "m"))
+    commands, events = client(conv, type="conversation.item.create", item=user_item("a"))
+    assert commands == []
+    assert [(e["type"], e["item"]["id"], e["previous_item_id"]) for e in events] == [
+        ("conversation.item.added", "item_c_1", None),
+        ("conversation.item.done", "item_c_1", None),
+    ]
+    assert events[1]["item"]["content"] == [{"type": "input_text", "text": "a"}]
     commands, _ = client(conv, type="response.create")
     # Named by the door (the client named no event): a refusal of it is known as its.
-    assert commands == [UserMessage(content="a", id="~said1")]
+    assert commands == [UserMessage(content="a", id="~said1", item="item_c_1")]
     _, events = client(conv, type="response.create", event_id="e9")
     assert events[0]["type"] == "error" and events[0]["error"]["event_id"] == "e9"
+
+
+def test_an_item_created_before_session_created_is_shown_after_it() -> None:
+    conv = Conversation("s1", "m")
+    assert client(conv, type="conversation.item.create", item=user_item("a")) == ([], [])
+    out = feed(conv, Configured(seq=1, config=SessionConfig()))
+    assert [e["type"] for e in out] == [
+        "session.created",
+        "conversation.item.added",
+        "conversation.item.done",
+    ]
+
+
+def test_a_client_item_id_is_kept_through_the_log() -> None:
+    """pipecat and LiveKit name every item they create; OpenAI keeps the name."""
+    conv = created(Conversation("s1", "m"))
+    item = {**user_item("y"), "id": "mine"}
+    _, events = client(conv, type="conversation.item.create", previous_item_id="root", item=item)
+    assert [e["item"]["id"] for e in events] == ["mine", "mine"]
+    commands, _ = client(conv, type="response.create", event_id="c")
+    assert commands == [UserMessage(content="y", id="c", item="mine")]
+    logged = User(seq=2, content="y", reply_to="c", item="mine")
+    assert feed(conv, logged) == []  # shown already: now it has its place in the log
+    commands, _ = client(conv, type="conversation.item.delete", item_id="mine")
+    assert commands == [Forget(first=2, last=2, id=UNSET)]
+    _, events = client(conv, type="conversation.item.retrieve", item_id="mine")
+    assert events[0]["item"]["content"][0]["text"] == "y"
+    # Resumed (or another client of the session): the same id, from the log.
+    again = feed(Conversation("s1", "m"), Configured(seq=1, config=SessionConfig()), logged)
+    assert [e["item"]["id"] for e in again if "item" in e and e["type"] != "session.created"] == [
+        "mine",
+        "mine",
+    ]
+
+
+def test_a_client_item_id_out_of_bounds_or_in_use_is_refused() -> None:
+    conv = created(Conversation("s1", "m"))
+    client(conv, type="conversation.item.create", item={**user_item("y"), "id": "mine"})
+    for iid, code in (("mine", "invalid_request_error"), ("x" * 65, "string_above_max_length")):
+        _, events = client(
+            conv, type="conversation.item.create", event_id="c", item={**user_item("z"), "id": iid}
+        )
+        error = events[0]["error"]
+        assert (error["param"], error["code"], error["event_id"]) == ("item.id", code, "c")
+    commands, _ = client(conv, type="response.create")
+    assert commands == [UserMessage(content="y", id="~said1", item="mine")]  # nothing else
+
+
+def test_a_held_item_deleted_before_response_create_never_reaches_the_model() -> None:
+    conv = created(Conversation("s1", "m"))
+    client(conv, type="conversation.item.create", item={**user_item("x"), "id": "a"})
+    client(conv, type="conversation.item.create", item={**user_item("y"), "id": "b"})
+    commands, events = client(conv, type="conversation.item.delete", item_id="a")
+    assert commands == [] and events[0] == {**events[0], "type": "conversation.item.deleted"}
+    assert events[0]["item_id"] == "a"
+    _, events = client(conv, type="conversation.item.retrieve", item_id="a")
+    assert events[0]["error"]["code"] == "item_retrieve_invalid_item_id"
+    commands, _ = client(conv, type="response.create", event_id="c")
+    assert commands == [UserMessage(content="y", id="c", item="b")]
 
 
 def test_a_text_turn_streams_one_message_and_ends_with_usage() -> None:
@@ -162,6 +236,22 @@ def test_a_client_call_is_a_function_call_item_and_its_output_a_tool_result() ->
     assert feed(conv, Call(seq=9, content='{"name": "g", "args": {}}', id="c2")) == []
 
 
+def test_a_function_call_output_named_by_its_client_is_shown_by_that_name() -> None:
+    conv = created(Conversation("s1", "m"))
+    call = Call(seq=3, content='{"name": "f", "args": {}}', id="call_1", runs_on="client")
+    feed(conv, User(seq=2, content="go"), call)
+    output = {"type": "function_call_output", "id": "out_1", "call_id": "call_1", "output": "42"}
+    commands, _ = client(conv, type="conversation.item.create", item=output)
+    assert commands == [ToolResultMessage("call_1", "success", "42", item="out_1")]
+    content = '[{"tool": "f", "status": "success", "content": "42"}]'
+    payload = ResultPayload(tools_executed=1, success_count=1, failure_count=0)
+    out = feed(conv, Result(seq=4, content=content, payload=payload, id="call_1", item="out_1"))
+    assert [(e["type"], e["item"]["id"]) for e in out] == [
+        ("conversation.item.added", "out_1"),
+        ("conversation.item.done", "out_1"),
+    ]
+
+
 def test_cancel_and_unsupported_events() -> None:
     conv = Conversation("s1", "m")
     commands, _ = client(conv, type="response.cancel")
@@ -183,23 +273,17 @@ def test_replayed_events_have_the_same_ids() -> None:
 
 
 def test_an_item_inserted_mid_conversation_is_refused() -> None:
-    conv = Conversation("s1", "m")
-    feed(conv, User(seq=1, content="x"))
+    conv = created(Conversation("s1", "m"))
+    feed(conv, User(seq=2, content="x"))
+    for previous in ("item_0", "root"):  # root: the beginning, before item_2
+        _, events = client(
+            conv, type="conversation.item.create", previous_item_id=previous, item=user_item("y")
+        )
+        assert events[0]["error"]["param"] == "previous_item_id"
     _, events = client(
-        conv, type="conversation.item.create", previous_item_id="item_0", item=user_item("y")
+        conv, type="conversation.item.create", previous_item_id="item_2", item=user_item("y")
     )
-    assert events[0]["error"]["param"] == "previous_item_id"
-    _, events = client(
-        conv, type="conversation.item.create", previous_item_id="item_1", item=user_item("y")
-    )
-    assert events == []
-
-
-def test_an_item_id_from_the_client_is_refused() -> None:
-    conv = Conversation("s1", "m")
-    item = {**user_item("y"), "id": "mine"}
-    _, events = client(conv, type="conversation.item.create", event_id="c", item=item)
-    assert events[0]["error"]["param"] == "item.id" and events[0]["error"]["event_id"] == "c"
+    assert [e["type"] for e in events] == ["conversation.item.added", "conversation.item.done"]
 
 
 def test_an_error_names_the_event_its_command_came_from_with_two_in_flight() -> None:
@@ -210,7 +294,7 @@ def test_an_error_names_the_event_its_command_came_from_with_two_in_flight() -> 
     assert commands == [Cancel(id="e_cancel")]
     client(conv, type="conversation.item.create", item=user_item("a"))
     commands, _ = client(conv, type="response.create", event_id="e_create")
-    assert commands == [UserMessage(content="a", id="e_create")]
+    assert commands == [UserMessage(content="a", id="e_create", item="item_c_1")]
     # The cancel's refusal arrives after the create was sent.
     out = feed(conv, Error(code="no_turn", content="no turn is running", reply_to="e_cancel"))
     assert out[-1]["error"]["event_id"] == "e_cancel"

@@ -62,7 +62,11 @@ def test_the_door_hides_its_own_configures_and_restores_when_the_response_is_don
     change, message = _client(
         conv, type="response.create", event_id="c", response={"instructions": "x"}
     )
-    assert (change.instructions, change.id, message) == ("x", "~override", UserMessage("q", id="c"))
+    assert (change.instructions, change.id, message) == (
+        "x",
+        "~override",
+        UserMessage("q", id="c", item="item_c_1"),
+    )
     hidden = Configured(seq=2, config=SessionConfig(instructions="x"), reply_to="~override")
     assert conv.gateway(hidden) == []
     usage = Usage(input=1, output=1)

@@ -128,10 +128,11 @@ def test_an_answer_with_end_closes_with_end_then_its_metric() -> None:
 def test_a_message_sent_while_the_turn_closes_starts_next_naming_its_command() -> None:
     machine = started()
     stream(machine, "Done.<end>")
-    assert not machine.feed(UserMessage(content="next", id="m-2"))  # held: the turn ends
+    assert not machine.feed(UserMessage(content="next", id="m-2", item="i-2"))  # held
     done = machine.feed(ResponseDone("completed", USAGE))
     user = only(done, User)
-    assert (user.content, user.reply_to) == ("next", "m-2")
+    # Logged with its command's id and the name its client gave it (an OpenAI item id).
+    assert (user.content, user.reply_to, user.item) == ("next", "m-2", "i-2")
     kept = [a for a in done if isinstance(a, Persist)][-1]
     assert kept.items == (User(content="next"),)  # history keeps no id
     assert machine.state is TurnState.STREAMING

@@ -28,7 +28,7 @@ class _Speaker:
 
 def test_speech_ahead_of_its_turn_plays_at_once_and_counts_from_its_start() -> None:
     speaker = _Speaker()
-    conv = CallConversation("s1", "m", speaker)  # type: ignore[arg-type]
+    conv = CallConversation("s1", "m", speaker, "c")  # type: ignore[arg-type]
     conv.gateway(SpeechStarted(seq=1, offset_ms=100))
     conv.gateway(SpeechStopped(seq=2, offset_ms=900))
     assert conv.audio(3, b"\x01\x00" * 480) == []  # its events wait for seq 3

@@ -221,10 +221,7 @@ class ToolBatch:
         for call_id, answer in self._early.items():
             early = self._waiting.pop(call_id, None)
             if early is not None:
-                self._settled[call_id] = "was already answered"
-                name = self.calls[early].name
-                result = ToolResult(tool=name, status=answer.status, content=answer.content)
-                now.append(self._fill(early, result))
+                now.append(self._answered(early, answer))
         self._early = {}
         return self._run_or_hold(server), tuple(self._waiting), now, background
 
@@ -411,11 +408,15 @@ class ToolBatch:
         index = self._waiting.pop(answer.id, None)
         if index is None:
             return self.refusal(answer)
+        return self._answered(index, answer)
+
+    def _answered(self, index: int, answer: ToolResultMessage) -> Result:
+        """Slot ``index`` filled with a client's ``answer`` (named as it named it)."""
         self._settled[answer.id] = "was already answered"
-        name = self.calls[index].name
-        return self._fill(
-            index, ToolResult(tool=name, status=answer.status, content=answer.content), answer.item
+        result = ToolResult(
+            tool=self.calls[index].name, status=answer.status, content=answer.content
         )
+        return self._fill(index, result, answer.item)
 
     def refusal(self, answer: ToolResultMessage) -> Refuse:
         """``unknown_call`` for an answer nobody waits for, saying why when it is known."""

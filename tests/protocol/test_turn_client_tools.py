@@ -113,11 +113,13 @@ def test_a_batch_of_only_early_answers_closes_at_once_in_order() -> None:
     machine = TurnMachine(client_tools=Router(), call_number=100)
     machine.feed(UserMessage(content="hi"))
     (ask,) = [a for a in stream(machine, block(ASK)) if isinstance(a, Call)]
-    machine.feed(ToolResultMessage(ask.id, "success", "yes"))
+    machine.feed(ToolResultMessage(ask.id, "success", "yes", item="out_1"))
     batch = machine.feed(ResponseDone("cancelled", USAGE))
     names = kinds(batch)
     assert names.index("Result") < names.index("ReplaceResponse") < names.index("Request")
     assert results(batch) == [{"tool": "confirm", "status": "success", "content": "yes"}]
+    # The name its client gave the answer is logged with it, early or not.
+    assert only(batch, Result).item == "out_1"
 
 
 def test_a_client_call_carries_an_id_and_runs_on_client_and_the_turn_waits() -> None:
@@ -126,8 +128,9 @@ def test_a_client_call_carries_an_id_and_runs_on_client_and_the_turn_waits() -> 
     assert only(out, AwaitClient).ids == ("call_101",)
     assert not [a for a in out if isinstance(a, RunTools)]
     assert machine.awaits_client and machine.batch.waiting == ("call_101",)
-    done = machine.feed(ToolResultMessage("call_101", "success", True))
+    done = machine.feed(ToolResultMessage("call_101", "success", True, item="out_2"))
     assert kinds(done) == ["Result", "Persist", "Request"]
+    assert only(done, Result).item == "out_2"
     assert results(done) == [{"tool": "confirm", "status": "success", "content": True}]
     assert not machine.awaits_client and machine.state is TurnState.STREAMING
 

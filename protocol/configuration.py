@@ -35,6 +35,9 @@ ShortText = Annotated[str, msgspec.Meta(max_length=512)]
 MAX_INSTRUCTIONS: Final = 32_768
 MAX_CLIENT_TOOLS: Final = 64
 MAX_METADATA: Final = 32
+VAD_MS_MAX: Final = 10_000  # the longest VAD padding or silence a session may ask for
+SERVER_VAD_TUNING: Final = ("threshold", "prefix_padding_ms", "silence_duration_ms")
+"""``InputAudio``'s settings of server VAD (the control ``vad_tuning``)."""
 
 # What a tenant's tool schemas and a model's tool args may be, checked by
 # linear code before anything compiles or walks them: a schema or
@@ -72,6 +75,10 @@ class InputAudio(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown
       says how soon) or ``none`` (the client ends its turn with ``commit``);
     - ``idle_timeout_ms`` (``server_vad``): after the model's answer, this long
       without speech makes the model speak again;
+    - ``threshold``, ``prefix_padding_ms``, ``silence_duration_ms`` (``server_vad``):
+      how loud speech must be (0-1), how much audio before the detected start the
+      turn keeps, and how long a silence ends the turn (a longer one lets a speaker
+      pause mid-sentence); unset: the provider's default (OpenAI's 0.5, 300, 500 ms);
     - ``noise_reduction``: ``near_field`` (headset), ``far_field`` (laptop,
       room) or ``off``; unset: the provider's default.
     """
@@ -81,6 +88,9 @@ class InputAudio(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown
     turn_detection: Literal["server_vad", "semantic_vad", "none"] = "server_vad"
     eagerness: Literal["low", "medium", "high", "auto"] | None = None
     idle_timeout_ms: Annotated[int, msgspec.Meta(ge=1000, le=3_600_000)] | None = None
+    threshold: Annotated[float, msgspec.Meta(ge=0, le=1)] | None = None
+    prefix_padding_ms: Annotated[int, msgspec.Meta(ge=0, le=VAD_MS_MAX)] | None = None
+    silence_duration_ms: Annotated[int, msgspec.Meta(ge=0, le=VAD_MS_MAX)] | None = None
     noise_reduction: Literal["near_field", "far_field", "off"] | None = None
 
 
@@ -161,11 +171,12 @@ def apply_change(config: SessionConfig, change: ConfigChange) -> SessionConfig |
                 "input_audio.eagerness applies to turn_detection semantic_vad only; "
                 'set "turn_detection": "semantic_vad" or leave eagerness out'
             )
-        if audio.idle_timeout_ms is not None and audio.turn_detection != "server_vad":
-            return (
-                "input_audio.idle_timeout_ms applies to turn_detection server_vad only; "
-                'set "turn_detection": "server_vad" or leave idle_timeout_ms out'
-            )
+        for name in ("idle_timeout_ms", *SERVER_VAD_TUNING):
+            if getattr(audio, name) is not None and audio.turn_detection != "server_vad":
+                return (
+                    f"input_audio.{name} applies to turn_detection server_vad only; "
+                    f'set "turn_detection": "server_vad" or leave {name} out'
+                )
     names = [tool.name for tool in updated.tools]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:

@@ -8,6 +8,7 @@ from typing import Any, Final
 import msgspec
 
 from protocol.configuration import (
+    SERVER_VAD_TUNING,
     ClientToolSpec,
     ConfigChange,
     InputAudio,
@@ -130,12 +131,16 @@ def input_audio_of(audio: AudioInput) -> InputAudio | str:
             "turn_detection.create_response and interrupt_response are always on with this "
             "gateway's voice activity detection; leave them unset"
         )
-    return InputAudio(
-        turn_detection=td.type,
-        eagerness=td.eagerness if td.type == "semantic_vad" else None,
-        idle_timeout_ms=td.idle_timeout_ms if td.type == "server_vad" else None,
-        noise_reduction=noise,
-    )
+    heard: dict[str, Any] = {"turn_detection": td.type, "noise_reduction": noise}
+    if td.type == "semantic_vad":
+        heard["eagerness"] = td.eagerness
+    else:  # server VAD's own settings, checked as a configure's are
+        for name in ("idle_timeout_ms", *SERVER_VAD_TUNING):
+            heard[name] = getattr(td, name)
+    try:
+        return msgspec.convert(heard, InputAudio)
+    except msgspec.ValidationError as exc:
+        return f"invalid session.audio.input.turn_detection: {exc}"
 
 
 def usage_of(usage: Usage) -> dict[str, Any]:

@@ -36,7 +36,7 @@ from gateway.sessions.recorder import Recorders
 from gateway.store.base import SessionMeta
 from gateway.tracing import Tracing
 from gateway.upstream.base import CONTROLS, UpstreamFactory
-from protocol.configuration import SessionConfig, decode_config, encode_config
+from protocol.configuration import SERVER_VAD_TUNING, SessionConfig, decode_config, encode_config
 from protocol.prompt import system_prompt
 from tools.allowlist import AllowList, parse_allow_list
 from tools.base import ToolContext
@@ -72,6 +72,9 @@ def controls_asked(config: SessionConfig) -> list[tuple[str, str]]:
             asked.append(("manual_turns", 'input_audio.turn_detection "none"'))
         if audio.idle_timeout_ms is not None:
             asked.append(("idle_timeout_ms", "input_audio.idle_timeout_ms"))
+        tuned = [name for name in SERVER_VAD_TUNING if getattr(audio, name) is not None]
+        if tuned:
+            asked.append(("vad_tuning", f"input_audio.{tuned[0]}"))
         if audio.noise_reduction not in (None, "off"):  # "off" is what the others do
             asked.append(("noise_reduction", "input_audio.noise_reduction"))
     if config.truncation is not None:

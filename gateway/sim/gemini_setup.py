@@ -53,6 +53,7 @@ class SetUp:
     resumed: tuple[tuple[str, str], ...] | None = None  # the turns of a session resumed
     audio_out: bool = False
     auto_vad: bool = True
+    silence_ms: int | None = None  # automaticActivityDetection.silenceDurationMs
     explicit_vad: bool = False
     input_transcription: bool = False
     output_transcription: bool = False
@@ -127,6 +128,8 @@ def accept_setup(
         if setup.realtime_input_config is not None
         else None
     )
+    if detection is not None and (problem := _detection_refusal(detection)) is not None:
+        return Refusal(1007, problem)
     declarations = [
         declaration
         for tool in setup.tools or ()
@@ -143,6 +146,7 @@ def accept_setup(
         resumed=resumed.turns if resumed is not None else None,
         audio_out=modalities != ["TEXT"],
         auto_vad=not (detection is not None and detection.disabled),
+        silence_ms=detection.silence_duration_ms if detection is not None else None,
         explicit_vad=bool(setup.explicit_vad_signal),
         input_transcription=setup.input_audio_transcription is not None,
         output_transcription=setup.output_audio_transcription is not None,
@@ -153,6 +157,32 @@ def accept_setup(
         resumption=setup.session_resumption is not None,
         thoughts=bool(thinking is not None and thinking.include_thoughts),
     )
+
+
+_SENSITIVITIES: Final = {
+    "start_of_speech_sensitivity": frozenset(
+        ("START_SENSITIVITY_UNSPECIFIED", "START_SENSITIVITY_HIGH", "START_SENSITIVITY_LOW")
+    ),
+    "end_of_speech_sensitivity": frozenset(
+        ("END_SENSITIVITY_UNSPECIFIED", "END_SENSITIVITY_HIGH", "END_SENSITIVITY_LOW")
+    ),
+}
+
+
+def _detection_refusal(detection: wire.AutomaticActivityDetection) -> str | None:
+    """What the service refuses of ``automaticActivityDetection``: a sensitivity not of
+    its enum (in Google's words for a JSON value no proto enum has), a negative
+    duration (the API's ``AutomaticActivityDetection``: docs/providers.md)."""
+    where = "setup.realtime_input_config.automatic_activity_detection"
+    for name, allowed in _SENSITIVITIES.items():
+        value = getattr(detection, name)
+        if value is not None and value not in allowed:
+            return f"Invalid value at '{where}.{name}', {str(value)[:40]!r}"
+    for name in ("prefix_padding_ms", "silence_duration_ms"):
+        value = getattr(detection, name)
+        if value is not None and value < 0:
+            return f"Invalid value at '{where}.{name}': a duration of 0 ms or more"
+    return None
 
 
 def _resume(

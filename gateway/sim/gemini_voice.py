@@ -89,7 +89,7 @@ class VoiceInput:
                 rate,
                 threshold=config.vad_threshold,
                 min_speech_ms=config.vad_min_speech_ms,
-                silence_ms=config.vad_silence_ms,
+                silence_ms=self.host.setup.silence_ms or config.vad_silence_ms,
             )
         if not self.host.setup.auto_vad:
             if self.activity is not None:

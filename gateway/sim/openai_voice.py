@@ -17,7 +17,7 @@ from typing import Final, Protocol
 
 from gateway.sim.model import SimConfig
 from gateway.sim.openai_items import ConversationHost
-from gateway.sim.openai_state import INPUT_RATE
+from gateway.sim.openai_state import DEFAULT_TURN_DETECTION, INPUT_RATE
 from gateway.sim.vad import Vad, VadStart, speech_ms
 from gateway.upstream import openai_wire as wire
 
@@ -45,7 +45,7 @@ class VoiceHost(ConversationHost, Protocol):
 class VoiceInput:
     """One connection's input audio buffer, VAD and idle timer (see the module docstring)."""
 
-    __slots__ = ("buffer", "host", "idle", "speech_item", "vad")
+    __slots__ = ("buffer", "host", "idle", "silence_ms", "speech_item", "vad")
 
     def __init__(self, host: VoiceHost, config: SimConfig) -> None:
         self.host = host
@@ -55,6 +55,7 @@ class VoiceInput:
             min_speech_ms=config.vad_min_speech_ms,
             silence_ms=config.vad_silence_ms,
         )
+        self.silence_ms = config.vad_silence_ms
         # Audio appended since the last commit (kept only without server VAD).
         self.buffer = bytearray()
         self.speech_item: str | None = None  # the item id of the speech being heard
@@ -71,6 +72,12 @@ class VoiceInput:
         if detection is None:
             self.buffer += pcm
             return
+        # A silence the session set waits that long; OpenAI's default, the node's.
+        silence = detection.silence_duration_ms
+        if silence is not None and silence != DEFAULT_TURN_DETECTION.silence_duration_ms:
+            self.vad.end_after(silence)
+        else:
+            self.vad.end_after(self.silence_ms)
         for found in self.vad.feed(pcm):
             if isinstance(found, VadStart):
                 await self._speech_started(found.offset_ms, detection)

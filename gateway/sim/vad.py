@@ -103,6 +103,10 @@ class Vad:
                 speech = (self.last_loud_end - self.start_frame) * FRAME_MS
                 events.append(VadStop(self.frames * FRAME_MS, speech))
 
+    def end_after(self, silence_ms: int) -> None:
+        """Speech ends after ``silence_ms`` of quiet from now on (a session's VAD setting)."""
+        self._silence = max(1, -(-silence_ms // FRAME_MS))
+
     def reset(self) -> None:
         """Forget any speech in progress (the buffer was committed or cleared); offsets go on."""
         self._pending.clear()

@@ -156,6 +156,8 @@ class AudioIn(msgspec.Struct, frozen=True, kw_only=True):
       the model; ``eagerness`` says how soon) or ``none`` (the session ends the
       user's turn with ``commit_audio``).
     - ``idle_timeout_ms``: server VAD speaks again after this long without speech.
+    - ``threshold``, ``prefix_padding_ms``, ``silence_duration_ms``: server VAD's
+      tuning (``protocol.configuration.InputAudio``); None: the provider's default.
     - ``noise_reduction``: ``near_field``, ``far_field``, ``off``; None: the provider's default.
     - ``transcription``: send ``Transcript`` events.
     - ``interrupt_response``: speech cancels a running response (barge-in;
@@ -166,6 +168,9 @@ class AudioIn(msgspec.Struct, frozen=True, kw_only=True):
     turn_detection: Literal["server_vad", "semantic_vad", "none"] = "server_vad"
     eagerness: str | None = None
     idle_timeout_ms: int | None = None
+    threshold: float | None = None
+    prefix_padding_ms: int | None = None
+    silence_duration_ms: int | None = None
     noise_reduction: str | None = None
     transcription: bool = True
     interrupt_response: bool = True
@@ -216,6 +221,7 @@ CONTROLS: Final[frozenset[str]] = frozenset(
     (
         "semantic_vad",
         "idle_timeout_ms",
+        "vad_tuning",  # server VAD's threshold, prefix_padding_ms, silence_duration_ms
         "noise_reduction",
         "truncation",
         "reasoning_effort",

@@ -572,9 +572,10 @@ PROVIDER: Final = Provider(
     sim=SimFlavour(),
     models=MODELS,
     price=Price(input=0.5, output=2.0, audio_input=3.0, audio_output=12.0),
-    # Automatic activity detection or manual activity signals (no semantic VAD, idle
-    # timeout, noise reduction); context compression instead of truncation; thinkingLevel.
-    controls=frozenset({"reasoning_effort", "manual_turns"}),
+    # Automatic activity detection (tuned) or manual activity signals (no semantic VAD,
+    # idle timeout, noise reduction); context compression instead of truncation;
+    # thinkingLevel.
+    controls=frozenset({"reasoning_effort", "manual_turns", "vad_tuning"}),
     extra=(
         ExtraSetting(
             "compression",

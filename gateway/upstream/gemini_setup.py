@@ -12,12 +12,15 @@ message a new connection opens with. Pure, like the conversation: no socket.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Final
 
 import msgspec
 
 from gateway.upstream import gemini_wire as wire
-from gateway.upstream.base import VoiceConfig
+from gateway.upstream.base import AudioIn, VoiceConfig
 from gateway.upstream.models import ModelFacts
+
+DEFAULT_THRESHOLD: Final = 0.5  # OpenAI's server VAD default, the door's clients' unit
 
 __all__ = ["Compression", "LiveSettings"]
 
@@ -117,16 +120,39 @@ class LiveSettings:
             session_resumption=resumption,
             context_window_compression=window,
             tools=[wire.Tool(function_declarations=declarations)] if declarations else None,
-            realtime_input_config=(
-                wire.RealtimeInputConfig(
-                    automatic_activity_detection=wire.AutomaticActivityDetection(disabled=True)
-                )
-                if self.manual_activity
-                else None
-            ),
+            realtime_input_config=_activity_detection(audio_in, manual=self.manual_activity),
             input_audio_transcription=(
                 {} if audio_in is not None and audio_in.transcription else None
             ),
             output_audio_transcription={} if audio_out is not None else None,
             explicit_vad_signal=True if audio_in is not None and not self.manual_activity else None,
         )
+
+
+def _activity_detection(
+    audio_in: AudioIn | None, *, manual: bool
+) -> wire.RealtimeInputConfig | None:
+    """``realtimeInputConfig``: activity detection off (the client's turns), or tuned as
+    the session asked (docs/providers.md, "Session controls"). Gemini has no loudness
+    threshold: a ``threshold`` above OpenAI's default 0.5 asks for louder speech (start
+    sensitivity LOW), one below it for softer (HIGH); 0.5 keeps Gemini's default."""
+    if manual:
+        return wire.RealtimeInputConfig(
+            automatic_activity_detection=wire.AutomaticActivityDetection(disabled=True)
+        )
+    if audio_in is None:
+        return None
+    threshold = audio_in.threshold
+    sensitivity = None
+    if threshold is not None and threshold != DEFAULT_THRESHOLD:
+        sensitivity = (
+            "START_SENSITIVITY_LOW" if threshold > DEFAULT_THRESHOLD else "START_SENSITIVITY_HIGH"
+        )
+    tuned = wire.AutomaticActivityDetection(
+        start_of_speech_sensitivity=sensitivity,
+        prefix_padding_ms=audio_in.prefix_padding_ms,
+        silence_duration_ms=audio_in.silence_duration_ms,
+    )
+    if tuned == wire.AutomaticActivityDetection():
+        return None
+    return wire.RealtimeInputConfig(automatic_activity_detection=tuned)

@@ -101,6 +101,9 @@ def _turn_detection(given: AudioIn) -> wire.TurnDetection | None:
         )
     return wire.TurnDetection(
         type="server_vad",
+        threshold=given.threshold,
+        prefix_padding_ms=given.prefix_padding_ms,
+        silence_duration_ms=given.silence_duration_ms,
         create_response=True,
         interrupt_response=given.interrupt_response,
         idle_timeout_ms=given.idle_timeout_ms,

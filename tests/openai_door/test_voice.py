@@ -514,3 +514,38 @@ async def test_a_refused_update_of_the_input_audio_leaves_the_default_hearing(
     assert "error" not in kinds, [e for e in events if e["type"] == "error"]
     assert "input_audio_buffer.speech_started" in kinds
     assert events[-1]["response"]["status"] == "completed"
+
+
+@pytest.mark.parametrize(("provider", "model"), [("openai", MODEL), ("gemini", "gemini-3.8-live")])
+@pytest.mark.parametrize("silence_ms", [None, 1200], ids=["default", "longer"])
+async def test_a_longer_silence_lets_the_speaker_pause_mid_turn(
+    tmp_path: Path, provider: str, model: str, silence_ms: int | None
+) -> None:
+    """``turn_detection.silence_duration_ms`` was accepted and ignored: a speaker who
+    pauses for 0.8 s was cut off at 0.5 s whatever the app asked. It now reaches the
+    provider (OpenAI's ``silence_duration_ms``, Gemini's ``silenceDurationMs``)."""
+    detection: dict[str, Any] = {"type": "server_vad", "prefix_padding_ms": 300}
+    if silence_ms is not None:
+        detection["silence_duration_ms"] = silence_ms
+    session = {
+        "type": "realtime",
+        "output_modalities": ["text"],
+        "audio": {"input": {"turn_detection": detection}},
+    }
+    pause = 0.8
+    speech = silence(0.3, RATE) + tone(0.5, RATE) + silence(pause, RATE) + tone(0.5, RATE)
+    async with voice_gateway(provider, tmp_path) as gw:
+        url = gw.url.replace("/v1/realtime", "/openai/v1/realtime") + f"?model={model}"
+        client = await RawClient.open(url, max_size=None)
+        try:
+            await client.send(type="session.update", event_id="c_vad", session=session)
+            await client.until("session.updated")
+            await speak(client, speech + silence(1.6, RATE))
+            stopped = (await client.until("input_audio_buffer.speech_stopped"))[-1]
+        finally:
+            await client.close()
+    second_tone_ends = round((0.3 + 0.5 + pause + 0.5) * 1000)
+    if silence_ms is None:  # 500 ms: the pause ended the turn
+        assert stopped["audio_end_ms"] < second_tone_ends - 500
+    else:  # the pause was part of the turn: it ends after the second tone
+        assert stopped["audio_end_ms"] >= second_tone_ends

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from gateway.common.pcm import silence
 from gateway.sim.model import Sim
 from gateway.sim.openai import RealtimeConnection
 from gateway.upstream import openai_wire as wire
@@ -95,3 +96,38 @@ async def test_settings_that_contradict_each_other_are_refused(tmp_path: Path) -
         await client.close()
     assert isinstance(error, Error) and error.code == "bad_frame"
     assert "eagerness applies to turn_detection semantic_vad only" in error.content
+
+
+async def test_server_vad_tuning_reaches_the_provider_and_is_refused_where_it_cannot(
+    tmp_path: Path,
+) -> None:
+    """``threshold``, ``prefix_padding_ms`` and ``silence_duration_ms`` go in OpenAI's
+    ``turn_detection``; with another turn detection they contradict it."""
+    tuned = {"rate": RATE, "threshold": 0.7, "prefix_padding_ms": 200, "silence_duration_ms": 900}
+    async with voice_gateway("openai", tmp_path) as gw:
+        client = await VoiceClient.connect(gw.url)
+        configured = await client.configure(input_audio=tuned)
+        # The 0.9 s of silence the session asked for ends the turn (0.8 s did not).
+        await client.stream(utterance(0.5, RATE) + silence(0.4, RATE), RATE)
+        await client.turn_end()
+        session = the_session(gw.sim)
+        await client.send(
+            {"type": "configure", "input_audio": {**tuned, "turn_detection": "semantic_vad"}}
+        )
+        [*_, contradiction] = await client.until("error")
+        await client.send({"type": "configure", "input_audio": {"threshold": 1.5}})
+        [*_, out_of_range] = await client.until("error")
+        await client.close()
+    assert isinstance(configured, Configured) and configured.config.input_audio is not None
+    assert configured.config.input_audio.silence_duration_ms == 900
+    assert session.audio is not None and session.audio.input is not None
+    detection = session.audio.input.turn_detection
+    assert isinstance(detection, wire.TurnDetection)
+    assert (detection.threshold, detection.prefix_padding_ms, detection.silence_duration_ms) == (
+        0.7,
+        200,
+        900,
+    )
+    assert isinstance(contradiction, Error) and contradiction.code == "bad_frame"
+    assert "threshold applies to turn_detection server_vad only" in contradiction.content
+    assert isinstance(out_of_range, Error) and "threshold" in out_of_range.content

@@ -1,19 +1,15 @@
 """The OpenAI door: ``ws://HOST:PORT/openai/v1/realtime?model=…`` (OpenAI's GA Realtime).
 
-A thin I/O shell around ``protocol.openai_conversation.Conversation``. A
-client of this door is admitted by the gateway's own door's checks (API key
-or client token, origin, connection limits, session ownership, resume:
-``Gateway._admit_client``), a refusal answered as the same HTTP status with
-OpenAI's error body, and is then served by the gateway's own
-``ClientConnection``, attached to the session as any client is (its writer,
-catch-up, backpressure, commands, limits, revocation), with its wire
-translated: OpenAI client events become the gateway's commands, handed to the
-connection as its own frames are; the gateway's logged events become OpenAI
-server events where the connection writes them (``DoorConnection``).
+A thin I/O shell around ``protocol.openai_conversation.Conversation``. A client is
+admitted by the gateway's own door's checks (``Gateway._admit_client``: key or token,
+origin, limits, ownership, resume; a refusal is the same HTTP status with OpenAI's error
+body), then served by the gateway's own ``ClientConnection`` (writer, catch-up,
+backpressure, commands, limits, revocation) with its wire translated: OpenAI client
+events become the gateway's commands, its logged events OpenAI server events
+(``DoorConnection``); what it refuses is logged (``door_refusals``).
 
-Credentials: ``Authorization: Bearer KEY`` (an API key or a client token),
-or a browser's ``openai-insecure-api-key.KEY`` subprotocol (the ``realtime``
-subprotocol is selected, as OpenAI's server does).
+Credentials: ``Authorization: Bearer KEY`` (an API key or a client token), or a
+browser's ``openai-insecure-api-key.KEY`` subprotocol (``realtime`` is selected, as OpenAI's).
 
 Resume (an extension of this gateway): ``?session_id=SID&after_event=EVENT_ID``
 reconnects to the session ``session.created`` named (``session.id``) and
@@ -44,6 +40,7 @@ from gateway import wsfast
 from gateway.config import Config
 from gateway.edge.closes import CloseCode
 from gateway.edge.connection import ClientConnection
+from gateway.edge.door_refusals import RefusalLog
 from gateway.edge.frame_rate import Verdict
 from gateway.sessions.policy import KeyPolicies, refusal
 from gateway.sessions.port import NodePort
@@ -363,6 +360,7 @@ class DoorConnection(ClientConnection):
         self.conversation = Conversation(sid, state.model, connection_id=self.conn_id[:10])
         self.conversation.overrides.allowed = trusted
         self._skip = state.after  # replayed up to here: not sent again
+        self.refusals = RefusalLog(sid)
         # Commands the conversation asked for as it translated (a response's overrides
         # taken back once it is done): sent in order, before the client's next ones.
         self._due: asyncio.Task[None] | None = None
@@ -376,6 +374,8 @@ class DoorConnection(ClientConnection):
                 position = Conversation.position(str(event["event_id"]))
                 if position is None or position <= skip:
                     continue
+            if event["type"] == "error":
+                self.refusals.seen(event)
             out.append(encode_frame(event))
 
     def _translate(self, frames: list[bytes]) -> list[bytes]:

@@ -12,6 +12,7 @@ import pytest
 from openai import AsyncOpenAI, BadRequestError
 from websockets.exceptions import InvalidStatus
 
+from gateway.edge.door_refusals import REFUSALS_LOGGED
 from tests.openai_door.conftest import RawClient
 from tests.openai_door.test_clear import MANUAL, RATE, _append
 from tests.support.procs import NodeProcess
@@ -349,3 +350,24 @@ async def test_a_response_create_after_the_output_of_a_cancelled_call_is_answere
         assert (await _done(client))["response"]["status"] == "completed"
     finally:
         await client.close()
+
+
+async def test_refusals_are_logged_for_the_operator_and_a_flood_of_them_is_not(
+    node: NodeProcess,
+) -> None:
+    """The door told only the client what it refused: an operator saw nothing in the
+    node's log. Each refusal is logged with its event, code and field, up to
+    ``REFUSALS_LOGGED`` a connection, then one line saying the rest are not."""
+    client = await _open(node)
+    try:
+        sid = client.events[0]["session"]["id"]
+        for n in range(REFUSALS_LOGGED + 5):
+            await client.send(type="conversation.item.retrieve", event_id=f"c_r{n}", item_id="nope")
+            await client.until("error")
+    finally:
+        await client.close()
+    node.wait_for_lines(f"session {sid}: OpenAI door: further refusals")
+    lines = [line for line in node.output if f"session {sid}: OpenAI door" in line]
+    refused = [line for line in lines if "refused event" in line]
+    assert len(refused) == REFUSALS_LOGGED and len(lines) == REFUSALS_LOGGED + 1
+    assert "c_r0" in refused[0] and "item_retrieve_invalid_item_id" in refused[0]

@@ -100,6 +100,10 @@ error instead), or the share of the window to keep when it cuts (a retention rat
 
 ReasoningEffort = Literal["minimal", "low", "medium", "high", "xhigh"]
 
+Speed = Annotated[float, msgspec.Meta(ge=0.25, le=1.5)]
+"""How fast the voice speaks, 1.0 its normal pace (OpenAI's ``audio.output.speed``:
+0.25-1.5); None: the provider's normal pace."""
+
 DtmfHandling = Literal["event", "message"]
 """A phone caller's key presses: ``event`` (a ``dtmf`` event for the session's
 clients), or ``message`` (that, and a message to the model saying which keys)."""
@@ -119,6 +123,7 @@ class SessionConfig(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unkn
     input_audio: InputAudio | None = None
     output: Literal["text", "audio"] = "text"
     voice: ShortText = ""
+    speed: Speed | None = None
     truncation: Truncation | None = None
     reasoning_effort: ReasoningEffort | None = None
     dtmf: DtmfHandling = "event"
@@ -147,6 +152,7 @@ class ConfigChange(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     input_audio: InputAudio | msgspec.UnsetType | None = msgspec.UNSET
     output: Literal["text", "audio"] | msgspec.UnsetType = msgspec.UNSET
     voice: ShortText | msgspec.UnsetType = msgspec.UNSET
+    speed: Speed | msgspec.UnsetType | None = msgspec.UNSET
     truncation: Truncation | msgspec.UnsetType | None = msgspec.UNSET
     reasoning_effort: ReasoningEffort | msgspec.UnsetType | None = msgspec.UNSET
     dtmf: DtmfHandling | msgspec.UnsetType = msgspec.UNSET

@@ -88,6 +88,8 @@ def config_change(body: SessionBody, *, model_route: tuple[str, str] | None) -> 
             return "output audio is PCM 24 kHz (audio/pcm) on this gateway"
         if out.voice is not None:
             change["voice"] = out.voice
+        if out.speed is not None:  # 1.0, the normal pace, is every provider's own
+            change["speed"] = None if out.speed == 1.0 else out.speed
     if audio is not None and audio.input is not None:
         heard = input_audio_of(audio.input)
         if isinstance(heard, str):
@@ -184,6 +186,7 @@ def session_of(config: SessionConfig, sid: str, model: str) -> dict[str, Any]:
             "output": {
                 "format": {"type": "audio/pcm", "rate": 24000},
                 **({"voice": config.voice} if config.voice else {}),
+                "speed": config.speed or 1.0,
             },
         },
     }

@@ -110,7 +110,9 @@ def voice_config(
             silence_duration_ms=audio.silence_duration_ms,
             noise_reduction=audio.noise_reduction,
         ),
-        audio_out=AudioOut(voice=config.voice, to_client=client_hears) if speaks else None,
+        audio_out=AudioOut(voice=config.voice, speed=config.speed, to_client=client_hears)
+        if speaks
+        else None,
         tools=tuple(
             FunctionTool(
                 name=t.name,

@@ -354,9 +354,10 @@ def tool_answer(name: str, output: str) -> str:
     return f"The tool {name} returned {output}."
 
 
-def voice_audio(chars: int, config: SimConfig) -> bytes:
-    """The spoken audio of ``chars`` characters: a tone, PCM16 at ``VOICE_RATE``."""
-    return tone(chars * config.audio_ms_per_char / 1000.0, VOICE_RATE)
+def voice_audio(chars: int, config: SimConfig, speed: float = 1.0) -> bytes:
+    """The spoken audio of ``chars`` characters, said at ``speed`` (1.0 the normal
+    pace): a tone, PCM16 at ``VOICE_RATE``."""
+    return tone(chars * config.audio_ms_per_char / speed / 1000.0, VOICE_RATE)
 
 
 def simulated_usage_tokens(chars: int) -> int:

@@ -442,7 +442,7 @@ class RealtimeConnection(SimConnection):
             )
             return
         if response.audio:
-            audio = voice_audio(len(chunk), self.sim.config)
+            audio = voice_audio(len(chunk), self.sim.config, self.speed)
             await self._send(self._part_event(wire.ResponseOutputAudioDelta, response, delta=audio))
             await self._send(
                 self._part_event(wire.ResponseOutputAudioTranscriptDelta, response, delta=chunk)
@@ -538,6 +538,17 @@ class RealtimeConnection(SimConnection):
         )
 
     # --- audio in (gateway.sim.openai_voice) -------------------------------------
+
+    @property
+    def speed(self) -> float:
+        """How fast the session's voice speaks (``audio.output.speed``; 1.0 normal)."""
+        audio = self.session.audio
+        out = audio.output if audio is not None else None
+        return out.speed if out is not None and out.speed else 1.0
+
+    @property
+    def ms_per_char(self) -> float:
+        return self.sim.config.audio_ms_per_char / self.speed
 
     def turn_detection(self) -> wire.TurnDetection | None:
         audio = self.session.audio

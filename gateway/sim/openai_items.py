@@ -28,6 +28,10 @@ class ConversationHost(Protocol):
 
     def _eid(self) -> str: ...
 
+    @property
+    def ms_per_char(self) -> float:
+        """Milliseconds of speech a character of an answer takes, at the session's speed."""
+
     def _new_id(self, prefix: str) -> str: ...
 
     async def _send(self, event: wire.ServerEvent) -> None: ...
@@ -174,7 +178,7 @@ class Conversation:
                 event_id=event.event_id,
             )
             return
-        duration = len(item.text) * self.sim.config.audio_ms_per_char
+        duration = len(item.text) * self.host.ms_per_char
         if event.audio_end_ms > duration:
             await self.host._error(
                 f"Audio content of {duration:.0f}ms is shorter than {event.audio_end_ms}ms.",
@@ -183,7 +187,7 @@ class Conversation:
                 event_id=event.event_id,
             )
             return
-        item.text = item.text[: int(event.audio_end_ms / self.sim.config.audio_ms_per_char)]
+        item.text = item.text[: int(event.audio_end_ms / self.host.ms_per_char)]
         self.sim.stats.truncations.append(event.audio_end_ms)
         await self.host._send(
             wire.ConversationItemTruncated(

@@ -32,6 +32,7 @@ __all__ = [
 
 # The input audio rate of the API (PCM16 mono).
 INPUT_RATE: Final = 24000
+SPEED_MIN, SPEED_MAX = 0.25, 1.5  # audio.output.speed (the SDK's RealtimeAudioConfigOutput)
 DEFAULT_TURN_DETECTION: Final = wire.TurnDetection(
     type="server_vad",
     threshold=0.5,
@@ -249,6 +250,18 @@ def session_refusal(update: wire.Session) -> tuple[str, str] | None:
                 "'far_field'.",
                 "session.audio.input.noise_reduction.type",
             )
+    output = update.audio.output if update.audio is not None else None
+    speed = output.speed if output is not None else None
+    if speed is not None and not SPEED_MIN <= speed <= SPEED_MAX:
+        bound, kind = (
+            (SPEED_MAX, "above maximum") if speed > SPEED_MAX else (SPEED_MIN, "below minimum")
+        )
+        relation = "<=" if speed > SPEED_MAX else ">="
+        return (
+            f"Invalid 'session.audio.output.speed': decimal {kind} value. Expected a value "
+            f"{relation} {bound}, but got {speed} instead.",
+            "session.audio.output.speed",
+        )
     truncation = update.truncation
     if isinstance(truncation, str) and truncation not in _TRUNCATION:
         return (

@@ -186,6 +186,7 @@ class AudioOut(msgspec.Struct, frozen=True, kw_only=True):
     """
 
     voice: str = ""
+    speed: float | None = None  # 1.0 the voice's normal pace; None: the provider's
     to_client: bool = True
 
 
@@ -222,6 +223,7 @@ CONTROLS: Final[frozenset[str]] = frozenset(
         "semantic_vad",
         "idle_timeout_ms",
         "vad_tuning",  # server VAD's threshold, prefix_padding_ms, silence_duration_ms
+        "speed",  # how fast the voice speaks
         "noise_reduction",
         "truncation",
         "reasoning_effort",

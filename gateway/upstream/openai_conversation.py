@@ -160,6 +160,7 @@ def session_update(
         audio_out = wire.AudioOutput(
             format=wire.AudioFormat(type="audio/pcm", rate=AUDIO_RATE),
             voice=voice.audio_out.voice or None,
+            speed=voice.audio_out.speed,
         )
     tools = [
         wire.FunctionTool(name=t.name, description=t.description or None, parameters=t.parameters)

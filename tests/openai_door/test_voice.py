@@ -549,3 +549,35 @@ async def test_a_longer_silence_lets_the_speaker_pause_mid_turn(
         assert stopped["audio_end_ms"] < second_tone_ends - 500
     else:  # the pause was part of the turn: it ends after the second tone
         assert stopped["audio_end_ms"] >= second_tone_ends
+
+
+async def test_the_voices_speed_is_the_providers_or_refused_where_it_has_none(
+    tmp_path: Path,
+) -> None:
+    """``audio.output.speed`` was taken and dropped. LiveKit's plugin sends 1.0 on every
+    session.update: the normal pace is every provider's, so Gemini takes it too."""
+
+    def speed(value: float) -> dict[str, Any]:
+        return {"type": "realtime", "audio": {"output": {"voice": "alloy", "speed": value}}}
+
+    async with voice_gateway("openai", tmp_path) as gw:
+        client = await RawClient.open(door(gw.url), max_size=None)
+        try:
+            await client.send(type="session.update", session=speed(1.3))
+            updated = (await client.until("session.updated"))[-1]
+        finally:
+            await client.close()
+    # What the provider is then sent: tests/voice/test_session_controls.py.
+    assert updated["session"]["audio"]["output"]["speed"] == 1.3
+    async with voice_gateway("gemini", tmp_path) as gw:
+        url = gw.url.replace("/v1/realtime", "/openai/v1/realtime") + "?model=gemini-3.8-live"
+        client = await RawClient.open(url, max_size=None)
+        try:
+            await client.send(type="session.update", session=speed(1.0))
+            normal = (await client.until("session.updated"))[-1]
+            await client.send(type="session.update", event_id="c_fast", session=speed(1.3))
+            refused = (await client.until("error"))[-1]["error"]
+        finally:
+            await client.close()
+    assert normal["session"]["audio"]["output"]["speed"] == 1.0
+    assert refused["event_id"] == "c_fast" and "provider gemini" in refused["message"]

@@ -131,3 +131,37 @@ async def test_server_vad_tuning_reaches_the_provider_and_is_refused_where_it_ca
     assert isinstance(contradiction, Error) and contradiction.code == "bad_frame"
     assert "threshold applies to turn_detection server_vad only" in contradiction.content
     assert isinstance(out_of_range, Error) and "threshold" in out_of_range.content
+
+
+async def test_a_faster_voice_speaks_the_same_answer_in_less_audio(tmp_path: Path) -> None:
+    """``speed`` (OpenAI's ``audio.output.speed``, 0.25-1.5) was not a setting at all; a
+    provider without it (Gemini) refuses it by name."""
+
+    async def spoken(client: VoiceClient) -> int:
+        before = len(client.audio)
+        await client.send({"type": "user", "content": "the same words"})
+        await client.turn_end()
+        return sum(len(pcm) for _, pcm in client.audio[before:])
+
+    async with voice_gateway("openai", tmp_path) as gw:
+        client = await VoiceClient.connect(gw.url)
+        await client.configure(output="audio")
+        normal = await spoken(client)
+        configured = await client.configure(speed=1.5)
+        fast = await spoken(client)
+        session = the_session(gw.sim)
+        await client.send({"type": "configure", "speed": 2})
+        [*_, out_of_range] = await client.until("error")
+        await client.close()
+    assert isinstance(configured, Configured) and configured.config.speed == 1.5
+    assert session.audio is not None and session.audio.output is not None
+    assert session.audio.output.speed == 1.5
+    assert 0 < fast < normal * 0.75  # 1/1.5 of it, give or take a frame
+    assert isinstance(out_of_range, Error) and "speed" in out_of_range.content
+    async with voice_gateway("gemini", tmp_path) as gw:
+        client = await VoiceClient.connect(gw.url)
+        await client.send({"type": "configure", "output": "audio", "speed": 1.2})
+        [*_, refused] = await client.until("error")
+        await client.close()
+    assert isinstance(refused, Error) and "provider gemini" in refused.content
+    assert "speed" in refused.content

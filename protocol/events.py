@@ -63,6 +63,8 @@ __all__ = [
     "Ping",
     "Played",
     "Pong",
+    "ReplyNow",
+    "Replying",
     "Respond",
     "Result",
     "ResultPayload",
@@ -152,6 +154,13 @@ class User(_Base, tag="user"):
     source: Literal["audio"] | msgspec.UnsetType = msgspec.UNSET
     reply_to: str | msgspec.UnsetType = msgspec.UNSET
     item: str | msgspec.UnsetType = msgspec.UNSET
+
+
+class Replying(_Base, tag="reply"):
+    """A turn started with no new user message (``reply``): the model answers the
+    conversation as it is (a greeting from its instructions, a follow-up)."""
+
+    reply_to: str | msgspec.UnsetType = msgspec.UNSET
 
 
 class SpeechStarted(_Base, tag="speech_started"):
@@ -386,6 +395,7 @@ class Session(_Base, tag="session"):
 Event = (
     Session
     | User
+    | Replying
     | Configured
     | Think
     | Call
@@ -435,6 +445,14 @@ class UserMessage(msgspec.Struct, tag_field="type", tag="user"):
     content: str
     id: CommandId | msgspec.UnsetType = msgspec.UNSET
     item: ItemId | msgspec.UnsetType = msgspec.UNSET
+
+
+class ReplyNow(msgspec.Struct, tag_field="type", tag="reply"):
+    """Start a turn with no new user message: the model answers the conversation as it
+    is (its instructions, what was said). Logged as ``reply``; refused as a user
+    message is while a turn runs."""
+
+    id: CommandId | msgspec.UnsetType = msgspec.UNSET
 
 
 class Cancel(msgspec.Struct, tag_field="type", tag="cancel"):
@@ -524,7 +542,7 @@ class Configure(ConfigChange, frozen=True, tag_field="type", tag="configure"):
     id: CommandId | msgspec.UnsetType = msgspec.UNSET
 
 
-TurnCommand = UserMessage | Cancel | ToolResultMessage | Approve | Commit | Played
+TurnCommand = UserMessage | ReplyNow | Cancel | ToolResultMessage | Approve | Commit | Played
 """The client messages the session's turn machine takes as they are (each an input of
 ``protocol.turn_events.TurnInput``, with its row in ``protocol.turn_table``)."""
 
@@ -539,7 +557,16 @@ CLIENT_MESSAGE_TYPES: Final[tuple[str, ...]] = tuple(
 
 
 _Answer = typing.TypeVar(
-    "_Answer", Error, Pong, User, Cancelled, Configured, Approval, Forgotten, AudioCleared
+    "_Answer",
+    Error,
+    Pong,
+    User,
+    Replying,
+    Cancelled,
+    Configured,
+    Approval,
+    Forgotten,
+    AudioCleared,
 )
 
 

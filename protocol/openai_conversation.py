@@ -14,13 +14,12 @@ an open message, is one delta event) and the object the door and its subclass
 ``protocol.openai_ids``; the items shown (retrieved, deleted), ``protocol.openai_items``.
 
 The mapping, whole, is docs/openai-door.md's "The mapping": ``session.update`` →
-``configure`` (the logged ``configured`` → ``session.created``/``updated``); a user
-message is held until ``response.create`` sends it as the turn's ``user``; ``respond``
-chunks → a response's message item; a ``call`` the client runs → a ``function_call``
-item and ``response.done``, its output → ``tool_result`` (the logged ``result`` → the
-output item) and the gateway's turn goes on by itself; ``end`` + ``metric`` →
-``response.done``; ``cancelled`` → a cancelled one; an ``error`` → ``error``.
-"""
+``configure`` (``configured`` → ``session.created``/``updated``); a user message is
+shown, held until ``response.create`` sends it as the turn's ``user`` (none held: a
+``reply``); ``respond`` chunks → a message item; a ``call`` the client runs → a
+``function_call`` item and ``response.done``, its output → ``tool_result`` (``result``
+→ the output item) and the turn goes on by itself; ``end`` + ``metric`` →
+``response.done``; ``cancelled`` → a cancelled one; ``error`` → ``error``."""
 
 from __future__ import annotations
 
@@ -39,6 +38,7 @@ from protocol.events import (
     Guardrail,
     Interrupt,
     Metric,
+    Replying,
     Respond,
     Result,
     Session,
@@ -220,10 +220,7 @@ class Conversation:
             ref = event.reply_to
             named = ref if isinstance(ref, str) and ref in self.requests.named else None
             out = [self.error(blocked, code="guardrail_blocked", event_id=named)]
-            for iid in self.requests.typed.taken(ref) or ():  # shown, never the model's
-                self.shown.drop(iid)
-                out.append(self.ids.event("conversation.item.deleted", item_id=iid))
-            return out
+            return out + [self._take_back(i) for i in self.requests.typed.taken(ref) or ()]
         match event:
             case Session():
                 return []
@@ -268,6 +265,11 @@ class Conversation:
                     return []
                 given = user_item if isinstance(user_item, str) else None
                 return self._user(event.seq, content, spoken=source == "audio", item=given)
+            case Replying(reply_to=ref):  # a turn with no new message: nothing to show
+                self.requests.typed.taken(ref)
+                self.requests.user_logged(spoken=False)
+                self._user_turn(event.seq)
+                return []
             case Forgotten(first=first, last=last):
                 return self._forgotten(first, last)
             case AudioCleared():
@@ -328,17 +330,24 @@ class Conversation:
                 reply, requests.pending_reply = requests.pending_reply, None
                 if isinstance(ref, str) and ref in requests.named:
                     reply = ref
-                if requests.refused(ref if isinstance(ref, str) else None, code):
+                busy, gone = requests.refused(ref if isinstance(ref, str) else None, code)
+                if busy:
                     code, content = BUSY_CODE, BUSY
                 elif code == "no_turn":  # a response.cancel with nothing running: OpenAI's
                     code, content = NOT_ACTIVE_CODE, NOT_ACTIVE
                 out = [self.ids.error(content, code=code, event_id=reply)]
+                out += [self._take_back(iid) for iid in gone]
                 if isinstance(ref, str) and not self.ids.seq:  # a reply: a tool output's?
                     out += requests.output_refused(ref)
                 if self._response is not None and self.ids.seq:  # logged: the turn failed
                     out = [*self._done("failed", error=content), *out]
                 return out
         return []
+
+    def _take_back(self, iid: str) -> ServerEvent:
+        """A message shown when created that never reached the model: deleted."""
+        self.shown.drop(iid)
+        return self.ids.event("conversation.item.deleted", item_id=iid)
 
     def _forgotten(self, first: int, last: int) -> list[ServerEvent]:
         self.requests.pending_reply = None

@@ -29,6 +29,7 @@ from protocol.events import (
     Configure,
     Forget,
     Played,
+    ReplyNow,
     ToolResultMessage,
     UserMessage,
 )
@@ -88,6 +89,7 @@ BUSY = (
 
 Command = (
     UserMessage
+    | ReplyNow
     | Cancel
     | Configure
     | ToolResultMessage
@@ -284,54 +286,60 @@ class ClientRequests:
         return self._refusal("unsupported event", eid)  # pragma: no cover - the match is total
 
     def _respond(self, made: Overrides | None, eid: str | None) -> Emit:
-        """``response.create`` (its overrides checked): the held user text as the turn's
-        message, nothing (after a function_call_output), or a refusal."""
+        """``response.create`` (its overrides checked): a turn of its own (the held user
+        text as its message, or none: the model answers the conversation as it is, as
+        OpenAI's service does, a greeting from the instructions), nothing (after a
+        function_call_output or a commit: the turn goes on), or a refusal."""
         change = made.change if made is not None else None
         typed = self.typed
-        if self.turn_open and (typed.held or not self.continues):
+        busy = self.turn_open or typed.sent is not None  # a turn runs, or was just asked
+        if busy and (typed.held or not self.continues):
             # As OpenAI's service answers: the items created stay, for the next response.
             return Emit([], [self.ids.error(BUSY, code=BUSY_CODE, event_id=eid)])
         metadata = made.metadata if made is not None else None
-        if typed.held:
+        if typed.held or self.continues is None:
             self.continues = None  # this create starts a turn of its own
             self.pending_reply = eid
-            # A refusal of the message names it, whether the client named it or not.
-            said_id = self._command_id(eid, "said")
-            text, first = typed.send(said_id)
-            said = UserMessage(content=text, id=said_id, item=first)
+            # A refusal of the turn names it, whether the client named it or not.
+            turn: Command
+            if typed.held:
+                said_id = self._command_id(eid, "said")
+                text, first = typed.send(said_id)
+                turn = UserMessage(content=text, id=said_id, item=first)
+            else:
+                said_id = self._command_id(eid, "reply")
+                typed.send_reply(said_id)
+                turn = ReplyNow(id=said_id)
             self.overrides.ask(metadata)  # this create's response's, and no other's
             if change is None:
-                return Emit([said], [])
+                return Emit([turn], [])
             self.overrides.start(change)
-            return Emit([change, said], [])
-        # Past the held message, what the session has anyway is no override (pipecat
-        # sends its session's output_modalities with the create after an output).
+            return Emit([change, turn], [])
+        # The gateway's turn already goes on (after a function_call_output or a commit
+        # of audio): what the session has anyway is no override (pipecat sends its
+        # session's output_modalities with the create after an output).
         if change is not None and not changes_nothing(change, self.overrides.config):
             return self._refusal(
-                "instructions, tools and output of a response are set with the user "
-                "message that starts it on this gateway: after a function_call_output "
-                "or a commit of audio the answer goes on with the session's; send "
+                "instructions, tools and output of a response are set with the response "
+                "that starts a turn on this gateway: after a function_call_output or a "
+                "commit of audio the answer goes on with the session's; send "
                 "response.create without them",
                 eid,
                 "response",
             )
-        if self.continues is not None:  # the gateway's turn already goes on
-            self.swallowed, self.continues = (self.continues, eid), None
-            if self.turn_open and self.responding is None:  # its answer is still to come
-                self.overrides.ask(metadata)
-            return Emit([], [])
-        return self._refusal(
-            "response.create needs a user message first on this gateway "
-            "(conversation.item.create with role 'user'), or a function_call_output",
-            eid,
-        )
+        self.swallowed, self.continues = (self.continues, eid), None
+        if self.turn_open and self.responding is None:  # its answer is still to come
+            self.overrides.ask(metadata)
+        return Emit([], [])
 
-    def refused(self, command_id: str | None, code: str) -> bool:
-        """The session refused the command ``command_id`` with ``code``. True when it
-        was the user text a response.create sent, refused for a turn already running:
-        the text is held again (for the next response.create), and the refusal is
-        OpenAI's (``BUSY``)."""
-        return code == "turn_active" and self.typed.refused(command_id)
+    def refused(self, command_id: str | None, code: str) -> tuple[bool, list[str]]:
+        """The session refused the command ``command_id`` with ``code``: whether the
+        refusal is OpenAI's ``BUSY`` (the turn a response.create sent, refused for one
+        already running: its messages held again), and the messages it carried that
+        never reach the model (refused otherwise), to be taken back."""
+        busy = code == "turn_active"
+        gone = self.typed.refused(command_id, busy=busy)
+        return busy and gone is not None, gone or []
 
     def output_refused(self, call: str) -> list[ServerEvent]:
         """The session refused the output of ``call`` (its turn was over): the

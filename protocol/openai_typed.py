@@ -64,6 +64,11 @@ class TypedItems:
         self.sent = (command_id, items)
         return JOINED.join(text for _, text in items), items[0][0]
 
+    def send_reply(self, command_id: str) -> None:
+        """A ``response.create`` with nothing held sent a turn with no message
+        (``reply``): ``sent`` names it (it carries no item) until logged or refused."""
+        self.sent = (command_id, [])
+
     def taken(self, command_id: object) -> list[str] | None:
         """The session logged the message of ``command_id``: the ids of the items it
         carries, if it was the one sent from here (already shown: not shown again)."""
@@ -73,15 +78,19 @@ class TypedItems:
         self.sent = None
         return [iid for iid, _ in sent[1]]
 
-    def refused(self, command_id: object) -> bool:
-        """The session refused the sent message for a turn already running: held again,
-        ahead of what was created since, for the next ``response.create``."""
+    def refused(self, command_id: object, *, busy: bool) -> list[str] | None:
+        """The session refused the turn sent (``command_id``); None if it was not that.
+        ``busy`` (a turn already runs): its messages are held again, ahead of what was
+        created since, for the next ``response.create`` (``[]``). Otherwise (a quota, a
+        policy) they never reach the model: their ids, to be taken back."""
         sent = self.sent
         if sent is None or command_id != sent[0]:
-            return False
-        self.held[:0] = sent[1]
+            return None
         self.sent = None
-        return True
+        if busy:
+            self.held[:0] = sent[1]
+            return []
+        return [iid for iid, _ in sent[1]]
 
 
 def id_refusal(iid: str) -> tuple[str, str] | None:

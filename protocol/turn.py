@@ -71,6 +71,7 @@ from protocol.events import (
     Event,
     Interrupt,
     Metric,
+    Replying,
     Respond,
     Think,
     Usage,
@@ -90,6 +91,7 @@ from protocol.turn_events import (
     Persist,
     Refuse,
     ReplaceResponse,
+    ReplyNow,
     Request,
     ResponseDone,
     Source,
@@ -180,7 +182,8 @@ class TurnMachine(VoiceSteps, RecoverySteps):
         self.meter = UsageMeter(total)
         self.max_steps = max_steps
         self.upstream_retries = upstream_retries
-        self._queued: UserMessage | None = None  # a message sent while the turn was closing
+        # A message (or a reply asked for) sent while the turn was closing.
+        self._queued: UserMessage | ReplyNow | None = None
         self._recorder = StepRecorder()
         self._chunk = self._recorder.chunk
         self._parser = Parser()
@@ -304,10 +307,14 @@ class TurnMachine(VoiceSteps, RecoverySteps):
             return NOTHING
         return out
 
-    def _user(self, given: UserMessage) -> Sequence[Action]:
+    def _user(self, given: UserMessage | ReplyNow) -> Sequence[Action]:
+        """A user message starts a turn with it; ``reply``, one with no new message."""
         state = self.state
-        text = given.content
         if state is IDLE:
+            if type(given) is ReplyNow:
+                return self._begin([Replying(reply_to=given.id)], None)
+            assert type(given) is UserMessage
+            text = given.content
             return self._begin(
                 [
                     User(content=text, reply_to=given.id, item=given.item),

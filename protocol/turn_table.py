@@ -33,6 +33,7 @@ from protocol.turn_events import (
     Opened,
     Played,
     Reconfigured,
+    ReplyNow,
     Rerun,
     ResponseBegan,
     ResponseDone,
@@ -100,6 +101,9 @@ ROWS: Final = (
     _row(UserMessage, lambda m, i: m._user(i),
          idle=(STREAMING,), streaming=stays, stopping=stays, ending=stays,
          tools=stays, backoff=stays, cancelling=stays),  # queued or refused
+    _row(ReplyNow, lambda m, i: m._user(i),
+         idle=(STREAMING,), streaming=stays, stopping=stays, ending=stays,
+         tools=stays, backoff=stays, cancelling=stays),  # as a user message, with none
     _row(Cancel, lambda m, i: m._cancel(),
          idle=stays, streaming=(CANCELLING,), stopping=(CANCELLING,), ending=stays,
          tools=CLOSES, backoff=CLOSES, cancelling=stays),

@@ -47,7 +47,7 @@ from gateway.sessions.port import NodePort
 from gateway.upstream import providers
 from protocol.audio import split_audio_frame
 from protocol.configuration import SessionConfig
-from protocol.events import Configure, Session, UserMessage, decode_event
+from protocol.events import Configure, ReplyNow, Session, UserMessage, decode_event
 from protocol.openai_audio import APPEND_SLICE, NOT_BASE64, append_pcm, append_pcm_slices
 from protocol.openai_conversation import Command, Conversation, Emit, ServerEvent
 from protocol.openai_events import (
@@ -568,7 +568,7 @@ class DoorConnection(ClientConnection):
                     await self.mic.send(command)
             else:
                 await self._handle(_command_encoder.encode(command).decode())
-                if isinstance(command, UserMessage):  # a turn: where the key stands now
+                if isinstance(command, UserMessage | ReplyNow):  # a turn: the key's limits now
                     limits = await self.node.limits.standing(self.sid)
                     if limits:
                         emit.events.append(self.conversation.rate_limits(limits))

@@ -49,6 +49,8 @@ from protocol.events import (
     Forgotten,
     Ping,
     Played,
+    Replying,
+    ReplyNow,
     ToolResultMessage,
     User,
     UserMessage,
@@ -141,7 +143,7 @@ class Sender(Protocol):
 # must not see.
 
 
-def _message(message: UserMessage, session: SessionCommands) -> TurnInput | Error:
+def _message(message: UserMessage | ReplyNow, session: SessionCommands) -> TurnInput | Error:
     # After the model's <end> or a cancel the turn only waits for its usage: a
     # message sent then starts right after it (the machine queues it).
     return Error(code="internal", content=CLOSING) if session.closed else message
@@ -225,6 +227,7 @@ class CommandSpec:
 
 COMMANDS: Final[dict[type, CommandSpec]] = {
     UserMessage: CommandSpec("message", _message, confirms=User, records=True, turn=True),
+    ReplyNow: CommandSpec("reply", _message, confirms=Replying, records=True, turn=True),
     Cancel: CommandSpec("cancel", _as_is, interrupts=True, confirms=Cancelled),
     ToolResultMessage: CommandSpec("tool_result", _tool_result),
     Configure: CommandSpec("configure", None, who="api_key", confirms=Configured, records=True),

@@ -17,6 +17,7 @@ from protocol.events import (
     Error,
     Execute,
     Metric,
+    Replying,
     Respond,
     Result,
     Think,
@@ -50,6 +51,23 @@ async def test_a_plain_turn_streams_think_then_response(gateway: Gateway) -> Non
     metric = events[-1]
     assert isinstance(metric, Metric) and metric.step.output > 0 and metric.total == metric.step
     assert all(e.timestamp > 0 for e in events)
+    assert_contiguous(client)
+    await client.close()
+
+
+async def test_a_reply_is_a_turn_the_model_starts_on_the_conversation_as_it_is(
+    gateway: Gateway,
+) -> None:
+    """``{"type": "reply"}``: no new user message (a greeting, a follow-up); the model
+    answers what it has. Logged as ``reply``, naming the command; a turn like any."""
+    client = await GatewayClient.connect(gateway.url)
+    await client.turn("hello there")
+    await client.send({"type": "reply", "id": "r-1"})
+    events = await client.until_type("metric")
+    assert isinstance(events[0], Replying) and events[0].reply_to == "r-1"
+    assert not [e for e in events if isinstance(e, User)]  # no new message
+    assert text_of(events, "respond")  # the model answered the conversation
+    assert isinstance(events[-2], End)
     assert_contiguous(client)
     await client.close()
 

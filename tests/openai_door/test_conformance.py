@@ -76,9 +76,9 @@ async def test_every_server_event_validates_and_ids_are_unique(
         await client.send(type="no.such.event", event_id="c_3")
         error = (await client.until("error"))[-1]
         assert error["error"]["event_id"] == "c_3" and error["error"]["param"] == "type"
-        await client.send(type="response.create", event_id="c_4", response={"instructions": "x"})
+        await client.send(type="response.create", event_id="c_4", response={"conversation": "none"})
         error = (await client.until("error"))[-1]
-        assert error["error"]["event_id"] == "c_4" and "instructions" in error["error"]["message"]
+        assert error["error"]["event_id"] == "c_4" and "conversation" in error["error"]["message"]
     finally:
         await client.close()
     kinds = Counter(e["type"] for e in client.events)

@@ -180,3 +180,40 @@ async def test_items_named_by_the_client_keep_their_names_through_a_resume(
         assert (await resumed.until("conversation.item.deleted"))[-1]["item_id"] == name
     finally:
         await resumed.close()
+
+
+@pytest.mark.parametrize("model", MODELS)
+async def test_a_response_create_with_nothing_new_is_a_greeting_from_the_instructions(
+    node: NodeProcess, model: str
+) -> None:
+    """LiveKit's ``generate_reply(instructions="Greet the user.")`` and pipecat's run of a
+    context with no user message send ``response.create`` with no new item: OpenAI's
+    service answers the conversation as it is; the door refused it ("needs a user
+    message first"), so neither framework's agent could speak first."""
+    client = await RawClient.open(f"{node.base}/openai/v1/realtime?model={model}")
+    try:
+        await client.until("session.created")
+        await client.text_session()
+        await client.send(
+            type="response.create",
+            event_id="c_greet",
+            response={"instructions": "Greet the user.", "metadata": {"why": "greeting"}},
+        )
+        await client.send(type="response.create", event_id="c_again")  # while it runs
+        answer = await client.until("response.done")
+        # Then the conversation goes on with a typed turn, as after any answer.
+        await client.user("hello")
+        await client.send(type="response.create")
+        second = await client.until("response.done")
+    finally:
+        await client.close()
+    busy = [e["error"] for e in answer if e["type"] == "error"]
+    assert [(b["code"], b["event_id"]) for b in busy] == [
+        ("conversation_already_has_active_response", "c_again")
+    ]
+    done = answer[-1]["response"]
+    assert done["status"] == "completed" and done["metadata"] == {"why": "greeting"}
+    assert done["output"] and done["output"][0]["role"] == "assistant"
+    assert not [e for e in answer if e.get("item", {}).get("role") == "user"]  # no user item
+    assert second[-1]["response"]["status"] == "completed"
+    assert "hello" in json.dumps(second[-1]["response"]["output"])

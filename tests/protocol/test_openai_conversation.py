@@ -23,6 +23,7 @@ from protocol.events import (
     Forget,
     Forgotten,
     Metric,
+    ReplyNow,
     Respond,
     Result,
     SpeechStarted,
@@ -371,8 +372,9 @@ def test_a_message_refused_for_a_running_turn_is_held_again_named_or_not() -> No
 def test_a_response_create_after_a_refused_call_output_is_answered() -> None:
     """A call's output sent as its turn was cancelled is refused by the session; the
     response.create after it was swallowed as the turn's going on (no response, no
-    error). Either the door saw the turn end first (refused at once) or the session's
-    refusal of the output names the create."""
+    error). If the door saw the turn end first, the create starts a turn of its own
+    (the model answers the conversation as it is, as OpenAI's service does); if not,
+    the session's refusal of the output names the create."""
     call = Call(seq=2, content='{"name": "f", "args": {}}', id="call_1", runs_on="client")
     output = {"type": "function_call_output", "call_id": "call_1", "output": "{}"}
     for cancel_seen_first in (True, False):
@@ -381,11 +383,13 @@ def test_a_response_create_after_a_refused_call_output_is_answered() -> None:
         if cancel_seen_first:
             feed(conv, Cancelled(seq=3, content="cancelled"))
         client(conv, type="conversation.item.create", event_id="c_out", item=output)
-        _, events = client(conv, type="response.create", event_id="c_go")
-        if not cancel_seen_first:
-            assert events == []  # the turn goes on, as far as the door knows
-            feed(conv, Cancelled(seq=3, content="cancelled"))
-            events = feed(conv, Error(code="unknown_call", content="gone", reply_to="call_1"))
+        commands, events = client(conv, type="response.create", event_id="c_go")
+        if cancel_seen_first:
+            assert commands == [ReplyNow(id="c_go")] and events == []
+            continue
+        assert events == []  # the turn goes on, as far as the door knows
+        feed(conv, Cancelled(seq=3, content="cancelled"))
+        events = feed(conv, Error(code="unknown_call", content="gone", reply_to="call_1"))
         refusals = [e["error"]["event_id"] for e in events if e["type"] == "error"]
         assert "c_go" in refusals, events
 
@@ -472,7 +476,7 @@ USAGE = Usage(input=1, output=1)
 def test_a_commit_whose_create_never_came_leaves_the_next_create_its_own() -> None:
     """A commit's answer swallows the response.create that follows it, but only for
     that turn: once another user turn is logged, or turn detection is back on, a bare
-    response.create is answered as before (it needs a user message first)."""
+    response.create starts a turn of its own (with no new message)."""
     manual = {"type": "realtime", "audio": {"input": {"turn_detection": None}}}
     vad = {"type": "realtime", "audio": {"input": {"turn_detection": {"type": "server_vad"}}}}
     second = base64.b64encode(bytes(2 * 24000)).decode()
@@ -490,8 +494,8 @@ def test_a_commit_whose_create_never_came_leaves_the_next_create_its_own() -> No
             feed(
                 conv, User(seq=4, content="hi"), End(seq=5), Metric(seq=6, step=USAGE, total=USAGE)
             )
-        _, events = client(conv, type="response.create", event_id="c_late")
-        assert [e["error"]["event_id"] for e in events if e["type"] == "error"] == ["c_late"]
+        commands, events = client(conv, type="response.create", event_id="c_late")
+        assert commands == [ReplyNow(id="c_late")] and events == []
 
 
 def test_speech_tagged_with_an_event_not_shown_goes_before_the_next_one() -> None:

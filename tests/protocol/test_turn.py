@@ -21,6 +21,8 @@ from protocol.events import (
     Execute,
     Interrupt,
     Metric,
+    Replying,
+    ReplyNow,
     Respond,
     Result,
     Think,
@@ -554,3 +556,21 @@ def test_any_order_of_inputs_keeps_the_end_of_turn_rule(
         if isinstance(given_input, Shutdown):
             open_turn = closing = False  # the session stops: nothing more is written
         assert machine.idle == (not open_turn), (machine.state, open_turn)
+
+
+def test_a_reply_starts_a_turn_with_no_new_message_and_waits_like_one() -> None:
+    """``reply``: the model answers the conversation as it is (a greeting): the turn
+    logs ``reply`` (naming the command) and asks the model with no message; while a
+    turn runs it is refused, and while one closes it waits for it, as a message does."""
+    machine = TurnMachine()
+    actions = machine.feed(ReplyNow(id="r-1"))
+    assert kinds(actions) == ["TurnStarted", "Replying", "Request"]
+    assert only(actions, Replying).reply_to == "r-1"
+    assert only(actions, Request).message is None
+    assert not [a for a in actions if isinstance(a, Persist)]  # history gains nothing
+    assert only(machine.feed(ReplyNow(id="r-2")), Refuse).error.code == "turn_active"
+    stream(machine, "Hello there.<end>")
+    assert not machine.feed(ReplyNow(id="r-3"))  # held: the turn ends
+    done = machine.feed(ResponseDone("completed", USAGE))
+    assert only(done, Replying).reply_to == "r-3"
+    assert machine.state is TurnState.STREAMING

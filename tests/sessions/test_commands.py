@@ -28,6 +28,7 @@ from protocol.events import (
     End,
     Error,
     Played,
+    ReplyNow,
     ToolResultMessage,
     User,
     UserMessage,
@@ -187,9 +188,9 @@ async def test_admit_checks_who_may_send_each_command_beside_its_row() -> None:
     assert await admit(Cancel(), draining) is None  # only a new turn is refused while draining
 
 
-def test_only_configure_needs_an_api_key_and_only_a_message_starts_a_turn() -> None:
+def test_only_configure_needs_an_api_key_and_only_a_message_or_a_reply_starts_a_turn() -> None:
     assert [k for k, spec in COMMANDS.items() if spec.who == "api_key"] == [Configure]
-    assert [k for k, spec in COMMANDS.items() if spec.turn] == [UserMessage]
+    assert [k for k, spec in COMMANDS.items() if spec.turn] == [UserMessage, ReplyNow]
 
 
 def test_only_approve_needs_the_right_to_approve_and_only_cancel_interrupts() -> None:

@@ -378,6 +378,7 @@ function receive(ev, logged) {
     conn.events.push(ev);
     switch (ev.type) {
       case "user":
+      case "reply": // a turn with no new message: the model answers what it has
         conn.awaitingEcho = false;
         voice.newAnswer();
         setRunning(true);

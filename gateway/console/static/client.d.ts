@@ -12,7 +12,11 @@ export interface SessionEvent extends EventBase {
   provider: string;
   node: string;
 }
-export interface UserEvent extends EventBase { type: "user"; content: string; source?: "audio"; reply_to?: string }
+export interface UserEvent extends EventBase {
+  type: "user"; content: string; source?: "audio"; reply_to?: string; item?: string;
+}
+/** A turn started with no new user message (the `reply` command). */
+export interface ReplyEvent extends EventBase { type: "reply"; reply_to?: string }
 export interface ThinkEvent extends EventBase { type: "think"; content: string; seq_from?: number }
 export interface RespondEvent extends EventBase { type: "respond"; content: string; seq_from?: number }
 export interface CallEvent extends EventBase {
@@ -117,7 +121,7 @@ export interface SpeechStartedEvent extends EventBase {
 export interface SpeechStoppedEvent extends EventBase { type: "speech_stopped"; offset_ms: number }
 
 export type GatewayEvent =
-  | UserEvent | ThinkEvent | CallEvent | ExecuteEvent | ResultEvent | RespondEvent
+  | UserEvent | ReplyEvent | ThinkEvent | CallEvent | ExecuteEvent | ResultEvent | RespondEvent
   | EndEvent | MetricEvent | ErrorEvent | InterruptEvent | CancelledEvent
   | ConfiguredEvent | SpeechStartedEvent | SpeechStoppedEvent
   | ApprovalRequiredEvent | ApprovalEvent | GuardrailEvent;

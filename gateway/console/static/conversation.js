@@ -136,6 +136,7 @@ export class Conversation {
     }
     switch (ev.type) {
       case "user":
+      case "reply":
         this.startTurn(ev);
         break;
       case "think":
@@ -207,12 +208,14 @@ export class Conversation {
       this.root.append(article);
     }
     article.classList.remove("pending");
-    const bubble = article.querySelector(".user") ?? article.appendChild(h("div", { class: "user" }));
-    bubble.className = spoken ? "user spoken" : "user";
-    bubble.replaceChildren(
-      h("span", { class: "who" }, spoken ? [icon("mic"), " You said"] : "You"),
-      h("p", { class: "user-text" }, ev.content),
-    );
+    if (ev.type === "user") { // a reply's turn has no message of the user's
+      const bubble = article.querySelector(".user") ?? article.appendChild(h("div", { class: "user" }));
+      bubble.className = spoken ? "user spoken" : "user";
+      bubble.replaceChildren(
+        h("span", { class: "who" }, spoken ? [icon("mic"), " You said"] : "You"),
+        h("p", { class: "user-text" }, ev.content),
+      );
+    }
     const footer = h("footer", { class: "turn-stats" });
     article.append(footer);
     this.turn = article;

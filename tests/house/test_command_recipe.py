@@ -99,7 +99,7 @@ def _recipe(root: Path) -> None:
     # (2) the machine's handler.
     turn = root / "protocol/turn.py"
     edit(turn, "    def _native_call(", HANDLER + "    def _native_call(")
-    edit(turn, "    Metric,\n    Respond,\n", "    Metric,\n    Note,\n    Noted,\n    Respond,\n")
+    edit(turn, "    Metric,\n", "    Metric,\n    Note,\n    Noted,\n")
     # (3) its row in the turn table.
     table = root / "protocol/turn_table.py"
     edit(

@@ -1,11 +1,10 @@
 """The simulator's model, knobs and server plumbing, shared by both wire flavours.
 
-The simulator exists so the adapters, the gateway and the official SDKs are
-tested end to end over real sockets against a deterministic "model". It
-speaks two wire protocols — OpenAI Realtime (``gateway.sim.openai``) and Gemini Live
-(``gateway.sim.gemini``) — with ONE behaviour, defined here, so the same
-scripted conversation gives the same text on either provider and a
-conformance test can compare them:
+The simulator exists so the adapters, the gateway and the official SDKs are tested
+end to end over real sockets against a deterministic "model". It speaks two wire
+protocols (OpenAI Realtime, ``gateway.sim.openai``; Gemini Live, ``gateway.sim.gemini``)
+with ONE behaviour, defined here, so a scripted conversation gives the same text on
+either provider and a conformance test can compare them:
 
 - ``sim_reply``: what the model writes for the last user message;
 - ``Pacer``: when each chunk of it goes out (tokens per second, first-token
@@ -31,10 +30,10 @@ user message:
   prompt's example markers stay text), then ``<end>``: tests see what
   reached the model.
 - ``/help`` → the list of these scripts (``SIM_HELP``), for a newcomer.
-- ``/long [N]`` → a think, then a Markdown answer of N sections (default 4):
-  something to watch stream, scroll and render.
+- ``/long [N]`` → a think, then a Markdown answer of N sections (default 4).
 - ``/error`` → a broken ``<execute>`` block: the gateway reports
   ``malformed_execute``, hands the failure back, and the model answers it.
+- no user message yet (a ``reply``) → a greeting (``GREETING``).
 - anything else → a think, then ``Echo: MESSAGE``, then ``<end>``.
 
 Voice (``gateway.sim.vad`` hears, ``spoken_reply`` speaks):
@@ -102,12 +101,9 @@ log = logging.getLogger("gateway.sim.openai")
 
 _MAX_FRAME: Final = 16 * 2**20
 _BACKLOG: Final = 4096
-# A response that sends without sleeping (unpaced, or behind its schedule)
-# yields to the event loop every this many chunks.
-_YIELD_EVERY: Final = 4
+_YIELD_EVERY: Final = 4  # a response sending unpaced (or behind) yields every N chunks
 
-# The rate of the simulated voice (both providers speak PCM16 at 24 kHz).
-VOICE_RATE: Final = 24000
+VOICE_RATE: Final = 24000  # the simulated voice's (both providers speak PCM16 at 24 kHz)
 
 
 NonNegativeInt = Annotated[int, Meta(ge=0)]
@@ -194,6 +190,9 @@ class SimConfig(msgspec.Struct, frozen=True, kw_only=True):
 # --- the model ----------------------------------------------------------------------
 
 
+GREETING: Final = "Hello! How can I help?"  # its answer before anyone spoke (a ``reply``)
+
+
 def sim_reply(message: str, *, overrun: bool = True, instructions: str = "", items: int = 0) -> str:
     """The simulated model's whole output for the last user ``message``.
 
@@ -205,6 +204,8 @@ def sim_reply(message: str, *, overrun: bool = True, instructions: str = "", ite
     conversation was cut may lead it).
     """
     command = message.strip()
+    if not command:  # no user message yet: the model speaks first (a greeting)
+        return f"<think>Nobody has spoken yet.</think>{GREETING}<end>"
     if command == "/help":
         return f"{SIM_HELP}<end>"
     if command == "/error":
@@ -328,7 +329,10 @@ def spoken_reply(
     only if it is one of them. ``/context`` says ``items`` and ``/instructions``
     quotes ``instructions``, as ``sim_reply`` does.
     """
+    if not message.strip():  # no user message yet: the model speaks first
+        return GREETING
     if message.strip() == "/context":
+        return f"Context: {items} items"
         return f"Context: {items} items"
     if message.strip() == "/instructions":
         return f"Instructions: {quote_instructions(instructions)}"

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from openai import AsyncOpenAI
 
+from gateway.sim.model import GREETING
 from tests.openai_door.conftest import MODELS, SERVER_EVENT, RawClient
 from tests.support.procs import NodeProcess
 
@@ -214,6 +215,7 @@ async def test_a_response_create_with_nothing_new_is_a_greeting_from_the_instruc
     done = answer[-1]["response"]
     assert done["status"] == "completed" and done["metadata"] == {"why": "greeting"}
     assert done["output"] and done["output"][0]["role"] == "assistant"
+    assert GREETING in json.dumps(done["output"])  # the model spoke first
     assert not [e for e in answer if e.get("item", {}).get("role") == "user"]  # no user item
     assert second[-1]["response"]["status"] == "completed"
     assert "hello" in json.dumps(second[-1]["response"]["output"])

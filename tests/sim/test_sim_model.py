@@ -13,7 +13,8 @@ from protocol.assembly import results_message
 
 def test_echo() -> None:
     assert sim_reply("hi") == "<think>The user said something.</think>Echo: hi<end>"
-    assert sim_reply("") == "<think>The user said something.</think>Echo: <end>"
+    # Asked to answer before anyone spoke (a reply): it speaks first.
+    assert sim_reply("") == "<think>Nobody has spoken yet.</think>Hello! How can I help?<end>"
 
 
 def test_tool_call() -> None:

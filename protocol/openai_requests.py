@@ -1,16 +1,15 @@
 """What an OpenAI client's events ask of the session: gateway commands, checked,
 held or refused. Pure: no I/O, no clock.
 
-The client → session half of the OpenAI door's conversation
-(``protocol.openai_conversation``, which owns one and shows the session's events
-back): ``session.update`` → ``configure``; a user message's
-``conversation.item.create`` is held until ``response.create`` sends it as the
-turn's ``user`` message; a ``function_call_output`` → ``tool_result``, after
-which the gateway's turn goes on by itself (the ``response.create`` that follows
-opens nothing new); audio appends → the user's audio (``speech_in``);
-``conversation.item.truncate`` → ``played``, ``conversation.item.delete`` →
-``forget``. What this gateway cannot do is refused with an ``error`` that says
-what to send instead, carrying the client's ``event_id``.
+The client → session half of the OpenAI door's conversation (``protocol.openai_conversation``,
+which owns one and shows the session's events back): ``session.update`` → ``configure``; a
+user message is shown and held until ``response.create`` sends it as the turn's ``user``
+(``protocol.openai_typed``; nothing held: a ``reply``); a ``function_call_output`` →
+``tool_result``, after which the turn goes on by itself (the ``response.create`` that
+follows opens nothing new); audio appends → the user's audio (``speech_in``);
+``conversation.item.truncate`` → ``played``, ``conversation.item.delete`` → ``forget``.
+What this gateway cannot do is refused with an ``error`` that says what to send
+instead, carrying the client's ``event_id``.
 """
 
 from __future__ import annotations
@@ -554,6 +553,9 @@ class ClientRequests:
                     "item.content",
                 )
             parts.append({"type": "input_text", "text": part.text})
+        too_much = self.typed.refusal("".join(part["text"] for part in parts))
+        if too_much is not None:
+            return self._refusal(too_much, eid, "item.content")
         return Emit([], self._typed(item.id or self.typed.new_id(), parts))
 
     def _typed(self, iid: str, parts: list[dict[str, str]]) -> list[ServerEvent]:

@@ -21,9 +21,11 @@ from typing import Final
 
 from protocol.events import ITEM_ID_MAX
 
-__all__ = ["TypedItems", "id_refusal"]
+__all__ = ["HELD_CHARS_MAX", "HELD_MAX", "TypedItems", "id_refusal"]
 
 JOINED: Final = "\n"  # between the texts of messages held for one response
+HELD_MAX: Final = 64  # messages held for one response.create
+HELD_CHARS_MAX: Final = 1 << 20  # their text, together: the gateway's own door's frame limit
 
 
 class TypedItems:
@@ -43,6 +45,17 @@ class TypedItems:
         """An id for a message the client left unnamed."""
         self.made += 1
         return f"{self.prefix}{self.made}"
+
+    def refusal(self, text: str) -> str | None:
+        """Why ``text`` cannot be held with what is (bounded before anything is kept)."""
+        if len(self.held) >= HELD_MAX:
+            return f"{HELD_MAX} user messages wait for a response.create already: send one"
+        if len(text) + sum(len(t) for _, t in self.held) > HELD_CHARS_MAX:
+            return (
+                f"the user messages waiting for a response.create would come to more than "
+                f"{HELD_CHARS_MAX} characters: send response.create, or a shorter message"
+            )
+        return None
 
     def hold(self, iid: str, text: str) -> None:
         self.held.append((iid, text))

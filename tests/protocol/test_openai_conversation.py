@@ -37,6 +37,7 @@ from protocol.events import (
 from protocol.openai_conversation import Conversation
 from protocol.openai_events import decode_client
 from protocol.openai_speech import EARLY_SPEECH_MAX
+from protocol.openai_typed import HELD_CHARS_MAX, HELD_MAX
 from protocol.payloads import ResultPayload
 
 SERVER: TypeAdapter[Any] = TypeAdapter(RealtimeServerEvent)
@@ -508,3 +509,24 @@ def test_speech_tagged_with_an_event_not_shown_goes_before_the_next_one() -> Non
     kinds = [e["type"] for e in out]
     assert kinds[0] == "response.created" and "response.output_audio.delta" in kinds
     assert kinds[-1] == "response.done" and out[-1]["response"]["status"] == "completed"
+
+
+def test_what_waits_for_response_create_is_bounded() -> None:
+    """A client creating messages and never asking for a response held them all, as
+    much text as its frames carried (21 MiB each on this door): bounded now, refused
+    before anything is kept, and response.create sends what was taken."""
+    conv = created(Conversation("s1", "m"))
+    _, events = client(
+        conv, type="conversation.item.create", event_id="big", item=user_item("x" * HELD_CHARS_MAX)
+    )
+    assert [e["type"] for e in events] == ["conversation.item.added", "conversation.item.done"]
+    _, events = client(conv, type="conversation.item.create", event_id="more", item=user_item("y"))
+    assert events[0]["type"] == "error" and events[0]["error"]["event_id"] == "more"
+    assert events[0]["error"]["param"] == "item.content"
+    commands, _ = client(conv, type="response.create", event_id="c")
+    assert [len(c.content) for c in commands] == [HELD_CHARS_MAX]
+    conv = created(Conversation("s2", "m"))
+    for n in range(HELD_MAX):
+        client(conv, type="conversation.item.create", item=user_item(str(n)))
+    _, events = client(conv, type="conversation.item.create", item=user_item("one more"))
+    assert "wait for a response.create already" in events[0]["error"]["message"]

@@ -182,7 +182,7 @@ def session_of(config: SessionConfig, sid: str, model: str) -> dict[str, Any]:
         ],
         "tool_choice": "auto",
         "audio": {
-            "input": {"format": {"type": "audio/pcm", "rate": 24000}},
+            "input": {"format": {"type": "audio/pcm", "rate": 24000}, **_heard(config.input_audio)},
             "output": {
                 "format": {"type": "audio/pcm", "rate": 24000},
                 **({"voice": config.voice} if config.voice else {}),
@@ -190,6 +190,26 @@ def session_of(config: SessionConfig, sid: str, model: str) -> dict[str, Any]:
             },
         },
     }
+
+
+def _heard(audio: InputAudio | None) -> dict[str, Any]:
+    """``session.audio.input``'s turn detection and noise reduction, as configured (OpenAI
+    shows them back in ``session.updated``); nothing before input audio is."""
+    if audio is None:
+        return {}
+    shown: dict[str, Any] = {}
+    if audio.noise_reduction in ("near_field", "far_field"):
+        shown["noise_reduction"] = {"type": audio.noise_reduction}
+    if audio.turn_detection == "none":
+        return {**shown, "turn_detection": None}
+    detection: dict[str, Any] = {"type": audio.turn_detection}
+    names = ("eagerness",) if audio.turn_detection == "semantic_vad" else SERVER_VAD_SHOWN
+    detection |= {n: v for n in names if (v := getattr(audio, n)) is not None}
+    detection |= {"create_response": True, "interrupt_response": True}
+    return {**shown, "turn_detection": detection}
+
+
+SERVER_VAD_SHOWN: Final = ("idle_timeout_ms", *SERVER_VAD_TUNING)
 
 
 def output_of(content: str) -> str:

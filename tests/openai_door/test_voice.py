@@ -539,11 +539,14 @@ async def test_a_longer_silence_lets_the_speaker_pause_mid_turn(
         client = await RawClient.open(url, max_size=None)
         try:
             await client.send(type="session.update", event_id="c_vad", session=session)
-            await client.until("session.updated")
+            updated = (await client.until("session.updated"))[-1]  # the SDK's type, checked
             await speak(client, speech + silence(1.6, RATE))
             stopped = (await client.until("input_audio_buffer.speech_stopped"))[-1]
         finally:
             await client.close()
+    shown = updated["session"]["audio"]["input"]["turn_detection"]  # as OpenAI shows it back
+    assert (shown["type"], shown["prefix_padding_ms"]) == ("server_vad", 300)
+    assert shown.get("silence_duration_ms") == silence_ms
     second_tone_ends = round((0.3 + 0.5 + pause + 0.5) * 1000)
     if silence_ms is None:  # 500 ms: the pause ended the turn
         assert stopped["audio_end_ms"] < second_tone_ends - 500

@@ -42,6 +42,7 @@ from protocol.events import (
     Error,
     Event,
     Metric,
+    Replying,
     User,
     decode_event,
 )
@@ -111,7 +112,7 @@ class Progress:
             return
         self.last_seq = max(self.last_seq, event.seq)
         self.events.append((t, event))
-        if isinstance(event, User):
+        if isinstance(event, User | Replying):  # a turn starts (a reply's: no message)
             self.turn += 1
             self.in_turn, self.turn_calls = 0, 0
             self.closing = self.closed = False

@@ -33,7 +33,7 @@ from typing import Any, Final
 import msgspec
 
 from protocol.configuration import SessionConfig
-from protocol.events import Call, Cancelled, End, Event, Metric, User, decode_event
+from protocol.events import Call, Cancelled, End, Event, Metric, Replying, User, decode_event
 from protocol.recording import (
     MAX_SEQ,
     RECORDING_VERSION,
@@ -122,7 +122,8 @@ class Plan(msgspec.Struct, kw_only=True):
         return sum(
             1
             for _, event in self.events
-            if isinstance(event, User) and (spoken or event.source != "audio")
+            if isinstance(event, Replying)
+            or (isinstance(event, User) and (spoken or event.source != "audio"))
         )
 
 
@@ -137,7 +138,7 @@ class _Places:
         turn = in_turn = calls = 0
         closing = closed = False
         for t, event in events:
-            if isinstance(event, User):
+            if isinstance(event, User | Replying):  # a turn starts (a reply's: no message)
                 turn, in_turn, calls, closing, closed = turn + 1, 0, 0, False, False
             if turn:
                 in_turn += 1

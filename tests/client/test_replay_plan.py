@@ -139,3 +139,28 @@ def test_a_spoken_turn_whose_audio_was_not_kept_is_not_waited_for() -> None:
     assert plan.turns == 1  # the replay waits for the typed turn only
     assert any("kept no audio" in p for p in plan.problems)
     assert plan_replay(a_session()).turns == 2
+
+
+def test_a_reply_turn_counts_as_a_turn_and_anchors_what_follows() -> None:
+    """A ``reply`` (a turn with no new message: an agent speaking first) starts a turn
+    as a ``user`` does; counted without it, a replay waited for one turn too few and
+    anchored the next message to the turn before."""
+    plan = plan_replay(
+        recording(
+            command(1.0, 0, type="reply", id="r1"),
+            event(1.01, 1, type="reply", reply_to="r1"),
+            event(1.02, 2, type="respond", content="Hello! How can I help?"),
+            event(1.03, 3, type="end"),
+            event(1.03, 4, **METRIC),
+            command(2.0, 4, type="user", content="hello"),
+            event(2.01, 5, type="user", content="hello"),
+            event(2.02, 6, type="respond", content="Echo: hello"),
+            event(2.03, 7, type="end"),
+            event(2.03, 8, **METRIC),
+        )
+    )
+    assert plan.turns == 2
+    assert [(a.kind, a.anchor) for a in plan.actions] == [
+        ("reply", Anchor(0, 0, True)),
+        ("user", Anchor(1, 4, True)),  # after the reply's turn closed
+    ]

@@ -28,6 +28,7 @@ from protocol.events import (
     Event,
     Guardrail,
     Metric,
+    Replying,
     Respond,
     Result,
     Think,
@@ -96,8 +97,10 @@ def turns_of(stream: Iterable[tuple[float, Event]]) -> list[Turn]:
     started = 0.0
     judged: list[str] = []  # input guardrails on the next message (logged before it)
     for t, event in stream:
-        if isinstance(event, User):
-            turn = Turn(user=event.content, spoken=event.source == "audio", first_seq=event.seq)
+        if isinstance(event, User | Replying):  # a turn starts (a reply's has no message)
+            said = event.content if isinstance(event, User) else ""
+            spoken = isinstance(event, User) and event.source == "audio"
+            turn = Turn(user=said, spoken=spoken, first_seq=event.seq)
             turn.guardrails, judged = judged, []
             turns.append(turn)
             started = t

@@ -80,3 +80,17 @@ def test_the_report_shows_where_two_answers_part() -> None:
     base = "x" * 100
     then, now = first_difference(base + " old", base + " new")
     assert then.startswith("…") and then.endswith(" old") and now.endswith(" new")
+
+
+def test_a_reply_is_a_turn_of_its_own_with_no_message() -> None:
+    """A reply (the model speaking first) is a turn: its answer is not added to the
+    turn before it, and it says nobody spoke."""
+    greeting = [
+        (0.0, {"type": "reply"}),
+        (0.1, {"type": "respond", "content": "Hello! How can I help?"}),
+        (0.2, {"type": "end"}),
+        (0.2, metric(5, 5, 0.001)),
+    ]
+    first, second = turns_of(events(*greeting, *a_turn("Echo: hi", at=1.0)))
+    assert (first.user, first.answer, first.outcome) == ("", "Hello! How can I help?", "end")
+    assert (second.user, second.answer) == ("hi", "Echo: hi")

@@ -77,7 +77,7 @@ def controls_asked(config: SessionConfig) -> list[tuple[str, str]]:
             asked.append(("vad_tuning", f"input_audio.{tuned[0]}"))
         if audio.noise_reduction not in (None, "off"):  # "off" is what the others do
             asked.append(("noise_reduction", "input_audio.noise_reduction"))
-    if config.speed is not None:
+    if config.speed not in (None, 1.0):  # the normal pace is every provider's
         asked.append(("speed", "speed"))
     if config.truncation is not None:
         asked.append(("truncation", "truncation"))

@@ -160,8 +160,10 @@ async def test_a_faster_voice_speaks_the_same_answer_in_less_audio(tmp_path: Pat
     assert isinstance(out_of_range, Error) and "speed" in out_of_range.content
     async with voice_gateway("gemini", tmp_path) as gw:
         client = await VoiceClient.connect(gw.url)
+        normal = await client.configure(output="audio", speed=1.0)  # every provider's pace
         await client.send({"type": "configure", "output": "audio", "speed": 1.2})
         [*_, refused] = await client.until("error")
         await client.close()
+    assert isinstance(normal, Configured)
     assert isinstance(refused, Error) and "provider gemini" in refused.content
     assert "speed" in refused.content

@@ -38,6 +38,8 @@ MAX_METADATA: Final = 32
 VAD_MS_MAX: Final = 10_000  # the longest VAD padding or silence a session may ask for
 SERVER_VAD_TUNING: Final = ("threshold", "prefix_padding_ms", "silence_duration_ms")
 """``InputAudio``'s settings of server VAD (the control ``vad_tuning``)."""
+SERVER_VAD_ONLY: Final = ("idle_timeout_ms", *SERVER_VAD_TUNING)
+"""``InputAudio``'s fields that apply to ``server_vad`` only."""
 
 # What a tenant's tool schemas and a model's tool args may be, checked by
 # linear code before anything compiles or walks them: a schema or
@@ -177,7 +179,7 @@ def apply_change(config: SessionConfig, change: ConfigChange) -> SessionConfig |
                 "input_audio.eagerness applies to turn_detection semantic_vad only; "
                 'set "turn_detection": "semantic_vad" or leave eagerness out'
             )
-        for name in ("idle_timeout_ms", *SERVER_VAD_TUNING):
+        for name in SERVER_VAD_ONLY:
             if getattr(audio, name) is not None and audio.turn_detection != "server_vad":
                 return (
                     f"input_audio.{name} applies to turn_detection server_vad only; "

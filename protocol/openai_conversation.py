@@ -50,7 +50,7 @@ from protocol.events import (
 )
 from protocol.openai_events import BadEvent, ClientEvent, ServerEvent
 from protocol.openai_ids import EventIds, position
-from protocol.openai_items import KEPT_ITEMS, ShownItems, user_shown
+from protocol.openai_items import CREATED, KEPT_ITEMS, ShownItems, created, user_shown
 from protocol.openai_requests import (
     BUSY,
     BUSY_CODE,
@@ -65,8 +65,6 @@ from protocol.openai_session import call_parts, output_of, session_of, usage_of
 from protocol.openai_speech import EarlySpeech
 
 __all__ = ["KEPT_ITEMS", "Command", "Conversation", "Emit", "ServerEvent"]
-
-ITEM_ADDED = "conversation.item.added"
 
 
 class Conversation:
@@ -137,7 +135,7 @@ class Conversation:
         """One client event: the commands to send and the events to answer with now
         (``protocol.openai_requests``)."""
         emit = self.requests.take(event, model_route=model_route)
-        if self._created or not emit.events or emit.events[0]["type"] != ITEM_ADDED:
+        if self._created or not emit.events or emit.events[0]["type"] != CREATED[0]:
             return emit
         # A message created before session.created is shown after it, as OpenAI's
         # service, which sends session.created first of all, shows it.
@@ -526,10 +524,7 @@ class Conversation:
         item = {"id": iid, "object": "realtime.item", "status": "completed"}
         item |= {"type": "function_call_output", "call_id": call, "output": output_of(content)}
         prev, self.shown.last = self.shown.last, item["id"]
-        return [
-            self.ids.event(kind, item=item, previous_item_id=prev)
-            for kind in ("conversation.item.added", "conversation.item.done")
-        ]
+        return created(self.ids.event, item, prev)
 
     def _client_call(self, call: Call) -> list[ServerEvent]:
         out = self._start()

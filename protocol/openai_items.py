@@ -5,12 +5,22 @@ the last one (the next item's ``previous_item_id``). Pure."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from collections.abc import Callable
+from typing import Any, Final, Literal
 
 from protocol.openai_events import ServerEvent
 from protocol.openai_ids import EventIds
 
-__all__ = ["KEPT_ITEMS", "ShownItems", "Spans", "unknown_item", "user_item", "user_shown"]
+__all__ = [
+    "CREATED",
+    "KEPT_ITEMS",
+    "ShownItems",
+    "Spans",
+    "created",
+    "unknown_item",
+    "user_item",
+    "user_shown",
+]
 
 KEPT_ITEMS = 256  # items conversation.item.retrieve can show (the newest)
 _SHOWS_ITEM = frozenset(
@@ -93,6 +103,17 @@ def unknown_item(item_id: str, verb: Literal["delete", "retrieve"]) -> tuple[str
     return message, f"item_{verb}_invalid_item_id"
 
 
+CREATED: Final = ("conversation.item.added", "conversation.item.done")
+
+
+def created(
+    make: Callable[..., ServerEvent], item: dict[str, Any], prev: str | None
+) -> list[ServerEvent]:
+    """``item`` shown as OpenAI's service shows an item it took, after ``prev``:
+    ``conversation.item.added`` then ``done`` (``make``: logged ids or unlogged)."""
+    return [make(kind, item=item, previous_item_id=prev) for kind in CREATED]
+
+
 def user_item(iid: str, parts: list[dict[str, Any]]) -> dict[str, Any]:
     """A user message item, as OpenAI's service shows one."""
     item = {"id": iid, "object": "realtime.item", "type": "message", "role": "user"}
@@ -105,11 +126,7 @@ def user_shown(
     """The events that show a logged user message ``iid`` after ``prev``: typed, or
     spoken (``content``: its transcript)."""
     if not spoken:
-        item = user_item(iid, [{"type": "input_text", "text": content}])
-        return [
-            ids.event(kind, item=item, previous_item_id=prev)
-            for kind in ("conversation.item.added", "conversation.item.done")
-        ]
+        return created(ids.event, user_item(iid, [{"type": "input_text", "text": content}]), prev)
     part = {"type": "input_audio", "transcript": content}
     # ``added`` before its transcript, as OpenAI's service sends it at the commit
     # (LiveKit's plugin appends the transcription to what ``added`` held).

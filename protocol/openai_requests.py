@@ -51,7 +51,7 @@ from protocol.openai_events import (
     parameter_refusal,
 )
 from protocol.openai_ids import EventIds
-from protocol.openai_items import KEPT_ITEMS, ShownItems, unknown_item, user_item
+from protocol.openai_items import KEPT_ITEMS, ShownItems, created, unknown_item, user_item
 from protocol.openai_response import (
     HIDDEN,
     TOKEN_REFUSAL,
@@ -564,10 +564,7 @@ class ClientRequests:
         self.typed.hold(iid, "".join(part["text"] for part in parts))
         shown = user_item(iid, parts)
         prev, self.shown.last = self.shown.last, iid
-        events = [
-            self.ids.unlogged_event(kind, item=shown, previous_item_id=prev)
-            for kind in ("conversation.item.added", "conversation.item.done")
-        ]
+        events = created(self.ids.unlogged_event, shown, prev)
         self.shown.remember(events)
         return events
 

@@ -8,7 +8,7 @@ from typing import Any, Final
 import msgspec
 
 from protocol.configuration import (
-    SERVER_VAD_TUNING,
+    SERVER_VAD_ONLY,
     ClientToolSpec,
     ConfigChange,
     InputAudio,
@@ -137,7 +137,7 @@ def input_audio_of(audio: AudioInput) -> InputAudio | str:
     if td.type == "semantic_vad":
         heard["eagerness"] = td.eagerness
     else:  # server VAD's own settings, checked as a configure's are
-        for name in ("idle_timeout_ms", *SERVER_VAD_TUNING):
+        for name in SERVER_VAD_ONLY:
             heard[name] = getattr(td, name)
     try:
         return msgspec.convert(heard, InputAudio)
@@ -203,13 +203,10 @@ def _heard(audio: InputAudio | None) -> dict[str, Any]:
     if audio.turn_detection == "none":
         return {**shown, "turn_detection": None}
     detection: dict[str, Any] = {"type": audio.turn_detection}
-    names = ("eagerness",) if audio.turn_detection == "semantic_vad" else SERVER_VAD_SHOWN
+    names = ("eagerness",) if audio.turn_detection == "semantic_vad" else SERVER_VAD_ONLY
     detection |= {n: v for n in names if (v := getattr(audio, n)) is not None}
     detection |= {"create_response": True, "interrupt_response": True}
     return {**shown, "turn_detection": detection}
-
-
-SERVER_VAD_SHOWN: Final = ("idle_timeout_ms", *SERVER_VAD_TUNING)
 
 
 def output_of(content: str) -> str:

@@ -45,7 +45,7 @@ class VoiceHost(ConversationHost, Protocol):
 class VoiceInput:
     """One connection's input audio buffer, VAD and idle timer (see the module docstring)."""
 
-    __slots__ = ("buffer", "host", "idle", "silence_ms", "speech_item", "vad")
+    __slots__ = ("buffer", "host", "idle", "silence_ms", "speech_item", "tuned_for", "vad")
 
     def __init__(self, host: VoiceHost, config: SimConfig) -> None:
         self.host = host
@@ -56,6 +56,7 @@ class VoiceInput:
             silence_ms=config.vad_silence_ms,
         )
         self.silence_ms = config.vad_silence_ms
+        self.tuned_for: wire.TurnDetection | None = None  # the detection the VAD follows
         # Audio appended since the last commit (kept only without server VAD).
         self.buffer = bytearray()
         self.speech_item: str | None = None  # the item id of the speech being heard
@@ -72,12 +73,13 @@ class VoiceInput:
         if detection is None:
             self.buffer += pcm
             return
-        # A silence the session set waits that long; OpenAI's default, the node's.
-        silence = detection.silence_duration_ms
-        if silence is not None and silence != DEFAULT_TURN_DETECTION.silence_duration_ms:
+        if detection is not self.tuned_for:  # a session.update changed it (not per frame)
+            self.tuned_for = detection
+            # A silence the session set waits that long; OpenAI's default, the node's.
+            silence = detection.silence_duration_ms
+            if silence is None or silence == DEFAULT_TURN_DETECTION.silence_duration_ms:
+                silence = self.silence_ms
             self.vad.end_after(silence)
-        else:
-            self.vad.end_after(self.silence_ms)
         for found in self.vad.feed(pcm):
             if isinstance(found, VadStart):
                 await self._speech_started(found.offset_ms, detection)

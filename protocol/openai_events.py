@@ -29,6 +29,7 @@ __all__ = [
     "encode",
     "encode_frame",
     "parameter_refusal",
+    "unread",
 ]
 
 ShortId = Annotated[str, msgspec.Meta(max_length=256)]
@@ -254,6 +255,26 @@ def decode_large_append(frame: bytes) -> tuple[InputAudioBufferAppend, memoryvie
     if type(event) is not InputAudioBufferAppend or event.audio:
         return None
     return event, memoryview(frame)[start:end]
+
+
+_EVENT_ID: Final = re.compile(rb'"event_id"[ \t\r\n]*:[ \t\r\n]*"([^"\\]{1,256})"')
+
+
+def unread(frame: bytes, limit: int) -> BadEvent | None:
+    """The refusal of a frame over ``limit`` bytes that is no plain large append (those
+    ``decode_large_append`` takes), before it is decoded: decoding 20 MiB of any other
+    event held the loop ~100 ms, and no other event needs that much (instructions,
+    tools and held text are bounded far below). None: ``frame`` is within ``limit``.
+    Its ``event_id`` is named when it is among the first KiB."""
+    if len(frame) <= limit:
+        return None
+    found = _EVENT_ID.search(frame, 0, 1024)
+    return BadEvent(
+        f"this event is {len(frame)} bytes; an event other than input_audio_buffer.append "
+        f"is at most {limit} on this gateway, and an append that large must carry its "
+        "audio as plain base64 (no escapes): send it smaller, or in several appends",
+        found.group(1).decode() if found else None,
+    )
 
 
 def decode_client(data: bytes | str) -> ClientEvent | BadEvent:

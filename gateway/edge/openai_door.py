@@ -55,6 +55,7 @@ from protocol.openai_events import (
     decode_client,
     decode_large_append,
     encode_frame,
+    unread,
 )
 
 __all__ = ["OPENAI_PATH", "REFUSAL_CODES", "DoorConnection", "OpenAIDoor", "model_route"]
@@ -548,13 +549,12 @@ class DoorConnection(ClientConnection):
 
     async def _large(self, frame: bytes) -> None:
         """A frame over a slice: an append's audio is read without decoding it as JSON
-        (``decode_large_append``), a slice at a time. It counts against the node's
-        budget for large frames until the next frame is read (``wsfast.large``)."""
-        large = decode_large_append(frame)
-        if large is not None:
+        (``decode_large_append``), a slice at a time; another over ``max_frame`` is refused
+        unread. It counts against the node's budget for large frames until the next."""
+        if (large := decode_large_append(frame)) is not None:
             await self._append_in_slices(large[0].event_id, large[1])
             return
-        event = decode_client(frame)
+        event = unread(frame, self.door.config.max_frame) or decode_client(frame)
         if type(event) is InputAudioBufferAppend:
             await self._append_in_slices(event.event_id, event.audio)
         else:

@@ -378,3 +378,23 @@ async def test_refusals_are_logged_for_the_operator_and_a_flood_of_them_is_not(
     refused = [line for line in lines if "refused event" in line]
     assert len(refused) == REFUSALS_LOGGED and len(lines) == REFUSALS_LOGGED + 1
     assert "c_r0" in refused[0] and "item_retrieve_invalid_item_id" in refused[0]
+
+
+async def test_an_event_past_the_frame_limit_that_is_no_append_is_refused_unread(
+    node: NodeProcess,
+) -> None:
+    """The door takes 21 MiB frames for OpenAI's 15 MiB appends; any other event that
+    large was decoded whole on the event loop (20 MiB: ~25 ms a frame, for an event
+    nothing needs that large). It is refused unread, naming its event, and the
+    session goes on."""
+    client = await _open(node)
+    try:
+        huge = {"type": "realtime", "instructions": "x" * (3 << 20)}
+        await client.send(event_id="c_huge", type="session.update", session=huge)
+        refused = (await _answer(client, "c_huge"))["error"]
+        assert "at most" in refused["message"] and "bytes" in refused["message"]
+        await client.send(**_say("hello", "c_hello"))
+        await client.send(type="response.create")
+        assert "hello" in await _answer_text(client)
+    finally:
+        await client.close()

@@ -1,9 +1,10 @@
 """Context assembly: stored history → the messages an upstream model sees.
 
 History holds semantic units *without* markers (the seed's Storage section):
-``user``, ``think``, ``call``, ``result``, ``respond``, ``cancelled``, and
-``forgotten`` (a client took messages out of what the model sees: the user and
-respond items stamped with a seq in its range are left out). The markers
+``user``, ``think``, ``call``, ``result``, ``respond``, ``cancelled``, ``context``
+(a message added without a turn), and ``forgotten`` (a client took messages out of
+what the model sees: the user, context and respond items stamped with a seq in its
+range are left out). The markers
 are synthesized here, so the model always sees the protocol written the same
 way, whichever node, upstream connection or provider produced the history. The
 gateway uses this both to open an upstream session and to rebuild one after an
@@ -13,11 +14,23 @@ upstream drop or a node takeover, so both paths give the model the same context.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Final, Literal
+from typing import Final
 
 import msgspec
 
-from protocol.events import Call, Cancelled, Error, Forget, Forgotten, Respond, Result, Think, User
+from protocol.events import (
+    Call,
+    Cancelled,
+    Context,
+    Error,
+    Forget,
+    Forgotten,
+    Respond,
+    Result,
+    Role,
+    Think,
+    User,
+)
 
 __all__ = [
     "BARGED_IN_NOTE",
@@ -26,6 +39,7 @@ __all__ = [
     "Message",
     "assemble",
     "assistant_text",
+    "context_message",
     "decode_history_item",
     "encode_history_item",
     "forgets",
@@ -34,9 +48,7 @@ __all__ = [
     "results_message",
 ]
 
-HistoryItem = User | Think | Call | Result | Respond | Cancelled | Forgotten
-
-Role = Literal["system", "user", "assistant"]
+HistoryItem = User | Think | Call | Result | Respond | Cancelled | Forgotten | Context
 
 # What the model is told when the user cancelled its previous response.
 CANCELLED_NOTE: Final = "(The user cancelled your previous response before it finished.)"
@@ -135,11 +147,12 @@ def _execute_block(calls: list[str]) -> str:
 
 def forgets(item: HistoryItem, forgotten: Sequence[Forgotten]) -> bool:
     """Whether ``item`` is one a ``forgotten`` took out of what the model sees: a user
-    message or answer text whose seq (its first logged event's) is in its range."""
+    message, a context message or answer text whose seq (its first logged event's) is
+    in its range."""
     seq = item.seq
     return (
         seq > 0
-        and isinstance(item, User | Respond)
+        and isinstance(item, User | Respond | Context)
         and any(f.first <= seq <= f.last for f in forgotten)
     )
 
@@ -163,7 +176,9 @@ def forgetting(history: Sequence[HistoryItem], message: Forget, *, idle: bool) -
         return Error(code="bad_frame", content="forget takes first <= last (seqs of the log)")
     done = [item for item in history if isinstance(item, Forgotten)]
     if not any(
-        isinstance(item, User | Respond) and first <= item.seq <= last and not forgets(item, done)
+        isinstance(item, User | Respond | Context)
+        and first <= item.seq <= last
+        and not forgets(item, done)
         for item in history
     ):
         return Error(
@@ -175,6 +190,21 @@ def forgetting(history: Sequence[HistoryItem], message: Forget, *, idle: bool) -
     return Forgotten(first=first, last=last)
 
 
+def context_message(item: Context) -> Message:
+    """A ``context`` as the model is given it: an assistant line is written as an
+    answer of its own is (with ``<end>``), so the protocol reads the same throughout."""
+    if item.role == "assistant":
+        text = assistant_text([Respond(content=item.content)], ended=True)
+        return Message(role="assistant", content=text)
+    return Message(role=item.role, content=item.content)
+
+
+def _ends(step: Sequence[Think | Call | Respond]) -> bool:
+    """A step followed by a message ended its turn, unless it stopped at its calls (a
+    ``context`` added while the turn waited for them)."""
+    return not step or type(step[-1]) is not Call
+
+
 def assemble(history: Iterable[HistoryItem]) -> list[Message]:
     """Turn stored history into upstream messages with synthesized markers.
 
@@ -184,6 +214,8 @@ def assemble(history: Iterable[HistoryItem]) -> list[Message]:
     - ``result`` → a user message ``<results>\\n[...]\\n</results>``;
     - ``cancelled`` → a user message telling the model it was cut off (after a
       barge-in, how much of its spoken answer the user heard);
+    - ``context`` → a message of its role (``context_message``); the step before it keeps its ``<end>``
+      unless it stopped at its calls (added while the turn waited for them);
     - a user message or answer text a ``forgotten`` names → nothing (an assistant
       message left with only its thoughts goes too).
     """
@@ -206,8 +238,8 @@ def assemble(history: Iterable[HistoryItem]) -> list[Message]:
 
     for item in history:
         if forgotten and (isinstance(item, Forgotten) or forgets(item, forgotten)):
-            if isinstance(item, User):
-                close_step(ended=True)  # the answer before it still ended its turn
+            if isinstance(item, User | Context):  # the answer before it still ended its turn
+                close_step(ended=isinstance(item, User) or _ends(step))
             elif isinstance(item, Respond):
                 answer_gone = True
             continue
@@ -219,6 +251,9 @@ def assemble(history: Iterable[HistoryItem]) -> list[Message]:
         elif isinstance(item, Result):
             close_step(ended=False)
             messages.append(results_message(item.content))
+        elif isinstance(item, Context):
+            close_step(ended=_ends(step))
+            messages.append(context_message(item))
         elif isinstance(item, Cancelled):
             close_step(ended=False)
             heard = item.heard_ms

@@ -26,6 +26,7 @@ from typing import Annotated, Any, Final, Literal
 import msgspec
 
 from protocol.configuration import ConfigChange, SessionConfig
+from protocol.error_codes import ERROR_CODES, ErrorCode
 from protocol.payloads import Cost, PhoneCallMetrics, ResultPayload, Usage
 
 __all__ = [
@@ -46,6 +47,8 @@ __all__ = [
     "Commit",
     "Configure",
     "Configured",
+    "Context",
+    "ContextMessage",
     "Cost",
     "Dtmf",
     "End",
@@ -68,6 +71,7 @@ __all__ = [
     "Respond",
     "Result",
     "ResultPayload",
+    "Role",
     "Session",
     "SpeechStarted",
     "SpeechStopped",
@@ -94,11 +98,8 @@ class _Base(msgspec.Struct, tag_field="type", kw_only=True):
 
 
 class Think(_Base, tag="think"):
-    """A chunk of the model's reasoning (token mode: one chunk per delta).
-
-    ``seq_from`` is set only on a frame that coalesces consecutive chunks for a
-    slow client: it carries the chunks ``seq_from..seq`` (content concatenated).
-    """
+    """A chunk of the model's reasoning (token mode: one chunk per delta). ``seq_from``:
+    a frame coalescing a slow client's chunks ``seq_from..seq`` (content concatenated)."""
 
     content: str
     seq_from: int | msgspec.UnsetType = msgspec.UNSET
@@ -120,8 +121,7 @@ class Call(_Base, tag="call"):
     with ``configure``: some connection of the session answers it with a
     ``tool_result`` frame carrying this ``id``). ``background: true``: the tool
     does not block the turn; the model was told it started, and the call's
-    ``result`` comes when it is ready, maybe after the turn (``false`` for a
-    call the turn waits for; older gateways left it out then).
+    ``result`` comes when it is ready, maybe after the turn.
     """
 
     content: str
@@ -161,6 +161,21 @@ class Replying(_Base, tag="reply"):
     conversation as it is (a greeting from its instructions, a follow-up)."""
 
     reply_to: str | msgspec.UnsetType = msgspec.UNSET
+
+
+Role = Literal["system", "user", "assistant"]
+"""Who a conversation message is from, as the providers name them."""
+
+
+class Context(_Base, tag="context"):
+    """A message added without a turn (``context``): an app's ``system`` instructions,
+    history a client restores. Kept in history where it was added: the model has it
+    from its next step on."""
+
+    role: Role
+    content: str
+    reply_to: str | msgspec.UnsetType = msgspec.UNSET
+    item: str | msgspec.UnsetType = msgspec.UNSET
 
 
 class SpeechStarted(_Base, tag="speech_started"):
@@ -212,34 +227,6 @@ class Metric(_Base, tag="metric"):
     total: Usage
     cost: Cost = msgspec.field(default_factory=Cost)
     estimated: bool | msgspec.UnsetType = msgspec.UNSET
-
-
-ErrorCode = Literal[
-    # client's fault: fix the frame and send again
-    "bad_frame",
-    "unknown_type",
-    "turn_active",
-    "no_turn",
-    "unknown_call",
-    "unknown_item",  # a forget naming nothing the model holds
-    "wrong_digest",  # an approve whose digest is not the pending call's
-    "forbidden",  # the credential or the key's policy does not allow it
-    # the model's fault: the gateway tells the model and the turn goes on
-    "malformed_execute",
-    # the environment: retry later
-    "upstream",
-    "upstream_timeout",  # the provider went silent mid-response, twice
-    "store",
-    "rate_limited",
-    "log_trimmed",
-    "draining",
-    "quota_exceeded",
-    "internal",
-]
-
-
-ERROR_CODES: Final[tuple[str, ...]] = typing.get_args(ErrorCode)
-"""Every ``code`` an ``error`` event may carry (the JS client's copy is generated from it)."""
 
 
 class Error(_Base, tag="error"):
@@ -396,6 +383,7 @@ Event = (
     Session
     | User
     | Replying
+    | Context
     | Configured
     | Think
     | Call
@@ -433,10 +421,9 @@ that refuses it and on the event that shows it took effect (``user``, ``cancelle
 ITEM_ID_MAX: Final = 64
 
 ItemId = Annotated[str, msgspec.Meta(min_length=1, max_length=ITEM_ID_MAX)]
-"""A client's own name for a message or tool answer it sends, kept with it in the log
-(``user``'s and ``result``'s ``item``): an OpenAI client's ``item.id``, which every
-client of the session, and the same one after a resume, then sees. 64 characters, as
-OpenAI's Responses API bounds an item's id (docs/openai-door.md, "Client item ids")."""
+"""A client's own name for a message or tool answer it sends, logged with it (``user``'s,
+``context``'s, ``result``'s ``item``): an OpenAI client's ``item.id``, which every client of
+the session then sees. 64 characters (docs/openai-door.md, "Client item ids")."""
 
 
 class UserMessage(msgspec.Struct, tag_field="type", tag="user"):
@@ -453,6 +440,17 @@ class ReplyNow(msgspec.Struct, tag_field="type", tag="reply"):
     message is while a turn runs."""
 
     id: CommandId | msgspec.UnsetType = msgspec.UNSET
+
+
+class ContextMessage(msgspec.Struct, tag_field="type", tag="context"):
+    """Add ``content`` as ``role``'s message without starting a turn (logged as
+    ``context``): between turns, or while a turn waits for its tools; while the model
+    answers it is refused (``turn_active``): send it after the turn's ``end``."""
+
+    role: Role
+    content: str
+    id: CommandId | msgspec.UnsetType = msgspec.UNSET
+    item: ItemId | msgspec.UnsetType = msgspec.UNSET
 
 
 class Cancel(msgspec.Struct, tag_field="type", tag="cancel"):
@@ -542,7 +540,9 @@ class Configure(ConfigChange, frozen=True, tag_field="type", tag="configure"):
     id: CommandId | msgspec.UnsetType = msgspec.UNSET
 
 
-TurnCommand = UserMessage | ReplyNow | Cancel | ToolResultMessage | Approve | Commit | Played
+TurnCommand = (
+    UserMessage | ReplyNow | ContextMessage | Cancel | ToolResultMessage | Approve | Commit | Played
+)
 """The client messages the session's turn machine takes as they are (each an input of
 ``protocol.turn_events.TurnInput``, with its row in ``protocol.turn_table``)."""
 
@@ -562,6 +562,7 @@ _Answer = typing.TypeVar(
     Pong,
     User,
     Replying,
+    Context,
     Cancelled,
     Configured,
     Approval,

@@ -26,7 +26,7 @@ import msgspec
 
 from protocol.assembly import HistoryItem
 from protocol.calls import ToolCall, ToolResult
-from protocol.events import Call, Result, User
+from protocol.events import Call, Context, Result, User
 
 __all__ = [
     "JournalCall",
@@ -80,8 +80,18 @@ class JournalCall(msgspec.Struct, frozen=True):
         return ToolCall(name=self.name, args=self.args)
 
 
+def _settled(history: Sequence[HistoryItem]) -> Sequence[HistoryItem]:
+    """History without its trailing ``context`` messages: added while a turn waited for
+    its calls, they do not change where the turn stands."""
+    end = len(history)
+    while end and type(history[end - 1]) is Context:
+        end -= 1
+    return history if end == len(history) else history[:end]
+
+
 def turn_in_flight(history: Sequence[HistoryItem]) -> bool:
     """Whether history shows a turn that did not finish (it ends with the prompt or results)."""
+    history = _settled(history)
     return bool(history) and isinstance(history[-1], User | Result)
 
 
@@ -92,7 +102,7 @@ def batch_in_flight(history: Sequence[HistoryItem]) -> list[Call]:
     when the batch is done. Calls without ids predate the journal: [].
     """
     calls: list[Call] = []
-    for item in reversed(history):
+    for item in reversed(_settled(history)):
         if type(item) is not Call:
             break
         calls.append(item)

@@ -56,7 +56,7 @@ from typing import Final
 
 import msgspec
 
-from protocol.assembly import Message
+from protocol.assembly import Message, context_message
 from protocol.background import BackgroundCalls
 from protocol.batch import ClientToolRouter, ToolBatch, native_call
 from protocol.calls import (
@@ -66,6 +66,7 @@ from protocol.calls import (
 from protocol.events import (
     Call,
     Cancelled,
+    Context,
     End,
     Error,
     Event,
@@ -84,8 +85,10 @@ from protocol.spoken import UNHEARD, SpokenAnswer
 from protocol.steps import StepRecorder
 from protocol.turn_events import (
     Action,
+    AddMessage,
     Await,
     CancelBackground,
+    ContextMessage,
     DropUpstream,
     NativeCall,
     Persist,
@@ -110,6 +113,7 @@ from protocol.turn_state import (
     RETRY,
     STOPPING,
     STREAMING,
+    TOOLS,
     TurnState,
 )
 from protocol.turn_table import TRANSITIONS
@@ -135,6 +139,10 @@ _AWAIT_RESPONSE: Final = Await(Source.RESPONSE)
 _AWAIT_NOTHING: Final = Await(Source.NOTHING)
 
 CANCELLED_BY_USER: Final = "cancelled by the user"
+CONTEXT_WAITS: Final = (
+    "the model is answering: context is added between turns or while a turn waits for its "
+    "tools; send it again after the turn's end event"
+)
 
 
 class TurnMachine(VoiceSteps, RecoverySteps):
@@ -333,6 +341,20 @@ class TurnMachine(VoiceSteps, RecoverySteps):
                     content="a turn is already running; wait for its end event or send cancel",
                 )
             )
+        ]
+
+    def _context(self, given: ContextMessage) -> Sequence[Action]:
+        """A message added without a turn: logged, kept in history where it stands, and
+        told to the open connection. Between turns, or while the turn waits for its tools
+        (no answer is being written then); refused while the model answers."""
+        if self.state is not IDLE and self.state is not TOOLS:
+            return [Refuse(Error(code="turn_active", content=CONTEXT_WAITS))]
+        role, content = given.role, given.content
+        kept = Context(role=role, content=content)
+        return [
+            Context(role=role, content=content, reply_to=given.id, item=given.item),
+            Persist((kept,)),
+            AddMessage(context_message(kept)),
         ]
 
     def _begin(self, first: list[Action], message: Message | None) -> list[Action]:

@@ -4,7 +4,7 @@
 nothing here holds state. The inputs come from three places, and each feeds
 its own kind without translation:
 
-- **the client** (``protocol.events.TurnCommand``): ``UserMessage``, ``Cancel``,
+- **the client** (``protocol.events.TurnCommand``): ``UserMessage``, ``ContextMessage``, ``Cancel``,
   ``ToolResultMessage`` (a client tool's answer), ``Approve`` (a decision on
   a call that waits for approval), ``Commit`` (end of a spoken turn) and
   ``Played`` (playback reports) are the client's frames themselves, and a
@@ -39,6 +39,7 @@ from protocol.events import (
     Call,
     Cancel,
     Commit,
+    ContextMessage,
     Error,
     Event,
     Played,
@@ -58,6 +59,7 @@ __all__ = [
     "INPUT_TYPES",
     "Account",
     "Action",
+    "AddMessage",
     "AddNote",
     "ApprovalTimeout",
     "Approve",
@@ -72,6 +74,7 @@ __all__ = [
     "ClientTimeout",
     "Commit",
     "CommitAudio",
+    "ContextMessage",
     "DropUpstream",
     "GuardrailCut",
     "NativeCall",
@@ -436,6 +439,13 @@ class ReplaceResponse(_Action, frozen=True, tag="replace_response"):
     heard_ms: int | None = None
 
 
+class AddMessage(_Action, frozen=True, tag="add_message"):
+    """Append ``message`` (a ``context``) to the open connection's conversation, no
+    response asked for. With none open, nothing: the next one is given it from history."""
+
+    message: Message
+
+
 class AddNote(_Action, frozen=True, tag="add_note"):
     """Tell the open connection a gateway note (a user message), no response asked for.
 
@@ -527,6 +537,7 @@ Action = (
     | CommitAudio
     | StopResponse
     | ReplaceResponse
+    | AddMessage
     | AddNote
     | RunTools
     | AwaitClient

@@ -28,6 +28,7 @@ from protocol.turn_events import (
     Cancel,
     ClientTimeout,
     Commit,
+    ContextMessage,
     GuardrailCut,
     NativeCall,
     Opened,
@@ -104,6 +105,9 @@ ROWS: Final = (
     _row(ReplyNow, lambda m, i: m._user(i),
          idle=(STREAMING,), streaming=stays, stopping=stays, ending=stays,
          tools=stays, backoff=stays, cancelling=stays),  # as a user message, with none
+    _row(ContextMessage, lambda m, i: m._context(i),
+         idle=stays, streaming=stays, stopping=stays, ending=stays,
+         tools=stays, backoff=stays, cancelling=stays),  # taken idle or in tools, else refused
     _row(Cancel, lambda m, i: m._cancel(),
          idle=stays, streaming=(CANCELLING,), stopping=(CANCELLING,), ending=stays,
          tools=CLOSES, backoff=CLOSES, cancelling=stays),

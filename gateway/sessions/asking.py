@@ -1,7 +1,7 @@
 """What the turn driver asks of the upstream: open it, request, commit, stop, replace.
 
 ``gateway.sessions.driver.TurnDriver`` performs the machine's ``Request``,
-``CommitAudio``, ``StopResponse``, ``ReplaceResponse``, ``AddNote`` and ``DropUpstream``
+``CommitAudio``, ``StopResponse``, ``ReplaceResponse``, ``AddNote``, ``AddMessage`` and ``DropUpstream``
 actions here. ``in_call``: one of these is under way, so a cancel that
 interrupts it leaves the connection mid-request (the driver then lets it go);
 ``requested_at``: when the last response was asked for (the first delta's
@@ -281,12 +281,20 @@ class UpstreamAsker:
         self.in_call = False
 
     async def add_note(self, content: str) -> None:
+        await self.add_message(Message(role="user", content=content), note=True)
+
+    async def add_message(self, message: Message, *, note: bool = False) -> None:
+        """Tell the open connection a message (a gateway ``note``: ``Upstream.add_note``);
+        with none open, nothing: the next connection's history holds it."""
         upstream = self.link.upstream
         if upstream is None:
-            return  # the next connection's history holds the note
+            return
         self.in_call = True
         try:
-            await upstream.add_note(content)
+            if note:
+                await upstream.add_note(message.content)
+            else:
+                await upstream.add_message(message)
         except UpstreamClosed:
             self.drop(stop=False)
         self.in_call = False

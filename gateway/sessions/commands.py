@@ -43,6 +43,8 @@ from protocol.events import (
     Commit,
     Configure,
     Configured,
+    Context,
+    ContextMessage,
     Error,
     Event,
     Forget,
@@ -143,7 +145,9 @@ class Sender(Protocol):
 # must not see.
 
 
-def _message(message: UserMessage | ReplyNow, session: SessionCommands) -> TurnInput | Error:
+def _message(
+    message: UserMessage | ReplyNow | ContextMessage, session: SessionCommands
+) -> TurnInput | Error:
     # After the model's <end> or a cancel the turn only waits for its usage: a
     # message sent then starts right after it (the machine queues it).
     return Error(code="internal", content=CLOSING) if session.closed else message
@@ -228,6 +232,7 @@ class CommandSpec:
 COMMANDS: Final[dict[type, CommandSpec]] = {
     UserMessage: CommandSpec("message", _message, confirms=User, records=True, turn=True),
     ReplyNow: CommandSpec("reply", _message, confirms=Replying, records=True, turn=True),
+    ContextMessage: CommandSpec("context", _message, confirms=Context, records=True),
     Cancel: CommandSpec("cancel", _as_is, interrupts=True, confirms=Cancelled),
     ToolResultMessage: CommandSpec("tool_result", _tool_result),
     Configure: CommandSpec("configure", None, who="api_key", confirms=Configured, records=True),
@@ -238,6 +243,9 @@ COMMANDS: Final[dict[type, CommandSpec]] = {
     ClearAudio: CommandSpec("clear_audio", None, forwarded=False, answer=AudioCleared),
 }
 """Every command, by its message type."""
+
+_SCREENED: Final = (UserMessage, ContextMessage, ToolResultMessage)
+"""What the session's HTTP checkers read before the machine does (``SessionCommands.screen``)."""
 
 CONNECTION_MESSAGES: Final = (Ping, AudioChunk)
 """Client messages the connection answers itself (not commands of the session)."""
@@ -252,6 +260,9 @@ _FORBIDDEN: Final[dict[Who, str]] = {
     "approver": "this connection may not approve calls: approve with the API key, "
     'or with a client token minted with "rights": ["approve"] (POST /v1/sessions/ID/tokens)',
 }
+_SYSTEM_WHO: Final[Who] = "api_key"
+"""Who may add a ``system`` message (``context``): it instructs the model as the
+session's instructions do, which a client token may not change."""
 _DRAINING: Final = (
     "this gateway node is shutting down; reconnect (with session_id and after=SEQ) to reach "
     "another node and send the message again"
@@ -265,10 +276,12 @@ async def admit(message: Any, sender: Sender) -> Error | None:
     (the driving node trusts the origin's check).
     """
     spec = COMMANDS[type(message)]
+    who = _SYSTEM_WHO if type(message) is ContextMessage and message.role == "system" else spec.who
     allowed = {"anyone": True, "api_key": sender.trusted, "approver": sender.may_approve}
     refusal: Error | None = None
-    if not allowed[spec.who]:
-        refusal = Error(code="forbidden", content=_FORBIDDEN[spec.who].format(what=spec.what))
+    if not allowed[who]:
+        what = "a system message" if who is _SYSTEM_WHO else spec.what
+        refusal = Error(code="forbidden", content=_FORBIDDEN[who].format(what=what))
     elif spec.turn and sender.draining:
         refusal = Error(code="draining", content=_DRAINING)
     elif spec.records:
@@ -317,7 +330,7 @@ async def dispatch(message: Any, session: SessionCommands) -> Error | None:
         refused = await session.clear_audio()
         refused = None if refused is None else answering(refused, message)
     else:
-        if type(message) is UserMessage or type(message) is ToolResultMessage:
+        if type(message) in _SCREENED:
             message = await session.screen(message)
             if message is None:
                 return None  # blocked: the guardrail event tells the client

@@ -39,6 +39,7 @@ from protocol.turn import TurnMachine
 from protocol.turn_events import (
     Account,
     Action,
+    AddMessage,
     AddNote,
     AwaitApproval,
     AwaitClient,
@@ -76,6 +77,7 @@ _AWAITED: Final = frozenset(
         StopResponse,
         ReplaceResponse,
         AddNote,
+        AddMessage,
         RunTools,
         AwaitClient,
         AwaitApproval,
@@ -331,6 +333,8 @@ class TurnDriver:
                 return self.asker.replace(guard.answer(text) if guard else text, heard_ms)
             case AddNote(content=content):
                 return self.asker.add_note(content)
+            case AddMessage(message=message):
+                return self.asker.add_message(message)
             case RunTools():
                 return self._run_tools(action)
             case Backoff(attempt=attempt, delay=delay):

@@ -27,6 +27,7 @@ from protocol.audio import OUTPUT_RATE
 from protocol.events import (
     Call,
     Cancelled,
+    ContextMessage,
     End,
     Error,
     Event,
@@ -98,11 +99,11 @@ def guard_result(rules: RuleSet, content: Any) -> tuple[Any, list[Hit], bool]:
 def judged_input(
     guard: EventGuard, given: TurnInput, emit: Callable[[Event], None]
 ) -> TurnInput | None:
-    """A user's message or a client tool's result as the input rules leave it (their
+    """A user's message (or a ``context``) or a client tool's result as the input rules leave it (their
     ``guardrail`` events given to ``emit``); None: a blocked message, which never
     reaches the model."""
     rules = guard.guardrails.input
-    if isinstance(given, UserMessage):
+    if isinstance(given, UserMessage | ContextMessage):
         verdict = check_input(rules, given.content)
         for event in guard.tripped(verdict.hits, "input", reply_to=given.id):
             emit(event)

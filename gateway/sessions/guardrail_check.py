@@ -32,7 +32,7 @@ import msgspec
 from gateway.metrics import Metrics
 from gateway.sessions.guard import EventGuard
 from gateway.sessions.guardrail_rules import checker_headers
-from protocol.events import Event, UserMessage
+from protocol.events import ContextMessage, Event, UserMessage
 from protocol.guardrails import Hit, RuleSpec
 
 __all__ = ["MAX_ANSWER", "MAX_TEXT", "Checkers", "Kind", "screen", "screened"]
@@ -194,7 +194,7 @@ async def screened(
     if guard is None or not guard.guardrails.input.checks:
         return given
     checks, metrics = guard.guardrails.input.checks, guard.metrics
-    if isinstance(given, UserMessage):
+    if isinstance(given, UserMessage | ContextMessage):
         hit = await screen(checkers.client, checks, "user", given.content, session_id, metrics)
         if hit is None:
             return given

@@ -10,11 +10,22 @@ from protocol.assembly import (
     assistant_text,
     decode_history_item,
     encode_history_item,
+    forgetting,
     is_note,
     results_message,
 )
 from protocol.calls import ToolCall, ToolResult, encode_call, encode_results, result_payload
-from protocol.events import Call, Cancelled, Respond, Result, Think, User
+from protocol.events import (
+    Call,
+    Cancelled,
+    Context,
+    Forget,
+    Forgotten,
+    Respond,
+    Result,
+    Think,
+    User,
+)
 from protocol.prompt import ToolSpec, render_tools, system_prompt
 
 CALL = encode_call(ToolCall(name="read", args={"path": "main.py"}))
@@ -101,3 +112,36 @@ def test_system_prompt_teaches_markers_and_lists_tools() -> None:
     assert '"path"' in prompt
     assert prompt.rstrip().endswith("Be brief.")
     assert "No tools are available" in render_tools([])
+
+
+def test_context_messages_keep_their_place_role_and_the_turn_ends_around_them() -> None:
+    """A ``context`` is a message of its role where it was added: after a finished
+    answer that answer keeps its ``<end>``; added while the turn waited for its calls,
+    the step stays open for its results; an assistant line reads as an answer."""
+    history = [
+        User(content="hi", seq=1),
+        Respond(content="Hello!", seq=2),
+        Context(role="system", content="Speak French now.", seq=4),
+        Context(role="assistant", content="Bonjour.", seq=5),
+        User(content="list", seq=6),
+        Call(content=CALL, seq=7),
+        Context(role="user", content="(the user is waiting)", seq=8),
+        Result(content=RESULTS, payload=result_payload([]), seq=9),
+    ]
+    assert assemble(history) == [
+        Message("user", "hi"),
+        Message("assistant", "Hello!\n<end>"),
+        Message("system", "Speak French now."),
+        Message("assistant", "Bonjour.\n<end>"),
+        Message("user", "list"),
+        Message("assistant", f"<execute>\n[{CALL}]\n</execute>"),
+        Message("user", "(the user is waiting)"),
+        Message("user", f"<results>\n{RESULTS}\n</results>"),
+    ]
+    assert decode_history_item(encode_history_item(history[2])) == history[2]
+    # A forget names a context message by its seq, as it names a user message.
+    forgotten = forgetting(history, Forget(first=4, last=4), idle=True)
+    assert isinstance(forgotten, Forgotten)
+    messages = assemble([*history, forgotten])
+    assert Message("system", "Speak French now.") not in messages
+    assert messages[1] == Message("assistant", "Hello!\n<end>")

@@ -11,7 +11,7 @@ import orjson
 
 from protocol.assembly import results_message
 from protocol.calls import ToolCall, ToolResult, result_payload
-from protocol.events import Call, Interrupt, Respond, Result, User
+from protocol.events import Call, Context, Interrupt, Respond, Result, User
 from protocol.journal import JournalCall, batch_in_flight, idempotency_key, turn_in_flight
 from protocol.turn import TurnMachine, TurnState
 from protocol.turn_events import (
@@ -52,6 +52,11 @@ def test_history_ending_with_calls_is_a_batch_in_flight() -> None:
     assert batch_in_flight([user, one, Result(content="[]", payload=result_payload(()))]) == []
     # Calls from before the journal carry no ids: the step is rerun as before.
     assert batch_in_flight([user, Call(content="{}")]) == []
+    # A context message added while the batch ran does not hide it from a takeover.
+    note = Context(role="system", content="hurry")
+    assert batch_in_flight([user, one, two, note]) == [one, two]
+    results = Result(content="[]", payload=result_payload(()))
+    assert turn_in_flight([user, one, results, note])
 
 
 def test_resume_reuses_logged_outcomes_and_reruns_the_rest_under_their_ids() -> None:

@@ -15,6 +15,8 @@ from protocol.calls import ToolCall, ToolResult, result_payload
 from protocol.events import (
     Call,
     Cancelled,
+    Context,
+    ContextMessage,
     End,
     Error,
     Event,
@@ -37,6 +39,7 @@ from protocol.turn import (
 from protocol.turn_events import (
     Account,
     Action,
+    AddMessage,
     Backoff,
     CallDone,
     Cancel,
@@ -574,3 +577,33 @@ def test_a_reply_starts_a_turn_with_no_new_message_and_waits_like_one() -> None:
     done = machine.feed(ResponseDone("completed", USAGE))
     assert only(done, Replying).reply_to == "r-3"
     assert machine.state is TurnState.STREAMING
+
+
+def test_context_is_added_between_turns_and_while_tools_run_but_not_mid_answer() -> None:
+    """``context``: logged (naming its command and item), kept in history where it was
+    added, and told to the open connection, with no turn; refused while the model
+    writes its answer, taken again once the turn waits for its tools or has ended."""
+    machine = TurnMachine()
+    added = machine.feed(ContextMessage(role="system", content="Be brief.", id="c-1", item="s1"))
+    assert kinds(added) == ["Context", "Persist", "AddMessage"]
+    logged = only(added, Context)
+    assert (logged.role, logged.content, logged.reply_to, logged.item) == (
+        "system",
+        "Be brief.",
+        "c-1",
+        "s1",
+    )
+    assert only(added, Persist).items == (Context(role="system", content="Be brief."),)
+    assert only(added, AddMessage).message.role == "system"
+    assert machine.state is TurnState.IDLE  # no turn
+    machine.feed(UserMessage(content="hi"))
+    refused = machine.feed(ContextMessage(role="user", content="late"))
+    assert only(refused, Refuse).error.code == "turn_active"
+    stream(machine, CALL)
+    machine.feed(ResponseDone("cancelled", USAGE))
+    assert machine.state is TurnState.TOOLS
+    during = machine.feed(ContextMessage(role="assistant", content="Checking."))
+    assert kinds(during) == ["Context", "Persist", "AddMessage"]
+    # An assistant line is told as an answer of its own is written.
+    assert only(during, AddMessage).message.content == "Checking.\n<end>"
+    assert machine.state is TurnState.TOOLS

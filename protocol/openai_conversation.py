@@ -16,8 +16,9 @@ an open message, is one delta event) and the object the door and its subclass
 The mapping, whole, is docs/openai-door.md's "The mapping": ``session.update`` →
 ``configure`` (``configured`` → ``session.created``/``updated``); a user message is
 shown, held until ``response.create`` sends it as the turn's ``user`` (none held: a
-``reply``); ``respond`` chunks → a message item; a ``call`` the client runs → a
-``function_call`` item and ``response.done``, its output → ``tool_result`` (``result``
+``reply``), a system or assistant message as ``context``; ``respond`` chunks → a message
+item; a ``call`` the client runs → a ``function_call`` item and ``response.done``, its
+output → ``tool_result`` (``result``
 → the output item) and the turn goes on by itself; ``end`` + ``metric`` →
 ``response.done``; ``cancelled`` → a cancelled one; ``error`` → ``error``."""
 
@@ -31,6 +32,7 @@ from protocol.events import (
     Call,
     Cancelled,
     Configured,
+    Context,
     End,
     Error,
     Event,
@@ -50,7 +52,15 @@ from protocol.events import (
 )
 from protocol.openai_events import BadEvent, ClientEvent, ServerEvent
 from protocol.openai_ids import EventIds, position
-from protocol.openai_items import CREATED, KEPT_ITEMS, ShownItems, created, user_shown
+from protocol.openai_items import (
+    CREATED,
+    KEPT_ITEMS,
+    ShownItems,
+    answer_item,
+    output_item,
+    text_item,
+    user_shown,
+)
 from protocol.openai_requests import (
     BUSY,
     BUSY_CODE,
@@ -112,16 +122,6 @@ class Conversation:
         """An ``error`` event (unlogged): OpenAI's shape."""
         return self.ids.error(message, code=code, **kw)
 
-    def rate_limits(self, limits: list[tuple[str, int, int, float]]) -> ServerEvent:
-        """``rate_limits.updated`` (unlogged): ``(name, limit, remaining, reset_seconds)``."""
-        return self.ids.event(
-            "rate_limits.updated",
-            rate_limits=[
-                {"name": n, "limit": lim, "remaining": left, "reset_seconds": round(reset, 3)}
-                for n, lim, left, reset in limits
-            ],
-        )
-
     def created(self, config: SessionConfig) -> ServerEvent:
         """``session.created`` for a session configured before this connection (unlogged)."""
         self._created = True
@@ -142,11 +142,17 @@ class Conversation:
         self._items_early += emit.events
         return Emit(emit.commands, [])
 
+    @property
+    def due(self) -> bool:
+        """The conversation has commands for the shell to send (``take_due``)."""
+        return bool(self.overrides.due or self.requests.typed.due)
+
     def take_due(self) -> list[Command]:
         """Commands the conversation asks the shell to send now, ahead of the client's next
-        (a response's overrides taken back once it is done)."""
-        due, self.overrides.due = self.overrides.due, []
-        return list(due)
+        (a response's overrides taken back once it is done, messages held for a turn's end)."""
+        due: list[Command] = [*self.overrides.due, *self.requests.typed.due]
+        self.overrides.due, self.requests.typed.due = [], []
+        return due
 
     @property
     def answering(self) -> bool:
@@ -237,6 +243,8 @@ class Conversation:
                     *early,
                 ]
             case SpeechStarted(offset_ms=ms):
+                if not self.requests.turn_open and self.requests.typed.sent is None:
+                    self.requests.typed.release(spoken=True)  # before the speech's item
                 self._speech = f"item_{event.seq}"
                 out = self._done("cancelled", reason="turn_detected") if self._response else []
                 return [
@@ -263,6 +271,12 @@ class Conversation:
                     return []
                 given = user_item if isinstance(user_item, str) else None
                 return self._user(event.seq, content, spoken=source == "audio", item=given)
+            case Context(role=role, content=content, reply_to=ref, item=given):
+                iid = given if isinstance(given, str) else f"item_{event.seq}"
+                self.shown.spans.add(iid, event.seq, event.seq)
+                if self.requests.typed.taken(ref) is not None:  # created here: shown already
+                    return []
+                return self.shown.append(self.ids.event, text_item(iid, role, content))
             case Replying(reply_to=ref):  # a turn with no new message: nothing to show
                 self.requests.typed.taken(ref)
                 self.requests.user_logged(spoken=False)
@@ -300,6 +314,8 @@ class Conversation:
                 self.overrides.put_back()  # the turn is over (also one that showed nothing)
                 return []
             case Metric(step=usage):
+                if not self.requests.turn_open:  # the turn is over: what waited for it goes
+                    self.requests.typed.release()
                 if not self._ending or self._response is None:
                     self._ending = False
                     return []
@@ -318,6 +334,11 @@ class Conversation:
                     return []
                 # A response a create asked for is shown even if cut before its first word.
                 return [*self._start(), *self._done("cancelled", reason=reason)]
+            case Error(code="turn_active", reply_to=str(ref)) if (
+                ref in self.requests.typed.contexts
+            ):
+                self.requests.typed.refused(ref, busy=True)  # it goes when the turn is over
+                return []
             case Error(code=code, content=content, reply_to=ref):
                 if self._response is None:
                     self.overrides.put_back()  # the response with overrides never started
@@ -361,8 +382,7 @@ class Conversation:
 
     def _user(self, seq: int, content: str, *, spoken: bool, item: str | None) -> list[ServerEvent]:
         self._user_turn(seq)
-        iid = (self._speech if spoken else item) or f"item_{seq}"
-        self._speech = None
+        iid, self._speech = (self._speech if spoken else item) or f"item_{seq}", None
         prev, self.shown.last = self.shown.last, iid
         self.shown.spans.add(iid, seq, seq)
         return user_shown(self.ids, iid, prev, content, spoken=spoken)
@@ -436,20 +456,8 @@ class Conversation:
         return body
 
     def _message_item(self, resp: ShownResponse, status: str) -> dict[str, Any]:
-        text = "".join(resp.text)
-        part = (
-            {"type": "output_audio", "transcript": text}
-            if self.audio_out
-            else {"type": "output_text", "text": text}
-        )
-        return {
-            "id": resp.message,
-            "object": "realtime.item",
-            "type": "message",
-            "role": "assistant",
-            "status": status,
-            "content": [part] if status == "completed" else [],
-        }
+        assert resp.message is not None
+        return answer_item(resp.message, "".join(resp.text), status, audio=self.audio_out)
 
     def _open_message(self) -> list[ServerEvent]:
         out = self._start()
@@ -520,11 +528,8 @@ class Conversation:
         (its call never was)."""
         if not any(i.get("call_id") == call for i in self.shown.items.values()):
             return []
-        iid = named or f"item_{self.ids.seq}"
-        item = {"id": iid, "object": "realtime.item", "status": "completed"}
-        item |= {"type": "function_call_output", "call_id": call, "output": output_of(content)}
-        prev, self.shown.last = self.shown.last, item["id"]
-        return created(self.ids.event, item, prev)
+        item = output_item(named or f"item_{self.ids.seq}", call, output_of(content))
+        return self.shown.append(self.ids.event, item)
 
     def _client_call(self, call: Call) -> list[ServerEvent]:
         out = self._start()

@@ -68,3 +68,13 @@ class EventIds:
             "param": kw.get("param"),
         }
         return self.unlogged_event("error", error=error)
+
+    def rate_limits(self, limits: list[tuple[str, int, int, float]]) -> ServerEvent:
+        """``rate_limits.updated`` (unlogged): ``(name, limit, remaining, reset_seconds)``."""
+        return self.unlogged_event(
+            "rate_limits.updated",
+            rate_limits=[
+                {"name": n, "limit": lim, "remaining": left, "reset_seconds": round(reset, 3)}
+                for n, lim, left, reset in limits
+            ],
+        )

@@ -16,7 +16,11 @@ __all__ = [
     "KEPT_ITEMS",
     "ShownItems",
     "Spans",
+    "answer_item",
     "created",
+    "message_item",
+    "output_item",
+    "text_item",
     "unknown_item",
     "user_item",
     "user_shown",
@@ -82,6 +86,11 @@ class ShownItems:
                 if len(items) > KEPT_ITEMS:
                     del items[next(iter(items))]
 
+    def append(self, make: Callable[..., ServerEvent], item: dict[str, Any]) -> list[ServerEvent]:
+        """``item`` created after the last item (``created``): it is the last now."""
+        prev, self.last = self.last, item["id"]
+        return created(make, item, prev)
+
     def forget(self, first: int, last: int) -> list[str]:
         """The items a ``forgotten`` of ``first``..``last`` took, no longer shown."""
         gone = self.spans.gone(first, last)
@@ -114,10 +123,39 @@ def created(
     return [make(kind, item=item, previous_item_id=prev) for kind in CREATED]
 
 
-def user_item(iid: str, parts: list[dict[str, Any]]) -> dict[str, Any]:
-    """A user message item, as OpenAI's service shows one."""
-    item = {"id": iid, "object": "realtime.item", "type": "message", "role": "user"}
+def message_item(iid: str, role: str, parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """A message item, as OpenAI's service shows one."""
+    item = {"id": iid, "object": "realtime.item", "type": "message", "role": role}
     return item | {"status": "completed", "content": parts}
+
+
+def text_item(iid: str, role: str, text: str) -> dict[str, Any]:
+    """A message of ``role`` with its text, in the content type the role takes."""
+    kind = "output_text" if role == "assistant" else "input_text"
+    return message_item(iid, role, [{"type": kind, "text": text}])
+
+
+def answer_item(iid: str, text: str, status: str, *, audio: bool) -> dict[str, Any]:
+    """A response's assistant message: its content once completed (spoken: a transcript)."""
+    part = (
+        {"type": "output_audio", "transcript": text}
+        if audio
+        else {"type": "output_text", "text": text}
+    )
+    return message_item(iid, "assistant", [part] if status == "completed" else []) | {
+        "status": status
+    }
+
+
+def output_item(iid: str, call: str, output: str) -> dict[str, Any]:
+    """A ``function_call_output`` item."""
+    item = {"id": iid, "object": "realtime.item", "status": "completed"}
+    return item | {"type": "function_call_output", "call_id": call, "output": output}
+
+
+def user_item(iid: str, parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """A user message item."""
+    return message_item(iid, "user", parts)
 
 
 def user_shown(

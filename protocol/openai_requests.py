@@ -3,8 +3,8 @@ held or refused. Pure: no I/O, no clock.
 
 The client → session half of the OpenAI door's conversation (``protocol.openai_conversation``,
 which owns one and shows the session's events back): ``session.update`` → ``configure``; a
-user message is shown and held until ``response.create`` sends it as the turn's ``user``
-(``protocol.openai_typed``; nothing held: a ``reply``); a ``function_call_output`` →
+message is shown and held (``protocol.openai_typed``): a user message until ``response.create``
+sends it as the turn's ``user`` (none: a ``reply``), others as ``context``; a ``function_call_output`` →
 ``tool_result``, after which the turn goes on by itself (the ``response.create`` that
 follows opens nothing new); audio appends → the user's audio (``speech_in``);
 ``conversation.item.truncate`` → ``played``, ``conversation.item.delete`` → ``forget``.
@@ -26,6 +26,7 @@ from protocol.events import (
     ClearAudio,
     Commit,
     Configure,
+    ContextMessage,
     Forget,
     Played,
     ReplyNow,
@@ -51,7 +52,7 @@ from protocol.openai_events import (
     parameter_refusal,
 )
 from protocol.openai_ids import EventIds
-from protocol.openai_items import KEPT_ITEMS, ShownItems, created, unknown_item, user_item
+from protocol.openai_items import KEPT_ITEMS, ShownItems, message_item, unknown_item
 from protocol.openai_response import (
     HIDDEN,
     TOKEN_REFUSAL,
@@ -89,6 +90,7 @@ BUSY = (
 Command = (
     UserMessage
     | ReplyNow
+    | ContextMessage
     | Cancel
     | Configure
     | ToolResultMessage
@@ -300,20 +302,12 @@ class ClientRequests:
             self.continues = None  # this create starts a turn of its own
             self.pending_reply = eid
             # A refusal of the turn names it, whether the client named it or not.
-            turn: Command
-            if typed.held:
-                said_id = self._command_id(eid, "said")
-                text, first = typed.send(said_id)
-                turn = UserMessage(content=text, id=said_id, item=first)
-            else:
-                said_id = self._command_id(eid, "reply")
-                typed.send_reply(said_id)
-                turn = ReplyNow(id=said_id)
+            sent: list[Command] = [*typed.send(self._command_id(eid, "said"))]
             self.overrides.ask(metadata)  # this create's response's, and no other's
             if change is None:
-                return Emit([turn], [])
+                return Emit(sent, [])
             self.overrides.start(change)
-            return Emit([change, turn], [])
+            return Emit([*sent[:-1], change, sent[-1]], [])
         # The gateway's turn already goes on (after a function_call_output or a commit
         # of audio): what the session has anyway is no override (pipecat sends its
         # session's output_modalities with the create after an output).
@@ -537,34 +531,39 @@ class ClientRequests:
             output = item.output or ""
             named = msgspec.UNSET if item.id is None else item.id
             return Emit([ToolResultMessage(call, "success", output, item=named)], [])
-        if item.type != "message" or item.role != "user":
+        kind = _CONTENT.get(item.role or "") if item.type == "message" else None
+        if kind is None:
             return self._refusal(
-                "this gateway takes user messages and function_call_output items from a "
-                "client (the instructions are set with session.update)",
+                "this gateway takes message items (user, system, assistant) and "
+                "function_call_output items from a client",
                 eid,
                 "item",
             )
         parts: list[dict[str, str]] = []
         for part in item.content or []:
-            if part.type != "input_text" or part.text is None:
+            if part.type != kind or part.text is None:
                 return self._refusal(
-                    f"content of type {part.type[:40]!r} is not supported: send input_text",
+                    f"content of type {part.type[:40]!r} is not supported in a message of "
+                    f"role {item.role!r}: send {kind}",
                     eid,
                     "item.content",
                 )
-            parts.append({"type": "input_text", "text": part.text})
-        too_much = self.typed.refusal("".join(part["text"] for part in parts))
+            parts.append({"type": kind, "text": part.text})
+        text = "".join(part["text"] for part in parts)
+        too_much = self.typed.refusal(text)
         if too_much is not None:
             return self._refusal(too_much, eid, "item.content")
-        return Emit([], self._typed(item.id or self.typed.new_id(), parts))
+        held = (item.id or self.typed.new_id(), text, item.role)
+        typed = self.typed
+        if held[2] == "user" or typed.waiting or self.turn_open or typed.sent is not None:
+            typed.hold(*held)  # for response.create, or the turn's end (``TypedItems``)
+            return Emit([], self._shown(held[0], item.role, parts))
+        context = typed.context(held, self._command_id(eid, "context"))
+        return Emit([context], self._shown(held[0], item.role, parts))
 
-    def _typed(self, iid: str, parts: list[dict[str, str]]) -> list[ServerEvent]:
-        """A user message created: held for ``response.create``, and shown now, as
-        OpenAI's service shows it (``protocol.openai_typed``)."""
-        self.typed.hold(iid, "".join(part["text"] for part in parts))
-        shown = user_item(iid, parts)
-        prev, self.shown.last = self.shown.last, iid
-        events = created(self.ids.unlogged_event, shown, prev)
+    def _shown(self, iid: str, role: str, parts: list[dict[str, str]]) -> list[ServerEvent]:
+        """A message created: shown now, as OpenAI's service shows it."""
+        events = self.shown.append(self.ids.unlogged_event, message_item(iid, role, parts))
         self.shown.remember(events)
         return events
 
@@ -584,6 +583,9 @@ class ClientRequests:
             )
         return None
 
+
+_CONTENT: Final = {"user": "input_text", "system": "input_text", "assistant": "output_text"}
+"""The content type a message of each role takes (the SDK's ``RealtimeConversationItem*``)."""
 
 _REQUIRED: Final = {
     "message": ("role", "content"),

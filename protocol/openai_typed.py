@@ -1,15 +1,21 @@
-"""The user messages an OpenAI client types: shown at once, held until its
-``response.create``, named in the log. Pure.
+"""The messages an OpenAI client creates: shown at once, held until they may go,
+named in the log. Pure.
 
 OpenAI's service adds a created item to the conversation at once and says so
 (``conversation.item.added``, ``done``), and clients wait for that by the item's id
 (LiveKit's plugin, up to 5 s per item). The gateway's turn, though, starts with one
-``user`` message, so the door shows each message when it is created and holds its
-text until ``response.create`` sends what was held as the turn's message. The first
-held item's id goes with it (``UserMessage.item``) and is logged with the ``user``
-event, so a resumed client, or another client of the session, shows the message under
-the id its creator knows (several messages held for one response become one item
-there: docs/openai-door.md, "Client item ids").
+``user`` message, so the door shows each message when it is created and holds it:
+
+- **user messages** until ``response.create`` sends what was held as the turn's
+  message. The first held item's id goes with it (``UserMessage.item``) and is logged
+  with the ``user`` event, so a resumed client, or another client of the session,
+  shows the message under the id its creator knows (several messages held for one
+  response become one item there: docs/openai-door.md, "Client item ids");
+- **system and assistant messages** (and user messages not last before a
+  ``response.create``) go as ``context`` commands: at once when nothing is held
+  ahead of them and no turn runs, else in order, when the turn has ended or with
+  the next ``response.create`` (``release``, ``send``). One the session refuses
+  because a turn runs is held again, for the next time (``refused``).
 
 An id is the client's (``item.id``), or one the door makes: ``prefix`` (unique to the
 connection, given by its shell) and a count, never ``item_SEQ``'s form.
@@ -19,27 +25,34 @@ from __future__ import annotations
 
 from typing import Final
 
-from protocol.events import ITEM_ID_MAX
+from protocol.events import ITEM_ID_MAX, ContextMessage, ReplyNow, Role, UserMessage
 
-__all__ = ["HELD_CHARS_MAX", "HELD_MAX", "TypedItems", "id_refusal"]
+__all__ = ["HELD_CHARS_MAX", "HELD_MAX", "Held", "TypedItems", "id_refusal"]
 
 JOINED: Final = "\n"  # between the texts of messages held for one response
 HELD_MAX: Final = 64  # messages held for one response.create
 HELD_CHARS_MAX: Final = 1 << 20  # their text, together: the gateway's own door's frame limit
+CONTEXT_ID: Final = "~context"  # the door's own command ids for what it sends later
+
+Held = tuple[str, str, Role]
+"""A created message not yet sent: ``(item id, text, role)``."""
 
 
 class TypedItems:
-    """One connection's typed user messages: ``held`` (created, not yet sent, as
-    ``(id, text)``) and ``sent`` (the command id of the message a ``response.create``
-    sent and the items it carries, until the session logs or refuses it)."""
+    """One connection's created messages: ``held`` (not yet sent), ``sent`` (the command
+    id of the turn a ``response.create`` sent and the user items it carries, until the
+    session logs or refuses it), ``contexts`` (``context`` commands sent, by command id,
+    until the same), ``due`` (context commands for the shell to send now)."""
 
-    __slots__ = ("held", "made", "prefix", "sent")
+    __slots__ = ("contexts", "due", "held", "made", "prefix", "sent")
 
     def __init__(self, prefix: str) -> None:
         self.prefix = prefix
         self.made = 0
-        self.held: list[tuple[str, str]] = []
-        self.sent: tuple[str, list[tuple[str, str]]] | None = None
+        self.held: list[Held] = []
+        self.sent: tuple[str, list[Held]] | None = None
+        self.contexts: dict[str, Held] = {}
+        self.due: list[ContextMessage] = []
 
     def new_id(self) -> str:
         """An id for a message the client left unnamed."""
@@ -49,61 +62,99 @@ class TypedItems:
     def refusal(self, text: str) -> str | None:
         """Why ``text`` cannot be held with what is (bounded before anything is kept)."""
         if len(self.held) >= HELD_MAX:
-            return f"{HELD_MAX} user messages wait for a response.create already: send one"
-        if len(text) + sum(len(t) for _, t in self.held) > HELD_CHARS_MAX:
+            return f"{HELD_MAX} messages wait for a response.create already: send one"
+        if len(text) + sum(len(t) for _, t, _ in self.held) > HELD_CHARS_MAX:
             return (
-                f"the user messages waiting for a response.create would come to more than "
+                f"the messages waiting for a response.create would come to more than "
                 f"{HELD_CHARS_MAX} characters: send response.create, or a shorter message"
             )
         return None
 
-    def hold(self, iid: str, text: str) -> None:
-        self.held.append((iid, text))
+    def hold(self, iid: str, text: str, role: Role = "user") -> None:
+        self.held.append((iid, text, role))
 
     def holds(self, iid: str) -> bool:
-        return any(held == iid for held, _ in self.held)
+        return any(held[0] == iid for held in self.held)
+
+    @property
+    def waiting(self) -> bool:
+        """A user message is held: what is created after it waits behind it."""
+        return any(held[2] == "user" for held in self.held)
 
     def drop(self, iid: str) -> bool:
         """Take back a held message (the client deleted it before it was sent)."""
-        kept = [(held, text) for held, text in self.held if held != iid]
+        kept = [held for held in self.held if held[0] != iid]
         dropped = len(kept) != len(self.held)
         self.held = kept
         return dropped
 
-    def send(self, command_id: str) -> tuple[str, str]:
-        """What was held, as one message: ``(text, the first item's id)``; ``sent``
-        until the session logs it (``taken``) or refuses it (``refused``)."""
-        items, self.held = self.held, []
-        self.sent = (command_id, items)
-        return JOINED.join(text for _, text in items), items[0][0]
+    def context(self, held: Held, command_id: str = "") -> ContextMessage:
+        """``held`` as a ``context`` command, in flight until logged or refused."""
+        if not command_id:
+            self.made += 1
+            command_id = f"{CONTEXT_ID}{self.made}"
+        self.contexts[command_id] = held
+        iid, text, role = held
+        return ContextMessage(role=role, content=text, id=command_id, item=iid)
 
-    def send_reply(self, command_id: str) -> None:
-        """A ``response.create`` with nothing held sent a turn with no message
-        (``reply``): ``sent`` names it (it carries no item) until logged or refused."""
-        self.sent = (command_id, [])
+    def send(self, said_id: str) -> list[ContextMessage | UserMessage | ReplyNow]:
+        """What a ``response.create`` sends (``said_id``: its turn's command id): each held
+        message before the last run of user messages as a context message, in order;
+        that run as the turn's message (its first item's id with it), or, with none, a
+        turn with no new message (``reply``)."""
+        held, self.held = self.held, []
+        cut = len(held)
+        while cut and held[cut - 1][2] == "user":
+            cut -= 1
+        out: list[ContextMessage | UserMessage | ReplyNow] = [self.context(h) for h in held[:cut]]
+        said = held[cut:]
+        self.sent = (said_id, said)
+        if said:
+            text = JOINED.join(t for _, t, _ in said)
+            out.append(UserMessage(content=text, id=said_id, item=said[0][0]))
+        else:
+            out.append(ReplyNow(id=said_id))
+        return out
+
+    def release(self, *, spoken: bool = False) -> None:
+        """The turn is over: the held messages ahead of the first user message go now
+        (``due``). ``spoken``: the user started speaking, a turn of theirs follows: every
+        held message goes, in order (OpenAI's service has them before the speech)."""
+        cut = 0
+        while cut < len(self.held) and (spoken or self.held[cut][2] != "user"):
+            cut += 1
+        if cut:
+            go, self.held = self.held[:cut], self.held[cut:]
+            self.due += [self.context(h) for h in go]
 
     def taken(self, command_id: object) -> list[str] | None:
-        """The session logged the message of ``command_id``: the ids of the items it
-        carries, if it was the one sent from here (already shown: not shown again)."""
+        """The session logged ``command_id``'s message: the ids of the items it carries,
+        if it was sent from here (already shown: not shown again)."""
         sent = self.sent
-        if sent is None or command_id != sent[0]:
-            return None
-        self.sent = None
-        return [iid for iid, _ in sent[1]]
+        if sent is not None and command_id == sent[0]:
+            self.sent = None
+            return [held[0] for held in sent[1]]
+        if isinstance(command_id, str) and (held := self.contexts.pop(command_id, None)):
+            return [held[0]]
+        return None
 
     def refused(self, command_id: object, *, busy: bool) -> list[str] | None:
-        """The session refused the turn sent (``command_id``); None if it was not that.
-        ``busy`` (a turn already runs): its messages are held again, ahead of what was
-        created since, for the next ``response.create`` (``[]``). Otherwise (a quota, a
-        policy) they never reach the model: their ids, to be taken back."""
+        """The session refused ``command_id`` (a turn sent, or a context); None if it was
+        not sent from here. ``busy`` (a turn already runs): its messages are held again,
+        ahead of what was created since, for the next time (``[]``). Otherwise (a quota,
+        a policy) they never reach the model: their ids, to be taken back."""
         sent = self.sent
-        if sent is None or command_id != sent[0]:
+        if sent is not None and command_id == sent[0]:
+            self.sent = None
+            items = sent[1]
+        elif isinstance(command_id, str) and (held := self.contexts.pop(command_id, None)):
+            items = [held]
+        else:
             return None
-        self.sent = None
         if busy:
-            self.held[:0] = sent[1]
+            self.held[:0] = items
             return []
-        return [iid for iid, _ in sent[1]]
+        return [held[0] for held in items]
 
 
 def id_refusal(iid: str) -> tuple[str, str] | None:

@@ -389,7 +389,7 @@ class DoorConnection(ClientConnection):
             self._emit(conversation.gateway(event), out)
             if self._skip is not None and event.seq > self._skip[0]:
                 self._skip = None  # caught up: everything from here is new
-        if conversation.overrides.due:
+        if conversation.due:
             due = conversation.take_due()
             self._due = asyncio.get_running_loop().create_task(self._send_due(self._due, due))
         return out
@@ -571,7 +571,7 @@ class DoorConnection(ClientConnection):
                 if isinstance(command, UserMessage | ReplyNow):  # a turn: the key's limits now
                     limits = await self.node.limits.standing(self.sid)
                     if limits:
-                        emit.events.append(self.conversation.rate_limits(limits))
+                        emit.events.append(self.conversation.ids.rate_limits(limits))
         if emit.events:
             await self._send_events(emit.events)
 

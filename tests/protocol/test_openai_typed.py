@@ -1,0 +1,50 @@
+"""The messages an OpenAI client creates, held and sent in order (``TypedItems``)."""
+
+from __future__ import annotations
+
+from protocol.events import ContextMessage, ReplyNow, UserMessage
+from protocol.openai_typed import TypedItems
+
+
+def test_a_create_sends_what_came_before_the_last_user_messages_as_context_in_order() -> None:
+    typed = TypedItems("item_c_")
+    typed.hold("u1", "hello")
+    typed.hold("s1", "Be brief.", "system")
+    typed.hold("u2", "what time")
+    typed.hold("u3", "is it?")
+    sent = typed.send("said")
+    assert [type(c) for c in sent] == [ContextMessage, ContextMessage, UserMessage]
+    first, second, turn = sent
+    assert isinstance(first, ContextMessage) and (first.role, first.item) == ("user", "u1")
+    assert isinstance(second, ContextMessage) and (second.role, second.item) == ("system", "s1")
+    assert isinstance(turn, UserMessage)
+    assert (turn.content, turn.item, turn.id) == ("what time\nis it?", "u2", "said")
+    # Each is in flight under its command id until logged or refused.
+    assert isinstance(first.id, str) and typed.taken(first.id) == ["u1"]
+    assert typed.taken("said") == ["u2", "u3"]
+    # A system message last: the turn has no new message (a reply).
+    typed.hold("s2", "Now greet.", "system")
+    *contexts, reply = typed.send("again")
+    assert [c.item for c in contexts] == ["s2"] and isinstance(reply, ReplyNow)  # type: ignore[union-attr]
+
+
+def test_a_context_refused_for_a_running_turn_is_held_again_and_released_at_its_end() -> None:
+    typed = TypedItems("item_c_")
+    typed.hold("s1", "Mid.", "system")
+    typed.hold("u1", "hi")
+    typed.hold("s2", "After hi.", "system")
+    typed.release()  # the turn ended: what is ahead of the first user message goes
+    [due] = typed.due
+    assert due.item == "s1" and [h[0] for h in typed.held] == ["u1", "s2"]
+    assert typed.refused(due.id, busy=True) == []  # a turn had started meanwhile
+    assert [h[0] for h in typed.held] == ["s1", "u1", "s2"]
+    typed.due = []
+    typed.release(spoken=True)  # the user speaks: everything held goes first, in order
+    assert [(c.role, c.item) for c in typed.due] == [
+        ("system", "s1"),
+        ("user", "u1"),
+        ("system", "s2"),
+    ]
+    # Refused otherwise (a policy): taken back, by its item id.
+    assert typed.refused(typed.due[0].id, busy=False) == ["s1"]
+    assert typed.refused("unknown", busy=False) is None

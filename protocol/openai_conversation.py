@@ -177,12 +177,12 @@ class Conversation:
         # is open becomes one delta event (``_gateway`` makes the same, in more steps);
         # reasoning is not shown.
         if isinstance(event, Respond):
-            resp = self._response
+            resp, ids = self._response, self.ids
             if resp is not None and resp.message is not None and event.seq and not self._early.held:
                 content = event.content
                 resp.text.append(content)
                 resp.last = event.seq  # the message's span, for conversation.item.delete
-                self._logged = event.seq
+                self._logged, ids.last_seq, ids.last_n = event.seq, event.seq, 1
                 return [
                     {
                         "type": "response.output_audio_transcript.delta"

@@ -3,8 +3,9 @@
 The events one logged event becomes are ``evt_SEQ_1``, ``evt_SEQ_2``…: a client
 that reconnects replays the log through a fresh conversation and is sent only
 what follows the last ``event_id`` it saw (``position``). An event of no logged
-event (a reply, an ``error``, the model's speech) is ``evt_xN``, which names no
-position.
+event (a reply, an ``error``, the model's speech, a message shown when created) is
+``evt_SEQ_NxK``: the K-th of the connection, sent after ``evt_SEQ_N``, so it names
+that place too (a client that resumes after it is sent what followed ``evt_SEQ_N``).
 """
 
 from __future__ import annotations
@@ -24,30 +25,40 @@ so a client that retries those does."""
 
 
 def position(event_id: str) -> tuple[int, int] | None:
-    """``(seq, n)`` of a logged event's ``event_id``; None for any other id."""
+    """``(seq, n)``: the logged event an ``event_id`` is, or was sent after (an unlogged
+    one's); None for any other id."""
     parts = event_id.split("_")
-    if len(parts) != 3 or parts[0] != "evt" or not (parts[1] + parts[2]).isdecimal():
+    if len(parts) != 3 or parts[0] != "evt":
         return None
-    return int(parts[1]), int(parts[2])
+    n, unlogged, k = parts[2].partition("x")
+    if not (parts[1] + n).isdecimal() or (unlogged and not k.isdecimal()):
+        return None
+    return int(parts[1]), int(n)
 
 
 class EventIds:
     """One connection's event ids. ``seq``: the logged event being translated (0: none,
     the events made are unlogged); ``n``: how many it has become so far."""
 
-    __slots__ = ("n", "seq", "unlogged")
+    __slots__ = ("last_n", "last_seq", "n", "seq", "unlogged")
 
     def __init__(self) -> None:
         self.seq = 0
         self.n = 0
         self.unlogged = 0
+        # The logged event made last (``evt_SEQ_N``; the conversation's fast path for an
+        # answer's chunks sets it too): an unlogged event's id names it.
+        self.last_seq = 0
+        self.last_n = 0
 
     def event(self, kind: str, **fields: Any) -> ServerEvent:
         """A server event of ``kind``, with the next id."""
         if self.seq == 0:
             self.unlogged += 1
-            return {"type": kind, "event_id": f"evt_x{self.unlogged}", **fields}
+            eid = f"evt_{self.last_seq}_{self.last_n}x{self.unlogged}"
+            return {"type": kind, "event_id": eid, **fields}
         self.n += 1
+        self.last_seq, self.last_n = self.seq, self.n
         return {"type": kind, "event_id": f"evt_{self.seq}_{self.n}", **fields}
 
     def unlogged_event(self, kind: str, **fields: Any) -> ServerEvent:

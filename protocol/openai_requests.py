@@ -555,8 +555,8 @@ class ClientRequests:
             return self._refusal(too_much, eid, "item.content")
         held = (item.id or self.typed.new_id(), text, item.role)
         typed = self.typed
-        if held[2] == "user" or typed.waiting or self.turn_open or typed.sent is not None:
-            typed.hold(*held)  # for response.create, or the turn's end (``TypedItems``)
+        if held[2] == "user" or typed.waiting:
+            typed.hold(*held)  # for response.create (``TypedItems``)
             return Emit([], self._shown(held[0], item.role, parts))
         context = typed.context(held, self._command_id(eid, "context"))
         return Emit([context], self._shown(held[0], item.role, parts))

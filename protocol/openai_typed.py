@@ -12,10 +12,11 @@ OpenAI's service adds a created item to the conversation at once and says so
   shows the message under the id its creator knows (several messages held for one
   response become one item there: docs/openai-door.md, "Client item ids");
 - **system and assistant messages** (and user messages not last before a
-  ``response.create``) go as ``context`` commands: at once when nothing is held
-  ahead of them and no turn runs, else in order, when the turn has ended or with
-  the next ``response.create`` (``release``, ``send``). One the session refuses
-  because a turn runs is held again, for the next time (``refused``).
+  ``response.create``) go as ``context`` commands: at once when no user message is
+  held ahead of them (the session keeps one that comes while the model answers for
+  the answer's end), else in order with the next ``response.create`` (``send``) or
+  when the user starts speaking (``release``). One the session refuses because too
+  many wait for an answer is held again, for the turn's end (``refused``).
 
 An id is the client's (``item.id``), or one the door makes: ``prefix`` (unique to the
 connection, given by its shell) and a count, never ``item_SEQ``'s form.

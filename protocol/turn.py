@@ -139,9 +139,11 @@ _AWAIT_RESPONSE: Final = Await(Source.RESPONSE)
 _AWAIT_NOTHING: Final = Await(Source.NOTHING)
 
 CANCELLED_BY_USER: Final = "cancelled by the user"
+CONTEXTS_WAITING: Final = 64
+CONTEXT_CHARS_WAITING: Final = 1 << 20
 CONTEXT_WAITS: Final = (
-    "the model is answering: context is added between turns or while a turn waits for its "
-    "tools; send it again after the turn's end event"
+    f"{CONTEXTS_WAITING} context messages (or {CONTEXT_CHARS_WAITING} characters) wait for "
+    "the model's answer to be written already: send this one after the turn's end event"
 )
 
 
@@ -160,6 +162,7 @@ class TurnMachine(VoiceSteps, RecoverySteps):
     """
 
     __slots__ = (
+        "_contexts",
         "_ended",
         "_feed",
         "_opened_for",
@@ -192,6 +195,7 @@ class TurnMachine(VoiceSteps, RecoverySteps):
         self.upstream_retries = upstream_retries
         # A message (or a reply asked for) sent while the turn was closing.
         self._queued: UserMessage | ReplyNow | None = None
+        self._contexts: list[ContextMessage] = []  # added while the model answers
         self._recorder = StepRecorder()
         self._chunk = self._recorder.chunk
         self._parser = Parser()
@@ -299,7 +303,12 @@ class TurnMachine(VoiceSteps, RecoverySteps):
         """Everything but the hot path: the actions ``given`` calls for in this state
         (``protocol.turn_table`` declares every pair: the step, or ``IGNORE``)."""
         entry = _TRANSITIONS[self.state, type(given)]
-        return NOTHING if entry is None else entry[0](self, given)
+        if entry is None:
+            return NOTHING
+        out = entry[0](self, given)
+        if self._contexts and (self.state is IDLE or self.state is TOOLS):
+            return [*out, *self._added()]  # the answer is written: what waited goes in
+        return out
 
     def _native_call(self, given: NativeCall) -> Sequence[Action]:
         if self.state is not STREAMING:
@@ -345,17 +354,31 @@ class TurnMachine(VoiceSteps, RecoverySteps):
 
     def _context(self, given: ContextMessage) -> Sequence[Action]:
         """A message added without a turn: logged, kept in history where it stands, and
-        told to the open connection. Between turns, or while the turn waits for its tools
-        (no answer is being written then); refused while the model answers."""
-        if self.state is not IDLE and self.state is not TOOLS:
+        told to the open connection. Between turns, or while the turn waits for its tools;
+        while the model writes its answer it waits (``_contexts``: at most
+        ``CONTEXTS_WAITING`` messages, ``CONTEXT_CHARS_WAITING`` characters) and goes in
+        once the answer is written, before a turn queued meanwhile."""
+        if self.state is IDLE or self.state is TOOLS:
+            return self._added(given)
+        waiting = self._contexts
+        chars = len(given.content) + sum(len(c.content) for c in waiting)
+        if len(waiting) >= CONTEXTS_WAITING or chars > CONTEXT_CHARS_WAITING:
             return [Refuse(Error(code="turn_active", content=CONTEXT_WAITS))]
-        role, content = given.role, given.content
-        kept = Context(role=role, content=content)
-        return [
-            Context(role=role, content=content, reply_to=given.id, item=given.item),
-            Persist((kept,)),
-            AddMessage(context_message(kept)),
-        ]
+        waiting.append(given)
+        return NOTHING
+
+    def _added(self, *given: ContextMessage) -> list[Action]:
+        """``given`` (or the messages waiting) logged, kept and told to the connection."""
+        if not given:
+            given, self._contexts = tuple(self._contexts), []
+        out: list[Action] = []
+        for message in given:
+            kept = Context(role=message.role, content=message.content)
+            logged = Context(
+                role=kept.role, content=kept.content, reply_to=message.id, item=message.item
+            )
+            out += [logged, Persist((kept,)), AddMessage(context_message(kept))]
+        return out
 
     def _begin(self, first: list[Action], message: Message | None) -> list[Action]:
         """Start a turn: ``first`` (its opening events), then the first model step."""
@@ -511,6 +534,8 @@ class TurnMachine(VoiceSteps, RecoverySteps):
         self.state = IDLE
         self.batch.settle("ended with its turn")
         queued, self._queued = self._queued, None
+        if self._contexts:  # added while it answered: before the turn queued meanwhile
+            out += self._added()
         if queued is not None:
             out += self._user(queued)
         elif self.spoken.queued:
@@ -555,7 +580,7 @@ class TurnMachine(VoiceSteps, RecoverySteps):
     def _shutdown(self) -> Sequence[Action]:
         was = self.state
         self.state = IDLE
-        self._queued = None
+        self._queued, self._contexts = None, []
         self.batch.settle("the session stopped on this node")
         self.spoken.forget()
         self.background.forget()

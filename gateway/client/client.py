@@ -41,10 +41,9 @@ connection is kept, failed over and resumed, in ``gateway.client.connection``):
   ``on_approval`` is told each ``approval_required`` as it is read (also in
   a resumed client's replay) and may decide at once by returning ``"allow"``
   or ``"deny"`` (``gateway.client.calls``).
-- **Configuration is answered.** ``configure(...)`` returns the session's
-  ``configured`` event, or raises ``ConfigureRefused`` with the gateway's
-  reply (``forbidden`` for a client token or a policy, ``bad_frame`` for a
-  bad value): a refusal is never silent.
+- **Commands are answered.** ``configure(...)`` returns the session's ``configured``
+  event and ``context(...)`` its ``context`` event, or they raise ``CommandRefused``
+  (``ConfigureRefused``) with the gateway's reply: a refusal is never silent.
 - **Voice.** ``speak(pcm, rate)`` streams PCM16 as binary frames at real-time
   pace and yields the spoken turn's events (from its ``speech_started``,
   through its closing event and metric). It ends the spoken turn itself: with
@@ -61,7 +60,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, Final, TypeVar, overload
 
@@ -71,7 +69,6 @@ import orjson
 from gateway.client.calls import ApprovalHook, ApprovalRefused, Calls, Decision, ToolHandler
 from gateway.client.connection import (
     Failed,
-    Item,
     Reconnected,
     ResumingConnection,
     Timing,
@@ -82,16 +79,20 @@ from gateway.client.dial import (
     normalize_url,
 )
 from gateway.client.hooks import Hook, Hooks, call_hook
+from gateway.client.pacing import first_of, stream_speech
 from gateway.client.stream import METRIC_GRACE, REFUSAL_CODES, TurnTracker
-from gateway.common.pcm import silence
 from protocol.events import (
     Approval,
     Cancel,
     Commit,
     Configured,
+    Context,
     Error,
     Event,
     Guardrail,
+    Replying,
+    ReplyNow,
+    Role,
     Session,
     SpeechStarted,
     SpeechStopped,
@@ -103,6 +104,7 @@ from protocol.events import (
 __all__ = [
     "ApprovalRefused",
     "Client",
+    "CommandRefused",
     "ConfigureRefused",
     "Hooks",
     "Timing",
@@ -112,17 +114,22 @@ __all__ = [
 ]
 
 H = TypeVar("H", bound=ToolHandler)
+A = TypeVar("A", Configured, Context)
 
 _encoder: Final = msgspec.json.Encoder()
 
 
-class ConfigureRefused(ClientError):
-    """The gateway refused a ``configure``: ``code`` (``forbidden``, ``bad_frame``…) and its text."""
+class CommandRefused(ClientError):
+    """The gateway refused a command: ``code`` (``forbidden``, ``bad_frame``…) and its text."""
 
     def __init__(self, code: str, content: str) -> None:
-        super().__init__(f"the gateway refused the configuration ({code}): {content}")
+        super().__init__(f"the gateway refused it ({code}): {content}")
         self.code = code
         self.content = content
+
+
+class ConfigureRefused(CommandRefused):
+    """The gateway refused a ``configure``."""
 
 
 # The ``id`` of every ``played`` frame: a gateway that does not know the
@@ -214,7 +221,7 @@ class Client:
         self._calls.on_approval = on_approval
         self._in_turn = False
         # Each configure() waits for the reply naming its id (``configure-N``).
-        self._configuring: dict[str, asyncio.Future[Configured]] = {}
+        self._confirming: dict[str, asyncio.Future[Event]] = {}  # by command id
         self._commands = itertools.count(1)
         self._speech_ended = asyncio.Event()  # the gateway heard the spoken turn end
         self._played_supported = True  # False once the gateway answered unknown_type
@@ -285,6 +292,27 @@ class Client:
         yielded and ends the iteration. Raises ``ClientError`` if the session
         cannot be reached any more. One turn at a time per client.
         """
+        async for event in self._own_turn(text):
+            yield event
+
+    async def reply(self) -> AsyncIterator[Event]:
+        """Start a turn with no new message (``reply``): the model answers the conversation as
+        it is (a greeting, a follow-up to ``context``). Yields as ``send``, from ``reply``."""
+        async for event in self._own_turn(None):
+            yield event
+
+    async def context(
+        self, content: str, role: Role = "system", *, timeout: float = 10.0
+    ) -> Context:
+        """Add a message to the conversation without a turn (``context``): the app's
+        instructions for what comes next (``system``, with the API key), history it
+        restores (``user``, ``assistant``). Returns the logged ``context`` event; raises
+        ``CommandRefused`` with the gateway's reply (``turn_active`` while the model
+        answers, ``forbidden`` for a client token's system message)."""
+        frame = {"type": "context", "role": role, "content": content}
+        return await self._confirmed(frame, Context, timeout)
+
+    async def _own_turn(self, text: str | None) -> AsyncIterator[Event]:
         if self._in_turn:
             raise RuntimeError("a turn is running: finish iterating it (or cancel()) first")
         self._in_turn = True
@@ -342,17 +370,26 @@ class Client:
         allow; ``bad_frame``: a value that is not valid), ``ClientError`` when
         no answer comes within ``timeout`` seconds.
         """
-        waiter: asyncio.Future[Configured] = asyncio.get_running_loop().create_future()
-        ref = f"configure-{next(self._commands)}"
-        self._configuring[ref] = waiter
+        return await self._confirmed({"type": "configure", **fields}, Configured, timeout)
+
+    async def _confirmed(self, frame: dict[str, Any], answer: type[A], timeout: float) -> A:
+        """Send a command and wait for the logged event that confirms it (``answer``,
+        naming it by ``reply_to``), or its refusal (raised: ``CommandRefused``)."""
+        waiter: asyncio.Future[Event] = asyncio.get_running_loop().create_future()
+        ref = f"{frame['type']}-{next(self._commands)}"
+        self._confirming[ref] = waiter
         try:
-            await self._conn.send(orjson.dumps({"type": "configure", **fields, "id": ref}))
+            await self._conn.send(orjson.dumps({**frame, "id": ref}))
             async with asyncio.timeout(timeout):
-                return await waiter
+                event = await waiter
         except TimeoutError:
-            raise ClientError(f"the gateway did not answer configure within {timeout:g}s") from None
+            raise ClientError(
+                f"the gateway did not answer {frame['type']} within {timeout:g}s"
+            ) from None
         finally:
-            self._configuring.pop(ref, None)
+            self._confirming.pop(ref, None)
+        assert isinstance(event, answer), event
+        return event
 
     async def played(self, seq: int, ms: int) -> None:
         """Report the model's speech played so far: ``ms`` milliseconds of the
@@ -399,8 +436,12 @@ class Client:
         while not self._conn.queue.empty():
             self._conn.queue.get_nowait()
         self._speech_ended.clear()
+        ending = self.commit if commit else None
         sender = asyncio.create_task(
-            self._stream(pcm16, rate, frame_ms, commit, end_timeout), name="speak"
+            stream_speech(
+                self.send_audio, ending, self._speech_ended, pcm16, rate, frame_ms, end_timeout
+            ),
+            name="speak",
         )
         tracker = TurnTracker()
         started = False
@@ -412,7 +453,7 @@ class Client:
                         async with asyncio.timeout(self.timing.metric_grace):
                             item = await getter
                     elif not started:
-                        item = await self._first_of(getter, sender, end_timeout)
+                        item = await first_of(getter, sender, end_timeout)
                     else:
                         item = await getter
                 except TimeoutError:
@@ -445,60 +486,17 @@ class Client:
             with contextlib.suppress(BaseException):
                 await sender
 
-    async def _first_of(
-        self, getter: asyncio.Future[Item], sender: asyncio.Task[None], end_timeout: float
-    ) -> Item:
-        """The next item; once the audio and its end are sent, for ``end_timeout`` at most."""
-        if not sender.done():
-            pending: list[asyncio.Future[Any]] = [getter, sender]
-            await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-        failure = sender.exception() if sender.done() and not sender.cancelled() else None
-        if failure is not None:
-            getter.cancel()
-            raise failure
-        if getter.done():
-            return getter.result()
-        try:
-            async with asyncio.timeout(end_timeout):
-                return await getter
-        except TimeoutError:
-            raise ClientError(
-                f"no spoken turn started within {end_timeout:g}s after the audio: the "
-                "gateway heard no speech in it (too quiet?)"
-            ) from None
-
-    async def _stream(
-        self, pcm16: bytes, rate: int, frame_ms: int, commit: bool, end_timeout: float
-    ) -> None:
-        """Send ``pcm16`` in ``frame_ms`` frames, each at its due time (no drift), then
-        end the turn: ``commit``, or silence until the VAD heard the speech end."""
-        size = rate * frame_ms // 1000 * 2
-        start = time.monotonic()
-        index = 0
-        for index, at in enumerate(range(0, len(pcm16), size)):
-            delay = start + index * frame_ms / 1000 - time.monotonic()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            await self.send_audio(pcm16[at : at + size])
-        if commit:
-            await self.commit()
-            return
-        quiet = silence(frame_ms / 1000, rate)
-        for extra in range(1, int(end_timeout * 1000 / frame_ms) + 1):
-            if self._speech_ended.is_set():
-                return
-            delay = start + (index + extra) * frame_ms / 1000 - time.monotonic()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            await self.send_audio(quiet)
-
-    async def _turn(self, text: str) -> AsyncIterator[Event]:
+    async def _turn(self, text: str | None) -> AsyncIterator[Event]:
+        """The events of a turn this client starts: with ``text``, or none (``reply``)."""
         self._conn.raise_if_failed()
         while not self._conn.queue.empty():  # what came before this turn is not part of it
             item = self._conn.queue.get_nowait()
             if isinstance(item, Failed):
                 raise item.error
-        payload = _encoder.encode(UserMessage(content=text))
+        ref = f"reply-{next(self._commands)}"
+        payload = _encoder.encode(
+            UserMessage(content=text) if text is not None else ReplyNow(id=ref)
+        )
         sent_on, after = await self._conn.send(payload), self._conn.last  # the seq seen then
         started, tracker = False, TurnTracker()
         while True:
@@ -524,7 +522,10 @@ class Client:
                     if item.action != "redact":
                         return
                     text = ""  # its echo is the redacted text
-                elif isinstance(item, User) and item.seq > after and text in ("", item.content):
+                elif item.seq > after and (
+                    (isinstance(item, User) and text in ("", item.content))
+                    or (isinstance(item, Replying) and text is None and item.reply_to == ref)
+                ):
                     started = True
                     tracker.feed("user")
                     yield item
@@ -561,8 +562,8 @@ class Client:
         or ``on_event`` (an unlogged ``error`` may answer one of this client's frames)."""
         if not logged and isinstance(event, Error) and self._answers_own_frame(event):
             return  # a reply configure(), played() or approve() takes
-        if isinstance(event, Configured) and isinstance(event.reply_to, str):
-            waiter = self._configuring.pop(event.reply_to, None)
+        if isinstance(event, Configured | Context) and isinstance(event.reply_to, str):
+            waiter = self._confirming.pop(event.reply_to, None)
             if waiter is not None and not waiter.done():
                 waiter.set_result(event)
         elif isinstance(event, SpeechStopped) or (
@@ -589,9 +590,10 @@ class Client:
         if self._calls.refused(error):
             return True
         ref = error.reply_to
-        waiter = self._configuring.pop(ref, None) if isinstance(ref, str) else None
+        waiter = self._confirming.pop(ref, None) if isinstance(ref, str) else None
         if waiter is not None:
             if not waiter.done():
-                waiter.set_exception(ConfigureRefused(error.code, error.content))
+                refused = ConfigureRefused if str(ref).startswith("configure-") else CommandRefused
+                waiter.set_exception(refused(error.code, error.content))
             return True
         return False

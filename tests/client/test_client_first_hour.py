@@ -12,10 +12,10 @@ import msgspec
 import pytest
 
 from gateway.client import Client, ClientError, Refused
-from gateway.client.client import ConfigureRefused, event_kind
+from gateway.client.client import CommandRefused, ConfigureRefused, event_kind
 from gateway.common.pcm import silence, tone
 from gateway.edge.auth import hash_key
-from protocol.events import Configured, Error, Respond
+from protocol.events import Configured, Context, Error, Replying, Respond
 from tests.gateway.conftest import GatewayFactory
 from tests.support.redis_server import free_port
 from tests.voice.conftest import voice_gateway
@@ -65,6 +65,22 @@ async def test_configure_returns_the_answer_and_raises_a_refusal(
         events = [e async for e in c.send("hello")]
         assert "".join(e.content for e in events if isinstance(e, Respond)) == "Echo: hello"
         assert not [e for e in events if isinstance(e, Error)]
+
+
+@pytest.mark.parametrize("store_kind", ["memory"])  # the store makes no difference
+async def test_context_and_reply_add_to_the_conversation_and_answer_it(
+    gateway_factory: GatewayFactory, store_kind: str
+) -> None:
+    async with gateway_factory() as gw, Client(gw.url) as c:
+        [e async for e in c.send("hello")]
+        added = await c.context("Greet them again.", timeout=10)
+        assert isinstance(added, Context) and added.role == "system"
+        events = [e async for e in c.reply()]
+        assert isinstance(events[0], Replying) and event_kind(events[-1]) == "metric"
+        assert "".join(e.content for e in events if isinstance(e, Respond)) == "Echo: hello"
+        with pytest.raises(CommandRefused) as refused:
+            await c.context("x", "tool")  # type: ignore[arg-type]
+        assert refused.value.code == "bad_frame"
 
 
 @pytest.mark.parametrize("store_kind", ["memory"])  # the store makes no difference

@@ -131,3 +131,36 @@ async def test_messages_created_around_a_turn_keep_their_order_and_wait_for_its_
         if e["type"] == "conversation.item.done" and e["item"]["role"] == "system"
     ]
     assert systems == ["mid", "late"]
+
+
+async def test_a_client_resumes_after_a_message_shown_when_created(node: NodeProcess) -> None:
+    """A message created is shown at once, by an event no logged one is: a client that
+    tracks the last event it saw resumes after it. Its id names the place it was sent
+    at (``evt_SEQ_NxK``); it was refused (``invalid_after_event``)."""
+    model = MODELS[0]
+    client = await RawClient.open(f"{node.base}/openai/v1/realtime?model={model}")
+    try:
+        sid = (await client.until("session.created"))[-1]["session"]["id"]
+        await client.text_session()
+        await client.say("/long 3")
+        await client.until("response.output_text.delta")
+        await client.send(type="conversation.item.create", item=_message("system", "Mid.", "mid"))
+        shown = (await client.until("conversation.item.done"))[-1]
+    finally:
+        client.ws.transport.abort()  # the connection drops with the answer unread
+    resumed = await RawClient.open(
+        f"{node.base}/openai/v1/realtime?model={model}&session_id={sid}"
+        f"&after_event={shown['event_id']}"
+    )
+    rest: list[dict[str, Any]] = []
+    try:  # through the message's logged place (after the answer's end, or before)
+        while not (rest and rest[-1].get("item", {}).get("id") == "mid"):
+            rest.append(await resumed.next())
+    finally:
+        await resumed.close()
+    seen = {e["event_id"] for e in client.events}
+    assert not [e for e in rest if e["event_id"] in seen]  # nothing sent twice
+    events = client.events + rest
+    text = "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
+    [done] = [e for e in events if e["type"] == "response.done" and "long" in json.dumps(e)]
+    assert text == done["response"]["output"][0]["content"][0]["text"]  # nothing lost

@@ -530,3 +530,18 @@ def test_what_waits_for_response_create_is_bounded() -> None:
         client(conv, type="conversation.item.create", item=user_item(str(n)))
     _, events = client(conv, type="conversation.item.create", item=user_item("one more"))
     assert "wait for a response.create already" in events[0]["error"]["message"]
+
+
+def test_an_unlogged_event_names_the_logged_event_it_was_sent_after() -> None:
+    """A client resumes after the last event it saw, whichever: an unlogged one (a
+    message shown when created, the model's speech) names the logged event before it."""
+    conv = created(Conversation("s1", "m"))
+    out = feed(conv, User(seq=2, content="x"), Respond(seq=3, content="a"))
+    _, events = client(conv, type="conversation.item.create", item=user_item("y"))
+    assert Conversation.position(events[0]["event_id"]) == position_of(out[-1]) == (3, 5)
+    assert events[0]["event_id"] != out[-1]["event_id"]
+    assert Conversation.position("evt_x4") is None  # the old form names no place
+
+
+def position_of(event: dict[str, object]) -> tuple[int, int] | None:
+    return Conversation.position(str(event["event_id"]))

@@ -579,10 +579,11 @@ def test_a_reply_starts_a_turn_with_no_new_message_and_waits_like_one() -> None:
     assert machine.state is TurnState.STREAMING
 
 
-def test_context_is_added_between_turns_and_while_tools_run_but_not_mid_answer() -> None:
+def test_context_is_added_between_turns_and_while_tools_run_and_waits_for_an_answer() -> None:
     """``context``: logged (naming its command and item), kept in history where it was
-    added, and told to the open connection, with no turn; refused while the model
-    writes its answer, taken again once the turn waits for its tools or has ended."""
+    added, and told to the open connection, with no turn; while the model writes its
+    answer it waits, and goes in once the answer is written, before a turn queued
+    meanwhile."""
     machine = TurnMachine()
     added = machine.feed(ContextMessage(role="system", content="Be brief.", id="c-1", item="s1"))
     assert kinds(added) == ["Context", "Persist", "AddMessage"]
@@ -597,13 +598,27 @@ def test_context_is_added_between_turns_and_while_tools_run_but_not_mid_answer()
     assert only(added, AddMessage).message.role == "system"
     assert machine.state is TurnState.IDLE  # no turn
     machine.feed(UserMessage(content="hi"))
-    refused = machine.feed(ContextMessage(role="user", content="late"))
-    assert only(refused, Refuse).error.code == "turn_active"
+    assert machine.feed(ContextMessage(role="user", content="mid", id="c-2")) == ()
     stream(machine, CALL)
-    machine.feed(ResponseDone("cancelled", USAGE))
+    done = machine.feed(ResponseDone("cancelled", USAGE))
     assert machine.state is TurnState.TOOLS
+    # The step went into history first; the message waited for it.
+    assert kinds(done)[-3:] == ["Context", "Persist", "AddMessage"]
+    assert kinds(done).index("Persist") < kinds(done).index("Context")
+    assert only(done, Context).reply_to == "c-2"
     during = machine.feed(ContextMessage(role="assistant", content="Checking."))
     assert kinds(during) == ["Context", "Persist", "AddMessage"]
     # An assistant line is told as an answer of its own is written.
     assert only(during, AddMessage).message.content == "Checking.\n<end>"
     assert machine.state is TurnState.TOOLS
+
+
+def test_context_sent_while_a_turn_closes_goes_in_before_the_queued_turn() -> None:
+    machine = TurnMachine()
+    machine.feed(UserMessage(content="hi"))
+    stream(machine, "Hello.<end>")
+    assert machine.feed(ContextMessage(role="system", content="Now French.")) == ()
+    assert machine.feed(UserMessage(content="again")) == ()  # queued behind the closing turn
+    out = machine.feed(ResponseDone("completed", USAGE))
+    assert kinds(out).index("Context") < kinds(out).index("User")
+    assert machine.state is TurnState.STREAMING

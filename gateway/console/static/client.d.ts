@@ -112,6 +112,13 @@ export interface ApprovalEvent extends EventBase {
   reason?: "timeout";
 }
 export interface ConfiguredEvent extends EventBase { type: "configured"; config: SessionConfig; reply_to?: string }
+export interface ContextEvent extends EventBase {
+  type: "context";
+  role: "system" | "user" | "assistant";
+  content: string;
+  reply_to?: string;
+  item?: string;
+}
 export interface SpeechStartedEvent extends EventBase {
   type: "speech_started";
   offset_ms: number;
@@ -123,7 +130,7 @@ export interface SpeechStoppedEvent extends EventBase { type: "speech_stopped"; 
 export type GatewayEvent =
   | UserEvent | ReplyEvent | ThinkEvent | CallEvent | ExecuteEvent | ResultEvent | RespondEvent
   | EndEvent | MetricEvent | ErrorEvent | InterruptEvent | CancelledEvent
-  | ConfiguredEvent | SpeechStartedEvent | SpeechStoppedEvent
+  | ConfiguredEvent | ContextEvent | SpeechStartedEvent | SpeechStoppedEvent
   | ApprovalRequiredEvent | ApprovalEvent | GuardrailEvent;
 
 /** One frame on the wire, for an inspector: sent ("out") or received ("in"). */
@@ -186,11 +193,13 @@ export class RefusedError extends ClientError {
   reason: "origin" | "key" | "session" | "forbidden" | "";
   inferred: boolean;
 }
-/** The gateway refused a configure: `forbidden` (a client token, or the key's policy) or `bad_frame`. */
-export class ConfigureRefusedError extends ClientError {
+/** The gateway refused a command: its error's `code` and `content`. */
+export class CommandRefusedError extends ClientError {
   code: string;
   content: string;
 }
+/** The gateway refused a configure: `forbidden` (a client token, or the key's policy) or `bad_frame`. */
+export class ConfigureRefusedError extends CommandRefusedError {}
 /** The gateway refused an approve: `wrong_digest`, `unknown_call` (decided already, or
  * not waiting) or `forbidden` (this connection may not approve). */
 export class ApprovalRefusedError extends ClientError {
@@ -222,6 +231,14 @@ export class Client {
   /** Change the configuration (only the fields given), e.g. {tools: [...]}, {output: "audio"};
    * resolves with the `configured` answer, rejects with ConfigureRefusedError. */
   configure(fields: SessionConfig, options?: { timeout?: number }): Promise<ConfiguredEvent>;
+  /** Add a message without a turn; resolves with the logged `context` event, rejects
+   * with CommandRefusedError. */
+  context(
+    content: string,
+    options?: { role?: "system" | "user" | "assistant"; timeout?: number },
+  ): Promise<ContextEvent>;
+  /** Start a turn with no new message (`reply`). */
+  reply(): Promise<void>;
   /** Decide on a call that waits for approval (its approval_required's id and digest);
    * resolves with the logged `approval`, rejects with ApprovalRefusedError. */
   approve(

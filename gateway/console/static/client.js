@@ -46,6 +46,7 @@
 import {
   ApprovalRefusedError,
   ClientError,
+  CommandRefusedError,
   ConfigureRefusedError,
   ConnectionLostError,
   ERROR_CODES,
@@ -59,6 +60,7 @@ import { isNode, openSocket, withQuery } from "./socket.js";
 export {
   ApprovalRefusedError,
   ClientError,
+  CommandRefusedError,
   ConfigureRefusedError,
   ConnectionLostError,
   ERROR_CODES,
@@ -204,8 +206,8 @@ export class Client {
     this._failure = null;
     this._inTurn = false;
     this._connectedWaiters = [];
-    this._configuring = []; // {id, resolve, reject, timer} per configure sent
-    this._commands = 0; // configure ids: configure-1, configure-2, ...
+    this._configuring = []; // {id, answer, resolve, reject, timer} per configure or context sent
+    this._commands = 0; // their ids: configure-1, context-2, ...
     this._approving = []; // {id, resolve, reject, timer} per approve sent, oldest first
     this._pings = []; // {resolve, at} per ping sent
     this._playedSupported = true;
@@ -274,15 +276,33 @@ export class Client {
    * or {output: "audio"}. Resolves with the logged `configured` event that
    * answers it; rejects with ConfigureRefusedError when the gateway refuses. */
   configure(fields, { timeout = 10000 } = {}) {
+    return this._confirmed({ ...fields, type: "configure" }, "configured", timeout);
+  }
+
+  /** Add a message to the conversation without a turn (`context`): the app's
+   * instructions for what comes next (role "system", which needs the API key), or
+   * history it restores ("user", "assistant"). Resolves with the logged `context`
+   * event; rejects with CommandRefusedError (turn_active while the model answers). */
+  context(content, { role = "system", timeout = 10000 } = {}) {
+    return this._confirmed({ type: "context", role, content }, "context", timeout);
+  }
+
+  /** Start a turn with no new message (`reply`): the model answers the conversation as
+   * it is (a greeting, a follow-up to `context`). Its events come as any turn's. */
+  async reply() {
+    await this._sendFrame({ type: "reply" });
+  }
+
+  _confirmed(frame, answer, timeout) {
     return new Promise((resolve, reject) => {
       this._commands += 1;
-      const waiter = { id: `configure-${this._commands}`, resolve, reject, timer: null };
+      const waiter = { id: `${frame.type}-${this._commands}`, answer, resolve, reject, timer: null };
       waiter.timer = setTimeout(() => {
         this._configuring = this._configuring.filter((w) => w !== waiter);
-        reject(new ClientError(`the gateway did not answer configure within ${timeout} ms`));
+        reject(new ClientError(`the gateway did not answer ${frame.type} within ${timeout} ms`));
       }, timeout);
       this._configuring.push(waiter);
-      this._sendFrame({ ...fields, type: "configure", id: waiter.id }).catch((err) => {
+      this._sendFrame({ ...frame, id: waiter.id }).catch((err) => {
         clearTimeout(waiter.timer);
         this._configuring = this._configuring.filter((w) => w !== waiter);
         reject(err);
@@ -578,7 +598,7 @@ export class Client {
       if (own !== "played") this.onEvent?.(ev, false);
       return; // configure() or approve() rejects with it; played() goes quiet
     }
-    const configured = ev.type === "configured" ? this._configuring.find((w) => w.id === ev.reply_to) : null;
+    const configured = this._configuring.find((w) => w.answer === ev.type && w.id === ev.reply_to);
     if (configured) {
       this._configuring = this._configuring.filter((w) => w !== configured);
       clearTimeout(configured.timer);
@@ -621,7 +641,8 @@ export class Client {
     if (configuring) {
       this._configuring = this._configuring.filter((w) => w !== configuring);
       clearTimeout(configuring.timer);
-      configuring.reject(new ConfigureRefusedError(ev.code, ev.content));
+      const Refused = configuring.answer === "configured" ? ConfigureRefusedError : CommandRefusedError;
+      configuring.reject(new Refused(ev.code, ev.content));
       return "configure";
     }
     return "";

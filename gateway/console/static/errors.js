@@ -43,13 +43,21 @@ export class ApprovalRefusedError extends ClientError {
   }
 }
 
-/** The gateway refused a configure: its error reply's code and text. */
-export class ConfigureRefusedError extends ClientError {
-  constructor(code, content) {
-    super(`the gateway refused the configuration (${code}): ${content}`);
-    this.name = "ConfigureRefusedError";
+/** The gateway refused a command (a context, a configure): its error reply's code and text. */
+export class CommandRefusedError extends ClientError {
+  constructor(code, content, what = "it") {
+    super(`the gateway refused ${what} (${code}): ${content}`);
+    this.name = "CommandRefusedError";
     this.code = code;
     this.content = content;
+  }
+}
+
+/** The gateway refused a configure. */
+export class ConfigureRefusedError extends CommandRefusedError {
+  constructor(code, content) {
+    super(code, content, "the configuration");
+    this.name = "ConfigureRefusedError";
   }
 }
 

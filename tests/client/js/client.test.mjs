@@ -7,6 +7,7 @@ import { test } from "node:test";
 import {
   ApprovalRefusedError,
   Client,
+  CommandRefusedError,
   ConfigureRefusedError,
   RefusedError,
   TurnTracker,
@@ -166,6 +167,23 @@ test("configure resolves with its answer, rejects with the gateway's refusal", a
     assert.equal(frames[0].data.type, "session");
     assert.ok(frames.some((f) => f.dir === "out" && f.data.type === "user"));
     assert.ok(frames.some((f) => f.dir === "in" && f.data.type === "pong"));
+  } finally {
+    c.close();
+  }
+});
+
+test("context resolves with its logged event, rejects a bad one with the gateway's refusal", async () => {
+  const c = new Client(URL);
+  await c.connect();
+  try {
+    for await (const _ of c.send("hello"));
+    const added = await c.context("Greet them again.");
+    assert.equal(added.type, "context");
+    assert.equal(added.role, "system");
+    await assert.rejects(
+      c.context("x", { role: "tool" }),
+      (err) => err instanceof CommandRefusedError && err.code === "bad_frame",
+    );
   } finally {
     c.close();
   }

@@ -19,6 +19,9 @@ import { markdown } from "/static/markdown.js";
 const ARGS_CHARS = 400; // tool args longer than this are cut in the card
 const RESULT_CHARS = 20000; // an expanded tool result shows at most this much
 
+/** How a `context` message's role is shown. */
+const CONTEXT_WHO = { system: "Instructions", user: "You", assistant: "Model" };
+
 export class Conversation {
   /**
    * root: the scrolling log element. hooks: {suggest(text), mic(), answerTool(id, status,
@@ -189,6 +192,9 @@ export class Conversation {
         break;
       case "guardrail":
         this.guardrail(ev);
+        break;
+      case "context": // a message added without a turn (the app's instructions, history)
+        this.note(`${CONTEXT_WHO[ev.role] ?? ev.role} (added): ${ev.content}`, "context");
         break;
       default:
         break; // types a newer gateway may add

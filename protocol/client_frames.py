@@ -16,6 +16,7 @@ from protocol.events import (
     CLIENT_MESSAGE_TYPES,
     COMMAND_ID_MAX,
     ClientMessage,
+    ContextMessage,
     Error,
     UserMessage,
     answering,
@@ -41,13 +42,16 @@ def decode_client(data: bytes | str) -> ClientMessage | Error:
         # msgspec recurses per nesting level, also to skip unknown fields: a
         # frame of deeply nested arrays must be an answer, not a crash.
         return Error(code="bad_frame", content=f"frame is nested too deeply; {_EXPECTED}")
-    if type(message) is UserMessage and (not message.content or message.content.isspace()):
+    if isinstance(message, UserMessage | ContextMessage) and (
+        not message.content or message.content.isspace()
+    ):
         # A turn about nothing would cost a model call and teach the model to
         # answer blanks; refuse it here, where the client learns why.
+        what = "user" if type(message) is UserMessage else "context"
         return answering(
             Error(
                 code="bad_frame",
-                content='the "user" message is empty; put the text of your message in "content"',
+                content=f'the "{what}" message is empty; put the text of your message in "content"',
             ),
             message,
         )

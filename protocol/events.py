@@ -444,8 +444,8 @@ class ReplyNow(msgspec.Struct, tag_field="type", tag="reply"):
 
 class ContextMessage(msgspec.Struct, tag_field="type", tag="context"):
     """Add ``content`` as ``role``'s message without starting a turn (logged as
-    ``context``): between turns, or while a turn waits for its tools; while the model
-    answers it is refused (``turn_active``): send it after the turn's ``end``."""
+    ``context``); sent while the model answers, it goes in once the answer is written.
+    ``system`` and ``assistant`` need the API key (docs/protocol.md)."""
 
     role: Role
     content: str

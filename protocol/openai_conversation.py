@@ -1,11 +1,10 @@
 """The OpenAI door's conversation: OpenAI client events in, gateway commands out;
 the gateway's logged events in, OpenAI server events out. Pure: no I/O, no clock.
 
-One object per client connection (``gateway.edge.openai_door`` drives it).
-Everything it emits for a logged event is derived from the log alone, with ids
-made from the event's ``seq`` (``event_id`` ``evt_SEQ_N``, ``item_SEQ``,
-``resp_SEQ``): a client that reconnects replays the log through a fresh
-conversation and is sent only what follows the last ``event_id`` it saw.
+One object per client connection (``gateway.edge.openai_door`` drives it). Everything
+it emits for a logged event is derived from the log alone, with ids made from the
+event's ``seq`` (``evt_SEQ_N``, ``item_SEQ``, ``resp_SEQ``): a client that reconnects
+replays the log through a fresh conversation and is sent what follows its last event.
 
 Its rooms: this module is the session → client half (whose hot path, a chunk of
 an open message, is one delta event) and the object the door and its subclass
@@ -219,12 +218,14 @@ class Conversation:
         return events
 
     def _gateway(self, event: Event) -> list[ServerEvent]:
+        typed = self.requests.typed
         if type(event) is Guardrail and (blocked := event.refusal()):  # as a bad request is
-            self.overrides.put_back()  # the response it would have started never did
             ref = event.reply_to
+            if ref not in typed.contexts:  # a context starts no response
+                self.overrides.put_back()  # the response it would have started never did
             named = ref if isinstance(ref, str) and ref in self.requests.named else None
             out = [self.error(blocked, code="guardrail_blocked", event_id=named)]
-            return out + [self._take_back(i) for i in self.requests.typed.taken(ref) or ()]
+            return out + [self._take_back(i) for i in typed.taken(ref) or ()]
         match event:
             case Session():
                 return []
@@ -243,8 +244,8 @@ class Conversation:
                     *early,
                 ]
             case SpeechStarted(offset_ms=ms):
-                if not self.requests.turn_open and self.requests.typed.sent is None:
-                    self.requests.typed.release(spoken=True)  # before the speech's item
+                if not self.requests.turn_open and typed.sent is None:
+                    typed.release(spoken=True)  # before the speech's item
                 self._speech = f"item_{event.seq}"
                 out = self._done("cancelled", reason="turn_detected") if self._response else []
                 return [
@@ -262,7 +263,7 @@ class Conversation:
                     )
                 ]
             case User(content=content, source=source, reply_to=ref, item=user_item):
-                shown = self.requests.typed.taken(ref)  # the message sent from here
+                shown = typed.taken(ref)  # the message sent from here
                 self.requests.user_logged(spoken=source == "audio")
                 if shown is not None:  # shown when created: now it has its place
                     self._user_turn(event.seq)
@@ -274,11 +275,11 @@ class Conversation:
             case Context(role=role, content=content, reply_to=ref, item=given):
                 iid = given if isinstance(given, str) else f"item_{event.seq}"
                 self.shown.spans.add(iid, event.seq, event.seq)
-                if self.requests.typed.taken(ref) is not None:  # created here: shown already
+                if typed.taken(ref) is not None:  # created here: shown already
                     return []
                 return self.shown.append(self.ids.event, text_item(iid, role, content))
             case Replying(reply_to=ref):  # a turn with no new message: nothing to show
-                self.requests.typed.taken(ref)
+                typed.taken(ref)
                 self.requests.user_logged(spoken=False)
                 self._user_turn(event.seq)
                 return []
@@ -315,7 +316,7 @@ class Conversation:
                 return []
             case Metric(step=usage):
                 if not self.requests.turn_open:  # the turn is over: what waited for it goes
-                    self.requests.typed.release()
+                    typed.release()
                 if not self._ending or self._response is None:
                     self._ending = False
                     return []
@@ -334,15 +335,14 @@ class Conversation:
                     return []
                 # A response a create asked for is shown even if cut before its first word.
                 return [*self._start(), *self._done("cancelled", reason=reason)]
-            case Error(code="turn_active", reply_to=str(ref)) if (
-                ref in self.requests.typed.contexts
-            ):
-                self.requests.typed.refused(ref, busy=True)  # it goes when the turn is over
-                return []
+            case Error(code=code, content=text, reply_to=str(ref)) if ref in typed.contexts:
+                named = ref if ref in self.requests.named else None  # else a held one's
+                back = [self._take_back(iid) for iid in typed.refused(ref, busy=False) or ()]
+                return [self.ids.error(text, code=code, event_id=named), *back]
             case Error(code=code, content=content, reply_to=ref):
                 if self._response is None:
                     self.overrides.put_back()  # the response with overrides never started
-                    if (sent := self.requests.typed.sent) is not None and ref == sent[0]:
+                    if (sent := typed.sent) is not None and ref == sent[0]:
                         self.overrides.unask()  # the create's message was refused
                 requests = self.requests
                 requests.refused_update(ref if isinstance(ref, str) else None)

@@ -10,6 +10,7 @@ that place too (a client that resumes after it is sent what followed ``evt_SEQ_N
 
 from __future__ import annotations
 
+import re
 from typing import Any, Final
 
 from protocol.openai_events import ServerEvent
@@ -24,16 +25,15 @@ OpenAI ``error`` of type ``server_error`` (as OpenAI's service marks its own fai
 so a client that retries those does."""
 
 
+_EVENT_ID: Final = re.compile(r"evt_([0-9]{1,18})_([0-9]{1,18})(?:x[0-9]{1,18})?")
+"""``evt_SEQ_N`` or ``evt_SEQ_NxK``, in ASCII digits (a client's ``after_event``)."""
+
+
 def position(event_id: str) -> tuple[int, int] | None:
     """``(seq, n)``: the logged event an ``event_id`` is, or was sent after (an unlogged
     one's); None for any other id."""
-    parts = event_id.split("_")
-    if len(parts) != 3 or parts[0] != "evt":
-        return None
-    n, unlogged, k = parts[2].partition("x")
-    if not (parts[1] + n).isdecimal() or (unlogged and not k.isdecimal()):
-        return None
-    return int(parts[1]), int(n)
+    matched = _EVENT_ID.fullmatch(event_id)
+    return None if matched is None else (int(matched[1]), int(matched[2]))
 
 
 class EventIds:

@@ -558,7 +558,7 @@ class ClientRequests:
         if held[2] == "user" or typed.waiting:
             typed.hold(*held)  # for response.create (``TypedItems``)
             return Emit([], self._shown(held[0], item.role, parts))
-        context = typed.context(held, self._command_id(eid, "context"))
+        context = typed.context(held, eid if eid and len(eid) <= COMMAND_ID_MAX else "")
         return Emit([context], self._shown(held[0], item.role, parts))
 
     def _shown(self, iid: str, role: str, parts: list[dict[str, str]]) -> list[ServerEvent]:

@@ -33,7 +33,7 @@ __all__ = ["HELD_CHARS_MAX", "HELD_MAX", "Held", "TypedItems", "id_refusal"]
 JOINED: Final = "\n"  # between the texts of messages held for one response
 HELD_MAX: Final = 64  # messages held for one response.create
 HELD_CHARS_MAX: Final = 1 << 20  # their text, together: the gateway's own door's frame limit
-CONTEXT_ID: Final = "~context"  # the door's own command ids for what it sends later
+CONTEXT_ID: Final = "~"  # the door's own command ids for what it sends later: ~PREFIX N
 
 Held = tuple[str, str, Role]
 """A created message not yet sent: ``(item id, text, role)``."""
@@ -62,7 +62,7 @@ class TypedItems:
 
     def refusal(self, text: str) -> str | None:
         """Why ``text`` cannot be held with what is (bounded before anything is kept)."""
-        if len(self.held) >= HELD_MAX:
+        if len(self.held) + len(self.contexts) >= HELD_MAX:
             return f"{HELD_MAX} messages wait for a response.create already: send one"
         if len(text) + sum(len(t) for _, t, _ in self.held) > HELD_CHARS_MAX:
             return (
@@ -79,8 +79,8 @@ class TypedItems:
 
     @property
     def waiting(self) -> bool:
-        """A user message is held: what is created after it waits behind it."""
-        return any(held[2] == "user" for held in self.held)
+        """A message is held: what is created after it waits behind it."""
+        return bool(self.held)
 
     def drop(self, iid: str) -> bool:
         """Take back a held message (the client deleted it before it was sent)."""
@@ -91,24 +91,27 @@ class TypedItems:
 
     def context(self, held: Held, command_id: str = "") -> ContextMessage:
         """``held`` as a ``context`` command, in flight until logged or refused."""
-        if not command_id:
+        if not command_id:  # the connection's own: no other connection's, no event_id
             self.made += 1
-            command_id = f"{CONTEXT_ID}{self.made}"
+            command_id = f"{CONTEXT_ID}{self.prefix}{self.made}"
         self.contexts[command_id] = held
         iid, text, role = held
         return ContextMessage(role=role, content=text, id=command_id, item=iid)
 
     def send(self, said_id: str) -> list[ContextMessage | UserMessage | ReplyNow]:
-        """What a ``response.create`` sends (``said_id``: its turn's command id): each held
-        message before the last run of user messages as a context message, in order;
-        that run as the turn's message (its first item's id with it), or, with none, a
-        turn with no new message (``reply``)."""
+        """What a ``response.create`` sends (``said_id``: its turn's command id): the last
+        run of user messages is the turn's message (its first item's id with it), and
+        every other held message goes before it as a context message, in order (those
+        created after that run too: the instructions a client adds with its user's
+        message come before it); with no user message, a turn with no new one (``reply``)."""
         held, self.held = self.held, []
-        cut = len(held)
-        while cut and held[cut - 1][2] == "user":
-            cut -= 1
-        out: list[ContextMessage | UserMessage | ReplyNow] = [self.context(h) for h in held[:cut]]
-        said = held[cut:]
+        last = max((i for i, h in enumerate(held) if h[2] == "user"), default=-1)
+        first = last
+        while first > 0 and held[first - 1][2] == "user":
+            first -= 1
+        said = held[first : last + 1] if last >= 0 else []
+        others = held[:first] + held[last + 1 :] if last >= 0 else held
+        out: list[ContextMessage | UserMessage | ReplyNow] = [self.context(h) for h in others]
         self.sent = (said_id, said)
         if said:
             text = JOINED.join(t for _, t, _ in said)

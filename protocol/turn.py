@@ -87,7 +87,11 @@ from protocol.turn_events import (
     Action,
     AddMessage,
     Await,
+    AwaitApproval,
+    AwaitClient,
+    Backoff,
     CancelBackground,
+    CommitAudio,
     ContextMessage,
     DropUpstream,
     NativeCall,
@@ -97,6 +101,7 @@ from protocol.turn_events import (
     ReplyNow,
     Request,
     ResponseDone,
+    RunTools,
     Source,
     StopResponse,
     TurnInput,
@@ -139,12 +144,14 @@ _AWAIT_RESPONSE: Final = Await(Source.RESPONSE)
 _AWAIT_NOTHING: Final = Await(Source.NOTHING)
 
 CANCELLED_BY_USER: Final = "cancelled by the user"
-CONTEXTS_WAITING: Final = 64
-CONTEXT_CHARS_WAITING: Final = 1 << 20
-CONTEXT_WAITS: Final = (
-    f"{CONTEXTS_WAITING} context messages (or {CONTEXT_CHARS_WAITING} characters) wait for "
-    "the model's answer to be written already: send this one after the turn's end event"
+CONTEXTS_PER_TURN: Final = 256
+CONTEXT_CHARS_PER_TURN: Final = 2 << 20
+CONTEXT_FULL: Final = (
+    f"{CONTEXTS_PER_TURN} context messages (or {CONTEXT_CHARS_PER_TURN} characters) were added "
+    "since the last turn began: start a turn (a user message, or reply) before adding more"
 )
+# What a turn waits on: messages that waited for an answer go in before these.
+_WAITS: Final = (RunTools, AwaitClient, AwaitApproval, Request, CommitAudio, Backoff)
 
 
 class TurnMachine(VoiceSteps, RecoverySteps):
@@ -167,6 +174,7 @@ class TurnMachine(VoiceSteps, RecoverySteps):
         "_feed",
         "_opened_for",
         "_queued",
+        "_room",
         "cancel_background",
         "setup",
         "spoken",
@@ -196,6 +204,7 @@ class TurnMachine(VoiceSteps, RecoverySteps):
         # A message (or a reply asked for) sent while the turn was closing.
         self._queued: UserMessage | ReplyNow | None = None
         self._contexts: list[ContextMessage] = []  # added while the model answers
+        self._room = [0, 0]  # context messages and characters since the turn began
         self._recorder = StepRecorder()
         self._chunk = self._recorder.chunk
         self._parser = Parser()
@@ -307,7 +316,10 @@ class TurnMachine(VoiceSteps, RecoverySteps):
             return NOTHING
         out = entry[0](self, given)
         if self._contexts and (self.state is IDLE or self.state is TOOLS):
-            return [*out, *self._added()]  # the answer is written: what waited goes in
+            # The answer is written: what waited goes in, before what the turn waits on.
+            out = list(out)
+            at = next((i for i, a in enumerate(out) if isinstance(a, _WAITS)), len(out))
+            out[at:at] = self._added()
         return out
 
     def _native_call(self, given: NativeCall) -> Sequence[Action]:
@@ -355,16 +367,16 @@ class TurnMachine(VoiceSteps, RecoverySteps):
     def _context(self, given: ContextMessage) -> Sequence[Action]:
         """A message added without a turn: logged, kept in history where it stands, and
         told to the open connection. Between turns, or while the turn waits for its tools;
-        while the model writes its answer it waits (``_contexts``: at most
-        ``CONTEXTS_WAITING`` messages, ``CONTEXT_CHARS_WAITING`` characters) and goes in
-        once the answer is written, before a turn queued meanwhile."""
+        while the model writes its answer it waits (``_contexts``) and goes in once the
+        answer is written, before a turn queued meanwhile. ``CONTEXTS_PER_TURN`` messages
+        and ``CONTEXT_CHARS_PER_TURN`` characters from one turn's start to the next."""
+        room = self._room
+        if room[0] >= CONTEXTS_PER_TURN or room[1] + len(given.content) > CONTEXT_CHARS_PER_TURN:
+            return [Refuse(Error(code="rate_limited", content=CONTEXT_FULL))]
+        room[0], room[1] = room[0] + 1, room[1] + len(given.content)
         if self.state is IDLE or self.state is TOOLS:
             return self._added(given)
-        waiting = self._contexts
-        chars = len(given.content) + sum(len(c.content) for c in waiting)
-        if len(waiting) >= CONTEXTS_WAITING or chars > CONTEXT_CHARS_WAITING:
-            return [Refuse(Error(code="turn_active", content=CONTEXT_WAITS))]
-        waiting.append(given)
+        self._contexts.append(given)
         return NOTHING
 
     def _added(self, *given: ContextMessage) -> list[Action]:
@@ -383,6 +395,7 @@ class TurnMachine(VoiceSteps, RecoverySteps):
     def _begin(self, first: list[Action], message: Message | None) -> list[Action]:
         """Start a turn: ``first`` (its opening events), then the first model step."""
         self.meter.new_turn()
+        self._room = [0, 0]
         self._steps = 0
         self._malformed_in_a_row = 0
         self._recorder = StepRecorder()

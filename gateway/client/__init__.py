@@ -10,6 +10,7 @@ its own, never server code (``tests/house/test_layers.py``).
 from gateway.client.calls import ApprovalHook, ApprovalRefused
 from gateway.client.client import (
     Client,
+    CommandRefused,
     ConfigureRefused,
     ToolHandler,
     ToolResultMessage,
@@ -30,6 +31,7 @@ __all__ = [
     "BadUrl",
     "Client",
     "ClientError",
+    "CommandRefused",
     "ConfigureRefused",
     "ConnectionLost",
     "Refused",

@@ -59,7 +59,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, Final, TypeVar, overload
 
@@ -67,6 +66,7 @@ import msgspec
 import orjson
 
 from gateway.client.calls import ApprovalHook, ApprovalRefused, Calls, Decision, ToolHandler
+from gateway.client.confirming import CommandRefused, ConfigureRefused, Confirmations
 from gateway.client.connection import (
     Failed,
     Reconnected,
@@ -114,22 +114,8 @@ __all__ = [
 ]
 
 H = TypeVar("H", bound=ToolHandler)
-A = TypeVar("A", Configured, Context)
 
 _encoder: Final = msgspec.json.Encoder()
-
-
-class CommandRefused(ClientError):
-    """The gateway refused a command: ``code`` (``forbidden``, ``bad_frame``…) and its text."""
-
-    def __init__(self, code: str, content: str) -> None:
-        super().__init__(f"the gateway refused it ({code}): {content}")
-        self.code = code
-        self.content = content
-
-
-class ConfigureRefused(CommandRefused):
-    """The gateway refused a ``configure``."""
 
 
 # The ``id`` of every ``played`` frame: a gateway that does not know the
@@ -221,8 +207,7 @@ class Client:
         self._calls.on_approval = on_approval
         self._in_turn = False
         # Each configure() waits for the reply naming its id (``configure-N``).
-        self._confirming: dict[str, asyncio.Future[Event]] = {}  # by command id
-        self._commands = itertools.count(1)
+        self._confirming = Confirmations()  # configure() and context(), until answered
         self._speech_ended = asyncio.Event()  # the gateway heard the spoken turn end
         self._played_supported = True  # False once the gateway answered unknown_type
 
@@ -302,15 +287,15 @@ class Client:
             yield event
 
     async def context(
-        self, content: str, role: Role = "system", *, timeout: float = 10.0
+        self, content: str, role: Role = "system", *, timeout: float = 60.0
     ) -> Context:
-        """Add a message to the conversation without a turn (``context``): the app's
-        instructions for what comes next (``system``, with the API key), history it
-        restores (``user``, ``assistant``). Returns the logged ``context`` event; raises
-        ``CommandRefused`` with the gateway's reply (``turn_active`` while the model
-        answers, ``forbidden`` for a client token's system message)."""
+        """Add a message without a turn (``context``): the app's instructions (``system``),
+        history it restores (``user``; ``assistant`` and ``system`` need the API key). The
+        logged ``context`` event (sent while the model answers: once the answer is written,
+        so give ``timeout`` an answer's length); ``CommandRefused`` with the gateway's
+        reply (``forbidden``, ``rate_limited``, ``guardrail_blocked``)."""
         frame = {"type": "context", "role": role, "content": content}
-        return await self._confirmed(frame, Context, timeout)
+        return await self._confirming.ask(self._conn.send, frame, Context, timeout)
 
     async def _own_turn(self, text: str | None) -> AsyncIterator[Event]:
         if self._in_turn:
@@ -370,26 +355,8 @@ class Client:
         allow; ``bad_frame``: a value that is not valid), ``ClientError`` when
         no answer comes within ``timeout`` seconds.
         """
-        return await self._confirmed({"type": "configure", **fields}, Configured, timeout)
-
-    async def _confirmed(self, frame: dict[str, Any], answer: type[A], timeout: float) -> A:
-        """Send a command and wait for the logged event that confirms it (``answer``,
-        naming it by ``reply_to``), or its refusal (raised: ``CommandRefused``)."""
-        waiter: asyncio.Future[Event] = asyncio.get_running_loop().create_future()
-        ref = f"{frame['type']}-{next(self._commands)}"
-        self._confirming[ref] = waiter
-        try:
-            await self._conn.send(orjson.dumps({**frame, "id": ref}))
-            async with asyncio.timeout(timeout):
-                event = await waiter
-        except TimeoutError:
-            raise ClientError(
-                f"the gateway did not answer {frame['type']} within {timeout:g}s"
-            ) from None
-        finally:
-            self._confirming.pop(ref, None)
-        assert isinstance(event, answer), event
-        return event
+        frame = {"type": "configure", **fields}
+        return await self._confirming.ask(self._conn.send, frame, Configured, timeout)
 
     async def played(self, seq: int, ms: int) -> None:
         """Report the model's speech played so far: ``ms`` milliseconds of the
@@ -493,7 +460,7 @@ class Client:
             item = self._conn.queue.get_nowait()
             if isinstance(item, Failed):
                 raise item.error
-        ref = f"reply-{next(self._commands)}"
+        ref = self._confirming.new_id("reply")
         payload = _encoder.encode(
             UserMessage(content=text) if text is not None else ReplyNow(id=ref)
         )
@@ -517,7 +484,12 @@ class Client:
                     sent_on = await self._conn.send(payload)
                 continue
             if not started:
-                if isinstance(item, Guardrail) and item.on == "input" and item.seq > after:
+                if (
+                    isinstance(item, Guardrail)
+                    and item.on == "input"
+                    and item.seq > after
+                    and item.reply_to is msgspec.UNSET  # ours: a message this turn sent
+                ):
                     yield item  # blocked (no turn: the model never got it), or redacted
                     if item.action != "redact":
                         return
@@ -562,11 +534,8 @@ class Client:
         or ``on_event`` (an unlogged ``error`` may answer one of this client's frames)."""
         if not logged and isinstance(event, Error) and self._answers_own_frame(event):
             return  # a reply configure(), played() or approve() takes
-        if isinstance(event, Configured | Context) and isinstance(event.reply_to, str):
-            waiter = self._confirming.pop(event.reply_to, None)
-            if waiter is not None and not waiter.done():
-                waiter.set_result(event)
-        elif isinstance(event, SpeechStopped) or (
+        self._confirming.seen(event)
+        if isinstance(event, SpeechStopped) or (
             isinstance(event, User) and event.source == "audio"
         ):
             self._speech_ended.set()
@@ -589,11 +558,4 @@ class Client:
             return True
         if self._calls.refused(error):
             return True
-        ref = error.reply_to
-        waiter = self._confirming.pop(ref, None) if isinstance(ref, str) else None
-        if waiter is not None:
-            if not waiter.done():
-                refused = ConfigureRefused if str(ref).startswith("configure-") else CommandRefused
-                waiter.set_exception(refused(error.code, error.content))
-            return True
-        return False
+        return self._confirming.refused(error)

@@ -293,8 +293,8 @@ class UpstreamAsker:
         try:
             if note:
                 await upstream.add_note(message.content)
-            else:
-                await upstream.add_message(message)
+            elif not await upstream.add_context(message):
+                self.drop(stop=False)  # the next connection is given it from history
         except UpstreamClosed:
             self.drop(stop=False)
         self.in_call = False

@@ -43,7 +43,6 @@ from protocol.events import (
     Commit,
     Configure,
     Configured,
-    Context,
     ContextMessage,
     Error,
     Event,
@@ -203,7 +202,9 @@ class CommandSpec:
       is another one; voice commands run where the microphone is;
     - ``records``: it stores a session made by this connection at its first use;
     - ``answer``: the unlogged event the connection answers it with once it ran;
-    - ``turn``: it starts a turn (per-key turn limits and draining apply).
+    - ``turn``: it starts a turn (per-key turn limits and draining apply);
+    - ``drains``: refused while the node drains, as a turn is (what it adds to the
+      conversation would wait on a node that is going).
     """
 
     what: str
@@ -214,6 +215,7 @@ class CommandSpec:
     forwarded: bool = True
     records: bool = False
     turn: bool = False
+    drains: bool = False
     answer: type[AudioCleared] | None = None
 
     def __post_init__(self) -> None:
@@ -232,7 +234,9 @@ class CommandSpec:
 COMMANDS: Final[dict[type, CommandSpec]] = {
     UserMessage: CommandSpec("message", _message, confirms=User, records=True, turn=True),
     ReplyNow: CommandSpec("reply", _message, confirms=Replying, records=True, turn=True),
-    ContextMessage: CommandSpec("context", _message, confirms=Context, records=True),
+    # Confirmed by the machine taking it, not its event: one sent while the model answers
+    # is logged when the answer is written, which a forwarding node would not wait for.
+    ContextMessage: CommandSpec("context", _message, records=True, drains=True),
     Cancel: CommandSpec("cancel", _as_is, interrupts=True, confirms=Cancelled),
     ToolResultMessage: CommandSpec("tool_result", _tool_result),
     Configure: CommandSpec("configure", None, who="api_key", confirms=Configured, records=True),
@@ -260,9 +264,10 @@ _FORBIDDEN: Final[dict[Who, str]] = {
     "approver": "this connection may not approve calls: approve with the API key, "
     'or with a client token minted with "rights": ["approve"] (POST /v1/sessions/ID/tokens)',
 }
-_SYSTEM_WHO: Final[Who] = "api_key"
-"""Who may add a ``system`` message (``context``): it instructs the model as the
-session's instructions do, which a client token may not change."""
+_KEY_ROLES: Final = frozenset({"system", "assistant"})
+"""The ``context`` roles only an API key may add: a ``system`` message instructs the model
+as the session's instructions do (a client token may not change those), an ``assistant``
+one speaks for the model (a page could forge its earlier answers and calls)."""
 _DRAINING: Final = (
     "this gateway node is shutting down; reconnect (with session_id and after=SEQ) to reach "
     "another node and send the message again"
@@ -276,13 +281,14 @@ async def admit(message: Any, sender: Sender) -> Error | None:
     (the driving node trusts the origin's check).
     """
     spec = COMMANDS[type(message)]
-    who = _SYSTEM_WHO if type(message) is ContextMessage and message.role == "system" else spec.who
+    speaks_for = type(message) is ContextMessage and message.role in _KEY_ROLES
+    who: Who = "api_key" if speaks_for else spec.who
     allowed = {"anyone": True, "api_key": sender.trusted, "approver": sender.may_approve}
     refusal: Error | None = None
     if not allowed[who]:
-        what = "a system message" if who is _SYSTEM_WHO else spec.what
+        what = f"a {message.role} message" if speaks_for else spec.what
         refusal = Error(code="forbidden", content=_FORBIDDEN[who].format(what=what))
-    elif spec.turn and sender.draining:
+    elif (spec.turn or spec.drains) and sender.draining:
         refusal = Error(code="draining", content=_DRAINING)
     elif spec.records:
         refusal = await sender.record()

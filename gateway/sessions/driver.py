@@ -69,7 +69,8 @@ __all__ = ["DrivenSession", "TurnDriver"]
 
 log = logging.getLogger("gateway.sessions.runtime")
 
-# The actions the driver awaits; a cancel supersedes those not yet performed.
+# The actions the driver awaits; a cancel supersedes those not yet performed. Not an
+# ``AddMessage``: its ``context`` is logged and in history, so the connection must have it.
 _AWAITED: Final = frozenset(
     {
         Request,
@@ -77,7 +78,6 @@ _AWAITED: Final = frozenset(
         StopResponse,
         ReplaceResponse,
         AddNote,
-        AddMessage,
         RunTools,
         AwaitClient,
         AwaitApproval,

@@ -105,7 +105,9 @@ def judged_input(
     rules = guard.guardrails.input
     if isinstance(given, UserMessage | ContextMessage):
         verdict = check_input(rules, given.content)
-        for event in guard.tripped(verdict.hits, "input", reply_to=given.id):
+        # A context may come while the model answers: its rule blocks it, ending no turn.
+        ends = type(given) is UserMessage
+        for event in guard.tripped(verdict.hits, "input", reply_to=given.id, ends=ends):
             emit(event)
         if verdict.blocked:
             return None  # the session takes the next message

@@ -198,7 +198,8 @@ async def screened(
         hit = await screen(checkers.client, checks, "user", given.content, session_id, metrics)
         if hit is None:
             return given
-        for event in guard.tripped([hit], "input", reply_to=given.id):
+        ends = type(given) is UserMessage  # a context ends no turn (``judged_input``)
+        for event in guard.tripped([hit], "input", reply_to=given.id, ends=ends):
             emit(event)
         return None
     content = given.content

@@ -52,6 +52,7 @@ from protocol.configuration import ConfigChange, apply_change
 from protocol.events import (
     Cancel,
     Configured,
+    ContextMessage,
     Dtmf,
     Error,
     Event,
@@ -282,10 +283,15 @@ class SessionRuntime:
         """A client's command ran (``commands.dispatch``): recorded if the session records."""
         if self.recorder is not None:
             guard = self.log.guard
-            if guard is not None and type(message) is UserMessage and guard.guardrails.input:
+            if (
+                guard is not None
+                and isinstance(message, UserMessage | ContextMessage)
+                and guard.guardrails.input
+            ):
                 # Recorded as the model got it (or, blocked, as nothing).
                 verdict = check_input(guard.guardrails.input, message.content)
-                message = UserMessage(content="" if verdict.blocked else verdict.text)
+                text = "" if verdict.blocked else verdict.text
+                message = msgspec.structs.replace(message, content=text)
             self.recorder.heard(message, refused, self.log.delivered_seq)
 
     def record(self, event: Dtmf | PhoneCall) -> None:

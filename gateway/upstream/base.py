@@ -304,6 +304,13 @@ class Upstream(abc.ABC):
     async def add_message(self, message: Message) -> None:
         """Append a message (user text, ``<results>``) to the upstream conversation."""
 
+    async def add_context(self, message: Message) -> bool:
+        """Append a ``context`` message (the client's, no response asked for). False: this
+        connection cannot take one where it stands; the session replaces it, and the next
+        one is given the message from history."""
+        await self.add_message(message)
+        return True
+
     async def add_note(self, text: str) -> None:
         """Tell the model a gateway note between turns, asking for nothing (a barge-in on
         an answer this connection got from history). A provider that only takes a user

@@ -387,6 +387,11 @@ class GeminiLive(Upstream):
             raise UpstreamClosed("the Gemini Live connection is closed")
         self._conversation.add_message(message)
 
+    async def add_context(self, message: Message) -> bool:
+        # A turn appended here would be counted as sent in place of the model's next one
+        # (``add_note``): a connection opened from history has it where it belongs.
+        return False
+
     async def add_note(self, text: str) -> None:
         # A transcript turn waits for the next request: the spoken turn the note comes
         # before would be counted as sent in its place, and sent again with that request.

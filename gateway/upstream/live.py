@@ -262,6 +262,14 @@ class GPTLive(Upstream):
         self._conversation.add_message(message)
         await self._flush()
 
+    async def add_context(self, message: Message) -> bool:
+        # A user message here is the caller's next typed one (``add_message``): a context
+        # of the user's is told as what the caller said, as an assistant's is.
+        self._ready()
+        self._conversation.add_context(message)
+        await self._flush()
+        return True
+
     async def add_note(self, text: str) -> None:
         # A user message is typed text for the next ``begin``: the note would be asked
         # as the caller's next typed message.

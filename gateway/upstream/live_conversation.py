@@ -206,6 +206,14 @@ class LiveConversation:
                     wire.InstructionsAppend(content=part, delegation_id=None, event_id=self._eid())
                 )
 
+    def add_context(self, message: Message) -> None:
+        """A ``context`` message: as ``add_message``, but a user's is context too (what the
+        caller said, told as thinking), not typed text for the next ``begin``."""
+        if message.role == "user" and message.content:
+            self._append_thinking(f"The caller said earlier: {message.content}")
+        else:
+            self.add_message(message)
+
     def _append_thinking(self, text: str, delegation_id: str | None = None) -> None:
         for part in _chunks(text, APPEND_CHARS):
             self.outbox.append(

@@ -18,10 +18,12 @@ from protocol.events import (
     Cancelled,
     Configure,
     Configured,
+    ContextMessage,
     End,
     Error,
     Forget,
     Forgotten,
+    Guardrail,
     Metric,
     ReplyNow,
     Respond,
@@ -540,8 +542,33 @@ def test_an_unlogged_event_names_the_logged_event_it_was_sent_after() -> None:
     _, events = client(conv, type="conversation.item.create", item=user_item("y"))
     assert Conversation.position(events[0]["event_id"]) == position_of(out[-1]) == (3, 5)
     assert events[0]["event_id"] != out[-1]["event_id"]
-    assert Conversation.position("evt_x4") is None  # the old form names no place
+    for bad in ("evt_x4", "evt_5_x3", "evt__5", "evt_5_", "evt_\u0663_1", "evt_1_2x"):
+        assert Conversation.position(bad) is None, bad  # names no place (evt_x4: the old form)
 
 
 def position_of(event: dict[str, object]) -> tuple[int, int] | None:
     return Conversation.position(str(event["event_id"]))
+
+
+def test_a_refused_or_blocked_system_item_is_taken_back_and_no_response_is_touched() -> None:
+    """A system item goes to the session as ``context`` at once; refused (a client token's:
+    ``forbidden``) or blocked by an input guardrail, it is taken back, and the error names
+    the client's event; neither is the running response's (its overrides stay)."""
+    conv = created(Conversation("s1", "m"))
+    system = {"type": "message", "role": "system", "content": [{"type": "input_text", "text": "x"}]}
+    commands, shown = client(conv, type="conversation.item.create", event_id="e_sys", item=system)
+    [context] = commands
+    assert isinstance(context, ContextMessage) and context.id == "e_sys"
+    assert [e["type"] for e in shown] == ["conversation.item.added", "conversation.item.done"]
+    iid = shown[0]["item"]["id"]
+    out = feed(conv, Error(code="forbidden", content="no", reply_to="e_sys"))
+    assert [e["type"] for e in out] == ["error", "conversation.item.deleted"]
+    assert out[0]["error"]["event_id"] == "e_sys" and out[1]["item_id"] == iid
+    commands, _ = client(conv, type="conversation.item.create", item=system)
+    [unnamed] = commands
+    before = list(conv.overrides.due)
+    blocked = Guardrail(rule="r", action="block", on="input", reply_to=unnamed.id)
+    out = feed(conv, blocked)
+    assert [e["type"] for e in out] == ["error", "conversation.item.deleted"]
+    assert out[0]["error"]["event_id"] is None  # the client named no event
+    assert conv.overrides.due == before

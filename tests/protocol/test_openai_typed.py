@@ -48,3 +48,14 @@ def test_a_context_refused_for_a_running_turn_is_held_again_and_released_at_its_
     # Refused otherwise (a policy): taken back, by its item id.
     assert typed.refused(typed.due[0].id, busy=False) == ["s1"]
     assert typed.refused("unknown", busy=False) is None
+
+
+def test_instructions_created_after_the_users_message_go_before_it() -> None:
+    """pipecat-flows appends a node's task (system) with, or after, the user's message:
+    the turn is the user's, with the instructions added before it."""
+    typed = TypedItems("item_c_")
+    typed.hold("u1", "book a table")
+    typed.hold("s1", "Ask for the time.", "system")
+    *contexts, turn = typed.send("said")
+    assert [(c.role, c.item) for c in contexts] == [("system", "s1")]  # type: ignore[union-attr]
+    assert isinstance(turn, UserMessage) and turn.item == "u1"

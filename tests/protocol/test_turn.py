@@ -602,9 +602,11 @@ def test_context_is_added_between_turns_and_while_tools_run_and_waits_for_an_ans
     stream(machine, CALL)
     done = machine.feed(ResponseDone("cancelled", USAGE))
     assert machine.state is TurnState.TOOLS
-    # The step went into history first; the message waited for it.
-    assert kinds(done)[-3:] == ["Context", "Persist", "AddMessage"]
+    # The step went into history first, and the message waited for it; both come
+    # before the tools run (what the turn waits on).
+    assert kinds(done)[-4:] == ["Context", "Persist", "AddMessage", "RunTools"]
     assert kinds(done).index("Persist") < kinds(done).index("Context")
+    assert kinds(done).index("ReplaceResponse") < kinds(done).index("AddMessage")
     assert only(done, Context).reply_to == "c-2"
     during = machine.feed(ContextMessage(role="assistant", content="Checking."))
     assert kinds(during) == ["Context", "Persist", "AddMessage"]
@@ -622,3 +624,19 @@ def test_context_sent_while_a_turn_closes_goes_in_before_the_queued_turn() -> No
     out = machine.feed(ResponseDone("completed", USAGE))
     assert kinds(out).index("Context") < kinds(out).index("User")
     assert machine.state is TurnState.STREAMING
+
+
+def test_context_between_turns_is_bounded_until_a_turn_begins() -> None:
+    """Context adds to what every later turn is given: a client may not grow it without
+    bound between turns (each turn, which is counted against the key, gives room again)."""
+    from protocol.turn import CONTEXTS_PER_TURN
+
+    machine = TurnMachine()
+    for _ in range(CONTEXTS_PER_TURN):
+        assert kinds(machine.feed(ContextMessage(role="user", content="x")))[0] == "Context"
+    refused = only(machine.feed(ContextMessage(role="user", content="x", id="c")), Refuse)
+    assert refused.error.code == "rate_limited" and "start a turn" in refused.error.content
+    machine.feed(UserMessage(content="hi"))
+    stream(machine, "Hello.<end>")
+    machine.feed(ResponseDone("completed", USAGE))
+    assert kinds(machine.feed(ContextMessage(role="user", content="x")))[0] == "Context"

@@ -25,6 +25,7 @@ from protocol.events import (
     ClientMessage,
     Commit,
     Configure,
+    ContextMessage,
     End,
     Error,
     Played,
@@ -186,6 +187,16 @@ async def test_admit_checks_who_may_send_each_command_beside_its_row() -> None:
     refusal = await admit(UserMessage(content="hi", id="u"), draining)
     assert refusal is not None and (refusal.code, refusal.reply_to) == ("draining", "u")
     assert await admit(Cancel(), draining) is None  # only a new turn is refused while draining
+    # context: a user's is anyone's; system and assistant speak for the app and the model.
+    assert await admit(ContextMessage(role="user", content="x"), token) is None
+    for role in ("system", "assistant"):
+        refusal = await admit(ContextMessage(role=role, content="x", id="c"), token)
+        assert refusal is not None and (refusal.code, refusal.reply_to) == ("forbidden", "c")
+        assert f"a {role} message" in refusal.content
+    refusal = await admit(Configure(model="m"), token)  # its own words, not a message's
+    assert refusal is not None and "cannot send configure" in refusal.content
+    refusal = await admit(ContextMessage(role="user", content="x", id="d"), draining)
+    assert refusal is not None and (refusal.code, refusal.reply_to) == ("draining", "d")
 
 
 def test_only_configure_needs_an_api_key_and_only_a_message_or_a_reply_starts_a_turn() -> None:

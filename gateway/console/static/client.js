@@ -280,10 +280,12 @@ export class Client {
   }
 
   /** Add a message to the conversation without a turn (`context`): the app's
-   * instructions for what comes next (role "system", which needs the API key), or
-   * history it restores ("user", "assistant"). Resolves with the logged `context`
-   * event; rejects with CommandRefusedError (turn_active while the model answers). */
-  context(content, { role = "system", timeout = 10000 } = {}) {
+   * instructions for what comes next (role "system"), or history it restores ("user",
+   * "assistant"). Resolves with the logged `context`
+   * event (sent while the model answers: once the answer is written); rejects with
+   * CommandRefusedError (forbidden: system and assistant need the API key; rate_limited;
+   * guardrail_blocked). */
+  context(content, { role = "system", timeout = 60000 } = {}) {
     return this._confirmed({ type: "context", role, content }, "context", timeout);
   }
 
@@ -597,6 +599,13 @@ export class Client {
     if (own) {
       if (own !== "played") this.onEvent?.(ev, false);
       return; // configure() or approve() rejects with it; played() goes quiet
+    }
+    const blocked = ev.type === "guardrail" && ev.on === "input" && ev.action !== "redact";
+    const refused = blocked ? this._configuring.find((w) => w.id === ev.reply_to) : null;
+    if (refused) { // a context a guardrail blocked: it never reaches the model
+      this._configuring = this._configuring.filter((w) => w !== refused);
+      clearTimeout(refused.timer);
+      refused.reject(new CommandRefusedError("guardrail_blocked", `blocked by the guardrail ${ev.rule}`));
     }
     const configured = this._configuring.find((w) => w.answer === ev.type && w.id === ev.reply_to);
     if (configured) {

@@ -70,10 +70,12 @@ _BARGED_IN_START: Final = BARGED_IN_NOTE.split("{", 1)[0]
 
 
 class Message(msgspec.Struct, frozen=True):
-    """One upstream conversation message."""
+    """One upstream conversation message (``context``: one a client added without a
+    turn, which starts none: ``protocol.budget`` keeps the turn it came in)."""
 
     role: Role
     content: str
+    context: bool = False
 
 
 _history_encoder: Final = msgspec.json.Encoder()
@@ -195,8 +197,8 @@ def context_message(item: Context) -> Message:
     answer of its own is (with ``<end>``), so the protocol reads the same throughout."""
     if item.role == "assistant":
         text = assistant_text([Respond(content=item.content)], ended=True)
-        return Message(role="assistant", content=text)
-    return Message(role=item.role, content=item.content)
+        return Message(role="assistant", content=text, context=True)
+    return Message(role=item.role, content=item.content, context=True)
 
 
 def _ends(step: Sequence[Think | Call | Respond]) -> bool:

@@ -50,6 +50,7 @@ def context_tokens_estimate(text: str) -> int:
 def _is_turn_start(message: Message) -> bool:
     return (
         message.role == "user"
+        and not message.context
         and not message.content.startswith(_RESULT_START)
         and not is_note(message)
     )

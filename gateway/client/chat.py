@@ -32,6 +32,7 @@ from gateway.common.pcm import read_wav
 from protocol.events import (
     Call,
     Cancelled,
+    Context,
     End,
     Error,
     Event,
@@ -121,6 +122,9 @@ class ChatView:
             self._switch("")
             said = "you (spoken)" if event.source == "audio" else "you"
             w(f"{self._c(BOLD)}{said}: {event.content}{self._c(RESET)}\n")
+        elif isinstance(event, Context):  # added without a turn (instructions, history)
+            self._switch("")
+            w(f"{self._c(DIM)}[{event.role} added: {event.content}]{self._c(RESET)}\n")
         elif isinstance(event, SpeechStarted | SpeechStopped):
             self._switch("")
             what = "speech started" if isinstance(event, SpeechStarted) else "speech stopped"

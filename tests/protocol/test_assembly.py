@@ -131,11 +131,11 @@ def test_context_messages_keep_their_place_role_and_the_turn_ends_around_them() 
     assert assemble(history) == [
         Message("user", "hi"),
         Message("assistant", "Hello!\n<end>"),
-        Message("system", "Speak French now."),
-        Message("assistant", "Bonjour.\n<end>"),
+        Message("system", "Speak French now.", context=True),
+        Message("assistant", "Bonjour.\n<end>", context=True),
         Message("user", "list"),
         Message("assistant", f"<execute>\n[{CALL}]\n</execute>"),
-        Message("user", "(the user is waiting)"),
+        Message("user", "(the user is waiting)", context=True),
         Message("user", f"<results>\n{RESULTS}\n</results>"),
     ]
     assert decode_history_item(encode_history_item(history[2])) == history[2]
@@ -143,5 +143,22 @@ def test_context_messages_keep_their_place_role_and_the_turn_ends_around_them() 
     forgotten = forgetting(history, Forget(first=4, last=4), idle=True)
     assert isinstance(forgotten, Forgotten)
     messages = assemble([*history, forgotten])
-    assert Message("system", "Speak French now.") not in messages
+    assert Message("system", "Speak French now.", context=True) not in messages
     assert messages[1] == Message("assistant", "Hello!\n<end>")
+
+
+def test_a_context_message_is_no_turn_when_history_is_cut_to_a_budget() -> None:
+    """The latest turn is kept whole under a budget: a user context added while its
+    tools ran does not make the user's own message before it look like an old one."""
+    from protocol.budget import fit
+
+    history = [
+        User(content="old " * 400, seq=1),
+        Respond(content="ok", seq=2),
+        User(content="the question " * 200, seq=3),
+        Call(content=CALL, seq=4),
+        Context(role="user", content="(still there?)", seq=5),
+    ]
+    kept = fit(assemble(history), budget=300)
+    assert any(m.role == "user" and m.content.endswith("the question " * 200) for m in kept)
+    assert not any("old old" in m.content for m in kept)  # the older turn went

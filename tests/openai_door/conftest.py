@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from openai import AsyncOpenAI
 from openai.types.realtime import RealtimeServerEvent
 from pydantic import TypeAdapter
 from websockets.asyncio.client import ClientConnection, connect
@@ -22,16 +23,28 @@ MODELS = ("gpt-realtime-2.1", "gemini-3.8-live")
 SERVER_EVENT: TypeAdapter[Any] = TypeAdapter(RealtimeServerEvent)
 
 
-@pytest.fixture(scope="module")
-def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeProcess]:
+def _node(tmp_path_factory: pytest.TempPathFactory, *flags: str) -> Iterator[NodeProcess]:
     workspaces: Path = tmp_path_factory.mktemp("workspaces")
     proc = NodeProcess(
-        ["serve", "--port", "0", "--workspace-root", str(workspaces)],
+        ["serve", "--port", "0", "--workspace-root", str(workspaces), *flags],
         env={"REDIS_URL": "", "GATEWAY_API_KEYS_FILE": ""},
     )
     proc.start()
     yield proc
     proc.kill()
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeProcess]:
+    yield from _node(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def paced_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeProcess]:
+    """A node whose simulator writes 200 chunks a second: an answer is still being
+    written when a test's next frame arrives, however loaded the machine (unpaced, a
+    whole answer can be through before the door reads that frame)."""
+    yield from _node(tmp_path_factory, "--sim-tokens-per-second", "200")
 
 
 class RawClient:
@@ -88,3 +101,25 @@ class RawClient:
 
     async def close(self) -> None:
         await self.ws.close()
+
+
+def sdk_client(node: NodeProcess) -> AsyncOpenAI:
+    """The ``openai`` SDK pointed at ``node``'s door (its key unused: auth is off)."""
+    return AsyncOpenAI(
+        api_key="unused",
+        base_url=f"{node.http}/openai/v1",
+        websocket_base_url=f"{node.base}/openai/v1",
+    )
+
+
+async def sdk_until(conn: Any, kind: str) -> list[dict[str, Any]]:
+    """The SDK connection's events through the next of ``kind``, each checked against
+    the SDK's types; an ``error`` fails the test."""
+    seen: list[dict[str, Any]] = []
+    while True:
+        event: dict[str, Any] = json.loads(await conn.recv_bytes())
+        SERVER_EVENT.validate_python(event)  # the SDK's contract
+        assert event["type"] != "error", event
+        seen.append(event)
+        if event["type"] == kind:
+            return seen

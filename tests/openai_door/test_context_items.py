@@ -14,9 +14,8 @@ import re
 from typing import Any
 
 import pytest
-from openai import AsyncOpenAI
 
-from tests.openai_door.conftest import MODELS, SERVER_EVENT, RawClient
+from tests.openai_door.conftest import MODELS, RawClient, sdk_client, sdk_until
 from tests.support.procs import NodeProcess
 
 pytestmark = pytest.mark.timeout(60)
@@ -43,22 +42,11 @@ def _items(events: list[dict[str, Any]]) -> int:
 async def test_the_sdk_adds_system_and_assistant_messages_the_model_is_given(
     node: NodeProcess, model: str
 ) -> None:
-    client = AsyncOpenAI(
-        api_key="unused",
-        base_url=f"{node.http}/openai/v1",
-        websocket_base_url=f"{node.base}/openai/v1",
-    )
+    client = sdk_client(node)
     async with client.realtime.connect(model=model) as conn:
 
         async def until(kind: str) -> list[dict[str, Any]]:
-            seen: list[dict[str, Any]] = []
-            while True:
-                event: dict[str, Any] = json.loads(await conn.recv_bytes())
-                SERVER_EVENT.validate_python(event)  # the SDK's contract
-                assert event["type"] != "error", event
-                seen.append(event)
-                if event["type"] == kind:
-                    return seen
+            return await sdk_until(conn, kind)
 
         async def probe() -> int:
             await conn.conversation.item.create(item=_message("user", "/context"))  # type: ignore[arg-type]

@@ -17,18 +17,14 @@ from agents.realtime.model_inputs import RealtimeModelSendRawMessage
 from openai import AsyncOpenAI
 from openai.resources.realtime.realtime import AsyncRealtimeConnection
 
-from tests.openai_door.conftest import MODELS, SERVER_EVENT, RawClient
+from tests.openai_door.conftest import MODELS, SERVER_EVENT, RawClient, sdk_client
 from tests.support.procs import NodeProcess
 
 pytestmark = pytest.mark.timeout(90)
 
 
 def _client(node: NodeProcess) -> AsyncOpenAI:
-    return AsyncOpenAI(
-        api_key="unused",
-        base_url=f"{node.http}/openai/v1",
-        websocket_base_url=f"{node.base}/openai/v1",
-    )
+    return sdk_client(node)
 
 
 async def _next(conn: AsyncRealtimeConnection) -> dict[str, Any]:

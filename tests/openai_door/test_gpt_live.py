@@ -5,9 +5,8 @@
 from __future__ import annotations
 
 import pytest
-from openai import AsyncOpenAI
 
-from tests.openai_door.conftest import RawClient
+from tests.openai_door.conftest import RawClient, sdk_client
 from tests.support.procs import NodeProcess
 
 pytestmark = pytest.mark.timeout(60)
@@ -16,11 +15,7 @@ MODEL = "gpt-live-1.1"
 
 
 async def test_the_openai_sdk_has_a_spoken_text_turn_with_gpt_live(node: NodeProcess) -> None:
-    client = AsyncOpenAI(
-        api_key="unused",
-        base_url=f"{node.http}/openai/v1",
-        websocket_base_url=f"{node.base}/openai/v1",
-    )
+    client = sdk_client(node)
     async with client.realtime.connect(model=MODEL) as conn:
         # GPT-Live answers aloud only: the text comes as the audio's transcript.
         await conn.session.update(session={"type": "realtime", "output_modalities": ["audio"]})

@@ -101,17 +101,17 @@ async def _answer_text(client: RawClient) -> str:
     ids=["seen_running", "sent_together", "sent_together_unnamed"],
 )
 async def test_a_message_sent_while_a_response_runs_waits_for_the_next(
-    node: NodeProcess, wait: bool, busy_id: str | None
+    paced_node: NodeProcess, wait: bool, busy_id: str | None
 ) -> None:
     # OpenAI's service: response.create during a response is refused
     # (conversation_already_has_active_response), and the item created stays in the
     # conversation for the next response.create. It was lost: the refused create had
     # taken it, and the next create was told there was no user message. The SDKs name
     # no event unless asked to: the refusal is known as the message's all the same.
-    client = await _open(node)
+    client = await _open(paced_node)
     try:
         await client.text_session()
-        await client.send(**_say("/long 300", "c_long"))
+        await client.send(**_say("/long 4", "c_long"))
         await client.send(type="response.create", event_id="c_first")
         if wait:  # the answer is seen streaming; else both go at once (the door sends both)
             while (await client.next())["type"] != "response.output_text.delta":
@@ -247,17 +247,17 @@ async def test_a_required_field_left_out_is_refused_by_name(node: NodeProcess) -
 
 
 async def test_a_cancel_naming_another_response_leaves_the_running_one(
-    node: NodeProcess,
+    paced_node: NodeProcess,
 ) -> None:
     # response.cancel names the response it means; one that ended (a client racing its
     # end) cancelled whichever response was running instead.
-    client = await _open(node)
+    client = await _open(paced_node)  # the answer still runs when the cancels come
     try:
         await client.text_session()
         await client.send(**_say("hello", "c_hello"))
         await client.send(type="response.create")
         old = (await _done(client))["response"]["id"]
-        await client.send(**_say("/long 200", "c_long"))
+        await client.send(**_say("/long 4", "c_long"))
         await client.send(type="response.create")
         while (event := await client.next())["type"] != "response.created":
             pass

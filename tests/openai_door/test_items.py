@@ -8,10 +8,9 @@ import json
 from typing import Any
 
 import pytest
-from openai import AsyncOpenAI
 
 from gateway.sim.model import GREETING
-from tests.openai_door.conftest import MODELS, SERVER_EVENT, RawClient
+from tests.openai_door.conftest import MODELS, SERVER_EVENT, RawClient, sdk_client, sdk_until
 from tests.support.procs import NodeProcess
 
 pytestmark = pytest.mark.timeout(60)
@@ -19,11 +18,7 @@ pytestmark = pytest.mark.timeout(60)
 
 @pytest.mark.parametrize("model", MODELS)
 async def test_the_sdk_retrieves_the_items_of_a_turn(node: NodeProcess, model: str) -> None:
-    client = AsyncOpenAI(
-        api_key="unused",
-        base_url=f"{node.http}/openai/v1",
-        websocket_base_url=f"{node.base}/openai/v1",
-    )
+    client = sdk_client(node)
     async with client.realtime.connect(model=model) as conn:
 
         async def next_event() -> dict[str, Any]:
@@ -123,23 +118,12 @@ async def test_items_named_by_the_client_keep_their_names_through_a_resume(
     ``previous_item_id`` "root" for the first, and waits for ``added`` by that name: the
     door refused both. OpenAI's service keeps a client's id; the door now does, shows
     the item at once, and logs the name with the message, so a resumed client sees it."""
-    client = AsyncOpenAI(
-        api_key="unused",
-        base_url=f"{node.http}/openai/v1",
-        websocket_base_url=f"{node.base}/openai/v1",
-    )
+    client = sdk_client(node)
     name = "2e8f6383ce4242c7a740f1a522777d2c"
     async with client.realtime.connect(model=MODELS[0]) as conn:
 
         async def until(kind: str) -> list[dict[str, Any]]:
-            seen: list[dict[str, Any]] = []
-            while True:
-                event: dict[str, Any] = json.loads(await conn.recv_bytes())
-                SERVER_EVENT.validate_python(event)  # the SDK's contract
-                assert event["type"] != "error", event
-                seen.append(event)
-                if event["type"] == kind:
-                    return seen
+            return await sdk_until(conn, kind)
 
         created = (await until("session.created"))[-1]
         sid = created["session"]["id"]

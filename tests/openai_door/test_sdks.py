@@ -12,10 +12,9 @@ from typing import Any
 import pytest
 from agents import function_tool
 from agents.realtime import RealtimeAgent, RealtimeRunner
-from openai import AsyncOpenAI
 
 from gateway.common.pcm import silence, tone
-from tests.openai_door.conftest import MODELS
+from tests.openai_door.conftest import MODELS, sdk_client
 from tests.support.procs import NodeProcess
 from tests.voice.conftest import utterance
 
@@ -34,11 +33,7 @@ CALL = '/tool get_weather {"city": "Paris"}'  # the simulator's script: call the
 async def test_the_openai_sdk_has_a_text_turn_and_a_client_tool_turn(
     node: NodeProcess, model: str
 ) -> None:
-    client = AsyncOpenAI(
-        api_key="unused",
-        base_url=f"{node.http}/openai/v1",
-        websocket_base_url=f"{node.base}/openai/v1",
-    )
+    client = sdk_client(node)
     async with client.realtime.connect(model=model) as conn:
         await conn.session.update(
             session={"type": "realtime", "output_modalities": ["text"], "tools": [WEATHER_TOOL]}

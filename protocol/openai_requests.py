@@ -62,7 +62,7 @@ from protocol.openai_response import (
     response_overrides,
 )
 from protocol.openai_session import config_change
-from protocol.openai_typed import TypedItems, id_refusal
+from protocol.openai_typed import Held, TypedItems, id_refusal
 
 __all__ = [
     "BUSY",
@@ -518,7 +518,8 @@ class ClientRequests:
             return self._bad(parameter_refusal(f"item.{missing}", eid, missing=True))
         if item.id is not None and (refused := self._taken_id(item.id, eid)) is not None:
             return refused
-        if item.type == "function_call_output":
+        typed, iid = self.typed, item.id or self.typed.new_id()
+        if item.type == "function_call_output" and item.call_id not in typed.past_calls:
             call = item.call_id or ""
             if call not in self.client_calls:
                 return self._refusal(
@@ -531,14 +532,12 @@ class ClientRequests:
             output = item.output or ""
             named = msgspec.UNSET if item.id is None else item.id
             return Emit([ToolResultMessage(call, "success", output, item=named)], [])
-        kind = _CONTENT.get(item.role or "") if item.type == "message" else None
+        if item.type != "message":  # a call of the client's history, or its output
+            role, text, shown = typed.past(iid, item)
+            return self._add((iid, text, role), shown, eid)
+        kind = _CONTENT.get(item.role or "")
         if kind is None:
-            return self._refusal(
-                "this gateway takes message items (user, system, assistant) and "
-                "function_call_output items from a client",
-                eid,
-                "item",
-            )
+            return self._refusal(f"messages of role {item.role!r} are not taken", eid, "item")
         parts: list[dict[str, str]] = []
         for part in item.content or []:
             if part.type != kind or part.text is None:
@@ -550,38 +549,31 @@ class ClientRequests:
                 )
             parts.append({"type": kind, "text": part.text})
         text = "".join(part["text"] for part in parts)
-        too_much = self.typed.refusal(text)
+        return self._add((iid, text, item.role), message_item(iid, item.role, parts), eid)
+
+    def _add(self, held: Held, shown: dict[str, Any], eid: str | None) -> Emit:
+        """A created item (``shown``) that the model gets as the message ``held``: held
+        for ``response.create`` (a user's, or behind one), or sent now as ``context``."""
+        typed = self.typed
+        too_much = typed.refusal(held[1])
         if too_much is not None:
             return self._refusal(too_much, eid, "item.content")
-        held = (item.id or self.typed.new_id(), text, item.role)
-        typed = self.typed
+        events = self.shown.append(self.ids.unlogged_event, shown)
+        self.shown.remember(events)
         if held[2] == "user" or typed.waiting:
             typed.hold(*held)  # for response.create (``TypedItems``)
-            return Emit([], self._shown(held[0], item.role, parts))
+            return Emit([], events)
         context = typed.context(held, eid if eid and len(eid) <= COMMAND_ID_MAX else "")
-        return Emit([context], self._shown(held[0], item.role, parts))
-
-    def _shown(self, iid: str, role: str, parts: list[dict[str, str]]) -> list[ServerEvent]:
-        """A message created: shown now, as OpenAI's service shows it."""
-        events = self.shown.append(self.ids.unlogged_event, message_item(iid, role, parts))
-        self.shown.remember(events)
-        return events
+        return Emit([context], events)
 
     def _taken_id(self, iid: str, eid: str | None) -> Emit | None:
         """A refusal of a client's item id out of bounds or already in use; None if not."""
-        bounds = id_refusal(iid)
-        if bounds is not None:
-            return Emit(
-                [], [self.ids.error(bounds[0], code=bounds[1], event_id=eid, param="item.id")]
-            )
-        if iid in self.shown.items or self.shown.spans.get(iid) or self.typed.holds(iid):
-            return self._refusal(
-                f"the conversation already has an item with id {iid!r}: give each item an "
-                "id of its own (or leave item.id unset)",
-                eid,
-                "item.id",
-            )
-        return None
+        refused = id_refusal(iid, self.shown, self.typed)
+        if refused is None:
+            return None
+        return Emit(
+            [], [self.ids.error(refused[0], code=refused[1], event_id=eid, param="item.id")]
+        )
 
 
 _CONTENT: Final = {"user": "input_text", "system": "input_text", "assistant": "output_text"}
@@ -590,6 +582,7 @@ _CONTENT: Final = {"user": "input_text", "system": "input_text", "assistant": "o
 _REQUIRED: Final = {
     "message": ("role", "content"),
     "function_call_output": ("call_id", "output"),
+    "function_call": ("name", "arguments"),
 }
 """The fields of an item OpenAI's reference requires (``openai/types/realtime``)."""
 

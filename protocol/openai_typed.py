@@ -24,15 +24,17 @@ connection, given by its shell) and a count, never ``item_SEQ``'s form.
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Any, Final
 
 from protocol.events import ITEM_ID_MAX, ContextMessage, ReplyNow, Role, UserMessage
+from protocol.openai_items import ShownItems, output_item
 
 __all__ = ["HELD_CHARS_MAX", "HELD_MAX", "Held", "TypedItems", "id_refusal"]
 
 JOINED: Final = "\n"  # between the texts of messages held for one response
 HELD_MAX: Final = 64  # messages held for one response.create
 HELD_CHARS_MAX: Final = 1 << 20  # their text, together: the gateway's own door's frame limit
+PAST_CALLS_KEPT: Final = 256  # history calls whose output may still come
 CONTEXT_ID: Final = "~"  # the door's own command ids for what it sends later: ~PREFIX N
 
 Held = tuple[str, str, Role]
@@ -45,7 +47,7 @@ class TypedItems:
     session logs or refuses it), ``contexts`` (``context`` commands sent, by command id,
     until the same), ``due`` (context commands for the shell to send now)."""
 
-    __slots__ = ("contexts", "due", "held", "made", "prefix", "sent")
+    __slots__ = ("contexts", "due", "held", "made", "past_calls", "prefix", "sent")
 
     def __init__(self, prefix: str) -> None:
         self.prefix = prefix
@@ -54,6 +56,34 @@ class TypedItems:
         self.sent: tuple[str, list[Held]] | None = None
         self.contexts: dict[str, Held] = {}
         self.due: list[ContextMessage] = []
+        self.past_calls: dict[str, str] = {}  # a history's function calls: call_id → name
+
+    def past(self, iid: str, item: Any) -> tuple[Role, str, dict[str, Any]]:
+        """A ``function_call`` or its ``function_call_output`` from a client's history
+        (LiveKit's plugin sends its chat context's calls again after a reconnect): the
+        model gets it as what it did then, told in words (``(role, text)``); the client
+        is shown the item as it sent it."""
+        shown = {"id": iid, "object": "realtime.item", "status": "completed"}
+        if item.type == "function_call":
+            if item.call_id:
+                self.past_calls[item.call_id] = item.name
+                while len(self.past_calls) > PAST_CALLS_KEPT:
+                    del self.past_calls[next(iter(self.past_calls))]
+            text = f"(Earlier I called the tool {item.name} with {item.arguments}.)"
+            return (
+                "assistant",
+                text,
+                shown
+                | {
+                    "type": "function_call",
+                    "call_id": item.call_id,
+                    "name": item.name,
+                    "arguments": item.arguments,
+                },
+            )
+        name = self.past_calls.pop(item.call_id, "")
+        text = f"(The tool {name} returned: {item.output})"  # a note, not the user's words
+        return "system", text, output_item(iid, item.call_id, item.output)
 
     def new_id(self) -> str:
         """An id for a message the client left unnamed."""
@@ -161,9 +191,9 @@ class TypedItems:
         return [held[0] for held in items]
 
 
-def id_refusal(iid: str) -> tuple[str, str] | None:
+def id_refusal(iid: str, shown: ShownItems, typed: TypedItems) -> tuple[str, str] | None:
     """``(message, code)`` refusing a client's item id, in OpenAI's words for a string
-    parameter out of bounds; None if it is taken."""
+    parameter out of bounds, or one the conversation has already; None if it is taken."""
     if not iid:
         return (
             "Invalid 'item.id': empty string. Expected a string with minimum length 1, "
@@ -175,5 +205,11 @@ def id_refusal(iid: str) -> tuple[str, str] | None:
             f"Invalid 'item.id': string too long. Expected a string with maximum length "
             f"{ITEM_ID_MAX}, but got a string with length {len(iid)} instead.",
             "string_above_max_length",
+        )
+    if iid in shown.items or shown.spans.get(iid) or typed.holds(iid):
+        return (
+            f"the conversation already has an item with id {iid!r}: give each item an id of "
+            "its own (or leave item.id unset)",
+            "invalid_request_error",
         )
     return None

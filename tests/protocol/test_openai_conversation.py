@@ -572,3 +572,26 @@ def test_a_refused_or_blocked_system_item_is_taken_back_and_no_response_is_touch
     assert [e["type"] for e in out] == ["error", "conversation.item.deleted"]
     assert out[0]["error"]["event_id"] is None  # the client named no event
     assert conv.overrides.due == before
+
+
+def test_a_historys_function_call_and_its_output_are_told_to_the_model_as_context() -> None:
+    """LiveKit's plugin sends its chat context again after a reconnect, function calls and
+    their outputs with it; the door refused both ("no function call is waiting"). They are
+    shown as sent, and the model gets what was done then, in words."""
+    conv = created(Conversation("s1", "m"))
+    call = {"type": "function_call", "id": "fc_1", "call_id": "c1", "name": "get_weather"}
+    commands, shown = client(
+        conv, type="conversation.item.create", item=call | {"arguments": '{"city":"Paris"}'}
+    )
+    [said] = commands
+    assert isinstance(said, ContextMessage) and said.role == "assistant"
+    assert "get_weather" in said.content and "Paris" in said.content
+    assert shown[-1]["item"]["type"] == "function_call" and shown[-1]["item"]["id"] == "fc_1"
+    out = {"type": "function_call_output", "call_id": "c1", "output": '{"sky":"sunny"}'}
+    commands, shown = client(conv, type="conversation.item.create", item=out)
+    [told] = commands
+    assert isinstance(told, ContextMessage) and told.role == "system" and "sunny" in told.content
+    assert shown[-1]["item"]["type"] == "function_call_output"
+    # An output for a call nobody made is still refused.
+    _, events = client(conv, type="conversation.item.create", item=out | {"call_id": "c9"})
+    assert events[0]["error"]["param"] == "item.call_id"

@@ -316,8 +316,7 @@ class TurnMachine(VoiceSteps, RecoverySteps):
             return NOTHING
         out = entry[0](self, given)
         if self._contexts and (self.state is IDLE or self.state is TOOLS):
-            # The answer is written: what waited goes in, before what the turn waits on.
-            out = list(out)
+            out = list(out)  # the answer is written: what waited goes in first
             at = next((i for i, a in enumerate(out) if isinstance(a, _WAITS)), len(out))
             out[at:at] = self._added()
         return out
@@ -365,11 +364,9 @@ class TurnMachine(VoiceSteps, RecoverySteps):
         ]
 
     def _context(self, given: ContextMessage) -> Sequence[Action]:
-        """A message added without a turn: logged, kept in history where it stands, and
-        told to the open connection. Between turns, or while the turn waits for its tools;
-        while the model writes its answer it waits (``_contexts``) and goes in once the
-        answer is written, before a turn queued meanwhile. ``CONTEXTS_PER_TURN`` messages
-        and ``CONTEXT_CHARS_PER_TURN`` characters from one turn's start to the next."""
+        """A message added without a turn (logged, kept in history, told to the connection):
+        while the model writes its answer it waits (``_contexts``) for the answer's end,
+        before a turn queued meanwhile. ``CONTEXTS_PER_TURN`` a turn (and characters)."""
         room = self._room
         if room[0] >= CONTEXTS_PER_TURN or room[1] + len(given.content) > CONTEXT_CHARS_PER_TURN:
             return [Refuse(Error(code="rate_limited", content=CONTEXT_FULL))]
@@ -541,9 +538,12 @@ class TurnMachine(VoiceSteps, RecoverySteps):
         out.insert(0, DropUpstream(stop=True))
         return out
 
-    def _close(self, out: list[Action]) -> list[Action]:
-        """The closing event is in ``out``: add the turn's last metric, then any queued turn."""
+    def _close(self, out: list[Action], then: Action | None = None) -> list[Action]:
+        """The closing event is in ``out``: add the turn's last metric (and ``then``: the
+        provider's copy of the answer set right), then any queued turn."""
         out += self.meter.metric()
+        if then is not None:
+            out.append(then)
         self.state = IDLE
         self.batch.settle("ended with its turn")
         queued, self._queued = self._queued, None

@@ -90,7 +90,7 @@ class ToolSteps:
     def _step(self, message: Message | None) -> Request:
         raise NotImplementedError
 
-    def _close(self, out: list[Action]) -> list[Action]:
+    def _close(self, out: list[Action], then: Action | None = None) -> list[Action]:
         raise NotImplementedError
 
     @property
@@ -126,9 +126,7 @@ class ToolSteps:
                     ),
                     End(),
                 ]
-                out = self._close(out)
-                out.append(replace)
-                return out
+                return self._close(out, then=replace)  # before anything waiting goes in
             out += self.meter.metric()
             failure = ToolResult(tool="execute", status="failure", content=self._malformed)
             out += self._batch_done((failure,), logged=False)

@@ -204,8 +204,20 @@ def test_a_malformed_block_is_handed_back_and_three_in_a_row_stop_the_turn() -> 
         ], round_
         assert '"status":"failure"' in only(done, Result).content
     stream(machine, MALFORMED)
+    assert machine.feed(ContextMessage(role="system", content="Be careful.")) == ()  # waits
     done = machine.feed(ResponseDone("cancelled", USAGE))
-    assert kinds(done) == ["Persist", "Error", "End", "Account", "Metric", "ReplaceResponse"]
+    # The provider's copy of the answer is set right before the waiting message goes in.
+    assert kinds(done) == [
+        "Persist",
+        "Error",
+        "End",
+        "Account",
+        "Metric",
+        "ReplaceResponse",
+        "Context",
+        "Persist",
+        "AddMessage",
+    ]
     assert "three malformed" in only(done, Error).content
     assert machine.idle
 

@@ -56,6 +56,7 @@ from protocol.openai_items import (
     KEPT_ITEMS,
     ShownItems,
     answer_item,
+    call_item,
     output_item,
     text_item,
     user_shown,
@@ -337,7 +338,7 @@ class Conversation:
                 return [*self._start(), *self._done("cancelled", reason=reason)]
             case Error(code=code, content=text, reply_to=str(ref)) if ref in typed.contexts:
                 named = ref if ref in self.requests.named else None  # else a held one's
-                back = [self._take_back(iid) for iid in typed.refused(ref, busy=False) or ()]
+                back = [self._take_back(iid) for iid in typed.taken(ref) or ()]
                 return [self.ids.error(text, code=code, event_id=named), *back]
             case Error(code=code, content=content, reply_to=ref):
                 if self._response is None:
@@ -538,15 +539,7 @@ class Conversation:
         assert resp is not None
         iid = f"fc_{self.ids.seq}"
         name, arguments = call_parts(call.content)
-        item = {
-            "id": iid,
-            "object": "realtime.item",
-            "type": "function_call",
-            "status": "in_progress",
-            "name": name,
-            "call_id": call.id,
-            "arguments": "",
-        }
+        item = call_item(iid, call.id, name, "", status="in_progress")
         resp.output.append(item)
         index = len(resp.output) - 1
         prev = self.shown.last

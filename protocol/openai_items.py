@@ -17,6 +17,7 @@ __all__ = [
     "ShownItems",
     "Spans",
     "answer_item",
+    "call_item",
     "created",
     "message_item",
     "output_item",
@@ -145,6 +146,14 @@ def answer_item(iid: str, text: str, status: str, *, audio: bool) -> dict[str, A
     return message_item(iid, "assistant", [part] if status == "completed" else []) | {
         "status": status
     }
+
+
+def call_item(
+    iid: str, call: str | None, name: str, arguments: str, status: str = "completed"
+) -> dict[str, Any]:
+    """A ``function_call`` item."""
+    item = {"id": iid, "object": "realtime.item", "type": "function_call", "status": status}
+    return item | {"name": name, "call_id": call, "arguments": arguments}
 
 
 def output_item(iid: str, call: str, output: str) -> dict[str, Any]:

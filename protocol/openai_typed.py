@@ -15,8 +15,8 @@ OpenAI's service adds a created item to the conversation at once and says so
   ``response.create``) go as ``context`` commands: at once when no user message is
   held ahead of them (the session keeps one that comes while the model answers for
   the answer's end), else in order with the next ``response.create`` (``send``) or
-  when the user starts speaking (``release``). One the session refuses because too
-  many wait for an answer is held again, for the turn's end (``refused``).
+  when the user starts speaking (``release``). One the session refuses is taken back
+  (``taken`` names its item).
 
 An id is the client's (``item.id``), or one the door makes: ``prefix`` (unique to the
 connection, given by its shell) and a count, never ``item_SEQ``'s form.
@@ -27,7 +27,7 @@ from __future__ import annotations
 from typing import Any, Final
 
 from protocol.events import ITEM_ID_MAX, ContextMessage, ReplyNow, Role, UserMessage
-from protocol.openai_items import ShownItems, output_item
+from protocol.openai_items import ShownItems, call_item, output_item
 
 __all__ = ["HELD_CHARS_MAX", "HELD_MAX", "Held", "TypedItems", "id_refusal"]
 
@@ -63,24 +63,13 @@ class TypedItems:
         (LiveKit's plugin sends its chat context's calls again after a reconnect): the
         model gets it as what it did then, told in words (``(role, text)``); the client
         is shown the item as it sent it."""
-        shown = {"id": iid, "object": "realtime.item", "status": "completed"}
         if item.type == "function_call":
             if item.call_id:
                 self.past_calls[item.call_id] = item.name
                 while len(self.past_calls) > PAST_CALLS_KEPT:
                     del self.past_calls[next(iter(self.past_calls))]
             text = f"(Earlier I called the tool {item.name} with {item.arguments}.)"
-            return (
-                "assistant",
-                text,
-                shown
-                | {
-                    "type": "function_call",
-                    "call_id": item.call_id,
-                    "name": item.name,
-                    "arguments": item.arguments,
-                },
-            )
+            return "assistant", text, call_item(iid, item.call_id, item.name, item.arguments)
         name = self.past_calls.pop(item.call_id, "")
         text = f"(The tool {name} returned: {item.output})"  # a note, not the user's words
         return "system", text, output_item(iid, item.call_id, item.output)
@@ -173,22 +162,19 @@ class TypedItems:
         return None
 
     def refused(self, command_id: object, *, busy: bool) -> list[str] | None:
-        """The session refused ``command_id`` (a turn sent, or a context); None if it was
-        not sent from here. ``busy`` (a turn already runs): its messages are held again,
-        ahead of what was created since, for the next time (``[]``). Otherwise (a quota,
-        a policy) they never reach the model: their ids, to be taken back."""
+        """The session refused the turn sent (``command_id``); None if it was not that.
+        ``busy`` (a turn already runs): its messages are held again, ahead of what was
+        created since, for the next ``response.create`` (``[]``). Otherwise (a quota, a
+        policy) they never reach the model: their ids, to be taken back. (A refused
+        context is taken back as a logged one is taken: ``taken``.)"""
         sent = self.sent
-        if sent is not None and command_id == sent[0]:
-            self.sent = None
-            items = sent[1]
-        elif isinstance(command_id, str) and (held := self.contexts.pop(command_id, None)):
-            items = [held]
-        else:
+        if sent is None or command_id != sent[0]:
             return None
+        self.sent = None
         if busy:
-            self.held[:0] = items
+            self.held[:0] = sent[1]
             return []
-        return [held[0] for held in items]
+        return [held[0] for held in sent[1]]
 
 
 def id_refusal(iid: str, shown: ShownItems, typed: TypedItems) -> tuple[str, str] | None:

@@ -14,7 +14,7 @@ import asyncio
 import math
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Final, Protocol
 
 from gateway.sessions.observer import TurnObserver
@@ -270,31 +270,25 @@ class UpstreamAsker:
         self.in_call = False
 
     async def replace(self, text: str, heard_ms: int | None) -> None:
-        upstream = self.link.upstream
-        if upstream is None:
-            return  # the next request reopens from history, which says the same
-        self.in_call = True
-        try:
-            await upstream.replace_response(text, heard_ms=heard_ms)
-        except UpstreamClosed:
-            self.drop(stop=False)
-        self.in_call = False
+        await self._tell(lambda upstream: upstream.replace_response(text, heard_ms=heard_ms))
 
     async def add_note(self, content: str) -> None:
-        await self.add_message(Message(role="user", content=content), note=True)
+        await self._tell(lambda upstream: upstream.add_note(content))
 
-    async def add_message(self, message: Message, *, note: bool = False) -> None:
-        """Tell the open connection a message (a gateway ``note``: ``Upstream.add_note``);
-        with none open, nothing: the next connection's history holds it."""
+    async def add_message(self, message: Message) -> None:
+        await self._tell(lambda upstream: upstream.add_context(message))
+
+    async def _tell(self, call: Callable[[Upstream], Awaitable[bool | None]]) -> None:
+        """Best effort, no response asked for: with no connection open, nothing (the
+        next request reopens from history, which says the same); one that is gone, or
+        answers False (it cannot take this where it stands), is let go for that reason."""
         upstream = self.link.upstream
         if upstream is None:
             return
         self.in_call = True
         try:
-            if note:
-                await upstream.add_note(message.content)
-            elif not await upstream.add_context(message):
-                self.drop(stop=False)  # the next connection is given it from history
+            if await call(upstream) is False:
+                self.drop(stop=False)
         except UpstreamClosed:
             self.drop(stop=False)
         self.in_call = False

@@ -28,7 +28,7 @@ def test_a_create_sends_what_came_before_the_last_user_messages_as_context_in_or
     assert [c.item for c in contexts] == ["s2"] and isinstance(reply, ReplyNow)  # type: ignore[union-attr]
 
 
-def test_a_context_refused_for_a_running_turn_is_held_again_and_released_at_its_end() -> None:
+def test_held_messages_ahead_of_a_user_message_go_at_a_turns_end_or_all_on_speech() -> None:
     typed = TypedItems("item_c_")
     typed.hold("s1", "Mid.", "system")
     typed.hold("u1", "hi")
@@ -36,17 +36,12 @@ def test_a_context_refused_for_a_running_turn_is_held_again_and_released_at_its_
     typed.release()  # the turn ended: what is ahead of the first user message goes
     [due] = typed.due
     assert due.item == "s1" and [h[0] for h in typed.held] == ["u1", "s2"]
-    assert typed.refused(due.id, busy=True) == []  # a turn had started meanwhile
-    assert [h[0] for h in typed.held] == ["s1", "u1", "s2"]
     typed.due = []
     typed.release(spoken=True)  # the user speaks: everything held goes first, in order
-    assert [(c.role, c.item) for c in typed.due] == [
-        ("system", "s1"),
-        ("user", "u1"),
-        ("system", "s2"),
-    ]
-    # Refused otherwise (a policy): taken back, by its item id.
-    assert typed.refused(typed.due[0].id, busy=False) == ["s1"]
+    assert [(c.role, c.item) for c in typed.due] == [("user", "u1"), ("system", "s2")]
+    # A context the session refuses is taken back by its item, as a logged one is taken.
+    assert typed.taken(typed.due[0].id) == ["u1"]
+    assert typed.refused(typed.due[1].id, busy=False) is None  # refused() is the turn's
     assert typed.refused("unknown", busy=False) is None
 
 

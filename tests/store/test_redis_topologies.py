@@ -355,8 +355,16 @@ class Writers:
     what landed and goes on from there, as the gateway's unsure-batch logic does.
     """
 
-    def __init__(self, store: RedisStore, sids: list[str], *, rounds: bool = False) -> None:
+    def __init__(
+        self,
+        store: RedisStore,
+        sids: list[str],
+        *,
+        rounds: bool = False,
+        explain: Callable[[], str] | None = None,
+    ) -> None:
         self.store = store
+        self.explain = explain  # what the servers say, for a stalled run's report
         self.sids = sids
         # rounds: append as the node's log writer does (``submit_appends``,
         # the append pipe on one server) rather than with ``append``.
@@ -437,6 +445,8 @@ class Writers:
                 f"  {sid}: {base[sid]} -> {self.stored[sid]}; waits in {where}; last failure: "
                 f"{self.last_error.get(sid, 'none')}"
             )
+        if self.explain is not None:
+            lines.append(self.explain())
         return "\n".join(lines)
 
     async def stop(self) -> None:
@@ -513,7 +523,7 @@ async def test_cluster_master_killed_mid_appends(tmp_path: Path, durability: Dur
     cluster = ClusterRedis(tmp_path)
     await asyncio.to_thread(cluster.start)
     store = failover_store(cluster.url, durability=durability, replica_timeout=1.0)
-    writers = Writers(store, [f"f{i}" for i in range(24)])
+    writers = Writers(store, [f"f{i}" for i in range(24)], explain=cluster.describe)
     try:
         await writers.start()
         await writers.progressed(5)

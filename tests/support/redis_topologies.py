@@ -289,6 +289,9 @@ class ClusterRedis:
                     str(NODE_TIMEOUT_MS),
                     "--cluster-require-full-coverage",
                     "yes" if full_coverage else "no",
+                    # Elections and syncs are notices: a failed test's report shows them.
+                    "--loglevel",
+                    "notice",
                 ],
                 port=cluster_port(taken),
             )
@@ -347,6 +350,31 @@ class ClusterRedis:
                         port = int(master[1])
                         return next(n for n in self.nodes if n.port == port)
         raise RuntimeError("no live node answers")
+
+    def describe(self) -> str:
+        """For a failed test's report: each node's role and offsets, and its log's tail
+        (elections, syncs, state changes), as the cluster saw what happened."""
+        lines = []
+        for node in self.nodes:
+            if node.alive:
+                try:
+                    with node.client() as c:
+                        info = c.info("replication")
+                    state = ", ".join(
+                        f"{k}={info[k]}"
+                        for k in ("role", "master_repl_offset", "slave0", "master_port")
+                        if k in info
+                    )
+                except redis.RedisError as exc:
+                    state = f"no answer ({exc})"
+            else:
+                state = "dead"
+            lines.append(f"node :{node.port}: {state}")
+            log = node.workdir / "server.log"
+            if log.exists():
+                tail = log.read_text(errors="replace").splitlines()[-12:]
+                lines.extend(f"    {line}" for line in tail)
+        return "\n".join(lines)
 
     def stop(self) -> None:
         for node in self.nodes:

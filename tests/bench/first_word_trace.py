@@ -1,7 +1,8 @@
 """Where a turn's first content spends its time inside the node, stage by stage.
 
 Run: ``PYTHONPATH=. .venv/bin/python tests/bench/first_word_trace.py [--sessions 10]
-[--turns 6] [--pin-server 1] [--redis-rtt MS]``
+[--turns 6] [--pin-server 1] [--redis-rtt MS]`` (``--redis-rtt``: Redis behind the
+bench's simulated link, ``tests.support.netem``, that many ms away)
 
 ``side_by_side_bench.py`` measures the first content's delay added against a
 bare relay from outside. This says what it is made of. A real ``redis-server``,
@@ -26,7 +27,12 @@ For each turn's first content event (the one ``SessionLog._emit`` marks
 - ``client``: written → read by the client process (loopback, its wake-up).
 
 A bare relay pays only the first and the last kind of hop; "log, then send"
-is the rest. Medians and p90 over every traced turn are printed.
+is the rest. Medians and p90 over every traced turn are printed, and before
+them ``request``: the client's send of its turn → that first content's frame
+read from the provider (the request's way through the node, the provider's
+answer), which a relay pays too, and ``user→reply``: the same send → the turn's
+``user`` event stored (a first content whose session still waits for that append
+goes in the round after it: ``emit→round``).
 """
 
 from __future__ import annotations
@@ -65,6 +71,7 @@ def _install(out: str) -> None:
     last = {"read": 0, "sent": 0, "reply": 0}
     traces: dict[tuple[str, int], dict[str, int]] = {}
     waiting: dict[str, int] = {}  # sid → seq of its traced event not yet written to Redis
+    users: dict[tuple[str, int], int] = {}  # a turn's user event → its append's reply read
 
     intercept = provider_socket.Inbox._intercept
 
@@ -117,6 +124,8 @@ def _install(out: str) -> None:
             trace = traces.get((self.sid, entry.seq))
             if trace is not None:
                 trace["reply"] = last["reply"]
+            elif entry.data.startswith(b"{\"type\":\"user\""):
+                users[(self.sid, entry.seq)] = last["reply"]
         appended(self, batch, result)
 
     deliver = connection.ClientConnection.deliver
@@ -139,7 +148,8 @@ def _install(out: str) -> None:
 
     def dump() -> None:
         rows = [{"sid": sid, "seq": seq, **t} for (sid, seq), t in traces.items()]
-        Path(out).write_text(json.dumps(rows))
+        stored = [{"sid": sid, "seq": seq, "stored": t} for (sid, seq), t in users.items()]
+        Path(out).write_text(json.dumps({"traces": rows, "users": stored}))
 
     atexit.register(dump)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
@@ -156,15 +166,25 @@ async def _client(port: int, turns: int, message: str, seen: list[dict[str, Any]
         first = orjson.loads(await ws.recv())
         sid = first.get("session_id") or first.get("sid") or ""
         for _ in range(turns + 1):  # the first turn warms up
+            sent = time.perf_counter_ns()
             await ws.send(orjson.dumps({"type": "user", "content": message}).decode())
             got_first = False
+            user_seq = 0
             while True:
                 event = orjson.loads(await ws.recv())
                 kind = event.get("type")
+                if kind == "user":
+                    user_seq = event["seq"]
                 if not got_first and kind in ("think", "respond") and event.get("content"):
                     got_first = True
                     seen.append(
-                        {"sid": sid, "seq": event["seq"], "received": time.perf_counter_ns()}
+                        {
+                            "sid": sid,
+                            "seq": event["seq"],
+                            "received": time.perf_counter_ns(),
+                            "sent": sent,
+                            "user": user_seq,
+                        }
                     )
                 if kind == "metric":
                     break
@@ -177,6 +197,9 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=6)
     parser.add_argument("--rate", type=float, default=20.0, help="deltas/s per session")
     parser.add_argument("--pin-server", type=int, default=None, metavar="CPU")
+    parser.add_argument(
+        "--redis-rtt", type=float, default=None, metavar="MS", help="Redis this many ms away"
+    )
     parser.add_argument("--hooks-out", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--serve", nargs=argparse.REMAINDER, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -186,12 +209,14 @@ def main() -> None:
 
         raise SystemExit(gateway_main(args.serve))
 
+    from tests.support.netem import Link, NetemProcess
     from tests.support.redis_server import free_port
 
     work = Path(tempfile.mkdtemp(prefix="first-word-"))
     py = sys.executable
     env = {**os.environ, "PYTHONPATH": str(ROOT), "GATEWAY_API_KEYS_FILE": "", "REDIS_URL": ""}
     procs: list[subprocess.Popen[bytes]] = []
+    netem: NetemProcess | None = None
     try:
         redis_port = free_port()
         procs.append(
@@ -212,6 +237,11 @@ def main() -> None:
                 stdout=subprocess.DEVNULL,
             )
         )
+        redis_via = redis_port
+        if args.redis_rtt is not None:
+            netem = NetemProcess()
+            rtt = args.redis_rtt / 1000
+            redis_via = netem.add("redis", ("127.0.0.1", redis_port), Link(rtt, rtt / 20))
         sim_port, gw_port = free_port(), free_port()
         procs.append(
             subprocess.Popen(
@@ -248,7 +278,7 @@ def main() -> None:
             "--log-level",
             "WARNING",
             "--redis",
-            f"redis://127.0.0.1:{redis_port}/0",
+            f"redis://127.0.0.1:{redis_via}/0",
             "--workspace-root",
             str(work / "ws"),
         ]
@@ -270,6 +300,8 @@ def main() -> None:
         procs.append(gateway)
         asyncio.run(_run(args, gw_port, gateway, trace_out, gw_log))
     finally:
+        if netem is not None:
+            netem.stop()
         for proc in reversed(procs):
             if proc.poll() is None:
                 proc.terminate()
@@ -301,12 +333,15 @@ async def _run(
     gateway.send_signal(signal.SIGTERM)
     await asyncio.to_thread(gateway.wait, 30)
     dumped = await asyncio.to_thread(out.read_text)
-    traces = {(t["sid"], t["seq"]): t for t in json.loads(dumped)}
-    _report(traces, seen, args)
+    dump = json.loads(dumped)
+    traces = {(t["sid"], t["seq"]): t for t in dump["traces"]}
+    users = {(u["sid"], u["seq"]): u["stored"] for u in dump["users"]}
+    _report(traces, users, seen, args)
 
 
 def _report(
     traces: dict[tuple[str, int], dict[str, int]],
+    users: dict[tuple[str, int], int],
     seen: list[dict[str, Any]],
     args: argparse.Namespace,
 ) -> None:
@@ -314,6 +349,8 @@ def _report(
     totals: list[float] = []
     writes: list[float] = []
     counts: list[int] = []
+    request: list[float] = []  # the client's send → the first content's frame read
+    user_stored: list[float] = []  # the client's send → its user event stored
     for got in seen:
         found = traces.get((got["sid"], got["seq"]))
         if found is None:
@@ -329,6 +366,10 @@ def _report(
         for name, step in zip(STAGES, steps, strict=True):
             stages[name].append(step)
         totals.append(sum(steps))
+        request.append((trace["read"] - got["sent"]) / 1000)
+        stored = users.get((got["sid"], got["user"]))
+        if stored:
+            user_stored.append((stored - got["sent"]) / 1000)
         writes.append(trace["write"] / 1000)
         counts.append(trace["count"])
     print(
@@ -336,7 +377,7 @@ def _report(
         f"{len(totals)} first contents traced of {len(seen)}"
     )
     print(f"{'stage':<14} {'p50 µs':>9} {'p90 µs':>9}")
-    for name, values in stages.items():
+    for name, values in {"request": request, "user→reply": user_stored, **stages}.items():
         if values:
             q = statistics.quantiles(values, n=10)
             print(f"{name:<14} {statistics.median(values):9.0f} {q[8]:9.0f}")

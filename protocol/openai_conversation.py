@@ -275,7 +275,7 @@ class Conversation:
                 return self._user(event.seq, content, spoken=source == "audio", item=given)
             case Context(role=role, content=content, reply_to=ref, item=given):
                 iid = given if isinstance(given, str) else f"item_{event.seq}"
-                self.shown.spans.add(iid, event.seq, event.seq)
+                typed.logged(self.shown, iid, event.seq)
                 if typed.taken(ref) is not None:  # created here: shown already
                     return []
                 return self.shown.append(self.ids.event, text_item(iid, role, content))

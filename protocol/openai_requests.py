@@ -445,6 +445,8 @@ class ClientRequests:
         if self.typed.drop(item_id):  # not sent yet: it never reaches the model
             self.shown.drop(item_id)
             return Emit([], [self.ids.event("conversation.item.deleted", item_id=item_id)])
+        if (why := self.typed.delete_in_flight(item_id)) is not None:  # "": once logged
+            return self._refusal(why, eid, "item_id") if why else Emit([], [])
         if item_id in self.shown.items:
             return self._refusal(
                 f"item {item_id[:64]!r} cannot be deleted on this gateway: function calls "

@@ -16,7 +16,8 @@ OpenAI's service adds a created item to the conversation at once and says so
   held ahead of them (the session keeps one that comes while the model answers for
   the answer's end), else in order with the next ``response.create`` (``send``) or
   when the user starts speaking (``release``). One the session refuses is taken back
-  (``taken`` names its item).
+  (``taken`` names its item). One the client deletes while it is in flight is
+  forgotten once it is logged (``delete_in_flight``, ``logged``): until then no span names it.
 
 An id is the client's (``item.id``), or one the door makes: ``prefix`` (unique to the
 connection, given by its shell) and a count, never ``item_SEQ``'s form.
@@ -26,7 +27,7 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from protocol.events import ITEM_ID_MAX, ContextMessage, ReplyNow, Role, UserMessage
+from protocol.events import ITEM_ID_MAX, ContextMessage, Forget, ReplyNow, Role, UserMessage
 from protocol.openai_items import ShownItems, call_item, output_item
 
 __all__ = ["HELD_CHARS_MAX", "HELD_MAX", "Held", "TypedItems", "id_refusal"]
@@ -45,9 +46,10 @@ class TypedItems:
     """One connection's created messages: ``held`` (not yet sent), ``sent`` (the command
     id of the turn a ``response.create`` sent and the user items it carries, until the
     session logs or refuses it), ``contexts`` (``context`` commands sent, by command id,
-    until the same), ``due`` (context commands for the shell to send now)."""
+    until the same), ``due`` (commands for the shell to send now: contexts, and the
+    ``forget`` of a context deleted in flight), ``doomed`` (those deletes' items)."""
 
-    __slots__ = ("contexts", "due", "held", "made", "past_calls", "prefix", "sent")
+    __slots__ = ("contexts", "doomed", "due", "held", "made", "past_calls", "prefix", "sent")
 
     def __init__(self, prefix: str) -> None:
         self.prefix = prefix
@@ -55,7 +57,8 @@ class TypedItems:
         self.held: list[Held] = []
         self.sent: tuple[str, list[Held]] | None = None
         self.contexts: dict[str, Held] = {}
-        self.due: list[ContextMessage] = []
+        self.due: list[ContextMessage | Forget] = []
+        self.doomed: set[str] = set()
         self.past_calls: dict[str, str] = {}  # a history's function calls: call_id → name
 
     def past(self, iid: str, item: Any) -> tuple[Role, str, dict[str, Any]]:
@@ -108,6 +111,28 @@ class TypedItems:
         self.held = kept
         return dropped
 
+    def delete_in_flight(self, iid: str) -> str | None:
+        """The client deleted ``iid``, sent and not logged yet: ``""`` for a context (it
+        is forgotten once logged: ``logged``; taken back if refused: ``taken``), why not
+        for a message of the turn a ``response.create`` sent; None if not in flight."""
+        if any(held[0] == iid for held in self.contexts.values()):
+            self.doomed.add(iid)
+            return ""
+        if self.sent is not None and any(held[0] == iid for held in self.sent[1]):
+            return (
+                f"item {iid[:64]!r} is the message of the response being created: delete "
+                "it once that response is done"
+            )
+        return None
+
+    def logged(self, shown: ShownItems, iid: str, seq: int) -> None:
+        """``iid`` was logged at ``seq`` (a span ``conversation.item.delete`` names); one
+        deleted in flight is forgotten now."""
+        shown.spans.add(iid, seq, seq)
+        if iid in self.doomed:
+            self.doomed.discard(iid)
+            self.due.append(Forget(first=seq, last=seq))
+
     def context(self, held: Held, command_id: str = "") -> ContextMessage:
         """``held`` as a ``context`` command, in flight until logged or refused."""
         if not command_id:  # the connection's own: no other connection's, no event_id
@@ -158,6 +183,7 @@ class TypedItems:
             self.sent = None
             return [held[0] for held in sent[1]]
         if isinstance(command_id, str) and (held := self.contexts.pop(command_id, None)):
+            self.doomed.discard(held[0])  # refused: taken back, not forgotten
             return [held[0]]
         return None
 

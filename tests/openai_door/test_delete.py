@@ -88,6 +88,27 @@ async def test_a_deleted_message_leaves_the_models_context(node: NodeProcess, mo
     assert await _context_after(node, model, "assistant") == kept - 1
 
 
+async def test_a_system_item_deleted_as_soon_as_created_leaves_the_models_context(
+    node: NodeProcess,
+) -> None:
+    """A system item goes to the session at once; deleted in the same breath, it may not
+    be logged yet. Either way the client is told it is deleted, and the model loses it."""
+    model = MODELS[0]
+    kept = await _context_after(node, model, None)
+    async with _client(node).realtime.connect(model=model) as conn:
+        await conn.session.update(session={"type": "realtime", "output_modalities": ["text"]})
+        await _turn(conn, "remember the apples")
+        system = [{"type": "input_text", "text": "Speak like a pirate."}]
+        item = {"type": "message", "role": "system", "content": system, "id": "sys_1"}
+        await conn.conversation.item.create(item=item)  # type: ignore[arg-type]
+        await conn.conversation.item.delete(item_id="sys_1", event_id="c_del")
+        while (event := await _next(conn))["type"] != "conversation.item.deleted":
+            assert event["type"] != "error", event
+        assert event["item_id"] == "sys_1"
+        _, answer = await _turn(conn, "/context")
+        assert _held(answer) == kept
+
+
 @pytest.mark.parametrize("model", MODELS)
 async def test_an_unknown_item_is_refused_naming_the_clients_event(
     node: NodeProcess, model: str

@@ -18,6 +18,7 @@ from protocol.events import (
     Cancelled,
     Configure,
     Configured,
+    Context,
     ContextMessage,
     End,
     Error,
@@ -595,3 +596,39 @@ def test_a_historys_function_call_and_its_output_are_told_to_the_model_as_contex
     # An output for a call nobody made is still refused.
     _, events = client(conv, type="conversation.item.create", item=out | {"call_id": "c9"})
     assert events[0]["error"]["param"] == "item.call_id"
+
+
+def test_a_context_deleted_in_flight_is_forgotten_once_logged_or_taken_back_if_refused() -> None:
+    """A system item goes to the session at once; deleted before its ``context`` event
+    is logged, no span names it yet. The door said "function calls stay in the model's
+    context" and the message stayed. Now it is forgotten as soon as it is logged, and a
+    refused one is taken back once, with nothing forgotten."""
+    conv = created(Conversation("s1", "m"))
+    system = {"type": "message", "role": "system", "content": [{"type": "input_text", "text": "x"}]}
+    [context], shown = client(conv, type="conversation.item.create", item=system)
+    iid = shown[0]["item"]["id"]
+    commands, events = client(conv, type="conversation.item.delete", item_id=iid, event_id="d")
+    assert (commands, events) == ([], [])  # no error: the delete is kept for the log
+    assert (
+        feed(conv, Context(seq=2, role="system", content="x", reply_to=context.id, item=iid)) == []
+    )
+    assert conv.take_due() == [Forget(first=2, last=2)]
+    out = feed(conv, Forgotten(seq=3, first=2, last=2))
+    assert [(e["type"], e["item_id"]) for e in out] == [("conversation.item.deleted", iid)]
+
+    [context], shown = client(conv, type="conversation.item.create", item=system)
+    iid = shown[0]["item"]["id"]
+    client(conv, type="conversation.item.delete", item_id=iid)
+    out = feed(conv, Error(code="forbidden", content="no", reply_to=context.id))
+    assert [e["type"] for e in out] == ["error", "conversation.item.deleted"]
+    assert conv.take_due() == []
+
+
+def test_a_message_of_the_turn_in_flight_cannot_be_deleted_and_says_when_it_can() -> None:
+    conv = created(Conversation("s1", "m"))
+    client(conv, type="conversation.item.create", item={**user_item("x"), "id": "u1"})
+    client(conv, type="response.create", event_id="c")
+    _, events = client(conv, type="conversation.item.delete", item_id="u1", event_id="d")
+    error = events[0]["error"]
+    assert (error["event_id"], error["param"]) == ("d", "item_id")
+    assert "once that response is done" in error["message"]

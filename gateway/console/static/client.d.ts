@@ -237,8 +237,9 @@ export class Client {
     content: string,
     options?: { role?: "system" | "user" | "assistant"; timeout?: number },
   ): Promise<ContextEvent>;
-  /** Start a turn with no new message (`reply`). */
-  reply(): Promise<void>;
+  /** Start a turn with no new message (`reply`): its events, as `send`'s, from its
+   * `reply` event to its end. */
+  reply(): AsyncGenerator<GatewayEvent, void, undefined>;
   /** Decide on a call that waits for approval (its approval_required's id and digest);
    * resolves with the logged `approval`, rejects with ApprovalRefusedError. */
   approve(

@@ -290,9 +290,11 @@ export class Client {
   }
 
   /** Start a turn with no new message (`reply`): the model answers the conversation as
-   * it is (a greeting, a follow-up to `context`). Its events come as any turn's. */
-  async reply() {
-    await this._sendFrame({ type: "reply" });
+   * it is (a greeting, a follow-up to `context`). An async iterator of its events, as
+   * `send`'s, from its `reply` event to its end (sent again after a reconnect that
+   * lost it, as `send`'s message is). */
+  reply() {
+    return this._turn(null, true);
   }
 
   _confirmed(frame, answer, timeout) {
@@ -354,13 +356,20 @@ export class Client {
   }
 
   /** Start a turn; an async iterator of its events, from its user echo to its end. */
-  async *send(text) {
+  send(text) {
+    return this._turn(text, false);
+  }
+
+  /** The events of a turn this client starts: with `text`, or none (`reply`). */
+  async *_turn(text, reply) {
     if (this._inTurn) throw new ClientError("a turn is running: finish iterating it (or cancel()) first");
     this._inTurn = true;
     try {
       this._raiseIfFailed();
       this._inbox.clear();
-      const frame = { type: "user", content: text };
+      this._commands += 1;
+      const ref = `reply-${this._commands}`;
+      const frame = reply ? { type: "reply", id: ref } : { type: "user", content: text };
       let sentOn = await this._sendFrame(frame);
       const sentAfter = this.lastSeq;
       let started = false;
@@ -380,7 +389,12 @@ export class Client {
             yield ev; // blocked (no turn: the model never got it), or redacted
             if (ev.action !== "redact") return;
             text = ""; // its echo is the redacted text
-          } else if (ev.type === "user" && ev.seq > sentAfter && (text === "" || ev.content === text)) {
+          } else if (
+            ev.seq > sentAfter &&
+            (reply
+              ? ev.type === "reply" && ev.reply_to === ref
+              : ev.type === "user" && (text === "" || ev.content === text))
+          ) {
             started = true;
             tracker.feed("user");
             yield ev;

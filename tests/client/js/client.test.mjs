@@ -180,6 +180,12 @@ test("context resolves with its logged event, rejects a bad one with the gateway
     const added = await c.context("Greet them again.");
     assert.equal(added.type, "context");
     assert.equal(added.role, "system");
+    // reply() is a turn: its events, from its own `reply` event to the answer's end.
+    const replied = [];
+    for await (const ev of c.reply()) replied.push(ev);
+    assert.equal(replied[0].type, "reply");
+    assert.ok(replied.some((e) => e.type === "respond"), JSON.stringify(replied));
+    assert.equal(replied.at(-1).type, "metric");
     await assert.rejects(
       c.context("x", { role: "tool" }),
       (err) => err instanceof CommandRefusedError && err.code === "bad_frame",

@@ -246,7 +246,7 @@ class Conversation:
                 ]
             case SpeechStarted(offset_ms=ms):
                 if not self.requests.turn_open and typed.sent is None:
-                    typed.release(spoken=True)  # before the speech's item
+                    typed.due += typed.release(spoken=True)  # before the speech's item
                 self._speech = f"item_{event.seq}"
                 out = self._done("cancelled", reason="turn_detected") if self._response else []
                 return [
@@ -316,8 +316,6 @@ class Conversation:
                 self.overrides.put_back()  # the turn is over (also one that showed nothing)
                 return []
             case Metric(step=usage):
-                if not self.requests.turn_open:  # the turn is over: what waited for it goes
-                    typed.release()
                 if not self._ending or self._response is None:
                     self._ending = False
                     return []

@@ -443,8 +443,9 @@ class ClientRequests:
         if span is not None:
             return Emit([Forget(first=span[0], last=span[1])], [])
         if self.typed.drop(item_id):  # not sent yet: it never reaches the model
-            self.shown.drop(item_id)
-            return Emit([], [self.ids.event("conversation.item.deleted", item_id=item_id)])
+            self.shown.drop(item_id)  # and what waited behind it alone goes now
+            deleted = self.ids.event("conversation.item.deleted", item_id=item_id)
+            return Emit([*self.typed.release()], [deleted])
         if (why := self.typed.delete_in_flight(item_id)) is not None:  # "": once logged
             return self._refusal(why, eid, "item_id") if why else Emit([], [])
         if item_id in self.shown.items:

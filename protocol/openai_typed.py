@@ -14,10 +14,11 @@ OpenAI's service adds a created item to the conversation at once and says so
 - **system and assistant messages** (and user messages not last before a
   ``response.create``) go as ``context`` commands: at once when no user message is
   held ahead of them (the session keeps one that comes while the model answers for
-  the answer's end), else in order with the next ``response.create`` (``send``) or
-  when the user starts speaking (``release``). One the session refuses is taken back
-  (``taken`` names its item). One the client deletes while it is in flight is
-  forgotten once it is logged (``delete_in_flight``, ``logged``): until then no span names it.
+  the answer's end), else in order with the next ``response.create`` (``send``),
+  when the user starts speaking, or once the user message ahead is deleted
+  (``release``). One the session refuses is taken back (``taken`` names its item).
+  One the client deletes while it is in flight is forgotten once it is logged
+  (``delete_in_flight``, ``logged``): until then no span names it.
 
 An id is the client's (``item.id``), or one the door makes: ``prefix`` (unique to the
 connection, given by its shell) and a count, never ``item_SEQ``'s form.
@@ -164,16 +165,16 @@ class TypedItems:
             out.append(ReplyNow(id=said_id))
         return out
 
-    def release(self, *, spoken: bool = False) -> None:
-        """The turn is over: the held messages ahead of the first user message go now
-        (``due``). ``spoken``: the user started speaking, a turn of theirs follows: every
-        held message goes, in order (OpenAI's service has them before the speech)."""
+    def release(self, *, spoken: bool = False) -> list[ContextMessage]:
+        """The held messages that go now, as context: those ahead of the first user
+        message (nothing waits for them once the user message they waited behind was
+        deleted); ``spoken``: every one, in order (the user started speaking, a turn of
+        theirs follows, and OpenAI's service has them before the speech)."""
         cut = 0
         while cut < len(self.held) and (spoken or self.held[cut][2] != "user"):
             cut += 1
-        if cut:
-            go, self.held = self.held[:cut], self.held[cut:]
-            self.due += [self.context(h) for h in go]
+        go, self.held = self.held[:cut], self.held[cut:]
+        return [self.context(h) for h in go]
 
     def taken(self, command_id: object) -> list[str] | None:
         """The session logged ``command_id``'s message: the ids of the items it carries,

@@ -632,3 +632,20 @@ def test_a_message_of_the_turn_in_flight_cannot_be_deleted_and_says_when_it_can(
     error = events[0]["error"]
     assert (error["event_id"], error["param"]) == ("d", "item_id")
     assert "once that response is done" in error["message"]
+
+
+def test_a_system_item_behind_a_deleted_user_message_goes_at_once() -> None:
+    """A system item created while a user message is held waits behind it; once that
+    message is deleted nothing is ahead of it, and it goes with the delete (it waited
+    for the end of a turn before, and between turns no turn was coming)."""
+    conv = created(Conversation("s1", "m"))
+    client(conv, type="conversation.item.create", item={**user_item("x"), "id": "u1"})
+    system = {"type": "message", "role": "system", "content": [{"type": "input_text", "text": "y"}]}
+    commands, _ = client(conv, type="conversation.item.create", item=system | {"id": "s1"})
+    assert commands == []  # held behind the user message
+    commands, events = client(conv, type="conversation.item.delete", item_id="u1")
+    assert [e["type"] for e in events] == ["conversation.item.deleted"]
+    [context] = commands
+    assert isinstance(context, ContextMessage) and (context.role, context.item) == ("system", "s1")
+    commands, _ = client(conv, type="response.create", event_id="c")
+    assert commands == [ReplyNow(id="c")]  # nothing held is sent twice

@@ -28,20 +28,19 @@ def test_a_create_sends_what_came_before_the_last_user_messages_as_context_in_or
     assert [c.item for c in contexts] == ["s2"] and isinstance(reply, ReplyNow)  # type: ignore[union-attr]
 
 
-def test_held_messages_ahead_of_a_user_message_go_at_a_turns_end_or_all_on_speech() -> None:
+def test_held_messages_ahead_of_a_user_message_go_when_released_or_all_on_speech() -> None:
     typed = TypedItems("item_c_")
     typed.hold("s1", "Mid.", "system")
     typed.hold("u1", "hi")
     typed.hold("s2", "After hi.", "system")
-    typed.release()  # the turn ended: what is ahead of the first user message goes
-    [due] = typed.due
+    [due] = typed.release()  # what is ahead of the first user message goes
     assert due.item == "s1" and [h[0] for h in typed.held] == ["u1", "s2"]
-    typed.due = []
-    typed.release(spoken=True)  # the user speaks: everything held goes first, in order
-    assert [(c.role, c.item) for c in typed.due] == [("user", "u1"), ("system", "s2")]
+    assert typed.release() == []  # a user message is first: the rest waits for it
+    due = typed.release(spoken=True)  # the user speaks: everything held goes, in order
+    assert [(c.role, c.item) for c in due] == [("user", "u1"), ("system", "s2")]
     # A context the session refuses is taken back by its item, as a logged one is taken.
-    assert typed.taken(typed.due[0].id) == ["u1"]
-    assert typed.refused(typed.due[1].id, busy=False) is None  # refused() is the turn's
+    assert typed.taken(due[0].id) == ["u1"]
+    assert typed.refused(due[1].id, busy=False) is None  # refused() is the turn's
     assert typed.refused("unknown", busy=False) is None
 
 

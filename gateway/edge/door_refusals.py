@@ -6,15 +6,21 @@ take, an item it does not have, a response while one runs) is told in an
 refusal is logged at INFO with the session, the client's ``event_id``, the code,
 the field and the message. A connection's first ``REFUSALS_LOGGED`` are logged,
 then one line saying the rest are not: a client sending bad events in a loop
-cannot fill the log.
+cannot fill the log. A refusal before the socket opens is an HTTP answer with
+OpenAI's error body (``error_response``).
 """
 
 from __future__ import annotations
 
+import http
 import logging
 from typing import Any, Final
 
-__all__ = ["REFUSALS_LOGGED", "RefusalLog"]
+import msgspec
+from websockets.datastructures import Headers
+from websockets.http11 import Response
+
+__all__ = ["REFUSALS_LOGGED", "RefusalLog", "error_response"]
 
 REFUSALS_LOGGED: Final = 20
 
@@ -52,3 +58,16 @@ class RefusalLog:
             error.get("param"),
             extra={"sid": sid},
         )
+
+
+def error_response(status: int, message: str, code: str) -> Response:
+    """``status`` with OpenAI's error body (``invalid_request_error``, ``code``)."""
+    body = msgspec.json.encode(
+        {"error": {"type": "invalid_request_error", "code": code, "message": message}}
+    )
+    return Response(
+        status,
+        http.HTTPStatus(status).phrase,
+        Headers([("Content-Type", "application/json")]),
+        body,
+    )

@@ -15,17 +15,17 @@ Resume (an extension of this gateway): ``?session_id=SID&after_event=EVENT_ID``
 reconnects to the session ``session.created`` named (``session.id``) and
 sends what follows the last ``event_id`` the client saw: the session's log is
 replayed through a fresh conversation, and what it yields up to that event
-is not sent again.
+is not sent again; with no ``after_event``, nothing before the log's head is
+(``protocol.openai_ids.Replay``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import http
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping, MutableMapping, Sequence
+from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from typing import Final, Literal, Protocol
 from urllib.parse import parse_qs, urlsplit
 
@@ -40,14 +40,21 @@ from gateway import wsfast
 from gateway.config import Config
 from gateway.edge.closes import CloseCode
 from gateway.edge.connection import ClientConnection
-from gateway.edge.door_refusals import RefusalLog
+from gateway.edge.door_refusals import RefusalLog, error_response
 from gateway.edge.frame_rate import Verdict
 from gateway.sessions.policy import KeyPolicies, refusal
 from gateway.sessions.port import NodePort
 from gateway.upstream import providers
 from protocol.audio import split_audio_frame
 from protocol.configuration import SessionConfig
-from protocol.events import Configure, ReplyNow, Session, UserMessage, decode_event
+from protocol.events import (
+    Configure,
+    Configured,
+    ReplyNow,
+    Session,
+    UserMessage,
+    decode_event,
+)
 from protocol.openai_audio import APPEND_SLICE, NOT_BASE64, append_pcm, append_pcm_slices
 from protocol.openai_conversation import Command, Conversation, Emit, ServerEvent
 from protocol.openai_events import (
@@ -57,8 +64,9 @@ from protocol.openai_events import (
     encode_frame,
     unread,
 )
+from protocol.openai_ids import Replay
 
-__all__ = ["OPENAI_PATH", "REFUSAL_CODES", "DoorConnection", "OpenAIDoor", "model_route"]
+__all__ = ["OPENAI_PATH", "REFUSAL_CODES", "DoorConnection", "OpenAIDoor"]
 
 REFUSAL_CODES: Final = {401: "invalid_api_key", 403: "forbidden", 404: "session_not_found"}
 """OpenAI's error codes for the gateway's refusals by status (a handshake's, a call's)."""
@@ -71,41 +79,11 @@ REALTIME: Final = Subprotocol("realtime")
 _command_encoder: Final = msgspec.json.Encoder()
 _RESUME: Final = "reconnect with session_id and after_event (node draining or session moved)"
 
+# The client's events are read once the replay reached the log's head, or after this.
+CATCH_UP_WAIT: Final = 30.0
 LARGE_FRAMES_AT_ONCE: Final = 8
 """Frames of ``door_max_frame`` the node holds for all door clients at once (168 MiB by
 default); past it, a client's large frame is read once another's is done with."""
-
-
-def model_route(
-    config: Config, model: str, aliases: Mapping[str, str] | None = None
-) -> tuple[str, str] | str:
-    """``(provider, model)`` serving ``?model=``; a refusal naming the models otherwise.
-
-    ``aliases``: the key's own model names (its policy's ``aliases``), resolved
-    first. On a simulator node every model a provider lists is served by the
-    simulator flavour of that provider (``gateway.app.sim_flavor_of``).
-    """
-    if aliases:
-        model = aliases.get(model, model)
-    row = providers.listing(model)
-    if row is None or model not in row.served():
-        served = ", ".join(name for r in providers.PROVIDERS for name in r.served())
-        return f"model {model[:100]!r} is not served by this gateway; choose one of: {served}"
-    if providers.SIM in config.providers:
-        return providers.SIM, model
-    return row.name, model
-
-
-def _error_response(status: int, message: str, code: str) -> Response:
-    body = msgspec.json.encode(
-        {"error": {"type": "invalid_request_error", "code": code, "message": message}}
-    )
-    return Response(
-        status,
-        http.HTTPStatus(status).phrase,
-        Headers([("Content-Type", "application/json")]),
-        body,
-    )
 
 
 class Admission(Protocol):
@@ -166,24 +144,24 @@ class OpenAIDoor:
 
     async def handshake(self, connection: ServerConnection, request: Request) -> Response | None:
         if request.headers.get("Upgrade", "").lower() != "websocket":
-            return _error_response(
+            return error_response(
                 426, f"{OPENAI_PATH} is a WebSocket endpoint: send a WebSocket handshake", "upgrade"
             )
         query = parse_qs(urlsplit(request.path).query)
         call_id = (query.get("call_id") or [""])[-1]
         call = self.calls.get(call_id) if call_id else None
         if call_id and call is None:
-            return _error_response(
+            return error_response(
                 404, f"no WebRTC call {call_id[:80]!r} on this node", "call_not_found"
             )
         model = (query.get("model") or [""])[-1] or (call[1] if call else "")
         if not model:
-            return _error_response(
+            return error_response(
                 400, "name the model: connect to ?model=MODEL (e.g. gpt-realtime-2.1)", "model"
             )
         authorizations = request.headers.get_all("Authorization")
         if len(authorizations) > 1:
-            return _error_response(401, "send one Authorization header, not several", "auth")
+            return error_response(401, "send one Authorization header, not several", "auth")
         offered = [
             p.strip()
             for value in request.headers.get_all("Sec-WebSocket-Protocol")
@@ -204,7 +182,7 @@ class OpenAIDoor:
         if after_event:
             after = Conversation.position(after_event)
             if after is None or not sid:
-                return _error_response(
+                return error_response(
                     400,
                     "after_event takes the event_id of the last event received "
                     "(evt_SEQ_N), with session_id",
@@ -233,12 +211,12 @@ class OpenAIDoor:
         admitted = await self.admit(connection, request, gateway_query)
         if isinstance(admitted, Response):
             text = admitted.body.decode("utf-8", "replace").strip() if admitted.body else ""
-            return _error_response(
+            return error_response(
                 admitted.status_code, text, REFUSAL_CODES.get(admitted.status_code, "refused")
             )
         if after is not None and after[0] > admitted.last_seq:
             # Its client would be sent nothing of the next turns, as if it had seen them.
-            return _error_response(
+            return error_response(
                 400,
                 f"after_event names an event of seq {after[0]}, past this session's log (its "
                 f"last seq is {admitted.last_seq}): pass the event_id of the last event "
@@ -247,11 +225,11 @@ class OpenAIDoor:
             )
         # ?model= through the key's aliases: known once the key is.
         aliases = self.policies.get(admitted.principal).aliases
-        route = model_route(self.config, model, aliases)
+        route = providers.model_route(self.config.providers, model, aliases)
         if isinstance(route, str):
             if aliases:
                 route += f"; or one of this API key's aliases: {', '.join(sorted(aliases))}"
-            return _error_response(400, route, "model_not_found")
+            return error_response(400, route, "model_not_found")
         # A new session is configured for ?model=, and so is a resumed one that runs
         # another (the way to change a session's model: session.update cannot): a model
         # the key's policy refuses is refused here, before the socket opens, not after
@@ -260,7 +238,7 @@ class OpenAIDoor:
         if configure:
             wanted = SessionConfig(provider=route[0], model=route[1])
             if (problem := refusal(self.policies.get(admitted.principal), wanted)) is not None:
-                return _error_response(403, problem, "forbidden")
+                return error_response(403, problem, "forbidden")
         self._handshakes[connection] = _Pending(
             model, route, after=after, configure=configure, make=make, fresh=not (sid or make)
         )
@@ -360,7 +338,9 @@ class DoorConnection(ClientConnection):
         self.state = state
         self.conversation = Conversation(sid, state.model, connection_id=self.conn_id[:10])
         self.conversation.overrides.allowed = trusted
-        self._skip = state.after  # replayed up to here: not sent again
+        self.replay = Replay(state.after)  # what of the replayed log the client is sent
+        self._caught_up = asyncio.Event()  # the replay reached the log's head
+        self._switched: asyncio.Event | None = None  # set by a ?model= switch's configured
         self.refusals = RefusalLog(sid)
         # Commands the conversation asked for as it translated (a response's overrides
         # taken back once it is done): sent in order, before the client's next ones.
@@ -369,12 +349,10 @@ class DoorConnection(ClientConnection):
     # ------------------------------------------------------------- out
 
     def _emit(self, events: list[ServerEvent], out: list[bytes]) -> None:
-        skip = self._skip
+        replay = self.replay
         for event in events:
-            if skip is not None:
-                position = Conversation.position(str(event["event_id"]))
-                if position is None or position <= skip:
-                    continue
+            if replay.skip is not None and not replay.shows(str(event["event_id"])):
+                continue
             if event["type"] == "error":
                 self.refusals.seen(event)
             out.append(encode_frame(event))
@@ -384,11 +362,15 @@ class DoorConnection(ClientConnection):
         conversation = self.conversation
         for frame in frames:
             event = decode_event(frame)
-            if isinstance(event, Session):
-                continue  # the connection's first frame (its seq is the log's head): not shown
+            if isinstance(event, Session):  # the connection's first frame: the log's head
+                if self.replay.start(event.seq):
+                    self._caught_up.set()
+                continue
             self._emit(conversation.gateway(event), out)
-            if self._skip is not None and event.seq > self._skip[0]:
-                self._skip = None  # caught up: everything from here is new
+            if not self.replay.caught_up and self.replay.replayed(event.seq):
+                self._caught_up.set()
+            elif self._switched is not None and type(event) is Configured:
+                self._switched.set()
         if conversation.due:
             due = conversation.take_due()
             self._due = asyncio.get_running_loop().create_task(self._send_due(self._due, due))
@@ -402,7 +384,7 @@ class DoorConnection(ClientConnection):
 
     def _speech(self, frame: bytes) -> list[bytes]:
         """The model's speech (never logged, never replayed) as OpenAI's audio deltas."""
-        if self._skip is not None:
+        if self.replay.skip is not None:
             return []
         try:
             tag, pcm = split_audio_frame(frame)
@@ -450,19 +432,32 @@ class DoorConnection(ClientConnection):
                     await self._due
 
     async def _open(self) -> None:
-        """Before the client's first event: its session shown, or configured for its route."""
+        """Before the client's first event: its session shown, or configured for its route.
+        Once the replay reached the log's head: a reply made during it would be taken
+        for a replayed event and held back."""
         state = self.state
-        # ``state.after``, not ``_skip``: the writer's replay may have caught up (and
-        # cleared ``_skip``) before this runs, and a resumed client must not be shown
-        # a second session.created.
-        if not state.configure and state.after is None:  # a session made elsewhere: show it
+        try:
+            async with asyncio.timeout(CATCH_UP_WAIT):
+                await self._caught_up.wait()
+        except TimeoutError:
+            log.warning("session %s: the door's replay is slow; reading the client", self.sid)
+        # A session made elsewhere (client_secrets), or one with a history the client joins
+        # without after_event (its session.created was replayed, not shown): shown as it is.
+        if state.after is None and (self.replay.head > 0 or not state.configure):
             config = await self.door.config_of(self.sid)
             if config is not None:
                 await self._send_events([self.conversation.created(config)])
         if state.configure:  # the new session's route (the key's policy allowed it)
             state.configure = False
             first = _command_encoder.encode(_configure(state.route, audio=state.fresh))
+            # A session switched to another model says so before anything else.
+            switched = self._switched = asyncio.Event() if self.replay.head > 0 else None
             await self._handle(first.decode())
+            if switched is not None:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(CATCH_UP_WAIT):
+                        await switched.wait()
+                self._switched = None
 
     async def _read(self, writer: asyncio.Task[None]) -> None:
         await self._open()

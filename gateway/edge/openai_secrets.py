@@ -21,8 +21,8 @@ import msgspec
 from aiohttp import web
 
 from gateway.config import Config
-from gateway.edge.openai_door import model_route
 from gateway.sessions.port import NodePort
+from gateway.upstream import providers
 from protocol.configuration import ConfigChange, SessionConfig, apply_change
 from protocol.openai_events import SessionBody
 from protocol.openai_session import config_change, session_of
@@ -84,7 +84,8 @@ async def client_secret(api: SessionMaker, request: web.Request) -> web.Response
     session = body.session or SessionBody()
     if not session.model:
         return _refusal("name the model: session.model (e.g. gpt-realtime-2.1)", "session.model")
-    route = model_route(api.config, session.model, api.node.policies.get(key_id).aliases)
+    aliases = api.node.policies.get(key_id).aliases
+    route = providers.model_route(api.config.providers, session.model, aliases)
     if isinstance(route, str):
         return _refusal(route, "session.model")
     change = config_change(session, model_route=route)

@@ -12,6 +12,7 @@ provider").
 
 from __future__ import annotations
 
+from collections.abc import Collection, Mapping
 from typing import Annotated, Any, Final
 
 import msgspec
@@ -34,6 +35,7 @@ __all__ = [
     "facts",
     "flavour_of",
     "listing",
+    "model_route",
     "settings_of",
 ]
 
@@ -100,6 +102,28 @@ def by_name(name: str) -> Provider:
     if row is None:
         raise ValueError(f"no provider {name!r}: use {', '.join(NAMES)}")
     return row
+
+
+def model_route(
+    enabled: Collection[str], model: str, aliases: Mapping[str, str] | None = None
+) -> tuple[str, str] | str:
+    """``(provider, model)`` serving a client's ``model`` (the OpenAI door's ``?model=``,
+    ``client_secrets``' ``session.model``) on a node of the ``enabled`` providers; a
+    refusal naming the models otherwise.
+
+    ``aliases``: the key's own model names (its policy's ``aliases``), resolved
+    first. On a simulator node every model a provider lists is served by the
+    simulator flavour of that provider (``gateway.app.sim_flavor_of``).
+    """
+    if aliases:
+        model = aliases.get(model, model)
+    row = listing(model)
+    if row is None or model not in row.served():
+        served = ", ".join(name for r in PROVIDERS for name in r.served())
+        return f"model {model[:100]!r} is not served by this gateway; choose one of: {served}"
+    if SIM in enabled:
+        return SIM, model
+    return row.name, model
 
 
 def default_models() -> str:

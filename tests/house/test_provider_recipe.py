@@ -47,7 +47,6 @@ PROVIDER: Final = Provider(
 CHECKS = """
 from gateway.app import sim_flavor_of
 from gateway.config import load_config
-from gateway.edge.openai_door import model_route
 from gateway.pricing import DEFAULT_PRICES
 from gateway.upstream import providers
 
@@ -55,7 +54,7 @@ config = load_config({"provider": "acme", "acme_api_key": "k"}, env={})
 assert config.upstream("acme").base_url == "wss://voice.acme.example/v1"
 assert providers.facts("openai", "acme-voice-1").known
 assert DEFAULT_PRICES["acme"]["acme-voice-1"].output == 2.0
-assert model_route(config, "acme-voice-1") == ("acme", "acme-voice-1")
+assert providers.model_route(config.providers, "acme-voice-1") == ("acme", "acme-voice-1")
 assert sim_flavor_of("acme-voice-1") == "acme"
 """
 

@@ -112,6 +112,22 @@ async def test_a_client_secret_opens_its_session_in_a_browsers_subprotocol(
             assert refused[-1]["item_id"] == "sys_1"  # shown when created, taken back
         finally:
             await browser.close()
+        # A page reload connects again with the same key, naming no event: it joins the
+        # session as it is now (session.created, first), and nothing before is sent again
+        # as if it were new (the Agents SDK ran a replayed client tool call again).
+        reloaded = await RawClient.open(
+            f"ws://127.0.0.1:{gw.port}/openai/v1/realtime?model={MODEL}",
+            subprotocols=["realtime", f"openai-insecure-api-key.{secret.value}"],  # type: ignore[list-item]
+        )
+        try:
+            created = await reloaded.next()
+            assert created["type"] == "session.created"
+            assert created["session"]["instructions"] == "Answer like a pirate."
+            await reloaded.send(type="conversation.item.retrieve", item_id="no", event_id="p")
+            answer = await reloaded.next()  # nothing of the two turns before it
+            assert (answer["type"], answer["error"]["event_id"]) == ("error", "p"), answer
+        finally:
+            await reloaded.close()
         # The ephemeral key opens nothing else: not the HTTP API.
         other = AsyncOpenAI(api_key=secret.value, base_url=f"{gw.http_url}/openai/v1")
         with pytest.raises(Exception) as refused:

@@ -217,6 +217,39 @@ async def test_a_resume_after_an_event_past_the_log_is_refused(node: NodeProcess
         await resumed.close()
 
 
+async def test_a_client_at_the_head_or_naming_no_event_is_answered_and_sent_nothing_old(
+    node: NodeProcess,
+) -> None:
+    client = await _open(node)
+    try:
+        sid = client.events[0]["session"]["id"]
+        await client.send(**_say("hello", "c_hello"))
+        await client.send(type="response.create")
+        last = (await _done(client))["event_id"]
+    finally:
+        await client.close()
+    base = f"{node.base}/openai/v1/realtime?model={MODEL}&session_id={sid}"
+    # At the head: a reply to its first event is sent, not taken for a replayed one (it
+    # named the last event seen, and was held back until a new logged event came).
+    at_head = await RawClient.open(f"{base}&after_event={last}")
+    try:
+        await at_head.send(type="conversation.item.retrieve", item_id="no", event_id="p")
+        answer = await at_head.next(timeout=10)
+        assert (answer["type"], answer["error"]["event_id"]) == ("error", "p"), answer
+    finally:
+        await at_head.close()
+    # With no after_event: the session as it is now, once, and nothing before again.
+    joined = await RawClient.open(base)
+    try:
+        created = await joined.next()
+        assert created["type"] == "session.created" and created["session"]["id"] == sid
+        await joined.send(type="conversation.item.retrieve", item_id="no", event_id="q")
+        answer = await joined.next(timeout=10)
+        assert (answer["type"], answer["error"]["event_id"]) == ("error", "q"), answer
+    finally:
+        await joined.close()
+
+
 async def test_a_required_field_left_out_is_refused_by_name(node: NodeProcess) -> None:
     # Left out, each was taken as empty: a message of no content became an empty user
     # message (refused only by a later response.create, in the gateway's words), an

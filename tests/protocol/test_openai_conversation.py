@@ -39,6 +39,7 @@ from protocol.events import (
 )
 from protocol.openai_conversation import Conversation
 from protocol.openai_events import decode_client
+from protocol.openai_ids import Replay
 from protocol.openai_speech import EARLY_SPEECH_MAX
 from protocol.openai_typed import HELD_CHARS_MAX, HELD_MAX
 from protocol.payloads import ResultPayload
@@ -649,3 +650,24 @@ def test_a_system_item_behind_a_deleted_user_message_goes_at_once() -> None:
     assert isinstance(context, ContextMessage) and (context.role, context.item) == ("system", "s1")
     commands, _ = client(conv, type="response.create", event_id="c")
     assert commands == [ReplyNow(id="c")]  # nothing held is sent twice
+
+
+def test_a_replay_shows_what_follows_the_clients_event_or_the_head_and_ends_there() -> None:
+    """``Replay``: after ``after_event``, or from the head when the client names none (a
+    token's reload: the past is not sent as live events); either way it ends as the
+    replay reaches the head, so a reply made then is never held back as replayed."""
+    resumed = Replay((3, 1))
+    assert not resumed.start(5)
+    assert not resumed.shows("evt_3_1") and resumed.shows("evt_3_2") and resumed.shows("evt_4_1")
+    assert not resumed.replayed(4) and resumed.skip is None  # past the client's event
+    assert resumed.replayed(5) and not resumed.replayed(6)  # at the head: once
+    at_head = Replay((5, 2))
+    at_head.start(5)
+    assert not at_head.shows("evt_5_2x3")  # sent after evt_5_2: seen
+    assert at_head.replayed(5) and at_head.skip is None  # a reply now is sent
+    joined = Replay(None)
+    assert not joined.start(5)
+    assert not joined.shows("evt_5_9") and not joined.shows("evt_1_1x1")
+    assert joined.replayed(5) and joined.skip is None
+    fresh = Replay(None)
+    assert fresh.start(0) and fresh.skip is None and fresh.caught_up

@@ -287,6 +287,7 @@ class Conversation:
             case Forgotten(first=first, last=last):
                 return self._forgotten(first, last)
             case AudioCleared():
+                self.requests.audio_cleared()
                 return [self.ids.unlogged_event("input_audio_buffer.cleared")]
             case Respond(content=content):
                 out = self._open_message()

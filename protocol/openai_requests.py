@@ -125,16 +125,16 @@ class ClientRequests:
     answers with are numbered with the rest, and the items it names are those the
     conversation showed. The conversation writes back what the session's events
     settle: ``hearing`` and ``manual`` (a ``configured``), ``pending_reply`` (answered),
-    ``client_calls`` (a call shown), ``audio_tag`` and ``speaking`` (the answer's
-    speech so far, and its item),
-    ``turn_open`` (a turn's ``user`` logged, until its ``end`` or ``cancelled``),
-    ``responding`` (the response shown in progress), and
-    what a refusal of a response's message gives back (``refused``).
+    ``client_calls`` (a call shown), ``audio_tag`` and ``speaking`` (the answer's speech
+    so far, and its item), ``turn_open`` (a turn's ``user`` logged, until its ``end`` or
+    ``cancelled``), ``responding`` (the response shown in progress), ``clearing`` (a clear
+    sent: ``audio_cleared``), and what a refusal of a response's message gives back.
     """
 
     __slots__ = (
         "audio_tag",
         "buffered",
+        "clearing",
         "client_calls",
         "continues",
         "hearing",
@@ -186,6 +186,7 @@ class ClientRequests:
         self.hearing: bool | str = False
         self.manual = False  # ... with turn_detection none: the client commits
         self.buffered = 0  # bytes of the user's audio since the last commit or clear
+        self.clearing = -1
         self.audio_tag = 0  # seq tag of the newest audio frame of the answer
         self.speaking: str | None = None  # the message item the newest audio frame was of
 
@@ -280,9 +281,10 @@ class ClientRequests:
             case ConversationItemDelete(item_id=item_id):
                 return self._delete(item_id, eid)
             case InputAudioBufferClear():
-                self.buffered = 0
                 if not self.hearing:  # no audio was taken: nothing to discard
+                    self.buffered = 0
                     return Emit([], [self.ids.unlogged_event("input_audio_buffer.cleared")])
+                self.clearing = self.buffered  # a refused clear (Gemini's) discards nothing
                 return Emit([ClearAudio()], [])
         return self._refusal("unsupported event", eid)  # pragma: no cover - the match is total
 
@@ -450,9 +452,8 @@ class ClientRequests:
             return self._refusal(why, eid, "item_id") if why else Emit([], [])
         if item_id in self.shown.items:
             return self._refusal(
-                f"item {item_id[:64]!r} cannot be deleted on this gateway: function calls "
-                "(and their outputs) stay in the model's context; delete the messages "
-                "around them",
+                f"item {item_id[:64]!r} cannot be deleted on this gateway: function calls (and "
+                "their outputs) stay in the model's context; delete the messages around them",
                 eid,
                 "item_id",
             )
@@ -467,6 +468,10 @@ class ClientRequests:
         commands.append(pcm16)
         self.heard(len(pcm16))
         return Emit(commands, [])
+
+    def audio_cleared(self) -> None:
+        """The session discarded what ``buffered`` was as the clear was sent (``clearing``)."""
+        self.buffered, self.clearing = max(0, self.buffered - max(self.clearing, 0)), -1
 
     def heard(self, size: int) -> None:
         """``size`` bytes of the user's audio went in (by any path: an append, a fast

@@ -13,9 +13,11 @@ from pydantic import TypeAdapter
 
 from protocol.configuration import ClientToolSpec, SessionConfig
 from protocol.events import (
+    AudioCleared,
     Call,
     Cancel,
     Cancelled,
+    ClearAudio,
     Configure,
     Configured,
     Context,
@@ -413,6 +415,27 @@ def test_a_commit_counts_only_the_audio_heard_since_the_client_commits() -> None
     conv.requests.heard(len(second) // 5)  # 200 ms by a fast path
     commands, events = client(conv, type="input_audio_buffer.commit", event_id="c2")
     assert events == [] and len(commands) == 1  # the commit goes on
+
+
+def test_a_refused_clear_discards_nothing_and_a_done_one_what_it_found() -> None:
+    """Gemini cannot discard audio it was sent: its clear is refused. The door had
+    zeroed its count anyway, and the next commit said the buffer held 0 ms."""
+    conv = Conversation("s1", "gpt-realtime-2.1")
+    manual = {"type": "realtime", "audio": {"input": {"turn_detection": None}}}
+    client(conv, type="session.update", session=manual)
+    conv.requests.hearing = True  # the configured: input audio is taken
+    conv.requests.heard(2 * 24000 * 3 // 5)  # 600 ms
+    commands, _ = client(conv, type="input_audio_buffer.clear", event_id="x1")
+    assert commands == [ClearAudio(id="x1")]
+    feed(conv, Error(code="unsupported", content="no clear here", reply_to="x1"))
+    commands, events = client(conv, type="input_audio_buffer.commit", event_id="c1")
+    assert events == [] and len(commands) == 1  # the 600 ms are still there
+    conv.requests.heard(2 * 24000 * 3 // 5)
+    client(conv, type="input_audio_buffer.clear", event_id="x2")
+    conv.requests.heard(2 * 24000 // 20)  # 50 ms after the clear went
+    assert [e["type"] for e in feed(conv, AudioCleared())] == ["input_audio_buffer.cleared"]
+    _, events = client(conv, type="input_audio_buffer.commit", event_id="c2")
+    assert "only has 50.00ms" in events[0]["error"]["message"]
 
 
 def test_a_response_create_after_a_refused_commit_is_answered() -> None:

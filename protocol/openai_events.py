@@ -82,7 +82,7 @@ class AudioConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 class SessionBody(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """``session.update``'s ``session`` (and ``client_secrets``' ``session``)."""
 
-    type: Literal["realtime", "transcription"] = "realtime"
+    type: Literal["realtime", "transcription"]  # required, as the SDK's types and OpenAI have it
     model: str | None = None
     instructions: str | None = None
     tools: list[dict[str, Any]] | None = None  # function tools: ``FunctionTool``
@@ -292,6 +292,8 @@ def decode_client(data: bytes | str) -> ClientEvent | BadEvent:
             return BadEvent(f"the event is not a JSON object: {exc}")
         except RecursionError:  # a wrong field first, then nesting past the limit
             return BadEvent(_TOO_DEEP)
+        if "type" not in raw:
+            return parameter_refusal("type", event_id, missing=True)
         known = kind in _CLIENT_TYPES
         if not known:
             return BadEvent(

@@ -115,7 +115,9 @@ def response_overrides(body: dict[str, Any]) -> Overrides | tuple[str, str]:
     if not fields:
         return Overrides(metadata=metadata)
     try:
-        change = config_change(msgspec.convert(fields, SessionBody), model_route=None)
+        change = config_change(
+            msgspec.convert({**fields, "type": "realtime"}, SessionBody), model_route=None
+        )
     except msgspec.ValidationError as exc:
         change = f"invalid response: {exc}"
     if isinstance(change, str):

@@ -81,7 +81,7 @@ def _refusal(message: str, param: str | None = None) -> web.Response:
 async def client_secret(api: SessionMaker, request: web.Request) -> web.Response:
     key_id = await api._key_id(request)
     body: ClientSecretRequest = await api._body(request, _decoder.decode)
-    session = body.session or SessionBody()
+    session = body.session or SessionBody(type="realtime")
     if not session.model:
         return _refusal("name the model: session.model (e.g. gpt-realtime-2.1)", "session.model")
     aliases = api.node.policies.get(key_id).aliases

@@ -266,10 +266,23 @@ def test_cancel_and_unsupported_events() -> None:
     assert commands == [Cancel()]
     out = feed(conv, User(seq=1, content="x"), Respond(seq=2, content="a"), Cancelled(seq=3))
     assert out[-1]["response"]["status"] == "cancelled"
-    _, events = client(conv, type="session.update", event_id="u", session={"max_output_tokens": 5})
+    realtime = {"type": "realtime"}
+    _, events = client(
+        conv, type="session.update", event_id="u", session=realtime | {"max_output_tokens": 5}
+    )
     assert "max_output_tokens" in events[0]["error"]["message"]
-    _, events = client(conv, type="session.update", session={"model": "other"})
+    _, events = client(conv, type="session.update", session=realtime | {"model": "other"})
     assert events[0]["error"]["param"] == "session.model"
+    # An event's type, and session.type, are required (the SDK's types, and OpenAI's
+    # service, refuse them left out).
+    _, events = client(conv, event_id="n")
+    assert (events[0]["error"]["param"], events[0]["error"]["event_id"]) == ("type", "n")
+    commands, events = client(conv, type="session.update", event_id="t", session={})
+    error = events[0]["error"]
+    assert commands == [] and (error["code"], error["param"]) == (
+        "missing_required_parameter",
+        "session.type",
+    )
 
 
 def test_replayed_events_have_the_same_ids() -> None:

@@ -220,7 +220,10 @@ class Edges:
         self.reaper.start()
         if self.key_file is not None:
             log.info("api keys file %s: %d keys", self.key_file.path, len(self.key_file))
-        if self.auth_on or self.node.policies.path is not None:
+        # Its ticks re-read the key policy and guardrails files (``_reread``): a file alone,
+        # with no keys to check, still reaches the live sessions within a tick.
+        files = (self.node.policies.path, self.node.setups.guardrails.path)
+        if self.auth_on or any(path is not None for path in files):
             self.watch.start()
 
     async def close(self) -> None:

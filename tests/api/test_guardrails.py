@@ -188,14 +188,18 @@ def test_a_bad_rule_in_a_key_policy_names_the_table_and_the_rule(tmp_path: Path)
         KeyPolicies(policy)
 
 
+@pytest.mark.parametrize("keyed", [True, False], ids=["keys", "no-keys"])
 async def test_a_changed_rules_file_applies_to_a_live_session(
-    nodes: NodesFactory, keys: Keys, tmp_path: Path
+    nodes: NodesFactory, keys: Keys, tmp_path: Path, keyed: bool
 ) -> None:
+    """Also on a node with no keys (``gateway serve``'s default), where the watch that
+    re-reads the file was never started: only new sessions got a new rule."""
     rules = tmp_path / "guardrails.toml"
     rules.write_text("# no rules yet\n")
+    keys_file = {} if keyed else {"api_keys_file": ""}
     async with (
-        nodes(1, guardrails=str(rules)) as (gw,),
-        Client(gw.url, token=keys.keys["alice"]) as c,
+        nodes(1, guardrails=str(rules), **keys_file) as (gw,),
+        Client(gw.url, token=keys.keys["alice"] if keyed else None) as c,
     ):
         turn = [e async for e in c.send(f"/raw card {CARD}<end>")]
         assert "".join(e.content for e in turn if isinstance(e, Respond)) == f"card {CARD}"

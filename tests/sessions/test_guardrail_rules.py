@@ -25,3 +25,24 @@ def test_the_rules_file_is_checked_at_start_and_reloaded(tmp_path: Path) -> None
     assert rules.poll() == 2 and [s.name for s in rules.specs] == ["b"]  # kept
     with pytest.raises(ConfigError, match=r"guardrail 'c': .*on"):
         GuardrailsFile(path)
+
+
+def test_the_docs_unicode_space_pattern_loads_and_catches_a_no_break_space(
+    tmp_path: Path,
+) -> None:
+    """docs/guardrails.md showed ``[\\s\\p{Z}\\x{200b}]+``, which the loader refuses (RE2's
+    escapes, an unbounded repeat): its example is now one the loader takes."""
+    import re
+
+    docs = (Path(__file__).parents[2] / "docs" / "guardrails.md").read_text()
+    example = next(
+        block
+        for block in re.findall(r"```toml\n(.*?)```", docs, re.DOTALL)
+        if "\\u00a0" in block
+    )
+    path = tmp_path / "rules.toml"
+    path.write_text(example)
+    [spec] = [s for s in GuardrailsFile(path).specs if s.name == "no-passwords"]
+    assert spec.pattern is not None
+    for said in ("my\u00a0password", "my \u200bpassword", "my\u3000password"):
+        assert re.search(spec.pattern, said), said

@@ -36,9 +36,7 @@ def test_the_docs_unicode_space_pattern_loads_and_catches_a_no_break_space(
 
     docs = (Path(__file__).parents[2] / "docs" / "guardrails.md").read_text()
     example = next(
-        block
-        for block in re.findall(r"```toml\n(.*?)```", docs, re.DOTALL)
-        if "\\u00a0" in block
+        block for block in re.findall(r"```toml\n(.*?)```", docs, re.DOTALL) if "\\u00a0" in block
     )
     path = tmp_path / "rules.toml"
     path.write_text(example)

@@ -162,7 +162,7 @@ class _Pattern:
 class _Runs:
     """A detector over maximal runs of characters (digits and separators, or email characters)."""
 
-    __slots__ = ("classify", "continues", "lead", "run")
+    __slots__ = ("classify", "continues", "gap", "lead", "run")
 
     def __init__(
         self,
@@ -170,18 +170,20 @@ class _Runs:
         continues: Callable[[str, int], int],
         classify: Callable[[str], Span | None],
         lead: frozenset[str] = frozenset(),
+        gap: int = 2,
     ) -> None:
         self.run = run
         self.continues = continues
         self.classify = classify
         self.lead = lead  # characters that may go on into a run (separators, "+", "(")
+        self.gap = gap  # how many of them in a row may
 
     def scan(self, text: str, pos: int, final: bool) -> tuple[Span | None, int, int]:
         n = limit = len(text)
         if not final and n > pos:
             # Separators after a digit may go on into the run; a "+" or "(" may start one.
             k, lead = n, self.lead
-            while k > pos and n - k < 2 and text[k - 1] in lead:
+            while k > pos and n - k < self.gap and text[k - 1] in lead:
                 k -= 1
             if k > pos and text[k - 1].isdecimal():
                 limit = k
@@ -207,14 +209,18 @@ class _Runs:
 
 _SEPARATORS: Final = frozenset(" -.()")
 _CARD_SEPARATORS: Final = frozenset(
-    " -.\t\n\u00a0\u2007\u2009\u202f"  # spaces: no-break, figure, thin, narrow no-break
-    "\u2010\u2011\u2012\u2013\u2014\u2212"  # hyphens and dashes, minus
-    "\u200b\u200c\u200d\u2060\ufeff"  # zero-width: invisible, the number reads whole
+    " -.\t\n\u00a0\u1680\u202f\u205f\u3000"  # spaces: no-break, ogham, narrow, math, wide
+    + "".join(map(chr, range(0x2000, 0x200B)))  # the typographic spaces: en, em, thin, …
+    + "\u2010\u2011\u2012\u2013\u2014\u2212"  # hyphens and dashes, minus
+    + "\u200b\u200c\u200d\u2060\ufeff"  # zero-width: invisible, the number reads whole
+    + "/_\u00b7"  # slash, underscore, middle dot
 )
 """What a card number's digit groups are written apart with: a rule that missed
 ``4111.1111.1111.1111``, a no-break space or an invisible one let the number through."""
+_CARD_GAP: Final = 3
+"""Separators at most between two digits: ``4111 - 1111`` is three."""
 _CARD_RUN: Final = re.compile(
-    r"\d(?:[" + re.escape("".join(sorted(_CARD_SEPARATORS))) + r"]{0,2}\d)*"
+    r"\d(?:[" + re.escape("".join(sorted(_CARD_SEPARATORS))) + rf"]{{0,{_CARD_GAP}}}\d)*"
 )
 """Any decimal digits (``\\d``: fullwidth ``４`` and Arabic-Indic ``٤`` as well as
 ``4``), as a reader sees them; the checksum is taken on their values."""
@@ -222,16 +228,18 @@ _EMAIL_RUN: Final = re.compile(r"[A-Za-z0-9._%+@-]+")
 _EMAIL: Final = re.compile(r"[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}")
 
 
-def _digit_continues(text: str, pos: int, separators: frozenset[str] = _SEPARATORS) -> int:
-    """The last digit before ``pos`` (over up to two separators), or -1."""
+def _digit_continues(
+    text: str, pos: int, separators: frozenset[str] = _SEPARATORS, gap: int = 2
+) -> int:
+    """The last digit before ``pos`` (over up to ``gap`` separators), or -1."""
     i = pos - 1
-    while i >= 0 and pos - i <= 2 and text[i] in separators:
+    while i >= 0 and pos - i <= gap and text[i] in separators:
         i -= 1
     return i if i >= 0 and text[i].isdecimal() else -1
 
 
 def _card_continues(text: str, pos: int) -> int:
-    return _digit_continues(text, pos, _CARD_SEPARATORS)
+    return _digit_continues(text, pos, _CARD_SEPARATORS, _CARD_GAP)
 
 
 def _email_continues(text: str, pos: int) -> int:
@@ -290,7 +298,7 @@ def _email(run: str) -> Span | None:
 
 
 _DETECTORS: Final[dict[str, _Matcher]] = {
-    "card": _Runs(_CARD_RUN, _card_continues, _card, _CARD_SEPARATORS),
+    "card": _Runs(_CARD_RUN, _card_continues, _card, _CARD_SEPARATORS, _CARD_GAP),
     "phone": _Runs(_PHONE_RUN, _digit_continues, _phone, frozenset(" -.()+")),
     "email": _Runs(_EMAIL_RUN, _email_continues, _email),
 }

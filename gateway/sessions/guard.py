@@ -186,7 +186,7 @@ class EventGuard:
         "_audio",
         "_ended",
         "_kind",
-        "_stream",
+        "_streams",
         "cut_ms",
         "guardrails",
         "metrics",
@@ -207,8 +207,11 @@ class EventGuard:
         self.metrics = metrics
         self.on_end_turn = on_end_turn
         self.send_audio = send_audio
-        self._kind: type[Think] | type[Respond] | None = None
-        self._stream: StreamGuard | None = None
+        self._kind: type[Think] | type[Respond] | None = None  # the block being written
+        # One stream per kind, kept while the other kind is written between (a card
+        # split around a <think> block reached clients whole, each half judged alone),
+        # and finished at the step's end (a call, a turn's end: ``_flush``).
+        self._streams: dict[type[Think] | type[Respond], StreamGuard] = {}
         self._ended = False  # a rule ended the turn: the rest of it is withheld
         self.speaks = False  # the answers are spoken to the clients
         self._audio: list[bytes] = []  # the answer's audio waiting for its transcript
@@ -257,13 +260,12 @@ class EventGuard:
             if not output:  # input rules only: the stream goes out as it is (per token)
                 return [event] if event.content else []
             out: list[Event] = []
-            stream = self._stream
             block = type(event)  # Respond or Think, as narrowed
             spoken = self.speaks and block is Respond
-            if block is not self._kind or stream is None:
-                out = self._flush()
-                self._kind = block
-                stream = self._stream = StreamGuard(output, cuts=spoken)
+            self._kind = block
+            stream = self._streams.get(block)
+            if stream is None:
+                stream = self._streams[block] = StreamGuard(output, cuts=spoken)
                 if spoken:
                     self.released_ms = 0.0  # a new answer (its audio before it still waits)
             piece = stream.feed(event.content)
@@ -342,18 +344,22 @@ class EventGuard:
         return check(self.guardrails.output, text, cuts=self.speaks).text
 
     def _flush(self) -> list[Event]:
-        """The block of text in progress ended: the rest of what it held."""
-        stream, kind = self._stream, self._kind
-        self._stream = self._kind = None
-        if stream is None or kind is None or stream.cut:
-            return []
-        piece = stream.finish()
-        out: list[Event] = [kind(content=piece.text)] if piece.text else []
-        spoken = self.speaks and kind is Respond
-        if piece.hits:
-            out += self.tripped(piece.hits, "output", spoken=spoken)
-        elif spoken:
-            self._release_audio()
+        """The step's text ended: the rest of what each kind's stream held, the block
+        written last at the end."""
+        streams, last = self._streams, self._kind
+        self._streams, self._kind = {}, None
+        out: list[Event] = []
+        for kind, stream in sorted(streams.items(), key=lambda ks: ks[0] is last):
+            if stream.cut:
+                continue
+            piece = stream.finish()
+            if piece.text:
+                out.append(kind(content=piece.text))
+            spoken = self.speaks and kind is Respond
+            if piece.hits:
+                out += self.tripped(piece.hits, "output", spoken=spoken)
+            elif spoken:
+                self._release_audio()
         return out
 
     def tripped(

@@ -124,7 +124,7 @@ def _install(out: str) -> None:
             trace = traces.get((self.sid, entry.seq))
             if trace is not None:
                 trace["reply"] = last["reply"]
-            elif entry.data.startswith(b"{\"type\":\"user\""):
+            elif entry.data.startswith(b'{"type":"user"'):
                 users[(self.sid, entry.seq)] = last["reply"]
         appended(self, batch, result)
 

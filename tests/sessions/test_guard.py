@@ -58,6 +58,26 @@ def test_a_card_in_chunks_is_redacted_and_the_rest_flushed_before_the_end() -> N
     assert not ended
 
 
+def test_a_card_or_a_pattern_split_around_a_think_block_is_still_caught() -> None:
+    """Each block of text was judged alone: the answer's halves around a <think> block
+    reached the client as one card (a model steered to write it so, by an injection)."""
+    guard, _, _ = make_guard()
+    split = [
+        Respond(content="Card: 4111 1111 "),
+        Think(content="hmm"),
+        Respond(content="1111 1111 end"),
+        End(),
+    ]
+    out = run(guard, split)
+    said = "".join(e.content for e in out if isinstance(e, Respond))
+    assert said == "Card: [redacted] end", said
+    assert "".join(e.content for e in out if isinstance(e, Think)) == "hmm"
+    guard, ended, _ = make_guard()
+    out = run(guard, [Respond(content="ok ST"), Think(content="x"), Respond(content="OP more")])
+    assert "".join(e.content for e in out if isinstance(e, Respond)) == "ok "
+    assert ended == ["end"]
+
+
 def test_end_turn_withholds_the_rest_of_the_turn_and_asks_once() -> None:
     guard, ended, _ = make_guard()
     out = run(guard, [*chunks("ok then STOP and more"), Call(content='{"name":"x","args":{}}')])

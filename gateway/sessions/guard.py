@@ -135,24 +135,54 @@ def _json_text(rules: RuleSet, text: str) -> tuple[str, list[Hit]]:
     return (_ENCODER.encode(guarded).decode() if hits else text), hits
 
 
-def _result_text(input_: RuleSet, output: RuleSet, text: str) -> tuple[str, list[Hit], list[Hit]]:
+def _judged_result(
+    input_: RuleSet, output: RuleSet, result: Result
+) -> tuple[Result, list[Hit], list[Hit]]:
     """A tool's result judged as what it is twice over: input (it goes to the model),
     then output (clients, the log and the export show it: a card the model wrote into
     a file, redacted in its call, came back whole in the read's result). Its JSON is
-    read and written once: ``(text, input hits, output hits)``."""
+    read and written once: ``(result, input hits, output hits)``. A call's result a
+    block rule withheld is the failure naming the rule the model got
+    (``tool_runs._guarded``), counted as one, not a success whose text lost its match."""
+    text, withheld = result.content, 0
     try:
         value = _JSON.decode(text)
     except (msgspec.DecodeError, RecursionError):
         taken = check(input_, text)
         shown = check(output, taken.text) if output else None
-        return (shown.text if shown else taken.text), taken.hits, (shown.hits if shown else [])
-    guarded, hits = guard_value(input_, value)
+        judged = shown.text if shown else taken.text
+        return _with(result, judged, 0), taken.hits, (shown.hits if shown else [])
+    if isinstance(value, list) and all(isinstance(e, dict) and "content" in e for e in value):
+        guarded: Any = []
+        hits: list[Hit] = []
+        for entry in value:  # a step's calls, each as the model got it
+            content, entry_hits, blocked = guard_result(input_, entry["content"])
+            failed = blocked and entry.get("status") != "failure"
+            withheld += failed
+            status = {"status": "failure"} if blocked else {}
+            guarded.append({**entry, "content": content, **status} if entry_hits else entry)
+            hits += entry_hits
+    else:
+        guarded, hits = guard_value(input_, value)
     shown_hits: list[Hit] = []
     if output:
         guarded, shown_hits = guard_value(output, guarded)
     if not hits and not shown_hits:
-        return text, hits, shown_hits
-    return _ENCODER.encode(guarded).decode(), hits, shown_hits
+        return result, hits, shown_hits
+    return _with(result, _ENCODER.encode(guarded).decode(), withheld), hits, shown_hits
+
+
+def _with(result: Result, content: str, withheld: int) -> Result:
+    """``result`` with ``content``, ``withheld`` of its successes counted as failures."""
+    if not withheld:
+        return msgspec.structs.replace(result, content=content)
+    counts = result.payload
+    payload = msgspec.structs.replace(
+        counts,
+        success_count=max(0, counts.success_count - withheld),
+        failure_count=counts.failure_count + withheld,
+    )
+    return msgspec.structs.replace(result, content=content, payload=payload)
 
 
 # Events that end a turn (an end_turn rule's withholding ends with it).
@@ -291,13 +321,15 @@ class EventGuard:
                 return out
         elif isinstance(event, Result) or (isinstance(event, User) and event.source == "audio"):
             rules = self.guardrails.input
+            judged: Event
             if isinstance(event, Result):
-                content, hits, shown = _result_text(rules, output, event.content)
+                judged, hits, shown = _judged_result(rules, output, event)
             else:
                 verdict = check_input(rules, event.content)
-                content, hits, shown = verdict.text, list(verdict.hits), []
+                judged = msgspec.structs.replace(event, content=verdict.text)
+                hits, shown = list(verdict.hits), []
             if hits or shown:
-                out.append(msgspec.structs.replace(event, content=content))
+                out.append(judged)
                 out += self.tripped(hits, "input", ends=False)
                 out += self.tripped(shown, "output", ends=False)
                 return out
@@ -325,10 +357,8 @@ class EventGuard:
                 content, hits = _json_text(output, item.content)
                 if hits:
                     item = msgspec.structs.replace(item, content=content)
-            elif kind is Result:
-                content, hits, shown = _result_text(input_, output, item.content)
-                if hits or shown:
-                    item = msgspec.structs.replace(item, content=content)
+            elif isinstance(item, Result):
+                item = _judged_result(input_, output, item)[0]
             elif isinstance(item, User) and item.source == "audio":
                 verdict = check_input(input_, item.content)
                 if verdict.hits:

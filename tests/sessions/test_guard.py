@@ -3,6 +3,8 @@ events in, the events to log out; history judged whole; a spoken answer's audio.
 
 from __future__ import annotations
 
+import msgspec
+
 from gateway.metrics import Metrics
 from gateway.sessions.guard import EventGuard, guard_result
 from gateway.sessions.guardrail_rules import guardrails_of
@@ -109,20 +111,35 @@ def test_a_tool_result_is_shown_as_the_output_rules_leave_it() -> None:
     # back whole in the read's result, to every client and into the export.
     guard, ended, _ = make_guard()
     result = Result(
-        content=f'[{{"tool":"read","status":"success","content":"card {CARD}, the s3cret"}}]',
+        content=f'[{{"tool":"read","status":"success","content":"card {CARD}, ok"}}]',
         payload=ResultPayload(1, 1, 0),
     )
     [judged, *trips] = guard.filter(result)
     assert isinstance(judged, Result)
-    assert CARD not in judged.content and "s3cret" not in judged.content
-    assert "card [redacted]" in judged.content
-    assert [(t.rule, t.on) for t in trips if isinstance(t, Guardrail)] == [
-        ("secret", "input"),
-        ("no-cards", "output"),
-    ]
+    assert CARD not in judged.content and "card [redacted], ok" in judged.content
+    assert '"status":"success"' in judged.content
+    assert [(t.rule, t.on) for t in trips if isinstance(t, Guardrail)] == [("no-cards", "output")]
     assert not ended  # shown redacted: the turn goes on
     [item] = guard.history([result])
     assert isinstance(item, Result) and CARD not in item.content
+
+
+def test_a_tool_result_a_block_rule_withheld_is_logged_as_the_failure_the_model_got() -> None:
+    """Found from outside: the model got a failure naming the rule, while the clients and
+    the export were shown a success whose text had lost its match ("note: [blocked]")."""
+    guard, _, _ = make_guard()
+    results = (
+        f'[{{"tool":"read","status":"success","content":"card {CARD}, the s3cret"}},'
+        '{"tool":"ls","status":"success","content":"a.txt"}]'
+    )
+    [judged, *trips] = guard.filter(Result(content=results, payload=ResultPayload(2, 2, 0)))
+    assert isinstance(judged, Result)
+    read, listed = msgspec.json.decode(judged.content)
+    assert read["status"] == "failure" and "'secret'" in read["content"]
+    assert CARD not in judged.content and "s3cret" not in judged.content
+    assert listed == {"tool": "ls", "status": "success", "content": "a.txt"}
+    assert judged.payload == ResultPayload(2, 1, 1)  # counted as the failure it is
+    assert [(t.rule, t.on) for t in trips if isinstance(t, Guardrail)] == [("secret", "input")]
 
 
 def test_a_blocked_tool_result_is_a_failure_naming_the_rule() -> None:

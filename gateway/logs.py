@@ -50,5 +50,8 @@ def setup_logging(level: str = "INFO", *, json: bool = False, node: str = "") ->
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
-    # websockets logs every failed handshake at INFO; keep them for DEBUG.
-    logging.getLogger("websockets").setLevel(max(logging.WARNING, root.level))
+    # websockets logs every failed handshake at INFO, and aiortc's ICE (aioice) every
+    # candidate pair it checks, with the peers' addresses (half a node's log after a
+    # score of WebRTC calls); keep them for DEBUG.
+    for chatty in ("websockets", "aioice", "aiortc"):
+        logging.getLogger(chatty).setLevel(max(logging.WARNING, root.level))

@@ -21,6 +21,7 @@ filter on its logger makes it one line.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
@@ -70,12 +71,16 @@ async def _streamable_http(url: str, max_message: int) -> AsyncIterator[Any]:
         if not kind.startswith("text/event-stream"):
             response.stream = _Capped(response, max_message)
 
+    # Made in a thread: a client loads its TLS trust store when made (20-45 ms), and a
+    # server reconnects while the node serves.
+    made = await asyncio.to_thread(
+        httpx2.AsyncClient,
+        timeout=_TIMEOUT,
+        headers={"Accept-Encoding": "identity"},
+        event_hooks={"response": [cap]},
+    )
     async with (
-        httpx2.AsyncClient(
-            timeout=_TIMEOUT,
-            headers={"Accept-Encoding": "identity"},
-            event_hooks={"response": [cap]},
-        ) as client,
+        made as client,
         streamable_http_client(url, http_client=client, max_sse_event_size=max_message) as streams,
     ):
         yield streams

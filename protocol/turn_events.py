@@ -56,6 +56,7 @@ from protocol.journal import JournalCall
 __all__ = [
     "ACTION_TYPES",
     "EVENT_TYPES",
+    "GUARDRAIL_CANCEL",
     "INPUT_TYPES",
     "Account",
     "Action",
@@ -324,6 +325,11 @@ class NativeCall(_Input, frozen=True, tag="native_call"):
     call_id: str
     name: str
     arguments: str
+
+
+GUARDRAIL_CANCEL: Final = "~guardrail"
+"""The id of the ``cancel`` an ``end_turn`` rule sends: the turn ends "stopped by a
+guardrail", not "cancelled by the user" (``TurnMachine._cancel``)."""
 
 
 class GuardrailCut(_Input, frozen=True, tag="guardrail_cut"):

@@ -20,6 +20,7 @@ from typing import Any, Final, NamedTuple
 
 from protocol.events import Respond, Think
 from protocol.turn_events import (
+    GUARDRAIL_CANCEL,
     Action,
     ApprovalTimeout,
     Approve,
@@ -108,7 +109,7 @@ ROWS: Final = (
     _row(ContextMessage, lambda m, i: m._context(i),
          idle=stays, streaming=stays, stopping=stays, ending=stays,
          tools=stays, backoff=stays, cancelling=stays),  # taken idle or in tools, else waits
-    _row(Cancel, lambda m, i: m._cancel(),
+    _row(Cancel, lambda m, i: m._cancel(guardrail=i.id == GUARDRAIL_CANCEL),
          idle=stays, streaming=(CANCELLING,), stopping=(CANCELLING,), ending=stays,
          tools=CLOSES, backoff=CLOSES, cancelling=stays),
     _row(ToolResultMessage, lambda m, i: m._client_result(i),

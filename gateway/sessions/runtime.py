@@ -65,6 +65,7 @@ from protocol.guardrails import check_input
 from protocol.recording import Header, NodeJoined
 from protocol.turn import TurnMachine
 from protocol.turn_events import (
+    GUARDRAIL_CANCEL,
     Action,
     Reconfigured,
     Shutdown,
@@ -489,7 +490,9 @@ def _install_guard(runtime: SessionRuntime, setup: SessionSetup) -> None:
             # An end_turn rule tripped inside an emit (the driver is mid-step): soon. (A
             # spoken answer's cut goes to the machine through the reader: ``GuardrailCut``.)
             asyncio.get_running_loop().call_soon(
-                lambda: None if runtime.closed else run_command(Cancel(), runtime)
+                lambda: (
+                    None if runtime.closed else run_command(Cancel(id=GUARDRAIL_CANCEL), runtime)
+                )
             )
 
         def send_audio(pcm16: bytes) -> None:

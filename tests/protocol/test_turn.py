@@ -37,6 +37,7 @@ from protocol.turn import (
     turn_in_flight,
 )
 from protocol.turn_events import (
+    GUARDRAIL_CANCEL,
     Account,
     Action,
     AddMessage,
@@ -349,6 +350,14 @@ def test_cancel_while_streaming_stops_the_model_and_reports_its_usage() -> None:
     assert kinds(done) == ["DropUpstream", "Account", "Metric"]
     assert only(done, Metric).step == USAGE
     assert machine.idle
+
+
+def test_an_end_turn_rules_cancel_says_a_guardrail_stopped_it_not_the_user() -> None:
+    machine = started()
+    stream(machine, "Hello, wor")
+    cancel = machine.feed(Cancel(id=GUARDRAIL_CANCEL))
+    assert only(cancel, Cancelled).content == "stopped by a guardrail"
+    assert machine.state is TurnState.CANCELLING
 
 
 def test_cancel_while_stopping_waits_for_the_usage_too() -> None:

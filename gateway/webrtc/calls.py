@@ -183,7 +183,14 @@ class WebRTCCalls:
             await pc.setLocalDescription(await pc.createAnswer())
         except Exception as exc:  # aiortc raises ValueError and others on a bad offer
             await call.close()
-            return _refusal(400, f"the SDP offer cannot be answered: {exc}"[:300], "invalid_offer")
+            log.info("call %s: the offer cannot be answered: %r", call_id, exc)
+            return _refusal(
+                400,
+                "the SDP offer cannot be answered: send the offer the browser's "
+                "createOffer() made, whole and unedited (a line of it is missing or "
+                f"malformed: {str(exc)[:160]})",
+                "invalid_offer",
+            )
         if session:
             call.push(msgspec.json.encode({"type": "session.update", "session": session}).decode())
         self._admitting.discard(call_id)  # its slot is the call's now
@@ -279,6 +286,11 @@ def _media_problem(sdp: str) -> str | None:
         return (
             "the offer has no audio section (m=audio): add the microphone's track "
             "(sendrecv, Opus) and the oai-events data channel before creating the offer"
+        )
+    if "application" not in kinds:  # the call would wait for a channel it cannot open
+        return (
+            "the offer has no data channel (m=application): create the oai-events data "
+            "channel (pc.createDataChannel('oai-events')) before creating the offer"
         )
     return None
 

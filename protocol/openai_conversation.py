@@ -307,9 +307,13 @@ class Conversation:
             case Call(runs_on="client"):
                 return self._client_call(event)
             case Result(id=str(call), content=content, item=output_item):
+                if typed.output_logged(output_item):  # shown when created
+                    return []
                 given = output_item if isinstance(output_item, str) else None
                 return self._output(call, content, given)
             case End():
+                if (eid := typed.outputs_over()) is not None:  # outputs held past their turn
+                    self.requests.pending_reply = eid  # refused: that error names them
                 self.requests.turn_open = False
                 self.requests.swallowed = None  # the turn it went on with is over
                 self.overrides.unask()
@@ -328,6 +332,8 @@ class Conversation:
                     return []
                 return self._done("failed", error=content or "interrupted; the turn runs again")
             case Cancelled(reason=why):
+                if (eid := typed.outputs_over()) is not None:  # as after End
+                    self.requests.pending_reply = eid
                 self.requests.turn_open = False
                 self.overrides.put_back()
                 reason = "turn_detected" if why == "barge_in" else "client_cancelled"

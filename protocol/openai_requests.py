@@ -296,11 +296,11 @@ class ClientRequests:
         change = made.change if made is not None else None
         typed = self.typed
         busy = self.turn_open or typed.sent is not None  # a turn runs, or was just asked
-        if busy and (typed.held or not self.continues):
+        if busy and not typed.outputs and (typed.held or not self.continues):
             # As OpenAI's service answers: the items created stay, for the next response.
             return Emit([], [self.ids.error(BUSY, code=BUSY_CODE, event_id=eid)])
         metadata = made.metadata if made is not None else None
-        if typed.held or self.continues is None:
+        if (typed.held or self.continues is None) and not typed.outputs:
             self.continues = None  # this create starts a turn of its own
             self.pending_reply = eid
             # A refusal of the turn names it, whether the client named it or not.
@@ -322,10 +322,10 @@ class ClientRequests:
                 eid,
                 "response",
             )
-        self.swallowed, self.continues = (self.continues, eid), None
+        self.swallowed, self.continues = (self.continues or "", eid), None
         if self.turn_open and self.responding is None:  # its answer is still to come
             self.overrides.ask(metadata)
-        return Emit([], [])
+        return Emit([*typed.take_outputs()], [])  # the outputs it answers, if held
 
     def refused(self, command_id: str | None, code: str) -> tuple[bool, list[str]]:
         """The session refused the command ``command_id`` with ``code``: whether the
@@ -534,12 +534,11 @@ class ClientRequests:
                     f"no function call {call[:80]!r} is waiting for its output", eid, "item.call_id"
                 )
             self.client_calls.discard(call)
-            # The call's turn goes on with it, unless it is over (cancelled): the session
-            # then refuses the output (``output_refused``).
-            self.continues = call if self.turn_open else None
-            output = item.output or ""
-            named = msgspec.UNSET if item.id is None else item.id
-            return Emit([ToolResultMessage(call, "success", output, item=named)], [])
+            output = ToolResultMessage(call, "success", item.output or "", item=iid)
+            if not self.turn_open:  # its turn is over (cancelled): the session refuses it
+                return Emit([output], [])  # (``output_refused``)
+            self.continues = call  # the turn goes on with it, once asked (``hold_output``)
+            return Emit([], typed.hold_output(output, eid, self.shown, self.ids.unlogged_event))
         if item.type != "message":  # a call of the client's history, or its output
             role, text, shown = typed.past(iid, item)
             return self._add((iid, text, role), shown, eid)

@@ -3,7 +3,7 @@ OpenAI's session object, the gateway's usage as OpenAI's. Pure."""
 
 from __future__ import annotations
 
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 import msgspec
 
@@ -18,7 +18,15 @@ from protocol.configuration import (
 from protocol.events import Configure, Usage
 from protocol.openai_events import AudioInput, FunctionTool, SessionBody
 
-__all__ = ["call_parts", "config_change", "input_audio_of", "output_of", "session_of", "usage_of"]
+__all__ = [
+    "call_parts",
+    "config_change",
+    "input_audio_of",
+    "output_of",
+    "route_configure",
+    "session_of",
+    "usage_of",
+]
 
 
 _NO_DEFAULTS: Final = (
@@ -217,3 +225,10 @@ def output_of(content: str) -> str:
     except (msgspec.DecodeError, LookupError, TypeError):
         return content
     return given if isinstance(given, str) else msgspec.json.encode(given).decode()
+
+
+def route_configure(route: tuple[str, str], *, audio: bool) -> Configure:
+    """The door's configure of ``?model=``'s route (``(provider, model)``); a new session
+    answers in audio, OpenAI's default (pipecat needs it)."""
+    output: Literal["audio"] | msgspec.UnsetType = "audio" if audio else msgspec.UNSET
+    return Configure(provider=route[0], model=route[1], output=output)

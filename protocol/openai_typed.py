@@ -26,9 +26,19 @@ connection, given by its shell) and a count, never ``item_SEQ``'s form.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Final
 
-from protocol.events import ITEM_ID_MAX, ContextMessage, Forget, ReplyNow, Role, UserMessage
+from protocol.events import (
+    ITEM_ID_MAX,
+    ContextMessage,
+    Forget,
+    ReplyNow,
+    Role,
+    ToolResultMessage,
+    UserMessage,
+)
+from protocol.openai_events import ServerEvent
 from protocol.openai_items import ShownItems, call_item, output_item
 
 __all__ = ["HELD_CHARS_MAX", "HELD_MAX", "Held", "TypedItems", "id_refusal"]
@@ -50,7 +60,18 @@ class TypedItems:
     until the same), ``due`` (commands for the shell to send now: contexts, and the
     ``forget`` of a context deleted in flight), ``doomed`` (those deletes' items)."""
 
-    __slots__ = ("contexts", "doomed", "due", "held", "made", "past_calls", "prefix", "sent")
+    __slots__ = (
+        "contexts",
+        "doomed",
+        "due",
+        "held",
+        "made",
+        "outputs",
+        "outputs_shown",
+        "past_calls",
+        "prefix",
+        "sent",
+    )
 
     def __init__(self, prefix: str) -> None:
         self.prefix = prefix
@@ -58,8 +79,12 @@ class TypedItems:
         self.held: list[Held] = []
         self.sent: tuple[str, list[Held]] | None = None
         self.contexts: dict[str, Held] = {}
-        self.due: list[ContextMessage | Forget] = []
+        self.due: list[ContextMessage | Forget | ToolResultMessage] = []
         self.doomed: set[str] = set()
+        # Function call outputs shown when created and held for the response.create that
+        # answers them (``hold_output``), and their item ids, not shown again once logged.
+        self.outputs: list[tuple[ToolResultMessage, str | None]] = []
+        self.outputs_shown: set[str] = set()
         self.past_calls: dict[str, str] = {}  # a history's function calls: call_id → name
 
     def past(self, iid: str, item: Any) -> tuple[Role, str, dict[str, Any]]:
@@ -77,6 +102,46 @@ class TypedItems:
         name = self.past_calls.pop(item.call_id, "")
         text = f"(The tool {name} returned: {item.output})"  # a note, not the user's words
         return "system", text, output_item(iid, item.call_id, item.output)
+
+    def hold_output(
+        self,
+        output: ToolResultMessage,
+        eid: str | None,
+        shown: ShownItems,
+        make: Callable[..., ServerEvent],
+    ) -> list[ServerEvent]:
+        """A ``function_call_output`` the client created (``eid``: its event), shown at
+        once: OpenAI's service answers it only when asked (``response.create``; LiveKit's
+        plugin sends one after the output's ``conversation.item.added`` and waits for the
+        response it names), so it waits for that create (``take_outputs``) or for the
+        door's grace (a client that never asks is answered all the same, as before). The
+        events showing it (``make``: the conversation's)."""
+        self.outputs.append((output, eid))
+        iid = str(output.item)
+        self.outputs_shown.add(iid)
+        events = shown.append(make, output_item(iid, output.id, str(output.content)))
+        shown.remember(events)  # for conversation.item.retrieve
+        return events
+
+    def take_outputs(self) -> list[ToolResultMessage]:
+        """The outputs held, to send now (their turn goes on with them)."""
+        outputs, self.outputs = self.outputs, []
+        return [output for output, _ in outputs]
+
+    def outputs_over(self) -> str | None:
+        """The turn ended with outputs held (a cancel, a barge-in): they go now, and the
+        session refuses them as it refuses one sent after its turn; the first one's
+        event, for its refusal to name (None if none was held)."""
+        eid = self.outputs[0][1] if self.outputs else None
+        self.due += self.take_outputs()
+        return eid
+
+    def output_logged(self, item: object) -> bool:
+        """An output's result was logged: True if this connection showed it already."""
+        if isinstance(item, str) and item in self.outputs_shown:
+            self.outputs_shown.discard(item)
+            return True
+        return False
 
     def new_id(self) -> str:
         """An id for a message the client left unnamed."""

@@ -26,7 +26,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, MutableMapping, Sequence
-from typing import Final, Literal, Protocol
+from typing import Final, Protocol
 from urllib.parse import parse_qs, urlsplit
 
 import msgspec
@@ -47,14 +47,7 @@ from gateway.sessions.port import NodePort
 from gateway.upstream import providers
 from protocol.audio import split_audio_frame
 from protocol.configuration import SessionConfig
-from protocol.events import (
-    Configure,
-    Configured,
-    ReplyNow,
-    Session,
-    UserMessage,
-    decode_event,
-)
+from protocol.events import Configured, ReplyNow, Session, UserMessage, decode_event
 from protocol.openai_audio import APPEND_SLICE, NOT_BASE64, append_pcm, append_pcm_slices
 from protocol.openai_conversation import Command, Conversation, Emit, ServerEvent
 from protocol.openai_events import (
@@ -65,6 +58,7 @@ from protocol.openai_events import (
     unread,
 )
 from protocol.openai_ids import Replay
+from protocol.openai_session import route_configure
 
 __all__ = ["OPENAI_PATH", "REFUSAL_CODES", "DoorConnection", "OpenAIDoor"]
 
@@ -81,6 +75,8 @@ _RESUME: Final = "reconnect with session_id and after_event (node draining or se
 
 # The client's events are read once the replay reached the log's head, or after this.
 CATCH_UP_WAIT: Final = 30.0
+# A function_call_output waits this long for the response.create that answers it.
+OUTPUT_GRACE: Final = 2.0
 LARGE_FRAMES_AT_ONCE: Final = 8
 """Frames of ``door_max_frame`` the node holds for all door clients at once (168 MiB by
 default); past it, a client's large frame is read once another's is done with."""
@@ -341,6 +337,7 @@ class DoorConnection(ClientConnection):
         self.replay = Replay(state.after)  # what of the replayed log the client is sent
         self._caught_up = asyncio.Event()  # the replay reached the log's head
         self._switched: asyncio.Event | None = None  # set by a ?model= switch's configured
+        self._grace: asyncio.TimerHandle | None = None  # for outputs held (``_outputs_due``)
         self.refusals = RefusalLog(sid)
         # Commands the conversation asked for as it translated (a response's overrides
         # taken back once it is done): sent in order, before the client's next ones.
@@ -426,6 +423,8 @@ class DoorConnection(ClientConnection):
         except ConnectionClosed:
             return  # the client went away, or was closed (its close code says why)
         finally:
+            if self._grace is not None:
+                self._grace.cancel()
             if self._due is not None:
                 self._due.cancel()
                 with contextlib.suppress(BaseException):
@@ -449,7 +448,7 @@ class DoorConnection(ClientConnection):
                 await self._send_events([self.conversation.created(config)])
         if state.configure:  # the new session's route (the key's policy allowed it)
             state.configure = False
-            first = _command_encoder.encode(_configure(state.route, audio=state.fresh))
+            first = _command_encoder.encode(route_configure(state.route, audio=state.fresh))
             # A session switched to another model says so before anything else.
             switched = self._switched = asyncio.Event() if self.replay.head > 0 else None
             await self._handle(first.decode())
@@ -569,6 +568,15 @@ class DoorConnection(ClientConnection):
                         emit.events.append(self.conversation.ids.rate_limits(limits))
         if emit.events:
             await self._send_events(emit.events)
+        if self.conversation.requests.typed.outputs and self._grace is None:
+            self._grace = asyncio.get_running_loop().call_later(OUTPUT_GRACE, self._outputs_due)
+
+    def _outputs_due(self) -> None:
+        """Function call outputs no response.create asked for within the grace: their turn
+        goes on all the same (``TypedItems.hold_output``)."""
+        self._grace = None
+        if due := self.conversation.requests.typed.take_outputs():
+            self._due = asyncio.get_running_loop().create_task(self._send_due(self._due, [*due]))
 
     async def _append_in_slices(self, event_id: str | None, audio: str | memoryview) -> None:
         """An append larger than a microphone's: OpenAI takes up to 15 MiB of audio in
@@ -587,9 +595,3 @@ class DoorConnection(ClientConnection):
         for piece in pcm:
             await self._run(self.conversation.speech_in(piece))
             await asyncio.sleep(0)
-
-
-def _configure(route: tuple[str, str], *, audio: bool) -> Configure:
-    """``?model=``'s; a new session answers in audio, OpenAI's default (pipecat needs it)."""
-    output: Literal["audio"] | msgspec.UnsetType = "audio" if audio else msgspec.UNSET
-    return Configure(provider=route[0], model=route[1], output=output)

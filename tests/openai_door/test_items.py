@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from gateway.edge.openai_door import OUTPUT_GRACE
 from gateway.sim.model import GREETING
 from tests.openai_door.conftest import MODELS, SERVER_EVENT, RawClient, sdk_client, sdk_until
 from tests.support.procs import NodeProcess
@@ -74,8 +75,12 @@ async def test_a_function_call_output_is_echoed_as_an_item(
     """OpenAI's service answers a created item with ``conversation.item.added`` and
     ``done``; the door showed nothing for a ``function_call_output`` (LiveKit's plugin
     waits for ``added`` of every item it creates, by the id it gave). Now it is shown,
-    under the client's id if it gave one, once the session logs it, before the answer
-    that reads it, and can be retrieved."""
+    under the client's id if it gave one, when created, and can be retrieved. Its answer
+    waits for the client's response.create (OpenAI answers an output only when asked), so
+    that create's response is the answer, with its metadata: LiveKit's generate_reply
+    waits for the response.created naming its create, and the door had started the
+    answer by itself before the create came (generate_reply timed out after 10 s and
+    the plugin discarded the answer)."""
     tool = {"type": "function", "name": "lookup", "parameters": {"type": "object"}}
     client = await RawClient.open(f"{node.base}/openai/v1/realtime?model={model}")
     try:
@@ -92,9 +97,8 @@ async def test_a_function_call_output_is_echoed_as_an_item(
         await client.send(
             type="conversation.item.create", item=output | ({"id": named} if named else {})
         )
-        answer = await client.until("response.done")
-        kinds = [e["type"] for e in answer]
-        added = next(e for e in answer if e["type"] == "conversation.item.added")
+        shown = await client.until("conversation.item.done")
+        added = next(e for e in shown if e["type"] == "conversation.item.added")
         item = added["item"]
         assert (item["type"], item["call_id"], item["output"]) == (
             "function_call_output",
@@ -103,10 +107,41 @@ async def test_a_function_call_output_is_echoed_as_an_item(
         )
         assert added["previous_item_id"] == call["id"]
         assert named is None or item["id"] == named
-        assert kinds.index("conversation.item.done") < kinds.index("response.created")
         await client.send(type="conversation.item.retrieve", item_id=item["id"])
-        retrieved = (await client.until("conversation.item.retrieved"))[-1]
-        assert retrieved["item"]["output"] == "ajar"
+        retrieved = await client.until("conversation.item.retrieved")
+        assert retrieved[-1]["item"]["output"] == "ajar"
+        assert not [e for e in retrieved if e["type"].startswith("response.")]  # not asked yet
+        await client.send(type="response.create", response={"metadata": {"asked": "1"}})
+        answer = await client.until("response.done")
+        started = next(e for e in answer if e["type"] == "response.created")
+        assert started["response"]["metadata"] == {"asked": "1"}
+        assert "returned" in json.dumps(answer[-1]["response"]["output"])  # the output's answer
+    finally:
+        await client.close()
+
+
+async def test_a_function_call_output_no_create_asks_for_is_answered_after_the_grace(
+    node: NodeProcess,
+) -> None:
+    """A client that never sends response.create after its output (pipecat's
+    run_llm=False) still gets the turn's answer, as before, once the door's grace
+    (``OUTPUT_GRACE``) is over, with no error."""
+    tool = {"type": "function", "name": "lookup", "parameters": {"type": "object"}}
+    client = await RawClient.open(f"{node.base}/openai/v1/realtime?model={MODELS[0]}")
+    try:
+        await client.until("session.created")
+        await client.send(
+            type="session.update",
+            session={"type": "realtime", "output_modalities": ["text"], "tools": [tool]},
+        )
+        await client.until("session.updated")
+        await client.say('/tool lookup {"word": "door"}')
+        call = (await client.until("response.done"))[-1]["response"]["output"][-1]
+        output = {"type": "function_call_output", "call_id": call["call_id"], "output": "ajar"}
+        await client.send(type="conversation.item.create", item=output)
+        answer = await client.until("response.done", timeout=OUTPUT_GRACE + 20)
+        assert answer[-1]["response"]["status"] == "completed"
+        assert not [e for e in answer if e["type"] == "error"]
     finally:
         await client.close()
 

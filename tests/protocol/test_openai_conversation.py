@@ -223,9 +223,9 @@ def test_a_chunk_of_an_open_message_is_the_same_delta_as_the_general_path_makes(
 
 
 def test_a_client_call_is_a_function_call_item_and_its_output_a_tool_result() -> None:
-    conv = Conversation("s1", "m")
+    conv = created(Conversation("s1", "m"))
     call = Call(seq=3, content='{"name": "f", "args": {"x": 1}}', id="call_1", runs_on="client")
-    out = feed(conv, User(seq=1, content="go"), call)
+    out = feed(conv, User(seq=2, content="go"), call)
     args = next(e for e in out if e["type"] == "response.function_call_arguments.done")
     assert (args["name"], json.loads(args["arguments"]), args["call_id"]) == (
         "f",
@@ -233,13 +233,24 @@ def test_a_client_call_is_a_function_call_item_and_its_output_a_tool_result() ->
         "call_1",
     )
     assert out[-1]["type"] == "response.done"
-    commands, _ = client(
+    commands, shown = client(
         conv,
         type="conversation.item.create",
         item={"type": "function_call_output", "call_id": "call_1", "output": "42"},
     )
-    assert commands == [ToolResultMessage(id="call_1", status="success", content="42")]
-    assert client(conv, type="response.create") == ([], [])  # the turn goes on by itself
+    # Shown at once, held for the create that answers it (OpenAI answers only then).
+    assert commands == [] and [e["type"] for e in shown] == [
+        "conversation.item.added",
+        "conversation.item.done",
+    ]
+    iid = shown[0]["item"]["id"]
+    commands, events = client(conv, type="response.create", response={"metadata": {"k": "v"}})
+    assert commands == [ToolResultMessage("call_1", "success", "42", item=iid)] and events == []
+    # The answer it starts is that create's response: it carries its metadata (LiveKit's
+    # generate_reply waits for the response.created naming its create).
+    out = feed(conv, Respond(seq=5, content="It is 42."))
+    started = next(e for e in out if e["type"] == "response.created")
+    assert started["response"]["metadata"] == {"k": "v"}
     # A gateway (server) tool's call is not the client's: nothing is shown.
     assert feed(conv, Call(seq=9, content='{"name": "g", "args": {}}', id="c2")) == []
 
@@ -249,15 +260,47 @@ def test_a_function_call_output_named_by_its_client_is_shown_by_that_name() -> N
     call = Call(seq=3, content='{"name": "f", "args": {}}', id="call_1", runs_on="client")
     feed(conv, User(seq=2, content="go"), call)
     output = {"type": "function_call_output", "id": "out_1", "call_id": "call_1", "output": "42"}
-    commands, _ = client(conv, type="conversation.item.create", item=output)
+    _, shown = client(conv, type="conversation.item.create", item=output)
+    assert [(e["type"], e["item"]["id"]) for e in shown] == [
+        ("conversation.item.added", "out_1"),
+        ("conversation.item.done", "out_1"),
+    ]
+    commands, _ = client(conv, type="response.create")
     assert commands == [ToolResultMessage("call_1", "success", "42", item="out_1")]
     content = '[{"tool": "f", "status": "success", "content": "42"}]'
     payload = ResultPayload(tools_executed=1, success_count=1, failure_count=0)
-    out = feed(conv, Result(seq=4, content=content, payload=payload, id="call_1", item="out_1"))
+    result = Result(seq=4, content=content, payload=payload, id="call_1", item="out_1")
+    assert feed(conv, result) == []  # shown when created: not again
+    # A client that resumes (a fresh conversation over the log) is shown it by that name.
+    again = created(Conversation("s1", "m"))
+    feed(again, User(seq=2, content="go"), call)
+    out = feed(again, result)
     assert [(e["type"], e["item"]["id"]) for e in out] == [
         ("conversation.item.added", "out_1"),
         ("conversation.item.done", "out_1"),
     ]
+
+
+def test_a_function_call_output_no_create_asks_for_goes_at_the_grace_or_the_turns_end() -> None:
+    """Held outputs go when the door's grace is over (``take_outputs``: a client that never
+    sends response.create, pipecat's run_llm=False, is answered as before), and a turn
+    that ends first (cancelled) sends them at once: the session refuses them, and its
+    error names the output's event, as for an output sent after its turn."""
+    conv = created(Conversation("s1", "m"))
+    call = Call(seq=3, content='{"name": "f", "args": {}}', id="call_1", runs_on="client")
+    feed(conv, User(seq=2, content="go"), call)
+    output = {"type": "function_call_output", "id": "out_1", "call_id": "call_1", "output": "1"}
+    client(conv, type="conversation.item.create", item=output)
+    assert conv.requests.typed.take_outputs() == [
+        ToolResultMessage("call_1", "success", "1", item="out_1")
+    ]
+    conv = created(Conversation("s1", "m"))
+    feed(conv, User(seq=2, content="go"), call)
+    client(conv, type="conversation.item.create", item=output, event_id="c_out")
+    feed(conv, Cancelled(seq=4, content="cancelled"))
+    assert conv.take_due() == [ToolResultMessage("call_1", "success", "1", item="out_1")]
+    out = feed(conv, Error(code="unknown_call", content="no call waits", reply_to="call_1"))
+    assert out[0]["error"]["event_id"] == "c_out"
 
 
 def test_cancel_and_unsupported_events() -> None:

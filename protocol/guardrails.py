@@ -372,8 +372,8 @@ def _compile_one(spec: RuleSpec) -> _Rule | str | None:
     given = [f for f in ("pattern", "detect", "max_chars", "check_url") if getattr(spec, f)]
     if len(given) != 1:
         return (
-            f"{where}: give exactly one matcher of pattern, detect, max_chars, check_url "
-            f"(it has {', '.join(given) or 'none'})"
+            f"{where}: give exactly one matcher of pattern, detect, max_chars (a number of "
+            f"characters over 0), check_url (it has {', '.join(given) or 'none'})"
         )
     if spec.check_url:
         return _check_problem(spec)
@@ -433,7 +433,7 @@ def _check_problem(spec: RuleSpec) -> str | None:
         return f"{where}: check_url: must be an http:// or https:// URL, not {spec.check_url!r}"
     if not 0 < spec.check_timeout <= MAX_CHECK_TIMEOUT:
         return (
-            f"{where}: check_timeout: {spec.check_timeout:g}s; give more than 0 and at most "
+            f"{where}: check_timeout: {spec.check_timeout:g} seconds; give more than 0 and at most "
             f"{MAX_CHECK_TIMEOUT:g} seconds (every judged input waits for it)"
         )
     return None

@@ -248,13 +248,13 @@ class Conversation:
                 if not self.requests.turn_open and typed.sent is None:
                     typed.due += typed.release(spoken=True)  # before the speech's item
                 self._speech = f"item_{event.seq}"
+                # OpenAI's order: the speech, then the answer it cancels ("the server will
+                # automatically cancel any in-progress model response"; its VAD guide).
+                started = self.ids.event(
+                    "input_audio_buffer.speech_started", audio_start_ms=ms, item_id=self._speech
+                )
                 out = self._done("cancelled", reason="turn_detected") if self._response else []
-                return [
-                    *out,
-                    self.ids.event(
-                        "input_audio_buffer.speech_started", audio_start_ms=ms, item_id=self._speech
-                    ),
-                ]
+                return [started, *out]
             case SpeechStopped(offset_ms=ms):
                 iid = self._speech or f"item_{event.seq}"
                 self._speech = iid

@@ -165,6 +165,7 @@ class Principal:
     session: str | None = None
     digest: str = ""
     approve: bool = False  # a client token minted with the right to approve calls
+    configure: bool = False  # one minted with the right to configure (an ephemeral key)
 
 
 class _Admitted:
@@ -460,7 +461,9 @@ class Edges:
                     "opens nothing any more; the app's backend needs a valid API key to mint a "
                     "new one\n",
                 )
-        return Principal(claims.key, claims.sid, digest=claims.kd, approve=claims.ap)
+        return Principal(
+            claims.key, claims.sid, digest=claims.kd, approve=claims.ap, configure=claims.cf
+        )
 
     def _store_down(self, logged: str, body: str) -> Response:
         """A handshake the store's outage refuses: counted, logged, 503 with ``body``."""

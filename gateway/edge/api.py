@@ -405,7 +405,13 @@ class HttpApi:
         return json_response(201, minted)
 
     async def make_session(
-        self, key_id: str, change: ConfigChange, ttl: float | None, *, approve: bool = False
+        self,
+        key_id: str,
+        change: ConfigChange,
+        ttl: float | None,
+        *,
+        approve: bool = False,
+        configure: bool = False,
     ) -> Minted:
         """A new session of ``key_id`` configured by ``change``, and its client token;
         ``Refusal`` (400/403/413/429) if the key may not have it."""
@@ -428,7 +434,9 @@ class HttpApi:
             with contextlib.suppress(Exception):
                 await self.node.store.release_bytes(CONFIG_QUOTA.format(key=key_id), sid)
             raise
-        token, expires_at = await self.edges.tokens.mint(sid, key_id, ttl, approve=approve)
+        token, expires_at = await self.edges.tokens.mint(
+            sid, key_id, ttl, approve=approve, configure=configure
+        )
         return Minted(sid, token, expires_at)
 
     async def _hold_quota(self, key_id: str, sid: str, size: int) -> None:

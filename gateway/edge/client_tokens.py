@@ -61,10 +61,17 @@ class ClientTokens:
         return self._secrets
 
     async def mint(
-        self, sid: str, key_id: str, ttl: float | None = None, *, approve: bool = False
+        self,
+        sid: str,
+        key_id: str,
+        ttl: float | None = None,
+        *,
+        approve: bool = False,
+        configure: bool = False,
     ) -> tuple[str, float]:
         """A token for ``sid`` owned by ``key_id`` and when it expires (unix seconds);
-        ``approve``: it may decide on calls that wait for approval.
+        ``approve``: it may decide on calls that wait for approval; ``configure``: it may
+        change the session's configuration (an OpenAI door ephemeral key's).
 
         A ``KeyId`` (an API key proved it) makes a token that dies with that key;
         a plain id (auth is off) one that names no key.
@@ -72,7 +79,9 @@ class ClientTokens:
         expires_at = round(self._clock() + (self.ttl if ttl is None else ttl), 3)
         secrets = await self.secrets()
         digest = key_id.digest if isinstance(key_id, KeyId) else ""
-        token = mint_token(secrets[0], sid, str(key_id), expires_at, digest, approve=approve)
+        token = mint_token(
+            secrets[0], sid, str(key_id), expires_at, digest, approve=approve, configure=configure
+        )
         return token, expires_at
 
     async def verify(self, token: str) -> ClientToken | TokenRefused:

@@ -67,7 +67,13 @@ class SessionMaker(Protocol):
     async def _body(self, request: web.Request, decode: Callable[[bytes], Any]) -> Any: ...
 
     async def make_session(
-        self, key_id: str, change: ConfigChange, ttl: float | None, *, approve: bool = False
+        self,
+        key_id: str,
+        change: ConfigChange,
+        ttl: float | None,
+        *,
+        approve: bool = False,
+        configure: bool = False,
     ) -> Minted: ...
 
 
@@ -92,7 +98,9 @@ async def client_secret(api: SessionMaker, request: web.Request) -> web.Response
     if isinstance(change, str):
         return _refusal(change, "session")
     ttl = float((body.expires_after or ExpiresAfter()).seconds)
-    minted = await api.make_session(key_id, change, ttl)
+    # OpenAI's ephemeral keys configure their session (the Agents SDKs send their agent's
+    # session.update as they connect): within the key's policy, as an API key's would.
+    minted = await api.make_session(key_id, change, ttl, configure=True)
     config = apply_change(SessionConfig(), change)
     assert not isinstance(config, str)  # make_session applied it
     return web.json_response(

@@ -79,8 +79,11 @@ class Handshake(msgspec.Struct):
     stream: StreamMode = "token"
     # The owner of a session of this node not stored yet (see ``Gateway.unrecorded``).
     unrecorded_owner: str | None = None
-    # An API key (not a client token): may change the session's configuration.
+    # An API key (not a client token): its door may set a session's route as it opens.
     trusted: bool = True
+    # May change the session's configuration: an API key, or a token minted with the
+    # right (the OpenAI door's ephemeral keys: OpenAI's clients send session.update).
+    may_configure: bool = True
     # May decide on calls that wait for approval (an API key, or a token with the right).
     may_approve: bool = True
     # A session the HTTP API made that no client has opened yet: its first connection
@@ -390,6 +393,7 @@ class Gateway:
             stream="event" if stream == "event" else "token",
             unrecorded_owner=unrecorded_owner,
             trusted=admitted.session is None,
+            may_configure=admitted.session is None or admitted.configure,
             may_approve=admitted.session is None or admitted.approve,
             fresh=fresh,
             last_seq=last_seq,
@@ -491,7 +495,7 @@ class Gateway:
                 resumed=resumed,
                 event_mode=hs.stream == "event",
                 unrecorded=self.unrecorded,
-                trusted=hs.trusted,
+                trusted=hs.may_configure,
                 may_approve=hs.may_approve,
             )
             self.connections.add(conn)

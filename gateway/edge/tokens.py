@@ -62,6 +62,9 @@ class ClientToken(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknow
     kd: str = ""
     ap: bool = False
     """It may approve calls that wait for a user's decision (minted with ``approve``)."""
+    cf: bool = False
+    """It may change its session's configuration, within its key's policy (minted with
+    ``configure``: an OpenAI door ephemeral key, which OpenAI's clients configure)."""
 
 
 class TokenRefused(msgspec.Struct, frozen=True):
@@ -87,11 +90,13 @@ def mint_token(
     key_digest: str = "",
     *,
     approve: bool = False,
+    configure: bool = False,
 ) -> str:
     """A token that opens ``sid`` (owned by ``key``) until ``expires_at``, while the
     API key of digest ``key_digest`` is issued ("": no key, auth is off);
-    ``approve``: its connections may decide on calls that wait for approval."""
-    claims = ClientToken(sid=sid, key=key, exp=expires_at, kd=key_digest, ap=approve)
+    ``approve``: its connections may decide on calls that wait for approval;
+    ``configure``: they may change the session's configuration."""
+    claims = ClientToken(sid=sid, key=key, exp=expires_at, kd=key_digest, ap=approve, cf=configure)
     return seal(secret, TOKEN_PREFIX, _encode(claims), bind_prefix=False)
 
 

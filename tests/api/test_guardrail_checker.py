@@ -194,7 +194,7 @@ async def test_a_tool_result_the_checker_blocks_becomes_a_failure(checker: Check
         ('on = "input"\naction = "redact"\ncheck_url = "http://x/c"', "action: .*cannot redact"),
         (
             'on = "input"\naction = "block"\ncheck_url = "http://x/c"\ncheck_timeout = 30',
-            "check_timeout: 30s",
+            "check_timeout: 30 seconds",
         ),
         (
             'on = "input"\naction = "block"\ncheck_url = "http://x/c"\npattern = "x"',

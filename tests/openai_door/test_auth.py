@@ -74,28 +74,16 @@ async def test_a_client_secret_opens_its_session_in_a_browsers_subprotocol(
             await browser.say("hello")
             done = (await browser.until("response.done"))[-1]
             assert done["response"]["status"] == "completed"
-            # A token does not reconfigure its session: refused, not ignored.
-            await browser.send(type="session.update", event_id="u1", session={"instructions": "x"})
-            error = (await browser.until("error"))[-1]
-            assert error["error"]["event_id"] == "u1"
-            # Nor for one response: refused up front, naming the response's fields.
+            # An ephemeral key configures its session, as OpenAI's do (the Agents SDKs send
+            # their agent's session.update as they connect): within its key's policy.
             await browser.send(
-                type="conversation.item.create",
-                item={
-                    "type": "message",
-                    "role": "user",
-                    "content": [{"type": "input_text", "text": "hi"}],
-                },
+                type="session.update",
+                event_id="u1",
+                session={"type": "realtime", "instructions": "Answer like a sailor."},
             )
-            await browser.send(
-                type="response.create", event_id="r1", response={"instructions": "x"}
-            )
-            error = (await browser.until("error"))[-1]["error"]
-            assert (error["event_id"], error["param"]) == ("r1", "response")
-            assert "client token" in error["message"]
-            await browser.send(type="response.create")  # the held "hi", plainly
-            await browser.until("response.done")
-            # Nor does it instruct the model: a system message is the key's to add.
+            updated = (await browser.until("session.updated"))[-1]
+            assert updated["session"]["instructions"] == "Answer like a sailor."
+            # Its system messages instruct the model, as an API key's do.
             await browser.send(
                 type="conversation.item.create",
                 event_id="s1",
@@ -103,13 +91,20 @@ async def test_a_client_secret_opens_its_session_in_a_browsers_subprotocol(
                     "id": "sys_1",
                     "type": "message",
                     "role": "system",
-                    "content": [{"type": "input_text", "text": "Obey the page."}],
+                    "content": [{"type": "input_text", "text": "Be brief."}],
                 },
             )
-            refused = await browser.until("conversation.item.deleted")
-            [error] = [e["error"] for e in refused if e["type"] == "error"]
-            assert (error["code"], error["event_id"]) == ("forbidden", "s1")
-            assert refused[-1]["item_id"] == "sys_1"  # shown when created, taken back
+            await browser.until("conversation.item.done")
+            await browser.say("hi")
+            done = (await browser.until("response.done"))[-1]
+            assert done["response"]["status"] == "completed"
+            assert not [e for e in browser.events if e["type"] == "error"]
+            # What the key's policy refuses stays refused: another model.
+            await browser.send(
+                type="session.update", event_id="u2", session={"type": "realtime", "model": "x"}
+            )
+            error = (await browser.until("error"))[-1]["error"]
+            assert error["event_id"] == "u2"
         finally:
             await browser.close()
         # A page reload connects again with the same key, naming no event: it joins the
@@ -122,7 +117,7 @@ async def test_a_client_secret_opens_its_session_in_a_browsers_subprotocol(
         try:
             created = await reloaded.next()
             assert created["type"] == "session.created"
-            assert created["session"]["instructions"] == "Answer like a pirate."
+            assert created["session"]["instructions"] == "Answer like a sailor."  # as updated
             await reloaded.send(type="conversation.item.retrieve", item_id="no", event_id="p")
             answer = await reloaded.next()  # nothing of the two turns before it
             assert (answer["type"], answer["error"]["event_id"]) == ("error", "p"), answer

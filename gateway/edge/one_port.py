@@ -25,11 +25,23 @@ from typing import Final, Literal, cast
 
 from websockets.asyncio.server import ServerConnection
 
-__all__ = ["MAX_HEAD", "Route", "Sniffer", "route"]
+__all__ = ["MAX_HEAD", "MAX_LINE", "Route", "Sniffer", "route"]
 
 MAX_HEAD: Final = 64 * 1024
 """Bytes a request head may take on the shared port (websockets allows 128 headers of 8 KiB
 lines, aiohttp 32 KiB of headers; a browser with large cookies sends ~16 KiB)."""
+
+MAX_LINE: Final = 8190
+"""Bytes a request line or header may take (aiohttp's limit; websockets' is 8192)."""
+_LONG_LINE_BODY: Final = (
+    b'{"error": {"type": "invalid_request_error", "code": "header_too_large", "message": '
+    b'"a request header is longer than 8190 bytes: send a shorter one (an API key or '
+    b'client token is a few hundred bytes at most)", "param": null}}'
+)
+_LONG_LINE: Final = (
+    b"HTTP/1.1 431 Request Header Fields Too Large\r\nContent-Type: application/json\r\n"
+    b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(_LONG_LINE_BODY)
+) + _LONG_LINE_BODY
 
 Route = Literal["ws", "http"]
 
@@ -110,7 +122,20 @@ class Sniffer(asyncio.Protocol):
             if len(buffer) > self._max_head:
                 self._cut()
             return
-        self._hand_over(route(bytes(buffer[: end + 4])))
+        head = bytes(buffer[: end + 4])
+        if max(map(len, head.split(b"\r\n"))) > MAX_LINE:
+            self._refuse_long_line()
+            return
+        self._hand_over(route(head))
+
+    def _refuse_long_line(self) -> None:
+        """A head line past both servers' limit: answered here, in the gateway's words.
+        aiohttp's own 400 echoed the line's first 100 bytes (a credential) as text."""
+        self._stop_timer()
+        transport = self._transport
+        assert transport is not None
+        transport.write(_LONG_LINE)
+        transport.close()
 
     def eof_received(self) -> bool | None:
         self._cut()

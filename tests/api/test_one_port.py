@@ -101,6 +101,28 @@ async def test_an_endless_head_is_cut_at_its_size_limit(nodes: NodesFactory) -> 
 
 
 @pytest.mark.parametrize(
+    "path",
+    ["POST /openai/v1/realtime/calls", "GET /openai/v1/realtime?model=m", "GET /healthz"],
+)
+async def test_an_overlong_header_is_refused_in_json_without_echoing_it(
+    nodes: NodesFactory, path: str
+) -> None:
+    """aiohttp answered a 100 KB Authorization with a text 400 that echoed the first
+    100 bytes of the credential; both servers' limit is ~8 KiB a line."""
+    secret = "sk-" + "s3cr3t" * 2_000
+    async with nodes(1, api_port=None) as (gw,):
+        reader, writer = await asyncio.open_connection("127.0.0.1", gw.port)
+        head = f"{path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {secret}\r\n\r\n"
+        writer.write(head.encode())
+        async with asyncio.timeout(10):
+            answer = await reader.read()  # to the close
+        writer.close()
+    status, _, body = answer.partition(b"\r\n\r\n")
+    assert status.startswith(b"HTTP/1.1 431") and b"application/json" in status
+    assert b"header_too_large" in body and b"s3cr3t" not in answer
+
+
+@pytest.mark.parametrize(
     ("head", "to"),
     [
         (b"GET /v1/realtime HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\n\r\n", "ws"),

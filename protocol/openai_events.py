@@ -289,7 +289,7 @@ def decode_client(data: bytes | str) -> ClientEvent | BadEvent:
             event_id = raw.get("event_id") if isinstance(raw.get("event_id"), str) else None
             kind = str(raw.get("type", ""))
         except (msgspec.DecodeError, msgspec.ValidationError):
-            return BadEvent(f"the event is not a JSON object: {exc}")
+            return BadEvent(f"the event is not a JSON object: {_why(exc, data)}")
         except RecursionError:  # a wrong field first, then nesting past the limit
             return BadEvent(_TOO_DEEP)
         if "type" not in raw:
@@ -310,6 +310,19 @@ def decode_client(data: bytes | str) -> ClientEvent | BadEvent:
         return BadEvent(f"invalid {kind} event: {exc}", event_id)
     except RecursionError:
         return BadEvent(_TOO_DEEP)
+
+
+def _why(exc: Exception, data: bytes | str) -> str:
+    """msgspec's reason, said plainly where it misleads: a lone surrogate escape
+    (``\\ud800``) in a whole event is reported as "Input data was truncated"."""
+    tail = data[-64:].encode() if isinstance(data, str) else bytes(data[-64:])
+    whole = tail.rstrip().endswith(b"}")
+    if "truncated" in str(exc) and whole:
+        return (
+            "it is cut short, or holds a \\uD800-\\uDFFF escape without its pair (JSON text "
+            "carries each character outside the BMP as two such escapes): send UTF-8 text"
+        )
+    return str(exc)
 
 
 _TOO_DEEP: Final = "the event nests too deeply to read"

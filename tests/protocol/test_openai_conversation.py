@@ -750,3 +750,12 @@ def test_a_replay_shows_what_follows_the_clients_event_or_the_head_and_ends_ther
     assert joined.replayed(5) and joined.skip is None
     fresh = Replay(None)
     assert fresh.start(0) and fresh.skip is None and fresh.caught_up
+
+
+def test_a_lone_surrogate_escape_is_said_plainly_not_as_truncated_input() -> None:
+    # Found from outside on the WebRTC data channel: msgspec calls it "Input data was
+    # truncated", which sends a client looking for a cut frame.
+    bad = decode_client('{"type":"session.update","session":{"instructions":"\\ud800"}}')
+    assert "escape without its pair" in bad.message  # type: ignore[union-attr]
+    cut = decode_client('{"type":"session.upd')
+    assert "truncated" in cut.message  # type: ignore[union-attr]

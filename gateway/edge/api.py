@@ -13,7 +13,7 @@
 Every call needs an API key (``Authorization: Bearer API_KEY``) and works on
 the key's own sessions only; a client token is refused (403): it opens one
 session's WebSocket and nothing else. Bodies and answers are JSON; every
-refusal is ``{"error": {"code", "message"}}`` with a 4xx status and a message
+refusal is ``{"error": {"code", "message", "type", "param"}}`` with a 4xx status and a message
 naming the field and what to do.
 
 It is served on the gateway's own port (``gateway.edge.one_port`` hands a

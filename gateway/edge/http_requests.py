@@ -5,7 +5,7 @@ A body is read only after its caller is known (``HttpApi._key_id`` first), its
 size is checked on the bytes as sent (``Content-Length`` before any is read),
 and a compressed one is inflated off the loop, to at most ``MAX_BODY``: a
 971 KB gzip body that inflates to 1 GB once held a node for seconds. Every
-refusal is ``{"error": {"code", "message"}}`` with a 4xx status, raised as
+refusal is ``{"error": {"code", "message", "type", "param"}}`` with a 4xx status, raised as
 ``Refusal`` in a handler and answered by the API's middleware.
 """
 
@@ -43,8 +43,14 @@ _encode: Final = msgspec.json.Encoder().encode
 
 
 class ApiError(msgspec.Struct, frozen=True):
+    """``code`` and ``message`` are the gateway's; ``type`` and ``param`` complete OpenAI's
+    error shape, so the OpenAI door's HTTP answers (``client_secrets``, calls) read as
+    its SDK expects them (``openai.APIError``'s ``type``, ``param``)."""
+
     code: str
     message: str
+    type: str = "invalid_request_error"
+    param: str | None = None
 
 
 class ErrorBody(msgspec.Struct, frozen=True):
@@ -86,7 +92,8 @@ def json_response(status: int, body: msgspec.Struct | bytes) -> web.Response:
 
 def error_response(status: int, message: str) -> web.Response:
     code = _CODES.get(status, "error")
-    response = json_response(status, ErrorBody(ApiError(code, message)))
+    kind = "server_error" if status >= 500 else "invalid_request_error"
+    response = json_response(status, ErrorBody(ApiError(code, message, kind)))
     if status == 401:
         response.headers["WWW-Authenticate"] = 'Bearer realm="realtime-gateway"'
     elif status == 503:

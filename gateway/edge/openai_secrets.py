@@ -78,10 +78,8 @@ class SessionMaker(Protocol):
 
 
 def _refusal(message: str, param: str | None = None) -> web.Response:
-    body = {"error": {"type": "invalid_request_error", "code": None, "message": message}}
-    if param is not None:
-        body["error"]["param"] = param
-    return web.json_response(body, status=400)
+    error = {"type": "invalid_request_error", "code": None, "message": message, "param": param}
+    return web.json_response({"error": error}, status=400)
 
 
 async def client_secret(api: SessionMaker, request: web.Request) -> web.Response:

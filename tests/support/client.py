@@ -39,6 +39,10 @@ class GatewayClient:
         if after is not None:
             query["after"] = str(after)
         target = f"{url}?{urlencode(query)}" if query else url
+        # Unread events do not stop the socket being read (websockets' default queue of 16
+        # does): a client closed with more unread waited 10 s for the server's close frame
+        # it had stopped reading. A test of a slow client passes its own ``max_queue``.
+        kwargs.setdefault("max_queue", None)
         ws = await connect(target, additional_headers=headers, max_size=None, **kwargs)
         first = decode_event(await ws.recv())
         assert isinstance(first, Session), f"first frame must be session, got {first!r}"

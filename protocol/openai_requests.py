@@ -1,15 +1,13 @@
 """What an OpenAI client's events ask of the session: gateway commands, checked,
 held or refused. Pure: no I/O, no clock.
 
-The client → session half of the OpenAI door's conversation (``protocol.openai_conversation``,
-which owns one and shows the session's events back): ``session.update`` → ``configure``; a
-message is shown and held (``protocol.openai_typed``): a user message until ``response.create``
-sends it as the turn's ``user`` (none: a ``reply``), others as ``context``; a ``function_call_output`` →
-``tool_result``, after which the turn goes on by itself (the ``response.create`` that
-follows opens nothing new); audio appends → the user's audio (``speech_in``);
-``conversation.item.truncate`` → ``played``, ``conversation.item.delete`` → ``forget``.
-What this gateway cannot do is refused with an ``error`` that says what to send
-instead, carrying the client's ``event_id``.
+The client → session half of the OpenAI door's conversation (``protocol.openai_conversation``):
+``session.update`` → ``configure``; created messages and function call outputs are shown
+at once and held (``protocol.openai_typed``) for the ``response.create`` that sends them
+(a user message as the turn's ``user``, others as ``context``, an output as its call's
+``tool_result``); audio appends → the user's audio (``speech_in``); ``truncate`` →
+``played``, ``delete`` → ``forget``. What this gateway cannot do is refused with an
+``error`` that says what to send instead, carrying the client's ``event_id``.
 """
 
 from __future__ import annotations
@@ -322,8 +320,10 @@ class ClientRequests:
                 eid,
                 "response",
             )
+        # Its answer is still to come (a call's turn, or a commit's not logged yet).
+        coming = self.turn_open or self._commit_answers()
         self.swallowed, self.continues = (self.continues or "", eid), None
-        if self.turn_open and self.responding is None:  # its answer is still to come
+        if coming and self.responding is None:
             self.overrides.ask(metadata)
         return Emit([*typed.take_outputs()], [])  # the outputs it answers, if held
 

@@ -759,3 +759,21 @@ def test_a_lone_surrogate_escape_is_said_plainly_not_as_truncated_input() -> Non
     assert "escape without its pair" in bad.message  # type: ignore[union-attr]
     cut = decode_client('{"type":"session.upd')
     assert "truncated" in cut.message  # type: ignore[union-attr]
+
+
+def test_a_create_right_after_a_commit_names_the_answer_the_commit_starts() -> None:
+    """LiveKit's manual turns: commit_audio() then generate_reply(), whose response.create
+    comes before the commit's turn is logged and waits for the response.created naming
+    it. Its metadata went nowhere (the turn was not open yet), and the plugin timed out
+    after 10 s on every turn (its probe, s4_manual_turns)."""
+    conv = created(Conversation("s1", "m"))
+    manual = {"type": "realtime", "audio": {"input": {"turn_detection": None}}}
+    client(conv, type="session.update", session=manual)
+    conv.requests.heard(2 * 24000 // 2)  # 500 ms
+    commands, _ = client(conv, type="input_audio_buffer.commit", event_id="c1")
+    assert len(commands) == 1
+    asked = {"metadata": {"client_event_id": "r1"}}
+    assert client(conv, type="response.create", event_id="r1", response=asked) == ([], [])
+    out = feed(conv, User(seq=3, content="hi", source="audio"), Respond(seq=4, content="Hey"))
+    started = next(e for e in out if e["type"] == "response.created")
+    assert started["response"]["metadata"] == {"client_event_id": "r1"}

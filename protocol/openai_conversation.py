@@ -307,7 +307,7 @@ class Conversation:
             case Call(runs_on="client"):
                 return self._client_call(event)
             case Result(id=str(call), content=content, item=output_item):
-                if typed.output_logged(output_item):  # shown when created
+                if output_item in self.shown.items:  # shown when created (``hold_output``)
                     return []
                 given = output_item if isinstance(output_item, str) else None
                 return self._output(call, content, given)

@@ -92,6 +92,13 @@ class ShownItems:
         prev, self.last = self.last, item["id"]
         return created(make, item, prev)
 
+    def show(self, make: Callable[..., ServerEvent], item: dict[str, Any]) -> list[ServerEvent]:
+        """``item`` a client created, shown at once (``append``) and kept (``remember``):
+        retrieved, or named by a later event, before the session logs it."""
+        events = self.append(make, item)
+        self.remember(events)
+        return events
+
     def forget(self, first: int, last: int) -> list[str]:
         """The items a ``forgotten`` of ``first``..``last`` took, no longer shown."""
         gone = self.spans.gone(first, last)

@@ -565,8 +565,7 @@ class ClientRequests:
         too_much = typed.refusal(held[1])
         if too_much is not None:
             return self._refusal(too_much, eid, "item.content")
-        events = self.shown.append(self.ids.unlogged_event, shown)
-        self.shown.remember(events)
+        events = self.shown.show(self.ids.unlogged_event, shown)
         if held[2] == "user" or typed.waiting:
             typed.hold(*held)  # for response.create (``TypedItems``)
             return Emit([], events)

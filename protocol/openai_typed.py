@@ -67,7 +67,6 @@ class TypedItems:
         "held",
         "made",
         "outputs",
-        "outputs_shown",
         "past_calls",
         "prefix",
         "sent",
@@ -82,9 +81,8 @@ class TypedItems:
         self.due: list[ContextMessage | Forget | ToolResultMessage] = []
         self.doomed: set[str] = set()
         # Function call outputs shown when created and held for the response.create that
-        # answers them (``hold_output``), and their item ids, not shown again once logged.
+        # answers them (``hold_output``), with their events' ids.
         self.outputs: list[tuple[ToolResultMessage, str | None]] = []
-        self.outputs_shown: set[str] = set()
         self.past_calls: dict[str, str] = {}  # a history's function calls: call_id → name
 
     def past(self, iid: str, item: Any) -> tuple[Role, str, dict[str, Any]]:
@@ -117,11 +115,7 @@ class TypedItems:
         door's grace (a client that never asks is answered all the same, as before). The
         events showing it (``make``: the conversation's)."""
         self.outputs.append((output, eid))
-        iid = str(output.item)
-        self.outputs_shown.add(iid)
-        events = shown.append(make, output_item(iid, output.id, str(output.content)))
-        shown.remember(events)  # for conversation.item.retrieve
-        return events
+        return shown.show(make, output_item(str(output.item), output.id, str(output.content)))
 
     def take_outputs(self) -> list[ToolResultMessage]:
         """The outputs held, to send now (their turn goes on with them)."""
@@ -135,13 +129,6 @@ class TypedItems:
         eid = self.outputs[0][1] if self.outputs else None
         self.due += self.take_outputs()
         return eid
-
-    def output_logged(self, item: object) -> bool:
-        """An output's result was logged: True if this connection showed it already."""
-        if isinstance(item, str) and item in self.outputs_shown:
-            self.outputs_shown.discard(item)
-            return True
-        return False
 
     def new_id(self) -> str:
         """An id for a message the client left unnamed."""

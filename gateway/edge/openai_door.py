@@ -568,12 +568,15 @@ class DoorConnection(ClientConnection):
                         emit.events.append(self.conversation.ids.rate_limits(limits))
         if emit.events:
             await self._send_events(emit.events)
-        if self.conversation.requests.typed.outputs and self._grace is None:
+        held, grace = bool(self.conversation.requests.typed.outputs), self._grace
+        if held and grace is None:  # the grace runs from the oldest output held
             self._grace = asyncio.get_running_loop().call_later(OUTPUT_GRACE, self._outputs_due)
+        elif grace is not None and not held:  # a create took them: it is over
+            grace.cancel()
+            self._grace = None
 
     def _outputs_due(self) -> None:
-        """Function call outputs no response.create asked for within the grace: their turn
-        goes on all the same (``TypedItems.hold_output``)."""
+        """Outputs no response.create asked for in the grace go on all the same."""
         self._grace = None
         if due := self.conversation.requests.typed.take_outputs():
             self._due = asyncio.get_running_loop().create_task(self._send_due(self._due, [*due]))

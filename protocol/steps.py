@@ -3,7 +3,8 @@
 The client sees think and respond text in many small chunks; history keeps one
 item per block (the seed's "event mode"), so context assembly and storage stay
 proportional to what the model said, not to how it was chunked. A step's items
-are persisted together when the step completes, so history only ever holds
+are persisted together when the step completes (at its ``<end>``, with the
+turn's ``end`` event, or at the response's end), so history only ever holds
 whole steps: a crash mid-step leaves the history at the step's start, and the
 step is rerun from there.
 

@@ -17,28 +17,26 @@ dispatches through the declared (state, input) table of ``protocol.turn_table``
 (a test checks it declares every pair); a text delta also has the fast path
 ``text``. Between actions the shell asks ``wait`` what to wait for and until
 when (``Await``); time comes in as ``Tick``.
-An action is a protocol ``Event`` — "log it, then send it" (the shell
-stamps ``seq``/``timestamp``) — or a Struct the shell performs (``Persist``, ``Account``, ``TurnStarted``, ``Request``,
-``CommitAudio``, ``StopResponse``, ``ReplaceResponse``, ``AwaitClient``,
-``RunTools``, ``DropUpstream``, ``Backoff``, ``Refuse``). Every action list
-puts the ones the shell performs at once (events, ``Persist``, ``Account``,
-``TurnStarted``, ``DropUpstream``, ``Refuse``) before the ones that start or
-await a wait (``AwaitClient``, ``Request``, ``CommitAudio``, ``StopResponse``,
-``ReplaceResponse``, ``RunTools``, ``Backoff``). A ``Cancel`` supersedes
-whatever the shell had not performed yet, so it can interrupt an await and
-drop the rest.
+An action is a protocol ``Event`` — "log it, then send it" (the shell stamps
+``seq``/``timestamp``) — or a Struct the shell performs (``Persist``, ``Account``,
+``TurnStarted``, ``Request``, ``CommitAudio``, ``StopResponse``, ``ReplaceResponse``,
+``AwaitClient``, ``RunTools``, ``DropUpstream``, ``Backoff``, ``Refuse``). Every action
+list puts the ones the shell performs at once (events, ``Persist``, ``Account``,
+``TurnStarted``, ``DropUpstream``, ``Refuse``) before the ones that start or await a
+wait (``AwaitClient``, ``Request``, ``CommitAudio``, ``StopResponse``,
+``ReplaceResponse``, ``RunTools``, ``Backoff``). A ``Cancel`` supersedes whatever the
+shell had not performed yet, so it can interrupt an await and drop the rest.
 
 **Inputs that make no sense in a state** return ``()`` or a ``Refuse``,
 never an exception: they come from the network and timing, not from a bug.
 
-**The end of a turn**: every turn ends with exactly one closing
-event, ``end`` or ``cancelled``, followed by exactly one ``metric``. An error
-that stops the turn comes just before its ``end``. A ``metric``'s ``step`` is
-the usage since the turn's previous ``metric`` (zero when no model step ran
-since), its ``total`` the session's; a tool step also gets a ``metric`` right
-after its ``execute``. Usage the provider did not report (a lost connection,
-a provider without a cancel) is estimated from characters and the metric says
-``estimated: true``. ``Account`` precedes the metric that reports the same
+**The end of a turn**: every turn ends with exactly one closing event, ``end`` or
+``cancelled``, followed by exactly one ``metric``. An error that stops the turn comes
+just before its ``end``. A ``metric``'s ``step`` is the usage since the turn's previous
+``metric`` (zero when no model step ran since), its ``total`` the session's; a tool step
+also gets a ``metric`` right after its ``execute``. Usage the provider did not report (a
+lost connection, a provider without a cancel) is estimated from characters and the
+metric says ``estimated: true``. ``Account`` precedes the metric that reports the same
 usage, so the token counters and quotas always agree with the client's view.
 
 **Client tools**: a call to a tool the session's client declared is sent
@@ -288,7 +286,9 @@ class TurnMachine(VoiceSteps, RecoverySteps):
                 self._marker(event)
         if marker and self._parser.stopped:
             if self._ended:
+                # Whole: history gets it in End's (last) round; a kill now reruns nothing.
                 self.state = ENDING  # the next message may queue now
+                out.insert(len(out) - 1, self._recorder.persist())
             else:
                 self.state = STOPPING  # </execute> or a malformed block: stop the model now
                 out.append(_STOP)  # type: ignore[arg-type]
@@ -440,9 +440,9 @@ class TurnMachine(VoiceSteps, RecoverySteps):
                 closing.insert(metric + 1, replace)  # before a queued turn's request
                 return closing
             return self._close([DropUpstream()])
-        if state is ENDING:
+        if state is ENDING:  # the answer is in history (``text``)
             self._count_usage(done.usage, done.estimated)
-            return self._close([self._recorder.persist()])
+            return self._close([])
         if state is not STREAMING and state is not STOPPING:
             return NOTHING
         out: list[Action] = self.spoken.release(UNHEARD)
@@ -524,7 +524,7 @@ class TurnMachine(VoiceSteps, RecoverySteps):
             return NOTHING
         if state is ENDING or state is CANCELLING:
             self._count_usage(None, True)
-            return self._close([self._recorder.persist(), DropUpstream(stop=True)])
+            return self._close([DropUpstream(stop=True)])
         return self._fail(
             [],
             f"the turn failed inside the gateway ({what}); send your message again",

@@ -57,9 +57,10 @@ class RecoverySteps(ToolSteps):
             self._count_usage(None, True)
             return self._close([DropUpstream()])
         if state is ENDING:
-            # The answer is complete (end was sent); only its usage report is lost.
+            # The answer is complete (end was sent, with it in history); only its
+            # usage report is lost.
             self._count_usage(None, True)
-            return self._close([self._recorder.persist(), DropUpstream()])
+            return self._close([DropUpstream()])
         if state is STOPPING:
             # The calls are complete: run them; the next request reopens from history.
             self._count_usage(None, True)

@@ -73,6 +73,29 @@ async def test_kill_9_of_the_driving_node_mid_turn(
     await second.close()
 
 
+async def test_kill_9_after_an_answers_end_but_before_its_usage_reruns_nothing(
+    start_sim: SimFactory, start_node: NodeFactory
+) -> None:
+    # The model writes on past <end> (the gateway ignores it), so the response's usage
+    # comes seconds after the client saw the turn's end: the node dies in between.
+    sim = start_sim("--tokens-per-second", "20")
+    a = start_node(sim, "node-a")
+    b = start_node(sim, "node-b")
+    first = await GatewayClient.connect(a.url)
+    await first.user("/raw Done.<end>" + " and the model writes on" * 10)
+    await first.until_type("end")
+    a.kill()
+    await drain_connection(first)
+
+    second = await GatewayClient.connect(b.url, session_id=first.sid, after=first.last_seq)
+    again = await second.turn("and once more")
+    # The finished turn is not run again: no interrupt, no second answer before this one.
+    assert not any(isinstance(e, Interrupt) for e in second.events), second.events
+    assert text_of(again, "respond") == "Echo: and once more"
+    assert text_of(first.events, "respond") == "Done."
+    await second.close()
+
+
 async def test_sigterm_drains_the_turn_then_the_client_moves(
     start_sim: SimFactory, start_node: NodeFactory
 ) -> None:

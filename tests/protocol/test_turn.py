@@ -123,10 +123,13 @@ def test_an_answer_with_end_closes_with_end_then_its_metric() -> None:
     out = stream(machine, "<think>Hm.</think>Hello there.<end> overrun")
     assert [type(e) for e in out][-1] is End
     assert "overrun" not in "".join(getattr(e, "content", "") for e in out)
+    # The answer goes into history just before its end (the same log round): a node
+    # that dies before the response's usage comes leaves a whole turn, not one to rerun.
+    assert kinds(out)[-2:] == ["Persist", "End"]
+    assert only(out, Persist).items == (Think(content="Hm."), Respond(content="Hello there."))
     assert machine.state is TurnState.ENDING
     done = machine.feed(ResponseDone("completed", USAGE))
-    assert kinds(done) == ["Persist", "Account", "Metric"]
-    assert only(done, Persist).items == (Think(content="Hm."), Respond(content="Hello there."))
+    assert kinds(done) == ["Account", "Metric"]
     assert only(done, Metric) == Metric(step=USAGE, total=USAGE)
     assert machine.idle and machine.meter.total == USAGE
 
@@ -272,10 +275,10 @@ def test_upstream_loss_after_partial_output_interrupts_reruns_and_counts_it() ->
     assert kinds(lost) == ["DropUpstream", "Interrupt", "Backoff"]
     assert "rerun" in only(lost, Interrupt).content
     machine.feed(RetryNow())
-    stream(machine, "Hello<end>")
+    answer = stream(machine, "Hello<end>")
     done = machine.feed(ResponseDone("completed", USAGE))
     # The partial step is not history; its billed output is counted, estimated.
-    assert only(done, Persist).items == (Respond(content="Hello"),)
+    assert only(answer, Persist).items == (Respond(content="Hello"),)
     metric = only(done, Metric)
     assert metric.step.output > USAGE.output and metric.estimated is True
 
@@ -308,9 +311,10 @@ def test_upstream_loss_after_execute_runs_the_calls_anyway() -> None:
 
 def test_upstream_loss_after_end_closes_the_turn_without_a_rerun() -> None:
     machine = started()
-    stream(machine, "Done.<end>")
+    answer = stream(machine, "Done.<end>")
     lost = machine.feed(UpstreamLost("dropped"))
-    assert kinds(lost) == ["Persist", "DropUpstream", "Account", "Metric"]
+    assert kinds(lost) == ["DropUpstream", "Account", "Metric"]
+    assert only(answer, Persist).items == (Respond(content="Done."),)  # kept with its end
     assert machine.idle
 
 

@@ -288,7 +288,7 @@ class TurnMachine(VoiceSteps, RecoverySteps):
             if self._ended:
                 # Whole: history gets it in End's (last) round; a kill now reruns nothing.
                 self.state = ENDING  # the next message may queue now
-                out.insert(len(out) - 1, self._recorder.persist())
+                out.insert(len(out) - 1, self._recorder.persist())  # type: ignore[arg-type]
             else:
                 self.state = STOPPING  # </execute> or a malformed block: stop the model now
                 out.append(_STOP)  # type: ignore[arg-type]

@@ -81,7 +81,8 @@ class RuleSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     window: int = 0
     """A pattern's longest match in characters (derived when the pattern is bounded)."""
     detect: Detector | None = None
-    max_chars: int = 0
+    max_chars: int | None = None
+    """None: no length rule (0 is refused, not taken for "unset")."""
     replacement: str = REPLACEMENT
     check_url: str = ""
     """An HTTP checker the app runs (input rules only): POSTed each input, awaited."""
@@ -311,7 +312,7 @@ class _Rule:
         self.name = spec.name
         self.action: Action = spec.action
         self.matcher = matcher
-        self.max_chars = spec.max_chars
+        self.max_chars = spec.max_chars or 0
         self.replacement = spec.replacement
 
 
@@ -369,19 +370,21 @@ def _compile_one(spec: RuleSpec) -> _Rule | str | None:
     where = f"guardrail {spec.name!r}"
     if not re.fullmatch(r"[A-Za-z0-9_.:-]{1,64}", spec.name):
         return f"guardrail {spec.name[:64]!r}: name: use 1-64 of A-Za-z0-9_.:-"
-    given = [f for f in ("pattern", "detect", "max_chars", "check_url") if getattr(spec, f)]
+    given = [f for f in ("pattern", "detect", "check_url") if getattr(spec, f)]
+    if spec.max_chars is not None:
+        given.append("max_chars")
     if len(given) != 1:
         return (
             f"{where}: give exactly one matcher of pattern, detect, max_chars (a number of "
-            f"characters over 0), check_url (it has {', '.join(given) or 'none'})"
+            f"characters), check_url (it has {', '.join(given) or 'none'})"
         )
     if spec.check_url:
         return _check_problem(spec)
     stray = spec.check_headers or spec.check_timeout != 2.0 or spec.on_check_error != "block"
     if stray:
         return f"{where}: check_timeout, on_check_error and check_headers go with check_url"
-    if spec.max_chars < 0 or spec.window < 0 or spec.window > MAX_WINDOW:
-        return f"{where}: max_chars and window must be positive (window at most {MAX_WINDOW})"
+    if (spec.max_chars is not None and spec.max_chars < 1) or not 0 <= spec.window <= MAX_WINDOW:
+        return f"{where}: max_chars must be over 0, window 0 to {MAX_WINDOW}"
     if len(spec.replacement) > 100:
         return f"{where}: replacement: at most 100 characters"
     if spec.detect is not None:

@@ -135,6 +135,10 @@ def test_input_block_and_redact() -> None:
         ({"pattern": r"(\w)\1"}, ["'p'", "pattern"]),
         ({"pattern": "a", "detect": "card"}, ["'p'", "exactly one"]),
         ({"pattern": "a" * 3000}, ["'p'", "pattern", "at most"]),
+        # A zero or negative length is refused as such, not taken for a missing matcher.
+        ({"max_chars": 0}, ["'p'", "max_chars must be over 0"]),
+        ({"max_chars": -5}, ["'p'", "max_chars must be over 0"]),
+        ({"max_chars": 5, "detect": "card"}, ["'p'", "exactly one", "detect, max_chars"]),
     ],
 )
 def test_bad_rules_are_refused_naming_rule_and_field(

@@ -14,9 +14,8 @@ browser's ``openai-insecure-api-key.KEY`` subprotocol (``realtime`` is selected,
 Resume (an extension of this gateway): ``?session_id=SID&after_event=EVENT_ID``
 reconnects to the session ``session.created`` named (``session.id``) and
 sends what follows the last ``event_id`` the client saw: the session's log is
-replayed through a fresh conversation, and what it yields up to that event
-is not sent again; with no ``after_event``, nothing before the log's head is
-(``protocol.openai_ids.Replay``).
+replayed through a fresh conversation, and what it yields up to that event is not
+sent again; with no ``after_event``, nothing before the log's head is (``Replay``).
 """
 
 from __future__ import annotations
@@ -431,17 +430,12 @@ class DoorConnection(ClientConnection):
                     await self._due
 
     async def _open(self) -> None:
-        """Before the client's first event: its session shown, or configured for its route.
-        Once the replay reached the log's head: a reply made during it would be taken
-        for a replayed event and held back."""
+        """Before the client's first event, once the replay reached the log's head (a reply
+        made during it would be held back as replayed): its session shown, or configured."""
         state = self.state
-        try:
-            async with asyncio.timeout(CATCH_UP_WAIT):
-                await self._caught_up.wait()
-        except TimeoutError:
-            log.warning("session %s: the door's replay is slow; reading the client", self.sid)
-        # A session made elsewhere (client_secrets), or one with a history the client joins
-        # without after_event (its session.created was replayed, not shown): shown as it is.
+        await self._until(self._caught_up, "the door's replay")
+        # A session made elsewhere (client_secrets), or joined without after_event (its
+        # session.created was replayed, not shown): shown as it is.
         if state.after is None and (self.replay.head > 0 or not state.configure):
             config = await self.door.config_of(self.sid)
             if config is not None:
@@ -453,10 +447,16 @@ class DoorConnection(ClientConnection):
             switched = self._switched = asyncio.Event() if self.replay.head > 0 else None
             await self._handle(first.decode())
             if switched is not None:
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(CATCH_UP_WAIT):
-                        await switched.wait()
+                await self._until(switched, "the session's switch to its model")
                 self._switched = None
+
+    async def _until(self, done: asyncio.Event, what: str) -> None:
+        """Wait for ``done``, at most ``CATCH_UP_WAIT``: past it the client is read anyway."""
+        try:
+            async with asyncio.timeout(CATCH_UP_WAIT):
+                await done.wait()
+        except TimeoutError:
+            log.warning("session %s: %s is slow; reading the client", self.sid, what)
 
     async def _read(self, writer: asyncio.Task[None]) -> None:
         await self._open()

@@ -66,6 +66,15 @@ class UsageMeter:
         self._unreported = self._unreported + usage
         self._estimated = self._estimated or estimated
 
+    def lost(self, chars: int) -> list[Action]:
+        """``Account`` and ``Metric`` for a turn a new node found closed without its metric
+        (its node died waiting for the provider's usage): estimated from the ``chars`` of
+        text it was shown, as any usage never reported."""
+        self._counted = False
+        self.count(None, True, lambda: chars)
+        self._estimated = True
+        return self.metric()
+
     def metric(self) -> list[Action]:
         """``Account`` and ``Metric`` for the usage since the last metric (zero: no ``Account``)."""
         step, self._unreported = self._unreported, ZERO_USAGE

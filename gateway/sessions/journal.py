@@ -43,7 +43,7 @@ from protocol.events import (
 from protocol.journal import JournalCall
 from protocol.steps import StepRecorder
 
-__all__ = ["read_journal", "read_journal_calls", "unpersisted_step"]
+__all__ = ["read_journal", "read_journal_calls", "since_last_metric", "unpersisted_step"]
 
 # Where a step's logged events begin (after the last of these): history holds
 # everything before, or the step was ended another way.
@@ -55,6 +55,15 @@ _PAGE: Final = 256
 _PAGE_BYTES: Final = 1 << 20
 """Bytes of log read at a time: a window of large events is read in pages of this."""
 _KINDS: Final = (b'"type":"result"', b'"type":"call"', b'"type":"approval')
+_METRIC: Final = b'"type":"metric"'
+_TAIL_KINDS: Final = (
+    b'"type":"end"',
+    b'"type":"cancelled"',
+    b'"type":"respond"',
+    b'"type":"think"',
+)
+_TAIL_READS: Final = (32, _STEP_READ_MOST)
+"""How far back ``since_last_metric`` reads, first and at most: a turn ends with a metric."""
 _results_decoder: Final = msgspec.json.Decoder(list[ToolResult])
 
 
@@ -159,3 +168,33 @@ async def _entries(store: EventLog, sid: str, start: int, end: int) -> AsyncIter
                 return
             yield entry
         after = page[-1].seq
+
+
+async def since_last_metric(
+    store: EventLog, sid: str, last_seq: int
+) -> tuple[Metric | None, list[Event]]:
+    """The log's last ``metric`` (None: none in its last ``_STEP_READ_MOST`` events) and
+    the closing (``end``, ``cancelled``) and text events logged after it.
+
+    What a node that loads the session needs: the totals its clients were last shown
+    (the meta has them only from a clean release), and whether the last turn closed
+    without its metric (its node died waiting for the provider's usage).
+    """
+    end = last_seq
+    after: list[Event] = []
+    for most in _TAIL_READS:
+        start = max(last_seq - most, 0)  # a trimmed log's read just starts later
+        if start >= end:
+            break
+        shown: Metric | None = None
+        page: list[Event] = []
+        async for entry in _entries(store, sid, start, end):
+            kind = entry.data[:24]
+            if _METRIC in kind:
+                shown, page = msgspec.json.decode(entry.data, type=Metric), []
+            elif any(tail in kind for tail in _TAIL_KINDS):
+                page.append(decode_event(entry.data))
+        if shown is not None:
+            return shown, page + after
+        after, end = page + after, start
+    return None, after

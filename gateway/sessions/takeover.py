@@ -1,11 +1,13 @@
 """What a node that took a session over does with the turn its last driver left cut.
 
-The node loads the session (``SessionRuntime``) and then goes on with its
-last turn if that was in flight: a batch of calls is finished from the
-journal (``gateway.sessions.journal``), a step is rerun, and background
-calls whose result the model has not had are reused or run again. It is
-its own room because it runs once per takeover, before any client command,
-and reads the log: no part of the live session's command path.
+The node loads the session (``SessionRuntime``), takes the totals its clients
+were last shown from the log's last ``metric`` (and gives a turn closed
+without one its metric), and then goes on with its last turn if that was in
+flight: a batch of calls is finished from the journal
+(``gateway.sessions.journal``), a step is rerun, and background calls whose
+result the model has not had are reused or run again. It is its own room
+because it runs once per takeover, before any client command, and reads the
+log: no part of the live session's command path.
 """
 
 from __future__ import annotations
@@ -14,9 +16,14 @@ import contextlib
 import logging
 
 from gateway.sessions.driver import TurnDriver
-from gateway.sessions.journal import read_journal, read_journal_calls, unpersisted_step
+from gateway.sessions.journal import (
+    read_journal,
+    read_journal_calls,
+    since_last_metric,
+    unpersisted_step,
+)
 from gateway.store.base import EventLog, StoreError
-from protocol.events import Call
+from protocol.events import Call, Cancelled, End, Respond, Think
 from protocol.journal import (
     JournalCall,
     background_in_flight,
@@ -40,6 +47,7 @@ async def rerun_interrupted(driver: TurnDriver, reason: str, events: EventLog) -
     ``events``: the session's log, where the journal is read.
     """
     session_log, machine, sid = driver.log, driver.machine, driver.sid
+    await _as_last_shown(driver, events)
     calls = batch_in_flight(session_log.history)
     if not calls and turn_in_flight(session_log.history):
         # Cut between its execute and its usage: the step's calls were sent
@@ -63,6 +71,25 @@ async def rerun_interrupted(driver: TurnDriver, reason: str, events: EventLog) -
         # (due when the turn above ends, or at once).
         found = await _journal(events, sid, running, session_log.last_seq)
         driver.command(machine.feed(ResumeBackground(found)), interrupt=False)
+
+
+async def _as_last_shown(driver: TurnDriver, events: EventLog) -> None:
+    """The session's totals as its clients were last shown them (the meta has them only
+    from a clean release), and a metric for a turn that closed without one: its node
+    died between the turn's ``end`` (or ``cancelled``) and the provider's usage."""
+    machine, observer = driver.machine, driver.observer
+    try:
+        shown, after = await since_last_metric(events, driver.sid, driver.log.last_seq)
+    except StoreError as exc:
+        log.warning("session %s: its last metric not read (%s)", driver.sid, exc)
+        return
+    total = machine.meter.total
+    if shown is not None and shown.total.input + shown.total.output >= total.input + total.output:
+        machine.meter.total = shown.total
+        observer.cost_total = max(observer.cost_total, shown.cost.total)
+    if any(type(event) is End or type(event) is Cancelled for event in after):
+        text = [e.content for e in after if type(e) is Respond or type(e) is Think]
+        driver.command(machine.meter.lost(sum(map(len, text))), interrupt=False)
 
 
 async def _journal(

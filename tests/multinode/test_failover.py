@@ -93,6 +93,37 @@ async def test_kill_9_after_an_answers_end_but_before_its_usage_reruns_nothing(
     assert not any(isinstance(e, Interrupt) for e in second.events), second.events
     assert text_of(again, "respond") == "Echo: and once more"
     assert text_of(first.events, "respond") == "Done."
+    # Its usage died with node A: node B gives it its metric, estimated, before anything
+    # else (every turn ends with one), and the session's total goes on from it.
+    events = logged(first.events + second.events)
+    assert_contiguous(events)
+    closing = next(i for i, e in enumerate(events) if isinstance(e, End))
+    lost = events[closing + 1]
+    assert isinstance(lost, Metric) and lost.estimated is True, events[closing:]
+    assert lost.step.output > 0  # "Done." was billed, if not reported
+    last = [e for e in again if isinstance(e, Metric)][-1]
+    assert last.total.output == lost.total.output + last.step.output
+    await second.close()
+
+
+async def test_the_sessions_usage_total_goes_on_after_a_kill_9(
+    start_sim: SimFactory, start_node: NodeFactory
+) -> None:
+    sim = start_sim("--tokens-per-second", "20")
+    a = start_node(sim, "node-a")
+    b = start_node(sim, "node-b")
+    first = await GatewayClient.connect(a.url)
+    [before] = [e for e in await first.turn("hello there") if isinstance(e, Metric)]
+    assert before.total.input > 0
+    a.kill()
+    await drain_connection(first)
+
+    second = await GatewayClient.connect(b.url, session_id=first.sid, after=first.last_seq)
+    [after] = [e for e in await second.turn("and once more") if isinstance(e, Metric)]
+    # The total a client was shown is where the next turn's starts, on any node.
+    assert after.total.input == before.total.input + after.step.input, (before, after)
+    assert after.total.output == before.total.output + after.step.output, (before, after)
+    assert after.cost.total >= before.cost.total
     await second.close()
 
 

@@ -17,6 +17,7 @@ from tests.multinode.conftest import (
     start_sim,
 )
 from tests.openai_door.conftest import RawClient
+from tests.support.client import GatewayClient
 
 __all__ = ["durable_redis", "start_node", "start_sim"]
 
@@ -65,3 +66,45 @@ async def test_kill_9_mid_answer_then_resume_on_another_node(
     statuses = [e["response"]["status"] for e in events if e["type"] == "response.done"]  # type: ignore[index]
     assert statuses[-2:] == ["failed", "completed"]  # the broken one, then the rerun
     assert again[-1]["response"]["status"] == "completed"
+
+
+async def test_a_response_whose_node_died_after_its_end_is_done_before_the_next(
+    start_sim: SimFactory, start_node: NodeFactory
+) -> None:
+    """The model writes on past ``<end>``: the answer is whole (its end logged) but its
+    usage is seconds away when node A dies. The client reconnects to node B: that
+    response is done (with its estimated usage), and the next is a response of its own."""
+    sim = start_sim("--tokens-per-second", "20")
+    a = start_node(sim, "node-a")
+    b = start_node(sim, "node-b")
+    door = await RawClient.open(f"{a.base}/openai/v1/realtime?model={MODEL}")
+    sid = (await door.next())["session"]["id"]
+    await door.text_session()
+    await door.say("/raw Done.<end>" + " and the model writes on" * 10)
+    await door.until("response.output_text.delta")
+    # The door finishes a response with its usage; the gateway's own client sees its end.
+    watch = await GatewayClient.connect(a.url, session_id=sid, after=0)
+    await watch.until_type("end")
+    a.kill()
+    for client in (door, watch):
+        with contextlib.suppress(ConnectionClosed, TimeoutError):
+            while True:
+                await client.next(timeout=10)
+    assert not any(e["type"] == "response.done" for e in door.events)
+    last = door.events[-1]["event_id"]
+
+    second = await RawClient.open(
+        f"{b.base}/openai/v1/realtime?model={MODEL}&session_id={sid}&after_event={last}"
+    )
+    try:
+        await second.say("and once more")  # node B takes the session over for it
+        got = await second.until("response.done", timeout=30)  # the first, closed by B
+        got += await second.until("response.done", timeout=30)
+    finally:
+        await second.close()
+    events = door.events + got
+    created = [e["response"]["id"] for e in events if e["type"] == "response.created"]
+    done = [e["response"] for e in events if e["type"] == "response.done"]
+    assert len(created) == 2 and [r["id"] for r in done] == created, (created, done)
+    texts = [e["text"] for e in events if e["type"] == "response.output_text.done"]
+    assert texts == ["Done.", "Echo: and once more"], texts

@@ -22,6 +22,8 @@ __all__ = ["first_use", "meta_float", "prepare_tools", "read_history"]
 log = logging.getLogger("gateway.sessions.node")
 
 _HISTORY_PAGE = 32
+"""History items read (and decoded) at a time when a session is loaded: an item is at
+most a client frame or a capped tool result, so a page is tens of MB at worst."""
 
 
 async def read_history(store: Store, sid: str) -> list[HistoryItem]:

@@ -61,9 +61,8 @@ log = logging.getLogger("gateway.sessions.node")
 
 POLICY_REOPENS_PER_SECOND: Final = 20.0
 """Listening sessions whose provider connection a key policy edit replaces, a second."""
-
-"""History items read (and decoded) at a time when a session is loaded: an item is at
-most a client frame or a capped tool result, so a page is tens of MB at worst."""
+_CONFIG_RETRY_MOST: Final = 5.0
+"""Seconds at most between tries to store a configuration while the store is away."""
 
 
 class Node:
@@ -284,17 +283,36 @@ class Node:
 
     def runtime_configured(self, runtime: SessionRuntime) -> None:
         """Store the session's new configuration (a no-op until it is stored itself)."""
-        fields = {
-            "config": encode_config(runtime.setup.config).decode(),
-            "provider": runtime.setup.upstream_factory.provider,
-        }
-        self.spawn(self._save_meta(runtime.sid, fields), f"configure:{runtime.sid}")
+        self.spawn(self._save_config(runtime), f"configure:{runtime.sid}")
 
-    async def _save_meta(self, sid: str, fields: dict[str, str]) -> None:
-        try:
-            await self.store.set_meta(sid, fields)
-        except StoreError as exc:
-            log.warning("session %s: configuration not stored: %s", sid, exc, extra={"sid": sid})
+    async def _save_config(self, runtime: SessionRuntime) -> None:
+        """Write the runtime's configuration until the store has its newest.
+
+        Its clients were sent ``configured`` (held and logged when the store came
+        back): a write given up after one try left the meta, which a node loading the
+        session reads, with the configuration before it. Each try writes the newest,
+        so writes that land out of order end with it too."""
+        delay = self.store_retry_delay
+        while not runtime.closed:
+            fields = {
+                "config": encode_config(runtime.setup.config).decode(),
+                "provider": runtime.setup.upstream_factory.provider,
+            }
+            try:
+                await self.store.set_meta(runtime.sid, fields)
+            except StoreError as exc:
+                log.warning(
+                    "session %s: configuration not stored (%s); trying again in %.1f s",
+                    runtime.sid,
+                    exc,
+                    delay,
+                    extra={"sid": runtime.sid},
+                )
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, _CONFIG_RETRY_MOST)
+                continue
+            if fields["config"] == encode_config(runtime.setup.config).decode():
+                return
 
     async def drive(self, sid: str, *, owner: str = "") -> SessionRuntime | None:
         """The runtime of ``sid`` on this node, loading it if its lease is free.

@@ -13,10 +13,20 @@ import contextlib
 import redis
 from websockets.exceptions import ConnectionClosed
 
-from protocol.events import End, Error, Event, Interrupt, Metric, Respond, decode_event
+from protocol.events import (
+    Configured,
+    End,
+    Error,
+    Event,
+    Interrupt,
+    Metric,
+    Respond,
+    decode_event,
+)
 from tests.multinode.conftest import NodeFactory, SimFactory
 from tests.support.client import GatewayClient, text_of
 from tests.support.redis_server import RedisServer
+from tests.support.redis_topologies import wait_until
 
 MESSAGE = "please echo this whole sentence back to me, slowly and carefully"
 
@@ -193,6 +203,39 @@ async def test_redis_restart_mid_session_loses_nothing(
     assert isinstance(logged(client.events)[-1], Metric)
     assert any(isinstance(e, End) for e in client.events)
     await client.close()
+
+
+async def test_a_configure_made_while_redis_is_down_is_stored_once_it_is_back(
+    start_sim: SimFactory, start_node: NodeFactory, durable_redis: RedisServer
+) -> None:
+    # The client is sent `configured` when the store is back; the meta, which a node
+    # loading the session reads, must get it too, not keep the configuration before it.
+    sim = start_sim()
+    a = start_node(sim, "node-a", "--lease-ttl", "10")
+    b = start_node(sim, "node-b", "--lease-ttl", "10")
+    first = await GatewayClient.connect(a.url)
+    await first.turn("hello")  # the session is stored
+    await asyncio.to_thread(durable_redis.stop)
+    await first.send({"type": "configure", "instructions": "Talk like a pirate."})
+    await asyncio.to_thread(a.wait_for_lines, "configuration not stored", 1, 30)
+    await asyncio.to_thread(durable_redis.start)
+    got = await first.until(lambda e: isinstance(e, Configured), timeout=30)
+    assert "pirate" in got[-1].config.instructions  # type: ignore[union-attr]
+
+    def stored() -> bool:
+        r = redis.Redis.from_url(durable_redis.url)
+        try:
+            return b"pirate" in (r.hget(f"rtgw:{{{first.sid}}}:meta", "config") or b"")
+        finally:
+            r.close()
+
+    await asyncio.to_thread(wait_until, stored, "the configuration stored", 30)
+    a.kill()
+    await drain_connection(first)
+    second = await GatewayClient.connect(b.url, session_id=first.sid, after=first.last_seq)
+    quoted = text_of(await second.turn("/instructions", 60), "respond")
+    assert "pirate" in quoted, quoted
+    await second.close()
 
 
 async def test_a_client_that_moves_mid_turn_follows_it_then_drives_on_the_new_node(

@@ -247,7 +247,9 @@ async def running_gateway(config: Config) -> AsyncIterator[Gateway]:
             gateway = Gateway(
                 node,
                 lambda edges: PhoneEdge(node, edges, phone),
-                lambda app, door, serve, owns: install_webrtc(app, config, door, serve, owns),
+                lambda app, door, serve, owns, caller: install_webrtc(
+                    app, config, door, serve, owns, caller
+                ),
             )
             await gateway.start()
             try:

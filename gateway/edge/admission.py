@@ -390,6 +390,13 @@ class Edges:
         self.key_tools.see(key_id, allowed)
         return KeyId(key_id, digest)
 
+    async def caller(self, request: Request) -> Response | None:
+        """The refusal of a request whose credentials are no valid key or client token
+        (None: they are). A route that holds something for its caller (a WebRTC call's
+        slot, the wait for its body) asks this first: nobody unknown holds anything."""
+        principal = await self._authenticate(request)
+        return principal if isinstance(principal, Response) else None
+
     async def _authenticate(self, request: Request) -> Principal | Response:
         creds = credentials_from(request.headers, request.path)
         if creds.key is not None and is_client_token(creds.key):

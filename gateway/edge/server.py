@@ -95,8 +95,9 @@ class Handshake(msgspec.Struct):
 
 # Routes a node's WebRTC calls on its HTTP app, beside its OpenAI door; given what
 # serves an admitted client's socket (``Gateway._handler``: a call is served as any
-# client is) and what checks that a request's key owns a session (``HttpApi.owns``:
-# a hangup); returns what ends them. Given by ``gateway.app`` (``gateway.webrtc``
+# client is), what checks that a request's key owns a session (``HttpApi.owns``:
+# a hangup) and what refuses unknown credentials (``Edges.caller``: before an offer
+# holds a slot); returns what ends them. Given by ``gateway.app`` (``gateway.webrtc``
 # stands on the door).
 CallsInstaller = Callable[
     [
@@ -104,6 +105,7 @@ CallsInstaller = Callable[
         OpenAIDoor,
         Callable[[ServerConnection], Awaitable[None]],
         Owns,
+        Callable[[Request], Awaitable[Response | None]],
     ],
     Callable[[], Awaitable[None]],
 ]
@@ -146,7 +148,7 @@ class Gateway:
         )
         # Its WebRTC calls (POST /openai/v1/realtime/calls): the door's frames on a data channel.
         self._end_calls = (
-            calls(self.api.app, self.door, self._handler, self.api.owns)
+            calls(self.api.app, self.door, self._handler, self.api.owns, self.edges.caller)
             if calls is not None
             else _no_calls
         )

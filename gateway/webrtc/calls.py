@@ -33,7 +33,7 @@ from aiohttp import web
 from aiortc import RTCConfiguration, RTCIceServer, RTCPeerConnection, RTCSessionDescription
 from websockets.asyncio.server import ServerConnection
 from websockets.datastructures import Headers
-from websockets.http11 import Request
+from websockets.http11 import Request, Response
 
 from gateway.config import Config
 from gateway.edge.http_requests import Owns, Refusal
@@ -59,6 +59,15 @@ def _refusal(status: int, message: str, code: str) -> web.Response:
     )
 
 
+def _credentials(request: web.Request) -> Headers:
+    """What the door's checks read of an offer's request: its key or token, its origin."""
+    return Headers(
+        (name, value)
+        for name, value in request.headers.items()
+        if name.lower() in ("authorization", "origin")
+    )
+
+
 def ice_servers(spec: str) -> list[RTCIceServer]:
     """``stun:H:P,turn:USER:PASS@H:P`` as aiortc's servers (credentials out of the URL)."""
     servers: list[RTCIceServer] = []
@@ -76,15 +85,24 @@ def ice_servers(spec: str) -> list[RTCIceServer]:
 class WebRTCCalls:
     """The calls of one node: answers offers, runs each call until it ends."""
 
-    def __init__(self, config: Config, door: OpenAIDoor, serve: Serve, owns: Owns) -> None:
+    def __init__(
+        self,
+        config: Config,
+        door: OpenAIDoor,
+        serve: Serve,
+        owns: Owns,
+        caller: Callable[[Request], Awaitable[Response | None]],
+    ) -> None:
         """``door``: admits a call (its checks) and finds it for ``?call_id=`` (the
         sideband); ``serve``: serves an admitted call's socket as the node's clients;
-        ``owns``: the request's API key owns a session (a hangup's check)."""
+        ``owns``: the request's API key owns a session (a hangup's check); ``caller``:
+        the refusal of credentials no key or token has (before an offer holds a slot)."""
         self.config = config
         self.settings = config.webrtc
         self.door = door
         self.serve = serve
         self.owns = owns
+        self.caller = caller
         self.calls: dict[str, asyncio.Task[None]] = {}
         self._admitting: set[str] = set()  # offers being answered: each holds a slot
 
@@ -92,6 +110,17 @@ class WebRTCCalls:
         limit = self.settings.max_sdp
         if request.content_length is not None and request.content_length > limit:
             return _refusal(413, f"the offer takes at most {limit} bytes", "sdp_too_large")
+        authorizations = request.headers.getall("Authorization", [])
+        if len(authorizations) > 1:
+            return _refusal(401, "send one Authorization header, not several", "auth")
+        # Credentials first: a caller no key or token knows holds no slot, and its
+        # body is not waited for (the door checks everything else once it is read).
+        refused = await self.caller(Request(request.path_qs, _credentials(request)))
+        if refused is not None:
+            text = refused.body.decode("utf-8", "replace").strip() if refused.body else ""
+            return _refusal(
+                refused.status_code, text, REFUSAL_CODES.get(refused.status_code, "refused")
+            )
         if len(self.calls) + len(self._admitting) >= self.settings.max_calls:
             return _refusal(
                 429, "this node holds all the WebRTC calls it may; retry later or elsewhere", "busy"
@@ -107,9 +136,6 @@ class WebRTCCalls:
 
     async def _answer(self, request: web.Request, call_id: str) -> web.Response:
         limit = self.settings.max_sdp
-        authorizations = request.headers.getall("Authorization", [])
-        if len(authorizations) > 1:
-            return _refusal(401, "send one Authorization header, not several", "auth")
         encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
         if encoding not in ("", "identity"):
             return _refusal(
@@ -152,11 +178,7 @@ class WebRTCCalls:
             )
         sockname = request.transport.get_extra_info("sockname") if request.transport else None
         call = CallSocket(call_id, self.config.max_frame, sockname)
-        headers = Headers(
-            (name, value)
-            for name, value in request.headers.items()
-            if name.lower() in ("authorization", "origin")
-        )
+        headers = _credentials(request)
         # Every check of the door, with the caller's credentials, before any media work.
         refused = await self.door.enter(
             cast(ServerConnection, call),

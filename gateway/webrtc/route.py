@@ -9,13 +9,17 @@ from collections.abc import Awaitable, Callable
 import msgspec
 from aiohttp import web
 from websockets.asyncio.server import ServerConnection
+from websockets.http11 import Request, Response
 
 from gateway.config import Config
 from gateway.edge.http_requests import Owns
 from gateway.edge.openai_door import OpenAIDoor
 from gateway.webrtc import CALLS_PATH, HANGUP_PATH
 
-__all__ = ["install"]
+__all__ = ["Caller", "install"]
+
+Caller = Callable[[Request], Awaitable[Response | None]]
+"""The refusal of a request whose credentials are no valid key or token (None: valid)."""
 
 
 async def _unavailable(request: web.Request) -> web.Response:
@@ -41,17 +45,19 @@ def install(
     door: OpenAIDoor,
     serve: Callable[[ServerConnection], Awaitable[None]],
     owns: Owns,
+    caller: Caller,
 ) -> Callable[[], Awaitable[None]]:
     """Route ``POST CALLS_PATH`` and ``POST HANGUP_PATH`` on ``app``; returns what ends
     the node's calls. ``serve``: serves an admitted client's socket (a call's) as the
-    node's clients; ``owns``: the request's key owns a session (``HttpApi.owns``)."""
+    node's clients; ``owns``: the request's key owns a session (``HttpApi.owns``);
+    ``caller``: the refusal of unknown credentials (``Edges.caller``)."""
     try:
         from gateway.webrtc.calls import WebRTCCalls
     except ImportError:
         app.router.add_post(CALLS_PATH, _unavailable)
         app.router.add_post(HANGUP_PATH, _unavailable)
         return _nothing
-    calls = WebRTCCalls(config, door, serve, owns)
+    calls = WebRTCCalls(config, door, serve, owns, caller)
     app.router.add_post(CALLS_PATH, calls.create)
     app.router.add_post(HANGUP_PATH, calls.hangup)
     return calls.close

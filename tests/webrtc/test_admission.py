@@ -139,3 +139,46 @@ async def test_the_openai_sdk_hangs_up_a_call_its_key_owns(
             await bob.close()
     body = again.value.body  # the SDK hands over the error object
     assert isinstance(body, dict) and body["code"] == "call_not_found"
+
+
+async def _stalled_offer(port: int, authorization: str | None) -> bytes:
+    """An offer's request head announcing a 60,000-byte body, then 3 bytes of it: what
+    the node answers before the rest (b"" if it waits for it)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    head = (
+        "POST /openai/v1/realtime/calls?model=gpt-realtime-2.1 HTTP/1.1\r\n"
+        f"Host: 127.0.0.1:{port}\r\nContent-Type: application/sdp\r\nContent-Length: 60000\r\n"
+        + (f"Authorization: {authorization}\r\n" if authorization else "")
+        + "\r\nv=0"
+    )
+    writer.write(head.encode())
+    try:
+        return await asyncio.wait_for(reader.read(4096), 3)
+    except TimeoutError:
+        return b""
+    finally:
+        writer.close()
+
+
+@pytest.mark.parametrize("store_kind", ["memory"])
+async def test_callers_with_no_valid_key_hold_no_call_slot(
+    nodes: NodesFactory, keys: Keys, store_kind: str
+) -> None:
+    # The node takes one call. Offers with no key or a wrong one stall their bodies:
+    # each is refused at once, so the slot stays free for a caller with a key.
+    async with nodes(1, api_port=None, webrtc_max_calls=1) as (gw,):
+        strangers = await asyncio.gather(
+            *(_stalled_offer(gw.port, None) for _ in range(5)),
+            *(_stalled_offer(gw.port, "Bearer not-a-key") for _ in range(5)),
+        )
+        for answer in strangers:
+            assert answer.startswith(b"HTTP/1.1 401"), answer[:200]
+            assert b"invalid_api_key" in answer
+        peer = Peer()
+        try:
+            calls = f"http://127.0.0.1:{gw.port}/openai/v1/realtime/calls?model=gpt-realtime-2.1"
+            answer = await peer.call(calls, Authorization=f"Bearer {keys.keys['alice']}")
+            assert answer.status == 201
+            await peer.until("session.created")
+        finally:
+            await peer.close()

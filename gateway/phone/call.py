@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -40,7 +41,8 @@ from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
 
 from gateway import wsfast
-from gateway.edge.closes import close_reason
+from gateway.edge.closes import CloseCode, close_reason
+from gateway.edge.frame_rate import FrameRate, Verdict
 from gateway.phone.audio import CALL_RATE, CallAudio
 from gateway.phone.carriers import Carrier
 from gateway.phone.keypad import KeypadApprovals
@@ -79,6 +81,16 @@ log = logging.getLogger("gateway.phone")
 
 _NORMAL: Final = 1000
 _GONE: Final = 1001
+
+FRAMES_PER_SECOND: Final = 150.0
+"""A carrier's frames a second, sustained: a call's media is 50 (20 ms each) with its
+marks and keys; three times that lets a jitter buffer's flush through. Past the burst
+frames are dropped, and a carrier that keeps on is closed (4029): a flood of them held
+the node's loop (10,000 in 2 s: /healthz at 195 ms)."""
+FRAME_BURST: Final = 500
+"""Frames at once: 10 s of audio a carrier held back."""
+_BAD_FRAMES_LOGGED: Final = 3
+"""A call's bad frames logged (each says what was wrong); the rest are only dropped."""
 
 START_TIMEOUT: Final = 10.0
 """Seconds a stream may take to send ``start`` after its handshake."""
@@ -144,6 +156,8 @@ class PhoneCallConnection:
         self.keypad: KeypadApprovals | None = None  # the caller's keys approve (the plan's)
         self._played_out = asyncio.Event()  # every mark sent came back
         self._played_out.set()
+        self._frames = FrameRate(FRAMES_PER_SECOND, FRAME_BURST, time.monotonic())
+        self._bad_frames = 0
 
     @property
     def sid(self) -> str:
@@ -289,6 +303,8 @@ class PhoneCallConnection:
                 runtime = self.runtime
                 if runtime is None or self._ending is not None:
                     break
+                if not self._within_rate():
+                    continue
                 message = decode(frame)
                 kind = type(message)
                 if kind is Media:
@@ -302,7 +318,7 @@ class PhoneCallConnection:
                 elif kind is Stopped:
                     return "hangup"
                 elif isinstance(message, str):
-                    log.info("phone call %s: ignoring a bad frame: %s", self.call_id, message)
+                    self._bad_frame(message)
         except ConnectionClosed:
             pass
         finally:
@@ -321,8 +337,33 @@ class PhoneCallConnection:
         message = self._wire.decode_inbound(data)
         if type(message) is not Media:
             return False
+        if not self._within_rate():
+            return True  # dropped (and counted) here
         pcm = self.audio.heard(message.payload)
-        return runtime.send_audio_now(pcm)
+        return runtime.send_audio_now(pcm)  # not taken: ``_read`` counts it again
+
+    def _within_rate(self) -> bool:
+        """Whether the carrier's frame just read is taken (``FRAMES_PER_SECOND``); a
+        carrier that keeps flooding is closed."""
+        verdict = self._frames.check(time.monotonic())
+        if verdict is Verdict.ACCEPT:
+            return True
+        if verdict is Verdict.REFUSE:
+            log.warning("phone call %s: frames past the carrier's rate dropped", self.call_id)
+        elif verdict is Verdict.CLOSE:
+            self.stop(
+                "flood",
+                CloseCode.RATE_LIMITED,
+                f"frames faster than {FRAMES_PER_SECOND:g} a second; a call sends 50",
+            )
+        return False
+
+    def _bad_frame(self, problem: str) -> None:
+        self._bad_frames += 1
+        count = self._bad_frames
+        if count <= _BAD_FRAMES_LOGGED:
+            more = " (this call's further bad frames are not logged)" if count == _BAD_FRAMES_LOGGED else ""
+            log.info("phone call %s: ignoring a bad frame: %s%s", self.call_id, problem, more)
 
     def _echoed(self, name: str) -> None:
         report = self.playback.echoed(name)

@@ -7,6 +7,7 @@ node's metrics count the refusal by its reason.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -19,7 +20,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 import gateway.phone.call
 from gateway.client.carrier import stream_parameters
 from protocol.media_stream import TWILIO, Connected, Media, MediaStreamWire, twilio_signature
-from tests.phone.test_calls import call_sid, until
+from tests.phone.test_calls import call_sid, until, until_call
 from tests.support.carrier import AUTH_TOKEN, PhoneGateway, espeak, phone_gateway
 
 WIRE = MediaStreamWire(TWILIO)
@@ -135,3 +136,28 @@ async def test_calls_of_numbers_the_numbers_file_does_not_name_belong_to_the_pho
         meta = await gw.gateway.node.store.get_meta(call_sid(gw))
         await call.hang_up()
     assert meta is not None and meta.get("owner") == "switchboard"
+
+
+async def test_a_carrier_flooding_a_call_with_junk_is_closed_and_logged_three_times(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # 2,000 frames that are no carrier message, as fast as they go: the first three are
+    # logged with what was wrong, the rest dropped; past the carrier's rate (150 a second,
+    # bursts of 500) the stream is closed 4029 and the call ends as a flood.
+    caplog.set_level("INFO", logger="gateway.phone")
+    async with phone_gateway(tmp_path) as gw:
+        call = gw.call()
+        await call.dial()
+        await until_call(gw)
+        assert call.ws is not None
+        with contextlib.suppress(ConnectionClosed):
+            for n in range(2000):
+                await call.ws.send(f"junk {n}")
+        code, reason = await call.wait_closed()
+        registry = gw.gateway.node.metrics.registry
+        await until(
+            lambda: registry.get_sample_value("rtgw_phone_calls_ended_total", {"reason": "flood"})
+        )
+    assert code == 4029 and "150 a second" in reason, (code, reason)
+    bad = [r.getMessage() for r in caplog.records if "ignoring a bad frame" in r.getMessage()]
+    assert len(bad) == 3 and "not logged" in bad[-1], bad

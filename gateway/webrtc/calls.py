@@ -293,6 +293,11 @@ MAX_MEDIA: Final = 4
 data channel; aiortc makes a transceiver (and answers a section) for each one, on the
 loop, so 500 of them in 64 KiB held it for ~150 ms per offer."""
 
+MAX_CANDIDATES: Final = 64
+"""An offer's ICE candidates: a browser gathers a few per interface. Each is checked by
+sending it STUN requests; 900 held the loop ~100 ms in aiortc and had the node probe 900
+addresses the offer chose."""
+
 _MEDIA_LINE: Final = re.compile(r"^m=([^ \r\n]*)", re.MULTILINE)
 
 
@@ -303,6 +308,12 @@ def _media_problem(sdp: str) -> str | None:
         return (
             f"the offer has {len(kinds)} media sections (m= lines); a call takes one audio "
             f"track and the oai-events data channel (at most {MAX_MEDIA} sections)"
+        )
+    candidates = sdp.count("a=candidate:")
+    if candidates > MAX_CANDIDATES:
+        return (
+            f"the offer has {candidates} ICE candidates (a=candidate lines); a browser's "
+            f"has a few, at most {MAX_CANDIDATES} are taken: send the offer createOffer() made"
         )
     if "audio" not in kinds:
         return (

@@ -98,6 +98,19 @@ async def test_offers_no_call_needs_are_refused_before_aiortc_saying_why(
             assert status == 400 and "no data channel (m=application)" in body["error"]["message"]
             status, body = await post(http, url, await an_offer(audio=False))
             assert status == 400 and "no audio section (m=audio)" in body["error"]["message"]
+            # Candidates the node would send STUN checks to, each an address the offer
+            # chose: a browser's few are taken, 900 are refused before aiortc sees them.
+            at = offer.index("a=end-of-candidates") if "a=end-of-candidates" in offer else -1
+            candidates = "".join(
+                f"a=candidate:{n} 1 udp 2130706431 10.{n // 250}.{n % 250}.1 {9000 + n} typ host\r\n"
+                for n in range(900)
+            )
+            flooded = offer[:at] + candidates + offer[at:] if at >= 0 else offer + candidates
+            status, body = await post(http, url, flooded)
+            own = offer.count("a=candidate:")  # aiortc's own few
+            assert own <= 64 and (await post(http, url, offer))[0] == 201
+            message = body["error"]["message"]
+            assert status == 400 and f"{900 + own} ICE candidates" in message, body
             packed = gzip.compress(offer.encode())
             status, body = await post(http, url, packed, **{"Content-Encoding": "gzip"})
             assert status == 415 and "uncompressed" in body["error"]["message"], body

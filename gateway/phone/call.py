@@ -362,7 +362,11 @@ class PhoneCallConnection:
         self._bad_frames += 1
         count = self._bad_frames
         if count <= _BAD_FRAMES_LOGGED:
-            more = " (this call's further bad frames are not logged)" if count == _BAD_FRAMES_LOGGED else ""
+            more = (
+                " (this call's further bad frames are not logged)"
+                if count == _BAD_FRAMES_LOGGED
+                else ""
+            )
             log.info("phone call %s: ignoring a bad frame: %s%s", self.call_id, problem, more)
 
     def _echoed(self, name: str) -> None:

@@ -46,6 +46,7 @@ from tests.support.redis_topologies import (
     RedisProcess,
     ReplicatedRedis,
     SentinelRedis,
+    on_the_replica,
     wait_until,
 )
 
@@ -317,8 +318,7 @@ async def healthy_shard_stall(cluster: ClusterRedis, store: RedisStore) -> tuple
         await every_session_appends()  # warm: every lane connected and busy
         # The leases on the replica before the kill: replication is asynchronous, and
         # a lease the promoted master never had is lost (the writer would stop).
-        h0_log = store._key("h0", "log")
-        assert await store._core.topology.exchange(h0_log, [("WAIT", 1, 5000)]) == [1]
+        await on_the_replica(store, "h0")
         measuring = True
         victim.kill()
         await asyncio.to_thread(

@@ -25,7 +25,7 @@ import pytest
 
 from gateway.store import LogEntry, RedisStore, StoreUnavailable
 from gateway.store.redis_scripts import APPEND
-from tests.support.redis_topologies import ClusterRedis, RedisProcess, wait_until
+from tests.support.redis_topologies import ClusterRedis, RedisProcess, on_the_replica, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]
 
@@ -71,7 +71,7 @@ async def failed_over(
         assert await store.keep_leases(["s"], "n1", 60.0) == [True]
         await store.append("s", "n1", [event("s", 1)])  # the lane is connected
         # On the replica before the kill, so the promoted master has seq 1.
-        assert await store._core.topology.exchange(key, [("WAIT", 1, 5000)]) == [1]
+        await on_the_replica(store, "s")
         victim = cluster.master_of(key)
         victim.kill()
         await asyncio.to_thread(

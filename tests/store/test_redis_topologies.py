@@ -36,6 +36,7 @@ from tests.support.redis_topologies import (
     RedisProcess,
     ReplicatedRedis,
     SentinelRedis,
+    on_the_replica,
     wait_until,
 )
 
@@ -531,8 +532,7 @@ async def test_cluster_master_killed_mid_appends(tmp_path: Path, durability: Dur
         victim = cluster.master_of(store._key("f0", "log"))
         # The leases on the replica before the kill: replication is asynchronous, and a
         # lease the promoted master never had ends its writer (LeaseLost), durably or not.
-        f0_log = store._key("f0", "log")
-        assert await store._core.topology.exchange(f0_log, [("WAIT", 1, 5000)]) == [1]
+        await on_the_replica(store, "f0")
         victim.kill()
         # The replica is promoted by the cluster itself (node timeout 1 s).
         await asyncio.to_thread(

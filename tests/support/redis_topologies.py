@@ -20,12 +20,20 @@ import subprocess
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import redis
 
 from tests.support.redis_server import free_port
 
-__all__ = ["ClusterRedis", "RedisProcess", "ReplicatedRedis", "SentinelRedis", "wait_until"]
+__all__ = [
+    "ClusterRedis",
+    "RedisProcess",
+    "ReplicatedRedis",
+    "SentinelRedis",
+    "on_the_replica",
+    "wait_until",
+]
 
 NODE_TIMEOUT_MS = 1000
 # Not lower: a sentinel pings once a second, and right after a switch-master its
@@ -46,6 +54,18 @@ def wait_until(check: Callable[[], bool], what: str, timeout: float = 20.0) -> N
             pass
         time.sleep(0.05)
     raise TimeoutError(f"{what}: not within {timeout:g}s")
+
+
+async def on_the_replica(store: Any, sid: str) -> None:
+    """Return once a replica of ``sid``'s master has every write made there so far.
+
+    ``WAIT`` counts the replicas that have its connection's own last write, and the
+    store's ``exchange`` opens a connection of its own: one that wrote nothing is
+    answered at once, whatever the replica lags. So it follows a write of its own (the
+    replication stream is ordered: every earlier write is there once this one is)."""
+    mark = store._key(sid, "replicated-mark")
+    replies = await store._core.topology.exchange(mark, [("SET", mark, "1"), ("WAIT", 1, 5000)])
+    assert replies[1] == 1, f"no replica acknowledged {sid}'s writes within 5 s: {replies}"
 
 
 def cluster_port(taken: set[int]) -> int:

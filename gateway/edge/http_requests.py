@@ -20,12 +20,14 @@ from typing import Any, Final
 import msgspec
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
+from websockets.http11 import Request, Response
 
 from protocol.configuration import MAX_SCHEMA_DEPTH
 
 __all__ = [
     "HTTP_LOG",
     "MAX_BODY",
+    "Caller",
     "Owns",
     "Refusal",
     "body_encoding",
@@ -74,6 +76,10 @@ _CODES: Final = {
 # Checks that a request's API key owns a session (None: that it is a valid key), or
 # raises ``Refusal`` saying why (``HttpApi.owns``; a WebRTC call's hangup uses it).
 Owns = Callable[[web.Request, str | None], Awaitable[None]]
+
+# The refusal of a request whose credentials are no valid key or client token (None:
+# they are; ``Edges.caller``): a WebRTC offer asks it before it holds a call slot.
+Caller = Callable[[Request], Awaitable[Response | None]]
 
 
 class Refusal(Exception):

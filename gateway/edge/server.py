@@ -40,7 +40,7 @@ from gateway.edge.api import HttpApi
 from gateway.edge.closes import CloseCode, close_reason
 from gateway.edge.connection import ClientConnection
 from gateway.edge.health import Descriptors, StoreProbe
-from gateway.edge.http_requests import Owns
+from gateway.edge.http_requests import Caller, Owns
 from gateway.edge.media_streams import MediaStreamsFactory
 from gateway.edge.new_sessions import NewSessions
 from gateway.edge.one_port import Sniffer
@@ -105,7 +105,7 @@ CallsInstaller = Callable[
         OpenAIDoor,
         Callable[[ServerConnection], Awaitable[None]],
         Owns,
-        Callable[[Request], Awaitable[Response | None]],
+        Caller,
     ],
     Callable[[], Awaitable[None]],
 ]

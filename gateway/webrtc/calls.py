@@ -33,10 +33,10 @@ from aiohttp import web
 from aiortc import RTCConfiguration, RTCIceServer, RTCPeerConnection, RTCSessionDescription
 from websockets.asyncio.server import ServerConnection
 from websockets.datastructures import Headers
-from websockets.http11 import Request, Response
+from websockets.http11 import Request
 
 from gateway.config import Config
-from gateway.edge.http_requests import Owns, Refusal
+from gateway.edge.http_requests import Caller, Owns, Refusal
 from gateway.edge.openai_door import REFUSAL_CODES, OpenAIDoor
 from gateway.upstream.providers import MODELS
 from gateway.webrtc import CALLS_PATH
@@ -91,7 +91,7 @@ class WebRTCCalls:
         door: OpenAIDoor,
         serve: Serve,
         owns: Owns,
-        caller: Callable[[Request], Awaitable[Response | None]],
+        caller: Caller,
     ) -> None:
         """``door``: admits a call (its checks) and finds it for ``?call_id=`` (the
         sideband); ``serve``: serves an admitted call's socket as the node's clients;

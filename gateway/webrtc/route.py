@@ -9,17 +9,13 @@ from collections.abc import Awaitable, Callable
 import msgspec
 from aiohttp import web
 from websockets.asyncio.server import ServerConnection
-from websockets.http11 import Request, Response
 
 from gateway.config import Config
-from gateway.edge.http_requests import Owns
+from gateway.edge.http_requests import Caller, Owns
 from gateway.edge.openai_door import OpenAIDoor
 from gateway.webrtc import CALLS_PATH, HANGUP_PATH
 
-__all__ = ["Caller", "install"]
-
-Caller = Callable[[Request], Awaitable[Response | None]]
-"""The refusal of a request whose credentials are no valid key or token (None: valid)."""
+__all__ = ["install"]
 
 
 async def _unavailable(request: web.Request) -> web.Response:

@@ -101,6 +101,10 @@ class VoiceWebhook:
                 form = await request.post()
         except TimeoutError:
             return _text(408, "the body did not arrive in time")
+        except web.HTTPRequestEntityTooLarge as exc:  # its bytes, or aiohttp's field count
+            return _text(
+                413, f"a voice webhook's form is too large: {exc.text} (Twilio's has tens)"
+            )
         except (UnicodeDecodeError, LookupError):  # aiohttp decodes the form by its charset
             return _text(
                 400, "a voice webhook's form is UTF-8, as its charset says (Twilio sends it so)"

@@ -161,3 +161,12 @@ async def test_a_carrier_flooding_a_call_with_junk_is_closed_and_logged_three_ti
     assert code == 4029 and "150 a second" in reason, (code, reason)
     bad = [r.getMessage() for r in caplog.records if "ignoring a bad frame" in r.getMessage()]
     assert len(bad) == 3 and "not logged" in bad[-1], bad
+
+
+async def test_a_webhook_form_of_too_many_fields_is_refused_saying_so(tmp_path: Path) -> None:
+    # 1,200 fields in 11 KB: under the body's size, over aiohttp's count of form fields.
+    async with phone_gateway(tmp_path) as gw:
+        webhook = f"{gw.api_url}/v1/phone/twilio/voice"
+        form = {"CallSid": "CA9", **{f"x{n}": "1" for n in range(1200)}}
+        status, text = await asyncio.to_thread(post_signed, webhook, webhook, form)
+    assert status == 413 and "form fields" in text and "1048576" not in text, text

@@ -201,7 +201,7 @@ class TurnMachine(VoiceSteps, RecoverySteps):
         self.upstream_retries = upstream_retries
         # A message (or a reply asked for) sent while the turn was closing.
         self._queued: UserMessage | ReplyNow | None = None
-        self._contexts: list[ContextMessage] = []  # added while the model answers
+        self._contexts: list[ContextMessage | AddMessage] = []  # added while it answers
         self._room = [0, 0]  # context messages and characters since the turn began
         self._recorder = StepRecorder()
         self._chunk = self._recorder.chunk
@@ -365,23 +365,31 @@ class TurnMachine(VoiceSteps, RecoverySteps):
 
     def _context(self, given: ContextMessage) -> Sequence[Action]:
         """A message added without a turn (logged, kept in history, told to the connection):
-        while the model writes its answer it waits (``_contexts``) for the answer's end,
-        before a turn queued meanwhile. ``CONTEXTS_PER_TURN`` a turn (and characters)."""
+        while the model writes its answer it waits (``_contexts``), before a turn queued
+        meanwhile. ``CONTEXTS_PER_TURN`` a turn (and characters)."""
         room = self._room
         if room[0] >= CONTEXTS_PER_TURN or room[1] + len(given.content) > CONTEXT_CHARS_PER_TURN:
             return [Refuse(Error(code="rate_limited", content=CONTEXT_FULL))]
         room[0], room[1] = room[0] + 1, room[1] + len(given.content)
-        if self.state is IDLE or self.state is TOOLS:
+        if (state := self.state) is IDLE or state is TOOLS:
             return self._added(given)
+        if (state is ENDING or state is CANCELLING) and not self.spoken.holding:
+            # The answer is in history: kept now, a kill too; the provider is told after.
+            out = self._added(given)
+            self._contexts.append(out.pop())  # type: ignore[arg-type]  # its AddMessage
+            return out
         self._contexts.append(given)
         return NOTHING
 
-    def _added(self, *given: ContextMessage) -> list[Action]:
-        """``given`` (or the messages waiting) logged, kept and told to the connection."""
+    def _added(self, *given: ContextMessage | AddMessage) -> list[Action]:
+        """``given`` (or what waits) logged, kept and told to the connection (or told)."""
         if not given:
             given, self._contexts = tuple(self._contexts), []
         out: list[Action] = []
         for message in given:
+            if isinstance(message, AddMessage):
+                out.append(message)
+                continue
             kept = Context(role=message.role, content=message.content)
             logged = Context(
                 role=kept.role, content=kept.content, reply_to=message.id, item=message.item
@@ -557,14 +565,6 @@ class TurnMachine(VoiceSteps, RecoverySteps):
         elif self.background.due:
             out += self._deliver()  # background results as the next step
         return out
-
-    def _count_usage(self, usage: Usage | None, estimated: bool) -> None:
-        """Count an attempt's usage (without a report: its output estimated from the text seen)."""
-        self.meter.count(
-            usage,
-            estimated,
-            lambda: len(self._parser.accepted_text) + self.spoken.chars,
-        )
 
     def _retry_now(self) -> Sequence[Action]:
         if self.state is not BACKOFF:

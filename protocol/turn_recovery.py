@@ -39,9 +39,15 @@ class RecoverySteps(ToolSteps):
     _attempt: int
     _stalled: bool
 
-    # The machine's own steps these transitions lead to (``protocol.turn``).
     def _count_usage(self, usage: Usage | None, estimated: bool) -> None:
-        raise NotImplementedError
+        """Count an attempt's usage (without a report: its output estimated from the text seen)."""
+        self.meter.count(
+            usage,
+            estimated,
+            lambda: len(self._parser.accepted_text) + self.spoken.chars,
+        )
+
+    # The machine's own steps these transitions lead to (``protocol.turn``).
 
     def _new_attempt(self) -> None:
         raise NotImplementedError

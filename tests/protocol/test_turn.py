@@ -644,11 +644,27 @@ def test_context_sent_while_a_turn_closes_goes_in_before_the_queued_turn() -> No
     machine = TurnMachine()
     machine.feed(UserMessage(content="hi"))
     stream(machine, "Hello.<end>")
-    assert machine.feed(ContextMessage(role="system", content="Now French.")) == ()
+    # The answer is in history (its end was sent): the message is logged and kept at once,
+    # so a node that dies before the response's usage keeps it; the provider is told after.
+    added = machine.feed(ContextMessage(role="system", content="Now French."))
+    assert kinds(added) == ["Context", "Persist"]
     assert machine.feed(UserMessage(content="again")) == ()  # queued behind the closing turn
     out = machine.feed(ResponseDone("completed", USAGE))
-    assert kinds(out).index("Context") < kinds(out).index("User")
+    assert kinds(out).index("AddMessage") < kinds(out).index("User")
+    assert only(out, AddMessage).message.content == "Now French."
+    assert "Context" not in kinds(out)  # logged once
     assert machine.state is TurnState.STREAMING
+
+
+def test_context_sent_while_the_model_writes_waits_for_the_answer() -> None:
+    machine = TurnMachine()
+    machine.feed(UserMessage(content="hi"))
+    stream(machine, "Hel")
+    assert machine.feed(ContextMessage(role="system", content="Now French.")) == ()
+    out = stream(machine, "lo.<end>") + list(machine.feed(ResponseDone("completed", USAGE)))
+    # History keeps the answer, then the message (where the client added it).
+    persisted = [item for a in out if isinstance(a, Persist) for item in a.items]
+    assert persisted == [Respond(content="Hello."), Context(role="system", content="Now French.")]
 
 
 def test_context_between_turns_is_bounded_until_a_turn_begins() -> None:

@@ -217,3 +217,22 @@ def test_a_guardrail_cut_of_a_complete_response_stops_nothing() -> None:
     closing = machine.feed(ResponseDone("completed"))
     assert ReplaceResponse("It is 4242", heard_ms=300) in closing
     assert machine.feed(GuardrailCut(10)) == ()  # no answer streams: nothing to cut
+
+
+def test_a_context_sent_while_a_spoken_answer_waits_for_its_transcript_comes_after_it() -> None:
+    # The answer ended (<end>) before the user's transcript came: it and its end are held,
+    # so a message added now waits too; history keeps the user, the answer, the message.
+    from protocol.events import Context
+    from protocol.turn_events import AddMessage, ContextMessage
+
+    machine = voice_machine()
+    machine.feed(SpeechEnded(1500))
+    assert machine.text("Hi.<end>") == ()
+    assert machine.state is TurnState.ENDING
+    assert machine.feed(ContextMessage(role="system", content="Now French.")) == ()
+    out = list(machine.feed(Transcript("hello"))) + list(machine.feed(ResponseDone("completed")))
+    persisted = [item for a in out if isinstance(a, Persist) for item in a.items]
+    assert [type(i).__name__ for i in persisted] == ["User", "Respond", "Context"]
+    assert persisted[-1] == Context(role="system", content="Now French.")
+    assert kinds(out).index("End") < kinds(out).index("Context")
+    assert any(isinstance(a, AddMessage) for a in out)

@@ -108,7 +108,7 @@ ROWS: Final = (
          tools=stays, backoff=stays, cancelling=stays),  # as a user message, with none
     _row(ContextMessage, lambda m, i: m._context(i),
          idle=stays, streaming=stays, stopping=stays, ending=stays,
-         tools=stays, backoff=stays, cancelling=stays),  # taken idle or in tools, else waits
+         tools=stays, backoff=stays, cancelling=stays),  # logged once the answer is, else waits
     _row(Cancel, lambda m, i: m._cancel(guardrail=i.id == GUARDRAIL_CANCEL),
          idle=stays, streaming=(CANCELLING,), stopping=(CANCELLING,), ending=stays,
          tools=CLOSES, backoff=CLOSES, cancelling=stays),

@@ -27,7 +27,9 @@ from protocol.configuration import MAX_SCHEMA_DEPTH
 __all__ = [
     "HTTP_LOG",
     "MAX_BODY",
+    "ApiError",
     "Caller",
+    "ErrorBody",
     "Owns",
     "Refusal",
     "body_encoding",

@@ -294,9 +294,10 @@ class Node:
         so writes that land out of order end with it too."""
         delay = self.store_retry_delay
         while not runtime.closed:
+            setup = runtime.setup
             fields = {
-                "config": encode_config(runtime.setup.config).decode(),
-                "provider": runtime.setup.upstream_factory.provider,
+                "config": encode_config(setup.config).decode(),
+                "provider": setup.upstream_factory.provider,
             }
             try:
                 await self.store.set_meta(runtime.sid, fields)
@@ -311,7 +312,7 @@ class Node:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, _CONFIG_RETRY_MOST)
                 continue
-            if fields["config"] == encode_config(runtime.setup.config).decode():
+            if runtime.setup is setup:  # none newer came meanwhile
                 return
 
     async def drive(self, sid: str, *, owner: str = "") -> SessionRuntime | None:

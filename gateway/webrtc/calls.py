@@ -36,7 +36,14 @@ from websockets.datastructures import Headers
 from websockets.http11 import Request
 
 from gateway.config import Config
-from gateway.edge.http_requests import Caller, Owns, Refusal
+from gateway.edge.http_requests import (
+    ApiError,
+    Caller,
+    ErrorBody,
+    Owns,
+    Refusal,
+    json_response,
+)
 from gateway.edge.openai_door import REFUSAL_CODES, OpenAIDoor
 from gateway.upstream.providers import MODELS
 from gateway.webrtc import CALLS_PATH
@@ -53,10 +60,8 @@ Serve = Callable[[ServerConnection], Awaitable[None]]
 
 
 def _refusal(status: int, message: str, code: str) -> web.Response:
-    body = {"error": {"type": "invalid_request_error", "code": code, "message": message}}
-    return web.Response(
-        status=status, body=msgspec.json.encode(body), content_type="application/json"
-    )
+    """OpenAI's error body, as every HTTP refusal of the node (``ApiError``)."""
+    return json_response(status, ErrorBody(ApiError(code, message)))
 
 
 def _credentials(request: web.Request) -> Headers:

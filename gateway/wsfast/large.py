@@ -5,6 +5,11 @@ node-wide allowance.
 place, each read's share as it arrives (``unmask_arrived``): a 20 MiB append
 unmasked whole once complete held the loop ~25 ms in one C call, with its copy.
 
+**A pass's share.** libuv reads a ready socket until it runs dry (up to 32 reads a
+pass), so a large frame's reading pauses for the rest of a loop pass past
+``READ_PER_PASS`` (``PassReads``): eight 20 MiB appends at once no longer have
+megabytes each copied and unmasked in one pass.
+
 **The budget.** A connection's own limits bound what one client makes the node hold: a frame
 of at most its ``max_size``, gathered, and reading paused above
 ``QUEUED_BYTES_HIGH`` of unread messages. An OpenAI-door client may send
@@ -43,10 +48,12 @@ __all__ = [
     "BUDGETED",
     "MIN_RATE",
     "PATIENCE",
+    "READ_PER_PASS",
     "UNMASK_AS_IT_COMES",
     "BudgetShare",
     "FrameBudget",
     "Gathering",
+    "PassReads",
     "unmask_arrived",
 ]
 
@@ -117,6 +124,13 @@ class FrameBudget:
         return bool(self._waiting) and arrived < self.min_rate * seconds
 
 
+READ_PER_PASS = 1 << 19
+"""Bytes of a large frame read from one connection in one loop pass, at most (plus one
+read's). libuv reads a ready socket up to 32 times a pass, 256 KB each: eight clients
+sending 20 MiB appends at once had up to ~6 MiB each copied and unmasked in one pass, and
+the node's other clients (and ``/healthz``) waited 150–250 ms."""
+
+
 class SharingReader(Protocol):
     """What a ``BudgetShare`` needs of its connection's reader (``FastReader``)."""
 
@@ -128,6 +142,7 @@ class SharingReader(Protocol):
     def queue_paused(self) -> bool: ...
     def gathered(self) -> int | None: ...
     def fail_connection(self, code: int, reason: str) -> None: ...
+    def may_read(self) -> bool: ...
 
 
 class BudgetShare:
@@ -251,3 +266,32 @@ def unmask_arrived(rest: bytearray, gathering: Gathering) -> None:
         clear = apply_mask(view[start:stop], key)
     rest[start:stop] = clear
     gathering.done = stop - gathering.start
+
+
+class PassReads:
+    """A connection's reads of a large frame in the current loop pass: past
+    ``READ_PER_PASS`` its reading stops until the next pass, so a pass copies and
+    unmasks a bounded share of each client's frame, however many send at once."""
+
+    __slots__ = ("_paused", "_read", "_reader")
+
+    def __init__(self, reader: SharingReader) -> None:
+        self._reader = reader
+        self._read = 0  # bytes read in this pass
+        self._paused = False  # reading stopped for the pass (not for another reason)
+
+    def read(self, size: int) -> None:
+        """``size`` bytes of the frame came in this pass."""
+        if not self._read:
+            self._reader.loop.call_soon(self._next_pass)
+        self._read += size
+        if self._read >= READ_PER_PASS and not self._paused:
+            self._paused = True
+            self._reader.transport.pause_reading()
+
+    def _next_pass(self) -> None:
+        self._read = 0
+        if self._paused:
+            self._paused = False
+            if self._reader.may_read():  # not held for its unread messages or the budget
+                self._reader.transport.resume_reading()

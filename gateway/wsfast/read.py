@@ -85,6 +85,7 @@ from gateway.wsfast.large import (
     BudgetShare,
     FrameBudget,
     Gathering,
+    PassReads,
     unmask_arrived,
 )
 
@@ -335,6 +336,7 @@ class FastReader(Connection):
     _gathering: Gathering | None = None  # that frame, when it is unmasked as it comes
     _need = 0  # bytes ``_rest`` must hold before it is worth parsing again
     _share: BudgetShare | None = None  # its part of the node's budget (``share_budget``)
+    _pass_reads: PassReads  # a large frame's bytes read in this loop pass
     _ping_tokens = float(PING_BURST)
     _ping_time = 0.0
     frames_read_fast = 0
@@ -353,6 +355,7 @@ class FastReader(Connection):
             self.fail_connection,
         )
         self._ping_time = self.loop.time()
+        self._pass_reads = PassReads(self)
         # On the instance, not only the class: a class attribute read through an instance
         # is not specialised by the interpreter, and ``data_received`` reads it per frame.
         self._rest = None
@@ -374,6 +377,15 @@ class FastReader(Connection):
         """Bytes arrived of the large frame being gathered (None: none is)."""
         rest = self._rest
         return len(rest) if rest is not None and self._gathering is not None else None
+
+    def may_read(self) -> bool:
+        """Nothing but a loop pass's share holds its reading back."""
+        share = self._share
+        return (
+            not self.recv_messages.paused
+            and (share is None or not share.blocked)
+            and not self.transport.is_closing()
+        )
 
     @property
     def queue_paused(self) -> bool:
@@ -467,6 +479,7 @@ class FastReader(Connection):
             rest += data  # amortised: a large frame is gathered in linear time
             if self._gathering is not None:
                 unmask_arrived(rest, self._gathering)
+                self._pass_reads.read(len(data))
             if len(rest) < self._need:
                 return
             self._rest = None
@@ -556,6 +569,7 @@ class FastReader(Connection):
             if gathering is not None:
                 self._gathering = gathering
                 unmask_arrived(self._rest, gathering)
+                self._pass_reads.read(end_of_data - pos)
                 if self._share is not None and gathering.end - gathering.start >= BUDGETED:
                     self._share.take(gathering.end - gathering.start)
 

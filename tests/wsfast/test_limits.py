@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from typing import ClassVar
 
 import pytest
 from websockets.asyncio.client import ClientConnection, connect
@@ -325,3 +326,63 @@ async def test_no_part_of_a_message_past_the_fragment_limit_is_delivered() -> No
         with pytest.raises(ConnectionClosed) as closed:
             await ws.recv()  # not the message's last 900 bytes
     assert closed.value.sent is not None and closed.value.sent.code == 1009
+
+
+class _PassCounting(BatchingConnection):
+    """The server's connection, counting the bytes it is given in each loop pass."""
+
+    passes: ClassVar[int] = 0  # advanced once a pass by a callback that schedules itself
+    per_pass: ClassVar[dict[int, int]] = {}
+
+    def data_received(self, data: bytes) -> None:
+        key = _PassCounting.passes
+        _PassCounting.per_pass[key] = _PassCounting.per_pass.get(key, 0) + len(data)
+        super().data_received(data)
+
+
+def test_a_large_client_frame_is_read_a_bounded_share_per_loop_pass() -> None:
+    """uvloop, the node's loop, reads a ready socket up to 32 times a pass (256 KB a
+    read): eight clients' 20 MiB appends had ~6 MiB each copied and unmasked in one
+    pass, and the node's other clients waited 150-250 ms. A large frame's reading now
+    stops for the rest of a pass past ``READ_PER_PASS``."""
+    uvloop = pytest.importorskip("uvloop")
+    size = 20 << 20
+    got: list[int] = []
+    whole = asyncio.Event()
+
+    async def server(ws: ServerConnection) -> None:
+        got.append(len(await ws.recv(decode=False)))
+        whole.set()
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+
+        def next_pass() -> None:
+            _PassCounting.passes += 1
+            loop.call_soon(next_pass)
+
+        async with serve(
+            server,
+            "127.0.0.1",
+            0,
+            compression=None,
+            max_size=size + 1024,
+            create_connection=_PassCounting,
+        ) as srv:
+            _, writer = await raw_client(srv.sockets[0].getsockname()[1])
+            next_pass()
+            _PassCounting.per_pass.clear()  # the handshake's
+            # One masked binary frame (a mask of zeros: the payload as is), written at once.
+            writer.write(b"\x82\xff" + size.to_bytes(8) + b"\x00" * 4 + b"\x01" * size)
+            async with asyncio.timeout(30):
+                await writer.drain()
+                await whole.wait()
+            writer.close()
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(main())
+    assert got == [size]
+    most = max(_PassCounting.per_pass.values())
+    print(f"\nmost bytes of the frame read in one pass: {most:,}")
+    # The cap plus the read that crossed it; ~4.7 MB in a pass here before.
+    assert most <= 1 << 20, most

@@ -36,6 +36,7 @@ from websockets.http11 import Request, Response
 from websockets.typing import Subprotocol
 
 from gateway import wsfast
+from gateway.common.loop_turns import LoopTurns
 from gateway.config import Config
 from gateway.edge.closes import CloseCode
 from gateway.edge.connection import ClientConnection
@@ -128,8 +129,9 @@ class OpenAIDoor:
         self._reapers: set[asyncio.Task[None]] = set()
         # This node's WebRTC calls: call id -> (session id, model), for ?call_id=.
         self.calls: dict[str, tuple[str, str]] = {}
-        # The large frames (recordings sent whole) all door clients hold at once.
+        # The large frames (recordings sent whole) all door clients hold, and their work.
         self.large_frames = wsfast.FrameBudget(LARGE_FRAMES_AT_ONCE * config.door_max_frame)
+        self.slice_turns = LoopTurns()
 
     def owns(self, ws: ServerConnection) -> bool:
         return ws in self._handshakes
@@ -296,14 +298,10 @@ class OpenAIDoor:
 
 
 class DoorConnection(ClientConnection):
-    """The gateway's client connection, speaking OpenAI's events on its socket.
-
-    What the connection writes (logged events, replies, the model's speech)
-    goes through the conversation; what it reads is OpenAI client events,
-    made commands and handled as the connection's own frames. Resume: the
-    log is replayed from its start and what the conversation yields up to
-    the client's ``after_event`` is not sent again.
-    """
+    """The gateway's client connection, speaking OpenAI's events on its socket: what it
+    writes (logged events, replies, speech) goes through the conversation; what it reads
+    is made commands, handled as its own frames. A resume replays the log, and what comes
+    up to the client's ``after_event`` is not sent again."""
 
     def __init__(
         self,
@@ -582,19 +580,19 @@ class DoorConnection(ClientConnection):
             self._due = asyncio.get_running_loop().create_task(self._send_due(self._due, [*due]))
 
     async def _append_in_slices(self, event_id: str | None, audio: str | memoryview) -> None:
-        """An append larger than a microphone's: OpenAI takes up to 15 MiB of audio in
-        one (a recording sent whole). Its base64 is read, and its audio relayed, a
-        slice at a time with the loop free in between: read and relayed whole, 15 MiB
-        held every other client's events ~120 ms. It is read whole before any of it
-        is relayed, so a bad one is refused whole, with its event_id, as a small one is."""
-        pcm: list[bytes] = []
-        for piece in append_pcm_slices(audio):
-            if piece is None:
+        """A recording sent whole (OpenAI takes 15 MiB of audio an append): read, then
+        relayed, a slice per turn (``LoopTurns``: one slice of the node's a loop pass),
+        and read whole before any is relayed, so a bad one is refused whole."""
+        turns, pcm, slices = self.door.slice_turns, list[bytes](), append_pcm_slices(audio)
+        while True:
+            await turns.take()
+            if (piece := next(slices, b"")) is None:
                 error = self.conversation.error(NOT_BASE64, event_id=event_id, param="audio")
                 await self._send_events([error])
                 return
+            if not piece:
+                break
             pcm.append(piece)
-            await asyncio.sleep(0)
         for piece in pcm:
+            await turns.take()
             await self._run(self.conversation.speech_in(piece))
-            await asyncio.sleep(0)

@@ -6,9 +6,10 @@ place, each read's share as it arrives (``unmask_arrived``): a 20 MiB append
 unmasked whole once complete held the loop ~25 ms in one C call, with its copy.
 
 **A pass's share.** libuv reads a ready socket until it runs dry (up to 32 reads a
-pass), so a large frame's reading pauses for the rest of a loop pass past
-``READ_PER_PASS`` (``PassReads``): eight 20 MiB appends at once no longer have
-megabytes each copied and unmasked in one pass.
+pass), so a connection that sends a burst (a large frame, or a provider's thousands of
+frames at once) has its reading paused for the rest of a loop pass after one large
+read (``PassReads``, ``READ_PER_PASS``): no pass copies, unmasks or parses megabytes
+of one peer's while the node's other clients wait.
 
 **The budget.** A connection's own limits bound what one client makes the node hold: a frame
 of at most its ``max_size``, gathered, and reading paused above
@@ -46,6 +47,7 @@ except ImportError:  # pragma: no cover - a build without the C extension
 
 __all__ = [
     "BUDGETED",
+    "BURST_READ",
     "MIN_RATE",
     "PATIENCE",
     "READ_PER_PASS",
@@ -124,11 +126,17 @@ class FrameBudget:
         return bool(self._waiting) and arrived < self.min_rate * seconds
 
 
-READ_PER_PASS = 1 << 19
-"""Bytes of a large frame read from one connection in one loop pass, at most (plus one
-read's). libuv reads a ready socket up to 32 times a pass, 256 KB each: eight clients
-sending 20 MiB appends at once had up to ~6 MiB each copied and unmasked in one pass, and
-the node's other clients (and ``/healthz``) waited 150–250 ms."""
+READ_PER_PASS = 1 << 17
+"""Bytes read from one connection in a loop pass before its reading stops until the
+next: in effect one read (uvloop's are up to 256 KB). libuv reads a ready socket up
+to 32 times a pass: eight clients' 20 MiB appends at once had megabytes each copied
+and unmasked in one pass (/healthz 150-250 ms), and a provider that wrote 100,000
+text deltas at once had them all turned into events in one (375 ms)."""
+
+BURST_READ = 1 << 16
+"""A read this large is counted against ``READ_PER_PASS``: a burst. Smaller ones (a
+voice frame, a few deltas) are not, so the common read pays no bookkeeping; a pass
+of them is bounded by the socket's buffer."""
 
 
 class SharingReader(Protocol):
@@ -269,9 +277,9 @@ def unmask_arrived(rest: bytearray, gathering: Gathering) -> None:
 
 
 class PassReads:
-    """A connection's reads of a large frame in the current loop pass: past
-    ``READ_PER_PASS`` its reading stops until the next pass, so a pass copies and
-    unmasks a bounded share of each client's frame, however many send at once."""
+    """A connection's burst reads in the current loop pass: past ``READ_PER_PASS`` its
+    reading stops until the next pass, so a pass takes a bounded share of each peer's
+    burst, however many send one at once."""
 
     __slots__ = ("_paused", "_read", "_reader")
 
@@ -281,7 +289,7 @@ class PassReads:
         self._paused = False  # reading stopped for the pass (not for another reason)
 
     def read(self, size: int) -> None:
-        """``size`` bytes of the frame came in this pass."""
+        """``size`` bytes came in this pass."""
         if not self._read:
             self._reader.loop.call_soon(self._next_pass)
         self._read += size

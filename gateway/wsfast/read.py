@@ -81,6 +81,7 @@ from websockets.streams import StreamReader
 
 from gateway.wsfast.large import (
     BUDGETED,
+    BURST_READ,
     UNMASK_AS_IT_COMES,
     BudgetShare,
     FrameBudget,
@@ -336,7 +337,7 @@ class FastReader(Connection):
     _gathering: Gathering | None = None  # that frame, when it is unmasked as it comes
     _need = 0  # bytes ``_rest`` must hold before it is worth parsing again
     _share: BudgetShare | None = None  # its part of the node's budget (``share_budget``)
-    _pass_reads: PassReads  # a large frame's bytes read in this loop pass
+    _pass_reads: PassReads  # a burst's bytes read in this loop pass
     _ping_tokens = float(PING_BURST)
     _ping_time = 0.0
     frames_read_fast = 0
@@ -472,6 +473,8 @@ class FastReader(Connection):
             # to websockets, a client's first frame, a recording sent whole, was parsed by
             # it, and every later read until one ended on a frame's end.
             self._fast = True
+        if len(data) >= BURST_READ:  # a burst: its share of this loop pass is bounded
+            self._pass_reads.read(len(data))
         buf: bytes | bytearray = data
         rest = self._rest
         unmasked = False  # the gathered frame at buf[0] was unmasked as it came
@@ -479,7 +482,6 @@ class FastReader(Connection):
             rest += data  # amortised: a large frame is gathered in linear time
             if self._gathering is not None:
                 unmask_arrived(rest, self._gathering)
-                self._pass_reads.read(len(data))
             if len(rest) < self._need:
                 return
             self._rest = None
@@ -569,7 +571,6 @@ class FastReader(Connection):
             if gathering is not None:
                 self._gathering = gathering
                 unmask_arrived(self._rest, gathering)
-                self._pass_reads.read(end_of_data - pos)
                 if self._share is not None and gathering.end - gathering.start >= BUDGETED:
                     self._share.take(gathering.end - gathering.start)
 

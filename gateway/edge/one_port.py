@@ -23,9 +23,12 @@ import re
 from collections.abc import Callable
 from typing import Final, Literal, cast
 
+import msgspec
 from websockets.asyncio.server import ServerConnection
 
-__all__ = ["MAX_HEAD", "MAX_LINE", "Route", "Sniffer", "route"]
+from gateway.edge.http_requests import ApiError, ErrorBody
+
+__all__ = ["MAX_HEAD", "MAX_HEADERS", "MAX_LINE", "Route", "Sniffer", "route"]
 
 MAX_HEAD: Final = 64 * 1024
 """Bytes a request head may take on the shared port (websockets allows 128 headers of 8 KiB
@@ -33,15 +36,29 @@ lines, aiohttp 32 KiB of headers; a browser with large cookies sends ~16 KiB).""
 
 MAX_LINE: Final = 8190
 """Bytes a request line or header may take (aiohttp's limit; websockets' is 8192)."""
-_LONG_LINE_BODY: Final = (
-    b'{"error": {"type": "invalid_request_error", "code": "header_too_large", "message": '
-    b'"a request header is longer than 8190 bytes: send a shorter one (an API key or '
-    b'client token is a few hundred bytes at most)", "param": null}}'
+MAX_HEADERS: Final = 128
+"""Header lines a request head may have (websockets' limit; aiohttp's is larger)."""
+
+
+def _too_large(code: str, message: str) -> bytes:
+    """A 431 answered by the port itself, in the API's error body: past websockets'
+    limits it closed the connection with no answer (and logged a traceback each time),
+    and aiohttp's own 400 echoed the line's first 100 bytes (a credential) as text."""
+    body = msgspec.json.encode(ErrorBody(ApiError(code, message)))
+    return (
+        b"HTTP/1.1 431 Request Header Fields Too Large\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(body)
+    ) + body
+
+
+_LONG_LINE: Final = _too_large(
+    "header_too_large",
+    f"a request header is longer than {MAX_LINE} bytes: send a shorter one (an API key or "
+    "client token is a few hundred bytes at most)",
 )
-_LONG_LINE: Final = (
-    b"HTTP/1.1 431 Request Header Fields Too Large\r\nContent-Type: application/json\r\n"
-    b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(_LONG_LINE_BODY)
-) + _LONG_LINE_BODY
+_MANY_HEADERS: Final = _too_large(
+    "too_many_headers", f"a request has more than {MAX_HEADERS} headers: send fewer"
+)
 
 Route = Literal["ws", "http"]
 
@@ -123,18 +140,20 @@ class Sniffer(asyncio.Protocol):
                 self._cut()
             return
         head = bytes(buffer[: end + 4])
-        if max(map(len, head.split(b"\r\n"))) > MAX_LINE:
-            self._refuse_long_line()
-            return
-        self._hand_over(route(head))
+        lines = head.split(b"\r\n")  # the request line, the headers, two empty ones
+        if max(map(len, lines)) > MAX_LINE:
+            self._refuse(_LONG_LINE)
+        elif len(lines) - 3 > MAX_HEADERS:
+            self._refuse(_MANY_HEADERS)
+        else:
+            self._hand_over(route(head))
 
-    def _refuse_long_line(self) -> None:
-        """A head line past both servers' limit: answered here, in the gateway's words.
-        aiohttp's own 400 echoed the line's first 100 bytes (a credential) as text."""
+    def _refuse(self, answer: bytes) -> None:
+        """A head past the servers' limits: answered here, in the gateway's words."""
         self._stop_timer()
         transport = self._transport
         assert transport is not None
-        transport.write(_LONG_LINE)
+        transport.write(answer)
         transport.close()
 
     def eof_received(self) -> bool | None:

@@ -123,6 +123,31 @@ async def test_an_overlong_header_is_refused_in_json_without_echoing_it(
 
 
 @pytest.mark.parametrize(
+    "path",
+    ["GET /v1/realtime", "GET /openai/v1/realtime?model=m", "GET /healthz", "POST /v1/sessions"],
+)
+async def test_a_head_of_too_many_headers_is_answered_in_json(
+    nodes: NodesFactory, path: str
+) -> None:
+    """Past websockets' 128 headers a handshake (or any GET it serves) was closed with no
+    answer at all, and each logged a traceback; aiohttp's answer was a text 400."""
+    async with nodes(1, api_port=None) as (gw,):
+        reader, writer = await asyncio.open_connection("127.0.0.1", gw.port)
+        many = "".join(f"X-Header-{n}: v\r\n" for n in range(200))
+        handshake = (
+            "Upgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Version: 13\r\n"
+            "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+        )
+        writer.write(f"{path} HTTP/1.1\r\nHost: x\r\n{handshake}{many}\r\n".encode())
+        async with asyncio.timeout(10):
+            answer = await reader.read()  # to the close
+        writer.close()
+    status, _, body = answer.partition(b"\r\n\r\n")
+    assert status.startswith(b"HTTP/1.1 431") and b"application/json" in status, answer[:300]
+    assert b"more than 128 headers" in body
+
+
+@pytest.mark.parametrize(
     ("head", "to"),
     [
         (b"GET /v1/realtime HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\n\r\n", "ws"),

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import importlib
 import re
+import unicodedata
 import urllib.parse
 from collections.abc import Callable, Sequence
 from typing import Any, Final, Literal, Protocol
@@ -186,7 +187,7 @@ class _Runs:
             k, lead = n, self.lead
             while k > pos and n - k < self.gap and text[k - 1] in lead:
                 k -= 1
-            if k > pos and text[k - 1].isdecimal():
+            if k > pos and text[k - 1].isdigit():
                 limit = k
             elif text[-1] in lead and text[-1] in "+(":
                 limit = n - 1
@@ -220,11 +221,24 @@ _CARD_SEPARATORS: Final = frozenset(
 ``4111.1111.1111.1111``, a no-break space or an invisible one let the number through."""
 _CARD_GAP: Final = 3
 """Separators at most between two digits: ``4111 - 1111`` is three."""
-_CARD_RUN: Final = re.compile(
-    r"\d(?:[" + re.escape("".join(sorted(_CARD_SEPARATORS))) + rf"]{{0,{_CARD_GAP}}}\d)*"
+_OTHER_DIGITS: Final = "".join(
+    c for c in map(chr, range(0x20000)) if c.isdigit() and not c.isdecimal()
 )
-"""Any decimal digits (``\\d``: fullwidth ``４`` and Arabic-Indic ``٤`` as well as
-``4``), as a reader sees them; the checksum is taken on their values."""
+"""Digits ``\\d`` does not take that a reader reads all the same: superscript ``⁴``,
+subscript ``₄``, circled ``④``, parenthesised ``⑷``, ``⒋`` (Unicode's digits that are
+not decimal; 128 of them, none past U+1FFFF). A card written in them went through."""
+_DIGIT: Final = r"[\d" + re.escape(_OTHER_DIGITS) + "]"
+_CARD_RUN: Final = re.compile(
+    _DIGIT
+    + "(?:["
+    + re.escape("".join(sorted(_CARD_SEPARATORS)))
+    + rf"]{{0,{_CARD_GAP}}}"
+    + _DIGIT
+    + ")*"
+)
+"""Any digits (fullwidth ``４``, Arabic-Indic ``٤``, superscript ``⁴`` as well as ``4``),
+as a reader sees them; the checksum is taken on their values."""
+_CARD_GROUP: Final = re.compile(_DIGIT + "+")
 _EMAIL_RUN: Final = re.compile(r"[A-Za-z0-9._%+@-]+")
 _EMAIL: Final = re.compile(r"[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}")
 
@@ -236,7 +250,7 @@ def _digit_continues(
     i = pos - 1
     while i >= 0 and pos - i <= gap and text[i] in separators:
         i -= 1
-    return i if i >= 0 and text[i].isdecimal() else -1
+    return i if i >= 0 and text[i].isdigit() else -1
 
 
 def _card_continues(text: str, pos: int) -> int:
@@ -261,18 +275,18 @@ def luhn(digits: str) -> bool:
 def _card(run: str) -> Span | None:
     """A run of 13-19 digits passing Luhn; in a longer run, every group-aligned one
     (``4111 1111 1111 1111 4242 …``), the span from the first to the last."""
-    digits = [i for i, c in enumerate(run) if c.isdecimal()]
-    if 13 <= len(digits) <= 19 and luhn("".join(str(int(run[i])) for i in digits)):
+    digits = [i for i, c in enumerate(run) if c.isdigit()]
+    if 13 <= len(digits) <= 19 and luhn("".join(str(unicodedata.digit(run[i])) for i in digits)):
         return 0, len(run)
     if len(digits) <= 19:
         return None
-    groups = [(m.start(), m.end()) for m in re.finditer(r"\d+", run)]
+    groups = [(m.start(), m.end()) for m in _CARD_GROUP.finditer(run)]
     found: list[Span] = []
     i = 0
     while i < len(groups):
         for j in range(len(groups) - 1, i - 1, -1):
             s, e = groups[i][0], groups[j][1]
-            number = "".join(str(int(c)) for c in run[s:e] if c.isdecimal())
+            number = "".join(str(unicodedata.digit(c)) for c in run[s:e] if c.isdigit())
             if 13 <= len(number) <= 19 and luhn(number):
                 found.append((s, e))
                 i = j

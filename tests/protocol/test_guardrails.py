@@ -198,16 +198,32 @@ _SEPARATED += ["4111\u20031111\u20031111\u20031111", "4111\u30001111\u30001111\u
 _SCRIPTS = {"fullwidth": 0xFF10, "arabic-indic": 0x0660, "devanagari": 0x0966}
 
 
+# Digits that are not decimal (``\\d`` missed them; found from outside, 2026-12-07).
+_NOT_DECIMAL = {
+    "superscript": "⁰¹²³⁴⁵⁶⁷⁸⁹",
+    "subscript": "₀₁₂₃₄₅₆₇₈₉",
+    "circled": "⓪①②③④⑤⑥⑦⑧⑨",
+    "negative-circled": "⓿❶❷❸❹❺❻❼❽❾",
+}
+
+
 def _in_script(text: str, zero: int) -> str:
     return "".join(chr(zero + int(c)) if c.isdigit() else c for c in text)
 
 
+def _in_digits(text: str, digits: str) -> str:
+    return "".join(digits[int(c)] if c.isdigit() else c for c in text)
+
+
 @pytest.mark.parametrize(
     "card",
-    _SEPARATED + [_in_script(CARD, zero) for zero in _SCRIPTS.values()],
+    _SEPARATED
+    + [_in_script(CARD, zero) for zero in _SCRIPTS.values()]
+    + [_in_digits(CARD, digits) for digits in _NOT_DECIMAL.values()],
     ids=[
         *("dots", "nbsp", "newlines", "zero-width", "en-dash", "narrow-nbsp", "space-zw"),
         *("spaced-hyphen", "slash", "underscore", "em-space", "wide-space", *_SCRIPTS),
+        *_NOT_DECIMAL,
     ],
 )
 def test_a_card_is_found_whatever_it_is_written_with(card: str) -> None:

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import msgspec
+import pytest
 
 from gateway.sessions.recorder import Recorders, SessionRecorder
 from gateway.store import LogEntry, MemoryStore
@@ -302,3 +303,39 @@ async def test_room_comes_back_as_the_store_answers() -> None:
     await recorders.finish(recorder)
     audio = [r for r in await read(store) if isinstance(r, ClientAudio)]
     assert [r.seq for r in audio] == list(range(6))
+
+
+async def test_large_recordings_are_taken_over_several_loop_passes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A recorder's take joins and scrubs its lines: eight sessions that each recorded a
+    15 MiB append (~20 MB of lines) were taken in one pass, and the loop waited ~30 ms.
+    A write now leaves the loop free once it took ``TAKE_PER_PASS`` of them."""
+    store = MemoryStore()
+    recorders = Recorders(store, limit=1 << 30, secrets=[SECRET])
+    sids = [f"s{n}" for n in range(4)]
+    loop, passes = asyncio.get_running_loop(), [0]
+
+    def next_pass() -> None:
+        passes[0] += 1
+        handle[0] = loop.call_soon(next_pass)
+
+    handle = [loop.call_soon(next_pass)]
+    taken_in: dict[str, int] = {}
+    take = SessionRecorder.take
+
+    def timed(self: SessionRecorder, secrets: tuple[bytes, ...]) -> bytes:
+        taken_in[self.sid] = passes[0]
+        return take(self, secrets)
+
+    monkeypatch.setattr(SessionRecorder, "take", timed)
+    for sid in sids:
+        await stored(store, sid)
+        tap = recorders.start(sid, header(sid)).connected("sim", "sim")
+        tap.received(b'{"type":"x","pad":"' + b"a" * (2 << 20) + b'"}')
+    recorders.ride()
+    await written(recorders)
+    handle[0].cancel()
+    assert len(set(taken_in.values())) == len(sids), taken_in  # one a pass: each > 1 MiB
+    for sid in sids:
+        assert any(isinstance(r, UpstreamFrame) for r in await read(store, sid))

@@ -280,17 +280,26 @@ def _card(run: str) -> Span | None:
         return 0, len(run)
     if len(digits) <= 19:
         return None
-    groups = [(m.start(), m.end()) for m in _CARD_GROUP.finditer(run)]
+    groups = [
+        (m.start(), m.end(), "".join(str(unicodedata.digit(c)) for c in m.group()))
+        for m in _CARD_GROUP.finditer(run)
+    ]
     found: list[Span] = []
     i = 0
     while i < len(groups):
-        for j in range(len(groups) - 1, i - 1, -1):
-            s, e = groups[i][0], groups[j][1]
-            number = "".join(str(unicodedata.digit(c)) for c in run[s:e] if c.isdigit())
-            if 13 <= len(number) <= 19 and luhn(number):
-                found.append((s, e))
-                i = j
+        # The longest card of whole groups from group i: 19 digits at most, so a few
+        # groups (trying every end, the longest first, was quadratic in a run's groups:
+        # a 1 MiB message of digits and spaces took 3 s).
+        number, last = "", -1
+        for j in range(i, len(groups)):
+            number += groups[j][2]
+            if len(number) > 19:
                 break
+            if len(number) >= 13 and luhn(number):
+                last = j
+        if last >= 0:
+            found.append((groups[i][0], groups[last][1]))
+            i = last
         i += 1
     return (found[0][0], found[-1][1]) if found else None
 
@@ -519,12 +528,19 @@ class StreamGuard:
         pos = self._pos
         out: list[str] = []
         scanners = self.rules.scanners
+        # Each rule's last scan, reused while all it found lies at or after ``pos``: a
+        # rescan after each redaction went through the whole rest of the text for every
+        # rule that found nothing nearer (80 KB of answer with 1,000 emails: 3 s).
+        scans: list[tuple[Span | None, int, int] | None] = [None] * len(scanners)
         while True:
             best: tuple[int, int, _Rule] | None = None
             decided = cut_at = len(buf)
-            for rule in scanners:
-                assert rule.matcher is not None
-                span, hold, keep = rule.matcher.scan(buf, pos, final)
+            for i, rule in enumerate(scanners):
+                last = scans[i]
+                if last is None or min(last[1], last[2]) < pos or (last[0] or (pos,))[0] < pos:
+                    assert rule.matcher is not None
+                    last = scans[i] = rule.matcher.scan(buf, pos, final)
+                span, hold, keep = last
                 decided = min(decided, hold)
                 cut_at = min(cut_at, keep)
                 if span is not None and (best is None or span[0] < best[0]):

@@ -15,6 +15,7 @@ FILE`` and the owner's key policy, compiled into ``Guardrails``).
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Sequence
 from typing import Any, Final, Literal
 
@@ -42,13 +43,15 @@ from protocol.events import (
     User,
     UserMessage,
 )
-from protocol.guardrails import Hit, RuleSet, StreamGuard, check, check_input
+from protocol.guardrails import Hit, RuleSet, StreamGuard, Verdict, check, check_input
 from protocol.turn_events import TurnInput
 
 __all__ = ["EventGuard", "guard_result", "guard_value", "judged_input"]
 
 _JSON: Final = msgspec.json.Decoder()
 _ENCODER: Final = msgspec.json.Encoder()
+PREJUDGE_FROM: Final = 32_768
+"""Characters from which an input is judged off the loop (``EventGuard.prejudge``)."""
 
 
 def guard_value(rules: RuleSet, value: Any) -> tuple[Any, list[Hit]]:
@@ -104,7 +107,7 @@ def judged_input(
     reaches the model."""
     rules = guard.guardrails.input
     if isinstance(given, UserMessage | ContextMessage):
-        verdict = check_input(rules, given.content)
+        verdict = guard.judge_input(given.content)
         # A context may come while the model answers: its rule blocks it, ending no turn.
         ends = type(given) is UserMessage
         for event in guard.tripped(verdict.hits, "input", reply_to=given.id, ends=ends):
@@ -215,6 +218,7 @@ class EventGuard:
     __slots__ = (
         "_audio",
         "_ended",
+        "_judged",
         "_kind",
         "_streams",
         "cut_ms",
@@ -249,6 +253,23 @@ class EventGuard:
         # A rule cut the spoken answer after this many ms of its audio: the driver's
         # reader tells the turn machine (``GuardrailCut``) before the next upstream event.
         self.cut_ms: int | None = None
+        self._judged: tuple[str, Verdict] | None = None  # a large input, judged off the loop
+
+    def judge_input(self, text: str) -> Verdict:
+        """``check_input`` by the input rules; a text ``prejudge`` judged is not again."""
+        judged = self._judged
+        if judged is not None and judged[0] is text:
+            return judged[1]
+        return check_input(self.guardrails.input, text)
+
+    async def prejudge(self, text: str) -> None:
+        """A large input judged in a thread before the machine reads it (``judge_input``):
+        the rules are Python, ~0.2-0.5 s a MiB of digits, emails or phone numbers, and a
+        door client's message may be 20 MiB. The loop still gets the interpreter every
+        switch interval (5 ms) meanwhile, instead of waiting for the whole judgement."""
+        rules = self.guardrails.input
+        if len(text) >= PREJUDGE_FROM and rules:
+            self._judged = (text, await asyncio.to_thread(check_input, rules, text))
 
     @property
     def gates_audio(self) -> bool:
@@ -401,14 +422,18 @@ class EventGuard:
         spoken: bool = False,
         reply_to: str | msgspec.UnsetType = msgspec.UNSET,
     ) -> list[Event]:
-        """Count the hits and make their ``guardrail`` events (``reply_to``: the id of the
-        message they judged). An output's ``end_turn`` ends the turn (``on_end_turn``);
-        any rule on a ``spoken`` answer cuts it (``cut_ms``, its waiting audio dropped)."""
+        """Count the hits and make their ``guardrail`` events, one a rule (``reply_to``:
+        the id of the message they judged; a message of 40,000 emails logged 40,000 of
+        them). An output's ``end_turn`` ends the turn (``on_end_turn``); any rule on a
+        ``spoken`` answer cuts it (``cut_ms``, its waiting audio dropped)."""
         counter = self.metrics.guardrails.trips
         events: list[Event] = []
+        told: set[str] = set()
         for hit in hits:
             counter.labels(hit.rule, hit.action, on).inc()
-            events.append(Guardrail(rule=hit.rule, action=hit.action, on=on, reply_to=reply_to))
+            if hit.rule not in told:
+                told.add(hit.rule)
+                events.append(Guardrail(rule=hit.rule, action=hit.action, on=on, reply_to=reply_to))
             ending = hit.action == "end_turn" or spoken
             if ends and ending and not self._ended:
                 self._ended = True

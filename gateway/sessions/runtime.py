@@ -61,7 +61,6 @@ from protocol.events import (
     Usage,
     UserMessage,
 )
-from protocol.guardrails import check_input
 from protocol.recording import Header, NodeJoined
 from protocol.turn import TurnMachine
 from protocol.turn_events import (
@@ -278,7 +277,10 @@ class SessionRuntime:
             if not self.closed:  # a check may outlive the session
                 self.log.emit(event)
 
-        return await screened(message, self.log.guard, self.services.checkers, self.sid, emit)
+        guard = self.log.guard
+        if guard is not None and isinstance(message, UserMessage | ContextMessage):
+            await guard.prejudge(message.content)  # a large one, off the loop
+        return await screened(message, guard, self.services.checkers, self.sid, emit)
 
     def heard(self, message: Any, refused: Error | None) -> None:
         """A client's command ran (``commands.dispatch``): recorded if the session records."""
@@ -290,7 +292,7 @@ class SessionRuntime:
                 and guard.guardrails.input
             ):
                 # Recorded as the model got it (or, blocked, as nothing).
-                verdict = check_input(guard.guardrails.input, message.content)
+                verdict = guard.judge_input(message.content)
                 text = "" if verdict.blocked else verdict.text
                 message = msgspec.structs.replace(message, content=text)
             self.recorder.heard(message, refused, self.log.delivered_seq)

@@ -27,6 +27,7 @@ from protocol.events import Configured, Guardrail, Respond, User
 from tests.api.conftest import Api, Keys, NodesFactory
 from tests.api.test_flow import export_all
 from tests.support.guardrail_rules import PASSWORDS_AND_CARDS
+from tests.wsfast.test_limits import LoopWatch
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -210,3 +211,29 @@ async def test_a_changed_rules_file_applies_to_a_live_session(
             await changed.wait()  # the node set the session up again under the new rules
         turn = [e async for e in c.send(f"/raw card {CARD}<end>")]
         assert "".join(e.content for e in turn if isinstance(e, Respond)) == "card [redacted]"
+
+
+async def test_a_large_message_is_judged_with_the_loop_free(
+    nodes: NodesFactory, keys: Keys, tmp_path: Path
+) -> None:
+    """Found from outside (2026-12-07): the input rules are Python, and a message of
+    emails, digits or phone numbers took 0.2-0.5 s a MiB on the node's loop (a door
+    client's may be 20 MiB). A large one is now judged in a thread before the machine
+    reads it, and judged once."""
+    rules = tmp_path / "guardrails.toml"
+    rules.write_text(
+        '[[rule]]\nname = "emails"\non = "input"\naction = "redact"\ndetect = "email"\n'
+    )
+    # 700 KB, 40,000 emails; its last line has the simulator answer in a few words.
+    message = "".join(f"a{n}@example.com " for n in range(40_000)) + "\n/context"
+    async with (
+        nodes(1, guardrails=str(rules)) as (gw,),
+        Client(gw.url, token=keys.keys["alice"]) as c,
+    ):
+        async with LoopWatch() as watch:
+            turn = [e async for e in c.send(message)]
+        [user] = [e for e in turn if isinstance(e, User)]
+        assert user.content.count("[redacted]") == 40_000 and "@" not in user.content
+        assert gw.node.metrics.guardrails.trips.labels("emails", "redact", "input")._value.get()
+    print(f"\nlongest loop stall while judging 700 KB: {watch.longest * 1000:.0f} ms")
+    assert watch.longest < 0.2, watch.longest  # ~0.35-0.5 s before; a loaded machine's margin

@@ -7,6 +7,7 @@ the whole text gives, so a card number split across chunks is caught.
 from __future__ import annotations
 
 import itertools
+import time
 
 import pytest
 from hypothesis import given, settings
@@ -234,6 +235,22 @@ def test_a_card_is_found_whatever_it_is_written_with(card: str) -> None:
         assert streamed == "Your card is [redacted], thanks." and names == ["card"]
     wrong = card[:-1] + chr(ord(card[-1]) + 1)  # the checksum still decides
     assert check(REDACT_ALL, f"order {wrong} shipped").text == f"order {wrong} shipped"
+
+
+def test_many_matches_in_a_long_text_are_judged_in_linear_time() -> None:
+    """Found from outside (2026-12-07): after each redaction every rule scanned the rest
+    of the text again, so a rule that found nothing nearer went through it once per
+    match. 2,000 contacts with an email each (164 KB), judged whole as an answer is
+    persisted or a tool's result is: 12 s of one core here; ~30 ms now."""
+    text = "".join(
+        f"- Customer {i}: Jane Doe, jane.doe{i}@example.com, since 2019, plan Pro.\n"
+        for i in range(2000)
+    )
+    started = time.process_time()
+    judged = check(REDACT_ALL, text)
+    took = time.process_time() - started
+    assert judged.text.count("[redacted]") == 2000 and "@" not in judged.text
+    assert took < 2.0, took  # a loaded machine's margin: ~60x what it takes
 
 
 def test_numbers_that_are_no_card_stay() -> None:

@@ -218,11 +218,11 @@ class EventGuard:
     __slots__ = (
         "_audio",
         "_ended",
-        "_judged",
         "_kind",
         "_streams",
         "cut_ms",
         "guardrails",
+        "judged",
         "metrics",
         "on_end_turn",
         "released_ms",
@@ -253,11 +253,11 @@ class EventGuard:
         # A rule cut the spoken answer after this many ms of its audio: the driver's
         # reader tells the turn machine (``GuardrailCut``) before the next upstream event.
         self.cut_ms: int | None = None
-        self._judged: tuple[str, Verdict] | None = None  # a large input, judged off the loop
+        self.judged: tuple[str, Verdict] | None = None  # a large input, judged off the loop
 
     def judge_input(self, text: str) -> Verdict:
         """``check_input`` by the input rules; a text ``prejudge`` judged is not again."""
-        judged = self._judged
+        judged = self.judged
         if judged is not None and judged[0] is text:
             return judged[1]
         return check_input(self.guardrails.input, text)
@@ -269,7 +269,7 @@ class EventGuard:
         switch interval (5 ms) meanwhile, instead of waiting for the whole judgement."""
         rules = self.guardrails.input
         if len(text) >= PREJUDGE_FROM and rules:
-            self._judged = (text, await asyncio.to_thread(check_input, rules, text))
+            self.judged = (text, await asyncio.to_thread(check_input, rules, text))
 
     @property
     def gates_audio(self) -> bool:

@@ -284,8 +284,8 @@ class SessionRuntime:
 
     def heard(self, message: Any, refused: Error | None) -> None:
         """A client's command ran (``commands.dispatch``): recorded if the session records."""
+        guard = self.log.guard
         if self.recorder is not None:
-            guard = self.log.guard
             if (
                 guard is not None
                 and isinstance(message, UserMessage | ContextMessage)
@@ -296,6 +296,8 @@ class SessionRuntime:
                 text = "" if verdict.blocked else verdict.text
                 message = msgspec.structs.replace(message, content=text)
             self.recorder.heard(message, refused, self.log.delivered_seq)
+        if guard is not None:
+            guard.judged = None  # a large input's verdict, not held past its command
 
     def record(self, event: Dtmf | PhoneCall) -> None:
         """Something of the session's phone call (a key pressed, the call's start and

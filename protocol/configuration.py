@@ -185,10 +185,11 @@ def apply_change(config: SessionConfig, change: ConfigChange) -> SessionConfig |
                     f"input_audio.{name} applies to turn_detection server_vad only; "
                     f'set "turn_detection": "server_vad" or leave {name} out'
                 )
-    names = [tool.name for tool in updated.tools]
-    duplicates = sorted({n for n in names if names.count(n) > 1})
-    if duplicates:
-        return f"tools: the name {duplicates[0]!r} is declared twice; give each tool its own name"
+    seen: set[str] = set()
+    for tool in updated.tools:  # a set: a count per name was quadratic in the tools
+        if tool.name in seen:
+            return f"tools: the name {tool.name!r} is declared twice; give each tool its own name"
+        seen.add(tool.name)
     total = 0
     for tool in updated.tools:
         if tool.parameters.get("type", "object") != "object":

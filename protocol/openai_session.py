@@ -8,6 +8,7 @@ from typing import Any, Final, Literal
 import msgspec
 
 from protocol.configuration import (
+    MAX_CLIENT_TOOLS,
     SERVER_VAD_ONLY,
     ClientToolSpec,
     ConfigChange,
@@ -52,6 +53,11 @@ def config_change(body: SessionBody, *, model_route: tuple[str, str] | None) -> 
     if body.instructions is not None:
         change["instructions"] = body.instructions
     if body.tools is not None:
+        if len(body.tools) > MAX_CLIENT_TOOLS:  # before any work per tool
+            return (
+                f"session.tools: {len(body.tools)} tools, at most {MAX_CLIENT_TOOLS}; "
+                "declare the ones this session needs"
+            )
         tools: list[dict[str, Any]] = []  # checked as the gateway checks a configure's
         for raw in body.tools:
             if raw.get("type", "function") != "function":

@@ -337,6 +337,29 @@ async def test_a_response_whose_tools_the_session_would_refuse_never_starts(
         await client.close()
 
 
+async def test_more_tools_than_a_session_takes_are_refused_before_any_work(
+    node: NodeProcess,
+) -> None:
+    """Found from outside (2026-12-07): the door checked the 64-tool limit only after
+    converting every tool, and a name's duplicates by counting it among all names:
+    14,000 tools in a response.create held the node 2 s, ten of them ~20 s."""
+    tools = [{"type": "function", "name": f"f{n}"} for n in range(14_000)]
+    client = await _open(node)
+    try:
+        for n, event in enumerate(
+            [
+                {"type": "response.create", "response": {"tools": tools}},
+                {"type": "session.update", "session": {"type": "realtime", "tools": tools}},
+            ]
+        ):
+            await client.send(**event, event_id=f"c_{n}")
+            refused = (await _answer(client, f"c_{n}"))["error"]
+            assert "14000 tools, at most 64" in refused["message"], refused
+        await _still_serves(client)
+    finally:
+        await client.close()
+
+
 async def test_a_client_secret_for_tools_the_session_would_refuse_is_not_minted(
     node: NodeProcess,
 ) -> None:

@@ -139,6 +139,9 @@ async def test_a_crash_mid_call_is_a_failure_and_the_server_is_restarted(
     result = await stdio.call("calc.crash")
     assert result.status == "failure"
     assert "calc" in result.content
+    # Its last stderr line is its operator's (the log has it), not the model's or a
+    # client's: found from outside, a database password reached both.
+    assert "Pa55w0rd" not in str(result.content), result
     # The supervisor starts a new child; the next call reaches it.
     after = await stdio.call("calc.pid")
     assert after.status == "success", after

@@ -204,9 +204,9 @@ class McpServer:
             transport = streamable_http(spec.url, max_message=self.max_message)
         return Client(transport, read_timeout_seconds=spec.timeout, cache=None)
 
-    def _why(self, exc: BaseException) -> str:
+    def _why(self, exc: BaseException, *, stderr: bool = True) -> str:
         """Why a connection failed or ended: the child's fate when it has one."""
-        fate = self._child.fate() if self._child is not None else ""
+        fate = self._child.fate(stderr=stderr) if self._child is not None else ""
         return fate or _describe(exc)
 
     def _start_failure(self, exc: BaseException) -> str:
@@ -241,8 +241,8 @@ class McpServer:
         except TimeoutError:
             if self._client is None:
                 raise ToolFailure(
-                    f"the MCP server {spec.name!r} is down ({self.last_error}); the gateway "
-                    "keeps restarting it: try again later or do without this tool"
+                    f"the MCP server {spec.name!r} is down (the gateway's log says why); "
+                    "the gateway keeps restarting it: try again later or do without this tool"
                 ) from None
             raise ToolFailure(
                 f"'{spec.name}.{tool}' did not answer within {spec.timeout:g}s; "
@@ -262,7 +262,7 @@ class McpServer:
                     f"'{spec.name}.{tool}' was refused by its MCP server: {exc}"
                 ) from None
             self._lost(client)
-            fate = self._child.fate() if self._child is not None else ""
+            fate = self._child.fate(stderr=False) if self._child is not None else ""
             why = f" ({fate})" if fate else ""
             raise ToolFailure(
                 f"the MCP server {spec.name!r} closed the connection during the call{why}; "
@@ -272,8 +272,8 @@ class McpServer:
             # The transport failed under the call (server crashed, connection lost).
             self._lost(client)
             raise ToolFailure(
-                f"the MCP server {spec.name!r} failed during the call ({self._why(exc)}); "
-                "it is being restarted: try again in a moment"
+                f"the MCP server {spec.name!r} failed during the call "
+                f"({self._why(exc, stderr=False)}); it is being restarted: try again in a moment"
             ) from None
         content = result_content(result)
         if result.is_error:

@@ -120,16 +120,18 @@ class StdioChild:
         for text in held or ():
             log.info("mcp server %s: %s", self.name, text)
 
-    def fate(self, when: str = "") -> str:
+    def fate(self, when: str = "", *, stderr: bool = True) -> str:
         """Why the connection ended, with the child's last stderr line ("" if the child did not end it).
 
         ``fate("before it answered")``: "exited with status 1 before it answered
-        (last stderr line: ModuleNotFoundError: No module named 'x')".
+        (last stderr line: ModuleNotFoundError: No module named 'x')". ``stderr=False``
+        for what a client and the model read: a server's last words may hold what its
+        operator alone may see (a database URL with its password); they are in the log.
         """
         if not self.ended:
             return ""
         text = f"{self.ended} {when}".rstrip()
-        last = self._last_stderr
+        last = self._last_stderr if stderr else ""
         return f"{text} (last stderr line: {last})" if last else text
 
     # ------------------------------------------------------------------ life

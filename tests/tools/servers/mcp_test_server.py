@@ -43,7 +43,9 @@ async def slow(seconds: float) -> str:
 
 @calc.tool()
 def crash() -> str:
-    """Kill the server process mid-call."""
+    """Kill the server process mid-call, its last words a secret of its operator's."""
+    print("FATAL db connect failed: postgres://admin:Pa55w0rd-internal@db/prod", file=sys.stderr)
+    sys.stderr.flush()
     os._exit(3)
 
 

@@ -231,9 +231,8 @@ class HttpApi:
     async def _errors(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         """Every refusal as JSON that says what to do; nothing a client sends is a 500.
 
-        The answer is sent here, within ``body_timeout``: a client that does
-        not read it (an export page is up to 1 MiB) is disconnected instead of
-        holding the page in the node's memory for as long as it likes.
+        The answer is sent here, within ``body_timeout``: a client that does not read it
+        (an export page is up to 1 MiB) is cut off, not let hold it in the node's memory.
         """
         response = await self._answer(request, handler)
         # A refusal raised past ``_cors`` carries its CORS headers too: a page of
@@ -246,6 +245,9 @@ class HttpApi:
                 await response.write_eof()
         except TimeoutError:
             log.info("HTTP API: a client took no answer in %gs; closed", self.config.body_timeout)
+            if transport is not None:
+                transport.abort()
+        except ConnectionError:  # gone before its answer: aiohttp's traceback was an ERROR
             if transport is not None:
                 transport.abort()
         else:

@@ -17,6 +17,7 @@ import aiohttp
 import pytest
 
 from tests.api.conftest import Api, Keys, NodesFactory
+from tests.edge.conftest import poll_until
 from tests.support.redis_server import RedisServer
 
 pytestmark = pytest.mark.timeout(60)
@@ -213,3 +214,32 @@ async def test_an_openai_endpoint_the_door_lacks_says_what_it_serves(
             body = await r.json()
     assert r.status == 404
     assert "POST /openai/v1/realtime/calls" in message(body) and "hangup" in message(body)
+
+
+@pytest.mark.parametrize("store_kind", ["memory"])
+async def test_a_client_gone_before_its_answer_leaves_no_traceback(
+    nodes: NodesFactory, store_kind: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Found from outside (2026-12-07): each request whose client reset the connection
+    # before the answer was written logged an ERROR with aiohttp's traceback ("Cannot
+    # write to closing transport"): a cheap way to flood a node's log.
+    body = b'{"instructions": "hello"}'
+    head = b"POST /v1/sessions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    request = head + b"Content-Length: %d\r\n\r\n" % len(body) + body
+    async with nodes(1, api_keys_file="") as (gw,):
+        host, port = gw.api_url.removeprefix("http://").rsplit(":", 1)
+        sessions = gw.node.store._sessions  # type: ignore[attr-defined]
+        for _ in range(5):
+            _, writer = await asyncio.open_connection(host, int(port))
+            writer.write(request)
+            await writer.drain()
+            writer.transport.abort()  # a reset before the answer: it is made all the same
+        await poll_until(lambda: len(sessions) >= 5, "the requests are answered")
+        # A client that stays gets its answer, after the ones that left were answered
+        # into closed sockets (each answer is written as soon as its session is made).
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(request.replace(b"Host: x\r\n", b"Host: x\r\nConnection: close\r\n"))
+        async with asyncio.timeout(10):
+            assert (await reader.read()).startswith(b"HTTP/1.1 201")
+        writer.close()
+    assert not [r for r in caplog.records if r.levelname == "ERROR"], caplog.text[-2000:]

@@ -145,6 +145,14 @@ async def test_search_invalid_regex_says_how_to_fix_it(call: Call, tree: Path) -
     assert "invalid regex 'f('" in message and "regex=false" in message
 
 
+async def test_a_regex_too_complex_for_linear_time_is_refused(call: Call, tree: Path) -> None:
+    # Found from outside (2026-12-07): RE2's time is linear in the line times its program,
+    # and (.*a){1000} (11,005 steps) took 25 s a MB in its NFA, a thread held meanwhile.
+    message = failed(await call("search", pattern="(.*a){1000}", regex=True))
+    assert "too complex" in message and "at most 1,000" in message
+    assert ok(await call("search", pattern="(.*a){20}", regex=True))["matches"] == []
+
+
 async def test_search_missing_path_and_empty_pattern_fail(call: Call, tree: Path) -> None:
     assert "no such file or directory" in failed(await call("search", pattern="x", path="nope"))
     assert "args.pattern: expected str of length >= 1" in failed(await call("search", pattern=""))

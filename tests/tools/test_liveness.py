@@ -156,3 +156,38 @@ def test_a_pathological_search_through_the_gateway_leaves_health_checks_answered
         assert '"status":"success"' in results[0].content.replace(" ", ""), results[0].content
         assert latencies, "no health check was made"
         assert max(latencies) < _MAX_GAP, f"a health check took {max(latencies):.1f}s"
+
+
+async def test_one_sessions_slow_file_tools_leave_threads_for_the_others(tmp_path: Path) -> None:
+    """Found from outside (2026-12-07): eight slow searches of one session ran on the
+    loop's default executor (six threads here) and held all of them, so every other
+    session's ``list`` timed out. A session's file tools take two threads at most, of
+    the tools' own pool."""
+    from tools.builtin._fs import THREADS_PER_WORKSPACE, Stop, in_thread
+
+    release, two_running, running, most = threading.Event(), threading.Event(), [0], [0]
+    lock = threading.Lock()
+
+    def slow(stop: Stop, workspace: Path) -> str:
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+            if running[0] == 2:
+                two_running.set()
+        release.wait(20)
+        with lock:
+            running[0] -= 1
+        return "slow"
+
+    def quick(stop: Stop, workspace: Path) -> str:
+        return "quick"
+
+    mine, other = tmp_path / "a", tmp_path / "b"
+    hogs = [asyncio.create_task(in_thread(slow, mine)) for _ in range(8)]
+    async with asyncio.timeout(10):
+        await asyncio.to_thread(two_running.wait, 10)  # the session's two threads are taken
+        assert await in_thread(quick, other) == "quick"  # not behind the eight
+        assert running[0] == 2  # the other six wait for the session's share
+        release.set()
+        assert await asyncio.gather(*hogs) == ["slow"] * 8
+    assert most[0] == THREADS_PER_WORKSPACE == 2

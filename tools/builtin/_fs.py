@@ -12,10 +12,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import functools
 import os
 import threading
+import weakref
 from collections.abc import Callable, Iterator
-from typing import Concatenate, ParamSpec, TypeVar
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Concatenate, Final, ParamSpec, TypeVar
 
 from tools.base import ToolFailure
 
@@ -27,11 +31,31 @@ R = TypeVar("R")
 Stop = threading.Event
 
 
-async def in_thread(fn: Callable[Concatenate[Stop, P], R], *args: P.args, **kwargs: P.kwargs) -> R:
-    """``fn(stop, *args, **kwargs)`` in a worker thread; ``stop`` is set once we stop waiting."""
+TOOL_THREADS: Final = 8
+"""Threads the file tools of all sessions share: their own, not the loop's default
+executor, which also inflates request bodies and removes workspaces."""
+THREADS_PER_WORKSPACE: Final = 2
+"""Of those, a session's (its workspace's) at most: eight slow regex searches of one
+session held every thread, and every other session's ``list`` timed out."""
+
+_pool: Final = ThreadPoolExecutor(TOOL_THREADS, thread_name_prefix="file-tool")
+_shares: Final[weakref.WeakValueDictionary[Path, asyncio.Semaphore]] = weakref.WeakValueDictionary()
+
+
+async def in_thread(
+    fn: Callable[Concatenate[Stop, Path, P], R], workspace: Path, *args: P.args, **kwargs: P.kwargs
+) -> R:
+    """``fn(stop, workspace, *args, **kwargs)`` in a file-tool thread, at most
+    ``THREADS_PER_WORKSPACE`` at once for ``workspace``; ``stop`` is set once we stop
+    waiting (a timeout counts the wait for a thread too)."""
+    share = _shares.get(workspace)
+    if share is None:
+        share = _shares[workspace] = asyncio.Semaphore(THREADS_PER_WORKSPACE)
     stop = Stop()
     try:
-        return await asyncio.to_thread(fn, stop, *args, **kwargs)
+        async with share:
+            call = functools.partial(fn, stop, workspace, *args, **kwargs)
+            return await asyncio.get_running_loop().run_in_executor(_pool, call)
     finally:
         stop.set()
 

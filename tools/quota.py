@@ -11,6 +11,11 @@ workspace, each inode counted once, symlinks not followed: what the files
 hold, not the blocks the disk allocated (a sparse file counts in full, so the
 measure errs towards refusing). Measuring walks the tree: ~0.04 s per 10,000
 files, done in the tool's worker thread.
+
+Every entry costs at least ``ENTRY_BYTES``, a filesystem block: a file, however
+small, and a directory. Counted by bytes alone, empty files (and the parent
+directories ``write`` makes) cost nothing, and a session made hundreds a minute:
+inodes on a disk every session shares, without bound.
 """
 
 from __future__ import annotations
@@ -25,7 +30,10 @@ from pathlib import Path
 
 from .base import Limits, ToolFailure
 
-__all__ = ["over_quota_message", "reserve", "workspace_usage"]
+__all__ = ["ENTRY_BYTES", "over_quota_message", "reserve", "workspace_usage"]
+
+ENTRY_BYTES = 4096
+"""What an entry of the workspace (a file, a directory, a link) counts at least."""
 
 _locks: weakref.WeakValueDictionary[str, threading.Lock] = weakref.WeakValueDictionary()
 _locks_guard = threading.Lock()
@@ -47,9 +55,12 @@ def workspace_usage(root: Path) -> int:
                         continue
                     if stat.S_ISDIR(st.st_mode):
                         stack.append(entry.path)
-                    elif stat.S_ISREG(st.st_mode) and (st.st_dev, st.st_ino) not in seen:
+                        total += ENTRY_BYTES
+                    elif not stat.S_ISREG(st.st_mode):
+                        total += ENTRY_BYTES
+                    elif (st.st_dev, st.st_ino) not in seen:
                         seen.add((st.st_dev, st.st_ino))
-                        total += st.st_size
+                        total += max(st.st_size, ENTRY_BYTES)
         except OSError:
             continue  # unreadable or vanished directory
     return total
@@ -64,22 +75,32 @@ def over_quota_message(usage: int, limits: Limits) -> str:
 
 @contextlib.contextmanager
 def reserve(
-    root: Path, limits: Limits, *, old_size: int, new_size: int, what: str
+    root: Path,
+    limits: Limits,
+    *,
+    old_size: int | None,
+    new_size: int,
+    what: str,
+    new_dirs: int = 0,
 ) -> Iterator[None]:
-    """Hold the workspace's lock while a file of ``old_size`` bytes becomes ``new_size``.
+    """Hold the workspace's lock while a file of ``old_size`` bytes (None: none yet)
+    becomes ``new_size``, with ``new_dirs`` directories made for it.
 
     Raises ``ToolFailure`` (before anything is written) if that would take
     the workspace over ``limits.max_workspace_bytes``. Shrinking is always
     allowed, so a model over its quota can still make room.
     """
+    old = 0 if old_size is None else max(old_size, ENTRY_BYTES)
+    new = max(new_size, ENTRY_BYTES) + new_dirs * ENTRY_BYTES
     with _lock_for(root):
-        if new_size > old_size:
+        if new > old:
             usage = workspace_usage(root)
-            after = usage - old_size + new_size
+            after = usage - old + new
             if after > limits.max_workspace_bytes:
                 raise ToolFailure(
                     f"cannot {what}: the workspace would hold {after:,} bytes, over its "
-                    f"{limits.max_workspace_bytes:,}-byte quota (it holds {usage:,} now); "
+                    f"{limits.max_workspace_bytes:,}-byte quota (it holds {usage:,} now; "
+                    f"every file and directory counts {ENTRY_BYTES:,} at least); "
                     "write less, or delete files you no longer need"
                 )
         yield

@@ -234,26 +234,43 @@ async def test_a_50_mb_single_line_file_is_read_as_a_bounded_slice(workspace: Pa
 async def test_write_and_edit_refuse_to_take_the_workspace_over_its_quota(
     workspace: Path,
 ) -> None:
-    ctx = ToolContext(workspace, "s", Limits(max_workspace_bytes=1_000))
+    ctx = ToolContext(workspace, "s", Limits(max_workspace_bytes=10_000))
     executor = Executor(default_registry())
 
     async def run(name: str, **args: object) -> ToolResult:
         return await executor.run_call(ToolCall(name, dict(args)), ctx)
 
-    ok(await run("write", path="a.txt", content="a" * 600))
-    message = failed(await run("write", path="b.txt", content="b" * 600))
-    assert "would hold 1,200 bytes, over its 1,000-byte quota" in message
+    ok(await run("write", path="a.txt", content="a" * 6_000))
+    message = failed(await run("write", path="b.txt", content="b" * 6_000))
+    assert "would hold 12,000 bytes, over its 10,000-byte quota" in message
     assert "delete files" in message
     assert not (workspace / "b.txt").exists()
     message = failed(await run("edit", path="a.txt", old="a", new="aa", replace_all=True))
-    assert "over its 1,000-byte quota" in message
-    ok(await run("write", path="a.txt", content="a" * 900))  # overwriting counts the old size
-    ok(await run("edit", path="a.txt", old="a" * 900, new="short"))
+    assert "over its 10,000-byte quota" in message
+    ok(await run("write", path="a.txt", content="a" * 9_000))  # overwriting counts the old size
+    ok(await run("edit", path="a.txt", old="a" * 9_000, new="short"))
+
+
+async def test_empty_files_and_new_directories_count_against_the_quota(workspace: Path) -> None:
+    # Found from outside (2026-12-07): counted by their bytes, empty files and the parent
+    # directories write makes cost nothing, and a session made hundreds a minute (inodes
+    # on a disk every session shares). Each now counts a block, 4,096 bytes, at least.
+    ctx = ToolContext(workspace, "s", Limits(max_workspace_bytes=40_960))
+    executor = Executor(default_registry())
+    made = 0
+    for n in range(20):
+        result = await executor.run_call(ToolCall("write", {"path": f"d{n}/e", "content": ""}), ctx)
+        if result.status != "success":
+            assert "every file and directory counts 4,096 at least" in failed(result)
+            break
+        made += 1
+    assert made == 5  # a directory and a file each: 8,192 bytes
+    assert workspace_usage(workspace) <= 40_960
 
 
 async def test_parallel_writes_in_one_batch_cannot_all_pass_the_quota(workspace: Path) -> None:
-    ctx = ToolContext(workspace, "s", Limits(max_workspace_bytes=10_000))
-    batch = [ToolCall("write", {"path": f"f{i}", "content": "x" * 3_000}) for i in range(10)]
+    ctx = ToolContext(workspace, "s", Limits(max_workspace_bytes=100_000))
+    batch = [ToolCall("write", {"path": f"f{i}", "content": "x" * 30_000}) for i in range(10)]
     results = await Executor(default_registry()).run_batch(batch, ctx)
     assert sum(r.status == "success" for r in results) == 3
-    assert workspace_usage(workspace) <= 10_000
+    assert workspace_usage(workspace) <= 100_000

@@ -158,10 +158,10 @@ async def test_a_file_the_command_writes_cannot_pass_the_workspace_quota(
 async def test_a_command_that_leaves_the_workspace_over_quota_fails_and_says_what_to_do(
     workspace: Path,
 ) -> None:
-    ctx = ToolContext(workspace, "s", Limits(max_workspace_bytes=10_000))
+    ctx = ToolContext(workspace, "s", Limits(max_workspace_bytes=20_000))
     command = "for i in 1 2 3 4; do head -c 9000 /dev/zero > f$i; done; echo wrote"
     message = failed(await run_shell(ShellTool(), ctx, command))
-    assert "over its 10,000-byte quota; delete files" in message
+    assert "over its 20,000-byte quota; delete files" in message
     assert "wrote" in message
     # Over quota, write refuses to grow the workspace, and deleting makes room again.
     executor = Executor(default_registry(enable_shell=True))

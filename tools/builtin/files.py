@@ -176,28 +176,42 @@ def _write(stop: Stop, workspace: Path, args: WriteArgs, limits: Limits) -> dict
             f"cannot write {args.path!r}: the content is over the {limits.max_write_bytes:,}-byte "
             "limit for one file; split it into several smaller files"
         )
-    with os_errors("write", args.path):
-        old_size = _size_if_file(path)
-        with reserve(
-            root, limits, old_size=old_size, new_size=len(data), what=f"write {args.path!r}"
-        ):
-            fd, _ = open_regular(
-                root, path, os.O_WRONLY | os.O_CREAT, make_parents=True, for_writing=True
-            )
-            try:
-                write_whole(fd, data)
-            finally:
-                os.close(fd)
+    with (
+        os_errors("write", args.path),
+        reserve(
+            root,
+            limits,
+            old_size=_size_if_file(path),
+            new_size=len(data),
+            what=f"write {args.path!r}",
+            new_dirs=_missing_dirs(root, path),
+        ),
+    ):
+        fd, _ = open_regular(
+            root, path, os.O_WRONLY | os.O_CREAT, make_parents=True, for_writing=True
+        )
+        try:
+            write_whole(fd, data)
+        finally:
+            os.close(fd)
     return {"path": display(root, path), "bytes_written": len(data)}
 
 
-def _size_if_file(path: Path) -> int:
-    """The size of the regular file at ``path`` (not followed if a symlink), else 0."""
+def _size_if_file(path: Path) -> int | None:
+    """The size of what is at ``path`` (not followed if a symlink: 0), None if nothing."""
     try:
         st = path.lstat()
     except FileNotFoundError:
-        return 0
+        return None
     return st.st_size if stat.S_ISREG(st.st_mode) else 0
+
+
+def _missing_dirs(root: Path, path: Path) -> int:
+    """The directories ``write`` makes for ``path`` (its parents not there yet)."""
+    missing, parent = 0, path.parent
+    while parent != root and root in parent.parents and not os.path.lexists(parent):
+        missing, parent = missing + 1, parent.parent
+    return missing
 
 
 class EditArgs(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

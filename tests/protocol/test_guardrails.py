@@ -15,17 +15,16 @@ import re2
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import protocol.guardrails
+import protocol.guardrail_matchers
+from protocol.guardrail_matchers import Pattern, luhn
 from protocol.guardrails import (
     MAX_RULES,
     RuleSet,
     RuleSpec,
     StreamGuard,
-    _Pattern,
     check,
     check_input,
     compile_rules,
-    luhn,
 )
 
 CARD = "4111 1111 1111 1111"
@@ -35,7 +34,7 @@ CARD = "4111 1111 1111 1111"
 def monkeypatch_span() -> Iterator[None]:
     """Pieces of 7 characters: short texts cross many of them."""
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(protocol.guardrails, "SEARCH_SPAN", 7)
+        patch.setattr(protocol.guardrail_matchers, "SEARCH_SPAN", 7)
         yield
 
 
@@ -322,7 +321,7 @@ def test_a_pattern_searched_a_piece_at_a_time_finds_what_a_whole_search_finds(
     regex = re2.compile(pattern)
     pos = min(pos, len(text))
     whole = regex.search(text, pos)
-    pieces = _Pattern(regex, 4)._search(text, pos)
+    pieces = Pattern(regex, 4)._search(text, pos)
     assert pieces == (whole.span() if whole else None), (text, pattern, pos)
 
 

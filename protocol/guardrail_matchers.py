@@ -184,18 +184,20 @@ def luhn(digits: str) -> bool:
     return total % 10 == 0
 
 
+def _values(text: str) -> str:
+    """The digits of ``text`` as ASCII ("⁴٤４" is "444"): what the checksum reads."""
+    return "".join(str(unicodedata.digit(c)) for c in text if c.isdigit())
+
+
 def _card(run: str) -> Span | None:
     """A run of 13-19 digits passing Luhn; in a longer run, every group-aligned one
     (``4111 1111 1111 1111 4242 …``), the span from the first to the last."""
-    digits = [i for i, c in enumerate(run) if c.isdigit()]
-    if 13 <= len(digits) <= 19 and luhn("".join(str(unicodedata.digit(run[i])) for i in digits)):
+    digits = _values(run)
+    if 13 <= len(digits) <= 19 and luhn(digits):
         return 0, len(run)
     if len(digits) <= 19:
         return None
-    groups = [
-        (m.start(), m.end(), "".join(str(unicodedata.digit(c)) for c in m.group()))
-        for m in _CARD_GROUP.finditer(run)
-    ]
+    groups = [(m.start(), m.end(), _values(m.group())) for m in _CARD_GROUP.finditer(run)]
     found: list[Span] = []
     i = 0
     while i < len(groups):

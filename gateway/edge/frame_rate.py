@@ -36,7 +36,7 @@ class FrameRate:
     ``rate`` 0 turns the limit off.
     """
 
-    __slots__ = ("_last", "_tokens", "burst", "rate", "refused")
+    __slots__ = ("_last", "_tokens", "burst", "rate", "refusals", "refused")
 
     def __init__(self, rate: float, burst: int, now: float) -> None:
         self.rate = rate
@@ -44,6 +44,7 @@ class FrameRate:
         self._tokens = float(self.burst)
         self._last = now
         self.refused = 0  # frames refused since the last accepted one
+        self.refusals = 0  # times a frame was refused after one was accepted (``REFUSE``)
 
     def check(self, now: float) -> Verdict:
         """The verdict on a frame received at ``now`` (seconds, monotonic)."""
@@ -58,6 +59,7 @@ class FrameRate:
         self._tokens = tokens
         self.refused += 1
         if self.refused == 1:
+            self.refusals += 1
             return Verdict.REFUSE
         if self.refused >= self.burst:
             return Verdict.CLOSE

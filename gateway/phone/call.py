@@ -348,8 +348,12 @@ class PhoneCallConnection:
         verdict = self._frames.check(time.monotonic())
         if verdict is Verdict.ACCEPT:
             return True
-        if verdict is Verdict.REFUSE:
-            log.warning("phone call %s: frames past the carrier's rate dropped", self.call_id)
+        if verdict is Verdict.REFUSE and self._frames.refusals == 1:
+            # Once a call: a carrier at twice the rate is refused every other frame.
+            log.warning(
+                "phone call %s: frames past the carrier's rate are dropped (logged once)",
+                self.call_id,
+            )
         elif verdict is Verdict.CLOSE:
             self.stop(
                 "flood",

@@ -192,7 +192,7 @@ class BudgetShare:
             return False
         self._holding(size)
         self._retry_take = None
-        if not reader.queue_paused:
+        if reader.may_read():  # not held for its unread messages (nor, now, the budget)
             reader.transport.resume_reading()
         return True
 

@@ -75,6 +75,9 @@ class _Reader:
     def gathered(self) -> int | None:
         return self.arrived
 
+    def may_read(self) -> bool:  # as FastReader's: the share asks it once it is not blocked
+        return not self.queue_paused and not self.transport.closing
+
     def fail_connection(self, code: int, reason: str) -> None:
         self.failed = (code, reason)
 

@@ -116,6 +116,12 @@ def _chunks(text: str, size: int) -> list[str]:
     return [text[at : at + size] for at in range(0, len(text), size)] or [""]
 
 
+PAUSE_MS: Final = 200
+"""A pause of at least this much on the session's timeline between two pieces of the
+caller's transcript parts two utterances: the service gives each its own pieces, and a
+piece need not start with a space, so one is put between them (``Hearing.add``)."""
+
+
 class Hearing:
     """The caller's spoken turn so far: its transcript pieces and where it ends."""
 
@@ -125,6 +131,23 @@ class Hearing:
         self.pieces: list[str] = []
         self.speaking = False
         self.end_ms = 0
+
+    def add(self, delta: str, start_ms: int, end_ms: int) -> None:
+        """One more piece; after a pause, with a space unless one side has it already.
+
+        Two utterances heard before the model answers are one turn, and without the
+        space their words would run together ("…today.Call him")."""
+        pieces = self.pieces
+        if (
+            pieces
+            and delta
+            and start_ms - self.end_ms >= PAUSE_MS
+            and not pieces[-1][-1:].isspace()
+            and not delta[0].isspace()
+        ):
+            pieces.append(" ")
+        pieces.append(delta)
+        self.end_ms = max(self.end_ms, end_ms)
 
     def take(self) -> str:
         """The turn, heard whole; the next one starts empty."""
@@ -416,8 +439,7 @@ class LiveConversation:
                 self._drop_calls()
                 self.state = IDLE
                 self.activity += 1
-        hearing.pieces.append(event.delta)
-        hearing.end_ms = max(hearing.end_ms, event.end_ms)
+        hearing.add(event.delta, event.start_ms, event.end_ms)
         return events
 
     def _delegated(self, event: wire.DelegationCreated) -> list[UpstreamEvent]:

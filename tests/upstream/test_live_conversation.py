@@ -162,6 +162,16 @@ def test_speech_before_the_model_answers_does_not_cancel_the_turn() -> None:
     assert live.state == RUNNING
 
 
+def test_two_utterances_before_the_answer_are_one_turn_with_their_words_apart() -> None:
+    live = conversation()
+    for piece, at in (("Call", 0), (" him", 300), ("today.", 1500), (" Then", 1800), ("me", 2200)):
+        live.handle(heard(piece, at))
+    events = live.handle(said("Sure.", 3000))
+    # Pieces of one utterance keep their own spacing; a pause parts the words only
+    # where neither side has a space.
+    assert events[:2] == [SpeechEnded(2210), Transcript("Call him today. Then me")]
+
+
 def test_a_client_delegation_calls_the_delegate_tool_once_the_turn_ends() -> None:
     live = conversation(VoiceConfig(audio_out=AudioOut(), tools=(FunctionTool(name="x"), DELEGATE)))
     live.add_message(Message(role="user", content="find my order"))

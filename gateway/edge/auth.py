@@ -241,20 +241,42 @@ def _header_values(headers: Headers, name: str) -> list[str]:
 
 
 def credentials_from(headers: Headers, path: str) -> Credentials:
-    """The API key a handshake request carries (header, subprotocol or query)."""
+    """The API key a handshake request carries (header, subprotocol or query).
+
+    Several places carrying different keys are refused, not ranked: with one
+    silently ignored, a valid ``?token=`` behind a stale header was refused with no
+    hint why, and which credential a request ran under was left to our order."""
+    found = _presented(headers, path)
+    if found.problem or found.key is None:
+        return found
+    tokens = set(parse_qs(urlsplit(path).query).get("token", ()))
+    if found.via != "query" and tokens - {found.key}:
+        return Credentials(None, problem=_SEVERAL)
+    return found
+
+
+_SEVERAL = (
+    "the request carries different keys in several places; send the key in one: "
+    "the Authorization header, the subprotocol or ?token="
+)
+
+
+def _presented(headers: Headers, path: str) -> Credentials:
     try:
         authorization = headers.get("Authorization")
     except MultipleValuesError:
         return Credentials(None, problem="send one Authorization header, not several")
+    offered = _header_values(headers, "Sec-WebSocket-Protocol")
+    bearers = [p[len(BEARER_PREFIX) :] for p in offered if p.startswith(BEARER_PREFIX)]
     if authorization is not None:
         scheme, _, key = authorization.strip().partition(" ")
         if scheme.lower() != "bearer" or not key.strip():
             return Credentials(
                 None, problem="the Authorization header must be `Bearer KEY` (an API key)"
             )
+        if set(bearers) - {key.strip()}:
+            return Credentials(None, problem=_SEVERAL)
         return Credentials(key.strip(), "header")
-    offered = _header_values(headers, "Sec-WebSocket-Protocol")
-    bearers = [p[len(BEARER_PREFIX) :] for p in offered if p.startswith(BEARER_PREFIX)]
     if bearers:
         if SUBPROTOCOL not in offered:
             return Credentials(
@@ -262,9 +284,13 @@ def credentials_from(headers: Headers, path: str) -> Credentials:
                 problem=f"offer the subprotocol `{SUBPROTOCOL}` together with "
                 f"`{BEARER_PREFIX}KEY`; the server selects `{SUBPROTOCOL}`",
             )
+        if len(set(bearers)) > 1:
+            return Credentials(None, problem=_SEVERAL)
         return Credentials(bearers[0], "subprotocol")
     tokens = parse_qs(urlsplit(path).query).get("token")
     if tokens:
+        if len(set(tokens)) > 1:
+            return Credentials(None, problem=_SEVERAL)
         return Credentials(tokens[-1], "query")
     return Credentials(None)
 

@@ -81,6 +81,33 @@ async def test_the_bearer_subprotocol_needs_rtgw_v1_next_to_it(
         assert status == 401 and "rtgw.v1" in body
 
 
+@memory_only
+@pytest.mark.parametrize("beside", ["header", "subprotocol", "query"])
+async def test_different_keys_in_several_places_are_refused_not_ranked(
+    gateway_factory: GatewayFactory, keys: Keys, beside: str
+) -> None:
+    # Two valid keys: a ranking would run the request as one of them without saying
+    # which, and a stale header would hide a good token.
+    async with gateway_factory(api_keys_file=str(keys.path)) as gw:
+        alice, bob = keys.keys["alice"], keys.keys["bob"]
+        url, kwargs = f"{gw.url}?token={alice}", dict[str, object]()
+        if beside == "header":
+            kwargs["additional_headers"] = {"Authorization": f"Bearer {bob}"}
+        elif beside == "subprotocol":
+            kwargs["subprotocols"] = ["rtgw.v1", f"rtgw.bearer.{bob}"]
+        else:
+            url += f"&token={bob}"
+        status, body, _ = await refusal(url, **kwargs)
+        assert status == 401
+        assert "send the key in one" in body
+        # The same key in two places is one credential.
+        client = await GatewayClient.connect(
+            f"{gw.url}?token={alice}", headers={"Authorization": f"Bearer {alice}"}
+        )
+        assert text_of(await client.turn("hi"), "respond") == "Echo: hi"
+        await client.close()
+
+
 # --------------------------------------------------------------------- the three ways in
 
 

@@ -42,11 +42,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs
 
 from websockets.datastructures import Headers, MultipleValuesError
 
 from gateway.config import Config, ConfigError
+from gateway.edge.http_requests import split_target
 from gateway.store.base import Secrets, StoreError
 from tools.allowlist import AllowList, parse_allow_list
 
@@ -249,7 +250,7 @@ def credentials_from(headers: Headers, path: str) -> Credentials:
     found = _presented(headers, path)
     if found.problem or found.key is None:
         return found
-    tokens = set(parse_qs(urlsplit(path).query).get("token", ()))
+    tokens = set(parse_qs(split_target(path)[1]).get("token", ()))
     if found.via != "query" and tokens - {found.key}:
         return Credentials(None, problem=_SEVERAL)
     return found
@@ -287,7 +288,7 @@ def _presented(headers: Headers, path: str) -> Credentials:
         if len(set(bearers)) > 1:
             return Credentials(None, problem=_SEVERAL)
         return Credentials(bearers[0], "subprotocol")
-    tokens = parse_qs(urlsplit(path).query).get("token")
+    tokens = parse_qs(split_target(path)[1]).get("token")
     if tokens:
         if len(set(tokens)) > 1:
             return Credentials(None, problem=_SEVERAL)

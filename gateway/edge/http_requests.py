@@ -38,8 +38,19 @@ __all__ = [
     "json_response",
     "query_int",
     "read_body",
+    "split_target",
     "too_large",
 ]
+
+
+def split_target(target: str) -> tuple[str, str]:
+    """A request line's target as its path and its query.
+
+    The target is a path (origin form); ``urlsplit`` reads ``//etc/passwd`` as the host
+    ``etc`` and the path ``/passwd``, which routed and named a path nobody asked for."""
+    path, _, query = target.partition("?")
+    return path, query
+
 
 MAX_BODY: Final = 1 << 20  # bytes; a configuration is at most ~300 KB (64 tools of 4 KB)
 _ENCODINGS: Final = {"gzip": zlib.MAX_WBITS | 16, "x-gzip": zlib.MAX_WBITS | 16, "deflate": 0}

@@ -40,16 +40,39 @@ MAX_HEADERS: Final = 128
 """Header lines a request head may have (websockets' limit; aiohttp's is larger)."""
 
 
-def _too_large(code: str, message: str) -> bytes:
-    """A 431 answered by the port itself, in the API's error body: past websockets'
+def _answer(status: bytes, code: str, message: str) -> bytes:
+    """A refusal answered by the port itself, in the API's error body: past websockets'
     limits it closed the connection with no answer (and logged a traceback each time),
     and aiohttp's own 400 echoed the line's first 100 bytes (a credential) as text."""
     body = msgspec.json.encode(ErrorBody(ApiError(code, message)))
     return (
-        b"HTTP/1.1 431 Request Header Fields Too Large\r\nContent-Type: application/json\r\n"
-        b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(body)
+        b"HTTP/1.1 %s\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\nConnection: close\r\n\r\n" % (status, len(body))
     ) + body
 
+
+def _too_large(code: str, message: str) -> bytes:
+    return _answer(b"431 Request Header Fields Too Large", code, message)
+
+
+_REQUEST_LINE: Final = re.compile(rb"([!#$%&'*+.^_`|~0-9A-Za-z-]+) \S+ HTTP/1\.[01]")
+"""RFC 9112's request line: a method (a token), the target, the version."""
+_METHODS: Final = frozenset(
+    (b"GET", b"HEAD", b"POST", b"PUT", b"DELETE", b"CONNECT", b"OPTIONS", b"TRACE", b"PATCH")
+)
+"""RFC 9110's methods; any other is answered 501 here (aiohttp's parser answered it with a
+plain-text 400 that quoted the request line)."""
+_BAD_LINE: Final = _answer(
+    b"400 Bad Request",
+    "bad_request_line",
+    "the request line is not `METHOD /path HTTP/1.1`: send an HTTP/1.1 request",
+)
+_UNKNOWN_METHOD: Final = _answer(
+    b"501 Not Implemented",
+    "method_not_implemented",
+    "this method is not served: the API takes GET, POST, DELETE and OPTIONS, "
+    "and a WebSocket connects with GET",
+)
 
 _LONG_LINE: Final = _too_large(
     "header_too_large",
@@ -145,11 +168,15 @@ class Sniffer(asyncio.Protocol):
             self._refuse(_LONG_LINE)
         elif len(lines) - 3 > MAX_HEADERS:
             self._refuse(_MANY_HEADERS)
+        elif (line := _REQUEST_LINE.fullmatch(lines[0])) is None:
+            self._refuse(_BAD_LINE)
+        elif line[1] not in _METHODS:
+            self._refuse(_UNKNOWN_METHOD)
         else:
             self._hand_over(route(head))
 
     def _refuse(self, answer: bytes) -> None:
-        """A head past the servers' limits: answered here, in the gateway's words."""
+        """A head the servers would refuse in their own words: answered here, in ours."""
         self._stop_timer()
         transport = self._transport
         assert transport is not None

@@ -26,7 +26,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from typing import Final, Protocol
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs
 
 import msgspec
 from websockets.asyncio.server import ServerConnection
@@ -42,6 +42,7 @@ from gateway.edge.closes import CloseCode
 from gateway.edge.connection import ClientConnection
 from gateway.edge.door_refusals import RefusalLog, error_response
 from gateway.edge.frame_rate import Verdict
+from gateway.edge.http_requests import split_target
 from gateway.sessions.policy import KeyPolicies, refusal
 from gateway.sessions.port import NodePort
 from gateway.upstream import providers
@@ -144,7 +145,7 @@ class OpenAIDoor:
             return error_response(
                 426, f"{OPENAI_PATH} is a WebSocket endpoint: send a WebSocket handshake", "upgrade"
             )
-        query = parse_qs(urlsplit(request.path).query)
+        query = parse_qs(split_target(request.path)[1])
         call_id = (query.get("call_id") or [""])[-1]
         call = self.calls.get(call_id) if call_id else None
         if call_id and call is None:

@@ -22,7 +22,7 @@ import http
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Final, Literal, cast
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs
 
 import msgspec
 from aiohttp.web import Application
@@ -40,7 +40,7 @@ from gateway.edge.api import HttpApi
 from gateway.edge.closes import CloseCode, close_reason
 from gateway.edge.connection import ClientConnection
 from gateway.edge.health import Descriptors, StoreProbe
-from gateway.edge.http_requests import Caller, Owns
+from gateway.edge.http_requests import Caller, Owns, split_target
 from gateway.edge.media_streams import MediaStreamsFactory
 from gateway.edge.new_sessions import NewSessions
 from gateway.edge.one_port import Sniffer
@@ -256,7 +256,7 @@ class Gateway:
         self, connection: ServerConnection, offered: Sequence[Subprotocol]
     ) -> Subprotocol | None:
         real = connection.websocket if isinstance(connection, Sniffer) else connection
-        if real.request is not None and urlsplit(real.request.path).path == OPENAI_PATH:
+        if real.request is not None and split_target(real.request.path)[0] == OPENAI_PATH:
             return self.door.select_subprotocol(offered)
         return self.edges.select_subprotocol(real, offered)
 
@@ -265,8 +265,7 @@ class Gateway:
     async def _process_request(
         self, connection: ServerConnection, request: Request
     ) -> Response | None:
-        url = urlsplit(request.path)
-        path = url.path
+        path, query = split_target(request.path)
         if path == "/healthz":  # liveness: the process answers (pages of apps may ask)
             return self._cors(request, _text(http.HTTPStatus.OK, "ok\n"))
         if path == "/readyz":
@@ -312,7 +311,7 @@ class Gateway:
             return await self.phone.handshake(connection, request)
         if door:  # the OpenAI door: its own query and credentials, then ``_admit_client``
             return await self.door.handshake(connection, request)
-        admitted = await self._admit_client(connection, request, parse_qs(url.query))
+        admitted = await self._admit_client(connection, request, parse_qs(query))
         return admitted if isinstance(admitted, Response) else None
 
     async def _admit_client(

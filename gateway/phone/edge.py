@@ -25,7 +25,7 @@ import time
 import weakref
 from collections.abc import Mapping
 from typing import Final
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs
 
 from websockets.asyncio.server import ServerConnection
 from websockets.datastructures import Headers
@@ -33,6 +33,7 @@ from websockets.http11 import Request, Response
 
 from gateway.edge.admission import Edges
 from gateway.edge.auth import ANONYMOUS
+from gateway.edge.http_requests import split_target
 from gateway.edge.media_streams import WebHandler
 from gateway.phone.admission import StreamTokens, check_signature
 from gateway.phone.call import CallServices, PhoneCallConnection
@@ -95,14 +96,14 @@ class PhoneEdge:
 
     async def handshake(self, connection: ServerConnection, request: Request) -> Response | None:
         """Accept a carrier's upgrade request (None) or the refusal to send."""
-        url = urlsplit(request.path)
-        carrier = by_path(url.path)
+        path, query = split_target(request.path)
+        carrier = by_path(path)
         if carrier is None:
             names = ", ".join(c.path for c in CARRIERS)
             return self._refuse(
                 "unknown_carrier",
                 http.HTTPStatus.NOT_FOUND,
-                f"no such phone endpoint {url.path[:80]!r}: the carriers' endpoints are {names} "
+                f"no such phone endpoint {path[:80]!r}: the carriers' endpoints are {names} "
                 "(the voice webhook, POST /v1/phone/twilio/voice, is on the HTTP API's port)",
             )
         cfg = self.config
@@ -117,7 +118,7 @@ class PhoneEdge:
             return self._refuse(verdict.reason, http.HTTPStatus(verdict.status), verdict.message)
         if verdict.signed:
             self.edges.pending.settled(connection.transport)
-        tokens = parse_qs(url.query).get("token")
+        tokens = parse_qs(query).get("token")
         self._accepted[connection] = (carrier, verdict.signed, tokens[-1] if tokens else "")
         return None
 

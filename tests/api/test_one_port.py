@@ -148,6 +148,44 @@ async def test_a_head_of_too_many_headers_is_answered_in_json(
 
 
 @pytest.mark.parametrize(
+    ("line", "status", "code"),
+    [
+        ("BREW /healthz HTTP/1.1", b"501", b"method_not_implemented"),
+        ("FOO /v1/sessions HTTP/1.1", b"501", b"method_not_implemented"),
+        ("GET /v1/realtime", b"400", b"bad_request_line"),
+        ("GET /a b HTTP/1.1", b"400", b"bad_request_line"),
+    ],
+)
+async def test_an_unknown_method_or_a_broken_request_line_is_answered_in_json(
+    nodes: NodesFactory, line: str, status: bytes, code: bytes
+) -> None:
+    """aiohttp's parser answered both with a text 400 that quoted the request line."""
+    async with nodes(1, api_port=None) as (gw,):
+        reader, writer = await asyncio.open_connection("127.0.0.1", gw.port)
+        writer.write(f"{line}\r\nHost: x\r\n\r\n".encode())
+        async with asyncio.timeout(10):
+            answer = await reader.read()  # to the close
+        writer.close()
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 " + status) and b"application/json" in head, answer
+    assert code in body and b"healthz" not in body and b"sessions" not in body
+
+
+async def test_a_path_that_starts_with_two_slashes_is_that_path(nodes: NodesFactory) -> None:
+    """``urlsplit`` read ``//etc/passwd`` as the host ``etc`` and the path ``/passwd``,
+    and ``//x/v1/realtime`` as the WebSocket endpoint."""
+    async with nodes(1, api_port=None) as (gw,):
+        for path in ("//etc/passwd", "//x/healthz"):
+            reader, writer = await asyncio.open_connection("127.0.0.1", gw.port)
+            writer.write(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+            async with asyncio.timeout(10):
+                answer = await reader.read()
+            writer.close()
+            assert answer.startswith(b"HTTP/1.1 404"), answer[:200]
+            assert repr(path).encode() in answer, answer
+
+
+@pytest.mark.parametrize(
     ("head", "to"),
     [
         (b"GET /v1/realtime HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\n\r\n", "ws"),

@@ -429,12 +429,18 @@ class EventGuard:
         counter = self.metrics.guardrails.trips
         events: list[Event] = []
         told: set[str] = set()
+        # Counted a rule at a time: a metric's ``labels`` per hit took 0.1 s of the loop
+        # for a message of 40,000 emails.
+        times: dict[tuple[str, str], int] = {}
         for hit in hits:
-            counter.labels(hit.rule, hit.action, on).inc()
-            if hit.rule not in told:
-                told.add(hit.rule)
-                events.append(Guardrail(rule=hit.rule, action=hit.action, on=on, reply_to=reply_to))
-            ending = hit.action == "end_turn" or spoken
+            key = (hit.rule, hit.action)
+            times[key] = times.get(key, 0) + 1
+        for (rule, action), count in times.items():
+            counter.labels(rule, action, on).inc(count)
+            if rule not in told:
+                told.add(rule)
+                events.append(Guardrail(rule=rule, action=action, on=on, reply_to=reply_to))
+            ending = action == "end_turn" or spoken
             if ends and ending and not self._ended:
                 self._ended = True
                 self._audio = []

@@ -26,6 +26,7 @@ __all__ = [
     "decode_config",
     "encode_config",
     "json_depth",
+    "parameters_bytes",
     "schema_bytes",
 ]
 
@@ -45,6 +46,8 @@ SERVER_VAD_ONLY: Final = ("idle_timeout_ms", *SERVER_VAD_TUNING)
 # linear code before anything compiles or walks them: a schema or
 # args past these once froze a node for seconds or crashed it with a
 # RecursionError. docs/decisions/tenant-tool-schemas.md has the figures.
+MAX_TOOL_DESCRIPTION: Final = 4096
+"""Characters of a tool's description (a client's, an MCP server's)."""
 MAX_TOOL_SCHEMA_BYTES: Final = 32_768
 """One client tool's ``parameters`` as compact JSON (a rich form tool is ~5 kB)."""
 MAX_TOOL_SCHEMAS_BYTES: Final = 131_072
@@ -62,7 +65,7 @@ class ClientToolSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """
 
     name: ToolName
-    description: Annotated[str, msgspec.Meta(max_length=4096)] = ""
+    description: Annotated[str, msgspec.Meta(max_length=MAX_TOOL_DESCRIPTION)] = ""
     parameters: dict[str, Any] = msgspec.field(default_factory=lambda: {"type": "object"})
     # The turn does not wait for it: the model is told it started, the answer comes later.
     background: bool = False
@@ -211,24 +214,30 @@ def apply_change(config: SessionConfig, change: ConfigChange) -> SessionConfig |
 
 
 def schema_bytes(tool: ClientToolSpec) -> int | str:
-    """The size of ``tool``'s ``parameters`` as compact JSON, or why it is past the limits.
+    """The size of ``tool``'s ``parameters`` as compact JSON, or why it is past the limits."""
+    return parameters_bytes(tool.name, tool.parameters)
+
+
+def parameters_bytes(name: str, parameters: Any) -> int | str:
+    """The size of a tool's ``parameters`` as compact JSON, or why it is past the limits
+    (a client's tool or an MCP server's).
 
     Size first (msgspec encodes in C: ~1 ms for 1 MB), then depth on what is
     left (a Python walk, so only over at most ``MAX_TOOL_SCHEMA_BYTES``).
     """
     try:
-        size = len(_encoder.encode(tool.parameters))
+        size = len(_encoder.encode(parameters))
     except RecursionError:  # msgspec recurses per level: deeper than ~1,000 is no schema
         size = -1
     if size > MAX_TOOL_SCHEMA_BYTES:
         return (
-            f"tools: {tool.name!r} parameters are {size:,} bytes of JSON, over the limit "
+            f"tools: {name!r} parameters are {size:,} bytes of JSON, over the limit "
             f"of {MAX_TOOL_SCHEMA_BYTES:,} for one tool; shorten its descriptions or "
             "split the tool"
         )
-    if size < 0 or json_depth(tool.parameters, MAX_SCHEMA_DEPTH) > MAX_SCHEMA_DEPTH:
+    if size < 0 or json_depth(parameters, MAX_SCHEMA_DEPTH) > MAX_SCHEMA_DEPTH:
         return (
-            f"tools: {tool.name!r} parameters nest deeper than {MAX_SCHEMA_DEPTH} levels, "
+            f"tools: {name!r} parameters nest deeper than {MAX_SCHEMA_DEPTH} levels, "
             "the limit for a tool schema; flatten it (a part used in several places can "
             'live once under "$defs" and be named with "$ref": "#/$defs/NAME")'
         )

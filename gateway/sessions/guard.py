@@ -43,7 +43,7 @@ from protocol.events import (
     User,
     UserMessage,
 )
-from protocol.guardrails import Hit, RuleSet, StreamGuard, Verdict, check, check_input
+from protocol.guardrails import Action, Hit, RuleSet, StreamGuard, Verdict, check, check_input
 from protocol.turn_events import TurnInput
 
 __all__ = ["EventGuard", "guard_result", "guard_value", "judged_input"]
@@ -431,7 +431,7 @@ class EventGuard:
         told: set[str] = set()
         # Counted a rule at a time: a metric's ``labels`` per hit took 0.1 s of the loop
         # for a message of 40,000 emails.
-        times: dict[tuple[str, str], int] = {}
+        times: dict[tuple[str, Action], int] = {}
         for hit in hits:
             key = (hit.rule, hit.action)
             times[key] = times.get(key, 0) + 1

@@ -21,9 +21,17 @@ import httpx2
 import pytest
 
 from protocol.calls import ToolCall, ToolResult
+from protocol.configuration import MAX_TOOL_DESCRIPTION
 from tools.base import ToolContext
 from tools.executor import Executor
-from tools.providers.mcp import _SSE_TOO_LARGE, MAX_MESSAGE, McpServer, McpServerSpec, McpTool
+from tools.providers.mcp import (
+    _SSE_TOO_LARGE,
+    MAX_MESSAGE,
+    MAX_TOOLS,
+    McpServer,
+    McpServerSpec,
+    McpTool,
+)
 from tools.registry import Registry
 
 from .helpers import failed, footprint, ok
@@ -153,3 +161,28 @@ def test_the_sdks_event_stream_limit_still_reads_as_a_size_limit() -> None:
     with pytest.raises(httpx2.SSEError) as info:
         list(httpx2.EventSource(response, max_event_size=MAX_MESSAGE))
     assert _SSE_TOO_LARGE in str(info.value)
+
+
+async def test_a_servers_tool_list_past_the_limits_is_cut_to_what_a_model_can_take(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A tool's description and schema were taken at any size (a client's tool is held
+    to 4,096 characters and 32 kB), any number of tools, and a cursor that never ended
+    held the node's start forever."""
+    command = (sys.executable, str(RAW_SERVER))
+    spec = McpServerSpec("raw", command, env={"RAW_MCP_LISTING": "many"}, timeout=TIMEOUT)
+    async for harness in _started(spec, tmp_path):
+        names = harness.executor.registry.names()
+        assert len(names) == MAX_TOOLS - 2  # the deep and the big ones are left out
+        assert "raw.emit" in names and "raw.deep" not in names and "raw.big" not in names
+        long = harness.executor.registry.get("raw.long")
+        assert isinstance(long, McpTool) and len(long.description) == MAX_TOOL_DESCRIPTION
+        assert (await harness.call("raw.emit", shape="short", megabytes=0)).status == "success"
+    logged = caplog.text
+    assert "lists 204 tools; the first 128 are used" in logged
+    assert "'deep' left out" in logged and "nest deeper than 32" in logged
+    assert "'big' left out" in logged and "bytes of JSON" in logged
+    spec = McpServerSpec("raw", command, env={"RAW_MCP_LISTING": "endless"}, timeout=TIMEOUT)
+    async for harness in _started(spec, tmp_path):
+        assert len(harness.executor.registry.names()) == 32
+    assert "past 32 pages" in caplog.text

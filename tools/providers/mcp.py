@@ -44,6 +44,7 @@ from mcp import Client
 from mcp.shared.exceptions import MCPError
 from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT
 
+from protocol.configuration import MAX_TOOL_DESCRIPTION, parameters_bytes
 from tools.base import ToolContext, ToolFailure
 from tools.described import DescribedTool
 from tools.providers.mcp_http import TOO_LARGE_NOTE, streamable_http
@@ -51,7 +52,7 @@ from tools.providers.mcp_stdio import MESSAGE_TOO_LARGE, StdioChild
 from tools.providers.specs import McpServerSpec
 from tools.secrets import Secrets
 
-__all__ = ["MAX_MESSAGE", "McpServer", "McpServerSpec", "McpTool", "result_content"]
+__all__ = ["MAX_MESSAGE", "MAX_TOOLS", "McpServer", "McpServerSpec", "McpTool", "result_content"]
 
 log = logging.getLogger("tools.providers.mcp")
 
@@ -62,6 +63,11 @@ MAX_MESSAGE: Final = 1024 * 1024
 """Bytes of one MCP message the node reads (the SDK's default for one event of an event stream)."""
 _SSE_TOO_LARGE: Final = "byte limit"
 """How the SDK's event stream reports an event over ``max_sse_event_size``."""
+MAX_TOOLS: Final = 128
+"""Tools of one server the node takes (OpenAI's limit for one model request); the
+rest are left out, with a warning."""
+_MAX_PAGES: Final = 32
+"""Pages of ``tools/list`` read at most: a server's cursor that never ends held a start."""
 _IMAGE_NOTE: Final = (
     "[{kind} ({mime}, {size:,} bytes) not shown: this text protocol carries no media]"
 )
@@ -121,7 +127,27 @@ class McpServer:
         except ConnectionError:
             await self.close()
             raise
-        return [McpTool(self, tool) for tool in listing]
+        return self._tools(listing)
+
+    def _tools(self, listing: list[mcp_types.Tool]) -> list[McpTool]:
+        """The listed tools the node can give a model: a bad one (its schema past the
+        limits a client's tool has, or no JSON Schema) is left out with a warning, not
+        the whole server (which may be a third party's and change under us)."""
+        name = self.spec.name
+        if len(listing) > MAX_TOOLS:
+            log.warning(
+                "MCP server %s lists %d tools; the first %d are used: serve fewer from it",
+                name,
+                len(listing),
+                MAX_TOOLS,
+            )
+        tools: list[McpTool] = []
+        for tool in listing[:MAX_TOOLS]:
+            try:
+                tools.append(McpTool(self, tool))
+            except ValueError as exc:
+                log.warning("MCP server %s: tool %r left out: %s", name, tool.name[:80], exc)
+        return tools
 
     async def close(self) -> None:
         if self._supervisor is not None:
@@ -320,12 +346,21 @@ class McpTool(DescribedTool):
     """One tool of an MCP server, named ``SERVER.TOOL``."""
 
     def __init__(self, server: McpServer, tool: mcp_types.Tool) -> None:
+        name = f"{server.spec.name}.{tool.name}"
         schema = {k: v for k, v in tool.input_schema.items() if k != "title"}
-        super().__init__(
-            f"{server.spec.name}.{tool.name}",
-            tool.description or tool.title or tool.name,
-            schema,
-        )
+        size = parameters_bytes(name, schema)
+        if isinstance(size, str):
+            raise ValueError(size)
+        description = tool.description or tool.title or tool.name
+        if len(description) > MAX_TOOL_DESCRIPTION:
+            log.warning(
+                "MCP tool %s: its description is %d characters; the first %d are used",
+                name,
+                len(description),
+                MAX_TOOL_DESCRIPTION,
+            )
+            description = description[:MAX_TOOL_DESCRIPTION]
+        super().__init__(name, description, schema)
         self.server = server
         self.remote_name = tool.name
         self.require_approval = server.spec.require_approval
@@ -373,12 +408,16 @@ def _block_text(block: mcp_types.ContentBlock) -> str:
 async def _list_all(client: Client) -> list[mcp_types.Tool]:
     tools: list[mcp_types.Tool] = []
     cursor: str | None = None
-    while True:
+    for _ in range(_MAX_PAGES):
         page = await client.list_tools(cursor=cursor)
         tools.extend(page.tools)
         cursor = page.next_cursor
-        if cursor is None:
+        if cursor is None or len(tools) > MAX_TOOLS:
             return tools
+    log.warning(
+        "an MCP server's tools/list went on past %d pages; the rest are left out", _MAX_PAGES
+    )
+    return tools
 
 
 def _innermost(exc: BaseException) -> BaseException:

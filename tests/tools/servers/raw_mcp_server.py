@@ -12,11 +12,16 @@ writes for ``megabytes`` MB of text:
 - ``anonymous``: first a stray answer that names no request, then the answer;
 - ``notice``: first a huge notification, then the answer;
 - anything else: a short answer.
+
+``RAW_MCP_LISTING`` makes its ``tools/list`` hostile: ``many`` lists 200 more tools
+and three past the limits (a 100,000-character description, a schema 40 levels
+deep, one of 50 kB); ``endless`` gives a page of one tool and a next cursor forever.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from typing import Any
 
@@ -29,6 +34,29 @@ _TOOL = {
         "required": ["shape", "megabytes"],
     },
 }
+
+
+def _deep(levels: int) -> dict[str, Any]:
+    schema: dict[str, Any] = {"type": "string"}
+    for _ in range(levels):
+        schema = {"type": "object", "properties": {"x": schema}}
+    return schema
+
+
+def _listing(cursor: str | None) -> dict[str, Any]:
+    how = os.environ.get("RAW_MCP_LISTING", "")
+    if how == "endless":
+        page = int(cursor or 0)
+        tool = {**_TOOL, "name": f"page{page}"}
+        return {"tools": [tool], "nextCursor": str(page + 1)}
+    if how != "many":
+        return {"tools": [_TOOL]}
+    long = {**_TOOL, "name": "long", "description": "d" * 100_000}
+    deep = {**_TOOL, "name": "deep", "inputSchema": _deep(40)}
+    props = {f"p{n}": {"type": "string", "description": "x" * 500} for n in range(100)}
+    big = {**_TOOL, "name": "big", "inputSchema": {"type": "object", "properties": props}}
+    more = [{**_TOOL, "name": f"t{n}"} for n in range(200)]
+    return {"tools": [_TOOL, long, deep, big, *more]}
 
 
 def send(message: dict[str, Any]) -> None:
@@ -81,7 +109,8 @@ def main() -> None:
                 }
             )
         elif method == "tools/list":
-            send({"jsonrpc": "2.0", "id": rid, "result": {"tools": [_TOOL]}})
+            cursor = (message.get("params") or {}).get("cursor")
+            send({"jsonrpc": "2.0", "id": rid, "result": _listing(cursor)})
         elif method == "tools/call":
             args = message["params"]["arguments"]
             emit(rid, args["shape"], args["megabytes"])

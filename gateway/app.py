@@ -210,6 +210,7 @@ async def running_gateway(config: Config) -> AsyncIterator[Gateway]:
         prefix=config.key_prefix,
         ttl=config.session_ttl,
         max_log=config.max_log,
+        memory_bytes=config.memory_store_mb << 20,
         durability=config.durability,
         replica_timeout=config.replica_timeout,
         retry_window=config.store_retry_window,

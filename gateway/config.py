@@ -4,8 +4,7 @@ Every setting is declared once, here: its field's type (with its range as
 ``msgspec.Meta``), default and ``Setting`` (help, group, flag, variable,
 secret) give its ``gateway serve`` flag, its ``GATEWAY_<NAME>`` variable, its
 row in docs/configuration.md's table and its check; ``gateway.common.settings`` derives them.
-The simulator's knobs are ``SimConfig``'s, lent to ``Config.sim`` as the
-``sim_*`` settings.
+The simulator's knobs are ``SimConfig``'s, lent to ``Config.sim`` as ``sim_*`` settings.
 
 Precedence: flag > environment (``GATEWAY_<NAME>``, then the conventional
 ``REDIS_URL`` and each provider's key variable, ``OPENAI_API_KEY``…) > default.
@@ -238,6 +237,9 @@ class Config(msgspec.Struct, kw_only=True):
     max_log: Annotated[
         AtLeastOne, Setting("events kept per session log (older ones are trimmed)", STORE)
     ] = 10_000
+    memory_store_mb: Annotated[
+        AtLeastOne, Setting("MiB the in-process store keeps (logs, history, recordings)", STORE)
+    ] = 512
     node_id: Annotated[
         str, Setting("this node's name in leases and logs", STORE, shown_default="host-pid-random")
     ] = ""

@@ -29,6 +29,7 @@ from gateway.store.base import (
     Unreplicated,
 )
 from gateway.store.memory import MemoryStore
+from gateway.store.memory_sessions import MAX_BYTES
 from gateway.store.redis import REDIS_SCHEMES, RedisStore, StoreStats
 from gateway.store.redis_connect import open_redis_client
 
@@ -63,6 +64,7 @@ def open_store(
     prefix: str = "rtgw",
     ttl: float = 86400.0,
     max_log: int = 10_000,
+    memory_bytes: int = MAX_BYTES,
     durability: Durability = "local",
     replica_timeout: float = 1.0,
     retry_window: float = 2.0,
@@ -70,7 +72,8 @@ def open_store(
     """The store for ``url``; does not connect (Redis may still be starting).
 
     ``ttl`` is the idle time (s) after which a session expires, ``max_log`` how
-    many log entries a session keeps at least, ``prefix`` the Redis key prefix.
+    many log entries a session keeps at least, ``prefix`` the Redis key prefix,
+    ``memory_bytes`` what the in-process store keeps of all sessions at most.
     The rest are ``RedisStore``'s (ignored by the memory store):
     ``durability`` "replicated" reports an append stored only once a replica
     has it (waiting up to ``replica_timeout`` s), "replicated-or-local" too
@@ -78,7 +81,7 @@ def open_store(
     how long commands are sent again through a Cluster redirect or a failover.
     """
     if not url or url == "memory://":
-        return MemoryStore(ttl=ttl, max_log=max_log)
+        return MemoryStore(ttl=ttl, max_log=max_log, max_bytes=memory_bytes)
     if url.startswith(REDIS_SCHEMES):
         return RedisStore.from_url(
             url,

@@ -32,7 +32,7 @@ from gateway.store.base import (
     whole_lines,
 )
 from gateway.store.memory_counters import MemoryCounters
-from gateway.store.memory_sessions import MemorySessions
+from gateway.store.memory_sessions import MAX_BYTES, MemorySessions
 
 __all__ = [
     "MemoryBus",
@@ -111,6 +111,7 @@ class MemoryRecordings:
                 sizes.append(NOT_STORED)
                 continue
             recording = session.recording
+            before = len(recording)
             if session.meta.get(RECORDING) == "cut":
                 sizes.append(RECORDING_CUT)
             elif len(recording) + len(lines) > limit:
@@ -126,6 +127,7 @@ class MemoryRecordings:
                     session.meta[RECORDING] = "on"
                 recording += lines
                 sizes.append(len(recording))
+            self._of._grew(sid, session, len(recording) - before)
         return sizes
 
     async def read_recording(self, sid: str, offset: int, max_bytes: int) -> tuple[bytes, int]:
@@ -139,7 +141,8 @@ class MemoryRecordings:
 class MemoryStore(MemorySessions, MemoryCounters, MemoryBus, MemorySecrets):
     """The in-process store: one process, nothing to install, nothing survives a restart.
 
-    Every concern on one ``clock`` (see ``MemorySessions`` for ``ttl`` and ``max_log``).
+    Every concern on one ``clock`` (see ``MemorySessions`` for ``ttl``, ``max_log`` and
+    ``max_bytes``).
     """
 
     kind = "memory"
@@ -149,9 +152,10 @@ class MemoryStore(MemorySessions, MemoryCounters, MemoryBus, MemorySecrets):
         *,
         ttl: float = 86400.0,
         max_log: int = 10_000,
+        max_bytes: int = MAX_BYTES,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        MemorySessions.__init__(self, ttl=ttl, max_log=max_log, clock=clock)
+        MemorySessions.__init__(self, ttl=ttl, max_log=max_log, max_bytes=max_bytes, clock=clock)
         MemoryCounters.__init__(self, clock=clock)
         MemoryBus.__init__(self)
         MemorySecrets.__init__(self)

@@ -12,6 +12,7 @@ injectable monotonic ``clock``; expired sessions and leases disappear lazily
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 
@@ -23,18 +24,30 @@ from gateway.store.base import (
     StoreError,
 )
 
-__all__ = ["WAIT_LIMIT", "MemorySessions"]
+__all__ = ["MAX_BYTES", "WAIT_LIMIT", "MemorySessions"]
+
+log = logging.getLogger("gateway.store.memory")
 
 WAIT_LIMIT = 1000
 """The most entries one ``wait_log`` call returns (a follower simply calls again)."""
+MAX_BYTES = 512 * 1024 * 1024
+"""What the store keeps by default (``memory_store_mb``): logs, history, recordings."""
+ENTRY_BYTES = 128
+"""What one log entry or history item costs beyond its data (its objects), as counted."""
+
+
+def _meta_bytes(meta: Mapping[str, str]) -> int:
+    return sum(len(k) + len(v) for k, v in meta.items())
 
 
 class _Session:
     """Everything stored for one session; the Redis keys' common idle deadline."""
 
-    __slots__ = ("deadline", "history", "log", "meta", "recording")
+    __slots__ = ("deadline", "history", "log", "meta", "recording", "size", "trimmed")
 
     def __init__(self, deadline: float) -> None:
+        self.size = 0  # bytes counted against the store's budget
+        self.trimmed = False  # its oldest events went for room (warned once)
         self.meta: dict[str, str] | None = None
         # Its recording (``MemoryRecordings``): it goes with the session, deleted or expired.
         self.recording = bytearray()
@@ -44,6 +57,18 @@ class _Session:
         self.history: list[bytes] = []
         self.deadline = deadline
 
+    def halve(self) -> int:
+        """The older half of its log and history dropped (room in a full store): the
+        bytes freed."""
+        log_cut, history_cut = len(self.log) // 2, len(self.history) // 2
+        freed = sum(len(e.data) for e in self.log[:log_cut])
+        freed += sum(len(h) for h in self.history[:history_cut])
+        freed += (log_cut + history_cut) * ENTRY_BYTES
+        del self.log[:log_cut]
+        del self.history[:history_cut]
+        self.size -= freed
+        return freed
+
 
 class MemorySessions:
     """The session log in one process: meta, events, history, leases (``Sessions``).
@@ -51,6 +76,12 @@ class MemorySessions:
     ``ttl`` is the idle time (s) after which a session disappears; every append or
     meta write restarts it. ``max_log`` is how many log entries are kept at least
     (like Redis ``MAXLEN ~``, a few more may be kept until the next trim).
+
+    ``max_bytes`` bounds what all sessions keep together (Redis has ``maxmemory``;
+    this store had nothing, and 200 messages of 1 MB grew a node by 740 MB). Past it,
+    down to nine tenths of it: sessions no node drives go first, least recently
+    written first (as if expired); then the largest sessions lose the older half of
+    their log and history (as ``max_log`` trims), each with a warning.
     """
 
     def __init__(
@@ -58,14 +89,19 @@ class MemorySessions:
         *,
         ttl: float = 86400.0,
         max_log: int = 10_000,
+        max_bytes: int = MAX_BYTES,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if ttl <= 0:
             raise ValueError(f"ttl must be > 0 seconds, got {ttl!r}")
         if max_log < 1:
             raise ValueError(f"max_log must be >= 1, got {max_log!r}")
+        if max_bytes < 1:
+            raise ValueError(f"max_bytes must be >= 1, got {max_bytes!r}")
         self.ttl = ttl
         self.max_log = max_log
+        self.max_bytes = max_bytes
+        self.size = 0  # bytes counted, all sessions
         self._clock = clock
         # Trim in steps rather than on every append: amortised O(1) appends, and
         # the same "at least max_log" promise the Redis store makes.
@@ -84,9 +120,61 @@ class MemorySessions:
         """The live session, dropping it if its idle TTL has passed."""
         session = self._sessions.get(sid)
         if session is not None and now >= session.deadline:
-            del self._sessions[sid]
+            self._drop(sid)
             return None
         return session
+
+    def _drop(self, sid: str) -> bool:
+        session = self._sessions.pop(sid, None)
+        if session is None:
+            return False
+        self.size -= session.size
+        return True
+
+    def _grew(self, writing: str, session: _Session, added: int) -> None:
+        """``added`` bytes more in ``session`` (negative: fewer). Over the budget: room
+        down to nine tenths of it (see the class)."""
+        session.size += added
+        self.size += added
+        if self.size <= self.max_bytes:
+            return
+        target = self.max_bytes * 9 // 10
+        now = self._clock()
+        self._next_sweep = now
+        self._maybe_sweep(now)
+        idle = sorted(
+            (session.deadline, sid)
+            for sid, session in self._sessions.items()
+            if sid != writing and self._holder(sid, now) is None
+        )
+        gone = 0
+        for _, sid in idle:
+            if self.size <= target:
+                break
+            gone += self._drop(sid)
+        if gone:
+            log.warning(
+                "the in-memory store is full (%d MiB, memory_store_mb): %d idle sessions "
+                "were dropped, least recently written first; set REDIS_URL to keep more",
+                self.max_bytes >> 20,
+                gone,
+            )
+        while self.size > target:
+            freed = 0
+            for sid, largest in sorted(self._sessions.items(), key=lambda i: -i[1].size)[:8]:
+                cut = largest.halve()
+                self.size -= cut
+                freed += cut
+                if cut and not largest.trimmed:
+                    largest.trimmed = True
+                    log.warning(
+                        "session %s: the in-memory store is full (%d MiB, memory_store_mb): "
+                        "its oldest events and history were dropped; set REDIS_URL to keep more",
+                        sid,
+                        self.max_bytes >> 20,
+                    )
+            if not freed:
+                return  # nothing left to shed but each session's newest entry
 
     def _holder(self, sid: str, now: float) -> str | None:
         lease = self._leases.get(sid)
@@ -106,7 +194,7 @@ class MemorySessions:
             return
         self._next_sweep = now + self._sweep_every
         for sid in [s for s, v in self._sessions.items() if now >= v.deadline]:
-            del self._sessions[sid]
+            self._drop(sid)
         for sid in [s for s, v in self._leases.items() if now >= v[1]]:
             del self._leases[sid]
         for sid in [s for s, deadline in self._gone.items() if now >= deadline]:
@@ -154,6 +242,7 @@ class MemorySessions:
             session = self._sessions[sid] = _Session(deadline)
         session.meta = dict(meta)
         session.deadline = deadline
+        self._grew(sid, session, _meta_bytes(meta))
         return True
 
     async def get_meta(self, sid: str) -> dict[str, str] | None:
@@ -171,13 +260,15 @@ class MemorySessions:
         session = self._session(sid, now)
         if session is None or session.meta is None:
             return
+        before = _meta_bytes(session.meta)
         session.meta.update(fields)
         session.deadline = now + self.ttl
+        self._grew(sid, session, _meta_bytes(session.meta) - before)
 
     async def delete_session(self, sid: str) -> bool:
         now = self._clock()
         session = self._session(sid, now)
-        existed = self._sessions.pop(sid, None) is not None and session is not None
+        existed = self._drop(sid) and session is not None
         self._leases.pop(sid, None)
         self._gone[sid] = now + self.ttl
         if sid in self._waiters:
@@ -254,13 +345,18 @@ class MemorySessions:
         if session is None:
             session = self._sessions[sid] = _Session(now + self.ttl)
         session.deadline = now + self.ttl
+        added = sum(len(h) for h in history) + (len(entries) + len(history)) * ENTRY_BYTES
         if entries:
-            log = session.log
-            log.extend(entries)
-            if len(log) > self._trim_at:
-                del log[: len(log) - self.max_log]
+            kept = session.log
+            kept.extend(entries)
+            added += sum(len(e.data) for e in entries)
+            if len(kept) > self._trim_at:
+                cut = len(kept) - self.max_log
+                added -= sum(len(e.data) for e in kept[:cut]) + cut * ENTRY_BYTES
+                del kept[:cut]
         if history:
             session.history.extend(history)
+        self._grew(sid, session, added)
         if entries and sid in self._waiters:
             self._wake(sid)
 

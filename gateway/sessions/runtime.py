@@ -433,6 +433,11 @@ class SessionRuntime:
         self.log.session_lost(reason)
         self.machine.feed(Shutdown())
         await self.link.close()
+        # A closed runtime is garbage in cycles (its parts refer to each other), freed by
+        # a full collection only, which ``gateway serve``'s thresholds make rare: its
+        # history (the whole conversation: 36 MB for 20 messages of 900 kB) went with it
+        # only then. The store keeps the history; a new runtime reads it from there.
+        self.log.history.clear()
 
 
 def _heard_audio(runtime: SessionRuntime, recorder: SessionRecorder, pcm16: bytes) -> None:

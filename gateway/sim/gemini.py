@@ -215,6 +215,9 @@ class _Connection(SimConnection):
         self.async_calls: dict[str, str] = {}  # NON_BLOCKING calls without a response yet
         self._call_ids = itertools.count(1)
 
+    def forget(self) -> None:
+        self.turns.clear()
+
     def snapshot(self) -> SimConversation:
         items = [
             SimItem(f"turn_{self.no}_{n}", t.role, t.text, t.status)

@@ -103,6 +103,9 @@ class LiveConnection(SimConnection):
 
     # --- plumbing -----------------------------------------------------------------
 
+    def forget(self) -> None:
+        self.items.clear()
+
     def _eid(self) -> str:
         return f"event_live{self.no}_{next(self._ids)}"
 

@@ -462,6 +462,14 @@ class SimConnection(abc.ABC):
                 await self._dispatch(await self.ws.recv(decode=False))
         except ConnectionClosed:
             pass
+        finally:
+            self.forget()
+
+    def forget(self) -> None:  # noqa: B027 - optional hook
+        """Drop what the connection's conversation holds, as the service does when its
+        connection ends. The connection's objects refer to each other, so without this
+        its conversation (every message of the session) lived until a full collection,
+        which ``gateway serve`` (where the simulator runs in-process) makes rare."""
 
     async def greet(self) -> None:  # noqa: B027 - optional hook
         """What the server sends first, before any client frame (nothing by default)."""

@@ -198,6 +198,9 @@ class RealtimeConnection(SimConnection):
 
     # --- the connection's life ----------------------------------------------------
 
+    def forget(self) -> None:
+        self.conversation.items.clear()
+
     async def greet(self) -> None:
         await self._send(wire.SessionCreated(event_id=self._eid(), session=self.session))
 

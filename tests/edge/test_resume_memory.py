@@ -106,3 +106,39 @@ async def test_loading_a_session_holds_its_history_once(gateway: Gateway) -> Non
     assert peak < history * 1.35 + 16 * MIB, (
         f"{peak / MIB:.0f} MiB allocated loading {history / MIB:.0f} MiB of history"
     )
+
+
+def held_by(snapshot: tracemalloc.Snapshot, *places: str) -> int:
+    """Bytes still allocated by code whose traceback passes through any of ``places``."""
+    return sum(
+        stat.size
+        for stat in snapshot.statistics("traceback")
+        if any(place in frame.filename for frame in stat.traceback for place in places)
+    )
+
+
+async def test_a_closed_sessions_conversation_is_freed_without_a_full_collection(
+    gateway: Gateway,
+) -> None:
+    """Found by measuring a README node: 20 messages of 900 kB a session grew it ~40 MB
+    a session, kept past the store's budget. A closed runtime, and the in-process
+    simulator's connection, are cycles of objects, freed by a full collection only,
+    which ``gateway serve``'s thresholds make rare (as disabled here): with them went
+    the session's whole conversation. The store's copy (bytes) is all that stays."""
+    gc.collect()
+    gc.disable()
+    tracemalloc.start(32)
+    try:
+        sid, _ = await large_log(gateway)
+        async with asyncio.timeout(30):
+            while sid in gateway.node.runtimes:  # noqa: ASYNC110 - no event to await
+                await asyncio.sleep(0.05)
+        places = ("client_frames.py", "/gateway/sim/")
+        async with asyncio.timeout(30):
+            while (held := held_by(tracemalloc.take_snapshot(), *places)) > 4 * MIB:  # noqa: ASYNC110 - freed memory sends no event
+                await asyncio.sleep(0.2)
+    except TimeoutError:
+        pytest.fail(f"{held / MIB:.0f} MiB of a closed session's messages still held")
+    finally:
+        tracemalloc.stop()
+        gc.enable()

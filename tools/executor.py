@@ -32,7 +32,7 @@ from protocol.journal import idempotency_key
 
 from .base import DEFAULT_MAX_OUTPUT, ToolContext, ToolFailure
 from .done_markers import recall, record
-from .output import NotJSON, cap_output, output_size
+from .output import NotJSON, cap_output, fit_output, output_size
 from .registry import AnyTool, InvalidArgs, Registry, UnknownTool
 
 __all__ = ["CallObserver", "Executor", "Judge", "ResultSink"]
@@ -270,8 +270,9 @@ class Executor:
                 "This is a fault in the tool, not in your call; try another way to get the result",
             )
 
+        secrets = getattr(tool, "secrets", None)
         try:
-            capped = cap_output(content, max_output)
+            capped = fit_output(content, max_output, secrets.scrub if secrets else None)
         except NotJSON as exc:
             log.error("tool %r returned a value that is not JSON: %s", tool.name, exc)
             return _failure(

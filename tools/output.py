@@ -9,11 +9,12 @@ way, so the model always gets valid text and a note saying how much it missed.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Final
 
 import msgspec
 
-__all__ = ["NotJSON", "cap_output", "output_size", "truncation_note"]
+__all__ = ["NotJSON", "cap_output", "fit_output", "output_size", "truncation_note"]
 
 _encoder: Final = msgspec.json.Encoder()
 
@@ -31,9 +32,35 @@ def output_size(content: Any) -> int:
     return len(_as_bytes(content))
 
 
+def fit_output(content: Any, max_bytes: int, scrub: Callable[[Any], Any] | None = None) -> Any:
+    """A tool's ``content`` as the session may keep it: text without lone surrogates,
+    ``scrub`` (its secrets) applied before the cut, then ``cap_output``.
+
+    A lone surrogate (``"\ud800"``: valid JSON, but no character) passed the cut and
+    failed the turn where its results were encoded, every time it was asked again; it
+    is now a ``?``. A secret cut through at ``max_bytes`` before it was scrubbed was no
+    longer found, and its first part reached the client."""
+    if isinstance(content, str):
+        content = _text(content)
+    if scrub is not None:
+        try:
+            content = scrub(content)
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise NotJSON(f"{type(exc).__name__}: {exc}") from exc
+    return cap_output(content, max_bytes)
+
+
+def _text(text: str) -> str:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", errors="replace").decode("utf-8")
+    return text
+
+
 def _as_bytes(content: Any) -> bytes:
     if isinstance(content, str):
-        return content.encode("utf-8", errors="surrogatepass")
+        return content.encode("utf-8", errors="replace")
     try:
         return _encoder.encode(content)
     except (TypeError, ValueError, OverflowError) as exc:

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from protocol.calls import ToolCall, ToolResult
+from protocol.calls import ToolCall, ToolResult, encode_results
 from tools.base import ToolContext
 from tools.executor import Executor
 from tools.providers.http import HttpTool, HttpToolSpec, http_client
@@ -41,7 +41,7 @@ async def call(server: ToolServer, tmp_path: Path) -> AsyncIterator[Any]:
                 ),
                 client,
             )
-            for path in ("weather", "fail", "slow", "text", "missing")
+            for path in ("weather", "fail", "slow", "text", "missing", "lone")
         ]
         executor = Executor(Registry(tools), timeout=30.0)
         ctx = ToolContext(workspace=tmp_path, session_id="sess-7")
@@ -76,6 +76,40 @@ async def test_a_non_2xx_answer_is_a_failure_with_status_and_body(call: Any) -> 
 async def test_a_body_that_is_not_json_is_a_failure(call: Any) -> None:
     result = await call("text", city="Oslo")
     assert result.status == "failure" and "not JSON: just words" in result.content
+
+
+async def test_a_lone_surrogate_in_an_answer_is_a_replacement_not_a_broken_turn(
+    call: Any,
+) -> None:
+    """Found from outside: the JSON ``"\\ud800"`` passed the cut and failed the turn
+    where the results were encoded (``UnicodeEncodeError``), every time it was asked."""
+    result = await call("lone", city="Oslo")
+    assert result == ToolResult("lone", "success", "? and more")
+    assert encode_results([result])  # what the session sends the model
+
+
+@pytest.mark.parametrize("path", ["echo500", "echo"])
+async def test_a_secret_cut_through_by_a_limit_is_still_redacted(
+    server: ToolServer, tmp_path: Path, path: str
+) -> None:
+    """Found from outside: an error body is shown up to 300 characters and a result is
+    cut at its output limit before the secrets were scrubbed; a secret cut through
+    was no longer found, and its first 30 characters reached the client."""
+    key = "sk-live-ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789ab"
+    spec = HttpToolSpec(
+        path,
+        server.base + "/" + path,
+        "echoes",
+        CITY,
+        headers={"Authorization": f"Bearer {key}"},
+        secrets=(("auth", f"Bearer {key}"), ("auth", key)),
+    )
+    async with http_client() as client:
+        executor = Executor(Registry([HttpTool(spec, client)]), max_output=320)
+        ctx = ToolContext(workspace=tmp_path, session_id="sess-7")
+        result = await executor.run_call(ToolCall(name=path, args={"city": "Oslo"}), ctx)
+    text = str(result.content)
+    assert "[redacted" in text and "sk-live" not in text and "ABCDEFGH" not in text
 
 
 async def test_a_slow_endpoint_fails_within_its_timeout(call: Any) -> None:

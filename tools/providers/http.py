@@ -97,6 +97,12 @@ class HttpTool(DescribedTool):
         self.secrets = Secrets(spec.secrets)
         self._client = client
 
+    def _scrub(self, text: str) -> str:
+        if not self.secrets:
+            return text
+        scrubbed = self.secrets.scrub(text.encode("utf-8", "replace").decode("utf-8"))
+        return scrubbed if isinstance(scrubbed, str) else text
+
     async def run(self, args: dict[str, Any], ctx: ToolContext) -> Any:
         spec = self.spec
         key = ctx.idempotency_key or uuid.uuid4().hex
@@ -136,8 +142,8 @@ class HttpTool(DescribedTool):
             raise ToolFailure(f"{spec.name!r} {read.refused}")
         status = read.status
         text = read.data.decode(read.charset, errors="replace")
-        if not read.ok:
-            raise ToolFailure(f"{spec.name!r} answered HTTP {status}: {_start(text)}")
+        if not read.ok:  # scrubbed whole: a secret cut through at the start is not found
+            raise ToolFailure(f"{spec.name!r} answered HTTP {status}: {_start(self._scrub(text))}")
         if read.over:
             raise ToolFailure(f"{spec.name!r} {_too_large(read, limit, ctx.max_output)}")
         try:
@@ -145,7 +151,8 @@ class HttpTool(DescribedTool):
         except ValueError:
             raise ToolFailure(
                 f"{spec.name!r} answered HTTP {status} but its body is not JSON: "
-                f"{_start(text)}. This is a fault in the tool's service, not in your call"
+                f"{_start(self._scrub(text))}. This is a fault in the tool's service, not in "
+                "your call"
             ) from None
 
 

@@ -2,7 +2,10 @@
 
 Paths: ``/weather`` answers ``{"city", "forecast", "session_id", "auth"}``,
 ``/fail`` answers 500 with a text body, ``/slow`` answers after 5 s,
-``/text`` answers 200 with a body that is not JSON. Every request body is
+``/text`` answers 200 with a body that is not JSON, ``/lone`` the JSON string
+``"\ud800 and more"`` (a lone surrogate: valid JSON, no character), ``/echo500``
+(500) and ``/echo`` (200, a JSON string) 290 characters and then the request's
+``Authorization`` header. Every request body is
 kept in ``requests`` so tests can check what the gateway sent.
 """
 
@@ -62,6 +65,13 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(200, "application/json", "{}")
         elif self.path == "/text":
             self._send(200, "text/plain", "just words")
+        elif self.path == "/lone":
+            self._send(200, "application/json", '"\\ud800 and more"')
+        elif self.path == "/echo500":
+            self._send(500, "text/plain", "x" * 290 + str(self.headers.get("Authorization")))
+        elif self.path == "/echo":
+            echo = "x" * 290 + str(self.headers.get("Authorization"))
+            self._send(200, "application/json", json.dumps(echo))
         else:
             self._send(404, "text/plain", "no such tool")
 

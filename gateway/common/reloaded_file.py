@@ -1,7 +1,8 @@
 """A configuration file re-read when it changes: the key policies and the guardrails.
 
 One ``stat`` at most every ``check_interval`` seconds (on use, and by the node's
-rights watch); a file that no longer reads keeps what was loaded, and says why.
+rights watch); a file that no longer reads, or is empty, keeps what was loaded, and
+says why.
 """
 
 from __future__ import annotations
@@ -39,7 +40,18 @@ class ReloadedFile:
         self._checked = now
         try:
             stat = self.path.stat()
-            if (stat.st_mtime, stat.st_size) != self._stamp:
+            stamp = (stat.st_mtime, stat.st_size)
+            if stamp != self._stamp and stat.st_size == 0 and self._stamp is not None:
+                # An editor that truncates, then writes, shows an empty file in between:
+                # loaded, every rule went away until the next write.
+                self._stamp = stamp
+                self._log.warning(
+                    "%s %s is empty: keeping what it had loaded (to have no rules, write "
+                    "a file holding only a comment)",
+                    self.what,
+                    self.path,
+                )
+            elif stamp != self._stamp:
                 self._load()
                 self._log.info("%s %s loaded: %s", self.what, self.path, self._loaded())
         except (OSError, ValueError) as exc:

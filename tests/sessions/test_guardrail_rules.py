@@ -27,6 +27,23 @@ def test_the_rules_file_is_checked_at_start_and_reloaded(tmp_path: Path) -> None
         GuardrailsFile(path)
 
 
+def test_an_emptied_rules_file_keeps_its_rules_until_it_is_written(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Found from outside: a save that truncates, then writes, showed the node an empty
+    file, loaded as no rules: redaction stopped until the next write."""
+    path = tmp_path / "rules.toml"
+    path.write_text('[[rule]]\nname = "a"\non = "output"\naction = "redact"\ndetect = "email"\n')
+    rules = GuardrailsFile(path, check_interval=0.0)
+    path.write_text("")
+    os.utime(path, (1, 1))
+    assert rules.poll() == 1 and [s.name for s in rules.specs] == ["a"]
+    assert "is empty: keeping what it had loaded" in caplog.text
+    path.write_text("# no rules for now\n")
+    os.utime(path, (2, 2))
+    assert rules.poll() == 2 and rules.specs == ()
+
+
 def test_the_docs_unicode_space_pattern_loads_and_catches_a_no_break_space(
     tmp_path: Path,
 ) -> None:

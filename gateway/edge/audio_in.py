@@ -8,6 +8,10 @@ have to drive the session here first. A refusal (no input audio configured,
 the session driven by another node) is answered at most every
 ``AUDIO_REFUSAL_EVERY`` seconds, not once per frame, and a connection whose
 session is driven elsewhere asks for it at most every ``AUDIO_RETRY_EVERY``.
+
+Audio is not counted against the connection's frame limit (a 20 ms microphone
+alone sends 50 frames a second, that limit), but against a limit of its own
+(``AUDIO_FRAMES_PER_SECOND``), checked before any other work on the frame.
 """
 
 from __future__ import annotations
@@ -20,13 +24,29 @@ from typing import Final, Protocol
 
 import msgspec
 
+from gateway.edge.closes import CloseCode
+from gateway.edge.frame_rate import FrameRate, Verdict
 from gateway.sessions.port import NodePort
 from gateway.sessions.subscriber import DrivenSession
 from gateway.store.base import StoreError
 from protocol.client_frames import decode_client
 from protocol.events import AudioChunk, Error
 
-__all__ = ["AUDIO_REFUSAL_EVERY", "AUDIO_RETRY_EVERY", "DRIVEN_ELSEWHERE", "AudioIn"]
+__all__ = [
+    "AUDIO_FRAMES_PER_SECOND",
+    "AUDIO_FRAME_BURST",
+    "AUDIO_REFUSAL_EVERY",
+    "AUDIO_RETRY_EVERY",
+    "DRIVEN_ELSEWHERE",
+    "AudioIn",
+]
+
+AUDIO_FRAMES_PER_SECOND: Final = 500
+"""Audio frames a connection may send a second: a microphone sends 50 (20 ms frames) to
+375 (each 128-sample quantum of an AudioWorklet at 48 kHz). Before it, one client sending
+80,000 two-byte frames a second took a core and kept /healthz waiting over a second."""
+AUDIO_FRAME_BURST: Final = 1000
+"""Audio frames a connection may send at once: 20 s of 20 ms frames held back by a stall."""
 
 AUDIO_REFUSAL_EVERY: Final = 2.0
 AUDIO_RETRY_EVERY: Final = 0.25
@@ -58,12 +78,36 @@ class Microphoned(Protocol):
 class AudioIn:
     """One connection's microphone (see the module docstring)."""
 
-    __slots__ = ("conn", "refused_at", "retry_at")
+    __slots__ = ("conn", "over", "rate", "refused_at", "retry_at")
 
     def __init__(self, conn: Microphoned) -> None:
         self.conn = conn
         self.refused_at = -math.inf  # monotonic time of the last audio refusal sent
         self.retry_at = -math.inf  # no drive attempt for audio before this
+        self.rate = FrameRate(AUDIO_FRAMES_PER_SECOND, AUDIO_FRAME_BURST, time.monotonic())
+        self.over: Verdict | None = None  # the read callback's verdict, left for the reader
+
+    def verdict(self) -> Verdict:
+        """The audio limit's verdict on the frame at hand (the read callback's, if it
+        gave one for it)."""
+        over, self.over = self.over, None
+        return over if over is not None else self.rate.check(time.monotonic())
+
+    def refusal(self) -> Error:
+        return Error(
+            code="rate_limited",
+            content=f"too many audio frames: a connection may send {AUDIO_FRAMES_PER_SECOND} "
+            f"a second (bursts of {AUDIO_FRAME_BURST}); frames over it are dropped — send "
+            "20 ms of audio or more a frame; a client that keeps sending is disconnected "
+            f"({CloseCode.RATE_LIMITED})",
+        )
+
+    async def binary(self, pcm16: bytes) -> Verdict:
+        """A binary frame of audio, relayed if the audio limit takes it."""
+        verdict = self.verdict()
+        if verdict is Verdict.ACCEPT and not self.now(pcm16):
+            await self.send(pcm16)
+        return verdict
 
     def now(self, pcm16: bytes) -> bool:
         """Handed to the session's upstream without awaiting (a runtime here, input
@@ -110,23 +154,28 @@ class AudioIn:
             return False
         if not text:  # a binary frame: ``now``, inlined (50 a second per microphone)
             runtime = conn.driven
-            return runtime is not None and runtime.send_audio_now(data)
+            return runtime is not None and self._within() and runtime.send_audio_now(data)
         if b'"audio"' not in data:
             return False
         message = decode_client(data)
-        return isinstance(message, AudioChunk) and self.now(message.audio)
+        return isinstance(message, AudioChunk) and self._within() and self.now(message.audio)
 
-    async def json(self, frame: str) -> bool:
-        """Handle an ``{"type": "audio"}`` text frame; False for any other frame.
+    def _within(self) -> bool:
+        """Within the audio limit; else its verdict is left for the reader."""
+        verdict = self.rate.check(time.monotonic())
+        if verdict is Verdict.ACCEPT:
+            return True
+        self.over = verdict
+        return False
 
-        A 20 ms microphone sends 50 frames a second, exactly the frame limit,
-        so audio is exempt in JSON as in binary. Only frames that name
-        ``"audio"`` are decoded before the limit's check.
-        """
+    async def json(self, frame: str) -> Verdict | None:
+        """Handle an ``{"type": "audio"}`` text frame (the audio limit's verdict); None
+        for any other frame. Only frames that name ``"audio"`` are decoded first."""
         message = decode_client(frame)
         if not isinstance(message, AudioChunk):
-            return False
-        if not self.now(message.audio):
+            return None
+        verdict = self.verdict()
+        if verdict is Verdict.ACCEPT and not self.now(message.audio):
             await self.send(message.audio, message.id)
         await asyncio.sleep(0)
-        return True
+        return verdict

@@ -13,11 +13,10 @@ frame per segment (``gateway.edge.backpressure.SegmentJoiner``), live and in
 replay alike. The reader limits how fast a client may send frames
 (``gateway.edge.frame_rate``): one client cannot take a core.
 
-Voice (``protocol.audio``): binary frames from the client are user audio,
-handed to the session's upstream as they come (they are not counted by the
-frame limit: a microphone sends 50 a second, and each waits for the upstream
-socket); binary frames to the client are the model's speech, sent as soon as
-they arrive — a client whose writer is behind misses them (it has the text).
+Voice (``protocol.audio``): binary frames from the client are user audio, handed to
+the session's upstream as they come (under an audio limit of their own: ``AudioIn``);
+binary frames to the client are the model's speech, sent as soon as they arrive — a
+client whose writer is behind misses them (it has the text).
 """
 
 from __future__ import annotations
@@ -322,22 +321,23 @@ class ClientConnection:
                     # client that sends a burst before reading would find
                     # them dropped (``SendPressure.may_queue_reply``).
                     await asyncio.sleep(0)
-                if type(frame) is bytes:
-                    if not mic.now(frame):
-                        await mic.send(frame)
-                    # Buffered frames come back without a pause: give the other
-                    # sessions their turn, as a task per frame once did.
-                    await asyncio.sleep(0)
-                    continue
-                assert isinstance(frame, str)
-                if '"audio"' in frame and await mic.json(frame):
-                    continue  # audio does not count against the frame limit, in JSON either
-                verdict = check(clock())
-                if verdict is Verdict.ACCEPT:
+                heard = None  # audio's verdict: it has a limit of its own (``AudioIn``)
+                if isinstance(frame, bytes):
+                    heard = verdict = await mic.binary(frame)
+                    await asyncio.sleep(0)  # buffered frames come without a pause: others' turn
+                elif '"audio"' in frame and (heard := await mic.json(frame)) is not None:
+                    verdict = heard
+                elif (verdict := check(clock())) is Verdict.ACCEPT:
                     await self._handle(frame)
-                elif verdict is Verdict.REFUSE:
+                if verdict is Verdict.ACCEPT:
+                    continue
+                if verdict is Verdict.REFUSE:
                     self.node.metrics.clients.frames_dropped.inc()
-                    self._reply(flood_refusal(self.node.config, self._frame_rate))
+                    self._reply(
+                        mic.refusal()
+                        if heard
+                        else flood_refusal(self.node.config, self._frame_rate)
+                    )
                 elif verdict is Verdict.CLOSE:
                     await self._close_flooding(writer)
                     return

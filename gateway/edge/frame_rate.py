@@ -31,8 +31,8 @@ class Verdict(enum.Enum):
 class FrameRate:
     """A token bucket: ``rate`` frames/s sustained, ``burst`` at once.
 
-    After ``burst`` frames refused since the last accepted one (a second
-    burst's worth sent into a full refusal) the verdict is ``CLOSE``.
+    After ``burst`` frames refused since the client last slowed down (its bucket
+    half full again) the verdict is ``CLOSE``.
     ``rate`` 0 turns the limit off.
     """
 
@@ -43,7 +43,7 @@ class FrameRate:
         self.burst = max(1, burst)
         self._tokens = float(self.burst)
         self._last = now
-        self.refused = 0  # frames refused since the last accepted one
+        self.refused = 0  # frames refused since the client last slowed down
         self.refusals = 0  # times a frame was refused after one was accepted (``REFUSE``)
 
     def check(self, now: float) -> Verdict:
@@ -54,7 +54,11 @@ class FrameRate:
         self._last = now
         if tokens >= 1.0:
             self._tokens = tokens - 1.0
-            self.refused = 0
+            if tokens * 2 >= self.burst:
+                # Slowed down to well under the rate: the count starts over. Reset by
+                # any frame let through, a client at twice the rate was never closed
+                # (nor one at 140 times it, under a rate of 500).
+                self.refused = 0
             return Verdict.ACCEPT
         self._tokens = tokens
         self.refused += 1

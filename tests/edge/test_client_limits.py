@@ -66,7 +66,12 @@ def test_the_bucket_refuses_then_closes_a_client_that_keeps_flooding() -> None:
     rate = FrameRate(rate=10.0, burst=5, now=0.0)
     for _ in range(6):
         rate.check(0.0)
-    assert rate.check(0.1) is Verdict.ACCEPT and rate.refused == 0
+    assert rate.check(0.1) is Verdict.ACCEPT and rate.refused == 1  # a frame let through
+    assert rate.check(0.4) is Verdict.ACCEPT and rate.refused == 0  # slowed down: over
+    # A client that keeps on at twice the rate is closed: half its frames are refused.
+    rate = FrameRate(rate=10.0, burst=5, now=0.0)
+    verdicts = [rate.check(n / 20) for n in range(40)]
+    assert Verdict.CLOSE in verdicts and verdicts.count(Verdict.REFUSE) == 1
     assert FrameRate(rate=0.0, burst=1, now=0.0).check(0.0) is Verdict.ACCEPT  # off
 
 

@@ -42,6 +42,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final
 
+from protocol.configuration import MAX_SCHEMA_DEPTH
+
 from .providers.specs import HttpToolSpec, McpServerSpec
 from .secrets import header_secrets
 from .validation import ArgsValidator
@@ -106,6 +108,11 @@ def parse_tools_file(
     except tomllib.TOMLDecodeError as exc:
         raise ToolsFileError(
             f"tools file {path}: not valid TOML ({exc}); fix the syntax there"
+        ) from None
+    except RecursionError:  # tomllib recurses per nested table or array
+        raise ToolsFileError(
+            f"tools file {path}: its tables or arrays nest too deeply to read; a tool's "
+            f"parameters nest at most {MAX_SCHEMA_DEPTH} levels"
         ) from None
     known = {"builtin", "mcp", "http"}
     for key in data:

@@ -359,6 +359,10 @@ class KeyFile:
                 f"{self.path} does not exist: create it with `gateway keys add KEY_ID "
                 f"--file {self.path}`"
             ) from None
+        except UnicodeDecodeError as exc:
+            raise ValueError(
+                f"{self.path} is not UTF-8 text (byte {exc.start} is not): save it as UTF-8"
+            ) from None
         entries: list[tuple[str, str]] = []
         tools: dict[str, AllowList] = {}
         for number, line in enumerate(text.splitlines(), 1):

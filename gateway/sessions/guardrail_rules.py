@@ -159,6 +159,8 @@ class GuardrailsFile(ReloadedFile):
             ) from None
         except tomllib.TOMLDecodeError as exc:
             raise ValueError(f"{self.path} is not valid TOML: {exc}") from None
+        except RecursionError:  # tomllib recurses per nested table or array
+            raise ValueError(f"{self.path}: its tables or arrays nest too deeply") from None
         extra = [k for k in tables if k != "rule"]
         if extra:
             raise ValueError(f"{self.path}: {extra[0]!r}: write each rule as a [[rule]] table")

@@ -176,8 +176,14 @@ class KeyPolicies(ReloadedFile):
         stat = self.path.stat()
         try:
             tables = tomllib.loads(self.path.read_text(encoding="utf-8"))
+        except UnicodeDecodeError as exc:
+            raise ValueError(
+                f"{self.path} is not UTF-8 text (byte {exc.start} is not): save it as UTF-8"
+            ) from None
         except tomllib.TOMLDecodeError as exc:
             raise ValueError(f"{self.path} is not valid TOML: {exc}") from None
+        except RecursionError:  # tomllib recurses per nested table or array
+            raise ValueError(f"{self.path}: its tables or arrays nest too deeply") from None
         policies: dict[str, KeyPolicy] = {}
         for key_id, table in tables.items():
             if not isinstance(table, dict):

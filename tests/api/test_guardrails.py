@@ -187,6 +187,14 @@ def test_a_bad_rule_in_a_key_policy_names_the_table_and_the_rule(tmp_path: Path)
     )
     with pytest.raises(ConfigError, match=r"\[alice\]: guardrails: guardrail 'x': pattern"):
         KeyPolicies(policy)
+    # Found from outside: "key_policy_file: 'utf-8' codec can't decode byte 0xff…", and a
+    # RecursionError traceback for tables nested 500 deep.
+    policy.write_bytes(b'[alice]\ninstructions = "\xff"\n')
+    with pytest.raises(ConfigError, match=r"policy\.toml is not UTF-8 text .*save it as UTF-8"):
+        KeyPolicies(policy)
+    policy.write_text("[alice]\naliases = " + "{a = " * 500 + '"x"' + "}" * 500 + "\n")
+    with pytest.raises(ConfigError, match=r"policy\.toml: its tables or arrays nest too deeply"):
+        KeyPolicies(policy)
 
 
 @pytest.mark.parametrize("keyed", [True, False], ids=["keys", "no-keys"])

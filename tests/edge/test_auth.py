@@ -289,6 +289,9 @@ def test_a_broken_keys_file_stops_startup_with_the_line_number(tmp_path: Path) -
         KeyFile(path)
     with pytest.raises(ConfigError, match="does not exist"):
         KeyFile(tmp_path / "missing")
+    path.write_bytes(b"alice:\xff\n")  # named no file nor fix: "'utf-8' codec can't decode"
+    with pytest.raises(ConfigError, match=r"keys is not UTF-8 text .*save it as UTF-8"):
+        KeyFile(path)
 
 
 def test_the_keys_file_reloads_on_change_and_keeps_old_keys_when_broken(

@@ -71,6 +71,10 @@ def test_a_good_file_is_read_with_env_substituted(tmp_path: Path) -> None:
             "[http.read]: a built-in tool is already named 'read'",
         ),
         ('[http.w]\nurl = "http://h"\nparameters = {}\n', "[http.w] description: is missing"),
+        (  # tomllib recurses per level: a RecursionError traceback before
+            '[http.w]\nurl = "http://h"\nparameters = ' + "{a = " * 500 + "1" + "}" * 500,
+            "t.toml: its tables or arrays nest too deeply to read",
+        ),
     ],
 )
 def test_each_mistake_names_file_section_and_key(text: str, message: str) -> None:

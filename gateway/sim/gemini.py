@@ -45,17 +45,16 @@ Voice (what the model hears and says: ``gateway.sim.model``):
   ``realtimeInputConfig.automaticActivityDetection.disabled`` the client
   brackets speech with ``activityStart`` (which interrupts, too) and
   ``activityEnd`` (the model answers).
-- ``responseModalities`` ``["AUDIO"]``: ``modelTurn`` parts are
-  ``inlineData`` (``audio/pcm;rate=24000``), each with its
-  ``outputTranscription`` when ``outputAudioTranscription`` is set; a
-  function declared in ``tools`` is called with ``toolCall`` and the turn
-  goes on once ``toolResponse`` brings its output. A function declared with
-  ``behavior: NON_BLOCKING`` does not hold the turn: the model ends it
-  (``turnComplete``) and the call's ``toolResponse`` may come any time later;
-  its ``scheduling`` says what the model does then (the SDK's
-  ``FunctionResponseScheduling``): ``WHEN_IDLE`` (the default) speaks about it
-  once no turn runs, ``INTERRUPT`` cuts the running turn to speak about it,
-  ``SILENT`` only keeps it in the context.
+- ``responseModalities`` ``["AUDIO"]``: ``modelTurn`` parts are ``inlineData``
+  (``audio/pcm;rate=24000``), each with its ``outputTranscription`` when
+  ``outputAudioTranscription`` is set; a function declared in ``tools`` is called with
+  ``toolCall`` and the turn goes on once ``toolResponse`` brings its output. A function
+  declared with ``behavior: NON_BLOCKING`` does not hold the turn: the model ends it
+  (``turnComplete``) and the call's ``toolResponse`` may come any time later; its
+  ``scheduling`` says what the model does then (the SDK's ``FunctionResponseScheduling``):
+  ``WHEN_IDLE`` (the default) speaks about it once no turn runs, ``INTERRUPT`` cuts the
+  running turn to speak about it, ``SILENT`` only keeps it in the context. A closed
+  connection's turns are dropped (``forget``).
 """
 
 from __future__ import annotations

@@ -29,8 +29,7 @@ user message:
   session was opened with, every ``<`` written ``‹`` (so the protocol
   prompt's example markers stay text), then ``<end>``: tests see what
   reached the model.
-- ``/help`` → the list of these scripts (``SIM_HELP``), for a newcomer.
-- ``/long [N]`` → a think, then a Markdown answer of N sections (default 4).
+- ``/help`` → these scripts (``SIM_HELP``); ``/long [N]`` → a think, then N Markdown sections (4).
 - ``/error`` → a broken ``<execute>`` block: the gateway reports
   ``malformed_execute``, hands the failure back, and the model answers it.
 - no user message yet (a ``reply``) → a greeting (``GREETING``).
@@ -410,11 +409,8 @@ class Pacer:
 
 
 class SimItem(msgspec.Struct, frozen=True):
-    """One conversation item (a turn) as the simulator holds it (for tests).
-
-    ``role`` is the flavour's own: ``user``/``assistant``/``system`` (OpenAI),
-    ``user``/``model`` (Gemini).
-    """
+    """One conversation item (a turn) as the simulator holds it (for tests). ``role``
+    is the flavour's own: ``user``/``assistant``/``system`` (OpenAI), ``user``/``model``."""
 
     id: str
     role: str
@@ -461,15 +457,10 @@ class SimConnection(abc.ABC):
             while True:
                 await self._dispatch(await self.ws.recv(decode=False))
         except ConnectionClosed:
-            pass
-        finally:
             self.forget()
 
-    def forget(self) -> None:  # noqa: B027 - optional hook
-        """Drop what the connection's conversation holds, as the service does when its
-        connection ends. The connection's objects refer to each other, so without this
-        its conversation (every message of the session) lived until a full collection,
-        which ``gateway serve`` (where the simulator runs in-process) makes rare."""
+    def forget(self) -> None:  # noqa: B027 - a closed connection's conversation, dropped
+        """As the service does; its cycles kept it to a (rare) full collection before."""
 
     async def greet(self) -> None:  # noqa: B027 - optional hook
         """What the server sends first, before any client frame (nothing by default)."""

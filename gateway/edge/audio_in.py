@@ -154,19 +154,28 @@ class AudioIn:
             return False
         if not text:  # a binary frame: ``now``, inlined (50 a second per microphone)
             runtime = conn.driven
-            return runtime is not None and self._within() and runtime.send_audio_now(data)
+            return (
+                runtime is not None and self._within() and self._taken(runtime.send_audio_now(data))
+            )
         if b'"audio"' not in data:
             return False
         message = decode_client(data)
-        return isinstance(message, AudioChunk) and self._within() and self.now(message.audio)
+        return (
+            isinstance(message, AudioChunk)
+            and self._within()
+            and self._taken(self.now(message.audio))
+        )
 
     def _within(self) -> bool:
-        """Within the audio limit; else its verdict is left for the reader."""
-        verdict = self.rate.check(time.monotonic())
-        if verdict is Verdict.ACCEPT:
-            return True
-        self.over = verdict
-        return False
+        """Within the audio limit (the reader is left the verdict, so a frame is
+        counted once: refused, or not taken at once and sent by the reader)."""
+        verdict = self.over = self.rate.check(time.monotonic())
+        return verdict is Verdict.ACCEPT
+
+    def _taken(self, relayed: bool) -> bool:
+        if relayed:
+            self.over = None  # the frame is done with: its verdict is not the next one's
+        return relayed
 
     async def json(self, frame: str) -> Verdict | None:
         """Handle an ``{"type": "audio"}`` text frame (the audio limit's verdict); None

@@ -143,8 +143,8 @@ class MemorySessions:
         self._next_sweep = now
         self._maybe_sweep(now)
         idle = sorted(
-            (session.deadline, sid)
-            for sid, session in self._sessions.items()
+            (other.deadline, sid)
+            for sid, other in self._sessions.items()
             if sid != writing and self._holder(sid, now) is None
         )
         gone = 0

@@ -328,7 +328,7 @@ def _media_problem(lines: list[str]) -> str | None:
     name, most = attributes.most_common(1)[0] if attributes else ("", 0)
     if most > MAX_SAME_ATTRIBUTE:
         return (
-            f"the offer has {most} a={name} lines; a browser's has a few (at most "
+            f"the offer has {most} a={name[:40]} lines; a browser's has a few (at most "
             f"{MAX_SAME_ATTRIBUTE} of one attribute): send the offer createOffer() made"
         )
     if candidates > MAX_CANDIDATES:

@@ -155,24 +155,24 @@ class AudioIn:
         if not text:  # a binary frame: ``now``, inlined (50 a second per microphone)
             runtime = conn.driven
             return (
-                runtime is not None and self._within() and self._taken(runtime.send_audio_now(data))
+                runtime is not None and self.within() and self.taken(runtime.send_audio_now(data))
             )
         if b'"audio"' not in data:
             return False
         message = decode_client(data)
         return (
             isinstance(message, AudioChunk)
-            and self._within()
-            and self._taken(self.now(message.audio))
+            and self.within()
+            and self.taken(self.now(message.audio))
         )
 
-    def _within(self) -> bool:
+    def within(self) -> bool:
         """Within the audio limit (the reader is left the verdict, so a frame is
         counted once: refused, or not taken at once and sent by the reader)."""
         verdict = self.over = self.rate.check(time.monotonic())
         return verdict is Verdict.ACCEPT
 
-    def _taken(self, relayed: bool) -> bool:
+    def taken(self, relayed: bool) -> bool:
         if relayed:
             self.over = None  # the frame is done with: its verdict is not the next one's
         return relayed

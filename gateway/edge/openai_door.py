@@ -40,7 +40,7 @@ from gateway.common.loop_turns import LoopTurns
 from gateway.config import Config
 from gateway.edge.closes import CloseCode
 from gateway.edge.connection import ClientConnection
-from gateway.edge.door_refusals import RefusalLog, error_response
+from gateway.edge.door_refusals import RefusalLog, error_response, flooded
 from gateway.edge.frame_rate import Verdict
 from gateway.edge.http_requests import split_target
 from gateway.sessions.policy import KeyPolicies, refusal
@@ -484,13 +484,14 @@ class DoorConnection(ClientConnection):
             or len(data) > APPEND_SLICE  # read a slice at a time by the reader
             or data.find(b'"input_audio_buffer.append"', 0, 200) < 0
             or not self.conversation.hearing
+            or not self.mic.within()  # its verdict is left for the reader: counted once
         ):
             return False
         event = decode_client(data)
         if type(event) is not InputAudioBufferAppend:
             return False
         pcm = append_pcm(event)  # None: not base64, the reader refuses it with its event_id
-        if pcm is None or not self.mic.now(pcm):
+        if pcm is None or not self.mic.taken(self.mic.now(pcm)):
             return False
         self.conversation.requests.heard(len(pcm))  # what a commit will take
         return True
@@ -509,25 +510,22 @@ class DoorConnection(ClientConnection):
             frame = await self.ws.recv(decode=False)
             if self._close is not None:
                 return  # closing: its frames are not processed any more
-            # Audio (50 appends a second from a microphone) is not counted, as on the
-            # gateway's own door; every other event is, before any work is done for it.
-            if b'"input_audio_buffer.append"' not in frame[:200]:
-                verdict = check(clock())
-                if verdict is Verdict.CLOSE:
-                    await self._close_flooding(writer)
-                    return
-                if verdict is not Verdict.ACCEPT:
-                    if verdict is Verdict.REFUSE:
-                        self.node.metrics.clients.frames_dropped.inc()
-                        message = (
-                            f"too many events: at most {cfg.client_frames_per_second:g}/s "
-                            f"(bursts of {cfg.client_frame_burst}); events over it are dropped "
-                            "unread; slow down"
-                        )
-                        error = self.conversation.error(message, code="rate_limit_exceeded")
-                        await self._send_events([error])
-                    del frame  # as below
-                    continue
+            # Every event counts before any work is done for it; audio (a microphone's 50
+            # appends a second) against a limit of its own, as on the gateway's own door.
+            audio = b'"input_audio_buffer.append"' in frame[:200]
+            verdict = self.mic.verdict() if audio else check(clock())
+            if verdict is Verdict.CLOSE:
+                await self._close_flooding(writer)
+                return
+            if verdict is not Verdict.ACCEPT:
+                if verdict is Verdict.REFUSE:
+                    self.node.metrics.clients.frames_dropped.inc()
+                    rate = self.mic.rate if audio else self._frame_rate
+                    message = flooded(rate.rate, rate.burst, audio)
+                    error = self.conversation.error(message, code="rate_limit_exceeded")
+                    await self._send_events([error])
+                del frame  # as below
+                continue
             if self._due is not None and not self._due.done():
                 await self._due  # the conversation's own commands go first
             if len(frame) > APPEND_SLICE:  # a recording sent whole: read in slices

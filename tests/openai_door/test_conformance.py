@@ -4,6 +4,7 @@ behave as a client of OpenAI's service expects."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 from collections import Counter
@@ -154,6 +155,26 @@ async def test_a_flood_of_events_is_refused_then_closed(node: NodeProcess) -> No
     assert "rate_limit_exceeded" in codes
     assert client.ws.close_code == CloseCode.RATE_LIMITED
     assert len(codes) < 1000  # events over the limit are dropped unread, not answered
+
+
+async def test_a_flood_of_appends_is_refused_then_closed(node: NodeProcess) -> None:
+    """Found from outside on the native door, and the same here: appends were not counted
+    at all, so tens of thousands a second (each decoded) took a core. They count against
+    an audio limit of their own (500 a second, bursts of 1,000; a microphone sends 50)."""
+    client = await RawClient.open(f"{node.base}/openai/v1/realtime?model={MODELS[0]}")
+    frame = json.dumps({"type": "input_audio_buffer.append", "audio": "AAAA"})
+    with contextlib.suppress(ConnectionClosed):
+        for _ in range(6000):
+            await client.ws.send(frame)
+    codes: list[str] = []
+    with pytest.raises(ConnectionClosed):
+        while True:
+            event = await client.next(timeout=20)
+            if event["type"] == "error":
+                codes.append(event["error"]["code"])
+                assert "input_audio_buffer.append" in event["error"]["message"]
+    assert codes == ["rate_limit_exceeded"]
+    assert client.ws.close_code == CloseCode.RATE_LIMITED
 
 
 def test_a_model_is_served_until_its_shutdown_day() -> None:

@@ -319,6 +319,12 @@ class Gateway:
     ) -> Handshake | Response:
         """Every check of a client's handshake after its path (either door's): origin, key
         or token, connection limits, the session's existence and owner, ``after``."""
+        twice = next((n for n in _ONCE if len(set(query.get(n, ()))) > 1), None)
+        if twice is not None:  # the last one silently won: which position a resume took
+            return _text(
+                http.HTTPStatus.BAD_REQUEST,
+                f"{twice} is given more than once, with different values: give it once\n",
+            )
         # Origin, API key (the principal), connection limits; freed when the connection closes.
         admitted = await self.edges.admit(
             connection, request, functools.partial(self._handshakes.pop, id(connection), None)
@@ -568,6 +574,10 @@ async def _close_or_abort(ws: ServerConnection, reason: str) -> None:
         await asyncio.wait_for(ws.close(CloseCode.SERVICE_RESTART, close_reason(reason)), 5.0)
     except (TimeoutError, OSError):
         ws.transport.abort()
+
+
+_ONCE: Final = ("session_id", "after", "stream")
+"""Query parameters a handshake takes once (the same value twice is once)."""
 
 
 def _one(query: dict[str, list[str]], name: str) -> str | None:

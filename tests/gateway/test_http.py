@@ -38,6 +38,9 @@ async def test_healthz_and_metrics(gateway: Gateway) -> None:
     [
         ("?session_id=nope", 404, "does not exist"),
         ("?after=abc", 400, "not a seq"),
+        # Found from outside: the last one silently won (which position a resume took).
+        ("?after=3&after=4", 400, "after is given more than once, with different values"),
+        ("?stream=token&stream=event", 400, "stream is given more than once"),
     ],
 )
 async def test_refusals_happen_at_the_handshake(

@@ -245,6 +245,7 @@ class Node:
         session here opened a connection for each in the same moment).
         """
         listening = 0
+        start = asyncio.get_running_loop().time()  # one instant: the spacing is exact
         for runtime in list(self.runtimes.values()):
             if runtime.closed:
                 continue
@@ -278,7 +279,9 @@ class Node:
                     owner,
                     extra={"sid": runtime.sid},
                 )
-                runtime.rights_changed(setup, reopen_after=listening / POLICY_REOPENS_PER_SECOND)
+                runtime.rights_changed(
+                    setup, reopen_at=start + listening / POLICY_REOPENS_PER_SECOND
+                )
                 listening += runtime.listening
 
     def runtime_configured(self, runtime: SessionRuntime) -> None:

@@ -347,16 +347,16 @@ class SessionRuntime:
             self.driver.listen()
         return made if isinstance(made, Error) else None
 
-    def rights_changed(self, setup: SessionSetup, *, reopen_after: float = 0.0) -> None:
+    def rights_changed(self, setup: SessionSetup, *, reopen_at: float = 0.0) -> None:
         """The owner's rights changed (the operator's key policy): ``setup`` from the
         next model step, as ``configure`` applies a change, told to every client
         as ``configured`` and stored. Calls already sent to a client still wait;
         a server tool no longer allowed fails when it would run. A listening
-        session's provider connection is replaced ``reopen_after`` seconds from now
+        session's provider connection is replaced at ``reopen_at`` (the loop's clock)
         at the soonest (the node spreads them)."""
         if self.closed:
             return
-        self.driver.asker.reopens.postpone(asyncio.get_running_loop().time() + reopen_after)
+        self.driver.asker.reopens.postpone(reopen_at)
         _apply_setup(self, setup)
 
     def speaking_voice(self) -> VoiceConfig | None:

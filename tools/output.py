@@ -14,7 +14,7 @@ from typing import Any, Final
 
 import msgspec
 
-__all__ = ["NotJSON", "cap_output", "fit_output", "output_size", "truncation_note"]
+__all__ = ["NotJSON", "cap_output", "fit_output", "output_size", "truncation_note", "valid_text"]
 
 _encoder: Final = msgspec.json.Encoder()
 
@@ -41,7 +41,7 @@ def fit_output(content: Any, max_bytes: int, scrub: Callable[[Any], Any] | None 
     is now a ``?``. A secret cut through at ``max_bytes`` before it was scrubbed was no
     longer found, and its first part reached the client."""
     if isinstance(content, str):
-        content = _text(content)
+        content = valid_text(content)
     if scrub is not None:
         try:
             content = scrub(content)
@@ -50,7 +50,8 @@ def fit_output(content: Any, max_bytes: int, scrub: Callable[[Any], Any] | None 
     return cap_output(content, max_bytes)
 
 
-def _text(text: str) -> str:
+def valid_text(text: str) -> str:
+    """``text`` with any lone surrogate as ``?`` (``text`` itself when it has none)."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:

@@ -9,9 +9,27 @@ from __future__ import annotations
 
 import logging
 import time
+import tomllib
 from pathlib import Path
+from typing import Any
 
-__all__ = ["ReloadedFile"]
+__all__ = ["ReloadedFile", "toml_tables"]
+
+
+def toml_tables(path: Path) -> dict[str, Any]:
+    """``path``'s TOML, or a ``ValueError`` naming the file and what to do: the key
+    policies' and the guardrails' one reading (each said it apart, and one said only
+    "'utf-8' codec can't decode" for a byte that was not UTF-8)."""
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ValueError(
+            f"{path} is not UTF-8 text (byte {exc.start} is not): save it as UTF-8"
+        ) from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"{path} is not valid TOML: {exc}") from None
+    except RecursionError:  # tomllib recurses per nested table or array
+        raise ValueError(f"{path}: its tables or arrays nest too deeply") from None
 
 
 class ReloadedFile:

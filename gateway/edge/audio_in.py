@@ -154,9 +154,12 @@ class AudioIn:
             return False
         if not text:  # a binary frame: ``now``, inlined (50 a second per microphone)
             runtime = conn.driven
-            return (
-                runtime is not None and self.within() and self.taken(runtime.send_audio_now(data))
-            )
+            if runtime is None or not self.within():
+                return False
+            if runtime.send_audio_now(data):
+                self.over = None  # the frame is done with: its verdict is not the next one's
+                return True
+            return False
         if b'"audio"' not in data:
             return False
         message = decode_client(data)

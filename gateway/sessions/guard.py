@@ -16,6 +16,7 @@ FILE`` and the owner's key policy, compiled into ``Guardrails``).
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any, Final, Literal
 
@@ -43,7 +44,7 @@ from protocol.events import (
     User,
     UserMessage,
 )
-from protocol.guardrails import Action, Hit, RuleSet, StreamGuard, Verdict, check, check_input
+from protocol.guardrails import Hit, RuleSet, StreamGuard, Verdict, check, check_input
 from protocol.turn_events import TurnInput
 
 __all__ = ["EventGuard", "guard_result", "guard_value", "judged_input"]
@@ -428,18 +429,11 @@ class EventGuard:
         ``spoken`` answer cuts it (``cut_ms``, its waiting audio dropped)."""
         counter = self.metrics.guardrails.trips
         events: list[Event] = []
-        told: set[str] = set()
-        # Counted a rule at a time: a metric's ``labels`` per hit took 0.1 s of the loop
-        # for a message of 40,000 emails.
-        times: dict[tuple[str, Action], int] = {}
-        for hit in hits:
-            key = (hit.rule, hit.action)
-            times[key] = times.get(key, 0) + 1
-        for (rule, action), count in times.items():
+        # Counted a rule at a time (a rule has one action): a metric's ``labels`` per hit
+        # took 0.1 s of the loop for a message of 40,000 emails.
+        for (rule, action), count in Counter((hit.rule, hit.action) for hit in hits).items():
             counter.labels(rule, action, on).inc(count)
-            if rule not in told:
-                told.add(rule)
-                events.append(Guardrail(rule=rule, action=action, on=on, reply_to=reply_to))
+            events.append(Guardrail(rule=rule, action=action, on=on, reply_to=reply_to))
             ending = action == "end_turn" or spoken
             if ends and ending and not self._ended:
                 self._ended = True

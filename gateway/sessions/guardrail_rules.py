@@ -14,7 +14,6 @@ import logging
 import os
 import re
 import time
-import tomllib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +21,7 @@ from typing import Final
 
 import msgspec
 
-from gateway.common.reloaded_file import ReloadedFile
+from gateway.common.reloaded_file import ReloadedFile, toml_tables
 from gateway.common.settings import ConfigError
 from protocol.guardrails import EMPTY, RuleSet, RuleSpec, compile_rules
 
@@ -151,16 +150,7 @@ class GuardrailsFile(ReloadedFile):
         stat = self.path.stat()
         if stat.st_size > MAX_FILE_BYTES:
             raise ValueError(f"{self.path}: {stat.st_size} bytes, at most {MAX_FILE_BYTES}")
-        try:
-            tables = tomllib.loads(self.path.read_text(encoding="utf-8"))
-        except UnicodeDecodeError as exc:
-            raise ValueError(
-                f"{self.path} is not UTF-8 text (byte {exc.start} is not): save it as UTF-8"
-            ) from None
-        except tomllib.TOMLDecodeError as exc:
-            raise ValueError(f"{self.path} is not valid TOML: {exc}") from None
-        except RecursionError:  # tomllib recurses per nested table or array
-            raise ValueError(f"{self.path}: its tables or arrays nest too deeply") from None
+        tables = toml_tables(self.path)
         extra = [k for k in tables if k != "rule"]
         if extra:
             raise ValueError(f"{self.path}: {extra[0]!r}: write each rule as a [[rule]] table")

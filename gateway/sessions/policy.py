@@ -36,14 +36,13 @@ from __future__ import annotations
 
 import logging
 import time
-import tomllib
 from collections.abc import Collection
 from pathlib import Path
 from typing import Final
 
 import msgspec
 
-from gateway.common.reloaded_file import ReloadedFile
+from gateway.common.reloaded_file import ReloadedFile, toml_tables
 from gateway.common.settings import ConfigError
 from gateway.sessions.guardrail_rules import unset_variables
 from protocol.configuration import SessionConfig
@@ -174,16 +173,7 @@ class KeyPolicies(ReloadedFile):
     def _load(self) -> None:
         assert self.path is not None
         stat = self.path.stat()
-        try:
-            tables = tomllib.loads(self.path.read_text(encoding="utf-8"))
-        except UnicodeDecodeError as exc:
-            raise ValueError(
-                f"{self.path} is not UTF-8 text (byte {exc.start} is not): save it as UTF-8"
-            ) from None
-        except tomllib.TOMLDecodeError as exc:
-            raise ValueError(f"{self.path} is not valid TOML: {exc}") from None
-        except RecursionError:  # tomllib recurses per nested table or array
-            raise ValueError(f"{self.path}: its tables or arrays nest too deeply") from None
+        tables = toml_tables(self.path)
         policies: dict[str, KeyPolicy] = {}
         for key_id, table in tables.items():
             if not isinstance(table, dict):

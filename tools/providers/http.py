@@ -45,6 +45,7 @@ import httpx2
 
 from tools.base import ToolContext, ToolFailure
 from tools.described import DescribedTool
+from tools.output import valid_text
 from tools.providers.specs import HttpToolSpec
 from tools.secrets import Secrets
 
@@ -100,7 +101,7 @@ class HttpTool(DescribedTool):
     def _scrub(self, text: str) -> str:
         if not self.secrets:
             return text
-        scrubbed = self.secrets.scrub(text.encode("utf-8", "replace").decode("utf-8"))
+        scrubbed = self.secrets.scrub(valid_text(text))
         return scrubbed if isinstance(scrubbed, str) else text
 
     async def run(self, args: dict[str, Any], ctx: ToolContext) -> Any:

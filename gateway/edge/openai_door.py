@@ -461,12 +461,11 @@ class DoorConnection(ClientConnection):
         await self._open()
         check = self._frame_rate.check
         clock = time.monotonic
-        cfg = self.node.config
         messages = getattr(self.ws, "recv_messages", None)
         if isinstance(messages, wsfast.MessageQueue):
             messages.intercept = self._take_append
         try:
-            await self._read_events(writer, check, clock, cfg)
+            await self._read_events(writer, check, clock)
         finally:
             if isinstance(messages, wsfast.MessageQueue):
                 messages.intercept = None
@@ -501,7 +500,6 @@ class DoorConnection(ClientConnection):
         writer: asyncio.Task[None],
         check: Callable[[float], Verdict],
         clock: Callable[[], float],
-        cfg: Config,
     ) -> None:
         state = self.state
         while True:

@@ -347,8 +347,8 @@ class ClientConnection:
                 messages.intercept = None
 
     async def _close_flooding(self, writer: asyncio.Task[None]) -> None:
-        """Close a client that kept flooding; abort the TCP connection if it
-        does not answer the close soon (it may not be reading at all)."""
+        """Close a client that kept flooding, reading nothing more of it; abort the
+        TCP connection if it has not closed its end within 2 s (it may not read at all)."""
         self.node.metrics.clients.frames_dropped.inc()
         log.warning(
             "session %s: closing a client that keeps sending over its frame limit",
@@ -362,19 +362,17 @@ class ClientConnection:
         writer.cancel()
         with contextlib.suppress(BaseException):
             await writer
-        # Frames keep arriving until the client reads the close: take them off
-        # the socket unread, or its full receive queue would stop reading and
-        # the client's answering close frame would never be seen.
-        discard = asyncio.create_task(_discard_frames(self.ws), name=f"discard:{self.sid}")
+        ws = self.ws
+        if isinstance(ws, wsfast.FastReader):
+            ws.fail_discarding(*self._close)  # what it sends on is dropped unparsed
+        else:
+            ws.protocol.fail(*self._close)
+            ws.send_data()
         try:
             async with asyncio.timeout(2.0):
-                await self.ws.close(*self._close)
+                await ws.wait_closed()
         except TimeoutError:
-            self.ws.transport.abort()
-        finally:
-            discard.cancel()
-            with contextlib.suppress(BaseException):
-                await discard
+            ws.transport.abort()
 
     async def _handle(self, frame: str | bytes) -> None:
         if isinstance(frame, bytes):
@@ -577,14 +575,6 @@ class ClientConnection:
                 await self._send(batch)
             if not entries or (len(entries) < _REPLAY_PAGE and out.last_sent >= out.newest):
                 return
-
-
-async def _discard_frames(ws: ServerConnection) -> None:
-    with contextlib.suppress(ConnectionClosed):
-        while True:  # a recv of a queued frame returns at once: others' turn between
-            for _ in range(256):
-                await ws.recv()
-            await asyncio.sleep(0)
 
 
 def flood_refusal(cfg: Config, frame_rate: FrameRate) -> Error:

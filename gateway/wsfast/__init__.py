@@ -7,7 +7,7 @@ measured share of the node's CPU per event (docs/performance.md). This
 package is the gateway's one user of websockets' internals:
 
 - ``read``: ``FastReader`` reads final unfragmented text/binary frames itself
-  on both sides, into a ``MessageQueue`` that ``recv()`` reads;
+  on both sides, into a ``MessageQueue`` (``messages``) that ``recv()`` reads;
 - ``write``: ``write_text_now`` (masked, to providers), ``write_now``,
   ``write_binary_now`` and ``send_batch`` (to clients, one write per batch);
 - ``large``: a client's large frame unmasked as it arrives, and counted against
@@ -22,7 +22,8 @@ both stand on it (``tests/house/test_layers.py``).
 
 from gateway.wsfast.connections import BatchingConnection, FastReadClientConnection
 from gateway.wsfast.large import FrameBudget
-from gateway.wsfast.read import FastReader, MessageQueue, at_frame_boundary
+from gateway.wsfast.messages import MessageQueue
+from gateway.wsfast.read import FastReader, at_frame_boundary
 from gateway.wsfast.write import (
     BatchedWrites,
     can_write_now,

@@ -19,18 +19,9 @@ It starts reading only once the handshake is over and websockets' parser is
 waiting for a new frame with nothing buffered (``at_frame_boundary``), and
 stops for good when the connection leaves the OPEN state.
 
-**Messages queue.** What ``recv()`` reads is a ``MessageQueue`` in place of
-websockets' ``Assembler``: the fast path appends a whole message (no
-``Frame`` object), and ``recv()`` returns a queued message without awaiting.
-The ``Assembler`` took a frame through three coroutine layers and a future
-per message (``Assembler.get`` → ``SimpleQueue.get``, then ``maybe_resume``
-and a join): about 9% of the node's CPU at 50 streaming sessions, measured
-with py-spy (docs/performance.md). The queue keeps what the ``Assembler``
-gave: fragmented messages (from websockets' parser) are joined in order,
-reading pauses above ``max_queue`` messages (or ``QUEUED_BYTES_HIGH`` bytes)
-and resumes below the low marks, messages queued before the close are still
-returned, then ``recv()`` raises ``ConnectionClosed`` as before, and two
-concurrent ``recv()`` calls are refused. Large frames: ``gateway.wsfast.large``.
+**Messages queue.** What ``recv()`` reads is a ``MessageQueue``
+(``gateway.wsfast.messages``) in place of websockets' ``Assembler``. Large frames:
+``gateway.wsfast.large``.
 
 **Limits** (one peer once froze the node for everyone). A message is
 at most ``MAX_FRAGMENTS`` frames (websockets' own ``Assembler`` refuses past
@@ -69,12 +60,10 @@ fails when a websockets release changes them; pyproject.toml bounds the major.
 from __future__ import annotations
 
 import asyncio
-from collections import deque
-from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from websockets.asyncio.connection import Connection
-from websockets.exceptions import ConcurrencyError, ProtocolError
+from websockets.exceptions import ProtocolError
 from websockets.frames import Frame, Opcode
 from websockets.protocol import SERVER, Protocol, State
 from websockets.streams import StreamReader
@@ -89,6 +78,7 @@ from gateway.wsfast.large import (
     PassReads,
     unmask_arrived,
 )
+from gateway.wsfast.messages import MessageQueue
 
 try:  # websockets' C unmasking, as its own parser uses
     from websockets.speedups import apply_mask
@@ -96,31 +86,26 @@ except ImportError:  # pragma: no cover - a build without the C extension
     from websockets.utils import apply_mask
 
 __all__ = [
-    "MAX_FRAGMENTS",
+    "DISCARDED_AT_MOST",
+    "FRAMES_PER_CALL",
     "PINGS_PER_SECOND",
     "PING_BURST",
-    "QUEUED_BYTES_HIGH",
     "FastReader",
-    "MessageQueue",
     "at_frame_boundary",
 ]
 
-MAX_FRAGMENTS = 4096
-"""Frames one message may come in (websockets' ``Assembler`` refuses past 4,096 too)."""
-QUEUED_BYTES_HIGH = 4 * 2**20
-"""Reading pauses while the messages not yet read hold more than this many bytes, as
-well as above ``max_queue`` messages: 16 queued messages of an OpenAI-door client
-may be 16 appends of 20 MiB each."""
+FRAMES_PER_CALL = 256
+"""Data frames one read callback takes: a 256 KB read of 2-byte frames is 32,000 of them,
+which held the loop 40-80 ms, and 1,024 voice frames relayed at once ~30 ms; the rest are
+taken in the next loop passes, reading paused meanwhile."""
+DISCARDED_AT_MOST = 2**20
+"""Bytes read and dropped of a peer failed for flooding (``fail_discarding``) while it
+has not closed: enough for the frames in flight when an honest client reads the close."""
 PING_BURST = 100
 """Pings (and unsolicited pongs) a peer may send at once; then ``PINGS_PER_SECOND``."""
 PINGS_PER_SECOND = 10.0
 """Sustained pings a peer may send: a keepalive pings every few seconds or minutes."""
 
-Fail = Callable[[int, str], None]
-"""``(close code, reason)``: fail the connection (RFC 6455 §7.1.7)."""
-
-_MESSAGE_TOO_BIG = 1009
-_INVALID_DATA = 1007
 _POLICY_VIOLATION = 1008
 _PING_FLOOD = (
     f"more than {PING_BURST} pings at once or {PINGS_PER_SECOND:g} a second, each owing "
@@ -145,199 +130,18 @@ def at_frame_boundary(protocol: Protocol) -> bool:
     return getattr(gen, "gi_code", None) is _AT_EOF
 
 
-class MessageQueue:
-    """Whole messages for ``recv()``, in place of websockets' ``Assembler`` (see the module)."""
-
-    def __init__(
-        self,
-        loop: asyncio.AbstractEventLoop,
-        high: int | None,
-        low: int | None,
-        pause: Callable[[], Any],
-        resume: Callable[[], Any],
-        fail: Fail | None = None,
-    ) -> None:
-        self._loop = loop
-        self._fail = fail
-        if high is not None and low is None:
-            low = high // 4
-        self._high = high
-        self._low = low or 0
-        self._bytes = 0  # of the queued messages: reading also pauses above QUEUED_BYTES_HIGH
-        self.budget: FrameBudget | None = None  # what held messages are counted against
-        self._in_use = 0  # the budget the message last returned holds, until the next get
-        self._pause = pause
-        self._resume = resume
-        self._paused = False
-        # (payload, is_text, budget bytes it holds) of every whole message not yet returned.
-        self._messages: deque[tuple[bytes, bool, int]] = deque()
-        self._fragments: list[Frame] = []  # a fragmented message being joined
-        self._waiter: asyncio.Future[None] | None = None
-        self._getting = False
-        self._nudged = False
-        self.closed = False
-        self.failing = False  # the connection was failed: nothing more from it is queued
-        self.intercept: Callable[[bytes, bool], bool] | None = None
-        """Offered each message that arrives while a reader waits on an empty
-        queue; True: it took the message (the reader keeps waiting). See ``nudge``."""
-
-    def put(self, frame: Frame) -> None:
-        """A data frame from websockets' parser (``Connection.process_event``)."""
-        if self.closed:
-            raise EOFError("stream of frames ended")
-        if self.failing:
-            return
-        if frame.fin and not self._fragments:
-            self.put_message(bytes(frame.data), frame.opcode is Opcode.TEXT)
-            return
-        if len(self._fragments) >= MAX_FRAGMENTS:
-            self.failed(
-                _MESSAGE_TOO_BIG,
-                f"a message in more than {MAX_FRAGMENTS} fragments; send it in fewer",
-            )
-            return
-        self._fragments.append(frame)
-        if frame.fin:
-            frames, self._fragments = self._fragments, []
-            data = b"".join(f.data for f in frames)
-            self.put_message(data, frames[0].opcode is Opcode.TEXT)
-
-    def put_message(self, data: bytes, text: bool, held: int = 0) -> None:
-        """A whole message (the fast path's frames come straight here); a text one that
-        is not UTF-8 fails the connection (1007) instead. ``held``: bytes of the
-        ``budget`` it holds until it is read."""
-        if self.failing:
-            self._give(held)
-            return
-        if text and not data.isascii():
-            try:
-                data.decode()
-            except UnicodeDecodeError as exc:
-                self._give(held)
-                self.failed(
-                    _INVALID_DATA,
-                    f"a text message is not UTF-8 ({exc.reason} at byte {exc.start})",
-                )
-                return
-        waiter = self._waiter
-        intercept = self.intercept
-        if waiter is not None and intercept is not None and intercept(data, text):
-            self._give(held)
-            return
-        messages = self._messages
-        messages.append((data, text, held))
-        self._bytes += len(data)
-        if waiter is not None:
-            self._waiter = None
-            if not waiter.done():
-                waiter.set_result(None)
-        if not self._paused and (
-            self._bytes > QUEUED_BYTES_HIGH
-            or (self._high is not None and len(messages) > self._high)
-        ):
-            self._paused = True
-            self._pause()
-
-    async def get(self, decode: bool | None = None) -> Any:
-        """The next message: ``str`` for text (unless ``decode`` is False), else ``bytes``."""
-        if self._getting:
-            raise ConcurrencyError("get() is already running")
-        if self._in_use:  # the reader is done with the message it had: its budget goes back
-            self._give(self._in_use)
-            self._in_use = 0
-        messages = self._messages
-        if not messages:
-            if self.closed:
-                raise EOFError("stream of frames ended")
-            self._getting = True
-            try:
-                while not messages:
-                    if self.closed:
-                        raise EOFError("stream of frames ended")
-                    if self._nudged:
-                        return None
-                    waiter = self._waiter = self._loop.create_future()
-                    await waiter
-            finally:
-                self._getting = False
-                self._waiter = None
-                self._nudged = False  # a message that came meanwhile wakes the reader as well
-        data, text, held = messages.popleft()
-        self._bytes -= len(data)
-        self._in_use = held  # held while the reader works on it
-        if self._paused and len(messages) <= self._low and self._bytes <= QUEUED_BYTES_HIGH // 4:
-            self._paused = False
-            self._resume()
-        if decode is None:
-            decode = text
-        return data.decode() if decode else data
-
-    @property
-    def paused(self) -> bool:
-        """Reading is paused for this queue's marks."""
-        return self._paused
-
-    def _give(self, held: int) -> None:
-        if held and self.budget is not None:
-            self.budget.give(held)
-
-    def failed(self, code: int, reason: str) -> None:
-        """Fail the connection with ``code`` (nothing more is queued from it)."""
-        self.failing = True
-        self._fragments = []
-        if self._fail is not None:
-            self._fail(code, reason)
-
-    def take_ready(self) -> list[bytes]:
-        """Every whole message received and not read yet, taken now (no wait): what
-        an adapter still reads of a connection it is about to close."""
-        taken = [data for data, _, _ in self._messages]
-        self._give(self._in_use + sum(held for _, _, held in self._messages))
-        self._in_use = 0
-        self._messages.clear()
-        self._bytes = 0
-        if self._paused:
-            self._paused = False
-            self._resume()
-        return taken
-
-    def nudge(self) -> None:
-        """Make the waiting ``get()`` return ``None`` (no message): what an
-        ``intercept`` that took a message calls when the reader must look at
-        its work now. Nothing happens when no reader waits."""
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            self._nudged = True
-            self._waiter = None
-            waiter.set_result(None)
-
-    async def get_iter(self, decode: bool | None = None) -> AsyncIterator[Any]:
-        """``recv_streaming()``: the whole message, as one piece."""
-        yield await self.get(decode)
-
-    def close(self) -> None:
-        """The connection is gone: queued messages are still returned, then EOFError."""
-        if self.closed:
-            return
-        self.closed = True
-        # What is still queued may be read, but the node's budget is not held for it.
-        self._give(self._in_use + sum(held for _, _, held in self._messages))
-        self._in_use = 0
-        self._messages = deque((data, text, 0) for data, text, _ in self._messages)
-        waiter, self._waiter = self._waiter, None
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
-
-
 class FastReader(Connection):
     """Mixed into a websockets connection class: reads its peer's plain data frames (see the module)."""
 
     _fast = False
     _rest: bytearray | None = None  # the start of a frame not yet whole
+    _rest_at = 0  # where in ``_rest`` its frames start (the frames before it were taken)
     _gathering: Gathering | None = None  # that frame, when it is unmasked as it comes
     _need = 0  # bytes ``_rest`` must hold before it is worth parsing again
     _share: BudgetShare | None = None  # its part of the node's budget (``share_budget``)
     _pass_reads: PassReads  # a burst's bytes read in this loop pass
+    _parse_later = False  # frames left of a read over ``FRAMES_PER_CALL``: reading paused
+    _discard_left: int | None = None  # bytes still read and dropped (``fail_discarding``)
     _ping_tokens = float(PING_BURST)
     _ping_time = 0.0
     frames_read_fast = 0
@@ -368,6 +172,8 @@ class FastReader(Connection):
 
     def _queue_resumes(self) -> None:
         share = self._share
+        if self._parse_later:
+            return  # its frames still to parse resume the reading
         if share is None:
             self.transport.resume_reading()
         elif not share.blocked:
@@ -384,6 +190,8 @@ class FastReader(Connection):
         share = self._share
         return (
             not self.recv_messages.paused
+            and not self._parse_later
+            and (self._discard_left is None or self._discard_left > 0)
             and (share is None or not share.blocked)
             and not self.transport.is_closing()
         )
@@ -426,6 +234,36 @@ class FastReader(Connection):
         timeout = self.close_timeout if self.close_timeout is not None else 10.0
         self.loop.call_later(timeout, self._cut_off)
 
+    def fail_discarding(self, code: int, reason: str) -> None:
+        """Fail the connection of a peer that floods it: the close frame and the end of
+        the stream are written now, messages not read yet are dropped, and what the peer
+        sends on is discarded a read at a time, unparsed, until it closes (its EOF ends the
+        connection) or ``DISCARDED_AT_MOST`` bytes were dropped (then nothing more is read:
+        the caller aborts it after a while).
+
+        Closed with a handshake, a flooding client went on being parsed frame by frame
+        until it answered: 2-byte frames at full speed held the loop 50-80 ms a read for
+        the 2 s the node waited. Closing the socket at once may reset it before the peer
+        reads why (unread data turns the FIN into a RST)."""
+        self._fast = False
+        self._rest = None
+        self._gathering = None
+        self._release()
+        queue = self.recv_messages
+        queue.take_ready()  # dropped; a queue that paused reading resumes it
+        queue.failing = True
+        protocol = self.protocol
+        if protocol.state is not State.OPEN:
+            return
+        self._discard_left = DISCARDED_AT_MOST
+        protocol.fail(code, reason)  # its parser now discards until the peer's EOF
+        try:
+            self.send_data()
+        except Exception as exc:  # pragma: no cover - the socket broke under the write
+            _set_connection_exc(self, exc)
+        if not self.transport.is_closing():
+            self.transport.resume_reading()  # whatever else held it: nothing is kept now
+
     def _cut_off(self) -> None:
         if not self.connection_lost_waiter.done():
             self.transport.abort()
@@ -463,6 +301,10 @@ class FastReader(Connection):
 
     def data_received(self, data: bytes) -> None:
         if not self._fast:
+            if self._discard_left is not None:
+                self._discard_left -= len(data)
+                if self._discard_left <= 0:  # it is not closing: read no more of it
+                    self.transport.pause_reading()
             protocol = self.protocol
             if not self._may_start(protocol):
                 super().data_received(data)
@@ -478,6 +320,7 @@ class FastReader(Connection):
         buf: bytes | bytearray = data
         rest = self._rest
         unmasked = False  # the gathered frame at buf[0] was unmasked as it came
+        pos = 0
         if rest is not None:
             rest += data  # amortised: a large frame is gathered in linear time
             if self._gathering is not None:
@@ -485,6 +328,8 @@ class FastReader(Connection):
             if len(rest) < self._need:
                 return
             self._rest = None
+            pos = self._rest_at  # what is before it was taken (``FRAMES_PER_CALL``)
+            self._rest_at = 0
             unmasked = self._gathering is not None
             self._gathering = None
             buf = rest
@@ -494,10 +339,10 @@ class FastReader(Connection):
         key = 4 if masked else 0  # the masking key's bytes after the length
         limit = protocol.max_message_size
         queue = self.recv_messages
-        pos = 0
         end_of_data = len(buf)
         need = 2
         gathering: Gathering | None = None
+        taken = 0  # data frames: ``FRAMES_PER_CALL`` at most
         while end_of_data - pos >= 2:
             first = buf[pos]
             second = buf[pos + 1]
@@ -550,6 +395,10 @@ class FastReader(Connection):
                 self.frames_read_fast += 1
                 if not self._fast:  # the message failed the connection
                     return
+                taken += 1
+                if taken >= FRAMES_PER_CALL and end < end_of_data:
+                    self._parse_in_next_pass(buf, end)
+                    return
             else:
                 if first & 0x0F in (_PING, _PONG) and not self._ping_allowed():
                     self.fail_connection(
@@ -567,12 +416,35 @@ class FastReader(Connection):
         if pos < end_of_data:
             tail = buf[pos:]
             self._rest = tail if isinstance(tail, bytearray) else bytearray(tail)
+            self._rest_at = 0
             self._need = need
             if gathering is not None:
                 self._gathering = gathering
                 unmask_arrived(self._rest, gathering)
                 if self._share is not None and gathering.end - gathering.start >= BUDGETED:
                     self._share.take(gathering.end - gathering.start)
+
+    def _parse_in_next_pass(self, buf: bytes | bytearray, at: int) -> None:
+        """Keep ``buf`` from ``at`` (whole frames, maybe a partial one) for the next loop
+        pass, and read nothing more until it is parsed."""
+        if isinstance(buf, bytearray):  # kept, not copied: one read may take many passes
+            self._rest, self._rest_at = buf, at
+        else:
+            with memoryview(buf) as view:
+                self._rest = bytearray(view[at:])
+            self._rest_at = 0
+        self._need = 0
+        if not self._parse_later:
+            self._parse_later = True
+            self.transport.pause_reading()
+        self.loop.call_soon(self._parse_rest)
+
+    def _parse_rest(self) -> None:
+        self._parse_later = False
+        if self._fast and self._rest is not None:
+            self.data_received(b"")  # may keep a rest for the pass after again
+        if not self._parse_later and self.may_read():
+            self.transport.resume_reading()
 
     @staticmethod
     def _may_start(protocol: Protocol) -> bool:

@@ -81,3 +81,21 @@ async def test_pings_never_read_are_closed_with_1008(node: NodeProcess) -> None:
     assert memory.cpu < CPU and memory.grew < MEMORY
     assert await healthy(node) < 5.0
     await another_turn(node)
+
+
+async def test_a_client_flooding_past_its_close_is_read_no_further(node: NodeProcess) -> None:
+    """A client over its frame limit is closed 4029; one that goes on writing without
+    reading was parsed frame by frame for the 2 s the node waited for its answer (a
+    core, and the loop 50-80 ms a read). What it sends after the close is now dropped
+    unparsed, up to 1 MiB, and then not read at all until the node cuts it off."""
+    assert node.proc is not None
+    await another_turn(node)
+    tiny = b"\x82\x82" + b"\x00" * 4 + b"\x00\x00"  # a 2-byte binary frame, masked with zeros
+    with PeakRss(node.proc.pid) as memory:
+        async with asyncio.timeout(60):
+            said = await raw_flood(node.url, tiny * (8 << 20), 1 << 16)  # 64 MiB
+    print(f"\n[tiny frames] {said}; node CPU {memory.cpu:.2f} s, RSS +{memory.grew >> 20} MiB")
+    assert "cut off" in said or "4029" in said, said
+    assert memory.cpu < CPU and memory.grew < MEMORY
+    assert await healthy(node) < 5.0
+    await another_turn(node)

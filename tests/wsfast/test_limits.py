@@ -24,7 +24,7 @@ from websockets.asyncio.server import ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 
 from gateway.wsfast import BatchingConnection, FastReadClientConnection, read
-from gateway.wsfast.read import MAX_FRAGMENTS
+from gateway.wsfast.messages import MAX_FRAGMENTS, MessageQueue
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -455,3 +455,46 @@ def test_a_providers_burst_of_frames_is_read_a_bounded_share_per_loop_pass() -> 
     most = max(_Passes.read.values())
     print(f"\nmost bytes of the burst read in one pass: {most:,} of {len(burst):,}")
     assert most <= 1 << 19, most
+
+
+def test_a_read_of_tiny_frames_is_taken_a_bounded_number_a_loop_pass() -> None:
+    """One 256 KB read of 2-byte frames is 32,000 messages: parsed (and relayed, for a
+    microphone's) in one callback, they held the loop 40-80 ms. A callback now takes
+    ``FRAMES_PER_CALL`` and leaves the rest, in order, to the next passes."""
+    count = 40_000
+    frames = b"".join(b"\x82\x86" + b"\x00" * 4 + i.to_bytes(4) + b"\x00\x00" for i in range(count))
+    per_pass: dict[int, int] = {}
+    got: list[int] = []
+    done = asyncio.Event()
+
+    async def server(ws: ServerConnection) -> None:
+        def take(data: bytes, _text: bool) -> bool:  # a microphone's relay, as the edge's
+            per_pass[_Passes.now] = per_pass.get(_Passes.now, 0) + 1
+            got.append(int.from_bytes(data[:4]))
+            if len(got) == count:
+                done.set()
+            return True
+
+        assert isinstance(ws.recv_messages, MessageQueue)
+        ws.recv_messages.intercept = take
+        with contextlib.suppress(ConnectionClosed):
+            await ws.recv()  # the intercept takes everything: it waits until the close
+
+    async def main() -> None:
+        async with serve(
+            server, "127.0.0.1", 0, compression=None, create_connection=_CountingServer
+        ) as srv:
+            _, writer = await raw_client(srv.sockets[0].getsockname()[1])
+            _Passes.start()
+            writer.write(frames)
+            async with asyncio.timeout(30):
+                await writer.drain()
+                await done.wait()
+            writer.close()
+
+    _on_uvloop(main)
+    assert got == list(range(count))  # every frame, in order
+    most = max(per_pass.values())
+    print(f"\nmost frames taken in one pass: {most:,} of {count:,}")
+    # A pass may end one read's frames and start the next read's: two callbacks' worth.
+    assert most <= 2 * read.FRAMES_PER_CALL <= 1024, most  # 25,600 in one callback before

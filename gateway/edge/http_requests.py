@@ -34,6 +34,7 @@ __all__ = [
     "Refusal",
     "body_encoding",
     "error_response",
+    "given_twice",
     "inflate",
     "json_response",
     "query_int",
@@ -50,6 +51,17 @@ def split_target(target: str) -> tuple[str, str]:
     ``etc`` and the path ``/passwd``, which routed and named a path nobody asked for."""
     path, _, query = target.partition("?")
     return path, query
+
+
+def given_twice(query: dict[str, list[str]], names: tuple[str, ...]) -> str | None:
+    """The refusal of a query that gives one of ``names`` more than once, differently.
+
+    The last one silently won: which session a client joined and which position it
+    resumed from were the query's order, not what it meant."""
+    twice = next((n for n in names if len(set(query.get(n, ()))) > 1), None)
+    return (
+        f"{twice} is given more than once, with different values: give it once" if twice else None
+    )
 
 
 MAX_BODY: Final = 1 << 20  # bytes; a configuration is at most ~300 KB (64 tools of 4 KB)

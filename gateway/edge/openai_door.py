@@ -42,7 +42,7 @@ from gateway.edge.closes import CloseCode
 from gateway.edge.connection import ClientConnection
 from gateway.edge.door_refusals import RefusalLog, error_response, flooded
 from gateway.edge.frame_rate import Verdict
-from gateway.edge.http_requests import split_target
+from gateway.edge.http_requests import given_twice, split_target
 from gateway.sessions.policy import KeyPolicies, refusal
 from gateway.sessions.port import NodePort
 from gateway.upstream import providers
@@ -72,6 +72,8 @@ OPENAI_PATH: Final = "/openai/v1/realtime"
 INSECURE_KEY: Final = "openai-insecure-api-key."
 REALTIME: Final = Subprotocol("realtime")
 _command_encoder: Final = msgspec.json.Encoder()
+_ONCE: Final = ("model", "session_id", "after_event", "call_id")
+"""The door's query parameters that may be given once (again with the same value)."""
 _RESUME: Final = "reconnect with session_id and after_event (node draining or session moved)"
 
 # The client's events are read once the replay reached the log's head, or after this.
@@ -146,6 +148,8 @@ class OpenAIDoor:
                 426, f"{OPENAI_PATH} is a WebSocket endpoint: send a WebSocket handshake", "upgrade"
             )
         query = parse_qs(split_target(request.path)[1])
+        if twice := given_twice(query, _ONCE):
+            return error_response(400, twice, "duplicate_parameter")
         call_id = (query.get("call_id") or [""])[-1]
         call = self.calls.get(call_id) if call_id else None
         if call_id and call is None:

@@ -40,7 +40,7 @@ from gateway.edge.api import HttpApi
 from gateway.edge.closes import CloseCode, close_reason
 from gateway.edge.connection import ClientConnection
 from gateway.edge.health import Descriptors, StoreProbe
-from gateway.edge.http_requests import Caller, Owns, split_target
+from gateway.edge.http_requests import Caller, Owns, given_twice, split_target
 from gateway.edge.media_streams import MediaStreamsFactory
 from gateway.edge.new_sessions import NewSessions
 from gateway.edge.one_port import Sniffer
@@ -319,12 +319,8 @@ class Gateway:
     ) -> Handshake | Response:
         """Every check of a client's handshake after its path (either door's): origin, key
         or token, connection limits, the session's existence and owner, ``after``."""
-        twice = next((n for n in _ONCE if len(set(query.get(n, ()))) > 1), None)
-        if twice is not None:  # the last one silently won: which position a resume took
-            return _text(
-                http.HTTPStatus.BAD_REQUEST,
-                f"{twice} is given more than once, with different values: give it once\n",
-            )
+        if twice := given_twice(query, _ONCE):
+            return _text(http.HTTPStatus.BAD_REQUEST, twice + "\n")
         # Origin, API key (the principal), connection limits; freed when the connection closes.
         admitted = await self.edges.admit(
             connection, request, functools.partial(self._handshakes.pop, id(connection), None)

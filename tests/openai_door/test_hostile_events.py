@@ -208,7 +208,14 @@ async def test_a_resume_after_an_event_past_the_log_is_refused(node: NodeProcess
     assert refused.value.response.status_code == 400
     assert json.loads(refused.value.response.body)["error"]["code"] == "invalid_after_event"
 
-    resumed = await RawClient.open(f"{base}&after_event={last}")
+    # A resume given twice, differently: which one won was the query's order.
+    with pytest.raises(InvalidStatus) as refused:
+        await RawClient.open(f"{base}&after_event={last}&after_event=evt_1_1")
+    assert refused.value.response.status_code == 400
+    error = json.loads(refused.value.response.body)["error"]
+    assert error["code"] == "duplicate_parameter" and "after_event" in error["message"]
+
+    resumed = await RawClient.open(f"{base}&after_event={last}&after_event={last}")
     try:
         await resumed.send(**_say("again", "c_again"))
         await resumed.send(type="response.create")

@@ -24,8 +24,7 @@ from typing import Final, Protocol
 
 import msgspec
 
-from gateway.edge.closes import CloseCode
-from gateway.edge.frame_rate import FrameRate, Verdict
+from gateway.edge.frame_rate import FrameRate, Verdict, over_limit
 from gateway.sessions.port import NodePort
 from gateway.sessions.subscriber import DrivenSession
 from gateway.store.base import StoreError
@@ -94,13 +93,8 @@ class AudioIn:
         return over if over is not None else self.rate.check(time.monotonic())
 
     def refusal(self) -> Error:
-        return Error(
-            code="rate_limited",
-            content=f"too many audio frames: a connection may send {AUDIO_FRAMES_PER_SECOND} "
-            f"a second (bursts of {AUDIO_FRAME_BURST}); frames over it are dropped — send "
-            "20 ms of audio or more a frame; a client that keeps sending is disconnected "
-            f"({CloseCode.RATE_LIMITED})",
-        )
+        advice = "send 20 ms of audio or more a frame"
+        return Error(code="rate_limited", content=over_limit("audio frames", self.rate, advice))
 
     async def binary(self, pcm16: bytes) -> Verdict:
         """A binary frame of audio, relayed if the audio limit takes it."""

@@ -32,11 +32,10 @@ from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
 
 from gateway import wsfast
-from gateway.config import Config
 from gateway.edge.audio_in import DRIVEN_ELSEWHERE, AudioIn
 from gateway.edge.backpressure import SendPressure
 from gateway.edge.closes import CloseCode, close_reason
-from gateway.edge.frame_rate import FrameRate, Verdict
+from gateway.edge.frame_rate import FrameRate, Verdict, over_limit
 from gateway.edge.outbox import Outbox
 from gateway.sessions.commands import COMMANDS, admit, dispatch
 from gateway.sessions.port import NodePort
@@ -334,7 +333,7 @@ class ClientConnection:
                 if verdict is Verdict.REFUSE:
                     self.node.metrics.clients.frames_dropped.inc()
                     rate = self._frame_rate
-                    self._reply(mic.refusal() if heard else flood_refusal(self.node.config, rate))
+                    self._reply(mic.refusal() if heard else flood_refusal(rate))
                 elif verdict is Verdict.CLOSE:
                     await self._close_flooding(writer)
                     return
@@ -577,12 +576,6 @@ class ClientConnection:
                 return
 
 
-def flood_refusal(cfg: Config, frame_rate: FrameRate) -> Error:
+def flood_refusal(frame_rate: FrameRate) -> Error:
     """The reply to a frame over the connection's limit (the frame is dropped unread)."""
-    return Error(
-        code="rate_limited",
-        content=f"too many frames: a connection may send {cfg.client_frames_per_second:g} "
-        f"frames/s (bursts of {cfg.client_frame_burst}); frames sent over it are dropped "
-        f"unread — wait {frame_rate.wait():.1f}s, send again, and slow down; "
-        f"a client that keeps sending is disconnected ({CloseCode.RATE_LIMITED})",
-    )
+    return Error(code="rate_limited", content=over_limit("frames", frame_rate))

@@ -20,7 +20,7 @@ import msgspec
 from websockets.datastructures import Headers
 from websockets.http11 import Response
 
-__all__ = ["REFUSALS_LOGGED", "RefusalLog", "error_response", "flooded"]
+__all__ = ["REFUSALS_LOGGED", "RefusalLog", "error_response"]
 
 REFUSALS_LOGGED: Final = 20
 
@@ -70,14 +70,4 @@ def error_response(status: int, message: str, code: str) -> Response:
         http.HTTPStatus(status).phrase,
         Headers([("Content-Type", "application/json")]),
         body,
-    )
-
-
-def flooded(per_second: float, burst: int, audio: bool) -> str:
-    """The ``error`` of the first event over a limit: the connection's, or its audio's
-    (``AudioIn``: appends count against 500 a second, not against the events' limit)."""
-    what = "input_audio_buffer.append events" if audio else "events"
-    return (
-        f"too many {what}: at most {per_second:g}/s (bursts of {burst}); those over it are "
-        "dropped unread; slow down (a client that keeps on is closed 4029)"
     )

@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import enum
 
-__all__ = ["FrameRate", "Verdict"]
+from gateway.edge.closes import CloseCode
+
+__all__ = ["FrameRate", "Verdict", "over_limit"]
 
 
 class Verdict(enum.Enum):
@@ -74,3 +76,13 @@ class FrameRate:
         if self.rate <= 0:
             return 0.0
         return max(0.0, (1.0 - self._tokens) / self.rate)
+
+
+def over_limit(what: str, rate: FrameRate, advice: str = "slow down") -> str:
+    """The error of the first frame over ``rate``: a connection's frames, its audio, a
+    door's events. One wording for every door: three had drifted apart."""
+    return (
+        f"too many {what}: at most {rate.rate:g} a second (bursts of {rate.burst}); those "
+        f"over it are dropped unread: wait {rate.wait():.1f} s and {advice}; a client that "
+        f"keeps on is disconnected ({CloseCode.RATE_LIMITED})"
+    )

@@ -40,8 +40,8 @@ from gateway.common.loop_turns import LoopTurns
 from gateway.config import Config
 from gateway.edge.closes import CloseCode
 from gateway.edge.connection import ClientConnection
-from gateway.edge.door_refusals import RefusalLog, error_response, flooded
-from gateway.edge.frame_rate import Verdict
+from gateway.edge.door_refusals import RefusalLog, error_response
+from gateway.edge.frame_rate import Verdict, over_limit
 from gateway.edge.http_requests import given_twice, split_target
 from gateway.sessions.policy import KeyPolicies, refusal
 from gateway.sessions.port import NodePort
@@ -523,7 +523,8 @@ class DoorConnection(ClientConnection):
                 if verdict is Verdict.REFUSE:
                     self.node.metrics.clients.frames_dropped.inc()
                     rate = self.mic.rate if audio else self._frame_rate
-                    message = flooded(rate.rate, rate.burst, audio)
+                    what = "input_audio_buffer.append events" if audio else "events"
+                    message = over_limit(what, rate)
                     error = self.conversation.error(message, code="rate_limit_exceeded")
                     await self._send_events([error])
                 del frame  # as below

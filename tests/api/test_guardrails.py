@@ -27,7 +27,7 @@ from protocol.events import Configured, Guardrail, Respond, User
 from tests.api.conftest import Api, Keys, NodesFactory
 from tests.api.test_flow import export_all
 from tests.support.guardrail_rules import PASSWORDS_AND_CARDS
-from tests.wsfast.test_limits import LoopWatch
+from tests.support.stall import LoopWatch
 
 pytestmark = pytest.mark.timeout(60)
 

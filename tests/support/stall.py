@@ -21,6 +21,8 @@ dropping it).
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
 import http.client
 import threading
 import time
@@ -30,7 +32,53 @@ from urllib.parse import urlsplit
 import orjson
 from websockets.asyncio.client import connect
 
-__all__ = ["LoopSteps", "StallProbe"]
+__all__ = ["LoopSteps", "LoopWatch", "StallProbe"]
+
+
+class LoopWatch:
+    """In the test's own process: the longest the loop went without running a ticker
+    (every ``tick`` seconds), i.e. a stall's wall time; ``ticks`` counts its runs.
+
+    The last reading is taken at exit, so a stall still going on when the watched
+    block ends (the loop held until the awaited call returned) counts too. The heap
+    is frozen while it watches, as ``gateway serve`` freezes its own after startup
+    (``gateway.cli``): a node in a test shares pytest's heap, and a full collection
+    of that (200 ms on a loaded machine, started by whichever thread allocates) is
+    no stall a node would have."""
+
+    def __init__(self, tick: float = 0.005) -> None:
+        self.longest = 0.0
+        self.ticks = 0
+        self._tick = tick
+        self._last = time.monotonic()
+        self._task: asyncio.Task[None] | None = None
+
+    async def _run(self) -> None:
+        self._last = time.monotonic()
+        while True:
+            await asyncio.sleep(self._tick)
+            self._reading()
+            self.ticks += 1
+
+    def _reading(self) -> None:
+        now = time.monotonic()
+        self.longest = max(self.longest, now - self._last)
+        self._last = now
+
+    async def __aenter__(self) -> LoopWatch:
+        gc.collect()
+        gc.freeze()
+        self._task = asyncio.create_task(self._run())
+        await asyncio.sleep(0)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._task is not None
+        self._reading()
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+        gc.unfreeze()
 
 
 class LoopSteps:

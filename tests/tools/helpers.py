@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import re
 import time
@@ -12,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from protocol.calls import ToolResult
+from tests.support.stall import LoopWatch
 
 SECRET = "the secret outside the workspace"
 
@@ -32,50 +32,6 @@ def failed(result: ToolResult) -> str:
 
 
 # ---------------------------------------------------------------------- is the node held?
-
-_TICK = 0.02
-
-
-class LoopWatch:
-    """Ticks every 20 ms and records the largest gap between ticks.
-
-    ``finish()`` takes a last reading: a stall still going on when the
-    watched block ends (the loop held until the call returned) counts too.
-    """
-
-    def __init__(self) -> None:
-        self.max_gap = 0.0
-        self.ticks = 0
-        self._last = time.monotonic()
-
-    async def run(self) -> None:
-        self._last = time.monotonic()
-        while True:
-            await asyncio.sleep(_TICK)
-            self._reading()
-            self.ticks += 1
-
-    def finish(self) -> None:
-        self._reading()
-
-    def _reading(self) -> None:
-        now = time.monotonic()
-        self.max_gap = max(self.max_gap, now - self._last)
-        self._last = now
-
-
-@contextlib.asynccontextmanager
-async def watching_the_loop() -> AsyncIterator[LoopWatch]:
-    watch = LoopWatch()
-    task = asyncio.create_task(watch.run())
-    await asyncio.sleep(0)
-    try:
-        yield watch
-    finally:
-        watch.finish()
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
 
 
 def _status_kib(field: str, pid: int | str = "self") -> int:
@@ -124,8 +80,8 @@ async def footprint() -> AsyncIterator[Footprint]:
     cost = Footprint()
     rss = PeakRss()
     started = time.monotonic()
-    async with watching_the_loop() as watch:
+    async with LoopWatch(0.02) as watch:
         yield cost
     cost.seconds = time.monotonic() - started
-    cost.max_gap = watch.max_gap
+    cost.max_gap = watch.longest
     cost.rss_growth_mb = rss.growth_mb

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import time
 from collections.abc import Callable, Coroutine
 from typing import Any, ClassVar
@@ -25,40 +24,9 @@ from websockets.exceptions import ConnectionClosed
 
 from gateway.wsfast import BatchingConnection, FastReadClientConnection, read
 from gateway.wsfast.messages import MAX_FRAGMENTS, MessageQueue
+from tests.support.stall import LoopWatch
 
 pytestmark = pytest.mark.timeout(60)
-
-
-class LoopWatch:
-    """The longest the loop went without running a 5 ms ticker (a stall's length).
-
-    The heap is frozen while it watches, as ``gateway serve`` freezes its own after
-    startup (``gateway.cli``): a node in a test shares pytest's heap, and a full
-    collection of that (200 ms on a loaded machine, started by whichever thread
-    allocates) is no stall a node would have."""
-
-    def __init__(self) -> None:
-        self.longest = 0.0
-        self._task: asyncio.Task[None] | None = None
-
-    async def _tick(self) -> None:
-        last = time.monotonic()
-        while True:
-            await asyncio.sleep(0.005)
-            now = time.monotonic()
-            self.longest = max(self.longest, now - last)
-            last = now
-
-    async def __aenter__(self) -> LoopWatch:
-        gc.collect()
-        gc.freeze()
-        self._task = asyncio.create_task(self._tick())
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        assert self._task is not None
-        self._task.cancel()
-        gc.unfreeze()
 
 
 def fragments(count: int, *, masked: bool) -> bytes:

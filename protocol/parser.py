@@ -356,6 +356,13 @@ def _calls(body: str) -> list[Event]:
     column, which the model needs to fix its block. All calls are checked before
     any is emitted, so a batch runs whole or not at all.
     """
+    if len(body) > MAX_EXECUTE_CHARS:
+        return [
+            _malformed(
+                f"the <execute> block is {len(body):,} characters, over {MAX_EXECUTE_CHARS:,}; "
+                "pass large data in several calls or through a file"
+            )
+        ]
     try:
         value: Any = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
@@ -365,6 +372,13 @@ def _calls(body: str) -> list[Event]:
         return [_malformed(f"the <execute> block holds {kind}, not a JSON array of calls")]
     if not value:
         return [_malformed("the <execute> block holds an empty array: there is no call to run")]
+    if len(value) > MAX_CALLS:
+        return [
+            _malformed(
+                f"the <execute> block holds {len(value):,} calls, over {MAX_CALLS}; "
+                "run them in several blocks"
+            )
+        ]
     events: list[Event] = []
     for number, item in enumerate(value, 1):
         where = f"call {number} of {len(value)}"
@@ -389,6 +403,13 @@ def _calls(body: str) -> list[Event]:
     return events
 
 
+MAX_CALLS: Final = 128
+"""Calls one ``<execute>`` block may hold (OpenAI takes 128 tools a request). A block of
+30,000 was checked, logged and started in one loop pass (a 0.5 s stall), and pushed
+its own turn's first events out of the session's log."""
+MAX_EXECUTE_CHARS: Final = 1 << 20
+"""Characters one ``<execute>`` block may hold: a provider's longest answer is a few
+hundred KB; past this the block's JSON is not read."""
 MAX_ARGS_DEPTH: Final = 64
 """Nesting a call's arguments may have. No tool needs more, and encoding far
 deeper values (a model's runaway ``[[[[…``) exhausts the interpreter's stack."""

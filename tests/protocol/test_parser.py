@@ -306,6 +306,10 @@ MALFORMED = [
     ('[{"name": "t", "args": [1]}]', 'call 1 of 1 ("t") has no "args" object'),
     ('[{"name": "a", "args": {}}, {"name": "b"}]', 'call 2 of 2 ("b") has no "args" object'),
     ('[{"name": "t", "args": {}}] [1]', "not valid JSON"),
+    # 30,000 calls in one block were started in one loop pass (0.5 s) and pushed the
+    # turn's own first events out of the log.
+    ("[" + ",".join(['{"name": "t", "args": {}}'] * 129) + "]", "129 calls, over 128"),
+    ('[{"name": "t", "args": {"s": "' + "x" * (1 << 20) + '"}}]', "over 1,048,576"),
 ]
 
 

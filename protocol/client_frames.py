@@ -21,6 +21,7 @@ from protocol.events import (
     UserMessage,
     answering,
 )
+from protocol.json_outline import too_many_values
 
 __all__ = ["decode_client"]
 
@@ -33,6 +34,12 @@ def decode_client(data: bytes | str) -> ClientMessage | Error:
 
     The error's ``content`` says what was wrong and what a correct frame looks like.
     """
+    if (crowded := too_many_values(data, "id")) is not None:
+        problem, ref = crowded
+        error = Error(code="bad_frame", content=f"invalid frame: {problem}")
+        if ref is not None:
+            error.reply_to = ref  # the frame's id, read as far as it could be
+        return error
     try:
         try:
             message = _client_decoder.decode(data)

@@ -35,6 +35,10 @@ ShortText = Annotated[str, msgspec.Meta(max_length=512)]
 
 MAX_INSTRUCTIONS: Final = 32_768
 MAX_CLIENT_TOOLS: Final = 64
+MAX_SERVER_TOOLS: Final = 512
+"""Names a session's ``server_tools`` may list: a node's built-in, HTTP and MCP tools
+(an MCP server gives at most 128). 70,000 were taken, and echoed as a 1 MB event."""
+ServerToolNames = Annotated[tuple[ToolName, ...], msgspec.Meta(max_length=MAX_SERVER_TOOLS)]
 MAX_METADATA: Final = 32
 VAD_MS_MAX: Final = 10_000  # the longest VAD padding or silence a session may ask for
 SERVER_VAD_TUNING: Final = ("threshold", "prefix_padding_ms", "silence_duration_ms")
@@ -119,7 +123,7 @@ class SessionConfig(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unkn
 
     instructions: Annotated[str, msgspec.Meta(max_length=MAX_INSTRUCTIONS)] = ""
     tools: Annotated[tuple[ClientToolSpec, ...], msgspec.Meta(max_length=MAX_CLIENT_TOOLS)] = ()
-    server_tools: tuple[ToolName, ...] | None = None
+    server_tools: ServerToolNames | None = None
     provider: ShortText = ""
     model: ShortText = ""
     metadata: Annotated[dict[ShortText, ShortText], msgspec.Meta(max_length=MAX_METADATA)] = (
@@ -147,7 +151,7 @@ class ConfigChange(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         Annotated[tuple[ClientToolSpec, ...], msgspec.Meta(max_length=MAX_CLIENT_TOOLS)]
         | msgspec.UnsetType
     ) = msgspec.UNSET
-    server_tools: tuple[ToolName, ...] | msgspec.UnsetType | None = msgspec.UNSET
+    server_tools: ServerToolNames | msgspec.UnsetType | None = msgspec.UNSET
     provider: ShortText | msgspec.UnsetType = msgspec.UNSET
     model: ShortText | msgspec.UnsetType = msgspec.UNSET
     metadata: (

@@ -15,6 +15,8 @@ from typing import Annotated, Any, Final, Literal
 
 import msgspec
 
+from protocol.json_outline import too_many_values
+
 __all__ = [
     "ClientEvent",
     "ConversationItemCreate",
@@ -279,6 +281,8 @@ def unread(frame: bytes, limit: int) -> BadEvent | None:
 
 def decode_client(data: bytes | str) -> ClientEvent | BadEvent:
     """One client event, or what was wrong with it (never raises)."""
+    if (crowded := too_many_values(data, "event_id")) is not None:
+        return BadEvent(*crowded)
     try:
         return _decoder.decode(data)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:

@@ -28,6 +28,9 @@ __all__ = [
 ]
 
 KEPT_ITEMS = 256  # items conversation.item.retrieve can show (the newest)
+KEPT_WEIGHT = 4 * 2**20
+"""What those items may hold together, in characters (a content part counts 256 more):
+one connection's 256 items of 30,000 one-character parts each held 2 GB."""
 _SHOWS_ITEM = frozenset(
     (
         "conversation.item.added",
@@ -66,13 +69,16 @@ class Spans:
 
 
 class ShownItems:
-    """The newest ``KEPT_ITEMS`` items as last shown (``…item.added``/``done``), their
-    spans, and the id of the last item appended (``last``)."""
+    """The newest items as last shown (``…item.added``/``done``): ``KEPT_ITEMS`` at most,
+    of ``KEPT_WEIGHT`` together (the newest is kept whatever it weighs); their spans, and
+    the id of the last item appended (``last``)."""
 
-    __slots__ = ("items", "last", "spans")
+    __slots__ = ("_weights", "items", "last", "spans", "weight")
 
     def __init__(self) -> None:
         self.items: dict[str, dict[str, Any]] = {}
+        self._weights: dict[str, int] = {}
+        self.weight = 0  # of the items kept
         self.spans = Spans(KEPT_ITEMS)
         self.last: str | None = None
 
@@ -82,10 +88,13 @@ class ShownItems:
         for ev in events:
             if ev["type"] in _SHOWS_ITEM:
                 item = ev["item"]
-                items.pop(item["id"], None)
-                items[item["id"]] = item
-                if len(items) > KEPT_ITEMS:
-                    del items[next(iter(items))]
+                iid = item["id"]
+                self._forget(iid)
+                items[iid] = item
+                self._weights[iid] = weight = _weight(item)
+                self.weight += weight
+                while len(items) > KEPT_ITEMS or (self.weight > KEPT_WEIGHT and len(items) > 1):
+                    self._forget(next(iter(items)))
 
     def append(self, make: Callable[..., ServerEvent], item: dict[str, Any]) -> list[ServerEvent]:
         """``item`` created after the last item (``created``): it is the last now."""
@@ -108,9 +117,28 @@ class ShownItems:
 
     def drop(self, iid: str) -> None:
         """``iid`` is no longer shown (forgotten, or a held message taken back)."""
-        self.items.pop(iid, None)
+        self._forget(iid)
         if self.last == iid:
             self.last = next(reversed(self.items), None)
+
+    def clear(self) -> None:
+        """Nothing is shown any more (the connection ended)."""
+        self.items.clear()
+        self._weights.clear()
+        self.weight = 0
+
+    def _forget(self, iid: str) -> None:
+        if self.items.pop(iid, None) is not None:
+            self.weight -= self._weights.pop(iid)
+
+
+def _weight(item: dict[str, Any]) -> int:
+    """About what an item holds: its texts' characters, and 256 a content part (a part's
+    own dict and strings cost that much however short its text)."""
+    total = 256 + sum(len(v) for v in item.values() if isinstance(v, str))
+    for part in item.get("content") or ():
+        total += 256 + sum(len(v) for v in part.values() if isinstance(v, str))
+    return total
 
 
 def unknown_item(item_id: str, verb: Literal["delete", "retrieve"]) -> tuple[str, str]:

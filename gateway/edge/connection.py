@@ -35,7 +35,7 @@ from gateway import wsfast
 from gateway.edge.audio_in import DRIVEN_ELSEWHERE, AudioIn
 from gateway.edge.backpressure import SendPressure
 from gateway.edge.closes import CloseCode, close_reason
-from gateway.edge.frame_rate import FrameRate, Verdict, over_limit
+from gateway.edge.frame_rate import FrameRate, Verdict, over_limit, weight
 from gateway.edge.outbox import Outbox
 from gateway.sessions.commands import COMMANDS, admit, dispatch
 from gateway.sessions.port import NodePort
@@ -326,7 +326,7 @@ class ClientConnection:
                     await asyncio.sleep(0)  # buffered frames come without a pause: others' turn
                 elif '"audio"' in frame and (heard := await mic.json(frame)) is not None:
                     verdict = heard
-                elif (verdict := check(clock())) is Verdict.ACCEPT:
+                elif (verdict := check(clock(), weight(len(frame)))) is Verdict.ACCEPT:
                     await self._handle(frame)
                 if verdict is Verdict.ACCEPT:
                     continue

@@ -23,6 +23,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 from websockets.http11 import Request, Response
 
 from protocol.configuration import MAX_SCHEMA_DEPTH
+from protocol.json_outline import too_many_values
 
 __all__ = [
     "HTTP_LOG",
@@ -151,6 +152,8 @@ async def read_body(request: web.Request, decode: Callable[[bytes], Any], timeou
         data = await asyncio.to_thread(inflate, data, encoding)
     if not data.strip():
         data = b"{}"  # no body: every field's default
+    if (crowded := too_many_values(data, "")) is not None:
+        raise Refusal(400, f"invalid body: {crowded[0]}")
     try:
         return decode(data)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:

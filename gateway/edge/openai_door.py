@@ -11,11 +11,11 @@ events become the gateway's commands, its logged events OpenAI server events
 Credentials: ``Authorization: Bearer KEY`` (an API key or a client token), or a
 browser's ``openai-insecure-api-key.KEY`` subprotocol (``realtime`` is selected, as OpenAI's).
 
-Resume (an extension of this gateway): ``?session_id=SID&after_event=EVENT_ID``
-reconnects to the session ``session.created`` named (``session.id``) and
-sends what follows the last ``event_id`` the client saw: the session's log is
-replayed through a fresh conversation, and what it yields up to that event is not
-sent again; with no ``after_event``, nothing before the log's head is (``Replay``).
+Resume (an extension of this gateway): ``?session_id=SID&after_event=EVENT_ID`` reconnects
+to the session ``session.created`` named (``session.id``) and sends what follows the last
+``event_id`` the client saw: the session's log is replayed through a fresh conversation,
+and what it yields up to that event is not sent again; with no ``after_event``, nothing
+before the log's head is (``Replay``).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from gateway.config import Config
 from gateway.edge.closes import CloseCode
 from gateway.edge.connection import ClientConnection
 from gateway.edge.door_refusals import RefusalLog, error_response
-from gateway.edge.frame_rate import Verdict, over_limit
+from gateway.edge.frame_rate import Verdict, over_limit, weight
 from gateway.edge.http_requests import given_twice, split_target
 from gateway.sessions.policy import KeyPolicies, refusal
 from gateway.sessions.port import NodePort
@@ -72,8 +72,7 @@ OPENAI_PATH: Final = "/openai/v1/realtime"
 INSECURE_KEY: Final = "openai-insecure-api-key."
 REALTIME: Final = Subprotocol("realtime")
 _command_encoder: Final = msgspec.json.Encoder()
-_ONCE: Final = ("model", "session_id", "after_event", "call_id")
-"""The door's query parameters that may be given once (again with the same value)."""
+_ONCE: Final = ("model", "session_id", "after_event", "call_id")  # given once (or alike)
 _RESUME: Final = "reconnect with session_id and after_event (node draining or session moved)"
 
 # The client's events are read once the replay reached the log's head, or after this.
@@ -425,6 +424,7 @@ class DoorConnection(ClientConnection):
         except ConnectionClosed:
             return  # the client went away, or was closed (its close code says why)
         finally:
+            self.conversation.release()
             if self._grace is not None:
                 self._grace.cancel()
             if self._due is not None:
@@ -502,7 +502,7 @@ class DoorConnection(ClientConnection):
     async def _read_events(
         self,
         writer: asyncio.Task[None],
-        check: Callable[[float], Verdict],
+        check: Callable[[float, int], Verdict],
         clock: Callable[[], float],
     ) -> None:
         state = self.state
@@ -515,7 +515,7 @@ class DoorConnection(ClientConnection):
             # Every event counts before any work is done for it; audio (a microphone's 50
             # appends a second) against a limit of its own, as on the gateway's own door.
             audio = b'"input_audio_buffer.append"' in frame[:200]
-            verdict = self.mic.verdict() if audio else check(clock())
+            verdict = self.mic.verdict() if audio else check(clock(), weight(len(frame)))
             if verdict is Verdict.CLOSE:
                 await self._close_flooding(writer)
                 return

@@ -13,7 +13,7 @@ import pytest
 from websockets.exceptions import ConnectionClosed
 
 from gateway.edge.closes import MAX_REASON_BYTES, close_reason
-from gateway.edge.frame_rate import FrameRate, Verdict
+from gateway.edge.frame_rate import FrameRate, Verdict, over_limit, weight
 from protocol.events import Error, Pong
 from tests.edge.conftest import GatewayFactory, http_get, metric_value
 from tests.support.client import GatewayClient, text_of
@@ -73,6 +73,17 @@ def test_the_bucket_refuses_then_closes_a_client_that_keeps_flooding() -> None:
     verdicts = [rate.check(n / 20) for n in range(40)]
     assert Verdict.CLOSE in verdicts and verdicts.count(Verdict.REFUSE) == 1
     assert FrameRate(rate=0.0, burst=1, now=0.0).check(0.0) is Verdict.ACCEPT  # off
+
+
+def test_a_large_frame_counts_once_more_per_64_kib() -> None:
+    """Decoding costs by size: 1 MiB events of 30,000 parts at 45 a second, each one
+    frame, held a core (found from outside, 2026-12-07)."""
+    assert [weight(n) for n in (0, 65_535, 65_536, 1 << 20)] == [1, 1, 2, 17]
+    rate = FrameRate(rate=50.0, burst=200, now=0.0)
+    sent = [rate.check(0.0, weight(1 << 20)) for _ in range(12)]
+    assert sent.count(Verdict.ACCEPT) == 11  # 11 MiB at once, not 200
+    assert rate.check(0.1, weight(100)) is Verdict.ACCEPT  # small frames go on meanwhile
+    assert "once more per 64 KiB" in over_limit("events", rate)
 
 
 @memory_only

@@ -40,6 +40,9 @@ async def gateway(redis_url: str, tmp_path: Path) -> AsyncIterator[Gateway]:
         "workspace_root": str(tmp_path / "ws"),
         "sim_chunk_size": 1_000_000,  # one delta per answer: large events
         "lease_ttl": 3.0,
+        # 16 MB of messages in a few seconds: over a client's rate (a frame counts once
+        # per 64 KiB), which this test of memory does not measure.
+        "client_frames_per_second": 0.0,
     }
     async with running_gateway(load_config(settings, env={})) as gw:
         yield gw

@@ -30,6 +30,7 @@ from protocol.configuration import MAX_ARGS_DEPTH, MAX_SCHEMA_DEPTH, MAX_TOOL_SC
 from protocol.events import Call, Configured, End, Error, Event, Result
 from tests.edge.conftest import Keys
 from tests.support.client import GatewayClient
+from tests.support.hostile import cpu_seconds
 from tests.support.procs import NodeProcess
 from tests.support.stall import StallProbe
 from tests.voice.conftest import VoiceClient
@@ -355,6 +356,30 @@ async def test_a_client_tool_may_not_take_a_server_tools_name(node: Node) -> Non
     body = {"tools": [tool], "server_tools": ["read"]}
     status, answer = await node.post(orjson.dumps(body))
     assert status == 201, answer
+    await client.close()
+
+
+async def test_frames_of_huge_arrays_are_refused_before_they_are_read(node: Node) -> None:
+    """Found from outside (2026-12-07): a configure of 60,000 tools (780 KB) was decoded
+    whole before its 64-tool limit refused it (190 ms a frame), and 70,000 server_tools
+    names were taken and echoed as a 1 MB event. Their arrays are counted first now."""
+    assert node.proc.proc is not None
+    pid = node.proc.proc.pid
+    client = await node.client()
+    many_tools = {"type": "configure", "tools": [{"name": "a"}] * 60_000}
+    many_names = {"type": "configure", "server_tools": ["list", "read"] * 35_000}
+    used = cpu_seconds(pid)
+    for frame, where in [(many_tools, "tools"), (many_names, "server_tools")] * 3:
+        await client.send(frame)
+        got = await client.until(lambda e: isinstance(e, Configured | Error), timeout=30)
+        error = got[-1]
+        assert isinstance(error, Error) and error.code == "bad_frame", error
+        assert f"{where} holds {len(frame[where]):,} values" in error.content  # type: ignore[arg-type]
+    used = cpu_seconds(pid) - used
+    print(f"\n[huge arrays] six ~0.8 MB configure frames refused: node CPU {used:.2f} s")
+    assert used < 0.75, used  # ~1.5 s before: each decoded whole
+    status, answer = await node.post(orjson.dumps({"tools": many_tools["tools"]}))
+    assert status == 400 and "tools holds 60,000 values" in answer["error"]["message"], answer
     await client.close()
 
 

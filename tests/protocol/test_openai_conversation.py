@@ -42,6 +42,7 @@ from protocol.events import (
 from protocol.openai_conversation import Conversation
 from protocol.openai_events import decode_client
 from protocol.openai_ids import Replay
+from protocol.openai_items import KEPT_WEIGHT
 from protocol.openai_speech import EARLY_SPEECH_MAX
 from protocol.openai_typed import HELD_CHARS_MAX, HELD_MAX
 from protocol.payloads import ResultPayload
@@ -777,3 +778,22 @@ def test_a_create_right_after_a_commit_names_the_answer_the_commit_starts() -> N
     out = feed(conv, User(seq=3, content="hi", source="audio"), Respond(seq=4, content="Hey"))
     started = next(e for e in out if e["type"] == "response.created")
     assert started["response"]["metadata"] == {"client_event_id": "r1"}
+
+
+def test_the_items_kept_for_retrieve_are_bounded_by_what_they_hold() -> None:
+    """Found from outside (2026-12-07): 256 kept items of 30,000 one-character parts held
+    2 GB on one connection. The newest items are kept within ``KEPT_WEIGHT``; an older one
+    is retrieved as OpenAI answers an unknown id."""
+    conv = created(Conversation("s1", "m"))
+    parts = [{"type": "input_text", "text": "a"}] * 1_000  # 257 KB of weight each
+    for n in range(20):
+        item = {"type": "message", "role": "user", "content": parts, "id": f"i{n}"}
+        client(conv, type="conversation.item.create", item=item)
+    assert conv.shown.weight <= KEPT_WEIGHT
+    _, events = client(conv, type="conversation.item.retrieve", item_id="i19")
+    assert len(events[0]["item"]["content"]) == 1_000
+    _, events = client(conv, type="conversation.item.retrieve", item_id="i0")
+    assert events[0]["error"]["code"] == "item_retrieve_invalid_item_id"
+    before = conv.shown.weight
+    client(conv, type="conversation.item.delete", item_id="i19")
+    assert conv.shown.weight < before

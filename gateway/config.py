@@ -501,8 +501,8 @@ class Config(msgspec.Struct, kw_only=True):
     client_frames_per_second: Annotated[
         Annotated[float, Meta(ge=0)],
         Setting(
-            "frames one connection may send per second, sustained; over it frames are "
-            "dropped with a rate_limited error; 0 = no limit",
+            "frames one connection may send per second, sustained (one more per 64 KiB "
+            "a frame holds); over it they are dropped with rate_limited; 0 = no limit",
             EDGES,
         ),
     ] = 50.0

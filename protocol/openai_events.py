@@ -35,6 +35,7 @@ __all__ = [
 ]
 
 ShortId = Annotated[str, msgspec.Meta(max_length=256)]
+_FEW = msgspec.Meta(max_length=256)
 
 
 # --- client → server -------------------------------------------------------------
@@ -63,11 +64,29 @@ class AudioFormat(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     rate: int | None = None
 
 
+class Transcription(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """The SDK's ``AudioTranscriptionParam``: checked, not applied (the gateway sends the
+    provider's own transcript whatever model it names). Taken as any object, it let a
+    field OpenAI does not define, or a 100,000-character ``model``, through silently."""
+
+    model: ShortId | None = None
+    language: Annotated[str, msgspec.Meta(max_length=32)] | None = None
+    languages: Annotated[list[Annotated[str, msgspec.Meta(max_length=32)]], _FEW] | None = None
+    prompt: Annotated[str, msgspec.Meta(max_length=32_768)] | None = None
+    keywords: Annotated[list[ShortId], _FEW] | None = None
+    delay: Literal["minimal", "low", "medium", "high", "xhigh"] | None = None
+
+
+class NoiseReduction(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    type: Literal["near_field", "far_field"] | None = None
+    strength: float | None = None
+
+
 class AudioInput(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     format: AudioFormat | None = None
     turn_detection: TurnDetection | msgspec.UnsetType | None = msgspec.UNSET
-    transcription: dict[str, Any] | None = None
-    noise_reduction: dict[str, Any] | None = None
+    transcription: Transcription | None = None
+    noise_reduction: NoiseReduction | None = None
 
 
 class AudioOutput(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

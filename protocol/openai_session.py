@@ -134,9 +134,7 @@ def input_audio_of(audio: AudioInput) -> InputAudio | str:
         return "input audio is PCM 24 kHz (audio/pcm) on this gateway"
     # ``transcription`` asks for the user's speech as text: the gateway always sends it
     # (the provider's own transcript, whatever transcription model is named).
-    noise = audio.noise_reduction.get("type") if audio.noise_reduction else None
-    if noise not in (None, "near_field", "far_field"):
-        return "session.audio.input.noise_reduction.type takes near_field or far_field"
+    noise = audio.noise_reduction.type if audio.noise_reduction else None
     td = audio.turn_detection
     if td is msgspec.UNSET:
         return InputAudio(noise_reduction=noise)

@@ -169,8 +169,8 @@ class ConversationItemDelete(_Client, frozen=True, tag="conversation.item.delete
 
 class ConversationItemTruncate(_Client, frozen=True, tag="conversation.item.truncate"):
     item_id: ShortId
-    content_index: int
-    audio_end_ms: int
+    content_index: Annotated[int, msgspec.Meta(ge=0)]
+    audio_end_ms: Annotated[int, msgspec.Meta(ge=0)]
 
 
 class ResponseBody(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

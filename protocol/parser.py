@@ -387,8 +387,10 @@ def _calls(body: str) -> list[Event]:
         name = item.get("name")
         if not isinstance(name, str):
             return [_malformed(f'{where} has no string "name"')]
-        args = item.get("args")
         shown = name if len(name) <= 40 else name[:40] + "…"
+        if len(name) > MAX_NAME:
+            return [_malformed(f'{where} ("{shown}") names a tool of {len(name):,} characters')]
+        args = item.get("args")
         if not isinstance(args, dict):
             return [_malformed(f'{where} ("{shown}") has no "args" object')]
         if _too_deep(args):
@@ -403,6 +405,9 @@ def _calls(body: str) -> list[Event]:
     return events
 
 
+MAX_NAME: Final = 128
+"""Characters of a call's tool name (a tool's is at most 64): a 900,000-character name
+was echoed whole in the call's failure, to the client, the log and the model."""
 MAX_CALLS: Final = 128
 """Calls one ``<execute>`` block may hold (OpenAI takes 128 tools a request). A block of
 30,000 was checked, logged and started in one loop pass (a 0.5 s stall), and pushed

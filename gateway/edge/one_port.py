@@ -79,6 +79,10 @@ _LONG_LINE: Final = _too_large(
     f"a request header is longer than {MAX_LINE} bytes: send a shorter one (an API key or "
     "client token is a few hundred bytes at most)",
 )
+_LARGE_HEAD: Final = _too_large(
+    "header_too_large",
+    f"a request's head (its line and headers) is over {MAX_HEAD} bytes: send shorter headers",
+)
 _MANY_HEADERS: Final = _too_large(
     "too_many_headers", f"a request has more than {MAX_HEADERS} headers: send fewer"
 )
@@ -112,6 +116,7 @@ class Sniffer(asyncio.Protocol):
 
     __slots__ = (
         "_buffer",
+        "_dropping",
         "_make_http",
         "_max_head",
         "_on_close",
@@ -145,6 +150,7 @@ class Sniffer(asyncio.Protocol):
         self._buffer = bytearray()
         self._transport: asyncio.Transport | None = None
         self._timer: asyncio.TimerHandle | None = None
+        self._dropping: int | None = None  # bytes of a refused client's still dropped
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports are not asyncio.Transport subclasses, but have its methods.
@@ -154,13 +160,18 @@ class Sniffer(asyncio.Protocol):
         self._timer = asyncio.get_running_loop().call_later(self._timeout, self._cut)
 
     def data_received(self, data: bytes) -> None:
+        if self._dropping is not None:  # refused while it was sending
+            self._dropping -= len(data)
+            if self._dropping < 0:
+                self._cut()
+            return
         buffer = self._buffer
         start = max(0, len(buffer) - 3)
         buffer += data
         end = buffer.find(b"\r\n\r\n", start)
         if end < 0:
             if len(buffer) > self._max_head:
-                self._cut()
+                self._refuse_sending(_LARGE_HEAD)
             return
         head = bytes(buffer[: end + 4])
         lines = head.split(b"\r\n")  # the request line, the headers, two empty ones
@@ -182,6 +193,21 @@ class Sniffer(asyncio.Protocol):
         assert transport is not None
         transport.write(answer)
         transport.close()
+
+    def _refuse_sending(self, answer: bytes) -> None:
+        """Refuse a client still sending its head: the answer and the end of the stream,
+        then what it sends is dropped until it closes (or, after 2 s or 1 MiB, it is cut
+        off). Closed at once with its bytes unread, the socket was reset and the client
+        never read why."""
+        self._stop_timer()
+        transport = self._transport
+        assert transport is not None
+        transport.write(answer)
+        if transport.can_write_eof():
+            transport.write_eof()
+        self._buffer = bytearray()
+        self._dropping = 2**20
+        self._timer = asyncio.get_running_loop().call_later(2.0, self._cut)
 
     def eof_received(self) -> bool | None:
         self._cut()

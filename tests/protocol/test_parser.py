@@ -309,6 +309,7 @@ MALFORMED = [
     # 30,000 calls in one block were started in one loop pass (0.5 s) and pushed the
     # turn's own first events out of the log.
     ("[" + ",".join(['{"name": "t", "args": {}}'] * 129) + "]", "129 calls, over 128"),
+    ('[{"name": "' + "n" * 900 + '", "args": {}}]', "names a tool of 900 characters"),
     ('[{"name": "t", "args": {"s": "' + "x" * (1 << 20) + '"}}]', "over 1,048,576"),
 ]
 

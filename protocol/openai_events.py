@@ -330,7 +330,8 @@ def decode_client(data: bytes | str) -> ClientEvent | BadEvent:
             where = field[3].lstrip(".") if field[3] else ""
             param = f"{where}.{field[2]}" if where else field[2]
             return parameter_refusal(param, event_id, missing=field[1] == "missing required")
-        return BadEvent(f"invalid {kind} event: {exc}", event_id)
+        at = _AT.search(str(exc))  # a value out of its bounds: named, as OpenAI names it
+        return BadEvent(f"invalid {kind} event: {exc}", event_id, at[1] if at else None)
     except RecursionError:
         return BadEvent(_TOO_DEEP)
 
@@ -350,6 +351,7 @@ def _why(exc: Exception, data: bytes | str) -> str:
 
 _TOO_DEEP: Final = "the event nests too deeply to read"
 # msgspec's words for a field an event lacks or has too many, with where it is.
+_AT: Final = re.compile(r" - at `\$\.([^`]{1,256})`$")
 _FIELD: Final = re.compile(
     r"Object (missing required|contains unknown) field `([^`]{0,128})`"
     r"(?: - at `\$([^`]{0,256})`)?$"

@@ -408,10 +408,10 @@ def _calls(body: str) -> list[Event]:
 MAX_NAME: Final = 128
 """Characters of a call's tool name (a tool's is at most 64): a 900,000-character name
 was echoed whole in the call's failure, to the client, the log and the model."""
-MAX_CALLS: Final = 128
-"""Calls one ``<execute>`` block may hold (OpenAI takes 128 tools a request). A block of
-30,000 was checked, logged and started in one loop pass (a 0.5 s stall), and pushed
-its own turn's first events out of the session's log."""
+MAX_CALLS: Final = 256
+"""Calls one ``<execute>`` block may hold (four times a session's 64 background calls).
+A block of 30,000 was checked, logged and started in one loop pass (a 0.5 s stall),
+and pushed its own turn's first events out of the session's log."""
 MAX_EXECUTE_CHARS: Final = 1 << 20
 """Characters one ``<execute>`` block may hold: a provider's longest answer is a few
 hundred KB; past this the block's JSON is not read."""

@@ -94,7 +94,9 @@ class AudioIn:
 
     def refusal(self) -> Error:
         advice = "send 20 ms of audio or more a frame"
-        return Error(code="rate_limited", content=over_limit("audio frames", self.rate, advice))
+        return Error(
+            code="rate_limited", content=over_limit("audio frames", self.rate, advice, sized=False)
+        )
 
     async def binary(self, pcm16: bytes) -> Verdict:
         """A binary frame of audio, relayed if the audio limit takes it."""

@@ -89,12 +89,13 @@ class FrameRate:
         return max(0.0, (1.0 - self._tokens) / self.rate)
 
 
-def over_limit(what: str, rate: FrameRate, advice: str = "slow down") -> str:
-    """The error of the first frame over ``rate``: a connection's frames, its audio, a
-    door's events. One wording for every door: three had drifted apart."""
+def over_limit(what: str, rate: FrameRate, advice: str = "slow down", *, sized: bool = True) -> str:
+    """The error of the first frame over ``rate``: a connection's frames (``sized``: each
+    counted by its ``weight``), its audio, a door's events. One wording for every door:
+    three had drifted apart."""
+    per = f"; one more per {FRAME_UNIT // 1024} KiB a frame holds" if sized else ""
     return (
-        f"too many {what}: at most {rate.rate:g} a second (bursts of {rate.burst}; a frame "
-        f"counts once more per {FRAME_UNIT // 1024} KiB); those "
-        f"over it are dropped unread: wait {rate.wait():.1f} s and {advice}; a client that "
-        f"keeps on is disconnected ({CloseCode.RATE_LIMITED})"
+        f"too many {what}: at most {rate.rate:g} a second (bursts of {rate.burst}{per}); "
+        f"those over it are dropped unread: wait {rate.wait():.1f} s and {advice}; a client "
+        f"that keeps on is disconnected ({CloseCode.RATE_LIMITED})"
     )

@@ -524,7 +524,7 @@ class DoorConnection(ClientConnection):
                     self.node.metrics.clients.frames_dropped.inc()
                     rate = self.mic.rate if audio else self._frame_rate
                     what = "input_audio_buffer.append events" if audio else "events"
-                    message = over_limit(what, rate)
+                    message = over_limit(what, rate, sized=not audio)
                     error = self.conversation.error(message, code="rate_limit_exceeded")
                     await self._send_events([error])
                 del frame  # as below

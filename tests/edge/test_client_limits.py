@@ -83,7 +83,8 @@ def test_a_large_frame_counts_once_more_per_64_kib() -> None:
     sent = [rate.check(0.0, weight(1 << 20)) for _ in range(12)]
     assert sent.count(Verdict.ACCEPT) == 11  # 11 MiB at once, not 200
     assert rate.check(0.1, weight(100)) is Verdict.ACCEPT  # small frames go on meanwhile
-    assert "once more per 64 KiB" in over_limit("events", rate)
+    assert "one more per 64 KiB a frame holds" in over_limit("events", rate)
+    assert "KiB" not in over_limit("audio frames", rate, sized=False)
 
 
 @memory_only

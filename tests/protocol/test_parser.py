@@ -308,7 +308,7 @@ MALFORMED = [
     ('[{"name": "t", "args": {}}] [1]', "not valid JSON"),
     # 30,000 calls in one block were started in one loop pass (0.5 s) and pushed the
     # turn's own first events out of the log.
-    ("[" + ",".join(['{"name": "t", "args": {}}'] * 129) + "]", "129 calls, over 128"),
+    ("[" + ",".join(['{"name": "t", "args": {}}'] * 257) + "]", "257 calls, over 256"),
     ('[{"name": "' + "n" * 900 + '", "args": {}}]', "names a tool of 900 characters"),
     ('[{"name": "t", "args": {"s": "' + "x" * (1 << 20) + '"}}]', "over 1,048,576"),
 ]

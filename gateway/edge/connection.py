@@ -362,11 +362,8 @@ class ClientConnection:
         with contextlib.suppress(BaseException):
             await writer
         ws = self.ws
-        if isinstance(ws, wsfast.FastReader):
-            ws.fail_discarding(*self._close)  # what it sends on is dropped unparsed
-        else:
-            ws.protocol.fail(*self._close)
-            ws.send_data()
+        assert isinstance(ws, wsfast.FastReader)  # every door's connection class is one
+        ws.fail_discarding(*self._close)  # what it sends on is dropped unparsed
         try:
             async with asyncio.timeout(2.0):
                 await ws.wait_closed()

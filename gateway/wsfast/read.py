@@ -201,6 +201,15 @@ class FastReader(Connection):
         """Reading stopped for the messages not yet read."""
         return self.recv_messages.paused
 
+    def _leave_fast_path(self) -> None:
+        """Nothing more is read here (failed, closing, or websockets parses from now on):
+        what was kept of a frame is dropped, a frame unmasked as it came never handed
+        over, and its bytes of the budget go back."""
+        self._fast = False
+        self._rest = None
+        self._gathering = None
+        self._release()
+
     def _release(self) -> None:
         """The frame being gathered is dropped: its bytes of the budget go back."""
         if self._share is not None:
@@ -214,10 +223,7 @@ class FastReader(Connection):
     def fail_connection(self, code: int, reason: str) -> None:
         """Fail the connection (RFC 6455 §7.1.7) from a read callback: the close frame
         is written now and nothing more is read."""
-        self._fast = False
-        self._rest = None
-        self._gathering = None
-        self._release()
+        self._leave_fast_path()
         self.recv_messages.failing = True
         protocol = self.protocol
         if protocol.state is not State.OPEN:
@@ -245,10 +251,7 @@ class FastReader(Connection):
         until it answered: 2-byte frames at full speed held the loop 50-80 ms a read for
         the 2 s the node waited. Closing the socket at once may reset it before the peer
         reads why (unread data turns the FIN into a RST)."""
-        self._fast = False
-        self._rest = None
-        self._gathering = None
-        self._release()
+        self._leave_fast_path()
         queue = self.recv_messages
         queue.take_ready()  # dropped; a queue that paused reading resumes it
         queue.failing = True
@@ -455,10 +458,7 @@ class FastReader(Connection):
 
     def _slow(self, data: bytes | bytearray) -> None:
         """From here on websockets parses everything (closing, or a frame it must refuse)."""
-        self._fast = False
-        self._rest = None
-        self._gathering = None  # a frame unmasked as it came is never handed over (see there)
-        self._release()
+        self._leave_fast_path()
         if data:
             super().data_received(bytes(data))
 

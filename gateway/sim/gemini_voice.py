@@ -17,7 +17,7 @@ from typing import Final, Protocol
 
 from gateway.sim.gemini_setup import SetUp
 from gateway.sim.model import SimConfig, speech_transcript
-from gateway.sim.vad import Vad, VadStart, speech_ms
+from gateway.sim.vad import SpeechSpan, Vad, VadStart
 from gateway.upstream import gemini_wire as wire
 
 __all__ = ["VoiceHost", "VoiceInput"]
@@ -51,7 +51,7 @@ class VoiceInput:
         self.host = host
         self.config = config
         self.vad: Vad | None = None  # made for the rate of the first audio chunk
-        self.activity: bytearray | None = None  # audio since activityStart (manual)
+        self.activity: SpeechSpan | None = None  # audio since activityStart (manual)
 
     async def realtime_input(self, given: wire.RealtimeInput) -> None:
         host = self.host
@@ -65,12 +65,12 @@ class VoiceInput:
             return
         if given.activity_start is not None:
             await host.interrupt()
-            self.activity = bytearray()
+            self.activity = SpeechSpan(self.rate, threshold=self.config.vad_threshold)
         if given.audio is not None:
             await self._audio(given.audio)
         if given.activity_end is not None and self.activity is not None:
-            pcm, self.activity = bytes(self.activity), None
-            await self._heard(speech_ms(pcm, self.rate, threshold=self.config.vad_threshold))
+            heard, self.activity = self.activity, None
+            await self._heard(heard.speech_ms)
         if given.text:
             await host.interrupt()
             host.user_turn(given.text)
@@ -93,7 +93,9 @@ class VoiceInput:
             )
         if not self.host.setup.auto_vad:
             if self.activity is not None:
-                self.activity += pcm
+                if self.activity.rate != rate:  # measured at the rate the audio comes at
+                    self.activity = SpeechSpan(rate, threshold=self.config.vad_threshold)
+                self.activity.feed(pcm)
             return
         for found in self.vad.feed(pcm):
             if isinstance(found, VadStart):

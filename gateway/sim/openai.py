@@ -200,7 +200,7 @@ class RealtimeConnection(SimConnection):
 
     def forget(self) -> None:
         self.conversation.items.clear()
-        self.voice_in.clear()  # audio never committed: 300 MB kept after a client left
+        self.voice_in.clear()  # the speech it was hearing, if any
 
     async def greet(self) -> None:
         await self._send(wire.SessionCreated(event_id=self._eid(), session=self.session))

@@ -18,7 +18,7 @@ from typing import Final, Protocol
 from gateway.sim.model import SimConfig
 from gateway.sim.openai_items import ConversationHost
 from gateway.sim.openai_state import DEFAULT_TURN_DETECTION, INPUT_RATE
-from gateway.sim.vad import Vad, VadStart, speech_ms
+from gateway.sim.vad import SpeechSpan, Vad, VadStart
 from gateway.upstream import openai_wire as wire
 
 __all__ = ["VoiceInput"]
@@ -45,7 +45,7 @@ class VoiceHost(ConversationHost, Protocol):
 class VoiceInput:
     """One connection's input audio buffer, VAD and idle timer (see the module docstring)."""
 
-    __slots__ = ("buffer", "host", "idle", "silence_ms", "speech_item", "tuned_for", "vad")
+    __slots__ = ("host", "idle", "manual", "silence_ms", "speech_item", "tuned_for", "vad")
 
     def __init__(self, host: VoiceHost, config: SimConfig) -> None:
         self.host = host
@@ -57,13 +57,13 @@ class VoiceInput:
         )
         self.silence_ms = config.vad_silence_ms
         self.tuned_for: wire.TurnDetection | None = None  # the detection the VAD follows
-        # Audio appended since the last commit (kept only without server VAD).
-        self.buffer = bytearray()
+        # Audio appended since the last commit, measured without server VAD.
+        self.manual = SpeechSpan(INPUT_RATE, threshold=config.vad_threshold)
         self.speech_item: str | None = None  # the item id of the speech being heard
         self.idle: asyncio.Task[None] | None = None  # server VAD's idle timeout, running
 
     def clear(self) -> None:
-        self.buffer.clear()
+        self.manual.clear()
         self.vad.reset()
         self.speech_item = None
 
@@ -71,7 +71,7 @@ class VoiceInput:
         pcm = event.audio
         detection = self.host.turn_detection()
         if detection is None:
-            self.buffer += pcm
+            self.manual.feed(pcm)
             return
         if detection is not self.tuned_for:  # a session.update changed it (not per frame)
             self.tuned_for = detection
@@ -143,10 +143,9 @@ class VoiceInput:
             await self.host.start_response()
 
     async def commit(self, event: wire.InputAudioBufferCommit) -> None:
-        rate_ms = INPUT_RATE / 1000
         if self.host.turn_detection() is None:
-            buffered_ms = len(self.buffer) // 2 / rate_ms
-            speech = speech_ms(bytes(self.buffer), INPUT_RATE, threshold=self.vad.threshold)
+            buffered_ms = self.manual.heard_ms
+            speech = self.manual.speech_ms
         else:
             vad = self.vad
             buffered_ms = (vad.frames - vad.start_frame) * 20 if vad.speaking else 0
@@ -159,7 +158,7 @@ class VoiceInput:
                 event_id=event.event_id,
             )
             return
-        self.buffer.clear()
+        self.manual.clear()
         self.vad.reset()
         item_id = self.speech_item or self.host._new_id("item")
         self.speech_item = None

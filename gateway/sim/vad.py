@@ -16,7 +16,7 @@ import msgspec
 
 from gateway.common.pcm import SAMPLE_WIDTH, frame_energy, rms
 
-__all__ = ["FRAME_MS", "Vad", "VadStart", "VadStop", "speech_ms"]
+__all__ = ["FRAME_MS", "SpeechSpan", "Vad", "VadStart", "VadStop", "speech_ms"]
 
 FRAME_MS: Final = 20
 
@@ -117,15 +117,76 @@ class Vad:
         self._quiet_run = 0
 
 
-def speech_ms(pcm16: bytes, rate: int, *, threshold: float) -> int:
-    """Milliseconds from the first loud frame of ``pcm16`` to the end of its last one.
+class SpeechSpan:
+    """How much audio a manual buffer holds and the speech in it, without keeping the audio.
 
-    What a manually committed buffer (no server VAD) is heard as; 0 if it holds no speech.
+    What a manually committed buffer (no server VAD) is heard as: from its first
+    loud frame to the end of its last one. Measured as the audio comes, so a
+    client that appends and never commits costs a few counters, not the audio
+    (it kept 300 MB, all of a client's appends, until the connection ended), and
+    a commit measures nothing (the whole buffer at once held the loop).
     """
-    import numpy as np
 
-    size = rate * FRAME_MS // 1000
-    # rms > threshold, without a square root per frame: sum of squares > threshold² × size
-    floor = threshold * threshold * size if threshold >= 0 else -1.0
-    loud = np.flatnonzero(frame_energy(pcm16, size) > floor)
-    return int(loud[-1] + 1 - loud[0]) * FRAME_MS if loud.size else 0
+    __slots__ = (
+        "_floor",
+        "_frame_bytes",
+        "_pending",
+        "first_loud",
+        "frames",
+        "last_loud_end",
+        "rate",
+        "size",
+    )
+
+    def __init__(self, rate: int, *, threshold: float) -> None:
+        self.rate = rate
+        samples = rate * FRAME_MS // 1000
+        self._frame_bytes = samples * SAMPLE_WIDTH
+        # rms > threshold, without a square root per frame: sum of squares > threshold² × n
+        self._floor = threshold * threshold * samples if threshold >= 0 else -1.0
+        self._pending = bytearray()  # less than a frame, waiting for the rest of it
+        self.size = 0  # bytes heard
+        self.frames = 0  # whole frames measured
+        self.first_loud: int | None = None
+        self.last_loud_end = 0  # frame number after the last loud frame
+
+    def feed(self, pcm16: bytes) -> None:
+        self.size += len(pcm16)
+        self._pending += pcm16
+        whole = len(self._pending) // self._frame_bytes
+        if not whole:
+            return
+        import numpy as np
+
+        samples = self._frame_bytes // SAMPLE_WIDTH
+        loud = np.flatnonzero(frame_energy(self._pending, samples) > self._floor)
+        if loud.size:
+            if self.first_loud is None:
+                self.first_loud = self.frames + int(loud[0])
+            self.last_loud_end = self.frames + int(loud[-1]) + 1
+        self.frames += whole
+        del self._pending[: whole * self._frame_bytes]
+
+    @property
+    def heard_ms(self) -> float:
+        """The audio's length, whole frames or not."""
+        return self.size // SAMPLE_WIDTH / (self.rate / 1000)
+
+    @property
+    def speech_ms(self) -> int:
+        """First loud frame to the end of the last one; 0 if no frame was loud."""
+        if self.first_loud is None:
+            return 0
+        return (self.last_loud_end - self.first_loud) * FRAME_MS
+
+    def clear(self) -> None:
+        self._pending.clear()
+        self.size = self.frames = self.last_loud_end = 0
+        self.first_loud = None
+
+
+def speech_ms(pcm16: bytes, rate: int, *, threshold: float) -> int:
+    """The speech ``pcm16`` holds, as a manual commit hears it (``SpeechSpan``)."""
+    span = SpeechSpan(rate, threshold=threshold)
+    span.feed(pcm16)
+    return span.speech_ms

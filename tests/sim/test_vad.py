@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import tracemalloc
+
 from gateway.common.pcm import silence, tone
 from gateway.sim.model import SimCall, speech_transcript, spoken_reply
-from gateway.sim.vad import Vad, VadStart, VadStop, speech_ms
+from gateway.sim.vad import SpeechSpan, Vad, VadStart, VadStop, speech_ms
 
 RATE = 16000
 
@@ -57,3 +59,32 @@ def test_spoken_replies() -> None:
     assert spoken_reply("/raw Just this.") == "Just this."
     assert spoken_reply('/tool w {"a": 1}', frozenset({"w"})) == SimCall("w", '{"a": 1}')
     assert spoken_reply("/tool w {}") == "I have no tool named w."
+
+
+def test_a_manual_buffer_is_measured_the_same_however_it_is_cut() -> None:
+    pcm = silence(0.2, RATE) + tone(0.74, RATE) + silence(0.2, RATE)
+    for step in (7, 333, 960, 4801):
+        span = SpeechSpan(RATE, threshold=500)
+        for at in range(0, len(pcm), step):
+            span.feed(pcm[at : at + step])
+        assert span.speech_ms == 740, step
+        assert span.heard_ms == len(pcm) // 2 / (RATE / 1000)
+    span.clear()
+    assert (span.speech_ms, span.heard_ms) == (0, 0)
+
+
+def test_a_manual_buffer_never_committed_keeps_no_audio() -> None:
+    # A client with turn detection off that appends and never commits: the
+    # simulator (inside the README's node) kept all of it, 300 MB, until it left.
+    second = tone(1.0, RATE)
+    span = SpeechSpan(RATE, threshold=500)
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for _ in range(600):  # ten minutes of speech
+            span.feed(second)
+        grown = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert span.speech_ms == 600_000
+    assert grown < 100_000, f"{grown} bytes kept for ten minutes of appends"

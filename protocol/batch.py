@@ -18,7 +18,7 @@ import msgspec
 
 from protocol.approvals import PendingApprovals, denied_result
 from protocol.background import started_result
-from protocol.calls import ToolCall, ToolResult, encode_results, result_payload
+from protocol.calls import ToolCall, ToolResult, encode_call, encode_results, result_payload
 from protocol.configuration import MAX_ARGS_DEPTH, json_depth
 from protocol.events import (
     Approval,
@@ -30,6 +30,7 @@ from protocol.events import (
     ToolResultMessage,
 )
 from protocol.journal import JournalCall
+from protocol.parser import MAX_CALLS, MAX_NAME
 from protocol.turn_events import Refuse, RunTools
 
 __all__ = ["ClientToolRouter", "ToolBatch", "native_call"]
@@ -42,6 +43,13 @@ def native_call(name: str, arguments: str) -> tuple[ToolCall, str | None]:
     refused (None: it is not). Args too deep are refused before anything walks
     them (encoding, schemas, the tools); args that are not an object become
     ``{}`` (the tool's argument check says what is missing)."""
+    if len(name) > MAX_NAME:  # a provider calls the tools it was given: names of ≤ 64
+        shown = name[:40] + "…"
+        problem = (
+            f'the call names a tool of {len(name):,} characters ("{shown}"), over '
+            f"{MAX_NAME}: no such tool; call one of the session's tools"
+        )
+        return ToolCall(name=shown, args={}), problem
     too_deep = False
     try:
         args = msgspec.json.decode(arguments or "{}", type=dict[str, object])
@@ -83,6 +91,7 @@ class ToolBatch:
 
     __slots__ = (
         "_approvals",
+        "_dropped",
         "_early",
         "_held",
         "_logged",
@@ -110,6 +119,7 @@ class ToolBatch:
         # Client answers that came before the batch ran (a client may answer on `call`).
         self._early: dict[str, ToolResultMessage] = {}
         self._refused: dict[int, str] = {}  # client calls with bad args → the failure
+        self._dropped = 0  # a provider's calls past MAX_CALLS in this step
         # The running batch: one slot per call, filled by whoever answers it.
         self._slots: list[ToolResult | None] = []
         self._logged: list[bool] = []  # the slot's result event is logged (the journal)
@@ -135,6 +145,31 @@ class ToolBatch:
         self.native_ids = []
         self._early = {}
         self._refused = {}
+        self._dropped = 0
+
+    def native(self, native_id: str, name: str, arguments: str) -> list[Error | Call]:
+        """A provider's function call in this step: its ``call`` event, after the error
+        that refuses it if it is refused (``native_call``).
+
+        Past ``MAX_CALLS`` calls, as an ``<execute>`` block, the rest are dropped (one
+        error says so): 30,000 calls in one response would each be logged, sent and
+        answered in one loop pass. A real provider calls a few tools a response.
+        """
+        if len(self.calls) >= MAX_CALLS:
+            self._dropped += 1
+            if self._dropped > 1:
+                return []
+            dropped = (
+                f"the model made over {MAX_CALLS} function calls in one response; the first "
+                f"{MAX_CALLS} run and the rest are dropped: ask for fewer calls at once"
+            )
+            return [Error(code="malformed_execute", content=dropped)]
+        call, problem = native_call(name, arguments)
+        event = Call(content=encode_call(call))
+        self.add(call, event, native_id, refused=problem)
+        if problem is None:
+            return [event]
+        return [Error(code="malformed_execute", content=problem), event]
 
     def add(
         self,

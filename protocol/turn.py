@@ -56,10 +56,9 @@ import msgspec
 
 from protocol.assembly import Message, context_message
 from protocol.background import BackgroundCalls
-from protocol.batch import ClientToolRouter, ToolBatch, native_call
+from protocol.batch import ClientToolRouter, ToolBatch
 from protocol.calls import (
     decode_call,
-    encode_call,
 )
 from protocol.events import (
     Call,
@@ -324,14 +323,10 @@ class TurnMachine(VoiceSteps, RecoverySteps):
     def _native_call(self, given: NativeCall) -> Sequence[Action]:
         if self.state is not STREAMING:
             return NOTHING
-        call, problem = native_call(given.name, given.arguments)
-        event = Call(content=encode_call(call))
-        out: list[Action] = [event]
-        if problem is not None:
-            out.insert(0, Error(code="malformed_execute", content=problem))
-        self.batch.add(call, event, given.call_id, refused=problem)
-        self._recorder.add(event)
-        if self.spoken.hold(out):
+        out: list[Action] = [*self.batch.native(given.call_id, given.name, given.arguments)]
+        if out and type(out[-1]) is Call:
+            self._recorder.add(out[-1])
+        if not out or self.spoken.hold(out):
             return NOTHING
         return out
 

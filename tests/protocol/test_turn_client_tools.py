@@ -361,6 +361,33 @@ def test_native_calls_of_a_voice_session_wait_for_the_client_too() -> None:
     }
 
 
+def test_a_provider_calling_hundreds_of_tools_in_one_response_runs_the_first_256() -> None:
+    """As an ``<execute>`` block takes at most 256 calls; past them one error says the
+    rest are dropped, and each dropped call costs no event."""
+    machine = TurnMachine(client_tools=Router())
+    machine.voice = True
+    machine.feed(UserMessage(content="list everything"))
+    out = [a for n in range(300) for a in machine.feed(NativeCall(f"fc_{n}", "list", "{}"))]
+    assert sum(isinstance(a, Call) for a in out) == 256
+    [dropped] = [a for a in out if isinstance(a, Error)]
+    assert dropped.code == "malformed_execute" and "the rest are dropped" in dropped.content
+    run = only(machine.feed(ResponseDone("completed", USAGE)), RunTools)
+    assert len(run.calls) == 256
+    answered = machine.feed(ToolsDone(tuple(ToolResult("list", "success", []) for _ in range(256))))
+    request = answered[-1]
+    assert isinstance(request, Request)
+    assert [call_id for call_id, _ in request.outputs] == [f"fc_{n}" for n in range(256)]
+
+
+def test_a_provider_call_with_an_endless_tool_name_is_refused_short() -> None:
+    machine = TurnMachine(client_tools=Router())
+    machine.voice = True
+    machine.feed(UserMessage(content="hi"))
+    refused, call = machine.feed(NativeCall("fc_1", "x" * 900_000, "{}"))
+    assert isinstance(refused, Error) and "900,000 characters" in refused.content
+    assert isinstance(call, Call) and len(call.content) < 200
+
+
 def test_speech_while_the_client_works_cancels_the_wait() -> None:
     machine = TurnMachine(client_tools=Router())
     machine.voice = True

@@ -171,7 +171,7 @@ class Sniffer(asyncio.Protocol):
         end = buffer.find(b"\r\n\r\n", start)
         if end < 0:
             if len(buffer) > self._max_head:
-                self._refuse_sending(_LARGE_HEAD)
+                self._refuse(_LARGE_HEAD, still_sending=True)
             return
         head = bytes(buffer[: end + 4])
         lines = head.split(b"\r\n")  # the request line, the headers, two empty ones
@@ -186,23 +186,21 @@ class Sniffer(asyncio.Protocol):
         else:
             self._hand_over(route(head))
 
-    def _refuse(self, answer: bytes) -> None:
-        """A head the servers would refuse in their own words: answered here, in ours."""
-        self._stop_timer()
-        transport = self._transport
-        assert transport is not None
-        transport.write(answer)
-        transport.close()
+    def _refuse(self, answer: bytes, *, still_sending: bool = False) -> None:
+        """A head the servers would refuse in their own words: answered here, in ours.
 
-    def _refuse_sending(self, answer: bytes) -> None:
-        """Refuse a client still sending its head: the answer and the end of the stream,
-        then what it sends is dropped until it closes (or, after 2 s or 1 MiB, it is cut
-        off). Closed at once with its bytes unread, the socket was reset and the client
-        never read why."""
+        A client ``still_sending`` its head gets the answer and the end of the
+        stream, then what it sends is dropped until it closes (or, after 2 s or
+        1 MiB, it is cut off). Closed at once with its bytes unread, the socket was
+        reset and the client never read why.
+        """
         self._stop_timer()
         transport = self._transport
         assert transport is not None
         transport.write(answer)
+        if not still_sending:
+            transport.close()
+            return
         if transport.can_write_eof():
             transport.write_eof()
         self._buffer = bytearray()

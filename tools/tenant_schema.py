@@ -1,7 +1,8 @@
-"""A tenant's JSON Schema (a client tool's ``parameters``), compiled once into a bounded check.
+"""A JSON Schema from outside the gateway, compiled once into a bounded check.
 
-Tenants declare client tools with any JSON Schema they like, and the gateway
-checks the model's args against it on the event loop (``protocol.turn``), so
+Tenants declare client tools with any JSON Schema they like, MCP servers
+(maybe a third party's) list theirs, and the gateway checks the model's args
+against them on the event loop (``protocol.turn``, ``tools.registry``), so
 neither compiling nor checking may depend on the schema being kind. Python
 ``jsonschema`` froze a node for 13-29 s on single hostile schemas (a
 backtracking ``pattern``, ``uniqueItems`` over objects, 0.7 MB of schemas

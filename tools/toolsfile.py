@@ -46,7 +46,7 @@ from protocol.configuration import MAX_SCHEMA_DEPTH
 
 from .providers.specs import HttpToolSpec, McpServerSpec
 from .secrets import header_secrets
-from .validation import ArgsValidator
+from .tenant_schema import TenantSchema
 
 __all__ = ["ToolsFile", "ToolsFileError", "load_tools_file", "parse_tools_file"]
 
@@ -334,7 +334,7 @@ def _http(name: str, body: dict[str, Any], where: _Where) -> HttpToolSpec:
             "must be a non-empty string telling the model what the tool does",
         )
     try:
-        ArgsValidator(body["parameters"])
+        TenantSchema(body["parameters"])
     except ValueError as exc:
         raise where.error(section, "parameters", f"{exc}") from None
     spec = HttpToolSpec(

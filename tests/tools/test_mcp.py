@@ -98,7 +98,7 @@ async def test_a_call_returns_the_tools_answer_and_carries_the_session_id(mcp: H
 async def test_args_that_do_not_match_the_schema_never_reach_the_server(mcp: Harness) -> None:
     result = await mcp.call("calc.add", a=1, b="two")
     assert result.status == "failure"
-    assert "args.b: 'two' is not of type 'integer'" in result.content
+    assert "args.b: \"two\" is not of type 'integer'" in result.content
     missing = await mcp.call("calc.add", a=1)
     assert "'b' is a required property" in missing.content
 

@@ -11,6 +11,8 @@ RSS) and the figures are printed.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -186,3 +188,69 @@ async def test_a_servers_tool_list_past_the_limits_is_cut_to_what_a_model_can_ta
     async for harness in _started(spec, tmp_path):
         assert len(harness.executor.registry.names()) == 32
     assert "past 32 pages" in caplog.text
+
+
+@pytest.fixture
+async def hostile(tmp_path: Path) -> AsyncIterator[Harness]:
+    command = (sys.executable, str(RAW_SERVER))
+    spec = McpServerSpec("raw", command, env={"RAW_MCP_LISTING": "hostile"}, timeout=TIMEOUT)
+    async for harness in _started(spec, tmp_path):
+        yield harness
+
+
+async def test_a_third_partys_tool_schemas_are_checked_in_bounded_time(
+    hostile: Harness, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The args of MCP tools were checked with ``jsonschema`` on the loop: a nested
+    quantifier held the node 0.5 s with 23 letters (twice as long a letter more),
+    ``anyOf``s 16 levels deep through ``$ref`` 2.7 s and 200 MB, 30 levels over 50 s."""
+    async with footprint() as cost:
+        letters = failed(await hostile.call("raw.redos", s="a" * 30 + "!"))
+        nested = failed(await hostile.call("raw.expo", x=1))
+    print(f"\nhostile schemas: {cost}")
+    assert "does not match" in letters
+    assert "args.x" in nested or "could not be checked" in nested
+    assert cost.max_gap < 1.0, cost  # jsonschema: minutes for these 30 letters
+    assert ok(await hostile.call("raw.redos", s="aaa")) == "called"
+    # A $ref loop cannot check any args: that tool is left out, the others are offered.
+    assert "raw.loop" not in hostile.executor.registry.names()
+    at_start = " ".join(r.getMessage() for r in caplog.get_records("setup"))
+    assert "'loop' left out" in at_start and "break the loop" in at_start
+
+
+async def test_an_answer_too_wide_or_too_deep_to_take_fails_its_call_at_once(
+    raw: Harness,
+) -> None:
+    """35,000 content blocks held the loop 0.5-0.7 s a call; an answer nested 400 deep
+    was dropped unanswered, so the call waited out its timeout."""
+    async with footprint() as cost:
+        wide = failed(await raw.call("raw.emit", shape="blocks", megabytes=0))
+        deep = failed(await raw.call("raw.emit", shape="deep", megabytes=0))
+    print(f"\nwide and deep answers: {cost}")
+    assert "result.content holds 35,000 values" in wide and "fault in the server" in wide
+    assert "not JSON-RPC" in deep and "did not answer" not in deep
+    assert cost.max_gap < 0.5, cost
+    assert ok(await raw.call("raw.emit", shape="small", megabytes=0)) == "emitted small"
+    assert raw.server.connects == 1
+
+
+async def test_an_answer_that_is_no_tool_result_fails_only_its_own_call(raw: Harness) -> None:
+    """It used to be taken for a broken connection: the server was restarted, and the
+    other sessions' calls running on it failed."""
+    other = asyncio.create_task(raw.call("raw.emit", shape="small", megabytes=0))
+    message = failed(await raw.call("raw.emit", shape="malformed", megabytes=0))
+    assert "is not an MCP tool result (content: Input should be a valid list)" in message
+    assert "pydantic.dev" not in message
+    assert ok(await other) == "emitted small"
+    assert raw.server.connects == 1
+
+
+async def test_a_server_flooding_the_node_is_read_at_its_pace_and_noted_once(
+    raw: Harness, caplog: pytest.LogCaptureFixture
+) -> None:
+    """60,000 notifications and junk lines: one warning a line was 7 MB of log in 11 s."""
+    caplog.set_level(logging.WARNING, logger="tools.providers.mcp")
+    assert ok(await raw.call("raw.emit", shape="flood", megabytes=0)) == "emitted flood"
+    warnings = [r for r in caplog.records if r.name == "tools.providers.mcp"]
+    assert 1 <= len(warnings) <= 2, [r.getMessage()[:120] for r in warnings]
+    assert raw.server.connects == 1

@@ -60,7 +60,7 @@ def test_a_good_file_is_read_with_env_substituted(tmp_path: Path) -> None:
         (WEATHER, "[http.weather] url: the environment variable REGION is not set"),
         (
             WEATHER.replace('{ city = { type = "string" } }', '{ city = { type = "strin" } }'),
-            "[http.weather] parameters: not a valid JSON Schema at properties/city/type",
+            '[http.weather] parameters: at #/properties/city/type: "strin" is not a type',
         ),
         (
             WEATHER.replace('type = "object", ', 'type = "array", '),

@@ -28,6 +28,7 @@ __all__ = [
     "LineFramer",
     "Overlong",
     "OverlongEnd",
+    "ServerPace",
     "overlong_answer",
     "overlong_kind",
 ]
@@ -196,3 +197,32 @@ def overlong_answer(
         if isinstance(value, int | str) and not isinstance(value, bool) and value in pending:
             return value
     return None
+
+
+class ServerPace:
+    """How many requests, notifications and unreadable lines a server may send a second.
+
+    A server's answers are paced by the gateway's own requests; what it sends of
+    its own accord is not. A child writing ``roots/list`` requests, log
+    notifications or junk lines as fast as it could took the node's core (31 s
+    of CPU in 34 s) and slowed every call of that server to 2-3 s. Past
+    ``rate`` a second (bursts of twice that) such lines are dropped unread:
+    the counting is all they cost.
+    """
+
+    __slots__ = ("_at", "_tokens", "dropped", "rate")
+
+    def __init__(self, rate: float, now: float) -> None:
+        self.rate = rate
+        self._tokens = 2 * rate
+        self._at = now
+        self.dropped = 0  # since the last time the caller said so in the log
+
+    def admit(self, now: float) -> bool:
+        self._tokens = min(2 * self.rate, self._tokens + (now - self._at) * self.rate)
+        self._at = now
+        if self._tokens >= 1:
+            self._tokens -= 1
+            return True
+        self.dropped += 1
+        return False

@@ -43,12 +43,18 @@ import mcp_types
 from mcp import Client
 from mcp.shared.exceptions import MCPError
 from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT
+from pydantic import ValidationError
 
 from protocol.configuration import MAX_TOOL_DESCRIPTION, parameters_bytes
 from tools.base import ToolContext, ToolFailure
 from tools.described import DescribedTool
 from tools.providers.mcp_http import TOO_LARGE_NOTE, streamable_http
-from tools.providers.mcp_stdio import MESSAGE_TOO_LARGE, StdioChild
+from tools.providers.mcp_stdio import (
+    MESSAGE_TOO_LARGE,
+    MESSAGE_UNREADABLE,
+    StdioChild,
+    validation_reason,
+)
 from tools.providers.specs import McpServerSpec
 from tools.secrets import Secrets
 
@@ -283,6 +289,12 @@ class McpServer:
             too_large = self._too_large(f"'{spec.name}.{tool}'", exc)
             if too_large:
                 raise ToolFailure(too_large) from None
+            if exc.code == MESSAGE_UNREADABLE:
+                raise ToolFailure(
+                    f"'{spec.name}.{tool}' answered with {exc.message}; the gateway dropped "
+                    "it. This is a fault in the server, not in your call: ask for less at "
+                    "once, or do without this tool"
+                ) from None
             if exc.code != CONNECTION_CLOSED:
                 raise ToolFailure(
                     f"'{spec.name}.{tool}' was refused by its MCP server: {exc}"
@@ -293,6 +305,14 @@ class McpServer:
             raise ToolFailure(
                 f"the MCP server {spec.name!r} closed the connection during the call{why}; "
                 "it is being restarted: try again in a moment"
+            ) from None
+        except ValidationError as exc:
+            # The answer came, but is no tool result: the connection is fine (restarting
+            # the server killed the other sessions' calls running on it).
+            raise ToolFailure(
+                f"'{spec.name}.{tool}' answered with something that is not an MCP tool "
+                f"result ({validation_reason(exc)}). This is a fault in the server, not in "
+                "your call"
             ) from None
         except Exception as exc:
             # The transport failed under the call (server crashed, connection lost).

@@ -32,7 +32,9 @@ import logging
 import os
 import signal
 import subprocess
+import time
 from collections.abc import AsyncIterator, Mapping, Sequence
+from functools import partial
 from typing import Final
 
 import anyio
@@ -49,24 +51,37 @@ from mcp_types import (
     JSONRPCResponse,
     jsonrpc_message_adapter,
 )
+from pydantic import ValidationError
 
+from protocol.json_outline import LARGE_FRAME, too_many_values
 from tools.providers.lines import (
+    KEPT,
     Line,
     LineFramer,
     Overlong,
     OverlongEnd,
     RequestId,
+    ServerPace,
     overlong_answer,
     overlong_kind,
 )
 
-__all__ = ["MESSAGE_TOO_LARGE", "StdioChild"]
+__all__ = ["MESSAGE_TOO_LARGE", "MESSAGE_UNREADABLE", "StdioChild", "validation_reason"]
 
 log = logging.getLogger("tools.providers.mcp")
 
 MESSAGE_TOO_LARGE: Final = -32050
 """The error code of a request whose answer was over the limit (an implementation-defined
 JSON-RPC server error, outside the codes the MCP SDK uses)."""
+MESSAGE_UNREADABLE: Final = -32051
+"""The error code of a request whose answer the gateway could not take: not JSON-RPC,
+nested too deeply, or an array of over ``json_outline.MAX_VALUES`` values (its message
+says which). Without it the call waited out its timeout for an answer dropped."""
+SERVER_RATE: Final = 200.0
+"""Requests, notifications and unreadable lines a server may send a second of its own
+accord (``ServerPace``); a server's log notifications come a few a second."""
+_NOTE_EVERY: Final = 10.0
+"""Seconds between two warnings about lines a server sent that were dropped."""
 
 _READ: Final = 64 * 1024
 _STDERR_LINE: Final = 2_000
@@ -102,6 +117,8 @@ class StdioChild:
         self.ended = ""
         """How the child's side ended the connection ("exited with status 3"; "" if it did not)."""
         self._pending: set[RequestId] = set()
+        self._pace = ServerPace(SERVER_RATE, time.monotonic())
+        self._noted: tuple[float, int] = (-_NOTE_EVERY, 0)  # last warning, lines dropped since
         self._overlong_answered = False
         self._held: collections.deque[str] | None = collections.deque(maxlen=_STDERR_HELD)
         self._last_stderr = ""
@@ -216,17 +233,7 @@ class StdioChild:
     ) -> bool:
         """Hand one frame to the session; False when the connection must end."""
         if isinstance(frame, Line):
-            try:
-                message = jsonrpc_message_adapter.validate_json(frame.data, by_name=False)
-            except ValueError as exc:
-                log.warning(
-                    "mcp server %s wrote a line that is not JSON-RPC: %.200r", self.name, frame.data
-                )
-                await to_session.send(exc)
-                return True
-            if isinstance(message, JSONRPCResponse | JSONRPCError) and message.id is not None:
-                self._pending.discard(message.id)
-            await to_session.send(SessionMessage(message))
+            await self._line(frame.data, to_session)
             return True
         if isinstance(frame, OverlongEnd) and self._overlong_answered:
             self._overlong_answered = False  # answered when it began
@@ -269,6 +276,72 @@ class StdioChild:
             frame.head,
         )
         return True
+
+    async def _line(
+        self, data: bytes, to_session: MemoryObjectSendStream[SessionMessage | Exception]
+    ) -> None:
+        """One whole line: its message to the session, or why it could not be taken.
+
+        Answers are paced by the gateway's requests; the rest by ``ServerPace``. A
+        large line is checked for arrays too wide first, then validated in a
+        worker thread: 20,000 tools listed in one page, or an answer of 35,000
+        content blocks, each held the loop 0.2-0.7 s when validated on it.
+        """
+        if overlong_kind(data[:KEPT]) != "answer" and not self._pace.admit(time.monotonic()):
+            self._note(f"sent more than {SERVER_RATE:g} messages a second of its own", data)
+            return
+        crowded = too_many_values(data, "id")
+        problem = None
+        if crowded is not None:  # "result.tools holds 20,001 values, more than …; send fewer"
+            problem = "a message in which " + crowded[0].partition(";")[0]
+        if problem is None:
+            try:
+                if len(data) < LARGE_FRAME:
+                    message = jsonrpc_message_adapter.validate_json(data, by_name=False)
+                else:
+                    validate = partial(jsonrpc_message_adapter.validate_json, by_name=False)
+                    message = await anyio.to_thread.run_sync(validate, data)
+            except ValueError as exc:  # pydantic's ValidationError, JSON's errors
+                problem = f"a message that is not JSON-RPC ({validation_reason(exc)})"
+        if problem is not None:
+            await self._unreadable(data, problem, to_session)
+            return
+        if isinstance(message, JSONRPCResponse | JSONRPCError) and message.id is not None:
+            self._pending.discard(message.id)
+        await to_session.send(SessionMessage(message))
+
+    async def _unreadable(
+        self,
+        data: bytes,
+        problem: str,
+        to_session: MemoryObjectSendStream[SessionMessage | Exception],
+    ) -> None:
+        """A line not taken: the request it answers fails now, saying why; else it is noted."""
+        answers = overlong_answer(data[:KEPT], data[-KEPT:], self._pending)
+        if answers is None:
+            self._note(f"wrote a line that was dropped: {problem}", data)
+            return
+        self._pending.discard(answers)
+        log.warning(
+            "mcp server %s answered request %r with %s; the answer is dropped",
+            self.name,
+            answers,
+            problem,
+        )
+        error = ErrorData(code=MESSAGE_UNREADABLE, message=problem)
+        await to_session.send(SessionMessage(JSONRPCError(jsonrpc="2.0", id=answers, error=error)))
+
+    def _note(self, what: str, data: bytes) -> None:
+        """A warning about dropped lines every ``_NOTE_EVERY`` seconds at most: one per
+        line of a server writing junk made 7 MB of log in 11 s."""
+        at, dropped = self._noted
+        now = time.monotonic()
+        if now - at < _NOTE_EVERY:
+            self._noted = (at, dropped + 1)
+            return
+        more = f" ({dropped:,} more dropped lines since the last warning)" if dropped else ""
+        log.warning("mcp server %s %s%s: %.200r", self.name, what, more, data)
+        self._noted = (now, 0)
 
     async def _exit_reason(self, process: anyio.abc.Process) -> str:
         with anyio.move_on_after(_EXIT_SEEN):
@@ -366,3 +439,16 @@ async def _stop(process: anyio.abc.Process) -> None:
         if stream is not None:
             with contextlib.suppress(OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
                 await stream.aclose()
+
+
+def validation_reason(exc: BaseException) -> str:
+    """The first thing wrong in a pydantic ``ValidationError``, in one short line
+    (its text runs over lines and ends with a link to pydantic's site)."""
+    if isinstance(exc, ValidationError):
+        errors = exc.errors(include_url=False, include_input=False)
+        if errors:
+            first = errors[0]
+            where = ".".join(str(p) for p in first["loc"])
+            more = f", and {len(errors) - 1} more" if len(errors) > 1 else ""
+            return f"{where + ': ' if where else ''}{first['msg']}{more}"[:300]
+    return str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__

@@ -12,7 +12,8 @@ Where keys are kept (either or both):
   of tools, ``tools.allowlist``); re-read when it changes (looked at every
   ``RIGHTS_CHECK`` s by the node's rights watch, ``gateway.edge.rights``) and
   on SIGHUP, so keys rotate without a restart, and a key removed from it is
-  revoked at once;
+  revoked at once; a large file is read off the loop, one over
+  ``MAX_KEYS_FILE_BYTES`` not at all (``gateway.common.reloaded_file``);
 - Redis (``--api-keys-redis``): the hash ``{key_prefix}:keys`` maps digest →
   key_id (or ``key_id tools=read,calc.*``), shared by every node; ``gateway keys add|list|revoke`` manage it.
 
@@ -35,9 +36,7 @@ import hashlib
 import hmac
 import ipaddress
 import logging
-import os
 import re
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +45,7 @@ from urllib.parse import parse_qs
 
 from websockets.datastructures import Headers, MultipleValuesError
 
+from gateway.common.reloaded_file import MiB, ReloadedFile
 from gateway.config import Config, ConfigError
 from gateway.edge.http_requests import split_target
 from gateway.store.base import Secrets, StoreError
@@ -54,6 +54,7 @@ from tools.allowlist import AllowList, parse_allow_list
 __all__ = [
     "ANONYMOUS",
     "BEARER_PREFIX",
+    "MAX_KEYS_FILE_BYTES",
     "SUBPROTOCOL",
     "Credentials",
     "KeyFile",
@@ -303,7 +304,21 @@ class KeyStoreUnavailable(Exception):
     """Keys kept in Redis cannot be read right now: refuse with 503, not 401."""
 
 
-class KeyFile:
+MAX_KEYS_FILE_BYTES: Final = 8 * MiB
+"""A keys file larger than this is refused before it is read: ~110,000 keys of 72-byte
+lines, parsed in ~0.4 s (in a worker thread). A fleet with more keeps them in Redis."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Keys:
+    """What a keys file holds: ``(digest, key_id)`` per line, and the allow-lists."""
+
+    entries: list[tuple[str, str]]
+    issued: dict[str, str]  # digest → key_id, built in the worker thread too
+    tools: dict[str, AllowList]
+
+
+class KeyFile(ReloadedFile[_Keys]):
     """API keys from a file of ``key_id:sha256hex`` lines, re-read when it changes.
 
     Every lookup compares the presented digest with *every* stored digest using
@@ -311,19 +326,23 @@ class KeyFile:
     how much of a digest matched, nor which line did.
     """
 
+    what = "api keys file"
+    setting = "api_keys_file"
+    max_bytes = MAX_KEYS_FILE_BYTES
+    # ~1 ms of parsing (~220 keys): a SIGHUP or an edit of a usual file acts at once.
+    inline_bytes = 16 * 1024
+    too_large_hint = (
+        "remove the keys of former clients (`gateway keys revoke`), or keep keys in Redis "
+        "(--api-keys-redis)"
+    )
+    keep_when_empty = False  # an emptied keys file revokes every key: fail closed
+    _log = log
+
     def __init__(self, path: str | Path, *, check_interval: float = 0.25) -> None:
-        self.path = Path(path)
-        self.check_interval = check_interval
         self._entries: list[tuple[str, str]] = []  # (digest, key_id)
         self._issued: dict[str, str] = {}  # digest → key_id, for digests the gateway recorded
         self._tools: dict[str, AllowList] = {}  # key_id → allow-list (keys that have one)
-        self._stamp: tuple[float, int, int] | None = None
-        self._checked = 0.0
-        self.version = 0  # +1 each time other keys are loaded
-        try:
-            self._load()
-        except (OSError, ValueError) as exc:
-            raise ConfigError(f"api_keys_file: {exc}") from exc
+        super().__init__(path, check_interval=check_interval)
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -348,21 +367,7 @@ class KeyFile:
         """Whether ``key_id`` holds a key in the file, as loaded now."""
         return key_id in self._issued.values()
 
-    def _read(
-        self,
-    ) -> tuple[list[tuple[str, str]], dict[str, AllowList], tuple[float, int, int]]:
-        try:
-            stat = self.path.stat()
-            text = self.path.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            raise ValueError(
-                f"{self.path} does not exist: create it with `gateway keys add KEY_ID "
-                f"--file {self.path}`"
-            ) from None
-        except UnicodeDecodeError as exc:
-            raise ValueError(
-                f"{self.path} is not UTF-8 text (byte {exc.start} is not): save it as UTF-8"
-            ) from None
+    def _parse(self, text: str) -> _Keys:
         entries: list[tuple[str, str]] = []
         tools: dict[str, AllowList] = {}
         for number, line in enumerate(text.splitlines(), 1):
@@ -374,15 +379,14 @@ class KeyFile:
                 entries.append((parsed[1], parsed[0]))
                 if parsed[2] is not None:
                     tools[parsed[0]] = parsed[2]
-        return entries, tools, _stamp(stat)
+        return _Keys(entries, {digest: key_id for digest, key_id in entries}, tools)
 
-    def _load(self) -> None:
-        entries, self._tools, self._stamp = self._read()
-        if entries != self._entries:
-            self.version += 1
-        self._entries = entries
-        self._issued = {digest: key_id for digest, key_id in entries}
-        self._checked = time.monotonic()
+    def _apply(self, value: _Keys) -> bool:
+        changed = value.entries != self._entries
+        self._entries = value.entries
+        self._tools = value.tools
+        self._issued = value.issued
+        assert self.path is not None
         warning = file_mode_warning(self.path)
         if warning is not None:
             log.warning("api keys file: %s", warning)
@@ -391,31 +395,16 @@ class KeyFile:
                 "api keys file %s holds no keys: every client is refused until one is added",
                 self.path,
             )
+        return changed
 
-    def reload(self) -> bool:
-        """Re-read the file now (SIGHUP). A broken file keeps the old keys; False then."""
-        try:
-            self._load()
-        except (OSError, ValueError) as exc:
-            log.error("api keys file not reloaded, keeping the %d keys loaded: %s", len(self), exc)
-            return False
-        log.info("api keys file %s loaded: %d keys", self.path, len(self._entries))
-        return True
+    def _loaded(self) -> str:
+        return f"{len(self._entries)} keys"
 
-    def poll(self) -> None:
-        """Re-read the file if it changed since it was read: one ``stat``, at most
-        every ``check_interval`` seconds (on use, and by the node's rights watch)."""
-        now = time.monotonic()
-        if now - self._checked < self.check_interval:
-            return
-        self._checked = now
-        try:
-            stat = self.path.stat()
-        except OSError as exc:
-            log.error("api keys file %s unreadable, keeping the loaded keys: %s", self.path, exc)
-            return
-        if _stamp(stat) != self._stamp:
-            self.reload()
+    def _kept(self) -> str:
+        return f"the {len(self._entries)} keys loaded"
+
+    def _missing(self) -> str:
+        return f"create it with `gateway keys add KEY_ID --file {self.path}`"
 
     def lookup(self, digest: str) -> str | None:
         """The key id whose stored digest equals ``digest`` (constant-time scan)."""
@@ -470,11 +459,6 @@ class RedisKeys:
 
     async def close(self) -> None:
         """Nothing to release: the connections are the store's."""
-
-
-def _stamp(stat: os.stat_result) -> tuple[float, int, int]:
-    """What tells a changed keys file: mtime, size and inode (``gateway keys`` replaces it)."""
-    return stat.st_mtime, stat.st_size, stat.st_ino
 
 
 def file_mode_warning(path: Path) -> str | None:

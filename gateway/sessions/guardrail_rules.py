@@ -13,7 +13,6 @@ import functools
 import logging
 import os
 import re
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +21,6 @@ from typing import Final
 import msgspec
 
 from gateway.common.reloaded_file import ReloadedFile, toml_tables
-from gateway.common.settings import ConfigError
 from protocol.guardrails import EMPTY, RuleSet, RuleSpec, compile_rules
 
 __all__ = [
@@ -122,44 +120,38 @@ def parse_rules(tables: object, where: str) -> tuple[RuleSpec, ...]:
     return tuple(specs)
 
 
-class GuardrailsFile(ReloadedFile):
+class GuardrailsFile(ReloadedFile[tuple[RuleSpec, ...]]):
     """The rules of ``--guardrails FILE`` (``[[rule]]`` tables), re-read when it changes.
 
     Raises ``ConfigError`` naming the rule and field when the file is bad at
-    start; a file broken later keeps the rules loaded before (logged).
+    start; a file broken later keeps the rules loaded before (logged once).
     """
 
     what = "guardrails file"
+    setting = "guardrails"
+    max_bytes = MAX_FILE_BYTES
+    inline_bytes = 2 * 1024  # a few rules: their patterns compile in about a millisecond
+    too_large_hint = (
+        "a node's rules are a few dozen [[rule]] tables: remove rules, or shorten patterns"
+    )
     _log = log
 
     def __init__(self, path: str | Path | None, *, check_interval: float = 0.25) -> None:
-        self.path = Path(path) if path else None
-        self.check_interval = check_interval
         self.specs: tuple[RuleSpec, ...] = ()
-        self._stamp: tuple[float, int] | None = None
-        self._checked = 0.0
-        self.version = 0
-        if self.path is not None:
-            try:
-                self._load()
-            except (OSError, ValueError) as exc:
-                raise ConfigError(f"guardrails: {exc}") from exc
+        super().__init__(path, check_interval=check_interval)
 
-    def _load(self) -> None:
+    def _parse(self, text: str) -> tuple[RuleSpec, ...]:
         assert self.path is not None
-        stat = self.path.stat()
-        if stat.st_size > MAX_FILE_BYTES:
-            raise ValueError(f"{self.path}: {stat.st_size} bytes, at most {MAX_FILE_BYTES}")
-        tables = toml_tables(self.path)
+        tables = toml_tables(text, self.path)
         extra = [k for k in tables if k != "rule"]
         if extra:
             raise ValueError(f"{self.path}: {extra[0]!r}: write each rule as a [[rule]] table")
-        specs = parse_rules(tables.get("rule", []), str(self.path))
-        if specs != self.specs:
-            self.version += 1
-        self.specs = specs
-        self._stamp = (stat.st_mtime, stat.st_size)
-        self._checked = time.monotonic()
+        return parse_rules(tables.get("rule", []), str(self.path))
+
+    def _apply(self, value: tuple[RuleSpec, ...]) -> bool:
+        changed = value != self.specs
+        self.specs = value
+        return changed
 
     def _loaded(self) -> str:
         return f"{len(self.specs)} rules"

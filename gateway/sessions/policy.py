@@ -20,7 +20,8 @@ A key with no table (and no ``"*"``) may set anything the node serves. The
 policy is keyed by key id, so it holds for keys from a file and from Redis
 alike, and the keys file keeps its one format. The file is re-read when it
 changes (looked at every half second by the node's rights watch, and on use);
-a broken file keeps the policies loaded before (logged).
+a broken file keeps the policies loaded before (logged once), and a file over
+``MAX_POLICY_FILE_BYTES`` is refused unread (``gateway.common.reloaded_file``).
 
 A change applies to live sessions too, from their next model step: the node
 sets each session it drives up again under the new policy (``within`` cuts
@@ -35,20 +36,18 @@ what is allowed, and the HTTP API answers them with 403, ``configure`` with a
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Collection
 from pathlib import Path
 from typing import Final
 
 import msgspec
 
-from gateway.common.reloaded_file import ReloadedFile, toml_tables
-from gateway.common.settings import ConfigError
+from gateway.common.reloaded_file import MiB, ReloadedFile, toml_tables
 from gateway.sessions.guardrail_rules import unset_variables
 from protocol.configuration import SessionConfig
 from protocol.guardrails import RuleSpec, compile_rules
 
-__all__ = ["ANY_KEY", "KeyPolicies", "KeyPolicy", "refusal", "within"]
+__all__ = ["ANY_KEY", "MAX_POLICY_FILE_BYTES", "KeyPolicies", "KeyPolicy", "refusal", "within"]
 
 log = logging.getLogger("gateway.sessions.policy")
 
@@ -139,7 +138,13 @@ def within(policy: KeyPolicy, config: SessionConfig) -> SessionConfig:
     return msgspec.structs.replace(config, **changes) if changes else config
 
 
-class KeyPolicies(ReloadedFile):
+MAX_POLICY_FILE_BYTES: Final = 2 * MiB
+"""A key policy file larger than this is refused before it is read: ~20,000 tables of a
+few fields, parsed in ~1.5 s (in a worker thread) into ~70 MB, where real ones hold a
+table per tenant and are kilobytes."""
+
+
+class KeyPolicies(ReloadedFile[dict[str, KeyPolicy]]):
     """The policies of a ``--key-policy-file``, re-read when the file changes.
 
     Raises ``ConfigError`` (naming the table and field) when the file is
@@ -148,6 +153,13 @@ class KeyPolicies(ReloadedFile):
     """
 
     what = "key policy file"
+    setting = "key_policy_file"
+    max_bytes = MAX_POLICY_FILE_BYTES
+    inline_bytes = 2 * 1024  # ~1 ms of parsing: ~20 tables
+    too_large_hint = (
+        "remove the tables of keys that no longer exist, and let keys that need nothing "
+        'of their own share the "*" table'
+    )
     _log = log
 
     def __init__(
@@ -157,25 +169,14 @@ class KeyPolicies(ReloadedFile):
         check_interval: float = 0.25,
         known_providers: Collection[str] = (),
     ) -> None:
-        self.path = Path(path) if path else None
-        self.check_interval = check_interval
         self.known_providers = tuple(known_providers)
         self._policies: dict[str, KeyPolicy] = {}
-        self._stamp: tuple[float, int] | None = None
-        self._checked = 0.0
-        self.version = 0  # +1 each time other policies are loaded
-        if self.path is not None:
-            try:
-                self._load()
-            except (OSError, ValueError) as exc:
-                raise ConfigError(f"key_policy_file: {exc}") from exc
+        super().__init__(path, check_interval=check_interval)
 
-    def _load(self) -> None:
+    def _parse(self, text: str) -> dict[str, KeyPolicy]:
         assert self.path is not None
-        stat = self.path.stat()
-        tables = toml_tables(self.path)
         policies: dict[str, KeyPolicy] = {}
-        for key_id, table in tables.items():
+        for key_id, table in toml_tables(text, self.path).items():
             if not isinstance(table, dict):
                 raise ValueError(
                     f"{self.path}: {key_id!r} must be a table ([{key_id}] followed by its fields)"
@@ -199,11 +200,12 @@ class KeyPolicies(ReloadedFile):
                     f"{self.path} [{key_id}]: providers: {unknown[0]!r} is not a provider "
                     f"this gateway knows; use one of {', '.join(known)}"
                 )
-        if policies != self._policies:
-            self.version += 1
-        self._policies = policies
-        self._stamp = (stat.st_mtime, stat.st_size)
-        self._checked = time.monotonic()
+        return policies
+
+    def _apply(self, value: dict[str, KeyPolicy]) -> bool:
+        changed = value != self._policies
+        self._policies = value
+        return changed
 
     def _loaded(self) -> str:
         return f"{len(self._policies)} tables"

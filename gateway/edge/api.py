@@ -29,9 +29,9 @@ Nothing one client sends may hold the node's descriptors or memory (issue
 keep-alive timer, which runs from the connection's start), its body within
 ``body_timeout`` (408), and its answer be taken within ``body_timeout``; a
 connection counts in ``Edges.pending`` until a request of it authenticates;
-an export page holds at most ``PAGE_BYTES``; a session made here is kept
-``unused_session_ttl`` until a client connects, and its configuration counts
-against its key's ``config_bytes_per_key``.
+an export page holds at most ``PAGE_BYTES`` (or one larger event or line); a
+session made here is kept ``unused_session_ttl`` until a client connects, and
+its configuration counts against its key's ``config_bytes_per_key``.
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ from gateway.edge.pending import WatchedProtocol
 from gateway.edge.tokens import is_client_token
 from gateway.sessions.port import CONFIG_QUOTA, UNUSED, NodePort, config_bytes
 from gateway.sessions.setup import ConfigProblem
-from gateway.store.base import RECORDING, StoreUnavailable
+from gateway.store.base import RECORDING, StoreUnavailable, read_recording_page
 from protocol.configuration import (
     ConfigChange,
     SessionConfig,
@@ -96,7 +96,7 @@ API_PREFIX: Final = "/v1/sessions"
 MAX_PAGE: Final = 1000
 DEFAULT_PAGE: Final = 500
 PAGE_BYTES: Final = 1 << 20
-"""An export page holds at most this many bytes of events (one larger event comes alone)."""
+"""An export page holds at most this many bytes (one larger event or recorded line comes alone)."""
 
 PHONE_TOKENS: Final = "/v1/phone/tokens"
 
@@ -554,12 +554,13 @@ class HttpApi:
         return json_response(200, body)
 
     async def recording(self, request: web.Request) -> web.Response:
-        """A page of the session's recording: JSON Lines from byte ``offset``, at most
-        ``PAGE_BYTES``, ending on a whole line; ``X-Next-Offset`` and ``X-Has-More``
-        (and a ``Link rel="next"``) say where the next page starts."""
+        """A page of the session's recording: JSON Lines from byte ``offset`` (0, or where
+        a line starts), at most ``PAGE_BYTES`` or one longer line; ``X-Next-Offset`` and
+        ``X-Has-More`` (and a ``Link rel="next"``) say where the next page starts."""
         _, sid, meta = await self._owned(request)
         offset = query_int(request, "offset", 0, 0, 1 << 40)
-        page, size = await self.node.store.read_recording(sid, offset, PAGE_BYTES)
+        read = self.node.store.read_recording
+        page, size, problem = await read_recording_page(read, sid, offset, PAGE_BYTES)
         if size == 0 and RECORDING not in meta:
             raise Refusal(
                 404,
@@ -567,16 +568,14 @@ class HttpApi:
                 '{"record": true} (or "record": true when making it), a key policy\'s '
                 "record = true, or serve --record",
             )
+        if problem is not None:  # pages start at line starts only: see read_recording_page
+            raise Refusal(400, f"{problem}: start at 0, then at each page's X-Next-Offset")
         following = offset + len(page)
         more = following < size
-        response = web.Response(status=200, body=page, content_type="application/x-ndjson")
-        response.headers["X-Next-Offset"] = str(following)
-        response.headers["X-Has-More"] = "true" if more else "false"
+        headers = {"X-Next-Offset": str(following), "X-Has-More": "true" if more else "false"}
         if more:
-            response.headers["Link"] = (
-                f'<{API_PREFIX}/{sid}/recording?offset={following}>; rel="next"'
-            )
-        return response
+            headers["Link"] = f'<{API_PREFIX}/{sid}/recording?offset={following}>; rel="next"'
+        return web.Response(body=page, content_type="application/x-ndjson", headers=headers)
 
     async def delete(self, request: web.Request) -> web.Response:
         key_id, sid, _ = await self._owned(request)

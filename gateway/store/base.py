@@ -46,6 +46,7 @@ __all__ = [
     "Leases",
     "LogEntry",
     "RecordingChunk",
+    "RecordingPage",
     "Recordings",
     "Secrets",
     "SeqConflict",
@@ -55,6 +56,7 @@ __all__ = [
     "StoreError",
     "StoreUnavailable",
     "Unreplicated",
+    "read_recording_page",
     "submit_in_task",
     "whole_lines",
 ]
@@ -489,3 +491,52 @@ def whole_lines(page: bytes) -> bytes:
     one long line, which the next page goes on with)."""
     end = page.rfind(b"\n")
     return page if end < 0 else page[: end + 1]
+
+
+ReadRecording = Callable[[str, int, int], Coroutine[Any, Any, tuple[bytes, int]]]
+"""A store's ``read_recording``."""
+
+
+class RecordingPage(NamedTuple):
+    """A page of a recording (``read_recording_page``): its bytes, the recording's size,
+    and, when ``offset`` was not where a line starts (the recording's end is one), what
+    was wrong with it instead of a page."""
+
+    data: bytes
+    size: int
+    problem: str | None = None
+
+
+async def read_recording_page(
+    read: ReadRecording, sid: str, offset: int, max_bytes: int
+) -> RecordingPage:
+    """The whole lines of ``sid``'s recording from ``offset`` that fit in ``max_bytes``,
+    or the one line there, whole and alone, when it is longer.
+
+    A page is JSON Lines that reads on its own (no line, and no UTF-8 character, cut
+    in two), so every page ends where a line starts, and an offset that is not where
+    a line starts (the byte before it is no newline) gives no page, but a problem.
+    That is one byte read beside the page (one ``GETRANGE`` on Redis). A line longer
+    than ``max_bytes`` is read on, ``max_bytes`` at a time, to its newline: a page holds
+    at most the longest line, which the recorder keeps within ``record_max_bytes``.
+    """
+    if offset == 0:
+        before = b"\n"
+        data, size = await read(sid, 0, max_bytes)
+    else:
+        (before, _), (data, size) = await asyncio.gather(
+            read(sid, offset - 1, 1), read(sid, offset, max_bytes)
+        )
+    if before != b"\n":
+        if offset > size:
+            problem = f"offset {offset} is past the end of the recording ({size:,} bytes)"
+        else:
+            problem = f"offset {offset} is inside a line of the recording, not where one starts"
+        return RecordingPage(b"", size, problem)
+    parts, end = [data], offset + len(data)
+    while parts[-1] and not parts[-1].endswith(b"\n"):  # part of a longer line
+        more, now = await read(sid, end, max_bytes)
+        more = more[: more.find(b"\n") + 1 or None]  # the line alone, to its newline
+        parts.append(more)
+        end, size = end + len(more), max(size, now)
+    return RecordingPage(b"".join(parts), size)

@@ -114,10 +114,18 @@ async def test_export_pages_by_bytes_and_the_cli_writes_the_file(
             assert r.headers["X-Has-More"] == "false"
             assert int(r.headers["X-Next-Offset"]) == len(whole)
         assert first == whole and first.endswith(b"\n")
-        middle = len(whole) // 2
+        # From where a line starts, the rest; from inside a line, no page but what to do.
+        middle = whole.index(b"\n", len(whole) // 2) + 1
         async with http.get(base, params={"offset": str(middle)}, headers=headers) as r:
+            assert r.status == 200
             rest = await r.read()
         assert whole[middle:] == rest
+        path = f"/v1/sessions/{sid}/recording?offset={middle + 1}"
+        status, body = await api.call("GET", path, key=alice)
+        assert status == 400 and body["error"]["message"] == (
+            f"offset {middle + 1} is inside a line of the recording, not where one starts: "
+            "start at 0, then at each page's X-Next-Offset"
+        )
 
         # Another key's session, and a session that does not record, are refused.
         assert (await api.call("GET", f"/v1/sessions/{sid}/recording", key=keys.keys["bob"]))[
@@ -158,9 +166,9 @@ async def test_a_recording_past_one_page_is_read_by_its_links_and_whole_by_the_c
                 assert r.status == 200
                 page = await r.read()
                 pages.append(page)
-                # Whole lines (or a page of one longer line), and where the next one starts.
-                assert 0 < len(page) <= 2048
-                assert page.endswith(b"\n") or (len(page) == 2048 and b"\n" not in page)
+                # Whole lines (or one longer line alone), and where the next one starts.
+                assert page.endswith(b"\n")
+                assert 0 < len(page) <= 2048 or page.count(b"\n") == 1
                 offset += len(page)
                 assert int(r.headers["X-Next-Offset"]) == offset
                 if r.headers["X-Has-More"] == "false":
@@ -180,7 +188,7 @@ async def test_a_recording_past_one_page_is_read_by_its_links_and_whole_by_the_c
         assert code == 0 and out.read_bytes() == whole
 
 
-async def test_a_bad_offset_is_refused_and_one_past_the_end_is_an_empty_last_page(
+async def test_a_bad_offset_is_refused_and_the_end_is_an_empty_last_page(
     nodes: NodesFactory, keys: Keys, http: aiohttp.ClientSession
 ) -> None:
     alice = keys.keys["alice"]
@@ -196,10 +204,64 @@ async def test_a_bad_offset_is_refused_and_one_past_the_end_is_an_empty_last_pag
             ), body
         _, size = await gw.node.store.read_recording(sid, 0, 1 << 24)
         async with http.get(
-            gw.api_url + path, params={"offset": str(size + 10)}, headers=keys.bearer("alice")
+            gw.api_url + path, params={"offset": str(size)}, headers=keys.bearer("alice")
         ) as r:
             assert r.status == 200 and await r.read() == b""
+            assert r.headers["X-Next-Offset"] == str(size)
             assert r.headers["X-Has-More"] == "false" and "Link" not in r.headers
+        # Past the end is no offset any page gave: refused, not an empty page.
+        status, body = await api.call("GET", f"{path}?offset={size + 10}", key=alice)
+        assert status == 400 and body["error"]["message"] == (
+            f"offset {size + 10} is past the end of the recording ({size:,} bytes): "
+            "start at 0, then at each page's X-Next-Offset"
+        )
+
+
+async def test_a_line_longer_than_a_page_comes_whole_on_its_own_page(
+    nodes: NodesFactory,
+    keys: Keys,
+    http: aiohttp.ClientSession,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Found from outside: a page of part of a long line, and ``?offset=N`` inside a line,
+    started mid-record (and mid-character: ``é`` is two bytes); every page now reads on
+    its own, as JSON Lines of whole characters."""
+    monkeypatch.setattr(api_module, "PAGE_BYTES", 2048)
+    alice = keys.keys["alice"]
+    async with nodes(1) as (gw,):
+        async with Client(gw.url, token=alice) as client:
+            sid = client.session_id
+            await client.configure(record=True)
+            async for _ in client.send("long " + "é" * 3000):  # a 6 KB line, or more
+                pass
+        whole = await recording_of(gw, sid, alice)
+        url, pages = f"{gw.api_url}/v1/sessions/{sid}/recording", []
+        while True:
+            async with http.get(url, headers=keys.bearer("alice")) as r:
+                assert r.status == 200
+                page = await r.read()
+            pages.append(page)
+            assert page.endswith(b"\n")
+            for line in page.decode().splitlines():  # whole characters, whole records
+                msgspec.json.decode(line)
+            if r.headers["X-Has-More"] == "false":
+                break
+            url = gw.api_url + r.headers["Link"][1 : r.headers["Link"].index(">")]
+        long_pages = [p for p in pages if len(p) > 2048]
+        assert long_pages and all(p.count(b"\n") == 1 for p in long_pages)
+        assert b"".join(pages) == whole
+        # An offset inside the long line, where a page once began, is refused.
+        inside = whole.index("é".encode()) + 1
+        status, body = await Api(gw, http).call(
+            "GET", f"/v1/sessions/{sid}/recording?offset={inside}", key=alice
+        )
+        assert status == 400 and "inside a line" in body["error"]["message"]
+        out = tmp_path / "session.jsonl"
+        code = await _cli(
+            ["recording", "get", "-o", str(out), "--api", gw.api_url, "--token", alice, "--", sid]
+        )
+        assert code == 0 and out.read_bytes() == whole
 
 
 async def _cli(argv: list[str]) -> int:

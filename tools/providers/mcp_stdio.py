@@ -3,7 +3,7 @@
 It does what the SDK's ``mcp.client.stdio.stdio_client`` does (spawn the
 command in its own session, newline-delimited JSON-RPC over its stdin and
 stdout, the same environment, the spec's shutdown: close stdin, wait, SIGTERM
-the process group, SIGKILL), with three differences:
+the process group, SIGKILL), with four differences:
 
 - **Lines are bounded.** ``tools.providers.lines.LineFramer`` cuts stdout
   into lines of at most ``max_line`` bytes in linear time; a longer line is
@@ -13,6 +13,12 @@ the process group, SIGKILL), with three differences:
   timeout for an answer that was thrown away. (The SDK's reader joins its
   whole buffer again for every chunk: a 100 MB line kept a core busy for the
   whole tool timeout, and would have been held whole.)
+- **Lines are taken only when cheap to take** (``_line``): one with an array
+  of over 1,024 values, or nested too deeply to parse, fails the request it
+  answers at once (``MESSAGE_UNREADABLE``); a large one is validated in a
+  worker thread; and what the server sends of its own accord (requests,
+  notifications, junk) is read at ``SERVER_RATE`` a second, the rest dropped
+  unread and noted in the log once every 10 s.
 - **stderr is captured**, line by line (bounded the same way), and logged as
   ``mcp server NAME: …``. Until the first connection is made the lines are
   held back, so a server that fails to start costs the node one line naming

@@ -254,3 +254,22 @@ async def test_a_server_flooding_the_node_is_read_at_its_pace_and_noted_once(
     warnings = [r for r in caplog.records if r.name == "tools.providers.mcp"]
     assert 1 <= len(warnings) <= 2, [r.getMessage()[:120] for r in warnings]
     assert raw.server.connects == 1
+
+
+async def test_an_http_servers_json_answer_too_wide_fails_its_call_at_once(
+    tmp_path: Path,
+) -> None:
+    """Over HTTP the SDK validates a JSON answer on the loop: the transport's capped
+    body refuses an array of over 1,024 values before it does."""
+    with mcp_http_server(json_response=True) as process:
+        spec = McpServerSpec(name="calc", url=process.url, timeout=TIMEOUT)
+        async for harness in _started(spec, tmp_path):
+            assert ok(await harness.call("calc.blocks", count=3)) == "x\n\nx\n\nx"
+            async with footprint() as cost:
+                message = failed(await harness.call("calc.blocks", count=15_000))
+            print(f"\n15,000 blocks over HTTP (JSON): {cost}")
+            assert "result.content holds 15,000 values" in message
+            assert "fault in the server" in message
+            assert cost.max_gap < 0.5, cost
+            assert ok(await harness.call("calc.add", a=2, b=3)) == 5
+            assert harness.server.connects == 1

@@ -48,7 +48,7 @@ from pydantic import ValidationError
 from protocol.configuration import MAX_TOOL_DESCRIPTION, parameters_bytes
 from tools.base import ToolContext, ToolFailure
 from tools.described import DescribedTool
-from tools.providers.mcp_http import TOO_LARGE_NOTE, streamable_http
+from tools.providers.mcp_http import TOO_LARGE_NOTE, TOO_WIDE_NOTE, streamable_http
 from tools.providers.mcp_stdio import (
     MESSAGE_TOO_LARGE,
     MESSAGE_UNREADABLE,
@@ -336,6 +336,13 @@ class McpServer:
         SDK's event stream as a closed stream "exceeded the N byte limit".
         """
         text = exc.message
+        if TOO_WIDE_NOTE in text:  # the HTTP transport's; stdio says MESSAGE_UNREADABLE
+            wide = text[text.find(": ") + 2 :] if text.startswith("Failed to parse") else text
+            return (
+                f"{what} answered with a message in which {wide}; the gateway dropped it. This "
+                "is a fault in the server, not in your call: ask for less at once, or do "
+                "without this tool"
+            )
         if "compressed" in text and TOO_LARGE_NOTE in text:
             return (
                 f"{what} was answered with a compressed body, which the gateway refuses from "

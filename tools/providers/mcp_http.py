@@ -31,10 +31,20 @@ import httpx2
 from mcp.client import Transport
 from mcp.client.streamable_http import streamable_http_client
 
-__all__ = ["TOO_LARGE_NOTE", "MessageTooLarge", "streamable_http"]
+from protocol.json_outline import too_many_values
+
+__all__ = [
+    "TOO_LARGE_NOTE",
+    "TOO_WIDE_NOTE",
+    "MessageTooLarge",
+    "MessageTooWide",
+    "streamable_http",
+]
 
 TOO_LARGE_NOTE: Final = "the most the gateway reads of one MCP message"
 """In the message of every refusal, so the call's error can be recognised in the SDK's wrapping."""
+TOO_WIDE_NOTE: Final = "too wide an array for the gateway to read"
+"""In the message of a JSON answer refused for an array of over 1,024 values."""
 
 _TIMEOUT: Final = httpx2.Timeout(30.0, read=300.0)
 """The SDK's own client's timeouts: a server may hold an event stream open for minutes."""
@@ -42,6 +52,11 @@ _TIMEOUT: Final = httpx2.Timeout(30.0, read=300.0)
 
 class MessageTooLarge(httpx2.StreamError):
     """An MCP server's answer was over the limit (or compressed, so it could be)."""
+
+
+class MessageTooWide(MessageTooLarge):
+    """An MCP server's JSON answer holds an array too wide to validate on the loop
+    (``protocol.json_outline``): 35,000 content blocks held it 0.5-0.7 s."""
 
 
 class _OneLine(logging.Filter):
@@ -104,13 +119,19 @@ class _Capped(httpx2.AsyncByteStream):
                 f"{self._limit:,} bytes, {TOO_LARGE_NOTE}"
             )
         size = 0
+        held: list[bytes] = []  # the SDK reads a JSON answer whole anyway (aread)
         async for chunk in self._stream:
             size += len(chunk)
             if size > self._limit:
                 raise MessageTooLarge(
                     f"the answer was larger than {self._limit:,} bytes, {TOO_LARGE_NOTE}"
                 )
-            yield chunk
+            held.append(chunk)
+        body = b"".join(held)
+        crowded = too_many_values(body, "id")
+        if crowded is not None:
+            raise MessageTooWide(f"{crowded[0].partition(';')[0]}, {TOO_WIDE_NOTE}")
+        yield body
 
     async def aclose(self) -> None:
         await self._stream.aclose()

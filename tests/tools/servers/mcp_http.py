@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import threading
@@ -17,8 +18,11 @@ SERVER = Path(__file__).with_name("mcp_test_server.py")
 class McpHttpProcess:
     """``mcp_test_server.py PORT``; ``start()`` returns once uvicorn says it is listening."""
 
-    def __init__(self, script: Path = SERVER, port: int | None = None) -> None:
+    def __init__(
+        self, script: Path = SERVER, port: int | None = None, *, json_response: bool = False
+    ) -> None:
         self.script = script
+        self.json_response = json_response
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}/mcp"
         self.proc: subprocess.Popen[str] | None = None
@@ -27,6 +31,7 @@ class McpHttpProcess:
     def start(self, timeout: float = 30.0) -> McpHttpProcess:
         self.proc = subprocess.Popen(
             [sys.executable, str(self.script), str(self.port)],
+            env={**os.environ, "MCP_JSON_RESPONSE": "1" if self.json_response else "0"},
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,
@@ -54,8 +59,10 @@ class McpHttpProcess:
 
 
 @contextmanager
-def mcp_http_server(port: int | None = None) -> Iterator[McpHttpProcess]:
-    server = McpHttpProcess(port=port).start()
+def mcp_http_server(
+    port: int | None = None, *, json_response: bool = False
+) -> Iterator[McpHttpProcess]:
+    server = McpHttpProcess(port=port, json_response=json_response).start()
     try:
         yield server
     finally:

@@ -4,7 +4,9 @@
 serves streamable HTTP on 127.0.0.1:PORT/mcp. Besides ordinary tools it has
 the faults the gateway must survive: a tool that never answers in time, one
 that kills the server mid-call, one that reports an error, one that returns
-an image, one that answers as many megabytes as asked.
+an image, one that answers as many megabytes as asked, one that answers as many
+content blocks as asked. With ``MCP_JSON_RESPONSE=1`` it answers HTTP requests with
+JSON bodies instead of event streams.
 """
 
 from __future__ import annotations
@@ -78,6 +80,12 @@ def config(variable: str) -> str:
 
 
 @calc.tool()
+def blocks(count: int) -> list[TextContent]:
+    """``count`` content blocks of one character each."""
+    return [TextContent(type="text", text="x")] * count
+
+
+@calc.tool()
 def pid() -> int:
     """The server's process id (to see restarts)."""
     return os.getpid()
@@ -85,6 +93,9 @@ def pid() -> int:
 
 if __name__ == "__main__":
     if len(sys.argv) > 1:
-        calc.run("streamable-http", host="127.0.0.1", port=int(sys.argv[1]))
+        json_response = os.environ.get("MCP_JSON_RESPONSE") == "1"
+        calc.run(
+            "streamable-http", host="127.0.0.1", port=int(sys.argv[1]), json_response=json_response
+        )
     else:
         calc.run()

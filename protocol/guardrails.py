@@ -38,6 +38,7 @@ import re2
 from protocol.guardrail_matchers import DETECTORS, RUN_CAP, Matcher, Pattern, Span
 
 __all__ = [
+    "GROWTH_FLOOR",
     "MAX_PATTERN",
     "MAX_RULES",
     "MAX_WINDOW",
@@ -66,6 +67,11 @@ MAX_WINDOW: Final = 1_024
 CONTEXT: Final = 3
 """Characters kept before the held text: ``\\b`` and a run's continuation look back."""
 REPLACEMENT: Final = "[redacted]"
+GROWTH_FLOOR: Final = 64 * 1024
+"""Characters redactions may add to a text or stream beyond as many as it has had judged
+(whichever is more); past that its rest is withheld, as a ``block`` rule's is. A rule
+matching every character of a 1 MB message (``a`` → 100 characters) made it 100 MB and
+took 57 s of CPU; a redaction no longer than what it replaces never comes near it."""
 # Python's regex parser, only to derive a pattern's longest match (RE2 does not tell).
 _sre_parse: Any = importlib.import_module("re._parser")
 
@@ -289,7 +295,7 @@ def compile_rules(specs: Sequence[RuleSpec]) -> tuple[RuleSet, RuleSet] | str:
 class StreamGuard:
     """One stream of output (an answer, its reasoning) judged as it comes (see the module)."""
 
-    __slots__ = ("_buf", "_offset", "_pos", "cut", "cuts", "rules")
+    __slots__ = ("_buf", "_grown", "_offset", "_pos", "cut", "cuts", "rules")
 
     def __init__(self, rules: RuleSet, *, cuts: bool = False) -> None:
         """``cuts``: every rule that trips cuts the stream there, a ``redact`` rule after
@@ -299,6 +305,7 @@ class StreamGuard:
         self._buf = ""  # CONTEXT characters already judged, then the held text
         self._pos = 0  # where the held text starts in _buf
         self._offset = 0  # characters of the stream before _buf[_pos]
+        self._grown = 0  # characters the redactions added (less what they took out)
         self.cut = False
 
     @property
@@ -350,6 +357,10 @@ class StreamGuard:
                 out.append(buf[pos:start])
                 hits.append(Hit(rule.name, rule.action))
                 if rule.action != "redact":
+                    return self._cut(out, hits)
+                self._grown += len(rule.replacement) - (end - start)
+                if self._grown > max(GROWTH_FLOOR, self._offset):  # see GROWTH_FLOOR
+                    hits[-1] = Hit(rule.name, "block")
                     return self._cut(out, hits)
                 out.append(rule.replacement)
                 if self.cuts:

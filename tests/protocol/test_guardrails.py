@@ -18,7 +18,9 @@ from hypothesis import strategies as st
 import protocol.guardrail_matchers
 from protocol.guardrail_matchers import Pattern, luhn
 from protocol.guardrails import (
+    GROWTH_FLOOR,
     MAX_RULES,
+    Hit,
     RuleSet,
     RuleSpec,
     StreamGuard,
@@ -262,6 +264,26 @@ def test_many_matches_in_a_long_text_are_judged_in_linear_time() -> None:
     took = time.process_time() - started
     assert judged.text.count("[redacted]") == 2000 and "@" not in judged.text
     assert took < 2.0, took  # a loaded machine's margin: ~60x what it takes
+
+
+def test_redactions_that_would_grow_a_text_past_twice_its_size_withhold_its_rest() -> None:
+    """Found from outside (2026-12-07): a rule matching every character (``a`` → 100
+    characters, within the limits) made a 1 MB message 100 MB, 57 s of CPU."""
+    rules = out(
+        RuleSpec(name="a", on="output", action="redact", pattern="a", replacement="x" * 100)
+    )
+    started = time.process_time()
+    judged = check(rules, "a" * 1_000_000)
+    took = time.process_time() - started
+    assert judged.cut and judged.hits[-1] == Hit("a", "block")
+    assert len(judged.text) < 2 * GROWTH_FLOOR and "a" not in judged.text
+    assert took < 2.0, took  # ~20 ms; a loaded machine's margin
+    streamed = StreamGuard(rules)
+    pieces = [streamed.feed("a" * 300) for _ in range(4)]
+    assert [p.cut for p in pieces] == [False, False, True, True]
+    # A replacement no longer than its match never withholds anything.
+    short = out(RuleSpec(name="a", on="output", action="redact", pattern="a{1,9}", replacement="[x]"))
+    assert check(short, "a b " * 100_000).text == "[x] b " * 100_000
 
 
 def test_numbers_that_are_no_card_stay() -> None:

@@ -37,9 +37,10 @@ from tools.providers.mcp import (
 from tools.registry import Registry
 
 from .helpers import failed, footprint, ok
-from .servers.mcp_http import SERVER, mcp_http_server
+from .servers.mcp_http import SERVER, McpHttpProcess, mcp_http_server
 
 RAW_SERVER = Path(__file__).parent / "servers" / "raw_mcp_server.py"
+SSE_SERVER = Path(__file__).parent / "servers" / "sse_mcp_server.py"
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -273,3 +274,24 @@ async def test_an_http_servers_json_answer_too_wide_fails_its_call_at_once(
             assert cost.max_gap < 0.5, cost
             assert ok(await harness.call("calc.add", a=2, b=3)) == 5
             assert harness.server.connects == 1
+
+
+async def test_an_http_servers_event_too_wide_fails_its_call_at_once(tmp_path: Path) -> None:
+    """An event-stream answer of 35,000 blocks (945 KB) held the loop 0.9 s a call as
+    the SDK validated it: the transport outlines a large event first."""
+    process = McpHttpProcess(SSE_SERVER).start()
+    try:
+        spec = McpServerSpec(name="sse", url=process.url, timeout=TIMEOUT)
+        async for harness in _started(spec, tmp_path):
+            assert ok(await harness.call("sse.echo", text="hi")) == "echo hi"
+            assert ok(await harness.call("sse.blocks", count=3)) == "x\n\nx\n\nx"
+            async with footprint() as cost:
+                message = failed(await harness.call("sse.blocks", count=35_000))
+            print(f"\n35,000 blocks in one event: {cost}")
+            assert "result.content holds 35,000 values" in message
+            assert "fault in the server" in message
+            assert cost.max_gap < 0.5, cost
+            assert ok(await harness.call("sse.echo", text="again")) == "echo again"
+            assert harness.server.connects == 1
+    finally:
+        process.stop()

@@ -28,10 +28,12 @@ from collections.abc import AsyncIterator
 from typing import Any, Final
 
 import httpx2
+import msgspec
 from mcp.client import Transport
 from mcp.client.streamable_http import streamable_http_client
 
-from protocol.json_outline import too_many_values
+from protocol.json_outline import LARGE_FRAME, too_many_values
+from tools.providers.mcp_stdio import MESSAGE_UNREADABLE
 
 __all__ = [
     "TOO_LARGE_NOTE",
@@ -71,6 +73,7 @@ class _OneLine(logging.Filter):
 
 
 logging.getLogger("mcp.client.streamable_http").addFilter(_OneLine())
+log = logging.getLogger("tools.providers.mcp")
 
 
 def streamable_http(url: str, *, max_message: int) -> Transport:
@@ -85,6 +88,8 @@ async def _streamable_http(url: str, max_message: int) -> AsyncIterator[Any]:
         kind = response.headers.get("Content-Type", "").lower()
         if not kind.startswith("text/event-stream"):
             response.stream = _Capped(response, max_message)
+        else:
+            response.stream = _EventsChecked(response, max_message)
 
     # Made in a thread: a client loads its TLS trust store when made (20-45 ms), and a
     # server reconnects while the node serves.
@@ -135,3 +140,87 @@ class _Capped(httpx2.AsyncByteStream):
 
     async def aclose(self) -> None:
         await self._stream.aclose()
+
+
+_fields = msgspec.json.Decoder(dict[str, msgspec.Raw])
+
+
+class _EventsChecked(httpx2.AsyncByteStream):
+    """An event stream whose large events are outlined before the SDK validates them.
+
+    The SDK validates each event's JSON-RPC message on the loop: one event of 35,000
+    content blocks (945 KB, under the size limit) held it 0.9 s a call. An event of
+    ``LARGE_FRAME`` bytes or more is held whole (the SDK's ``EventSource`` holds it
+    too, up to ``max_message``) and checked like a stdio line: one holding an array of
+    over 1,024 values becomes a JSON-RPC error answering the same request
+    (``MESSAGE_UNREADABLE``), or is dropped when it answers none. Other bytes pass
+    unchanged; an event past ``limit`` passes too, for the SDK's own limit to refuse.
+    Lines end with LF or CRLF (a bare CR, which no server library writes, is not split).
+    """
+
+    def __init__(self, response: httpx2.Response, limit: int) -> None:
+        stream = response.stream
+        assert isinstance(stream, httpx2.AsyncByteStream)
+        self._stream = stream
+        self._limit = limit
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        event = bytearray()  # the current event's lines, while it may still be checked
+        passing = False  # the current event went past the limit: its bytes pass as they come
+        rest = b""
+        async for chunk in self._stream:
+            data = rest + chunk
+            end = data.rfind(b"\n") + 1
+            rest = data[end:]
+            for line in data[:end].splitlines(keepends=True):
+                blank = line in (b"\n", b"\r\n")
+                if passing:
+                    yield line
+                    passing = not blank
+                    continue
+                event += line
+                if blank:
+                    yield _checked(bytes(event))
+                    event.clear()
+                elif len(event) > self._limit:
+                    yield bytes(event)
+                    event.clear()
+                    passing = True
+        if event or rest:
+            yield bytes(event) + rest
+
+    async def aclose(self) -> None:
+        await self._stream.aclose()
+
+
+def _checked(event: bytes) -> bytes:
+    """One whole event (its blank line included): as it came, or its message refused."""
+    if len(event) < LARGE_FRAME:
+        return event
+    lines = event.splitlines()
+    data = b"\n".join(
+        line[6:] if line.startswith(b"data: ") else line[5:]
+        for line in lines
+        if line.startswith(b"data:")
+    )
+    crowded = too_many_values(data, "id")
+    if crowded is None:
+        return event
+    try:
+        answers = _fields.decode(data).get("id")
+    except msgspec.DecodeError:
+        answers = None
+    if answers is None:
+        log.warning("an MCP server sent an event that was dropped: %s", crowded[0])
+        return b""
+    problem = "a message in which " + crowded[0].partition(";")[0]
+    error = {"code": MESSAGE_UNREADABLE, "message": problem}
+    message = (
+        b'{"jsonrpc":"2.0","id":'
+        + bytes(answers)
+        + b',"error":'
+        + msgspec.json.encode(error)
+        + b"}"
+    )
+    kept = [line for line in lines if line.startswith((b"event:", b"id:"))]
+    return b"\n".join([*kept, b"data: " + message]) + b"\n\n"

@@ -40,6 +40,7 @@ from protocol.guardrail_matchers import DETECTORS, RUN_CAP, Matcher, Pattern, Sp
 __all__ = [
     "GROWTH_FLOOR",
     "MAX_PATTERN",
+    "MAX_PROGRAMS",
     "MAX_RULES",
     "MAX_WINDOW",
     "RUN_CAP",
@@ -62,6 +63,11 @@ MAX_RULES: Final = 64
 """Rules in one set (a file's plus a key's): each output chunk is scanned by every one."""
 MAX_PATTERN: Final = 2_000
 """Characters in one pattern (a word list belongs in a few alternations, not thousands)."""
+MAX_PROGRAMS: Final = 10_000
+"""RE2 instructions of all of a set's patterns together: each streamed chunk runs every
+output pattern over up to ``MAX_WINDOW`` held characters, at a cost that grows with its
+program. A usual pattern is 10-100; 64 rules of ``[a-z ]{1,1000}Q`` (3,000 each, within
+every other limit) kept a core busy with 1 MB of lowercase text."""
 MAX_WINDOW: Final = 1_024
 """The longest match a pattern may declare or imply: the most an output is held back."""
 CONTEXT: Final = 3
@@ -276,6 +282,7 @@ def compile_rules(specs: Sequence[RuleSpec]) -> tuple[RuleSet, RuleSet] | str:
     if len(specs) > MAX_RULES:
         return f"guardrails: {len(specs)} rules, at most {MAX_RULES}"
     seen: set[str] = set()
+    program = 0
     sides: dict[str, list[_Rule]] = {"input": [], "output": []}
     checks: list[RuleSpec] = []
     for spec in specs:
@@ -285,6 +292,15 @@ def compile_rules(specs: Sequence[RuleSpec]) -> tuple[RuleSet, RuleSet] | str:
         rule = _compile_one(spec)
         if isinstance(rule, str):
             return rule
+        if rule is not None and isinstance(rule.matcher, Pattern):
+            program += rule.matcher.regex.programsize
+            if program > MAX_PROGRAMS:
+                return (
+                    f"guardrail {spec.name!r}: pattern: the rules' patterns take {program:,} "
+                    f"RE2 instructions by this one, over {MAX_PROGRAMS:,} for all together "
+                    "(every answer's chunk runs each): use smaller repetition counts "
+                    "({1,40}, not {1,1000}), fewer rules, or a detector"
+                )
         if rule is None:
             checks.append(spec)  # an HTTP checker: awaited by the gateway, not run here
         else:

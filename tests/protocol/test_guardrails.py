@@ -19,6 +19,7 @@ import protocol.guardrail_matchers
 from protocol.guardrail_matchers import Pattern, luhn
 from protocol.guardrails import (
     GROWTH_FLOOR,
+    MAX_PROGRAMS,
     MAX_RULES,
     Hit,
     RuleSet,
@@ -282,8 +283,23 @@ def test_redactions_that_would_grow_a_text_past_twice_its_size_withhold_its_rest
     pieces = [streamed.feed("a" * 300) for _ in range(4)]
     assert [p.cut for p in pieces] == [False, False, True, True]
     # A replacement no longer than its match never withholds anything.
-    short = out(RuleSpec(name="a", on="output", action="redact", pattern="a{1,9}", replacement="[x]"))
+    short = out(
+        RuleSpec(name="a", on="output", action="redact", pattern="a{1,9}", replacement="[x]")
+    )
     assert check(short, "a b " * 100_000).text == "[x] b " * 100_000
+
+
+def test_patterns_too_costly_together_are_refused_naming_the_rule() -> None:
+    """Found from outside (2026-12-07): 64 rules of 3,000 RE2 instructions each, every
+    one within the other limits, kept a core busy judging 1 MB of lowercase text."""
+    costly = [
+        RuleSpec(name=f"c{n}", on="output", action="redact", pattern=f"[a-z ]{{1,1000}}Q{n:02}")
+        for n in range(4)
+    ]
+    problem = compile_rules(costly)
+    assert isinstance(problem, str) and problem.startswith("guardrail 'c3': pattern:")
+    assert f"over {MAX_PROGRAMS:,}" in problem and "{1,40}" in problem
+    assert not isinstance(compile_rules(costly[:3]), str)  # 9,018 instructions
 
 
 def test_numbers_that_are_no_card_stay() -> None:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator
 from typing import Any, Final
 
@@ -33,7 +34,8 @@ from mcp.client import Transport
 from mcp.client.streamable_http import streamable_http_client
 
 from protocol.json_outline import LARGE_FRAME, too_many_values
-from tools.providers.mcp_stdio import MESSAGE_UNREADABLE
+from tools.providers.lines import KEPT, ServerPace, overlong_kind
+from tools.providers.mcp_stdio import MESSAGE_UNREADABLE, SERVER_RATE
 
 __all__ = [
     "TOO_LARGE_NOTE",
@@ -84,12 +86,14 @@ def streamable_http(url: str, *, max_message: int) -> Transport:
 @contextlib.asynccontextmanager
 async def _streamable_http(url: str, max_message: int) -> AsyncIterator[Any]:
     # Any: the SDK's stream pair (its alias, TransportStreams, is in a private module).
+    pace = ServerPace(SERVER_RATE, time.monotonic())  # the connection's, all streams
+
     async def cap(response: httpx2.Response) -> None:
         kind = response.headers.get("Content-Type", "").lower()
         if not kind.startswith("text/event-stream"):
             response.stream = _Capped(response, max_message)
         else:
-            response.stream = _EventsChecked(response, max_message)
+            response.stream = _EventsChecked(response, max_message, pace)
 
     # Made in a thread: a client loads its TLS trust store when made (20-45 ms), and a
     # server reconnects while the node serves.
@@ -143,6 +147,11 @@ class _Capped(httpx2.AsyncByteStream):
 
 
 _fields = msgspec.json.Decoder(dict[str, msgspec.Raw])
+_FLOOD_READ: Final = 2 * 1024 * 1024
+"""Bytes a second an event stream is read at while events are dropped for ``ServerPace``:
+dropped unvalidated, a flood still took a core to read and split (14.7 s of CPU in 15 s;
+8.3 s at this pace, another client's 3.4 included). An answer behind 50,000
+notifications (5.5 MB) comes 4.5 s later."""
 
 
 class _EventsChecked(httpx2.AsyncByteStream):
@@ -158,17 +167,22 @@ class _EventsChecked(httpx2.AsyncByteStream):
     Lines end with LF or CRLF (a bare CR, which no server library writes, is not split).
     """
 
-    def __init__(self, response: httpx2.Response, limit: int) -> None:
+    def __init__(self, response: httpx2.Response, limit: int, pace: ServerPace) -> None:
         stream = response.stream
         assert isinstance(stream, httpx2.AsyncByteStream)
         self._stream = stream
         self._limit = limit
+        self._pace = pace
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
+        dropped = self._pace.dropped
         event = bytearray()  # the current event's lines, while it may still be checked
         passing = False  # the current event went past the limit: its bytes pass as they come
         rest = b""
         async for chunk in self._stream:
+            if self._pace.dropped > dropped:  # a flood: read it slower (TCP pushes back)
+                dropped = self._pace.dropped
+                await asyncio.sleep(len(chunk) / _FLOOD_READ)
             data = rest + chunk
             end = data.rfind(b"\n") + 1
             rest = data[end:]
@@ -180,7 +194,7 @@ class _EventsChecked(httpx2.AsyncByteStream):
                     continue
                 event += line
                 if blank:
-                    yield _checked(bytes(event))
+                    yield _checked(bytes(event), self._pace)
                     event.clear()
                 elif len(event) > self._limit:
                     yield bytes(event)
@@ -193,16 +207,27 @@ class _EventsChecked(httpx2.AsyncByteStream):
         await self._stream.aclose()
 
 
-def _checked(event: bytes) -> bytes:
-    """One whole event (its blank line included): as it came, or its message refused."""
-    if len(event) < LARGE_FRAME:
-        return event
+def _checked(event: bytes, pace: ServerPace) -> bytes:
+    """One whole event (its blank line included): as it came, or its message refused,
+    or nothing when it is one more request or notification than ``pace`` lets through
+    (a flood of them on the GET stream took a core, the SDK validating each)."""
     lines = event.splitlines()
     data = b"\n".join(
         line[6:] if line.startswith(b"data: ") else line[5:]
         for line in lines
         if line.startswith(b"data:")
     )
+    if data and overlong_kind(data[:KEPT]) != "answer" and not pace.admit(time.monotonic()):
+        if pace.dropped % 10_000 == 1:
+            log.warning(
+                "an MCP server sends more than %g messages a second of its own; the rest "
+                "are dropped (%d so far)",
+                pace.rate,
+                pace.dropped,
+            )
+        return b""
+    if len(event) < LARGE_FRAME:
+        return event
     crowded = too_many_values(data, "id")
     if crowded is None:
         return event

@@ -1,8 +1,9 @@
 """An MCP server over streamable HTTP that answers in event streams, written by hand
 (aiohttp) so every byte is ours: ``python sse_mcp_server.py PORT``.
 
-Two tools: ``echo`` answers one text block; ``blocks`` answers ``count`` one-character
-text blocks as one event (35,000 make 945 KB, under the gateway's 1 MiB).
+Two tools: ``echo`` answers one text block (``text="flood"``: after 20,000 log
+notifications); ``blocks`` answers ``count`` one-character text blocks as one event
+(35,000 make 945 KB, under the gateway's 1 MiB).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ def _event(message: dict[str, Any]) -> bytes:
 async def _post(request: web.Request) -> web.StreamResponse:
     message = json.loads(await request.read())
     rid, method = message.get("id"), message.get("method")
+    args: dict[str, Any] = (message.get("params") or {}).get("arguments") or {}
     if rid is None:
         return web.Response(status=202, headers=SESSION)
     if method == "initialize":
@@ -45,9 +47,7 @@ async def _post(request: web.Request) -> web.StreamResponse:
     elif method == "tools/list":
         result = {"tools": TOOLS}
     elif method == "tools/call":
-        params = message["params"]
-        args = params.get("arguments") or {}
-        if params["name"] == "blocks":
+        if message["params"]["name"] == "blocks":
             blocks = [{"type": "text", "text": "x"}] * args["count"]
         else:
             blocks = [{"type": "text", "text": f"echo {args.get('text', '')}"}]
@@ -57,6 +57,9 @@ async def _post(request: web.Request) -> web.StreamResponse:
         return web.json_response(answer, headers=SESSION)
     response = web.StreamResponse(headers={**SESSION, "Content-Type": "text/event-stream"})
     await response.prepare(request)
+    if method == "tools/call" and args.get("text") == "flood":  # notifications first
+        note = {"jsonrpc": "2.0", "method": "notifications/message"}
+        await response.write(_event({**note, "params": {"level": "info", "data": "x"}}) * 20_000)
     await response.write(_event({"jsonrpc": "2.0", "id": rid, "result": result}))
     await response.write_eof()
     return response

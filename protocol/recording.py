@@ -174,6 +174,7 @@ Record = (
 _BLANK: Final = frozenset(b" \t\r")
 _encoder: Final = msgspec.json.Encoder()
 _decoder: Final = msgspec.json.Decoder(Record)
+_BOM: Final = b"\xef\xbb\xbf"
 
 
 def encode_record(record: Record) -> bytes:
@@ -196,6 +197,8 @@ def read_records(data: bytes) -> Iterator[Record | str]:
     """
     view = memoryview(data)
     start, number, size = 0, 0, len(data)
+    if data.startswith(_BOM):  # an editor's UTF-8 byte-order mark: not part of the JSON
+        start = len(_BOM)
     while start < size:
         end = data.find(b"\n", start)
         stop = size if end < 0 else end

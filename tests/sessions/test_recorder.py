@@ -29,6 +29,7 @@ from protocol.recording import (
     Logged,
     ToolRun,
     UpstreamFrame,
+    encode_record,
     read_records,
 )
 from tests.edge.conftest import poll_until
@@ -339,3 +340,10 @@ async def test_large_recordings_are_taken_over_several_loop_passes(
     assert len(set(taken_in.values())) == len(sids), taken_in  # one a pass: each > 1 MiB
     for sid in sids:
         assert any(isinstance(r, UpstreamFrame) for r in await read(store, sid))
+
+
+def test_a_recording_saved_with_a_byte_order_mark_reads_the_same() -> None:
+    """An editor may save a recording with a UTF-8 BOM; it was read as "JSON is
+    malformed: invalid character (byte 0)", which said nothing of the cause."""
+    line = encode_record(header())
+    assert list(read_records(b"\xef\xbb\xbf" + line + line)) == list(read_records(line + line))

@@ -286,7 +286,7 @@ def test_redactions_that_would_grow_a_text_past_twice_its_size_withhold_its_rest
     short = out(
         RuleSpec(name="a", on="output", action="redact", pattern="a{1,9}", replacement="[x]")
     )
-    assert check(short, "a b " * 100_000).text == "[x] b " * 100_000
+    assert check(short, "a b " * 10_000).text == "[x] b " * 10_000
 
 
 def test_patterns_too_costly_together_are_refused_naming_the_rule() -> None:

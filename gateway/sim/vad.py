@@ -16,7 +16,7 @@ import msgspec
 
 from gateway.common.pcm import SAMPLE_WIDTH, frame_energy, rms
 
-__all__ = ["FRAME_MS", "SpeechSpan", "Vad", "VadStart", "VadStop", "speech_ms"]
+__all__ = ["FRAME_MS", "SpeechSpan", "Vad", "VadStart", "VadStop"]
 
 FRAME_MS: Final = 20
 
@@ -79,7 +79,7 @@ class Vad:
         elif whole:  # a recording sent whole: every frame's loudness in one numpy pass
             # rms > threshold, without a square root per frame: sum of squares > threshold² × n
             n = size // SAMPLE_WIDTH
-            floor = self.threshold * self.threshold * n if self.threshold >= 0 else -1.0
+            floor = _loud_floor(self.threshold, n)
             for loud in (frame_energy(self._pending, n) > floor).tolist():
                 self._frame(loud, events)
         del self._pending[: whole * size]
@@ -142,8 +142,7 @@ class SpeechSpan:
         self.rate = rate
         samples = rate * FRAME_MS // 1000
         self._frame_bytes = samples * SAMPLE_WIDTH
-        # rms > threshold, without a square root per frame: sum of squares > threshold² × n
-        self._floor = threshold * threshold * samples if threshold >= 0 else -1.0
+        self._floor = _loud_floor(threshold, samples)
         self._pending = bytearray()  # less than a frame, waiting for the rest of it
         self.size = 0  # bytes heard
         self.frames = 0  # whole frames measured
@@ -185,8 +184,7 @@ class SpeechSpan:
         self.first_loud = None
 
 
-def speech_ms(pcm16: bytes, rate: int, *, threshold: float) -> int:
-    """The speech ``pcm16`` holds, as a manual commit hears it (``SpeechSpan``)."""
-    span = SpeechSpan(rate, threshold=threshold)
-    span.feed(pcm16)
-    return span.speech_ms
+def _loud_floor(threshold: float, samples: int) -> float:
+    """A frame of ``samples`` is loud when its sum of squares passes this: rms >
+    threshold without a square root per frame (-1: every frame is)."""
+    return threshold * threshold * samples if threshold >= 0 else -1.0

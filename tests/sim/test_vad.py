@@ -6,7 +6,7 @@ import tracemalloc
 
 from gateway.common.pcm import silence, tone
 from gateway.sim.model import SimCall, speech_transcript, spoken_reply
-from gateway.sim.vad import SpeechSpan, Vad, VadStart, VadStop, speech_ms
+from gateway.sim.vad import SpeechSpan, Vad, VadStart, VadStop
 
 RATE = 16000
 
@@ -43,6 +43,12 @@ def test_knobs_change_what_counts() -> None:
     pcm = tone(0.15, RATE) + silence(0.3, RATE)
     assert Vad(RATE, threshold=500, min_speech_ms=200).feed(pcm) == []
     assert Vad(RATE, threshold=500, silence_ms=200).feed(pcm) == [VadStart(0), VadStop(360, 160)]
+
+
+def speech_ms(pcm: bytes, rate: int, *, threshold: float) -> int:
+    span = SpeechSpan(rate, threshold=threshold)
+    span.feed(pcm)
+    return span.speech_ms
 
 
 def test_manual_buffer_measure_and_transcript() -> None:

@@ -22,6 +22,8 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Final
 
+from protocol.json_outline import too_many_values
+
 __all__ = [
     "KEPT",
     "Line",
@@ -31,6 +33,7 @@ __all__ = [
     "ServerPace",
     "overlong_answer",
     "overlong_kind",
+    "too_wide",
 ]
 
 KEPT: Final = 512
@@ -218,6 +221,11 @@ class ServerPace:
         self._at = now
         self.dropped = 0  # since the last time the caller said so in the log
 
+    def admit_message(self, message: bytes, now: float) -> bool:
+        """Whether to read ``message``: an answer always (the gateway's requests pace
+        them), anything else within ``rate``."""
+        return overlong_kind(message[:KEPT]) == "answer" or self.admit(now)
+
     def admit(self, now: float) -> bool:
         self._tokens = min(2 * self.rate, self._tokens + (now - self._at) * self.rate)
         self._at = now
@@ -226,3 +234,13 @@ class ServerPace:
             return True
         self.dropped += 1
         return False
+
+
+def too_wide(message: bytes) -> str | None:
+    """Why a large message is not read (``protocol.json_outline``: an array of over
+    1,024 values), as "a message in which result.tools holds 20,001 values, more than
+    this gateway reads in one array (1,024)"; None when it may be read."""
+    crowded = too_many_values(message, "id")
+    if crowded is None:
+        return None
+    return "a message in which " + crowded[0].partition(";")[0]

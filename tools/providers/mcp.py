@@ -290,11 +290,7 @@ class McpServer:
             if too_large:
                 raise ToolFailure(too_large) from None
             if exc.code == MESSAGE_UNREADABLE:
-                raise ToolFailure(
-                    f"'{spec.name}.{tool}' answered with {exc.message}; the gateway dropped "
-                    "it. This is a fault in the server, not in your call: ask for less at "
-                    "once, or do without this tool"
-                ) from None
+                raise ToolFailure(_unreadable(f"'{spec.name}.{tool}'", exc.message)) from None
             if exc.code != CONNECTION_CLOSED:
                 raise ToolFailure(
                     f"'{spec.name}.{tool}' was refused by its MCP server: {exc}"
@@ -336,13 +332,9 @@ class McpServer:
         SDK's event stream as a closed stream "exceeded the N byte limit".
         """
         text = exc.message
-        if TOO_WIDE_NOTE in text:  # the HTTP transport's; stdio says MESSAGE_UNREADABLE
-            wide = text[text.find(": ") + 2 :] if text.startswith("Failed to parse") else text
-            return (
-                f"{what} answered with a message in which {wide}; the gateway dropped it. This "
-                "is a fault in the server, not in your call: ask for less at once, or do "
-                "without this tool"
-            )
+        if TOO_WIDE_NOTE in text:  # an HTTP JSON body's; the rest say MESSAGE_UNREADABLE
+            problem = text.partition(": ")[2] if text.startswith("Failed to parse") else text
+            return _unreadable(what, problem.removesuffix(f", {TOO_WIDE_NOTE}"))
         if "compressed" in text and TOO_LARGE_NOTE in text:
             return (
                 f"{what} was answered with a compressed body, which the gateway refuses from "
@@ -398,6 +390,14 @@ class McpTool(DescribedTool):
         return await self.server.call(
             self.remote_name, args, ctx.session_id, ctx.call_id, ctx.idempotency_key
         )
+
+
+def _unreadable(what: str, problem: str) -> str:
+    """The failure for an answer the gateway did not take (``lines.too_wide``, too deep)."""
+    return (
+        f"{what} answered with {problem}; the gateway dropped it. This is a fault in the "
+        "server, not in your call: ask for less at once, or do without this tool"
+    )
 
 
 def result_content(result: mcp_types.CallToolResult) -> Any:

@@ -33,8 +33,8 @@ import msgspec
 from mcp.client import Transport
 from mcp.client.streamable_http import streamable_http_client
 
-from protocol.json_outline import LARGE_FRAME, too_many_values
-from tools.providers.lines import KEPT, ServerPace, overlong_kind
+from protocol.json_outline import LARGE_FRAME
+from tools.providers.lines import ServerPace, too_wide
 from tools.providers.mcp_stdio import MESSAGE_UNREADABLE, SERVER_RATE
 
 __all__ = [
@@ -137,9 +137,9 @@ class _Capped(httpx2.AsyncByteStream):
                 )
             held.append(chunk)
         body = b"".join(held)
-        crowded = too_many_values(body, "id")
-        if crowded is not None:
-            raise MessageTooWide(f"{crowded[0].partition(';')[0]}, {TOO_WIDE_NOTE}")
+        problem = too_wide(body)
+        if problem is not None:
+            raise MessageTooWide(f"{problem}, {TOO_WIDE_NOTE}")
         yield body
 
     async def aclose(self) -> None:
@@ -217,7 +217,7 @@ def _checked(event: bytes, pace: ServerPace) -> bytes:
         for line in lines
         if line.startswith(b"data:")
     )
-    if data and overlong_kind(data[:KEPT]) != "answer" and not pace.admit(time.monotonic()):
+    if data and not pace.admit_message(data, time.monotonic()):
         if pace.dropped % 10_000 == 1:
             log.warning(
                 "an MCP server sends more than %g messages a second of its own; the rest "
@@ -228,17 +228,16 @@ def _checked(event: bytes, pace: ServerPace) -> bytes:
         return b""
     if len(event) < LARGE_FRAME:
         return event
-    crowded = too_many_values(data, "id")
-    if crowded is None:
+    problem = too_wide(data)
+    if problem is None:
         return event
     try:
         answers = _fields.decode(data).get("id")
     except msgspec.DecodeError:
         answers = None
     if answers is None:
-        log.warning("an MCP server sent an event that was dropped: %s", crowded[0])
+        log.warning("an MCP server sent an event that was dropped: %s", problem)
         return b""
-    problem = "a message in which " + crowded[0].partition(";")[0]
     error = {"code": MESSAGE_UNREADABLE, "message": problem}
     message = (
         b'{"jsonrpc":"2.0","id":'

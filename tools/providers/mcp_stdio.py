@@ -59,7 +59,7 @@ from mcp_types import (
 )
 from pydantic import ValidationError
 
-from protocol.json_outline import LARGE_FRAME, too_many_values
+from protocol.json_outline import LARGE_FRAME
 from tools.providers.lines import (
     KEPT,
     Line,
@@ -70,6 +70,7 @@ from tools.providers.lines import (
     ServerPace,
     overlong_answer,
     overlong_kind,
+    too_wide,
 )
 
 __all__ = ["MESSAGE_TOO_LARGE", "MESSAGE_UNREADABLE", "StdioChild", "validation_reason"]
@@ -293,13 +294,10 @@ class StdioChild:
         worker thread: 20,000 tools listed in one page, or an answer of 35,000
         content blocks, each held the loop 0.2-0.7 s when validated on it.
         """
-        if overlong_kind(data[:KEPT]) != "answer" and not self._pace.admit(time.monotonic()):
+        if not self._pace.admit_message(data, time.monotonic()):
             self._note(f"sent more than {SERVER_RATE:g} messages a second of its own", data)
             return
-        crowded = too_many_values(data, "id")
-        problem = None
-        if crowded is not None:  # "result.tools holds 20,001 values, more than …; send fewer"
-            problem = "a message in which " + crowded[0].partition(";")[0]
+        problem = too_wide(data)
         if problem is None:
             try:
                 if len(data) < LARGE_FRAME:

@@ -8,8 +8,8 @@ writes the batch's packed ``EVALSHA`` commands as one pipeline (ending with
 (``gateway.store.redis_fastpath``; ``bulk_replies = False``: through
 redis-py's parser) and settles each append as its reply arrives: stored,
 rejected by the script (``LEASELOST``, ``SEQCONFLICT``: ``rejection``), or
-returned to be sent again (a redirect, ``READONLY``, ``NOSCRIPT`` after the
-script is loaded again). A connection lost after the batch was sent fails
+returned to be sent again (a redirect, ``READONLY``; ``NOSCRIPT`` at once, after the
+script is loaded there). A connection lost after the batch was sent fails
 what it had not settled ("maybe stored"); replicas that do not confirm in
 time fail or pass the appends by the durability (``gateway.store.redis_replicas``).
 """
@@ -117,6 +117,7 @@ class PendingAppend:
     generation: int  # the memo's generation it was packed under
     deadline: float = 0.0  # until when it is sent again (set at its first redirect)
     delay: float = 0.05  # its next backoff
+    reloaded: bool = False  # answered NOSCRIPT once, and sent again at once
     bare: bytes | None = None
     """A bare XADD's entry (``pack_xadd``): packed as the script with the check when
     it must read the log (a stale memo, or Redis refused or fenced it)."""
@@ -201,7 +202,7 @@ class BatchSender:
         again: list[PendingAppend] = []
         reason: BaseException | None = None
         stored: list[PendingAppend] = []
-        noscript = False
+        noscript: list[PendingAppend] = []
         settled = 0
         wait = self._wait
         count = len(items) + wait
@@ -251,7 +252,7 @@ class BatchSender:
                                 self.memo.stored(item.sid, item.node, item.last, item.check)
                                 item.future.set_result(None)
                         elif line.startswith(b"-NOSCRIPT"):
-                            noscript = True
+                            noscript.append(item)
                             again.append(item)
                         elif line.startswith(REDIRECT_REPLIES):
                             again.append(item)
@@ -260,9 +261,19 @@ class BatchSender:
                             self._reject(item, line[1:].decode(errors="replace"))
                 if noscript:
                     self.stats.noscript_reloads += 1
-                    reason = NoScriptError("NOSCRIPT the append script was not loaded")
                     await conn.send_command("SCRIPT", "LOAD", APPEND.src)
                     await conn.read_response()
+                    if reason is None and not any(item.reloaded for item in noscript):
+                        # Nothing of them ran and the script is there now (a promoted
+                        # replica, a node the store's view missed when it loaded its
+                        # scripts): sent again at once, as a second send, not held
+                        # as a failure, so no retry window is spent on it.
+                        for item in noscript:
+                            item.reloaded = True
+                    else:
+                        reason = reason or NoScriptError(
+                            "NOSCRIPT the append script was not loaded"
+                        )
         except ERRORS as exc:  # also the deadline: TimeoutError is an OSError
             self.memo.clear()
             fail(

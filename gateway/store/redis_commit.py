@@ -291,9 +291,10 @@ class GroupCommit:
                     raise
                 if again and reason is None:
                     # Bare XADDs the log refused, packed again as the script, which
-                    # says why (fenced, gone, out of order): a second send, not a retry
-                    # of a failure, so no backoff and no retry window; first in line,
-                    # ahead of anything queued behind them.
+                    # says why (fenced, gone, out of order), or appends answered
+                    # NOSCRIPT once, the script now loaded: a second send, not a
+                    # retry of a failure, so no backoff and no retry window; first
+                    # in line, ahead of anything queued behind them.
                     lane.queue[:0] = again
                 elif again:
                     self._hold(again, reason or RedisError())

@@ -133,7 +133,7 @@ class SessionLog:
             # end, a call to run, speech that interrupts the model's): not kept
             # waiting for company, as mid-stream chunks may be (``LogWriter``).
             self._hurry = False
-            self._writer.hurry()
+            self._writer.hurry(self)
 
     def hurry_next(self) -> None:
         """The next event emitted is a turn's first content: its round does not linger."""
@@ -170,7 +170,7 @@ class SessionLog:
         Someone waits on it (a tool about to run, a turn ending): its round does
         not linger for company."""
         if not self._flushed.is_set():
-            self._writer.hurry()
+            self._writer.hurry(self)
         await self._flushed.wait()
 
     def stop(self) -> None:

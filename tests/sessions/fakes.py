@@ -63,7 +63,7 @@ class Writer:
         self.marked.append(source)
         self.marks.set()
 
-    def hurry(self) -> None:
+    def hurry(self, source: SessionLog | None = None) -> None:
         self.hurried.append(list(self.marked))
 
     def take(self) -> tuple[SessionLog, Batch | None]:

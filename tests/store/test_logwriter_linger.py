@@ -218,6 +218,63 @@ async def test_a_turns_first_content_ends_a_lingering_round() -> None:
         await writer.close()
 
 
+async def test_the_session_that_hurried_is_answered_first_in_its_round() -> None:
+    """The store answers a round at once, and its sessions are handed their events in
+    the round's order, each a client write: the first word goes before the chunks
+    that marked ahead of it, and an append still in flight keeps its session first
+    in the round after."""
+    store = HeldStore()
+    writer = LogWriter(store, NODE, linger=LONG)
+    order: list[str] = []
+    *chunks, first = await sessions(store, LINGER_COMPANY - 1)
+    for session in (*chunks, first):
+        session.appended = lambda batch, result, s=session: order.append(s.sid)  # type: ignore[method-assign]
+    try:
+        for session in (*chunks, first):
+            session.emit()
+            writer.mark(session)
+        writer.hurry(first)  # ``first`` marked last and carries a turn's first content
+        while not store.held:  # noqa: ASYNC110 - the store exposes no event for it
+            await asyncio.sleep(0)
+        store.answer_all()
+        assert order == [first.sid, *(s.sid for s in chunks)]
+
+        # Again, with ``first``'s previous append in flight: it stays first for the
+        # round it joins once that append is answered, though a round went meanwhile
+        # and another session marked before it joined.
+        order.clear()
+        busy, late, later = chunks[: ROUNDS_IN_FLIGHT - 1], chunks[-2], chunks[-1]
+        for out, session in enumerate((first, *busy), 1):  # ROUNDS_IN_FLIGHT rounds out
+            session.emit()
+            writer.mark(session)
+            while len(store.held) < out:  # noqa: ASYNC110
+                await asyncio.sleep(0)
+        first.emit()
+        writer.mark(first)  # deferred: its previous append is in flight
+        writer.hurry(first)
+        late.emit()
+        writer.mark(late)  # held back by the rounds in flight
+
+        def answer(index: int) -> None:
+            results, on_done = store.held.pop(index)
+            on_done(results)
+
+        answer(1)  # ``busy[0]``'s round: ``late`` goes in a round without ``first``
+        while len(store.held) < ROUNDS_IN_FLIGHT:  # noqa: ASYNC110
+            await asyncio.sleep(0)
+        later.emit()
+        writer.mark(later)  # held back again
+        answer(0)  # ``first``'s previous append: ``first`` joins ``later``'s round
+        while len(store.held) < ROUNDS_IN_FLIGHT:  # noqa: ASYNC110
+            await asyncio.sleep(0)
+        store.answer_all()
+        rest = [s.sid for s in busy[1:]]
+        assert order == [busy[0].sid, first.sid, *rest, late.sid, first.sid, later.sid]
+    finally:
+        store.answer_all()
+        await writer.close()
+
+
 class HeldStore(MemoryStore):
     """Appends answered only when the test says so: rounds stay in flight."""
 

@@ -970,19 +970,20 @@ def print_latency(
             if gw not in med:
                 continue
             base = med[peer]
-            for k, label in (("first_p50", "first p50"), ("p50", "event p50")):
+            judged = [("first_p50", "first p50", budget50), ("first_p99", "first p99", budget99)]
+            for k, label, budget in judged:
+                if budget != budget:  # no p99 goal (replicated)
+                    continue
                 added = med[gw][k] - base[k]
                 goals.append(
                     f"  {sessions:4} sessions {gw:<13} {label:<10} added {added:6.2f} ms vs "
-                    f"{peer}; goal ≤ {budget50:.2f}: {'met' if added <= budget50 else 'NOT met'}"
+                    f"{peer}; goal ≤ {budget:.2f}: {'met' if added <= budget else 'NOT met'}"
                 )
-            if budget99 == budget99:
-                for k, label in (("first_p99", "first p99"), ("p99", "event p99")):
-                    added = med[gw][k] - base[k]
-                    goals.append(
-                        f"  {sessions:4} sessions {gw:<13} {label:<10} added {added:6.2f} ms vs "
-                        f"{peer}; goal ≤ {budget99:.2f}: {'met' if added <= budget99 else 'NOT met'}"
-                    )
+            for k, label in (("p50", "event p50"), ("p99", "event p99")):
+                goals.append(
+                    f"  {sessions:4} sessions {gw:<13} {label:<10} added "
+                    f"{med[gw][k] - base[k]:6.2f} ms vs {peer}; no goal (see below)"
+                )
     headers = ["sessions", "target", "first p50", "first p99", "event p50", "event p99"]
     for peer in peers:
         headers += [f"+{peer} f50", f"+{peer} f99", f"+{peer} e50", f"+{peer} e99"]
@@ -990,10 +991,16 @@ def print_latency(
     print(B.table(headers, rows))
     if goals:
         print(
-            "\nthe issue's goal (Redis RTT + 1 ms at p50, + 5 ms at p99; replicated: "
-            "Redis + replica RTT + 1 ms at p50), added against the passthrough peer:"
+            "\nissue 43's goal for a turn's first content event (Redis RTT + 1 ms at p50, "
+            "+ 5 ms at p99; replicated: Redis + replica RTT + 1 ms at p50), added against "
+            "the passthrough peer:"
         )
         print("\n".join(goals))
+        print(
+            "every event: a streamed chunk after the first may wait for company in its log "
+            "round (at most half its spacing, --log-linger), the price of the CPU per event "
+            "above; the issue sets no goal for it (--log-linger 0: a round per event)"
+        )
 
 
 if __name__ == "__main__":

@@ -250,6 +250,12 @@ class GPTLive(Upstream):
 
     async def _flush(self) -> None:
         outbox = self._conversation.outbox
+        if len(outbox) > 1 and self._socket.can_send_now():
+            # A long text is hundreds of appends (``APPEND_CHARS``): one socket write, not
+            # one each. Nothing is awaited, so nothing else is sent between them.
+            frames = [wire.encode(event) for event in outbox]
+            outbox.clear()
+            self._socket.write_all_now(frames)
         while outbox:
             await self._send(outbox.pop(0))
 

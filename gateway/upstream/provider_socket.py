@@ -44,7 +44,7 @@ from websockets.frames import Close
 
 from gateway.upstream.base import FrameTap, UpstreamClosed, UpstreamError, UpstreamEvent, Woken
 from gateway.upstream.dial import dial
-from gateway.wsfast import MessageQueue, can_write_now, write_text_now
+from gateway.wsfast import MessageQueue, can_write_now, write_text_now, write_texts_now
 
 __all__ = ["CloseHint", "Inbox", "Intercept", "ProviderSocket"]
 
@@ -175,6 +175,20 @@ class ProviderSocket:
             await ws.send(data, text=True)
         except ConnectionClosed as exc:
             raise UpstreamClosed(self.describe_close(exc)) from exc
+
+    def write_all_now(self, frames: Sequence[bytes]) -> None:
+        """Write ``frames`` (text, in order) now, in one socket write, for a caller that
+        found ``can_send_now`` with nothing awaited since. Raises ``UpstreamClosed``."""
+        ws = self._ws
+        if ws is None:
+            raise UpstreamClosed(f"the {self.label} connection is closed")
+        if self.tap is not None:
+            for data in frames:
+                self.tap.sent(data, False)
+        try:
+            write_texts_now(ws, frames)
+        except Exception as exc:  # the socket broke under the write
+            raise UpstreamClosed(f"{self.label} connection failed: {exc!r}") from exc
 
     def write_now(self, data: bytes) -> None:
         """Write ``data`` (one text frame) now, for a caller that found ``can_send_now``

@@ -8,8 +8,9 @@ package is the gateway's one user of websockets' internals:
 
 - ``read``: ``FastReader`` reads final unfragmented text/binary frames itself
   on both sides, into a ``MessageQueue`` (``messages``) that ``recv()`` reads;
-- ``write``: ``write_text_now`` (masked, to providers), ``write_now``,
-  ``write_binary_now`` and ``send_batch`` (to clients, one write per batch);
+- ``write``: ``write_text_now`` and ``write_texts_now`` (masked, to providers),
+  ``write_now``, ``write_binary_now`` and ``send_batch`` (to clients, one write
+  per batch);
 - ``large``: a client's large frame unmasked as it arrives, and counted against
   a node-wide ``FrameBudget``;
 - ``connections``: the classes ``connect``/``serve`` are given.
@@ -31,6 +32,7 @@ from gateway.wsfast.write import (
     write_binary_now,
     write_now,
     write_text_now,
+    write_texts_now,
 )
 
 __all__ = [
@@ -46,4 +48,5 @@ __all__ = [
     "write_binary_now",
     "write_now",
     "write_text_now",
+    "write_texts_now",
 ]

@@ -23,6 +23,7 @@ from gateway.wsfast import (
     write,
     write_now,
     write_text_now,
+    write_texts_now,
 )
 
 pytestmark = pytest.mark.timeout(20)
@@ -77,6 +78,45 @@ async def test_client_frames_of_every_length_class_arrive_whole_through_a_real_s
                 write_text_now(client, text.encode())
             await done.wait()
     assert got == texts
+
+
+@pytest.mark.parametrize("compression", [None, "deflate"])
+async def test_client_frames_written_together_arrive_whole_and_in_order_in_one_write(
+    compression: str | None,
+) -> None:
+    """``write_texts_now``: every length class, in order, one transport write (compressed,
+    websockets frames them: what it writes is its own business)."""
+    sizes = [0, 1, 125, 126, 127, 65_535, 65_536, 70_000] * 2
+    texts = ["é" * (n // 2) + "x" * (n % 2) for n in sizes]
+    got: list[str] = []
+    done = asyncio.Event()
+
+    async def handler(ws: ServerConnection) -> None:
+        async for frame in ws:  # websockets checks the mask bit and the UTF-8
+            assert isinstance(frame, str)
+            got.append(frame)
+            if len(got) == len(texts):
+                done.set()
+
+    writes: list[int] = []
+    async with serve(handler, "127.0.0.1", 0, compression=compression, max_size=None) as server:
+        port = server.sockets[0].getsockname()[1]
+        async with connect(f"ws://127.0.0.1:{port}", compression=compression) as client:
+            transport = client.transport
+            real_write = transport.write
+
+            def counting_write(data: bytes | bytearray | memoryview) -> None:
+                writes.append(len(data))
+                real_write(data)
+
+            transport.write = counting_write  # type: ignore[method-assign]
+            assert can_write_now(client)
+            write_texts_now(client, [text.encode() for text in texts])
+            transport.write = real_write  # type: ignore[method-assign]
+            await asyncio.wait_for(done.wait(), 10)
+    assert got == texts
+    if compression is None:
+        assert len(writes) == 1, writes
 
 
 def test_every_client_frame_has_its_own_mask_across_refills_of_the_pool(

@@ -106,6 +106,8 @@ def write_text_now(ws: Connection, data: bytes) -> None:
         protocol.send_text(data)  # compressed, or bytes already queued: websockets frames it
         ws.send_data()
         return
+    # ``_masked_text`` inlined: this is every audio frame's write, and the call cost
+    # 0.15-0.2 µs of a frame's 4.2 (tests/bench/voice_frame_bench.py, warm).
     mask = _masks.pop() if _masks else _more_masks()
     n = len(data)
     if n < 126:
@@ -128,18 +130,20 @@ def write_texts_now(ws: Connection, frames: Sequence[bytes]) -> None:
             protocol.send_text(data)
         ws.send_data()
         return
-    parts: list[bytes] = []
-    for data in frames:
-        mask = _masks.pop() if _masks else _more_masks()
-        n = len(data)
-        if n < 126:
-            parts.append(_HEAD7(0x81, 0x80 | n, mask))
-        elif n < 65536:
-            parts.append(_HEAD16(0x81, 0xFE, n, mask))
-        else:
-            parts.append(_HEAD64(0x81, 0xFF, n, mask))
-        parts.append(apply_mask(data, mask))
-    ws.transport.write(b"".join(parts))
+    ws.transport.write(b"".join([_masked_text(data) for data in frames]))
+
+
+def _masked_text(data: bytes) -> bytes:
+    """``data`` as one masked text frame: header, mask, masked payload."""
+    mask = _masks.pop() if _masks else _more_masks()
+    n = len(data)
+    if n < 126:
+        head = _HEAD7(0x81, 0x80 | n, mask)
+    elif n < 65536:
+        head = _HEAD16(0x81, 0xFE, n, mask)
+    else:
+        head = _HEAD64(0x81, 0xFF, n, mask)
+    return head + apply_mask(data, mask)
 
 
 # ---------------------------------------------------------------- server side: to clients

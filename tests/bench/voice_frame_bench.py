@@ -45,6 +45,7 @@ except ImportError:  # pragma: no cover - a build without the C extension
 import gateway.edge.audio_in as audio_in
 from gateway.app import running_gateway
 from gateway.config import load_config
+from gateway.edge.frame_rate import FrameRate
 from gateway.sim.model import SimConfig
 from gateway.sim.server import serve_sim
 
@@ -104,6 +105,9 @@ async def main() -> None:
                 await asyncio.sleep(0.02)
             await asyncio.sleep(0.3)
             mic = mics[-1]
+            # The frames below come back to back, far over a client's 500 a second
+            # (``AUDIO_FRAMES_PER_SECOND``): what is timed is the path, not the refusal.
+            mic.rate = FrameRate(0, 1, 0.0)
             server = mic.conn.ws
             upstream_ws = mic.conn.driven.link.upstream._socket._ws
             real, null = upstream_ws.transport, NullTransport()

@@ -63,7 +63,7 @@ def _install(out: str) -> None:
     import atexit
 
     from gateway.edge import connection
-    from gateway.sessions import session_log
+    from gateway.sessions import asking, session_log
     from gateway.store import redis_pipe
     from gateway.upstream import provider_socket
 
@@ -72,6 +72,10 @@ def _install(out: str) -> None:
     traces: dict[tuple[str, int], dict[str, int]] = {}
     waiting: dict[str, int] = {}  # sid → seq of its traced event not yet written to Redis
     users: dict[tuple[str, int], int] = {}  # a turn's user event → its append's reply read
+    # sid → per request to the provider: when the node took the client's last frame,
+    # ran its command (from, to), began the request and had written it (``asked``)
+    asks: dict[str, list[tuple[int, int, int, int, int]]] = {}
+    taken: dict[str, int] = {}
 
     intercept = provider_socket.Inbox._intercept
 
@@ -138,6 +142,34 @@ def _install(out: str) -> None:
             if trace is not None and "client" not in trace:
                 trace["client"] = stamp
 
+    handle = connection.ClientConnection._handle
+
+    async def client_handle(self: Any, frame: str | bytes) -> None:
+        taken[self.sid] = now()
+        await handle(self, frame)
+
+    request = asking.UpstreamAsker.request
+
+    async def asker_request(self: Any, *args: Any, **kwargs: Any) -> None:
+        start = now()
+        await request(self, *args, **kwargs)
+        sid = self.log.sid
+        begun, done = dispatched.get(sid, (0, 0))
+        asks.setdefault(sid, []).append((taken.get(sid, 0), begun, done, start, now()))
+
+    dispatch = connection.dispatch
+    dispatched: dict[str, tuple[int, int]] = {}
+
+    async def timed_dispatch(message: Any, runtime: Any) -> Any:
+        begun = now()
+        try:
+            return await dispatch(message, runtime)
+        finally:
+            dispatched[runtime.sid] = (begun, now())
+
+    connection.dispatch = timed_dispatch
+    connection.ClientConnection._handle = client_handle  # type: ignore[method-assign]
+    asking.UpstreamAsker.request = asker_request  # type: ignore[method-assign]
     provider_socket.Inbox._intercept = _intercept  # type: ignore[method-assign]
     session_log.SessionLog._emit = _emit  # type: ignore[method-assign]
     session_log.SessionLog.take_batch = take_batch  # type: ignore[method-assign]
@@ -149,7 +181,7 @@ def _install(out: str) -> None:
     def dump() -> None:
         rows = [{"sid": sid, "seq": seq, **t} for (sid, seq), t in traces.items()]
         stored = [{"sid": sid, "seq": seq, "stored": t} for (sid, seq), t in users.items()]
-        Path(out).write_text(json.dumps({"traces": rows, "users": stored}))
+        Path(out).write_text(json.dumps({"traces": rows, "users": stored, "asks": asks}))
 
     atexit.register(dump)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
@@ -337,6 +369,7 @@ async def _run(
     traces = {(t["sid"], t["seq"]): t for t in dump["traces"]}
     users = {(u["sid"], u["seq"]): u["stored"] for u in dump["users"]}
     _report(traces, users, seen, args)
+    _report_request(dump["asks"], traces, seen)
 
 
 def _report(
@@ -389,6 +422,48 @@ def _report(
     if totals:
         q = statistics.quantiles(totals, n=10)
         print(f"{'read→client':<14} {statistics.median(totals):9.0f} {q[8]:9.0f}")
+
+
+def _report_request(
+    asks: dict[str, list[list[int]]],
+    traces: dict[tuple[str, int], dict[str, int]],
+    seen: list[dict[str, Any]],
+) -> None:
+    """``request`` split at the node, each session's first (warm-up) turn left out: it
+    opens the provider's connection. The client's send → the node takes its frame
+    (``send→node``), → its command runs (``node→command``: admission, the session
+    found), the command itself (``command``: the turn machine fed), → the driver
+    asks (``command→asking``: its wake-up, the actions before), → the provider's
+    request written (``asking→asked``), → the first content's frame read
+    (``asked→read``: the provider's pace, 50 ms here, and its lateness). A relay
+    pays the first and the last too."""
+    split: dict[str, list[float]] = {
+        "send→node": [],
+        "node→command": [],
+        "command": [],
+        "command→asking": [],
+        "asking→asked": [],
+        "asked→read": [],
+    }
+    warmups = {got["sid"]: min(g["sent"] for g in seen if g["sid"] == got["sid"]) for got in seen}
+    for got in seen:
+        trace = traces.get((got["sid"], got["seq"]))
+        if got["sent"] == warmups[got["sid"]]:
+            continue
+        after = [a for a in asks.get(got["sid"], []) if a[0] >= got["sent"]]
+        if trace is None or not after or not trace.get("read"):
+            continue
+        taken, begun, done, asking, written = after[0]
+        split["send→node"].append((taken - got["sent"]) / 1000)
+        split["node→command"].append((begun - taken) / 1000)
+        split["command"].append((done - begun) / 1000)
+        split["command→asking"].append((asking - done) / 1000)
+        split["asking→asked"].append((written - asking) / 1000)
+        split["asked→read"].append((trace["read"] - written) / 1000)
+    for name, values in split.items():
+        if len(values) > 1:
+            q = statistics.quantiles(values, n=10)
+            print(f"{name:<14} {statistics.median(values):9.0f} {q[8]:9.0f}")
 
 
 if __name__ == "__main__":

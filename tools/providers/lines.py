@@ -17,7 +17,9 @@ instead of waiting out its timeout.
 from __future__ import annotations
 
 import json
+import logging
 import re
+import time
 from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Final
@@ -26,6 +28,8 @@ from protocol.json_outline import too_many_values
 
 __all__ = [
     "KEPT",
+    "NOTE_EVERY",
+    "DroppedNotes",
     "Line",
     "LineFramer",
     "Overlong",
@@ -219,7 +223,7 @@ class ServerPace:
         self.rate = rate
         self._tokens = 2 * rate
         self._at = now
-        self.dropped = 0  # since the last time the caller said so in the log
+        self.dropped = 0  # in all: while it grows, an HTTP event stream is read slower
 
     def admit_message(self, message: bytes, now: float) -> bool:
         """Whether to read ``message``: an answer always (the gateway's requests pace
@@ -244,3 +248,31 @@ def too_wide(message: bytes) -> str | None:
     if crowded is None:
         return None
     return "a message in which " + crowded[0].partition(";")[0]
+
+
+NOTE_EVERY: Final = 10.0
+"""Seconds between two warnings about what one server sent that was dropped."""
+
+
+class DroppedNotes:
+    """Warnings about a server's dropped messages, one every ``NOTE_EVERY`` seconds at
+    most, counting the rest: one per line of a server writing junk made 7 MB of log
+    in 11 s. Both transports (stdio lines, HTTP events) warn through one."""
+
+    __slots__ = ("_at", "_dropped", "_log", "_server")
+
+    def __init__(self, logger: logging.Logger, server: str) -> None:
+        self._log = logger
+        self._server = server
+        self._at = -NOTE_EVERY  # the last warning (monotonic seconds)
+        self._dropped = 0  # messages dropped since it
+
+    def note(self, what: str, data: bytes) -> None:
+        """``what`` happened to ``data`` (a dropped message): warned now, or counted."""
+        now = time.monotonic()
+        if now - self._at < NOTE_EVERY:
+            self._dropped += 1
+            return
+        more = f" ({self._dropped:,} more dropped since the last warning)" if self._dropped else ""
+        self._log.warning("mcp server %s %s%s: %.200r", self._server, what, more, data)
+        self._at, self._dropped = now, 0

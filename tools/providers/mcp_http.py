@@ -34,7 +34,7 @@ from mcp.client import Transport
 from mcp.client.streamable_http import streamable_http_client
 
 from protocol.json_outline import LARGE_FRAME
-from tools.providers.lines import ServerPace, too_wide
+from tools.providers.lines import DroppedNotes, ServerPace, too_wide
 from tools.providers.mcp_stdio import MESSAGE_UNREADABLE, SERVER_RATE
 
 __all__ = [
@@ -87,13 +87,14 @@ def streamable_http(url: str, *, max_message: int) -> Transport:
 async def _streamable_http(url: str, max_message: int) -> AsyncIterator[Any]:
     # Any: the SDK's stream pair (its alias, TransportStreams, is in a private module).
     pace = ServerPace(SERVER_RATE, time.monotonic())  # the connection's, all streams
+    notes = DroppedNotes(log, url)
 
     async def cap(response: httpx2.Response) -> None:
         kind = response.headers.get("Content-Type", "").lower()
         if not kind.startswith("text/event-stream"):
             response.stream = _Capped(response, max_message)
         else:
-            response.stream = _EventsChecked(response, max_message, pace)
+            response.stream = _EventsChecked(response, max_message, pace, notes)
 
     # Made in a thread: a client loads its TLS trust store when made (20-45 ms), and a
     # server reconnects while the node serves.
@@ -167,12 +168,15 @@ class _EventsChecked(httpx2.AsyncByteStream):
     Lines end with LF or CRLF (a bare CR, which no server library writes, is not split).
     """
 
-    def __init__(self, response: httpx2.Response, limit: int, pace: ServerPace) -> None:
+    def __init__(
+        self, response: httpx2.Response, limit: int, pace: ServerPace, notes: DroppedNotes
+    ) -> None:
         stream = response.stream
         assert isinstance(stream, httpx2.AsyncByteStream)
         self._stream = stream
         self._limit = limit
         self._pace = pace
+        self._notes = notes
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         dropped = self._pace.dropped
@@ -194,7 +198,7 @@ class _EventsChecked(httpx2.AsyncByteStream):
                     continue
                 event += line
                 if blank:
-                    yield _checked(bytes(event), self._pace)
+                    yield _checked(bytes(event), self._pace, self._notes)
                     event.clear()
                 elif len(event) > self._limit:
                     yield bytes(event)
@@ -207,7 +211,7 @@ class _EventsChecked(httpx2.AsyncByteStream):
         await self._stream.aclose()
 
 
-def _checked(event: bytes, pace: ServerPace) -> bytes:
+def _checked(event: bytes, pace: ServerPace, notes: DroppedNotes) -> bytes:
     """One whole event (its blank line included): as it came, or its message refused,
     or nothing when it is one more request or notification than ``pace`` lets through
     (a flood of them on the GET stream took a core, the SDK validating each)."""
@@ -218,13 +222,7 @@ def _checked(event: bytes, pace: ServerPace) -> bytes:
         if line.startswith(b"data:")
     )
     if data and not pace.admit_message(data, time.monotonic()):
-        if pace.dropped % 10_000 == 1:
-            log.warning(
-                "an MCP server sends more than %g messages a second of its own; the rest "
-                "are dropped (%d so far)",
-                pace.rate,
-                pace.dropped,
-            )
+        notes.note(f"sent more than {pace.rate:g} messages a second of its own", data)
         return b""
     if len(event) < LARGE_FRAME:
         return event
@@ -236,7 +234,7 @@ def _checked(event: bytes, pace: ServerPace) -> bytes:
     except msgspec.DecodeError:
         answers = None
     if answers is None:
-        log.warning("an MCP server sent an event that was dropped: %s", problem)
+        notes.note(f"sent an event that was dropped: {problem}", data)
         return b""
     error = {"code": MESSAGE_UNREADABLE, "message": problem}
     message = (

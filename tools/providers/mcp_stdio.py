@@ -62,6 +62,7 @@ from pydantic import ValidationError
 from protocol.json_outline import LARGE_FRAME
 from tools.providers.lines import (
     KEPT,
+    DroppedNotes,
     Line,
     LineFramer,
     Overlong,
@@ -87,8 +88,6 @@ says which). Without it the call waited out its timeout for an answer dropped.""
 SERVER_RATE: Final = 200.0
 """Requests, notifications and unreadable lines a server may send a second of its own
 accord (``ServerPace``); a server's log notifications come a few a second."""
-_NOTE_EVERY: Final = 10.0
-"""Seconds between two warnings about lines a server sent that were dropped."""
 
 _READ: Final = 64 * 1024
 _STDERR_LINE: Final = 2_000
@@ -125,7 +124,7 @@ class StdioChild:
         """How the child's side ended the connection ("exited with status 3"; "" if it did not)."""
         self._pending: set[RequestId] = set()
         self._pace = ServerPace(SERVER_RATE, time.monotonic())
-        self._noted: tuple[float, int] = (-_NOTE_EVERY, 0)  # last warning, lines dropped since
+        self._notes = DroppedNotes(log, self.name)
         self._overlong_answered = False
         self._held: collections.deque[str] | None = collections.deque(maxlen=_STDERR_HELD)
         self._last_stderr = ""
@@ -295,7 +294,7 @@ class StdioChild:
         content blocks, each held the loop 0.2-0.7 s when validated on it.
         """
         if not self._pace.admit_message(data, time.monotonic()):
-            self._note(f"sent more than {SERVER_RATE:g} messages a second of its own", data)
+            self._notes.note(f"sent more than {SERVER_RATE:g} messages a second of its own", data)
             return
         problem = too_wide(data)
         if problem is None:
@@ -323,7 +322,7 @@ class StdioChild:
         """A line not taken: the request it answers fails now, saying why; else it is noted."""
         answers = overlong_answer(data[:KEPT], data[-KEPT:], self._pending)
         if answers is None:
-            self._note(f"wrote a line that was dropped: {problem}", data)
+            self._notes.note(f"wrote a line that was dropped: {problem}", data)
             return
         self._pending.discard(answers)
         log.warning(
@@ -334,18 +333,6 @@ class StdioChild:
         )
         error = ErrorData(code=MESSAGE_UNREADABLE, message=problem)
         await to_session.send(SessionMessage(JSONRPCError(jsonrpc="2.0", id=answers, error=error)))
-
-    def _note(self, what: str, data: bytes) -> None:
-        """A warning about dropped lines every ``_NOTE_EVERY`` seconds at most: one per
-        line of a server writing junk made 7 MB of log in 11 s."""
-        at, dropped = self._noted
-        now = time.monotonic()
-        if now - at < _NOTE_EVERY:
-            self._noted = (at, dropped + 1)
-            return
-        more = f" ({dropped:,} more dropped lines since the last warning)" if dropped else ""
-        log.warning("mcp server %s %s%s: %.200r", self.name, what, more, data)
-        self._noted = (now, 0)
 
     async def _exit_reason(self, process: anyio.abc.Process) -> str:
         with anyio.move_on_after(_EXIT_SEEN):
